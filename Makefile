@@ -1,0 +1,52 @@
+# nabla quick start:  `make train` trains the default model, `make test` runs every test.
+# Both install missing Debian packages (tools/install-deps), configure and build first.
+#   build/       release build (oneDNN GEMM provider when found)
+#   build-asan/  AddressSanitizer + UBSan build, run with the OpenBLAS GEMM provider
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+MESON_OPTS ?=
+NINJA      ?= ninja
+
+.PHONY: all deps build build-asan train test test-release test-asan bench install clean
+
+all: build
+
+deps:
+	@bash tools/install-deps
+
+$(BUILD)/build.ninja: | deps
+	meson setup $(BUILD) $(MESON_OPTS)
+
+$(ASAN_BUILD)/build.ninja: | deps
+	meson setup $(ASAN_BUILD) -Dbuildtype=debug -Doptimization=1 -Db_sanitize=address,undefined \
+	    -Db_lundef=false -Dcuda=disabled -Dbench=false $(MESON_OPTS)
+
+build: $(BUILD)/build.ninja
+	$(NINJA) -C $(BUILD)
+
+build-asan: $(ASAN_BUILD)/build.ninja
+	$(NINJA) -C $(ASAN_BUILD)
+
+train: build
+	./$(BUILD)/models/demo
+
+# The release suite runs with the default provider (oneDNN when built in), the sanitizer
+# suite with OpenBLAS, so both GEMM providers are exercised on every run.
+test-release: build
+	./$(BUILD)/tests/nabla_tests
+
+test-asan: build-asan
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	    NB_GEMM=openblas ./$(ASAN_BUILD)/tests/nabla_tests
+
+test:
+	@bash tools/run-tests $(BUILD) $(ASAN_BUILD)
+
+bench: build
+	./$(BUILD)/bench/bench_kernels
+
+install: build
+	meson install -C $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

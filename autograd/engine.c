@@ -1,0 +1,443 @@
+/* engine.c - the autograd tape and engine: recording nodes, grad mode, leaves' gradients
+ * and hooks, and nb_backward (see nabla/autograd.h for the contract). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd_impl.h"
+#include "elementwise.h"
+
+/* Per-leaf metadata: hooks, and engine bookkeeping for "gradient complete". */
+typedef struct nb__hook {
+    nb_grad_hook_fn fn;
+    void *ctx;
+    int handle;
+} nb__hook;
+
+struct nb__ag_meta {
+    nb__hook *hooks;
+    int nhooks, cap, next_handle;
+    uint64_t epoch;
+    int pending;
+    bool got;
+};
+
+static _Thread_local bool tls_grad_disabled; /* zero-initialized: grad mode on */
+static atomic_ullong g_seq;
+static atomic_ullong g_epoch;
+
+bool nb_grad_enabled(void) { return !tls_grad_disabled; }
+
+bool nb_set_grad_enabled(bool enabled) {
+    bool prev = !tls_grad_disabled;
+    tls_grad_disabled = !enabled;
+    return prev;
+}
+
+/* ---- leaves ---------------------------------------------------------------------------------- */
+nb_status nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
+    if (!nb__arg_ok(t, "set_requires_grad", "t")) return nb_last_status();
+    if (t->grad_fn)
+        return nb__error(NB_EINVAL, "set_requires_grad: only leaf tensors can be marked; this "
+                         "tensor was produced by %s (use nb_detach for a new leaf)",
+                         nb__op_names[t->grad_fn->op]);
+    if (requires_grad && !nb_dtype_is_float(t->dtype))
+        return nb__error(NB_EDTYPE, "set_requires_grad: only float tensors can require "
+                         "gradients, not %s", nb_dtype_name(t->dtype));
+    t->requires_grad = requires_grad;
+    return NB_OK;
+}
+
+bool nb_requires_grad(const nb_tensor *t) { return t && t->requires_grad; }
+bool nb_is_leaf(const nb_tensor *t) { return t && !t->grad_fn; }
+nb_tensor *nb_grad(const nb_tensor *t) { return t ? t->grad : NULL; }
+
+void nb_clear_grad(nb_tensor *t) {
+    if (t && t->grad) {
+        nb_tensor_free(t->grad);
+        t->grad = NULL;
+    }
+}
+
+nb_status nb_set_grad(nb_tensor *t, nb_tensor *g) {
+    if (!nb__arg_ok(t, "set_grad", "t")) return nb_last_status();
+    if (g && (g->ndim != t->ndim ||
+              memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0))
+        return nb__error(NB_ESHAPE, "set_grad: gradient of shape %s for a tensor of shape %s",
+                         NB__SHAPE(g), NB__SHAPE(t));
+    nb_tensor_retain(g);
+    nb_clear_grad(t);
+    t->grad = g;
+    return NB_OK;
+}
+
+static struct nb__ag_meta *meta_of(nb_tensor *t) {
+    if (!t->ag) {
+        t->ag = nb_host_alloc(sizeof(struct nb__ag_meta));
+        if (t->ag) memset(t->ag, 0, sizeof *t->ag);
+    }
+    return t->ag;
+}
+
+void nb__ag_meta_free(struct nb__ag_meta *m) {
+    if (!m) return;
+    nb_host_free(m->hooks);
+    nb_host_free(m);
+}
+
+int nb_register_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *ctx) {
+    if (!nb__arg_ok(leaf, "register_grad_hook", "leaf")) return nb_last_status();
+    if (!fn) return nb__error(NB_ENULL, "register_grad_hook: fn is NULL");
+    if (leaf->grad_fn || !leaf->requires_grad)
+        return nb__error(NB_EINVAL, "register_grad_hook: hooks go on leaf tensors that "
+                         "require grad");
+    struct nb__ag_meta *m = meta_of(leaf);
+    if (!m) return NB_ENOMEM;
+    if (m->nhooks == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 4;
+        nb__hook *h = nb_host_alloc(sizeof(nb__hook) * (size_t)cap);
+        if (!h) return NB_ENOMEM;
+        if (m->nhooks) memcpy(h, m->hooks, sizeof(nb__hook) * (size_t)m->nhooks);
+        nb_host_free(m->hooks);
+        m->hooks = h;
+        m->cap = cap;
+    }
+    m->hooks[m->nhooks] = (nb__hook){fn, ctx, m->next_handle};
+    m->nhooks++;
+    return m->next_handle++;
+}
+
+nb_status nb_remove_grad_hook(nb_tensor *leaf, int handle) {
+    if (!nb__arg_ok(leaf, "remove_grad_hook", "leaf")) return nb_last_status();
+    struct nb__ag_meta *m = leaf->ag;
+    for (int i = 0; m && i < m->nhooks; i++) {
+        if (m->hooks[i].handle == handle) {
+            memmove(m->hooks + i, m->hooks + i + 1, sizeof(nb__hook) * (size_t)(m->nhooks - i - 1));
+            m->nhooks--;
+            return NB_OK;
+        }
+    }
+    return nb__error(NB_EINVAL, "remove_grad_hook: no hook with handle %d on this tensor", handle);
+}
+
+/* ---- recording ------------------------------------------------------------------------------ */
+bool nb__needs_grad(nb_tensor *const *inputs, int n) {
+    if (tls_grad_disabled) return false;
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && inputs[i]->requires_grad) return true;
+    return false;
+}
+
+nb__node *nb__record(nb_tensor *out, nb__op op, nb_tensor *const *inputs, int n) {
+    if (!out || !nb__needs_grad(inputs, n)) return NULL;
+    NB__ASSERT(out->grad_fn == NULL);
+    nb__node *nd = nb_host_alloc(sizeof(nb__node));
+    nb__edge *edges = nd ? nb_host_alloc(sizeof(nb__edge) * (size_t)(n ? n : 1)) : NULL;
+    NB__ASSERT(edges != NULL); /* a few hundred bytes: failing here means the process is done */
+    memset(nd, 0, sizeof *nd);
+    memset(edges, 0, sizeof(nb__edge) * (size_t)n);
+    atomic_init(&nd->refcount, 1);
+    nd->op = op;
+    nd->seq = atomic_fetch_add(&g_seq, 1) + 1;
+    nd->ninputs = n;
+    nd->edges = edges;
+    for (int i = 0; i < n; i++) {
+        nb_tensor *in = inputs[i];
+        if (!in) continue;
+        edges[i].ndim = in->ndim;
+        edges[i].dtype = in->dtype;
+        memcpy(edges[i].shape, in->shape, sizeof(int64_t) * (size_t)in->ndim);
+        if (in->grad_fn) {
+            edges[i].node = in->grad_fn;
+            atomic_fetch_add(&in->grad_fn->refcount, 1);
+        } else if (in->requires_grad) {
+            edges[i].leaf = nb_tensor_retain(in);
+        }
+    }
+    nd->out_ndim = out->ndim;
+    nd->out_dtype = out->dtype;
+    memcpy(nd->out_shape, out->shape, sizeof(int64_t) * (size_t)out->ndim);
+    out->grad_fn = nd;
+    out->requires_grad = true;
+    return nd;
+}
+
+void nb__save(nb__node *n, int slot, nb_tensor *t) {
+    NB__ASSERT(slot >= 0 && slot < NB__NODE_MAX_SAVED && !n->saved[slot]);
+    if (!t) return;
+    nb_tensor *v = nb__view_of(t, t->shape, t->strides, t->ndim, t->offset);
+    NB__ASSERT(v != NULL);
+    n->saved[slot] = nb__scope_take(v); /* owned by the node, no grad_fn: no cycle */
+}
+
+static void release_saved(nb__node *n) {
+    for (int i = 0; i < NB__NODE_MAX_SAVED; i++) {
+        nb_tensor_free(n->saved[i]);
+        n->saved[i] = NULL;
+    }
+}
+
+void nb__node_release(nb__node *n) {
+    /* Iterative over the chain of sole owners, so long graphs do not recurse deeply. */
+    while (n && atomic_fetch_sub(&n->refcount, 1) == 1) {
+        release_saved(n);
+        nb_tensor_free(n->grad);
+        nb__node *next = NULL;
+        for (int i = 0; i < n->ninputs; i++) {
+            nb_tensor_free(n->edges[i].leaf);
+            if (n->edges[i].node) {
+                if (!next) next = n->edges[i].node;
+                else nb__node_release(n->edges[i].node);
+            }
+        }
+        nb_host_free(n->edges);
+        nb_host_free(n);
+        n = next;
+    }
+}
+
+/* ---- gradient arithmetic used by the engine -------------------------------------------------- */
+nb_status nb__add_inplace(nb_tensor *dst, const nb_tensor *src) {
+    nb_scope_begin();
+    nb_tensor *s = nb_to_dtype((nb_tensor *)src, dst->dtype);
+    nb__iter_fn fn = nb__cpu_ew_kernel(NB__OP_ADD, dst->dtype);
+    nb_status st = NB_OK;
+    if (!s || !fn) {
+        st = s ? nb__error(NB_EDTYPE, "backward: cannot accumulate %s gradients",
+                           nb_dtype_name(dst->dtype))
+               : nb_last_status();
+    } else {
+        nb__iter it;
+        nb_tensor *ts[3] = {dst, dst, s};
+        nb__iter_init(&it, dst->shape, dst->ndim, ts, 3);
+        nb__ew_ctx ctx = {0};
+        nb__iter_for_each(&it, fn, &ctx, nb__cpu_ew_grain(NB__OP_ADD));
+    }
+    nb_scope_end();
+    return st;
+}
+
+nb_tensor *nb__sum_to_shape(nb_tensor *g, const int64_t *shape, int ndim) {
+    if (!g) return NULL;
+    if (g->ndim == ndim && memcmp(g->shape, shape, sizeof(int64_t) * (size_t)ndim) == 0)
+        return nb__scope_add(nb_tensor_retain(g));
+    int dims[NB_MAX_DIMS], nd = 0, lead = g->ndim - ndim;
+    NB__ASSERT(lead >= 0);
+    for (int i = 0; i < g->ndim; i++)
+        if (i < lead || (shape[i - lead] == 1 && g->shape[i] != 1)) dims[nd++] = i;
+    nb_scope_begin();
+    nb_tensor *s = nd ? nb_sum(g, dims, nd, true) : g;
+    nb_tensor *r = nb_keep(nb_reshape(s, shape, ndim));
+    nb_scope_end();
+    return r;
+}
+
+/* ---- the engine ----------------------------------------------------------------------------- */
+typedef struct {
+    nb__node **items;
+    int64_t n, cap;
+} node_vec;
+
+static bool vec_push(node_vec *v, nb__node *n) {
+    if (v->n == v->cap) {
+        int64_t cap = v->cap ? 2 * v->cap : 64;
+        nb__node **items = nb_host_alloc(sizeof(nb__node *) * (size_t)cap);
+        if (!items) return false;
+        if (v->n) memcpy(items, v->items, sizeof(nb__node *) * (size_t)v->n);
+        nb_host_free(v->items);
+        v->items = items;
+        v->cap = cap;
+    }
+    v->items[v->n++] = n;
+    return true;
+}
+
+/* Max-heap on seq: the latest-created ready node runs first. */
+static bool heap_push(node_vec *h, nb__node *n) {
+    if (!vec_push(h, n)) return false;
+    for (int64_t i = h->n - 1; i > 0;) {
+        int64_t p = (i - 1) / 2;
+        if (h->items[p]->seq >= h->items[i]->seq) break;
+        nb__node *t = h->items[p];
+        h->items[p] = h->items[i], h->items[i] = t, i = p;
+    }
+    return true;
+}
+
+static nb__node *heap_pop(node_vec *h) {
+    nb__node *top = h->items[0];
+    h->items[0] = h->items[--h->n];
+    for (int64_t i = 0;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < h->n && h->items[l]->seq > h->items[m]->seq) m = l;
+        if (r < h->n && h->items[r]->seq > h->items[m]->seq) m = r;
+        if (m == i) break;
+        nb__node *t = h->items[m];
+        h->items[m] = h->items[i], h->items[i] = t, i = m;
+    }
+    return top;
+}
+
+/* Accumulate g (in the current inner scope) into *slot, which the engine or a leaf owns. */
+static nb_status accumulate(nb_tensor **slot, nb_tensor *g) {
+    if (!*slot) {
+        /* Take g over when nothing else can see it; otherwise copy, so that an in-place
+         * accumulation later never writes into a tensor that another node still reads. */
+        if (atomic_load(&g->refcount) == 1 && atomic_load(&g->storage->refcount) == 1 &&
+            nb_is_contiguous(g)) {
+            *slot = nb__scope_take(g);
+            return NB_OK;
+        }
+        nb_tensor *c = nb_clone(g);
+        if (!c) return nb_last_status();
+        *slot = nb__scope_take(c);
+        return NB_OK;
+    }
+    return nb__add_inplace(*slot, g);
+}
+
+static void run_hooks(nb_tensor *leaf) {
+    struct nb__ag_meta *m = leaf->ag;
+    for (int i = 0; i < m->nhooks; i++) m->hooks[i].fn(leaf, m->hooks[i].ctx);
+}
+
+/* A leaf's gradient for this backward is final: its pending count reached zero. */
+static nb_status leaf_contribution(nb_tensor *leaf, nb_tensor *g, uint64_t epoch) {
+    struct nb__ag_meta *m = leaf->ag;
+    NB__ASSERT(m && m->epoch == epoch && m->pending > 0);
+    if (g) {
+        nb_status st = accumulate(&leaf->grad, g);
+        if (st != NB_OK) return st;
+        m->got = true;
+    }
+    if (--m->pending == 0 && m->got) run_hooks(leaf);
+    return NB_OK;
+}
+
+/* Fix a rule's gradient for input edge e: sum broadcast dims, convert dtype. */
+static nb_tensor *fit_to_edge(nb_tensor *g, const nb__edge *e) {
+    nb_tensor *s = nb__sum_to_shape(g, e->shape, e->ndim);
+    return s && s->dtype != e->dtype ? nb_to_dtype(s, e->dtype) : s;
+}
+
+static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, uint64_t epoch) {
+    node_vec stack = {0}, heap = {0};
+    nb_status st = NB_OK;
+    /* Pass 1: find the nodes and count, per node and per leaf, the edges into it. */
+    root->epoch = epoch;
+    root->deps = 0;
+    if (!vec_push(&stack, root)) return NB_ENOMEM;
+    while (stack.n && st == NB_OK) {
+        nb__node *n = stack.items[--stack.n];
+        if (n->released) {
+            st = nb__error(NB_ESTATE, "backward: the graph through %s was already freed by an "
+                           "earlier backward; pass .retain_graph = true to run backward twice",
+                           nb__op_names[n->op]);
+            break;
+        }
+        for (int i = 0; i < n->ninputs; i++) {
+            nb__edge *e = &n->edges[i];
+            if (e->node) {
+                if (e->node->epoch != epoch) {
+                    e->node->epoch = epoch;
+                    e->node->deps = 0;
+                    nb_tensor_free(e->node->grad);
+                    e->node->grad = NULL;
+                    if (!vec_push(&stack, e->node)) st = NB_ENOMEM;
+                }
+                e->node->deps++;
+            } else if (e->leaf) {
+                struct nb__ag_meta *m = meta_of(e->leaf);
+                if (!m) { st = NB_ENOMEM; break; }
+                if (m->epoch != epoch) m->epoch = epoch, m->pending = 0, m->got = false;
+                m->pending++;
+            }
+        }
+    }
+    nb_host_free(stack.items);
+    if (st != NB_OK) return st;
+
+    /* Pass 2: run rules latest node first; a node runs when all its consumers have. */
+    nb_tensor_free(root->grad);
+    root->grad = nb_tensor_retain(gout);
+    if (!heap_push(&heap, root)) return NB_ENOMEM;
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *gin_small[8];
+    while (heap.n) {
+        nb__node *n = heap_pop(&heap);
+        nb_tensor *g = n->grad;
+        n->grad = NULL;
+        nb_tensor **gin = n->ninputs <= 8 ? gin_small
+                                          : nb_host_alloc(sizeof(nb_tensor *) * (size_t)n->ninputs);
+        if (!gin) { st = NB_ENOMEM; nb_tensor_free(g); break; }
+        memset(gin, 0, sizeof(nb_tensor *) * (size_t)n->ninputs);
+        nb_scope_begin();
+        if (g && st == NB_OK) {
+            nb__backward_fn rule = nb__backward_rules[n->op];
+            if (!rule) st = nb__error(NB_EUNSUPPORTED, "backward: %s has no backward rule",
+                                      nb__op_names[n->op]);
+            else st = rule(n, g, gin);
+        }
+        for (int i = 0; i < n->ninputs; i++) {
+            nb__edge *e = &n->edges[i];
+            if (!e->node && !e->leaf) continue;
+            nb_tensor *gi = (st == NB_OK && gin[i]) ? fit_to_edge(gin[i], e) : NULL;
+            if (st == NB_OK && gin[i] && !gi) st = nb_last_status();
+            if (e->node) {
+                if (gi && st == NB_OK) st = accumulate(&e->node->grad, gi);
+                if (--e->node->deps == 0 && !heap_push(&heap, e->node)) st = NB_ENOMEM;
+            } else if (st == NB_OK) {
+                st = leaf_contribution(e->leaf, gi, epoch);
+            }
+        }
+        nb_scope_end();
+        if (gin != gin_small) nb_host_free(gin);
+        nb_tensor_free(g);
+        if (!retain) {
+            release_saved(n);
+            n->released = true;
+        }
+    }
+    nb_set_grad_enabled(prev);
+    nb_host_free(heap.items);
+    return st;
+}
+
+nb_status nb_backward(nb_tensor *output) { return nb_backward_ex(output, NULL); }
+
+nb_status nb_backward_ex(nb_tensor *out, const nb_backward_opts *opts) {
+    if (!nb__arg_ok(out, "backward", "output")) return nb_last_status();
+    nb_backward_opts o = opts ? *opts : (nb_backward_opts){0};
+    if (!out->requires_grad)
+        return nb__error(NB_EINVAL, "backward: the output does not require grad (no input of "
+                         "the ops that produced it requires grad, or grad mode was off)");
+    nb_scope_begin();
+    nb_tensor *g = o.grad_output;
+    nb_status st = NB_OK;
+    if (!g) {
+        if (nb_numel(out) != 1)
+            st = nb__error(NB_EINVAL, "backward: the output %s has %lld elements; pass "
+                           ".grad_output for outputs that are not a single element",
+                           NB__SHAPE(out), (long long)nb_numel(out));
+        else g = nb_ones(out->shape, out->ndim, out->dtype);
+    } else if (g->ndim != out->ndim ||
+               memcmp(g->shape, out->shape, sizeof(int64_t) * (size_t)out->ndim) != 0) {
+        st = nb__error(NB_ESHAPE, "backward: grad_output of shape %s for an output of shape %s",
+                       NB__SHAPE(g), NB__SHAPE(out));
+    }
+    if (st == NB_OK && !g) st = nb_last_status();
+    if (st == NB_OK) {
+        uint64_t epoch = atomic_fetch_add(&g_epoch, 1) + 1;
+        if (!out->grad_fn) { /* the output is itself a leaf */
+            struct nb__ag_meta *m = meta_of(out);
+            if (!m) st = NB_ENOMEM;
+            else {
+                m->epoch = epoch, m->pending = 1, m->got = false;
+                st = leaf_contribution(out, g, epoch);
+            }
+        } else {
+            st = backward_graph(out->grad_fn, g, o.retain_graph, epoch);
+        }
+    }
+    nb_scope_end();
+    return st;
+}

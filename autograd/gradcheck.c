@@ -1,0 +1,95 @@
+/* gradcheck.c - compare analytic gradients with central differences in f64. */
+#include <math.h>
+#include <string.h>
+
+#include "autograd_impl.h"
+#include "nabla/random.h"
+
+/* sum(f(x) * r) as a double, or NAN (error set) on failure. */
+static double probe(nb_gradcheck_fn f, nb_tensor *const *xs, int n, void *ctx, nb_tensor *r) {
+    nb_scope_begin();
+    nb_tensor *y = f(xs, n, ctx);
+    double v = NAN;
+    if (y) {
+        nb_tensor *y64 = nb_to_dtype(y, NB_F64);
+        nb_tensor *s = nb_sum(nb_mul(y64, r), NULL, 0, false);
+        if (s) v = nb_item_f64(s);
+    }
+    nb_scope_end();
+    return v;
+}
+
+nb_status nb_gradcheck(nb_gradcheck_fn f, nb_tensor *const *inputs, int n, void *ctx,
+                       const nb_gradcheck_opts *opts) {
+    if (!f) return nb__error(NB_ENULL, "gradcheck: f is NULL");
+    if (n < 0 || n > 16 || (n && !inputs))
+        return nb__error(NB_EINVAL, "gradcheck: between 0 and 16 inputs, got %d", n);
+    nb_gradcheck_opts o = opts ? *opts : (nb_gradcheck_opts){0};
+    double eps = o.eps > 0 ? o.eps : 1e-6, atol = o.atol > 0 ? o.atol : 1e-5,
+           rtol = o.rtol > 0 ? o.rtol : 1e-3;
+    nb_status st = NB_OK;
+    nb_scope_begin();
+    nb_tensor *xs[16];
+    bool check[16] = {0};
+    for (int i = 0; i < n; i++) {
+        if (!nb__arg_ok(inputs[i], "gradcheck", "input")) { st = NB_ENULL; goto out; }
+        check[i] = inputs[i]->requires_grad && nb_dtype_is_float(inputs[i]->dtype);
+        if (check[i]) {
+            NB_NO_GRAD_BEGIN
+            xs[i] = nb_clone(nb_to_dtype(inputs[i], NB_F64));
+            NB_NO_GRAD_END
+            if (!xs[i] || (st = nb_set_requires_grad(xs[i], true)) != NB_OK) goto fail;
+        } else {
+            xs[i] = inputs[i];
+        }
+    }
+    /* Analytic: backward of sum(f(x) * r). */
+    nb_tensor *y = f(xs, n, ctx);
+    if (!y) goto fail;
+    nb_generator *gen = nb_generator_new(o.seed ? o.seed : 12345);
+    nb_tensor *r = nb_uniform(y->shape, y->ndim, NB_F64, 0.5, 1.5, gen);
+    nb_generator_free(gen);
+    nb_tensor *loss = r ? nb_sum(nb_mul(nb_to_dtype(y, NB_F64), r), NULL, 0, false) : NULL;
+    if (!loss) goto fail;
+    if (!loss->requires_grad) {
+        st = nb__error(NB_EINVAL, "gradcheck: the output does not depend on any input that "
+                       "requires grad");
+        goto out;
+    }
+    if ((st = nb_backward(loss)) != NB_OK) goto out;
+    /* Numeric: perturb each element of each checked input. */
+    bool prev = nb_set_grad_enabled(false);
+    for (int i = 0; i < n && st == NB_OK; i++) {
+        if (!check[i]) continue;
+        double *x = (double *)nb__ptr(xs[i]);
+        nb_tensor *ga = nb_grad(xs[i]);
+        int64_t m = nb_numel(xs[i]);
+        for (int64_t j = 0; j < m && st == NB_OK; j++) {
+            double keep = x[j];
+            x[j] = keep + eps;
+            double fp = probe(f, xs, n, ctx, r);
+            x[j] = keep - eps;
+            double fm = probe(f, xs, n, ctx, r);
+            x[j] = keep;
+            if (isnan(fp) || isnan(fm)) {
+                st = nb_last_status() != NB_OK ? nb_last_status()
+                                               : nb__error(NB_EINVAL, "gradcheck: f is NaN near "
+                                                           "input %d element %lld", i, (long long)j);
+                break;
+            }
+            double num = (fp - fm) / (2 * eps);
+            double ana = ga ? ((double *)nb__ptr(ga))[j] : 0.0;
+            if (!(fabs(ana - num) <= atol + rtol * fabs(num)))
+                st = nb__error(NB_EINVAL, "gradcheck: input %d element %lld: analytic gradient "
+                               "%.10g, numeric %.10g (atol %g, rtol %g)", i, (long long)j, ana,
+                               num, atol, rtol);
+        }
+    }
+    nb_set_grad_enabled(prev);
+    goto out;
+fail:
+    st = nb_last_status() != NB_OK ? nb_last_status() : NB_EINTERNAL;
+out:
+    nb_scope_end();
+    return st;
+}

@@ -1,0 +1,409 @@
+/* bench_kernels.c - kernel benchmark: nabla's matmul against the raw GEMM providers, and
+ * elementwise / reduction throughput against memcpy, measured in the same run (the machine
+ * is noisy, so only ratios measured side by side mean much; see shared/peers/README.md).
+ *
+ * GEMM: for each training-shaped M x K x N and each layout a training step uses
+ *     NT = X @ W^T (Linear forward, W stored (out, in)), NN = dY @ W (input grad),
+ *     TN = dY^T @ X (weight grad),
+ * nb_matmul (the transposed operand given as an nb_transpose view) vs dnnl_sgemm and
+ * cblas_sgemm on the same data. The three are timed round-robin (one call of each per round)
+ * so drift on the host hits all alike. nb_matmul allocates its output every call, as a user
+ * sees it; the caching allocator hands the same block back each time, so after warm-up that is
+ * a free-list pop, and its memory is as warm as the raw calls' preallocated C. The nabla time
+ * includes the scope that frees the output.
+ *
+ * Elementwise: GB/s (bytes read + written, 1 GB = 1e9 B) of ops on a 64 MiB f32 tensor, vs a
+ * memcpy of the same size split across the threads (each copies one part, like gemm_peak).
+ *
+ * Usage: bench_kernels [--threads N] [--quick] [--only=gemm|elem]
+ * Output: a human table, and lines `RESULT <kind> <case> <value> <unit> ratio=<x>`. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "nabla/nabla.h"
+
+#if NB_BENCH_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+static int g_quick = 0;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    if (n == 0) return NAN;
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return (n % 2) ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static float frand(void) { /* xorshift64*, uniform in [-1, 1) */
+    g_rng ^= g_rng >> 12, g_rng ^= g_rng << 25, g_rng ^= g_rng >> 27;
+    uint64_t r = g_rng * 2685821657736338717ull;
+    return (float)((double)(r >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+
+static nb_tensor *rand_tensor(const int64_t *shape, int nd) {
+    nb_tensor *t = nb_empty(shape, nd, NB_F32);
+    if (!t) {
+        fprintf(stderr, "bench: %s\n", nb_last_error());
+        exit(1);
+    }
+    float *p = nb_data(t);
+    for (int64_t i = 0, n = nb_numel(t); i < n; i++) p[i] = frand();
+    return t;
+}
+
+static void *xalloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes) != 0 || !p) {
+        fprintf(stderr, "bench: allocation of %zu bytes failed\n", bytes);
+        exit(1);
+    }
+    memset(p, 0, bytes); /* fault the pages in before timing */
+    return p;
+}
+
+/* ---- timing: round-robin over up to 3 contenders --------------------------------------------- */
+
+typedef int (*run_fn)(void *ctx); /* one call; 0 on success */
+
+#define MAX_RUNS 400
+typedef struct {
+    double t[MAX_RUNS];
+    int n;
+    int failed;
+} samples;
+
+/* Warm up every contender (>= 2 calls and >= warm seconds each), then time rounds of one call
+ * each until every contender has >= 7 samples and the rounds took >= total seconds per
+ * contender. The order rotates from round to round, so no contender always runs first. Sample
+ * r of every contender comes from round r, which paired_ratio uses. */
+static void time_round_robin(run_fn *fns, void **ctxs, samples *out, int k) {
+    double warm = g_quick ? 0.05 : 0.1, total = g_quick ? 0.3 : 1.0;
+    for (int c = 0; c < k; c++) {
+        out[c].n = 0, out[c].failed = 0;
+        if (!fns[c]) continue;
+        double t0 = now_s();
+        for (int w = 0; w < 2 || now_s() - t0 < warm; w++)
+            if (fns[c](ctxs[c]) != 0) {
+                out[c].failed = 1;
+                break;
+            }
+    }
+    double start = now_s();
+    for (int r = 0; r < MAX_RUNS && (r < 7 || now_s() - start < total * k); r++) {
+        for (int j = 0; j < k; j++) {
+            int c = (r + j) % k;
+            if (!fns[c] || out[c].failed) continue;
+            double a = now_s();
+            int rc = fns[c](ctxs[c]);
+            double dt = now_s() - a;
+            if (rc != 0) out[c].failed = 1;
+            else out[c].t[out[c].n++] = dt;
+        }
+    }
+}
+
+/* Median over rounds of time(den) / time(num): how fast num is relative to den, each round
+ * compared with its own neighbour in time, which cancels most of the host's drift. */
+static double paired_ratio(const samples *num, const samples *den) {
+    if (num->failed || den->failed || num->n == 0 || num->n != den->n) return NAN;
+    double r[MAX_RUNS];
+    for (int i = 0; i < num->n; i++) r[i] = den->t[i] / num->t[i];
+    return median(r, num->n);
+}
+
+static double median_of(const samples *s) {
+    double t[MAX_RUNS];
+    memcpy(t, s->t, sizeof(double) * (size_t)s->n);
+    return median(t, s->n);
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *layout; /* "NT", "NN", "TN" */
+    int ta, tb;
+    int64_t M, N, K;
+    nb_tensor *A, *B; /* stored operands: A (M,K) or (K,M) if ta; B (K,N) or (N,K) if tb */
+    float *C;         /* preallocated output for the raw calls */
+    nb_tensor *last;  /* nabla's last result, kept for the check */
+} gemm_ctx;
+
+static int run_nabla(void *p) {
+    gemm_ctx *g = p;
+    nb_scope_begin();
+    nb_tensor *a = g->ta ? nb_transpose(g->A, 0, 1) : g->A;
+    nb_tensor *b = g->tb ? nb_transpose(g->B, 0, 1) : g->B;
+    nb_tensor *c = nb_matmul(a, b);
+    nb_scope_end();
+    return c ? 0 : -1;
+}
+
+static int run_cblas(void *p) {
+    gemm_ctx *g = p;
+    int lda = (int)(g->ta ? g->M : g->K), ldb = (int)(g->tb ? g->K : g->N);
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
+                (int)g->M, (int)g->N, (int)g->K, 1.0f, nb_data(g->A), lda, nb_data(g->B), ldb,
+                0.0f, g->C, (int)g->N);
+    return 0;
+}
+
+#if NB_BENCH_DNNL
+static int run_dnnl(void *p) {
+    gemm_ctx *g = p;
+    dnnl_dim_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
+    return dnnl_sgemm(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', g->M, g->N, g->K, 1.0f,
+                      nb_data(g->A), lda, nb_data(g->B), ldb, 0.0f, g->C, g->N) == dnnl_success
+               ? 0
+               : -1;
+}
+#endif
+
+/* Max relative error of nabla's result at 32 random entries vs a double dot product; *same
+ * says whether it is bitwise equal to the raw call `raw` (which writes g->C), i.e. whether
+ * nb_matmul made the very same provider call. */
+static double check_nabla(gemm_ctx *g, run_fn raw, bool *same) {
+    nb_tensor *a = g->ta ? nb_transpose(g->A, 0, 1) : g->A;
+    nb_tensor *b = g->tb ? nb_transpose(g->B, 0, 1) : g->B;
+    nb_tensor *c = nb_matmul(a, b);
+    if (g->ta) nb_tensor_free(a);
+    if (g->tb) nb_tensor_free(b);
+    if (!c) return INFINITY;
+    const float *A = nb_data(g->A), *B = nb_data(g->B), *C = nb_data(c);
+    *same = raw && raw(g) == 0 &&
+            memcmp(C, g->C, sizeof(float) * (size_t)(g->M * g->N)) == 0;
+    double worst = 0;
+    for (int s = 0; s < 32; s++) {
+        int64_t i = (int64_t)((frand() + 1) * 0.5 * (double)g->M) % g->M;
+        int64_t j = (int64_t)((frand() + 1) * 0.5 * (double)g->N) % g->N;
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < g->K; k++) {
+            double x = g->ta ? A[k * g->M + i] : A[i * g->K + k];
+            double y = g->tb ? B[j * g->K + k] : B[k * g->N + j];
+            ref += x * y, mag += fabs(x * y);
+        }
+        double err = fabs(C[i * g->N + j] - ref) / (mag > 0 ? mag : 1);
+        if (err > worst) worst = err;
+    }
+    nb_tensor_free(c);
+    return worst;
+}
+
+static void bench_gemm(void) {
+    static const struct { int64_t M, K, N; } shapes[] = {
+        {256, 784, 1024}, {256, 1024, 1024}, {4096, 384, 1536}, {2048, 256, 768},
+        {1024, 1024, 1024}, {2048, 2048, 2048},
+    };
+    static const struct { const char *name; int ta, tb; } layouts[] = {
+        {"NT", 0, 1}, {"NN", 0, 0}, {"TN", 1, 0},
+    };
+    nb_gemm_provider prov = nb_gemm_provider_current();
+    printf("\n== GEMM: nb_matmul vs raw sgemm (GFLOP/s, median; ratio = nabla / raw %s) ==\n",
+           nb_gemm_provider_name(prov));
+    printf("%-22s %-3s %9s %9s %9s %8s  %s\n", "case (MxKxN)", "lay", "nabla", "dnnl", "openblas",
+           "ratio", "check");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        for (size_t l = 0; l < sizeof layouts / sizeof layouts[0]; l++) {
+            gemm_ctx g = {.layout = layouts[l].name, .ta = layouts[l].ta, .tb = layouts[l].tb,
+                          .M = shapes[s].M, .N = shapes[s].N, .K = shapes[s].K};
+            int64_t ash[2] = {g.ta ? g.K : g.M, g.ta ? g.M : g.K};
+            int64_t bsh[2] = {g.tb ? g.N : g.K, g.tb ? g.K : g.N};
+            g.A = rand_tensor(ash, 2);
+            g.B = rand_tensor(bsh, 2);
+            g.C = xalloc(sizeof(float) * (size_t)(g.M * g.N));
+            run_fn fns[3] = {run_nabla, NULL, run_cblas};
+#if NB_BENCH_DNNL
+            fns[1] = run_dnnl;
+#endif
+            void *ctxs[3] = {&g, &g, &g};
+            samples res[3];
+            time_round_robin(fns, ctxs, res, 3);
+            double flop = 2.0 * (double)g.M * (double)g.N * (double)g.K, gf[3], ratio[3];
+            for (int c = 0; c < 3; c++)
+                gf[c] = (fns[c] && !res[c].failed) ? flop / median_of(&res[c]) * 1e-9 : NAN;
+            int inuse = prov == NB_GEMM_DNNL ? 1 : 2;
+            for (int c = 0; c < 3; c++) ratio[c] = fns[c] ? paired_ratio(&res[c], &res[inuse]) : NAN;
+            bool same = false;
+            double err = check_nabla(&g, fns[inuse], &same);
+            const char *ok = err < 1e-4 ? "ok" : "FAIL";
+            char name[64];
+            snprintf(name, sizeof name, "M%lld_K%lld_N%lld", (long long)g.M, (long long)g.K,
+                     (long long)g.N);
+            printf("%-22s %-3s %9.1f %9.1f %9.1f %8.3f  %s (maxrel %.1e, %s raw bits, runs %d)\n",
+                   name, g.layout, gf[0], gf[1], gf[2], ratio[0], ok, err,
+                   same ? "same" : "NOT the", res[0].n);
+            if (res[0].failed) printf("  nb_matmul failed: %s\n", nb_last_error());
+            printf("RESULT matmul %s_%s %.2f GFLOP/s ratio=%.3f\n", name, g.layout, gf[0], ratio[0]);
+            if (fns[1])
+                printf("RESULT dnnl_sgemm %s_%s %.2f GFLOP/s ratio=%.3f\n", name, g.layout, gf[1],
+                       ratio[1]);
+            printf("RESULT cblas_sgemm %s_%s %.2f GFLOP/s ratio=%.3f\n", name, g.layout, gf[2],
+                   ratio[2]);
+            fflush(stdout);
+            nb_tensor_free(g.A);
+            nb_tensor_free(g.B);
+            free(g.C);
+        }
+    }
+}
+
+/* ---- elementwise and reductions ---------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    double bytes; /* read + written per call */
+    nb_tensor *a, *b;
+    int which;
+} elem_ctx;
+
+enum { E_ADD, E_MUL_SCALAR, E_EXP, E_RELU, E_SUM, E_SUM_LAST, E_SOFTMAX };
+
+static int run_elem(void *p) {
+    elem_ctx *e = p;
+    nb_scope_begin();
+    nb_tensor *r = NULL;
+    switch (e->which) {
+    case E_ADD: r = nb_add(e->a, e->b); break;
+    case E_MUL_SCALAR: r = nb_mul_scalar(e->a, 1.5); break;
+    case E_EXP: r = nb_exp(e->a); break;
+    case E_RELU: r = nb_relu(e->a); break;
+    case E_SUM: r = nb_sum(e->a, NULL, 0, false); break;
+    case E_SUM_LAST: r = nb_sum(e->a, (int[]){-1}, 1, false); break;
+    case E_SOFTMAX: r = nb_softmax(e->a, -1); break;
+    }
+    nb_scope_end();
+    return r ? 0 : -1;
+}
+
+typedef struct {
+    char *src, *dst;
+    size_t bytes;
+    int threads;
+} copy_ctx;
+
+static int run_memcpy(void *p) {
+    copy_ctx *c = p;
+#pragma omp parallel num_threads(c->threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        size_t chunk = c->bytes / (size_t)nt / 64 * 64, off = chunk * (size_t)t;
+        size_t len = t == nt - 1 ? c->bytes - off : chunk;
+        memcpy(c->dst + off, c->src + off, len);
+    }
+    return 0;
+}
+
+static void bench_elem(int threads) {
+    const int64_t rows = 16384, cols = 1024, n = rows * cols; /* 16M f32 = 64 MiB */
+    const double fb = 4.0 * (double)n;
+    printf("\n== elementwise / reductions: f32 [%lld,%lld] (64 MiB), GB/s read+write, median; "
+           "ratio = op / memcpy ==\n",
+           (long long)rows, (long long)cols);
+    printf("%-18s %10s %8s  %s\n", "op", "GB/s", "ratio", "bytes counted");
+
+    copy_ctx cc = {xalloc((size_t)fb), xalloc((size_t)fb), (size_t)fb, threads};
+    run_fn mf[1] = {run_memcpy};
+    void *mc[1] = {&cc};
+    samples ms;
+    time_round_robin(mf, mc, &ms, 1);
+    double mem_gbs = 2.0 * fb / median_of(&ms) * 1e-9;
+    printf("%-18s %10.2f %8.3f  %s\n", "memcpy", mem_gbs, 1.0, "2 x 64 MiB");
+    printf("RESULT memcpy 64MiB %.2f GB/s ratio=1.000\n", mem_gbs);
+    fflush(stdout);
+
+    nb_tensor *a = rand_tensor((int64_t[]){rows, cols}, 2);
+    nb_tensor *b = rand_tensor((int64_t[]){rows, cols}, 2);
+    elem_ctx ops[] = {
+        {"add", 3 * fb, a, b, E_ADD},           {"mul_scalar", 2 * fb, a, b, E_MUL_SCALAR},
+        {"exp", 2 * fb, a, b, E_EXP},           {"relu", 2 * fb, a, b, E_RELU},
+        {"sum_all", fb, a, b, E_SUM},           {"sum_lastdim", fb + fb / cols, a, b, E_SUM_LAST},
+        {"softmax_lastdim", 2 * fb, a, b, E_SOFTMAX},
+    };
+    const char *counted[] = {"2 in + 1 out", "1 in + 1 out", "1 in + 1 out", "1 in + 1 out",
+                             "1 in", "1 in + rows out", "1 in + 1 out"};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        nb_clear_error();
+        /* Each op is timed round-robin with memcpy and compared round by round. */
+        run_fn f[2] = {run_elem, run_memcpy};
+        void *c[2] = {&ops[i], &cc};
+        samples s[2];
+        time_round_robin(f, c, s, 2);
+        if (s[0].failed || s[0].n == 0) {
+            printf("%-18s %10s %8s  error: %s\n", ops[i].name, "-", "-", nb_last_error());
+            printf("RESULT elem %s nan GB/s ratio=nan\n", ops[i].name);
+        } else {
+            double gbs = ops[i].bytes / median_of(&s[0]) * 1e-9;
+            /* ratio of bandwidths = (bytes_op / t_op) / (bytes_copy / t_copy) */
+            double ratio = paired_ratio(&s[0], &s[1]) * ops[i].bytes / (2.0 * fb);
+            printf("%-18s %10.2f %8.3f  %s\n", ops[i].name, gbs, ratio, counted[i]);
+            printf("RESULT elem %s %.2f GB/s ratio=%.3f\n", ops[i].name, gbs, ratio);
+        }
+        fflush(stdout);
+    }
+    free(cc.src);
+    free(cc.dst);
+    nb_tensor_free(a);
+    nb_tensor_free(b);
+}
+
+static void usage(const char *argv0) {
+    fprintf(stderr, "usage: %s [--threads N] [--quick] [--only=gemm|elem]\n", argv0);
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    int threads = 2, do_gemm = 1, do_elem = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) g_quick = 1;
+        else if (!strcmp(argv[i], "--only=gemm")) do_elem = 0;
+        else if (!strcmp(argv[i], "--only=elem")) do_gemm = 0;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strncmp(argv[i], "--threads=", 10)) threads = atoi(argv[i] + 10);
+        else usage(argv[0]);
+    }
+    if (threads <= 0) usage(argv[0]);
+    nb_set_num_threads(threads);
+
+    const char *env[] = {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS",
+                         "OMP_WAIT_POLICY", "NB_GEMM"};
+    printf("nabla %s, threads %d (pool %d), gemm provider %s\n", nb_version(), threads,
+           nb_get_num_threads(), nb_gemm_provider_name(nb_gemm_provider_current()));
+    printf("OpenBLAS core %s", openblas_get_corename());
+#if NB_BENCH_DNNL
+    const dnnl_version_t *v = dnnl_version();
+    printf(", oneDNN %d.%d.%d", v->major, v->minor, v->patch);
+#else
+    printf(", oneDNN not built in");
+#endif
+    printf("\nenv:");
+    for (size_t i = 0; i < sizeof env / sizeof env[0]; i++)
+        printf(" %s=%s", env[i], getenv(env[i]) ? getenv(env[i]) : "(unset)");
+    printf("\n%s\n", g_quick ? "mode: --quick (>= 7 runs, >= 0.3 s per contender)"
+                             : "mode: full (>= 7 runs, >= 1 s per contender)");
+    printf("RESULT info provider %s\n", nb_gemm_provider_name(nb_gemm_provider_current()));
+    printf("RESULT info threads %d\n", threads);
+    fflush(stdout);
+
+    if (do_gemm) bench_gemm();
+    if (do_elem) bench_elem(threads);
+    return 0;
+}

@@ -1,0 +1,40 @@
+/* cpu/elementwise.h - private: the CPU elementwise kernel table used by
+ * tensor/ops/elementwise.c.
+ *
+ * A kernel is an nb__iter_fn run by nb__iter_for_each over the operands
+ * (out, in...) of one op, all already in the kernel's compute dtype except the output of
+ * comparisons (NB_BOOL). Kernels do arithmetic only: the op definition decides shapes,
+ * dtypes and conversions (DESIGN.md rule 1). */
+#ifndef NABLA_CPU_ELEMENTWISE_H
+#define NABLA_CPU_ELEMENTWISE_H
+
+#include <stdbool.h>
+
+#include "tensor_impl.h"
+
+/* Parameters of an elementwise kernel (the ctx argument of its nb__iter_fn).
+ *   pow_scalar: p0 = exponent (float dtypes), i0 = exponent >= 0 (integer dtypes);
+ *   clamp: p0 = lo, p1 = hi (float dtypes), i0 = lo, i1 = hi inside the integer dtype's
+ *   range (integer dtypes).
+ *   b_scalar: binary kernels of f16/bf16 read operand b as the f32 value (float)p0
+ *   instead of from memory, so a Python-style scalar is not rounded to half precision
+ *   first (as PyTorch computes x_half * 0.1 in f32). Other dtypes ignore it. */
+typedef struct nb__ew_ctx {
+    double p0, p1;
+    int64_t i0, i1;
+    bool b_scalar;
+} nb__ew_ctx;
+
+/* The kernel for op (an elementwise NB__OP_*) in compute dtype dt, or NULL when the pair
+ * is not supported. Unary kernels: operands (out, x), out of dtype dt. Binary kernels:
+ * (out, a, b), out of dtype dt, or NB_BOOL for comparisons. NB__OP_WHERE: (out, cond, a,
+ * b) with cond NB_BOOL. */
+nb__iter_fn nb__cpu_ew_kernel(nb__op op, nb_dtype dt);
+/* Elements per thread below which op stays on one thread (smaller for costly math). */
+int64_t nb__cpu_ew_grain(nb__op op);
+
+/* Vectorizable f32 exp (about 1 ulp; NaN, +-inf, overflow and subnormal results handled
+ * as expf). Exposed for the tests and for fused kernels elsewhere in cpu/. */
+float nb__cpu_expf(float x);
+
+#endif

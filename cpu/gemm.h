@@ -1,0 +1,31 @@
+/* gemm.h - private: the CPU GEMM provider layer (oneDNN or OpenBLAS behind one call).
+ *
+ * All matrices are row-major. op(A) is M x K, op(B) is K x N, C is M x N:
+ *     C = alpha * op(A) * op(B) + beta * C
+ * With transA false, A is stored M x K with row stride lda >= max(1, K); with transA true it
+ * is stored K x M with lda >= max(1, M) (likewise B: K x N / N x K). ldc >= max(1, N).
+ * beta == 0 means C is written without being read (NaN/garbage in C does not propagate).
+ * Degenerate sizes are handled here: M == 0 or N == 0 does nothing, K == 0 scales C by beta.
+ *
+ * The provider (NB_GEMM_DNNL or NB_GEMM_OPENBLAS) is process wide (nabla/runtime.h); f64 always
+ * goes to OpenBLAS (oneDNN has no dgemm). The calls are thread safe and may be made from
+ * inside an OpenMP parallel region (then the provider runs on the calling thread only).
+ * They return NB_OK, or a negative status with nb_last_error() set when the provider fails
+ * (out of memory inside oneDNN, a dimension beyond OpenBLAS's 32-bit integers). */
+#ifndef NABLA_CPU_GEMM_H
+#define NABLA_CPU_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/runtime.h"
+#include "nabla/status.h"
+
+nb_status nb__gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                       float *C, int64_t ldc);
+nb_status nb__gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                       double alpha, const double *A, int64_t lda, const double *B,
+                       int64_t ldb, double beta, double *C, int64_t ldc);
+
+#endif

@@ -1,0 +1,448 @@
+/* index.c - CPU kernels of the indexing ops: index_select (and embedding through it),
+ * gather, scatter_add, masked_fill, one_hot and tril/triu.
+ *
+ * Element moves do not care about the dtype, only its size: the loops are written once as
+ * always-inline functions taking the element size, and called from a switch with the
+ * constants 1, 2, 4 and 8, so each copy becomes a single load and store. Where a whole
+ * contiguous block moves at once (rows of an embedding table, the kept part of a triangle)
+ * it is one memcpy. Work is split over threads by output position only, so no two threads
+ * ever write the same element and the results never depend on the thread count.
+ *
+ * The op definitions (tensor/ops/index.c) have checked every index before calling here;
+ * the kernels trust them. */
+#include <string.h>
+
+#include "index.h"
+
+#define NB__INLINE static inline __attribute__((always_inline))
+
+/* Geometry with 0-dim tensors seen as one-element 1-D ones, so every loop has a dim. */
+typedef struct {
+    int nd;
+    int64_t shape[NB_MAX_DIMS];
+    int64_t strides[NB_MAX_DIMS];
+} nb__geom;
+
+static void geom_of(const nb_tensor *t, nb__geom *g) {
+    if (t->ndim == 0) {
+        g->nd = 1;
+        g->shape[0] = 1;
+        g->strides[0] = 1;
+        return;
+    }
+    g->nd = t->ndim;
+    memcpy(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    memcpy(g->strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
+}
+
+static inline int64_t idx_at(const void *p, bool i64, int64_t i) {
+    return i64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
+}
+
+/* memcpy with a constant size compiles to one move (and is safe for unaligned buffers
+ * wrapped with nb_wrap_buffer). */
+NB__INLINE void copy_elem(char *dst, const char *src, size_t es) { memcpy(dst, src, es); }
+
+static int threads_for(int64_t work) {
+    int nt = nb__threads_for(work, NB__GRAIN);
+    return nt < 1 ? 1 : nt;
+}
+
+/* ---- index range ----------------------------------------------------------------------- */
+void nb__cpu_index_minmax(const nb_tensor *idx, int64_t *mn, int64_t *mx) {
+    int64_t n = nb_numel(idx);
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    int nt = threads_for(n);
+    (void)nt;
+    if (idx->dtype == NB_I64) {
+        const int64_t *p = (const int64_t *)nb__ptr(idx);
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt) reduction(min : lo) reduction(max : hi)
+        for (int64_t i = 0; i < n; i++) {
+            lo = p[i] < lo ? p[i] : lo;
+            hi = p[i] > hi ? p[i] : hi;
+        }
+    } else {
+        const int32_t *p = (const int32_t *)nb__ptr(idx);
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt) reduction(min : lo) reduction(max : hi)
+        for (int64_t i = 0; i < n; i++) {
+            lo = p[i] < lo ? p[i] : lo;
+            hi = p[i] > hi ? p[i] : hi;
+        }
+    }
+    *mn = lo;
+    *mx = hi;
+}
+
+/* ---- gather-like copies ------------------------------------------------------------------
+ * g holds the OUTPUT shape with the STRIDES of x. Output element i (row-major position p)
+ * comes from x at p with p[dim] replaced by an index value: the index at linear position i
+ * (gather: index has the output's shape) or at p[dim] (index_select: a 1-D index). */
+NB__INLINE void gather_span(char *o, const char *xp, const nb__geom *g, int dim, const void *ip,
+                            bool i64, bool linear, int64_t begin, int64_t end, size_t es) {
+    int last = g->nd - 1;
+    int64_t p[NB_MAX_DIMS];
+    int64_t rem = begin;
+    for (int d = last; d >= 0; d--) {
+        p[d] = rem % g->shape[d];
+        rem /= g->shape[d];
+    }
+    const int64_t sdim = g->strides[dim], slast = g->strides[last];
+    int64_t i = begin;
+    while (i < end) {
+        int64_t base = 0;
+        for (int d = 0; d < last; d++)
+            if (d != dim) base += p[d] * g->strides[d];
+        int64_t run = g->shape[last] - p[last];
+        if (run > end - i) run = end - i;
+        if (dim == last) {
+            for (int64_t r = 0; r < run; r++) {
+                int64_t k = idx_at(ip, i64, linear ? i + r : p[last] + r);
+                copy_elem(o + (i + r) * (int64_t)es, xp + (base + k * sdim) * (int64_t)es, es);
+            }
+        } else if (linear) {
+            base += p[last] * slast;
+            for (int64_t r = 0; r < run; r++) {
+                int64_t k = idx_at(ip, i64, i + r);
+                copy_elem(o + (i + r) * (int64_t)es,
+                          xp + (base + k * sdim + r * slast) * (int64_t)es, es);
+            }
+        } else {
+            /* index_select with dim before the last: the whole row shares one index */
+            base += p[last] * slast + idx_at(ip, i64, p[dim]) * sdim;
+            for (int64_t r = 0; r < run; r++)
+                copy_elem(o + (i + r) * (int64_t)es, xp + (base + r * slast) * (int64_t)es, es);
+        }
+        i += run;
+        p[last] += run;
+        for (int d = last; d > 0 && p[d] >= g->shape[d]; d--) {
+            p[d] = 0;
+            p[d - 1]++;
+        }
+    }
+}
+
+static void gather_span_es(char *o, const char *xp, const nb__geom *g, int dim, const void *ip,
+                           bool i64, bool linear, int64_t begin, int64_t end, size_t es) {
+    switch (es) {
+    case 1: gather_span(o, xp, g, dim, ip, i64, linear, begin, end, 1); break;
+    case 2: gather_span(o, xp, g, dim, ip, i64, linear, begin, end, 2); break;
+    case 4: gather_span(o, xp, g, dim, ip, i64, linear, begin, end, 4); break;
+    case 8: gather_span(o, xp, g, dim, ip, i64, linear, begin, end, 8); break;
+    default: NB__ASSERT(!"unexpected element size");
+    }
+}
+
+static void gather_run(nb_tensor *out, const nb_tensor *x, const nb__geom *g, int dim,
+                       const nb_tensor *idx, bool linear) {
+    int64_t n = nb_numel(out);
+    size_t es = nb_dtype_size(x->dtype);
+    char *o = nb__ptr(out);
+    const char *xp = nb__ptr(x);
+    const void *ip = nb__ptr(idx);
+    bool i64 = idx->dtype == NB_I64;
+    int nt = threads_for(n);
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+    for (int c = 0; c < nt; c++) {
+        int64_t b = n * c / nt, e = n * (c + 1) / nt;
+        if (b < e) gather_span_es(o, xp, g, dim, ip, i64, linear, b, e, es);
+    }
+}
+
+void nb__cpu_index_select(nb_tensor *out, const nb_tensor *x, int dim, const nb_tensor *idx) {
+    if (nb_numel(out) == 0) return;
+    nb__geom gx;
+    geom_of(x, &gx);
+    int64_t m = nb_numel(idx);
+    /* Fast path: the block x[..., k, ...] (dims after dim) is contiguous, so each picked
+     * row is one memcpy (embedding tables, row selection of matrices). */
+    int64_t inner = 1;
+    bool block = true;
+    for (int d = gx.nd - 1; d > dim; d--) {
+        if (gx.shape[d] != 1 && gx.strides[d] != inner) block = false;
+        inner *= gx.shape[d];
+    }
+    if (block && inner >= 4) {
+        size_t es = nb_dtype_size(x->dtype);
+        int64_t outer = 1;
+        for (int d = 0; d < dim; d++) outer *= gx.shape[d];
+        int64_t rows = outer * m, rowbytes = inner * (int64_t)es;
+        char *o = nb__ptr(out);
+        const char *xp = nb__ptr(x);
+        const void *ip = nb__ptr(idx);
+        bool i64 = idx->dtype == NB_I64;
+        int nt = threads_for(rows * inner);
+        (void)nt;
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t oi = r / m, j = r % m, base = 0;
+            for (int d = dim - 1; d >= 0; d--) {
+                base += (oi % gx.shape[d]) * gx.strides[d];
+                oi /= gx.shape[d];
+            }
+            base += idx_at(ip, i64, j) * gx.strides[dim];
+            memcpy(o + r * rowbytes, xp + base * (int64_t)es, (size_t)rowbytes);
+        }
+        return;
+    }
+    nb__geom g = gx;
+    g.shape[dim] = m;
+    gather_run(out, x, &g, dim, idx, false);
+}
+
+void nb__cpu_gather(nb_tensor *out, const nb_tensor *x, int dim, const nb_tensor *idx) {
+    if (nb_numel(out) == 0) return;
+    nb__geom g, gx;
+    geom_of(out, &g);
+    geom_of(x, &gx);
+    memcpy(g.strides, gx.strides, sizeof g.strides);
+    gather_run(out, x, &g, dim, idx, true);
+}
+
+/* ---- scatter_add ------------------------------------------------------------------------- */
+static inline size_t dt_size(nb_dtype dt) {
+    return dt == NB_F64 || dt == NB_I64 ? 8 : dt == NB_F32 || dt == NB_I32 ? 4 : 1;
+}
+
+/* *o += *s in dtype dt. Integers wrap around (computed unsigned, so overflow is defined, as
+ * two's complement wrap in PyTorch); bool adds as logical or. */
+NB__INLINE void add_elem(char *o, const char *s, nb_dtype dt) {
+    switch (dt) {
+#define NB__ADD_AS(T)                                                                        \
+    {                                                                                      \
+        T a, b;                                                                            \
+        memcpy(&a, o, sizeof a);                                                           \
+        memcpy(&b, s, sizeof b);                                                           \
+        a = (T)(a + b);                                                                    \
+        memcpy(o, &a, sizeof a);                                                           \
+        break;                                                                             \
+    }
+    case NB_F32: NB__ADD_AS(float)
+    case NB_F64: NB__ADD_AS(double)
+    case NB_I32: NB__ADD_AS(uint32_t)
+    case NB_I64: NB__ADD_AS(uint64_t)
+    case NB_U8: NB__ADD_AS(uint8_t)
+#undef NB__ADD_AS
+    case NB_BOOL: *o = (char)((*o | *s) != 0); break;
+    default: NB__ASSERT(!"scatter_add kernel: unsupported dtype");
+    }
+}
+
+typedef struct {
+    int nd, dim;
+    char *o;
+    const char *s;
+    const void *ip;
+    bool i64;
+    int64_t ishape[NB_MAX_DIMS], istr[NB_MAX_DIMS], os[NB_MAX_DIMS], ss[NB_MAX_DIMS];
+} nb__scatter;
+
+/* General strides: for each position q of the non-dim dims of index (q in [qb, qe)), walk
+ * dim in increasing order. Distinct q write distinct output elements. */
+NB__INLINE void scatter_general(const nb__scatter *c, int64_t qb, int64_t qe, nb_dtype dt) {
+    int64_t es = (int64_t)dt_size(dt), n = c->ishape[c->dim];
+    for (int64_t q = qb; q < qe; q++) {
+        int64_t rem = q, ob = 0, sb = 0, ib = 0;
+        for (int d = c->nd - 1; d >= 0; d--) {
+            if (d == c->dim) continue;
+            int64_t x = rem % c->ishape[d];
+            rem /= c->ishape[d];
+            ob += x * c->os[d], sb += x * c->ss[d], ib += x * c->istr[d];
+        }
+        for (int64_t j = 0; j < n; j++) {
+            int64_t k = idx_at(c->ip, c->i64, ib + j * c->istr[c->dim]);
+            add_elem(c->o + (ob + k * c->os[c->dim]) * es, c->s + (sb + j * c->ss[c->dim]) * es,
+                     dt);
+        }
+    }
+}
+
+/* Contiguous src and index of the output's shape except along dim: output (O, N, inner),
+ * index and src (O, n, inner). A work item is one outer position o and a block of inner
+ * positions [i0, i1); j runs outside the inner loop so rows stream through the cache, and
+ * each output element still receives its additions in increasing j. */
+NB__INLINE void scatter_fast(const nb__scatter *c, int64_t N, int64_t inner, int64_t nblk,
+                             int64_t w, nb_dtype dt) {
+    int64_t es = (int64_t)dt_size(dt), n = c->ishape[c->dim];
+    int64_t o = w / nblk, b = w % nblk;
+    int64_t i0 = inner * b / nblk, i1 = inner * (b + 1) / nblk;
+    for (int64_t j = 0; j < n; j++) {
+        int64_t row = (o * n + j) * inner, orow = o * N * inner;
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t k = idx_at(c->ip, c->i64, row + i);
+            add_elem(c->o + (orow + k * inner + i) * es, c->s + (row + i) * es, dt);
+        }
+    }
+}
+
+#define NB__SCATTER_DISPATCH(dt, CALL)                                                     \
+    switch (dt) {                                                                          \
+    case NB_F32: CALL(NB_F32); break;                                                      \
+    case NB_F64: CALL(NB_F64); break;                                                      \
+    case NB_I32: CALL(NB_I32); break;                                                      \
+    case NB_I64: CALL(NB_I64); break;                                                      \
+    case NB_U8: CALL(NB_U8); break;                                                        \
+    case NB_BOOL: CALL(NB_BOOL); break;                                                    \
+    default: NB__ASSERT(!"scatter_add kernel: unsupported dtype");                         \
+    }
+
+static void scatter_general_dt(const nb__scatter *c, int64_t qb, int64_t qe, nb_dtype dt) {
+#define NB__CALL(D) scatter_general(c, qb, qe, D)
+    NB__SCATTER_DISPATCH(dt, NB__CALL)
+#undef NB__CALL
+}
+
+static void scatter_fast_dt(const nb__scatter *c, int64_t N, int64_t inner, int64_t nblk,
+                            int64_t w, nb_dtype dt) {
+#define NB__CALL(D) scatter_fast(c, N, inner, nblk, w, D)
+    NB__SCATTER_DISPATCH(dt, NB__CALL)
+#undef NB__CALL
+}
+
+void nb__cpu_scatter_add(nb_tensor *out, int dim, const nb_tensor *idx, const nb_tensor *src) {
+    int64_t total = nb_numel(idx);
+    if (total == 0) return;
+    nb__scatter c;
+    nb__geom gi, go, gs;
+    geom_of(idx, &gi);
+    geom_of(out, &go);
+    geom_of(src, &gs);
+    c.nd = gi.nd;
+    c.dim = dim;
+    c.o = nb__ptr(out);
+    c.s = nb__ptr(src);
+    c.ip = nb__ptr(idx);
+    c.i64 = idx->dtype == NB_I64;
+    memcpy(c.ishape, gi.shape, sizeof c.ishape);
+    memcpy(c.istr, gi.strides, sizeof c.istr);
+    memcpy(c.os, go.strides, sizeof c.os);
+    memcpy(c.ss, gs.strides, sizeof c.ss);
+    nb_dtype dt = out->dtype;
+
+    bool fast = nb_is_contiguous(src) && nb_is_contiguous(out);
+    for (int d = 0; d < c.nd && fast; d++)
+        fast = gs.shape[d] == gi.shape[d] && (d == dim || go.shape[d] == gi.shape[d]);
+    int nt = threads_for(total);
+    (void)nt;
+    if (fast) {
+        int64_t outer = 1, inner = 1;
+        for (int d = 0; d < dim; d++) outer *= gi.shape[d];
+        for (int d = dim + 1; d < c.nd; d++) inner *= gi.shape[d];
+        /* enough blocks of inner positions that every thread gets work */
+        int64_t nblk = outer >= nt ? 1 : (nt + outer - 1) / outer;
+        if (nblk > inner) nblk = inner;
+        int64_t items = outer * nblk, N = go.shape[dim];
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+        for (int64_t w = 0; w < items; w++) scatter_fast_dt(&c, N, inner, nblk, w, dt);
+        return;
+    }
+    int64_t nq = total / gi.shape[dim];
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        int64_t b = nq * t / nt, e = nq * (t + 1) / nt;
+        if (b < e) scatter_general_dt(&c, b, e, dt);
+    }
+}
+
+/* ---- masked_fill --------------------------------------------------------------------------- */
+typedef struct {
+    const char *value;
+    size_t es;
+} nb__mf_ctx;
+
+NB__INLINE void mf_loop(char **ptrs, const int64_t *st, int64_t n, const char *val, size_t es) {
+    char *o = ptrs[0];
+    const char *x = ptrs[1], *m = ptrs[2];
+    for (int64_t i = 0; i < n; i++, o += st[0], x += st[1], m += st[2])
+        copy_elem(o, *m ? val : x, es);
+}
+
+static void mf_fn(char **ptrs, const int64_t *strides, int64_t n, void *ctx) {
+    const nb__mf_ctx *c = ctx;
+    switch (c->es) {
+    case 1: mf_loop(ptrs, strides, n, c->value, 1); break;
+    case 2: mf_loop(ptrs, strides, n, c->value, 2); break;
+    case 4: mf_loop(ptrs, strides, n, c->value, 4); break;
+    case 8: mf_loop(ptrs, strides, n, c->value, 8); break;
+    default: NB__ASSERT(!"unexpected element size");
+    }
+}
+
+void nb__cpu_masked_fill(nb_tensor *out, nb_tensor *x, nb_tensor *mask, const void *value) {
+    nb__iter it;
+    nb_tensor *ts[3] = {out, x, mask};
+    nb__iter_init(&it, out->shape, out->ndim, ts, 3);
+    nb__mf_ctx c = {value, nb_dtype_size(out->dtype)};
+    nb__iter_for_each(&it, mf_fn, &c, NB__GRAIN);
+}
+
+/* ---- one_hot ------------------------------------------------------------------------------- */
+void nb__cpu_one_hot(nb_tensor *out, const nb_tensor *idx, const void *one) {
+    int64_t n = nb_numel(idx), C = out->shape[out->ndim - 1];
+    if (n == 0 || C == 0) return;
+    size_t es = nb_dtype_size(out->dtype);
+    int64_t rowbytes = C * (int64_t)es;
+    char *o = nb__ptr(out);
+    const void *ip = nb__ptr(idx);
+    bool i64 = idx->dtype == NB_I64;
+    int nt = threads_for(n * C);
+    (void)nt;
+    /* Zero bits are 0 in every dtype (including +0.0 in the half types). */
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+    for (int64_t i = 0; i < n; i++) {
+        char *row = o + i * rowbytes;
+        memset(row, 0, (size_t)rowbytes);
+        memcpy(row + idx_at(ip, i64, i) * (int64_t)es, one, es);
+    }
+}
+
+/* ---- tril / triu ------------------------------------------------------------------------- */
+NB__INLINE void copy_strided(char *dst, const char *src, int64_t sstride, int64_t n, size_t es) {
+    for (int64_t j = 0; j < n; j++) copy_elem(dst + j * (int64_t)es, src + j * sstride, es);
+}
+
+static void copy_strided_es(char *dst, const char *src, int64_t sstride, int64_t n, size_t es) {
+    switch (es) {
+    case 1: copy_strided(dst, src, sstride, n, 1); break;
+    case 2: copy_strided(dst, src, sstride, n, 2); break;
+    case 4: copy_strided(dst, src, sstride, n, 4); break;
+    case 8: copy_strided(dst, src, sstride, n, 8); break;
+    default: NB__ASSERT(!"unexpected element size");
+    }
+}
+
+void nb__cpu_tri(nb_tensor *out, const nb_tensor *x, int64_t k, bool lower) {
+    int nd = x->ndim;
+    NB__ASSERT(nd >= 2);
+    int64_t R = x->shape[nd - 2], C = x->shape[nd - 1];
+    int64_t rows = nb_numel(x) / (C ? C : 1);
+    if (nb_numel(x) == 0) return;
+    size_t es = nb_dtype_size(x->dtype);
+    int64_t rowbytes = C * (int64_t)es;
+    /* Clamp k so i + k cannot overflow; beyond +-(R + C) every k behaves the same. */
+    if (k > R + C) k = R + C;
+    if (k < -(R + C)) k = -(R + C);
+    const int64_t srow = x->strides[nd - 2], scol = x->strides[nd - 1];
+    char *o = nb__ptr(out);
+    const char *xp = nb__ptr(x);
+    int nt = threads_for(rows * C);
+    (void)nt;
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t b = r / R, i = r % R, base = i * srow;
+        for (int d = nd - 3; d >= 0; d--) {
+            base += (b % x->shape[d]) * x->strides[d];
+            b /= x->shape[d];
+        }
+        /* kept columns [lo, hi): tril keeps j <= i + k, triu keeps j >= i + k */
+        int64_t lo = lower ? 0 : i + k, hi = lower ? i + k + 1 : C;
+        lo = lo < 0 ? 0 : lo > C ? C : lo;
+        hi = hi < lo ? lo : hi > C ? C : hi;
+        char *orow = o + r * rowbytes;
+        memset(orow, 0, (size_t)(lo * (int64_t)es));
+        memset(orow + hi * (int64_t)es, 0, (size_t)((C - hi) * (int64_t)es));
+        if (hi == lo) continue;
+        const char *src = xp + (base + lo * scol) * (int64_t)es;
+        if (scol == 1) memcpy(orow + lo * (int64_t)es, src, (size_t)((hi - lo) * (int64_t)es));
+        else copy_strided_es(orow + lo * (int64_t)es, src, scol * (int64_t)es, hi - lo, es);
+    }
+}

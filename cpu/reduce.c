@@ -1,0 +1,880 @@
+/* cpu/reduce.c - CPU kernels for the reductions (sum, mean, var, std, logsumexp, amax/amin,
+ * max/min with indices, argmax/argmin) and the fused softmax / log_softmax.
+ *
+ * Plan of a reduction: the input's dims are sorted by decreasing stride (so a permuted but
+ * dense tensor reads in memory order), size-1 dims dropped and neighbours of the same kind
+ * (kept / reduced) merged where the strides allow. Then one of two loops runs:
+ *   - row path, when the innermost dim is reduced (sum over the last dim, full sums): each
+ *     output element reduces runs of the innermost dim, loaded in blocks of RBLK elements
+ *     (zero-copy when the input is already in the compute type and dense);
+ *   - column path, when the innermost dim is kept (sum over dim 0 of an (N, D) matrix, the
+ *     bias gradient) or the reduced rows are very short: W adjacent outputs are accumulated
+ *     together, one input row piece at a time, so the inner loop is a vector over D.
+ * Determinism (DESIGN.md rule 5): the order in which an output element accumulates its
+ * inputs depends only on shapes and strides. Long reductions are cut into chunks whose
+ * size depends only on the reduced count, and the chunk partials are combined in order, so
+ * splitting the work over threads (by outputs or by chunks) never changes a result.
+ *
+ * Compute types: f32/f16/bf16 are computed in f32 with sums in f64; f64 in f64; integers
+ * and bool in int64 (sums wrap in two's complement as PyTorch's do). */
+#include "reduce.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#define RBLK 1024          /* elements per loaded block (stack buffers of 8 KiB) */
+#define CHUNK_MIN 16384    /* a reduction longer than this is cut into chunks ...  */
+#define MAX_CHUNKS 256     /* ... of at least CHUNK_MIN elements, at most this many */
+#define COLW 256           /* widest column block of the column path                */
+
+typedef enum ctype { CT_F32, CT_F64, CT_I64 } ctype;
+
+static ctype ctype_of(nb_dtype dt) {
+    switch (dt) {
+    case NB_F32: case NB_F16: case NB_BF16: return CT_F32;
+    case NB_F64: return CT_F64;
+    default: return CT_I64;
+    }
+}
+
+/* ---- fast exp ------------------------------------------------------------------------------
+ * exp(x) = 2^n * exp(r), n = round(x / ln 2), |r| <= ln2 / 2. A degree-7 Taylor polynomial
+ * is accurate to ~1e-8 relative there, below f32 rounding. 2^n is applied as two factors
+ * so that results down in the subnormal range and up to FLT_MAX come out right; branch-free
+ * so that the softmax / logsumexp loops vectorize (libm's expf does not). */
+/* a * b + c, fused where the target has FMA (fewer instructions in the exp loops; ISO C
+ * mode does not contract on its own). Either way fixed per build, so still deterministic. */
+#ifdef __FMA__
+#define MADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+static inline float fexp(float x) {
+    /* Clamping alone gives the ends: exp(-104) rounds to 0 and exp(89) overflows to inf.
+     * A NaN is clamped to -104 here (no NaN reaches the float-to-int conversion) and put
+     * back at the end. */
+    float xc = x > -104.0f ? x : -104.0f;
+    xc = xc < 89.0f ? xc : 89.0f;
+    float fn = MADD(xc, 1.44269504088896341f, 12582912.0f); /* round via 1.5 * 2^23 */
+    fn -= 12582912.0f;
+    float r = MADD(fn, -0.693359375f, xc); /* ln2 split: exact high part */
+    r = MADD(fn, 2.12194440e-4f, r);
+    float p = 1.0f / 5040.0f;
+    p = MADD(p, r, 1.0f / 720.0f);
+    p = MADD(p, r, 1.0f / 120.0f);
+    p = MADD(p, r, 1.0f / 24.0f);
+    p = MADD(p, r, 1.0f / 6.0f);
+    p = MADD(p, r, 0.5f);
+    p = MADD(p, r, 1.0f);
+    p = MADD(p, r, 1.0f);
+    int32_t n = (int32_t)fn, n1 = n / 2, n2 = n - n1;
+    union { uint32_t u; float f; } s1 = {.u = (uint32_t)(n1 + 127) << 23},
+                                   s2 = {.u = (uint32_t)(n2 + 127) << 23};
+    float y = p * s1.f * s2.f;
+    return x != x ? x : y;
+}
+
+/* ---- loading blocks in the compute type ------------------------------------------------------
+ * p: first element, st: stride in elements. Returns p itself when it is already a dense
+ * array of the compute type, else fills buf (n <= RBLK). */
+static const float *load_f32(const char *p, nb_dtype dt, int64_t st, int64_t n, float *buf) {
+    if (dt == NB_F32) {
+        const float *q = (const float *)p;
+        if (st == 1) return q;
+        for (int64_t i = 0; i < n; i++) buf[i] = q[i * st];
+    } else {
+        const uint16_t *q = (const uint16_t *)p;
+        if (dt == NB_F16) {
+            if (st == 1) nb__f16_to_f32_n(q, buf, n);
+            else for (int64_t i = 0; i < n; i++) buf[i] = nb_f16_to_f32(q[i * st]);
+        } else { /* bf16 is the top half of an f32: a shift, exact for every value */
+            uint32_t *u = (uint32_t *)buf;
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) u[i] = (uint32_t)q[i * st] << 16;
+        }
+    }
+    return buf;
+}
+
+static const double *load_f64(const char *p, int64_t st, int64_t n, double *buf) {
+    const double *q = (const double *)p;
+    if (st == 1) return q;
+    for (int64_t i = 0; i < n; i++) buf[i] = q[i * st];
+    return buf;
+}
+
+static const int64_t *load_i64(const char *p, nb_dtype dt, int64_t st, int64_t n,
+                               int64_t *buf) {
+    switch (dt) {
+    case NB_I64: {
+        const int64_t *q = (const int64_t *)p;
+        if (st == 1) return q;
+        for (int64_t i = 0; i < n; i++) buf[i] = q[i * st];
+        break;
+    }
+    case NB_I32: {
+        const int32_t *q = (const int32_t *)p;
+        for (int64_t i = 0; i < n; i++) buf[i] = q[i * st];
+        break;
+    }
+    case NB_U8: {
+        const uint8_t *q = (const uint8_t *)p;
+        for (int64_t i = 0; i < n; i++) buf[i] = q[i * st];
+        break;
+    }
+    default: { /* NB_BOOL: one byte, any non-zero is true */
+        const uint8_t *q = (const uint8_t *)p;
+        for (int64_t i = 0; i < n; i++) buf[i] = q[i * st] != 0;
+        break;
+    }
+    }
+    return buf;
+}
+
+/* ---- block reductions over dense arrays of the compute type ----------------------------------
+ * Each reduces n >= 1 elements with one SIMD accumulator; callers add block results in
+ * order, so the association is fixed by the block boundaries. */
+#define DEF_FLOAT_BLOCKS(T, SFX, EXPF)                                                     \
+    /* 16 independent f64 lanes so the adds are not one dependency chain (the sum must  \
+     * keep up with memory bandwidth); lanes are then added in a fixed tree. */           \
+    static double SFX##_sum(const T *x, int64_t n) {                                       \
+        double a[16] = {0};                                                                \
+        int64_t i = 0;                                                                     \
+        for (; i + 16 <= n; i += 16)                                                       \
+            for (int k = 0; k < 16; k++) a[k] += x[i + k];                                 \
+        for (int k = 0; i < n; i++, k++) a[k] += x[i];                                     \
+        for (int w = 8; w > 0; w /= 2)                                                     \
+            for (int k = 0; k < w; k++) a[k] += a[k + w];                                  \
+        return a[0];                                                                       \
+    }                                                                                      \
+    static double SFX##_sqdev(const T *x, int64_t n, double m) {                           \
+        double s = 0;                                                                      \
+        _Pragma("omp simd reduction(+ : s)") for (int64_t i = 0; i < n; i++) {             \
+            double d = (double)x[i] - m;                                                   \
+            s += d * d;                                                                    \
+        }                                                                                  \
+        return s;                                                                          \
+    }                                                                                      \
+    static double SFX##_sumexp(const T *x, int64_t n, double shift) {                      \
+        double s = 0;                                                                      \
+        T sh = (T)shift;                                                                   \
+        _Pragma("omp simd reduction(+ : s)") for (int64_t i = 0; i < n; i++) s +=          \
+            EXPF(x[i] - sh);                                                               \
+        return s;                                                                          \
+    }                                                                                      \
+    /* NaN-propagating max / min: the ordered compare skips NaNs, a flag remembers them. */ \
+    static T SFX##_max(const T *x, int64_t n) {                                            \
+        T m = -(T)INFINITY;                                                                \
+        int nan = 0;                                                                       \
+        _Pragma("omp simd reduction(max : m) reduction(| : nan)") for (int64_t i = 0;      \
+                                                                       i < n; i++) {       \
+            m = x[i] > m ? x[i] : m;                                                       \
+            nan |= x[i] != x[i];                                                           \
+        }                                                                                  \
+        return nan ? (T)NAN : m;                                                           \
+    }                                                                                      \
+    static T SFX##_min(const T *x, int64_t n) {                                            \
+        T m = (T)INFINITY;                                                                 \
+        int nan = 0;                                                                       \
+        _Pragma("omp simd reduction(min : m) reduction(| : nan)") for (int64_t i = 0;      \
+                                                                       i < n; i++) {       \
+            m = x[i] < m ? x[i] : m;                                                       \
+            nan |= x[i] != x[i];                                                           \
+        }                                                                                  \
+        return nan ? (T)NAN : m;                                                           \
+    }                                                                                      \
+    /* First index of the extreme: find the value (vectorized), then its first position. */ \
+    static int64_t SFX##_argext(const T *x, int64_t n, bool is_max, T *val) {              \
+        T m = is_max ? SFX##_max(x, n) : SFX##_min(x, n);                                  \
+        *val = m;                                                                          \
+        if (m != m) {                                                                      \
+            for (int64_t i = 0; i < n; i++)                                                \
+                if (x[i] != x[i]) return i;                                                \
+        }                                                                                  \
+        for (int64_t i = 0; i < n; i++)                                                    \
+            if (x[i] == m) return i;                                                       \
+        return 0;                                                                          \
+    }
+
+static inline double exp_f64(double x) { return exp(x); }
+DEF_FLOAT_BLOCKS(float, f32, fexp)
+DEF_FLOAT_BLOCKS(double, f64, exp_f64)
+
+static int64_t i64_sum(const int64_t *x, int64_t n) {
+    uint64_t s = 0; /* unsigned: wraps without undefined behaviour */
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += (uint64_t)x[i];
+    return (int64_t)s;
+}
+
+static int64_t i64_argext(const int64_t *x, int64_t n, bool is_max, int64_t *val) {
+    int64_t m = x[0], k = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (is_max ? x[i] > m : x[i] < m) m = x[i], k = i;
+    *val = m;
+    return k;
+}
+
+/* ---- partial states --------------------------------------------------------------------------
+ * The running result of one output element. Partials are combined in index order, later
+ * into earlier:
+ *   SUM      d (float compute) or i (int64)
+ *   VAR      n elements, mean m, sum of squared deviations d (merged with Chan's formula)
+ *   LSE      max m, d = sum exp(x - shift(m)) (rescaled to the larger max when merged)
+ *   MAX/MIN  d or i;  ARGMAX/ARGMIN  d or i, and idx */
+typedef struct rstate {
+    double d, m;
+    int64_t i, idx, n;
+} rstate;
+
+typedef struct rctx {
+    nb__rkind kind;
+    ctype ct;
+    nb_dtype dt;     /* input dtype */
+    size_t es;       /* input element size */
+    const char *in;  /* input first element */
+    /* the reduced dims (row path: the last is the segment dim) */
+    int nr;
+    int64_t rshape[NB_MAX_DIMS], rin[NB_MAX_DIMS];
+    int64_t R;
+    const nb__rspec *spec;
+} rctx;
+
+/* Shift of the LSE sums: the max, or 0 where it is infinite (then x - max would be NaN for
+ * the infinite elements; PyTorch's logsumexp does the same). */
+static double lse_shift(double m) { return isinf(m) ? 0.0 : m; }
+
+static rstate st_init(nb__rkind k) {
+    rstate s = {0, 0, 0, 0, 0};
+    if (k == NB__RK_MAX || k == NB__RK_ARGMAX || k == NB__RK_LSE)
+        s.d = -INFINITY, s.i = INT64_MIN;
+    if (k == NB__RK_MIN || k == NB__RK_ARGMIN) s.d = INFINITY, s.i = INT64_MAX;
+    if (k == NB__RK_LSE) s.d = 0, s.m = -INFINITY;
+    return s;
+}
+
+/* d * exp(e), where a zero sum stays zero even if exp(e) overflows. */
+static double rescale(double d, double e) { return d == 0 ? 0 : d * exp(e); }
+
+static rstate st_combine(nb__rkind k, rstate a, rstate b) {
+    switch (k) {
+    case NB__RK_SUM:
+        a.d += b.d;
+        a.i = (int64_t)((uint64_t)a.i + (uint64_t)b.i);
+        return a;
+    case NB__RK_VAR: {
+        if (b.n == 0) return a;
+        if (a.n == 0) return b;
+        double na = (double)a.n, nb = (double)b.n, n = na + nb, delta = b.m - a.m;
+        a.m += delta * (nb / n);
+        a.d += b.d + delta * delta * (na * nb / n);
+        a.n += b.n;
+        return a;
+    }
+    case NB__RK_LSE: {
+        if (isnan(a.m) || isnan(b.m)) return (rstate){.d = NAN, .m = NAN};
+        double m = b.m > a.m ? b.m : a.m, sh = lse_shift(m);
+        a.d = rescale(a.d, lse_shift(a.m) - sh) + rescale(b.d, lse_shift(b.m) - sh);
+        a.m = m;
+        return a;
+    }
+    case NB__RK_MAX:
+        a.d = (isnan(a.d) || isnan(b.d)) ? NAN : (b.d > a.d ? b.d : a.d);
+        a.i = b.i > a.i ? b.i : a.i;
+        return a;
+    case NB__RK_MIN:
+        a.d = (isnan(a.d) || isnan(b.d)) ? NAN : (b.d < a.d ? b.d : a.d);
+        a.i = b.i < a.i ? b.i : a.i;
+        return a;
+    default: {
+        /* b comes later: it wins only when strictly more extreme (first index on ties); a
+         * NaN beats every number, and the first NaN stays. The integer field decides for
+         * int compute, where d stays at its initial value in both. */
+        bool mx = k == NB__RK_ARGMAX;
+        bool better = (isnan(b.d) && !isnan(a.d)) || (mx ? b.d > a.d : b.d < a.d) ||
+                      (mx ? b.i > a.i : b.i < a.i);
+        return better ? b : a;
+    }
+    }
+}
+
+/* Reduce n elements at p (stride st), whose first has reduced index base. Each block is
+ * in L1 while its two passes (VAR: mean, then deviations; LSE: max, then exp) run. */
+static rstate run_elems(const rctx *c, const char *p, int64_t st, int64_t n, int64_t base,
+                        rstate acc) {
+    union { float f[RBLK]; double d[RBLK]; int64_t i[RBLK]; } buf;
+    for (int64_t o = 0; o < n; o += RBLK) {
+        int64_t m = n - o < RBLK ? n - o : RBLK;
+        const char *q = p + o * st * (int64_t)c->es;
+        rstate b = st_init(c->kind);
+        bool mx = c->kind == NB__RK_ARGMAX;
+        if (c->ct == CT_F32) {
+            const float *x = load_f32(q, c->dt, st, m, buf.f);
+            switch (c->kind) {
+            case NB__RK_SUM: b.d = f32_sum(x, m); break;
+            case NB__RK_VAR:
+                b.n = m, b.m = f32_sum(x, m) / (double)m, b.d = f32_sqdev(x, m, b.m);
+                break;
+            case NB__RK_LSE: b.m = f32_max(x, m), b.d = f32_sumexp(x, m, lse_shift(b.m)); break;
+            case NB__RK_MAX: b.d = f32_max(x, m); break;
+            case NB__RK_MIN: b.d = f32_min(x, m); break;
+            default: {
+                float v;
+                b.idx = base + o + f32_argext(x, m, mx, &v);
+                b.d = v;
+            }
+            }
+        } else if (c->ct == CT_F64) {
+            const double *x = load_f64(q, st, m, buf.d);
+            switch (c->kind) {
+            case NB__RK_SUM: b.d = f64_sum(x, m); break;
+            case NB__RK_VAR:
+                b.n = m, b.m = f64_sum(x, m) / (double)m, b.d = f64_sqdev(x, m, b.m);
+                break;
+            case NB__RK_LSE: b.m = f64_max(x, m), b.d = f64_sumexp(x, m, lse_shift(b.m)); break;
+            case NB__RK_MAX: b.d = f64_max(x, m); break;
+            case NB__RK_MIN: b.d = f64_min(x, m); break;
+            default: b.idx = base + o + f64_argext(x, m, mx, &b.d);
+            }
+        } else {
+            const int64_t *x = load_i64(q, c->dt, st, m, buf.i);
+            int64_t v;
+            switch (c->kind) {
+            case NB__RK_SUM: b.i = i64_sum(x, m); break;
+            case NB__RK_MAX: case NB__RK_MIN:
+                i64_argext(x, m, c->kind == NB__RK_MAX, &v);
+                b.i = v;
+                break;
+            case NB__RK_ARGMAX: case NB__RK_ARGMIN:
+                b.idx = base + o + i64_argext(x, m, mx, &v);
+                b.i = v;
+                break;
+            default: NB__ASSERT(!"float-only reduction kind on an integer input");
+            }
+        }
+        acc = st_combine(c->kind, acc, b);
+    }
+    return acc;
+}
+
+/* Reduced linear indices [a, b) of the output element whose input starts at `in`: walks
+ * the segments (runs of the innermost reduced dim) that the range covers. */
+static rstate reduce_range(const rctx *c, const char *in, int64_t a, int64_t b) {
+    rstate acc = st_init(c->kind);
+    int64_t L = c->nr ? c->rshape[c->nr - 1] : 1, st = c->nr ? c->rin[c->nr - 1] : 0;
+    while (a < b) {
+        int64_t seg = a / L, t = a % L, n = L - t < b - a ? L - t : b - a;
+        int64_t off = t * st;
+        for (int d = c->nr - 2; d >= 0 && seg; d--) {
+            off += (seg % c->rshape[d]) * c->rin[d];
+            seg /= c->rshape[d];
+        }
+        acc = run_elems(c, in + off * (int64_t)c->es, st, n, a, acc);
+        a += n;
+    }
+    return acc;
+}
+
+/* ---- storing results ------------------------------------------------------------------------- */
+static void finalize(const rctx *c, int64_t off, rstate s) {
+    const nb__rspec *sp = c->spec;
+    if (sp->idx) ((int64_t *)nb__ptr(sp->idx))[off] = s.idx;
+    if (!sp->out) return;
+    char *p = nb__ptr(sp->out);
+    nb_dtype odt = sp->out->dtype;
+    if (!nb_dtype_is_float(odt)) { /* integer results: exact, no post-processing */
+        switch (odt) {
+        case NB_I64: ((int64_t *)p)[off] = s.i; break;
+        case NB_I32: ((int32_t *)p)[off] = (int32_t)s.i; break;
+        case NB_U8: ((uint8_t *)p)[off] = (uint8_t)s.i; break;
+        default: ((uint8_t *)p)[off] = s.i != 0; break;
+        }
+        return;
+    }
+    double v = c->ct == CT_I64 ? (double)s.i : s.d;
+    if (c->kind == NB__RK_LSE) v = log(s.d) + lse_shift(s.m);
+    if (sp->post == NB__RP_DIV) v = v / sp->den;
+    else if (sp->post == NB__RP_SQRT_DIV) v = sqrt(v / sp->den);
+    switch (odt) {
+    case NB_F32: ((float *)p)[off] = (float)v; break;
+    case NB_F64: ((double *)p)[off] = v; break;
+    case NB_F16: ((uint16_t *)p)[off] = nb_f32_to_f16((float)v); break;
+    default: ((uint16_t *)p)[off] = nb_f32_to_bf16((float)v); break;
+    }
+}
+
+/* ---- geometry ------------------------------------------------------------------------------ */
+typedef struct rdim {
+    int64_t size, in, out;
+    bool red;
+} rdim;
+
+/* Sorted, merged dims of x (outer to inner); returns their count. */
+static int plan_dims(const nb_tensor *x, const bool *reduced, rdim *dims) {
+    int n = 0;
+    int64_t ostride = 1;
+    rdim tmp[NB_MAX_DIMS];
+    for (int d = x->ndim - 1; d >= 0; d--) { /* output strides: kept dims, contiguous */
+        if (x->shape[d] == 1) continue;
+        tmp[n] = (rdim){x->shape[d], x->strides[d], reduced[d] ? 0 : ostride, reduced[d]};
+        if (!reduced[d]) ostride *= x->shape[d];
+        n++;
+    }
+    /* tmp is inner to outer; insertion-sort by decreasing input stride, stable in the
+     * original (outer to inner) order. */
+    for (int i = 0; i < n; i++) dims[i] = tmp[n - 1 - i];
+    for (int i = 1; i < n; i++) {
+        rdim v = dims[i];
+        int j = i;
+        while (j > 0 && dims[j - 1].in < v.in) dims[j] = dims[j - 1], j--;
+        dims[j] = v;
+    }
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (m > 0) {
+            rdim *p = &dims[m - 1];
+            const rdim *q = &dims[i];
+            if (p->red == q->red && p->in == q->in * q->size &&
+                (q->red || p->out == q->out * q->size)) {
+                p->size *= q->size;
+                p->in = q->in;
+                p->out = q->out;
+                continue;
+            }
+        }
+        dims[m++] = dims[i];
+    }
+    return m;
+}
+
+/* Input and output element offsets of the i-th combination of dims[0..n) (row-major). */
+static void unravel(int64_t i, int n, const int64_t *shape, const int64_t *sa,
+                    const int64_t *sb, int64_t *oa, int64_t *ob) {
+    int64_t a = 0, b = 0;
+    for (int d = n - 1; d >= 0; d--) {
+        int64_t k = i % shape[d];
+        i /= shape[d];
+        a += k * sa[d];
+        if (sb) b += k * sb[d];
+    }
+    *oa = a;
+    if (ob) *ob = b;
+}
+
+/* ---- row path ------------------------------------------------------------------------------ */
+static void row_path(const rctx *c, int nk, const int64_t *kshape, const int64_t *kin,
+                     const int64_t *kout, int64_t nout) {
+    int64_t R = c->R;
+    int64_t csize = (R + MAX_CHUNKS - 1) / MAX_CHUNKS;
+    csize = (csize + RBLK - 1) / RBLK * RBLK;
+    if (csize < CHUNK_MIN) csize = CHUNK_MIN;
+    int64_t nch = (R + csize - 1) / csize;
+    int nt = nb__threads_for(nout * R, NB__GRAIN);
+    if (nch > 1 && nout < 4 * (int64_t)nt) {
+        /* Few long reductions: threads share each output's chunks. */
+        for (int64_t o = 0; o < nout; o++) {
+            int64_t ioff, ooff;
+            unravel(o, nk, kshape, kin, kout, &ioff, &ooff);
+            const char *in = c->in + ioff * (int64_t)c->es;
+            rstate parts[MAX_CHUNKS];
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+            for (int64_t ch = 0; ch < nch; ch++) {
+                int64_t b = (ch + 1) * csize < R ? (ch + 1) * csize : R;
+                parts[ch] = reduce_range(c, in, ch * csize, b);
+            }
+            rstate acc = parts[0];
+            for (int64_t ch = 1; ch < nch; ch++) acc = st_combine(c->kind, acc, parts[ch]);
+            finalize(c, ooff, acc);
+        }
+        return;
+    }
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t o = 0; o < nout; o++) {
+        int64_t ioff, ooff;
+        unravel(o, nk, kshape, kin, kout, &ioff, &ooff);
+        const char *in = c->in + ioff * (int64_t)c->es;
+        rstate acc = reduce_range(c, in, 0, R < csize ? R : csize);
+        for (int64_t ch = 1; ch < nch; ch++) {
+            int64_t b = (ch + 1) * csize < R ? (ch + 1) * csize : R;
+            acc = st_combine(c->kind, acc, reduce_range(c, in, ch * csize, b));
+        }
+        finalize(c, ooff, acc);
+    }
+}
+
+/* ---- column path ----------------------------------------------------------------------------
+ * One task: w <= COLW adjacent outputs (the innermost kept dim, input stride sin) of group
+ * g; every reduced position r adds one row piece of w elements, in order r = 0, 1, ...
+ * VAR and LSE take two passes over the task's rows (the mean / max first). */
+typedef struct colgeo {
+    int64_t D, sin, sout;  /* innermost kept dim */
+    int ng;                /* the other kept dims */
+    const int64_t *gshape, *gin, *gout;
+} colgeo;
+
+typedef enum cpass { CP_SUM, CP_SQDEV, CP_SUMEXP, CP_MAX, CP_MIN, CP_ARGMAX, CP_ARGMIN } cpass;
+
+/* Per-column accumulators of a task. */
+typedef struct colacc {
+    double d[COLW];  /* sums; f64 extremes */
+    float f[COLW];   /* f32 extremes */
+    int64_t i[COLW]; /* int64 sums / extremes */
+    int64_t ix[COLW];
+    double pm[COLW]; /* SQDEV: the mean; SUMEXP: the shift */
+    float pf[COLW];
+} colacc;
+
+static void advance(int nr, const int64_t *shape, const int64_t *st, int64_t *idx,
+                    int64_t *off) {
+    for (int d = nr - 1; d >= 0; d--) {
+        *off += st[d];
+        if (++idx[d] < shape[d]) return;
+        *off -= st[d] * shape[d];
+        idx[d] = 0;
+    }
+}
+
+static void col_pass(const rctx *c, const char *in, int64_t sin, int64_t w, cpass k,
+                     colacc *A) {
+    bool mx = k == CP_MAX || k == CP_ARGMAX;
+    double init = k == CP_MAX || k == CP_ARGMAX ? -INFINITY
+                  : k == CP_MIN || k == CP_ARGMIN ? INFINITY : 0;
+    for (int64_t j = 0; j < w; j++) {
+        A->d[j] = init, A->f[j] = (float)init, A->ix[j] = 0;
+        A->i[j] = k == CP_SUM ? 0 : mx ? INT64_MIN : INT64_MAX;
+    }
+    double *da = A->d, *pm = A->pm;
+    float *fa = A->f, *pf = A->pf;
+    int64_t *ia = A->i, *ix = A->ix;
+    union { float f[COLW]; double d[COLW]; int64_t i[COLW]; } buf;
+    int64_t ridx[NB_MAX_DIMS] = {0}, roff = 0;
+    for (int64_t r = 0; r < c->R; r++) {
+        const char *p = in + roff * (int64_t)c->es;
+        if (c->ct == CT_F32) {
+            const float *x = load_f32(p, c->dt, sin, w, buf.f);
+            switch (k) {
+            case CP_SUM:
+#pragma omp simd
+                for (int64_t j = 0; j < w; j++) da[j] += x[j];
+                break;
+            case CP_SQDEV:
+#pragma omp simd
+                for (int64_t j = 0; j < w; j++) {
+                    double d = (double)x[j] - pm[j];
+                    da[j] += d * d;
+                }
+                break;
+            case CP_SUMEXP:
+#pragma omp simd
+                for (int64_t j = 0; j < w; j++) da[j] += fexp(x[j] - pf[j]);
+                break;
+            case CP_MAX: case CP_MIN:
+#pragma omp simd
+                for (int64_t j = 0; j < w; j++) {
+                    bool b = (mx ? x[j] > fa[j] : x[j] < fa[j]) || x[j] != x[j];
+                    fa[j] = b ? x[j] : fa[j];
+                }
+                break;
+            default:
+#pragma omp simd
+                for (int64_t j = 0; j < w; j++) {
+                    bool b = (mx ? x[j] > fa[j] : x[j] < fa[j]) ||
+                             (x[j] != x[j] && fa[j] == fa[j]);
+                    fa[j] = b ? x[j] : fa[j];
+                    ix[j] = b ? r : ix[j];
+                }
+            }
+        } else if (c->ct == CT_F64) {
+            const double *x = load_f64(p, sin, w, buf.d);
+            switch (k) {
+            case CP_SUM:
+                for (int64_t j = 0; j < w; j++) da[j] += x[j];
+                break;
+            case CP_SQDEV:
+                for (int64_t j = 0; j < w; j++) da[j] += (x[j] - pm[j]) * (x[j] - pm[j]);
+                break;
+            case CP_SUMEXP:
+                for (int64_t j = 0; j < w; j++) da[j] += exp(x[j] - pm[j]);
+                break;
+            case CP_MAX: case CP_MIN:
+                for (int64_t j = 0; j < w; j++) {
+                    bool b = (mx ? x[j] > da[j] : x[j] < da[j]) || x[j] != x[j];
+                    da[j] = b ? x[j] : da[j];
+                }
+                break;
+            default:
+                for (int64_t j = 0; j < w; j++) {
+                    bool b = (mx ? x[j] > da[j] : x[j] < da[j]) ||
+                             (x[j] != x[j] && da[j] == da[j]);
+                    da[j] = b ? x[j] : da[j];
+                    ix[j] = b ? r : ix[j];
+                }
+            }
+        } else {
+            const int64_t *x = load_i64(p, c->dt, sin, w, buf.i);
+            if (k == CP_SUM) {
+                for (int64_t j = 0; j < w; j++)
+                    ia[j] = (int64_t)((uint64_t)ia[j] + (uint64_t)x[j]);
+            } else {
+                for (int64_t j = 0; j < w; j++) {
+                    bool b = mx ? x[j] > ia[j] : x[j] < ia[j];
+                    ia[j] = b ? x[j] : ia[j];
+                    ix[j] = b ? r : ix[j];
+                }
+            }
+        }
+        advance(c->nr, c->rshape, c->rin, ridx, &roff);
+    }
+    if (c->ct == CT_F32 && k >= CP_MAX) /* f32 extremes are reported in d */
+        for (int64_t j = 0; j < w; j++) da[j] = fa[j];
+}
+
+static void col_task(const rctx *c, const colgeo *g, int64_t grp, int64_t j0, int64_t w) {
+    int64_t goff_in, goff_out;
+    unravel(grp, g->ng, g->gshape, g->gin, g->gout, &goff_in, &goff_out);
+    const char *in = c->in + (goff_in + j0 * g->sin) * (int64_t)c->es;
+    int64_t obase = goff_out + j0 * g->sout;
+    colacc A;
+    double first[COLW]; /* VAR: the mean; LSE: the max */
+    switch (c->kind) {
+    case NB__RK_SUM: col_pass(c, in, g->sin, w, CP_SUM, &A); break;
+    case NB__RK_VAR:
+        col_pass(c, in, g->sin, w, CP_SUM, &A);
+        for (int64_t j = 0; j < w; j++) A.pm[j] = first[j] = A.d[j] / (double)c->R;
+        col_pass(c, in, g->sin, w, CP_SQDEV, &A);
+        break;
+    case NB__RK_LSE:
+        col_pass(c, in, g->sin, w, CP_MAX, &A);
+        for (int64_t j = 0; j < w; j++) {
+            first[j] = A.d[j];
+            A.pm[j] = lse_shift(A.d[j]), A.pf[j] = (float)A.pm[j];
+        }
+        col_pass(c, in, g->sin, w, CP_SUMEXP, &A);
+        break;
+    case NB__RK_MAX: col_pass(c, in, g->sin, w, CP_MAX, &A); break;
+    case NB__RK_MIN: col_pass(c, in, g->sin, w, CP_MIN, &A); break;
+    case NB__RK_ARGMAX: col_pass(c, in, g->sin, w, CP_ARGMAX, &A); break;
+    case NB__RK_ARGMIN: col_pass(c, in, g->sin, w, CP_ARGMIN, &A); break;
+    }
+    bool two = c->kind == NB__RK_VAR || c->kind == NB__RK_LSE;
+    for (int64_t j = 0; j < w; j++) {
+        rstate s = {.d = A.d[j], .m = two ? first[j] : 0, .i = A.i[j], .idx = A.ix[j]};
+        finalize(c, obase + j * g->sout, s);
+    }
+}
+
+static void col_path(const rctx *c, int nk, const int64_t *kshape, const int64_t *kin,
+                     const int64_t *kout, int64_t nout) {
+    colgeo g = {kshape[nk - 1], kin[nk - 1], kout[nk - 1], nk - 1, kshape, kin, kout};
+    int64_t ngrp = nout / g.D;
+    int nt = nb__threads_for(nout * c->R, NB__GRAIN);
+    /* The block width only splits work (each output's order is r = 0, 1, ...), so it may
+     * depend on the thread count: narrow it until every thread has a task. */
+    int64_t W = COLW;
+    while (W > 16 && ngrp * ((g.D + W - 1) / W) < 2 * nt) W /= 2;
+    int64_t nb = (g.D + W - 1) / W;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t t = 0; t < ngrp * nb; t++) {
+        int64_t j0 = (t % nb) * W;
+        col_task(c, &g, t / nb, j0, g.D - j0 < W ? g.D - j0 : W);
+    }
+}
+
+void nb__cpu_reduce(const nb_tensor *x, const bool *reduced, const nb__rspec *spec) {
+    rctx c = {.kind = spec->kind, .ct = ctype_of(x->dtype), .dt = x->dtype,
+              .es = nb_dtype_size(x->dtype), .in = nb__ptr(x), .spec = spec};
+    int64_t nout = 1, R = 1;
+    for (int d = 0; d < x->ndim; d++) {
+        if (reduced[d]) R *= x->shape[d];
+        else nout *= x->shape[d];
+    }
+    c.R = R;
+    if (nout == 0) return;
+    if (R == 0) { /* empty reductions: the initial state of every output */
+        for (int64_t o = 0; o < nout; o++) finalize(&c, o, st_init(c.kind));
+        return;
+    }
+    rdim dims[NB_MAX_DIMS];
+    int n = plan_dims(x, reduced, dims);
+    int nk = 0;
+    int64_t kshape[NB_MAX_DIMS], kin[NB_MAX_DIMS], kout[NB_MAX_DIMS];
+    for (int i = 0; i < n; i++) {
+        if (dims[i].red) {
+            c.rshape[c.nr] = dims[i].size, c.rin[c.nr] = dims[i].in, c.nr++;
+        } else {
+            kshape[nk] = dims[i].size, kin[nk] = dims[i].in, kout[nk] = dims[i].out, nk++;
+        }
+    }
+    /* Short innermost reductions (a few elements per output, e.g. (N, 4) over the last
+     * dim) cost more in per-output overhead than in arithmetic on the row path; the
+     * column path takes them W outputs at a time with strided loads instead. The choice
+     * depends only on the shape, so results stay independent of the thread count. */
+    bool inner_kept = n > 0 && !dims[n - 1].red;
+    bool short_rows = !inner_kept && nk > 0 && c.nr > 0 && c.rshape[c.nr - 1] < 16 &&
+                      kshape[nk - 1] >= 16;
+    if (inner_kept || short_rows) col_path(&c, nk, kshape, kin, kout, nout);
+    else row_path(&c, nk, kshape, kin, kout, nout);
+}
+
+
+/* ---- softmax ------------------------------------------------------------------------------
+ * The input is seen as (O, L, D) with the softmax dim in the middle. D == 1: each row is
+ * dense and gets three passes (max, sum of exp, write) while it sits in cache. D > 1:
+ * blocks of W columns get the same three passes, vectorized across the columns. A NaN
+ * makes its whole row NaN and a row of -inf gives NaN, as in PyTorch. x may alias y: every
+ * pass reads an element before the last pass writes it. */
+static void softmax_row_f32(const float *x, float *y, int64_t L, bool lg) {
+    float m = f32_max(x, L);
+    if (!lg) {
+        double s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < L; i++) {
+            float e = fexp(x[i] - m);
+            y[i] = e;
+            s += e;
+        }
+        float inv = (float)(1.0 / s);
+#pragma omp simd
+        for (int64_t i = 0; i < L; i++) y[i] *= inv;
+    } else {
+        float ls = (float)log(f32_sumexp(x, L, m));
+#pragma omp simd
+        for (int64_t i = 0; i < L; i++) y[i] = (x[i] - m) - ls;
+    }
+}
+
+static void softmax_row_f64(const double *x, double *y, int64_t L, bool lg) {
+    double m = f64_max(x, L), s = f64_sumexp(x, L, m);
+    if (!lg) {
+        double inv = 1.0 / s;
+        for (int64_t i = 0; i < L; i++) y[i] = exp(x[i] - m) * inv;
+    } else {
+        double ls = log(s);
+        for (int64_t i = 0; i < L; i++) y[i] = (x[i] - m) - ls;
+    }
+}
+
+static void store_f32_as(char *dst, nb_dtype dt, const float *src, int64_t n) {
+    if (dt == NB_F32) memcpy(dst, src, (size_t)n * sizeof(float));
+    else if (dt == NB_F16) nb__f32_to_f16_n(src, (uint16_t *)dst, n);
+    else nb__f32_to_bf16_n(src, (uint16_t *)dst, n);
+}
+
+/* f16 / bf16 rows: blocks converted to f32 on the stack; exp is recomputed in the last pass
+ * so the only rounding to the half type is the final one. */
+static void softmax_row_half(const char *x, char *y, nb_dtype dt, int64_t L, bool lg) {
+    float buf[RBLK];
+    float m = -INFINITY;
+    for (int64_t o = 0; o < L; o += RBLK) {
+        int64_t n = L - o < RBLK ? L - o : RBLK;
+        float b = f32_max(load_f32(x + o * 2, dt, 1, n, buf), n);
+        m = (m != m || b != b) ? NAN : (b > m ? b : m);
+    }
+    double s = 0;
+    for (int64_t o = 0; o < L; o += RBLK) {
+        int64_t n = L - o < RBLK ? L - o : RBLK;
+        s += f32_sumexp(load_f32(x + o * 2, dt, 1, n, buf), n, m);
+    }
+    float inv = (float)(1.0 / s), ls = (float)log(s);
+    for (int64_t o = 0; o < L; o += RBLK) {
+        int64_t n = L - o < RBLK ? L - o : RBLK;
+        load_f32(x + o * 2, dt, 1, n, buf);
+        if (!lg) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) buf[i] = fexp(buf[i] - m) * inv;
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) buf[i] = (buf[i] - m) - ls;
+        }
+        store_f32_as(y + o * 2, dt, buf, n);
+    }
+}
+
+/* Columns [0, w) of L rows of stride D elements starting at x / y (f32, f16, bf16). */
+static void softmax_cols_f32(const char *x, char *y, nb_dtype dt, int64_t L, int64_t D,
+                             int64_t w, bool lg) {
+    int64_t rs = D * (int64_t)nb_dtype_size(dt);
+    float m[COLW], a[COLW], buf[COLW], ob[COLW];
+    double s[COLW];
+    for (int64_t j = 0; j < w; j++) m[j] = -INFINITY, s[j] = 0;
+    for (int64_t l = 0; l < L; l++) {
+        const float *r = load_f32(x + l * rs, dt, 1, w, buf);
+#pragma omp simd
+        for (int64_t j = 0; j < w; j++) m[j] = (r[j] > m[j] || r[j] != r[j]) ? r[j] : m[j];
+    }
+    for (int64_t l = 0; l < L; l++) {
+        const float *r = load_f32(x + l * rs, dt, 1, w, buf);
+#pragma omp simd
+        for (int64_t j = 0; j < w; j++) s[j] += fexp(r[j] - m[j]);
+    }
+    for (int64_t j = 0; j < w; j++) a[j] = lg ? (float)log(s[j]) : (float)(1.0 / s[j]);
+    for (int64_t l = 0; l < L; l++) {
+        const float *r = load_f32(x + l * rs, dt, 1, w, buf);
+        if (!lg) {
+#pragma omp simd
+            for (int64_t j = 0; j < w; j++) ob[j] = fexp(r[j] - m[j]) * a[j];
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < w; j++) ob[j] = (r[j] - m[j]) - a[j];
+        }
+        store_f32_as(y + l * rs, dt, ob, w);
+    }
+}
+
+static void softmax_cols_f64(const double *x, double *y, int64_t L, int64_t D, int64_t w,
+                             bool lg) {
+    double m[COLW], s[COLW];
+    for (int64_t j = 0; j < w; j++) m[j] = -INFINITY, s[j] = 0;
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t j = 0; j < w; j++) {
+            double v = x[l * D + j];
+            m[j] = (v > m[j] || v != v) ? v : m[j];
+        }
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t j = 0; j < w; j++) s[j] += exp(x[l * D + j] - m[j]);
+    for (int64_t j = 0; j < w; j++) s[j] = lg ? log(s[j]) : 1.0 / s[j];
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t j = 0; j < w; j++) {
+            double v = x[l * D + j] - m[j];
+            y[l * D + j] = lg ? v - s[j] : exp(v) * s[j];
+        }
+}
+
+void nb__cpu_softmax(const nb_tensor *x, nb_tensor *out, int dim, bool lg) {
+    int64_t O = 1, L = 1, D = 1;
+    for (int d = 0; d < x->ndim; d++) {
+        if (d < dim) O *= x->shape[d];
+        else if (d == dim) L = x->shape[d];
+        else D *= x->shape[d];
+    }
+    if (O * L * D == 0) return;
+    nb_dtype dt = x->dtype;
+    int64_t es = (int64_t)nb_dtype_size(dt);
+    const char *xp = nb__ptr(x);
+    char *yp = nb__ptr(out);
+    int nt = nb__threads_for(O * L * D, NB__GRAIN);
+    if (D == 1) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (int64_t o = 0; o < O; o++) {
+            const char *xr = xp + o * L * es;
+            char *yr = yp + o * L * es;
+            if (dt == NB_F32) softmax_row_f32((const float *)xr, (float *)yr, L, lg);
+            else if (dt == NB_F64) softmax_row_f64((const double *)xr, (double *)yr, L, lg);
+            else softmax_row_half(xr, yr, dt, L, lg);
+        }
+        return;
+    }
+    int64_t W = COLW;
+    while (W > 16 && O * ((D + W - 1) / W) < 2 * nt) W /= 2;
+    int64_t nb = (D + W - 1) / W;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t t = 0; t < O * nb; t++) {
+        int64_t o = t / nb, j0 = (t % nb) * W, w = D - j0 < W ? D - j0 : W;
+        int64_t off = (o * L * D + j0) * es;
+        if (dt == NB_F64)
+            softmax_cols_f64((const double *)(xp + off), (double *)(yp + off), L, D, w, lg);
+        else softmax_cols_f32(xp + off, yp + off, dt, L, D, w, lg);
+    }
+}

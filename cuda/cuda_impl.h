@@ -1,0 +1,100 @@
+/* cuda_impl.h - private to cuda/ (and tests): the stream struct, CUDA error mapping, the
+ * per-thread state shared by device.c, stream.c, alloc.c and blas.c, and the extern "C"
+ * launchers of the .cu kernels.
+ *
+ * This header is the C/C++ boundary: it is included by the C17 sources (gcc) and by the
+ * .cu files (nvcc, C++), so it uses only what both languages accept (no stdatomic.h, no
+ * tensor_impl.h) and wraps every declaration in extern "C". Only CUDA builds compile it. */
+#ifndef NABLA_CUDA_IMPL_H
+#define NABLA_CUDA_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "nabla/cuda.h"
+#include "nabla/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Devices beyond this index are not used (per-thread tables are sized by it). */
+#define NB__CUDA_MAX_DEVICES 64
+
+struct nb_cuda_stream {
+    cudaStream_t handle;
+    int device;
+    uint64_t id;  /* unique for the process, never reused; 0 means "no stream" */
+    bool owned;   /* false for the library's per-thread streams */
+};
+
+/* ---- device.c ------------------------------------------------------------------------------ */
+/* Check that a GPU is usable and resolve device (-1: current) to an index in *out. Sets
+ * NB_EDEVICE naming `what` ("cuda_alloc: no usable GPU: ...", "cuda_alloc: device 3 does
+ * not exist (this machine has 1 GPU)") and returns it otherwise. */
+nb_status nb__cuda_resolve(int device, int *out, const char *what);
+/* Make device current for a while: *prev receives the previous device, to hand to
+ * nb__cuda_leave. Both are cheap when device is already current. */
+nb_status nb__cuda_enter(int device, int *prev, const char *what);
+void nb__cuda_leave(int prev);
+/* Turn a failed CUDA runtime call into an nb_status and message "what: <CUDA's text>"
+ * (NB_ENOMEM for out-of-memory, NB_EINVAL for invalid values, NB_EDEVICE otherwise); clears
+ * CUDA's non-sticky last error. cudaSuccess gives NB_OK. */
+nb_status nb__cuda_status(cudaError_t e, const char *what);
+
+/* ---- stream.c ------------------------------------------------------------------------------ */
+/* This thread's current stream for a resolved device index; creates the library stream on
+ * first use. NULL and an error on failure. */
+nb_cuda_stream *nb__cuda_stream_for(int device, const char *what);
+/* s itself, or for NULL the current stream of the current device; NULL and an error when
+ * no GPU is usable. */
+nb_cuda_stream *nb__cuda_stream_or_current(nb_cuda_stream *s, const char *what);
+
+/* Per-thread handles other files keep per device; stream.c owns the thread-exit cleanup,
+ * which destroys the cuBLAS handles before the streams they are bound to. */
+typedef struct nb__cuda_thread {
+    nb_cuda_stream *library[NB__CUDA_MAX_DEVICES]; /* created on first use */
+    nb_cuda_stream *current[NB__CUDA_MAX_DEVICES]; /* NULL: the library stream */
+    void *blas[NB__CUDA_MAX_DEVICES];              /* cublasHandle_t, see blas.c */
+} nb__cuda_thread;
+/* This thread's state (allocated on first use); NULL only when out of host memory. */
+nb__cuda_thread *nb__cuda_thread_state(void);
+
+/* ---- alloc.c ------------------------------------------------------------------------------- */
+/* Streams tell the allocator when they start and end. A cached block tied to a live
+ * stream is reused by other streams only when that stream is idle; retiring a stream
+ * (after synchronizing it) makes its cached blocks free for every stream. */
+bool nb__cuda_alloc_stream_added(const nb_cuda_stream *s); /* false: out of host memory */
+void nb__cuda_alloc_stream_retired(const nb_cuda_stream *s);
+
+/* ---- blas.c -------------------------------------------------------------------------------- */
+/* Destroy a cuBLAS handle from nb__cuda_thread.blas (thread exit). */
+void nb__cuda_blas_destroy(void *handle, int device);
+/* Row-major single-precision GEMM on the GPU through cuBLAS, on stream s (NULL: the current
+ * stream of the current device): C = alpha * op(A) @ op(B) + beta * C with op(A) (m, k),
+ * op(B) (k, n), C (m, n) and ld* the row strides in elements. Plain FP32 math (no TF32),
+ * so results match a CPU reference to float rounding. The handle is created on first use. */
+nb_status nb__cuda_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, const float *b,
+                            int64_t ldb, float beta, float *c, int64_t ldc,
+                            nb_cuda_stream *s);
+
+/* ---- launch.c: checked entry points for the kernels of kernels_basic.cu ---------------------- */
+/* dst[i] = value for i < n, on stream s (NULL: current stream of the current device). */
+nb_status nb__cuda_fill_f32(float *dst, float value, int64_t n, nb_cuda_stream *s);
+/* out[i] = a[i] + b[i] for i < n (out may alias a or b). */
+nb_status nb__cuda_add_f32(float *out, const float *a, const float *b, int64_t n,
+                           nb_cuda_stream *s);
+
+/* ---- kernels_basic.cu: raw launchers (no checks; the stream's device must be current) --- */
+cudaError_t nb__cuda_launch_fill_f32(float *dst, float value, int64_t n, cudaStream_t stream);
+cudaError_t nb__cuda_launch_add_f32(float *out, const float *a, const float *b, int64_t n,
+                                    cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

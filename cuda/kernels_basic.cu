@@ -1,0 +1,50 @@
+// kernels_basic.cu - the first CUDA kernels (fill and add over f32), so that nvcc, the
+// device link and the C/C++ boundary are exercised by every CUDA build. Kernels do
+// arithmetic only (DESIGN.md rule 1); launch.c checks arguments and picks the stream.
+//
+// Compiled as C++ by nvcc: it includes only cuda_impl.h (C/C++ neutral), never the C17
+// headers of the core. The launchers are extern "C" (declared in cuda_impl.h).
+#include <cuda_runtime.h>
+
+#include "cuda_impl.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+// Grid-stride loops: a bounded grid covers any n, and indices are 64-bit so tensors past
+// 2^31 elements work.
+constexpr int64_t kMaxBlocks = 65535;
+
+unsigned blocks_for(int64_t n) {
+    int64_t b = (n + kThreads - 1) / kThreads;
+    return (unsigned)(b < kMaxBlocks ? b : kMaxBlocks);
+}
+
+__global__ void fill_f32(float *__restrict__ dst, float value, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = value;
+}
+
+// No __restrict__: out may alias a or b (in-place add).
+__global__ void add_f32(float *out, const float *a, const float *b, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = a[i] + b[i];
+}
+
+}  // namespace
+
+extern "C" cudaError_t nb__cuda_launch_fill_f32(float *dst, float value, int64_t n,
+                                                cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    fill_f32<<<blocks_for(n), kThreads, 0, stream>>>(dst, value, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t nb__cuda_launch_add_f32(float *out, const float *a, const float *b,
+                                               int64_t n, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    add_f32<<<blocks_for(n), kThreads, 0, stream>>>(out, a, b, n);
+    return cudaGetLastError();
+}

@@ -1,0 +1,146 @@
+/* stream.c - CUDA streams: caller-owned ones, the library's per-thread streams, and the
+ * per-thread state (current stream per device, cuBLAS handles) with its thread-exit
+ * cleanup.
+ *
+ * Library streams are non-blocking (cudaStreamNonBlocking) so they never serialize with
+ * CUDA's legacy default stream that other code in the process may use. One per thread and
+ * device keeps threads from ordering each other's work by accident. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "cuda_impl.h"
+#include "tensor_impl.h"
+
+static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t g_key;
+static bool g_key_ok;
+static _Thread_local nb__cuda_thread *t_state;
+/* Stream ids are never reused, so the allocator can tell a dead stream from a new one. */
+static atomic_uint_least64_t g_next_id = 1;
+
+static void stream_destroy(nb_cuda_stream *s) {
+    int prev = -1;
+    if (nb__cuda_enter(s->device, &prev, "cuda_stream_free") == NB_OK) {
+        (void)cudaStreamSynchronize(s->handle);
+        nb__cuda_alloc_stream_retired(s);
+        (void)cudaStreamDestroy(s->handle);
+        (void)cudaGetLastError();
+        nb__cuda_leave(prev);
+    } else {
+        nb__cuda_alloc_stream_retired(s);
+    }
+    free(s);
+}
+
+/* Thread exit: cuBLAS handles first (they are bound to the streams), then the streams. */
+static void thread_exit(void *p) {
+    nb__cuda_thread *t = p;
+    for (int d = 0; d < NB__CUDA_MAX_DEVICES; d++)
+        if (t->blas[d]) nb__cuda_blas_destroy(t->blas[d], d);
+    for (int d = 0; d < NB__CUDA_MAX_DEVICES; d++)
+        if (t->library[d]) stream_destroy(t->library[d]);
+    free(t);
+    t_state = NULL;
+}
+
+static void make_key(void) { g_key_ok = pthread_key_create(&g_key, thread_exit) == 0; }
+
+nb__cuda_thread *nb__cuda_thread_state(void) {
+    if (t_state) return t_state;
+    pthread_once(&g_key_once, make_key);
+    nb__cuda_thread *t = calloc(1, sizeof *t);
+    if (!t) {
+        nb__error(NB_ENOMEM, "cuda: out of host memory for the per-thread CUDA state");
+        return NULL;
+    }
+    if (g_key_ok) pthread_setspecific(g_key, t);
+    t_state = t;
+    return t;
+}
+
+static nb_cuda_stream *stream_create(int device, bool owned, const char *what) {
+    int prev = -1;
+    if (nb__cuda_enter(device, &prev, what) != NB_OK) return NULL;
+    cudaStream_t h = NULL;
+    cudaError_t e = cudaStreamCreateWithFlags(&h, cudaStreamNonBlocking);
+    nb__cuda_leave(prev);
+    if (nb__cuda_status(e, what) != NB_OK) return NULL;
+    nb_cuda_stream *s = malloc(sizeof *s);
+    if (s) {
+        s->handle = h;
+        s->device = device;
+        s->id = atomic_fetch_add(&g_next_id, 1);
+        s->owned = owned;
+        if (nb__cuda_alloc_stream_added(s)) return s;
+        free(s);
+    }
+    (void)cudaStreamDestroy(h);
+    nb__error(NB_ENOMEM, "%s: out of host memory", what);
+    return NULL;
+}
+
+static nb_cuda_stream *library_stream(int device, const char *what) {
+    nb__cuda_thread *t = nb__cuda_thread_state();
+    if (!t) return NULL;
+    if (!t->library[device]) t->library[device] = stream_create(device, false, what);
+    return t->library[device];
+}
+
+nb_cuda_stream *nb__cuda_stream_for(int device, const char *what) {
+    nb__cuda_thread *t = nb__cuda_thread_state();
+    if (!t) return NULL;
+    return t->current[device] ? t->current[device] : library_stream(device, what);
+}
+
+nb_cuda_stream *nb__cuda_stream_or_current(nb_cuda_stream *s, const char *what) {
+    int d = 0;
+    if (s) return nb__cuda_resolve(s->device, &d, what) == NB_OK ? s : NULL;
+    if (nb__cuda_resolve(-1, &d, what) != NB_OK) return NULL;
+    return nb__cuda_stream_for(d, what);
+}
+
+nb_cuda_stream *nb_cuda_stream_new(int device) {
+    int d = 0;
+    if (nb__cuda_resolve(device, &d, "cuda_stream_new") != NB_OK) return NULL;
+    return stream_create(d, true, "cuda_stream_new");
+}
+
+void nb_cuda_stream_free(nb_cuda_stream *s) {
+    if (!s || !s->owned) return;
+    if (t_state && t_state->current[s->device] == s) t_state->current[s->device] = NULL;
+    stream_destroy(s);
+}
+
+nb_status nb_cuda_stream_synchronize(nb_cuda_stream *s) {
+    s = nb__cuda_stream_or_current(s, "cuda_stream_synchronize");
+    if (!s) return nb_last_status();
+    return nb__cuda_status(cudaStreamSynchronize(s->handle), "cuda_stream_synchronize");
+}
+
+nb_cuda_stream *nb_cuda_stream_default(int device) {
+    int d = 0;
+    if (nb__cuda_resolve(device, &d, "cuda_stream_default") != NB_OK) return NULL;
+    return library_stream(d, "cuda_stream_default");
+}
+
+nb_cuda_stream *nb_cuda_stream_current(int device) {
+    int d = 0;
+    if (nb__cuda_resolve(device, &d, "cuda_stream_current") != NB_OK) return NULL;
+    return nb__cuda_stream_for(d, "cuda_stream_current");
+}
+
+nb_status nb_cuda_set_stream(nb_cuda_stream *s) {
+    int d = 0;
+    nb_status st = nb__cuda_resolve(s ? s->device : -1, &d, "cuda_set_stream");
+    if (st != NB_OK) return st;
+    nb__cuda_thread *t = nb__cuda_thread_state();
+    if (!t) return nb_last_status();
+    /* This thread's own library stream is stored as NULL, meaning "the default". */
+    t->current[d] = (s && s != t->library[d]) ? s : NULL;
+    return NB_OK;
+}
+
+int nb_cuda_stream_device(const nb_cuda_stream *s) { return s ? s->device : -1; }
+
+void *nb_cuda_stream_handle(const nb_cuda_stream *s) { return s ? (void *)s->handle : NULL; }

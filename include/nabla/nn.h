@@ -1,0 +1,220 @@
+/* nabla/nn.h - modules (layers with parameters), the layer library, initialization and
+ * losses.
+ *
+ * Usage:
+ *     nb_module *model = nb_sequential(nb_linear(784, 1024, NULL), nb_relu_module(),
+ *                                      nb_linear(1024, 10, NULL), NULL);
+ *     nb_scope_begin();
+ *     nb_tensor *loss = nb_cross_entropy(nb_forward(model, x), y, NULL);
+ *     nb_backward(loss);
+ *     nb_scope_end();
+ *     const nb_params *ps = nb_parameters(model);     // "0.weight", "0.bias", "2.weight", ...
+ *     nb_module_free(model);
+ *
+ * Ownership: a module owns its parameters, buffers and children. nb_module_add_* take over
+ * the reference passed in (the caller must not free it) and return the tensor (borrowed).
+ * nb_parameters()/nb_buffers() return a list owned by the module, valid until the module
+ * changes or is freed. nb_forward returns a new reference with the usual scope rules.
+ * Constructors (nb_linear, nb_sequential, ...) return a module the caller frees with
+ * nb_module_free, which frees its children too; nb_sequential(...) and
+ * nb_module_add_child take over the modules passed in.
+ *
+ * Custom modules: give a vtable with a forward function, keep your state in `self`, and
+ * register parameters so optimizers, state dicts and data parallel see them (docs/nn.md):
+ *     static nb_tensor *scale_forward(nb_module *m, nb_tensor *x) {
+ *         return nb_mul(x, nb_module_param(m, "scale"));
+ *     }
+ *     static const nb_module_vtable scale_vt = {.type_name = "Scale", .forward = scale_forward};
+ *     nb_module *m = nb_module_new(&scale_vt, NULL);
+ *     nb_module_add_parameter(m, "scale", nb_ones((int64_t[]){16}, 1, NB_F32));
+ *
+ * Threads: a module may run forward on one thread at a time. */
+#ifndef NABLA_NN_H
+#define NABLA_NN_H
+
+#include <stdbool.h>
+
+#include "nabla/random.h"
+#include "nabla/status.h"
+#include "nabla/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb_module nb_module;
+
+typedef struct nb_module_vtable {
+    const char *type_name;                                  /* "Linear", ... */
+    nb_tensor *(*forward)(nb_module *m, nb_tensor *x);      /* required */
+    void (*free_self)(void *self);                          /* frees `self`, may be NULL */
+} nb_module_vtable;
+
+/* A named list of tensors (parameters or buffers), in registration order, depth first. */
+typedef struct nb_params {
+    int count;
+    nb_tensor **tensors;  /* borrowed */
+    const char **names;   /* dotted names: "layers.0.weight" */
+} nb_params;
+
+/* ---- the module object ------------------------------------------------------------------- */
+nb_module *nb_module_new(const nb_module_vtable *vt, void *self);
+void nb_module_free(nb_module *m);
+void *nb_module_self(const nb_module *m);
+const char *nb_module_type(const nb_module *m);
+/* Register a parameter (float; requires grad is switched on). Takes over t. */
+nb_tensor *nb_module_add_parameter(nb_module *m, const char *name, nb_tensor *t);
+/* Register a buffer (state that is saved but not trained, e.g. running means). Takes over t. */
+nb_tensor *nb_module_add_buffer(nb_module *m, const char *name, nb_tensor *t);
+/* Register a child module under name. Takes over child. Returns child. */
+nb_module *nb_module_add_child(nb_module *m, const char *name, nb_module *child);
+/* Direct (not recursive) lookup by local name; NULL if absent. Borrowed. */
+nb_tensor *nb_module_param(const nb_module *m, const char *name);
+nb_tensor *nb_module_buffer(const nb_module *m, const char *name);
+nb_module *nb_module_child(const nb_module *m, const char *name);
+int nb_module_num_children(const nb_module *m);
+nb_module *nb_module_child_at(const nb_module *m, int i);
+/* Recursive lookup of a parameter or buffer by dotted name ("layers.0.weight"). */
+nb_tensor *nb_module_find(const nb_module *m, const char *dotted_name);
+
+/* All parameters / buffers, recursively, with dotted names (owned by the module). */
+const nb_params *nb_parameters(nb_module *m);
+const nb_params *nb_buffers(nb_module *m);
+int64_t nb_num_parameters(nb_module *m);   /* total element count */
+
+/* Run the module's forward. New reference. */
+nb_tensor *nb_forward(nb_module *m, nb_tensor *x);
+/* Training mode (dropout active, batch norm uses batch statistics): on by default. */
+void nb_module_train(nb_module *m, bool training);
+bool nb_module_is_training(const nb_module *m);
+/* Drop every parameter's gradient (set to none). */
+void nb_module_zero_grad(nb_module *m);
+
+/* Pack all parameters into one contiguous buffer (DESIGN.md rule 10): each parameter
+ * becomes a view into it, in nb_parameters order, each starting at a multiple of `align`
+ * elements (0: 16). Gradients are likewise views into one flat gradient buffer, which
+ * backward accumulates into in place. Parameters keep their values and identities, so
+ * optimizers made before or after work. Returns NB_OK; mixed dtypes are an error. */
+nb_status nb_module_flatten_parameters(nb_module *m, int64_t align);
+/* The flat parameter and gradient buffers (1-D, borrowed), or NULL if not flattened. */
+nb_tensor *nb_module_flat_params(const nb_module *m);
+nb_tensor *nb_module_flat_grads(const nb_module *m);
+
+/* ---- containers ------------------------------------------------------------------------------ */
+/* NULL-terminated list of modules, named "0", "1", ...; takes them over. */
+nb_module *nb_sequential(nb_module *first, ...);
+nb_module *nb_sequential_n(nb_module *const *mods, int n);
+/* A list of modules without a forward of its own (forward is an error). */
+nb_module *nb_module_list(nb_module *const *mods, int n);
+nb_status nb_module_list_append(nb_module *list, nb_module *m);
+
+/* ---- layers (options: zero means PyTorch's default) -------------------------------------------- */
+typedef struct nb_linear_opts {
+    bool no_bias;
+    nb_dtype dtype;          /* 0 = NB_F32 */
+    nb_generator *gen;       /* initialization; NULL: default generator */
+} nb_linear_opts;
+nb_module *nb_linear(int64_t in_features, int64_t out_features, const nb_linear_opts *o);
+
+typedef struct nb_conv2d_opts {
+    int64_t stride[2], padding[2], dilation[2]; /* 0 -> 1, 0, 1 */
+    int64_t groups;                             /* 0 -> 1 */
+    bool no_bias;
+    nb_generator *gen;
+} nb_conv2d_opts;
+nb_module *nb_conv2d(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
+                     const nb_conv2d_opts *o);
+
+typedef struct nb_pool2d_opts {
+    int64_t stride[2];      /* 0 -> kernel size */
+    int64_t padding[2];
+    bool exclude_pad;       /* avg pool: divide by the unpadded count (PyTorch's
+                               count_include_pad=False) */
+} nb_pool2d_opts;
+nb_module *nb_maxpool2d(int64_t kh, int64_t kw, const nb_pool2d_opts *o);
+nb_module *nb_avgpool2d(int64_t kh, int64_t kw, const nb_pool2d_opts *o);
+nb_module *nb_adaptive_avgpool2d(int64_t out_h, int64_t out_w);
+
+typedef struct nb_norm_opts {
+    double eps;        /* 0 -> 1e-5 */
+    double momentum;   /* 0 -> 0.1 (batch norm) */
+    bool no_affine;    /* no weight/bias */
+    bool no_running_stats;
+} nb_norm_opts;
+nb_module *nb_batchnorm1d(int64_t features, const nb_norm_opts *o);
+nb_module *nb_batchnorm2d(int64_t channels, const nb_norm_opts *o);
+/* LayerNorm over the last dim of size `features`. */
+nb_module *nb_layernorm(int64_t features, const nb_norm_opts *o);
+nb_module *nb_embedding_module(int64_t num_embeddings, int64_t dim, nb_generator *gen);
+/* Dropout with probability p (Philox; gen NULL: default generator). */
+nb_module *nb_dropout_module(double p, nb_generator *gen);
+nb_module *nb_flatten_module(int start_dim, int end_dim);
+nb_module *nb_relu_module(void);
+nb_module *nb_gelu_module(bool tanh_approx);
+nb_module *nb_silu_module(void);
+nb_module *nb_tanh_module(void);
+nb_module *nb_sigmoid_module(void);
+
+/* ---- functional forms (differentiable ops the layers use) ------------------------------------- */
+/* y = x @ w^T + b, w (out, in), b (out) or NULL; x (..., in). */
+nb_tensor *nb_linear_fn(nb_tensor *x, nb_tensor *w, nb_tensor *b);
+/* x (N, C, H, W), w (O, C/groups, kh, kw), b (O) or NULL. */
+nb_tensor *nb_conv2d_fn(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t stride[2],
+                        const int64_t padding[2], const int64_t dilation[2], int64_t groups);
+nb_tensor *nb_maxpool2d_fn(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                           const int64_t padding[2]);
+nb_tensor *nb_avgpool2d_fn(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                           const int64_t padding[2], bool count_include_pad);
+nb_tensor *nb_adaptive_avgpool2d_fn(nb_tensor *x, int64_t out_h, int64_t out_w);
+/* Normalize over the last dim (size = w's numel); w, b may be NULL. */
+nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps);
+/* x (N, C) or (N, C, ...); running stats updated in training mode when non-NULL. */
+nb_tensor *nb_batch_norm(nb_tensor *x, nb_tensor *running_mean, nb_tensor *running_var,
+                         nb_tensor *w, nb_tensor *b, bool training, double momentum,
+                         double eps);
+/* Zero elements with probability p and scale the rest by 1/(1-p) (training only). */
+nb_tensor *nb_dropout(nb_tensor *x, double p, bool training, nb_generator *gen);
+
+/* ---- initialization (in place, grad mode off; gen NULL: default generator) --------------------- */
+typedef enum nb_nonlinearity {
+    NB_NONLIN_LINEAR = 0, NB_NONLIN_RELU, NB_NONLIN_LEAKY_RELU, NB_NONLIN_TANH,
+    NB_NONLIN_SIGMOID,
+} nb_nonlinearity;
+nb_status nb_init_uniform_(nb_tensor *t, double lo, double hi, nb_generator *gen);
+nb_status nb_init_normal_(nb_tensor *t, double mean, double std, nb_generator *gen);
+nb_status nb_init_zeros_(nb_tensor *t);
+nb_status nb_init_ones_(nb_tensor *t);
+nb_status nb_init_constant_(nb_tensor *t, double v);
+nb_status nb_init_xavier_uniform_(nb_tensor *t, double gain, nb_generator *gen);
+nb_status nb_init_xavier_normal_(nb_tensor *t, double gain, nb_generator *gen);
+/* a: negative slope for leaky relu; fan_out false uses fan_in (PyTorch's default mode). */
+nb_status nb_init_kaiming_uniform_(nb_tensor *t, double a, bool fan_out, nb_nonlinearity nl,
+                                   nb_generator *gen);
+nb_status nb_init_kaiming_normal_(nb_tensor *t, double a, bool fan_out, nb_nonlinearity nl,
+                                  nb_generator *gen);
+double nb_init_calculate_gain(nb_nonlinearity nl, double param);
+
+/* ---- losses --------------------------------------------------------------------------------- */
+typedef enum nb_reduction { NB_REDUCTION_MEAN = 0, NB_REDUCTION_SUM, NB_REDUCTION_NONE } nb_reduction;
+
+typedef struct nb_cross_entropy_opts {
+    nb_reduction reduction;
+    int64_t ignore_index;    /* used when has_ignore_index (PyTorch's default is -100) */
+    bool has_ignore_index;
+    double label_smoothing;
+} nb_cross_entropy_opts;
+/* logits (N, C) or (N, C, d1, ...); target class indices (N) or (N, d1, ...) (I32/I64).
+ * Fused log-softmax + NLL forward and backward. */
+nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *target, const nb_cross_entropy_opts *o);
+/* log_probs (N, C); target (N). */
+nb_tensor *nb_nll_loss(nb_tensor *log_probs, nb_tensor *target, const nb_cross_entropy_opts *o);
+nb_tensor *nb_mse_loss(nb_tensor *pred, nb_tensor *target, nb_reduction r);
+nb_tensor *nb_l1_loss(nb_tensor *pred, nb_tensor *target, nb_reduction r);
+/* pos_weight may be NULL. */
+nb_tensor *nb_bce_with_logits(nb_tensor *logits, nb_tensor *target, nb_tensor *pos_weight,
+                              nb_reduction r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,61 @@
+/* nabla/runtime.h - threads, the CPU GEMM provider, and library version.
+ *
+ * Usage:
+ *     nb_set_num_threads(2);                       // our kernels, oneDNN and OpenBLAS alike
+ *     nb_set_gemm_provider(NB_GEMM_OPENBLAS);      // or NB_GEMM_DNNL / NB_GEMM_AUTO
+ *     printf("nabla %s, gemm %s\n", nb_version(), nb_gemm_provider_name(nb_gemm_provider()));
+ *
+ * Threads: all CPU kernels run on one OpenMP pool. oneDNN and the OpenMP build of OpenBLAS
+ * run on that same pool, so there is never a second set of threads competing for the
+ * cores. nb_set_num_threads(n) sets the pool size for the process (n <= 0: the number of
+ * cores). Small tensors stay on one thread (a grain size), so the pool costs nothing there.
+ * Set it once at start-up, not concurrently with running ops.
+ *
+ * GEMM provider: at build time meson finds oneDNN (feature `dnnl`) and OpenBLAS (required).
+ * NB_GEMM_AUTO picks oneDNN when it was built in; the environment variable NB_GEMM
+ * (= "dnnl" | "openblas") sets the initial choice. The provider is process wide. */
+#ifndef NABLA_RUNTIME_H
+#define NABLA_RUNTIME_H
+
+#include <stdbool.h>
+
+#include "nabla/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NB_VERSION_MAJOR 0
+#define NB_VERSION_MINOR 1
+#define NB_VERSION_PATCH 0
+
+/* "0.1.0"; the version of the library actually linked (headers may differ). */
+const char *nb_version(void);
+/* NB_VERSION_MAJOR * 10000 + MINOR * 100 + PATCH of the linked library. */
+int nb_version_number(void);
+
+void nb_set_num_threads(int n);
+int nb_get_num_threads(void);
+
+typedef enum nb_gemm_provider {
+    NB_GEMM_AUTO = 0,
+    NB_GEMM_OPENBLAS = 1,
+    NB_GEMM_DNNL = 2,
+} nb_gemm_provider;
+
+/* NB_EUNSUPPORTED if that provider was not built in. */
+nb_status nb_set_gemm_provider(nb_gemm_provider p);
+/* The provider in use (never NB_GEMM_AUTO). */
+nb_gemm_provider nb_gemm_provider_current(void);
+const char *nb_gemm_provider_name(nb_gemm_provider p);
+bool nb_gemm_provider_available(nb_gemm_provider p);
+
+/* Which optional parts were compiled in. */
+bool nb_has_cuda(void);
+bool nb_has_mpi(void);
+bool nb_has_nccl(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,405 @@
+/* module.c - the module object: named parameters, buffers and children, recursive listing
+ * with dotted names, train/eval mode, and flat parameter memory (DESIGN.md rule 10). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd_impl.h"
+#include "nabla/nn.h"
+
+typedef struct {
+    int n, cap;
+    char **names;
+    void **items;
+} named_list;
+
+struct nb_module {
+    const nb_module_vtable *vt;
+    void *self;
+    bool training;
+    named_list params, buffers, children;
+    /* recursive listings, rebuilt when stale */
+    nb_params plist, blist;
+    bool plist_ok, blist_ok;
+    nb_module *parent;
+    nb_tensor *flat_params, *flat_grads;
+};
+
+static bool list_add(named_list *l, const char *name, void *item) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        char **names = realloc(l->names, sizeof(char *) * (size_t)cap);
+        if (names) l->names = names;
+        void **items = names ? realloc(l->items, sizeof(void *) * (size_t)cap) : NULL;
+        if (!items) return false;
+        l->items = items;
+        l->cap = cap;
+    }
+    l->names[l->n] = strdup(name);
+    if (!l->names[l->n]) return false;
+    l->items[l->n++] = item;
+    return true;
+}
+
+static int list_find(const named_list *l, const char *name) {
+    for (int i = 0; i < l->n; i++)
+        if (strcmp(l->names[i], name) == 0) return i;
+    return -1;
+}
+
+static void invalidate(nb_module *m) {
+    for (; m; m = m->parent) m->plist_ok = m->blist_ok = false;
+}
+
+static void params_clear(nb_params *p) {
+    for (int i = 0; i < p->count; i++) free((char *)p->names[i]);
+    free(p->names);
+    free(p->tensors);
+    memset(p, 0, sizeof *p);
+}
+
+nb_module *nb_module_new(const nb_module_vtable *vt, void *self) {
+    if (!vt || !vt->type_name) {
+        nb__error(NB_ENULL, "module_new: a vtable with a type_name is required");
+        return NULL;
+    }
+    nb_module *m = calloc(1, sizeof *m);
+    if (!m) {
+        nb__error(NB_ENOMEM, "module_new: out of memory");
+        return NULL;
+    }
+    m->vt = vt;
+    m->self = self;
+    m->training = true;
+    return m;
+}
+
+void nb_module_free(nb_module *m) {
+    if (!m) return;
+    for (int i = 0; i < m->children.n; i++) nb_module_free(m->children.items[i]);
+    for (int i = 0; i < m->params.n; i++) nb_tensor_free(m->params.items[i]);
+    for (int i = 0; i < m->buffers.n; i++) nb_tensor_free(m->buffers.items[i]);
+    named_list *ls[3] = {&m->params, &m->buffers, &m->children};
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < ls[k]->n; i++) free(ls[k]->names[i]);
+        free(ls[k]->names);
+        free(ls[k]->items);
+    }
+    params_clear(&m->plist);
+    params_clear(&m->blist);
+    nb_tensor_free(m->flat_params);
+    nb_tensor_free(m->flat_grads);
+    if (m->vt->free_self) m->vt->free_self(m->self);
+    free(m);
+}
+
+void *nb_module_self(const nb_module *m) { return m ? m->self : NULL; }
+const char *nb_module_type(const nb_module *m) { return m ? m->vt->type_name : NULL; }
+
+static bool valid_name(const char *name, const char *op) {
+    if (!name || !*name || strchr(name, '.')) {
+        nb__error(NB_EINVAL, "%s: name \"%s\" must be non-empty and contain no '.'", op,
+                  name ? name : "(null)");
+        return false;
+    }
+    return true;
+}
+
+static bool name_free(const nb_module *m, const char *name, const char *op) {
+    if (list_find(&m->params, name) >= 0 || list_find(&m->buffers, name) >= 0 ||
+        list_find(&m->children, name) >= 0) {
+        nb__error(NB_EINVAL, "%s: %s already has a member named \"%s\"", op, m->vt->type_name,
+                  name);
+        return false;
+    }
+    return true;
+}
+
+/* Registered tensors must not belong to a scope: the module owns them. */
+static nb_tensor *adopt(nb_tensor *t) { return nb__scope_take(t); }
+
+nb_tensor *nb_module_add_parameter(nb_module *m, const char *name, nb_tensor *t) {
+    if (!m || !t) {
+        if (t) nb_tensor_free(adopt(t));
+        nb__arg_ok(NULL, "module_add_parameter", m ? "t" : "m");
+        return NULL;
+    }
+    if (!valid_name(name, "module_add_parameter") || !name_free(m, name, "module_add_parameter") ||
+        nb_set_requires_grad(t, true) != NB_OK || !list_add(&m->params, name, adopt(t))) {
+        return NULL;
+    }
+    invalidate(m);
+    return t;
+}
+
+nb_tensor *nb_module_add_buffer(nb_module *m, const char *name, nb_tensor *t) {
+    if (!m || !t) {
+        nb__arg_ok(NULL, "module_add_buffer", m ? "t" : "m");
+        return NULL;
+    }
+    if (!valid_name(name, "module_add_buffer") || !name_free(m, name, "module_add_buffer") ||
+        !list_add(&m->buffers, name, adopt(t)))
+        return NULL;
+    invalidate(m);
+    return t;
+}
+
+nb_module *nb_module_add_child(nb_module *m, const char *name, nb_module *child) {
+    if (!m || !child) {
+        nb__error(NB_ENULL, "module_add_child: %s is NULL", m ? "child" : "m");
+        nb_module_free(child);
+        return NULL;
+    }
+    if (child->parent) {
+        nb__error(NB_EINVAL, "module_add_child: the %s already belongs to another module",
+                  child->vt->type_name);
+        return NULL;
+    }
+    if (!valid_name(name, "module_add_child") || !name_free(m, name, "module_add_child") ||
+        !list_add(&m->children, name, child)) {
+        nb_module_free(child);
+        return NULL;
+    }
+    child->parent = m;
+    invalidate(m);
+    return child;
+}
+
+nb_tensor *nb_module_param(const nb_module *m, const char *name) {
+    int i = m && name ? list_find(&m->params, name) : -1;
+    return i >= 0 ? m->params.items[i] : NULL;
+}
+nb_tensor *nb_module_buffer(const nb_module *m, const char *name) {
+    int i = m && name ? list_find(&m->buffers, name) : -1;
+    return i >= 0 ? m->buffers.items[i] : NULL;
+}
+nb_module *nb_module_child(const nb_module *m, const char *name) {
+    int i = m && name ? list_find(&m->children, name) : -1;
+    return i >= 0 ? m->children.items[i] : NULL;
+}
+int nb_module_num_children(const nb_module *m) { return m ? m->children.n : 0; }
+nb_module *nb_module_child_at(const nb_module *m, int i) {
+    return m && i >= 0 && i < m->children.n ? m->children.items[i] : NULL;
+}
+
+nb_tensor *nb_module_find(const nb_module *m, const char *dotted) {
+    if (!m || !dotted) return NULL;
+    const char *dot = strchr(dotted, '.');
+    if (!dot) {
+        nb_tensor *t = nb_module_param(m, dotted);
+        return t ? t : nb_module_buffer(m, dotted);
+    }
+    char head[256];
+    size_t n = (size_t)(dot - dotted);
+    if (n >= sizeof head) return NULL;
+    memcpy(head, dotted, n);
+    head[n] = '\0';
+    return nb_module_find(nb_module_child(m, head), dot + 1);
+}
+
+/* Depth first: own members first, then children in order (PyTorch's named_parameters). */
+static bool collect(const nb_module *m, bool buffers, const char *prefix, nb_params *out,
+                    int *cap) {
+    const named_list *l = buffers ? &m->buffers : &m->params;
+    for (int i = 0; i < l->n; i++) {
+        if (out->count == *cap) {
+            *cap = *cap ? 2 * *cap : 16;
+            nb_tensor **t = realloc(out->tensors, sizeof(nb_tensor *) * (size_t)*cap);
+            if (t) out->tensors = t;
+            const char **nm = t ? realloc(out->names, sizeof(char *) * (size_t)*cap) : NULL;
+            if (!nm) return false;
+            out->names = nm;
+        }
+        size_t len = strlen(prefix) + strlen(l->names[i]) + 1;
+        char *name = malloc(len);
+        if (!name) return false;
+        snprintf(name, len, "%s%s", prefix, l->names[i]);
+        out->names[out->count] = name;
+        out->tensors[out->count++] = l->items[i];
+    }
+    for (int i = 0; i < m->children.n; i++) {
+        size_t len = strlen(prefix) + strlen(m->children.names[i]) + 2;
+        char *p = malloc(len);
+        if (!p) return false;
+        snprintf(p, len, "%s%s.", prefix, m->children.names[i]);
+        bool ok = collect(m->children.items[i], buffers, p, out, cap);
+        free(p);
+        if (!ok) return false;
+    }
+    return true;
+}
+
+static const nb_params *listing(nb_module *m, bool buffers) {
+    if (!m) {
+        nb__error(NB_ENULL, "parameters: module is NULL");
+        return NULL;
+    }
+    nb_params *p = buffers ? &m->blist : &m->plist;
+    bool *ok = buffers ? &m->blist_ok : &m->plist_ok;
+    if (*ok) return p;
+    params_clear(p);
+    int cap = 0;
+    if (!collect(m, buffers, "", p, &cap)) {
+        params_clear(p);
+        nb__error(NB_ENOMEM, "parameters: out of memory");
+        return NULL;
+    }
+    *ok = true;
+    return p;
+}
+
+const nb_params *nb_parameters(nb_module *m) { return listing(m, false); }
+const nb_params *nb_buffers(nb_module *m) { return listing(m, true); }
+
+int64_t nb_num_parameters(nb_module *m) {
+    const nb_params *p = nb_parameters(m);
+    int64_t n = 0;
+    for (int i = 0; p && i < p->count; i++) n += nb_numel(p->tensors[i]);
+    return n;
+}
+
+nb_tensor *nb_forward(nb_module *m, nb_tensor *x) {
+    if (!m) {
+        nb__error(NB_ENULL, "forward: module is NULL");
+        return NULL;
+    }
+    if (!m->vt->forward) {
+        nb__error(NB_EUNSUPPORTED, "forward: a %s has no forward of its own", m->vt->type_name);
+        return NULL;
+    }
+    return m->vt->forward(m, x);
+}
+
+void nb_module_train(nb_module *m, bool training) {
+    if (!m) return;
+    m->training = training;
+    for (int i = 0; i < m->children.n; i++) nb_module_train(m->children.items[i], training);
+}
+
+bool nb_module_is_training(const nb_module *m) { return m && m->training; }
+
+void nb_module_zero_grad(nb_module *m) {
+    const nb_params *p = nb_parameters(m);
+    if (m && m->flat_grads) { /* keep the flat views: zero them instead */
+        nb_fill_(m->flat_grads, 0);
+        return;
+    }
+    for (int i = 0; p && i < p->count; i++) nb_clear_grad(p->tensors[i]);
+}
+
+/* Point t's header at [offset, offset + numel) of storage s, contiguous. Every reference
+ * to the parameter sees the move, which is what keeps optimizers built earlier valid. */
+static void rebase(nb_tensor *t, nb__storage *s, int64_t offset) {
+    atomic_fetch_add(&s->refcount, 1);
+    nb__storage *old = t->storage;
+    t->storage = s;
+    t->offset = offset;
+    nb__contiguous_strides(t->shape, t->ndim, t->strides);
+    nb__storage_release(old);
+}
+
+nb_status nb_module_flatten_parameters(nb_module *m, int64_t align) {
+    const nb_params *p = nb_parameters(m);
+    if (!p) return nb_last_status();
+    if (m->flat_params) return NB_OK;
+    if (p->count == 0) return nb__error(NB_EINVAL, "flatten_parameters: the module has no parameters");
+    if (align <= 0) align = 16;
+    nb_dtype dt = p->tensors[0]->dtype;
+    int64_t total = 0;
+    for (int i = 0; i < p->count; i++) {
+        if (p->tensors[i]->dtype != dt)
+            return nb__error(NB_EDTYPE, "flatten_parameters: %s is %s but %s is %s; one flat "
+                             "buffer holds one dtype", p->names[i],
+                             nb_dtype_name(p->tensors[i]->dtype), p->names[0], nb_dtype_name(dt));
+        total = (total + align - 1) / align * align + nb_numel(p->tensors[i]);
+    }
+    nb_tensor *fp = nb_zeros(&total, 1, dt), *fg = fp ? nb_zeros(&total, 1, dt) : NULL;
+    if (!fg) {
+        nb_tensor_free(nb__scope_take(fp));
+        return nb_last_status();
+    }
+    fp = nb__scope_take(fp), fg = nb__scope_take(fg);
+    bool prev = nb_set_grad_enabled(false);
+    int64_t off = 0;
+    for (int i = 0; i < p->count; i++) {
+        nb_tensor *t = p->tensors[i];
+        off = (off + align - 1) / align * align;
+        nb_tensor *dst = nb__view_of(fp, t->shape, t->strides, t->ndim, off);
+        nb__contiguous_strides(t->shape, t->ndim, dst->strides);
+        nb_copy_(dst, t);
+        nb_tensor_free(nb__scope_take(dst));
+        rebase(t, fp->storage, off);
+        nb_tensor *g = nb__view_of(fg, t->shape, t->strides, t->ndim, off);
+        if (t->grad) nb_copy_(g, t->grad);
+        nb_set_grad(t, g);
+        nb_tensor_free(nb__scope_take(g));
+        off += nb_numel(t);
+    }
+    nb_set_grad_enabled(prev);
+    m->flat_params = fp;
+    m->flat_grads = fg;
+    return NB_OK;
+}
+
+nb_tensor *nb_module_flat_params(const nb_module *m) { return m ? m->flat_params : NULL; }
+nb_tensor *nb_module_flat_grads(const nb_module *m) { return m ? m->flat_grads : NULL; }
+
+/* ---- containers ------------------------------------------------------------------------------ */
+static nb_tensor *sequential_forward(nb_module *m, nb_tensor *x) {
+    nb_scope_begin();
+    for (int i = 0; i < m->children.n && x; i++) x = nb_forward(m->children.items[i], x);
+    nb_tensor *r = nb_keep(x);
+    nb_scope_end();
+    return r;
+}
+
+static const nb_module_vtable sequential_vt = {.type_name = "Sequential",
+                                               .forward = sequential_forward};
+static const nb_module_vtable module_list_vt = {.type_name = "ModuleList"};
+
+nb_module *nb_sequential_n(nb_module *const *mods, int n) {
+    nb_module *s = nb_module_new(&sequential_vt, NULL);
+    for (int i = 0; i < n; i++) {
+        if (!s || !mods[i]) {
+            if (s && !mods[i]) nb__error(NB_ENULL, "sequential: module %d is NULL", i);
+            for (int j = i; j < n; j++) nb_module_free(mods[j]);
+            nb_module_free(s);
+            return NULL;
+        }
+        char name[16];
+        snprintf(name, sizeof name, "%d", i);
+        if (!nb_module_add_child(s, name, mods[i])) {
+            for (int j = i + 1; j < n; j++) nb_module_free(mods[j]);
+            nb_module_free(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+
+nb_module *nb_sequential(nb_module *first, ...) {
+    nb_module *mods[256];
+    int n = 0;
+    va_list ap;
+    va_start(ap, first);
+    for (nb_module *m = first; m && n < 256; m = va_arg(ap, nb_module *)) mods[n++] = m;
+    va_end(ap);
+    return nb_sequential_n(mods, n);
+}
+
+nb_module *nb_module_list(nb_module *const *mods, int n) {
+    nb_module *l = nb_sequential_n(mods, n);
+    if (l) l->vt = &module_list_vt;
+    return l;
+}
+
+nb_status nb_module_list_append(nb_module *list, nb_module *m) {
+    if (!list) {
+        nb_module_free(m);
+        return nb__error(NB_ENULL, "module_list_append: list is NULL");
+    }
+    char name[16];
+    snprintf(name, sizeof name, "%d", list->children.n);
+    return nb_module_add_child(list, name, m) ? NB_OK : nb_last_status();
+}

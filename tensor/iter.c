@@ -1,0 +1,165 @@
+/* iter.c - broadcasting and the elementwise iterator shared by every elementwise kernel.
+ *
+ * nb__iter_init lays the operands out over one shape with byte strides (0 for broadcast
+ * dims) and merges adjacent dims that every operand walks contiguously, so the common cases
+ * (all contiguous, a row vector broadcast over a matrix) become one or two long loops.
+ * nb__iter_for_each hands out [begin, end) ranges of the linear index, one per thread,
+ * and walks each range row by row. */
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "tensor_impl.h"
+
+bool nb__broadcast_shapes(const int64_t *a, int na, const int64_t *b, int nb, int64_t *out,
+                          int *out_ndim, const char *op) {
+    int n = na > nb ? na : nb;
+    for (int i = 0; i < n; i++) {
+        int ia = i - (n - na), ib = i - (n - nb);
+        int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+        if (da == db || db == 1) out[i] = da;
+        else if (da == 1) out[i] = db;
+        else {
+            nb__error(NB_ESHAPE, "%s: shapes %s and %s cannot be broadcast together (dim %d: "
+                      "%lld vs %lld)", op, nb__shape_str(a, na, (char[NB__SHAPE_STR]){0}),
+                      nb__shape_str(b, nb, (char[NB__SHAPE_STR]){0}), i, (long long)da,
+                      (long long)db);
+            return false;
+        }
+    }
+    *out_ndim = n;
+    return true;
+}
+
+void nb__broadcast_strides(const nb_tensor *t, const int64_t *shape, int ndim, int64_t *strides) {
+    int lead = ndim - t->ndim;
+    NB__ASSERT(lead >= 0);
+    for (int i = 0; i < ndim; i++) {
+        if (i < lead) strides[i] = 0;
+        else {
+            int64_t have = t->shape[i - lead];
+            NB__ASSERT(have == shape[i] || have == 1);
+            strides[i] = (have == 1 && shape[i] != 1) ? 0 : t->strides[i - lead];
+        }
+    }
+}
+
+void nb__iter_init(nb__iter *it, const int64_t *shape, int ndim, nb_tensor *const *ts, int n) {
+    NB__ASSERT(n >= 1 && n <= NB__ITER_MAX_ARGS && ndim <= NB_MAX_DIMS);
+    memset(it, 0, sizeof *it);
+    it->nargs = n;
+    it->numel = nb__numel_of(shape, ndim);
+    int64_t st[NB__ITER_MAX_ARGS][NB_MAX_DIMS];
+    for (int a = 0; a < n; a++) {
+        nb__broadcast_strides(ts[a], shape, ndim, st[a]);
+        size_t es = nb_dtype_size(ts[a]->dtype);
+        for (int d = 0; d < ndim; d++) st[a][d] *= (int64_t)es;
+        it->data[a] = nb__ptr(ts[a]);
+        it->dtype[a] = ts[a]->dtype;
+    }
+    /* Drop size-1 dims, then merge dim d into the next inner one when, for every operand,
+     * stride[d] == stride[d+1] * shape[d+1]. */
+    int k = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 1) continue;
+        if (k > 0) {
+            bool merge = true;
+            for (int a = 0; a < n && merge; a++)
+                merge = it->strides[a][k - 1] == st[a][d] * shape[d];
+            if (merge) {
+                it->shape[k - 1] *= shape[d];
+                for (int a = 0; a < n; a++) it->strides[a][k - 1] = st[a][d];
+                continue;
+            }
+        }
+        it->shape[k] = shape[d];
+        for (int a = 0; a < n; a++) it->strides[a][k] = st[a][d];
+        k++;
+    }
+    if (k == 0) { /* a single element */
+        it->shape[0] = 1;
+        for (int a = 0; a < n; a++) it->strides[a][0] = (int64_t)nb_dtype_size(it->dtype[a]);
+        k = 1;
+    }
+    it->ndim = k;
+}
+
+bool nb__iter_is_flat(const nb__iter *it) {
+    if (it->ndim != 1) return false;
+    for (int a = 0; a < it->nargs; a++)
+        if (it->strides[a][0] != (int64_t)nb_dtype_size(it->dtype[a])) return false;
+    return true;
+}
+
+int nb__threads_for(int64_t work, int64_t grain) {
+#ifdef _OPENMP
+    if (work < 2 * grain || omp_in_parallel()) return 1;
+    int max = omp_get_max_threads();
+    int64_t want = work / grain;
+    return want < max ? (int)want : max;
+#else
+    (void)work, (void)grain;
+    return 1;
+#endif
+}
+
+/* Walk linear indices [begin, end) of the iterator, calling fn once per row segment. */
+static void walk_range(const nb__iter *it, int64_t begin, int64_t end, nb__iter_fn fn, void *ctx) {
+    int nd = it->ndim, na = it->nargs;
+    int64_t idx[NB_MAX_DIMS];
+    int64_t rem = begin;
+    for (int d = nd - 1; d >= 0; d--) {
+        idx[d] = rem % it->shape[d];
+        rem /= it->shape[d];
+    }
+    char *ptrs[NB__ITER_MAX_ARGS];
+    int64_t inner[NB__ITER_MAX_ARGS];
+    for (int a = 0; a < na; a++) {
+        char *p = it->data[a];
+        for (int d = 0; d < nd; d++) p += idx[d] * it->strides[a][d];
+        ptrs[a] = p;
+        inner[a] = it->strides[a][nd - 1];
+    }
+    int64_t i = begin, row = it->shape[nd - 1];
+    while (i < end) {
+        int64_t n = row - idx[nd - 1];
+        if (n > end - i) n = end - i;
+        char *call[NB__ITER_MAX_ARGS];
+        memcpy(call, ptrs, sizeof(char *) * (size_t)na);
+        fn(call, inner, n, ctx);
+        i += n;
+        if (i >= end) break;
+        /* advance to the start of the next row */
+        idx[nd - 1] += n;
+        for (int a = 0; a < na; a++) ptrs[a] += n * inner[a];
+        for (int d = nd - 1; d > 0 && idx[d] == it->shape[d]; d--) {
+            for (int a = 0; a < na; a++)
+                ptrs[a] += it->strides[a][d - 1] - it->shape[d] * it->strides[a][d];
+            idx[d] = 0;
+            idx[d - 1]++;
+        }
+    }
+}
+
+void nb__iter_for_each(const nb__iter *it, nb__iter_fn fn, void *ctx, int64_t grain) {
+    if (it->numel == 0) return;
+    int nt = nb__threads_for(it->numel, grain);
+    if (nt <= 1) {
+        walk_range(it, 0, it->numel, fn, ctx);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), n = omp_get_num_threads();
+        /* Chunk boundaries at multiples of 64 elements keep each thread's writes on its own
+         * cache lines. */
+        int64_t per = (it->numel + n - 1) / n;
+        per = (per + 63) / 64 * 64;
+        int64_t b = per * t, e = b + per < it->numel ? b + per : it->numel;
+        if (b < e) walk_range(it, b, e, fn, ctx);
+    }
+#endif
+}

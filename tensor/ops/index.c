@@ -1,0 +1,290 @@
+/* index.c - definitions of the indexing ops: index_select, gather, scatter_add, embedding,
+ * masked_fill, one_hot, tril and triu (argument checks, output shape and dtype, dispatch to
+ * the CPU kernels in cpu/index.c).
+ *
+ * Every index value is checked against its dim BEFORE any output is written, so a bad index
+ * is an NB_EINDEX error ("gather: index 12 is out of range for dim 1 of size 10") and never
+ * an out-of-bounds access. As in PyTorch, these ops take no negative indices. Index
+ * operands are I32 or I64; data operands may be of any dtype. Semantics follow PyTorch
+ * (torch.index_select, torch.gather, Tensor.scatter_add, F.embedding, masked_fill,
+ * F.one_hot, torch.tril/triu). */
+#include <string.h>
+
+#include "cpu/index.h"
+#include "tensor_impl.h"
+
+static bool on_cpu(const nb_tensor *t, const char *op) {
+    if (t->storage->device.type == NB_DEVICE_CPU) return true;
+    nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
+    return false;
+}
+
+static bool index_dtype_ok(const nb_tensor *idx, const char *op, const char *name) {
+    if (idx->dtype == NB_I32 || idx->dtype == NB_I64) return true;
+    nb__error(NB_EDTYPE, "%s: %s must have dtype i32 or i64, got %s", op, name,
+              nb_dtype_name(idx->dtype));
+    return false;
+}
+
+/* Checks that every value of the contiguous index idx lies in [0, size). */
+static bool index_in_range(const nb_tensor *idx, int64_t size, const char *op, int dim) {
+    if (nb_numel(idx) == 0) return true;
+    int64_t mn, mx;
+    nb__cpu_index_minmax(idx, &mn, &mx);
+    if (mn >= 0 && mx < size) return true;
+    nb__error(NB_EINDEX, "%s: index %lld is out of range for dim %d of size %lld", op,
+              (long long)(mn < 0 ? mn : mx), dim, (long long)size);
+    return false;
+}
+
+/* Size of dim d, with a 0-dim tensor seen as having one element along dim 0. */
+static int64_t dim_size(const nb_tensor *t, int d) { return t->ndim ? t->shape[d] : 1; }
+
+/* ---- index_select / embedding ------------------------------------------------------------ */
+nb_tensor *nb_index_select(nb_tensor *x, int dim, nb_tensor *index) {
+    NB__CHECK_ARG(x, "index_select", "x");
+    NB__CHECK_ARG(index, "index_select", "index");
+    if (!on_cpu(x, "index_select") || !on_cpu(index, "index_select")) return NULL;
+    int d = nb__wrap_dim(dim, x->ndim, "index_select");
+    if (d < 0 || !index_dtype_ok(index, "index_select", "index")) return NULL;
+    if (index->ndim > 1) {
+        nb__error(NB_ESHAPE, "index_select: index must be 1-D, got shape %s", NB__SHAPE(index));
+        return NULL;
+    }
+    int64_t m = nb_numel(index);
+    if (x->ndim == 0 && m != 1) {
+        nb__error(NB_ESHAPE, "index_select: the index of a 0-dim input must have one element, "
+                  "got %lld", (long long)m);
+        return NULL;
+    }
+    nb_scope_begin();
+    nb_tensor *out = NULL, *ic = nb_contiguous(index);
+    if (ic && index_in_range(ic, dim_size(x, d), "index_select", d)) {
+        int64_t sh[NB_MAX_DIMS];
+        memcpy(sh, x->shape, sizeof sh);
+        if (x->ndim) sh[d] = m;
+        out = nb__empty(sh, x->ndim, x->dtype, NB_CPU);
+        if (out) nb__cpu_index_select(out, x, d, ic);
+    }
+    nb_keep(out);
+    nb_scope_end();
+    return out;
+}
+
+nb_tensor *nb_embedding(nb_tensor *weight, nb_tensor *indices) {
+    NB__CHECK_ARG(weight, "embedding", "weight");
+    NB__CHECK_ARG(indices, "embedding", "indices");
+    if (!on_cpu(weight, "embedding") || !on_cpu(indices, "embedding")) return NULL;
+    if (weight->ndim != 2) {
+        nb__error(NB_ESHAPE, "embedding: weight must be 2-D (num_embeddings, dim), got shape %s",
+                  NB__SHAPE(weight));
+        return NULL;
+    }
+    if (!index_dtype_ok(indices, "embedding", "indices")) return NULL;
+    if (indices->ndim >= NB_MAX_DIMS) {
+        nb__error(NB_ESHAPE, "embedding: indices of shape %s leave no room for the embedding "
+                  "dim (at most %d dims)", NB__SHAPE(indices), NB_MAX_DIMS);
+        return NULL;
+    }
+    nb_scope_begin();
+    nb_tensor *out = NULL, *ic = nb_contiguous(indices);
+    if (ic && index_in_range(ic, weight->shape[0], "embedding", 0)) {
+        /* (indices..., D) is laid out exactly as index_select(weight, 0, flat indices) */
+        int64_t sh[NB_MAX_DIMS];
+        memcpy(sh, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
+        sh[indices->ndim] = weight->shape[1];
+        out = nb__empty(sh, indices->ndim + 1, weight->dtype, NB_CPU);
+        if (out) nb__cpu_index_select(out, weight, 0, ic);
+    }
+    nb_keep(out);
+    nb_scope_end();
+    return out;
+}
+
+/* ---- gather / scatter_add --------------------------------------------------------------------- */
+/* Shared checks of gather and scatter_add: same ndim, index no larger than x off dim. */
+static bool index_fits(const nb_tensor *x, const nb_tensor *index, int d, const char *op) {
+    if (index->ndim != x->ndim) {
+        nb__error(NB_ESHAPE, "%s: index has %d dims but the input has %d (shapes %s and %s)", op,
+                  index->ndim, x->ndim, NB__SHAPE(index), NB__SHAPE(x));
+        return false;
+    }
+    for (int i = 0; i < x->ndim; i++) {
+        if (i != d && index->shape[i] > x->shape[i]) {
+            nb__error(NB_ESHAPE, "%s: index of shape %s is larger than the input of shape %s "
+                      "at dim %d", op, NB__SHAPE(index), NB__SHAPE(x), i);
+            return false;
+        }
+    }
+    return true;
+}
+
+nb_tensor *nb_gather(nb_tensor *x, int dim, nb_tensor *index) {
+    NB__CHECK_ARG(x, "gather", "x");
+    NB__CHECK_ARG(index, "gather", "index");
+    if (!on_cpu(x, "gather") || !on_cpu(index, "gather")) return NULL;
+    int d = nb__wrap_dim(dim, x->ndim, "gather");
+    if (d < 0 || !index_dtype_ok(index, "gather", "index") || !index_fits(x, index, d, "gather"))
+        return NULL;
+    nb_scope_begin();
+    nb_tensor *out = NULL, *ic = nb_contiguous(index);
+    if (ic && index_in_range(ic, dim_size(x, d), "gather", d)) {
+        out = nb__empty(index->shape, index->ndim, x->dtype, NB_CPU);
+        if (out) nb__cpu_gather(out, x, d, ic);
+    }
+    nb_keep(out);
+    nb_scope_end();
+    return out;
+}
+
+nb_tensor *nb_scatter_add(nb_tensor *x, int dim, nb_tensor *index, nb_tensor *src) {
+    NB__CHECK_ARG(x, "scatter_add", "x");
+    NB__CHECK_ARG(index, "scatter_add", "index");
+    NB__CHECK_ARG(src, "scatter_add", "src");
+    if (!on_cpu(x, "scatter_add") || !on_cpu(index, "scatter_add") || !on_cpu(src, "scatter_add"))
+        return NULL;
+    int d = nb__wrap_dim(dim, x->ndim, "scatter_add");
+    if (d < 0 || !index_dtype_ok(index, "scatter_add", "index") ||
+        !index_fits(x, index, d, "scatter_add"))
+        return NULL;
+    if (src->dtype != x->dtype) {
+        nb__error(NB_EDTYPE, "scatter_add: src has dtype %s but the input has dtype %s",
+                  nb_dtype_name(src->dtype), nb_dtype_name(x->dtype));
+        return NULL;
+    }
+    if (src->ndim != index->ndim) {
+        nb__error(NB_ESHAPE, "scatter_add: index has %d dims but src has %d (shapes %s and %s)",
+                  index->ndim, src->ndim, NB__SHAPE(index), NB__SHAPE(src));
+        return NULL;
+    }
+    for (int i = 0; i < src->ndim; i++) {
+        if (index->shape[i] > src->shape[i]) {
+            nb__error(NB_ESHAPE, "scatter_add: index of shape %s is larger than src of shape %s "
+                      "at dim %d", NB__SHAPE(index), NB__SHAPE(src), i);
+            return NULL;
+        }
+    }
+    nb_scope_begin();
+    nb_tensor *out = NULL, *ic = nb_contiguous(index);
+    if (ic && index_in_range(ic, dim_size(x, d), "scatter_add", d)) {
+        if (x->dtype == NB_F16 || x->dtype == NB_BF16) {
+            /* Accumulate in f32 and round once at the end, so many additions into one
+             * element do not lose precision at every step. */
+            nb_tensor *acc = nb_to_dtype(x, NB_F32), *s32 = nb_to_dtype(src, NB_F32);
+            if (acc && s32) {
+                nb__cpu_scatter_add(acc, d, ic, s32);
+                out = nb_to_dtype(acc, x->dtype);
+            }
+        } else {
+            out = nb_clone(x);
+            if (out) nb__cpu_scatter_add(out, d, ic, src);
+        }
+    }
+    nb_keep(out);
+    nb_scope_end();
+    return out;
+}
+
+/* ---- masked_fill ------------------------------------------------------------------------------ */
+nb_tensor *nb_masked_fill(nb_tensor *x, nb_tensor *mask, double value) {
+    NB__CHECK_ARG(x, "masked_fill", "x");
+    NB__CHECK_ARG(mask, "masked_fill", "mask");
+    if (!on_cpu(x, "masked_fill") || !on_cpu(mask, "masked_fill")) return NULL;
+    if (mask->dtype != NB_BOOL) {
+        nb__error(NB_EDTYPE, "masked_fill: mask must have dtype bool, got %s",
+                  nb_dtype_name(mask->dtype));
+        return NULL;
+    }
+    /* The output has x's shape, so the mask must broadcast to it (not the other way). */
+    bool ok = mask->ndim <= x->ndim;
+    for (int i = 1; ok && i <= mask->ndim; i++) {
+        int64_t m = mask->shape[mask->ndim - i];
+        ok = m == 1 || m == x->shape[x->ndim - i];
+    }
+    if (!ok) {
+        nb__error(NB_ESHAPE, "masked_fill: mask of shape %s cannot be broadcast to the input "
+                  "shape %s", NB__SHAPE(mask), NB__SHAPE(x));
+        return NULL;
+    }
+    nb_tensor *out = nb__empty(x->shape, x->ndim, x->dtype, NB_CPU);
+    if (!out) return NULL;
+    /* the fill value as one element of x's dtype */
+    union {
+        uint64_t u;
+        double d;
+    } v = {0};
+    nb__store_f64(&v, x->dtype, value);
+    nb__cpu_masked_fill(out, x, mask, &v);
+    return out;
+}
+
+/* ---- one_hot ---------------------------------------------------------------------------------- */
+nb_tensor *nb_one_hot(nb_tensor *indices, int64_t num_classes, nb_dtype dt) {
+    NB__CHECK_ARG(indices, "one_hot", "indices");
+    if (!on_cpu(indices, "one_hot")) return NULL;
+    if (!index_dtype_ok(indices, "one_hot", "indices")) return NULL;
+    if ((unsigned)dt >= NB_DTYPE_COUNT) {
+        nb__error(NB_EDTYPE, "one_hot: %d is not a valid dtype", (int)dt);
+        return NULL;
+    }
+    if (num_classes < -1) {
+        nb__error(NB_EINVAL, "one_hot: num_classes must be -1 (infer) or >= 0, got %lld",
+                  (long long)num_classes);
+        return NULL;
+    }
+    if (indices->ndim >= NB_MAX_DIMS) {
+        nb__error(NB_ESHAPE, "one_hot: indices of shape %s leave no room for the class dim "
+                  "(at most %d dims)", NB__SHAPE(indices), NB_MAX_DIMS);
+        return NULL;
+    }
+    int64_t n = nb_numel(indices);
+    if (num_classes == -1 && n == 0) {
+        nb__error(NB_EINVAL, "one_hot: cannot infer num_classes from an empty tensor; pass it "
+                  "explicitly");
+        return NULL;
+    }
+    nb_scope_begin();
+    nb_tensor *out = NULL, *ic = nb_contiguous(indices);
+    int64_t mn = 0, mx = -1;
+    if (ic && n) nb__cpu_index_minmax(ic, &mn, &mx);
+    int64_t C = num_classes == -1 ? mx + 1 : num_classes;
+    if (!ic) {
+        /* error already set */
+    } else if (mn < 0) {
+        nb__error(NB_EINDEX, "one_hot: class index %lld is negative; class values must be "
+                  "non-negative", (long long)mn);
+    } else if (mx >= C) {
+        nb__error(NB_EINDEX, "one_hot: class index %lld is out of range for %lld classes",
+                  (long long)mx, (long long)C);
+    } else {
+        int64_t sh[NB_MAX_DIMS];
+        memcpy(sh, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
+        sh[indices->ndim] = C;
+        out = nb__empty(sh, indices->ndim + 1, dt, NB_CPU);
+        if (out) {
+            uint64_t one = 0;
+            nb__store_f64(&one, dt, 1.0);
+            nb__cpu_one_hot(out, ic, &one);
+        }
+    }
+    nb_keep(out);
+    nb_scope_end();
+    return out;
+}
+
+/* ---- tril / triu ------------------------------------------------------------------------------ */
+static nb_tensor *tri(nb_tensor *x, int64_t k, bool lower, const char *op) {
+    NB__CHECK_ARG(x, op, "x");
+    if (!on_cpu(x, op)) return NULL;
+    if (x->ndim < 2) {
+        nb__error(NB_ESHAPE, "%s: input must have at least 2 dims, got shape %s", op,
+                  NB__SHAPE(x));
+        return NULL;
+    }
+    nb_tensor *out = nb__empty(x->shape, x->ndim, x->dtype, NB_CPU);
+    if (out) nb__cpu_tri(out, x, k, lower);
+    return out;
+}
+
+nb_tensor *nb_tril(nb_tensor *x, int64_t k) { return tri(x, k, true, "tril"); }
+nb_tensor *nb_triu(nb_tensor *x, int64_t k) { return tri(x, k, false, "triu"); }

@@ -1,0 +1,280 @@
+/* tensor.c - tensor objects: reference counting, metadata, and creation. */
+#include <math.h>
+#include <string.h>
+
+#include "tensor_impl.h"
+
+int64_t nb__numel_of(const int64_t *shape, int ndim) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+void nb__contiguous_strides(const int64_t *shape, int ndim, int64_t *strides) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] > 1 ? shape[i] : 1;
+    }
+}
+
+static bool check_shape(const int64_t *shape, int ndim, const char *op) {
+    if (ndim < 0 || ndim > NB_MAX_DIMS) {
+        nb__error(NB_EINVAL, "%s: %d dims requested; tensors have 0 to %d dims", op, ndim,
+                  NB_MAX_DIMS);
+        return false;
+    }
+    if (ndim > 0 && !shape) {
+        nb__error(NB_ENULL, "%s: shape is NULL but ndim is %d", op, ndim);
+        return false;
+    }
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) {
+            nb__error(NB_EINVAL, "%s: negative size %lld in shape %s", op,
+                      (long long)shape[i], nb__shape_str(shape, ndim, (char[NB__SHAPE_STR]){0}));
+            return false;
+        }
+        if (shape[i] && n > INT64_MAX / 16 / shape[i]) {
+            nb__error(NB_EINVAL, "%s: shape %s has too many elements", op,
+                      nb__shape_str(shape, ndim, (char[NB__SHAPE_STR]){0}));
+            return false;
+        }
+        n *= shape[i];
+    }
+    return true;
+}
+
+static bool check_dtype(nb_dtype dt, const char *op) {
+    if ((unsigned)dt >= NB_DTYPE_COUNT) {
+        nb__error(NB_EDTYPE, "%s: %d is not a valid dtype", op, (int)dt);
+        return false;
+    }
+    return true;
+}
+
+static nb_tensor *header_new(void) {
+    nb_tensor *t = nb_host_alloc(sizeof(nb_tensor));
+    if (!t) return NULL;
+    memset(t, 0, sizeof *t);
+    atomic_init(&t->refcount, 1);
+    return t;
+}
+
+void nb__storage_release(nb__storage *s) {
+    if (atomic_fetch_sub(&s->refcount, 1) != 1) return;
+    if (s->owned) nb_host_free(s->data);
+    else if (s->release) s->release(s->data, s->release_ctx);
+    nb_host_free(s);
+}
+
+nb_tensor *nb_tensor_retain(nb_tensor *t) {
+    if (t) atomic_fetch_add(&t->refcount, 1);
+    return t;
+}
+
+void nb_tensor_free(nb_tensor *t) {
+    if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    if (t->grad) nb_tensor_free(t->grad);
+    if (t->grad_fn) nb__node_release(t->grad_fn);
+    if (t->ag) nb__ag_meta_free(t->ag);
+    nb__storage_release(t->storage);
+    nb_host_free(t);
+}
+
+nb_tensor *nb__empty(const int64_t *shape, int ndim, nb_dtype dt, nb_device dev) {
+    if (!check_shape(shape, ndim, "empty") || !check_dtype(dt, "empty")) return NULL;
+    if (dev.type != NB_DEVICE_CPU) {
+        nb__error(NB_EDEVICE, "empty: only CPU tensors can be created by this build path");
+        return NULL;
+    }
+    size_t nbytes = (size_t)nb__numel_of(shape, ndim) * nb_dtype_size(dt);
+    nb__storage *s = nb_host_alloc(sizeof(nb__storage));
+    void *data = s ? nb_host_alloc(nbytes) : NULL;
+    nb_tensor *t = data ? header_new() : NULL;
+    if (!t) {
+        nb_host_free(data);
+        nb_host_free(s);
+        return NULL;
+    }
+    memset(s, 0, sizeof *s);
+    atomic_init(&s->refcount, 1);
+    s->data = data;
+    s->nbytes = nbytes;
+    s->device = dev;
+    s->owned = true;
+    t->storage = s;
+    t->ndim = ndim;
+    t->dtype = dt;
+    if (ndim) memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    nb__contiguous_strides(shape, ndim, t->strides);
+    return nb__scope_add(t);
+}
+
+nb_tensor *nb__view_of(const nb_tensor *base, const int64_t *shape, const int64_t *strides,
+                       int ndim, int64_t offset) {
+    nb_tensor *t = header_new();
+    if (!t) return NULL;
+    atomic_fetch_add(&base->storage->refcount, 1);
+    t->storage = base->storage;
+    t->offset = offset;
+    t->ndim = ndim;
+    t->dtype = base->dtype;
+    if (ndim) {
+        memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+        memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
+    }
+    return nb__scope_add(t);
+}
+
+/* ---- metadata ---------------------------------------------------------------------------- */
+int nb_ndim(const nb_tensor *t) { return t ? t->ndim : -1; }
+const int64_t *nb_shape(const nb_tensor *t) { return t ? t->shape : NULL; }
+const int64_t *nb_strides(const nb_tensor *t) { return t ? t->strides : NULL; }
+int64_t nb_numel(const nb_tensor *t) { return t ? nb__numel_of(t->shape, t->ndim) : -1; }
+int64_t nb_offset(const nb_tensor *t) { return t ? t->offset : -1; }
+nb_dtype nb_tensor_dtype(const nb_tensor *t) { return t ? t->dtype : NB_DTYPE_COUNT; }
+nb_device nb_tensor_device(const nb_tensor *t) { return t ? t->storage->device : NB_CPU; }
+void *nb_data(const nb_tensor *t) { return t ? nb__ptr(t) : NULL; }
+
+int64_t nb_size(const nb_tensor *t, int dim) {
+    if (!nb__arg_ok(t, "size", "t")) return -1;
+    int d = nb__wrap_dim(dim, t->ndim, "size");
+    if (d < 0) return -1;
+    return t->ndim ? t->shape[d] : 1;
+}
+
+bool nb_is_contiguous(const nb_tensor *t) {
+    if (!t) return false;
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] == 1) continue; /* any stride is fine for size-1 dims */
+        if (t->shape[i] == 0) return true;
+        if (t->strides[i] != expect) return false;
+        expect *= t->shape[i];
+    }
+    return true;
+}
+
+bool nb_shares_storage(const nb_tensor *a, const nb_tensor *b) {
+    return a && b && a->storage == b->storage;
+}
+
+bool nb__same_device(const nb_tensor *a, const nb_tensor *b, const char *op) {
+    nb_device da = a->storage->device, db = b->storage->device;
+    if (da.type == db.type && da.index == db.index) return true;
+    nb__error(NB_EDEVICE, "%s: operands are on different devices (%s:%d and %s:%d)", op,
+              da.type == NB_DEVICE_CPU ? "cpu" : "cuda", da.index,
+              db.type == NB_DEVICE_CPU ? "cpu" : "cuda", db.index);
+    return false;
+}
+
+/* ---- creation ---------------------------------------------------------------------------- */
+nb_tensor *nb_empty(const int64_t *shape, int ndim, nb_dtype dt) {
+    return nb__empty(shape, ndim, dt, NB_CPU);
+}
+
+nb_tensor *nb_full(const int64_t *shape, int ndim, nb_dtype dt, double value) {
+    nb_tensor *t = nb__empty(shape, ndim, dt, NB_CPU);
+    if (t) nb__cpu_fill(t, value);
+    return t;
+}
+
+nb_tensor *nb_zeros(const int64_t *shape, int ndim, nb_dtype dt) {
+    nb_tensor *t = nb__empty(shape, ndim, dt, NB_CPU);
+    if (t) memset(t->storage->data, 0, t->storage->nbytes);
+    return t;
+}
+
+nb_tensor *nb_ones(const int64_t *shape, int ndim, nb_dtype dt) {
+    return nb_full(shape, ndim, dt, 1.0);
+}
+
+nb_tensor *nb_empty_like(const nb_tensor *t) {
+    return nb__arg_ok(t, "empty_like", "t") ? nb__empty(t->shape, t->ndim, t->dtype,
+                                                        t->storage->device)
+                                            : NULL;
+}
+nb_tensor *nb_zeros_like(const nb_tensor *t) {
+    return nb__arg_ok(t, "zeros_like", "t") ? nb_zeros(t->shape, t->ndim, t->dtype) : NULL;
+}
+nb_tensor *nb_ones_like(const nb_tensor *t) {
+    return nb__arg_ok(t, "ones_like", "t") ? nb_ones(t->shape, t->ndim, t->dtype) : NULL;
+}
+nb_tensor *nb_full_like(const nb_tensor *t, double value) {
+    return nb__arg_ok(t, "full_like", "t") ? nb_full(t->shape, t->ndim, t->dtype, value)
+                                           : NULL;
+}
+
+nb_tensor *nb_scalar(double value, nb_dtype dt) { return nb_full(NULL, 0, dt, value); }
+
+nb_tensor *nb_arange(double start, double end, double step, nb_dtype dt) {
+    if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step) ||
+        (end - start) / step < 0) {
+        nb__error(NB_EINVAL, "arange: cannot step from %g to %g by %g", start, end, step);
+        return NULL;
+    }
+    int64_t n = (int64_t)ceil((end - start) / step);
+    nb_tensor *t = nb__empty(&n, 1, dt, NB_CPU);
+    if (!t) return NULL;
+    size_t es = nb_dtype_size(dt);
+    for (int64_t i = 0; i < n; i++) nb__store_f64((char *)nb__ptr(t) + i * es, dt, start + i * step);
+    return t;
+}
+
+nb_tensor *nb_linspace(double start, double end, int64_t steps, nb_dtype dt) {
+    if (steps < 0) {
+        nb__error(NB_EINVAL, "linspace: steps must be >= 0, got %lld", (long long)steps);
+        return NULL;
+    }
+    nb_tensor *t = nb__empty(&steps, 1, dt, NB_CPU);
+    if (!t) return NULL;
+    size_t es = nb_dtype_size(dt);
+    double h = steps > 1 ? (end - start) / (double)(steps - 1) : 0;
+    /* Fill the second half from the end, as PyTorch does, so the last value is exact. */
+    for (int64_t i = 0; i < steps; i++) {
+        double v = (steps == 1 || i < steps / 2) ? start + h * (double)i
+                                                  : end - h * (double)(steps - 1 - i);
+        nb__store_f64((char *)nb__ptr(t) + i * es, dt, v);
+    }
+    return t;
+}
+
+nb_tensor *nb_from_buffer(const void *data, const int64_t *shape, int ndim, nb_dtype dt) {
+    if (!data && check_shape(shape, ndim, "from_buffer") && nb__numel_of(shape, ndim) > 0) {
+        nb__error(NB_ENULL, "from_buffer: data is NULL");
+        return NULL;
+    }
+    nb_tensor *t = nb__empty(shape, ndim, dt, NB_CPU);
+    if (t && t->storage->nbytes) memcpy(t->storage->data, data, t->storage->nbytes);
+    return t;
+}
+
+nb_tensor *nb_wrap_buffer(void *data, const int64_t *shape, int ndim, nb_dtype dt,
+                          void (*release)(void *data, void *ctx), void *ctx) {
+    if (!check_shape(shape, ndim, "wrap_buffer") || !check_dtype(dt, "wrap_buffer"))
+        return NULL;
+    if (!data && nb__numel_of(shape, ndim) > 0) {
+        nb__error(NB_ENULL, "wrap_buffer: data is NULL");
+        return NULL;
+    }
+    nb__storage *s = nb_host_alloc(sizeof(nb__storage));
+    nb_tensor *t = s ? header_new() : NULL;
+    if (!t) {
+        nb_host_free(s);
+        return NULL;
+    }
+    memset(s, 0, sizeof *s);
+    atomic_init(&s->refcount, 1);
+    s->data = data;
+    s->nbytes = (size_t)nb__numel_of(shape, ndim) * nb_dtype_size(dt);
+    s->device = NB_CPU;
+    s->release = release;
+    s->release_ctx = ctx;
+    t->storage = s;
+    t->ndim = ndim;
+    t->dtype = dt;
+    if (ndim) memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    nb__contiguous_strides(shape, ndim, t->strides);
+    return nb__scope_add(t);
+}

@@ -1,0 +1,162 @@
+/* tensor_impl.h - private: the tensor and storage structs, error helpers, the elementwise
+ * iterator and the shared helpers every op definition and kernel uses. Not installed. */
+#ifndef NABLA_TENSOR_IMPL_H
+#define NABLA_TENSOR_IMPL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "nabla/memory.h"
+#include "nabla/status.h"
+#include "nabla/tensor.h"
+#include "op_table.h"
+
+/* ---- invariants ------------------------------------------------------------------------
+ * The one assertion macro (DESIGN.md rule 2): only for broken internal invariants, never
+ * for user mistakes. Prints file, line and condition, then aborts. */
+#define NB__ASSERT(cond)                                                                   \
+    do {                                                                                   \
+        if (!(cond)) nb__assert_fail(__FILE__, __LINE__, #cond);                           \
+    } while (0)
+_Noreturn void nb__assert_fail(const char *file, int line, const char *cond);
+
+/* ---- errors -------------------------------------------------------------------------------
+ * nb__error sets the thread's last error (printf-style message) and returns the status, so
+ * `return nb__error(NB_ESHAPE, "add: ...");` works in nb_status functions and
+ * `nb__error(...); return NULL;` in tensor functions. */
+nb_status nb__error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "[32,784]" into buf (NB__SHAPE_STR bytes is always enough). */
+#define NB__SHAPE_STR 200
+const char *nb__shape_str(const int64_t *shape, int ndim, char *buf);
+#define NB__SHAPE(t) nb__shape_str(nb_shape(t), nb_ndim(t), (char[NB__SHAPE_STR]){0})
+
+/* NULL-input propagation: returns false (and sets ENULL if no error is pending) for NULL. */
+bool nb__arg_ok(const nb_tensor *t, const char *op, const char *argname);
+#define NB__CHECK_ARG(t, op, name)                                                         \
+    do {                                                                                   \
+        if (!nb__arg_ok((t), (op), (name))) return NULL;                                   \
+    } while (0)
+
+/* Normalize a possibly negative dim against ndim (ndim 0 accepts -1 and 0 as for PyTorch
+ * scalars); sets EDIM and returns -1 when out of range. */
+int nb__wrap_dim(int dim, int ndim, const char *op);
+
+/* ---- storage and tensor --------------------------------------------------------------------- */
+typedef struct nb__storage {
+    atomic_long refcount;
+    void *data;
+    size_t nbytes;
+    nb_device device;
+    /* Wrapped caller memory: release(data, ctx) when the last reference goes. Storage from
+     * the allocator has release == NULL and owned == true. */
+    void (*release)(void *data, void *ctx);
+    void *release_ctx;
+    bool owned;
+} nb__storage;
+
+struct nb_tensor {
+    atomic_long refcount;
+    nb__storage *storage;
+    int64_t offset; /* elements */
+    int ndim;
+    nb_dtype dtype;
+    int64_t shape[NB_MAX_DIMS];
+    int64_t strides[NB_MAX_DIMS]; /* elements */
+    /* Autograd (filled in by autograd/): whether gradients flow to this tensor, its
+     * accumulated gradient (leaves), and the tape node that produced it. */
+    bool requires_grad;
+    nb_tensor *grad;
+    struct nb__node *grad_fn;
+    struct nb__ag_meta *ag; /* gradient hooks of a leaf, or NULL */
+};
+void nb__node_release(struct nb__node *n);
+void nb__ag_meta_free(struct nb__ag_meta *m);
+
+/* Drop one reference to a storage (freeing it, or calling its release, at zero). */
+void nb__storage_release(nb__storage *s);
+
+/* A new contiguous tensor with fresh storage from the allocator (registered in the current
+ * scope). device must be CPU for now. NULL + ENOMEM/EINVAL on failure. */
+nb_tensor *nb__empty(const int64_t *shape, int ndim, nb_dtype dt, nb_device dev);
+/* A new tensor header over base's storage with the given geometry (registered in the
+ * current scope). The caller guarantees the geometry stays inside the storage. */
+nb_tensor *nb__view_of(const nb_tensor *base, const int64_t *shape, const int64_t *strides,
+                       int ndim, int64_t offset);
+/* Register a fresh reference in the innermost scope (no-op outside scopes). */
+nb_tensor *nb__scope_add(nb_tensor *t);
+/* Remove t's reference from the innermost scope (if there) and give it to the caller, who
+ * must nb_tensor_free it. For library code that owns a tensor privately. */
+nb_tensor *nb__scope_take(nb_tensor *t);
+
+static inline char *nb__ptr(const nb_tensor *t) {
+    return (char *)t->storage->data + t->offset * (int64_t)nb_dtype_size(t->dtype);
+}
+int64_t nb__numel_of(const int64_t *shape, int ndim);
+void nb__contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
+
+/* Broadcast two shapes (NumPy rules) into out (ndim in *out_ndim); false + ESHAPE error
+ * mentioning op on mismatch. */
+bool nb__broadcast_shapes(const int64_t *a, int na, const int64_t *b, int nb,
+                          int64_t *out, int *out_ndim, const char *op);
+/* Strides (elements) that read t broadcast to shape[ndim] (0 for broadcast dims). t's
+ * shape must be broadcastable to shape. */
+void nb__broadcast_strides(const nb_tensor *t, const int64_t *shape, int ndim,
+                           int64_t *strides);
+
+/* Same device check for an op's operands: sets EDEVICE and returns false on mismatch. */
+bool nb__same_device(const nb_tensor *a, const nb_tensor *b, const char *op);
+
+/* ---- scalar load/store (slow, general; for strided fallbacks, printing, tests) ------------ */
+double nb__load_f64(const void *p, nb_dtype dt);
+void nb__store_f64(void *p, nb_dtype dt, double v);
+
+/* ---- elementwise iteration -----------------------------------------------------------------
+ * An iterator walks several operands of one shape (operand 0 is usually the output) with
+ * per-operand byte strides. Dims are coalesced where every operand is contiguous across
+ * them, so a contiguous or simply broadcast op becomes a loop over few long rows.
+ * nb__iter_for_each splits the linear index range into chunks (one per thread when numel
+ * >= grain, else one chunk) and calls fn(ptrs, inner_strides, n, ctx) for runs of the
+ * innermost dim; fn must process n elements, advancing each ptrs[i] by inner_strides[i]
+ * bytes. Each element is visited exactly once, so results never depend on thread count. */
+#define NB__ITER_MAX_ARGS 4
+#define NB__GRAIN 32768
+
+typedef struct nb__iter {
+    int nargs;
+    int ndim; /* >= 1 after setup */
+    int64_t numel;
+    int64_t shape[NB_MAX_DIMS];
+    int64_t strides[NB__ITER_MAX_ARGS][NB_MAX_DIMS]; /* bytes */
+    char *data[NB__ITER_MAX_ARGS];
+    nb_dtype dtype[NB__ITER_MAX_ARGS];
+} nb__iter;
+
+/* Set up an iterator over shape[ndim] for tensors ts[0..n) (each broadcastable to shape). */
+void nb__iter_init(nb__iter *it, const int64_t *shape, int ndim, nb_tensor *const *ts, int n);
+typedef void (*nb__iter_fn)(char **ptrs, const int64_t *strides, int64_t n, void *ctx);
+void nb__iter_for_each(const nb__iter *it, nb__iter_fn fn, void *ctx, int64_t grain);
+/* True if every operand has inner stride == its element size and ndim == 1 after
+ * coalescing (one flat contiguous run per operand). */
+bool nb__iter_is_flat(const nb__iter *it);
+
+/* ---- threads ------------------------------------------------------------------------------- */
+/* Number of threads a parallel region over `work` elements should use (1 below grain). */
+int nb__threads_for(int64_t work, int64_t grain);
+
+/* ---- half-precision bulk conversion (cpu/convert.c) ----------------------------------------- */
+void nb__f16_to_f32_n(const uint16_t *src, float *dst, int64_t n);
+void nb__f32_to_f16_n(const float *src, uint16_t *dst, int64_t n);
+void nb__bf16_to_f32_n(const uint16_t *src, float *dst, int64_t n);
+void nb__f32_to_bf16_n(const float *src, uint16_t *dst, int64_t n);
+
+/* ---- kernels implemented by cpu/ used by the core ---------------------------------------------- */
+/* Copy/convert: it has 2 operands, out (0) and in (1), any dtypes, same shape. */
+void nb__cpu_copy(const nb__iter *it);
+/* Fill a tensor (any strides) with a value converted to its dtype. */
+void nb__cpu_fill(nb_tensor *t, double v);
+
+#endif

@@ -1,0 +1,205 @@
+/* test_autograd.c - the autograd engine: gradients through views and copies, accumulation,
+ * broadcasting, hooks and their order, retain_graph, grad mode, in-place guards, errors,
+ * and that graphs are freed (no leak, no growth). Per-op rules are checked in
+ * test_grad_ops.c with gradcheck. */
+#include <string.h>
+
+#include "testutil.h"
+
+static nb_tensor *leaf(const double *v, const int64_t *shape, int ndim) {
+    nb_tensor *t = tu_tensor(v, shape, ndim, NB_F64);
+    ck_assert(nb_set_requires_grad(t, true) == NB_OK);
+    return t;
+}
+
+START_TEST(test_views_and_copies) {
+    nb_scope_begin();
+    double v[12];
+    for (int i = 0; i < 12; i++) v[i] = i;
+    nb_tensor *x = leaf(v, (int64_t[]){3, 4}, 2);
+    ck_assert(nb_is_leaf(x) && nb_requires_grad(x));
+    /* y = clone(transpose(x)[1:3, :]).view(6) as f32 */
+    nb_tensor *y = nb_to_dtype(nb_view(nb_clone(nb_narrow(nb_transpose(x, 0, 1), 0, 1, 2)),
+                                       (int64_t[]){6}, 1), NB_F32);
+    ck_assert(y && nb_requires_grad(y) && !nb_is_leaf(y));
+    nb_tensor *g = tu_tensor((double[]){1, 2, 3, 4, 5, 6}, (int64_t[]){6}, 1, NB_F32);
+    ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}) == NB_OK);
+    /* y[k] = x[k % 3][1 + k / 3] */
+    double ref[12] = {0};
+    for (int k = 0; k < 6; k++) ref[(k % 3) * 4 + 1 + k / 3] = k + 1;
+    tu_assert_close(nb_grad(x), ref, ((int64_t[]){3, 4}), 2, 0);
+    ck_assert_int_eq(nb_tensor_dtype(nb_grad(x)), NB_F64);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_accumulation_and_expand) {
+    nb_scope_begin();
+    nb_tensor *x = leaf((double[]){1, 2, 3}, (int64_t[]){3}, 1);
+    /* two uses of x (select and expand) accumulate; expand sums back over the new dim */
+    nb_tensor *e = nb_expand(nb_unsqueeze(x, 0), (int64_t[]){2, 3}, 2);
+    nb_tensor *g = tu_tensor((double[]){1, 1, 1, 10, 10, 10}, (int64_t[]){2, 3}, 2, NB_F64);
+    ck_assert(nb_backward_ex(e, &(nb_backward_opts){.grad_output = g}) == NB_OK);
+    tu_assert_close(nb_grad(x), ((double[]){11, 11, 11}), ((int64_t[]){3}), 1, 0);
+    /* a second backward accumulates into .grad */
+    nb_tensor *s = nb_select(x, 0, 2);
+    ck_assert(nb_backward(s) == NB_OK);
+    tu_assert_close(nb_grad(x), ((double[]){11, 11, 12}), ((int64_t[]){3}), 1, 0);
+    nb_clear_grad(x);
+    ck_assert(nb_grad(x) == NULL);
+    nb_tensor *s2 = nb_slice(x, 0, 0, 3, 2);
+    ck_assert(nb_backward_ex(s2, &(nb_backward_opts){.grad_output = nb_ones((int64_t[]){2}, 1, NB_F64)}) == NB_OK);
+    tu_assert_close(nb_grad(x), ((double[]){1, 0, 1}), ((int64_t[]){3}), 1, 0);
+    nb_scope_end();
+}
+END_TEST
+
+typedef struct {
+    int order[8];
+    int n;
+    nb_tensor *leaves[4];
+} hook_log;
+
+static void log_hook(nb_tensor *t, void *ctx) {
+    hook_log *l = ctx;
+    for (int i = 0; i < 4; i++)
+        if (l->leaves[i] == t) l->order[l->n++] = i;
+    ck_assert(nb_grad(t) != NULL); /* complete when the hook runs */
+}
+
+START_TEST(test_hooks) {
+    nb_scope_begin();
+    hook_log log = {0};
+    nb_tensor *a = leaf((double[]){1, 2}, (int64_t[]){2}, 1);
+    nb_tensor *b = leaf((double[]){3, 4}, (int64_t[]){2}, 1);
+    log.leaves[0] = a, log.leaves[1] = b;
+    ck_assert_int_ge(nb_register_grad_hook(a, log_hook, &log), 0);
+    int hb = nb_register_grad_hook(b, log_hook, &log);
+    ck_assert_int_ge(hb, 0);
+    /* a is used first in the forward, b last: b's gradient completes first */
+    nb_tensor *ua = nb_unsqueeze(a, 0), *ub = nb_unsqueeze(b, 0);
+    nb_tensor *both = nb_cat((nb_tensor *[]){nb_clone(ua), nb_clone(ub)}, 2, 0);
+    if (nb_requires_grad(both)) { /* cat's rule comes with the ops' rules */
+        ck_assert(nb_backward_ex(both, &(nb_backward_opts){.grad_output = nb_ones_like(both)}) == NB_OK);
+        ck_assert_int_eq(log.n, 2);
+        ck_assert_int_eq(log.order[0], 1);
+        ck_assert_int_eq(log.order[1], 0);
+    }
+    /* a leaf used twice: its hook runs once, after both contributions */
+    log.n = 0;
+    nb_tensor *ea = nb_expand(nb_unsqueeze(a, 0), (int64_t[]){3, 2}, 2);
+    ck_assert(nb_backward_ex(ea, &(nb_backward_opts){.grad_output = nb_ones((int64_t[]){3, 2}, 2, NB_F64)}) == NB_OK);
+    ck_assert_int_eq(log.n, 1);
+    ck_assert(nb_remove_grad_hook(b, hb) == NB_OK);
+    ck_assert(nb_remove_grad_hook(b, hb) == NB_EINVAL);
+    nb_clear_error();
+    ck_assert_int_eq(nb_register_grad_hook(nb_clone(a), log_hook, &log), NB_EINVAL); /* not a leaf */
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_retain_graph) {
+    nb_scope_begin();
+    nb_tensor *x = leaf((double[]){1, 2, 3}, (int64_t[]){3}, 1);
+    nb_tensor *y = nb_select(nb_clone(x), 0, 1);
+    ck_assert(nb_backward_ex(y, &(nb_backward_opts){.retain_graph = true}) == NB_OK);
+    ck_assert(nb_backward(y) == NB_OK); /* second time works, then frees */
+    tu_assert_close(nb_grad(x), ((double[]){0, 2, 0}), ((int64_t[]){3}), 1, 0);
+    ck_assert_int_eq(nb_backward(y), NB_ESTATE);
+    ck_assert(strstr(nb_last_error(), "retain_graph") != NULL);
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_grad_mode_and_guards) {
+    nb_scope_begin();
+    nb_tensor *x = leaf((double[]){1, 2}, (int64_t[]){2}, 1);
+    ck_assert(nb_grad_enabled());
+    bool prev = nb_set_grad_enabled(false);
+    ck_assert(prev);
+    nb_tensor *y = nb_clone(x);
+    ck_assert(!nb_requires_grad(y) && nb_is_leaf(y));
+    ck_assert(nb_fill_(x, 5) == NB_OK); /* in place allowed with grad mode off */
+    nb_set_grad_enabled(prev);
+    NB_NO_GRAD_BEGIN
+    ck_assert(!nb_grad_enabled());
+    NB_NO_GRAD_END
+    ck_assert(nb_grad_enabled());
+    /* in place into a tensor that requires grad, grad mode on: refused */
+    ck_assert_int_eq(nb_fill_(x, 1), NB_EINVAL);
+    ck_assert(strstr(nb_last_error(), "requires grad") != NULL);
+    nb_clear_error();
+    /* detach makes a new leaf that shares storage */
+    nb_tensor *d = nb_detach(x);
+    ck_assert(!nb_requires_grad(d) && nb_shares_storage(d, x));
+    /* errors */
+    ck_assert_int_eq(nb_backward(d), NB_EINVAL); /* does not require grad */
+    nb_clear_error();
+    ck_assert_int_eq(nb_backward(nb_clone(x)), NB_EINVAL); /* 2 elements, no grad_output */
+    ck_assert(strstr(nb_last_error(), "grad_output") != NULL);
+    nb_clear_error();
+    ck_assert_int_eq(nb_backward_ex(nb_clone(x), &(nb_backward_opts){.grad_output = nb_ones((int64_t[]){3}, 1, NB_F64)}), NB_ESHAPE);
+    nb_clear_error();
+    ck_assert_int_eq(nb_set_requires_grad(nb_arange(0, 3, 1, NB_I64), true), NB_EDTYPE);
+    nb_clear_error();
+    ck_assert_int_eq(nb_set_requires_grad(nb_clone(x), true), NB_EINVAL); /* not a leaf */
+    nb_clear_error();
+    /* backward on a leaf itself */
+    nb_tensor *s = leaf((double[]){7}, (int64_t[]){1}, 1);
+    ck_assert(nb_backward(s) == NB_OK);
+    tu_assert_close(nb_grad(s), ((double[]){1}), ((int64_t[]){1}), 1, 0);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_set_grad_flat) {
+    /* A gradient installed with nb_set_grad (a view into a flat buffer) is accumulated in
+     * place: the data-parallel and ZeRO layout survives backward. */
+    nb_scope_begin();
+    nb_tensor *flat = nb_zeros((int64_t[]){8}, 1, NB_F64);
+    nb_tensor *x = leaf((double[]){1, 2, 3}, (int64_t[]){3}, 1);
+    nb_tensor *gv = nb_narrow(flat, 0, 2, 3);
+    ck_assert(nb_set_grad(x, gv) == NB_OK);
+    ck_assert(nb_backward_ex(nb_clone(x), &(nb_backward_opts){.grad_output = nb_full((int64_t[]){3}, 1, NB_F64, 2)}) == NB_OK);
+    ck_assert(nb_grad(x) == gv);
+    tu_assert_close(flat, ((double[]){0, 0, 2, 2, 2, 0, 0, 0}), ((int64_t[]){8}), 1, 0);
+    ck_assert_int_eq(nb_set_grad(x, nb_zeros((int64_t[]){2}, 1, NB_F64)), NB_ESHAPE);
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_graph_freed) {
+    nb_scope_begin();
+    nb_tensor *x = leaf((double[]){1, 2, 3, 4}, (int64_t[]){2, 2}, 2);
+    nb_alloc_stats a, b;
+    for (int step = 0; step < 30; step++) {
+        if (step == 10) nb_alloc_get_stats(&a);
+        nb_scope_begin();
+        nb_tensor *y = nb_select(nb_transpose(nb_clone(x), 0, 1), 0, 1);
+        ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = nb_ones((int64_t[]){2}, 1, NB_F64)}) == NB_OK);
+        nb_scope_end();
+    }
+    nb_alloc_get_stats(&b);
+    ck_assert_int_eq(b.bytes_live, a.bytes_live);
+    ck_assert_int_eq(b.system_allocs, a.system_allocs);
+    tu_assert_close(nb_grad(x), ((double[]){0, 30, 0, 30}), ((int64_t[]){2, 2}), 2, 0);
+    nb_scope_end();
+}
+END_TEST
+
+Suite *nb_suite_autograd(void) {
+    Suite *s = suite_create("autograd");
+    TCase *tc = tcase_create("engine");
+    tcase_add_test(tc, test_views_and_copies);
+    tcase_add_test(tc, test_accumulation_and_expand);
+    tcase_add_test(tc, test_hooks);
+    tcase_add_test(tc, test_retain_graph);
+    tcase_add_test(tc, test_grad_mode_and_guards);
+    tcase_add_test(tc, test_set_grad_flat);
+    tcase_add_test(tc, test_graph_freed);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,622 @@
+/* test_reduce.c - the "reduce" suite: sum, mean, var, std, logsumexp, amax, amin, max/min
+ * with indices, argmax/argmin, softmax and log_softmax, each checked against plain
+ * double-precision reference loops over a table of shapes (0-dim, empty, size-1 dims,
+ * several dims, negative dims, keepdim, long rows that span blocks and chunks) and dtypes,
+ * on contiguous and non-contiguous inputs; thread-count determinism; and every class of
+ * user error. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static const nb_dtype all_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16,
+                                      NB_I32, NB_I64, NB_U8,  NB_BOOL};
+static const nb_dtype float_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+#define NDT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Random inputs in a range that suits the dtype (bool: 0/1, u8: 0..199). */
+static nb_tensor *rand_for(const int64_t *shape, int ndim, nb_dtype dt, uint64_t seed) {
+    switch (dt) {
+    case NB_BOOL: return tu_random(shape, ndim, dt, 0, 2, seed);
+    case NB_U8: return tu_random(shape, ndim, dt, 0, 200, seed);
+    case NB_I32: case NB_I64: return tu_random(shape, ndim, dt, -50, 50, seed);
+    default: return tu_random(shape, ndim, dt, -3, 3, seed);
+    }
+}
+
+/* ---- reference reductions ------------------------------------------------------------------ */
+typedef enum rop { R_SUM, R_MEAN, R_VAR, R_STD, R_LSE, R_AMAX, R_AMIN, R_COUNT } rop;
+static const char *rop_name[] = {"sum", "mean", "var", "std", "logsumexp", "amax", "amin"};
+
+/* Output linear index of every input element (row-major over the kept dims). */
+static int64_t *out_index(const int64_t *shape, int ndim, const bool *mask) {
+    int64_t n = tu_numel(shape, ndim), idx[NB_MAX_DIMS];
+    int64_t *oi = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) {
+        tu_unravel(i, shape, ndim, idx);
+        int64_t o = 0;
+        for (int d = 0; d < ndim; d++)
+            if (!mask[d]) o = o * shape[d] + idx[d];
+        oi[i] = o;
+    }
+    return oi;
+}
+
+static void ref_reduce(rop op, const double *x, const int64_t *shape, int ndim,
+                       const bool *mask, int corr, double *out, int64_t nout) {
+    int64_t n = tu_numel(shape, ndim);
+    int64_t *oi = out_index(shape, ndim, mask);
+    double *cnt = calloc((size_t)nout + 1, sizeof(double));
+    double *acc = calloc((size_t)nout + 1, sizeof(double));
+    for (int64_t i = 0; i < n; i++) cnt[oi[i]] += 1;
+    for (int64_t o = 0; o < nout; o++)
+        out[o] = op == R_AMAX || op == R_LSE ? -INFINITY : op == R_AMIN ? INFINITY : 0;
+    for (int64_t i = 0; i < n; i++) { /* sums, or the max / min */
+        double v = x[i], *r = &out[oi[i]];
+        if (op == R_AMAX || op == R_LSE) *r = (isnan(*r) || isnan(v)) ? NAN : fmax(*r, v);
+        else if (op == R_AMIN) *r = (isnan(*r) || isnan(v)) ? NAN : fmin(*r, v);
+        else *r += v;
+    }
+    if (op == R_MEAN || op == R_VAR || op == R_STD)
+        for (int64_t o = 0; o < nout; o++) out[o] /= cnt[o];
+    if (op == R_VAR || op == R_STD) {
+        for (int64_t i = 0; i < n; i++) acc[oi[i]] += (x[i] - out[oi[i]]) * (x[i] - out[oi[i]]);
+        for (int64_t o = 0; o < nout; o++) {
+            out[o] = acc[o] / fmax(0, cnt[o] - corr);
+            if (op == R_STD) out[o] = sqrt(out[o]);
+        }
+    }
+    if (op == R_LSE) {
+        for (int64_t i = 0; i < n; i++) {
+            double m = out[oi[i]];
+            acc[oi[i]] += exp(x[i] - (isinf(m) ? 0 : m));
+        }
+        for (int64_t o = 0; o < nout; o++)
+            out[o] = log(acc[o]) + (isinf(out[o]) ? 0 : out[o]);
+    }
+    free(oi);
+    free(cnt);
+    free(acc);
+}
+
+static nb_tensor *call_rop(rop op, nb_tensor *x, const int *dims, int ndims, int corr,
+                           bool keepdim) {
+    switch (op) {
+    case R_SUM: return nb_sum(x, dims, ndims, keepdim);
+    case R_MEAN: return nb_mean(x, dims, ndims, keepdim);
+    case R_VAR: return nb_var(x, dims, ndims, corr, keepdim);
+    case R_STD: return nb_std(x, dims, ndims, corr, keepdim);
+    case R_LSE: return nb_logsumexp(x, dims, ndims, keepdim);
+    case R_AMAX: return nb_amax(x, dims, ndims, keepdim);
+    default: return nb_amin(x, dims, ndims, keepdim);
+    }
+}
+
+typedef struct rcase {
+    int ndim;
+    int64_t shape[4];
+    int ndims; /* 0: dims = NULL (all) */
+    int dims[4];
+    bool keepdim;
+} rcase;
+
+static const rcase red_cases[] = {
+    {0, {0}, 0, {0}, false},                 /* 0-dim, all */
+    {0, {0}, 1, {-1}, true},                 /* 0-dim, dim -1 */
+    {1, {7}, 0, {0}, false},
+    {1, {7}, 1, {0}, true},
+    {2, {3, 4}, 1, {1}, false},
+    {2, {3, 4}, 1, {0}, false},              /* column path */
+    {2, {3, 4}, 1, {-1}, true},
+    {2, {3, 4}, 2, {1, 0}, false},           /* all dims listed */
+    {3, {2, 3, 4}, 2, {0, 2}, false},        /* reduced dims around a kept one */
+    {3, {2, 3, 4}, 1, {1}, true},            /* middle dim: column path per group */
+    {3, {2, 1, 5}, 1, {1}, false},           /* size-1 reduced dim */
+    {3, {1, 3, 1}, 0, {0}, true},
+    {4, {2, 3, 4, 5}, 2, {-1, -3}, false},
+    {4, {2, 3, 4, 5}, 3, {0, 1, 3}, true},
+    {3, {4, 0, 3}, 1, {1}, false},           /* empty reduced dim */
+    {3, {4, 0, 3}, 1, {0}, true},            /* empty output */
+    {2, {3, 2100}, 1, {1}, false},           /* rows spanning several blocks */
+    {2, {2100, 3}, 1, {0}, false},           /* long column path */
+    {1, {33000}, 0, {0}, false},             /* chunked full reduction */
+    {2, {300, 70}, 1, {0}, true},            /* column blocks narrower than the row */
+    {2, {40, 5}, 1, {1}, false},             /* short rows, read as columns */
+    {3, {3, 20, 5}, 2, {0, 2}, true},        /* short rows under an outer reduced dim */
+};
+
+static bool case_empty_reduce(const rcase *c, const bool *mask) {
+    for (int d = 0; d < c->ndim; d++)
+        if (mask[d] && c->shape[d] == 0) return true;
+    return false;
+}
+
+static int expected_shape(const rcase *c, const bool *mask, int64_t *shape) {
+    int n = 0;
+    for (int d = 0; d < c->ndim; d++) {
+        if (!mask[d]) shape[n++] = c->shape[d];
+        else if (c->keepdim) shape[n++] = 1;
+    }
+    return n;
+}
+
+static void case_mask(const rcase *c, bool *mask) {
+    for (int d = 0; d < NB_MAX_DIMS; d++) mask[d] = c->ndims == 0;
+    for (int i = 0; i < c->ndims; i++)
+        if (c->ndim) mask[(c->dims[i] + c->ndim) % c->ndim] = true;
+}
+
+static void check_rop(rop op, nb_dtype dt) {
+    for (size_t ci = 0; ci < sizeof red_cases / sizeof red_cases[0]; ci++) {
+        const rcase *c = &red_cases[ci];
+        bool mask[NB_MAX_DIMS];
+        case_mask(c, mask);
+        int64_t oshape[NB_MAX_DIMS];
+        int ond = expected_shape(c, mask, oshape);
+        int64_t nout = tu_numel(oshape, ond);
+        for (int nc = 0; nc < 2; nc++) {
+            nb_tensor *x = rand_for(c->shape, c->ndim, dt, 100 + ci);
+            if (nc) x = tu_noncontig(x);
+            double *xv = tu_values(x);
+            for (int corr = 0; corr < ((op == R_VAR || op == R_STD) ? 2 : 1); corr++) {
+                const int *dims = c->ndims ? c->dims : NULL;
+                nb_tensor *y = call_rop(op, x, dims, c->ndims, 1 - corr, c->keepdim);
+                if ((op == R_AMAX || op == R_AMIN) && case_empty_reduce(c, mask)) {
+                    tu_assert_error(y, NB_ESHAPE, rop_name[op]);
+                    continue;
+                }
+                ck_assert_msg(y, "%s %s case %zu: %s", rop_name[op], nb_dtype_name(dt), ci,
+                              nb_last_error());
+                nb_dtype want = op == R_SUM && !nb_dtype_is_float(dt) ? NB_I64 : dt;
+                ck_assert_msg(nb_tensor_dtype(y) == want, "%s %s: dtype %s", rop_name[op],
+                              nb_dtype_name(dt), nb_dtype_name(nb_tensor_dtype(y)));
+                double *ref = malloc(sizeof(double) * (size_t)(nout + 1));
+                ref_reduce(op, xv, c->shape, c->ndim, mask, 1 - corr, ref, nout);
+                if (want == NB_BOOL)
+                    for (int64_t o = 0; o < nout; o++) ref[o] = ref[o] != 0;
+                tu_assert_close(y, ref, oshape, ond, tu_tol(want));
+                free(ref);
+            }
+            free(xv);
+        }
+    }
+}
+
+START_TEST(test_sum) {
+    nb_scope_begin();
+    for (int i = 0; i < NDT(all_dtypes); i++) check_rop(R_SUM, all_dtypes[i]);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_mean) {
+    nb_scope_begin();
+    for (int i = 0; i < NDT(float_dtypes); i++) check_rop(R_MEAN, float_dtypes[i]);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_var_std) {
+    nb_scope_begin();
+    for (int i = 0; i < NDT(float_dtypes); i++) {
+        check_rop(R_VAR, float_dtypes[i]);
+        check_rop(R_STD, float_dtypes[i]);
+    }
+    /* A large mean and a small spread: a one-pass sum of squares would lose it all. */
+    double v[4] = {1e8 + 1, 1e8 + 2, 1e8 + 3, 1e8 + 4};
+    nb_tensor *x = tu_tensor(v, (int64_t[]){4}, 1, NB_F64);
+    tu_assert_close(nb_var(x, NULL, 0, 1, false), (double[]){5.0 / 3}, NULL, 0, 1e-12);
+    tu_assert_close(nb_std(x, NULL, 0, 0, false), (double[]){sqrt(1.25)}, NULL, 0, 1e-12);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_logsumexp) {
+    nb_scope_begin();
+    for (int i = 0; i < NDT(float_dtypes); i++) check_rop(R_LSE, float_dtypes[i]);
+    /* Large values (no overflow), infinities, NaN. */
+    double v[12] = {1000, 1000, -INFINITY, -INFINITY, INFINITY, 1, NAN, 1, 0, 0, -1000, -1000};
+    for (int i = 0; i < NDT(float_dtypes); i++) {
+        nb_dtype dt = float_dtypes[i];
+        nb_tensor *x = tu_tensor(v, (int64_t[]){6, 2}, 2, dt);
+        double ref[6] = {1000 + log(2.0), -INFINITY, INFINITY, NAN, log(2.0),
+                         -1000 + log(2.0)};
+        tu_assert_close(nb_logsumexp(x, (int[]){1}, 1, false), ref, (int64_t[]){6}, 1,
+                        tu_tol(dt));
+    }
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_amax_amin) {
+    nb_scope_begin();
+    for (int i = 0; i < NDT(all_dtypes); i++) {
+        check_rop(R_AMAX, all_dtypes[i]);
+        check_rop(R_AMIN, all_dtypes[i]);
+    }
+    /* NaN propagates, wherever it sits in a long row (blocks, chunks, columns). */
+    int64_t n = 40000;
+    double *v = calloc((size_t)n, sizeof(double));
+    for (int64_t i = 0; i < n; i++) v[i] = (double)(i % 1000);
+    v[n - 5] = NAN;
+    for (int i = 0; i < NDT(float_dtypes); i++) {
+        nb_tensor *x = tu_tensor(v, &n, 1, float_dtypes[i]);
+        ck_assert(isnan(nb_item_f64(nb_amax(x, NULL, 0, false))));
+        ck_assert(isnan(nb_item_f64(nb_amin(x, NULL, 0, false))));
+        nb_tensor *c = nb_view(x, (int64_t[]){n / 8, 8}, 2); /* column path */
+        double *xv = tu_values(x), ref[8];
+        for (int j = 0; j < 8; j++) {
+            ref[j] = -INFINITY;
+            for (int64_t k = j; k < n; k += 8) ref[j] = isnan(xv[k]) || isnan(ref[j]) ? NAN : fmax(ref[j], xv[k]);
+        }
+        ck_assert(isnan(ref[3]) && !isnan(ref[2]));
+        tu_assert_close(nb_amax(c, (int[]){0}, 1, false), ref, (int64_t[]){8}, 1, 0);
+        free(xv);
+    }
+    free(v);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- max/min with indices, argmax/argmin ---------------------------------------------------- */
+typedef struct dcase {
+    int ndim;
+    int64_t shape[4];
+    int dim;
+    bool keepdim;
+} dcase;
+
+static const dcase dim_cases[] = {
+    {0, {0}, 0, false},  {1, {5}, 0, false},       {2, {3, 4}, 1, false},
+    {2, {3, 4}, 0, true}, {3, {2, 3, 4}, 1, false}, {3, {2, 3, 4}, -1, true},
+    {2, {4, 1}, 1, false}, {2, {0, 3}, 1, false},   {2, {3, 2100}, 1, false},
+    {2, {2100, 3}, 0, false}, {2, {20, 300}, 0, false}, {2, {40, 5}, 1, false},
+};
+
+/* First index of the extreme along dim (NaN is the extreme); values and indices. */
+static void ref_argext(const double *x, const int64_t *shape, int ndim, int dim, bool mx,
+                       double *val, double *idx) {
+    int64_t outer = 1, L = ndim ? shape[dim] : 1, inner = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (d < dim) outer *= shape[d];
+        if (d > dim) inner *= shape[d];
+    }
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < inner; j++) {
+            double best = x[o * L * inner + j];
+            int64_t k = 0;
+            for (int64_t l = 1; l < L; l++) {
+                double v = x[(o * L + l) * inner + j];
+                if ((isnan(v) && !isnan(best)) || (mx ? v > best : v < best)) best = v, k = l;
+            }
+            val[o * inner + j] = best;
+            idx[o * inner + j] = (double)k;
+        }
+}
+
+static void check_dim_op(nb_dtype dt, bool mx) {
+    for (size_t ci = 0; ci < sizeof dim_cases / sizeof dim_cases[0]; ci++) {
+        const dcase *c = &dim_cases[ci];
+        int dim = c->ndim ? (c->dim + c->ndim) % c->ndim : 0;
+        int64_t oshape[NB_MAX_DIMS];
+        int ond = 0;
+        for (int d = 0; d < c->ndim; d++)
+            if (d != dim) oshape[ond++] = c->shape[d];
+            else if (c->keepdim) oshape[ond++] = 1;
+        int64_t nout = tu_numel(oshape, ond);
+        for (int nc = 0; nc < 2; nc++) {
+            /* Few distinct values, so ties are common and the first index matters. */
+            nb_tensor *x = tu_random(c->shape, c->ndim, dt, 0, dt == NB_BOOL ? 2 : 4, 7 + ci);
+            if (nc) x = tu_noncontig(x);
+            double *xv = tu_values(x);
+            double *val = malloc(sizeof(double) * (size_t)(nout + 1));
+            double *idx = malloc(sizeof(double) * (size_t)(nout + 1));
+            ref_argext(xv, c->shape, c->ndim, dim, mx, val, idx);
+            nb_tensor *ind = NULL;
+            nb_tensor *y = mx ? nb_max_dim(x, c->dim, c->keepdim, &ind)
+                              : nb_min_dim(x, c->dim, c->keepdim, &ind);
+            ck_assert_msg(y && ind, "%s case %zu: %s", nb_dtype_name(dt), ci, nb_last_error());
+            ck_assert(nb_tensor_dtype(y) == dt && nb_tensor_dtype(ind) == NB_I64);
+            tu_assert_close(y, val, oshape, ond, 0);
+            tu_assert_close(ind, idx, oshape, ond, 0);
+            nb_tensor *a = mx ? nb_argmax(x, c->dim, c->keepdim)
+                              : nb_argmin(x, c->dim, c->keepdim);
+            tu_assert_close(a, idx, oshape, ond, 0);
+            ck_assert(nb_tensor_dtype(a) == NB_I64);
+            ck_assert(nb_max_dim(x, c->dim, c->keepdim, NULL) != NULL); /* indices unwanted */
+            free(xv);
+            free(val);
+            free(idx);
+        }
+    }
+}
+
+START_TEST(test_max_min_dim) {
+    nb_scope_begin();
+    for (int i = 0; i < NDT(all_dtypes); i++) {
+        check_dim_op(all_dtypes[i], true);
+        check_dim_op(all_dtypes[i], false);
+    }
+    /* NaN is both the max and the min; its first index wins, in rows and in columns. */
+    double v[8] = {1, NAN, 3, NAN, 5, 2, 7, 0};
+    for (int i = 0; i < NDT(float_dtypes); i++) {
+        nb_tensor *x = tu_tensor(v, (int64_t[]){2, 4}, 2, float_dtypes[i]);
+        nb_tensor *ind;
+        nb_tensor *m = nb_max_dim(x, 1, false, &ind);
+        double *mv = tu_values(m);
+        ck_assert(isnan(mv[0]) && mv[1] == 7);
+        free(mv);
+        tu_assert_close(ind, ((double[]){1, 2}), (int64_t[]){2}, 1, 0);
+        tu_assert_close(nb_argmin(x, 1, false), ((double[]){1, 3}), (int64_t[]){2}, 1, 0);
+        tu_assert_close(nb_argmax(x, 0, false), ((double[]){1, 0, 1, 0}), (int64_t[]){4}, 1,
+                        0);
+        tu_assert_close(nb_argmin(x, 0, false), ((double[]){0, 0, 0, 0}), (int64_t[]){4}, 1,
+                        0);
+    }
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- softmax -------------------------------------------------------------------------------- */
+static void ref_softmax(const double *x, const int64_t *shape, int ndim, int dim, bool lg,
+                        double *y) {
+    int64_t outer = 1, L = ndim ? shape[dim] : 1, inner = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (d < dim) outer *= shape[d];
+        if (d > dim) inner *= shape[d];
+    }
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < inner; j++) {
+            double m = -INFINITY, s = 0;
+            for (int64_t l = 0; l < L; l++) m = fmax(m, x[(o * L + l) * inner + j]);
+            for (int64_t l = 0; l < L; l++) s += exp(x[(o * L + l) * inner + j] - m);
+            for (int64_t l = 0; l < L; l++) {
+                int64_t k = (o * L + l) * inner + j;
+                y[k] = lg ? x[k] - m - log(s) : exp(x[k] - m) / s;
+            }
+        }
+}
+
+static const dcase sm_cases[] = {
+    {0, {0}, 0, false},   {1, {5}, 0, false},        {2, {3, 4}, 1, false},
+    {2, {3, 4}, 0, false}, {3, {2, 3, 4}, 1, false}, {3, {2, 3, 300}, 1, false},
+    {2, {2, 3000}, -1, false}, {2, {0, 4}, 1, false}, {2, {4, 1}, 1, false},
+    {2, {4, 0}, 1, false},
+};
+
+START_TEST(test_softmax) {
+    nb_scope_begin();
+    for (int i = 0; i < NDT(float_dtypes); i++) {
+        nb_dtype dt = float_dtypes[i];
+        for (size_t ci = 0; ci < sizeof sm_cases / sizeof sm_cases[0]; ci++) {
+            const dcase *c = &sm_cases[ci];
+            int dim = c->ndim ? (c->dim + c->ndim) % c->ndim : 0;
+            for (int nc = 0; nc < 2; nc++) {
+                nb_tensor *x = tu_random(c->shape, c->ndim, dt, -10, 10, 3 + ci);
+                if (nc) x = tu_noncontig(x);
+                double *xv = tu_values(x);
+                int64_t n = nb_numel(x);
+                double *ref = malloc(sizeof(double) * (size_t)(n + 1));
+                for (int lg = 0; lg < 2; lg++) {
+                    ref_softmax(xv, c->shape, c->ndim, dim, lg, ref);
+                    nb_tensor *y = lg ? nb_log_softmax(x, c->dim) : nb_softmax(x, c->dim);
+                    ck_assert_msg(y, "%s case %zu: %s", nb_dtype_name(dt), ci, nb_last_error());
+                    ck_assert(nb_tensor_dtype(y) == dt && nb_is_contiguous(y));
+                    tu_assert_close(y, ref, c->shape, c->ndim, tu_tol(dt));
+                }
+                free(ref);
+                free(xv);
+            }
+        }
+        /* Masked entries give exact zeros; a NaN or an all -inf row gives NaN (PyTorch). */
+        double v[9] = {0, -INFINITY, 1, NAN, 1, 2, -INFINITY, -INFINITY, -INFINITY};
+        nb_tensor *x = tu_tensor(v, (int64_t[]){3, 3}, 2, dt);
+        double e = exp(1.0);
+        tu_assert_close(nb_softmax(x, 1),
+                        ((double[]){1 / (1 + e), 0, e / (1 + e), NAN, NAN, NAN, NAN, NAN, NAN}),
+                        ((int64_t[]){3, 3}), 2, tu_tol(dt));
+        nb_tensor *xt = nb_transpose(x, 0, 1); /* the same through the column path */
+        double *yt = tu_values(nb_contiguous(nb_softmax(nb_contiguous(xt), 0)));
+        ck_assert(yt[3] == 0 && isnan(yt[1]) && isnan(yt[8]));
+        free(yt);
+    }
+    nb_scope_end();
+}
+END_TEST
+
+/* The vectorized exp inside softmax: relative accuracy over the whole f32 range, including
+ * results that are subnormal. Rows [0, -t] give exp(-t) / (1 + exp(-t)). */
+START_TEST(test_softmax_exp_accuracy) {
+    nb_scope_begin();
+    enum { N = 2000 };
+    static double v[2 * N];
+    for (int i = 0; i < N; i++) v[2 * i] = 0, v[2 * i + 1] = -110.0 * i / N;
+    for (int colpath = 0; colpath < 2; colpath++) {
+        nb_tensor *x = tu_tensor(v, (int64_t[]){N, 2}, 2, NB_F32);
+        if (colpath) x = nb_contiguous(nb_transpose(x, 0, 1)); /* (2, N), softmax over dim 0 */
+        double *y = tu_values(nb_softmax(x, colpath ? 0 : 1));
+        for (int i = 0; i < N; i++) {
+            double t = (float)v[2 * i + 1], r = exp(t) / (1 + exp(t));
+            double got = colpath ? y[N + i] : y[2 * i + 1];
+            double tol = 6e-7 * r + 3e-45; /* a few ulp, normal or subnormal */
+            ck_assert_msg(fabs(got - r) <= tol, "exp(%g): %.9g vs %.9g", t, got, r);
+        }
+        free(y);
+    }
+    nb_scope_end();
+}
+END_TEST
+
+/* Expanded (stride 0), permuted and sliced views give the results of their contiguous
+ * copies (up to rounding: the association may differ). */
+START_TEST(test_strided_views) {
+    nb_scope_begin();
+    for (int i = 0; i < NDT(all_dtypes); i++) {
+        nb_dtype dt = all_dtypes[i];
+        nb_tensor *base = rand_for((int64_t[]){4, 6, 40}, 3, dt, 11);
+        nb_tensor *views[3] = {
+            nb_expand(nb_narrow(base, 0, 1, 1), (int64_t[]){5, 6, 40}, 3),
+            nb_permute(base, (int[]){2, 0, 1}, 3),
+            nb_slice(nb_slice(base, 2, 1, 40, 3), 0, 0, 4, 2),
+        };
+        for (int v = 0; v < 3; v++) {
+            nb_tensor *x = views[v], *xc = nb_contiguous(x);
+            ck_assert(x && xc && !nb_is_contiguous(x));
+            nb_dtype sdt = nb_dtype_is_float(dt) ? dt : NB_I64;
+            for (int d = 0; d < 3; d++) {
+                int dims2[2] = {d, (d + 1) % 3};
+                nb_tensor *got[4] = {nb_sum(x, dims2, 2, false), nb_amax(x, &d, 1, true),
+                                     nb_argmin(x, d, false), NULL};
+                nb_tensor *want[4] = {nb_sum(xc, dims2, 2, false), nb_amax(xc, &d, 1, true),
+                                      nb_argmin(xc, d, false), NULL};
+                if (nb_dtype_is_float(dt)) {
+                    got[3] = nb_softmax(x, d);
+                    want[3] = nb_softmax(xc, d);
+                }
+                for (int k = 0; k < 4 && got[k]; k++) {
+                    double *w = tu_values(want[k]);
+                    tu_assert_close(got[k], w, nb_shape(want[k]), nb_ndim(want[k]),
+                                    k == 0 ? tu_tol(sdt) : k == 3 ? tu_tol(dt) : 0);
+                    free(w);
+                }
+            }
+        }
+    }
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- determinism ---------------------------------------------------------------------------- */
+static void *bytes_of(nb_tensor *t) {
+    ck_assert_msg(t != NULL, "%s", nb_last_error());
+    size_t n = (size_t)nb_numel(t) * nb_dtype_size(nb_tensor_dtype(t));
+    void *p = malloc(n + 1);
+    memcpy(p, nb_data(nb_contiguous(t)), n);
+    return p;
+}
+
+START_TEST(test_determinism) {
+    nb_scope_begin();
+    int saved = nb_get_num_threads();
+    int64_t n = 1 << 18;
+    nb_tensor *x = tu_random(&n, 1, NB_F32, -1, 1, 42);
+    nb_tensor *m = nb_view(x, (int64_t[]){4, n / 4}, 2);
+    nb_tensor *t = nb_view(x, (int64_t[]){n / 64, 64}, 2);
+    size_t sizes[7];
+    void *res[2][7];
+    for (int r = 0; r < 2; r++) {
+        nb_set_num_threads(r + 1);
+        nb_tensor *ys[7] = {
+            nb_sum(x, NULL, 0, false),  nb_sum(m, (int[]){1}, 1, false),
+            nb_sum(t, (int[]){0}, 1, false), nb_var(m, (int[]){1}, 1, 1, false),
+            nb_logsumexp(x, NULL, 0, false), nb_softmax(t, 0), nb_argmax(m, 1, false),
+        };
+        for (int i = 0; i < 7; i++) {
+            res[r][i] = bytes_of(ys[i]);
+            sizes[i] = (size_t)nb_numel(ys[i]) * nb_dtype_size(nb_tensor_dtype(ys[i]));
+        }
+    }
+    nb_set_num_threads(saved);
+    for (int i = 0; i < 7; i++) {
+        ck_assert_msg(memcmp(res[0][i], res[1][i], sizes[i]) == 0,
+                      "result %d differs between 1 and 2 threads", i);
+        free(res[0][i]);
+        free(res[1][i]);
+    }
+    /* A row reduced alone or among others (chunks split by output or shared by threads)
+     * gives the same bits. */
+    double whole = nb_item_f64(nb_sum(nb_select(m, 0, 2), NULL, 0, false));
+    double *rows = tu_values(nb_sum(m, (int[]){1}, 1, false));
+    ck_assert(whole == rows[2]);
+    free(rows);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- errors --------------------------------------------------------------------------------- */
+START_TEST(test_errors) {
+    nb_scope_begin();
+    nb_tensor *x = tu_random((int64_t[]){2, 3}, 2, NB_F32, 0, 1, 1);
+    nb_tensor *xi = tu_random((int64_t[]){2, 3}, 2, NB_I32, 0, 5, 1);
+    nb_tensor *e = nb_zeros((int64_t[]){0, 3}, 2, NB_F32);
+
+    /* bad dims: the message names the op, the dim and the ndim */
+    tu_assert_error(nb_sum(x, (int[]){2}, 1, false), NB_EDIM, "sum: dim 2");
+    tu_assert_error(nb_mean(x, (int[]){-3}, 1, false), NB_EDIM, "2 dims");
+    tu_assert_error(nb_var(x, (int[]){5}, 1, 1, false), NB_EDIM, "var");
+    tu_assert_error(nb_amax(x, (int[]){0, 7}, 2, false), NB_EDIM, "amax");
+    tu_assert_error(nb_max_dim(x, 2, false, NULL), NB_EDIM, "max: dim 2");
+    tu_assert_error(nb_argmin(x, -3, false), NB_EDIM, "argmin");
+    tu_assert_error(nb_softmax(x, 2), NB_EDIM, "softmax: dim 2");
+    tu_assert_error(nb_log_softmax(x, -3), NB_EDIM, "log_softmax");
+    tu_assert_error(nb_sum(nb_scalar(1, NB_F32), (int[]){1}, 1, false), NB_EDIM, "0 dims");
+    tu_assert_error(nb_sum(x, (int[]){0}, -1, false), NB_EINVAL, "sum");
+
+    /* a dim listed twice */
+    tu_assert_error(nb_sum(x, (int[]){1, -1}, 2, false), NB_EDIM, "more than once");
+    tu_assert_error(nb_std(x, (int[]){0, 0}, 2, 1, false), NB_EDIM, "std: dim 0");
+
+    /* dtypes: float-only ops refuse integers (as PyTorch's mean/var/std do) */
+    tu_assert_error(nb_mean(xi, NULL, 0, false), NB_EDTYPE, "mean: input dtype i32");
+    tu_assert_error(nb_var(xi, NULL, 0, 1, false), NB_EDTYPE, "var");
+    tu_assert_error(nb_std(xi, NULL, 0, 1, false), NB_EDTYPE, "std");
+    tu_assert_error(nb_logsumexp(xi, NULL, 0, false), NB_EDTYPE, "logsumexp");
+    tu_assert_error(nb_softmax(xi, 0), NB_EDTYPE, "softmax");
+    tu_assert_error(nb_log_softmax(nb_to_dtype(x, NB_BOOL), 0), NB_EDTYPE, "log_softmax");
+
+    /* no identity: extremes over an empty dim */
+    tu_assert_error(nb_amax(e, NULL, 0, false), NB_ESHAPE, "amax: cannot reduce over dim 0");
+    tu_assert_error(nb_amin(e, (int[]){0}, 1, true), NB_ESHAPE, "[0,3]");
+    tu_assert_error(nb_max_dim(e, 0, false, NULL), NB_ESHAPE, "max");
+    tu_assert_error(nb_argmax(e, 0, false), NB_ESHAPE, "argmax");
+    ck_assert(nb_argmax(e, 1, false) != NULL); /* the empty dim is kept: fine */
+    nb_tensor *ind = x;
+    tu_assert_error(nb_min_dim(e, 0, false, &ind), NB_ESHAPE, "min");
+    ck_assert(ind == NULL);
+
+    /* but sums and means over nothing are defined */
+    tu_assert_close(nb_sum(e, NULL, 0, false), (double[]){0}, NULL, 0, 0);
+    tu_assert_close(nb_mean(e, (int[]){0}, 1, false), ((double[]){NAN, NAN, NAN}),
+                    (int64_t[]){3}, 1, 0);
+    tu_assert_close(nb_logsumexp(e, NULL, 0, false), (double[]){-INFINITY}, NULL, 0, 0);
+
+    /* NULL inputs, and a NULL propagating from a failed inner op keeps its error */
+    tu_assert_error(nb_sum(NULL, NULL, 0, false), NB_ENULL, "sum");
+    tu_assert_error(nb_mean(NULL, NULL, 0, false), NB_ENULL, "mean");
+    tu_assert_error(nb_var(NULL, NULL, 0, 1, false), NB_ENULL, "var");
+    tu_assert_error(nb_std(NULL, NULL, 0, 1, false), NB_ENULL, "std");
+    tu_assert_error(nb_logsumexp(NULL, NULL, 0, false), NB_ENULL, "logsumexp");
+    tu_assert_error(nb_amax(NULL, NULL, 0, false), NB_ENULL, "amax");
+    tu_assert_error(nb_amin(NULL, NULL, 0, false), NB_ENULL, "amin");
+    tu_assert_error(nb_max_dim(NULL, 0, false, NULL), NB_ENULL, "max");
+    tu_assert_error(nb_min_dim(NULL, 0, false, NULL), NB_ENULL, "min");
+    tu_assert_error(nb_argmax(NULL, 0, false), NB_ENULL, "argmax");
+    tu_assert_error(nb_argmin(NULL, 0, false), NB_ENULL, "argmin");
+    tu_assert_error(nb_softmax(NULL, 0), NB_ENULL, "softmax");
+    tu_assert_error(nb_log_softmax(NULL, 0), NB_ENULL, "log_softmax");
+    tu_assert_error(nb_sum(nb_mean(xi, NULL, 0, false), NULL, 0, false), NB_EDTYPE, "mean");
+    nb_scope_end();
+}
+END_TEST
+
+Suite *nb_suite_reduce(void) {
+    Suite *s = suite_create("reduce");
+    TCase *tc;
+#define NB_TC(name)                                                                        \
+    tc = tcase_create(#name);                                                              \
+    tcase_add_test(tc, name);                                                              \
+    suite_add_tcase(s, tc)
+    NB_TC(test_sum);
+    NB_TC(test_mean);
+    NB_TC(test_var_std);
+    NB_TC(test_logsumexp);
+    NB_TC(test_amax_amin);
+    NB_TC(test_max_min_dim);
+    NB_TC(test_softmax);
+    NB_TC(test_softmax_exp_accuracy);
+    NB_TC(test_strided_views);
+    NB_TC(test_determinism);
+    NB_TC(test_errors);
+#undef NB_TC
+    return s;
+}
