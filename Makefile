@@ -33,10 +33,10 @@ train: build
 # The release suite runs with the default provider (oneDNN when built in), the sanitizer
 # suite with OpenBLAS, so both GEMM providers are exercised on every run.
 test-release: build
-	./$(BUILD)/tests/nabla_tests
+	CK_DEFAULT_TIMEOUT=600 ./$(BUILD)/tests/nabla_tests
 
 test-asan: build-asan
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	CK_DEFAULT_TIMEOUT=600 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	    NB_GEMM=openblas ./$(ASAN_BUILD)/tests/nabla_tests
 
 test:

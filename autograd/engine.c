@@ -313,9 +313,13 @@ static nb_status leaf_contribution(nb_tensor *leaf, nb_tensor *g, uint64_t epoch
     return NB_OK;
 }
 
-/* Fix a rule's gradient for input edge e: sum broadcast dims, convert dtype. */
+/* Fix a rule's gradient for input edge e: sum broadcast dims, convert dtype. Returns g itself
+ * (no new reference) when it already fits, so that accumulate() can take a fresh gradient
+ * over instead of copying it. */
 static nb_tensor *fit_to_edge(nb_tensor *g, const nb__edge *e) {
-    nb_tensor *s = nb__sum_to_shape(g, e->shape, e->ndim);
+    bool same_shape = g->ndim == e->ndim &&
+                      memcmp(g->shape, e->shape, sizeof(int64_t) * (size_t)e->ndim) == 0;
+    nb_tensor *s = same_shape ? g : nb__sum_to_shape(g, e->shape, e->ndim);
     return s && s->dtype != e->dtype ? nb_to_dtype(s, e->dtype) : s;
 }
 

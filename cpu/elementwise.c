@@ -1,5 +1,5 @@
 /* cpu/elementwise.c - CPU kernels of the elementwise ops (unary math, broadcasting binary
- * arithmetic and comparisons, where).
+ * arithmetic and comparisons, where) and the fused kernels of their backward rules.
  *
  * Every kernel is an nb__iter_fn: it gets one row of n elements per operand with byte
  * strides and does arithmetic only; tensor/ops/elementwise.c has already chosen the
@@ -126,38 +126,76 @@ static inline void prefetch_ahead(const void *p, size_t block_bytes) {
         }                                                                                  \
     }
 
-#define NB__BINARY(NAME, TI, TO, EXPR)                                                      \
+/* A, B: the names EXPR uses for the two inputs (a, b for the forward ops; g, x for the
+ * backward kernels, which read the output gradient and a saved tensor). */
+#define NB__BINARY_V(NAME, TI, TO, A, B, PRE, EXPR)                                         \
     static void NAME(char **p, const int64_t *s, int64_t n, void *ctx_) {                  \
-        (void)ctx_;                                                                        \
+        const nb__ew_ctx *ctx = ctx_;                                                      \
+        (void)ctx;                                                                         \
+        PRE                                                                                \
         const int64_t so = (int64_t)sizeof(TO), si = (int64_t)sizeof(TI);                  \
         if (s[0] == so && s[1] == si && s[2] == si) {                                      \
             TO *restrict o_ = (TO *)p[0];                                                  \
             const TI *restrict a_ = (const TI *)p[1], *restrict b_ = (const TI *)p[2];     \
             for (int64_t i = 0; i < n; i++) {                                              \
-                const TI a = a_[i], b = b_[i];                                             \
+                const TI A = a_[i], B = b_[i];                                             \
                 o_[i] = (TO)(EXPR);                                                        \
             }                                                                              \
         } else if (s[0] == so && s[1] == si && s[2] == 0) {                                \
             TO *restrict o_ = (TO *)p[0];                                                  \
             const TI *restrict a_ = (const TI *)p[1];                                      \
-            const TI b = *(const TI *)p[2];                                                \
+            const TI B = *(const TI *)p[2];                                                \
             for (int64_t i = 0; i < n; i++) {                                              \
-                const TI a = a_[i];                                                        \
+                const TI A = a_[i];                                                        \
                 o_[i] = (TO)(EXPR);                                                        \
             }                                                                              \
         } else if (s[0] == so && s[1] == 0 && s[2] == si) {                                \
             TO *restrict o_ = (TO *)p[0];                                                  \
             const TI *restrict b_ = (const TI *)p[2];                                      \
-            const TI a = *(const TI *)p[1];                                                \
+            const TI A = *(const TI *)p[1];                                                \
             for (int64_t i = 0; i < n; i++) {                                              \
-                const TI b = b_[i];                                                        \
+                const TI B = b_[i];                                                        \
                 o_[i] = (TO)(EXPR);                                                        \
             }                                                                              \
         } else {                                                                           \
             for (int64_t i = 0; i < n; i++) {                                              \
-                const TI a = *(const TI *)(p[1] + i * s[1]);                               \
-                const TI b = *(const TI *)(p[2] + i * s[2]);                               \
+                const TI A = *(const TI *)(p[1] + i * s[1]);                               \
+                const TI B = *(const TI *)(p[2] + i * s[2]);                               \
                 *(TO *)(p[0] + i * s[0]) = (TO)(EXPR);                                     \
+            }                                                                              \
+        }                                                                                  \
+    }
+#define NB__BINARY(NAME, TI, TO, EXPR) NB__BINARY_V(NAME, TI, TO, a, b, , EXPR)
+
+/* Three inputs g, a, b of one float type (the backward kernels of binary ops). */
+#define NB__TERNARY(NAME, T, PRE, EXPR)                                                     \
+    static void NAME(char **p, const int64_t *s, int64_t n, void *ctx_) {                  \
+        const nb__ew_ctx *ctx = ctx_;                                                      \
+        (void)ctx;                                                                         \
+        PRE                                                                                \
+        const int64_t es = (int64_t)sizeof(T);                                             \
+        if (s[0] == es && s[1] == es && s[2] == es && (s[3] == es || s[3] == 0)) {         \
+            T *restrict o_ = (T *)p[0];                                                    \
+            const T *restrict g_ = (const T *)p[1], *restrict a_ = (const T *)p[2];        \
+            const T *restrict b_ = (const T *)p[3];                                        \
+            if (s[3] == 0) {                                                               \
+                const T b = *b_;                                                           \
+                for (int64_t i = 0; i < n; i++) {                                          \
+                    const T g = g_[i], a = a_[i];                                          \
+                    o_[i] = (T)(EXPR);                                                     \
+                }                                                                          \
+            } else {                                                                       \
+                for (int64_t i = 0; i < n; i++) {                                          \
+                    const T g = g_[i], a = a_[i], b = b_[i];                               \
+                    o_[i] = (T)(EXPR);                                                     \
+                }                                                                          \
+            }                                                                              \
+        } else {                                                                           \
+            for (int64_t i = 0; i < n; i++) {                                              \
+                const T g = *(const T *)(p[1] + i * s[1]);                                 \
+                const T a = *(const T *)(p[2] + i * s[2]);                                 \
+                const T b = *(const T *)(p[3] + i * s[3]);                                 \
+                *(T *)(p[0] + i * s[0]) = (T)(EXPR);                                       \
             }                                                                              \
         }                                                                                  \
     }
@@ -222,6 +260,32 @@ static void half_binary(nb__iter_fn f32, bool bf, bool out_half, char **p, const
         const int64_t fs[3] = {out_half ? 4 : s[0], a_one ? 0 : 4, b_one ? 0 : 4};
         f32(fp, fs, m, ctx);
         if (out_half) half_store(p[0] + i0 * s[0], s[0], ob, m, bf);
+    }
+}
+
+/* Backward kernels of binary ops: operands (out, g, a, b), all half. b_scalar: b is the
+ * f32 value (float)p0 (the scalar of a *_scalar op, as the forward used it). */
+static void half_ternary(nb__iter_fn f32, bool bf, char **p, const int64_t *s, int64_t n,
+                         void *ctx) {
+    const nb__ew_ctx *c = ctx;
+    float in[3][NB__BLK], one[3] = {0}, ob[NB__BLK];
+    bool is_one[3];
+    for (int k = 0; k < 3; k++) {
+        is_one[k] = s[k + 1] == 0 || (k == 2 && c && c->b_scalar);
+        if (k == 2 && c && c->b_scalar) one[k] = (float)c->p0;
+        else if (is_one[k]) half_load(&one[k], p[k + 1], 2, 1, bf);
+    }
+    for (int64_t i0 = 0; i0 < n; i0 += NB__BLK) {
+        int64_t m = n - i0 < NB__BLK ? n - i0 : NB__BLK;
+        char *fp[4] = {(char *)ob};
+        int64_t fs[4] = {4};
+        for (int k = 0; k < 3; k++) {
+            if (!is_one[k]) half_load(in[k], p[k + 1] + i0 * s[k + 1], s[k + 1], m, bf);
+            fp[k + 1] = is_one[k] ? (char *)&one[k] : (char *)in[k];
+            fs[k + 1] = is_one[k] ? 0 : 4;
+        }
+        f32(fp, fs, m, ctx);
+        half_store(p[0] + i0 * s[0], s[0], ob, m, bf);
     }
 }
 
@@ -471,4 +535,127 @@ int64_t nb__cpu_ew_grain(nb__op op) {
     case NB__OP_POW_SCALAR: return NB__GRAIN / 8;
     default: return NB__GRAIN;
     }
+}
+
+/* ---- backward kernels ------------------------------------------------------------------------
+ * One pass computing an input's gradient from the output gradient g, so a rule makes one
+ * tensor instead of a chain of temporaries. Unary kernels read (g, x), where x is the
+ * saved tensor named in elementwise.h (the input, or the output where the derivative is
+ * cheaper from it); binary kernels read (g, a, b). The conventions at non-differentiable
+ * points follow PyTorch (see tensor/ops/elementwise.c). f16/bf16 compute in f32 and
+ * round once. */
+#define NB__INV_SQRT_2PI 0.3989422804014327 /* 1 / sqrt(2 pi) */
+#define NB__GELU_C 0.044715
+
+/* d/dx gelu_tanh(x) = s + 2 x s (1 - s) k (1 + 3 c x^2), s = sigmoid(2u) = (1 + tanh u) / 2,
+ * u = k (x + c x^3): the same sigmoid identity the f32 forward uses. */
+static inline float dgelu_tanh_f32(float x) {
+    const float k = (float)NB__GELU_K, c = (float)NB__GELU_C;
+    float s = 1.0f / (1.0f + expf_v(-2.0f * k * (x + c * x * x * x)));
+    return s + 2.0f * x * s * (1.0f - s) * k * (1.0f + 3.0f * c * x * x);
+}
+static inline double dgelu_tanh_f64(double x) {
+    double t = tanh(NB__GELU_K * (x + NB__GELU_C * x * x * x));
+    return 0.5 * (1.0 + t) +
+           0.5 * x * (1.0 - t * t) * NB__GELU_K * (1.0 + 3.0 * NB__GELU_C * x * x);
+}
+/* d/dx x sigmoid(x) = s (1 + x (1 - s)). */
+static inline float dsilu_f32(float x) {
+    float s = 1.0f / (1.0f + expf_v(-x));
+    return s * (1.0f + x * (1.0f - s));
+}
+static inline double dsilu_f64(double x) {
+    double s = 1.0 / (1.0 + exp(-x));
+    return s * (1.0 + x * (1.0 - s));
+}
+
+/* X(name, PRE f32, f32 expression, PRE f64, f64 expression) of g and x. abs: x * g at 0
+ * gives 0 (and NaN for NaN x, as g * sign(x)). relu reads its output, so NaN passes g
+ * (PyTorch's threshold_backward). */
+#define NB__UNARY_BW_OPS(X)                                                                 \
+    X(abs, , x > 0 ? g : x < 0 ? -g : x * g, , x > 0 ? g : x < 0 ? -g : x * g)             \
+    X(exp, , g * x, , g * x)                                                                \
+    X(log, , g / x, , g / x)                                                                \
+    X(log1p, , g / (1.0f + x), , g / (1.0 + x))                                            \
+    X(sqrt, , g / (2.0f * x), , g / (2.0 * x))                                              \
+    X(rsqrt, , -0.5f * g * (x * x * x), , -0.5 * g * (x * x * x))                           \
+    X(sin, , g * cosf(x), , g * cos(x))                                                     \
+    X(cos, , -g * sinf(x), , -g * sin(x))                                                   \
+    X(tanh, , g * (1.0f - x * x), , g * (1.0 - x * x))                                      \
+    X(sigmoid, , g * x * (1.0f - x), , g * x * (1.0 - x))                                   \
+    X(relu, , x <= 0 ? 0.0f : g, , x <= 0 ? 0.0 : g)                                        \
+    X(gelu, ,                                                                               \
+      g * (0.5f * erfcf(x * -(float)M_SQRT1_2) +                                            \
+           x * (float)NB__INV_SQRT_2PI * expf_v(-0.5f * x * x)),                            \
+      , g * (0.5 * erfc(x * -M_SQRT1_2) + x * NB__INV_SQRT_2PI * exp(-0.5 * x * x)))        \
+    X(gelu_tanh, , g * dgelu_tanh_f32(x), , g * dgelu_tanh_f64(x))                          \
+    X(silu, , g * dsilu_f32(x), , g * dsilu_f64(x))                                         \
+    X(pow_scalar, const float e = (float)ctx->p0;,                                          \
+      e == 0.0f ? 0.0f : e == 1.0f ? g : e == 2.0f ? g * 2.0f * x : g * e * powf(x, e - 1.0f), \
+      const double e = ctx->p0;,                                                            \
+      e == 0.0 ? 0.0 : e == 1.0 ? g : e == 2.0 ? g * 2.0 * x : g * e * pow(x, e - 1.0))     \
+    X(clamp, const float lo = (float)ctx->p0; const float hi = (float)ctx->p1;,             \
+      x >= lo && x <= hi ? g : 0.0f, const double lo = ctx->p0; const double hi = ctx->p1;,  \
+      x >= lo && x <= hi ? g : 0.0)
+
+#define NB__STAMP_UNARY_BW(name, pre32, e32, pre64, e64)                                    \
+    NB__BINARY_V(name##_bw_f32, float, float, g, x, pre32, e32)                             \
+    NB__BINARY_V(name##_bw_f64, double, double, g, x, pre64, e64)                           \
+    NB__HALF_BINARY(name##_bw, true)
+NB__UNARY_BW_OPS(NB__STAMP_UNARY_BW)
+
+/* X(name, f32 expression, f64 expression) of g, a, b (POW: f32 and f64 pow functions).
+ * pow: d/da is 0 where b == 0, d/db is 0 where a == 0 and b >= 0 (PyTorch's masks, which
+ * keep 0 ^ 0 and 0 ^ b from producing 0 * inf = NaN). maximum/minimum: a tie splits g
+ * in half; NaN (no order) passes g to both inputs, as PyTorch's where/masked_fill form. */
+#define NB__BINARY_BW_OPS(X, POW, LOG, HALF)                                                \
+    X(div_b, -g * (a / b) / b)                                                              \
+    X(pow_a, b == 0 ? 0 : g * b * POW(a, b - 1))                                            \
+    X(pow_b, a == 0 && b >= 0 ? 0 : g * POW(a, b) * LOG(a))                                 \
+    X(maximum_a, a == b ? g * HALF : a < b ? 0 : g)                                         \
+    X(maximum_b, a == b ? g * HALF : a > b ? 0 : g)                                         \
+    X(minimum_a, a == b ? g * HALF : a > b ? 0 : g)                                         \
+    X(minimum_b, a == b ? g * HALF : a < b ? 0 : g)
+#define NB__STAMP_TERNARY_F32(name, e) NB__TERNARY(name##_bw_f32, float, , e)
+#define NB__STAMP_TERNARY_F64(name, e) NB__TERNARY(name##_bw_f64, double, , e)
+#define NB__STAMP_TERNARY_HALF(name, e)                                                     \
+    static void name##_bw_f16(char **p, const int64_t *s, int64_t n, void *ctx) {          \
+        half_ternary(name##_bw_f32, false, p, s, n, ctx);                                  \
+    }                                                                                      \
+    static void name##_bw_bf16(char **p, const int64_t *s, int64_t n, void *ctx) {         \
+        half_ternary(name##_bw_f32, true, p, s, n, ctx);                                   \
+    }
+NB__BINARY_BW_OPS(NB__STAMP_TERNARY_F32, powf, logf, 0.5f)
+NB__BINARY_BW_OPS(NB__STAMP_TERNARY_F64, pow, log, 0.5)
+NB__BINARY_BW_OPS(NB__STAMP_TERNARY_HALF, , , )
+
+#define NB__BW(name) {NB__FLOATS(name##_bw)}
+static const nb__iter_fn bw_table[NB__OP_COUNT][2][NB_DTYPE_COUNT] = {
+    [NB__OP_ABS] = {NB__BW(abs)},
+    [NB__OP_EXP] = {NB__BW(exp)},
+    [NB__OP_LOG] = {NB__BW(log)},
+    [NB__OP_LOG1P] = {NB__BW(log1p)},
+    [NB__OP_SQRT] = {NB__BW(sqrt)},
+    [NB__OP_RSQRT] = {NB__BW(rsqrt)},
+    [NB__OP_SIN] = {NB__BW(sin)},
+    [NB__OP_COS] = {NB__BW(cos)},
+    [NB__OP_TANH] = {NB__BW(tanh)},
+    [NB__OP_SIGMOID] = {NB__BW(sigmoid)},
+    [NB__OP_RELU] = {NB__BW(relu)},
+    [NB__OP_GELU] = {NB__BW(gelu)},
+    [NB__OP_GELU_TANH] = {NB__BW(gelu_tanh)},
+    [NB__OP_SILU] = {NB__BW(silu)},
+    [NB__OP_POW_SCALAR] = {NB__BW(pow_scalar)},
+    [NB__OP_CLAMP] = {NB__BW(clamp)},
+    [NB__OP_DIV] = {[1] = {NB__FLOATS(div_b_bw)}},
+    [NB__OP_POW] = {NB__BW(pow_a), NB__BW(pow_b)},
+    [NB__OP_MAXIMUM] = {NB__BW(maximum_a), NB__BW(maximum_b)},
+    [NB__OP_MINIMUM] = {NB__BW(minimum_a), NB__BW(minimum_b)},
+};
+
+nb__iter_fn nb__cpu_ew_bw_kernel(nb__op op, int input, nb_dtype dt) {
+    if ((int)op < 0 || op >= NB__OP_COUNT || input < 0 || input > 1 || (int)dt < 0 ||
+        dt >= NB_DTYPE_COUNT)
+        return NULL;
+    return bw_table[op][input][dt];
 }

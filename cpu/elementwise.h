@@ -33,6 +33,14 @@ nb__iter_fn nb__cpu_ew_kernel(nb__op op, nb_dtype dt);
 /* Elements per thread below which op stays on one thread (smaller for costly math). */
 int64_t nb__cpu_ew_grain(nb__op op);
 
+/* The backward kernel computing the gradient of input `input` of op in float dtype dt
+ * (f32, f64, f16, bf16) in one pass, or NULL when the rule uses forward ops instead.
+ * Unary ops: operands (gin, g, x) where x is the saved tensor: the output for exp, sqrt,
+ * rsqrt, tanh, sigmoid, relu; the input for the others. pow_scalar and clamp read their
+ * parameters from the context as the forward kernels do. Binary ops (div's b, pow,
+ * maximum, minimum): operands (gin, g, a, b), b_scalar as for the forward kernels. */
+nb__iter_fn nb__cpu_ew_bw_kernel(nb__op op, int input, nb_dtype dt);
+
 /* Vectorizable f32 exp (about 1 ulp; NaN, +-inf, overflow and subnormal results handled
  * as expf). Exposed for the tests and for fused kernels elsewhere in cpu/. */
 float nb__cpu_expf(float x);

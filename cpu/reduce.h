@@ -42,7 +42,8 @@ typedef struct nb__rspec {
 
 /* Reduce x over the dims d with reduced[d] (x->ndim entries; nothing is reduced for a 0-dim
  * x). Integer and bool inputs accumulate in int64 (sums wrap like PyTorch's), f32/f16/bf16
- * accumulate sums in f64, f64 in f64. VAR and LSE are single kernel calls (a fused two-pass
+ * sum in f64 the f32 partial sums of at most 16 elements (error ~1e-10 relative on 16M
+ * uniform values; blocks that overflow in f32 are redone in f64), f64 in f64. VAR and LSE are single kernel calls (a fused two-pass
  * per block of the input, blocks merged exactly as Chan's / the log-sum-exp rescaling
  * rule say), so they need no temporaries. The order of accumulation depends only on the
  * shapes and strides, never on the thread count. Reductions over zero elements store the
@@ -51,7 +52,7 @@ void nb__cpu_reduce(const nb_tensor *x, const bool *reduced, const nb__rspec *sp
 
 /* out = softmax(x) (or log_softmax) along dim. x is contiguous, float, with out's shape and
  * dtype; x and out may be the same tensor (the op copies a strided input into out and runs
- * in place). One pass finds the row max, one sums exp(x - max), one writes. */
+ * in place). Passes: the row max, exp(x - max) written and summed, the scaling (in cache). */
 void nb__cpu_softmax(const nb_tensor *x, nb_tensor *out, int dim, bool log);
 
 #endif

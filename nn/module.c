@@ -125,8 +125,15 @@ nb_tensor *nb_module_add_parameter(nb_module *m, const char *name, nb_tensor *t)
         nb__arg_ok(NULL, "module_add_parameter", m ? "t" : "m");
         return NULL;
     }
+    /* The reference is taken over in every case: on failure it is released here. */
     if (!valid_name(name, "module_add_parameter") || !name_free(m, name, "module_add_parameter") ||
-        nb_set_requires_grad(t, true) != NB_OK || !list_add(&m->params, name, adopt(t))) {
+        nb_set_requires_grad(t, true) != NB_OK) {
+        nb_tensor_free(adopt(t));
+        return NULL;
+    }
+    if (!list_add(&m->params, name, adopt(t))) {
+        nb_tensor_free(t);
+        nb__error(NB_ENOMEM, "module_add_parameter: out of memory");
         return NULL;
     }
     invalidate(m);
@@ -135,12 +142,19 @@ nb_tensor *nb_module_add_parameter(nb_module *m, const char *name, nb_tensor *t)
 
 nb_tensor *nb_module_add_buffer(nb_module *m, const char *name, nb_tensor *t) {
     if (!m || !t) {
+        if (t) nb_tensor_free(adopt(t));
         nb__arg_ok(NULL, "module_add_buffer", m ? "t" : "m");
         return NULL;
     }
-    if (!valid_name(name, "module_add_buffer") || !name_free(m, name, "module_add_buffer") ||
-        !list_add(&m->buffers, name, adopt(t)))
+    if (!valid_name(name, "module_add_buffer") || !name_free(m, name, "module_add_buffer")) {
+        nb_tensor_free(adopt(t));
         return NULL;
+    }
+    if (!list_add(&m->buffers, name, adopt(t))) {
+        nb_tensor_free(t);
+        nb__error(NB_ENOMEM, "module_add_buffer: out of memory");
+        return NULL;
+    }
     invalidate(m);
     return t;
 }
@@ -379,12 +393,22 @@ nb_module *nb_sequential_n(nb_module *const *mods, int n) {
 }
 
 nb_module *nb_sequential(nb_module *first, ...) {
-    nb_module *mods[256];
+    enum { MAX = 256 };
+    nb_module *mods[MAX];
     int n = 0;
+    bool too_many = false;
     va_list ap;
     va_start(ap, first);
-    for (nb_module *m = first; m && n < 256; m = va_arg(ap, nb_module *)) mods[n++] = m;
+    for (nb_module *m = first; m; m = va_arg(ap, nb_module *)) {
+        if (n < MAX) mods[n++] = m;
+        else too_many = true, nb_module_free(m);
+    }
     va_end(ap);
+    if (too_many) {
+        for (int i = 0; i < n; i++) nb_module_free(mods[i]);
+        nb__error(NB_EINVAL, "sequential: more than %d modules; use nb_sequential_n", MAX);
+        return NULL;
+    }
     return nb_sequential_n(mods, n);
 }
 

@@ -9,9 +9,9 @@ int main(void) {
     Suite *(*suites[])(void) = {
         nb_suite_core,   nb_suite_memory,      nb_suite_errors, nb_suite_dtype,
         nb_suite_random, nb_suite_elementwise, nb_suite_reduce, nb_suite_matmul,
-        nb_suite_index,  nb_suite_cuda,        nb_suite_autograd, nb_suite_grad_ops,
+        nb_suite_index,  nb_suite_cuda,        nb_suite_autograd, nb_suite_grad_ops, nb_suite_grad_reduce,
         nb_suite_nn_conv, nb_suite_nn_layers,  nb_suite_loss,   nb_suite_optim,
-        nb_suite_train,
+        nb_suite_train, nb_suite_data, nb_suite_io,
     };
     const char *only = getenv("NB_SUITE");
     SRunner *sr = NULL;

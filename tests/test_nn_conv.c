@@ -1,3 +1,794 @@
-/* placeholder: the suite lands with its module */
+/* test_nn_conv.c - the "nn_conv" suite: nb_conv2d_fn and the pools (max, average, adaptive
+ * average) against double-precision direct loops over tables of configurations (stride,
+ * padding, dilation, groups incl. depthwise, 1x1, non-square kernels, batch 1 and 3,
+ * non-contiguous inputs, every float dtype); gradient checks of every op; f32 backward vs
+ * f64 backward; thread-count independence (1 vs 2 threads bit for bit); the modules'
+ * initialization and forward; and every class of user error. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conv.h"
 #include "testutil.h"
-Suite *nb_suite_nn_conv(void) { return suite_create("nn_conv"); }
+
+static const nb_dtype k_float_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+
+/* The f32 implementations built in: im2col + GEMM always, oneDNN's primitives when built in
+ * (forced on for every size, so the small test shapes reach it too). */
+static int conv_impls(nb__conv_impl *out) {
+    int n = 0;
+    out[n++] = NB__CONV_IM2COL;
+    if (nb_gemm_provider_available(NB_GEMM_DNNL)) out[n++] = NB__CONV_DNNL;
+    return n;
+}
+static const char *impl_name(nb__conv_impl i) { return i == NB__CONV_DNNL ? "dnnl" : "im2col"; }
+
+/* ---- convolution: reference and configurations -------------------------------------------- */
+typedef struct conv_cfg {
+    int64_t N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, groups;
+    bool bias, noncontig;
+} conv_cfg;
+
+static const conv_cfg k_convs[] = {
+    /* N  C  H   W  O KH KW sh sw ph pw dh dw g  bias  noncontig */
+    {1, 1, 5, 5, 1, 3, 3, 1, 1, 0, 0, 1, 1, 1, false, false},   /* plain */
+    {3, 2, 7, 6, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, false},    /* pad 1, batch 3 */
+    {2, 3, 8, 9, 5, 3, 2, 2, 2, 1, 0, 1, 1, 1, true, true},     /* stride 2, non-square */
+    {2, 4, 9, 9, 6, 3, 3, 1, 2, 2, 2, 2, 2, 2, true, false},    /* dilation 2, groups 2 */
+    {1, 4, 6, 6, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, true, true},     /* depthwise */
+    {3, 8, 5, 5, 8, 3, 3, 2, 1, 1, 1, 1, 1, 4, false, false},   /* groups 4, 2 out/group */
+    {2, 6, 4, 5, 3, 1, 1, 1, 1, 0, 0, 1, 1, 1, true, true},     /* 1x1 (no im2col) */
+    {2, 6, 4, 5, 4, 1, 1, 1, 1, 0, 0, 1, 1, 2, true, false},    /* grouped 1x1 */
+    {1, 3, 5, 7, 2, 1, 1, 2, 2, 1, 1, 1, 1, 1, true, false},    /* 1x1, stride 2, padded */
+    {3, 2, 10, 10, 3, 5, 3, 3, 2, 2, 1, 1, 2, 1, true, true},   /* stride 3 */
+    {1, 1, 3, 3, 2, 3, 3, 1, 1, 0, 0, 1, 1, 1, true, false},    /* 1x1 output */
+    {2, 3, 4, 4, 2, 2, 2, 1, 1, 0, 2, 1, 1, 1, true, false},    /* padding only in W */
+    {0, 2, 4, 4, 3, 3, 3, 1, 1, 0, 0, 1, 1, 1, true, false},    /* empty batch */
+    {6, 16, 12, 12, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, false}, /* big enough for threads */
+    {37, 2, 5, 4, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, true},     /* > 1 image per dW chunk */
+};
+#define N_CONVS ((int)(sizeof k_convs / sizeof k_convs[0]))
+
+static int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+    return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+static void conv_shapes(const conv_cfg *c, int64_t xs[4], int64_t ws[4], int64_t ys[4]) {
+    int64_t x[4] = {c->N, c->C, c->H, c->W}, w[4] = {c->O, c->C / c->groups, c->KH, c->KW};
+    int64_t y[4] = {c->N, c->O, conv_out(c->H, c->KH, c->sh, c->ph, c->dh),
+                    conv_out(c->W, c->KW, c->sw, c->pw, c->dw)};
+    memcpy(xs, x, sizeof x), memcpy(ws, w, sizeof w), memcpy(ys, y, sizeof y);
+}
+
+/* The direct 7-deep loop, in double. */
+static double *ref_conv(const conv_cfg *c, const double *x, const double *w, const double *b) {
+    int64_t xs[4], ws[4], ys[4];
+    conv_shapes(c, xs, ws, ys);
+    int64_t Cg = c->C / c->groups, Og = c->O / c->groups, OH = ys[2], OW = ys[3];
+    double *y = calloc((size_t)(tu_numel(ys, 4) + 1), sizeof(double));
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t o = 0; o < c->O; o++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    double s = b ? b[o] : 0;
+                    int64_t g = o / Og;
+                    for (int64_t ci = 0; ci < Cg; ci++)
+                        for (int64_t ki = 0; ki < c->KH; ki++)
+                            for (int64_t kj = 0; kj < c->KW; kj++) {
+                                int64_t ih = oh * c->sh - c->ph + ki * c->dh;
+                                int64_t iw = ow * c->sw - c->pw + kj * c->dw;
+                                if (ih < 0 || ih >= c->H || iw < 0 || iw >= c->W) continue;
+                                s += x[((n * c->C + g * Cg + ci) * c->H + ih) * c->W + iw] *
+                                     w[((o * Cg + ci) * c->KH + ki) * c->KW + kj];
+                            }
+                    y[((n * c->O + o) * OH + oh) * OW + ow] = s;
+                }
+    return y;
+}
+
+/* Backpropagate gradient g from y (the gradient of sum(y * g)). */
+static nb_status backward_with(nb_tensor *y, nb_tensor *g) {
+    return nb_backward_ex(y, &(nb_backward_opts){.grad_output = g});
+}
+
+static nb_tensor *run_conv(const conv_cfg *c, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+    return nb_conv2d_fn(x, w, b, (int64_t[]){c->sh, c->sw}, (int64_t[]){c->ph, c->pw},
+                        (int64_t[]){c->dh, c->dw}, c->groups);
+}
+
+START_TEST(test_conv2d_forward) {
+    nb__conv_impl impls[2];
+    int nimpl = conv_impls(impls);
+    for (int ii = 0; ii < nimpl; ii++)
+    for (int di = 0; di < 4; di++) {
+        nb__conv2d_set_impl(impls[ii]);
+        nb_dtype dt = k_float_dtypes[di];
+        for (int i = 0; i < N_CONVS; i++) {
+            const conv_cfg *c = &k_convs[i];
+            /* Half types: a few configurations are enough (same code after conversion). */
+            if ((dt == NB_F16 || dt == NB_BF16) && i % 4 != 1) continue;
+            nb_scope_begin();
+            int64_t xs[4], ws[4], ys[4];
+            conv_shapes(c, xs, ws, ys);
+            nb_tensor *x = tu_random(xs, 4, dt, -1, 1, 100 + i);
+            nb_tensor *w = tu_random(ws, 4, dt, -1, 1, 200 + i);
+            nb_tensor *b = c->bias ? tu_random(&c->O, 1, dt, -1, 1, 300 + i) : NULL;
+            if (c->noncontig) x = tu_noncontig(x), w = tu_noncontig(w);
+            double *vx = tu_values(x), *vw = tu_values(w), *vb = b ? tu_values(b) : NULL;
+            double *ref = ref_conv(c, vx, vw, vb);
+            nb_tensor *y = run_conv(c, x, w, b);
+            ck_assert_msg(y != NULL, "config %d %s %s: %s", i, nb_dtype_name(dt),
+                          impl_name(impls[ii]), nb_last_error());
+            ck_assert_int_eq(nb_tensor_dtype(y), dt);
+            /* Sums of up to ~150 products of values in [-1, 1]. */
+            double tol = dt == NB_F32 ? 1e-5 : dt == NB_F64 ? 1e-12 : tu_tol(dt);
+            tu_assert_close(y, ref, ys, 4, tol);
+            free(vx), free(vw), free(vb), free(ref);
+            nb_scope_end();
+        }
+    }
+}
+END_TEST
+
+/* ---- gradients ------------------------------------------------------------------------------- */
+typedef struct conv_ctx {
+    const conv_cfg *c;
+    bool transpose_x; /* build a non-contiguous x inside f */
+} conv_ctx;
+
+static nb_tensor *conv_f(nb_tensor *const *in, int n, void *ctx) {
+    const conv_ctx *k = ctx;
+    nb_tensor *x = in[0];
+    if (k->transpose_x) x = nb_transpose(x, 2, 3); /* in[0] is stored (N, C, W, H) */
+    return run_conv(k->c, x, in[1], n > 2 ? in[2] : NULL);
+}
+
+START_TEST(test_conv2d_gradcheck) {
+    static const conv_cfg cfgs[] = {
+        {2, 2, 4, 4, 2, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, false},
+        {1, 2, 5, 4, 2, 2, 3, 2, 1, 1, 0, 2, 1, 1, true, false},  /* stride, dilation */
+        {2, 4, 3, 3, 4, 2, 2, 1, 1, 0, 1, 1, 1, 2, true, false},  /* groups 2 */
+        {1, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 3, true, false},  /* depthwise */
+        {2, 3, 2, 3, 2, 1, 1, 1, 1, 0, 0, 1, 1, 1, true, false},  /* 1x1 */
+    };
+    for (int i = 0; i < 5; i++) {
+        const conv_cfg *c = &cfgs[i];
+        for (int variant = 0; variant < 4; variant++) {
+            /* 0: x, w, b; 1: only w (first layer); 2: only x; 3: non-contiguous x, no bias */
+            if (variant == 3 && i > 1) continue;
+            nb_scope_begin();
+            int64_t xs[4], ws[4], ys[4];
+            conv_shapes(c, xs, ws, ys);
+            conv_ctx k = {c, variant == 3};
+            if (k.transpose_x) {
+                int64_t t = xs[2];
+                xs[2] = xs[3], xs[3] = t;
+            }
+            nb_tensor *x = tu_random(xs, 4, NB_F64, -1, 1, 10 + i);
+            nb_tensor *w = tu_random(ws, 4, NB_F64, -1, 1, 20 + i);
+            nb_tensor *b = tu_random(&c->O, 1, NB_F64, -1, 1, 30 + i);
+            ck_assert(nb_set_requires_grad(x, variant != 1) == NB_OK);
+            ck_assert(nb_set_requires_grad(w, variant != 2) == NB_OK);
+            ck_assert(nb_set_requires_grad(b, variant == 0) == NB_OK);
+            nb_status st = nb_gradcheck(conv_f, (nb_tensor *[]){x, w, b}, variant == 3 ? 2 : 3,
+                                        &k, NULL);
+            ck_assert_msg(st == NB_OK, "config %d variant %d: %s", i, variant, nb_last_error());
+            nb_scope_end();
+        }
+    }
+}
+END_TEST
+
+/* Gradients of sum(conv(x, w, b) * r) for x, w, b of dtype dt, as f64 arrays. */
+static void conv_grads(const conv_cfg *c, nb_dtype dt, double *out[3]) {
+    nb_scope_begin();
+    int64_t xs[4], ws[4], ys[4];
+    conv_shapes(c, xs, ws, ys);
+    nb_tensor *x = tu_random(xs, 4, dt, -1, 1, 1);
+    nb_tensor *w = tu_random(ws, 4, dt, -1, 1, 2);
+    nb_tensor *b = tu_random(&c->O, 1, dt, -1, 1, 3);
+    nb_tensor *r = tu_random(ys, 4, dt, -1, 1, 4);
+    nb_tensor *ins[3] = {x, w, b};
+    for (int i = 0; i < 3; i++) ck_assert(nb_set_requires_grad(ins[i], true) == NB_OK);
+    nb_tensor *y = run_conv(c, x, w, b);
+    ck_assert_msg(y && backward_with(y, r) == NB_OK, "%s", nb_last_error());
+    for (int i = 0; i < 3; i++) {
+        ck_assert(nb_grad(ins[i]) != NULL);
+        ck_assert_int_eq(nb_tensor_dtype(nb_grad(ins[i])), dt);
+        out[i] = tu_values(nb_grad(ins[i]));
+    }
+    nb_scope_end();
+}
+
+/* d(sum(y * r))/d(x, w, b) by direct loops, in double. */
+static void ref_conv_backward(const conv_cfg *c, const double *x, const double *w,
+                              const double *r, double *gx, double *gw, double *gb) {
+    int64_t xs[4], ws[4], ys[4];
+    conv_shapes(c, xs, ws, ys);
+    int64_t Cg = c->C / c->groups, Og = c->O / c->groups, OH = ys[2], OW = ys[3];
+    memset(gx, 0, sizeof(double) * (size_t)tu_numel(xs, 4));
+    memset(gw, 0, sizeof(double) * (size_t)tu_numel(ws, 4));
+    memset(gb, 0, sizeof(double) * (size_t)c->O);
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t o = 0; o < c->O; o++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    double g = r[((n * c->O + o) * OH + oh) * OW + ow];
+                    gb[o] += g;
+                    for (int64_t ci = 0; ci < Cg; ci++)
+                        for (int64_t ki = 0; ki < c->KH; ki++)
+                            for (int64_t kj = 0; kj < c->KW; kj++) {
+                                int64_t ih = oh * c->sh - c->ph + ki * c->dh;
+                                int64_t iw = ow * c->sw - c->pw + kj * c->dw;
+                                if (ih < 0 || ih >= c->H || iw < 0 || iw >= c->W) continue;
+                                int64_t xi = ((n * c->C + o / Og * Cg + ci) * c->H + ih) * c->W + iw;
+                                int64_t wi = ((o * Cg + ci) * c->KH + ki) * c->KW + kj;
+                                gx[xi] += g * w[wi];
+                                gw[wi] += g * x[xi];
+                            }
+                }
+}
+
+START_TEST(test_conv2d_backward_reference) {
+    /* f64 (im2col + GEMM), then f32 under each implementation. */
+    nb__conv_impl impls[2];
+    int nimpl = conv_impls(impls);
+    for (int pass = 0; pass <= nimpl; pass++)
+    for (int i = 0; i < N_CONVS * 3; i++) {
+        /* variant 0: all inputs require grad; 1: only w and b (a first layer); 2: only x */
+        const conv_cfg *c = &k_convs[i % N_CONVS];
+        int variant = i / N_CONVS;
+        nb_dtype dt = pass == 0 ? NB_F64 : NB_F32;
+        if (pass > 0) nb__conv2d_set_impl(impls[pass - 1]);
+        double tol = pass == 0 ? 1e-12 : 2e-5;
+        nb_scope_begin();
+        int64_t xs[4], ws[4], ys[4];
+        conv_shapes(c, xs, ws, ys);
+        nb_tensor *x = tu_random(xs, 4, dt, -1, 1, 500 + i);
+        nb_tensor *w = tu_random(ws, 4, dt, -1, 1, 600 + i);
+        nb_tensor *b = tu_random(&c->O, 1, dt, -1, 1, 700 + i);
+        nb_tensor *r = tu_random(ys, 4, dt, -1, 1, 800 + i);
+        if (c->noncontig) x = tu_noncontig(x), w = tu_noncontig(w), r = tu_noncontig(r);
+        nb_tensor *ins[3] = {x, w, b};
+        bool req[3] = {variant != 1, variant != 2, variant != 2};
+        for (int k = 0; k < 3; k++) ck_assert(nb_set_requires_grad(ins[k], req[k]) == NB_OK);
+        nb_tensor *y = run_conv(c, x, w, c->bias ? b : NULL);
+        ck_assert_msg(y && backward_with(y, r) == NB_OK, "config %d pass %d: %s", i, pass,
+                      nb_last_error());
+        double *vx = tu_values(x), *vw = tu_values(w), *vr = tu_values(r);
+        double *gx = malloc(sizeof(double) * (size_t)(tu_numel(xs, 4) + 1));
+        double *gw = malloc(sizeof(double) * (size_t)(tu_numel(ws, 4) + 1));
+        double *gb = malloc(sizeof(double) * (size_t)c->O);
+        ref_conv_backward(c, vx, vw, vr, gx, gw, gb);
+        if (req[0]) tu_assert_close(nb_grad(x), gx, xs, 4, tol);
+        else ck_assert(nb_grad(x) == NULL);
+        if (req[1]) tu_assert_close(nb_grad(w), gw, ws, 4, tol);
+        else ck_assert(nb_grad(w) == NULL);
+        if (c->bias && req[2]) tu_assert_close(nb_grad(b), gb, &c->O, 1, tol);
+        else ck_assert(nb_grad(b) == NULL);
+        free(vx), free(vw), free(vr), free(gx), free(gw), free(gb);
+        nb_scope_end();
+    }
+}
+END_TEST
+
+START_TEST(test_conv2d_backward_f32_vs_f64) {
+    const conv_cfg *cs[] = {&k_convs[1], &k_convs[3], &k_convs[5], &k_convs[13]};
+    for (int i = 0; i < 4; i++) {
+        const conv_cfg *c = cs[i];
+        int64_t xs[4], ws[4], ys[4];
+        conv_shapes(c, xs, ws, ys);
+        double *g64[3], *g32[3];
+        conv_grads(c, NB_F64, g64);
+        conv_grads(c, NB_F32, g32);
+        /* f32 inputs are the f64 values rounded: compare against f64 with f32 tolerance
+         * scaled by the sum lengths (up to N*OH*OW terms for dW and db). */
+        nb_scope_begin();
+        const int64_t *shapes[3] = {xs, ws, &c->O};
+        int nds[3] = {4, 4, 1};
+        for (int k = 0; k < 3; k++) {
+            nb_tensor *t = tu_tensor(g32[k], shapes[k], nds[k], NB_F64);
+            tu_assert_close(t, g64[k], shapes[k], nds[k], 2e-4);
+            free(g64[k]), free(g32[k]);
+        }
+        nb_scope_end();
+    }
+}
+END_TEST
+
+START_TEST(test_conv2d_half_backward) {
+    /* bf16 / f16 inputs: gradients come back in the input dtype, close to f64's. */
+    const conv_cfg *c = &k_convs[1];
+    int64_t xs[4], ws[4], ys[4];
+    conv_shapes(c, xs, ws, ys);
+    double *g64[3];
+    conv_grads(c, NB_F64, g64);
+    nb_dtype halves[2] = {NB_F16, NB_BF16};
+    for (int h = 0; h < 2; h++) {
+        double *gh[3];
+        conv_grads(c, halves[h], gh);
+        nb_scope_begin();
+        const int64_t *shapes[3] = {xs, ws, &c->O};
+        int nds[3] = {4, 4, 1};
+        for (int k = 0; k < 3; k++) {
+            /* Inputs rounded to half: compare loosely (relative to the gradient's scale). */
+            nb_tensor *t = tu_tensor(gh[k], shapes[k], nds[k], NB_F64);
+            tu_assert_close(t, g64[k], shapes[k], nds[k], halves[h] == NB_BF16 ? 0.1 : 0.02);
+            free(gh[k]);
+        }
+        nb_scope_end();
+    }
+    for (int k = 0; k < 3; k++) free(g64[k]);
+}
+END_TEST
+
+/* Forward output and the three gradients as raw f32 bytes, with n threads. */
+static void conv_run_threads(const conv_cfg *c, int threads, float *out[4], int64_t sizes[4]) {
+    nb_set_num_threads(threads);
+    nb_scope_begin();
+    int64_t xs[4], ws[4], ys[4];
+    conv_shapes(c, xs, ws, ys);
+    nb_tensor *x = tu_random(xs, 4, NB_F32, -1, 1, 7);
+    nb_tensor *w = tu_random(ws, 4, NB_F32, -1, 1, 8);
+    nb_tensor *b = tu_random(&c->O, 1, NB_F32, -1, 1, 9);
+    nb_tensor *r = tu_random(ys, 4, NB_F32, -1, 1, 10);
+    nb_tensor *ins[3] = {x, w, b};
+    for (int i = 0; i < 3; i++) ck_assert(nb_set_requires_grad(ins[i], true) == NB_OK);
+    nb_tensor *y = run_conv(c, x, w, b);
+    ck_assert(backward_with(y, r) == NB_OK);
+    nb_tensor *ts[4] = {y, nb_grad(x), nb_grad(w), nb_grad(b)};
+    for (int i = 0; i < 4; i++) {
+        sizes[i] = nb_numel(ts[i]);
+        out[i] = malloc(sizeof(float) * (size_t)sizes[i]);
+        memcpy(out[i], nb_data(ts[i]), sizeof(float) * (size_t)sizes[i]);
+    }
+    nb_scope_end();
+}
+
+START_TEST(test_conv2d_thread_independent) {
+    int saved = nb_get_num_threads();
+    static const conv_cfg cfgs[] = {
+        {6, 16, 12, 12, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, false},
+        {5, 8, 14, 14, 8, 1, 1, 1, 1, 0, 0, 1, 1, 2, true, false},   /* 1x1 grouped */
+        {17, 8, 16, 16, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, true, false}, /* 17 images, 16 parts */
+        {4, 16, 12, 12, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16, true, false}, /* depthwise */
+    };
+    nb__conv_impl impls[3] = {NB__CONV_AUTO};
+    int nimpl = 1 + conv_impls(impls + 1);
+    for (int ii = 0; ii < nimpl; ii++)
+    for (int i = 0; i < 4; i++) {
+        nb__conv2d_set_impl(impls[ii]);
+        float *a[4], *b[4];
+        int64_t na[4], nb[4];
+        conv_run_threads(&cfgs[i], 1, a, na);
+        conv_run_threads(&cfgs[i], 2, b, nb);
+        for (int k = 0; k < 4; k++) {
+            ck_assert_int_eq(na[k], nb[k]);
+            ck_assert_msg(memcmp(a[k], b[k], sizeof(float) * (size_t)na[k]) == 0,
+                          "config %d, tensor %d differs between 1 and 2 threads (impl %d)", i,
+                          k, (int)impls[ii]);
+            free(a[k]), free(b[k]);
+        }
+    }
+    nb_set_num_threads(saved);
+}
+END_TEST
+
+/* ---- the Conv2d module ------------------------------------------------------------------------ */
+START_TEST(test_conv2d_module) {
+    nb_scope_begin();
+    nb_generator *gen = nb_generator_new(42);
+    nb_module *m = nb_conv2d(8, 16, 3, 5,
+                             &(nb_conv2d_opts){.groups = 2, .padding = {1, 2}, .gen = gen});
+    ck_assert_msg(m != NULL, "%s", nb_last_error());
+    ck_assert_str_eq(nb_module_type(m), "Conv2d");
+    nb_tensor *w = nb_module_param(m, "weight"), *b = nb_module_param(m, "bias");
+    ck_assert(w && b);
+    ck_assert(nb_requires_grad(w) && nb_requires_grad(b));
+    int64_t wshape[4] = {16, 4, 3, 5};
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(nb_shape(w)[i], wshape[i]);
+    ck_assert_int_eq(nb_ndim(b), 1);
+    ck_assert_int_eq(nb_shape(b)[0], 16);
+    ck_assert_int_eq(nb_num_parameters(m), 16 * 4 * 3 * 5 + 16);
+    /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = 4*3*5 = 60: bounds, mean and spread. */
+    double bound = 1 / sqrt(60.0), *v = tu_values(w);
+    double lo = 1, hi = -1, mean = 0, sq = 0;
+    int64_t n = nb_numel(w);
+    for (int64_t i = 0; i < n; i++) {
+        lo = fmin(lo, v[i]), hi = fmax(hi, v[i]);
+        mean += v[i], sq += v[i] * v[i];
+    }
+    mean /= (double)n;
+    double sd = sqrt(sq / (double)n - mean * mean);
+    ck_assert(lo >= -bound && hi <= bound);
+    ck_assert(lo < -0.9 * bound && hi > 0.9 * bound);
+    ck_assert(fabs(mean) < 0.1 * bound);
+    ck_assert(fabs(sd - bound / sqrt(3.0)) < 0.1 * bound);
+    free(v);
+    v = tu_values(b);
+    for (int i = 0; i < 16; i++) ck_assert(fabs(v[i]) <= bound);
+    free(v);
+    /* The same seed gives the same weights. */
+    nb_generator *gen2 = nb_generator_new(42);
+    nb_module *m2 = nb_conv2d(8, 16, 3, 5,
+                              &(nb_conv2d_opts){.groups = 2, .padding = {1, 2}, .gen = gen2});
+    double *v1 = tu_values(w);
+    tu_assert_close(nb_module_param(m2, "weight"), v1, wshape, 4, 0);
+    free(v1);
+    /* Forward = the functional form with the module's options. */
+    nb_tensor *x = tu_random((int64_t[]){2, 8, 6, 7}, 4, NB_F32, -1, 1, 5);
+    nb_tensor *y = nb_forward(m, x);
+    nb_tensor *yr = nb_conv2d_fn(x, w, b, NULL, (int64_t[]){1, 2}, NULL, 2);
+    ck_assert(y && yr);
+    double *vr = tu_values(yr);
+    tu_assert_close(y, vr, nb_shape(yr), 4, 0);
+    free(vr);
+    /* A backward through the module reaches its parameters. */
+    ck_assert(backward_with(y, nb_ones_like(y)) == NB_OK);
+    ck_assert(nb_grad(w) && nb_grad(b));
+    /* No bias; stride and dilation. */
+    nb_module *m3 = nb_conv2d(3, 4, 3, 3, &(nb_conv2d_opts){.no_bias = true, .stride = {2, 2},
+                                                           .dilation = {2, 1}});
+    ck_assert(m3 && !nb_module_param(m3, "bias"));
+    nb_tensor *y3 = nb_forward(m3, tu_random((int64_t[]){1, 3, 9, 9}, 4, NB_F32, -1, 1, 6));
+    ck_assert(y3 && nb_shape(y3)[2] == 3 && nb_shape(y3)[3] == 4);
+    nb_module_free(m), nb_module_free(m2), nb_module_free(m3);
+    nb_generator_free(gen), nb_generator_free(gen2);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_conv2d_errors) {
+    nb_scope_begin();
+    nb_tensor *x = tu_random((int64_t[]){2, 4, 6, 6}, 4, NB_F32, -1, 1, 1);
+    nb_tensor *w = tu_random((int64_t[]){8, 4, 3, 3}, 4, NB_F32, -1, 1, 2);
+    nb_tensor *b = tu_random((int64_t[]){8}, 1, NB_F32, -1, 1, 3);
+    nb_tensor *x3 = tu_random((int64_t[]){3, 28, 28}, 3, NB_F32, -1, 1, 4);
+    tu_assert_error(nb_conv2d_fn(x3, w, b, NULL, NULL, NULL, 1), NB_ESHAPE,
+                    "conv2d: input must be 4-D (N, C, H, W), got [3,28,28]");
+    tu_assert_error(nb_conv2d_fn(x, x3, NULL, NULL, NULL, NULL, 1), NB_ESHAPE, "weight must be 4-D");
+    nb_tensor *w5 = tu_random((int64_t[]){8, 5, 3, 3}, 4, NB_F32, -1, 1, 2);
+    tu_assert_error(nb_conv2d_fn(x, w5, b, NULL, NULL, NULL, 1), NB_ESHAPE, "input channels");
+    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, NULL, NULL, 3), NB_EINVAL, "groups=3");
+    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, NULL, NULL, 0), NB_EINVAL, "groups");
+    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, NULL, NULL, 2), NB_ESHAPE, "input channels");
+    tu_assert_error(nb_conv2d_fn(x, w, b, (int64_t[]){0, 1}, NULL, NULL, 1), NB_EINVAL, "stride");
+    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, (int64_t[]){-1, 0}, NULL, 1), NB_EINVAL,
+                    "padding");
+    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, NULL, (int64_t[]){1, 0}, 1), NB_EINVAL,
+                    "dilation");
+    nb_tensor *wbig = tu_random((int64_t[]){8, 4, 7, 3}, 4, NB_F32, -1, 1, 2);
+    tu_assert_error(nb_conv2d_fn(x, wbig, b, NULL, NULL, NULL, 1), NB_ESHAPE,
+                    "larger than the padded input");
+    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, NULL, (int64_t[]){3, 1}, 1), NB_ESHAPE,
+                    "larger than the padded input");
+    ck_assert(nb_conv2d_fn(x, wbig, b, NULL, (int64_t[]){1, 0}, NULL, 1) != NULL);
+    nb_tensor *b7 = tu_random((int64_t[]){7}, 1, NB_F32, -1, 1, 3);
+    tu_assert_error(nb_conv2d_fn(x, w, b7, NULL, NULL, NULL, 1), NB_ESHAPE, "bias");
+    nb_tensor *w64 = tu_random((int64_t[]){8, 4, 3, 3}, 4, NB_F64, -1, 1, 2);
+    tu_assert_error(nb_conv2d_fn(x, w64, NULL, NULL, NULL, NULL, 1), NB_EDTYPE, "weight is f64");
+    nb_tensor *xi = tu_random((int64_t[]){2, 4, 6, 6}, 4, NB_I32, -3, 3, 1);
+    nb_tensor *wi = tu_random((int64_t[]){8, 4, 3, 3}, 4, NB_I32, -3, 3, 1);
+    tu_assert_error(nb_conv2d_fn(xi, wi, NULL, NULL, NULL, NULL, 1), NB_EDTYPE, "i32");
+    tu_assert_error(nb_conv2d_fn(NULL, w, b, NULL, NULL, NULL, 1), NB_ENULL, NULL);
+    tu_assert_error(nb_conv2d_fn(x, NULL, b, NULL, NULL, NULL, 1), NB_ENULL, NULL);
+    /* Module constructor. */
+    tu_assert_error(nb_conv2d(0, 4, 3, 3, NULL), NB_EINVAL, "positive");
+    tu_assert_error(nb_conv2d(4, 4, 0, 3, NULL), NB_EINVAL, "positive");
+    tu_assert_error(nb_conv2d(4, 6, 3, 3, &(nb_conv2d_opts){.groups = 4}), NB_EINVAL, "groups");
+    tu_assert_error(nb_conv2d(4, 4, 3, 3, &(nb_conv2d_opts){.padding = {-1, 0}}), NB_EINVAL,
+                    "padding");
+    /* A module's forward reports the op's error. */
+    nb_module *m = nb_conv2d(3, 4, 3, 3, NULL);
+    tu_assert_error(nb_forward(m, x), NB_ESHAPE, "input channels");
+    nb_module_free(m);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- pooling ------------------------------------------------------------------------------------ */
+typedef struct pool_cfg {
+    int64_t N, C, H, W, kh, kw, sh, sw, ph, pw; /* N == 0: a 3-D (C, H, W) input */
+    bool noncontig;
+} pool_cfg;
+
+static const pool_cfg k_pools[] = {
+    {2, 3, 6, 6, 2, 2, 0, 0, 0, 0, false},  /* the 2x2/2 fast path, stride 0 -> kernel */
+    {1, 2, 7, 5, 3, 3, 2, 2, 1, 1, true},   /* padding, overlapping windows */
+    {2, 1, 5, 8, 2, 3, 1, 2, 1, 1, false},  /* stride != kernel */
+    {1, 2, 4, 4, 4, 4, 1, 1, 2, 2, false},  /* padding = kernel/2 */
+    {1, 1, 9, 7, 3, 2, 3, 1, 0, 1, true},   /* leftover rows dropped (no ceil mode) */
+    {3, 2, 5, 5, 1, 1, 2, 2, 0, 0, false},  /* kernel 1 */
+    {0, 3, 6, 5, 2, 2, 2, 1, 1, 0, false},  /* 3-D input */
+    {2, 2, 6, 6, 2, 2, 2, 2, 1, 1, false},  /* 2x2/2 with padding: not the fast path */
+    {1, 2, 6, 40, 2, 2, 0, 0, 0, 0, true},  /* fast path, 20 outputs per row (16 + 4) */
+    {1, 1, 5, 41, 2, 2, 0, 0, 0, 0, false}, /* fast path, odd sizes (last row/column unused) */
+};
+#define N_POOLS ((int)(sizeof k_pools / sizeof k_pools[0]))
+
+static int pool_shapes(const pool_cfg *c, int64_t *xs, int64_t *ys, int64_t *planes,
+                       int64_t *OH, int64_t *OW) {
+    int64_t sh = c->sh ? c->sh : c->kh, sw = c->sw ? c->sw : c->kw;
+    *OH = (c->H + 2 * c->ph - c->kh) / sh + 1;
+    *OW = (c->W + 2 * c->pw - c->kw) / sw + 1;
+    int nd = 0;
+    if (c->N) xs[nd] = ys[nd] = c->N, nd++;
+    xs[nd] = ys[nd] = c->C, nd++;
+    xs[nd] = c->H, ys[nd] = *OH, nd++;
+    xs[nd] = c->W, ys[nd] = *OW, nd++;
+    *planes = (c->N ? c->N : 1) * c->C;
+    return nd;
+}
+
+/* kind 0: max, 1: avg counting padding, 2: avg without padding. */
+static double *ref_pool(const pool_cfg *c, int kind, const double *x) {
+    int64_t xs[4], ys[4], P, OH, OW;
+    pool_shapes(c, xs, ys, &P, &OH, &OW);
+    int64_t sh = c->sh ? c->sh : c->kh, sw = c->sw ? c->sw : c->kw;
+    double *y = malloc(sizeof(double) * (size_t)(P * OH * OW));
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                double m = -INFINITY, s = 0;
+                int64_t cnt = 0;
+                for (int64_t i = 0; i < c->kh; i++)
+                    for (int64_t j = 0; j < c->kw; j++) {
+                        int64_t h = oh * sh - c->ph + i, w = ow * sw - c->pw + j;
+                        if (h < 0 || h >= c->H || w < 0 || w >= c->W) continue;
+                        double v = x[(p * c->H + h) * c->W + w];
+                        m = (v > m || isnan(v)) ? v : m;
+                        s += v, cnt++;
+                    }
+                /* count_include_pad: the window clipped to the padded input. */
+                int64_t h0 = oh * sh - c->ph, w0 = ow * sw - c->pw;
+                int64_t h1 = h0 + c->kh < c->H + c->ph ? h0 + c->kh : c->H + c->ph;
+                int64_t w1 = w0 + c->kw < c->W + c->pw ? w0 + c->kw : c->W + c->pw;
+                double div = kind == 1 ? (double)((h1 - h0) * (w1 - w0)) : (double)cnt;
+                y[(p * OH + oh) * OW + ow] = kind == 0 ? m : s / div;
+            }
+    return y;
+}
+
+static nb_tensor *run_pool(const pool_cfg *c, int kind, nb_tensor *x) {
+    int64_t k[2] = {c->kh, c->kw}, s[2] = {c->sh, c->sw}, p[2] = {c->ph, c->pw};
+    if (kind == 0) return nb_maxpool2d_fn(x, k, s, p);
+    return nb_avgpool2d_fn(x, k, s, p, kind == 1);
+}
+
+START_TEST(test_pool2d_forward) {
+    for (int di = 0; di < 4; di++) {
+        nb_dtype dt = k_float_dtypes[di];
+        for (int i = 0; i < N_POOLS; i++) {
+            const pool_cfg *c = &k_pools[i];
+            for (int kind = 0; kind < 3; kind++) {
+                nb_scope_begin();
+                int64_t xs[4], ys[4], P, OH, OW;
+                int nd = pool_shapes(c, xs, ys, &P, &OH, &OW);
+                nb_tensor *x = tu_random(xs, nd, dt, -2, 2, 40 + i);
+                if (c->noncontig) x = tu_noncontig(x);
+                double *vx = tu_values(x), *ref = ref_pool(c, kind, vx);
+                nb_tensor *y = run_pool(c, kind, x);
+                ck_assert_msg(y != NULL, "config %d kind %d: %s", i, kind, nb_last_error());
+                ck_assert_int_eq(nb_tensor_dtype(y), dt);
+                tu_assert_close(y, ref, ys, nd, kind == 0 ? 0 : tu_tol(dt));
+                free(vx), free(ref);
+                nb_scope_end();
+            }
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_maxpool2d_special_values) {
+    nb_scope_begin();
+    /* NaN propagates; -inf is a value like any other; padding never wins. */
+    double v[16] = {1, NAN, 3, 4, 5, 6, 7, 8, -INFINITY, -INFINITY, 2, 1, -INFINITY,
+                    -INFINITY, 0, -5};
+    nb_tensor *x = tu_tensor(v, (int64_t[]){1, 1, 4, 4}, 4, NB_F32);
+    nb_tensor *y = nb_maxpool2d_fn(x, (int64_t[]){2, 2}, NULL, NULL);
+    double r[4] = {NAN, 8, -INFINITY, 2};
+    tu_assert_close(y, r, ((int64_t[]){1, 1, 2, 2}), 4, 0);
+    nb_tensor *yp = nb_maxpool2d_fn(tu_tensor((double[]){-3, -2, -4, -1}, (int64_t[]){1, 1, 2, 2},
+                                              4, NB_F32),
+                                    (int64_t[]){2, 2}, (int64_t[]){1, 1}, (int64_t[]){1, 1});
+    double rp[9] = {-3, -2, -2, -3, -1, -1, -4, -1, -1};
+    tu_assert_close(yp, rp, ((int64_t[]){1, 1, 3, 3}), 4, 0);
+    /* The gradient goes to the maximum only (ties: the first one). */
+    nb_tensor *xt = tu_tensor((double[]){1, 5, 5, 2}, (int64_t[]){1, 1, 2, 2}, 4, NB_F64);
+    ck_assert(nb_set_requires_grad(xt, true) == NB_OK);
+    nb_tensor *yt = nb_maxpool2d_fn(xt, (int64_t[]){2, 2}, NULL, NULL);
+    ck_assert(backward_with(yt, nb_ones_like(yt)) == NB_OK);
+    double rg[4] = {0, 1, 0, 0};
+    tu_assert_close(nb_grad(xt), rg, ((int64_t[]){1, 1, 2, 2}), 4, 0);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_adaptive_avgpool2d_forward) {
+    static const int64_t cfgs[][4] = {{6, 6, 3, 3}, {7, 5, 3, 2}, {5, 5, 5, 5},
+                                      {4, 4, 7, 6}, {9, 7, 1, 1}, {10, 3, 4, 2}};
+    for (int di = 0; di < 4; di++) {
+        nb_dtype dt = k_float_dtypes[di];
+        for (int i = 0; i < 6; i++) {
+            nb_scope_begin();
+            int64_t H = cfgs[i][0], W = cfgs[i][1], OH = cfgs[i][2], OW = cfgs[i][3];
+            int64_t xs[4] = {2, 3, H, W}, ys[4] = {2, 3, OH, OW};
+            nb_tensor *x = tu_random(xs, 4, dt, -2, 2, 60 + i);
+            if (i % 2) x = tu_noncontig(x);
+            double *vx = tu_values(x), *ref = malloc(sizeof(double) * (size_t)(6 * OH * OW));
+            for (int64_t p = 0; p < 6; p++)
+                for (int64_t oh = 0; oh < OH; oh++)
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        int64_t h0 = (int64_t)floor((double)(oh * H) / (double)OH);
+                        int64_t h1 = (int64_t)ceil((double)((oh + 1) * H) / (double)OH);
+                        int64_t w0 = (int64_t)floor((double)(ow * W) / (double)OW);
+                        int64_t w1 = (int64_t)ceil((double)((ow + 1) * W) / (double)OW);
+                        double s = 0;
+                        for (int64_t h = h0; h < h1; h++)
+                            for (int64_t w = w0; w < w1; w++) s += vx[(p * H + h) * W + w];
+                        ref[(p * OH + oh) * OW + ow] = s / (double)((h1 - h0) * (w1 - w0));
+                    }
+            nb_tensor *y = nb_adaptive_avgpool2d_fn(x, OH, OW);
+            tu_assert_close(y, ref, ys, 4, tu_tol(dt));
+            free(vx), free(ref);
+            nb_scope_end();
+        }
+    }
+}
+END_TEST
+
+typedef struct pool_gctx {
+    const pool_cfg *c;
+    int kind; /* 0 max, 1 avg incl. pad, 2 avg excl. pad, 3 adaptive */
+} pool_gctx;
+
+static nb_tensor *pool_f(nb_tensor *const *in, int n, void *ctx) {
+    (void)n;
+    const pool_gctx *k = ctx;
+    if (k->kind == 3) return nb_adaptive_avgpool2d_fn(in[0], k->c->kh, k->c->kw);
+    return run_pool(k->c, k->kind, in[0]);
+}
+
+START_TEST(test_pool2d_gradcheck) {
+    static const pool_cfg cfgs[] = {
+        {1, 2, 4, 4, 2, 2, 0, 0, 0, 0, false},
+        {1, 1, 5, 4, 3, 2, 1, 2, 1, 1, false},  /* overlapping windows with padding */
+        {2, 1, 4, 3, 2, 2, 1, 1, 1, 0, false},
+    };
+    for (int i = 0; i < 3; i++) {
+        for (int kind = 0; kind < 4; kind++) {
+            nb_scope_begin();
+            int64_t xs[4], ys[4], P, OH, OW;
+            int nd = pool_shapes(&cfgs[i], xs, ys, &P, &OH, &OW);
+            nb_tensor *x = tu_random(xs, nd, NB_F64, -1, 1, 80 + i);
+            ck_assert(nb_set_requires_grad(x, true) == NB_OK);
+            /* adaptive: reuse (kh, kw) as the output size (down and up sampling). */
+            pool_cfg c = cfgs[i];
+            if (kind == 3) c.kh = 3 + i, c.kw = 2;
+            pool_gctx k = {&c, kind};
+            nb_status st = nb_gradcheck(pool_f, &x, 1, &k, NULL);
+            ck_assert_msg(st == NB_OK, "config %d kind %d: %s", i, kind, nb_last_error());
+            nb_scope_end();
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_pool2d_backward_f32_vs_f64) {
+    const pool_cfg *c = &k_pools[1];
+    for (int kind = 0; kind < 4; kind++) {
+        double *g[2];
+        int64_t xs[4], ys[4], P, OH, OW;
+        int nd = pool_shapes(c, xs, ys, &P, &OH, &OW);
+        pool_gctx k = {c, kind};
+        nb_dtype dts[2] = {NB_F64, NB_F32};
+        for (int d = 0; d < 2; d++) {
+            nb_scope_begin();
+            nb_tensor *x = tu_random(xs, nd, dts[d], -1, 1, 90);
+            ck_assert(nb_set_requires_grad(x, true) == NB_OK);
+            nb_tensor *y = pool_f(&x, 1, &k);
+            nb_tensor *r = tu_random(nb_shape(y), nb_ndim(y), dts[d], -1, 1, 91);
+            ck_assert(backward_with(y, r) == NB_OK);
+            ck_assert_int_eq(nb_tensor_dtype(nb_grad(x)), dts[d]);
+            g[d] = tu_values(nb_grad(x));
+            nb_scope_end();
+        }
+        nb_scope_begin();
+        tu_assert_close(tu_tensor(g[1], xs, nd, NB_F64), g[0], xs, nd, 1e-5);
+        nb_scope_end();
+        free(g[0]), free(g[1]);
+    }
+}
+END_TEST
+
+START_TEST(test_pool2d_modules) {
+    nb_scope_begin();
+    nb_tensor *x = tu_random((int64_t[]){2, 3, 7, 6}, 4, NB_F32, -1, 1, 3);
+    nb_module *mp = nb_maxpool2d(3, 2, &(nb_pool2d_opts){.stride = {2, 0}, .padding = {1, 1}});
+    nb_module *ap = nb_avgpool2d(2, 2, &(nb_pool2d_opts){.padding = {1, 0}, .exclude_pad = true});
+    nb_module *ad = nb_adaptive_avgpool2d(3, 2);
+    ck_assert(mp && ap && ad);
+    ck_assert_str_eq(nb_module_type(mp), "MaxPool2d");
+    ck_assert_str_eq(nb_module_type(ap), "AvgPool2d");
+    ck_assert_str_eq(nb_module_type(ad), "AdaptiveAvgPool2d");
+    ck_assert_int_eq(nb_num_parameters(mp) + nb_num_parameters(ap) + nb_num_parameters(ad), 0);
+    nb_tensor *ys[3] = {nb_forward(mp, x), nb_forward(ap, x), nb_forward(ad, x)};
+    nb_tensor *rs[3] = {
+        nb_maxpool2d_fn(x, (int64_t[]){3, 2}, (int64_t[]){2, 2}, (int64_t[]){1, 1}),
+        nb_avgpool2d_fn(x, (int64_t[]){2, 2}, NULL, (int64_t[]){1, 0}, false),
+        nb_adaptive_avgpool2d_fn(x, 3, 2)};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(ys[i] && rs[i], "%s", nb_last_error());
+        double *r = tu_values(rs[i]);
+        tu_assert_close(ys[i], r, nb_shape(rs[i]), 4, 0);
+        free(r);
+    }
+    /* Default stride = kernel. */
+    nb_module *m2 = nb_maxpool2d(2, 2, NULL);
+    nb_tensor *y2 = nb_forward(m2, x);
+    ck_assert(y2 && nb_shape(y2)[2] == 3 && nb_shape(y2)[3] == 3);
+    nb_module_free(mp), nb_module_free(ap), nb_module_free(ad), nb_module_free(m2);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_pool2d_errors) {
+    nb_scope_begin();
+    nb_tensor *x = tu_random((int64_t[]){2, 3, 5, 5}, 4, NB_F32, -1, 1, 1);
+    int64_t k2[2] = {2, 2};
+    tu_assert_error(nb_maxpool2d_fn(tu_random((int64_t[]){5, 5}, 2, NB_F32, 0, 1, 1), k2, NULL,
+                                    NULL),
+                    NB_ESHAPE, "maxpool2d: input must be 4-D (N, C, H, W) or 3-D");
+    tu_assert_error(nb_maxpool2d_fn(x, (int64_t[]){0, 2}, NULL, NULL), NB_EINVAL,
+                    "kernel size and stride must be positive");
+    tu_assert_error(nb_maxpool2d_fn(x, k2, (int64_t[]){-1, 1}, NULL), NB_EINVAL, "stride");
+    tu_assert_error(nb_maxpool2d_fn(x, k2, NULL, (int64_t[]){2, 0}), NB_EINVAL,
+                    "at most half the kernel size");
+    tu_assert_error(nb_avgpool2d_fn(x, (int64_t[]){6, 2}, NULL, NULL, true), NB_ESHAPE,
+                    "larger than the padded input");
+    tu_assert_error(nb_avgpool2d_fn(x, k2, NULL, (int64_t[]){0, -1}, true), NB_EINVAL, "padding");
+    tu_assert_error(nb_maxpool2d_fn(x, NULL, NULL, NULL), NB_ENULL, "kernel");
+    tu_assert_error(nb_maxpool2d_fn(NULL, k2, NULL, NULL), NB_ENULL, NULL);
+    nb_tensor *xi = tu_random((int64_t[]){1, 1, 4, 4}, 4, NB_I64, 0, 9, 1);
+    tu_assert_error(nb_maxpool2d_fn(xi, k2, NULL, NULL), NB_EDTYPE, "i64");
+    tu_assert_error(nb_avgpool2d_fn(xi, k2, NULL, NULL, true), NB_EDTYPE, "i64");
+    tu_assert_error(nb_adaptive_avgpool2d_fn(xi, 2, 2), NB_EDTYPE, "i64");
+    tu_assert_error(nb_adaptive_avgpool2d_fn(x, 0, 2), NB_EINVAL, "output size");
+    tu_assert_error(nb_adaptive_avgpool2d_fn(tu_random((int64_t[]){1, 2, 0, 3}, 4, NB_F32, 0, 1, 1),
+                                             1, 1),
+                    NB_ESHAPE, "empty spatial");
+    tu_assert_error(nb_maxpool2d(0, 2, NULL), NB_EINVAL, "kernel size");
+    tu_assert_error(nb_avgpool2d(2, 2, &(nb_pool2d_opts){.padding = {2, 0}}), NB_EINVAL,
+                    "padding");
+    tu_assert_error(nb_adaptive_avgpool2d(2, -1), NB_EINVAL, "output size");
+    nb_module *m = nb_maxpool2d(7, 7, NULL);
+    tu_assert_error(nb_forward(m, x), NB_ESHAPE, "larger than the padded input");
+    nb_module_free(m);
+    nb_scope_end();
+}
+END_TEST
+
+/* Wrap each test body in a scope: the test functions above open their own. */
+Suite *nb_suite_nn_conv(void) {
+    Suite *s = suite_create("nn_conv");
+    TCase *tc = tcase_create("conv2d");
+    tcase_add_test(tc, test_conv2d_forward);
+    tcase_add_test(tc, test_conv2d_backward_reference);
+    tcase_add_test(tc, test_conv2d_gradcheck);
+    tcase_add_test(tc, test_conv2d_backward_f32_vs_f64);
+    tcase_add_test(tc, test_conv2d_half_backward);
+    tcase_add_test(tc, test_conv2d_thread_independent);
+    tcase_add_test(tc, test_conv2d_module);
+    tcase_add_test(tc, test_conv2d_errors);
+    suite_add_tcase(s, tc);
+    TCase *tp = tcase_create("pool2d");
+    tcase_add_test(tp, test_pool2d_forward);
+    tcase_add_test(tp, test_maxpool2d_special_values);
+    tcase_add_test(tp, test_adaptive_avgpool2d_forward);
+    tcase_add_test(tp, test_pool2d_gradcheck);
+    tcase_add_test(tp, test_pool2d_backward_f32_vs_f64);
+    tcase_add_test(tp, test_pool2d_modules);
+    tcase_add_test(tp, test_pool2d_errors);
+    suite_add_tcase(s, tp);
+    return s;
+}

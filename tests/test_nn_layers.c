@@ -1,3 +1,951 @@
-/* placeholder: the suite lands with its module */
+/* test_nn_layers.c - the "nn_layers" suite: the layer library of nn/ (linear, layer norm,
+ * batch norm, dropout, initialization) and its modules.
+ *
+ * Every forward and every backward rule is compared with a plain double-precision loop
+ * written here (over shapes, operand layouts and float dtypes); the rules are also checked
+ * against central differences with nb_gradcheck. Also: running-statistics updates, dropout
+ * statistics and determinism (generator state, thread count), init distributions and
+ * PyTorch's fan/gain formulas, module parameter names and shapes, flat parameters,
+ * train/eval switching, and the user errors. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "testutil.h"
-Suite *nb_suite_nn_layers(void) { return suite_create("nn_layers"); }
+
+static const nb_dtype k_float[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+#define N_FLOAT 4
+
+/* Compare t with ref over t's own shape. */
+#define CLOSE(t, ref, tol) tu_assert_close((t), (ref), nb_shape(t), nb_ndim(t), (tol))
+
+/* Backward from y with the given output gradient (no sum/mul rules needed). */
+static void backward_with(nb_tensor *y, nb_tensor *g) {
+    nb_backward_opts o = {.grad_output = g};
+    ck_assert_msg(nb_backward_ex(y, &o) == NB_OK, "backward: %s", nb_last_error());
+}
+
+static void make_grad(nb_tensor *t) { ck_assert(nb_set_requires_grad(t, true) == NB_OK); }
+
+/* ---- references ------------------------------------------------------------------------------ */
+/* y (M, N) = x (M, K) @ w (N, K)^T + b */
+static void ref_linear(const double *x, const double *w, const double *b, int64_t M,
+                       int64_t N, int64_t K, double *y) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = b ? b[j] : 0;
+            for (int64_t k = 0; k < K; k++) s += x[i * K + k] * w[j * K + k];
+            y[i * N + j] = s;
+        }
+}
+
+/* Layer norm of rows (N, D); also its backward for output gradient g when dx != NULL. */
+static void ref_layer_norm(const double *x, const double *w, const double *b, int64_t N,
+                           int64_t D, double eps, double *y, const double *g, double *dx,
+                           double *dw, double *db) {
+    if (dw) memset(dw, 0, sizeof(double) * (size_t)D);
+    if (db) memset(db, 0, sizeof(double) * (size_t)D);
+    for (int64_t i = 0; i < N; i++) {
+        const double *xr = x + i * D;
+        double m = 0, v = 0;
+        for (int64_t j = 0; j < D; j++) m += xr[j];
+        m /= (double)D;
+        for (int64_t j = 0; j < D; j++) v += (xr[j] - m) * (xr[j] - m);
+        v /= (double)D;
+        double r = 1 / sqrt(v + eps);
+        for (int64_t j = 0; j < D; j++)
+            y[i * D + j] = (xr[j] - m) * r * (w ? w[j] : 1) + (b ? b[j] : 0);
+        if (!g) continue;
+        const double *gr = g + i * D;
+        double s1 = 0, s2 = 0;
+        for (int64_t j = 0; j < D; j++) {
+            double gw = gr[j] * (w ? w[j] : 1), xh = (xr[j] - m) * r;
+            s1 += gw;
+            s2 += gw * xh;
+            if (dw) dw[j] += gr[j] * xh;
+            if (db) db[j] += gr[j];
+        }
+        for (int64_t j = 0; j < D; j++) {
+            double gw = gr[j] * (w ? w[j] : 1), xh = (xr[j] - m) * r;
+            dx[i * D + j] = r * (gw - s1 / (double)D - xh * s2 / (double)D);
+        }
+    }
+}
+
+/* Batch norm of x (N, C, S). Training: batch stats (biased var), returned in bm/bv (bv
+ * unbiased, for the running update). Eval: rm/rv. Backward into dx/dw/db when g != NULL. */
+static void ref_batch_norm(const double *x, int64_t N, int64_t C, int64_t S, const double *w,
+                           const double *b, bool training, const double *rm, const double *rv,
+                           double eps, double *y, double *bm, double *bv, const double *g,
+                           double *dx, double *dw, double *db) {
+    int64_t M = N * S;
+    for (int64_t c = 0; c < C; c++) {
+        double m = 0, v = 0;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t s = 0; s < S; s++) m += x[(n * C + c) * S + s];
+        m /= (double)M;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t s = 0; s < S; s++) {
+                double d = x[(n * C + c) * S + s] - m;
+                v += d * d;
+            }
+        if (bm) bm[c] = m, bv[c] = v / (double)(M - 1);
+        v /= (double)M;
+        if (!training) m = rm[c], v = rv[c];
+        double r = 1 / sqrt(v + eps), wc = w ? w[c] : 1, sg = 0, sgx = 0;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t s = 0; s < S; s++) {
+                int64_t i = (n * C + c) * S + s;
+                double xh = (x[i] - m) * r;
+                y[i] = xh * wc + (b ? b[c] : 0);
+                if (g) sg += g[i], sgx += g[i] * xh;
+            }
+        if (!g) continue;
+        if (dw) dw[c] = sgx;
+        if (db) db[c] = sg;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t s = 0; s < S; s++) {
+                int64_t i = (n * C + c) * S + s;
+                double xh = (x[i] - m) * r;
+                dx[i] = training ? wc * r * (g[i] - sg / (double)M - xh * sgx / (double)M)
+                                 : wc * r * g[i];
+            }
+    }
+}
+
+/* ---- linear ---------------------------------------------------------------------------------- */
+typedef struct lin_case {
+    int64_t xs[3];
+    int xnd;
+    int64_t out;
+    bool bias;
+    int layout; /* 0 dense, 1 x transposed storage, 2 w transposed storage, 3 x padded rows */
+} lin_case;
+
+static const lin_case k_lin[] = {
+    {{3, 4}, 2, 5, true, 0},  {{3, 4}, 2, 5, false, 0}, {{2, 3, 4}, 3, 5, true, 0},
+    {{4}, 1, 3, true, 0},     {{1, 4}, 2, 1, true, 0},  {{0, 4}, 2, 3, true, 0},
+    {{3, 0}, 2, 2, true, 0},  {{3, 0}, 2, 2, false, 0}, {{3, 4}, 2, 5, true, 1},
+    {{2, 3, 4}, 3, 5, true, 1}, {{3, 4}, 2, 5, true, 2}, {{3, 4}, 2, 5, false, 3},
+    {{5, 7}, 2, 6, true, 0},
+};
+#define N_LIN ((int)(sizeof k_lin / sizeof k_lin[0]))
+
+/* Operands of a case (in the current scope). */
+static void lin_operands(const lin_case *c, nb_dtype dt, uint64_t seed, nb_tensor **x,
+                         nb_tensor **w, nb_tensor **b) {
+    int64_t K = c->xs[c->xnd - 1];
+    if (c->layout == 3) {
+        int64_t wide[3];
+        memcpy(wide, c->xs, sizeof wide);
+        wide[c->xnd - 1] = K + 3;
+        *x = nb_narrow(tu_random(wide, c->xnd, dt, -1, 1, seed), c->xnd - 1, 1, K);
+    } else {
+        *x = tu_random(c->xs, c->xnd, dt, -1, 1, seed);
+        if (c->layout == 1) *x = tu_noncontig(*x);
+    }
+    *w = tu_random((int64_t[]){c->out, K}, 2, dt, -1, 1, seed + 1);
+    if (c->layout == 2) *w = tu_noncontig(*w);
+    *b = c->bias ? tu_random(&c->out, 1, dt, -1, 1, seed + 2) : NULL;
+}
+
+START_TEST(test_linear_forward) {
+    nb_scope_begin();
+    for (int ci = 0; ci < N_LIN; ci++) {
+        const lin_case *c = &k_lin[ci];
+        for (int di = 0; di < N_FLOAT; di++) {
+            nb_tensor *x, *w, *b;
+            lin_operands(c, k_float[di], 10 + (uint64_t)ci, &x, &w, &b);
+            nb_tensor *y = nb_linear_fn(x, w, b);
+            ck_assert_msg(y, "case %d %s: %s", ci, nb_dtype_name(k_float[di]), nb_last_error());
+            ck_assert_int_eq(nb_tensor_dtype(y), k_float[di]);
+            int64_t K = c->xs[c->xnd - 1], M = tu_numel(c->xs, c->xnd - 1), oshape[3];
+            memcpy(oshape, c->xs, sizeof oshape);
+            oshape[c->xnd - 1] = c->out;
+            double *xv = tu_values(x), *wv = tu_values(w), *bv = b ? tu_values(b) : NULL;
+            double *ref = malloc(sizeof(double) * (size_t)(M * c->out + 1));
+            ref_linear(xv, wv, bv, M, c->out, K, ref);
+            tu_assert_close(y, ref, oshape, c->xnd, tu_tol(k_float[di]));
+            free(xv), free(wv), free(bv), free(ref);
+        }
+    }
+    nb_scope_end();
+}
+END_TEST
+
+/* Backward against the reference: dx = G W, dw = G^T X, db = column sums of G, for dense,
+ * transposed and padded operands and for dense, transposed and expanded output gradients. */
+START_TEST(test_linear_backward) {
+    nb_scope_begin();
+    for (int ci = 0; ci < N_LIN; ci++) {
+        const lin_case *c = &k_lin[ci];
+        for (int di = 0; di < N_FLOAT; di++) {
+            nb_dtype dt = k_float[di];
+            for (int gl = 0; gl < 3; gl++) {
+                nb_tensor *x, *w, *b;
+                lin_operands(c, dt, 40 + (uint64_t)ci, &x, &w, &b);
+                make_grad(x), make_grad(w);
+                if (b) make_grad(b);
+                nb_tensor *y = nb_linear_fn(x, w, b);
+                ck_assert_msg(y, "%s", nb_last_error());
+                int64_t K = c->xs[c->xnd - 1], M = tu_numel(c->xs, c->xnd - 1), N = c->out;
+                nb_tensor *g = tu_random(nb_shape(y), nb_ndim(y), dt, -1, 1, 77);
+                if (gl == 1) g = tu_noncontig(g);
+                if (gl == 2) /* every row the same: stride 0 over the leading dims */
+                    g = nb_expand(tu_random(&N, 1, dt, -1, 1, 78), nb_shape(y), nb_ndim(y));
+                backward_with(y, g);
+                double *xv = tu_values(x), *wv = tu_values(w), *gv = tu_values(g);
+                double *dx = calloc((size_t)(M * K + 1), sizeof(double));
+                double *dw = calloc((size_t)(N * K + 1), sizeof(double));
+                double *db = calloc((size_t)(N + 1), sizeof(double));
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t j = 0; j < N; j++) {
+                        db[j] += gv[i * N + j];
+                        for (int64_t k = 0; k < K; k++) {
+                            dx[i * K + k] += gv[i * N + j] * wv[j * K + k];
+                            dw[j * K + k] += gv[i * N + j] * xv[i * K + k];
+                        }
+                    }
+                double tol = dt == NB_F32 ? 1e-5 : tu_tol(dt) * 2;
+                CLOSE(nb_grad(x), dx, tol);
+                CLOSE(nb_grad(w), dw, tol);
+                if (b) CLOSE(nb_grad(b), db, tol);
+                ck_assert_int_eq(nb_tensor_dtype(nb_grad(w)), dt);
+                free(xv), free(wv), free(gv), free(dx), free(dw), free(db);
+            }
+        }
+    }
+    nb_scope_end();
+}
+END_TEST
+
+static nb_tensor *f_linear(nb_tensor *const *in, int n, void *ctx) {
+    int mode = *(int *)ctx;
+    nb_tensor *x = mode == 1 ? nb_transpose(in[0], 0, 1) : in[0];
+    return nb_linear_fn(x, in[1], n > 2 ? in[2] : NULL);
+}
+
+START_TEST(test_linear_gradcheck) {
+    nb_scope_begin();
+    int mode = 0;
+    nb_tensor *x = tu_random((int64_t[]){3, 4}, 2, NB_F64, -1, 1, 1);
+    nb_tensor *w = tu_random((int64_t[]){2, 4}, 2, NB_F64, -1, 1, 2);
+    nb_tensor *b = tu_random((int64_t[]){2}, 1, NB_F64, -1, 1, 3);
+    make_grad(x), make_grad(w), make_grad(b);
+    ck_assert_msg(nb_gradcheck(f_linear, (nb_tensor *[]){x, w, b}, 3, &mode, NULL) == NB_OK,
+                  "%s", nb_last_error());
+    /* 3-D input without bias, from f32 leaves */
+    nb_tensor *x3 = tu_random((int64_t[]){2, 2, 3}, 3, NB_F32, -1, 1, 4);
+    nb_tensor *w3 = tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 5);
+    make_grad(x3), make_grad(w3);
+    ck_assert_msg(nb_gradcheck(f_linear, (nb_tensor *[]){x3, w3}, 2, &mode, NULL) == NB_OK,
+                  "%s", nb_last_error());
+    /* a transposed (column-major) input */
+    mode = 1;
+    nb_tensor *xt = tu_random((int64_t[]){4, 3}, 2, NB_F64, -1, 1, 6);
+    make_grad(xt);
+    ck_assert_msg(nb_gradcheck(f_linear, (nb_tensor *[]){xt, w, b}, 3, &mode, NULL) == NB_OK,
+                  "%s", nb_last_error());
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- layer norm ------------------------------------------------------------------------------ */
+typedef struct ln_case {
+    int64_t xs[3];
+    int xnd;
+    bool w, b, noncontig;
+} ln_case;
+
+static const ln_case k_ln[] = {
+    {{4, 8}, 2, true, true, false},  {{2, 3, 5}, 3, true, true, false},
+    {{4, 8}, 2, false, false, false}, {{4, 8}, 2, true, false, true},
+    {{3, 1}, 2, true, true, false},  {{0, 5}, 2, true, true, false},
+    {{7}, 1, false, true, false},    {{6, 37}, 2, true, true, true},
+};
+#define N_LN ((int)(sizeof k_ln / sizeof k_ln[0]))
+
+START_TEST(test_layer_norm) {
+    nb_scope_begin();
+    const double eps = 1e-5;
+    for (int ci = 0; ci < N_LN; ci++) {
+        const ln_case *c = &k_ln[ci];
+        int64_t D = c->xs[c->xnd - 1], N = tu_numel(c->xs, c->xnd - 1);
+        for (int di = 0; di < N_FLOAT; di++) {
+            nb_dtype dt = k_float[di];
+            nb_tensor *x = tu_random(c->xs, c->xnd, dt, -2, 3, 100 + (uint64_t)ci);
+            if (c->noncontig) x = tu_noncontig(x);
+            nb_tensor *w = c->w ? tu_random(&D, 1, dt, 0.5, 1.5, 7) : NULL;
+            nb_tensor *b = c->b ? tu_random(&D, 1, dt, -1, 1, 8) : NULL;
+            make_grad(x);
+            if (w) make_grad(w);
+            if (b) make_grad(b);
+            nb_tensor *y = nb_layer_norm(x, w, b, eps);
+            ck_assert_msg(y, "case %d: %s", ci, nb_last_error());
+            ck_assert_int_eq(nb_tensor_dtype(y), dt);
+            nb_tensor *g = tu_random(c->xs, c->xnd, dt, -1, 1, 9);
+            backward_with(y, g);
+            double *xv = tu_values(x), *wv = w ? tu_values(w) : NULL, *bv = b ? tu_values(b) : NULL;
+            double *gv = tu_values(g);
+            size_t n = (size_t)(N * D + 1);
+            double *ry = malloc(sizeof(double) * n), *rdx = malloc(sizeof(double) * n);
+            double *rdw = malloc(sizeof(double) * (size_t)(D + 1)),
+                   *rdb = malloc(sizeof(double) * (size_t)(D + 1));
+            ref_layer_norm(xv, wv, bv, N, D, eps, ry, gv, rdx, rdw, rdb);
+            double tol = dt == NB_F32 ? 1e-5 : tu_tol(dt) * 4;
+            CLOSE(y, ry, tol);
+            CLOSE(nb_grad(x), rdx, dt == NB_F32 ? 1e-4 : tol);
+            if (w) CLOSE(nb_grad(w), rdw, dt == NB_F32 ? 1e-5 : tol * 4);
+            if (b) CLOSE(nb_grad(b), rdb, dt == NB_F32 ? 1e-5 : tol * 4);
+            free(xv), free(wv), free(bv), free(gv), free(ry), free(rdx), free(rdw), free(rdb);
+        }
+    }
+    nb_scope_end();
+}
+END_TEST
+
+static nb_tensor *f_layer_norm(nb_tensor *const *in, int n, void *ctx) {
+    (void)ctx;
+    return nb_layer_norm(in[0], n > 1 ? in[1] : NULL, n > 2 ? in[2] : NULL, 1e-5);
+}
+
+START_TEST(test_layer_norm_gradcheck) {
+    nb_scope_begin();
+    nb_tensor *x = tu_random((int64_t[]){3, 5}, 2, NB_F64, -2, 2, 1);
+    nb_tensor *w = tu_random((int64_t[]){5}, 1, NB_F64, 0.5, 1.5, 2);
+    nb_tensor *b = tu_random((int64_t[]){5}, 1, NB_F64, -1, 1, 3);
+    make_grad(x), make_grad(w), make_grad(b);
+    ck_assert_msg(nb_gradcheck(f_layer_norm, (nb_tensor *[]){x, w, b}, 3, NULL, NULL) == NB_OK,
+                  "%s", nb_last_error());
+    ck_assert_msg(nb_gradcheck(f_layer_norm, (nb_tensor *[]){x}, 1, NULL, NULL) == NB_OK, "%s",
+                  nb_last_error());
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- batch norm ------------------------------------------------------------------------------ */
+typedef struct bn_case {
+    int64_t xs[4];
+    int xnd;
+    bool affine;
+} bn_case;
+
+static const bn_case k_bn[] = {
+    {{6, 3}, 2, true}, {{2, 3, 2, 2}, 4, true}, {{4, 2, 5}, 3, false}, {{3, 4, 3, 3}, 4, true},
+};
+#define N_BN ((int)(sizeof k_bn / sizeof k_bn[0]))
+
+START_TEST(test_batch_norm) {
+    nb_scope_begin();
+    const double eps = 1e-5, mom = 0.1;
+    for (int ci = 0; ci < N_BN; ci++) {
+        const bn_case *c = &k_bn[ci];
+        int64_t N = c->xs[0], C = c->xs[1], S = tu_numel(c->xs + 2, c->xnd - 2);
+        for (int di = 0; di < N_FLOAT; di++) {
+            nb_dtype dt = k_float[di];
+            nb_tensor *w = c->affine ? tu_random(&C, 1, dt, 0.5, 1.5, 5) : NULL;
+            nb_tensor *b = c->affine ? tu_random(&C, 1, dt, -1, 1, 6) : NULL;
+            nb_tensor *rm = nb_zeros(&C, 1, NB_F32), *rv = nb_ones(&C, 1, NB_F32);
+            double refm[16], refv[16], bm[16], bv[16];
+            for (int64_t k = 0; k < C; k++) refm[k] = 0, refv[k] = 1;
+            int64_t n = tu_numel(c->xs, c->xnd);
+            double *ry = malloc(sizeof(double) * (size_t)n), *rdx = malloc(sizeof(double) * (size_t)n);
+            double rdw[16], rdb[16];
+            for (int step = 0; step < 3; step++) {
+                bool training = step < 2; /* two training steps, then eval */
+                nb_tensor *x = tu_random(c->xs, c->xnd, dt, -2, 3, 200 + (uint64_t)(ci * 8 + step));
+                if (step == 1) x = tu_noncontig(x);
+                make_grad(x);
+                if (w) make_grad(w), make_grad(b), nb_clear_grad(w), nb_clear_grad(b);
+                nb_tensor *y = nb_batch_norm(x, rm, rv, w, b, training, mom, eps);
+                ck_assert_msg(y, "case %d: %s", ci, nb_last_error());
+                nb_tensor *g = tu_random(c->xs, c->xnd, dt, -1, 1, 300 + (uint64_t)step);
+                backward_with(y, g);
+                double *xv = tu_values(x), *gv = tu_values(g);
+                double *wv = w ? tu_values(w) : NULL, *bvv = b ? tu_values(b) : NULL;
+                /* eval normalizes with the stored (f32) running statistics */
+                double *rm0 = tu_values(rm), *rv0 = tu_values(rv);
+                ref_batch_norm(xv, N, C, S, wv, bvv, training, rm0, rv0, eps, ry, bm, bv, gv, rdx,
+                               rdw, rdb);
+                free(rm0), free(rv0);
+                if (training)
+                    for (int64_t k = 0; k < C; k++) {
+                        refm[k] = (1 - mom) * refm[k] + mom * bm[k];
+                        refv[k] = (1 - mom) * refv[k] + mom * bv[k];
+                    }
+                double tol = dt == NB_F32 ? 1e-5 : tu_tol(dt) * 4;
+                CLOSE(y, ry, tol);
+                CLOSE(nb_grad(x), rdx, dt == NB_F32 ? 1e-4 : tol * 2);
+                if (w) CLOSE(nb_grad(w), rdw, dt == NB_F32 ? 1e-5 : tol * 4);
+                if (b) CLOSE(nb_grad(b), rdb, dt == NB_F32 ? 1e-5 : tol * 4);
+                CLOSE(rm, refm, dt == NB_F32 || dt == NB_F64 ? 1e-6 : tol);
+                CLOSE(rv, refv, dt == NB_F32 || dt == NB_F64 ? 1e-6 : tol);
+                free(xv), free(gv), free(wv), free(bvv);
+            }
+            free(ry), free(rdx);
+        }
+    }
+    nb_scope_end();
+}
+END_TEST
+
+typedef struct bn_ctx {
+    nb_tensor *rm, *rv;
+    bool training;
+} bn_ctx;
+
+static nb_tensor *f_batch_norm(nb_tensor *const *in, int n, void *ctx) {
+    bn_ctx *c = ctx;
+    return nb_batch_norm(in[0], c->rm, c->rv, n > 1 ? in[1] : NULL, n > 2 ? in[2] : NULL,
+                         c->training, 0.1, 1e-5);
+}
+
+START_TEST(test_batch_norm_gradcheck) {
+    nb_scope_begin();
+    nb_tensor *x = tu_random((int64_t[]){4, 3}, 2, NB_F64, -2, 2, 1);
+    nb_tensor *x4 = tu_random((int64_t[]){2, 2, 2, 2}, 4, NB_F64, -2, 2, 2);
+    nb_tensor *w = tu_random((int64_t[]){3}, 1, NB_F64, 0.5, 1.5, 3);
+    nb_tensor *b = tu_random((int64_t[]){3}, 1, NB_F64, -1, 1, 4);
+    nb_tensor *w2 = tu_random((int64_t[]){2}, 1, NB_F64, 0.5, 1.5, 5);
+    make_grad(x), make_grad(x4), make_grad(w), make_grad(b), make_grad(w2);
+    bn_ctx train = {tu_random((int64_t[]){3}, 1, NB_F64, -1, 1, 6),
+                    tu_random((int64_t[]){3}, 1, NB_F64, 0.5, 2, 7), true};
+    ck_assert_msg(nb_gradcheck(f_batch_norm, (nb_tensor *[]){x, w, b}, 3, &train, NULL) == NB_OK,
+                  "%s", nb_last_error());
+    bn_ctx nostats = {NULL, NULL, true};
+    ck_assert_msg(nb_gradcheck(f_batch_norm, (nb_tensor *[]){x4, w2}, 2, &nostats, NULL) == NB_OK,
+                  "%s", nb_last_error());
+    bn_ctx eval = {train.rm, train.rv, false};
+    ck_assert_msg(nb_gradcheck(f_batch_norm, (nb_tensor *[]){x, w, b}, 3, &eval, NULL) == NB_OK,
+                  "%s", nb_last_error());
+    nb_scope_end();
+}
+END_TEST
+
+/* Norm backward sums and dropout masks must not depend on the thread count. */
+START_TEST(test_thread_independence) {
+    nb_scope_begin();
+    int saved = nb_get_num_threads();
+    nb_tensor *x = tu_random((int64_t[]){512, 256}, 2, NB_F32, -2, 2, 1);
+    nb_tensor *w = tu_random((int64_t[]){256}, 1, NB_F32, 0.5, 1.5, 2);
+    nb_tensor *b = tu_random((int64_t[]){256}, 1, NB_F32, -1, 1, 3);
+    nb_tensor *xb = tu_random((int64_t[]){8, 16, 32, 32}, 4, NB_F32, -2, 2, 4);
+    nb_tensor *wb = tu_random((int64_t[]){16}, 1, NB_F32, 0.5, 1.5, 5);
+    make_grad(x), make_grad(w), make_grad(b), make_grad(xb), make_grad(wb);
+    nb_generator *gen = nb_generator_new(99);
+    double *res[2][6];
+    for (int k = 0; k < 2; k++) {
+        nb_set_num_threads(k == 0 ? 1 : 4);
+        nb_clear_grad(x), nb_clear_grad(w), nb_clear_grad(b), nb_clear_grad(xb),
+            nb_clear_grad(wb);
+        nb_tensor *y = nb_layer_norm(x, w, b, 1e-5);
+        backward_with(y, tu_random(nb_shape(y), 2, NB_F32, -1, 1, 6));
+        nb_tensor *yb = nb_batch_norm(xb, NULL, NULL, wb, NULL, true, 0.1, 1e-5);
+        backward_with(yb, tu_random(nb_shape(yb), 4, NB_F32, -1, 1, 7));
+        nb_generator_set_offset(gen, 5);
+        nb_tensor *d = nb_dropout(tu_random((int64_t[]){100000}, 1, NB_F32, 1, 2, 8), 0.5,
+                                  true, gen);
+        nb_tensor *outs[6] = {nb_grad(w), nb_grad(b), nb_grad(x), yb, nb_grad(wb), d};
+        for (int i = 0; i < 6; i++) res[k][i] = tu_values(outs[i]);
+    }
+    nb_set_num_threads(saved);
+    int64_t sizes[6] = {256, 256, 512 * 256, 8 * 16 * 32 * 32, 16, 100000};
+    for (int i = 0; i < 6; i++) {
+        ck_assert_msg(memcmp(res[0][i], res[1][i], sizeof(double) * (size_t)sizes[i]) == 0,
+                      "result %d differs between 1 and 4 threads", i);
+        free(res[0][i]), free(res[1][i]);
+    }
+    nb_generator_free(gen);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- dropout --------------------------------------------------------------------------------- */
+START_TEST(test_dropout) {
+    nb_scope_begin();
+    nb_generator *gen = nb_generator_new(7);
+    const int64_t n = 20000;
+    for (int di = 0; di < N_FLOAT; di++) {
+        nb_dtype dt = k_float[di];
+        nb_tensor *x = tu_random(&n, 1, dt, 1, 2, 1);
+        make_grad(x);
+        double p = 0.3, scale = 1 / (1 - p);
+        nb_generator_set_offset(gen, 0);
+        nb_tensor *y = nb_dropout(x, p, true, gen);
+        ck_assert_msg(y, "%s", nb_last_error());
+        ck_assert_int_eq(nb_tensor_dtype(y), dt);
+        nb_tensor *g = tu_random(&n, 1, dt, -1, 1, 2);
+        backward_with(y, g);
+        double *xv = tu_values(x), *yv = tu_values(y), *gv = tu_values(g);
+        double *gx = tu_values(nb_grad(x));
+        int64_t zeros = 0;
+        double tol = tu_tol(dt);
+        for (int64_t i = 0; i < n; i++) {
+            bool kept = yv[i] != 0;
+            zeros += !kept;
+            double want = kept ? xv[i] * scale : 0;
+            ck_assert_msg(fabs(yv[i] - want) <= tol * (1 + fabs(want)), "y[%lld]", (long long)i);
+            double gwant = kept ? gv[i] * scale : 0;
+            ck_assert_msg(fabs(gx[i] - gwant) <= tol * (1 + fabs(gwant)), "grad[%lld]",
+                          (long long)i);
+        }
+        double frac = (double)zeros / (double)n;
+        ck_assert_msg(fabs(frac - p) < 0.02, "dropped fraction %g for p %g", frac, p);
+        /* Same generator state -> same mask; the generator advanced. */
+        nb_generator_set_offset(gen, 0);
+        double *y2 = tu_values(nb_dropout(x, p, true, gen));
+        ck_assert(memcmp(yv, y2, sizeof(double) * (size_t)n) == 0);
+        ck_assert(nb_generator_offset(gen) > 0);
+        double *y3 = tu_values(nb_dropout(x, p, true, gen));
+        ck_assert(memcmp(yv, y3, sizeof(double) * (size_t)n) != 0);
+        free(xv), free(yv), free(gv), free(gx), free(y2), free(y3);
+    }
+    /* eval / p = 0: x itself; p = 1: zeros with zero gradients */
+    nb_tensor *x = tu_random((int64_t[]){3, 4}, 2, NB_F32, 1, 2, 3);
+    ck_assert_ptr_eq(nb_dropout(x, 0.5, false, gen), x);
+    ck_assert_ptr_eq(nb_dropout(x, 0.0, true, gen), x);
+    make_grad(x);
+    nb_tensor *z = nb_dropout(x, 1.0, true, NULL);
+    double zeros[12] = {0};
+    CLOSE(z, zeros, 0);
+    backward_with(z, nb_ones((int64_t[]){3, 4}, 2, NB_F32));
+    CLOSE(nb_grad(x), zeros, 0);
+    /* a non-contiguous input */
+    nb_tensor *xn = tu_noncontig(tu_random((int64_t[]){5, 6}, 2, NB_F64, 1, 2, 4));
+    nb_tensor *yn = nb_dropout(xn, 0.5, true, gen);
+    double *xv = tu_values(xn), *yv = tu_values(yn);
+    for (int i = 0; i < 30; i++) ck_assert(yv[i] == 0 || fabs(yv[i] - 2 * xv[i]) < 1e-15);
+    free(xv), free(yv);
+    nb_generator_free(gen);
+    nb_scope_end();
+}
+END_TEST
+
+static nb_tensor *f_dropout(nb_tensor *const *in, int n, void *ctx) {
+    (void)n;
+    nb_generator_set_offset(ctx, 0); /* the same mask on every call */
+    return nb_dropout(in[0], 0.4, true, ctx);
+}
+
+START_TEST(test_dropout_gradcheck) {
+    nb_scope_begin();
+    nb_generator *gen = nb_generator_new(3);
+    nb_tensor *x = tu_random((int64_t[]){4, 5}, 2, NB_F64, -1, 1, 1);
+    make_grad(x);
+    nb_status st = nb_gradcheck(f_dropout, &x, 1, gen, NULL);
+    nb_generator_free(gen);
+    ck_assert_msg(st == NB_OK, "%s", nb_last_error());
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- init ------------------------------------------------------------------------------------ */
+static void moments(nb_tensor *t, double *mean, double *std, double *amax) {
+    double *v = tu_values(t);
+    int64_t n = nb_numel(t);
+    double s = 0, s2 = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) s += v[i], m = fmax(m, fabs(v[i]));
+    *mean = s / (double)n;
+    for (int64_t i = 0; i < n; i++) s2 += (v[i] - *mean) * (v[i] - *mean);
+    *std = sqrt(s2 / (double)n);
+    *amax = m;
+    free(v);
+}
+
+START_TEST(test_init) {
+    nb_scope_begin();
+    nb_generator *gen = nb_generator_new(11);
+    nb_tensor *t = nb_empty((int64_t[]){200, 100}, 2, NB_F32); /* fan_in 100, fan_out 200 */
+    make_grad(t);                                              /* init works on parameters */
+    double mean, std, amax;
+    struct {
+        int kind;
+        double bound_or_std;
+    } cases[] = {
+        {0, sqrt(6.0 / 300)},          /* xavier_uniform, gain 1 */
+        {1, 2 * sqrt(2.0 / 300)},      /* xavier_normal, gain 2 */
+        {2, sqrt(2.0) * sqrt(3.0 / 100)}, /* kaiming_uniform relu, fan_in */
+        {3, sqrt(2.0) / sqrt(200)},    /* kaiming_normal relu, fan_out */
+        {4, sqrt(2.0 / (1 + 0.04)) * sqrt(3.0 / 100)}, /* kaiming_uniform leaky 0.2 */
+    };
+    for (int i = 0; i < 5; i++) {
+        nb_status st = NB_OK;
+        switch (cases[i].kind) {
+        case 0: st = nb_init_xavier_uniform_(t, 1.0, gen); break;
+        case 1: st = nb_init_xavier_normal_(t, 2.0, gen); break;
+        case 2: st = nb_init_kaiming_uniform_(t, 0, false, NB_NONLIN_RELU, gen); break;
+        case 3: st = nb_init_kaiming_normal_(t, 0, true, NB_NONLIN_RELU, gen); break;
+        case 4: st = nb_init_kaiming_uniform_(t, 0.2, false, NB_NONLIN_LEAKY_RELU, gen); break;
+        }
+        ck_assert_msg(st == NB_OK, "%s", nb_last_error());
+        moments(t, &mean, &std, &amax);
+        double bs = cases[i].bound_or_std;
+        bool uniform = cases[i].kind != 1 && cases[i].kind != 3;
+        double want_std = uniform ? bs / sqrt(3.0) : bs;
+        ck_assert_msg(fabs(mean) < 0.03 * want_std * 10, "case %d mean %g", i, mean);
+        ck_assert_msg(fabs(std / want_std - 1) < 0.03, "case %d std %g want %g", i, std, want_std);
+        if (uniform) ck_assert_msg(amax <= bs * (1 + 1e-6) && amax > 0.99 * bs, "case %d", i);
+    }
+    ck_assert(nb_init_normal_(t, 2.0, 0.5, gen) == NB_OK);
+    moments(t, &mean, &std, &amax);
+    ck_assert(fabs(mean - 2) < 0.02 && fabs(std - 0.5) < 0.015);
+    ck_assert(nb_init_uniform_(t, -3, -1, gen) == NB_OK);
+    moments(t, &mean, &std, &amax);
+    ck_assert(fabs(mean + 2) < 0.02 && amax <= 3);
+    /* conv weight: fan_in = 4 * 3 * 3, fan_out = 8 * 3 * 3 */
+    nb_tensor *cw = nb_empty((int64_t[]){8, 4, 3, 3}, 4, NB_F64);
+    ck_assert(nb_init_kaiming_uniform_(cw, 0, true, NB_NONLIN_LINEAR, gen) == NB_OK);
+    moments(cw, &mean, &std, &amax);
+    ck_assert(amax <= sqrt(3.0 / 72) && amax > 0.9 * sqrt(3.0 / 72));
+    ck_assert(nb_init_ones_(t) == NB_OK);
+    moments(t, &mean, &std, &amax);
+    ck_assert(mean == 1 && std == 0);
+    ck_assert(nb_init_constant_(t, 0.25) == NB_OK && nb_get_f64(t, (int64_t[]){5, 7}) == 0.25);
+    ck_assert(nb_init_zeros_(t) == NB_OK && nb_get_f64(t, (int64_t[]){199, 99}) == 0);
+    /* same generator state -> same values */
+    nb_tensor *a = nb_empty((int64_t[]){4, 4}, 2, NB_F32), *b = nb_empty((int64_t[]){4, 4}, 2, NB_F32);
+    nb_generator_set_offset(gen, 3);
+    nb_init_xavier_uniform_(a, 1, gen);
+    nb_generator_set_offset(gen, 3);
+    nb_init_xavier_uniform_(b, 1, gen);
+    double *av = tu_values(a);
+    CLOSE(b, av, 0);
+    free(av);
+    /* gains (torch.nn.init.calculate_gain) */
+    ck_assert(nb_init_calculate_gain(NB_NONLIN_LINEAR, 0) == 1);
+    ck_assert(nb_init_calculate_gain(NB_NONLIN_SIGMOID, 0) == 1);
+    ck_assert(fabs(nb_init_calculate_gain(NB_NONLIN_TANH, 0) - 5.0 / 3) < 1e-15);
+    ck_assert(fabs(nb_init_calculate_gain(NB_NONLIN_RELU, 0) - sqrt(2.0)) < 1e-15);
+    ck_assert(fabs(nb_init_calculate_gain(NB_NONLIN_LEAKY_RELU, 0.01) - sqrt(2 / 1.0001)) < 1e-15);
+    /* errors */
+    ck_assert(nb_init_xavier_uniform_(nb_empty((int64_t[]){5}, 1, NB_F32), 1, gen) == NB_ESHAPE);
+    ck_assert(strstr(nb_last_error(), "at least 2 dims") != NULL);
+    ck_assert(nb_init_uniform_(nb_zeros((int64_t[]){2}, 1, NB_I32), 0, 1, gen) == NB_EDTYPE);
+    ck_assert(nb_init_normal_(t, 0, -1, gen) == NB_EINVAL);
+    nb_clear_error();
+    ck_assert(nb_init_uniform_(NULL, 0, 1, gen) == NB_ENULL);
+    nb_clear_error();
+    nb_generator_free(gen);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- modules --------------------------------------------------------------------------------- */
+static void expect_params(nb_module *m, const char *const *names, const int64_t shapes[][4],
+                          const int *ndims, int n) {
+    const nb_params *p = nb_parameters(m);
+    ck_assert_int_eq(p->count, n);
+    for (int i = 0; i < n; i++) {
+        ck_assert_str_eq(p->names[i], names[i]);
+        ck_assert_int_eq(nb_ndim(p->tensors[i]), ndims[i]);
+        for (int d = 0; d < ndims[i]; d++) ck_assert_int_eq(nb_shape(p->tensors[i])[d], shapes[i][d]);
+        ck_assert(nb_requires_grad(p->tensors[i]));
+    }
+}
+
+START_TEST(test_modules) {
+    nb_scope_begin();
+    nb_generator *gen = nb_generator_new(5);
+    /* Linear: names, shapes, PyTorch's init bounds, forward = nb_linear_fn */
+    nb_module *lin = nb_linear(16, 3, &(nb_linear_opts){.gen = gen});
+    ck_assert_str_eq(nb_module_type(lin), "Linear");
+    expect_params(lin, (const char *[]){"weight", "bias"}, (const int64_t[][4]){{3, 16}, {3}},
+                  (int[]){2, 1}, 2);
+    ck_assert_int_eq(nb_num_parameters(lin), 51);
+    double mean, std, amax;
+    moments(nb_module_param(lin, "weight"), &mean, &std, &amax);
+    ck_assert(amax <= 0.25 && amax > 0.15);
+    moments(nb_module_param(lin, "bias"), &mean, &std, &amax);
+    ck_assert(amax <= 0.25);
+    nb_tensor *x = tu_random((int64_t[]){2, 16}, 2, NB_F32, -1, 1, 1);
+    double *want = tu_values(nb_linear_fn(x, nb_module_param(lin, "weight"),
+                                          nb_module_param(lin, "bias")));
+    CLOSE(nb_forward(lin, x), want, 0);
+    free(want);
+    nb_module_free(lin);
+    nb_module *lin2 = nb_linear(4, 2, &(nb_linear_opts){.no_bias = true, .dtype = NB_F64});
+    ck_assert_int_eq(nb_parameters(lin2)->count, 1);
+    ck_assert_int_eq(nb_tensor_dtype(nb_module_param(lin2, "weight")), NB_F64);
+    ck_assert_ptr_null(nb_module_param(lin2, "bias"));
+    nb_module_free(lin2);
+
+    /* Embedding */
+    nb_module *emb = nb_embedding_module(10, 4, gen);
+    expect_params(emb, (const char *[]){"weight"}, (const int64_t[][4]){{10, 4}}, (int[]){2}, 1);
+    nb_tensor *idx = tu_tensor((double[]){1, 9, 0, 1}, (int64_t[]){2, 2}, 2, NB_I64);
+    nb_tensor *e = nb_forward(emb, idx);
+    ck_assert_msg(e && nb_ndim(e) == 3 && nb_shape(e)[2] == 4, "%s", nb_last_error());
+    ck_assert(nb_get_f64(e, (int64_t[]){1, 1, 2}) ==
+              nb_get_f64(nb_module_param(emb, "weight"), (int64_t[]){1, 2}));
+    nb_module_free(emb);
+
+    /* LayerNorm */
+    nb_module *ln = nb_layernorm(5, NULL);
+    ck_assert_str_eq(nb_module_type(ln), "LayerNorm");
+    expect_params(ln, (const char *[]){"weight", "bias"}, (const int64_t[][4]){{5}, {5}},
+                  (int[]){1, 1}, 2);
+    ck_assert(nb_get_f64(nb_module_param(ln, "weight"), (int64_t[]){2}) == 1);
+    ck_assert(nb_get_f64(nb_module_param(ln, "bias"), (int64_t[]){2}) == 0);
+    nb_tensor *xl = tu_random((int64_t[]){3, 5}, 2, NB_F32, -1, 1, 2);
+    want = tu_values(nb_layer_norm(xl, NULL, NULL, 1e-5));
+    CLOSE(nb_forward(ln, xl), want, 1e-6);
+    free(want);
+    tu_assert_error(nb_forward(ln, tu_random((int64_t[]){3, 4}, 2, NB_F32, -1, 1, 2)), NB_ESHAPE,
+                    "last dim is 5");
+    nb_module_free(ln);
+    nb_module *ln2 = nb_layernorm(5, &(nb_norm_opts){.no_affine = true});
+    ck_assert_int_eq(nb_parameters(ln2)->count, 0);
+    nb_module_free(ln2);
+
+    /* BatchNorm2d: PyTorch's names; running stats and num_batches_tracked; train/eval */
+    nb_module *bn = nb_batchnorm2d(3, NULL);
+    ck_assert_str_eq(nb_module_type(bn), "BatchNorm2d");
+    expect_params(bn, (const char *[]){"weight", "bias"}, (const int64_t[][4]){{3}, {3}},
+                  (int[]){1, 1}, 2);
+    const nb_params *bufs = nb_buffers(bn);
+    ck_assert_int_eq(bufs->count, 3);
+    ck_assert_str_eq(bufs->names[0], "running_mean");
+    ck_assert_str_eq(bufs->names[1], "running_var");
+    ck_assert_str_eq(bufs->names[2], "num_batches_tracked");
+    nb_tensor *nbt = bufs->tensors[2];
+    ck_assert(nb_tensor_dtype(nbt) == NB_I64 && nb_ndim(nbt) == 0 && nb_item_i64(nbt) == 0);
+    nb_tensor *xb = tu_random((int64_t[]){4, 3, 2, 2}, 4, NB_F32, 1, 3, 3);
+    ck_assert(nb_forward(bn, xb) != NULL);
+    ck_assert_int_eq(nb_item_i64(nbt), 1);
+    ck_assert(nb_get_f64(nb_module_buffer(bn, "running_mean"), (int64_t[]){0}) > 0.1);
+    nb_module_train(bn, false);
+    ck_assert(!nb_module_is_training(bn));
+    want = tu_values(nb_batch_norm(xb, nb_module_buffer(bn, "running_mean"),
+                                   nb_module_buffer(bn, "running_var"), NULL, NULL, false, 0.1,
+                                   1e-5));
+    CLOSE(nb_forward(bn, xb), want, 1e-6);
+    free(want);
+    ck_assert_int_eq(nb_item_i64(nbt), 1); /* eval does not count */
+    tu_assert_error(nb_forward(bn, tu_random((int64_t[]){4, 3}, 2, NB_F32, 0, 1, 1)), NB_ESHAPE,
+                    "4-D");
+    tu_assert_error(nb_forward(bn, tu_random((int64_t[]){2, 4, 2, 2}, 4, NB_F32, 0, 1, 1)),
+                    NB_ESHAPE, "3 channels");
+    nb_module_free(bn);
+    /* without running stats: batch statistics in eval too */
+    nb_module *bn1 = nb_batchnorm1d(3, &(nb_norm_opts){.no_running_stats = true, .no_affine = true});
+    ck_assert_int_eq(nb_buffers(bn1)->count, 0);
+    ck_assert_int_eq(nb_parameters(bn1)->count, 0);
+    nb_module_train(bn1, false);
+    nb_tensor *x1 = tu_random((int64_t[]){5, 3, 2}, 3, NB_F32, 0, 1, 4);
+    want = tu_values(nb_batch_norm(x1, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
+    CLOSE(nb_forward(bn1, x1), want, 1e-6);
+    free(want);
+    nb_module_free(bn1);
+
+    /* Flatten and activations */
+    nb_module *fl = nb_flatten_module(0, 0);
+    nb_tensor *f = nb_forward(fl, tu_random((int64_t[]){2, 3, 4}, 3, NB_F32, 0, 1, 5));
+    ck_assert(nb_ndim(f) == 2 && nb_shape(f)[0] == 2 && nb_shape(f)[1] == 12);
+    nb_module_free(fl);
+    fl = nb_flatten_module(0, 1);
+    f = nb_forward(fl, tu_random((int64_t[]){2, 3, 4}, 3, NB_F32, 0, 1, 5));
+    ck_assert(nb_ndim(f) == 2 && nb_shape(f)[0] == 6 && nb_shape(f)[1] == 4);
+    nb_module_free(fl);
+    nb_tensor *xa = tu_random((int64_t[]){3, 4}, 2, NB_F32, -2, 2, 6);
+    nb_module *acts[6] = {nb_relu_module(), nb_gelu_module(false), nb_gelu_module(true),
+                          nb_silu_module(), nb_tanh_module(), nb_sigmoid_module()};
+    nb_tensor *refs[6] = {nb_relu(xa), nb_gelu(xa), nb_gelu_tanh(xa), nb_silu(xa), nb_tanh(xa),
+                          nb_sigmoid(xa)};
+    const char *types[6] = {"ReLU", "GELU", "GELU", "SiLU", "Tanh", "Sigmoid"};
+    for (int i = 0; i < 6; i++) {
+        ck_assert_str_eq(nb_module_type(acts[i]), types[i]);
+        double *rv = tu_values(refs[i]);
+        CLOSE(nb_forward(acts[i], xa), rv, 0);
+        free(rv);
+        nb_module_free(acts[i]);
+    }
+
+    /* Dropout module: keeps the generator; eval is the identity */
+    nb_module *dm = nb_dropout_module(0.5, gen);
+    nb_tensor *xd = tu_random((int64_t[]){1000}, 1, NB_F32, 1, 2, 7);
+    uint64_t off = nb_generator_offset(gen);
+    double *yd = tu_values(nb_forward(dm, xd));
+    ck_assert(nb_generator_offset(gen) > off);
+    int zeros = 0;
+    for (int i = 0; i < 1000; i++) zeros += yd[i] == 0;
+    ck_assert(zeros > 400 && zeros < 600);
+    free(yd);
+    nb_module_train(dm, false);
+    ck_assert_ptr_eq(nb_forward(dm, xd), xd);
+    nb_module_free(dm);
+    nb_generator_free(gen);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_sequential) {
+    nb_scope_begin();
+    nb_module *seq = nb_sequential(nb_linear(4, 8, NULL), nb_relu_module(),
+                                   nb_linear(8, 3, NULL), nb_batchnorm1d(3, NULL),
+                                   nb_dropout_module(0.5, NULL), NULL);
+    ck_assert_ptr_nonnull(seq);
+    expect_params(seq, (const char *[]){"0.weight", "0.bias", "2.weight", "2.bias", "3.weight",
+                                        "3.bias"},
+                  (const int64_t[][4]){{8, 4}, {8}, {3, 8}, {3}, {3}, {3}},
+                  (int[]){2, 1, 2, 1, 1, 1}, 6);
+    const nb_params *b = nb_buffers(seq);
+    ck_assert_int_eq(b->count, 3);
+    ck_assert_str_eq(b->names[0], "3.running_mean");
+    ck_assert_str_eq(b->names[2], "3.num_batches_tracked");
+    ck_assert_ptr_eq(nb_module_find(seq, "2.bias"), nb_module_param(nb_module_child(seq, "2"), "bias"));
+    nb_tensor *x = tu_random((int64_t[]){6, 4}, 2, NB_F32, -1, 1, 1);
+    nb_tensor *y = nb_forward(seq, x);
+    ck_assert(y && nb_shape(y)[0] == 6 && nb_shape(y)[1] == 3);
+    /* train/eval reaches every child; eval output is deterministic */
+    nb_module_train(seq, false);
+    for (int i = 0; i < nb_module_num_children(seq); i++)
+        ck_assert(!nb_module_is_training(nb_module_child_at(seq, i)));
+    double *e1 = tu_values(nb_forward(seq, x));
+    CLOSE(nb_forward(seq, x), e1, 0);
+    free(e1);
+    nb_module_train(seq, true);
+    ck_assert(nb_module_is_training(nb_module_child_at(seq, 4)));
+    nb_module_free(seq);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_flatten_parameters) {
+    nb_scope_begin();
+    nb_module *seq = nb_sequential(nb_linear(5, 7, NULL), nb_gelu_module(true),
+                                   nb_layernorm(7, NULL), nb_linear(7, 3, NULL), NULL);
+    const nb_params *p = nb_parameters(seq);
+    int np = p->count;
+    ck_assert_int_eq(np, 6);
+    nb_tensor *before[6];
+    double *vals[6];
+    for (int i = 0; i < np; i++) before[i] = p->tensors[i], vals[i] = tu_values(p->tensors[i]);
+    ck_assert(nb_module_flatten_parameters(seq, 0) == NB_OK);
+    nb_tensor *fp = nb_module_flat_params(seq), *fg = nb_module_flat_grads(seq);
+    ck_assert(fp && fg && nb_ndim(fp) == 1);
+    p = nb_parameters(seq);
+    for (int i = 0; i < np; i++) {
+        ck_assert_ptr_eq(p->tensors[i], before[i]); /* same identities */
+        ck_assert(nb_shares_storage(p->tensors[i], fp));
+        ck_assert(nb_offset(p->tensors[i]) % 16 == 0);
+        CLOSE(p->tensors[i], vals[i], 0);
+        free(vals[i]);
+    }
+    /* a backward accumulates into the flat gradient buffer, twice */
+    nb_tensor *x = tu_random((int64_t[]){4, 5}, 2, NB_F32, -1, 1, 1);
+    for (int rep = 0; rep < 2; rep++) {
+        nb_scope_begin();
+        nb_tensor *y = nb_forward(seq, x);
+        backward_with(y, nb_ones(nb_shape(y), 2, NB_F32));
+        nb_scope_end();
+    }
+    double *g = tu_values(fg);
+    double gsum = 0;
+    for (int64_t i = 0; i < nb_numel(fg); i++) gsum += fabs(g[i]);
+    ck_assert(gsum > 0);
+    for (int i = 0; i < np; i++) {
+        nb_tensor *gi = nb_grad(p->tensors[i]);
+        ck_assert(gi && nb_shares_storage(gi, fg) && nb_offset(gi) == nb_offset(p->tensors[i]));
+    }
+    /* the last bias's gradient is twice the batch size (ones through a linear) */
+    double *gb = tu_values(nb_grad(nb_module_find(seq, "3.bias")));
+    for (int j = 0; j < 3; j++) ck_assert(fabs(gb[j] - 8) < 1e-5);
+    free(gb);
+    free(g);
+    nb_module_zero_grad(seq);
+    ck_assert(nb_get_f64(nb_grad(nb_module_find(seq, "3.bias")), (int64_t[]){0}) == 0);
+    nb_module_free(seq);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+START_TEST(test_layer_errors) {
+    nb_scope_begin();
+    nb_tensor *x = tu_random((int64_t[]){2, 5}, 2, NB_F32, -1, 1, 1);
+    nb_tensor *w = tu_random((int64_t[]){3, 4}, 2, NB_F32, -1, 1, 2);
+    nb_tensor *b = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 3);
+    tu_assert_error(nb_linear_fn(x, w, b), NB_ESHAPE,
+                    "linear: input has 5 features but the weight expects 4");
+    nb_tensor *x4 = tu_random((int64_t[]){2, 4}, 2, NB_F32, -1, 1, 4);
+    tu_assert_error(nb_linear_fn(x4, b, NULL), NB_ESHAPE, "weight must be 2-D");
+    tu_assert_error(nb_linear_fn(x4, w, tu_random((int64_t[]){4}, 1, NB_F32, 0, 1, 1)),
+                    NB_ESHAPE, "bias must have shape [3]");
+    tu_assert_error(nb_linear_fn(nb_to_dtype(x4, NB_F64), w, b), NB_EDTYPE, "one dtype");
+    tu_assert_error(nb_linear_fn(nb_to_dtype(x4, NB_I32), nb_to_dtype(w, NB_I32), NULL),
+                    NB_EDTYPE, "i32");
+    tu_assert_error(nb_linear_fn(nb_scalar(1, NB_F32), w, NULL), NB_ESHAPE, "0-dim");
+    tu_assert_error(nb_linear_fn(NULL, w, b), NB_ENULL, NULL);
+    tu_assert_error(nb_linear_fn(x4, NULL, b), NB_ENULL, NULL);
+    tu_assert_error(nb_linear(-1, 3, NULL), NB_EINVAL, ">= 0");
+    tu_assert_error(nb_linear(2, 3, &(nb_linear_opts){.dtype = NB_I64}), NB_EDTYPE, "float");
+
+    tu_assert_error(nb_layer_norm(x, b, NULL, 1e-5), NB_ESHAPE, "weight must have shape [5]");
+    tu_assert_error(nb_layer_norm(x, NULL, nb_to_dtype(tu_random((int64_t[]){5}, 1, NB_F32, 0, 1, 1),
+                                                        NB_F64), 1e-5),
+                    NB_EDTYPE, "bias is f64");
+    tu_assert_error(nb_layer_norm(nb_to_dtype(x, NB_I64), NULL, NULL, 1e-5), NB_EDTYPE, "i64");
+    tu_assert_error(nb_layer_norm(nb_scalar(1, NB_F32), NULL, NULL, 1e-5), NB_ESHAPE, "at least 1");
+    tu_assert_error(nb_layer_norm(x, NULL, NULL, -1), NB_EINVAL, "eps");
+    tu_assert_error(nb_layer_norm(NULL, NULL, NULL, 1e-5), NB_ENULL, NULL);
+
+    nb_tensor *rm = nb_zeros((int64_t[]){5}, 1, NB_F32), *rv = nb_ones((int64_t[]){5}, 1, NB_F32);
+    tu_assert_error(nb_batch_norm(b, NULL, NULL, NULL, NULL, true, 0.1, 1e-5), NB_ESHAPE,
+                    "at least 2 dims");
+    tu_assert_error(nb_batch_norm(x, nb_zeros((int64_t[]){4}, 1, NB_F32), rv, NULL, NULL, true,
+                                  0.1, 1e-5),
+                    NB_ESHAPE, "running_mean must have shape [5]");
+    tu_assert_error(nb_batch_norm(x, rm, NULL, NULL, NULL, true, 0.1, 1e-5), NB_EINVAL, "both");
+    tu_assert_error(nb_batch_norm(x, NULL, NULL, NULL, NULL, false, 0.1, 1e-5), NB_EINVAL,
+                    "running_mean and running_var are required");
+    tu_assert_error(nb_batch_norm(tu_random((int64_t[]){1, 5}, 2, NB_F32, 0, 1, 1), rm, rv, NULL,
+                                  NULL, true, 0.1, 1e-5),
+                    NB_EINVAL, "more than 1 value per channel");
+    tu_assert_error(nb_batch_norm(x, rm, rv, b, NULL, true, 0.1, 1e-5), NB_ESHAPE,
+                    "weight must have shape [5]");
+    tu_assert_error(nb_batch_norm(x, rm, rv, NULL, NULL, true, 2, 1e-5), NB_EINVAL, "momentum");
+    tu_assert_error(nb_batch_norm(x, nb_zeros((int64_t[]){5}, 1, NB_I32), rv, NULL, NULL, true,
+                                  0.1, 1e-5),
+                    NB_EDTYPE, "float");
+
+    tu_assert_error(nb_dropout(x, 1.5, true, NULL), NB_EINVAL, "[0, 1]");
+    tu_assert_error(nb_dropout(nb_to_dtype(x, NB_I32), 0.5, true, NULL), NB_EDTYPE, "i32");
+    tu_assert_error(nb_dropout(NULL, 0.5, true, NULL), NB_ENULL, NULL);
+    tu_assert_error(nb_dropout_module(-0.1, NULL), NB_EINVAL, "[0, 1]");
+    tu_assert_error(nb_batchnorm2d(-2, NULL), NB_EINVAL, ">= 0");
+    nb_module *bn1 = nb_batchnorm1d(5, NULL);
+    tu_assert_error(nb_forward(bn1, tu_random((int64_t[]){2, 5, 1, 1}, 4, NB_F32, 0, 1, 1)),
+                    NB_ESHAPE, "(N, C)");
+    nb_module_free(bn1);
+    nb_scope_end();
+}
+END_TEST
+
+Suite *nb_suite_nn_layers(void) {
+    Suite *s = suite_create("nn_layers");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"linear_forward", test_linear_forward},
+        {"linear_backward", test_linear_backward},
+        {"linear_gradcheck", test_linear_gradcheck},
+        {"layer_norm", test_layer_norm},
+        {"layer_norm_gradcheck", test_layer_norm_gradcheck},
+        {"batch_norm", test_batch_norm},
+        {"batch_norm_gradcheck", test_batch_norm_gradcheck},
+        {"thread_independence", test_thread_independence},
+        {"dropout", test_dropout},
+        {"dropout_gradcheck", test_dropout_gradcheck},
+        {"init", test_init},
+        {"modules", test_modules},
+        {"sequential", test_sequential},
+        {"flatten_parameters", test_flatten_parameters},
+        {"errors", test_layer_errors},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}

@@ -1,3 +1,941 @@
-/* placeholder: the suite lands with its module */
+/* test_optim.c - the "optim" suite: optimizers, parameter groups, zero_grad, state save and
+ * load, gradient clipping and learning-rate schedules. Reference values come from PyTorch
+ * 1.13 through the committed files in tests/fixtures/optim/ (written by
+ * tools/make_optim_fixtures.py, whose docstring describes the format), so the suite does not
+ * need PyTorch. */
+#include <float.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim_kernels.h"
 #include "testutil.h"
-Suite *nb_suite_optim(void) { return suite_create("optim"); }
+
+#ifndef NB_SOURCE_DIR
+#define NB_SOURCE_DIR "."
+#endif
+
+#define ASSERT_ST(expr, status, needle) \
+    tu_assert_error_at((expr) != NB_OK, (status), (needle), __FILE__, __LINE__)
+#define ASSERT_OK(expr) \
+    ck_assert_msg((expr) == NB_OK, "%s failed: %s", #expr, nb_last_error())
+
+/* ---- fixtures -------------------------------------------------------------------------------- */
+typedef struct fx {
+    char *buf;
+    char **lines;
+    int n;
+} fx;
+
+static void fx_load(fx *f, const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tests/fixtures/optim/%s.txt", NB_SOURCE_DIR, name);
+    FILE *fp = fopen(path, "rb");
+    ck_assert_msg(fp != NULL, "cannot open fixture %s", path);
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    f->buf = malloc((size_t)len + 1);
+    ck_assert(fread(f->buf, 1, (size_t)len, fp) == (size_t)len);
+    fclose(fp);
+    f->buf[len] = 0;
+    f->lines = malloc(sizeof(char *) * ((size_t)len / 2 + 2));
+    f->n = 0;
+    for (char *s = f->buf; *s;) {
+        char *e = strchr(s, '\n');
+        if (e) *e = 0;
+        if (*s && *s != '#') f->lines[f->n++] = s;
+        if (!e) break;
+        s = e + 1;
+    }
+}
+
+static void fx_free(fx *f) {
+    free(f->buf);
+    free(f->lines);
+}
+
+/* The first line starting with the formatted prefix, or NULL. */
+static const char *fx_line(const fx *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static const char *fx_line(const fx *f, const char *fmt, ...) {
+    char prefix[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    size_t n = strlen(prefix);
+    for (int i = 0; i < f->n; i++)
+        if (strncmp(f->lines[i], prefix, n) == 0) return f->lines[i] + n;
+    return NULL;
+}
+
+/* Numbers of a line (after its prefix) into out; returns the count. */
+static int fx_nums(const char *s, double *out, int max) {
+    int k = 0;
+    char *end;
+    while (k < max) {
+        double v = strtod(s, &end);
+        if (end == s) break;
+        out[k++] = v;
+        s = end;
+    }
+    return k;
+}
+
+/* key=value in a line: NB_OPT_ZERO for an explicit 0, 0 when absent (the default). */
+static double fx_opt(const char *line, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, " %s=", key);
+    const char *p = strstr(line, pat);
+    if (!p) return 0;
+    double v = strtod(p + strlen(pat), NULL);
+    return v == 0 ? NB_OPT_ZERO : v;
+}
+
+/* ---- optimizer cases ------------------------------------------------------------------------- */
+#define NP 3
+static const char *const pnames[NP] = {"w", "b", "s"};
+
+typedef struct ocase {
+    fx f;
+    int64_t shape[NP][NB_MAX_DIMS];
+    int ndim[NP];
+    int steps;
+} ocase;
+
+static void case_load(ocase *c, const char *name) {
+    fx_load(&c->f, name);
+    for (int i = 0; i < NP; i++) {
+        double d[NB_MAX_DIMS + 1];
+        const char *l = fx_line(&c->f, "param %d ", i);
+        ck_assert(l);
+        int k = fx_nums(l, d, NB_MAX_DIMS + 1);
+        c->ndim[i] = (int)d[0];
+        ck_assert_int_eq(k, 1 + c->ndim[i]);
+        for (int j = 0; j < c->ndim[i]; j++) c->shape[i][j] = (int64_t)d[1 + j];
+    }
+    double s;
+    ck_assert(fx_nums(fx_line(&c->f, "steps "), &s, 1) == 1);
+    c->steps = (int)s;
+}
+
+/* Fresh leaf parameters holding the fixture's initial values (in the current scope). */
+static void make_params(const ocase *c, nb_dtype dt, nb_tensor **ps) {
+    for (int i = 0; i < NP; i++) {
+        double v[64];
+        int k = fx_nums(fx_line(&c->f, "init %d ", i), v, 64);
+        ck_assert_int_eq(k, tu_numel(c->shape[i], c->ndim[i]));
+        ps[i] = tu_tensor(v, c->shape[i], c->ndim[i], dt);
+        nb_set_requires_grad(ps[i], true);
+    }
+}
+
+/* The parameters of group g as a list (names and tensors point into static arrays). */
+static const char *group_line(const ocase *c, int g, nb_tensor **ps, nb_tensor **gt,
+                              const char **gn, nb_params *out) {
+    const char *l = fx_line(&c->f, "group %d ", g);
+    if (!l) return NULL;
+    out->count = 0;
+    for (const char *s = l; *s && *s != ' ';) {
+        int i = (int)strtol(s, (char **)&s, 10);
+        gt[out->count] = ps[i];
+        gn[out->count++] = pnames[i];
+        if (*s == ',') s++;
+    }
+    out->tensors = gt;
+    out->names = gn;
+    return l;
+}
+
+static nb_optim *make_optim(const ocase *c, nb_tensor **ps) {
+    const char *ol = fx_line(&c->f, "optim ");
+    char kind[16];
+    ck_assert(sscanf(ol, "%15s", kind) == 1);
+    nb_tensor *gt[NP];
+    const char *gn[NP];
+    nb_params g0;
+    ck_assert(group_line(c, 0, ps, gt, gn, &g0));
+    bool ams = fx_opt(ol, "amsgrad") != 0, maxi = fx_opt(ol, "maximize") != 0;
+    nb_optim *opt = NULL;
+    if (!strcmp(kind, "sgd"))
+        opt = nb_sgd(&g0, &(nb_sgd_opts){
+            .lr = fx_opt(ol, "lr"), .momentum = fx_opt(ol, "momentum"),
+            .dampening = fx_opt(ol, "dampening"), .weight_decay = fx_opt(ol, "weight_decay"),
+            .nesterov = fx_opt(ol, "nesterov") != 0, .maximize = maxi});
+    else if (!strcmp(kind, "adam") || !strcmp(kind, "adamw")) {
+        nb_adam_opts o = {.lr = fx_opt(ol, "lr"),
+                          .betas = {fx_opt(ol, "betas0"), fx_opt(ol, "betas1")},
+                          .eps = fx_opt(ol, "eps"), .weight_decay = fx_opt(ol, "weight_decay"),
+                          .amsgrad = ams, .maximize = maxi};
+        opt = !strcmp(kind, "adam") ? nb_adam(&g0, &o) : nb_adamw(&g0, &o);
+    } else if (!strcmp(kind, "rmsprop"))
+        opt = nb_rmsprop(&g0, &(nb_rmsprop_opts){
+            .lr = fx_opt(ol, "lr"), .alpha = fx_opt(ol, "alpha"), .eps = fx_opt(ol, "eps"),
+            .weight_decay = fx_opt(ol, "weight_decay"), .momentum = fx_opt(ol, "momentum"),
+            .centered = fx_opt(ol, "centered") != 0, .maximize = maxi});
+    else if (!strcmp(kind, "adagrad"))
+        opt = nb_adagrad(&g0, &(nb_adagrad_opts){
+            .lr = fx_opt(ol, "lr"), .lr_decay = fx_opt(ol, "lr_decay"),
+            .weight_decay = fx_opt(ol, "weight_decay"),
+            .initial_accumulator_value = fx_opt(ol, "initial_accumulator_value"),
+            .eps = fx_opt(ol, "eps"), .maximize = maxi});
+    ck_assert_msg(opt != NULL, "%s: %s", kind, nb_last_error());
+    ck_assert_str_eq(nb_optim_name(opt), kind);
+    for (int g = 1;; g++) {
+        nb_params gp;
+        const char *l = group_line(c, g, ps, gt, gn, &gp);
+        if (!l) break;
+        nb_group_opts o = {.lr = fx_opt(l, "lr"), .weight_decay = fx_opt(l, "weight_decay"),
+                           .momentum = fx_opt(l, "momentum"), .dampening = fx_opt(l, "dampening"),
+                           .betas = {fx_opt(l, "betas0"), fx_opt(l, "betas1")},
+                           .eps = fx_opt(l, "eps"), .alpha = fx_opt(l, "alpha")};
+        ck_assert_msg(nb_optim_add_group(opt, &gp, &o) == g, "%s", nb_last_error());
+    }
+    return opt;
+}
+
+/* Steps [from, to): install the fixture's gradients (none where it has none), step, and
+ * compare with PyTorch when check. */
+static void run_steps(const ocase *c, nb_optim *opt, nb_tensor **ps, nb_dtype dt, int from,
+                      int to, bool check) {
+    for (int s = from; s < to; s++) {
+        for (int i = 0; i < NP; i++) {
+            double v[64];
+            const char *l = fx_line(&c->f, "grad %d %d ", s, i);
+            if (l) {
+                fx_nums(l, v, 64);
+                ASSERT_OK(nb_set_grad(ps[i], tu_tensor(v, c->shape[i], c->ndim[i], dt)));
+            } else {
+                nb_clear_grad(ps[i]);
+            }
+        }
+        ASSERT_OK(nb_step(opt));
+        for (int i = 0; check && i < NP; i++) {
+            double v[64];
+            const char *l = fx_line(&c->f, "expect %s %d %d ", dt == NB_F32 ? "f32" : "f64", s, i);
+            ck_assert(l);
+            fx_nums(l, v, 64);
+            tu_assert_close(ps[i], v, c->shape[i], c->ndim[i], dt == NB_F32 ? 1e-6 : 1e-12);
+        }
+    }
+}
+
+static const char *const optim_cases[] = {
+    "sgd_plain", "sgd_momentum", "sgd_dampening", "sgd_nesterov", "sgd_wd", "sgd_maximize",
+    "sgd_groups", "adam", "adam_wd", "adam_amsgrad", "adam_maximize", "adamw", "adamw_amsgrad",
+    "adamw_groups", "rmsprop", "rmsprop_centered_momentum", "rmsprop_momentum", "adagrad",
+    "adagrad_full",
+};
+#define NCASES ((int)(sizeof optim_cases / sizeof optim_cases[0]))
+
+/* Every optimizer and option combination against PyTorch, in f32 and f64. */
+START_TEST(test_vs_pytorch) {
+    ocase c;
+    case_load(&c, optim_cases[_i]);
+    for (int d = 0; d < 2; d++) {
+        nb_dtype dt = d ? NB_F64 : NB_F32;
+        nb_scope_begin();
+        nb_tensor *ps[NP];
+        make_params(&c, dt, ps);
+        nb_optim *opt = make_optim(&c, ps);
+        run_steps(&c, opt, ps, dt, 0, c.steps, true);
+        nb_optim_free(opt);
+        nb_scope_end();
+    }
+    fx_free(&c.f);
+}
+END_TEST
+
+static bool same_bits(const nb_tensor *a, const nb_tensor *b) {
+    return nb_numel(a) == nb_numel(b) && a->dtype == b->dtype &&
+           memcmp(nb_data(a), nb_data(b), (size_t)nb_numel(a) * nb_dtype_size(a->dtype)) == 0;
+}
+
+/* Save after two steps, load into a fresh optimizer over copies of the parameters, and
+ * continue: the result is bit-identical to the uninterrupted run, state included. */
+START_TEST(test_state_roundtrip) {
+    ocase c;
+    case_load(&c, optim_cases[_i]);
+    for (int d = 0; d < 2; d++) {
+        nb_dtype dt = d ? NB_F64 : NB_F32;
+        nb_scope_begin();
+        nb_tensor *pa[NP], *pb[NP], *pc[NP];
+        make_params(&c, dt, pa);
+        make_params(&c, dt, pb);
+        nb_optim *a = make_optim(&c, pa), *b = make_optim(&c, pb);
+        run_steps(&c, a, pa, dt, 0, c.steps, false);
+        run_steps(&c, b, pb, dt, 0, 2, false);
+        /* The checkpoint: copies of the parameters and of the state. */
+        const nb_params *st = nb_optim_state(b);
+        ck_assert(st);
+        nb_tensor **saved = malloc(sizeof(nb_tensor *) * (size_t)st->count);
+        for (int i = 0; i < st->count; i++) saved[i] = nb_clone(st->tensors[i]);
+        for (int i = 0; i < NP; i++) {
+            pc[i] = nb_clone(pb[i]);
+            nb_set_requires_grad(pc[i], true);
+        }
+        nb_optim *o = make_optim(&c, pc);
+        ASSERT_OK(nb_optim_load_state(o, st->names, saved, st->count));
+        nb_optim_free(b);
+        run_steps(&c, o, pc, dt, 2, c.steps, false);
+        for (int i = 0; i < NP; i++)
+            ck_assert_msg(same_bits(pa[i], pc[i]), "%s: parameter %d differs after resume",
+                          optim_cases[_i], i);
+        const nb_params *sa = nb_optim_state(a), *so = nb_optim_state(o);
+        ck_assert_int_eq(sa->count, so->count);
+        for (int i = 0; i < sa->count; i++) {
+            ck_assert_str_eq(sa->names[i], so->names[i]);
+            ck_assert_msg(same_bits(sa->tensors[i], so->tensors[i]), "state %s differs",
+                          sa->names[i]);
+        }
+        free(saved);
+        nb_optim_free(a);
+        nb_optim_free(o);
+        nb_scope_end();
+    }
+    fx_free(&c.f);
+}
+END_TEST
+
+/* State names and contents for Adam after one step. */
+START_TEST(test_state_names) {
+    nb_scope_begin();
+    nb_tensor *w = tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 1);
+    nb_tensor *b = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 2);
+    nb_params ps = {2, (nb_tensor *[]){w, b}, (const char *[]){"layer.weight", "layer.bias"}};
+    nb_optim *opt = nb_adam(&ps, &(nb_adam_opts){.amsgrad = true});
+    const nb_params *st = nb_optim_state(opt);
+    ck_assert_int_eq(st->count, 5); /* no parameter state before the first step */
+    ck_assert_str_eq(st->names[0], "param_groups.0.lr");
+    ck_assert_double_eq(nb_item_f64(st->tensors[0]), 1e-3);
+    nb_set_grad(w, tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 3));
+    ASSERT_OK(nb_step(opt)); /* b has no gradient: skipped, no state */
+    st = nb_optim_state(opt);
+    const char *want[] = {"exp_avg.layer.weight", "exp_avg_sq.layer.weight",
+                          "max_exp_avg_sq.layer.weight", "step.layer.weight",
+                          "param_groups.0.lr", "param_groups.0.weight_decay",
+                          "param_groups.0.beta1", "param_groups.0.beta2", "param_groups.0.eps"};
+    ck_assert_int_eq(st->count, 9);
+    for (int i = 0; i < 9; i++) ck_assert_str_eq(st->names[i], want[i]);
+    ck_assert_int_eq(nb_tensor_dtype(st->tensors[3]), NB_I64);
+    ck_assert_int_eq(nb_item_i64(st->tensors[3]), 1);
+    ck_assert_int_eq(nb_ndim(st->tensors[0]), 2);
+    ck_assert_double_eq(nb_item_f64(st->tensors[7]), 0.999);
+    nb_optim_free(opt);
+    nb_scope_end();
+}
+END_TEST
+
+/* load_state rejects missing, unexpected, duplicate, mis-shaped and mistyped entries and
+ * leaves the optimizer as it was. */
+START_TEST(test_state_errors) {
+    nb_scope_begin();
+    nb_tensor *w = tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 1);
+    nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
+    nb_optim *opt = nb_adam(&ps, NULL);
+    nb_set_grad(w, tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 3));
+    ASSERT_OK(nb_step(opt));
+    const nb_params *st = nb_optim_state(opt);
+    ck_assert_int_eq(st->count, 8); /* exp_avg, exp_avg_sq, step, 5 group values */
+    char copies[8][64]; /* the list's names die with the next nb_optim_state call */
+    const char *names[9];
+    nb_tensor *ts[9];
+    for (int i = 0; i < 8; i++) {
+        snprintf(copies[i], sizeof copies[i], "%s", st->names[i]);
+        names[i] = copies[i];
+        ts[i] = nb_clone(st->tensors[i]);
+    }
+    nb_tensor *wrong_shape = nb_zeros((int64_t[]){6}, 1, NB_F32);
+    nb_tensor *wrong_dtype = nb_zeros((int64_t[]){2, 3}, 2, NB_F64);
+    /* missing */
+    ASSERT_ST(nb_optim_load_state(opt, names + 1, ts + 1, 7), NB_EINVAL, "missing 'exp_avg.w'");
+    /* unexpected name, unknown parameter, hyperparameter of another optimizer */
+    names[8] = "foo.w", ts[8] = ts[0];
+    ASSERT_ST(nb_optim_load_state(opt, names, ts, 9), NB_EINVAL, "unexpected entry 'foo.w'");
+    names[8] = "exp_avg.nope";
+    ASSERT_ST(nb_optim_load_state(opt, names, ts, 9), NB_EINVAL, "no parameter");
+    names[8] = "param_groups.0.momentum";
+    ASSERT_ST(nb_optim_load_state(opt, names, ts, 9), NB_EINVAL, "unexpected");
+    names[8] = "param_groups.1.lr";
+    ASSERT_ST(nb_optim_load_state(opt, names, ts, 9), NB_EINVAL, "fewer groups");
+    names[8] = "max_exp_avg_sq.w";
+    ASSERT_ST(nb_optim_load_state(opt, names, ts, 9), NB_EINVAL, "not used");
+    names[8] = "exp_avg.w";
+    ASSERT_ST(nb_optim_load_state(opt, names, ts, 9), NB_EINVAL, "appears twice");
+    /* shapes and dtypes */
+    nb_tensor *keep = ts[0];
+    ts[0] = wrong_shape;
+    ASSERT_ST(nb_optim_load_state(opt, names, ts, 8), NB_ESHAPE,
+              "has shape [6] but the parameter has shape [2,3]");
+    ts[0] = wrong_dtype;
+    ASSERT_ST(nb_optim_load_state(opt, names, ts, 8), NB_EDTYPE, "is f64 but the parameter is f32");
+    ts[0] = keep;
+    keep = ts[2];
+    ts[2] = nb_scalar(-1, NB_I64);
+    ASSERT_ST(nb_optim_load_state(opt, names, ts, 8), NB_EINVAL, "whole number");
+    ts[2] = keep;
+    /* a bad hyperparameter value */
+    keep = ts[5];
+    ts[5] = nb_scalar(1.5, NB_F64); /* beta1 */
+    ck_assert_str_eq(names[5], "param_groups.0.beta1");
+    ASSERT_ST(nb_optim_load_state(opt, names, ts, 8), NB_EINVAL, "betas[0]");
+    ts[5] = keep;
+    /* nothing changed; a correct load works, and only group entries reset the state */
+    st = nb_optim_state(opt);
+    ck_assert_int_eq(st->count, 8);
+    ck_assert_int_eq(nb_item_i64(st->tensors[2]), 1);
+    ck_assert_double_eq(nb_optim_get_lr(opt, 0), 1e-3);
+    ASSERT_OK(nb_optim_load_state(opt, names, ts, 8));
+    ASSERT_OK(nb_optim_load_state(opt, names + 3, ts + 3, 5));
+    ck_assert_int_eq(nb_optim_state(opt)->count, 5);
+    ASSERT_ST(nb_optim_load_state(opt, NULL, ts, 3), NB_ENULL, NULL);
+    nb_optim_free(opt);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- groups, lr access, decay split ---------------------------------------------------------- */
+START_TEST(test_groups) {
+    nb_scope_begin();
+    nb_tensor *w = tu_random((int64_t[]){4, 3}, 2, NB_F32, -1, 1, 1);
+    nb_tensor *e = tu_random((int64_t[]){5, 2, 2}, 3, NB_F32, -1, 1, 2);
+    nb_tensor *b = tu_random((int64_t[]){4}, 1, NB_F32, -1, 1, 3);
+    nb_tensor *g = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 4);
+    nb_params all = {4, (nb_tensor *[]){w, b, e, g}, (const char *[]){"w", "b", "e", "g"}};
+    nb_params decay, no_decay;
+    ASSERT_OK(nb_params_split_decay(&all, &decay, &no_decay));
+    ck_assert_int_eq(decay.count, 2);
+    ck_assert_int_eq(no_decay.count, 2);
+    ck_assert(decay.tensors[0] == w && decay.tensors[1] == e);
+    ck_assert(no_decay.tensors[0] == b && no_decay.tensors[1] == g);
+    ck_assert_str_eq(no_decay.names[1], "g");
+    nb_optim *opt = nb_adamw(&decay, &(nb_adamw_opts){.lr = 6e-4, .betas = {0.9, 0.95},
+                                                      .weight_decay = 0.1});
+    nb_group_opts nd = {.weight_decay = NB_OPT_ZERO};
+    ck_assert_int_eq(nb_optim_add_group(opt, &no_decay, &nd), 1);
+    nb_params_deinit(&decay);
+    nb_params_deinit(&no_decay);
+    ck_assert_int_eq(nb_optim_num_groups(opt), 2);
+    nb_group_opts go;
+    ASSERT_OK(nb_optim_group_opts(opt, 1, &go));
+    ck_assert_double_eq(go.weight_decay, 0);
+    ck_assert_double_eq(go.lr, 6e-4);          /* inherited */
+    ck_assert_double_eq(go.betas[1], 0.95);
+    ASSERT_OK(nb_optim_group_opts(opt, 0, &go));
+    ck_assert_double_eq(go.weight_decay, 0.1);
+    const nb_params *ps = nb_optim_params(opt);
+    ck_assert_int_eq(ps->count, 4);
+    ck_assert(ps->tensors[2] == b);
+    ck_assert_str_eq(ps->names[3], "g");
+    /* lr access */
+    ASSERT_OK(nb_optim_set_lr(opt, 1, 0.5));
+    ck_assert_double_eq(nb_optim_get_lr(opt, 1), 0.5);
+    ck_assert_double_eq(nb_optim_get_lr(opt, 0), 6e-4);
+    ASSERT_OK(nb_optim_set_lr(opt, -1, 0.25));
+    ck_assert_double_eq(nb_optim_get_lr(opt, 0), 0.25);
+    ASSERT_ST(nb_optim_set_lr(opt, 2, 0.1), NB_EINDEX, "group 2 out of range");
+    ASSERT_ST(nb_optim_set_lr(opt, 0, -1), NB_EINVAL, "lr must be");
+    ck_assert(isnan(nb_optim_get_lr(opt, 7)));
+    nb_clear_error();
+    /* group errors */
+    nb_tensor *x = tu_random((int64_t[]){2}, 1, NB_F32, -1, 1, 5);
+    nb_params px = {1, (nb_tensor *[]){x}, (const char *[]){"x"}};
+    tu_assert_error_at(nb_optim_add_group(opt, &px, &(nb_group_opts){.momentum = 0.9}) < 0,
+                       NB_EINVAL, "adamw has no momentum", __FILE__, __LINE__);
+    tu_assert_error_at(nb_optim_add_group(opt, &px, &(nb_group_opts){.betas = {1.0, 0}}) < 0,
+                       NB_EINVAL, "betas[0] must be in [0, 1)", __FILE__, __LINE__);
+    nb_params dup = {1, (nb_tensor *[]){w}, (const char *[]){"w2"}};
+    tu_assert_error_at(nb_optim_add_group(opt, &dup, NULL) < 0, NB_EINVAL,
+                       "already in group 0", __FILE__, __LINE__);
+    nb_params dupname = {1, (nb_tensor *[]){x}, (const char *[]){"w"}};
+    tu_assert_error_at(nb_optim_add_group(opt, &dupname, NULL) < 0, NB_EINVAL,
+                       "two parameters are named 'w'", __FILE__, __LINE__);
+    ck_assert_int_eq(nb_optim_num_groups(opt), 2);
+    ck_assert_int_eq(nb_optim_add_group(opt, &px, NULL), 2);
+    nb_optim_free(opt);
+    /* parameters without names are named by their index */
+    nb_params anon = {2, (nb_tensor *[]){w, b}, NULL};
+    opt = nb_sgd(&anon, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    nb_set_grad(b, nb_ones_like(b));
+    ASSERT_OK(nb_step(opt));
+    ck_assert_str_eq(nb_optim_state(opt)->names[0], "momentum_buffer.1");
+    nb_optim_free(opt);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- zero_grad ------------------------------------------------------------------------------- */
+START_TEST(test_zero_grad) {
+    nb_scope_begin();
+    nb_tensor *a = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 1);
+    nb_tensor *b = tu_random((int64_t[]){2, 2}, 2, NB_F32, -1, 1, 2);
+    nb_set_requires_grad(a, true);
+    nb_set_requires_grad(b, true);
+    nb_params ps = {2, (nb_tensor *[]){a, b}, (const char *[]){"a", "b"}};
+    nb_optim *opt = nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1});
+    /* a: an ordinary gradient from backward; b: a view into a flat gradient buffer */
+    ASSERT_OK(nb_backward(nb_sum(nb_mul(a, a), NULL, 0, false)));
+    nb_tensor *flat = nb_full((int64_t[]){8}, 1, NB_F32, 3.0);
+    nb_tensor *bg = nb_view(nb_narrow(flat, 0, 2, 4), (int64_t[]){2, 2}, 2);
+    ASSERT_OK(nb_set_grad(b, bg));
+    ck_assert(nb_grad(a) != NULL);
+    ASSERT_OK(nb_zero_grad(opt));
+    ck_assert(nb_grad(a) == NULL);              /* set to none */
+    ck_assert(nb_grad(b) == bg);                /* kept, zeroed in place */
+    double want[8] = {3, 3, 0, 0, 0, 0, 3, 3};
+    tu_assert_close(flat, want, (int64_t[]){8}, 1, 0);
+    /* backward accumulates into the kept view, and step reads it */
+    ASSERT_OK(nb_backward(nb_sum(nb_mul_scalar(b, 2), NULL, 0, false)));
+    double want2[8] = {3, 3, 2, 2, 2, 2, 3, 3};
+    tu_assert_close(flat, want2, (int64_t[]){8}, 1, 0);
+    double *b0 = tu_values(b);
+    ASSERT_OK(nb_step(opt));
+    double *b1 = tu_values(b);
+    for (int i = 0; i < 4; i++) ck_assert_double_eq_tol(b1[i], b0[i] - 0.2, 1e-6);
+    free(b0);
+    free(b1);
+    nb_optim_free(opt);
+    nb_scope_end();
+}
+END_TEST
+
+/* A model with flat parameter memory trains through views: the flat buffers change in place
+ * and zero_grad keeps the gradient views. Written as DESIGN.md's training step. */
+START_TEST(test_flat_model) {
+    nb_module *model = nb_sequential(nb_linear(4, 8, NULL), nb_relu_module(),
+                                     nb_linear(8, 3, NULL), NULL);
+    ck_assert(model);
+    ASSERT_OK(nb_module_flatten_parameters(model, 0));
+    nb_optim *opt = nb_sgd(nb_parameters(model), &(nb_sgd_opts){ .lr = 0.05f, .momentum = 0.9f });
+    ck_assert(opt);
+    nb_tensor *fp = nb_module_flat_params(model), *fg = nb_module_flat_grads(model);
+    double first = 0, last = 0;
+    for (int it = 0; it < 20; it++) {
+        nb_scope_begin();
+        nb_tensor *x = tu_random((int64_t[]){16, 4}, 2, NB_F32, -1, 1, 7);
+        nb_tensor *y = nb_argmax(x, 1, false); /* learnable: the largest of the first 3 inputs */
+        nb_tensor *yy = nb_minimum_scalar(y, 2);
+        nb_tensor *loss = nb_cross_entropy(nb_forward(model, x), yy, NULL);
+        ck_assert_msg(loss, "%s", nb_last_error());
+        nb_zero_grad(opt);
+        nb_backward(loss);
+        nb_step(opt);
+        if (it == 0) first = nb_item_f64(loss);
+        last = nb_item_f64(loss);
+        nb_scope_end();
+    }
+    ck_assert_msg(last < first, "loss did not decrease: %g -> %g", first, last);
+    /* the parameters are still views of the flat buffer, and so are the gradients */
+    const nb_params *ps = nb_parameters(model);
+    for (int i = 0; i < ps->count; i++) {
+        ck_assert(nb_shares_storage(ps->tensors[i], fp));
+        ck_assert(nb_shares_storage(nb_grad(ps->tensors[i]), fg));
+    }
+    nb_zero_grad(opt);
+    for (int i = 0; i < ps->count; i++) ck_assert(nb_shares_storage(nb_grad(ps->tensors[i]), fg));
+    nb_optim_free(opt);
+    nb_module_free(model);
+}
+END_TEST
+
+/* ---- larger parameters: the parallel path against a double reference loop -------------------- */
+START_TEST(test_large_adamw) {
+    nb_scope_begin();
+    const int64_t n = 100003;
+    nb_tensor *p = tu_random(&n, 1, NB_F64, -1, 1, 11);
+    double *p0 = tu_values(p);
+    nb_params ps = {1, (nb_tensor *[]){p}, (const char *[]){"p"}};
+    nb_optim *opt =
+        nb_adamw(&ps, &(nb_adamw_opts){.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
+    double *m = calloc((size_t)n, sizeof(double)), *v = calloc((size_t)n, sizeof(double));
+    double *vm = calloc((size_t)n, sizeof(double));
+    for (int s = 1; s <= 3; s++) {
+        nb_tensor *g = tu_random(&n, 1, NB_F64, -s, s, 100 + (uint64_t)s);
+        double *gv = tu_values(g);
+        nb_set_grad(p, g);
+        ASSERT_OK(nb_step(opt));
+        double bc1 = 1 - pow(0.9, s), bc2 = 1 - pow(0.999, s);
+        for (int64_t i = 0; i < n; i++) {
+            p0[i] *= 1 - 0.01 * 0.1;
+            m[i] = 0.9 * m[i] + 0.1 * gv[i];
+            v[i] = 0.999 * v[i] + 0.001 * gv[i] * gv[i];
+            vm[i] = fmax(vm[i], v[i]);
+            p0[i] -= 0.01 / bc1 * m[i] / (sqrt(vm[i]) / sqrt(bc2) + 1e-8);
+        }
+        free(gv);
+    }
+    tu_assert_close(p, p0, &n, 1, 1e-12);
+    free(p0), free(m), free(v), free(vm);
+    nb_optim_free(opt);
+    nb_scope_end();
+}
+END_TEST
+
+/* Empty parameters are fine, and after the first step an update allocates nothing. */
+START_TEST(test_empty_and_steady) {
+    nb_scope_begin();
+    nb_tensor *e = nb_zeros((int64_t[]){2, 0}, 2, NB_F32);
+    nb_tensor *w = tu_random((int64_t[]){300}, 1, NB_F32, -1, 1, 1);
+    nb_params ps = {2, (nb_tensor *[]){e, w}, (const char *[]){"e", "w"}};
+    nb_optim *opts[3] = {nb_adam(&ps, &(nb_adam_opts){.amsgrad = true}),
+                         nb_rmsprop(&ps, &(nb_rmsprop_opts){.centered = true, .momentum = 0.5}),
+                         nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .nesterov = true})};
+    nb_set_grad(e, nb_zeros((int64_t[]){2, 0}, 2, NB_F32));
+    nb_set_grad(w, tu_random((int64_t[]){300}, 1, NB_F32, -1, 1, 2));
+    for (int k = 0; k < 3; k++) {
+        ck_assert(opts[k]);
+        for (int i = 0; i < 2; i++) ASSERT_OK(nb_step(opts[k]));
+    }
+    ck_assert(nb_clip_grad_norm(&ps, 1.0, 0) > 0);
+    nb_alloc_stats a, b;
+    nb_alloc_get_stats(&a);
+    for (int i = 0; i < 10; i++)
+        for (int k = 0; k < 3; k++) ASSERT_OK(nb_step(opts[k]));
+    nb_alloc_get_stats(&b);
+    ck_assert_int_eq(a.allocs, b.allocs);
+    for (int k = 0; k < 3; k++) nb_optim_free(opts[k]);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- step errors ----------------------------------------------------------------------------- */
+START_TEST(test_errors) {
+    nb_scope_begin();
+    nb_tensor *w = tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 1);
+    nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
+    tu_assert_error(nb_sgd(&ps, &(nb_sgd_opts){0}), NB_EINVAL, "sgd: lr must be > 0");
+    tu_assert_error(nb_sgd(&ps, NULL), NB_EINVAL, "sgd: lr must be > 0");
+    tu_assert_error(nb_sgd(&ps, &(nb_sgd_opts){.lr = -0.1}), NB_EINVAL, "lr must be > 0");
+    tu_assert_error(nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1, .nesterov = true}), NB_EINVAL,
+                    "nesterov momentum requires a momentum > 0 and zero dampening");
+    tu_assert_error(nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .dampening = 0.1,
+                                               .nesterov = true}), NB_EINVAL, "nesterov");
+    tu_assert_error(nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = -1}), NB_EINVAL,
+                    "momentum must be >= 0");
+    tu_assert_error(nb_adam(&ps, &(nb_adam_opts){.betas = {0.9, 1.0}}), NB_EINVAL,
+                    "adam: betas[1] must be in [0, 1), got 1");
+    tu_assert_error(nb_adamw(&ps, &(nb_adam_opts){.betas = {-0.5, 0}}), NB_EINVAL, "betas[0]");
+    tu_assert_error(nb_adam(&ps, &(nb_adam_opts){.lr = -1}), NB_EINVAL, "adam: lr must be >= 0");
+    tu_assert_error(nb_adam(&ps, &(nb_adam_opts){.eps = -1}), NB_EINVAL, "eps must be >= 0");
+    tu_assert_error(nb_adamw(&ps, &(nb_adam_opts){.weight_decay = -1}), NB_EINVAL, "weight_decay");
+    tu_assert_error(nb_rmsprop(&ps, &(nb_rmsprop_opts){.alpha = -1}), NB_EINVAL, "rmsprop: alpha");
+    tu_assert_error(nb_adagrad(&ps, &(nb_adagrad_opts){.lr_decay = -1}), NB_EINVAL, "lr_decay");
+    tu_assert_error(nb_adagrad(&ps, &(nb_adagrad_opts){.initial_accumulator_value = NAN}),
+                    NB_EINVAL, "initial_accumulator_value");
+    tu_assert_error(nb_adam(NULL, NULL), NB_ENULL, "params is NULL");
+    nb_tensor *h = nb_zeros((int64_t[]){2}, 1, NB_F16);
+    nb_params hp = {1, (nb_tensor *[]){h}, (const char *[]){"h"}};
+    tu_assert_error(nb_adam(&hp, NULL), NB_EDTYPE, "'h' is f16");
+    nb_tensor *nc = nb_transpose(w, 0, 1);
+    nb_params ncp = {1, (nb_tensor *[]){nc}, (const char *[]){"t"}};
+    tu_assert_error(nb_adam(&ncp, NULL), NB_EINVAL, "not contiguous");
+    nb_params twice = {2, (nb_tensor *[]){w, w}, (const char *[]){"a", "b"}};
+    tu_assert_error(nb_adam(&twice, NULL), NB_EINVAL, "listed twice");
+    /* defaults and explicit zeros */
+    nb_optim *opt = nb_adamw(&ps, NULL);
+    nb_group_opts go;
+    ASSERT_OK(nb_optim_group_opts(opt, 0, &go));
+    ck_assert_double_eq(go.lr, 1e-3);
+    ck_assert_double_eq(go.weight_decay, 1e-2);
+    ck_assert_double_eq(go.eps, 1e-8);
+    ck_assert_double_eq(go.betas[0], 0.9);
+    nb_optim_free(opt);
+    opt = nb_adamw(&ps, &(nb_adamw_opts){.weight_decay = NB_OPT_ZERO, .betas = {NB_OPT_ZERO, 0}});
+    ASSERT_OK(nb_optim_group_opts(opt, 0, &go));
+    ck_assert_double_eq(go.weight_decay, 0);
+    ck_assert_double_eq(go.betas[0], 0);
+    ck_assert_double_eq(go.betas[1], 0.999);
+    /* a gradient of the wrong dtype: nothing is updated */
+    nb_tensor *v = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 2);
+    nb_params pv = {1, (nb_tensor *[]){v}, (const char *[]){"v"}};
+    ck_assert_int_eq(nb_optim_add_group(opt, &pv, NULL), 1);
+    nb_set_grad(w, nb_ones_like(w));
+    nb_set_grad(v, nb_ones((int64_t[]){3}, 1, NB_F64));
+    double *w0 = tu_values(w);
+    ASSERT_ST(nb_step(opt), NB_EDTYPE, "the gradient of 'v' is f64 but the parameter is f32");
+    tu_assert_close(w, w0, nb_shape(w), 2, 0);
+    ck_assert_int_eq(nb_optim_state(opt)->count, 10); /* no parameter state either */
+    free(w0);
+    ASSERT_ST(nb_step(NULL), NB_ENULL, NULL);
+    ASSERT_ST(nb_zero_grad(NULL), NB_ENULL, NULL);
+    nb_optim_free(opt);
+    nb_optim_free(NULL);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- clipping -------------------------------------------------------------------------------- */
+static const char *const clip_cases[] = {"clip_l2", "clip_inf", "clip_l1", "clip_l3_noclip"};
+
+START_TEST(test_clip_vs_pytorch) {
+    ocase c;
+    fx_load(&c.f, clip_cases[_i]);
+    for (int i = 0; i < NP; i++) {
+        double d[NB_MAX_DIMS + 1];
+        int k = fx_nums(fx_line(&c.f, "param %d ", i), d, NB_MAX_DIMS + 1);
+        c.ndim[i] = (int)d[0];
+        ck_assert_int_eq(k, 1 + c.ndim[i]);
+        for (int j = 0; j < c.ndim[i]; j++) c.shape[i][j] = (int64_t)d[1 + j];
+    }
+    const char *cl = fx_line(&c.f, "clip");
+    double want_total;
+    fx_nums(fx_line(&c.f, "total "), &want_total, 1);
+    for (int d = 0; d < 2; d++) {
+        nb_dtype dt = d ? NB_F64 : NB_F32;
+        nb_scope_begin();
+        nb_tensor *ps[NP];
+        for (int i = 0; i < NP; i++) {
+            ps[i] = nb_zeros(c.shape[i], c.ndim[i], dt);
+            double v[64];
+            const char *l = fx_line(&c.f, "grad 0 %d ", i);
+            if (l) fx_nums(l, v, 64), nb_set_grad(ps[i], tu_tensor(v, c.shape[i], c.ndim[i], dt));
+        }
+        nb_params list = {NP, ps, NULL};
+        double p = fx_opt(cl, "norm_type");
+        double total = nb_clip_grad_norm(&list, fx_opt(cl, "max_norm"), p);
+        ck_assert_msg(fabs(total - want_total) <= 1e-6 * want_total, "%s: norm %.9g, PyTorch %.9g",
+                      clip_cases[_i], total, want_total);
+        for (int i = 0; i < NP; i++) {
+            double v[64];
+            const char *l = fx_line(&c.f, "expect f32 0 %d ", i);
+            if (!l) {
+                ck_assert(nb_grad(ps[i]) == NULL);
+                continue;
+            }
+            fx_nums(l, v, 64);
+            tu_assert_close(nb_grad(ps[i]), v, c.shape[i], c.ndim[i], 1e-6);
+        }
+        nb_scope_end();
+    }
+    fx_free(&c.f);
+}
+END_TEST
+
+START_TEST(test_clip) {
+    nb_scope_begin();
+    /* f64 reference loop, a non-contiguous gradient, and half-precision gradients */
+    nb_tensor *a = nb_zeros((int64_t[]){70000}, 1, NB_F32);
+    nb_tensor *b = nb_zeros((int64_t[]){3, 4}, 2, NB_F32);
+    nb_tensor *h = nb_zeros((int64_t[]){5}, 1, NB_BF16);
+    nb_tensor *ga = tu_random((int64_t[]){70000}, 1, NB_F32, -1, 1, 1);
+    nb_tensor *gb = tu_noncontig(tu_random((int64_t[]){3, 4}, 2, NB_F32, -10, 10, 2));
+    nb_tensor *gh = tu_random((int64_t[]){5}, 1, NB_BF16, -4, 4, 3);
+    nb_set_grad(a, ga), nb_set_grad(b, gb), nb_set_grad(h, gh);
+    double *va = tu_values(ga), *vb = tu_values(gb), *vh = tu_values(gh);
+    double ss = 0, mx = 0;
+    for (int i = 0; i < 70000; i++) ss += va[i] * va[i], mx = fmax(mx, fabs(va[i]));
+    for (int i = 0; i < 12; i++) ss += vb[i] * vb[i], mx = fmax(mx, fabs(vb[i]));
+    for (int i = 0; i < 5; i++) ss += vh[i] * vh[i], mx = fmax(mx, fabs(vh[i]));
+    nb_params list = {3, (nb_tensor *[]){a, b, h}, NULL};
+    ck_assert(nb_clip_grad_norm(&list, INFINITY, INFINITY) == mx);
+    double norm = nb_clip_grad_norm(&list, 5.0, 0);
+    ck_assert_double_eq_tol(norm, sqrt(ss), 1e-12 * sqrt(ss));
+    double s = 5.0 / (sqrt(ss) + 1e-6);
+    for (int i = 0; i < 12; i++) vb[i] = (float)(vb[i] * (float)s);
+    tu_assert_close(gb, vb, nb_shape(gb), 2, 1e-7);
+    ck_assert(!nb_is_contiguous(nb_grad(b)));
+    ck_assert_double_eq_tol(nb_clip_grad_norm(&list, INFINITY, 2), 5.0, 2e-3);
+    /* the same norm with any thread count */
+    nb_set_num_threads(1);
+    double n1 = nb_clip_grad_norm(&list, INFINITY, 2);
+    nb_set_num_threads(2);
+    double n2 = nb_clip_grad_norm(&list, INFINITY, 2);
+    nb_set_num_threads(0);
+    ck_assert(n1 == n2);
+    /* clip by value */
+    ASSERT_OK(nb_clip_grad_value(&list, 0.01));
+    double *vb2 = tu_values(gb);
+    for (int i = 0; i < 12; i++) vb[i] = fmin(fmax(vb[i], -0.01), 0.01);
+    tu_assert_close(gb, vb, nb_shape(gb), 2, 1e-7);
+    free(vb2);
+    /* errors */
+    ck_assert(nb_clip_grad_norm(NULL, 1, 2) == NB_ENULL);
+    nb_clear_error();
+    ck_assert(nb_clip_grad_norm(&list, -1, 2) == NB_EINVAL);
+    nb_clear_error();
+    ck_assert(nb_clip_grad_norm(&list, 1, -2) == NB_EINVAL);
+    nb_clear_error();
+    ASSERT_ST(nb_clip_grad_value(&list, -1), NB_EINVAL, "clip must be >= 0");
+    free(va), free(vb), free(vh);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---- schedules ------------------------------------------------------------------------------- */
+static const char *const sched_cases[] = {
+    "sched_step", "sched_multistep", "sched_exponential", "sched_cosine", "sched_cosine_nowarmup",
+    "sched_linear", "sched_onecycle", "sched_onecycle_opts",
+};
+
+static nb_sched_opts sched_from(const char *l, int64_t *milestones) {
+    char kind[16];
+    ck_assert(sscanf(l, "%15s", kind) == 1);
+    static const char *const kinds[] = {"constant", "step", "multistep", "exponential",
+                                        "cosine", "linear", "onecycle"};
+    nb_sched_opts o = {0};
+    for (int k = 0; k < 7; k++)
+        if (!strcmp(kind, kinds[k])) o.kind = (nb_sched_kind)k;
+    o.gamma = fx_opt(l, "gamma");
+    o.step_size = (int64_t)fx_opt(l, "step_size");
+    o.warmup_steps = (int64_t)fx_opt(l, "warmup_steps");
+    o.total_steps = (int64_t)fx_opt(l, "total_steps");
+    o.min_lr = fx_opt(l, "min_lr");
+    o.max_lr = fx_opt(l, "max_lr");
+    o.pct_start = fx_opt(l, "pct_start");
+    o.div_factor = fx_opt(l, "div_factor");
+    o.final_div_factor = fx_opt(l, "final_div_factor");
+    o.cycle_momentum = fx_opt(l, "cycle_momentum") != 0;
+    const char *m = strstr(l, "milestones=");
+    if (m) {
+        for (const char *s = m + 11; *s && *s != ' ';) {
+            milestones[o.num_milestones++] = strtol(s, (char **)&s, 10);
+            if (*s == ',') s++;
+        }
+        o.milestones = milestones;
+    }
+    return o;
+}
+
+START_TEST(test_sched_vs_pytorch) {
+    fx f;
+    fx_load(&f, sched_cases[_i]);
+    int64_t ms[16];
+    nb_sched_opts o = sched_from(fx_line(&f, "sched "), ms);
+    double base = 0;
+    fx_nums(fx_line(&f, "base "), &base, 1);
+    nb_scope_begin();
+    nb_tensor *w = nb_zeros((int64_t[]){2}, 1, NB_F32);
+    nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
+    nb_optim *opt = nb_sgd(&ps, &(nb_sgd_opts){.lr = base, .momentum = 0.9});
+    nb_sched *s = nb_sched_new(opt, &o);
+    ck_assert_msg(s, "%s", nb_last_error());
+    int t = 0;
+    for (;; t++) {
+        double want, got = nb_optim_get_lr(opt, 0);
+        const char *l = fx_line(&f, "lr %d ", t);
+        if (!l) break;
+        fx_nums(l, &want, 1);
+        ck_assert_msg(fabs(got - want) <= 1e-12 * fmax(1e-3, fabs(want)), "%s t=%d: %.17g vs %.17g",
+                      sched_cases[_i], t, got, want);
+        ck_assert(nb_sched_lr_at(&o, base, t) == got);
+        if ((l = fx_line(&f, "momentum %d ", t))) {
+            fx_nums(l, &want, 1);
+            nb_group_opts go;
+            nb_optim_group_opts(opt, 0, &go);
+            ck_assert_double_eq_tol(go.momentum, want, 1e-12);
+        }
+        ck_assert_int_eq(nb_sched_last_step(s), t);
+        ASSERT_OK(nb_step(opt));
+        if (fx_line(&f, "lr %d ", t + 1)) ASSERT_OK(nb_sched_step(s));
+    }
+    ck_assert(t > 5);
+    if (o.kind == NB_SCHED_ONECYCLE) ASSERT_ST(nb_sched_step(s), NB_EINVAL, "total_steps");
+    /* state: save at step 3, load into a new schedule, and it continues identically */
+    ASSERT_OK(nb_sched_set_step(s, 3));
+    const nb_params *st = nb_sched_state(s);
+    ck_assert_int_eq(st->count, 2);
+    nb_tensor *saved[2] = {nb_clone(st->tensors[0]), nb_clone(st->tensors[1])};
+    ASSERT_OK(nb_sched_step(s));
+    double lr4 = nb_optim_get_lr(opt, 0);
+    nb_sched *s2 = nb_sched_new(opt, &o);
+    ASSERT_OK(nb_sched_load_state(s2, st->names, saved, 2));
+    ck_assert_int_eq(nb_sched_last_step(s2), 3);
+    ASSERT_OK(nb_sched_step(s2));
+    ck_assert(nb_optim_get_lr(opt, 0) == lr4);
+    nb_sched_free(s2);
+    nb_sched_free(s);
+    nb_optim_free(opt);
+    nb_scope_end();
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_sched) {
+    nb_scope_begin();
+    nb_tensor *w = nb_zeros((int64_t[]){2}, 1, NB_F32), *v = nb_zeros((int64_t[]){2}, 1, NB_F32);
+    nb_params pw = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
+    nb_params pv = {1, (nb_tensor *[]){v}, (const char *[]){"v"}};
+    nb_optim *opt = nb_adam(&pw, &(nb_adam_opts){.lr = 0.1});
+    nb_optim_add_group(opt, &pv, &(nb_group_opts){.lr = 0.01});
+    /* every group follows the schedule from its own base lr */
+    nb_sched *s = nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_COSINE, .warmup_steps = 2,
+                                                     .total_steps = 6});
+    ck_assert_double_eq_tol(nb_optim_get_lr(opt, 0), 0.05, 1e-15);
+    ck_assert_double_eq_tol(nb_optim_get_lr(opt, 1), 0.005, 1e-15);
+    ASSERT_OK(nb_sched_set_step(s, 100));
+    ck_assert_double_eq(nb_optim_get_lr(opt, 0), 0);
+    ck_assert_double_eq(nb_optim_get_lr(opt, 1), 0);
+    nb_sched_free(s);
+    /* constant; onecycle cycles Adam's beta1 */
+    nb_optim_set_lr(opt, -1, 0.1);
+    s = nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_CONSTANT});
+    ASSERT_OK(nb_sched_step(s));
+    ck_assert_double_eq(nb_optim_get_lr(opt, 1), 0.1);
+    nb_sched_free(s);
+    s = nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_ONECYCLE, .total_steps = 10,
+                                           .cycle_momentum = true});
+    nb_group_opts go;
+    nb_optim_group_opts(opt, 1, &go);
+    ck_assert_double_eq(go.betas[0], 0.95);
+    ck_assert_double_eq_tol(nb_optim_get_lr(opt, 1), 0.1 / 25, 1e-15);
+    /* a group added later is an error, not a silent mismatch */
+    nb_tensor *u = nb_zeros((int64_t[]){2}, 1, NB_F32);
+    nb_optim_add_group(opt, &(nb_params){1, (nb_tensor *[]){u}, (const char *[]){"u"}}, NULL);
+    ASSERT_ST(nb_sched_step(s), NB_ESTATE, "make the schedule after adding the groups");
+    /* the state is checked */
+    const nb_params *st = nb_sched_state(s);
+    nb_tensor *bad[2] = {st->tensors[0], nb_zeros((int64_t[]){5}, 1, NB_F64)};
+    ASSERT_ST(nb_sched_load_state(s, st->names, bad, 2), NB_ESHAPE, "base_lrs");
+    ASSERT_ST(nb_sched_load_state(s, (const char *[]){"last_step", "foo"}, bad, 2), NB_EINVAL,
+              "unexpected entry 'foo'");
+    ASSERT_ST(nb_sched_load_state(s, st->names, bad, 1), NB_EINVAL, "missing 'base_lrs'");
+    nb_sched_free(s);
+    /* option errors */
+    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_STEP}), NB_EINVAL,
+                    "step_size must be > 0");
+    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_COSINE}), NB_EINVAL,
+                    "total_steps must be > 0");
+    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_LINEAR, .total_steps = 5,
+                                                       .warmup_steps = 6}),
+                    NB_EINVAL, "warmup_steps");
+    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_EXPONENTIAL}), NB_EINVAL,
+                    "gamma is required");
+    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_MULTISTEP,
+                                                       .milestones = (int64_t[]){5, 2},
+                                                       .num_milestones = 2}),
+                    NB_EINVAL, "non-decreasing");
+    tu_assert_error(nb_sched_new(NULL, &(nb_sched_opts){0}), NB_ENULL, NULL);
+    ck_assert(isnan(nb_sched_lr_at(&(nb_sched_opts){.kind = NB_SCHED_CONSTANT}, 0.1, -1)));
+    nb_clear_error();
+    nb_optim_free(opt);
+    nb_tensor *x = nb_zeros((int64_t[]){2}, 1, NB_F32);
+    opt = nb_adagrad(&(nb_params){1, (nb_tensor *[]){x}, (const char *[]){"x"}}, NULL);
+    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_ONECYCLE, .total_steps = 5,
+                                                       .cycle_momentum = true}),
+                    NB_EINVAL, "adagrad has neither");
+    nb_optim_free(opt);
+    nb_scope_end();
+}
+END_TEST
+
+Suite *nb_suite_optim(void) {
+    Suite *s = suite_create("optim");
+    TCase *tc = tcase_create("optim");
+    tcase_add_loop_test(tc, test_vs_pytorch, 0, NCASES);
+    tcase_add_loop_test(tc, test_state_roundtrip, 0, NCASES);
+    tcase_add_test(tc, test_state_names);
+    tcase_add_test(tc, test_state_errors);
+    tcase_add_test(tc, test_groups);
+    tcase_add_test(tc, test_zero_grad);
+    tcase_add_test(tc, test_flat_model);
+    tcase_add_test(tc, test_large_adamw);
+    tcase_add_test(tc, test_empty_and_steady);
+    tcase_add_test(tc, test_errors);
+    tcase_add_loop_test(tc, test_clip_vs_pytorch, 0, (int)(sizeof clip_cases / sizeof *clip_cases));
+    tcase_add_test(tc, test_clip);
+    tcase_add_loop_test(tc, test_sched_vs_pytorch, 0,
+                        (int)(sizeof sched_cases / sizeof *sched_cases));
+    tcase_add_test(tc, test_sched);
+    suite_add_tcase(s, tc);
+    return s;
+}

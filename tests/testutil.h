@@ -22,11 +22,14 @@ Suite *nb_suite_index(void);
 Suite *nb_suite_cuda(void);
 Suite *nb_suite_autograd(void);
 Suite *nb_suite_grad_ops(void);
+Suite *nb_suite_grad_reduce(void);
 Suite *nb_suite_nn_conv(void);
 Suite *nb_suite_nn_layers(void);
 Suite *nb_suite_loss(void);
 Suite *nb_suite_optim(void);
 Suite *nb_suite_train(void);
+Suite *nb_suite_data(void);
+Suite *nb_suite_io(void);
 
 /* A tensor of dtype dt holding vals (converted), shape[ndim]; registered in the scope. */
 nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtype dt);

@@ -22,6 +22,10 @@
 #include "nabla/runtime.h"
 #include "nabla/autograd.h"
 #include "nabla/nn.h"
+#include "nabla/optim.h"
 #include "nabla/cuda.h"
+#include "nabla/io.h"
+#include "nabla/checkpoint.h"
+#include "nabla/data.h"
 
 #endif

@@ -148,6 +148,7 @@ nb_module *nb_layernorm(int64_t features, const nb_norm_opts *o);
 nb_module *nb_embedding_module(int64_t num_embeddings, int64_t dim, nb_generator *gen);
 /* Dropout with probability p (Philox; gen NULL: default generator). */
 nb_module *nb_dropout_module(double p, nb_generator *gen);
+/* Flatten dims start..end; (0, 0) means PyTorch's default (1, -1). */
 nb_module *nb_flatten_module(int start_dim, int end_dim);
 nb_module *nb_relu_module(void);
 nb_module *nb_gelu_module(bool tanh_approx);
@@ -168,7 +169,8 @@ nb_tensor *nb_avgpool2d_fn(nb_tensor *x, const int64_t kernel[2], const int64_t 
 nb_tensor *nb_adaptive_avgpool2d_fn(nb_tensor *x, int64_t out_h, int64_t out_w);
 /* Normalize over the last dim (size = w's numel); w, b may be NULL. */
 nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps);
-/* x (N, C) or (N, C, ...); running stats updated in training mode when non-NULL. */
+/* x (N, C) or (N, C, ...); running stats updated in training mode when non-NULL. Eval mode
+ * needs running stats (a module made with no_running_stats uses batch statistics). */
 nb_tensor *nb_batch_norm(nb_tensor *x, nb_tensor *running_mean, nb_tensor *running_var,
                          nb_tensor *w, nb_tensor *b, bool training, double momentum,
                          double eps);
@@ -192,6 +194,8 @@ nb_status nb_init_kaiming_uniform_(nb_tensor *t, double a, bool fan_out, nb_nonl
                                    nb_generator *gen);
 nb_status nb_init_kaiming_normal_(nb_tensor *t, double a, bool fan_out, nb_nonlinearity nl,
                                   nb_generator *gen);
+/* PyTorch's gains; for leaky relu `param` is the negative slope as given (PyTorch's
+ * default slope is 0.01: pass it). */
 double nb_init_calculate_gain(nb_nonlinearity nl, double param);
 
 /* ---- losses --------------------------------------------------------------------------------- */

@@ -20,11 +20,17 @@
  *     pow_scalar of an integer tensor with a negative integral exponent is an error, as in
  *     PyTorch ("convert to a float dtype first"). No op performs an integer division, so
  *     there is no division by zero to define: 1 / 0 on i32 tensors is inf in f32.
- * Outputs are new contiguous tensors of the broadcast shape. */
+ * Outputs are new contiguous tensors of the broadcast shape.
+ *
+ * Autograd: each differentiable op records one node on its float result (never on integer
+ * or bool results; comparisons never record), with the original inputs, after the kernel
+ * ran; the internal operand conversions run with grad mode off. The *_scalar forms record
+ * as the tensor op with no second input, the scalar in attrs.f[0] and attrs.flag set. The
+ * backward rules (nb__bw_*) and their conventions are at the end of this file. */
 #include <math.h>
 
 #include "cpu/elementwise.h"
-#include "tensor_impl.h"
+#include "autograd_impl.h"
 
 static bool on_cpu(const nb_tensor *t, const char *op) {
     if (t->storage->device.type == NB_DEVICE_CPU) return true;
@@ -37,14 +43,15 @@ static bool is_compare(nb__op op) {
            op == NB__OP_GT || op == NB__OP_GE;
 }
 
-/* Run op's kernel in compute dtype kdt over ins[i] converted to in_dt[i], into a new
- * tensor of shape and dtype odt. The conversions are temporaries of an inner scope; only
- * the output leaves it. */
-static nb_tensor *ew_run(nb__op op, nb_dtype kdt, nb_dtype odt, const int64_t *shape, int ndim,
-                         nb_tensor *const *ins, const nb_dtype *in_dt, int nin,
-                         const nb__ew_ctx *ctx) {
-    nb__iter_fn fn = nb__cpu_ew_kernel(op, kdt);
+/* Run kernel fn over ins[i] converted to in_dt[i], into a new tensor of shape and dtype
+ * odt. The conversions are temporaries of an inner scope; only the output leaves it. They
+ * run with grad mode off: the public op records one node for itself on the output, with
+ * its original inputs (an internal TO_DTYPE node would be redundant). */
+static nb_tensor *ew_exec(nb__iter_fn fn, int64_t grain, nb_dtype odt, const int64_t *shape,
+                          int ndim, nb_tensor *const *ins, const nb_dtype *in_dt, int nin,
+                          const nb__ew_ctx *ctx) {
     NB__ASSERT(fn != NULL && nin + 1 <= NB__ITER_MAX_ARGS); /* callers check dtypes first */
+    bool prev_grad = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_tensor *ops[NB__ITER_MAX_ARGS] = {0};
     nb_tensor *out = NULL;
@@ -59,16 +66,47 @@ static nb_tensor *ew_run(nb__op op, nb_dtype kdt, nb_dtype odt, const int64_t *s
         nb__iter it;
         nb__iter_init(&it, shape, ndim, ops, nin + 1);
         nb__ew_ctx c = ctx ? *ctx : (nb__ew_ctx){0};
-        nb__iter_for_each(&it, fn, &c, nb__cpu_ew_grain(op));
+        nb__iter_for_each(&it, fn, &c, grain);
     }
     nb_keep(out);
 done:
     nb_scope_end();
+    nb_set_grad_enabled(prev_grad);
     return out;
+}
+
+/* Run op's forward kernel in compute dtype kdt (see ew_exec). */
+static nb_tensor *ew_run(nb__op op, nb_dtype kdt, nb_dtype odt, const int64_t *shape, int ndim,
+                         nb_tensor *const *ins, const nb_dtype *in_dt, int nin,
+                         const nb__ew_ctx *ctx) {
+    return ew_exec(nb__cpu_ew_kernel(op, kdt), nb__cpu_ew_grain(op), odt, shape, ndim, ins,
+                   in_dt, nin, ctx);
 }
 
 static nb_tensor *unary_run(nb__op op, nb_tensor *x, nb_dtype kdt, const nb__ew_ctx *ctx) {
     return ew_run(op, kdt, kdt, x->shape, x->ndim, &x, &kdt, 1, ctx);
+}
+
+/* ---- recording -------------------------------------------------------------------------------
+ * Only float results record (an integer or bool result has no gradient); nb__record itself
+ * returns NULL when grad mode is off or no input requires grad, so inference saves nothing. */
+static bool wants(const nb__node *n, int i) { return n->edges[i].node || n->edges[i].leaf; }
+
+/* Unary rules whose derivative is cheaper from the output than from the input. */
+static bool bw_reads_output(nb__op op) {
+    return op == NB__OP_EXP || op == NB__OP_SQRT || op == NB__OP_RSQRT || op == NB__OP_TANH ||
+           op == NB__OP_SIGMOID || op == NB__OP_RELU;
+}
+
+/* Record a unary op on out and save what its rule reads (ctx: pow_scalar's exponent,
+ * clamp's bounds, kept in attrs.f[0..1]). Returns out. */
+static nb_tensor *record_unary(nb_tensor *out, nb__op op, nb_tensor *x, const nb__ew_ctx *ctx) {
+    if (!out || !nb_dtype_is_float(out->dtype)) return out;
+    nb__node *nd = nb__record(out, op, &x, 1);
+    if (!nd) return out;
+    if (op != NB__OP_NEG) nb__save(nd, 0, bw_reads_output(op) ? out : x);
+    if (ctx) nd->attrs.f[0] = ctx->p0, nd->attrs.f[1] = ctx->p1;
+    return out;
 }
 
 /* ---- unary ---------------------------------------------------------------------------------- */
@@ -77,7 +115,8 @@ static nb_tensor *unary_run(nb__op op, nb_tensor *x, nb_dtype kdt, const nb__ew_
 static nb_tensor *unary_float(nb__op op, const char *name, nb_tensor *x) {
     NB__CHECK_ARG(x, name, "x");
     if (!on_cpu(x, name)) return NULL;
-    return unary_run(op, x, nb_dtype_is_float(x->dtype) ? x->dtype : NB_F32, NULL);
+    return record_unary(unary_run(op, x, nb_dtype_is_float(x->dtype) ? x->dtype : NB_F32, NULL),
+                        op, x, NULL);
 }
 
 #define NB__DEF_UNARY_FLOAT(fname, OP)                                                      \
@@ -104,7 +143,7 @@ static nb_tensor *unary_same(nb__op op, const char *name, nb_tensor *x, const ch
                   nb_dtype_name(x->dtype), why_not);
         return NULL;
     }
-    return unary_run(op, x, x->dtype, NULL);
+    return record_unary(unary_run(op, x, x->dtype, NULL), op, x, NULL);
 }
 
 nb_tensor *nb_neg(nb_tensor *x) {
@@ -164,7 +203,8 @@ nb_tensor *nb_pow_scalar(nb_tensor *x, double exponent) {
             ctx.i0 = (int64_t)exponent;
         }
     }
-    return unary_run(NB__OP_POW_SCALAR, x, kdt, &ctx);
+    nb_tensor *out = unary_run(NB__OP_POW_SCALAR, x, kdt, &ctx);
+    return record_unary(out, NB__OP_POW_SCALAR, x, &ctx);
 }
 
 nb_tensor *nb_clamp(nb_tensor *x, double lo, double hi) {
@@ -189,10 +229,37 @@ nb_tensor *nb_clamp(nb_tensor *x, double lo, double hi) {
             kdt = NB_F32; /* a fractional bound makes the result float, as in PyTorch */
         }
     }
-    return unary_run(NB__OP_CLAMP, x, kdt, &ctx);
+    return record_unary(unary_run(NB__OP_CLAMP, x, kdt, &ctx), NB__OP_CLAMP, x, &ctx);
 }
 
 /* ---- binary --------------------------------------------------------------------------------- */
+
+/* Record a binary op (not comparisons) and save the operands its rule reads: slot 0 = a,
+ * slot 1 = b, each only when the other input's gradient (or its own, for div/pow/max/min)
+ * needs it. */
+static void record_binary(nb_tensor *out, nb__op op, nb_tensor *a, nb_tensor *b) {
+    if (!out || is_compare(op) || !nb_dtype_is_float(out->dtype)) return;
+    nb__node *nd = nb__record(out, op, (nb_tensor *[]){a, b}, 2);
+    if (!nd) return;
+    bool ga = wants(nd, 0), gb = wants(nd, 1);
+    switch (op) {
+    case NB__OP_MUL: /* d/da = g b, d/db = g a */
+        if (gb) nb__save(nd, 0, a);
+        if (ga) nb__save(nd, 1, b);
+        break;
+    case NB__OP_DIV: /* d/da = g / b, d/db = -g a / b^2 */
+        if (gb) nb__save(nd, 0, a);
+        nb__save(nd, 1, b);
+        break;
+    case NB__OP_POW:
+    case NB__OP_MAXIMUM:
+    case NB__OP_MINIMUM:
+        nb__save(nd, 0, a);
+        nb__save(nd, 1, b);
+        break;
+    default: break; /* add, sub: nothing */
+    }
+}
 
 static nb_tensor *binary(nb__op op, const char *name, nb_tensor *a, nb_tensor *b) {
     NB__CHECK_ARG(a, name, "a");
@@ -213,7 +280,10 @@ static nb_tensor *binary(nb__op op, const char *name, nb_tensor *a, nb_tensor *b
     }
     nb_tensor *ins[2] = {a, b};
     nb_dtype in_dt[2] = {kdt, kdt};
-    return ew_run(op, kdt, is_compare(op) ? NB_BOOL : kdt, shape, ndim, ins, in_dt, 2, NULL);
+    nb_tensor *out = ew_run(op, kdt, is_compare(op) ? NB_BOOL : kdt, shape, ndim, ins, in_dt,
+                            2, NULL);
+    record_binary(out, op, a, b);
+    return out;
 }
 
 #define NB__DEF_BINARY(fname, OP)                                                           \
@@ -272,6 +342,16 @@ static nb_tensor *binary_scalar(nb__op op, const char *name, nb_tensor *a, doubl
                              &ctx));
     }
     nb_scope_end();
+    /* Recorded as the tensor op with no second input: attrs.flag marks the scalar form and
+     * attrs.f[0] holds the scalar for the rule. */
+    if (out && !cmp && nb_dtype_is_float(out->dtype)) {
+        nb__node *nd = nb__record(out, op, (nb_tensor *[]){a, NULL}, 2);
+        if (nd) {
+            nd->attrs.flag = true;
+            nd->attrs.f[0] = s;
+            if (op == NB__OP_MAXIMUM || op == NB__OP_MINIMUM) nb__save(nd, 0, a);
+        }
+    }
     return out;
 }
 
@@ -309,5 +389,142 @@ nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b) {
     nb_dtype kdt = nb_dtype_promote(a->dtype, b->dtype);
     nb_tensor *ins[3] = {cond, a, b};
     nb_dtype in_dt[3] = {NB_BOOL, kdt, kdt};
-    return ew_run(NB__OP_WHERE, kdt, kdt, shape, ndim, ins, in_dt, 3, NULL);
+    nb_tensor *out = ew_run(NB__OP_WHERE, kdt, kdt, shape, ndim, ins, in_dt, 3, NULL);
+    if (out && nb_dtype_is_float(kdt)) { /* cond gets no gradient: it is not an input edge */
+        nb__node *nd = nb__record(out, NB__OP_WHERE, (nb_tensor *[]){NULL, a, b}, 3);
+        if (nd) nb__save(nd, 0, cond);
+    }
+    return out;
+}
+
+/* ---- backward rules ---------------------------------------------------------------------------
+ * The engine runs these with grad mode off, sums gradients over broadcast dims and converts
+ * them to each input's dtype, so a rule returns the output's shape in the output's dtype
+ * (the compute dtype). Conventions at non-differentiable points follow PyTorch:
+ *   - abs'(0) = 0; relu'(0) = 0 (gradient passes where the output is > 0, or NaN);
+ *   - clamp passes the gradient where lo <= x <= hi, boundaries included;
+ *   - maximum/minimum (also the *_scalar forms): the larger (smaller) operand gets the
+ *     gradient, a tie gives each operand half, and NaN (unordered) passes it to both;
+ *   - pow(a, b): d/da = g b a^(b-1), set to 0 where b == 0 (so 0^0 has gradient 0, not
+ *     NaN); d/db = g a^b log(a), set to 0 where a == 0 and b >= 0 (log(0) = -inf times
+ *     0^b = 0 would give NaN), NaN for a < 0 (log of a negative number), -inf * g for a == 0
+ *     and b < 0. pow_scalar's gradient is 0 for exponent 0;
+ *   - sqrt'(0) = inf, log'(0) = inf, d/db of a / b at b == 0 is -inf/NaN: no masking, the
+ *     true limits propagate as in PyTorch.
+ * Unary rules and div/pow/max/min run one fused kernel from cpu/elementwise.c each, so
+ * backward makes one tensor per gradient instead of a chain of temporaries. */
+
+/* gin[input] = the fused backward kernel of (n->op, input) over (g, xs...). */
+static nb_status bw_kernel(nb__node *n, int input, nb_tensor *g, nb_tensor *const *xs, int nx,
+                           const nb__ew_ctx *ctx, nb_tensor **gin) {
+    nb_dtype dt = n->out_dtype;
+    nb_tensor *ins[3] = {g, nx > 0 ? xs[0] : NULL, nx > 1 ? xs[1] : NULL};
+    nb_dtype in_dt[3] = {dt, dt, dt};
+    for (int i = 0; i <= nx; i++)
+        if (!ins[i]) return nb__error(NB_ESTATE, "backward: %s lost a saved tensor",
+                                      nb__op_names[n->op]);
+    gin[input] = ew_exec(nb__cpu_ew_bw_kernel(n->op, input, dt), nb__cpu_ew_grain(n->op), dt,
+                         n->out_shape, n->out_ndim, ins, in_dt, nx + 1, ctx);
+    return gin[input] ? NB_OK : nb_last_status();
+}
+
+static nb_status bw_unary(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    if (!wants(n, 0)) return NB_OK;
+    nb__ew_ctx ctx = {.p0 = n->attrs.f[0], .p1 = n->attrs.f[1]};
+    return bw_kernel(n, 0, g, n->saved, 1, &ctx, gin);
+}
+
+#define NB__DEF_BW_UNARY(OP)                                                                \
+    nb_status nb__bw_##OP(nb__node *n, nb_tensor *g, nb_tensor **gin) {                    \
+        return bw_unary(n, g, gin);                                                        \
+    }
+NB__DEF_BW_UNARY(ABS)
+NB__DEF_BW_UNARY(EXP)
+NB__DEF_BW_UNARY(LOG)
+NB__DEF_BW_UNARY(LOG1P)
+NB__DEF_BW_UNARY(SQRT)
+NB__DEF_BW_UNARY(RSQRT)
+NB__DEF_BW_UNARY(SIN)
+NB__DEF_BW_UNARY(COS)
+NB__DEF_BW_UNARY(TANH)
+NB__DEF_BW_UNARY(SIGMOID)
+NB__DEF_BW_UNARY(RELU)
+NB__DEF_BW_UNARY(GELU)
+NB__DEF_BW_UNARY(GELU_TANH)
+NB__DEF_BW_UNARY(SILU)
+NB__DEF_BW_UNARY(POW_SCALAR)
+NB__DEF_BW_UNARY(CLAMP)
+
+nb_status nb__bw_NEG(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    if (wants(n, 0) && !(gin[0] = nb_neg(g))) return nb_last_status();
+    return NB_OK;
+}
+
+nb_status nb__bw_ADD(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    for (int i = 0; i < 2; i++) /* a scalar form has no input 1 */
+        if (wants(n, i)) gin[i] = nb__scope_add(nb_tensor_retain(g));
+    return NB_OK;
+}
+
+nb_status nb__bw_SUB(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    if (wants(n, 0)) gin[0] = nb__scope_add(nb_tensor_retain(g));
+    if (wants(n, 1) && !(gin[1] = nb_neg(g))) return nb_last_status();
+    return NB_OK;
+}
+
+nb_status nb__bw_MUL(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    if (n->attrs.flag) {
+        if (wants(n, 0) && !(gin[0] = nb_mul_scalar(g, n->attrs.f[0]))) return nb_last_status();
+        return NB_OK;
+    }
+    if (wants(n, 0) && !(gin[0] = nb_mul(g, n->saved[1]))) return nb_last_status();
+    if (wants(n, 1) && !(gin[1] = nb_mul(g, n->saved[0]))) return nb_last_status();
+    return NB_OK;
+}
+
+nb_status nb__bw_DIV(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    if (n->attrs.flag) {
+        if (wants(n, 0) && !(gin[0] = nb_div_scalar(g, n->attrs.f[0]))) return nb_last_status();
+        return NB_OK;
+    }
+    if (wants(n, 0) && !(gin[0] = nb_div(g, n->saved[1]))) return nb_last_status();
+    if (wants(n, 1)) return bw_kernel(n, 1, g, n->saved, 2, NULL, gin);
+    return NB_OK;
+}
+
+/* pow, maximum, minimum: one fused kernel per input over (g, a, b). The scalar forms of
+ * maximum/minimum pass the scalar as a 0-dim b and, for f16/bf16, as the f32 value the
+ * forward compared against (b_scalar). */
+static nb_status bw_binary_fused(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    nb__ew_ctx ctx = {0};
+    nb_tensor *ab[2] = {n->saved[0], n->saved[1]};
+    if (n->attrs.flag) {
+        ctx = (nb__ew_ctx){.p0 = n->attrs.f[0], .b_scalar = true};
+        if (!(ab[1] = nb_scalar(n->attrs.f[0], n->out_dtype))) return nb_last_status();
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!wants(n, i)) continue;
+        nb_status st = bw_kernel(n, i, g, ab, 2, &ctx, gin);
+        if (st != NB_OK) return st;
+    }
+    return NB_OK;
+}
+
+nb_status nb__bw_POW(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    return bw_binary_fused(n, g, gin);
+}
+nb_status nb__bw_MAXIMUM(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    return bw_binary_fused(n, g, gin);
+}
+nb_status nb__bw_MINIMUM(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    return bw_binary_fused(n, g, gin);
+}
+
+/* where: g goes to a where cond holds and to b elsewhere. */
+nb_status nb__bw_WHERE(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *zero = nb_scalar(0, g->dtype);
+    if (!zero) return nb_last_status();
+    if (wants(n, 1) && !(gin[1] = nb_where(n->saved[0], g, zero))) return nb_last_status();
+    if (wants(n, 2) && !(gin[2] = nb_where(n->saved[0], zero, g))) return nb_last_status();
+    return NB_OK;
 }

@@ -7,11 +7,16 @@
  * an out-of-bounds access. As in PyTorch, these ops take no negative indices. Index
  * operands are I32 or I64; data operands may be of any dtype. Semantics follow PyTorch
  * (torch.index_select, torch.gather, Tensor.scatter_add, F.embedding, masked_fill,
- * F.one_hot, torch.tril/triu). */
+ * F.one_hot, torch.tril/triu).
+ *
+ * Autograd: each differentiable op runs its body with grad mode off (scatter_add's clone and
+ * conversions must not record) and records one node with the original inputs. The rules
+ * are at the end of this file; one_hot has an integer input and records nothing. */
 #include <string.h>
 
+#include "autograd_impl.h"
 #include "cpu/index.h"
-#include "tensor_impl.h"
+#include "cpu/reduce_back.h"
 
 static bool on_cpu(const nb_tensor *t, const char *op) {
     if (t->storage->device.type == NB_DEVICE_CPU) return true;
@@ -41,7 +46,7 @@ static bool index_in_range(const nb_tensor *idx, int64_t size, const char *op, i
 static int64_t dim_size(const nb_tensor *t, int d) { return t->ndim ? t->shape[d] : 1; }
 
 /* ---- index_select / embedding ------------------------------------------------------------ */
-nb_tensor *nb_index_select(nb_tensor *x, int dim, nb_tensor *index) {
+static nb_tensor *index_select_impl(nb_tensor *x, int dim, nb_tensor *index) {
     NB__CHECK_ARG(x, "index_select", "x");
     NB__CHECK_ARG(index, "index_select", "index");
     if (!on_cpu(x, "index_select") || !on_cpu(index, "index_select")) return NULL;
@@ -71,7 +76,7 @@ nb_tensor *nb_index_select(nb_tensor *x, int dim, nb_tensor *index) {
     return out;
 }
 
-nb_tensor *nb_embedding(nb_tensor *weight, nb_tensor *indices) {
+static nb_tensor *embedding_impl(nb_tensor *weight, nb_tensor *indices) {
     NB__CHECK_ARG(weight, "embedding", "weight");
     NB__CHECK_ARG(indices, "embedding", "indices");
     if (!on_cpu(weight, "embedding") || !on_cpu(indices, "embedding")) return NULL;
@@ -119,7 +124,7 @@ static bool index_fits(const nb_tensor *x, const nb_tensor *index, int d, const 
     return true;
 }
 
-nb_tensor *nb_gather(nb_tensor *x, int dim, nb_tensor *index) {
+static nb_tensor *gather_impl(nb_tensor *x, int dim, nb_tensor *index) {
     NB__CHECK_ARG(x, "gather", "x");
     NB__CHECK_ARG(index, "gather", "index");
     if (!on_cpu(x, "gather") || !on_cpu(index, "gather")) return NULL;
@@ -137,7 +142,7 @@ nb_tensor *nb_gather(nb_tensor *x, int dim, nb_tensor *index) {
     return out;
 }
 
-nb_tensor *nb_scatter_add(nb_tensor *x, int dim, nb_tensor *index, nb_tensor *src) {
+static nb_tensor *scatter_add_impl(nb_tensor *x, int dim, nb_tensor *index, nb_tensor *src) {
     NB__CHECK_ARG(x, "scatter_add", "x");
     NB__CHECK_ARG(index, "scatter_add", "index");
     NB__CHECK_ARG(src, "scatter_add", "src");
@@ -186,7 +191,7 @@ nb_tensor *nb_scatter_add(nb_tensor *x, int dim, nb_tensor *index, nb_tensor *sr
 }
 
 /* ---- masked_fill ------------------------------------------------------------------------------ */
-nb_tensor *nb_masked_fill(nb_tensor *x, nb_tensor *mask, double value) {
+static nb_tensor *masked_fill_impl(nb_tensor *x, nb_tensor *mask, double value) {
     NB__CHECK_ARG(x, "masked_fill", "x");
     NB__CHECK_ARG(mask, "masked_fill", "mask");
     if (!on_cpu(x, "masked_fill") || !on_cpu(mask, "masked_fill")) return NULL;
@@ -286,5 +291,140 @@ static nb_tensor *tri(nb_tensor *x, int64_t k, bool lower, const char *op) {
     return out;
 }
 
-nb_tensor *nb_tril(nb_tensor *x, int64_t k) { return tri(x, k, true, "tril"); }
-nb_tensor *nb_triu(nb_tensor *x, int64_t k) { return tri(x, k, false, "triu"); }
+
+/* ---- autograd ------------------------------------------------------------------------------ */
+/* The forward bodies run with grad mode off; the public functions record one node. */
+static bool needs(const nb__node *n, int i) { return n->edges[i].node || n->edges[i].leaf; }
+static nb_status done(nb_tensor **gin, int i) { return gin[i] ? NB_OK : nb_last_status(); }
+
+nb_tensor *nb_index_select(nb_tensor *x, int dim, nb_tensor *index) {
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *out = index_select_impl(x, dim, index);
+    nb_set_grad_enabled(prev);
+    nb__node *nd = nb__record(out, NB__OP_INDEX_SELECT, (nb_tensor *[]){x, index}, 2);
+    if (nd) {
+        nb__save(nd, 0, index);
+        nd->attrs.i[0] = x->ndim ? nb__wrap_dim(dim, x->ndim, "index_select") : 0;
+    }
+    return out;
+}
+
+nb_tensor *nb_embedding(nb_tensor *weight, nb_tensor *indices) {
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *out = embedding_impl(weight, indices);
+    nb_set_grad_enabled(prev);
+    nb__node *nd = nb__record(out, NB__OP_EMBEDDING, (nb_tensor *[]){weight, indices}, 2);
+    if (nd) nb__save(nd, 0, indices);
+    return out;
+}
+
+nb_tensor *nb_gather(nb_tensor *x, int dim, nb_tensor *index) {
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *out = gather_impl(x, dim, index);
+    nb_set_grad_enabled(prev);
+    nb__node *nd = nb__record(out, NB__OP_GATHER, (nb_tensor *[]){x, index}, 2);
+    if (nd) {
+        nb__save(nd, 0, index);
+        nd->attrs.i[0] = nb__wrap_dim(dim, x->ndim, "gather");
+    }
+    return out;
+}
+
+nb_tensor *nb_scatter_add(nb_tensor *x, int dim, nb_tensor *index, nb_tensor *src) {
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *out = scatter_add_impl(x, dim, index, src);
+    nb_set_grad_enabled(prev);
+    nb__node *nd = nb__record(out, NB__OP_SCATTER_ADD, (nb_tensor *[]){x, index, src}, 3);
+    if (nd) {
+        if (src->requires_grad) nb__save(nd, 0, index);
+        nd->attrs.i[0] = nb__wrap_dim(dim, x->ndim, "scatter_add");
+    }
+    return out;
+}
+
+nb_tensor *nb_masked_fill(nb_tensor *x, nb_tensor *mask, double value) {
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *out = masked_fill_impl(x, mask, value);
+    nb_set_grad_enabled(prev);
+    nb__node *nd = nb__record(out, NB__OP_MASKED_FILL, (nb_tensor *[]){x, mask}, 2);
+    if (nd) nb__save(nd, 0, mask);
+    return out;
+}
+
+nb_tensor *nb_tril(nb_tensor *x, int64_t k) {
+    nb_tensor *out = tri(x, k, true, "tril");
+    nb__node *nd = nb__record(out, NB__OP_TRIL, &x, 1);
+    if (nd) nd->attrs.i[0] = k;
+    return out;
+}
+
+nb_tensor *nb_triu(nb_tensor *x, int64_t k) {
+    nb_tensor *out = tri(x, k, false, "triu");
+    nb__node *nd = nb__record(out, NB__OP_TRIU, &x, 1);
+    if (nd) nd->attrs.i[0] = k;
+    return out;
+}
+
+/* dx = zeros(x) with g's slices added at the selected positions, in index order (the
+ * fused ordered index_add: deterministic, repeated indices accumulate). Accumulates in f32
+ * (f64 for f64 gradients); the engine rounds to x's dtype. */
+static nb_tensor *index_add_zeros(const nb__edge *e, int d, nb_tensor *index, nb_tensor *g) {
+    nb_tensor *ic = nb_contiguous(index), *gc = nb_contiguous(g);
+    nb_tensor *dx = ic && gc ? nb_zeros(e->shape, e->ndim, g->dtype == NB_F64 ? NB_F64 : NB_F32)
+                             : NULL;
+    if (dx) nb__cpu_index_add(dx, d, ic, gc);
+    return dx;
+}
+
+nb_status nb__bw_INDEX_SELECT(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = index_add_zeros(&n->edges[0], (int)n->attrs.i[0], n->saved[0], g);
+    return done(gin, 0);
+}
+
+/* dW (V, D) = zeros + g's rows (indices..., D) accumulated at their indices. */
+nb_status nb__bw_EMBEDDING(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = index_add_zeros(&n->edges[0], 0, n->saved[0], g);
+    return done(gin, 0);
+}
+
+nb_status nb__bw_GATHER(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    const nb__edge *e = &n->edges[0];
+    nb_tensor *z = nb_zeros(e->shape, e->ndim, g->dtype);
+    gin[0] = nb_scatter_add(z, (int)n->attrs.i[0], n->saved[0], g);
+    return done(gin, 0);
+}
+
+/* x: g itself. src: g gathered at the index positions; src may be larger than the index
+ * (only its leading part is used), and the rest gets zero. */
+nb_status nb__bw_SCATTER_ADD(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    if (needs(n, 0)) gin[0] = nb__scope_add(nb_tensor_retain(g));
+    if (!needs(n, 2)) return NB_OK;
+    nb_tensor *idx = n->saved[0];
+    nb_tensor *gs = nb_gather(g, (int)n->attrs.i[0], idx);
+    const nb__edge *es = &n->edges[2];
+    bool same = gs && gs->ndim == es->ndim &&
+                memcmp(gs->shape, es->shape, sizeof(int64_t) * (size_t)es->ndim) == 0;
+    if (gs && !same) {
+        nb_tensor *z = nb_zeros(es->shape, es->ndim, gs->dtype), *part = z;
+        for (int d = 0; d < es->ndim && part; d++) part = nb_narrow(part, d, 0, idx->shape[d]);
+        if (!part || nb_copy_(part, gs) != NB_OK) return nb_last_status();
+        gs = z;
+    }
+    gin[2] = gs;
+    return done(gin, 2);
+}
+
+nb_status nb__bw_MASKED_FILL(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = nb_masked_fill(g, n->saved[0], 0.0);
+    return done(gin, 0);
+}
+
+nb_status nb__bw_TRIL(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = nb_tril(g, n->attrs.i[0]);
+    return done(gin, 0);
+}
+
+nb_status nb__bw_TRIU(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = nb_triu(g, n->attrs.i[0]);
+    return done(gin, 0);
+}

@@ -7,12 +7,17 @@
  * inputs. As in PyTorch's legacy behaviour, cat skips 1-D empty tensors of shape [0] in
  * the shape checks (they contribute nothing), so cat([empty(0), x]) works for any x.
  *
- * split and chunk only create views (nb_narrow); nothing is copied. */
+ * split and chunk only create views (nb_narrow); nothing is copied.
+ *
+ * Autograd: cat and stack copy with grad mode off and record one node over all their
+ * inputs; input i's gradient is the narrowed (cat) or selected (stack) part of g, converted
+ * back to the input's dtype by the engine. split and chunk are views and record themselves
+ * (through nb_narrow). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor_impl.h"
+#include "autograd_impl.h"
 
 static bool on_cpu(const nb_tensor *t, const char *op) {
     if (t->storage->device.type == NB_DEVICE_CPU) return true;
@@ -47,7 +52,7 @@ static nb_dtype promote_all(nb_tensor *const *ts, int n) {
 /* PyTorch's legacy rule: a 1-D tensor with no elements is ignored by cat. */
 static bool legacy_empty(const nb_tensor *t) { return t->ndim == 1 && t->shape[0] == 0; }
 
-nb_tensor *nb_cat(nb_tensor *const *ts, int n, int dim) {
+static nb_tensor *cat_impl(nb_tensor *const *ts, int n, int dim) {
     if (!list_ok(ts, n, "cat")) return NULL;
     nb_dtype dt = promote_all(ts, n);
     int ref = -1;
@@ -102,7 +107,7 @@ nb_tensor *nb_cat(nb_tensor *const *ts, int n, int dim) {
     return out;
 }
 
-nb_tensor *nb_stack(nb_tensor *const *ts, int n, int dim) {
+static nb_tensor *stack_impl(nb_tensor *const *ts, int n, int dim) {
     if (!list_ok(ts, n, "stack")) return NULL;
     const nb_tensor *r = ts[0];
     if (r->ndim >= NB_MAX_DIMS) {
@@ -137,6 +142,59 @@ nb_tensor *nb_stack(nb_tensor *const *ts, int n, int dim) {
     nb_keep(out);
     nb_scope_end();
     return out;
+}
+
+/* ---- autograd ------------------------------------------------------------------------------ */
+nb_tensor *nb_cat(nb_tensor *const *ts, int n, int dim) {
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *out = cat_impl(ts, n, dim);
+    nb_set_grad_enabled(prev);
+    nb__node *nd = nb__record(out, NB__OP_CAT, ts, n);
+    if (nd) {
+        /* The dim as cat resolved it: against the first input that is not a legacy empty
+         * one (any dim is fine when all are: nothing is narrowed then). */
+        int ref = 0;
+        while (ref < n - 1 && legacy_empty(ts[ref])) ref++;
+        int d = nb__wrap_dim(dim, ts[ref]->ndim, "cat");
+        nd->attrs.i[0] = d < 0 ? 0 : d;
+    }
+    return out;
+}
+
+nb_tensor *nb_stack(nb_tensor *const *ts, int n, int dim) {
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *out = stack_impl(ts, n, dim);
+    nb_set_grad_enabled(prev);
+    nb__node *nd = nb__record(out, NB__OP_STACK, ts, n);
+    if (nd) nd->attrs.i[0] = nb__wrap_dim(dim, ts[0]->ndim + 1, "stack");
+    return out;
+}
+
+static bool needs(const nb__node *n, int i) { return n->edges[i].node || n->edges[i].leaf; }
+
+/* Input i's gradient: its slice [off, off + len) of g along the cat dim. */
+nb_status nb__bw_CAT(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    int d = (int)n->attrs.i[0];
+    int64_t off = 0;
+    for (int i = 0; i < n->ninputs; i++) {
+        const nb__edge *e = &n->edges[i];
+        if (e->ndim == 1 && e->shape[0] == 0) { /* skipped by cat: an empty gradient */
+            if (needs(n, i) && !(gin[i] = nb_zeros(e->shape, 1, g->dtype)))
+                return nb_last_status();
+            continue;
+        }
+        int64_t len = e->shape[d];
+        if (needs(n, i) && !(gin[i] = nb_narrow(g, d, off, len))) return nb_last_status();
+        off += len;
+    }
+    return NB_OK;
+}
+
+nb_status nb__bw_STACK(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    int d = (int)n->attrs.i[0];
+    for (int i = 0; i < n->ninputs; i++)
+        if (needs(n, i) && !(gin[i] = nb_select(g, d, i))) return nb_last_status();
+    return NB_OK;
 }
 
 /* ---- split / chunk ------------------------------------------------------------------------- */

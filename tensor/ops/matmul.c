@@ -15,12 +15,17 @@
  * batch dims fold into its rows ((B,T,C) @ (C,D) with (B,T,C) contiguous), the whole thing is
  * ONE GEMM of (B*T) x C x D, which runs far better than B small ones. Otherwise one GEMM per
  * batch; when each of those is small they run in parallel over the OpenMP pool (the providers
- * parallelize big GEMMs themselves on the same pool). */
+ * parallelize big GEMMs themselves on the same pool).
+ *
+ * Autograd: nb_matmul records one MATMUL node (internal conversions and copies run with grad
+ * mode off). Its rule is dA = g @ B^T and dB = A^T @ g, with 1-D operands promoted as in the
+ * forward and the transposes passed as views; gradients of broadcast batch dims come back in
+ * the broadcast batch shape and the engine sums them to the operand's shape. */
 #include <stdatomic.h>
 #include <string.h>
 
+#include "autograd_impl.h"
 #include "gemm.h"
-#include "tensor_impl.h"
 
 /* Per-GEMM work (multiply-adds) at or below which batches run in parallel rather than each
  * GEMM using all threads: 128x128x128. A GEMM this small parallelizes poorly inside the
@@ -239,7 +244,7 @@ static nb_status mm_compute(nb_tensor *a, nb_tensor *b, nb_tensor *out, const in
     return NB_OK;
 }
 
-nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
+static nb_tensor *matmul_impl(nb_tensor *a, nb_tensor *b) {
     NB__CHECK_ARG(a, "matmul", "a");
     NB__CHECK_ARG(b, "matmul", "b");
     if (a->storage->device.type != NB_DEVICE_CPU || b->storage->device.type != NB_DEVICE_CPU) {
@@ -322,4 +327,53 @@ nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
 fail:
     nb_scope_end();
     return NULL;
+}
+
+nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *out = matmul_impl(a, b);
+    nb_set_grad_enabled(prev);
+    nb__node *nd = nb__record(out, NB__OP_MATMUL, (nb_tensor *[]){a, b}, 2);
+    if (nd) { /* dA needs B and dB needs A: save only what a needed gradient uses */
+        if (b->requires_grad) nb__save(nd, 0, a);
+        if (a->requires_grad) nb__save(nd, 1, b);
+    }
+    return out;
+}
+
+static bool needs(const nb__node *n, int i) { return n->edges[i].node || n->edges[i].leaf; }
+
+nb_status nb__bw_MATMUL(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    int na = n->edges[0].ndim, nbd = n->edges[1].ndim;
+    /* g with the dims removed for 1-D operands put back: (batch..., M, N). */
+    nb_tensor *g2 = nb_to_dtype(g, n->out_dtype);
+    if (nbd == 1) g2 = nb_unsqueeze(g2, g2 ? g2->ndim : 0);
+    if (na == 1) g2 = nb_unsqueeze(g2, g2 ? g2->ndim - 1 : 0);
+    if (!g2) return nb_last_status();
+    if (needs(n, 0)) {
+        nb_tensor *b = n->saved[1];
+        nb_tensor *b2 = nbd == 1 ? nb_unsqueeze(b, 1) : b;
+        nb_tensor *da = nb_matmul(g2, nb_transpose(b2, -1, -2)); /* (batch..., M, K) */
+        if (na == 1) da = nb_squeeze(da, -2);
+        if (!(gin[0] = da)) return nb_last_status();
+    }
+    if (needs(n, 1)) {
+        nb_tensor *a = n->saved[0], *db;
+        if (na > 2 && nbd <= 2) {
+            /* One operand's batch dims fold into the GEMM's inner dim: A^T (K, batch*M) @
+             * g (batch*M, N) is already summed over the batch, with no (batch, K, N)
+             * temporary. */
+            int64_t K = a->shape[na - 1], N = g2->shape[g2->ndim - 1];
+            int64_t rows = nb__numel_of(a->shape, na - 1); /* not -1: K or N may be 0 */
+            nb_tensor *af = nb_reshape(a, (int64_t[]){rows, K}, 2);
+            nb_tensor *gf = nb_reshape(g2, (int64_t[]){rows, N}, 2);
+            db = nb_matmul(nb_transpose(af, 0, 1), gf);
+        } else {
+            nb_tensor *a2 = na == 1 ? nb_unsqueeze(a, 0) : a;
+            db = nb_matmul(nb_transpose(a2, -1, -2), g2); /* (batch..., K, N) */
+        }
+        if (nbd == 1) db = nb_squeeze(db, -1);
+        if (!(gin[1] = db)) return nb_last_status();
+    }
+    return NB_OK;
 }

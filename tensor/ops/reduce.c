@@ -14,10 +14,13 @@
  *   - over zero elements: sum 0, mean/var/std NaN, logsumexp -inf; amax/amin, max/min and
  *     argmax/argmin have no identity and refuse an empty reduced dim (NB_ESHAPE).
  *   - NaN propagates through amax/amin and max/min; their index is that of the first NaN.
- *     Ties give the first index. var/std divide by max(0, n - correction). */
+ *     Ties give the first index. var/std divide by max(0, n - correction).
+ * Autograd: every float result records a node (the rules follow the op they belong to);
+ * argmax/argmin and the indices of max/min are integers and record nothing. */
 
 #include "cpu/reduce.h"
-#include "tensor_impl.h"
+#include "cpu/reduce_back.h"
+#include "autograd_impl.h"
 
 static bool on_cpu(const nb_tensor *x, const char *op) {
     if (x->storage->device.type != NB_DEVICE_CPU) {
@@ -112,19 +115,84 @@ static bool prologue(nb_tensor *x, const int *dims, int ndims, const char *op, b
     return parse_dims(x, dims, ndims, op, mask);
 }
 
+/* ---- autograd ----------------------------------------------------------------------------
+ * Every set-of-dims reduction records attrs.i[d] = 1 for a reduced dim d of the input and
+ * attrs.f[0] = a factor (1 or 1/count for sum and mean, the divisor for var and std). */
+static nb__node *record_mask(nb_tensor *out, nb__op op, nb_tensor *x, const bool *mask,
+                             double f0) {
+    nb__node *nd = nb__record(out, op, &x, 1);
+    if (nd) {
+        for (int d = 0; d < x->ndim; d++) nd->attrs.i[d] = mask[d];
+        nd->attrs.f[0] = f0;
+    }
+    return nd;
+}
+
+/* Reductions whose gradient spreads g back over the reduced dims (sum, mean). */
+static nb_tensor *record_spread(nb_tensor *out, nb__op op, nb_tensor *x, const bool *mask,
+                                double factor) {
+    record_mask(out, op, x, mask, factor);
+    return out;
+}
+
+/* The reduced dims of a recorded reduction as a list (empty only for a 0-dim input, for
+ * which "all dims" means the same thing). */
+static int mask_dims(const nb__node *n, int *dims) {
+    int k = 0;
+    for (int d = 0; d < n->edges[0].ndim; d++)
+        if (n->attrs.i[d]) dims[k++] = d;
+    return k;
+}
+
+/* t, of the output's shape, viewed with the reduced dims kept as size 1 (keepdim form), so
+ * it broadcasts against the input. */
+static nb_tensor *keep_shape(nb__node *n, nb_tensor *t) {
+    const nb__edge *e = &n->edges[0];
+    int64_t kshape[NB_MAX_DIMS];
+    for (int d = 0; d < e->ndim; d++) kshape[d] = n->attrs.i[d] ? 1 : e->shape[d];
+    return nb_reshape(t, kshape, e->ndim);
+}
+
+/* Rules built from forward ops compute half types in f32 (the engine rounds the gradient
+ * to the input's dtype once). */
+static nb_tensor *up(nb_tensor *t) {
+    return t && (t->dtype == NB_F16 || t->dtype == NB_BF16) ? nb_to_dtype(t, NB_F32) : t;
+}
+
+static nb_status done(nb_tensor **gin) { return gin[0] ? NB_OK : nb_last_status(); }
+
+/* g (the output's shape, reduced dims kept or not) viewed with size-1 reduced dims and
+ * expanded to the input's shape. */
+static nb_tensor *spread(nb__node *n, nb_tensor *g) {
+    const nb__edge *e = &n->edges[0];
+    return nb_expand(keep_shape(n, g), e->shape, e->ndim);
+}
+
+nb_status nb__bw_SUM(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = spread(n, g);
+    return gin[0] ? NB_OK : nb_last_status();
+}
+
+nb_status nb__bw_MEAN(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = nb_mul_scalar(spread(n, g), n->attrs.f[0]);
+    return gin[0] ? NB_OK : nb_last_status();
+}
+
 nb_tensor *nb_sum(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, "sum", mask)) return NULL;
     nb_dtype odt = nb_dtype_is_float(x->dtype) ? x->dtype : NB_I64;
-    return run_pass(x, mask, keepdim, odt, (nb__rspec){.kind = NB__RK_SUM});
+    nb_tensor *r = run_pass(x, mask, keepdim, odt, (nb__rspec){.kind = NB__RK_SUM});
+    return record_spread(r, NB__OP_SUM, x, mask, 1.0);
 }
 
 nb_tensor *nb_mean(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, "mean", mask) || !need_float(x, "mean")) return NULL;
-    return run_pass(x, mask, keepdim, x->dtype,
-                    (nb__rspec){.kind = NB__RK_SUM, .post = NB__RP_DIV,
-                                .den = (double)reduced_count(x, mask)});
+    double count = (double)reduced_count(x, mask);
+    nb_tensor *r = run_pass(x, mask, keepdim, x->dtype,
+                            (nb__rspec){.kind = NB__RK_SUM, .post = NB__RP_DIV, .den = count});
+    return record_spread(r, NB__OP_MEAN, x, mask, 1.0 / count);
 }
 
 static nb_tensor *var_std(nb_tensor *x, const int *dims, int ndims, int correction,
@@ -132,9 +200,36 @@ static nb_tensor *var_std(nb_tensor *x, const int *dims, int ndims, int correcti
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, op, mask) || !need_float(x, op)) return NULL;
     double n = (double)reduced_count(x, mask), den = n - correction > 0 ? n - correction : 0;
-    return run_pass(x, mask, keepdim, x->dtype,
-                    (nb__rspec){.kind = NB__RK_VAR,
-                                .post = take_sqrt ? NB__RP_SQRT_DIV : NB__RP_DIV, .den = den});
+    nb_tensor *r = run_pass(x, mask, keepdim, x->dtype,
+                            (nb__rspec){.kind = NB__RK_VAR,
+                                        .post = take_sqrt ? NB__RP_SQRT_DIV : NB__RP_DIV,
+                                        .den = den});
+    nb__node *nd = record_mask(r, take_sqrt ? NB__OP_STD : NB__OP_VAR, x, mask, den);
+    if (nd) {
+        nb__save(nd, 0, x);
+        if (take_sqrt) nb__save(nd, 1, r);
+    }
+    return r;
+}
+
+/* d var / dx = 2 (x - mean) / den, spread over the reduced dims. */
+nb_status nb__bw_VAR(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    int dims[NB_MAX_DIMS], nd = mask_dims(n, dims);
+    nb_tensor *x = up(n->saved[0]);
+    nb_tensor *xc = nb_sub(x, nb_mean(x, dims, nd, true));
+    gin[0] = nb_mul(xc, nb_mul_scalar(keep_shape(n, up(g)), 2.0 / n->attrs.f[0]));
+    return done(gin);
+}
+
+/* d std / dx = (x - mean) / (den * std); zero where std is 0 (as PyTorch), not NaN. */
+nb_status nb__bw_STD(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    int dims[NB_MAX_DIMS], nd = mask_dims(n, dims);
+    nb_tensor *x = up(n->saved[0]), *sd = keep_shape(n, up(n->saved[1]));
+    nb_tensor *xc = nb_sub(x, nb_mean(x, dims, nd, true));
+    nb_tensor *fac = nb_div(keep_shape(n, up(g)), nb_mul_scalar(sd, n->attrs.f[0]));
+    fac = nb_masked_fill(fac, nb_eq_scalar(sd, 0), 0);
+    gin[0] = nb_mul(xc, fac);
+    return done(gin);
 }
 
 nb_tensor *nb_var(nb_tensor *x, const int *dims, int ndims, int correction, bool keepdim) {
@@ -149,15 +244,48 @@ nb_tensor *nb_logsumexp(nb_tensor *x, const int *dims, int ndims, bool keepdim) 
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, "logsumexp", mask) || !need_float(x, "logsumexp"))
         return NULL;
-    return run_pass(x, mask, keepdim, x->dtype, (nb__rspec){.kind = NB__RK_LSE});
+    nb_tensor *r = run_pass(x, mask, keepdim, x->dtype, (nb__rspec){.kind = NB__RK_LSE});
+    nb__node *nd = record_mask(r, NB__OP_LOGSUMEXP, x, mask, 1.0);
+    if (nd) {
+        nb__save(nd, 0, x);
+        nb__save(nd, 1, r);
+    }
+    return r;
+}
+
+/* d lse / dx = exp(x - lse): the softmax over the reduced dims. */
+nb_status nb__bw_LOGSUMEXP(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *x = up(n->saved[0]), *lse = keep_shape(n, up(n->saved[1]));
+    gin[0] = nb_mul(nb_exp(nb_sub(x, lse)), keep_shape(n, up(g)));
+    return done(gin);
 }
 
 static nb_tensor *extreme(nb_tensor *x, const int *dims, int ndims, bool keepdim,
                           nb__rkind kind, const char *op) {
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, op, mask) || !nonempty(x, mask, op)) return NULL;
-    return run_pass(x, mask, keepdim, x->dtype, (nb__rspec){.kind = kind});
+    nb_tensor *r = run_pass(x, mask, keepdim, x->dtype, (nb__rspec){.kind = kind});
+    nb__node *nd = record_mask(r, kind == NB__RK_MAX ? NB__OP_AMAX : NB__OP_AMIN, x, mask, 1.0);
+    if (nd) {
+        nb__save(nd, 0, x);
+        nb__save(nd, 1, r);
+    }
+    return r;
 }
+
+/* amax / amin: g is split evenly among the elements equal to the extreme (PyTorch's rule),
+ * so ties share it and the gradient sums to g. */
+static nb_status bw_extreme(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    int dims[NB_MAX_DIMS], nd = mask_dims(n, dims);
+    nb_tensor *x = up(n->saved[0]);
+    nb_tensor *hit = nb_to_dtype(nb_eq(x, keep_shape(n, up(n->saved[1]))), x->dtype);
+    nb_tensor *count = nb_sum(hit, dims, nd, true);
+    gin[0] = nb_mul(hit, nb_div(keep_shape(n, up(g)), count));
+    return done(gin);
+}
+
+nb_status nb__bw_AMAX(nb__node *n, nb_tensor *g, nb_tensor **gin) { return bw_extreme(n, g, gin); }
+nb_status nb__bw_AMIN(nb__node *n, nb_tensor *g, nb_tensor **gin) { return bw_extreme(n, g, gin); }
 
 nb_tensor *nb_amax(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
     return extreme(x, dims, ndims, keepdim, NB__RK_MAX, "amax");
@@ -192,24 +320,64 @@ static bool arg_extreme(nb_tensor *x, int dim, bool keepdim, nb__rkind kind, con
     return true;
 }
 
-nb_tensor *nb_max_dim(nb_tensor *x, int dim, bool keepdim, nb_tensor **indices) {
-    nb_tensor *v = NULL;
+/* max / min over one dim. The values are differentiable: when they record, the indices
+ * are computed even if the caller does not want them, and saved for the backward. */
+static nb_tensor *values_extreme(nb_tensor *x, int dim, bool keepdim, nb_tensor **indices,
+                                 bool is_max) {
+    const char *op = is_max ? "max" : "min";
     if (indices) *indices = NULL;
-    if (!arg_extreme(x, dim, keepdim, NB__RK_ARGMAX, "max", &v, indices)) {
-        if (indices) *indices = NULL;
+    bool rec = x && nb__needs_grad(&x, 1);
+    nb_tensor *v = NULL, *i = NULL;
+    nb_scope_begin();
+    if (!arg_extreme(x, dim, keepdim, is_max ? NB__RK_ARGMAX : NB__RK_ARGMIN, op, &v,
+                     (indices || rec) ? &i : NULL)) {
+        nb_scope_end();
         return NULL;
     }
+    nb__node *nd = nb__record(v, is_max ? NB__OP_MAX_DIM : NB__OP_MIN_DIM, &x, 1);
+    if (nd) {
+        nb__save(nd, 0, i);
+        nd->attrs.i[0] = x->ndim ? nb__wrap_dim(dim, x->ndim, op) : 0;
+        nd->attrs.flag = keepdim;
+    }
+    if (indices) *indices = nb_keep(i);
+    nb_keep(v);
+    nb_scope_end();
     return v;
 }
 
+nb_tensor *nb_max_dim(nb_tensor *x, int dim, bool keepdim, nb_tensor **indices) {
+    return values_extreme(x, dim, keepdim, indices, true);
+}
+
 nb_tensor *nb_min_dim(nb_tensor *x, int dim, bool keepdim, nb_tensor **indices) {
-    nb_tensor *v = NULL;
-    if (indices) *indices = NULL;
-    if (!arg_extreme(x, dim, keepdim, NB__RK_ARGMIN, "min", &v, indices)) {
-        if (indices) *indices = NULL;
-        return NULL;
+    return values_extreme(x, dim, keepdim, indices, false);
+}
+
+/* max / min values: g goes to the position of the index that was returned (the first
+ * extreme), scattered along the dim; other positions get zero. */
+static nb_status bw_values_extreme(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    const nb__edge *e = &n->edges[0];
+    if (e->ndim == 0) { /* a 0-dim input reduces to itself */
+        gin[0] = nb__scope_add(nb_tensor_retain(g));
+        return NB_OK;
     }
-    return v;
+    int d = (int)n->attrs.i[0];
+    nb_tensor *idx = n->saved[0], *gk = g;
+    if (!n->attrs.flag) {
+        idx = nb_unsqueeze(idx, d);
+        gk = nb_unsqueeze(g, d);
+    }
+    nb_tensor *z = gk ? nb_zeros(e->shape, e->ndim, gk->dtype) : NULL;
+    gin[0] = nb_scatter_add(z, d, idx, gk);
+    return done(gin);
+}
+
+nb_status nb__bw_MAX_DIM(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    return bw_values_extreme(n, g, gin);
+}
+nb_status nb__bw_MIN_DIM(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    return bw_values_extreme(n, g, gin);
 }
 
 nb_tensor *nb_argmax(nb_tensor *x, int dim, bool keepdim) {
@@ -236,7 +404,32 @@ static nb_tensor *softmax_impl(nb_tensor *x, int dim, bool lg, const char *op) {
         src = out;
     }
     nb__cpu_softmax(src, out, d, lg);
+    nb__node *nd = nb__record(out, lg ? NB__OP_LOG_SOFTMAX : NB__OP_SOFTMAX, &x, 1);
+    if (nd) {
+        nb__save(nd, 0, out); /* the backward needs only the output */
+        nd->attrs.i[0] = d;
+    }
     return out;
+}
+
+/* Fused: softmax dx = y (g - sum(g y)), log_softmax dx = g - exp(y) sum(g), from the saved
+ * output y (contiguous: the op allocated it). */
+static nb_status bw_softmax(nb__node *n, nb_tensor *g, nb_tensor **gin, bool lg) {
+    nb_tensor *y = n->saved[0];
+    NB__ASSERT(nb_is_contiguous(y));
+    nb_tensor *gc = nb_contiguous(nb_to_dtype(g, y->dtype));
+    nb_tensor *dx = gc ? nb__empty(y->shape, y->ndim, y->dtype, y->storage->device) : NULL;
+    if (!dx) return nb_last_status();
+    nb__cpu_softmax_backward(y, gc, dx, (int)n->attrs.i[0], lg);
+    gin[0] = dx;
+    return NB_OK;
+}
+
+nb_status nb__bw_SOFTMAX(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    return bw_softmax(n, g, gin, false);
+}
+nb_status nb__bw_LOG_SOFTMAX(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    return bw_softmax(n, g, gin, true);
 }
 
 nb_tensor *nb_softmax(nb_tensor *x, int dim) { return softmax_impl(x, dim, false, "softmax"); }

@@ -1,0 +1,771 @@
+/* conv.c - CPU kernels of 2-D convolution (see cpu/conv.h): im2col + GEMM forward, and a
+ * backward that computes the weight gradient as GEMMs over column matrices and the input
+ * gradient as a GEMM into a column matrix followed by col2im.
+ *
+ * Work is split over images: each thread owns one column buffer (im2col of one image at a
+ * time) and runs single-threaded GEMMs, which for the small per-image products of a CNN is
+ * far better than asking the provider to parallelize each of them. A 1x1 stride-1 unpadded
+ * convolution needs no column matrix: an image is already a (C x H*W) matrix.
+ *
+ * The weight gradient is a sum over images. To keep it independent of the thread count the
+ * images are split into a fixed number of contiguous chunks (nparts, chosen from N and the
+ * weight size only); chunk 0 accumulates straight into gw, chunk p > 0 into a partial buffer
+ * in the scratch block, and the partials are added to gw in order 1, 2, ... afterwards. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "conv.h"
+#include "gemm.h"
+#include "nb_config.h"
+#include "tensor_impl.h"
+
+#if NB_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#endif
+
+/* Multiply-adds below which a call stays on one thread (a 64x64x64 product). */
+#define CONV_GRAIN ((int64_t)1 << 18)
+/* Upper bound on the weight-gradient chunks, and on the memory their partials may take. */
+#define CONV_MAX_PARTS 16
+#define CONV_PARTS_BYTES ((size_t)64 << 20)
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static int thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* ---- plan ------------------------------------------------------------------------------------ */
+static bool is_pointwise(const nb__conv2d_geom *g) {
+    return g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
+}
+
+/* Elements a copy may run past the end of a row in the stride-1 im2col (64 bytes of f32). */
+#define CONV_SLACK 16
+
+/* The stride-1 im2col first copies the image into a zero-padded (C, H+2ph, W+2pw) buffer,
+ * after which every column-matrix row is a plain copy of OW elements. */
+static size_t padded_elems(const nb__conv2d_geom *g) {
+    return g->sw == 1 ? (size_t)(g->C * (g->H + 2 * g->ph) * (g->W + 2 * g->pw)) + CONV_SLACK : 0;
+}
+
+static size_t colmat_bytes(const nb__conv2d_geom *g, size_t es) {
+    return align64(((size_t)(g->C * g->KH * g->KW) * (size_t)(g->OH * g->OW) + CONV_SLACK) * es);
+}
+
+/* One thread's buffer: the column matrix, then the padded image. */
+static size_t col_bytes(const nb__conv2d_geom *g, size_t es) {
+    return colmat_bytes(g, es) + align64(padded_elems(g) * es);
+}
+
+nb__conv2d_plan nb__conv2d_plan_make(const nb__conv2d_geom *g, size_t es, bool backward,
+                                     bool need_gx, bool need_gw, bool need_gb) {
+    nb__conv2d_plan p = {.nthreads = 1, .pointwise = is_pointwise(g)};
+    int64_t L = g->OH * g->OW, Kg = g->C / g->groups * g->KH * g->KW;
+    /* Multiply-adds of one image's products (forward; each backward product costs the same). */
+    int64_t macs = g->O * L * (Kg > 0 ? Kg : 1);
+    int64_t units = g->N;
+    int nprod = 1;
+    size_t wbytes = align64((size_t)(g->O * Kg) * es);
+    if (backward) {
+        nprod = (int)need_gx + (int)need_gw;
+        if (need_gw) {
+            int64_t parts = g->N < CONV_MAX_PARTS ? g->N : CONV_MAX_PARTS;
+            while (parts > 1 && (size_t)(parts - 1) * wbytes > CONV_PARTS_BYTES) parts--;
+            p.nparts = (int)(parts > 0 ? parts : 1);
+            units = p.nparts;
+        }
+    }
+    int nt = nb__threads_for(g->N * macs * (nprod > 0 ? nprod : 1), CONV_GRAIN);
+    if (nt > units) nt = units > 0 ? (int)units : 1;
+    p.nthreads = nt;
+    bool need_col = !p.pointwise && (!backward || need_gx || need_gw);
+    p.col_bytes = need_col ? col_bytes(g, es) : 0;
+    p.parts_offset = (size_t)nt * p.col_bytes;
+    p.bias_offset = p.parts_offset;
+    if (backward && need_gw) {
+        p.bias_offset += (size_t)(p.nparts - 1) * wbytes;
+        /* The bias gradient rides along with the weight gradient's pass over gy, with one
+         * partial sum (O doubles) per chunk. */
+        p.fused_bias = need_gb;
+    }
+    p.scratch_bytes = p.bias_offset + (p.fused_bias ? (size_t)p.nparts * align64(
+                                                          (size_t)g->O * sizeof(double))
+                                                    : 0);
+    return p;
+}
+
+/* ---- typed helpers: im2col, col2im, bias ----------------------------------------------------- */
+
+/* Output positions o in [lo, hi) read input index o*s + off inside [0, n); clipped to out. */
+static void valid_range(int64_t off, int64_t s, int64_t n, int64_t out, int64_t *lo,
+                        int64_t *hi) {
+    int64_t a = off < 0 ? (-off + s - 1) / s : 0;
+    int64_t b = n - off > 0 ? (n - off + s - 1) / s : 0;
+    if (a > out) a = out;
+    if (b > out) b = out;
+    if (b < a) b = a;
+    *lo = a, *hi = b;
+}
+
+#define NB__CONV_TYPED(T, S)                                                                \
+    /* Stride 1: pad the image into xp, then copy rows of OW elements in 64-byte chunks. \
+     * A chunk may run up to CONV_SLACK elements past a row's end: into the next row,     \
+     * which is written afterwards, or into the slack after the matrix and the image. */  \
+    static void im2col_padded_##S(const nb__conv2d_geom *g, const T *x, T *col, T *xp) {   \
+        enum { CH = 64 / sizeof(T) };                                                      \
+        int64_t L = g->OH * g->OW, Hp = g->H + 2 * g->ph, Wp = g->W + 2 * g->pw;           \
+        for (int64_t c = 0; c < g->C; c++) {                                               \
+            T *pc = xp + c * Hp * Wp;                                                      \
+            memset(pc, 0, sizeof(T) * (size_t)(g->ph * Wp));                               \
+            memset(pc + (g->ph + g->H) * Wp, 0, sizeof(T) * (size_t)(g->ph * Wp));         \
+            for (int64_t h = 0; h < g->H; h++) {                                           \
+                T *r = pc + (g->ph + h) * Wp;                                              \
+                for (int64_t j = 0; j < g->pw; j++) r[j] = 0, r[g->pw + g->W + j] = 0;     \
+                memcpy(r + g->pw, x + (c * g->H + h) * g->W, sizeof(T) * (size_t)g->W);    \
+            }                                                                              \
+        }                                                                                  \
+        memset(xp + g->C * Hp * Wp, 0, sizeof(T) * CONV_SLACK);                            \
+        for (int64_t c = 0; c < g->C; c++)                                                 \
+            for (int64_t ki = 0; ki < g->KH; ki++)                                         \
+                for (int64_t kj = 0; kj < g->KW; kj++) {                                   \
+                    T *row = col + ((c * g->KH + ki) * g->KW + kj) * L;                    \
+                    const T *src = xp + c * Hp * Wp + ki * g->dh * Wp + kj * g->dw;        \
+                    for (int64_t oh = 0; oh < g->OH; oh++) {                               \
+                        const T *s1 = src + oh * g->sh * Wp;                               \
+                        T *d1 = row + oh * g->OW;                                          \
+                        for (int64_t j = 0; j < g->OW; j += CH)                            \
+                            memcpy(d1 + j, s1 + j, 64);                                    \
+                    }                                                                      \
+                }                                                                          \
+    }                                                                                      \
+                                                                                           \
+    /* col ((C*KH*KW) x (OH*OW)) from one image x (C, H, W); zeros where the window       \
+     * reaches into the padding. xp: the padded-image buffer (stride 1 only). */           \
+    static void im2col_##S(const nb__conv2d_geom *g, const T *x, T *col, T *xp) {          \
+        if (g->sw == 1) {                                                                  \
+            im2col_padded_##S(g, x, col, xp);                                              \
+            return;                                                                        \
+        }                                                                                  \
+        int64_t L = g->OH * g->OW;                                                         \
+        for (int64_t c = 0; c < g->C; c++) {                                               \
+            const T *xc = x + c * g->H * g->W;                                             \
+            for (int64_t ki = 0; ki < g->KH; ki++) {                                       \
+                int64_t hoff = ki * g->dh - g->ph, hlo, hhi;                               \
+                valid_range(hoff, g->sh, g->H, g->OH, &hlo, &hhi);                         \
+                for (int64_t kj = 0; kj < g->KW; kj++) {                                   \
+                    T *row = col + ((c * g->KH + ki) * g->KW + kj) * L;                    \
+                    int64_t woff = kj * g->dw - g->pw, wlo, whi;                           \
+                    valid_range(woff, g->sw, g->W, g->OW, &wlo, &whi);                     \
+                    memset(row, 0, sizeof(T) * (size_t)(hlo * g->OW));                     \
+                    memset(row + hhi * g->OW, 0, sizeof(T) * (size_t)((g->OH - hhi) * g->OW)); \
+                    for (int64_t oh = hlo; oh < hhi; oh++) {                               \
+                        T *dst = row + oh * g->OW;                                         \
+                        const T *src = xc + (oh * g->sh + hoff) * g->W;                    \
+                        for (int64_t ow = 0; ow < wlo; ow++) dst[ow] = 0;                  \
+                        if (g->sw == 1) {                                                  \
+                            /* Rows are short (a CNN's 14 or 28 pixels): a loop the        \
+                             * compiler vectorizes beats a memcpy call. */                 \
+                            const T *s1 = src + woff;                                      \
+                            for (int64_t ow = wlo; ow < whi; ow++) dst[ow] = s1[ow];       \
+                        } else {                                                           \
+                            for (int64_t ow = wlo; ow < whi; ow++)                         \
+                                dst[ow] = src[ow * g->sw + woff];                          \
+                        }                                                                  \
+                        for (int64_t ow = whi; ow < g->OW; ow++) dst[ow] = 0;              \
+                    }                                                                      \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+    }                                                                                      \
+                                                                                           \
+    /* Stride 1: accumulate into the zeroed padded buffer xp without any clipping, then   \
+     * copy its interior out. */                                                           \
+    static void col2im_padded_##S(const nb__conv2d_geom *g, const T *col, T *x, T *xp) {   \
+        int64_t L = g->OH * g->OW, Hp = g->H + 2 * g->ph, Wp = g->W + 2 * g->pw;           \
+        int64_t OW = g->OW;                                                                \
+        memset(xp, 0, sizeof(T) * (size_t)(g->C * Hp * Wp));                               \
+        for (int64_t c = 0; c < g->C; c++)                                                 \
+            for (int64_t ki = 0; ki < g->KH; ki++)                                         \
+                for (int64_t kj = 0; kj < g->KW; kj++) {                                   \
+                    const T *row = col + ((c * g->KH + ki) * g->KW + kj) * L;              \
+                    T *dst = xp + c * Hp * Wp + ki * g->dh * Wp + kj * g->dw;              \
+                    for (int64_t oh = 0; oh < g->OH; oh++) {                               \
+                        T *d1 = dst + oh * g->sh * Wp;                                     \
+                        const T *s1 = row + oh * OW;                                       \
+                        for (int64_t ow = 0; ow < OW; ow++) d1[ow] += s1[ow];              \
+                    }                                                                      \
+                }                                                                          \
+        for (int64_t c = 0; c < g->C; c++)                                                 \
+            for (int64_t h = 0; h < g->H; h++)                                             \
+                memcpy(x + (c * g->H + h) * g->W, xp + (c * Hp + g->ph + h) * Wp + g->pw,  \
+                       sizeof(T) * (size_t)g->W);                                          \
+    }                                                                                      \
+                                                                                           \
+    /* x (C, H, W) = the sum of col's entries over the windows that read each pixel. */    \
+    static void col2im_##S(const nb__conv2d_geom *g, const T *col, T *x, T *xp) {          \
+        if (g->sw == 1) {                                                                  \
+            col2im_padded_##S(g, col, x, xp);                                              \
+            return;                                                                        \
+        }                                                                                  \
+        int64_t L = g->OH * g->OW;                                                         \
+        memset(x, 0, sizeof(T) * (size_t)(g->C * g->H * g->W));                            \
+        for (int64_t c = 0; c < g->C; c++) {                                               \
+            T *xc = x + c * g->H * g->W;                                                   \
+            for (int64_t ki = 0; ki < g->KH; ki++) {                                       \
+                int64_t hoff = ki * g->dh - g->ph, hlo, hhi;                               \
+                valid_range(hoff, g->sh, g->H, g->OH, &hlo, &hhi);                         \
+                for (int64_t kj = 0; kj < g->KW; kj++) {                                   \
+                    const T *row = col + ((c * g->KH + ki) * g->KW + kj) * L;              \
+                    int64_t woff = kj * g->dw - g->pw, wlo, whi;                           \
+                    valid_range(woff, g->sw, g->W, g->OW, &wlo, &whi);                     \
+                    for (int64_t oh = hlo; oh < hhi; oh++) {                               \
+                        const T *src = row + oh * g->OW;                                   \
+                        T *dst = xc + (oh * g->sh + hoff) * g->W + woff;                   \
+                        if (g->sw == 1) {                                                  \
+                            for (int64_t ow = wlo; ow < whi; ow++) dst[ow] += src[ow];     \
+                        } else {                                                           \
+                            for (int64_t ow = wlo; ow < whi; ow++)                         \
+                                dst[ow * g->sw] += src[ow];                                \
+                        }                                                                  \
+                    }                                                                      \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+    }                                                                                      \
+                                                                                           \
+    static void add_bias_##S(int64_t O, int64_t L, const T *b, T *y) {                     \
+        for (int64_t o = 0; o < O; o++) {                                                  \
+            T v = b[o], *r = y + o * L;                                                    \
+            for (int64_t l = 0; l < L; l++) r[l] += v;                                     \
+        }                                                                                  \
+    }                                                                                      \
+                                                                                           \
+    /* sum(r[0..L)) in 16 lanes (one vector of f32), added up in double in a fixed order. */ \
+    static double row_sum_##S(const T *r, int64_t L) {                                     \
+        T acc[16] = {0};                                                                   \
+        double s = 0;                                                                      \
+        int64_t l = 0;                                                                     \
+        for (; l + 16 <= L; l += 16)                                                       \
+            for (int j = 0; j < 16; j++) acc[j] += r[l + j];                               \
+        for (; l < L; l++) s += (double)r[l];                                              \
+        for (int j = 0; j < 16; j++) s += (double)acc[j];                                  \
+        return s;                                                                          \
+    }                                                                                      \
+                                                                                           \
+    /* gb[o] = sum over images and positions of gy (N, O, L), in double, in a fixed order. */ \
+    static void bias_grad_##S(const nb__conv2d_geom *g, const T *gy, T *gb) {              \
+        int64_t O = g->O, L = g->OH * g->OW;                                               \
+        int nt = nb__threads_for(g->N * O * L, NB__GRAIN);                                 \
+        if (nt > O) nt = O > 0 ? (int)O : 1;                                               \
+        _Pragma("omp parallel for schedule(static) if (nt > 1) num_threads(nt)")           \
+        for (int64_t o = 0; o < O; o++) {                                                  \
+            double s = 0;                                                                  \
+            for (int64_t n = 0; n < g->N; n++) s += row_sum_##S(gy + (n * O + o) * L, L);  \
+            gb[o] = (T)s;                                                                  \
+        }                                                                                  \
+    }                                                                                      \
+                                                                                           \
+    /* gw += parts[0] + parts[1] + ... (each part `stride` elements apart), in that order. */ \
+    static void sum_parts_##S(T *gw, const T *parts, int nparts, int64_t n, int64_t stride) { \
+        int nt = nb__threads_for(n * nparts, NB__GRAIN);                                   \
+        _Pragma("omp parallel for schedule(static) if (nt > 1) num_threads(nt)")           \
+        for (int64_t i = 0; i < n; i++) {                                                  \
+            T s = gw[i];                                                                   \
+            for (int p = 0; p < nparts; p++) s += parts[p * stride + i];                   \
+            gw[i] = s;                                                                     \
+        }                                                                                  \
+    }
+
+NB__CONV_TYPED(float, f32)
+NB__CONV_TYPED(double, f64)
+
+/* ---- shared driver --------------------------------------------------------------------------- */
+typedef struct conv_ctx {
+    const nb__conv2d_geom *g;
+    const nb__conv2d_plan *p;
+    bool f64;
+    size_t es;
+    int64_t L, Og, Kg, Cg;
+    const char *x, *w, *b, *gy;
+    char *y, *gx, *gw;
+    char *scratch;        /* laid out as the plan says */
+    size_t colb, wstride; /* bytes per column buffer, per dW partial */
+} conv_ctx;
+
+static nb_status gemm_any(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                          const void *A, int64_t lda, const void *B, int64_t ldb, bool acc,
+                          void *C, int64_t ldc) {
+    if (f64)
+        return nb__gemm_f64(ta, tb, M, N, K, 1.0, A, lda, B, ldb, acc ? 1.0 : 0.0, C, ldc);
+    return nb__gemm_f32(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, acc ? 1.0f : 0.0f, C, ldc);
+}
+
+static void im2col_any(const conv_ctx *c, const char *x, char *col) {
+    char *xp = col + colmat_bytes(c->g, c->es);
+    if (c->f64) im2col_f64(c->g, (const double *)x, (double *)col, (double *)xp);
+    else im2col_f32(c->g, (const float *)x, (float *)col, (float *)xp);
+}
+
+static char *col_buffer(const conv_ctx *c, int slot) {
+    return c->scratch + (size_t)slot * c->colb;
+}
+
+static nb_status fwd_image(const conv_ctx *c, int64_t n, int slot) {
+    const nb__conv2d_geom *g = c->g;
+    const char *xn = c->x + (size_t)(n * g->C * g->H * g->W) * c->es;
+    char *yn = c->y + (size_t)(n * g->O * c->L) * c->es;
+    const char *B = xn;
+    if (!c->p->pointwise) {
+        char *col = col_buffer(c, slot);
+        im2col_any(c, xn, col);
+        B = col;
+    }
+    for (int64_t gi = 0; gi < g->groups; gi++) {
+        nb_status st = gemm_any(c->f64, false, false, c->Og, c->L, c->Kg,
+                                c->w + (size_t)(gi * c->Og * c->Kg) * c->es, c->Kg,
+                                B + (size_t)(gi * c->Kg * c->L) * c->es, c->L, false,
+                                yn + (size_t)(gi * c->Og * c->L) * c->es, c->L);
+        if (st != NB_OK) return st;
+    }
+    if (c->b) {
+        if (c->f64) add_bias_f64(g->O, c->L, (const double *)c->b, (double *)yn);
+        else add_bias_f32(g->O, c->L, (const float *)c->b, (float *)yn);
+    }
+    return NB_OK;
+}
+
+/* Images [n0, n1): accumulate their weight gradient into gwp and their bias gradient into
+ * gbp (each when non-NULL; the first image overwrites them), and write their input
+ * gradients (when c->gx). */
+static nb_status bwd_images(const conv_ctx *c, int64_t n0, int64_t n1, char *gwp,
+                            double *gbp, int slot) {
+    const nb__conv2d_geom *g = c->g;
+    size_t es = c->es;
+    nb_status st;
+    for (int64_t n = n0; n < n1; n++) {
+        const char *gyn = c->gy + (size_t)(n * g->O * c->L) * es;
+        if (gwp) {
+            const char *xn = c->x + (size_t)(n * g->C * g->H * g->W) * es;
+            const char *B = xn;
+            if (!c->p->pointwise) {
+                char *col = col_buffer(c, slot);
+                im2col_any(c, xn, col);
+                B = col;
+            }
+            /* gw_g (Og x Kg) += gy_g (Og x L) @ col_g^T (L x Kg) */
+            for (int64_t gi = 0; gi < g->groups; gi++)
+                if ((st = gemm_any(c->f64, false, true, c->Og, c->Kg, c->L,
+                                   gyn + (size_t)(gi * c->Og * c->L) * es, c->L,
+                                   B + (size_t)(gi * c->Kg * c->L) * es, c->L, n > n0,
+                                   gwp + (size_t)(gi * c->Og * c->Kg) * es, c->Kg)) != NB_OK)
+                    return st;
+        }
+        if (gbp) {
+            /* gy_n was just read by the GEMM above: it is still in cache. */
+            for (int64_t o = 0; o < g->O; o++) {
+                const char *r = gyn + (size_t)(o * c->L) * es;
+                double v = c->f64 ? row_sum_f64((const double *)r, c->L)
+                                  : row_sum_f32((const float *)r, c->L);
+                gbp[o] = n > n0 ? gbp[o] + v : v;
+            }
+        }
+        if (c->gx) {
+            char *gxn = c->gx + (size_t)(n * g->C * g->H * g->W) * es;
+            /* dcol_g (Kg x L) = w_g^T (Kg x Og) @ gy_g (Og x L); pointwise: dcol is gx. */
+            char *D = c->p->pointwise ? gxn : col_buffer(c, slot);
+            for (int64_t gi = 0; gi < g->groups; gi++)
+                if ((st = gemm_any(c->f64, true, false, c->Kg, c->L, c->Og,
+                                   c->w + (size_t)(gi * c->Og * c->Kg) * es, c->Kg,
+                                   gyn + (size_t)(gi * c->Og * c->L) * es, c->L, false,
+                                   D + (size_t)(gi * c->Kg * c->L) * es, c->L)) != NB_OK)
+                    return st;
+            if (!c->p->pointwise) {
+                char *xp = D + colmat_bytes(g, es);
+                if (c->f64) col2im_f64(g, (const double *)D, (double *)gxn, (double *)xp);
+                else col2im_f32(g, (const float *)D, (float *)gxn, (float *)xp);
+            }
+        }
+    }
+    return NB_OK;
+}
+
+/* One backward work unit: a chunk of images with its own dW partial, or (no dW wanted)
+ * one image. */
+static nb_status bwd_unit(const conv_ctx *c, int64_t u, int slot) {
+    int64_t N = c->g->N;
+    if (!c->gw) return bwd_images(c, u, u + 1, NULL, NULL, slot);
+    int P = c->p->nparts;
+    int64_t n0 = u * N / P, n1 = (u + 1) * N / P;
+    char *gwp = u == 0 ? c->gw : c->scratch + c->p->parts_offset + (size_t)(u - 1) * c->wstride;
+    double *gbp = NULL;
+    if (c->p->fused_bias)
+        gbp = (double *)(c->scratch + c->p->bias_offset +
+                         (size_t)u * align64((size_t)c->g->O * sizeof(double)));
+    return bwd_images(c, n0, n1, gwp, gbp, slot);
+}
+
+/* Run fn(c, u, slot) for u in [0, units) on the plan's threads (slot: the thread's column
+ * buffer); the first failure's status and
+ * message are carried back to the calling thread. */
+static nb_status run_units(const conv_ctx *c, int64_t units,
+                           nb_status (*fn)(const conv_ctx *, int64_t, int)) {
+    int nt = c->p->nthreads;
+    if (nt <= 1) {
+        /* No OpenMP region at all: a lone GEMM may then use the provider's threads. */
+        for (int64_t u = 0; u < units; u++) {
+            nb_status st = fn(c, u, 0);
+            if (st != NB_OK) return st;
+        }
+        return NB_OK;
+    }
+    atomic_int failed = 0;
+    nb_status fail_status = NB_OK;
+    char fail_msg[256] = "";
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int64_t u = 0; u < units; u++) {
+        if (atomic_load_explicit(&failed, memory_order_relaxed)) continue;
+        nb_status s = fn(c, u, thread_id());
+        if (s != NB_OK && !atomic_exchange(&failed, 1)) {
+            fail_status = s;
+            snprintf(fail_msg, sizeof fail_msg, "%s", nb_last_error());
+        }
+    }
+    if (atomic_load(&failed)) return nb__error(fail_status, "%s", fail_msg);
+    return NB_OK;
+}
+
+static conv_ctx make_ctx(const nb__conv2d_geom *g, const nb__conv2d_plan *p, bool f64,
+                         void *scratch) {
+    conv_ctx c = {.g = g, .p = p, .f64 = f64, .es = f64 ? sizeof(double) : sizeof(float)};
+    c.L = g->OH * g->OW;
+    c.Cg = g->C / g->groups;
+    c.Og = g->O / g->groups;
+    c.Kg = c.Cg * g->KH * g->KW;
+    c.scratch = scratch;
+    c.colb = p->col_bytes;
+    c.wstride = align64((size_t)(g->O * c.Kg) * c.es);
+    return c;
+}
+
+/* ---- oneDNN convolution primitives (f32 forward and input gradient) ------------------------
+ * oneDNN's direct convolution kernels (jit:avx512_core and friends) beat im2col + GEMM on the
+ * small convolutions of a CNN: they need no column matrix and work on channel-blocked layouts
+ * (nChw16c), to and from which the operands are reordered on each call, as PyTorch does.
+ * Forward and input gradient compute each output element on one thread, so they do not
+ * depend on the thread count; oneDNN's weight gradient splits its sums over threads, which
+ * would, so the weight and bias gradients always come from the im2col + GEMM path above.
+ * Buffers (reordered operands, the primitive's scratchpad) come from the caching host
+ * allocator; oneDNN caches the generated kernels itself (its primitive cache). */
+static atomic_int g_impl = -1; /* -1: not read from the environment yet */
+
+void nb__conv2d_set_impl(nb__conv_impl impl) { atomic_store(&g_impl, (int)impl); }
+
+nb__conv_impl nb__conv2d_impl(void) {
+    int v = atomic_load_explicit(&g_impl, memory_order_relaxed);
+    if (v >= 0) return (nb__conv_impl)v;
+    const char *env = getenv("NB_CONV");
+    int r = NB__CONV_AUTO, expected = -1;
+    if (env && !strcmp(env, "im2col")) r = NB__CONV_IM2COL;
+    if (env && !strcmp(env, "dnnl")) r = NB__CONV_DNNL;
+    atomic_compare_exchange_strong(&g_impl, &expected, r);
+    return (nb__conv_impl)atomic_load(&g_impl);
+}
+
+#if NB_HAVE_DNNL
+static dnnl_engine_t g_engine;
+static bool g_engine_ok;
+static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
+static void engine_init(void) { g_engine_ok = dnnl_engine_create(&g_engine, dnnl_cpu, 0) == dnnl_success; }
+
+/* Everything one call creates, released together. */
+typedef struct dn_call {
+    dnnl_stream_t stream;
+    dnnl_primitive_attr_t attr;
+    /* at most 5 descriptors, 4 primitives, 8 memories and 4 buffers per call */
+    dnnl_primitive_desc_t pd[8];
+    dnnl_primitive_t prim[8];
+    dnnl_memory_t mem[16];
+    void *buf[8];
+    int npd, nprim, nmem, nbuf;
+    dnnl_status_t st; /* first failure */
+} dn_call;
+
+static void dn_free(dn_call *c) {
+    for (int i = 0; i < c->nprim; i++) dnnl_primitive_destroy(c->prim[i]);
+    for (int i = 0; i < c->npd; i++) dnnl_primitive_desc_destroy(c->pd[i]);
+    for (int i = 0; i < c->nmem; i++) dnnl_memory_destroy(c->mem[i]);
+    for (int i = 0; i < c->nbuf; i++) nb_host_free(c->buf[i]);
+    if (c->attr) dnnl_primitive_attr_destroy(c->attr);
+    if (c->stream) dnnl_stream_destroy(c->stream);
+}
+
+static bool dn_ok(dn_call *c, dnnl_status_t st) {
+    if (st != dnnl_success && c->st == dnnl_success) c->st = st;
+    return c->st == dnnl_success;
+}
+
+/* A buffer from the caching allocator (NULL and dnnl_out_of_memory on failure). */
+static void *dn_buf(dn_call *c, size_t bytes) {
+    void *p = c->st == dnnl_success ? nb_host_alloc(bytes > 64 ? bytes : 64) : NULL;
+    if (!p) {
+        dn_ok(c, dnnl_out_of_memory);
+        return NULL;
+    }
+    c->buf[c->nbuf++] = p;
+    return p;
+}
+
+/* A memory object over ptr (NULL: a fresh buffer of md's size). */
+static dnnl_memory_t dn_mem(dn_call *c, const dnnl_memory_desc_t *md, void *ptr) {
+    if (c->st != dnnl_success) return NULL;
+    if (!ptr && !(ptr = dn_buf(c, dnnl_memory_desc_get_size(md)))) return NULL;
+    dnnl_memory_t m = NULL;
+    if (!dn_ok(c, dnnl_memory_create(&m, md, g_engine, ptr))) return NULL;
+    c->mem[c->nmem++] = m;
+    return m;
+}
+
+/* Queue a reorder from (from_md, from) to (to_md, to). */
+static void dn_reorder(dn_call *c, const dnnl_memory_desc_t *from_md, dnnl_memory_t from,
+                       const dnnl_memory_desc_t *to_md, dnnl_memory_t to) {
+    if (c->st != dnnl_success) return;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t r = NULL;
+    if (!dn_ok(c, dnnl_reorder_primitive_desc_create(&pd, from_md, g_engine, to_md, g_engine,
+                                                      NULL)))
+        return;
+    c->pd[c->npd++] = pd;
+    if (!dn_ok(c, dnnl_primitive_create(&r, pd))) return;
+    c->prim[c->nprim++] = r;
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    dn_ok(c, dnnl_primitive_execute(r, c->stream, 2, args));
+}
+
+/* An operand in the layout the primitive wants: the user's memory itself, or a reordered
+ * copy (queued now). */
+static dnnl_memory_t dn_input(dn_call *c, const dnnl_memory_desc_t *user_md, const void *ptr,
+                              const dnnl_memory_desc_t *want) {
+    dnnl_memory_t um = dn_mem(c, user_md, (void *)ptr);
+    if (!um || dnnl_memory_desc_equal(user_md, want)) return um;
+    dnnl_memory_t m = dn_mem(c, want, NULL);
+    dn_reorder(c, user_md, um, want, m);
+    return m;
+}
+
+/* Descriptors of the convolution: user layouts (plain NCHW / OIHW or GOIHW) and "any". */
+typedef struct dn_descs {
+    dnnl_memory_desc_t src, wts, bias, dst, src_any, wts_any, dst_any;
+    dnnl_dims_t strides, dilates, pad_l, pad_r;
+} dn_descs;
+
+static bool dn_describe(dn_call *c, const nb__conv2d_geom *g, dn_descs *d) {
+    dnnl_dims_t sd = {g->N, g->C, g->H, g->W}, dd = {g->N, g->O, g->OH, g->OW}, bd = {g->O};
+    dnnl_dims_t wd = {g->groups, g->O / g->groups, g->C / g->groups, g->KH, g->KW};
+    bool grouped = g->groups > 1;
+    if (!grouped) wd[0] = g->O, wd[1] = g->C, wd[2] = g->KH, wd[3] = g->KW;
+    int wn = grouped ? 5 : 4;
+    dnnl_format_tag_t wtag = grouped ? dnnl_goihw : dnnl_oihw;
+    /* oneDNN checks dst = (src + pad_l + pad_r - extent) / stride + 1 with floor division,
+     * so symmetric padding describes PyTorch's output size exactly. Dilation 1 is 0 there. */
+    d->strides[0] = g->sh, d->strides[1] = g->sw;
+    d->dilates[0] = g->dh - 1, d->dilates[1] = g->dw - 1;
+    d->pad_l[0] = d->pad_r[0] = g->ph, d->pad_l[1] = d->pad_r[1] = g->pw;
+    return dn_ok(c, dnnl_memory_desc_init_by_tag(&d->src, 4, sd, dnnl_f32, dnnl_nchw)) &&
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->dst, 4, dd, dnnl_f32, dnnl_nchw)) &&
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->bias, 1, bd, dnnl_f32, dnnl_x)) &&
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->wts, wn, wd, dnnl_f32, wtag)) &&
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->src_any, 4, sd, dnnl_f32,
+                                                 dnnl_format_tag_any)) &&
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->dst_any, 4, dd, dnnl_f32,
+                                                 dnnl_format_tag_any)) &&
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->wts_any, wn, wd, dnnl_f32,
+                                                 dnnl_format_tag_any));
+}
+
+static bool dn_begin(dn_call *c, const nb__conv2d_geom *g, dn_descs *d) {
+    pthread_once(&g_engine_once, engine_init);
+    if (!g_engine_ok) return dn_ok(c, dnnl_runtime_error);
+    return dn_ok(c, dnnl_stream_create(&c->stream, g_engine, dnnl_stream_default_flags)) &&
+           dn_ok(c, dnnl_primitive_attr_create(&c->attr)) &&
+           dn_ok(c, dnnl_primitive_attr_set_scratchpad_mode(c->attr, dnnl_scratchpad_mode_user)) &&
+           dn_describe(c, g, d);
+}
+
+/* The forward primitive descriptor (also the hint for the backward one). */
+static dnnl_primitive_desc_t dn_fwd_pd(dn_call *c, dn_descs *d, bool bias) {
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_desc_t pd = NULL;
+    if (!dn_ok(c, dnnl_dilated_convolution_forward_desc_init(
+                      &cd, dnnl_forward_training, dnnl_convolution_direct, &d->src_any,
+                      &d->wts_any, bias ? &d->bias : NULL, &d->dst_any, d->strides,
+                      d->dilates, d->pad_l, d->pad_r)) ||
+        !dn_ok(c, dnnl_primitive_desc_create(&pd, &cd, c->attr, g_engine, NULL)))
+        return NULL;
+    c->pd[c->npd++] = pd;
+    return pd;
+}
+
+static const dnnl_memory_desc_t *dn_md(dnnl_primitive_desc_t pd, dnnl_query_t q) {
+    return dnnl_primitive_desc_query_md(pd, q, 0);
+}
+
+/* Run the primitive of pd with args plus its scratchpad, then wait for the stream. */
+static void dn_run(dn_call *c, dnnl_primitive_desc_t pd, dnnl_exec_arg_t *args, int n) {
+    dnnl_primitive_t p = NULL;
+    if (c->st != dnnl_success || !dn_ok(c, dnnl_primitive_create(&p, pd))) return;
+    c->prim[c->nprim++] = p;
+    dnnl_memory_t sp = dn_mem(c, dn_md(pd, dnnl_query_scratchpad_md), NULL);
+    if (!sp) return;
+    args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, sp};
+    dn_ok(c, dnnl_primitive_execute(p, c->stream, n, args));
+}
+
+/* NB_OK; NB_EUNSUPPORTED (no error set) when oneDNN has no kernel for this case, so the
+ * caller falls back to im2col; another status (error set) when oneDNN failed. */
+static nb_status dn_finish(dn_call *c, const char *what) {
+    if (c->st == dnnl_success) dn_ok(c, dnnl_stream_wait(c->stream));
+    dnnl_status_t st = c->st;
+    dn_free(c);
+    if (st == dnnl_success) return NB_OK;
+    if (st == dnnl_unimplemented) return NB_EUNSUPPORTED;
+    if (st == dnnl_out_of_memory)
+        return nb__error(NB_ENOMEM, "conv2d: out of memory in oneDNN's %s", what);
+    return nb__error(NB_EINTERNAL, "conv2d: oneDNN's %s failed with status %d", what, (int)st);
+}
+
+/* Whether oneDNN should run this convolution. Setting up a primitive costs ~30 us, so small
+ * convolutions stay on im2col; and with few input channels per group the column matrix is
+ * small and im2col's per-image GEMMs measured faster (1 -> 32 channels, 3x3 on 28x28: 2.3 vs
+ * 3.6 ms of CPU per batch of 128), while grouped (e.g. depthwise) convolutions, which im2col
+ * splits into tiny per-group GEMMs, always go to oneDNN. */
+static bool dn_wanted(const nb__conv2d_geom *g) {
+    nb__conv_impl impl = nb__conv2d_impl();
+    if (impl == NB__CONV_IM2COL || g->N == 0) return false;
+    if (impl == NB__CONV_DNNL) return true;
+    int64_t kg = g->C / g->groups * g->KH * g->KW;
+    double macs = (double)g->N * (double)g->O * (double)(g->OH * g->OW) * (double)kg;
+    return macs >= (double)(1 << 20) && (kg >= 32 || g->groups > 1);
+}
+
+static nb_status dn_forward(const nb__conv2d_geom *g, const float *x, const float *w,
+                            const float *b, float *y) {
+    dn_call c = {0};
+    dn_descs d;
+    dnnl_primitive_desc_t pd = dn_begin(&c, g, &d) ? dn_fwd_pd(&c, &d, b != NULL) : NULL;
+    if (pd) {
+        const dnnl_memory_desc_t *dmd = dn_md(pd, dnnl_query_dst_md);
+        dnnl_memory_t ms = dn_input(&c, &d.src, x, dn_md(pd, dnnl_query_src_md));
+        dnnl_memory_t mw = dn_input(&c, &d.wts, w, dn_md(pd, dnnl_query_weights_md));
+        dnnl_memory_t mb = b ? dn_mem(&c, &d.bias, (void *)b) : NULL;
+        dnnl_memory_t my = dn_mem(&c, &d.dst, y);
+        bool direct = dnnl_memory_desc_equal(dmd, &d.dst);
+        dnnl_memory_t md = direct ? my : dn_mem(&c, dmd, NULL);
+        if (c.st == dnnl_success) {
+            dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw},
+                                       {DNNL_ARG_DST, md}};
+            int n = 3;
+            if (b) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mb};
+            dn_run(&c, pd, args, n);
+            if (!direct) dn_reorder(&c, dmd, md, &d.dst, my);
+        }
+    }
+    return dn_finish(&c, "convolution forward");
+}
+
+static nb_status dn_backward_data(const nb__conv2d_geom *g, const float *w, const float *gy,
+                                  float *gx) {
+    dn_call c = {0};
+    dn_descs d;
+    dnnl_primitive_desc_t fpd = dn_begin(&c, g, &d) ? dn_fwd_pd(&c, &d, false) : NULL;
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_desc_t pd = NULL;
+    if (fpd && dn_ok(&c, dnnl_dilated_convolution_backward_data_desc_init(
+                             &cd, dnnl_convolution_direct, &d.src_any, &d.wts_any, &d.dst_any,
+                             d.strides, d.dilates, d.pad_l, d.pad_r)) &&
+        dn_ok(&c, dnnl_primitive_desc_create(&pd, &cd, c.attr, g_engine, fpd))) {
+        c.pd[c.npd++] = pd;
+        const dnnl_memory_desc_t *smd = dn_md(pd, dnnl_query_diff_src_md);
+        dnnl_memory_t mw = dn_input(&c, &d.wts, w, dn_md(pd, dnnl_query_weights_md));
+        dnnl_memory_t mg = dn_input(&c, &d.dst, gy, dn_md(pd, dnnl_query_diff_dst_md));
+        dnnl_memory_t mx = dn_mem(&c, &d.src, gx);
+        bool direct = dnnl_memory_desc_equal(smd, &d.src);
+        dnnl_memory_t ms = direct ? mx : dn_mem(&c, smd, NULL);
+        if (c.st == dnnl_success) {
+            dnnl_exec_arg_t args[4] = {{DNNL_ARG_DIFF_DST, mg}, {DNNL_ARG_WEIGHTS, mw},
+                                       {DNNL_ARG_DIFF_SRC, ms}};
+            dn_run(&c, pd, args, 3);
+            if (!direct) dn_reorder(&c, smd, ms, &d.src, mx);
+        }
+    }
+    return dn_finish(&c, "convolution backward (data)");
+}
+#endif /* NB_HAVE_DNNL */
+
+nb_status nb__conv2d_fwd(const nb__conv2d_geom *g, const nb__conv2d_plan *p, bool f64,
+                         const void *x, const void *w, const void *b, void *y, void *scratch) {
+#if NB_HAVE_DNNL
+    if (!f64 && dn_wanted(g)) {
+        nb_status st = dn_forward(g, x, w, b, y);
+        if (st != NB_EUNSUPPORTED) return st;
+    }
+#endif
+    conv_ctx c = make_ctx(g, p, f64, scratch);
+    c.x = x, c.w = w, c.b = b, c.y = y;
+    return run_units(&c, g->N, fwd_image);
+}
+
+nb_status nb__conv2d_bwd(const nb__conv2d_geom *g, const nb__conv2d_plan *p, bool f64,
+                         const void *x, const void *w, const void *gy, void *gx, void *gw,
+                         void *gb, void *scratch) {
+    conv_ctx c = make_ctx(g, p, f64, scratch);
+    c.x = x, c.w = w, c.gy = gy, c.gx = gx, c.gw = gw;
+    int64_t wn = g->O * c.Kg;
+    if (g->N == 0) {
+        if (gw) memset(gw, 0, (size_t)wn * c.es);
+        if (gb) memset(gb, 0, (size_t)g->O * c.es);
+        return NB_OK;
+    }
+#if NB_HAVE_DNNL
+    if (gx && !f64 && dn_wanted(g)) {
+        nb_status st = dn_backward_data(g, w, gy, gx);
+        if (st == NB_OK) c.gx = NULL; /* done */
+        else if (st != NB_EUNSUPPORTED) return st;
+    }
+#endif
+    if (gw || c.gx) {
+        nb_status st = run_units(&c, gw ? p->nparts : g->N, bwd_unit);
+        if (st != NB_OK) return st;
+    }
+    if (gw && p->nparts > 1) {
+        char *parts = c.scratch + p->parts_offset;
+        int64_t stride = (int64_t)(c.wstride / c.es);
+        if (f64) sum_parts_f64(gw, (const double *)parts, p->nparts - 1, wn, stride);
+        else sum_parts_f32(gw, (const float *)parts, p->nparts - 1, wn, stride);
+    }
+    if (gb && p->fused_bias) {
+        size_t bstride = align64((size_t)g->O * sizeof(double)) / sizeof(double);
+        const double *parts = (const double *)(c.scratch + p->bias_offset);
+        for (int64_t o = 0; o < g->O; o++) {
+            double s = 0;
+            for (int u = 0; u < p->nparts; u++) s += parts[(size_t)u * bstride + (size_t)o];
+            if (f64) ((double *)gb)[o] = s;
+            else ((float *)gb)[o] = (float)s;
+        }
+    } else if (gb) {
+        if (f64) bias_grad_f64(g, gy, gb);
+        else bias_grad_f32(g, gy, gb);
+    }
+    return NB_OK;
+}

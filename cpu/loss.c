@@ -1,0 +1,446 @@
+/* cpu/loss.c - CPU kernels of the losses (see loss.h): fused log-softmax + NLL (cross
+ * entropy) forward and backward, NLL, binary cross entropy with logits, and a fixed-order
+ * sum.
+ *
+ * Cross entropy layout: the scores are (N, C, D) with the class dim in the middle.
+ *   - D == 1 ((N, C) logits, the usual classifier head): every row is dense; it is read in
+ *     blocks of BLK elements (converted to f32 for half types) in two passes, max and sum
+ *     of exp, then the loss is formed from the target's score. The backward is one pass
+ *     per row writing (softmax - target distribution) * scale.
+ *   - D > 1 ((N, C, H, W) segmentation-style maps): blocks of up to COLW adjacent
+ *     positions are processed together; each class contributes a dense run of the block's
+ *     width, so the inner loops are vectors over positions.
+ * Only the per-position log-sum-exp is kept for the backward (N * D values): no (N, C)
+ * temporary besides the gradient itself.
+ *
+ * Determinism (DESIGN.md rule 5): rows are split over threads, but each row's sums run in
+ * a fixed order, and sums over positions go through nb__cpu_loss_sum, whose order depends
+ * only on the count. */
+#include "loss.h"
+
+#include <math.h>
+#include <string.h>
+
+#define BLK 512   /* row block (stack buffers of 2-4 KiB)               */
+#define COLW 64   /* positions per column block of the D > 1 path       */
+#define SUMB 256  /* most partial sums nb__cpu_loss_sum and the BCE use */
+
+/* ---- vectorizable f32 exp -------------------------------------------------------------------
+ * exp(x) = 2^k exp(r) with k = round(x log2 e) and |r| <= ln2 / 2, exp(r) by its Taylor
+ * polynomial of degree 7 (truncation error ~5e-9 relative, below f32 rounding). Branch
+ * free so the row loops vectorize (libm's expf does not); 2^k is applied as two factors so
+ * that results near the subnormal range and near FLT_MAX come out right. Clamping gives
+ * exp(-inf) = 0 and exp(+inf) = inf; NaN is passed through. */
+static inline float ce_expf(float x) {
+    float xc = x > -104.0f ? x : -104.0f; /* NaN becomes -104 here and is restored below */
+    xc = xc < 89.0f ? xc : 89.0f;
+    float k = xc * 1.44269504088896341f + 12582912.0f; /* round to nearest via 1.5 * 2^23 */
+    k -= 12582912.0f;
+    float r = xc - k * 0.693359375f; /* ln 2 split in two: the high part is exact in f32 */
+    r = r + k * 2.12194440e-4f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t ki = (int32_t)k, k1 = ki / 2, k2 = ki - k1;
+    union { uint32_t u; float f; } s1 = {.u = (uint32_t)(k1 + 127) << 23},
+                                   s2 = {.u = (uint32_t)(k2 + 127) << 23};
+    float y = p * s1.f * s2.f;
+    return x != x ? x : y;
+}
+
+static inline double ce_exp(double x) { return exp(x); }
+
+/* ---- loads and stores in the compute type ------------------------------------------------- */
+/* n contiguous elements at p as f32: p itself for f32, else converted into buf. */
+static inline const float *ld_f32(const char *p, nb_dtype dt, int64_t n, float *buf) {
+    if (dt == NB_F32) return (const float *)p;
+    if (dt == NB_F16) nb__f16_to_f32_n((const uint16_t *)p, buf, n);
+    else nb__bf16_to_f32_n((const uint16_t *)p, buf, n);
+    return buf;
+}
+static inline const double *ld_f64(const char *p, nb_dtype dt, int64_t n, double *buf) {
+    (void)dt, (void)n, (void)buf;
+    return (const double *)p;
+}
+/* Where to compute n output elements destined for p: p itself, or buf (then fl_* stores). */
+static inline float *wr_f32(char *p, nb_dtype dt, float *buf) {
+    return dt == NB_F32 ? (float *)p : buf;
+}
+static inline double *wr_f64(char *p, nb_dtype dt, double *buf) {
+    (void)dt, (void)buf;
+    return (double *)p;
+}
+static inline void fl_f32(char *p, nb_dtype dt, const float *v, int64_t n) {
+    if (dt == NB_F16) nb__f32_to_f16_n(v, (uint16_t *)p, n);
+    else if (dt == NB_BF16) nb__f32_to_bf16_n(v, (uint16_t *)p, n);
+}
+static inline void fl_f64(char *p, nb_dtype dt, const double *v, int64_t n) {
+    (void)p, (void)dt, (void)v, (void)n;
+}
+
+/* One element of a float array of dtype dt, as a double. */
+static inline double elem(const char *x, nb_dtype dt, int64_t i) {
+    switch (dt) {
+    case NB_F32: return ((const float *)x)[i];
+    case NB_F64: return ((const double *)x)[i];
+    case NB_F16: return nb_f16_to_f32(((const uint16_t *)x)[i]);
+    default: return nb_bf16_to_f32(((const uint16_t *)x)[i]);
+    }
+}
+
+static inline int64_t tgt_at(const nb__cls_args *a, int64_t p) {
+    return a->tdt == NB_I64 ? ((const int64_t *)a->target)[p]
+                            : (int64_t)((const int32_t *)a->target)[p];
+}
+static inline bool is_ignored(const nb__cls_args *a, int64_t t) {
+    return a->has_ignore && t == a->ignore_index;
+}
+
+static int threads_for(int64_t work) {
+    int nt = nb__threads_for(work, NB__GRAIN);
+    return nt < 1 ? 1 : nt;
+}
+
+/* Row pieces, kept out of line (GCC does not vectorize them once inlined into the
+ * dtype-dispatching row loops). f64 sums accumulate in a fixed (lane-wise, then combined)
+ * order that depends only on n. */
+#define NB__OUTLINE __attribute__((noinline))
+NB__OUTLINE static float rmax_sum_f32(const float *restrict b, int64_t n, float m, double *sx) {
+    double s = 0;
+#pragma omp simd reduction(max : m) reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) {
+        m = b[i] > m ? b[i] : m;
+        s += (double)b[i];
+    }
+    *sx += s;
+    return m;
+}
+NB__OUTLINE static double rmax_sum_f64(const double *restrict b, int64_t n, double m, double *sx) {
+    double s = 0;
+#pragma omp simd reduction(max : m) reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) {
+        m = b[i] > m ? b[i] : m;
+        s += b[i];
+    }
+    *sx += s;
+    return m;
+}
+NB__OUTLINE static double rsumexp_f32(const float *restrict b, int64_t n, float m) {
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += (double)ce_expf(b[i] - m);
+    return s;
+}
+NB__OUTLINE static double rsumexp_f64(const double *restrict b, int64_t n, double m) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += exp(b[i] - m);
+    return s;
+}
+/* o = (exp(b - l) - off) * sc */
+NB__OUTLINE static void rgrad_f32(const float *restrict b, float *restrict o, int64_t n, float l,
+                      float off, float sc) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) o[i] = (ce_expf(b[i] - l) - off) * sc;
+}
+NB__OUTLINE static void rgrad_f64(const double *restrict b, double *restrict o, int64_t n, double l,
+                      double off, double sc) {
+    for (int64_t i = 0; i < n; i++) o[i] = (exp(b[i] - l) - off) * sc;
+}
+
+/* The loss of one position from its log-sum-exp l, target score xt and score sum sx. */
+static inline double ce_finish(const nb__cls_args *a, double l, double xt, double sx) {
+    double s = a->smoothing, r = (1 - s) * (l - xt);
+    /* Skipped at s == 0, so a -inf score elsewhere in the row does not give 0 * inf. */
+    if (s > 0) r += s * (l - sx / (double)a->C);
+    return r;
+}
+
+int64_t nb__cpu_cls_check_targets(const nb__cls_args *a, int64_t *bad) {
+    int64_t P = a->N * a->D, count = 0;
+    for (int64_t p = 0; p < P; p++) {
+        int64_t t = tgt_at(a, p);
+        if (is_ignored(a, t)) continue;
+        if (t < 0 || t >= a->C) {
+            *bad = t;
+            return -1;
+        }
+        count++;
+    }
+    return count;
+}
+
+/* ---- cross entropy, stamped for the two compute types -------------------------------------
+ * T: compute type; S: suffix of the load/store helpers; EXP: exp in T. */
+#define NB__CE_KERNELS(T, S, EXP)                                                          \
+    static void ce_rows_fwd_##S(const nb__cls_args *a, int64_t n, double *loss, T *lse) { \
+        const int64_t C = a->C, es = (int64_t)nb_dtype_size(a->xdt);                      \
+        const char *xr = a->x + n * C * es;                                                \
+        int64_t t = tgt_at(a, n);                                                          \
+        if (is_ignored(a, t)) {                                                            \
+            loss[n] = 0;                                                                   \
+            lse[n] = 0;                                                                    \
+            return;                                                                        \
+        }                                                                                  \
+        T buf[BLK], m = -INFINITY;                                                         \
+        double sx = 0, s = 0;                                                              \
+        for (int64_t c0 = 0; c0 < C; c0 += BLK) {                                          \
+            int64_t k = C - c0 < BLK ? C - c0 : BLK;                                       \
+            m = rmax_sum_##S(ld_##S(xr + c0 * es, a->xdt, k, buf), k, m, &sx);             \
+        }                                                                                  \
+        for (int64_t c0 = 0; c0 < C; c0 += BLK) {                                          \
+            int64_t k = C - c0 < BLK ? C - c0 : BLK;                                       \
+            s += rsumexp_##S(ld_##S(xr + c0 * es, a->xdt, k, buf), k, m);                  \
+        }                                                                                  \
+        double l = (double)m + log(s);                                                     \
+        loss[n] = ce_finish(a, l, elem(xr, a->xdt, t), sx);                                \
+        lse[n] = (T)l;                                                                     \
+    }                                                                                      \
+                                                                                           \
+    static void ce_cols_fwd_##S(const nb__cls_args *a, int64_t n, int64_t d0, int64_t w,  \
+                                double *loss, T *lse) {                                    \
+        const int64_t C = a->C, D = a->D, es = (int64_t)nb_dtype_size(a->xdt);            \
+        const char *xb = a->x + (n * C * D + d0) * es;                                     \
+        T buf[COLW], m[COLW];                                                              \
+        double s[COLW], sx[COLW];                                                          \
+        for (int64_t j = 0; j < w; j++) m[j] = -INFINITY, s[j] = 0, sx[j] = 0;             \
+        for (int64_t c = 0; c < C; c++) {                                                  \
+            const T *b = ld_##S(xb + c * D * es, a->xdt, w, buf);                          \
+            _Pragma("omp simd")                                                            \
+            for (int64_t j = 0; j < w; j++) {                                              \
+                m[j] = b[j] > m[j] ? b[j] : m[j];                                          \
+                sx[j] += b[j];                                                             \
+            }                                                                              \
+        }                                                                                  \
+        for (int64_t c = 0; c < C; c++) {                                                  \
+            const T *b = ld_##S(xb + c * D * es, a->xdt, w, buf);                          \
+            _Pragma("omp simd")                                                            \
+            for (int64_t j = 0; j < w; j++) s[j] += (double)EXP(b[j] - m[j]);              \
+        }                                                                                  \
+        for (int64_t j = 0; j < w; j++) {                                                  \
+            int64_t p = n * D + d0 + j, t = tgt_at(a, p);                                  \
+            if (is_ignored(a, t)) {                                                        \
+                loss[p] = 0;                                                               \
+                lse[p] = 0;                                                                \
+                continue;                                                                  \
+            }                                                                              \
+            double l = (double)m[j] + log(s[j]);                                           \
+            loss[p] = ce_finish(a, l, elem(xb, a->xdt, t * D + j), sx[j]);                 \
+            lse[p] = (T)l;                                                                 \
+        }                                                                                  \
+    }                                                                                      \
+                                                                                           \
+    static void ce_rows_bwd_##S(const nb__cls_args *a, int64_t n, const T *lse,           \
+                                const double *g, int64_t gs, double factor, char *dx) {    \
+        const int64_t C = a->C, es = (int64_t)nb_dtype_size(a->xdt);                      \
+        const char *xr = a->x + n * C * es;                                                \
+        char *dr = dx + n * C * es;                                                        \
+        int64_t t = tgt_at(a, n);                                                          \
+        if (is_ignored(a, t)) {                                                            \
+            memset(dr, 0, (size_t)(C * es));                                               \
+            return;                                                                        \
+        }                                                                                  \
+        const T sc = (T)(factor * g[n * gs]), l = lse[n];                                  \
+        const T off = (T)(a->smoothing / (double)C), hit = (T)(1 - a->smoothing);          \
+        T buf[BLK], obuf[BLK];                                                             \
+        for (int64_t c0 = 0; c0 < C; c0 += BLK) {                                          \
+            int64_t k = C - c0 < BLK ? C - c0 : BLK;                                       \
+            const T *b = ld_##S(xr + c0 * es, a->xdt, k, buf);                             \
+            T *o = wr_##S(dr + c0 * es, a->xdt, obuf);                                     \
+            rgrad_##S(b, o, k, l, off, sc);                                                \
+            if (t >= c0 && t < c0 + k) o[t - c0] = (EXP(b[t - c0] - l) - off - hit) * sc;  \
+            fl_##S(dr + c0 * es, a->xdt, o, k);                                            \
+        }                                                                                  \
+    }                                                                                      \
+                                                                                           \
+    static void ce_cols_bwd_##S(const nb__cls_args *a, int64_t n, int64_t d0, int64_t w,  \
+                                const T *lse, const double *g, int64_t gs, double factor,  \
+                                char *dx) {                                                \
+        const int64_t C = a->C, D = a->D, es = (int64_t)nb_dtype_size(a->xdt);            \
+        const int64_t base = (n * C * D + d0) * es;                                        \
+        const T off = (T)(a->smoothing / (double)C), one = (T)(1 - a->smoothing);          \
+        T buf[COLW], obuf[COLW], sc[COLW], l[COLW];                                        \
+        int64_t tt[COLW];                                                                  \
+        for (int64_t j = 0; j < w; j++) {                                                  \
+            int64_t p = n * D + d0 + j, t = tgt_at(a, p);                                  \
+            bool ig = is_ignored(a, t);                                                    \
+            /* An ignored position gets exp(x - inf) = 0 times a zero scale. */            \
+            sc[j] = ig ? (T)0 : (T)(factor * g[p * gs]);                                   \
+            l[j] = ig ? (T)INFINITY : lse[p];                                              \
+            tt[j] = ig ? -1 : t;                                                           \
+        }                                                                                  \
+        for (int64_t c = 0; c < C; c++) {                                                  \
+            const T *b = ld_##S(a->x + base + c * D * es, a->xdt, w, buf);                 \
+            T *o = wr_##S(dx + base + c * D * es, a->xdt, obuf);                           \
+            _Pragma("omp simd")                                                            \
+            for (int64_t j = 0; j < w; j++)                                                \
+                o[j] = (EXP(b[j] - l[j]) - off - (tt[j] == c ? one : (T)0)) * sc[j];       \
+            fl_##S(dx + base + c * D * es, a->xdt, o, w);                                  \
+        }                                                                                  \
+    }
+
+NB__CE_KERNELS(float, f32, ce_expf)
+NB__CE_KERNELS(double, f64, ce_exp)
+#undef NB__CE_KERNELS
+
+void nb__cpu_cross_entropy_fwd(const nb__cls_args *a, double *loss, void *lse_out) {
+    const int64_t N = a->N, D = a->D;
+    if (N * D == 0) return;
+    const bool f64 = a->xdt == NB_F64;
+    int nt = threads_for(N * a->C * D);
+    if (D == 1) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (int64_t n = 0; n < N; n++) {
+            if (f64) ce_rows_fwd_f64(a, n, loss, (double *)lse_out);
+            else ce_rows_fwd_f32(a, n, loss, (float *)lse_out);
+        }
+        return;
+    }
+    const int64_t nbk = (D + COLW - 1) / COLW;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t task = 0; task < N * nbk; task++) {
+        int64_t n = task / nbk, d0 = (task % nbk) * COLW, w = D - d0 < COLW ? D - d0 : COLW;
+        if (f64) ce_cols_fwd_f64(a, n, d0, w, loss, (double *)lse_out);
+        else ce_cols_fwd_f32(a, n, d0, w, loss, (float *)lse_out);
+    }
+}
+
+void nb__cpu_cross_entropy_bwd(const nb__cls_args *a, const void *lse, const double *g,
+                               int64_t gstride, double factor, char *dx) {
+    const int64_t N = a->N, D = a->D;
+    if (N * a->C * D == 0) return;
+    const bool f64 = a->xdt == NB_F64;
+    int nt = threads_for(N * a->C * D);
+    if (D == 1) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (int64_t n = 0; n < N; n++) {
+            if (f64) ce_rows_bwd_f64(a, n, (const double *)lse, g, gstride, factor, dx);
+            else ce_rows_bwd_f32(a, n, (const float *)lse, g, gstride, factor, dx);
+        }
+        return;
+    }
+    const int64_t nbk = (D + COLW - 1) / COLW;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t task = 0; task < N * nbk; task++) {
+        int64_t n = task / nbk, d0 = (task % nbk) * COLW, w = D - d0 < COLW ? D - d0 : COLW;
+        if (f64) ce_cols_bwd_f64(a, n, d0, w, (const double *)lse, g, gstride, factor, dx);
+        else ce_cols_bwd_f32(a, n, d0, w, (const float *)lse, g, gstride, factor, dx);
+    }
+}
+
+/* ---- NLL ----------------------------------------------------------------------------------- */
+void nb__cpu_nll_fwd(const nb__cls_args *a, double *loss) {
+    const int64_t C = a->C, D = a->D, P = a->N * D;
+    for (int64_t p = 0; p < P; p++) {
+        int64_t t = tgt_at(a, p), n = p / D, d = p % D;
+        loss[p] = is_ignored(a, t) ? 0 : -elem(a->x, a->xdt, (n * C + t) * D + d);
+    }
+}
+
+void nb__cpu_nll_bwd(const nb__cls_args *a, const double *g, int64_t gstride, double factor,
+                     char *dx) {
+    const int64_t C = a->C, D = a->D, P = a->N * D;
+    const size_t es = nb_dtype_size(a->xdt);
+    /* Zero bits are 0.0 in every float dtype. */
+    memset(dx, 0, (size_t)(a->N * C * D) * es);
+    for (int64_t p = 0; p < P; p++) {
+        int64_t t = tgt_at(a, p), n = p / D, d = p % D;
+        if (is_ignored(a, t)) continue;
+        nb__store_f64(dx + (size_t)((n * C + t) * D + d) * es, a->xdt, -factor * g[p * gstride]);
+    }
+}
+
+/* ---- sums ----------------------------------------------------------------------------------- */
+/* Block size for a deterministic sum of n terms: at most SUMB blocks, at least 4096 terms
+ * per block, so the order depends only on n. */
+static int64_t sum_block(int64_t n) {
+    int64_t bs = n / SUMB + 1;
+    return bs < 4096 ? 4096 : bs;
+}
+
+double nb__cpu_loss_sum(const double *v, int64_t n) {
+    const int64_t bs = sum_block(n), nbk = (n + bs - 1) / bs;
+    double part[SUMB];
+    int nt = threads_for(n);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t b = 0; b < nbk; b++) {
+        int64_t e = (b + 1) * bs < n ? (b + 1) * bs : n;
+        double s = 0;
+        for (int64_t i = b * bs; i < e; i++) s += v[i];
+        part[b] = s;
+    }
+    double s = 0;
+    for (int64_t b = 0; b < nbk; b++) s += part[b];
+    return s;
+}
+
+void nb__cpu_loss_store(char *dst, nb_dtype dt, const double *src, int64_t n) {
+    const size_t es = nb_dtype_size(dt);
+    if (dt == NB_F64) {
+        memcpy(dst, src, (size_t)n * es);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) nb__store_f64(dst + (size_t)i * es, dt, src[i]);
+}
+
+/* ---- binary cross entropy with logits -------------------------------------------------------
+ * Computed in f64 for both compute types (f32 arrays are widened on load): the loss has a
+ * log1p and an exp per element, so the wider type costs little and keeps f32 results
+ * correctly rounded. */
+static inline double ld_ct(const char *p, nb_dtype ct, int64_t i) {
+    return ct == NB_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+static inline void st_ct(char *p, nb_dtype ct, int64_t i, double v) {
+    if (ct == NB_F64) ((double *)p)[i] = v;
+    else ((float *)p)[i] = (float)v;
+}
+/* softplus(-x) = log(1 + exp(-x)) without overflow. */
+static inline double softplus_neg(double x) { return log1p(exp(-fabs(x))) + fmax(-x, 0.0); }
+
+double nb__cpu_bce_fwd(const nb__bce_args *a, char *out) {
+    const int64_t n = a->n, bs = sum_block(n), nbk = (n + bs - 1) / bs;
+    double part[SUMB];
+    int nt = nb__threads_for(n, NB__GRAIN / 8); /* costly math: a smaller grain */
+    if (nt < 1) nt = 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t b = 0; b < nbk; b++) {
+        int64_t e = (b + 1) * bs < n ? (b + 1) * bs : n;
+        double s = 0;
+        for (int64_t i = b * bs; i < e; i++) {
+            double x = ld_ct(a->x, a->ct, i), y = ld_ct(a->y, a->ct, i);
+            double w = a->pw ? 1 + (ld_ct(a->pw, a->ct, i % a->pw_period) - 1) * y : 1;
+            double v = (1 - y) * x + w * softplus_neg(x);
+            if (out) st_ct(out, a->ct, i, v);
+            s += v;
+        }
+        part[b] = s;
+    }
+    double s = 0;
+    for (int64_t b = 0; b < nbk; b++) s += part[b];
+    return s;
+}
+
+void nb__cpu_bce_bwd(const nb__bce_args *a, const char *g, int64_t gstride, double factor,
+                     char *dx, char *dy, char *dpw) {
+    const int64_t n = a->n;
+    int nt = nb__threads_for(n, NB__GRAIN / 8);
+    if (nt < 1) nt = 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t i = 0; i < n; i++) {
+        double x = ld_ct(a->x, a->ct, i), y = ld_ct(a->y, a->ct, i);
+        double pw = a->pw ? ld_ct(a->pw, a->ct, i % a->pw_period) : 1;
+        double G = factor * ld_ct(g, a->ct, i * gstride);
+        double sp = softplus_neg(x);
+        if (dx) {
+            /* sigmoid(-x), from whichever exp cannot overflow */
+            double e = exp(-fabs(x)), sig = x >= 0 ? e / (1 + e) : 1 / (1 + e);
+            st_ct(dx, a->ct, i, G * ((1 - y) - (1 + (pw - 1) * y) * sig));
+        }
+        if (dy) st_ct(dy, a->ct, i, G * (-x + (pw - 1) * sp));
+        if (dpw) st_ct(dpw, a->ct, i, G * y * sp);
+    }
+}

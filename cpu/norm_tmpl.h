@@ -1,0 +1,311 @@
+/* cpu/norm_tmpl.h - private: the bodies of the norm kernels, written once for a compute type.
+ * cpu/norm.c includes this file twice, with T = float, S = f32 and T = double, S = f64
+ * (C has no templates; this keeps the two versions from drifting apart). Not a public
+ * header and not included anywhere else. */
+#define NB__CAT_(a, b) a##_##b
+#define NB__CAT(a, b) NB__CAT_(a, b)
+#define F(name) NB__CAT(name, S)
+
+/* Sums in double with 8 independent lanes: a fixed order (so deterministic) that the
+ * compiler can still vectorize, since no lane's additions are reordered. */
+#define LANES 8
+#define LANE_SUM(a) (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])))
+
+static inline double F(rsum)(const T *x, int64_t n) {
+    double a[LANES] = {0}, t = 0;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int k = 0; k < LANES; k++) a[k] += (double)x[j + k];
+    for (; j < n; j++) t += (double)x[j];
+    return LANE_SUM(a) + t;
+}
+
+/* sum (x - m)^2 */
+static inline double F(rdev2)(const T *x, int64_t n, double m) {
+    double a[LANES] = {0}, t = 0;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int k = 0; k < LANES; k++) {
+            double d = (double)x[j + k] - m;
+            a[k] += d * d;
+        }
+    for (; j < n; j++) {
+        double d = (double)x[j] - m;
+        t += d * d;
+    }
+    return LANE_SUM(a) + t;
+}
+
+/* sum g * (x - m) */
+static inline double F(rgdev)(const T *g, const T *x, int64_t n, double m) {
+    double a[LANES] = {0}, t = 0;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int k = 0; k < LANES; k++) a[k] += (double)g[j + k] * ((double)x[j + k] - m);
+    for (; j < n; j++) t += (double)g[j] * ((double)x[j] - m);
+    return LANE_SUM(a) + t;
+}
+
+/* Layer-norm row sums: *s1 = sum gw, *s2 = sum gw * xhat, gw = g * w (g if w is NULL). */
+static inline void F(ln_row_sums)(const T *g, const T *x, const T *w, T m, T r, int64_t n,
+                                  double *s1, double *s2) {
+    double a[LANES] = {0}, c[LANES] = {0}, ta = 0, tc = 0;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int k = 0; k < LANES; k++) {
+            T gw = w ? g[j + k] * w[j + k] : g[j + k];
+            T xh = (x[j + k] - m) * r;
+            a[k] += (double)gw;
+            c[k] += (double)(gw * xh);
+        }
+    for (; j < n; j++) {
+        T gw = w ? g[j] * w[j] : g[j];
+        T xh = (x[j] - m) * r;
+        ta += (double)gw;
+        tc += (double)(gw * xh);
+    }
+    *s1 = LANE_SUM(a) + ta;
+    *s2 = LANE_SUM(c) + tc;
+}
+
+/* ---- layer norm ------------------------------------------------------------------------------ */
+void F(nb__cpu_layer_norm_fwd)(const T *x, const T *w, const T *b, T *y, double *mean,
+                               double *rstd, int64_t N, int64_t D, double eps) {
+    int nt = nb__threads_for(N * D, NB__GRAIN);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t i = 0; i < N; i++) {
+        const T *xr = x + i * D;
+        T *yr = y + i * D;
+        double m = D ? F(rsum)(xr, D) / (double)D : 0.0;
+        double v = D ? F(rdev2)(xr, D, m) / (double)D : 0.0;
+        double rs = 1.0 / sqrt(v + eps);
+        mean[i] = m;
+        rstd[i] = rs;
+        T mt = (T)m, rt = (T)rs;
+        if (w && b) {
+            for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mt) * rt * w[j] + b[j];
+        } else if (w) {
+            for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mt) * rt * w[j];
+        } else if (b) {
+            for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mt) * rt + b[j];
+        } else {
+            for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mt) * rt;
+        }
+    }
+}
+
+nb_status F(nb__cpu_layer_norm_bwd)(const T *g, const T *x, const T *w, const double *mean,
+                                    const double *rstd, T *dx, T *dw, T *db, int64_t N,
+                                    int64_t D) {
+    bool params = dw || db;
+    int64_t nch = norm_chunks(N, D);
+    double *part = NULL;
+    if (params && D > 0) {
+        part = nb_host_alloc(sizeof(double) * 2 * (size_t)D * (size_t)nch);
+        if (!part) return nb__error(NB_ENOMEM, "layer_norm: out of memory for the backward");
+    }
+    int nt = chunk_threads(N * D, nch);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t ch = 0; ch < nch; ch++) {
+        int64_t r0 = N * ch / nch, r1 = N * (ch + 1) / nch;
+        double *pw = part ? part + 2 * D * ch : NULL, *pb = pw ? pw + D : NULL;
+        if (pw) memset(pw, 0, sizeof(double) * 2 * (size_t)D);
+        for (int64_t i = r0; i < r1; i++) {
+            const T *gr = g + i * D, *xr = x + i * D;
+            T m = (T)mean[i], r = (T)rstd[i];
+            if (dx) {
+                double s1, s2;
+                F(ln_row_sums)(gr, xr, w, m, r, D, &s1, &s2);
+                T c1 = (T)(s1 / (double)D), c2 = (T)(s2 / (double)D);
+                T *dr = dx + i * D;
+                if (w) {
+                    for (int64_t j = 0; j < D; j++)
+                        dr[j] = r * (gr[j] * w[j] - c1 - (xr[j] - m) * r * c2);
+                } else {
+                    for (int64_t j = 0; j < D; j++)
+                        dr[j] = r * (gr[j] - c1 - (xr[j] - m) * r * c2);
+                }
+            }
+            if (pw) {
+                for (int64_t j = 0; j < D; j++) {
+                    pw[j] += (double)(gr[j] * ((xr[j] - m) * r));
+                    pb[j] += (double)gr[j];
+                }
+            }
+        }
+    }
+    if (params) {
+        for (int64_t j = 0; j < D; j++) {
+            double sw = 0, sb = 0;
+            for (int64_t ch = 0; ch < nch; ch++) {
+                sw += part[2 * D * ch + j];
+                sb += part[2 * D * ch + D + j];
+            }
+            if (dw) dw[j] = (T)sw;
+            if (db) db[j] = (T)sb;
+        }
+    }
+    nb_host_free(part);
+    return NB_OK;
+}
+
+/* ---- batch norm ------------------------------------------------------------------------------
+ * Per-channel sums over (N, S) as chunk partials: part[ch * C + c] for the rows (samples) of
+ * chunk ch. kind 0: sum x; 1: sum (x - mean)^2; 2: sum g and sum g * (x - mean) (two
+ * arrays: part and part2). */
+static void F(bn_partials)(const T *x, const T *g, int64_t N, int64_t C, int64_t S,
+                           const double *mean, int kind, int64_t nch, double *part,
+                           double *part2) {
+    int nt = chunk_threads(N * C * S, nch);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t ch = 0; ch < nch; ch++) {
+        int64_t n0 = N * ch / nch, n1 = N * (ch + 1) / nch;
+        double *p = part + C * ch, *p2 = part2 ? part2 + C * ch : NULL;
+        memset(p, 0, sizeof(double) * (size_t)C);
+        if (p2) memset(p2, 0, sizeof(double) * (size_t)C);
+        for (int64_t n = n0; n < n1; n++) {
+            const T *xs = x + n * C * S, *gs = g ? g + n * C * S : NULL;
+            if (S == 1) { /* (N, C): a vector over channels */
+                if (kind == 0) {
+                    for (int64_t c = 0; c < C; c++) p[c] += (double)xs[c];
+                } else if (kind == 1) {
+                    for (int64_t c = 0; c < C; c++) {
+                        double d = (double)xs[c] - mean[c];
+                        p[c] += d * d;
+                    }
+                } else {
+                    for (int64_t c = 0; c < C; c++) {
+                        p[c] += (double)gs[c];
+                        p2[c] += (double)gs[c] * ((double)xs[c] - mean[c]);
+                    }
+                }
+                continue;
+            }
+            for (int64_t c = 0; c < C; c++) {
+                const T *xr = xs + c * S;
+                if (kind == 0) {
+                    p[c] += F(rsum)(xr, S);
+                } else if (kind == 1) {
+                    p[c] += F(rdev2)(xr, S, mean[c]);
+                } else {
+                    p[c] += F(rsum)(gs + c * S, S);
+                    p2[c] += F(rgdev)(gs + c * S, xr, S, mean[c]);
+                }
+            }
+        }
+    }
+}
+
+/* out[c] = sum over chunks of part[ch * C + c], in chunk order. */
+static void F(bn_combine)(const double *part, int64_t nch, int64_t C, double *out) {
+    for (int64_t c = 0; c < C; c++) {
+        double s = 0;
+        for (int64_t ch = 0; ch < nch; ch++) s += part[ch * C + c];
+        out[c] = s;
+    }
+}
+
+nb_status F(nb__cpu_batch_norm_stats)(const T *x, int64_t N, int64_t C, int64_t S,
+                                      double *mean, double *var) {
+    int64_t nch = norm_chunks(N, C * S), M = N * S;
+    double *part = nb_host_alloc(sizeof(double) * (size_t)(C * nch > 0 ? C * nch : 1));
+    if (!part) return nb__error(NB_ENOMEM, "batch_norm: out of memory for the statistics");
+    F(bn_partials)(x, NULL, N, C, S, NULL, 0, nch, part, NULL);
+    F(bn_combine)(part, nch, C, mean);
+    for (int64_t c = 0; c < C; c++) mean[c] = M ? mean[c] / (double)M : 0.0;
+    F(bn_partials)(x, NULL, N, C, S, mean, 1, nch, part, NULL);
+    F(bn_combine)(part, nch, C, var);
+    for (int64_t c = 0; c < C; c++) var[c] = M ? var[c] / (double)M : 0.0;
+    nb_host_free(part);
+    return NB_OK;
+}
+
+void F(nb__cpu_batch_norm_apply)(const T *x, T *y, int64_t N, int64_t C, int64_t S,
+                                 const double *mean, const double *rstd, const T *w,
+                                 const T *b) {
+    int nt = nb__threads_for(N * C * S, NB__GRAIN);
+    if (S == 1) {
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+        for (int64_t n = 0; n < N; n++) {
+            const T *xr = x + n * C;
+            T *yr = y + n * C;
+            for (int64_t c = 0; c < C; c++) {
+                T a = (T)rstd[c] * (w ? w[c] : (T)1);
+                yr[c] = (xr[c] - (T)mean[c]) * a + (b ? b[c] : (T)0);
+            }
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t r = 0; r < N * C; r++) {
+        int64_t c = r % C;
+        const T *xr = x + r * S;
+        T *yr = y + r * S;
+        T m = (T)mean[c], a = (T)rstd[c] * (w ? w[c] : (T)1), sh = b ? b[c] : (T)0;
+        for (int64_t j = 0; j < S; j++) yr[j] = (xr[j] - m) * a + sh;
+    }
+}
+
+nb_status F(nb__cpu_batch_norm_bwd)(const T *g, const T *x, int64_t N, int64_t C, int64_t S,
+                                    const double *mean, const double *rstd, const T *w,
+                                    bool batch_stats, T *dx, T *dw, T *db) {
+    int64_t M = N * S;
+    bool need_sums = dw || db || (dx && batch_stats);
+    double *sg = NULL, *sgd = NULL;
+    if (need_sums) {
+        int64_t nch = norm_chunks(N, C * S);
+        size_t nel = (size_t)(C * nch > 0 ? C * nch : 1);
+        double *part = nb_host_alloc(sizeof(double) * 2 * nel);
+        double *sums = part ? nb_host_alloc(sizeof(double) * 2 * (size_t)(C > 0 ? C : 1)) : NULL;
+        if (!sums) {
+            nb_host_free(part);
+            return nb__error(NB_ENOMEM, "batch_norm: out of memory for the backward");
+        }
+        F(bn_partials)(x, g, N, C, S, mean, 2, nch, part, part + nel);
+        sg = sums, sgd = sums + C;
+        F(bn_combine)(part, nch, C, sg);
+        F(bn_combine)(part + nel, nch, C, sgd);
+        nb_host_free(part);
+        for (int64_t c = 0; c < C; c++) {
+            if (dw) dw[c] = (T)(sgd[c] * rstd[c]);
+            if (db) db[c] = (T)sg[c];
+        }
+    }
+    if (dx) {
+        /* dx = a * g - k - (x - mean) * q per channel, with a = w * rstd and, for batch
+         * statistics, k = a * sum(g) / M, q = a * rstd^2 * sum(g * (x - mean)) / M. */
+        int nt = nb__threads_for(N * C * S, NB__GRAIN);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+        for (int64_t r = 0; r < N * C; r++) {
+            int64_t c = r % C;
+            double ad = rstd[c] * (w ? (double)w[c] : 1.0);
+            T a = (T)ad, k = 0, q = 0, m = (T)mean[c];
+            if (batch_stats && M > 0) {
+                k = (T)(ad * sg[c] / (double)M);
+                q = (T)(ad * rstd[c] * rstd[c] * sgd[c] / (double)M);
+            }
+            const T *gr = g + r * S, *xr = x + r * S;
+            T *dr = dx + r * S;
+            if (batch_stats) {
+                for (int64_t j = 0; j < S; j++) dr[j] = a * gr[j] - k - (xr[j] - m) * q;
+            } else {
+                for (int64_t j = 0; j < S; j++) dr[j] = a * gr[j];
+            }
+        }
+    }
+    nb_host_free(sg);
+    return NB_OK;
+}
+
+/* ---- linear ---------------------------------------------------------------------------------- */
+void F(nb__cpu_fill_rows)(T *c, const T *b, int64_t M, int64_t N) {
+    int nt = nb__threads_for(M * N, NB__GRAIN);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t i = 0; i < M; i++) memcpy(c + i * N, b, sizeof(T) * (size_t)N);
+}
+
+#undef LANE_SUM
+#undef LANES
+#undef F
+#undef NB__CAT
+#undef NB__CAT_

@@ -1,0 +1,357 @@
+/* cpu/optim_kernels.c - the fused optimizer updates (SGD, Adam/AdamW, RMSprop, Adagrad) and
+ * the reductions behind gradient clipping.
+ *
+ * An update reads parameter, gradient and state once and writes parameter and state once:
+ * one pass instead of the five to eight tensor ops PyTorch's single-tensor path runs. The
+ * formulas keep PyTorch's operation order (e.g. Adam's denominator is sqrt(v) / bc2_sqrt
+ * + eps, and addcdiv multiplies by the scalar before dividing) and round every scalar to the
+ * element type first, so f32 results match PyTorch's to an ulp or two. Loops are plain and
+ * branch-free inside (flags are hoisted into separate loop versions by the compiler), over
+ * restrict pointers, so they vectorize; large arrays are cut into blocks spread over the
+ * OpenMP pool. Every element is computed independently, so the thread count never changes
+ * a result. f32 and f64 here; the optimizer rejects other dtypes before calling. */
+#include "optim_kernels.h"
+
+#include <math.h>
+
+#include "tensor_impl.h"
+
+/* Flags that guard stores (amsgrad, centered, momentum) are hoisted into separate loop
+ * versions through always-inlined bodies, so each loop is straight-line code. Note: the
+ * loops with a square root vectorize only when the build passes -fno-math-errno (GCC 12
+ * ignores `#pragma GCC optimize("no-math-errno")` for sqrt); otherwise they run scalar. */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+#define BLOCK 8192 /* elements per parallel work item */
+
+/* Run body(start, len) over [0, n) in blocks, in parallel when n is large. */
+#define FOR_BLOCKS(n, body)                                                                 \
+    do {                                                                                    \
+        int64_t nblk_ = ((n) + BLOCK - 1) / BLOCK;                                          \
+        int nt_ = nb__threads_for((n), NB__GRAIN);                                          \
+        _Pragma("omp parallel for schedule(static) if (nt_ > 1) num_threads(nt_)")          \
+        for (int64_t b_ = 0; b_ < nblk_; b_++) {                                            \
+            int64_t s_ = b_ * BLOCK, l_ = (n) - s_ < BLOCK ? (n) - s_ : BLOCK;              \
+            body(s_, l_);                                                                   \
+        }                                                                                   \
+    } while (0)
+
+/* ---- SGD ------------------------------------------------------------------------------------ */
+/* d = maximize ? -g : g;  d += wd * p;  buf = first ? d : buf * mom + (1 - damp) * d;
+ * d = nesterov ? d + mom * buf : buf;  p += -lr * d */
+#define DEF_SGD(T, SUF)                                                                     \
+    static void sgd_##SUF(T *restrict p, const T *restrict g, T *restrict buf, int64_t n,   \
+                          const nb__sgd_kargs *a) {                                         \
+        const T wd = (T)a->weight_decay, mom = (T)a->momentum;                              \
+        const T omd = (T)(1.0 - a->dampening), nlr = (T)(-a->lr);                           \
+        const bool use_wd = a->weight_decay != 0, neg = a->maximize;                        \
+        if (!buf) {                                                                         \
+            for (int64_t i = 0; i < n; i++) {                                               \
+                T d = neg ? -g[i] : g[i];                                                   \
+                if (use_wd) d = d + wd * p[i];                                              \
+                p[i] = p[i] + nlr * d;                                                      \
+            }                                                                               \
+            return;                                                                         \
+        }                                                                                   \
+        const bool init = a->init_buf, nest = a->nesterov;                                  \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            T d = neg ? -g[i] : g[i];                                                       \
+            if (use_wd) d = d + wd * p[i];                                                  \
+            T bb = init ? d : buf[i] * mom + omd * d;                                       \
+            buf[i] = bb;                                                                    \
+            d = nest ? d + mom * bb : bb;                                                   \
+            p[i] = p[i] + nlr * d;                                                          \
+        }                                                                                   \
+    }
+DEF_SGD(float, f32)
+DEF_SGD(double, f64)
+
+void nb__cpu_sgd(nb_dtype dt, void *param, const void *grad, void *buf, int64_t n,
+                 const nb__sgd_kargs *a) {
+#define SGD_BODY(s, l)                                                                      \
+    if (dt == NB_F32)                                                                       \
+        sgd_f32((float *)param + s, (const float *)grad + s, buf ? (float *)buf + s : NULL, \
+                l, a);                                                                      \
+    else                                                                                    \
+        sgd_f64((double *)param + s, (const double *)grad + s,                              \
+                buf ? (double *)buf + s : NULL, l, a);
+    FOR_BLOCKS(n, SGD_BODY);
+#undef SGD_BODY
+}
+
+/* ---- Adam / AdamW ---------------------------------------------------------------------------- */
+/* g = maximize ? -g : g;  Adam: g += wd * p;  AdamW: p *= 1 - lr * wd;
+ * m = m * b1 + (1 - b1) * g;  v = v * b2 + (1 - b2) * g * g;  vmax = max(vmax, v);
+ * p += -step_size * m / (sqrt(v or vmax) / bc2_sqrt + eps) */
+#define DEF_ADAM(T, SUF, SQRT)                                                              \
+    ALWAYS_INLINE void adam_##SUF##_(T *restrict p, const T *restrict g, T *restrict m,       \
+                                     T *restrict v, T *restrict vmax, int64_t n,             \
+                                     const nb__adam_kargs *a, const bool ams) {             \
+        const T b1 = (T)a->beta1, omb1 = (T)(1.0 - a->beta1);                               \
+        const T b2 = (T)a->beta2, omb2 = (T)(1.0 - a->beta2);                               \
+        const T wd = (T)a->weight_decay, decay = (T)(1.0 - a->lr * a->weight_decay);        \
+        const T bc2 = (T)a->bc2_sqrt, eps = (T)a->eps, nss = (T)(-a->step_size);            \
+        const bool l2 = !a->decoupled && a->weight_decay != 0, dec = a->decoupled;          \
+        const bool neg = a->maximize;                                                       \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            T gi = neg ? -g[i] : g[i];                                                      \
+            T pi = p[i];                                                                    \
+            if (l2) gi = gi + wd * pi;                                                      \
+            if (dec) pi = pi * decay;                                                       \
+            T mi = m[i] * b1 + omb1 * gi;                                                   \
+            T vi = v[i] * b2 + omb2 * gi * gi;                                              \
+            m[i] = mi;                                                                      \
+            v[i] = vi;                                                                      \
+            if (ams) {                                                                      \
+                T mx = vmax[i];                                                             \
+                mx = (mx >= vi || mx != mx) ? mx : vi;                                      \
+                vmax[i] = mx;                                                               \
+                vi = mx;                                                                    \
+            }                                                                               \
+            T denom = SQRT(vi) / bc2 + eps;                                                 \
+            p[i] = pi + nss * mi / denom;                                                   \
+        }                                                                                   \
+    }                                                                                       \
+    static void adam_##SUF(T *p, const T *g, T *m, T *v, T *vmax, int64_t n,                \
+                           const nb__adam_kargs *a) {                                       \
+        if (vmax) adam_##SUF##_(p, g, m, v, vmax, n, a, true);                             \
+        else adam_##SUF##_(p, g, m, v, NULL, n, a, false);                                  \
+    }
+DEF_ADAM(float, f32, sqrtf)
+DEF_ADAM(double, f64, sqrt)
+
+void nb__cpu_adam(nb_dtype dt, void *param, const void *grad, void *m, void *v, void *vmax,
+                  int64_t n, const nb__adam_kargs *a) {
+#define ADAM_BODY(s, l)                                                                     \
+    if (dt == NB_F32)                                                                       \
+        adam_f32((float *)param + s, (const float *)grad + s, (float *)m + s,               \
+                 (float *)v + s, vmax ? (float *)vmax + s : NULL, l, a);                    \
+    else                                                                                    \
+        adam_f64((double *)param + s, (const double *)grad + s, (double *)m + s,            \
+                 (double *)v + s, vmax ? (double *)vmax + s : NULL, l, a);
+    FOR_BLOCKS(n, ADAM_BODY);
+#undef ADAM_BODY
+}
+
+/* ---- RMSprop --------------------------------------------------------------------------------- */
+/* g = maximize ? -g : g;  g += wd * p;  sq = sq * alpha + (1 - alpha) * g * g;
+ * centered: ga = ga * alpha + (1 - alpha) * g, avg = sqrt(sq - ga * ga) + eps;
+ * else avg = sqrt(sq) + eps;  momentum: buf = buf * mom + g / avg, p += -lr * buf;
+ * else p += -lr * g / avg */
+#define DEF_RMSPROP(T, SUF, SQRT)                                                           \
+    ALWAYS_INLINE void rmsprop_##SUF##_(T *restrict p, const T *restrict g, T *restrict sq,   \
+                                        T *restrict buf, T *restrict ga, int64_t n,         \
+                                        const nb__rmsprop_kargs *a, const bool centered,    \
+                                        const bool use_buf) {                               \
+        const T al = (T)a->alpha, omal = (T)(1.0 - a->alpha), wd = (T)a->weight_decay;      \
+        const T eps = (T)a->eps, mom = (T)a->momentum, nlr = (T)(-a->lr);                   \
+        const bool use_wd = a->weight_decay != 0, neg = a->maximize;                        \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            T gi = neg ? -g[i] : g[i];                                                      \
+            if (use_wd) gi = gi + wd * p[i];                                                \
+            T s = sq[i] * al + omal * gi * gi;                                              \
+            sq[i] = s;                                                                      \
+            T avg;                                                                          \
+            if (centered) {                                                                 \
+                T gai = ga[i] * al + omal * gi;                                             \
+                ga[i] = gai;                                                                \
+                avg = SQRT(s + (T)(-1) * gai * gai);                                        \
+            } else {                                                                        \
+                avg = SQRT(s);                                                              \
+            }                                                                               \
+            avg = avg + eps;                                                                \
+            if (use_buf) {                                                                  \
+                T b = buf[i] * mom + (T)1 * gi / avg;                                       \
+                buf[i] = b;                                                                 \
+                p[i] = p[i] + nlr * b;                                                      \
+            } else {                                                                        \
+                p[i] = p[i] + nlr * gi / avg;                                               \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    static void rmsprop_##SUF(T *p, const T *g, T *sq, T *buf, T *ga, int64_t n,            \
+                              const nb__rmsprop_kargs *a) {                                 \
+        if (ga && buf) rmsprop_##SUF##_(p, g, sq, buf, ga, n, a, true, true);              \
+        else if (ga) rmsprop_##SUF##_(p, g, sq, NULL, ga, n, a, true, false);              \
+        else if (buf) rmsprop_##SUF##_(p, g, sq, buf, NULL, n, a, false, true);            \
+        else rmsprop_##SUF##_(p, g, sq, NULL, NULL, n, a, false, false);                   \
+    }
+DEF_RMSPROP(float, f32, sqrtf)
+DEF_RMSPROP(double, f64, sqrt)
+
+void nb__cpu_rmsprop(nb_dtype dt, void *param, const void *grad, void *sq, void *buf,
+                     void *gavg, int64_t n, const nb__rmsprop_kargs *a) {
+#define RMS_BODY(s, l)                                                                      \
+    if (dt == NB_F32)                                                                       \
+        rmsprop_f32((float *)param + s, (const float *)grad + s, (float *)sq + s,           \
+                    buf ? (float *)buf + s : NULL, gavg ? (float *)gavg + s : NULL, l, a);  \
+    else                                                                                    \
+        rmsprop_f64((double *)param + s, (const double *)grad + s, (double *)sq + s,        \
+                    buf ? (double *)buf + s : NULL, gavg ? (double *)gavg + s : NULL, l,    \
+                    a);
+    FOR_BLOCKS(n, RMS_BODY);
+#undef RMS_BODY
+}
+
+/* ---- Adagrad --------------------------------------------------------------------------------- */
+/* g = maximize ? -g : g;  g += wd * p;  sum += g * g;  p += -clr * g / (sqrt(sum) + eps) */
+#define DEF_ADAGRAD(T, SUF, SQRT)                                                           \
+    static void adagrad_##SUF(T *restrict p, const T *restrict g, T *restrict sum,           \
+                              int64_t n, const nb__adagrad_kargs *a) {                      \
+        const T wd = (T)a->weight_decay, eps = (T)a->eps, nclr = (T)(-a->clr);              \
+        const bool use_wd = a->weight_decay != 0, neg = a->maximize;                        \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            T gi = neg ? -g[i] : g[i];                                                      \
+            if (use_wd) gi = gi + wd * p[i];                                                \
+            T s = sum[i] + (T)1 * gi * gi;                                                  \
+            sum[i] = s;                                                                     \
+            T std = SQRT(s) + eps;                                                          \
+            p[i] = p[i] + nclr * gi / std;                                                  \
+        }                                                                                   \
+    }
+DEF_ADAGRAD(float, f32, sqrtf)
+DEF_ADAGRAD(double, f64, sqrt)
+
+void nb__cpu_adagrad(nb_dtype dt, void *param, const void *grad, void *sum, int64_t n,
+                     const nb__adagrad_kargs *a) {
+#define ADAGRAD_BODY(s, l)                                                                  \
+    if (dt == NB_F32)                                                                       \
+        adagrad_f32((float *)param + s, (const float *)grad + s, (float *)sum + s, l, a);   \
+    else                                                                                    \
+        adagrad_f64((double *)param + s, (const double *)grad + s, (double *)sum + s, l, a);
+    FOR_BLOCKS(n, ADAGRAD_BODY);
+#undef ADAGRAD_BODY
+}
+
+/* ---- clipping -------------------------------------------------------------------------------- */
+#define CHUNK 16384 /* elements per partial sum: fixed, so the summation order is too */
+#define LANES 8     /* independent accumulators per chunk (vectorizable, fixed order) */
+
+static inline double load_elem(nb_dtype dt, const void *x, int64_t i) {
+    switch (dt) {
+    case NB_F32: return ((const float *)x)[i];
+    case NB_F64: return ((const double *)x)[i];
+    case NB_F16: return nb_f16_to_f32(((const uint16_t *)x)[i]);
+    default: return nb_bf16_to_f32(((const uint16_t *)x)[i]);
+    }
+}
+
+/* Sum of |x|^p over [s, s + l) with LANES accumulators combined in lane order. */
+static double chunk_pow_sum(nb_dtype dt, const void *x, int64_t s, int64_t l, double p) {
+    double acc[LANES] = {0};
+    int64_t i = 0;
+    if (dt == NB_F32 && p == 2) {
+        const float *xf = (const float *)x + s;
+        for (; i + LANES <= l; i += LANES)
+            for (int k = 0; k < LANES; k++) acc[k] += (double)xf[i + k] * (double)xf[i + k];
+    } else if (dt == NB_F64 && p == 2) {
+        const double *xd = (const double *)x + s;
+        for (; i + LANES <= l; i += LANES)
+            for (int k = 0; k < LANES; k++) acc[k] += xd[i + k] * xd[i + k];
+    }
+    for (; i < l; i++) {
+        double v = fabs(load_elem(dt, x, s + i));
+        acc[i % LANES] += p == 2 ? v * v : p == 1 ? v : pow(v, p);
+    }
+    double t = 0;
+    for (int k = 0; k < LANES; k++) t += acc[k];
+    return t;
+}
+
+static double chunk_abs_max(nb_dtype dt, const void *x, int64_t s, int64_t l) {
+    double m = 0;
+    for (int64_t i = 0; i < l; i++) {
+        double v = fabs(load_elem(dt, x, s + i));
+        if (!(v <= m)) m = v; /* NaN wins and stays */
+        if (m != m) return m;
+    }
+    return m;
+}
+
+double nb__cpu_abs_pow_sum(nb_dtype dt, const void *x, int64_t n, double p) {
+    int64_t nch = (n + CHUNK - 1) / CHUNK;
+    double small[64], *part = nch <= 64 ? small : nb_host_alloc(sizeof(double) * (size_t)nch);
+    if (!part) return NAN;
+    int nt = nb__threads_for(n, NB__GRAIN);
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+    for (int64_t c = 0; c < nch; c++) {
+        int64_t s = c * CHUNK, l = n - s < CHUNK ? n - s : CHUNK;
+        part[c] = chunk_pow_sum(dt, x, s, l, p);
+    }
+    double t = 0;
+    for (int64_t c = 0; c < nch; c++) t += part[c];
+    if (part != small) nb_host_free(part);
+    return t;
+}
+
+double nb__cpu_abs_max(nb_dtype dt, const void *x, int64_t n) {
+    int64_t nch = (n + CHUNK - 1) / CHUNK;
+    double small[64], *part = nch <= 64 ? small : nb_host_alloc(sizeof(double) * (size_t)nch);
+    if (!part) return NAN;
+    int nt = nb__threads_for(n, NB__GRAIN);
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+    for (int64_t c = 0; c < nch; c++) {
+        int64_t s = c * CHUNK, l = n - s < CHUNK ? n - s : CHUNK;
+        part[c] = chunk_abs_max(dt, x, s, l);
+    }
+    double m = 0;
+    for (int64_t c = 0; c < nch; c++)
+        if (!(part[c] <= m)) m = part[c];
+    if (part != small) nb_host_free(part);
+    return m;
+}
+
+void nb__cpu_scale_inplace(nb_dtype dt, void *x, int64_t n, double s) {
+    int nt = nb__threads_for(n, NB__GRAIN);
+    if (dt == NB_F32) {
+        float *xf = x, sf = (float)s;
+#pragma omp parallel for simd schedule(static) if (nt > 1) num_threads(nt)
+        for (int64_t i = 0; i < n; i++) xf[i] *= sf;
+    } else if (dt == NB_F64) {
+        double *xd = x;
+#pragma omp parallel for simd schedule(static) if (nt > 1) num_threads(nt)
+        for (int64_t i = 0; i < n; i++) xd[i] *= s;
+    } else {
+        /* Half types: PyTorch multiplies in f32 by the f32 coefficient, then rounds. */
+        uint16_t *xh = x;
+        float sf = (float)s;
+        bool f16 = dt == NB_F16;
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+        for (int64_t i = 0; i < n; i++) {
+            float v = (f16 ? nb_f16_to_f32(xh[i]) : nb_bf16_to_f32(xh[i])) * sf;
+            xh[i] = f16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
+        }
+    }
+}
+
+void nb__cpu_clamp_inplace(nb_dtype dt, void *x, int64_t n, double lo, double hi) {
+    int nt = nb__threads_for(n, NB__GRAIN);
+    if (dt == NB_F32) {
+        float *xf = x, l = (float)lo, h = (float)hi;
+#pragma omp parallel for simd schedule(static) if (nt > 1) num_threads(nt)
+        for (int64_t i = 0; i < n; i++) {
+            float v = xf[i];
+            v = v < l ? l : v;
+            xf[i] = v > h ? h : v;
+        }
+    } else if (dt == NB_F64) {
+        double *xd = x;
+#pragma omp parallel for simd schedule(static) if (nt > 1) num_threads(nt)
+        for (int64_t i = 0; i < n; i++) {
+            double v = xd[i];
+            v = v < lo ? lo : v;
+            xd[i] = v > hi ? hi : v;
+        }
+    } else {
+        uint16_t *xh = x;
+        bool f16 = dt == NB_F16;
+        float l = (float)lo, h = (float)hi;
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+        for (int64_t i = 0; i < n; i++) {
+            float v = f16 ? nb_f16_to_f32(xh[i]) : nb_bf16_to_f32(xh[i]);
+            v = v < l ? l : v;
+            v = v > h ? h : v;
+            xh[i] = f16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
+        }
+    }
+}

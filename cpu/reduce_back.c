@@ -1,0 +1,276 @@
+/* cpu/reduce_back.c - fused backward kernels for the reduction and indexing ops (see
+ * reduce_back.h): softmax / log_softmax backward and the ordered index_add used by the
+ * gradients of index_select and embedding.
+ *
+ * Softmax backward sees its tensors as (O, L, D) with the softmax dim in the middle, like
+ * the forward kernel in cpu/reduce.c. D == 1: each row is dense and gets two passes (the row
+ * sum, then the write) while it sits in cache. D > 1: blocks of up to COLW adjacent columns
+ * get the same two passes, vectorized across the columns. Sums accumulate in f64 in an order
+ * fixed by the shape, so results never depend on the thread count.
+ *
+ * index_add parallelizes only over work that touches disjoint outputs: over the O outer
+ * slices, and (when there are fewer slices than threads) over blocks of columns of D. Each
+ * output element is therefore accumulated by one thread, in index order. */
+#include "reduce_back.h"
+
+#include <math.h>
+#include <string.h>
+
+#define RBLK 1024 /* elements per converted block of a half row (stack buffers) */
+#define COLW 128  /* widest column block of the D > 1 path */
+#define IA_MINW 64 /* narrowest column block index_add splits D into */
+
+/* a * b + c, fused where the target has FMA; fixed per build either way (deterministic). */
+#ifdef __FMA__
+#define MADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* exp for the log_softmax backward, branch-free so its loops vectorize (libm's expf does
+ * not): exp(x) = 2^n * exp(r), n = round(x / ln2), |r| <= ln2 / 2, a degree-7 polynomial
+ * (~1e-8 relative, below f32 rounding), 2^n applied as two factors to reach the subnormal
+ * range and FLT_MAX. The same construction as the forward's exp in cpu/reduce.c (kept
+ * private there). NaN propagates. */
+static inline float bexp(float x) {
+    float xc = x > -104.0f ? x : -104.0f;
+    xc = xc < 89.0f ? xc : 89.0f;
+    float fn = MADD(xc, 1.44269504088896341f, 12582912.0f); /* round via 1.5 * 2^23 */
+    fn -= 12582912.0f;
+    float r = MADD(fn, -0.693359375f, xc); /* ln2 split: exact high part */
+    r = MADD(fn, 2.12194440e-4f, r);
+    float p = 1.0f / 5040.0f;
+    p = MADD(p, r, 1.0f / 720.0f);
+    p = MADD(p, r, 1.0f / 120.0f);
+    p = MADD(p, r, 1.0f / 24.0f);
+    p = MADD(p, r, 1.0f / 6.0f);
+    p = MADD(p, r, 0.5f);
+    p = MADD(p, r, 1.0f);
+    p = MADD(p, r, 1.0f);
+    int32_t n = (int32_t)fn, n1 = n / 2, n2 = n - n1;
+    union { uint32_t u; float f; } s1 = {.u = (uint32_t)(n1 + 127) << 23},
+                                   s2 = {.u = (uint32_t)(n2 + 127) << 23};
+    float y = p * s1.f * s2.f;
+    return x != x ? x : y;
+}
+
+/* n dense elements at p of dtype dt (f32, f16, bf16) as f32: p itself for f32, else buf. */
+static const float *load_f32(const char *p, nb_dtype dt, int64_t n, float *buf) {
+    if (dt == NB_F32) return (const float *)p;
+    if (dt == NB_F16) nb__f16_to_f32_n((const uint16_t *)p, buf, n);
+    else nb__bf16_to_f32_n((const uint16_t *)p, buf, n);
+    return buf;
+}
+
+static void store_f32(char *p, nb_dtype dt, const float *src, int64_t n) {
+    if (dt == NB_F32) memcpy(p, src, (size_t)n * sizeof(float));
+    else if (dt == NB_F16) nb__f32_to_f16_n(src, (uint16_t *)p, n);
+    else nb__f32_to_bf16_n(src, (uint16_t *)p, n);
+}
+
+/* ---- softmax backward ----------------------------------------------------------------------- */
+/* One dense row of L elements of dtype dt (f32 / f16 / bf16), in blocks of RBLK. */
+static void smb_row_f32(const char *y, const char *g, char *dx, nb_dtype dt, int64_t L,
+                        bool lg) {
+    int64_t es = (int64_t)nb_dtype_size(dt);
+    float yb[RBLK], gb[RBLK], ob[RBLK];
+    double s = 0;
+    for (int64_t o = 0; o < L; o += RBLK) {
+        int64_t n = L - o < RBLK ? L - o : RBLK;
+        const float *gr = load_f32(g + o * es, dt, n, gb);
+        double bs = 0;
+        if (lg) {
+#pragma omp simd reduction(+ : bs)
+            for (int64_t i = 0; i < n; i++) bs += gr[i];
+        } else {
+            const float *yr = load_f32(y + o * es, dt, n, yb);
+#pragma omp simd reduction(+ : bs)
+            for (int64_t i = 0; i < n; i++) bs += (double)gr[i] * (double)yr[i];
+        }
+        s += bs;
+    }
+    float sf = (float)s;
+    for (int64_t o = 0; o < L; o += RBLK) {
+        int64_t n = L - o < RBLK ? L - o : RBLK;
+        const float *gr = load_f32(g + o * es, dt, n, gb);
+        const float *yr = load_f32(y + o * es, dt, n, yb);
+        float *out = dt == NB_F32 ? (float *)(dx + o * es) : ob;
+        if (lg) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) out[i] = gr[i] - bexp(yr[i]) * sf;
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) out[i] = yr[i] * (gr[i] - sf);
+        }
+        if (dt != NB_F32) store_f32(dx + o * es, dt, ob, n);
+    }
+}
+
+static void smb_row_f64(const double *y, const double *g, double *dx, int64_t L, bool lg) {
+    double s = 0;
+    if (lg)
+        for (int64_t i = 0; i < L; i++) s += g[i];
+    else
+        for (int64_t i = 0; i < L; i++) s += g[i] * y[i];
+    if (lg)
+        for (int64_t i = 0; i < L; i++) dx[i] = g[i] - exp(y[i]) * s;
+    else
+        for (int64_t i = 0; i < L; i++) dx[i] = y[i] * (g[i] - s);
+}
+
+/* Columns [0, w) of L rows of stride D elements (f32, f16, bf16). */
+static void smb_cols_f32(const char *y, const char *g, char *dx, nb_dtype dt, int64_t L,
+                         int64_t D, int64_t w, bool lg) {
+    int64_t rs = D * (int64_t)nb_dtype_size(dt);
+    float yb[COLW], gb[COLW], ob[COLW], sf[COLW];
+    double s[COLW];
+    for (int64_t j = 0; j < w; j++) s[j] = 0;
+    for (int64_t l = 0; l < L; l++) {
+        const float *gr = load_f32(g + l * rs, dt, w, gb);
+        if (lg) {
+#pragma omp simd
+            for (int64_t j = 0; j < w; j++) s[j] += gr[j];
+        } else {
+            const float *yr = load_f32(y + l * rs, dt, w, yb);
+#pragma omp simd
+            for (int64_t j = 0; j < w; j++) s[j] += (double)gr[j] * (double)yr[j];
+        }
+    }
+    for (int64_t j = 0; j < w; j++) sf[j] = (float)s[j];
+    for (int64_t l = 0; l < L; l++) {
+        const float *gr = load_f32(g + l * rs, dt, w, gb);
+        const float *yr = load_f32(y + l * rs, dt, w, yb);
+        float *out = dt == NB_F32 ? (float *)(dx + l * rs) : ob;
+        if (lg) {
+#pragma omp simd
+            for (int64_t j = 0; j < w; j++) out[j] = gr[j] - bexp(yr[j]) * sf[j];
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < w; j++) out[j] = yr[j] * (gr[j] - sf[j]);
+        }
+        if (dt != NB_F32) store_f32(dx + l * rs, dt, ob, w);
+    }
+}
+
+static void smb_cols_f64(const double *y, const double *g, double *dx, int64_t L, int64_t D,
+                         int64_t w, bool lg) {
+    double s[COLW];
+    for (int64_t j = 0; j < w; j++) s[j] = 0;
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t j = 0; j < w; j++) s[j] += lg ? g[l * D + j] : g[l * D + j] * y[l * D + j];
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t j = 0; j < w; j++) {
+            int64_t k = l * D + j;
+            dx[k] = lg ? g[k] - exp(y[k]) * s[j] : y[k] * (g[k] - s[j]);
+        }
+}
+
+void nb__cpu_softmax_backward(const nb_tensor *y, const nb_tensor *g, nb_tensor *dx, int dim,
+                              bool lg) {
+    int64_t O = 1, L = 1, D = 1;
+    for (int d = 0; d < y->ndim; d++) {
+        if (d < dim) O *= y->shape[d];
+        else if (d == dim) L = y->shape[d];
+        else D *= y->shape[d];
+    }
+    if (O * L * D == 0) return;
+    nb_dtype dt = y->dtype;
+    int64_t es = (int64_t)nb_dtype_size(dt);
+    const char *yp = nb__ptr(y), *gp = nb__ptr(g);
+    char *xp = nb__ptr(dx);
+    int nt = nb__threads_for(O * L * D, NB__GRAIN);
+    if (D == 1) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (int64_t o = 0; o < O; o++) {
+            int64_t off = o * L * es;
+            if (dt == NB_F64)
+                smb_row_f64((const double *)(yp + off), (const double *)(gp + off),
+                            (double *)(xp + off), L, lg);
+            else smb_row_f32(yp + off, gp + off, xp + off, dt, L, lg);
+        }
+        return;
+    }
+    /* Narrower blocks when there are too few to keep the threads busy. */
+    int64_t W = COLW;
+    while (W > 16 && O * ((D + W - 1) / W) < 2 * nt) W /= 2;
+    int64_t nb = (D + W - 1) / W;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t t = 0; t < O * nb; t++) {
+        int64_t o = t / nb, j0 = (t % nb) * W, w = D - j0 < W ? D - j0 : W;
+        int64_t off = (o * L * D + j0) * es;
+        if (dt == NB_F64)
+            smb_cols_f64((const double *)(yp + off), (const double *)(gp + off),
+                         (double *)(xp + off), L, D, w, lg);
+        else smb_cols_f32(yp + off, gp + off, xp + off, dt, L, D, w, lg);
+    }
+}
+
+/* ---- index_add ------------------------------------------------------------------------------ */
+/* dst[0, w) += src[0, w): f32 accumulator, src of dtype sdt (f32, f16, bf16). */
+static void add_row_f32(float *dst, const char *src, nb_dtype sdt, int64_t w) {
+    if (sdt == NB_F32) {
+        const float *s = (const float *)src;
+#pragma omp simd
+        for (int64_t j = 0; j < w; j++) dst[j] += s[j];
+        return;
+    }
+    float buf[256];
+    for (int64_t o = 0; o < w; o += 256) {
+        int64_t n = w - o < 256 ? w - o : 256;
+        const float *s = load_f32(src + o * 2, sdt, n, buf);
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) dst[o + j] += s[j];
+    }
+}
+
+static void add_row_f64(double *dst, const char *src, nb_dtype sdt, int64_t w) {
+    if (sdt == NB_F64) {
+        const double *s = (const double *)src;
+#pragma omp simd
+        for (int64_t j = 0; j < w; j++) dst[j] += s[j];
+        return;
+    }
+    int64_t es = (int64_t)nb_dtype_size(sdt);
+    for (int64_t j = 0; j < w; j++) dst[j] += nb__load_f64(src + j * es, sdt);
+}
+
+static inline int64_t idx_at(const void *idx, nb_dtype dt, int64_t m) {
+    return dt == NB_I64 ? ((const int64_t *)idx)[m] : (int64_t)((const int32_t *)idx)[m];
+}
+
+void nb__cpu_index_add(nb_tensor *out, int dim, const nb_tensor *idx, const nb_tensor *src) {
+    int64_t O = 1, S = 1, D = 1, M = nb_numel(idx);
+    for (int d = 0; d < out->ndim; d++) {
+        if (d < dim) O *= out->shape[d];
+        else if (d == dim) S = out->shape[d];
+        else D *= out->shape[d];
+    }
+    if (O * M * D == 0) return;
+    nb_dtype odt = out->dtype, sdt = src->dtype, idt = idx->dtype;
+    int64_t oes = (int64_t)nb_dtype_size(odt), ses = (int64_t)nb_dtype_size(sdt);
+    char *op = nb__ptr(out);
+    const char *sp = nb__ptr(src);
+    const void *ip = nb__ptr(idx);
+    int nt = nb__threads_for(O * M * D, NB__GRAIN);
+    /* Tasks: one per outer slice, each split into nblk column blocks when the slices alone
+     * cannot occupy the threads (embedding: O == 1). */
+    int64_t nblk = 1;
+    if (O < nt) {
+        int64_t want = (nt + O - 1) / O, most = (D + IA_MINW - 1) / IA_MINW;
+        nblk = want < most ? want : most;
+    }
+    int64_t ntask = O * nblk;
+    if (ntask < nt) nt = (int)ntask;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t t = 0; t < ntask; t++) {
+        int64_t o = t / nblk, b = t % nblk;
+        int64_t j0 = D * b / nblk, w = D * (b + 1) / nblk - j0;
+        for (int64_t m = 0; m < M; m++) {
+            int64_t r = idx_at(ip, idt, m);
+            char *dst = op + ((o * S + r) * D + j0) * oes;
+            const char *s = sp + ((o * M + m) * D + j0) * ses;
+            if (odt == NB_F64) add_row_f64((double *)dst, s, sdt, w);
+            else add_row_f32((float *)dst, s, sdt, w);
+        }
+    }
+}

@@ -1,0 +1,57 @@
+/* nabla/checkpoint.h - training checkpoints: everything needed to continue a training run
+ * exactly where it stopped.
+ *
+ * Usage:
+ *     nb_checkpoint ck = { .model = model, .optim = opt, .sched = sched, .loader = loader,
+ *                          .gens = (nb_generator *[]){dropout_gen}, .ngens = 1,
+ *                          .step = step };
+ *     if (nb_checkpoint_save("run.ckpt", &ck) != NB_OK) puts(nb_last_error());
+ *     ...
+ *     // later, after building the same model/optimizer/schedule/loader/generators:
+ *     if (nb_checkpoint_load("run.ckpt", &ck) != NB_OK) puts(nb_last_error());
+ *     step = ck.step;                        // and the loader resumes at the next batch
+ *
+ * A checkpoint holds the model's parameters and buffers ("model.<name>"), the optimizer's
+ * state ("optim.<name>", nb_optim_state), the schedule's ("sched.<name>"), the loader's
+ * position, each listed generator's (seed, stream, offset) and the step count. It is a
+ * safetensors file (so `model.*` loads into PyTorch by stripping the prefix) written
+ * atomically: a temporary file, fsync, rename - a crash during the write leaves the previous
+ * checkpoint intact. Loading restores the exact state: training N steps, saving, loading
+ * into fresh objects and training N more gives bit-identical weights to 2N steps straight.
+ *
+ * Ownership: the checkpoint struct only borrows the objects it names; every field but model
+ * may be NULL/0 (then that part is neither saved nor restored). Loading reads and checks the
+ * scalar entries and the model's names and shapes before it changes anything; optimizer and
+ * schedule state are checked by their own loaders just before each is applied. */
+#ifndef NABLA_CHECKPOINT_H
+#define NABLA_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "nabla/data.h"
+#include "nabla/nn.h"
+#include "nabla/optim.h"
+#include "nabla/random.h"
+#include "nabla/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb_checkpoint {
+    nb_module *model;      /* required */
+    nb_optim *optim;
+    nb_sched *sched;
+    nb_loader *loader;
+    nb_generator **gens;   /* generators whose stream positions to keep (dropout, ...) */
+    int ngens;
+    int64_t step;          /* saved as given; set by nb_checkpoint_load */
+} nb_checkpoint;
+
+nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c);
+nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

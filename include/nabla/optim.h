@@ -1,0 +1,293 @@
+/* nabla/optim.h - optimizers (SGD, Adam, AdamW, RMSprop, Adagrad), parameter groups,
+ * learning-rate schedules, gradient clipping, and optimizer state for checkpoints.
+ *
+ * Usage:
+ *     nb_optim *opt = nb_sgd(nb_parameters(model),
+ *                            &(nb_sgd_opts){ .lr = 0.05f, .momentum = 0.9f });
+ *     nb_sched *sched = nb_sched_new(opt, &(nb_sched_opts){ .kind = NB_SCHED_COSINE,
+ *                                    .warmup_steps = 100, .total_steps = 5000 });
+ *     for (...) {
+ *         nb_scope_begin();
+ *         nb_tensor *loss = nb_cross_entropy(nb_forward(model, x), y, NULL);
+ *         nb_zero_grad(opt);
+ *         nb_backward(loss);
+ *         nb_clip_grad_norm(nb_optim_params(opt), 1.0, 0);   // optional; returns the norm
+ *         nb_step(opt);
+ *         nb_sched_step(sched);                               // lr for the next step
+ *         nb_scope_end();
+ *     }
+ *     nb_sched_free(sched);
+ *     nb_optim_free(opt);
+ *
+ * Weight decay on matrices only, as nanoGPT does:
+ *     nb_params decay, no_decay;
+ *     nb_params_split_decay(nb_parameters(model), &decay, &no_decay);
+ *     nb_optim *opt = nb_adamw(&decay, &(nb_adamw_opts){ .lr = 6e-4, .betas = {0.9, 0.95},
+ *                                                        .weight_decay = 0.1 });
+ *     nb_optim_add_group(opt, &no_decay, &(nb_group_opts){ .weight_decay = NB_OPT_ZERO });
+ *     nb_params_deinit(&decay);
+ *     nb_params_deinit(&no_decay);
+ *
+ * Semantics are PyTorch's (torch.optim, the single-tensor algorithms of 1.13): the same
+ * defaults, the same update formulas (bias correction, eps outside the square root, SGD's
+ * momentum buffer starting as the first gradient, ...), parameters without a gradient are
+ * skipped. Each parameter is updated in one fused pass over parameter, gradient and state,
+ * in place (parameters may be views into a flat buffer), with grad mode off. f32 and f64
+ * parameters; half-precision models keep f32 master weights (DESIGN.md rule 7).
+ *
+ * Options: zero means PyTorch's default. Where the default is not zero and you want an
+ * actual zero (AdamW or a group without weight decay, beta1 = 0, ...), write NB_OPT_ZERO.
+ *
+ * Ownership: an optimizer retains its parameters (they stay alive while it lives) and
+ * owns its state; the nb_params passed in are copied, so they may be freed after the call.
+ * nb_optim_params / nb_optim_state return lists owned by the optimizer (see each). A
+ * schedule borrows its optimizer, which must outlive it. nb_params_split_decay fills
+ * caller-owned lists released with nb_params_deinit (the tensors and names in them are
+ * borrowed from the input list).
+ *
+ * Threads: an optimizer is used by one thread at a time; the update itself runs on the
+ * OpenMP pool for large parameters, with results independent of the thread count. */
+#ifndef NABLA_OPTIM_H
+#define NABLA_OPTIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/nn.h"
+#include "nabla/status.h"
+#include "nabla/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An explicit zero for options whose 0 means "default" (negative zero: 0 == NB_OPT_ZERO,
+ * but the option readers tell them apart with signbit). */
+#define NB_OPT_ZERO (-0.0)
+
+typedef struct nb_optim nb_optim;
+
+/* ---- optimizers ------------------------------------------------------------------------------ */
+/* SGD: lr is required (> 0; PyTorch has no default either). momentum, dampening and
+ * weight_decay default to 0. nesterov needs momentum > 0 and dampening 0. */
+typedef struct nb_sgd_opts {
+    double lr;
+    double momentum;
+    double dampening;
+    double weight_decay;   /* L2 penalty added to the gradient */
+    bool nesterov;
+    bool maximize;         /* ascend instead of descend */
+} nb_sgd_opts;
+
+/* Adam / AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8 (added outside the square root),
+ * weight_decay 0 (Adam: added to the gradient) or 1e-2 (AdamW: decoupled, p *= 1 - lr*wd).
+ * amsgrad keeps the running maximum of the second moment. */
+typedef struct nb_adam_opts {
+    double lr;
+    double betas[2];
+    double eps;
+    double weight_decay;
+    bool amsgrad;
+    bool maximize;
+} nb_adam_opts;
+typedef nb_adam_opts nb_adamw_opts;
+
+/* RMSprop: lr 1e-2, alpha 0.99, eps 1e-8, weight_decay 0, momentum 0; centered divides by
+ * the estimated variance (square average minus squared gradient average). */
+typedef struct nb_rmsprop_opts {
+    double lr;
+    double alpha;
+    double eps;
+    double weight_decay;
+    double momentum;
+    bool centered;
+    bool maximize;
+} nb_rmsprop_opts;
+
+/* Adagrad: lr 1e-2, lr_decay 0 (lr / (1 + (step - 1) * lr_decay)), weight_decay 0,
+ * initial_accumulator_value 0, eps 1e-10. */
+typedef struct nb_adagrad_opts {
+    double lr;
+    double lr_decay;
+    double weight_decay;
+    double initial_accumulator_value;
+    double eps;
+    bool maximize;
+} nb_adagrad_opts;
+
+/* Make an optimizer over params (its first parameter group; an empty list is allowed when
+ * groups follow). o may be NULL for all defaults (not for SGD, which needs lr). Parameters
+ * must be float (f32/f64), contiguous, CPU, and listed once. Returns a new optimizer the
+ * caller frees with nb_optim_free, or NULL (NB_EINVAL for a bad hyperparameter, with
+ * PyTorch's rule in the message, e.g. "sgd: lr must be > 0"). State names use the
+ * parameters' names (params->names; the index as a decimal string where names is NULL). */
+nb_optim *nb_sgd(const nb_params *params, const nb_sgd_opts *o);
+nb_optim *nb_adam(const nb_params *params, const nb_adam_opts *o);
+nb_optim *nb_adamw(const nb_params *params, const nb_adamw_opts *o);
+nb_optim *nb_rmsprop(const nb_params *params, const nb_rmsprop_opts *o);
+nb_optim *nb_adagrad(const nb_params *params, const nb_adagrad_opts *o);
+/* Releases the state and the references to the parameters. NULL is a no-op. */
+void nb_optim_free(nb_optim *opt);
+/* "sgd", "adam", "adamw", "rmsprop", "adagrad". */
+const char *nb_optim_name(const nb_optim *opt);
+
+/* ---- parameter groups ------------------------------------------------------------------------ */
+/* Hyperparameters of a group. A field left 0 takes the optimizer's value (what its
+ * constructor resolved), as PyTorch's per-group dicts fall back to the defaults; write
+ * NB_OPT_ZERO for an actual zero. Setting a field the optimizer does not have (betas for
+ * SGD) is an error. Flags (nesterov, amsgrad, centered, maximize) are per optimizer. */
+typedef struct nb_group_opts {
+    double lr;
+    double weight_decay;
+    double momentum;                   /* sgd, rmsprop */
+    double dampening;                  /* sgd */
+    double betas[2];                   /* adam, adamw */
+    double eps;                        /* adam, adamw, rmsprop, adagrad */
+    double alpha;                      /* rmsprop */
+    double lr_decay;                   /* adagrad */
+    double initial_accumulator_value;  /* adagrad */
+} nb_group_opts;
+
+/* Add a group of parameters with its own hyperparameters (o NULL: the optimizer's). A
+ * parameter may belong to one group only. Returns the group's index (the first group is
+ * 0), or a negative status. */
+int nb_optim_add_group(nb_optim *opt, const nb_params *params, const nb_group_opts *o);
+int nb_optim_num_groups(const nb_optim *opt);
+/* The group's resolved hyperparameters (every field filled, zeros are zeros). */
+nb_status nb_optim_group_opts(const nb_optim *opt, int group, nb_group_opts *out);
+/* Learning rate of a group; NAN (and an error) for a bad group. */
+double nb_optim_get_lr(const nb_optim *opt, int group);
+/* Set a group's learning rate (>= 0); group -1 sets every group. Schedules use this. */
+nb_status nb_optim_set_lr(nb_optim *opt, int group, double lr);
+/* All parameters, group by group, with their names. Owned by the optimizer; valid until
+ * the next nb_optim_add_group or nb_optim_free. */
+const nb_params *nb_optim_params(const nb_optim *opt);
+
+/* Split params by rank into those that get weight decay (2-D and up: matmul and embedding
+ * weights) and those that do not (biases, norm weights: 0-D and 1-D), keeping the order.
+ * decay and no_decay are caller-owned structs, released with nb_params_deinit. */
+nb_status nb_params_split_decay(const nb_params *params, nb_params *decay, nb_params *no_decay);
+/* Free the arrays of a list filled by nb_params_split_decay (not the tensors or names). */
+void nb_params_deinit(nb_params *p);
+
+/* ---- the training step ----------------------------------------------------------------------- */
+/* Drop every parameter's gradient (PyTorch's set_to_none=True), except gradients that share
+ * their storage with other tensors (views into a flat gradient buffer installed by
+ * nb_set_grad / nb_module_flatten_parameters): those are zeroed in place, so the flat
+ * layout survives. */
+nb_status nb_zero_grad(nb_optim *opt);
+/* Update every parameter that has a gradient, in place. State is allocated on a
+ * parameter's first update. Checks every parameter before changing any, so an error
+ * (gradient dtype differs, parameter on another device, ...) leaves the model unchanged. */
+nb_status nb_step(nb_optim *opt);
+
+/* ---- state (checkpoints) --------------------------------------------------------------------- */
+/* The optimizer's state as named tensors, enough to continue bit-exactly:
+ *   "<slot>.<param name>" for each state tensor of a parameter that has state: sgd
+ *       "momentum_buffer"; adam/adamw "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad);
+ *       rmsprop "square_avg", "momentum_buffer" (momentum > 0), "grad_avg" (centered);
+ *       adagrad "sum" — same shape and dtype as the parameter;
+ *   "step.<param name>" (not sgd): the parameter's update count, a 0-dim i64 tensor;
+ *   "param_groups.<g>.<hyperparameter>": each group's numeric hyperparameters as 0-dim f64
+ *       tensors ("lr", "weight_decay", "momentum", "dampening", "beta1", "beta2", "eps",
+ *       "alpha", "lr_decay", "initial_accumulator_value": those the optimizer has).
+ * Parameters that were never updated have no entries. The list and its tensors are owned by
+ * the optimizer: the state tensors are the live ones (read them, do not write), the scalar
+ * ones are snapshots; valid until the next call to nb_optim_state, nb_step,
+ * nb_optim_load_state, nb_optim_add_group or nb_optim_free. */
+const nb_params *nb_optim_state(nb_optim *opt);
+/* Replace the optimizer's state by n named tensors in the form nb_optim_state gives (same
+ * optimizer kind and flags, same parameter names and groups). Everything is checked first
+ * (NB_EINVAL for a missing or unexpected name, NB_ESHAPE / NB_EDTYPE for a mis-shaped or
+ * mistyped tensor); on error nothing changes. The tensors are copied (the caller keeps
+ * them). Parameters without entries get fresh state, as if never updated. */
+nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor *const *tensors,
+                              int n);
+
+/* ---- gradient clipping ----------------------------------------------------------------------- */
+/* Total norm of the gradients of params (as if concatenated), norm_type 2 when 0, any p > 0,
+ * or INFINITY (max |g|); accumulated in f64 in a fixed order (independent of threads).
+ * Then, if max_norm / (norm + 1e-6) < 1, every gradient is scaled by it in place (as
+ * torch.nn.utils.clip_grad_norm_). Parameters without gradients are skipped. Returns the
+ * norm before clipping (inf or nan when a gradient is), or a negative status on error.
+ * max_norm = INFINITY just measures. */
+double nb_clip_grad_norm(const nb_params *params, double max_norm, double norm_type);
+/* Clamp every gradient element to [-clip, clip] in place (clip >= 0). */
+nb_status nb_clip_grad_value(const nb_params *params, double clip);
+
+/* ---- learning-rate schedules ----------------------------------------------------------------- */
+/* Each schedule gives lr(t) from a group's base lr (its lr when the schedule was made),
+ * for t = 0, 1, 2, ... the number of nb_sched_step calls so far:
+ *   CONSTANT     base
+ *   STEP         base * gamma^floor(t / step_size)                     (StepLR; gamma 0 -> 0.1)
+ *   MULTISTEP    base * gamma^(number of milestones <= t)              (MultiStepLR; 0 -> 0.1)
+ *   EXPONENTIAL  base * gamma^t                                        (ExponentialLR)
+ *   COSINE       linear warmup base * (t + 1) / warmup_steps for t < warmup_steps, then
+ *                min_lr + (base - min_lr) * (1 + cos(pi * (t - w) / (total - w))) / 2,
+ *                min_lr from total_steps on (LinearLR(1/w) then CosineAnnealingLR(eta_min))
+ *   LINEAR       the same warmup, then min_lr + (base - min_lr) * (total - t) / (total - w),
+ *                min_lr from total_steps on (HF's linear schedule with warmup)
+ *   ONECYCLE     PyTorch's OneCycleLR (cos annealing, two phases): from max_lr / div_factor
+ *                up to max_lr over pct_start * total_steps steps, then down to
+ *                max_lr / div_factor / final_div_factor at total_steps - 1; base = max_lr
+ *                (the group's lr when max_lr is 0). Stepping past total_steps is an error.
+ *                cycle_momentum (off by default, unlike PyTorch) also anneals momentum
+ *                (beta1 for Adam) between max_momentum and base_momentum inversely.
+ * The closed forms equal PyTorch's chained (multiplicative) forms up to rounding. */
+typedef enum nb_sched_kind {
+    NB_SCHED_CONSTANT = 0,
+    NB_SCHED_STEP,
+    NB_SCHED_MULTISTEP,
+    NB_SCHED_EXPONENTIAL,
+    NB_SCHED_COSINE,
+    NB_SCHED_LINEAR,
+    NB_SCHED_ONECYCLE,
+} nb_sched_kind;
+
+typedef struct nb_sched_opts {
+    nb_sched_kind kind;
+    double gamma;               /* step, multistep (0 -> 0.1), exponential (required) */
+    int64_t step_size;          /* step (required) */
+    const int64_t *milestones;  /* multistep: increasing step counts (copied) */
+    int num_milestones;
+    int64_t warmup_steps;       /* cosine, linear (0: none) */
+    int64_t total_steps;        /* cosine, linear, onecycle (required) */
+    double min_lr;              /* cosine, linear: the final lr */
+    double max_lr;              /* onecycle: 0 -> each group's lr */
+    double pct_start;           /* onecycle: 0 -> 0.3 */
+    double div_factor;          /* onecycle: 0 -> 25 */
+    double final_div_factor;    /* onecycle: 0 -> 1e4 */
+    bool cycle_momentum;        /* onecycle */
+    double base_momentum;       /* 0 -> 0.85 */
+    double max_momentum;        /* 0 -> 0.95 */
+} nb_sched_opts;
+
+typedef struct nb_sched nb_sched;
+
+/* Make a schedule for opt's groups (add groups first) and set every group's lr to lr(0).
+ * Returns a new schedule the caller frees with nb_sched_free (before the optimizer), or
+ * NULL with NB_EINVAL for bad options. */
+nb_sched *nb_sched_new(nb_optim *opt, const nb_sched_opts *o);
+void nb_sched_free(nb_sched *s);
+/* Advance to the next step and set every group's lr (and momentum, see ONECYCLE). */
+nb_status nb_sched_step(nb_sched *s);
+/* Jump to step t (>= 0) and set the lrs, e.g. when resuming. */
+nb_status nb_sched_set_step(nb_sched *s, int64_t t);
+/* The number of nb_sched_step calls so far (PyTorch's last_epoch). */
+int64_t nb_sched_last_step(const nb_sched *s);
+/* The pure schedule: lr at step t for a group whose base lr is base_lr; NAN (and an error)
+ * for bad options or t out of range. */
+double nb_sched_lr_at(const nb_sched_opts *o, double base_lr, int64_t t);
+/* Momentum at step t when o->cycle_momentum (ONECYCLE); NAN otherwise. */
+double nb_sched_momentum_at(const nb_sched_opts *o, int64_t t);
+/* State as named tensors: "last_step" (0-dim i64) and "base_lrs" (f64, one per group).
+ * Owned by the schedule, valid until the next nb_sched_state call or nb_sched_free. */
+const nb_params *nb_sched_state(nb_sched *s);
+/* Restore that state (checked: names, shapes, group count) and set the lrs for it. */
+nb_status nb_sched_load_state(nb_sched *s, const char *const *names, nb_tensor *const *tensors,
+                              int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,116 @@
+/* checkpoint.c - training checkpoints (nabla/checkpoint.h): one safetensors file holding
+ * model, optimizer, schedule, loader position, generator positions and step. */
+#include <stdio.h>
+#include <string.h>
+
+#include "nabla/checkpoint.h"
+#include "nabla/io.h"
+#include "tensor_impl.h"
+
+/* u64 state is stored bit for bit in 0-dim I64 tensors. */
+static nb_status add_u64(nb_state_list *l, const char *name, uint64_t v) {
+    int64_t x;
+    memcpy(&x, &v, sizeof x);
+    nb_tensor *t = nb_from_buffer(&x, NULL, 0, NB_I64);
+    nb_status st = t ? nb_state_list_add(l, NULL, name, t) : nb_last_status();
+    nb_tensor_free(nb__scope_take(t));
+    return st;
+}
+
+static nb_status read_u64(nb_safetensors *f, const char *path, const char *name, uint64_t *out) {
+    nb_scope_begin();
+    nb_status st = NB_OK;
+    nb_tensor *t = nb_safetensors_find(f, name) >= 0 ? nb_safetensors_get(f, name) : NULL;
+    if (!t || t->dtype != NB_I64 || nb_numel(t) != 1)
+        st = nb__error(NB_EFORMAT, "checkpoint_load: %s has no valid \"%s\" entry", path, name);
+    else
+        memcpy(out, nb__ptr(t), sizeof *out);
+    nb_scope_end();
+    return st;
+}
+
+nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
+    if (!path || !c || !c->model)
+        return nb__error(NB_ENULL, "checkpoint_save: %s is NULL",
+                         !path ? "path" : !c ? "the checkpoint" : "the model");
+    nb_state_list l = {0};
+    nb_status st = nb_state_list_add_module(&l, "model.", c->model);
+    if (st == NB_OK && c->optim) st = nb_state_list_add_params(&l, "optim.", nb_optim_state(c->optim));
+    if (st == NB_OK && c->sched) st = nb_state_list_add_params(&l, "sched.", nb_sched_state(c->sched));
+    if (st == NB_OK && c->loader) {
+        nb_loader_state pos;
+        st = nb_loader_get_state(c->loader, &pos);
+        if (st == NB_OK) st = add_u64(&l, "loader.epoch", (uint64_t)pos.epoch);
+        if (st == NB_OK) st = add_u64(&l, "loader.batch", (uint64_t)pos.batch);
+    }
+    for (int i = 0; st == NB_OK && i < c->ngens; i++) {
+        char name[64];
+        nb_generator *g = c->gens[i];
+        snprintf(name, sizeof name, "rng.%d.seed", i);
+        st = add_u64(&l, name, nb_generator_seed(g));
+        snprintf(name, sizeof name, "rng.%d.stream", i);
+        if (st == NB_OK) st = add_u64(&l, name, nb_generator_stream(g));
+        snprintf(name, sizeof name, "rng.%d.offset", i);
+        if (st == NB_OK) st = add_u64(&l, name, nb_generator_offset(g));
+    }
+    if (st == NB_OK) st = add_u64(&l, "step", (uint64_t)c->step);
+    if (st == NB_OK) {
+        const char *keys[] = {"format", "nabla_checkpoint"}, *vals[] = {"pt", "1"};
+        st = nb_safetensors_save(path, l.names, l.tensors, l.count, keys, vals, 2);
+    }
+    nb_state_list_deinit(&l);
+    return st;
+}
+
+nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
+    if (!path || !c || !c->model)
+        return nb__error(NB_ENULL, "checkpoint_load: %s is NULL",
+                         !path ? "path" : !c ? "the checkpoint" : "the model");
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) return nb_last_status();
+    nb_status st = NB_OK;
+    if (!nb_safetensors_metadata(f, "nabla_checkpoint"))
+        st = nb__error(NB_EFORMAT, "checkpoint_load: %s is a safetensors file but not a nabla "
+                       "checkpoint (to load weights only, use nb_module_load)", path);
+    /* Read every scalar first, so a bad file changes nothing. */
+    uint64_t step = 0, epoch = 0, batch = 0;
+    uint64_t rng[64][3];
+    if (c->ngens > 64) st = nb__error(NB_EINVAL, "checkpoint_load: at most 64 generators");
+    if (st == NB_OK) st = read_u64(f, path, "step", &step);
+    if (st == NB_OK && c->loader) st = read_u64(f, path, "loader.epoch", &epoch);
+    if (st == NB_OK && c->loader) st = read_u64(f, path, "loader.batch", &batch);
+    for (int i = 0; st == NB_OK && i < c->ngens; i++) {
+        const char *part[3] = {"seed", "stream", "offset"};
+        for (int k = 0; st == NB_OK && k < 3; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "rng.%d.%s", i, part[k]);
+            st = read_u64(f, path, name, &rng[i][k]);
+        }
+    }
+    /* Optimizer and schedule state are validated by their loaders before they change
+     * anything; the model is loaded first only after both lists were read. */
+    nb_state_list ol = {0}, sl = {0};
+    if (st == NB_OK && c->optim) st = nb_state_list_add_file(&ol, f, "optim.");
+    if (st == NB_OK && c->sched) st = nb_state_list_add_file(&sl, f, "sched.");
+    if (st == NB_OK) st = nb_module_load_from(c->model, f, "model.", true);
+    if (st == NB_OK && c->optim) st = nb_optim_load_state(c->optim, ol.names, ol.tensors, ol.count);
+    if (st == NB_OK && c->sched) st = nb_sched_load_state(c->sched, sl.names, sl.tensors, sl.count);
+    if (st == NB_OK && c->loader)
+        st = nb_loader_set_state(c->loader, &(nb_loader_state){(int64_t)epoch, (int64_t)batch});
+    for (int i = 0; st == NB_OK && i < c->ngens; i++) {
+        nb_generator *g = c->gens[i];
+        if (rng[i][0] != nb_generator_seed(g)) {
+            st = nb__error(NB_EINVAL, "checkpoint_load: generator %d was seeded with %llu, the "
+                           "checkpoint's with %llu", i, (unsigned long long)nb_generator_seed(g),
+                           (unsigned long long)rng[i][0]);
+            break;
+        }
+        st = nb_generator_set_stream(g, rng[i][1]);
+        if (st == NB_OK) st = nb_generator_set_offset(g, rng[i][2]);
+    }
+    if (st == NB_OK) c->step = (int64_t)step;
+    nb_state_list_deinit(&ol);
+    nb_state_list_deinit(&sl);
+    nb_safetensors_close(f);
+    return st;
+}

@@ -1,0 +1,25 @@
+/* cnn.c - the bundled Fashion-MNIST CNN (conv 1->32 3x3 pad 1, ReLU, maxpool 2; conv 32->64
+ * 3x3 pad 1, ReLU, maxpool 2; linear 3136->128, ReLU; linear 128->10; Adam 1e-3), the recipe
+ * of the PyTorch peer W2 in shared/peers.
+ *     build/models/cnn --epochs 5 --log cnn.jsonl */
+#include "common.h"
+
+static nb_module *build(const nbm_args *a, nb_generator *g) {
+    (void)a;
+    nb_conv2d_opts c = {.padding = {1, 1}, .gen = g};
+    nb_linear_opts l = {.gen = g};
+    return nb_sequential(nb_conv2d(1, 32, 3, 3, &c), nb_relu_module(), nb_maxpool2d(2, 2, NULL),
+                         nb_conv2d(32, 64, 3, 3, &c), nb_relu_module(), nb_maxpool2d(2, 2, NULL),
+                         nb_flatten_module(0, 0), nb_linear(3136, 128, &l), nb_relu_module(),
+                         nb_linear(128, 10, &l), NULL);
+}
+
+static nb_optim *optimizer(nb_module *m, const nbm_args *a) {
+    return nb_adam(nb_parameters(m), &(nb_adam_opts){.lr = a->lr});
+}
+
+int main(int argc, char **argv) {
+    nbm_args a = {.prog = "cnn", .epochs = 1, .batch = 128, .lr = 1e-3, .seed = 0};
+    if (!nbm_parse_args(argc, argv, &a)) return 2;
+    return nbm_run_classifier(&(nbm_model){"cnn", build, optimizer}, &a);
+}

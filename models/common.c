@@ -1,0 +1,280 @@
+/* common.c - the training driver shared by the bundled Fashion-MNIST classifiers: flags,
+ * data loading, the training loop (live progress on a terminal, periodic lines otherwise,
+ * JSON lines with --log), evaluation, checkpoints (--save / --resume) and the final JSON
+ * line. Uses the public API only. */
+#include "common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(const nbm_args *a) {
+    fprintf(stderr,
+            "usage: %s [flags]\n"
+            "  --epochs N       training epochs (default %d)\n"
+            "  --batch N        global batch size (default %lld)\n"
+            "  --lr X           learning rate (default %g)\n"
+            "  --seed N         seed of initialization, shuffling, dropout (default %llu)\n"
+            "  --threads N      CPU threads (default: all cores)\n"
+            "  --data DIR       Fashion-MNIST directory (default %s)\n"
+            "  --save FILE      write a checkpoint after every epoch\n"
+            "  --resume FILE    continue from a checkpoint\n"
+            "  --log FILE       JSON lines: one per logged step and per epoch\n"
+            "  --eval-only      evaluate (the --resume checkpoint, or the initial model)\n"
+            "  --max-steps N    stop after N training steps in total\n"
+            "  --limit N        train on the first N samples only\n",
+            a->prog, a->epochs, (long long)a->batch, a->lr, (unsigned long long)a->seed,
+            NB_FASHION_MNIST_DIR);
+}
+
+static bool parse_i64(const char *flag, const char *s, int64_t min, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || errno || *end || v < min) {
+        fprintf(stderr, "%s: expects an integer >= %lld, got \"%s\"\n", flag, (long long)min,
+                s ? s : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t n;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            usage(a);
+            return false;
+        } else if (!strcmp(f, "--eval-only")) {
+            a->eval_only = true;
+            continue;
+        }
+        i++; /* every other flag takes a value */
+        if (!v) {
+            fprintf(stderr, "%s: %s needs a value (see --help)\n", a->prog, f);
+            return false;
+        }
+        if (!strcmp(f, "--epochs")) {
+            if (!parse_i64(f, v, 0, &n)) return false;
+            a->epochs = (int)n;
+        } else if (!strcmp(f, "--batch")) {
+            if (!parse_i64(f, v, 1, &a->batch)) return false;
+        } else if (!strcmp(f, "--lr")) {
+            char *end;
+            a->lr = strtod(v, &end);
+            if (*end || !(a->lr > 0)) {
+                fprintf(stderr, "--lr: expects a number > 0, got \"%s\"\n", v);
+                return false;
+            }
+        } else if (!strcmp(f, "--seed")) {
+            if (!parse_i64(f, v, 0, &n)) return false;
+            a->seed = (uint64_t)n;
+        } else if (!strcmp(f, "--threads")) {
+            if (!parse_i64(f, v, 0, &n)) return false;
+            a->threads = (int)n;
+        } else if (!strcmp(f, "--data")) {
+            a->data = v;
+        } else if (!strcmp(f, "--save")) {
+            a->save = v;
+        } else if (!strcmp(f, "--resume")) {
+            a->resume = v;
+        } else if (!strcmp(f, "--log")) {
+            a->log = v;
+        } else if (!strcmp(f, "--max-steps")) {
+            if (!parse_i64(f, v, 0, &a->max_steps)) return false;
+        } else if (!strcmp(f, "--limit")) {
+            if (!parse_i64(f, v, 0, &a->limit)) return false;
+        } else {
+            fprintf(stderr, "%s: unknown flag %s (see --help)\n", a->prog, f);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Accuracy and mean loss over a loader's epoch, in eval mode with grad mode off. */
+static nb_status evaluate(nb_module *m, nb_loader *l, double *acc, double *loss) {
+    int64_t correct = 0, total = 0;
+    double loss_sum = 0;
+    nb_module_train(m, false);
+    bool prev = nb_set_grad_enabled(false);
+    for (nb_batch b; nb_loader_next(l, &b);) {
+        nb_scope_begin();
+        nb_tensor *logits = nb_forward(m, b.x);
+        nb_tensor *ok = nb_sum(nb_eq(nb_argmax(logits, 1, false), b.y), NULL, 0, false);
+        nb_tensor *ls = nb_cross_entropy(logits, b.y,
+                                         &(nb_cross_entropy_opts){.reduction = NB_REDUCTION_SUM});
+        if (ok && ls) {
+            correct += nb_item_i64(ok);
+            loss_sum += nb_item_f64(ls);
+            total += b.n;
+        }
+        nb_scope_end();
+        if (!ok || !ls) break;
+    }
+    nb_set_grad_enabled(prev);
+    nb_module_train(m, true);
+    if (nb_loader_error(l) != NB_OK || total == 0) return nb_last_status() ? nb_last_status() : NB_EINVAL;
+    *acc = (double)correct / (double)total;
+    *loss = loss_sum / (double)total;
+    return NB_OK;
+}
+
+static void fmt_eta(double s, char *buf, size_t n) {
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+}
+
+#define FAIL(...)                                                                    \
+    do {                                                                             \
+        fprintf(stderr, "%s: ", a->prog);                                            \
+        fprintf(stderr, __VA_ARGS__);                                                \
+        fprintf(stderr, "\n");                                                       \
+        goto done;                                                                   \
+    } while (0)
+
+int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
+    int rc = 1;
+    double t_start = now_s();
+    nb_set_num_threads(a->threads);
+    nb_generator *init = nb_generator_new(a->seed);
+    nb_dataset *train_ds = NULL, *test_ds = NULL;
+    nb_loader *train_l = NULL, *test_l = NULL;
+    nb_module *model = NULL;
+    nb_optim *opt = NULL;
+    FILE *log = NULL;
+
+    train_ds = nb_fashion_mnist(a->data, true, &(nb_mnist_opts){.limit = a->limit});
+    test_ds = train_ds ? nb_fashion_mnist(a->data, false, NULL) : NULL;
+    if (!test_ds) FAIL("%s (install the Debian package dataset-fashion-mnist, or pass --data DIR)",
+                       nb_last_error());
+    train_l = nb_loader_new(train_ds, &(nb_loader_opts){.batch_size = a->batch, .shuffle = true,
+                                                        .seed = a->seed, .drop_last = true,
+                                                        .prefetch = 2});
+    test_l = nb_loader_new(test_ds, &(nb_loader_opts){.batch_size = 1000});
+    if (!train_l || !test_l) FAIL("%s", nb_last_error());
+    model = spec->build(a, init);
+    opt = model ? spec->optimizer(model, a) : NULL;
+    if (!opt) FAIL("%s", nb_last_error());
+    if (a->log && !(log = fopen(a->log, "w"))) FAIL("cannot open --log %s: %s", a->log, strerror(errno));
+
+    nb_checkpoint ck = {.model = model, .optim = opt, .loader = train_l};
+    int64_t step = 0;
+    if (a->resume) {
+        if (nb_checkpoint_load(a->resume, &ck) != NB_OK) FAIL("%s", nb_last_error());
+        step = ck.step;
+        printf("resumed from %s at step %lld\n", a->resume, (long long)step);
+    }
+    const int64_t per_epoch = nb_loader_num_batches(train_l);
+    const bool tty = isatty(STDOUT_FILENO);
+    double acc = NAN, test_loss = NAN, train_loss = NAN, train_time = 0;
+    int64_t samples = 0, steady_allocs = -1;
+    nb_alloc_stats st0 = {0};
+
+    if (!a->eval_only) {
+        printf("%s: %lld parameters, %lld steps per epoch, batch %lld, %d threads, gemm %s\n",
+               spec->name, (long long)nb_num_parameters(model), (long long)per_epoch,
+               (long long)a->batch, nb_get_num_threads(),
+               nb_gemm_provider_name(nb_gemm_provider_current()));
+        int64_t total_steps = per_epoch * a->epochs;
+        if (a->max_steps && a->max_steps < total_steps) total_steps = a->max_steps;
+        double last_print = 0;
+        while (step < total_steps) {
+            nb_loader_state pos;
+            nb_loader_get_state(train_l, &pos);
+            int64_t epoch = pos.epoch;
+            double loss_sum = 0, t_epoch = now_s();
+            int64_t n_loss = 0;
+            for (nb_batch b; step < total_steps && nb_loader_next(train_l, &b);) {
+                double t0 = now_s();
+                nb_scope_begin();
+                nb_tensor *loss = nb_cross_entropy(nb_forward(model, b.x), b.y, NULL);
+                nb_status s = loss ? nb_zero_grad(opt) : nb_last_status();
+                if (s == NB_OK) s = nb_backward(loss);
+                if (s == NB_OK) s = nb_step(opt);
+                double lv = s == NB_OK ? nb_item_f64(loss) : NAN;
+                nb_scope_end();
+                if (s != NB_OK) FAIL("step %lld: %s", (long long)step, nb_last_error());
+                double dt = now_s() - t0;
+                step++;
+                if (step == 10) nb_alloc_get_stats(&st0); /* steady state from here */
+                train_time += dt, samples += b.n, loss_sum += lv, n_loss++;
+                double sps = samples / train_time;
+                double eta = (double)(total_steps - step) * b.n / sps;
+                if (log && (step % 10 == 0 || step == total_steps))
+                    fprintf(log, "{\"type\": \"step\", \"step\": %lld, \"epoch\": %lld, "
+                            "\"loss\": %.6f, \"lr\": %g, \"samples_per_s\": %.1f}\n",
+                            (long long)step, (long long)epoch, lv, nb_optim_get_lr(opt, 0), sps);
+                double t = now_s();
+                if (tty && (t - last_print > 0.2 || step == total_steps)) {
+                    char e[32];
+                    fmt_eta(eta, e, sizeof e);
+                    printf("\repoch %lld/%d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s   ",
+                           (long long)epoch + 1, a->epochs, (long long)(b.index + 1),
+                           (long long)per_epoch, loss_sum / n_loss, sps, e);
+                    fflush(stdout);
+                    last_print = t;
+                } else if (!tty && (b.index + 1) % (per_epoch / 4 > 0 ? per_epoch / 4 : 1) == 0) {
+                    char e[32];
+                    fmt_eta(eta, e, sizeof e);
+                    printf("epoch %lld/%d step %lld/%lld loss %.4f samples/s %.0f ETA %s\n",
+                           (long long)epoch + 1, a->epochs, (long long)(b.index + 1),
+                           (long long)per_epoch, loss_sum / n_loss, sps, e);
+                }
+            }
+            if (nb_loader_error(train_l) != NB_OK) FAIL("%s", nb_last_error());
+            train_loss = n_loss ? loss_sum / n_loss : NAN;
+            if (evaluate(model, test_l, &acc, &test_loss) != NB_OK) FAIL("evaluation: %s", nb_last_error());
+            if (tty) printf("\n");
+            printf("epoch %lld: train loss %.4f  test loss %.4f  test accuracy %.4f  (%.1f s)\n",
+                   (long long)epoch + 1, train_loss, test_loss, acc, now_s() - t_epoch);
+            nb_alloc_stats st;
+            nb_alloc_get_stats(&st);
+            if (step >= 10) steady_allocs = st.system_allocs - st0.system_allocs;
+            if (log)
+                fprintf(log, "{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, "
+                        "\"train_loss\": %.6f, \"test_loss\": %.6f, \"test_accuracy\": %.6f, "
+                        "\"samples_per_s\": %.1f, \"system_allocs\": %lld, "
+                        "\"steady_system_allocs\": %lld, \"bytes_peak\": %lld}\n",
+                        (long long)epoch + 1, (long long)step, train_loss, test_loss, acc,
+                        samples / train_time, (long long)st.system_allocs,
+                        (long long)steady_allocs, (long long)st.bytes_peak);
+            if (log) fflush(log);
+            if (a->save) {
+                ck.step = step;
+                if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+            }
+        }
+    }
+    if (isnan(acc) && evaluate(model, test_l, &acc, &test_loss) != NB_OK)
+        FAIL("evaluation: %s", nb_last_error());
+    printf("{\"model\": \"%s\", \"test_accuracy\": %.4f, \"test_loss\": %.4f, \"train_loss\": %.4f, "
+           "\"samples_per_s\": %.1f, \"steps\": %lld, \"wall_s\": %.2f, \"threads\": %d, "
+           "\"steady_system_allocs\": %lld}\n",
+           spec->name, acc, test_loss, train_loss, train_time > 0 ? samples / train_time : 0.0,
+           (long long)step, now_s() - t_start, nb_get_num_threads(), (long long)steady_allocs);
+    rc = 0;
+done:
+    if (log) fclose(log);
+    nb_optim_free(opt);
+    nb_module_free(model);
+    nb_loader_free(train_l);
+    nb_loader_free(test_l);
+    nb_dataset_free(train_ds);
+    nb_dataset_free(test_ds);
+    nb_generator_free(init);
+    return rc;
+}

@@ -1,0 +1,22 @@
+/* mlp.c - the bundled Fashion-MNIST MLP (784-1024-1024-10, ReLU; SGD momentum 0.9), the
+ * recipe of the PyTorch peer W1 in shared/peers. `make train` runs it.
+ *     build/models/mlp --epochs 10 --log mlp.jsonl --save mlp.ckpt */
+#include "common.h"
+
+static nb_module *build(const nbm_args *a, nb_generator *g) {
+    (void)a;
+    nb_linear_opts o = {.gen = g};
+    return nb_sequential(nb_flatten_module(0, 0), nb_linear(784, 1024, &o), nb_relu_module(),
+                         nb_linear(1024, 1024, &o), nb_relu_module(), nb_linear(1024, 10, &o),
+                         NULL);
+}
+
+static nb_optim *optimizer(nb_module *m, const nbm_args *a) {
+    return nb_sgd(nb_parameters(m), &(nb_sgd_opts){.lr = a->lr, .momentum = 0.9});
+}
+
+int main(int argc, char **argv) {
+    nbm_args a = {.prog = "mlp", .epochs = 1, .batch = 256, .lr = 0.05, .seed = 0};
+    if (!nbm_parse_args(argc, argv, &a)) return 2;
+    return nbm_run_classifier(&(nbm_model){"mlp", build, optimizer}, &a);
+}

@@ -1,0 +1,61 @@
+/* optim/adagrad.c - Adagrad as torch.optim.Adagrad: sum += g^2, p -= clr * g / (sqrt(sum)
+ * + eps) with clr = lr / (1 + (step - 1) * lr_decay); the sum starts at
+ * initial_accumulator_value. */
+#include "optim_kernels.h"
+#include "optim_impl.h"
+
+static bool ada_slot_used(const nb__hyper *h, int slot) {
+    (void)h;
+    return slot == 0;
+}
+
+static double ada_slot_init(const nb__hyper *h, int slot) {
+    (void)slot;
+    return h->v[NB__H_INIT_ACC];
+}
+
+static nb_status ada_check(const nb__hyper *h, const char *who) {
+    static const int keys[] = {NB__H_LR, NB__H_LR_DECAY, NB__H_WEIGHT_DECAY, NB__H_INIT_ACC,
+                               NB__H_EPS};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        nb_status st = nb__check_nonneg(h->v[keys[i]], who, nb__hyper_names[keys[i]]);
+        if (st != NB_OK) return st;
+    }
+    return NB_OK;
+}
+
+static void ada_update(const nb__hyper *h, nb__oparam *p, void *param, const void *grad,
+                       int64_t n, nb_dtype dt, unsigned fresh) {
+    (void)fresh;
+    nb__adagrad_kargs a = {
+        .clr = h->v[NB__H_LR] / (1 + (double)(p->step - 1) * h->v[NB__H_LR_DECAY]),
+        .eps = h->v[NB__H_EPS], .weight_decay = h->v[NB__H_WEIGHT_DECAY],
+        .maximize = h->maximize,
+    };
+    nb__cpu_adagrad(dt, param, grad, nb__ptr(p->slot[0]), n, &a);
+}
+
+const nb__optim_kind nb__kind_adagrad = {
+    .name = "adagrad",
+    .hypers = 1u << NB__H_LR | 1u << NB__H_WEIGHT_DECAY | 1u << NB__H_LR_DECAY |
+              1u << NB__H_INIT_ACC | 1u << NB__H_EPS,
+    .has_step = true,
+    .nslots = 1,
+    .slot_names = {"sum"},
+    .slot_used = ada_slot_used,
+    .slot_init = ada_slot_init,
+    .check = ada_check,
+    .update = ada_update,
+};
+
+nb_optim *nb_adagrad(const nb_params *params, const nb_adagrad_opts *o) {
+    nb_adagrad_opts z = {0};
+    if (!o) o = &z;
+    nb__hyper h = {.maximize = o->maximize};
+    h.v[NB__H_LR] = nb__opt_or(o->lr, 1e-2);
+    h.v[NB__H_LR_DECAY] = nb__opt_or(o->lr_decay, 0);
+    h.v[NB__H_WEIGHT_DECAY] = nb__opt_or(o->weight_decay, 0);
+    h.v[NB__H_INIT_ACC] = nb__opt_or(o->initial_accumulator_value, 0);
+    h.v[NB__H_EPS] = nb__opt_or(o->eps, 1e-10);
+    return nb__optim_new(&nb__kind_adagrad, &h, params);
+}

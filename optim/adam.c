@@ -1,0 +1,91 @@
+/* optim/adam.c - Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight
+ * decay, p *= 1 - lr * weight_decay), with optional AMSGrad, as torch.optim.Adam/AdamW:
+ * bias corrections 1 - beta^t computed in double per step, eps added outside the square
+ * root: p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). */
+#include <math.h>
+
+#include "optim_kernels.h"
+#include "optim_impl.h"
+
+static bool adam_slot_used(const nb__hyper *h, int slot) { return slot < 2 || h->amsgrad; }
+
+static double adam_slot_init(const nb__hyper *h, int slot) {
+    (void)h, (void)slot;
+    return 0;
+}
+
+static nb_status adam_check(const nb__hyper *h, const char *who) {
+    nb_status st;
+    if ((st = nb__check_nonneg(h->v[NB__H_LR], who, "lr")) != NB_OK) return st;
+    if ((st = nb__check_nonneg(h->v[NB__H_EPS], who, "eps")) != NB_OK) return st;
+    for (int i = 0; i < 2; i++) {
+        double b = h->v[NB__H_BETA1 + i];
+        if (!(b >= 0 && b < 1))
+            return nb__error(NB_EINVAL, "%s: betas[%d] must be in [0, 1), got %g", who, i, b);
+    }
+    return nb__check_nonneg(h->v[NB__H_WEIGHT_DECAY], who, "weight_decay");
+}
+
+static void adam_update(const nb__hyper *h, nb__oparam *p, void *param, const void *grad,
+                        int64_t n, nb_dtype dt, unsigned fresh) {
+    (void)fresh;
+    double b1 = h->v[NB__H_BETA1], b2 = h->v[NB__H_BETA2], t = (double)p->step;
+    double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
+    nb__adam_kargs a = {
+        .lr = h->v[NB__H_LR], .beta1 = b1, .beta2 = b2, .eps = h->v[NB__H_EPS],
+        .weight_decay = h->v[NB__H_WEIGHT_DECAY], .step_size = h->v[NB__H_LR] / bc1,
+        .bc2_sqrt = sqrt(bc2), .decoupled = h->decoupled, .maximize = h->maximize,
+    };
+    nb__cpu_adam(dt, param, grad, nb__ptr(p->slot[0]), nb__ptr(p->slot[1]),
+                 h->amsgrad ? nb__ptr(p->slot[2]) : NULL, n, &a);
+}
+
+#define ADAM_HYPERS                                                                         \
+    (1u << NB__H_LR | 1u << NB__H_WEIGHT_DECAY | 1u << NB__H_BETA1 | 1u << NB__H_BETA2 |    \
+     1u << NB__H_EPS)
+
+const nb__optim_kind nb__kind_adam = {
+    .name = "adam",
+    .hypers = ADAM_HYPERS,
+    .has_step = true,
+    .nslots = 3,
+    .slot_names = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+    .slot_used = adam_slot_used,
+    .slot_init = adam_slot_init,
+    .check = adam_check,
+    .update = adam_update,
+};
+
+const nb__optim_kind nb__kind_adamw = {
+    .name = "adamw",
+    .hypers = ADAM_HYPERS,
+    .has_step = true,
+    .nslots = 3,
+    .slot_names = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+    .slot_used = adam_slot_used,
+    .slot_init = adam_slot_init,
+    .check = adam_check,
+    .update = adam_update,
+};
+
+static nb_optim *make(const nb__optim_kind *kind, const nb_params *params,
+                      const nb_adam_opts *o, double wd_default) {
+    nb_adam_opts z = {0};
+    if (!o) o = &z;
+    nb__hyper h = {.amsgrad = o->amsgrad, .maximize = o->maximize,
+                   .decoupled = kind == &nb__kind_adamw};
+    h.v[NB__H_LR] = nb__opt_or(o->lr, 1e-3);
+    h.v[NB__H_BETA1] = nb__opt_or(o->betas[0], 0.9);
+    h.v[NB__H_BETA2] = nb__opt_or(o->betas[1], 0.999);
+    h.v[NB__H_EPS] = nb__opt_or(o->eps, 1e-8);
+    h.v[NB__H_WEIGHT_DECAY] = nb__opt_or(o->weight_decay, wd_default);
+    return nb__optim_new(kind, &h, params);
+}
+
+nb_optim *nb_adam(const nb_params *params, const nb_adam_opts *o) {
+    return make(&nb__kind_adam, params, o, 0);
+}
+
+nb_optim *nb_adamw(const nb_params *params, const nb_adamw_opts *o) {
+    return make(&nb__kind_adamw, params, o, 1e-2);
+}

@@ -1,0 +1,100 @@
+/* optim_impl.h - private: the optimizer object shared by the optim/ sources. An optimizer
+ * is a kind (the algorithm: its name, hyperparameters, state slots and update function),
+ * the groups' resolved hyperparameters, and per parameter its retained tensor, name, group,
+ * update count and state tensors. Not installed. */
+#ifndef NABLA_OPTIM_IMPL_H
+#define NABLA_OPTIM_IMPL_H
+
+#include "nabla/optim.h"
+#include "tensor_impl.h"
+
+#define NB__OPT_SLOTS 3 /* most state tensors per parameter (Adam with amsgrad, RMSprop) */
+
+/* Numeric hyperparameters, in a fixed order: their names in the state dict come from
+ * nb__hyper_names and the kind's mask says which ones it has. */
+enum {
+    NB__H_LR,
+    NB__H_WEIGHT_DECAY,
+    NB__H_MOMENTUM,
+    NB__H_DAMPENING,
+    NB__H_BETA1,
+    NB__H_BETA2,
+    NB__H_EPS,
+    NB__H_ALPHA,
+    NB__H_LR_DECAY,
+    NB__H_INIT_ACC,
+    NB__H_COUNT
+};
+extern const char *const nb__hyper_names[NB__H_COUNT];
+
+typedef struct nb__hyper {
+    double v[NB__H_COUNT];
+    bool nesterov, amsgrad, centered, maximize, decoupled;
+} nb__hyper;
+
+typedef struct nb__oparam {
+    nb_tensor *t;      /* retained */
+    char *name;        /* owned copy */
+    int group;
+    bool has_state;    /* updated at least once, or state loaded */
+    int64_t step;      /* updates so far (kinds with a step count) */
+    nb_tensor *slot[NB__OPT_SLOTS]; /* owned; NULL where unused or not yet allocated */
+} nb__oparam;
+
+typedef struct nb__optim_kind {
+    const char *name;
+    unsigned hypers;   /* bit NB__H_x set: the kind has that hyperparameter */
+    bool has_step;
+    int nslots;
+    const char *slot_names[NB__OPT_SLOTS];
+    /* Whether the slot is in use under these hyperparameters. */
+    bool (*slot_used)(const nb__hyper *h, int slot);
+    /* Value a fresh slot starts with; NAN: the update initializes it (SGD's buffer). */
+    double (*slot_init)(const nb__hyper *h, int slot);
+    /* PyTorch's argument checks; `who` names the call in the message. */
+    nb_status (*check)(const nb__hyper *h, const char *who);
+    /* Update one parameter (contiguous, dtype f32/f64, step already incremented). fresh has
+     * bit k set when slot k was allocated for this update. */
+    void (*update)(const nb__hyper *h, nb__oparam *p, void *param, const void *grad,
+                   int64_t n, nb_dtype dt, unsigned fresh);
+} nb__optim_kind;
+
+struct nb_optim {
+    const nb__optim_kind *kind;
+    nb__hyper defaults;        /* what the constructor resolved */
+    nb__hyper *groups;
+    int ngroups, cap_groups;
+    nb__oparam *params;
+    int nparams, cap_params;
+    nb_params plist;           /* nb_optim_params: arrays owned, names borrowed from params */
+    bool plist_ok;
+    nb_params slist;           /* the last nb_optim_state: arrays and names owned */
+    nb_tensor **sown;          /* scalar tensors of slist, owned */
+    int nsown;
+    struct nb__step_work *work; /* nb_step's per-parameter scratch, kept between steps */
+    int work_cap;
+};
+
+extern const nb__optim_kind nb__kind_sgd, nb__kind_adam, nb__kind_adamw, nb__kind_rmsprop,
+    nb__kind_adagrad;
+
+/* Resolve an option: 0 (positive zero) -> def, NB_OPT_ZERO -> 0, else the value. */
+static inline double nb__opt_or(double v, double def) {
+    return v == 0 ? (__builtin_signbit(v) ? 0.0 : def) : v;
+}
+
+/* Make an optimizer of kind with the first group's params (checks h with kind->check). */
+nb_optim *nb__optim_new(const nb__optim_kind *kind, const nb__hyper *h, const nb_params *params);
+/* Set a group's momentum (sgd, rmsprop) or beta1 (adam, adamw); for one-cycle schedules.
+ * NB_EUNSUPPORTED for kinds without either. */
+nb_status nb__optim_set_momentum(nb_optim *opt, int group, double m);
+bool nb__optim_has_momentum(const nb_optim *opt);
+/* Free the state list of nb_optim_state (optim/state.c). */
+void nb__optim_state_clear(nb_optim *opt);
+/* Release one parameter's state tensors and forget its step count. */
+void nb__oparam_reset(nb__oparam *p);
+
+/* Shared checks for the kinds' check functions. */
+nb_status nb__check_nonneg(double v, const char *who, const char *what);
+
+#endif

@@ -1,0 +1,65 @@
+/* optim/rmsprop.c - RMSprop as torch.optim.RMSprop: square_avg = alpha * square_avg +
+ * (1 - alpha) * g^2; centered subtracts the squared running mean of g; eps is added after
+ * the square root; momentum accumulates g / avg in a buffer that starts at zero. */
+#include "optim_kernels.h"
+#include "optim_impl.h"
+
+enum { SQ, BUF, GAVG };
+
+static bool rms_slot_used(const nb__hyper *h, int slot) {
+    return slot == SQ || (slot == BUF && h->v[NB__H_MOMENTUM] > 0) ||
+           (slot == GAVG && h->centered);
+}
+
+static double rms_slot_init(const nb__hyper *h, int slot) {
+    (void)h, (void)slot;
+    return 0;
+}
+
+static nb_status rms_check(const nb__hyper *h, const char *who) {
+    static const int keys[] = {NB__H_LR, NB__H_EPS, NB__H_MOMENTUM, NB__H_WEIGHT_DECAY,
+                               NB__H_ALPHA};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        nb_status st = nb__check_nonneg(h->v[keys[i]], who, nb__hyper_names[keys[i]]);
+        if (st != NB_OK) return st;
+    }
+    return NB_OK;
+}
+
+static void rms_update(const nb__hyper *h, nb__oparam *p, void *param, const void *grad,
+                       int64_t n, nb_dtype dt, unsigned fresh) {
+    (void)fresh;
+    nb__rmsprop_kargs a = {
+        .lr = h->v[NB__H_LR], .alpha = h->v[NB__H_ALPHA], .eps = h->v[NB__H_EPS],
+        .weight_decay = h->v[NB__H_WEIGHT_DECAY], .momentum = h->v[NB__H_MOMENTUM],
+        .maximize = h->maximize,
+    };
+    nb__cpu_rmsprop(dt, param, grad, nb__ptr(p->slot[SQ]),
+                    a.momentum > 0 ? nb__ptr(p->slot[BUF]) : NULL,
+                    h->centered ? nb__ptr(p->slot[GAVG]) : NULL, n, &a);
+}
+
+const nb__optim_kind nb__kind_rmsprop = {
+    .name = "rmsprop",
+    .hypers = 1u << NB__H_LR | 1u << NB__H_WEIGHT_DECAY | 1u << NB__H_MOMENTUM |
+              1u << NB__H_ALPHA | 1u << NB__H_EPS,
+    .has_step = true,
+    .nslots = 3,
+    .slot_names = {"square_avg", "momentum_buffer", "grad_avg"},
+    .slot_used = rms_slot_used,
+    .slot_init = rms_slot_init,
+    .check = rms_check,
+    .update = rms_update,
+};
+
+nb_optim *nb_rmsprop(const nb_params *params, const nb_rmsprop_opts *o) {
+    nb_rmsprop_opts z = {0};
+    if (!o) o = &z;
+    nb__hyper h = {.centered = o->centered, .maximize = o->maximize};
+    h.v[NB__H_LR] = nb__opt_or(o->lr, 1e-2);
+    h.v[NB__H_ALPHA] = nb__opt_or(o->alpha, 0.99);
+    h.v[NB__H_EPS] = nb__opt_or(o->eps, 1e-8);
+    h.v[NB__H_WEIGHT_DECAY] = nb__opt_or(o->weight_decay, 0);
+    h.v[NB__H_MOMENTUM] = nb__opt_or(o->momentum, 0);
+    return nb__optim_new(&nb__kind_rmsprop, &h, params);
+}

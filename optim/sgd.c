@@ -1,0 +1,68 @@
+/* optim/sgd.c - stochastic gradient descent with momentum, dampening, Nesterov momentum and
+ * L2 weight decay, as torch.optim.SGD: the momentum buffer starts as the first step's
+ * gradient (no dampening on that step), then buf = momentum * buf + (1 - dampening) * d. */
+#include <math.h>
+
+#include "optim_kernels.h"
+#include "optim_impl.h"
+
+static bool sgd_slot_used(const nb__hyper *h, int slot) {
+    (void)slot;
+    return h->v[NB__H_MOMENTUM] != 0;
+}
+
+static double sgd_slot_init(const nb__hyper *h, int slot) {
+    (void)h, (void)slot;
+    return NAN; /* the kernel copies the first gradient into the buffer */
+}
+
+static nb_status sgd_check(const nb__hyper *h, const char *who) {
+    nb_status st;
+    if ((st = nb__check_nonneg(h->v[NB__H_LR], who, "lr")) != NB_OK) return st;
+    if ((st = nb__check_nonneg(h->v[NB__H_MOMENTUM], who, "momentum")) != NB_OK) return st;
+    if ((st = nb__check_nonneg(h->v[NB__H_WEIGHT_DECAY], who, "weight_decay")) != NB_OK)
+        return st;
+    if (h->nesterov && (h->v[NB__H_MOMENTUM] <= 0 || h->v[NB__H_DAMPENING] != 0))
+        return nb__error(NB_EINVAL, "%s: nesterov momentum requires a momentum > 0 and zero "
+                         "dampening (momentum %g, dampening %g)", who, h->v[NB__H_MOMENTUM],
+                         h->v[NB__H_DAMPENING]);
+    return NB_OK;
+}
+
+static void sgd_update(const nb__hyper *h, nb__oparam *p, void *param, const void *grad,
+                       int64_t n, nb_dtype dt, unsigned fresh) {
+    nb__sgd_kargs a = {
+        .lr = h->v[NB__H_LR], .momentum = h->v[NB__H_MOMENTUM],
+        .dampening = h->v[NB__H_DAMPENING], .weight_decay = h->v[NB__H_WEIGHT_DECAY],
+        .nesterov = h->nesterov, .maximize = h->maximize, .init_buf = fresh & 1u,
+    };
+    void *buf = a.momentum != 0 ? nb__ptr(p->slot[0]) : NULL;
+    nb__cpu_sgd(dt, param, grad, buf, n, &a);
+}
+
+const nb__optim_kind nb__kind_sgd = {
+    .name = "sgd",
+    .hypers = 1u << NB__H_LR | 1u << NB__H_WEIGHT_DECAY | 1u << NB__H_MOMENTUM |
+              1u << NB__H_DAMPENING,
+    .has_step = false,
+    .nslots = 1,
+    .slot_names = {"momentum_buffer"},
+    .slot_used = sgd_slot_used,
+    .slot_init = sgd_slot_init,
+    .check = sgd_check,
+    .update = sgd_update,
+};
+
+nb_optim *nb_sgd(const nb_params *params, const nb_sgd_opts *o) {
+    if (!o || !(o->lr > 0)) {
+        nb__error(NB_EINVAL, "sgd: lr must be > 0%s (SGD has no default learning rate)",
+                  o ? "" : ", and opts were NULL");
+        return NULL;
+    }
+    nb__hyper h = {.nesterov = o->nesterov, .maximize = o->maximize};
+    h.v[NB__H_LR] = o->lr;
+    h.v[NB__H_MOMENTUM] = nb__opt_or(o->momentum, 0);
+    h.v[NB__H_DAMPENING] = nb__opt_or(o->dampening, 0);
+    h.v[NB__H_WEIGHT_DECAY] = nb__opt_or(o->weight_decay, 0);
+    return nb__optim_new(&nb__kind_sgd, &h, params);
+}
