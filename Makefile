@@ -28,7 +28,7 @@ build-asan: $(ASAN_BUILD)/build.ninja
 	$(NINJA) -C $(ASAN_BUILD)
 
 train: build
-	./$(BUILD)/models/demo
+	./$(BUILD)/models/mlp --epochs 5
 
 # The release suite runs with the default provider (oneDNN when built in), the sanitizer
 # suite with OpenBLAS, so both GEMM providers are exercised on every run.

@@ -16,6 +16,7 @@
  * Determinism (DESIGN.md rule 5): rows are split over threads, but each row's sums run in
  * a fixed order, and sums over positions go through nb__cpu_loss_sum, whose order depends
  * only on the count. */
+#include "fastmath.h"
 #include "loss.h"
 
 #include <math.h>
@@ -25,33 +26,7 @@
 #define COLW 64   /* positions per column block of the D > 1 path       */
 #define SUMB 256  /* most partial sums nb__cpu_loss_sum and the BCE use */
 
-/* ---- vectorizable f32 exp -------------------------------------------------------------------
- * exp(x) = 2^k exp(r) with k = round(x log2 e) and |r| <= ln2 / 2, exp(r) by its Taylor
- * polynomial of degree 7 (truncation error ~5e-9 relative, below f32 rounding). Branch
- * free so the row loops vectorize (libm's expf does not); 2^k is applied as two factors so
- * that results near the subnormal range and near FLT_MAX come out right. Clamping gives
- * exp(-inf) = 0 and exp(+inf) = inf; NaN is passed through. */
-static inline float ce_expf(float x) {
-    float xc = x > -104.0f ? x : -104.0f; /* NaN becomes -104 here and is restored below */
-    xc = xc < 89.0f ? xc : 89.0f;
-    float k = xc * 1.44269504088896341f + 12582912.0f; /* round to nearest via 1.5 * 2^23 */
-    k -= 12582912.0f;
-    float r = xc - k * 0.693359375f; /* ln 2 split in two: the high part is exact in f32 */
-    r = r + k * 2.12194440e-4f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t ki = (int32_t)k, k1 = ki / 2, k2 = ki - k1;
-    union { uint32_t u; float f; } s1 = {.u = (uint32_t)(k1 + 127) << 23},
-                                   s2 = {.u = (uint32_t)(k2 + 127) << 23};
-    float y = p * s1.f * s2.f;
-    return x != x ? x : y;
-}
+/* exp is nb__fast_expf (cpu/fastmath.h). */
 
 static inline double ce_exp(double x) { return exp(x); }
 
@@ -133,7 +108,7 @@ NB__OUTLINE static double rmax_sum_f64(const double *restrict b, int64_t n, doub
 NB__OUTLINE static double rsumexp_f32(const float *restrict b, int64_t n, float m) {
     double s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += (double)ce_expf(b[i] - m);
+    for (int64_t i = 0; i < n; i++) s += (double)nb__fast_expf(b[i] - m);
     return s;
 }
 NB__OUTLINE static double rsumexp_f64(const double *restrict b, int64_t n, double m) {
@@ -145,7 +120,7 @@ NB__OUTLINE static double rsumexp_f64(const double *restrict b, int64_t n, doubl
 NB__OUTLINE static void rgrad_f32(const float *restrict b, float *restrict o, int64_t n, float l,
                       float off, float sc) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) o[i] = (ce_expf(b[i] - l) - off) * sc;
+    for (int64_t i = 0; i < n; i++) o[i] = (nb__fast_expf(b[i] - l) - off) * sc;
 }
 NB__OUTLINE static void rgrad_f64(const double *restrict b, double *restrict o, int64_t n, double l,
                       double off, double sc) {
@@ -283,7 +258,7 @@ int64_t nb__cpu_cls_check_targets(const nb__cls_args *a, int64_t *bad) {
         }                                                                                  \
     }
 
-NB__CE_KERNELS(float, f32, ce_expf)
+NB__CE_KERNELS(float, f32, nb__fast_expf)
 NB__CE_KERNELS(double, f64, ce_exp)
 #undef NB__CE_KERNELS
 

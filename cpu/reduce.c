@@ -18,6 +18,7 @@
  * Compute types: f32/f16/bf16 are computed in f32, sums (also of exps) as short f32 partial
  * sums of at most 16 terms added in f64 (see f32_fsum), squared deviations in f64; f64 in
  * f64; integers and bool in int64 (sums wrap in two's complement as PyTorch's do). */
+#include "fastmath.h"
 #include "reduce.h"
 
 #include <float.h>
@@ -39,43 +40,7 @@ static ctype ctype_of(nb_dtype dt) {
     }
 }
 
-/* ---- fast exp ------------------------------------------------------------------------------
- * exp(x) = 2^n * exp(r), n = round(x / ln 2), |r| <= ln2 / 2. A degree-7 Taylor polynomial
- * is accurate to ~1e-8 relative there, below f32 rounding. 2^n is applied as two factors
- * so that results down in the subnormal range and up to FLT_MAX come out right; branch-free
- * so that the softmax / logsumexp loops vectorize (libm's expf does not). */
-/* a * b + c, fused where the target has FMA (fewer instructions in the exp loops; ISO C
- * mode does not contract on its own). Either way fixed per build, so still deterministic. */
-#ifdef __FMA__
-#define MADD(a, b, c) fmaf((a), (b), (c))
-#else
-#define MADD(a, b, c) ((a) * (b) + (c))
-#endif
-
-static inline float fexp(float x) {
-    /* Clamping alone gives the ends: exp(-104) rounds to 0 and exp(89) overflows to inf.
-     * A NaN is clamped to -104 here (no NaN reaches the float-to-int conversion) and put
-     * back at the end. */
-    float xc = x > -104.0f ? x : -104.0f;
-    xc = xc < 89.0f ? xc : 89.0f;
-    float fn = MADD(xc, 1.44269504088896341f, 12582912.0f); /* round via 1.5 * 2^23 */
-    fn -= 12582912.0f;
-    float r = MADD(fn, -0.693359375f, xc); /* ln2 split: exact high part */
-    r = MADD(fn, 2.12194440e-4f, r);
-    float p = 1.0f / 5040.0f;
-    p = MADD(p, r, 1.0f / 720.0f);
-    p = MADD(p, r, 1.0f / 120.0f);
-    p = MADD(p, r, 1.0f / 24.0f);
-    p = MADD(p, r, 1.0f / 6.0f);
-    p = MADD(p, r, 0.5f);
-    p = MADD(p, r, 1.0f);
-    p = MADD(p, r, 1.0f);
-    int32_t n = (int32_t)fn, n1 = n / 2, n2 = n - n1;
-    union { uint32_t u; float f; } s1 = {.u = (uint32_t)(n1 + 127) << 23},
-                                   s2 = {.u = (uint32_t)(n2 + 127) << 23};
-    float y = p * s1.f * s2.f;
-    return x != x ? x : y;
-}
+/* exp is nb__fast_expf (cpu/fastmath.h). */
 
 /* ---- loading blocks in the compute type ------------------------------------------------------
  * p: first element, st: stride in elements. Returns p itself when it is already a dense
@@ -202,25 +167,23 @@ static double f64_sumexp(const double *x, int64_t n, double shift) {
 }
 
 /* ---- fast f32 sums ---------------------------------------------------------------------------
- * Converting every f32 to f64 before adding (f32_sum above) costs more instructions per
- * cache line than a read-only stream can afford: the loop keeps too few loads in flight and
- * reached ~0.55 of memcpy bandwidth. f32_fsum instead sums sub-blocks of SB elements in f32
- * with 64 independent lanes (each adds SB/64 = 4 elements, then a fixed tree folds the lanes
- * to 16) and adds each sub-block's 16 lane sums into 16 f64 lanes. Every f32 rounding thus
- * happens inside a sum of at most 16 elements; the long accumulation stays in f64, so the
- * error on 16M uniform values stays ~1e-10 relative to an f64 reference. The order depends
- * only on n. An f32 lane can overflow where the f64 sum would not (values near FLT_MAX), and
- * an overflowed or NaN lane makes the f64 total non-finite: then the block is summed again
- * the exact way, so inf / NaN results (and the overflow-free finite ones) are those of f32_sum.
- *
- * GCC / clang vector extensions give 16-lane vectors (one AVX-512 register, or two AVX ones)
- * independently of the compiler's preferred vector width. */
+ * Converting every f32 to f64 before adding (f32_sum) costs so many instructions per cache
+ * line that a read-only stream keeps too few loads in flight (~0.55 of memcpy bandwidth).
+ * f32_fsum sums sub-blocks of SB elements in f32 with 64 independent lanes (4 elements
+ * each, then a fixed tree down to 16 lanes) and adds each sub-block's 16 lane sums into 16
+ * f64 lanes: every f32 rounding is inside a sum of at most 16 elements, the long
+ * accumulation is in f64 (~1e-10 relative error on 16M uniform values), and the order
+ * depends only on n. An f32 lane can overflow where an f64 sum would not (values near
+ * FLT_MAX); an overflowed or NaN lane makes the f64 total non-finite, and then the elements
+ * are summed again the exact way, so every result is that of f32_sum but for rounding.
+ * GCC / clang vector extensions give 16-lane vectors (one AVX-512 register, or two AVX
+ * ones) whatever the compiler's preferred vector width. */
 typedef float nb__v16f __attribute__((vector_size(64)));
 typedef float nb__v8f __attribute__((vector_size(32)));
 typedef double nb__v8d __attribute__((vector_size(64)));
 
 #define SB 256          /* elements of an f32 sub-block (a multiple of 64) */
-#define PF_DIST 2048    /* software prefetch distance in bytes (see nb__pf_block) */
+#define PF_DIST 4096    /* software prefetch distance in bytes (see pf_block) */
 
 static inline nb__v16f vld(const float *p) {
     nb__v16f v;
@@ -232,15 +195,8 @@ static inline nb__v16f vld(const float *p) {
  * flight and the hardware prefetcher alone leaves bandwidth unused; prefetching the lines
  * of the block PF_DIST bytes ahead fixes that (cpu/elementwise.c does the same). The address
  * is an integer, so no out-of-bounds pointer is formed; prefetches are hints and never fault. */
-#include <stdlib.h>
-static size_t g_pf[2] = {0, 0};
-static inline size_t pfd(int k) { if (!g_pf[k]) { const char *e = getenv(k ? "PFS" : "PFR"); g_pf[k] = e ? (size_t)atol(e) : PF_DIST; } return g_pf[k]; }
-static inline void pf_block_d(const float *p, size_t bytes, size_t d) {
-    uintptr_t a = (uintptr_t)p + d;
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const void *)(a + o));
-}
 static inline void pf_block(const float *p, size_t bytes) {
-    uintptr_t a = (uintptr_t)p + pfd(0);
+    uintptr_t a = (uintptr_t)p + PF_DIST;
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const void *)(a + o));
 }
 
@@ -296,18 +252,22 @@ static double f32_fsum(const float *x, int64_t n, bool pf) {
     return isfinite(r) ? r : f32_sum(x, n);
 }
 
-/* sum exp(x - shift), summed as f32_fsum sums. The terms are at most 1 when shift is the
- * max; when it is 0 because the max is +inf, that element's exp is inf anyway, so an f32
- * overflow cannot change a result. simdlen(16): the 16-lane loads of fsum_into can then be
- * forwarded from the exp loop's stores (8-lane stores, the compiler's default width here,
- * cannot, and stall), and 16 lanes are also ~1.5x faster for this exp. */
-static double f32_fsumexp(const float *x, int64_t n, double shift) {
-    float sh = (float)shift, e[SB];
+/* sum exp(x - sh), summed as f32_fsum sums; the exps are also written to out unless it is
+ * NULL. The terms are at most 1 when sh is the max; when it is 0 because the max is +inf,
+ * that element's exp is inf anyway, so an f32 overflow cannot change a result. simdlen(16):
+ * the 16-lane loads of fsum_into are then forwarded from the exp loop's stores (8-lane
+ * stores, the compiler's default width here, cannot be, and stall), and 16 lanes are also
+ * ~1.5x faster for this exp. */
+static double f32_expsum(const float *x, int64_t n, float sh, float *out) {
+    float tmp[SB];
     nb__v8d d0 = {0}, d1 = {0};
     for (int64_t i = 0; i < n; i += SB) {
         int64_t m = n - i < SB ? n - i : SB;
+        const float *xb = x + i;
+        float *e = out ? out + i : tmp;
+        pf_block(xb, SB * sizeof(float));
 #pragma omp simd simdlen(16)
-        for (int64_t k = 0; k < m; k++) e[k] = fexp(x[i + k] - sh);
+        for (int64_t k = 0; k < m; k++) e[k] = nb__fast_expf(xb[k] - sh);
         fsum_into(e, m, &d0, &d1, false);
     }
     return fold_f64(d0, d1);
@@ -426,9 +386,12 @@ static rstate run_elems(const rctx *c, const char *p, int64_t st, int64_t n, int
             switch (c->kind) {
             case NB__RK_SUM: b.d = f32_fsum(x, m, x != buf.f); break;
             case NB__RK_VAR:
-                b.n = m, b.m = f32_fsum(x, m, x != buf.f) / (double)m, b.d = f32_sqdev(x, m, b.m);
+                b.n = m, b.m = f32_fsum(x, m, x != buf.f) / (double)m;
+                b.d = f32_sqdev(x, m, b.m);
                 break;
-            case NB__RK_LSE: b.m = f32_max(x, m), b.d = f32_fsumexp(x, m, lse_shift(b.m)); break;
+            case NB__RK_LSE:
+                b.m = f32_max(x, m), b.d = f32_expsum(x, m, (float)lse_shift(b.m), NULL);
+                break;
             case NB__RK_MAX: b.d = f32_max(x, m); break;
             case NB__RK_MIN: b.d = f32_min(x, m); break;
             default: {
@@ -688,7 +651,7 @@ static void col_pass(const rctx *c, const char *in, int64_t sin, int64_t w, cpas
                 break;
             case CP_SUMEXP:
 #pragma omp simd
-                for (int64_t j = 0; j < w; j++) da[j] += fexp(x[j] - pf[j]);
+                for (int64_t j = 0; j < w; j++) da[j] += nb__fast_expf(x[j] - pf[j]);
                 break;
             case CP_MAX: case CP_MIN:
 #pragma omp simd
@@ -846,6 +809,7 @@ void nb__cpu_reduce(const nb_tensor *x, const bool *reduced, const nb__rspec *sp
  * D > 1: blocks of W columns get max, sum of exp, write, vectorized across the columns. A NaN
  * makes its whole row NaN and a row of -inf gives NaN, as in PyTorch. x may alias y: every
  * pass reads an element before the last pass writes it. */
+
 /* Max of a dense f32 row, NaNs ignored: softmax needs no NaN flag, since a NaN makes the sum
  * of exps NaN and with it every output of its row, whatever the max is. This is the pass
  * that reads the row from memory, so it prefetches. */
@@ -857,12 +821,10 @@ static inline nb__v16f vmax(nb__v16f a, nb__v16f b) {
 }
 
 static float f32_rowmax(const float *x, int64_t n) {
-    nb__v16f m0 = {0};
-    m0 -= (float)INFINITY;
-    nb__v16f m1 = m0, m2 = m0, m3 = m0;
+    nb__v16f m0 = (nb__v16f){0} - INFINITY, m1 = m0, m2 = m0, m3 = m0;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
-        pf_block_d(x + i, 64 * sizeof(float), pfd(1));
+        pf_block(x + i, 64 * sizeof(float));
         m0 = vmax(m0, vld(x + i)), m1 = vmax(m1, vld(x + i + 16));
         m2 = vmax(m2, vld(x + i + 32)), m3 = vmax(m3, vld(x + i + 48));
     }
@@ -876,24 +838,11 @@ static float f32_rowmax(const float *x, int64_t n) {
     return m;
 }
 
-/* Two passes over the row: the max, then exp(x - max) written to y (log: to a stack block)
- * and summed SB elements at a time as f32_fsum sums (f32 sub-block sums added in f64); the
- * scaling pass then runs over y while it is still in cache. */
+/* The max; exp(x - max) written to y (log_softmax: only summed) and summed; then the scaling
+ * pass over y, still in cache for rows that fit it. */
 static void softmax_row_f32(const float *x, float *y, int64_t L, bool lg) {
     float m = f32_rowmax(x, L);
-    nb__v8d d0 = {0}, d1 = {0};
-    float tmp[SB];
-    for (int64_t i = 0; i < L; i += SB) {
-        int64_t n = L - i < SB ? L - i : SB;
-        const float *xb = x + i;
-        float *e = lg ? tmp : y + i;
-        pf_block_d(xb, SB * sizeof(float), pfd(1)); /* rows longer than the caches */
-        /* simdlen(16): see f32_fsumexp */
-#pragma omp simd simdlen(16)
-        for (int64_t k = 0; k < n; k++) e[k] = fexp(xb[k] - m);
-        fsum_into(e, n, &d0, &d1, false);
-    }
-    double s = fold_f64(d0, d1);
+    double s = f32_expsum(x, L, m, lg ? NULL : y);
     if (!lg) {
         float inv = (float)(1.0 / s);
 #pragma omp simd simdlen(16)
@@ -935,7 +884,7 @@ static void softmax_row_half(const char *x, char *y, nb_dtype dt, int64_t L, boo
     double s = 0;
     for (int64_t o = 0; o < L; o += RBLK) {
         int64_t n = L - o < RBLK ? L - o : RBLK;
-        s += f32_fsumexp(load_f32(x + o * 2, dt, 1, n, buf), n, m);
+        s += f32_expsum(load_f32(x + o * 2, dt, 1, n, buf), n, m, NULL);
     }
     float inv = (float)(1.0 / s), ls = (float)log(s);
     for (int64_t o = 0; o < L; o += RBLK) {
@@ -943,7 +892,7 @@ static void softmax_row_half(const char *x, char *y, nb_dtype dt, int64_t L, boo
         load_f32(x + o * 2, dt, 1, n, buf);
         if (!lg) {
 #pragma omp simd
-            for (int64_t i = 0; i < n; i++) buf[i] = fexp(buf[i] - m) * inv;
+            for (int64_t i = 0; i < n; i++) buf[i] = nb__fast_expf(buf[i] - m) * inv;
         } else {
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) buf[i] = (buf[i] - m) - ls;
@@ -967,14 +916,14 @@ static void softmax_cols_f32(const char *x, char *y, nb_dtype dt, int64_t L, int
     for (int64_t l = 0; l < L; l++) {
         const float *r = load_f32(x + l * rs, dt, 1, w, buf);
 #pragma omp simd
-        for (int64_t j = 0; j < w; j++) s[j] += fexp(r[j] - m[j]);
+        for (int64_t j = 0; j < w; j++) s[j] += nb__fast_expf(r[j] - m[j]);
     }
     for (int64_t j = 0; j < w; j++) a[j] = lg ? (float)log(s[j]) : (float)(1.0 / s[j]);
     for (int64_t l = 0; l < L; l++) {
         const float *r = load_f32(x + l * rs, dt, 1, w, buf);
         if (!lg) {
 #pragma omp simd
-            for (int64_t j = 0; j < w; j++) ob[j] = fexp(r[j] - m[j]) * a[j];
+            for (int64_t j = 0; j < w; j++) ob[j] = nb__fast_expf(r[j] - m[j]) * a[j];
         } else {
 #pragma omp simd
             for (int64_t j = 0; j < w; j++) ob[j] = (r[j] - m[j]) - a[j];

@@ -43,11 +43,12 @@ typedef struct nb__rspec {
 /* Reduce x over the dims d with reduced[d] (x->ndim entries; nothing is reduced for a 0-dim
  * x). Integer and bool inputs accumulate in int64 (sums wrap like PyTorch's), f32/f16/bf16
  * sum in f64 the f32 partial sums of at most 16 elements (error ~1e-10 relative on 16M
- * uniform values; blocks that overflow in f32 are redone in f64), f64 in f64. VAR and LSE are single kernel calls (a fused two-pass
- * per block of the input, blocks merged exactly as Chan's / the log-sum-exp rescaling
- * rule say), so they need no temporaries. The order of accumulation depends only on the
- * shapes and strides, never on the thread count. Reductions over zero elements store the
- * empty value of the kind (sum 0, VAR 0 before the division, LSE -inf, MAX -inf). */
+ * uniform values; blocks that overflow in f32 are redone in f64), f64 in f64. VAR and LSE
+ * are single kernel calls (a fused two-pass per block of the input, blocks merged exactly
+ * as Chan's / the log-sum-exp rescaling rule say), so they need no temporaries. The order
+ * of accumulation depends only on the shapes and strides, never on the thread count.
+ * Reductions over zero elements store the empty value of the kind (sum 0, VAR 0 before the
+ * division, LSE -inf, MAX -inf). */
 void nb__cpu_reduce(const nb_tensor *x, const bool *reduced, const nb__rspec *spec);
 
 /* out = softmax(x) (or log_softmax) along dim. x is contiguous, float, with out's shape and

@@ -11,6 +11,7 @@
  * index_add parallelizes only over work that touches disjoint outputs: over the O outer
  * slices, and (when there are fewer slices than threads) over blocks of columns of D. Each
  * output element is therefore accumulated by one thread, in index order. */
+#include "fastmath.h"
 #include "reduce_back.h"
 
 #include <math.h>
@@ -20,39 +21,7 @@
 #define COLW 128  /* widest column block of the D > 1 path */
 #define IA_MINW 64 /* narrowest column block index_add splits D into */
 
-/* a * b + c, fused where the target has FMA; fixed per build either way (deterministic). */
-#ifdef __FMA__
-#define MADD(a, b, c) fmaf((a), (b), (c))
-#else
-#define MADD(a, b, c) ((a) * (b) + (c))
-#endif
-
-/* exp for the log_softmax backward, branch-free so its loops vectorize (libm's expf does
- * not): exp(x) = 2^n * exp(r), n = round(x / ln2), |r| <= ln2 / 2, a degree-7 polynomial
- * (~1e-8 relative, below f32 rounding), 2^n applied as two factors to reach the subnormal
- * range and FLT_MAX. The same construction as the forward's exp in cpu/reduce.c (kept
- * private there). NaN propagates. */
-static inline float bexp(float x) {
-    float xc = x > -104.0f ? x : -104.0f;
-    xc = xc < 89.0f ? xc : 89.0f;
-    float fn = MADD(xc, 1.44269504088896341f, 12582912.0f); /* round via 1.5 * 2^23 */
-    fn -= 12582912.0f;
-    float r = MADD(fn, -0.693359375f, xc); /* ln2 split: exact high part */
-    r = MADD(fn, 2.12194440e-4f, r);
-    float p = 1.0f / 5040.0f;
-    p = MADD(p, r, 1.0f / 720.0f);
-    p = MADD(p, r, 1.0f / 120.0f);
-    p = MADD(p, r, 1.0f / 24.0f);
-    p = MADD(p, r, 1.0f / 6.0f);
-    p = MADD(p, r, 0.5f);
-    p = MADD(p, r, 1.0f);
-    p = MADD(p, r, 1.0f);
-    int32_t n = (int32_t)fn, n1 = n / 2, n2 = n - n1;
-    union { uint32_t u; float f; } s1 = {.u = (uint32_t)(n1 + 127) << 23},
-                                   s2 = {.u = (uint32_t)(n2 + 127) << 23};
-    float y = p * s1.f * s2.f;
-    return x != x ? x : y;
-}
+/* exp is nb__fast_expf (cpu/fastmath.h). */
 
 /* n dense elements at p of dtype dt (f32, f16, bf16) as f32: p itself for f32, else buf. */
 static const float *load_f32(const char *p, nb_dtype dt, int64_t n, float *buf) {
@@ -97,7 +66,7 @@ static void smb_row_f32(const char *y, const char *g, char *dx, nb_dtype dt, int
         float *out = dt == NB_F32 ? (float *)(dx + o * es) : ob;
         if (lg) {
 #pragma omp simd
-            for (int64_t i = 0; i < n; i++) out[i] = gr[i] - bexp(yr[i]) * sf;
+            for (int64_t i = 0; i < n; i++) out[i] = gr[i] - nb__fast_expf(yr[i]) * sf;
         } else {
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) out[i] = yr[i] * (gr[i] - sf);
@@ -143,7 +112,7 @@ static void smb_cols_f32(const char *y, const char *g, char *dx, nb_dtype dt, in
         float *out = dt == NB_F32 ? (float *)(dx + l * rs) : ob;
         if (lg) {
 #pragma omp simd
-            for (int64_t j = 0; j < w; j++) out[j] = gr[j] - bexp(yr[j]) * sf[j];
+            for (int64_t j = 0; j < w; j++) out[j] = gr[j] - nb__fast_expf(yr[j]) * sf[j];
         } else {
 #pragma omp simd
             for (int64_t j = 0; j < w; j++) out[j] = yr[j] * (gr[j] - sf[j]);

@@ -1,11 +1,20 @@
 /* common.c - the training driver shared by the bundled Fashion-MNIST classifiers: flags,
  * data loading, the training loop (live progress on a terminal, periodic lines otherwise,
  * JSON lines with --log), evaluation, checkpoints (--save / --resume) and the final JSON
- * line. Uses the public API only. */
+ * line. Uses the public API only.
+ *
+ * Data parallel: started under mpirun (`mpirun -np 2 build/models/mlp`), the same program
+ * trains with nb_ddp over all ranks. --batch stays the global batch: each rank takes
+ * batch / world samples of it (the loader's shard of each global batch), gradients are
+ * averaged, so the run follows the 1-process one. Evaluation is split over the ranks by
+ * batch and the counts summed; only rank 0 prints, logs and writes checkpoints. */
 #include "common.h"
+
+#include <nabla/parallel.h>
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,13 +113,19 @@ bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
     return true;
 }
 
-/* Accuracy and mean loss over a loader's epoch, in eval mode with grad mode off. */
-static nb_status evaluate(nb_module *m, nb_loader *l, double *acc, double *loss) {
+/* Accuracy and mean loss over a loader's epoch, in eval mode with grad mode off. With
+ * several ranks, rank r evaluates the batches b with b % world == r and the sums are
+ * reduced, so every rank gets the result over the whole set (exactly: no padding). */
+static nb_status evaluate(nb_module *m, nb_loader *l, nb_comm *world, double *acc,
+                          double *loss) {
     int64_t correct = 0, total = 0;
     double loss_sum = 0;
+    int rank = nb_comm_rank(world), size = nb_comm_size(world);
+    bool bad = false;
     nb_module_train(m, false);
     bool prev = nb_set_grad_enabled(false);
     for (nb_batch b; nb_loader_next(l, &b);) {
+        if (b.index % size != rank) continue;
         nb_scope_begin();
         nb_tensor *logits = nb_forward(m, b.x);
         nb_tensor *ok = nb_sum(nb_eq(nb_argmax(logits, 1, false), b.y), NULL, 0, false);
@@ -122,14 +137,61 @@ static nb_status evaluate(nb_module *m, nb_loader *l, double *acc, double *loss)
             total += b.n;
         }
         nb_scope_end();
-        if (!ok || !ls) break;
+        if ((bad = !ok || !ls)) break;
     }
     nb_set_grad_enabled(prev);
     nb_module_train(m, true);
-    if (nb_loader_error(l) != NB_OK || total == 0) return nb_last_status() ? nb_last_status() : NB_EINVAL;
+    nb_status local = bad ? (nb_last_status() ? nb_last_status() : NB_EINVAL) : nb_loader_error(l);
+    if (size > 1) { /* every rank takes part, even one that failed, so none waits forever */
+        double sums[4] = {(double)correct, (double)total, loss_sum, local != NB_OK};
+        nb_scope_begin();
+        nb_tensor *t = nb_from_buffer(sums, (int64_t[]){4}, 1, NB_F64);
+        nb_status s = t ? nb_allreduce(world, t, NB_REDUCE_SUM) : nb_last_status();
+        if (s == NB_OK) s = nb_read(t, sums, 4, NB_F64);
+        nb_scope_end();
+        if (s != NB_OK) return s;
+        if (local == NB_OK && sums[3] > 0)
+            return NB_ECOMM; /* another rank failed (and says why) */
+        correct = (int64_t)sums[0], total = (int64_t)sums[1], loss_sum = sums[2];
+    }
+    if (local != NB_OK || total == 0) return nb_last_status() ? nb_last_status() : NB_EINVAL;
     *acc = (double)correct / (double)total;
     *loss = loss_sum / (double)total;
     return NB_OK;
+}
+
+/* The mean of v over the ranks (v itself on one rank). */
+static double mean_over_ranks(nb_comm *world, double v) {
+    if (nb_comm_size(world) == 1) return v;
+    nb_scope_begin();
+    nb_tensor *t = nb_from_buffer(&v, (int64_t[]){1}, 1, NB_F64);
+    if (!t || nb_allreduce(world, t, NB_REDUCE_AVG) != NB_OK) v = NAN;
+    else v = nb_item_f64(t);
+    nb_scope_end();
+    return v;
+}
+
+/* Ranks sharing this machine, from the launcher's environment (Open MPI, MPICH, Slurm). */
+static int local_ranks(int world_size) {
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MPICH_LOCALNRANKS",
+                          "SLURM_NTASKS_PER_NODE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return world_size;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of v[n] (sorts v); NAN for n == 0. */
+static double median(double *v, int64_t n) {
+    if (n == 0) return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void fmt_eta(double s, char *buf, size_t n) {
@@ -138,72 +200,116 @@ static void fmt_eta(double s, char *buf, size_t n) {
     snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
 }
 
+/* Print "prog: message" (naming the rank when there are several) in one write, so the
+ * lines of ranks failing together do not interleave. */
+static void report(const nbm_args *a, int rank, int size, const char *fmt, ...) {
+    char msg[1024];
+    int k = size > 1 ? snprintf(msg, sizeof msg, "%s (rank %d): ", a->prog, rank)
+                     : snprintf(msg, sizeof msg, "%s: ", a->prog);
+    va_list ap;
+    va_start(ap, fmt);
+    if (k > 0 && (size_t)k < sizeof msg) vsnprintf(msg + k, sizeof msg - (size_t)k, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", msg);
+}
+
 #define FAIL(...)                                                                    \
     do {                                                                             \
-        fprintf(stderr, "%s: ", a->prog);                                            \
-        fprintf(stderr, __VA_ARGS__);                                                \
-        fprintf(stderr, "\n");                                                       \
+        report(a, rank, size, __VA_ARGS__);                                          \
         goto done;                                                                   \
     } while (0)
 
 int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     int rc = 1;
     double t_start = now_s();
-    nb_set_num_threads(a->threads);
+    nb_comm *world = nb_comm_world(); /* size 1 without a launcher */
+    int rank = world ? nb_comm_rank(world) : 0, size = world ? nb_comm_size(world) : 1;
+    const bool main_rank = rank == 0; /* prints, logs and saves */
     nb_generator *init = nb_generator_new(a->seed);
     nb_dataset *train_ds = NULL, *test_ds = NULL;
     nb_loader *train_l = NULL, *test_l = NULL;
     nb_module *model = NULL;
+    double *step_times = NULL; /* per-step seconds after 10 warm-up steps, for the median */
     nb_optim *opt = NULL;
+    nb_ddp *ddp = NULL;
     FILE *log = NULL;
+
+    if (!world) FAIL("%s", nb_last_error());
+    if (a->threads == 0 && size > 1) {
+        /* The default (all cores) per rank would oversubscribe: share them out. */
+        nb_set_num_threads(0);
+        int per = nb_get_num_threads() / local_ranks(size);
+        nb_set_num_threads(per > 0 ? per : 1);
+    } else {
+        nb_set_num_threads(a->threads);
+    }
+    if (a->batch % size != 0)
+        FAIL("--batch %lld is the global batch and must divide by the %d ranks",
+             (long long)a->batch, size);
 
     train_ds = nb_fashion_mnist(a->data, true, &(nb_mnist_opts){.limit = a->limit});
     test_ds = train_ds ? nb_fashion_mnist(a->data, false, NULL) : NULL;
     if (!test_ds) FAIL("%s (install the Debian package dataset-fashion-mnist, or pass --data DIR)",
                        nb_last_error());
-    train_l = nb_loader_new(train_ds, &(nb_loader_opts){.batch_size = a->batch, .shuffle = true,
-                                                        .seed = a->seed, .drop_last = true,
-                                                        .prefetch = 2});
+    /* Rank r's batch i is its shard (samples r, r + world, ...) of global batch i. */
+    train_l = nb_loader_new(train_ds, &(nb_loader_opts){.batch_size = a->batch / size,
+                                                        .shuffle = true, .seed = a->seed,
+                                                        .drop_last = true, .prefetch = 2,
+                                                        .rank = rank, .world_size = size});
     test_l = nb_loader_new(test_ds, &(nb_loader_opts){.batch_size = 1000});
     if (!train_l || !test_l) FAIL("%s", nb_last_error());
     model = spec->build(a, init);
     opt = model ? spec->optimizer(model, a) : NULL;
     if (!opt) FAIL("%s", nb_last_error());
-    if (a->log && !(log = fopen(a->log, "w"))) FAIL("cannot open --log %s: %s", a->log, strerror(errno));
+    if (main_rank && a->log && !(log = fopen(a->log, "w")))
+        FAIL("cannot open --log %s: %s", a->log, strerror(errno));
 
     nb_checkpoint ck = {.model = model, .optim = opt, .loader = train_l};
     int64_t step = 0;
-    if (a->resume) {
+    if (a->resume) { /* every rank loads it (optimizer state and loader position too) */
         if (nb_checkpoint_load(a->resume, &ck) != NB_OK) FAIL("%s", nb_last_error());
         step = ck.step;
-        printf("resumed from %s at step %lld\n", a->resume, (long long)step);
+        if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
     }
+    if (size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
     const int64_t per_epoch = nb_loader_num_batches(train_l);
     const bool tty = isatty(STDOUT_FILENO);
     double acc = NAN, test_loss = NAN, train_loss = NAN, train_time = 0;
-    int64_t samples = 0, steady_allocs = -1;
+    int64_t samples = 0, steady_allocs = -1, n_times = 0, max_times = 0;
     nb_alloc_stats st0 = {0};
 
     if (!a->eval_only) {
-        printf("%s: %lld parameters, %lld steps per epoch, batch %lld, %d threads, gemm %s\n",
-               spec->name, (long long)nb_num_parameters(model), (long long)per_epoch,
-               (long long)a->batch, nb_get_num_threads(),
-               nb_gemm_provider_name(nb_gemm_provider_current()));
+        if (main_rank && size > 1)
+            printf("%s: %lld parameters, %lld steps per epoch, batch %lld (%lld per rank), "
+                   "%d ranks x %d threads, %d gradient buckets, gemm %s\n",
+                   spec->name, (long long)nb_num_parameters(model), (long long)per_epoch,
+                   (long long)a->batch, (long long)(a->batch / size), size,
+                   nb_get_num_threads(), nb_ddp_num_buckets(ddp),
+                   nb_gemm_provider_name(nb_gemm_provider_current()));
+        else if (main_rank)
+            printf("%s: %lld parameters, %lld steps per epoch, batch %lld, %d threads, gemm %s\n",
+                   spec->name, (long long)nb_num_parameters(model), (long long)per_epoch,
+                   (long long)a->batch, nb_get_num_threads(),
+                   nb_gemm_provider_name(nb_gemm_provider_current()));
         int64_t total_steps = per_epoch * a->epochs;
         if (a->max_steps && a->max_steps < total_steps) total_steps = a->max_steps;
         double last_print = 0;
+        max_times = total_steps > 0 ? total_steps : 1;
+        step_times = malloc(sizeof(double) * (size_t)max_times);
+        if (!step_times) FAIL("out of memory");
         while (step < total_steps) {
             nb_loader_state pos;
             nb_loader_get_state(train_l, &pos);
             int64_t epoch = pos.epoch;
-            double loss_sum = 0, t_epoch = now_s();
+            double loss_sum = 0, t_epoch = now_s(), comm_sum = 0;
             int64_t n_loss = 0;
             for (nb_batch b; step < total_steps && nb_loader_next(train_l, &b);) {
                 double t0 = now_s();
                 nb_scope_begin();
                 nb_tensor *loss = nb_cross_entropy(nb_forward(model, b.x), b.y, NULL);
                 nb_status s = loss ? nb_zero_grad(opt) : nb_last_status();
-                if (s == NB_OK) s = nb_backward(loss);
+                if (s == NB_OK) s = nb_backward(loss); /* DDP: buckets start in here */
+                if (s == NB_OK && ddp) s = nb_ddp_sync(ddp);
                 if (s == NB_OK) s = nb_step(opt);
                 double lv = s == NB_OK ? nb_item_f64(loss) : NAN;
                 nb_scope_end();
@@ -211,70 +317,99 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 double dt = now_s() - t0;
                 step++;
                 if (step == 10) nb_alloc_get_stats(&st0); /* steady state from here */
-                train_time += dt, samples += b.n, loss_sum += lv, n_loss++;
+                /* samples: the global batch (every rank's shard); comm: the part of the
+                 * step spent waiting for gradients that backward did not hide. */
+                double comm = ddp ? nb_ddp_exposed_comm_s(ddp) : 0;
+                train_time += dt, samples += b.n * size, loss_sum += lv, n_loss++;
+                if (step > 10 && n_times < max_times) step_times[n_times++] = dt; /* after warm-up */
+                comm_sum += comm;
                 double sps = samples / train_time;
-                double eta = (double)(total_steps - step) * b.n / sps;
-                if (log && (step % 10 == 0 || step == total_steps))
+                double eta = (double)(total_steps - step) * b.n * size / sps;
+                char cm[48] = "";
+                if (ddp) snprintf(cm, sizeof cm, "  comm %.1f ms/step", 1e3 * comm_sum / n_loss);
+                if (log && (step % 10 == 0 || step == total_steps)) {
                     fprintf(log, "{\"type\": \"step\", \"step\": %lld, \"epoch\": %lld, "
-                            "\"loss\": %.6f, \"lr\": %g, \"samples_per_s\": %.1f}\n",
+                            "\"loss\": %.6f, \"lr\": %g, \"samples_per_s\": %.1f",
                             (long long)step, (long long)epoch, lv, nb_optim_get_lr(opt, 0), sps);
+                    if (ddp) fprintf(log, ", \"exposed_comm_ms\": %.3f", 1e3 * comm);
+                    fprintf(log, "}\n");
+                }
                 double t = now_s();
-                if (tty && (t - last_print > 0.2 || step == total_steps)) {
+                if (main_rank && tty && (t - last_print > 0.2 || step == total_steps)) {
                     char e[32];
                     fmt_eta(eta, e, sizeof e);
-                    printf("\repoch %lld/%d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s   ",
+                    printf("\repoch %lld/%d  step %lld/%lld  loss %.4f  %.0f samples/s%s  ETA %s   ",
                            (long long)epoch + 1, a->epochs, (long long)(b.index + 1),
-                           (long long)per_epoch, loss_sum / n_loss, sps, e);
+                           (long long)per_epoch, loss_sum / n_loss, sps, cm, e);
                     fflush(stdout);
                     last_print = t;
-                } else if (!tty && (b.index + 1) % (per_epoch / 4 > 0 ? per_epoch / 4 : 1) == 0) {
+                } else if (main_rank && !tty && (b.index + 1) % (per_epoch / 4 > 0 ? per_epoch / 4 : 1) == 0) {
                     char e[32];
                     fmt_eta(eta, e, sizeof e);
-                    printf("epoch %lld/%d step %lld/%lld loss %.4f samples/s %.0f ETA %s\n",
+                    printf("epoch %lld/%d step %lld/%lld loss %.4f samples/s %.0f%s ETA %s\n",
                            (long long)epoch + 1, a->epochs, (long long)(b.index + 1),
-                           (long long)per_epoch, loss_sum / n_loss, sps, e);
+                           (long long)per_epoch, loss_sum / n_loss, sps, cm, e);
                 }
             }
             if (nb_loader_error(train_l) != NB_OK) FAIL("%s", nb_last_error());
-            train_loss = n_loss ? loss_sum / n_loss : NAN;
-            if (evaluate(model, test_l, &acc, &test_loss) != NB_OK) FAIL("evaluation: %s", nb_last_error());
-            if (tty) printf("\n");
-            printf("epoch %lld: train loss %.4f  test loss %.4f  test accuracy %.4f  (%.1f s)\n",
-                   (long long)epoch + 1, train_loss, test_loss, acc, now_s() - t_epoch);
+            /* Steady state = training steps only (the first evaluation allocates its own
+             * batch buffers once). */
             nb_alloc_stats st;
             nb_alloc_get_stats(&st);
             if (step >= 10) steady_allocs = st.system_allocs - st0.system_allocs;
-            if (log)
+            /* the train loss over the global batches (the mean of the ranks' means) */
+            train_loss = mean_over_ranks(world, n_loss ? loss_sum / n_loss : NAN);
+            if (evaluate(model, test_l, world, &acc, &test_loss) != NB_OK)
+                FAIL("evaluation: %s",
+                     *nb_last_error() ? nb_last_error() : "failed on another rank");
+            if (main_rank) {
+                if (tty) printf("\n");
+                printf("epoch %lld: train loss %.4f  test loss %.4f  test accuracy %.4f  (%.1f s)\n",
+                       (long long)epoch + 1, train_loss, test_loss, acc, now_s() - t_epoch);
+            }
+            if (log) {
                 fprintf(log, "{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, "
                         "\"train_loss\": %.6f, \"test_loss\": %.6f, \"test_accuracy\": %.6f, "
                         "\"samples_per_s\": %.1f, \"system_allocs\": %lld, "
-                        "\"steady_system_allocs\": %lld, \"bytes_peak\": %lld}\n",
+                        "\"steady_system_allocs\": %lld, \"bytes_peak\": %lld",
                         (long long)epoch + 1, (long long)step, train_loss, test_loss, acc,
                         samples / train_time, (long long)st.system_allocs,
                         (long long)steady_allocs, (long long)st.bytes_peak);
-            if (log) fflush(log);
-            if (a->save) {
+                if (ddp)
+                    fprintf(log, ", \"ranks\": %d, \"exposed_comm_ms_per_step\": %.3f", size,
+                            n_loss ? 1e3 * comm_sum / n_loss : 0.0);
+                fprintf(log, "}\n");
+                fflush(log);
+            }
+            if (main_rank && a->save) { /* the weights are the same on every rank */
                 ck.step = step;
                 if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
             }
         }
     }
-    if (isnan(acc) && evaluate(model, test_l, &acc, &test_loss) != NB_OK)
-        FAIL("evaluation: %s", nb_last_error());
-    printf("{\"model\": \"%s\", \"test_accuracy\": %.4f, \"test_loss\": %.4f, \"train_loss\": %.4f, "
-           "\"samples_per_s\": %.1f, \"steps\": %lld, \"wall_s\": %.2f, \"threads\": %d, "
-           "\"steady_system_allocs\": %lld}\n",
-           spec->name, acc, test_loss, train_loss, train_time > 0 ? samples / train_time : 0.0,
-           (long long)step, now_s() - t_start, nb_get_num_threads(), (long long)steady_allocs);
+    if (isnan(acc) && evaluate(model, test_l, world, &acc, &test_loss) != NB_OK)
+        FAIL("evaluation: %s", *nb_last_error() ? nb_last_error() : "failed on another rank");
+    if (main_rank)
+        printf("{\"model\": \"%s\", \"test_accuracy\": %.4f, \"test_loss\": %.4f, "
+               "\"train_loss\": %.4f, \"samples_per_s\": %.1f, \"steps\": %lld, \"wall_s\": %.2f, "
+               "\"median_step_ms\": %.3f, \"threads\": %d, \"ranks\": %d, "
+               "\"steady_system_allocs\": %lld}\n",
+               spec->name, acc, test_loss, train_loss,
+               train_time > 0 ? samples / train_time : 0.0, (long long)step, now_s() - t_start,
+               1e3 * median(step_times, n_times), nb_get_num_threads(), size,
+               (long long)steady_allocs);
     rc = 0;
 done:
+    free(step_times);
     if (log) fclose(log);
+    nb_ddp_free(ddp);
     nb_optim_free(opt);
     nb_module_free(model);
     nb_loader_free(train_l);
     nb_loader_free(test_l);
     nb_dataset_free(train_ds);
     nb_dataset_free(test_ds);
+    nb_comm_free(world);
     nb_generator_free(init);
     return rc;
 }

@@ -39,12 +39,25 @@ void nb_clear_error(void) {
     tls_status = NB_OK;
 }
 
+static nb_status set_error_v(nb_status s, const char *fmt, va_list ap) {
+    vsnprintf(tls_msg, sizeof tls_msg, fmt, ap);
+    tls_status = s;
+    return s;
+}
+
 nb_status nb__error(nb_status s, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tls_msg, sizeof tls_msg, fmt, ap);
+    set_error_v(s, fmt, ap);
     va_end(ap);
-    tls_status = s;
+    return s;
+}
+
+nb_status nb_set_error(nb_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    set_error_v(s, fmt, ap);
+    va_end(ap);
     return s;
 }
 

@@ -1,8 +1,10 @@
 /* test_nn_conv.c - the "nn_conv" suite: nb_conv2d_fn and the pools (max, average, adaptive
  * average) against double-precision direct loops over tables of configurations (stride,
- * padding, dilation, groups incl. depthwise, 1x1, non-square kernels, batch 1 and 3,
- * non-contiguous inputs, every float dtype); gradient checks of every op; f32 backward vs
- * f64 backward; thread-count independence (1 vs 2 threads bit for bit); the modules'
+ * padding, dilation, groups incl. depthwise, 1x1, non-square kernels, batch 1 and 3, more
+ * images than weight-gradient chunks, non-contiguous inputs, every float dtype), under each
+ * f32 implementation built in (im2col + GEMM, oneDNN); input, weight and bias gradients
+ * against direct loops and nb_gradcheck; f32 and half backward vs f64; thread-count
+ * independence (1 vs 2 threads bit for bit, forward and backward); the modules'
  * initialization and forward; and every class of user error. */
 #include <math.h>
 #include <stdlib.h>
@@ -127,6 +129,7 @@ START_TEST(test_conv2d_forward) {
             nb_scope_end();
         }
     }
+    nb__conv2d_set_impl(NB__CONV_AUTO);
 }
 END_TEST
 
@@ -269,6 +272,7 @@ START_TEST(test_conv2d_backward_reference) {
         free(vx), free(vw), free(vr), free(gx), free(gw), free(gb);
         nb_scope_end();
     }
+    nb__conv2d_set_impl(NB__CONV_AUTO);
 }
 END_TEST
 
@@ -371,6 +375,7 @@ START_TEST(test_conv2d_thread_independent) {
         }
     }
     nb_set_num_threads(saved);
+    nb__conv2d_set_impl(NB__CONV_AUTO);
 }
 END_TEST
 
@@ -768,7 +773,6 @@ START_TEST(test_pool2d_errors) {
 }
 END_TEST
 
-/* Wrap each test body in a scope: the test functions above open their own. */
 Suite *nb_suite_nn_conv(void) {
     Suite *s = suite_create("nn_conv");
     TCase *tc = tcase_create("conv2d");

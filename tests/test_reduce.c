@@ -599,6 +599,21 @@ START_TEST(test_errors) {
 }
 END_TEST
 
+/* The blocked f32 summation falls back to exact-order f64 accumulation when a block
+ * overflows, so sums near FLT_MAX stay finite where the true result is. */
+START_TEST(test_sum_near_overflow) {
+    nb_scope_begin();
+    double v40[40];
+    for (int i = 0; i < 40; i++) v40[i] = 3e38;
+    nb_tensor *m = nb_mean(tu_tensor(v40, (int64_t[]){40}, 1, NB_F32), NULL, 0, false);
+    ck_assert_msg(nb_item_f64(m) == (double)3e38f, "mean %g", nb_item_f64(m));
+    nb_tensor *s = nb_sum(tu_tensor((double[]){3e38, 3e38, -3e38}, (int64_t[]){3}, 1, NB_F32),
+                          NULL, 0, false);
+    ck_assert_msg(nb_item_f64(s) == (double)3e38f, "sum %g", nb_item_f64(s));
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_reduce(void) {
     Suite *s = suite_create("reduce");
     TCase *tc;
@@ -617,6 +632,7 @@ Suite *nb_suite_reduce(void) {
     NB_TC(test_strided_views);
     NB_TC(test_determinism);
     NB_TC(test_errors);
+    NB_TC(test_sum_near_overflow);
 #undef NB_TC
     return s;
 }

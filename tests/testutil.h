@@ -28,8 +28,11 @@ Suite *nb_suite_nn_layers(void);
 Suite *nb_suite_loss(void);
 Suite *nb_suite_optim(void);
 Suite *nb_suite_train(void);
+Suite *nb_suite_checkpoint(void);
 Suite *nb_suite_data(void);
 Suite *nb_suite_io(void);
+Suite *nb_suite_gpt(void);
+Suite *nb_suite_attention(void);
 
 /* A tensor of dtype dt holding vals (converted), shape[ndim]; registered in the scope. */
 nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtype dt);

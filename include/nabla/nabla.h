@@ -27,5 +27,6 @@
 #include "nabla/io.h"
 #include "nabla/checkpoint.h"
 #include "nabla/data.h"
+#include "nabla/parallel.h"
 
 #endif

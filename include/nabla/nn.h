@@ -174,6 +174,13 @@ nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps);
 nb_tensor *nb_batch_norm(nb_tensor *x, nb_tensor *running_mean, nb_tensor *running_var,
                          nb_tensor *w, nb_tensor *b, bool training, double momentum,
                          double eps);
+/* Causal scaled dot-product attention, one fused op: q, k, v (B, H, T, D) -> (B, H, T, D),
+ * out[t] = sum_{s <= t} softmax_s(q[t] . k[s] * scale) v[s]. scale 0 means 1/sqrt(D).
+ * dropout_p > 0 (training only) drops attention weights with a Philox mask from gen (NULL:
+ * default generator). The backward recomputes the probabilities from the saved row
+ * statistics instead of keeping a (T, T) tensor. */
+nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double scale,
+                               double dropout_p, bool training, nb_generator *gen);
 /* Zero elements with probability p and scale the rest by 1/(1-p) (training only). */
 nb_tensor *nb_dropout(nb_tensor *x, double p, bool training, nb_generator *gen);
 

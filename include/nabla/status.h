@@ -56,6 +56,9 @@ const char *nb_last_error(void);
 nb_status nb_last_status(void);
 /* Forget the last error on this thread. */
 void nb_clear_error(void);
+/* Record an error of your own (custom modules, datasets, transforms) so that callers see
+ * it through nb_last_error() like nabla's: printf-style message; returns s. */
+nb_status nb_set_error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #ifdef __cplusplus
 }

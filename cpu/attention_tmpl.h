@@ -1,0 +1,189 @@
+/* cpu/attention_tmpl.h - private: the bodies of the attention kernels, written once for a
+ * compute type. cpu/attention.c includes this file twice, with R = float, S = f32 and
+ * R = double, S = f64 (and GEMM, EXP, LOG set to match). Not included anywhere else. */
+#define NB__CAT_(a, b) a##_##b
+#define NB__CAT(a, b) NB__CAT_(a, b)
+#define F(name) NB__CAT(name, S)
+
+/* One row of scores row[0..n) where only [0, cnt) is visible: softmax in place (scaled by
+ * the dropout mask and factor when keep is given), zeros in [cnt, n); returns the
+ * log-sum-exp. */
+static inline R F(softmax_row)(R *row, int64_t cnt, int64_t n, const uint8_t *keep, R dscale) {
+    R mx = -(R)INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t s = 0; s < cnt; s++) mx = row[s] > mx ? row[s] : mx;
+    R sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t s = 0; s < cnt; s++) {
+        R e = EXP(row[s] - mx);
+        row[s] = e;
+        sum += e;
+    }
+    R inv = 1 / sum;
+    if (keep) {
+        R f = inv * dscale;
+        for (int64_t s = 0; s < cnt; s++) row[s] = keep[s] ? row[s] * f : 0;
+    } else {
+#pragma omp simd
+        for (int64_t s = 0; s < cnt; s++) row[s] *= inv;
+    }
+    for (int64_t s = cnt; s < n; s++) row[s] = 0;
+    return mx + LOG(sum);
+}
+
+/* Forward of one (b, h) slice; Sm is BLOCK x T scratch. */
+static nb_status F(fwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, const R *k,
+                              const R *v, R *o, R *lse, R *Sm, uint8_t *keep) {
+    const int64_t H = g->H, Tn = g->T, D = g->D, b = bh / H, h = bh % H;
+    const R *qs = q + b * g->sq[0] + h * g->sq[1], *ks = k + b * g->sk[0] + h * g->sk[1];
+    const R *vs = v + b * g->sv[0] + h * g->sv[1];
+    R *os = o + b * g->so[0] + h * g->so[1], *ls = lse + bh * Tn;
+    const int64_t ldq = g->sq[2], ldk = g->sk[2], ldv = g->sv[2], ldo = g->so[2];
+    const bool drop = g->p > 0;
+    const R dscale = g->p < 1 ? (R)(1.0 / (1.0 - g->p)) : 0;
+    for (int64_t i0 = 0; i0 < Tn; i0 += NB__ATTN_BLOCK) {
+        const int64_t i1 = i0 + NB__ATTN_BLOCK < Tn ? i0 + NB__ATTN_BLOCK : Tn;
+        const int64_t m = i1 - i0, n = i1;
+        /* scores of rows [i0, i1) against the keys [0, i1) they may see */
+        nb_status st = GEMM(false, true, m, n, D, (R)g->scale, qs + i0 * ldq, ldq, ks, ldk, 0,
+                            Sm, Tn);
+        if (st != NB_OK) return st;
+        for (int64_t r = 0; r < m; r++) {
+            const int64_t t = i0 + r;
+            if (drop) nb__attn_keep_row(g, (bh * Tn + t) * Tn, t + 1, keep);
+            ls[t] = F(softmax_row)(Sm + r * Tn, t + 1, n, drop ? keep : NULL, dscale);
+        }
+        st = GEMM(false, false, m, D, n, 1, Sm, Tn, vs, ldv, 0, os + i0 * ldo, ldo);
+        if (st != NB_OK) return st;
+    }
+    return NB_OK;
+}
+
+/* Backward of one (b, h) slice; P and dP are BLOCK x T scratch. Row blocks run last to first
+ * so the first one (which sees every key) initializes dk and dv with beta = 0. */
+static nb_status F(bwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, const R *k,
+                              const R *v, const R *lse, const R *dout, R *dq, R *dk, R *dv,
+                              R *P, R *dP, uint8_t *keep) {
+    const int64_t H = g->H, Tn = g->T, D = g->D, b = bh / H, h = bh % H;
+    const R *qs = q + b * g->sq[0] + h * g->sq[1], *ks = k + b * g->sk[0] + h * g->sk[1];
+    const R *vs = v + b * g->sv[0] + h * g->sv[1], *dos = dout + b * g->sdo[0] + h * g->sdo[1];
+    const R *ls = lse + bh * Tn;
+    R *dqs = dq ? dq + b * g->sdq[0] + h * g->sdq[1] : NULL;
+    R *dks = dk ? dk + b * g->sdk[0] + h * g->sdk[1] : NULL;
+    R *dvs = dv ? dv + b * g->sdv[0] + h * g->sdv[1] : NULL;
+    const int64_t ldq = g->sq[2], ldk = g->sk[2], ldv = g->sv[2], lddo = g->sdo[2];
+    const int64_t lddq = g->sdq[2], lddk = g->sdk[2], lddv = g->sdv[2];
+    const bool drop = g->p > 0, want_s = dq || dk;
+    const R dscale = g->p < 1 ? (R)(1.0 / (1.0 - g->p)) : 0, scale = (R)g->scale;
+    const int64_t nblk = (Tn + NB__ATTN_BLOCK - 1) / NB__ATTN_BLOCK;
+    nb_status st = NB_OK;
+    for (int64_t ib = nblk - 1; ib >= 0 && st == NB_OK; ib--) {
+        const int64_t i0 = ib * NB__ATTN_BLOCK;
+        const int64_t i1 = i0 + NB__ATTN_BLOCK < Tn ? i0 + NB__ATTN_BLOCK : Tn;
+        const int64_t m = i1 - i0, n = i1;
+        const R beta = ib == nblk - 1 ? 0 : 1;
+        st = GEMM(false, true, m, n, D, scale, qs + i0 * ldq, ldq, ks, ldk, 0, P, Tn);
+        if (st == NB_OK && want_s)
+            st = GEMM(false, true, m, n, D, 1, dos + i0 * lddo, lddo, vs, ldv, 0, dP, Tn);
+        if (st != NB_OK) break;
+        for (int64_t r = 0; r < m; r++) {
+            const int64_t t = i0 + r, cnt = t + 1;
+            R *pr = P + r * Tn, *dpr = dP + r * Tn;
+            const R l = ls[t];
+#pragma omp simd
+            for (int64_t s = 0; s < cnt; s++) pr[s] = EXP(pr[s] - l);
+            for (int64_t s = cnt; s < n; s++) pr[s] = 0;
+            if (drop) nb__attn_keep_row(g, (bh * Tn + t) * Tn, cnt, keep);
+            if (want_s) {
+                /* dS = P (dP - sum_s P dP) scale, with dP = mask * dscale * (dO v^T) and
+                 * the row sum taken over the dropped-and-scaled weights. */
+                R dsum = 0;
+                if (drop) {
+                    for (int64_t s = 0; s < cnt; s++)
+                        dsum += keep[s] ? pr[s] * dpr[s] : 0;
+                    dsum *= dscale;
+                    for (int64_t s = 0; s < cnt; s++)
+                        dpr[s] = pr[s] * ((keep[s] ? dpr[s] * dscale : 0) - dsum) * scale;
+                } else {
+#pragma omp simd reduction(+ : dsum)
+                    for (int64_t s = 0; s < cnt; s++) dsum += pr[s] * dpr[s];
+#pragma omp simd
+                    for (int64_t s = 0; s < cnt; s++) dpr[s] = pr[s] * (dpr[s] - dsum) * scale;
+                }
+                for (int64_t s = cnt; s < n; s++) dpr[s] = 0;
+            }
+            /* P becomes the weights the forward applied to v (for dv) */
+            if (drop)
+                for (int64_t s = 0; s < cnt; s++) pr[s] = keep[s] ? pr[s] * dscale : 0;
+        }
+        if (dvs)
+            st = GEMM(true, false, n, D, m, 1, P, Tn, dos + i0 * lddo, lddo, beta, dvs, lddv);
+        if (st == NB_OK && dqs)
+            st = GEMM(false, false, m, D, n, 1, dP, Tn, ks, ldk, 0, dqs + i0 * lddq, lddq);
+        if (st == NB_OK && dks)
+            st = GEMM(true, false, n, D, m, 1, dP, Tn, qs + i0 * ldq, ldq, beta, dks, lddk);
+    }
+    return st;
+}
+
+nb_status F(nb__cpu_attention_fwd)(const nb__attn_geom *g, const R *q, const R *k, const R *v,
+                                   R *o, R *lse) {
+    const int64_t BH = g->B * g->H;
+    if (BH == 0 || g->T == 0) return NB_OK;
+    int nt = nb__attn_threads(g);
+    const size_t per = nb__attn_round64(NB__ATTN_BLOCK * g->T * sizeof(R)) +
+                       nb__attn_round64((size_t)g->T);
+    char *buf = nb_host_alloc(per * (size_t)nt);
+    if (!buf) return nb__error(NB_ENOMEM, "causal_attention: out of memory for scratch");
+    nb_status st = NB_OK;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        char *mine = buf + per * (size_t)nb__attn_thread_id();
+        R *Sm = (R *)mine;
+        uint8_t *keep = (uint8_t *)(mine + nb__attn_round64(NB__ATTN_BLOCK * g->T * sizeof(R)));
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < BH; bh++) {
+            nb_status s = F(fwd_slice)(g, bh, q, k, v, o, lse, Sm, keep);
+            if (s != NB_OK) {
+#pragma omp critical(nb__attn_status)
+                st = s;
+            }
+        }
+    }
+    nb_host_free(buf);
+    return st == NB_OK ? NB_OK : nb__error(st, "causal_attention: a GEMM failed (%s)",
+                                           nb_status_name(st));
+}
+
+nb_status F(nb__cpu_attention_bwd)(const nb__attn_geom *g, const R *q, const R *k, const R *v,
+                                   const R *lse, const R *dout, R *dq, R *dk, R *dv) {
+    const int64_t BH = g->B * g->H;
+    if (BH == 0 || g->T == 0) return NB_OK;
+    int nt = nb__attn_threads(g);
+    const size_t mat = nb__attn_round64(NB__ATTN_BLOCK * g->T * sizeof(R));
+    const size_t per = 2 * mat + nb__attn_round64((size_t)g->T);
+    char *buf = nb_host_alloc(per * (size_t)nt);
+    if (!buf) return nb__error(NB_ENOMEM, "causal_attention: out of memory for scratch");
+    nb_status st = NB_OK;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        char *mine = buf + per * (size_t)nb__attn_thread_id();
+        R *P = (R *)mine, *dP = (R *)(mine + mat);
+        uint8_t *keep = (uint8_t *)(mine + 2 * mat);
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < BH; bh++) {
+            nb_status s = F(bwd_slice)(g, bh, q, k, v, lse, dout, dq, dk, dv, P, dP, keep);
+            if (s != NB_OK) {
+#pragma omp critical(nb__attn_status)
+                st = s;
+            }
+        }
+    }
+    nb_host_free(buf);
+    return st == NB_OK ? NB_OK : nb__error(st, "causal_attention: a GEMM failed (%s)",
+                                           nb_status_name(st));
+}
+
+#undef F
+#undef NB__CAT
+#undef NB__CAT_

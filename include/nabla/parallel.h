@@ -1,0 +1,156 @@
+/* nabla/parallel.h - communicators, collectives and data parallel training.
+ *
+ * Usage (the same binary runs alone or under `mpirun -np 4 ./prog`):
+ *     nb_comm *world = nb_comm_world();              // size 1 without mpirun
+ *     nb_module *model = build_model();
+ *     nb_ddp *ddp = nb_ddp_new(model, world, NULL);  // broadcasts rank 0's weights
+ *     nb_optim *opt = nb_adam(nb_parameters(model), NULL);
+ *     for (...) {
+ *         nb_scope_begin();
+ *         nb_tensor *loss = nb_cross_entropy(nb_forward(model, x), y, NULL);
+ *         nb_zero_grad(opt);
+ *         nb_backward(loss);             // bucket allreduces start during backward
+ *         nb_ddp_sync(ddp);              // wait for them: gradients are now averaged
+ *         nb_step(opt);
+ *         nb_scope_end();
+ *     }
+ *     nb_ddp_free(ddp);
+ *     nb_comm_free(world);
+ *
+ * Communicators: nb_comm_world() wraps MPI_COMM_WORLD when nabla was built with MPI and the
+ * program runs under mpirun/srun (MPI is initialized on first use, with
+ * MPI_THREAD_MULTIPLE; a program started without a launcher is a size-1 world), and a
+ * size-1 communicator otherwise. nb_comm_split makes subgroups (tensor/pipeline parallel).
+ * Each communicator has a backend (a table of functions: "self", "mpi"; "nccl" later for
+ * CUDA tensors) so callers never depend on which one runs.
+ *
+ * Collectives take tensors of any nabla dtype (f16/bf16 sums are computed in f32), work in
+ * place where that is natural, and exist in a blocking form and an asynchronous form that
+ * returns an nb_work handle to wait on or test. Sizes need not divide by the world size.
+ * NB_REDUCE_AVG needs a float dtype (NB_EDTYPE otherwise); on bool, sum and max are a
+ * logical or, min a logical and. Non-contiguous tensors are copied to contiguous temporaries
+ * (outputs are copied back when the operation completes); contiguous ones are used in place
+ * without copies. Collectives write tensor data directly: autograd does not record them.
+ * Every rank must call the collectives of a communicator in the same order with the same
+ * sizes; a mismatch shows up as a timeout or an NB_ECOMM error. See docs/distributed.md.
+ * Failures are values: an MPI error, or a peer that does not arrive within the timeout,
+ * returns NB_ECOMM / NB_ETIMEOUT with a message naming the operation and the ranks that did
+ * not arrive - a dead peer never hangs the job forever.
+ *
+ * Ownership: nb_comm_world() returns a new handle on each call (free it with nb_comm_free;
+ * MPI is finalized at exit after the last one is freed). An nb_work belongs to the caller
+ * until nb_work_wait/nb_work_free. Tensors passed to an asynchronous collective must stay
+ * alive and unmodified until it completes. */
+#ifndef NABLA_PARALLEL_H
+#define NABLA_PARALLEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/nn.h"
+#include "nabla/status.h"
+#include "nabla/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb_comm nb_comm;
+typedef struct nb_work nb_work;
+
+typedef enum nb_reduce_op { NB_REDUCE_SUM = 0, NB_REDUCE_AVG, NB_REDUCE_MAX, NB_REDUCE_MIN } nb_reduce_op;
+
+/* ---- communicators ------------------------------------------------------------------------ */
+nb_comm *nb_comm_world(void);
+/* A size-1 communicator (no MPI), for tests and single-process runs. */
+nb_comm *nb_comm_self(void);
+void nb_comm_free(nb_comm *c);
+int nb_comm_rank(const nb_comm *c);
+int nb_comm_size(const nb_comm *c);
+const char *nb_comm_backend(const nb_comm *c);  /* "self", "mpi" */
+/* Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
+ * Collective over c. */
+nb_comm *nb_comm_split(nb_comm *c, int color, int key);
+/* Timeout of blocking waits on this communicator, in seconds (default: NB_COMM_TIMEOUT
+ * environment variable, else 300). 0 waits forever. */
+void nb_comm_set_timeout(nb_comm *c, double seconds);
+double nb_comm_timeout(const nb_comm *c);
+
+/* ---- collectives (blocking) ----------------------------------------------------------------- */
+nb_status nb_allreduce(nb_comm *c, nb_tensor *t, nb_reduce_op op);            /* in place */
+nb_status nb_broadcast(nb_comm *c, nb_tensor *t, int root);                   /* in place */
+/* Reduce to root: t on root holds the result; other ranks' t is unchanged. */
+nb_status nb_reduce(nb_comm *c, nb_tensor *t, nb_reduce_op op, int root);
+/* out (size * numel(in) elements, rank-major) gets every rank's in. Also the inverse of
+ * nb_reduce_scatter: when in is this rank's chunk of out (nb_comm_chunk over numel(out)),
+ * out gets every rank's chunk at its place. */
+nb_status nb_allgather(nb_comm *c, nb_tensor *out, const nb_tensor *in);
+/* Reduce in (n elements) and scatter: rank r gets elements [r*n/size-ish chunk] into out.
+ * Chunks: ceil(n / size) elements each, the last ones shorter (possibly empty);
+ * nb_comm_chunk gives the range. */
+nb_status nb_reduce_scatter(nb_comm *c, nb_tensor *out, const nb_tensor *in, nb_reduce_op op);
+/* in and out have size * k elements: block j of in goes to rank j, block i of out came
+ * from rank i. */
+nb_status nb_all_to_all(nb_comm *c, nb_tensor *out, const nb_tensor *in);
+nb_status nb_barrier(nb_comm *c);
+/* Point to point (pipeline parallel): tag >= 0. */
+nb_status nb_send(nb_comm *c, const nb_tensor *t, int dst, int tag);
+nb_status nb_recv(nb_comm *c, nb_tensor *t, int src, int tag);
+/* The [begin, end) element range of rank r's chunk when n elements are split over size. */
+void nb_comm_chunk(int64_t n, int size, int r, int64_t *begin, int64_t *end);
+
+/* ---- asynchronous forms -------------------------------------------------------------------- */
+nb_work *nb_allreduce_async(nb_comm *c, nb_tensor *t, nb_reduce_op op);
+nb_work *nb_broadcast_async(nb_comm *c, nb_tensor *t, int root);
+nb_work *nb_allgather_async(nb_comm *c, nb_tensor *out, const nb_tensor *in);
+nb_work *nb_reduce_scatter_async(nb_comm *c, nb_tensor *out, const nb_tensor *in, nb_reduce_op op);
+nb_work *nb_reduce_async(nb_comm *c, nb_tensor *t, nb_reduce_op op, int root);
+nb_work *nb_all_to_all_async(nb_comm *c, nb_tensor *out, const nb_tensor *in);
+nb_work *nb_barrier_async(nb_comm *c);
+nb_work *nb_send_async(nb_comm *c, const nb_tensor *t, int dst, int tag);
+nb_work *nb_recv_async(nb_comm *c, nb_tensor *t, int src, int tag);
+/* Wait (up to the communicator's timeout, counted from this call) and free the handle. On
+ * NB_ETIMEOUT the message names the ranks that did not arrive; the operation cannot be
+ * cancelled and stays in flight (its tensors kept alive, possibly still written) until the
+ * late ranks arrive or the process ends. */
+nb_status nb_work_wait(nb_work *w);
+/* 1 done, 0 not yet, negative status on failure, NB_ETIMEOUT once the operation has been
+ * pending longer than the timeout since it started (the handle stays valid until waited
+ * or freed). */
+int nb_work_test(nb_work *w);
+/* Free without waiting: only valid after nb_work_test returned 1 or an error. */
+void nb_work_free(nb_work *w);
+
+/* ---- data parallel --------------------------------------------------------------------------- */
+typedef struct nb_ddp_opts {
+    double bucket_mb;          /* bucket size in MiB (0: 25) */
+    bool find_unused;          /* allow parameters that get no gradient in a step (they are
+                                * reduced as zeros); otherwise that is an error */
+    bool no_broadcast;         /* skip broadcasting rank 0's parameters and buffers at wrap */
+} nb_ddp_opts;
+
+typedef struct nb_ddp nb_ddp;
+
+/* Wrap a module for data parallel training over c (borrowed, like the module): flattens its
+ * parameters (nb_module_flatten_parameters), broadcasts parameters and buffers from rank 0,
+ * builds buckets over the flat gradient buffer in reverse registration order and registers
+ * gradient hooks that start a bucket's asynchronous allreduce as soon as its last gradient
+ * is complete. */
+nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o);
+void nb_ddp_free(nb_ddp *d);
+/* Wait for every bucket of this backward and average by the world size. Call between
+ * nb_backward and nb_step. Errors: a failed collective, or (without find_unused) a
+ * parameter that got no gradient. */
+nb_status nb_ddp_sync(nb_ddp *d);
+/* Gradient accumulation: while disabled, backward only accumulates locally (no
+ * communication); enable again before the last micro-step's backward. */
+void nb_ddp_set_sync_enabled(nb_ddp *d, bool enabled);
+/* Seconds of the last step's communication that were not hidden behind backward (the time
+ * nb_ddp_sync spent waiting), and the number of buckets. */
+double nb_ddp_exposed_comm_s(const nb_ddp *d);
+int nb_ddp_num_buckets(const nb_ddp *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

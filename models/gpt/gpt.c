@@ -1,0 +1,437 @@
+/* gpt.c - nanoGPT's GPT (pre-LN transformer, learned positions, tied head) as an nb_module
+ * tree with nanoGPT's parameter names; the training step with gradient accumulation,
+ * sampling, and loading weights from model files, checkpoints or PyTorch state dicts.
+ * Uses nabla's public API (plus the library's error setter, see below). */
+#include "gpt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- small modules with nanoGPT's names ------------------------------------------------------
+ * Each module's `self` (except the top one's) borrows the model's config. */
+typedef struct gpt_self {
+    gpt_config cfg;
+} gpt_self;
+
+static const gpt_config *cfg_of(const nb_module *m) { return nb_module_self(m); }
+
+static nb_tensor *dropout(nb_module *m, nb_tensor *x) {
+    const gpt_config *c = cfg_of(m);
+    if (!(c->dropout > 0) || !nb_module_is_training(m)) return x;
+    return nb_dropout(x, c->dropout, true, c->dropout_gen);
+}
+
+static nb_tensor *linear_forward(nb_module *m, nb_tensor *x) {
+    return nb_linear_fn(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"));
+}
+static nb_tensor *layernorm_forward(nb_module *m, nb_tensor *x) {
+    return nb_layer_norm(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"), 1e-5);
+}
+static nb_tensor *embedding_forward(nb_module *m, nb_tensor *x) {
+    return nb_embedding(nb_module_param(m, "weight"), x);
+}
+
+/* x + dropout(c_proj(y)) is the residual form both branches end in. */
+static nb_tensor *attn_forward(nb_module *m, nb_tensor *x) {
+    const gpt_config *c = cfg_of(m);
+    if (!x) return NULL;
+    const int64_t B = nb_size(x, 0), T = nb_size(x, 1), C = c->n_embd, H = c->n_head;
+    const int64_t D = C / H;
+    nb_tensor *qkv = nb_forward(nb_module_child(m, "c_attn"), x); /* (B, T, 3C) */
+    nb_tensor *part[3] = {NULL, NULL, NULL};
+    if (!qkv || nb_split(qkv, C, 2, part, 3) != 3) return NULL;
+    nb_tensor *q = nb_transpose(nb_view(part[0], (int64_t[]){B, T, H, D}, 4), 1, 2);
+    nb_tensor *k = nb_transpose(nb_view(part[1], (int64_t[]){B, T, H, D}, 4), 1, 2);
+    nb_tensor *v = nb_transpose(nb_view(part[2], (int64_t[]){B, T, H, D}, 4), 1, 2);
+    bool training = nb_module_is_training(m);
+    nb_tensor *y = nb_causal_attention(q, k, v, 0.0, training ? c->dropout : 0.0, training,
+                                       c->dropout_gen); /* (B, H, T, D) */
+    y = nb_reshape(nb_transpose(y, 1, 2), (int64_t[]){B, T, C}, 3);
+    return dropout(m, nb_forward(nb_module_child(m, "c_proj"), y));
+}
+
+static nb_tensor *mlp_forward(nb_module *m, nb_tensor *x) {
+    const gpt_config *c = cfg_of(m);
+    nb_tensor *h = nb_forward(nb_module_child(m, "c_fc"), x);
+    h = c->gelu_tanh ? nb_gelu_tanh(h) : nb_gelu(h);
+    return dropout(m, nb_forward(nb_module_child(m, "c_proj"), h));
+}
+
+static nb_tensor *block_forward(nb_module *m, nb_tensor *x) {
+    x = nb_add(x, nb_forward(nb_module_child(m, "attn"),
+                             nb_forward(nb_module_child(m, "ln_1"), x)));
+    return nb_add(x, nb_forward(nb_module_child(m, "mlp"),
+                                nb_forward(nb_module_child(m, "ln_2"), x)));
+}
+
+static nb_tensor *gpt_forward(nb_module *m, nb_tensor *idx);
+
+static const nb_module_vtable linear_vt = {.type_name = "Linear", .forward = linear_forward};
+static const nb_module_vtable layernorm_vt = {.type_name = "LayerNorm",
+                                              .forward = layernorm_forward};
+static const nb_module_vtable embedding_vt = {.type_name = "Embedding",
+                                              .forward = embedding_forward};
+static const nb_module_vtable attn_vt = {.type_name = "CausalSelfAttention",
+                                         .forward = attn_forward};
+static const nb_module_vtable mlp_vt = {.type_name = "MLP", .forward = mlp_forward};
+static const nb_module_vtable block_vt = {.type_name = "Block", .forward = block_forward};
+static const nb_module_vtable dict_vt = {.type_name = "ModuleDict"}; /* no forward */
+static const nb_module_vtable gpt_vt = {.type_name = "GPT", .forward = gpt_forward,
+                                        .free_self = free};
+
+/* A parameter drawn from N(0, std) (std 0: zeros; std < 0: ones). */
+static bool add_param(nb_module *m, const char *name, const int64_t *shape, int ndim, double std,
+                      nb_generator *gen) {
+    nb_tensor *t = std > 0   ? nb_normal(shape, ndim, NB_F32, 0.0, std, gen)
+                   : std < 0 ? nb_ones(shape, ndim, NB_F32)
+                             : nb_zeros(shape, ndim, NB_F32);
+    return nb_module_add_parameter(m, name, t) != NULL;
+}
+
+/* Adds child `name` to parent; NULL (and the child freed) on failure. */
+static nb_module *child(nb_module *parent, const char *name, nb_module *c) {
+    if (!c) return NULL;
+    return nb_module_add_child(parent, name, c);
+}
+
+static nb_module *make_linear(nb_module *parent, const char *name, int64_t in, int64_t out,
+                              double std, const gpt_config *c, nb_generator *gen) {
+    nb_module *l = child(parent, name, nb_module_new(&linear_vt, (void *)c));
+    if (!l || !add_param(l, "weight", (int64_t[]){out, in}, 2, std, gen)) return NULL;
+    if (!c->no_bias && !add_param(l, "bias", &out, 1, 0.0, gen)) return NULL;
+    return l;
+}
+
+static nb_module *make_layernorm(nb_module *parent, const char *name, const gpt_config *c) {
+    nb_module *l = child(parent, name, nb_module_new(&layernorm_vt, (void *)c));
+    if (!l || !add_param(l, "weight", &c->n_embd, 1, -1.0, NULL)) return NULL;
+    if (!c->no_bias && !add_param(l, "bias", &c->n_embd, 1, 0.0, NULL)) return NULL;
+    return l;
+}
+
+static nb_module *make_block(nb_module *list, const gpt_config *c, nb_generator *gen) {
+    const int64_t C = c->n_embd;
+    const double proj_std = 0.02 / sqrt(2.0 * (double)c->n_layer); /* GPT-2's scaled init */
+    nb_module *b = nb_module_new(&block_vt, (void *)c);
+    if (!b || nb_module_list_append(list, b) != NB_OK) return NULL; /* the list took b over */
+    nb_module *attn, *mlp;
+    if (!make_layernorm(b, "ln_1", c) ||
+        !(attn = child(b, "attn", nb_module_new(&attn_vt, (void *)c))) ||
+        !make_linear(attn, "c_attn", C, 3 * C, 0.02, c, gen) ||
+        !make_linear(attn, "c_proj", C, C, proj_std, c, gen) || !make_layernorm(b, "ln_2", c) ||
+        !(mlp = child(b, "mlp", nb_module_new(&mlp_vt, (void *)c))) ||
+        !make_linear(mlp, "c_fc", C, 4 * C, 0.02, c, gen) ||
+        !make_linear(mlp, "c_proj", 4 * C, C, proj_std, c, gen))
+        return NULL;
+    return b;
+}
+
+static bool resolve(const gpt_config *in, gpt_config *c) {
+    *c = in ? *in : (gpt_config){0};
+    if (!c->vocab_size) c->vocab_size = 256;
+    if (!c->block_size) c->block_size = 128;
+    if (!c->n_layer) c->n_layer = 4;
+    if (!c->n_head) c->n_head = 4;
+    if (!c->n_embd) c->n_embd = 256;
+    if (c->vocab_size < 1 || c->block_size < 1 || c->n_layer < 1 || c->n_head < 1 ||
+        c->n_embd < 1) {
+        nb_set_error(NB_EINVAL, "gpt_new: vocab_size, block_size, n_layer, n_head and n_embd must "
+                  "be positive, got %lld, %lld, %lld, %lld, %lld", (long long)c->vocab_size,
+                  (long long)c->block_size, (long long)c->n_layer, (long long)c->n_head,
+                  (long long)c->n_embd);
+        return false;
+    }
+    if (c->n_embd % c->n_head) {
+        nb_set_error(NB_EINVAL, "gpt_new: n_head (%lld) must divide n_embd (%lld)",
+                  (long long)c->n_head, (long long)c->n_embd);
+        return false;
+    }
+    if (!(c->dropout >= 0 && c->dropout < 1)) {
+        nb_set_error(NB_EINVAL, "gpt_new: dropout must be in [0, 1), got %g", c->dropout);
+        return false;
+    }
+    return true;
+}
+
+nb_module *gpt_new(const gpt_config *cfg, nb_generator *init) {
+    gpt_self *s = malloc(sizeof *s);
+    if (!s) {
+        nb_set_error(NB_ENOMEM, "gpt_new: out of memory");
+        return NULL;
+    }
+    if (!resolve(cfg, &s->cfg)) {
+        free(s);
+        return NULL;
+    }
+    nb_module *m = nb_module_new(&gpt_vt, s);
+    if (!m) {
+        free(s);
+        return NULL;
+    }
+    const gpt_config *c = &s->cfg;
+    nb_module *tr = child(m, "transformer", nb_module_new(&dict_vt, NULL)), *e, *h;
+    bool ok = tr && (e = child(tr, "wte", nb_module_new(&embedding_vt, (void *)c))) &&
+              add_param(e, "weight", (int64_t[]){c->vocab_size, c->n_embd}, 2, 0.02, init) &&
+              (e = child(tr, "wpe", nb_module_new(&embedding_vt, (void *)c))) &&
+              add_param(e, "weight", (int64_t[]){c->block_size, c->n_embd}, 2, 0.02, init) &&
+              (h = child(tr, "h", nb_module_list(NULL, 0)));
+    for (int64_t i = 0; ok && i < c->n_layer; i++) ok = make_block(h, c, init) != NULL;
+    if (!ok || !make_layernorm(tr, "ln_f", c)) {
+        nb_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+bool gpt_is_gpt(const nb_module *m) {
+    const char *t = nb_module_type(m);
+    return t && m && strcmp(t, "GPT") == 0 && nb_module_self(m) != NULL;
+}
+
+const gpt_config *gpt_get_config(const nb_module *m) {
+    return gpt_is_gpt(m) ? &((const gpt_self *)nb_module_self(m))->cfg : NULL;
+}
+
+/* ---- forward and loss -------------------------------------------------------------------- */
+static nb_tensor *gpt_forward(nb_module *m, nb_tensor *idx) {
+    const gpt_config *c = gpt_get_config(m);
+    if (!idx) { /* keep the first error, as the library's ops do */
+        if (nb_last_status() == NB_OK) nb_set_error(NB_ENULL, "gpt: argument 'idx' is NULL");
+        return NULL;
+    }
+    if (nb_ndim(idx) != 2 || (nb_tensor_dtype(idx) != NB_I64 && nb_tensor_dtype(idx) != NB_I32)) {
+        nb_set_error(NB_EINVAL, "gpt: expected token indices of shape (B, T) and dtype i64 or "
+                  "i32, got a %d-D %s tensor", nb_ndim(idx), nb_dtype_name(nb_tensor_dtype(idx)));
+        return NULL;
+    }
+    const int64_t T = nb_size(idx, 1);
+    if (T < 1 || T > c->block_size) {
+        nb_set_error(NB_ESHAPE, "gpt: sequence length %lld is outside 1..block_size (%lld)",
+                  (long long)T, (long long)c->block_size);
+        return NULL;
+    }
+    nb_module *tr = nb_module_child(m, "transformer");
+    nb_module *h = nb_module_child(tr, "h");
+    nb_tensor *wte = nb_module_param(nb_module_child(tr, "wte"), "weight");
+    nb_tensor *wpe = nb_module_param(nb_module_child(tr, "wpe"), "weight");
+    /* Positions 0..T-1 are the first T rows of wpe: a view, broadcast over the batch. */
+    nb_tensor *x = nb_add(nb_embedding(wte, idx), nb_narrow(wpe, 0, 0, T)); /* (B, T, C) */
+    x = dropout(m, x);
+    for (int i = 0; i < nb_module_num_children(h); i++) x = nb_forward(nb_module_child_at(h, i), x);
+    x = nb_forward(nb_module_child(tr, "ln_f"), x);
+    return nb_linear_fn(x, wte, NULL); /* tied head: x @ wte^T -> (B, T, V) */
+}
+
+nb_tensor *gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
+    if (!gpt_is_gpt(m)) {
+        nb_set_error(NB_EINVAL, "gpt_loss: the module is not a GPT made by gpt_new");
+        return NULL;
+    }
+    nb_tensor *logits = nb_forward(m, idx);
+    if (!logits || !targets) return NULL;
+    const int64_t V = gpt_get_config(m)->vocab_size;
+    if (nb_ndim(targets) != 2 || nb_numel(targets) != nb_numel(idx)) {
+        nb_set_error(NB_ESHAPE, "gpt_loss: targets must have the shape of the input (B, T)");
+        return NULL;
+    }
+    return nb_cross_entropy(nb_view(logits, (int64_t[]){-1, V}, 2),
+                            nb_reshape(targets, (int64_t[]){-1}, 1), NULL);
+}
+
+double gpt_train_step(nb_module *m, nb_optim *opt, nb_tensor *const *x, nb_tensor *const *y,
+                      int n_micro, double grad_clip, double *grad_norm) {
+    if (grad_norm) *grad_norm = NAN;
+    if (!m || !opt || !x || !y || n_micro < 1) {
+        nb_set_error(NB_EINVAL, "gpt_train_step: needs a model, an optimizer and n_micro >= 1 "
+                  "micro-batches");
+        return NAN;
+    }
+    nb_status st = nb_zero_grad(opt);
+    double loss_sum = 0;
+    for (int i = 0; st == NB_OK && i < n_micro; i++) {
+        nb_scope_begin();
+        nb_tensor *loss = gpt_loss(m, x[i], y[i]);
+        /* Scaling the loss (not the gradients) by 1/n makes the accumulated gradient that
+         * of the mean over all micro-batches, the loss of one n-times-larger batch. */
+        nb_tensor *scaled = n_micro > 1 ? nb_mul_scalar(loss, 1.0 / n_micro) : loss;
+        st = scaled ? nb_backward(scaled) : nb_last_status();
+        if (st == NB_OK) loss_sum += nb_item_f64(loss);
+        nb_scope_end();
+    }
+    if (st != NB_OK) return NAN;
+    if (grad_clip > 0 || grad_norm) {
+        double norm = nb_clip_grad_norm(nb_optim_params(opt), grad_clip > 0 ? grad_clip : INFINITY, 0);
+        if (norm < 0) return NAN;
+        if (grad_norm) *grad_norm = norm;
+    }
+    if (nb_step(opt) != NB_OK) return NAN;
+    return loss_sum / n_micro;
+}
+
+/* ---- sampling ------------------------------------------------------------------------------ */
+static int cmp_desc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+/* Choose the next token from logits l[0..V) (modified in place). */
+static int64_t pick(double *l, int64_t V, const gpt_sample_opts *o, double *scratch, double u) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (l[i] > l[best]) best = i;
+    if (!(o->temperature > 0)) return best; /* greedy: the first maximum */
+    if (o->top_k > 0 && o->top_k < V) {      /* as nanoGPT: drop logits below the k-th largest */
+        memcpy(scratch, l, sizeof(double) * (size_t)V);
+        qsort(scratch, (size_t)V, sizeof(double), cmp_desc);
+        double kth = scratch[o->top_k - 1];
+        for (int64_t i = 0; i < V; i++)
+            if (l[i] < kth) l[i] = -INFINITY;
+    }
+    double mx = l[best], sum = 0;
+    for (int64_t i = 0; i < V; i++) sum += (l[i] = exp((l[i] - mx) / o->temperature));
+    double target = u * sum, acc = 0;
+    for (int64_t i = 0; i < V; i++) {
+        acc += l[i];
+        if (l[i] > 0 && acc > target) return i;
+    }
+    return best; /* only when rounding put u * sum at the very total */
+}
+
+nb_status gpt_generate(nb_module *m, const int64_t *prompt, int64_t n_prompt, int64_t n_new,
+                       const gpt_sample_opts *o, int64_t *out) {
+    const gpt_config *c = gpt_get_config(m);
+    gpt_sample_opts opt = o ? *o : (gpt_sample_opts){0};
+    if (!c) return nb_set_error(NB_EINVAL, "gpt_generate: the module is not a GPT made by gpt_new");
+    if (!prompt || n_prompt < 1 || n_new < 0 || (n_new > 0 && !out))
+        return nb_set_error(NB_EINVAL, "gpt_generate: needs a prompt of at least one token and an "
+                         "output buffer");
+    if (!(opt.temperature >= 0) || opt.top_k < 0)
+        return nb_set_error(NB_EINVAL, "gpt_generate: temperature and top_k must be >= 0, got %g "
+                         "and %lld", opt.temperature, (long long)opt.top_k);
+    const int64_t V = c->vocab_size, len = n_prompt + n_new;
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return nb_set_error(NB_EINDEX, "gpt_generate: prompt token %lld at position %lld is "
+                             "outside the vocabulary 0..%lld", (long long)prompt[i],
+                             (long long)i, (long long)V - 1);
+    int64_t *ctx = malloc(sizeof(int64_t) * (size_t)len);
+    double *l = malloc(sizeof(double) * 2 * (size_t)V);
+    if (!ctx || !l) {
+        free(ctx);
+        free(l);
+        return nb_set_error(NB_ENOMEM, "gpt_generate: out of memory");
+    }
+    memcpy(ctx, prompt, sizeof(int64_t) * (size_t)n_prompt);
+    bool was_training = nb_module_is_training(m);
+    nb_module_train(m, false);
+    bool prev = nb_set_grad_enabled(false);
+    nb_status st = NB_OK;
+    for (int64_t n = n_prompt; st == NB_OK && n < len; n++) {
+        nb_scope_begin();
+        const int64_t start = n > c->block_size ? n - c->block_size : 0, T = n - start;
+        nb_tensor *idx = nb_from_buffer(ctx + start, (int64_t[]){1, T}, 2, NB_I64);
+        nb_tensor *last = nb_select(nb_select(nb_forward(m, idx), 0, 0), 0, T - 1); /* (V) */
+        double u = 0;
+        if (last && opt.temperature > 0) {
+            nb_tensor *r = nb_rand((int64_t[]){1}, 1, NB_F64, opt.gen);
+            u = r ? nb_item_f64(r) : NAN;
+        }
+        st = !last || isnan(u) ? nb_last_status() : nb_read(last, l, V, NB_F64);
+        if (st == NB_OK) ctx[n] = pick(l, V, &opt, l + V, u);
+        nb_scope_end();
+    }
+    nb_set_grad_enabled(prev);
+    nb_module_train(m, was_training);
+    if (st == NB_OK && n_new > 0) memcpy(out, ctx + n_prompt, sizeof(int64_t) * (size_t)n_new);
+    free(ctx);
+    free(l);
+    return st;
+}
+
+/* ---- files ------------------------------------------------------------------------------- */
+/* The prefix under which a file holds the model: "model." in a checkpoint, "" otherwise. */
+static const char *model_prefix(nb_safetensors *f) {
+    return nb_safetensors_find(f, "model.transformer.wte.weight") >= 0 ? "model." : "";
+}
+
+static int find_in(nb_safetensors *f, const char *prefix, const char *name) {
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    return nb_safetensors_find(f, full);
+}
+
+/* Names a nanoGPT state dict has besides the parameters: the tied head and the old
+ * attention-mask buffers ("transformer.h.<i>.attn.bias" of shape (1, 1, T, T)). */
+static bool ignorable(const char *name) {
+    size_t n = strlen(name);
+    return strcmp(name, "lm_head.weight") == 0 ||
+           (n > 10 && strcmp(name + n - 10, ".attn.bias") == 0);
+}
+
+nb_status gpt_load(nb_module *m, const char *path) {
+    if (!gpt_is_gpt(m)) return nb_set_error(NB_EINVAL, "gpt_load: the module is not a GPT");
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) return nb_last_status();
+    const char *prefix = model_prefix(f);
+    const size_t np = strlen(prefix);
+    const nb_params *ps = nb_parameters(m);
+    nb_status st = NB_OK;
+    for (int i = 0; st == NB_OK && i < ps->count; i++)
+        if (find_in(f, prefix, ps->names[i]) < 0)
+            st = nb_set_error(NB_EINVAL, "gpt_load: %s has no tensor \"%s%s\" (is it a model of "
+                           "this shape?)", path, prefix, ps->names[i]);
+    /* Everything else under the prefix must be a known extra, as a strict load would demand. */
+    for (int i = 0; st == NB_OK && i < nb_safetensors_count(f); i++) {
+        const char *name = nb_safetensors_name(f, i);
+        if (strncmp(name, prefix, np) != 0 || ignorable(name + np)) continue;
+        if (!nb_module_find(m, name + np))
+            st = nb_set_error(NB_EINVAL, "gpt_load: %s has a tensor \"%s\" this model does not have "
+                           "(different n_layer or bias setting?)", path, name);
+    }
+    if (st == NB_OK) st = nb_module_load_from(m, f, prefix, false);
+    nb_safetensors_close(f);
+    return st;
+}
+
+nb_status gpt_config_from_file(const char *path, gpt_config *cfg) {
+    if (!cfg) return nb_set_error(NB_ENULL, "gpt_config_from_file: cfg is NULL");
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) return nb_last_status();
+    const char *prefix = model_prefix(f);
+    nb_safetensors_info wte, wpe;
+    int iw = find_in(f, prefix, "transformer.wte.weight");
+    int ip = find_in(f, prefix, "transformer.wpe.weight");
+    nb_status st = NB_OK;
+    if (iw < 0 || ip < 0 || nb_safetensors_info_at(f, iw, &wte) != NB_OK ||
+        nb_safetensors_info_at(f, ip, &wpe) != NB_OK || wte.ndim != 2 || wpe.ndim != 2) {
+        st = nb_set_error(NB_EFORMAT, "gpt_config_from_file: %s does not hold a GPT (no 2-D "
+                       "transformer.wte.weight and transformer.wpe.weight)", path);
+    } else {
+        cfg->vocab_size = wte.shape[0];
+        cfg->n_embd = wte.shape[1];
+        cfg->block_size = wpe.shape[0];
+        int64_t n = 0;
+        char name[128];
+        for (;; n++) {
+            snprintf(name, sizeof name, "transformer.h.%lld.ln_1.weight", (long long)n);
+            if (find_in(f, prefix, name) < 0) break;
+        }
+        cfg->n_layer = n;
+        cfg->no_bias = find_in(f, prefix, "transformer.ln_f.bias") < 0;
+        if (n == 0)
+            st = nb_set_error(NB_EFORMAT, "gpt_config_from_file: %s has no transformer blocks", path);
+    }
+    nb_safetensors_close(f);
+    return st;
+}
+
+double gpt_train_flops(const gpt_config *cfg, int64_t B, int64_t T) {
+    gpt_config c;
+    if (!resolve(cfg, &c)) return NAN;
+    const double N = (double)B * (double)T, C = (double)c.n_embd, V = (double)c.vocab_size;
+    const double layer = 2 * N * C * 3 * C + 2 * N * C * C + 2 * (2 * N * C * 4 * C) +
+                         2 * (2 * (double)B * (double)T * (double)T * C);
+    return 3 * ((double)c.n_layer * layer + 2 * N * C * V);
+}

@@ -1,0 +1,494 @@
+/* main.c - the `gpt` program: trains the byte-level GPT of models/gpt/gpt.h on a text file
+ * (by default the King James Bible, as the W3 workload of shared/peers does) and samples
+ * from a trained model. Training: AdamW with weight decay on 2-D weights only, a cosine
+ * (or constant) learning-rate schedule with warmup, gradient clipping, gradient
+ * accumulation, validation loss on fixed batches, checkpoints and exact resume, progress
+ * with tokens/s, JSON-lines logs, and a last line that is one JSON object. docs/gpt.md. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpt.h"
+
+#define KJV_COMMAND "bible gen1:1-rev22:21"
+
+typedef struct args {
+    /* model */
+    int64_t n_layer, n_head, n_embd, block_size;
+    double dropout;
+    int64_t bias, gelu_tanh;
+    /* training */
+    const char *data;
+    int64_t steps, decay_steps, batch, warmup, grad_accum, eval_every, eval_batches, save_every;
+    double lr, weight_decay, min_lr, grad_clip, beta1, beta2;
+    const char *schedule;
+    const char *save, *resume, *log;
+    int64_t threads;
+    uint64_t seed;
+    /* sampling */
+    bool sample;
+    const char *load, *prompt;
+    int64_t tokens, top_k;
+    double temperature;
+} args;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(const args *a) {
+    fprintf(stderr,
+            "usage: gpt [flags]                      train (defaults: the W3 recipe, cosine lr)\n"
+            "       gpt --sample --load FILE [flags]  generate text\n"
+            "model:\n"
+            "  --n-layer N --n-head N --n-embd N --block-size N   (default %lld %lld %lld %lld)\n"
+            "  --dropout P      dropout probability (default %g)\n"
+            "  --bias 0|1       biases in linear layers and layer norms (default %lld)\n"
+            "  --gelu-tanh 0|1  tanh-approximated GELU (default %lld: exact)\n"
+            "training:\n"
+            "  --data FILE      training text, bytes are tokens (default: `" KJV_COMMAND "`)\n"
+            "  --steps N        optimizer steps (default %lld)\n"
+            "  --batch N        sequences per micro-batch (default %lld)\n"
+            "  --grad-accum N   micro-batches per step (default %lld)\n"
+            "  --lr X           peak learning rate (default %g)\n"
+            "  --schedule S     cosine (linear warmup, cosine decay to --min-lr) or constant\n"
+            "                   (default %s; the W3 recipe is constant)\n"
+            "  --warmup N       warmup steps of the cosine schedule (default: 5%% of it)\n"
+            "  --min-lr X       final lr of the cosine schedule (default lr / 10)\n"
+            "  --decay-steps N  length of the cosine schedule (default --steps)\n"
+            "  --weight-decay X AdamW weight decay of 2-D weights (default %g)\n"
+            "  --beta1 X --beta2 X  AdamW betas (default %g %g)\n"
+            "  --grad-clip X    clip the global gradient norm to X (default %g: off)\n"
+            "  --eval-every N   validation loss every N steps, and at the end (default %lld)\n"
+            "  --eval-batches N fixed validation batches (default %lld)\n"
+            "  --save FILE      checkpoint at every evaluation and at the end\n"
+            "  --save-every N   checkpoint every N steps instead\n"
+            "  --resume FILE    continue from a checkpoint (same flags and seed)\n"
+            "  --log FILE       JSON lines: one per step and one per evaluation\n"
+            "  --threads N      CPU threads (default: all cores)\n"
+            "  --seed N         initialization, batch order, dropout (default %llu)\n"
+            "sampling:\n"
+            "  --load FILE      a checkpoint or model .safetensors (--n-head must match)\n"
+            "  --prompt TEXT    the start of the text (default a newline)\n"
+            "  --tokens N       bytes to generate (default %lld)\n"
+            "  --temperature T  0 = greedy (default %g)\n"
+            "  --top-k K        sample from the K most likely bytes (default 0: all)\n",
+            (long long)a->n_layer, (long long)a->n_head, (long long)a->n_embd,
+            (long long)a->block_size, a->dropout, (long long)a->bias, (long long)a->gelu_tanh,
+            (long long)a->steps, (long long)a->batch, (long long)a->grad_accum, a->lr,
+            a->schedule, a->weight_decay, a->beta1, a->beta2,
+            a->grad_clip, (long long)a->eval_every, (long long)a->eval_batches,
+            (unsigned long long)a->seed, (long long)a->tokens, a->temperature);
+}
+
+static bool parse_i64(const char *flag, const char *s, int64_t min, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < min) {
+        fprintf(stderr, "gpt: %s expects an integer >= %lld, got \"%s\"\n", flag, (long long)min, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_f64(const char *flag, const char *s, double min, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= min) || !isfinite(v)) {
+        fprintf(stderr, "gpt: %s expects a number >= %g, got \"%s\"\n", flag, min, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_args(int argc, char **argv, args *a) {
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            usage(a);
+            return false;
+        }
+        if (!strcmp(f, "--sample")) {
+            a->sample = true;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "gpt: %s needs a value (see --help)\n", f);
+            return false;
+        }
+        const char *v = argv[++i];
+        int64_t n;
+        bool ok = true;
+#define I64(name, field, min) else if (!strcmp(f, name)) ok = parse_i64(f, v, min, &a->field)
+#define F64(name, field, min) else if (!strcmp(f, name)) ok = parse_f64(f, v, min, &a->field)
+#define STR(name, field) else if (!strcmp(f, name)) a->field = v
+        if (0) {
+        }
+        I64("--n-layer", n_layer, 1); I64("--n-head", n_head, 1); I64("--n-embd", n_embd, 1);
+        I64("--block-size", block_size, 1); F64("--dropout", dropout, 0);
+        I64("--bias", bias, 0); I64("--gelu-tanh", gelu_tanh, 0);
+        STR("--data", data); I64("--steps", steps, 0); I64("--batch", batch, 1);
+        I64("--grad-accum", grad_accum, 1); F64("--lr", lr, 0); STR("--schedule", schedule);
+        I64("--warmup", warmup, 0); I64("--decay-steps", decay_steps, 0); F64("--min-lr", min_lr, 0);
+        F64("--weight-decay", weight_decay, 0); F64("--beta1", beta1, 0);
+        F64("--beta2", beta2, 0); F64("--grad-clip", grad_clip, 0);
+        I64("--eval-every", eval_every, 0); I64("--eval-batches", eval_batches, 1);
+        I64("--save-every", save_every, 0);
+        STR("--save", save); STR("--resume", resume); STR("--log", log);
+        I64("--threads", threads, 0);
+        else if (!strcmp(f, "--seed")) {
+            if ((ok = parse_i64(f, v, 0, &n))) a->seed = (uint64_t)n;
+        }
+        STR("--load", load); STR("--prompt", prompt); I64("--tokens", tokens, 0);
+        F64("--temperature", temperature, 0); I64("--top-k", top_k, 0);
+        else {
+            fprintf(stderr, "gpt: unknown flag %s (see --help)\n", f);
+            return false;
+        }
+#undef I64
+#undef F64
+#undef STR
+        if (!ok) return false;
+    }
+    if (strcmp(a->schedule, "cosine") && strcmp(a->schedule, "constant")) {
+        fprintf(stderr, "gpt: --schedule must be cosine or constant, got \"%s\"\n", a->schedule);
+        return false;
+    }
+    if (a->bias > 1 || a->gelu_tanh > 1 || !(a->dropout < 1) || !(a->lr > 0) ||
+        !(a->beta1 < 1) || !(a->beta2 < 1)) {
+        fprintf(stderr, "gpt: --bias and --gelu-tanh take 0 or 1, --dropout and the betas must "
+                        "be < 1, --lr > 0\n");
+        return false;
+    }
+    if (a->sample && !a->load) {
+        fprintf(stderr, "gpt: --sample needs --load FILE\n");
+        return false;
+    }
+    return true;
+}
+
+/* The default text: the output of the KJV command (Debian package bible-kjv), 4.3 MB. */
+static nb_tensor *read_kjv(void) {
+    FILE *p = popen(KJV_COMMAND " 2>/dev/null", "r");
+    if (!p) return NULL;
+    size_t n = 0, cap = 1 << 23;
+    unsigned char *buf = malloc(cap);
+    for (size_t got; buf && (got = fread(buf + n, 1, cap - n, p)) > 0;) {
+        n += got;
+        if (n == cap) {
+            unsigned char *b = realloc(buf, cap *= 2);
+            if (!b) free(buf);
+            buf = b;
+        }
+    }
+    int rc = pclose(p);
+    nb_tensor *t = NULL;
+    if (buf && rc == 0 && n > 0) t = nb_from_buffer(buf, (int64_t[]){(int64_t)n}, 1, NB_U8);
+    free(buf);
+    return t;
+}
+
+/* ---- sampling ------------------------------------------------------------------------------ */
+static int run_sample(const args *a) {
+    int rc = 1;
+    gpt_config cfg = {.n_head = a->n_head, .gelu_tanh = a->gelu_tanh != 0};
+    nb_set_num_threads((int)a->threads);
+    nb_module *model = NULL;
+    nb_generator *gen = nb_generator_new(a->seed);
+    const char *prompt = a->prompt ? a->prompt : "\n";
+    int64_t np = (int64_t)strlen(prompt), *toks = malloc(sizeof(int64_t) * (size_t)(np + a->tokens + 1));
+    if (!toks || !gen) goto done;
+    if (gpt_config_from_file(a->load, &cfg) != NB_OK || !(model = gpt_new(&cfg, NULL)) ||
+        gpt_load(model, a->load) != NB_OK) {
+        fprintf(stderr, "gpt: %s\n", nb_last_error());
+        goto done;
+    }
+    if (np == 0) { /* an empty prompt starts from a newline, as nanoGPT's sample.py */
+        prompt = "\n";
+        np = 1;
+    }
+    for (int64_t i = 0; i < np; i++) toks[i] = (unsigned char)prompt[i];
+    fprintf(stderr, "gpt: %lld layers, %lld heads, width %lld, context %lld, %lld parameters\n",
+            (long long)cfg.n_layer, (long long)cfg.n_head, (long long)cfg.n_embd,
+            (long long)cfg.block_size, (long long)nb_num_parameters(model));
+    gpt_sample_opts so = {.temperature = a->temperature, .top_k = a->top_k, .gen = gen};
+    if (gpt_generate(model, toks, np, a->tokens, &so, toks + np) != NB_OK) {
+        fprintf(stderr, "gpt: %s\n", nb_last_error());
+        goto done;
+    }
+    for (int64_t i = 0; i < np + a->tokens; i++) putchar((int)toks[i]);
+    putchar('\n');
+    rc = 0;
+done:
+    free(toks);
+    nb_module_free(model);
+    nb_generator_free(gen);
+    return rc;
+}
+
+/* ---- training ------------------------------------------------------------------------------ */
+/* Mean loss over the fixed validation batches (the generator is rewound each time, so
+ * every evaluation sees the same batches), in eval mode without gradients. */
+static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t n,
+                       nb_tensor *x, nb_tensor *y) {
+    nb_generator_set_stream(vgen, 0);
+    nb_module_train(m, false);
+    bool prev = nb_set_grad_enabled(false);
+    double sum = 0;
+    for (int64_t i = 0; i < n && !isnan(sum); i++) {
+        nb_scope_begin();
+        nb_tensor *l = nb_text_sample(val, vgen, x, y) == NB_OK ? gpt_loss(m, x, y) : NULL;
+        sum = l ? sum + nb_item_f64(l) : NAN;
+        nb_scope_end();
+    }
+    nb_set_grad_enabled(prev);
+    nb_module_train(m, true);
+    return sum / (double)n;
+}
+
+/* A number for a JSON line: JSON has no NaN or infinity, so those become null. */
+static const char *jnum(double v, int prec, char *buf, size_t n) {
+    if (isfinite(v)) snprintf(buf, n, "%.*f", prec, v);
+    else snprintf(buf, n, "null");
+    return buf;
+}
+
+static int cmp_f64(const void *p, const void *q) {
+    double x = *(const double *)p, y = *(const double *)q;
+    return (x > y) - (x < y);
+}
+
+static void fmt_eta(double s, char *buf, size_t n) {
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+}
+
+#define FAIL(...)                                                                            \
+    do {                                                                                     \
+        fprintf(stderr, "gpt: ");                                                            \
+        fprintf(stderr, __VA_ARGS__);                                                        \
+        fprintf(stderr, "\n");                                                               \
+        goto done;                                                                           \
+    } while (0)
+
+static int run_train(const args *a) {
+    int rc = 1;
+    const double t_start = now_s();
+    const int64_t B = a->batch, T = a->block_size, N = a->grad_accum;
+    nb_generator *init = nb_generator_new(a->seed), *batch_gen = nb_generator_new(a->seed + 1234),
+                 *drop_gen = nb_generator_new(a->seed + 4321), *val_gen = nb_generator_new(999);
+    nb_tensor *text = NULL, *train = NULL, *val = NULL, **xs = calloc((size_t)N, sizeof *xs),
+              **ys = calloc((size_t)N, sizeof *ys);
+    nb_module *model = NULL;
+    nb_optim *opt = NULL;
+    nb_sched *sched = NULL;
+    nb_params decay = {0}, no_decay = {0};
+    double *times = calloc((size_t)a->steps + 1, sizeof(double));
+    FILE *log = NULL;
+    if (!init || !batch_gen || !drop_gen || !val_gen || !xs || !ys || !times) FAIL("out of memory");
+
+    text = a->data ? nb_read_bytes(a->data) : read_kjv();
+    if (!text) {
+        if (a->data) FAIL("%s", nb_last_error());
+        FAIL("could not run `%s` (install the Debian package bible-kjv, or pass --data FILE)",
+             KJV_COMMAND);
+    }
+    if (nb_text_split(text, 0.9, &train, &val) != NB_OK) FAIL("%s", nb_last_error());
+    if (nb_numel(val) <= T || nb_numel(train) <= T)
+        FAIL("the text (%lld bytes) is too short for --block-size %lld: its last 10%% (the "
+             "validation part) must be longer than a block", (long long)nb_numel(text),
+             (long long)T);
+    for (int64_t i = 0; i < N; i++) {
+        xs[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
+        ys[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
+        if (!xs[i] || !ys[i]) FAIL("%s", nb_last_error());
+    }
+
+    gpt_config cfg = {.block_size = T, .n_layer = a->n_layer, .n_head = a->n_head,
+                      .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
+                      .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = drop_gen};
+    nb_set_num_threads((int)a->threads);
+    if (!(model = gpt_new(&cfg, init))) FAIL("%s", nb_last_error());
+    /* nanoGPT's grouping: weight decay on matmul and embedding weights, none on biases
+     * and layer norms. (0 means "default" in the options: write an explicit zero.) */
+    if (nb_params_split_decay(nb_parameters(model), &decay, &no_decay) != NB_OK)
+        FAIL("%s", nb_last_error());
+    opt = nb_adamw(&decay, &(nb_adamw_opts){.lr = a->lr, .betas = {a->beta1, a->beta2},
+                                            .eps = 1e-8,
+                                            .weight_decay = a->weight_decay > 0 ? a->weight_decay
+                                                                                : NB_OPT_ZERO});
+    if (!opt || nb_optim_add_group(opt, &no_decay, &(nb_group_opts){.weight_decay = NB_OPT_ZERO}) < 0)
+        FAIL("%s", nb_last_error());
+    bool cosine = !strcmp(a->schedule, "cosine") && a->steps > 0; /* --steps 0: evaluate only */
+    double min_lr = a->min_lr >= 0 ? a->min_lr : a->lr / 10;
+    const int64_t decay_steps = a->decay_steps > 0 ? a->decay_steps : a->steps;
+    const int64_t warmup = a->warmup >= 0 ? a->warmup : decay_steps / 20;
+    if (cosine && warmup >= decay_steps)
+        FAIL("--warmup (%lld) must be less than the schedule's length (%lld)",
+             (long long)warmup, (long long)decay_steps);
+    sched = nb_sched_new(opt, cosine ? &(nb_sched_opts){.kind = NB_SCHED_COSINE,
+                                                        .warmup_steps = warmup,
+                                                        .total_steps = decay_steps,
+                                                        .min_lr = min_lr}
+                                     : &(nb_sched_opts){.kind = NB_SCHED_CONSTANT});
+    if (!sched) FAIL("%s", nb_last_error());
+    if (a->log && !(log = fopen(a->log, a->resume ? "a" : "w")))
+        FAIL("cannot open --log %s: %s", a->log, strerror(errno));
+
+    nb_checkpoint ck = {.model = model, .optim = opt, .sched = sched,
+                        .gens = (nb_generator *[]){batch_gen, drop_gen}, .ngens = 2};
+    int64_t step = 0, first = 0;
+    if (a->resume) {
+        if (nb_checkpoint_load(a->resume, &ck) != NB_OK) FAIL("%s", nb_last_error());
+        first = step = ck.step;
+        printf("resumed from %s at step %lld\n", a->resume, (long long)step);
+    }
+    const double flops = gpt_train_flops(&cfg, B * N, T);
+    const int64_t tokens_per_step = B * T * N;
+    const bool tty = isatty(STDOUT_FILENO);
+    printf("gpt: %lld parameters, %lld layers, %lld heads, width %lld, context %lld; "
+           "%lld train / %lld val bytes; batch %lld x %lld micro-batches; %d threads, gemm %s\n",
+           (long long)nb_num_parameters(model), (long long)cfg.n_layer, (long long)cfg.n_head,
+           (long long)cfg.n_embd, (long long)T, (long long)nb_numel(train),
+           (long long)nb_numel(val), (long long)B, (long long)N, nb_get_num_threads(),
+           nb_gemm_provider_name(nb_gemm_provider_current()));
+    fflush(stdout);
+
+    double val_loss = NAN, last_losses[10], train_time = 0, last_print = 0;
+    int64_t n_last = 0, val_step = -1, steady_allocs = -1;
+    nb_alloc_stats st0 = {0};
+    const int64_t print_every = a->steps >= 20 ? a->steps / 20 : 1;
+    while (step < a->steps) {
+        double t0 = now_s(), norm;
+        for (int64_t i = 0; i < N; i++)
+            if (nb_text_sample(train, batch_gen, xs[i], ys[i]) != NB_OK) FAIL("%s", nb_last_error());
+        double lr = nb_optim_get_lr(opt, 0);
+        double loss = gpt_train_step(model, opt, xs, ys, (int)N, a->grad_clip, &norm);
+        if (isnan(loss)) FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
+        if (nb_sched_step(sched) != NB_OK) FAIL("%s", nb_last_error());
+        double dt = now_s() - t0;
+        times[step - first] = dt;
+        train_time += dt;
+        step++;
+        if (step - first == 10) nb_alloc_get_stats(&st0); /* steady state from here */
+        last_losses[n_last++ % 10] = loss;
+        const double tps = (double)tokens_per_step * (double)(step - first) / train_time;
+        if (log) {
+            char ls[32], gn[32];
+            fprintf(log, "{\"type\": \"step\", \"step\": %lld, \"loss\": %s, \"lr\": %.6g, "
+                    "\"grad_norm\": %s, \"step_ms\": %.2f, \"tokens_per_s\": %.1f}\n",
+                    (long long)step, jnum(loss, 6, ls, sizeof ls), lr,
+                    jnum(norm, 6, gn, sizeof gn), dt * 1e3, tps);
+        }
+        char eta[32];
+        fmt_eta((double)(a->steps - step) * tokens_per_step / tps, eta, sizeof eta);
+        double t = now_s();
+        if (tty && (t - last_print > 0.2 || step == a->steps)) {
+            printf("\rstep %lld/%lld  loss %.4f  lr %.2e  %.0f tokens/s  ETA %s   ",
+                   (long long)step, (long long)a->steps, loss, lr, tps, eta);
+            fflush(stdout);
+            last_print = t;
+        } else if (!tty && (step % print_every == 0 || step == a->steps)) {
+            printf("step %lld/%lld loss %.4f lr %.2e tokens/s %.0f ETA %s\n", (long long)step,
+                   (long long)a->steps, loss, lr, tps, eta);
+            fflush(stdout);
+        }
+        bool eval_now = step == a->steps || (a->eval_every > 0 && step % a->eval_every == 0);
+        if (eval_now) {
+            double te = now_s();
+            val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0]);
+            if (isnan(val_loss)) FAIL("evaluation: %s", nb_last_error());
+            val_step = step;
+            if (tty) printf("\n");
+            printf("step %lld: train loss %.4f  val loss %.4f  (eval %.1f s)\n", (long long)step,
+                   loss, val_loss, now_s() - te);
+            fflush(stdout);
+            if (log)
+                fprintf(log, "{\"type\": \"eval\", \"step\": %lld, \"train_loss\": %.6f, "
+                        "\"val_loss\": %.6f}\n", (long long)step, loss, val_loss);
+        }
+        bool save_now = a->save && (step == a->steps || (a->save_every > 0
+                                                             ? step % a->save_every == 0
+                                                             : eval_now));
+        if (save_now) {
+            ck.step = step;
+            if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+        }
+        if (log) fflush(log);
+    }
+    if (val_step != step) { /* nothing trained (or resumed at the end): evaluate once */
+        val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0]);
+        if (isnan(val_loss)) FAIL("evaluation: %s", nb_last_error());
+    }
+    if (step - first >= 10) {
+        nb_alloc_stats st;
+        nb_alloc_get_stats(&st);
+        steady_allocs = st.system_allocs - st0.system_allocs;
+    }
+    /* Throughput as torch_ref.py reports it: the median step time, after 10 warm-up steps
+     * when there are at least 20. */
+    int64_t ran = step - first, skip = ran >= 20 ? 10 : 0;
+    double median = NAN, train_loss = NAN;
+    if (ran > skip) {
+        qsort(times + skip, (size_t)(ran - skip), sizeof(double), cmp_f64);
+        int64_t k = ran - skip;
+        median = k % 2 ? times[skip + k / 2] : 0.5 * (times[skip + k / 2 - 1] + times[skip + k / 2]);
+        int64_t nl = n_last < 10 ? n_last : 10;
+        train_loss = 0;
+        for (int64_t i = 0; i < nl; i++) train_loss += last_losses[i];
+        train_loss /= (double)nl;
+    }
+    char vl[32], tl[32];
+    printf("{\"model\": \"gpt\", \"val_loss\": %s, \"train_loss\": %s, \"tokens_per_s\": %.1f, "
+           "\"wall_s\": %.2f, \"steps\": %lld, \"params\": %lld, \"step_ms_median\": %.2f, "
+           "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"threads\": %d, "
+           "\"steady_system_allocs\": %lld}\n",
+           jnum(val_loss, 4, vl, sizeof vl), jnum(train_loss, 4, tl, sizeof tl),
+           ran > skip ? (double)tokens_per_step / median : 0.0,
+           now_s() - t_start, (long long)step, (long long)nb_num_parameters(model),
+           ran > skip ? median * 1e3 : 0.0, flops / 1e9, ran > skip ? flops / 1e9 / median : 0.0,
+           nb_get_num_threads(), (long long)steady_allocs);
+    rc = 0;
+done:
+    if (log) fclose(log);
+    nb_sched_free(sched);
+    nb_optim_free(opt);
+    nb_params_deinit(&decay);
+    nb_params_deinit(&no_decay);
+    nb_module_free(model);
+    for (int64_t i = 0; xs && ys && i < N; i++) {
+        nb_tensor_free(xs[i]);
+        nb_tensor_free(ys[i]);
+    }
+    free(xs);
+    free(ys);
+    free(times);
+    nb_tensor_free(train);
+    nb_tensor_free(val);
+    nb_tensor_free(text);
+    nb_generator_free(init);
+    nb_generator_free(batch_gen);
+    nb_generator_free(drop_gen);
+    nb_generator_free(val_gen);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    args a = {.n_layer = 4, .n_head = 4, .n_embd = 256, .block_size = 128, .bias = 1,
+              .steps = 200, .batch = 16, .warmup = -1, .grad_accum = 1, .eval_every = 100,
+              .eval_batches = 20, .lr = 3e-4, .weight_decay = 0.1, .min_lr = -1, .beta1 = 0.9,
+              .beta2 = 0.999, .schedule = "cosine", .tokens = 500, .temperature = 0.8};
+    if (!parse_args(argc, argv, &a)) return 2;
+    return a.sample ? run_sample(&a) : run_train(&a);
+}

@@ -1,0 +1,203 @@
+/* attention.c - nb_causal_attention: causal scaled dot-product attention as one fused op
+ * (kernels in cpu/attention.c) with one autograd node, NB__OP_ATTENTION.
+ *
+ * The node saves q, k, v and the per-row log-sum-exp of the scores (B * H * T values); the
+ * backward recomputes the attention weights from them, so no (T, T) tensor outlives a call.
+ * With dropout, the mask is a function of (generator seed, stream, an offset range reserved
+ * in the forward, element index): the forward advances the generator past B * H * T * T / 4
+ * Philox blocks and the node keeps the range's start, so the backward regenerates the same
+ * mask without storing it (cpu/attention.h has the exact draw).
+ *
+ * Layouts: q, k, v may be any views whose last dim is contiguous (e.g. (B, T, H, D) slices of
+ * a fused qkv projection permuted to (B, H, T, D)): the GEMMs read them in place. Others are
+ * made contiguous once. The output and the gradients of views are (B, H, T, D) views of
+ * (B, T, H, D) buffers, as PyTorch's CPU flash attention returns them: transposing back to
+ * (B, T, H, D) and merging the heads is then free (the gradient of a contiguous input is
+ * contiguous instead). f16/bf16 are computed in f32. */
+#include <math.h>
+
+#include "attention.h"
+#include "autograd_impl.h"
+#include "nabla/nn.h"
+#include "nabla/random.h"
+
+static const char *const OP = "causal_attention";
+
+static bool wants(const nb__node *n, int i) { return n->edges[i].node || n->edges[i].leaf; }
+
+/* t converted to dt, with the last dim contiguous and rows (dim 2) far enough apart for a
+ * GEMM's leading dimension; t itself when it already is. */
+static nb_tensor *usable(nb_tensor *t, nb_dtype dt) {
+    nb_tensor *c = nb_to_dtype(t, dt);
+    if (!c) return NULL;
+    const int64_t *sh = c->shape, *st = c->strides;
+    bool ok = (sh[3] <= 1 || st[3] == 1) && (sh[2] <= 1 || st[2] >= sh[3]) && st[0] >= 0 &&
+              st[1] >= 0;
+    return ok ? c : nb_contiguous(c);
+}
+
+/* Strides (B, H, T) of a usable tensor; the T stride is at least max(1, D) (a GEMM's
+ * leading dimension) even where T <= 1 makes it irrelevant. */
+static void strides3(const nb_tensor *t, int64_t out[3]) {
+    int64_t D = t->shape[3], ld = t->shape[2] <= 1 ? D : t->strides[2];
+    out[0] = t->strides[0];
+    out[1] = t->strides[1];
+    out[2] = ld > 1 ? ld : 1;
+}
+
+/* A (B, H, T, D) view of a fresh (B, T, H, D) buffer of dtype dt. */
+static nb_tensor *bthd(const int64_t *shape, nb_dtype dt) {
+    int64_t s[4] = {shape[0], shape[2], shape[1], shape[3]};
+    nb_tensor *buf = nb__empty(s, 4, dt, NB_CPU);
+    return buf ? nb_transpose(buf, 1, 2) : NULL;
+}
+
+static bool check_input(const nb_tensor *t, const char *name) {
+    if (t->storage->device.type != NB_DEVICE_CPU) {
+        nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", OP);
+        return false;
+    }
+    if (!nb_dtype_is_float(t->dtype)) {
+        nb__error(NB_EDTYPE, "%s: %s has dtype %s; attention needs f32, f64, f16 or bf16", OP,
+                  name, nb_dtype_name(t->dtype));
+        return false;
+    }
+    if (t->ndim != 4) {
+        nb__error(NB_ESHAPE, "%s: %s must be 4-D (batch, heads, time, head_dim), got shape %s",
+                  OP, name, NB__SHAPE(t));
+        return false;
+    }
+    return true;
+}
+
+nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double scale,
+                               double dropout_p, bool training, nb_generator *gen) {
+    NB__CHECK_ARG(q, OP, "q");
+    NB__CHECK_ARG(k, OP, "k");
+    NB__CHECK_ARG(v, OP, "v");
+    if (!check_input(q, "q") || !check_input(k, "k") || !check_input(v, "v")) return NULL;
+    if (k->dtype != q->dtype || v->dtype != q->dtype) {
+        nb__error(NB_EDTYPE, "%s: q, k and v must have the same dtype, got %s, %s and %s", OP,
+                  nb_dtype_name(q->dtype), nb_dtype_name(k->dtype), nb_dtype_name(v->dtype));
+        return NULL;
+    }
+    for (int d = 0; d < 4; d++)
+        if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d]) {
+            nb__error(NB_ESHAPE, "%s: q, k and v must have the same shape (B, H, T, D), got "
+                      "q %s, k %s and v %s", OP, NB__SHAPE(q), NB__SHAPE(k), NB__SHAPE(v));
+            return NULL;
+        }
+    if (!(dropout_p >= 0 && dropout_p <= 1)) {
+        nb__error(NB_EINVAL, "%s: dropout probability must be in [0, 1], got %g", OP, dropout_p);
+        return NULL;
+    }
+    if (!isfinite(scale)) {
+        nb__error(NB_EINVAL, "%s: scale must be finite (0 means 1/sqrt(head_dim)), got %g", OP,
+                  scale);
+        return NULL;
+    }
+    const int64_t *shape = q->shape;
+    const int64_t B = shape[0], H = shape[1], T = shape[2], D = shape[3];
+    if (scale == 0) scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
+    const nb_dtype dt = q->dtype, cdt = dt == NB_F64 ? NB_F64 : NB_F32;
+    const bool drop = training && dropout_p > 0;
+
+    nb__attn_geom g = {.B = B, .H = H, .T = T, .D = D, .scale = scale, .p = drop ? dropout_p : 0};
+    if (drop) {
+        nb_generator *gg = gen ? gen : nb_default_generator();
+        g.seed = nb_generator_seed(gg);
+        g.stream = nb_generator_stream(gg);
+        g.offset = nb_generator_offset(gg);
+        /* reserve the blocks of a (B, H, T, T) draw, as nb_bernoulli would use them */
+        uint64_t n = (uint64_t)B * (uint64_t)H * (uint64_t)T * (uint64_t)T;
+        nb_generator_set_offset(gg, g.offset + (n + 3) / 4);
+    }
+
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_tensor *qc = usable(q, cdt), *kc = usable(k, cdt), *vc = usable(v, cdt);
+    nb_tensor *o = bthd(shape, cdt);
+    int64_t lshape[3] = {B, H, T};
+    nb_tensor *lse = nb__empty(lshape, 3, cdt, NB_CPU);
+    nb_tensor *out = NULL;
+    if (qc && kc && vc && o && lse) {
+        strides3(qc, g.sq);
+        strides3(kc, g.sk);
+        strides3(vc, g.sv);
+        strides3(o, g.so);
+        nb_status st =
+            cdt == NB_F64
+                ? nb__cpu_attention_fwd_f64(&g, (const double *)nb__ptr(qc),
+                                            (const double *)nb__ptr(kc),
+                                            (const double *)nb__ptr(vc), (double *)nb__ptr(o),
+                                            (double *)nb__ptr(lse))
+                : nb__cpu_attention_fwd_f32(&g, (const float *)nb__ptr(qc),
+                                            (const float *)nb__ptr(kc),
+                                            (const float *)nb__ptr(vc), (float *)nb__ptr(o),
+                                            (float *)nb__ptr(lse));
+        if (st == NB_OK) out = cdt == dt ? o : nb_to_dtype(o, dt);
+    }
+    nb_keep(out);
+    nb_keep(lse);
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    nb__node *nd = out ? nb__record(out, NB__OP_ATTENTION, (nb_tensor *[]){q, k, v}, 3) : NULL;
+    if (nd) {
+        nb__save(nd, 0, q);
+        nb__save(nd, 1, k);
+        nb__save(nd, 2, v);
+        nb__save(nd, 3, lse);
+        nd->attrs.f[0] = scale;
+        nd->attrs.f[1] = g.p;
+        nd->attrs.i[0] = (int64_t)g.seed;
+        nd->attrs.i[1] = (int64_t)g.stream;
+        nd->attrs.i[2] = (int64_t)g.offset;
+        nd->attrs.ni = 3;
+        nd->attrs.flag = drop;
+    }
+    if (lse) nb_tensor_free(nb__scope_take(lse));
+    return out;
+}
+
+nb_status nb__bw_ATTENTION(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
+    nb_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *lse = n->saved[3];
+    const nb_dtype cdt = lse->dtype;
+    const int64_t *shape = q->shape;
+    nb__attn_geom g = {.B = shape[0], .H = shape[1], .T = shape[2], .D = shape[3],
+                       .scale = n->attrs.f[0], .p = n->attrs.f[1],
+                       .seed = (uint64_t)n->attrs.i[0], .stream = (uint64_t)n->attrs.i[1],
+                       .offset = (uint64_t)n->attrs.i[2]};
+    nb_tensor *qc = usable(q, cdt), *kc = usable(k, cdt), *vc = usable(v, cdt);
+    nb_tensor *gc = usable(gout, cdt);
+    if (!qc || !kc || !vc || !gc) return nb_last_status();
+    nb_tensor *d[3] = {NULL, NULL, NULL};
+    /* a contiguous input gets a contiguous gradient (a leaf can then take it over as is);
+     * views get the (B, T, H, D) layout their transpose back to a fused qkv makes dense */
+    for (int i = 0; i < 3; i++)
+        if (wants(n, i) &&
+            !(d[i] = nb_is_contiguous(n->saved[i]) ? nb__empty(shape, 4, cdt, NB_CPU)
+                                                   : bthd(shape, cdt)))
+            return nb_last_status();
+    strides3(qc, g.sq);
+    strides3(kc, g.sk);
+    strides3(vc, g.sv);
+    strides3(gc, g.sdo);
+    if (d[0]) strides3(d[0], g.sdq);
+    if (d[1]) strides3(d[1], g.sdk);
+    if (d[2]) strides3(d[2], g.sdv);
+#define NB__P(t, T) ((t) ? (T *)nb__ptr(t) : NULL)
+    nb_status st =
+        cdt == NB_F64
+            ? nb__cpu_attention_bwd_f64(&g, NB__P(qc, const double), NB__P(kc, const double),
+                                        NB__P(vc, const double), NB__P(lse, const double),
+                                        NB__P(gc, const double), NB__P(d[0], double),
+                                        NB__P(d[1], double), NB__P(d[2], double))
+            : nb__cpu_attention_bwd_f32(&g, NB__P(qc, const float), NB__P(kc, const float),
+                                        NB__P(vc, const float), NB__P(lse, const float),
+                                        NB__P(gc, const float), NB__P(d[0], float),
+                                        NB__P(d[1], float), NB__P(d[2], float));
+#undef NB__P
+    if (st != NB_OK) return st;
+    for (int i = 0; i < 3; i++) gin[i] = d[i];
+    return NB_OK;
+}

@@ -1,0 +1,884 @@
+/* comm_mpi.c - the MPI backend ("mpi"), compiled when meson found MPI (NB_HAVE_MPI):
+ * initialization and finalization, communicators, and the collectives.
+ *
+ * How a collective runs. Small ones (up to NB__MPI_INLINE_BYTES) are MPI's nonblocking
+ * collectives (MPI_Iallreduce, ...) completed by MPI_Test polling in wait/test: no thread
+ * hand-off, whose wake-up latency (tens of microseconds on a busy machine) would dwarf
+ * them. Large ones are MPI's blocking collectives (MPI_Allreduce, ...) run by one worker
+ * thread per communicator: those use MPI's tuned algorithms (Open MPI's nonblocking ones,
+ * libnbc, reach only 0.3-0.6 of their bandwidth on large messages here), and the thread
+ * makes progress while the caller computes, which is what overlapping gradient allreduce
+ * with backward needs. The caller waits on a condition variable with a deadline, so every
+ * wait has a timeout although MPI's blocking calls have none.
+ *
+ * Order. Collectives reach MPI in the order the caller started them: a small one is issued
+ * by the caller only while the worker has nothing queued or running, otherwise it joins
+ * the worker's queue and the worker issues it (without waiting for it) in turn. Which kind
+ * MPI sees (nonblocking or blocking) depends only on the arguments, never on timing, so it
+ * is the same on every rank: Open MPI matches the two kinds separately, and ranks that
+ * disagreed would pair a call with the wrong messages. Point-to-point operations are
+ * MPI_Isend/MPI_Irecv by the caller, polled with MPI_Test (queueing them behind
+ * collectives could deadlock an exchange).
+ *
+ * Who did not arrive, and abandoned requests: comm_mpi_ctl.c.
+ *
+ * Errors: every communicator uses MPI_ERRORS_RETURN, so MPI errors become NB_ECOMM with
+ * MPI_Error_string's text. A dead peer usually produces no MPI error at all (shared-memory
+ * transports just never deliver), hence the timeouts.
+ *
+ * Life cycle. MPI is initialized on first use with MPI_THREAD_MULTIPLE unless the program
+ * did it; nabla then finalizes it at exit, except while an operation is still stuck in MPI
+ * (a timed-out collective): MPI_Finalize would wait for the missing peer forever, so the
+ * process exits without it and the launcher ends the job. If the program initialized MPI
+ * with less than MPI_THREAD_MULTIPLE, nabla runs collectives inline on the calling thread
+ * (serialized by a lock) with blocking MPI calls: correct, but without timeouts for
+ * collectives and without overlap. */
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm_mpi.h"
+#include "nb_config.h"
+
+#define NB__MPI_INLINE_BYTES (256 << 10) /* collectives up to this size skip the worker */
+#define PIECE (1LL << 30)                /* elements per MPI call (counts are int) */
+#define HALF_PIECE (1LL << 22)           /* f16/bf16 elements staged in f32 at a time */
+
+nb__mpi_state nb__mpi = {.mu = PTHREAD_MUTEX_INITIALIZER,
+                         .inline_mu = PTHREAD_MUTEX_INITIALIZER};
+#define g nb__mpi
+
+void nb__mpi_sleep(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void err_str(int rc, char *buf, size_t n) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "error code %d", rc);
+    snprintf(buf, n, "%s", s);
+}
+
+static nb_status mpi_error(int rc, const char *what) {
+    char s[MPI_MAX_ERROR_STRING];
+    err_str(rc, s, sizeof s);
+    return nb__error(NB_ECOMM, "%s: MPI error: %s", what, s);
+}
+
+static void fail_mpi(nb_work *w, int rc) {
+    char s[MPI_MAX_ERROR_STRING];
+    err_str(rc, s, sizeof s);
+    nb__work_fail(w, NB_ECOMM, "%s on rank %d of %d: MPI error: %s", nb__coll_name(w->a.kind),
+                  w->comm->rank, w->comm->size, s);
+}
+
+/* ---- launcher detection, initialization, finalization ------------------------------------ */
+bool nb__comm_mpi_wanted(void) {
+    const char *force = getenv("NB_COMM_MPI");
+    if (force && *force) return strcmp(force, "0") != 0;
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (inited || fin) return true; /* finalized: nb__comm_mpi_world says so */
+    /* Open MPI's mpirun, PMIx (srun --mpi=pmix, prterun), PMI-1/2 (srun --mpi=pmi2, MPICH's
+     * hydra). A plain srun without an MPI plugin starts independent singletons anyway. */
+    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                                 "PMI_FD", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return true;
+    return false;
+}
+
+static void stop_worker(nb__mpi_comm *m);
+
+/* Runs first thing in MPI_Finalize, whoever calls it (an attribute of MPI_COMM_SELF is
+ * deleted then): the control thread must not be inside MPI any more. */
+static int on_finalize(MPI_Comm comm, int key, void *val, void *extra) {
+    nb__mpi_ctl_stop();
+    pthread_mutex_lock(&g.mu);
+    g.finalized = true;
+    pthread_mutex_unlock(&g.mu);
+    return MPI_SUCCESS;
+}
+
+/* Something still inside MPI (a timed-out collective, an operation never waited for). */
+static bool any_busy(void) {
+    if (atomic_load(&g.stuck) > 0) return true;
+    bool busy = false;
+    pthread_mutex_lock(&g.mu);
+    for (nb__mpi_comm *m = g.reg; m; m = m->next_reg) {
+        pthread_mutex_lock(&m->mu);
+        if (m->running || m->qhead || atomic_load(&m->inflight) > 0) busy = true;
+        pthread_mutex_unlock(&m->mu);
+    }
+    pthread_mutex_unlock(&g.mu);
+    return busy;
+}
+
+static void at_exit(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin || !g.init_by_us) return;
+    /* MPI_Finalize would wait for a missing peer forever: exit without it, and the launcher
+     * reports the unfinalized process and ends the job. */
+    if (any_busy()) return;
+    /* Communicators the program did not free: stop their (idle) workers and cancel their
+     * control receives, so that nothing of nabla's is inside MPI when it finalizes. */
+    for (;;) {
+        pthread_mutex_lock(&g.mu);
+        nb__mpi_comm *m = g.reg;
+        pthread_mutex_unlock(&g.mu);
+        if (!m) break;
+        stop_worker(m);
+        nb__mpi_ctl_unregister(m);
+    }
+    nb__mpi_ctl_stop();
+    MPI_Finalize();
+}
+
+static nb_status ensure_init(void) {
+    int inited = 0, fin = 0;
+    MPI_Finalized(&fin);
+    if (fin) return nb__error(NB_ESTATE, "comm_world: MPI was already finalized");
+    MPI_Initialized(&inited);
+    if (!inited) {
+        int provided = 0;
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "comm_world: MPI_Init_thread");
+        g.init_by_us = true;
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        atexit(at_exit);
+    }
+    static bool hooked = false;
+    if (!hooked) {
+        int key;
+        if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, on_finalize, &key, NULL) ==
+            MPI_SUCCESS)
+            MPI_Comm_set_attr(MPI_COMM_SELF, key, NULL);
+        hooked = true;
+    }
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    g.threads = level >= MPI_THREAD_MULTIPLE;
+    if (!g.threads)
+        fprintf(stderr, "nabla: MPI was initialized without MPI_THREAD_MULTIPLE; collectives "
+                "run on the calling thread, without timeouts or overlap\n");
+    return NB_OK;
+}
+
+/* ---- types --------------------------------------------------------------------------------- */
+static MPI_Datatype raw_type(nb_dtype dt) {
+    switch (nb_dtype_size(dt)) {
+    case 1: return MPI_UINT8_T;
+    case 2: return MPI_UINT16_T;
+    case 4: return MPI_UINT32_T;
+    default: return MPI_UINT64_T;
+    }
+}
+
+static bool is_half(nb_dtype dt) { return dt == NB_F16 || dt == NB_BF16; }
+
+/* The MPI type and op a reduction runs in: halves are staged in f32; bool is a byte where
+ * sum and max are a logical or, min a logical and. */
+static void red_type(nb_dtype dt, nb_reduce_op op, MPI_Datatype *t, MPI_Op *o) {
+    switch (dt) {
+    case NB_F64: *t = MPI_DOUBLE; break;
+    case NB_I32: *t = MPI_INT32_T; break;
+    case NB_I64: *t = MPI_INT64_T; break;
+    case NB_U8:
+    case NB_BOOL: *t = MPI_UINT8_T; break;
+    default: *t = MPI_FLOAT; break; /* f32, f16, bf16 */
+    }
+    *o = op == NB_REDUCE_MAX ? MPI_MAX : op == NB_REDUCE_MIN ? MPI_MIN : MPI_SUM;
+    if (dt == NB_BOOL && op != NB_REDUCE_MIN) *o = MPI_MAX;
+}
+
+static void to_f32(nb_dtype dt, const void *src, float *dst, int64_t n) {
+    if (dt == NB_F16) nb__f16_to_f32_n(src, dst, n);
+    else nb__bf16_to_f32_n(src, dst, n);
+}
+static void from_f32(nb_dtype dt, const float *src, void *dst, int64_t n) {
+    if (dt == NB_F16) nb__f32_to_f16_n(src, dst, n);
+    else nb__f32_to_bf16_n(src, dst, n);
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---- blocking collectives (the worker) --------------------------------------------------------- */
+/* allreduce (root < 0) or reduce to root, in place on buf, in pieces that fit MPI's int
+ * counts (halves through an f32 staging buffer, a piece at a time). */
+static int do_reduce(nb__mpi_comm *m, nb_work *w, int root, bool *oom) {
+    nb__args *a = &w->a;
+    MPI_Datatype t;
+    MPI_Op o;
+    red_type(a->dtype, a->op, &t, &o);
+    bool half = is_half(a->dtype), avg = a->op == NB_REDUCE_AVG;
+    bool mine = root < 0 || root == w->comm->rank; /* this rank gets the result */
+    size_t es = nb_dtype_size(a->dtype);
+    int64_t piece = half ? HALF_PIECE : PIECE;
+    float *f = NULL;
+    if (half && a->count > 0 && !(f = nb_host_alloc((size_t)min64(a->count, piece) * 4))) {
+        *oom = true;
+        return MPI_SUCCESS;
+    }
+    int rc = MPI_SUCCESS;
+    int64_t off = 0;
+    do {
+        int64_t len = min64(a->count - off, piece);
+        char *p = (char *)a->buf + off * (int64_t)es;
+        void *b = p;
+        if (half) {
+            to_f32(a->dtype, p, f, len);
+            b = f;
+        }
+        if (root < 0) rc = MPI_Allreduce(MPI_IN_PLACE, b, (int)len, t, o, m->comm);
+        else if (mine) rc = MPI_Reduce(MPI_IN_PLACE, b, (int)len, t, o, root, m->comm);
+        else rc = MPI_Reduce(b, NULL, (int)len, t, o, root, m->comm);
+        if (rc != MPI_SUCCESS) break;
+        if (mine && avg) nb__comm_scale(b, len, half ? NB_F32 : a->dtype, 1.0 / w->comm->size);
+        if (mine && half) from_f32(a->dtype, f, p, len);
+        off += len;
+    } while (off < a->count);
+    if (f) nb_host_free(f);
+    return rc;
+}
+
+static int do_broadcast(nb__mpi_comm *m, nb_work *w) {
+    nb__args *a = &w->a;
+    size_t es = nb_dtype_size(a->dtype);
+    int rc = MPI_SUCCESS;
+    int64_t off = 0;
+    do {
+        int64_t len = min64(a->count - off, PIECE);
+        rc = MPI_Bcast((char *)a->buf + off * (int64_t)es, (int)len, raw_type(a->dtype), a->peer,
+                       m->comm);
+        off += len;
+    } while (rc == MPI_SUCCESS && off < a->count);
+    return rc;
+}
+
+/* Per-rank counts and offsets of the chunk rule over n elements. */
+static void chunk_counts(nb__mpi_comm *m, int64_t n) {
+    for (int r = 0; r < m->c->size; r++) {
+        int64_t b, e;
+        nb_comm_chunk(n, m->c->size, r, &b, &e);
+        m->counts[r] = (int)(e - b);
+        m->displs[r] = (int)b;
+    }
+}
+
+static int do_allgather(nb__mpi_comm *m, nb_work *w) {
+    nb__args *a = &w->a;
+    MPI_Datatype t = raw_type(a->dtype);
+    if (!a->chunked)
+        return MPI_Allgather(a->in, (int)a->in_count, t, a->out, (int)a->in_count, t, m->comm);
+    chunk_counts(m, a->out_count);
+    return MPI_Allgatherv(a->in, (int)a->in_count, t, a->out, m->counts, m->displs, t, m->comm);
+}
+
+/* Staging of a half-precision reduce_scatter: fa = in as f32, fb = the f32 result. */
+static bool rs_stage(nb_work *w, float **fa, float **fb) {
+    nb__args *a = &w->a;
+    *fa = nb_host_alloc((size_t)(a->in_count > 0 ? a->in_count : 1) * 4);
+    *fb = *fa ? nb_host_alloc((size_t)(a->out_count > 0 ? a->out_count : 1) * 4) : NULL;
+    if (!*fb) {
+        if (*fa) nb_host_free(*fa);
+        *fa = NULL;
+        return false;
+    }
+    to_f32(a->dtype, a->in, *fa, a->in_count);
+    return true;
+}
+
+/* After a reduce_scatter: the average's division, halves back from f32. */
+static void rs_post(nb_work *w, float *fb) {
+    nb__args *a = &w->a;
+    void *out = fb ? (void *)fb : a->out;
+    if (a->op == NB_REDUCE_AVG)
+        nb__comm_scale(out, a->out_count, fb ? NB_F32 : a->dtype, 1.0 / w->comm->size);
+    if (fb) from_f32(a->dtype, fb, a->out, a->out_count);
+}
+
+static int do_reduce_scatter(nb__mpi_comm *m, nb_work *w, bool *oom) {
+    nb__args *a = &w->a;
+    MPI_Datatype t;
+    MPI_Op o;
+    red_type(a->dtype, a->op, &t, &o);
+    float *fa = NULL, *fb = NULL;
+    if (is_half(a->dtype) && !rs_stage(w, &fa, &fb)) {
+        *oom = true;
+        return MPI_SUCCESS;
+    }
+    const void *in = fa ? (void *)fa : a->in;
+    void *out = fb ? (void *)fb : a->out;
+    int rc, size = w->comm->size;
+    if (a->in_count % size == 0) {
+        rc = MPI_Reduce_scatter_block(in, out, (int)(a->in_count / size), t, o, m->comm);
+    } else {
+        chunk_counts(m, a->in_count);
+        rc = MPI_Reduce_scatter(in, out, m->counts, t, o, m->comm);
+    }
+    if (rc == MPI_SUCCESS) rs_post(w, fb);
+    if (fa) nb_host_free(fa);
+    if (fb) nb_host_free(fb);
+    return rc;
+}
+
+static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl);
+
+static int do_split(nb__mpi_comm *m, nb_work *w, bool *oom) {
+    MPI_Comm nc = MPI_COMM_NULL, nctl = MPI_COMM_NULL;
+    int rc = MPI_Comm_split(m->comm, w->a.peer, w->a.tag, &nc);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(nc, &nctl);
+    if (rc != MPI_SUCCESS) return rc;
+    if (!(w->a.out = make_comm(nc, nctl))) *oom = true;
+    return MPI_SUCCESS;
+}
+
+/* One collective with blocking MPI calls; marks w done or failed. */
+static void run_op(nb__mpi_comm *m, nb_work *w) {
+    nb__args *a = &w->a;
+    bool oom = false;
+    int rc = MPI_SUCCESS;
+    if (a->in_count > INT_MAX || a->out_count > INT_MAX) {
+        nb__work_fail(w, NB_EUNSUPPORTED, "%s: more than %d elements per call are not supported",
+                      nb__coll_name(a->kind), INT_MAX);
+        return;
+    }
+    switch (a->kind) {
+    case NB__COLL_ALLREDUCE: rc = do_reduce(m, w, -1, &oom); break;
+    case NB__COLL_REDUCE: rc = do_reduce(m, w, a->peer, &oom); break;
+    case NB__COLL_BROADCAST: rc = do_broadcast(m, w); break;
+    case NB__COLL_ALLGATHER: rc = do_allgather(m, w); break;
+    case NB__COLL_REDUCE_SCATTER: rc = do_reduce_scatter(m, w, &oom); break;
+    case NB__COLL_ALL_TO_ALL: {
+        int k = (int)(a->in_count / w->comm->size);
+        rc = MPI_Alltoall(a->in, k, raw_type(a->dtype), a->out, k, raw_type(a->dtype), m->comm);
+        break;
+    }
+    case NB__COLL_BARRIER: rc = MPI_Barrier(m->comm); break;
+    case NB__COLL_SPLIT: rc = do_split(m, w, &oom); break;
+    default: NB__ASSERT(!"run_op: not a collective");
+    }
+    if (rc != MPI_SUCCESS) fail_mpi(w, rc);
+    else if (oom) nb__work_fail(w, NB_ENOMEM, "%s on rank %d: %s", nb__coll_name(a->kind),
+                                w->comm->rank, nb_last_error());
+    else nb__work_done(w);
+}
+
+static void destroy_impl(nb__mpi_comm *m);
+static bool inline_ok(const nb_work *w);
+static bool issue_nonblocking(nb__mpi_comm *m, nb_work *w);
+
+static void *worker_main(void *arg) {
+    nb__mpi_comm *m = arg;
+    pthread_mutex_lock(&m->mu);
+    for (;;) {
+        while (!m->qhead && !m->stop) pthread_cond_wait(&m->cv_work, &m->mu);
+        if (!m->qhead) break; /* stopped, nothing left */
+        nb_work *w = m->qhead;
+        m->qhead = w->next;
+        if (!m->qhead) m->qtail = NULL;
+        m->running = w;
+        pthread_mutex_unlock(&m->mu);
+
+        /* A small collective is only issued here (nonblocking, in queue order; the caller
+         * polls it); a large one runs to completion. */
+        bool small = inline_ok(w), issued = false;
+        if (small) {
+            issued = issue_nonblocking(m, w);
+        } else {
+            run_op(m, w);
+            atomic_fetch_add(&w->comm->completed, 1);
+        }
+
+        pthread_mutex_lock(&m->mu);
+        m->running = NULL;
+        if (issued) atomic_store(&nb__mpi_ws_of(w)->has_req, true);
+        bool abandoned = nb__mpi_ws_of(w)->abandoned;
+        pthread_cond_broadcast(&m->cv_done);
+        pthread_mutex_unlock(&m->mu);
+        if (abandoned && issued) {
+            nb__mpi_zombie_add(w, true); /* our reference and the stuck count go with it */
+        } else {
+            if (abandoned) {
+                atomic_fetch_sub(&g.stuck, 1);
+                if (w->a.kind == NB__COLL_SPLIT && w->a.out) nb_comm_free(w->a.out);
+            }
+            nb__work_release(w); /* may free the communicator: then self_destroy is set */
+        }
+        pthread_mutex_lock(&m->mu);
+        if (m->self_destroy) break;
+    }
+    bool self_destroy = m->self_destroy;
+    pthread_mutex_unlock(&m->mu);
+    if (self_destroy) {
+        pthread_detach(pthread_self());
+        destroy_impl(m);
+    }
+    return NULL;
+}
+
+static nb_status enqueue(nb__mpi_comm *m, nb_work *w) { /* with m->mu held */
+    if (!m->worker_started) {
+        if (pthread_create(&m->worker, NULL, worker_main, m) != 0)
+            return nb__error(NB_EINTERNAL, "%s: could not start the communication thread",
+                             nb__coll_name(w->a.kind));
+        m->worker_started = true;
+    }
+    atomic_fetch_add(&w->refs, 1); /* the worker's */
+    nb__mpi_ws_of(w)->queued = true;
+    w->next = NULL;
+    if (m->qtail) m->qtail->next = w;
+    else m->qhead = w;
+    m->qtail = w;
+    pthread_cond_signal(&m->cv_work);
+    return NB_OK;
+}
+
+static void stop_worker(nb__mpi_comm *m) {
+    pthread_mutex_lock(&m->mu);
+    bool started = m->worker_started;
+    m->stop = true;
+    m->worker_started = false;
+    pthread_cond_signal(&m->cv_work);
+    pthread_mutex_unlock(&m->mu);
+    if (started && !pthread_equal(m->worker, pthread_self())) pthread_join(m->worker, NULL);
+}
+
+/* ---- nonblocking collectives (the small ones) ---------------------------------------------- */
+static int64_t op_bytes(const nb_work *w) {
+    const nb__args *a = &w->a;
+    int64_t n = a->kind == NB__COLL_ALLGATHER ? a->out_count
+                : a->kind == NB__COLL_REDUCE_SCATTER || a->kind == NB__COLL_ALL_TO_ALL
+                    ? a->in_count
+                    : a->count;
+    return n * (int64_t)nb_dtype_size(a->dtype);
+}
+
+static bool inline_ok(const nb_work *w) {
+    const nb__args *a = &w->a;
+    if (a->kind == NB__COLL_SPLIT || op_bytes(w) > NB__MPI_INLINE_BYTES) return false;
+    /* v-collectives read their count arrays until they complete: those stay on the worker. */
+    if (a->kind == NB__COLL_ALLGATHER && a->chunked) return false;
+    if (a->kind == NB__COLL_REDUCE_SCATTER && a->in_count % w->comm->size != 0) return false;
+    return true;
+}
+
+/* Issue w as a nonblocking collective. Only one thread issues at a time: the caller with
+ * m->mu held while the worker is idle, or the worker itself. */
+static int start_nonblocking(nb__mpi_comm *m, nb_work *w, bool *oom) {
+    nb__args *a = &w->a;
+    nb__mpi_ws *s = nb__mpi_ws_of(w);
+    MPI_Request *req = &s->req;
+    int size = w->comm->size, rank = w->comm->rank;
+    MPI_Datatype t;
+    MPI_Op o;
+    red_type(a->dtype, a->op, &t, &o);
+    switch (a->kind) {
+    case NB__COLL_ALLREDUCE:
+    case NB__COLL_REDUCE: {
+        void *b = a->buf;
+        if (is_half(a->dtype)) {
+            if (!(s->fa = nb_host_alloc((size_t)(a->count > 0 ? a->count : 1) * 4))) {
+                *oom = true;
+                return MPI_SUCCESS;
+            }
+            to_f32(a->dtype, a->buf, s->fa, a->count);
+            b = s->fa;
+        }
+        if (a->kind == NB__COLL_ALLREDUCE)
+            return MPI_Iallreduce(MPI_IN_PLACE, b, (int)a->count, t, o, m->comm, req);
+        if (rank == a->peer)
+            return MPI_Ireduce(MPI_IN_PLACE, b, (int)a->count, t, o, a->peer, m->comm, req);
+        return MPI_Ireduce(b, NULL, (int)a->count, t, o, a->peer, m->comm, req);
+    }
+    case NB__COLL_BROADCAST:
+        return MPI_Ibcast(a->buf, (int)a->count, raw_type(a->dtype), a->peer, m->comm, req);
+    case NB__COLL_ALLGATHER:
+        return MPI_Iallgather(a->in, (int)a->in_count, raw_type(a->dtype), a->out,
+                              (int)a->in_count, raw_type(a->dtype), m->comm, req);
+    case NB__COLL_REDUCE_SCATTER:
+        if (is_half(a->dtype) && !rs_stage(w, &s->fa, &s->fb)) {
+            *oom = true;
+            return MPI_SUCCESS;
+        }
+        return MPI_Ireduce_scatter_block(s->fa ? (void *)s->fa : a->in,
+                                         s->fb ? (void *)s->fb : a->out,
+                                         (int)(a->in_count / size), t, o, m->comm, req);
+    case NB__COLL_ALL_TO_ALL: {
+        int k = (int)(a->in_count / size);
+        return MPI_Ialltoall(a->in, k, raw_type(a->dtype), a->out, k, raw_type(a->dtype), m->comm,
+                             req);
+    }
+    case NB__COLL_BARRIER: return MPI_Ibarrier(m->comm, req);
+    default: NB__ASSERT(!"start_nonblocking: not a collective");
+    }
+    return MPI_SUCCESS;
+}
+
+/* The result of a finished nonblocking reduction: division, halves back. */
+static void post_nonblocking(nb_work *w) {
+    nb__args *a = &w->a;
+    nb__mpi_ws *s = nb__mpi_ws_of(w);
+    if (a->kind == NB__COLL_REDUCE_SCATTER) {
+        rs_post(w, s->fb);
+    } else if (a->kind == NB__COLL_ALLREDUCE ||
+               (a->kind == NB__COLL_REDUCE && a->peer == w->comm->rank)) {
+        if (a->op == NB_REDUCE_AVG)
+            nb__comm_scale(s->fa ? (void *)s->fa : a->buf, a->count, s->fa ? NB_F32 : a->dtype,
+                           1.0 / w->comm->size);
+        if (s->fa) from_f32(a->dtype, s->fa, a->buf, a->count);
+    }
+}
+
+void nb__mpi_req_ended(nb_work *w, int rc, const MPI_Status *st, bool keep) {
+    nb__mpi_ws *s = nb__mpi_ws_of(w);
+    bool coll = !nb__coll_is_p2p(w->a.kind);
+    if (atomic_load(&w->state) != NB__WORK_PENDING) return; /* already ended */
+    if (rc != MPI_SUCCESS) {
+        fail_mpi(w, rc);
+    } else if (w->a.kind == NB__COLL_RECV) {
+        int got = 0;
+        MPI_Get_count(st, raw_type(w->a.dtype), &got);
+        if (got != w->a.count)
+            nb__work_fail(w, NB_ECOMM, "recv from rank %d (tag %d) on rank %d: expected %lld "
+                          "elements of %s, the message has %d", w->a.peer, w->a.tag,
+                          w->comm->rank, (long long)w->a.count, nb_dtype_name(w->a.dtype), got);
+        else nb__work_done(w);
+    } else {
+        if (coll && keep) post_nonblocking(w);
+        nb__work_done(w);
+    }
+    if (s->fa) nb_host_free(s->fa);
+    if (s->fb) nb_host_free(s->fb);
+    s->fa = s->fb = NULL;
+    if (coll) {
+        atomic_fetch_add(&w->comm->completed, 1);
+        atomic_fetch_sub(&nb__mpi_of(w->comm)->inflight, 1);
+    }
+}
+
+/* Issue a small collective as MPI's nonblocking one (by the caller with the comm's mu held
+ * and nothing queued, or by the worker in queue order). On failure w is failed (and counted
+ * as completed). */
+static bool issue_nonblocking(nb__mpi_comm *m, nb_work *w) {
+    bool oom = false;
+    int rc = start_nonblocking(m, w, &oom);
+    if (rc == MPI_SUCCESS && !oom) {
+        atomic_fetch_add(&m->inflight, 1);
+        return true;
+    }
+    nb__mpi_ws *s = nb__mpi_ws_of(w);
+    if (s->fa) nb_host_free(s->fa);
+    if (s->fb) nb_host_free(s->fb);
+    s->fa = s->fb = NULL;
+    if (oom) nb__work_fail(w, NB_ENOMEM, "%s on rank %d: %s", nb__coll_name(w->a.kind),
+                           w->comm->rank, nb_last_error());
+    else fail_mpi(w, rc);
+    atomic_fetch_add(&w->comm->completed, 1);
+    return false;
+}
+
+/* ---- starting, testing, waiting ---------------------------------------------------------------- */
+/* See "Order" at the top. */
+static nb_status mpi_start_coll(nb_comm *c, nb_work *w) {
+    nb__mpi_comm *m = nb__mpi_of(c);
+    if (g.finalized) return nb__error(NB_ESTATE, "%s: MPI was finalized", nb__coll_name(w->a.kind));
+    if (!g.threads) { /* inline, blocking, serialized */
+        pthread_mutex_lock(&g.inline_mu);
+        run_op(m, w);
+        pthread_mutex_unlock(&g.inline_mu);
+        atomic_fetch_add(&c->completed, 1);
+        return NB_OK;
+    }
+    pthread_mutex_lock(&m->mu);
+    nb_status st = NB_OK;
+    if (inline_ok(w) && !m->running && !m->qhead) {
+        if (issue_nonblocking(m, w)) atomic_store(&nb__mpi_ws_of(w)->has_req, true);
+    } else {
+        st = enqueue(m, w);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return st;
+}
+
+static nb_status p2p_start(nb_comm *c, nb_work *w) {
+    nb__mpi_comm *m = nb__mpi_of(c);
+    const char *op = nb__coll_name(w->a.kind);
+    if (g.finalized) return nb__error(NB_ESTATE, "%s: MPI was finalized", op);
+    if (w->a.tag > m->tag_ub)
+        return nb__error(NB_EINVAL, "%s: tag %d is larger than MPI's limit %d", op, w->a.tag,
+                         m->tag_ub);
+    if (w->a.count > INT_MAX)
+        return nb__error(NB_EUNSUPPORTED, "%s: more than %d elements per message are not "
+                         "supported", op, INT_MAX);
+    if (!g.threads) pthread_mutex_lock(&g.inline_mu);
+    int rc = w->a.kind == NB__COLL_SEND
+                 ? MPI_Isend(w->a.buf, (int)w->a.count, raw_type(w->a.dtype), w->a.peer,
+                             w->a.tag, m->comm, &nb__mpi_ws_of(w)->req)
+                 : MPI_Irecv(w->a.buf, (int)w->a.count, raw_type(w->a.dtype), w->a.peer,
+                             w->a.tag, m->comm, &nb__mpi_ws_of(w)->req);
+    if (!g.threads) pthread_mutex_unlock(&g.inline_mu);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, op);
+    atomic_store(&nb__mpi_ws_of(w)->has_req, true);
+    return NB_OK;
+}
+
+/* Test a request-based work (p2p, nonblocking collective). */
+static int req_test(nb_work *w) {
+    int flag = 0;
+    MPI_Status s;
+    if (!g.threads) pthread_mutex_lock(&g.inline_mu);
+    int rc = MPI_Test(&nb__mpi_ws_of(w)->req, &flag, &s);
+    if (!g.threads) pthread_mutex_unlock(&g.inline_mu);
+    if (rc != MPI_SUCCESS || flag) nb__mpi_req_ended(w, rc, &s, true);
+    return atomic_load(&w->state);
+}
+
+static int mpi_test(nb_work *w) {
+    int st = atomic_load(&w->state);
+    if (st == NB__WORK_PENDING && atomic_load(&nb__mpi_ws_of(w)->has_req)) st = req_test(w);
+    return st;
+}
+
+static int mpi_wait(nb_work *w, double deadline) {
+    nb__mpi_ws *s = nb__mpi_ws_of(w);
+    int st = atomic_load(&w->state);
+    if (st != NB__WORK_PENDING) return st;
+    if (!atomic_load(&s->has_req)) {
+        /* On the worker: until it ends (large) or is issued (small). */
+        nb__mpi_comm *m = nb__mpi_of(w->comm);
+        struct timespec ts = {(time_t)deadline, 0};
+        ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
+        pthread_mutex_lock(&m->mu);
+        while (atomic_load(&w->state) == NB__WORK_PENDING && !atomic_load(&s->has_req)) {
+            if (deadline <= 0) pthread_cond_wait(&m->cv_done, &m->mu);
+            else if (pthread_cond_timedwait(&m->cv_done, &m->mu, &ts) != 0 &&
+                     nb__now() >= deadline)
+                break;
+        }
+        pthread_mutex_unlock(&m->mu);
+        st = atomic_load(&w->state);
+        if (st != NB__WORK_PENDING || !atomic_load(&s->has_req)) return st;
+    }
+    /* Poll like MPI's own blocking calls; after 10 ms, sleep a little between tests. */
+    double t0 = nb__now();
+    for (;;) {
+        st = req_test(w);
+        if (st != NB__WORK_PENDING) return st;
+        double now = nb__now();
+        if (deadline > 0 && now >= deadline) return 0;
+        if (now - t0 > 0.01) nb__mpi_sleep(50e-6);
+        else if (now - t0 > 50e-6) sched_yield();
+    }
+}
+
+static void mpi_abandon(nb_work *w) {
+    nb__mpi_ws *s = nb__mpi_ws_of(w);
+    nb__mpi_comm *m = nb__mpi_of(w->comm);
+    pthread_mutex_lock(&m->mu);
+    bool issued = atomic_load(&s->has_req);
+    if (!issued && s->queued && atomic_load(&w->state) == NB__WORK_PENDING) {
+        /* Still with the worker: it finishes (or issues and hands over) the operation. */
+        s->abandoned = true;
+        atomic_fetch_add(&g.stuck, 1);
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (!issued || atomic_load(&w->state) != NB__WORK_PENDING) return;
+    /* A receive can be cancelled. Anything else stays with MPI: the control thread polls it
+     * and lets the work (and its tensors) go when MPI is done. */
+    if (w->a.kind == NB__COLL_RECV) {
+        MPI_Cancel(&s->req);
+        int flag = 0;
+        MPI_Status st;
+        for (double until = nb__now() + 0.05; !flag && nb__now() < until;)
+            if (MPI_Test(&s->req, &flag, &st) != MPI_SUCCESS) break;
+        if (flag) return;
+    }
+    nb__mpi_zombie_add(w, false);
+}
+
+/* ---- communicators ------------------------------------------------------------------------------- */
+static void destroy_impl(nb__mpi_comm *m) {
+    nb__mpi_ctl_unregister(m);
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) {
+        if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
+        if (m->ctl != MPI_COMM_NULL) MPI_Comm_free(&m->ctl);
+    }
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->cv_work);
+    pthread_cond_destroy(&m->cv_done);
+    free(m->world_ranks);
+    free(m->counts);
+    free(m);
+}
+
+static void mpi_destroy(nb_comm *c) {
+    nb__mpi_comm *m = nb__mpi_of(c);
+    pthread_mutex_lock(&g.mu);
+    if (g.world == c) g.world = NULL;
+    pthread_mutex_unlock(&g.mu);
+    nb__mpi_ctl_unregister(m); /* before c goes: the control thread reads c's counters */
+    m->c = NULL;
+    /* On the worker itself, when an abandoned collective finished last: the worker tears
+     * down once it returns. Otherwise nothing is in flight (works hold references): stop
+     * the idle worker and free. */
+    if (m->worker_started && pthread_equal(m->worker, pthread_self())) {
+        pthread_mutex_lock(&m->mu);
+        m->self_destroy = true;
+        pthread_mutex_unlock(&m->mu);
+        return;
+    }
+    stop_worker(m);
+    destroy_impl(m);
+}
+
+static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    nb__mpi_comm *m = calloc(1, sizeof *m);
+    if (m) {
+        m->world_ranks = malloc(sizeof(int) * (size_t)size);
+        m->counts = malloc(sizeof(int) * 2 * (size_t)size);
+    }
+    if (!m || !m->world_ranks || !m->counts) {
+        if (m) free(m->world_ranks), free(m->counts);
+        free(m);
+        nb__error(NB_ENOMEM, "comm: out of memory");
+        return NULL;
+    }
+    m->displs = m->counts + size;
+    m->comm = comm;
+    m->ctl = ctl;
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(ctl, MPI_ERRORS_RETURN);
+    MPI_Group g0, gw;
+    MPI_Comm_group(comm, &g0);
+    MPI_Comm_group(MPI_COMM_WORLD, &gw);
+    for (int r = 0; r < size; r++) m->counts[r] = r;
+    MPI_Group_translate_ranks(g0, size, m->counts, gw, m->world_ranks);
+    MPI_Group_free(&g0);
+    MPI_Group_free(&gw);
+    void *ub = NULL;
+    int flag = 0;
+    MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag);
+    m->tag_ub = flag && ub ? *(int *)ub : 32767;
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&m->cv_done, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&m->cv_work, NULL);
+    atomic_init(&m->inflight, 0);
+    nb_comm *c = nb__comm_alloc(&nb__comm_mpi_backend, rank, size, m);
+    if (!c) {
+        m->comm = m->ctl = MPI_COMM_NULL; /* the caller frees them */
+        destroy_impl(m);
+        return NULL;
+    }
+    m->c = c;
+    nb__mpi_ctl_register(m);
+    return c;
+}
+
+/* MPI_Comm_idup polled against a deadline, so a rank that never calls nb_comm_world
+ * cannot hang the others. */
+static nb_status dup_comm(MPI_Comm src, MPI_Comm *out, double timeout) {
+    MPI_Request req;
+    int rc = MPI_Comm_idup(src, out, &req);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "comm_world: MPI_Comm_idup");
+    double t0 = nb__now();
+    for (int flag = 0;;) {
+        rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "comm_world: MPI_Comm_idup");
+        if (flag) return NB_OK;
+        if (timeout > 0 && nb__now() - t0 > timeout)
+            return nb__error(NB_ETIMEOUT, "comm_world: not every rank called nb_comm_world "
+                             "within %.3g s (rank(s) unknown)", timeout);
+        if (nb__now() - t0 > 0.01) nb__mpi_sleep(50e-6);
+    }
+}
+
+static nb_comm *world_locked(void) {
+    pthread_mutex_lock(&g.mu);
+    nb_comm *c = g.world;
+    if (c && atomic_load(&c->refs) > 0) {
+        nb__comm_retain(c);
+        pthread_mutex_unlock(&g.mu);
+        return c;
+    }
+    pthread_mutex_unlock(&g.mu);
+    if (ensure_init() != NB_OK) return NULL;
+    pthread_mutex_lock(&g.mu);
+    g.finalized = false;
+    pthread_mutex_unlock(&g.mu);
+    MPI_Comm comm = MPI_COMM_NULL, ctl = MPI_COMM_NULL;
+    double to = nb__comm_default_timeout();
+    if (dup_comm(MPI_COMM_WORLD, &comm, to) != NB_OK) return NULL;
+    if (dup_comm(MPI_COMM_WORLD, &ctl, to) != NB_OK || !(c = make_comm(comm, ctl))) {
+        MPI_Comm_free(&comm);
+        if (ctl != MPI_COMM_NULL) MPI_Comm_free(&ctl);
+        return NULL;
+    }
+    c->is_world = true;
+    pthread_mutex_lock(&g.mu);
+    g.world = c;
+    pthread_mutex_unlock(&g.mu);
+    return c;
+}
+
+nb_comm *nb__comm_mpi_world(void) {
+    /* One creator at a time: the first call is collective over MPI_COMM_WORLD. */
+    static pthread_mutex_t world_mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&world_mu);
+    nb_comm *c = world_locked();
+    pthread_mutex_unlock(&world_mu);
+    return c;
+}
+
+static nb_comm *mpi_split(nb_comm *c, int color, int key) {
+    /* On the worker (like a large collective), so it is ordered with the collectives already
+     * issued on c, and waited for with c's timeout. */
+    nb_work *w = nb__work_new(c, NB__COLL_SPLIT);
+    if (!w) return NULL;
+    w->a.peer = color;
+    w->a.tag = key;
+    if (!(w = nb__work_launch(c, w))) return NULL;
+    nb_status st = nb__work_wait_keep(w);
+    if (st == NB_ETIMEOUT) return NULL;
+    nb_comm *n = st == NB_OK ? w->a.out : NULL;
+    nb__work_release(w);
+    return n;
+}
+
+const nb__comm_backend nb__comm_mpi_backend = {
+    .name = "mpi",
+    .start =
+        {
+            [NB__COLL_ALLREDUCE] = mpi_start_coll,
+            [NB__COLL_BROADCAST] = mpi_start_coll,
+            [NB__COLL_REDUCE] = mpi_start_coll,
+            [NB__COLL_ALLGATHER] = mpi_start_coll,
+            [NB__COLL_REDUCE_SCATTER] = mpi_start_coll,
+            [NB__COLL_ALL_TO_ALL] = mpi_start_coll,
+            [NB__COLL_BARRIER] = mpi_start_coll,
+            [NB__COLL_SEND] = p2p_start,
+            [NB__COLL_RECV] = p2p_start,
+            [NB__COLL_SPLIT] = mpi_start_coll,
+        },
+    .test = mpi_test,
+    .wait = mpi_wait,
+    .diagnose = nb__mpi_diagnose,
+    .abandon = mpi_abandon,
+    .split = mpi_split,
+    .destroy = mpi_destroy,
+};

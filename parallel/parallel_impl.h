@@ -1,0 +1,172 @@
+/* parallel_impl.h - private: the nb_comm and nb_work structs and the backend table that
+ * every communicator dispatches through ("self" and "mpi" now, "nccl" for CUDA tensors
+ * later), so callers of the collectives never depend on which backend runs. Not installed.
+ *
+ * Division of labour. comm.c (the common layer) checks arguments, stages tensors that are
+ * not contiguous (or that alias) into contiguous buffers, numbers the collectives, and owns
+ * waiting: deadlines, the NB_ETIMEOUT message, and copying staged results back on the
+ * caller's thread. A backend only moves contiguous buffers: it starts an operation
+ * described by nb__args, reports progress through test/wait, and on a timeout explains who
+ * did not arrive. Blocking forms are "start, then wait with the communicator's deadline",
+ * so every blocking call has a timeout. */
+#ifndef NABLA_PARALLEL_IMPL_H
+#define NABLA_PARALLEL_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/parallel.h"
+#include "nb_config.h"
+#include "tensor_impl.h"
+
+/* The operations a backend implements (the index of its start table). */
+typedef enum nb__coll {
+    NB__COLL_ALLREDUCE = 0,
+    NB__COLL_BROADCAST,
+    NB__COLL_REDUCE,
+    NB__COLL_ALLGATHER,
+    NB__COLL_REDUCE_SCATTER,
+    NB__COLL_ALL_TO_ALL,
+    NB__COLL_BARRIER,
+    NB__COLL_SEND,
+    NB__COLL_RECV,
+    NB__COLL_SPLIT, /* internal: nb_comm_split on a backend that queues its collectives */
+    NB__COLL_COUNT
+} nb__coll;
+
+/* "allreduce", "broadcast", ... (the names used in error messages). */
+const char *nb__coll_name(nb__coll k);
+/* Point to point operations are not numbered with the collectives. */
+static inline bool nb__coll_is_p2p(nb__coll k) { return k == NB__COLL_SEND || k == NB__COLL_RECV; }
+
+/* One operation on contiguous host buffers. In-place operations (allreduce, broadcast,
+ * reduce, send, recv) use buf/count. allgather, reduce_scatter and all_to_all read `in`
+ * (in_count elements) and write `out` (out_count elements); `chunked` marks the uneven
+ * forms (nb_comm_chunk's rule over out_count for allgather, over in_count for
+ * reduce_scatter). NB__COLL_SPLIT: peer = color, tag = key, and the backend stores the new
+ * nb_comm in out. Every pointer stays valid until the operation ends. */
+typedef struct nb__args {
+    nb__coll kind;
+    nb_dtype dtype;
+    nb_reduce_op op;
+    int peer;          /* broadcast/reduce root, send destination, recv source */
+    int tag;           /* send/recv */
+    void *buf;
+    int64_t count;
+    const void *in;
+    int64_t in_count;
+    void *out;
+    int64_t out_count;
+    bool chunked;
+} nb__args;
+
+enum { NB__WORK_PENDING = 0, NB__WORK_DONE = 1, NB__WORK_FAILED = 2 };
+
+#define NB__COMM_MSG 512
+
+struct nb_work {
+    nb_comm *comm;
+    nb__args a;
+    /* NB__WORK_*: written once by whoever completes the operation (a backend thread or
+     * the caller), read by the caller. status/msg are valid once it is FAILED. */
+    atomic_int state;
+    nb_status status;
+    char msg[NB__COMM_MSG];
+    /* References: the caller's handle and the backend's while the operation is in flight.
+     * The last one returns the work to its communicator's free list. */
+    atomic_int refs;
+    int64_t seq;       /* collective number on the communicator (1-based), 0 for p2p */
+    double t_start;    /* nb__now() at start */
+    bool abandoned;    /* timed out: the caller gave it up, the backend still holds it */
+    bool finished;     /* the caller's side is done: results copied back, holds released */
+    bool timed_out;    /* nb_work_test reported NB_ETIMEOUT */
+    /* Tensors kept alive while in flight (retained references), and staging: on success the
+     * caller's thread copies `stage` back into `user_out` (a non-contiguous output). */
+    nb_tensor *hold[3];
+    nb_tensor *user_out, *stage;
+    /* Backend state (requests, half-precision staging buffers); zeroed at start. */
+    _Alignas(16) unsigned char be[128];
+    nb_work *next;     /* free list / backend queue link */
+};
+
+typedef struct nb__comm_backend nb__comm_backend;
+
+struct nb_comm {
+    const nb__comm_backend *be;
+    int rank, size;
+    /* Handles: nb_comm_world() hands out references to one object; each in-flight work
+     * holds one too, so a communicator outlives operations that were abandoned. */
+    atomic_int refs;
+    _Atomic double timeout;  /* seconds, 0: wait forever */
+    atomic_llong issued;     /* collectives started on this communicator */
+    atomic_llong completed;  /* collectives finished (by the backend) */
+    pthread_mutex_t mu;      /* the free list of works */
+    nb_work *free_works;
+    int free_count;
+    bool is_world;
+    void *impl;              /* the backend's private state */
+};
+
+struct nb__comm_backend {
+    const char *name;
+    /* Start one operation on w->a (one entry per collective, indexed by nb__coll). Returns
+     * NB_OK once started (the backend may complete it at once by setting w->state), or a
+     * negative status with the error set on this thread (nothing is in flight then). A
+     * backend that keeps the work in flight past start takes a reference (w->refs) and
+     * drops it with nb__work_release when the operation ends. */
+    nb_status (*start[NB__COLL_COUNT])(nb_comm *c, nb_work *w);
+    /* Progress and check: 1 done, 0 pending, 2 failed (status/msg filled; a backend never
+     * fails a work with NB_ETIMEOUT, which is the common layer's). */
+    int (*test)(nb_work *w);
+    /* Block until w ends or until the absolute nb__now() deadline (<= 0: no deadline).
+     * Returns 1 done, 0 deadline passed, 2 failed. */
+    int (*wait)(nb_work *w, double deadline);
+    /* After a missed deadline: describe in buf which ranks did not arrive (may take a
+     * short grace period to ask the peers). */
+    void (*diagnose)(nb_work *w, char *buf, size_t n);
+    /* The caller gives w up after a timeout: cancel what can be cancelled. The backend
+     * keeps its reference until the operation has really ended (or forever). */
+    void (*abandon)(nb_work *w);
+    /* Collective over c: the new communicator (backend-specific) or NULL + error. */
+    nb_comm *(*split)(nb_comm *c, int color, int key);
+    /* Release backend state; called once, when the last reference goes. */
+    void (*destroy)(nb_comm *c);
+};
+
+extern const nb__comm_backend nb__comm_self_backend;
+#if NB_HAVE_MPI
+extern const nb__comm_backend nb__comm_mpi_backend;
+/* MPI_COMM_WORLD as an nb_comm (initializing MPI if needed), or NULL + error. */
+nb_comm *nb__comm_mpi_world(void);
+/* Whether nb_comm_world should use MPI: MPI already initialized, or a launcher's
+ * environment (mpirun, srun, hydra), or NB_COMM_MPI=1. */
+bool nb__comm_mpi_wanted(void);
+#endif
+
+/* ---- helpers shared by comm.c and the backends (comm.c) ----------------------------------- */
+double nb__now(void);  /* monotonic seconds */
+/* NB_COMM_TIMEOUT from the environment, else 300 (seconds). */
+double nb__comm_default_timeout(void);
+/* A new communicator object for a backend (refs 1, timeout from the environment). */
+nb_comm *nb__comm_alloc(const nb__comm_backend *be, int rank, int size, void *impl);
+void nb__comm_retain(nb_comm *c);
+void nb__comm_release(nb_comm *c);
+/* A new work of kind on c (refs 1: the caller's), or NULL + error. */
+nb_work *nb__work_new(nb_comm *c, nb__coll kind);
+/* Number w (collectives) and start it; NULL + error (w released) if it did not start. */
+nb_work *nb__work_launch(nb_comm *c, nb_work *w);
+/* Wait for w with its communicator's timeout. On NB_ETIMEOUT the error is set and w was
+ * given up (abandoned, released); otherwise w stays the caller's (nb__work_release). */
+nb_status nb__work_wait_keep(nb_work *w);
+/* Drop one reference to w (returning it to its communicator at zero). Thread safe. */
+void nb__work_release(nb_work *w);
+/* Mark w finished (from any thread). fail: status + printf-style message. */
+void nb__work_done(nb_work *w);
+void nb__work_fail(nb_work *w, nb_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* buf[i] *= factor for a float dtype (f32, f64, f16, bf16): the division of an average. */
+void nb__comm_scale(void *buf, int64_t n, nb_dtype dt, double factor);
+
+#endif

@@ -1,0 +1,479 @@
+/* test_ddp.c - distributed data parallel (parallel/ddp.c) in nabla_mpi_tests, run with 1, 2
+ * and 4 ranks (and alone).
+ *
+ * The central check is equivalence (DESIGN.md rule 8): K steps of DDP on W ranks, each rank
+ * taking its slice of one global batch, must give the weights that 1 process gets training
+ * on the whole global batch. Every rank computes that 1-process reference itself, with a
+ * plain (unwrapped) copy of the model, so no extra communication is involved. Also:
+ * gradient accumulation, the overlap of bucket allreduces with backward, unused
+ * parameters, the broadcast at wrap time, exactness on a size-1 communicator, and the
+ * errors of the API. Failures are recorded with MT_CHECK and agreed on by MT_END (see
+ * mpi_test.h), so a failing rank never leaves the others waiting in a collective. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpi_test.h"
+
+/* Internal counter of parallel/ddp.c: buckets whose allreduce has started in this step. */
+int nb__ddp_buckets_launched(const nb_ddp *d);
+
+enum { IN = 8, HID = 16, OUT = 4, GB = 16 /* global batch: divisible by 1, 2, 4, 8 */ };
+enum { V = 11, D = 8, T = 3 }; /* the embedding + layernorm model */
+
+/* A call that returned status s failed with `status` and a message containing needle. */
+static void expect_error_at(nb_status s, nb_status status, const char *needle, const char *file,
+                            int line) {
+    if (s != status || !strstr(nb_last_error(), needle))
+        mt_fail_at(file, line, "got %s \"%s\", expected %s with \"%s\"", nb_status_name(s),
+                   nb_last_error(), nb_status_name(status), needle);
+    nb_clear_error();
+}
+#define EXPECT_ERROR(s, status, needle) expect_error_at((s), (status), (needle), __FILE__, __LINE__)
+
+/* The elements of t as doubles (caller frees). */
+static double *values(const nb_tensor *t) {
+    int64_t n = nb_numel(t);
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    if (nb_read(t, v, n, NB_F64) != NB_OK) memset(v, 0, sizeof(double) * (size_t)n);
+    return v;
+}
+
+/* ---- models and data ------------------------------------------------------------------------ */
+typedef enum { MLP, EMB } model_kind;
+
+static nb_module *build(model_kind kind, uint64_t seed) {
+    nb_generator *g = nb_generator_new(seed);
+    nb_module *m;
+    if (kind == MLP) {
+        nb_linear_opts o = {.gen = g};
+        m = nb_sequential(nb_linear(IN, HID, &o), nb_relu_module(), nb_linear(HID, HID, &o),
+                          nb_tanh_module(), nb_linear(HID, OUT, &o), NULL);
+    } else { /* a miniature language model: embedding, layer norm, linear head */
+        m = nb_sequential(nb_embedding_module(V, D, g), nb_layernorm(D, NULL),
+                          nb_linear(D, V, &(nb_linear_opts){.gen = g}), NULL);
+    }
+    nb_generator_free(g);
+    MT_CHECK(m != NULL, "building the model: %s", nb_last_error());
+    return m;
+}
+
+/* The global batch, identical on every rank (in the current scope). */
+static void global_batch(model_kind kind, uint64_t seed, nb_tensor **x, nb_tensor **y) {
+    nb_generator *g = nb_generator_new(seed);
+    if (kind == MLP) {
+        *x = nb_randn((int64_t[]){GB, IN}, 2, NB_F32, g);
+        *y = nb_randint((int64_t[]){GB}, 1, NB_I64, 0, OUT, g);
+    } else {
+        *x = nb_randint((int64_t[]){GB, T}, 2, NB_I64, 0, V, g);
+        *y = nb_randint((int64_t[]){GB, T}, 2, NB_I64, 0, V, g);
+    }
+    nb_generator_free(g);
+}
+
+/* Mean cross-entropy of rows [start, start + n) of the batch, times scale. */
+static nb_tensor *loss_of(nb_module *m, model_kind kind, nb_tensor *x, nb_tensor *y,
+                          int64_t start, int64_t n, double scale) {
+    nb_tensor *xs = nb_narrow(x, 0, start, n), *ys = nb_narrow(y, 0, start, n);
+    nb_tensor *out = nb_forward(m, xs);
+    if (kind == EMB) {
+        out = nb_reshape(out, (int64_t[]){n * T, V}, 2);
+        ys = nb_reshape(ys, (int64_t[]){n * T}, 1);
+    }
+    nb_tensor *l = nb_cross_entropy(out, ys, NULL);
+    if (scale != 1) l = nb_mul_scalar(l, scale);
+    MT_CHECK(l != NULL, "loss: %s", nb_last_error());
+    return l;
+}
+
+static nb_optim *make_opt(nb_module *m, model_kind kind) {
+    nb_optim *o = kind == MLP ? nb_sgd(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9})
+                              : nb_adam(nb_parameters(m), &(nb_adam_opts){.lr = 1e-2});
+    MT_CHECK(o != NULL, "optimizer: %s", nb_last_error());
+    return o;
+}
+
+/* One plain (non-DDP) step on rows [start, start + n). */
+static void plain_step(nb_module *m, nb_optim *o, model_kind kind, nb_tensor *x, nb_tensor *y,
+                       int64_t start, int64_t n) {
+    nb_scope_begin();
+    nb_tensor *l = loss_of(m, kind, x, y, start, n, 1);
+    MT_OK(nb_zero_grad(o));
+    MT_OK(nb_backward(l));
+    MT_OK(nb_step(o));
+    nb_scope_end();
+}
+
+/* Every parameter of a equals b's within rtol (|x - r| <= rtol * (|r| + 1e-3)). */
+static void expect_same_params(nb_module *a, nb_module *b, double rtol, const char *what) {
+    const nb_params *pa = nb_parameters(a), *pb = nb_parameters(b);
+    if (!pa || !pb || pa->count != pb->count) {
+        MT_CHECK(false, "%s: parameter lists differ", what);
+        return;
+    }
+    for (int i = 0; i < pa->count; i++) {
+        double *va = values(pa->tensors[i]), *vb = values(pb->tensors[i]);
+        int64_t n = nb_numel(pa->tensors[i]);
+        for (int64_t j = 0; j < n; j++)
+            if (!(fabs(va[j] - vb[j]) <= rtol * (fabs(vb[j]) + 1e-3))) {
+                MT_CHECK(false, "%s: %s[%lld] = %.9g, reference %.9g", what, pa->names[i],
+                         (long long)j, va[j], vb[j]);
+                break;
+            }
+        free(va);
+        free(vb);
+    }
+}
+
+/* ---- equivalence: DDP on W ranks == 1 process on the global batch ----------------------------- */
+static void check_equivalence(model_kind kind, double bucket_mb) {
+    enum { K = 5 };
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_module *ref = build(kind, 7), *m = build(kind, 7 + (uint64_t)rank); /* broadcast fixes m */
+    nb_optim *ro = make_opt(ref, kind);
+    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = bucket_mb});
+    MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
+    nb_optim *o = make_opt(m, kind); /* made after the wrap: sees the flat views */
+    int64_t local = GB / size;
+    for (int step = 0; step < K && d; step++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        global_batch(kind, 100 + (uint64_t)step, &x, &y);
+        plain_step(ref, ro, kind, x, y, 0, GB);
+        nb_tensor *l = loss_of(m, kind, x, y, rank * local, local, 1);
+        MT_OK(nb_zero_grad(o));
+        MT_OK(nb_backward(l));
+        MT_OK(nb_ddp_sync(d));
+        MT_CHECK(nb_ddp_exposed_comm_s(d) >= 0, "negative exposed time");
+        MT_OK(nb_step(o));
+        nb_scope_end();
+    }
+    expect_same_params(m, ref, 1e-5, kind == MLP ? "mlp" : "embedding/layernorm");
+    nb_ddp_free(d);
+    nb_optim_free(o);
+    nb_optim_free(ro);
+    nb_module_free(m);
+    nb_module_free(ref);
+    nb_scope_end();
+}
+
+START_TEST(test_ddp_equivalence_mlp) {
+    check_equivalence(MLP, 0);        /* one bucket */
+    check_equivalence(MLP, 200e-6);   /* several buckets (~50 floats each) */
+    MT_END();
+}
+END_TEST
+
+START_TEST(test_ddp_equivalence_embedding_layernorm) {
+    check_equivalence(EMB, 0);
+    check_equivalence(EMB, 1e-9);     /* one bucket per parameter */
+    MT_END();
+}
+END_TEST
+
+/* ---- gradient accumulation --------------------------------------------------------------------- */
+START_TEST(test_ddp_grad_accumulation) {
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_module *ref = build(MLP, 3), *m = build(MLP, 3);
+    nb_optim *ro = make_opt(ref, MLP);
+    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 200e-6});
+    MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
+    nb_optim *o = make_opt(m, MLP);
+    int64_t local = GB / size, half = local / 2;
+    for (int step = 0; step < 3 && d; step++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        global_batch(MLP, 200 + (uint64_t)step, &x, &y);
+        plain_step(ref, ro, MLP, x, y, 0, GB);
+        MT_OK(nb_zero_grad(o));
+        /* micro-step 1: local accumulation only */
+        nb_ddp_set_sync_enabled(d, false);
+        MT_OK(nb_backward(loss_of(m, MLP, x, y, rank * local, half, 0.5)));
+        MT_CHECK(nb__ddp_buckets_launched(d) == 0, "a bucket started while sync was disabled");
+        /* micro-step 2: one allreduce of the accumulated gradients */
+        nb_ddp_set_sync_enabled(d, true);
+        MT_OK(nb_backward(loss_of(m, MLP, x, y, rank * local + half, local - half, 0.5)));
+        MT_CHECK(nb__ddp_buckets_launched(d) == nb_ddp_num_buckets(d),
+                 "%d of %d buckets started in backward", nb__ddp_buckets_launched(d),
+                 nb_ddp_num_buckets(d));
+        MT_OK(nb_ddp_sync(d));
+        MT_OK(nb_step(o));
+        nb_scope_end();
+    }
+    expect_same_params(m, ref, 1e-5, "accumulated");
+    nb_ddp_free(d);
+    nb_optim_free(o);
+    nb_optim_free(ro);
+    nb_module_free(m);
+    nb_module_free(ref);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+/* ---- overlap: buckets start while backward is still running ------------------------------------ */
+typedef struct overlap_log {
+    nb_ddp *d;
+    int calls;
+    int launched_at[16]; /* buckets already launched when the i-th hook ran */
+} overlap_log;
+
+static void overlap_hook(nb_tensor *leaf, void *ctx) {
+    overlap_log *lg = ctx;
+    (void)leaf;
+    if (lg->calls < 16) lg->launched_at[lg->calls] = nb__ddp_buckets_launched(lg->d);
+    lg->calls++;
+}
+
+START_TEST(test_ddp_overlap) {
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_module *m = build(MLP, 5);
+    /* 50 floats per bucket: smaller than most parameters, so several buckets. */
+    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 200e-6});
+    MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
+    const nb_params *ps = nb_parameters(m);
+    int nbk = nb_ddp_num_buckets(d);
+    MT_CHECK(nbk > 2 && nbk <= ps->count, "%d buckets for %d parameters", nbk, ps->count);
+    /* Hooks registered after DDP's run after them, in the engine's completion order. */
+    overlap_log lg = {.d = d};
+    int handles[8];
+    for (int i = 0; i < ps->count; i++)
+        handles[i] = nb_register_grad_hook(ps->tensors[i], overlap_hook, &lg);
+    nb_tensor *x, *y;
+    global_batch(MLP, 300, &x, &y);
+    int64_t local = GB / size;
+    MT_OK(nb_backward(loss_of(m, MLP, x, y, rank * local, local, 1)));
+    int after = nb__ddp_buckets_launched(d);
+    MT_CHECK(lg.calls == ps->count, "%d hook calls for %d parameters", lg.calls, ps->count);
+    /* The first bucket (the last layer's weight and bias) started as soon as both were
+     * complete - by the second hook of six, with backward still to go through two layers -
+     * and the last one only with the last gradient; every bucket was launched by the time
+     * backward returned, so sync only waits. */
+    int first = 0;
+    while (first < lg.calls && lg.launched_at[first] == 0) first++;
+    MT_CHECK(first <= 1, "the first bucket started only at hook %d of %d", first, lg.calls);
+    MT_CHECK(lg.calls >= 2 && lg.launched_at[lg.calls - 2] < nbk,
+             "the last bucket started before its gradients were complete");
+    MT_CHECK(after == nbk, "%d of %d buckets started by the end of backward", after, nbk);
+    MT_OK(nb_ddp_sync(d));
+    MT_CHECK(nb__ddp_buckets_launched(d) == 0, "not reset for the next step");
+    for (int i = 0; i < ps->count; i++) MT_OK(nb_remove_grad_hook(ps->tensors[i], handles[i]));
+    nb_ddp_free(d);
+    nb_module_free(m);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+/* ---- unused parameters ------------------------------------------------------------------------- */
+static void unused_case(bool find_unused) {
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_module *m = build(MLP, 9), *ref = build(MLP, 9);
+    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.find_unused = find_unused,
+                                                       .bucket_mb = 200e-6});
+    MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
+    nb_optim *o = make_opt(m, MLP);
+    nb_tensor *x, *y;
+    global_batch(MLP, 400, &x, &y);
+    int64_t local = GB / size;
+    /* Only the first layer and a head made of layer 2's weight are used: "2.bias",
+     * "4.weight" and "4.bias" get no gradient. */
+    nb_module *l0 = nb_module_child(m, "0");
+    nb_tensor *w2 = nb_module_find(m, "2.weight");
+    for (int step = 0; step < 2 && d; step++) {
+        nb_scope_begin();
+        MT_OK(nb_zero_grad(o));
+        nb_tensor *h = nb_relu(nb_forward(l0, nb_narrow(x, 0, rank * local, local)));
+        MT_OK(nb_backward(nb_mean(nb_matmul(h, w2), NULL, 0, false)));
+        nb_status s = nb_ddp_sync(d);
+        if (find_unused)
+            MT_CHECK(s == NB_OK, "sync with find_unused: %s", nb_last_error());
+        else
+            EXPECT_ERROR(s, NB_EINVAL, "ddp: parameter 2.bias got no gradient in this step (nor "
+                         "did 2 other parameters); pass .find_unused = true if that is intended");
+        nb_scope_end();
+    }
+    if (find_unused && d) { /* the unused gradients are reduced as zeros; the used ones averaged */
+        nb_scope_begin();
+        double *g = values(nb_grad(nb_module_find(m, "4.weight")));
+        for (int64_t j = 0; j < HID * OUT; j++)
+            if (g[j] != 0) {
+                MT_CHECK(false, "4.weight's gradient [%lld] = %g, not 0", (long long)j, g[j]);
+                break;
+            }
+        free(g);
+        /* reference: the same loss on the whole global batch, unwrapped */
+        nb_tensor *h = nb_relu(nb_forward(nb_module_child(ref, "0"), x));
+        MT_OK(nb_backward(nb_mean(nb_matmul(h, nb_module_find(ref, "2.weight")), NULL, 0, false)));
+        const char *names[] = {"0.weight", "0.bias", "2.weight"};
+        for (int i = 0; i < 3; i++) {
+            double *a = values(nb_grad(nb_module_find(m, names[i])));
+            double *r = values(nb_grad(nb_module_find(ref, names[i])));
+            int64_t n = nb_numel(nb_module_find(m, names[i]));
+            for (int64_t j = 0; j < n; j++)
+                if (!(fabs(a[j] - r[j]) <= 1e-5 * (fabs(r[j]) + 1e-3))) {
+                    MT_CHECK(false, "%s gradient [%lld] = %g, reference %g", names[i],
+                             (long long)j, a[j], r[j]);
+                    break;
+                }
+            free(a);
+            free(r);
+        }
+        nb_scope_end();
+    }
+    nb_ddp_free(d);
+    nb_optim_free(o);
+    nb_module_free(m);
+    nb_module_free(ref);
+    nb_scope_end();
+}
+
+START_TEST(test_ddp_unused_parameter) {
+    unused_case(false);
+    unused_case(true);
+    MT_END();
+}
+END_TEST
+
+/* ---- broadcast at wrap time --------------------------------------------------------------------- */
+static nb_module *build_bn(uint64_t seed) { /* with buffers: batch norm running statistics */
+    nb_generator *g = nb_generator_new(seed);
+    nb_module *m = nb_sequential(nb_linear(IN, HID, &(nb_linear_opts){.gen = g}),
+                                 nb_batchnorm1d(HID, NULL),
+                                 nb_linear(HID, OUT, &(nb_linear_opts){.gen = g}), NULL);
+    nb_generator_free(g);
+    MT_CHECK(m != NULL, "building the model: %s", nb_last_error());
+    return m;
+}
+
+START_TEST(test_ddp_broadcast) {
+    nb_scope_begin();
+    int rank = mt_rank;
+    nb_module *m = build_bn(20 + (uint64_t)rank), *mn = build_bn(20 + (uint64_t)rank);
+    nb_module *ref = build_bn(20); /* what rank 0 has */
+    MT_OK(nb_init_constant_(nb_module_find(m, "1.running_mean"), rank));
+    nb_ddp *d = nb_ddp_new(m, mt_world, NULL);
+    nb_ddp *dn = nb_ddp_new(mn, mt_world, &(nb_ddp_opts){.no_broadcast = true});
+    MT_CHECK(d && dn, "ddp_new: %s", nb_last_error());
+    MT_CHECK(nb_ddp_num_buckets(d) == 1, "%d buckets; 25 MiB holds the whole model",
+             nb_ddp_num_buckets(d));
+    expect_same_params(m, ref, 0, "broadcast weights");
+    double *rm = values(nb_module_find(m, "1.running_mean"));
+    MT_CHECK(rm[0] == 0 && rm[HID - 1] == 0, "running_mean %g is not rank 0's", rm[0]);
+    free(rm);
+    /* no_broadcast keeps each rank's own weights */
+    double *mine = values(nb_module_find(mn, "0.weight"));
+    double *r0 = values(nb_module_find(ref, "0.weight"));
+    MT_CHECK((rank == 0) == (memcmp(mine, r0, sizeof(double) * IN * HID) == 0),
+             "no_broadcast: rank %d has %s rank 0's weights", rank, rank ? "" : "not");
+    free(mine);
+    free(r0);
+    nb_ddp_free(d);
+    nb_ddp_free(dn);
+    nb_module_free(m);
+    nb_module_free(mn);
+    nb_module_free(ref);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+/* ---- size-1 communicator: exactly the plain computation ------------------------------------------ */
+START_TEST(test_ddp_self_is_plain) {
+    nb_scope_begin();
+    nb_comm *self = nb_comm_self();
+    MT_CHECK(self && nb_comm_size(self) == 1, "comm_self: %s", nb_last_error());
+    nb_module *ref = build(EMB, 4), *m = build(EMB, 4);
+    nb_optim *ro = make_opt(ref, EMB);
+    nb_ddp *d = nb_ddp_new(m, self, &(nb_ddp_opts){.bucket_mb = 1e-9});
+    nb_optim *o = make_opt(m, EMB);
+    MT_CHECK(d && o, "%s", nb_last_error());
+    for (int step = 0; step < 3 && d; step++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        global_batch(EMB, 500 + (uint64_t)step, &x, &y);
+        plain_step(ref, ro, EMB, x, y, 0, GB);
+        MT_OK(nb_zero_grad(o));
+        MT_OK(nb_backward(loss_of(m, EMB, x, y, 0, GB, 1)));
+        MT_OK(nb_ddp_sync(d));
+        MT_OK(nb_step(o));
+        nb_scope_end();
+    }
+    expect_same_params(m, ref, 0, "size-1 ddp"); /* bit for bit */
+    nb_ddp_free(d);
+    nb_optim_free(o);
+    nb_optim_free(ro);
+    nb_module_free(m);
+    nb_module_free(ref);
+    nb_comm_free(self);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+/* ---- user errors ----------------------------------------------------------------------------- */
+START_TEST(test_ddp_errors) {
+    nb_scope_begin();
+    nb_comm *self = nb_comm_self();
+    nb_module *m = build(MLP, 1);
+    MT_CHECK(!nb_ddp_new(NULL, self, NULL), "NULL model accepted");
+    EXPECT_ERROR(nb_last_status(), NB_ENULL, "ddp_new: model is NULL");
+    MT_CHECK(!nb_ddp_new(m, NULL, NULL), "NULL communicator accepted");
+    EXPECT_ERROR(nb_last_status(), NB_ENULL, "ddp_new: communicator is NULL");
+    MT_CHECK(!nb_ddp_new(m, self, &(nb_ddp_opts){.bucket_mb = -1}), "negative bucket accepted");
+    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "bucket_mb must be >= 0");
+    EXPECT_ERROR(nb_ddp_sync(NULL), NB_ENULL, "ddp_sync: ddp is NULL");
+    MT_CHECK(nb_ddp_num_buckets(NULL) == 0 && nb_ddp_exposed_comm_s(NULL) == 0, "NULL ddp");
+    nb_ddp_free(NULL);
+    nb_module *act = nb_relu_module();
+    MT_CHECK(!nb_ddp_new(act, self, NULL), "a module without parameters accepted");
+    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "no parameters");
+    nb_module_free(act);
+
+    /* two backward passes without a sync in between */
+    nb_ddp *d = nb_ddp_new(m, self, NULL);
+    MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
+    if (d) {
+        nb_tensor *x, *y;
+        global_batch(MLP, 600, &x, &y);
+        MT_OK(nb_backward(loss_of(m, MLP, x, y, 0, GB, 1)));
+        MT_OK(nb_backward(loss_of(m, MLP, x, y, 0, GB, 1)));
+        EXPECT_ERROR(nb_ddp_sync(d), NB_ESTATE, "backward ran twice without nb_ddp_sync");
+        /* a sync with no backward since: every parameter is missing */
+        EXPECT_ERROR(nb_ddp_sync(d), NB_EINVAL, "ddp: parameter 0.weight got no gradient");
+        /* a gradient dropped behind DDP's back is put back into the flat buffer */
+        nb_module_zero_grad(m);
+        nb_tensor *b4 = nb_module_find(m, "4.bias");
+        nb_clear_grad(b4);
+        MT_OK(nb_backward(loss_of(m, MLP, x, y, 0, GB, 1)));
+        MT_OK(nb_ddp_sync(d));
+        MT_CHECK(nb_grad(b4) && nb_shares_storage(nb_grad(b4), nb_module_flat_grads(m)),
+                 "4.bias's gradient is not in the flat buffer");
+        nb_ddp_free(d);
+    }
+    nb_module_free(m);
+    nb_comm_free(self);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+Suite *mt_suite_ddp(void) {
+    Suite *s = suite_create("ddp");
+    TCase *tc = tcase_create("ddp");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_ddp_equivalence_mlp);
+    tcase_add_test(tc, test_ddp_equivalence_embedding_layernorm);
+    tcase_add_test(tc, test_ddp_grad_accumulation);
+    tcase_add_test(tc, test_ddp_overlap);
+    tcase_add_test(tc, test_ddp_unused_parameter);
+    tcase_add_test(tc, test_ddp_broadcast);
+    tcase_add_test(tc, test_ddp_self_is_plain);
+    tcase_add_test(tc, test_ddp_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}

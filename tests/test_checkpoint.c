@@ -1,0 +1,171 @@
+/* test_checkpoint.c - training checkpoints: 2N steps straight and N steps + save + load
+ * into freshly built objects + N steps give bit-identical weights (model, AdamW state,
+ * cosine schedule, shuffling loader position, dropout generator); a corrupt or mismatched
+ * checkpoint is refused without changing anything; saving is atomic. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nabla/checkpoint.h"
+#include "nabla/optim.h"
+#include "testutil.h"
+
+typedef struct {
+    nb_generator *init, *drop;
+    nb_module *model;
+    nb_optim *opt;
+    nb_sched *sched;
+    nb_dataset *ds;
+    nb_loader *loader;
+} run;
+
+static void run_init(run *r, nb_tensor *x, nb_tensor *y) {
+    r->init = nb_generator_new(11);
+    r->drop = nb_generator_new(12);
+    nb_linear_opts lo = {.gen = r->init};
+    r->model = nb_sequential(nb_linear(6, 16, &lo), nb_gelu_module(false),
+                             nb_dropout_module(0.2, r->drop), nb_layernorm(16, NULL),
+                             nb_linear(16, 3, &lo), NULL);
+    r->opt = nb_adamw(nb_parameters(r->model), &(nb_adamw_opts){.lr = 0.01});
+    r->sched = nb_sched_new(r->opt, &(nb_sched_opts){.kind = NB_SCHED_COSINE, .warmup_steps = 3,
+                                                      .total_steps = 40});
+    r->ds = nb_tensor_dataset(x, y);
+    r->loader = nb_loader_new(r->ds, &(nb_loader_opts){.batch_size = 8, .shuffle = true,
+                                                        .seed = 5, .prefetch = 1});
+    ck_assert_msg(r->model && r->opt && r->sched && r->ds && r->loader, "%s", nb_last_error());
+}
+
+static void run_free(run *r) {
+    nb_loader_free(r->loader);
+    nb_dataset_free(r->ds);
+    nb_sched_free(r->sched);
+    nb_optim_free(r->opt);
+    nb_module_free(r->model);
+    nb_generator_free(r->init);
+    nb_generator_free(r->drop);
+}
+
+static void train_steps(run *r, int n) {
+    for (int i = 0; i < n;) {
+        nb_batch b;
+        if (!nb_loader_next(r->loader, &b)) {
+            ck_assert(nb_loader_error(r->loader) == NB_OK);
+            continue; /* next epoch */
+        }
+        nb_scope_begin();
+        nb_tensor *loss = nb_cross_entropy(nb_forward(r->model, b.x), b.y, NULL);
+        ck_assert(nb_zero_grad(r->opt) == NB_OK && nb_backward(loss) == NB_OK);
+        ck_assert(nb_step(r->opt) == NB_OK && nb_sched_step(r->sched) == NB_OK);
+        nb_scope_end();
+        i++;
+    }
+}
+
+static nb_checkpoint ck_of(run *r, int64_t step) {
+    return (nb_checkpoint){.model = r->model, .optim = r->opt, .sched = r->sched,
+                           .loader = r->loader, .gens = &r->drop, .ngens = 1, .step = step};
+}
+
+static void assert_same_params(nb_module *a, nb_module *b) {
+    const nb_params *pa = nb_parameters(a), *pb = nb_parameters(b);
+    ck_assert_int_eq(pa->count, pb->count);
+    for (int i = 0; i < pa->count; i++) {
+        int64_t n = nb_numel(pa->tensors[i]);
+        ck_assert_msg(memcmp(nb_data(pa->tensors[i]), nb_data(pb->tensors[i]),
+                             (size_t)n * sizeof(float)) == 0,
+                      "%s differs after resume", pa->names[i]);
+    }
+}
+
+START_TEST(test_resume_bit_exact) {
+    nb_scope_begin();
+    char path[] = "/tmp/nabla_ckpt_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    close(fd);
+    nb_generator *dg = nb_generator_new(3);
+    nb_tensor *x = nb_randn((int64_t[]){44, 6}, 2, NB_F32, dg); /* 5.5 batches: crosses epochs */
+    nb_tensor *y = nb_randint((int64_t[]){44}, 1, NB_I64, 0, 3, dg);
+    enum { N = 9 };
+    run straight, first, second;
+    run_init(&straight, x, y);
+    train_steps(&straight, 2 * N);
+
+    run_init(&first, x, y);
+    train_steps(&first, N);
+    nb_checkpoint c = ck_of(&first, N);
+    ck_assert_msg(nb_checkpoint_save(path, &c) == NB_OK, "%s", nb_last_error());
+    run_free(&first);
+
+    run_init(&second, x, y); /* fresh objects, different state until loaded */
+    train_steps(&second, 2);
+    nb_checkpoint c2 = ck_of(&second, 0);
+    ck_assert_msg(nb_checkpoint_load(path, &c2) == NB_OK, "%s", nb_last_error());
+    ck_assert_int_eq(c2.step, N);
+    train_steps(&second, N);
+    assert_same_params(straight.model, second.model);
+    ck_assert(nb_optim_get_lr(straight.opt, 0) == nb_optim_get_lr(second.opt, 0));
+    ck_assert(nb_generator_offset(straight.drop) == nb_generator_offset(second.drop));
+    run_free(&straight);
+    run_free(&second);
+    nb_generator_free(dg);
+    unlink(path);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_bad_checkpoints) {
+    nb_scope_begin();
+    char path[] = "/tmp/nabla_ckpt_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    close(fd);
+    nb_generator *dg = nb_generator_new(4);
+    nb_tensor *x = nb_randn((int64_t[]){16, 6}, 2, NB_F32, dg);
+    nb_tensor *y = nb_randint((int64_t[]){16}, 1, NB_I64, 0, 3, dg);
+    run r;
+    run_init(&r, x, y);
+    train_steps(&r, 3);
+    nb_checkpoint c = ck_of(&r, 3);
+    ck_assert(nb_checkpoint_save(path, &c) == NB_OK);
+    /* a weights-only file is not a checkpoint */
+    char wpath[64];
+    snprintf(wpath, sizeof wpath, "%s.w", path);
+    ck_assert(nb_module_save(r.model, wpath) == NB_OK);
+    ck_assert_int_eq(nb_checkpoint_load(wpath, &c), NB_EFORMAT);
+    ck_assert(strstr(nb_last_error(), "not a nabla checkpoint") != NULL);
+    nb_clear_error();
+    /* a different architecture is refused before anything changes */
+    nb_module *other = nb_sequential(nb_linear(6, 8, NULL), NULL);
+    nb_tensor *w = nb_module_find(other, "0.weight");
+    float before = ((float *)nb_data(w))[0];
+    nb_checkpoint bad = {.model = other};
+    ck_assert(nb_checkpoint_load(path, &bad) != NB_OK);
+    nb_clear_error();
+    ck_assert(((float *)nb_data(w))[0] == before);
+    nb_module_free(other);
+    /* a truncated file: a clear error, no crash */
+    ck_assert(truncate(path, 100) == 0);
+    ck_assert(nb_checkpoint_load(path, &c) != NB_OK);
+    ck_assert(strstr(nb_last_error(), path) != NULL);
+    nb_clear_error();
+    /* saving into a missing directory fails cleanly */
+    nb_checkpoint c3 = ck_of(&r, 3);
+    ck_assert_int_eq(nb_checkpoint_save("/nonexistent-dir/x.ckpt", &c3), NB_EIO);
+    nb_clear_error();
+    run_free(&r);
+    nb_generator_free(dg);
+    unlink(path);
+    unlink(wpath);
+    nb_scope_end();
+}
+END_TEST
+
+Suite *nb_suite_checkpoint(void) {
+    Suite *s = suite_create("checkpoint");
+    TCase *tc = tcase_create("checkpoint");
+    tcase_add_test(tc, test_resume_bit_exact);
+    tcase_add_test(tc, test_bad_checkpoints);
+    suite_add_tcase(s, tc);
+    return s;
+}

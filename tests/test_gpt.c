@@ -1,0 +1,398 @@
+/* test_gpt.c - the "gpt" suite: models/gpt's GPT against PyTorch's nanoGPT (logits, loss
+ * and every gradient, from fixtures made by tools/make_gpt_fixture.py with weights under
+ * nanoGPT's names), gradient accumulation equivalence, a short training run that must
+ * learn, save/load round trips, sampling determinism, dropout, and argument errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../models/gpt/gpt.h"
+#include "testutil.h"
+
+#ifndef NB_SOURCE_DIR
+#define NB_SOURCE_DIR "."
+#endif
+#define FIXTURES NB_SOURCE_DIR "/tests/fixtures/gpt/"
+
+static const gpt_config tiny_cfg = {.vocab_size = 64, .block_size = 16, .n_layer = 2,
+                                    .n_head = 2, .n_embd = 16};
+static const gpt_config nobias_cfg = {.vocab_size = 64, .block_size = 8, .n_layer = 1,
+                                      .n_head = 4, .n_embd = 16, .no_bias = true,
+                                      .gelu_tanh = true};
+
+/* max |a - r| over the elements, and max |r|. */
+static void max_diff(const nb_tensor *a, const nb_tensor *r, double *diff, double *scale) {
+    ck_assert_int_eq(nb_numel(a), nb_numel(r));
+    double *x = tu_values(a), *y = tu_values(r);
+    *diff = 0, *scale = 0;
+    for (int64_t i = 0; i < nb_numel(a); i++) {
+        double d = fabs(x[i] - y[i]);
+        if (!(d <= *diff)) *diff = d; /* NaN propagates */
+        if (fabs(y[i]) > *scale) *scale = fabs(y[i]);
+    }
+    free(x);
+    free(y);
+}
+
+/* a matches r to rel * max|r| (elementwise, scaled by the tensor's largest entry). */
+static void assert_rel(const nb_tensor *a, const nb_tensor *r, double rel, const char *what) {
+    double d, s;
+    max_diff(a, r, &d, &s);
+    ck_assert_msg(d <= rel * s + 1e-7, "%s: max |diff| %g exceeds %g x max |ref| %g", what, d,
+                  rel, s);
+}
+
+static nb_module *fixture_model(const char *name, const gpt_config *cfg) {
+    char path[512];
+    snprintf(path, sizeof path, FIXTURES "%s.safetensors", name);
+    nb_module *m = gpt_new(cfg, NULL);
+    ck_assert_ptr_nonnull(m);
+    /* strict: the file's names and the model's must be the same set, nanoGPT's */
+    nb_status st = nb_module_load(m, path, true);
+    ck_assert_msg(st == NB_OK, "%s", nb_last_error());
+    return m;
+}
+
+static nb_safetensors *fixture_io(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, FIXTURES "%s_io.safetensors", name);
+    nb_safetensors *f = nb_safetensors_open(path);
+    ck_assert_msg(f != NULL, "%s", nb_last_error());
+    return f;
+}
+
+/* (a) logits, loss and all gradients equal PyTorch's nanoGPT (f64 reference, f32 here). */
+START_TEST(test_nanogpt_fixture) {
+    nb_scope_begin();
+    nb_module *m = fixture_model("tiny", &tiny_cfg);
+    nb_safetensors *io = fixture_io("tiny");
+    nb_tensor *idx = nb_safetensors_get(io, "idx"), *tgt = nb_safetensors_get(io, "targets");
+    nb_tensor *logits = nb_forward(m, idx);
+    ck_assert_ptr_nonnull(logits);
+    ck_assert_int_eq(nb_ndim(logits), 3);
+    ck_assert_int_eq(nb_size(logits, 2), 64);
+    assert_rel(logits, nb_safetensors_get(io, "logits"), 1e-4, "logits");
+    nb_tensor *loss = gpt_loss(m, idx, tgt);
+    double ref = nb_item_f64(nb_safetensors_get(io, "loss"));
+    ck_assert_msg(fabs(nb_item_f64(loss) - ref) <= 1e-5 * ref, "loss %.8f vs %.8f",
+                  nb_item_f64(loss), ref);
+    ck_assert_int_eq(nb_backward(loss), NB_OK);
+    const nb_params *ps = nb_parameters(m);
+    ck_assert_int_eq(ps->count, 2 + 12 * 2 + 2); /* wte, wpe, 12 per block, ln_f */
+    for (int i = 0; i < ps->count; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "grad.%s", ps->names[i]);
+        ck_assert_msg(nb_safetensors_find(io, name) >= 0, "fixture lacks %s", name);
+        ck_assert_ptr_nonnull(nb_grad(ps->tensors[i]));
+        /* the tied wte gets both the embedding's and the head's gradient */
+        assert_rel(nb_grad(ps->tensors[i]), nb_safetensors_get(io, name), 1e-4, name);
+    }
+    nb_safetensors_close(io);
+    nb_module_free(m);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_nanogpt_fixture_nobias) {
+    nb_scope_begin();
+    nb_module *m = fixture_model("nobias", &nobias_cfg);
+    ck_assert_ptr_null(nb_module_find(m, "transformer.h.0.attn.c_attn.bias"));
+    ck_assert_ptr_null(nb_module_find(m, "transformer.ln_f.bias"));
+    nb_safetensors *io = fixture_io("nobias");
+    nb_module_train(m, false);
+    nb_tensor *logits = nb_forward(m, nb_safetensors_get(io, "idx"));
+    ck_assert_ptr_nonnull(logits);
+    assert_rel(logits, nb_safetensors_get(io, "logits"), 1e-4, "logits");
+    /* A shorter sequence is the prefix of the longer one's (causality). */
+    nb_tensor *short_logits = nb_forward(m, nb_narrow(nb_safetensors_get(io, "idx"), 1, 0, 5));
+    assert_rel(short_logits, nb_narrow(logits, 1, 0, 5), 1e-6, "prefix logits");
+    nb_safetensors_close(io);
+    nb_module_free(m);
+    nb_scope_end();
+}
+END_TEST
+
+/* Initialization: nanoGPT's names and shapes, N(0, 0.02) and the scaled residual init. */
+START_TEST(test_init) {
+    nb_scope_begin();
+    nb_generator *g = nb_generator_new(7);
+    gpt_config c = {.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64};
+    nb_module *m = gpt_new(&c, g);
+    ck_assert_ptr_nonnull(m);
+    const gpt_config *rc = gpt_get_config(m);
+    ck_assert_int_eq(rc->vocab_size, 256);
+    const nb_params *ps = nb_parameters(m);
+    ck_assert_str_eq(ps->names[0], "transformer.wte.weight");
+    ck_assert_str_eq(ps->names[1], "transformer.wpe.weight");
+    ck_assert_str_eq(ps->names[2], "transformer.h.0.ln_1.weight");
+    ck_assert_str_eq(ps->names[4], "transformer.h.0.attn.c_attn.weight");
+    ck_assert_str_eq(ps->names[ps->count - 1], "transformer.ln_f.bias");
+    nb_tensor *ca = nb_module_find(m, "transformer.h.1.attn.c_attn.weight");
+    ck_assert_int_eq(nb_size(ca, 0), 192);
+    ck_assert_int_eq(nb_size(ca, 1), 64);
+    ck_assert_int_eq(nb_size(nb_module_find(m, "transformer.h.1.mlp.c_proj.weight"), 1), 256);
+    /* 12 C^2 + 13 C per layer, V C + T C + 2 C outside */
+    ck_assert_int_eq(nb_num_parameters(m), 2 * (12 * 64 * 64 + 13 * 64) + 256 * 64 + 32 * 64 + 128);
+    double s1 = nb_item_f64(nb_std(nb_module_find(m, "transformer.wte.weight"), NULL, 0, 1, false));
+    double s2 = nb_item_f64(nb_std(nb_module_find(m, "transformer.h.0.mlp.c_proj.weight"), NULL,
+                                   0, 1, false));
+    ck_assert_msg(fabs(s1 - 0.02) < 0.001, "wte std %g", s1);
+    ck_assert_msg(fabs(s2 - 0.01) < 0.001, "c_proj std %g (0.02 / sqrt(2 n_layer))", s2);
+    ck_assert_double_eq(nb_item_f64(nb_sum(nb_module_find(m, "transformer.h.0.mlp.c_fc.bias"),
+                                           NULL, 0, false)), 0.0);
+    ck_assert_double_eq(nb_item_f64(nb_mean(nb_module_find(m, "transformer.h.0.ln_2.weight"),
+                                            NULL, 0, false)), 1.0);
+    /* W3's size and FLOP count as shared/peers reports them */
+    nb_module *w3 = gpt_new(NULL, g);
+    ck_assert_int_eq(nb_num_parameters(w3), 3257856);
+    ck_assert_msg(fabs(gpt_train_flops(NULL, 16, 128) / 1e9 - 42.68) < 0.005, "%g",
+                  gpt_train_flops(NULL, 16, 128));
+    nb_module_free(w3);
+    nb_module_free(m);
+    nb_generator_free(g);
+    nb_scope_end();
+}
+END_TEST
+
+static nb_optim *make_adamw(nb_module *m, double lr) {
+    nb_params decay, no_decay;
+    ck_assert_int_eq(nb_params_split_decay(nb_parameters(m), &decay, &no_decay), NB_OK);
+    nb_optim *o = nb_adamw(&decay, &(nb_adamw_opts){.lr = lr, .weight_decay = 0.1});
+    ck_assert_ptr_nonnull(o);
+    ck_assert_int_ge(nb_optim_add_group(o, &no_decay, &(nb_group_opts){.weight_decay = NB_OPT_ZERO}), 0);
+    nb_params_deinit(&decay);
+    nb_params_deinit(&no_decay);
+    return o;
+}
+
+/* (c) N micro-batches with accumulation give the step of one N-times-larger batch. */
+START_TEST(test_grad_accum) {
+    nb_scope_begin();
+    gpt_config c = tiny_cfg;
+    nb_generator *g1 = nb_generator_new(3), *g2 = nb_generator_new(3);
+    nb_module *a = gpt_new(&c, g1), *b = gpt_new(&c, g2);
+    nb_optim *oa = make_adamw(a, 1e-3), *ob = make_adamw(b, 1e-3);
+    nb_tensor *x = tu_random((int64_t[]){6, 16}, 2, NB_I64, 0, 63.4, 1);
+    nb_tensor *y = tu_random((int64_t[]){6, 16}, 2, NB_I64, 0, 63.4, 2);
+    nb_tensor *xs[3], *ys[3];
+    for (int i = 0; i < 3; i++) xs[i] = nb_narrow(x, 0, 2 * i, 2), ys[i] = nb_narrow(y, 0, 2 * i, 2);
+    double na, nb;
+    double la = gpt_train_step(a, oa, xs, ys, 3, 0.5, &na);
+    double lb = gpt_train_step(b, ob, &x, &y, 1, 0.5, &nb);
+    ck_assert_msg(fabs(la - lb) < 1e-6, "loss %.9f vs %.9f", la, lb);
+    ck_assert_msg(fabs(na - nb) < 1e-6 * nb, "grad norm %.9f vs %.9f", na, nb);
+    ck_assert_msg(na > 0.5, "the test should clip (norm %g)", na);
+    const nb_params *pa = nb_parameters(a), *pb = nb_parameters(b);
+    for (int i = 0; i < pa->count; i++) {
+        assert_rel(nb_grad(pa->tensors[i]), nb_grad(pb->tensors[i]), 1e-5, pa->names[i]);
+        double d, s;
+        max_diff(pa->tensors[i], pb->tensors[i], &d, &s);
+        ck_assert_msg(d <= 1e-6, "%s: weights differ by %g after one step", pa->names[i], d);
+    }
+    nb_optim_free(oa);
+    nb_optim_free(ob);
+    nb_module_free(a);
+    nb_module_free(b);
+    nb_generator_free(g1);
+    nb_generator_free(g2);
+    nb_scope_end();
+}
+END_TEST
+
+/* (d) A short run on a small repetitive text must learn it. */
+START_TEST(test_training_learns) {
+    nb_scope_begin();
+    const char *s = "In the beginning God created the heaven and the earth. ";
+    char text[4096] = "";
+    while (strlen(text) + strlen(s) < sizeof text) strcat(text, s);
+    nb_tensor *tok = nb_from_buffer(text, (int64_t[]){(int64_t)strlen(text)}, 1, NB_U8);
+    nb_generator *init = nb_generator_new(11), *bg = nb_generator_new(12), *dg = nb_generator_new(13);
+    gpt_config c = {.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 32,
+                    .dropout = 0.05, .dropout_gen = dg};
+    nb_module *m = gpt_new(&c, init);
+    nb_optim *o = make_adamw(m, 3e-3);
+    nb_tensor *x = nb_empty((int64_t[]){8, 32}, 2, NB_I64), *y = nb_empty((int64_t[]){8, 32}, 2, NB_I64);
+    double first = NAN, last = 0;
+    for (int step = 0; step < 120; step++) {
+        ck_assert_int_eq(nb_text_sample(tok, bg, x, y), NB_OK);
+        double l = gpt_train_step(m, o, &x, &y, 1, 1.0, NULL);
+        ck_assert_msg(!isnan(l), "%s", nb_last_error());
+        if (step == 0) first = l;
+        if (step >= 115) last += l / 5;
+    }
+    ck_assert_msg(fabs(first - log(256.0)) < 0.1, "initial loss %g should be near ln 256", first);
+    /* The text repeats with period 55: a model that learns it predicts most bytes from the
+     * few before them. This one reaches ~0.53 (mean of steps 116-120); the unigram entropy
+     * of the text is 2.5, so < 1.0 needs attention across positions to work. */
+    ck_assert_msg(last < 1.0, "loss after 120 steps %g (from %g)", last, first);
+    nb_optim_free(o);
+    nb_module_free(m);
+    nb_generator_free(init);
+    nb_generator_free(bg);
+    nb_generator_free(dg);
+    nb_scope_end();
+}
+END_TEST
+
+/* (e) save/load round trips (model file, checkpoint) and deterministic sampling. */
+START_TEST(test_save_load_sample) {
+    nb_scope_begin();
+    char dir[] = "/tmp/nb_gpt_XXXXXX", path[600], ck[600];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(ck, sizeof ck, "%s/run.ckpt", dir);
+    nb_generator *g1 = nb_generator_new(1), *g2 = nb_generator_new(2);
+    gpt_config c = {.vocab_size = 256, .block_size = 12, .n_layer = 2, .n_head = 4, .n_embd = 16};
+    nb_module *a = gpt_new(&c, g1), *b = gpt_new(&c, g2), *d = gpt_new(&c, g2);
+    ck_assert_int_eq(nb_module_save(a, path), NB_OK);
+    ck_assert_int_eq(nb_checkpoint_save(ck, &(nb_checkpoint){.model = a, .step = 5}), NB_OK);
+    gpt_config fc = {.n_head = 4};
+    ck_assert_int_eq(gpt_config_from_file(ck, &fc), NB_OK);
+    ck_assert_int_eq(fc.vocab_size, 256);
+    ck_assert_int_eq(fc.block_size, 12);
+    ck_assert_int_eq(fc.n_layer, 2);
+    ck_assert_int_eq(fc.n_embd, 16);
+    ck_assert(!fc.no_bias);
+    ck_assert_int_eq(gpt_load(b, path), NB_OK);
+    ck_assert_int_eq(gpt_load(d, ck), NB_OK);
+    nb_tensor *idx = tu_random((int64_t[]){2, 12}, 2, NB_I64, 0, 255.4, 5);
+    nb_tensor *la = nb_forward(a, idx), *lb = nb_forward(b, idx), *ld = nb_forward(d, idx);
+    assert_rel(lb, la, 0, "logits after nb_module_save + gpt_load");
+    assert_rel(ld, la, 0, "logits after a checkpoint + gpt_load");
+
+    const int64_t prompt[3] = {'a', 'b', 'c'};
+    int64_t o1[20], o2[20], o3[20], o4[20];
+    ck_assert_int_eq(gpt_generate(a, prompt, 3, 20, NULL, o1), NB_OK); /* greedy */
+    ck_assert_int_eq(gpt_generate(b, prompt, 3, 20, &(gpt_sample_opts){0}, o2), NB_OK);
+    ck_assert_mem_eq(o1, o2, sizeof o1);
+    /* top_k 1 at any temperature is greedy too */
+    ck_assert_int_eq(gpt_generate(a, prompt, 3, 20, &(gpt_sample_opts){.temperature = 2, .top_k = 1}, o3), NB_OK);
+    ck_assert_mem_eq(o1, o3, sizeof o1);
+    /* sampling repeats with the same generator state, and stays in the vocabulary */
+    nb_generator *s1 = nb_generator_new(9), *s2 = nb_generator_new(9);
+    ck_assert_int_eq(gpt_generate(a, prompt, 3, 20, &(gpt_sample_opts){.temperature = 1, .gen = s1}, o3), NB_OK);
+    ck_assert_int_eq(gpt_generate(b, prompt, 3, 20, &(gpt_sample_opts){.temperature = 1, .gen = s2}, o4), NB_OK);
+    ck_assert_mem_eq(o3, o4, sizeof o3);
+    bool differs = false;
+    for (int i = 0; i < 20; i++) {
+        ck_assert(o3[i] >= 0 && o3[i] < 256);
+        differs |= o3[i] != o1[i];
+    }
+    ck_assert_msg(differs, "an untrained model sampled at temperature 1 should not be greedy");
+    ck_assert(nb_module_is_training(a)); /* restored after generation */
+
+    /* a model of another shape is refused, with a message naming the tensor */
+    gpt_config c3 = c;
+    c3.n_layer = 3;
+    nb_module *e = gpt_new(&c3, g2);
+    ck_assert_int_eq(gpt_load(e, path), NB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "transformer.h.2"));
+    c3.n_layer = 1;
+    nb_module *f = gpt_new(&c3, g2);
+    ck_assert_int_eq(gpt_load(f, path), NB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "transformer.h.1"));
+    nb_module_free(e);
+    nb_module_free(f);
+    unlink(path);
+    unlink(ck);
+    rmdir(dir);
+    nb_module_free(a);
+    nb_module_free(b);
+    nb_module_free(d);
+    nb_generator_free(g1);
+    nb_generator_free(g2);
+    nb_generator_free(s1);
+    nb_generator_free(s2);
+    nb_scope_end();
+}
+END_TEST
+
+/* Contexts longer than block_size are cropped to the last block_size tokens. */
+START_TEST(test_generate_long) {
+    nb_scope_begin();
+    gpt_config c = {.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 8};
+    nb_module *m = gpt_new(&c, NULL);
+    int64_t prompt[6] = {1, 2, 3, 4, 5, 6}, out[10], ref;
+    ck_assert_int_eq(gpt_generate(m, prompt, 6, 10, NULL, out), NB_OK);
+    /* the first new token is the argmax after the last 4 prompt tokens */
+    nb_tensor *logits = nb_forward(m, nb_from_buffer(prompt + 2, (int64_t[]){1, 4}, 2, NB_I64));
+    ref = nb_item_i64(nb_argmax(nb_select(nb_select(logits, 0, 0), 0, 3), 0, false));
+    ck_assert_int_eq(out[0], ref);
+    nb_module_free(m);
+    nb_scope_end();
+}
+END_TEST
+
+/* Dropout acts in training mode only, and is reproducible from its generator. */
+START_TEST(test_dropout) {
+    nb_scope_begin();
+    nb_generator *dg = nb_generator_new(5);
+    gpt_config c = {.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8,
+                    .dropout = 0.3, .dropout_gen = dg};
+    nb_module *m = gpt_new(&c, NULL);
+    nb_tensor *idx = tu_random((int64_t[]){2, 8}, 2, NB_I64, 0, 31.4, 3);
+    nb_tensor *t1 = nb_forward(m, idx);
+    nb_generator_set_offset(dg, 0);
+    nb_tensor *t2 = nb_forward(m, idx);
+    assert_rel(t2, t1, 0, "same dropout stream");
+    nb_tensor *t3 = nb_forward(m, idx); /* the stream moved on */
+    double d, s;
+    max_diff(t3, t1, &d, &s);
+    ck_assert_msg(d > 1e-3, "dropout masks should differ between calls");
+    nb_module_train(m, false);
+    nb_tensor *e1 = nb_forward(m, idx), *e2 = nb_forward(m, idx);
+    assert_rel(e2, e1, 0, "eval mode is deterministic");
+    max_diff(e1, t1, &d, &s);
+    ck_assert_msg(d > 1e-3, "eval mode should not drop");
+    nb_module_free(m);
+    nb_generator_free(dg);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_errors) {
+    nb_scope_begin();
+    tu_assert_error(gpt_new(&(gpt_config){.n_embd = 10, .n_head = 3}, NULL), NB_EINVAL, "divide");
+    tu_assert_error(gpt_new(&(gpt_config){.dropout = 1.0}, NULL), NB_EINVAL, "dropout");
+    tu_assert_error(gpt_new(&(gpt_config){.n_layer = -1}, NULL), NB_EINVAL, "positive");
+    gpt_config c = {.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 8};
+    nb_module *m = gpt_new(&c, NULL);
+    tu_assert_error(nb_forward(m, nb_zeros((int64_t[]){1, 5}, 2, NB_I64)), NB_ESHAPE, "block_size");
+    tu_assert_error(nb_forward(m, nb_zeros((int64_t[]){1, 4}, 2, NB_F32)), NB_EINVAL, "dtype");
+    tu_assert_error(nb_forward(m, nb_zeros((int64_t[]){4}, 1, NB_I64)), NB_EINVAL, "(B, T)");
+    tu_assert_error(nb_forward(m, nb_full((int64_t[]){1, 4}, 2, NB_I64, 16)), NB_EINDEX, "");
+    tu_assert_error(nb_forward(m, NULL), NB_ENULL, "");
+    tu_assert_error(gpt_loss(m, nb_zeros((int64_t[]){1, 4}, 2, NB_I64),
+                             nb_zeros((int64_t[]){1, 3}, 2, NB_I64)), NB_ESHAPE, "targets");
+    nb_module *lin = nb_linear(2, 2, NULL);
+    tu_assert_error(gpt_loss(lin, NULL, NULL), NB_EINVAL, "not a GPT");
+    ck_assert_ptr_null(gpt_get_config(lin));
+    int64_t p[2] = {3, 16}, out[2];
+    ck_assert_int_eq(gpt_generate(m, p, 2, 2, NULL, out), NB_EINDEX);
+    ck_assert_int_eq(gpt_generate(m, p, 0, 2, NULL, out), NB_EINVAL);
+    ck_assert_int_eq(gpt_generate(m, p, 1, 2, &(gpt_sample_opts){.temperature = -1}, out), NB_EINVAL);
+    ck_assert_int_eq(gpt_load(m, "/nonexistent/model.safetensors"), NB_EIO);
+    ck_assert(isnan(gpt_train_step(m, NULL, NULL, NULL, 1, 0, NULL)));
+    nb_module_free(lin);
+    nb_module_free(m);
+    nb_scope_end();
+}
+END_TEST
+
+Suite *nb_suite_gpt(void) {
+    Suite *s = suite_create("gpt");
+    TCase *tc = tcase_create("gpt");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_nanogpt_fixture);
+    tcase_add_test(tc, test_nanogpt_fixture_nobias);
+    tcase_add_test(tc, test_init);
+    tcase_add_test(tc, test_grad_accum);
+    tcase_add_test(tc, test_training_learns);
+    tcase_add_test(tc, test_save_load_sample);
+    tcase_add_test(tc, test_generate_long);
+    tcase_add_test(tc, test_dropout);
+    tcase_add_test(tc, test_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
