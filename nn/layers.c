@@ -25,30 +25,13 @@ typedef struct lin_mat {
     bool trans;
 } lin_mat;
 
-/* Can the dims (sizes, strides), outermost first, be walked as one strided dim? */
-static bool fold(const int64_t *sizes, const int64_t *strides, int n, int64_t *stride) {
-    bool first = true;
-    int64_t span = 0;
-    *stride = 0;
-    for (int d = n - 1; d >= 0; d--) {
-        if (sizes[d] == 1) continue;
-        if (first) {
-            *stride = strides[d];
-            first = false;
-        } else if (strides[d] != span) {
-            return false;
-        }
-        span = strides[d] * sizes[d];
-    }
-    return true;
-}
 
 /* View t (..., cols) as a (rows x cols) matrix without copying, if its layout allows. */
 static bool as_matrix(const nb_tensor *t, lin_mat *m) {
     int nd = t->ndim;
     int64_t cols = t->shape[nd - 1], scol = t->strides[nd - 1], srow = 0;
     int64_t rows = nb__numel_of(t->shape, nd - 1);
-    if (!fold(t->shape, t->strides, nd - 1, &srow)) return false;
+    if (!nb__dims_collapse(t->shape, t->strides, nd - 1, &srow)) return false;
     int64_t mr = rows > 1 ? rows : 1, mc = cols > 1 ? cols : 1;
     *m = (lin_mat){nb__ptr(t), rows, cols, 0, false};
     if ((cols <= 1 || scol == 1) && (rows <= 1 || srow >= mc)) {

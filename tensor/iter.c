@@ -163,3 +163,20 @@ void nb__iter_for_each(const nb__iter *it, nb__iter_fn fn, void *ctx, int64_t gr
     }
 #endif
 }
+
+bool nb__dims_collapse(const int64_t *sizes, const int64_t *strides, int n, int64_t *stride) {
+    bool first = true;
+    int64_t span = 0;
+    *stride = 0;
+    for (int d = n - 1; d >= 0; d--) {
+        if (sizes[d] == 1) continue;
+        if (first) {
+            *stride = strides[d];
+            first = false;
+        } else if (strides[d] != span) {
+            return false;
+        }
+        span = strides[d] * sizes[d];
+    }
+    return true;
+}

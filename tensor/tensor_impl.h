@@ -107,6 +107,10 @@ bool nb__broadcast_shapes(const int64_t *a, int na, const int64_t *b, int nb,
 void nb__broadcast_strides(const nb_tensor *t, const int64_t *shape, int ndim,
                            int64_t *strides);
 
+/* Can dims (sizes, strides), outermost first, be walked as ONE strided dim? Size-1 dims are
+ * ignored. On success *stride is that dim's stride (matmul and linear fold batch dims). */
+bool nb__dims_collapse(const int64_t *sizes, const int64_t *strides, int n, int64_t *stride);
+
 /* Same device check for an op's operands: sets EDEVICE and returns false on mismatch. */
 bool nb__same_device(const nb_tensor *a, const nb_tensor *b, const char *op);
 

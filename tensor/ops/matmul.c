@@ -120,24 +120,6 @@ static void batch_strides(const mm_operand *o, int nbo, int64_t *out) {
     }
 }
 
-/* Can dims (sizes, strides), outermost first, be walked as ONE strided dim? Size-1 dims are
- * ignored. On success *stride is that dim's stride. */
-static bool collapse(const int64_t *sizes, const int64_t *strides, int n, int64_t *stride) {
-    bool first = true;
-    int64_t span = 0;
-    *stride = 0;
-    for (int d = n - 1; d >= 0; d--) {
-        if (sizes[d] == 1) continue;
-        if (first) {
-            *stride = strides[d];
-            first = false;
-        } else if (strides[d] != span) {
-            return false;
-        }
-        span = strides[d] * sizes[d];
-    }
-    return true;
-}
 
 static nb_status gemm(nb_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                       const char *A, int64_t lda, const char *B, int64_t ldb, char *C,
@@ -203,7 +185,7 @@ static nb_status mm_compute(nb_tensor *a, nb_tensor *b, nb_tensor *out, const in
         memcpy(sizes, bshape, sizeof(int64_t) * (size_t)nbo);
         memcpy(strides, as, sizeof(int64_t) * (size_t)nbo);
         sizes[nbo] = M, strides[nbo] = A.srow;
-        if (collapse(sizes, strides, nbo + 1, &srow)) {
+        if (nb__dims_collapse(sizes, strides, nbo + 1, &srow)) {
             mm_layout lf = classify(nbatch * M, K, srow, A.scol);
             if (lf.ok && !lf.trans)
                 return gemm(dt, false, lb.trans, nbatch * M, N, K, A.ptr, lf.ld, B.ptr, lb.ld,
