@@ -277,19 +277,33 @@ static nb__node *heap_pop(node_vec *h) {
     return top;
 }
 
-/* Accumulate g (in the current inner scope) into *slot, which the engine or a leaf owns. */
-static nb_status accumulate(nb_tensor **slot, nb_tensor *g) {
+static bool exclusive(const nb_tensor *t) {
+    return atomic_load(&t->refcount) == 1 && atomic_load(&t->storage->refcount) == 1;
+}
+
+/* Accumulate g (in the current inner scope) into *slot, which the engine or a leaf owns.
+ * A leaf's slot takes g over only when nothing else can see it and copies it otherwise:
+ * the leaf's gradient is the user's to change in place (clipping, averaging), and a later
+ * contribution adds into it in place (into its flat buffer, when it has one). A node's
+ * pending gradient (shared = true) is only read, by the node's rule, so it may share g with
+ * other slots (an add passes its gradient to both inputs); a later contribution then adds
+ * out of place while the slot is shared, which saves the copy. */
+static nb_status accumulate(nb_tensor **slot, nb_tensor *g, bool shared) {
     if (!*slot) {
-        /* Take g over when nothing else can see it; otherwise copy, so that an in-place
-         * accumulation later never writes into a tensor that another node still reads. */
-        if (atomic_load(&g->refcount) == 1 && atomic_load(&g->storage->refcount) == 1 &&
-            nb_is_contiguous(g)) {
+        if (nb_is_contiguous(g) && (shared || exclusive(g))) {
             *slot = nb__scope_take(g);
             return NB_OK;
         }
         nb_tensor *c = nb_clone(g);
         if (!c) return nb_last_status();
         *slot = nb__scope_take(c);
+        return NB_OK;
+    }
+    if (shared && !exclusive(*slot)) {
+        nb_tensor *sum = nb_add(*slot, g);
+        if (!sum) return nb_last_status();
+        nb_tensor_free(*slot);
+        *slot = nb__scope_take(sum);
         return NB_OK;
     }
     return nb__add_inplace(*slot, g);
@@ -305,7 +319,7 @@ static nb_status leaf_contribution(nb_tensor *leaf, nb_tensor *g, uint64_t epoch
     struct nb__ag_meta *m = leaf->ag;
     NB__ASSERT(m && m->epoch == epoch && m->pending > 0);
     if (g) {
-        nb_status st = accumulate(&leaf->grad, g);
+        nb_status st = accumulate(&leaf->grad, g, false);
         if (st != NB_OK) return st;
         m->got = true;
     }
@@ -387,7 +401,7 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
             nb_tensor *gi = (st == NB_OK && gin[i]) ? fit_to_edge(gin[i], e) : NULL;
             if (st == NB_OK && gin[i] && !gi) st = nb_last_status();
             if (e->node) {
-                if (gi && st == NB_OK) st = accumulate(&e->node->grad, gi);
+                if (gi && st == NB_OK) st = accumulate(&e->node->grad, gi, true);
                 if (--e->node->deps == 0 && !heap_push(&heap, e->node)) st = NB_ENOMEM;
             } else if (st == NB_OK) {
                 st = leaf_contribution(e->leaf, gi, epoch);

@@ -15,7 +15,10 @@
  * Elementwise: GB/s (bytes read + written, 1 GB = 1e9 B) of ops on a 64 MiB f32 tensor, vs a
  * memcpy of the same size split across the threads (each copies one part, like gemm_peak).
  *
- * Usage: bench_kernels [--threads N] [--quick] [--only=gemm|elem]
+ * W3 GEMMs (--only=w3, or with the others): the raw provider calls of one W3 training step's
+ * linear layers, back to back, as a floor for the gpt program's GEMM time.
+ *
+ * Usage: bench_kernels [--threads N] [--quick] [--only=gemm|elem|w3]
  * Output: a human table, and lines `RESULT <kind> <case> <value> <unit> ratio=<x>`. */
 #include <math.h>
 #include <stdbool.h>
@@ -266,6 +269,84 @@ static void bench_gemm(void) {
     }
 }
 
+/* ---- the GEMMs of one W3 training step ------------------------------------------------------------
+ * The raw provider calls a W3 step (4 layers, width 256, 16 x 128 tokens) makes in its linear
+ * layers, forward (NT) and backward (NN input grad, TN weight grad), timed back to back as one
+ * sequence: a floor for the step's GEMM time and the raw GEMM rate on its shapes, to set next to
+ * the gpt program's achieved GFLOP/s. (The attention's small per-head GEMMs and the elementwise
+ * work are not in it.) */
+typedef struct {
+    int64_t M, K, N;
+    int ta, tb;
+} w3_gemm;
+
+typedef struct {
+    w3_gemm g[64];
+    int n;
+    float *A, *B, *C;
+    nb_gemm_provider prov;
+} w3_ctx;
+
+static void w3_add_linear(w3_ctx *w, int64_t rows, int64_t in, int64_t out) {
+    w->g[w->n++] = (w3_gemm){rows, in, out, 0, 1}; /* y = x W^T */
+    w->g[w->n++] = (w3_gemm){rows, out, in, 0, 0}; /* dx = dy W */
+    w->g[w->n++] = (w3_gemm){out, rows, in, 1, 0}; /* dW = dy^T x */
+}
+
+static int run_w3(void *p) {
+    w3_ctx *w = p;
+    for (int i = 0; i < w->n; i++) {
+        const w3_gemm *g = &w->g[i];
+        int64_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
+#if NB_BENCH_DNNL
+        if (w->prov == NB_GEMM_DNNL) {
+            if (dnnl_sgemm(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', g->M, g->N, g->K, 1.0f, w->A,
+                           lda, w->B, ldb, 0.0f, w->C, g->N) != dnnl_success)
+                return -1;
+            continue;
+        }
+#endif
+        cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans,
+                    g->tb ? CblasTrans : CblasNoTrans, (int)g->M, (int)g->N, (int)g->K, 1.0f,
+                    w->A, (int)lda, w->B, (int)ldb, 0.0f, w->C, (int)g->N);
+    }
+    return 0;
+}
+
+static void bench_w3(void) {
+    enum { L = 4, C = 256, V = 256, ROWS = 16 * 128 };
+    static w3_ctx w;
+    w.n = 0;
+    w.prov = nb_gemm_provider_current();
+    for (int l = 0; l < L; l++) {
+        w3_add_linear(&w, ROWS, C, 3 * C); /* attn.c_attn */
+        w3_add_linear(&w, ROWS, C, C);     /* attn.c_proj */
+        w3_add_linear(&w, ROWS, C, 4 * C); /* mlp.c_fc */
+        w3_add_linear(&w, ROWS, 4 * C, C); /* mlp.c_proj */
+    }
+    w3_add_linear(&w, ROWS, C, V); /* the head (its weight gradient goes to the tied wte) */
+    double flop = 0;
+    for (int i = 0; i < w.n; i++) flop += 2.0 * (double)w.g[i].M * (double)w.g[i].K * (double)w.g[i].N;
+    size_t big = (size_t)ROWS * 4 * C;
+    w.A = xalloc(sizeof(float) * big);
+    w.B = xalloc(sizeof(float) * big);
+    w.C = xalloc(sizeof(float) * big);
+    for (size_t i = 0; i < big; i++) w.A[i] = frand(), w.B[i] = frand();
+    run_fn fns[1] = {run_w3};
+    void *ctxs[1] = {&w};
+    samples res[1];
+    time_round_robin(fns, ctxs, res, 1);
+    double t = median_of(&res[0]);
+    printf("\n== the linear-layer GEMMs of one W3 step (%d raw %s calls, %.2f GFLOP) ==\n", w.n,
+           nb_gemm_provider_name(w.prov), flop * 1e-9);
+    printf("median %.2f ms: %.1f GFLOP/s (runs %d)\n", t * 1e3, flop / t * 1e-9, res[0].n);
+    printf("RESULT w3_gemms %.3f ms %.2f GFLOP/s\n", t * 1e3, flop / t * 1e-9);
+    fflush(stdout);
+    free(w.A);
+    free(w.B);
+    free(w.C);
+}
+
 /* ---- elementwise and reductions ---------------------------------------------------------------- */
 
 typedef struct {
@@ -366,16 +447,17 @@ static void bench_elem(int threads) {
 }
 
 static void usage(const char *argv0) {
-    fprintf(stderr, "usage: %s [--threads N] [--quick] [--only=gemm|elem]\n", argv0);
+    fprintf(stderr, "usage: %s [--threads N] [--quick] [--only=gemm|elem|w3]\n", argv0);
     exit(2);
 }
 
 int main(int argc, char **argv) {
-    int threads = 2, do_gemm = 1, do_elem = 1;
+    int threads = 2, do_gemm = 1, do_elem = 1, do_w3 = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
-        else if (!strcmp(argv[i], "--only=gemm")) do_elem = 0;
-        else if (!strcmp(argv[i], "--only=elem")) do_gemm = 0;
+        else if (!strcmp(argv[i], "--only=gemm")) do_elem = do_w3 = 0;
+        else if (!strcmp(argv[i], "--only=elem")) do_gemm = do_w3 = 0;
+        else if (!strcmp(argv[i], "--only=w3")) do_gemm = do_elem = 0;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strncmp(argv[i], "--threads=", 10)) threads = atoi(argv[i] + 10);
         else usage(argv[0]);
@@ -404,6 +486,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     if (do_gemm) bench_gemm();
+    if (do_w3) bench_w3();
     if (do_elem) bench_elem(threads);
     return 0;
 }

@@ -57,6 +57,8 @@ run_pair cnn w2 3.199 "$build/models/cnn" --epochs 1 --threads 2
 if [ -x "$build/models/gpt/gpt" ]; then
     echo "== W3 (gpt), 2 threads"
     run_pair gpt w3 42.68 "$build/models/gpt/gpt" --steps 60 --threads 2
+    echo "== the raw GEMM rate on W3's linear-layer shapes (one step's 51 calls, 39.46 of its 42.68 GFLOP)"
+    "$build/bench/bench_kernels" --only=w3 --threads 2 2>/dev/null | grep -E '^(median|RESULT w3)'
 fi
 echo "== raw GEMM rate on the same machine, same run"
-"$build/bench/bench_kernels" --only=gemm --quick 2>/dev/null | grep -E '^RESULT gemm' | head -12
+"$build/bench/bench_kernels" --only=gemm --quick 2>/dev/null | grep -E '^RESULT (matmul|dnnl_sgemm|cblas_sgemm)' | head -12

@@ -5,6 +5,7 @@
 
 #include "nabla/checkpoint.h"
 #include "nabla/io.h"
+#include "optim_impl.h"
 #include "tensor_impl.h"
 
 /* u64 state is stored bit for bit in 0-dim I64 tensors. */
@@ -59,6 +60,9 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
         st = nb_safetensors_save(path, l.names, l.tensors, l.count, keys, vals, 2);
     }
     nb_state_list_deinit(&l);
+    /* the state views own small tensors: back to the cache, not held until the next save */
+    if (c->optim) nb__optim_state_clear(c->optim);
+    if (c->sched) nb__sched_state_clear(c->sched);
     return st;
 }
 

@@ -9,6 +9,7 @@
  * averaged, so the run follows the 1-process one. Evaluation is split over the ranks by
  * batch and the counts summed; only rank 0 prints, logs and writes checkpoints. */
 #include "common.h"
+#include "ranks.h"
 
 #include <nabla/parallel.h>
 
@@ -160,28 +161,6 @@ static nb_status evaluate(nb_module *m, nb_loader *l, nb_comm *world, double *ac
     return NB_OK;
 }
 
-/* The mean of v over the ranks (v itself on one rank). */
-static double mean_over_ranks(nb_comm *world, double v) {
-    if (nb_comm_size(world) == 1) return v;
-    nb_scope_begin();
-    nb_tensor *t = nb_from_buffer(&v, (int64_t[]){1}, 1, NB_F64);
-    if (!t || nb_allreduce(world, t, NB_REDUCE_AVG) != NB_OK) v = NAN;
-    else v = nb_item_f64(t);
-    nb_scope_end();
-    return v;
-}
-
-/* Ranks sharing this machine, from the launcher's environment (Open MPI, MPICH, Slurm). */
-static int local_ranks(int world_size) {
-    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MPICH_LOCALNRANKS",
-                          "SLURM_NTASKS_PER_NODE"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && atoi(v) > 0) return atoi(v);
-    }
-    return world_size;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -235,14 +214,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     FILE *log = NULL;
 
     if (!world) FAIL("%s", nb_last_error());
-    if (a->threads == 0 && size > 1) {
-        /* The default (all cores) per rank would oversubscribe: share them out. */
-        nb_set_num_threads(0);
-        int per = nb_get_num_threads() / local_ranks(size);
-        nb_set_num_threads(per > 0 ? per : 1);
-    } else {
-        nb_set_num_threads(a->threads);
-    }
+    nbm_set_threads(world, a->threads);
     if (a->batch % size != 0)
         FAIL("--batch %lld is the global batch and must divide by the %d ranks",
              (long long)a->batch, size);
@@ -358,7 +330,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
             nb_alloc_get_stats(&st);
             if (step >= 10) steady_allocs = st.system_allocs - st0.system_allocs;
             /* the train loss over the global batches (the mean of the ranks' means) */
-            train_loss = mean_over_ranks(world, n_loss ? loss_sum / n_loss : NAN);
+            train_loss = nbm_mean_over_ranks(world, n_loss ? loss_sum / n_loss : NAN);
             if (evaluate(model, test_l, world, &acc, &test_loss) != NB_OK)
                 FAIL("evaluation: %s",
                      *nb_last_error() ? nb_last_error() : "failed on another rank");

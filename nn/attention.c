@@ -1,5 +1,8 @@
 /* attention.c - nb_causal_attention: causal scaled dot-product attention as one fused op
- * (kernels in cpu/attention.c) with one autograd node, NB__OP_ATTENTION.
+ * (kernels in cpu/attention.c) with one autograd node, NB__OP_ATTENTION; and
+ * nb_causal_attention_qkv, the same on a packed (B, T, 3C) projection (NB__OP_ATTENTION_QKV),
+ * whose node has the one input, so its backward writes the qkv gradient as one tensor instead
+ * of three slices that a split's backward would pad and add.
  *
  * The node saves q, k, v and the per-row log-sum-exp of the scores (B * H * T values); the
  * backward recomputes the attention weights from them, so no (T, T) tensor outlives a call.
@@ -70,6 +73,71 @@ static bool check_input(const nb_tensor *t, const char *name) {
     return true;
 }
 
+static bool check_scalars(const char *op, double scale, double dropout_p) {
+    if (!(dropout_p >= 0 && dropout_p <= 1)) {
+        nb__error(NB_EINVAL, "%s: dropout probability must be in [0, 1], got %g", op, dropout_p);
+        return false;
+    }
+    if (!isfinite(scale)) {
+        nb__error(NB_EINVAL, "%s: scale must be finite (0 means 1/sqrt(head_dim)), got %g", op,
+                  scale);
+        return false;
+    }
+    return true;
+}
+
+/* The geometry of a (B, H, T, D) problem; with dropout, reserves the generator blocks of a
+ * (B, H, T, T) draw, as nb_bernoulli would use them, and records where they start. */
+static nb__attn_geom make_geom(const int64_t *shape, double scale, bool drop, double p,
+                               nb_generator *gen) {
+    nb__attn_geom g = {.B = shape[0], .H = shape[1], .T = shape[2], .D = shape[3],
+                       .scale = scale, .p = drop ? p : 0};
+    if (drop) {
+        nb_generator *gg = gen ? gen : nb_default_generator();
+        g.seed = nb_generator_seed(gg);
+        g.stream = nb_generator_stream(gg);
+        g.offset = nb_generator_offset(gg);
+        uint64_t n = (uint64_t)g.B * (uint64_t)g.H * (uint64_t)g.T * (uint64_t)g.T;
+        nb_generator_set_offset(gg, g.offset + (n + 3) / 4);
+    }
+    return g;
+}
+
+/* Runs the forward kernel on usable q, k, v of dtype cdt (in the current scope): returns
+ * the output as a (B, H, T, D) view of a (B, T, H, D) buffer and the row statistics. */
+static nb_tensor *forward_core(nb__attn_geom *g, nb_tensor *qc, nb_tensor *kc, nb_tensor *vc,
+                               nb_dtype cdt, nb_tensor **lse_out) {
+    const int64_t shape[4] = {g->B, g->H, g->T, g->D}, lshape[3] = {g->B, g->H, g->T};
+    nb_tensor *o = bthd(shape, cdt), *lse = nb__empty(lshape, 3, cdt, NB_CPU);
+    if (!qc || !kc || !vc || !o || !lse) return NULL;
+    strides3(qc, g->sq);
+    strides3(kc, g->sk);
+    strides3(vc, g->sv);
+    strides3(o, g->so);
+    nb_status st =
+        cdt == NB_F64
+            ? nb__cpu_attention_fwd_f64(g, (const double *)nb__ptr(qc), (const double *)nb__ptr(kc),
+                                        (const double *)nb__ptr(vc), (double *)nb__ptr(o),
+                                        (double *)nb__ptr(lse))
+            : nb__cpu_attention_fwd_f32(g, (const float *)nb__ptr(qc), (const float *)nb__ptr(kc),
+                                        (const float *)nb__ptr(vc), (float *)nb__ptr(o),
+                                        (float *)nb__ptr(lse));
+    *lse_out = lse;
+    return st == NB_OK ? o : NULL;
+}
+
+/* Saves what the backward of either op needs: the inputs, the row statistics, and the
+ * scale and dropout stream (attrs.i[0..2]). */
+static void save_attrs(nb__node *nd, const nb__attn_geom *g, bool drop) {
+    nd->attrs.f[0] = g->scale;
+    nd->attrs.f[1] = g->p;
+    nd->attrs.i[0] = (int64_t)g->seed;
+    nd->attrs.i[1] = (int64_t)g->stream;
+    nd->attrs.i[2] = (int64_t)g->offset;
+    nd->attrs.ni = 3;
+    nd->attrs.flag = drop;
+}
+
 nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double scale,
                                double dropout_p, bool training, nb_generator *gen) {
     NB__CHECK_ARG(q, OP, "q");
@@ -87,56 +155,18 @@ nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double 
                       "q %s, k %s and v %s", OP, NB__SHAPE(q), NB__SHAPE(k), NB__SHAPE(v));
             return NULL;
         }
-    if (!(dropout_p >= 0 && dropout_p <= 1)) {
-        nb__error(NB_EINVAL, "%s: dropout probability must be in [0, 1], got %g", OP, dropout_p);
-        return NULL;
-    }
-    if (!isfinite(scale)) {
-        nb__error(NB_EINVAL, "%s: scale must be finite (0 means 1/sqrt(head_dim)), got %g", OP,
-                  scale);
-        return NULL;
-    }
-    const int64_t *shape = q->shape;
-    const int64_t B = shape[0], H = shape[1], T = shape[2], D = shape[3];
+    if (!check_scalars(OP, scale, dropout_p)) return NULL;
+    const int64_t D = q->shape[3];
     if (scale == 0) scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
     const nb_dtype dt = q->dtype, cdt = dt == NB_F64 ? NB_F64 : NB_F32;
     const bool drop = training && dropout_p > 0;
-
-    nb__attn_geom g = {.B = B, .H = H, .T = T, .D = D, .scale = scale, .p = drop ? dropout_p : 0};
-    if (drop) {
-        nb_generator *gg = gen ? gen : nb_default_generator();
-        g.seed = nb_generator_seed(gg);
-        g.stream = nb_generator_stream(gg);
-        g.offset = nb_generator_offset(gg);
-        /* reserve the blocks of a (B, H, T, T) draw, as nb_bernoulli would use them */
-        uint64_t n = (uint64_t)B * (uint64_t)H * (uint64_t)T * (uint64_t)T;
-        nb_generator_set_offset(gg, g.offset + (n + 3) / 4);
-    }
+    nb__attn_geom g = make_geom(q->shape, scale, drop, dropout_p, gen);
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    nb_tensor *qc = usable(q, cdt), *kc = usable(k, cdt), *vc = usable(v, cdt);
-    nb_tensor *o = bthd(shape, cdt);
-    int64_t lshape[3] = {B, H, T};
-    nb_tensor *lse = nb__empty(lshape, 3, cdt, NB_CPU);
-    nb_tensor *out = NULL;
-    if (qc && kc && vc && o && lse) {
-        strides3(qc, g.sq);
-        strides3(kc, g.sk);
-        strides3(vc, g.sv);
-        strides3(o, g.so);
-        nb_status st =
-            cdt == NB_F64
-                ? nb__cpu_attention_fwd_f64(&g, (const double *)nb__ptr(qc),
-                                            (const double *)nb__ptr(kc),
-                                            (const double *)nb__ptr(vc), (double *)nb__ptr(o),
-                                            (double *)nb__ptr(lse))
-                : nb__cpu_attention_fwd_f32(&g, (const float *)nb__ptr(qc),
-                                            (const float *)nb__ptr(kc),
-                                            (const float *)nb__ptr(vc), (float *)nb__ptr(o),
-                                            (float *)nb__ptr(lse));
-        if (st == NB_OK) out = cdt == dt ? o : nb_to_dtype(o, dt);
-    }
+    nb_tensor *lse = NULL;
+    nb_tensor *o = forward_core(&g, usable(q, cdt), usable(k, cdt), usable(v, cdt), cdt, &lse);
+    nb_tensor *out = o ? (cdt == dt ? o : nb_to_dtype(o, dt)) : NULL;
     nb_keep(out);
     nb_keep(lse);
     nb_scope_end();
@@ -147,29 +177,115 @@ nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double 
         nb__save(nd, 1, k);
         nb__save(nd, 2, v);
         nb__save(nd, 3, lse);
-        nd->attrs.f[0] = scale;
-        nd->attrs.f[1] = g.p;
-        nd->attrs.i[0] = (int64_t)g.seed;
-        nd->attrs.i[1] = (int64_t)g.stream;
-        nd->attrs.i[2] = (int64_t)g.offset;
-        nd->attrs.ni = 3;
-        nd->attrs.flag = drop;
+        save_attrs(nd, &g, drop);
     }
     if (lse) nb_tensor_free(nb__scope_take(lse));
     return out;
+}
+
+/* Head `which` (0 q, 1 k, 2 v) of a contiguous packed (B, T, n * C) tensor as a (B, H, T, D)
+ * view; n = 1 for the merged (B, T, C) layout of the output. */
+static nb_tensor *head_view(nb_tensor *t, int which, int64_t C, int64_t H) {
+    const int64_t B = t->shape[0], T = t->shape[1];
+    nb_tensor *part = t->shape[2] == C ? t : nb_narrow(t, 2, which * C, C);
+    return nb_transpose(nb_view(part, (int64_t[]){B, T, H, C / H}, 4), 1, 2);
+}
+
+/* t in dtype dt and contiguous (itself when it already is). */
+static nb_tensor *dense(nb_tensor *t, nb_dtype dt) { return nb_contiguous(nb_to_dtype(t, dt)); }
+
+nb_tensor *nb_causal_attention_qkv(nb_tensor *qkv, int64_t n_head, double scale,
+                                   double dropout_p, bool training, nb_generator *gen) {
+    static const char *const OPQ = "causal_attention_qkv";
+    NB__CHECK_ARG(qkv, OPQ, "qkv");
+    if (qkv->storage->device.type != NB_DEVICE_CPU)
+        return nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", OPQ),
+               NULL;
+    if (!nb_dtype_is_float(qkv->dtype))
+        return nb__error(NB_EDTYPE, "%s: qkv has dtype %s; attention needs f32, f64, f16 or "
+                         "bf16", OPQ, nb_dtype_name(qkv->dtype)), NULL;
+    if (qkv->ndim != 3)
+        return nb__error(NB_ESHAPE, "%s: qkv must be 3-D (batch, time, 3 * n_embd), got shape "
+                         "%s", OPQ, NB__SHAPE(qkv)), NULL;
+    if (n_head < 1)
+        return nb__error(NB_EINVAL, "%s: n_head must be >= 1, got %lld", OPQ,
+                         (long long)n_head), NULL;
+    const int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+    if (qkv->shape[2] % (3 * n_head) != 0 || C == 0)
+        return nb__error(NB_ESHAPE, "%s: the last dim of qkv %s must be 3 * n_head * head_dim "
+                         "with head_dim >= 1 (n_head %lld)", OPQ, NB__SHAPE(qkv),
+                         (long long)n_head), NULL;
+    if (!check_scalars(OPQ, scale, dropout_p)) return NULL;
+    const int64_t H = n_head, D = C / H;
+    if (scale == 0) scale = 1.0 / sqrt((double)D);
+    const nb_dtype dt = qkv->dtype, cdt = dt == NB_F64 ? NB_F64 : NB_F32;
+    const bool drop = training && dropout_p > 0;
+    nb__attn_geom g = make_geom((int64_t[]){B, H, T, D}, scale, drop, dropout_p, gen);
+
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_tensor *lse = NULL, *qc = dense(qkv, cdt), *out = NULL;
+    nb_tensor *o = qc ? forward_core(&g, head_view(qc, 0, C, H), head_view(qc, 1, C, H),
+                                     head_view(qc, 2, C, H), cdt, &lse)
+                      : NULL;
+    /* o's buffer is (B, T, H, D): merging the heads is a view */
+    if (o) out = nb_reshape(nb_transpose(o, 1, 2), (int64_t[]){B, T, C}, 3);
+    if (out && cdt != dt) out = nb_to_dtype(out, dt);
+    nb_keep(out);
+    nb_keep(lse);
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    nb__node *nd = out ? nb__record(out, NB__OP_ATTENTION_QKV, (nb_tensor *[]){qkv}, 1) : NULL;
+    if (nd) {
+        nb__save(nd, 0, qkv);
+        nb__save(nd, 1, lse);
+        save_attrs(nd, &g, drop);
+        nd->attrs.i[3] = H;
+        nd->attrs.ni = 4;
+    }
+    if (lse) nb_tensor_free(nb__scope_take(lse));
+    return out;
+}
+
+/* The geometry a node saved, for its (B, H, T, D) shape. */
+static nb__attn_geom saved_geom(const nb__node *n, const int64_t *shape) {
+    return (nb__attn_geom){.B = shape[0], .H = shape[1], .T = shape[2], .D = shape[3],
+                           .scale = n->attrs.f[0], .p = n->attrs.f[1],
+                           .seed = (uint64_t)n->attrs.i[0], .stream = (uint64_t)n->attrs.i[1],
+                           .offset = (uint64_t)n->attrs.i[2]};
+}
+
+/* Runs the backward kernel: usable q, k, v, output gradient gc and row statistics lse (all
+ * of dtype cdt) into d[0..2] (each may be NULL: not wanted). */
+static nb_status backward_core(nb__attn_geom *g, nb_tensor *qc, nb_tensor *kc, nb_tensor *vc,
+                               nb_tensor *lse, nb_tensor *gc, nb_tensor *const d[3]) {
+    if (!qc || !kc || !vc || !gc) return nb_last_status();
+    const nb_dtype cdt = lse->dtype;
+    strides3(qc, g->sq);
+    strides3(kc, g->sk);
+    strides3(vc, g->sv);
+    strides3(gc, g->sdo);
+    if (d[0]) strides3(d[0], g->sdq);
+    if (d[1]) strides3(d[1], g->sdk);
+    if (d[2]) strides3(d[2], g->sdv);
+#define NB__P(t, T) ((t) ? (T *)nb__ptr(t) : NULL)
+    return cdt == NB_F64
+               ? nb__cpu_attention_bwd_f64(g, NB__P(qc, const double), NB__P(kc, const double),
+                                           NB__P(vc, const double), NB__P(lse, const double),
+                                           NB__P(gc, const double), NB__P(d[0], double),
+                                           NB__P(d[1], double), NB__P(d[2], double))
+               : nb__cpu_attention_bwd_f32(g, NB__P(qc, const float), NB__P(kc, const float),
+                                           NB__P(vc, const float), NB__P(lse, const float),
+                                           NB__P(gc, const float), NB__P(d[0], float),
+                                           NB__P(d[1], float), NB__P(d[2], float));
+#undef NB__P
 }
 
 nb_status nb__bw_ATTENTION(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
     nb_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *lse = n->saved[3];
     const nb_dtype cdt = lse->dtype;
     const int64_t *shape = q->shape;
-    nb__attn_geom g = {.B = shape[0], .H = shape[1], .T = shape[2], .D = shape[3],
-                       .scale = n->attrs.f[0], .p = n->attrs.f[1],
-                       .seed = (uint64_t)n->attrs.i[0], .stream = (uint64_t)n->attrs.i[1],
-                       .offset = (uint64_t)n->attrs.i[2]};
-    nb_tensor *qc = usable(q, cdt), *kc = usable(k, cdt), *vc = usable(v, cdt);
-    nb_tensor *gc = usable(gout, cdt);
-    if (!qc || !kc || !vc || !gc) return nb_last_status();
+    nb__attn_geom g = saved_geom(n, shape);
     nb_tensor *d[3] = {NULL, NULL, NULL};
     /* a contiguous input gets a contiguous gradient (a leaf can then take it over as is);
      * views get the (B, T, H, D) layout their transpose back to a fused qkv makes dense */
@@ -178,26 +294,27 @@ nb_status nb__bw_ATTENTION(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
             !(d[i] = nb_is_contiguous(n->saved[i]) ? nb__empty(shape, 4, cdt, NB_CPU)
                                                    : bthd(shape, cdt)))
             return nb_last_status();
-    strides3(qc, g.sq);
-    strides3(kc, g.sk);
-    strides3(vc, g.sv);
-    strides3(gc, g.sdo);
-    if (d[0]) strides3(d[0], g.sdq);
-    if (d[1]) strides3(d[1], g.sdk);
-    if (d[2]) strides3(d[2], g.sdv);
-#define NB__P(t, T) ((t) ? (T *)nb__ptr(t) : NULL)
-    nb_status st =
-        cdt == NB_F64
-            ? nb__cpu_attention_bwd_f64(&g, NB__P(qc, const double), NB__P(kc, const double),
-                                        NB__P(vc, const double), NB__P(lse, const double),
-                                        NB__P(gc, const double), NB__P(d[0], double),
-                                        NB__P(d[1], double), NB__P(d[2], double))
-            : nb__cpu_attention_bwd_f32(&g, NB__P(qc, const float), NB__P(kc, const float),
-                                        NB__P(vc, const float), NB__P(lse, const float),
-                                        NB__P(gc, const float), NB__P(d[0], float),
-                                        NB__P(d[1], float), NB__P(d[2], float));
-#undef NB__P
+    nb_status st = backward_core(&g, usable(q, cdt), usable(k, cdt), usable(v, cdt), lse,
+                                 usable(gout, cdt), d);
     if (st != NB_OK) return st;
     for (int i = 0; i < 3; i++) gin[i] = d[i];
+    return NB_OK;
+}
+
+nb_status nb__bw_ATTENTION_QKV(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
+    nb_tensor *qkv = n->saved[0], *lse = n->saved[1];
+    const nb_dtype cdt = lse->dtype;
+    const int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3, H = n->attrs.i[3];
+    nb__attn_geom g = saved_geom(n, (int64_t[]){B, H, T, C / H});
+    nb_tensor *qc = dense(qkv, cdt), *gc = dense(gout, cdt);
+    nb_tensor *dqkv = nb__empty(qkv->shape, 3, cdt, NB_CPU); /* every element is written */
+    if (!qc || !gc || !dqkv) return nb_last_status();
+    nb_tensor *d[3] = {head_view(dqkv, 0, C, H), head_view(dqkv, 1, C, H),
+                       head_view(dqkv, 2, C, H)};
+    if (!d[0] || !d[1] || !d[2]) return nb_last_status();
+    nb_status st = backward_core(&g, head_view(qc, 0, C, H), head_view(qc, 1, C, H),
+                                 head_view(qc, 2, C, H), lse, head_view(gc, 0, C, H), d);
+    if (st != NB_OK) return st;
+    gin[0] = dqkv;
     return NB_OK;
 }

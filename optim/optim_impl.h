@@ -89,8 +89,11 @@ nb_optim *nb__optim_new(const nb__optim_kind *kind, const nb__hyper *h, const nb
  * NB_EUNSUPPORTED for kinds without either. */
 nb_status nb__optim_set_momentum(nb_optim *opt, int group, double m);
 bool nb__optim_has_momentum(const nb_optim *opt);
-/* Free the state list of nb_optim_state (optim/state.c). */
+/* Free the state list of nb_optim_state (optim/state.c), and that of nb_sched_state
+ * (optim/schedule.c): nb_checkpoint_save drops them once written, so the scalars they own
+ * go back to the allocator's cache for the training steps that follow. */
 void nb__optim_state_clear(nb_optim *opt);
+void nb__sched_state_clear(nb_sched *s);
 /* Release one parameter's state tensors and forget its step count. */
 void nb__oparam_reset(nb__oparam *p);
 

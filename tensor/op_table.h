@@ -41,7 +41,7 @@
     X(BATCH_NORM, "batch_norm", 3) X(DROPOUT, "dropout", 1)                                \
     X(CROSS_ENTROPY, "cross_entropy", 2) X(NLL_LOSS, "nll_loss", 2)                        \
     X(BCE_WITH_LOGITS, "bce_with_logits", 3) X(LINEAR, "linear", 3)                        \
-    X(ATTENTION, "causal_attention", 3)
+    X(ATTENTION, "causal_attention", 3) X(ATTENTION_QKV, "causal_attention_qkv", 1)
 
 typedef enum nb__op {
 #define NB__OP_ENUM(name, str, arity) NB__OP_##name,
@@ -51,7 +51,7 @@ typedef enum nb__op {
 } nb__op;
 
 /* Number of ops the tables were written for; update together with NB__OPS. */
-#define NB__OP_COUNT_EXPECTED 75
+#define NB__OP_COUNT_EXPECTED 76
 
 extern const char *const nb__op_names[NB__OP_COUNT];
 

@@ -1,5 +1,6 @@
 /* test_attention.c - the "attention" suite: nb_causal_attention (forward, backward, dropout,
- * layouts, threads, allocation, errors) and the vectorized f32 tanh / gelu kernels.
+ * layouts, threads, allocation, errors), its packed form nb_causal_attention_qkv (equal to
+ * the split form, gradcheck, errors) and the vectorized f32 tanh / gelu kernels.
  *
  * Attention results are compared with a plain double-precision loop written here (explicit
  * masked softmax, explicit gradient formulas), over shapes that include T = 1, T not a multiple
@@ -216,7 +217,8 @@ END_TEST
 
 /* ---- gradcheck ----------------------------------------------------------------------------------- */
 typedef struct gc_ctx {
-    int mode;        /* 0: q, k, v given; 1: given as (B, T, H, D), transposed here; 2: one qkv */
+    int mode;        /* 0: q, k, v given; 1: given as (B, T, H, D), transposed here; 2: one qkv;
+                      * 3: one packed (B, T, 3C) qkv through nb_causal_attention_qkv, 2 heads */
     double p;        /* dropout */
     nb_generator *gen;
 } gc_ctx;
@@ -226,6 +228,7 @@ static nb_tensor *f_attention(nb_tensor *const *in, int n, void *ctx_) {
     (void)n;
     /* every evaluation must draw the same dropout mask */
     if (c->gen) nb_generator_set_offset(c->gen, 3);
+    if (c->mode == 3) return nb_causal_attention_qkv(in[0], 2, 0, c->p, true, c->gen);
     if (c->mode == 2) {
         nb_tensor *t[3];
         for (int j = 0; j < 3; j++) t[j] = nb_permute(nb_select(in[0], 2, j), (int[]){0, 2, 1, 3}, 4);
@@ -267,9 +270,73 @@ START_TEST(test_gradcheck) {
         c.mode = 2;
         ck_assert_msg(nb_gradcheck(f_attention, &qkv, 1, &c, NULL) == NB_OK, "%s",
                       nb_last_error());
+        /* the packed op: (B, T, 3C) with C = 2 heads x 2 */
+        nb_tensor *packed = tu_random((int64_t[]){2, 5, 12}, 3, NB_F64, -1, 1, 91);
+        make_grad(packed);
+        c.mode = 3;
+        ck_assert_msg(nb_gradcheck(f_attention, &packed, 1, &c, NULL) == NB_OK, "%s",
+                      nb_last_error());
     }
     nb_generator_free(gen);
     nb_scope_end();
+}
+END_TEST
+
+/* ---- the packed form ------------------------------------------------------------------------------
+ * nb_causal_attention_qkv must equal the split form (nb_split, view, transpose, the checked op
+ * above, merge) exactly: the kernels see the same strides, and a split's backward only adds
+ * zeros. Forward and qkv gradient, with and without dropout, over shapes and float dtypes. */
+static void expect_identical(nb_tensor *a, nb_tensor *b, const char *what) {
+    int64_t n = nb_numel(a);
+    ck_assert_int_eq(n, nb_numel(b));
+    double *x = malloc(sizeof(double) * (size_t)(n + 1)), *y = malloc(sizeof(double) * (size_t)(n + 1));
+    ck_assert(nb_read(a, x, n, NB_F64) == NB_OK && nb_read(b, y, n, NB_F64) == NB_OK);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(x[i] == y[i] || (isnan(x[i]) && isnan(y[i])),
+                      "%s[%lld]: packed %.17g, split %.17g", what, (long long)i, x[i], y[i]);
+    free(x);
+    free(y);
+}
+
+START_TEST(test_packed_qkv) {
+    static const int64_t shapes[][4] = {/* B, T, H, D */
+                                        {2, 5, 3, 4}, {1, 37, 2, 8}, {2, 1, 1, 3}, {1, 70, 4, 1},
+                                        {2, 0, 2, 2}, {0, 3, 2, 2}};
+    nb_generator *ga = nb_generator_new(5), *gb = nb_generator_new(5);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int di = 0; di < 4; di++)
+            for (int drop = 0; drop < 2; drop++) {
+                nb_scope_begin();
+                const int64_t B = shapes[si][0], T = shapes[si][1], H = shapes[si][2];
+                const int64_t C = H * shapes[si][3];
+                const nb_dtype dt = k_float[di];
+                const double p = drop ? 0.25 : 0;
+                nb_tensor *a = tu_random((int64_t[]){B, T, 3 * C}, 3, dt, -1.5, 1.5, 300 + si);
+                nb_tensor *b = nb_clone(a);
+                make_grad(a);
+                make_grad(b);
+                nb_tensor *go = tu_random((int64_t[]){B, T, C}, 3, dt, -1, 1, 400 + si);
+                ck_assert(nb_generator_set_offset(ga, 7) == NB_OK);
+                ck_assert(nb_generator_set_offset(gb, 7) == NB_OK);
+                nb_tensor *ya = nb_causal_attention_qkv(a, H, 0, p, true, ga);
+                ck_assert_msg(ya != NULL, "%s", nb_last_error());
+                ck_assert_int_eq(nb_ndim(ya), 3);
+                ck_assert_int_eq(nb_size(ya, 2), C);
+                nb_tensor *part[3];
+                ck_assert_int_eq(nb_split(b, C, 2, part, 3), 3);
+                for (int j = 0; j < 3; j++)
+                    part[j] = nb_transpose(nb_view(part[j], (int64_t[]){B, T, H, C / H}, 4), 1, 2);
+                nb_tensor *yb = nb_causal_attention(part[0], part[1], part[2], 0, p, true, gb);
+                yb = nb_reshape(nb_transpose(yb, 1, 2), (int64_t[]){B, T, C}, 3);
+                ck_assert_uint_eq(nb_generator_offset(ga), nb_generator_offset(gb));
+                expect_identical(ya, yb, "output");
+                backward_with(ya, go);
+                backward_with(yb, go);
+                expect_identical(nb_grad(a), nb_grad(b), "grad qkv");
+                nb_scope_end();
+            }
+    nb_generator_free(ga);
+    nb_generator_free(gb);
 }
 END_TEST
 
@@ -414,6 +481,18 @@ START_TEST(test_errors) {
     tu_assert_error(nb_causal_attention(q, k, v, 0, 1.5, true, NULL), NB_EINVAL, "[0, 1]");
     tu_assert_error(nb_causal_attention(q, k, v, 0, -0.1, true, NULL), NB_EINVAL, "[0, 1]");
     tu_assert_error(nb_causal_attention(q, k, v, NAN, 0, true, NULL), NB_EINVAL, "scale");
+    /* the packed form */
+    nb_tensor *p = tu_random((int64_t[]){1, 3, 12}, 3, NB_F32, -1, 1, 9);
+    tu_assert_error(nb_causal_attention_qkv(NULL, 2, 0, 0, false, NULL), NB_ENULL, NULL);
+    tu_assert_error(nb_causal_attention_qkv(q, 2, 0, 0, false, NULL), NB_ESHAPE, "3-D");
+    tu_assert_error(nb_causal_attention_qkv(p, 0, 0, 0, false, NULL), NB_EINVAL, "n_head");
+    tu_assert_error(nb_causal_attention_qkv(p, 3, 0, 0, false, NULL), NB_ESHAPE, "3 * n_head");
+    nb_tensor *p0 = tu_random((int64_t[]){1, 3, 0}, 3, NB_F32, -1, 1, 10);
+    tu_assert_error(nb_causal_attention_qkv(p0, 1, 0, 0, false, NULL), NB_ESHAPE, "head_dim");
+    nb_tensor *pi = tu_random((int64_t[]){1, 3, 12}, 3, NB_I64, -3, 3, 11);
+    tu_assert_error(nb_causal_attention_qkv(pi, 2, 0, 0, false, NULL), NB_EDTYPE, "i64");
+    tu_assert_error(nb_causal_attention_qkv(p, 2, 0, 2, true, NULL), NB_EINVAL, "[0, 1]");
+    tu_assert_error(nb_causal_attention_qkv(p, 2, INFINITY, 0, true, NULL), NB_EINVAL, "scale");
     nb_scope_end();
 }
 END_TEST
@@ -508,6 +587,7 @@ Suite *nb_suite_attention(void) {
         {"forward", test_forward},
         {"backward", test_backward},
         {"gradcheck", test_gradcheck},
+        {"packed_qkv", test_packed_qkv},
         {"dropout", test_dropout},
         {"threads", test_threads},
         {"no_alloc", test_no_alloc},

@@ -178,8 +178,8 @@ START_TEST(test_grad_accum) {
     nb_tensor *xs[3], *ys[3];
     for (int i = 0; i < 3; i++) xs[i] = nb_narrow(x, 0, 2 * i, 2), ys[i] = nb_narrow(y, 0, 2 * i, 2);
     double na, nb;
-    double la = gpt_train_step(a, oa, xs, ys, 3, 0.5, &na);
-    double lb = gpt_train_step(b, ob, &x, &y, 1, 0.5, &nb);
+    double la = gpt_train_step(a, oa, NULL, xs, ys, 3, 0.5, &na);
+    double lb = gpt_train_step(b, ob, NULL, &x, &y, 1, 0.5, &nb);
     ck_assert_msg(fabs(la - lb) < 1e-6, "loss %.9f vs %.9f", la, lb);
     ck_assert_msg(fabs(na - nb) < 1e-6 * nb, "grad norm %.9f vs %.9f", na, nb);
     ck_assert_msg(na > 0.5, "the test should clip (norm %g)", na);
@@ -216,7 +216,7 @@ START_TEST(test_training_learns) {
     double first = NAN, last = 0;
     for (int step = 0; step < 120; step++) {
         ck_assert_int_eq(nb_text_sample(tok, bg, x, y), NB_OK);
-        double l = gpt_train_step(m, o, &x, &y, 1, 1.0, NULL);
+        double l = gpt_train_step(m, o, NULL, &x, &y, 1, 1.0, NULL);
         ck_assert_msg(!isnan(l), "%s", nb_last_error());
         if (step == 0) first = l;
         if (step >= 115) last += l / 5;
@@ -373,7 +373,7 @@ START_TEST(test_errors) {
     ck_assert_int_eq(gpt_generate(m, p, 0, 2, NULL, out), NB_EINVAL);
     ck_assert_int_eq(gpt_generate(m, p, 1, 2, &(gpt_sample_opts){.temperature = -1}, out), NB_EINVAL);
     ck_assert_int_eq(gpt_load(m, "/nonexistent/model.safetensors"), NB_EIO);
-    ck_assert(isnan(gpt_train_step(m, NULL, NULL, NULL, 1, 0, NULL)));
+    ck_assert(isnan(gpt_train_step(m, NULL, NULL, NULL, NULL, 1, 0, NULL)));
     nb_module_free(lin);
     nb_module_free(m);
     nb_scope_end();

@@ -181,6 +181,13 @@ nb_tensor *nb_batch_norm(nb_tensor *x, nb_tensor *running_mean, nb_tensor *runni
  * statistics instead of keeping a (T, T) tensor. */
 nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double scale,
                                double dropout_p, bool training, nb_generator *gen);
+/* The same on a fused projection, as GPT's c_attn makes it: qkv (B, T, 3C) holds q, k and v
+ * side by side, each split into n_head heads of C / n_head -> (B, T, C), the heads merged
+ * back. Equal to splitting, permuting to (B, H, T, D), nb_causal_attention (the same dropout
+ * mask for the same generator state) and merging, but q, k, v are read in place and the
+ * gradient of qkv is written as one (B, T, 3C) tensor: no split, no copies. */
+nb_tensor *nb_causal_attention_qkv(nb_tensor *qkv, int64_t n_head, double scale,
+                                   double dropout_p, bool training, nb_generator *gen);
 /* Zero elements with probability p and scale the rest by 1/(1-p) (training only). */
 nb_tensor *nb_dropout(nb_tensor *x, double p, bool training, nb_generator *gen);
 

@@ -33,22 +33,14 @@ static nb_tensor *embedding_forward(nb_module *m, nb_tensor *x) {
     return nb_embedding(nb_module_param(m, "weight"), x);
 }
 
-/* x + dropout(c_proj(y)) is the residual form both branches end in. */
+/* x + dropout(c_proj(y)) is the residual form both branches end in. The attention reads q,
+ * k and v in place from c_attn's (B, T, 3C) output and returns the heads merged (B, T, C). */
 static nb_tensor *attn_forward(nb_module *m, nb_tensor *x) {
     const gpt_config *c = cfg_of(m);
-    if (!x) return NULL;
-    const int64_t B = nb_size(x, 0), T = nb_size(x, 1), C = c->n_embd, H = c->n_head;
-    const int64_t D = C / H;
     nb_tensor *qkv = nb_forward(nb_module_child(m, "c_attn"), x); /* (B, T, 3C) */
-    nb_tensor *part[3] = {NULL, NULL, NULL};
-    if (!qkv || nb_split(qkv, C, 2, part, 3) != 3) return NULL;
-    nb_tensor *q = nb_transpose(nb_view(part[0], (int64_t[]){B, T, H, D}, 4), 1, 2);
-    nb_tensor *k = nb_transpose(nb_view(part[1], (int64_t[]){B, T, H, D}, 4), 1, 2);
-    nb_tensor *v = nb_transpose(nb_view(part[2], (int64_t[]){B, T, H, D}, 4), 1, 2);
     bool training = nb_module_is_training(m);
-    nb_tensor *y = nb_causal_attention(q, k, v, 0.0, training ? c->dropout : 0.0, training,
-                                       c->dropout_gen); /* (B, H, T, D) */
-    y = nb_reshape(nb_transpose(y, 1, 2), (int64_t[]){B, T, C}, 3);
+    nb_tensor *y = nb_causal_attention_qkv(qkv, c->n_head, 0.0, training ? c->dropout : 0.0,
+                                           training, c->dropout_gen);
     return dropout(m, nb_forward(nb_module_child(m, "c_proj"), y));
 }
 
@@ -240,8 +232,8 @@ nb_tensor *gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
                             nb_reshape(targets, (int64_t[]){-1}, 1), NULL);
 }
 
-double gpt_train_step(nb_module *m, nb_optim *opt, nb_tensor *const *x, nb_tensor *const *y,
-                      int n_micro, double grad_clip, double *grad_norm) {
+double gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
+                      nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
     if (grad_norm) *grad_norm = NAN;
     if (!m || !opt || !x || !y || n_micro < 1) {
         nb_set_error(NB_EINVAL, "gpt_train_step: needs a model, an optimizer and n_micro >= 1 "
@@ -251,6 +243,7 @@ double gpt_train_step(nb_module *m, nb_optim *opt, nb_tensor *const *x, nb_tenso
     nb_status st = nb_zero_grad(opt);
     double loss_sum = 0;
     for (int i = 0; st == NB_OK && i < n_micro; i++) {
+        if (ddp) nb_ddp_set_sync_enabled(ddp, i == n_micro - 1); /* no_sync until the last */
         nb_scope_begin();
         nb_tensor *loss = gpt_loss(m, x[i], y[i]);
         /* Scaling the loss (not the gradients) by 1/n makes the accumulated gradient that
@@ -259,6 +252,10 @@ double gpt_train_step(nb_module *m, nb_optim *opt, nb_tensor *const *x, nb_tenso
         st = scaled ? nb_backward(scaled) : nb_last_status();
         if (st == NB_OK) loss_sum += nb_item_f64(loss);
         nb_scope_end();
+    }
+    if (ddp) {
+        nb_ddp_set_sync_enabled(ddp, true);
+        if (st == NB_OK) st = nb_ddp_sync(ddp); /* averaged over the ranks from here */
     }
     if (st != NB_OK) return NAN;
     if (grad_clip > 0 || grad_norm) {

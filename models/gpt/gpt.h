@@ -77,11 +77,14 @@ nb_tensor *gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets);
  * (x[i], y[i], each (B, T)) is backpropagated one micro-batch at a time with each loss
  * scaled by 1 / n_micro, which gives the gradient of one batch holding them all; then the
  * global gradient norm is clipped to grad_clip (0: no clipping) and opt steps. The
- * gradients are dropped first (nb_zero_grad). Returns the mean loss, or NAN (with
- * nb_last_error set) on error. *grad_norm (may be NULL) gets the global gradient norm
- * before clipping. */
-double gpt_train_step(nb_module *m, nb_optim *opt, nb_tensor *const *x, nb_tensor *const *y,
-                      int n_micro, double grad_clip, double *grad_norm);
+ * gradients are dropped first (nb_zero_grad). Returns this process's mean loss, or NAN
+ * (with nb_last_error set) on error. *grad_norm (may be NULL) gets the global gradient
+ * norm before clipping.
+ * Data parallel: with ddp (an nb_ddp wrapping m; NULL alone) only the last micro-batch's
+ * backward communicates (the others accumulate locally), and the gradients are averaged
+ * over the ranks before clipping, so every rank clips and steps the same gradient. */
+double gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
+                      nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm);
 
 /* Sampling options; zero means: temperature 0 (greedy, argmax), no top-k. */
 typedef struct gpt_sample_opts {

@@ -3,8 +3,15 @@
  * from a trained model. Training: AdamW with weight decay on 2-D weights only, a cosine
  * (or constant) learning-rate schedule with warmup, gradient clipping, gradient
  * accumulation, validation loss on fixed batches, checkpoints and exact resume, progress
- * with tokens/s, JSON-lines logs, and a last line that is one JSON object. docs/gpt.md. */
+ * with tokens/s, JSON-lines logs, and a last line that is one JSON object. docs/gpt.md.
+ *
+ * Under mpirun (or srun) it trains data parallel with nb_ddp: --batch stays the global
+ * batch. Every rank draws the same global batches (one generator, same seed) and trains
+ * on its contiguous slice of rows, so N ranks follow the 1-process run up to float
+ * reassociation; dropout draws from a per-rank stream. Validation batches are shared out
+ * by index and the sums reduced. Only rank 0 prints, logs and writes checkpoints. */
 #include <errno.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +20,7 @@
 #include <unistd.h>
 
 #include "gpt.h"
+#include "ranks.h"
 
 #define KJV_COMMAND "bible gen1:1-rev22:21"
 
@@ -240,20 +248,24 @@ done:
 /* Mean loss over the fixed validation batches (the generator is rewound each time, so
  * every evaluation sees the same batches), in eval mode without gradients. */
 static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t n,
-                       nb_tensor *x, nb_tensor *y) {
+                       nb_tensor *x, nb_tensor *y, nb_comm *world) {
+    const int rank = nb_comm_rank(world), size = nb_comm_size(world);
     nb_generator_set_stream(vgen, 0);
     nb_module_train(m, false);
     bool prev = nb_set_grad_enabled(false);
     double sum = 0;
     for (int64_t i = 0; i < n && !isnan(sum); i++) {
-        nb_scope_begin();
-        nb_tensor *l = nb_text_sample(val, vgen, x, y) == NB_OK ? gpt_loss(m, x, y) : NULL;
-        sum = l ? sum + nb_item_f64(l) : NAN;
+        nb_scope_begin(); /* every rank draws every batch (same stream), evaluates its share */
+        nb_status st = nb_text_sample(val, vgen, x, y);
+        nb_tensor *l = st == NB_OK && i % size == rank ? gpt_loss(m, x, y) : NULL;
+        if (st != NB_OK || (i % size == rank && !l)) sum = NAN;
+        else if (l) sum += nb_item_f64(l);
         nb_scope_end();
     }
     nb_set_grad_enabled(prev);
     nb_module_train(m, true);
-    return sum / (double)n;
+    /* Every rank takes part, even one that failed (its NaN spreads), so none waits forever. */
+    return nbm_mean_over_ranks(world, sum) * (double)size / (double)n;
 }
 
 /* A number for a JSON line: JSON has no NaN or infinity, so those become null. */
@@ -274,11 +286,22 @@ static void fmt_eta(double s, char *buf, size_t n) {
     snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
 }
 
+/* "gpt: message" (or "gpt (rank r): message") in one write, so that the lines of ranks
+ * failing together do not interleave. */
+static void report(int rank, int size, const char *fmt, ...) {
+    char msg[1024];
+    int k = size > 1 ? snprintf(msg, sizeof msg, "gpt (rank %d): ", rank)
+                     : snprintf(msg, sizeof msg, "gpt: ");
+    va_list ap;
+    va_start(ap, fmt);
+    if (k > 0 && (size_t)k < sizeof msg) vsnprintf(msg + k, sizeof msg - (size_t)k, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", msg);
+}
+
 #define FAIL(...)                                                                            \
     do {                                                                                     \
-        fprintf(stderr, "gpt: ");                                                            \
-        fprintf(stderr, __VA_ARGS__);                                                        \
-        fprintf(stderr, "\n");                                                               \
+        report(rank, size, __VA_ARGS__);                                                     \
         goto done;                                                                           \
     } while (0)
 
@@ -286,17 +309,29 @@ static int run_train(const args *a) {
     int rc = 1;
     const double t_start = now_s();
     const int64_t B = a->batch, T = a->block_size, N = a->grad_accum;
+    nb_comm *world = nb_comm_world(); /* size 1 without a launcher */
+    const int rank = world ? nb_comm_rank(world) : 0, size = world ? nb_comm_size(world) : 1;
+    const bool main_rank = rank == 0; /* prints, logs and saves */
+    nb_ddp *ddp = NULL;
     nb_generator *init = nb_generator_new(a->seed), *batch_gen = nb_generator_new(a->seed + 1234),
                  *drop_gen = nb_generator_new(a->seed + 4321), *val_gen = nb_generator_new(999);
+    /* xs, ys: the global micro-batches (B, T); xl, yl: this rank's rows of them */
     nb_tensor *text = NULL, *train = NULL, *val = NULL, **xs = calloc((size_t)N, sizeof *xs),
-              **ys = calloc((size_t)N, sizeof *ys);
+              **ys = calloc((size_t)N, sizeof *ys), **xl = calloc((size_t)N, sizeof *xl),
+              **yl = calloc((size_t)N, sizeof *yl);
     nb_module *model = NULL;
     nb_optim *opt = NULL;
     nb_sched *sched = NULL;
     nb_params decay = {0}, no_decay = {0};
     double *times = calloc((size_t)a->steps + 1, sizeof(double));
     FILE *log = NULL;
-    if (!init || !batch_gen || !drop_gen || !val_gen || !xs || !ys || !times) FAIL("out of memory");
+    if (!world) FAIL("%s", nb_last_error());
+    if (!init || !batch_gen || !drop_gen || !val_gen || !xs || !ys || !xl || !yl || !times)
+        FAIL("out of memory");
+    if (B % size != 0)
+        FAIL("--batch %lld is the global batch and must divide by the %d ranks", (long long)B,
+             size);
+    if (nb_generator_set_stream(drop_gen, (uint64_t)rank) != NB_OK) FAIL("%s", nb_last_error());
 
     text = a->data ? nb_read_bytes(a->data) : read_kjv();
     if (!text) {
@@ -313,12 +348,15 @@ static int run_train(const args *a) {
         xs[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
         ys[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
         if (!xs[i] || !ys[i]) FAIL("%s", nb_last_error());
+        xl[i] = size > 1 ? nb_narrow(xs[i], 0, rank * (B / size), B / size) : xs[i];
+        yl[i] = size > 1 ? nb_narrow(ys[i], 0, rank * (B / size), B / size) : ys[i];
+        if (!xl[i] || !yl[i]) FAIL("%s", nb_last_error());
     }
 
     gpt_config cfg = {.block_size = T, .n_layer = a->n_layer, .n_head = a->n_head,
                       .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
                       .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = drop_gen};
-    nb_set_num_threads((int)a->threads);
+    nbm_set_threads(world, (int)a->threads);
     if (!(model = gpt_new(&cfg, init))) FAIL("%s", nb_last_error());
     /* nanoGPT's grouping: weight decay on matmul and embedding weights, none on biases
      * and layer norms. (0 means "default" in the options: write an explicit zero.) */
@@ -343,82 +381,112 @@ static int run_train(const args *a) {
                                                         .min_lr = min_lr}
                                      : &(nb_sched_opts){.kind = NB_SCHED_CONSTANT});
     if (!sched) FAIL("%s", nb_last_error());
-    if (a->log && !(log = fopen(a->log, a->resume ? "a" : "w")))
+    if (main_rank && a->log && !(log = fopen(a->log, a->resume ? "a" : "w")))
         FAIL("cannot open --log %s: %s", a->log, strerror(errno));
 
     nb_checkpoint ck = {.model = model, .optim = opt, .sched = sched,
                         .gens = (nb_generator *[]){batch_gen, drop_gen}, .ngens = 2};
     int64_t step = 0, first = 0;
-    if (a->resume) {
+    if (a->resume) { /* every rank loads it */
         if (nb_checkpoint_load(a->resume, &ck) != NB_OK) FAIL("%s", nb_last_error());
         first = step = ck.step;
-        printf("resumed from %s at step %lld\n", a->resume, (long long)step);
+        /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
+         * so rank r continues its own stream at the same position. */
+        uint64_t pos = nb_generator_offset(drop_gen);
+        if (nb_generator_set_stream(drop_gen, (uint64_t)rank) != NB_OK ||
+            nb_generator_set_offset(drop_gen, pos) != NB_OK)
+            FAIL("%s", nb_last_error());
+        if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
     }
+    if (size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
     const double flops = gpt_train_flops(&cfg, B * N, T);
     const int64_t tokens_per_step = B * T * N;
     const bool tty = isatty(STDOUT_FILENO);
-    printf("gpt: %lld parameters, %lld layers, %lld heads, width %lld, context %lld; "
-           "%lld train / %lld val bytes; batch %lld x %lld micro-batches; %d threads, gemm %s\n",
-           (long long)nb_num_parameters(model), (long long)cfg.n_layer, (long long)cfg.n_head,
-           (long long)cfg.n_embd, (long long)T, (long long)nb_numel(train),
-           (long long)nb_numel(val), (long long)B, (long long)N, nb_get_num_threads(),
-           nb_gemm_provider_name(nb_gemm_provider_current()));
-    fflush(stdout);
+    if (main_rank) {
+        printf("gpt: %lld parameters, %lld layers, %lld heads, width %lld, context %lld; "
+               "%lld train / %lld val bytes; batch %lld x %lld micro-batches; ",
+               (long long)nb_num_parameters(model), (long long)cfg.n_layer,
+               (long long)cfg.n_head, (long long)cfg.n_embd, (long long)T,
+               (long long)nb_numel(train), (long long)nb_numel(val), (long long)B, (long long)N);
+        if (size > 1)
+            printf("%d ranks (%lld sequences each) x %d threads, %d gradient buckets",
+                   size, (long long)(B / size), nb_get_num_threads(), nb_ddp_num_buckets(ddp));
+        else
+            printf("%d threads", nb_get_num_threads());
+        printf(", gemm %s\n", nb_gemm_provider_name(nb_gemm_provider_current()));
+        fflush(stdout);
+    }
 
     double val_loss = NAN, last_losses[10], train_time = 0, last_print = 0;
     int64_t n_last = 0, val_step = -1, steady_allocs = -1;
-    nb_alloc_stats st0 = {0};
+    nb_alloc_stats se; /* at the end of a step */
     const int64_t print_every = a->steps >= 20 ? a->steps / 20 : 1;
     while (step < a->steps) {
         double t0 = now_s(), norm;
+        nb_alloc_stats sa;
+        nb_alloc_get_stats(&sa);
         for (int64_t i = 0; i < N; i++)
             if (nb_text_sample(train, batch_gen, xs[i], ys[i]) != NB_OK) FAIL("%s", nb_last_error());
         double lr = nb_optim_get_lr(opt, 0);
-        double loss = gpt_train_step(model, opt, xs, ys, (int)N, a->grad_clip, &norm);
+        double loss = gpt_train_step(model, opt, ddp, xl, yl, (int)N, a->grad_clip, &norm);
         if (isnan(loss)) FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
+        const double comm_ms = ddp ? nb_ddp_exposed_comm_s(ddp) * 1e3 : 0;
+        if (size > 1 && isnan(loss = nbm_mean_over_ranks(world, loss)))
+            FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
         if (nb_sched_step(sched) != NB_OK) FAIL("%s", nb_last_error());
         double dt = now_s() - t0;
         times[step - first] = dt;
         train_time += dt;
         step++;
-        if (step - first == 10) nb_alloc_get_stats(&st0); /* steady state from here */
+        if (step - first > 10) { /* steady state: the training steps after the 10th (not
+                                   * the evaluations and checkpoints between them) */
+            nb_alloc_get_stats(&se);
+            steady_allocs = (steady_allocs < 0 ? 0 : steady_allocs) +
+                            (se.system_allocs - sa.system_allocs);
+        }
         last_losses[n_last++ % 10] = loss;
         const double tps = (double)tokens_per_step * (double)(step - first) / train_time;
         if (log) {
             char ls[32], gn[32];
             fprintf(log, "{\"type\": \"step\", \"step\": %lld, \"loss\": %s, \"lr\": %.6g, "
-                    "\"grad_norm\": %s, \"step_ms\": %.2f, \"tokens_per_s\": %.1f}\n",
+                    "\"grad_norm\": %s, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, "
+                    "\"exposed_comm_ms\": %.3f}\n",
                     (long long)step, jnum(loss, 6, ls, sizeof ls), lr,
-                    jnum(norm, 6, gn, sizeof gn), dt * 1e3, tps);
+                    jnum(norm, 6, gn, sizeof gn), dt * 1e3, tps, comm_ms);
         }
+        char comm[48] = "";
+        if (ddp) snprintf(comm, sizeof comm, "  comm %.1f ms", comm_ms);
         char eta[32];
         fmt_eta((double)(a->steps - step) * tokens_per_step / tps, eta, sizeof eta);
         double t = now_s();
-        if (tty && (t - last_print > 0.2 || step == a->steps)) {
-            printf("\rstep %lld/%lld  loss %.4f  lr %.2e  %.0f tokens/s  ETA %s   ",
-                   (long long)step, (long long)a->steps, loss, lr, tps, eta);
+        if (!main_rank) {
+        } else if (tty && (t - last_print > 0.2 || step == a->steps)) {
+            printf("\rstep %lld/%lld  loss %.4f  lr %.2e  %.0f tokens/s%s  ETA %s   ",
+                   (long long)step, (long long)a->steps, loss, lr, tps, comm, eta);
             fflush(stdout);
             last_print = t;
         } else if (!tty && (step % print_every == 0 || step == a->steps)) {
-            printf("step %lld/%lld loss %.4f lr %.2e tokens/s %.0f ETA %s\n", (long long)step,
-                   (long long)a->steps, loss, lr, tps, eta);
+            printf("step %lld/%lld loss %.4f lr %.2e tokens/s %.0f%s ETA %s\n", (long long)step,
+                   (long long)a->steps, loss, lr, tps, comm, eta);
             fflush(stdout);
         }
         bool eval_now = step == a->steps || (a->eval_every > 0 && step % a->eval_every == 0);
         if (eval_now) {
             double te = now_s();
-            val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0]);
+            val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0], world);
             if (isnan(val_loss)) FAIL("evaluation: %s", nb_last_error());
             val_step = step;
-            if (tty) printf("\n");
-            printf("step %lld: train loss %.4f  val loss %.4f  (eval %.1f s)\n", (long long)step,
-                   loss, val_loss, now_s() - te);
-            fflush(stdout);
+            if (main_rank) {
+                if (tty) printf("\n");
+                printf("step %lld: train loss %.4f  val loss %.4f  (eval %.1f s)\n",
+                       (long long)step, loss, val_loss, now_s() - te);
+                fflush(stdout);
+            }
             if (log)
                 fprintf(log, "{\"type\": \"eval\", \"step\": %lld, \"train_loss\": %.6f, "
                         "\"val_loss\": %.6f}\n", (long long)step, loss, val_loss);
         }
-        bool save_now = a->save && (step == a->steps || (a->save_every > 0
+        bool save_now = main_rank && a->save && (step == a->steps || (a->save_every > 0
                                                              ? step % a->save_every == 0
                                                              : eval_now));
         if (save_now) {
@@ -428,13 +496,8 @@ static int run_train(const args *a) {
         if (log) fflush(log);
     }
     if (val_step != step) { /* nothing trained (or resumed at the end): evaluate once */
-        val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0]);
+        val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0], world);
         if (isnan(val_loss)) FAIL("evaluation: %s", nb_last_error());
-    }
-    if (step - first >= 10) {
-        nb_alloc_stats st;
-        nb_alloc_get_stats(&st);
-        steady_allocs = st.system_allocs - st0.system_allocs;
     }
     /* Throughput as torch_ref.py reports it: the median step time, after 10 warm-up steps
      * when there are at least 20. */
@@ -450,29 +513,35 @@ static int run_train(const args *a) {
         train_loss /= (double)nl;
     }
     char vl[32], tl[32];
-    printf("{\"model\": \"gpt\", \"val_loss\": %s, \"train_loss\": %s, \"tokens_per_s\": %.1f, "
+    if (main_rank)
+        printf("{\"model\": \"gpt\", \"val_loss\": %s, \"train_loss\": %s, \"tokens_per_s\": %.1f, "
            "\"wall_s\": %.2f, \"steps\": %lld, \"params\": %lld, \"step_ms_median\": %.2f, "
            "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"threads\": %d, "
-           "\"steady_system_allocs\": %lld}\n",
+           "\"ranks\": %d, \"steady_system_allocs\": %lld}\n",
            jnum(val_loss, 4, vl, sizeof vl), jnum(train_loss, 4, tl, sizeof tl),
            ran > skip ? (double)tokens_per_step / median : 0.0,
            now_s() - t_start, (long long)step, (long long)nb_num_parameters(model),
            ran > skip ? median * 1e3 : 0.0, flops / 1e9, ran > skip ? flops / 1e9 / median : 0.0,
-           nb_get_num_threads(), (long long)steady_allocs);
+           nb_get_num_threads(), size, (long long)steady_allocs);
     rc = 0;
 done:
     if (log) fclose(log);
+    nb_ddp_free(ddp); /* before the model it hooks into */
     nb_sched_free(sched);
     nb_optim_free(opt);
     nb_params_deinit(&decay);
     nb_params_deinit(&no_decay);
     nb_module_free(model);
-    for (int64_t i = 0; xs && ys && i < N; i++) {
+    for (int64_t i = 0; xs && ys && xl && yl && i < N; i++) {
+        if (xl[i] != xs[i]) nb_tensor_free(xl[i]);
+        if (yl[i] != ys[i]) nb_tensor_free(yl[i]);
         nb_tensor_free(xs[i]);
         nb_tensor_free(ys[i]);
     }
     free(xs);
     free(ys);
+    free(xl);
+    free(yl);
     free(times);
     nb_tensor_free(train);
     nb_tensor_free(val);
@@ -481,6 +550,7 @@ done:
     nb_generator_free(batch_gen);
     nb_generator_free(drop_gen);
     nb_generator_free(val_gen);
+    nb_comm_free(world);
     return rc;
 }
 

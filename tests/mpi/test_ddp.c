@@ -4,7 +4,9 @@
  * The central check is equivalence (DESIGN.md rule 8): K steps of DDP on W ranks, each rank
  * taking its slice of one global batch, must give the weights that 1 process gets training
  * on the whole global batch. Every rank computes that 1-process reference itself, with a
- * plain (unwrapped) copy of the model, so no extra communication is involved. Also:
+ * plain (unwrapped) copy of the model, so no extra communication is involved. The GPT of
+ * models/gpt goes through its own training step (gradient accumulation, clipping after the
+ * average). Also:
  * gradient accumulation, the overlap of bucket allreduces with backward, unused
  * parameters, the broadcast at wrap time, exactness on a size-1 communicator, and the
  * errors of the API. Failures are recorded with MT_CHECK and agreed on by MT_END (see
@@ -13,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpt.h"
 #include "mpi_test.h"
 
 /* Internal counter of parallel/ddp.c: buckets whose allreduce has started in this step. */
@@ -168,6 +171,59 @@ END_TEST
 START_TEST(test_ddp_equivalence_embedding_layernorm) {
     check_equivalence(EMB, 0);
     check_equivalence(EMB, 1e-9);     /* one bucket per parameter */
+    MT_END();
+}
+END_TEST
+
+/* ---- the GPT's training step: accumulation without sync, clipping after the average ------- */
+START_TEST(test_ddp_equivalence_gpt) {
+    enum { K = 3, MICRO = 2, GBT = 8, TT = 8 }; /* global batch 8: divisible by 1, 2, 4 */
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    gpt_config cfg = {.vocab_size = 64, .block_size = TT, .n_layer = 2, .n_head = 2,
+                      .n_embd = 16};
+    nb_generator *g0 = nb_generator_new(3), *g1 = nb_generator_new(3 + (uint64_t)rank);
+    nb_module *ref = gpt_new(&cfg, g0), *m = gpt_new(&cfg, g1); /* the broadcast fixes m */
+    nb_generator_free(g0);
+    nb_generator_free(g1);
+    MT_CHECK(ref && m, "gpt_new: %s", nb_last_error());
+    /* SGD, not the recipe's AdamW: the key bias of attention has an exactly zero gradient
+     * (softmax ignores a constant added to every score), so its computed gradient is pure
+     * rounding noise, which Adam's normalization would blow up to steps of size lr. */
+    nb_sgd_opts so = {.lr = 0.5, .momentum = 0.9, .weight_decay = 0.1};
+    nb_optim *ro = ref ? nb_sgd(nb_parameters(ref), &so) : NULL;
+    nb_optim *o = m ? nb_sgd(nb_parameters(m), &so) : NULL; /* made before the wrap */
+    nb_ddp *d = m ? nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 4e-3}) : NULL;
+    MT_CHECK(ro && o && d, "setup: %s", nb_last_error());
+    int64_t local = GBT / size;
+    for (int step = 0; step < K && d && ro && o; step++) {
+        nb_scope_begin();
+        nb_tensor *xs[MICRO], *ys[MICRO], *xl[MICRO], *yl[MICRO];
+        nb_generator *g = nb_generator_new(200 + (uint64_t)step);
+        for (int i = 0; i < MICRO; i++) {
+            xs[i] = nb_randint((int64_t[]){GBT, TT}, 2, NB_I64, 0, cfg.vocab_size, g);
+            ys[i] = nb_randint((int64_t[]){GBT, TT}, 2, NB_I64, 0, cfg.vocab_size, g);
+            xl[i] = nb_narrow(xs[i], 0, rank * local, local);
+            yl[i] = nb_narrow(ys[i], 0, rank * local, local);
+        }
+        nb_generator_free(g);
+        double rn = NAN, dn = NAN;
+        double rl = gpt_train_step(ref, ro, NULL, xs, ys, MICRO, 0.05, &rn);
+        double dl = gpt_train_step(m, o, d, xl, yl, MICRO, 0.05, &dn);
+        MT_CHECK(!isnan(rl) && !isnan(dl), "step %d: %s", step, nb_last_error());
+        /* the clipping threshold is below the norm, so clipping acts in every step */
+        MT_CHECK(dn > 0.05, "step %d: norm %g does not exceed the clip threshold", step, dn);
+        MT_CHECK(fabs(dn - rn) <= 1e-5 * rn, "step %d: grad norm %.9g, reference %.9g", step,
+                 dn, rn);
+        nb_scope_end();
+    }
+    if (d) expect_same_params(m, ref, 1e-5, "gpt");
+    nb_ddp_free(d);
+    nb_optim_free(o);
+    nb_optim_free(ro);
+    nb_module_free(m);
+    nb_module_free(ref);
+    nb_scope_end();
     MT_END();
 }
 END_TEST
@@ -468,6 +524,7 @@ Suite *mt_suite_ddp(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_ddp_equivalence_mlp);
     tcase_add_test(tc, test_ddp_equivalence_embedding_layernorm);
+    tcase_add_test(tc, test_ddp_equivalence_gpt);
     tcase_add_test(tc, test_ddp_grad_accumulation);
     tcase_add_test(tc, test_ddp_overlap);
     tcase_add_test(tc, test_ddp_unused_parameter);
