@@ -1,22 +1,23 @@
 /* comm_mpi.c - the MPI backend ("mpi"), compiled when meson found MPI (NB_HAVE_MPI):
  * initialization and finalization, communicators, and the collectives.
  *
- * How a collective runs. Small ones (up to NB__MPI_INLINE_BYTES) are MPI's nonblocking
- * collectives (MPI_Iallreduce, ...) completed by MPI_Test polling in wait/test: no thread
- * hand-off, whose wake-up latency (tens of microseconds on a busy machine) would dwarf
- * them. Large ones are MPI's blocking collectives (MPI_Allreduce, ...) run by one worker
- * thread per communicator: those use MPI's tuned algorithms (Open MPI's nonblocking ones,
- * libnbc, reach only 0.3-0.6 of their bandwidth on large messages here), and the thread
- * makes progress while the caller computes, which is what overlapping gradient allreduce
- * with backward needs. The caller waits on a condition variable with a deadline, so every
- * wait has a timeout although MPI's blocking calls have none.
+ * How a collective runs. Small ones (up to NB__MPI_SMALL_BYTES) are nabla's own schedules
+ * of point-to-point messages (comm_mpi_small.c), advanced by MPI_Test polling in wait/test:
+ * no thread hand-off, whose wake-up latency (tens of microseconds on a busy machine) would
+ * dwarf them, and none of the overhead of Open MPI's nonblocking collectives (libnbc, about
+ * twice the blocking call's time on small messages). Large ones are MPI's blocking
+ * collectives (MPI_Allreduce, ...) run by one worker thread per communicator: those use
+ * MPI's tuned algorithms (libnbc reaches only 0.3-0.6 of their bandwidth on large messages
+ * here), and the thread makes progress while the caller computes, which is what
+ * overlapping gradient allreduce with backward needs. The caller waits on a condition
+ * variable with a deadline, so every wait has a timeout although MPI's blocking calls have
+ * none.
  *
  * Order. Collectives reach MPI in the order the caller started them: a small one is issued
  * by the caller only while the worker has nothing queued or running, otherwise it joins
- * the worker's queue and the worker issues it (without waiting for it) in turn. Which kind
- * MPI sees (nonblocking or blocking) depends only on the arguments, never on timing, so it
- * is the same on every rank: Open MPI matches the two kinds separately, and ranks that
- * disagreed would pair a call with the wrong messages. Point-to-point operations are
+ * the worker's queue and the worker issues it (posts its first messages, without waiting
+ * for it) in turn. Which path a collective takes depends only on the arguments, never on
+ * timing, so it is the same on every rank. Point-to-point operations are
  * MPI_Isend/MPI_Irecv by the caller, polled with MPI_Test (queueing them behind
  * collectives could deadlock an exchange).
  *
@@ -43,7 +44,6 @@
 #include "comm_mpi.h"
 #include "nb_config.h"
 
-#define NB__MPI_INLINE_BYTES (256 << 10) /* collectives up to this size skip the worker */
 #define PIECE (1LL << 30)                /* elements per MPI call (counts are int) */
 #define HALF_PIECE (1LL << 22)           /* f16/bf16 elements staged in f32 at a time */
 
@@ -69,7 +69,7 @@ static nb_status mpi_error(int rc, const char *what) {
     return nb__error(NB_ECOMM, "%s: MPI error: %s", what, s);
 }
 
-static void fail_mpi(nb_work *w, int rc) {
+void nb__mpi_fail(nb_work *w, int rc) {
     char s[MPI_MAX_ERROR_STRING];
     err_str(rc, s, sizeof s);
     nb__work_fail(w, NB_ECOMM, "%s on rank %d of %d: MPI error: %s", nb__coll_name(w->a.kind),
@@ -94,6 +94,16 @@ bool nb__comm_mpi_wanted(void) {
 }
 
 static void stop_worker(nb__mpi_comm *m);
+
+/* A reference to c unless its count already reached 0 (then it is being destroyed: the
+ * destroying thread unregisters it and clears nb__mpi.world, but until then both still
+ * point to it). */
+static bool retain_live(nb_comm *c) {
+    int r = atomic_load(&c->refs);
+    while (r > 0)
+        if (atomic_compare_exchange_weak(&c->refs, &r, r + 1)) return true;
+    return false;
+}
 
 /* Runs first thing in MPI_Finalize, whoever calls it (an attribute of MPI_COMM_SELF is
  * deleted then): the control thread must not be inside MPI any more. */
@@ -127,14 +137,31 @@ static void at_exit(void) {
      * reports the unfinalized process and ends the job. */
     if (any_busy()) return;
     /* Communicators the program did not free: stop their (idle) workers and cancel their
-     * control receives, so that nothing of nabla's is inside MPI when it finalizes. */
+     * control receives, so that nothing of nabla's is inside MPI when it finalizes. Each is
+     * held while that happens: another thread may be dropping its last reference right
+     * now (a worker or the control thread releasing a finished operation), and then it is
+     * that thread's to destroy - wait until it has unregistered it. */
+    double t0 = nb__now();
     for (;;) {
         pthread_mutex_lock(&g.mu);
         nb__mpi_comm *m = g.reg;
+        nb_comm *c = m ? m->c : NULL; /* valid while registered */
+        bool held = c && retain_live(c);
         pthread_mutex_unlock(&g.mu);
         if (!m) break;
+        if (!held) {
+            if (nb__now() - t0 > 2) return; /* should not happen: better no MPI_Finalize */
+            sched_yield();
+            continue;
+        }
         stop_worker(m);
         nb__mpi_ctl_unregister(m);
+        nb__comm_release(c); /* destroys it if the program let go meanwhile */
+    }
+    /* Workers that are destroying their own communicator still call MPI. */
+    while (atomic_load(&g.teardown) > 0) {
+        if (nb__now() - t0 > 2) return;
+        sched_yield();
     }
     nb__mpi_ctl_stop();
     MPI_Finalize();
@@ -157,8 +184,10 @@ static nb_status ensure_init(void) {
     if (!hooked) {
         int key;
         if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, on_finalize, &key, NULL) ==
-            MPI_SUCCESS)
+            MPI_SUCCESS) {
             MPI_Comm_set_attr(MPI_COMM_SELF, key, NULL);
+            MPI_Comm_free_keyval(&key); /* MPI keeps it until the attribute goes */
+        }
         hooked = true;
     }
     int level = MPI_THREAD_SINGLE;
@@ -180,8 +209,6 @@ static MPI_Datatype raw_type(nb_dtype dt) {
     }
 }
 
-static bool is_half(nb_dtype dt) { return dt == NB_F16 || dt == NB_BF16; }
-
 /* The MPI type and op a reduction runs in: halves are staged in f32; bool is a byte where
  * sum and max are a logical or, min a logical and. */
 static void red_type(nb_dtype dt, nb_reduce_op op, MPI_Datatype *t, MPI_Op *o) {
@@ -197,15 +224,6 @@ static void red_type(nb_dtype dt, nb_reduce_op op, MPI_Datatype *t, MPI_Op *o) {
     if (dt == NB_BOOL && op != NB_REDUCE_MIN) *o = MPI_MAX;
 }
 
-static void to_f32(nb_dtype dt, const void *src, float *dst, int64_t n) {
-    if (dt == NB_F16) nb__f16_to_f32_n(src, dst, n);
-    else nb__bf16_to_f32_n(src, dst, n);
-}
-static void from_f32(nb_dtype dt, const float *src, void *dst, int64_t n) {
-    if (dt == NB_F16) nb__f32_to_f16_n(src, dst, n);
-    else nb__f32_to_bf16_n(src, dst, n);
-}
-
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- blocking collectives (the worker) --------------------------------------------------------- */
@@ -216,7 +234,7 @@ static int do_reduce(nb__mpi_comm *m, nb_work *w, int root, bool *oom) {
     MPI_Datatype t;
     MPI_Op o;
     red_type(a->dtype, a->op, &t, &o);
-    bool half = is_half(a->dtype), avg = a->op == NB_REDUCE_AVG;
+    bool half = nb__mpi_is_half(a->dtype), avg = a->op == NB_REDUCE_AVG;
     bool mine = root < 0 || root == w->comm->rank; /* this rank gets the result */
     size_t es = nb_dtype_size(a->dtype);
     int64_t piece = half ? HALF_PIECE : PIECE;
@@ -232,7 +250,7 @@ static int do_reduce(nb__mpi_comm *m, nb_work *w, int root, bool *oom) {
         char *p = (char *)a->buf + off * (int64_t)es;
         void *b = p;
         if (half) {
-            to_f32(a->dtype, p, f, len);
+            nb__mpi_to_f32(a->dtype, p, f, len);
             b = f;
         }
         if (root < 0) rc = MPI_Allreduce(MPI_IN_PLACE, b, (int)len, t, o, m->comm);
@@ -240,7 +258,7 @@ static int do_reduce(nb__mpi_comm *m, nb_work *w, int root, bool *oom) {
         else rc = MPI_Reduce(b, NULL, (int)len, t, o, root, m->comm);
         if (rc != MPI_SUCCESS) break;
         if (mine && avg) nb__comm_scale(b, len, half ? NB_F32 : a->dtype, 1.0 / w->comm->size);
-        if (mine && half) from_f32(a->dtype, f, p, len);
+        if (mine && half) nb__mpi_from_f32(a->dtype, f, p, len);
         off += len;
     } while (off < a->count);
     if (f) nb_host_free(f);
@@ -290,7 +308,7 @@ static bool rs_stage(nb_work *w, float **fa, float **fb) {
         *fa = NULL;
         return false;
     }
-    to_f32(a->dtype, a->in, *fa, a->in_count);
+    nb__mpi_to_f32(a->dtype, a->in, *fa, a->in_count);
     return true;
 }
 
@@ -300,7 +318,7 @@ static void rs_post(nb_work *w, float *fb) {
     void *out = fb ? (void *)fb : a->out;
     if (a->op == NB_REDUCE_AVG)
         nb__comm_scale(out, a->out_count, fb ? NB_F32 : a->dtype, 1.0 / w->comm->size);
-    if (fb) from_f32(a->dtype, fb, a->out, a->out_count);
+    if (fb) nb__mpi_from_f32(a->dtype, fb, a->out, a->out_count);
 }
 
 static int do_reduce_scatter(nb__mpi_comm *m, nb_work *w, bool *oom) {
@@ -309,7 +327,7 @@ static int do_reduce_scatter(nb__mpi_comm *m, nb_work *w, bool *oom) {
     MPI_Op o;
     red_type(a->dtype, a->op, &t, &o);
     float *fa = NULL, *fb = NULL;
-    if (is_half(a->dtype) && !rs_stage(w, &fa, &fb)) {
+    if (nb__mpi_is_half(a->dtype) && !rs_stage(w, &fa, &fb)) {
         *oom = true;
         return MPI_SUCCESS;
     }
@@ -328,14 +346,26 @@ static int do_reduce_scatter(nb__mpi_comm *m, nb_work *w, bool *oom) {
     return rc;
 }
 
-static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl);
+static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl, MPI_Comm sm);
+
+static void free_comms(MPI_Comm *c, int n) {
+    for (int i = 0; i < n; i++)
+        if (c[i] != MPI_COMM_NULL) MPI_Comm_free(&c[i]);
+}
 
 static int do_split(nb__mpi_comm *m, nb_work *w, bool *oom) {
-    MPI_Comm nc = MPI_COMM_NULL, nctl = MPI_COMM_NULL;
-    int rc = MPI_Comm_split(m->comm, w->a.peer, w->a.tag, &nc);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(nc, &nctl);
-    if (rc != MPI_SUCCESS) return rc;
-    if (!(w->a.out = make_comm(nc, nctl))) *oom = true;
+    MPI_Comm nc[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL}; /* data, control, small */
+    int rc = MPI_Comm_split(m->comm, w->a.peer, w->a.tag, &nc[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(nc[0], &nc[1]);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(nc[0], &nc[2]);
+    if (rc != MPI_SUCCESS) {
+        free_comms(nc, 3);
+        return rc;
+    }
+    if (!(w->a.out = make_comm(nc[0], nc[1], nc[2]))) {
+        free_comms(nc, 3);
+        *oom = true;
+    }
     return MPI_SUCCESS;
 }
 
@@ -364,18 +394,20 @@ static void run_op(nb__mpi_comm *m, nb_work *w) {
     case NB__COLL_SPLIT: rc = do_split(m, w, &oom); break;
     default: NB__ASSERT(!"run_op: not a collective");
     }
-    if (rc != MPI_SUCCESS) fail_mpi(w, rc);
+    if (rc != MPI_SUCCESS) nb__mpi_fail(w, rc);
     else if (oom) nb__work_fail(w, NB_ENOMEM, "%s on rank %d: %s", nb__coll_name(a->kind),
                                 w->comm->rank, nb_last_error());
     else nb__work_done(w);
 }
 
 static void destroy_impl(nb__mpi_comm *m);
-static bool inline_ok(const nb_work *w);
-static bool issue_nonblocking(nb__mpi_comm *m, nb_work *w);
+
+/* The communicator whose worker this thread is (NULL on other threads). */
+static _Thread_local nb__mpi_comm *worker_of;
 
 static void *worker_main(void *arg) {
     nb__mpi_comm *m = arg;
+    worker_of = m;
     pthread_mutex_lock(&m->mu);
     for (;;) {
         while (!m->qhead && !m->stop) pthread_cond_wait(&m->cv_work, &m->mu);
@@ -386,11 +418,11 @@ static void *worker_main(void *arg) {
         m->running = w;
         pthread_mutex_unlock(&m->mu);
 
-        /* A small collective is only issued here (nonblocking, in queue order; the caller
-         * polls it); a large one runs to completion. */
-        bool small = inline_ok(w), issued = false;
+        /* A small collective is only issued here (its first messages posted, in queue order;
+         * the caller polls it); a large one runs to completion. */
+        bool small = nb__mpi_small_ok(w), issued = false;
         if (small) {
-            issued = issue_nonblocking(m, w);
+            issued = nb__mpi_small_issue(m, w);
         } else {
             run_op(m, w);
             atomic_fetch_add(&w->comm->completed, 1);
@@ -402,23 +434,22 @@ static void *worker_main(void *arg) {
         bool abandoned = nb__mpi_ws_of(w)->abandoned;
         pthread_cond_broadcast(&m->cv_done);
         pthread_mutex_unlock(&m->mu);
-        if (abandoned && issued) {
-            nb__mpi_zombie_add(w, true); /* our reference and the stuck count go with it */
-        } else {
-            if (abandoned) {
-                atomic_fetch_sub(&g.stuck, 1);
-                if (w->a.kind == NB__COLL_SPLIT && w->a.out) nb_comm_free(w->a.out);
-            }
-            nb__work_release(w); /* may free the communicator: then self_destroy is set */
+        /* An issued small collective is on the in-flight list now, which holds its own
+         * reference and keeps advancing it even if it was abandoned. */
+        if (abandoned) {
+            atomic_fetch_sub(&g.stuck, 1);
+            if (w->a.kind == NB__COLL_SPLIT && w->a.out) nb_comm_free(w->a.out);
         }
+        nb__work_release(w); /* may free the communicator: then self_destroy is set */
         pthread_mutex_lock(&m->mu);
         if (m->self_destroy) break;
     }
     bool self_destroy = m->self_destroy;
     pthread_mutex_unlock(&m->mu);
-    if (self_destroy) {
+    if (self_destroy) { /* mpi_destroy on this thread (counted g.teardown) */
         pthread_detach(pthread_self());
         destroy_impl(m);
+        atomic_fetch_sub(&g.teardown, 1);
     }
     return NULL;
 }
@@ -450,98 +481,10 @@ static void stop_worker(nb__mpi_comm *m) {
     if (started && !pthread_equal(m->worker, pthread_self())) pthread_join(m->worker, NULL);
 }
 
-/* ---- nonblocking collectives (the small ones) ---------------------------------------------- */
-static int64_t op_bytes(const nb_work *w) {
-    const nb__args *a = &w->a;
-    int64_t n = a->kind == NB__COLL_ALLGATHER ? a->out_count
-                : a->kind == NB__COLL_REDUCE_SCATTER || a->kind == NB__COLL_ALL_TO_ALL
-                    ? a->in_count
-                    : a->count;
-    return n * (int64_t)nb_dtype_size(a->dtype);
-}
-
-static bool inline_ok(const nb_work *w) {
-    const nb__args *a = &w->a;
-    if (a->kind == NB__COLL_SPLIT || op_bytes(w) > NB__MPI_INLINE_BYTES) return false;
-    /* v-collectives read their count arrays until they complete: those stay on the worker. */
-    if (a->kind == NB__COLL_ALLGATHER && a->chunked) return false;
-    if (a->kind == NB__COLL_REDUCE_SCATTER && a->in_count % w->comm->size != 0) return false;
-    return true;
-}
-
-/* Issue w as a nonblocking collective. Only one thread issues at a time: the caller with
- * m->mu held while the worker is idle, or the worker itself. */
-static int start_nonblocking(nb__mpi_comm *m, nb_work *w, bool *oom) {
-    nb__args *a = &w->a;
-    nb__mpi_ws *s = nb__mpi_ws_of(w);
-    MPI_Request *req = &s->req;
-    int size = w->comm->size, rank = w->comm->rank;
-    MPI_Datatype t;
-    MPI_Op o;
-    red_type(a->dtype, a->op, &t, &o);
-    switch (a->kind) {
-    case NB__COLL_ALLREDUCE:
-    case NB__COLL_REDUCE: {
-        void *b = a->buf;
-        if (is_half(a->dtype)) {
-            if (!(s->fa = nb_host_alloc((size_t)(a->count > 0 ? a->count : 1) * 4))) {
-                *oom = true;
-                return MPI_SUCCESS;
-            }
-            to_f32(a->dtype, a->buf, s->fa, a->count);
-            b = s->fa;
-        }
-        if (a->kind == NB__COLL_ALLREDUCE)
-            return MPI_Iallreduce(MPI_IN_PLACE, b, (int)a->count, t, o, m->comm, req);
-        if (rank == a->peer)
-            return MPI_Ireduce(MPI_IN_PLACE, b, (int)a->count, t, o, a->peer, m->comm, req);
-        return MPI_Ireduce(b, NULL, (int)a->count, t, o, a->peer, m->comm, req);
-    }
-    case NB__COLL_BROADCAST:
-        return MPI_Ibcast(a->buf, (int)a->count, raw_type(a->dtype), a->peer, m->comm, req);
-    case NB__COLL_ALLGATHER:
-        return MPI_Iallgather(a->in, (int)a->in_count, raw_type(a->dtype), a->out,
-                              (int)a->in_count, raw_type(a->dtype), m->comm, req);
-    case NB__COLL_REDUCE_SCATTER:
-        if (is_half(a->dtype) && !rs_stage(w, &s->fa, &s->fb)) {
-            *oom = true;
-            return MPI_SUCCESS;
-        }
-        return MPI_Ireduce_scatter_block(s->fa ? (void *)s->fa : a->in,
-                                         s->fb ? (void *)s->fb : a->out,
-                                         (int)(a->in_count / size), t, o, m->comm, req);
-    case NB__COLL_ALL_TO_ALL: {
-        int k = (int)(a->in_count / size);
-        return MPI_Ialltoall(a->in, k, raw_type(a->dtype), a->out, k, raw_type(a->dtype), m->comm,
-                             req);
-    }
-    case NB__COLL_BARRIER: return MPI_Ibarrier(m->comm, req);
-    default: NB__ASSERT(!"start_nonblocking: not a collective");
-    }
-    return MPI_SUCCESS;
-}
-
-/* The result of a finished nonblocking reduction: division, halves back. */
-static void post_nonblocking(nb_work *w) {
-    nb__args *a = &w->a;
-    nb__mpi_ws *s = nb__mpi_ws_of(w);
-    if (a->kind == NB__COLL_REDUCE_SCATTER) {
-        rs_post(w, s->fb);
-    } else if (a->kind == NB__COLL_ALLREDUCE ||
-               (a->kind == NB__COLL_REDUCE && a->peer == w->comm->rank)) {
-        if (a->op == NB_REDUCE_AVG)
-            nb__comm_scale(s->fa ? (void *)s->fa : a->buf, a->count, s->fa ? NB_F32 : a->dtype,
-                           1.0 / w->comm->size);
-        if (s->fa) from_f32(a->dtype, s->fa, a->buf, a->count);
-    }
-}
-
-void nb__mpi_req_ended(nb_work *w, int rc, const MPI_Status *st, bool keep) {
-    nb__mpi_ws *s = nb__mpi_ws_of(w);
-    bool coll = !nb__coll_is_p2p(w->a.kind);
+void nb__mpi_req_ended(nb_work *w, int rc, const MPI_Status *st) {
     if (atomic_load(&w->state) != NB__WORK_PENDING) return; /* already ended */
     if (rc != MPI_SUCCESS) {
-        fail_mpi(w, rc);
+        nb__mpi_fail(w, rc);
     } else if (w->a.kind == NB__COLL_RECV) {
         int got = 0;
         MPI_Get_count(st, raw_type(w->a.dtype), &got);
@@ -551,37 +494,8 @@ void nb__mpi_req_ended(nb_work *w, int rc, const MPI_Status *st, bool keep) {
                           w->comm->rank, (long long)w->a.count, nb_dtype_name(w->a.dtype), got);
         else nb__work_done(w);
     } else {
-        if (coll && keep) post_nonblocking(w);
         nb__work_done(w);
     }
-    if (s->fa) nb_host_free(s->fa);
-    if (s->fb) nb_host_free(s->fb);
-    s->fa = s->fb = NULL;
-    if (coll) {
-        atomic_fetch_add(&w->comm->completed, 1);
-        atomic_fetch_sub(&nb__mpi_of(w->comm)->inflight, 1);
-    }
-}
-
-/* Issue a small collective as MPI's nonblocking one (by the caller with the comm's mu held
- * and nothing queued, or by the worker in queue order). On failure w is failed (and counted
- * as completed). */
-static bool issue_nonblocking(nb__mpi_comm *m, nb_work *w) {
-    bool oom = false;
-    int rc = start_nonblocking(m, w, &oom);
-    if (rc == MPI_SUCCESS && !oom) {
-        atomic_fetch_add(&m->inflight, 1);
-        return true;
-    }
-    nb__mpi_ws *s = nb__mpi_ws_of(w);
-    if (s->fa) nb_host_free(s->fa);
-    if (s->fb) nb_host_free(s->fb);
-    s->fa = s->fb = NULL;
-    if (oom) nb__work_fail(w, NB_ENOMEM, "%s on rank %d: %s", nb__coll_name(w->a.kind),
-                           w->comm->rank, nb_last_error());
-    else fail_mpi(w, rc);
-    atomic_fetch_add(&w->comm->completed, 1);
-    return false;
 }
 
 /* ---- starting, testing, waiting ---------------------------------------------------------------- */
@@ -598,8 +512,8 @@ static nb_status mpi_start_coll(nb_comm *c, nb_work *w) {
     }
     pthread_mutex_lock(&m->mu);
     nb_status st = NB_OK;
-    if (inline_ok(w) && !m->running && !m->qhead) {
-        if (issue_nonblocking(m, w)) atomic_store(&nb__mpi_ws_of(w)->has_req, true);
+    if (nb__mpi_small_ok(w) && !m->running && !m->qhead) {
+        if (nb__mpi_small_issue(m, w)) atomic_store(&nb__mpi_ws_of(w)->has_req, true);
     } else {
         st = enqueue(m, w);
     }
@@ -629,14 +543,15 @@ static nb_status p2p_start(nb_comm *c, nb_work *w) {
     return NB_OK;
 }
 
-/* Test a request-based work (p2p, nonblocking collective). */
+/* Test an issued work: a send/recv's request, or a small collective's schedule. */
 static int req_test(nb_work *w) {
+    if (nb__mpi_ws_of(w)->sched) return nb__mpi_small_poll(w);
     int flag = 0;
     MPI_Status s;
     if (!g.threads) pthread_mutex_lock(&g.inline_mu);
     int rc = MPI_Test(&nb__mpi_ws_of(w)->req, &flag, &s);
     if (!g.threads) pthread_mutex_unlock(&g.inline_mu);
-    if (rc != MPI_SUCCESS || flag) nb__mpi_req_ended(w, rc, &s, true);
+    if (rc != MPI_SUCCESS || flag) nb__mpi_req_ended(w, rc, &s);
     return atomic_load(&w->state);
 }
 
@@ -666,11 +581,16 @@ static int mpi_wait(nb_work *w, double deadline) {
         st = atomic_load(&w->state);
         if (st != NB__WORK_PENDING || !atomic_load(&s->has_req)) return st;
     }
-    /* Poll like MPI's own blocking calls; after 10 ms, sleep a little between tests. */
+    /* Poll like MPI's own blocking calls: a message protocol takes several steps, each
+     * one waiting for a test on this side, so the loop between tests stays short (the
+     * clock is read every 16 tests). After 50 us yield the core between rounds of tests,
+     * after 10 ms sleep a little. */
     double t0 = nb__now();
     for (;;) {
-        st = req_test(w);
-        if (st != NB__WORK_PENDING) return st;
+        for (int i = 0; i < 16; i++) {
+            st = req_test(w);
+            if (st != NB__WORK_PENDING) return st;
+        }
         double now = nb__now();
         if (deadline > 0 && now >= deadline) return 0;
         if (now - t0 > 0.01) nb__mpi_sleep(50e-6);
@@ -690,8 +610,11 @@ static void mpi_abandon(nb_work *w) {
     }
     pthread_mutex_unlock(&m->mu);
     if (!issued || atomic_load(&w->state) != NB__WORK_PENDING) return;
-    /* A receive can be cancelled. Anything else stays with MPI: the control thread polls it
-     * and lets the work (and its tensors) go when MPI is done. */
+    /* An issued small collective stays on the in-flight list, which the control thread
+     * keeps advancing: it ends (and lets its tensors go) if the missing rank arrives. */
+    if (s->sched) return;
+    /* A receive can be cancelled. A send stays with MPI: the control thread polls it and
+     * lets the work (and its tensor) go when MPI is done. */
     if (w->a.kind == NB__COLL_RECV) {
         MPI_Cancel(&s->req);
         int flag = 0;
@@ -711,8 +634,10 @@ static void destroy_impl(nb__mpi_comm *m) {
     if (!fin) {
         if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
         if (m->ctl != MPI_COMM_NULL) MPI_Comm_free(&m->ctl);
+        if (m->sm != MPI_COMM_NULL) MPI_Comm_free(&m->sm);
     }
     pthread_mutex_destroy(&m->mu);
+    pthread_mutex_destroy(&m->sm_mu);
     pthread_cond_destroy(&m->cv_work);
     pthread_cond_destroy(&m->cv_done);
     free(m->world_ranks);
@@ -728,9 +653,13 @@ static void mpi_destroy(nb_comm *c) {
     nb__mpi_ctl_unregister(m); /* before c goes: the control thread reads c's counters */
     m->c = NULL;
     /* On the worker itself, when an abandoned collective finished last: the worker tears
-     * down once it returns. Otherwise nothing is in flight (works hold references): stop
-     * the idle worker and free. */
-    if (m->worker_started && pthread_equal(m->worker, pthread_self())) {
+     * down once it returns (counted, so that the exit handler waits before MPI_Finalize).
+     * Otherwise nothing is in flight (works hold references): stop the idle worker and
+     * free. (Which thread this is must not be read from worker_started: the exit handler
+     * clears that when it stops the worker - but only while it holds a reference, so
+     * never while the worker destroys the communicator.) */
+    if (worker_of == m) {
+        atomic_fetch_add(&g.teardown, 1);
         pthread_mutex_lock(&m->mu);
         m->self_destroy = true;
         pthread_mutex_unlock(&m->mu);
@@ -740,7 +669,8 @@ static void mpi_destroy(nb_comm *c) {
     destroy_impl(m);
 }
 
-static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl) {
+/* Takes over comm, ctl and sm, except when it fails (NULL): then they stay the caller's. */
+static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl, MPI_Comm sm) {
     int rank = 0, size = 1;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
@@ -758,8 +688,10 @@ static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl) {
     m->displs = m->counts + size;
     m->comm = comm;
     m->ctl = ctl;
+    m->sm = sm;
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(ctl, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(sm, MPI_ERRORS_RETURN);
     MPI_Group g0, gw;
     MPI_Comm_group(comm, &g0);
     MPI_Comm_group(MPI_COMM_WORLD, &gw);
@@ -772,6 +704,7 @@ static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl) {
     MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag);
     m->tag_ub = flag && ub ? *(int *)ub : 32767;
     pthread_mutex_init(&m->mu, NULL);
+    pthread_mutex_init(&m->sm_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -781,7 +714,7 @@ static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl) {
     atomic_init(&m->inflight, 0);
     nb_comm *c = nb__comm_alloc(&nb__comm_mpi_backend, rank, size, m);
     if (!c) {
-        m->comm = m->ctl = MPI_COMM_NULL; /* the caller frees them */
+        m->comm = m->ctl = m->sm = MPI_COMM_NULL; /* the caller frees them */
         destroy_impl(m);
         return NULL;
     }
@@ -811,8 +744,9 @@ static nb_status dup_comm(MPI_Comm src, MPI_Comm *out, double timeout) {
 static nb_comm *world_locked(void) {
     pthread_mutex_lock(&g.mu);
     nb_comm *c = g.world;
-    if (c && atomic_load(&c->refs) > 0) {
-        nb__comm_retain(c);
+    /* Not one whose last handle is being freed right now (its count reached 0; returning
+     * it would hand out a communicator that is about to be freed): then a new one. */
+    if (c && retain_live(c)) {
         pthread_mutex_unlock(&g.mu);
         return c;
     }
@@ -821,12 +755,15 @@ static nb_comm *world_locked(void) {
     pthread_mutex_lock(&g.mu);
     g.finalized = false;
     pthread_mutex_unlock(&g.mu);
-    MPI_Comm comm = MPI_COMM_NULL, ctl = MPI_COMM_NULL;
+    MPI_Comm nc[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL}; /* data, control, small */
     double to = nb__comm_default_timeout();
-    if (dup_comm(MPI_COMM_WORLD, &comm, to) != NB_OK) return NULL;
-    if (dup_comm(MPI_COMM_WORLD, &ctl, to) != NB_OK || !(c = make_comm(comm, ctl))) {
-        MPI_Comm_free(&comm);
-        if (ctl != MPI_COMM_NULL) MPI_Comm_free(&ctl);
+    for (int i = 0; i < 3; i++)
+        if (dup_comm(MPI_COMM_WORLD, &nc[i], to) != NB_OK) {
+            free_comms(nc, i); /* not the one that failed: it may still be in the making */
+            return NULL;
+        }
+    if (!(c = make_comm(nc[0], nc[1], nc[2]))) {
+        free_comms(nc, 3);
         return NULL;
     }
     c->is_world = true;

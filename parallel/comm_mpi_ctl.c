@@ -4,8 +4,9 @@
  * (the "ctl" communicator, so queries never mix with the caller's messages). It answers
  * queries - "how many collectives have you called on this communicator, and how many have
  * finished?" - and polls requests that callers abandoned after a timeout, releasing them
- * (and the tensors they hold) once MPI is done with them. It wakes every 2 ms and does
- * nothing on the data path.
+ * (and the tensors they hold) once MPI is done with them, and advances the small collectives
+ * in flight (comm_mpi_small.c) for callers that are busy computing. It wakes every 2 ms and
+ * is not needed on the data path.
  *
  * When a wait times out, the waiting rank sends a query to each peer (to the one peer of a
  * send/recv) and waits a grace period (a quarter of the timeout, 0.1 to 2 s) for answers:
@@ -16,6 +17,7 @@
  * The answers come from the peers' control threads, so a peer that is busy computing still
  * answers; only a dead or wedged process stays silent. */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,7 +75,7 @@ static nb_work *reap_zombies(void) {
         int rc = MPI_Test(&nb__mpi_ws_of(w)->req, &flag, &s);
         if (rc != MPI_SUCCESS || flag) {
             *p = w->next;
-            nb__mpi_req_ended(w, rc, &s, false);
+            nb__mpi_req_ended(w, rc, &s);
             w->next = ended;
             ended = w;
         } else {
@@ -84,18 +86,37 @@ static nb_work *reap_zombies(void) {
 }
 
 static void *ctl_main(void *arg) {
-    (void)arg;
-    while (!atomic_load(&nb__mpi.ctl_stop)) {
+    /* Runs until the generation changes (nb__mpi_ctl_stop; a thread started later has the
+     * next one), so a stopped thread never goes on next to its successor. */
+    int gen = (int)(intptr_t)arg;
+    while (atomic_load(&nb__mpi.ctl_gen) == gen) {
         pthread_mutex_lock(&nb__mpi.mu);
-        for (nb__mpi_comm *m = nb__mpi.reg; m; m = m->next_reg) serve(m);
+        nb_work *small_ended = NULL;
+        for (nb__mpi_comm *m = nb__mpi.reg; m; m = m->next_reg) {
+            serve(m);
+            /* Small collectives move on while their callers compute (or after they gave
+             * them up); skipped when a caller is advancing them right now. */
+            if (atomic_load(&m->inflight) > 0) {
+                nb_work *e = nb__mpi_small_progress(m, true);
+                if (e) {
+                    nb_work *t = e;
+                    while (nb__mpi_ws_of(t)->sm_next) t = nb__mpi_ws_of(t)->sm_next;
+                    nb__mpi_ws_of(t)->sm_next = small_ended;
+                    small_ended = e;
+                }
+            }
+        }
         nb_work *ended = reap_zombies();
-        /* Nothing left to serve: end (nobody will join: detach). */
-        bool done = nb__mpi.ctl_running && !nb__mpi.reg && !nb__mpi.zombies;
+        /* Nothing left to serve: end (nobody will join: detach). Only while this is the
+         * current thread (the generation changes under the lock). */
+        bool done = atomic_load(&nb__mpi.ctl_gen) == gen && nb__mpi.ctl_running &&
+                    !nb__mpi.reg && !nb__mpi.zombies;
         if (done) {
             nb__mpi.ctl_running = false;
             pthread_detach(pthread_self());
         }
         pthread_mutex_unlock(&nb__mpi.mu);
+        nb__mpi_small_release(small_ended);
         for (nb_work *w = ended, *next; w; w = next) {
             next = w->next;
             atomic_fetch_sub(&nb__mpi.stuck, 1);
@@ -112,15 +133,20 @@ void nb__mpi_ctl_stop(void) {
     bool running = nb__mpi.ctl_running;
     pthread_t t = nb__mpi.ctl;
     nb__mpi.ctl_running = false;
-    atomic_store(&nb__mpi.ctl_stop, true);
+    atomic_fetch_add(&nb__mpi.ctl_gen, 1);
     pthread_mutex_unlock(&nb__mpi.mu);
-    if (running && !pthread_equal(t, pthread_self())) pthread_join(t, NULL);
+    if (!running) return;
+    /* On the thread itself (it released the last work of the last communicator): it ends
+     * when this returns, and nobody will join it. */
+    if (pthread_equal(t, pthread_self())) pthread_detach(t);
+    else pthread_join(t, NULL);
 }
 
 static void ensure_thread(void) { /* with nb__mpi.mu held */
     if (nb__mpi.ctl_running) return;
-    atomic_store(&nb__mpi.ctl_stop, false);
-    if (pthread_create(&nb__mpi.ctl, NULL, ctl_main, NULL) == 0) nb__mpi.ctl_running = true;
+    int gen = atomic_fetch_add(&nb__mpi.ctl_gen, 1) + 1;
+    if (pthread_create(&nb__mpi.ctl, NULL, ctl_main, (void *)(intptr_t)gen) == 0)
+        nb__mpi.ctl_running = true;
 }
 
 void nb__mpi_ctl_register(nb__mpi_comm *m) {

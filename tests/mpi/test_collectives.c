@@ -1,8 +1,13 @@
 /* test_collectives.c - every collective x every dtype x sizes 0, 1, 7, 1001 and 1M (the
  * large one for fewer dtypes where the output grows with the number of ranks), each
  * compared with a reference computed from what every rank contributes (mt_value), plus
- * non-contiguous and aliased (in-place) tensors. Blocking forms; the asynchronous ones are
- * in test_comm.c. */
+ * non-contiguous and aliased (in-place) tensors. Then the MPI backend's own schedules for
+ * small collectives (comm_mpi_small.c) at the sizes where they change algorithm, on the
+ * world and on a 3-rank communicator (not a power of two): results that are bit for bit
+ * the same on every rank, NaN propagation, collectives waited in different orders on
+ * different ranks, and progress while the caller does not poll. Blocking forms except
+ * there; the other asynchronous cases are in test_comm.c. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,6 +341,215 @@ START_TEST(test_in_place) {
 }
 END_TEST
 
+/* ---- the small-collective schedules ---------------------------------------------------------- */
+/* Sizes around the schedule changes: fewer elements than ranks, recursive doubling in pieces
+ * (up to 8 KiB), Rabenseifner with pieced and whole messages, the worker above 2 MiB. */
+static const int64_t sched_sizes[] = {1, 3, 1000, 2048, 2049, 3000, 70000, 300000, 600000};
+#define N_SCHED (int)(sizeof sched_sizes / sizeof sched_sizes[0])
+
+/* Fractional values, so that sums round differently in different orders (the ranks must
+ * still agree bit for bit). */
+static double frac_value(int r, int64_t i, nb_dtype dt) {
+    return mt_round((double)((r * 7919 + i * 104729) % 1000) / 37.0 - 13.0, dt);
+}
+
+/* An FNV-1a hash of t's bytes. */
+static int64_t hash_of(const nb_tensor *t) {
+    const unsigned char *p = nb_data(t);
+    uint64_t h = 1469598103934665603ull;
+    size_t n = (size_t)nb_numel(t) * nb_dtype_size(nb_tensor_dtype(t));
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return (int64_t)(h >> 1);
+}
+
+/* Every rank of c holds the same bytes in t. */
+static void expect_identical(nb_comm *c, const nb_tensor *t, const char *what) {
+    nb_scope_begin();
+    int64_t h = hash_of(t);
+    nb_tensor *hh = nb_zeros((int64_t[]){2}, 1, NB_I64);
+    int64_t *p = nb_data(hh);
+    p[0] = h;
+    p[1] = -h;
+    MT_OK(nb_allreduce(c, hh, NB_REDUCE_MAX));
+    MT_CHECK(p[0] == h && -p[1] == h, "%s (%s, %lld elements): the ranks' results differ", what,
+             nb_dtype_name(nb_tensor_dtype(t)), (long long)nb_numel(t));
+    nb_scope_end();
+}
+
+/* t == ref within the rounding of dt, measured on mag (the sum of the magnitudes that went
+ * into each element: sums of fractional values may cancel). */
+static void expect_close(const nb_tensor *t, const double *ref, const double *mag, int64_t n,
+                         int size, const char *what) {
+    nb_dtype dt = nb_tensor_dtype(t);
+    double eps = dt == NB_F64 ? 1e-15 : dt == NB_F32 ? 2e-7 : 8e-3;
+    double *got = alloc_ref(n);
+    MT_CHECK(nb_read(t, got, n, NB_F64) == NB_OK, "%s: cannot read the result", what);
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs(got[i] - ref[i]) <= eps * size * (mag[i] + 1))) {
+            MT_CHECK(false, "%s (%s, %lld elements): [%lld] = %.9g, expected %.9g", what,
+                     nb_dtype_name(dt), (long long)n, (long long)i, got[i], ref[i]);
+            break;
+        }
+    free(got);
+}
+
+static void allreduce_schedules(nb_comm *c) {
+    static const nb_dtype dts[] = {NB_F32, NB_F64, NB_BF16};
+    int rank = nb_comm_rank(c), size = nb_comm_size(c);
+    for (int si = 0; si < N_SCHED; si++)
+        for (int d = 0; d < 3; d++)
+            for (int o = 0; o < 4; o++) {
+                int64_t n = sched_sizes[si];
+                nb_dtype dt = dts[d];
+                if (n > 70000 && dt != NB_F32) continue;
+                nb_scope_begin();
+                double *v = alloc_ref(n), *ref = alloc_ref(n), *mag = alloc_ref(n);
+                for (int64_t i = 0; i < n; i++) {
+                    v[i] = frac_value(rank, i, dt);
+                    double acc = frac_value(0, i, dt);
+                    mag[i] = fabs(acc);
+                    for (int r = 1; r < size; r++) {
+                        double x = frac_value(r, i, dt);
+                        acc = ops[o] == NB_REDUCE_MAX ? fmax(acc, x)
+                              : ops[o] == NB_REDUCE_MIN ? fmin(acc, x) : acc + x;
+                        mag[i] += fabs(x);
+                    }
+                    ref[i] = ops[o] == NB_REDUCE_AVG ? acc / size : acc;
+                }
+                nb_tensor *t = nb_to_dtype(nb_from_buffer(v, &n, 1, NB_F64), dt);
+                char what[96];
+                snprintf(what, sizeof what, "allreduce %s on %d ranks", op_names[o], size);
+                MT_OK(nb_allreduce(c, t, ops[o]));
+                expect_close(t, ref, mag, n, size, what);
+                expect_identical(c, t, what);
+                free(v);
+                free(ref);
+                free(mag);
+                nb_scope_end();
+            }
+}
+
+/* The other collectives at the sizes where their messages go in pieces or whole. */
+static void other_schedules(nb_comm *c) {
+    int rank = nb_comm_rank(c), size = nb_comm_size(c), root = size - 1;
+    static const int64_t ns[] = {3000, 70000};
+    for (int k = 0; k < 2; k++)
+        for (int d = 0; d < 2; d++) {
+            int64_t n = ns[k], b, e;
+            nb_dtype dt = d ? NB_F64 : NB_F32;
+            nb_scope_begin();
+            double *ref = alloc_ref(n * size);
+            nb_tensor *t = mt_make(rank, n, dt, 60);
+            MT_OK(nb_broadcast(c, t, root));
+            for (int64_t i = 0; i < n; i++) ref[i] = mt_value(root, i, dt, 60);
+            mt_expect(t, ref, n, "broadcast (schedules)");
+            t = mt_make(rank, n, dt, 61);
+            MT_OK(nb_reduce(c, t, NB_REDUCE_SUM, 1 % size));
+            for (int64_t i = 0; i < n; i++)
+                ref[i] = rank == 1 % size ? mt_reduce_ref(NB_REDUCE_SUM, i, dt, 61, size)
+                                          : mt_value(rank, i, dt, 61);
+            mt_expect(t, ref, n, "reduce (schedules)");
+            nb_comm_chunk(n, size, rank, &b, &e);
+            nb_tensor *out = nb_zeros((int64_t[]){e - b}, 1, dt);
+            MT_OK(nb_reduce_scatter(c, out, mt_make(rank, n, dt, 62), NB_REDUCE_MAX));
+            for (int64_t i = b; i < e; i++)
+                ref[i - b] = mt_reduce_ref(NB_REDUCE_MAX, i, dt, 62, size);
+            mt_expect(out, ref, e - b, "reduce_scatter (schedules)");
+            nb_tensor *all = nb_zeros((int64_t[]){n * size}, 1, dt);
+            MT_OK(nb_allgather(c, all, mt_make(rank, n, dt, 63)));
+            for (int64_t j = 0; j < n * size; j++) ref[j] = mt_value((int)(j / n), j % n, dt, 63);
+            mt_expect(all, ref, n * size, "allgather (schedules)");
+            free(ref);
+            nb_scope_end();
+        }
+}
+
+/* The world, then a 3-rank communicator (ranks 0-2; the others form the rest). */
+START_TEST(test_schedules) {
+    allreduce_schedules(mt_world);
+    other_schedules(mt_world);
+    if (mt_size >= 3) {
+        nb_comm *c = nb_comm_split(mt_world, mt_rank < 3 ? 0 : 1, mt_rank);
+        MT_CHECK(c != NULL, "split: %s", nb_last_error());
+        if (c) {
+            allreduce_schedules(c);
+            other_schedules(c);
+        }
+        nb_comm_free(c);
+    }
+    MT_END();
+}
+END_TEST
+
+/* NaN: sums carry it, and the small schedules' max and min propagate it, whichever rank
+ * has it. */
+START_TEST(test_nan) {
+    nb_scope_begin();
+    for (int o = 0; o < 4; o++) {
+        nb_tensor *t = nb_full((int64_t[]){100}, 1, NB_F32, mt_rank);
+        if (mt_rank == mt_size - 1) ((float *)nb_data(t))[5] = NAN; /* from either side */
+        if (mt_rank == 0) ((float *)nb_data(t))[9] = NAN;
+        MT_OK(nb_allreduce(mt_world, t, ops[o]));
+        for (int64_t i = 5; i < 10; i += 4)
+            MT_CHECK(isnan(nb_get_f64(t, &i)), "allreduce %s: element %lld = %g, not NaN",
+                     op_names[o], (long long)i, nb_get_f64(t, &i));
+        MT_CHECK(!isnan(nb_get_f64(t, (int64_t[]){6})), "allreduce %s: element 6 is NaN",
+                 op_names[o]);
+        expect_identical(mt_world, t, "allreduce with a NaN");
+    }
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+/* Ranks that wait for the same collectives in different orders: waiting on one advances all
+ * of them (each needs the other ranks to take part in every round). */
+START_TEST(test_wait_orders) {
+    enum { K = 6 };
+    nb_scope_begin();
+    int64_t sizes[K] = {70000, 16, 20000, 3000, 1, 300000};
+    nb_tensor *t[K];
+    nb_work *w[K];
+    for (int i = 0; i < K; i++) {
+        t[i] = mt_make(mt_rank, sizes[i], NB_F32, 70 + i);
+        w[i] = nb_allreduce_async(mt_world, t[i], NB_REDUCE_SUM);
+    }
+    for (int j = 0; j < K; j++) { /* odd ranks in reverse, even ranks in a shuffled order */
+        int i = mt_rank % 2 ? K - 1 - j : (j * 5 + mt_rank) % K;
+        MT_OK(nb_work_wait(w[i]));
+    }
+    for (int i = 0; i < K; i++) {
+        double *ref = alloc_ref(sizes[i]);
+        for (int64_t j = 0; j < sizes[i]; j++)
+            ref[j] = mt_reduce_ref(NB_REDUCE_SUM, j, NB_F32, 70 + i, mt_size);
+        mt_expect(t[i], ref, sizes[i], "allreduce waited out of order");
+        free(ref);
+    }
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+/* A small collective advances without the caller: started, then nobody polls for a while;
+ * the first test finds it done (the control thread moved it along). */
+START_TEST(test_background_progress) {
+    nb_scope_begin();
+    int64_t n = 70000;
+    nb_tensor *t = mt_make(mt_rank, n, NB_F32, 80);
+    nb_work *w = nb_allreduce_async(mt_world, t, NB_REDUCE_SUM);
+    usleep(300000);
+    int r = nb_work_test(w);
+    MT_CHECK(r == 1, "not done 0.3 s after it started (nb_work_test: %d)", r);
+    MT_OK(nb_work_wait(w));
+    double *ref = alloc_ref(n);
+    for (int64_t j = 0; j < n; j++) ref[j] = mt_reduce_ref(NB_REDUCE_SUM, j, NB_F32, 80, mt_size);
+    mt_expect(t, ref, n, "allreduce advanced in the background");
+    free(ref);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_collectives(void) {
     Suite *s = suite_create("collectives");
     TCase *tc = tcase_create("collectives");
@@ -349,6 +563,10 @@ Suite *mt_suite_collectives(void) {
     tcase_add_test(tc, test_send_recv_ring);
     tcase_add_test(tc, test_noncontiguous);
     tcase_add_test(tc, test_in_place);
+    tcase_add_test(tc, test_schedules);
+    tcase_add_test(tc, test_nan);
+    tcase_add_test(tc, test_wait_orders);
+    tcase_add_test(tc, test_background_progress);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,7 +1,8 @@
 /* test_comm.c - communicators and asynchronous work: world handles, nb_comm_split (even /
  * odd ranks), the chunk rule, the size-1 "self" backend, asynchronous collectives started
- * together and waited out of order (small ones take the nonblocking path, large ones the
- * worker thread), nb_work_test polling, and no allocation in the steady state. */
+ * together and waited out of order (small ones run nabla's own point-to-point schedules,
+ * large ones go to the worker thread), nb_work_test polling, and no allocation in the
+ * steady state. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,8 +103,8 @@ START_TEST(test_split) {
 END_TEST
 
 START_TEST(test_async_out_of_order) {
-    /* Small (nonblocking path) and large (worker) operations, started together, waited in
-     * reverse order. */
+    /* Small (point-to-point schedules) and large (worker) operations, started together,
+     * waited in reverse order. */
     enum { K = 8 };
     int64_t sizes[K] = {1, 1 << 20, 100, 3 << 18, 0, 4096, 1001, 1 << 19};
     nb_dtype dts[K] = {NB_F32, NB_F32, NB_BF16, NB_F16, NB_F64, NB_I32, NB_F64, NB_BF16};

@@ -1,8 +1,10 @@
 /* test_failures.c - errors are values: argument errors of every collective, message size
  * mismatches, timeouts that name the ranks that did not arrive (a collective that one rank
- * enters late, on both the nonblocking and the worker path, by wait and by test), the
- * realignment after the late rank arrives, and (suite "dead_peer", run alone with
- * --dead-peer) a rank that dies: the others fail within the timeout with a clear message. */
+ * enters late: small ones, which nabla runs as its own schedules of messages, in one round
+ * and in several, and large ones on the worker thread; by wait and by test), the
+ * realignment after the late rank arrives (the timed-out schedules are still advanced in
+ * the background), and (suite "dead_peer", run alone with --dead-peer) a rank that dies:
+ * the others fail within the timeout with a clear message. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,8 +104,9 @@ END_TEST
 
 /* One rank comes late to a collective: the others time out with a message naming it;
  * then it arrives, the operation completes everywhere, and the communicator works again.
- * Once with a small tensor (nonblocking path, nb_work_wait) and once with a large one
- * (worker path, nb_work_test polling). */
+ * With a small tensor (one round of recursive doubling, nb_work_wait), a mid-size one
+ * (several rounds: the other ranks' abandoned rounds must go on) and a large one (worker
+ * path, nb_work_test polling). */
 static void late_rank_case(int64_t n, bool poll) {
     if (mt_size < 2) return;
     int late = mt_size - 1;
@@ -158,6 +161,12 @@ START_TEST(test_late_rank_small) {
 }
 END_TEST
 
+START_TEST(test_late_rank_mid) {
+    late_rank_case(70000, false);
+    MT_END();
+}
+END_TEST
+
 START_TEST(test_late_rank_large) {
     late_rank_case(1 << 20, true);
     MT_END();
@@ -170,6 +179,7 @@ Suite *mt_suite_failures(void) {
     tcase_add_test(tc, test_argument_errors);
     tcase_add_test(tc, test_p2p_timeout);
     tcase_add_test(tc, test_late_rank_small);
+    tcase_add_test(tc, test_late_rank_mid);
     tcase_add_test(tc, test_late_rank_large);
     suite_add_tcase(s, tc);
     return s;
@@ -185,6 +195,7 @@ START_TEST(test_dead_peer) {
     ck_assert_msg(mt_size >= 2, "the dead-peer case needs at least 2 ranks");
     nb_scope_begin();
     nb_tensor *small = nb_full((int64_t[]){1000}, 1, NB_F32, 1);
+    nb_tensor *mid = nb_full((int64_t[]){70000}, 1, NB_F32, 1);
     nb_tensor *large = nb_full((int64_t[]){1 << 20}, 1, NB_F32, 1);
     ck_assert_msg(nb_allreduce(mt_world, small, NB_REDUCE_SUM) == NB_OK, "%s", nb_last_error());
     if (mt_rank == 1) {
@@ -192,13 +203,14 @@ START_TEST(test_dead_peer) {
         raise(SIGKILL);
     }
     nb_comm_set_timeout(mt_world, 3);
-    nb_tensor *ts[2] = {small, large};
-    for (int k = 0; k < 2; k++) {
+    nb_tensor *ts[3] = {small, mid, large};
+    const char *names[3] = {"small", "mid-size", "large"};
+    for (int k = 0; k < 3; k++) {
         double t0 = now();
         nb_status st = nb_allreduce(mt_world, ts[k], NB_REDUCE_SUM);
         double el = now() - t0;
         ck_assert_msg(st == NB_ETIMEOUT || st == NB_ECOMM, "%s allreduce after rank 1 died: %s",
-                      k ? "large" : "small", nb_status_name(st));
+                      names[k], nb_status_name(st));
         ck_assert_msg(strstr(nb_last_error(), "rank 1 did not answer") ||
                           strstr(nb_last_error(), "ranks 1,"),
                       "the message does not name rank 1: %s", nb_last_error());
