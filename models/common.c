@@ -9,24 +9,16 @@
  * averaged, so the run follows the 1-process one. Evaluation is split over the ranks by
  * batch and the counts summed; only rank 0 prints, logs and writes checkpoints. */
 #include "common.h"
-#include "ranks.h"
+#include "prog.h"
 
 #include <nabla/parallel.h>
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void usage(const nbm_args *a) {
     fprintf(stderr,
@@ -161,46 +153,15 @@ static nb_status evaluate(nb_module *m, nb_loader *l, nb_comm *world, double *ac
     return NB_OK;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Median of v[n] (sorts v); NAN for n == 0. */
-static double median(double *v, int64_t n) {
-    if (n == 0) return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void fmt_eta(double s, char *buf, size_t n) {
-    if (!isfinite(s) || s < 0) s = 0;
-    long t = (long)(s + 0.5);
-    snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
-}
-
-/* Print "prog: message" (naming the rank when there are several) in one write, so the
- * lines of ranks failing together do not interleave. */
-static void report(const nbm_args *a, int rank, int size, const char *fmt, ...) {
-    char msg[1024];
-    int k = size > 1 ? snprintf(msg, sizeof msg, "%s (rank %d): ", a->prog, rank)
-                     : snprintf(msg, sizeof msg, "%s: ", a->prog);
-    va_list ap;
-    va_start(ap, fmt);
-    if (k > 0 && (size_t)k < sizeof msg) vsnprintf(msg + k, sizeof msg - (size_t)k, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s\n", msg);
-}
-
 #define FAIL(...)                                                                    \
     do {                                                                             \
-        report(a, rank, size, __VA_ARGS__);                                          \
+        nbm_report(a->prog, rank, size, __VA_ARGS__);                                \
         goto done;                                                                   \
     } while (0)
 
 int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     int rc = 1;
-    double t_start = now_s();
+    double t_start = nbm_now_s();
     nb_comm *world = nb_comm_world(); /* size 1 without a launcher */
     int rank = world ? nb_comm_rank(world) : 0, size = world ? nb_comm_size(world) : 1;
     const bool main_rank = rank == 0; /* prints, logs and saves */
@@ -273,10 +234,10 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
             nb_loader_state pos;
             nb_loader_get_state(train_l, &pos);
             int64_t epoch = pos.epoch;
-            double loss_sum = 0, t_epoch = now_s(), comm_sum = 0;
+            double loss_sum = 0, t_epoch = nbm_now_s(), comm_sum = 0;
             int64_t n_loss = 0;
             for (nb_batch b; step < total_steps && nb_loader_next(train_l, &b);) {
-                double t0 = now_s();
+                double t0 = nbm_now_s();
                 nb_scope_begin();
                 nb_tensor *loss = nb_cross_entropy(nb_forward(model, b.x), b.y, NULL);
                 nb_status s = loss ? nb_zero_grad(opt) : nb_last_status();
@@ -286,7 +247,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 double lv = s == NB_OK ? nb_item_f64(loss) : NAN;
                 nb_scope_end();
                 if (s != NB_OK) FAIL("step %lld: %s", (long long)step, nb_last_error());
-                double dt = now_s() - t0;
+                double dt = nbm_now_s() - t0;
                 step++;
                 if (step == 10) nb_alloc_get_stats(&st0); /* steady state from here */
                 /* samples: the global batch (every rank's shard); comm: the part of the
@@ -306,10 +267,10 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                     if (ddp) fprintf(log, ", \"exposed_comm_ms\": %.3f", 1e3 * comm);
                     fprintf(log, "}\n");
                 }
-                double t = now_s();
+                double t = nbm_now_s();
                 if (main_rank && tty && (t - last_print > 0.2 || step == total_steps)) {
                     char e[32];
-                    fmt_eta(eta, e, sizeof e);
+                    nbm_fmt_eta(eta, e, sizeof e);
                     printf("\repoch %lld/%d  step %lld/%lld  loss %.4f  %.0f samples/s%s  ETA %s   ",
                            (long long)epoch + 1, a->epochs, (long long)(b.index + 1),
                            (long long)per_epoch, loss_sum / n_loss, sps, cm, e);
@@ -317,7 +278,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                     last_print = t;
                 } else if (main_rank && !tty && (b.index + 1) % (per_epoch / 4 > 0 ? per_epoch / 4 : 1) == 0) {
                     char e[32];
-                    fmt_eta(eta, e, sizeof e);
+                    nbm_fmt_eta(eta, e, sizeof e);
                     printf("epoch %lld/%d step %lld/%lld loss %.4f samples/s %.0f%s ETA %s\n",
                            (long long)epoch + 1, a->epochs, (long long)(b.index + 1),
                            (long long)per_epoch, loss_sum / n_loss, sps, cm, e);
@@ -337,7 +298,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
             if (main_rank) {
                 if (tty) printf("\n");
                 printf("epoch %lld: train loss %.4f  test loss %.4f  test accuracy %.4f  (%.1f s)\n",
-                       (long long)epoch + 1, train_loss, test_loss, acc, now_s() - t_epoch);
+                       (long long)epoch + 1, train_loss, test_loss, acc, nbm_now_s() - t_epoch);
             }
             if (log) {
                 fprintf(log, "{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, "
@@ -367,8 +328,8 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                "\"median_step_ms\": %.3f, \"threads\": %d, \"ranks\": %d, "
                "\"steady_system_allocs\": %lld}\n",
                spec->name, acc, test_loss, train_loss,
-               train_time > 0 ? samples / train_time : 0.0, (long long)step, now_s() - t_start,
-               1e3 * median(step_times, n_times), nb_get_num_threads(), size,
+               train_time > 0 ? samples / train_time : 0.0, (long long)step, nbm_now_s() - t_start,
+               1e3 * nbm_median(step_times, n_times), nb_get_num_threads(), size,
                (long long)steady_allocs);
     rc = 0;
 done:

@@ -11,16 +11,14 @@
  * reassociation; dropout draws from a per-rank stream. Validation batches are shared out
  * by index and the sums reduced. Only rank 0 prints, logs and writes checkpoints. */
 #include <errno.h>
-#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "gpt.h"
-#include "ranks.h"
+#include "prog.h"
 
 #define KJV_COMMAND "bible gen1:1-rev22:21"
 
@@ -43,12 +41,6 @@ typedef struct args {
     int64_t tokens, top_k;
     double temperature;
 } args;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void usage(const args *a) {
     fprintf(stderr,
@@ -275,39 +267,15 @@ static const char *jnum(double v, int prec, char *buf, size_t n) {
     return buf;
 }
 
-static int cmp_f64(const void *p, const void *q) {
-    double x = *(const double *)p, y = *(const double *)q;
-    return (x > y) - (x < y);
-}
-
-static void fmt_eta(double s, char *buf, size_t n) {
-    if (!isfinite(s) || s < 0) s = 0;
-    long t = (long)(s + 0.5);
-    snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
-}
-
-/* "gpt: message" (or "gpt (rank r): message") in one write, so that the lines of ranks
- * failing together do not interleave. */
-static void report(int rank, int size, const char *fmt, ...) {
-    char msg[1024];
-    int k = size > 1 ? snprintf(msg, sizeof msg, "gpt (rank %d): ", rank)
-                     : snprintf(msg, sizeof msg, "gpt: ");
-    va_list ap;
-    va_start(ap, fmt);
-    if (k > 0 && (size_t)k < sizeof msg) vsnprintf(msg + k, sizeof msg - (size_t)k, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s\n", msg);
-}
-
 #define FAIL(...)                                                                            \
     do {                                                                                     \
-        report(rank, size, __VA_ARGS__);                                                     \
+        nbm_report("gpt", rank, size, __VA_ARGS__);                                          \
         goto done;                                                                           \
     } while (0)
 
 static int run_train(const args *a) {
     int rc = 1;
-    const double t_start = now_s();
+    const double t_start = nbm_now_s();
     const int64_t B = a->batch, T = a->block_size, N = a->grad_accum;
     nb_comm *world = nb_comm_world(); /* size 1 without a launcher */
     const int rank = world ? nb_comm_rank(world) : 0, size = world ? nb_comm_size(world) : 1;
@@ -422,7 +390,7 @@ static int run_train(const args *a) {
     nb_alloc_stats se; /* at the end of a step */
     const int64_t print_every = a->steps >= 20 ? a->steps / 20 : 1;
     while (step < a->steps) {
-        double t0 = now_s(), norm;
+        double t0 = nbm_now_s(), norm;
         nb_alloc_stats sa;
         nb_alloc_get_stats(&sa);
         for (int64_t i = 0; i < N; i++)
@@ -434,7 +402,7 @@ static int run_train(const args *a) {
         if (size > 1 && isnan(loss = nbm_mean_over_ranks(world, loss)))
             FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
         if (nb_sched_step(sched) != NB_OK) FAIL("%s", nb_last_error());
-        double dt = now_s() - t0;
+        double dt = nbm_now_s() - t0;
         times[step - first] = dt;
         train_time += dt;
         step++;
@@ -457,8 +425,8 @@ static int run_train(const args *a) {
         char comm[48] = "";
         if (ddp) snprintf(comm, sizeof comm, "  comm %.1f ms", comm_ms);
         char eta[32];
-        fmt_eta((double)(a->steps - step) * tokens_per_step / tps, eta, sizeof eta);
-        double t = now_s();
+        nbm_fmt_eta((double)(a->steps - step) * tokens_per_step / tps, eta, sizeof eta);
+        double t = nbm_now_s();
         if (!main_rank) {
         } else if (tty && (t - last_print > 0.2 || step == a->steps)) {
             printf("\rstep %lld/%lld  loss %.4f  lr %.2e  %.0f tokens/s%s  ETA %s   ",
@@ -472,14 +440,14 @@ static int run_train(const args *a) {
         }
         bool eval_now = step == a->steps || (a->eval_every > 0 && step % a->eval_every == 0);
         if (eval_now) {
-            double te = now_s();
+            double te = nbm_now_s();
             val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0], world);
             if (isnan(val_loss)) FAIL("evaluation: %s", nb_last_error());
             val_step = step;
             if (main_rank) {
                 if (tty) printf("\n");
                 printf("step %lld: train loss %.4f  val loss %.4f  (eval %.1f s)\n",
-                       (long long)step, loss, val_loss, now_s() - te);
+                       (long long)step, loss, val_loss, nbm_now_s() - te);
                 fflush(stdout);
             }
             if (log)
@@ -502,11 +470,8 @@ static int run_train(const args *a) {
     /* Throughput as torch_ref.py reports it: the median step time, after 10 warm-up steps
      * when there are at least 20. */
     int64_t ran = step - first, skip = ran >= 20 ? 10 : 0;
-    double median = NAN, train_loss = NAN;
+    double median = nbm_median(times + skip, ran - skip), train_loss = NAN;
     if (ran > skip) {
-        qsort(times + skip, (size_t)(ran - skip), sizeof(double), cmp_f64);
-        int64_t k = ran - skip;
-        median = k % 2 ? times[skip + k / 2] : 0.5 * (times[skip + k / 2 - 1] + times[skip + k / 2]);
         int64_t nl = n_last < 10 ? n_last : 10;
         train_loss = 0;
         for (int64_t i = 0; i < nl; i++) train_loss += last_losses[i];
@@ -515,14 +480,15 @@ static int run_train(const args *a) {
     char vl[32], tl[32];
     if (main_rank)
         printf("{\"model\": \"gpt\", \"val_loss\": %s, \"train_loss\": %s, \"tokens_per_s\": %.1f, "
-           "\"wall_s\": %.2f, \"steps\": %lld, \"params\": %lld, \"step_ms_median\": %.2f, "
-           "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"threads\": %d, "
-           "\"ranks\": %d, \"steady_system_allocs\": %lld}\n",
-           jnum(val_loss, 4, vl, sizeof vl), jnum(train_loss, 4, tl, sizeof tl),
-           ran > skip ? (double)tokens_per_step / median : 0.0,
-           now_s() - t_start, (long long)step, (long long)nb_num_parameters(model),
-           ran > skip ? median * 1e3 : 0.0, flops / 1e9, ran > skip ? flops / 1e9 / median : 0.0,
-           nb_get_num_threads(), size, (long long)steady_allocs);
+               "\"wall_s\": %.2f, \"steps\": %lld, \"params\": %lld, \"step_ms_median\": %.2f, "
+               "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"threads\": %d, "
+               "\"ranks\": %d, \"steady_system_allocs\": %lld}\n",
+               jnum(val_loss, 4, vl, sizeof vl), jnum(train_loss, 4, tl, sizeof tl),
+               ran > skip ? (double)tokens_per_step / median : 0.0,
+               nbm_now_s() - t_start, (long long)step, (long long)nb_num_parameters(model),
+               ran > skip ? median * 1e3 : 0.0, flops / 1e9,
+               ran > skip ? flops / 1e9 / median : 0.0,
+               nb_get_num_threads(), size, (long long)steady_allocs);
     rc = 0;
 done:
     if (log) fclose(log);
