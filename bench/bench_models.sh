@@ -47,6 +47,11 @@ if peer:
     line += (f", PyTorch {pm:.2f} ms; speed ratio (median of {len(ratios)} paired runs) "
              f"{statistics.median(ratios):.2f}x (runs: {', '.join(f'{r:.2f}' for r in ratios)})")
 print(line)
+if all("peak_rss_mib" in o for o in ours):
+    mem = f"{name}: peak RSS nabla {statistics.median(o['peak_rss_mib'] for o in ours):.0f} MiB"
+    if peer and all("peak_rss_mib" in t for t in theirs):
+        mem += f", PyTorch {statistics.median(t['peak_rss_mib'] for t in theirs):.0f} MiB"
+    print(mem)
 print(f"RESULT model {name} {ms:.3f} ms")
 PY
 }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "gpt.h"
@@ -478,17 +479,19 @@ static int run_train(const args *a) {
         train_loss /= (double)nl;
     }
     char vl[32], tl[32];
+    struct rusage ru; /* peak resident memory, as torch_ref.py's peak_rss_mib */
+    double rss_mib = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : NAN;
     if (main_rank)
         printf("{\"model\": \"gpt\", \"val_loss\": %s, \"train_loss\": %s, \"tokens_per_s\": %.1f, "
                "\"wall_s\": %.2f, \"steps\": %lld, \"params\": %lld, \"step_ms_median\": %.2f, "
                "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"threads\": %d, "
-               "\"ranks\": %d, \"steady_system_allocs\": %lld}\n",
+               "\"ranks\": %d, \"steady_system_allocs\": %lld, \"peak_rss_mib\": %.0f}\n",
                jnum(val_loss, 4, vl, sizeof vl), jnum(train_loss, 4, tl, sizeof tl),
                ran > skip ? (double)tokens_per_step / median : 0.0,
                nbm_now_s() - t_start, (long long)step, (long long)nb_num_parameters(model),
                ran > skip ? median * 1e3 : 0.0, flops / 1e9,
                ran > skip ? flops / 1e9 / median : 0.0,
-               nb_get_num_threads(), size, (long long)steady_allocs);
+               nb_get_num_threads(), size, (long long)steady_allocs, rss_mib);
     rc = 0;
 done:
     if (log) fclose(log);
