@@ -12,7 +12,7 @@
 #define NABLA_AUTOGRAD_IMPL_H
 
 #include "nabla/autograd.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #define NB__NODE_MAX_SAVED 4
 

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd_impl.h"
-#include "elementwise.h"
+#include "autograd/autograd_impl.h"
+#include "cpu/elementwise.h"
 
 /* Per-leaf metadata: hooks, and engine bookkeeping for "gradient complete". */
 typedef struct nb__hook {

@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 #include "nabla/random.h"
 
 /* sum(f(x) * r) as a double, or NAN (error set) on failure. */

@@ -5,7 +5,7 @@
  * rule is not defined (comparisons, argmax, ... which are not differentiable) gets NULL,
  * and never records a node. Because every rule lives in the same object file as its op's
  * public function, linking the op always links its rule too. */
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 
 #define NB__BW_DECLARE(name, str, arity) \
     extern nb_status nb__bw_##name(nb__node *, nb_tensor *, nb_tensor **) __attribute__((weak));

@@ -16,7 +16,7 @@
 #endif
 #endif
 
-#include "attention.h"
+#include "cpu/attention.h"
 
 #include <math.h>
 #include <string.h>
@@ -25,8 +25,8 @@
 #include <omp.h>
 #endif
 
-#include "elementwise.h"
-#include "gemm.h"
+#include "cpu/elementwise.h"
+#include "cpu/gemm.h"
 #include "nabla/memory.h"
 #include "nabla/random.h"
 
@@ -70,7 +70,7 @@ static void nb__attn_keep_row(const nb__attn_geom *g, int64_t base, int64_t n, u
 #define GEMM nb__gemm_f32
 #define EXP nb__fast_expf
 #define LOG logf
-#include "attention_tmpl.h"
+#include "cpu/attention_tmpl.h"
 #undef R
 #undef S
 #undef GEMM
@@ -82,7 +82,7 @@ static void nb__attn_keep_row(const nb__attn_geom *g, int64_t base, int64_t n, u
 #define GEMM nb__gemm_f64
 #define EXP exp
 #define LOG log
-#include "attention_tmpl.h"
+#include "cpu/attention_tmpl.h"
 #undef R
 #undef S
 #undef GEMM

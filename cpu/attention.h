@@ -25,7 +25,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* Rows per block (the blocked causal GEMMs skip the strictly upper blocks). */
 #define NB__ATTN_BLOCK 32

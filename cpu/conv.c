@@ -20,10 +20,10 @@
 #include <omp.h>
 #endif
 
-#include "conv.h"
-#include "gemm.h"
+#include "cpu/conv.h"
+#include "cpu/gemm.h"
 #include "nb_config.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #if NB_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>

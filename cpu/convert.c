@@ -1,7 +1,7 @@
 /* convert.c - CPU copy/convert and fill kernels (arithmetic only; see tensor/copy.c). */
 #include <string.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 typedef struct {
     nb_dtype out, in;

@@ -26,7 +26,7 @@
 #endif
 #endif
 
-#include "elementwise.h"
+#include "cpu/elementwise.h"
 
 #include <math.h>
 #include <string.h>

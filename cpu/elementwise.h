@@ -12,8 +12,8 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "fastmath.h"
-#include "tensor_impl.h"
+#include "cpu/fastmath.h"
+#include "tensor/tensor_impl.h"
 
 /* ---- vectorizable f32 exp ----------------------------------------------------------------
  * exp(x) = 2^k * exp(r), k = round(x / ln2), r = x - k ln2 in [-ln2/2, ln2/2] (Cody-Waite

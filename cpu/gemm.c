@@ -13,9 +13,9 @@
 
 #include <cblas.h>
 
-#include "gemm.h"
+#include "cpu/gemm.h"
 #include "nb_config.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #if NB_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>

@@ -12,7 +12,7 @@
  * the kernels trust them. */
 #include <string.h>
 
-#include "index.h"
+#include "cpu/index.h"
 
 #define NB__INLINE static inline __attribute__((always_inline))
 

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* Smallest and largest value of a contiguous I32/I64 index with numel > 0. */
 void nb__cpu_index_minmax(const nb_tensor *idx, int64_t *mn, int64_t *mx);

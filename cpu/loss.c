@@ -16,8 +16,8 @@
  * Determinism (DESIGN.md rule 5): rows are split over threads, but each row's sums run in
  * a fixed order, and sums over positions go through nb__cpu_loss_sum, whose order depends
  * only on the count. */
-#include "fastmath.h"
-#include "loss.h"
+#include "cpu/fastmath.h"
+#include "cpu/loss.h"
 
 #include <math.h>
 #include <string.h>

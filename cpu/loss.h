@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* Class-index losses. The scores x are a contiguous (N, C, D) array (D is the product of
  * the dims after the class dim, 1 for (N, C) input) of dtype xdt (f32, f64, f16, bf16);

@@ -1,7 +1,7 @@
 /* cpu/norm.c - CPU kernels of the fused layers in nn/: layer norm and batch norm (forward,
  * statistics, backward), the bias rows of linear, and dropout's masked scaling. See
  * cpu/norm.h for the contracts; the f32 and f64 bodies come from cpu/norm_tmpl.h. */
-#include "norm.h"
+#include "cpu/norm.h"
 
 #include <math.h>
 #include <string.h>
@@ -29,13 +29,13 @@ static int chunk_threads(int64_t work, int64_t nch) {
 
 #define T float
 #define S f32
-#include "norm_tmpl.h"
+#include "cpu/norm_tmpl.h"
 #undef T
 #undef S
 
 #define T double
 #define S f64
-#include "norm_tmpl.h"
+#include "cpu/norm_tmpl.h"
 #undef T
 #undef S
 

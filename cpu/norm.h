@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #define NB__NORM_MAX_CHUNKS 64
 

@@ -10,11 +10,11 @@
  * restrict pointers, so they vectorize; large arrays are cut into blocks spread over the
  * OpenMP pool. Every element is computed independently, so the thread count never changes
  * a result. f32 and f64 here; the optimizer rejects other dtypes before calling. */
-#include "optim_kernels.h"
+#include "cpu/optim_kernels.h"
 
 #include <math.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* Flags that guard stores (amsgrad, centered, momentum) are hoisted into separate loop
  * versions through always-inlined bodies, so each loop is straight-line code. Note: the

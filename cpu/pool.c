@@ -5,8 +5,8 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "pool.h"
-#include "tensor_impl.h"
+#include "cpu/pool.h"
+#include "tensor/tensor_impl.h"
 
 static int plane_threads(const nb__pool2d_geom *g) {
     int64_t per = g->H * g->W + g->OH * g->OW;

@@ -18,8 +18,8 @@
  * Compute types: f32/f16/bf16 are computed in f32, sums (also of exps) as short f32 partial
  * sums of at most 16 terms added in f64 (see f32_fsum), squared deviations in f64; f64 in
  * f64; integers and bool in int64 (sums wrap in two's complement as PyTorch's do). */
-#include "fastmath.h"
-#include "reduce.h"
+#include "cpu/fastmath.h"
+#include "cpu/reduce.h"
 
 #include <float.h>
 #include <math.h>

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* What a reduction computes over the reduced elements x of each output element. */
 typedef enum nb__rkind {

@@ -11,8 +11,8 @@
  * index_add parallelizes only over work that touches disjoint outputs: over the O outer
  * slices, and (when there are fewer slices than threads) over blocks of columns of D. Each
  * output element is therefore accumulated by one thread, in index order. */
-#include "fastmath.h"
-#include "reduce_back.h"
+#include "cpu/fastmath.h"
+#include "cpu/reduce_back.h"
 
 #include <math.h>
 #include <string.h>

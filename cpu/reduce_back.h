@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* Gradient of softmax (log = false) or log_softmax (log = true) along dim, from the op's
  * OUTPUT y and the output gradient g:

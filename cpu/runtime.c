@@ -9,7 +9,7 @@
 
 #include "nb_config.h"
 #include "nabla/runtime.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 const char *nb_version(void) { return NB_VERSION_STRING; }
 

@@ -16,8 +16,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "cuda_impl.h"
-#include "tensor_impl.h"
+#include "cuda/cuda_impl.h"
+#include "tensor/tensor_impl.h"
 
 #define NB__CUDA_MIN_BLOCK 512
 #define NB__CUDA_NCLASS 220

@@ -10,8 +10,8 @@
 
 #include <cublas_v2.h>
 
-#include "cuda_impl.h"
-#include "tensor_impl.h"
+#include "cuda/cuda_impl.h"
+#include "tensor/tensor_impl.h"
 
 static nb_status blas_status(cublasStatus_t st, const char *what) {
     if (st == CUBLAS_STATUS_SUCCESS) return NB_OK;

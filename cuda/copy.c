@@ -4,8 +4,8 @@
  * pointers inside a block (tensor offsets): that gives the GPU whose stream runs the copy
  * and catches host and device pointers passed the wrong way round, which CUDA would
  * otherwise report as a bare "invalid argument" or, worse, copy from the wrong side. */
-#include "cuda_impl.h"
-#include "tensor_impl.h"
+#include "cuda/cuda_impl.h"
+#include "tensor/tensor_impl.h"
 
 typedef enum { NB__H2D, NB__D2H, NB__D2D } nb__copy_kind;
 

@@ -3,7 +3,7 @@
  * with NB_EUNSUPPORTED and a message saying how to get a CUDA build. Calls that have
  * nothing to do (freeing NULL, emptying an empty cache) succeed, as in a CUDA build. */
 #include "nabla/cuda.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #define NB__NO_CUDA(what)                                                                  \
     nb__error(NB_EUNSUPPORTED,                                                             \

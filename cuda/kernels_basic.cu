@@ -6,7 +6,7 @@
 // headers of the core. The launchers are extern "C" (declared in cuda_impl.h).
 #include <cuda_runtime.h>
 
-#include "cuda_impl.h"
+#include "cuda/cuda_impl.h"
 
 namespace {
 

@@ -1,8 +1,8 @@
 /* launch.c - checked C entry points for the kernels of kernels_basic.cu: argument checks,
  * the stream (the thread's current one by default) and its device made current, then the
  * raw extern "C" launcher, whose cudaError_t becomes an nb_status. */
-#include "cuda_impl.h"
-#include "tensor_impl.h"
+#include "cuda/cuda_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* Common prologue: resolve the stream and enter its device. */
 static nb_status begin(nb_cuda_stream **s, int *prev, const char *what) {

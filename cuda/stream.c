@@ -9,8 +9,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "cuda_impl.h"
-#include "tensor_impl.h"
+#include "cuda/cuda_impl.h"
+#include "tensor/tensor_impl.h"
 
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t g_key;

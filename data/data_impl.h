@@ -8,7 +8,7 @@
 
 #include "nabla/data.h"
 #include "nabla/random.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* Salts that separate the random words of the augmentations (counter word 3); the shuffle
  * uses the generator layout of nb_randperm (stream = epoch) instead, see loader.c. */

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "data_impl.h"
+#include "data/data_impl.h"
 
 /* ---- interface -------------------------------------------------------------------------- */
 int64_t nb_dataset_len(nb_dataset *ds) {

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
-#include "data_impl.h"
+#include "data/data_impl.h"
 
 /* Read up to n bytes (any size; gzread takes an unsigned int). Returns the count read
  * (< n at the end of the data) or -1 on a read or decompression error. */

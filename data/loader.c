@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data_impl.h"
+#include "data/data_impl.h"
 
 #define NB__LOADER_MAX_PREFETCH 64
 #define NB__LOADER_MSG 512

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data_impl.h"
+#include "data/data_impl.h"
 
 typedef struct {
     nb_dataset base;

@@ -8,7 +8,7 @@
  * run augments exactly as the uninterrupted one. */
 #include <string.h>
 
-#include "data_impl.h"
+#include "data/data_impl.h"
 
 /* Checks shared by the transforms: a contiguous CPU tensor with >= min_ndim dims. */
 static nb_status check_images(const nb_tensor *x, int min_ndim, const char *op) {

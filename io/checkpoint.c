@@ -5,8 +5,8 @@
 
 #include "nabla/checkpoint.h"
 #include "nabla/io.h"
-#include "optim_impl.h"
-#include "tensor_impl.h"
+#include "optim/optim_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* u64 state is stored bit for bit in 0-dim I64 tensors. */
 static nb_status add_u64(nb_state_list *l, const char *name, uint64_t v) {

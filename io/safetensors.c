@@ -19,7 +19,7 @@
 
 #include "nabla/autograd.h"
 #include "nabla/io.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host (the format's byte order)"

@@ -6,7 +6,7 @@
 
 #include "nabla/autograd.h"
 #include "nabla/io.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* ---- nb_state_list ------------------------------------------------------------------------------- */
 void nb_state_list_init(nb_state_list *l) {

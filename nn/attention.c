@@ -19,8 +19,8 @@
  * contiguous instead). f16/bf16 are computed in f32. */
 #include <math.h>
 
-#include "attention.h"
-#include "autograd_impl.h"
+#include "cpu/attention.h"
+#include "autograd/autograd_impl.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
 

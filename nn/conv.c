@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd_impl.h"
-#include "conv.h"
+#include "autograd/autograd_impl.h"
+#include "cpu/conv.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
 

@@ -9,10 +9,10 @@
  * (and zero gradients). */
 #include <math.h>
 
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
-#include "norm.h"
+#include "cpu/norm.h"
 
 /* out = x * mask * scale, x converted to a dense tensor of its own dtype first. */
 static nb_tensor *masked_scale(nb_tensor *x, nb_tensor *mask, double scale) {

@@ -11,7 +11,7 @@
  * nb_normal, and leaves a zero-element tensor untouched (PyTorch warns and does nothing). */
 #include <math.h>
 
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
 

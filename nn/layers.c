@@ -11,10 +11,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "autograd_impl.h"
-#include "gemm.h"
+#include "autograd/autograd_impl.h"
+#include "cpu/gemm.h"
 #include "nabla/nn.h"
-#include "norm.h"
+#include "cpu/norm.h"
 
 /* ---- matrices as the GEMM sees them ---------------------------------------------------------- */
 /* A (rows x cols) matrix: element (i, j) at p[i * ld + j] (trans false) or p[j * ld + i]

@@ -25,7 +25,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 #include "cpu/loss.h"
 #include "nabla/nn.h"
 

@@ -8,9 +8,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 #include "nabla/nn.h"
-#include "norm.h"
+#include "cpu/norm.h"
 
 static bool on_cpu(const nb_tensor *t, const char *op) {
     if (t && t->storage->device.type != NB_DEVICE_CPU) {

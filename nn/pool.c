@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 #include "nabla/nn.h"
-#include "pool.h"
+#include "cpu/pool.h"
 
 /* The input's planes and spatial size; false (error set) on a user mistake. */
 static bool pool_input(const nb_tensor *x, const char *op, nb__pool2d_geom *g) {

@@ -1,8 +1,8 @@
 /* optim/adagrad.c - Adagrad as torch.optim.Adagrad: sum += g^2, p -= clr * g / (sqrt(sum)
  * + eps) with clr = lr / (1 + (step - 1) * lr_decay); the sum starts at
  * initial_accumulator_value. */
-#include "optim_kernels.h"
-#include "optim_impl.h"
+#include "cpu/optim_kernels.h"
+#include "optim/optim_impl.h"
 
 static bool ada_slot_used(const nb__hyper *h, int slot) {
     (void)h;

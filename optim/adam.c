@@ -4,8 +4,8 @@
  * root: p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). */
 #include <math.h>
 
-#include "optim_kernels.h"
-#include "optim_impl.h"
+#include "cpu/optim_kernels.h"
+#include "optim/optim_impl.h"
 
 static bool adam_slot_used(const nb__hyper *h, int slot) { return slot < 2 || h->amsgrad; }
 

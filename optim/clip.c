@@ -4,8 +4,8 @@
 #include <math.h>
 
 #include "nabla/autograd.h"
-#include "optim_impl.h"
-#include "optim_kernels.h"
+#include "optim/optim_impl.h"
+#include "cpu/optim_kernels.h"
 
 /* The gradient of params->tensors[i] if it is one we can work on; NULL (no error) when the
  * parameter has no gradient; sets *st on a bad entry. */

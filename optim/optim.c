@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "nabla/autograd.h"
-#include "optim_impl.h"
+#include "optim/optim_impl.h"
 
 const char *const nb__hyper_names[NB__H_COUNT] = {
     "lr", "weight_decay", "momentum", "dampening", "beta1", "beta2", "eps", "alpha",

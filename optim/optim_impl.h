@@ -6,7 +6,7 @@
 #define NABLA_OPTIM_IMPL_H
 
 #include "nabla/optim.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #define NB__OPT_SLOTS 3 /* most state tensors per parameter (Adam with amsgrad, RMSprop) */
 

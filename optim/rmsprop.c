@@ -1,8 +1,8 @@
 /* optim/rmsprop.c - RMSprop as torch.optim.RMSprop: square_avg = alpha * square_avg +
  * (1 - alpha) * g^2; centered subtracts the squared running mean of g; eps is added after
  * the square root; momentum accumulates g / avg in a buffer that starts at zero. */
-#include "optim_kernels.h"
-#include "optim_impl.h"
+#include "cpu/optim_kernels.h"
+#include "optim/optim_impl.h"
 
 enum { SQ, BUF, GAVG };
 

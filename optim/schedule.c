@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "optim_impl.h"
+#include "optim/optim_impl.h"
 
 struct nb_sched {
     nb_optim *opt;

@@ -3,8 +3,8 @@
  * gradient (no dampening on that step), then buf = momentum * buf + (1 - dampening) * d. */
 #include <math.h>
 
-#include "optim_kernels.h"
-#include "optim_impl.h"
+#include "cpu/optim_kernels.h"
+#include "optim/optim_impl.h"
 
 static bool sgd_slot_used(const nb__hyper *h, int slot) {
     (void)slot;

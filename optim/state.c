@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "nabla/autograd.h"
-#include "optim_impl.h"
+#include "optim/optim_impl.h"
 
 #define STEP_SLOT NB__OPT_SLOTS /* index used for "step" in the per-parameter tables */
 #define GROUP_PREFIX "param_groups."

@@ -22,7 +22,7 @@
 #include <time.h>
 
 #include "nb_config.h"
-#include "parallel_impl.h"
+#include "parallel/parallel_impl.h"
 
 #define NB__WORK_CACHE 64 /* free works kept per communicator */
 

@@ -41,7 +41,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm_mpi.h"
+#include "parallel/comm_mpi.h"
 #include "nb_config.h"
 
 #define PIECE (1LL << 30)                /* elements per MPI call (counts are int) */

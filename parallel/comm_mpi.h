@@ -8,7 +8,7 @@
 
 #include <mpi.h>
 
-#include "parallel_impl.h"
+#include "parallel/parallel_impl.h"
 
 /* A reply of the control thread still being sent. */
 typedef struct nb__mpi_reply {

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm_mpi.h"
+#include "parallel/comm_mpi.h"
 
 /* ---- the thread ------------------------------------------------------------------------------ */
 static void post_query_recv(nb__mpi_comm *m) {

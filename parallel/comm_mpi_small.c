@@ -40,7 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm_mpi.h"
+#include "parallel/comm_mpi.h"
 
 /* ---- reductions ---------------------------------------------------------------------------- */
 /* acc = acc op in (acc_lo: acc holds the lower ranks' part) or in op acc. */

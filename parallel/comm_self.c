@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "parallel_impl.h"
+#include "parallel/parallel_impl.h"
 
 typedef struct self_msg {
     int tag;

@@ -23,7 +23,7 @@
 
 #include "nabla/autograd.h"
 #include "nabla/parallel.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 typedef struct ddp_param {
     struct nb_ddp *d;

@@ -19,7 +19,7 @@
 
 #include "nabla/parallel.h"
 #include "nb_config.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* The operations a backend implements (the index of its start table). */
 typedef enum nb__coll {

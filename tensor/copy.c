@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 
 /* In-place writes would silently corrupt gradients that depend on the old values; like
  * PyTorch, they are refused on tensors in the graph while grad mode is on (optimizers

@@ -6,7 +6,7 @@
 #include <immintrin.h>
 #endif
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 size_t nb_dtype_size(nb_dtype dt) {
     switch (dt) {

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 #define NB__ERRMSG_MAX 512
 

@@ -11,7 +11,7 @@
 #include <omp.h>
 #endif
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 bool nb__broadcast_shapes(const int64_t *a, int na, const int64_t *b, int nb, int64_t *out,
                           int *out_ndim, const char *op) {

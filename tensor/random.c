@@ -54,7 +54,7 @@
 #include <string.h>
 
 #include "nabla/random.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 struct nb_generator {
     uint64_t seed;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 typedef struct {
     nb_tensor **items;

@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 int64_t nb__numel_of(const int64_t *shape, int ndim) {
     int64_t n = 1;

@@ -12,7 +12,7 @@
 #include "nabla/memory.h"
 #include "nabla/status.h"
 #include "nabla/tensor.h"
-#include "op_table.h"
+#include "tensor/op_table.h"
 
 /* ---- invariants ------------------------------------------------------------------------
  * The one assertion macro (DESIGN.md rule 2): only for broken internal invariants, never

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "elementwise.h"
+#include "cpu/elementwise.h"
 #include "testutil.h"
 
 static const nb_dtype k_float[] = {NB_F32, NB_F64, NB_F16, NB_BF16};

@@ -6,7 +6,7 @@
  * and that a training-style loop stops allocating after warm-up. */
 #include <string.h>
 
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 #include "testutil.h"
 
 /* ---- helpers --------------------------------------------------------------------------------- */

@@ -11,7 +11,7 @@
  * repeated forward + backward loop. */
 #include <string.h>
 
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 #include "testutil.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */

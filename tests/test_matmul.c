@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gemm.h"
+#include "cpu/gemm.h"
 #include "testutil.h"
 
 static const nb_dtype k_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16};

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conv.h"
+#include "cpu/conv.h"
 #include "testutil.h"
 
 static const nb_dtype k_float_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16};

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "optim_kernels.h"
+#include "cpu/optim_kernels.h"
 #include "testutil.h"
 
 #ifndef NB_SOURCE_DIR

@@ -7,7 +7,7 @@
 #include <math.h>
 
 #include "nabla/nabla.h"
-#include "tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* Suites, one per module (tests/main.c runs them all; NB_SUITE=name runs one). */
 Suite *nb_suite_core(void);

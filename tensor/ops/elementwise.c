@@ -30,7 +30,7 @@
 #include <math.h>
 
 #include "cpu/elementwise.h"
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 
 static bool on_cpu(const nb_tensor *t, const char *op) {
     if (t->storage->device.type == NB_DEVICE_CPU) return true;

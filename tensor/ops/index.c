@@ -14,7 +14,7 @@
  * are at the end of this file; one_hot has an integer input and records nothing. */
 #include <string.h>
 
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 #include "cpu/index.h"
 #include "cpu/reduce_back.h"
 

@@ -24,8 +24,8 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "autograd_impl.h"
-#include "gemm.h"
+#include "autograd/autograd_impl.h"
+#include "cpu/gemm.h"
 
 /* Per-GEMM work (multiply-adds) at or below which batches run in parallel rather than each
  * GEMM using all threads: 128x128x128. A GEMM this small parallelizes poorly inside the

@@ -1,5 +1,5 @@
 /* op_table.c - tables generated from the one op list in op_table.h. */
-#include "op_table.h"
+#include "tensor/op_table.h"
 
 _Static_assert(NB__OP_COUNT == NB__OP_COUNT_EXPECTED,
                "op_table.h changed: update NB__OP_COUNT_EXPECTED and every per-op table");

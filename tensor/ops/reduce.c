@@ -20,7 +20,7 @@
 
 #include "cpu/reduce.h"
 #include "cpu/reduce_back.h"
-#include "autograd_impl.h"
+#include "autograd/autograd_impl.h"
 
 static bool on_cpu(const nb_tensor *x, const char *op) {
     if (x->storage->device.type != NB_DEVICE_CPU) {
