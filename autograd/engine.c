@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
-#include "cpu/elementwise.h"
 
 /* Per-leaf metadata: hooks, and engine bookkeeping for "gradient complete". */
 typedef struct nb__hook {
@@ -197,23 +196,7 @@ void nb__node_release(nb__node *n) {
 
 /* ---- gradient arithmetic used by the engine -------------------------------------------------- */
 nb_status nb__add_inplace(nb_tensor *dst, const nb_tensor *src) {
-    nb_scope_begin();
-    nb_tensor *s = nb_to_dtype((nb_tensor *)src, dst->dtype);
-    nb__iter_fn fn = nb__cpu_ew_kernel(NB__OP_ADD, dst->dtype);
-    nb_status st = NB_OK;
-    if (!s || !fn) {
-        st = s ? nb__error(NB_EDTYPE, "backward: cannot accumulate %s gradients",
-                           nb_dtype_name(dst->dtype))
-               : nb_last_status();
-    } else {
-        nb__iter it;
-        nb_tensor *ts[3] = {dst, dst, s};
-        nb__iter_init(&it, dst->shape, dst->ndim, ts, 3);
-        nb__ew_ctx ctx = {0};
-        nb__iter_for_each(&it, fn, &ctx, nb__cpu_ew_grain(NB__OP_ADD));
-    }
-    nb_scope_end();
-    return st;
+    return nb_add_(dst, (nb_tensor *)src);
 }
 
 nb_tensor *nb__sum_to_shape(nb_tensor *g, const int64_t *shape, int ndim) {

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "tensor/tensor_impl.h"
+#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 /* Rows per block (the blocked causal GEMMs skip the strictly upper blocks). */
 #define NB__ATTN_BLOCK 32

@@ -20,10 +20,12 @@
 #include <omp.h>
 #endif
 
+#include "cpu/backend.h"
 #include "cpu/conv.h"
 #include "cpu/gemm.h"
 #include "nb_config.h"
 #include "tensor/tensor_impl.h"
+#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 #if NB_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
@@ -769,3 +771,6 @@ nb_status nb__conv2d_bwd(const nb__conv2d_geom *g, const nb__conv2d_plan *p, boo
     }
     return NB_OK;
 }
+
+/* Filled in as the family moves behind the kernel table. */
+void nb__cpu_register_conv(nb__kernels *k) { (void)k; }

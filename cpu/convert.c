@@ -1,7 +1,9 @@
 /* convert.c - CPU copy/convert and fill kernels (arithmetic only; see tensor/copy.c). */
+#include <math.h>
 #include <string.h>
 
-#include "tensor/tensor_impl.h"
+#include "cpu/backend.h"
+#include "cpu/cpu_impl.h"
 
 typedef struct {
     nb_dtype out, in;
@@ -74,13 +76,15 @@ static void copy_general(char **p, const int64_t *s, int64_t n, void *vctx) {
     }
 }
 
-void nb__cpu_copy(const nb__iter *it) {
+static nb_status cpu_copy(const nb__copy_args *a) {
+    const nb__iter *it = &a->it;
     conv_ctx c = {it->dtype[0], it->dtype[1]};
     nb__iter_fn fn = copy_general;
     bool half_out = c.out == NB_F16 || c.out == NB_BF16, half_in = c.in == NB_F16 || c.in == NB_BF16;
     if (c.out == c.in) fn = copy_same;
     else if ((half_out && c.in == NB_F32) || (half_in && c.out == NB_F32)) fn = copy_half;
     nb__iter_for_each(it, fn, &c, NB__GRAIN);
+    return NB_OK;
 }
 
 typedef struct {
@@ -101,10 +105,21 @@ static void fill_run(char **p, const int64_t *s, int64_t n, void *vctx) {
     for (int64_t k = 0; k < n; k++, o += s[0]) memcpy(o, c->bytes, c->es);
 }
 
-void nb__cpu_fill(nb_tensor *t, double v) {
-    fill_ctx c = {nb_dtype_size(t->dtype), {0}};
-    nb__store_f64(c.bytes, t->dtype, v);
-    nb__iter it;
-    nb__iter_init(&it, t->shape, t->ndim, &t, 1);
-    nb__iter_for_each(&it, fill_run, &c, NB__GRAIN);
+static nb_status cpu_fill(const nb__fill_args *a) {
+    const nb__iter *it = &a->it;
+    size_t es = nb_dtype_size(it->dtype[0]);
+    if (a->value == 0.0 && !signbit(a->value) && nb__iter_is_flat(it)) {
+        memset(it->data[0], 0, (size_t)it->numel * es); /* all dtypes: zero is all bits 0 */
+        return NB_OK;
+    }
+    fill_ctx c = {es, {0}};
+    nb__store_f64(c.bytes, it->dtype[0], a->value);
+    nb__iter_for_each(it, fill_run, &c, NB__GRAIN);
+    return NB_OK;
+}
+
+/* Registers the core family's copy and fill (cpu/elementwise.c adds ew and ew_backward). */
+void nb__cpu_register_convert(nb__kernels *k) {
+    k->copy = cpu_copy;
+    k->fill = cpu_fill;
 }

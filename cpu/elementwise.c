@@ -26,6 +26,7 @@
 #endif
 #endif
 
+#include "cpu/backend.h"
 #include "cpu/elementwise.h"
 
 #include <math.h>
@@ -720,4 +721,31 @@ nb__iter_fn nb__cpu_ew_bw_kernel(nb__op op, int input, nb_dtype dt) {
         dt >= NB_DTYPE_COUNT)
         return NULL;
     return bw_table[op][input][dt];
+}
+
+/* ---- the kernel table's entries --------------------------------------------------------------- */
+static nb_status cpu_ew(const nb__ew_args *a) {
+    nb__iter_fn fn = nb__cpu_ew_kernel(a->op, a->dtype);
+    if (!fn)
+        return nb__error(NB_EUNSUPPORTED, "%s: no cpu kernel for %s", nb__op_names[a->op],
+                         nb_dtype_name(a->dtype));
+    nb__ew_ctx c = a->ctx;
+    nb__iter_for_each(&a->it, fn, &c, nb__cpu_ew_grain(a->op));
+    return NB_OK;
+}
+
+static nb_status cpu_ew_backward(const nb__ew_args *a) {
+    nb__iter_fn fn = nb__cpu_ew_bw_kernel(a->op, a->input, a->dtype);
+    if (!fn)
+        return nb__error(NB_EUNSUPPORTED, "%s: no cpu backward kernel for input %d in %s",
+                         nb__op_names[a->op], a->input, nb_dtype_name(a->dtype));
+    nb__ew_ctx c = a->ctx;
+    nb__iter_for_each(&a->it, fn, &c, nb__cpu_ew_grain(a->op));
+    return NB_OK;
+}
+
+void nb__cpu_register_core(nb__kernels *k) {
+    nb__cpu_register_convert(k);
+    k->ew = cpu_ew;
+    k->ew_backward = cpu_ew_backward;
 }

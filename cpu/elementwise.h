@@ -1,5 +1,5 @@
-/* cpu/elementwise.h - private: the CPU elementwise kernel table used by
- * tensor/ops/elementwise.c.
+/* cpu/elementwise.h - private to cpu/ (and tests): the CPU elementwise kernels behind the
+ * ew and ew_backward entries of the kernel table.
  *
  * A kernel is an nb__iter_fn run by nb__iter_for_each over the operands
  * (out, in...) of one op, all already in the kernel's compute dtype except the output of
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "cpu/fastmath.h"
-#include "tensor/tensor_impl.h"
+#include "cpu/cpu_impl.h"
 
 /* ---- vectorizable f32 exp ----------------------------------------------------------------
  * exp(x) = 2^k * exp(r), k = round(x / ln2), r = x - k ln2 in [-ln2/2, ln2/2] (Cody-Waite
@@ -35,18 +35,7 @@ static inline uint32_t nb__f32_bits(float f) {
 }
 
 
-/* Parameters of an elementwise kernel (the ctx argument of its nb__iter_fn).
- *   pow_scalar: p0 = exponent (float dtypes), i0 = exponent >= 0 (integer dtypes);
- *   clamp: p0 = lo, p1 = hi (float dtypes), i0 = lo, i1 = hi inside the integer dtype's
- *   range (integer dtypes).
- *   b_scalar: binary kernels of f16/bf16 read operand b as the f32 value (float)p0
- *   instead of from memory, so a Python-style scalar is not rounded to half precision
- *   first (as PyTorch computes x_half * 0.1 in f32). Other dtypes ignore it. */
-typedef struct nb__ew_ctx {
-    double p0, p1;
-    int64_t i0, i1;
-    bool b_scalar;
-} nb__ew_ctx;
+/* The kernels take an nb__ew_ctx (tensor/kernels/core.h) as their ctx. */
 
 /* The kernel for op (an elementwise NB__OP_*) in compute dtype dt, or NULL when the pair
  * is not supported. Unary kernels: operands (out, x), out of dtype dt. Binary kernels:

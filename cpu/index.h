@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "tensor/tensor_impl.h"
+#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 /* Smallest and largest value of a contiguous I32/I64 index with numel > 0. */
 void nb__cpu_index_minmax(const nb_tensor *idx, int64_t *mn, int64_t *mx);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "tensor/tensor_impl.h"
+#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 /* Class-index losses. The scores x are a contiguous (N, C, D) array (D is the product of
  * the dims after the class dim, 1 for (N, C) input) of dtype xdt (f32, f64, f16, bf16);

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "tensor/tensor_impl.h"
+#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 #define NB__NORM_MAX_CHUNKS 64
 

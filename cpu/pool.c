@@ -7,6 +7,7 @@
 
 #include "cpu/pool.h"
 #include "tensor/tensor_impl.h"
+#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 static int plane_threads(const nb__pool2d_geom *g) {
     int64_t per = g->H * g->W + g->OH * g->OW;

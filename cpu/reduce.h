@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "tensor/tensor_impl.h"
+#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 /* What a reduction computes over the reduced elements x of each output element. */
 typedef enum nb__rkind {

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "tensor/tensor_impl.h"
+#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 /* Gradient of softmax (log = false) or log_softmax (log = true) along dim, from the op's
  * OUTPUT y and the output gradient g:

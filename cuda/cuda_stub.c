@@ -3,6 +3,7 @@
  * with NB_EUNSUPPORTED and a message saying how to get a CUDA build. Calls that have
  * nothing to do (freeing NULL, emptying an empty cache) succeed, as in a CUDA build. */
 #include "nabla/cuda.h"
+#include "cuda/backend.h"
 #include "tensor/tensor_impl.h"
 
 #define NB__NO_CUDA(what)                                                                  \
@@ -80,4 +81,11 @@ nb_status nb_cuda_memcpy_d2h_async(void *dst, const void *src, size_t nbytes,
 nb_status nb_cuda_memcpy_d2d_async(void *dst, const void *src, size_t nbytes,
                                    nb_cuda_stream *s) {
     return NB__NO_CUDA("cuda_memcpy_d2d_async");
+}
+
+/* The registry's view (cuda/backend.h): no CUDA backend in this build. */
+const nb__backend *nb__cuda_backend(nb_device dev, const char *op) {
+    nb__error(NB_EUNSUPPORTED, "%s: cuda:%d: nabla was built without CUDA (reconfigure with "
+              "meson -Dcuda=enabled on a machine with the CUDA toolkit)", op, dev.index);
+    return NULL;
 }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
+#include "tensor/backend.h"
 
 /* In-place writes would silently corrupt gradients that depend on the old values; like
  * PyTorch, they are refused on tensors in the graph while grad mode is on (optimizers
@@ -14,25 +15,29 @@ bool nb__inplace_ok(const nb_tensor *t, const char *op) {
     return false;
 }
 
-static bool on_cpu(const nb_tensor *t, const char *op) {
-    if (t->storage->device.type == NB_DEVICE_CPU) return true;
-    nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
-    return false;
+/* dst <- src (broadcast, converted) by the copy kernel of their device; shapes and
+ * devices already checked. */
+static nb_status copy_into(nb_tensor *dst, const nb_tensor *src, const char *op) {
+    if (nb_numel(dst) == 0) return NB_OK;
+    nb__copy_args a;
+    nb_tensor *ts[2] = {dst, (nb_tensor *)src};
+    nb__iter_init(&a.it, dst->shape, dst->ndim, ts, 2);
+    return nb__run_copy(nb__device_of(dst), op, &a);
 }
 
-/* dst <- src (broadcast, converted); both CPU; shapes already checked. */
-static void copy_into(nb_tensor *dst, const nb_tensor *src) {
-    nb__iter it;
-    nb_tensor *ts[2] = {dst, (nb_tensor *)src};
-    nb__iter_init(&it, dst->shape, dst->ndim, ts, 2);
-    nb__cpu_copy(&it);
+/* r (a fresh result) or NULL when the copy into it failed. */
+static nb_tensor *copy_result(nb_tensor *r, const nb_tensor *src, const char *op) {
+    if (r && copy_into(r, src, op) != NB_OK) {
+        nb_tensor_free(nb__scope_take(r));
+        return NULL;
+    }
+    return r;
 }
 
 nb_tensor *nb_clone(nb_tensor *t) {
     NB__CHECK_ARG(t, "clone", "t");
-    if (!on_cpu(t, "clone")) return NULL;
     nb_tensor *r = nb__empty(t->shape, t->ndim, t->dtype, t->storage->device);
-    if (r) copy_into(r, t);
+    r = copy_result(r, t, "clone");
     nb__record(r, NB__OP_COPY, &t, 1);
     return r;
 }
@@ -44,9 +49,8 @@ nb_tensor *nb_to_dtype(nb_tensor *t, nb_dtype dt) {
         return NULL;
     }
     if (dt == t->dtype) return nb__scope_add(nb_tensor_retain(t));
-    if (!on_cpu(t, "to_dtype")) return NULL;
     nb_tensor *r = nb__empty(t->shape, t->ndim, dt, t->storage->device);
-    if (r) copy_into(r, t);
+    r = copy_result(r, t, "to_dtype");
     if (nb_dtype_is_float(dt)) nb__record(r, NB__OP_TO_DTYPE, &t, 1);
     return r;
 }
@@ -54,7 +58,8 @@ nb_tensor *nb_to_dtype(nb_tensor *t, nb_dtype dt) {
 nb_status nb_copy_(nb_tensor *dst, const nb_tensor *src) {
     if (!nb__arg_ok(dst, "copy_", "dst") || !nb__arg_ok(src, "copy_", "src"))
         return nb_last_status();
-    if (!on_cpu(dst, "copy_") || !on_cpu(src, "copy_")) return NB_EDEVICE;
+    if (!nb__check_devices("copy_", (nb_tensor *[]){dst, (nb_tensor *)src}, 2, NULL))
+        return NB_EDEVICE;
     if (!nb__inplace_ok(dst, "copy_")) return NB_EINVAL;
     int64_t sh[NB_MAX_DIMS];
     int nd;
@@ -70,20 +75,20 @@ nb_status nb_copy_(nb_tensor *dst, const nb_tensor *src) {
           memcmp(dst->strides, src->strides, sizeof(int64_t) * (size_t)dst->ndim) == 0)) {
         nb_scope_begin();
         nb_tensor *tmp = nb_clone((nb_tensor *)src);
-        if (tmp) copy_into(dst, tmp);
+        nb_status st = tmp ? copy_into(dst, tmp, "copy_") : nb_last_status();
         nb_scope_end();
-        return tmp ? NB_OK : nb_last_status();
+        return st;
     }
-    copy_into(dst, src);
-    return NB_OK;
+    return copy_into(dst, src, "copy_");
 }
 
 nb_status nb_fill_(nb_tensor *t, double value) {
     if (!nb__arg_ok(t, "fill_", "t")) return nb_last_status();
-    if (!on_cpu(t, "fill_")) return NB_EDEVICE;
     if (!nb__inplace_ok(t, "fill_")) return NB_EINVAL;
-    nb__cpu_fill(t, value);
-    return NB_OK;
+    if (nb_numel(t) == 0) return NB_OK;
+    nb__fill_args a = {.value = value};
+    nb__iter_init(&a.it, t->shape, t->ndim, &t, 1);
+    return nb__run_fill(nb__device_of(t), "fill_", &a);
 }
 
 nb_status nb_read(const nb_tensor *t, void *buf, int64_t n, nb_dtype dt) {
@@ -95,13 +100,20 @@ nb_status nb_read(const nb_tensor *t, void *buf, int64_t n, nb_dtype dt) {
     if (n < numel)
         return nb__error(NB_EINVAL, "read: buffer holds %lld elements but the tensor %s has %lld",
                          (long long)n, NB__SHAPE(t), (long long)numel);
-    if (!on_cpu(t, "read")) return NB_EDEVICE;
     nb_tensor *dst = nb_wrap_buffer(buf, t->shape, t->ndim, dt, NULL, NULL);
     if (!dst) return nb_last_status();
     nb__scope_take(dst); /* freed right here, not by the caller's scope */
-    copy_into(dst, t);
+    nb_status st;
+    if (nb__host_accessible(t)) {
+        st = copy_into(dst, t, "read");
+    } else { /* through a host copy */
+        nb_scope_begin();
+        nb_tensor *h = nb_to_device((nb_tensor *)t, NB_CPU);
+        st = h ? copy_into(dst, h, "read") : nb_last_status();
+        nb_scope_end();
+    }
     nb_tensor_free(dst);
-    return NB_OK;
+    return st;
 }
 
 static const char *item_check(const nb_tensor *t, const char *op) {
@@ -111,24 +123,18 @@ static const char *item_check(const nb_tensor *t, const char *op) {
                   "have an item", op, (long long)nb_numel(t), NB__SHAPE(t));
         return NULL;
     }
-    if (t->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
-        return NULL;
-    }
-    return nb__ptr(t);
+    return "";
 }
 
 double nb_item_f64(const nb_tensor *t) {
-    const char *p = item_check(t, "item");
-    return p ? nb__load_f64(p, t->dtype) : NAN;
+    double v;
+    if (!item_check(t, "item") || nb_read(t, &v, 1, NB_F64) != NB_OK) return NAN;
+    return v;
 }
 
 int64_t nb_item_i64(const nb_tensor *t) {
-    const char *p = item_check(t, "item");
-    if (!p) return 0;
-    if (t->dtype == NB_I64) return *(const int64_t *)p;
     int64_t v;
-    nb__store_f64(&v, NB_I64, nb__load_f64(p, t->dtype));
+    if (!item_check(t, "item") || nb_read(t, &v, 1, NB_I64) != NB_OK) return 0;
     return v;
 }
 
@@ -147,13 +153,63 @@ double nb_get_f64(const nb_tensor *t, const int64_t *index) {
         }
         off += index[d] * t->strides[d];
     }
-    if (t->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "get: CUDA tensors are not supported by this op yet");
-        return NAN;
+    if (nb__host_accessible(t))
+        return nb__load_f64(nb__ptr(t) + off * (int64_t)nb_dtype_size(t->dtype), t->dtype);
+    /* One element of device memory: a 0-dim view of it, read through the host. */
+    nb_scope_begin();
+    nb_tensor *e = nb__view_of(t, NULL, NULL, 0, t->offset + off);
+    double v = e ? nb_item_f64(e) : NAN;
+    nb_scope_end();
+    return v;
+}
+
+/* ---- devices ----------------------------------------------------------------------------------
+ * Between devices a contiguous copy of t moves as bytes: to_host of t's backend, from_host
+ * of dev's (through a host buffer when neither is the host). */
+nb_tensor *nb_to_device(nb_tensor *t, nb_device dev) {
+    NB__CHECK_ARG(t, "to_device", "t");
+    nb_device src = nb__device_of(t);
+    if (nb_device_equal(src, dev)) return nb__scope_add(nb_tensor_retain(t));
+    const nb__backend *sb = nb__backend_of(src, "to_device"), *db = nb__backend_of(dev, "to_device");
+    if (!sb || !db) return NULL;
+    if (!sb->has_storage && db->has_storage) {
+        nb__error(NB_EDEVICE, "to_device: a meta tensor has no data to copy to %s",
+                  NB__DEVSTR(dev));
+        return NULL;
     }
-    return nb__load_f64((const char *)t->storage->data +
-                            (t->offset + off) * (int64_t)nb_dtype_size(t->dtype),
-                        t->dtype);
+    nb_tensor *out = NULL;
+    nb_scope_begin();
+    nb_tensor *c = db->has_storage ? nb_contiguous(t) : t;
+    nb_tensor *r = c ? nb__empty(t->shape, t->ndim, t->dtype, dev) : NULL;
+    size_t nbytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+    nb_status st = r ? NB_OK : nb_last_status();
+    if (st == NB_OK && db->has_storage && nbytes) {
+        if (sb->host_accessible) {
+            st = db->from_host(dev, nb__ptr(r), nb__ptr(c), nbytes);
+        } else if (db->host_accessible) {
+            st = sb->to_host(src, nb__ptr(r), nb__ptr(c), nbytes);
+        } else {
+            void *tmp = nb_host_alloc(nbytes);
+            st = tmp ? sb->to_host(src, tmp, nb__ptr(c), nbytes) : NB_ENOMEM;
+            if (st == NB_OK) st = db->from_host(dev, nb__ptr(r), tmp, nbytes);
+            nb_host_free(tmp);
+        }
+    }
+    if (st == NB_OK) out = nb_keep(r);
+    nb_scope_end();
+    if (!out) return NULL;
+    if (nb_dtype_is_float(t->dtype)) {
+        nb__node *nd = nb__record(out, NB__OP_TO_DEVICE, &t, 1);
+        if (nd) nd->attrs.i[0] = src.type, nd->attrs.i[1] = src.index;
+    }
+    return out;
+}
+
+/* The gradient goes back to the input's device. */
+nb_status nb__bw_TO_DEVICE(nb__node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_device src = {(nb_device_type)n->attrs.i[0], (int)n->attrs.i[1]};
+    gin[0] = nb_to_device(g, src);
+    return gin[0] ? NB_OK : nb_last_status();
 }
 
 /* Gradients: both pass the output gradient through; the engine converts it to the input's

@@ -55,6 +55,7 @@
 
 #include "nabla/random.h"
 #include "tensor/tensor_impl.h"
+#include "cpu/cpu_impl.h" /* transitional: moves to cpu/ with the kernels */
 
 struct nb_generator {
     uint64_t seed;

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 int64_t nb__numel_of(const int64_t *shape, int ndim) {
@@ -63,7 +64,11 @@ static nb_tensor *header_new(void) {
 
 void nb__storage_release(nb__storage *s) {
     if (atomic_fetch_sub(&s->refcount, 1) != 1) return;
-    if (s->owned) nb_host_free(s->data);
+    if (s->owned) {
+        const nb__backend *be = nb__backend_of(s->device, "free");
+        NB__ASSERT(be != NULL); /* the storage was allocated by this backend */
+        be->free(s->device, s->data);
+    }
     else if (s->release) s->release(s->data, s->release_ctx);
     nb_host_free(s);
 }
@@ -84,16 +89,14 @@ void nb_tensor_free(nb_tensor *t) {
 
 nb_tensor *nb__empty(const int64_t *shape, int ndim, nb_dtype dt, nb_device dev) {
     if (!check_shape(shape, ndim, "empty") || !check_dtype(dt, "empty")) return NULL;
-    if (dev.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "empty: only CPU tensors can be created by this build path");
-        return NULL;
-    }
+    const nb__backend *be = nb__backend_of(dev, "empty");
+    if (!be) return NULL;
     size_t nbytes = (size_t)nb__numel_of(shape, ndim) * nb_dtype_size(dt);
     nb__storage *s = nb_host_alloc(sizeof(nb__storage));
-    void *data = s ? nb_host_alloc(nbytes) : NULL;
-    nb_tensor *t = data ? header_new() : NULL;
+    void *data = s && be->has_storage ? be->alloc(dev, nbytes) : NULL;
+    nb_tensor *t = data || (s && !be->has_storage) ? header_new() : NULL;
     if (!t) {
-        nb_host_free(data);
+        if (data) be->free(dev, data);
         nb_host_free(s);
         return NULL;
     }
@@ -135,7 +138,10 @@ int64_t nb_numel(const nb_tensor *t) { return t ? nb__numel_of(t->shape, t->ndim
 int64_t nb_offset(const nb_tensor *t) { return t ? t->offset : -1; }
 nb_dtype nb_tensor_dtype(const nb_tensor *t) { return t ? t->dtype : NB_DTYPE_COUNT; }
 nb_device nb_tensor_device(const nb_tensor *t) { return t ? t->storage->device : NB_CPU; }
-void *nb_data(const nb_tensor *t) { return t ? nb__ptr(t) : NULL; }
+void *nb_data(const nb_tensor *t) {
+    if (!nb__arg_ok(t, "data", "t") || !nb__require_host(t, "data")) return NULL;
+    return nb__ptr(t);
+}
 
 int64_t nb_size(const nb_tensor *t, int dim) {
     if (!nb__arg_ok(t, "size", "t")) return -1;
@@ -160,34 +166,43 @@ bool nb_shares_storage(const nb_tensor *a, const nb_tensor *b) {
     return a && b && a->storage == b->storage;
 }
 
-bool nb__same_device(const nb_tensor *a, const nb_tensor *b, const char *op) {
-    nb_device da = a->storage->device, db = b->storage->device;
-    if (da.type == db.type && da.index == db.index) return true;
-    nb__error(NB_EDEVICE, "%s: operands are on different devices (%s:%d and %s:%d)", op,
-              da.type == NB_DEVICE_CPU ? "cpu" : "cuda", da.index,
-              db.type == NB_DEVICE_CPU ? "cpu" : "cuda", db.index);
-    return false;
+/* ---- creation ---------------------------------------------------------------------------- */
+nb_tensor *nb_empty_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt) {
+    return nb__empty(shape, ndim, dt, dev);
 }
 
-/* ---- creation ---------------------------------------------------------------------------- */
+nb_tensor *nb_full_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                      double value) {
+    nb_tensor *t = nb__empty(shape, ndim, dt, dev);
+    if (t && nb_numel(t) > 0) {
+        nb__fill_args a = {.value = value};
+        nb__iter_init(&a.it, t->shape, t->ndim, &t, 1);
+        if (nb__run_fill(dev, "full", &a) != NB_OK) {
+            nb_tensor_free(nb__scope_take(t));
+            return NULL;
+        }
+    }
+    return t;
+}
+
+nb_tensor *nb_zeros_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt) {
+    return nb_full_on(dev, shape, ndim, dt, 0.0);
+}
+nb_tensor *nb_ones_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt) {
+    return nb_full_on(dev, shape, ndim, dt, 1.0);
+}
+
 nb_tensor *nb_empty(const int64_t *shape, int ndim, nb_dtype dt) {
     return nb__empty(shape, ndim, dt, NB_CPU);
 }
-
 nb_tensor *nb_full(const int64_t *shape, int ndim, nb_dtype dt, double value) {
-    nb_tensor *t = nb__empty(shape, ndim, dt, NB_CPU);
-    if (t) nb__cpu_fill(t, value);
-    return t;
+    return nb_full_on(NB_CPU, shape, ndim, dt, value);
 }
-
 nb_tensor *nb_zeros(const int64_t *shape, int ndim, nb_dtype dt) {
-    nb_tensor *t = nb__empty(shape, ndim, dt, NB_CPU);
-    if (t) memset(t->storage->data, 0, t->storage->nbytes);
-    return t;
+    return nb_full_on(NB_CPU, shape, ndim, dt, 0.0);
 }
-
 nb_tensor *nb_ones(const int64_t *shape, int ndim, nb_dtype dt) {
-    return nb_full(shape, ndim, dt, 1.0);
+    return nb_full_on(NB_CPU, shape, ndim, dt, 1.0);
 }
 
 nb_tensor *nb_empty_like(const nb_tensor *t) {
@@ -196,14 +211,16 @@ nb_tensor *nb_empty_like(const nb_tensor *t) {
                                             : NULL;
 }
 nb_tensor *nb_zeros_like(const nb_tensor *t) {
-    return nb__arg_ok(t, "zeros_like", "t") ? nb_zeros(t->shape, t->ndim, t->dtype) : NULL;
+    return nb__arg_ok(t, "zeros_like", "t")
+               ? nb_full_on(t->storage->device, t->shape, t->ndim, t->dtype, 0.0) : NULL;
 }
 nb_tensor *nb_ones_like(const nb_tensor *t) {
-    return nb__arg_ok(t, "ones_like", "t") ? nb_ones(t->shape, t->ndim, t->dtype) : NULL;
+    return nb__arg_ok(t, "ones_like", "t")
+               ? nb_full_on(t->storage->device, t->shape, t->ndim, t->dtype, 1.0) : NULL;
 }
 nb_tensor *nb_full_like(const nb_tensor *t, double value) {
-    return nb__arg_ok(t, "full_like", "t") ? nb_full(t->shape, t->ndim, t->dtype, value)
-                                           : NULL;
+    return nb__arg_ok(t, "full_like", "t")
+               ? nb_full_on(t->storage->device, t->shape, t->ndim, t->dtype, value) : NULL;
 }
 
 nb_tensor *nb_scalar(double value, nb_dtype dt) { return nb_full(NULL, 0, dt, value); }

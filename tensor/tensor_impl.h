@@ -12,6 +12,7 @@
 #include "nabla/memory.h"
 #include "nabla/status.h"
 #include "nabla/tensor.h"
+#include "tensor/kernels.h"
 #include "tensor/op_table.h"
 
 /* ---- invariants ------------------------------------------------------------------------
@@ -80,7 +81,7 @@ void nb__ag_meta_free(struct nb__ag_meta *m);
 void nb__storage_release(nb__storage *s);
 
 /* A new contiguous tensor with fresh storage from the allocator (registered in the current
- * scope). device must be CPU for now. NULL + ENOMEM/EINVAL on failure. */
+ * scope) on dev (no storage on the meta device). NULL + ENOMEM/EINVAL/EDEVICE on failure. */
 nb_tensor *nb__empty(const int64_t *shape, int ndim, nb_dtype dt, nb_device dev);
 /* A new tensor header over base's storage with the given geometry (registered in the
  * current scope). The caller guarantees the geometry stays inside the storage. */
@@ -92,8 +93,10 @@ nb_tensor *nb__scope_add(nb_tensor *t);
  * must nb_tensor_free it. For library code that owns a tensor privately. */
 nb_tensor *nb__scope_take(nb_tensor *t);
 
+/* The address of t's first element in its device's memory (NULL on the meta device). */
 static inline char *nb__ptr(const nb_tensor *t) {
-    return (char *)t->storage->data + t->offset * (int64_t)nb_dtype_size(t->dtype);
+    char *d = (char *)t->storage->data;
+    return d ? d + t->offset * (int64_t)nb_dtype_size(t->dtype) : NULL;
 }
 int64_t nb__numel_of(const int64_t *shape, int ndim);
 void nb__contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
@@ -111,56 +114,43 @@ void nb__broadcast_strides(const nb_tensor *t, const int64_t *shape, int ndim,
  * ignored. On success *stride is that dim's stride (matmul and linear fold batch dims). */
 bool nb__dims_collapse(const int64_t *sizes, const int64_t *strides, int n, int64_t *stride);
 
-/* Same device check for an op's operands: sets EDEVICE and returns false on mismatch. */
-bool nb__same_device(const nb_tensor *a, const nb_tensor *b, const char *op);
 
 /* ---- scalar load/store (slow, general; for strided fallbacks, printing, tests) ------------ */
 double nb__load_f64(const void *p, nb_dtype dt);
 void nb__store_f64(void *p, nb_dtype dt, double v);
 
-/* ---- elementwise iteration -----------------------------------------------------------------
- * An iterator walks several operands of one shape (operand 0 is usually the output) with
- * per-operand byte strides. Dims are coalesced where every operand is contiguous across
- * them, so a contiguous or simply broadcast op becomes a loop over few long rows.
- * nb__iter_for_each splits the linear index range into chunks (one per thread when numel
- * >= grain, else one chunk) and calls fn(ptrs, inner_strides, n, ctx) for runs of the
- * innermost dim; fn must process n elements, advancing each ptrs[i] by inner_strides[i]
- * bytes. Each element is visited exactly once, so results never depend on thread count. */
-#define NB__ITER_MAX_ARGS 4
-#define NB__GRAIN 32768
-
-typedef struct nb__iter {
-    int nargs;
-    int ndim; /* >= 1 after setup */
-    int64_t numel;
-    int64_t shape[NB_MAX_DIMS];
-    int64_t strides[NB__ITER_MAX_ARGS][NB_MAX_DIMS]; /* bytes */
-    char *data[NB__ITER_MAX_ARGS];
-    nb_dtype dtype[NB__ITER_MAX_ARGS];
-} nb__iter;
-
-/* Set up an iterator over shape[ndim] for tensors ts[0..n) (each broadcastable to shape). */
-void nb__iter_init(nb__iter *it, const int64_t *shape, int ndim, nb_tensor *const *ts, int n);
-typedef void (*nb__iter_fn)(char **ptrs, const int64_t *strides, int64_t n, void *ctx);
-void nb__iter_for_each(const nb__iter *it, nb__iter_fn fn, void *ctx, int64_t grain);
-/* True if every operand has inner stride == its element size and ndim == 1 after
- * coalescing (one flat contiguous run per operand). */
-bool nb__iter_is_flat(const nb__iter *it);
-
-/* ---- threads ------------------------------------------------------------------------------- */
-/* Number of threads a parallel region over `work` elements should use (1 below grain). */
-int nb__threads_for(int64_t work, int64_t grain);
-
-/* ---- half-precision bulk conversion (cpu/convert.c) ----------------------------------------- */
+/* ---- half-precision bulk conversion (tensor/dtype.c) ------------------------------------- */
 void nb__f16_to_f32_n(const uint16_t *src, float *dst, int64_t n);
 void nb__f32_to_f16_n(const float *src, uint16_t *dst, int64_t n);
 void nb__bf16_to_f32_n(const uint16_t *src, float *dst, int64_t n);
 void nb__f32_to_bf16_n(const float *src, uint16_t *dst, int64_t n);
 
-/* ---- kernels implemented by cpu/ used by the core ---------------------------------------------- */
-/* Copy/convert: it has 2 operands, out (0) and in (1), any dtypes, same shape. */
-void nb__cpu_copy(const nb__iter *it);
-/* Fill a tensor (any strides) with a value converted to its dtype. */
-void nb__cpu_fill(nb_tensor *t, double v);
+/* ---- devices -------------------------------------------------------------------------------- */
+static inline nb_device nb__device_of(const nb_tensor *t) { return t->storage->device; }
+/* "cpu", "cuda:0", "meta" into buf (NB__DEVICE_STR bytes). */
+#define NB__DEVICE_STR 32
+const char *nb__device_str(nb_device d, char *buf);
+#define NB__DEVSTR(d) nb__device_str((d), (char[NB__DEVICE_STR]){0})
+/* The common device of ts[0..n) (NULL entries skipped) in *dev; false + NB_EDEVICE
+ * ("op: operands on cpu and cuda:0") when they differ. n >= 1, ts[0] non-NULL. */
+bool nb__check_devices(const char *op, nb_tensor *const *ts, int n, nb_device *dev);
+/* Whether the host may dereference t's memory (CPU tensors; not CUDA, meta or guard). */
+bool nb__host_accessible(const nb_tensor *t);
+/* NB_EDEVICE "op: <what> must be in host memory, got a cuda:0 tensor" unless t is. */
+bool nb__require_host(const nb_tensor *t, const char *op);
+
+/* ---- elementwise iteration -----------------------------------------------------------------
+ * The iterator geometry (nb__iter, tensor/kernels.h) walks several operands of one shape
+ * (operand 0 is usually the output) with per-operand byte strides; dims are coalesced where
+ * every operand is contiguous across them, so a contiguous or simply broadcast op becomes
+ * a loop over few long rows. Backends walk it (cpu/: nb__iter_for_each). */
+/* Set up an iterator over shape[ndim] for tensors ts[0..n) (each broadcastable to shape). */
+void nb__iter_init(nb__iter *it, const int64_t *shape, int ndim, nb_tensor *const *ts, int n);
+/* The (op, compute dtype) pairs the elementwise ops accept, and the fused elementwise
+ * backward kernels (tensor/ops/elementwise.c); every backend implements all of them. */
+bool nb__ew_supported(nb__op op, nb_dtype dt);
+bool nb__ew_backward_supported(nb__op op, int input, nb_dtype dt);
+/* A strided view of t for kernel args. */
+void nb__view_init(nb__view *v, const nb_tensor *t);
 
 #endif

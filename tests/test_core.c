@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "cpu/cpu_impl.h"
 
 static const nb_dtype all_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16,
                                       NB_I32, NB_I64, NB_U8,  NB_BOOL};

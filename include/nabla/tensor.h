@@ -57,15 +57,32 @@ typedef enum nb_dtype {
     NB_DTYPE_COUNT
 } nb_dtype;
 
-typedef enum nb_device_type { NB_DEVICE_CPU = 0, NB_DEVICE_CUDA = 1 } nb_device_type;
+/* Device types. Append only.
+ *   NB_DEVICE_CPU   host memory, the CPU kernels.
+ *   NB_DEVICE_CUDA  an NVIDIA GPU (index = the GPU); needs a CUDA build and a usable GPU.
+ *   NB_DEVICE_META  shapes and dtypes without storage, as PyTorch's "meta": every op runs
+ *                   its checks, shape inference and autograd recording and computes
+ *                   nothing. Build a model of any size instantly to count parameters or
+ *                   plan memory. Reading a meta tensor's data is an error.
+ *   NB_DEVICE_GUARD for the library's own tests: host memory that is unreadable except
+ *                   inside the backend's calls, computed by the CPU kernels; a host
+ *                   dereference of device memory anywhere else crashes. */
+typedef enum nb_device_type {
+    NB_DEVICE_CPU = 0,
+    NB_DEVICE_CUDA = 1,
+    NB_DEVICE_META = 2,
+    NB_DEVICE_GUARD = 3
+} nb_device_type;
 
-/* A device: its type and, for CUDA, the GPU index. */
+/* A device: its type and, for CUDA, the GPU index (0 for the others). */
 typedef struct nb_device {
     nb_device_type type;
     int index;
 } nb_device;
 
 #define NB_CPU ((nb_device){NB_DEVICE_CPU, 0})
+#define NB_META ((nb_device){NB_DEVICE_META, 0})
+#define NB_CUDA(i) ((nb_device){NB_DEVICE_CUDA, (i)})
 
 typedef struct nb_tensor nb_tensor;
 typedef struct nb_generator nb_generator; /* see nabla/random.h */
@@ -83,6 +100,17 @@ float nb_f16_to_f32(uint16_t h);
 uint16_t nb_f32_to_bf16(float x);
 float nb_bf16_to_f32(uint16_t h);
 
+/* ---- devices -------------------------------------------------------------------------- */
+/* "cpu", "cuda" (= "cuda:0"), "cuda:N", "meta" into *out; NB_EINVAL for anything else. */
+nb_status nb_device_parse(const char *s, nb_device *out);
+/* "cpu", "cuda:1", "meta" written into buf (n bytes, 32 is always enough); returns buf. */
+const char *nb_device_name(nb_device d, char *buf, size_t n);
+bool nb_device_equal(nb_device a, nb_device b);
+/* Whether op_name ("gelu", "matmul", "layer_norm", ...) can run on dev: its backend has
+ * every kernel the op uses. Also accepts a kernel name. False for unknown names and
+ * devices this build does not have. Meta supports every op. */
+bool nb_device_supports(nb_device dev, const char *op_name);
+
 /* ---- references and metadata ---------------------------------------------------------- */
 nb_tensor *nb_tensor_retain(nb_tensor *t);  /* +1 reference owned by the caller; returns t */
 void nb_tensor_free(nb_tensor *t);          /* -1 reference; NULL is a no-op */
@@ -97,7 +125,9 @@ nb_dtype nb_tensor_dtype(const nb_tensor *t);
 nb_device nb_tensor_device(const nb_tensor *t);
 bool nb_is_contiguous(const nb_tensor *t);
 bool nb_shares_storage(const nb_tensor *a, const nb_tensor *b);
-/* Pointer to the first element (CPU tensors); owned by the tensor's storage. */
+/* Pointer to the first element, for tensors in host memory (CPU) only: NULL and NB_EDEVICE
+ * for CUDA, meta and guard tensors (copy them with nb_to_device(t, NB_CPU) first). Owned by
+ * the tensor's storage. */
 void *nb_data(const nb_tensor *t);
 
 /* ---- creation ------------------------------------------------------------------------ */
@@ -105,6 +135,12 @@ nb_tensor *nb_empty(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_zeros(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_ones(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_full(const int64_t *shape, int ndim, nb_dtype dt, double value);
+/* The same on a chosen device (nb_empty(...) is nb_empty_on(NB_CPU, ...)). */
+nb_tensor *nb_empty_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt);
+nb_tensor *nb_zeros_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt);
+nb_tensor *nb_ones_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt);
+nb_tensor *nb_full_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt, double value);
+/* *_like: the shape, dtype and device of t. */
 nb_tensor *nb_empty_like(const nb_tensor *t);
 nb_tensor *nb_zeros_like(const nb_tensor *t);
 nb_tensor *nb_ones_like(const nb_tensor *t);
@@ -121,6 +157,11 @@ nb_tensor *nb_from_buffer(const void *data, const int64_t *shape, int ndim, nb_d
  * data must stay valid and 64-byte alignment is recommended (not required). */
 nb_tensor *nb_wrap_buffer(void *data, const int64_t *shape, int ndim, nb_dtype dt,
                           void (*release)(void *data, void *ctx), void *ctx);
+
+/* A copy of t on dev (t itself, as a new reference, when it is already there). Records
+ * for autograd: the gradient flows back to t's device. Copying to meta keeps only shape
+ * and dtype; copying from meta is an error (there is no data). */
+nb_tensor *nb_to_device(nb_tensor *t, nb_device dev);
 
 /* ---- views (no copy; share storage) --------------------------------------------------- */
 /* New shape with the same numel; one entry may be -1 (inferred). Fails if the strides
@@ -153,6 +194,9 @@ nb_tensor *nb_to_dtype(nb_tensor *t, nb_dtype dt);  /* converted copy (t itself 
 /* Copy src into dst (broadcasting src to dst's shape, converting dtype); dst may be a view. */
 nb_status nb_copy_(nb_tensor *dst, const nb_tensor *src);
 nb_status nb_fill_(nb_tensor *t, double value);
+/* dst += src in place (src broadcast to dst's shape and converted to its dtype); refused
+ * on a tensor that requires grad while grad mode is on. Not recorded for autograd. */
+nb_status nb_add_(nb_tensor *dst, nb_tensor *src);
 /* Copy the elements (in logical row-major order, converted to dt) into buf of n elements. */
 nb_status nb_read(const nb_tensor *t, void *buf, int64_t n, nb_dtype dt);
 

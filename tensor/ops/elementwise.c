@@ -1,6 +1,7 @@
 /* tensor/ops/elementwise.c - definitions of the elementwise ops: argument checks, output
  * shape (NumPy broadcasting) and dtype (PyTorch-style promotion), conversion of the operands
- * to the compute dtype, and dispatch to the CPU kernels in cpu/elementwise.c.
+ * to the compute dtype, and one call into the kernel table (the ew and ew_backward
+ * kernels of the operands' device).
  *
  * Dtype rules (PyTorch is the model):
  *   - float functions (exp, log, sqrt, sigmoid, gelu, ...) of integer or bool tensors are
@@ -28,14 +29,47 @@
  * as the tensor op with no second input, the scalar in attrs.f[0] and attrs.flag set. The
  * backward rules (nb__bw_*) and their conventions are at the end of this file. */
 #include <math.h>
+#include <string.h>
 
-#include "cpu/elementwise.h"
 #include "autograd/autograd_impl.h"
+#include "tensor/backend.h"
 
-static bool on_cpu(const nb_tensor *t, const char *op) {
-    if (t->storage->device.type == NB_DEVICE_CPU) return true;
-    nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
-    return false;
+/* The (op, compute dtype) pairs the elementwise ops accept; every backend implements
+ * each of them (a test checks the CPU table against this list). */
+bool nb__ew_supported(nb__op op, nb_dtype dt) {
+    if ((unsigned)dt >= NB_DTYPE_COUNT) return false;
+    bool fl = nb_dtype_is_float(dt), in = dt == NB_I32 || dt == NB_I64 || dt == NB_U8;
+    switch (op) {
+    case NB__OP_EXP: case NB__OP_LOG: case NB__OP_LOG1P: case NB__OP_SQRT:
+    case NB__OP_RSQRT: case NB__OP_SIN: case NB__OP_COS: case NB__OP_TANH:
+    case NB__OP_SIGMOID: case NB__OP_GELU: case NB__OP_GELU_TANH: case NB__OP_SILU:
+    case NB__OP_DIV:
+        return fl;
+    case NB__OP_NEG: case NB__OP_RELU: case NB__OP_POW_SCALAR: case NB__OP_CLAMP:
+    case NB__OP_SUB: case NB__OP_POW:
+        return fl || in;
+    case NB__OP_ABS: case NB__OP_ADD: case NB__OP_MUL: case NB__OP_MAXIMUM:
+    case NB__OP_MINIMUM: case NB__OP_EQ: case NB__OP_NE: case NB__OP_LT: case NB__OP_LE:
+    case NB__OP_GT: case NB__OP_GE: case NB__OP_WHERE:
+        return true;
+    default: return false;
+    }
+}
+
+/* The elementwise backward kernels: the gradient of input `input` of op in float dtype dt
+ * in one pass (the rules below that do not use forward ops). */
+bool nb__ew_backward_supported(nb__op op, int input, nb_dtype dt) {
+    if (!nb_dtype_is_float(dt) || input < 0 || input > 1) return false;
+    switch (op) {
+    case NB__OP_ABS: case NB__OP_EXP: case NB__OP_LOG: case NB__OP_LOG1P: case NB__OP_SQRT:
+    case NB__OP_RSQRT: case NB__OP_SIN: case NB__OP_COS: case NB__OP_TANH:
+    case NB__OP_SIGMOID: case NB__OP_RELU: case NB__OP_GELU: case NB__OP_GELU_TANH:
+    case NB__OP_SILU: case NB__OP_POW_SCALAR: case NB__OP_CLAMP:
+        return input == 0;
+    case NB__OP_DIV: return input == 1;
+    case NB__OP_POW: case NB__OP_MAXIMUM: case NB__OP_MINIMUM: return true;
+    default: return false;
+    }
 }
 
 static bool is_compare(nb__op op) {
@@ -43,14 +77,19 @@ static bool is_compare(nb__op op) {
            op == NB__OP_GT || op == NB__OP_GE;
 }
 
-/* Run kernel fn over ins[i] converted to in_dt[i], into a new tensor of shape and dtype
- * odt. The conversions are temporaries of an inner scope; only the output leaves it. They
- * run with grad mode off: the public op records one node for itself on the output, with
- * its original inputs (an internal TO_DTYPE node would be redundant). */
-static nb_tensor *ew_exec(nb__iter_fn fn, int64_t grain, nb_dtype odt, const int64_t *shape,
-                          int ndim, nb_tensor *const *ins, const nb_dtype *in_dt, int nin,
-                          const nb__ew_ctx *ctx) {
-    NB__ASSERT(fn != NULL && nin + 1 <= NB__ITER_MAX_ARGS); /* callers check dtypes first */
+/* Run op's kernel (forward when input < 0, else the backward kernel of that input) in
+ * compute dtype kdt over ins[i] converted to in_dt[i], into a new tensor of shape and
+ * dtype odt on the inputs' device. The conversions are temporaries of an inner scope; only
+ * the output leaves it. They run with grad mode off: the public op records one node for
+ * itself on the output, with its original inputs (an internal TO_DTYPE node would be
+ * redundant). */
+static nb_tensor *ew_exec(nb__op op, int input, nb_dtype kdt, nb_dtype odt,
+                          const int64_t *shape, int ndim, nb_tensor *const *ins,
+                          const nb_dtype *in_dt, int nin, const nb__ew_ctx *ctx) {
+    NB__ASSERT(nin + 1 <= NB__ITER_MAX_ARGS);
+    NB__ASSERT(input < 0 ? nb__ew_supported(op, kdt) : nb__ew_backward_supported(op, input, kdt));
+    nb_device dev;
+    if (!nb__check_devices(nb__op_names[op], ins, nin, &dev)) return NULL;
     bool prev_grad = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_tensor *ops[NB__ITER_MAX_ARGS] = {0};
@@ -59,14 +98,19 @@ static nb_tensor *ew_exec(nb__iter_fn fn, int64_t grain, nb_dtype odt, const int
         ops[i + 1] = ins[i]->dtype == in_dt[i] ? ins[i] : nb_to_dtype(ins[i], in_dt[i]);
         if (!ops[i + 1]) goto done;
     }
-    out = nb__empty(shape, ndim, odt, NB_CPU);
+    out = nb__empty(shape, ndim, odt, dev);
     if (!out) goto done;
     ops[0] = out;
     if (nb__numel_of(shape, ndim) > 0) {
-        nb__iter it;
-        nb__iter_init(&it, shape, ndim, ops, nin + 1);
-        nb__ew_ctx c = ctx ? *ctx : (nb__ew_ctx){0};
-        nb__iter_for_each(&it, fn, &c, grain);
+        nb__ew_args a = {.op = op, .input = input, .dtype = kdt};
+        if (ctx) a.ctx = *ctx;
+        nb__iter_init(&a.it, shape, ndim, ops, nin + 1);
+        const char *name = nb__op_names[op];
+        nb_status st = input < 0 ? nb__run_ew(dev, name, &a) : nb__run_ew_backward(dev, name, &a);
+        if (st != NB_OK) {
+            out = NULL;
+            goto done;
+        }
     }
     nb_keep(out);
 done:
@@ -79,8 +123,7 @@ done:
 static nb_tensor *ew_run(nb__op op, nb_dtype kdt, nb_dtype odt, const int64_t *shape, int ndim,
                          nb_tensor *const *ins, const nb_dtype *in_dt, int nin,
                          const nb__ew_ctx *ctx) {
-    return ew_exec(nb__cpu_ew_kernel(op, kdt), nb__cpu_ew_grain(op), odt, shape, ndim, ins,
-                   in_dt, nin, ctx);
+    return ew_exec(op, -1, kdt, odt, shape, ndim, ins, in_dt, nin, ctx);
 }
 
 static nb_tensor *unary_run(nb__op op, nb_tensor *x, nb_dtype kdt, const nb__ew_ctx *ctx) {
@@ -114,7 +157,6 @@ static nb_tensor *record_unary(nb_tensor *out, nb__op op, nb_tensor *x, const nb
 /* Float functions: integer and bool inputs are computed in f32. */
 static nb_tensor *unary_float(nb__op op, const char *name, nb_tensor *x) {
     NB__CHECK_ARG(x, name, "x");
-    if (!on_cpu(x, name)) return NULL;
     return record_unary(unary_run(op, x, nb_dtype_is_float(x->dtype) ? x->dtype : NB_F32, NULL),
                         op, x, NULL);
 }
@@ -137,8 +179,7 @@ NB__DEF_UNARY_FLOAT(silu, SILU)
 /* Ops that keep the input dtype where a kernel exists (neg, abs, relu). */
 static nb_tensor *unary_same(nb__op op, const char *name, nb_tensor *x, const char *why_not) {
     NB__CHECK_ARG(x, name, "x");
-    if (!on_cpu(x, name)) return NULL;
-    if (!nb__cpu_ew_kernel(op, x->dtype)) {
+    if (!nb__ew_supported(op, x->dtype)) {
         nb__error(NB_EDTYPE, "%s: %s tensors are not supported%s", name,
                   nb_dtype_name(x->dtype), why_not);
         return NULL;
@@ -184,7 +225,6 @@ static int64_t int_bound(double v, nb_dtype dt) {
 
 nb_tensor *nb_pow_scalar(nb_tensor *x, double exponent) {
     NB__CHECK_ARG(x, "pow_scalar", "x");
-    if (!on_cpu(x, "pow_scalar")) return NULL;
     nb__ew_ctx ctx = {.p0 = exponent};
     nb_dtype kdt = x->dtype;
     if (!nb_dtype_is_float(kdt)) {
@@ -209,7 +249,6 @@ nb_tensor *nb_pow_scalar(nb_tensor *x, double exponent) {
 
 nb_tensor *nb_clamp(nb_tensor *x, double lo, double hi) {
     NB__CHECK_ARG(x, "clamp", "x");
-    if (!on_cpu(x, "clamp")) return NULL;
     if (isnan(lo) || isnan(hi)) {
         nb__error(NB_EINVAL, "clamp: bounds must not be NaN (got lo=%g, hi=%g)", lo, hi);
         return NULL;
@@ -264,14 +303,14 @@ static void record_binary(nb_tensor *out, nb__op op, nb_tensor *a, nb_tensor *b)
 static nb_tensor *binary(nb__op op, const char *name, nb_tensor *a, nb_tensor *b) {
     NB__CHECK_ARG(a, name, "a");
     NB__CHECK_ARG(b, name, "b");
-    if (!on_cpu(a, name) || !on_cpu(b, name)) return NULL;
+    if (!nb__check_devices(name, (nb_tensor *[]){a, b}, 2, NULL)) return NULL;
     int64_t shape[NB_MAX_DIMS];
     int ndim;
     if (!nb__broadcast_shapes(a->shape, a->ndim, b->shape, b->ndim, shape, &ndim, name))
         return NULL;
     nb_dtype kdt = nb_dtype_promote(a->dtype, b->dtype);
     if (op == NB__OP_DIV && !nb_dtype_is_float(kdt)) kdt = NB_F32; /* true division */
-    if (!nb__cpu_ew_kernel(op, kdt)) {
+    if (!nb__ew_supported(op, kdt)) {
         const char *hint = op == NB__OP_SUB && kdt == NB_BOOL
                                ? " (for a logical xor of masks use nb_ne)" : "";
         nb__error(NB_EDTYPE, "%s: %s operands are not supported%s", name, nb_dtype_name(kdt),
@@ -309,7 +348,6 @@ NB__DEF_BINARY(ge, GE)
  * in f32 instead, so it is not rounded to half precision first. */
 static nb_tensor *binary_scalar(nb__op op, const char *name, nb_tensor *a, double s) {
     NB__CHECK_ARG(a, name, "a");
-    if (!on_cpu(a, name)) return NULL;
     bool cmp = is_compare(op);
     nb_dtype dt = a->dtype, kdt = dt;
     if (!nb_dtype_is_float(dt)) {
@@ -328,13 +366,13 @@ static nb_tensor *binary_scalar(nb__op op, const char *name, nb_tensor *a, doubl
         }
     }
     if (op == NB__OP_DIV && !nb_dtype_is_float(kdt)) kdt = NB_F32;
-    if (!nb__cpu_ew_kernel(op, kdt)) {
+    if (!nb__ew_supported(op, kdt)) {
         nb__error(NB_EDTYPE, "%s: %s tensors are not supported", name, nb_dtype_name(kdt));
         return NULL;
     }
     nb__ew_ctx ctx = {.p0 = s, .b_scalar = true};
     nb_scope_begin();
-    nb_tensor *out = NULL, *st = nb_scalar(s, kdt);
+    nb_tensor *out = NULL, *st = nb_full_on(nb__device_of(a), NULL, 0, kdt, s);
     if (st) {
         nb_tensor *ins[2] = {a, st};
         nb_dtype in_dt[2] = {kdt, kdt};
@@ -369,13 +407,48 @@ NB__DEF_BINARY_SCALAR(eq, EQ)
 NB__DEF_BINARY_SCALAR(lt, LT)
 NB__DEF_BINARY_SCALAR(gt, GT)
 
+/* ---- in place ------------------------------------------------------------------------------
+ * dst += src: src broadcast to dst's shape and converted to dst's dtype, the ADD kernel
+ * writing into dst (operands dst, dst, src). The autograd engine accumulates gradients
+ * with it. Not recorded: refused on tensors in the graph while grad mode is on. */
+nb_status nb_add_(nb_tensor *dst, nb_tensor *src) {
+    if (!nb__arg_ok(dst, "add_", "dst") || !nb__arg_ok(src, "add_", "src"))
+        return nb_last_status();
+    nb_device dev;
+    if (!nb__check_devices("add_", (nb_tensor *[]){dst, src}, 2, &dev)) return NB_EDEVICE;
+    if (!nb__inplace_ok(dst, "add_")) return NB_EINVAL;
+    int64_t sh[NB_MAX_DIMS];
+    int nd;
+    if (!nb__broadcast_shapes(dst->shape, dst->ndim, src->shape, src->ndim, sh, &nd, "add_"))
+        return NB_ESHAPE;
+    if (nd != dst->ndim || memcmp(sh, dst->shape, sizeof(int64_t) * (size_t)nd) != 0)
+        return nb__error(NB_ESHAPE, "add_: %s does not broadcast to the destination's shape %s",
+                         NB__SHAPE(src), NB__SHAPE(dst));
+    if (!nb__ew_supported(NB__OP_ADD, dst->dtype))
+        return nb__error(NB_EDTYPE, "add_: %s tensors are not supported",
+                         nb_dtype_name(dst->dtype));
+    if (nb_numel(dst) == 0) return NB_OK;
+    bool prev_grad = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_tensor *s = nb_to_dtype(src, dst->dtype);
+    nb_status st = s ? NB_OK : nb_last_status();
+    if (s) {
+        nb__ew_args a = {.op = NB__OP_ADD, .input = -1, .dtype = dst->dtype};
+        nb__iter_init(&a.it, dst->shape, dst->ndim, (nb_tensor *[]){dst, dst, s}, 3);
+        st = nb__run_ew(dev, "add_", &a);
+    }
+    nb_scope_end();
+    nb_set_grad_enabled(prev_grad);
+    return st;
+}
+
 /* ---- where ---------------------------------------------------------------------------------- */
 
 nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b) {
     NB__CHECK_ARG(cond, "where", "cond");
     NB__CHECK_ARG(a, "where", "a");
     NB__CHECK_ARG(b, "where", "b");
-    if (!on_cpu(cond, "where") || !on_cpu(a, "where") || !on_cpu(b, "where")) return NULL;
+    if (!nb__check_devices("where", (nb_tensor *[]){cond, a, b}, 3, NULL)) return NULL;
     if (cond->dtype != NB_BOOL) {
         nb__error(NB_EDTYPE, "where: cond must be a bool tensor, got %s",
                   nb_dtype_name(cond->dtype));
@@ -423,8 +496,8 @@ static nb_status bw_kernel(nb__node *n, int input, nb_tensor *g, nb_tensor *cons
     for (int i = 0; i <= nx; i++)
         if (!ins[i]) return nb__error(NB_ESTATE, "backward: %s lost a saved tensor",
                                       nb__op_names[n->op]);
-    gin[input] = ew_exec(nb__cpu_ew_bw_kernel(n->op, input, dt), nb__cpu_ew_grain(n->op), dt,
-                         n->out_shape, n->out_ndim, ins, in_dt, nx + 1, ctx);
+    gin[input] = ew_exec(n->op, input, dt, dt, n->out_shape, n->out_ndim, ins, in_dt, nx + 1,
+                         ctx);
     return gin[input] ? NB_OK : nb_last_status();
 }
 
@@ -500,7 +573,8 @@ static nb_status bw_binary_fused(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *ab[2] = {n->saved[0], n->saved[1]};
     if (n->attrs.flag) {
         ctx = (nb__ew_ctx){.p0 = n->attrs.f[0], .b_scalar = true};
-        if (!(ab[1] = nb_scalar(n->attrs.f[0], n->out_dtype))) return nb_last_status();
+        ab[1] = nb_full_on(nb__device_of(g), NULL, 0, n->out_dtype, n->attrs.f[0]);
+        if (!ab[1]) return nb_last_status();
     }
     for (int i = 0; i < 2; i++) {
         if (!wants(n, i)) continue;
@@ -522,7 +596,7 @@ nb_status nb__bw_MINIMUM(nb__node *n, nb_tensor *g, nb_tensor **gin) {
 
 /* where: g goes to a where cond holds and to b elsewhere. */
 nb_status nb__bw_WHERE(nb__node *n, nb_tensor *g, nb_tensor **gin) {
-    nb_tensor *zero = nb_scalar(0, g->dtype);
+    nb_tensor *zero = nb_zeros_on(nb__device_of(g), NULL, 0, g->dtype);
     if (!zero) return nb_last_status();
     if (wants(n, 1) && !(gin[1] = nb_where(n->saved[0], g, zero))) return nb_last_status();
     if (wants(n, 2) && !(gin[2] = nb_where(n->saved[0], zero, g))) return nb_last_status();

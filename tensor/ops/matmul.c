@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
+#include "cpu/cpu_impl.h" /* transitional: moves to cpu/ with the kernels */
 #include "cpu/gemm.h"
 
 /* Per-GEMM work (multiply-adds) at or below which batches run in parallel rather than each

@@ -1,0 +1,50 @@
+/* cpu/cpu_impl.h - private to cpu/: the narrow header CPU kernels include. Kernels see
+ * kernel arguments (tensor/kernels.h), never nb_tensor; this header adds the CPU's
+ * threading policy (the elementwise walk, grain sizes) and the scalar helpers of the core
+ * they use. */
+#ifndef NABLA_CPU_IMPL_H
+#define NABLA_CPU_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/status.h"
+#include "tensor/backend.h"
+
+/* The assertion macro and error setter of the core (tensor/error.c). */
+#define NB__ASSERT(cond)                                                                   \
+    do {                                                                                   \
+        if (!(cond)) nb__assert_fail(__FILE__, __LINE__, #cond);                           \
+    } while (0)
+_Noreturn void nb__assert_fail(const char *file, int line, const char *cond);
+nb_status nb__error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Scalar load/store of any dtype (tensor/dtype.c). */
+double nb__load_f64(const void *p, nb_dtype dt);
+void nb__store_f64(void *p, nb_dtype dt, double v);
+
+/* ---- threads --------------------------------------------------------------------------------
+ * Number of threads a parallel region over `work` elements should use (1 below 2 * grain,
+ * and inside another parallel region). */
+#define NB__GRAIN 32768
+int nb__threads_for(int64_t work, int64_t grain);
+
+/* ---- the elementwise walk -------------------------------------------------------------------
+ * nb__iter_for_each splits the iterator's linear index range into chunks (one per thread
+ * when numel >= grain, else one chunk) and calls fn(ptrs, inner_strides, n, ctx) for runs
+ * of the innermost dim; fn processes n elements, advancing each ptrs[i] by
+ * inner_strides[i] bytes. Each element is visited exactly once, so results never depend
+ * on the thread count. */
+typedef void (*nb__iter_fn)(char **ptrs, const int64_t *strides, int64_t n, void *ctx);
+void nb__iter_for_each(const nb__iter *it, nb__iter_fn fn, void *ctx, int64_t grain);
+/* True if every operand has inner stride == its element size and ndim == 1 (one flat
+ * contiguous run per operand). */
+bool nb__iter_is_flat(const nb__iter *it);
+
+/* ---- half-precision bulk conversion (tensor/dtype.c) ------------------------------------- */
+void nb__f16_to_f32_n(const uint16_t *src, float *dst, int64_t n);
+void nb__f32_to_f16_n(const float *src, uint16_t *dst, int64_t n);
+void nb__bf16_to_f32_n(const uint16_t *src, float *dst, int64_t n);
+void nb__f32_to_bf16_n(const float *src, uint16_t *dst, int64_t n);
+
+#endif

@@ -1,0 +1,86 @@
+/* tensor/backend.h - private: what a backend implements, and the one way ops reach it.
+ *
+ * A backend owns the memory of its device and the kernels that compute on it:
+ *   - alloc/free: storage for tensors (a caching allocator: DESIGN.md rule 4);
+ *   - to_host/from_host: byte copies between its memory and host memory;
+ *   - the kernel table `k`: one typed function pointer per entry of NB__KERNELS
+ *     (tensor/kernels.h), NULL where the backend has no kernel yet.
+ * tensor/registry.c is the only file that names cpu/ and cuda/: nb__backend_of(dev) maps
+ * a device to its backend.
+ *
+ * Op definitions never call a backend directly. They check their arguments, infer the
+ * output's shape and dtype, allocate it on the inputs' device (nb__empty), fill an args
+ * struct and call the entry point of the kernel:
+ *
+ *     nb__ew_args a = {.op = NB__OP_GELU, .dtype = NB_F32};
+ *     nb__iter_init(&a.it, out->shape, out->ndim, (nb_tensor *[]){out, x}, 2);
+ *     nb_status st = nb__run_ew(nb__device_of(out), "gelu", &a);
+ *
+ * nb__run_<kernel> looks the kernel up for the device and returns a clear error when it
+ * is missing ("gelu: no cuda kernel (ew)"). On the meta device (no storage) every entry
+ * point succeeds without running anything, so an op does its checks, shape inference and
+ * autograd recording and nothing else. Operands of one op must share a device:
+ * nb__check_devices says which differ ("add: operands on cpu and cuda:0"). */
+#ifndef NABLA_TENSOR_BACKEND_H
+#define NABLA_TENSOR_BACKEND_H
+
+#include "tensor/kernels.h"
+
+/* The kernel table: one typed pointer per kernel, so a registration with the wrong
+ * prototype fails to compile. */
+typedef struct nb__kernels {
+#define NB__KERNEL_FIELD(name, Args, what) nb_status (*name)(const Args *a);
+    NB__KERNELS(NB__KERNEL_FIELD)
+#undef NB__KERNEL_FIELD
+} nb__kernels;
+
+/* Names and offsets of the table's entries, in NB__KERNELS order (tests walk the table). */
+typedef struct nb__kernel_info {
+    const char *name;
+    const char *what;
+    size_t offset; /* of the function pointer in nb__kernels */
+} nb__kernel_info;
+extern const nb__kernel_info nb__kernel_infos[];
+extern const int nb__kernel_count;
+/* The entry at info->offset of k, as an untyped pointer (NULL when missing). */
+const void *nb__kernel_at(const nb__kernels *k, const nb__kernel_info *info);
+
+typedef struct nb__backend {
+    const char *name;      /* "cpu", "cuda", "meta", "guard": used in messages */
+    bool has_storage;      /* false for meta: tensors have no memory, kernels do not run */
+    bool host_accessible;  /* the host may dereference its memory (nb_data, printing) */
+    /* nbytes of device memory (NULL + error when out of memory or no device). nbytes 0
+     * still returns a unique non-NULL pointer. */
+    void *(*alloc)(nb_device dev, size_t nbytes);
+    void (*free)(nb_device dev, void *p);
+    /* Byte copies between host memory and the device's memory; they complete before
+     * returning. */
+    nb_status (*to_host)(nb_device dev, void *host_dst, const void *src, size_t nbytes);
+    nb_status (*from_host)(nb_device dev, void *dst, const void *host_src, size_t nbytes);
+    nb__kernels k;
+} nb__backend;
+
+/* The backend of dev; NULL + NB_EDEVICE ("op: ...") when the device type is unknown or
+ * this build has no such backend. Never NULL for NB_DEVICE_CPU. */
+const nb__backend *nb__backend_of(nb_device dev, const char *op);
+
+/* The error for a missing kernel: "op: no <backend> kernel (<kernel>)"; returns
+ * NB_EUNSUPPORTED. */
+nb_status nb__no_kernel(const nb__backend *be, const char *op, const char *kernel);
+
+/* The checked entry points, one per kernel. */
+#define NB__RUN_DEF(name, Args, what)                                                      \
+    static inline nb_status nb__run_##name(nb_device dev, const char *op, const Args *a) { \
+        const nb__backend *be = nb__backend_of(dev, op);                                   \
+        if (!be) return nb_last_status();                                                  \
+        if (!be->has_storage) return NB_OK;                                                \
+        if (!be->k.name) return nb__no_kernel(be, op, #name);                              \
+        return be->k.name(a);                                                              \
+    }
+NB__KERNELS(NB__RUN_DEF)
+#undef NB__RUN_DEF
+
+/* Whether dev's backend has a kernel `kernel` (by its NB__KERNELS name). */
+bool nb__backend_has_kernel(nb_device dev, const char *kernel);
+
+#endif
