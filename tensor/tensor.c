@@ -192,17 +192,28 @@ nb_tensor *nb_ones_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt
     return nb_full_on(dev, shape, ndim, dt, 1.0);
 }
 
+/* The thread's default device for creation without a device (as torch.set_default_device). */
+static _Thread_local nb_device g_default_device = {NB_DEVICE_CPU, 0};
+
+nb_device nb_default_device(void) { return g_default_device; }
+
+nb_device nb_set_default_device(nb_device dev) {
+    nb_device prev = g_default_device;
+    g_default_device = dev;
+    return prev;
+}
+
 nb_tensor *nb_empty(const int64_t *shape, int ndim, nb_dtype dt) {
-    return nb__empty(shape, ndim, dt, NB_CPU);
+    return nb__empty(shape, ndim, dt, g_default_device);
 }
 nb_tensor *nb_full(const int64_t *shape, int ndim, nb_dtype dt, double value) {
-    return nb_full_on(NB_CPU, shape, ndim, dt, value);
+    return nb_full_on(g_default_device, shape, ndim, dt, value);
 }
 nb_tensor *nb_zeros(const int64_t *shape, int ndim, nb_dtype dt) {
-    return nb_full_on(NB_CPU, shape, ndim, dt, 0.0);
+    return nb_full_on(g_default_device, shape, ndim, dt, 0.0);
 }
 nb_tensor *nb_ones(const int64_t *shape, int ndim, nb_dtype dt) {
-    return nb_full_on(NB_CPU, shape, ndim, dt, 1.0);
+    return nb_full_on(g_default_device, shape, ndim, dt, 1.0);
 }
 
 nb_tensor *nb_empty_like(const nb_tensor *t) {

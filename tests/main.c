@@ -12,7 +12,7 @@ int main(void) {
         nb_suite_index,  nb_suite_cuda,        nb_suite_autograd, nb_suite_grad_ops, nb_suite_grad_reduce,
         nb_suite_nn_conv, nb_suite_nn_layers,  nb_suite_loss,   nb_suite_optim,
         nb_suite_train, nb_suite_checkpoint, nb_suite_data, nb_suite_io, nb_suite_gpt,
-        nb_suite_attention,
+        nb_suite_attention, nb_suite_backend,
     };
     const char *only = getenv("NB_SUITE");
     SRunner *sr = NULL;

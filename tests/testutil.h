@@ -33,6 +33,7 @@ Suite *nb_suite_data(void);
 Suite *nb_suite_io(void);
 Suite *nb_suite_gpt(void);
 Suite *nb_suite_attention(void);
+Suite *nb_suite_backend(void);
 
 /* A tensor of dtype dt holding vals (converted), shape[ndim]; registered in the scope. */
 nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtype dt);

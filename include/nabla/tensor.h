@@ -135,7 +135,14 @@ nb_tensor *nb_empty(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_zeros(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_ones(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_full(const int64_t *shape, int ndim, nb_dtype dt, double value);
-/* The same on a chosen device (nb_empty(...) is nb_empty_on(NB_CPU, ...)). */
+/* The device nb_empty/zeros/ones/full/scalar and the random creators (nb_randn, ...) use:
+ * NB_CPU unless set. Per thread, like torch.set_default_device. Set it to NB_META around
+ * a model's constructor to build a model of any size without allocating (then count its
+ * parameters, plan memory). Returns the previous default. nb_from_buffer, nb_wrap_buffer,
+ * nb_arange and nb_linspace always create CPU tensors (they hold host data). */
+nb_device nb_set_default_device(nb_device dev);
+nb_device nb_default_device(void);
+/* Creation on a chosen device. */
 nb_tensor *nb_empty_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_zeros_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_ones_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt);

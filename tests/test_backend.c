@@ -1,0 +1,216 @@
+/* test_backend.c - the backend layer: the kernel table is complete for the CPU, every op
+ * name maps to real kernels, devices parse and print, the meta device computes shapes
+ * only, the guard device keeps device memory away from the host, and operands on two
+ * devices or devices this build lacks give clear errors. */
+#include <string.h>
+
+#include "cpu/backend.h"
+#include "cpu/elementwise.h"
+#include "testutil.h"
+
+#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
+
+/* Every kernel of NB__KERNELS has a CPU implementation; print the ones CUDA lacks. */
+START_TEST(test_table_complete) {
+    const nb__backend *cpu = nb__cpu_backend();
+    int missing = 0;
+    for (int i = 0; i < nb__kernel_count; i++) {
+        if (!nb__kernel_at(&cpu->k, &nb__kernel_infos[i])) {
+            fprintf(stderr, "no cpu kernel: %s\n", nb__kernel_infos[i].name);
+            missing++;
+        }
+    }
+    ck_assert_int_eq(missing, 0);
+    ck_assert_int_gt(nb__kernel_count, 10);
+    /* The guard device wraps every CPU kernel. */
+    const nb__backend *guard = nb__guard_backend();
+    for (int i = 0; i < nb__kernel_count; i++)
+        ck_assert_ptr_nonnull(nb__kernel_at(&guard->k, &nb__kernel_infos[i]));
+    /* Which kernels the CUDA backend has not got yet (informational). */
+    nb_scope_begin();
+    if (nb_cuda_is_available()) {
+        int n = 0;
+        for (int i = 0; i < nb__kernel_count; i++)
+            if (!nb__backend_has_kernel(NB_CUDA(0), nb__kernel_infos[i].name)) {
+                if (n++ == 0) fprintf(stderr, "kernels without a CUDA implementation:");
+                fprintf(stderr, " %s", nb__kernel_infos[i].name);
+            }
+        if (n) fprintf(stderr, "\n");
+    }
+    nb_scope_end();
+}
+END_TEST
+
+/* Every op's kernel list names real kernels, and every op that is not a view lists one. */
+START_TEST(test_op_kernels) {
+    static const char *const views[] = {"view", "permute", "narrow", "expand", "slice",
+                                        "select", "to_device"};
+    for (int op = 0; op < NB__OP_COUNT; op++) {
+        const char *const *ks = nb__op_kernels(nb__op_names[op]);
+        ck_assert_msg(ks != NULL, "no kernel list for %s", nb__op_names[op]);
+        bool is_view = false;
+        for (size_t v = 0; v < sizeof views / sizeof views[0]; v++)
+            is_view |= strcmp(views[v], nb__op_names[op]) == 0;
+        ck_assert_msg(is_view || ks[0] != NULL, "op %s lists no kernel", nb__op_names[op]);
+        for (; *ks; ks++) {
+            bool found = false;
+            for (int i = 0; i < nb__kernel_count && !found; i++)
+                found = strcmp(nb__kernel_infos[i].name, *ks) == 0;
+            ck_assert_msg(found, "op %s lists unknown kernel %s", nb__op_names[op], *ks);
+        }
+        ck_assert(nb_device_supports(NB_CPU, nb__op_names[op]));
+        ck_assert(nb_device_supports(NB_META, nb__op_names[op]));
+    }
+    ck_assert(!nb_device_supports(NB_CPU, "no_such_op"));
+    ck_assert(nb_device_supports(NB_CPU, "ew")); /* a kernel name */
+}
+END_TEST
+
+/* The elementwise dtype rules of the op layer match what the CPU table implements. */
+START_TEST(test_ew_rules_match_cpu) {
+    for (int op = 0; op < NB__OP_COUNT; op++)
+        for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
+            bool rule = nb__ew_supported((nb__op)op, (nb_dtype)dt);
+            bool cpu = nb__cpu_ew_kernel((nb__op)op, (nb_dtype)dt) != NULL;
+            ck_assert_msg(rule == cpu, "%s/%s: rule %d, cpu kernel %d", nb__op_names[op],
+                          nb_dtype_name((nb_dtype)dt), rule, cpu);
+            for (int in = 0; in < 2; in++) {
+                bool brule = nb__ew_backward_supported((nb__op)op, in, (nb_dtype)dt);
+                bool bcpu = nb__cpu_ew_bw_kernel((nb__op)op, in, (nb_dtype)dt) != NULL;
+                ck_assert_msg(brule == bcpu, "%s input %d/%s backward: rule %d, cpu %d",
+                              nb__op_names[op], in, nb_dtype_name((nb_dtype)dt), brule, bcpu);
+            }
+        }
+}
+END_TEST
+
+START_TEST(test_device_names) {
+    nb_device d;
+    char buf[32];
+    ck_assert_int_eq(nb_device_parse("cpu", &d), NB_OK);
+    ck_assert(nb_device_equal(d, NB_CPU));
+    ck_assert_int_eq(nb_device_parse("cuda:3", &d), NB_OK);
+    ck_assert(d.type == NB_DEVICE_CUDA && d.index == 3);
+    ck_assert_str_eq(nb_device_name(d, buf, sizeof buf), "cuda:3");
+    ck_assert_int_eq(nb_device_parse("cuda", &d), NB_OK);
+    ck_assert(d.type == NB_DEVICE_CUDA && d.index == 0);
+    ck_assert_int_eq(nb_device_parse("meta", &d), NB_OK);
+    ck_assert(nb_device_equal(d, NB_META));
+    ck_assert_str_eq(nb_device_name(NB_META, buf, sizeof buf), "meta");
+    const char *bad[] = {"", "gpu", "cuda:", "cuda:x", "cpu:1", "cuda:1x", "metal"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(nb_device_parse(bad[i], &d), NB_EINVAL);
+        ck_assert_ptr_nonnull(strstr(nb_last_error(), "is not a device"));
+    }
+    ck_assert_int_eq(nb_device_parse(NULL, &d), NB_ENULL);
+}
+END_TEST
+
+/* Meta tensors: shapes and dtypes, no storage, ops infer shapes and record autograd. */
+START_TEST(test_meta) {
+    nb_scope_begin();
+    int64_t shape[] = {1000000, 1000000}; /* 4 TB as f32: nothing is allocated */
+    nb_alloc_stats before, after;
+    nb_alloc_get_stats(&before);
+    nb_tensor *x = nb_zeros_on(NB_META, shape, 2, NB_F32);
+    ck_assert_ptr_nonnull(x);
+    nb_tensor *y = nb_gelu(nb_add(x, nb_ones_on(NB_META, (int64_t[]){1000000}, 1, NB_F32)));
+    ck_assert_ptr_nonnull(y);
+    ck_assert_int_eq(nb_ndim(y), 2);
+    ck_assert_int_eq(nb_shape(y)[1], 1000000);
+    ck_assert(nb_device_equal(nb_tensor_device(y), NB_META));
+    nb_alloc_get_stats(&after);
+    ck_assert_int_lt(after.bytes_peak - before.bytes_peak, 1 << 20);
+    /* Data access is an error, not a crash. */
+    ck_assert_ptr_null(nb_data(y));
+    ck_assert_int_eq(nb_last_status(), NB_EDEVICE);
+    ck_assert(isnan(nb_item_f64(nb_sum(y, NULL, 0, false))));
+    nb_tensor *c = nb_to_device(y, NB_CPU);
+    tu_assert_error(c, NB_EDEVICE, "meta tensor has no data");
+    /* Autograd on meta: gradients of the right shape on meta. */
+    nb_tensor *w = nb_zeros_on(NB_META, (int64_t[]){3, 4}, 2, NB_F32);
+    nb_set_requires_grad(w, true);
+    nb_tensor *loss = nb_sum(nb_mul(nb_exp(w), w), NULL, 0, false);
+    ck_assert_int_eq(nb_backward(loss), NB_OK);
+    nb_tensor *g = nb_grad(w);
+    ck_assert_ptr_nonnull(g);
+    ck_assert(nb_device_equal(nb_tensor_device(g), NB_META));
+    ck_assert_int_eq(nb_shape(g)[1], 4);
+    /* A CPU tensor copied to meta keeps shape and dtype. */
+    nb_tensor *m = nb_to_device(nb_ones((int64_t[]){2, 5}, 2, NB_BF16), NB_META);
+    ck_assert_int_eq(nb_tensor_dtype(m), NB_BF16);
+    ck_assert_int_eq(nb_shape(m)[1], 5);
+    nb_scope_end();
+}
+END_TEST
+
+/* Guard tensors compute like CPU tensors through the backend, and round-trip. */
+START_TEST(test_guard_roundtrip) {
+    nb_scope_begin();
+    int64_t shape[] = {3, 70};
+    nb_tensor *a = tu_random(shape, 2, NB_F32, -2, 2, 1), *b = tu_random(shape, 2, NB_F32, -2, 2, 2);
+    nb_tensor *ga = nb_to_device(a, GUARD), *gb = nb_to_device(b, GUARD);
+    ck_assert_ptr_nonnull(ga);
+    ck_assert_ptr_null(nb_data(ga)); /* not host memory */
+    nb_tensor *ref = nb_tanh(nb_mul(nb_add_scalar(a, 0.5), nb_transpose(nb_transpose(b, 0, 1), 0, 1)));
+    nb_tensor *gy = nb_tanh(nb_mul(nb_add_scalar(ga, 0.5), gb));
+    ck_assert(nb_device_equal(nb_tensor_device(gy), GUARD));
+    nb_tensor *y = nb_to_device(gy, NB_CPU);
+    double *r = tu_values(ref);
+    tu_assert_close(y, r, shape, 2, 0);
+    free(r);
+    /* Reading device memory goes through the backend. */
+    ck_assert(nb_item_f64(nb_sum(gy, NULL, 0, false)) == nb_item_f64(nb_sum(ref, NULL, 0, false)));
+    /* Gradients flow back across nb_to_device. */
+    nb_set_requires_grad(a, true);
+    nb_tensor *s = nb_sum(nb_mul(nb_to_device(a, GUARD), gb), NULL, 0, false);
+    ck_assert_int_eq(nb_backward(nb_to_device(s, NB_CPU)), NB_OK);
+    ck_assert(nb_device_equal(nb_tensor_device(nb_grad(a)), NB_CPU));
+    double *gv = tu_values(nb_grad(a)), *bv = tu_values(b);
+    tu_assert_close(nb_grad(a), bv, shape, 2, 0);
+    free(gv), free(bv);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_mixed_devices) {
+    nb_scope_begin();
+    nb_tensor *a = nb_ones((int64_t[]){4}, 1, NB_F32);
+    nb_tensor *m = nb_ones_on(NB_META, (int64_t[]){4}, 1, NB_F32);
+    tu_assert_error(nb_add(a, m), NB_EDEVICE, "add: operands on cpu and meta");
+    tu_assert_error(nb_where(nb_gt(a, a), a, m), NB_EDEVICE, "operands on cpu and meta");
+    ck_assert_int_eq(nb_copy_(a, m), NB_EDEVICE);
+    ck_assert_int_eq(nb_add_(a, m), NB_EDEVICE);
+    nb_scope_end();
+}
+END_TEST
+
+/* Without a usable GPU (or without CUDA), CUDA tensors are a clear error, never a crash. */
+START_TEST(test_cuda_without_gpu) {
+    if (nb_cuda_is_available()) return;
+    nb_scope_begin();
+    nb_tensor *t = nb_zeros_on(NB_CUDA(0), (int64_t[]){4}, 1, NB_F32);
+    ck_assert_ptr_null(t);
+    ck_assert_int_ne(nb_last_status(), NB_OK);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "cuda:0"));
+    tu_assert_error(nb_to_device(nb_ones((int64_t[]){2}, 1, NB_F32), NB_CUDA(0)),
+                    nb_last_status() == NB_EUNSUPPORTED ? NB_EUNSUPPORTED : NB_EDEVICE, "cuda:0");
+    ck_assert(!nb_device_supports(NB_CUDA(0), "gelu"));
+    nb_scope_end();
+}
+END_TEST
+
+Suite *nb_suite_backend(void) {
+    Suite *s = suite_create("backend");
+    TCase *tc = tcase_create("backend");
+    tcase_add_test(tc, test_table_complete);
+    tcase_add_test(tc, test_op_kernels);
+    tcase_add_test(tc, test_ew_rules_match_cpu);
+    tcase_add_test(tc, test_device_names);
+    tcase_add_test(tc, test_meta);
+    tcase_add_test(tc, test_guard_roundtrip);
+    tcase_add_test(tc, test_mixed_devices);
+    tcase_add_test(tc, test_cuda_without_gpu);
+    suite_add_tcase(s, tc);
+    return s;
+}
