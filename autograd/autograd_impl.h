@@ -1,77 +1,12 @@
-/* autograd_impl.h - private: graph nodes, recording, and the backward-rule table.
- *
- * An op definition records itself after computing its output:
- *     nb__node *nd = nb__record(out, NB__OP_MUL, (nb_tensor *[]){a, b}, 2);
- *     if (nd) { nb__save(nd, 0, a); nb__save(nd, 1, b); }
- * nb__record returns NULL (and records nothing) when grad mode is off or no input requires
- * grad. The op's backward rule, nb__backward_rules[NB__OP_MUL], later gets the node and
- * d(loss)/d(out) and writes one gradient per input (NULL where an input needs none); the
- * engine then sums each gradient to its input's shape (undoing broadcasting) and converts
- * it to the input's dtype, so rules may return the broadcast shape and compute dtype. */
+/* autograd_impl.h - private to the engine (and tests): the gradient arithmetic it uses.
+ * The tape itself (nodes, recording, the backward-rule table) is tensor/tape.h. */
 #ifndef NABLA_AUTOGRAD_IMPL_H
 #define NABLA_AUTOGRAD_IMPL_H
 
 #include "nabla/autograd.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/tape.h"
 
-#define NB__NODE_MAX_SAVED 4
-
-typedef struct nb__node nb__node;
-
-/* Where the gradient of one input goes. */
-typedef struct nb__edge {
-    nb__node *node;   /* the input's producer, or NULL */
-    nb_tensor *leaf;  /* the input itself if it is a leaf that requires grad, or NULL */
-    int ndim;
-    nb_dtype dtype;
-    int64_t shape[NB_MAX_DIMS];
-} nb__edge;
-
-/* Op attributes a backward rule may need (set by the op after nb__record). */
-typedef struct nb__attrs {
-    double f[4];
-    int64_t i[NB_MAX_DIMS + 4];
-    int ni;
-    bool flag;
-} nb__attrs;
-
-struct nb__node {
-    atomic_long refcount;
-    nb__op op;
-    uint64_t seq;        /* creation order: backward runs latest first */
-    int ninputs;
-    nb__edge *edges;     /* ninputs entries */
-    nb_tensor *saved[NB__NODE_MAX_SAVED];
-    nb__attrs attrs;
-    bool released;       /* saved tensors freed by a backward without retain_graph */
-    /* engine scratch, valid during one backward */
-    uint64_t epoch;
-    int deps;
-    nb_tensor *grad;
-    /* output geometry (for a zero gradient when nothing flowed in) */
-    int out_ndim;
-    nb_dtype out_dtype;
-    int64_t out_shape[NB_MAX_DIMS];
-};
-
-/* A backward rule: write ninputs gradients (new references in the current scope, or NULL)
- * into gin. Runs with grad mode off. Returns NB_OK or an error status. */
-typedef nb_status (*nb__backward_fn)(nb__node *n, nb_tensor *gout, nb_tensor **gin);
-extern const nb__backward_fn nb__backward_rules[NB__OP_COUNT];
-
-/* Record op on out (see above). Inputs may be NULL (skipped). Sets out->requires_grad. */
-nb__node *nb__record(nb_tensor *out, nb__op op, nb_tensor *const *inputs, int n);
-/* Save t (a detached view sharing storage, so saving an output makes no cycle). */
-void nb__save(nb__node *n, int slot, nb_tensor *t);
-/* Whether an op over these inputs would record (grad mode on, some input requires grad). */
-bool nb__needs_grad(nb_tensor *const *inputs, int n);
-/* Drop one reference to a node (tensor.c calls this when a result dies). */
-void nb__node_release(nb__node *n);
-/* Free a tensor's autograd metadata (hooks). */
-void nb__ag_meta_free(struct nb__ag_meta *m);
-/* False (and NB_EINVAL) if writing into t in place would break autograd. */
-bool nb__inplace_ok(const nb_tensor *t, const char *op);
-/* dst += src (src broadcast to dst, converted), in place; CPU. */
+/* dst += src (src broadcast to dst, converted), in place (nb_add_). */
 nb_status nb__add_inplace(nb_tensor *dst, const nb_tensor *src);
 /* Sum g over broadcast dims so it has shape[ndim]. New reference (g itself if equal). */
 nb_tensor *nb__sum_to_shape(nb_tensor *g, const int64_t *shape, int ndim);

@@ -1,5 +1,6 @@
-/* engine.c - the autograd tape and engine: recording nodes, grad mode, leaves' gradients
- * and hooks, and nb_backward (see nabla/autograd.h for the contract). */
+/* engine.c - the autograd engine: leaves' gradients and hooks, and nb_backward (see
+ * nabla/autograd.h for the contract). The tape it walks (nodes, recording, grad mode) is
+ * part of the core: tensor/tape.c. The engine computes with ops only. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,17 +21,7 @@ struct nb__ag_meta {
     bool got;
 };
 
-static _Thread_local bool tls_grad_disabled; /* zero-initialized: grad mode on */
-static atomic_ullong g_seq;
 static atomic_ullong g_epoch;
-
-bool nb_grad_enabled(void) { return !tls_grad_disabled; }
-
-bool nb_set_grad_enabled(bool enabled) {
-    bool prev = !tls_grad_disabled;
-    tls_grad_disabled = !enabled;
-    return prev;
-}
 
 /* ---- leaves ---------------------------------------------------------------------------------- */
 nb_status nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
@@ -116,82 +107,6 @@ nb_status nb_remove_grad_hook(nb_tensor *leaf, int handle) {
         }
     }
     return nb__error(NB_EINVAL, "remove_grad_hook: no hook with handle %d on this tensor", handle);
-}
-
-/* ---- recording ------------------------------------------------------------------------------ */
-bool nb__needs_grad(nb_tensor *const *inputs, int n) {
-    if (tls_grad_disabled) return false;
-    for (int i = 0; i < n; i++)
-        if (inputs[i] && inputs[i]->requires_grad) return true;
-    return false;
-}
-
-nb__node *nb__record(nb_tensor *out, nb__op op, nb_tensor *const *inputs, int n) {
-    if (!out || !nb__needs_grad(inputs, n)) return NULL;
-    NB__ASSERT(out->grad_fn == NULL);
-    nb__node *nd = nb_host_alloc(sizeof(nb__node));
-    nb__edge *edges = nd ? nb_host_alloc(sizeof(nb__edge) * (size_t)(n ? n : 1)) : NULL;
-    NB__ASSERT(edges != NULL); /* a few hundred bytes: failing here means the process is done */
-    memset(nd, 0, sizeof *nd);
-    memset(edges, 0, sizeof(nb__edge) * (size_t)n);
-    atomic_init(&nd->refcount, 1);
-    nd->op = op;
-    nd->seq = atomic_fetch_add(&g_seq, 1) + 1;
-    nd->ninputs = n;
-    nd->edges = edges;
-    for (int i = 0; i < n; i++) {
-        nb_tensor *in = inputs[i];
-        if (!in) continue;
-        edges[i].ndim = in->ndim;
-        edges[i].dtype = in->dtype;
-        memcpy(edges[i].shape, in->shape, sizeof(int64_t) * (size_t)in->ndim);
-        if (in->grad_fn) {
-            edges[i].node = in->grad_fn;
-            atomic_fetch_add(&in->grad_fn->refcount, 1);
-        } else if (in->requires_grad) {
-            edges[i].leaf = nb_tensor_retain(in);
-        }
-    }
-    nd->out_ndim = out->ndim;
-    nd->out_dtype = out->dtype;
-    memcpy(nd->out_shape, out->shape, sizeof(int64_t) * (size_t)out->ndim);
-    out->grad_fn = nd;
-    out->requires_grad = true;
-    return nd;
-}
-
-void nb__save(nb__node *n, int slot, nb_tensor *t) {
-    NB__ASSERT(slot >= 0 && slot < NB__NODE_MAX_SAVED && !n->saved[slot]);
-    if (!t) return;
-    nb_tensor *v = nb__view_of(t, t->shape, t->strides, t->ndim, t->offset);
-    NB__ASSERT(v != NULL);
-    n->saved[slot] = nb__scope_take(v); /* owned by the node, no grad_fn: no cycle */
-}
-
-static void release_saved(nb__node *n) {
-    for (int i = 0; i < NB__NODE_MAX_SAVED; i++) {
-        nb_tensor_free(n->saved[i]);
-        n->saved[i] = NULL;
-    }
-}
-
-void nb__node_release(nb__node *n) {
-    /* Iterative over the chain of sole owners, so long graphs do not recurse deeply. */
-    while (n && atomic_fetch_sub(&n->refcount, 1) == 1) {
-        release_saved(n);
-        nb_tensor_free(n->grad);
-        nb__node *next = NULL;
-        for (int i = 0; i < n->ninputs; i++) {
-            nb_tensor_free(n->edges[i].leaf);
-            if (n->edges[i].node) {
-                if (!next) next = n->edges[i].node;
-                else nb__node_release(n->edges[i].node);
-            }
-        }
-        nb_host_free(n->edges);
-        nb_host_free(n);
-        n = next;
-    }
 }
 
 /* ---- gradient arithmetic used by the engine -------------------------------------------------- */
@@ -394,7 +309,7 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
         if (gin != gin_small) nb_host_free(gin);
         nb_tensor_free(g);
         if (!retain) {
-            release_saved(n);
+            nb__node_release_saved(n);
             n->released = true;
         }
     }

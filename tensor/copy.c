@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "tensor/backend.h"
 
 /* In-place writes would silently corrupt gradients that depend on the old values; like

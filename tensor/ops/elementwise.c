@@ -31,7 +31,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "tensor/backend.h"
 
 /* The (op, compute dtype) pairs the elementwise ops accept; every backend implements
