@@ -2,15 +2,10 @@
  *
  * The rule of a differentiable op NAME (grad = 1 in the list) is the function nb__bw_NAME,
  * defined next to the op's forward (DESIGN.md rule 1: one op, one place). Each is declared
- * here with its checked prototype and referenced strongly: a missing rule fails to link.
+ * in tensor/tape.h with its checked prototype and referenced strongly here: a missing rule
+ * fails to link.
  * Ops with grad = 0 never record a node and get NULL. */
 #include "autograd/autograd_impl.h"
-
-#define NB__BW_DECL_1(name) nb_status nb__bw_##name(nb__node *, nb_tensor *, nb_tensor **);
-#define NB__BW_DECL_0(name)
-#define NB__BW_DECLARE(name, str, arity, grad) NB__BW_DECL_##grad(name)
-NB__OPS(NB__BW_DECLARE)
-#undef NB__BW_DECLARE
 
 #define NB__BW_ENTRY_1(name) [NB__OP_##name] = nb__bw_##name,
 #define NB__BW_ENTRY_0(name)

@@ -71,6 +71,15 @@ void nb__node_release(nb__node *n);
 void nb__ag_meta_free(struct nb__ag_meta *m);
 /* False (and NB_EINVAL) if writing into t in place would break autograd. */
 bool nb__inplace_ok(const nb_tensor *t, const char *op);
+/* The backward rule of every differentiable op (grad = 1 in tensor/op_table.h), defined
+ * next to the op's forward; declared here so each definition is checked against this
+ * prototype, and referenced by autograd/rules.c so a missing rule fails to link. */
+#define NB__BW_DECL_1(name) nb_status nb__bw_##name(nb__node *n, nb_tensor *g, nb_tensor **gin);
+#define NB__BW_DECL_0(name)
+#define NB__BW_DECLARE(name, str, arity, grad) NB__BW_DECL_##grad(name)
+NB__OPS(NB__BW_DECLARE)
+#undef NB__BW_DECLARE
+
 /* Free a node's saved tensors (a backward without retain_graph). */
 void nb__node_release_saved(nb__node *n);
 
