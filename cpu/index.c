@@ -1,5 +1,6 @@
-/* index.c - CPU kernels of the indexing ops: index_select (and embedding through it),
- * gather, scatter_add, masked_fill, one_hot and tril/triu.
+/* cpu/index.c - CPU kernels of the indexing ops: index_select (and embedding through it),
+ * gather, scatter_add, the ordered index_add of their backward rules, masked_fill, one_hot,
+ * tril/triu, and the index min/max scan (tensor/kernels/index.h has their arguments).
  *
  * Element moves do not care about the dtype, only its size: the loops are written once as
  * always-inline functions taking the element size, and called from a switch with the
@@ -8,32 +9,52 @@
  * it is one memcpy. Work is split over threads by output position only, so no two threads
  * ever write the same element and the results never depend on the thread count.
  *
- * The op definitions (tensor/ops/index.c) have checked every index before calling here;
- * the kernels trust them. */
+ * The op definitions (tensor/ops/index.c) never read index values: every kernel taking an
+ * index scans it first (one parallel min/max pass) and fails with the op's NB_EINDEX
+ * message before writing anything, so a bad index is an error, never an out-of-bounds
+ * access. index_add trusts its index: its callers pass one a forward pass checked. */
 #include <string.h>
 
 #include "cpu/backend.h"
-#include "cpu/index.h"
+#include "cpu/cpu_impl.h"
 
 #define NB__INLINE static inline __attribute__((always_inline))
 
-/* Geometry with 0-dim tensors seen as one-element 1-D ones, so every loop has a dim. */
+/* Geometry with 0-dim operands seen as one-element 1-D ones, so every loop has a dim. */
 typedef struct {
     int nd;
     int64_t shape[NB_MAX_DIMS];
     int64_t strides[NB_MAX_DIMS];
 } nb__geom;
 
-static void geom_of(const nb_tensor *t, nb__geom *g) {
-    if (t->ndim == 0) {
+static void geom_of(const nb__view *v, nb__geom *g) {
+    if (v->ndim == 0) {
         g->nd = 1;
         g->shape[0] = 1;
         g->strides[0] = 1;
         return;
     }
-    g->nd = t->ndim;
-    memcpy(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-    memcpy(g->strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
+    g->nd = v->ndim;
+    memcpy(g->shape, v->shape, sizeof g->shape);
+    memcpy(g->strides, v->strides, sizeof g->strides);
+}
+
+static int64_t view_numel(const nb__view *v) {
+    int64_t n = 1;
+    for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
+    return n;
+}
+
+/* As nb_is_contiguous: row-major strides, size-1 dims may have any stride. */
+static bool view_contiguous(const nb__view *v) {
+    int64_t expect = 1;
+    for (int d = v->ndim - 1; d >= 0; d--) {
+        if (v->shape[d] == 1) continue;
+        if (v->shape[d] == 0) return true;
+        if (v->strides[d] != expect) return false;
+        expect *= v->shape[d];
+    }
+    return true;
 }
 
 static inline int64_t idx_at(const void *p, bool i64, int64_t i) {
@@ -50,20 +71,21 @@ static int threads_for(int64_t work) {
 }
 
 /* ---- index range ----------------------------------------------------------------------- */
-void nb__cpu_index_minmax(const nb_tensor *idx, int64_t *mn, int64_t *mx) {
-    int64_t n = nb_numel(idx);
+/* Smallest and largest value of a contiguous I32/I64 index (INT64_MAX, INT64_MIN if empty). */
+static void index_minmax(const nb__view *idx, int64_t *mn, int64_t *mx) {
+    int64_t n = view_numel(idx);
     int64_t lo = INT64_MAX, hi = INT64_MIN;
     int nt = threads_for(n);
     (void)nt;
     if (idx->dtype == NB_I64) {
-        const int64_t *p = (const int64_t *)nb__ptr(idx);
+        const int64_t *p = (const int64_t *)idx->data;
 #pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt) reduction(min : lo) reduction(max : hi)
         for (int64_t i = 0; i < n; i++) {
             lo = p[i] < lo ? p[i] : lo;
             hi = p[i] > hi ? p[i] : hi;
         }
     } else {
-        const int32_t *p = (const int32_t *)nb__ptr(idx);
+        const int32_t *p = (const int32_t *)idx->data;
 #pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt) reduction(min : lo) reduction(max : hi)
         for (int64_t i = 0; i < n; i++) {
             lo = p[i] < lo ? p[i] : lo;
@@ -72,6 +94,22 @@ void nb__cpu_index_minmax(const nb_tensor *idx, int64_t *mn, int64_t *mx) {
     }
     *mn = lo;
     *mx = hi;
+}
+
+/* NB_OK when every value of idx lies in [0, size), else the op's range error naming the
+ * smallest value if negative, else the largest. */
+static nb_status check_range(const nb__view *idx, int64_t size, const char *op, int dim) {
+    if (view_numel(idx) == 0) return NB_OK;
+    int64_t mn, mx;
+    index_minmax(idx, &mn, &mx);
+    if (mn >= 0 && mx < size) return NB_OK;
+    return nb__error(NB_EINDEX, "%s: index %lld is out of range for dim %d of size %lld", op,
+                     (long long)(mn < 0 ? mn : mx), dim, (long long)size);
+}
+
+static nb_status cpu_index_minmax(const nb__index_minmax_args *a) {
+    index_minmax(&a->index, a->out_min, a->out_max);
+    return NB_OK;
 }
 
 /* ---- gather-like copies ------------------------------------------------------------------
@@ -133,13 +171,13 @@ static void gather_span_es(char *o, const char *xp, const nb__geom *g, int dim, 
     }
 }
 
-static void gather_run(nb_tensor *out, const nb_tensor *x, const nb__geom *g, int dim,
-                       const nb_tensor *idx, bool linear) {
-    int64_t n = nb_numel(out);
+static void gather_run(const nb__view *out, const nb__view *x, const nb__geom *g, int dim,
+                       const nb__view *idx, bool linear) {
+    int64_t n = view_numel(out);
     size_t es = nb_dtype_size(x->dtype);
-    char *o = nb__ptr(out);
-    const char *xp = nb__ptr(x);
-    const void *ip = nb__ptr(idx);
+    char *o = out->data;
+    const char *xp = x->data;
+    const void *ip = idx->data;
     bool i64 = idx->dtype == NB_I64;
     int nt = threads_for(n);
 #pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
@@ -149,11 +187,14 @@ static void gather_run(nb_tensor *out, const nb_tensor *x, const nb__geom *g, in
     }
 }
 
-void nb__cpu_index_select(nb_tensor *out, const nb_tensor *x, int dim, const nb_tensor *idx) {
-    if (nb_numel(out) == 0) return;
+static nb_status cpu_index_select(const nb__index_select_args *a) {
+    const nb__view *x = &a->x, *idx = &a->index;
+    int dim = a->dim;
     nb__geom gx;
     geom_of(x, &gx);
-    int64_t m = nb_numel(idx);
+    nb_status st = check_range(idx, gx.shape[dim], a->op, dim);
+    if (st != NB_OK || view_numel(&a->out) == 0) return st;
+    int64_t m = view_numel(idx);
     /* Fast path: the block x[..., k, ...] (dims after dim) is contiguous, so each picked
      * row is one memcpy (embedding tables, row selection of matrices). */
     int64_t inner = 1;
@@ -167,9 +208,9 @@ void nb__cpu_index_select(nb_tensor *out, const nb_tensor *x, int dim, const nb_
         int64_t outer = 1;
         for (int d = 0; d < dim; d++) outer *= gx.shape[d];
         int64_t rows = outer * m, rowbytes = inner * (int64_t)es;
-        char *o = nb__ptr(out);
-        const char *xp = nb__ptr(x);
-        const void *ip = nb__ptr(idx);
+        char *o = a->out.data;
+        const char *xp = x->data;
+        const void *ip = idx->data;
         bool i64 = idx->dtype == NB_I64;
         int nt = threads_for(rows * inner);
         (void)nt;
@@ -183,20 +224,23 @@ void nb__cpu_index_select(nb_tensor *out, const nb_tensor *x, int dim, const nb_
             base += idx_at(ip, i64, j) * gx.strides[dim];
             memcpy(o + r * rowbytes, xp + base * (int64_t)es, (size_t)rowbytes);
         }
-        return;
+        return NB_OK;
     }
     nb__geom g = gx;
     g.shape[dim] = m;
-    gather_run(out, x, &g, dim, idx, false);
+    gather_run(&a->out, x, &g, dim, idx, false);
+    return NB_OK;
 }
 
-void nb__cpu_gather(nb_tensor *out, const nb_tensor *x, int dim, const nb_tensor *idx) {
-    if (nb_numel(out) == 0) return;
+static nb_status cpu_gather(const nb__gather_args *a) {
     nb__geom g, gx;
-    geom_of(out, &g);
-    geom_of(x, &gx);
+    geom_of(&a->x, &gx);
+    nb_status st = check_range(&a->index, gx.shape[a->dim], a->op, a->dim);
+    if (st != NB_OK || view_numel(&a->out) == 0) return st;
+    geom_of(&a->out, &g);
     memcpy(g.strides, gx.strides, sizeof g.strides);
-    gather_run(out, x, &g, dim, idx, true);
+    gather_run(&a->out, &a->x, &g, a->dim, &a->index, true);
+    return NB_OK;
 }
 
 /* ---- scatter_add ------------------------------------------------------------------------- */
@@ -299,27 +343,29 @@ static void scatter_fast_dt(const nb__scatter *c, int64_t N, int64_t inner, int6
 #undef NB__CALL
 }
 
-void nb__cpu_scatter_add(nb_tensor *out, int dim, const nb_tensor *idx, const nb_tensor *src) {
-    int64_t total = nb_numel(idx);
-    if (total == 0) return;
+static nb_status cpu_scatter_add(const nb__scatter_add_args *a) {
+    int dim = a->dim;
     nb__scatter c;
     nb__geom gi, go, gs;
-    geom_of(idx, &gi);
-    geom_of(out, &go);
-    geom_of(src, &gs);
+    geom_of(&a->index, &gi);
+    geom_of(&a->out, &go);
+    geom_of(&a->src, &gs);
+    nb_status st = check_range(&a->index, go.shape[dim], a->op, dim);
+    int64_t total = view_numel(&a->index);
+    if (st != NB_OK || total == 0) return st;
     c.nd = gi.nd;
     c.dim = dim;
-    c.o = nb__ptr(out);
-    c.s = nb__ptr(src);
-    c.ip = nb__ptr(idx);
-    c.i64 = idx->dtype == NB_I64;
+    c.o = a->out.data;
+    c.s = a->src.data;
+    c.ip = a->index.data;
+    c.i64 = a->index.dtype == NB_I64;
     memcpy(c.ishape, gi.shape, sizeof c.ishape);
     memcpy(c.istr, gi.strides, sizeof c.istr);
     memcpy(c.os, go.strides, sizeof c.os);
     memcpy(c.ss, gs.strides, sizeof c.ss);
-    nb_dtype dt = out->dtype;
+    nb_dtype dt = a->out.dtype;
 
-    bool fast = nb_is_contiguous(src) && nb_is_contiguous(out);
+    bool fast = view_contiguous(&a->src) && view_contiguous(&a->out);
     for (int d = 0; d < c.nd && fast; d++)
         fast = gs.shape[d] == gi.shape[d] && (d == dim || go.shape[d] == gi.shape[d]);
     int nt = threads_for(total);
@@ -334,7 +380,7 @@ void nb__cpu_scatter_add(nb_tensor *out, int dim, const nb_tensor *idx, const nb
         int64_t items = outer * nblk, N = go.shape[dim];
 #pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
         for (int64_t w = 0; w < items; w++) scatter_fast_dt(&c, N, inner, nblk, w, dt);
-        return;
+        return NB_OK;
     }
     int64_t nq = total / gi.shape[dim];
 #pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
@@ -342,6 +388,7 @@ void nb__cpu_scatter_add(nb_tensor *out, int dim, const nb_tensor *idx, const nb
         int64_t b = nq * t / nt, e = nq * (t + 1) / nt;
         if (b < e) scatter_general_dt(&c, b, e, dt);
     }
+    return NB_OK;
 }
 
 /* ---- masked_fill --------------------------------------------------------------------------- */
@@ -368,22 +415,29 @@ static void mf_fn(char **ptrs, const int64_t *strides, int64_t n, void *ctx) {
     }
 }
 
-void nb__cpu_masked_fill(nb_tensor *out, nb_tensor *x, nb_tensor *mask, const void *value) {
-    nb__iter it;
-    nb_tensor *ts[3] = {out, x, mask};
-    nb__iter_init(&it, out->shape, out->ndim, ts, 3);
-    nb__mf_ctx c = {value, nb_dtype_size(out->dtype)};
-    nb__iter_for_each(&it, mf_fn, &c, NB__GRAIN);
+static nb_status cpu_masked_fill(const nb__masked_fill_args *a) {
+    nb__mf_ctx c = {(const char *)&a->value, nb_dtype_size(a->it.dtype[0])};
+    nb__iter_for_each(&a->it, mf_fn, &c, NB__GRAIN);
+    return NB_OK;
 }
 
 /* ---- one_hot ------------------------------------------------------------------------------- */
-void nb__cpu_one_hot(nb_tensor *out, const nb_tensor *idx, const void *one) {
-    int64_t n = nb_numel(idx), C = out->shape[out->ndim - 1];
-    if (n == 0 || C == 0) return;
+static nb_status cpu_one_hot(const nb__one_hot_args *a) {
+    const nb__view *out = &a->out, *idx = &a->index;
+    int64_t n = view_numel(idx), C = out->shape[out->ndim - 1];
+    if (n == 0) return NB_OK;
+    int64_t mn, mx;
+    index_minmax(idx, &mn, &mx);
+    if (mn < 0)
+        return nb__error(NB_EINDEX, "one_hot: class index %lld is negative; class values must "
+                         "be non-negative", (long long)mn);
+    if (mx >= C)
+        return nb__error(NB_EINDEX, "one_hot: class index %lld is out of range for %lld "
+                         "classes", (long long)mx, (long long)C);
     size_t es = nb_dtype_size(out->dtype);
     int64_t rowbytes = C * (int64_t)es;
-    char *o = nb__ptr(out);
-    const void *ip = nb__ptr(idx);
+    char *o = out->data;
+    const void *ip = idx->data;
     bool i64 = idx->dtype == NB_I64;
     int nt = threads_for(n * C);
     (void)nt;
@@ -392,10 +446,10 @@ void nb__cpu_one_hot(nb_tensor *out, const nb_tensor *idx, const void *one) {
     for (int64_t i = 0; i < n; i++) {
         char *row = o + i * rowbytes;
         memset(row, 0, (size_t)rowbytes);
-        memcpy(row + idx_at(ip, i64, i) * (int64_t)es, one, es);
+        memcpy(row + idx_at(ip, i64, i) * (int64_t)es, &a->one, es);
     }
+    return NB_OK;
 }
-
 /* ---- tril / triu ------------------------------------------------------------------------- */
 NB__INLINE void copy_strided(char *dst, const char *src, int64_t sstride, int64_t n, size_t es) {
     for (int64_t j = 0; j < n; j++) copy_elem(dst + j * (int64_t)es, src + j * sstride, es);
@@ -411,20 +465,22 @@ static void copy_strided_es(char *dst, const char *src, int64_t sstride, int64_t
     }
 }
 
-void nb__cpu_tri(nb_tensor *out, const nb_tensor *x, int64_t k, bool lower) {
+static nb_status cpu_tri(const nb__tri_args *a) {
+    const nb__view *x = &a->x;
     int nd = x->ndim;
     NB__ASSERT(nd >= 2);
-    int64_t R = x->shape[nd - 2], C = x->shape[nd - 1];
-    int64_t rows = nb_numel(x) / (C ? C : 1);
-    if (nb_numel(x) == 0) return;
+    int64_t R = x->shape[nd - 2], C = x->shape[nd - 1], numel = view_numel(x);
+    int64_t rows = numel / (C ? C : 1), k = a->k;
+    bool lower = a->lower;
+    if (numel == 0) return NB_OK;
     size_t es = nb_dtype_size(x->dtype);
     int64_t rowbytes = C * (int64_t)es;
     /* Clamp k so i + k cannot overflow; beyond +-(R + C) every k behaves the same. */
     if (k > R + C) k = R + C;
     if (k < -(R + C)) k = -(R + C);
     const int64_t srow = x->strides[nd - 2], scol = x->strides[nd - 1];
-    char *o = nb__ptr(out);
-    const char *xp = nb__ptr(x);
+    char *o = a->out.data;
+    const char *xp = x->data;
     int nt = threads_for(rows * C);
     (void)nt;
 #pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
@@ -446,7 +502,95 @@ void nb__cpu_tri(nb_tensor *out, const nb_tensor *x, int64_t k, bool lower) {
         if (scol == 1) memcpy(orow + lo * (int64_t)es, src, (size_t)((hi - lo) * (int64_t)es));
         else copy_strided_es(orow + lo * (int64_t)es, src, scol * (int64_t)es, hi - lo, es);
     }
+    return NB_OK;
 }
 
-/* Filled in as the family moves behind the kernel table. */
-void nb__cpu_register_index(nb__kernels *k) { (void)k; }
+/* ---- index_add -----------------------------------------------------------------------------
+ * The gradient of index_select and embedding. Parallel only over work that touches disjoint
+ * outputs: the O outer slices and, when there are fewer slices than threads (embedding:
+ * O == 1), blocks of at least IA_MINW columns of D. Each output element is therefore
+ * accumulated by one thread, in index order. */
+#define IA_MINW 64 /* narrowest column block index_add splits D into */
+
+/* dst[0, w) += src[0, w): f32 accumulator, src of dtype sdt (f32, f16, bf16). */
+static void add_row_f32(float *dst, const char *src, nb_dtype sdt, int64_t w) {
+    if (sdt == NB_F32) {
+        const float *s = (const float *)src;
+#pragma omp simd
+        for (int64_t j = 0; j < w; j++) dst[j] += s[j];
+        return;
+    }
+    float buf[256];
+    for (int64_t o = 0; o < w; o += 256) {
+        int64_t n = w - o < 256 ? w - o : 256;
+        const uint16_t *h = (const uint16_t *)(src + o * 2);
+        if (sdt == NB_F16) nb__f16_to_f32_n(h, buf, n);
+        else nb__bf16_to_f32_n(h, buf, n);
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) dst[o + j] += buf[j];
+    }
+}
+
+static void add_row_f64(double *dst, const char *src, nb_dtype sdt, int64_t w) {
+    if (sdt == NB_F64) {
+        const double *s = (const double *)src;
+#pragma omp simd
+        for (int64_t j = 0; j < w; j++) dst[j] += s[j];
+        return;
+    }
+    int64_t es = (int64_t)nb_dtype_size(sdt);
+    for (int64_t j = 0; j < w; j++) dst[j] += nb__load_f64(src + j * es, sdt);
+}
+
+static nb_status cpu_index_add(const nb__index_add_args *a) {
+    const nb__view *out = &a->out;
+    int dim = a->dim;
+    int64_t O = 1, S = 1, D = 1, M = view_numel(&a->index);
+    for (int d = 0; d < out->ndim; d++) {
+        if (d < dim) O *= out->shape[d];
+        else if (d == dim) S = out->shape[d];
+        else D *= out->shape[d];
+    }
+    if (O * M * D == 0) return NB_OK;
+    nb_dtype odt = out->dtype, sdt = a->src.dtype;
+    int64_t oes = (int64_t)nb_dtype_size(odt), ses = (int64_t)nb_dtype_size(sdt);
+    char *op = out->data;
+    const char *sp = a->src.data;
+    const void *ip = a->index.data;
+    bool i64 = a->index.dtype == NB_I64;
+    int nt = nb__threads_for(O * M * D, NB__GRAIN);
+    /* Tasks: one per outer slice, each split into nblk column blocks when the slices alone
+     * cannot occupy the threads. */
+    int64_t nblk = 1;
+    if (O < nt) {
+        int64_t want = (nt + O - 1) / O, most = (D + IA_MINW - 1) / IA_MINW;
+        nblk = want < most ? want : most;
+    }
+    int64_t ntask = O * nblk;
+    if (ntask < nt) nt = (int)ntask;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t t = 0; t < ntask; t++) {
+        int64_t o = t / nblk, b = t % nblk;
+        int64_t j0 = D * b / nblk, w = D * (b + 1) / nblk - j0;
+        for (int64_t m = 0; m < M; m++) {
+            int64_t r = idx_at(ip, i64, m);
+            char *dst = op + ((o * S + r) * D + j0) * oes;
+            const char *s = sp + ((o * M + m) * D + j0) * ses;
+            if (odt == NB_F64) add_row_f64((double *)dst, s, sdt, w);
+            else add_row_f32((float *)dst, s, sdt, w);
+        }
+    }
+    return NB_OK;
+}
+
+/* ---- the kernel table's entries ----------------------------------------------------------- */
+void nb__cpu_register_index(nb__kernels *k) {
+    k->index_select = cpu_index_select;
+    k->gather = cpu_gather;
+    k->scatter_add = cpu_scatter_add;
+    k->index_add = cpu_index_add;
+    k->masked_fill = cpu_masked_fill;
+    k->one_hot = cpu_one_hot;
+    k->index_minmax = cpu_index_minmax;
+    k->tri = cpu_tri;
+}

@@ -20,11 +20,4 @@
 void nb__cpu_softmax_backward(const nb_tensor *y, const nb_tensor *g, nb_tensor *dx, int dim,
                               bool log);
 
-/* out[.., idx[m], ..] += src[.., m, ..] along dim, for m = 0, 1, ... in that order (so a
- * repeated index accumulates in index order, whatever the thread count). out is contiguous
- * f32 or f64 (the accumulation type); src is contiguous, of any float dtype, laid out as
- * out's shape with shape[dim] replaced by numel(idx); idx is contiguous I32/I64 with values
- * already checked to lie in [0, out.shape[dim]). A 0-dim out counts as shape [1]. */
-void nb__cpu_index_add(nb_tensor *out, int dim, const nb_tensor *idx, const nb_tensor *src);
-
 #endif

@@ -366,10 +366,11 @@ nb_status nb__bw_PERMUTE(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     return gin[0] ? NB_OK : nb_last_status();
 }
 
-/* Gradient of a view that picks part of the input: zeros with g written into the part. */
+/* Gradient of a view that picks part of the input: zeros (on g's device) with g written
+ * into the part. */
 static nb_status scatter_into_zeros(nb__node *n, nb_tensor *g, nb_tensor **gin,
                                     nb_tensor *(*part)(nb_tensor *z, const nb__attrs *a)) {
-    nb_tensor *z = nb_zeros(edge0(n)->shape, edge0(n)->ndim, g->dtype);
+    nb_tensor *z = nb_zeros_on(nb__device_of(g), edge0(n)->shape, edge0(n)->ndim, g->dtype);
     nb_tensor *v = z ? part(z, &n->attrs) : NULL;
     if (!v || nb_copy_(v, g) != NB_OK) return nb_last_status();
     gin[0] = z;

@@ -1,8 +1,9 @@
 /* join.c - definitions of cat, stack, split and chunk.
  *
- * cat and stack allocate the output and copy each input into its slot (a narrowed or
- * selected view of the output) with nb_copy_, which dispatches to the device's copy kernel,
- * handles any input strides and converts dtypes. Inputs of different dtypes are promoted
+ * cat and stack allocate the output on their inputs' device (all must share one) and copy
+ * each input into its slot (a narrowed or selected view of the output) with nb_copy_, which
+ * dispatches to the device's copy kernel, handles any input strides and converts dtypes;
+ * nothing here touches tensor data. Inputs of different dtypes are promoted
  * like PyTorch (torch.cat promotes since 1.5): the output dtype is nb_dtype_promote over all
  * inputs. As in PyTorch's legacy behaviour, cat skips 1-D empty tensors of shape [0] in
  * the shape checks (they contribute nothing), so cat([empty(0), x]) works for any x.
@@ -19,14 +20,8 @@
 
 #include "autograd/autograd_impl.h"
 
-static bool on_cpu(const nb_tensor *t, const char *op) {
-    if (t->storage->device.type == NB_DEVICE_CPU) return true;
-    nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
-    return false;
-}
-
-/* Checks the list itself: non-NULL, n >= 1, every entry non-NULL and on the CPU. */
-static bool list_ok(nb_tensor *const *ts, int n, const char *op) {
+/* Checks the list itself: non-NULL, n >= 1, every entry non-NULL, all on one device (*dev). */
+static bool list_ok(nb_tensor *const *ts, int n, const char *op, nb_device *dev) {
     if (!ts) {
         if (nb_last_status() == NB_OK) nb__error(NB_ENULL, "%s: the tensor list is NULL", op);
         return false;
@@ -38,9 +33,9 @@ static bool list_ok(nb_tensor *const *ts, int n, const char *op) {
     for (int i = 0; i < n; i++) {
         char name[32];
         snprintf(name, sizeof name, "tensors[%d]", i);
-        if (!nb__arg_ok(ts[i], op, name) || !on_cpu(ts[i], op)) return false;
+        if (!nb__arg_ok(ts[i], op, name)) return false;
     }
-    return true;
+    return nb__check_devices(op, ts, n, dev);
 }
 
 static nb_dtype promote_all(nb_tensor *const *ts, int n) {
@@ -53,14 +48,15 @@ static nb_dtype promote_all(nb_tensor *const *ts, int n) {
 static bool legacy_empty(const nb_tensor *t) { return t->ndim == 1 && t->shape[0] == 0; }
 
 static nb_tensor *cat_impl(nb_tensor *const *ts, int n, int dim) {
-    if (!list_ok(ts, n, "cat")) return NULL;
+    nb_device dev;
+    if (!list_ok(ts, n, "cat", &dev)) return NULL;
     nb_dtype dt = promote_all(ts, n);
     int ref = -1;
     for (int i = 0; i < n && ref < 0; i++)
         if (!legacy_empty(ts[i])) ref = i;
     if (ref < 0) { /* only [0]-shaped inputs: the result is one too */
         if (nb__wrap_dim(dim, 1, "cat") < 0) return NULL;
-        return nb__empty((int64_t[]){0}, 1, dt, NB_CPU);
+        return nb__empty((int64_t[]){0}, 1, dt, dev);
     }
     const nb_tensor *r = ts[ref];
     int d = -1;
@@ -93,7 +89,7 @@ static nb_tensor *cat_impl(nb_tensor *const *ts, int n, int dim) {
     memcpy(sh, r->shape, sizeof sh);
     sh[d] = total;
     nb_scope_begin();
-    nb_tensor *out = nb__empty(sh, r->ndim, dt, NB_CPU);
+    nb_tensor *out = nb__empty(sh, r->ndim, dt, dev);
     int64_t off = 0;
     for (int i = 0; i < n && out; i++) {
         nb_tensor *t = ts[i];
@@ -108,7 +104,8 @@ static nb_tensor *cat_impl(nb_tensor *const *ts, int n, int dim) {
 }
 
 static nb_tensor *stack_impl(nb_tensor *const *ts, int n, int dim) {
-    if (!list_ok(ts, n, "stack")) return NULL;
+    nb_device dev;
+    if (!list_ok(ts, n, "stack", &dev)) return NULL;
     const nb_tensor *r = ts[0];
     if (r->ndim >= NB_MAX_DIMS) {
         nb__error(NB_ESHAPE, "stack: inputs of shape %s leave no room for the new dim (at most "
@@ -129,7 +126,7 @@ static nb_tensor *stack_impl(nb_tensor *const *ts, int n, int dim) {
     int64_t sh[NB_MAX_DIMS];
     for (int i = 0, k = 0; i <= r->ndim; i++) sh[i] = i == d ? n : r->shape[k++];
     nb_scope_begin();
-    nb_tensor *out = nb__empty(sh, r->ndim + 1, promote_all(ts, n), NB_CPU);
+    nb_tensor *out = nb__empty(sh, r->ndim + 1, promote_all(ts, n), dev);
     if (out && nb_numel(out) > 0) {
         for (int i = 0; i < n; i++) {
             nb_tensor *slot = nb_select(out, d, i);
@@ -179,7 +176,7 @@ nb_status nb__bw_CAT(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     for (int i = 0; i < n->ninputs; i++) {
         const nb__edge *e = &n->edges[i];
         if (e->ndim == 1 && e->shape[0] == 0) { /* skipped by cat: an empty gradient */
-            if (needs(n, i) && !(gin[i] = nb_zeros(e->shape, 1, g->dtype)))
+            if (needs(n, i) && !(gin[i] = nb_zeros_on(nb__device_of(g), e->shape, 1, g->dtype)))
                 return nb_last_status();
             continue;
         }
