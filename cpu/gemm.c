@@ -1,6 +1,8 @@
 /* gemm.c - the CPU GEMM provider layer: one row-major sgemm/dgemm call (cpu/gemm.h) that goes
- * to oneDNN's dnnl_sgemm or OpenBLAS's cblas_sgemm, and the public provider switch of
- * nabla/runtime.h (nb_set_gemm_provider and friends).
+ * to oneDNN's dnnl_sgemm or OpenBLAS's cblas_sgemm, the public provider switch of
+ * nabla/runtime.h (nb_set_gemm_provider and friends), and the CPU's `gemm` kernel
+ * (tensor/kernels/matmul.h: the GEMMs of nb_matmul and the linear op, with the policy of
+ * running small batched GEMMs in parallel over the batch).
  *
  * Why two providers: on the reference machine OpenBLAS is pinned to its AVX2 kernels by the
  * environment, while oneDNN picks AVX-512 itself and is 1.7-2.2x faster (DESIGN.md,
@@ -8,16 +10,16 @@
  * found it. Both run on the one OpenMP pool (Debian's OpenMP build of OpenBLAS). */
 #include <limits.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cblas.h>
 
 #include "cpu/backend.h"
+#include "cpu/cpu_impl.h"
 #include "cpu/gemm.h"
 #include "nb_config.h"
-#include "tensor/tensor_impl.h"
-#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 #if NB_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
@@ -176,5 +178,101 @@ nb_status nb__gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K
     return NB_OK;
 }
 
-/* Filled in as the family moves behind the kernel table. */
-void nb__cpu_register_matmul(nb__kernels *k) { (void)k; }
+/* ---- the gemm kernel ------------------------------------------------------------------------
+ * Per-GEMM work (multiply-adds) at or below which batches run in parallel rather than each
+ * GEMM using all threads: 128x128x128. A GEMM this small parallelizes poorly inside the
+ * provider (e.g. attention scores, (B*H) x T x T x head_dim). Up to MM_MID_MACS (256^3)
+ * batches still go in parallel when they split evenly over the threads: measured with
+ * oneDNN on 2 threads, 16 x (128x256x256) ran ~10 % faster that way, but an uneven split
+ * (3 batches on 2 threads) would idle a thread for a whole GEMM. */
+#define MM_SMALL_MACS ((int64_t)1 << 21)
+#define MM_MID_MACS ((int64_t)1 << 24)
+/* Total multiply-adds below which a batched matmul stays on one thread. */
+#define MM_PAR_GRAIN ((int64_t)1 << 18)
+
+/* Every row of the (M, N) matrix c (row stride ldc) becomes b (N elements), so that a GEMM
+ * with beta = 1 adds the product onto the bias. */
+#define NB__FILL_ROWS(T)                                                                   \
+    static void fill_rows_##T(T *c, int64_t ldc, const T *b, int64_t M, int64_t N) {       \
+        int nt = nb__threads_for(M * N, NB__GRAIN);                                        \
+        _Pragma("omp parallel for schedule(static) num_threads(nt) if (nt > 1)")           \
+        for (int64_t i = 0; i < M; i++) memcpy(c + i * ldc, b, sizeof(T) * (size_t)N);     \
+    }
+NB__FILL_ROWS(float)
+NB__FILL_ROWS(double)
+
+/* One GEMM of the batch: A, B and C offset by oa, ob, oc elements. */
+static nb_status gemm_one(const nb__gemm_args *g, int64_t oa, int64_t ob, int64_t oc) {
+    if (g->M <= 0 || g->N <= 0) return NB_OK;
+    if (g->dtype == NB_F64) {
+        const double *A = g->a ? (const double *)g->a + oa : NULL;
+        const double *B = g->b ? (const double *)g->b + ob : NULL;
+        double *C = (double *)g->c + oc;
+        if (g->bias) fill_rows_double(C, g->ldc, g->bias, g->M, g->N);
+        return nb__gemm_f64(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, A, g->lda, B,
+                            g->ldb, g->beta, C, g->ldc);
+    }
+    const float *A = g->a ? (const float *)g->a + oa : NULL;
+    const float *B = g->b ? (const float *)g->b + ob : NULL;
+    float *C = (float *)g->c + oc;
+    if (g->bias) fill_rows_float(C, g->ldc, g->bias, g->M, g->N);
+    return nb__gemm_f32(g->trans_a, g->trans_b, g->M, g->N, g->K, (float)g->alpha, A, g->lda,
+                        B, g->ldb, (float)g->beta, C, g->ldc);
+}
+
+/* Batch i (row-major over batch_shape): its operands' offsets from the batch strides. */
+static nb_status gemm_batch(const nb__gemm_args *g, int64_t i) {
+    int64_t r = i, oa = 0, ob = 0, oc = 0;
+    for (int d = g->batch_ndim - 1; d >= 0; d--) {
+        int64_t idx = r % g->batch_shape[d];
+        r /= g->batch_shape[d];
+        oa += idx * g->batch_stride_a[d];
+        ob += idx * g->batch_stride_b[d];
+        oc += idx * g->batch_stride_c[d];
+    }
+    return gemm_one(g, oa, ob, oc);
+}
+
+static nb_status cpu_gemm(const nb__gemm_args *g) {
+    if (g->dtype != NB_F32 && g->dtype != NB_F64)
+        return nb__error(NB_EDTYPE, "matmul: the CPU GEMM takes f32 or f64, got %s",
+                         nb_dtype_name(g->dtype));
+    int64_t nbatch = 1;
+    for (int d = 0; d < g->batch_ndim; d++) nbatch *= g->batch_shape[d];
+    if (nbatch <= 0) return NB_OK;
+    if (nbatch == 1) return gemm_one(g, 0, 0, 0);
+
+    /* One GEMM per batch: several threads over the batch when each GEMM is small. */
+    double macs = (double)g->M * (double)g->N * (double)g->K; /* double: no overflow */
+    int nt = 1;
+    if (macs <= (double)MM_MID_MACS) {
+        nt = nb__threads_for((int64_t)macs * nbatch, MM_PAR_GRAIN);
+        if (nt > nbatch) nt = (int)nbatch;
+        if (macs > (double)MM_SMALL_MACS && nbatch % nt != 0) nt = 1;
+    }
+    nb_status st;
+    if (nt <= 1) {
+        /* Not even an inactive OpenMP region here: the provider's own parallel region would
+         * then be a nested one, for which libgomp starts fresh threads on every call. */
+        for (int64_t i = 0; i < nbatch; i++)
+            if ((st = gemm_batch(g, i)) != NB_OK) return st;
+        return NB_OK;
+    }
+    atomic_int failed = 0;
+    nb_status fail_status = NB_OK;
+    char fail_msg[256] = "";
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t i = 0; i < nbatch; i++) {
+        if (atomic_load_explicit(&failed, memory_order_relaxed)) continue;
+        nb_status s = gemm_batch(g, i);
+        if (s != NB_OK && !atomic_exchange(&failed, 1)) {
+            /* The message was set on this worker thread; carry it back to the caller's. */
+            fail_status = s;
+            snprintf(fail_msg, sizeof fail_msg, "%s", nb_last_error());
+        }
+    }
+    if (atomic_load(&failed)) return nb__error(fail_status, "%s", fail_msg);
+    return NB_OK;
+}
+
+void nb__cpu_register_matmul(nb__kernels *k) { k->gemm = cpu_gemm; }

@@ -1,4 +1,5 @@
-/* gemm.h - private: the CPU GEMM provider layer (oneDNN or OpenBLAS behind one call).
+/* gemm.h - private: the CPU GEMM provider layer (oneDNN or OpenBLAS behind one call), for
+ * the CPU kernels (the `gemm` kernel of nb_matmul and linear in cpu/gemm.c, conv, attention).
  *
  * All matrices are row-major. op(A) is M x K, op(B) is K x N, C is M x N:
  *     C = alpha * op(A) * op(B) + beta * C

@@ -68,11 +68,6 @@ nb_status nb__cpu_batch_norm_bwd_f64(const double *g, const double *x, int64_t N
                                      const double *w, bool batch_stats, double *dx,
                                      double *dw, double *db);
 
-/* ---- linear: every row of the (M, N) row-major c becomes b (N elements), so that a GEMM
- * with beta = 1 adds the product onto the bias. */
-void nb__cpu_fill_rows_f32(float *c, const float *b, int64_t M, int64_t N);
-void nb__cpu_fill_rows_f64(double *c, const double *b, int64_t M, int64_t N);
-
 /* ---- dropout: out[i] = x[i] * (mask[i] * scale), n dense elements of float dtype dt (f32,
  * f64, f16 or bf16; half types computed in f32 and rounded once). x and out may alias. */
 void nb__cpu_dropout(const void *x, const uint8_t *mask, void *out, int64_t n, nb_dtype dt,

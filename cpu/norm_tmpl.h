@@ -297,13 +297,6 @@ nb_status F(nb__cpu_batch_norm_bwd)(const T *g, const T *x, int64_t N, int64_t C
     return NB_OK;
 }
 
-/* ---- linear ---------------------------------------------------------------------------------- */
-void F(nb__cpu_fill_rows)(T *c, const T *b, int64_t M, int64_t N) {
-    int nt = nb__threads_for(M * N, NB__GRAIN);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t i = 0; i < M; i++) memcpy(c + i * N, b, sizeof(T) * (size_t)N);
-}
-
 #undef LANE_SUM
 #undef LANES
 #undef F

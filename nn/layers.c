@@ -6,15 +6,15 @@
  * into rows (any contiguous input, row slices of a larger matrix) or as a column-major
  * (M, in) matrix (a transposed view); the weight (out, in) goes to the GEMM as the
  * transposed operand in whatever layout it is stored. Only other layouts are copied. The
- * bias is written into every output row first and the GEMM adds onto it (beta = 1), so the
- * bias costs one write pass and no extra read. f16/bf16 are computed in f32. */
+ * bias goes to the `gemm` kernel (tensor/kernels/matmul.h), which writes it into every
+ * output row first and adds the product onto it (beta = 1), so the bias costs one write
+ * pass and no extra read. f16/bf16 are computed in f32. Each GEMM is one nb__run_gemm. */
 #include <math.h>
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
-#include "cpu/gemm.h"
 #include "nabla/nn.h"
-#include "cpu/norm.h"
+#include "tensor/backend.h"
 
 /* ---- matrices as the GEMM sees them ---------------------------------------------------------- */
 /* A (rows x cols) matrix: element (i, j) at p[i * ld + j] (trans false) or p[j * ld + i]
@@ -57,26 +57,23 @@ static nb_tensor *operand(nb_tensor *t, nb_dtype cdt, lin_mat *m) {
     return t;
 }
 
-static nb_status gemm(nb_dtype cdt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                      const lin_mat *A, const lin_mat *B, double beta, void *C, int64_t ldc) {
-    if (cdt == NB_F64)
-        return nb__gemm_f64(ta, tb, M, N, K, 1.0, A->p, A->ld, B->p, B->ld, beta, C, ldc);
-    return nb__gemm_f32(ta, tb, M, N, K, 1.0f, A->p, A->ld, B->p, B->ld, (float)beta, C, ldc);
-}
-
-static bool on_cpu(const nb_tensor *t, const char *op) {
-    if (t && t->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
-        return false;
-    }
-    return true;
+/* C (M, N), row stride ldc, = op(A) @ op(B), plus the bias (N elements) in every row when
+ * bias is non-NULL; ta/tb say whether the stored A and B are read transposed. */
+static nb_status gemm(nb_device dev, nb_dtype cdt, bool ta, bool tb, int64_t M, int64_t N,
+                      int64_t K, const lin_mat *A, const lin_mat *B, const void *bias, void *C,
+                      int64_t ldc) {
+    nb__gemm_args g = {.dtype = cdt, .trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K,
+                       .alpha = 1.0, .beta = bias ? 1.0 : 0.0, .a = A->p, .lda = A->ld,
+                       .b = B->p, .ldb = B->ld, .c = C, .ldc = ldc, .bias = bias};
+    return nb__run_gemm(dev, "linear", &g);
 }
 
 static nb_dtype compute_dtype(nb_dtype dt) { return dt == NB_F64 ? NB_F64 : NB_F32; }
 
 /* ---- nb_linear_fn ---------------------------------------------------------------------------- */
-static bool linear_check(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
-    if (!on_cpu(x, "linear") || !on_cpu(w, "linear") || !on_cpu(b, "linear")) return false;
+/* The arguments' checks; their common device in *dev. */
+static bool linear_check(nb_tensor *x, nb_tensor *w, nb_tensor *b, nb_device *dev) {
+    if (!nb__check_devices("linear", (nb_tensor *[]){x, w, b}, 3, dev)) return false;
     if (!nb_dtype_is_float(x->dtype)) {
         nb__error(NB_EDTYPE, "linear: input dtype %s is not supported (f32, f64, f16 or bf16)",
                   nb_dtype_name(x->dtype));
@@ -115,7 +112,8 @@ static bool linear_check(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
 nb_tensor *nb_linear_fn(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     NB__CHECK_ARG(x, "linear", "x");
     NB__CHECK_ARG(w, "linear", "w");
-    if (!linear_check(x, w, b)) return NULL;
+    nb_device dev;
+    if (!linear_check(x, w, b, &dev)) return NULL;
     nb_dtype dt = x->dtype, cdt = compute_dtype(dt);
     int64_t K = w->shape[1], N = w->shape[0], M = nb__numel_of(x->shape, x->ndim - 1);
     int64_t oshape[NB_MAX_DIMS];
@@ -124,19 +122,16 @@ nb_tensor *nb_linear_fn(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    nb_tensor *out = nb__empty(oshape, x->ndim, cdt, NB_CPU);
+    nb_tensor *out = nb__empty(oshape, x->ndim, cdt, dev);
     lin_mat X, W;
     nb_tensor *xc = out ? operand(x, cdt, &X) : NULL;
     nb_tensor *wc = xc ? operand(w, cdt, &W) : NULL;
     nb_tensor *bc = wc && b ? nb_contiguous(nb_to_dtype(b, cdt)) : NULL;
     nb_status st = wc && (bc || !b) ? NB_OK : nb_last_status();
     if (st == NB_OK && M > 0 && N > 0) {
-        if (bc) {
-            if (cdt == NB_F64) nb__cpu_fill_rows_f64((double *)nb__ptr(out), (const double *)nb__ptr(bc), M, N);
-            else nb__cpu_fill_rows_f32((float *)nb__ptr(out), (const float *)nb__ptr(bc), M, N);
-        }
-        /* out (M, N) = X (M, K) @ W^T; W^T is W with the transpose flag flipped. */
-        st = gemm(cdt, X.trans, !W.trans, M, N, K, &X, &W, bc ? 1.0 : 0.0, nb__ptr(out), N);
+        /* out (M, N) = X (M, K) @ W^T + b; W^T is W with the transpose flag flipped. */
+        st = gemm(dev, cdt, X.trans, !W.trans, M, N, K, &X, &W, bc ? nb__ptr(bc) : NULL,
+                  nb__ptr(out), N);
     }
     if (st == NB_OK && cdt != dt) out = nb_to_dtype(out, dt);
     if (st != NB_OK || !out) out = NULL;
@@ -159,30 +154,29 @@ nb_status nb__bw_LINEAR(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *x = n->saved[0], *w = n->saved[1];
     nb_dtype cdt = compute_dtype(x->dtype);
     int64_t K = w->shape[1], N = w->shape[0], M = nb__numel_of(x->shape, x->ndim - 1);
+    nb_device dev;
+    if (!nb__check_devices("linear", (nb_tensor *[]){g, x, w}, 3, &dev)) return nb_last_status();
     lin_mat G, X, W;
     nb_tensor *gc = operand(g, cdt, &G);
     if (!gc) return nb_last_status();
     nb_status st = NB_OK;
+    /* An empty inner dim (N for dx, M for dw) makes the GEMM write zeros. */
     if (wants(n, 0)) {
         /* dx (M, K) = G (M, N) @ W (N, K) */
-        nb_tensor *dx = operand(w, cdt, &W) ? nb__empty(x->shape, x->ndim, cdt, NB_CPU) : NULL;
+        nb_tensor *dx = operand(w, cdt, &W) ? nb__empty(x->shape, x->ndim, cdt, dev) : NULL;
         if (!dx) return nb_last_status();
-        if (M > 0 && K > 0) {
-            if (N == 0) memset(nb__ptr(dx), 0, (size_t)(M * K) * nb_dtype_size(cdt));
-            else if ((st = gemm(cdt, G.trans, W.trans, M, K, N, &G, &W, 0.0, nb__ptr(dx), K)))
-                return st;
-        }
+        if (M > 0 && K > 0 &&
+            (st = gemm(dev, cdt, G.trans, W.trans, M, K, N, &G, &W, NULL, nb__ptr(dx), K)))
+            return st;
         gin[0] = dx;
     }
     if (wants(n, 1)) {
         /* dw (N, K) = G^T (N, M) @ X (M, K) */
-        nb_tensor *dw = operand(x, cdt, &X) ? nb__empty(w->shape, 2, cdt, NB_CPU) : NULL;
+        nb_tensor *dw = operand(x, cdt, &X) ? nb__empty(w->shape, 2, cdt, dev) : NULL;
         if (!dw) return nb_last_status();
-        if (N > 0 && K > 0) {
-            if (M == 0) memset(nb__ptr(dw), 0, (size_t)(N * K) * nb_dtype_size(cdt));
-            else if ((st = gemm(cdt, !G.trans, X.trans, N, K, M, &G, &X, 0.0, nb__ptr(dw), K)))
-                return st;
-        }
+        if (N > 0 && K > 0 &&
+            (st = gemm(dev, cdt, !G.trans, X.trans, N, K, M, &G, &X, NULL, nb__ptr(dw), K)))
+            return st;
         gin[1] = dw;
     }
     if (n->ninputs > 2 && wants(n, 2)) {

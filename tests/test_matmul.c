@@ -3,11 +3,14 @@
  * views, padded rows, padded columns, stride 2 in both dims), 1-D promotion, broadcast batch
  * dims, all float dtypes, and under every GEMM provider built in. Also checks that layouts the
  * GEMM can read directly are not copied (allocator block counts), the GEMM layer's alpha/beta
- * contract, the provider switch, and every user error. */
+ * contract, the provider switch, and every user error. nb_matmul and nb_linear_fn on the
+ * guard device (same values as the CPU, forward and backward) and on meta (shapes only),
+ * operands on two devices, and the gemm kernel's batch/bias contract. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/gemm.h"
+#include "tensor/backend.h"
 #include "testutil.h"
 
 static const nb_dtype k_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
@@ -501,6 +504,281 @@ START_TEST(test_matmul_no_leak) {
 }
 END_TEST
 
+/* ---- devices: meta, guard, mixed -------------------------------------------------------------
+ * The same op runs on the CPU, on the guard device (memory the host cannot touch outside a
+ * kernel: proves nb_matmul and nb_linear_fn never dereference device data) and on meta
+ * (shapes only). Operands are leaves built on each device from the same random values, in
+ * the layouts the ops special-case (a transposed view, a padded row, a stride-2 view that
+ * must be copied). */
+#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
+
+/* An operand of `shape` on dev in layout L_CONTIG, L_TRANS, L_STRIDED or L_PADROW, as a leaf
+ * (a detached view of device storage), requiring grad if asked. Same values on every
+ * device for the same seed. */
+static nb_tensor *operand_on(nb_device dev, const int64_t *shape, int nd, nb_dtype dt,
+                             int layout, uint64_t seed, bool grad) {
+    int64_t sh[NB_MAX_DIMS];
+    memcpy(sh, shape, sizeof(int64_t) * (size_t)nd);
+    int last = nd - 1;
+    if (layout == L_TRANS && nd >= 2) sh[last] = shape[last - 1], sh[last - 1] = shape[last];
+    if (layout == L_STRIDED) {
+        sh[last] *= 2;
+        if (nd >= 2) sh[last - 1] *= 2;
+    }
+    if (layout == L_PADROW) sh[last] += 3;
+    nb_tensor *v = tu_random(sh, nd, dt, -1, 1, seed);
+    if (dev.type != NB_DEVICE_CPU) v = nb_to_device(v, dev);
+    switch (layout) {
+    case L_TRANS: v = nd >= 2 ? nb_transpose(v, last - 1, last) : v; break;
+    case L_STRIDED:
+        v = nb_slice(v, last, 0, sh[last], 2);
+        if (nd >= 2) v = nb_slice(v, last - 1, 0, sh[last - 1], 2);
+        break;
+    case L_PADROW: v = nb_narrow(v, last, 1, shape[last]); break;
+    default: break;
+    }
+    v = nb_detach(v);
+    ck_assert_ptr_nonnull(v);
+    if (grad) ck_assert_int_eq(nb_set_requires_grad(v, true), NB_OK);
+    return v;
+}
+
+/* Whether nb_sum runs on dev (the engine sums gradients of broadcast dims with it, and the
+ * linear bias gradient is one; the reduce family moves behind the kernel table separately). */
+static bool sum_works(nb_device dev) {
+    nb_scope_begin();
+    nb_tensor *t = nb_zeros_on(dev, (int64_t[]){2, 2}, 2, NB_F32);
+    bool ok = t && nb_sum(t, (int[]){0}, 1, true) != NULL;
+    nb_clear_error();
+    nb_scope_end();
+    return ok;
+}
+
+typedef nb_tensor *(*dev_op)(nb_tensor *const *in);
+static nb_tensor *op_matmul(nb_tensor *const *in) { return nb_matmul(in[0], in[1]); }
+static nb_tensor *op_linear(nb_tensor *const *in) { return nb_linear_fn(in[0], in[1], in[2]); }
+
+typedef struct dev_case {
+    int n;                     /* operands */
+    int nd[3];                 /* -1: NULL operand (linear without bias) */
+    int64_t shape[3][5];
+    int layout[3];
+    bool grad[3];
+    bool sums;                 /* backward needs nb_sum (broadcast batch dims, bias) */
+} dev_case;
+
+static void assert_same_tensor(nb_tensor *got, nb_tensor *ref, nb_dtype dt, const char *what,
+                               const char *which) {
+    ck_assert_msg(got != NULL, "%s: %s missing on guard", what, which);
+    ck_assert_msg(nb_device_equal(nb_tensor_device(got), GUARD), "%s: %s not on guard", what,
+                  which);
+    nb_tensor *h = nb_to_device(got, NB_CPU);
+    ck_assert_msg(h != NULL, "%s: %s: %s", what, which, nb_last_error());
+    ck_assert_int_eq(nb_tensor_dtype(h), nb_tensor_dtype(ref));
+    double *r = tu_values(ref);
+    tu_assert_close(h, r, nb_shape(ref), nb_ndim(ref), tu_tol(dt));
+    free(r);
+}
+
+static void assert_same_meta(nb_tensor *got, nb_tensor *ref, const char *what,
+                             const char *which) {
+    ck_assert_msg(got != NULL, "%s: %s missing on meta: %s", what, which, nb_last_error());
+    ck_assert_msg(nb_tensor_device(got).type == NB_DEVICE_META, "%s: %s not meta", what, which);
+    ck_assert_int_eq(nb_tensor_dtype(got), nb_tensor_dtype(ref));
+    ck_assert_int_eq(nb_ndim(got), nb_ndim(ref));
+    for (int d = 0; d < nb_ndim(ref); d++) ck_assert_int_eq(nb_shape(got)[d], nb_shape(ref)[d]);
+    ck_assert_ptr_null(nb_data(got)); /* no storage to read */
+    nb_clear_error();
+}
+
+/* f on the CPU, on guard and on meta with the same operands; forward and (where an operand
+ * requires grad) backward with the same random grad_output. Guard must give the CPU's
+ * values, meta its shapes and dtypes. */
+static void check_devices(dev_op f, const dev_case *c, nb_dtype dt, const char *what) {
+    const nb_device devs[3] = {NB_CPU, GUARD, NB_META};
+    const bool sums[3] = {true, sum_works(GUARD), sum_works(NB_META)};
+    nb_tensor *in[3][3] = {{0}}, *out[3];
+    for (int d = 0; d < 3; d++) {
+        bool any_grad = false;
+        for (int i = 0; i < c->n; i++) {
+            if (c->nd[i] < 0) continue;
+            bool g = c->grad[i] && (!c->sums || sums[d]);
+            in[d][i] = operand_on(devs[d], c->shape[i], c->nd[i], dt, c->layout[i], 31 + i, g);
+            any_grad |= g;
+        }
+        out[d] = f(in[d]);
+        ck_assert_msg(out[d] != NULL, "%s on device %d: %s", what, d, nb_last_error());
+        if (!any_grad) continue;
+        nb_tensor *go = tu_random(nb_shape(out[0]), nb_ndim(out[0]), dt, -1, 1, 77);
+        if (d) go = nb_to_device(go, devs[d]);
+        nb_backward_opts o = {.grad_output = go};
+        ck_assert_msg(nb_backward_ex(out[d], &o) == NB_OK, "%s backward on device %d: %s", what,
+                      d, nb_last_error());
+    }
+    assert_same_tensor(out[1], out[0], dt, what, "output");
+    assert_same_meta(out[2], out[0], what, "output");
+    for (int i = 0; i < c->n; i++) {
+        if (c->nd[i] < 0 || !c->grad[i]) continue;
+        char which[32];
+        snprintf(which, sizeof which, "grad %d", i);
+        nb_tensor *ref = nb_grad(in[0][i]);
+        ck_assert_msg(ref != NULL, "%s: no CPU %s", what, which);
+        if (!c->sums || sums[1]) assert_same_tensor(nb_grad(in[1][i]), ref, dt, what, which);
+        if (!c->sums || sums[2]) assert_same_meta(nb_grad(in[2][i]), ref, what, which);
+    }
+}
+
+START_TEST(test_matmul_devices) {
+    static const dev_case cases[] = {
+        {2, {2, 2}, {{7, 5}, {5, 3}}, {L_CONTIG, L_CONTIG}, {true, true}, false},
+        {2, {2, 2}, {{7, 5}, {5, 3}}, {L_TRANS, L_TRANS}, {true, true}, false},
+        {2, {2, 2}, {{7, 5}, {5, 3}}, {L_STRIDED, L_PADROW}, {true, true}, false},
+        {2, {1, 1}, {{6}, {6}}, {L_CONTIG, L_STRIDED}, {true, true}, false},      /* dot */
+        {2, {1, 2}, {{4}, {4, 3}}, {L_CONTIG, L_TRANS}, {true, true}, false},
+        {2, {3, 1}, {{2, 3, 4}, {4}}, {L_CONTIG, L_CONTIG}, {true, true}, false},
+        {2, {3, 2}, {{3, 4, 5}, {5, 2}}, {L_CONTIG, L_TRANS}, {true, true}, false}, /* folded */
+        {2, {3, 3}, {{2, 3, 4}, {2, 4, 5}}, {L_PADROW, L_STRIDED}, {true, true}, false},
+        {2, {3, 3}, {{16, 8, 8}, {16, 8, 8}}, {L_CONTIG, L_TRANS}, {true, true}, false},
+        {2, {2, 2}, {{4, 0}, {0, 3}}, {L_CONTIG, L_CONTIG}, {true, true}, false},   /* K = 0 */
+        {2, {2, 2}, {{0, 4}, {4, 3}}, {L_CONTIG, L_CONTIG}, {true, true}, false},   /* M = 0 */
+        {2, {4, 3}, {{2, 1, 3, 4}, {5, 4, 6}}, {L_CONTIG, L_TRANS}, {true, true}, true},
+        {2, {2, 3}, {{4, 5}, {3, 5, 2}}, {L_CONTIG, L_CONTIG}, {true, true}, true},
+    };
+    static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+            nb_scope_begin();
+            char what[64];
+            snprintf(what, sizeof what, "matmul case %zu %s", k, nb_dtype_name(dts[di]));
+            check_devices(op_matmul, &cases[k], dts[di], what);
+            nb_scope_end();
+        }
+}
+END_TEST
+
+START_TEST(test_linear_devices) {
+    static const dev_case cases[] = {
+        /* x (..., in), w (out, in), bias (out) or none */
+        {3, {3, 2, -1}, {{2, 3, 5}, {4, 5}}, {L_CONTIG, L_CONTIG}, {true, true}, false},
+        {3, {2, 2, -1}, {{6, 5}, {4, 5}}, {L_TRANS, L_TRANS}, {true, true}, false},
+        {3, {2, 2, 1}, {{6, 5}, {4, 5}, {4}}, {L_PADROW, L_CONTIG, L_CONTIG}, {true, true, false},
+         false},
+        {3, {3, 2, 1}, {{2, 3, 5}, {4, 5}, {4}}, {L_STRIDED, L_STRIDED, L_STRIDED},
+         {true, true, false}, false},
+        {3, {1, 2, 1}, {{5}, {4, 5}, {4}}, {L_CONTIG, L_CONTIG, L_CONTIG}, {true, false, false},
+         false},
+        {3, {2, 2, 1}, {{3, 0}, {4, 0}, {4}}, {L_CONTIG, L_CONTIG, L_CONTIG},
+         {true, true, false}, false},                                             /* in = 0 */
+        {3, {2, 2, 1}, {{0, 5}, {4, 5}, {4}}, {L_CONTIG, L_CONTIG, L_CONTIG},
+         {true, true, false}, false},                                             /* no rows */
+        {3, {3, 2, 1}, {{2, 3, 5}, {4, 5}, {4}}, {L_CONTIG, L_TRANS, L_CONTIG},
+         {true, true, true}, true},                                               /* db */
+    };
+    static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+            nb_scope_begin();
+            char what[64];
+            snprintf(what, sizeof what, "linear case %zu %s", k, nb_dtype_name(dts[di]));
+            check_devices(op_linear, &cases[k], dts[di], what);
+            nb_scope_end();
+        }
+}
+END_TEST
+
+/* Meta at model scale: a GPT-2 sized tied head would need 1.6 GB per output; on meta it is
+ * shapes only, forward and backward. */
+START_TEST(test_matmul_meta_large) {
+    nb_scope_begin();
+    nb_tensor *x = nb_empty_on(NB_META, (int64_t[]){8, 1024, 768}, 3, NB_F32);
+    nb_tensor *w = nb_empty_on(NB_META, (int64_t[]){50257, 768}, 2, NB_F32);
+    ck_assert_int_eq(nb_set_requires_grad(x, true), NB_OK);
+    ck_assert_int_eq(nb_set_requires_grad(w, true), NB_OK);
+    nb_tensor *y = nb_linear_fn(x, w, NULL);
+    ck_assert_msg(y != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_shape(y)[2], 50257);
+    nb_tensor *z = nb_matmul(x, nb_transpose(w, 0, 1));
+    ck_assert_msg(z != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_shape(z)[2], 50257);
+    nb_backward_opts o = {.grad_output = nb_empty_on(NB_META, nb_shape(y), 3, NB_F32)};
+    ck_assert_int_eq(nb_backward_ex(y, &o), NB_OK);
+    ck_assert_int_eq(nb_shape(nb_grad(w))[0], 50257);
+    ck_assert_int_eq(nb_tensor_device(nb_grad(x)).type, NB_DEVICE_META);
+    nb_scope_end();
+}
+END_TEST
+
+/* Operands on two devices: NB_EDEVICE naming the op, nothing run. */
+START_TEST(test_matmul_mixed_devices) {
+    nb_scope_begin();
+    nb_tensor *c2 = nb_zeros((int64_t[]){3, 4}, 2, NB_F32);
+    nb_tensor *m2 = nb_empty_on(NB_META, (int64_t[]){4, 3}, 2, NB_F32);
+    nb_tensor *g2 = nb_zeros_on(GUARD, (int64_t[]){4, 3}, 2, NB_F32);
+    tu_assert_error(nb_matmul(c2, m2), NB_EDEVICE, "matmul");
+    tu_assert_error(nb_matmul(m2, c2), NB_EDEVICE, "matmul");
+    tu_assert_error(nb_matmul(c2, g2), NB_EDEVICE, "matmul");
+    nb_tensor *wc = nb_zeros((int64_t[]){3, 4}, 2, NB_F32);
+    nb_tensor *wm = nb_empty_on(NB_META, (int64_t[]){3, 4}, 2, NB_F32);
+    nb_tensor *bm = nb_empty_on(NB_META, (int64_t[]){3}, 1, NB_F32);
+    nb_tensor *bc = nb_zeros((int64_t[]){3}, 1, NB_F32);
+    tu_assert_error(nb_linear_fn(c2, wm, NULL), NB_EDEVICE, "linear");
+    tu_assert_error(nb_linear_fn(c2, wc, bm), NB_EDEVICE, "linear");
+    tu_assert_error(nb_linear_fn(nb_empty_on(NB_META, (int64_t[]){2, 4}, 2, NB_F32), wm, bc),
+                    NB_EDEVICE, "linear");
+    nb_scope_end();
+}
+END_TEST
+
+/* The gemm kernel's own contract through its checked entry point: broadcast batch strides
+ * (A shared), a padded C, alpha and beta, and the bias rows (every batch's C starts as the
+ * bias, then accumulates with beta). */
+START_TEST(test_gemm_kernel_batched_bias) {
+    enum { NB_ = 3, M = 4, N = 5, K = 6, LDC = N + 2 };
+    for (int f64 = 0; f64 < 2; f64++)
+        for (int bias_on = 0; bias_on < 2; bias_on++) {
+            double A[M * K], B[NB_ * K * N], C0[NB_ * M * LDC], bias[N];
+            tu_fill_uniform(A, M * K, -1, 1, 1);
+            tu_fill_uniform(B, NB_ * K * N, -1, 1, 2);
+            tu_fill_uniform(C0, NB_ * M * LDC, -1, 1, 3);
+            tu_fill_uniform(bias, N, -1, 1, 4);
+            float Af[M * K], Bf[NB_ * K * N], Cf[NB_ * M * LDC], biasf[N];
+            double Cd[NB_ * M * LDC];
+            for (int i = 0; i < M * K; i++) Af[i] = (float)A[i], A[i] = Af[i];
+            for (int i = 0; i < NB_ * K * N; i++) Bf[i] = (float)B[i], B[i] = Bf[i];
+            for (int i = 0; i < NB_ * M * LDC; i++)
+                Cf[i] = (float)C0[i], C0[i] = Cf[i], Cd[i] = C0[i];
+            for (int i = 0; i < N; i++) biasf[i] = (float)bias[i], bias[i] = biasf[i];
+            nb__gemm_args g = {.dtype = f64 ? NB_F64 : NB_F32, .M = M, .N = N, .K = K,
+                               .alpha = 0.5, .beta = 0.25, .a = f64 ? (void *)A : (void *)Af,
+                               .lda = K, .b = f64 ? (void *)B : (void *)Bf, .ldb = N,
+                               .c = f64 ? (void *)Cd : (void *)Cf, .ldc = LDC,
+                               .bias = bias_on ? (f64 ? (void *)bias : (void *)biasf) : NULL,
+                               .batch_ndim = 1, .batch_shape = {NB_},
+                               .batch_stride_a = {0}, .batch_stride_b = {K * N},
+                               .batch_stride_c = {M * LDC}};
+            ck_assert_int_eq(nb__run_gemm(NB_CPU, "test", &g), NB_OK);
+            for (int bi = 0; bi < NB_; bi++)
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < LDC; j++) {
+                        double c0 = C0[(bi * M + i) * LDC + j], ref = c0;
+                        if (j < N) {
+                            double acc = 0;
+                            for (int k = 0; k < K; k++)
+                                acc += A[i * K + k] * B[(bi * K + k) * N + j];
+                            ref = 0.5 * acc + 0.25 * (bias_on ? bias[j] : c0);
+                        }
+                        double got = f64 ? Cd[(bi * M + i) * LDC + j] : Cf[(bi * M + i) * LDC + j];
+                        ck_assert_msg(fabs(got - ref) <= 1e-5 * (1 + fabs(ref)),
+                                      "f64=%d bias=%d batch %d (%d,%d): %g vs %g", f64, bias_on,
+                                      bi, i, j, got, ref);
+                    }
+        }
+    /* meta: nothing runs, even with no memory behind the pointers */
+    nb__gemm_args m = {.dtype = NB_F32, .M = 2, .N = 2, .K = 2, .lda = 2, .ldb = 2, .ldc = 2};
+    ck_assert_int_eq(nb__run_gemm(NB_META, "test", &m), NB_OK);
+}
+END_TEST
+
 Suite *nb_suite_matmul(void) {
     Suite *s = suite_create("matmul");
     TCase *tc = tcase_create("matmul");
@@ -514,6 +792,11 @@ Suite *nb_suite_matmul(void) {
     tcase_add_test(tc, test_gemm_provider_switch);
     tcase_add_test(tc, test_matmul_errors);
     tcase_add_test(tc, test_matmul_no_leak);
+    tcase_add_test(tc, test_matmul_devices);
+    tcase_add_test(tc, test_linear_devices);
+    tcase_add_test(tc, test_matmul_meta_large);
+    tcase_add_test(tc, test_matmul_mixed_devices);
+    tcase_add_test(tc, test_gemm_kernel_batched_bias);
     suite_add_tcase(s, tc);
     return s;
 }

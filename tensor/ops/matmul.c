@@ -1,4 +1,5 @@
-/* matmul.c - nb_matmul: torch.matmul semantics on top of the GEMM provider layer (cpu/gemm.h).
+/* matmul.c - nb_matmul: torch.matmul semantics on top of the `gemm` kernel
+ * (tensor/kernels/matmul.h).
  *
  * Shapes: 1-D @ 1-D is a dot product (0-dim result); 2-D @ 2-D a matrix product; a 1-D left
  * operand is promoted to (1, K) and a 1-D right operand to (K, 1), and the added dim is
@@ -13,31 +14,18 @@
  *
  * Batches: when the right operand is the same matrix for every batch and the left operand's
  * batch dims fold into its rows ((B,T,C) @ (C,D) with (B,T,C) contiguous), the whole thing is
- * ONE GEMM of (B*T) x C x D, which runs far better than B small ones. Otherwise one GEMM per
- * batch; when each of those is small they run in parallel over the OpenMP pool (the providers
- * parallelize big GEMMs themselves on the same pool).
+ * ONE GEMM of (B*T) x C x D, which runs far better than B small ones. Otherwise one batched
+ * GEMM over the broadcast batch dims (the backend decides how to spread it over threads).
+ * Every case is one nb__run_gemm call.
  *
  * Autograd: nb_matmul records one MATMUL node (internal conversions and copies run with grad
  * mode off). Its rule is dA = g @ B^T and dB = A^T @ g, with 1-D operands promoted as in the
  * forward and the transposes passed as views; gradients of broadcast batch dims come back in
  * the broadcast batch shape and the engine sums them to the operand's shape. */
-#include <stdatomic.h>
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
-#include "cpu/cpu_impl.h" /* transitional: moves to cpu/ with the kernels */
-#include "cpu/gemm.h"
-
-/* Per-GEMM work (multiply-adds) at or below which batches run in parallel rather than each
- * GEMM using all threads: 128x128x128. A GEMM this small parallelizes poorly inside the
- * provider (e.g. attention scores, (B*H) x T x T x head_dim). Up to MM_MID_MACS (256^3)
- * batches still go in parallel when they split evenly over the threads: measured with
- * oneDNN on 2 threads, 16 x (128x256x256) ran ~10 % faster that way, but an uneven split
- * (3 batches on 2 threads) would idle a thread for a whole GEMM. */
-#define MM_SMALL_MACS ((int64_t)1 << 21)
-#define MM_MID_MACS ((int64_t)1 << 24)
-/* Total multiply-adds below which a batched matmul stays on one thread. */
-#define MM_PAR_GRAIN ((int64_t)1 << 18)
+#include "tensor/backend.h"
 
 /* One operand seen as a batch of 2-D matrices: its own batch dims (before broadcasting),
  * and the geometry of each (rows x cols) slice in elements. */
@@ -121,119 +109,62 @@ static void batch_strides(const mm_operand *o, int nbo, int64_t *out) {
     }
 }
 
-
-static nb_status gemm(nb_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                      const char *A, int64_t lda, const char *B, int64_t ldb, char *C,
-                      int64_t ldc) {
-    if (dt == NB_F64)
-        return nb__gemm_f64(ta, tb, M, N, K, 1.0, (const double *)A, lda, (const double *)B,
-                            ldb, 0.0, (double *)C, ldc);
-    return nb__gemm_f32(ta, tb, M, N, K, 1.0f, (const float *)A, lda, (const float *)B, ldb,
-                        0.0f, (float *)C, ldc);
-}
-
-/* One batch of the per-batch loop: its operands' offsets from the batch index. */
-typedef struct mm_batch_ctx {
-    nb_dtype dt;
-    mm_layout la, lb;
-    int64_t M, N, K, es;
-    int nbo;
-    const int64_t *bshape, *as, *bs;
-    const char *A, *B;
-    char *C;
-} mm_batch_ctx;
-
-static nb_status mm_batch(const mm_batch_ctx *c, int64_t i) {
-    int64_t r = i, oa = 0, ob = 0;
-    for (int d = c->nbo - 1; d >= 0; d--) {
-        int64_t idx = r % c->bshape[d];
-        r /= c->bshape[d];
-        oa += idx * c->as[d];
-        ob += idx * c->bs[d];
-    }
-    return gemm(c->dt, c->la.trans, c->lb.trans, c->M, c->N, c->K, c->A + oa * c->es,
-                c->la.ld, c->B + ob * c->es, c->lb.ld, c->C + i * c->M * c->N * c->es, c->N);
-}
-
-/* out (contiguous, batch... x M x N, dtype f32 or f64) = a @ b. K >= 1, numel(out) >= 1. */
-static nb_status mm_compute(nb_tensor *a, nb_tensor *b, nb_tensor *out, const int64_t *bshape,
-                            int nbo, int64_t M, int64_t N, int64_t K) {
-    nb_dtype dt = out->dtype;
-    int64_t es = (int64_t)nb_dtype_size(dt);
+/* out (contiguous, batch... x M x N, dtype f32 or f64, on dev) = a @ b. K >= 1,
+ * numel(out) >= 1. */
+static nb_status mm_compute(nb_device dev, nb_tensor *a, nb_tensor *b, nb_tensor *out,
+                            const int64_t *bshape, int nbo, int64_t M, int64_t N, int64_t K) {
     mm_operand A, B;
     mm_layout la, lb;
     nb_status st;
     if ((st = prepare(&a, true, &A, &la)) != NB_OK) return st;
     if ((st = prepare(&b, false, &B, &lb)) != NB_OK) return st;
-    char *C = nb__ptr(out);
+    nb__gemm_args g = {.dtype = out->dtype, .trans_a = la.trans, .trans_b = lb.trans,
+                       .M = M, .N = N, .K = K, .alpha = 1.0, .beta = 0.0,
+                       .a = A.ptr, .lda = la.ld, .b = B.ptr, .ldb = lb.ld,
+                       .c = nb__ptr(out), .ldc = N};
 
-    int64_t as[NB_MAX_DIMS], bs[NB_MAX_DIMS], nbatch = 1;
-    batch_strides(&A, nbo, as);
-    batch_strides(&B, nbo, bs);
+    int64_t nbatch = 1;
+    batch_strides(&A, nbo, g.batch_stride_a);
+    batch_strides(&B, nbo, g.batch_stride_b);
     bool b_fixed = true;
     for (int d = 0; d < nbo; d++) {
         nbatch *= bshape[d];
-        if (bs[d] != 0) b_fixed = false;
+        if (g.batch_stride_b[d] != 0) b_fixed = false;
     }
-
-    if (nbatch == 1)
-        return gemm(dt, la.trans, lb.trans, M, N, K, A.ptr, la.ld, B.ptr, lb.ld, C, N);
+    if (nbatch == 1) return nb__run_gemm(dev, "matmul", &g);
 
     /* One big GEMM: the same B for every batch, and A's batch dims fold into its rows. The
      * output is contiguous, so its batch dims fold into rows the same way. */
     if (b_fixed) {
         int64_t sizes[NB_MAX_DIMS + 1], strides[NB_MAX_DIMS + 1], srow;
         memcpy(sizes, bshape, sizeof(int64_t) * (size_t)nbo);
-        memcpy(strides, as, sizeof(int64_t) * (size_t)nbo);
+        memcpy(strides, g.batch_stride_a, sizeof(int64_t) * (size_t)nbo);
         sizes[nbo] = M, strides[nbo] = A.srow;
         if (nb__dims_collapse(sizes, strides, nbo + 1, &srow)) {
             mm_layout lf = classify(nbatch * M, K, srow, A.scol);
-            if (lf.ok && !lf.trans)
-                return gemm(dt, false, lb.trans, nbatch * M, N, K, A.ptr, lf.ld, B.ptr, lb.ld,
-                            C, N);
+            if (lf.ok && !lf.trans) {
+                g.trans_a = false, g.M = nbatch * M, g.lda = lf.ld;
+                return nb__run_gemm(dev, "matmul", &g);
+            }
         }
     }
 
-    /* One GEMM per batch. */
-    double macs = (double)M * (double)N * (double)K; /* double: no overflow for huge dims */
-    int nt = 1;
-    if (macs <= (double)MM_MID_MACS) {
-        nt = nb__threads_for((int64_t)macs * nbatch, MM_PAR_GRAIN);
-        if (nt > nbatch) nt = (int)nbatch;
-        if (macs > (double)MM_SMALL_MACS && nbatch % nt != 0) nt = 1;
+    /* One GEMM per batch; the output's batches are contiguous. */
+    g.batch_ndim = nbo;
+    int64_t sc = M * N;
+    for (int d = nbo - 1; d >= 0; d--) {
+        g.batch_shape[d] = bshape[d];
+        g.batch_stride_c[d] = sc;
+        sc *= bshape[d];
     }
-    mm_batch_ctx ctx = {dt, la, lb, M, N, K, es, nbo, bshape, as, bs, A.ptr, B.ptr, C};
-    if (nt <= 1) {
-        /* Not even an inactive OpenMP region here: the provider's own parallel region would
-         * then be a nested one, for which libgomp starts fresh threads on every call. */
-        for (int64_t i = 0; i < nbatch; i++)
-            if ((st = mm_batch(&ctx, i)) != NB_OK) return st;
-        return NB_OK;
-    }
-    atomic_int failed = 0;
-    nb_status fail_status = NB_OK;
-    char fail_msg[256] = "";
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t i = 0; i < nbatch; i++) {
-        if (atomic_load_explicit(&failed, memory_order_relaxed)) continue;
-        nb_status s = mm_batch(&ctx, i);
-        if (s != NB_OK && !atomic_exchange(&failed, 1)) {
-            /* The message was set on this worker thread; carry it back to the caller's. */
-            fail_status = s;
-            snprintf(fail_msg, sizeof fail_msg, "%s", nb_last_error());
-        }
-    }
-    if (atomic_load(&failed)) return nb__error(fail_status, "%s", fail_msg);
-    return NB_OK;
+    return nb__run_gemm(dev, "matmul", &g);
 }
 
 static nb_tensor *matmul_impl(nb_tensor *a, nb_tensor *b) {
     NB__CHECK_ARG(a, "matmul", "a");
     NB__CHECK_ARG(b, "matmul", "b");
-    if (a->storage->device.type != NB_DEVICE_CPU || b->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "matmul: CUDA tensors are not supported by this op yet");
-        return NULL;
-    }
+    nb_device dev;
+    if (!nb__check_devices("matmul", (nb_tensor *[]){a, b}, 2, &dev)) return NULL;
     int na = a->ndim, nbd = b->ndim;
     if (na == 0 || nbd == 0) {
         nb__error(NB_ESHAPE, "matmul: both operands need at least 1 dimension, got %s @ %s "
@@ -281,7 +212,8 @@ static nb_tensor *matmul_impl(nb_tensor *a, nb_tensor *b) {
     if (na >= 2) oshape[ndo++] = M;
     if (nbd >= 2) oshape[ndo++] = N;
 
-    if (nb__numel_of(oshape, ndo) == 0) return nb__empty(oshape, ndo, dt, NB_CPU);
+    int64_t numel = nb__numel_of(oshape, ndo);
+    if (numel == 0) return nb__empty(oshape, ndo, dt, dev);
 
     nb_scope_begin();
     nb_tensor *ta = a, *tb = b, *out = NULL;
@@ -295,12 +227,14 @@ static nb_tensor *matmul_impl(nb_tensor *a, nb_tensor *b) {
         tb = nb_to_dtype(b, NB_F32);
         if (!ta || !tb) goto fail;
     }
-    out = nb__empty(oshape, ndo, cdt, NB_CPU);
+    out = nb__empty(oshape, ndo, cdt, dev);
     if (!out) goto fail;
     if (K == 0) {
-        /* An empty sum: zeros (all-zero bits is 0.0 in every float dtype). */
-        memset(nb__ptr(out), 0, (size_t)nb_numel(out) * nb_dtype_size(cdt));
-    } else if (mm_compute(ta, tb, out, oshape, nbo, M, N, K) != NB_OK) {
+        /* An empty sum: zeros, as one (numel / N) x N GEMM with K = 0 and beta = 0. */
+        nb__gemm_args z = {.dtype = cdt, .M = numel / N, .N = N, .K = 0, .alpha = 1.0,
+                           .beta = 0.0, .c = nb__ptr(out), .ldc = N};
+        if (nb__run_gemm(dev, "matmul", &z) != NB_OK) goto fail;
+    } else if (mm_compute(dev, ta, tb, out, oshape, nbo, M, N, K) != NB_OK) {
         goto fail;
     }
     if (cdt != dt && !(out = nb_to_dtype(out, dt))) goto fail;
