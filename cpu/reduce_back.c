@@ -1,6 +1,7 @@
-/* cpu/reduce_back.c - fused backward kernels for the reduction and indexing ops (see
- * reduce_back.h): softmax / log_softmax backward and the ordered index_add used by the
- * gradients of index_select and embedding.
+/* cpu/reduce_back.c - fused backward kernels for the reduction and indexing ops: the
+ * softmax_backward and extreme_backward kernels (cpu/reduce.h; registered by cpu/reduce.c)
+ * and the ordered index_add used by the gradients of index_select and embedding
+ * (cpu/reduce_back.h).
  *
  * Softmax backward sees its tensors as (O, L, D) with the softmax dim in the middle, like
  * the forward kernel in cpu/reduce.c. D == 1: each row is dense and gets two passes (the row
@@ -8,10 +9,13 @@
  * get the same two passes, vectorized across the columns. Sums accumulate in f64 in an order
  * fixed by the shape, so results never depend on the thread count.
  *
+ * extreme_backward writes every element of dx once: zeros, and g at the selected index.
+ *
  * index_add parallelizes only over work that touches disjoint outputs: over the O outer
  * slices, and (when there are fewer slices than threads) over blocks of columns of D. Each
  * output element is therefore accumulated by one thread, in index order. */
 #include "cpu/fastmath.h"
+#include "cpu/reduce.h"
 #include "cpu/reduce_back.h"
 
 #include <math.h>
@@ -134,19 +138,14 @@ static void smb_cols_f64(const double *y, const double *g, double *dx, int64_t L
         }
 }
 
-void nb__cpu_softmax_backward(const nb_tensor *y, const nb_tensor *g, nb_tensor *dx, int dim,
-                              bool lg) {
-    int64_t O = 1, L = 1, D = 1;
-    for (int d = 0; d < y->ndim; d++) {
-        if (d < dim) O *= y->shape[d];
-        else if (d == dim) L = y->shape[d];
-        else D *= y->shape[d];
-    }
-    if (O * L * D == 0) return;
-    nb_dtype dt = y->dtype;
+nb_status nb__cpu_softmax_backward(const nb__softmax_backward_args *a) {
+    int64_t O = a->outer, L = a->len, D = a->inner;
+    if (O * L * D == 0) return NB_OK;
+    bool lg = a->log;
+    nb_dtype dt = a->dtype;
     int64_t es = (int64_t)nb_dtype_size(dt);
-    const char *yp = nb__ptr(y), *gp = nb__ptr(g);
-    char *xp = nb__ptr(dx);
+    const char *yp = a->y, *gp = a->g;
+    char *xp = a->dx;
     int nt = nb__threads_for(O * L * D, NB__GRAIN);
     if (D == 1) {
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
@@ -157,7 +156,7 @@ void nb__cpu_softmax_backward(const nb_tensor *y, const nb_tensor *g, nb_tensor 
                             (double *)(xp + off), L, lg);
             else smb_row_f32(yp + off, gp + off, xp + off, dt, L, lg);
         }
-        return;
+        return NB_OK;
     }
     /* Narrower blocks when there are too few to keep the threads busy. */
     int64_t W = COLW;
@@ -172,6 +171,30 @@ void nb__cpu_softmax_backward(const nb_tensor *y, const nb_tensor *g, nb_tensor 
                          (double *)(xp + off), L, D, w, lg);
         else smb_cols_f32(yp + off, gp + off, xp + off, dt, L, D, w, lg);
     }
+    return NB_OK;
+}
+
+/* ---- max / min along a dim, backward -------------------------------------------------------- */
+nb_status nb__cpu_extreme_backward(const nb__extreme_backward_args *a) {
+    int64_t O = a->outer, L = a->len, D = a->inner;
+    if (O * L * D == 0) return NB_OK;
+    /* The indices come from the forward, but the caller may have written to them since. */
+    for (int64_t k = 0; k < O * D; k++)
+        if (a->idx[k] < 0 || a->idx[k] >= L)
+            return nb__error(NB_EINDEX, "max/min backward: index %lld is out of range for a "
+                             "dim of size %lld", (long long)a->idx[k], (long long)L);
+    size_t es = nb_dtype_size(a->dtype);
+    int nt = nb__threads_for(O * L * D, NB__GRAIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t o = 0; o < O; o++) {
+        char *dx = a->dx + (size_t)(o * L * D) * es;
+        const char *g = a->g + (size_t)(o * D) * es;
+        const int64_t *idx = a->idx + o * D;
+        memset(dx, 0, (size_t)(L * D) * es);
+        for (int64_t i = 0; i < D; i++)
+            memcpy(dx + (size_t)(idx[i] * D + i) * es, g + (size_t)i * es, es);
+    }
+    return NB_OK;
 }
 
 /* ---- index_add ------------------------------------------------------------------------------ */

@@ -1,7 +1,8 @@
-/* cpu/reduce_back.h - private: fused CPU kernels of the backward rules of tensor/ops/reduce.c
- * and tensor/ops/index.c (softmax / log_softmax backward, and the ordered index_add behind
- * the gradients of index_select and embedding). Arithmetic only: the rules pick shapes and
- * dtypes and allocate the outputs. */
+/* cpu/reduce_back.h - private: the ordered index_add behind the gradients of index_select
+ * and embedding (tensor/ops/index.c), implemented in cpu/reduce_back.c next to the backward
+ * kernels of the reductions (those are declared in cpu/reduce.h, as kernel-table entries).
+ * tensor/tensor_impl.h is included only for nb__cpu_index_add, which still takes nb_tensor
+ * until the index family moves behind the kernel table. */
 #ifndef NABLA_CPU_REDUCE_BACK_H
 #define NABLA_CPU_REDUCE_BACK_H
 
@@ -10,15 +11,6 @@
 
 #include "tensor/tensor_impl.h"
 #include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
-
-/* Gradient of softmax (log = false) or log_softmax (log = true) along dim, from the op's
- * OUTPUT y and the output gradient g:
- *     softmax:      dx = y * (g - sum_dim(g * y))
- *     log_softmax:  dx = g - exp(y) * sum_dim(g)
- * y, g and dx are contiguous, of the same shape and float dtype; f16/bf16 are computed in
- * f32, row sums accumulate in f64. Deterministic for any thread count. */
-void nb__cpu_softmax_backward(const nb_tensor *y, const nb_tensor *g, nb_tensor *dx, int dim,
-                              bool log);
 
 /* out[.., idx[m], ..] += src[.., m, ..] along dim, for m = 0, 1, ... in that order (so a
  * repeated index accumulates in index order, whatever the thread count). out is contiguous
