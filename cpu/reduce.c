@@ -311,7 +311,7 @@ typedef struct rctx {
     int nr;
     int64_t rshape[NB_MAX_DIMS], rin[NB_MAX_DIMS];
     int64_t R;
-    const nb__rspec *spec;
+    const nb__reduce_args *a; /* the outputs: out, out_dtype, idx, post, den */
 } rctx;
 
 /* Shift of the LSE sums: the max, or 0 where it is infinite (then x - max would be NaN for
@@ -463,11 +463,11 @@ static rstate reduce_range(const rctx *c, const char *in, int64_t a, int64_t b) 
 
 /* ---- storing results ------------------------------------------------------------------------- */
 static void finalize(const rctx *c, int64_t off, rstate s) {
-    const nb__rspec *sp = c->spec;
-    if (sp->idx) ((int64_t *)nb__ptr(sp->idx))[off] = s.idx;
+    const nb__reduce_args *sp = c->a;
+    if (sp->idx) sp->idx[off] = s.idx;
     if (!sp->out) return;
-    char *p = nb__ptr(sp->out);
-    nb_dtype odt = sp->out->dtype;
+    char *p = sp->out;
+    nb_dtype odt = sp->out_dtype;
     if (!nb_dtype_is_float(odt)) { /* integer results: exact, no post-processing */
         switch (odt) {
         case NB_I64: ((int64_t *)p)[off] = s.i; break;
@@ -496,7 +496,7 @@ typedef struct rdim {
 } rdim;
 
 /* Sorted, merged dims of x (outer to inner); returns their count. */
-static int plan_dims(const nb_tensor *x, const bool *reduced, rdim *dims) {
+static int plan_dims(const nb__view *x, const bool *reduced, rdim *dims) {
     int n = 0;
     int64_t ostride = 1;
     rdim tmp[NB_MAX_DIMS];
@@ -766,19 +766,21 @@ static void col_path(const rctx *c, int nk, const int64_t *kshape, const int64_t
     }
 }
 
-void nb__cpu_reduce(const nb_tensor *x, const bool *reduced, const nb__rspec *spec) {
-    rctx c = {.kind = spec->kind, .ct = ctype_of(x->dtype), .dt = x->dtype,
-              .es = nb_dtype_size(x->dtype), .in = nb__ptr(x), .spec = spec};
+nb_status nb__cpu_reduce(const nb__reduce_args *a) {
+    const nb__view *x = &a->x;
+    const bool *reduced = a->reduced;
+    rctx c = {.kind = a->kind, .ct = ctype_of(x->dtype), .dt = x->dtype,
+              .es = nb_dtype_size(x->dtype), .in = x->data, .a = a};
     int64_t nout = 1, R = 1;
     for (int d = 0; d < x->ndim; d++) {
         if (reduced[d]) R *= x->shape[d];
         else nout *= x->shape[d];
     }
     c.R = R;
-    if (nout == 0) return;
+    if (nout == 0) return NB_OK;
     if (R == 0) { /* empty reductions: the initial state of every output */
         for (int64_t o = 0; o < nout; o++) finalize(&c, o, st_init(c.kind));
-        return;
+        return NB_OK;
     }
     rdim dims[NB_MAX_DIMS];
     int n = plan_dims(x, reduced, dims);
@@ -800,6 +802,7 @@ void nb__cpu_reduce(const nb_tensor *x, const bool *reduced, const nb__rspec *sp
                       kshape[nk - 1] >= 16;
     if (inner_kept || short_rows) col_path(&c, nk, kshape, kin, kout, nout);
     else row_path(&c, nk, kshape, kin, kout, nout);
+    return NB_OK;
 }
 
 
@@ -952,18 +955,14 @@ static void softmax_cols_f64(const double *x, double *y, int64_t L, int64_t D, i
         }
 }
 
-void nb__cpu_softmax(const nb_tensor *x, nb_tensor *out, int dim, bool lg) {
-    int64_t O = 1, L = 1, D = 1;
-    for (int d = 0; d < x->ndim; d++) {
-        if (d < dim) O *= x->shape[d];
-        else if (d == dim) L = x->shape[d];
-        else D *= x->shape[d];
-    }
-    if (O * L * D == 0) return;
-    nb_dtype dt = x->dtype;
+nb_status nb__cpu_softmax(const nb__softmax_args *a) {
+    int64_t O = a->outer, L = a->len, D = a->inner;
+    if (O * L * D == 0) return NB_OK;
+    bool lg = a->log;
+    nb_dtype dt = a->dtype;
     int64_t es = (int64_t)nb_dtype_size(dt);
-    const char *xp = nb__ptr(x);
-    char *yp = nb__ptr(out);
+    const char *xp = a->x;
+    char *yp = a->y;
     int nt = nb__threads_for(O * L * D, NB__GRAIN);
     if (D == 1) {
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
@@ -974,7 +973,7 @@ void nb__cpu_softmax(const nb_tensor *x, nb_tensor *out, int dim, bool lg) {
             else if (dt == NB_F64) softmax_row_f64((const double *)xr, (double *)yr, L, lg);
             else softmax_row_half(xr, yr, dt, L, lg);
         }
-        return;
+        return NB_OK;
     }
     int64_t W = COLW;
     while (W > 16 && O * ((D + W - 1) / W) < 2 * nt) W /= 2;
@@ -987,7 +986,13 @@ void nb__cpu_softmax(const nb_tensor *x, nb_tensor *out, int dim, bool lg) {
             softmax_cols_f64((const double *)(xp + off), (double *)(yp + off), L, D, w, lg);
         else softmax_cols_f32(xp + off, yp + off, dt, L, D, w, lg);
     }
+    return NB_OK;
 }
 
-/* Filled in as the family moves behind the kernel table. */
-void nb__cpu_register_reduce(nb__kernels *k) { (void)k; }
+/* The family's entries of the kernel table (the backward kernels are in cpu/reduce_back.c). */
+void nb__cpu_register_reduce(nb__kernels *k) {
+    k->reduce = nb__cpu_reduce;
+    k->softmax = nb__cpu_softmax;
+    k->softmax_backward = nb__cpu_softmax_backward;
+    k->extreme_backward = nb__cpu_extreme_backward;
+}

@@ -1,6 +1,5 @@
-/* cpu/reduce_back.c - fused backward kernels for the reduction and indexing ops (see
- * reduce_back.h): softmax / log_softmax backward and the ordered index_add used by the
- * gradients of index_select and embedding.
+/* cpu/reduce_back.c - fused backward kernels of the reduction ops: softmax_backward and
+ * extreme_backward (declared in cpu/reduce.h; registered by cpu/reduce.c).
  *
  * Softmax backward sees its tensors as (O, L, D) with the softmax dim in the middle, like
  * the forward kernel in cpu/reduce.c. D == 1: each row is dense and gets two passes (the row
@@ -8,18 +7,15 @@
  * get the same two passes, vectorized across the columns. Sums accumulate in f64 in an order
  * fixed by the shape, so results never depend on the thread count.
  *
- * index_add parallelizes only over work that touches disjoint outputs: over the O outer
- * slices, and (when there are fewer slices than threads) over blocks of columns of D. Each
- * output element is therefore accumulated by one thread, in index order. */
+ * extreme_backward writes every element of dx once: zeros, and g at the selected index. */
 #include "cpu/fastmath.h"
-#include "cpu/reduce_back.h"
+#include "cpu/reduce.h"
 
 #include <math.h>
 #include <string.h>
 
 #define RBLK 1024 /* elements per converted block of a half row (stack buffers) */
 #define COLW 128  /* widest column block of the D > 1 path */
-#define IA_MINW 64 /* narrowest column block index_add splits D into */
 
 /* exp is nb__fast_expf (cpu/fastmath.h). */
 
@@ -134,19 +130,14 @@ static void smb_cols_f64(const double *y, const double *g, double *dx, int64_t L
         }
 }
 
-void nb__cpu_softmax_backward(const nb_tensor *y, const nb_tensor *g, nb_tensor *dx, int dim,
-                              bool lg) {
-    int64_t O = 1, L = 1, D = 1;
-    for (int d = 0; d < y->ndim; d++) {
-        if (d < dim) O *= y->shape[d];
-        else if (d == dim) L = y->shape[d];
-        else D *= y->shape[d];
-    }
-    if (O * L * D == 0) return;
-    nb_dtype dt = y->dtype;
+nb_status nb__cpu_softmax_backward(const nb__softmax_backward_args *a) {
+    int64_t O = a->outer, L = a->len, D = a->inner;
+    if (O * L * D == 0) return NB_OK;
+    bool lg = a->log;
+    nb_dtype dt = a->dtype;
     int64_t es = (int64_t)nb_dtype_size(dt);
-    const char *yp = nb__ptr(y), *gp = nb__ptr(g);
-    char *xp = nb__ptr(dx);
+    const char *yp = a->y, *gp = a->g;
+    char *xp = a->dx;
     int nt = nb__threads_for(O * L * D, NB__GRAIN);
     if (D == 1) {
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
@@ -157,7 +148,7 @@ void nb__cpu_softmax_backward(const nb_tensor *y, const nb_tensor *g, nb_tensor 
                             (double *)(xp + off), L, lg);
             else smb_row_f32(yp + off, gp + off, xp + off, dt, L, lg);
         }
-        return;
+        return NB_OK;
     }
     /* Narrower blocks when there are too few to keep the threads busy. */
     int64_t W = COLW;
@@ -172,37 +163,29 @@ void nb__cpu_softmax_backward(const nb_tensor *y, const nb_tensor *g, nb_tensor 
                          (double *)(xp + off), L, D, w, lg);
         else smb_cols_f32(yp + off, gp + off, xp + off, dt, L, D, w, lg);
     }
+    return NB_OK;
 }
 
-/* ---- index_add ------------------------------------------------------------------------------ */
-/* dst[0, w) += src[0, w): f32 accumulator, src of dtype sdt (f32, f16, bf16). */
-static void add_row_f32(float *dst, const char *src, nb_dtype sdt, int64_t w) {
-    if (sdt == NB_F32) {
-        const float *s = (const float *)src;
-#pragma omp simd
-        for (int64_t j = 0; j < w; j++) dst[j] += s[j];
-        return;
+/* ---- max / min along a dim, backward -------------------------------------------------------- */
+nb_status nb__cpu_extreme_backward(const nb__extreme_backward_args *a) {
+    int64_t O = a->outer, L = a->len, D = a->inner;
+    if (O * L * D == 0) return NB_OK;
+    /* The indices come from the forward, but the caller may have written to them since. */
+    for (int64_t k = 0; k < O * D; k++)
+        if (a->idx[k] < 0 || a->idx[k] >= L)
+            return nb__error(NB_EINDEX, "max/min backward: index %lld is out of range for a "
+                             "dim of size %lld", (long long)a->idx[k], (long long)L);
+    size_t es = nb_dtype_size(a->dtype);
+    int nt = nb__threads_for(O * L * D, NB__GRAIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t o = 0; o < O; o++) {
+        char *dx = a->dx + (size_t)(o * L * D) * es;
+        const char *g = a->g + (size_t)(o * D) * es;
+        const int64_t *idx = a->idx + o * D;
+        memset(dx, 0, (size_t)(L * D) * es);
+        for (int64_t i = 0; i < D; i++)
+            memcpy(dx + (size_t)(idx[i] * D + i) * es, g + (size_t)i * es, es);
     }
-    float buf[256];
-    for (int64_t o = 0; o < w; o += 256) {
-        int64_t n = w - o < 256 ? w - o : 256;
-        const float *s = load_f32(src + o * 2, sdt, n, buf);
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++) dst[o + j] += s[j];
-    }
+    return NB_OK;
 }
 
-static void add_row_f64(double *dst, const char *src, nb_dtype sdt, int64_t w) {
-    if (sdt == NB_F64) {
-        const double *s = (const double *)src;
-#pragma omp simd
-        for (int64_t j = 0; j < w; j++) dst[j] += s[j];
-        return;
-    }
-    int64_t es = (int64_t)nb_dtype_size(sdt);
-    for (int64_t j = 0; j < w; j++) dst[j] += nb__load_f64(src + j * es, sdt);
-}
-
-static inline int64_t idx_at(const void *idx, nb_dtype dt, int64_t m) {
-    return dt == NB_I64 ? ((const int64_t *)idx)[m] : (int64_t)((const int32_t *)idx)[m];
-}

@@ -626,6 +626,130 @@ START_TEST(test_thread_independent) {
 }
 END_TEST
 
+/* ---- devices -------------------------------------------------------------------------------
+ * Every differentiable reduce op backward on the meta device (gradients of the right shape,
+ * nothing read) and on the guard device (memory unreadable outside kernels), where the
+ * gradient must equal the CPU's exactly (the same kernels run). The backward's initial
+ * gradient is passed explicitly, on the output's device. */
+#define GUARD_DEV ((nb_device){NB_DEVICE_GUARD, 0})
+
+/* The configurations every device test runs: each op, dims/keepdim, strided or not. */
+static int dev_cases(red_ctx *cs) {
+    int n = 0;
+    const struct { int dims[3], nd; } dl[] = {{{1}, 1}, {{-1}, 1}, {{0, 2}, 2}, {{0}, 0}};
+    for (int op = R_SUM; op <= R_LOGSOFTMAX; op++)
+        for (int k = 0; k < 4; k++) {
+            if (op >= R_MAX && (k == 2 || k == 3)) continue; /* one dim only */
+            for (int v = 0; v < 4; v++) {
+                if (op >= R_SOFTMAX && (v & 1)) continue;
+                red_ctx c = {.op = op, .nd = op >= R_MAX ? 1 : dl[k].nd, .keep = v & 1,
+                             .trans = v & 2, .corr = 1};
+                memcpy(c.dims, dl[k].dims, sizeof c.dims);
+                cs[n++] = c;
+            }
+        }
+    return n;
+}
+
+static void case_name(const red_ctx *c, char *buf, size_t n) {
+    snprintf(buf, n, "%s dims[0]=%d nd=%d keep=%d trans=%d", rname[c->op], c->dims[0], c->nd,
+             c->keep, c->trans);
+}
+
+START_TEST(test_meta_backward) {
+    nb_scope_begin();
+    red_ctx cs[256];
+    int n = dev_cases(cs);
+    const nb_dtype dts[] = {NB_F32, NB_BF16};
+    for (int t = 0; t < 2; t++) {
+        for (int i = 0; i < n; i++) {
+            char what[96];
+            case_name(&cs[i], what, sizeof what);
+            nb_scope_begin();
+            nb_tensor *x = leaf(nb_empty_on(NB_META, (int64_t[]){3, 4, 5}, 3, dts[t]));
+            nb_tensor *y = f_red(&x, 1, &cs[i]);
+            ck_assert_msg(y != NULL, "%s: %s", what, nb_last_error());
+            ck_assert_msg(nb_requires_grad(y), "%s: no node", what);
+            nb_tensor *g = nb_ones_on(NB_META, y->shape, y->ndim, y->dtype);
+            ck_assert_msg(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}) == NB_OK,
+                          "%s: %s", what, nb_last_error());
+            nb_tensor *gx = nb_grad(x);
+            ck_assert_msg(gx != NULL, "%s: no grad", what);
+            ck_assert(nb_tensor_device(gx).type == NB_DEVICE_META);
+            ck_assert_msg(gx->dtype == dts[t], "%s: grad dtype %s", what, nb_dtype_name(gx->dtype));
+            ck_assert_int_eq(gx->ndim, 3);
+            for (int d = 0; d < 3; d++) ck_assert(gx->shape[d] == x->shape[d]);
+            nb_scope_end();
+        }
+    }
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_guard_backward) {
+    nb_scope_begin();
+    red_ctx cs[256];
+    int n = dev_cases(cs);
+    const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16};
+    for (int t = 0; t < 3; t++) {
+        /* (3, 4, 40): the trans cases see it as (4, 3, 40) */
+        nb_tensor *x0 = tu_random((int64_t[]){3, 4, 40}, 3, dts[t], -2, 2, 31 + (uint64_t)t);
+        for (int i = 0; i < n; i++) {
+            char what[96];
+            case_name(&cs[i], what, sizeof what);
+            nb_scope_begin(); /* few live guard blocks: each kernel call opens all of them */
+            nb_tensor *x = leaf(nb_clone(x0)), *xg = leaf(nb_to_device(x0, GUARD_DEV));
+            nb_tensor *y = f_red(&x, 1, &cs[i]), *yg = f_red(&xg, 1, &cs[i]);
+            ck_assert_msg(y && yg, "%s: %s", what, nb_last_error());
+            nb_tensor *g = tu_random(y->shape, y->ndim, y->dtype, -1, 1, 7);
+            nb_tensor *gg = nb_to_device(g, GUARD_DEV);
+            ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}) == NB_OK);
+            ck_assert_msg(nb_backward_ex(yg, &(nb_backward_opts){.grad_output = gg}) == NB_OK,
+                          "%s: %s", what, nb_last_error());
+            ck_assert(nb_tensor_device(nb_grad(xg)).type == NB_DEVICE_GUARD);
+            nb_tensor *a = nb_to_device(nb_grad(xg), NB_CPU);
+            ck_assert_msg(a != NULL, "%s: %s", what, nb_last_error());
+            ck_assert(a->dtype == nb_grad(x)->dtype);
+            double *va = tu_values(a), *vb = tu_values(nb_grad(x));
+            for (int64_t k = 0; k < nb_numel(x0); k++)
+                ck_assert_msg(va[k] == vb[k] || (isnan(va[k]) && isnan(vb[k])),
+                              "%s %s [%lld]: %g vs %g", what, nb_dtype_name(dts[t]),
+                              (long long)k, va[k], vb[k]);
+            free(va), free(vb);
+            nb_scope_end();
+        }
+    }
+    nb_scope_end();
+}
+END_TEST
+
+/* Backward with the output gradient on another device than the saved tensors fails
+ * cleanly, as do indices changed behind autograd's back after max/min. */
+START_TEST(test_backward_errors) {
+    nb_scope_begin();
+    const int ops[] = {R_VAR, R_STD, R_LSE, R_AMAX, R_MAX, R_MIN, R_SOFTMAX, R_LOGSOFTMAX};
+    for (int i = 0; i < (int)(sizeof ops / sizeof ops[0]); i++) {
+        nb_tensor *x = leaf(nb_empty_on(NB_META, (int64_t[]){2, 3}, 2, NB_F32));
+        red_ctx c = {.op = ops[i], .dims = {1}, .nd = 1, .corr = 1};
+        nb_tensor *y = f_red(&x, 1, &c);
+        ck_assert(y != NULL);
+        nb_tensor *g = nb_ones(y->shape, y->ndim, y->dtype); /* on the CPU */
+        nb_status st = nb_backward_ex(y, &(nb_backward_opts){.grad_output = g});
+        ck_assert_msg(st == NB_EDEVICE, "%s: status %d (%s)", rname[ops[i]], (int)st,
+                      nb_last_error());
+        ck_assert_msg(strstr(nb_last_error(), "cpu") && strstr(nb_last_error(), "meta"), "%s: %s",
+                      rname[ops[i]], nb_last_error());
+    }
+    nb_tensor *x = leaf(tu_tensor((double[]){1, 5, 2, 7, 0, 3}, (int64_t[]){2, 3}, 2, NB_F32));
+    nb_tensor *idx = NULL, *v = nb_max_dim(x, 1, false, &idx);
+    ck_assert(v && idx);
+    ((int64_t *)nb_data(idx))[1] = 3; /* written through the pointer: no version bump */
+    ck_assert(nb_backward(nb_sum(v, NULL, 0, false)) == NB_EINDEX);
+    ck_assert_msg(strstr(nb_last_error(), "index 3 is out of range"), "%s", nb_last_error());
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_grad_reduce(void) {
     Suite *s = suite_create("grad_reduce");
     TCase *tc = tcase_create("rules");
@@ -641,6 +765,9 @@ Suite *nb_suite_grad_reduce(void) {
     tcase_add_test(tc, test_one_node);
     tcase_add_test(tc, test_no_alloc_steady);
     tcase_add_test(tc, test_thread_independent);
+    tcase_add_test(tc, test_meta_backward);
+    tcase_add_test(tc, test_guard_backward);
+    tcase_add_test(tc, test_backward_errors);
     suite_add_tcase(s, tc);
     return s;
 }

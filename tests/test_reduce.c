@@ -4,6 +4,7 @@
  * several dims, negative dims, keepdim, long rows that span blocks and chunks) and dtypes,
  * on contiguous and non-contiguous inputs; thread-count determinism; and every class of
  * user error. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -614,6 +615,160 @@ START_TEST(test_sum_near_overflow) {
 }
 END_TEST
 
+/* ---- devices -------------------------------------------------------------------------------
+ * Every op on the meta device (shape and dtype only, no kernel runs) and on the guard device
+ * (memory unreadable outside kernels: a host dereference in an op definition crashes), where
+ * it must give exactly the CPU's values (the same kernels run). */
+#define GUARD_DEV ((nb_device){NB_DEVICE_GUARD, 0})
+enum { D_SUM, D_MEAN, D_VAR, D_STD, D_LSE, D_AMAX, D_AMIN, D_MAX_V, D_MAX_I, D_MIN_V, D_MIN_I,
+       D_ARGMAX, D_ARGMIN, D_SOFTMAX, D_LOGSOFTMAX, D_COUNT };
+static const char *dop_name[] = {"sum", "mean", "var", "std", "logsumexp", "amax", "amin",
+                                 "max values", "max indices", "min values", "min indices",
+                                 "argmax", "argmin", "softmax", "log_softmax"};
+
+static bool dop_float_only(int op) {
+    return op == D_MEAN || op == D_VAR || op == D_STD || op == D_LSE || op == D_SOFTMAX ||
+           op == D_LOGSOFTMAX;
+}
+
+/* op of x along the dims (set-of-dims ops) or dims[0] (the others). */
+static nb_tensor *dev_op(int op, nb_tensor *x, const int *dims, int nd, bool keep) {
+    nb_tensor *i = NULL, *v;
+    switch (op) {
+    case D_SUM: return nb_sum(x, dims, nd, keep);
+    case D_MEAN: return nb_mean(x, dims, nd, keep);
+    case D_VAR: return nb_var(x, dims, nd, 1, keep);
+    case D_STD: return nb_std(x, dims, nd, 0, keep);
+    case D_LSE: return nb_logsumexp(x, dims, nd, keep);
+    case D_AMAX: return nb_amax(x, dims, nd, keep);
+    case D_AMIN: return nb_amin(x, dims, nd, keep);
+    case D_MAX_V: return nb_max_dim(x, dims[0], keep, NULL);
+    case D_MAX_I: v = nb_max_dim(x, dims[0], keep, &i); return v ? i : NULL;
+    case D_MIN_V: return nb_min_dim(x, dims[0], keep, NULL);
+    case D_MIN_I: v = nb_min_dim(x, dims[0], keep, &i); return v ? i : NULL;
+    case D_ARGMAX: return nb_argmax(x, dims[0], keep);
+    case D_ARGMIN: return nb_argmin(x, dims[0], keep);
+    case D_SOFTMAX: return nb_softmax(x, dims[0]);
+    default: return nb_log_softmax(x, dims[0]);
+    }
+}
+
+START_TEST(test_meta_device) {
+    nb_scope_begin();
+    const int64_t shape[] = {2, 3, 4};
+    const nb_dtype dts[] = {NB_F32, NB_F16, NB_I32};
+    for (int t = 0; t < NDT(dts); t++) {
+        nb_tensor *x = nb_empty_on(NB_META, shape, 3, dts[t]);
+        ck_assert(x != NULL);
+        for (int op = 0; op < D_COUNT; op++) {
+            if (dop_float_only(op) && !nb_dtype_is_float(dts[t])) continue;
+            for (int keep = 0; keep < 2; keep++) {
+                nb_tensor *y = dev_op(op, x, (int[]){-2}, 1, keep);
+                ck_assert_msg(y != NULL, "%s on meta: %s", dop_name[op], nb_last_error());
+                ck_assert(nb_tensor_device(y).type == NB_DEVICE_META);
+                /* dim 1 reduced: (2, 1, 4) or (2, 4); softmax keeps the shape */
+                bool same = op == D_SOFTMAX || op == D_LOGSOFTMAX;
+                int64_t want[3] = {2, 3, 4};
+                int wnd = 3;
+                if (!same && keep) want[1] = 1;
+                if (!same && !keep) want[1] = 4, wnd = 2;
+                ck_assert_int_eq(y->ndim, wnd);
+                for (int d = 0; d < wnd; d++)
+                    ck_assert_msg(y->shape[d] == want[d], "%s: dim %d", dop_name[op], d);
+                nb_dtype wdt = op == D_MAX_I || op == D_MIN_I || op == D_ARGMAX ||
+                                       op == D_ARGMIN || (op == D_SUM && !nb_dtype_is_float(dts[t]))
+                                   ? NB_I64 : dts[t];
+                ck_assert_msg(y->dtype == wdt, "%s: dtype %s", dop_name[op],
+                              nb_dtype_name(y->dtype));
+                ck_assert(nb_data(y) == NULL);
+            }
+        }
+        /* all dims, and two of three */
+        nb_tensor *s = nb_sum(x, NULL, 0, false);
+        ck_assert(s && s->ndim == 0 && nb_tensor_device(s).type == NB_DEVICE_META);
+        s = nb_amax(x, (int[]){0, 2}, 2, true);
+        ck_assert(s && s->ndim == 3 && s->shape[0] == 1 && s->shape[1] == 3 && s->shape[2] == 1);
+    }
+    /* argument errors are still found on meta */
+    nb_tensor *e = nb_empty_on(NB_META, (int64_t[]){0, 3}, 2, NB_F32);
+    tu_assert_error(nb_amax(e, NULL, 0, false), NB_ESHAPE, "amax: cannot reduce over dim 0");
+    tu_assert_error(nb_softmax(e, 2), NB_EDIM, "softmax");
+    tu_assert_error(nb_mean(nb_empty_on(NB_META, (int64_t[]){2}, 1, NB_I64), NULL, 0, false),
+                    NB_EDTYPE, "mean");
+    nb_scope_end();
+}
+END_TEST
+
+/* y (on some device) equals the CPU result ref exactly, after copying it back. */
+static void assert_same(nb_tensor *y, nb_tensor *ref, const char *what) {
+    ck_assert_msg(y != NULL, "%s: %s", what, nb_last_error());
+    ck_assert_msg(nb_tensor_device(y).type == NB_DEVICE_GUARD, "%s: not on guard", what);
+    nb_tensor *h = nb_to_device(y, NB_CPU);
+    ck_assert_msg(h != NULL, "%s: %s", what, nb_last_error());
+    ck_assert_msg(h->dtype == ref->dtype, "%s: dtype", what);
+    ck_assert_int_eq(h->ndim, ref->ndim);
+    for (int d = 0; d < ref->ndim; d++) ck_assert(h->shape[d] == ref->shape[d]);
+    double *a = tu_values(h), *b = tu_values(ref);
+    for (int64_t i = 0; i < nb_numel(ref); i++)
+        ck_assert_msg(a[i] == b[i] || (isnan(a[i]) && isnan(b[i])), "%s [%lld]: %g vs %g",
+                      what, (long long)i, a[i], b[i]);
+    free(a);
+    free(b);
+}
+
+START_TEST(test_guard_device) {
+    nb_scope_begin();
+    /* long enough rows for the block paths; dims of both kinds innermost */
+    const int64_t shape[] = {3, 5, 70};
+    const nb_dtype dts[] = {NB_F32, NB_F64, NB_BF16, NB_I32, NB_BOOL};
+    const struct { int dims[2], nd; } dl[] = {{{-1}, 1}, {{0}, 1}, {{1}, 1}, {{0, 2}, 2}};
+    for (int t = 0; t < NDT(dts); t++) {
+        nb_tensor *x = rand_for(shape, 3, dts[t], 100 + (uint64_t)t);
+        /* contiguous, and a strided view of the same layout on both devices (the order of
+         * accumulation depends on the strides) */
+        nb_tensor *xg0 = nb_to_device(x, GUARD_DEV);
+        ck_assert(xg0 != NULL);
+        nb_tensor *xs[2] = {x, nb_transpose(nb_contiguous(nb_transpose(x, 0, 2)), 0, 2)};
+        nb_tensor *xgs[2] = {xg0, nb_transpose(nb_contiguous(nb_transpose(xg0, 0, 2)), 0, 2)};
+        ck_assert(xgs[1] && !nb_is_contiguous(xgs[1]));
+        for (int c = 0; c < 2; c++) {
+            nb_tensor *xg = xgs[c];
+            for (int op = 0; op < D_COUNT; op++) {
+                if (dop_float_only(op) && !nb_dtype_is_float(dts[t])) continue;
+                for (int k = 0; k < NDT(dl); k++) {
+                    int nd = op <= D_AMIN ? dl[k].nd : 1;
+                    if (op > D_AMIN && k == 3) continue;
+                    for (int keep = 0; keep < 2; keep++) {
+                        char what[96];
+                        snprintf(what, sizeof what, "%s %s dims[0]=%d nd=%d keep=%d strided=%d",
+                                 dop_name[op], nb_dtype_name(dts[t]), dl[k].dims[0], nd, keep,
+                                 c);
+                        nb_scope_begin(); /* few live guard blocks: each call opens all */
+                        nb_tensor *ref = dev_op(op, xs[c], dl[k].dims, nd, keep);
+                        ck_assert_msg(ref != NULL, "%s: %s", what, nb_last_error());
+                        assert_same(dev_op(op, xg, dl[k].dims, nd, keep), ref, what);
+                        nb_scope_end();
+                    }
+                }
+            }
+        }
+        nb_tensor *xg = nb_to_device(x, GUARD_DEV);
+        assert_same(nb_sum(xg, NULL, 0, false), nb_sum(x, NULL, 0, false), "sum all");
+    }
+    /* a 0-dim input and an empty one */
+    nb_tensor *z = tu_tensor((double[]){2.5}, NULL, 0, NB_F32);
+    nb_tensor *zg = nb_to_device(z, GUARD_DEV);
+    assert_same(nb_softmax(zg, 0), nb_softmax(z, 0), "softmax 0-dim");
+    assert_same(nb_argmax(zg, 0, false), nb_argmax(z, 0, false), "argmax 0-dim");
+    nb_tensor *e = nb_zeros((int64_t[]){0, 3}, 2, NB_F32);
+    nb_tensor *eg = nb_to_device(e, GUARD_DEV);
+    assert_same(nb_sum(eg, (int[]){0}, 1, false), nb_sum(e, (int[]){0}, 1, false), "sum empty");
+    assert_same(nb_logsumexp(eg, NULL, 0, false), nb_logsumexp(e, NULL, 0, false), "lse empty");
+    nb_scope_end();
+}
+END_TEST
+
+
 Suite *nb_suite_reduce(void) {
     Suite *s = suite_create("reduce");
     TCase *tc;
@@ -633,6 +788,8 @@ Suite *nb_suite_reduce(void) {
     NB_TC(test_determinism);
     NB_TC(test_errors);
     NB_TC(test_sum_near_overflow);
+    NB_TC(test_meta_device);
+    NB_TC(test_guard_device);
 #undef NB_TC
     return s;
 }

@@ -1,7 +1,8 @@
 /* tensor/ops/reduce.c - the reduction ops: sum, mean, var, std, logsumexp, amax, amin over
  * a set of dims, max/min (values and indices), argmax/argmin and softmax / log_softmax over
- * one dim. Argument checks, output shapes and dtypes live here; the arithmetic is in
- * cpu/reduce.c.
+ * one dim. Argument checks, output shapes and dtypes live here; the arithmetic is in the
+ * kernels of tensor/kernels/reduce.h (reduce, softmax, softmax_backward, extreme_backward),
+ * reached through nb__run_<kernel> on the inputs' device (cpu/reduce.c on the CPU).
  *
  * Semantics follow PyTorch:
  *   - dims: a list (negative counts from the end) or NULL / 0 entries for all dims; a dim
@@ -18,17 +19,8 @@
  * Autograd: every float result records a node (the rules follow the op they belong to);
  * argmax/argmin and the indices of max/min are integers and record nothing. */
 
-#include "cpu/reduce.h"
-#include "cpu/reduce_back.h"
 #include "autograd/autograd_impl.h"
-
-static bool on_cpu(const nb_tensor *x, const char *op) {
-    if (x->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
-        return false;
-    }
-    return true;
-}
+#include "tensor/backend.h"
 
 static bool need_float(const nb_tensor *x, const char *op) {
     if (!nb_dtype_is_float(x->dtype)) {
@@ -96,22 +88,32 @@ static bool nonempty(const nb_tensor *x, const bool *mask, const char *op) {
     return true;
 }
 
-/* The reduction into a new tensor of dtype odt. */
+/* Run the reduce kernel a (kind, post, den, out, out_dtype, idx filled) over x and mask
+ * on x's device; false on error (the caller frees the outputs it allocated). */
+static bool run_reduce(nb_tensor *x, const bool *mask, nb__reduce_args *a, const char *op) {
+    nb__view_init(&a->x, x);
+    for (int d = 0; d < NB_MAX_DIMS; d++) a->reduced[d] = d < x->ndim && mask[d];
+    return nb__run_reduce(nb__device_of(x), op, a) == NB_OK;
+}
+
+/* The reduction into a new tensor of dtype odt on x's device. */
 static nb_tensor *run_pass(nb_tensor *x, const bool *mask, bool keepdim, nb_dtype odt,
-                           nb__rspec spec) {
+                           nb__reduce_args a, const char *op) {
     int64_t shape[NB_MAX_DIMS];
     int n = out_shape(x, mask, keepdim, shape);
-    nb_tensor *out = nb__empty(shape, n, odt, x->storage->device);
+    nb_tensor *out = nb__empty(shape, n, odt, nb__device_of(x));
     if (!out) return NULL;
-    spec.out = out;
-    nb__cpu_reduce(x, mask, &spec);
+    a.out = nb__ptr(out), a.out_dtype = odt;
+    if (!run_reduce(x, mask, &a, op)) {
+        nb_tensor_free(nb__scope_take(out));
+        return NULL;
+    }
     return out;
 }
 
 /* Shared prologue of the set-of-dims reductions. */
 static bool prologue(nb_tensor *x, const int *dims, int ndims, const char *op, bool *mask) {
     if (!nb__arg_ok(x, op, "x")) return false;
-    if (!on_cpu(x, op)) return false;
     return parse_dims(x, dims, ndims, op, mask);
 }
 
@@ -182,7 +184,7 @@ nb_tensor *nb_sum(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, "sum", mask)) return NULL;
     nb_dtype odt = nb_dtype_is_float(x->dtype) ? x->dtype : NB_I64;
-    nb_tensor *r = run_pass(x, mask, keepdim, odt, (nb__rspec){.kind = NB__RK_SUM});
+    nb_tensor *r = run_pass(x, mask, keepdim, odt, (nb__reduce_args){.kind = NB__RK_SUM}, "sum");
     return record_spread(r, NB__OP_SUM, x, mask, 1.0);
 }
 
@@ -191,7 +193,9 @@ nb_tensor *nb_mean(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
     if (!prologue(x, dims, ndims, "mean", mask) || !need_float(x, "mean")) return NULL;
     double count = (double)reduced_count(x, mask);
     nb_tensor *r = run_pass(x, mask, keepdim, x->dtype,
-                            (nb__rspec){.kind = NB__RK_SUM, .post = NB__RP_DIV, .den = count});
+                            (nb__reduce_args){.kind = NB__RK_SUM, .post = NB__RP_DIV,
+                                              .den = count},
+                            "mean");
     return record_spread(r, NB__OP_MEAN, x, mask, 1.0 / count);
 }
 
@@ -201,9 +205,10 @@ static nb_tensor *var_std(nb_tensor *x, const int *dims, int ndims, int correcti
     if (!prologue(x, dims, ndims, op, mask) || !need_float(x, op)) return NULL;
     double n = (double)reduced_count(x, mask), den = n - correction > 0 ? n - correction : 0;
     nb_tensor *r = run_pass(x, mask, keepdim, x->dtype,
-                            (nb__rspec){.kind = NB__RK_VAR,
-                                        .post = take_sqrt ? NB__RP_SQRT_DIV : NB__RP_DIV,
-                                        .den = den});
+                            (nb__reduce_args){.kind = NB__RK_VAR,
+                                              .post = take_sqrt ? NB__RP_SQRT_DIV : NB__RP_DIV,
+                                              .den = den},
+                            op);
     nb__node *nd = record_mask(r, take_sqrt ? NB__OP_STD : NB__OP_VAR, x, mask, den);
     if (nd) {
         nb__save(nd, 0, x);
@@ -227,7 +232,9 @@ nb_status nb__bw_STD(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *x = up(n->saved[0]), *sd = keep_shape(n, up(n->saved[1]));
     nb_tensor *xc = nb_sub(x, nb_mean(x, dims, nd, true));
     nb_tensor *fac = nb_div(keep_shape(n, up(g)), nb_mul_scalar(sd, n->attrs.f[0]));
-    fac = nb_masked_fill(fac, nb_eq_scalar(sd, 0), 0);
+    /* nb_where, not nb_masked_fill: the rule stays within the elementwise kernels. */
+    nb_tensor *zero = fac ? nb_zeros_on(nb__device_of(fac), NULL, 0, fac->dtype) : NULL;
+    fac = nb_where(nb_eq_scalar(sd, 0), zero, fac);
     gin[0] = nb_mul(xc, fac);
     return done(gin);
 }
@@ -244,7 +251,8 @@ nb_tensor *nb_logsumexp(nb_tensor *x, const int *dims, int ndims, bool keepdim) 
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, "logsumexp", mask) || !need_float(x, "logsumexp"))
         return NULL;
-    nb_tensor *r = run_pass(x, mask, keepdim, x->dtype, (nb__rspec){.kind = NB__RK_LSE});
+    nb_tensor *r = run_pass(x, mask, keepdim, x->dtype, (nb__reduce_args){.kind = NB__RK_LSE},
+                            "logsumexp");
     nb__node *nd = record_mask(r, NB__OP_LOGSUMEXP, x, mask, 1.0);
     if (nd) {
         nb__save(nd, 0, x);
@@ -264,7 +272,7 @@ static nb_tensor *extreme(nb_tensor *x, const int *dims, int ndims, bool keepdim
                           nb__rkind kind, const char *op) {
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, op, mask) || !nonempty(x, mask, op)) return NULL;
-    nb_tensor *r = run_pass(x, mask, keepdim, x->dtype, (nb__rspec){.kind = kind});
+    nb_tensor *r = run_pass(x, mask, keepdim, x->dtype, (nb__reduce_args){.kind = kind}, op);
     nb__node *nd = record_mask(r, kind == NB__RK_MAX ? NB__OP_AMAX : NB__OP_AMIN, x, mask, 1.0);
     if (nd) {
         nb__save(nd, 0, x);
@@ -299,7 +307,7 @@ nb_tensor *nb_amin(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
  * caller's scope; *values is NULL-ed for argmax. Returns false on error. */
 static bool arg_extreme(nb_tensor *x, int dim, bool keepdim, nb__rkind kind, const char *op,
                         nb_tensor **values, nb_tensor **indices) {
-    if (!nb__arg_ok(x, op, "x") || !on_cpu(x, op)) return false;
+    if (!nb__arg_ok(x, op, "x")) return false;
     int d = nb__wrap_dim(dim, x->ndim, op);
     if (d < 0) return false;
     bool mask[NB_MAX_DIMS] = {false};
@@ -307,17 +315,22 @@ static bool arg_extreme(nb_tensor *x, int dim, bool keepdim, nb__rkind kind, con
     if (!nonempty(x, mask, op)) return false;
     int64_t shape[NB_MAX_DIMS];
     int n = out_shape(x, mask, keepdim, shape);
-    nb__rspec spec = {.kind = kind};
+    nb__reduce_args a = {.kind = kind, .out_dtype = x->dtype};
+    nb_device dev = nb__device_of(x);
     if (values) {
-        spec.out = *values = nb__empty(shape, n, x->dtype, x->storage->device);
-        if (!spec.out) return false;
+        *values = nb__empty(shape, n, x->dtype, dev);
+        if (!*values) return false;
+        a.out = nb__ptr(*values);
     }
     if (indices) {
-        spec.idx = *indices = nb__empty(shape, n, NB_I64, x->storage->device);
-        if (!spec.idx) return false;
+        *indices = nb__empty(shape, n, NB_I64, dev);
+        if (!*indices) return false;
+        a.idx = (int64_t *)nb__ptr(*indices);
     }
-    nb__cpu_reduce(x, mask, &spec);
-    return true;
+    if (run_reduce(x, mask, &a, op)) return true;
+    if (values) nb_tensor_free(nb__scope_take(*values)), *values = NULL;
+    if (indices) nb_tensor_free(nb__scope_take(*indices)), *indices = NULL;
+    return false;
 }
 
 /* max / min over one dim. The values are differentiable: when they record, the indices
@@ -354,8 +367,19 @@ nb_tensor *nb_min_dim(nb_tensor *x, int dim, bool keepdim, nb_tensor **indices) 
     return values_extreme(x, dim, keepdim, indices, false);
 }
 
+/* The shape seen as (outer, len, inner) around dim d (a 0-dim tensor is one element). */
+static void split3(const int64_t *shape, int ndim, int d, int64_t *outer, int64_t *len,
+                   int64_t *inner) {
+    *outer = *len = *inner = 1;
+    for (int k = 0; k < ndim; k++) {
+        if (k < d) *outer *= shape[k];
+        else if (k == d) *len = shape[k];
+        else *inner *= shape[k];
+    }
+}
+
 /* max / min values: g goes to the position of the index that was returned (the first
- * extreme), scattered along the dim; other positions get zero. */
+ * extreme) along the dim; other positions get zero. One kernel writes the whole gradient. */
 static nb_status bw_values_extreme(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     const nb__edge *e = &n->edges[0];
     if (e->ndim == 0) { /* a 0-dim input reduces to itself */
@@ -363,14 +387,21 @@ static nb_status bw_values_extreme(nb__node *n, nb_tensor *g, nb_tensor **gin) {
         return NB_OK;
     }
     int d = (int)n->attrs.i[0];
-    nb_tensor *idx = n->saved[0], *gk = g;
-    if (!n->attrs.flag) {
-        idx = nb_unsqueeze(idx, d);
-        gk = nb_unsqueeze(g, d);
-    }
-    nb_tensor *z = gk ? nb_zeros(e->shape, e->ndim, gk->dtype) : NULL;
-    gin[0] = nb_scatter_add(z, d, idx, gk);
-    return done(gin);
+    nb_tensor *idx = n->saved[0];
+    const char *op = n->op == NB__OP_MAX_DIM ? "max" : "min";
+    nb_device dev;
+    if (!nb__check_devices(op, (nb_tensor *[]){idx, g}, 2, &dev)) return nb_last_status();
+    nb_tensor *gc = nb_contiguous(g); /* of the output's shape: no copy when contiguous */
+    nb_tensor *dx = gc ? nb__empty(e->shape, e->ndim, g->dtype, dev) : NULL;
+    if (!dx) return nb_last_status();
+    NB__ASSERT(nb_is_contiguous(idx)); /* allocated by the forward */
+    nb__extreme_backward_args a = {.g = nb__ptr(gc), .idx = (const int64_t *)nb__ptr(idx),
+                                   .dx = nb__ptr(dx), .dtype = g->dtype};
+    split3(e->shape, e->ndim, d, &a.outer, &a.len, &a.inner);
+    nb_status st = nb__run_extreme_backward(dev, op, &a);
+    if (st != NB_OK) return st;
+    gin[0] = dx;
+    return NB_OK;
 }
 
 nb_status nb__bw_MAX_DIM(nb__node *n, nb_tensor *g, nb_tensor **gin) {
@@ -393,17 +424,25 @@ nb_tensor *nb_argmin(nb_tensor *x, int dim, bool keepdim) {
 /* A contiguous input is read directly; a strided one is first copied into the output,
  * which the kernel then transforms in place (no temporary the size of the input). */
 static nb_tensor *softmax_impl(nb_tensor *x, int dim, bool lg, const char *op) {
-    if (!nb__arg_ok(x, op, "x") || !on_cpu(x, op) || !need_float(x, op)) return NULL;
+    if (!nb__arg_ok(x, op, "x") || !need_float(x, op)) return NULL;
     int d = nb__wrap_dim(dim, x->ndim, op);
     if (d < 0) return NULL;
-    nb_tensor *out = nb__empty(x->shape, x->ndim, x->dtype, x->storage->device);
+    nb_device dev = nb__device_of(x);
+    nb_tensor *out = nb__empty(x->shape, x->ndim, x->dtype, dev);
     if (!out) return NULL;
     const nb_tensor *src = x;
+    nb_status st = NB_OK;
     if (!nb_is_contiguous(x)) {
-        if (nb_copy_(out, x) != NB_OK) return NULL;
+        st = nb_copy_(out, x);
         src = out;
     }
-    nb__cpu_softmax(src, out, d, lg);
+    nb__softmax_args a = {.x = nb__ptr(src), .y = nb__ptr(out), .dtype = x->dtype, .log = lg};
+    split3(x->shape, x->ndim, d, &a.outer, &a.len, &a.inner);
+    if (st == NB_OK) st = nb__run_softmax(dev, op, &a);
+    if (st != NB_OK) {
+        nb_tensor_free(nb__scope_take(out));
+        return NULL;
+    }
     nb__node *nd = nb__record(out, lg ? NB__OP_LOG_SOFTMAX : NB__OP_SOFTMAX, &x, 1);
     if (nd) {
         nb__save(nd, 0, out); /* the backward needs only the output */
@@ -417,10 +456,17 @@ static nb_tensor *softmax_impl(nb_tensor *x, int dim, bool lg, const char *op) {
 static nb_status bw_softmax(nb__node *n, nb_tensor *g, nb_tensor **gin, bool lg) {
     nb_tensor *y = n->saved[0];
     NB__ASSERT(nb_is_contiguous(y));
+    const char *op = lg ? "log_softmax" : "softmax";
+    nb_device dev;
+    if (!nb__check_devices(op, (nb_tensor *[]){y, g}, 2, &dev)) return nb_last_status();
     nb_tensor *gc = nb_contiguous(nb_to_dtype(g, y->dtype));
-    nb_tensor *dx = gc ? nb__empty(y->shape, y->ndim, y->dtype, y->storage->device) : NULL;
+    nb_tensor *dx = gc ? nb__empty(y->shape, y->ndim, y->dtype, dev) : NULL;
     if (!dx) return nb_last_status();
-    nb__cpu_softmax_backward(y, gc, dx, (int)n->attrs.i[0], lg);
+    nb__softmax_backward_args a = {.y = nb__ptr(y), .g = nb__ptr(gc), .dx = nb__ptr(dx),
+                                   .dtype = y->dtype, .log = lg};
+    split3(y->shape, y->ndim, (int)n->attrs.i[0], &a.outer, &a.len, &a.inner);
+    nb_status st = nb__run_softmax_backward(dev, op, &a);
+    if (st != NB_OK) return st;
     gin[0] = dx;
     return NB_OK;
 }
