@@ -1,6 +1,8 @@
 /* cpu/attention.c - CPU kernels of causal scaled dot-product attention (see cpu/attention.h
- * for the contract). The f32 and f64 bodies come from cpu/attention_tmpl.h; this file holds
- * what both share: the dropout mask of a row, the thread count and the scratch layout.
+ * and tensor/kernels/attention.h for the contract), registered as the kernel table's
+ * attention and attention_backward. The f32 and f64 bodies come from cpu/attention_tmpl.h;
+ * this file holds what both share: the dropout mask of a row, the thread count and the
+ * scratch layout.
  *
  * Per (b, h) slice and block of NB__ATTN_BLOCK query rows [i0, i1):
  *   forward:  S = scale q[i0:i1] k[0:i1]^T (GEMM), causal softmax per row in place (exp via
@@ -50,7 +52,8 @@ static int nb__attn_threads(const nb__attn_geom *g) {
     return nt > BH ? (int)BH : nt;
 }
 
-/* keep[j] for elements base + j, j < n, of the virtual (B, H, T, T) mask (see attention.h). */
+/* keep[j] for elements base + j, j < n, of the virtual (B, H, T, T) mask (the draw is in
+ * tensor/kernels/attention.h). */
 static void nb__attn_keep_row(const nb__attn_geom *g, int64_t base, int64_t n, uint8_t *keep) {
     const double thr = (1.0 - g->p) * 4294967296.0; /* w 2^-32 < 1 - p, exactly */
     const uint32_t key[2] = {(uint32_t)g->seed, (uint32_t)(g->seed >> 32)};
@@ -90,5 +93,22 @@ static void nb__attn_keep_row(const nb__attn_geom *g, int64_t base, int64_t n, u
 #undef EXP
 #undef LOG
 
-/* Filled in as the family moves behind the kernel table. */
-void nb__cpu_register_attention(nb__kernels *k) { (void)k; }
+/* ---- the kernel table's entries: the op hands in f32 or f64 (its compute dtype) ---------- */
+static nb_status cpu_attention(const nb__attention_args *a) {
+    if (a->dtype == NB_F64)
+        return nb__cpu_attention_fwd_f64(&a->g, a->q, a->k, a->v, a->o, a->lse);
+    return nb__cpu_attention_fwd_f32(&a->g, a->q, a->k, a->v, a->o, a->lse);
+}
+
+static nb_status cpu_attention_backward(const nb__attention_backward_args *a) {
+    if (a->dtype == NB_F64)
+        return nb__cpu_attention_bwd_f64(&a->g, a->q, a->k, a->v, a->lse, a->dout, a->dq, a->dk,
+                                         a->dv);
+    return nb__cpu_attention_bwd_f32(&a->g, a->q, a->k, a->v, a->lse, a->dout, a->dq, a->dk,
+                                     a->dv);
+}
+
+void nb__cpu_register_attention(nb__kernels *k) {
+    k->attention = cpu_attention;
+    k->attention_backward = cpu_attention_backward;
+}

@@ -1,7 +1,9 @@
-/* cpu/norm.h - private: the CPU kernels behind the fused layers of nn/ (layer norm, batch
- * norm, the bias rows of linear, dropout). Kernels do arithmetic only: the op definitions in
- * nn/ check arguments, pick shapes and dtypes, and hand in dense buffers in the compute
- * type (f32 for f32/f16/bf16, f64 for f64).
+/* cpu/norm.h - private: the CPU kernels behind the fused layers of nn/ (layer norm,
+ * batch norm, the bias rows of linear, dropout). cpu/norm.c registers the norm family's
+ * entries of the kernel table (tensor/kernels/norm.h has their arguments); the functions
+ * below are their typed bodies. Kernels do arithmetic only: the op definitions in nn/ check
+ * arguments, pick shapes and dtypes, and hand in dense buffers in the compute type (f32 for
+ * f32/f16/bf16, f64 for f64).
  *
  * Statistics (mean, rstd) are kept in double whatever the compute type, and every sum is
  * accumulated in double in an order that depends only on the shapes: reductions over rows
@@ -18,8 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "tensor/tensor_impl.h"
-#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
+#include "cpu/cpu_impl.h"
 
 #define NB__NORM_MAX_CHUNKS 64
 

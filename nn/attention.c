@@ -1,5 +1,6 @@
 /* attention.c - nb_causal_attention: causal scaled dot-product attention as one fused op
- * (kernels in cpu/attention.c) with one autograd node, NB__OP_ATTENTION; and
+ * (the kernel table's attention and attention_backward, tensor/kernels/attention.h) with one
+ * autograd node, NB__OP_ATTENTION; and
  * nb_causal_attention_qkv, the same on a packed (B, T, 3C) projection (NB__OP_ATTENTION_QKV),
  * whose node has the one input, so its backward writes the qkv gradient as one tensor instead
  * of three slices that a split's backward would pad and add.
@@ -9,20 +10,21 @@
  * With dropout, the mask is a function of (generator seed, stream, an offset range reserved
  * in the forward, element index): the forward advances the generator past B * H * T * T / 4
  * Philox blocks and the node keeps the range's start, so the backward regenerates the same
- * mask without storing it (cpu/attention.h has the exact draw).
+ * mask without storing it (tensor/kernels/attention.h has the exact draw).
  *
  * Layouts: q, k, v may be any views whose last dim is contiguous (e.g. (B, T, H, D) slices of
  * a fused qkv projection permuted to (B, H, T, D)): the GEMMs read them in place. Others are
  * made contiguous once. The output and the gradients of views are (B, H, T, D) views of
  * (B, T, H, D) buffers, as PyTorch's CPU flash attention returns them: transposing back to
  * (B, T, H, D) and merging the heads is then free (the gradient of a contiguous input is
- * contiguous instead). f16/bf16 are computed in f32. */
+ * contiguous instead). f16/bf16 are computed in f32. Outputs, statistics and gradients live
+ * on the inputs' device; on the meta device the kernels do not run. */
 #include <math.h>
 
-#include "cpu/attention.h"
 #include "autograd/autograd_impl.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
+#include "tensor/backend.h"
 
 static const char *const OP = "causal_attention";
 
@@ -48,18 +50,14 @@ static void strides3(const nb_tensor *t, int64_t out[3]) {
     out[2] = ld > 1 ? ld : 1;
 }
 
-/* A (B, H, T, D) view of a fresh (B, T, H, D) buffer of dtype dt. */
-static nb_tensor *bthd(const int64_t *shape, nb_dtype dt) {
+/* A (B, H, T, D) view of a fresh (B, T, H, D) buffer of dtype dt on dev. */
+static nb_tensor *bthd(const int64_t *shape, nb_dtype dt, nb_device dev) {
     int64_t s[4] = {shape[0], shape[2], shape[1], shape[3]};
-    nb_tensor *buf = nb__empty(s, 4, dt, NB_CPU);
+    nb_tensor *buf = nb__empty(s, 4, dt, dev);
     return buf ? nb_transpose(buf, 1, 2) : NULL;
 }
 
 static bool check_input(const nb_tensor *t, const char *name) {
-    if (t->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", OP);
-        return false;
-    }
     if (!nb_dtype_is_float(t->dtype)) {
         nb__error(NB_EDTYPE, "%s: %s has dtype %s; attention needs f32, f64, f16 or bf16", OP,
                   name, nb_dtype_name(t->dtype));
@@ -103,25 +101,22 @@ static nb__attn_geom make_geom(const int64_t *shape, double scale, bool drop, do
     return g;
 }
 
-/* Runs the forward kernel on usable q, k, v of dtype cdt (in the current scope): returns
- * the output as a (B, H, T, D) view of a (B, T, H, D) buffer and the row statistics. */
-static nb_tensor *forward_core(nb__attn_geom *g, nb_tensor *qc, nb_tensor *kc, nb_tensor *vc,
-                               nb_dtype cdt, nb_tensor **lse_out) {
+/* Runs the forward kernel of op on usable q, k, v of dtype cdt on dev (in the current
+ * scope): returns the output as a (B, H, T, D) view of a (B, T, H, D) buffer and the row
+ * statistics. */
+static nb_tensor *forward_core(const nb__attn_geom *g, nb_tensor *qc, nb_tensor *kc,
+                               nb_tensor *vc, nb_dtype cdt, nb_device dev, const char *op,
+                               nb_tensor **lse_out) {
     const int64_t shape[4] = {g->B, g->H, g->T, g->D}, lshape[3] = {g->B, g->H, g->T};
-    nb_tensor *o = bthd(shape, cdt), *lse = nb__empty(lshape, 3, cdt, NB_CPU);
+    nb_tensor *o = bthd(shape, cdt, dev), *lse = nb__empty(lshape, 3, cdt, dev);
     if (!qc || !kc || !vc || !o || !lse) return NULL;
-    strides3(qc, g->sq);
-    strides3(kc, g->sk);
-    strides3(vc, g->sv);
-    strides3(o, g->so);
-    nb_status st =
-        cdt == NB_F64
-            ? nb__cpu_attention_fwd_f64(g, (const double *)nb__ptr(qc), (const double *)nb__ptr(kc),
-                                        (const double *)nb__ptr(vc), (double *)nb__ptr(o),
-                                        (double *)nb__ptr(lse))
-            : nb__cpu_attention_fwd_f32(g, (const float *)nb__ptr(qc), (const float *)nb__ptr(kc),
-                                        (const float *)nb__ptr(vc), (float *)nb__ptr(o),
-                                        (float *)nb__ptr(lse));
+    nb__attention_args a = {.g = *g, .dtype = cdt, .q = nb__ptr(qc), .k = nb__ptr(kc),
+                            .v = nb__ptr(vc), .o = nb__ptr(o), .lse = nb__ptr(lse)};
+    strides3(qc, a.g.sq);
+    strides3(kc, a.g.sk);
+    strides3(vc, a.g.sv);
+    strides3(o, a.g.so);
+    nb_status st = nb__run_attention(dev, op, &a);
     *lse_out = lse;
     return st == NB_OK ? o : NULL;
 }
@@ -143,6 +138,8 @@ nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double 
     NB__CHECK_ARG(q, OP, "q");
     NB__CHECK_ARG(k, OP, "k");
     NB__CHECK_ARG(v, OP, "v");
+    nb_device dev;
+    if (!nb__check_devices(OP, (nb_tensor *[]){q, k, v}, 3, &dev)) return NULL;
     if (!check_input(q, "q") || !check_input(k, "k") || !check_input(v, "v")) return NULL;
     if (k->dtype != q->dtype || v->dtype != q->dtype) {
         nb__error(NB_EDTYPE, "%s: q, k and v must have the same dtype, got %s, %s and %s", OP,
@@ -165,7 +162,8 @@ nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_tensor *lse = NULL;
-    nb_tensor *o = forward_core(&g, usable(q, cdt), usable(k, cdt), usable(v, cdt), cdt, &lse);
+    nb_tensor *o =
+        forward_core(&g, usable(q, cdt), usable(k, cdt), usable(v, cdt), cdt, dev, OP, &lse);
     nb_tensor *out = o ? (cdt == dt ? o : nb_to_dtype(o, dt)) : NULL;
     nb_keep(out);
     nb_keep(lse);
@@ -198,9 +196,7 @@ nb_tensor *nb_causal_attention_qkv(nb_tensor *qkv, int64_t n_head, double scale,
                                    double dropout_p, bool training, nb_generator *gen) {
     static const char *const OPQ = "causal_attention_qkv";
     NB__CHECK_ARG(qkv, OPQ, "qkv");
-    if (qkv->storage->device.type != NB_DEVICE_CPU)
-        return nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", OPQ),
-               NULL;
+    const nb_device dev = nb__device_of(qkv);
     if (!nb_dtype_is_float(qkv->dtype))
         return nb__error(NB_EDTYPE, "%s: qkv has dtype %s; attention needs f32, f64, f16 or "
                          "bf16", OPQ, nb_dtype_name(qkv->dtype)), NULL;
@@ -226,7 +222,7 @@ nb_tensor *nb_causal_attention_qkv(nb_tensor *qkv, int64_t n_head, double scale,
     nb_scope_begin();
     nb_tensor *lse = NULL, *qc = dense(qkv, cdt), *out = NULL;
     nb_tensor *o = qc ? forward_core(&g, head_view(qc, 0, C, H), head_view(qc, 1, C, H),
-                                     head_view(qc, 2, C, H), cdt, &lse)
+                                     head_view(qc, 2, C, H), cdt, dev, OPQ, &lse)
                       : NULL;
     /* o's buffer is (B, T, H, D): merging the heads is a view */
     if (o) out = nb_reshape(nb_transpose(o, 1, 2), (int64_t[]){B, T, C}, 3);
@@ -255,47 +251,47 @@ static nb__attn_geom saved_geom(const nb__node *n, const int64_t *shape) {
                            .offset = (uint64_t)n->attrs.i[2]};
 }
 
-/* Runs the backward kernel: usable q, k, v, output gradient gc and row statistics lse (all
- * of dtype cdt) into d[0..2] (each may be NULL: not wanted). */
-static nb_status backward_core(nb__attn_geom *g, nb_tensor *qc, nb_tensor *kc, nb_tensor *vc,
-                               nb_tensor *lse, nb_tensor *gc, nb_tensor *const d[3]) {
+/* Runs the backward kernel of op: usable q, k, v, output gradient gc and row statistics
+ * lse (all of dtype cdt, on lse's device) into d[0..2] (each may be NULL: not wanted). */
+static nb_status backward_core(const nb__attn_geom *g, nb_tensor *qc, nb_tensor *kc,
+                               nb_tensor *vc, nb_tensor *lse, nb_tensor *gc,
+                               nb_tensor *const d[3], const char *op) {
     if (!qc || !kc || !vc || !gc) return nb_last_status();
-    const nb_dtype cdt = lse->dtype;
-    strides3(qc, g->sq);
-    strides3(kc, g->sk);
-    strides3(vc, g->sv);
-    strides3(gc, g->sdo);
-    if (d[0]) strides3(d[0], g->sdq);
-    if (d[1]) strides3(d[1], g->sdk);
-    if (d[2]) strides3(d[2], g->sdv);
-#define NB__P(t, T) ((t) ? (T *)nb__ptr(t) : NULL)
-    return cdt == NB_F64
-               ? nb__cpu_attention_bwd_f64(g, NB__P(qc, const double), NB__P(kc, const double),
-                                           NB__P(vc, const double), NB__P(lse, const double),
-                                           NB__P(gc, const double), NB__P(d[0], double),
-                                           NB__P(d[1], double), NB__P(d[2], double))
-               : nb__cpu_attention_bwd_f32(g, NB__P(qc, const float), NB__P(kc, const float),
-                                           NB__P(vc, const float), NB__P(lse, const float),
-                                           NB__P(gc, const float), NB__P(d[0], float),
-                                           NB__P(d[1], float), NB__P(d[2], float));
-#undef NB__P
+    nb_device dev;
+    if (!nb__check_devices(op, (nb_tensor *[]){lse, gc}, 2, &dev)) return NB_EDEVICE;
+    nb__attention_backward_args a = {.g = *g, .dtype = lse->dtype, .q = nb__ptr(qc),
+                                     .k = nb__ptr(kc), .v = nb__ptr(vc), .lse = nb__ptr(lse),
+                                     .dout = nb__ptr(gc)};
+    strides3(qc, a.g.sq);
+    strides3(kc, a.g.sk);
+    strides3(vc, a.g.sv);
+    strides3(gc, a.g.sdo);
+    int64_t *sd[3] = {a.g.sdq, a.g.sdk, a.g.sdv};
+    void **pd[3] = {&a.dq, &a.dk, &a.dv};
+    for (int i = 0; i < 3; i++)
+        if (d[i]) {
+            strides3(d[i], sd[i]);
+            *pd[i] = nb__ptr(d[i]);
+        }
+    return nb__run_attention_backward(dev, op, &a);
 }
 
 nb_status nb__bw_ATTENTION(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
     nb_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *lse = n->saved[3];
     const nb_dtype cdt = lse->dtype;
     const int64_t *shape = q->shape;
+    const nb_device dev = nb__device_of(lse);
     nb__attn_geom g = saved_geom(n, shape);
     nb_tensor *d[3] = {NULL, NULL, NULL};
     /* a contiguous input gets a contiguous gradient (a leaf can then take it over as is);
      * views get the (B, T, H, D) layout their transpose back to a fused qkv makes dense */
     for (int i = 0; i < 3; i++)
         if (wants(n, i) &&
-            !(d[i] = nb_is_contiguous(n->saved[i]) ? nb__empty(shape, 4, cdt, NB_CPU)
-                                                   : bthd(shape, cdt)))
+            !(d[i] = nb_is_contiguous(n->saved[i]) ? nb__empty(shape, 4, cdt, dev)
+                                                   : bthd(shape, cdt, dev)))
             return nb_last_status();
     nb_status st = backward_core(&g, usable(q, cdt), usable(k, cdt), usable(v, cdt), lse,
-                                 usable(gout, cdt), d);
+                                 usable(gout, cdt), d, OP);
     if (st != NB_OK) return st;
     for (int i = 0; i < 3; i++) gin[i] = d[i];
     return NB_OK;
@@ -307,13 +303,15 @@ nb_status nb__bw_ATTENTION_QKV(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
     const int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3, H = n->attrs.i[3];
     nb__attn_geom g = saved_geom(n, (int64_t[]){B, H, T, C / H});
     nb_tensor *qc = dense(qkv, cdt), *gc = dense(gout, cdt);
-    nb_tensor *dqkv = nb__empty(qkv->shape, 3, cdt, NB_CPU); /* every element is written */
+    /* every element is written */
+    nb_tensor *dqkv = nb__empty(qkv->shape, 3, cdt, nb__device_of(lse));
     if (!qc || !gc || !dqkv) return nb_last_status();
     nb_tensor *d[3] = {head_view(dqkv, 0, C, H), head_view(dqkv, 1, C, H),
                        head_view(dqkv, 2, C, H)};
     if (!d[0] || !d[1] || !d[2]) return nb_last_status();
     nb_status st = backward_core(&g, head_view(qc, 0, C, H), head_view(qc, 1, C, H),
-                                 head_view(qc, 2, C, H), lse, head_view(gc, 0, C, H), d);
+                                 head_view(qc, 2, C, H), lse, head_view(gc, 0, C, H), d,
+                                 "causal_attention_qkv");
     if (st != NB_OK) return st;
     gin[0] = dqkv;
     return NB_OK;

@@ -3,33 +3,52 @@
  * The keep mask is drawn with nb_bernoulli (u8, probability 1 - p) from the given generator,
  * so it depends only on the generator's (seed, stream, offset) and the shape, never on the
  * thread count (DESIGN.md rule 5); the generator advances exactly as nb_bernoulli advances
- * it. The output is x * mask / (1 - p) in one pass; the node saves the u8 mask (a quarter of
- * an f32 input's size) and the backward applies the same scaling to the gradient.
- * Eval mode or p = 0 returns x itself (a new reference), as PyTorch does; p = 1 gives zeros
- * (and zero gradients). */
+ * it, whatever x's device: the mask is drawn on the host and moved to x's device (on the
+ * CPU that move is free; on the meta device nothing is drawn). The output is
+ * x * mask / (1 - p) in one pass (the kernel table's dropout); the node saves the u8 mask (a
+ * quarter of an f32 input's size) and the backward applies the same scaling to the
+ * gradient. Eval mode or p = 0 returns x itself (a new reference), as PyTorch does; p = 1
+ * gives zeros (and zero gradients). */
 #include <math.h>
 
 #include "autograd/autograd_impl.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
-#include "cpu/norm.h"
+#include "tensor/backend.h"
 
-/* out = x * mask * scale, x converted to a dense tensor of its own dtype first. */
+/* out = x * mask * scale, x converted to a dense tensor of its own dtype first; mask is on
+ * x's device. */
 static nb_tensor *masked_scale(nb_tensor *x, nb_tensor *mask, double scale) {
+    nb_device dev;
+    if (!nb__check_devices("dropout", (nb_tensor *[]){x, mask}, 2, &dev)) return NULL;
     nb_tensor *xc = nb_contiguous(x);
-    nb_tensor *out = xc ? nb__empty(x->shape, x->ndim, x->dtype, NB_CPU) : NULL;
+    nb_tensor *out = xc ? nb__empty(x->shape, x->ndim, x->dtype, dev) : NULL;
     if (!out) return NULL;
-    nb__cpu_dropout(nb__ptr(xc), (const uint8_t *)nb__ptr(mask), nb__ptr(out), nb_numel(x),
-                    x->dtype, scale);
-    return out;
+    nb__dropout_args a = {.dtype = x->dtype, .n = nb_numel(x), .x = nb__ptr(xc),
+                          .mask = (const uint8_t *)nb__ptr(mask), .out = nb__ptr(out),
+                          .scale = scale};
+    return nb__run_dropout(dev, "dropout", &a) == NB_OK ? out : NULL;
+}
+
+/* The u8 keep mask of x's shape on x's device. Without storage (the meta device) nothing
+ * is drawn: the generator only moves past the blocks nb_bernoulli would have used (4 draws
+ * a block), so a meta run leaves it where a real one would. */
+static nb_tensor *keep_mask(nb_tensor *x, double p, nb_generator *gen) {
+    nb_device dev = nb__device_of(x);
+    const nb__backend *be = nb__backend_of(dev, "dropout");
+    if (!be) return NULL;
+    if (!be->has_storage) {
+        nb_generator *g = gen ? gen : nb_default_generator();
+        uint64_t n = (uint64_t)nb_numel(x);
+        nb_status st = nb_generator_set_offset(g, nb_generator_offset(g) + (n + 3) / 4);
+        return st == NB_OK ? nb__empty(x->shape, x->ndim, NB_U8, dev) : NULL;
+    }
+    nb_tensor *mask = nb_bernoulli(x->shape, x->ndim, NB_U8, 1.0 - p, gen);
+    return mask ? nb_to_device(mask, dev) : NULL;
 }
 
 nb_tensor *nb_dropout(nb_tensor *x, double p, bool training, nb_generator *gen) {
     NB__CHECK_ARG(x, "dropout", "x");
-    if (x->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "dropout: CUDA tensors are not supported by this op yet");
-        return NULL;
-    }
     if (!(p >= 0 && p <= 1)) {
         nb__error(NB_EINVAL, "dropout: probability p must be in [0, 1], got %g", p);
         return NULL;
@@ -44,7 +63,7 @@ nb_tensor *nb_dropout(nb_tensor *x, double p, bool training, nb_generator *gen) 
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    nb_tensor *mask = nb_bernoulli(x->shape, x->ndim, NB_U8, 1.0 - p, gen);
+    nb_tensor *mask = keep_mask(x, p, gen);
     nb_tensor *out = mask ? masked_scale(x, mask, scale) : NULL;
     nb_keep(out);
     nb_keep(mask);

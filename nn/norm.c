@@ -1,24 +1,20 @@
 /* norm.c - layer norm and batch norm: the functional ops (fused forward and backward
- * kernels in cpu/norm.c, one autograd node each) and the LayerNorm / BatchNorm1d /
- * BatchNorm2d modules with PyTorch's parameter and buffer names.
+ * kernels behind the kernel table's layer_norm, layer_norm_backward, batch_norm_stats,
+ * batch_norm_apply and batch_norm_backward, tensor/kernels/norm.h; one autograd node each)
+ * and the LayerNorm / BatchNorm1d / BatchNorm2d modules with PyTorch's parameter and buffer
+ * names.
  *
  * Both ops keep their per-row (layer norm) or per-channel (batch norm) mean and 1/std in
- * f64 tensors that the backward reuses, so the backward never recomputes statistics.
- * f16/bf16 inputs are computed in f32 and rounded once. */
+ * f64 tensors on the input's device that the backward reuses, so the backward never
+ * recomputes statistics. Batch norm's running statistics are read and updated by the
+ * batch_norm_stats kernel, on their device. f16/bf16 inputs are computed in f32 and rounded
+ * once. */
 #include <math.h>
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
 #include "nabla/nn.h"
-#include "cpu/norm.h"
-
-static bool on_cpu(const nb_tensor *t, const char *op) {
-    if (t && t->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
-        return false;
-    }
-    return true;
-}
+#include "tensor/backend.h"
 
 static nb_dtype compute_dtype(nb_dtype dt) { return dt == NB_F64 ? NB_F64 : NB_F32; }
 
@@ -29,7 +25,7 @@ static nb_tensor *dense(nb_tensor *t, nb_dtype dt) {
     return c ? nb_contiguous(c) : NULL;
 }
 
-/* Data pointer of t (void *, so it converts to the kernel's element type), NULL for NULL. */
+/* Device pointer of t (void *, for a kernel's args), NULL for NULL. */
 static void *data(const nb_tensor *t) { return t ? (void *)nb__ptr(t) : NULL; }
 
 static bool wants(const nb__node *n, int i) { return n->edges[i].node || n->edges[i].leaf; }
@@ -38,7 +34,6 @@ static bool wants(const nb__node *n, int i) { return n->edges[i].node || n->edge
 static bool check_affine(const nb_tensor *p, const char *op, const char *name, int64_t size,
                          nb_dtype dt, const char *what) {
     if (!p) return true;
-    if (!on_cpu(p, op)) return false;
     if (p->dtype != dt) {
         nb__error(NB_EDTYPE, "%s: %s is %s but the input is %s", op, name,
                   nb_dtype_name(p->dtype), nb_dtype_name(dt));
@@ -53,7 +48,6 @@ static bool check_affine(const nb_tensor *p, const char *op, const char *name, i
 }
 
 static bool check_input(const nb_tensor *x, const char *op, int min_dims, const char *layout) {
-    if (!on_cpu(x, op)) return false;
     if (!nb_dtype_is_float(x->dtype)) {
         nb__error(NB_EDTYPE, "%s: input dtype %s is not supported (f32, f64, f16 or bf16)", op,
                   nb_dtype_name(x->dtype));
@@ -84,21 +78,22 @@ nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps) {
     if (!check_affine(w, op, "weight", D, x->dtype, "the input's last dim") ||
         !check_affine(b, op, "bias", D, x->dtype, "the input's last dim") || !check_eps(eps, op))
         return NULL;
+    nb_device dev;
+    if (!nb__check_devices(op, (nb_tensor *[]){x, w, b}, 3, &dev)) return NULL;
     nb_dtype dt = x->dtype, cdt = compute_dtype(dt);
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_tensor *xc = dense(x, cdt), *wc = dense(w, cdt), *bc = dense(b, cdt);
-    nb_tensor *out = nb__empty(x->shape, x->ndim, cdt, NB_CPU);
-    nb_tensor *mean = nb__empty(&N, 1, NB_F64, NB_CPU), *rstd = nb__empty(&N, 1, NB_F64, NB_CPU);
+    nb_tensor *out = nb__empty(x->shape, x->ndim, cdt, dev);
+    nb_tensor *mean = nb__empty(&N, 1, NB_F64, dev), *rstd = nb__empty(&N, 1, NB_F64, dev);
     bool ok = xc && (wc || !w) && (bc || !b) && out && mean && rstd;
     if (ok) {
-        double *pm = (double *)nb__ptr(mean), *pr = (double *)nb__ptr(rstd);
-        if (cdt == NB_F64)
-            nb__cpu_layer_norm_fwd_f64(data(xc), data(wc), data(bc), data(out), pm, pr, N, D, eps);
-        else
-            nb__cpu_layer_norm_fwd_f32(data(xc), data(wc), data(bc), data(out), pm, pr, N, D, eps);
-        if (cdt != dt) ok = (out = nb_to_dtype(out, dt)) != NULL;
+        nb__layer_norm_args a = {.dtype = cdt, .N = N, .D = D, .eps = eps, .x = data(xc),
+                                 .w = data(wc), .b = data(bc), .y = data(out),
+                                 .mean = data(mean), .rstd = data(rstd)};
+        ok = nb__run_layer_norm(dev, op, &a) == NB_OK;
+        if (ok && cdt != dt) ok = (out = nb_to_dtype(out, dt)) != NULL;
     }
     if (!ok) out = NULL;
     nb_keep(out);
@@ -121,24 +116,22 @@ nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps) {
 
 nb_status nb__bw_LAYER_NORM(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *x = n->saved[0], *w = n->saved[1];
-    const double *mean = (const double *)nb__ptr(n->saved[2]),
-                 *rstd = (const double *)nb__ptr(n->saved[3]);
+    nb_device dev;
+    if (!nb__check_devices("layer_norm", (nb_tensor *[]){x, g}, 2, &dev)) return NB_EDEVICE;
     nb_dtype cdt = compute_dtype(x->dtype);
     int64_t D = x->shape[x->ndim - 1], N = nb__numel_of(x->shape, x->ndim - 1);
     nb_tensor *gc = dense(g, cdt), *xc = dense(x, cdt), *wc = dense(w, cdt);
     if (!gc || !xc || (w && !wc)) return nb_last_status();
-    nb_tensor *dx = wants(n, 0) ? nb__empty(x->shape, x->ndim, cdt, NB_CPU) : NULL;
-    nb_tensor *dw = wants(n, 1) ? nb__empty(&D, 1, cdt, NB_CPU) : NULL;
-    nb_tensor *db = wants(n, 2) ? nb__empty(&D, 1, cdt, NB_CPU) : NULL;
+    nb_tensor *dx = wants(n, 0) ? nb__empty(x->shape, x->ndim, cdt, dev) : NULL;
+    nb_tensor *dw = wants(n, 1) ? nb__empty(&D, 1, cdt, dev) : NULL;
+    nb_tensor *db = wants(n, 2) ? nb__empty(&D, 1, cdt, dev) : NULL;
     if ((wants(n, 0) && !dx) || (wants(n, 1) && !dw) || (wants(n, 2) && !db))
         return nb_last_status();
-    void *pdx = data(dx), *pdw = data(dw), *pdb = data(db), *pw = data(wc);
-    nb_status st =
-        cdt == NB_F64
-            ? nb__cpu_layer_norm_bwd_f64(data(gc), data(xc), pw, mean, rstd, pdx, pdw, pdb,
-                                         N, D)
-            : nb__cpu_layer_norm_bwd_f32(data(gc), data(xc), pw, mean, rstd, pdx, pdw, pdb,
-                                         N, D);
+    nb__layer_norm_backward_args a = {.dtype = cdt, .N = N, .D = D, .g = data(gc),
+                                      .x = data(xc), .w = data(wc), .mean = data(n->saved[2]),
+                                      .rstd = data(n->saved[3]), .dx = data(dx), .dw = data(dw),
+                                      .db = data(db)};
+    nb_status st = nb__run_layer_norm_backward(dev, "layer_norm", &a);
     if (st != NB_OK) return st;
     gin[0] = dx, gin[1] = dw, gin[2] = db;
     return NB_OK;
@@ -146,7 +139,6 @@ nb_status nb__bw_LAYER_NORM(nb__node *n, nb_tensor *g, nb_tensor **gin) {
 
 /* ---- batch norm ------------------------------------------------------------------------------ */
 static bool check_running(const nb_tensor *r, const char *name, int64_t C) {
-    if (!on_cpu(r, "batch_norm")) return false;
     if (!nb_dtype_is_float(r->dtype)) {
         nb__error(NB_EDTYPE, "batch_norm: %s must be a float tensor, not %s", name,
                   nb_dtype_name(r->dtype));
@@ -158,17 +150,6 @@ static bool check_running(const nb_tensor *r, const char *name, int64_t C) {
         return false;
     }
     return true;
-}
-
-/* r = (1 - momentum) * r + momentum * v, elementwise over C entries of any float dtype. */
-static void blend(nb_tensor *r, const double *v, double momentum, double factor) {
-    size_t es = nb_dtype_size(r->dtype);
-    char *p = nb__ptr(r);
-    for (int64_t c = 0; c < r->shape[0]; c++) {
-        char *q = p + c * r->strides[0] * (int64_t)es;
-        nb__store_f64(q, r->dtype, (1.0 - momentum) * nb__load_f64(q, r->dtype) +
-                                       momentum * v[c] * factor);
-    }
 }
 
 nb_tensor *nb_batch_norm(nb_tensor *x, nb_tensor *running_mean, nb_tensor *running_var,
@@ -204,39 +185,34 @@ nb_tensor *nb_batch_norm(nb_tensor *x, nb_tensor *running_mean, nb_tensor *runni
                   "training, got input of shape %s", NB__SHAPE(x));
         return NULL;
     }
+    nb_device dev;
+    if (!nb__check_devices(op, (nb_tensor *[]){x, w, b, running_mean, running_var}, 5, &dev))
+        return NULL;
     nb_dtype dt = x->dtype, cdt = compute_dtype(dt);
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_tensor *xc = dense(x, cdt), *wc = dense(w, cdt), *bc = dense(b, cdt);
-    nb_tensor *out = nb__empty(x->shape, x->ndim, cdt, NB_CPU);
-    nb_tensor *mean = nb__empty(&C, 1, NB_F64, NB_CPU), *rstd = nb__empty(&C, 1, NB_F64, NB_CPU);
+    nb_tensor *out = nb__empty(x->shape, x->ndim, cdt, dev);
+    nb_tensor *mean = nb__empty(&C, 1, NB_F64, dev), *rstd = nb__empty(&C, 1, NB_F64, dev);
     bool ok = xc && (wc || !w) && (bc || !b) && out && mean && rstd;
-    double *pm = ok ? (double *)nb__ptr(mean) : NULL, *pr = ok ? (double *)nb__ptr(rstd) : NULL;
-    if (ok && training) {
-        /* Batch statistics; pr holds the biased variance until it becomes 1/std. */
-        nb_status st = cdt == NB_F64 ? nb__cpu_batch_norm_stats_f64(data(xc), N, C, S, pm, pr)
-                                     : nb__cpu_batch_norm_stats_f32(data(xc), N, C, S, pm, pr);
-        ok = st == NB_OK;
-        if (ok && running_mean) {
-            /* PyTorch: the running variance takes the unbiased estimate. */
-            blend(running_mean, pm, momentum, 1.0);
-            blend(running_var, pr, momentum, (double)M / (double)(M - 1));
+    if (ok) {
+        /* the statistics (and the running statistics' update), then the normalization */
+        nb__batch_norm_stats_args sa = {.dtype = cdt, .N = N, .C = C, .S = S, .x = data(xc),
+                                        .training = training, .momentum = momentum, .eps = eps,
+                                        .mean = data(mean), .rstd = data(rstd)};
+        if (running_mean) {
+            nb__view_init(&sa.running_mean, running_mean);
+            nb__view_init(&sa.running_var, running_var);
         }
-    } else if (ok) {
-        for (int64_t c = 0; c < C; c++) {
-            pm[c] = nb_get_f64(running_mean, &c);
-            pr[c] = nb_get_f64(running_var, &c);
-        }
+        ok = nb__run_batch_norm_stats(dev, op, &sa) == NB_OK;
     }
     if (ok) {
-        for (int64_t c = 0; c < C; c++) pr[c] = 1.0 / sqrt(pr[c] + eps);
-        void *pw = data(wc), *pb = data(bc);
-        if (cdt == NB_F64)
-            nb__cpu_batch_norm_apply_f64(data(xc), data(out), N, C, S, pm, pr, pw, pb);
-        else
-            nb__cpu_batch_norm_apply_f32(data(xc), data(out), N, C, S, pm, pr, pw, pb);
-        if (cdt != dt) ok = (out = nb_to_dtype(out, dt)) != NULL;
+        nb__batch_norm_apply_args aa = {.dtype = cdt, .N = N, .C = C, .S = S, .x = data(xc),
+                                        .w = data(wc), .b = data(bc), .y = data(out),
+                                        .mean = data(mean), .rstd = data(rstd)};
+        ok = nb__run_batch_norm_apply(dev, op, &aa) == NB_OK;
+        if (ok && cdt != dt) ok = (out = nb_to_dtype(out, dt)) != NULL;
     }
     if (!ok) out = NULL;
     nb_keep(out);
@@ -259,25 +235,22 @@ nb_tensor *nb_batch_norm(nb_tensor *x, nb_tensor *running_mean, nb_tensor *runni
 
 nb_status nb__bw_BATCH_NORM(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *x = n->saved[0], *w = n->saved[1];
-    const double *mean = (const double *)nb__ptr(n->saved[2]),
-                 *rstd = (const double *)nb__ptr(n->saved[3]);
+    nb_device dev;
+    if (!nb__check_devices("batch_norm", (nb_tensor *[]){x, g}, 2, &dev)) return NB_EDEVICE;
     nb_dtype cdt = compute_dtype(x->dtype);
     int64_t N = x->shape[0], C = x->shape[1], S = nb__numel_of(x->shape + 2, x->ndim - 2);
     nb_tensor *gc = dense(g, cdt), *xc = dense(x, cdt), *wc = dense(w, cdt);
     if (!gc || !xc || (w && !wc)) return nb_last_status();
-    nb_tensor *dx = wants(n, 0) ? nb__empty(x->shape, x->ndim, cdt, NB_CPU) : NULL;
-    nb_tensor *dw = wants(n, 1) ? nb__empty(&C, 1, cdt, NB_CPU) : NULL;
-    nb_tensor *db = wants(n, 2) ? nb__empty(&C, 1, cdt, NB_CPU) : NULL;
+    nb_tensor *dx = wants(n, 0) ? nb__empty(x->shape, x->ndim, cdt, dev) : NULL;
+    nb_tensor *dw = wants(n, 1) ? nb__empty(&C, 1, cdt, dev) : NULL;
+    nb_tensor *db = wants(n, 2) ? nb__empty(&C, 1, cdt, dev) : NULL;
     if ((wants(n, 0) && !dx) || (wants(n, 1) && !dw) || (wants(n, 2) && !db))
         return nb_last_status();
-    void *pdx = data(dx), *pdw = data(dw), *pdb = data(db), *pw = data(wc);
-    bool batch = n->attrs.flag;
-    nb_status st =
-        cdt == NB_F64
-            ? nb__cpu_batch_norm_bwd_f64(data(gc), data(xc), N, C, S, mean, rstd, pw, batch,
-                                         pdx, pdw, pdb)
-            : nb__cpu_batch_norm_bwd_f32(data(gc), data(xc), N, C, S, mean, rstd, pw, batch,
-                                         pdx, pdw, pdb);
+    nb__batch_norm_backward_args a = {.dtype = cdt, .N = N, .C = C, .S = S, .g = data(gc),
+                                      .x = data(xc), .w = data(wc), .mean = data(n->saved[2]),
+                                      .rstd = data(n->saved[3]), .batch_stats = n->attrs.flag,
+                                      .dx = data(dx), .dw = data(dw), .db = data(db)};
+    nb_status st = nb__run_batch_norm_backward(dev, "batch_norm", &a);
     if (st != NB_OK) return st;
     gin[0] = dx, gin[1] = dw, gin[2] = db;
     return NB_OK;
@@ -345,6 +318,15 @@ static nb_tensor *layernorm_forward(nb_module *m, nb_tensor *x) {
     return nb_layer_norm(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"), s->eps);
 }
 
+/* num_batches_tracked += 1, on the buffer's device (an op: the host never reads it). */
+static nb_status count_batch(nb_tensor *nbt) {
+    nb_scope_begin();
+    nb_tensor *one = nb_ones_on(nb__device_of(nbt), NULL, 0, nbt->dtype);
+    nb_status st = one ? nb_add_(nbt, one) : nb_last_status();
+    nb_scope_end();
+    return st;
+}
+
 static nb_tensor *batchnorm_forward(nb_module *m, nb_tensor *x) {
     const norm_self *s = nb_module_self(m);
     const char *name = s->spatial_dims == 1 ? "batchnorm1d" : "batchnorm2d";
@@ -367,7 +349,7 @@ static nb_tensor *batchnorm_forward(nb_module *m, nb_tensor *x) {
                                  nb_module_param(m, "bias"), training || !s->track, s->momentum,
                                  s->eps);
     nb_tensor *nbt = nb_module_buffer(m, "num_batches_tracked");
-    if (y && training && nbt) ((int64_t *)nb__ptr(nbt))[0] += 1;
+    if (y && training && nbt && count_batch(nbt) != NB_OK) return NULL;
     return y;
 }
 

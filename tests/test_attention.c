@@ -1,6 +1,7 @@
 /* test_attention.c - the "attention" suite: nb_causal_attention (forward, backward, dropout,
  * layouts, threads, allocation, errors), its packed form nb_causal_attention_qkv (equal to
- * the split form, gradcheck, errors) and the vectorized f32 tanh / gelu kernels.
+ * the split form, gradcheck, errors), both on the meta and guard devices and with operands on
+ * two devices, and the vectorized f32 tanh / gelu kernels.
  *
  * Attention results are compared with a plain double-precision loop written here (explicit
  * masked softmax, explicit gradient formulas), over shapes that include T = 1, T not a multiple
@@ -497,6 +498,152 @@ START_TEST(test_errors) {
 }
 END_TEST
 
+/* ---- devices ------------------------------------------------------------------------------------
+ * Both ops on the meta device (shapes, dtypes, gradients with no data; the generator moves as
+ * on the CPU), on the guard device (bit for bit the CPU's results, dropout included: the op
+ * definitions and backward rules never touch device memory) and with q, k, v on two devices. */
+#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
+
+static void expect_on(const nb_tensor *t, nb_device dev, const int64_t *shape, int ndim,
+                      nb_dtype dt, const char *what) {
+    ck_assert_msg(t, "%s: %s", what, nb_last_error());
+    ck_assert_msg(nb_device_equal(nb_tensor_device(t), dev), "%s: on the wrong device", what);
+    ck_assert_msg(nb_tensor_dtype(t) == dt, "%s: dtype %s", what,
+                  nb_dtype_name(nb_tensor_dtype(t)));
+    ck_assert_msg(nb_ndim(t) == ndim, "%s: %d dims", what, nb_ndim(t));
+    for (int d = 0; d < ndim; d++)
+        ck_assert_msg(nb_shape(t)[d] == shape[d], "%s: dim %d is %lld", what, d,
+                      (long long)nb_shape(t)[d]);
+}
+
+/* g (a guard tensor) holds exactly c's values (c on the CPU). */
+static void expect_same_on_guard(nb_tensor *c, nb_tensor *g, const char *what) {
+    ck_assert_msg(c && g, "%s: missing (%s)", what, nb_last_error());
+    expect_on(g, GUARD, nb_shape(c), nb_ndim(c), nb_tensor_dtype(c), what);
+    expect_identical(c, nb_to_device(g, NB_CPU), what);
+}
+
+START_TEST(test_meta) {
+    nb_scope_begin();
+    for (int di = 0; di < 4; di++) {
+        const nb_dtype dt = k_float[di];
+        for (int drop = 0; drop < 2; drop++) {
+            const double p = drop ? 0.2 : 0;
+            nb_generator *gm = nb_generator_new(3), *gc = nb_generator_new(3);
+            /* split form, on transposed views of (B, T, H, D) leaves */
+            const int64_t bthd[4] = {2, 9, 3, 4}, sh[4] = {2, 3, 9, 4};
+            nb_tensor *in[3], *use[3];
+            for (int j = 0; j < 3; j++) {
+                in[j] = nb_empty_on(NB_META, bthd, 4, dt);
+                make_grad(in[j]);
+                use[j] = nb_transpose(in[j], 1, 2);
+            }
+            nb_tensor *o = nb_causal_attention(use[0], use[1], use[2], 0, p, true, gm);
+            expect_on(o, NB_META, sh, 4, dt, "causal_attention");
+            backward_with(o, nb_ones_on(NB_META, sh, 4, dt));
+            for (int j = 0; j < 3; j++) expect_on(nb_grad(in[j]), NB_META, bthd, 4, dt, "grad");
+            /* the packed form */
+            const int64_t ps[3] = {2, 9, 36}, os[3] = {2, 9, 12};
+            nb_tensor *qkv = nb_empty_on(NB_META, ps, 3, dt);
+            make_grad(qkv);
+            nb_tensor *y = nb_causal_attention_qkv(qkv, 3, 0, p, true, gm);
+            expect_on(y, NB_META, os, 3, dt, "causal_attention_qkv");
+            backward_with(y, nb_ones_on(NB_META, os, 3, dt));
+            expect_on(nb_grad(qkv), NB_META, ps, 3, dt, "grad qkv");
+            /* the generator moved exactly as on the CPU */
+            nb_tensor *c[3];
+            for (int j = 0; j < 3; j++) c[j] = tu_random(sh, 4, dt, -1, 1, 5 + (uint64_t)j);
+            ck_assert_ptr_nonnull(nb_causal_attention(c[0], c[1], c[2], 0, p, true, gc));
+            ck_assert_ptr_nonnull(
+                nb_causal_attention_qkv(tu_random(ps, 3, dt, -1, 1, 8), 3, 0, p, true, gc));
+            ck_assert_uint_eq(nb_generator_offset(gm), nb_generator_offset(gc));
+            ck_assert(drop ? nb_generator_offset(gm) > 0 : nb_generator_offset(gm) == 0);
+            nb_generator_free(gm), nb_generator_free(gc);
+        }
+    }
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_guard) {
+    nb_scope_begin();
+    for (int di = 0; di < 4; di++) {
+        const nb_dtype dt = k_float[di];
+        for (int drop = 0; drop < 2; drop++) {
+            const double p = drop ? 0.25 : 0;
+            nb_generator *g1 = nb_generator_new(21), *g2 = nb_generator_new(21);
+            /* split form on the (B, T, 3, H, D) slices of one fused tensor, each slice a leaf
+             * (so the gradients are the op's own (B, T, H, D)-layout views) */
+            const int64_t s5[5] = {2, 37, 3, 2, 5}, sh[4] = {2, 2, 37, 5};
+            nb_tensor *base = tu_random(s5, 5, dt, -1.5, 1.5, 60 + (uint64_t)di);
+            nb_tensor *baseg = nb_to_device(base, GUARD);
+            ck_assert_msg(baseg, "%s", nb_last_error());
+            nb_tensor *t[3], *tg[3];
+            for (int j = 0; j < 3; j++) {
+                t[j] = nb_detach(nb_permute(nb_select(base, 2, j), (int[]){0, 2, 1, 3}, 4));
+                tg[j] = nb_detach(nb_permute(nb_select(baseg, 2, j), (int[]){0, 2, 1, 3}, 4));
+                make_grad(t[j]), make_grad(tg[j]);
+            }
+            nb_tensor *o = nb_causal_attention(t[0], t[1], t[2], 0, p, true, g1);
+            nb_tensor *og = nb_causal_attention(tg[0], tg[1], tg[2], 0, p, true, g2);
+            expect_same_on_guard(o, og, "causal_attention");
+            nb_tensor *go = tu_random(sh, 4, dt, -1, 1, 70);
+            backward_with(o, go);
+            backward_with(og, nb_to_device(go, GUARD));
+            for (int j = 0; j < 3; j++)
+                expect_same_on_guard(nb_grad(t[j]), nb_grad(tg[j]), "grad of a slice");
+            /* contiguous operands (contiguous gradients) */
+            nb_tensor *c[3], *cg[3];
+            for (int j = 0; j < 3; j++) {
+                c[j] = tu_random(sh, 4, dt, -1, 1, 80 + (uint64_t)j);
+                cg[j] = nb_to_device(c[j], GUARD);
+                make_grad(c[j]), make_grad(cg[j]);
+            }
+            o = nb_causal_attention(c[0], c[1], c[2], 0.3, p, true, g1);
+            og = nb_causal_attention(cg[0], cg[1], cg[2], 0.3, p, true, g2);
+            expect_same_on_guard(o, og, "causal_attention (contiguous)");
+            backward_with(o, go);
+            backward_with(og, nb_to_device(go, GUARD));
+            for (int j = 0; j < 3; j++) expect_same_on_guard(nb_grad(c[j]), nb_grad(cg[j]), "grad");
+            /* the packed form */
+            const int64_t ps[3] = {2, 37, 30}, os[3] = {2, 37, 10};
+            nb_tensor *qkv = tu_random(ps, 3, dt, -1.5, 1.5, 90), *qkvg = nb_to_device(qkv, GUARD);
+            make_grad(qkv), make_grad(qkvg);
+            nb_tensor *y = nb_causal_attention_qkv(qkv, 2, 0, p, true, g1);
+            nb_tensor *yg = nb_causal_attention_qkv(qkvg, 2, 0, p, true, g2);
+            expect_same_on_guard(y, yg, "causal_attention_qkv");
+            nb_tensor *gy = tu_random(os, 3, dt, -1, 1, 91);
+            backward_with(y, gy);
+            backward_with(yg, nb_to_device(gy, GUARD));
+            expect_same_on_guard(nb_grad(qkv), nb_grad(qkvg), "grad qkv");
+            ck_assert_uint_eq(nb_generator_offset(g1), nb_generator_offset(g2));
+            nb_generator_free(g1), nb_generator_free(g2);
+        }
+    }
+    ck_assert(nb_device_supports(NB_CPU, "attention") && nb_device_supports(GUARD, "attention"));
+    ck_assert(nb_device_supports(NB_CPU, "attention_backward") &&
+              nb_device_supports(GUARD, "attention_backward"));
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_two_devices) {
+    nb_scope_begin();
+    const int64_t sh[4] = {1, 2, 3, 4};
+    nb_tensor *q = tu_random(sh, 4, NB_F32, -1, 1, 1), *k = tu_random(sh, 4, NB_F32, -1, 1, 2);
+    nb_tensor *km = nb_zeros_on(NB_META, sh, 4, NB_F32);
+    tu_assert_error(nb_causal_attention(q, km, k, 0, 0, false, NULL), NB_EDEVICE,
+                    "cpu and meta");
+    tu_assert_error(nb_causal_attention(km, km, q, 0, 0, false, NULL), NB_EDEVICE,
+                    "meta and cpu");
+    /* the device check comes before the other checks */
+    nb_tensor *k3 = nb_zeros_on(NB_META, (int64_t[]){2, 3, 4}, 3, NB_F32);
+    tu_assert_error(nb_causal_attention(q, k3, k, 0, 0, false, NULL), NB_EDEVICE,
+                    "cpu and meta");
+    nb_scope_end();
+}
+END_TEST
+
 /* ---- vectorized tanh and gelu ---------------------------------------------------------------------
  * Swept against libm in double: tanh within 2 ulp of the result, gelu within 4.5 ulp (relative,
  * for results above the subnormal range), gelu's derivative within 4 ulp of the larger of its
@@ -593,6 +740,9 @@ Suite *nb_suite_attention(void) {
         {"no_alloc", test_no_alloc},
         {"errors", test_errors},
         {"tanh_gelu_accuracy", test_tanh_gelu_accuracy},
+        {"meta", test_meta},
+        {"guard", test_guard},
+        {"two_devices", test_two_devices},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

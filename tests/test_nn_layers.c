@@ -920,6 +920,218 @@ START_TEST(test_layer_errors) {
 }
 END_TEST
 
+/* ---- devices ---------------------------------------------------------------------------------
+ * Layer norm, batch norm and dropout on the meta device (shapes, dtypes and gradients with no
+ * data), on the guard device (bit for bit the CPU's results: the op definitions and their
+ * backward rules never touch device memory, the kernels do), and with operands on two devices
+ * (NB_EDEVICE). */
+#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
+
+/* t (a CPU tensor that does not require grad) copied to dev as a leaf that requires grad when
+ * grad is set; NULL stays NULL. */
+static nb_tensor *moved(nb_tensor *t, nb_device dev, bool grad) {
+    if (!t) return NULL;
+    nb_tensor *r = nb_to_device(t, dev);
+    ck_assert_msg(r, "to_device: %s", nb_last_error());
+    if (grad) make_grad(r);
+    return r;
+}
+
+/* t is a tensor on dev of the given shape and dtype. */
+static void expect_on(const nb_tensor *t, nb_device dev, const int64_t *shape, int ndim,
+                      nb_dtype dt, const char *what) {
+    ck_assert_msg(t, "%s: %s", what, nb_last_error());
+    ck_assert_msg(nb_device_equal(nb_tensor_device(t), dev), "%s: on the wrong device", what);
+    ck_assert_msg(nb_tensor_dtype(t) == dt, "%s: dtype %s", what,
+                  nb_dtype_name(nb_tensor_dtype(t)));
+    ck_assert_msg(nb_ndim(t) == ndim, "%s: %d dims", what, nb_ndim(t));
+    for (int d = 0; d < ndim; d++)
+        ck_assert_msg(nb_shape(t)[d] == shape[d], "%s: dim %d is %lld", what, d,
+                      (long long)nb_shape(t)[d]);
+}
+
+/* g (a guard tensor) holds exactly c's values (c on the CPU), same shape and dtype. */
+static void expect_same(nb_tensor *c, nb_tensor *g, const char *what) {
+    ck_assert_msg(c && g, "%s: missing (%s)", what, nb_last_error());
+    expect_on(g, GUARD, nb_shape(c), nb_ndim(c), nb_tensor_dtype(c), what);
+    nb_tensor *h = nb_to_device(g, NB_CPU);
+    ck_assert_msg(h, "%s: %s", what, nb_last_error());
+    double *a = tu_values(c), *b = tu_values(h);
+    for (int64_t i = 0; i < nb_numel(c); i++)
+        ck_assert_msg(a[i] == b[i] || (isnan(a[i]) && isnan(b[i])),
+                      "%s[%lld]: cpu %.17g, guard %.17g", what, (long long)i, a[i], b[i]);
+    free(a), free(b);
+}
+
+START_TEST(test_norm_meta) {
+    nb_scope_begin();
+    static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+    for (int di = 0; di < 4; di++) {
+        nb_dtype dt = dts[di];
+        /* layer norm, with and without the affine parameters */
+        const int64_t xs[3] = {2, 3, 5}, ds[1] = {5};
+        nb_tensor *x = nb_empty_on(NB_META, xs, 3, dt), *w = nb_empty_on(NB_META, ds, 1, dt);
+        nb_tensor *b = nb_empty_on(NB_META, ds, 1, dt);
+        make_grad(x), make_grad(w), make_grad(b);
+        nb_tensor *y = nb_layer_norm(x, w, b, 1e-5);
+        expect_on(y, NB_META, xs, 3, dt, "layer_norm");
+        backward_with(y, nb_ones_on(NB_META, xs, 3, dt));
+        expect_on(nb_grad(x), NB_META, xs, 3, dt, "layer_norm dx");
+        expect_on(nb_grad(w), NB_META, ds, 1, dt, "layer_norm dw");
+        expect_on(nb_grad(b), NB_META, ds, 1, dt, "layer_norm db");
+        nb_clear_grad(x);
+        y = nb_layer_norm(x, NULL, NULL, 1e-5);
+        expect_on(y, NB_META, xs, 3, dt, "layer_norm (no affine)");
+        backward_with(y, nb_ones_on(NB_META, xs, 3, dt));
+        expect_on(nb_grad(x), NB_META, xs, 3, dt, "layer_norm dx (no affine)");
+
+        /* batch norm: training with and without running statistics, eval */
+        const int64_t bs[4] = {4, 3, 2, 2}, cs[1] = {3};
+        nb_tensor *xb = nb_empty_on(NB_META, bs, 4, dt), *wb = nb_empty_on(NB_META, cs, 1, dt);
+        nb_tensor *bb = nb_empty_on(NB_META, cs, 1, dt);
+        nb_tensor *rm = nb_zeros_on(NB_META, cs, 1, NB_F32);
+        nb_tensor *rv = nb_ones_on(NB_META, cs, 1, NB_F32);
+        make_grad(xb), make_grad(wb), make_grad(bb);
+        for (int mode = 0; mode < 3; mode++) {
+            nb_clear_grad(xb), nb_clear_grad(wb), nb_clear_grad(bb);
+            nb_tensor *yb = nb_batch_norm(xb, mode == 1 ? NULL : rm, mode == 1 ? NULL : rv, wb, bb,
+                                          mode < 2, 0.1, 1e-5);
+            expect_on(yb, NB_META, bs, 4, dt, "batch_norm");
+            backward_with(yb, nb_ones_on(NB_META, bs, 4, dt));
+            expect_on(nb_grad(xb), NB_META, bs, 4, dt, "batch_norm dx");
+            expect_on(nb_grad(wb), NB_META, cs, 1, dt, "batch_norm dw");
+            expect_on(nb_grad(bb), NB_META, cs, 1, dt, "batch_norm db");
+        }
+        expect_on(rm, NB_META, cs, 1, NB_F32, "running_mean");
+
+        /* dropout: no mask is drawn, but the generator moves as on the CPU */
+        const int64_t ps[2] = {10, 7};
+        nb_generator *gm = nb_generator_new(4), *gc = nb_generator_new(4);
+        nb_tensor *xd = nb_empty_on(NB_META, ps, 2, dt);
+        make_grad(xd);
+        nb_tensor *yd = nb_dropout(xd, 0.3, true, gm);
+        expect_on(yd, NB_META, ps, 2, dt, "dropout");
+        ck_assert_ptr_nonnull(nb_dropout(tu_random(ps, 2, dt, -1, 1, 1), 0.3, true, gc));
+        ck_assert_uint_eq(nb_generator_offset(gm), nb_generator_offset(gc));
+        ck_assert_uint_eq(nb_generator_offset(gm), (70 + 3) / 4);
+        backward_with(yd, nb_ones_on(NB_META, ps, 2, dt));
+        expect_on(nb_grad(xd), NB_META, ps, 2, dt, "dropout dx");
+        nb_generator_free(gm), nb_generator_free(gc);
+    }
+    /* reading a meta result is an error, not a crash */
+    nb_tensor *y = nb_layer_norm(nb_empty_on(NB_META, (int64_t[]){2, 4}, 2, NB_F32), NULL, NULL,
+                                 1e-5);
+    ck_assert_ptr_nonnull(y);
+    ck_assert_ptr_null(nb_data(y));
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_norm_guard) {
+    nb_scope_begin();
+    static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+    for (int di = 0; di < 4; di++) {
+        nb_dtype dt = dts[di];
+        /* layer norm on a transposed view (dense() copies it on the device) */
+        const int64_t xs[3] = {3, 7, 6}, D = 7;
+        nb_tensor *x = tu_random(xs, 3, dt, -2, 3, 10), *w = tu_random(&D, 1, dt, 0.5, 1.5, 11);
+        nb_tensor *b = tu_random(&D, 1, dt, -1, 1, 12), *g = tu_random((int64_t[]){3, 6, 7}, 3, dt,
+                                                                      -1, 1, 13);
+        nb_tensor *xg = moved(x, GUARD, true), *wg = moved(w, GUARD, true);
+        nb_tensor *bg = moved(b, GUARD, true), *gg = moved(g, GUARD, false);
+        make_grad(x), make_grad(w), make_grad(b);
+        nb_tensor *y = nb_layer_norm(nb_transpose(x, 1, 2), w, b, 1e-5);
+        nb_tensor *yg = nb_layer_norm(nb_transpose(xg, 1, 2), wg, bg, 1e-5);
+        expect_same(y, yg, "layer_norm");
+        backward_with(y, g);
+        backward_with(yg, gg);
+        expect_same(nb_grad(x), nb_grad(xg), "layer_norm dx");
+        expect_same(nb_grad(w), nb_grad(wg), "layer_norm dw");
+        expect_same(nb_grad(b), nb_grad(bg), "layer_norm db");
+
+        /* batch norm: two training steps updating strided f64 running statistics, then eval */
+        const int64_t bs[3] = {5, 3, 4}, C = 3;
+        nb_tensor *wb = tu_random(&C, 1, dt, 0.5, 1.5, 20), *bb = tu_random(&C, 1, dt, -1, 1, 21);
+        nb_tensor *stats = tu_random((int64_t[]){3, 2}, 2, NB_F64, 0.5, 1.5, 22);
+        nb_tensor *statsg = moved(stats, GUARD, false);
+        nb_tensor *rm = nb_select(stats, 1, 0), *rv = nb_select(stats, 1, 1);
+        nb_tensor *rmg = nb_select(statsg, 1, 0), *rvg = nb_select(statsg, 1, 1);
+        nb_tensor *wbg = moved(wb, GUARD, true), *bbg = moved(bb, GUARD, true);
+        make_grad(wb), make_grad(bb);
+        for (int step = 0; step < 3; step++) {
+            bool training = step < 2;
+            nb_tensor *xb = tu_random(bs, 3, dt, -2, 3, 30 + (uint64_t)step);
+            nb_tensor *gb = tu_random(bs, 3, dt, -1, 1, 40 + (uint64_t)step);
+            nb_tensor *xbg = moved(xb, GUARD, true), *gbg = moved(gb, GUARD, false);
+            make_grad(xb);
+            nb_clear_grad(wb), nb_clear_grad(bb), nb_clear_grad(wbg), nb_clear_grad(bbg);
+            nb_tensor *yb = nb_batch_norm(xb, rm, rv, wb, bb, training, 0.1, 1e-5);
+            nb_tensor *ybg = nb_batch_norm(xbg, rmg, rvg, wbg, bbg, training, 0.1, 1e-5);
+            expect_same(yb, ybg, "batch_norm");
+            expect_same(rm, rmg, "running_mean");
+            expect_same(rv, rvg, "running_var");
+            backward_with(yb, gb);
+            backward_with(ybg, gbg);
+            expect_same(nb_grad(xb), nb_grad(xbg), "batch_norm dx");
+            expect_same(nb_grad(wb), nb_grad(wbg), "batch_norm dw");
+            expect_same(nb_grad(bb), nb_grad(bbg), "batch_norm db");
+        }
+        /* the running statistics moved */
+        double *sv = tu_values(stats);
+        ck_assert(sv[0] != sv[1] || sv[2] != sv[3]);
+        free(sv);
+
+        /* dropout from the same generator state */
+        const int64_t n = 5000;
+        nb_tensor *xd = tu_random(&n, 1, dt, 1, 2, 50), *gd = tu_random(&n, 1, dt, -1, 1, 51);
+        nb_tensor *xdg = moved(xd, GUARD, true), *gdg = moved(gd, GUARD, false);
+        make_grad(xd);
+        nb_generator *g1 = nb_generator_new(8), *g2 = nb_generator_new(8);
+        nb_tensor *yd = nb_dropout(xd, 0.4, true, g1), *ydg = nb_dropout(xdg, 0.4, true, g2);
+        expect_same(yd, ydg, "dropout");
+        ck_assert_uint_eq(nb_generator_offset(g1), nb_generator_offset(g2));
+        backward_with(yd, gd);
+        backward_with(ydg, gdg);
+        expect_same(nb_grad(xd), nb_grad(xdg), "dropout dx");
+        nb_generator_free(g1), nb_generator_free(g2);
+    }
+    /* the kernels are there on both devices */
+    static const char *const kernels[] = {"layer_norm",       "layer_norm_backward",
+                                          "batch_norm_stats", "batch_norm_apply",
+                                          "batch_norm_backward", "dropout"};
+    for (int i = 0; i < 6; i++) {
+        ck_assert_msg(nb_device_supports(NB_CPU, kernels[i]), "cpu lacks %s", kernels[i]);
+        ck_assert_msg(nb_device_supports(GUARD, kernels[i]), "guard lacks %s", kernels[i]);
+    }
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_norm_two_devices) {
+    nb_scope_begin();
+    nb_tensor *x = tu_random((int64_t[]){4, 3}, 2, NB_F32, -1, 1, 1);
+    nb_tensor *c3 = tu_random((int64_t[]){3}, 1, NB_F32, 0.5, 1.5, 2);
+    nb_tensor *m3 = nb_ones_on(NB_META, (int64_t[]){3}, 1, NB_F32);
+    tu_assert_error(nb_layer_norm(x, m3, NULL, 1e-5), NB_EDEVICE, "cpu and meta");
+    tu_assert_error(nb_layer_norm(x, c3, m3, 1e-5), NB_EDEVICE, "cpu and meta");
+    tu_assert_error(nb_batch_norm(x, NULL, NULL, m3, NULL, true, 0.1, 1e-5), NB_EDEVICE,
+                    "cpu and meta");
+    tu_assert_error(nb_batch_norm(x, m3, m3, NULL, NULL, false, 0.1, 1e-5), NB_EDEVICE,
+                    "cpu and meta");
+    tu_assert_error(nb_batch_norm(x, c3, m3, c3, c3, true, 0.1, 1e-5), NB_EDEVICE,
+                    "cpu and meta");
+    nb_tensor *xm = nb_ones_on(NB_META, (int64_t[]){4, 3}, 2, NB_F32);
+    tu_assert_error(nb_layer_norm(xm, c3, NULL, 1e-5), NB_EDEVICE, "meta and cpu");
+    tu_assert_error(nb_batch_norm(xm, c3, c3, NULL, NULL, true, 0.1, 1e-5), NB_EDEVICE,
+                    "meta and cpu");
+    /* a module's CPU buffers with a meta input */
+    nb_module *bn = nb_batchnorm1d(3, NULL);
+    tu_assert_error(nb_forward(bn, xm), NB_EDEVICE, "meta and cpu");
+    nb_module_free(bn);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_nn_layers(void) {
     Suite *s = suite_create("nn_layers");
     struct {
@@ -947,5 +1159,10 @@ Suite *nb_suite_nn_layers(void) {
         tcase_add_test(tc, cases[i].fn);
         suite_add_tcase(s, tc);
     }
+    TCase *dev = tcase_create("norm_devices");
+    tcase_add_test(dev, test_norm_meta);
+    tcase_add_test(dev, test_norm_guard);
+    tcase_add_test(dev, test_norm_two_devices);
+    suite_add_tcase(s, dev);
     return s;
 }
