@@ -2,13 +2,13 @@
  *
  * Works on any device with data: the inputs' f64 clones stay on their device, each element
  * is perturbed through a one-element view (nb_fill_, the device's fill kernel), and values
- * and gradients are read back with nb_read. A meta input has no values: the first read
- * fails with NB_EDEVICE. */
+ * and gradients are read back with nb_read. A meta input has no values: NB_EDEVICE. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
+#include "tensor/backend.h"
 #include "nabla/random.h"
 
 /* sum(f(x) * r) as a double, or NAN (error set) on failure. */
@@ -39,6 +39,13 @@ nb_status nb_gradcheck(nb_gradcheck_fn f, nb_tensor *const *inputs, int n, void 
     bool check[16] = {0};
     for (int i = 0; i < n; i++) {
         if (!nb__arg_ok(inputs[i], "gradcheck", "input")) { st = NB_ENULL; goto out; }
+        const nb__backend *be = nb__backend_of(nb__device_of(inputs[i]), "gradcheck");
+        if (!be) goto fail;
+        if (!be->has_storage) {
+            st = nb__error(NB_EDEVICE, "gradcheck: input %d is a %s tensor, which has no values "
+                           "to perturb", i, be->name);
+            goto out;
+        }
         check[i] = inputs[i]->requires_grad && nb_dtype_is_float(inputs[i]->dtype);
         if (check[i]) {
             NB_NO_GRAD_BEGIN

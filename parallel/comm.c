@@ -7,9 +7,10 @@
  * computed into a temporary and copied back when the caller waits (or tests) and the
  * operation succeeded. The backends move host memory, so tensors of another device (CUDA
  * until an NCCL backend exists, the guard test device) are staged the same way through
- * host temporaries; meta tensors have no data and are refused (NB_EDEVICE). Contiguous tensors are used in place, without copies, so the steady
- * state of a training loop (DDP's flat gradient buckets) allocates nothing here except the
- * work handles, which are recycled per communicator.
+ * host temporaries; meta tensors have no data and are refused (NB_EDEVICE). Contiguous
+ * host tensors are used in place, without copies, so the steady state of a training loop
+ * (DDP's flat gradient buckets) allocates nothing here except the work handles, which are
+ * recycled per communicator.
  *
  * Timeouts: nb_work_wait gives up after the communicator's timeout (counted from the call)
  * and asks the backend which ranks did not arrive; nb_work_test reports NB_ETIMEOUT once an
