@@ -1,12 +1,16 @@
 /* dataset.c - the dataset interface (checked calls through the vtable) and the in-memory
  * datasets: nb_tensor_dataset, and the IDX image/label datasets (Fashion-MNIST, MNIST),
- * which keep the u8 pixels and convert each batch to f32 / 255 as it is gathered. */
+ * which keep the u8 pixels and convert each batch to f32 / 255 as it is gathered.
+ *
+ * Datasets live in host memory and fill host batch tensors (the loader moves batches to a
+ * device); nb_tensor_dataset copies tensors of another device to the host once. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "data/data_impl.h"
+#include "nabla/autograd.h"
 
 /* ---- interface -------------------------------------------------------------------------- */
 int64_t nb_dataset_len(nb_dataset *ds) {
@@ -38,8 +42,9 @@ nb_status nb__check_batch_tensor(const nb_tensor *t, int64_t n, const nb_sample_
     if (t->dtype != spec->dtype)
         return nb__error(NB_EDTYPE, "%s: %s batch tensor has dtype %s, expected %s", op, what,
                          nb_dtype_name(t->dtype), nb_dtype_name(spec->dtype));
-    if (t->storage->device.type != NB_DEVICE_CPU)
-        return nb__error(NB_EDEVICE, "%s: %s batch tensor must be a CPU tensor", op, what);
+    if (!nb__host_accessible(t)) /* datasets write batches on the host */
+        return nb__error(NB_EDEVICE, "%s: %s batch tensor must be a CPU tensor (host memory), "
+                         "got a %s tensor", op, what, NB__DEVSTR(nb__device_of(t)));
     if (!nb_is_contiguous(t))
         return nb__error(NB_EINVAL, "%s: %s batch tensor must be contiguous", op, what);
     return NB_OK;
@@ -175,17 +180,24 @@ nb_dataset *nb__mem_dataset(const char *name, nb_tensor *x, nb_tensor *y,
     return &m->base;
 }
 
+/* t, or a host copy of t (in the current scope) when t lives on another device; NULL +
+ * NB_EDEVICE naming op and the argument when it cannot be copied (a meta tensor). */
+static nb_tensor *host_copy(nb_tensor *t, const char *op, const char *what) {
+    if (nb__host_accessible(t)) return t;
+    nb_tensor *h = nb_to_device(t, NB_CPU);
+    if (!h) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        nb__error(nb_last_status(), "%s: %s cannot be copied to the host: %s", op, what, why);
+    }
+    return h;
+}
+
 nb_dataset *nb_tensor_dataset(nb_tensor *x, nb_tensor *y) {
     const char *op = "tensor_dataset";
     NB__CHECK_ARG(x, op, "x");
     if (x->ndim < 1) {
         nb__error(NB_EDIM, "%s: x must have a leading sample dim (got a 0-dim tensor)", op);
-        return NULL;
-    }
-    if (x->storage->device.type != NB_DEVICE_CPU ||
-        (y && y->storage->device.type != NB_DEVICE_CPU)) {
-        nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported (keep datasets on the CPU "
-                  "and move batches)", op);
         return NULL;
     }
     if (y && (y->ndim < 1 || y->shape[0] != x->shape[0])) {
@@ -200,7 +212,16 @@ nb_dataset *nb_tensor_dataset(nb_tensor *x, nb_tensor *y) {
         ys.ndim = y->ndim - 1;
         memcpy(ys.shape, y->shape + 1, sizeof(int64_t) * (size_t)ys.ndim);
     }
-    return nb__mem_dataset("tensor", x, y, &xs, y ? &ys : NULL, 0);
+    /* The dataset keeps its samples in host memory: tensors of another device are copied
+     * to the host once, here (a meta tensor has no samples to copy: NB_EDEVICE). */
+    nb_dataset *ds = NULL;
+    nb_scope_begin();
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *hx = host_copy(x, op, "x"), *hy = y && hx ? host_copy(y, op, "y") : NULL;
+    nb_set_grad_enabled(prev);
+    if (hx && (!y || hy)) ds = nb__mem_dataset("tensor", hx, hy, &xs, y ? &ys : NULL, 0);
+    nb_scope_end();
+    return ds;
 }
 
 /* ---- IDX image/label datasets ------------------------------------------------------------ */

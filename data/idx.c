@@ -283,9 +283,13 @@ nb_status nb_idx_write(const char *path, const nb_tensor *t) {
         if (t->shape[d] > (int64_t)UINT32_MAX)
             return nb__error(NB_ESHAPE, "%s: %s: dim %d of %s does not fit IDX's 32 bits", w,
                              path, d, NB__SHAPE(t));
-    if (t->storage->device.type != NB_DEVICE_CPU)
-        return nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported (copy to the CPU)",
-                         w);
+    /* The elements in order on the host: t itself or a contiguous copy (from another
+     * device: a host copy; a meta tensor has no data and fails here, before any file is
+     * created). */
+    nb_tensor *c = nb__host_accessible(t) ? nb_contiguous((nb_tensor *)t)
+                                          : nb_to_device((nb_tensor *)t, NB_CPU);
+    if (!c) return nb_last_status();
+    c = nb__scope_take(c);
     unsigned char hdr[4 + 4 * NB_MAX_DIMS] = {0, 0, (unsigned char)code,
                                              (unsigned char)t->ndim};
     for (int d = 0; d < t->ndim; d++) {
@@ -297,22 +301,18 @@ nb_status nb_idx_write(const char *path, const nb_tensor *t) {
     /* "T": a plain (transparent) file through the same gz interface. */
     errno = 0;
     gzFile f = gzopen(path, ends_with(path, ".gz") ? "wb6" : "wbT");
-    if (!f)
+    if (!f) {
+        nb_tensor_free(c);
         return nb__error(NB_EIO, "%s: %s: cannot create: %s", w, path,
                          errno ? strerror(errno) : "out of memory");
+    }
     nb_status st = NB_OK;
     size_t es = nb_dtype_size(t->dtype);
     int64_t numel = nb_numel(t);
-    /* Elements in order, big-endian, through a small buffer (t may be a view: a
-     * contiguous copy is made first). */
+    /* Elements in order, big-endian, through a small buffer. */
     enum { CHUNK = 8192 };
     unsigned char buf[CHUNK * 8];
     if (gzwrite(f, hdr, (unsigned)(4 + 4 * t->ndim)) != 4 + 4 * t->ndim) goto io;
-    nb_tensor *c = nb__scope_take(nb_contiguous((nb_tensor *)t));
-    if (!c) {
-        st = nb_last_status();
-        goto out;
-    }
     const unsigned char *src = (const unsigned char *)nb__ptr(c);
     for (int64_t i = 0; i < numel; i += CHUNK) {
         int64_t n = numel - i < CHUNK ? numel - i : CHUNK;
@@ -328,22 +328,17 @@ nb_status nb_idx_write(const char *path, const nb_tensor *t) {
             for (size_t b = 0; b < es; b++)
                 buf[(size_t)k * es + b] = (unsigned char)(v >> (8 * (es - 1 - b)));
         }
-        if (gzwrite(f, buf, (unsigned)((size_t)n * es)) != (int)((size_t)n * es)) {
-            nb_tensor_free(c);
-            goto io;
-        }
+        if (gzwrite(f, buf, (unsigned)((size_t)n * es)) != (int)((size_t)n * es)) goto io;
     }
     nb_tensor_free(c);
-    if (gzclose(f) != Z_OK) {
-        f = NULL;
-        goto io;
-    }
+    if (gzclose(f) != Z_OK) return nb__error(NB_EIO, "%s: %s: write failed: %s", w, path,
+                                             errno ? strerror(errno) : "zlib error");
     return NB_OK;
 io:
+    nb_tensor_free(c);
     st = nb__error(NB_EIO, "%s: %s: write failed: %s", w, path,
                    errno ? strerror(errno) : "zlib error");
-out:
-    if (f) gzclose(f);
+    gzclose(f);
     return st;
 }
 

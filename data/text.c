@@ -1,6 +1,10 @@
 /* text.c - byte-level text for language models: a dataset of next-token windows over a
  * 1-D token tensor, the train/validation split by position, and nanoGPT-style random
- * window sampling from a generator (reproducible, and without allocation). */
+ * window sampling from a generator (reproducible, and without allocation for host batches).
+ *
+ * Windows are cut on the host: the dataset keeps a host copy of its tokens, and
+ * nb_text_sample needs host tokens; its x and y may live on any device (they are filled
+ * on the host, then copied in; on meta nothing is copied but the generator advances). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,10 +75,6 @@ static bool tokens_ok(const nb_tensor *tokens, int64_t T, const char *op) {
                   nb_dtype_name(tokens->dtype));
         return false;
     }
-    if (tokens->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
-        return false;
-    }
     if (T < 1 || tokens->shape[0] <= T) {
         nb__error(NB_EINVAL, "%s: block size %lld needs a text of more than %lld tokens "
                   "(got %lld)", op, (long long)T, (long long)T, (long long)tokens->shape[0]);
@@ -92,7 +92,13 @@ nb_dataset *nb_text_dataset(nb_tensor *tokens, int64_t block_size) {
         nb__error(NB_ENOMEM, "%s: out of memory", op);
         return NULL;
     }
-    t->tokens = nb__scope_take(nb_contiguous(tokens));
+    /* A private contiguous host copy (tokens itself, retained, when it already is one). */
+    if (nb__host_accessible(tokens)) {
+        t->tokens = nb__scope_take(nb_contiguous(tokens));
+    } else {
+        nb_tensor *h = nb_to_device(tokens, NB_CPU); /* contiguous; NULL + error for meta */
+        t->tokens = h ? nb__scope_take(h) : NULL;
+    }
     if (!t->tokens) {
         free(t);
         return NULL;
@@ -143,11 +149,23 @@ nb_status nb_text_sample(nb_tensor *tokens, nb_generator *g, nb_tensor *x, nb_te
     if ((x->dtype != NB_I64 && x->dtype != NB_I32) || y->dtype != x->dtype)
         return nb__error(NB_EDTYPE, "%s: x and y must both be i64 or both i32 (got %s, %s)",
                          op, nb_dtype_name(x->dtype), nb_dtype_name(y->dtype));
-    if (!nb_is_contiguous(x) || !nb_is_contiguous(y) ||
-        x->storage->device.type != NB_DEVICE_CPU || y->storage->device.type != NB_DEVICE_CPU)
+    bool xh = nb__host_accessible(x), yh = nb__host_accessible(y);
+    if ((xh && !nb_is_contiguous(x)) || (yh && !nb_is_contiguous(y)))
         return nb__error(NB_EINVAL, "%s: x and y must be contiguous CPU tensors", op);
     int64_t B = x->shape[0], T = x->shape[1];
     if (!tokens_ok(tokens, T, op)) return nb_last_status();
+    if (!nb__require_host(tokens, op)) return NB_EDEVICE;
+    if (!xh || !yh) { /* fill host batches, then copy them to x's and y's devices */
+        nb_scope_begin();
+        nb_tensor *hx = nb_empty(x->shape, 2, x->dtype), *hy = nb_empty(y->shape, 2, y->dtype);
+        nb_status st = hx && hy ? nb_text_sample(tokens, g, hx, hy) : nb_last_status();
+        nb_tensor *dx = st == NB_OK ? nb_to_device(hx, nb__device_of(x)) : NULL;
+        nb_tensor *dy = dx ? nb_to_device(hy, nb__device_of(y)) : NULL;
+        if (st == NB_OK) st = dx && dy ? nb_copy_(x, dx) : nb_last_status();
+        if (st == NB_OK) st = nb_copy_(y, dy);
+        nb_scope_end();
+        return st;
+    }
     if (!g) g = nb_default_generator();
     /* Starts uniform in [0, range), drawn exactly as nb_randint((B), lo 0, hi range) with
      * this generator (tensor/random.c): one 32-bit word per value (4 per Philox block) and

@@ -10,11 +10,11 @@
 
 #include "data/data_impl.h"
 
-/* Checks shared by the transforms: a contiguous CPU tensor with >= min_ndim dims. */
+/* Checks shared by the transforms: a contiguous host tensor with >= min_ndim dims (the
+ * loader's batches are; move them to a device after transforming). */
 static nb_status check_images(const nb_tensor *x, int min_ndim, const char *op) {
     if (!x) return nb__error(NB_ENULL, "%s: argument 'x' is NULL", op);
-    if (x->storage->device.type != NB_DEVICE_CPU)
-        return nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
+    if (!nb__require_host(x, op)) return NB_EDEVICE; /* transforms run on the host */
     if (x->ndim < min_ndim)
         return nb__error(NB_EDIM, "%s: expected a batch of images (N, C, H, W) or (N, H, W), "
                          "got shape %s", op, NB__SHAPE(x));

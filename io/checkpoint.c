@@ -25,7 +25,7 @@ static nb_status read_u64(nb_safetensors *f, const char *path, const char *name,
     if (!t || t->dtype != NB_I64 || nb_numel(t) != 1)
         st = nb__error(NB_EFORMAT, "checkpoint_load: %s has no valid \"%s\" entry", path, name);
     else
-        memcpy(out, nb__ptr(t), sizeof *out);
+        st = nb_read(t, out, 1, NB_I64); /* the 64 bits as stored */
     nb_scope_end();
     return st;
 }

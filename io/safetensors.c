@@ -5,7 +5,11 @@
  * Format: 8-byte little-endian header length N, N bytes of UTF-8 JSON (an object mapping
  * each tensor name to {"dtype", "shape", "data_offsets": [begin, end]} plus an optional
  * "__metadata__" string map), then the data buffer, which the tensors' byte ranges must
- * cover exactly (no gaps, no overlaps, nothing left over). The JSON goes through jansson. */
+ * cover exactly (no gaps, no overlaps, nothing left over). The JSON goes through jansson.
+ *
+ * Saving takes tensors of any device with data: host tensors are written from their memory,
+ * others (CUDA, guard) through a host copy, one tensor at a time. Meta tensors have no data
+ * and are refused (NB_EDEVICE). Loaded tensors are host tensors (views of the mapping). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -19,6 +23,7 @@
 
 #include "nabla/autograd.h"
 #include "nabla/io.h"
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -577,9 +582,11 @@ static nb_status check_save_args(const char *path, const char *const *names,
                 nb__error(NB_ENULL, "%s: tensor \"%s\" is NULL", op, names[i]);
             return nb_last_status();
         }
-        if (tensors[i]->storage->device.type != NB_DEVICE_CPU)
-            return nb__error(NB_EDEVICE, "%s: tensor \"%s\" is on a CUDA device; copy it to the "
-                             "CPU first", op, names[i]);
+        const nb__backend *be = nb__backend_of(nb__device_of(tensors[i]), op);
+        if (!be) return nb_last_status();
+        if (!be->has_storage)
+            return nb__error(NB_EDEVICE, "%s: tensor \"%s\" is on the %s device, which holds no "
+                             "data to save", op, names[i], be->name);
     }
     for (int i = 0; i < nmeta; i++)
         if (!meta_keys[i] || !meta_values[i])
@@ -678,13 +685,15 @@ static int write_contents(int fd, const char *json, const w_item *items, int n) 
         nb_tensor *t = items[i].t;
         size_t nbytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
         if (nbytes == 0) continue;
-        if (nb_is_contiguous(t)) {
+        bool host = nb__host_accessible(t);
+        if (host && nb_is_contiguous(t)) {
             err = write_all(fd, nb__ptr(t), nbytes);
             continue;
         }
         nb_scope_begin();
         bool prev = nb_set_grad_enabled(false); /* a plain copy, not a step of a graph */
-        nb_tensor *c = nb_contiguous(t);
+        /* A contiguous host copy: nb_to_device gives one for a tensor of another device. */
+        nb_tensor *c = host ? nb_contiguous(t) : nb_to_device(t, NB_CPU);
         nb_set_grad_enabled(prev);
         err = c ? write_all(fd, nb__ptr(c), nbytes) : -1;
         nb_scope_end();

@@ -1,6 +1,8 @@
 /* state.c - state dicts: named tensor lists (nb_state_list), the checked copy of a file's
  * tensors into existing tensors (nb_state_load), and module save/load in PyTorch's
- * state_dict naming. The checkpoint code builds on the same pieces. */
+ * state_dict naming. The checkpoint code builds on the same pieces. Loading writes into
+ * tensors of any device (through the copy kernels); on the meta device it checks names and
+ * shapes and copies nothing. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,11 +129,6 @@ static nb_status state_load(nb_safetensors *f, const char *prefix, const char *c
             st = nb__error(NB_ENULL, "%s: %s[%d] is NULL", op, names[i] ? "tensors" : "names", i);
             break;
         }
-        if (tensors[i]->storage->device.type != NB_DEVICE_CPU) {
-            st = nb__error(NB_EDEVICE, "%s: tensor \"%s\" is on a CUDA device; loading into CUDA "
-                           "tensors is not supported yet", op, names[i]);
-            break;
-        }
         char *full = joined(prefix, names[i]);
         if (!full) {
             st = nb__error(NB_ENOMEM, "%s: out of memory", op);
@@ -190,6 +187,9 @@ static nb_status state_load(nb_safetensors *f, const char *prefix, const char *c
             if (src[i] < 0) continue;
             nb_scope_begin();
             nb_tensor *t = nb_safetensors_get(f, nb_safetensors_name(f, src[i]));
+            /* The file's tensor is a host tensor: bring it to the target's device first (on
+             * meta that keeps only its shape, so loading a meta model checks shapes). */
+            if (t) t = nb_to_device(t, nb__device_of(tensors[i]));
             st = t ? nb_copy_(tensors[i], t) : nb_last_status();
             nb_scope_end();
         }

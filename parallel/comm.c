@@ -5,9 +5,12 @@
  *
  * Non-contiguous tensors are copied: an input into a contiguous temporary, an output
  * computed into a temporary and copied back when the caller waits (or tests) and the
- * operation succeeded. Contiguous tensors are used in place, without copies, so the steady
- * state of a training loop (DDP's flat gradient buckets) allocates nothing here except the
- * work handles, which are recycled per communicator.
+ * operation succeeded. The backends move host memory, so tensors of another device (CUDA
+ * until an NCCL backend exists, the guard test device) are staged the same way through
+ * host temporaries; meta tensors have no data and are refused (NB_EDEVICE). Contiguous
+ * host tensors are used in place, without copies, so the steady state of a training loop
+ * (DDP's flat gradient buckets) allocates nothing here except the work handles, which are
+ * recycled per communicator.
  *
  * Timeouts: nb_work_wait gives up after the communicator's timeout (counted from the call)
  * and asks the backend which ranks did not arrive; nb_work_test reports NB_ETIMEOUT once an
@@ -23,6 +26,7 @@
 
 #include "nb_config.h"
 #include "parallel/parallel_impl.h"
+#include "tensor/backend.h"
 
 #define NB__WORK_CACHE 64 /* free works kept per communicator */
 
@@ -244,11 +248,14 @@ static void hold(nb_work *w, nb_tensor *t) {
 
 /* A tensor read and written in place (allreduce, broadcast, reduce, recv). */
 static void *stage_inout(nb_work *w, nb_tensor *t, bool copy_in) {
-    if (nb_is_contiguous(t)) {
+    bool host = nb__host_accessible(t);
+    if (host && nb_is_contiguous(t)) {
         hold(w, nb_tensor_retain(t));
         return nb__ptr(t);
     }
-    nb_tensor *s = copy_in ? nb_clone(t) : nb__empty(t->shape, t->ndim, t->dtype, NB_CPU);
+    nb_tensor *s = !copy_in ? nb__empty(t->shape, t->ndim, t->dtype, NB_CPU)
+                   : host   ? nb_clone(t)
+                            : nb_to_device(t, NB_CPU); /* a contiguous host copy */
     if (!s) return NULL;
     w->stage = nb__scope_take(s);
     w->user_out = nb_tensor_retain(t);
@@ -258,11 +265,12 @@ static void *stage_inout(nb_work *w, nb_tensor *t, bool copy_in) {
 /* A tensor only read. A copy also when it overlaps `other` (an output MPI must not alias). */
 static const void *stage_in(nb_work *w, const nb_tensor *t, const nb_tensor *other) {
     nb_tensor *tt = (nb_tensor *)t;
-    if (nb_is_contiguous(t) && !(other && nb_shares_storage(t, other))) {
+    bool host = nb__host_accessible(t);
+    if (host && nb_is_contiguous(t) && !(other && nb_shares_storage(t, other))) {
         hold(w, nb_tensor_retain(tt));
         return nb__ptr(t);
     }
-    nb_tensor *s = nb_clone(tt);
+    nb_tensor *s = host ? nb_clone(tt) : nb_to_device(tt, NB_CPU); /* fresh: never aliases */
     if (!s) return NULL;
     hold(w, nb__scope_take(s));
     return nb__ptr(s);
@@ -270,12 +278,25 @@ static const void *stage_in(nb_work *w, const nb_tensor *t, const nb_tensor *oth
 
 static bool check_tensor(const nb_tensor *t, const char *op, const char *name) {
     if (!nb__arg_ok(t, op, name)) return false;
-    if (t->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "%s: %s is a CUDA tensor; collectives on CUDA tensors need the NCCL "
-                  "backend, which is not built yet", op, name);
+    const nb__backend *be = nb__backend_of(nb__device_of(t), op);
+    if (!be) return false;
+    if (!be->has_storage) {
+        nb__error(NB_EDEVICE, "%s: %s is a %s tensor, which holds no data to communicate", op,
+                  name, be->name);
         return false;
     }
     return true;
+}
+
+/* A staged output back into the caller's tensor, on the caller's device. */
+static nb_status copy_back(nb_tensor *dst, nb_tensor *staged) {
+    if (nb_device_equal(nb__device_of(dst), nb__device_of(staged)))
+        return nb_copy_(dst, staged);
+    nb_scope_begin();
+    nb_tensor *d = nb_to_device(staged, nb__device_of(dst));
+    nb_status st = d ? nb_copy_(dst, d) : nb_last_status();
+    nb_scope_end();
+    return st;
 }
 
 static bool check_comm(const nb_comm *c, const char *op) {
@@ -488,7 +509,7 @@ static nb_status work_finish(nb_work *w) {
     if (atomic_load(&w->state) == NB__WORK_FAILED) {
         st = nb__error(w->status, "%s", w->msg);
     } else if (w->user_out) {
-        st = nb_copy_(w->user_out, w->stage);
+        st = copy_back(w->user_out, w->stage);
     }
     work_drop_holds(w);
     return st;
@@ -578,7 +599,7 @@ void nb_work_free(nb_work *w) {
          * (the caller asked for them by starting the operation); a failure stays quiet. */
         w->finished = true;
         if (atomic_load(&w->state) == NB__WORK_DONE && w->user_out)
-            nb_copy_(w->user_out, w->stage);
+            copy_back(w->user_out, w->stage);
         work_drop_holds(w);
     }
     nb__work_release(w);

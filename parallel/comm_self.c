@@ -2,7 +2,11 @@
  * send/recv to rank 0 go through a message queue inside the communicator (a send is
  * buffered, so a process can send to itself and receive later, from any thread). Used by
  * nb_comm_self(), and by nb_comm_world() when nabla runs without a launcher or was built
- * without MPI. */
+ * without MPI.
+ *
+ * Like every comm backend it sees buffers, never tensors: comm.c hands it host memory only
+ * (a host tensor's own memory, or a host staging copy of a tensor of another device), so
+ * the memcpy/memmove here never touch device memory. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

@@ -1,10 +1,16 @@
-/* print.c - PyTorch-style printing: "tensor([[1.0000, 2.0000], ...], dtype=f32)".
- * Tensors over 1000 elements show the first and last 3 entries of each long dim. */
+/* tensor/print.c - PyTorch-style printing: "tensor([[1.0000, 2.0000], ...], dtype=f32)".
+ * Tensors over 1000 elements show the first and last 3 entries of each long dim.
+ *
+ * Values are read on the host: a tensor of another device (CUDA, guard) is copied to the
+ * host first and its device is named at the end ("..., dtype=f32, device=cuda:0)"); a meta
+ * tensor has no values and prints as "tensor(..., size=[2,3], dtype=f32, device=meta)". */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "nabla/autograd.h"
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 typedef struct {
@@ -64,10 +70,8 @@ static void put_dim(sbuf *s, const nb_tensor *t, const char *p, int d, bool summ
     put(s, "]");
 }
 
-int nb_format(const nb_tensor *t, char *buf, size_t n) {
-    if (!nb__arg_ok(t, "format", "t")) return nb_last_status();
-    if (t->storage->device.type != NB_DEVICE_CPU)
-        return nb__error(NB_EDEVICE, "format: CUDA tensors are not supported by this op yet");
+/* Format t, in host memory; dev names the device the values came from (NULL: the CPU). */
+static int format_host(const nb_tensor *t, char *buf, size_t n, const char *dev) {
     sbuf s = {buf, buf ? n : 0, 0};
     if (buf && n) buf[0] = '\0';
     int64_t numel = nb_numel(t);
@@ -92,9 +96,34 @@ int nb_format(const nb_tensor *t, char *buf, size_t n) {
     } else {
         put_dim(&s, t, nb__ptr(t), 0, numel > 1000, ints_as_float, 7);
     }
-    put(&s, ", dtype=%s)", nb_dtype_name(t->dtype));
+    put(&s, ", dtype=%s", nb_dtype_name(t->dtype));
+    if (dev) put(&s, ", device=%s", dev);
+    put(&s, ")");
     if (buf && n) buf[s.len < n ? s.len : n - 1] = '\0';
     return s.len > (size_t)INT32_MAX ? INT32_MAX : (int)s.len;
+}
+
+int nb_format(const nb_tensor *t, char *buf, size_t n) {
+    if (!nb__arg_ok(t, "format", "t")) return nb_last_status();
+    if (nb__host_accessible(t)) return format_host(t, buf, n, NULL);
+    nb_device d = nb__device_of(t);
+    const nb__backend *be = nb__backend_of(d, "format");
+    if (!be) return nb_last_status();
+    char dev[NB__DEVICE_STR];
+    nb__device_str(d, dev);
+    if (!be->has_storage) { /* meta: shape and dtype, no values */
+        int len = snprintf(buf, buf ? n : 0, "tensor(..., size=%s, dtype=%s, device=%s)",
+                           NB__SHAPE(t), nb_dtype_name(t->dtype), dev);
+        return len < 0 ? nb__error(NB_EINTERNAL, "format: snprintf failed") : len;
+    }
+    /* Another device: format a host copy (a plain copy, not a step of a graph). */
+    nb_scope_begin();
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *h = nb_to_device((nb_tensor *)t, NB_CPU);
+    nb_set_grad_enabled(prev);
+    int len = h ? format_host(h, buf, n, dev) : (int)nb_last_status();
+    nb_scope_end();
+    return len;
 }
 
 nb_status nb_print(const nb_tensor *t, FILE *f) {

@@ -1,6 +1,13 @@
-/* random.c - counter-based random numbers (Philox 4x32-10) and the random tensor
- * constructors of nabla/random.h (rand, uniform, randn, normal, randint, bernoulli,
- * randperm) on the CPU.
+/* tensor/random.c - counter-based random numbers (Philox 4x32-10): generators, and the op
+ * side of the random tensor constructors of nabla/random.h (rand, uniform, randn, normal,
+ * randint, bernoulli, randperm; on the CPU or, with the _on forms, any device) and of the
+ * in-place fills nb_uniform_ / nb_normal_ (any device; nn/init.c initializes with them).
+ *
+ * The op side checks arguments, allocates the output on its device, hands the generator's
+ * state (seed, stream, offset) to the device's `random` / `randperm` kernel
+ * (tensor/kernels/random.h; the CPU's in cpu/random.c) and then advances the offset past
+ * the blocks used. The offset advances the same on every device, the meta device included
+ * (where no kernel runs), so a stream stays aligned whatever device drew from it.
  *
  * Philox 4x32-10 is the generator of Salmon, Moraes, Dror and Shaw, "Parallel random
  * numbers: as easy as 1, 2, 3" (SC11): a bijection of a 128-bit counter under a 64-bit
@@ -54,8 +61,9 @@
 #include <string.h>
 
 #include "nabla/random.h"
+#include "autograd/autograd_impl.h"
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
-#include "cpu/cpu_impl.h" /* transitional: moves to cpu/ with the kernels */
 
 struct nb_generator {
     uint64_t seed;
@@ -101,18 +109,6 @@ static inline void nb__philox_block(uint32_t c0, uint32_t c1, uint32_t c2, uint3
 void nb_philox4x32(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
     if (!counter || !key || !out) return;
     nb__philox_block(counter[0], counter[1], counter[2], counter[3], key[0], key[1], out);
-}
-
-/* The words of block b (relative to offset) of a generator state. */
-typedef struct nb__philox_state {
-    uint64_t seed, stream, offset;
-} nb__philox_state;
-
-static inline void nb__state_block(const nb__philox_state *s, uint64_t b, uint32_t w[4]) {
-    uint64_t c = s->offset + b;
-    nb__philox_block((uint32_t)c, (uint32_t)(c >> 32), (uint32_t)s->stream,
-                     (uint32_t)(s->stream >> 32), (uint32_t)s->seed,
-                     (uint32_t)(s->seed >> 32), w);
 }
 
 /* ---- generators --------------------------------------------------------------------------- */
@@ -206,201 +202,39 @@ static double nb__float_max(nb_dtype dt) {
     }
 }
 
-/* ---- kernels -------------------------------------------------------------------------------
- * The work is split into chunks of NB__RNG_CHUNK elements (a multiple of 4, so a chunk
- * starts on a block boundary for every layout); each chunk computes its values into a
- * local buffer from the blocks it covers, then converts them into the output. Chunks are
- * independent, so any thread may take any chunk. */
-#define NB__RNG_CHUNK 1024
-#define NB__RNG_GRAIN 16384
 
-typedef enum nb__rng_kind {
-    NB__RNG_UNIFORM,
-    NB__RNG_NORMAL,
-    NB__RNG_RANDINT,
-    NB__RNG_BERNOULLI,
-} nb__rng_kind;
-
-typedef struct nb__rng_job {
-    nb__rng_kind kind;
-    nb_dtype dtype;
-    nb__philox_state st;
-    int per_block; /* elements per Philox block: 4 or 2 */
-    double a, b;   /* uniform: lo, hi; normal: mean, std; bernoulli: p */
-    int64_t ilo;   /* randint: lo */
-    uint64_t range; /* randint: hi - lo */
-    /* uniform: the largest value of the dtype below hi (only used when hi > lo). */
-    double below_hi_d;
-    float below_hi_f;
-    uint16_t below_hi_h;
-} nb__rng_job;
-
-#define NB__TWO_PI 6.283185307179586476925286766559
-#define NB__INV_2_24 (1.0 / 16777216.0)
-#define NB__INV_2_32 (1.0 / 4294967296.0)
-#define NB__INV_2_53 (1.0 / 9007199254740992.0)
-
-static inline uint64_t nb__word64(const uint32_t *w, int k) {
-    return ((uint64_t)w[2 * k] << 32) | w[2 * k + 1];
-}
-
-/* Values of elements [first, first + n) (first a multiple of 4) as doubles (float kinds)
- * or integers (randint). */
-static void nb__rng_values(const nb__rng_job *j, int64_t first, int64_t n, double *dv,
-                           int64_t *iv) {
-    int per = j->per_block;
-    uint64_t b0 = (uint64_t)(first / per);
-    int64_t nblocks = (n + per - 1) / per;
-    for (int64_t bi = 0; bi < nblocks; bi++) {
-        uint32_t w[4];
-        nb__state_block(&j->st, b0 + (uint64_t)bi, w);
-        double v[4];
-        int64_t q[4];
-        switch (j->kind) {
-        case NB__RNG_UNIFORM:
-            if (per == 4) {
-                for (int k = 0; k < 4; k++)
-                    v[k] = j->a + (j->b - j->a) * ((double)(w[k] >> 8) * NB__INV_2_24);
-            } else {
-                for (int k = 0; k < 2; k++)
-                    v[k] = j->a + (j->b - j->a) *
-                                      ((double)(nb__word64(w, k) >> 11) * NB__INV_2_53);
-            }
-            break;
-        case NB__RNG_NORMAL:
-            if (per == 4) {
-                for (int p = 0; p < 2; p++) {
-                    double u1 = ((double)w[2 * p] + 1.0) * NB__INV_2_32;
-                    double u2 = (double)w[2 * p + 1] * NB__INV_2_32;
-                    double r = sqrt(-2.0 * log(u1));
-                    v[2 * p] = j->a + j->b * (r * cos(NB__TWO_PI * u2));
-                    v[2 * p + 1] = j->a + j->b * (r * sin(NB__TWO_PI * u2));
-                }
-            } else {
-                double u1 = ((double)(nb__word64(w, 0) >> 11) + 1.0) * NB__INV_2_53;
-                double u2 = (double)(nb__word64(w, 1) >> 11) * NB__INV_2_53;
-                double r = sqrt(-2.0 * log(u1));
-                v[0] = j->a + j->b * (r * cos(NB__TWO_PI * u2));
-                v[1] = j->a + j->b * (r * sin(NB__TWO_PI * u2));
-            }
-            break;
-        case NB__RNG_RANDINT:
-            if (per == 4) {
-                for (int k = 0; k < 4; k++)
-                    q[k] = (int64_t)((uint64_t)j->ilo + (((uint64_t)w[k] * j->range) >> 32));
-            } else {
-                for (int k = 0; k < 2; k++) {
-                    unsigned __int128 m = (unsigned __int128)nb__word64(w, k) * j->range;
-                    q[k] = (int64_t)((uint64_t)j->ilo + (uint64_t)(m >> 64));
-                }
-            }
-            break;
-        case NB__RNG_BERNOULLI:
-            for (int k = 0; k < 4; k++) v[k] = ((double)w[k] * NB__INV_2_32 < j->a) ? 1.0 : 0.0;
-            break;
-        }
-        int64_t base = bi * per;
-        for (int k = 0; k < per && base + k < n; k++) {
-            if (j->kind == NB__RNG_RANDINT) iv[base + k] = q[k];
-            else dv[base + k] = v[k];
-        }
-    }
-}
-
-static void nb__rng_store(const nb__rng_job *j, const double *dv, const int64_t *iv,
-                          char *dst, int64_t n) {
-    bool clamp = j->kind == NB__RNG_UNIFORM && j->b > j->a;
-    double hi = j->b;
-    if (j->kind == NB__RNG_RANDINT) {
-        switch (j->dtype) {
-        case NB_I64: memcpy(dst, iv, (size_t)n * sizeof(int64_t)); return;
-        case NB_I32:
-            for (int64_t i = 0; i < n; i++) ((int32_t *)dst)[i] = (int32_t)iv[i];
-            return;
-        case NB_U8:
-            for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = (uint8_t)iv[i];
-            return;
-        case NB_BOOL:
-            for (int64_t i = 0; i < n; i++) ((bool *)dst)[i] = iv[i] != 0;
-            return;
-        default: {
-            /* Float dtypes: the range was checked to be exactly representable. */
-            double tmp[NB__RNG_CHUNK];
-            for (int64_t i = 0; i < n; i++) tmp[i] = (double)iv[i];
-            nb__rng_job fj = *j;
-            fj.kind = NB__RNG_BERNOULLI; /* plain store, no clamping */
-            nb__rng_store(&fj, tmp, NULL, dst, n);
-            return;
-        }
-        }
-    }
-    switch (j->dtype) {
-    case NB_F64: {
-        double *o = (double *)dst;
-        for (int64_t i = 0; i < n; i++) {
-            double x = dv[i];
-            o[i] = (clamp && x >= hi) ? j->below_hi_d : x;
-        }
-        return;
-    }
-    case NB_F32: {
-        float *o = (float *)dst;
-        for (int64_t i = 0; i < n; i++) {
-            float x = (float)dv[i];
-            o[i] = (clamp && (double)x >= hi) ? j->below_hi_f : x;
-        }
-        return;
-    }
-    case NB_F16:
-    case NB_BF16: {
-        float f[NB__RNG_CHUNK];
-        uint16_t *o = (uint16_t *)dst;
-        for (int64_t i = 0; i < n; i++) f[i] = (float)dv[i];
-        if (j->dtype == NB_F16) nb__f32_to_f16_n(f, o, n);
-        else nb__f32_to_bf16_n(f, o, n);
-        if (clamp) {
-            for (int64_t i = 0; i < n; i++) {
-                float back = j->dtype == NB_F16 ? nb_f16_to_f32(o[i]) : nb_bf16_to_f32(o[i]);
-                if ((double)back >= hi) o[i] = j->below_hi_h;
-            }
-        }
-        return;
-    }
-    case NB_I32:
-        for (int64_t i = 0; i < n; i++) ((int32_t *)dst)[i] = (int32_t)dv[i];
-        return;
-    case NB_I64:
-        for (int64_t i = 0; i < n; i++) ((int64_t *)dst)[i] = (int64_t)dv[i];
-        return;
-    case NB_U8:
-        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = (uint8_t)dv[i];
-        return;
-    case NB_BOOL:
-        for (int64_t i = 0; i < n; i++) ((bool *)dst)[i] = dv[i] != 0.0;
-        return;
-    default: NB__ASSERT(!"unreachable dtype");
-    }
-}
-
-/* Fill out (contiguous, n elements) and advance g past the blocks used. */
-static void nb__rng_run(nb__rng_job *j, nb_generator *g, nb_tensor *out) {
+/* ---- running the kernels -------------------------------------------------------------------- */
+/* Fill out with the distribution set up in a, from g's stream, then advance g past the
+ * blocks used (also on the meta device, where the kernel does not run). */
+static nb_status nb__draw_into(nb_tensor *out, nb__random_args *a, nb_generator *g,
+                               const char *op) {
+    g = nb__gen(g);
+    nb__view_init(&a->out, out);
+    a->seed = g->seed;
+    a->stream = g->stream;
+    a->offset = g->offset;
     int64_t n = nb_numel(out);
-    j->st = (nb__philox_state){g->seed, g->stream, g->offset};
-    char *dst = nb__ptr(out);
-    size_t esz = nb_dtype_size(j->dtype);
-    int64_t nchunks = (n + NB__RNG_CHUNK - 1) / NB__RNG_CHUNK;
-    int nthreads = nb__threads_for(n, NB__RNG_GRAIN);
-    (void)nthreads;
-#pragma omp parallel for schedule(static) if (nthreads > 1) num_threads(nthreads)
-    for (int64_t c = 0; c < nchunks; c++) {
-        double dv[NB__RNG_CHUNK];
-        int64_t iv[NB__RNG_CHUNK];
-        int64_t first = c * NB__RNG_CHUNK;
-        int64_t m = n - first < NB__RNG_CHUNK ? n - first : NB__RNG_CHUNK;
-        nb__rng_values(j, first, m, dv, iv);
-        nb__rng_store(j, dv, iv, dst + (size_t)first * esz, m);
+    nb_status st = nb__run_random(nb__device_of(out), op, a);
+    if (st == NB_OK) g->offset += (uint64_t)((n + a->per_block - 1) / a->per_block);
+    return st;
+}
+
+/* A new tensor on dev drawn as a says; NULL + error on failure. */
+static nb_tensor *nb__draw(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                           nb__random_args *a, nb_generator *g, const char *op) {
+    nb_tensor *out = nb__empty(shape, ndim, dt, dev);
+    if (!out) return NULL;
+    if (nb__draw_into(out, a, g, op) != NB_OK) {
+        nb_tensor_free(nb__scope_take(out));
+        return NULL;
     }
-    g->offset += (uint64_t)((n + j->per_block - 1) / j->per_block);
+    return out;
+}
+
+/* Checks shared by the in-place fills: a float tensor that may be written. */
+static bool nb__check_fill_target(nb_tensor *t, const char *op) {
+    return nb__arg_ok(t, op, "t") && nb__check_float_dtype(t->dtype, op) &&
+           nb__inplace_ok(t, op);
 }
 
 /* ---- uniform --------------------------------------------------------------------------- */
@@ -410,82 +244,128 @@ static uint16_t nb__half_nextdown(uint16_t h) {
     return (uint16_t)(h - 1);
 }
 
-/* The largest values of the dtype strictly below hi (hi finite). */
-static void nb__below_hi(nb__rng_job *j) {
-    double hi = j->b;
-    switch (j->dtype) {
-    case NB_F64: j->below_hi_d = nextafter(hi, -INFINITY); break;
+/* The largest value of dtype dt strictly below hi (hi finite), into a's below_hi field. */
+static void nb__below_hi(nb__random_args *a, nb_dtype dt, double hi) {
+    switch (dt) {
+    case NB_F64: a->below_hi_d = nextafter(hi, -INFINITY); break;
     case NB_F32: {
         float x = (float)hi;
         while ((double)x >= hi) x = nextafterf(x, -INFINITY);
-        j->below_hi_f = x;
+        a->below_hi_f = x;
         break;
     }
     case NB_F16:
     case NB_BF16: {
-        bool f16 = j->dtype == NB_F16;
+        bool f16 = dt == NB_F16;
         uint16_t h = f16 ? nb_f32_to_f16((float)hi) : nb_f32_to_bf16((float)hi);
         while ((double)(f16 ? nb_f16_to_f32(h) : nb_bf16_to_f32(h)) >= hi)
             h = nb__half_nextdown(h);
-        j->below_hi_h = h;
+        a->below_hi_h = h;
         break;
     }
     default: break;
     }
 }
 
-nb_tensor *nb_uniform(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
-                      nb_generator *g) {
-    const char *op = "uniform";
-    if (!nb__check_shape(shape, ndim, op) || !nb__check_float_dtype(dt, op)) return NULL;
+/* Uniform [lo, hi) args for float dtype dt; false + error when the range is not valid. */
+static bool nb__uniform_args(nb_dtype dt, double lo, double hi, const char *op,
+                             nb__random_args *a) {
     double fmax = nb__float_max(dt);
     if (!(lo <= hi) || !(fabs(lo) <= fmax) || !(fabs(hi) <= fmax) || !isfinite(hi - lo)) {
-        nb__error(NB_EINVAL, "uniform: the range [%g, %g) is not a finite interval with "
-                  "lo <= hi in dtype %s", lo, hi, nb_dtype_name(dt));
-        return NULL;
+        nb__error(NB_EINVAL, "%s: the range [%g, %g) is not a finite interval with "
+                  "lo <= hi in dtype %s", op, lo, hi, nb_dtype_name(dt));
+        return false;
     }
-    nb_tensor *out = nb__empty(shape, ndim, dt, NB_CPU);
-    if (!out) return NULL;
-    nb__rng_job j = {.kind = NB__RNG_UNIFORM, .dtype = dt, .a = lo, .b = hi,
-                     .per_block = dt == NB_F64 ? 2 : 4};
-    if (hi > lo) nb__below_hi(&j);
-    nb__rng_run(&j, nb__gen(g), out);
-    return out;
+    *a = (nb__random_args){.dist = NB__RANDOM_UNIFORM, .a = lo, .b = hi,
+                           .per_block = dt == NB_F64 ? 2 : 4};
+    if (hi > lo) nb__below_hi(a, dt, hi);
+    return true;
+}
+
+nb_tensor *nb_uniform_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt, double lo,
+                         double hi, nb_generator *g) {
+    const char *op = "uniform";
+    nb__random_args a;
+    if (!nb__check_shape(shape, ndim, op) || !nb__check_float_dtype(dt, op) ||
+        !nb__uniform_args(dt, lo, hi, op, &a))
+        return NULL;
+    return nb__draw(dev, shape, ndim, dt, &a, g, op);
+}
+
+nb_tensor *nb_uniform(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
+                      nb_generator *g) {
+    return nb_uniform_on(NB_CPU, shape, ndim, dt, lo, hi, g);
+}
+
+nb_tensor *nb_rand_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                      nb_generator *g) {
+    const char *op = "rand";
+    if (!nb__check_shape(shape, ndim, op) || !nb__check_float_dtype(dt, op)) return NULL;
+    return nb_uniform_on(dev, shape, ndim, dt, 0.0, 1.0, g);
 }
 
 nb_tensor *nb_rand(const int64_t *shape, int ndim, nb_dtype dt, nb_generator *g) {
-    const char *op = "rand";
-    if (!nb__check_shape(shape, ndim, op) || !nb__check_float_dtype(dt, op)) return NULL;
-    return nb_uniform(shape, ndim, dt, 0.0, 1.0, g);
+    return nb_rand_on(NB_CPU, shape, ndim, dt, g);
+}
+
+nb_status nb_uniform_(nb_tensor *t, double lo, double hi, nb_generator *g) {
+    const char *op = "uniform_";
+    nb__random_args a;
+    if (!nb__check_fill_target(t, op) || !nb__uniform_args(t->dtype, lo, hi, op, &a))
+        return nb_last_status();
+    return nb__draw_into(t, &a, g, op);
 }
 
 /* ---- normal ------------------------------------------------------------------------------ */
+static bool nb__normal_args(nb_dtype dt, double mean, double std, const char *op,
+                            nb__random_args *a) {
+    if (!isfinite(mean) || !isfinite(std) || std < 0) {
+        nb__error(NB_EINVAL, "%s: mean must be finite and std finite and >= 0 "
+                  "(got mean %g, std %g)", op, mean, std);
+        return false;
+    }
+    *a = (nb__random_args){.dist = NB__RANDOM_NORMAL, .a = mean, .b = std,
+                           .per_block = dt == NB_F64 ? 2 : 4};
+    return true;
+}
+
+nb_tensor *nb_normal_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                        double mean, double std, nb_generator *g) {
+    const char *op = "normal";
+    nb__random_args a;
+    if (!nb__check_shape(shape, ndim, op) || !nb__check_float_dtype(dt, op) ||
+        !nb__normal_args(dt, mean, std, op, &a))
+        return NULL;
+    return nb__draw(dev, shape, ndim, dt, &a, g, op);
+}
+
 nb_tensor *nb_normal(const int64_t *shape, int ndim, nb_dtype dt, double mean, double std,
                      nb_generator *g) {
-    const char *op = "normal";
+    return nb_normal_on(NB_CPU, shape, ndim, dt, mean, std, g);
+}
+
+nb_tensor *nb_randn_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                       nb_generator *g) {
+    const char *op = "randn";
     if (!nb__check_shape(shape, ndim, op) || !nb__check_float_dtype(dt, op)) return NULL;
-    if (!isfinite(mean) || !isfinite(std) || std < 0) {
-        nb__error(NB_EINVAL, "normal: mean must be finite and std finite and >= 0 "
-                  "(got mean %g, std %g)", mean, std);
-        return NULL;
-    }
-    nb_tensor *out = nb__empty(shape, ndim, dt, NB_CPU);
-    if (!out) return NULL;
-    nb__rng_job j = {.kind = NB__RNG_NORMAL, .dtype = dt, .a = mean, .b = std,
-                     .per_block = dt == NB_F64 ? 2 : 4};
-    nb__rng_run(&j, nb__gen(g), out);
-    return out;
+    return nb_normal_on(dev, shape, ndim, dt, 0.0, 1.0, g);
 }
 
 nb_tensor *nb_randn(const int64_t *shape, int ndim, nb_dtype dt, nb_generator *g) {
-    const char *op = "randn";
-    if (!nb__check_shape(shape, ndim, op) || !nb__check_float_dtype(dt, op)) return NULL;
-    return nb_normal(shape, ndim, dt, 0.0, 1.0, g);
+    return nb_randn_on(NB_CPU, shape, ndim, dt, g);
+}
+
+nb_status nb_normal_(nb_tensor *t, double mean, double std, nb_generator *g) {
+    const char *op = "normal_";
+    nb__random_args a;
+    if (!nb__check_fill_target(t, op) || !nb__normal_args(t->dtype, mean, std, op, &a))
+        return nb_last_status();
+    return nb__draw_into(t, &a, g, op);
 }
 
 /* ---- randint ----------------------------------------------------------------------------- */
-nb_tensor *nb_randint(const int64_t *shape, int ndim, nb_dtype dt, int64_t lo, int64_t hi,
-                      nb_generator *g) {
+nb_tensor *nb_randint_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                         int64_t lo, int64_t hi, nb_generator *g) {
     const char *op = "randint";
     if (!nb__check_shape(shape, ndim, op)) return NULL;
     if (!nb__valid_dtype(dt)) {
@@ -516,18 +396,20 @@ nb_tensor *nb_randint(const int64_t *shape, int ndim, nb_dtype dt, int64_t lo, i
                   nb_dtype_name(dt), (long long)dmin, (long long)dmax);
         return NULL;
     }
-    nb_tensor *out = nb__empty(shape, ndim, dt, NB_CPU);
-    if (!out) return NULL;
     uint64_t range = (uint64_t)hi - (uint64_t)lo;
-    nb__rng_job j = {.kind = NB__RNG_RANDINT, .dtype = dt, .ilo = lo, .range = range,
-                     .per_block = range <= (UINT64_C(1) << 32) ? 4 : 2};
-    nb__rng_run(&j, nb__gen(g), out);
-    return out;
+    nb__random_args a = {.dist = NB__RANDOM_INT, .ilo = lo, .range = range,
+                         .per_block = range <= (UINT64_C(1) << 32) ? 4 : 2};
+    return nb__draw(dev, shape, ndim, dt, &a, g, op);
+}
+
+nb_tensor *nb_randint(const int64_t *shape, int ndim, nb_dtype dt, int64_t lo, int64_t hi,
+                      nb_generator *g) {
+    return nb_randint_on(NB_CPU, shape, ndim, dt, lo, hi, g);
 }
 
 /* ---- bernoulli --------------------------------------------------------------------------- */
-nb_tensor *nb_bernoulli(const int64_t *shape, int ndim, nb_dtype dt, double p,
-                        nb_generator *g) {
+nb_tensor *nb_bernoulli_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                           double p, nb_generator *g) {
     const char *op = "bernoulli";
     if (!nb__check_shape(shape, ndim, op)) return NULL;
     if (!nb__valid_dtype(dt)) {
@@ -538,35 +420,36 @@ nb_tensor *nb_bernoulli(const int64_t *shape, int ndim, nb_dtype dt, double p,
         nb__error(NB_EINVAL, "bernoulli: probability %g is outside [0, 1]", p);
         return NULL;
     }
-    nb_tensor *out = nb__empty(shape, ndim, dt, NB_CPU);
-    if (!out) return NULL;
-    nb__rng_job j = {.kind = NB__RNG_BERNOULLI, .dtype = dt, .a = p, .per_block = 4};
-    nb__rng_run(&j, nb__gen(g), out);
-    return out;
+    nb__random_args a = {.dist = NB__RANDOM_BERNOULLI, .a = p, .per_block = 4};
+    return nb__draw(dev, shape, ndim, dt, &a, g, op);
 }
 
-/* ---- randperm ---------------------------------------------------------------------------- */
-nb_tensor *nb_randperm(int64_t n, nb_generator *g) {
+nb_tensor *nb_bernoulli(const int64_t *shape, int ndim, nb_dtype dt, double p,
+                        nb_generator *g) {
+    return nb_bernoulli_on(NB_CPU, shape, ndim, dt, p, g);
+}
+
+/* ---- randperm ----------------------------------------------------------------------------
+ * One sequential shuffle (its swaps depend on each other): the kernel runs it on one
+ * thread of the device. The generator advances by ceil((n - 1) / 2) blocks. */
+nb_tensor *nb_randperm_on(nb_device dev, int64_t n, nb_generator *g) {
+    const char *op = "randperm";
     if (n < 0) {
         nb__error(NB_EINVAL, "randperm: n must be >= 0 (got %lld)", (long long)n);
         return NULL;
     }
-    nb_tensor *out = nb__empty((int64_t[]){n}, 1, NB_I64, NB_CPU);
+    nb_tensor *out = nb__empty((int64_t[]){n}, 1, NB_I64, dev);
     if (!out) return NULL;
     g = nb__gen(g);
-    nb__philox_state st = {g->seed, g->stream, g->offset};
-    int64_t *p = (int64_t *)nb__ptr(out);
-    for (int64_t i = 0; i < n; i++) p[i] = i;
-    uint32_t w[4];
-    uint64_t k = 0; /* swaps done: block k / 2, 64-bit word k % 2 */
-    for (int64_t i = n - 1; i >= 1; i--, k++) {
-        if (k % 2 == 0) nb__state_block(&st, k / 2, w);
-        uint64_t x = nb__word64(w, (int)(k % 2));
-        int64_t jj = (int64_t)(((unsigned __int128)x * (uint64_t)(i + 1)) >> 64);
-        int64_t t = p[i];
-        p[i] = p[jj];
-        p[jj] = t;
+    nb__randperm_args a = {.out = (int64_t *)nb__ptr(out), .n = n, .seed = g->seed,
+                           .stream = g->stream, .offset = g->offset};
+    if (nb__run_randperm(dev, op, &a) != NB_OK) {
+        nb_tensor_free(nb__scope_take(out));
+        return NULL;
     }
-    g->offset += (k + 1) / 2;
+    uint64_t swaps = n > 1 ? (uint64_t)(n - 1) : 0;
+    g->offset += (swaps + 1) / 2;
     return out;
 }
+
+nb_tensor *nb_randperm(int64_t n, nb_generator *g) { return nb_randperm_on(NB_CPU, n, g); }

@@ -1052,6 +1052,122 @@ START_TEST(test_text) {
 }
 END_TEST
 
+/* ---- other devices ------------------------------------------------------------------------
+ * Data lives on the host: tensors of another device are copied to the host where that is
+ * cheap (a dataset's samples, an IDX file's elements, text_sample's x and y); batch
+ * transforms need host batches. Meta tensors have no data: NB_EDEVICE. The guard device
+ * faults on any host access to its memory, so passing proves the copies go through the
+ * backend. */
+#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
+
+static bool same_host_values(nb_tensor *a, nb_tensor *b) {
+    nb_tensor *ha = nb_contiguous(nb_to_device(a, NB_CPU));
+    nb_tensor *hb = nb_contiguous(nb_to_device(b, NB_CPU));
+    return ha && hb && nb_tensor_dtype(ha) == nb_tensor_dtype(hb) &&
+           nb_numel(ha) == nb_numel(hb) &&
+           memcmp(nb_data(ha), nb_data(hb),
+                  (size_t)nb_numel(ha) * nb_dtype_size(nb_tensor_dtype(ha))) == 0;
+}
+
+START_TEST(test_data_other_devices) {
+    nb_scope_begin();
+    tmp_begin();
+    char p[512], q[512];
+    nb_tensor *x = tu_random((int64_t[]){10, 2, 3}, 3, NB_F32, -1, 1, 11);
+    nb_tensor *y = tu_random((int64_t[]){10}, 1, NB_I64, 0, 9, 12);
+    nb_tensor *gx = nb_to_device(x, GUARD), *gy = nb_to_device(y, GUARD);
+    nb_tensor *mx = nb_empty_on(NB_META, (int64_t[]){10, 2, 3}, 3, NB_F32);
+
+    /* IDX: a guard tensor (also a strided view of one) writes the CPU tensor's file. */
+    ck_assert_msg(nb_idx_write(tmp_path(p, "c.idx"), x) == NB_OK, "%s", nb_last_error());
+    ck_assert_msg(nb_idx_write(tmp_path(q, "g.idx"), gx) == NB_OK, "%s", nb_last_error());
+    size_t np = 0, nq = 0;
+    unsigned char *bp = slurp(p, &np), *bq = slurp(q, &nq);
+    ck_assert(np == nq && memcmp(bp, bq, np) == 0);
+    free(bp);
+    free(bq);
+    nb_tensor *xt = nb_transpose(x, 1, 2), *gxt = nb_transpose(gx, 1, 2);
+    ck_assert(nb_idx_write(tmp_path(p, "ct.idx"), xt) == NB_OK);
+    ck_assert(nb_idx_write(tmp_path(q, "gt.idx.gz"), gxt) == NB_OK);
+    ck_assert(same_host_values(nb_idx_read(p), nb_idx_read(q)));
+    tu_assert_error(nb_idx_write(tmp_path(p, "m.idx"), mx) == NB_OK ? (void *)1 : NULL,
+                    NB_EDEVICE, "meta");
+    ck_assert_int_eq(access(p, F_OK), -1); /* refused before creating the file */
+
+    /* A dataset of guard tensors holds host copies: its batches are the CPU dataset's. */
+    nb_dataset *dc = nb_tensor_dataset(x, y), *dg = nb_tensor_dataset(gx, gy);
+    ck_assert_msg(dc && dg, "%s", nb_last_error());
+    const int64_t idx[4] = {7, 0, 3, 3};
+    const int64_t bsh[3] = {4, 2, 3};
+    nb_tensor *bx1 = nb_empty(bsh, 3, NB_F32), *by1 = nb_empty(bsh, 1, NB_I64);
+    nb_tensor *bx2 = nb_empty(bsh, 3, NB_F32), *by2 = nb_empty(bsh, 1, NB_I64);
+    ck_assert(nb_dataset_get_batch(dc, idx, 4, bx1, by1) == NB_OK);
+    ck_assert(nb_dataset_get_batch(dg, idx, 4, bx2, by2) == NB_OK);
+    ck_assert(same_host_values(bx1, bx2) && same_host_values(by1, by2));
+    /* Batches are written on the host: a guard batch tensor is refused, clearly. */
+    nb_tensor *gb = nb_empty_on(GUARD, (int64_t[]){4, 2, 3}, 3, NB_F32);
+    tu_assert_error(nb_dataset_get_batch(dc, idx, 4, gb, by1) == NB_OK ? (void *)1 : NULL,
+                    NB_EDEVICE, "got a guard tensor");
+    nb_dataset_free(dc);
+    nb_dataset_free(dg);
+    tu_assert_error(nb_tensor_dataset(mx, NULL), NB_EDEVICE, "meta");
+    tu_assert_error(nb_tensor_dataset(x, nb_empty_on(NB_META, &(int64_t){10}, 1, NB_I64)),
+                    NB_EDEVICE, "y cannot be copied to the host");
+
+    /* Transforms run on host batches: a meta (or guard) batch is refused with NB_EDEVICE. */
+    tu_assert_error(nb_normalize_(mx, (double[]){0.5}, (double[]){0.2}, 1) == NB_OK ? (void *)1
+                                                                                  : NULL,
+                    NB_EDEVICE, "normalize: needs a tensor in host memory, got a meta tensor");
+    tu_assert_error(nb_normalize_(gx, (double[]){0.5}, (double[]){0.2}, 1) == NB_OK ? (void *)1
+                                                                                  : NULL,
+                    NB_EDEVICE, "guard");
+
+    /* Text: a dataset over guard tokens; text_sample into guard (and meta) x and y draws
+     * the same windows as into CPU ones and advances the generator the same. */
+    char text[300];
+    for (int i = 0; i < 300; i++) text[i] = (char)('a' + (i * 7) % 26);
+    nb_tensor *tok = nb_from_buffer(text, &(int64_t){300}, 1, NB_U8);
+    ck_assert_ptr_nonnull(tok);
+    nb_tensor *gtok = nb_to_device(tok, GUARD);
+    nb_dataset *tg = nb_text_dataset(gtok, 8);
+    ck_assert_msg(tg != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_dataset_len(tg), 292);
+    const int64_t wsh[2] = {4, 8};
+    nb_tensor *wx = nb_empty(wsh, 2, NB_I64), *wy = nb_empty(wsh, 2, NB_I64);
+    ck_assert(nb_dataset_get_batch(tg, idx, 4, wx, wy) == NB_OK);
+    const int64_t *wxd = nb_data(wx);
+    for (int k = 0; k < 4; k++)
+        for (int t = 0; t < 8; t++)
+            ck_assert_int_eq(wxd[k * 8 + t], (unsigned char)text[idx[k] + t]);
+    nb_dataset_free(tg);
+    tu_assert_error(nb_text_dataset(nb_empty_on(NB_META, &(int64_t){300}, 1, NB_U8), 8),
+                    NB_EDEVICE, "meta");
+    for (int i32 = 0; i32 < 2; i32++) {
+        nb_dtype dt = i32 ? NB_I32 : NB_I64;
+        nb_generator *g1 = nb_generator_new(3), *g2 = nb_generator_new(3);
+        nb_generator *g3 = nb_generator_new(3);
+        const int64_t sh[2] = {5, 16};
+        nb_tensor *cx = nb_empty(sh, 2, dt), *cy = nb_empty(sh, 2, dt);
+        nb_tensor *dx = nb_empty_on(GUARD, sh, 2, dt), *dy = nb_empty_on(GUARD, sh, 2, dt);
+        nb_tensor *ex = nb_empty_on(NB_META, sh, 2, dt), *ey = nb_empty_on(NB_META, sh, 2, dt);
+        ck_assert(nb_text_sample(tok, g1, cx, cy) == NB_OK);
+        ck_assert_msg(nb_text_sample(tok, g2, dx, dy) == NB_OK, "%s", nb_last_error());
+        ck_assert_msg(nb_text_sample(tok, g3, ex, ey) == NB_OK, "%s", nb_last_error());
+        ck_assert(same_host_values(cx, dx) && same_host_values(cy, dy));
+        ck_assert_uint_eq(nb_generator_offset(g2), nb_generator_offset(g1));
+        ck_assert_uint_eq(nb_generator_offset(g3), nb_generator_offset(g1));
+        /* Tokens must be on the host (they are read for every sample). */
+        tu_assert_error(nb_text_sample(gtok, g1, cx, cy) == NB_OK ? (void *)1 : NULL,
+                        NB_EDEVICE, "text_sample: needs a tensor in host memory, got a guard");
+        nb_generator_free(g1);
+        nb_generator_free(g2);
+        nb_generator_free(g3);
+    }
+    tmp_end();
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_data(void) {
     Suite *s = suite_create("data");
     TCase *tc = tcase_create("data");
@@ -1070,6 +1186,7 @@ Suite *nb_suite_data(void) {
     tcase_add_test(tc, test_loader_errors);
     tcase_add_test(tc, test_transforms);
     tcase_add_test(tc, test_text);
+    tcase_add_test(tc, test_data_other_devices);
     suite_add_tcase(s, tc);
     return s;
 }

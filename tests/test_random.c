@@ -1,11 +1,33 @@
 /* test_random.c - the "random" suite: Philox 4x32-10 known-answer vectors, the documented
  * mapping of (seed, stream, offset) to tensor elements, determinism across thread counts,
- * stream position save/restore, statistics of every distribution, dtypes and errors. */
+ * stream position save/restore, statistics of every distribution, dtypes and errors; the
+ * random kernels on the guard and meta devices (the same streams bit for bit, the same
+ * generator advance), the in-place fills and the nn initializers on every device. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "nabla/random.h"
 #include "testutil.h"
+
+/* Device forms and in-place fills of tensor/random.c. TODO(lead): declared here until
+ * nabla/random.h exports them; drop these prototypes then. */
+nb_tensor *nb_rand_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                      nb_generator *g);
+nb_tensor *nb_uniform_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt, double lo,
+                         double hi, nb_generator *g);
+nb_tensor *nb_randn_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                       nb_generator *g);
+nb_tensor *nb_normal_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                        double mean, double std, nb_generator *g);
+nb_tensor *nb_randint_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                         int64_t lo, int64_t hi, nb_generator *g);
+nb_tensor *nb_bernoulli_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                           double p, nb_generator *g);
+nb_tensor *nb_randperm_on(nb_device dev, int64_t n, nb_generator *g);
+nb_status nb_uniform_(nb_tensor *t, double lo, double hi, nb_generator *g);
+nb_status nb_normal_(nb_tensor *t, double mean, double std, nb_generator *g);
+
+#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
 
 /* Check's ck_assert records every passing check (a write per call), far too slow for loops
  * over millions of elements; these only call into Check on failure. */
@@ -741,6 +763,199 @@ START_TEST(test_errors) {
 }
 END_TEST
 
+/* ---- devices ----------------------------------------------------------------------------------
+ * One draw of every kind, made on a device from a fresh generator (seed 77, stream 3,
+ * offset 5): kind k of draw_on. */
+enum { NKINDS = 12 };
+static nb_tensor *draw_on(nb_device dev, int kind, nb_generator *g) {
+    const int64_t sh[3] = {3, 5, 7}; /* 105 elements: chunks end mid-block */
+    const int64_t big[1] = {5000};  /* several chunks: the threaded path */
+    switch (kind) {
+    case 0: return nb_rand_on(dev, sh, 3, NB_F32, g);
+    case 1: return nb_uniform_on(dev, sh, 3, NB_F64, -2.0, 3.0, g);
+    case 2: return nb_uniform_on(dev, sh, 3, NB_BF16, 0.0, 1.0, g);
+    case 3: return nb_randn_on(dev, big, 1, NB_F32, g);
+    case 4: return nb_normal_on(dev, sh, 3, NB_F64, 1.0, 2.0, g);
+    case 5: return nb_normal_on(dev, sh, 3, NB_F16, 0.0, 1.0, g);
+    case 6: return nb_randint_on(dev, sh, 3, NB_I64, -4, 9, g);
+    case 7: return nb_randint_on(dev, sh, 2, NB_I64, 0, INT64_C(1) << 40, g);
+    case 8: return nb_randint_on(dev, sh, 3, NB_F32, 0, 100, g);
+    case 9: return nb_bernoulli_on(dev, sh, 3, NB_U8, 0.3, g);
+    case 10: return nb_bernoulli_on(dev, big, 1, NB_BOOL, 0.5, g);
+    default: return nb_randperm_on(dev, 101, g);
+    }
+}
+
+static nb_generator *fresh_gen(void) {
+    nb_generator *g = nb_generator_new(77);
+    nb_generator_set_stream(g, 3);
+    nb_generator_set_offset(g, 5);
+    return g;
+}
+
+START_TEST(test_devices_same_stream) {
+    nb_scope_begin();
+    for (int k = 0; k < NKINDS; k++) {
+        nb_generator *gc = fresh_gen(), *gg = fresh_gen(), *gm = fresh_gen();
+        nb_tensor *c = draw_on(NB_CPU, k, gc);
+        nb_tensor *d = draw_on(GUARD, k, gg);
+        nb_tensor *m = draw_on(NB_META, k, gm);
+        REQUIRE(c && d && m, "kind %d: %s", k, nb_last_error());
+        /* The guard draw copied back equals the CPU draw bit for bit. */
+        ck_assert(nb_device_equal(nb_tensor_device(d), GUARD));
+        nb_tensor *back = nb_to_device(d, NB_CPU);
+        REQUIRE(same_bytes(c, back), "kind %d: guard values differ from the CPU's", k);
+        /* Meta: shape and dtype, no data. */
+        ck_assert(nb_device_equal(nb_tensor_device(m), NB_META));
+        ck_assert_int_eq(nb_tensor_dtype(m), nb_tensor_dtype(c));
+        ck_assert_int_eq(nb_ndim(m), nb_ndim(c));
+        for (int i = 0; i < nb_ndim(c); i++) ck_assert_int_eq(nb_shape(m)[i], nb_shape(c)[i]);
+        ck_assert_ptr_null(nb_data(m));
+        ck_assert_int_eq(nb_last_status(), NB_EDEVICE);
+        /* Every device advances the stream the same. */
+        ck_assert_uint_gt(nb_generator_offset(gc), 5);
+        ck_assert_uint_eq(nb_generator_offset(gg), nb_generator_offset(gc));
+        ck_assert_uint_eq(nb_generator_offset(gm), nb_generator_offset(gc));
+        nb_generator_free(gc);
+        nb_generator_free(gg);
+        nb_generator_free(gm);
+    }
+    /* The CPU forms are the _on forms on NB_CPU. */
+    nb_generator *a = nb_generator_new(9), *b = nb_generator_new(9);
+    ck_assert(same_bytes(nb_randn((int64_t[]){33}, 1, NB_F32, a),
+                         nb_randn_on(NB_CPU, (int64_t[]){33}, 1, NB_F32, b)));
+    ck_assert(same_bytes(nb_randperm(20, a), nb_randperm_on(NB_CPU, 20, b)));
+    /* Argument errors are the same on every device, and an unknown device fails cleanly
+     * without moving the stream. */
+    tu_assert_error(nb_rand_on(GUARD, (int64_t[]){2}, 1, NB_I32, a), NB_EDTYPE, "float");
+    tu_assert_error(nb_uniform_on(NB_META, (int64_t[]){2}, 1, NB_F32, 1, 0, a), NB_EINVAL,
+                    "uniform");
+    uint64_t off = nb_generator_offset(a);
+    tu_assert_error(nb_randn_on((nb_device){(nb_device_type)42, 0}, (int64_t[]){2}, 1, NB_F32, a),
+                    NB_EDEVICE, "42");
+    ck_assert_uint_eq(nb_generator_offset(a), off);
+    nb_generator_free(a);
+    nb_generator_free(b);
+    nb_scope_end();
+}
+END_TEST
+
+/* nb_uniform_ / nb_normal_: the stream of nb_uniform / nb_normal, written in place into a
+ * tensor of any device, also through a strided view (element i in row-major order of the
+ * view takes value i). */
+START_TEST(test_inplace_fills) {
+    nb_scope_begin();
+    const int64_t sh[2] = {37, 29};
+    for (int dist = 0; dist < 2; dist++) {
+        for (size_t di = 0; di < 4; di++) {
+            nb_dtype dt = float_dts[di];
+            nb_generator *gr = nb_generator_new(5), *gc = nb_generator_new(5),
+                         *gg = nb_generator_new(5), *gm = nb_generator_new(5);
+            nb_tensor *ref = dist ? nb_normal(sh, 2, dt, 0.5, 2.0, gr)
+                                  : nb_uniform(sh, 2, dt, -1.0, 1.0, gr);
+            nb_tensor *c = nb_zeros(sh, 2, dt), *d = nb_zeros_on(GUARD, sh, 2, dt),
+                      *m = nb_empty_on(NB_META, sh, 2, dt);
+            nb_status s1 = dist ? nb_normal_(c, 0.5, 2.0, gc) : nb_uniform_(c, -1.0, 1.0, gc);
+            nb_status s2 = dist ? nb_normal_(d, 0.5, 2.0, gg) : nb_uniform_(d, -1.0, 1.0, gg);
+            nb_status s3 = dist ? nb_normal_(m, 0.5, 2.0, gm) : nb_uniform_(m, -1.0, 1.0, gm);
+            REQUIRE(s1 == NB_OK && s2 == NB_OK && s3 == NB_OK, "%s", nb_last_error());
+            REQUIRE(same_bytes(ref, c), "dist %d %s: in place differs", dist, nb_dtype_name(dt));
+            REQUIRE(same_bytes(ref, nb_to_device(d, NB_CPU)), "dist %d %s: guard differs", dist,
+                    nb_dtype_name(dt));
+            ck_assert_uint_eq(nb_generator_offset(gc), nb_generator_offset(gr));
+            ck_assert_uint_eq(nb_generator_offset(gg), nb_generator_offset(gr));
+            ck_assert_uint_eq(nb_generator_offset(gm), nb_generator_offset(gr));
+            /* A transposed view (29, 37) of a CPU and of a guard tensor: element (i, j) of
+             * the view is value i * 37 + j of the stream. */
+            nb_generator *gv = nb_generator_new(8), *gw = nb_generator_new(8),
+                         *gx = nb_generator_new(8);
+            nb_tensor *flat = dist ? nb_normal((int64_t[]){29, 37}, 2, dt, 0.5, 2.0, gv)
+                                   : nb_uniform((int64_t[]){29, 37}, 2, dt, -1.0, 1.0, gv);
+            nb_tensor *base_c = nb_zeros(sh, 2, dt), *base_g = nb_zeros_on(GUARD, sh, 2, dt);
+            nb_tensor *vc = nb_transpose(base_c, 0, 1), *vg = nb_transpose(base_g, 0, 1);
+            ck_assert(!nb_is_contiguous(vc));
+            s1 = dist ? nb_normal_(vc, 0.5, 2.0, gw) : nb_uniform_(vc, -1.0, 1.0, gw);
+            s2 = dist ? nb_normal_(vg, 0.5, 2.0, gx) : nb_uniform_(vg, -1.0, 1.0, gx);
+            ck_assert_int_eq(s1, NB_OK);
+            ck_assert_int_eq(s2, NB_OK);
+            REQUIRE(same_bytes(flat, nb_contiguous(vc)), "dist %d %s: strided fill differs",
+                    dist, nb_dtype_name(dt));
+            REQUIRE(same_bytes(flat, nb_to_device(nb_contiguous(vg), NB_CPU)),
+                    "dist %d %s: strided guard fill differs", dist, nb_dtype_name(dt));
+            for (nb_generator **q = (nb_generator *[]){gr, gc, gg, gm, gv, gw, gx, NULL}; *q; q++)
+                nb_generator_free(*q);
+        }
+    }
+    /* Errors: integer targets, bad ranges, a leaf that requires grad with grad mode on; a
+     * failed fill leaves the stream where it was. */
+    nb_generator *g = nb_generator_new(1);
+    nb_tensor *i = nb_zeros((int64_t[]){4}, 1, NB_I32);
+    ck_assert_int_eq(nb_uniform_(i, 0, 1, g), NB_EDTYPE);
+    ck_assert_int_eq(nb_normal_(nb_zeros_on(NB_META, (int64_t[]){4}, 1, NB_I64), 0, 1, g),
+                     NB_EDTYPE);
+    nb_tensor *f = nb_zeros((int64_t[]){4}, 1, NB_F32);
+    ck_assert_int_eq(nb_uniform_(f, 1, 0, g), NB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "uniform_"));
+    ck_assert_int_eq(nb_normal_(f, 0, -1, g), NB_EINVAL);
+    ck_assert_int_ne(nb_uniform_(NULL, 0, 1, g), NB_OK);
+    nb_set_requires_grad(f, true);
+    ck_assert_int_eq(nb_uniform_(f, 0, 1, g), NB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "requires grad"));
+    ck_assert_uint_eq(nb_generator_offset(g), 0);
+    nb_generator_free(g);
+    nb_scope_end();
+}
+END_TEST
+
+/* The nn initializers draw in place on the tensor's device: the guard device gives the CPU's
+ * values (its memory is never read or written by the host), meta computes nothing, and the
+ * generator advances the same everywhere. */
+START_TEST(test_init_on_devices) {
+    nb_scope_begin();
+    const int64_t sh[2] = {16, 24};
+    nb_device devs[3] = {NB_CPU, GUARD, NB_META};
+    nb_tensor *out[3][4];
+    uint64_t offs[3];
+    for (int d = 0; d < 3; d++) {
+        nb_generator *g = nb_generator_new(31);
+        for (int k = 0; k < 4; k++) {
+            nb_tensor *w = nb_empty_on(devs[d], sh, 2, NB_F32);
+            nb_set_requires_grad(w, true); /* parameters: the initializers turn grad off */
+            nb_status st;
+            switch (k) {
+            case 0:
+                st = nb_init_kaiming_uniform_(w, sqrt(5.0), false, NB_NONLIN_LEAKY_RELU, g);
+                break;
+            case 1: st = nb_init_xavier_normal_(w, 1.0, g); break;
+            case 2: st = nb_init_uniform_(w, -0.1, 0.1, g); break;
+            default: st = nb_init_normal_(w, 0.0, 0.02, g); break;
+            }
+            REQUIRE(st == NB_OK, "device %d init %d: %s", d, k, nb_last_error());
+            ck_assert(nb_device_equal(nb_tensor_device(w), devs[d]));
+            out[d][k] = w;
+        }
+        offs[d] = nb_generator_offset(g);
+        nb_generator_free(g);
+    }
+    ck_assert_uint_gt(offs[0], 0);
+    ck_assert_uint_eq(offs[1], offs[0]);
+    ck_assert_uint_eq(offs[2], offs[0]);
+    for (int k = 0; k < 4; k++)
+        REQUIRE(same_bytes(out[0][k], nb_to_device(out[1][k], NB_CPU)),
+                "init %d: guard values differ from the CPU's", k);
+    /* A fan needs 2 dims on every device; constants work everywhere too. */
+    ck_assert_int_eq(nb_init_xavier_uniform_(nb_empty_on(NB_META, (int64_t[]){3}, 1, NB_F32),
+                                             1.0, NULL), NB_ESHAPE);
+    nb_tensor *z = nb_ones_on(GUARD, sh, 2, NB_F32);
+    ck_assert_int_eq(nb_init_zeros_(z), NB_OK);
+    float zv[16 * 24];
+    ck_assert_int_eq(nb_read(z, zv, 16 * 24, NB_F32), NB_OK);
+    for (int i = 0; i < 16 * 24; i++) ck_assert_float_eq(zv[i], 0.0f);
+    ck_assert_int_eq(nb_init_ones_(nb_empty_on(NB_META, sh, 2, NB_F32)), NB_OK);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_random(void) {
     Suite *s = suite_create("random");
     struct {
@@ -762,6 +977,9 @@ Suite *nb_suite_random(void) {
         {"randperm", test_randperm},
         {"dtypes_and_shapes", test_dtypes_and_shapes},
         {"errors", test_errors},
+        {"devices_same_stream", test_devices_same_stream},
+        {"inplace_fills", test_inplace_fills},
+        {"init_on_devices", test_init_on_devices},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
