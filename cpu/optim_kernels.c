@@ -1,5 +1,7 @@
-/* cpu/optim_kernels.c - the fused optimizer updates (SGD, Adam/AdamW, RMSprop, Adagrad) and
- * the reductions behind gradient clipping.
+/* cpu/optim_kernels.c - the CPU kernels of the optim family (tensor/kernels/optim.h): the
+ * fused optimizer updates (sgd_step, adam_step, rmsprop_step, adagrad_step) and the
+ * reductions and in-place ops behind gradient clipping (clip_abs_pow_sum, clip_abs_max,
+ * clip_scale, clip_clamp).
  *
  * An update reads parameter, gradient and state once and writes parameter and state once:
  * one pass instead of the five to eight tensor ops PyTorch's single-tensor path runs. The
@@ -10,13 +12,11 @@
  * restrict pointers, so they vectorize; large arrays are cut into blocks spread over the
  * OpenMP pool. Every element is computed independently, so the thread count never changes
  * a result. f32 and f64 here; the optimizer rejects other dtypes before calling. */
-#include "cpu/backend.h"
-#include "cpu/optim_kernels.h"
-
 #include <math.h>
 
-#include "tensor/tensor_impl.h"
-#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
+#include "cpu/backend.h"
+#include "cpu/cpu_impl.h"
+#include "nabla/memory.h"
 
 /* Flags that guard stores (amsgrad, centered, momentum) are hoisted into separate loop
  * versions through always-inlined bodies, so each loop is straight-line code. Note: the
@@ -43,7 +43,7 @@
  * d = nesterov ? d + mom * buf : buf;  p += -lr * d */
 #define DEF_SGD(T, SUF)                                                                     \
     static void sgd_##SUF(T *restrict p, const T *restrict g, T *restrict buf, int64_t n,   \
-                          const nb__sgd_kargs *a) {                                         \
+                          const nb__sgd_step_args *a) {                                     \
         const T wd = (T)a->weight_decay, mom = (T)a->momentum;                              \
         const T omd = (T)(1.0 - a->dampening), nlr = (T)(-a->lr);                           \
         const bool use_wd = a->weight_decay != 0, neg = a->maximize;                        \
@@ -68,8 +68,11 @@
 DEF_SGD(float, f32)
 DEF_SGD(double, f64)
 
-void nb__cpu_sgd(nb_dtype dt, void *param, const void *grad, void *buf, int64_t n,
-                 const nb__sgd_kargs *a) {
+static nb_status cpu_sgd_step(const nb__sgd_step_args *a) {
+    const nb_dtype dt = a->dtype;
+    const int64_t n = a->n;
+    void *param = a->param, *buf = a->buf;
+    const void *grad = a->grad;
 #define SGD_BODY(s, l)                                                                      \
     if (dt == NB_F32)                                                                       \
         sgd_f32((float *)param + s, (const float *)grad + s, buf ? (float *)buf + s : NULL, \
@@ -79,6 +82,7 @@ void nb__cpu_sgd(nb_dtype dt, void *param, const void *grad, void *buf, int64_t 
                 buf ? (double *)buf + s : NULL, l, a);
     FOR_BLOCKS(n, SGD_BODY);
 #undef SGD_BODY
+    return NB_OK;
 }
 
 /* ---- Adam / AdamW ---------------------------------------------------------------------------- */
@@ -86,9 +90,9 @@ void nb__cpu_sgd(nb_dtype dt, void *param, const void *grad, void *buf, int64_t 
  * m = m * b1 + (1 - b1) * g;  v = v * b2 + (1 - b2) * g * g;  vmax = max(vmax, v);
  * p += -step_size * m / (sqrt(v or vmax) / bc2_sqrt + eps) */
 #define DEF_ADAM(T, SUF, SQRT)                                                              \
-    ALWAYS_INLINE void adam_##SUF##_(T *restrict p, const T *restrict g, T *restrict m,       \
-                                     T *restrict v, T *restrict vmax, int64_t n,             \
-                                     const nb__adam_kargs *a, const bool ams) {             \
+    ALWAYS_INLINE void adam_##SUF##_(T *restrict p, const T *restrict g, T *restrict m,     \
+                                     T *restrict v, T *restrict vmax, int64_t n,            \
+                                     const nb__adam_step_args *a, const bool ams) {         \
         const T b1 = (T)a->beta1, omb1 = (T)(1.0 - a->beta1);                               \
         const T b2 = (T)a->beta2, omb2 = (T)(1.0 - a->beta2);                               \
         const T wd = (T)a->weight_decay, decay = (T)(1.0 - a->lr * a->weight_decay);        \
@@ -115,15 +119,18 @@ void nb__cpu_sgd(nb_dtype dt, void *param, const void *grad, void *buf, int64_t 
         }                                                                                   \
     }                                                                                       \
     static void adam_##SUF(T *p, const T *g, T *m, T *v, T *vmax, int64_t n,                \
-                           const nb__adam_kargs *a) {                                       \
-        if (vmax) adam_##SUF##_(p, g, m, v, vmax, n, a, true);                             \
+                           const nb__adam_step_args *a) {                                   \
+        if (vmax) adam_##SUF##_(p, g, m, v, vmax, n, a, true);                              \
         else adam_##SUF##_(p, g, m, v, NULL, n, a, false);                                  \
     }
 DEF_ADAM(float, f32, sqrtf)
 DEF_ADAM(double, f64, sqrt)
 
-void nb__cpu_adam(nb_dtype dt, void *param, const void *grad, void *m, void *v, void *vmax,
-                  int64_t n, const nb__adam_kargs *a) {
+static nb_status cpu_adam_step(const nb__adam_step_args *a) {
+    const nb_dtype dt = a->dtype;
+    const int64_t n = a->n;
+    void *param = a->param, *m = a->m, *v = a->v, *vmax = a->vmax;
+    const void *grad = a->grad;
 #define ADAM_BODY(s, l)                                                                     \
     if (dt == NB_F32)                                                                       \
         adam_f32((float *)param + s, (const float *)grad + s, (float *)m + s,               \
@@ -133,6 +140,7 @@ void nb__cpu_adam(nb_dtype dt, void *param, const void *grad, void *m, void *v, 
                  (double *)v + s, vmax ? (double *)vmax + s : NULL, l, a);
     FOR_BLOCKS(n, ADAM_BODY);
 #undef ADAM_BODY
+    return NB_OK;
 }
 
 /* ---- RMSprop --------------------------------------------------------------------------------- */
@@ -141,9 +149,9 @@ void nb__cpu_adam(nb_dtype dt, void *param, const void *grad, void *m, void *v, 
  * else avg = sqrt(sq) + eps;  momentum: buf = buf * mom + g / avg, p += -lr * buf;
  * else p += -lr * g / avg */
 #define DEF_RMSPROP(T, SUF, SQRT)                                                           \
-    ALWAYS_INLINE void rmsprop_##SUF##_(T *restrict p, const T *restrict g, T *restrict sq,   \
+    ALWAYS_INLINE void rmsprop_##SUF##_(T *restrict p, const T *restrict g, T *restrict sq, \
                                         T *restrict buf, T *restrict ga, int64_t n,         \
-                                        const nb__rmsprop_kargs *a, const bool centered,    \
+                                        const nb__rmsprop_step_args *a, const bool centered, \
                                         const bool use_buf) {                               \
         const T al = (T)a->alpha, omal = (T)(1.0 - a->alpha), wd = (T)a->weight_decay;      \
         const T eps = (T)a->eps, mom = (T)a->momentum, nlr = (T)(-a->lr);                   \
@@ -172,17 +180,20 @@ void nb__cpu_adam(nb_dtype dt, void *param, const void *grad, void *m, void *v, 
         }                                                                                   \
     }                                                                                       \
     static void rmsprop_##SUF(T *p, const T *g, T *sq, T *buf, T *ga, int64_t n,            \
-                              const nb__rmsprop_kargs *a) {                                 \
-        if (ga && buf) rmsprop_##SUF##_(p, g, sq, buf, ga, n, a, true, true);              \
-        else if (ga) rmsprop_##SUF##_(p, g, sq, NULL, ga, n, a, true, false);              \
-        else if (buf) rmsprop_##SUF##_(p, g, sq, buf, NULL, n, a, false, true);            \
-        else rmsprop_##SUF##_(p, g, sq, NULL, NULL, n, a, false, false);                   \
+                              const nb__rmsprop_step_args *a) {                             \
+        if (ga && buf) rmsprop_##SUF##_(p, g, sq, buf, ga, n, a, true, true);               \
+        else if (ga) rmsprop_##SUF##_(p, g, sq, NULL, ga, n, a, true, false);               \
+        else if (buf) rmsprop_##SUF##_(p, g, sq, buf, NULL, n, a, false, true);             \
+        else rmsprop_##SUF##_(p, g, sq, NULL, NULL, n, a, false, false);                    \
     }
 DEF_RMSPROP(float, f32, sqrtf)
 DEF_RMSPROP(double, f64, sqrt)
 
-void nb__cpu_rmsprop(nb_dtype dt, void *param, const void *grad, void *sq, void *buf,
-                     void *gavg, int64_t n, const nb__rmsprop_kargs *a) {
+static nb_status cpu_rmsprop_step(const nb__rmsprop_step_args *a) {
+    const nb_dtype dt = a->dtype;
+    const int64_t n = a->n;
+    void *param = a->param, *sq = a->sq, *buf = a->buf, *gavg = a->gavg;
+    const void *grad = a->grad;
 #define RMS_BODY(s, l)                                                                      \
     if (dt == NB_F32)                                                                       \
         rmsprop_f32((float *)param + s, (const float *)grad + s, (float *)sq + s,           \
@@ -193,13 +204,14 @@ void nb__cpu_rmsprop(nb_dtype dt, void *param, const void *grad, void *sq, void 
                     a);
     FOR_BLOCKS(n, RMS_BODY);
 #undef RMS_BODY
+    return NB_OK;
 }
 
 /* ---- Adagrad --------------------------------------------------------------------------------- */
 /* g = maximize ? -g : g;  g += wd * p;  sum += g * g;  p += -clr * g / (sqrt(sum) + eps) */
 #define DEF_ADAGRAD(T, SUF, SQRT)                                                           \
-    static void adagrad_##SUF(T *restrict p, const T *restrict g, T *restrict sum,           \
-                              int64_t n, const nb__adagrad_kargs *a) {                      \
+    static void adagrad_##SUF(T *restrict p, const T *restrict g, T *restrict sum,          \
+                              int64_t n, const nb__adagrad_step_args *a) {                  \
         const T wd = (T)a->weight_decay, eps = (T)a->eps, nclr = (T)(-a->clr);              \
         const bool use_wd = a->weight_decay != 0, neg = a->maximize;                        \
         for (int64_t i = 0; i < n; i++) {                                                   \
@@ -214,8 +226,11 @@ void nb__cpu_rmsprop(nb_dtype dt, void *param, const void *grad, void *sq, void 
 DEF_ADAGRAD(float, f32, sqrtf)
 DEF_ADAGRAD(double, f64, sqrt)
 
-void nb__cpu_adagrad(nb_dtype dt, void *param, const void *grad, void *sum, int64_t n,
-                     const nb__adagrad_kargs *a) {
+static nb_status cpu_adagrad_step(const nb__adagrad_step_args *a) {
+    const nb_dtype dt = a->dtype;
+    const int64_t n = a->n;
+    void *param = a->param, *sum = a->sum;
+    const void *grad = a->grad;
 #define ADAGRAD_BODY(s, l)                                                                  \
     if (dt == NB_F32)                                                                       \
         adagrad_f32((float *)param + s, (const float *)grad + s, (float *)sum + s, l, a);   \
@@ -223,6 +238,7 @@ void nb__cpu_adagrad(nb_dtype dt, void *param, const void *grad, void *sum, int6
         adagrad_f64((double *)param + s, (const double *)grad + s, (double *)sum + s, l, a);
     FOR_BLOCKS(n, ADAGRAD_BODY);
 #undef ADAGRAD_BODY
+    return NB_OK;
 }
 
 /* ---- clipping -------------------------------------------------------------------------------- */
@@ -270,7 +286,7 @@ static double chunk_abs_max(nb_dtype dt, const void *x, int64_t s, int64_t l) {
     return m;
 }
 
-double nb__cpu_abs_pow_sum(nb_dtype dt, const void *x, int64_t n, double p) {
+static double abs_pow_sum(nb_dtype dt, const void *x, int64_t n, double p) {
     int64_t nch = (n + CHUNK - 1) / CHUNK;
     double small[64], *part = nch <= 64 ? small : nb_host_alloc(sizeof(double) * (size_t)nch);
     if (!part) return NAN;
@@ -286,7 +302,7 @@ double nb__cpu_abs_pow_sum(nb_dtype dt, const void *x, int64_t n, double p) {
     return t;
 }
 
-double nb__cpu_abs_max(nb_dtype dt, const void *x, int64_t n) {
+static double abs_max(nb_dtype dt, const void *x, int64_t n) {
     int64_t nch = (n + CHUNK - 1) / CHUNK;
     double small[64], *part = nch <= 64 ? small : nb_host_alloc(sizeof(double) * (size_t)nch);
     if (!part) return NAN;
@@ -303,7 +319,7 @@ double nb__cpu_abs_max(nb_dtype dt, const void *x, int64_t n) {
     return m;
 }
 
-void nb__cpu_scale_inplace(nb_dtype dt, void *x, int64_t n, double s) {
+static void scale_inplace(nb_dtype dt, void *x, int64_t n, double s) {
     int nt = nb__threads_for(n, NB__GRAIN);
     if (dt == NB_F32) {
         float *xf = x, sf = (float)s;
@@ -326,7 +342,7 @@ void nb__cpu_scale_inplace(nb_dtype dt, void *x, int64_t n, double s) {
     }
 }
 
-void nb__cpu_clamp_inplace(nb_dtype dt, void *x, int64_t n, double lo, double hi) {
+static void clamp_inplace(nb_dtype dt, void *x, int64_t n, double lo, double hi) {
     int nt = nb__threads_for(n, NB__GRAIN);
     if (dt == NB_F32) {
         float *xf = x, l = (float)lo, h = (float)hi;
@@ -358,5 +374,34 @@ void nb__cpu_clamp_inplace(nb_dtype dt, void *x, int64_t n, double lo, double hi
     }
 }
 
-/* Filled in as the family moves behind the kernel table. */
-void nb__cpu_register_optim(nb__kernels *k) { (void)k; }
+/* ---- the kernel table's entries ------------------------------------------------------------ */
+static nb_status cpu_clip_abs_pow_sum(const nb__clip_reduce_args *a) {
+    *a->result = abs_pow_sum(a->dtype, a->x, a->n, a->p);
+    return NB_OK;
+}
+
+static nb_status cpu_clip_abs_max(const nb__clip_reduce_args *a) {
+    *a->result = abs_max(a->dtype, a->x, a->n);
+    return NB_OK;
+}
+
+static nb_status cpu_clip_scale(const nb__clip_inplace_args *a) {
+    scale_inplace(a->dtype, a->x, a->n, a->s);
+    return NB_OK;
+}
+
+static nb_status cpu_clip_clamp(const nb__clip_inplace_args *a) {
+    clamp_inplace(a->dtype, a->x, a->n, a->lo, a->hi);
+    return NB_OK;
+}
+
+void nb__cpu_register_optim(nb__kernels *k) {
+    k->sgd_step = cpu_sgd_step;
+    k->adam_step = cpu_adam_step;
+    k->rmsprop_step = cpu_rmsprop_step;
+    k->adagrad_step = cpu_adagrad_step;
+    k->clip_abs_pow_sum = cpu_clip_abs_pow_sum;
+    k->clip_abs_max = cpu_clip_abs_max;
+    k->clip_scale = cpu_clip_scale;
+    k->clip_clamp = cpu_clip_clamp;
+}

@@ -1,11 +1,13 @@
 /* module.c - the module object: named parameters, buffers and children, recursive listing
- * with dotted names, train/eval mode, and flat parameter memory (DESIGN.md rule 10). */
+ * with dotted names, train/eval mode, flat parameter memory (DESIGN.md rule 10) and moving
+ * a module between devices. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
+#include "tensor/backend.h"
 #include "nabla/nn.h"
 
 typedef struct {
@@ -320,6 +322,9 @@ nb_status nb_module_flatten_parameters(nb_module *m, int64_t align) {
     if (p->count == 0) return nb__error(NB_EINVAL, "flatten_parameters: the module has no parameters");
     if (align <= 0) align = 16;
     nb_dtype dt = p->tensors[0]->dtype;
+    nb_device dev; /* the flat buffers live where the parameters do */
+    if (!nb__check_devices("flatten_parameters", p->tensors, p->count, &dev))
+        return nb_last_status();
     int64_t total = 0;
     for (int i = 0; i < p->count; i++) {
         if (p->tensors[i]->dtype != dt)
@@ -328,7 +333,8 @@ nb_status nb_module_flatten_parameters(nb_module *m, int64_t align) {
                              nb_dtype_name(p->tensors[i]->dtype), p->names[0], nb_dtype_name(dt));
         total = (total + align - 1) / align * align + nb_numel(p->tensors[i]);
     }
-    nb_tensor *fp = nb_zeros(&total, 1, dt), *fg = fp ? nb_zeros(&total, 1, dt) : NULL;
+    nb_tensor *fp = nb_zeros_on(dev, &total, 1, dt);
+    nb_tensor *fg = fp ? nb_zeros_on(dev, &total, 1, dt) : NULL;
     if (!fg) {
         nb_tensor_free(nb__scope_take(fp));
         return nb_last_status();
@@ -358,6 +364,106 @@ nb_status nb_module_flatten_parameters(nb_module *m, int64_t align) {
 
 nb_tensor *nb_module_flat_params(const nb_module *m) { return m ? m->flat_params : NULL; }
 nb_tensor *nb_module_flat_grads(const nb_module *m) { return m ? m->flat_grads : NULL; }
+
+/* ---- devices ----------------------------------------------------------------------------------
+ * nb_module_to moves storages, not tensors: every storage that a tensor of the module uses
+ * (parameters, their gradients, buffers, flat buffers) is copied once, as bytes, to the
+ * new device, and each of those tensor headers is pointed at the copy with its offset and
+ * strides unchanged. So headers keep their identity (whoever holds a parameter sees the
+ * move, names and requires_grad stay), and tensors sharing memory still share it: the
+ * views of a flat buffer, tied weights. */
+typedef struct {
+    nb_tensor **ts;
+    int n, cap;
+} tensor_list;
+
+static bool tl_add(tensor_list *l, nb_tensor *t) {
+    if (!t) return true;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 32;
+        nb_tensor **ts = realloc(l->ts, sizeof(nb_tensor *) * (size_t)cap);
+        if (!ts) return false;
+        l->ts = ts, l->cap = cap;
+    }
+    l->ts[l->n++] = t;
+    return true;
+}
+
+/* Every tensor header of m and its children whose storage moves with the module. */
+static bool gather(const nb_module *m, tensor_list *l) {
+    bool ok = tl_add(l, m->flat_params) && tl_add(l, m->flat_grads);
+    for (int i = 0; ok && i < m->params.n; i++) {
+        nb_tensor *t = m->params.items[i];
+        ok = tl_add(l, t) && tl_add(l, t->grad);
+    }
+    for (int i = 0; ok && i < m->buffers.n; i++) ok = tl_add(l, m->buffers.items[i]);
+    for (int i = 0; ok && i < m->children.n; i++) ok = gather(m->children.items[i], l);
+    return ok;
+}
+
+/* A copy of t's whole storage on dev (a reference the caller releases), or NULL. */
+static nb__storage *storage_to(nb_tensor *t, nb_device dev) {
+    nb__storage *s = t->storage, *r = NULL;
+    nb_scope_begin();
+    /* All bytes of the storage as one u8 row: the copy keeps every offset valid. */
+    nb_tensor *bytes = nb__view_of(t, (int64_t[]){(int64_t)s->nbytes}, (int64_t[]){1}, 1, 0);
+    if (bytes) {
+        bytes->dtype = NB_U8;
+        nb_tensor *moved = nb_to_device(bytes, dev);
+        if (moved) {
+            r = moved->storage;
+            atomic_fetch_add(&r->refcount, 1);
+        }
+    }
+    nb_scope_end();
+    return r;
+}
+
+nb_status nb_module_to(nb_module *m, nb_device dev) {
+    if (!m) return nb__error(NB_ENULL, "module_to: module is NULL");
+    if (!nb__backend_of(dev, "module_to")) return nb_last_status();
+    tensor_list l = {0};
+    if (!gather(m, &l)) {
+        free(l.ts);
+        return nb__error(NB_ENOMEM, "module_to: out of memory");
+    }
+    /* Copy first, then repoint: a failure leaves the module as it was. */
+    nb__storage **from = malloc(sizeof(nb__storage *) * (size_t)(l.n ? l.n : 1));
+    nb__storage **to = malloc(sizeof(nb__storage *) * (size_t)(l.n ? l.n : 1));
+    int nmoved = 0;
+    nb_status st = from && to ? NB_OK : nb__error(NB_ENOMEM, "module_to: out of memory");
+    bool prev = nb_set_grad_enabled(false);
+    for (int i = 0; i < l.n && st == NB_OK; i++) {
+        nb__storage *s = l.ts[i]->storage;
+        if (nb_device_equal(s->device, dev)) continue;
+        int k = 0;
+        while (k < nmoved && from[k] != s) k++;
+        if (k < nmoved) continue;
+        if (!(to[nmoved] = storage_to(l.ts[i], dev))) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", nb_last_error());
+            st = nb__error(nb_last_status(), "module_to: %s", why);
+            break;
+        }
+        from[nmoved++] = s;
+    }
+    nb_set_grad_enabled(prev);
+    for (int i = 0; i < l.n && st == NB_OK; i++) {
+        nb_tensor *t = l.ts[i];
+        for (int k = 0; k < nmoved; k++) {
+            if (t->storage != from[k]) continue;
+            atomic_fetch_add(&to[k]->refcount, 1);
+            t->storage = to[k];
+            nb__storage_release(from[k]);
+            break;
+        }
+    }
+    for (int k = 0; k < nmoved; k++) nb__storage_release(to[k]);
+    free(from);
+    free(to);
+    free(l.ts);
+    return st;
+}
 
 /* ---- containers ------------------------------------------------------------------------------ */
 static nb_tensor *sequential_forward(nb_module *m, nb_tensor *x) {

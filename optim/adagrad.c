@@ -1,7 +1,6 @@
 /* optim/adagrad.c - Adagrad as torch.optim.Adagrad: sum += g^2, p -= clr * g / (sqrt(sum)
  * + eps) with clr = lr / (1 + (step - 1) * lr_decay); the sum starts at
  * initial_accumulator_value. */
-#include "cpu/optim_kernels.h"
 #include "optim/optim_impl.h"
 
 static bool ada_slot_used(const nb__hyper *h, int slot) {
@@ -24,15 +23,17 @@ static nb_status ada_check(const nb__hyper *h, const char *who) {
     return NB_OK;
 }
 
-static void ada_update(const nb__hyper *h, nb__oparam *p, void *param, const void *grad,
-                       int64_t n, nb_dtype dt, unsigned fresh) {
+static nb_status ada_update(const nb__hyper *h, nb__oparam *p, const nb_tensor *grad,
+                            unsigned fresh) {
     (void)fresh;
-    nb__adagrad_kargs a = {
+    nb__adagrad_step_args a = {
+        .dtype = p->t->dtype, .n = nb_numel(p->t), .param = nb__ptr(p->t),
+        .grad = nb__ptr(grad), .sum = nb__ptr(p->slot[0]),
         .clr = h->v[NB__H_LR] / (1 + (double)(p->step - 1) * h->v[NB__H_LR_DECAY]),
         .eps = h->v[NB__H_EPS], .weight_decay = h->v[NB__H_WEIGHT_DECAY],
         .maximize = h->maximize,
     };
-    nb__cpu_adagrad(dt, param, grad, nb__ptr(p->slot[0]), n, &a);
+    return nb__run_adagrad_step(nb__device_of(p->t), "adagrad", &a);
 }
 
 const nb__optim_kind nb__kind_adagrad = {
@@ -45,6 +46,7 @@ const nb__optim_kind nb__kind_adagrad = {
     .slot_used = ada_slot_used,
     .slot_init = ada_slot_init,
     .check = ada_check,
+    .kernel = "adagrad_step",
     .update = ada_update,
 };
 

@@ -4,7 +4,6 @@
  * root: p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). */
 #include <math.h>
 
-#include "cpu/optim_kernels.h"
 #include "optim/optim_impl.h"
 
 static bool adam_slot_used(const nb__hyper *h, int slot) { return slot < 2 || h->amsgrad; }
@@ -26,18 +25,20 @@ static nb_status adam_check(const nb__hyper *h, const char *who) {
     return nb__check_nonneg(h->v[NB__H_WEIGHT_DECAY], who, "weight_decay");
 }
 
-static void adam_update(const nb__hyper *h, nb__oparam *p, void *param, const void *grad,
-                        int64_t n, nb_dtype dt, unsigned fresh) {
+static nb_status adam_update(const nb__hyper *h, nb__oparam *p, const nb_tensor *grad,
+                             unsigned fresh) {
     (void)fresh;
     double b1 = h->v[NB__H_BETA1], b2 = h->v[NB__H_BETA2], t = (double)p->step;
     double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
-    nb__adam_kargs a = {
+    nb__adam_step_args a = {
+        .dtype = p->t->dtype, .n = nb_numel(p->t), .param = nb__ptr(p->t),
+        .grad = nb__ptr(grad), .m = nb__ptr(p->slot[0]), .v = nb__ptr(p->slot[1]),
+        .vmax = h->amsgrad ? nb__ptr(p->slot[2]) : NULL,
         .lr = h->v[NB__H_LR], .beta1 = b1, .beta2 = b2, .eps = h->v[NB__H_EPS],
         .weight_decay = h->v[NB__H_WEIGHT_DECAY], .step_size = h->v[NB__H_LR] / bc1,
         .bc2_sqrt = sqrt(bc2), .decoupled = h->decoupled, .maximize = h->maximize,
     };
-    nb__cpu_adam(dt, param, grad, nb__ptr(p->slot[0]), nb__ptr(p->slot[1]),
-                 h->amsgrad ? nb__ptr(p->slot[2]) : NULL, n, &a);
+    return nb__run_adam_step(nb__device_of(p->t), h->decoupled ? "adamw" : "adam", &a);
 }
 
 #define ADAM_HYPERS                                                                         \
@@ -53,6 +54,7 @@ const nb__optim_kind nb__kind_adam = {
     .slot_used = adam_slot_used,
     .slot_init = adam_slot_init,
     .check = adam_check,
+    .kernel = "adam_step",
     .update = adam_update,
 };
 
@@ -65,6 +67,7 @@ const nb__optim_kind nb__kind_adamw = {
     .slot_used = adam_slot_used,
     .slot_init = adam_slot_init,
     .check = adam_check,
+    .kernel = "adam_step",
     .update = adam_update,
 };
 

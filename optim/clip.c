@@ -1,11 +1,15 @@
 /* optim/clip.c - gradient clipping by total norm (torch.nn.utils.clip_grad_norm_) and by
  * value (clip_grad_value_). The norm is accumulated in f64 over fixed chunks in parameter
- * order, so it does not depend on the thread count (DESIGN.md rule 5). */
+ * order, so it does not depend on the thread count (DESIGN.md rule 5).
+ *
+ * Each gradient is reduced and rescaled by the kernels of its own device (gradients may
+ * live on different devices); the per-gradient partial norms come back to the host as
+ * doubles through the kernels' result field. Meta gradients have no values: their part of
+ * the norm is NaN, so the norm of a list with one is NaN, and nothing is rescaled. */
 #include <math.h>
 
 #include "nabla/autograd.h"
 #include "optim/optim_impl.h"
-#include "cpu/optim_kernels.h"
 
 /* The gradient of params->tensors[i] if it is one we can work on; NULL (no error) when the
  * parameter has no gradient; sets *st on a bad entry. */
@@ -23,32 +27,21 @@ static nb_tensor *grad_of(const nb_params *ps, int i, const char *who, nb_status
                         who, i, name, nb_dtype_name(g->dtype));
         return NULL;
     }
-    if (g->storage->device.type != NB_DEVICE_CPU) {
-        *st = nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", who);
-        return NULL;
-    }
     return g;
 }
 
-/* Apply fn to g's elements in place, through a packed copy when g is strided. */
-static void inplace(nb_tensor *g, void (*fn)(nb_tensor *c, void *ctx), void *ctx) {
-    if (nb_is_contiguous(g)) {
-        fn(g, ctx);
-        return;
-    }
-    nb_tensor *c = nb_contiguous(g);
-    if (!c) return;
-    fn(c, ctx);
-    nb_copy_(g, c);
-}
-
-static void scale_fn(nb_tensor *c, void *ctx) {
-    nb__cpu_scale_inplace(c->dtype, nb__ptr(c), nb_numel(c), *(double *)ctx);
-}
-
-static void clamp_fn(nb_tensor *c, void *ctx) {
-    double v = *(double *)ctx;
-    nb__cpu_clamp_inplace(c->dtype, nb__ptr(c), nb_numel(c), -v, v);
+/* Run clip_scale (clamp false) or clip_clamp over g's elements in place, through a packed
+ * copy when g is strided; a's s or lo/hi are set by the caller. */
+static nb_status inplace(nb_tensor *g, nb__clip_inplace_args a, bool clamp, const char *who) {
+    nb_tensor *c = nb_is_contiguous(g) ? g : nb_contiguous(g);
+    if (!c) return nb_last_status();
+    a.dtype = c->dtype;
+    a.n = nb_numel(c);
+    a.x = nb__ptr(c);
+    nb_device dev = nb__device_of(c);
+    nb_status st = clamp ? nb__run_clip_clamp(dev, who, &a) : nb__run_clip_scale(dev, who, &a);
+    if (st == NB_OK && c != g) st = nb_copy_(g, c);
+    return st;
 }
 
 double nb_clip_grad_norm(const nb_params *ps, double max_norm, double norm_type) {
@@ -76,19 +69,24 @@ double nb_clip_grad_norm(const nb_params *ps, double max_norm, double norm_type)
             st = nb_last_status();
             break;
         }
+        double part = NAN; /* stays NaN on meta, where no kernel runs */
+        nb__clip_reduce_args a = {.dtype = c->dtype, .n = nb_numel(c), .x = nb__ptr(c), .p = p,
+                                  .result = &part};
+        st = isinf(p) ? nb__run_clip_abs_max(nb__device_of(c), who, &a)
+                      : nb__run_clip_abs_pow_sum(nb__device_of(c), who, &a);
+        if (st != NB_OK) break;
         if (isinf(p)) {
-            double m = nb__cpu_abs_max(c->dtype, nb__ptr(c), nb_numel(c));
-            if (!(m <= total)) total = m; /* NaN sticks */
+            if (!(part <= total)) total = part; /* NaN sticks */
         } else {
-            total += nb__cpu_abs_pow_sum(c->dtype, nb__ptr(c), nb_numel(c), p);
+            total += part;
         }
     }
     if (!isinf(p)) total = p == 2 ? sqrt(total) : p == 1 ? total : pow(total, 1.0 / p);
     double coef = max_norm / (total + 1e-6);
     if (st == NB_OK && coef < 1)
-        for (int i = 0; i < ps->count; i++) {
+        for (int i = 0; i < ps->count && st == NB_OK; i++) {
             nb_tensor *g = grad_of(ps, i, who, &st);
-            if (g) inplace(g, scale_fn, &coef);
+            if (g) st = inplace(g, (nb__clip_inplace_args){.s = coef}, false, who);
         }
     nb_scope_end();
     nb_set_grad_enabled(prev);
@@ -107,9 +105,9 @@ nb_status nb_clip_grad_value(const nb_params *ps, double clip) {
     if (st != NB_OK) return st;
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    for (int i = 0; i < ps->count; i++) {
+    for (int i = 0; i < ps->count && st == NB_OK; i++) {
         nb_tensor *g = grad_of(ps, i, who, &st);
-        if (g) inplace(g, clamp_fn, &clip);
+        if (g) st = inplace(g, (nb__clip_inplace_args){.lo = -clip, .hi = clip}, true, who);
     }
     nb_scope_end();
     nb_set_grad_enabled(prev);

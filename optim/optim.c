@@ -1,7 +1,12 @@
 /* optim/optim.c - the optimizer object every algorithm shares: parameter lists and groups,
  * learning-rate access, zero_grad, and the step driver (checks, lazy state, one fused
  * kernel call per parameter). The algorithms themselves are in sgd.c, adam.c, rmsprop.c
- * and adagrad.c; state save/load in state.c. */
+ * and adagrad.c; state save/load in state.c.
+ *
+ * Devices: each parameter is updated on its own device (its gradient and state must be
+ * there too); state is allocated next to the parameter. Parameters of one optimizer may
+ * live on different devices, as in PyTorch. On the meta device a step checks and
+ * allocates (meta) state but runs no kernel. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +46,15 @@ void nb__oparam_reset(nb__oparam *p) {
     p->step = 0;
 }
 
+/* NB_OK when t's device has the kind's update kernel (meta always does: nothing runs);
+ * else "who: no cuda kernel (adam_step)". */
+static nb_status kernel_ok(const nb__optim_kind *kind, const nb_tensor *t, const char *who) {
+    nb_device dev = nb__device_of(t);
+    if (nb__backend_has_kernel(dev, kind->kernel)) return NB_OK;
+    const nb__backend *be = nb__backend_of(dev, who);
+    return be ? nb__no_kernel(be, who, kind->kernel) : nb_last_status();
+}
+
 /* Append params as group g (already checked hyperparameters). All or nothing. */
 static nb_status add_params(nb_optim *opt, const nb_params *ps, int g, const char *who) {
     if (!ps) return nb__error(NB_ENULL, "%s: params is NULL", who);
@@ -57,9 +71,8 @@ static nb_status add_params(nb_optim *opt, const nb_params *ps, int g, const cha
             return nb__error(NB_EDTYPE, "%s: parameter '%s' is %s; optimizers update f32 or f64 "
                              "parameters (keep f32 master weights for half-precision models)",
                              who, name, nb_dtype_name(t->dtype));
-        if (t->storage->device.type != NB_DEVICE_CPU)
-            return nb__error(NB_EDEVICE, "%s: parameter '%s' is a CUDA tensor; CUDA tensors are "
-                             "not supported by the optimizers yet", who, name);
+        nb_status kst = kernel_ok(opt->kind, t, who);
+        if (kst != NB_OK) return kst;
         if (!nb_is_contiguous(t))
             return nb__error(NB_EINVAL, "%s: parameter '%s' %s is not contiguous", who, name,
                              NB__SHAPE(t));
@@ -340,17 +353,30 @@ static nb_status prepare(nb_optim *opt, nb__oparam *p, unsigned *fresh) {
     if (nb_numel(g) != nb_numel(t))
         return nb__error(NB_ESHAPE, "%s: the gradient of '%s' has shape %s but the parameter %s",
                          who, p->name, NB__SHAPE(g), NB__SHAPE(t));
-    if (t->storage->device.type != NB_DEVICE_CPU || g->storage->device.type != NB_DEVICE_CPU)
-        return nb__error(NB_EDEVICE, "%s: '%s' is a CUDA tensor; CUDA tensors are not supported "
-                         "by the optimizers yet", who, p->name);
+    nb_device dev = nb__device_of(t);
+    if (!nb_device_equal(dev, nb__device_of(g))) { /* the message names the parameter */
+        char op[160];
+        snprintf(op, sizeof op, "%s: parameter '%s' and its gradient", who, p->name);
+        nb__check_devices(op, (nb_tensor *[]){t, g}, 2, &dev);
+        return nb_last_status();
+    }
+    nb_status st = kernel_ok(opt->kind, t, who);
+    if (st != NB_OK) return st;
     if (!nb_is_contiguous(t))
         return nb__error(NB_EINVAL, "%s: parameter '%s' %s is not contiguous", who, p->name,
                          NB__SHAPE(t));
     const nb__hyper *h = &opt->groups[p->group];
     for (int k = 0; k < opt->kind->nslots; k++) {
         if (!opt->kind->slot_used(h, k)) continue;
+        /* State made before the parameter moved (nb_module_to after a step) is stale, as
+         * in PyTorch: say so rather than mixing devices in one update. */
+        if (p->slot[k] && !nb_device_equal(nb__device_of(p->slot[k]), dev))
+            return nb__error(NB_EDEVICE, "%s: the state of '%s' is on %s but the parameter is "
+                             "on %s; create the optimizer after moving the model (or load "
+                             "its state again)", who, p->name,
+                             NB__DEVSTR(nb__device_of(p->slot[k])), NB__DEVSTR(dev));
         if (!p->slot[k]) {
-            nb_tensor *s = nb__empty(t->shape, t->ndim, t->dtype, NB_CPU);
+            nb_tensor *s = nb__empty(t->shape, t->ndim, t->dtype, dev);
             if (!s) return nb_last_status();
             p->slot[k] = nb__scope_take(s);
             *fresh |= 1u << k;
@@ -394,14 +420,13 @@ nb_status nb_step(nb_optim *opt) {
             if (!(w[i].fresh & (1u << k))) continue;
             double v = opt->kind->slot_init(h, k);
             if (isnan(v)) continue;
-            nb_tensor *s = p->slot[k];
-            if (v == 0) memset(nb__ptr(s), 0, (size_t)nb_numel(s) * nb_dtype_size(s->dtype));
-            else nb_fill_(s, v);
+            st = nb_fill_(p->slot[k], v);
+            if (st != NB_OK) break;
         }
+        if (st != NB_OK) break;
         if (opt->kind->has_step) p->step++;
         p->has_state = true;
-        opt->kind->update(h, p, nb__ptr(p->t), nb__ptr(w[i].g), nb_numel(p->t), p->t->dtype,
-                          w[i].fresh);
+        st = opt->kind->update(h, p, w[i].g, w[i].fresh);
     }
     nb_scope_end();
     nb_set_grad_enabled(prev);

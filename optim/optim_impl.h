@@ -6,6 +6,7 @@
 #define NABLA_OPTIM_IMPL_H
 
 #include "nabla/optim.h"
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 #define NB__OPT_SLOTS 3 /* most state tensors per parameter (Adam with amsgrad, RMSprop) */
@@ -53,10 +54,15 @@ typedef struct nb__optim_kind {
     double (*slot_init)(const nb__hyper *h, int slot);
     /* PyTorch's argument checks; `who` names the call in the message. */
     nb_status (*check)(const nb__hyper *h, const char *who);
-    /* Update one parameter (contiguous, dtype f32/f64, step already incremented). fresh has
-     * bit k set when slot k was allocated for this update. */
-    void (*update)(const nb__hyper *h, nb__oparam *p, void *param, const void *grad,
-                   int64_t n, nb_dtype dt, unsigned fresh);
+    /* The kernel-table entry update launches (nb_step checks every parameter's device has
+     * it before updating any, so a step is all or nothing). */
+    const char *kernel;
+    /* Update one parameter: fill the kernel's args with the device pointers of p->t, grad
+     * (contiguous, same dtype, f32/f64, on p->t's device) and p's state, and launch the
+     * kernel once on p->t's device (on meta it does not run). p->step is already
+     * incremented; fresh has bit k set when slot k was allocated for this update. */
+    nb_status (*update)(const nb__hyper *h, nb__oparam *p, const nb_tensor *grad,
+                        unsigned fresh);
 } nb__optim_kind;
 
 struct nb_optim {

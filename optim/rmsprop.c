@@ -1,7 +1,6 @@
 /* optim/rmsprop.c - RMSprop as torch.optim.RMSprop: square_avg = alpha * square_avg +
  * (1 - alpha) * g^2; centered subtracts the squared running mean of g; eps is added after
  * the square root; momentum accumulates g / avg in a buffer that starts at zero. */
-#include "cpu/optim_kernels.h"
 #include "optim/optim_impl.h"
 
 enum { SQ, BUF, GAVG };
@@ -26,17 +25,19 @@ static nb_status rms_check(const nb__hyper *h, const char *who) {
     return NB_OK;
 }
 
-static void rms_update(const nb__hyper *h, nb__oparam *p, void *param, const void *grad,
-                       int64_t n, nb_dtype dt, unsigned fresh) {
+static nb_status rms_update(const nb__hyper *h, nb__oparam *p, const nb_tensor *grad,
+                            unsigned fresh) {
     (void)fresh;
-    nb__rmsprop_kargs a = {
+    nb__rmsprop_step_args a = {
+        .dtype = p->t->dtype, .n = nb_numel(p->t), .param = nb__ptr(p->t),
+        .grad = nb__ptr(grad), .sq = nb__ptr(p->slot[SQ]),
         .lr = h->v[NB__H_LR], .alpha = h->v[NB__H_ALPHA], .eps = h->v[NB__H_EPS],
         .weight_decay = h->v[NB__H_WEIGHT_DECAY], .momentum = h->v[NB__H_MOMENTUM],
         .maximize = h->maximize,
     };
-    nb__cpu_rmsprop(dt, param, grad, nb__ptr(p->slot[SQ]),
-                    a.momentum > 0 ? nb__ptr(p->slot[BUF]) : NULL,
-                    h->centered ? nb__ptr(p->slot[GAVG]) : NULL, n, &a);
+    a.buf = a.momentum > 0 ? nb__ptr(p->slot[BUF]) : NULL;
+    a.gavg = h->centered ? nb__ptr(p->slot[GAVG]) : NULL;
+    return nb__run_rmsprop_step(nb__device_of(p->t), "rmsprop", &a);
 }
 
 const nb__optim_kind nb__kind_rmsprop = {
@@ -49,6 +50,7 @@ const nb__optim_kind nb__kind_rmsprop = {
     .slot_used = rms_slot_used,
     .slot_init = rms_slot_init,
     .check = rms_check,
+    .kernel = "rmsprop_step",
     .update = rms_update,
 };
 

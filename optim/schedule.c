@@ -301,8 +301,6 @@ nb_status nb_sched_load_state(nb_sched *s, const char *const *names, nb_tensor *
             return nb__error(NB_EINVAL, "%s: unexpected entry '%s' (schedule state is last_step "
                              "and base_lrs)", who, names[i]);
         if (*slot) return nb__error(NB_EINVAL, "%s: '%s' appears twice", who, names[i]);
-        if (ts[i]->storage->device.type != NB_DEVICE_CPU)
-            return nb__error(NB_EDEVICE, "%s: '%s' is a CUDA tensor", who, names[i]);
         *slot = ts[i];
     }
     if (!step || !base)
@@ -310,7 +308,9 @@ nb_status nb_sched_load_state(nb_sched *s, const char *const *names, nb_tensor *
     if (nb_numel(step) != 1)
         return nb__error(NB_ESHAPE, "%s: 'last_step' must be a single number, got shape %s", who,
                          NB__SHAPE(step));
-    double t = nb__load_f64(nb__ptr(step), step->dtype);
+    double t;
+    nb_status st = nb_read(step, &t, 1, NB_F64); /* from any device with data */
+    if (st != NB_OK) return st;
     if (!(t >= 0) || t != floor(t))
         return nb__error(NB_EINVAL, "%s: 'last_step' must be a whole number >= 0, got %g", who, t);
     if (base->ndim != 1 || base->shape[0] != s->ngroups)
@@ -322,7 +322,7 @@ nb_status nb_sched_load_state(nb_sched *s, const char *const *names, nb_tensor *
     double *old = malloc(sizeof(double) * (size_t)(s->ngroups ? s->ngroups : 1));
     if (!old) return nb__error(NB_ENOMEM, "%s: out of memory", who);
     memcpy(old, s->base_lrs, sizeof(double) * (size_t)s->ngroups);
-    nb_status st = nb_read(base, s->base_lrs, s->ngroups, NB_F64);
+    st = nb_read(base, s->base_lrs, s->ngroups, NB_F64);
     if (st == NB_OK) st = apply(s, (int64_t)t);
     if (st != NB_OK) memcpy(s->base_lrs, old, sizeof(double) * (size_t)s->ngroups);
     free(old);

@@ -3,7 +3,6 @@
  * gradient (no dampening on that step), then buf = momentum * buf + (1 - dampening) * d. */
 #include <math.h>
 
-#include "cpu/optim_kernels.h"
 #include "optim/optim_impl.h"
 
 static bool sgd_slot_used(const nb__hyper *h, int slot) {
@@ -29,15 +28,17 @@ static nb_status sgd_check(const nb__hyper *h, const char *who) {
     return NB_OK;
 }
 
-static void sgd_update(const nb__hyper *h, nb__oparam *p, void *param, const void *grad,
-                       int64_t n, nb_dtype dt, unsigned fresh) {
-    nb__sgd_kargs a = {
+static nb_status sgd_update(const nb__hyper *h, nb__oparam *p, const nb_tensor *grad,
+                            unsigned fresh) {
+    nb__sgd_step_args a = {
+        .dtype = p->t->dtype, .n = nb_numel(p->t), .param = nb__ptr(p->t),
+        .grad = nb__ptr(grad),
         .lr = h->v[NB__H_LR], .momentum = h->v[NB__H_MOMENTUM],
         .dampening = h->v[NB__H_DAMPENING], .weight_decay = h->v[NB__H_WEIGHT_DECAY],
         .nesterov = h->nesterov, .maximize = h->maximize, .init_buf = fresh & 1u,
     };
-    void *buf = a.momentum != 0 ? nb__ptr(p->slot[0]) : NULL;
-    nb__cpu_sgd(dt, param, grad, buf, n, &a);
+    a.buf = a.momentum != 0 ? nb__ptr(p->slot[0]) : NULL;
+    return nb__run_sgd_step(nb__device_of(p->t), "sgd", &a);
 }
 
 const nb__optim_kind nb__kind_sgd = {
@@ -50,6 +51,7 @@ const nb__optim_kind nb__kind_sgd = {
     .slot_used = sgd_slot_used,
     .slot_init = sgd_slot_init,
     .check = sgd_check,
+    .kernel = "sgd_step",
     .update = sgd_update,
 };
 

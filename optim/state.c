@@ -1,7 +1,12 @@
 /* optim/state.c - optimizer state as named tensors (nb_optim_state) and its checked restore
  * (nb_optim_load_state): per-parameter state tensors "<slot>.<param>", update counts
  * "step.<param>" and group hyperparameters "param_groups.<g>.<name>". Together they are the
- * whole mutable state of an optimizer, so save -> load continues bit for bit. */
+ * whole mutable state of an optimizer, so save -> load continues bit for bit.
+ *
+ * Devices: state tensors live on their parameter's device; step counts and hyperparameters
+ * are CPU scalars. Loading accepts tensors on any device with data and copies state to the
+ * parameter's device (as PyTorch's load_state_dict casts state to the parameter's device);
+ * scalars are read through nb_read, so they may live anywhere but on meta. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +108,8 @@ typedef struct loadctx {
     int *gidx;          /* [ngroups][NB__H_COUNT] */
     nb__hyper *h;       /* new group hyperparameters */
     nb_tensor **fresh;  /* [nparams][NB__OPT_SLOTS]: newly allocated slots */
+    nb_tensor **src;    /* [nparams][NB__OPT_SLOTS]: loaded state on the parameter's device */
+    int64_t *steps;     /* [nparams]: loaded step counts */
 } loadctx;
 
 static int find_param(const nb_optim *opt, const char *name, int hint) {
@@ -117,15 +124,19 @@ static nb_status unexpected(loadctx *c, const char *name, const char *why) {
     return nb__error(NB_EINVAL, "%s: unexpected entry '%s' (%s)", c->who, name, why);
 }
 
+/* Why reading or moving entry `name` failed, with the load's context. */
+static nb_status entry_error(loadctx *c, const char *name, nb_status st) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", nb_last_error());
+    return nb__error(st, "%s: '%s': %s", c->who, name, why);
+}
+
 static nb_status scalar_value(loadctx *c, const char *name, const nb_tensor *t, double *out) {
     if (nb_numel(t) != 1 || t->dtype == NB_BOOL)
         return nb__error(NB_ESHAPE, "%s: '%s' must be a single number, got a %s tensor of shape "
                          "%s", c->who, name, nb_dtype_name(t->dtype), NB__SHAPE(t));
-    if (t->storage->device.type != NB_DEVICE_CPU)
-        return nb__error(NB_EDEVICE, "%s: '%s' is a CUDA tensor; load state from CPU tensors",
-                         c->who, name);
-    *out = nb__load_f64(nb__ptr(t), t->dtype);
-    return NB_OK;
+    nb_status st = nb_read(t, out, 1, NB_F64); /* from any device with data */
+    return st == NB_OK ? NB_OK : entry_error(c, name, st);
 }
 
 /* Sort every entry into the tables (names only: unknown, duplicate and unexpected names). */
@@ -224,9 +235,6 @@ static nb_status validate(loadctx *c, const char *const *names, nb_tensor *const
                 return nb__error(NB_EDTYPE, "%s: '%s' is %s but the parameter is %s", c->who,
                                  names[idx[s]], nb_dtype_name(t->dtype),
                                  nb_dtype_name(p->t->dtype));
-            if (t->storage->device.type != NB_DEVICE_CPU)
-                return nb__error(NB_EDEVICE, "%s: '%s' is a CUDA tensor; load state from CPU "
-                                 "tensors", c->who, names[idx[s]]);
         }
         if (k->has_step) {
             if (idx[STEP_SLOT] < 0)
@@ -238,15 +246,23 @@ static nb_status validate(loadctx *c, const char *const *names, nb_tensor *const
             if (!(v >= 0) || v != floor(v) || v > 9007199254740992.0)
                 return nb__error(NB_EINVAL, "%s: '%s' must be a whole number >= 0, got %g",
                                  c->who, names[idx[STEP_SLOT]], v);
+            c->steps[i] = (int64_t)v;
         }
     }
-    /* Allocate what is missing now, so applying cannot fail half way. */
+    /* Allocate what is missing now, and bring the loaded state to the parameters' devices,
+     * so applying cannot fail half way. */
     for (int i = 0; i < opt->nparams; i++) {
         nb__oparam *p = &opt->params[i];
         const int *idx = &c->pidx[i * (NB__OPT_SLOTS + 1)];
+        nb_device dev = nb__device_of(p->t);
         for (int s = 0; s < k->nslots; s++) {
-            if (idx[s] < 0 || p->slot[s]) continue;
-            nb_tensor *t = nb__empty(p->t->shape, p->t->ndim, p->t->dtype, NB_CPU);
+            if (idx[s] < 0) continue;
+            nb_tensor *src = nb_to_device(ts[idx[s]], dev); /* a new reference when there */
+            if (!src) return entry_error(c, names[idx[s]], nb_last_status());
+            c->src[i * NB__OPT_SLOTS + s] = nb__scope_take(src);
+            /* State made on another device (before the parameter moved) is replaced. */
+            if (p->slot[s] && nb_device_equal(nb__device_of(p->slot[s]), dev)) continue;
+            nb_tensor *t = nb__empty(p->t->shape, p->t->ndim, p->t->dtype, dev);
             if (!t) return nb_last_status();
             c->fresh[i * NB__OPT_SLOTS + s] = nb__scope_take(t);
         }
@@ -272,17 +288,15 @@ static void apply(loadctx *c, nb_tensor *const *ts) {
                 p->slot[s] = NULL;
                 continue;
             }
-            if (!p->slot[s]) {
-                p->slot[s] = c->fresh[i * NB__OPT_SLOTS + s];
-                c->fresh[i * NB__OPT_SLOTS + s] = NULL;
+            nb_tensor **fresh = &c->fresh[i * NB__OPT_SLOTS + s];
+            if (*fresh) {
+                nb_tensor_free(p->slot[s]);
+                p->slot[s] = *fresh;
+                *fresh = NULL;
             }
-            nb_copy_(p->slot[s], ts[idx[s]]);
+            nb_copy_(p->slot[s], c->src[i * NB__OPT_SLOTS + s]);
         }
-        p->step = 0;
-        if (k->has_step) {
-            const nb_tensor *t = ts[idx[STEP_SLOT]];
-            p->step = (int64_t)nb__load_f64(nb__ptr(t), t->dtype);
-        }
+        p->step = k->has_step ? c->steps[i] : 0;
         p->has_state = true;
     }
     memcpy(opt->groups, c->h, sizeof(nb__hyper) * (size_t)opt->ngroups);
@@ -301,8 +315,10 @@ nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor
     c.gidx = malloc(sizeof(int) * ng * NB__H_COUNT);
     c.h = malloc(sizeof(nb__hyper) * ng);
     c.fresh = calloc(np * NB__OPT_SLOTS, sizeof(nb_tensor *));
+    c.src = calloc(np * NB__OPT_SLOTS, sizeof(nb_tensor *));
+    c.steps = calloc(np, sizeof(int64_t));
     nb_status st = NB_OK;
-    if (!c.pidx || !c.gidx || !c.h || !c.fresh) {
+    if (!c.pidx || !c.gidx || !c.h || !c.fresh || !c.src || !c.steps) {
         st = nb__error(NB_ENOMEM, "optim_load_state: out of memory");
     } else {
         memset(c.pidx, -1, sizeof(int) * np * (NB__OPT_SLOTS + 1));
@@ -316,11 +332,15 @@ nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor
         /* The loaded tensors may have been our own list's: drop the list only now. */
         if (st == NB_OK) nb__optim_state_clear(opt);
     }
-    if (c.fresh)
-        for (size_t i = 0; i < np * NB__OPT_SLOTS; i++) nb_tensor_free(c.fresh[i]);
+    for (size_t i = 0; i < np * NB__OPT_SLOTS; i++) {
+        if (c.fresh) nb_tensor_free(c.fresh[i]);
+        if (c.src) nb_tensor_free(c.src[i]);
+    }
     free(c.pidx);
     free(c.gidx);
     free(c.h);
     free(c.fresh);
+    free(c.src);
+    free(c.steps);
     return st;
 }

@@ -1131,6 +1131,7 @@ START_TEST(test_norm_two_devices) {
     nb_scope_end();
 }
 END_TEST
+static TCase *module_to_tcase(void); /* at the end of the file */
 
 Suite *nb_suite_nn_layers(void) {
     Suite *s = suite_create("nn_layers");
@@ -1164,5 +1165,213 @@ Suite *nb_suite_nn_layers(void) {
     tcase_add_test(dev, test_norm_guard);
     tcase_add_test(dev, test_norm_two_devices);
     suite_add_tcase(s, dev);
+    suite_add_tcase(s, module_to_tcase());
     return s;
+}
+
+/* ==== nb_module_to ============================================================================
+ * Moving a module between devices: parameters, gradients, buffers and flat buffers move;
+ * tensor identities, names and requires_grad stay; values survive a round trip through the
+ * guard device (whose memory the host cannot touch); a module moved to meta keeps its
+ * shapes. */
+#define MT_GUARD ((nb_device){NB_DEVICE_GUARD, 0})
+
+static bool mt_on(const nb_tensor *t, nb_device_type type) {
+    return t && nb_tensor_device(t).type == type;
+}
+
+/* Every parameter, gradient (where there is one) and buffer of m is on `type`. */
+static void mt_assert_on(nb_module *m, nb_device_type type) {
+    const nb_params *p = nb_parameters(m), *b = nb_buffers(m);
+    for (int i = 0; i < p->count; i++) {
+        ck_assert_msg(mt_on(p->tensors[i], type), "parameter %s", p->names[i]);
+        ck_assert(nb_requires_grad(p->tensors[i]));
+        nb_tensor *g = nb_grad(p->tensors[i]);
+        ck_assert_msg(!g || mt_on(g, type), "gradient of %s", p->names[i]);
+    }
+    for (int i = 0; i < b->count; i++)
+        ck_assert_msg(mt_on(b->tensors[i], type), "buffer %s", b->names[i]);
+}
+
+/* An MLP with a buffer-holding layer, in eval mode (forward does not change the buffers). */
+static nb_module *mt_mlp(void) {
+    nb_module *m = nb_sequential(nb_linear(4, 8, NULL), nb_batchnorm1d(8, NULL), nb_relu_module(),
+                                 nb_linear(8, 3, NULL), NULL);
+    ck_assert(m);
+    nb_module_train(m, false);
+    return m;
+}
+
+/* All parameter values and gradients of m, concatenated (caller frees). */
+static double *mt_snapshot(nb_module *m, bool grads, int64_t *n) {
+    const nb_params *p = nb_parameters(m);
+    int64_t total = 0;
+    for (int i = 0; i < p->count; i++) total += nb_numel(p->tensors[i]);
+    double *v = malloc(sizeof(double) * (size_t)(total ? total : 1)), *o = v;
+    for (int i = 0; i < p->count; i++) {
+        nb_tensor *t = grads ? nb_grad(p->tensors[i]) : p->tensors[i];
+        ck_assert(t);
+        double *x = tu_values(t);
+        memcpy(o, x, sizeof(double) * (size_t)nb_numel(t));
+        o += nb_numel(t);
+        free(x);
+    }
+    *n = total;
+    return v;
+}
+
+static void mt_assert_same(const double *a, const double *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(a[i] == b[i], "element %lld: %.17g vs %.17g", (long long)i, a[i], b[i]);
+}
+
+static void mt_round_trip(bool flat) {
+    nb_scope_begin();
+    nb_module *m = mt_mlp();
+    if (flat) ck_assert(nb_module_flatten_parameters(m, 0) == NB_OK);
+    nb_tensor *x = tu_random((int64_t[]){5, 4}, 2, NB_F32, -1, 1, 3);
+    nb_tensor *y0 = nb_forward(m, x);
+    backward_with(y0, nb_ones(nb_shape(y0), 2, NB_F32));
+    double *y0v = tu_values(y0);
+    int64_t np, ng;
+    double *p0 = mt_snapshot(m, false, &np), *g0 = mt_snapshot(m, true, &ng);
+    const nb_params *p = nb_parameters(m);
+    int count = p->count;
+    nb_tensor *ids[8];
+    const char *names[8];
+    ck_assert_int_le(count, 8);
+    for (int i = 0; i < count; i++) ids[i] = p->tensors[i], names[i] = strdup(p->names[i]);
+
+    ck_assert_msg(nb_module_to(m, MT_GUARD) == NB_OK, "%s", nb_last_error());
+    mt_assert_on(m, NB_DEVICE_GUARD);
+    p = nb_parameters(m);
+    ck_assert_int_eq(p->count, count);
+    for (int i = 0; i < count; i++) {
+        ck_assert_ptr_eq(p->tensors[i], ids[i]); /* the same tensors, names and flags */
+        ck_assert_str_eq(p->names[i], names[i]);
+    }
+    nb_tensor *fp = nb_module_flat_params(m), *fg = nb_module_flat_grads(m);
+    if (flat) {
+        ck_assert(mt_on(fp, NB_DEVICE_GUARD) && mt_on(fg, NB_DEVICE_GUARD));
+        for (int i = 0; i < count; i++) {
+            ck_assert(nb_shares_storage(p->tensors[i], fp));
+            ck_assert(nb_shares_storage(nb_grad(p->tensors[i]), fg));
+        }
+    }
+    ck_assert(nb_module_to(m, MT_GUARD) == NB_OK); /* already there: nothing to do */
+    ck_assert(nb_module_to(m, NB_CPU) == NB_OK);
+    mt_assert_on(m, NB_DEVICE_CPU);
+    if (flat)
+        for (int i = 0; i < count; i++) {
+            ck_assert(nb_shares_storage(p->tensors[i], nb_module_flat_params(m)));
+            ck_assert(nb_shares_storage(nb_grad(p->tensors[i]), nb_module_flat_grads(m)));
+        }
+    int64_t np1, ng1;
+    double *p1 = mt_snapshot(m, false, &np1), *g1 = mt_snapshot(m, true, &ng1);
+    ck_assert(np1 == np && ng1 == ng);
+    mt_assert_same(p1, p0, np);
+    mt_assert_same(g1, g0, ng);
+    nb_tensor *y1 = nb_forward(m, x);
+    ck_assert(y1);
+    double *y1v = tu_values(y1);
+    mt_assert_same(y1v, y0v, nb_numel(y0));
+    for (int i = 0; i < count; i++) free((char *)names[i]);
+    free(y0v), free(y1v), free(p0), free(p1), free(g0), free(g1);
+    nb_module_free(m);
+    nb_scope_end();
+}
+
+START_TEST(test_module_to_guard) {
+    mt_round_trip(false);
+    mt_round_trip(true);
+}
+END_TEST
+
+/* An elementwise model runs forward and backward on the guard device after the move (and
+ * after flattening there), with the CPU's values. */
+static nb_tensor *mt_affine_forward(nb_module *m, nb_tensor *x) {
+    return nb_add(nb_mul(x, nb_module_param(m, "w")), nb_module_param(m, "b"));
+}
+static const nb_module_vtable mt_affine_vt = {.type_name = "Affine", .forward = mt_affine_forward};
+
+START_TEST(test_module_to_guard_compute) {
+    nb_scope_begin();
+    const int64_t shape[2] = {3, 4};
+    nb_module *m[2];
+    for (int k = 0; k < 2; k++) {
+        m[k] = nb_module_new(&mt_affine_vt, NULL);
+        nb_module_add_parameter(m[k], "w", tu_random(shape, 2, NB_F32, -1, 1, 1));
+        nb_module_add_parameter(m[k], "b", tu_random(shape, 2, NB_F32, -1, 1, 2));
+    }
+    ck_assert(nb_module_to(m[1], MT_GUARD) == NB_OK);
+    /* flattening on the device makes the flat buffers there */
+    ck_assert_msg(nb_module_flatten_parameters(m[1], 0) == NB_OK, "%s", nb_last_error());
+    ck_assert(mt_on(nb_module_flat_params(m[1]), NB_DEVICE_GUARD));
+    ck_assert(mt_on(nb_module_flat_grads(m[1]), NB_DEVICE_GUARD));
+    nb_tensor *x = tu_random(shape, 2, NB_F32, -2, 2, 3);
+    nb_tensor *g = tu_random(shape, 2, NB_F32, -1, 1, 4);
+    nb_tensor *yc = nb_forward(m[0], x);
+    nb_tensor *yg = nb_forward(m[1], nb_to_device(x, MT_GUARD));
+    ck_assert_msg(yg && mt_on(yg, NB_DEVICE_GUARD), "%s", nb_last_error());
+    backward_with(yc, g);
+    backward_with(yg, nb_to_device(g, MT_GUARD));
+    double *vc = tu_values(yc);
+    CLOSE(yg, vc, 0);
+    free(vc);
+    for (int i = 0; i < 2; i++) {
+        const char *n = i ? "b" : "w";
+        nb_tensor *gg = nb_grad(nb_module_param(m[1], n));
+        ck_assert(mt_on(gg, NB_DEVICE_GUARD));
+        double *gc = tu_values(nb_grad(nb_module_param(m[0], n)));
+        CLOSE(nb_to_device(gg, NB_CPU), gc, 0);
+        free(gc);
+    }
+    nb_module_free(m[0]);
+    nb_module_free(m[1]);
+    nb_scope_end();
+}
+END_TEST
+
+/* To meta: shapes and dtypes stay, values go; coming back from meta is an error that leaves
+ * the module as it was. */
+START_TEST(test_module_to_meta) {
+    nb_scope_begin();
+    nb_module *m = mt_mlp();
+    const nb_params *p = nb_parameters(m);
+    int count = p->count;
+    int64_t shapes[8][2];
+    int ndims[8];
+    ck_assert_int_le(count, 8);
+    for (int i = 0; i < count; i++) {
+        ndims[i] = nb_ndim(p->tensors[i]);
+        for (int d = 0; d < ndims[i]; d++) shapes[i][d] = nb_shape(p->tensors[i])[d];
+    }
+    ck_assert(nb_module_to(m, NB_META) == NB_OK);
+    mt_assert_on(m, NB_DEVICE_META);
+    p = nb_parameters(m);
+    for (int i = 0; i < count; i++) {
+        nb_tensor *t = p->tensors[i];
+        ck_assert_int_eq(nb_ndim(t), ndims[i]);
+        for (int d = 0; d < ndims[i]; d++) ck_assert_int_eq(nb_shape(t)[d], shapes[i][d]);
+        ck_assert(nb_tensor_dtype(t) == NB_F32);
+    }
+    ck_assert_int_eq(nb_num_parameters(m), 4 * 8 + 8 + 8 + 8 + 8 * 3 + 3);
+    nb_tensor *w = p->tensors[0];
+    ck_assert(nb_data(w) == NULL);
+    nb_clear_error();
+    ck_assert(nb_module_to(m, NB_CPU) == NB_EDEVICE);
+    ck_assert(strstr(nb_last_error(), "module_to") && strstr(nb_last_error(), "meta"));
+    mt_assert_on(m, NB_DEVICE_META);
+    ck_assert(nb_module_to(NULL, NB_CPU) == NB_ENULL);
+    nb_module_free(m);
+    nb_scope_end();
+}
+END_TEST
+
+static TCase *module_to_tcase(void) {
+    TCase *tc = tcase_create("module_to");
+    tcase_add_test(tc, test_module_to_guard);
+    tcase_add_test(tc, test_module_to_guard_compute);
+    tcase_add_test(tc, test_module_to_meta);
+    return tc;
 }

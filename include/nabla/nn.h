@@ -100,6 +100,23 @@ nb_status nb_module_flatten_parameters(nb_module *m, int64_t align);
 nb_tensor *nb_module_flat_params(const nb_module *m);
 nb_tensor *nb_module_flat_grads(const nb_module *m);
 
+/* Move the module to dev (torch.nn.Module.to(device)): every parameter, its gradient, every
+ * buffer, and the flat parameter and gradient buffers, of m and all its children. The
+ * tensors stay the same objects, with their names and requires_grad: pointers from
+ * nb_module_param / nb_parameters stay valid and now refer to memory on dev. Tensors that
+ * shared memory still do (the views of a flat buffer, tied weights). All or nothing: on an
+ * error (out of memory, a meta module moved to a device with data, an unknown device) the
+ * module is unchanged. Moving to NB_META drops the values and keeps the shapes, for
+ * checking a model without memory; a meta module cannot be moved back.
+ *
+ * Optimizers: as in PyTorch, move the model before creating its optimizer. An optimizer
+ * made earlier refers to the same parameter tensors, so it keeps working while it has no
+ * state yet (state is created on the parameter's device at the first step), but state it
+ * already holds stays on the old device and the next nb_step fails with NB_EDEVICE
+ * (nb_optim_load_state moves loaded state to the parameters' devices). Views of the module's
+ * memory held elsewhere (e.g. by nb_ddp) keep the old memory: move before wrapping. */
+nb_status nb_module_to(nb_module *m, nb_device dev);
+
 /* ---- containers ------------------------------------------------------------------------------ */
 /* NULL-terminated list of modules, named "0", "1", ...; takes them over. */
 nb_module *nb_sequential(nb_module *first, ...);

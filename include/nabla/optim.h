@@ -35,6 +35,13 @@
  * in place (parameters may be views into a flat buffer), with grad mode off. f32 and f64
  * parameters; half-precision models keep f32 master weights (DESIGN.md rule 7).
  *
+ * Devices: a parameter is updated on its own device, where its gradient must be too; its
+ * state is created there. Parameters of one optimizer may be on different devices. Move
+ * the model (nb_module_to) before creating the optimizer, as in PyTorch: state made before
+ * a move stays on the old device and the next nb_step fails with NB_EDEVICE (loading the
+ * state again moves it). On the meta device a step checks everything, creates meta state
+ * and advances step counts without computing anything.
+ *
  * Options: zero means PyTorch's default. Where the default is not zero and you want an
  * actual zero (AdamW or a group without weight decay, beta1 = 0, ...), write NB_OPT_ZERO.
  *
@@ -200,7 +207,10 @@ const nb_params *nb_optim_state(nb_optim *opt);
  * optimizer kind and flags, same parameter names and groups). Everything is checked first
  * (NB_EINVAL for a missing or unexpected name, NB_ESHAPE / NB_EDTYPE for a mis-shaped or
  * mistyped tensor); on error nothing changes. The tensors are copied (the caller keeps
- * them). Parameters without entries get fresh state, as if never updated. */
+ * them) to each parameter's device, so state saved from one device loads on another;
+ * scalars are read from any device. Meta tensors have no values to load (NB_EDEVICE),
+ * unless the parameters are meta too. Parameters without entries get fresh state, as if
+ * never updated. */
 nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor *const *tensors,
                               int n);
 
@@ -210,7 +220,9 @@ nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor
  * Then, if max_norm / (norm + 1e-6) < 1, every gradient is scaled by it in place (as
  * torch.nn.utils.clip_grad_norm_). Parameters without gradients are skipped. Returns the
  * norm before clipping (inf or nan when a gradient is), or a negative status on error.
- * max_norm = INFINITY just measures. */
+ * max_norm = INFINITY just measures. Each gradient is read and scaled on its own device;
+ * meta gradients have no values, so with one the norm is NAN (not an error) and nothing is
+ * scaled. */
 double nb_clip_grad_norm(const nb_params *params, double max_norm, double norm_type);
 /* Clamp every gradient element to [-clip, clip] in place (clip >= 0). */
 nb_status nb_clip_grad_value(const nb_params *params, double clip);
