@@ -731,7 +731,7 @@ static nb_status dn_backward_data(const nb__conv2d_geom *g, const float *w, cons
 }
 #endif /* NB_HAVE_DNNL */
 
-/* ---- the kernels ------------------------------------------------------------------------------ */
+/* ---- the kernels ---------------------------------------------------------------------------- */
 /* One scratch block of the plan's size from the caching host allocator (NULL + error). */
 static void *scratch_alloc(size_t bytes) { return nb_host_alloc(bytes > 64 ? bytes : 64); }
 

@@ -440,7 +440,7 @@ static void bce_bwd(const nb__bce_operands *a, const char *g, int64_t gstride, d
     }
 }
 
-/* ---- the kernels ------------------------------------------------------------------------------ */
+/* ---- the kernels ---------------------------------------------------------------------------- */
 /* Forward of cross_entropy (ce) and nll_loss: validate, per-position losses in f64, then the
  * reduced value (or the per-position values) into out. */
 static nb_status cls_forward(const nb__cls_loss_args *a, bool ce) {

@@ -1,6 +1,7 @@
 /* nn/loss.c - the losses: cross entropy (fused log-softmax + NLL), NLL, mean squared
  * error, L1 and binary cross entropy with logits. Argument checks, output shapes and
- * dtypes, and the backward rules live here; the arithmetic is in cpu/loss.c.
+ * dtypes, and the backward rules live here; the arithmetic is in the loss kernels
+ * (tensor/kernels/loss.h; cpu/loss.c on the CPU).
  *
  * Semantics follow torch.nn.functional:
  *   - reduction: mean (the default, zero), sum, or none (one loss per position/element).
@@ -137,14 +138,17 @@ static nb_tensor *class_loss(nb_tensor *x, nb_tensor *t, const nb_cross_entropy_
     cls_operands(&a.in, xc, tc, o.has_ignore_index, o.ignore_index, o.label_smoothing);
     int64_t P = a.in.N * a.in.D;
     /* The loss (per position, or one value), the log-sum-exps the cross entropy's backward
-     * reads, and the count of targets not ignored a mean's backward divides by. */
+     * reads, and (when a backward may run) the count of targets not ignored that a mean's
+     * backward divides by. */
+    int64_t none[1] = {0}; /* the shape of a 0-dim result */
     nb_tensor *res = a.reduction == NB__LOSS_NONE ? nb__empty(tc->shape, tc->ndim, x->dtype, dev)
-                                                  : nb__empty((int64_t[1]){0}, 0, x->dtype, dev);
+                                                  : nb__empty(none, 0, x->dtype, dev);
     nb_tensor *lse = ce ? nb__empty((int64_t[1]){P}, 1, x->dtype == NB_F64 ? NB_F64 : NB_F32,
                                     dev)
                         : NULL;
-    nb_tensor *count = a.reduction == NB__LOSS_MEAN ? nb__empty((int64_t[1]){0}, 0, NB_I64, dev) : NULL;
-    if (!res || (ce && !lse) || (a.reduction == NB__LOSS_MEAN && !count)) goto done;
+    bool want_count = a.reduction == NB__LOSS_MEAN && nb__needs_grad((nb_tensor *[]){x, t}, 2);
+    nb_tensor *count = want_count ? nb__empty(none, 0, NB_I64, dev) : NULL;
+    if (!res || (ce && !lse) || (want_count && !count)) goto done;
     a.out = nb__ptr(res);
     a.lse = lse ? nb__ptr(lse) : NULL;
     a.count = count ? (int64_t *)nb__ptr(count) : NULL;
