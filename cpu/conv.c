@@ -54,14 +54,14 @@ static int thread_id(void) {
  * scratch block: nthreads column buffers of col_bytes each, then nparts - 1 partial weight
  * gradients (at parts_offset), then nparts partial bias gradients (at bias_offset, when
  * fused_bias). */
-typedef struct nb__conv2d_plan {
+typedef struct conv_plan {
     int nthreads;
     int nparts;            /* backward: images are summed into this many partial dW's */
     bool pointwise;        /* 1x1, stride 1, no padding: no column matrix at all */
     bool fused_bias;       /* the bias gradient is summed during the weight gradient's pass */
     size_t col_bytes, parts_offset, bias_offset;
     size_t scratch_bytes;  /* allocate this many bytes (64-byte aligned) */
-} nb__conv2d_plan;
+} conv_plan;
 
 static bool is_pointwise(const nb__conv2d_geom *g) {
     return g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
@@ -87,9 +87,9 @@ static size_t col_bytes(const nb__conv2d_geom *g, size_t es) {
 
 /* Plan the forward (backward false) or backward (need_* say which gradients are wanted)
  * for element size es (4 or 8). */
-static nb__conv2d_plan plan_make(const nb__conv2d_geom *g, size_t es, bool backward,
-                                 bool need_gx, bool need_gw, bool need_gb) {
-    nb__conv2d_plan p = {.nthreads = 1, .pointwise = is_pointwise(g)};
+static conv_plan plan_make(const nb__conv2d_geom *g, size_t es, bool backward, bool need_gx,
+                           bool need_gw, bool need_gb) {
+    conv_plan p = {.nthreads = 1, .pointwise = is_pointwise(g)};
     int64_t L = g->OH * g->OW, Kg = g->C / g->groups * g->KH * g->KW;
     /* Multiply-adds of one image's products (forward; each backward product costs the same). */
     int64_t macs = g->O * L * (Kg > 0 ? Kg : 1);
@@ -312,7 +312,7 @@ NB__CONV_TYPED(double, f64)
 /* ---- shared driver --------------------------------------------------------------------------- */
 typedef struct conv_ctx {
     const nb__conv2d_geom *g;
-    const nb__conv2d_plan *p;
+    const conv_plan *p;
     bool f64;
     size_t es;
     int64_t L, Og, Kg, Cg;
@@ -464,8 +464,7 @@ static nb_status run_units(const conv_ctx *c, int64_t units,
     return NB_OK;
 }
 
-static conv_ctx make_ctx(const nb__conv2d_geom *g, const nb__conv2d_plan *p, bool f64,
-                         void *scratch) {
+static conv_ctx make_ctx(const nb__conv2d_geom *g, const conv_plan *p, bool f64, void *scratch) {
     conv_ctx c = {.g = g, .p = p, .f64 = f64, .es = f64 ? sizeof(double) : sizeof(float)};
     c.L = g->OH * g->OW;
     c.Cg = g->C / g->groups;
@@ -744,8 +743,7 @@ static nb_status cpu_conv2d(const nb__conv2d_args *a) {
         if (st != NB_EUNSUPPORTED) return st;
     }
 #endif
-    nb__conv2d_plan p = plan_make(g, f64 ? sizeof(double) : sizeof(float), false, false, false,
-                                  false);
+    conv_plan p = plan_make(g, f64 ? sizeof(double) : sizeof(float), false, false, false, false);
     void *scratch = scratch_alloc(p.scratch_bytes);
     if (!scratch) return NB_ENOMEM;
     conv_ctx c = make_ctx(g, &p, f64, scratch);
@@ -755,7 +753,7 @@ static nb_status cpu_conv2d(const nb__conv2d_args *a) {
     return st;
 }
 
-static nb_status conv_bwd(const nb__conv2d_geom *g, const nb__conv2d_plan *p, bool f64,
+static nb_status conv_bwd(const nb__conv2d_geom *g, const conv_plan *p, bool f64,
                           const void *x, const void *w, const void *gy, void *gx, void *gw,
                           void *gb, void *scratch) {
     conv_ctx c = make_ctx(g, p, f64, scratch);
@@ -802,8 +800,8 @@ static nb_status conv_bwd(const nb__conv2d_geom *g, const nb__conv2d_plan *p, bo
 static nb_status cpu_conv2d_backward(const nb__conv2d_backward_args *a) {
     const nb__conv2d_geom *g = &a->g;
     bool f64 = a->dtype == NB_F64;
-    nb__conv2d_plan p = plan_make(g, f64 ? sizeof(double) : sizeof(float), true, a->gx != NULL,
-                                  a->gw != NULL, a->gb != NULL);
+    conv_plan p = plan_make(g, f64 ? sizeof(double) : sizeof(float), true, a->gx != NULL,
+                            a->gw != NULL, a->gb != NULL);
     void *scratch = scratch_alloc(p.scratch_bytes);
     if (!scratch) return NB_ENOMEM;
     nb_status st = conv_bwd(g, &p, f64, a->x, a->w, a->gy, a->gx, a->gw, a->gb, scratch);
