@@ -22,10 +22,11 @@
 
 #include "cpu/backend.h"
 #include "cpu/conv.h"
+#include "cpu/cpu_impl.h"
 #include "cpu/gemm.h"
+#include "cpu/pool.h"
+#include "nabla/memory.h"
 #include "nb_config.h"
-#include "tensor/tensor_impl.h"
-#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 #if NB_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
@@ -48,7 +49,20 @@ static int thread_id(void) {
 #endif
 }
 
-/* ---- plan ------------------------------------------------------------------------------------ */
+/* ---- plan ------------------------------------------------------------------------------------
+ * How a call will run: threads, work units of the weight gradient, and the layout of the
+ * scratch block: nthreads column buffers of col_bytes each, then nparts - 1 partial weight
+ * gradients (at parts_offset), then nparts partial bias gradients (at bias_offset, when
+ * fused_bias). */
+typedef struct conv_plan {
+    int nthreads;
+    int nparts;            /* backward: images are summed into this many partial dW's */
+    bool pointwise;        /* 1x1, stride 1, no padding: no column matrix at all */
+    bool fused_bias;       /* the bias gradient is summed during the weight gradient's pass */
+    size_t col_bytes, parts_offset, bias_offset;
+    size_t scratch_bytes;  /* allocate this many bytes (64-byte aligned) */
+} conv_plan;
+
 static bool is_pointwise(const nb__conv2d_geom *g) {
     return g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
 }
@@ -71,9 +85,11 @@ static size_t col_bytes(const nb__conv2d_geom *g, size_t es) {
     return colmat_bytes(g, es) + align64(padded_elems(g) * es);
 }
 
-nb__conv2d_plan nb__conv2d_plan_make(const nb__conv2d_geom *g, size_t es, bool backward,
-                                     bool need_gx, bool need_gw, bool need_gb) {
-    nb__conv2d_plan p = {.nthreads = 1, .pointwise = is_pointwise(g)};
+/* Plan the forward (backward false) or backward (need_* say which gradients are wanted)
+ * for element size es (4 or 8). */
+static conv_plan plan_make(const nb__conv2d_geom *g, size_t es, bool backward, bool need_gx,
+                           bool need_gw, bool need_gb) {
+    conv_plan p = {.nthreads = 1, .pointwise = is_pointwise(g)};
     int64_t L = g->OH * g->OW, Kg = g->C / g->groups * g->KH * g->KW;
     /* Multiply-adds of one image's products (forward; each backward product costs the same). */
     int64_t macs = g->O * L * (Kg > 0 ? Kg : 1);
@@ -296,7 +312,7 @@ NB__CONV_TYPED(double, f64)
 /* ---- shared driver --------------------------------------------------------------------------- */
 typedef struct conv_ctx {
     const nb__conv2d_geom *g;
-    const nb__conv2d_plan *p;
+    const conv_plan *p;
     bool f64;
     size_t es;
     int64_t L, Og, Kg, Cg;
@@ -448,8 +464,7 @@ static nb_status run_units(const conv_ctx *c, int64_t units,
     return NB_OK;
 }
 
-static conv_ctx make_ctx(const nb__conv2d_geom *g, const nb__conv2d_plan *p, bool f64,
-                         void *scratch) {
+static conv_ctx make_ctx(const nb__conv2d_geom *g, const conv_plan *p, bool f64, void *scratch) {
     conv_ctx c = {.g = g, .p = p, .f64 = f64, .es = f64 ? sizeof(double) : sizeof(float)};
     c.L = g->OH * g->OW;
     c.Cg = g->C / g->groups;
@@ -715,22 +730,32 @@ static nb_status dn_backward_data(const nb__conv2d_geom *g, const float *w, cons
 }
 #endif /* NB_HAVE_DNNL */
 
-nb_status nb__conv2d_fwd(const nb__conv2d_geom *g, const nb__conv2d_plan *p, bool f64,
-                         const void *x, const void *w, const void *b, void *y, void *scratch) {
+/* ---- the kernels ---------------------------------------------------------------------------- */
+/* One scratch block of the plan's size from the caching host allocator (NULL + error). */
+static void *scratch_alloc(size_t bytes) { return nb_host_alloc(bytes > 64 ? bytes : 64); }
+
+static nb_status cpu_conv2d(const nb__conv2d_args *a) {
+    const nb__conv2d_geom *g = &a->g;
+    bool f64 = a->dtype == NB_F64;
 #if NB_HAVE_DNNL
     if (!f64 && dn_wanted(g)) {
-        nb_status st = dn_forward(g, x, w, b, y);
+        nb_status st = dn_forward(g, a->x, a->w, a->b, a->y);
         if (st != NB_EUNSUPPORTED) return st;
     }
 #endif
-    conv_ctx c = make_ctx(g, p, f64, scratch);
-    c.x = x, c.w = w, c.b = b, c.y = y;
-    return run_units(&c, g->N, fwd_image);
+    conv_plan p = plan_make(g, f64 ? sizeof(double) : sizeof(float), false, false, false, false);
+    void *scratch = scratch_alloc(p.scratch_bytes);
+    if (!scratch) return NB_ENOMEM;
+    conv_ctx c = make_ctx(g, &p, f64, scratch);
+    c.x = a->x, c.w = a->w, c.b = a->b, c.y = a->y;
+    nb_status st = run_units(&c, g->N, fwd_image);
+    nb_host_free(scratch);
+    return st;
 }
 
-nb_status nb__conv2d_bwd(const nb__conv2d_geom *g, const nb__conv2d_plan *p, bool f64,
-                         const void *x, const void *w, const void *gy, void *gx, void *gw,
-                         void *gb, void *scratch) {
+static nb_status conv_bwd(const nb__conv2d_geom *g, const conv_plan *p, bool f64,
+                          const void *x, const void *w, const void *gy, void *gx, void *gw,
+                          void *gb, void *scratch) {
     conv_ctx c = make_ctx(g, p, f64, scratch);
     c.x = x, c.w = w, c.gy = gy, c.gx = gx, c.gw = gw;
     int64_t wn = g->O * c.Kg;
@@ -772,5 +797,20 @@ nb_status nb__conv2d_bwd(const nb__conv2d_geom *g, const nb__conv2d_plan *p, boo
     return NB_OK;
 }
 
-/* Filled in as the family moves behind the kernel table. */
-void nb__cpu_register_conv(nb__kernels *k) { (void)k; }
+static nb_status cpu_conv2d_backward(const nb__conv2d_backward_args *a) {
+    const nb__conv2d_geom *g = &a->g;
+    bool f64 = a->dtype == NB_F64;
+    conv_plan p = plan_make(g, f64 ? sizeof(double) : sizeof(float), true, a->gx != NULL,
+                            a->gw != NULL, a->gb != NULL);
+    void *scratch = scratch_alloc(p.scratch_bytes);
+    if (!scratch) return NB_ENOMEM;
+    nb_status st = conv_bwd(g, &p, f64, a->x, a->w, a->gy, a->gx, a->gw, a->gb, scratch);
+    nb_host_free(scratch);
+    return st;
+}
+
+void nb__cpu_register_conv(nb__kernels *k) {
+    k->conv2d = cpu_conv2d;
+    k->conv2d_backward = cpu_conv2d_backward;
+    nb__cpu_register_pool(k);
+}

@@ -1,6 +1,8 @@
-/* cpu/loss.c - CPU kernels of the losses (see loss.h): fused log-softmax + NLL (cross
- * entropy) forward and backward, NLL, binary cross entropy with logits, and a fixed-order
- * sum.
+/* cpu/loss.c - CPU kernels of the losses (tensor/kernels/loss.h): fused log-softmax + NLL
+ * (cross entropy) forward and backward, NLL, binary cross entropy with logits, each
+ * reducing with a fixed-order sum. The class-index kernels validate the targets first (one
+ * sequential scan, which also counts the positions not ignored), so an out-of-range target
+ * fails before anything is written.
  *
  * Cross entropy layout: the scores are (N, C, D) with the class dim in the middle.
  *   - D == 1 ((N, C) logits, the usual classifier head): every row is dense; it is read in
@@ -14,18 +16,19 @@
  * temporary besides the gradient itself.
  *
  * Determinism (DESIGN.md rule 5): rows are split over threads, but each row's sums run in
- * a fixed order, and sums over positions go through nb__cpu_loss_sum, whose order depends
+ * a fixed order, and sums over positions go through loss_sum, whose order depends
  * only on the count. */
-#include "cpu/backend.h"
-#include "cpu/fastmath.h"
-#include "cpu/loss.h"
-
 #include <math.h>
 #include <string.h>
 
+#include "cpu/backend.h"
+#include "cpu/cpu_impl.h"
+#include "cpu/fastmath.h"
+#include "nabla/memory.h"
+
 #define BLK 512   /* row block (stack buffers of 2-4 KiB)               */
 #define COLW 64   /* positions per column block of the D > 1 path       */
-#define SUMB 256  /* most partial sums nb__cpu_loss_sum and the BCE use */
+#define SUMB 256  /* most partial sums loss_sum and the BCE use */
 
 /* exp is nb__fast_expf (cpu/fastmath.h). */
 
@@ -69,11 +72,11 @@ static inline double elem(const char *x, nb_dtype dt, int64_t i) {
     }
 }
 
-static inline int64_t tgt_at(const nb__cls_args *a, int64_t p) {
+static inline int64_t tgt_at(const nb__cls_operands *a, int64_t p) {
     return a->tdt == NB_I64 ? ((const int64_t *)a->target)[p]
                             : (int64_t)((const int32_t *)a->target)[p];
 }
-static inline bool is_ignored(const nb__cls_args *a, int64_t t) {
+static inline bool is_ignored(const nb__cls_operands *a, int64_t t) {
     return a->has_ignore && t == a->ignore_index;
 }
 
@@ -129,31 +132,33 @@ NB__OUTLINE static void rgrad_f64(const double *restrict b, double *restrict o, 
 }
 
 /* The loss of one position from its log-sum-exp l, target score xt and score sum sx. */
-static inline double ce_finish(const nb__cls_args *a, double l, double xt, double sx) {
+static inline double ce_finish(const nb__cls_operands *a, double l, double xt, double sx) {
     double s = a->smoothing, r = (1 - s) * (l - xt);
     /* Skipped at s == 0, so a -inf score elsewhere in the row does not give 0 * inf. */
     if (s > 0) r += s * (l - sx / (double)a->C);
     return r;
 }
 
-int64_t nb__cpu_cls_check_targets(const nb__cls_args *a, int64_t *bad) {
-    int64_t P = a->N * a->D, count = 0;
+/* Scan the targets in order: NB_OK with *count the number of positions that are not
+ * ignored, or NB_EINDEX naming the first target that is neither ignored nor in [0, C). */
+static nb_status check_targets(const char *op, const nb__cls_operands *a, int64_t *count) {
+    int64_t P = a->N * a->D, n = 0;
     for (int64_t p = 0; p < P; p++) {
         int64_t t = tgt_at(a, p);
         if (is_ignored(a, t)) continue;
-        if (t < 0 || t >= a->C) {
-            *bad = t;
-            return -1;
-        }
-        count++;
+        if (t < 0 || t >= a->C)
+            return nb__error(NB_EINDEX, "%s: target %lld is out of range for %lld classes", op,
+                             (long long)t, (long long)a->C);
+        n++;
     }
-    return count;
+    *count = n;
+    return NB_OK;
 }
 
 /* ---- cross entropy, stamped for the two compute types -------------------------------------
  * T: compute type; S: suffix of the load/store helpers; EXP: exp in T. */
 #define NB__CE_KERNELS(T, S, EXP)                                                          \
-    static void ce_rows_fwd_##S(const nb__cls_args *a, int64_t n, double *loss, T *lse) { \
+    static void ce_rows_fwd_##S(const nb__cls_operands *a, int64_t n, double *loss, T *lse) { \
         const int64_t C = a->C, es = (int64_t)nb_dtype_size(a->xdt);                      \
         const char *xr = a->x + n * C * es;                                                \
         int64_t t = tgt_at(a, n);                                                          \
@@ -177,7 +182,7 @@ int64_t nb__cpu_cls_check_targets(const nb__cls_args *a, int64_t *bad) {
         lse[n] = (T)l;                                                                     \
     }                                                                                      \
                                                                                            \
-    static void ce_cols_fwd_##S(const nb__cls_args *a, int64_t n, int64_t d0, int64_t w,  \
+    static void ce_cols_fwd_##S(const nb__cls_operands *a, int64_t n, int64_t d0, int64_t w,  \
                                 double *loss, T *lse) {                                    \
         const int64_t C = a->C, D = a->D, es = (int64_t)nb_dtype_size(a->xdt);            \
         const char *xb = a->x + (n * C * D + d0) * es;                                     \
@@ -210,7 +215,7 @@ int64_t nb__cpu_cls_check_targets(const nb__cls_args *a, int64_t *bad) {
         }                                                                                  \
     }                                                                                      \
                                                                                            \
-    static void ce_rows_bwd_##S(const nb__cls_args *a, int64_t n, const T *lse,           \
+    static void ce_rows_bwd_##S(const nb__cls_operands *a, int64_t n, const T *lse,           \
                                 const double *g, int64_t gs, double factor, char *dx) {    \
         const int64_t C = a->C, es = (int64_t)nb_dtype_size(a->xdt);                      \
         const char *xr = a->x + n * C * es;                                                \
@@ -233,7 +238,7 @@ int64_t nb__cpu_cls_check_targets(const nb__cls_args *a, int64_t *bad) {
         }                                                                                  \
     }                                                                                      \
                                                                                            \
-    static void ce_cols_bwd_##S(const nb__cls_args *a, int64_t n, int64_t d0, int64_t w,  \
+    static void ce_cols_bwd_##S(const nb__cls_operands *a, int64_t n, int64_t d0, int64_t w,  \
                                 const T *lse, const double *g, int64_t gs, double factor,  \
                                 char *dx) {                                                \
         const int64_t C = a->C, D = a->D, es = (int64_t)nb_dtype_size(a->xdt);            \
@@ -263,7 +268,10 @@ NB__CE_KERNELS(float, f32, nb__fast_expf)
 NB__CE_KERNELS(double, f64, ce_exp)
 #undef NB__CE_KERNELS
 
-void nb__cpu_cross_entropy_fwd(const nb__cls_args *a, double *loss, void *lse_out) {
+/* Per-position losses (f64) and log-sum-exps (lse_out: float for f32/f16/bf16 scores, double
+ * for f64; 0 at ignored positions). One fused, numerically stable pass per row (max, sum of
+ * exp, loss); f32/f16/bf16 compute in f32 with f64 sums. */
+static void cross_entropy_fwd(const nb__cls_operands *a, double *loss, void *lse_out) {
     const int64_t N = a->N, D = a->D;
     if (N * D == 0) return;
     const bool f64 = a->xdt == NB_F64;
@@ -285,8 +293,10 @@ void nb__cpu_cross_entropy_fwd(const nb__cls_args *a, double *loss, void *lse_ou
     }
 }
 
-void nb__cpu_cross_entropy_bwd(const nb__cls_args *a, const void *lse, const double *g,
-                               int64_t gstride, double factor, char *dx) {
+/* dx = (softmax(x) - (1 - s) * onehot(t) - s / C) * factor * g[p * gstride], 0 at ignored
+ * positions; dx has x's dtype and layout. lse as written by the forward. */
+static void cross_entropy_bwd(const nb__cls_operands *a, const void *lse, const double *g,
+                              int64_t gstride, double factor, char *dx) {
     const int64_t N = a->N, D = a->D;
     if (N * a->C * D == 0) return;
     const bool f64 = a->xdt == NB_F64;
@@ -309,7 +319,8 @@ void nb__cpu_cross_entropy_bwd(const nb__cls_args *a, const void *lse, const dou
 }
 
 /* ---- NLL ----------------------------------------------------------------------------------- */
-void nb__cpu_nll_fwd(const nb__cls_args *a, double *loss) {
+/* loss[p] = -x[n, t, d] (0 at ignored positions). */
+static void nll_fwd(const nb__cls_operands *a, double *loss) {
     const int64_t C = a->C, D = a->D, P = a->N * D;
     for (int64_t p = 0; p < P; p++) {
         int64_t t = tgt_at(a, p), n = p / D, d = p % D;
@@ -317,8 +328,9 @@ void nb__cpu_nll_fwd(const nb__cls_args *a, double *loss) {
     }
 }
 
-void nb__cpu_nll_bwd(const nb__cls_args *a, const double *g, int64_t gstride, double factor,
-                     char *dx) {
+/* dx = 0 except dx[n, t, d] = -factor * g[p * gstride] at positions not ignored. */
+static void nll_bwd(const nb__cls_operands *a, const double *g, int64_t gstride, double factor,
+                    char *dx) {
     const int64_t C = a->C, D = a->D, P = a->N * D;
     const size_t es = nb_dtype_size(a->xdt);
     /* Zero bits are 0.0 in every float dtype. */
@@ -338,7 +350,9 @@ static int64_t sum_block(int64_t n) {
     return bs < 4096 ? 4096 : bs;
 }
 
-double nb__cpu_loss_sum(const double *v, int64_t n) {
+/* Sum of v[0..n) in an order that depends only on n (blocks summed in parallel, partial
+ * sums added in order), so the result does not depend on the thread count. */
+static double loss_sum(const double *v, int64_t n) {
     const int64_t bs = sum_block(n), nbk = (n + bs - 1) / bs;
     double part[SUMB];
     int nt = threads_for(n);
@@ -354,7 +368,8 @@ double nb__cpu_loss_sum(const double *v, int64_t n) {
     return s;
 }
 
-void nb__cpu_loss_store(char *dst, nb_dtype dt, const double *src, int64_t n) {
+/* dst[i] = src[i] converted to dt (round to nearest even), i < n. */
+static void loss_store(char *dst, nb_dtype dt, const double *src, int64_t n) {
     const size_t es = nb_dtype_size(dt);
     if (dt == NB_F64) {
         memcpy(dst, src, (size_t)n * es);
@@ -377,7 +392,9 @@ static inline void st_ct(char *p, nb_dtype ct, int64_t i, double v) {
 /* softplus(-x) = log(1 + exp(-x)) without overflow. */
 static inline double softplus_neg(double x) { return log1p(exp(-fabs(x))) + fmax(-x, 0.0); }
 
-double nb__cpu_bce_fwd(const nb__bce_args *a, char *out) {
+/* The losses written to out (dtype ct) when out is not NULL; returns their sum, in an order
+ * that depends only on n. */
+static double bce_fwd(const nb__bce_operands *a, char *out) {
     const int64_t n = a->n, bs = sum_block(n), nbk = (n + bs - 1) / bs;
     double part[SUMB];
     int nt = nb__threads_for(n, NB__GRAIN / 8); /* costly math: a smaller grain */
@@ -400,8 +417,10 @@ double nb__cpu_bce_fwd(const nb__bce_args *a, char *out) {
     return s;
 }
 
-void nb__cpu_bce_bwd(const nb__bce_args *a, const char *g, int64_t gstride, double factor,
-                     char *dx, char *dy, char *dpw) {
+/* dx, dy, dpw (each may be NULL) as tensor/kernels/loss.h says, from G = factor *
+ * g[i * gstride]. */
+static void bce_bwd(const nb__bce_operands *a, const char *g, int64_t gstride, double factor,
+                    char *dx, char *dy, char *dpw) {
     const int64_t n = a->n;
     int nt = nb__threads_for(n, NB__GRAIN / 8);
     if (nt < 1) nt = 1;
@@ -421,5 +440,78 @@ void nb__cpu_bce_bwd(const nb__bce_args *a, const char *g, int64_t gstride, doub
     }
 }
 
-/* Filled in as the family moves behind the kernel table. */
-void nb__cpu_register_loss(nb__kernels *k) { (void)k; }
+/* ---- the kernels ---------------------------------------------------------------------------- */
+/* Forward of cross_entropy (ce) and nll_loss: validate, per-position losses in f64, then the
+ * reduced value (or the per-position values) into out. */
+static nb_status cls_forward(const nb__cls_loss_args *a, bool ce) {
+    const nb__cls_operands *in = &a->in;
+    int64_t count = 0;
+    nb_status st = check_targets(a->op, in, &count);
+    if (st != NB_OK) return st;
+    const int64_t P = in->N * in->D;
+    /* Per-position f64 losses: straight into out when that is what it holds. */
+    bool direct = a->reduction == NB__LOSS_NONE && in->xdt == NB_F64;
+    size_t bytes = (size_t)P * sizeof(double);
+    double *lp = direct ? (double *)a->out : nb_host_alloc(bytes > 64 ? bytes : 64);
+    if (!lp) return NB_ENOMEM;
+    if (ce) cross_entropy_fwd(in, lp, a->lse);
+    else nll_fwd(in, lp);
+    if (a->reduction == NB__LOSS_NONE) {
+        if (!direct) loss_store(a->out, in->xdt, lp, P);
+    } else {
+        double total = loss_sum(lp, P);
+        /* A mean over no counted target is 0 / 0 = NaN, as in PyTorch. */
+        nb__store_f64(a->out, in->xdt,
+                      a->reduction == NB__LOSS_SUM ? total : total / (double)count);
+    }
+    if (!direct) nb_host_free(lp);
+    if (a->count) *a->count = count;
+    return NB_OK;
+}
+
+/* Backward of cross_entropy (ce) and nll_loss: the reduction's factor, then dx. */
+static nb_status cls_backward(const nb__cls_loss_backward_args *a, bool ce) {
+    int64_t gs = a->reduction == NB__LOSS_NONE ? 1 : 0;
+    double factor = 1.0;
+    if (a->reduction == NB__LOSS_MEAN) {
+        NB__ASSERT(a->count);
+        int64_t count = *a->count;
+        /* All targets ignored: every position gets a zero gradient (no 1 / 0 anywhere). */
+        factor = count ? 1.0 / (double)count : 0.0;
+    }
+    if (ce) cross_entropy_bwd(&a->in, a->lse, a->g, gs, factor, a->dx);
+    else nll_bwd(&a->in, a->g, gs, factor, a->dx);
+    return NB_OK;
+}
+
+static nb_status cpu_cross_entropy(const nb__cls_loss_args *a) { return cls_forward(a, true); }
+static nb_status cpu_nll_loss(const nb__cls_loss_args *a) { return cls_forward(a, false); }
+static nb_status cpu_cross_entropy_backward(const nb__cls_loss_backward_args *a) {
+    return cls_backward(a, true);
+}
+static nb_status cpu_nll_loss_backward(const nb__cls_loss_backward_args *a) {
+    return cls_backward(a, false);
+}
+
+static nb_status cpu_bce_with_logits(const nb__bce_args *a) {
+    bool none = a->reduction == NB__LOSS_NONE;
+    double total = bce_fwd(&a->in, none ? a->out : NULL);
+    if (!none)
+        nb__store_f64(a->out, a->out_dt,
+                      a->reduction == NB__LOSS_SUM ? total : total / (double)a->in.n);
+    return NB_OK;
+}
+
+static nb_status cpu_bce_with_logits_backward(const nb__bce_backward_args *a) {
+    bce_bwd(&a->in, a->g, a->gstride, a->factor, a->dx, a->dy, a->dpw);
+    return NB_OK;
+}
+
+void nb__cpu_register_loss(nb__kernels *k) {
+    k->cross_entropy = cpu_cross_entropy;
+    k->cross_entropy_backward = cpu_cross_entropy_backward;
+    k->nll_loss = cpu_nll_loss;
+    k->nll_loss_backward = cpu_nll_loss_backward;
+    k->bce_with_logits = cpu_bce_with_logits;
+    k->bce_with_logits_backward = cpu_bce_with_logits_backward;
+}

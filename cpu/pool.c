@@ -1,13 +1,13 @@
-/* pool.c - CPU kernels of 2-D max / average / adaptive average pooling (see cpu/pool.h).
+/* cpu/pool.c - CPU kernels of 2-D max / average / adaptive average pooling (see cpu/pool.h),
+ * forward and backward, registered into the conv family's entries.
  * One thread per plane at a time; windows are clipped to the input once per output row and
  * column, so the inner loops are plain loops over contiguous input rows. */
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
+#include "cpu/cpu_impl.h"
 #include "cpu/pool.h"
-#include "tensor/tensor_impl.h"
-#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 static int plane_threads(const nb__pool2d_geom *g) {
     int64_t per = g->H * g->W + g->OH * g->OW;
@@ -249,36 +249,48 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
 NB__POOL_TYPED(float, f32)
 NB__POOL_TYPED(double, f64)
 
-void nb__maxpool2d_fwd(const nb__pool2d_geom *g, bool f64, const void *x, void *y,
-                       int32_t *idx) {
-    if (f64) maxpool_fwd_f64(g, x, y, idx);
-    else maxpool_fwd_f32(g, x, y, idx);
+/* ---- the kernels: dispatch on the compute dtype ---------------------------------------------- */
+static nb_status cpu_maxpool2d(const nb__pool2d_args *a) {
+    if (a->dtype == NB_F64) maxpool_fwd_f64(&a->g, a->x, a->y, a->idx);
+    else maxpool_fwd_f32(&a->g, a->x, a->y, a->idx);
+    return NB_OK;
 }
 
-void nb__maxpool2d_bwd(const nb__pool2d_geom *g, bool f64, const void *gy, const int32_t *idx,
-                       void *gx) {
-    if (f64) maxpool_bwd_f64(g, gy, idx, gx);
-    else maxpool_bwd_f32(g, gy, idx, gx);
+static nb_status cpu_maxpool2d_backward(const nb__pool2d_backward_args *a) {
+    if (a->dtype == NB_F64) maxpool_bwd_f64(&a->g, a->gy, a->idx, a->gx);
+    else maxpool_bwd_f32(&a->g, a->gy, a->idx, a->gx);
+    return NB_OK;
 }
 
-void nb__avgpool2d_fwd(const nb__pool2d_geom *g, bool f64, bool count_include_pad,
-                       const void *x, void *y) {
-    if (f64) avg_fwd_f64(g, count_include_pad, x, y);
-    else avg_fwd_f32(g, count_include_pad, x, y);
+static nb_status cpu_avgpool2d(const nb__pool2d_args *a) {
+    if (a->dtype == NB_F64) avg_fwd_f64(&a->g, a->count_include_pad, a->x, a->y);
+    else avg_fwd_f32(&a->g, a->count_include_pad, a->x, a->y);
+    return NB_OK;
 }
 
-void nb__avgpool2d_bwd(const nb__pool2d_geom *g, bool f64, bool count_include_pad,
-                       const void *gy, void *gx) {
-    if (f64) avg_bwd_f64(g, count_include_pad, gy, gx);
-    else avg_bwd_f32(g, count_include_pad, gy, gx);
+static nb_status cpu_avgpool2d_backward(const nb__pool2d_backward_args *a) {
+    if (a->dtype == NB_F64) avg_bwd_f64(&a->g, a->count_include_pad, a->gy, a->gx);
+    else avg_bwd_f32(&a->g, a->count_include_pad, a->gy, a->gx);
+    return NB_OK;
 }
 
-void nb__adaptive_avgpool2d_fwd(const nb__pool2d_geom *g, bool f64, const void *x, void *y) {
-    if (f64) adaptive_fwd_f64(g, x, y);
-    else adaptive_fwd_f32(g, x, y);
+static nb_status cpu_adaptive_avgpool2d(const nb__pool2d_args *a) {
+    if (a->dtype == NB_F64) adaptive_fwd_f64(&a->g, a->x, a->y);
+    else adaptive_fwd_f32(&a->g, a->x, a->y);
+    return NB_OK;
 }
 
-void nb__adaptive_avgpool2d_bwd(const nb__pool2d_geom *g, bool f64, const void *gy, void *gx) {
-    if (f64) adaptive_bwd_f64(g, gy, gx);
-    else adaptive_bwd_f32(g, gy, gx);
+static nb_status cpu_adaptive_avgpool2d_backward(const nb__pool2d_backward_args *a) {
+    if (a->dtype == NB_F64) adaptive_bwd_f64(&a->g, a->gy, a->gx);
+    else adaptive_bwd_f32(&a->g, a->gy, a->gx);
+    return NB_OK;
+}
+
+void nb__cpu_register_pool(nb__kernels *k) {
+    k->maxpool2d = cpu_maxpool2d;
+    k->maxpool2d_backward = cpu_maxpool2d_backward;
+    k->avgpool2d = cpu_avgpool2d;
+    k->avgpool2d_backward = cpu_avgpool2d_backward;
+    k->adaptive_avgpool2d = cpu_adaptive_avgpool2d;
+    k->adaptive_avgpool2d_backward = cpu_adaptive_avgpool2d_backward;
 }

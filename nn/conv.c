@@ -1,30 +1,22 @@
-/* conv.c - 2-D convolution: the op nb_conv2d_fn (PyTorch F.conv2d semantics, NCHW), its
+/* nn/conv.c - 2-D convolution: the op nb_conv2d_fn (PyTorch F.conv2d semantics, NCHW), its
  * backward rule nb__bw_CONV2D, and the Conv2d module (nb_conv2d).
  *
  * The op checks arguments and shapes, brings the operands to contiguous f32 (f16/bf16 are
- * computed in f32 and rounded once) or f64, and hands them to the im2col + GEMM kernels of
- * cpu/conv.c together with one scratch block from the caching host allocator, so a training
- * step does no system allocation once the cache is warm. */
+ * computed in f32 and rounded once) or f64 on their device, and runs the conv2d /
+ * conv2d_backward kernels (tensor/kernels/conv.h), which plan the work and take their own
+ * scratch. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
-#include "cpu/conv.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
+#include "tensor/backend.h"
 
 static void pair_or(const int64_t *v, int64_t def, int64_t out[2]) {
     out[0] = v ? v[0] : def;
     out[1] = v ? v[1] : def;
-}
-
-static bool on_cpu(const nb_tensor *t) {
-    if (t && t->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "conv2d: CUDA tensors are not supported by this op yet");
-        return false;
-    }
-    return true;
 }
 
 /* Fill g from the operands and the options; false (error set) on a user mistake. */
@@ -107,15 +99,12 @@ static nb_tensor *prepared(nb_tensor *t, nb_dtype cdt) {
     return t ? nb_contiguous(nb_to_dtype(t, cdt)) : NULL;
 }
 
-static void *scratch_alloc(size_t bytes) {
-    return nb_host_alloc(bytes > 64 ? bytes : 64);
-}
-
 nb_tensor *nb_conv2d_fn(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t stride[2],
                         const int64_t padding[2], const int64_t dilation[2], int64_t groups) {
     NB__CHECK_ARG(x, "conv2d", "x");
     NB__CHECK_ARG(w, "conv2d", "weight");
-    if (!on_cpu(x) || !on_cpu(w) || !on_cpu(b)) return NULL;
+    nb_device dev;
+    if (!nb__check_devices("conv2d", (nb_tensor *[]){x, w, b}, 3, &dev)) return NULL;
     int64_t s[2], p[2], d[2];
     pair_or(stride, 1, s);
     pair_or(padding, 0, p);
@@ -128,17 +117,11 @@ nb_tensor *nb_conv2d_fn(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t 
     bool prev = nb_set_grad_enabled(false);
     nb_tensor *xc = prepared(x, cdt), *wc = prepared(w, cdt), *bc = prepared(b, cdt);
     int64_t oshape[4] = {g.N, g.O, g.OH, g.OW};
-    nb_tensor *out = xc && wc && (bc || !b) ? nb__empty(oshape, 4, cdt, NB_CPU) : NULL;
+    nb_tensor *out = xc && wc && (bc || !b) ? nb__empty(oshape, 4, cdt, dev) : NULL;
     if (out) {
-        nb__conv2d_plan plan = nb__conv2d_plan_make(&g, nb_dtype_size(cdt), false, false,
-                                                    false, false);
-        void *scratch = scratch_alloc(plan.scratch_bytes);
-        nb_status st = scratch ? nb__conv2d_fwd(&g, &plan, cdt == NB_F64, nb__ptr(xc),
-                                                nb__ptr(wc), bc ? nb__ptr(bc) : NULL,
-                                                nb__ptr(out), scratch)
-                               : NB_ENOMEM;
-        nb_host_free(scratch);
-        if (st != NB_OK) out = NULL;
+        nb__conv2d_args a = {.g = g, .dtype = cdt, .x = nb__ptr(xc), .w = nb__ptr(wc),
+                             .b = bc ? nb__ptr(bc) : NULL, .y = nb__ptr(out)};
+        if (nb__run_conv2d(dev, "conv2d", &a) != NB_OK) out = NULL;
         else if (cdt != dt) out = nb_to_dtype(out, dt);
     }
     nb_set_grad_enabled(prev);
@@ -163,38 +146,36 @@ static bool wants(const nb__node *n, int i) {
 nb_status nb__bw_CONV2D(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
     bool need_x = wants(n, 0), need_w = wants(n, 1), need_b = wants(n, 2);
     const nb__edge *ex = &n->edges[0], *ew = &n->edges[1];
-    const int64_t *a = n->attrs.i;
+    const int64_t *at = n->attrs.i;
     nb__conv2d_geom g = {.N = ex->shape[0], .C = ex->shape[1], .H = ex->shape[2],
                          .W = ex->shape[3], .O = ew->shape[0], .KH = ew->shape[2],
                          .KW = ew->shape[3], .OH = n->out_shape[2], .OW = n->out_shape[3],
-                         .sh = a[0], .sw = a[1], .ph = a[2], .pw = a[3], .dh = a[4],
-                         .dw = a[5], .groups = a[6]};
+                         .sh = at[0], .sw = at[1], .ph = at[2], .pw = at[3], .dh = at[4],
+                         .dw = at[5], .groups = at[6]};
     nb_dtype cdt = ex->dtype == NB_F64 ? NB_F64 : NB_F32;
+    nb_device dev;
+    if (!nb__check_devices("conv2d backward", (nb_tensor *[]){gout, n->saved[0], n->saved[1]},
+                           3, &dev))
+        return nb_last_status();
     nb_status st = NB_OK;
     nb_scope_begin();
     nb_tensor *gy = prepared(gout, cdt);
     nb_tensor *xc = need_w ? prepared(n->saved[0], cdt) : NULL;
     nb_tensor *wc = need_x ? prepared(n->saved[1], cdt) : NULL;
-    nb_tensor *gx = need_x ? nb__empty(ex->shape, 4, cdt, NB_CPU) : NULL;
-    nb_tensor *gw = need_w ? nb__empty(ew->shape, 4, cdt, NB_CPU) : NULL;
-    nb_tensor *gb = need_b ? nb__empty(&g.O, 1, cdt, NB_CPU) : NULL;
+    nb_tensor *gx = need_x ? nb__empty(ex->shape, 4, cdt, dev) : NULL;
+    nb_tensor *gw = need_w ? nb__empty(ew->shape, 4, cdt, dev) : NULL;
+    nb_tensor *gb = need_b ? nb__empty(&g.O, 1, cdt, dev) : NULL;
     if (!gy || (need_w && (!xc || !gw)) || (need_x && (!wc || !gx)) || (need_b && !gb)) {
         st = nb_last_status() != NB_OK ? nb_last_status()
                                        : nb__error(NB_ESTATE, "conv2d backward: a tensor "
                                                    "saved for backward is missing");
         goto out;
     }
-    nb__conv2d_plan plan = nb__conv2d_plan_make(&g, nb_dtype_size(cdt), true, need_x, need_w,
-                                                need_b);
-    void *scratch = scratch_alloc(plan.scratch_bytes);
-    if (!scratch) {
-        st = NB_ENOMEM;
-        goto out;
-    }
-    st = nb__conv2d_bwd(&g, &plan, cdt == NB_F64, xc ? nb__ptr(xc) : NULL,
-                        wc ? nb__ptr(wc) : NULL, nb__ptr(gy), gx ? nb__ptr(gx) : NULL,
-                        gw ? nb__ptr(gw) : NULL, gb ? nb__ptr(gb) : NULL, scratch);
-    nb_host_free(scratch);
+    nb__conv2d_backward_args a = {.g = g, .dtype = cdt, .x = xc ? nb__ptr(xc) : NULL,
+                                  .w = wc ? nb__ptr(wc) : NULL, .gy = nb__ptr(gy),
+                                  .gx = gx ? nb__ptr(gx) : NULL, .gw = gw ? nb__ptr(gw) : NULL,
+                                  .gb = gb ? nb__ptr(gb) : NULL};
+    st = nb__run_conv2d_backward(dev, "conv2d", &a);
     if (st == NB_OK) {
         gin[0] = nb_keep(gx);
         gin[1] = nb_keep(gw);

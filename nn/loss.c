@@ -1,6 +1,7 @@
 /* nn/loss.c - the losses: cross entropy (fused log-softmax + NLL), NLL, mean squared
  * error, L1 and binary cross entropy with logits. Argument checks, output shapes and
- * dtypes, and the backward rules live here; the arithmetic is in cpu/loss.c.
+ * dtypes, and the backward rules live here; the arithmetic is in the loss kernels
+ * (tensor/kernels/loss.h; cpu/loss.c on the CPU).
  *
  * Semantics follow torch.nn.functional:
  *   - reduction: mean (the default, zero), sum, or none (one loss per position/element).
@@ -21,19 +22,18 @@
  *     loss = (1 - y) x + (1 + (pw - 1) y) log(1 + exp(-x)), computed without overflow.
  *     Gradients flow to logits, target and pos_weight.
  * Outputs have the scores' dtype (bce: the promoted float dtype of its operands); f16 and
- * bf16 are computed in f32, and every sum is accumulated in f64. */
+ * bf16 are computed in f32, and every sum is accumulated in f64.
+ *
+ * Everything that depends on the data runs in the kernels (tensor/kernels/loss.h): target
+ * validation, the count of targets not ignored (kept in a small device tensor for the
+ * backward of a mean), the reduction. So the ops work on any device, and on meta they only
+ * infer shapes and record. */
 #include <math.h>
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
-#include "cpu/loss.h"
 #include "nabla/nn.h"
-
-static bool on_cpu(const nb_tensor *t, const char *op) {
-    if (t->storage->device.type == NB_DEVICE_CPU) return true;
-    nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
-    return false;
-}
+#include "tensor/backend.h"
 
 static bool float_ok(const nb_tensor *t, const char *op, const char *name) {
     if (nb_dtype_is_float(t->dtype)) return true;
@@ -49,16 +49,16 @@ static bool reduction_ok(nb_reduction r, const char *op) {
     return false;
 }
 
-static nb_tensor *scalar_out(double v, nb_dtype dt) {
-    nb_tensor *out = nb__empty((int64_t[1]){0}, 0, dt, NB_CPU);
-    if (out) nb__store_f64(nb__ptr(out), dt, v);
-    return out;
+/* The kernels' name for a (checked) reduction. */
+static nb__loss_reduce loss_reduce(nb_reduction r) {
+    return r == NB_REDUCTION_SUM ? NB__LOSS_SUM : r == NB_REDUCTION_NONE ? NB__LOSS_NONE
+                                                                         : NB__LOSS_MEAN;
 }
 
 /* ---- class-index losses (cross entropy, NLL) --------------------------------------------- */
-/* Fill the kernel arguments from contiguous scores xc and targets tc. */
-static void cls_args(nb__cls_args *a, const nb_tensor *xc, const nb_tensor *tc, bool has_ig,
-                     int64_t ig, double smoothing) {
+/* Fill the kernel operands from contiguous scores xc and targets tc. */
+static void cls_operands(nb__cls_operands *a, const nb_tensor *xc, const nb_tensor *tc,
+                         bool has_ig, int64_t ig, double smoothing) {
     memset(a, 0, sizeof *a);
     a->x = nb__ptr(xc);
     a->xdt = xc->dtype;
@@ -77,8 +77,8 @@ static void cls_args(nb__cls_args *a, const nb_tensor *xc, const nb_tensor *tc, 
 
 /* Argument checks shared by cross_entropy and nll_loss. */
 static bool cls_check(nb_tensor *x, nb_tensor *t, const nb_cross_entropy_opts *o,
-                      const char *op, bool ce) {
-    if (!on_cpu(x, op) || !on_cpu(t, op)) return false;
+                      const char *op, bool ce, nb_device *dev) {
+    if (!nb__check_devices(op, (nb_tensor *[]){x, t}, 2, dev)) return false;
     if (!nb_dtype_is_float(x->dtype)) {
         nb__error(NB_EDTYPE, "%s: input must have a floating point dtype, got %s", op,
                   nb_dtype_name(x->dtype));
@@ -125,7 +125,8 @@ static nb_tensor *class_loss(nb_tensor *x, nb_tensor *t, const nb_cross_entropy_
     NB__CHECK_ARG(x, op, "input");
     NB__CHECK_ARG(t, op, "target");
     nb_cross_entropy_opts o = opts ? *opts : (nb_cross_entropy_opts){0};
-    if (!cls_check(x, t, &o, op, ce)) return NULL;
+    nb_device dev;
+    if (!cls_check(x, t, &o, op, ce, &dev)) return NULL;
 
     nb_scope_begin();
     nb_tensor *out = NULL;
@@ -133,44 +134,38 @@ static nb_tensor *class_loss(nb_tensor *x, nb_tensor *t, const nb_cross_entropy_
     nb_tensor *xc = nb_contiguous(x), *tc = nb_contiguous(t);
     nb_set_grad_enabled(prev);
     if (!xc || !tc) goto done;
-    nb__cls_args a;
-    cls_args(&a, xc, tc, o.has_ignore_index, o.ignore_index, o.label_smoothing);
-    int64_t P = a.N * a.D, bad = 0;
-    int64_t count = nb__cpu_cls_check_targets(&a, &bad);
-    if (count < 0) {
-        nb__error(NB_EINDEX, "%s: target %lld is out of range for %lld classes", op,
-                  (long long)bad, (long long)a.C);
-        goto done;
-    }
-    nb_tensor *loss = nb__empty((int64_t[1]){P}, 1, NB_F64, NB_CPU);
+    nb__cls_loss_args a = {.op = op, .reduction = loss_reduce(o.reduction)};
+    cls_operands(&a.in, xc, tc, o.has_ignore_index, o.ignore_index, o.label_smoothing);
+    int64_t P = a.in.N * a.in.D;
+    /* The loss (per position, or one value), the log-sum-exps the cross entropy's backward
+     * reads, and (when a backward may run) the count of targets not ignored that a mean's
+     * backward divides by. */
+    int64_t none[1] = {0}; /* the shape of a 0-dim result */
+    nb_tensor *res = a.reduction == NB__LOSS_NONE ? nb__empty(tc->shape, tc->ndim, x->dtype, dev)
+                                                  : nb__empty(none, 0, x->dtype, dev);
     nb_tensor *lse = ce ? nb__empty((int64_t[1]){P}, 1, x->dtype == NB_F64 ? NB_F64 : NB_F32,
-                                    NB_CPU)
+                                    dev)
                         : NULL;
-    if (!loss || (ce && !lse)) goto done;
-    double *lp = (double *)nb__ptr(loss);
-    if (ce) nb__cpu_cross_entropy_fwd(&a, lp, nb__ptr(lse));
-    else nb__cpu_nll_fwd(&a, lp);
-
-    if (o.reduction == NB_REDUCTION_NONE) {
-        out = nb__empty(tc->shape, tc->ndim, x->dtype, NB_CPU);
-        if (out) nb__cpu_loss_store(nb__ptr(out), x->dtype, lp, P);
-    } else {
-        double total = nb__cpu_loss_sum(lp, P);
-        /* A mean over no counted target is 0 / 0 = NaN, as in PyTorch. */
-        out = scalar_out(o.reduction == NB_REDUCTION_SUM ? total : total / (double)count,
-                         x->dtype);
-    }
+    bool want_count = a.reduction == NB__LOSS_MEAN && nb__needs_grad((nb_tensor *[]){x, t}, 2);
+    nb_tensor *count = want_count ? nb__empty(none, 0, NB_I64, dev) : NULL;
+    if (!res || (ce && !lse) || (want_count && !count)) goto done;
+    a.out = nb__ptr(res);
+    a.lse = lse ? nb__ptr(lse) : NULL;
+    a.count = count ? (int64_t *)nb__ptr(count) : NULL;
+    if ((ce ? nb__run_cross_entropy(dev, op, &a) : nb__run_nll_loss(dev, op, &a)) != NB_OK)
+        goto done;
+    out = res;
     nb__node *nd = nb__record(out, ce ? NB__OP_CROSS_ENTROPY : NB__OP_NLL_LOSS,
                               (nb_tensor *[]){x, t}, 2);
     if (nd) {
         nb__save(nd, 0, xc);
         nb__save(nd, 1, tc);
         nb__save(nd, 2, lse);
+        nb__save(nd, 3, count);
         nd->attrs.f[0] = o.label_smoothing;
         nd->attrs.i[0] = o.reduction;
-        nd->attrs.i[1] = count;
-        nd->attrs.i[2] = o.ignore_index;
-        nd->attrs.ni = 3;
+        nd->attrs.i[1] = o.ignore_index;
+        nd->attrs.ni = 2;
         nd->attrs.flag = o.has_ignore_index;
     }
 done:
@@ -189,33 +184,29 @@ nb_tensor *nb_nll_loss(nb_tensor *log_probs, nb_tensor *target,
     return class_loss(log_probs, target, o, false);
 }
 
-/* The upstream gradient as contiguous f64 per position (stride 1), or the one value of a
- * reduced loss (stride 0), and the factor the reduction puts on it. */
-static const double *cls_grad(const nb__node *n, nb_tensor *gout, int64_t *gstride,
-                              double *factor) {
-    nb_tensor *g = nb_contiguous(nb_to_dtype(gout, NB_F64));
-    if (!g) return NULL;
-    nb_reduction r = (nb_reduction)n->attrs.i[0];
-    int64_t count = n->attrs.i[1];
-    *gstride = r == NB_REDUCTION_NONE ? 1 : 0;
-    /* All targets ignored: every position gets a zero gradient (no 1 / 0 anywhere). */
-    *factor = r == NB_REDUCTION_MEAN ? (count ? 1.0 / (double)count : 0.0) : 1.0;
-    return (const double *)nb__ptr(g);
-}
-
 static nb_status cls_backward(nb__node *n, nb_tensor *gout, nb_tensor **gin, bool ce) {
     gin[1] = NULL; /* class indices have no gradient */
     if (!n->edges[0].node && !n->edges[0].leaf) return NB_OK;
-    nb_tensor *xc = n->saved[0], *tc = n->saved[1], *lse = n->saved[2];
-    nb__cls_args a;
-    cls_args(&a, xc, tc, n->attrs.flag, n->attrs.i[2], n->attrs.f[0]);
-    int64_t gs;
-    double factor;
-    const double *g = cls_grad(n, gout, &gs, &factor);
-    nb_tensor *dx = g ? nb__empty(xc->shape, xc->ndim, xc->dtype, NB_CPU) : NULL;
+    const char *op = ce ? "cross_entropy" : "nll_loss";
+    nb_tensor *xc = n->saved[0], *tc = n->saved[1], *lse = n->saved[2], *count = n->saved[3];
+    nb__loss_reduce r = loss_reduce((nb_reduction)n->attrs.i[0]);
+    if (!xc || !tc || (ce && !lse) || (r == NB__LOSS_MEAN && !count))
+        return nb__error(NB_ESTATE, "%s backward: a tensor saved for backward is missing", op);
+    nb_device dev;
+    if (!nb__check_devices(op, (nb_tensor *[]){gout, xc}, 2, &dev)) return nb_last_status();
+    nb__cls_loss_backward_args a = {.reduction = r};
+    cls_operands(&a.in, xc, tc, n->attrs.flag, n->attrs.i[1], n->attrs.f[0]);
+    /* The upstream gradient as contiguous f64: one per position (NONE) or the one value. */
+    nb_tensor *g = nb_contiguous(nb_to_dtype(gout, NB_F64));
+    nb_tensor *dx = g ? nb__empty(xc->shape, xc->ndim, xc->dtype, dev) : NULL;
     if (!dx) return nb_last_status();
-    if (ce) nb__cpu_cross_entropy_bwd(&a, nb__ptr(lse), g, gs, factor, nb__ptr(dx));
-    else nb__cpu_nll_bwd(&a, g, gs, factor, nb__ptr(dx));
+    a.lse = lse ? nb__ptr(lse) : NULL;
+    a.count = count ? (const int64_t *)nb__ptr(count) : NULL;
+    a.g = (const double *)nb__ptr(g);
+    a.dx = nb__ptr(dx);
+    nb_status st = ce ? nb__run_cross_entropy_backward(dev, op, &a)
+                      : nb__run_nll_loss_backward(dev, op, &a);
+    if (st != NB_OK) return st;
     gin[0] = dx;
     return NB_OK;
 }
@@ -234,7 +225,8 @@ static nb_tensor *pointwise_loss(nb_tensor *pred, nb_tensor *target, nb_reductio
     const char *op = l1 ? "l1_loss" : "mse_loss";
     NB__CHECK_ARG(pred, op, "pred");
     NB__CHECK_ARG(target, op, "target");
-    if (!on_cpu(pred, op) || !on_cpu(target, op) || !float_ok(pred, op, "pred") ||
+    if (!nb__check_devices(op, (nb_tensor *[]){pred, target}, 2, NULL) ||
+        !float_ok(pred, op, "pred") ||
         !float_ok(target, op, "target") || !reduction_ok(r, op))
         return NULL;
     if (pred->ndim != target->ndim ||
@@ -288,7 +280,8 @@ nb_tensor *nb_bce_with_logits(nb_tensor *logits, nb_tensor *target, nb_tensor *p
     const char *op = "bce_with_logits";
     NB__CHECK_ARG(logits, op, "logits");
     NB__CHECK_ARG(target, op, "target");
-    if (!on_cpu(logits, op) || !on_cpu(target, op) || (pos_weight && !on_cpu(pos_weight, op)))
+    nb_device dev;
+    if (!nb__check_devices(op, (nb_tensor *[]){logits, target, pos_weight}, 3, &dev))
         return NULL;
     if (!float_ok(logits, op, "logits") || !float_ok(target, op, "target") ||
         (pos_weight && !float_ok(pos_weight, op, "pos_weight")) || !reduction_ok(r, op))
@@ -325,22 +318,23 @@ nb_tensor *nb_bce_with_logits(nb_tensor *logits, nb_tensor *target, nb_tensor *p
     nb_tensor *pwc = pos_weight ? pw_operand(pos_weight, logits, ct, &period) : NULL;
     nb_set_grad_enabled(prev);
     if (!xc || !yc || (pos_weight && !pwc)) goto done;
-    nb__bce_args a = {nb__ptr(xc), nb__ptr(yc), pwc ? nb__ptr(pwc) : NULL, ct,
-                      nb_numel(logits), period};
-    if (r == NB_REDUCTION_NONE) {
-        nb_tensor *l = nb__empty(x->shape, x->ndim, ct, NB_CPU);
-        if (!l) goto done;
-        nb__cpu_bce_fwd(&a, nb__ptr(l));
-        if (ct == odt) {
-            out = l;
-        } else {
-            prev = nb_set_grad_enabled(false);
-            out = nb_to_dtype(l, odt);
-            nb_set_grad_enabled(prev);
-        }
+    nb__bce_args a = {.in = {nb__ptr(xc), nb__ptr(yc), pwc ? nb__ptr(pwc) : NULL, ct,
+                             nb_numel(logits), period},
+                      .reduction = loss_reduce(r)};
+    /* reduction none: per-element losses in the compute dtype, converted after; else the
+     * kernel writes the reduced value in the output dtype. */
+    nb_tensor *res = r == NB_REDUCTION_NONE ? nb__empty(x->shape, x->ndim, ct, dev)
+                                            : nb__empty((int64_t[1]){0}, 0, odt, dev);
+    if (!res) goto done;
+    a.out = nb__ptr(res);
+    a.out_dt = r == NB_REDUCTION_NONE ? ct : odt;
+    if (nb__run_bce_with_logits(dev, op, &a) != NB_OK) goto done;
+    if (nb_tensor_dtype(res) == odt) {
+        out = res;
     } else {
-        double total = nb__cpu_bce_fwd(&a, NULL);
-        out = scalar_out(r == NB_REDUCTION_SUM ? total : total / (double)a.n, odt);
+        prev = nb_set_grad_enabled(false);
+        out = nb_to_dtype(res, odt);
+        nb_set_grad_enabled(prev);
     }
     nb__node *nd = nb__record(out, NB__OP_BCE_WITH_LOGITS,
                               (nb_tensor *[]){logits, target, pos_weight}, 3);
@@ -359,24 +353,34 @@ done:
 }
 
 nb_status nb__bw_BCE_WITH_LOGITS(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
+    const char *op = "bce_with_logits";
     nb_tensor *xc = n->saved[0], *yc = n->saved[1], *pwc = n->saved[2];
+    if (!xc || !yc)
+        return nb__error(NB_ESTATE, "%s backward: a tensor saved for backward is missing", op);
+    nb_device dev;
+    if (!nb__check_devices(op, (nb_tensor *[]){gout, xc}, 2, &dev)) return nb_last_status();
     nb_dtype ct = xc->dtype;
     nb_reduction r = (nb_reduction)n->attrs.i[0];
-    nb__bce_args a = {nb__ptr(xc), nb__ptr(yc), pwc ? nb__ptr(pwc) : NULL, ct,
-                      nb_numel(xc), n->attrs.i[1]};
+    int64_t count = nb_numel(xc);
+    nb__bce_backward_args a = {
+        .in = {nb__ptr(xc), nb__ptr(yc), pwc ? nb__ptr(pwc) : NULL, ct, count, n->attrs.i[1]},
+        .gstride = r == NB_REDUCTION_NONE ? 1 : 0,
+        .factor = r == NB_REDUCTION_MEAN ? 1.0 / (double)(count ? count : 1) : 1.0};
     nb_tensor *g = nb_contiguous(nb_to_dtype(gout, ct));
     if (!g) return nb_last_status();
+    a.g = nb__ptr(g);
     /* Each gradient has the logits' shape; the engine sums dpw to pos_weight's shape. */
     nb_tensor *d[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
         if (!n->edges[i].node && !n->edges[i].leaf) continue;
-        d[i] = nb__empty(xc->shape, xc->ndim, ct, NB_CPU);
+        d[i] = nb__empty(xc->shape, xc->ndim, ct, dev);
         if (!d[i]) return nb_last_status();
     }
-    double factor = r == NB_REDUCTION_MEAN ? 1.0 / (double)(a.n ? a.n : 1) : 1.0;
-    nb__cpu_bce_bwd(&a, nb__ptr(g), r == NB_REDUCTION_NONE ? 1 : 0, factor,
-                    d[0] ? nb__ptr(d[0]) : NULL, d[1] ? nb__ptr(d[1]) : NULL,
-                    d[2] ? nb__ptr(d[2]) : NULL);
+    a.dx = d[0] ? nb__ptr(d[0]) : NULL;
+    a.dy = d[1] ? nb__ptr(d[1]) : NULL;
+    a.dpw = d[2] ? nb__ptr(d[2]) : NULL;
+    nb_status st = nb__run_bce_with_logits_backward(dev, op, &a);
+    if (st != NB_OK) return st;
     for (int i = 0; i < 3; i++) gin[i] = d[i];
     return NB_OK;
 }

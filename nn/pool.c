@@ -1,21 +1,18 @@
-/* pool.c - 2-D pooling: the ops nb_maxpool2d_fn, nb_avgpool2d_fn, nb_adaptive_avgpool2d_fn
- * (PyTorch semantics, no ceil mode), their backward rules, and the MaxPool2d, AvgPool2d and
- * AdaptiveAvgPool2d modules. Inputs are (N, C, H, W) or (C, H, W); the kernels in
- * cpu/pool.c see them as planes of H x W. Half dtypes are computed in f32. */
+/* nn/pool.c - 2-D pooling: the ops nb_maxpool2d_fn, nb_avgpool2d_fn,
+ * nb_adaptive_avgpool2d_fn (PyTorch semantics, no ceil mode), their backward rules, and the
+ * MaxPool2d, AvgPool2d and AdaptiveAvgPool2d modules. Inputs are (N, C, H, W) or (C, H, W);
+ * the pool kernels (tensor/kernels/conv.h) see them as planes of H x W. Half dtypes are
+ * computed in f32. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
 #include "nabla/nn.h"
-#include "cpu/pool.h"
+#include "tensor/backend.h"
 
 /* The input's planes and spatial size; false (error set) on a user mistake. */
 static bool pool_input(const nb_tensor *x, const char *op, nb__pool2d_geom *g) {
-    if (x->storage->device.type != NB_DEVICE_CPU) {
-        nb__error(NB_EDEVICE, "%s: CUDA tensors are not supported by this op yet", op);
-        return false;
-    }
     if (x->ndim != 3 && x->ndim != 4) {
         nb__error(NB_ESHAPE, "%s: input must be 4-D (N, C, H, W) or 3-D (C, H, W), got %s", op,
                   NB__SHAPE(x));
@@ -102,6 +99,7 @@ static void set_window_attrs(nb__node *nd, const nb__pool2d_geom *g) {
 }
 
 typedef enum pool_kind { POOL_MAX, POOL_AVG, POOL_ADAPTIVE } pool_kind;
+static const char *const pool_names[] = {"maxpool2d", "avgpool2d", "adaptive_avgpool2d"};
 
 /* Forward of every pool: convert, run the kernel, convert back, record. */
 static nb_tensor *pool_forward(nb_tensor *x, pool_kind kind, const nb__pool2d_geom *g,
@@ -110,21 +108,20 @@ static nb_tensor *pool_forward(nb_tensor *x, pool_kind kind, const nb__pool2d_ge
     int64_t oshape[4];
     out_shape(x, g->OH, g->OW, oshape);
     bool want_idx = kind == POOL_MAX && nb__needs_grad(&x, 1);
+    nb_device dev = nb__device_of(x);
     nb_scope_begin();
     bool prev = nb_set_grad_enabled(false);
     nb_tensor *xc = nb_contiguous(nb_to_dtype(x, cdt));
-    nb_tensor *out = xc ? nb__empty(oshape, x->ndim, cdt, NB_CPU) : NULL;
-    nb_tensor *idx = out && want_idx ? nb__empty(oshape, x->ndim, NB_I32, NB_CPU) : NULL;
+    nb_tensor *out = xc ? nb__empty(oshape, x->ndim, cdt, dev) : NULL;
+    nb_tensor *idx = out && want_idx ? nb__empty(oshape, x->ndim, NB_I32, dev) : NULL;
     if (out && (!want_idx || idx)) {
-        bool f64 = cdt == NB_F64;
-        if (kind == POOL_MAX)
-            nb__maxpool2d_fwd(g, f64, nb__ptr(xc), nb__ptr(out), idx ? (int32_t *)nb__ptr(idx)
-                                                                     : NULL);
-        else if (kind == POOL_AVG)
-            nb__avgpool2d_fwd(g, f64, cip, nb__ptr(xc), nb__ptr(out));
-        else
-            nb__adaptive_avgpool2d_fwd(g, f64, nb__ptr(xc), nb__ptr(out));
-        if (cdt != dt) out = nb_to_dtype(out, dt);
+        nb__pool2d_args a = {.g = *g, .dtype = cdt, .count_include_pad = cip, .x = nb__ptr(xc),
+                             .y = nb__ptr(out), .idx = idx ? (int32_t *)nb__ptr(idx) : NULL};
+        nb_status st = kind == POOL_MAX   ? nb__run_maxpool2d(dev, pool_names[kind], &a)
+                       : kind == POOL_AVG ? nb__run_avgpool2d(dev, pool_names[kind], &a)
+                                          : nb__run_adaptive_avgpool2d(dev, pool_names[kind], &a);
+        if (st != NB_OK) out = NULL;
+        else if (cdt != dt) out = nb_to_dtype(out, dt);
     } else {
         out = NULL;
     }
@@ -186,23 +183,28 @@ static nb_status pool_backward(nb__node *n, nb_tensor *gout, nb_tensor **gin, po
     const nb__edge *e = &n->edges[0];
     nb_dtype cdt = compute_dtype(e->dtype);
     nb__pool2d_geom g = bw_geom(n);
+    if (kind == POOL_MAX && !n->saved[0])
+        return nb__error(NB_ESTATE, "maxpool2d backward: the saved indices are missing");
+    nb_device dev;
+    if (!nb__check_devices(pool_names[kind], (nb_tensor *[]){gout, n->saved[0]}, 2, &dev))
+        return nb_last_status();
     nb_status st = NB_OK;
     nb_scope_begin();
     nb_tensor *gy = nb_contiguous(nb_to_dtype(gout, cdt));
-    nb_tensor *gx = gy ? nb__empty(e->shape, e->ndim, cdt, NB_CPU) : NULL;
+    nb_tensor *gx = gy ? nb__empty(e->shape, e->ndim, cdt, dev) : NULL;
     if (!gx) {
         st = nb_last_status();
-    } else if (kind == POOL_MAX) {
-        if (!n->saved[0]) {
-            st = nb__error(NB_ESTATE, "maxpool2d backward: the saved indices are missing");
-        } else {
-            nb__maxpool2d_bwd(&g, cdt == NB_F64, nb__ptr(gy),
-                              (const int32_t *)nb__ptr(n->saved[0]), nb__ptr(gx));
-        }
-    } else if (kind == POOL_AVG) {
-        nb__avgpool2d_bwd(&g, cdt == NB_F64, n->attrs.flag, nb__ptr(gy), nb__ptr(gx));
     } else {
-        nb__adaptive_avgpool2d_bwd(&g, cdt == NB_F64, nb__ptr(gy), nb__ptr(gx));
+        nb__pool2d_backward_args a = {.g = g, .dtype = cdt, .count_include_pad = n->attrs.flag,
+                                      .gy = nb__ptr(gy), .gx = nb__ptr(gx)};
+        if (kind == POOL_MAX) {
+            a.idx = (const int32_t *)nb__ptr(n->saved[0]);
+            st = nb__run_maxpool2d_backward(dev, pool_names[kind], &a);
+        } else if (kind == POOL_AVG) {
+            st = nb__run_avgpool2d_backward(dev, pool_names[kind], &a);
+        } else {
+            st = nb__run_adaptive_avgpool2d_backward(dev, pool_names[kind], &a);
+        }
     }
     if (st == NB_OK) gin[0] = nb_keep(gx);
     nb_scope_end();

@@ -700,6 +700,193 @@ START_TEST(test_loss_errors) {
 }
 END_TEST
 
+/* ---- devices: meta (shapes only) and guard (no host access to device memory) ---------------- */
+#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
+
+typedef struct dev_loss {
+    const char *what;
+    int op; /* 0 cross_entropy, 1 nll_loss, 2 bce_with_logits, 3 mse_loss, 4 l1_loss */
+    nb_dtype dt, tdt;
+    int64_t xs[4];
+    int nd;
+    nb_cross_entropy_opts o; /* o.reduction for every op */
+    bool pw;                 /* bce: a pos_weight over the last dim */
+} dev_loss;
+
+#define DL_MEAN NB_REDUCTION_MEAN
+#define DL_SUM NB_REDUCTION_SUM
+#define DL_NONE NB_REDUCTION_NONE
+static const dev_loss dev_losses[] = {
+    {"ce mean ignore smoothing", 0, NB_F32, NB_I64, {6, 7}, 2,
+     {.reduction = DL_MEAN, .has_ignore_index = true, .ignore_index = 1, .label_smoothing = 0.1},
+     false},
+    {"ce none 4-D f16", 0, NB_F16, NB_I32, {2, 4, 3, 5}, 4, {.reduction = DL_NONE}, false},
+    {"ce sum f64 3-D", 0, NB_F64, NB_I64, {3, 5, 70}, 3, {.reduction = DL_SUM}, false},
+    {"ce mean (C)", 0, NB_BF16, NB_I64, {9}, 1, {.reduction = DL_MEAN}, false},
+    {"nll mean ignore", 1, NB_F64, NB_I32, {5, 6}, 2,
+     {.reduction = DL_MEAN, .has_ignore_index = true, .ignore_index = 2}, false},
+    {"nll none", 1, NB_F32, NB_I64, {2, 3, 4}, 3, {.reduction = DL_NONE}, false},
+    {"bce mean pos_weight", 2, NB_F32, NB_F32, {3, 4}, 2, {.reduction = DL_MEAN}, true},
+    {"bce none bf16", 2, NB_BF16, NB_BF16, {2, 5}, 2, {.reduction = DL_NONE}, true},
+    {"bce sum f64", 2, NB_F64, NB_F64, {7}, 1, {.reduction = DL_SUM}, false},
+    {"mse none", 3, NB_F32, NB_F32, {3, 4}, 2, {.reduction = DL_NONE}, false},
+    {"l1 none", 4, NB_F64, NB_F64, {5}, 1, {.reduction = DL_NONE}, false},
+};
+
+static bool dl_cls(const dev_loss *c) { return c->op <= 1; }
+/* Inputs: scores / logits / pred, target, pos_weight; the float ones but pos_weight require
+ * grad (pos_weight's gradient is summed to its shape by nb_sum, of the reduce family, whose
+ * device coverage that family's suite tests). */
+static int dl_ninputs(const dev_loss *c) { return c->op == 2 && c->pw ? 3 : 2; }
+static int dl_ngrad(const dev_loss *c) { return dl_cls(c) ? 1 : 2; }
+
+static nb_tensor *dl_run(const dev_loss *c, nb_tensor *const *in) {
+    nb_reduction r = c->o.reduction;
+    switch (c->op) {
+    case 0: return nb_cross_entropy(in[0], in[1], &c->o);
+    case 1: return nb_nll_loss(in[0], in[1], &c->o);
+    case 2: return nb_bce_with_logits(in[0], in[1], c->pw ? in[2] : NULL, r);
+    case 3: return nb_mse_loss(in[0], in[1], r);
+    default: return nb_l1_loss(in[0], in[1], r);
+    }
+}
+
+static void dl_inputs(const dev_loss *c, nb_tensor **in) {
+    in[0] = tu_random(c->xs, c->nd, c->dt, -3, 3, 21);
+    if (dl_cls(c)) {
+        int64_t ts[4];
+        int tn = target_shape(c->xs, c->nd, ts);
+        int64_t C = c->xs[c->nd == 1 ? 0 : 1];
+        in[1] = tu_random(ts, tn, c->tdt, 0, (double)(C - 1), 22);
+    } else {
+        in[1] = tu_random(c->xs, c->nd, c->tdt, c->op == 2 ? 0 : -1, 1, 22);
+    }
+    if (dl_ninputs(c) == 3) in[2] = tu_random(&c->xs[c->nd - 1], 1, c->dt, 0.5, 2, 23);
+}
+
+/* The loss on copies of in[] on dev (the float inputs leaves that require grad), then a
+ * backward with a fixed random gradient; y and the gradients come back on the CPU. */
+static nb_tensor *dl_forward_backward(const dev_loss *c, nb_device dev, nb_tensor *const *in,
+                                      nb_tensor **grads) {
+    nb_tensor *xs[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < dl_ninputs(c); i++) {
+        xs[i] = nb_detach(nb_to_device(in[i], dev));
+        ck_assert(xs[i] != NULL);
+        if (i < dl_ngrad(c)) ck_assert(nb_set_requires_grad(xs[i], true) == NB_OK);
+    }
+    nb_tensor *y = dl_run(c, xs);
+    ck_assert_msg(y != NULL, "%s: %s", c->what, nb_last_error());
+    ck_assert(nb_device_equal(nb_tensor_device(y), dev));
+    nb_tensor *g = tu_random(nb_shape(y), nb_ndim(y), nb_tensor_dtype(y), -1, 1, 24);
+    nb_status st = nb_backward_ex(y, &(nb_backward_opts){.grad_output = nb_to_device(g, dev)});
+    ck_assert_msg(st == NB_OK, "%s: %s", c->what, nb_last_error());
+    for (int i = 0; i < dl_ngrad(c); i++) {
+        ck_assert(nb_device_equal(nb_tensor_device(nb_grad(xs[i])), dev));
+        grads[i] = nb_to_device(nb_grad(xs[i]), NB_CPU);
+    }
+    return nb_to_device(y, NB_CPU);
+}
+
+static void assert_same(nb_tensor *got, nb_tensor *want) {
+    double *v = tu_values(want);
+    tu_assert_close(got, v, nb_shape(want), nb_ndim(want), 0);
+    free(v);
+}
+
+/* On the guard device every loss gives the CPU's values and gradients bit for bit (the guard
+ * runs the CPU kernels), target validation included: the op definitions never touch device
+ * memory. */
+START_TEST(test_loss_guard) {
+    for (int i = 0; i < NELEM(dev_losses); i++) {
+        const dev_loss *c = &dev_losses[i];
+        nb_scope_begin();
+        nb_tensor *in[3], *gc[3], *gg[3];
+        dl_inputs(c, in);
+        nb_tensor *yc = dl_forward_backward(c, NB_CPU, in, gc);
+        nb_tensor *yg = dl_forward_backward(c, GUARD, in, gg);
+        assert_same(yg, yc);
+        for (int k = 0; k < dl_ngrad(c); k++) assert_same(gg[k], gc[k]);
+        nb_scope_end();
+    }
+    nb_scope_begin();
+    /* Every target ignored: a mean of NaN, zero gradients, on the guard too. */
+    nb_tensor *x = nb_detach(nb_to_device(tu_random((int64_t[]){3, 4}, 2, NB_F32, -2, 2, 5),
+                                          GUARD));
+    ck_assert(nb_set_requires_grad(x, true) == NB_OK);
+    nb_tensor *t = nb_full_on(GUARD, (int64_t[]){3}, 1, NB_I64, -100);
+    nb_cross_entropy_opts o = {.has_ignore_index = true, .ignore_index = -100};
+    nb_tensor *y = nb_cross_entropy(x, t, &o);
+    ck_assert(y != NULL);
+    ck_assert(isnan(nb_item_f64(nb_to_device(y, NB_CPU))));
+    ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = nb_ones_on(GUARD, NULL, 0,
+                                                                              NB_F32)}) == NB_OK);
+    const double zeros[12] = {0};
+    tu_assert_close(nb_to_device(nb_grad(x), NB_CPU), zeros, ((int64_t[]){3, 4}), 2, 0);
+    /* An out-of-range target is found by the kernel, with the same message. */
+    nb_tensor *t12 = nb_to_device(tu_tensor((double[]){1, 12, 3}, (int64_t[]){3}, 1, NB_I64),
+                                  GUARD);
+    tu_assert_error(nb_cross_entropy(x, t12, NULL), NB_EINDEX,
+                    "cross_entropy: target 12 is out of range for 4 classes");
+    tu_assert_error(nb_nll_loss(x, t12, &o), NB_EINDEX,
+                    "nll_loss: target 12 is out of range for 4 classes");
+    nb_scope_end();
+}
+END_TEST
+
+/* On meta every loss infers its output's shape and dtype and records; the backward gives
+ * meta gradients of the inputs' shapes; nothing is computed, validated or read. */
+START_TEST(test_loss_meta) {
+    for (int i = 0; i < NELEM(dev_losses); i++) {
+        const dev_loss *c = &dev_losses[i];
+        nb_scope_begin();
+        nb_tensor *in[3], *xs[3];
+        dl_inputs(c, in);
+        nb_tensor *ref = dl_run(c, in); /* the CPU result: the expected shape and dtype */
+        ck_assert(ref != NULL);
+        for (int k = 0; k < dl_ninputs(c); k++) {
+            xs[k] = nb_empty_on(NB_META, nb_shape(in[k]), nb_ndim(in[k]), nb_tensor_dtype(in[k]));
+            if (k < dl_ngrad(c)) ck_assert(nb_set_requires_grad(xs[k], true) == NB_OK);
+        }
+        nb_tensor *y = dl_run(c, xs);
+        ck_assert_msg(y != NULL, "%s: %s", c->what, nb_last_error());
+        ck_assert(nb_tensor_device(y).type == NB_DEVICE_META);
+        ck_assert_int_eq(nb_tensor_dtype(y), nb_tensor_dtype(ref));
+        ck_assert_int_eq(nb_ndim(y), nb_ndim(ref));
+        for (int d = 0; d < nb_ndim(y); d++) ck_assert_int_eq(nb_shape(y)[d], nb_shape(ref)[d]);
+        nb_tensor *g = nb_ones_on(NB_META, nb_shape(y), nb_ndim(y), nb_tensor_dtype(y));
+        nb_status st = nb_backward_ex(y, &(nb_backward_opts){.grad_output = g});
+        ck_assert_msg(st == NB_OK, "%s: %s", c->what, nb_last_error());
+        for (int k = 0; k < dl_ngrad(c); k++) {
+            nb_tensor *gk = nb_grad(xs[k]);
+            ck_assert_msg(gk != NULL, "%s: input %d has no gradient", c->what, k);
+            ck_assert(nb_tensor_device(gk).type == NB_DEVICE_META);
+            ck_assert_int_eq(nb_tensor_dtype(gk), nb_tensor_dtype(in[k]));
+            ck_assert_int_eq(nb_ndim(gk), nb_ndim(in[k]));
+            for (int d = 0; d < nb_ndim(in[k]); d++)
+                ck_assert_int_eq(nb_shape(gk)[d], nb_shape(in[k])[d]);
+        }
+        nb_scope_end();
+    }
+}
+END_TEST
+
+START_TEST(test_loss_mixed_devices) {
+    nb_scope_begin();
+    nb_tensor *x = tu_random((int64_t[]){4, 10}, 2, NB_F32, -1, 1, 1);
+    nb_tensor *t = tu_tensor((double[]){1, 2, 3, 4}, (int64_t[]){4}, 1, NB_I64);
+    nb_tensor *xm = nb_to_device(x, NB_META), *tm = nb_to_device(t, NB_META);
+    tu_assert_error(nb_cross_entropy(x, tm, NULL), NB_EDEVICE,
+                    "cross_entropy: operands on cpu and meta");
+    tu_assert_error(nb_nll_loss(xm, t, NULL), NB_EDEVICE, "nll_loss: operands on meta and cpu");
+    tu_assert_error(nb_bce_with_logits(x, xm, NULL, 0), NB_EDEVICE, "bce_with_logits");
+    tu_assert_error(nb_bce_with_logits(x, x, nb_ones_on(NB_META, (int64_t[]){10}, 1, NB_F32), 0),
+                    NB_EDEVICE, "bce_with_logits: operands on cpu and meta");
+    tu_assert_error(nb_mse_loss(xm, x, 0), NB_EDEVICE, "mse_loss");
+    tu_assert_error(nb_l1_loss(x, xm, 0), NB_EDEVICE, "l1_loss");
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_loss(void) {
     Suite *s = suite_create("loss");
     struct {
@@ -719,6 +906,9 @@ Suite *nb_suite_loss(void) {
         {"errors", test_loss_errors},
         {"gradcheck_cls", test_gradcheck_cls},
         {"gradcheck_pointwise", test_gradcheck_pointwise},
+        {"guard", test_loss_guard},
+        {"meta", test_loss_meta},
+        {"mixed_devices", test_loss_mixed_devices},
     };
     for (int i = 0; i < NELEM(cases); i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -773,6 +773,170 @@ START_TEST(test_pool2d_errors) {
 }
 END_TEST
 
+/* ---- devices: meta (shapes only) and guard (no host access to device memory) ---------------- */
+#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
+
+/* One op of the family on inputs in[0..n); ctx picks the op and its options. */
+typedef struct dev_case {
+    const char *what;
+    int op; /* 0 conv2d, 1 maxpool2d, 2 avgpool2d, 3 adaptive_avgpool2d */
+    int64_t k[2], s[2], p[2], groups;
+    bool cip;
+    nb_dtype dt;
+    int64_t xs[4], ws[4]; /* ws[0] == 0: no weight (pools) */
+    bool bias;
+} dev_case;
+
+static const dev_case k_dev_cases[] = {
+    {"conv2d f32", 0, {0}, {1, 1}, {1, 1}, 1, false, NB_F32, {2, 3, 7, 6}, {4, 3, 3, 3}, true},
+    {"conv2d f64 grouped strided", 0, {0}, {2, 1}, {0, 1}, 2, false, NB_F64, {2, 4, 7, 6},
+     {6, 2, 3, 2}, false},
+    {"conv2d 1x1 bf16", 0, {0}, {1, 1}, {0, 0}, 1, false, NB_BF16, {1, 4, 5, 5}, {2, 4, 1, 1},
+     true},
+    {"conv2d f32 larger", 0, {0}, {1, 1}, {1, 1}, 1, false, NB_F32, {4, 16, 12, 12},
+     {16, 16, 3, 3}, true},
+    {"maxpool2d 2x2", 1, {2, 2}, {2, 2}, {0, 0}, 0, false, NB_F32, {2, 3, 8, 6}, {0}, false},
+    {"maxpool2d padded f64", 1, {3, 3}, {2, 2}, {1, 1}, 0, false, NB_F64, {2, 2, 7, 5}, {0},
+     false},
+    {"avgpool2d excl pad f16", 2, {3, 2}, {2, 1}, {1, 1}, 0, false, NB_F16, {1, 2, 7, 5}, {0},
+     false},
+    {"avgpool2d incl pad", 2, {2, 2}, {1, 1}, {1, 1}, 0, true, NB_F32, {2, 2, 5, 5}, {0}, false},
+    {"adaptive_avgpool2d", 3, {3, 2}, {0}, {0}, 0, false, NB_F32, {2, 3, 7, 5}, {0}, false},
+};
+#define N_DEV_CASES ((int)(sizeof k_dev_cases / sizeof k_dev_cases[0]))
+
+static int dev_ninputs(const dev_case *c) { return c->op == 0 ? (c->bias ? 3 : 2) : 1; }
+
+static nb_tensor *dev_run(const dev_case *c, nb_tensor *const *in) {
+    switch (c->op) {
+    case 0: return nb_conv2d_fn(in[0], in[1], c->bias ? in[2] : NULL, c->s, c->p, NULL,
+                                c->groups);
+    case 1: return nb_maxpool2d_fn(in[0], c->k, c->s, c->p);
+    case 2: return nb_avgpool2d_fn(in[0], c->k, c->s, c->p, c->cip);
+    default: return nb_adaptive_avgpool2d_fn(in[0], c->k[0], c->k[1]);
+    }
+}
+
+/* The case's CPU inputs (random, fixed seeds). */
+static int dev_inputs(const dev_case *c, nb_tensor **in) {
+    in[0] = tu_random(c->xs, 4, c->dt, -1, 1, 11);
+    if (c->op == 0) {
+        in[1] = tu_random(c->ws, 4, c->dt, -1, 1, 12);
+        if (c->bias) in[2] = tu_random(c->ws, 1, c->dt, -1, 1, 13);
+    }
+    return dev_ninputs(c);
+}
+
+/* The case on copies of in[] on dev, as leaves that require grad, then a backward with a
+ * fixed random gradient; y and the gradients come back on the CPU. */
+static nb_tensor *dev_forward_backward(const dev_case *c, nb_device dev, nb_tensor *const *in,
+                                       nb_tensor **grads) {
+    nb_tensor *xs[3] = {NULL, NULL, NULL};
+    int n = dev_ninputs(c);
+    for (int i = 0; i < n; i++) {
+        xs[i] = nb_detach(nb_to_device(in[i], dev));
+        ck_assert_msg(xs[i] && nb_set_requires_grad(xs[i], true) == NB_OK, "%s", nb_last_error());
+    }
+    nb_tensor *y = dev_run(c, xs);
+    ck_assert_msg(y != NULL, "%s on %d: %s", c->what, (int)dev.type, nb_last_error());
+    ck_assert(nb_device_equal(nb_tensor_device(y), dev));
+    nb_tensor *g = tu_random(nb_shape(y), nb_ndim(y), c->dt, -1, 1, 14);
+    ck_assert_msg(backward_with(y, nb_to_device(g, dev)) == NB_OK, "%s: %s", c->what,
+                  nb_last_error());
+    for (int i = 0; i < n; i++) {
+        ck_assert(nb_device_equal(nb_tensor_device(nb_grad(xs[i])), dev));
+        grads[i] = nb_to_device(nb_grad(xs[i]), NB_CPU);
+    }
+    return nb_to_device(y, NB_CPU);
+}
+
+/* On the guard device every op gives the CPU's values and gradients bit for bit (the guard
+ * runs the CPU kernels): the op definitions never touch device memory. */
+START_TEST(test_conv_pool_guard) {
+    nb__conv_impl impls[2];
+    int nimpl = conv_impls(impls);
+    for (int ii = 0; ii < nimpl; ii++)
+    for (int i = 0; i < N_DEV_CASES; i++) {
+        const dev_case *c = &k_dev_cases[i];
+        if (ii > 0 && c->op != 0) continue;
+        nb__conv2d_set_impl(impls[ii]);
+        nb_scope_begin();
+        nb_tensor *in[3], *gc[3], *gg[3];
+        int n = dev_inputs(c, in);
+        nb_tensor *yc = dev_forward_backward(c, NB_CPU, in, gc);
+        nb_tensor *yg = dev_forward_backward(c, GUARD, in, gg);
+        double *v = tu_values(yc);
+        tu_assert_close(yg, v, nb_shape(yc), nb_ndim(yc), 0);
+        free(v);
+        for (int k = 0; k < n; k++) {
+            v = tu_values(gc[k]);
+            tu_assert_close(gg[k], v, nb_shape(gc[k]), nb_ndim(gc[k]), 0);
+            free(v);
+        }
+        nb_scope_end();
+    }
+    nb__conv2d_set_impl(NB__CONV_AUTO);
+}
+END_TEST
+
+/* On meta every op infers its output's shape and dtype and records; the backward gives
+ * meta gradients of the inputs' shapes; nothing is computed or read. */
+START_TEST(test_conv_pool_meta) {
+    for (int i = 0; i < N_DEV_CASES; i++) {
+        const dev_case *c = &k_dev_cases[i];
+        nb_scope_begin();
+        nb_tensor *in[3], *cpu_grads[3], *xs[3];
+        int n = dev_inputs(c, in);
+        nb_tensor *ref = dev_run(c, in); /* the CPU result: the expected shape */
+        ck_assert(ref != NULL);
+        for (int k = 0; k < n; k++) {
+            xs[k] = nb_empty_on(NB_META, nb_shape(in[k]), nb_ndim(in[k]), c->dt);
+            ck_assert(nb_set_requires_grad(xs[k], true) == NB_OK);
+        }
+        nb_tensor *y = dev_run(c, xs);
+        ck_assert_msg(y != NULL, "%s: %s", c->what, nb_last_error());
+        ck_assert(nb_tensor_device(y).type == NB_DEVICE_META);
+        ck_assert_int_eq(nb_tensor_dtype(y), c->dt);
+        ck_assert_int_eq(nb_ndim(y), nb_ndim(ref));
+        for (int d = 0; d < nb_ndim(y); d++) ck_assert_int_eq(nb_shape(y)[d], nb_shape(ref)[d]);
+        nb_tensor *g = nb_ones_on(NB_META, nb_shape(y), nb_ndim(y), c->dt);
+        ck_assert_msg(backward_with(y, g) == NB_OK, "%s: %s", c->what, nb_last_error());
+        for (int k = 0; k < n; k++) {
+            cpu_grads[k] = nb_grad(xs[k]);
+            ck_assert_msg(cpu_grads[k] != NULL, "%s: input %d has no gradient", c->what, k);
+            ck_assert(nb_tensor_device(cpu_grads[k]).type == NB_DEVICE_META);
+            ck_assert_int_eq(nb_tensor_dtype(cpu_grads[k]), c->dt);
+            ck_assert_int_eq(nb_ndim(cpu_grads[k]), nb_ndim(in[k]));
+            for (int d = 0; d < nb_ndim(in[k]); d++)
+                ck_assert_int_eq(nb_shape(cpu_grads[k])[d], nb_shape(in[k])[d]);
+        }
+        nb_scope_end();
+    }
+}
+END_TEST
+
+START_TEST(test_conv_pool_mixed_devices) {
+    nb_scope_begin();
+    nb_tensor *x = tu_random((int64_t[]){1, 2, 5, 5}, 4, NB_F32, -1, 1, 1);
+    nb_tensor *w = tu_random((int64_t[]){3, 2, 3, 3}, 4, NB_F32, -1, 1, 2);
+    nb_tensor *b = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 3);
+    nb_tensor *xm = nb_to_device(x, NB_META), *wm = nb_to_device(w, NB_META);
+    nb_tensor *bm = nb_to_device(b, NB_META);
+    tu_assert_error(nb_conv2d_fn(x, wm, b, NULL, NULL, NULL, 1), NB_EDEVICE,
+                    "conv2d: operands on cpu and meta");
+    tu_assert_error(nb_conv2d_fn(xm, w, NULL, NULL, NULL, NULL, 1), NB_EDEVICE,
+                    "conv2d: operands on meta and cpu");
+    tu_assert_error(nb_conv2d_fn(x, w, bm, NULL, NULL, NULL, 1), NB_EDEVICE, "conv2d");
+    /* A pool's gradient on another device than its output. */
+    ck_assert(nb_set_requires_grad(x, true) == NB_OK);
+    nb_tensor *y = nb_maxpool2d_fn(x, (int64_t[]){2, 2}, NULL, NULL);
+    ck_assert(y != NULL);
+    ck_assert(backward_with(y, nb_ones_on(NB_META, nb_shape(y), 4, NB_F32)) == NB_EDEVICE);
+    ck_assert(nb_grad(x) == NULL);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_nn_conv(void) {
     Suite *s = suite_create("nn_conv");
     TCase *tc = tcase_create("conv2d");
@@ -794,5 +958,10 @@ Suite *nb_suite_nn_conv(void) {
     tcase_add_test(tp, test_pool2d_modules);
     tcase_add_test(tp, test_pool2d_errors);
     suite_add_tcase(s, tp);
+    TCase *td = tcase_create("devices");
+    tcase_add_test(td, test_conv_pool_guard);
+    tcase_add_test(td, test_conv_pool_meta);
+    tcase_add_test(td, test_conv_pool_mixed_devices);
+    suite_add_tcase(s, td);
     return s;
 }
