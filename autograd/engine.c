@@ -334,7 +334,7 @@ nb_status nb_backward_ex(nb_tensor *out, const nb_backward_opts *opts) {
             st = nb__error(NB_EINVAL, "backward: the output %s has %lld elements; pass "
                            ".grad_output for outputs that are not a single element",
                            NB__SHAPE(out), (long long)nb_numel(out));
-        else g = nb_ones(out->shape, out->ndim, out->dtype);
+        else g = nb_ones_on(nb__device_of(out), out->shape, out->ndim, out->dtype);
     } else if (g->ndim != out->ndim ||
                memcmp(g->shape, out->shape, sizeof(int64_t) * (size_t)out->ndim) != 0) {
         st = nb__error(NB_ESHAPE, "backward: grad_output of shape %s for an output of shape %s",

@@ -508,7 +508,7 @@ static nb_tensor *get_tensor(nb_safetensors *f, const char *name, bool copy, con
         if (!t) map_unref(f->map);
         return t;
     }
-    nb_tensor *t = nb_empty(e->shape, e->ndim, dt);
+    nb_tensor *t = nb_empty_on(NB_CPU, e->shape, e->ndim, dt);
     if (!t) return NULL;
     unsigned char *dst = nb_data(t);
     if (bad_bool)

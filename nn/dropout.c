@@ -30,21 +30,10 @@ static nb_tensor *masked_scale(nb_tensor *x, nb_tensor *mask, double scale) {
     return nb__run_dropout(dev, "dropout", &a) == NB_OK ? out : NULL;
 }
 
-/* The u8 keep mask of x's shape on x's device. Without storage (the meta device) nothing
- * is drawn: the generator only moves past the blocks nb_bernoulli would have used (4 draws
- * a block), so a meta run leaves it where a real one would. */
+/* The u8 keep mask of x's shape on x's device. */
 static nb_tensor *keep_mask(nb_tensor *x, double p, nb_generator *gen) {
-    nb_device dev = nb__device_of(x);
-    const nb__backend *be = nb__backend_of(dev, "dropout");
-    if (!be) return NULL;
-    if (!be->has_storage) {
-        nb_generator *g = gen ? gen : nb_default_generator();
-        uint64_t n = (uint64_t)nb_numel(x);
-        nb_status st = nb_generator_set_offset(g, nb_generator_offset(g) + (n + 3) / 4);
-        return st == NB_OK ? nb__empty(x->shape, x->ndim, NB_U8, dev) : NULL;
-    }
-    nb_tensor *mask = nb_bernoulli(x->shape, x->ndim, NB_U8, 1.0 - p, gen);
-    return mask ? nb_to_device(mask, dev) : NULL;
+    /* On meta nothing is drawn, but the generator advances as a real draw would. */
+    return nb_bernoulli_on(nb__device_of(x), x->shape, x->ndim, NB_U8, 1.0 - p, gen);
 }
 
 nb_tensor *nb_dropout(nb_tensor *x, double p, bool training, nb_generator *gen) {

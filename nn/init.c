@@ -20,11 +20,6 @@
 #include "nabla/nn.h"
 #include "nabla/random.h"
 
-/* The in-place random fills of tensor/random.c, on any device. TODO(lead): these two
- * prototypes belong in nabla/random.h (with the _on constructors); drop them here then. */
-nb_status nb_uniform_(nb_tensor *t, double lo, double hi, nb_generator *g);
-nb_status nb_normal_(nb_tensor *t, double mean, double std, nb_generator *g);
-
 static nb_status check_target(nb_tensor *t, const char *op) {
     if (!nb__arg_ok(t, op, "t")) return nb_last_status();
     if (!nb_dtype_is_float(t->dtype))

@@ -268,7 +268,7 @@ const nb_params *nb_sched_state(nb_sched *s) {
     }
     state_clear(s);
     int64_t n = s->ngroups;
-    nb_tensor *a = nb_scalar((double)s->last_step, NB_I64);
+    nb_tensor *a = nb_full_on(NB_CPU, NULL, 0, NB_I64, (double)s->last_step);
     nb_tensor *b = nb_from_buffer(s->base_lrs, &n, 1, NB_F64);
     s->stensors[0] = a ? nb__scope_take(a) : NULL;
     s->stensors[1] = b ? nb__scope_take(b) : NULL;

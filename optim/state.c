@@ -52,7 +52,7 @@ static char *fmt(const char *a, const char *b) {
 
 /* A new 0-dim tensor owned by the caller (outside any scope). */
 static nb_tensor *owned_scalar(double v, nb_dtype dt) {
-    nb_tensor *t = nb_scalar(v, dt);
+    nb_tensor *t = nb_full_on(NB_CPU, NULL, 0, dt, v);
     return t ? nb__scope_take(t) : NULL;
 }
 

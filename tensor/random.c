@@ -294,7 +294,7 @@ nb_tensor *nb_uniform_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype
 
 nb_tensor *nb_uniform(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
                       nb_generator *g) {
-    return nb_uniform_on(NB_CPU, shape, ndim, dt, lo, hi, g);
+    return nb_uniform_on(nb_default_device(), shape, ndim, dt, lo, hi, g);
 }
 
 nb_tensor *nb_rand_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
@@ -305,7 +305,7 @@ nb_tensor *nb_rand_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt
 }
 
 nb_tensor *nb_rand(const int64_t *shape, int ndim, nb_dtype dt, nb_generator *g) {
-    return nb_rand_on(NB_CPU, shape, ndim, dt, g);
+    return nb_rand_on(nb_default_device(), shape, ndim, dt, g);
 }
 
 nb_status nb_uniform_(nb_tensor *t, double lo, double hi, nb_generator *g) {
@@ -341,7 +341,7 @@ nb_tensor *nb_normal_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype 
 
 nb_tensor *nb_normal(const int64_t *shape, int ndim, nb_dtype dt, double mean, double std,
                      nb_generator *g) {
-    return nb_normal_on(NB_CPU, shape, ndim, dt, mean, std, g);
+    return nb_normal_on(nb_default_device(), shape, ndim, dt, mean, std, g);
 }
 
 nb_tensor *nb_randn_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
@@ -352,7 +352,7 @@ nb_tensor *nb_randn_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype d
 }
 
 nb_tensor *nb_randn(const int64_t *shape, int ndim, nb_dtype dt, nb_generator *g) {
-    return nb_randn_on(NB_CPU, shape, ndim, dt, g);
+    return nb_randn_on(nb_default_device(), shape, ndim, dt, g);
 }
 
 nb_status nb_normal_(nb_tensor *t, double mean, double std, nb_generator *g) {
@@ -404,7 +404,7 @@ nb_tensor *nb_randint_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype
 
 nb_tensor *nb_randint(const int64_t *shape, int ndim, nb_dtype dt, int64_t lo, int64_t hi,
                       nb_generator *g) {
-    return nb_randint_on(NB_CPU, shape, ndim, dt, lo, hi, g);
+    return nb_randint_on(nb_default_device(), shape, ndim, dt, lo, hi, g);
 }
 
 /* ---- bernoulli --------------------------------------------------------------------------- */
@@ -426,7 +426,7 @@ nb_tensor *nb_bernoulli_on(nb_device dev, const int64_t *shape, int ndim, nb_dty
 
 nb_tensor *nb_bernoulli(const int64_t *shape, int ndim, nb_dtype dt, double p,
                         nb_generator *g) {
-    return nb_bernoulli_on(NB_CPU, shape, ndim, dt, p, g);
+    return nb_bernoulli_on(nb_default_device(), shape, ndim, dt, p, g);
 }
 
 /* ---- randperm ----------------------------------------------------------------------------
@@ -452,4 +452,4 @@ nb_tensor *nb_randperm_on(nb_device dev, int64_t n, nb_generator *g) {
     return out;
 }
 
-nb_tensor *nb_randperm(int64_t n, nb_generator *g) { return nb_randperm_on(NB_CPU, n, g); }
+nb_tensor *nb_randperm(int64_t n, nb_generator *g) { return nb_randperm_on(nb_default_device(), n, g); }

@@ -9,24 +9,6 @@
 #include "nabla/random.h"
 #include "testutil.h"
 
-/* Device forms and in-place fills of tensor/random.c. TODO(lead): declared here until
- * nabla/random.h exports them; drop these prototypes then. */
-nb_tensor *nb_rand_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
-                      nb_generator *g);
-nb_tensor *nb_uniform_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt, double lo,
-                         double hi, nb_generator *g);
-nb_tensor *nb_randn_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
-                       nb_generator *g);
-nb_tensor *nb_normal_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
-                        double mean, double std, nb_generator *g);
-nb_tensor *nb_randint_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
-                         int64_t lo, int64_t hi, nb_generator *g);
-nb_tensor *nb_bernoulli_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
-                           double p, nb_generator *g);
-nb_tensor *nb_randperm_on(nb_device dev, int64_t n, nb_generator *g);
-nb_status nb_uniform_(nb_tensor *t, double lo, double hi, nb_generator *g);
-nb_status nb_normal_(nb_tensor *t, double mean, double std, nb_generator *g);
-
 #define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
 
 /* Check's ck_assert records every passing check (a write per call), far too slow for loops

@@ -60,6 +60,26 @@ nb_tensor *nb_bernoulli(const int64_t *shape, int ndim, nb_dtype dt, double p,
                         nb_generator *g);
 /* A random permutation of 0..n-1 (I64), e.g. for shuffling. */
 nb_tensor *nb_randperm(int64_t n, nb_generator *g);
+/* The creators above use the default device (nb_set_default_device; NB_CPU unless set).
+ * The same on a chosen device: identical values on every device; the generator advances
+ * the same everywhere, meta included. */
+nb_tensor *nb_rand_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                      nb_generator *g);
+nb_tensor *nb_uniform_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt, double lo,
+                         double hi, nb_generator *g);
+nb_tensor *nb_randn_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                       nb_generator *g);
+nb_tensor *nb_normal_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                        double mean, double std, nb_generator *g);
+nb_tensor *nb_randint_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                         int64_t lo, int64_t hi, nb_generator *g);
+nb_tensor *nb_bernoulli_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt,
+                           double p, nb_generator *g);
+nb_tensor *nb_randperm_on(nb_device dev, int64_t n, nb_generator *g);
+/* In place on t's device (float t, any strides): the values nb_uniform / nb_normal draw
+ * for t's shape, in row-major order. Needs grad mode off for a tensor that requires grad. */
+nb_status nb_uniform_(nb_tensor *t, double lo, double hi, nb_generator *g);
+nb_status nb_normal_(nb_tensor *t, double mean, double std, nb_generator *g);
 
 #ifdef __cplusplus
 }
