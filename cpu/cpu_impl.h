@@ -10,14 +10,7 @@
 
 #include "nabla/status.h"
 #include "tensor/backend.h"
-
-/* The assertion macro and error setter of the core (tensor/error.c). */
-#define NB__ASSERT(cond)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) nb__assert_fail(__FILE__, __LINE__, #cond);                           \
-    } while (0)
-_Noreturn void nb__assert_fail(const char *file, int line, const char *cond);
-nb_status nb__error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#include "tensor/error.h"
 
 /* Scalar load/store of any dtype (tensor/dtype.c). */
 double nb__load_f64(const void *p, nb_dtype dt);

@@ -9,7 +9,7 @@
 
 #include "nb_config.h"
 #include "nabla/runtime.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/error.h"
 #include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
 
 const char *nb_version(void) { return NB_VERSION_STRING; }

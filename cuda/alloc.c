@@ -17,7 +17,7 @@
 #include <stdlib.h>
 
 #include "cuda/cuda_impl.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/error.h"
 
 #define NB__CUDA_MIN_BLOCK 512
 #define NB__CUDA_NCLASS 220

@@ -11,7 +11,7 @@
 #include <cublas_v2.h>
 
 #include "cuda/cuda_impl.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/error.h"
 
 static nb_status blas_status(cublasStatus_t st, const char *what) {
     if (st == CUBLAS_STATUS_SUCCESS) return NB_OK;

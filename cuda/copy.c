@@ -5,7 +5,7 @@
  * and catches host and device pointers passed the wrong way round, which CUDA would
  * otherwise report as a bare "invalid argument" or, worse, copy from the wrong side. */
 #include "cuda/cuda_impl.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/error.h"
 
 typedef enum { NB__H2D, NB__D2H, NB__D2D } nb__copy_kind;
 

@@ -4,7 +4,7 @@
  * nothing to do (freeing NULL, emptying an empty cache) succeed, as in a CUDA build. */
 #include "nabla/cuda.h"
 #include "cuda/backend.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/error.h"
 
 #define NB__NO_CUDA(what)                                                                  \
     nb__error(NB_EUNSUPPORTED,                                                             \

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cuda/cuda_impl.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/error.h"
 
 static pthread_once_t g_count_once = PTHREAD_ONCE_INIT;
 static int g_count;

@@ -2,7 +2,7 @@
  * the stream (the thread's current one by default) and its device made current, then the
  * raw extern "C" launcher, whose cudaError_t becomes an nb_status. */
 #include "cuda/cuda_impl.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/error.h"
 
 /* Common prologue: resolve the stream and enter its device. */
 static nb_status begin(nb_cuda_stream **s, int *prev, const char *what) {

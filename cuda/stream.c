@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "cuda/cuda_impl.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/error.h"
 
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t g_key;

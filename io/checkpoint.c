@@ -5,7 +5,7 @@
 
 #include "nabla/checkpoint.h"
 #include "nabla/io.h"
-#include "optim/optim_impl.h"
+#include "nabla/optim.h"
 #include "tensor/tensor_impl.h"
 
 /* u64 state is stored bit for bit in 0-dim I64 tensors. */
@@ -61,8 +61,8 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     }
     nb_state_list_deinit(&l);
     /* the state views own small tensors: back to the cache, not held until the next save */
-    if (c->optim) nb__optim_state_clear(c->optim);
-    if (c->sched) nb__sched_state_clear(c->sched);
+    nb_optim_state_release(c->optim);
+    nb_sched_state_release(c->sched);
     return st;
 }
 

@@ -21,7 +21,7 @@
  * on the inputs' device; on the meta device the kernels do not run. */
 #include <math.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
 #include "tensor/backend.h"

@@ -11,7 +11,7 @@
  * gives zeros (and zero gradients). */
 #include <math.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
 #include "tensor/backend.h"

@@ -16,7 +16,7 @@
  * of any device's tensor passes through the host. */
 #include <math.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
 

@@ -31,7 +31,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "tensor/backend.h"
 

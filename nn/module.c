@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "tensor/backend.h"
 #include "nabla/nn.h"
 

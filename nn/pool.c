@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "tensor/backend.h"
 

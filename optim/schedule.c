@@ -200,6 +200,9 @@ static void state_clear(nb_sched *s) {
 }
 
 void nb__sched_state_clear(nb_sched *s) { state_clear(s); }
+void nb_sched_state_release(nb_sched *s) {
+    if (s) state_clear(s);
+}
 
 void nb_sched_free(nb_sched *s) {
     if (!s) return;

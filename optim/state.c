@@ -29,6 +29,10 @@ void nb__optim_state_clear(nb_optim *opt) {
     opt->nsown = 0;
 }
 
+void nb_optim_state_release(nb_optim *opt) {
+    if (opt) nb__optim_state_clear(opt);
+}
+
 static int popcount(unsigned x) { return __builtin_popcount(x); }
 
 /* Append one entry; scalar entries (owned = true) are kept in sown for freeing. */

@@ -61,7 +61,7 @@
 #include <string.h>
 
 #include "nabla/random.h"
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 

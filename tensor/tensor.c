@@ -193,7 +193,7 @@ nb_tensor *nb_ones_on(nb_device dev, const int64_t *shape, int ndim, nb_dtype dt
 }
 
 /* The thread's default device for creation without a device (as torch.set_default_device). */
-static _Thread_local nb_device g_default_device = {NB_DEVICE_CPU, 0};
+static _Thread_local nb_device g_default_device; /* zero: the CPU */
 
 nb_device nb_default_device(void) { return g_default_device; }
 

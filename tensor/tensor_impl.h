@@ -12,23 +12,9 @@
 #include "nabla/memory.h"
 #include "nabla/status.h"
 #include "nabla/tensor.h"
+#include "tensor/error.h"
 #include "tensor/kernels.h"
 #include "tensor/op_table.h"
-
-/* ---- invariants ------------------------------------------------------------------------
- * The one assertion macro (DESIGN.md rule 2): only for broken internal invariants, never
- * for user mistakes. Prints file, line and condition, then aborts. */
-#define NB__ASSERT(cond)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) nb__assert_fail(__FILE__, __LINE__, #cond);                           \
-    } while (0)
-_Noreturn void nb__assert_fail(const char *file, int line, const char *cond);
-
-/* ---- errors -------------------------------------------------------------------------------
- * nb__error sets the thread's last error (printf-style message) and returns the status, so
- * `return nb__error(NB_ESHAPE, "add: ...");` works in nb_status functions and
- * `nb__error(...); return NULL;` in tensor functions. */
-nb_status nb__error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* "[32,784]" into buf (NB__SHAPE_STR bytes is always enough). */
 #define NB__SHAPE_STR 200

@@ -3,7 +3,7 @@
  * autograd node; the backward rules (nb__bw_*) are at the end of this file. */
 #include <string.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 
 /* Views that keep row-major element order (view, reshape, squeeze, unsqueeze, flatten)
  * record VIEW: their gradient is the output gradient reshaped to the input's shape. */

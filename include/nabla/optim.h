@@ -203,6 +203,9 @@ nb_status nb_step(nb_optim *opt);
  * ones are snapshots; valid until the next call to nb_optim_state, nb_step,
  * nb_optim_load_state, nb_optim_add_group or nb_optim_free. */
 const nb_params *nb_optim_state(nb_optim *opt);
+/* Free the snapshot nb_optim_state made (its scalar tensors) now instead of at the next
+ * call; the list it returned becomes invalid. For savers that are done with it. */
+void nb_optim_state_release(nb_optim *opt);
 /* Replace the optimizer's state by n named tensors in the form nb_optim_state gives (same
  * optimizer kind and flags, same parameter names and groups). Everything is checked first
  * (NB_EINVAL for a missing or unexpected name, NB_ESHAPE / NB_EDTYPE for a mis-shaped or
@@ -295,6 +298,8 @@ double nb_sched_momentum_at(const nb_sched_opts *o, int64_t t);
 /* State as named tensors: "last_step" (0-dim i64) and "base_lrs" (f64, one per group).
  * Owned by the schedule, valid until the next nb_sched_state call or nb_sched_free. */
 const nb_params *nb_sched_state(nb_sched *s);
+/* Free the snapshot nb_sched_state made; the list it returned becomes invalid. */
+void nb_sched_state_release(nb_sched *s);
 /* Restore that state (checked: names, shapes, group count) and set the lrs for it. */
 nb_status nb_sched_load_state(nb_sched *s, const char *const *names, nb_tensor *const *tensors,
                               int n);

@@ -16,7 +16,7 @@
  * are at the end of this file; one_hot has an integer input and records nothing. */
 #include <string.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "tensor/backend.h"
 
 static bool index_dtype_ok(const nb_tensor *idx, const char *op, const char *name) {

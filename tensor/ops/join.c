@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 
 /* Checks the list itself: non-NULL, n >= 1, every entry non-NULL, all on one device (*dev). */
 static bool list_ok(nb_tensor *const *ts, int n, const char *op, nb_device *dev) {

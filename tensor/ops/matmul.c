@@ -24,7 +24,7 @@
  * the broadcast batch shape and the engine sums them to the operand's shape. */
 #include <string.h>
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "tensor/backend.h"
 
 /* One operand seen as a batch of 2-D matrices: its own batch dims (before broadcasting),

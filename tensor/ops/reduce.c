@@ -19,7 +19,7 @@
  * Autograd: every float result records a node (the rules follow the op they belong to);
  * argmax/argmin and the indices of max/min are integers and record nothing. */
 
-#include "autograd/autograd_impl.h"
+#include "tensor/tape.h"
 #include "tensor/backend.h"
 
 static bool need_float(const nb_tensor *x, const char *op) {
