@@ -2,11 +2,18 @@
 // device link and the C/C++ boundary are exercised by every CUDA build. Kernels do
 // arithmetic only (DESIGN.md rule 1); launch.c checks arguments and picks the stream.
 //
-// Compiled as C++ by nvcc: it includes only cuda_impl.h (C/C++ neutral), never the C17
-// headers of the core. The launchers are extern "C" (declared in cuda_impl.h).
+// Compiled as C++ by nvcc: it includes cuda_impl.h and the kernel interface
+// (tensor/kernels.h: the argument structs every backend receives, C17 and C++ alike), never
+// the C17 headers of the core. The launchers are extern "C" (declared in cuda_impl.h).
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_impl.h"
+#include "tensor/kernels.h"
+
+// The argument structs have the same layout here as in the C17 translation units.
+static_assert(sizeof(nb__iter) == 4 * 2 + 8 + 8 * NB_MAX_DIMS + 8 * NB__ITER_MAX_ARGS * NB_MAX_DIMS +
+                                      8 * NB__ITER_MAX_ARGS + 4 * NB__ITER_MAX_ARGS,
+              "nb__iter layout");
 
 namespace {
 

@@ -9,6 +9,11 @@
 
 #include "tensor/tensor_impl.h"
 
+/* cuda/kernels_basic.cu asserts the same size under nvcc: kernels see one layout. */
+_Static_assert(sizeof(nb__iter) == 4 * 2 + 8 + 8 * NB_MAX_DIMS + 8 * NB__ITER_MAX_ARGS * NB_MAX_DIMS +
+                                       8 * NB__ITER_MAX_ARGS + 4 * NB__ITER_MAX_ARGS,
+               "nb__iter layout");
+
 bool nb__broadcast_shapes(const int64_t *a, int na, const int64_t *b, int nb, int64_t *out,
                           int *out_ndim, const char *op) {
     int n = na > nb ? na : nb;

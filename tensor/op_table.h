@@ -58,9 +58,15 @@ typedef enum nb__op {
 /* Number of ops the tables were written for; update together with NB__OPS. */
 #define NB__OP_COUNT_EXPECTED 77
 
+#ifdef __cplusplus
+extern "C" {
+#endif
 extern const char *const nb__op_names[NB__OP_COUNT];
 /* The kernel names (tensor/kernels.h) op `name` ("gelu", "matmul") runs, NULL-terminated;
  * NULL for an unknown name. Views list none. */
 const char *const *nb__op_kernels(const char *name);
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -3,7 +3,7 @@
  * Usage:
  *     nb_set_num_threads(2);                       // our kernels, oneDNN and OpenBLAS alike
  *     nb_set_gemm_provider(NB_GEMM_OPENBLAS);      // or NB_GEMM_DNNL / NB_GEMM_AUTO
- *     printf("nabla %s, gemm %s\n", nb_version(), nb_gemm_provider_name(nb_gemm_provider()));
+ *     printf("nabla %s, gemm %s\n", nb_version(), nb_gemm_provider_name(nb_gemm_provider_current()));
  *
  * Threads: all CPU kernels run on one OpenMP pool. oneDNN and the OpenMP build of OpenBLAS
  * run on that same pool, so there is never a second set of threads competing for the
