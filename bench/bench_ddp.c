@@ -75,14 +75,14 @@ typedef struct workload {
 static nb_module *mlp_build(void) {
     nb_generator *g = nb_generator_new(0);
     nb_linear_opts o = {.gen = g};
-    nb_module *m = nb_sequential(nb_linear(784, 1024, &o), nb_relu_module(),
-                                 nb_linear(1024, 1024, &o), nb_relu_module(),
-                                 nb_linear(1024, 10, &o), NULL);
+    nb_module *m = nb_sequential_new(nb_linear_new(784, 1024, &o), nb_relu_new(),
+                                 nb_linear_new(1024, 1024, &o), nb_relu_new(),
+                                 nb_linear_new(1024, 10, &o), NULL);
     nb_generator_free(g);
     return m;
 }
 static nb_optim *mlp_optim(nb_module *m) {
-    return nb_sgd(nb_parameters(m), &(nb_sgd_opts){.lr = 0.05, .momentum = 0.9});
+    return nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.05, .momentum = 0.9});
 }
 static void mlp_data(int64_t n, nb_tensor **x, nb_tensor **y) {
     nb_generator *g = nb_generator_new(1);
@@ -101,7 +101,7 @@ static nb_module *gpt_build(void) {
     return m;
 }
 static nb_optim *gpt_optim(nb_module *m) {
-    return nb_adam(nb_parameters(m), &(nb_adam_opts){.lr = 3e-4});
+    return nb_adam_new(nb_parameters(m), &(nb_adam_opts){.lr = 3e-4});
 }
 static void gpt_data(int64_t n, nb_tensor **x, nb_tensor **y) {
     nb_generator *g = nb_generator_new(2);

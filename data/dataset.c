@@ -1,9 +1,9 @@
 /* dataset.c - the dataset interface (checked calls through the vtable) and the in-memory
- * datasets: nb_tensor_dataset, and the IDX image/label datasets (Fashion-MNIST, MNIST),
+ * datasets: nb_tensor_dataset_new, and the IDX image/label datasets (Fashion-MNIST, MNIST),
  * which keep the u8 pixels and convert each batch to f32 / 255 as it is gathered.
  *
  * Datasets live in host memory and fill host batch tensors (the loader moves batches to a
- * device); nb_tensor_dataset copies tensors of another device to the host once. */
+ * device); nb_tensor_dataset_new copies tensors of another device to the host once. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,7 +193,7 @@ static nb_tensor *host_copy(nb_tensor *t, const char *op, const char *what) {
     return h;
 }
 
-nb_dataset *nb_tensor_dataset(nb_tensor *x, nb_tensor *y) {
+nb_dataset *nb_tensor_dataset_new(nb_tensor *x, nb_tensor *y) {
     const char *op = "tensor_dataset";
     NB__CHECK_ARG(x, op, "x");
     if (x->ndim < 1) {
@@ -225,8 +225,8 @@ nb_dataset *nb_tensor_dataset(nb_tensor *x, nb_tensor *y) {
 }
 
 /* ---- IDX image/label datasets ------------------------------------------------------------ */
-nb_dataset *nb_idx_dataset(const char *images_path, const char *labels_path,
-                           const nb_mnist_opts *opts) {
+nb_dataset *nb_idx_dataset_new(const char *images_path, const char *labels_path,
+                               const nb_mnist_opts *opts) {
     const char *op = "idx_dataset";
     if (!images_path || !labels_path) {
         nb__error(NB_ENULL, "%s: argument '%s' is NULL", op,
@@ -282,7 +282,7 @@ static void data_file(char *buf, size_t n, const char *dir, const char *name) {
     if (stat(plain, &sb) == 0) snprintf(buf, n, "%s", plain);
 }
 
-nb_dataset *nb_fashion_mnist(const char *dir, bool train, const nb_mnist_opts *opts) {
+nb_dataset *nb_fashion_mnist_new(const char *dir, bool train, const nb_mnist_opts *opts) {
     if (!dir) dir = NB_FASHION_MNIST_DIR;
     const char *split = train ? "train" : "t10k";
     char img[4096], lab[4096], name[64];
@@ -290,7 +290,7 @@ nb_dataset *nb_fashion_mnist(const char *dir, bool train, const nb_mnist_opts *o
     data_file(img, sizeof img, dir, name);
     snprintf(name, sizeof name, "%s-labels-idx1-ubyte", split);
     data_file(lab, sizeof lab, dir, name);
-    return nb_idx_dataset(img, lab, opts);
+    return nb_idx_dataset_new(img, lab, opts);
 }
 
 const char *nb_fashion_mnist_class(int64_t label) {

@@ -83,7 +83,7 @@ static bool tokens_ok(const nb_tensor *tokens, int64_t T, const char *op) {
     return true;
 }
 
-nb_dataset *nb_text_dataset(nb_tensor *tokens, int64_t block_size) {
+nb_dataset *nb_text_dataset_new(nb_tensor *tokens, int64_t block_size) {
     const char *op = "text_dataset";
     NB__CHECK_ARG(tokens, op, "tokens");
     if (!tokens_ok(tokens, block_size, op)) return NULL;

@@ -12,14 +12,15 @@
 
 /* The architecture of models/mlp.c: the file's tensor names must match it. */
 static nb_module *mlp(void) {
-    return nb_sequential(nb_flatten_module(0, 0), nb_linear(784, 1024, NULL), nb_relu_module(),
-                         nb_linear(1024, 1024, NULL), nb_relu_module(), nb_linear(1024, 10, NULL),
-                         NULL);
+    return nb_sequential_new(nb_flatten_new(0, 0), nb_linear_new(784, 1024, NULL), nb_relu_new(),
+                             nb_linear_new(1024, 1024, NULL), nb_relu_new(),
+                             nb_linear_new(1024, 10, NULL), NULL);
 }
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL.safetensors IMAGES.idx[.gz] [LABELS.idx[.gz]] [--show N]\n",
+        fprintf(stderr,
+                "usage: %s MODEL.safetensors IMAGES.idx[.gz] [LABELS.idx[.gz]] [--show N]\n",
                 argv[0]);
         return 2;
     }
@@ -60,7 +61,8 @@ int main(int argc, char **argv) {
         }
         nb_scope_end();
     }
-    if (labels) printf("accuracy: %.4f on %lld images\n", (double)correct / (double)n, (long long)n);
+    if (labels)
+        printf("accuracy: %.4f on %lld images\n", (double)correct / (double)n, (long long)n);
     rc = 0;
 fail:
     if (rc) fprintf(stderr, "classify: %s\n", nb_last_error());

@@ -8,14 +8,15 @@ static nb_module *build(const nbm_args *a, nb_generator *g) {
     (void)a;
     nb_conv2d_opts c = {.padding = {1, 1}, .gen = g};
     nb_linear_opts l = {.gen = g};
-    return nb_sequential(nb_conv2d(1, 32, 3, 3, &c), nb_relu_module(), nb_maxpool2d(2, 2, NULL),
-                         nb_conv2d(32, 64, 3, 3, &c), nb_relu_module(), nb_maxpool2d(2, 2, NULL),
-                         nb_flatten_module(0, 0), nb_linear(3136, 128, &l), nb_relu_module(),
-                         nb_linear(128, 10, &l), NULL);
+    return nb_sequential_new(nb_conv2d_new(1, 32, 3, 3, &c), nb_relu_new(),
+                             nb_maxpool2d_new(2, 2, NULL), nb_conv2d_new(32, 64, 3, 3, &c),
+                             nb_relu_new(), nb_maxpool2d_new(2, 2, NULL), nb_flatten_new(0, 0),
+                             nb_linear_new(3136, 128, &l), nb_relu_new(),
+                             nb_linear_new(128, 10, &l), NULL);
 }
 
 static nb_optim *optimizer(nb_module *m, const nbm_args *a) {
-    return nb_adam(nb_parameters(m), &(nb_adam_opts){.lr = a->lr});
+    return nb_adam_new(nb_parameters(m), &(nb_adam_opts){.lr = a->lr});
 }
 
 int main(int argc, char **argv) {

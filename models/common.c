@@ -180,8 +180,8 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
         FAIL("--batch %lld is the global batch and must divide by the %d ranks",
              (long long)a->batch, size);
 
-    train_ds = nb_fashion_mnist(a->data, true, &(nb_mnist_opts){.limit = a->limit});
-    test_ds = train_ds ? nb_fashion_mnist(a->data, false, NULL) : NULL;
+    train_ds = nb_fashion_mnist_new(a->data, true, &(nb_mnist_opts){.limit = a->limit});
+    test_ds = train_ds ? nb_fashion_mnist_new(a->data, false, NULL) : NULL;
     if (!test_ds) FAIL("%s (install the Debian package dataset-fashion-mnist, or pass --data DIR)",
                        nb_last_error());
     /* Rank r's batch i is its shard (samples r, r + world, ...) of global batch i. */

@@ -1,5 +1,5 @@
-/* nn/conv.c - 2-D convolution: the op nb_conv2d_fn (PyTorch F.conv2d semantics, NCHW), its
- * backward rule nb__bw_CONV2D, and the Conv2d module (nb_conv2d).
+/* nn/conv.c - 2-D convolution: the op nb_conv2d (PyTorch F.conv2d semantics, NCHW), its
+ * backward rule nb__bw_CONV2D, and the Conv2d module (nb_conv2d_new).
  *
  * The op checks arguments and shapes, brings the operands to contiguous f32 (f16/bf16 are
  * computed in f32 and rounded once) or f64 on their device, and runs the conv2d /
@@ -99,8 +99,8 @@ static nb_tensor *prepared(nb_tensor *t, nb_dtype cdt) {
     return t ? nb_contiguous(nb_to_dtype(t, cdt)) : NULL;
 }
 
-nb_tensor *nb_conv2d_fn(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t stride[2],
-                        const int64_t padding[2], const int64_t dilation[2], int64_t groups) {
+nb_tensor *nb_conv2d(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t stride[2],
+                     const int64_t padding[2], const int64_t dilation[2], int64_t groups) {
     NB__CHECK_ARG(x, "conv2d", "x");
     NB__CHECK_ARG(w, "conv2d", "weight");
     nb_device dev;
@@ -193,15 +193,15 @@ typedef struct conv2d_self {
 
 static nb_tensor *conv2d_forward(nb_module *m, nb_tensor *x) {
     const conv2d_self *s = nb_module_self(m);
-    return nb_conv2d_fn(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"), s->stride,
-                        s->padding, s->dilation, s->groups);
+    return nb_conv2d(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"), s->stride,
+                     s->padding, s->dilation, s->groups);
 }
 
 static const nb_module_vtable conv2d_vt = {
     .type_name = "Conv2d", .forward = conv2d_forward, .free_self = free};
 
-nb_module *nb_conv2d(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
-                     const nb_conv2d_opts *o) {
+nb_module *nb_conv2d_new(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
+                         const nb_conv2d_opts *o) {
     nb_conv2d_opts opt = o ? *o : (nb_conv2d_opts){0};
     conv2d_self cfg;
     for (int i = 0; i < 2; i++) {

@@ -87,7 +87,7 @@ static nb_tensor *dropout_forward(nb_module *m, nb_tensor *x) {
 static const nb_module_vtable dropout_vt = {.type_name = "Dropout", .forward = dropout_forward,
                                             .free_self = free};
 
-nb_module *nb_dropout_module(double p, nb_generator *gen) {
+nb_module *nb_dropout_new(double p, nb_generator *gen) {
     if (!(p >= 0 && p <= 1)) {
         nb__error(NB_EINVAL, "dropout: probability p must be in [0, 1], got %g", p);
         return NULL;

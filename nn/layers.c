@@ -1,4 +1,4 @@
-/* layers.c - the linear op (nb_linear_fn: one GEMM forward, two GEMMs and a column sum
+/* layers.c - the linear op (nb_linear: one GEMM forward, two GEMMs and a column sum
  * backward, recorded as ONE autograd node) and the simple modules of the layer library:
  * Linear, Embedding, Flatten and the activation modules.
  *
@@ -70,7 +70,7 @@ static nb_status gemm(nb_device dev, nb_dtype cdt, bool ta, bool tb, int64_t M, 
 
 static nb_dtype compute_dtype(nb_dtype dt) { return dt == NB_F64 ? NB_F64 : NB_F32; }
 
-/* ---- nb_linear_fn ---------------------------------------------------------------------------- */
+/* ---- nb_linear ---------------------------------------------------------------------------- */
 /* The arguments' checks; their common device in *dev. */
 static bool linear_check(nb_tensor *x, nb_tensor *w, nb_tensor *b, nb_device *dev) {
     if (!nb__check_devices("linear", (nb_tensor *[]){x, w, b}, 3, dev)) return false;
@@ -109,7 +109,7 @@ static bool linear_check(nb_tensor *x, nb_tensor *w, nb_tensor *b, nb_device *de
     return true;
 }
 
-nb_tensor *nb_linear_fn(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     NB__CHECK_ARG(x, "linear", "x");
     NB__CHECK_ARG(w, "linear", "w");
     nb_device dev;
@@ -198,11 +198,11 @@ static nb_module *fail_module(nb_module *m, nb_tensor *pending) {
 }
 
 static nb_tensor *linear_forward(nb_module *m, nb_tensor *x) {
-    return nb_linear_fn(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"));
+    return nb_linear(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"));
 }
 static const nb_module_vtable linear_vt = {.type_name = "Linear", .forward = linear_forward};
 
-nb_module *nb_linear(int64_t in_features, int64_t out_features, const nb_linear_opts *o) {
+nb_module *nb_linear_new(int64_t in_features, int64_t out_features, const nb_linear_opts *o) {
     nb_linear_opts opt = o ? *o : (nb_linear_opts){0};
     if (in_features < 0 || out_features < 0) {
         nb__error(NB_EINVAL, "linear: in_features and out_features must be >= 0, got %lld and "
@@ -240,7 +240,7 @@ static nb_tensor *embedding_forward(nb_module *m, nb_tensor *x) {
 static const nb_module_vtable embedding_vt = {.type_name = "Embedding",
                                               .forward = embedding_forward};
 
-nb_module *nb_embedding_module(int64_t num_embeddings, int64_t dim, nb_generator *gen) {
+nb_module *nb_embedding_new(int64_t num_embeddings, int64_t dim, nb_generator *gen) {
     if (num_embeddings < 0 || dim < 0) {
         nb__error(NB_EINVAL, "embedding: num_embeddings and dim must be >= 0, got %lld and "
                   "%lld", (long long)num_embeddings, (long long)dim);
@@ -266,7 +266,7 @@ static nb_tensor *flatten_forward(nb_module *m, nb_tensor *x) {
 static const nb_module_vtable flatten_vt = {.type_name = "Flatten", .forward = flatten_forward,
                                             .free_self = free};
 
-nb_module *nb_flatten_module(int start_dim, int end_dim) {
+nb_module *nb_flatten_new(int start_dim, int end_dim) {
     flatten_self *s = malloc(sizeof *s);
     if (!s) {
         nb__error(NB_ENOMEM, "flatten: out of memory");
@@ -296,10 +296,10 @@ NB__ACTIVATION(tanh, "Tanh", nb_tanh)
 NB__ACTIVATION(sigmoid, "Sigmoid", nb_sigmoid)
 #undef NB__ACTIVATION
 
-nb_module *nb_relu_module(void) { return nb_module_new(&relu_vt, NULL); }
-nb_module *nb_gelu_module(bool tanh_approx) {
+nb_module *nb_relu_new(void) { return nb_module_new(&relu_vt, NULL); }
+nb_module *nb_gelu_new(bool tanh_approx) {
     return nb_module_new(tanh_approx ? &gelu_tanh_vt : &gelu_vt, NULL);
 }
-nb_module *nb_silu_module(void) { return nb_module_new(&silu_vt, NULL); }
-nb_module *nb_tanh_module(void) { return nb_module_new(&tanh_vt, NULL); }
-nb_module *nb_sigmoid_module(void) { return nb_module_new(&sigmoid_vt, NULL); }
+nb_module *nb_silu_new(void) { return nb_module_new(&silu_vt, NULL); }
+nb_module *nb_tanh_new(void) { return nb_module_new(&tanh_vt, NULL); }
+nb_module *nb_sigmoid_new(void) { return nb_module_new(&sigmoid_vt, NULL); }

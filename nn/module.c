@@ -478,7 +478,7 @@ static const nb_module_vtable sequential_vt = {.type_name = "Sequential",
                                                .forward = sequential_forward};
 static const nb_module_vtable module_list_vt = {.type_name = "ModuleList"};
 
-nb_module *nb_sequential_n(nb_module *const *mods, int n) {
+nb_module *nb_sequential_new_n(nb_module *const *mods, int n) {
     nb_module *s = nb_module_new(&sequential_vt, NULL);
     for (int i = 0; i < n; i++) {
         if (!s || !mods[i]) {
@@ -498,7 +498,7 @@ nb_module *nb_sequential_n(nb_module *const *mods, int n) {
     return s;
 }
 
-nb_module *nb_sequential(nb_module *first, ...) {
+nb_module *nb_sequential_new(nb_module *first, ...) {
     enum { MAX = 256 };
     nb_module *mods[MAX];
     int n = 0;
@@ -512,14 +512,14 @@ nb_module *nb_sequential(nb_module *first, ...) {
     va_end(ap);
     if (too_many) {
         for (int i = 0; i < n; i++) nb_module_free(mods[i]);
-        nb__error(NB_EINVAL, "sequential: more than %d modules; use nb_sequential_n", MAX);
+        nb__error(NB_EINVAL, "sequential: more than %d modules; use nb_sequential_new_n", MAX);
         return NULL;
     }
-    return nb_sequential_n(mods, n);
+    return nb_sequential_new_n(mods, n);
 }
 
-nb_module *nb_module_list(nb_module *const *mods, int n) {
-    nb_module *l = nb_sequential_n(mods, n);
+nb_module *nb_module_list_new(nb_module *const *mods, int n) {
+    nb_module *l = nb_sequential_new_n(mods, n);
     if (l) l->vt = &module_list_vt;
     return l;
 }

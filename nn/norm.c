@@ -360,12 +360,12 @@ static const nb_module_vtable batchnorm1d_vt = {.type_name = "BatchNorm1d",
 static const nb_module_vtable batchnorm2d_vt = {.type_name = "BatchNorm2d",
                                                 .forward = batchnorm_forward, .free_self = free};
 
-nb_module *nb_layernorm(int64_t features, const nb_norm_opts *o) {
+nb_module *nb_layer_norm_new(int64_t features, const nb_norm_opts *o) {
     return norm_module(&layernorm_vt, features, o, 0, "layernorm");
 }
-nb_module *nb_batchnorm1d(int64_t features, const nb_norm_opts *o) {
+nb_module *nb_batch_norm1d_new(int64_t features, const nb_norm_opts *o) {
     return norm_module(&batchnorm1d_vt, features, o, 1, "batchnorm1d");
 }
-nb_module *nb_batchnorm2d(int64_t channels, const nb_norm_opts *o) {
+nb_module *nb_batch_norm2d_new(int64_t channels, const nb_norm_opts *o) {
     return norm_module(&batchnorm2d_vt, channels, o, 2, "batchnorm2d");
 }

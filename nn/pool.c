@@ -1,5 +1,5 @@
-/* nn/pool.c - 2-D pooling: the ops nb_maxpool2d_fn, nb_avgpool2d_fn,
- * nb_adaptive_avgpool2d_fn (PyTorch semantics, no ceil mode), their backward rules, and the
+/* nn/pool.c - 2-D pooling: the ops nb_maxpool2d, nb_avgpool2d,
+ * nb_adaptive_avgpool2d (PyTorch semantics, no ceil mode), their backward rules, and the
  * MaxPool2d, AvgPool2d and AdaptiveAvgPool2d modules. Inputs are (N, C, H, W) or (C, H, W);
  * the pool kernels (tensor/kernels/conv.h) see them as planes of H x W. Half dtypes are
  * computed in f32. */
@@ -139,8 +139,8 @@ static nb_tensor *pool_forward(nb_tensor *x, pool_kind kind, const nb__pool2d_ge
     return out;
 }
 
-nb_tensor *nb_maxpool2d_fn(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
-                           const int64_t padding[2]) {
+nb_tensor *nb_maxpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                        const int64_t padding[2]) {
     NB__CHECK_ARG(x, "maxpool2d", "x");
     nb__pool2d_geom g;
     if (!pool_input(x, "maxpool2d", &g) || !pool_window(x, "maxpool2d", kernel, stride,
@@ -154,8 +154,8 @@ nb_tensor *nb_maxpool2d_fn(nb_tensor *x, const int64_t kernel[2], const int64_t 
     return pool_forward(x, POOL_MAX, &g, false);
 }
 
-nb_tensor *nb_avgpool2d_fn(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
-                           const int64_t padding[2], bool count_include_pad) {
+nb_tensor *nb_avgpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                        const int64_t padding[2], bool count_include_pad) {
     NB__CHECK_ARG(x, "avgpool2d", "x");
     nb__pool2d_geom g;
     if (!pool_input(x, "avgpool2d", &g) || !pool_window(x, "avgpool2d", kernel, stride,
@@ -164,7 +164,7 @@ nb_tensor *nb_avgpool2d_fn(nb_tensor *x, const int64_t kernel[2], const int64_t 
     return pool_forward(x, POOL_AVG, &g, count_include_pad);
 }
 
-nb_tensor *nb_adaptive_avgpool2d_fn(nb_tensor *x, int64_t out_h, int64_t out_w) {
+nb_tensor *nb_adaptive_avgpool2d(nb_tensor *x, int64_t out_h, int64_t out_w) {
     NB__CHECK_ARG(x, "adaptive_avgpool2d", "x");
     nb__pool2d_geom g;
     if (!pool_input(x, "adaptive_avgpool2d", &g)) return NULL;
@@ -229,15 +229,15 @@ typedef struct pool_self {
 
 static nb_tensor *maxpool_forward(nb_module *m, nb_tensor *x) {
     const pool_self *s = nb_module_self(m);
-    return nb_maxpool2d_fn(x, s->kernel, s->stride, s->padding);
+    return nb_maxpool2d(x, s->kernel, s->stride, s->padding);
 }
 static nb_tensor *avgpool_forward(nb_module *m, nb_tensor *x) {
     const pool_self *s = nb_module_self(m);
-    return nb_avgpool2d_fn(x, s->kernel, s->stride, s->padding, s->count_include_pad);
+    return nb_avgpool2d(x, s->kernel, s->stride, s->padding, s->count_include_pad);
 }
 static nb_tensor *adaptive_forward(nb_module *m, nb_tensor *x) {
     const pool_self *s = nb_module_self(m);
-    return nb_adaptive_avgpool2d_fn(x, s->kernel[0], s->kernel[1]);
+    return nb_adaptive_avgpool2d(x, s->kernel[0], s->kernel[1]);
 }
 
 static const nb_module_vtable maxpool_vt = {
@@ -278,12 +278,12 @@ static nb_module *pool_module(const nb_module_vtable *vt, const char *op, int64_
     return m;
 }
 
-nb_module *nb_maxpool2d(int64_t kh, int64_t kw, const nb_pool2d_opts *o) {
+nb_module *nb_maxpool2d_new(int64_t kh, int64_t kw, const nb_pool2d_opts *o) {
     return pool_module(&maxpool_vt, "maxpool2d", kh, kw, o, true);
 }
-nb_module *nb_avgpool2d(int64_t kh, int64_t kw, const nb_pool2d_opts *o) {
+nb_module *nb_avgpool2d_new(int64_t kh, int64_t kw, const nb_pool2d_opts *o) {
     return pool_module(&avgpool_vt, "avgpool2d", kh, kw, o, true);
 }
-nb_module *nb_adaptive_avgpool2d(int64_t out_h, int64_t out_w) {
+nb_module *nb_adaptive_avgpool2d_new(int64_t out_h, int64_t out_w) {
     return pool_module(&adaptive_vt, "adaptive_avgpool2d", out_h, out_w, NULL, false);
 }

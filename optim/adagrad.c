@@ -50,7 +50,7 @@ const nb__optim_kind nb__kind_adagrad = {
     .update = ada_update,
 };
 
-nb_optim *nb_adagrad(const nb_params *params, const nb_adagrad_opts *o) {
+nb_optim *nb_adagrad_new(const nb_params *params, const nb_adagrad_opts *o) {
     nb_adagrad_opts z = {0};
     if (!o) o = &z;
     nb__hyper h = {.maximize = o->maximize};

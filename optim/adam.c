@@ -85,10 +85,10 @@ static nb_optim *make(const nb__optim_kind *kind, const nb_params *params,
     return nb__optim_new(kind, &h, params);
 }
 
-nb_optim *nb_adam(const nb_params *params, const nb_adam_opts *o) {
+nb_optim *nb_adam_new(const nb_params *params, const nb_adam_opts *o) {
     return make(&nb__kind_adam, params, o, 0);
 }
 
-nb_optim *nb_adamw(const nb_params *params, const nb_adamw_opts *o) {
+nb_optim *nb_adamw_new(const nb_params *params, const nb_adamw_opts *o) {
     return make(&nb__kind_adamw, params, o, 1e-2);
 }

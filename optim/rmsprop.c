@@ -54,7 +54,7 @@ const nb__optim_kind nb__kind_rmsprop = {
     .update = rms_update,
 };
 
-nb_optim *nb_rmsprop(const nb_params *params, const nb_rmsprop_opts *o) {
+nb_optim *nb_rmsprop_new(const nb_params *params, const nb_rmsprop_opts *o) {
     nb_rmsprop_opts z = {0};
     if (!o) o = &z;
     nb__hyper h = {.centered = o->centered, .maximize = o->maximize};

@@ -55,7 +55,7 @@ const nb__optim_kind nb__kind_sgd = {
     .update = sgd_update,
 };
 
-nb_optim *nb_sgd(const nb_params *params, const nb_sgd_opts *o) {
+nb_optim *nb_sgd_new(const nb_params *params, const nb_sgd_opts *o) {
     if (!o || !(o->lr > 0)) {
         nb__error(NB_EINVAL, "sgd: lr must be > 0%s (SGD has no default learning rate)",
                   o ? "" : ", and opts were NULL");

@@ -23,13 +23,13 @@ static void run_init(run *r, nb_tensor *x, nb_tensor *y) {
     r->init = nb_generator_new(11);
     r->drop = nb_generator_new(12);
     nb_linear_opts lo = {.gen = r->init};
-    r->model = nb_sequential(nb_linear(6, 16, &lo), nb_gelu_module(false),
-                             nb_dropout_module(0.2, r->drop), nb_layernorm(16, NULL),
-                             nb_linear(16, 3, &lo), NULL);
-    r->opt = nb_adamw(nb_parameters(r->model), &(nb_adamw_opts){.lr = 0.01});
+    r->model = nb_sequential_new(nb_linear_new(6, 16, &lo), nb_gelu_new(false),
+                             nb_dropout_new(0.2, r->drop), nb_layer_norm_new(16, NULL),
+                             nb_linear_new(16, 3, &lo), NULL);
+    r->opt = nb_adamw_new(nb_parameters(r->model), &(nb_adamw_opts){.lr = 0.01});
     r->sched = nb_sched_new(r->opt, &(nb_sched_opts){.kind = NB_SCHED_COSINE, .warmup_steps = 3,
                                                       .total_steps = 40});
-    r->ds = nb_tensor_dataset(x, y);
+    r->ds = nb_tensor_dataset_new(x, y);
     r->loader = nb_loader_new(r->ds, &(nb_loader_opts){.batch_size = 8, .shuffle = true,
                                                         .seed = 5, .prefetch = 1});
     ck_assert_msg(r->model && r->opt && r->sched && r->ds && r->loader, "%s", nb_last_error());
@@ -136,7 +136,7 @@ START_TEST(test_bad_checkpoints) {
     ck_assert(strstr(nb_last_error(), "not a nabla checkpoint") != NULL);
     nb_clear_error();
     /* a different architecture is refused before anything changes */
-    nb_module *other = nb_sequential(nb_linear(6, 8, NULL), NULL);
+    nb_module *other = nb_sequential_new(nb_linear_new(6, 8, NULL), NULL);
     nb_tensor *w = nb_module_find(other, "0.weight");
     float before = ((float *)nb_data(w))[0];
     nb_checkpoint bad = {.model = other};

@@ -257,7 +257,7 @@ START_TEST(test_tensor_dataset) {
     nb_tensor *y = nb_arange(100, 110, 1, NB_I64);
     const nb_tensor *xs[2] = {x, tu_noncontig(x)};
     for (int v = 0; v < 2; v++) {
-        nb_dataset *ds = nb_tensor_dataset((nb_tensor *)xs[v], y);
+        nb_dataset *ds = nb_tensor_dataset_new((nb_tensor *)xs[v], y);
         ck_assert_msg(ds != NULL, "%s", nb_last_error());
         ck_assert_int_eq(nb_dataset_len(ds), 10);
         ck_assert_int_eq(ds->x.ndim, 2);
@@ -286,7 +286,7 @@ START_TEST(test_tensor_dataset) {
         nb_dataset_free(ds);
     }
     /* Unlabeled. */
-    nb_dataset *ds = nb_tensor_dataset(x, NULL);
+    nb_dataset *ds = nb_tensor_dataset_new(x, NULL);
     ck_assert(ds && !ds->has_y);
     nb_tensor *bx = nb_empty((int64_t[]){1, 2, 3}, 3, NB_F32);
     tu_assert_error(nb_dataset_get_batch(ds, (int64_t[]){0}, 1, bx, nb_empty((int64_t[]){1}, 1,
@@ -294,9 +294,9 @@ START_TEST(test_tensor_dataset) {
     ck_assert(nb_dataset_get_batch(ds, (int64_t[]){0}, 1, bx, NULL) == NB_OK);
     nb_dataset_free(ds);
     /* Construction errors. */
-    tu_assert_error(nb_tensor_dataset(x, nb_arange(0, 9, 1, NB_I64)), NB_ESHAPE, "[10,2,3]");
-    tu_assert_error(nb_tensor_dataset(NULL, y), NB_ENULL, "x");
-    tu_assert_error(nb_tensor_dataset(nb_scalar(1, NB_F32), NULL), NB_EDIM, "0-dim");
+    tu_assert_error(nb_tensor_dataset_new(x, nb_arange(0, 9, 1, NB_I64)), NB_ESHAPE, "[10,2,3]");
+    tu_assert_error(nb_tensor_dataset_new(NULL, y), NB_ENULL, "x");
+    tu_assert_error(nb_tensor_dataset_new(nb_scalar(1, NB_F32), NULL), NB_EDIM, "0-dim");
     ck_assert_int_eq(nb_dataset_len(NULL), -1);
     nb_dataset_free(NULL);
     nb_scope_end();
@@ -311,8 +311,8 @@ START_TEST(test_idx_dataset) {
     nb_tensor *lab = tu_random((int64_t[]){7}, 1, NB_U8, 0, 10, 6);
     ck_assert(nb_idx_write(tmp_path(ip, "train-images-idx3-ubyte"), img) == NB_OK);
     ck_assert(nb_idx_write(tmp_path(lp, "train-labels-idx1-ubyte"), lab) == NB_OK);
-    /* Plain files (no .gz) through nb_fashion_mnist's fallback. */
-    nb_dataset *ds = nb_fashion_mnist(g_dir, true, NULL);
+    /* Plain files (no .gz) through nb_fashion_mnist_new's fallback. */
+    nb_dataset *ds = nb_fashion_mnist_new(g_dir, true, NULL);
     ck_assert_msg(ds != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(ds), 7);
     ck_assert(ds->x.dtype == NB_F32 && ds->x.ndim == 3 && ds->x.shape[0] == 1 &&
@@ -332,7 +332,7 @@ START_TEST(test_idx_dataset) {
     ck_assert_int_eq(yl[1], ((const uint8_t *)nb_data(lab))[1]);
     nb_dataset_free(ds);
     /* limit and raw_u8. */
-    ds = nb_idx_dataset(ip, lp, &(nb_mnist_opts){.limit = 3, .raw_u8 = true});
+    ds = nb_idx_dataset_new(ip, lp, &(nb_mnist_opts){.limit = 3, .raw_u8 = true});
     ck_assert(ds && nb_dataset_len(ds) == 3 && ds->x.dtype == NB_U8);
     nb_tensor *bu = nb_empty((int64_t[]){1, 1, 4, 5}, 4, NB_U8);
     ck_assert(nb_dataset_get_batch(ds, (int64_t[]){2}, 1, bu, nb_narrow(by, 0, 0, 1)) == NB_OK);
@@ -342,13 +342,13 @@ START_TEST(test_idx_dataset) {
     nb_dataset_free(ds);
     /* Count mismatch, wrong types, missing files. */
     ck_assert(nb_idx_write(tmp_path(p, "six.idx"), nb_narrow(lab, 0, 0, 6)) == NB_OK);
-    tu_assert_error(nb_idx_dataset(ip, p, NULL), NB_EFORMAT, "has 7 images but");
-    tu_assert_error(nb_idx_dataset(lp, lp, NULL), NB_EFORMAT, "expected u8 images");
+    tu_assert_error(nb_idx_dataset_new(ip, p, NULL), NB_EFORMAT, "has 7 images but");
+    tu_assert_error(nb_idx_dataset_new(lp, lp, NULL), NB_EFORMAT, "expected u8 images");
     ck_assert(nb_idx_write(tmp_path(p, "f.idx"), nb_zeros((int64_t[]){7}, 1, NB_F32)) == NB_OK);
-    tu_assert_error(nb_idx_dataset(ip, p, NULL), NB_EFORMAT, "expected integer labels");
-    tu_assert_error(nb_fashion_mnist(g_dir, false, NULL), NB_EIO, "t10k-images-idx3-ubyte");
-    tu_assert_error(nb_idx_dataset(ip, lp, &(nb_mnist_opts){.limit = -1}), NB_EINVAL, "limit");
-    tu_assert_error(nb_idx_dataset(NULL, lp, NULL), NB_ENULL, "images_path");
+    tu_assert_error(nb_idx_dataset_new(ip, p, NULL), NB_EFORMAT, "expected integer labels");
+    tu_assert_error(nb_fashion_mnist_new(g_dir, false, NULL), NB_EIO, "t10k-images-idx3-ubyte");
+    tu_assert_error(nb_idx_dataset_new(ip, lp, &(nb_mnist_opts){.limit = -1}), NB_EINVAL, "limit");
+    tu_assert_error(nb_idx_dataset_new(NULL, lp, NULL), NB_ENULL, "images_path");
     ck_assert_str_eq(nb_fashion_mnist_class(9), "Ankle boot");
     ck_assert_str_eq(nb_fashion_mnist_class(10), "?");
     tmp_end();
@@ -368,7 +368,7 @@ START_TEST(test_fashion_mnist_real) {
         return;
     }
     nb_scope_begin();
-    nb_dataset *tr = nb_fashion_mnist(NULL, true, &(nb_mnist_opts){.raw_u8 = true});
+    nb_dataset *tr = nb_fashion_mnist_new(NULL, true, &(nb_mnist_opts){.raw_u8 = true});
     ck_assert_msg(tr != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(tr), 60000);
     nb_loader *l = nb_loader_new(tr, &(nb_loader_opts){.batch_size = 20000});
@@ -393,7 +393,7 @@ START_TEST(test_fashion_mnist_real) {
     nb_loader_free(l);
     nb_dataset_free(tr);
 
-    nb_dataset *te = nb_fashion_mnist(NULL, false, NULL);
+    nb_dataset *te = nb_fashion_mnist_new(NULL, false, NULL);
     ck_assert_msg(te != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(te), 10000);
     nb_tensor *bx = nb_empty((int64_t[]){2, 1, 28, 28}, 4, NB_F32);
@@ -415,7 +415,7 @@ static nb_dataset *index_dataset(int64_t n) {
     nb_scope_begin();
     nb_tensor *a = nb_arange(0, (double)n, 1, NB_I64);
     nb_tensor *x = nb_stack((nb_tensor *[]){a, a}, 2, 1);
-    nb_dataset *ds = nb_tensor_dataset(x, nb_add_scalar(a, 1000));
+    nb_dataset *ds = nb_tensor_dataset_new(x, nb_add_scalar(a, 1000));
     nb_scope_end();
     ck_assert(ds != NULL);
     return ds;
@@ -639,7 +639,7 @@ static nb_dataset *image_dataset(int64_t n) {
     nb_scope_begin();
     nb_tensor *x = nb_view(nb_arange(1, 1 + (double)n * 60, 1, NB_F32),
                            (int64_t[]){n, 2, 6, 5}, 4);
-    nb_dataset *ds = nb_tensor_dataset(x, nb_arange(0, (double)n, 1, NB_I64));
+    nb_dataset *ds = nb_tensor_dataset_new(x, nb_arange(0, (double)n, 1, NB_I64));
     nb_scope_end();
     ck_assert(ds != NULL);
     return ds;
@@ -990,7 +990,7 @@ START_TEST(test_text) {
     ck_assert(nb_text_split(tok, 0.9, &tr, &va) == NB_OK);
 
     /* Windows dataset: sample i is (tokens[i:i+8], tokens[i+1:i+9]). */
-    nb_dataset *ds = nb_text_dataset(tr, 8);
+    nb_dataset *ds = nb_text_dataset_new(tr, 8);
     ck_assert_msg(ds != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(ds), 892);
     nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 64, .shuffle = true,
@@ -1009,10 +1009,10 @@ START_TEST(test_text) {
     ck_assert_int_eq(seen, 892);
     nb_loader_free(l);
     nb_dataset_free(ds);
-    tu_assert_error(nb_text_dataset(va, 100), NB_EINVAL, "block size 100");
-    tu_assert_error(nb_text_dataset(nb_zeros((int64_t[]){50}, 1, NB_F32), 8), NB_EDTYPE,
+    tu_assert_error(nb_text_dataset_new(va, 100), NB_EINVAL, "block size 100");
+    tu_assert_error(nb_text_dataset_new(nb_zeros((int64_t[]){50}, 1, NB_F32), 8), NB_EDTYPE,
                     "f32");
-    tu_assert_error(nb_text_dataset(NULL, 8), NB_ENULL, "tokens");
+    tu_assert_error(nb_text_dataset_new(NULL, 8), NB_ENULL, "tokens");
 
     /* Random windows from a generator, drawn as nb_randint would. */
     for (int i32 = 0; i32 < 2; i32++) {
@@ -1095,7 +1095,7 @@ START_TEST(test_data_other_devices) {
     ck_assert_int_eq(access(p, F_OK), -1); /* refused before creating the file */
 
     /* A dataset of guard tensors holds host copies: its batches are the CPU dataset's. */
-    nb_dataset *dc = nb_tensor_dataset(x, y), *dg = nb_tensor_dataset(gx, gy);
+    nb_dataset *dc = nb_tensor_dataset_new(x, y), *dg = nb_tensor_dataset_new(gx, gy);
     ck_assert_msg(dc && dg, "%s", nb_last_error());
     const int64_t idx[4] = {7, 0, 3, 3};
     const int64_t bsh[3] = {4, 2, 3};
@@ -1110,8 +1110,8 @@ START_TEST(test_data_other_devices) {
                     NB_EDEVICE, "got a guard tensor");
     nb_dataset_free(dc);
     nb_dataset_free(dg);
-    tu_assert_error(nb_tensor_dataset(mx, NULL), NB_EDEVICE, "meta");
-    tu_assert_error(nb_tensor_dataset(x, nb_empty_on(NB_META, &(int64_t){10}, 1, NB_I64)),
+    tu_assert_error(nb_tensor_dataset_new(mx, NULL), NB_EDEVICE, "meta");
+    tu_assert_error(nb_tensor_dataset_new(x, nb_empty_on(NB_META, &(int64_t){10}, 1, NB_I64)),
                     NB_EDEVICE, "y cannot be copied to the host");
 
     /* Transforms run on host batches: a meta (or guard) batch is refused with NB_EDEVICE. */
@@ -1129,7 +1129,7 @@ START_TEST(test_data_other_devices) {
     nb_tensor *tok = nb_from_buffer(text, &(int64_t){300}, 1, NB_U8);
     ck_assert_ptr_nonnull(tok);
     nb_tensor *gtok = nb_to_device(tok, GUARD);
-    nb_dataset *tg = nb_text_dataset(gtok, 8);
+    nb_dataset *tg = nb_text_dataset_new(gtok, 8);
     ck_assert_msg(tg != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(tg), 292);
     const int64_t wsh[2] = {4, 8};
@@ -1140,7 +1140,7 @@ START_TEST(test_data_other_devices) {
         for (int t = 0; t < 8; t++)
             ck_assert_int_eq(wxd[k * 8 + t], (unsigned char)text[idx[k] + t]);
     nb_dataset_free(tg);
-    tu_assert_error(nb_text_dataset(nb_empty_on(NB_META, &(int64_t){300}, 1, NB_U8), 8),
+    tu_assert_error(nb_text_dataset_new(nb_empty_on(NB_META, &(int64_t){300}, 1, NB_U8), 8),
                     NB_EDEVICE, "meta");
     for (int i32 = 0; i32 < 2; i32++) {
         nb_dtype dt = i32 ? NB_I32 : NB_I64;

@@ -159,7 +159,7 @@ END_TEST
 static nb_optim *make_adamw(nb_module *m, double lr) {
     nb_params decay, no_decay;
     ck_assert_int_eq(nb_params_split_decay(nb_parameters(m), &decay, &no_decay), NB_OK);
-    nb_optim *o = nb_adamw(&decay, &(nb_adamw_opts){.lr = lr, .weight_decay = 0.1});
+    nb_optim *o = nb_adamw_new(&decay, &(nb_adamw_opts){.lr = lr, .weight_decay = 0.1});
     ck_assert_ptr_nonnull(o);
     ck_assert_int_ge(nb_optim_add_group(o, &no_decay, &(nb_group_opts){.weight_decay = NB_OPT_ZERO}), 0);
     nb_params_deinit(&decay);
@@ -366,7 +366,7 @@ START_TEST(test_errors) {
     tu_assert_error(nb_forward(m, NULL), NB_ENULL, "");
     tu_assert_error(gpt_loss(m, nb_zeros((int64_t[]){1, 4}, 2, NB_I64),
                              nb_zeros((int64_t[]){1, 3}, 2, NB_I64)), NB_ESHAPE, "targets");
-    nb_module *lin = nb_linear(2, 2, NULL);
+    nb_module *lin = nb_linear_new(2, 2, NULL);
     tu_assert_error(gpt_loss(lin, NULL, NULL), NB_EINVAL, "not a GPT");
     ck_assert_ptr_null(gpt_get_config(lin));
     int64_t p[2] = {3, 16}, out[2];

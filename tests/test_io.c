@@ -419,7 +419,8 @@ START_TEST(test_corrupt_headers) {
         {"", 0, "not valid JSON"},
         {"{\"a\":", 0, "not valid JSON"},
         {"[1,2]", 0, "not a JSON object"},
-        {"{\"a\":{\"dtype\":\"F9\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "unknown dtype \"F9\""},
+        {"{\"a\":{\"dtype\":\"F9\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+         "unknown dtype \"F9\""},
         {"{\"a\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "\"dtype\""},
         {"{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "\"dtype\""},
         {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "\"shape\""},
@@ -432,7 +433,8 @@ START_TEST(test_corrupt_headers) {
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,\"4\"]}}", 4, "data_offsets"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 4, "data_offsets"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":\"0,4\"}}", 4, "data_offsets"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,0]}}", 4, "end before they begin"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,0]}}", 4,
+         "end before they begin"},
         {"{" F32A("a", 0, 8, 2) "}", 4, "beyond the 4 bytes"},
         {"{" F32A("a", 0, 4, 2) "}", 4, "needs 8 bytes"},
         {"{" F32A("a", 0, 8, 1) "}", 8, "needs 4 bytes"},
@@ -445,7 +447,8 @@ START_TEST(test_corrupt_headers) {
         {"{\"__metadata__\":5}", 0, "\"__metadata__\" is not a JSON object"},
         {"{\"__metadata__\":{\"k\":1}}", 0, "not a string"},
         {"{\"__metadata__\":{\"k\":\"v\",\"k\":\"w\"}}", 0, "duplicate"},
-        {"{\"\xff\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "not valid JSON"},
+        {"{\"\xff\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+         "not valid JSON"},
         {"{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
          "not valid JSON"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,4]}}", 4,
@@ -502,8 +505,10 @@ START_TEST(test_unusual_valid_files) {
     nb_safetensors_info in;
 
     /* more than NB_MAX_DIMS dims and a dtype nabla lacks: the file opens, get says why not */
-    write_st(path, "{\"nine\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,2]},"
-                   "\"i8\":{\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[2,4]}}", 4);
+    write_st(path,
+             "{\"nine\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,2]},"
+             "\"i8\":{\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[2,4]}}",
+             4);
     f = nb_safetensors_open(path);
     ck_assert_msg(f, "%s", nb_last_error());
     ASSERT_OK(nb_safetensors_info_at(f, 0, &in));
@@ -556,8 +561,9 @@ START_TEST(test_truncation_and_mutation) {
     nb_scope_begin();
     char *dir = make_dir(), *path = path_in(dir, "v.safetensors"), *cut = path_in(dir, "c");
     const char *names[] = {"w", "b", "s", "m"};
-    nb_tensor *ts[] = {rand_of((int64_t[]){2, 3}, 2, NB_F32, 1), rand_of((int64_t[]){3}, 1, NB_BF16, 2),
-                       rand_of(NULL, 0, NB_I64, 3), rand_of((int64_t[]){4}, 1, NB_BOOL, 4)};
+    nb_tensor *ts[] = {rand_of((int64_t[]){2, 3}, 2, NB_F32, 1),
+                       rand_of((int64_t[]){3}, 1, NB_BF16, 2), rand_of(NULL, 0, NB_I64, 3),
+                       rand_of((int64_t[]){4}, 1, NB_BOOL, 4)};
     const char *k[] = {"format"}, *v[] = {"pt"};
     ASSERT_OK(nb_safetensors_save(path, names, ts, 4, k, v, 1));
     size_t n;
@@ -732,8 +738,9 @@ END_TEST
 static nb_module *make_mlp(uint64_t seed, int64_t out, bool extra) {
     nb_generator *g = nb_generator_new(seed);
     nb_linear_opts o = {.gen = g};
-    nb_module *m = nb_sequential(nb_linear(4, 8, &o), nb_relu_module(), nb_batchnorm1d(8, NULL),
-                                 nb_linear(8, out, &o), extra ? nb_linear(out, 2, &o) : NULL, NULL);
+    nb_module *m = nb_sequential_new(nb_linear_new(4, 8, &o), nb_relu_new(),
+                                     nb_batch_norm1d_new(8, NULL), nb_linear_new(8, out, &o),
+                                     extra ? nb_linear_new(out, 2, &o) : NULL, NULL);
     nb_generator_free(g);
     ck_assert_msg(m, "%s", nb_last_error());
     return m;
@@ -835,7 +842,8 @@ START_TEST(test_module_load_errors) {
     /* missing tensors: strict fails naming the first, non-strict loads the rest */
     nb_module *more = make_mlp(2, 3, true);
     before = snapshot(more);
-    ASSERT_ST(nb_module_load(more, path, true), NB_EINVAL, "has no tensor \"4.weight\" (and 1 more");
+    ASSERT_ST(nb_module_load(more, path, true), NB_EINVAL,
+              "has no tensor \"4.weight\" (and 1 more");
     assert_module_equals(more, &before);
     ASSERT_OK(nb_module_load(more, path, false));
     assert_identical(nb_module_find(more, "3.weight"), nb_module_find(src, "3.weight"), "3.weight");
@@ -843,8 +851,8 @@ START_TEST(test_module_load_errors) {
     nb_state_list_deinit(&before);
 
     /* the exact message for one missing tensor */
-    nb_module *nobias = nb_linear(4, 8, &(nb_linear_opts){.no_bias = true});
-    nb_module *bias = nb_linear(4, 8, NULL);
+    nb_module *nobias = nb_linear_new(4, 8, &(nb_linear_opts){.no_bias = true});
+    nb_module *bias = nb_linear_new(4, 8, NULL);
     char *p2 = path_in(dir, "nobias.safetensors");
     ASSERT_OK(nb_module_save(nobias, p2));
     ck_assert_int_ne(nb_module_load(bias, p2, true), NB_OK);
@@ -859,7 +867,7 @@ START_TEST(test_module_load_errors) {
               "has tensor \"bias\", which the module does not have");
     ASSERT_OK(nb_module_load(nobias, p3, false));
     free(p3);
-    nb_module *fewer = nb_sequential(nb_linear(4, 8, NULL), NULL);
+    nb_module *fewer = nb_sequential_new(nb_linear_new(4, 8, NULL), NULL);
     ASSERT_ST(nb_module_load(fewer, path, true), NB_EINVAL, "more that the module does not have");
     ASSERT_OK(nb_module_load(fewer, path, false));
     assert_identical(nb_module_find(fewer, "0.bias"), nb_module_find(src, "0.bias"), "0.bias");
@@ -907,7 +915,8 @@ START_TEST(test_state_lists_and_prefixes) {
     nb_state_list_init(&l);
     ASSERT_OK(nb_state_list_add_module(&l, "model.", m));
     ASSERT_OK(nb_state_list_add(&l, "optim.", "step", nb_scalar(42, NB_I64)));
-    ASSERT_OK(nb_state_list_add(&l, "optim.", "exp_avg.0.weight", nb_ones((int64_t[]){8, 4}, 2, NB_F32)));
+    ASSERT_OK(
+        nb_state_list_add(&l, "optim.", "exp_avg.0.weight", nb_ones((int64_t[]){8, 4}, 2, NB_F32)));
     ck_assert_str_eq(l.names[0], "model.0.weight");
     nb_clear_error();
     ASSERT_ST(nb_state_list_add(&l, NULL, "x", NULL), NB_ENULL, "\"x\" is NULL");
@@ -943,7 +952,8 @@ START_TEST(test_state_lists_and_prefixes) {
     ASSERT_OK(nb_state_load(f, "optim.", nm, &dst, 1, false));
     ck_assert(nb_item_f64(dst) == 42); /* i64 -> f64 */
     nb_tensor *wrong = nb_zeros((int64_t[]){1}, 1, NB_I64);
-    ASSERT_ST(nb_state_load(f, "optim.", nm, &wrong, 1, false), NB_ESHAPE, "the destination expects [1]");
+    ASSERT_ST(nb_state_load(f, "optim.", nm, &wrong, 1, false), NB_ESHAPE,
+              "the destination expects [1]");
     ASSERT_ST(nb_state_load(NULL, NULL, nm, &dst, 1, false), NB_ENULL, "NULL");
     ASSERT_ST(nb_state_load(f, NULL, NULL, &dst, 1, false), NB_ENULL, "names");
     nb_safetensors_close(f);

@@ -3,7 +3,7 @@
  * views, padded rows, padded columns, stride 2 in both dims), 1-D promotion, broadcast batch
  * dims, all float dtypes, and under every GEMM provider built in. Also checks that layouts the
  * GEMM can read directly are not copied (allocator block counts), the GEMM layer's alpha/beta
- * contract, the provider switch, and every user error. nb_matmul and nb_linear_fn on the
+ * contract, the provider switch, and every user error. nb_matmul and nb_linear on the
  * guard device (same values as the CPU, forward and backward) and on meta (shapes only),
  * operands on two devices, and the gemm kernel's batch/bias contract. */
 #include <stdlib.h>
@@ -506,7 +506,7 @@ END_TEST
 
 /* ---- devices: meta, guard, mixed -------------------------------------------------------------
  * The same op runs on the CPU, on the guard device (memory the host cannot touch outside a
- * kernel: proves nb_matmul and nb_linear_fn never dereference device data) and on meta
+ * kernel: proves nb_matmul and nb_linear never dereference device data) and on meta
  * (shapes only). Operands are leaves built on each device from the same random values, in
  * the layouts the ops special-case (a transposed view, a padded row, a stride-2 view that
  * must be copied). */
@@ -556,7 +556,7 @@ static bool sum_works(nb_device dev) {
 
 typedef nb_tensor *(*dev_op)(nb_tensor *const *in);
 static nb_tensor *op_matmul(nb_tensor *const *in) { return nb_matmul(in[0], in[1]); }
-static nb_tensor *op_linear(nb_tensor *const *in) { return nb_linear_fn(in[0], in[1], in[2]); }
+static nb_tensor *op_linear(nb_tensor *const *in) { return nb_linear(in[0], in[1], in[2]); }
 
 typedef struct dev_case {
     int n;                     /* operands */
@@ -694,7 +694,7 @@ START_TEST(test_matmul_meta_large) {
     nb_tensor *w = nb_empty_on(NB_META, (int64_t[]){50257, 768}, 2, NB_F32);
     ck_assert_int_eq(nb_set_requires_grad(x, true), NB_OK);
     ck_assert_int_eq(nb_set_requires_grad(w, true), NB_OK);
-    nb_tensor *y = nb_linear_fn(x, w, NULL);
+    nb_tensor *y = nb_linear(x, w, NULL);
     ck_assert_msg(y != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_shape(y)[2], 50257);
     nb_tensor *z = nb_matmul(x, nb_transpose(w, 0, 1));
@@ -721,9 +721,9 @@ START_TEST(test_matmul_mixed_devices) {
     nb_tensor *wm = nb_empty_on(NB_META, (int64_t[]){3, 4}, 2, NB_F32);
     nb_tensor *bm = nb_empty_on(NB_META, (int64_t[]){3}, 1, NB_F32);
     nb_tensor *bc = nb_zeros((int64_t[]){3}, 1, NB_F32);
-    tu_assert_error(nb_linear_fn(c2, wm, NULL), NB_EDEVICE, "linear");
-    tu_assert_error(nb_linear_fn(c2, wc, bm), NB_EDEVICE, "linear");
-    tu_assert_error(nb_linear_fn(nb_empty_on(NB_META, (int64_t[]){2, 4}, 2, NB_F32), wm, bc),
+    tu_assert_error(nb_linear(c2, wm, NULL), NB_EDEVICE, "linear");
+    tu_assert_error(nb_linear(c2, wc, bm), NB_EDEVICE, "linear");
+    tu_assert_error(nb_linear(nb_empty_on(NB_META, (int64_t[]){2, 4}, 2, NB_F32), wm, bc),
                     NB_EDEVICE, "linear");
     nb_scope_end();
 }

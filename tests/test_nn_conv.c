@@ -1,4 +1,4 @@
-/* test_nn_conv.c - the "nn_conv" suite: nb_conv2d_fn and the pools (max, average, adaptive
+/* test_nn_conv.c - the "nn_conv" suite: nb_conv2d and the pools (max, average, adaptive
  * average) against double-precision direct loops over tables of configurations (stride,
  * padding, dilation, groups incl. depthwise, 1x1, non-square kernels, batch 1 and 3, more
  * images than weight-gradient chunks, non-contiguous inputs, every float dtype), under each
@@ -94,8 +94,8 @@ static nb_status backward_with(nb_tensor *y, nb_tensor *g) {
 }
 
 static nb_tensor *run_conv(const conv_cfg *c, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
-    return nb_conv2d_fn(x, w, b, (int64_t[]){c->sh, c->sw}, (int64_t[]){c->ph, c->pw},
-                        (int64_t[]){c->dh, c->dw}, c->groups);
+    return nb_conv2d(x, w, b, (int64_t[]){c->sh, c->sw}, (int64_t[]){c->ph, c->pw},
+                     (int64_t[]){c->dh, c->dw}, c->groups);
 }
 
 START_TEST(test_conv2d_forward) {
@@ -383,8 +383,8 @@ END_TEST
 START_TEST(test_conv2d_module) {
     nb_scope_begin();
     nb_generator *gen = nb_generator_new(42);
-    nb_module *m = nb_conv2d(8, 16, 3, 5,
-                             &(nb_conv2d_opts){.groups = 2, .padding = {1, 2}, .gen = gen});
+    nb_module *m = nb_conv2d_new(8, 16, 3, 5,
+                                 &(nb_conv2d_opts){.groups = 2, .padding = {1, 2}, .gen = gen});
     ck_assert_msg(m != NULL, "%s", nb_last_error());
     ck_assert_str_eq(nb_module_type(m), "Conv2d");
     nb_tensor *w = nb_module_param(m, "weight"), *b = nb_module_param(m, "bias");
@@ -415,15 +415,15 @@ START_TEST(test_conv2d_module) {
     free(v);
     /* The same seed gives the same weights. */
     nb_generator *gen2 = nb_generator_new(42);
-    nb_module *m2 = nb_conv2d(8, 16, 3, 5,
-                              &(nb_conv2d_opts){.groups = 2, .padding = {1, 2}, .gen = gen2});
+    nb_module *m2 = nb_conv2d_new(8, 16, 3, 5,
+                                  &(nb_conv2d_opts){.groups = 2, .padding = {1, 2}, .gen = gen2});
     double *v1 = tu_values(w);
     tu_assert_close(nb_module_param(m2, "weight"), v1, wshape, 4, 0);
     free(v1);
     /* Forward = the functional form with the module's options. */
     nb_tensor *x = tu_random((int64_t[]){2, 8, 6, 7}, 4, NB_F32, -1, 1, 5);
     nb_tensor *y = nb_forward(m, x);
-    nb_tensor *yr = nb_conv2d_fn(x, w, b, NULL, (int64_t[]){1, 2}, NULL, 2);
+    nb_tensor *yr = nb_conv2d(x, w, b, NULL, (int64_t[]){1, 2}, NULL, 2);
     ck_assert(y && yr);
     double *vr = tu_values(yr);
     tu_assert_close(y, vr, nb_shape(yr), 4, 0);
@@ -432,7 +432,7 @@ START_TEST(test_conv2d_module) {
     ck_assert(backward_with(y, nb_ones_like(y)) == NB_OK);
     ck_assert(nb_grad(w) && nb_grad(b));
     /* No bias; stride and dilation. */
-    nb_module *m3 = nb_conv2d(3, 4, 3, 3, &(nb_conv2d_opts){.no_bias = true, .stride = {2, 2},
+    nb_module *m3 = nb_conv2d_new(3, 4, 3, 3, &(nb_conv2d_opts){.no_bias = true, .stride = {2, 2},
                                                            .dilation = {2, 1}});
     ck_assert(m3 && !nb_module_param(m3, "bias"));
     nb_tensor *y3 = nb_forward(m3, tu_random((int64_t[]){1, 3, 9, 9}, 4, NB_F32, -1, 1, 6));
@@ -449,42 +449,42 @@ START_TEST(test_conv2d_errors) {
     nb_tensor *w = tu_random((int64_t[]){8, 4, 3, 3}, 4, NB_F32, -1, 1, 2);
     nb_tensor *b = tu_random((int64_t[]){8}, 1, NB_F32, -1, 1, 3);
     nb_tensor *x3 = tu_random((int64_t[]){3, 28, 28}, 3, NB_F32, -1, 1, 4);
-    tu_assert_error(nb_conv2d_fn(x3, w, b, NULL, NULL, NULL, 1), NB_ESHAPE,
+    tu_assert_error(nb_conv2d(x3, w, b, NULL, NULL, NULL, 1), NB_ESHAPE,
                     "conv2d: input must be 4-D (N, C, H, W), got [3,28,28]");
-    tu_assert_error(nb_conv2d_fn(x, x3, NULL, NULL, NULL, NULL, 1), NB_ESHAPE, "weight must be 4-D");
+    tu_assert_error(nb_conv2d(x, x3, NULL, NULL, NULL, NULL, 1), NB_ESHAPE, "weight must be 4-D");
     nb_tensor *w5 = tu_random((int64_t[]){8, 5, 3, 3}, 4, NB_F32, -1, 1, 2);
-    tu_assert_error(nb_conv2d_fn(x, w5, b, NULL, NULL, NULL, 1), NB_ESHAPE, "input channels");
-    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, NULL, NULL, 3), NB_EINVAL, "groups=3");
-    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, NULL, NULL, 0), NB_EINVAL, "groups");
-    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, NULL, NULL, 2), NB_ESHAPE, "input channels");
-    tu_assert_error(nb_conv2d_fn(x, w, b, (int64_t[]){0, 1}, NULL, NULL, 1), NB_EINVAL, "stride");
-    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, (int64_t[]){-1, 0}, NULL, 1), NB_EINVAL,
+    tu_assert_error(nb_conv2d(x, w5, b, NULL, NULL, NULL, 1), NB_ESHAPE, "input channels");
+    tu_assert_error(nb_conv2d(x, w, b, NULL, NULL, NULL, 3), NB_EINVAL, "groups=3");
+    tu_assert_error(nb_conv2d(x, w, b, NULL, NULL, NULL, 0), NB_EINVAL, "groups");
+    tu_assert_error(nb_conv2d(x, w, b, NULL, NULL, NULL, 2), NB_ESHAPE, "input channels");
+    tu_assert_error(nb_conv2d(x, w, b, (int64_t[]){0, 1}, NULL, NULL, 1), NB_EINVAL, "stride");
+    tu_assert_error(nb_conv2d(x, w, b, NULL, (int64_t[]){-1, 0}, NULL, 1), NB_EINVAL,
                     "padding");
-    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, NULL, (int64_t[]){1, 0}, 1), NB_EINVAL,
+    tu_assert_error(nb_conv2d(x, w, b, NULL, NULL, (int64_t[]){1, 0}, 1), NB_EINVAL,
                     "dilation");
     nb_tensor *wbig = tu_random((int64_t[]){8, 4, 7, 3}, 4, NB_F32, -1, 1, 2);
-    tu_assert_error(nb_conv2d_fn(x, wbig, b, NULL, NULL, NULL, 1), NB_ESHAPE,
+    tu_assert_error(nb_conv2d(x, wbig, b, NULL, NULL, NULL, 1), NB_ESHAPE,
                     "larger than the padded input");
-    tu_assert_error(nb_conv2d_fn(x, w, b, NULL, NULL, (int64_t[]){3, 1}, 1), NB_ESHAPE,
+    tu_assert_error(nb_conv2d(x, w, b, NULL, NULL, (int64_t[]){3, 1}, 1), NB_ESHAPE,
                     "larger than the padded input");
-    ck_assert(nb_conv2d_fn(x, wbig, b, NULL, (int64_t[]){1, 0}, NULL, 1) != NULL);
+    ck_assert(nb_conv2d(x, wbig, b, NULL, (int64_t[]){1, 0}, NULL, 1) != NULL);
     nb_tensor *b7 = tu_random((int64_t[]){7}, 1, NB_F32, -1, 1, 3);
-    tu_assert_error(nb_conv2d_fn(x, w, b7, NULL, NULL, NULL, 1), NB_ESHAPE, "bias");
+    tu_assert_error(nb_conv2d(x, w, b7, NULL, NULL, NULL, 1), NB_ESHAPE, "bias");
     nb_tensor *w64 = tu_random((int64_t[]){8, 4, 3, 3}, 4, NB_F64, -1, 1, 2);
-    tu_assert_error(nb_conv2d_fn(x, w64, NULL, NULL, NULL, NULL, 1), NB_EDTYPE, "weight is f64");
+    tu_assert_error(nb_conv2d(x, w64, NULL, NULL, NULL, NULL, 1), NB_EDTYPE, "weight is f64");
     nb_tensor *xi = tu_random((int64_t[]){2, 4, 6, 6}, 4, NB_I32, -3, 3, 1);
     nb_tensor *wi = tu_random((int64_t[]){8, 4, 3, 3}, 4, NB_I32, -3, 3, 1);
-    tu_assert_error(nb_conv2d_fn(xi, wi, NULL, NULL, NULL, NULL, 1), NB_EDTYPE, "i32");
-    tu_assert_error(nb_conv2d_fn(NULL, w, b, NULL, NULL, NULL, 1), NB_ENULL, NULL);
-    tu_assert_error(nb_conv2d_fn(x, NULL, b, NULL, NULL, NULL, 1), NB_ENULL, NULL);
+    tu_assert_error(nb_conv2d(xi, wi, NULL, NULL, NULL, NULL, 1), NB_EDTYPE, "i32");
+    tu_assert_error(nb_conv2d(NULL, w, b, NULL, NULL, NULL, 1), NB_ENULL, NULL);
+    tu_assert_error(nb_conv2d(x, NULL, b, NULL, NULL, NULL, 1), NB_ENULL, NULL);
     /* Module constructor. */
-    tu_assert_error(nb_conv2d(0, 4, 3, 3, NULL), NB_EINVAL, "positive");
-    tu_assert_error(nb_conv2d(4, 4, 0, 3, NULL), NB_EINVAL, "positive");
-    tu_assert_error(nb_conv2d(4, 6, 3, 3, &(nb_conv2d_opts){.groups = 4}), NB_EINVAL, "groups");
-    tu_assert_error(nb_conv2d(4, 4, 3, 3, &(nb_conv2d_opts){.padding = {-1, 0}}), NB_EINVAL,
+    tu_assert_error(nb_conv2d_new(0, 4, 3, 3, NULL), NB_EINVAL, "positive");
+    tu_assert_error(nb_conv2d_new(4, 4, 0, 3, NULL), NB_EINVAL, "positive");
+    tu_assert_error(nb_conv2d_new(4, 6, 3, 3, &(nb_conv2d_opts){.groups = 4}), NB_EINVAL, "groups");
+    tu_assert_error(nb_conv2d_new(4, 4, 3, 3, &(nb_conv2d_opts){.padding = {-1, 0}}), NB_EINVAL,
                     "padding");
     /* A module's forward reports the op's error. */
-    nb_module *m = nb_conv2d(3, 4, 3, 3, NULL);
+    nb_module *m = nb_conv2d_new(3, 4, 3, 3, NULL);
     tu_assert_error(nb_forward(m, x), NB_ESHAPE, "input channels");
     nb_module_free(m);
     nb_scope_end();
@@ -556,8 +556,8 @@ static double *ref_pool(const pool_cfg *c, int kind, const double *x) {
 
 static nb_tensor *run_pool(const pool_cfg *c, int kind, nb_tensor *x) {
     int64_t k[2] = {c->kh, c->kw}, s[2] = {c->sh, c->sw}, p[2] = {c->ph, c->pw};
-    if (kind == 0) return nb_maxpool2d_fn(x, k, s, p);
-    return nb_avgpool2d_fn(x, k, s, p, kind == 1);
+    if (kind == 0) return nb_maxpool2d(x, k, s, p);
+    return nb_avgpool2d(x, k, s, p, kind == 1);
 }
 
 START_TEST(test_pool2d_forward) {
@@ -590,18 +590,18 @@ START_TEST(test_maxpool2d_special_values) {
     double v[16] = {1, NAN, 3, 4, 5, 6, 7, 8, -INFINITY, -INFINITY, 2, 1, -INFINITY,
                     -INFINITY, 0, -5};
     nb_tensor *x = tu_tensor(v, (int64_t[]){1, 1, 4, 4}, 4, NB_F32);
-    nb_tensor *y = nb_maxpool2d_fn(x, (int64_t[]){2, 2}, NULL, NULL);
+    nb_tensor *y = nb_maxpool2d(x, (int64_t[]){2, 2}, NULL, NULL);
     double r[4] = {NAN, 8, -INFINITY, 2};
     tu_assert_close(y, r, ((int64_t[]){1, 1, 2, 2}), 4, 0);
-    nb_tensor *yp = nb_maxpool2d_fn(tu_tensor((double[]){-3, -2, -4, -1}, (int64_t[]){1, 1, 2, 2},
-                                              4, NB_F32),
+    nb_tensor *yp = nb_maxpool2d(tu_tensor((double[]){-3, -2, -4, -1}, (int64_t[]){1, 1, 2, 2},
+                                           4, NB_F32),
                                     (int64_t[]){2, 2}, (int64_t[]){1, 1}, (int64_t[]){1, 1});
     double rp[9] = {-3, -2, -2, -3, -1, -1, -4, -1, -1};
     tu_assert_close(yp, rp, ((int64_t[]){1, 1, 3, 3}), 4, 0);
     /* The gradient goes to the maximum only (ties: the first one). */
     nb_tensor *xt = tu_tensor((double[]){1, 5, 5, 2}, (int64_t[]){1, 1, 2, 2}, 4, NB_F64);
     ck_assert(nb_set_requires_grad(xt, true) == NB_OK);
-    nb_tensor *yt = nb_maxpool2d_fn(xt, (int64_t[]){2, 2}, NULL, NULL);
+    nb_tensor *yt = nb_maxpool2d(xt, (int64_t[]){2, 2}, NULL, NULL);
     ck_assert(backward_with(yt, nb_ones_like(yt)) == NB_OK);
     double rg[4] = {0, 1, 0, 0};
     tu_assert_close(nb_grad(xt), rg, ((int64_t[]){1, 1, 2, 2}), 4, 0);
@@ -633,7 +633,7 @@ START_TEST(test_adaptive_avgpool2d_forward) {
                             for (int64_t w = w0; w < w1; w++) s += vx[(p * H + h) * W + w];
                         ref[(p * OH + oh) * OW + ow] = s / (double)((h1 - h0) * (w1 - w0));
                     }
-            nb_tensor *y = nb_adaptive_avgpool2d_fn(x, OH, OW);
+            nb_tensor *y = nb_adaptive_avgpool2d(x, OH, OW);
             tu_assert_close(y, ref, ys, 4, tu_tol(dt));
             free(vx), free(ref);
             nb_scope_end();
@@ -650,7 +650,7 @@ typedef struct pool_gctx {
 static nb_tensor *pool_f(nb_tensor *const *in, int n, void *ctx) {
     (void)n;
     const pool_gctx *k = ctx;
-    if (k->kind == 3) return nb_adaptive_avgpool2d_fn(in[0], k->c->kh, k->c->kw);
+    if (k->kind == 3) return nb_adaptive_avgpool2d(in[0], k->c->kh, k->c->kw);
     return run_pool(k->c, k->kind, in[0]);
 }
 
@@ -709,9 +709,9 @@ END_TEST
 START_TEST(test_pool2d_modules) {
     nb_scope_begin();
     nb_tensor *x = tu_random((int64_t[]){2, 3, 7, 6}, 4, NB_F32, -1, 1, 3);
-    nb_module *mp = nb_maxpool2d(3, 2, &(nb_pool2d_opts){.stride = {2, 0}, .padding = {1, 1}});
-    nb_module *ap = nb_avgpool2d(2, 2, &(nb_pool2d_opts){.padding = {1, 0}, .exclude_pad = true});
-    nb_module *ad = nb_adaptive_avgpool2d(3, 2);
+    nb_module *mp = nb_maxpool2d_new(3, 2, &(nb_pool2d_opts){.stride = {2, 0}, .padding = {1, 1}});
+    nb_module *ap = nb_avgpool2d_new(2, 2, &(nb_pool2d_opts){.padding = {1, 0}, .exclude_pad = true});
+    nb_module *ad = nb_adaptive_avgpool2d_new(3, 2);
     ck_assert(mp && ap && ad);
     ck_assert_str_eq(nb_module_type(mp), "MaxPool2d");
     ck_assert_str_eq(nb_module_type(ap), "AvgPool2d");
@@ -719,9 +719,9 @@ START_TEST(test_pool2d_modules) {
     ck_assert_int_eq(nb_num_parameters(mp) + nb_num_parameters(ap) + nb_num_parameters(ad), 0);
     nb_tensor *ys[3] = {nb_forward(mp, x), nb_forward(ap, x), nb_forward(ad, x)};
     nb_tensor *rs[3] = {
-        nb_maxpool2d_fn(x, (int64_t[]){3, 2}, (int64_t[]){2, 2}, (int64_t[]){1, 1}),
-        nb_avgpool2d_fn(x, (int64_t[]){2, 2}, NULL, (int64_t[]){1, 0}, false),
-        nb_adaptive_avgpool2d_fn(x, 3, 2)};
+        nb_maxpool2d(x, (int64_t[]){3, 2}, (int64_t[]){2, 2}, (int64_t[]){1, 1}),
+        nb_avgpool2d(x, (int64_t[]){2, 2}, NULL, (int64_t[]){1, 0}, false),
+        nb_adaptive_avgpool2d(x, 3, 2)};
     for (int i = 0; i < 3; i++) {
         ck_assert_msg(ys[i] && rs[i], "%s", nb_last_error());
         double *r = tu_values(rs[i]);
@@ -729,7 +729,7 @@ START_TEST(test_pool2d_modules) {
         free(r);
     }
     /* Default stride = kernel. */
-    nb_module *m2 = nb_maxpool2d(2, 2, NULL);
+    nb_module *m2 = nb_maxpool2d_new(2, 2, NULL);
     nb_tensor *y2 = nb_forward(m2, x);
     ck_assert(y2 && nb_shape(y2)[2] == 3 && nb_shape(y2)[3] == 3);
     nb_module_free(mp), nb_module_free(ap), nb_module_free(ad), nb_module_free(m2);
@@ -741,32 +741,32 @@ START_TEST(test_pool2d_errors) {
     nb_scope_begin();
     nb_tensor *x = tu_random((int64_t[]){2, 3, 5, 5}, 4, NB_F32, -1, 1, 1);
     int64_t k2[2] = {2, 2};
-    tu_assert_error(nb_maxpool2d_fn(tu_random((int64_t[]){5, 5}, 2, NB_F32, 0, 1, 1), k2, NULL,
-                                    NULL),
+    tu_assert_error(nb_maxpool2d(tu_random((int64_t[]){5, 5}, 2, NB_F32, 0, 1, 1), k2, NULL,
+                                 NULL),
                     NB_ESHAPE, "maxpool2d: input must be 4-D (N, C, H, W) or 3-D");
-    tu_assert_error(nb_maxpool2d_fn(x, (int64_t[]){0, 2}, NULL, NULL), NB_EINVAL,
+    tu_assert_error(nb_maxpool2d(x, (int64_t[]){0, 2}, NULL, NULL), NB_EINVAL,
                     "kernel size and stride must be positive");
-    tu_assert_error(nb_maxpool2d_fn(x, k2, (int64_t[]){-1, 1}, NULL), NB_EINVAL, "stride");
-    tu_assert_error(nb_maxpool2d_fn(x, k2, NULL, (int64_t[]){2, 0}), NB_EINVAL,
+    tu_assert_error(nb_maxpool2d(x, k2, (int64_t[]){-1, 1}, NULL), NB_EINVAL, "stride");
+    tu_assert_error(nb_maxpool2d(x, k2, NULL, (int64_t[]){2, 0}), NB_EINVAL,
                     "at most half the kernel size");
-    tu_assert_error(nb_avgpool2d_fn(x, (int64_t[]){6, 2}, NULL, NULL, true), NB_ESHAPE,
+    tu_assert_error(nb_avgpool2d(x, (int64_t[]){6, 2}, NULL, NULL, true), NB_ESHAPE,
                     "larger than the padded input");
-    tu_assert_error(nb_avgpool2d_fn(x, k2, NULL, (int64_t[]){0, -1}, true), NB_EINVAL, "padding");
-    tu_assert_error(nb_maxpool2d_fn(x, NULL, NULL, NULL), NB_ENULL, "kernel");
-    tu_assert_error(nb_maxpool2d_fn(NULL, k2, NULL, NULL), NB_ENULL, NULL);
+    tu_assert_error(nb_avgpool2d(x, k2, NULL, (int64_t[]){0, -1}, true), NB_EINVAL, "padding");
+    tu_assert_error(nb_maxpool2d(x, NULL, NULL, NULL), NB_ENULL, "kernel");
+    tu_assert_error(nb_maxpool2d(NULL, k2, NULL, NULL), NB_ENULL, NULL);
     nb_tensor *xi = tu_random((int64_t[]){1, 1, 4, 4}, 4, NB_I64, 0, 9, 1);
-    tu_assert_error(nb_maxpool2d_fn(xi, k2, NULL, NULL), NB_EDTYPE, "i64");
-    tu_assert_error(nb_avgpool2d_fn(xi, k2, NULL, NULL, true), NB_EDTYPE, "i64");
-    tu_assert_error(nb_adaptive_avgpool2d_fn(xi, 2, 2), NB_EDTYPE, "i64");
-    tu_assert_error(nb_adaptive_avgpool2d_fn(x, 0, 2), NB_EINVAL, "output size");
-    tu_assert_error(nb_adaptive_avgpool2d_fn(tu_random((int64_t[]){1, 2, 0, 3}, 4, NB_F32, 0, 1, 1),
-                                             1, 1),
+    tu_assert_error(nb_maxpool2d(xi, k2, NULL, NULL), NB_EDTYPE, "i64");
+    tu_assert_error(nb_avgpool2d(xi, k2, NULL, NULL, true), NB_EDTYPE, "i64");
+    tu_assert_error(nb_adaptive_avgpool2d(xi, 2, 2), NB_EDTYPE, "i64");
+    tu_assert_error(nb_adaptive_avgpool2d(x, 0, 2), NB_EINVAL, "output size");
+    tu_assert_error(nb_adaptive_avgpool2d(tu_random((int64_t[]){1, 2, 0, 3}, 4, NB_F32, 0, 1, 1),
+                                          1, 1),
                     NB_ESHAPE, "empty spatial");
-    tu_assert_error(nb_maxpool2d(0, 2, NULL), NB_EINVAL, "kernel size");
-    tu_assert_error(nb_avgpool2d(2, 2, &(nb_pool2d_opts){.padding = {2, 0}}), NB_EINVAL,
+    tu_assert_error(nb_maxpool2d_new(0, 2, NULL), NB_EINVAL, "kernel size");
+    tu_assert_error(nb_avgpool2d_new(2, 2, &(nb_pool2d_opts){.padding = {2, 0}}), NB_EINVAL,
                     "padding");
-    tu_assert_error(nb_adaptive_avgpool2d(2, -1), NB_EINVAL, "output size");
-    nb_module *m = nb_maxpool2d(7, 7, NULL);
+    tu_assert_error(nb_adaptive_avgpool2d_new(2, -1), NB_EINVAL, "output size");
+    nb_module *m = nb_maxpool2d_new(7, 7, NULL);
     tu_assert_error(nb_forward(m, x), NB_ESHAPE, "larger than the padded input");
     nb_module_free(m);
     nb_scope_end();
@@ -809,11 +809,11 @@ static int dev_ninputs(const dev_case *c) { return c->op == 0 ? (c->bias ? 3 : 2
 
 static nb_tensor *dev_run(const dev_case *c, nb_tensor *const *in) {
     switch (c->op) {
-    case 0: return nb_conv2d_fn(in[0], in[1], c->bias ? in[2] : NULL, c->s, c->p, NULL,
-                                c->groups);
-    case 1: return nb_maxpool2d_fn(in[0], c->k, c->s, c->p);
-    case 2: return nb_avgpool2d_fn(in[0], c->k, c->s, c->p, c->cip);
-    default: return nb_adaptive_avgpool2d_fn(in[0], c->k[0], c->k[1]);
+    case 0: return nb_conv2d(in[0], in[1], c->bias ? in[2] : NULL, c->s, c->p, NULL,
+                             c->groups);
+    case 1: return nb_maxpool2d(in[0], c->k, c->s, c->p);
+    case 2: return nb_avgpool2d(in[0], c->k, c->s, c->p, c->cip);
+    default: return nb_adaptive_avgpool2d(in[0], c->k[0], c->k[1]);
     }
 }
 
@@ -922,14 +922,14 @@ START_TEST(test_conv_pool_mixed_devices) {
     nb_tensor *b = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 3);
     nb_tensor *xm = nb_to_device(x, NB_META), *wm = nb_to_device(w, NB_META);
     nb_tensor *bm = nb_to_device(b, NB_META);
-    tu_assert_error(nb_conv2d_fn(x, wm, b, NULL, NULL, NULL, 1), NB_EDEVICE,
+    tu_assert_error(nb_conv2d(x, wm, b, NULL, NULL, NULL, 1), NB_EDEVICE,
                     "conv2d: operands on cpu and meta");
-    tu_assert_error(nb_conv2d_fn(xm, w, NULL, NULL, NULL, NULL, 1), NB_EDEVICE,
+    tu_assert_error(nb_conv2d(xm, w, NULL, NULL, NULL, NULL, 1), NB_EDEVICE,
                     "conv2d: operands on meta and cpu");
-    tu_assert_error(nb_conv2d_fn(x, w, bm, NULL, NULL, NULL, 1), NB_EDEVICE, "conv2d");
+    tu_assert_error(nb_conv2d(x, w, bm, NULL, NULL, NULL, 1), NB_EDEVICE, "conv2d");
     /* A pool's gradient on another device than its output. */
     ck_assert(nb_set_requires_grad(x, true) == NB_OK);
-    nb_tensor *y = nb_maxpool2d_fn(x, (int64_t[]){2, 2}, NULL, NULL);
+    nb_tensor *y = nb_maxpool2d(x, (int64_t[]){2, 2}, NULL, NULL);
     ck_assert(y != NULL);
     ck_assert(backward_with(y, nb_ones_on(NB_META, nb_shape(y), 4, NB_F32)) == NB_EDEVICE);
     ck_assert(nb_grad(x) == NULL);

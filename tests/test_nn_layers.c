@@ -155,7 +155,7 @@ START_TEST(test_linear_forward) {
         for (int di = 0; di < N_FLOAT; di++) {
             nb_tensor *x, *w, *b;
             lin_operands(c, k_float[di], 10 + (uint64_t)ci, &x, &w, &b);
-            nb_tensor *y = nb_linear_fn(x, w, b);
+            nb_tensor *y = nb_linear(x, w, b);
             ck_assert_msg(y, "case %d %s: %s", ci, nb_dtype_name(k_float[di]), nb_last_error());
             ck_assert_int_eq(nb_tensor_dtype(y), k_float[di]);
             int64_t K = c->xs[c->xnd - 1], M = tu_numel(c->xs, c->xnd - 1), oshape[3];
@@ -185,7 +185,7 @@ START_TEST(test_linear_backward) {
                 lin_operands(c, dt, 40 + (uint64_t)ci, &x, &w, &b);
                 make_grad(x), make_grad(w);
                 if (b) make_grad(b);
-                nb_tensor *y = nb_linear_fn(x, w, b);
+                nb_tensor *y = nb_linear(x, w, b);
                 ck_assert_msg(y, "%s", nb_last_error());
                 int64_t K = c->xs[c->xnd - 1], M = tu_numel(c->xs, c->xnd - 1), N = c->out;
                 nb_tensor *g = tu_random(nb_shape(y), nb_ndim(y), dt, -1, 1, 77);
@@ -221,7 +221,7 @@ END_TEST
 static nb_tensor *f_linear(nb_tensor *const *in, int n, void *ctx) {
     int mode = *(int *)ctx;
     nb_tensor *x = mode == 1 ? nb_transpose(in[0], 0, 1) : in[0];
-    return nb_linear_fn(x, in[1], n > 2 ? in[2] : NULL);
+    return nb_linear(x, in[1], n > 2 ? in[2] : NULL);
 }
 
 START_TEST(test_linear_gradcheck) {
@@ -348,7 +348,8 @@ START_TEST(test_batch_norm) {
             double refm[16], refv[16], bm[16], bv[16];
             for (int64_t k = 0; k < C; k++) refm[k] = 0, refv[k] = 1;
             int64_t n = tu_numel(c->xs, c->xnd);
-            double *ry = malloc(sizeof(double) * (size_t)n), *rdx = malloc(sizeof(double) * (size_t)n);
+            double *ry = malloc(sizeof(double) * (size_t)n),
+                   *rdx = malloc(sizeof(double) * (size_t)n);
             double rdw[16], rdb[16];
             for (int step = 0; step < 3; step++) {
                 bool training = step < 2; /* two training steps, then eval */
@@ -602,7 +603,8 @@ START_TEST(test_init) {
     ck_assert(nb_init_constant_(t, 0.25) == NB_OK && nb_get_f64(t, (int64_t[]){5, 7}) == 0.25);
     ck_assert(nb_init_zeros_(t) == NB_OK && nb_get_f64(t, (int64_t[]){199, 99}) == 0);
     /* same generator state -> same values */
-    nb_tensor *a = nb_empty((int64_t[]){4, 4}, 2, NB_F32), *b = nb_empty((int64_t[]){4, 4}, 2, NB_F32);
+    nb_tensor *a = nb_empty((int64_t[]){4, 4}, 2, NB_F32),
+              *b = nb_empty((int64_t[]){4, 4}, 2, NB_F32);
     nb_generator_set_offset(gen, 3);
     nb_init_xavier_uniform_(a, 1, gen);
     nb_generator_set_offset(gen, 3);
@@ -637,7 +639,8 @@ static void expect_params(nb_module *m, const char *const *names, const int64_t 
     for (int i = 0; i < n; i++) {
         ck_assert_str_eq(p->names[i], names[i]);
         ck_assert_int_eq(nb_ndim(p->tensors[i]), ndims[i]);
-        for (int d = 0; d < ndims[i]; d++) ck_assert_int_eq(nb_shape(p->tensors[i])[d], shapes[i][d]);
+        for (int d = 0; d < ndims[i]; d++)
+            ck_assert_int_eq(nb_shape(p->tensors[i])[d], shapes[i][d]);
         ck_assert(nb_requires_grad(p->tensors[i]));
     }
 }
@@ -645,8 +648,8 @@ static void expect_params(nb_module *m, const char *const *names, const int64_t 
 START_TEST(test_modules) {
     nb_scope_begin();
     nb_generator *gen = nb_generator_new(5);
-    /* Linear: names, shapes, PyTorch's init bounds, forward = nb_linear_fn */
-    nb_module *lin = nb_linear(16, 3, &(nb_linear_opts){.gen = gen});
+    /* Linear: names, shapes, PyTorch's init bounds, forward = nb_linear */
+    nb_module *lin = nb_linear_new(16, 3, &(nb_linear_opts){.gen = gen});
     ck_assert_str_eq(nb_module_type(lin), "Linear");
     expect_params(lin, (const char *[]){"weight", "bias"}, (const int64_t[][4]){{3, 16}, {3}},
                   (int[]){2, 1}, 2);
@@ -657,19 +660,19 @@ START_TEST(test_modules) {
     moments(nb_module_param(lin, "bias"), &mean, &std, &amax);
     ck_assert(amax <= 0.25);
     nb_tensor *x = tu_random((int64_t[]){2, 16}, 2, NB_F32, -1, 1, 1);
-    double *want = tu_values(nb_linear_fn(x, nb_module_param(lin, "weight"),
-                                          nb_module_param(lin, "bias")));
+    double *want = tu_values(nb_linear(x, nb_module_param(lin, "weight"),
+                                       nb_module_param(lin, "bias")));
     CLOSE(nb_forward(lin, x), want, 0);
     free(want);
     nb_module_free(lin);
-    nb_module *lin2 = nb_linear(4, 2, &(nb_linear_opts){.no_bias = true, .dtype = NB_F64});
+    nb_module *lin2 = nb_linear_new(4, 2, &(nb_linear_opts){.no_bias = true, .dtype = NB_F64});
     ck_assert_int_eq(nb_parameters(lin2)->count, 1);
     ck_assert_int_eq(nb_tensor_dtype(nb_module_param(lin2, "weight")), NB_F64);
     ck_assert_ptr_null(nb_module_param(lin2, "bias"));
     nb_module_free(lin2);
 
     /* Embedding */
-    nb_module *emb = nb_embedding_module(10, 4, gen);
+    nb_module *emb = nb_embedding_new(10, 4, gen);
     expect_params(emb, (const char *[]){"weight"}, (const int64_t[][4]){{10, 4}}, (int[]){2}, 1);
     nb_tensor *idx = tu_tensor((double[]){1, 9, 0, 1}, (int64_t[]){2, 2}, 2, NB_I64);
     nb_tensor *e = nb_forward(emb, idx);
@@ -679,7 +682,7 @@ START_TEST(test_modules) {
     nb_module_free(emb);
 
     /* LayerNorm */
-    nb_module *ln = nb_layernorm(5, NULL);
+    nb_module *ln = nb_layer_norm_new(5, NULL);
     ck_assert_str_eq(nb_module_type(ln), "LayerNorm");
     expect_params(ln, (const char *[]){"weight", "bias"}, (const int64_t[][4]){{5}, {5}},
                   (int[]){1, 1}, 2);
@@ -692,12 +695,12 @@ START_TEST(test_modules) {
     tu_assert_error(nb_forward(ln, tu_random((int64_t[]){3, 4}, 2, NB_F32, -1, 1, 2)), NB_ESHAPE,
                     "last dim is 5");
     nb_module_free(ln);
-    nb_module *ln2 = nb_layernorm(5, &(nb_norm_opts){.no_affine = true});
+    nb_module *ln2 = nb_layer_norm_new(5, &(nb_norm_opts){.no_affine = true});
     ck_assert_int_eq(nb_parameters(ln2)->count, 0);
     nb_module_free(ln2);
 
     /* BatchNorm2d: PyTorch's names; running stats and num_batches_tracked; train/eval */
-    nb_module *bn = nb_batchnorm2d(3, NULL);
+    nb_module *bn = nb_batch_norm2d_new(3, NULL);
     ck_assert_str_eq(nb_module_type(bn), "BatchNorm2d");
     expect_params(bn, (const char *[]){"weight", "bias"}, (const int64_t[][4]){{3}, {3}},
                   (int[]){1, 1}, 2);
@@ -726,7 +729,8 @@ START_TEST(test_modules) {
                     NB_ESHAPE, "3 channels");
     nb_module_free(bn);
     /* without running stats: batch statistics in eval too */
-    nb_module *bn1 = nb_batchnorm1d(3, &(nb_norm_opts){.no_running_stats = true, .no_affine = true});
+    nb_module *bn1 =
+        nb_batch_norm1d_new(3, &(nb_norm_opts){.no_running_stats = true, .no_affine = true});
     ck_assert_int_eq(nb_buffers(bn1)->count, 0);
     ck_assert_int_eq(nb_parameters(bn1)->count, 0);
     nb_module_train(bn1, false);
@@ -737,17 +741,17 @@ START_TEST(test_modules) {
     nb_module_free(bn1);
 
     /* Flatten and activations */
-    nb_module *fl = nb_flatten_module(0, 0);
+    nb_module *fl = nb_flatten_new(0, 0);
     nb_tensor *f = nb_forward(fl, tu_random((int64_t[]){2, 3, 4}, 3, NB_F32, 0, 1, 5));
     ck_assert(nb_ndim(f) == 2 && nb_shape(f)[0] == 2 && nb_shape(f)[1] == 12);
     nb_module_free(fl);
-    fl = nb_flatten_module(0, 1);
+    fl = nb_flatten_new(0, 1);
     f = nb_forward(fl, tu_random((int64_t[]){2, 3, 4}, 3, NB_F32, 0, 1, 5));
     ck_assert(nb_ndim(f) == 2 && nb_shape(f)[0] == 6 && nb_shape(f)[1] == 4);
     nb_module_free(fl);
     nb_tensor *xa = tu_random((int64_t[]){3, 4}, 2, NB_F32, -2, 2, 6);
-    nb_module *acts[6] = {nb_relu_module(), nb_gelu_module(false), nb_gelu_module(true),
-                          nb_silu_module(), nb_tanh_module(), nb_sigmoid_module()};
+    nb_module *acts[6] = {nb_relu_new(), nb_gelu_new(false), nb_gelu_new(true),
+                          nb_silu_new(), nb_tanh_new(), nb_sigmoid_new()};
     nb_tensor *refs[6] = {nb_relu(xa), nb_gelu(xa), nb_gelu_tanh(xa), nb_silu(xa), nb_tanh(xa),
                           nb_sigmoid(xa)};
     const char *types[6] = {"ReLU", "GELU", "GELU", "SiLU", "Tanh", "Sigmoid"};
@@ -760,7 +764,7 @@ START_TEST(test_modules) {
     }
 
     /* Dropout module: keeps the generator; eval is the identity */
-    nb_module *dm = nb_dropout_module(0.5, gen);
+    nb_module *dm = nb_dropout_new(0.5, gen);
     nb_tensor *xd = tu_random((int64_t[]){1000}, 1, NB_F32, 1, 2, 7);
     uint64_t off = nb_generator_offset(gen);
     double *yd = tu_values(nb_forward(dm, xd));
@@ -779,9 +783,9 @@ END_TEST
 
 START_TEST(test_sequential) {
     nb_scope_begin();
-    nb_module *seq = nb_sequential(nb_linear(4, 8, NULL), nb_relu_module(),
-                                   nb_linear(8, 3, NULL), nb_batchnorm1d(3, NULL),
-                                   nb_dropout_module(0.5, NULL), NULL);
+    nb_module *seq = nb_sequential_new(nb_linear_new(4, 8, NULL), nb_relu_new(),
+                                   nb_linear_new(8, 3, NULL), nb_batch_norm1d_new(3, NULL),
+                                   nb_dropout_new(0.5, NULL), NULL);
     ck_assert_ptr_nonnull(seq);
     expect_params(seq, (const char *[]){"0.weight", "0.bias", "2.weight", "2.bias", "3.weight",
                                         "3.bias"},
@@ -791,7 +795,8 @@ START_TEST(test_sequential) {
     ck_assert_int_eq(b->count, 3);
     ck_assert_str_eq(b->names[0], "3.running_mean");
     ck_assert_str_eq(b->names[2], "3.num_batches_tracked");
-    ck_assert_ptr_eq(nb_module_find(seq, "2.bias"), nb_module_param(nb_module_child(seq, "2"), "bias"));
+    ck_assert_ptr_eq(nb_module_find(seq, "2.bias"),
+                     nb_module_param(nb_module_child(seq, "2"), "bias"));
     nb_tensor *x = tu_random((int64_t[]){6, 4}, 2, NB_F32, -1, 1, 1);
     nb_tensor *y = nb_forward(seq, x);
     ck_assert(y && nb_shape(y)[0] == 6 && nb_shape(y)[1] == 3);
@@ -811,8 +816,8 @@ END_TEST
 
 START_TEST(test_flatten_parameters) {
     nb_scope_begin();
-    nb_module *seq = nb_sequential(nb_linear(5, 7, NULL), nb_gelu_module(true),
-                                   nb_layernorm(7, NULL), nb_linear(7, 3, NULL), NULL);
+    nb_module *seq = nb_sequential_new(nb_linear_new(5, 7, NULL), nb_gelu_new(true),
+                                   nb_layer_norm_new(7, NULL), nb_linear_new(7, 3, NULL), NULL);
     const nb_params *p = nb_parameters(seq);
     int np = p->count;
     ck_assert_int_eq(np, 6);
@@ -864,25 +869,26 @@ START_TEST(test_layer_errors) {
     nb_tensor *x = tu_random((int64_t[]){2, 5}, 2, NB_F32, -1, 1, 1);
     nb_tensor *w = tu_random((int64_t[]){3, 4}, 2, NB_F32, -1, 1, 2);
     nb_tensor *b = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 3);
-    tu_assert_error(nb_linear_fn(x, w, b), NB_ESHAPE,
+    tu_assert_error(nb_linear(x, w, b), NB_ESHAPE,
                     "linear: input has 5 features but the weight expects 4");
     nb_tensor *x4 = tu_random((int64_t[]){2, 4}, 2, NB_F32, -1, 1, 4);
-    tu_assert_error(nb_linear_fn(x4, b, NULL), NB_ESHAPE, "weight must be 2-D");
-    tu_assert_error(nb_linear_fn(x4, w, tu_random((int64_t[]){4}, 1, NB_F32, 0, 1, 1)),
+    tu_assert_error(nb_linear(x4, b, NULL), NB_ESHAPE, "weight must be 2-D");
+    tu_assert_error(nb_linear(x4, w, tu_random((int64_t[]){4}, 1, NB_F32, 0, 1, 1)),
                     NB_ESHAPE, "bias must have shape [3]");
-    tu_assert_error(nb_linear_fn(nb_to_dtype(x4, NB_F64), w, b), NB_EDTYPE, "one dtype");
-    tu_assert_error(nb_linear_fn(nb_to_dtype(x4, NB_I32), nb_to_dtype(w, NB_I32), NULL),
+    tu_assert_error(nb_linear(nb_to_dtype(x4, NB_F64), w, b), NB_EDTYPE, "one dtype");
+    tu_assert_error(nb_linear(nb_to_dtype(x4, NB_I32), nb_to_dtype(w, NB_I32), NULL),
                     NB_EDTYPE, "i32");
-    tu_assert_error(nb_linear_fn(nb_scalar(1, NB_F32), w, NULL), NB_ESHAPE, "0-dim");
-    tu_assert_error(nb_linear_fn(NULL, w, b), NB_ENULL, NULL);
-    tu_assert_error(nb_linear_fn(x4, NULL, b), NB_ENULL, NULL);
-    tu_assert_error(nb_linear(-1, 3, NULL), NB_EINVAL, ">= 0");
-    tu_assert_error(nb_linear(2, 3, &(nb_linear_opts){.dtype = NB_I64}), NB_EDTYPE, "float");
+    tu_assert_error(nb_linear(nb_scalar(1, NB_F32), w, NULL), NB_ESHAPE, "0-dim");
+    tu_assert_error(nb_linear(NULL, w, b), NB_ENULL, NULL);
+    tu_assert_error(nb_linear(x4, NULL, b), NB_ENULL, NULL);
+    tu_assert_error(nb_linear_new(-1, 3, NULL), NB_EINVAL, ">= 0");
+    tu_assert_error(nb_linear_new(2, 3, &(nb_linear_opts){.dtype = NB_I64}), NB_EDTYPE, "float");
 
     tu_assert_error(nb_layer_norm(x, b, NULL, 1e-5), NB_ESHAPE, "weight must have shape [5]");
-    tu_assert_error(nb_layer_norm(x, NULL, nb_to_dtype(tu_random((int64_t[]){5}, 1, NB_F32, 0, 1, 1),
-                                                        NB_F64), 1e-5),
-                    NB_EDTYPE, "bias is f64");
+    tu_assert_error(
+        nb_layer_norm(x, NULL, nb_to_dtype(tu_random((int64_t[]){5}, 1, NB_F32, 0, 1, 1), NB_F64),
+                      1e-5),
+        NB_EDTYPE, "bias is f64");
     tu_assert_error(nb_layer_norm(nb_to_dtype(x, NB_I64), NULL, NULL, 1e-5), NB_EDTYPE, "i64");
     tu_assert_error(nb_layer_norm(nb_scalar(1, NB_F32), NULL, NULL, 1e-5), NB_ESHAPE, "at least 1");
     tu_assert_error(nb_layer_norm(x, NULL, NULL, -1), NB_EINVAL, "eps");
@@ -910,9 +916,9 @@ START_TEST(test_layer_errors) {
     tu_assert_error(nb_dropout(x, 1.5, true, NULL), NB_EINVAL, "[0, 1]");
     tu_assert_error(nb_dropout(nb_to_dtype(x, NB_I32), 0.5, true, NULL), NB_EDTYPE, "i32");
     tu_assert_error(nb_dropout(NULL, 0.5, true, NULL), NB_ENULL, NULL);
-    tu_assert_error(nb_dropout_module(-0.1, NULL), NB_EINVAL, "[0, 1]");
-    tu_assert_error(nb_batchnorm2d(-2, NULL), NB_EINVAL, ">= 0");
-    nb_module *bn1 = nb_batchnorm1d(5, NULL);
+    tu_assert_error(nb_dropout_new(-0.1, NULL), NB_EINVAL, "[0, 1]");
+    tu_assert_error(nb_batch_norm2d_new(-2, NULL), NB_EINVAL, ">= 0");
+    nb_module *bn1 = nb_batch_norm1d_new(5, NULL);
     tu_assert_error(nb_forward(bn1, tu_random((int64_t[]){2, 5, 1, 1}, 4, NB_F32, 0, 1, 1)),
                     NB_ESHAPE, "(N, C)");
     nb_module_free(bn1);
@@ -1125,7 +1131,7 @@ START_TEST(test_norm_two_devices) {
     tu_assert_error(nb_batch_norm(xm, c3, c3, NULL, NULL, true, 0.1, 1e-5), NB_EDEVICE,
                     "meta and cpu");
     /* a module's CPU buffers with a meta input */
-    nb_module *bn = nb_batchnorm1d(3, NULL);
+    nb_module *bn = nb_batch_norm1d_new(3, NULL);
     tu_assert_error(nb_forward(bn, xm), NB_EDEVICE, "meta and cpu");
     nb_module_free(bn);
     nb_scope_end();
@@ -1195,8 +1201,8 @@ static void mt_assert_on(nb_module *m, nb_device_type type) {
 
 /* An MLP with a buffer-holding layer, in eval mode (forward does not change the buffers). */
 static nb_module *mt_mlp(void) {
-    nb_module *m = nb_sequential(nb_linear(4, 8, NULL), nb_batchnorm1d(8, NULL), nb_relu_module(),
-                                 nb_linear(8, 3, NULL), NULL);
+    nb_module *m = nb_sequential_new(nb_linear_new(4, 8, NULL), nb_batch_norm1d_new(8, NULL),
+                                     nb_relu_new(), nb_linear_new(8, 3, NULL), NULL);
     ck_assert(m);
     nb_module_train(m, false);
     return m;

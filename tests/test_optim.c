@@ -158,7 +158,7 @@ static nb_optim *make_optim(const ocase *c, nb_tensor **ps) {
     bool ams = fx_opt(ol, "amsgrad") != 0, maxi = fx_opt(ol, "maximize") != 0;
     nb_optim *opt = NULL;
     if (!strcmp(kind, "sgd"))
-        opt = nb_sgd(&g0, &(nb_sgd_opts){
+        opt = nb_sgd_new(&g0, &(nb_sgd_opts){
             .lr = fx_opt(ol, "lr"), .momentum = fx_opt(ol, "momentum"),
             .dampening = fx_opt(ol, "dampening"), .weight_decay = fx_opt(ol, "weight_decay"),
             .nesterov = fx_opt(ol, "nesterov") != 0, .maximize = maxi});
@@ -167,14 +167,14 @@ static nb_optim *make_optim(const ocase *c, nb_tensor **ps) {
                           .betas = {fx_opt(ol, "betas0"), fx_opt(ol, "betas1")},
                           .eps = fx_opt(ol, "eps"), .weight_decay = fx_opt(ol, "weight_decay"),
                           .amsgrad = ams, .maximize = maxi};
-        opt = !strcmp(kind, "adam") ? nb_adam(&g0, &o) : nb_adamw(&g0, &o);
+        opt = !strcmp(kind, "adam") ? nb_adam_new(&g0, &o) : nb_adamw_new(&g0, &o);
     } else if (!strcmp(kind, "rmsprop"))
-        opt = nb_rmsprop(&g0, &(nb_rmsprop_opts){
+        opt = nb_rmsprop_new(&g0, &(nb_rmsprop_opts){
             .lr = fx_opt(ol, "lr"), .alpha = fx_opt(ol, "alpha"), .eps = fx_opt(ol, "eps"),
             .weight_decay = fx_opt(ol, "weight_decay"), .momentum = fx_opt(ol, "momentum"),
             .centered = fx_opt(ol, "centered") != 0, .maximize = maxi});
     else if (!strcmp(kind, "adagrad"))
-        opt = nb_adagrad(&g0, &(nb_adagrad_opts){
+        opt = nb_adagrad_new(&g0, &(nb_adagrad_opts){
             .lr = fx_opt(ol, "lr"), .lr_decay = fx_opt(ol, "lr_decay"),
             .weight_decay = fx_opt(ol, "weight_decay"),
             .initial_accumulator_value = fx_opt(ol, "initial_accumulator_value"),
@@ -303,7 +303,7 @@ START_TEST(test_state_names) {
     nb_tensor *w = tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 1);
     nb_tensor *b = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 2);
     nb_params ps = {2, (nb_tensor *[]){w, b}, (const char *[]){"layer.weight", "layer.bias"}};
-    nb_optim *opt = nb_adam(&ps, &(nb_adam_opts){.amsgrad = true});
+    nb_optim *opt = nb_adam_new(&ps, &(nb_adam_opts){.amsgrad = true});
     const nb_params *st = nb_optim_state(opt);
     ck_assert_int_eq(st->count, 5); /* no parameter state before the first step */
     ck_assert_str_eq(st->names[0], "param_groups.0.lr");
@@ -332,7 +332,7 @@ START_TEST(test_state_errors) {
     nb_scope_begin();
     nb_tensor *w = tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 1);
     nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
-    nb_optim *opt = nb_adam(&ps, NULL);
+    nb_optim *opt = nb_adam_new(&ps, NULL);
     nb_set_grad(w, tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 3));
     ASSERT_OK(nb_step(opt));
     const nb_params *st = nb_optim_state(opt);
@@ -409,7 +409,7 @@ START_TEST(test_groups) {
     ck_assert(decay.tensors[0] == w && decay.tensors[1] == e);
     ck_assert(no_decay.tensors[0] == b && no_decay.tensors[1] == g);
     ck_assert_str_eq(no_decay.names[1], "g");
-    nb_optim *opt = nb_adamw(&decay, &(nb_adamw_opts){.lr = 6e-4, .betas = {0.9, 0.95},
+    nb_optim *opt = nb_adamw_new(&decay, &(nb_adamw_opts){.lr = 6e-4, .betas = {0.9, 0.95},
                                                       .weight_decay = 0.1});
     nb_group_opts nd = {.weight_decay = NB_OPT_ZERO};
     ck_assert_int_eq(nb_optim_add_group(opt, &no_decay, &nd), 1);
@@ -455,7 +455,7 @@ START_TEST(test_groups) {
     nb_optim_free(opt);
     /* parameters without names are named by their index */
     nb_params anon = {2, (nb_tensor *[]){w, b}, NULL};
-    opt = nb_sgd(&anon, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    opt = nb_sgd_new(&anon, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
     nb_set_grad(b, nb_ones_like(b));
     ASSERT_OK(nb_step(opt));
     ck_assert_str_eq(nb_optim_state(opt)->names[0], "momentum_buffer.1");
@@ -472,7 +472,7 @@ START_TEST(test_zero_grad) {
     nb_set_requires_grad(a, true);
     nb_set_requires_grad(b, true);
     nb_params ps = {2, (nb_tensor *[]){a, b}, (const char *[]){"a", "b"}};
-    nb_optim *opt = nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1});
+    nb_optim *opt = nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1});
     /* a: an ordinary gradient from backward; b: a view into a flat gradient buffer */
     ASSERT_OK(nb_backward(nb_sum(nb_mul(a, a), NULL, 0, false)));
     nb_tensor *flat = nb_full((int64_t[]){8}, 1, NB_F32, 3.0);
@@ -502,11 +502,11 @@ END_TEST
 /* A model with flat parameter memory trains through views: the flat buffers change in place
  * and zero_grad keeps the gradient views. Written as DESIGN.md's training step. */
 START_TEST(test_flat_model) {
-    nb_module *model = nb_sequential(nb_linear(4, 8, NULL), nb_relu_module(),
-                                     nb_linear(8, 3, NULL), NULL);
+    nb_module *model = nb_sequential_new(nb_linear_new(4, 8, NULL), nb_relu_new(),
+                                     nb_linear_new(8, 3, NULL), NULL);
     ck_assert(model);
     ASSERT_OK(nb_module_flatten_parameters(model, 0));
-    nb_optim *opt = nb_sgd(nb_parameters(model), &(nb_sgd_opts){ .lr = 0.05f, .momentum = 0.9f });
+    nb_optim *opt = nb_sgd_new(nb_parameters(model), &(nb_sgd_opts){.lr = 0.05f, .momentum = 0.9f});
     ck_assert(opt);
     nb_tensor *fp = nb_module_flat_params(model), *fg = nb_module_flat_grads(model);
     double first = 0, last = 0;
@@ -546,7 +546,7 @@ START_TEST(test_large_adamw) {
     double *p0 = tu_values(p);
     nb_params ps = {1, (nb_tensor *[]){p}, (const char *[]){"p"}};
     nb_optim *opt =
-        nb_adamw(&ps, &(nb_adamw_opts){.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
+        nb_adamw_new(&ps, &(nb_adamw_opts){.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
     double *m = calloc((size_t)n, sizeof(double)), *v = calloc((size_t)n, sizeof(double));
     double *vm = calloc((size_t)n, sizeof(double));
     for (int s = 1; s <= 3; s++) {
@@ -577,9 +577,10 @@ START_TEST(test_empty_and_steady) {
     nb_tensor *e = nb_zeros((int64_t[]){2, 0}, 2, NB_F32);
     nb_tensor *w = tu_random((int64_t[]){300}, 1, NB_F32, -1, 1, 1);
     nb_params ps = {2, (nb_tensor *[]){e, w}, (const char *[]){"e", "w"}};
-    nb_optim *opts[3] = {nb_adam(&ps, &(nb_adam_opts){.amsgrad = true}),
-                         nb_rmsprop(&ps, &(nb_rmsprop_opts){.centered = true, .momentum = 0.5}),
-                         nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .nesterov = true})};
+    nb_optim *opts[3] = {
+        nb_adam_new(&ps, &(nb_adam_opts){.amsgrad = true}),
+        nb_rmsprop_new(&ps, &(nb_rmsprop_opts){.centered = true, .momentum = 0.5}),
+        nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .nesterov = true})};
     nb_set_grad(e, nb_zeros((int64_t[]){2, 0}, 2, NB_F32));
     nb_set_grad(w, tu_random((int64_t[]){300}, 1, NB_F32, -1, 1, 2));
     for (int k = 0; k < 3; k++) {
@@ -603,36 +604,39 @@ START_TEST(test_errors) {
     nb_scope_begin();
     nb_tensor *w = tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 1);
     nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
-    tu_assert_error(nb_sgd(&ps, &(nb_sgd_opts){0}), NB_EINVAL, "sgd: lr must be > 0");
-    tu_assert_error(nb_sgd(&ps, NULL), NB_EINVAL, "sgd: lr must be > 0");
-    tu_assert_error(nb_sgd(&ps, &(nb_sgd_opts){.lr = -0.1}), NB_EINVAL, "lr must be > 0");
-    tu_assert_error(nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1, .nesterov = true}), NB_EINVAL,
+    tu_assert_error(nb_sgd_new(&ps, &(nb_sgd_opts){0}), NB_EINVAL, "sgd: lr must be > 0");
+    tu_assert_error(nb_sgd_new(&ps, NULL), NB_EINVAL, "sgd: lr must be > 0");
+    tu_assert_error(nb_sgd_new(&ps, &(nb_sgd_opts){.lr = -0.1}), NB_EINVAL, "lr must be > 0");
+    tu_assert_error(nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1, .nesterov = true}), NB_EINVAL,
                     "nesterov momentum requires a momentum > 0 and zero dampening");
-    tu_assert_error(nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .dampening = 0.1,
+    tu_assert_error(nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .dampening = 0.1,
                                                .nesterov = true}), NB_EINVAL, "nesterov");
-    tu_assert_error(nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = -1}), NB_EINVAL,
+    tu_assert_error(nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = -1}), NB_EINVAL,
                     "momentum must be >= 0");
-    tu_assert_error(nb_adam(&ps, &(nb_adam_opts){.betas = {0.9, 1.0}}), NB_EINVAL,
+    tu_assert_error(nb_adam_new(&ps, &(nb_adam_opts){.betas = {0.9, 1.0}}), NB_EINVAL,
                     "adam: betas[1] must be in [0, 1), got 1");
-    tu_assert_error(nb_adamw(&ps, &(nb_adam_opts){.betas = {-0.5, 0}}), NB_EINVAL, "betas[0]");
-    tu_assert_error(nb_adam(&ps, &(nb_adam_opts){.lr = -1}), NB_EINVAL, "adam: lr must be >= 0");
-    tu_assert_error(nb_adam(&ps, &(nb_adam_opts){.eps = -1}), NB_EINVAL, "eps must be >= 0");
-    tu_assert_error(nb_adamw(&ps, &(nb_adam_opts){.weight_decay = -1}), NB_EINVAL, "weight_decay");
-    tu_assert_error(nb_rmsprop(&ps, &(nb_rmsprop_opts){.alpha = -1}), NB_EINVAL, "rmsprop: alpha");
-    tu_assert_error(nb_adagrad(&ps, &(nb_adagrad_opts){.lr_decay = -1}), NB_EINVAL, "lr_decay");
-    tu_assert_error(nb_adagrad(&ps, &(nb_adagrad_opts){.initial_accumulator_value = NAN}),
+    tu_assert_error(nb_adamw_new(&ps, &(nb_adam_opts){.betas = {-0.5, 0}}), NB_EINVAL, "betas[0]");
+    tu_assert_error(nb_adam_new(&ps, &(nb_adam_opts){.lr = -1}), NB_EINVAL,
+                    "adam: lr must be >= 0");
+    tu_assert_error(nb_adam_new(&ps, &(nb_adam_opts){.eps = -1}), NB_EINVAL, "eps must be >= 0");
+    tu_assert_error(nb_adamw_new(&ps, &(nb_adam_opts){.weight_decay = -1}), NB_EINVAL,
+                    "weight_decay");
+    tu_assert_error(nb_rmsprop_new(&ps, &(nb_rmsprop_opts){.alpha = -1}), NB_EINVAL,
+                    "rmsprop: alpha");
+    tu_assert_error(nb_adagrad_new(&ps, &(nb_adagrad_opts){.lr_decay = -1}), NB_EINVAL, "lr_decay");
+    tu_assert_error(nb_adagrad_new(&ps, &(nb_adagrad_opts){.initial_accumulator_value = NAN}),
                     NB_EINVAL, "initial_accumulator_value");
-    tu_assert_error(nb_adam(NULL, NULL), NB_ENULL, "params is NULL");
+    tu_assert_error(nb_adam_new(NULL, NULL), NB_ENULL, "params is NULL");
     nb_tensor *h = nb_zeros((int64_t[]){2}, 1, NB_F16);
     nb_params hp = {1, (nb_tensor *[]){h}, (const char *[]){"h"}};
-    tu_assert_error(nb_adam(&hp, NULL), NB_EDTYPE, "'h' is f16");
+    tu_assert_error(nb_adam_new(&hp, NULL), NB_EDTYPE, "'h' is f16");
     nb_tensor *nc = nb_transpose(w, 0, 1);
     nb_params ncp = {1, (nb_tensor *[]){nc}, (const char *[]){"t"}};
-    tu_assert_error(nb_adam(&ncp, NULL), NB_EINVAL, "not contiguous");
+    tu_assert_error(nb_adam_new(&ncp, NULL), NB_EINVAL, "not contiguous");
     nb_params twice = {2, (nb_tensor *[]){w, w}, (const char *[]){"a", "b"}};
-    tu_assert_error(nb_adam(&twice, NULL), NB_EINVAL, "listed twice");
+    tu_assert_error(nb_adam_new(&twice, NULL), NB_EINVAL, "listed twice");
     /* defaults and explicit zeros */
-    nb_optim *opt = nb_adamw(&ps, NULL);
+    nb_optim *opt = nb_adamw_new(&ps, NULL);
     nb_group_opts go;
     ASSERT_OK(nb_optim_group_opts(opt, 0, &go));
     ck_assert_double_eq(go.lr, 1e-3);
@@ -640,7 +644,8 @@ START_TEST(test_errors) {
     ck_assert_double_eq(go.eps, 1e-8);
     ck_assert_double_eq(go.betas[0], 0.9);
     nb_optim_free(opt);
-    opt = nb_adamw(&ps, &(nb_adamw_opts){.weight_decay = NB_OPT_ZERO, .betas = {NB_OPT_ZERO, 0}});
+    opt =
+        nb_adamw_new(&ps, &(nb_adamw_opts){.weight_decay = NB_OPT_ZERO, .betas = {NB_OPT_ZERO, 0}});
     ASSERT_OK(nb_optim_group_opts(opt, 0, &go));
     ck_assert_double_eq(go.weight_decay, 0);
     ck_assert_double_eq(go.betas[0], 0);
@@ -806,7 +811,7 @@ START_TEST(test_sched_vs_pytorch) {
     nb_scope_begin();
     nb_tensor *w = nb_zeros((int64_t[]){2}, 1, NB_F32);
     nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
-    nb_optim *opt = nb_sgd(&ps, &(nb_sgd_opts){.lr = base, .momentum = 0.9});
+    nb_optim *opt = nb_sgd_new(&ps, &(nb_sgd_opts){.lr = base, .momentum = 0.9});
     nb_sched *s = nb_sched_new(opt, &o);
     ck_assert_msg(s, "%s", nb_last_error());
     int t = 0;
@@ -855,7 +860,7 @@ START_TEST(test_sched) {
     nb_tensor *w = nb_zeros((int64_t[]){2}, 1, NB_F32), *v = nb_zeros((int64_t[]){2}, 1, NB_F32);
     nb_params pw = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
     nb_params pv = {1, (nb_tensor *[]){v}, (const char *[]){"v"}};
-    nb_optim *opt = nb_adam(&pw, &(nb_adam_opts){.lr = 0.1});
+    nb_optim *opt = nb_adam_new(&pw, &(nb_adam_opts){.lr = 0.1});
     nb_optim_add_group(opt, &pv, &(nb_group_opts){.lr = 0.01});
     /* every group follows the schedule from its own base lr */
     nb_sched *s = nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_COSINE, .warmup_steps = 2,
@@ -909,7 +914,7 @@ START_TEST(test_sched) {
     nb_clear_error();
     nb_optim_free(opt);
     nb_tensor *x = nb_zeros((int64_t[]){2}, 1, NB_F32);
-    opt = nb_adagrad(&(nb_params){1, (nb_tensor *[]){x}, (const char *[]){"x"}}, NULL);
+    opt = nb_adagrad_new(&(nb_params){1, (nb_tensor *[]){x}, (const char *[]){"x"}}, NULL);
     tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_ONECYCLE, .total_steps = 5,
                                                        .cycle_momentum = true}),
                     NB_EINVAL, "adagrad has neither");
@@ -926,17 +931,18 @@ END_TEST
 static nb_optim *make_kind(int k, const nb_params *ps) {
     switch (k) {
     case 0:
-        return nb_sgd(ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .nesterov = true,
+        return nb_sgd_new(ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .nesterov = true,
                                          .weight_decay = 0.01});
-    case 1: return nb_sgd(ps, &(nb_sgd_opts){.lr = 0.1, .maximize = true});
-    case 2: return nb_adam(ps, &(nb_adam_opts){.lr = 0.01, .amsgrad = true, .weight_decay = 0.1});
-    case 3: return nb_adamw(ps, &(nb_adamw_opts){.lr = 0.01});
+    case 1: return nb_sgd_new(ps, &(nb_sgd_opts){.lr = 0.1, .maximize = true});
+    case 2:
+        return nb_adam_new(ps, &(nb_adam_opts){.lr = 0.01, .amsgrad = true, .weight_decay = 0.1});
+    case 3: return nb_adamw_new(ps, &(nb_adamw_opts){.lr = 0.01});
     case 4:
-        return nb_rmsprop(ps, &(nb_rmsprop_opts){.centered = true, .momentum = 0.5,
+        return nb_rmsprop_new(ps, &(nb_rmsprop_opts){.centered = true, .momentum = 0.5,
                                                  .weight_decay = 0.1});
-    case 5: return nb_rmsprop(ps, NULL);
+    case 5: return nb_rmsprop_new(ps, NULL);
     default:
-        return nb_adagrad(ps, &(nb_adagrad_opts){.lr_decay = 0.1,
+        return nb_adagrad_new(ps, &(nb_adagrad_opts){.lr_decay = 0.1,
                                                  .initial_accumulator_value = 0.5});
     }
 }
@@ -1128,7 +1134,7 @@ START_TEST(test_device_errors) {
     /* a CPU parameter with a meta gradient */
     nb_tensor *w = tu_random(shape, 2, NB_F32, -1, 1, 1);
     nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
-    nb_optim *o = nb_adam(&ps, NULL);
+    nb_optim *o = nb_adam_new(&ps, NULL);
     ASSERT_OK(nb_set_grad(w, nb_ones_on(NB_META, shape, 2, NB_F32)));
     double *w0 = tu_values(w);
     ASSERT_ST(nb_step(o), NB_EDEVICE, "operands on cpu and meta");
@@ -1139,7 +1145,7 @@ START_TEST(test_device_errors) {
 
     /* moving the model after the optimizer made state */
     nb_module *m = affine(shape);
-    o = nb_adam(nb_parameters(m), NULL);
+    o = nb_adam_new(nb_parameters(m), NULL);
     nb_tensor *mw = nb_module_param(m, "w"), *mb = nb_module_param(m, "b");
     ASSERT_OK(nb_set_grad(mw, nb_ones(shape, 2, NB_F32)));
     ASSERT_OK(nb_set_grad(mb, nb_ones(shape, 2, NB_F32)));
@@ -1161,11 +1167,11 @@ START_TEST(test_device_errors) {
 
     /* meta state into a CPU optimizer */
     ASSERT_OK(nb_module_to(m, NB_META));
-    o = nb_adam(nb_parameters(m), NULL);
+    o = nb_adam_new(nb_parameters(m), NULL);
     meta_backward(m, shape);
     ASSERT_OK(nb_step(o));
     nb_module *c = affine(shape);
-    nb_optim *oc = nb_adam(nb_parameters(c), NULL);
+    nb_optim *oc = nb_adam_new(nb_parameters(c), NULL);
     st = nb_optim_state(o);
     ASSERT_ST(nb_optim_load_state(oc, st->names, st->tensors, st->count), NB_EDEVICE,
               "optim_load_state (adam): 'exp_avg.w'");
@@ -1176,7 +1182,7 @@ START_TEST(test_device_errors) {
     nb_module_free(m);
 
     /* schedule state read from the guard device */
-    o = nb_sgd(&ps, &(nb_sgd_opts){.lr = 0.1});
+    o = nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1});
     nb_sched *s = nb_sched_new(o, &(nb_sched_opts){.kind = NB_SCHED_COSINE, .total_steps = 10});
     for (int i = 0; i < 3; i++) ASSERT_OK(nb_sched_step(s));
     double lr = nb_optim_get_lr(o, 0);

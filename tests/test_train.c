@@ -41,10 +41,10 @@ START_TEST(test_xor) {
     nb_generator *g = nb_generator_new(1);
     nb_tensor *x = tu_tensor((double[]){0, 0, 0, 1, 1, 0, 1, 1}, (int64_t[]){4, 2}, 2, NB_F32);
     nb_tensor *y = tu_tensor((double[]){0, 1, 1, 0}, (int64_t[]){4}, 1, NB_I64);
-    nb_module *model = nb_sequential(nb_linear(2, 8, &(nb_linear_opts){.gen = g}),
-                                     nb_tanh_module(),
-                                     nb_linear(8, 2, &(nb_linear_opts){.gen = g}), NULL);
-    nb_optim *opt = nb_adam(nb_parameters(model), &(nb_adam_opts){.lr = 0.05});
+    nb_module *model = nb_sequential_new(nb_linear_new(2, 8, &(nb_linear_opts){.gen = g}),
+                                     nb_tanh_new(),
+                                     nb_linear_new(8, 2, &(nb_linear_opts){.gen = g}), NULL);
+    nb_optim *opt = nb_adam_new(nb_parameters(model), &(nb_adam_opts){.lr = 0.05});
     ck_assert(model && opt);
     double acc = train(model, opt, x, y, 300);
     ck_assert_msg(acc == 1.0, "XOR training accuracy %.3f", acc);
@@ -70,10 +70,10 @@ START_TEST(test_two_spirals) {
     nb_tensor *x = tu_tensor(xs, (int64_t[]){2 * P, 2}, 2, NB_F32);
     nb_tensor *y = tu_tensor(ys, (int64_t[]){2 * P}, 1, NB_I64);
     nb_linear_opts lo = {.gen = g};
-    nb_module *model = nb_sequential(nb_linear(2, 64, &lo), nb_tanh_module(),
-                                     nb_linear(64, 64, &lo), nb_tanh_module(),
-                                     nb_linear(64, 2, &lo), NULL);
-    nb_optim *opt = nb_adam(nb_parameters(model), &(nb_adam_opts){.lr = 0.01});
+    nb_module *model = nb_sequential_new(nb_linear_new(2, 64, &lo), nb_tanh_new(),
+                                     nb_linear_new(64, 64, &lo), nb_tanh_new(),
+                                     nb_linear_new(64, 2, &lo), NULL);
+    nb_optim *opt = nb_adam_new(nb_parameters(model), &(nb_adam_opts){.lr = 0.01});
     ck_assert(model && opt);
     double acc = train(model, opt, x, y, 2000);
     ck_assert_msg(acc == 1.0, "two-spirals training accuracy %.3f", acc);
@@ -89,10 +89,10 @@ START_TEST(test_step_no_alloc) {
     nb_generator *g = nb_generator_new(3);
     nb_tensor *x = nb_randn((int64_t[]){32, 20}, 2, NB_F32, g);
     nb_tensor *y = nb_randint((int64_t[]){32}, 1, NB_I64, 0, 5, g);
-    nb_module *model = nb_sequential(nb_linear(20, 16, NULL), nb_relu_module(),
-                                     nb_layernorm(16, NULL), nb_dropout_module(0.1, g),
-                                     nb_linear(16, 5, NULL), NULL);
-    nb_optim *opt = nb_sgd(nb_parameters(model), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    nb_module *model = nb_sequential_new(nb_linear_new(20, 16, NULL), nb_relu_new(),
+                                     nb_layer_norm_new(16, NULL), nb_dropout_new(0.1, g),
+                                     nb_linear_new(16, 5, NULL), NULL);
+    nb_optim *opt = nb_sgd_new(nb_parameters(model), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
     ck_assert(model && opt);
     nb_alloc_stats a, b;
     for (int step = 0; step < 40; step++) {

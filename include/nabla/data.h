@@ -3,7 +3,7 @@
  * transforms for images.
  *
  * Usage:
- *     nb_dataset *train = nb_fashion_mnist(NULL, true, NULL);      // NULL: default dir
+ *     nb_dataset *train = nb_fashion_mnist_new(NULL, true, NULL);      // NULL: default dir
  *     if (!train) { fprintf(stderr, "%s\n", nb_last_error()); return 1; }
  *     nb_image_aug aug = { .crop_padding = 2, .hflip_p = 0.5,
  *                          .channels = 1, .mean = {0.2860}, .std = {0.3530} };
@@ -27,8 +27,8 @@
  *
  * Ownership:
  *   - nb_dataset objects come from the constructors here (or from your own vtable, see
- *     struct nb_dataset) and are freed with nb_dataset_free. nb_tensor_dataset and
- *     nb_text_dataset retain the tensors they are given (the caller keeps its references).
+ *     struct nb_dataset) and are freed with nb_dataset_free. nb_tensor_dataset_new and
+ *     nb_text_dataset_new retain the tensors they are given (the caller keeps its references).
  *   - A loader borrows its dataset: the dataset must outlive the loader. The batch tensors
  *     b.x, b.y and the array b.indices belong to the loader and stay valid until the next
  *     nb_loader_next / nb_loader_set_state / nb_loader_free on that loader: the loader
@@ -101,7 +101,7 @@ void nb_dataset_free(nb_dataset *ds);        /* NULL is a no-op */
 /* In-memory dataset: sample i is x[i] (shape x.shape[1:]) and y[i]. x has N >= 0 rows; y is
  * NULL (no labels) or has N rows. Both are retained (non-contiguous inputs are copied once);
  * batches have the same dtypes as x and y. CPU tensors only. */
-nb_dataset *nb_tensor_dataset(nb_tensor *x, nb_tensor *y);
+nb_dataset *nb_tensor_dataset_new(nb_tensor *x, nb_tensor *y);
 
 /* ---- IDX files (MNIST / Fashion-MNIST format) ------------------------------------------------
  * Big-endian header: two zero bytes, a type code (0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32,
@@ -127,13 +127,13 @@ typedef struct nb_mnist_opts {
 /* Image classification dataset from an IDX image file (N, H, W) u8 and an IDX label file
  * (N) u8: x is (N, 1, H, W) F32 in [0, 1] (value / 255, converted per batch), y is I64.
  * The counts must agree (NB_EFORMAT otherwise). opts may be NULL. */
-nb_dataset *nb_idx_dataset(const char *images_path, const char *labels_path,
-                           const nb_mnist_opts *opts);
+nb_dataset *nb_idx_dataset_new(const char *images_path, const char *labels_path,
+                               const nb_mnist_opts *opts);
 /* Fashion-MNIST (or MNIST: same file names) from dir/{train,t10k}-{images-idx3,
  * labels-idx1}-ubyte.gz (plain files without .gz are used when the .gz are absent).
  * dir NULL: NB_FASHION_MNIST_DIR (the Debian package dataset-fashion-mnist). */
 #define NB_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
-nb_dataset *nb_fashion_mnist(const char *dir, bool train, const nb_mnist_opts *opts);
+nb_dataset *nb_fashion_mnist_new(const char *dir, bool train, const nb_mnist_opts *opts);
 /* "T-shirt/top", "Trouser", ... "Ankle boot" for labels 0..9; "?" otherwise. */
 const char *nb_fashion_mnist_class(int64_t label);
 
@@ -149,7 +149,7 @@ nb_status nb_text_split(nb_tensor *tokens, double train_frac, nb_tensor **train,
 /* Next-token windows: sample i is x = tokens[i : i+block_size], y = tokens[i+1 :
  * i+block_size+1] (both I64, shape (block_size)); length numel - block_size. tokens: 1-D U8,
  * I32 or I64, retained. With a shuffling loader this gives random windows. */
-nb_dataset *nb_text_dataset(nb_tensor *tokens, int64_t block_size);
+nb_dataset *nb_text_dataset_new(nb_tensor *tokens, int64_t block_size);
 /* Random windows without a dataset (nanoGPT's get_batch): x and y are preallocated (B, T)
  * I64 or I32 tensors; B start positions are drawn from g (NULL: the thread's default
  * generator) exactly as nb_randint((B), 0, numel - T) would, advancing g the same way;

@@ -2,8 +2,8 @@
  * losses.
  *
  * Usage:
- *     nb_module *model = nb_sequential(nb_linear(784, 1024, NULL), nb_relu_module(),
- *                                      nb_linear(1024, 10, NULL), NULL);
+ *     nb_module *model = nb_sequential_new(nb_linear_new(784, 1024, NULL), nb_relu_new(),
+ *                                          nb_linear_new(1024, 10, NULL), NULL);
  *     nb_scope_begin();
  *     nb_tensor *loss = nb_cross_entropy(nb_forward(model, x), y, NULL);
  *     nb_backward(loss);
@@ -15,8 +15,8 @@
  * the reference passed in (the caller must not free it) and return the tensor (borrowed).
  * nb_parameters()/nb_buffers() return a list owned by the module, valid until the module
  * changes or is freed. nb_forward returns a new reference with the usual scope rules.
- * Constructors (nb_linear, nb_sequential, ...) return a module the caller frees with
- * nb_module_free, which frees its children too; nb_sequential(...) and
+ * Constructors (nb_linear_new, nb_sequential_new, ...) return a module the caller frees with
+ * nb_module_free, which frees its children too; nb_sequential_new(...) and
  * nb_module_add_child take over the modules passed in.
  *
  * Custom modules: give a vtable with a forward function, keep your state in `self`, and
@@ -119,10 +119,10 @@ nb_status nb_module_to(nb_module *m, nb_device dev);
 
 /* ---- containers ------------------------------------------------------------------------------ */
 /* NULL-terminated list of modules, named "0", "1", ...; takes them over. */
-nb_module *nb_sequential(nb_module *first, ...);
-nb_module *nb_sequential_n(nb_module *const *mods, int n);
+nb_module *nb_sequential_new(nb_module *first, ...);
+nb_module *nb_sequential_new_n(nb_module *const *mods, int n);
 /* A list of modules without a forward of its own (forward is an error). */
-nb_module *nb_module_list(nb_module *const *mods, int n);
+nb_module *nb_module_list_new(nb_module *const *mods, int n);
 nb_status nb_module_list_append(nb_module *list, nb_module *m);
 
 /* ---- layers (options: zero means PyTorch's default) -------------------------------------------- */
@@ -131,7 +131,7 @@ typedef struct nb_linear_opts {
     nb_dtype dtype;          /* 0 = NB_F32 */
     nb_generator *gen;       /* initialization; NULL: default generator */
 } nb_linear_opts;
-nb_module *nb_linear(int64_t in_features, int64_t out_features, const nb_linear_opts *o);
+nb_module *nb_linear_new(int64_t in_features, int64_t out_features, const nb_linear_opts *o);
 
 typedef struct nb_conv2d_opts {
     int64_t stride[2], padding[2], dilation[2]; /* 0 -> 1, 0, 1 */
@@ -139,8 +139,8 @@ typedef struct nb_conv2d_opts {
     bool no_bias;
     nb_generator *gen;
 } nb_conv2d_opts;
-nb_module *nb_conv2d(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
-                     const nb_conv2d_opts *o);
+nb_module *nb_conv2d_new(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
+                         const nb_conv2d_opts *o);
 
 typedef struct nb_pool2d_opts {
     int64_t stride[2];      /* 0 -> kernel size */
@@ -148,9 +148,9 @@ typedef struct nb_pool2d_opts {
     bool exclude_pad;       /* avg pool: divide by the unpadded count (PyTorch's
                                count_include_pad=False) */
 } nb_pool2d_opts;
-nb_module *nb_maxpool2d(int64_t kh, int64_t kw, const nb_pool2d_opts *o);
-nb_module *nb_avgpool2d(int64_t kh, int64_t kw, const nb_pool2d_opts *o);
-nb_module *nb_adaptive_avgpool2d(int64_t out_h, int64_t out_w);
+nb_module *nb_maxpool2d_new(int64_t kh, int64_t kw, const nb_pool2d_opts *o);
+nb_module *nb_avgpool2d_new(int64_t kh, int64_t kw, const nb_pool2d_opts *o);
+nb_module *nb_adaptive_avgpool2d_new(int64_t out_h, int64_t out_w);
 
 typedef struct nb_norm_opts {
     double eps;        /* 0 -> 1e-5 */
@@ -158,32 +158,32 @@ typedef struct nb_norm_opts {
     bool no_affine;    /* no weight/bias */
     bool no_running_stats;
 } nb_norm_opts;
-nb_module *nb_batchnorm1d(int64_t features, const nb_norm_opts *o);
-nb_module *nb_batchnorm2d(int64_t channels, const nb_norm_opts *o);
+nb_module *nb_batch_norm1d_new(int64_t features, const nb_norm_opts *o);
+nb_module *nb_batch_norm2d_new(int64_t channels, const nb_norm_opts *o);
 /* LayerNorm over the last dim of size `features`. */
-nb_module *nb_layernorm(int64_t features, const nb_norm_opts *o);
-nb_module *nb_embedding_module(int64_t num_embeddings, int64_t dim, nb_generator *gen);
+nb_module *nb_layer_norm_new(int64_t features, const nb_norm_opts *o);
+nb_module *nb_embedding_new(int64_t num_embeddings, int64_t dim, nb_generator *gen);
 /* Dropout with probability p (Philox; gen NULL: default generator). */
-nb_module *nb_dropout_module(double p, nb_generator *gen);
+nb_module *nb_dropout_new(double p, nb_generator *gen);
 /* Flatten dims start..end; (0, 0) means PyTorch's default (1, -1). */
-nb_module *nb_flatten_module(int start_dim, int end_dim);
-nb_module *nb_relu_module(void);
-nb_module *nb_gelu_module(bool tanh_approx);
-nb_module *nb_silu_module(void);
-nb_module *nb_tanh_module(void);
-nb_module *nb_sigmoid_module(void);
+nb_module *nb_flatten_new(int start_dim, int end_dim);
+nb_module *nb_relu_new(void);
+nb_module *nb_gelu_new(bool tanh_approx);
+nb_module *nb_silu_new(void);
+nb_module *nb_tanh_new(void);
+nb_module *nb_sigmoid_new(void);
 
 /* ---- functional forms (differentiable ops the layers use) ------------------------------------- */
 /* y = x @ w^T + b, w (out, in), b (out) or NULL; x (..., in). */
-nb_tensor *nb_linear_fn(nb_tensor *x, nb_tensor *w, nb_tensor *b);
+nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b);
 /* x (N, C, H, W), w (O, C/groups, kh, kw), b (O) or NULL. */
-nb_tensor *nb_conv2d_fn(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t stride[2],
-                        const int64_t padding[2], const int64_t dilation[2], int64_t groups);
-nb_tensor *nb_maxpool2d_fn(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
-                           const int64_t padding[2]);
-nb_tensor *nb_avgpool2d_fn(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
-                           const int64_t padding[2], bool count_include_pad);
-nb_tensor *nb_adaptive_avgpool2d_fn(nb_tensor *x, int64_t out_h, int64_t out_w);
+nb_tensor *nb_conv2d(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t stride[2],
+                     const int64_t padding[2], const int64_t dilation[2], int64_t groups);
+nb_tensor *nb_maxpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                        const int64_t padding[2]);
+nb_tensor *nb_avgpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                        const int64_t padding[2], bool count_include_pad);
+nb_tensor *nb_adaptive_avgpool2d(nb_tensor *x, int64_t out_h, int64_t out_w);
 /* Normalize over the last dim (size = w's numel); w, b may be NULL. */
 nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps);
 /* x (N, C) or (N, C, ...); running stats updated in training mode when non-NULL. Eval mode

@@ -2,7 +2,7 @@
  * learning-rate schedules, gradient clipping, and optimizer state for checkpoints.
  *
  * Usage:
- *     nb_optim *opt = nb_sgd(nb_parameters(model),
+ *     nb_optim *opt = nb_sgd_new(nb_parameters(model),
  *                            &(nb_sgd_opts){ .lr = 0.05f, .momentum = 0.9f });
  *     nb_sched *sched = nb_sched_new(opt, &(nb_sched_opts){ .kind = NB_SCHED_COSINE,
  *                                    .warmup_steps = 100, .total_steps = 5000 });
@@ -22,7 +22,7 @@
  * Weight decay on matrices only, as nanoGPT does:
  *     nb_params decay, no_decay;
  *     nb_params_split_decay(nb_parameters(model), &decay, &no_decay);
- *     nb_optim *opt = nb_adamw(&decay, &(nb_adamw_opts){ .lr = 6e-4, .betas = {0.9, 0.95},
+ *     nb_optim *opt = nb_adamw_new(&decay, &(nb_adamw_opts){ .lr = 6e-4, .betas = {0.9, 0.95},
  *                                                        .weight_decay = 0.1 });
  *     nb_optim_add_group(opt, &no_decay, &(nb_group_opts){ .weight_decay = NB_OPT_ZERO });
  *     nb_params_deinit(&decay);
@@ -128,11 +128,11 @@ typedef struct nb_adagrad_opts {
  * caller frees with nb_optim_free, or NULL (NB_EINVAL for a bad hyperparameter, with
  * PyTorch's rule in the message, e.g. "sgd: lr must be > 0"). State names use the
  * parameters' names (params->names; the index as a decimal string where names is NULL). */
-nb_optim *nb_sgd(const nb_params *params, const nb_sgd_opts *o);
-nb_optim *nb_adam(const nb_params *params, const nb_adam_opts *o);
-nb_optim *nb_adamw(const nb_params *params, const nb_adamw_opts *o);
-nb_optim *nb_rmsprop(const nb_params *params, const nb_rmsprop_opts *o);
-nb_optim *nb_adagrad(const nb_params *params, const nb_adagrad_opts *o);
+nb_optim *nb_sgd_new(const nb_params *params, const nb_sgd_opts *o);
+nb_optim *nb_adam_new(const nb_params *params, const nb_adam_opts *o);
+nb_optim *nb_adamw_new(const nb_params *params, const nb_adamw_opts *o);
+nb_optim *nb_rmsprop_new(const nb_params *params, const nb_rmsprop_opts *o);
+nb_optim *nb_adagrad_new(const nb_params *params, const nb_adagrad_opts *o);
 /* Releases the state and the references to the parameters. NULL is a no-op. */
 void nb_optim_free(nb_optim *opt);
 /* "sgd", "adam", "adamw", "rmsprop", "adagrad". */

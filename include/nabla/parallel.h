@@ -4,7 +4,7 @@
  *     nb_comm *world = nb_comm_world();              // size 1 without mpirun
  *     nb_module *model = build_model();
  *     nb_ddp *ddp = nb_ddp_new(model, world, NULL);  // broadcasts rank 0's weights
- *     nb_optim *opt = nb_adam(nb_parameters(model), NULL);
+ *     nb_optim *opt = nb_adam_new(nb_parameters(model), NULL);
  *     for (...) {
  *         nb_scope_begin();
  *         nb_tensor *loss = nb_cross_entropy(nb_forward(model, x), y, NULL);

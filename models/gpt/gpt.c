@@ -24,7 +24,7 @@ static nb_tensor *dropout(nb_module *m, nb_tensor *x) {
 }
 
 static nb_tensor *linear_forward(nb_module *m, nb_tensor *x) {
-    return nb_linear_fn(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"));
+    return nb_linear(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"));
 }
 static nb_tensor *layernorm_forward(nb_module *m, nb_tensor *x) {
     return nb_layer_norm(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"), 1e-5);
@@ -168,7 +168,7 @@ nb_module *gpt_new(const gpt_config *cfg, nb_generator *init) {
               add_param(e, "weight", (int64_t[]){c->vocab_size, c->n_embd}, 2, 0.02, init) &&
               (e = child(tr, "wpe", nb_module_new(&embedding_vt, (void *)c))) &&
               add_param(e, "weight", (int64_t[]){c->block_size, c->n_embd}, 2, 0.02, init) &&
-              (h = child(tr, "h", nb_module_list(NULL, 0)));
+              (h = child(tr, "h", nb_module_list_new(NULL, 0)));
     for (int64_t i = 0; ok && i < c->n_layer; i++) ok = make_block(h, c, init) != NULL;
     if (!ok || !make_layernorm(tr, "ln_f", c)) {
         nb_module_free(m);
@@ -213,7 +213,7 @@ static nb_tensor *gpt_forward(nb_module *m, nb_tensor *idx) {
     x = dropout(m, x);
     for (int i = 0; i < nb_module_num_children(h); i++) x = nb_forward(nb_module_child_at(h, i), x);
     x = nb_forward(nb_module_child(tr, "ln_f"), x);
-    return nb_linear_fn(x, wte, NULL); /* tied head: x @ wte^T -> (B, T, V) */
+    return nb_linear(x, wte, NULL); /* tied head: x @ wte^T -> (B, T, V) */
 }
 
 nb_tensor *gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {

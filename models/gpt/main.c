@@ -331,7 +331,7 @@ static int run_train(const args *a) {
      * and layer norms. (0 means "default" in the options: write an explicit zero.) */
     if (nb_params_split_decay(nb_parameters(model), &decay, &no_decay) != NB_OK)
         FAIL("%s", nb_last_error());
-    opt = nb_adamw(&decay, &(nb_adamw_opts){.lr = a->lr, .betas = {a->beta1, a->beta2},
+    opt = nb_adamw_new(&decay, &(nb_adamw_opts){.lr = a->lr, .betas = {a->beta1, a->beta2},
                                             .eps = 1e-8,
                                             .weight_decay = a->weight_decay > 0 ? a->weight_decay
                                                                                 : NB_OPT_ZERO});

@@ -50,11 +50,12 @@ static nb_module *build(model_kind kind, uint64_t seed) {
     nb_module *m;
     if (kind == MLP) {
         nb_linear_opts o = {.gen = g};
-        m = nb_sequential(nb_linear(IN, HID, &o), nb_relu_module(), nb_linear(HID, HID, &o),
-                          nb_tanh_module(), nb_linear(HID, OUT, &o), NULL);
+        m = nb_sequential_new(nb_linear_new(IN, HID, &o), nb_relu_new(),
+                              nb_linear_new(HID, HID, &o), nb_tanh_new(),
+                              nb_linear_new(HID, OUT, &o), NULL);
     } else { /* a miniature language model: embedding, layer norm, linear head */
-        m = nb_sequential(nb_embedding_module(V, D, g), nb_layernorm(D, NULL),
-                          nb_linear(D, V, &(nb_linear_opts){.gen = g}), NULL);
+        m = nb_sequential_new(nb_embedding_new(V, D, g), nb_layer_norm_new(D, NULL),
+                          nb_linear_new(D, V, &(nb_linear_opts){.gen = g}), NULL);
     }
     nb_generator_free(g);
     MT_CHECK(m != NULL, "building the model: %s", nb_last_error());
@@ -90,8 +91,9 @@ static nb_tensor *loss_of(nb_module *m, model_kind kind, nb_tensor *x, nb_tensor
 }
 
 static nb_optim *make_opt(nb_module *m, model_kind kind) {
-    nb_optim *o = kind == MLP ? nb_sgd(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9})
-                              : nb_adam(nb_parameters(m), &(nb_adam_opts){.lr = 1e-2});
+    nb_optim *o = kind == MLP
+                      ? nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9})
+                      : nb_adam_new(nb_parameters(m), &(nb_adam_opts){.lr = 1e-2});
     MT_CHECK(o != NULL, "optimizer: %s", nb_last_error());
     return o;
 }
@@ -191,8 +193,8 @@ START_TEST(test_ddp_equivalence_gpt) {
      * (softmax ignores a constant added to every score), so its computed gradient is pure
      * rounding noise, which Adam's normalization would blow up to steps of size lr. */
     nb_sgd_opts so = {.lr = 0.5, .momentum = 0.9, .weight_decay = 0.1};
-    nb_optim *ro = ref ? nb_sgd(nb_parameters(ref), &so) : NULL;
-    nb_optim *o = m ? nb_sgd(nb_parameters(m), &so) : NULL; /* made before the wrap */
+    nb_optim *ro = ref ? nb_sgd_new(nb_parameters(ref), &so) : NULL;
+    nb_optim *o = m ? nb_sgd_new(nb_parameters(m), &so) : NULL; /* made before the wrap */
     nb_ddp *d = m ? nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 4e-3}) : NULL;
     MT_CHECK(ro && o && d, "setup: %s", nb_last_error());
     int64_t local = GBT / size;
@@ -398,9 +400,9 @@ END_TEST
 /* ---- broadcast at wrap time --------------------------------------------------------------------- */
 static nb_module *build_bn(uint64_t seed) { /* with buffers: batch norm running statistics */
     nb_generator *g = nb_generator_new(seed);
-    nb_module *m = nb_sequential(nb_linear(IN, HID, &(nb_linear_opts){.gen = g}),
-                                 nb_batchnorm1d(HID, NULL),
-                                 nb_linear(HID, OUT, &(nb_linear_opts){.gen = g}), NULL);
+    nb_module *m = nb_sequential_new(nb_linear_new(IN, HID, &(nb_linear_opts){.gen = g}),
+                                 nb_batch_norm1d_new(HID, NULL),
+                                 nb_linear_new(HID, OUT, &(nb_linear_opts){.gen = g}), NULL);
     nb_generator_free(g);
     MT_CHECK(m != NULL, "building the model: %s", nb_last_error());
     return m;
@@ -485,7 +487,7 @@ START_TEST(test_ddp_errors) {
     EXPECT_ERROR(nb_ddp_sync(NULL), NB_ENULL, "ddp_sync: ddp is NULL");
     MT_CHECK(nb_ddp_num_buckets(NULL) == 0 && nb_ddp_exposed_comm_s(NULL) == 0, "NULL ddp");
     nb_ddp_free(NULL);
-    nb_module *act = nb_relu_module();
+    nb_module *act = nb_relu_new();
     MT_CHECK(!nb_ddp_new(act, self, NULL), "a module without parameters accepted");
     EXPECT_ERROR(nb_last_status(), NB_EINVAL, "no parameters");
     nb_module_free(act);
