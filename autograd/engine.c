@@ -111,7 +111,7 @@ nb_status nb_remove_grad_hook(nb_tensor *leaf, int handle) {
 
 /* ---- gradient arithmetic used by the engine -------------------------------------------------- */
 nb_status nb__add_inplace(nb_tensor *dst, const nb_tensor *src) {
-    return nb_add_(dst, (nb_tensor *)src);
+    return nb_add_(dst, nb__mut(src));
 }
 
 nb_tensor *nb__sum_to_shape(nb_tensor *g, const int64_t *shape, int ndim) {

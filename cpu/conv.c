@@ -574,7 +574,7 @@ static void dn_reorder(dn_call *c, const dnnl_memory_desc_t *from_md, dnnl_memor
  * copy (queued now). */
 static dnnl_memory_t dn_input(dn_call *c, const dnnl_memory_desc_t *user_md, const void *ptr,
                               const dnnl_memory_desc_t *want) {
-    dnnl_memory_t um = dn_mem(c, user_md, (void *)ptr);
+    dnnl_memory_t um = dn_mem(c, user_md, (void *)(uintptr_t)ptr);
     if (!um || dnnl_memory_desc_equal(user_md, want)) return um;
     dnnl_memory_t m = dn_mem(c, want, NULL);
     dn_reorder(c, user_md, um, want, m);
@@ -685,7 +685,7 @@ static nb_status dn_forward(const nb__conv2d_geom *g, const float *x, const floa
         const dnnl_memory_desc_t *dmd = dn_md(pd, dnnl_query_dst_md);
         dnnl_memory_t ms = dn_input(&c, &d.src, x, dn_md(pd, dnnl_query_src_md));
         dnnl_memory_t mw = dn_input(&c, &d.wts, w, dn_md(pd, dnnl_query_weights_md));
-        dnnl_memory_t mb = b ? dn_mem(&c, &d.bias, (void *)b) : NULL;
+        dnnl_memory_t mb = b ? dn_mem(&c, &d.bias, (void *)(uintptr_t)b) : NULL;
         dnnl_memory_t my = dn_mem(&c, &d.dst, y);
         bool direct = dnnl_memory_desc_equal(dmd, &d.dst);
         dnnl_memory_t md = direct ? my : dn_mem(&c, dmd, NULL);

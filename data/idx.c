@@ -286,8 +286,8 @@ nb_status nb_idx_write(const char *path, const nb_tensor *t) {
     /* The elements in order on the host: t itself or a contiguous copy (from another
      * device: a host copy; a meta tensor has no data and fails here, before any file is
      * created). */
-    nb_tensor *c = nb__host_accessible(t) ? nb_contiguous((nb_tensor *)t)
-                                          : nb_to_device((nb_tensor *)t, NB_CPU);
+    nb_tensor *c = nb__host_accessible(t) ? nb_contiguous(nb__mut(t))
+                                          : nb_to_device(nb__mut(t), NB_CPU);
     if (!c) return nb_last_status();
     c = nb__scope_take(c);
     unsigned char hdr[4 + 4 * NB_MAX_DIMS] = {0, 0, (unsigned char)code,

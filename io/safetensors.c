@@ -504,7 +504,7 @@ static nb_tensor *get_tensor(nb_safetensors *f, const char *name, bool copy, con
     bool aligned = ((uintptr_t)src % (uintptr_t)st_dtypes[e->kind].size) == 0;
     if (!copy && !bad_bool && aligned && nbytes > 0) {
         atomic_fetch_add(&f->map->refs, 1);
-        nb_tensor *t = nb_wrap_buffer((void *)src, e->shape, e->ndim, dt, map_release, f->map);
+        nb_tensor *t = nb_wrap_buffer(nb__unconst(src), e->shape, e->ndim, dt, map_release, f->map);
         if (!t) map_unref(f->map);
         return t;
     }

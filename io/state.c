@@ -18,7 +18,7 @@ void nb_state_list_init(nb_state_list *l) {
 void nb_state_list_deinit(nb_state_list *l) {
     if (!l) return;
     for (int i = 0; i < l->count; i++) {
-        free((char *)l->names[i]);
+        free(nb__unconst(l->names[i]));
         nb_tensor_free(l->tensors[i]);
     }
     free((void *)l->names);

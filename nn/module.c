@@ -55,7 +55,7 @@ static void invalidate(nb_module *m) {
 }
 
 static void params_clear(nb_params *p) {
-    for (int i = 0; i < p->count; i++) free((char *)p->names[i]);
+    for (int i = 0; i < p->count; i++) free(nb__unconst(p->names[i]));
     free(p->names);
     free(p->tensors);
     memset(p, 0, sizeof *p);

@@ -253,7 +253,7 @@ const nb_params *nb_optim_params(const nb_optim *opt) {
         nb__error(NB_ENULL, "optim_params: opt is NULL");
         return NULL;
     }
-    nb_optim *o = (nb_optim *)opt; /* the list is a cache */
+    nb_optim *o = nb__unconst(opt); /* the list is a cache */
     if (!o->plist_ok) {
         size_t n = (size_t)(o->nparams ? o->nparams : 1);
         nb_tensor **ts = realloc(o->plist.tensors, sizeof(nb_tensor *) * n);

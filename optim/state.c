@@ -19,7 +19,7 @@
 #define GROUP_PREFIX "param_groups."
 
 void nb__optim_state_clear(nb_optim *opt) {
-    for (int i = 0; i < opt->slist.count; i++) free((char *)opt->slist.names[i]);
+    for (int i = 0; i < opt->slist.count; i++) free(nb__unconst(opt->slist.names[i]));
     free((void *)opt->slist.names);
     free(opt->slist.tensors);
     memset(&opt->slist, 0, sizeof opt->slist);

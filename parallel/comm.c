@@ -264,7 +264,7 @@ static void *stage_inout(nb_work *w, nb_tensor *t, bool copy_in) {
 
 /* A tensor only read. A copy also when it overlaps `other` (an output MPI must not alias). */
 static const void *stage_in(nb_work *w, const nb_tensor *t, const nb_tensor *other) {
-    nb_tensor *tt = (nb_tensor *)t;
+    nb_tensor *tt = nb__mut(t);
     bool host = nb__host_accessible(t);
     if (host && nb_is_contiguous(t) && !(other && nb_shares_storage(t, other))) {
         hold(w, nb_tensor_retain(tt));
@@ -482,7 +482,7 @@ nb_work *nb_send_async(nb_comm *c, const nb_tensor *t, int dst, int tag) {
     w->a.peer = dst;
     w->a.tag = tag;
     w->a.count = nb_numel(t);
-    if (!(w->a.buf = (void *)stage_in(w, t, NULL))) return work_abort(w);
+    if (!(w->a.buf = nb__unconst(stage_in(w, t, NULL)))) return work_abort(w);
     return nb__work_launch(c, w);
 }
 

@@ -189,7 +189,7 @@ static int post(const ctx *c, const void *sbuf, int64_t scount, int dst, void *r
     if (src >= 0) rc = post_one(c, true, rbuf, rcount * c->es, src);
     c->s->nrecv = c->s->nreq; /* the receives come first in rq */
     if (rc == MPI_SUCCESS && dst >= 0)
-        rc = post_one(c, false, (void *)sbuf, scount * c->es, dst);
+        rc = post_one(c, false, nb__unconst(sbuf), scount * c->es, dst);
     return rc;
 }
 

@@ -20,7 +20,7 @@ bool nb__inplace_ok(const nb_tensor *t, const char *op) {
 static nb_status copy_into(nb_tensor *dst, const nb_tensor *src, const char *op) {
     if (nb_numel(dst) == 0) return NB_OK;
     nb__copy_args a;
-    nb_tensor *ts[2] = {dst, (nb_tensor *)src};
+    nb_tensor *ts[2] = {dst, nb__mut(src)};
     nb__iter_init(&a.it, dst->shape, dst->ndim, ts, 2);
     return nb__run_copy(nb__device_of(dst), op, &a);
 }
@@ -58,7 +58,7 @@ nb_tensor *nb_to_dtype(nb_tensor *t, nb_dtype dt) {
 nb_status nb_copy_(nb_tensor *dst, const nb_tensor *src) {
     if (!nb__arg_ok(dst, "copy_", "dst") || !nb__arg_ok(src, "copy_", "src"))
         return nb_last_status();
-    if (!nb__check_devices("copy_", (nb_tensor *[]){dst, (nb_tensor *)src}, 2, NULL))
+    if (!nb__check_devices("copy_", (nb_tensor *[]){dst, nb__mut(src)}, 2, NULL))
         return NB_EDEVICE;
     if (!nb__inplace_ok(dst, "copy_")) return NB_EINVAL;
     int64_t sh[NB_MAX_DIMS];
@@ -74,7 +74,7 @@ nb_status nb_copy_(nb_tensor *dst, const nb_tensor *src) {
         !(dst->offset == src->offset && dst->ndim == src->ndim &&
           memcmp(dst->strides, src->strides, sizeof(int64_t) * (size_t)dst->ndim) == 0)) {
         nb_scope_begin();
-        nb_tensor *tmp = nb_clone((nb_tensor *)src);
+        nb_tensor *tmp = nb_clone(nb__mut(src));
         nb_status st = tmp ? copy_into(dst, tmp, "copy_") : nb_last_status();
         nb_scope_end();
         return st;
@@ -108,7 +108,7 @@ nb_status nb_read(const nb_tensor *t, void *buf, int64_t n, nb_dtype dt) {
         st = copy_into(dst, t, "read");
     } else { /* through a host copy */
         nb_scope_begin();
-        nb_tensor *h = nb_to_device((nb_tensor *)t, NB_CPU);
+        nb_tensor *h = nb_to_device(nb__mut(t), NB_CPU);
         st = h ? copy_into(dst, h, "read") : nb_last_status();
         nb_scope_end();
     }

@@ -119,7 +119,7 @@ int nb_format(const nb_tensor *t, char *buf, size_t n) {
     /* Another device: format a host copy (a plain copy, not a step of a graph). */
     nb_scope_begin();
     bool prev = nb_set_grad_enabled(false);
-    nb_tensor *h = nb_to_device((nb_tensor *)t, NB_CPU);
+    nb_tensor *h = nb_to_device(nb__mut(t), NB_CPU);
     nb_set_grad_enabled(prev);
     int len = h ? format_host(h, buf, n, dev) : (int)nb_last_status();
     nb_scope_end();

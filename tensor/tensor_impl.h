@@ -32,6 +32,12 @@ bool nb__arg_ok(const nb_tensor *t, const char *op, const char *argname);
  * scalars); sets EDIM and returns -1 when out of range. */
 int nb__wrap_dim(int dim, int ndim, const char *op);
 
+/* ---- const ----------------------------------------------------------------------------------
+ * Deliberate removal of const (the build has -Wcast-qual): functions that only read a
+ * tensor take it const, while the ops they call take nb_tensor *. */
+static inline nb_tensor *nb__mut(const nb_tensor *t) { return (nb_tensor *)(uintptr_t)t; }
+static inline void *nb__unconst(const void *p) { return (void *)(uintptr_t)p; }
+
 /* ---- storage and tensor --------------------------------------------------------------------- */
 typedef struct nb__storage {
     atomic_long refcount;

@@ -257,7 +257,7 @@ START_TEST(test_tensor_dataset) {
     nb_tensor *y = nb_arange(100, 110, 1, NB_I64);
     const nb_tensor *xs[2] = {x, tu_noncontig(x)};
     for (int v = 0; v < 2; v++) {
-        nb_dataset *ds = nb_tensor_dataset_new((nb_tensor *)xs[v], y);
+        nb_dataset *ds = nb_tensor_dataset_new(nb__mut(xs[v]), y);
         ck_assert_msg(ds != NULL, "%s", nb_last_error());
         ck_assert_int_eq(nb_dataset_len(ds), 10);
         ck_assert_int_eq(ds->x.ndim, 2);

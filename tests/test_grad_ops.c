@@ -108,11 +108,11 @@ START_TEST(test_unary_gradcheck) {
     /* plain [2,3], transposed view of [3,2], 0-dim */
     make_vals(v, 6, c->lo, c->hi, c->kinks, c->nk, 11 + (uint64_t)_i);
     nb_tensor *x = leaf(v, (int64_t[]){2, 3}, 2, NB_F32);
-    CHECK_GRAD(f_unary, &x, 1, (void *)c, "%s [2,3]", c->name);
+    CHECK_GRAD(f_unary, &x, 1, nb__unconst(c), "%s [2,3]", c->name);
     nb_tensor *xt = leaf(v, (int64_t[]){3, 2}, 2, NB_F64);
-    CHECK_GRAD(f_unary_t, &xt, 1, (void *)c, "%s transposed", c->name);
+    CHECK_GRAD(f_unary_t, &xt, 1, nb__unconst(c), "%s transposed", c->name);
     nb_tensor *x0 = leaf(v + 1, (int64_t[]){1}, 0, NB_F64);
-    CHECK_GRAD(f_unary, &x0, 1, (void *)c, "%s 0-dim", c->name);
+    CHECK_GRAD(f_unary, &x0, 1, nb__unconst(c), "%s 0-dim", c->name);
     nb_scope_end();
 }
 END_TEST
@@ -290,9 +290,9 @@ START_TEST(test_scalar_forms) {
     double v[6], gv[6];
     dom_vals(c->grid ? DOM_GRID : DOM_ANY, 0, v, 6, 5 + (uint64_t)_i);
     nb_tensor *x = leaf(v, (int64_t[]){2, 3}, 2, NB_F64);
-    CHECK_GRAD(f_scalar, &x, 1, (void *)c, "%s", c->name);
+    CHECK_GRAD(f_scalar, &x, 1, nb__unconst(c), "%s", c->name);
     nb_tensor *xt = leaf(v, (int64_t[]){3, 2}, 2, NB_F64);
-    CHECK_GRAD(f_scalar_t, &xt, 1, (void *)c, "%s transposed", c->name);
+    CHECK_GRAD(f_scalar_t, &xt, 1, nb__unconst(c), "%s transposed", c->name);
     /* recorded as the tensor op with one input and the scalar in attrs */
     nb_tensor *y = c->fn(x, c->s);
     ck_assert(y->grad_fn && y->grad_fn->ninputs == 2 && y->grad_fn->attrs.flag);

@@ -1281,7 +1281,7 @@ static void mt_round_trip(bool flat) {
     ck_assert(y1);
     double *y1v = tu_values(y1);
     mt_assert_same(y1v, y0v, nb_numel(y0));
-    for (int i = 0; i < count; i++) free((char *)names[i]);
+    for (int i = 0; i < count; i++) free(nb__unconst(names[i]));
     free(y0v), free(y1v), free(p0), free(p1), free(g0), free(g1);
     nb_module_free(m);
     nb_scope_end();

@@ -137,7 +137,9 @@ static const char *group_line(const ocase *c, int g, nb_tensor **ps, nb_tensor *
     if (!l) return NULL;
     out->count = 0;
     for (const char *s = l; *s && *s != ' ';) {
-        int i = (int)strtol(s, (char **)&s, 10);
+        char *end;
+        int i = (int)strtol(s, &end, 10);
+        s = end;
         gt[out->count] = ps[i];
         gn[out->count++] = pnames[i];
         if (*s == ',') s++;
@@ -793,7 +795,9 @@ static nb_sched_opts sched_from(const char *l, int64_t *milestones) {
     const char *m = strstr(l, "milestones=");
     if (m) {
         for (const char *s = m + 11; *s && *s != ' ';) {
-            milestones[o.num_milestones++] = strtol(s, (char **)&s, 10);
+            char *end;
+            milestones[o.num_milestones++] = strtol(s, &end, 10);
+            s = end;
             if (*s == ',') s++;
         }
         o.milestones = milestones;

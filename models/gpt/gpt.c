@@ -90,14 +90,14 @@ static nb_module *child(nb_module *parent, const char *name, nb_module *c) {
 
 static nb_module *make_linear(nb_module *parent, const char *name, int64_t in, int64_t out,
                               double std, const gpt_config *c, nb_generator *gen) {
-    nb_module *l = child(parent, name, nb_module_new(&linear_vt, (void *)c));
+    nb_module *l = child(parent, name, nb_module_new(&linear_vt, (void *)(uintptr_t)c));
     if (!l || !add_param(l, "weight", (int64_t[]){out, in}, 2, std, gen)) return NULL;
     if (!c->no_bias && !add_param(l, "bias", &out, 1, 0.0, gen)) return NULL;
     return l;
 }
 
 static nb_module *make_layernorm(nb_module *parent, const char *name, const gpt_config *c) {
-    nb_module *l = child(parent, name, nb_module_new(&layernorm_vt, (void *)c));
+    nb_module *l = child(parent, name, nb_module_new(&layernorm_vt, (void *)(uintptr_t)c));
     if (!l || !add_param(l, "weight", &c->n_embd, 1, -1.0, NULL)) return NULL;
     if (!c->no_bias && !add_param(l, "bias", &c->n_embd, 1, 0.0, NULL)) return NULL;
     return l;
@@ -106,14 +106,14 @@ static nb_module *make_layernorm(nb_module *parent, const char *name, const gpt_
 static nb_module *make_block(nb_module *list, const gpt_config *c, nb_generator *gen) {
     const int64_t C = c->n_embd;
     const double proj_std = 0.02 / sqrt(2.0 * (double)c->n_layer); /* GPT-2's scaled init */
-    nb_module *b = nb_module_new(&block_vt, (void *)c);
+    nb_module *b = nb_module_new(&block_vt, (void *)(uintptr_t)c);
     if (!b || nb_module_list_append(list, b) != NB_OK) return NULL; /* the list took b over */
     nb_module *attn, *mlp;
     if (!make_layernorm(b, "ln_1", c) ||
-        !(attn = child(b, "attn", nb_module_new(&attn_vt, (void *)c))) ||
+        !(attn = child(b, "attn", nb_module_new(&attn_vt, (void *)(uintptr_t)c))) ||
         !make_linear(attn, "c_attn", C, 3 * C, 0.02, c, gen) ||
         !make_linear(attn, "c_proj", C, C, proj_std, c, gen) || !make_layernorm(b, "ln_2", c) ||
-        !(mlp = child(b, "mlp", nb_module_new(&mlp_vt, (void *)c))) ||
+        !(mlp = child(b, "mlp", nb_module_new(&mlp_vt, (void *)(uintptr_t)c))) ||
         !make_linear(mlp, "c_fc", C, 4 * C, 0.02, c, gen) ||
         !make_linear(mlp, "c_proj", 4 * C, C, proj_std, c, gen))
         return NULL;
@@ -164,9 +164,9 @@ nb_module *gpt_new(const gpt_config *cfg, nb_generator *init) {
     }
     const gpt_config *c = &s->cfg;
     nb_module *tr = child(m, "transformer", nb_module_new(&dict_vt, NULL)), *e, *h;
-    bool ok = tr && (e = child(tr, "wte", nb_module_new(&embedding_vt, (void *)c))) &&
+    bool ok = tr && (e = child(tr, "wte", nb_module_new(&embedding_vt, (void *)(uintptr_t)c))) &&
               add_param(e, "weight", (int64_t[]){c->vocab_size, c->n_embd}, 2, 0.02, init) &&
-              (e = child(tr, "wpe", nb_module_new(&embedding_vt, (void *)c))) &&
+              (e = child(tr, "wpe", nb_module_new(&embedding_vt, (void *)(uintptr_t)c))) &&
               add_param(e, "weight", (int64_t[]){c->block_size, c->n_embd}, 2, 0.02, init) &&
               (h = child(tr, "h", nb_module_list_new(NULL, 0)));
     for (int64_t i = 0; ok && i < c->n_layer; i++) ok = make_block(h, c, init) != NULL;
