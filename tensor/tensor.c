@@ -236,7 +236,7 @@ nb_tensor *nb_full_like(const nb_tensor *t, double value) {
 
 nb_tensor *nb_scalar(double value, nb_dtype dt) { return nb_full(NULL, 0, dt, value); }
 
-nb_tensor *nb_arange(double start, double end, double step, nb_dtype dt) {
+static nb_tensor *arange_host(double start, double end, double step, nb_dtype dt) {
     if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step) ||
         (end - start) / step < 0) {
         nb__error(NB_EINVAL, "arange: cannot step from %g to %g by %g", start, end, step);
@@ -250,7 +250,7 @@ nb_tensor *nb_arange(double start, double end, double step, nb_dtype dt) {
     return t;
 }
 
-nb_tensor *nb_linspace(double start, double end, int64_t steps, nb_dtype dt) {
+static nb_tensor *linspace_host(double start, double end, int64_t steps, nb_dtype dt) {
     if (steps < 0) {
         nb__error(NB_EINVAL, "linspace: steps must be >= 0, got %lld", (long long)steps);
         return NULL;
@@ -268,7 +268,7 @@ nb_tensor *nb_linspace(double start, double end, int64_t steps, nb_dtype dt) {
     return t;
 }
 
-nb_tensor *nb_from_buffer(const void *data, const int64_t *shape, int ndim, nb_dtype dt) {
+static nb_tensor *from_buffer_host(const void *data, const int64_t *shape, int ndim, nb_dtype dt) {
     if (!data && check_shape(shape, ndim, "from_buffer") && nb__numel_of(shape, ndim) > 0) {
         nb__error(NB_ENULL, "from_buffer: data is NULL");
         return NULL;
@@ -276,6 +276,25 @@ nb_tensor *nb_from_buffer(const void *data, const int64_t *shape, int ndim, nb_d
     nb_tensor *t = nb__empty(shape, ndim, dt, NB_CPU);
     if (t && t->storage->nbytes) memcpy(t->storage->data, data, t->storage->nbytes);
     return t;
+}
+
+/* Built in host memory, then moved to the default device (a no-op for the CPU). */
+static nb_tensor *on_default(nb_tensor *t) {
+    nb_device dev = g_default_device;
+    if (!t || nb_device_equal(dev, NB_CPU)) return t;
+    nb_tensor *r = nb_to_device(t, dev);
+    nb_tensor_free(nb__scope_take(t));
+    return r;
+}
+
+nb_tensor *nb_arange(double start, double end, double step, nb_dtype dt) {
+    return on_default(arange_host(start, end, step, dt));
+}
+nb_tensor *nb_linspace(double start, double end, int64_t steps, nb_dtype dt) {
+    return on_default(linspace_host(start, end, steps, dt));
+}
+nb_tensor *nb_from_buffer(const void *data, const int64_t *shape, int ndim, nb_dtype dt) {
+    return on_default(from_buffer_host(data, shape, ndim, dt));
 }
 
 nb_tensor *nb_wrap_buffer(void *data, const int64_t *shape, int ndim, nb_dtype dt,

@@ -1,27 +1,64 @@
-/* main.c - runs every Check suite (NB_SUITE=name runs one; CK_* variables as usual).
- * Ends with Check's summary line, and exits non-zero on any failure. */
+/* main.c - runs the Check suites: all of them, or those NB_SUITE names (one name, or a
+ * comma-separated list); CK_* variables as usual. NB_TEST_DEVICE picks the device the
+ * tests' tensors are made on (default device, see below). Ends with Check's summary line,
+ * and exits non-zero on any failure. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
 
+#define SUITE(name) {#name, nb_suite_##name}
+
+static bool listed(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return true;
+        p = end ? end + 1 : NULL;
+    }
+    return false;
+}
+
 int main(void) {
-    Suite *(*suites[])(void) = {
-        nb_suite_core,   nb_suite_memory,      nb_suite_errors, nb_suite_dtype,
-        nb_suite_random, nb_suite_elementwise, nb_suite_reduce, nb_suite_matmul,
-        nb_suite_index,  nb_suite_cuda,        nb_suite_autograd, nb_suite_grad_ops, nb_suite_grad_reduce,
-        nb_suite_nn_conv, nb_suite_nn_layers,  nb_suite_loss,   nb_suite_optim,
-        nb_suite_train, nb_suite_checkpoint, nb_suite_data, nb_suite_io, nb_suite_gpt,
-        nb_suite_attention, nb_suite_backend,
+    static const struct {
+        const char *name;
+        Suite *(*make)(void);
+    } suites[] = {
+        SUITE(core),     SUITE(memory),      SUITE(errors),   SUITE(dtype),
+        SUITE(random),   SUITE(elementwise), SUITE(reduce),   SUITE(matmul),
+        SUITE(index),    SUITE(cuda),        SUITE(autograd), SUITE(grad_ops),
+        SUITE(grad_reduce), SUITE(nn_conv),  SUITE(nn_layers), SUITE(loss),
+        SUITE(optim),    SUITE(train),       SUITE(checkpoint), SUITE(data),
+        SUITE(io),       SUITE(gpt),         SUITE(attention), SUITE(backend),
     };
+    /* NB_TEST_DEVICE=guard runs the suites with guard tensors: every tensor the tests make
+     * through the library (nb_zeros, nb_randn, nb_from_buffer, tu_tensor, ...) lives in
+     * memory the host cannot touch outside a backend call, so an op, the engine or an
+     * optimizer that dereferences device memory crashes. (Tests that read results through
+     * nb_data are host-only and are not run this way.) */
+    const char *dev = getenv("NB_TEST_DEVICE");
+    if (dev && *dev) {
+        nb_device d;
+        if (nb_device_parse(dev, &d) != NB_OK) {
+            fprintf(stderr, "NB_TEST_DEVICE: %s\n", nb_last_error());
+            return EXIT_FAILURE;
+        }
+        nb_set_default_device(d);
+    }
     const char *only = getenv("NB_SUITE");
     SRunner *sr = NULL;
     for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++) {
-        Suite *s = suites[i]();
+        if (only && *only && !listed(only, suites[i].name)) continue;
+        Suite *s = suites[i].make();
         if (!sr) sr = srunner_create(s);
         else srunner_add_suite(sr, s);
     }
-    if (only) setenv("CK_RUN_SUITE", only, 1);
+    if (!sr) {
+        fprintf(stderr, "NB_SUITE=%s names no suite\n", only);
+        return EXIT_FAILURE;
+    }
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

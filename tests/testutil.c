@@ -22,7 +22,7 @@ nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtyp
     nb_tensor *t = nb_from_buffer(vals, shape, ndim, NB_F64);
     ck_assert_msg(t != NULL, "tu_tensor: %s", nb_last_error());
     (void)n;
-    nb_tensor *r = nb_to_dtype(t, dt);
+    nb_tensor *r = nb_to_device(nb_to_dtype(t, dt), nb_default_device());
     ck_assert_msg(r != NULL, "tu_tensor: %s", nb_last_error());
     return r;
 }

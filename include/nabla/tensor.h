@@ -135,7 +135,8 @@ nb_tensor *nb_empty(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_zeros(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_ones(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_full(const int64_t *shape, int ndim, nb_dtype dt, double value);
-/* The device nb_empty/zeros/ones/full/scalar and the random creators (nb_randn, ...) use:
+/* The device nb_empty/zeros/ones/full/scalar, nb_from_buffer, nb_arange, nb_linspace and
+ * the random creators (nb_randn, ...) use:
  * NB_CPU unless set. Per thread, like torch.set_default_device. Set it to NB_META around
  * a model's constructor to build a model of any size without allocating (then count its
  * parameters, plan memory). Returns the previous default. nb_from_buffer, nb_wrap_buffer,
