@@ -115,7 +115,7 @@ static const nb__live_stream *find_stream(uint64_t id) {
     return NULL;
 }
 
-bool nb__cuda_alloc_stream_added(const nb_cuda_stream *s) {
+static bool stream_added(const nb_cuda_stream *s) {
     pthread_mutex_lock(&g.lock);
     if (g.nstreams == g.cap_streams) {
         size_t cap = g.cap_streams ? g.cap_streams * 2 : 16;
@@ -133,7 +133,7 @@ bool nb__cuda_alloc_stream_added(const nb_cuda_stream *s) {
     return ok;
 }
 
-void nb__cuda_alloc_stream_retired(const nb_cuda_stream *s) {
+static void stream_retired(const nb_cuda_stream *s) {
     pthread_mutex_lock(&g.lock);
     for (size_t i = 0; i < g.nstreams; i++) {
         if (g.streams[i].id == s->id) {
@@ -361,4 +361,10 @@ nb_status nb_cuda_alloc_reset_peak(int device) {
 nb_status nb_cuda_empty_cache(void) {
     release_cached(-1);
     return NB_OK;
+}
+
+/* Registered at load time, before any stream can exist (stream.c calls no allocator
+ * function by name). */
+__attribute__((constructor)) static void alloc_register(void) {
+    nb__cuda_stream_observe(stream_added, stream_retired);
 }

@@ -37,7 +37,7 @@ static nb_status handle_for(nb_cuda_stream *s, cublasHandle_t *out, const char *
     return blas_status(cublasSetStream(*out, s->handle), what);
 }
 
-void nb__cuda_blas_destroy(void *handle, int device) {
+static void blas_destroy(void *handle, int device) {
     int prev = -1;
     if (nb__cuda_enter(device, &prev, "cuda: thread exit") != NB_OK) return;
     (void)cublasDestroy((cublasHandle_t)handle);
@@ -79,4 +79,16 @@ nb_status nb__cuda_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, in
     }
     nb__cuda_leave(prev);
     return st;
+}
+
+/* Thread exit: this thread's handles go before its library streams (stream.c runs the hook). */
+static void blas_thread_exit(nb__cuda_thread *t) {
+    for (int d = 0; d < NB__CUDA_MAX_DEVICES; d++) {
+        if (t->blas[d]) blas_destroy(t->blas[d], d);
+        t->blas[d] = NULL;
+    }
+}
+
+__attribute__((constructor)) static void blas_register(void) {
+    nb__cuda_on_thread_exit(blas_thread_exit);
 }

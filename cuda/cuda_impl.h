@@ -63,16 +63,25 @@ typedef struct nb__cuda_thread {
 /* This thread's state (allocated on first use); NULL only when out of host memory. */
 nb__cuda_thread *nb__cuda_thread_state(void);
 
+/* Lifecycle hooks, so stream.c names no other file (the allocator and cuBLAS register
+ * themselves at load time, before any stream exists):
+ *   - stream observers learn of every stream created (added: false means out of host
+ *     memory, and the stream is not created) and retired (after it was synchronized);
+ *   - thread-exit hooks run when a thread with CUDA state ends, before its library streams
+ *     are destroyed (cuBLAS handles are bound to them). */
+typedef bool (*nb__cuda_stream_added_fn)(const nb_cuda_stream *s);
+typedef void (*nb__cuda_stream_retired_fn)(const nb_cuda_stream *s);
+typedef void (*nb__cuda_thread_exit_fn)(nb__cuda_thread *t);
+void nb__cuda_stream_observe(nb__cuda_stream_added_fn added, nb__cuda_stream_retired_fn retired);
+void nb__cuda_on_thread_exit(nb__cuda_thread_exit_fn fn);
+
 /* ---- alloc.c ------------------------------------------------------------------------------- */
-/* Streams tell the allocator when they start and end. A cached block tied to a live
+/* The allocator observes streams (nb__cuda_stream_observe): a cached block tied to a live
  * stream is reused by other streams only when that stream is idle; retiring a stream
  * (after synchronizing it) makes its cached blocks free for every stream. */
-bool nb__cuda_alloc_stream_added(const nb_cuda_stream *s); /* false: out of host memory */
-void nb__cuda_alloc_stream_retired(const nb_cuda_stream *s);
 
 /* ---- blas.c -------------------------------------------------------------------------------- */
-/* Destroy a cuBLAS handle from nb__cuda_thread.blas (thread exit). */
-void nb__cuda_blas_destroy(void *handle, int device);
+/* cuBLAS handles live in nb__cuda_thread.blas, destroyed by a thread-exit hook. */
 /* Row-major single-precision GEMM on the GPU through cuBLAS, on stream s (NULL: the current
  * stream of the current device): C = alpha * op(A) @ op(B) + beta * C with op(A) (m, k),
  * op(B) (k, n), C (m, n) and ld* the row strides in elements. Plain FP32 math (no TF32),

@@ -1,6 +1,7 @@
 /* stream.c - CUDA streams: caller-owned ones, the library's per-thread streams, and the
  * per-thread state (current stream per device, cuBLAS handles) with its thread-exit
- * cleanup.
+ * cleanup, and the lifecycle hooks other files register (the allocator's stream
+ * observer, cuBLAS's thread-exit hook) so this file calls none of them by name.
  *
  * Library streams are non-blocking (cudaStreamNonBlocking) so they never serialize with
  * CUDA's legacy default stream that other code in the process may use. One per thread and
@@ -19,25 +20,60 @@ static _Thread_local nb__cuda_thread *t_state;
 /* Stream ids are never reused, so the allocator can tell a dead stream from a new one. */
 static atomic_uint_least64_t g_next_id = 1;
 
+/* ---- lifecycle hooks (registered at load time, read-only afterwards) ---------------------- */
+#define NB__CUDA_MAX_HOOKS 4
+static struct {
+    nb__cuda_stream_added_fn added[NB__CUDA_MAX_HOOKS];
+    nb__cuda_stream_retired_fn retired[NB__CUDA_MAX_HOOKS];
+    int nobservers;
+    nb__cuda_thread_exit_fn exit[NB__CUDA_MAX_HOOKS];
+    int nexit;
+} g_hooks;
+
+void nb__cuda_stream_observe(nb__cuda_stream_added_fn added, nb__cuda_stream_retired_fn retired) {
+    NB__ASSERT(g_hooks.nobservers < NB__CUDA_MAX_HOOKS);
+    g_hooks.added[g_hooks.nobservers] = added;
+    g_hooks.retired[g_hooks.nobservers++] = retired;
+}
+
+void nb__cuda_on_thread_exit(nb__cuda_thread_exit_fn fn) {
+    NB__ASSERT(g_hooks.nexit < NB__CUDA_MAX_HOOKS);
+    g_hooks.exit[g_hooks.nexit++] = fn;
+}
+
+static void notify_retired(const nb_cuda_stream *s, int n) {
+    for (int i = 0; i < n; i++) g_hooks.retired[i](s);
+}
+
+/* Every observer accepts s, or none keeps it. */
+static bool notify_added(const nb_cuda_stream *s) {
+    for (int i = 0; i < g_hooks.nobservers; i++) {
+        if (!g_hooks.added[i](s)) {
+            notify_retired(s, i);
+            return false;
+        }
+    }
+    return true;
+}
+
 static void stream_destroy(nb_cuda_stream *s) {
     int prev = -1;
     if (nb__cuda_enter(s->device, &prev, "cuda_stream_free") == NB_OK) {
         (void)cudaStreamSynchronize(s->handle);
-        nb__cuda_alloc_stream_retired(s);
+        notify_retired(s, g_hooks.nobservers);
         (void)cudaStreamDestroy(s->handle);
         (void)cudaGetLastError();
         nb__cuda_leave(prev);
     } else {
-        nb__cuda_alloc_stream_retired(s);
+        notify_retired(s, g_hooks.nobservers);
     }
     free(s);
 }
 
-/* Thread exit: cuBLAS handles first (they are bound to the streams), then the streams. */
+/* Thread exit: the hooks first (cuBLAS handles are bound to the streams), then the streams. */
 static void thread_exit(void *p) {
     nb__cuda_thread *t = p;
-    for (int d = 0; d < NB__CUDA_MAX_DEVICES; d++)
-        if (t->blas[d]) nb__cuda_blas_destroy(t->blas[d], d);
+    for (int i = 0; i < g_hooks.nexit; i++) g_hooks.exit[i](t);
     for (int d = 0; d < NB__CUDA_MAX_DEVICES; d++)
         if (t->library[d]) stream_destroy(t->library[d]);
     free(t);
@@ -72,7 +108,7 @@ static nb_cuda_stream *stream_create(int device, bool owned, const char *what) {
         s->device = device;
         s->id = atomic_fetch_add(&g_next_id, 1);
         s->owned = owned;
-        if (nb__cuda_alloc_stream_added(s)) return s;
+        if (notify_added(s)) return s;
         free(s);
     }
     (void)cudaStreamDestroy(h);

@@ -55,6 +55,22 @@ static nb_status kernel_ok(const nb__optim_kind *kind, const nb_tensor *t, const
     return be ? nb__no_kernel(be, who, kind->kernel) : nb_last_status();
 }
 
+/* The snapshot nb_optim_state made (optim/state.c builds it; the optimizer owns it). */
+void nb__optim_state_clear(nb_optim *opt) {
+    for (int i = 0; i < opt->slist.count; i++) free(nb__unconst(opt->slist.names[i]));
+    free((void *)opt->slist.names);
+    free(opt->slist.tensors);
+    memset(&opt->slist, 0, sizeof opt->slist);
+    for (int i = 0; i < opt->nsown; i++) nb_tensor_free(opt->sown[i]);
+    free(opt->sown);
+    opt->sown = NULL;
+    opt->nsown = 0;
+}
+
+void nb_optim_state_release(nb_optim *opt) {
+    if (opt) nb__optim_state_clear(opt);
+}
+
 /* Append params as group g (already checked hyperparameters). All or nothing. */
 static nb_status add_params(nb_optim *opt, const nb_params *ps, int g, const char *who) {
     if (!ps) return nb__error(NB_ENULL, "%s: params is NULL", who);

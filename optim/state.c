@@ -18,21 +18,6 @@
 #define STEP_SLOT NB__OPT_SLOTS /* index used for "step" in the per-parameter tables */
 #define GROUP_PREFIX "param_groups."
 
-void nb__optim_state_clear(nb_optim *opt) {
-    for (int i = 0; i < opt->slist.count; i++) free(nb__unconst(opt->slist.names[i]));
-    free((void *)opt->slist.names);
-    free(opt->slist.tensors);
-    memset(&opt->slist, 0, sizeof opt->slist);
-    for (int i = 0; i < opt->nsown; i++) nb_tensor_free(opt->sown[i]);
-    free(opt->sown);
-    opt->sown = NULL;
-    opt->nsown = 0;
-}
-
-void nb_optim_state_release(nb_optim *opt) {
-    if (opt) nb__optim_state_clear(opt);
-}
-
 static int popcount(unsigned x) { return __builtin_popcount(x); }
 
 /* Append one entry; scalar entries (owned = true) are kept in sown for freeing. */

@@ -1,7 +1,8 @@
 /* comm.c - communicators and collectives, the backend-independent part: the nb_comm object,
  * argument checks, staging of non-contiguous tensors, the chunk rule, asynchronous work
  * handles and their timeouts. The backends (comm_self.c, comm_mpi.c) only move contiguous
- * buffers; see parallel_impl.h for the split.
+ * buffers; see parallel_impl.h for the split. Which backend serves nb_comm_world is
+ * parallel/comm_registry.c's business: this file names no backend.
  *
  * Non-contiguous tensors are copied: an input into a contiguous temporary, an output
  * computed into a temporary and copied back when the caller waits (or tests) and the
@@ -123,19 +124,6 @@ void nb__comm_release(nb_comm *c) {
     }
     pthread_mutex_destroy(&c->mu);
     free(c);
-}
-
-nb_comm *nb_comm_self(void) {
-    return nb__comm_alloc(&nb__comm_self_backend, 0, 1, NULL);
-}
-
-nb_comm *nb_comm_world(void) {
-#if NB_HAVE_MPI
-    if (nb__comm_mpi_wanted()) return nb__comm_mpi_world();
-#endif
-    nb_comm *c = nb_comm_self();
-    if (c) c->is_world = true;
-    return c;
 }
 
 void nb_comm_free(nb_comm *c) { nb__comm_release(c); }
