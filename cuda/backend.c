@@ -61,3 +61,5 @@ const nb__backend *nb__cuda_backend(nb_device dev, const char *op) {
     }
     return &g_cuda;
 }
+
+const nb__kernels *nb__cuda_kernels(void) { return &g_cuda.k; }

@@ -9,4 +9,8 @@
  * was built without CUDA", "op: no usable GPU: ...", "op: cuda:3 does not exist"). */
 const nb__backend *nb__cuda_backend(nb_device dev, const char *op);
 
+/* The CUDA kernel table of this build (no GPU needed to look at it); NULL in a build
+ * without CUDA. For tests that list the kernels CUDA lacks. */
+const nb__kernels *nb__cuda_kernels(void);
+
 #endif

@@ -89,3 +89,5 @@ const nb__backend *nb__cuda_backend(nb_device dev, const char *op) {
               "meson -Dcuda=enabled on a machine with the CUDA toolkit)", op, dev.index);
     return NULL;
 }
+
+const nb__kernels *nb__cuda_kernels(void) { return NULL; }
