@@ -730,15 +730,17 @@ static const dev_loss dev_losses[] = {
     {"bce none bf16", 2, NB_BF16, NB_BF16, {2, 5}, 2, {.reduction = DL_NONE}, true},
     {"bce sum f64", 2, NB_F64, NB_F64, {7}, 1, {.reduction = DL_SUM}, false},
     {"mse none", 3, NB_F32, NB_F32, {3, 4}, 2, {.reduction = DL_NONE}, false},
+    {"mse mean", 3, NB_F32, NB_F32, {3, 4}, 2, {.reduction = DL_MEAN}, false},
+    {"mse sum f64", 3, NB_F64, NB_F64, {2, 3, 2}, 3, {.reduction = DL_SUM}, false},
     {"l1 none", 4, NB_F64, NB_F64, {5}, 1, {.reduction = DL_NONE}, false},
+    {"l1 mean", 4, NB_F32, NB_F32, {4, 3}, 2, {.reduction = DL_MEAN}, false},
+    {"l1 sum bf16", 4, NB_BF16, NB_BF16, {6}, 1, {.reduction = DL_SUM}, false},
 };
 
 static bool dl_cls(const dev_loss *c) { return c->op <= 1; }
-/* Inputs: scores / logits / pred, target, pos_weight; the float ones but pos_weight require
- * grad (pos_weight's gradient is summed to its shape by nb_sum, of the reduce family, whose
- * device coverage that family's suite tests). */
+/* Inputs: scores / logits / pred, target, pos_weight; every float one requires grad. */
 static int dl_ninputs(const dev_loss *c) { return c->op == 2 && c->pw ? 3 : 2; }
-static int dl_ngrad(const dev_loss *c) { return dl_cls(c) ? 1 : 2; }
+static int dl_ngrad(const dev_loss *c) { return dl_cls(c) ? 1 : dl_ninputs(c); }
 
 static nb_tensor *dl_run(const dev_loss *c, nb_tensor *const *in) {
     nb_reduction r = c->o.reduction;
