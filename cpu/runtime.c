@@ -10,7 +10,7 @@
 #include "nb_config.h"
 #include "nabla/runtime.h"
 #include "tensor/error.h"
-#include "cpu/cpu_impl.h" /* transitional: the kernels move to kernel args */
+#include "cpu/cpu_impl.h"
 
 const char *nb_version(void) { return NB_VERSION_STRING; }
 
