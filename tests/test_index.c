@@ -5,6 +5,7 @@
  * dtype, contiguous and non-contiguous inputs, and compared with a plain reference loop
  * over the input values read back as doubles. A last test walks every user error. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,15 @@ static nb_tensor *maybe_nc(nb_tensor *t, int nc) { return nc ? tu_noncontig(t) :
 
 static nb_tensor *data(const int64_t *shape, int nd, nb_dtype dt, uint64_t seed) {
     return tu_random(shape, nd, dt, -8, 8, seed);
+}
+
+/* t's elements in row-major order in t's own dtype (a raw copy, read through nb_read so
+ * that it works on any device); caller frees. */
+static void *raw_values(const nb_tensor *t) {
+    int64_t n = nb_numel(t);
+    void *v = malloc(nb_dtype_size(nb_tensor_dtype(t)) * (size_t)(n ? n : 1));
+    ck_assert_msg(nb_read(t, v, n, nb_tensor_dtype(t)) == NB_OK, "%s", nb_last_error());
+    return v;
 }
 
 /* ---- index_select -------------------------------------------------------------------------- */
@@ -243,7 +253,9 @@ START_TEST(test_scatter_add_deterministic) {
         omp_set_num_threads(saved);
 #endif
         ck_assert(a && b);
-        ck_assert(memcmp(nb_data(a), nb_data(b), sizeof(float) * 64 * 40) == 0);
+        void *ra = raw_values(a), *rb = raw_values(b);
+        ck_assert(memcmp(ra, rb, sizeof(float) * 64 * 40) == 0);
+        free(ra), free(rb);
         double *xv = tu_values(x), *iv = tu_values(idx), *sv = tu_values(src);
         double *ref = scatter_ref(xv, xs, iv, is, sv, is, 2, 0, NB_F64);
         tu_assert_close(a, ref, xs, 2, 1e-4);
@@ -609,7 +621,10 @@ static void assert_same(nb_tensor *a, nb_tensor *b) {
     ck_assert_int_eq(nb_numel(a), nb_numel(b));
     size_t bytes = (size_t)nb_numel(a) * nb_dtype_size(nb_tensor_dtype(a));
     ck_assert(nb_is_contiguous(a) && nb_is_contiguous(b));
-    ck_assert(memcmp(nb_data(a), nb_data(b), bytes) == 0);
+    ck_assert_int_eq(nb_tensor_dtype(a), nb_tensor_dtype(b)); /* same bytes per element */
+    void *ra = raw_values(a), *rb = raw_values(b);
+    ck_assert(memcmp(ra, rb, bytes) == 0);
+    free(ra), free(rb);
 }
 
 #define TWICE(EXPR)                                                                        \
@@ -653,10 +668,11 @@ START_TEST(test_parallel_paths) {
     TWICE(nb_masked_fill(mx, tu_random((int64_t[]){257}, 1, NB_BOOL, -1, 1, 10), 5));
     /* out-of-range values found by the parallel min/max scan */
     nb_tensor *bad = nb_clone(gi);
-    ((int64_t *)nb_data(bad))[301 * 257 - 3] = 50;
+    nb_tensor *bad_at = nb_select(nb_select(bad, 0, 300), 0, 254); /* element 301*257-3 */
+    ck_assert(nb_fill_(bad_at, 50) == NB_OK);
     set_threads(2);
     tu_assert_error(nb_gather(x, 0, bad), NB_EINDEX, "index 50 is out of range");
-    ((int64_t *)nb_data(bad))[301 * 257 - 3] = -7;
+    ck_assert(nb_fill_(bad_at, -7) == NB_OK);
     tu_assert_error(nb_gather(x, 0, bad), NB_EINDEX, "index -7 is out of range");
     set_threads(saved);
     nb_scope_end();
@@ -890,7 +906,8 @@ static const dev_case DEV[] = {
 };
 #define NDEV ((int)(sizeof DEV / sizeof DEV[0]))
 
-/* Case c's inputs on the CPU (index values in range), fresh leaves, grads as the case says. */
+/* Case c's inputs on the default device (index values in range), fresh leaves, grads as
+ * the case says. */
 static void dev_inputs(int c, nb_tensor **in) {
     const dev_case *k = &DEV[c];
     for (int i = 0; i < k->nin; i++) {
@@ -909,7 +926,7 @@ static bool any_grad(const dev_case *k) {
 }
 
 /* Runs case c with its inputs moved to dev; y and the input gradients (NULL where none)
- * come back on the CPU. g (CPU, y's shape) is the output gradient. */
+ * come back on the CPU. g (y's shape) is the output gradient. */
 static nb_tensor *dev_run(int c, nb_tensor *const *cpu_in, nb_device dev, nb_tensor *g,
                           nb_tensor **grads) {
     const dev_case *k = &DEV[c];
@@ -1032,10 +1049,17 @@ START_TEST(test_index_meta) {
 }
 END_TEST
 
-/* Operands on two devices: a clear NB_EDEVICE naming the op, never a crash. */
+/* Operands on two devices: a clear NB_EDEVICE naming the op, never a crash. x, i1, i2, m
+ * are on the default device, whose name the messages give. */
 START_TEST(test_index_mixed_devices) {
     nb_scope_begin();
     nb_clear_error();
+    char dev[32], sel_msg[64], cat_msg[64];
+    nb_device_name(nb_default_device(), dev, sizeof dev);
+    snprintf(sel_msg, sizeof sel_msg, "index_select: operands on %s", dev);
+    snprintf(cat_msg, sizeof cat_msg, "cat: operands on %s", dev);
+    /* a second device with data, other than the default one */
+    nb_device other = nb_device_equal(nb_default_device(), GUARD) ? NB_CPU : GUARD;
     nb_tensor *x = data((int64_t[]){5, 4}, 2, NB_F32, 1);
     nb_tensor *mx = nb_empty_on(NB_META, (int64_t[]){5, 4}, 2, NB_F32);
     nb_tensor *i1 = tu_tensor((double[]){1, 2}, (int64_t[]){2}, 1, NB_I64);
@@ -1044,7 +1068,7 @@ START_TEST(test_index_mixed_devices) {
     nb_tensor *mi2 = nb_empty_on(NB_META, (int64_t[]){2, 2}, 2, NB_I64);
     nb_tensor *m = nb_zeros((int64_t[]){4}, 1, NB_BOOL);
     nb_tensor *mm = nb_empty_on(NB_META, (int64_t[]){4}, 1, NB_BOOL);
-    tu_assert_error(nb_index_select(x, 0, mi1), NB_EDEVICE, "index_select: operands on cpu");
+    tu_assert_error(nb_index_select(x, 0, mi1), NB_EDEVICE, sel_msg);
     tu_assert_error(nb_index_select(mx, 0, i1), NB_EDEVICE, "index_select: operands on meta");
     tu_assert_error(nb_embedding(x, mi1), NB_EDEVICE, "embedding");
     tu_assert_error(nb_embedding(mx, i1), NB_EDEVICE, "embedding");
@@ -1054,9 +1078,9 @@ START_TEST(test_index_mixed_devices) {
     tu_assert_error(nb_scatter_add(mx, 1, i2, x), NB_EDEVICE, "scatter_add");
     tu_assert_error(nb_masked_fill(x, mm, 1), NB_EDEVICE, "masked_fill");
     tu_assert_error(nb_masked_fill(mx, m, 1), NB_EDEVICE, "masked_fill");
-    tu_assert_error(nb_cat((nb_tensor *[]){x, mx}, 2, 0), NB_EDEVICE, "cat: operands on cpu");
+    tu_assert_error(nb_cat((nb_tensor *[]){x, mx}, 2, 0), NB_EDEVICE, cat_msg);
     tu_assert_error(nb_stack((nb_tensor *[]){mx, x}, 2, 0), NB_EDEVICE, "stack");
-    tu_assert_error(nb_cat((nb_tensor *[]){x, nb_to_device(x, GUARD)}, 2, 0), NB_EDEVICE, "cat");
+    tu_assert_error(nb_cat((nb_tensor *[]){x, nb_to_device(x, other)}, 2, 0), NB_EDEVICE, "cat");
     nb_clear_error();
     nb_scope_end();
 }

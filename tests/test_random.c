@@ -28,12 +28,21 @@ static void ref_block(uint64_t seed, uint64_t stream, uint64_t blk, uint32_t w[4
     nb_philox4x32(c, k, w);
 }
 
+/* t itself on the CPU, else a copy there: the host reads the draws of every device (the
+ * default one included) through this, never through device memory. */
+static nb_tensor *host(nb_tensor *t) {
+    nb_tensor *h = nb_to_device(t, NB_CPU);
+    ck_assert_msg(h != NULL, "host copy: %s", nb_last_error());
+    return h;
+}
+
+/* Element i of t, a CPU tensor (see host). */
 static double elem(const nb_tensor *t, int64_t i) {
     return nb__load_f64(nb__ptr(t) + i * (int64_t)nb_dtype_size(nb_tensor_dtype(t)),
                         nb_tensor_dtype(t));
 }
 
-/* Mean and (population) variance of all elements, in double. */
+/* Mean and (population) variance of all elements of t, a CPU tensor, in double. */
 static void moments(const nb_tensor *t, double *mean, double *var) {
     int64_t n = nb_numel(t);
     double s = 0, s2 = 0;
@@ -47,10 +56,10 @@ static void moments(const nb_tensor *t, double *mean, double *var) {
     *var = s2 / (double)n;
 }
 
-static bool same_bytes(const nb_tensor *a, const nb_tensor *b) {
+static bool same_bytes(nb_tensor *a, nb_tensor *b) {
     if (!a || !b || nb_numel(a) != nb_numel(b) || nb_tensor_dtype(a) != nb_tensor_dtype(b))
         return false;
-    return memcmp(nb_data(a), nb_data(b),
+    return memcmp(nb_data(host(a)), nb_data(host(b)),
                   (size_t)nb_numel(a) * nb_dtype_size(nb_tensor_dtype(a))) == 0;
 }
 
@@ -134,7 +143,8 @@ END_TEST
 static void *thread_draw(void *arg) {
     nb_scope_begin();
     nb_tensor *t = nb_rand((int64_t[]){16}, 1, NB_F32, NULL);
-    memcpy(arg, nb_data(t), 16 * sizeof(float));
+    /* no Check calls off the test's thread: a failed read leaves bytes no draw matches */
+    if (nb_read(t, arg, 16, NB_F32) != NB_OK) memset(arg, 0xff, 16 * sizeof(float));
     nb_scope_end();
     return NULL;
 }
@@ -148,7 +158,7 @@ START_TEST(test_default_per_thread) {
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, thread_draw, other), 0);
     pthread_join(th, NULL);
-    REQ(memcmp(other, nb_data(a), sizeof other) == 0);
+    REQ(memcmp(other, nb_data(host(a)), sizeof other) == 0);
     ck_assert_uint_eq(nb_generator_seed(NULL), 999);
     nb_manual_seed(0);
     nb_scope_end();
@@ -168,7 +178,7 @@ START_TEST(test_layout) {
 
     /* rand f32: element i is word i % 4 of block i / 4, top 24 bits. */
     nb_generator_set_offset(g, off0);
-    nb_tensor *u = nb_rand((int64_t[]){n}, 1, NB_F32, g);
+    nb_tensor *u = host(nb_rand((int64_t[]){n}, 1, NB_F32, g));
     ck_assert_uint_eq(nb_generator_offset(g), off0 + q4);
     for (int64_t i = 0; i < n; i++) {
         ref_block(seed, stream, off0 + (uint64_t)i / 4, w);
@@ -179,7 +189,7 @@ START_TEST(test_layout) {
      * largest value below 1. */
     for (int hb = 0; hb < 2; hb++) {
         nb_generator_set_offset(g, off0);
-        nb_tensor *hu = nb_rand((int64_t[]){n}, 1, hb ? NB_BF16 : NB_F16, g);
+        nb_tensor *hu = host(nb_rand((int64_t[]){n}, 1, hb ? NB_BF16 : NB_F16, g));
         ck_assert_uint_eq(nb_generator_offset(g), off0 + q4);
         for (int64_t i = 0; i < n; i++) {
             ref_block(seed, stream, off0 + (uint64_t)i / 4, w);
@@ -192,7 +202,7 @@ START_TEST(test_layout) {
     }
     /* uniform f32 [lo, hi): lo + (hi - lo) * u in double, rounded once. */
     nb_generator_set_offset(g, off0);
-    nb_tensor *uu = nb_uniform((int64_t[]){n}, 1, NB_F32, -2.0, 3.0, g);
+    nb_tensor *uu = host(nb_uniform((int64_t[]){n}, 1, NB_F32, -2.0, 3.0, g));
     for (int64_t i = 0; i < n; i++) {
         ref_block(seed, stream, off0 + (uint64_t)i / 4, w);
         float r = (float)(-2.0 + 5.0 * ((double)(w[i % 4] >> 8) / 16777216.0));
@@ -200,7 +210,7 @@ START_TEST(test_layout) {
     }
     /* rand f64: element i is the 64-bit word i % 2 of block i / 2, top 53 bits. */
     nb_generator_set_offset(g, off0);
-    nb_tensor *d = nb_rand((int64_t[]){n}, 1, NB_F64, g);
+    nb_tensor *d = host(nb_rand((int64_t[]){n}, 1, NB_F64, g));
     ck_assert_uint_eq(nb_generator_offset(g), off0 + q2);
     for (int64_t i = 0; i < n; i++) {
         ref_block(seed, stream, off0 + (uint64_t)i / 2, w);
@@ -210,7 +220,7 @@ START_TEST(test_layout) {
     }
     /* randn f32: Box-Muller on the word pairs (0,1) and (2,3) of block i / 4. */
     nb_generator_set_offset(g, off0);
-    nb_tensor *z = nb_normal((int64_t[]){n}, 1, NB_F32, 1.0, 2.0, g);
+    nb_tensor *z = host(nb_normal((int64_t[]){n}, 1, NB_F32, 1.0, 2.0, g));
     ck_assert_uint_eq(nb_generator_offset(g), off0 + q4);
     for (int64_t i = 0; i < n; i++) {
         ref_block(seed, stream, off0 + (uint64_t)i / 4, w);
@@ -225,7 +235,7 @@ START_TEST(test_layout) {
     }
     /* randn f64: one Box-Muller pair per block from two 53-bit uniforms. */
     nb_generator_set_offset(g, off0);
-    nb_tensor *zd = nb_randn((int64_t[]){n}, 1, NB_F64, g);
+    nb_tensor *zd = host(nb_randn((int64_t[]){n}, 1, NB_F64, g));
     ck_assert_uint_eq(nb_generator_offset(g), off0 + q2);
     for (int64_t i = 0; i < n; i++) {
         ref_block(seed, stream, off0 + (uint64_t)i / 2, w);
@@ -238,7 +248,7 @@ START_TEST(test_layout) {
     }
     /* randint, small range: multiply-shift of one 32-bit word. */
     nb_generator_set_offset(g, off0);
-    nb_tensor *ri = nb_randint((int64_t[]){n}, 1, NB_I64, -7, 100, g);
+    nb_tensor *ri = host(nb_randint((int64_t[]){n}, 1, NB_I64, -7, 100, g));
     ck_assert_uint_eq(nb_generator_offset(g), off0 + q4);
     for (int64_t i = 0; i < n; i++) {
         ref_block(seed, stream, off0 + (uint64_t)i / 4, w);
@@ -248,7 +258,7 @@ START_TEST(test_layout) {
     /* randint, range above 2^32: 128-bit multiply-shift of a 64-bit word. */
     nb_generator_set_offset(g, off0);
     const int64_t big = INT64_C(1) << 40;
-    nb_tensor *rb = nb_randint((int64_t[]){n}, 1, NB_I64, 5, 5 + big, g);
+    nb_tensor *rb = host(nb_randint((int64_t[]){n}, 1, NB_I64, 5, 5 + big, g));
     ck_assert_uint_eq(nb_generator_offset(g), off0 + q2);
     for (int64_t i = 0; i < n; i++) {
         ref_block(seed, stream, off0 + (uint64_t)i / 2, w);
@@ -259,7 +269,7 @@ START_TEST(test_layout) {
     }
     /* bernoulli: w * 2^-32 < p. */
     nb_generator_set_offset(g, off0);
-    nb_tensor *be = nb_bernoulli((int64_t[]){n}, 1, NB_U8, 0.4, g);
+    nb_tensor *be = host(nb_bernoulli((int64_t[]){n}, 1, NB_U8, 0.4, g));
     ck_assert_uint_eq(nb_generator_offset(g), off0 + q4);
     for (int64_t i = 0; i < n; i++) {
         ref_block(seed, stream, off0 + (uint64_t)i / 4, w);
@@ -267,7 +277,7 @@ START_TEST(test_layout) {
     }
     /* randperm: Fisher-Yates with one 64-bit word per swap, two swaps per block. */
     nb_generator_set_offset(g, off0);
-    nb_tensor *pm = nb_randperm(n, g);
+    nb_tensor *pm = host(nb_randperm(n, g));
     ck_assert_uint_eq(nb_generator_offset(g), off0 + (uint64_t)(n - 1 + 1) / 2); /* n - 1 swaps */
     int64_t *ref = malloc(sizeof(int64_t) * (size_t)n);
     for (int64_t i = 0; i < n; i++) ref[i] = i;
@@ -370,8 +380,9 @@ START_TEST(test_offset_restore) {
     nb_generator_set_offset(g, 0);
     nb_tensor *p1 = nb_rand((int64_t[]){8}, 1, NB_F32, g);
     nb_tensor *p2 = nb_rand((int64_t[]){8}, 1, NB_F32, g);
-    REQ(memcmp(nb_data(whole), nb_data(p1), 8 * sizeof(float)) == 0);
-    REQ(memcmp((float *)nb_data(whole) + 8, nb_data(p2), 8 * sizeof(float)) == 0);
+    const float *wv = nb_data(host(whole));
+    REQ(memcmp(wv, nb_data(host(p1)), 8 * sizeof(float)) == 0);
+    REQ(memcmp(wv + 8, nb_data(host(p2)), 8 * sizeof(float)) == 0);
     nb_generator_free(g);
     nb_generator_free(h);
     nb_scope_end();
@@ -389,6 +400,7 @@ START_TEST(test_uniform_stats) {
         nb_tensor *t = nb_uniform((int64_t[]){n}, 1, dt, lo, hi, g);
         ck_assert_ptr_nonnull(t);
         ck_assert_int_eq(nb_tensor_dtype(t), dt);
+        t = host(t);
         double mean, var, mn = INFINITY, mx = -INFINITY;
         moments(t, &mean, &var);
         int64_t hist[10] = {0};
@@ -425,8 +437,8 @@ START_TEST(test_uniform_never_hi) {
     nb_scope_begin();
     nb_generator *g = nb_generator_new(5);
     /* About 1 in 4096 (f16) and 1 in 512 (bf16) of the 24-bit uniforms round to 1.0. */
-    nb_tensor *h = nb_rand((int64_t[]){200000}, 1, NB_F16, g);
-    nb_tensor *b = nb_rand((int64_t[]){200000}, 1, NB_BF16, g);
+    nb_tensor *h = host(nb_rand((int64_t[]){200000}, 1, NB_F16, g));
+    nb_tensor *b = host(nb_rand((int64_t[]){200000}, 1, NB_BF16, g));
     uint16_t hmax = 0, bmax = 0;
     for (int64_t i = 0; i < 200000; i++) {
         uint16_t x = ((uint16_t *)nb_data(h))[i], y = ((uint16_t *)nb_data(b))[i];
@@ -438,19 +450,19 @@ START_TEST(test_uniform_never_hi) {
     ck_assert_uint_eq(hmax, 0x3bff); /* 1 - 2^-11: the clamp happened and is the right value */
     ck_assert_uint_eq(bmax, 0x3f7f); /* 1 - 2^-8 */
     /* A bound that is not representable: f32 0.1f > 0.1, so results stay below 0.1. */
-    nb_tensor *f = nb_uniform((int64_t[]){100000}, 1, NB_F32, 0.1 - 1e-7, 0.1, g);
+    nb_tensor *f = host(nb_uniform((int64_t[]){100000}, 1, NB_F32, 0.1 - 1e-7, 0.1, g));
     for (int64_t i = 0; i < 100000; i++) {
         double v = ((float *)nb_data(f))[i];
         REQUIRE(v < 0.1, "element %lld is %.10g", (long long)i, v);
     }
     /* Negative hi in f16: largest value below -1 is -(1 + 2^-10). */
-    nb_tensor *n16 = nb_uniform((int64_t[]){100000}, 1, NB_F16, -1.001, -1.0, g);
+    nb_tensor *n16 = host(nb_uniform((int64_t[]){100000}, 1, NB_F16, -1.001, -1.0, g));
     for (int64_t i = 0; i < 100000; i++) {
         double v = nb_f16_to_f32(((uint16_t *)nb_data(n16))[i]);
         REQ(v < -1.0 && v >= -1.001 - 1e-3);
     }
     /* lo == hi gives lo everywhere (as torch.empty(...).uniform_(a, a)). */
-    nb_tensor *c = nb_uniform((int64_t[]){9}, 1, NB_F64, 3.25, 3.25, g);
+    nb_tensor *c = host(nb_uniform((int64_t[]){9}, 1, NB_F64, 3.25, 3.25, g));
     for (int64_t i = 0; i < 9; i++) REQ(((double *)nb_data(c))[i] == 3.25);
     nb_generator_free(g);
     nb_scope_end();
@@ -466,6 +478,7 @@ START_TEST(test_normal_stats) {
         const double mu = 3.0, sd = 2.0;
         nb_tensor *t = nb_normal((int64_t[]){n / 100, 100}, 2, dt, mu, sd, g);
         ck_assert_ptr_nonnull(t);
+        t = host(t);
         double mean, var;
         moments(t, &mean, &var);
         /* bf16 rounds each value by up to 2^-8 relative; the bias stays well below it. */
@@ -496,7 +509,7 @@ START_TEST(test_normal_stats) {
     nb_tensor *b = nb_normal((int64_t[]){1001}, 1, NB_F32, 0.0, 1.0, g);
     REQ(same_bytes(a, b));
     /* std 0 gives mean everywhere. */
-    nb_tensor *c = nb_normal((int64_t[]){7}, 1, NB_F32, -4.5, 0.0, g);
+    nb_tensor *c = host(nb_normal((int64_t[]){7}, 1, NB_F32, -4.5, 0.0, g));
     for (int i = 0; i < 7; i++) REQ(((float *)nb_data(c))[i] == -4.5f);
     nb_generator_free(g);
     nb_scope_end();
@@ -521,6 +534,7 @@ START_TEST(test_randint) {
         nb_tensor *t = nb_randint((int64_t[]){n}, 1, dt, lo, hi, g);
         REQUIRE(t != NULL, "case %zu: %s", c, nb_last_error());
         ck_assert_int_eq(nb_tensor_dtype(t), dt);
+        t = host(t);
         double range = (double)hi - (double)lo;
         bool small = range <= 1024;
         int64_t *count = calloc(small ? (size_t)range : 1, sizeof(int64_t));
@@ -545,7 +559,7 @@ START_TEST(test_randint) {
     }
     /* A range above 2^32 (64-bit words) and the full int64 range stay in bounds. */
     const int64_t big = INT64_C(3) << 40;
-    nb_tensor *b = nb_randint((int64_t[]){n}, 1, NB_I64, -big, big, g);
+    nb_tensor *b = host(nb_randint((int64_t[]){n}, 1, NB_I64, -big, big, g));
     double sum = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t v = ((int64_t *)nb_data(b))[i];
@@ -555,6 +569,7 @@ START_TEST(test_randint) {
     REQ(fabs(sum / (double)n) < 5 * (2.0 * (double)big / sqrt(12.0)) / sqrt((double)n));
     nb_tensor *full = nb_randint((int64_t[]){1000}, 1, NB_I64, INT64_MIN, INT64_MAX, g);
     ck_assert_ptr_nonnull(full);
+    full = host(full);
     int64_t neg = 0;
     for (int64_t i = 0; i < 1000; i++) neg += ((int64_t *)nb_data(full))[i] < 0;
     REQ(neg > 400 && neg < 600);
@@ -575,6 +590,7 @@ START_TEST(test_bernoulli) {
             nb_tensor *t = nb_bernoulli((int64_t[]){n / 8, 8}, 2, dt, p, g);
             REQUIRE(t != NULL, "%s: %s", nb_dtype_name(dt), nb_last_error());
             ck_assert_int_eq(nb_tensor_dtype(t), dt);
+            t = host(t);
             int64_t ones = 0;
             for (int64_t i = 0; i < n; i++) {
                 double v = elem(t, i);
@@ -588,7 +604,7 @@ START_TEST(test_bernoulli) {
         }
     }
     /* The bool encoding is exactly 0 / 1 bytes. */
-    nb_tensor *bt = nb_bernoulli((int64_t[]){64}, 1, NB_BOOL, 0.5, g);
+    nb_tensor *bt = host(nb_bernoulli((int64_t[]){64}, 1, NB_BOOL, 0.5, g));
     for (int i = 0; i < 64; i++) REQ(((uint8_t *)nb_data(bt))[i] <= 1);
     nb_generator_free(g);
     nb_scope_end();
@@ -605,6 +621,7 @@ START_TEST(test_randperm) {
     ck_assert_int_eq(nb_ndim(p), 1);
     ck_assert_int_eq(nb_shape(p)[0], n);
     ck_assert_uint_eq(nb_generator_offset(g), (n - 1 + 1) / 2);
+    p = host(p);
     bool seen[1000] = {false};
     int64_t fixed = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -618,13 +635,13 @@ START_TEST(test_randperm) {
     ck_assert_ptr_nonnull(e);
     ck_assert_int_eq(nb_numel(e), 0);
     nb_tensor *one = nb_randperm(1, g);
-    ck_assert_int_eq(((int64_t *)nb_data(one))[0], 0);
+    ck_assert_int_eq(((int64_t *)nb_data(host(one)))[0], 0);
     /* Uniform over the 6 permutations of 3 elements. */
     int64_t counts[9] = {0};
     const int draws = 6000;
     for (int k = 0; k < draws; k++) {
         nb_scope_begin();
-        const int64_t *q = nb_data(nb_randperm(3, g));
+        const int64_t *q = nb_data(host(nb_randperm(3, g)));
         counts[q[0] * 3 + q[1]]++;
         nb_scope_end();
     }
@@ -667,7 +684,7 @@ START_TEST(test_dtypes_and_shapes) {
                 ck_assert_int_eq(nb_tensor_dtype(r), dt);
                 ck_assert_int_eq(nb_numel(r), 6);
                 REQ(nb_is_contiguous(r));
-                ck_assert_int_eq(nb_tensor_device(r).type, NB_DEVICE_CPU);
+                ck_assert(nb_device_equal(nb_tensor_device(r), nb_default_device()));
             } else {
                 tu_assert_error(r, NB_EDTYPE, names[k]);
             }
@@ -802,11 +819,14 @@ START_TEST(test_devices_same_stream) {
         nb_generator_free(gg);
         nb_generator_free(gm);
     }
-    /* The CPU forms are the _on forms on NB_CPU. */
+    /* The plain forms are the _on forms on the default device (NB_CPU unless set). */
     nb_generator *a = nb_generator_new(9), *b = nb_generator_new(9);
-    ck_assert(same_bytes(nb_randn((int64_t[]){33}, 1, NB_F32, a),
-                         nb_randn_on(NB_CPU, (int64_t[]){33}, 1, NB_F32, b)));
-    ck_assert(same_bytes(nb_randperm(20, a), nb_randperm_on(NB_CPU, 20, b)));
+    nb_device def = nb_default_device();
+    nb_tensor *pa = nb_randn((int64_t[]){33}, 1, NB_F32, a);
+    nb_tensor *pb = nb_randn_on(def, (int64_t[]){33}, 1, NB_F32, b);
+    ck_assert(nb_device_equal(nb_tensor_device(pa), def));
+    ck_assert(same_bytes(pa, pb));
+    ck_assert(same_bytes(nb_randperm(20, a), nb_randperm_on(def, 20, b)));
     /* Argument errors are the same on every device, and an unknown device fails cleanly
      * without moving the stream. */
     tu_assert_error(nb_rand_on(GUARD, (int64_t[]){2}, 1, NB_I32, a), NB_EDTYPE, "float");
