@@ -972,6 +972,15 @@ END_TEST
  * go through the backend. */
 #define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
 
+/* tu_random on the CPU whatever the default device: the host side these tests compare the
+ * guard device with (the tensor itself when the default is the CPU). */
+static nb_tensor *cpu_random(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
+                             uint64_t seed) {
+    nb_tensor *t = nb_to_device(tu_random(shape, ndim, dt, lo, hi, seed), NB_CPU);
+    ck_assert_msg(t != NULL, "%s", nb_last_error());
+    return t;
+}
+
 /* Element-wise equality of two tensors of any devices, through host copies. */
 static void assert_same_values(nb_tensor *a, nb_tensor *b) {
     ck_assert_int_eq(nb_tensor_dtype(a), nb_tensor_dtype(b));
@@ -987,9 +996,9 @@ START_TEST(test_save_other_devices) {
     nb_scope_begin();
     char *dir = make_dir();
     char *p = path_in(dir, "g.safetensors"), *q = path_in(dir, "c.safetensors");
-    nb_tensor *a = tu_random((int64_t[]){3, 4}, 2, NB_F32, -2, 2, 1);
-    nb_tensor *b = tu_random((int64_t[]){5}, 1, NB_I64, -100, 100, 2);
-    nb_tensor *c = tu_random((int64_t[]){4, 3}, 2, NB_BF16, -1, 1, 3);
+    nb_tensor *a = cpu_random((int64_t[]){3, 4}, 2, NB_F32, -2, 2, 1);
+    nb_tensor *b = cpu_random((int64_t[]){5}, 1, NB_I64, -100, 100, 2);
+    nb_tensor *c = cpu_random((int64_t[]){4, 3}, 2, NB_BF16, -1, 1, 3);
     nb_tensor *ga = nb_to_device(a, GUARD), *gb = nb_to_device(b, GUARD);
     nb_tensor *gc = nb_transpose(nb_to_device(c, GUARD), 0, 1); /* a strided guard view */
     ck_assert(ga && gb && gc);
@@ -1049,7 +1058,8 @@ START_TEST(test_print_other_devices) {
     ck_assert_int_eq(nb_format(m, small, sizeof small), (int)strlen(buf));
     ck_assert_str_eq(small, "tensor(");
     /* A guard tensor prints its values (copied to the host) and its device. */
-    nb_tensor *c = tu_tensor((double[]){1, 2.5, -3, 4}, (int64_t[]){2, 2}, 2, NB_F32);
+    nb_tensor *c = nb_to_device(tu_tensor((double[]){1, 2.5, -3, 4}, (int64_t[]){2, 2}, 2, NB_F32),
+                                NB_CPU); /* the host print the guard one is compared with */
     char cbuf[256];
     ck_assert_int_gt(nb_format(c, cbuf, sizeof cbuf), 0);
     ck_assert_str_eq(cbuf, "tensor([[1.0000, 2.5000],\n        [-3.0000, 4.0000]], dtype=f32)");
@@ -1098,7 +1108,7 @@ START_TEST(test_comm_other_devices) {
     nb_scope_begin();
     nb_comm *c = nb_comm_self();
     ck_assert_ptr_nonnull(c);
-    nb_tensor *x = tu_random((int64_t[]){4, 5}, 2, NB_F32, -1, 1, 7);
+    nb_tensor *x = cpu_random((int64_t[]){4, 5}, 2, NB_F32, -1, 1, 7);
     nb_tensor *g = nb_to_device(x, GUARD);
     ASSERT_OK(nb_allreduce(c, g, NB_REDUCE_SUM));
     assert_same_values(g, x);

@@ -248,9 +248,17 @@ START_TEST(test_vs_pytorch) {
 }
 END_TEST
 
+/* a and b hold the same bytes: read in their own dtype (no conversion) from any device. */
 static bool same_bits(const nb_tensor *a, const nb_tensor *b) {
-    return nb_numel(a) == nb_numel(b) && a->dtype == b->dtype &&
-           memcmp(nb_data(a), nb_data(b), (size_t)nb_numel(a) * nb_dtype_size(a->dtype)) == 0;
+    if (nb_numel(a) != nb_numel(b) || a->dtype != b->dtype) return false;
+    size_t len = (size_t)nb_numel(a) * nb_dtype_size(a->dtype);
+    char *ba = malloc(len ? len : 1), *bb = malloc(len ? len : 1);
+    ck_assert(nb_read(a, ba, nb_numel(a), a->dtype) == NB_OK);
+    ck_assert(nb_read(b, bb, nb_numel(b), b->dtype) == NB_OK);
+    bool same = memcmp(ba, bb, len) == 0;
+    free(ba);
+    free(bb);
+    return same;
 }
 
 /* Save after two steps, load into a fresh optimizer over copies of the parameters, and
@@ -967,13 +975,22 @@ static bool on(const nb_tensor *t, nb_device_type type) {
     return nb_tensor_device(t).type == type;
 }
 
+/* tu_random on the CPU whatever the default device: the reference side of the CPU-guard
+ * comparisons (the tensor itself when the default is the CPU). */
+static nb_tensor *cpu_random(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
+                             uint64_t seed) {
+    nb_tensor *t = nb_to_device(tu_random(shape, ndim, dt, lo, hi, seed), NB_CPU);
+    ck_assert_msg(t != NULL, "%s", nb_last_error());
+    return t;
+}
+
 /* Every update on the guard device gives the CPU's values exactly (same kernels): the step
  * driver, state allocation, strided gradients and state save/load across devices never touch
  * device memory from the host. */
 START_TEST(test_guard_matches_cpu) {
     nb_scope_begin();
     const int64_t sw[2] = {3, 4}, sb[1] = {40000};
-    nb_tensor *wc = tu_random(sw, 2, NB_F32, -1, 1, 1), *bc = tu_random(sb, 1, NB_F64, -1, 1, 2);
+    nb_tensor *wc = cpu_random(sw, 2, NB_F32, -1, 1, 1), *bc = cpu_random(sb, 1, NB_F64, -1, 1, 2);
     nb_tensor *wg = nb_to_device(wc, GUARD), *bg = nb_to_device(bc, GUARD);
     ck_assert(wg && bg);
     const char *names[2] = {"w", "b"};
@@ -981,8 +998,8 @@ START_TEST(test_guard_matches_cpu) {
     nb_optim *oc = make_kind(_i, &pc), *og = make_kind(_i, &pg);
     ck_assert_msg(oc && og, "%s", nb_last_error());
     for (int s = 0; s < 5; s++) {
-        nb_tensor *gw = tu_random(sw, 2, NB_F32, -1, 1, 10 + (uint64_t)s);
-        nb_tensor *gb = tu_random(sb, 1, NB_F64, -2, 2, 20 + (uint64_t)s);
+        nb_tensor *gw = cpu_random(sw, 2, NB_F32, -1, 1, 10 + (uint64_t)s);
+        nb_tensor *gb = cpu_random(sb, 1, NB_F64, -2, 2, 20 + (uint64_t)s);
         ASSERT_OK(nb_set_grad(wc, gw));
         ASSERT_OK(nb_set_grad(bc, gb));
         /* w's guard gradient is a strided view: the step packs it on the device */
@@ -1030,11 +1047,12 @@ END_TEST
 START_TEST(test_clip_guard) {
     nb_scope_begin();
     const int64_t sa[1] = {70000}, sb[2] = {3, 4}, sh[1] = {5};
-    nb_tensor *pc[3] = {nb_zeros(sa, 1, NB_F32), nb_zeros(sb, 2, NB_F32), nb_zeros(sh, 1, NB_BF16)};
+    nb_tensor *pc[3] = {nb_zeros_on(NB_CPU, sa, 1, NB_F32), nb_zeros_on(NB_CPU, sb, 2, NB_F32),
+                        nb_zeros_on(NB_CPU, sh, 1, NB_BF16)};
     nb_tensor *pg[3] = {nb_zeros_on(GUARD, sa, 1, NB_F32), nb_zeros_on(GUARD, sb, 2, NB_F32),
                         nb_zeros_on(GUARD, sh, 1, NB_BF16)};
-    nb_tensor *g[3] = {tu_random(sa, 1, NB_F32, -1, 1, 1), tu_random(sb, 2, NB_F32, -10, 10, 2),
-                       tu_random(sh, 1, NB_BF16, -4, 4, 3)};
+    nb_tensor *g[3] = {cpu_random(sa, 1, NB_F32, -1, 1, 1), cpu_random(sb, 2, NB_F32, -10, 10, 2),
+                       cpu_random(sh, 1, NB_BF16, -4, 4, 3)};
     for (int i = 0; i < 3; i++) {
         ASSERT_OK(nb_set_grad(pc[i], nb_clone(g[i])));
         nb_tensor *d = nb_to_device(g[i], GUARD);
@@ -1135,13 +1153,22 @@ END_TEST
 START_TEST(test_device_errors) {
     nb_scope_begin();
     const int64_t shape[2] = {2, 3};
-    /* a CPU parameter with a meta gradient */
+    /* The messages name the default device, where the tests' tensors live; the model moves
+     * to another device with data: the guard device, or the CPU when guard is the default. */
+    nb_device other = nb_default_device().type == NB_DEVICE_CPU ? GUARD : NB_CPU;
+    char dn[32], odn[32], on_msg[64], state_msg[128];
+    nb_device_name(nb_default_device(), dn, sizeof dn);
+    nb_device_name(other, odn, sizeof odn);
+    snprintf(on_msg, sizeof on_msg, "operands on %s and meta", dn);
+    snprintf(state_msg, sizeof state_msg, "the state of 'w' is on %s but the parameter is on %s",
+             dn, odn);
+    /* a parameter with a meta gradient */
     nb_tensor *w = tu_random(shape, 2, NB_F32, -1, 1, 1);
     nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
     nb_optim *o = nb_adam_new(&ps, NULL);
     ASSERT_OK(nb_set_grad(w, nb_ones_on(NB_META, shape, 2, NB_F32)));
     double *w0 = tu_values(w);
-    ASSERT_ST(nb_step(o), NB_EDEVICE, "operands on cpu and meta");
+    ASSERT_ST(nb_step(o), NB_EDEVICE, on_msg);
     tu_assert_close(w, w0, shape, 2, 0);
     ck_assert_int_eq(nb_optim_state(o)->count, 5); /* hyperparameters only: no state made */
     free(w0);
@@ -1154,18 +1181,18 @@ START_TEST(test_device_errors) {
     ASSERT_OK(nb_set_grad(mw, nb_ones(shape, 2, NB_F32)));
     ASSERT_OK(nb_set_grad(mb, nb_ones(shape, 2, NB_F32)));
     ASSERT_OK(nb_step(o));
-    ASSERT_OK(nb_module_to(m, GUARD));
-    ck_assert(nb_module_param(m, "w") == mw && on(mw, NB_DEVICE_GUARD));
-    ck_assert(on(nb_grad(mw), NB_DEVICE_GUARD));
+    ASSERT_OK(nb_module_to(m, other));
+    ck_assert(nb_module_param(m, "w") == mw && on(mw, other.type));
+    ck_assert(on(nb_grad(mw), other.type));
     double *before = tu_values(mw);
-    ASSERT_ST(nb_step(o), NB_EDEVICE, "the state of 'w' is on cpu but the parameter is on guard");
+    ASSERT_ST(nb_step(o), NB_EDEVICE, state_msg);
     tu_assert_close(mw, before, shape, 2, 0);
     const nb_params *st = nb_optim_state(o);
     ASSERT_OK(nb_optim_load_state(o, st->names, st->tensors, st->count));
     ASSERT_OK(nb_step(o));
     st = nb_optim_state(o);
     for (int i = 0; i < st->count; i++)
-        if (nb_ndim(st->tensors[i]) > 0) ck_assert(on(st->tensors[i], NB_DEVICE_GUARD));
+        if (nb_ndim(st->tensors[i]) > 0) ck_assert(on(st->tensors[i], other.type));
     free(before);
     nb_optim_free(o);
 
