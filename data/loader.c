@@ -210,7 +210,7 @@ static nb_status make_slot(nb_loader *l, nb__slot *s) {
     s->indices = malloc(sizeof(int64_t) * (size_t)l->o.batch_size);
     if (!s->indices) return nb__error(NB_ENOMEM, "loader_new: out of memory");
     memcpy(shape + 1, ds->x.shape, sizeof(int64_t) * (size_t)ds->x.ndim);
-    s->x = nb__scope_take(nb_empty(shape, ds->x.ndim + 1, ds->x.dtype));
+    s->x = nb__scope_take(nb_empty_on(NB_CPU, shape, ds->x.ndim + 1, ds->x.dtype));
     if (!s->x) return nb_last_status();
     if (l->tail) {
         s->xt = nb__scope_take(nb_narrow(s->x, 0, 0, l->tail));
@@ -218,7 +218,7 @@ static nb_status make_slot(nb_loader *l, nb__slot *s) {
     }
     if (ds->has_y) {
         memcpy(shape + 1, ds->y.shape, sizeof(int64_t) * (size_t)ds->y.ndim);
-        s->y = nb__scope_take(nb_empty(shape, ds->y.ndim + 1, ds->y.dtype));
+        s->y = nb__scope_take(nb_empty_on(NB_CPU, shape, ds->y.ndim + 1, ds->y.dtype));
         if (!s->y) return nb_last_status();
         if (l->tail) {
             s->yt = nb__scope_take(nb_narrow(s->y, 0, 0, l->tail));

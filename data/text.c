@@ -157,7 +157,8 @@ nb_status nb_text_sample(nb_tensor *tokens, nb_generator *g, nb_tensor *x, nb_te
     if (!nb__require_host(tokens, op)) return NB_EDEVICE;
     if (!xh || !yh) { /* fill host batches, then copy them to x's and y's devices */
         nb_scope_begin();
-        nb_tensor *hx = nb_empty(x->shape, 2, x->dtype), *hy = nb_empty(y->shape, 2, y->dtype);
+        nb_tensor *hx = nb_empty_on(NB_CPU, x->shape, 2, x->dtype);
+        nb_tensor *hy = nb_empty_on(NB_CPU, y->shape, 2, y->dtype);
         nb_status st = hx && hy ? nb_text_sample(tokens, g, hx, hy) : nb_last_status();
         nb_tensor *dx = st == NB_OK ? nb_to_device(hx, nb__device_of(x)) : NULL;
         nb_tensor *dy = dx ? nb_to_device(hy, nb__device_of(y)) : NULL;

@@ -11,12 +11,6 @@
 #include "nabla/optim.h"
 #include "testutil.h"
 
-/* library: data/loader.c make_slot allocates the batch buffers with nb_empty, on the default
- * device, and the dataset fills them on the host: with another default device the first
- * batch faults. Both tests train through a loader, so they are skipped then, until the
- * buffers are made with nb_empty_on(NB_CPU, ...). */
-static bool loader_faults(void) { return nb_default_device().type != NB_DEVICE_CPU; }
-
 typedef struct {
     nb_generator *init, *drop;
     nb_module *model;
@@ -94,7 +88,6 @@ static void assert_same_params(nb_module *a, nb_module *b) {
 }
 
 START_TEST(test_resume_bit_exact) {
-    if (loader_faults()) return; /* library: see loader_faults */
     nb_scope_begin();
     char path[] = "/tmp/nabla_ckpt_XXXXXX";
     int fd = mkstemp(path);
@@ -132,7 +125,6 @@ START_TEST(test_resume_bit_exact) {
 END_TEST
 
 START_TEST(test_bad_checkpoints) {
-    if (loader_faults()) return; /* library: see loader_faults */
     nb_scope_begin();
     char path[] = "/tmp/nabla_ckpt_XXXXXX";
     int fd = mkstemp(path);

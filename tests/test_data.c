@@ -124,13 +124,6 @@ static bool same_raw(const nb_tensor *a, const nb_tensor *b) {
     return same;
 }
 
-/* library: data/loader.c make_slot allocates the batch buffers with nb_empty, on the default
- * device, and the datasets fill them on the host; data/text.c nb_text_sample stages x and y
- * of another device in nb_empty buffers, so there it calls itself without end. Both fault
- * when the default device is not the CPU: the checks that use them are skipped then, until
- * those buffers are made with nb_empty_on(NB_CPU, ...). */
-static bool host_buffers_misplaced(void) { return nb_default_device().type != NB_DEVICE_CPU; }
-
 /* ---- IDX ------------------------------------------------------------------------------------ */
 START_TEST(test_idx_roundtrip) {
     nb_scope_begin();
@@ -419,30 +412,28 @@ START_TEST(test_fashion_mnist_real) {
     nb_dataset *tr = nb_fashion_mnist_new(NULL, true, &(nb_mnist_opts){.raw_u8 = true});
     ck_assert_msg(tr != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(tr), 60000);
-    if (!host_buffers_misplaced()) { /* library: see host_buffers_misplaced */
-        nb_loader *l = nb_loader_new(tr, &(nb_loader_opts){.batch_size = 20000});
-        ck_assert(l != NULL);
-        uint64_t pix = 0, labs = 0;
-        int64_t first[10];
-        int nb = 0;
-        for (nb_batch b; nb_loader_next(l, &b); nb++) {
-            ck_assert_int_eq(nb_shape(b.x)[1], 1);
-            ck_assert_int_eq(nb_shape(b.x)[2], 28);
-            uint8_t *px = raw_values(b.x);
-            for (int64_t i = 0; i < nb_numel(b.x); i++) pix += px[i];
-            int64_t *y = raw_values(b.y);
-            for (int64_t i = 0; i < b.n; i++) labs += (uint64_t)y[i];
-            if (nb == 0) memcpy(first, y, sizeof first);
-            free(px);
-            free(y);
-        }
-        ck_assert_int_eq(nb, 3);
-        ck_assert_uint_eq(pix, 3431114169u);
-        ck_assert_uint_eq(labs, 270000u);
-        const int64_t want_tr[10] = {9, 0, 0, 3, 0, 2, 7, 2, 5, 5};
-        for (int i = 0; i < 10; i++) ck_assert_int_eq(first[i], want_tr[i]);
-        nb_loader_free(l);
+    nb_loader *l = nb_loader_new(tr, &(nb_loader_opts){.batch_size = 20000});
+    ck_assert(l != NULL);
+    uint64_t pix = 0, labs = 0;
+    int64_t first[10];
+    int nb = 0;
+    for (nb_batch b; nb_loader_next(l, &b); nb++) {
+        ck_assert_int_eq(nb_shape(b.x)[1], 1);
+        ck_assert_int_eq(nb_shape(b.x)[2], 28);
+        uint8_t *px = raw_values(b.x);
+        for (int64_t i = 0; i < nb_numel(b.x); i++) pix += px[i];
+        int64_t *y = raw_values(b.y);
+        for (int64_t i = 0; i < b.n; i++) labs += (uint64_t)y[i];
+        if (nb == 0) memcpy(first, y, sizeof first);
+        free(px);
+        free(y);
     }
+    ck_assert_int_eq(nb, 3);
+    ck_assert_uint_eq(pix, 3431114169u);
+    ck_assert_uint_eq(labs, 270000u);
+    const int64_t want_tr[10] = {9, 0, 0, 3, 0, 2, 7, 2, 5, 5};
+    for (int i = 0; i < 10; i++) ck_assert_int_eq(first[i], want_tr[i]);
+    nb_loader_free(l);
     nb_dataset_free(tr);
 
     nb_dataset *te = nb_fashion_mnist_new(NULL, false, NULL);
@@ -500,7 +491,6 @@ static int64_t run_epoch(nb_loader *l, int64_t *out, int64_t *nbatches) {
 }
 
 START_TEST(test_loader_epoch) {
-    if (host_buffers_misplaced()) return; /* library: every check runs the loader */
     nb_scope_begin();
     nb_dataset *ds = index_dataset(103);
     int64_t got[256], nbat;
@@ -560,7 +550,6 @@ START_TEST(test_loader_epoch) {
 END_TEST
 
 START_TEST(test_loader_determinism) {
-    if (host_buffers_misplaced()) return; /* library: every check runs the loader */
     nb_scope_begin();
     nb_dataset *ds = index_dataset(64);
     int64_t a[3][64], b[3][64], c[64];
@@ -590,7 +579,7 @@ END_TEST
 START_TEST(test_loader_shard) {
     nb_scope_begin();
     const int W = 3;
-    for (int drop = 0; drop < 2 && !host_buffers_misplaced(); drop++) /* library: loader */
+    for (int drop = 0; drop < 2; drop++)
         for (int64_t N = 30; N <= 31; N++) {
             nb_dataset *ds = index_dataset(N);
             int64_t got[3][64], cnt[3];
@@ -656,7 +645,6 @@ static void same_batches(nb_loader *a, nb_loader *b, int k) {
 }
 
 START_TEST(test_loader_state) {
-    if (host_buffers_misplaced()) return; /* library: every check runs the loader */
     nb_scope_begin();
     nb_dataset *ds = index_dataset(23);
     for (int pf = 0; pf < 3; pf++) {
@@ -705,7 +693,6 @@ static nb_dataset *image_dataset(int64_t n) {
 }
 
 START_TEST(test_loader_prefetch) {
-    if (host_buffers_misplaced()) return; /* library: every check runs the loader */
     nb_scope_begin();
     nb_dataset *ds = image_dataset(50);
     nb_image_aug aug = {.crop_padding = 2, .hflip_p = 0.5, .channels = 2, .mean = {10, 20},
@@ -754,7 +741,6 @@ START_TEST(test_loader_prefetch) {
 END_TEST
 
 START_TEST(test_loader_no_alloc) {
-    if (host_buffers_misplaced()) return; /* library: every check runs the loader */
     nb_scope_begin();
     nb_dataset *ds = image_dataset(64);
     nb_image_aug aug = {.crop_padding = 1, .hflip_p = 0.5, .channels = 1, .mean = {1},
@@ -811,7 +797,6 @@ static nb_status failing_transform(nb_batch *b, void *ctx) {
 }
 
 START_TEST(test_loader_errors) {
-    if (host_buffers_misplaced()) return; /* library: every check runs the loader */
     nb_scope_begin();
     for (int pf = 0; pf < 3; pf++) {
         flaky_ds *fd = calloc(1, sizeof *fd);
@@ -1059,25 +1044,23 @@ START_TEST(test_text) {
     nb_dataset *ds = nb_text_dataset_new(tr, 8);
     ck_assert_msg(ds != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(ds), 892);
-    if (!host_buffers_misplaced()) { /* library: see host_buffers_misplaced */
-        nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 64, .shuffle = true,
-                                                            .seed = 1, .prefetch = 1});
-        int64_t seen = 0;
-        for (nb_batch b; nb_loader_next(l, &b); ) {
-            ck_assert(nb_ndim(b.x) == 2 && nb_shape(b.x)[1] == 8 && nb_tensor_dtype(b.y) == NB_I64);
-            int64_t *x = raw_values(b.x), *y = raw_values(b.y);
-            for (int64_t k = 0; k < b.n; k++)
-                for (int t = 0; t < 8; t++) {
-                    ck_assert_int_eq(x[k * 8 + t], (unsigned char)text[b.indices[k] + t]);
-                    ck_assert_int_eq(y[k * 8 + t], (unsigned char)text[b.indices[k] + t + 1]);
-                }
-            free(x);
-            free(y);
-            seen += b.n;
-        }
-        ck_assert_int_eq(seen, 892);
-        nb_loader_free(l);
+    nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 64, .shuffle = true,
+                                                        .seed = 1, .prefetch = 1});
+    int64_t seen = 0;
+    for (nb_batch b; nb_loader_next(l, &b); ) {
+        ck_assert(nb_ndim(b.x) == 2 && nb_shape(b.x)[1] == 8 && nb_tensor_dtype(b.y) == NB_I64);
+        int64_t *x = raw_values(b.x), *y = raw_values(b.y);
+        for (int64_t k = 0; k < b.n; k++)
+            for (int t = 0; t < 8; t++) {
+                ck_assert_int_eq(x[k * 8 + t], (unsigned char)text[b.indices[k] + t]);
+                ck_assert_int_eq(y[k * 8 + t], (unsigned char)text[b.indices[k] + t + 1]);
+            }
+        free(x);
+        free(y);
+        seen += b.n;
     }
+    ck_assert_int_eq(seen, 892);
+    nb_loader_free(l);
     nb_dataset_free(ds);
     tu_assert_error(nb_text_dataset_new(va, 100), NB_EINVAL, "block size 100");
     tu_assert_error(nb_text_dataset_new(nb_zeros((int64_t[]){50}, 1, NB_F32), 8), NB_EDTYPE,
@@ -1085,8 +1068,8 @@ START_TEST(test_text) {
     tu_assert_error(nb_text_dataset_new(NULL, 8), NB_ENULL, "tokens");
 
     /* Random windows from a generator, drawn as nb_randint would (into default-device x and
-     * y; library: see host_buffers_misplaced). */
-    for (int i32 = 0; i32 < 2 && !host_buffers_misplaced(); i32++) {
+     * y). */
+    for (int i32 = 0; i32 < 2; i32++) {
         nb_dtype dt = i32 ? NB_I32 : NB_I64;
         nb_generator *g1 = nb_generator_new(42), *g2 = nb_generator_new(42);
         nb_generator_set_offset(g1, 5);
@@ -1118,8 +1101,7 @@ START_TEST(test_text) {
                         ? NULL : (void *)1, NB_EDTYPE, "i64");
     tu_assert_error(nb_text_sample(nb_narrow(tr, 0, 0, 8), NULL, x, x) ? NULL : (void *)1,
                     NB_EINVAL, "more than 8 tokens");
-    if (!host_buffers_misplaced()) /* library: see host_buffers_misplaced */
-        ck_assert(nb_text_sample(tr, NULL, x, nb_empty_like(x)) == NB_OK); /* default generator */
+    ck_assert(nb_text_sample(tr, NULL, x, nb_empty_like(x)) == NB_OK); /* default generator */
     tmp_end();
     nb_scope_end();
 }
@@ -1225,13 +1207,11 @@ START_TEST(test_data_other_devices) {
         nb_tensor *dx = nb_empty_on(GUARD, sh, 2, dt), *dy = nb_empty_on(GUARD, sh, 2, dt);
         nb_tensor *ex = nb_empty_on(NB_META, sh, 2, dt), *ey = nb_empty_on(NB_META, sh, 2, dt);
         ck_assert(nb_text_sample(tok, g1, cx, cy) == NB_OK);
-        if (!host_buffers_misplaced()) { /* library: see host_buffers_misplaced */
-            ck_assert_msg(nb_text_sample(tok, g2, dx, dy) == NB_OK, "%s", nb_last_error());
-            ck_assert_msg(nb_text_sample(tok, g3, ex, ey) == NB_OK, "%s", nb_last_error());
-            ck_assert(same_host_values(cx, dx) && same_host_values(cy, dy));
-            ck_assert_uint_eq(nb_generator_offset(g2), nb_generator_offset(g1));
-            ck_assert_uint_eq(nb_generator_offset(g3), nb_generator_offset(g1));
-        }
+        ck_assert_msg(nb_text_sample(tok, g2, dx, dy) == NB_OK, "%s", nb_last_error());
+        ck_assert_msg(nb_text_sample(tok, g3, ex, ey) == NB_OK, "%s", nb_last_error());
+        ck_assert(same_host_values(cx, dx) && same_host_values(cy, dy));
+        ck_assert_uint_eq(nb_generator_offset(g2), nb_generator_offset(g1));
+        ck_assert_uint_eq(nb_generator_offset(g3), nb_generator_offset(g1));
         /* Tokens must be on the host (they are read for every sample). */
         tu_assert_error(nb_text_sample(gtok, g1, cx, cy) == NB_OK ? (void *)1 : NULL,
                         NB_EDEVICE, "text_sample: needs a tensor in host memory, got a guard");
