@@ -10,6 +10,7 @@
  * (B, T, 3, H, D) slices of a fused qkv projection. The rule is also checked against central
  * differences (nb_gradcheck), with and without dropout. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,16 @@ static void make_grad(nb_tensor *t) { ck_assert(nb_set_requires_grad(t, true) ==
 static void backward_with(nb_tensor *y, nb_tensor *g) {
     nb_backward_opts o = {.grad_output = g};
     ck_assert_msg(nb_backward_ex(y, &o) == NB_OK, "backward: %s", nb_last_error());
+}
+
+/* t's elements in its own dtype, row-major, in host memory the caller frees: nb_read works on
+ * any device, so the bitwise comparisons below do not depend on where t lives. */
+static void *host_bytes(const nb_tensor *t) {
+    size_t bytes = nb_dtype_size(nb_tensor_dtype(t)) * (size_t)nb_numel(t);
+    void *buf = malloc(bytes ? bytes : 1);
+    ck_assert_msg(nb_read(t, buf, nb_numel(t), nb_tensor_dtype(t)) == NB_OK, "read: %s",
+                  nb_last_error());
+    return buf;
 }
 
 /* ---- reference ------------------------------------------------------------------------------
@@ -353,8 +364,10 @@ START_TEST(test_dropout) {
     nb_tensor *plain = nb_causal_attention(in[0], in[1], in[2], 0, 0, false, gen);
     nb_tensor *p0 = nb_causal_attention(in[0], in[1], in[2], 0, 0, true, gen);
     nb_tensor *ev = nb_causal_attention(in[0], in[1], in[2], 0, 0.5, false, gen);
-    ck_assert(memcmp(nb_data(plain), nb_data(p0), sizeof(double) * (size_t)n) == 0);
-    ck_assert(memcmp(nb_data(plain), nb_data(ev), sizeof(double) * (size_t)n) == 0);
+    double *plain_v = host_bytes(plain), *p0_v = host_bytes(p0), *ev_v = host_bytes(ev);
+    ck_assert(memcmp(plain_v, p0_v, sizeof(double) * (size_t)n) == 0);
+    ck_assert(memcmp(plain_v, ev_v, sizeof(double) * (size_t)n) == 0);
+    free(plain_v), free(p0_v), free(ev_v);
     ck_assert_uint_eq(nb_generator_offset(gen), 0);
 
     for (int di = 0; di < 2; di++) {
@@ -375,7 +388,7 @@ START_TEST(test_dropout) {
         nb_generator_set_offset(g2, 11);
         nb_tensor *mask = nb_bernoulli(msh, 4, NB_U8, 1.0 - p, g2);
         nb_generator_free(g2);
-        const uint8_t *keep = nb_data(mask);
+        uint8_t *keep = host_bytes(mask);
         int64_t kept = 0;
         for (int64_t i = 0; i < tu_numel(msh, 4); i++) kept += keep[i];
         ck_assert(kept > 0 && kept < tu_numel(msh, 4));
@@ -392,7 +405,7 @@ START_TEST(test_dropout) {
         CLOSE(nb_grad(x[0]), dq, tol);
         CLOSE(nb_grad(x[1]), dk, tol);
         CLOSE(nb_grad(x[2]), dv, tol);
-        free(q), free(k), free(v), free(gv), free(r), free(dq), free(dk), free(dv);
+        free(q), free(k), free(v), free(gv), free(r), free(dq), free(dk), free(dv), free(keep);
     }
     /* p = 1 drops everything */
     nb_tensor *z = nb_causal_attention(in[0], in[1], in[2], 0, 1, true, gen);
@@ -428,9 +441,14 @@ START_TEST(test_threads) {
         for (int j = 0; j < 3; j++) grads[r][j] = nb_contiguous(nb_grad(x[j]));
     }
     nb_set_num_threads(saved);
-    ck_assert(memcmp(nb_data(out[0]), nb_data(out[1]), bytes) == 0);
-    for (int j = 0; j < 3; j++)
-        ck_assert(memcmp(nb_data(grads[0][j]), nb_data(grads[1][j]), bytes) == 0);
+    void *a = host_bytes(out[0]), *b = host_bytes(out[1]);
+    ck_assert(memcmp(a, b, bytes) == 0);
+    free(a), free(b);
+    for (int j = 0; j < 3; j++) {
+        a = host_bytes(grads[0][j]), b = host_bytes(grads[1][j]);
+        ck_assert(memcmp(a, b, bytes) == 0);
+        free(a), free(b);
+    }
     nb_generator_free(gen);
     nb_scope_end();
 }
@@ -504,6 +522,13 @@ END_TEST
  * definitions and backward rules never touch device memory) and with q, k, v on two devices. */
 #define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
 
+/* tu_random's tensor on the CPU: the CPU side of the comparisons below stays on the CPU
+ * whatever the default device (on the CPU, the same tensor). */
+static nb_tensor *on_cpu(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
+                         uint64_t seed) {
+    return nb_to_device(tu_random(shape, ndim, dt, lo, hi, seed), NB_CPU);
+}
+
 static void expect_on(const nb_tensor *t, nb_device dev, const int64_t *shape, int ndim,
                       nb_dtype dt, const char *what) {
     ck_assert_msg(t, "%s: %s", what, nb_last_error());
@@ -552,10 +577,10 @@ START_TEST(test_meta) {
             expect_on(nb_grad(qkv), NB_META, ps, 3, dt, "grad qkv");
             /* the generator moved exactly as on the CPU */
             nb_tensor *c[3];
-            for (int j = 0; j < 3; j++) c[j] = tu_random(sh, 4, dt, -1, 1, 5 + (uint64_t)j);
+            for (int j = 0; j < 3; j++) c[j] = on_cpu(sh, 4, dt, -1, 1, 5 + (uint64_t)j);
             ck_assert_ptr_nonnull(nb_causal_attention(c[0], c[1], c[2], 0, p, true, gc));
             ck_assert_ptr_nonnull(
-                nb_causal_attention_qkv(tu_random(ps, 3, dt, -1, 1, 8), 3, 0, p, true, gc));
+                nb_causal_attention_qkv(on_cpu(ps, 3, dt, -1, 1, 8), 3, 0, p, true, gc));
             ck_assert_uint_eq(nb_generator_offset(gm), nb_generator_offset(gc));
             ck_assert(drop ? nb_generator_offset(gm) > 0 : nb_generator_offset(gm) == 0);
             nb_generator_free(gm), nb_generator_free(gc);
@@ -575,7 +600,7 @@ START_TEST(test_guard) {
             /* split form on the (B, T, 3, H, D) slices of one fused tensor, each slice a leaf
              * (so the gradients are the op's own (B, T, H, D)-layout views) */
             const int64_t s5[5] = {2, 37, 3, 2, 5}, sh[4] = {2, 2, 37, 5};
-            nb_tensor *base = tu_random(s5, 5, dt, -1.5, 1.5, 60 + (uint64_t)di);
+            nb_tensor *base = on_cpu(s5, 5, dt, -1.5, 1.5, 60 + (uint64_t)di);
             nb_tensor *baseg = nb_to_device(base, GUARD);
             ck_assert_msg(baseg, "%s", nb_last_error());
             nb_tensor *t[3], *tg[3];
@@ -587,7 +612,7 @@ START_TEST(test_guard) {
             nb_tensor *o = nb_causal_attention(t[0], t[1], t[2], 0, p, true, g1);
             nb_tensor *og = nb_causal_attention(tg[0], tg[1], tg[2], 0, p, true, g2);
             expect_same_on_guard(o, og, "causal_attention");
-            nb_tensor *go = tu_random(sh, 4, dt, -1, 1, 70);
+            nb_tensor *go = on_cpu(sh, 4, dt, -1, 1, 70);
             backward_with(o, go);
             backward_with(og, nb_to_device(go, GUARD));
             for (int j = 0; j < 3; j++)
@@ -595,7 +620,7 @@ START_TEST(test_guard) {
             /* contiguous operands (contiguous gradients) */
             nb_tensor *c[3], *cg[3];
             for (int j = 0; j < 3; j++) {
-                c[j] = tu_random(sh, 4, dt, -1, 1, 80 + (uint64_t)j);
+                c[j] = on_cpu(sh, 4, dt, -1, 1, 80 + (uint64_t)j);
                 cg[j] = nb_to_device(c[j], GUARD);
                 make_grad(c[j]), make_grad(cg[j]);
             }
@@ -607,12 +632,12 @@ START_TEST(test_guard) {
             for (int j = 0; j < 3; j++) expect_same_on_guard(nb_grad(c[j]), nb_grad(cg[j]), "grad");
             /* the packed form */
             const int64_t ps[3] = {2, 37, 30}, os[3] = {2, 37, 10};
-            nb_tensor *qkv = tu_random(ps, 3, dt, -1.5, 1.5, 90), *qkvg = nb_to_device(qkv, GUARD);
+            nb_tensor *qkv = on_cpu(ps, 3, dt, -1.5, 1.5, 90), *qkvg = nb_to_device(qkv, GUARD);
             make_grad(qkv), make_grad(qkvg);
             nb_tensor *y = nb_causal_attention_qkv(qkv, 2, 0, p, true, g1);
             nb_tensor *yg = nb_causal_attention_qkv(qkvg, 2, 0, p, true, g2);
             expect_same_on_guard(y, yg, "causal_attention_qkv");
-            nb_tensor *gy = tu_random(os, 3, dt, -1, 1, 91);
+            nb_tensor *gy = on_cpu(os, 3, dt, -1, 1, 91);
             backward_with(y, gy);
             backward_with(yg, nb_to_device(gy, GUARD));
             expect_same_on_guard(nb_grad(qkv), nb_grad(qkvg), "grad qkv");
@@ -629,17 +654,19 @@ END_TEST
 
 START_TEST(test_two_devices) {
     nb_scope_begin();
+    /* q and k are on the default device (the CPU unless NB_TEST_DEVICE says), km on meta */
+    char dev[32], d_m[48], m_d[48];
+    nb_device_name(nb_default_device(), dev, sizeof dev);
+    snprintf(d_m, sizeof d_m, "%s and meta", dev);
+    snprintf(m_d, sizeof m_d, "meta and %s", dev);
     const int64_t sh[4] = {1, 2, 3, 4};
     nb_tensor *q = tu_random(sh, 4, NB_F32, -1, 1, 1), *k = tu_random(sh, 4, NB_F32, -1, 1, 2);
     nb_tensor *km = nb_zeros_on(NB_META, sh, 4, NB_F32);
-    tu_assert_error(nb_causal_attention(q, km, k, 0, 0, false, NULL), NB_EDEVICE,
-                    "cpu and meta");
-    tu_assert_error(nb_causal_attention(km, km, q, 0, 0, false, NULL), NB_EDEVICE,
-                    "meta and cpu");
+    tu_assert_error(nb_causal_attention(q, km, k, 0, 0, false, NULL), NB_EDEVICE, d_m);
+    tu_assert_error(nb_causal_attention(km, km, q, 0, 0, false, NULL), NB_EDEVICE, m_d);
     /* the device check comes before the other checks */
     nb_tensor *k3 = nb_zeros_on(NB_META, (int64_t[]){2, 3, 4}, 3, NB_F32);
-    tu_assert_error(nb_causal_attention(q, k3, k, 0, 0, false, NULL), NB_EDEVICE,
-                    "cpu and meta");
+    tu_assert_error(nb_causal_attention(q, k3, k, 0, 0, false, NULL), NB_EDEVICE, d_m);
     nb_scope_end();
 }
 END_TEST

@@ -68,7 +68,9 @@ START_TEST(test_nanogpt_fixture) {
     nb_scope_begin();
     nb_module *m = fixture_model("tiny", &tiny_cfg);
     nb_safetensors *io = fixture_io("tiny");
-    nb_tensor *idx = nb_safetensors_get(io, "idx"), *tgt = nb_safetensors_get(io, "targets");
+    /* the fixture's tensors are CPU tensors: the inputs go to the model's (default) device */
+    nb_tensor *idx = nb_to_device(nb_safetensors_get(io, "idx"), nb_default_device());
+    nb_tensor *tgt = nb_to_device(nb_safetensors_get(io, "targets"), nb_default_device());
     nb_tensor *logits = nb_forward(m, idx);
     ck_assert_ptr_nonnull(logits);
     ck_assert_int_eq(nb_ndim(logits), 3);
@@ -102,11 +104,13 @@ START_TEST(test_nanogpt_fixture_nobias) {
     ck_assert_ptr_null(nb_module_find(m, "transformer.ln_f.bias"));
     nb_safetensors *io = fixture_io("nobias");
     nb_module_train(m, false);
-    nb_tensor *logits = nb_forward(m, nb_safetensors_get(io, "idx"));
+    /* the fixture's idx is a CPU tensor: it goes to the model's (default) device */
+    nb_tensor *idx = nb_to_device(nb_safetensors_get(io, "idx"), nb_default_device());
+    nb_tensor *logits = nb_forward(m, idx);
     ck_assert_ptr_nonnull(logits);
     assert_rel(logits, nb_safetensors_get(io, "logits"), 1e-4, "logits");
     /* A shorter sequence is the prefix of the longer one's (causality). */
-    nb_tensor *short_logits = nb_forward(m, nb_narrow(nb_safetensors_get(io, "idx"), 1, 0, 5));
+    nb_tensor *short_logits = nb_forward(m, nb_narrow(idx, 1, 0, 5));
     assert_rel(short_logits, nb_narrow(logits, 1, 0, 5), 1e-6, "prefix logits");
     nb_safetensors_close(io);
     nb_module_free(m);
@@ -207,16 +211,26 @@ START_TEST(test_training_learns) {
     const char *s = "In the beginning God created the heaven and the earth. ";
     char text[4096] = "";
     while (strlen(text) + strlen(s) < sizeof text) strcat(text, s);
-    nb_tensor *tok = nb_from_buffer(text, (int64_t[]){(int64_t)strlen(text)}, 1, NB_U8);
+    /* nb_text_sample cuts its windows from host tokens (documented): the text stays on the CPU */
+    nb_tensor *tok = nb_to_device(
+        nb_from_buffer(text, (int64_t[]){(int64_t)strlen(text)}, 1, NB_U8), NB_CPU);
     nb_generator *init = nb_generator_new(11), *bg = nb_generator_new(12), *dg = nb_generator_new(13);
     gpt_config c = {.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 32,
                     .dropout = 0.05, .dropout_gen = dg};
     nb_module *m = gpt_new(&c, init);
     nb_optim *o = make_adamw(m, 3e-3);
-    nb_tensor *x = nb_empty((int64_t[]){8, 32}, 2, NB_I64), *y = nb_empty((int64_t[]){8, 32}, 2, NB_I64);
+    /* library: nb_text_sample into x and y off the host recurses until the stack overflows
+     * (data/text.c fills its host batches with nb_empty, which is on the default device):
+     * the batches are sampled on the CPU and copied to the default device (on the CPU, the
+     * same tensors) */
+    nb_tensor *hx = nb_empty_on(NB_CPU, (int64_t[]){8, 32}, 2, NB_I64);
+    nb_tensor *hy = nb_empty_on(NB_CPU, (int64_t[]){8, 32}, 2, NB_I64);
     double first = NAN, last = 0;
     for (int step = 0; step < 120; step++) {
-        ck_assert_int_eq(nb_text_sample(tok, bg, x, y), NB_OK);
+        ck_assert_int_eq(nb_text_sample(tok, bg, hx, hy), NB_OK);
+        nb_tensor *x = nb_to_device(hx, nb_default_device());
+        nb_tensor *y = nb_to_device(hy, nb_default_device());
+        ck_assert_msg(x && y, "%s", nb_last_error());
         double l = gpt_train_step(m, o, NULL, &x, &y, 1, 1.0, NULL);
         ck_assert_msg(!isnan(l), "%s", nb_last_error());
         if (step == 0) first = l;

@@ -7,6 +7,7 @@
  * statistics and determinism (generator state, thread count), init distributions and
  * PyTorch's fan/gain formulas, module parameter names and shapes, flat parameters,
  * train/eval switching, and the user errors. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -933,6 +934,13 @@ END_TEST
  * (NB_EDEVICE). */
 #define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
 
+/* tu_random's tensor on the CPU: the reference side of the guard comparisons stays on the CPU
+ * whatever the default device (on the CPU, the same tensor). */
+static nb_tensor *on_cpu(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
+                         uint64_t seed) {
+    return nb_to_device(tu_random(shape, ndim, dt, lo, hi, seed), NB_CPU);
+}
+
 /* t (a CPU tensor that does not require grad) copied to dev as a leaf that requires grad when
  * grad is set; NULL stays NULL. */
 static nb_tensor *moved(nb_tensor *t, nb_device dev, bool grad) {
@@ -1040,9 +1048,9 @@ START_TEST(test_norm_guard) {
         nb_dtype dt = dts[di];
         /* layer norm on a transposed view (dense() copies it on the device) */
         const int64_t xs[3] = {3, 7, 6}, D = 7;
-        nb_tensor *x = tu_random(xs, 3, dt, -2, 3, 10), *w = tu_random(&D, 1, dt, 0.5, 1.5, 11);
-        nb_tensor *b = tu_random(&D, 1, dt, -1, 1, 12), *g = tu_random((int64_t[]){3, 6, 7}, 3, dt,
-                                                                      -1, 1, 13);
+        nb_tensor *x = on_cpu(xs, 3, dt, -2, 3, 10), *w = on_cpu(&D, 1, dt, 0.5, 1.5, 11);
+        nb_tensor *b = on_cpu(&D, 1, dt, -1, 1, 12);
+        nb_tensor *g = on_cpu((int64_t[]){3, 6, 7}, 3, dt, -1, 1, 13);
         nb_tensor *xg = moved(x, GUARD, true), *wg = moved(w, GUARD, true);
         nb_tensor *bg = moved(b, GUARD, true), *gg = moved(g, GUARD, false);
         make_grad(x), make_grad(w), make_grad(b);
@@ -1057,8 +1065,8 @@ START_TEST(test_norm_guard) {
 
         /* batch norm: two training steps updating strided f64 running statistics, then eval */
         const int64_t bs[3] = {5, 3, 4}, C = 3;
-        nb_tensor *wb = tu_random(&C, 1, dt, 0.5, 1.5, 20), *bb = tu_random(&C, 1, dt, -1, 1, 21);
-        nb_tensor *stats = tu_random((int64_t[]){3, 2}, 2, NB_F64, 0.5, 1.5, 22);
+        nb_tensor *wb = on_cpu(&C, 1, dt, 0.5, 1.5, 20), *bb = on_cpu(&C, 1, dt, -1, 1, 21);
+        nb_tensor *stats = on_cpu((int64_t[]){3, 2}, 2, NB_F64, 0.5, 1.5, 22);
         nb_tensor *statsg = moved(stats, GUARD, false);
         nb_tensor *rm = nb_select(stats, 1, 0), *rv = nb_select(stats, 1, 1);
         nb_tensor *rmg = nb_select(statsg, 1, 0), *rvg = nb_select(statsg, 1, 1);
@@ -1066,8 +1074,8 @@ START_TEST(test_norm_guard) {
         make_grad(wb), make_grad(bb);
         for (int step = 0; step < 3; step++) {
             bool training = step < 2;
-            nb_tensor *xb = tu_random(bs, 3, dt, -2, 3, 30 + (uint64_t)step);
-            nb_tensor *gb = tu_random(bs, 3, dt, -1, 1, 40 + (uint64_t)step);
+            nb_tensor *xb = on_cpu(bs, 3, dt, -2, 3, 30 + (uint64_t)step);
+            nb_tensor *gb = on_cpu(bs, 3, dt, -1, 1, 40 + (uint64_t)step);
             nb_tensor *xbg = moved(xb, GUARD, true), *gbg = moved(gb, GUARD, false);
             make_grad(xb);
             nb_clear_grad(wb), nb_clear_grad(bb), nb_clear_grad(wbg), nb_clear_grad(bbg);
@@ -1089,7 +1097,7 @@ START_TEST(test_norm_guard) {
 
         /* dropout from the same generator state */
         const int64_t n = 5000;
-        nb_tensor *xd = tu_random(&n, 1, dt, 1, 2, 50), *gd = tu_random(&n, 1, dt, -1, 1, 51);
+        nb_tensor *xd = on_cpu(&n, 1, dt, 1, 2, 50), *gd = on_cpu(&n, 1, dt, -1, 1, 51);
         nb_tensor *xdg = moved(xd, GUARD, true), *gdg = moved(gd, GUARD, false);
         make_grad(xd);
         nb_generator *g1 = nb_generator_new(8), *g2 = nb_generator_new(8);
@@ -1115,24 +1123,25 @@ END_TEST
 
 START_TEST(test_norm_two_devices) {
     nb_scope_begin();
+    /* the operands are on the default device (the CPU unless NB_TEST_DEVICE says) and meta */
+    char dev[32], d_m[48], m_d[48];
+    nb_device_name(nb_default_device(), dev, sizeof dev);
+    snprintf(d_m, sizeof d_m, "%s and meta", dev);
+    snprintf(m_d, sizeof m_d, "meta and %s", dev);
     nb_tensor *x = tu_random((int64_t[]){4, 3}, 2, NB_F32, -1, 1, 1);
     nb_tensor *c3 = tu_random((int64_t[]){3}, 1, NB_F32, 0.5, 1.5, 2);
     nb_tensor *m3 = nb_ones_on(NB_META, (int64_t[]){3}, 1, NB_F32);
-    tu_assert_error(nb_layer_norm(x, m3, NULL, 1e-5), NB_EDEVICE, "cpu and meta");
-    tu_assert_error(nb_layer_norm(x, c3, m3, 1e-5), NB_EDEVICE, "cpu and meta");
-    tu_assert_error(nb_batch_norm(x, NULL, NULL, m3, NULL, true, 0.1, 1e-5), NB_EDEVICE,
-                    "cpu and meta");
-    tu_assert_error(nb_batch_norm(x, m3, m3, NULL, NULL, false, 0.1, 1e-5), NB_EDEVICE,
-                    "cpu and meta");
-    tu_assert_error(nb_batch_norm(x, c3, m3, c3, c3, true, 0.1, 1e-5), NB_EDEVICE,
-                    "cpu and meta");
+    tu_assert_error(nb_layer_norm(x, m3, NULL, 1e-5), NB_EDEVICE, d_m);
+    tu_assert_error(nb_layer_norm(x, c3, m3, 1e-5), NB_EDEVICE, d_m);
+    tu_assert_error(nb_batch_norm(x, NULL, NULL, m3, NULL, true, 0.1, 1e-5), NB_EDEVICE, d_m);
+    tu_assert_error(nb_batch_norm(x, m3, m3, NULL, NULL, false, 0.1, 1e-5), NB_EDEVICE, d_m);
+    tu_assert_error(nb_batch_norm(x, c3, m3, c3, c3, true, 0.1, 1e-5), NB_EDEVICE, d_m);
     nb_tensor *xm = nb_ones_on(NB_META, (int64_t[]){4, 3}, 2, NB_F32);
-    tu_assert_error(nb_layer_norm(xm, c3, NULL, 1e-5), NB_EDEVICE, "meta and cpu");
-    tu_assert_error(nb_batch_norm(xm, c3, c3, NULL, NULL, true, 0.1, 1e-5), NB_EDEVICE,
-                    "meta and cpu");
-    /* a module's CPU buffers with a meta input */
+    tu_assert_error(nb_layer_norm(xm, c3, NULL, 1e-5), NB_EDEVICE, m_d);
+    tu_assert_error(nb_batch_norm(xm, c3, c3, NULL, NULL, true, 0.1, 1e-5), NB_EDEVICE, m_d);
+    /* a module's buffers (on the default device) with a meta input */
     nb_module *bn = nb_batch_norm1d_new(3, NULL);
-    tu_assert_error(nb_forward(bn, xm), NB_EDEVICE, "meta and cpu");
+    tu_assert_error(nb_forward(bn, xm), NB_EDEVICE, m_d);
     nb_module_free(bn);
     nb_scope_end();
 }
@@ -1233,11 +1242,13 @@ static void mt_assert_same(const double *a, const double *b, int64_t n) {
 
 static void mt_round_trip(bool flat) {
     nb_scope_begin();
+    /* the trip starts and ends on the CPU, whatever the default device (no-ops on the CPU) */
     nb_module *m = mt_mlp();
+    ck_assert(nb_module_to(m, NB_CPU) == NB_OK);
     if (flat) ck_assert(nb_module_flatten_parameters(m, 0) == NB_OK);
-    nb_tensor *x = tu_random((int64_t[]){5, 4}, 2, NB_F32, -1, 1, 3);
+    nb_tensor *x = nb_to_device(tu_random((int64_t[]){5, 4}, 2, NB_F32, -1, 1, 3), NB_CPU);
     nb_tensor *y0 = nb_forward(m, x);
-    backward_with(y0, nb_ones(nb_shape(y0), 2, NB_F32));
+    backward_with(y0, nb_ones_on(NB_CPU, nb_shape(y0), 2, NB_F32));
     double *y0v = tu_values(y0);
     int64_t np, ng;
     double *p0 = mt_snapshot(m, false, &np), *g0 = mt_snapshot(m, true, &ng);
@@ -1303,19 +1314,19 @@ static const nb_module_vtable mt_affine_vt = {.type_name = "Affine", .forward = 
 START_TEST(test_module_to_guard_compute) {
     nb_scope_begin();
     const int64_t shape[2] = {3, 4};
-    nb_module *m[2];
+    nb_module *m[2]; /* m[0] on the CPU whatever the default device, m[1] moved to guard */
     for (int k = 0; k < 2; k++) {
         m[k] = nb_module_new(&mt_affine_vt, NULL);
-        nb_module_add_parameter(m[k], "w", tu_random(shape, 2, NB_F32, -1, 1, 1));
-        nb_module_add_parameter(m[k], "b", tu_random(shape, 2, NB_F32, -1, 1, 2));
+        nb_module_add_parameter(m[k], "w", on_cpu(shape, 2, NB_F32, -1, 1, 1));
+        nb_module_add_parameter(m[k], "b", on_cpu(shape, 2, NB_F32, -1, 1, 2));
     }
     ck_assert(nb_module_to(m[1], MT_GUARD) == NB_OK);
     /* flattening on the device makes the flat buffers there */
     ck_assert_msg(nb_module_flatten_parameters(m[1], 0) == NB_OK, "%s", nb_last_error());
     ck_assert(mt_on(nb_module_flat_params(m[1]), NB_DEVICE_GUARD));
     ck_assert(mt_on(nb_module_flat_grads(m[1]), NB_DEVICE_GUARD));
-    nb_tensor *x = tu_random(shape, 2, NB_F32, -2, 2, 3);
-    nb_tensor *g = tu_random(shape, 2, NB_F32, -1, 1, 4);
+    nb_tensor *x = on_cpu(shape, 2, NB_F32, -2, 2, 3);
+    nb_tensor *g = on_cpu(shape, 2, NB_F32, -1, 1, 4);
     nb_tensor *yc = nb_forward(m[0], x);
     nb_tensor *yg = nb_forward(m[1], nb_to_device(x, MT_GUARD));
     ck_assert_msg(yg && mt_on(yg, NB_DEVICE_GUARD), "%s", nb_last_error());
