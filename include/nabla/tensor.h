@@ -136,11 +136,10 @@ nb_tensor *nb_zeros(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_ones(const int64_t *shape, int ndim, nb_dtype dt);
 nb_tensor *nb_full(const int64_t *shape, int ndim, nb_dtype dt, double value);
 /* The device nb_empty/zeros/ones/full/scalar, nb_from_buffer, nb_arange, nb_linspace and
- * the random creators (nb_randn, ...) use:
- * NB_CPU unless set. Per thread, like torch.set_default_device. Set it to NB_META around
- * a model's constructor to build a model of any size without allocating (then count its
- * parameters, plan memory). Returns the previous default. nb_from_buffer, nb_wrap_buffer,
- * nb_arange and nb_linspace always create CPU tensors (they hold host data). */
+ * the random creators (nb_randn, ...) create on: NB_CPU unless set. Per thread, like
+ * torch.set_default_device. Set it to NB_META around a model's constructor to build a
+ * model of any size without allocating (then count its parameters, plan memory). Returns
+ * the previous default. nb_wrap_buffer always wraps host memory (a CPU tensor). */
 nb_device nb_set_default_device(nb_device dev);
 nb_device nb_default_device(void);
 /* Creation on a chosen device. */
