@@ -414,6 +414,14 @@ static double load_typed(const void *buf, int64_t i, nb_dtype dt) {
     }
 }
 
+/* The bytes of t (contiguous) readable on the host: t's own on the CPU, a host copy of a
+ * tensor on another device (nb_to_device gives t itself when it is on the CPU already). */
+static void *host_bytes(nb_tensor *t) {
+    nb_tensor *h = nb_to_device(t, NB_CPU);
+    ck_assert_msg(h != NULL, "%s", nb_last_error());
+    return nb_data(h);
+}
+
 START_TEST(test_to_dtype_pairs) {
     nb_scope_begin();
     for (int si = 0; si < N_DTS; si++) {
@@ -438,7 +446,7 @@ START_TEST(test_to_dtype_pairs) {
             ck_assert_int_eq(nb_shape(rt)[0], N_VALS / 2);
             for (int i = 0; i < N_VALS; i++) {
                 double want = ref_convert(sv[i], dst);
-                double got = load_typed(nb_data(r), i, dst);
+                double got = load_typed(host_bytes(r), i, dst);
                 REQUIRE(got == want, "%s -> %s of %g: %g, expected %g",
                               nb_dtype_name(src), nb_dtype_name(dst), sv[i], got, want);
             }
@@ -447,7 +455,7 @@ START_TEST(test_to_dtype_pairs) {
             for (int j = 0; j < N_VALS / 2; j++)
                 for (int i = 0; i < 2; i++) {
                     double want = ref_convert(sv[i * (N_VALS / 2) + j], dst);
-                    double got = load_typed(nb_data(rc), j * 2 + i, dst);
+                    double got = load_typed(host_bytes(rc), j * 2 + i, dst);
                     REQUIRE(got == want, "transposed %s -> %s", nb_dtype_name(src),
                                   nb_dtype_name(dst));
                 }
@@ -468,16 +476,16 @@ START_TEST(test_to_dtype_specials) {
     nb_tensor *i32 = nb_to_dtype(nb_narrow(t, 0, 0, 7), NB_I32);
     nb_tensor *i64 = nb_to_dtype(nb_narrow(t, 0, 0, 7), NB_I64);
     for (int i = 0; i < 7; i++) {
-        ck_assert_int_eq(((int32_t *)nb_data(i32))[i], want_int[i]);
-        ck_assert_int_eq(((int64_t *)nb_data(i64))[i], want_int[i]);
+        ck_assert_int_eq(((int32_t *)host_bytes(i32))[i], want_int[i]);
+        ck_assert_int_eq(((int64_t *)host_bytes(i64))[i], want_int[i]);
     }
     /* Bool is value != 0: tiny values, infinities and NaN are true, -0 is false. */
     nb_tensor *bo = nb_to_dtype(t, NB_BOOL);
     const uint8_t want_b[] = {1, 1, 1, 1, 1, 0, 1, 1, 1, 1};
-    for (int i = 0; i < n; i++) ck_assert_uint_eq(((uint8_t *)nb_data(bo))[i], want_b[i]);
+    for (int i = 0; i < n; i++) ck_assert_uint_eq(((uint8_t *)host_bytes(bo))[i], want_b[i]);
     /* Float -> float: overflow to infinity, underflow to (signed) zero, NaN stays NaN. */
     nb_tensor *h = nb_to_dtype(t, NB_F16);
-    const uint16_t *hp = nb_data(h);
+    const uint16_t *hp = host_bytes(h);
     ck_assert_uint_eq(hp[4], 0x0000);  /* 1e-30 */
     ck_assert_uint_eq(hp[5], 0x8000);  /* -0 */
     ck_assert_uint_eq(hp[6], 0x7c00);  /* 1e6 */
@@ -486,27 +494,27 @@ START_TEST(test_to_dtype_specials) {
     REQ(f16_is_nan(hp[9]));
     ck_assert_uint_eq(hp[0], nb_f32_to_f16(2.9f));
     nb_tensor *bf = nb_to_dtype(t, NB_BF16);
-    const uint16_t *bp = nb_data(bf);
+    const uint16_t *bp = host_bytes(bf);
     ck_assert_uint_eq(bp[6], nb_f32_to_bf16(1e6f));
     ck_assert_uint_eq(bp[5], 0x8000);
     REQ(bf16_is_nan(bp[9]));
     nb_tensor *f = nb_to_dtype(nb_from_buffer((double[]){1e300, -1e300, 1e-300}, (int64_t[]){3},
                                               1, NB_F64),
                                NB_F32);
-    REQ(isinf(((float *)nb_data(f))[0]) && ((float *)nb_data(f))[0] > 0);
-    REQ(isinf(((float *)nb_data(f))[1]) && ((float *)nb_data(f))[1] < 0);
-    REQ(((float *)nb_data(f))[2] == 0.0f);
+    REQ(isinf(((float *)host_bytes(f))[0]) && ((float *)host_bytes(f))[0] > 0);
+    REQ(isinf(((float *)host_bytes(f))[1]) && ((float *)host_bytes(f))[1] < 0);
+    REQ(((float *)host_bytes(f))[2] == 0.0f);
     /* f32 -> f16 -> f32 through tensors equals the scalar conversions (the hot path). */
     nb_tensor *x = nb_from_buffer((float[]){0.1f, 65519.0f, 65520.0f, 0x3p-26f, 1.0f + 0x1p-11f},
                                   (int64_t[]){5}, 1, NB_F32);
     nb_tensor *x16 = nb_to_dtype(x, NB_F16);
     const uint16_t want16[] = {0x2e66, 0x7bff, 0x7c00, 0x0001, 0x3c00};
-    for (int i = 0; i < 5; i++) ck_assert_uint_eq(((uint16_t *)nb_data(x16))[i], want16[i]);
+    for (int i = 0; i < 5; i++) ck_assert_uint_eq(((uint16_t *)host_bytes(x16))[i], want16[i]);
     nb_tensor *xb = nb_to_dtype(nb_from_buffer((float[]){1.00390625f, 1.01171875f},
                                                (int64_t[]){2}, 1, NB_F32),
                                 NB_BF16);
-    ck_assert_uint_eq(((uint16_t *)nb_data(xb))[0], 0x3f80);
-    ck_assert_uint_eq(((uint16_t *)nb_data(xb))[1], 0x3f82);
+    ck_assert_uint_eq(((uint16_t *)host_bytes(xb))[0], 0x3f80);
+    ck_assert_uint_eq(((uint16_t *)host_bytes(xb))[1], 0x3f82);
     /* Integers: wide to narrow wraps like C (two's complement), int -> bool is != 0. */
     nb_tensor *big = nb_from_buffer((int64_t[]){INT64_C(4294967297), -1, 256, 0, 300},
                                     (int64_t[]){5}, 1, NB_I64);
@@ -515,19 +523,19 @@ START_TEST(test_to_dtype_specials) {
     const int32_t w32[] = {1, -1, 256, 0, 300};
     const uint8_t w8[] = {1, 255, 0, 0, 44}, wb[] = {1, 1, 1, 0, 1};
     for (int i = 0; i < 5; i++) {
-        ck_assert_int_eq(((int32_t *)nb_data(b32))[i], w32[i]);
-        ck_assert_uint_eq(((uint8_t *)nb_data(b8))[i], w8[i]);
-        ck_assert_uint_eq(((uint8_t *)nb_data(bb))[i], wb[i]);
+        ck_assert_int_eq(((int32_t *)host_bytes(b32))[i], w32[i]);
+        ck_assert_uint_eq(((uint8_t *)host_bytes(b8))[i], w8[i]);
+        ck_assert_uint_eq(((uint8_t *)host_bytes(bb))[i], wb[i]);
     }
     /* Large integers survive i64 -> f64 -> i64 when exactly representable. */
     int64_t p53 = INT64_C(1) << 53;
     nb_tensor *l = nb_from_buffer((int64_t[]){p53, -p53, 123456789012345}, (int64_t[]){3}, 1,
                                   NB_I64);
     nb_tensor *l2 = nb_to_dtype(nb_to_dtype(l, NB_F64), NB_I64);
-    REQ(memcmp(nb_data(l), nb_data(l2), 3 * sizeof(int64_t)) == 0);
+    REQ(memcmp(host_bytes(l), host_bytes(l2), 3 * sizeof(int64_t)) == 0);
     /* Same dtype gives the same values; empty and 0-dim tensors convert too. */
     nb_tensor *same = nb_to_dtype(t, NB_F64);
-    REQ(nb_shares_storage(same, t) || memcmp(nb_data(same), nb_data(t), sizeof fv) == 0);
+    REQ(nb_shares_storage(same, t) || memcmp(host_bytes(same), host_bytes(t), sizeof fv) == 0);
     nb_tensor *e = nb_to_dtype(nb_zeros((int64_t[]){0, 3}, 2, NB_F32), NB_BF16);
     ck_assert_int_eq(nb_numel(e), 0);
     ck_assert_int_eq(nb_tensor_dtype(e), NB_BF16);

@@ -492,7 +492,8 @@ static void *bytes_of(nb_tensor *t) {
     ck_assert_msg(t != NULL, "%s", nb_last_error());
     size_t n = (size_t)nb_numel(t) * nb_dtype_size(nb_tensor_dtype(t));
     void *p = malloc(n + 1);
-    memcpy(p, nb_data(nb_contiguous(t)), n);
+    /* Same dtype: nb_read copies the bytes unchanged, from any device. */
+    ck_assert(nb_read(t, p, nb_numel(t), nb_tensor_dtype(t)) == NB_OK);
     return p;
 }
 
@@ -723,7 +724,8 @@ START_TEST(test_guard_device) {
     const nb_dtype dts[] = {NB_F32, NB_F64, NB_BF16, NB_I32, NB_BOOL};
     const struct { int dims[2], nd; } dl[] = {{{-1}, 1}, {{0}, 1}, {{1}, 1}, {{0, 2}, 2}};
     for (int t = 0; t < NDT(dts); t++) {
-        nb_tensor *x = rand_for(shape, 3, dts[t], 100 + (uint64_t)t);
+        /* the reference on the CPU whatever the default device (where rand_for makes it) */
+        nb_tensor *x = nb_to_device(rand_for(shape, 3, dts[t], 100 + (uint64_t)t), NB_CPU);
         /* contiguous, and a strided view of the same layout on both devices (the order of
          * accumulation depends on the strides) */
         nb_tensor *xg0 = nb_to_device(x, GUARD_DEV);
@@ -756,11 +758,11 @@ START_TEST(test_guard_device) {
         assert_same(nb_sum(xg, NULL, 0, false), nb_sum(x, NULL, 0, false), "sum all");
     }
     /* a 0-dim input and an empty one */
-    nb_tensor *z = tu_tensor((double[]){2.5}, NULL, 0, NB_F32);
+    nb_tensor *z = nb_to_device(tu_tensor((double[]){2.5}, NULL, 0, NB_F32), NB_CPU);
     nb_tensor *zg = nb_to_device(z, GUARD_DEV);
     assert_same(nb_softmax(zg, 0), nb_softmax(z, 0), "softmax 0-dim");
     assert_same(nb_argmax(zg, 0, false), nb_argmax(z, 0, false), "argmax 0-dim");
-    nb_tensor *e = nb_zeros((int64_t[]){0, 3}, 2, NB_F32);
+    nb_tensor *e = nb_zeros_on(NB_CPU, (int64_t[]){0, 3}, 2, NB_F32);
     nb_tensor *eg = nb_to_device(e, GUARD_DEV);
     assert_same(nb_sum(eg, (int[]){0}, 1, false), nb_sum(e, (int[]){0}, 1, false), "sum empty");
     assert_same(nb_logsumexp(eg, NULL, 0, false), nb_logsumexp(e, NULL, 0, false), "lse empty");
