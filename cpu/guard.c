@@ -1,12 +1,17 @@
 /* cpu/guard.c - the guard device, for tests: the proof without a GPU that only backends
  * touch device memory.
  *
- * Its memory is host memory from mmap, kept PROT_NONE except while one of the guard
- * backend's own calls runs (a kernel, a copy to or from the host). The kernels are the
- * CPU's, wrapped: open every live block read-write, run the CPU kernel, close them again.
- * Any other dereference of a guard tensor's memory (an op definition, the autograd
- * engine, an optimizer reading data through a pointer) faults at once. Slow by design
- * (two mprotect calls per live block per kernel); tests only. */
+ * Its memory is host memory kept PROT_NONE except while one of the guard backend's own
+ * calls runs (a kernel, a copy to or from the host). The kernels are the CPU's, wrapped:
+ * open the guard memory read-write, run the CPU kernel, close it again. Any other
+ * dereference of a guard tensor's memory (an op definition, the autograd engine, an
+ * optimizer reading data through a pointer) faults at once.
+ *
+ * All guard memory lives in one reserved range of address space (MAP_NORESERVE), handed
+ * out in whole pages from per-size free lists and a bump pointer, so opening and closing
+ * is one mprotect call over the used part of the range however many tensors live. Freed
+ * blocks give their physical pages back (MADV_DONTNEED) and are reused for the same size.
+ * Tests only. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,77 +21,169 @@
 #include "cpu/backend.h"
 #include "cpu/cpu_impl.h"
 
-typedef struct block {
-    void *p;
-    size_t len; /* mapped bytes (a multiple of the page size, at least one page) */
-} block;
+#define GUARD_RESERVE ((size_t)1 << 38) /* 256 GiB of address space, no memory */
+#define GUARD_SMALL 1024                /* blocks up to this many pages: one list per size */
+
+typedef struct gblock {
+    struct gblock *next; /* free lists; kept outside the guarded memory */
+    char *p;
+    size_t pages;
+} gblock;
 
 static struct {
     pthread_mutex_t lock;
-    block *blocks;
-    size_t n, cap;
-    int open; /* nesting depth of open sections */
+    char *base;
+    size_t page, used;            /* bytes handed out by the bump pointer */
+    gblock *free_small[GUARD_SMALL + 1];
+    gblock *free_large;           /* exact-size reuse, first fit */
+    gblock *spare;                /* recycled gblock records */
+    /* live blocks by address, for free(): a small open-addressing table */
+    gblock **live;
+    size_t live_cap, live_n;
+    int open;                     /* nesting depth of open sections */
+    bool failed;                  /* the reservation failed: every allocation errors */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void protect_all(int prot) {
-    for (size_t i = 0; i < g.n; i++) NB__ASSERT(mprotect(g.blocks[i].p, g.blocks[i].len, prot) == 0);
+static pthread_once_t g_reserve_once = PTHREAD_ONCE_INIT;
+static void reserve(void) {
+    g.page = (size_t)sysconf(_SC_PAGESIZE);
+    void *p = mmap(NULL, GUARD_RESERVE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) g.failed = true;
+    else g.base = p;
+}
+
+static void protect(int prot) {
+    if (g.used) NB__ASSERT(mprotect(g.base, g.used, prot) == 0);
 }
 
 /* Kernels may run on OpenMP threads but are called from one thread at a time per guard
  * section: the lock is held for the whole section. */
 static void open_all(void) {
     pthread_mutex_lock(&g.lock);
-    if (g.open++ == 0) protect_all(PROT_READ | PROT_WRITE);
+    if (g.open++ == 0) protect(PROT_READ | PROT_WRITE);
 }
 static void close_all(void) {
-    if (--g.open == 0) protect_all(PROT_NONE);
+    if (--g.open == 0) protect(PROT_NONE);
     pthread_mutex_unlock(&g.lock);
+}
+
+static size_t hash(const void *p) { return ((size_t)p / 4096) * 0x9E3779B97F4A7C15ull; }
+
+static bool live_grow(void) {
+    size_t cap = g.live_cap ? 2 * g.live_cap : 1024;
+    gblock **t = calloc(cap, sizeof *t);
+    if (!t) return false;
+    for (size_t i = 0; i < g.live_cap; i++) {
+        gblock *b = g.live[i];
+        if (!b) continue;
+        size_t j = hash(b->p) & (cap - 1);
+        while (t[j]) j = (j + 1) & (cap - 1);
+        t[j] = b;
+    }
+    free(g.live);
+    g.live = t, g.live_cap = cap;
+    return true;
+}
+
+static bool live_add(gblock *b) {
+    if (2 * (g.live_n + 1) > g.live_cap && !live_grow()) return false;
+    size_t j = hash(b->p) & (g.live_cap - 1);
+    while (g.live[j]) j = (j + 1) & (g.live_cap - 1);
+    g.live[j] = b;
+    g.live_n++;
+    return true;
+}
+
+/* Remove and return the live block at p (NULL if none), keeping probe chains intact. */
+static gblock *live_take(const void *p) {
+    if (!g.live_cap) return NULL;
+    size_t m = g.live_cap - 1, j = hash(p) & m;
+    while (g.live[j] && g.live[j]->p != p) j = (j + 1) & m;
+    gblock *b = g.live[j];
+    if (!b) return NULL;
+    g.live[j] = NULL;
+    g.live_n--;
+    for (size_t k = (j + 1) & m; g.live[k]; k = (k + 1) & m) { /* reinsert the chain */
+        gblock *r = g.live[k];
+        g.live[k] = NULL;
+        size_t i = hash(r->p) & m;
+        while (g.live[i]) i = (i + 1) & m;
+        g.live[i] = r;
+    }
+    return b;
 }
 
 static void *guard_alloc(nb_device dev, size_t nbytes) {
     (void)dev;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t len = (nbytes + page - 1) / page * page;
-    if (len == 0) len = page;
-    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        nb__error(NB_ENOMEM, "guard: out of memory allocating %zu bytes", nbytes);
+    pthread_once(&g_reserve_once, reserve);
+    if (g.failed) {
+        nb__error(NB_ENOMEM, "guard: could not reserve address space for the guard device");
         return NULL;
     }
     pthread_mutex_lock(&g.lock);
-    if (g.n == g.cap) {
-        size_t cap = g.cap ? 2 * g.cap : 256;
-        block *nbk = realloc(g.blocks, cap * sizeof *nbk);
-        if (!nbk) {
+    size_t pages = (nbytes + g.page - 1) / g.page;
+    if (pages == 0) pages = 1;
+    gblock *b = NULL;
+    if (pages <= GUARD_SMALL) {
+        if ((b = g.free_small[pages])) g.free_small[pages] = b->next;
+    } else {
+        for (gblock **pp = &g.free_large; *pp; pp = &(*pp)->next)
+            if ((*pp)->pages == pages) {
+                b = *pp;
+                *pp = b->next;
+                break;
+            }
+    }
+    if (!b) {
+        size_t len = pages * g.page;
+        if (len > GUARD_RESERVE - g.used) {
             pthread_mutex_unlock(&g.lock);
-            munmap(p, len);
+            nb__error(NB_ENOMEM, "guard: out of address space allocating %zu bytes", nbytes);
+            return NULL;
+        }
+        if ((b = g.spare)) g.spare = b->next;
+        else b = malloc(sizeof *b);
+        if (!b) {
+            pthread_mutex_unlock(&g.lock);
             nb__error(NB_ENOMEM, "guard: out of memory");
             return NULL;
         }
-        g.blocks = nbk, g.cap = cap;
+        b->p = g.base + g.used;
+        b->pages = pages;
+        g.used += len;
+        /* inside an open section the new pages must be usable at once */
+        if (g.open) NB__ASSERT(mprotect(b->p, len, PROT_READ | PROT_WRITE) == 0);
     }
-    g.blocks[g.n++] = (block){p, len};
-    if (g.open) NB__ASSERT(mprotect(p, len, PROT_READ | PROT_WRITE) == 0);
+    b->next = NULL;
+    if (!live_add(b)) {
+        b->next = g.spare, g.spare = b;
+        pthread_mutex_unlock(&g.lock);
+        nb__error(NB_ENOMEM, "guard: out of memory");
+        return NULL;
+    }
     pthread_mutex_unlock(&g.lock);
-    return p;
+    return b->p;
 }
 
 static void guard_free(nb_device dev, void *p) {
     (void)dev;
     if (!p) return;
     pthread_mutex_lock(&g.lock);
-    for (size_t i = 0; i < g.n; i++) {
-        if (g.blocks[i].p != p) continue;
-        munmap(p, g.blocks[i].len);
-        g.blocks[i] = g.blocks[--g.n];
-        pthread_mutex_unlock(&g.lock);
-        return;
+    gblock *b = live_take(p);
+    NB__ASSERT(b != NULL); /* a pointer the guard device did not allocate, or freed twice */
+    madvise(b->p, b->pages * g.page, MADV_DONTNEED); /* the pages go back; contents zero */
+    if (b->pages <= GUARD_SMALL) {
+        b->next = g.free_small[b->pages];
+        g.free_small[b->pages] = b;
+    } else {
+        b->next = g.free_large;
+        g.free_large = b;
     }
     pthread_mutex_unlock(&g.lock);
-    NB__ASSERT(!"guard: free of a pointer the guard device did not allocate");
 }
 
-static nb_status guard_to_host(nb_device dev, void *dst, const void *src, size_t nbytes) {
+static nb_status guard_copy_bytes(nb_device dev, void *dst, const void *src, size_t nbytes) {
     (void)dev;
     open_all();
     if (nbytes) memcpy(dst, src, nbytes);
@@ -100,8 +197,8 @@ static nb__backend g_guard = {
     .host_accessible = false,
     .alloc = guard_alloc,
     .free = guard_free,
-    .to_host = guard_to_host,
-    .from_host = guard_to_host,
+    .to_host = guard_copy_bytes,
+    .from_host = guard_copy_bytes,
 };
 
 /* One wrapper per kernel: the CPU kernel inside an open section. */
