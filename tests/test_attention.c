@@ -522,29 +522,10 @@ END_TEST
  * definitions and backward rules never touch device memory) and with q, k, v on two devices. */
 #define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
 
-/* tu_random's tensor on the CPU: the CPU side of the comparisons below stays on the CPU
- * whatever the default device (on the CPU, the same tensor). */
-static nb_tensor *on_cpu(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
-                         uint64_t seed) {
-    return nb_to_device(tu_random(shape, ndim, dt, lo, hi, seed), NB_CPU);
-}
-
-static void expect_on(const nb_tensor *t, nb_device dev, const int64_t *shape, int ndim,
-                      nb_dtype dt, const char *what) {
-    ck_assert_msg(t, "%s: %s", what, nb_last_error());
-    ck_assert_msg(nb_device_equal(nb_tensor_device(t), dev), "%s: on the wrong device", what);
-    ck_assert_msg(nb_tensor_dtype(t) == dt, "%s: dtype %s", what,
-                  nb_dtype_name(nb_tensor_dtype(t)));
-    ck_assert_msg(nb_ndim(t) == ndim, "%s: %d dims", what, nb_ndim(t));
-    for (int d = 0; d < ndim; d++)
-        ck_assert_msg(nb_shape(t)[d] == shape[d], "%s: dim %d is %lld", what, d,
-                      (long long)nb_shape(t)[d]);
-}
-
 /* g (a guard tensor) holds exactly c's values (c on the CPU). */
 static void expect_same_on_guard(nb_tensor *c, nb_tensor *g, const char *what) {
     ck_assert_msg(c && g, "%s: missing (%s)", what, nb_last_error());
-    expect_on(g, GUARD, nb_shape(c), nb_ndim(c), nb_tensor_dtype(c), what);
+    tu_expect_on(g, GUARD, nb_shape(c), nb_ndim(c), nb_tensor_dtype(c), what);
     expect_identical(c, nb_to_device(g, NB_CPU), what);
 }
 
@@ -564,23 +545,23 @@ START_TEST(test_meta) {
                 use[j] = nb_transpose(in[j], 1, 2);
             }
             nb_tensor *o = nb_causal_attention(use[0], use[1], use[2], 0, p, true, gm);
-            expect_on(o, NB_META, sh, 4, dt, "causal_attention");
+            tu_expect_on(o, NB_META, sh, 4, dt, "causal_attention");
             backward_with(o, nb_ones_on(NB_META, sh, 4, dt));
-            for (int j = 0; j < 3; j++) expect_on(nb_grad(in[j]), NB_META, bthd, 4, dt, "grad");
+            for (int j = 0; j < 3; j++) tu_expect_on(nb_grad(in[j]), NB_META, bthd, 4, dt, "grad");
             /* the packed form */
             const int64_t ps[3] = {2, 9, 36}, os[3] = {2, 9, 12};
             nb_tensor *qkv = nb_empty_on(NB_META, ps, 3, dt);
             make_grad(qkv);
             nb_tensor *y = nb_causal_attention_qkv(qkv, 3, 0, p, true, gm);
-            expect_on(y, NB_META, os, 3, dt, "causal_attention_qkv");
+            tu_expect_on(y, NB_META, os, 3, dt, "causal_attention_qkv");
             backward_with(y, nb_ones_on(NB_META, os, 3, dt));
-            expect_on(nb_grad(qkv), NB_META, ps, 3, dt, "grad qkv");
+            tu_expect_on(nb_grad(qkv), NB_META, ps, 3, dt, "grad qkv");
             /* the generator moved exactly as on the CPU */
             nb_tensor *c[3];
-            for (int j = 0; j < 3; j++) c[j] = on_cpu(sh, 4, dt, -1, 1, 5 + (uint64_t)j);
+            for (int j = 0; j < 3; j++) c[j] = tu_random_cpu(sh, 4, dt, -1, 1, 5 + (uint64_t)j);
             ck_assert_ptr_nonnull(nb_causal_attention(c[0], c[1], c[2], 0, p, true, gc));
             ck_assert_ptr_nonnull(
-                nb_causal_attention_qkv(on_cpu(ps, 3, dt, -1, 1, 8), 3, 0, p, true, gc));
+                nb_causal_attention_qkv(tu_random_cpu(ps, 3, dt, -1, 1, 8), 3, 0, p, true, gc));
             ck_assert_uint_eq(nb_generator_offset(gm), nb_generator_offset(gc));
             ck_assert(drop ? nb_generator_offset(gm) > 0 : nb_generator_offset(gm) == 0);
             nb_generator_free(gm), nb_generator_free(gc);
@@ -600,7 +581,7 @@ START_TEST(test_guard) {
             /* split form on the (B, T, 3, H, D) slices of one fused tensor, each slice a leaf
              * (so the gradients are the op's own (B, T, H, D)-layout views) */
             const int64_t s5[5] = {2, 37, 3, 2, 5}, sh[4] = {2, 2, 37, 5};
-            nb_tensor *base = on_cpu(s5, 5, dt, -1.5, 1.5, 60 + (uint64_t)di);
+            nb_tensor *base = tu_random_cpu(s5, 5, dt, -1.5, 1.5, 60 + (uint64_t)di);
             nb_tensor *baseg = nb_to_device(base, GUARD);
             ck_assert_msg(baseg, "%s", nb_last_error());
             nb_tensor *t[3], *tg[3];
@@ -612,7 +593,7 @@ START_TEST(test_guard) {
             nb_tensor *o = nb_causal_attention(t[0], t[1], t[2], 0, p, true, g1);
             nb_tensor *og = nb_causal_attention(tg[0], tg[1], tg[2], 0, p, true, g2);
             expect_same_on_guard(o, og, "causal_attention");
-            nb_tensor *go = on_cpu(sh, 4, dt, -1, 1, 70);
+            nb_tensor *go = tu_random_cpu(sh, 4, dt, -1, 1, 70);
             backward_with(o, go);
             backward_with(og, nb_to_device(go, GUARD));
             for (int j = 0; j < 3; j++)
@@ -620,7 +601,7 @@ START_TEST(test_guard) {
             /* contiguous operands (contiguous gradients) */
             nb_tensor *c[3], *cg[3];
             for (int j = 0; j < 3; j++) {
-                c[j] = on_cpu(sh, 4, dt, -1, 1, 80 + (uint64_t)j);
+                c[j] = tu_random_cpu(sh, 4, dt, -1, 1, 80 + (uint64_t)j);
                 cg[j] = nb_to_device(c[j], GUARD);
                 make_grad(c[j]), make_grad(cg[j]);
             }
@@ -632,12 +613,12 @@ START_TEST(test_guard) {
             for (int j = 0; j < 3; j++) expect_same_on_guard(nb_grad(c[j]), nb_grad(cg[j]), "grad");
             /* the packed form */
             const int64_t ps[3] = {2, 37, 30}, os[3] = {2, 37, 10};
-            nb_tensor *qkv = on_cpu(ps, 3, dt, -1.5, 1.5, 90), *qkvg = nb_to_device(qkv, GUARD);
+            nb_tensor *qkv = tu_random_cpu(ps, 3, dt, -1.5, 1.5, 90), *qkvg = nb_to_device(qkv, GUARD);
             make_grad(qkv), make_grad(qkvg);
             nb_tensor *y = nb_causal_attention_qkv(qkv, 2, 0, p, true, g1);
             nb_tensor *yg = nb_causal_attention_qkv(qkvg, 2, 0, p, true, g2);
             expect_same_on_guard(y, yg, "causal_attention_qkv");
-            nb_tensor *gy = on_cpu(os, 3, dt, -1, 1, 91);
+            nb_tensor *gy = tu_random_cpu(os, 3, dt, -1, 1, 91);
             backward_with(y, gy);
             backward_with(yg, nb_to_device(gy, GUARD));
             expect_same_on_guard(nb_grad(qkv), nb_grad(qkvg), "grad qkv");

@@ -19,9 +19,6 @@
 #endif
 #define FIXTURES NB_SOURCE_DIR "/tests/fixtures/io/"
 
-#define ASSERT_OK(expr) ck_assert_msg((expr) == NB_OK, "%s failed: %s", #expr, nb_last_error())
-#define ASSERT_ST(expr, status, needle) \
-    tu_assert_error_at((expr) != NB_OK, (status), (needle), __FILE__, __LINE__)
 
 static const nb_dtype all_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16,
                                       NB_I32, NB_I64, NB_U8,  NB_BOOL};

@@ -126,3 +126,20 @@ void tu_assert_error_at(bool failed, nb_status status, const char *needle, const
                       needle);
     nb_clear_error();
 }
+
+nb_tensor *tu_random_cpu(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
+                         uint64_t seed) {
+    return nb_to_device(tu_random(shape, ndim, dt, lo, hi, seed), NB_CPU);
+}
+
+void tu_expect_on(const nb_tensor *t, nb_device dev, const int64_t *shape, int ndim,
+                  nb_dtype dt, const char *what) {
+    ck_assert_msg(t, "%s: %s", what, nb_last_error());
+    ck_assert_msg(nb_device_equal(nb_tensor_device(t), dev), "%s: on the wrong device", what);
+    ck_assert_msg(nb_tensor_dtype(t) == dt, "%s: dtype %s", what,
+                  nb_dtype_name(nb_tensor_dtype(t)));
+    ck_assert_msg(nb_ndim(t) == ndim, "%s: %d dims", what, nb_ndim(t));
+    for (int d = 0; d < ndim; d++)
+        ck_assert_msg(nb_shape(t)[d] == shape[d], "%s: dim %d is %lld", what, d,
+                      (long long)nb_shape(t)[d]);
+}

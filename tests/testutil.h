@@ -34,6 +34,10 @@ Suite *nb_suite_io(void);
 Suite *nb_suite_gpt(void);
 Suite *nb_suite_attention(void);
 Suite *nb_suite_backend(void);
+/* Test cases kept in their own files, added to the suite named first. */
+TCase *nb_tcase_norm_devices(void); /* nn_layers: tests/test_nn_devices.c */
+TCase *nb_tcase_module_to(void);    /* nn_layers: tests/test_nn_devices.c */
+TCase *nb_tcase_optim_devices(void); /* optim: tests/test_optim_devices.c */
 
 /* A tensor of dtype dt holding vals (converted), shape[ndim]; registered in the scope. */
 nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtype dt);
@@ -45,6 +49,13 @@ nb_tensor *tu_random(const int64_t *shape, int ndim, nb_dtype dt, double lo, dou
 /* The same values as a non-contiguous tensor: stored transposed in its last two dims (for
  * ndim >= 2) or with stride 2 (ndim 1), then viewed back to shape. */
 nb_tensor *tu_noncontig(nb_tensor *t);
+/* tu_random's tensor on the CPU whatever the default device (the reference side of a
+ * device-versus-CPU comparison; on the CPU, the same tensor). */
+nb_tensor *tu_random_cpu(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
+                         uint64_t seed);
+/* Fail unless t is a tensor on dev of the given shape and dtype (what names it). */
+void tu_expect_on(const nb_tensor *t, nb_device dev, const int64_t *shape, int ndim,
+                  nb_dtype dt, const char *what);
 /* Elements of t in logical row-major order as doubles; caller frees with free(). */
 double *tu_values(const nb_tensor *t);
 /* Tolerance for comparing a result of dtype dt with a double reference. */
@@ -60,6 +71,12 @@ void tu_assert_close_at(const nb_tensor *t, const double *ref, const int64_t *sh
     tu_assert_error_at((result) == NULL, (status), (needle), __FILE__, __LINE__)
 void tu_assert_error_at(bool failed, nb_status status, const char *needle,
                         const char *file, int line);
+
+/* An nb_status call failed with status and a message containing needle; succeeded. */
+#define ASSERT_ST(expr, status, needle) \
+    tu_assert_error_at((expr) != NB_OK, (status), (needle), __FILE__, __LINE__)
+#define ASSERT_OK(expr) \
+    ck_assert_msg((expr) == NB_OK, "%s failed: %s", #expr, nb_last_error())
 
 /* Row-major index helpers for reference loops. */
 int64_t tu_numel(const int64_t *shape, int ndim);
