@@ -19,71 +19,11 @@
 #endif
 #define FIXTURES NB_SOURCE_DIR "/tests/fixtures/io/"
 
-
 static const nb_dtype all_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16,
                                       NB_I32, NB_I64, NB_U8,  NB_BOOL};
 #define NDT ((int)(sizeof all_dtypes / sizeof all_dtypes[0]))
 
-/* ---- helpers ----------------------------------------------------------------------------------- */
-/* A fresh directory under /tmp, removed (with its files) by rm_dir. */
-static char *make_dir(void) {
-    char *d = strdup("/tmp/nb_io_XXXXXX");
-    ck_assert(d && mkdtemp(d));
-    return d;
-}
-
-static int count_files(const char *dir) {
-    DIR *d = opendir(dir);
-    ck_assert(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    closedir(d);
-    return n;
-}
-
-static void rm_dir(char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        char p[512];
-        for (struct dirent *e; (e = readdir(d));) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-    free(dir);
-}
-
-static char *path_in(const char *dir, const char *name) {
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
-}
-
-static void write_file(const char *path, const void *buf, size_t n) {
-    FILE *fp = fopen(path, "wb");
-    ck_assert(fp);
-    ck_assert(n == 0 || fwrite(buf, 1, n, fp) == n);
-    ck_assert(fclose(fp) == 0);
-}
-
-static unsigned char *read_file(const char *path, size_t *n) {
-    FILE *fp = fopen(path, "rb");
-    ck_assert_msg(fp != NULL, "cannot open %s", path);
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)len + 1);
-    ck_assert(len == 0 || fread(b, 1, (size_t)len, fp) == (size_t)len);
-    fclose(fp);
-    b[len] = 0;
-    *n = (size_t)len;
-    return b;
-}
-
+/* ---- helpers (files: tu_make_dir, tu_path_in, ... in testutil) ------------------------------ */
 /* The raw bytes of t in row-major order (same dtype); caller frees. */
 static unsigned char *raw_bytes(const nb_tensor *t, size_t *n) {
     *n = (size_t)nb_numel(t) * nb_dtype_size(nb_tensor_dtype(t));
@@ -123,7 +63,7 @@ static void write_st(const char *path, const char *json, size_t data_size) {
     for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
     memcpy(b + 8, json, n);
     memset(b + 8 + n, 0x11, data_size);
-    write_file(path, b, 8 + n + data_size);
+    tu_write_file(path, b, 8 + n + data_size);
     free(b);
 }
 
@@ -155,7 +95,7 @@ START_TEST(test_roundtrip_dtypes) {
         {2, {4, 5}, true},       {1, {6}, true},       {3, {2, 3, 4}, true},
     };
     enum { NS = sizeof shapes / sizeof shapes[0] };
-    char *dir = make_dir(), *path = path_in(dir, "all.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "all.safetensors");
     char names[NDT * NS][32];
     const char *np[NDT * NS];
     nb_tensor *ts[NDT * NS];
@@ -171,7 +111,7 @@ START_TEST(test_roundtrip_dtypes) {
             }
         }
     ASSERT_OK(nb_safetensors_save(path, np, ts, n, NULL, NULL, 0));
-    ck_assert_int_eq(count_files(dir), 1); /* no temporary file left */
+    ck_assert_int_eq(tu_count_files(dir), 1); /* no temporary file left */
 
     nb_safetensors *f = nb_safetensors_open(path);
     ck_assert_msg(f, "%s", nb_last_error());
@@ -202,14 +142,14 @@ START_TEST(test_roundtrip_dtypes) {
     unlink(path);
     for (int i = 0; i < n; i++) assert_identical(keep[i], ts[i], np[i]);
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
 
 START_TEST(test_file_order_and_names) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "o.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "o.safetensors");
     /* Written in the reference order: 8-byte dtypes first, then by name. */
     const char *names[] = {"u", "a64", "b", "i", "z64", "h"};
     nb_tensor *ts[] = {nb_zeros((int64_t[]){3}, 1, NB_U8), nb_zeros((int64_t[]){1}, 1, NB_F64),
@@ -233,14 +173,14 @@ START_TEST(test_file_order_and_names) {
     ck_assert_str_eq(nb_safetensors_path(f), path);
     nb_safetensors_close(f);
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
 
 START_TEST(test_metadata) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "m.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "m.safetensors");
     const char *keys[] = {"format", "note", "empty", "uni"};
     const char *vals[] = {"pt", "a \"quoted\"\nline\\ /", "", "\xc3\xbcn\xc3\xaf \xe2\x9c\x93"};
     nb_tensor *t = nb_ones((int64_t[]){2}, 1, NB_F32);
@@ -262,12 +202,12 @@ START_TEST(test_metadata) {
     /* Without metadata there is no "__metadata__" entry at all. */
     ASSERT_OK(nb_safetensors_save(path, nm, &t, 1, NULL, NULL, 0));
     size_t n;
-    unsigned char *b = read_file(path, &n);
+    unsigned char *b = tu_read_file(path, &n);
     ck_assert(!strstr((char *)b + 8, "__metadata__"));
     free(b);
     /* An empty file: "{}" padded to 8 bytes, as the reference writes it. */
     ASSERT_OK(nb_safetensors_save(path, NULL, NULL, 0, NULL, NULL, 0));
-    b = read_file(path, &n);
+    b = tu_read_file(path, &n);
     ck_assert_int_eq(n, 16);
     ck_assert(memcmp(b, "\x08\0\0\0\0\0\0\0{}      ", 16) == 0);
     free(b);
@@ -275,7 +215,7 @@ START_TEST(test_metadata) {
     ck_assert(f && nb_safetensors_count(f) == 0);
     nb_safetensors_close(f);
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
@@ -284,7 +224,7 @@ END_TEST
  * partly non-contiguous: nabla must write the reference writer's bytes exactly. */
 START_TEST(test_layout_matches_reference) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "layout.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "layout.safetensors");
     const char *names[] = {"flag", "a.bias", "w64", "b.weight", "empty", "z",
                            "na\xc3\xafve \"q\"\\", "count", "emb", "bytes"};
     nb_tensor *ts[10];
@@ -302,8 +242,8 @@ START_TEST(test_layout_matches_reference) {
     const char *k[] = {"format"}, *v[] = {"pt"};
     ASSERT_OK(nb_safetensors_save(path, names, ts, 10, k, v, 1));
     size_t n_ours, n_ref;
-    unsigned char *ours = read_file(path, &n_ours);
-    unsigned char *ref = read_file(FIXTURES "layout.safetensors", &n_ref);
+    unsigned char *ours = tu_read_file(path, &n_ours);
+    unsigned char *ref = tu_read_file(FIXTURES "layout.safetensors", &n_ref);
     ck_assert_int_eq(n_ours, n_ref);
     for (size_t i = 0; i < n_ref; i++)
         ck_assert_msg(ours[i] == ref[i], "byte %zu differs: 0x%02x vs reference 0x%02x", i,
@@ -314,7 +254,7 @@ START_TEST(test_layout_matches_reference) {
     free(ours);
     free(ref);
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
@@ -325,7 +265,7 @@ static int hexval(char c) { return c <= '9' ? c - '0' : (c | 32) - 'a' + 10; }
 START_TEST(test_torch_fixture) {
     nb_scope_begin();
     size_t len;
-    char *text = (char *)read_file(FIXTURES "torch_mixed.expected", &len);
+    char *text = (char *)tu_read_file(FIXTURES "torch_mixed.expected", &len);
     nb_safetensors *f = nb_safetensors_open(FIXTURES "torch_mixed.safetensors");
     ck_assert_msg(f, "%s", nb_last_error());
     int ntensors = 0, nmeta = 0;
@@ -455,7 +395,7 @@ START_TEST(test_corrupt_headers) {
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,18446744073709551620]}}", 4,
          "not valid JSON"},
     };
-    char *dir = make_dir(), *path = path_in(dir, "bad.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "bad.safetensors");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         write_st(path, cases[i].json, cases[i].data);
         char label[64];
@@ -463,26 +403,26 @@ START_TEST(test_corrupt_headers) {
         expect_open_error(path, NB_EFORMAT, cases[i].needle, label);
     }
     /* A NUL byte inside the header. */
-    write_file(path, "\x0a\0\0\0\0\0\0\0{\"a\"\0:1}  ", 18);
+    tu_write_file(path, "\x0a\0\0\0\0\0\0\0{\"a\"\0:1}  ", 18);
     expect_open_error(path, NB_EFORMAT, "not valid JSON", "NUL");
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
 }
 END_TEST
 
 START_TEST(test_bad_files) {
-    char *dir = make_dir(), *path = path_in(dir, "x.safetensors");
-    write_file(path, "", 0);
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "x.safetensors");
+    tu_write_file(path, "", 0);
     expect_open_error(path, NB_EFORMAT, "too short", "empty file");
-    write_file(path, "\x02\0\0\0\0", 5);
+    tu_write_file(path, "\x02\0\0\0\0", 5);
     expect_open_error(path, NB_EFORMAT, "too short", "5 bytes");
-    write_file(path, "\xe8\x03\0\0\0\0\0\0{}      ", 16);
+    tu_write_file(path, "\xe8\x03\0\0\0\0\0\0{}      ", 16);
     expect_open_error(path, NB_EFORMAT, "larger than", "length past the end");
-    write_file(path, "\x00\xc2\xeb\x0b\0\0\0\0{}      ", 16); /* 200,000,000 */
+    tu_write_file(path, "\x00\xc2\xeb\x0b\0\0\0\0{}      ", 16); /* 200,000,000 */
     expect_open_error(path, NB_EFORMAT, "exceeds the limit", "length over the bound");
-    write_file(path, "\xff\xff\xff\xff\xff\xff\xff\xff{}      ", 16);
+    tu_write_file(path, "\xff\xff\xff\xff\xff\xff\xff\xff{}      ", 16);
     expect_open_error(path, NB_EFORMAT, "exceeds the limit", "length 2^64-1");
-    char *missing = path_in(dir, "missing.safetensors");
+    char *missing = tu_path_in(dir, "missing.safetensors");
     expect_open_error(missing, NB_EIO, "cannot open", "missing file");
     expect_open_error(dir, NB_EIO, "directory", "a directory");
     nb_clear_error();
@@ -490,14 +430,14 @@ START_TEST(test_bad_files) {
     ck_assert_int_eq(nb_last_status(), NB_ENULL);
     free(missing);
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
 }
 END_TEST
 
 /* Files that are valid safetensors but hold what nabla cannot (or need not) map directly. */
 START_TEST(test_unusual_valid_files) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "u.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "u.safetensors");
     nb_safetensors *f;
     nb_safetensors_info in;
 
@@ -534,7 +474,7 @@ START_TEST(test_unusual_valid_files) {
     data[0] = 200;
     memcpy(data + 1, fv, 8);
     data[9] = 0, data[10] = 2, data[11] = 1;
-    write_file(path, buf, 8 + hl + 12);
+    tu_write_file(path, buf, 8 + hl + 12);
     f = nb_safetensors_open(path);
     ck_assert_msg(f, "%s", nb_last_error());
     ck_assert_int_eq(nb_safetensors_metadata_count(f), 0);
@@ -548,7 +488,7 @@ START_TEST(test_unusual_valid_files) {
     ck_assert_int_eq(nb_item_i64(nb_safetensors_get(f, "u")), 200);
     nb_safetensors_close(f);
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
@@ -556,7 +496,7 @@ END_TEST
 /* Every truncation of a valid file is an error; flipped bytes never crash (run under ASan). */
 START_TEST(test_truncation_and_mutation) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "v.safetensors"), *cut = path_in(dir, "c");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "v.safetensors"), *cut = tu_path_in(dir, "c");
     const char *names[] = {"w", "b", "s", "m"};
     nb_tensor *ts[] = {rand_of((int64_t[]){2, 3}, 2, NB_F32, 1),
                        rand_of((int64_t[]){3}, 1, NB_BF16, 2), rand_of(NULL, 0, NB_I64, 3),
@@ -564,9 +504,9 @@ START_TEST(test_truncation_and_mutation) {
     const char *k[] = {"format"}, *v[] = {"pt"};
     ASSERT_OK(nb_safetensors_save(path, names, ts, 4, k, v, 1));
     size_t n;
-    unsigned char *good = read_file(path, &n);
+    unsigned char *good = tu_read_file(path, &n);
     /* One file changed in place: creating a thousand files is slow on some file systems. */
-    write_file(cut, good, n);
+    tu_write_file(cut, good, n);
     int fd = open(cut, O_RDWR);
     ck_assert(fd >= 0);
     for (size_t len = 0; len < n; len++) {
@@ -602,7 +542,7 @@ START_TEST(test_truncation_and_mutation) {
     free(good);
     free(cut);
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
@@ -610,7 +550,7 @@ END_TEST
 /* ---- writing: errors and atomic replacement ------------------------------------------------------ */
 START_TEST(test_save_errors) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "e.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "e.safetensors");
     nb_tensor *a = nb_ones((int64_t[]){2}, 1, NB_F32), *b = nb_zeros((int64_t[]){2}, 1, NB_I32);
     nb_tensor *ab[] = {a, b}, *an[] = {a, NULL};
     const char *n2[] = {"a", "b"}, *dup[] = {"x", "x"}, *meta[] = {"__metadata__", "b"};
@@ -633,16 +573,16 @@ START_TEST(test_save_errors) {
     nb_tensor *bad = nb_add(a, nb_ones((int64_t[]){3}, 1, NB_F32));
     nb_tensor *withbad[] = {a, bad};
     ASSERT_ST(nb_safetensors_save(path, n2, withbad, 2, NULL, NULL, 0), NB_ESHAPE, "add");
-    ck_assert_int_eq(count_files(dir), 0); /* nothing was written */
+    ck_assert_int_eq(tu_count_files(dir), 0); /* nothing was written */
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
 
 START_TEST(test_atomic_write) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "ckpt.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "ckpt.safetensors");
     const char *nm[] = {"w"};
     nb_tensor *small = rand_of((int64_t[]){4}, 1, NB_F32, 5);
     nb_tensor *big = rand_of((int64_t[]){64, 256}, 2, NB_F32, 6); /* 64 KiB */
@@ -653,7 +593,7 @@ START_TEST(test_atomic_write) {
     ck_assert(stat(path, &st) == 0);
     ck_assert_int_eq(st.st_mode & 0777, 0644); /* the umask decides, as for fopen */
     size_t n_old;
-    unsigned char *old = read_file(path, &n_old);
+    unsigned char *old = tu_read_file(path, &n_old);
 
     /* A write that fails half-way (the file size limit: as a full disk would) leaves the old
      * file as it was and no temporary file. Works as root too. */
@@ -668,25 +608,25 @@ START_TEST(test_atomic_write) {
     signal(SIGXFSZ, prev_handler);
     ck_assert_int_eq(s, NB_EIO);
     ck_assert_msg(strstr(nb_last_error(), path), "%s", nb_last_error());
-    ck_assert_int_eq(count_files(dir), 1);
+    ck_assert_int_eq(tu_count_files(dir), 1);
     size_t n_now;
-    unsigned char *now = read_file(path, &n_now);
+    unsigned char *now = tu_read_file(path, &n_now);
     ck_assert(n_now == n_old && memcmp(now, old, n_old) == 0);
     free(now);
 
     /* A directory that does not exist, or (unless we are root) one we may not write. */
-    char *nodir = path_in(dir, "no/such.safetensors");
+    char *nodir = tu_path_in(dir, "no/such.safetensors");
     ASSERT_ST(nb_safetensors_save(nodir, nm, &big, 1, NULL, NULL, 0), NB_EIO, "cannot create");
     free(nodir);
     if (geteuid() != 0) {
         ck_assert(chmod(dir, 0555) == 0);
         ASSERT_ST(nb_safetensors_save(path, nm, &big, 1, NULL, NULL, 0), NB_EIO, "ckpt");
         ck_assert(chmod(dir, 0755) == 0);
-        now = read_file(path, &n_now);
+        now = tu_read_file(path, &n_now);
         ck_assert(n_now == n_old && memcmp(now, old, n_old) == 0);
         free(now);
     }
-    ck_assert_int_eq(count_files(dir), 1);
+    ck_assert_int_eq(tu_count_files(dir), 1);
 
     /* And replacing works, even while the old file is open and its tensors in use. */
     nb_safetensors *f = nb_safetensors_open(path);
@@ -697,10 +637,10 @@ START_TEST(test_atomic_write) {
     f = nb_safetensors_open(path);
     assert_identical(nb_safetensors_get(f, "w"), big, "new file");
     nb_safetensors_close(f);
-    ck_assert_int_eq(count_files(dir), 1);
+    ck_assert_int_eq(tu_count_files(dir), 1);
     free(old);
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
@@ -708,7 +648,7 @@ END_TEST
 /* Mapped tensors: alive after close, copy-on-write (the file never changes). */
 START_TEST(test_mapping_lifetime) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "l.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "l.safetensors");
     const char *nm[] = {"w"};
     nb_tensor *w = rand_of((int64_t[]){3, 4}, 2, NB_F32, 9);
     ASSERT_OK(nb_safetensors_save(path, nm, &w, 1, NULL, NULL, 0));
@@ -727,7 +667,7 @@ START_TEST(test_mapping_lifetime) {
     ck_assert(nb_get_f64(view, (int64_t[]){3, 2}) == 5.0);
     nb_scope_end();
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
 }
 END_TEST
 
@@ -776,7 +716,7 @@ static void assert_module_equals(nb_module *m, const nb_state_list *want) {
 
 START_TEST(test_module_roundtrip) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "model.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "model.safetensors");
     nb_module *a = make_mlp(1, 3, false);
     /* buffers with non-default values */
     ASSERT_OK(nb_copy_(nb_module_find(a, "2.running_mean"), rand_of((int64_t[]){8}, 1, NB_F32, 3)));
@@ -813,14 +753,14 @@ START_TEST(test_module_roundtrip) {
     nb_module_free(b);
     nb_module_free(c);
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
 
 START_TEST(test_module_load_errors) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "model.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "model.safetensors");
     nb_module *src = make_mlp(1, 3, false);
     ASSERT_OK(nb_module_save(src, path));
 
@@ -850,7 +790,7 @@ START_TEST(test_module_load_errors) {
     /* the exact message for one missing tensor */
     nb_module *nobias = nb_linear_new(4, 8, &(nb_linear_opts){.no_bias = true});
     nb_module *bias = nb_linear_new(4, 8, NULL);
-    char *p2 = path_in(dir, "nobias.safetensors");
+    char *p2 = tu_path_in(dir, "nobias.safetensors");
     ASSERT_OK(nb_module_save(nobias, p2));
     ck_assert_int_ne(nb_module_load(bias, p2, true), NB_OK);
     char want[600];
@@ -858,7 +798,7 @@ START_TEST(test_module_load_errors) {
     ck_assert_str_eq(nb_last_error(), want);
 
     /* unexpected tensors: strict fails, non-strict ignores them */
-    char *p3 = path_in(dir, "bias.safetensors");
+    char *p3 = tu_path_in(dir, "bias.safetensors");
     ASSERT_OK(nb_module_save(bias, p3));
     ASSERT_ST(nb_module_load(nobias, p3, true), NB_EINVAL,
               "has tensor \"bias\", which the module does not have");
@@ -884,9 +824,9 @@ START_TEST(test_module_load_errors) {
     ASSERT_ST(nb_module_load(src, NULL, true), NB_ENULL, "path");
     ASSERT_ST(nb_module_save(NULL, path), NB_ENULL, "module");
     ASSERT_ST(nb_module_save(src, NULL), NB_ENULL, "path");
-    char *nofile = path_in(dir, "none.safetensors");
+    char *nofile = tu_path_in(dir, "none.safetensors");
     ASSERT_ST(nb_module_load(src, nofile, false), NB_EIO, "none.safetensors");
-    write_file(nofile, "\x04\0\0\0\0\0\0\0[]  ", 12);
+    tu_write_file(nofile, "\x04\0\0\0\0\0\0\0[]  ", 12);
     ASSERT_ST(nb_module_load(src, nofile, false), NB_EFORMAT, "not a JSON object");
     free(nofile);
 
@@ -898,7 +838,7 @@ START_TEST(test_module_load_errors) {
     nb_module_free(fewer);
     free(p2);
     free(path);
-    rm_dir(dir);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
@@ -906,7 +846,7 @@ END_TEST
 /* Several objects in one file under prefixes, as a checkpoint stores them. */
 START_TEST(test_state_lists_and_prefixes) {
     nb_scope_begin();
-    char *dir = make_dir(), *path = path_in(dir, "ckpt.safetensors");
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "ckpt.safetensors");
     nb_module *m = make_mlp(1, 3, false);
     nb_state_list l;
     nb_state_list_init(&l);
@@ -957,173 +897,7 @@ START_TEST(test_state_lists_and_prefixes) {
     nb_module_free(m);
     nb_module_free(m2);
     free(path);
-    rm_dir(dir);
-    nb_scope_end();
-}
-END_TEST
-
-/* ---- other devices ---------------------------------------------------------------------------
- * The host-only layers (files, printing, gradcheck, the size-1 communicator) take tensors of
- * any device with data through host copies, and refuse meta tensors with NB_EDEVICE. The
- * guard device faults on any host access to its memory, so passing here proves the copies
- * go through the backend. */
-#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
-
-/* tu_random on the CPU whatever the default device: the host side these tests compare the
- * guard device with (the tensor itself when the default is the CPU). */
-static nb_tensor *cpu_random(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
-                             uint64_t seed) {
-    nb_tensor *t = nb_to_device(tu_random(shape, ndim, dt, lo, hi, seed), NB_CPU);
-    ck_assert_msg(t != NULL, "%s", nb_last_error());
-    return t;
-}
-
-/* Element-wise equality of two tensors of any devices, through host copies. */
-static void assert_same_values(nb_tensor *a, nb_tensor *b) {
-    ck_assert_int_eq(nb_tensor_dtype(a), nb_tensor_dtype(b));
-    ck_assert_int_eq(nb_numel(a), nb_numel(b));
-    nb_tensor *ha = nb_contiguous(nb_to_device(a, NB_CPU));
-    nb_tensor *hb = nb_contiguous(nb_to_device(b, NB_CPU));
-    ck_assert(ha && hb);
-    ck_assert(memcmp(nb_data(ha), nb_data(hb),
-                     (size_t)nb_numel(a) * nb_dtype_size(nb_tensor_dtype(a))) == 0);
-}
-
-START_TEST(test_save_other_devices) {
-    nb_scope_begin();
-    char *dir = make_dir();
-    char *p = path_in(dir, "g.safetensors"), *q = path_in(dir, "c.safetensors");
-    nb_tensor *a = cpu_random((int64_t[]){3, 4}, 2, NB_F32, -2, 2, 1);
-    nb_tensor *b = cpu_random((int64_t[]){5}, 1, NB_I64, -100, 100, 2);
-    nb_tensor *c = cpu_random((int64_t[]){4, 3}, 2, NB_BF16, -1, 1, 3);
-    nb_tensor *ga = nb_to_device(a, GUARD), *gb = nb_to_device(b, GUARD);
-    nb_tensor *gc = nb_transpose(nb_to_device(c, GUARD), 0, 1); /* a strided guard view */
-    ck_assert(ga && gb && gc);
-    const char *names[3] = {"a", "b", "c"};
-    nb_tensor *gts[3] = {ga, gb, gc};
-    nb_tensor *cts[3] = {a, b, nb_transpose(c, 0, 1)};
-    ASSERT_OK(nb_safetensors_save(p, names, gts, 3, NULL, NULL, 0));
-    ASSERT_OK(nb_safetensors_save(q, names, cts, 3, NULL, NULL, 0));
-    /* The same bytes as the CPU tensors give, and the values round-trip. */
-    size_t np = 0, nq = 0;
-    unsigned char *bp = read_file(p, &np), *bq = read_file(q, &nq);
-    ck_assert_uint_eq(np, nq);
-    ck_assert(memcmp(bp, bq, np) == 0);
-    free(bp);
-    free(bq);
-    nb_safetensors *f = nb_safetensors_open(p);
-    ck_assert_ptr_nonnull(f);
-    for (int i = 0; i < 3; i++) assert_same_values(nb_safetensors_get(f, names[i]), gts[i]);
-
-    /* Loading into guard tensors (and into meta tensors, which checks shapes only). */
-    nb_tensor *da = nb_zeros_on(GUARD, (int64_t[]){3, 4}, 2, NB_F32);
-    nb_tensor *db = nb_zeros_on(GUARD, (int64_t[]){5}, 1, NB_F64); /* converted on load */
-    nb_tensor *ma = nb_empty_on(NB_META, (int64_t[]){3, 4}, 2, NB_F32);
-    ASSERT_OK(nb_state_load(f, NULL, (const char *[]){"a", "b"}, (nb_tensor *[]){da, db}, 2,
-                            false));
-    assert_same_values(da, a);
-    assert_same_values(db, nb_to_dtype(b, NB_F64));
-    ASSERT_OK(nb_state_load(f, NULL, (const char *[]){"a"}, &ma, 1, false));
-    nb_tensor *mbad = nb_empty_on(NB_META, (int64_t[]){4, 3}, 2, NB_F32);
-    ASSERT_ST(nb_state_load(f, NULL, (const char *[]){"a"}, &mbad, 1, false), NB_ESHAPE,
-              "[4,3]");
-    nb_safetensors_close(f);
-
-    /* A meta tensor holds no data to save: NB_EDEVICE, and no file is left behind. */
-    int before = count_files(dir);
-    char *r = path_in(dir, "m.safetensors");
-    ASSERT_ST(nb_safetensors_save(r, (const char *[]){"a", "m"}, (nb_tensor *[]){a, ma}, 2, NULL,
-                                  NULL, 0), NB_EDEVICE, "\"m\" is on the meta device");
-    ck_assert_int_eq(count_files(dir), before);
-    free(r);
-    free(p);
-    free(q);
-    rm_dir(dir);
-    nb_scope_end();
-}
-END_TEST
-
-START_TEST(test_print_other_devices) {
-    nb_scope_begin();
-    char buf[256];
-    nb_tensor *m = nb_empty_on(NB_META, (int64_t[]){2, 3}, 2, NB_F32);
-    ck_assert_int_gt(nb_format(m, buf, sizeof buf), 0);
-    ck_assert_str_eq(buf, "tensor(..., size=[2,3], dtype=f32, device=meta)");
-    /* The length is reported as for host tensors (room for the terminator is the caller's). */
-    ck_assert_int_eq(nb_format(m, NULL, 0), (int)strlen(buf));
-    char small[8];
-    ck_assert_int_eq(nb_format(m, small, sizeof small), (int)strlen(buf));
-    ck_assert_str_eq(small, "tensor(");
-    /* A guard tensor prints its values (copied to the host) and its device. */
-    nb_tensor *c = nb_to_device(tu_tensor((double[]){1, 2.5, -3, 4}, (int64_t[]){2, 2}, 2, NB_F32),
-                                NB_CPU); /* the host print the guard one is compared with */
-    char cbuf[256];
-    ck_assert_int_gt(nb_format(c, cbuf, sizeof cbuf), 0);
-    ck_assert_str_eq(cbuf, "tensor([[1.0000, 2.5000],\n        [-3.0000, 4.0000]], dtype=f32)");
-    nb_tensor *g = nb_to_device(c, GUARD);
-    ck_assert_int_gt(nb_format(g, buf, sizeof buf), 0);
-    char want[300];
-    snprintf(want, sizeof want, "%.*s, device=guard)", (int)strlen(cbuf) - 1, cbuf);
-    ck_assert_str_eq(buf, want);
-    /* nb_print of a meta tensor works too. */
-    FILE *fp = tmpfile();
-    ck_assert_ptr_nonnull(fp);
-    ASSERT_OK(nb_print(m, fp));
-    fclose(fp);
-    nb_scope_end();
-}
-END_TEST
-
-static nb_tensor *square_fn(nb_tensor *const *xs, int n, void *ctx) {
-    (void)n, (void)ctx;
-    return nb_mul(xs[0], xs[0]);
-}
-
-START_TEST(test_gradcheck_other_devices) {
-    nb_scope_begin();
-    nb_tensor *x = tu_random((int64_t[]){2, 3}, 2, NB_F64, -1, 1, 5);
-    nb_set_requires_grad(x, true);
-    ASSERT_OK(nb_gradcheck(square_fn, &x, 1, NULL, NULL));
-    /* Meta inputs have no values to perturb. */
-    nb_tensor *m = nb_empty_on(NB_META, (int64_t[]){2, 3}, 2, NB_F64);
-    nb_set_requires_grad(m, true);
-    ASSERT_ST(nb_gradcheck(square_fn, &m, 1, NULL, NULL), NB_EDEVICE, "input 0 is a meta tensor");
-    /* On the guard device the same check passes once every op it uses (mul, sum and their
-     * backward) runs there; until then it fails cleanly instead of faulting. */
-    nb_tensor *g = nb_to_device(nb_detach(x), GUARD);
-    nb_set_requires_grad(g, true);
-    nb_status st = nb_gradcheck(square_fn, &g, 1, NULL, NULL);
-    bool sum_on_guard = nb_sum(nb_to_device(x, GUARD), NULL, 0, false) != NULL;
-    if (sum_on_guard) ASSERT_OK(st);
-    else ck_assert_int_eq(st, NB_EDEVICE);
-    nb_scope_end();
-}
-END_TEST
-
-/* The size-1 communicator stages tensors of other devices through host copies. */
-START_TEST(test_comm_other_devices) {
-    nb_scope_begin();
-    nb_comm *c = nb_comm_self();
-    ck_assert_ptr_nonnull(c);
-    nb_tensor *x = cpu_random((int64_t[]){4, 5}, 2, NB_F32, -1, 1, 7);
-    nb_tensor *g = nb_to_device(x, GUARD);
-    ASSERT_OK(nb_allreduce(c, g, NB_REDUCE_SUM));
-    assert_same_values(g, x);
-    ASSERT_OK(nb_broadcast(c, nb_transpose(g, 0, 1), 0));
-    assert_same_values(g, x);
-    /* allgather from a guard tensor into a guard tensor, and send / recv between them. */
-    nb_tensor *out = nb_zeros_on(GUARD, (int64_t[]){4, 5}, 2, NB_F32);
-    ASSERT_OK(nb_allgather(c, out, g));
-    assert_same_values(out, x);
-    nb_tensor *rcv = nb_zeros_on(GUARD, (int64_t[]){5, 4}, 2, NB_F32);
-    ASSERT_OK(nb_send(c, nb_transpose(g, 0, 1), 0, 3));
-    ASSERT_OK(nb_recv(c, rcv, 0, 3));
-    assert_same_values(rcv, nb_contiguous(nb_transpose(x, 0, 1)));
-    /* Meta tensors hold nothing to communicate. */
-    nb_tensor *m = nb_empty_on(NB_META, (int64_t[]){3}, 1, NB_F32);
-    ASSERT_ST(nb_allreduce(c, m, NB_REDUCE_SUM), NB_EDEVICE, "t is a meta tensor");
-    ASSERT_ST(nb_send(c, m, 0, 1), NB_EDEVICE, "meta");
-    nb_comm_free(c);
+    tu_rm_dir(dir);
     nb_scope_end();
 }
 END_TEST
@@ -1149,11 +923,6 @@ Suite *nb_suite_io(void) {
     tcase_add_test(tm, test_module_load_errors);
     tcase_add_test(tm, test_state_lists_and_prefixes);
     suite_add_tcase(s, tm);
-    TCase *td = tcase_create("devices");
-    tcase_add_test(td, test_save_other_devices);
-    tcase_add_test(td, test_print_other_devices);
-    tcase_add_test(td, test_gradcheck_other_devices);
-    tcase_add_test(td, test_comm_other_devices);
-    suite_add_tcase(s, td);
+    suite_add_tcase(s, nb_tcase_io_devices()); /* tests/test_io_devices.c */
     return s;
 }

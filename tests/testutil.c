@@ -1,8 +1,11 @@
 /* testutil.c - helpers shared by the Check suites (see testutil.h). */
 #include "testutil.h"
 
+#include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int64_t tu_numel(const int64_t *shape, int ndim) {
     int64_t n = 1;
@@ -142,4 +145,68 @@ void tu_expect_on(const nb_tensor *t, nb_device dev, const int64_t *shape, int n
     for (int d = 0; d < ndim; d++)
         ck_assert_msg(nb_shape(t)[d] == shape[d], "%s: dim %d is %lld", what, d,
                       (long long)nb_shape(t)[d]);
+}
+
+/* ---- files -------------------------------------------------------------------------------- */
+/* A fresh directory under /tmp, removed (with its files) by tu_rm_dir. */
+char *tu_make_dir(void) {
+    char *d = strdup("/tmp/nb_test_XXXXXX");
+    ck_assert(d && mkdtemp(d));
+    return d;
+}
+
+int tu_count_files(const char *dir) {
+    DIR *d = opendir(dir);
+    ck_assert(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+
+void tu_rm_dir(char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        char p[512];
+        for (struct dirent *e; (e = readdir(d));) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+    free(dir);
+}
+
+
+char *tu_path_in(const char *dir, const char *name) {
+    char *p = malloc(strlen(dir) + strlen(name) + 2);
+    sprintf(p, "%s/%s", dir, name);
+    return p;
+}
+
+
+void tu_write_file(const char *path, const void *buf, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    ck_assert(fp);
+    ck_assert(n == 0 || fwrite(buf, 1, n, fp) == n);
+    ck_assert(fclose(fp) == 0);
+}
+
+
+unsigned char *tu_read_file(const char *path, size_t *n) {
+    FILE *fp = fopen(path, "rb");
+    ck_assert_msg(fp != NULL, "cannot open %s", path);
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)len + 1);
+    ck_assert(len == 0 || fread(b, 1, (size_t)len, fp) == (size_t)len);
+    fclose(fp);
+    b[len] = 0;
+    *n = (size_t)len;
+    return b;
 }

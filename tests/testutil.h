@@ -38,6 +38,7 @@ Suite *nb_suite_backend(void);
 TCase *nb_tcase_norm_devices(void); /* nn_layers: tests/test_nn_devices.c */
 TCase *nb_tcase_module_to(void);    /* nn_layers: tests/test_nn_devices.c */
 TCase *nb_tcase_optim_devices(void); /* optim: tests/test_optim_devices.c */
+TCase *nb_tcase_io_devices(void);    /* io: tests/test_io_devices.c */
 
 /* A tensor of dtype dt holding vals (converted), shape[ndim]; registered in the scope. */
 nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtype dt);
@@ -77,6 +78,16 @@ void tu_assert_error_at(bool failed, nb_status status, const char *needle,
     tu_assert_error_at((expr) != NB_OK, (status), (needle), __FILE__, __LINE__)
 #define ASSERT_OK(expr) \
     ck_assert_msg((expr) == NB_OK, "%s failed: %s", #expr, nb_last_error())
+
+/* Files: a fresh directory under /tmp (tu_rm_dir removes it with its files and frees the
+ * name), the number of entries in a directory, "dir/name" (malloc'd), and whole-file
+ * write/read (tu_read_file's buffer is malloc'd, NUL-terminated, its length in *n). */
+char *tu_make_dir(void);
+int tu_count_files(const char *dir);
+void tu_rm_dir(char *dir);
+char *tu_path_in(const char *dir, const char *name);
+void tu_write_file(const char *path, const void *buf, size_t n);
+unsigned char *tu_read_file(const char *path, size_t *n);
 
 /* Row-major index helpers for reference loops. */
 int64_t tu_numel(const int64_t *shape, int ndim);
