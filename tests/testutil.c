@@ -210,3 +210,22 @@ unsigned char *tu_read_file(const char *path, size_t *n) {
     *n = (size_t)len;
     return b;
 }
+
+/* ---- raw values ----------------------------------------------------------------------------- */
+void *tu_raw_values(const nb_tensor *t) {
+    int64_t n = nb_numel(t);
+    void *v = malloc(nb_dtype_size(nb_tensor_dtype(t)) * (size_t)(n ? n : 1));
+    ck_assert_msg(nb_read(t, v, n, nb_tensor_dtype(t)) == NB_OK, "%s", nb_last_error());
+    return v;
+}
+
+void tu_assert_same_bytes(nb_tensor *a, nb_tensor *b) {
+    ck_assert_msg(a && b, "%s", nb_last_error());
+    ck_assert_int_eq(nb_numel(a), nb_numel(b));
+    size_t bytes = (size_t)nb_numel(a) * nb_dtype_size(nb_tensor_dtype(a));
+    ck_assert(nb_is_contiguous(a) && nb_is_contiguous(b));
+    ck_assert_int_eq(nb_tensor_dtype(a), nb_tensor_dtype(b)); /* same bytes per element */
+    void *ra = tu_raw_values(a), *rb = tu_raw_values(b);
+    ck_assert(memcmp(ra, rb, bytes) == 0);
+    free(ra), free(rb);
+}

@@ -39,6 +39,7 @@ TCase *nb_tcase_norm_devices(void); /* nn_layers: tests/test_nn_devices.c */
 TCase *nb_tcase_module_to(void);    /* nn_layers: tests/test_nn_devices.c */
 TCase *nb_tcase_optim_devices(void); /* optim: tests/test_optim_devices.c */
 TCase *nb_tcase_io_devices(void);    /* io: tests/test_io_devices.c */
+void nb_tcases_index_devices(Suite *s); /* index: tests/test_index_devices.c */
 
 /* A tensor of dtype dt holding vals (converted), shape[ndim]; registered in the scope. */
 nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtype dt);
@@ -88,6 +89,12 @@ void tu_rm_dir(char *dir);
 char *tu_path_in(const char *dir, const char *name);
 void tu_write_file(const char *path, const void *buf, size_t n);
 unsigned char *tu_read_file(const char *path, size_t *n);
+
+/* t's elements in row-major order in t's own dtype (a raw copy read through nb_read, so it
+ * works on any device); caller frees. tu_assert_same_bytes: contiguous a and b of one dtype
+ * hold the same bytes. */
+void *tu_raw_values(const nb_tensor *t);
+void tu_assert_same_bytes(nb_tensor *a, nb_tensor *b);
 
 /* Row-major index helpers for reference loops. */
 int64_t tu_numel(const int64_t *shape, int ndim);
