@@ -715,10 +715,38 @@ static void sync_dir_of(const char *path) {
     free(dir);
 }
 
+/* What a non-regular file is, for messages ("a FIFO"). */
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    return "a special file";
+}
+
+/* The rename that ends a save replaces whatever path names, so refuse anything but a regular
+ * file or a missing path: renaming over a device node, FIFO or socket would turn it into a
+ * regular file (as root, saving to /dev/full replaced the device). A symbolic link counts as
+ * what it points to (a dangling one as missing); the rename replaces the link itself, as it
+ * always did. NB_OK, or NB_EIO with the reason. */
+static nb_status check_replaceable(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int e = errno;
+        if (e == ENOENT) return NB_OK;
+        return nb__error(NB_EIO, "safetensors_save: cannot check %s: %s", path, ERRNO_STR(e));
+    }
+    if (S_ISREG(st.st_mode)) return NB_OK;
+    return nb__error(NB_EIO, "safetensors_save: %s is %s, not a regular file; refusing to "
+                     "replace it", path, file_kind(st.st_mode));
+}
+
 nb_status nb_safetensors_save(const char *path, const char *const *names,
                               nb_tensor *const *tensors, int n, const char *const *meta_keys,
                               const char *const *meta_values, int nmeta) {
     nb_status st = check_save_args(path, names, tensors, n, meta_keys, meta_values, nmeta);
+    if (st == NB_OK) st = check_replaceable(path);
     if (st != NB_OK) return st;
     w_item *items = malloc(sizeof(w_item) * (size_t)(n ? n : 1));
     if (!items) return nb__error(NB_ENOMEM, "safetensors_save: out of memory");
@@ -757,6 +785,8 @@ nb_status nb_safetensors_save(const char *path, const char *const *names,
     const char *what = "write";
     if (!err && fsync(fd) != 0) err = errno, what = "sync";
     if (close(fd) != 0 && !err) err = errno, what = "close";
+    /* again: something may have appeared at path while we wrote */
+    if (!err && check_replaceable(path) != NB_OK) err = -1;
     if (!err && rename(tmp, path) != 0) err = errno, what = "rename the temporary file onto";
     if (err) {
         unlink(tmp);

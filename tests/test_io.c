@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -645,6 +646,70 @@ START_TEST(test_atomic_write) {
 }
 END_TEST
 
+/* A device node to save onto: as root a copy made in dir (so that a regression replaces the
+ * copy, never the machine's own node), otherwise the real one (which we cannot replace). */
+static char *device_node(const char *dir, const char *name, unsigned minor) {
+    char *dev = malloc(32);
+    snprintf(dev, 32, "/dev/%s", name);
+    if (geteuid() != 0) return dev;
+    free(dev);
+    char *copy = tu_path_in(dir, name);
+    ck_assert_msg(mknod(copy, S_IFCHR | 0666, makedev(1, minor)) == 0, "mknod %s", copy);
+    return copy;
+}
+
+/* Saving onto anything but a regular file (or a missing path) is refused before a byte is
+ * written: the rename would otherwise turn a device node or FIFO into a regular file. */
+START_TEST(test_save_refuses_special_files) {
+    nb_scope_begin();
+    char *dir = tu_make_dir();
+    const char *nm[] = {"w"};
+    nb_tensor *w = rand_of((int64_t[]){4}, 1, NB_F32, 7);
+    struct stat st;
+
+    char *fifo = tu_path_in(dir, "fifo.ckpt");
+    ck_assert(mkfifo(fifo, 0600) == 0);
+    ck_assert_int_eq(nb_safetensors_save(fifo, nm, &w, 1, NULL, NULL, 0), NB_EIO);
+    char want[600];
+    snprintf(want, sizeof want, "safetensors_save: %s is a FIFO, not a regular file; refusing "
+             "to replace it", fifo);
+    ck_assert_str_eq(nb_last_error(), want);
+    nb_clear_error();
+    ck_assert(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+
+    char *null = device_node(dir, "null", 3);
+    ASSERT_ST(nb_safetensors_save(null, nm, &w, 1, NULL, NULL, 0), NB_EIO,
+              "is a character device, not a regular file");
+    ck_assert(lstat(null, &st) == 0 && S_ISCHR(st.st_mode));
+
+    char *sub = tu_path_in(dir, "sub");
+    ck_assert(mkdir(sub, 0755) == 0);
+    ASSERT_ST(nb_safetensors_save(sub, nm, &w, 1, NULL, NULL, 0), NB_EIO, "is a directory");
+    ck_assert(lstat(sub, &st) == 0 && S_ISDIR(st.st_mode));
+    ck_assert(rmdir(sub) == 0);
+
+    /* A symbolic link to a regular file is replaced (by the new file), as before; one to a
+     * FIFO is refused like the FIFO. */
+    char *link = tu_path_in(dir, "link.ckpt"), *target = tu_path_in(dir, "t.ckpt");
+    ck_assert(symlink(fifo, link) == 0);
+    ASSERT_ST(nb_safetensors_save(link, nm, &w, 1, NULL, NULL, 0), NB_EIO, "FIFO");
+    ck_assert(unlink(link) == 0);
+    ASSERT_OK(nb_safetensors_save(target, nm, &w, 1, NULL, NULL, 0));
+    ck_assert(symlink(target, link) == 0);
+    ASSERT_OK(nb_safetensors_save(link, nm, &w, 1, NULL, NULL, 0));
+    ck_assert(lstat(link, &st) == 0 && S_ISREG(st.st_mode));
+    /* no temporary file left: fifo, (null), t.ckpt, link.ckpt */
+    ck_assert_int_eq(tu_count_files(dir), geteuid() == 0 ? 4 : 3);
+    free(fifo);
+    free(null);
+    free(sub);
+    free(link);
+    free(target);
+    tu_rm_dir(dir);
+    nb_scope_end();
+}
+END_TEST
+
 /* Mapped tensors: alive after close, copy-on-write (the file never changes). */
 START_TEST(test_mapping_lifetime) {
     nb_scope_begin();
@@ -916,6 +981,7 @@ Suite *nb_suite_io(void) {
     tcase_add_test(tc, test_truncation_and_mutation);
     tcase_add_test(tc, test_save_errors);
     tcase_add_test(tc, test_atomic_write);
+    tcase_add_test(tc, test_save_refuses_special_files);
     tcase_add_test(tc, test_mapping_lifetime);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("state");

@@ -100,7 +100,9 @@ const char *nb_safetensors_metadata_key(const nb_safetensors *f, int i); /* NULL
  * header compact and padded with spaces to a multiple of 8 bytes, metadata keys in the order
  * given. Atomic: the data goes to a temporary file in the same directory, which is synced
  * and then renamed over path, so a failure (NB_EIO) leaves any old file untouched and no
- * temporary file behind. */
+ * temporary file behind. path must be a regular file or missing (a symbolic link counts as
+ * its target): a directory, device node, FIFO or socket is refused (NB_EIO) and left as it
+ * is, since the rename would replace it with a regular file. */
 nb_status nb_safetensors_save(const char *path, const char *const *names,
                               nb_tensor *const *tensors, int n, const char *const *meta_keys,
                               const char *const *meta_values, int nmeta);
