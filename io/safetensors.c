@@ -10,11 +10,16 @@
  * Saving takes tensors of any device with data: host tensors are written from their memory,
  * others (CUDA, guard) through a host copy, one tensor at a time. Meta tensors have no data
  * and are refused (NB_EDEVICE). Loaded tensors are host tensors (views of the mapping). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -742,6 +747,66 @@ static nb_status check_replaceable(const char *path) {
                      "replace it", path, file_kind(st.st_mode));
 }
 
+/* Is s "PID-N" (decimal digits, a dash, decimal digits, nothing more), the tail of the name
+ * of a temporary file nb_safetensors_save makes? The PID goes to *pid. */
+static bool parse_temp_tail(const char *s, long *pid) {
+    char *end;
+    if (*s < '0' || *s > '9') return false;
+    errno = 0;
+    long p = strtol(s, &end, 10);
+    if (errno || *end != '-' || p <= 0 || p > INT_MAX) return false;
+    s = end + 1;
+    if (*s < '0' || *s > '9') return false;
+    errno = 0;
+    (void)strtoul(s, &end, 10);
+    if (errno || *end) return false;
+    *pid = p;
+    return true;
+}
+
+/* Remove the temporary files that writers of path killed during a save left behind
+ * (path.tmp-PID-N, same directory, whose PID no longer runs), so that repeated kills do not
+ * fill the disk, and say so in one line on stderr. A file is kept when its PID is ours
+ * (another thread may be writing it) or still runs (a reused PID only keeps a stale file,
+ * never removes a live one), and when someone holds a lock on it: writers lock their
+ * temporary file, which protects a live writer whose PID means nothing here (another host,
+ * or another PID namespace sharing the directory). Best effort: it never fails the save. */
+static void remove_stale_temps(const char *path) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t blen = strlen(base);
+    if (blen == 0) return;
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    DIR *d = dir ? opendir(dir) : NULL;
+    int removed = 0;
+    unsigned long long bytes = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        long pid;
+        struct stat st;
+        if (strncmp(e->d_name, base, blen) != 0 || strncmp(e->d_name + blen, ".tmp-", 5) != 0 ||
+            !parse_temp_tail(e->d_name + blen + 5, &pid))
+            continue;
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        /* Only regular files are opened (opening a device can do things); read-write, as
+         * NFS emulates flock with POSIX locks, which need it for an exclusive lock. */
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && unlinkat(dirfd(d), e->d_name, 0) == 0) {
+            removed++;
+            bytes += (unsigned long long)st.st_size;
+        }
+        close(fd);
+    }
+    if (d) closedir(d);
+    free(dir);
+    if (removed)
+        fprintf(stderr, "nabla: removed %d stale temporary file%s (%.1f MB) left next to %s by "
+                "writers that no longer run\n", removed, removed == 1 ? "" : "s",
+                (double)bytes / 1e6, path);
+}
+
 nb_status nb_safetensors_save(const char *path, const char *const *names,
                               nb_tensor *const *tensors, int n, const char *const *meta_keys,
                               const char *const *meta_values, int nmeta) {
@@ -759,6 +824,7 @@ nb_status nb_safetensors_save(const char *path, const char *const *names,
         return nb_last_status();
     }
 
+    remove_stale_temps(path); /* before writing: a disk full of them may need the space */
     /* A fresh name in the same directory (so rename is atomic); O_EXCL never reuses a file
      * someone else is writing, and mode 0666 lets the umask decide, as for a plain fopen. */
     static atomic_uint counter;
@@ -772,6 +838,10 @@ nb_status nb_safetensors_save(const char *path, const char *const *names,
         err = fd < 0 ? errno : 0;
         if (fd < 0 && err != EEXIST) break;
     }
+    /* Held until the file is closed (or the process dies): tells remove_stale_temps of other
+     * processes that this file is being written. Some file systems have no locks: then the
+     * PID in the name is the only protection, which is enough on one host. */
+    if (fd >= 0) (void)flock(fd, LOCK_EX | LOCK_NB);
     if (fd < 0) {
         st = tmp ? nb__error(NB_EIO, "safetensors_save: cannot create %s: %s", tmp, ERRNO_STR(err))
                  : nb__error(NB_ENOMEM, "safetensors_save: out of memory");

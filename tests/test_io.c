@@ -8,9 +8,11 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -710,6 +712,94 @@ START_TEST(test_save_refuses_special_files) {
 }
 END_TEST
 
+/* A PID no process has: above the kernel's pid_max (or the largest pid_max allows). */
+static long dead_pid(void) {
+    long max = 4194304;
+    FILE *f = fopen("/proc/sys/kernel/pid_max", "r");
+    if (f) {
+        if (fscanf(f, "%ld", &max) != 1) max = 4194304;
+        fclose(f);
+    }
+    return max + 1;
+}
+
+/* Temporary files left by writers that were killed (X.tmp-PID-N, PID gone) are removed by
+ * the next save of X, with one line on stderr; a live writer's (this process, another
+ * counter), other paths' and unrelated names stay. */
+START_TEST(test_stale_temp_files) {
+    nb_scope_begin();
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "run.ckpt");
+    const char *nm[] = {"w"};
+    nb_tensor *w = rand_of((int64_t[]){4}, 1, NB_F32, 8);
+    pid_t child = fork(); /* a PID that existed and is gone once reaped */
+    if (child == 0) _exit(0);
+    ck_assert(child > 0 && waitpid(child, NULL, 0) == child);
+    char name[256];
+    snprintf(name, sizeof name, "run.ckpt.tmp-%ld-3", dead_pid());
+    char *stale1 = tu_path_in(dir, name);
+    snprintf(name, sizeof name, "run.ckpt.tmp-%ld-0", (long)child);
+    char *stale2 = tu_path_in(dir, name);
+    snprintf(name, sizeof name, "run.ckpt.tmp-%ld-999999", (long)getpid());
+    char *live = tu_path_in(dir, name);
+    snprintf(name, sizeof name, "other.ckpt.tmp-%ld-1", dead_pid());
+    char *other = tu_path_in(dir, name);
+    char *odd1 = tu_path_in(dir, "run.ckpt.tmp-12x-1"), *odd2 = tu_path_in(dir, "run.ckpt.tmp-7");
+    /* a dead PID, but locked: a writer on another host or in another PID namespace */
+    snprintf(name, sizeof name, "run.ckpt.tmp-%ld-4", dead_pid());
+    char *locked = tu_path_in(dir, name);
+    char *keep[] = {live, other, odd1, odd2, locked};
+    tu_write_file(stale1, "half a checkpoint", 17);
+    tu_write_file(stale2, "half", 4);
+    for (int i = 0; i < 5; i++) tu_write_file(keep[i], "x", 1);
+    int lock_fd = open(locked, O_WRONLY);
+    ck_assert(lock_fd >= 0 && flock(lock_fd, LOCK_EX) == 0);
+
+    /* stderr to a file for the duration of the save */
+    char *log = tu_path_in(dir, "stderr.txt");
+    fflush(stderr);
+    int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert(saved >= 0 && fd >= 0 && dup2(fd, 2) == 2);
+    close(fd);
+    nb_status s = nb_safetensors_save(path, nm, &w, 1, NULL, NULL, 0);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    ck_assert_msg(s == NB_OK, "%s", nb_last_error());
+
+    close(lock_fd);
+    ck_assert(access(stale1, F_OK) != 0 && access(stale2, F_OK) != 0);
+    for (int i = 0; i < 5; i++) ck_assert_msg(access(keep[i], F_OK) == 0, "%s", keep[i]);
+    ck_assert(unlink(locked) == 0); /* (else the next save removes it: no longer locked) */
+    size_t n;
+    char *said = (char *)tu_read_file(log, &n);
+    ck_assert_msg(strstr(said, "removed 2 stale temporary files") && strstr(said, path),
+                  "stderr: %s", said);
+    ck_assert_msg(strchr(said, '\n') == said + n - 1, "one line: %s", said);
+    free(said);
+    /* Nothing stale left: the next save says nothing. */
+    fd = open(log, O_WRONLY | O_TRUNC);
+    saved = dup(2);
+    ck_assert(saved >= 0 && fd >= 0 && dup2(fd, 2) == 2);
+    close(fd);
+    s = nb_safetensors_save(path, nm, &w, 1, NULL, NULL, 0);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    ck_assert(s == NB_OK);
+    said = (char *)tu_read_file(log, &n);
+    ck_assert_msg(n == 0, "stderr: %s", said);
+    free(said);
+    ck_assert_int_eq(tu_count_files(dir), 6); /* run.ckpt, stderr.txt, the 4 kept */
+    free(stale1);
+    free(stale2);
+    for (int i = 0; i < 5; i++) free(keep[i]);
+    free(log);
+    free(path);
+    tu_rm_dir(dir);
+    nb_scope_end();
+}
+END_TEST
+
 /* Mapped tensors: alive after close, copy-on-write (the file never changes). */
 START_TEST(test_mapping_lifetime) {
     nb_scope_begin();
@@ -982,6 +1072,7 @@ Suite *nb_suite_io(void) {
     tcase_add_test(tc, test_save_errors);
     tcase_add_test(tc, test_atomic_write);
     tcase_add_test(tc, test_save_refuses_special_files);
+    tcase_add_test(tc, test_stale_temp_files);
     tcase_add_test(tc, test_mapping_lifetime);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("state");

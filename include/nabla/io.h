@@ -102,7 +102,9 @@ const char *nb_safetensors_metadata_key(const nb_safetensors *f, int i); /* NULL
  * and then renamed over path, so a failure (NB_EIO) leaves any old file untouched and no
  * temporary file behind. path must be a regular file or missing (a symbolic link counts as
  * its target): a directory, device node, FIFO or socket is refused (NB_EIO) and left as it
- * is, since the rename would replace it with a regular file. */
+ * is, since the rename would replace it with a regular file. Temporary files of path that
+ * writers killed during a save left behind (path.tmp-PID-N whose process no longer runs and
+ * which no one holds locked) are removed first, with one line on stderr saying how many. */
 nb_status nb_safetensors_save(const char *path, const char *const *names,
                               nb_tensor *const *tensors, int n, const char *const *meta_keys,
                               const char *const *meta_values, int nmeta);
