@@ -30,6 +30,18 @@ static nb_status read_u64(nb_safetensors *f, const char *path, const char *name,
     return st;
 }
 
+/* An error of the safetensors writer under the name of the call the user made
+ * ("checkpoint_save: run.ckpt is a FIFO, ..."); any other error (an op's, the loader's) is
+ * kept as it is. Returns st. */
+static nb_status as_checkpoint_error(nb_status st) {
+    static const char prefix[] = "safetensors_save: ";
+    const char *msg = nb_last_error();
+    if (st == NB_OK || strncmp(msg, prefix, sizeof prefix - 1) != 0) return st;
+    char rest[512]; /* a copy: nb__error writes the buffer msg points into */
+    snprintf(rest, sizeof rest, "%s", msg + sizeof prefix - 1);
+    return nb__error(st, "checkpoint_save: %s", rest);
+}
+
 nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     if (!path || !c || !c->model)
         return nb__error(NB_ENULL, "checkpoint_save: %s is NULL",
@@ -57,7 +69,8 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     if (st == NB_OK) st = add_u64(&l, "step", (uint64_t)c->step);
     if (st == NB_OK) {
         const char *keys[] = {"format", "nabla_checkpoint"}, *vals[] = {"pt", "1"};
-        st = nb_safetensors_save(path, l.names, l.tensors, l.count, keys, vals, 2);
+        st = as_checkpoint_error(nb_safetensors_save(path, l.names, l.tensors, l.count, keys,
+                                                     vals, 2));
     }
     nb_state_list_deinit(&l);
     /* the state views own small tensors: back to the cache, not held until the next save */

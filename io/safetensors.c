@@ -706,18 +706,26 @@ static int write_contents(int fd, const char *json, const w_item *items, int n) 
     return err;
 }
 
-/* Make the rename durable: sync the directory that holds path (best effort: some file
- * systems refuse to sync directories, which loses nothing but durability). */
-static void sync_dir_of(const char *path) {
+/* Make the rename durable: sync the directory that holds path. Until that succeeds a crash
+ * may bring back the old file, so a failure is an error (NB_EIO; the new file is in place).
+ * File systems that cannot sync a directory (EINVAL, ENOTSUP) or a directory we may not open
+ * lose nothing but that guarantee: those count as success. */
+static nb_status sync_dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
     char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir) return;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (!dir) return NB_OK;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err = 0;
     if (fd >= 0) {
-        fsync(fd);
+        if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP && errno != EOPNOTSUPP)
+            err = errno;
         close(fd);
     }
+    nb_status st = err ? nb__error(NB_EIO, "safetensors_save: wrote %s but cannot sync its "
+                                   "directory %s: %s (after a crash the old file may be back)",
+                                   path, dir, ERRNO_STR(err))
+                       : NB_OK;
     free(dir);
+    return st;
 }
 
 /* What a non-regular file is, for messages ("a FIFO"). */
@@ -864,7 +872,7 @@ nb_status nb_safetensors_save(const char *path, const char *const *names,
                                  ERRNO_STR(err))
                      : nb_last_status();
     } else {
-        sync_dir_of(path);
+        st = sync_dir_of(path);
     }
     free(tmp);
     free(json);

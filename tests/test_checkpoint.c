@@ -2,9 +2,13 @@
  * into freshly built objects + N steps give bit-identical weights (model, AdamW state,
  * cosine schedule, shuffling loader position, dropout generator); a corrupt or mismatched
  * checkpoint is refused without changing anything; saving is atomic. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "nabla/checkpoint.h"
@@ -172,11 +176,71 @@ START_TEST(test_bad_checkpoints) {
 }
 END_TEST
 
+/* A checkpoint that cannot be written is an error naming the call, the file and the reason:
+ * /dev/full (refused and left as it is; as root a copy made in a temporary directory, so that
+ * a regression cannot replace the machine's own), and a write that fails half-way (the file
+ * size limit, as a full disk would), which leaves the previous checkpoint as it was and no
+ * temporary file. */
+START_TEST(test_save_failures) {
+    nb_scope_begin();
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "run.ckpt");
+    nb_generator *dg = nb_generator_new(5);
+    nb_tensor *x = nb_randn((int64_t[]){16, 6}, 2, NB_F32, dg);
+    nb_tensor *y = nb_randint((int64_t[]){16}, 1, NB_I64, 0, 3, dg);
+    run r;
+    run_init(&r, x, y);
+    train_steps(&r, 1);
+    nb_checkpoint c = ck_of(&r, 1);
+    ck_assert_msg(nb_checkpoint_save(path, &c) == NB_OK, "%s", nb_last_error());
+    size_t n_old, n_now;
+    unsigned char *old = tu_read_file(path, &n_old);
+
+    char *full = geteuid() == 0 ? tu_path_in(dir, "full") : strdup("/dev/full");
+    if (geteuid() == 0) ck_assert(mknod(full, S_IFCHR | 0666, makedev(1, 7)) == 0);
+    ck_assert_int_eq(nb_checkpoint_save(full, &c), NB_EIO);
+    char want[600];
+    snprintf(want, sizeof want, "checkpoint_save: %s is a character device, not a regular "
+             "file; refusing to replace it", full);
+    ck_assert_str_eq(nb_last_error(), want);
+    nb_clear_error();
+    struct stat st;
+    ck_assert(lstat(full, &st) == 0 && S_ISCHR(st.st_mode));
+
+    train_steps(&r, 1);
+    c.step = 2;
+    struct rlimit saved, lim;
+    ck_assert(getrlimit(RLIMIT_FSIZE, &saved) == 0);
+    void (*prev_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    lim = saved;
+    lim.rlim_cur = n_old / 2;
+    ck_assert(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    nb_status s = nb_checkpoint_save(path, &c);
+    setrlimit(RLIMIT_FSIZE, &saved);
+    signal(SIGXFSZ, prev_handler);
+    ck_assert_int_eq(s, NB_EIO);
+    snprintf(want, sizeof want, "checkpoint_save: cannot write %s: File too large", path);
+    ck_assert_str_eq(nb_last_error(), want);
+    nb_clear_error();
+    unsigned char *now = tu_read_file(path, &n_now);
+    ck_assert(n_now == n_old && memcmp(now, old, n_old) == 0);
+    ck_assert_int_eq(tu_count_files(dir), geteuid() == 0 ? 2 : 1); /* no temporary file */
+    free(now);
+    free(old);
+    free(full);
+    free(path);
+    run_free(&r);
+    nb_generator_free(dg);
+    tu_rm_dir(dir);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_checkpoint(void) {
     Suite *s = suite_create("checkpoint");
     TCase *tc = tcase_create("checkpoint");
     tcase_add_test(tc, test_resume_bit_exact);
     tcase_add_test(tc, test_bad_checkpoints);
+    tcase_add_test(tc, test_save_failures);
     suite_add_tcase(s, tc);
     return s;
 }

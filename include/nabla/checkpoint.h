@@ -16,7 +16,13 @@
  * position, each listed generator's (seed, stream, offset) and the step count. It is a
  * safetensors file (so `model.*` loads into PyTorch by stripping the prefix) written
  * atomically: a temporary file, fsync, rename - a crash during the write leaves the previous
- * checkpoint intact. Loading restores the exact state: training N steps, saving, loading
+ * checkpoint intact. Every write, the fsync, the close, the rename and the directory sync are
+ * checked: a checkpoint that cannot be written is NB_EIO with the file and the reason
+ * ("checkpoint_save: cannot write run.ckpt: No space left on device"), as is a path that is
+ * not a regular file ("... is a character device, not a regular file; refusing to replace
+ * it"), which is left as it is. Temporary files of earlier saves of the same path whose writer
+ * was killed are removed (see nb_safetensors_save). Loading restores the exact state: training
+ * N steps, saving, loading
  * into fresh objects and training N more gives bit-identical weights to 2N steps straight.
  *
  * Ownership: the checkpoint struct only borrows the objects it names; every field but model
