@@ -235,6 +235,21 @@ static nb_tensor *fit_to_edge(nb_tensor *g, const nb__edge *e) {
     return s && s->dtype != e->dtype ? nb_to_dtype(s, e->dtype) : s;
 }
 
+/* NB_EINVAL when a tensor n saved was written in place after it was saved (its storage's
+ * version moved, nb__storage.version): the rule would compute the gradient from the new
+ * values and return a silently wrong result. */
+static nb_status check_saved(const nb__node *n) {
+    for (int i = 0; i < NB__NODE_MAX_SAVED; i++) {
+        const nb_tensor *s = n->saved[i];
+        if (!s || nb__version_of(s) == n->saved_version[i]) continue;
+        return nb__error(NB_EINVAL, "backward: a tensor saved by %s was modified in place after "
+                         "it was saved (version %llu, expected %llu); clone it before writing "
+                         "to it", nb__op_names[n->op], (unsigned long long)nb__version_of(s),
+                         (unsigned long long)n->saved_version[i]);
+    }
+    return NB_OK;
+}
+
 static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, uint64_t epoch) {
     node_vec stack = {0}, heap = {0};
     nb_status st = NB_OK;
@@ -250,6 +265,9 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
                            nb__op_names[n->op]);
             break;
         }
+        /* Checked here, before any rule runs, so that a stale graph changes no gradient;
+         * and again before each rule, as a hook may write in place meanwhile. */
+        if ((st = check_saved(n)) != NB_OK) break;
         for (int i = 0; i < n->ninputs; i++) {
             nb__edge *e = &n->edges[i];
             if (e->node) {
@@ -291,7 +309,7 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
             nb__backward_fn rule = nb__backward_rules[n->op];
             if (!rule) st = nb__error(NB_EUNSUPPORTED, "backward: %s has no backward rule",
                                       nb__op_names[n->op]);
-            else st = rule(n, g, gin);
+            else if ((st = check_saved(n)) == NB_OK) st = rule(n, g, gin);
         }
         for (int i = 0; i < n->ninputs; i++) {
             nb__edge *e = &n->edges[i];

@@ -180,7 +180,9 @@ static nb_status state_load(nb_safetensors *f, const char *prefix, const char *c
     }
     free(first_missing);
 
-    /* Then copy, converting dtypes, with grad mode off (the tensors may be parameters). */
+    /* Then copy, converting dtypes, with grad mode off (the tensors may be parameters).
+     * nb_copy_ bumps each tensor's version: a graph that saved one refuses to backpropagate
+     * through the loaded values. */
     if (st == NB_OK) {
         bool prev = nb_set_grad_enabled(false);
         for (int i = 0; st == NB_OK && i < n; i++) {

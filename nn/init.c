@@ -9,6 +9,8 @@
  * Every function writes in place with grad mode off (parameters require grad), draws from
  * gen (NULL: the thread's default generator) with the same Philox stream as nb_uniform /
  * nb_normal, and leaves a zero-element tensor untouched (PyTorch warns and does nothing).
+ * The writes go through nb_uniform_ / nb_normal_ / nb_fill_, which bump the tensor's
+ * version: a graph that saved it refuses to backpropagate (docs/autograd.md).
  *
  * The draws are the in-place fills nb_uniform_ / nb_normal_ (tensor/random.c), which run
  * the random kernel of the tensor's own device: initializing a model on the meta device

@@ -39,6 +39,7 @@ static nb_status inplace(nb_tensor *g, nb__clip_inplace_args a, bool clamp, cons
     a.n = nb_numel(c);
     a.x = nb__ptr(c);
     nb_device dev = nb__device_of(c);
+    nb__bump_version(c); /* an in-place write (the strided case's nb_copy_ bumps g's too) */
     nb_status st = clamp ? nb__run_clip_clamp(dev, who, &a) : nb__run_clip_scale(dev, who, &a);
     if (st == NB_OK && c != g) st = nb_copy_(g, c);
     return st;

@@ -442,6 +442,11 @@ nb_status nb_step(nb_optim *opt) {
         if (st != NB_OK) break;
         if (opt->kind->has_step) p->step++;
         p->has_state = true;
+        /* The update writes the parameter (and its state) in place: a graph that saved it
+         * (a forward run before this step) must not backpropagate through the new values. */
+        nb__bump_version(p->t);
+        for (int k = 0; k < opt->kind->nslots; k++)
+            if (p->slot[k]) nb__bump_version(p->slot[k]);
         st = opt->kind->update(h, p, w[i].g, w[i].fresh);
     }
     nb_scope_end();

@@ -68,6 +68,7 @@ nb_status nb_copy_(nb_tensor *dst, const nb_tensor *src) {
     if (nd != dst->ndim || memcmp(sh, dst->shape, sizeof(int64_t) * (size_t)nd) != 0)
         return nb__error(NB_ESHAPE, "copy_: source of shape %s does not broadcast to the "
                          "destination's shape %s", NB__SHAPE(src), NB__SHAPE(dst));
+    nb__bump_version(dst);
     /* Overlapping non-identical views would read values already overwritten: go through a
      * temporary then. */
     if (dst->storage == src->storage &&
@@ -86,6 +87,7 @@ nb_status nb_fill_(nb_tensor *t, double value) {
     if (!nb__arg_ok(t, "fill_", "t")) return nb_last_status();
     if (!nb__inplace_ok(t, "fill_")) return NB_EINVAL;
     if (nb_numel(t) == 0) return NB_OK;
+    nb__bump_version(t);
     nb__fill_args a = {.value = value};
     nb__iter_init(&a.it, t->shape, t->ndim, &t, 1);
     return nb__run_fill(nb__device_of(t), "fill_", &a);

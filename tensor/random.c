@@ -313,6 +313,7 @@ nb_status nb_uniform_(nb_tensor *t, double lo, double hi, nb_generator *g) {
     nb__random_args a;
     if (!nb__check_fill_target(t, op) || !nb__uniform_args(t->dtype, lo, hi, op, &a))
         return nb_last_status();
+    nb__bump_version(t);
     return nb__draw_into(t, &a, g, op);
 }
 
@@ -360,6 +361,7 @@ nb_status nb_normal_(nb_tensor *t, double mean, double std, nb_generator *g) {
     nb__random_args a;
     if (!nb__check_fill_target(t, op) || !nb__normal_args(t->dtype, mean, std, op, &a))
         return nb_last_status();
+    nb__bump_version(t);
     return nb__draw_into(t, &a, g, op);
 }
 

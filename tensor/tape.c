@@ -65,6 +65,7 @@ void nb__save(nb__node *n, int slot, nb_tensor *t) {
     nb_tensor *v = nb__view_of(t, t->shape, t->strides, t->ndim, t->offset);
     NB__ASSERT(v != NULL);
     n->saved[slot] = nb__scope_take(v); /* owned by the node, no grad_fn: no cycle */
+    n->saved_version[slot] = nb__version_of(t);
 }
 
 void nb__node_release_saved(nb__node *n) {

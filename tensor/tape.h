@@ -42,6 +42,9 @@ struct nb__node {
     int ninputs;
     nb__edge *edges;     /* ninputs entries */
     nb_tensor *saved[NB__NODE_MAX_SAVED];
+    /* the storage version of each saved tensor when it was saved: the engine refuses to run
+     * the rule when a saved tensor was written in place since */
+    uint64_t saved_version[NB__NODE_MAX_SAVED];
     nb__attrs attrs;
     bool released;       /* saved tensors freed by a backward without retain_graph */
     /* engine scratch, valid during one backward */
@@ -61,7 +64,8 @@ extern const nb__backward_fn nb__backward_rules[NB__OP_COUNT];
 
 /* Record op on out (see above). Inputs may be NULL (skipped). Sets out->requires_grad. */
 nb__node *nb__record(nb_tensor *out, nb__op op, nb_tensor *const *inputs, int n);
-/* Save t (a detached view sharing storage, so saving an output makes no cycle). */
+/* Save t (a detached view sharing storage, so saving an output makes no cycle), with its
+ * storage's version: backward fails if t is written in place before the rule runs. */
 void nb__save(nb__node *n, int slot, nb_tensor *t);
 /* Whether an op over these inputs would record (grad mode on, some input requires grad). */
 bool nb__needs_grad(nb_tensor *const *inputs, int n);

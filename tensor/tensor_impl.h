@@ -49,6 +49,12 @@ typedef struct nb__storage {
     void (*release)(void *data, void *ctx);
     void *release_ctx;
     bool owned;
+    /* Bumped by every in-place write through the library (nb__bump_version), as PyTorch's
+     * version counter: autograd records it when it saves a tensor and backward refuses a
+     * saved tensor whose storage was written since. Writes through nb_data are not seen.
+     * Atomic (relaxed) so that writers on different threads never lose a bump; a write
+     * racing with a backward that reads the same tensor is a data race anyway. */
+    atomic_ullong version;
 } nb__storage;
 
 struct nb_tensor {
@@ -68,6 +74,15 @@ struct nb_tensor {
 };
 void nb__node_release(struct nb__node *n);
 void nb__ag_meta_free(struct nb__ag_meta *m);
+
+/* Record an in-place write into t's storage (see nb__storage.version). Every library
+ * function that writes into an existing tensor calls it before writing. */
+static inline void nb__bump_version(const nb_tensor *t) {
+    atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
+}
+static inline uint64_t nb__version_of(const nb_tensor *t) {
+    return atomic_load_explicit(&t->storage->version, memory_order_relaxed);
+}
 
 /* Drop one reference to a storage (freeing it, or calling its release, at zero). */
 void nb__storage_release(nb__storage *s);

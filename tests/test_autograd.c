@@ -190,6 +190,88 @@ START_TEST(test_graph_freed) {
 }
 END_TEST
 
+/* Writes into a tensor saved for backward would give silently wrong gradients: every
+ * in-place write bumps its storage's version and backward refuses a stale saved tensor. */
+START_TEST(test_saved_tensor_versions) {
+    nb_scope_begin();
+    /* the example: l = sum(w * x); x written in place before backward */
+    nb_tensor *w = leaf((double[]){1, 1}, (int64_t[]){2}, 1);
+    nb_tensor *x = tu_tensor((double[]){2, 2}, (int64_t[]){2}, 1, NB_F64);
+    nb_tensor *l = nb_sum(nb_mul(w, x), NULL, 0, false);
+    char want[200]; /* versions count writes: making x wrote it already */
+    snprintf(want, sizeof want, "backward: a tensor saved by mul was modified in place after it "
+             "was saved (version %llu, expected %llu); clone it before writing to it",
+             (unsigned long long)nb__version_of(x) + 1, (unsigned long long)nb__version_of(x));
+    ASSERT_OK(nb_fill_(x, 5));
+    ASSERT_ST(nb_backward(l), NB_EINVAL, want);
+    ck_assert(nb_grad(w) == NULL); /* refused before any gradient was accumulated */
+    /* every in-place writer is seen, also through a view of the saved tensor */
+    nb_tensor *src = tu_tensor((double[]){2}, (int64_t[]){1}, 1, NB_F64);
+    for (int k = 0; k < 4; k++) {
+        nb_tensor *xk = tu_tensor((double[]){2, 2}, (int64_t[]){2}, 1, NB_F64);
+        nb_tensor *lk = nb_sum(nb_mul(w, xk), NULL, 0, false);
+        nb_tensor *part = nb_narrow(xk, 0, 1, 1);
+        switch (k) {
+        case 0: ASSERT_OK(nb_copy_(part, src)); break;
+        case 1: ASSERT_OK(nb_add_(part, src)); break;
+        case 2: ASSERT_OK(nb_uniform_(part, 0, 1, NULL)); break;
+        default: ASSERT_OK(nb_normal_(part, 0, 1, NULL)); break;
+        }
+        ASSERT_ST(nb_backward(lk), NB_EINVAL, "saved by mul");
+        nb_clear_error();
+    }
+    /* a write into a tensor that is not saved (add saves nothing), or after backward: fine */
+    nb_tensor *y = tu_tensor((double[]){2, 2}, (int64_t[]){2}, 1, NB_F64);
+    nb_tensor *la = nb_sum(nb_add(w, y), NULL, 0, false);
+    ASSERT_OK(nb_fill_(y, 5));
+    ASSERT_OK(nb_backward(la));
+    tu_assert_close(nb_grad(w), ((double[]){1, 1}), ((int64_t[]){2}), 1, 0);
+    nb_clear_grad(w);
+    nb_tensor *x2 = tu_tensor((double[]){2, 2}, (int64_t[]){2}, 1, NB_F64);
+    ASSERT_OK(nb_backward(nb_sum(nb_mul(w, x2), NULL, 0, false)));
+    ASSERT_OK(nb_fill_(x2, 5));
+    tu_assert_close(nb_grad(w), ((double[]){2, 2}), ((int64_t[]){2}), 1, 0);
+    /* a saved output: exp saves its result */
+    nb_tensor *e = nb_exp(w);
+    nb_tensor *le = nb_sum(e, NULL, 0, false);
+    NB_NO_GRAD_BEGIN
+    ASSERT_OK(nb_fill_(e, 0));
+    NB_NO_GRAD_END
+    ASSERT_ST(nb_backward(le), NB_EINVAL, "a tensor saved by exp was modified in place");
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
+/* A training loop (the optimizer writes the parameters between iterations) is unaffected;
+ * a step between a forward and its backward is caught, as in PyTorch. */
+START_TEST(test_saved_versions_training) {
+    nb_scope_begin();
+    nb_tensor *w = leaf((double[]){1, 2}, (int64_t[]){2}, 1);
+    nb_tensor *x = tu_tensor((double[]){3, 4}, (int64_t[]){2}, 1, NB_F64);
+    nb_optim *opt = nb_sgd_new(&(nb_params){.count = 1, .tensors = &w},
+                               &(nb_sgd_opts){.lr = 0.1});
+    ck_assert(opt != NULL);
+    for (int it = 0; it < 3; it++) {
+        nb_scope_begin();
+        nb_tensor *l = nb_sum(nb_mul(nb_mul(w, w), x), NULL, 0, false); /* saves w */
+        ASSERT_OK(nb_zero_grad(opt));
+        ASSERT_OK(nb_backward(l));
+        ASSERT_OK(nb_step(opt));
+        nb_scope_end();
+    }
+    nb_scope_begin();
+    nb_tensor *l = nb_sum(nb_mul(nb_mul(w, w), x), NULL, 0, false);
+    ASSERT_OK(nb_backward_ex(l, &(nb_backward_opts){.retain_graph = true}));
+    ASSERT_OK(nb_step(opt)); /* w changes under the graph that saved it */
+    ASSERT_ST(nb_backward(l), NB_EINVAL, "a tensor saved by mul was modified in place");
+    nb_clear_error();
+    nb_scope_end();
+    nb_optim_free(opt);
+    nb_scope_end();
+}
+END_TEST
+
 static nb_tensor *f_arith(nb_tensor *const *in, int n, void *ctx) {
     (void)n, (void)ctx;
     /* (x * y - y) + x with y broadcast over rows; reduced over dim 1 (mean) and kept */
@@ -228,6 +310,8 @@ Suite *nb_suite_autograd(void) {
     tcase_add_test(tc, test_grad_mode_and_guards);
     tcase_add_test(tc, test_set_grad_flat);
     tcase_add_test(tc, test_graph_freed);
+    tcase_add_test(tc, test_saved_tensor_versions);
+    tcase_add_test(tc, test_saved_versions_training);
     tcase_add_test(tc, test_gradcheck_basic);
     suite_add_tcase(s, tc);
     return s;

@@ -23,6 +23,14 @@
  * tensors as it goes unless .retain_graph is set; a second backward through a freed graph
  * is an error (NB_ESTATE). A leaf's gradient (nb_grad) is owned by the leaf.
  *
+ * Saved tensors are versioned (as PyTorch's version counter): every in-place write through
+ * the library (nb_copy_, nb_fill_, nb_add_, nb_uniform_, nb_normal_, nb_init_*_, nb_step,
+ * loading a state) bumps the written storage's version, and nb_backward fails with NB_EINVAL
+ * ("a tensor saved by mul was modified in place after it was saved ...") before running any
+ * rule when a tensor the graph saved was written since, rather than return a wrong gradient.
+ * Writes through nb_data are NOT seen (as PyTorch's .data): don't write there while a graph
+ * that saved the tensor is pending. docs/autograd.md has the details.
+ *
  * Gradient hooks: nb_register_grad_hook(leaf, fn, ctx) calls fn(leaf, ctx) as soon as the
  * leaf's gradient for the running backward is complete (every contribution accumulated),
  * before nb_backward returns, on the thread that called nb_backward, in the order the engine

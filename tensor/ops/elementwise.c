@@ -428,6 +428,7 @@ nb_status nb_add_(nb_tensor *dst, nb_tensor *src) {
         return nb__error(NB_EDTYPE, "add_: %s tensors are not supported",
                          nb_dtype_name(dst->dtype));
     if (nb_numel(dst) == 0) return NB_OK;
+    nb__bump_version(dst);
     bool prev_grad = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_tensor *s = nb_to_dtype(src, dst->dtype);
