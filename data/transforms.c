@@ -41,6 +41,7 @@ nb_status nb_normalize_(nb_tensor *x, const double *mean, const double *std, int
     for (int c = 0; c < n; c++)
         if (!(std[c] != 0))
             return nb__error(NB_EINVAL, "%s: std[%d] is %g; it must be nonzero", op, c, std[c]);
+    nb__bump_version(x); /* an in-place write (autograd's saved-tensor check) */
     int64_t N = x->shape[0];
     int64_t inner = C > 0 && N > 0 ? nb_numel(x) / (N * C) : 0;
     char *base = nb__ptr(x);

@@ -204,6 +204,10 @@ nb_tensor *nb_batch_norm(nb_tensor *x, nb_tensor *running_mean, nb_tensor *runni
         if (running_mean) {
             nb__view_init(&sa.running_mean, running_mean);
             nb__view_init(&sa.running_var, running_var);
+            if (training) { /* the kernel updates them in place */
+                nb__bump_version(running_mean);
+                nb__bump_version(running_var);
+            }
         }
         ok = nb__run_batch_norm_stats(dev, op, &sa) == NB_OK;
     }
