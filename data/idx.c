@@ -171,16 +171,20 @@ static nb_tensor *idx_read(gzFile f, const char *path, int64_t fsize) {
         return NULL;
     }
     int64_t shape[NB_MAX_DIMS];
-    int64_t numel = 1;
+    int64_t numel = 1, extent = 1;
     for (int d = 0; d < ndim; d++) {
         shape[d] = be32(hdr + 4 + 4 * d);
         /* Every dim is < 2^32, so the product can only overflow past 8 dims' worth; stop
-         * at a size no machine holds (2^48 bytes) before it does. */
-        if (shape[d] != 0 && numel > (INT64_C(1) << 48) / 8 / shape[d]) {
+         * at a size no machine holds (2^48 bytes) before it does. The bound is on the
+         * product with 0 dims counted as 1: a [0, 2^32-1, 2^32-1] file holds no data, but
+         * the tensor's strides come from the other dims and would wrap. */
+        int64_t d1 = shape[d] > 1 ? shape[d] : 1;
+        if (extent > (INT64_C(1) << 48) / 8 / d1) {
             nb__error(NB_EFORMAT, "%s: %s: dims %s are too large to be real", w, path,
                       nb__shape_str(shape, d + 1, (char[NB__SHAPE_STR]){0}));
             return NULL;
         }
+        extent *= d1;
         numel *= shape[d];
     }
     int64_t nbytes = numel * t->bytes;

@@ -247,7 +247,9 @@ static nb_status parse_entry(nb_safetensors *f, const char *name, json_t *v, st_
     if (nd > 1024) /* no real tensor has this many; keeps ndim an int */
         return nb__error(NB_EFORMAT, "safetensors_open: %s: tensor \"%s\" has %zu dims", p, name, nd);
     e->ndim = (int)nd;
-    uint64_t numel = 1;
+    /* numel gives the data's size; extent (0 dims counted as 1) bounds the strides, which
+     * come from the other dims even when a 0 dim makes the tensor empty. */
+    uint64_t numel = 1, extent = 1;
     bool overflow = false;
     for (size_t i = 0; i < nd; i++) {
         uint64_t d;
@@ -256,9 +258,10 @@ static nb_status parse_entry(nb_safetensors *f, const char *name, json_t *v, st_
                              "list of non-negative integers", p, name);
         if (i < NB_MAX_DIMS) e->shape[i] = (int64_t)d;
         overflow |= __builtin_mul_overflow(numel, d, &numel);
+        overflow |= __builtin_mul_overflow(extent, d > 1 ? d : 1, &extent);
     }
     uint64_t nbytes;
-    if (overflow || numel > INT64_MAX ||
+    if (overflow || extent > (uint64_t)INT64_MAX / NB__MAX_ELEM ||
         __builtin_mul_overflow(numel, (uint64_t)st_dtypes[e->kind].size, &nbytes))
         return nb__error(NB_EFORMAT, "safetensors_open: %s: the shape %s of tensor \"%s\" is too "
                          "large", p, ST_SHAPE(e), name);

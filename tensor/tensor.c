@@ -29,19 +29,20 @@ static bool check_shape(const int64_t *shape, int ndim, const char *op) {
         nb__error(NB_ENULL, "%s: shape is NULL but ndim is %d", op, ndim);
         return false;
     }
-    int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) {
             nb__error(NB_EINVAL, "%s: negative size %lld in shape %s", op,
                       (long long)shape[i], nb__shape_str(shape, ndim, (char[NB__SHAPE_STR]){0}));
             return false;
         }
-        if (shape[i] && n > INT64_MAX / 16 / shape[i]) {
-            nb__error(NB_EINVAL, "%s: shape %s has too many elements", op,
-                      nb__shape_str(shape, ndim, (char[NB__SHAPE_STR]){0}));
-            return false;
-        }
-        n *= shape[i];
+    }
+    /* Checked with 0-sized dims counted as 1: an empty tensor's strides still come from
+     * its other sizes (nb__shape_bytes). */
+    if (!nb__shape_bytes(shape, ndim, NB__MAX_ELEM, NULL)) {
+        nb__error(NB_EINVAL, "%s: shape %s is too large: its sizes (0 counted as 1) multiply "
+                  "past what 64-bit strides and byte sizes can hold", op,
+                  nb__shape_str(shape, ndim, (char[NB__SHAPE_STR]){0}));
+        return false;
     }
     return true;
 }

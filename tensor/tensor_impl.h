@@ -108,6 +108,23 @@ static inline char *nb__ptr(const nb_tensor *t) {
 int64_t nb__numel_of(const int64_t *shape, int ndim);
 void nb__contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
 
+/* ---- checked shape arithmetic ---------------------------------------------------------------
+ * The sizes of shape[ndim] (non-negative; sizes below 1 count as 1) multiplied together and
+ * by elem_size, into *bytes; false when that overflows int64. Every tensor's shape passes
+ * this with elem_size NB__MAX_ELEM (tensor.c, view.c), so its numel, contiguous strides,
+ * byte size and element offsets are all representable. The 0-sized dims count as 1 because
+ * a shape like [0, 2^40, 2^40] holds no elements, yet its contiguous strides are products
+ * of the other sizes and would wrap. */
+#define NB__MAX_ELEM 16
+static inline bool nb__shape_bytes(const int64_t *shape, int ndim, int64_t elem_size,
+                                   int64_t *bytes) {
+    int64_t n = elem_size;
+    for (int i = 0; i < ndim; i++)
+        if (__builtin_mul_overflow(n, shape[i] > 1 ? shape[i] : 1, &n)) return false;
+    if (bytes) *bytes = n;
+    return true;
+}
+
 /* Broadcast two shapes (NumPy rules) into out (ndim in *out_ndim); false + ESHAPE error
  * mentioning op on mismatch. */
 bool nb__broadcast_shapes(const int64_t *a, int na, const int64_t *b, int nb,

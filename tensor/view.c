@@ -32,11 +32,19 @@ static bool infer_shape(const nb_tensor *t, const int64_t *shape, int ndim, int6
             nb__error(NB_EINVAL, "%s: invalid size %lld in %s", op, (long long)shape[i],
                       nb__shape_str(shape, ndim, (char[NB__SHAPE_STR]){0}));
             return false;
-        } else {
-            known *= shape[i];
         }
         out[i] = shape[i];
     }
+    /* Checked before any product is formed (a -1 counts as 1): the inferred size is at most
+     * numel, so the result's strides are representable too. */
+    if (!nb__shape_bytes(shape, ndim, NB__MAX_ELEM, NULL)) {
+        nb__error(NB_EINVAL, "%s: shape %s is too large: its sizes (0 counted as 1) multiply "
+                  "past what 64-bit strides and byte sizes can hold", op,
+                  nb__shape_str(shape, ndim, (char[NB__SHAPE_STR]){0}));
+        return false;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (i != infer) known *= shape[i];
     if (infer >= 0) {
         if (known == 0 || numel % known) {
             nb__error(NB_ESHAPE, "%s: shape %s is invalid for a tensor of %lld elements %s", op,
@@ -178,8 +186,11 @@ nb_tensor *nb_slice(nb_tensor *t, int dim, int64_t start, int64_t end, int64_t s
     int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
     memcpy(sh, t->shape, sizeof sh);
     memcpy(st, t->strides, sizeof st);
-    sh[d] = (end - start + step - 1) / step;
-    st[d] = t->strides[d] * step;
+    /* ceil((end - start) / step) without forming end - start + step (a step near
+     * INT64_MAX would wrap). A step past the dim's size takes one element, whose stride
+     * is never used: keep the old one rather than a product that may wrap. */
+    sh[d] = end == start ? 0 : (end - start - 1) / step + 1;
+    st[d] = step < n ? t->strides[d] * step : t->strides[d];
     nb_tensor *r = nb__view_of(t, sh, st, t->ndim, t->offset + start * t->strides[d]);
     nb__node *nd = nb__record(r, NB__OP_SLICE, &t, 1);
     if (nd) nd->attrs.i[0] = d, nd->attrs.i[1] = start, nd->attrs.i[2] = end, nd->attrs.i[3] = step;
@@ -196,9 +207,16 @@ nb_tensor *nb_narrow(nb_tensor *t, int dim, int64_t start, int64_t length) {
     if (d < 0) return NULL;
     int64_t n = t->shape[d];
     if (start < 0) start += n;
-    if (start < 0 || length < 0 || start + length > n) {
+    int64_t end;
+    bool wraps = __builtin_add_overflow(start, length, &end); /* a huge length */
+    if (wraps) {
+        nb__error(NB_EINDEX, "narrow: length %lld from %lld is outside dim %d of size %lld",
+                  (long long)length, (long long)start, d, (long long)n);
+        return NULL;
+    }
+    if (start < 0 || length < 0 || end > n) {
         nb__error(NB_EINDEX, "narrow: range [%lld, %lld) is outside dim %d of size %lld",
-                  (long long)start, (long long)(start + length), d, (long long)n);
+                  (long long)start, (long long)end, d, (long long)n);
         return NULL;
     }
     int64_t sh[NB_MAX_DIMS];
@@ -265,6 +283,13 @@ nb_tensor *nb_expand(nb_tensor *t, const int64_t *shape, int ndim) {
                       (long long)have);
             return NULL;
         }
+    }
+    /* Broadcast strides are 0, but numel and any copy of the result must still fit. */
+    if (!nb__shape_bytes(sh, ndim, NB__MAX_ELEM, NULL)) {
+        nb__error(NB_ESHAPE, "expand: shape %s is too large: its sizes (0 counted as 1) "
+                  "multiply past what 64-bit strides and byte sizes can hold",
+                  nb__shape_str(sh, ndim, (char[NB__SHAPE_STR]){0}));
+        return NULL;
     }
     return rec(nb__view_of(t, sh, st, ndim, t->offset), NB__OP_EXPAND, t);
 }

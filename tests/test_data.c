@@ -258,6 +258,23 @@ START_TEST(test_idx_corrupt) {
         h = idx_header(buf, 0x0E, (uint32_t[]){0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}, 3);
         write_file(path, buf, h + 100, gz);
         expect_idx_error(path, NB_EFORMAT, "too large");
+        /* A 0 dim makes the data empty, but the strides come from the other dims: a 16-byte
+         * file whose other dims multiply past 2^63 fails, not a tensor with garbage
+         * strides (issue 18, item 4). */
+        h = idx_header(buf, 0x08, (uint32_t[]){0, 0xFFFFFFFF, 0xFFFFFFFF}, 3);
+        ck_assert_uint_eq(h, 16);
+        write_file(path, buf, h, gz);
+        expect_idx_error(path, NB_EFORMAT, "too large");
+        h = idx_header(buf, 0x0D, (uint32_t[]){0xFFFF, 0xFFFF, 0xFFFF, 0xFFFF, 0}, 5);
+        write_file(path, buf, h, gz);
+        expect_idx_error(path, NB_EFORMAT, "too large");
+        /* An empty tensor whose strides fit still reads. */
+        h = idx_header(buf, 0x08, (uint32_t[]){0, 0xFFFFFFFF, 3}, 3);
+        write_file(path, buf, h, gz);
+        nb_tensor *empty = nb_idx_read(path);
+        ck_assert_msg(empty != NULL, "%s", nb_last_error());
+        ck_assert_int_eq(nb_numel(empty), 0);
+        ck_assert_int_eq(nb_strides(empty)[0], INT64_C(0xFFFFFFFF) * 3);
     }
     /* Damaged gzip streams: cut short at several points, or a flipped byte. */
     size_t h = idx_header(buf, 0x08, (uint32_t[]){1000}, 1);

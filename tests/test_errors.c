@@ -66,6 +66,96 @@ START_TEST(test_error_classes) {
 }
 END_TEST
 
+/* Write a safetensors file with one F32 tensor "x" of the given JSON shape and no data. */
+static void write_st_shape(const char *path, const char *shape) {
+    char json[256];
+    int n = snprintf(json, sizeof json,
+                     "{\"x\":{\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[0,0]}}", shape);
+    unsigned char buf[8 + sizeof json];
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)n >> (8 * i));
+    memcpy(buf + 8, json, (size_t)n);
+    tu_write_file(path, buf, 8 + (size_t)n);
+}
+
+/* Shapes whose sizes (0-sized dims counted as 1) multiply past int64 have strides or byte
+ * sizes that cannot be represented, even when a 0 dim makes them empty: every way to build
+ * one fails with a clear error instead of a tensor with wrapped strides (issue 18, item 4). */
+START_TEST(test_shape_overflow) {
+    nb_scope_begin();
+    const int64_t big = INT64_C(1) << 40;
+    tu_assert_error(nb_empty((int64_t[]){0, big, big}, 3, NB_F32), NB_EINVAL, "too large");
+    tu_assert_error(nb_zeros((int64_t[]){big, big, 0}, 3, NB_F32), NB_EINVAL, "too large");
+    tu_assert_error(nb_empty((int64_t[]){0, INT64_MAX}, 2, NB_U8), NB_EINVAL, "too large");
+    tu_assert_error(nb_empty((int64_t[]){0, 3, INT64_C(1) << 62}, 3, NB_F32), NB_EINVAL,
+                    "too large");
+    tu_assert_error(nb_wrap_buffer(NULL, (int64_t[]){0, big, big}, 3, NB_F32, NULL, NULL),
+                    NB_EINVAL, "too large");
+    tu_assert_error(nb_from_buffer(NULL, (int64_t[]){big, 0, big}, 3, NB_F32), NB_EINVAL,
+                    "too large");
+    /* An empty tensor whose strides fit is fine, and its strides are right. */
+    nb_tensor *e = nb_empty((int64_t[]){0, INT64_C(1) << 20, INT64_C(1) << 20}, 3, NB_F32);
+    ck_assert_msg(e != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_numel(e), 0);
+    ck_assert_int_eq(nb_strides(e)[0], INT64_C(1) << 40);
+    ck_assert_int_eq(nb_strides(e)[1], INT64_C(1) << 20);
+
+    /* Views that build shapes: view, reshape (with and without -1), expand. */
+    nb_tensor *z = nb_empty((int64_t[]){0}, 1, NB_F32);
+    tu_assert_error(nb_view(z, (int64_t[]){0, big, big}, 3), NB_EINVAL, "too large");
+    tu_assert_error(nb_reshape(z, (int64_t[]){big, big, 0}, 3), NB_EINVAL, "too large");
+    tu_assert_error(nb_reshape(z, (int64_t[]){0, big, big, -1}, 4), NB_EINVAL, "too large");
+    nb_tensor *one = nb_ones((int64_t[]){1}, 1, NB_F32);
+    tu_assert_error(nb_expand(one, (int64_t[]){big, big, 1}, 3), NB_ESHAPE, "too large");
+    tu_assert_error(nb_expand(one, (int64_t[]){0, big, big}, 3), NB_ESHAPE, "too large");
+    nb_tensor *ex = nb_expand(one, (int64_t[]){INT64_C(1) << 20, INT64_C(1) << 20}, 2);
+    ck_assert_msg(ex != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_numel(ex), INT64_C(1) << 40);
+    nb_tensor *ev = nb_view(z, (int64_t[]){0, INT64_C(1) << 20, 3}, 3);
+    ck_assert_msg(ev != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_strides(ev)[0], INT64_C(3) << 20);
+
+    /* Slice and narrow arithmetic with extreme steps and lengths. */
+    nb_tensor *r = nb_arange(0, 10, 1, NB_F32);
+    nb_tensor *s1 = nb_slice(r, 0, 0, 10, INT64_MAX);
+    ck_assert_msg(s1 != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_shape(s1)[0], 1);
+    nb_tensor *s2 = nb_slice(r, 0, 3, 10, INT64_MAX - 1);
+    ck_assert_msg(s2 != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_shape(s2)[0], 1);
+    ck_assert_int_eq(nb_offset(s2), 3);
+    tu_assert_error(nb_narrow(r, 0, 5, INT64_MAX), NB_EINDEX, "outside dim 0");
+
+    /* A crafted safetensors header: the file opens or not, but no tensor with such a shape
+     * comes out of it. */
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "big.safetensors");
+    const char *shapes[] = {"[0,1099511627776,1099511627776]", "[1099511627776,1099511627776,0]",
+                            "[0,9223372036854775807]"};
+    for (int i = 0; i < 3; i++) {
+        write_st_shape(path, shapes[i]);
+        nb_clear_error();
+        nb_safetensors *f = nb_safetensors_open(path);
+        nb_tensor *t = f ? nb_safetensors_get(f, "x") : NULL;
+        ck_assert_msg(t == NULL, "shape %s: got a tensor with strides [%lld,...]", shapes[i],
+                      t ? (long long)nb_strides(t)[0] : 0LL);
+        ck_assert_msg(strstr(nb_last_error(), "too large") != NULL, "shape %s: '%s'", shapes[i],
+                      nb_last_error());
+        nb_safetensors_close(f);
+    }
+    /* An empty tensor whose strides fit reads back empty. */
+    write_st_shape(path, "[0,1048576,1048576]");
+    nb_safetensors *f = nb_safetensors_open(path);
+    ck_assert_msg(f != NULL, "%s", nb_last_error());
+    nb_tensor *t = nb_safetensors_get(f, "x");
+    ck_assert_msg(t != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_numel(t), 0);
+    ck_assert_int_eq(nb_strides(t)[0], INT64_C(1) << 40);
+    nb_safetensors_close(f);
+    free(path);
+    tu_rm_dir(dir);
+    nb_scope_end();
+}
+END_TEST
+
 static void *other_thread(void *arg) {
     (void)arg;
     /* A fresh thread starts with no error and its errors do not leak to others. */
@@ -95,6 +185,7 @@ Suite *nb_suite_errors(void) {
     tcase_add_test(tc, test_null_propagation);
     tcase_add_test(tc, test_error_classes);
     tcase_add_test(tc, test_thread_local);
+    tcase_add_test(tc, test_shape_overflow);
     suite_add_tcase(s, tc);
     return s;
 }
