@@ -39,20 +39,18 @@ static void usage(const nbm_args *a) {
             NB_FASHION_MNIST_DIR);
 }
 
-static bool parse_i64(const char *flag, const char *s, int64_t min, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = s ? strtoll(s, &end, 10) : 0;
-    if (!s || errno || *end || v < min) {
-        fprintf(stderr, "%s: expects an integer >= %lld, got \"%s\"\n", flag, (long long)min,
-                s ? s : "");
-        return false;
-    }
-    *out = v;
-    return true;
-}
+/* The flags that take a value, and whether each still has an effect with --eval-only. */
+static const struct {
+    const char *name;
+    bool eval_only_too;
+} value_flags[] = {{"--epochs", false}, {"--batch", true},     {"--lr", false},
+                   {"--seed", true},    {"--threads", true},   {"--data", true},
+                   {"--save", false},   {"--resume", true},    {"--log", false},
+                   {"--max-steps", false}, {"--limit", false}};
+enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
 
 bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
+    bool given[N_VALUE_FLAGS] = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n;
@@ -62,30 +60,35 @@ bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
         } else if (!strcmp(f, "--eval-only")) {
             a->eval_only = true;
             continue;
+        } else if (strncmp(f, "-", 1)) { /* the programs take no file or other operand */
+            fprintf(stderr, "%s: unexpected argument \"%s\" (every input is a flag; see --help)\n",
+                    a->prog, f);
+            return false;
         }
+        /* Known before its value is looked at, so that a last "--bogus" is called unknown. */
+        int k = 0;
+        while (k < N_VALUE_FLAGS && strcmp(f, value_flags[k].name)) k++;
+        if (k == N_VALUE_FLAGS) {
+            fprintf(stderr, "%s: unknown flag %s (see --help)\n", a->prog, f);
+            return false;
+        }
+        given[k] = true;
         i++; /* every other flag takes a value */
         if (!v) {
             fprintf(stderr, "%s: %s needs a value (see --help)\n", a->prog, f);
             return false;
         }
+        bool ok = true;
         if (!strcmp(f, "--epochs")) {
-            if (!parse_i64(f, v, 0, &n)) return false;
-            a->epochs = (int)n;
+            if ((ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &n))) a->epochs = (int)n;
         } else if (!strcmp(f, "--batch")) {
-            if (!parse_i64(f, v, 1, &a->batch)) return false;
+            ok = nbm_parse_int(a->prog, f, v, 1, INT64_MAX, &a->batch);
         } else if (!strcmp(f, "--lr")) {
-            char *end;
-            a->lr = strtod(v, &end);
-            if (*end || !(a->lr > 0)) {
-                fprintf(stderr, "--lr: expects a number > 0, got \"%s\"\n", v);
-                return false;
-            }
+            ok = nbm_parse_num(a->prog, f, v, 0, true, INFINITY, false, &a->lr);
         } else if (!strcmp(f, "--seed")) {
-            if (!parse_i64(f, v, 0, &n)) return false;
-            a->seed = (uint64_t)n;
+            if ((ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &n))) a->seed = (uint64_t)n;
         } else if (!strcmp(f, "--threads")) {
-            if (!parse_i64(f, v, 0, &n)) return false;
-            a->threads = (int)n;
+            if ((ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &n))) a->threads = (int)n;
         } else if (!strcmp(f, "--data")) {
             a->data = v;
         } else if (!strcmp(f, "--save")) {
@@ -95,14 +98,19 @@ bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
         } else if (!strcmp(f, "--log")) {
             a->log = v;
         } else if (!strcmp(f, "--max-steps")) {
-            if (!parse_i64(f, v, 0, &a->max_steps)) return false;
+            ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &a->max_steps);
         } else if (!strcmp(f, "--limit")) {
-            if (!parse_i64(f, v, 0, &a->limit)) return false;
-        } else {
-            fprintf(stderr, "%s: unknown flag %s (see --help)\n", a->prog, f);
+            ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &a->limit);
+        }
+        if (!ok) return false;
+    }
+    /* Nothing trains with --eval-only: a training flag there is a mistake, not a no-op. */
+    for (int k = 0; a->eval_only && k < N_VALUE_FLAGS; k++)
+        if (given[k] && !value_flags[k].eval_only_too) {
+            fprintf(stderr, "%s: %s has no effect with --eval-only (nothing is trained)\n",
+                    a->prog, value_flags[k].name);
             return false;
         }
-    }
     return true;
 }
 

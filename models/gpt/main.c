@@ -88,31 +88,27 @@ static void usage(const args *a) {
             (unsigned long long)a->seed, (long long)a->tokens, a->temperature);
 }
 
-static bool parse_i64(const char *flag, const char *s, int64_t min, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < min) {
-        fprintf(stderr, "gpt: %s expects an integer >= %lld, got \"%s\"\n", flag, (long long)min, s);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-static bool parse_f64(const char *flag, const char *s, double min, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= min) || !isfinite(v)) {
-        fprintf(stderr, "gpt: %s expects a number >= %g, got \"%s\"\n", flag, min, s);
-        return false;
-    }
-    *out = v;
-    return true;
-}
+/* Where a flag has an effect: in both modes, only when training, only with --sample. */
+enum { BOTH, TRAIN, SAMPLE };
 
 static bool parse_args(int argc, char **argv, args *a) {
+    /* every flag that takes a value; given[k]: flags[k] was on the command line */
+    static const struct {
+        const char *name;
+        int mode;
+    } flags[] = {{"--n-layer", TRAIN},     {"--n-head", BOTH},       {"--n-embd", TRAIN},
+                 {"--block-size", TRAIN},  {"--dropout", TRAIN},     {"--bias", TRAIN},
+                 {"--gelu-tanh", BOTH},    {"--data", TRAIN},        {"--steps", TRAIN},
+                 {"--batch", TRAIN},       {"--grad-accum", TRAIN},  {"--lr", TRAIN},
+                 {"--schedule", TRAIN},    {"--warmup", TRAIN},      {"--decay-steps", TRAIN},
+                 {"--min-lr", TRAIN},      {"--weight-decay", TRAIN}, {"--beta1", TRAIN},
+                 {"--beta2", TRAIN},       {"--grad-clip", TRAIN},   {"--eval-every", TRAIN},
+                 {"--eval-batches", TRAIN}, {"--save-every", TRAIN}, {"--save", TRAIN},
+                 {"--resume", TRAIN},      {"--log", TRAIN},         {"--threads", BOTH},
+                 {"--seed", BOTH},         {"--load", SAMPLE},       {"--prompt", SAMPLE},
+                 {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE}};
+    enum { NF = sizeof flags / sizeof flags[0] };
+    bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -123,6 +119,19 @@ static bool parse_args(int argc, char **argv, args *a) {
             a->sample = true;
             continue;
         }
+        if (strncmp(f, "-", 1)) { /* the program takes no file or other operand */
+            fprintf(stderr, "gpt: unexpected argument \"%s\" (every input is a flag; see --help)\n",
+                    f);
+            return false;
+        }
+        /* Known before its value is looked at, so that a last "--bogus" is called unknown. */
+        int k = 0;
+        while (k < NF && strcmp(f, flags[k].name)) k++;
+        if (k == NF) {
+            fprintf(stderr, "gpt: unknown flag %s (see --help)\n", f);
+            return false;
+        }
+        given[k] = true;
         if (i + 1 >= argc) {
             fprintf(stderr, "gpt: %s needs a value (see --help)\n", f);
             return false;
@@ -130,32 +139,37 @@ static bool parse_args(int argc, char **argv, args *a) {
         const char *v = argv[++i];
         int64_t n;
         bool ok = true;
-#define I64(name, field, min) else if (!strcmp(f, name)) ok = parse_i64(f, v, min, &a->field)
-#define F64(name, field, min) else if (!strcmp(f, name)) ok = parse_f64(f, v, min, &a->field)
+        /* integer flags in [min, max]; number flags from lo to hi, ( or ) excluding the bound */
+#define I64(name, field, min, max) \
+    else if (!strcmp(f, name)) ok = nbm_parse_int("gpt", f, v, min, max, &a->field)
+#define F64(name, field, lo, lo_open, hi, hi_open) \
+    else if (!strcmp(f, name)) ok = nbm_parse_num("gpt", f, v, lo, lo_open, hi, hi_open, &a->field)
 #define STR(name, field) else if (!strcmp(f, name)) a->field = v
+        const int64_t BIG = INT64_MAX;
         if (0) {
         }
-        I64("--n-layer", n_layer, 1); I64("--n-head", n_head, 1); I64("--n-embd", n_embd, 1);
-        I64("--block-size", block_size, 1); F64("--dropout", dropout, 0);
-        I64("--bias", bias, 0); I64("--gelu-tanh", gelu_tanh, 0);
-        STR("--data", data); I64("--steps", steps, 0); I64("--batch", batch, 1);
-        I64("--grad-accum", grad_accum, 1); F64("--lr", lr, 0); STR("--schedule", schedule);
-        I64("--warmup", warmup, 0); I64("--decay-steps", decay_steps, 0); F64("--min-lr", min_lr, 0);
-        F64("--weight-decay", weight_decay, 0); F64("--beta1", beta1, 0);
-        F64("--beta2", beta2, 0); F64("--grad-clip", grad_clip, 0);
-        I64("--eval-every", eval_every, 0); I64("--eval-batches", eval_batches, 1);
-        I64("--save-every", save_every, 0);
+        I64("--n-layer", n_layer, 1, BIG); I64("--n-head", n_head, 1, BIG);
+        I64("--n-embd", n_embd, 1, BIG); I64("--block-size", block_size, 1, BIG);
+        F64("--dropout", dropout, 0, false, 1, true);
+        I64("--bias", bias, 0, 1); I64("--gelu-tanh", gelu_tanh, 0, 1);
+        STR("--data", data); I64("--steps", steps, 0, BIG); I64("--batch", batch, 1, BIG);
+        I64("--grad-accum", grad_accum, 1, BIG); F64("--lr", lr, 0, true, INFINITY, false);
+        STR("--schedule", schedule);
+        I64("--warmup", warmup, 0, BIG); I64("--decay-steps", decay_steps, 0, BIG);
+        F64("--min-lr", min_lr, 0, false, INFINITY, false);
+        F64("--weight-decay", weight_decay, 0, false, INFINITY, false);
+        F64("--beta1", beta1, 0, false, 1, true); F64("--beta2", beta2, 0, false, 1, true);
+        F64("--grad-clip", grad_clip, 0, false, INFINITY, false);
+        I64("--eval-every", eval_every, 0, BIG); I64("--eval-batches", eval_batches, 1, BIG);
+        I64("--save-every", save_every, 0, BIG);
         STR("--save", save); STR("--resume", resume); STR("--log", log);
-        I64("--threads", threads, 0);
+        I64("--threads", threads, 0, BIG);
         else if (!strcmp(f, "--seed")) {
-            if ((ok = parse_i64(f, v, 0, &n))) a->seed = (uint64_t)n;
+            if ((ok = nbm_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
         }
-        STR("--load", load); STR("--prompt", prompt); I64("--tokens", tokens, 0);
-        F64("--temperature", temperature, 0); I64("--top-k", top_k, 0);
-        else {
-            fprintf(stderr, "gpt: unknown flag %s (see --help)\n", f);
-            return false;
-        }
+        STR("--load", load); STR("--prompt", prompt); I64("--tokens", tokens, 0, BIG);
+        F64("--temperature", temperature, 0, false, INFINITY, false);
+        I64("--top-k", top_k, 0, BIG);
 #undef I64
 #undef F64
 #undef STR
@@ -165,11 +179,30 @@ static bool parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --schedule must be cosine or constant, got \"%s\"\n", a->schedule);
         return false;
     }
-    if (a->bias > 1 || a->gelu_tanh > 1 || !(a->dropout < 1) || !(a->lr > 0) ||
-        !(a->beta1 < 1) || !(a->beta2 < 1)) {
-        fprintf(stderr, "gpt: --bias and --gelu-tanh take 0 or 1, --dropout and the betas must "
-                        "be < 1, --lr > 0\n");
-        return false;
+    /* A flag the chosen mode ignores is a mistake (a typo'd mode, a forgotten --sample),
+     * not something to drop silently. */
+    for (int k = 0; k < NF; k++) {
+        if (!given[k] || flags[k].mode == BOTH) continue;
+        if (flags[k].mode == SAMPLE && !a->sample) {
+            fprintf(stderr, "gpt: %s has no effect without --sample\n", flags[k].name);
+            return false;
+        }
+        if (flags[k].mode == TRAIN && a->sample) {
+            fprintf(stderr, "gpt: %s has no effect with --sample (it is a training flag)\n",
+                    flags[k].name);
+            return false;
+        }
+        bool constant = !strcmp(a->schedule, "constant");
+        const char *name = flags[k].name;
+        if (constant && (!strcmp(name, "--warmup") || !strcmp(name, "--min-lr") ||
+                         !strcmp(name, "--decay-steps"))) {
+            fprintf(stderr, "gpt: %s has no effect with --schedule constant\n", name);
+            return false;
+        }
+        if (!a->save && !strcmp(name, "--save-every")) {
+            fprintf(stderr, "gpt: --save-every has no effect without --save\n");
+            return false;
+        }
     }
     if (a->sample && !a->load) {
         fprintf(stderr, "gpt: --sample needs --load FILE\n");
