@@ -80,15 +80,15 @@ bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
         }
         bool ok = true;
         if (!strcmp(f, "--epochs")) {
-            if ((ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &n))) a->epochs = (int)n;
+            if ((ok = nbm_parse_int(a->prog, f, v, 0, 1000000, &n))) a->epochs = (int)n;
         } else if (!strcmp(f, "--batch")) {
-            ok = nbm_parse_int(a->prog, f, v, 1, INT64_MAX, &a->batch);
+            ok = nbm_parse_int(a->prog, f, v, 1, NBM_MAX_BATCH, &a->batch);
         } else if (!strcmp(f, "--lr")) {
-            ok = nbm_parse_num(a->prog, f, v, 0, true, INFINITY, false, &a->lr);
+            ok = nbm_parse_num(a->prog, f, v, 0, true, NBM_MAX_LR, false, &a->lr);
         } else if (!strcmp(f, "--seed")) {
             if ((ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &n))) a->seed = (uint64_t)n;
         } else if (!strcmp(f, "--threads")) {
-            if ((ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &n))) a->threads = (int)n;
+            if ((ok = nbm_parse_int(a->prog, f, v, 0, NBM_MAX_THREADS, &n))) a->threads = (int)n;
         } else if (!strcmp(f, "--data")) {
             a->data = v;
         } else if (!strcmp(f, "--save")) {
@@ -254,7 +254,17 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 if (s == NB_OK) s = nb_step(opt);
                 double lv = s == NB_OK ? nb_item_f64(loss) : NAN;
                 nb_scope_end();
-                if (s != NB_OK) FAIL("step %lld: %s", (long long)step, nb_last_error());
+                if (s != NB_OK) FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
+                /* A NaN or infinite loss never recovers (the weights are NaN from here):
+                 * stop, naming the step. With several ranks the check is on the mean, so
+                 * every rank stops at the same step instead of waiting for the others. */
+                nb_clear_error();
+                double lv_all = size > 1 ? nbm_mean_over_ranks(world, lv) : lv;
+                if (!isfinite(lv_all) && nb_last_status() != NB_OK)
+                    FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
+                if (!isfinite(lv_all))
+                    FAIL("step %lld: the loss is %s: training diverged (a smaller --lr?)",
+                         (long long)step + 1, isnan(lv_all) ? "NaN" : "infinite");
                 double dt = nbm_now_s() - t0;
                 step++;
                 if (step == 10) nb_alloc_get_stats(&st0); /* steady state from here */

@@ -40,6 +40,13 @@ void nbm_set_threads(nb_comm *world, int requested);
 /* The mean of v over the ranks (v itself on one rank); NAN if the allreduce failed. */
 double nbm_mean_over_ranks(nb_comm *world, double v);
 
+/* Bounds of flag values that no run can usefully exceed, refused at parse time: a learning
+ * rate above NBM_MAX_LR only diverges (1e39 is not even a float), and the counts below keep
+ * every size computed from them (buffers, int casts) far from overflow. */
+#define NBM_MAX_LR 1000.0
+#define NBM_MAX_BATCH (INT64_C(1) << 24)
+#define NBM_MAX_THREADS 4096
+
 /* Parse s, the value of `flag`, as a decimal integer in [min, max] into *out. On anything
  * else (not a number, trailing text, out of range) print "prog: FLAG must be an integer in
  * [min, max], got S" to stderr and return false (*out untouched). */

@@ -145,31 +145,32 @@ static bool parse_args(int argc, char **argv, args *a) {
 #define F64(name, field, lo, lo_open, hi, hi_open) \
     else if (!strcmp(f, name)) ok = nbm_parse_num("gpt", f, v, lo, lo_open, hi, hi_open, &a->field)
 #define STR(name, field) else if (!strcmp(f, name)) a->field = v
-        const int64_t BIG = INT64_MAX;
+        /* MAX_STEPS bounds --steps and --tokens, which size a buffer each */
+        const int64_t BIG = INT64_MAX, MAX_STEPS = INT64_C(1) << 30;
         if (0) {
         }
         I64("--n-layer", n_layer, 1, BIG); I64("--n-head", n_head, 1, BIG);
         I64("--n-embd", n_embd, 1, BIG); I64("--block-size", block_size, 1, BIG);
         F64("--dropout", dropout, 0, false, 1, true);
         I64("--bias", bias, 0, 1); I64("--gelu-tanh", gelu_tanh, 0, 1);
-        STR("--data", data); I64("--steps", steps, 0, BIG); I64("--batch", batch, 1, BIG);
-        I64("--grad-accum", grad_accum, 1, BIG); F64("--lr", lr, 0, true, INFINITY, false);
+        STR("--data", data); I64("--steps", steps, 0, MAX_STEPS); I64("--batch", batch, 1, NBM_MAX_BATCH);
+        I64("--grad-accum", grad_accum, 1, NBM_MAX_BATCH); F64("--lr", lr, 0, true, NBM_MAX_LR, false);
         STR("--schedule", schedule);
         I64("--warmup", warmup, 0, BIG); I64("--decay-steps", decay_steps, 0, BIG);
-        F64("--min-lr", min_lr, 0, false, INFINITY, false);
-        F64("--weight-decay", weight_decay, 0, false, INFINITY, false);
+        F64("--min-lr", min_lr, 0, false, NBM_MAX_LR, false);
+        F64("--weight-decay", weight_decay, 0, false, NBM_MAX_LR, false);
         F64("--beta1", beta1, 0, false, 1, true); F64("--beta2", beta2, 0, false, 1, true);
         F64("--grad-clip", grad_clip, 0, false, INFINITY, false);
         I64("--eval-every", eval_every, 0, BIG); I64("--eval-batches", eval_batches, 1, BIG);
         I64("--save-every", save_every, 0, BIG);
         STR("--save", save); STR("--resume", resume); STR("--log", log);
-        I64("--threads", threads, 0, BIG);
+        I64("--threads", threads, 0, NBM_MAX_THREADS);
         else if (!strcmp(f, "--seed")) {
             if ((ok = nbm_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
         }
-        STR("--load", load); STR("--prompt", prompt); I64("--tokens", tokens, 0, BIG);
+        STR("--load", load); STR("--prompt", prompt); I64("--tokens", tokens, 0, MAX_STEPS);
         F64("--temperature", temperature, 0, false, INFINITY, false);
-        I64("--top-k", top_k, 0, BIG);
+        I64("--top-k", top_k, 0, 256);
 #undef I64
 #undef F64
 #undef STR
@@ -430,11 +431,19 @@ static int run_train(const args *a) {
         for (int64_t i = 0; i < N; i++)
             if (nb_text_sample(train, batch_gen, xs[i], ys[i]) != NB_OK) FAIL("%s", nb_last_error());
         double lr = nb_optim_get_lr(opt, 0);
+        nb_clear_error(); /* a NaN below is an error only when one is set */
         double loss = gpt_train_step(model, opt, ddp, xl, yl, (int)N, a->grad_clip, &norm);
-        if (isnan(loss)) FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
-        const double comm_ms = ddp ? nb_ddp_exposed_comm_s(ddp) * 1e3 : 0;
-        if (size > 1 && isnan(loss = nbm_mean_over_ranks(world, loss)))
+        if (isnan(loss) && nb_last_status() != NB_OK)
             FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
+        const double comm_ms = ddp ? nb_ddp_exposed_comm_s(ddp) * 1e3 : 0;
+        if (size > 1 && isnan(loss = nbm_mean_over_ranks(world, loss)) &&
+            nb_last_status() != NB_OK)
+            FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
+        /* A NaN or infinite loss never recovers (the weights are NaN from here): stop,
+         * naming the step. With several ranks it is the mean, so all stop at this step. */
+        if (!isfinite(loss))
+            FAIL("step %lld: the loss is %s: training diverged (a smaller --lr?)",
+                 (long long)step + 1, isnan(loss) ? "NaN" : "infinite");
         if (nb_sched_step(sched) != NB_OK) FAIL("%s", nb_last_error());
         double dt = nbm_now_s() - t0;
         times[step - first] = dt;
