@@ -279,10 +279,12 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 char cm[48] = "";
                 if (ddp) snprintf(cm, sizeof cm, "  comm %.1f ms/step", 1e3 * comm_sum / n_loss);
                 if (log && (step % 10 == 0 || step == total_steps)) {
+                    char j[3][32]; /* JSON has no NaN or infinity: those become null */
                     fprintf(log, "{\"type\": \"step\", \"step\": %lld, \"epoch\": %lld, "
-                            "\"loss\": %.6f, \"lr\": %g, \"samples_per_s\": %.1f",
-                            (long long)step, (long long)epoch, lv, nb_optim_get_lr(opt, 0), sps);
-                    if (ddp) fprintf(log, ", \"exposed_comm_ms\": %.3f", 1e3 * comm);
+                            "\"loss\": %s, \"lr\": %g, \"samples_per_s\": %s",
+                            (long long)step, (long long)epoch, nbm_jnum(lv, 6, j[0], 32),
+                            nb_optim_get_lr(opt, 0), nbm_jnum(sps, 1, j[1], 32));
+                    if (ddp) fprintf(log, ", \"exposed_comm_ms\": %s", nbm_jnum(1e3 * comm, 3, j[2], 32));
                     fprintf(log, "}\n");
                 }
                 double t = nbm_now_s();
@@ -319,16 +321,18 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                        (long long)epoch + 1, train_loss, test_loss, acc, nbm_now_s() - t_epoch);
             }
             if (log) {
+                char j[5][32];
                 fprintf(log, "{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, "
-                        "\"train_loss\": %.6f, \"test_loss\": %.6f, \"test_accuracy\": %.6f, "
-                        "\"samples_per_s\": %.1f, \"system_allocs\": %lld, "
+                        "\"train_loss\": %s, \"test_loss\": %s, \"test_accuracy\": %s, "
+                        "\"samples_per_s\": %s, \"system_allocs\": %lld, "
                         "\"steady_system_allocs\": %lld, \"bytes_peak\": %lld",
-                        (long long)epoch + 1, (long long)step, train_loss, test_loss, acc,
-                        samples / train_time, (long long)st.system_allocs,
+                        (long long)epoch + 1, (long long)step, nbm_jnum(train_loss, 6, j[0], 32),
+                        nbm_jnum(test_loss, 6, j[1], 32), nbm_jnum(acc, 6, j[2], 32),
+                        nbm_jnum(samples / train_time, 1, j[3], 32), (long long)st.system_allocs,
                         (long long)steady_allocs, (long long)st.bytes_peak);
                 if (ddp)
-                    fprintf(log, ", \"ranks\": %d, \"exposed_comm_ms_per_step\": %.3f", size,
-                            n_loss ? 1e3 * comm_sum / n_loss : 0.0);
+                    fprintf(log, ", \"ranks\": %d, \"exposed_comm_ms_per_step\": %s", size,
+                            nbm_jnum(n_loss ? 1e3 * comm_sum / n_loss : 0.0, 3, j[4], 32));
                 fprintf(log, "}\n");
                 fflush(log);
             }
@@ -340,15 +344,20 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     }
     if (isnan(acc) && evaluate(model, test_l, world, &acc, &test_loss) != NB_OK)
         FAIL("evaluation: %s", *nb_last_error() ? nb_last_error() : "failed on another rank");
+    /* JSON has no NaN or infinity: an undefined figure (the median of fewer than 11 steps,
+     * the train loss of --eval-only, a NaN test loss) is null. */
+    char j[5][32];
     if (main_rank)
-        printf("{\"model\": \"%s\", \"test_accuracy\": %.4f, \"test_loss\": %.4f, "
-               "\"train_loss\": %.4f, \"samples_per_s\": %.1f, \"steps\": %lld, \"wall_s\": %.2f, "
-               "\"median_step_ms\": %.3f, \"threads\": %d, \"ranks\": %d, "
+        printf("{\"model\": \"%s\", \"test_accuracy\": %s, \"test_loss\": %s, "
+               "\"train_loss\": %s, \"samples_per_s\": %s, \"steps\": %lld, \"wall_s\": %.2f, "
+               "\"median_step_ms\": %s, \"threads\": %d, \"ranks\": %d, "
                "\"steady_system_allocs\": %lld}\n",
-               spec->name, acc, test_loss, train_loss,
-               train_time > 0 ? samples / train_time : 0.0, (long long)step, nbm_now_s() - t_start,
-               1e3 * nbm_median(step_times, n_times), nb_get_num_threads(), size,
-               (long long)steady_allocs);
+               spec->name, nbm_jnum(acc, 4, j[0], 32), nbm_jnum(test_loss, 4, j[1], 32),
+               nbm_jnum(train_loss, 4, j[2], 32),
+               nbm_jnum(train_time > 0 ? samples / train_time : 0.0, 1, j[3], 32),
+               (long long)step, nbm_now_s() - t_start,
+               nbm_jnum(1e3 * nbm_median(step_times, n_times), 3, j[4], 32),
+               nb_get_num_threads(), size, (long long)steady_allocs);
     rc = 0;
 done:
     free(step_times);

@@ -295,13 +295,6 @@ static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t
     return nbm_mean_over_ranks(world, sum) * (double)size / (double)n;
 }
 
-/* A number for a JSON line: JSON has no NaN or infinity, so those become null. */
-static const char *jnum(double v, int prec, char *buf, size_t n) {
-    if (isfinite(v)) snprintf(buf, n, "%.*f", prec, v);
-    else snprintf(buf, n, "null");
-    return buf;
-}
-
 #define FAIL(...)                                                                            \
     do {                                                                                     \
         nbm_report("gpt", rank, size, __VA_ARGS__);                                          \
@@ -458,12 +451,13 @@ static int run_train(const args *a) {
         last_losses[n_last++ % 10] = loss;
         const double tps = (double)tokens_per_step * (double)(step - first) / train_time;
         if (log) {
-            char ls[32], gn[32];
+            char ls[32], gn[32], ts[32];
             fprintf(log, "{\"type\": \"step\", \"step\": %lld, \"loss\": %s, \"lr\": %.6g, "
-                    "\"grad_norm\": %s, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, "
+                    "\"grad_norm\": %s, \"step_ms\": %.2f, \"tokens_per_s\": %s, "
                     "\"exposed_comm_ms\": %.3f}\n",
-                    (long long)step, jnum(loss, 6, ls, sizeof ls), lr,
-                    jnum(norm, 6, gn, sizeof gn), dt * 1e3, tps, comm_ms);
+                    (long long)step, nbm_jnum(loss, 6, ls, sizeof ls), lr,
+                    nbm_jnum(norm, 6, gn, sizeof gn), dt * 1e3, nbm_jnum(tps, 1, ts, sizeof ts),
+                    comm_ms);
         }
         char comm[48] = "";
         if (ddp) snprintf(comm, sizeof comm, "  comm %.1f ms", comm_ms);
@@ -493,9 +487,11 @@ static int run_train(const args *a) {
                        (long long)step, loss, val_loss, nbm_now_s() - te);
                 fflush(stdout);
             }
+            char ls[32], vs[32];
             if (log)
-                fprintf(log, "{\"type\": \"eval\", \"step\": %lld, \"train_loss\": %.6f, "
-                        "\"val_loss\": %.6f}\n", (long long)step, loss, val_loss);
+                fprintf(log, "{\"type\": \"eval\", \"step\": %lld, \"train_loss\": %s, "
+                        "\"val_loss\": %s}\n", (long long)step, nbm_jnum(loss, 6, ls, sizeof ls),
+                        nbm_jnum(val_loss, 6, vs, sizeof vs));
         }
         bool save_now = main_rank && a->save && (step == a->steps || (a->save_every > 0
                                                              ? step % a->save_every == 0
@@ -520,20 +516,21 @@ static int run_train(const args *a) {
         for (int64_t i = 0; i < nl; i++) train_loss += last_losses[i];
         train_loss /= (double)nl;
     }
-    char vl[32], tl[32];
+    char vl[32], tl[32], rs[32];
     struct rusage ru; /* peak resident memory, as torch_ref.py's peak_rss_mib */
     double rss_mib = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : NAN;
     if (main_rank)
         printf("{\"model\": \"gpt\", \"val_loss\": %s, \"train_loss\": %s, \"tokens_per_s\": %.1f, "
                "\"wall_s\": %.2f, \"steps\": %lld, \"params\": %lld, \"step_ms_median\": %.2f, "
                "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"threads\": %d, "
-               "\"ranks\": %d, \"steady_system_allocs\": %lld, \"peak_rss_mib\": %.0f}\n",
-               jnum(val_loss, 4, vl, sizeof vl), jnum(train_loss, 4, tl, sizeof tl),
+               "\"ranks\": %d, \"steady_system_allocs\": %lld, \"peak_rss_mib\": %s}\n",
+               nbm_jnum(val_loss, 4, vl, sizeof vl), nbm_jnum(train_loss, 4, tl, sizeof tl),
                ran > skip ? (double)tokens_per_step / median : 0.0,
                nbm_now_s() - t_start, (long long)step, (long long)nb_num_parameters(model),
                ran > skip ? median * 1e3 : 0.0, flops / 1e9,
                ran > skip ? flops / 1e9 / median : 0.0,
-               nb_get_num_threads(), size, (long long)steady_allocs, rss_mib);
+               nb_get_num_threads(), size, (long long)steady_allocs,
+               nbm_jnum(rss_mib, 0, rs, sizeof rs));
     rc = 0;
 done:
     if (log) fclose(log);
