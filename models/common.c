@@ -180,7 +180,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     double *step_times = NULL; /* per-step seconds after 10 warm-up steps, for the median */
     nb_optim *opt = NULL;
     nb_ddp *ddp = NULL;
-    FILE *log = NULL;
+    nbm_log log = {0}; /* --log: reports its own write errors */
 
     if (!world) FAIL("%s", nb_last_error());
     nbm_set_threads(world, a->threads);
@@ -202,7 +202,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     model = spec->build(a, init);
     opt = model ? spec->optimizer(model, a) : NULL;
     if (!opt) FAIL("%s", nb_last_error());
-    if (main_rank && a->log && !(log = fopen(a->log, "w")))
+    if (main_rank && a->log && !nbm_log_open(&log, a->prog, a->log, "w"))
         FAIL("cannot open --log %s: %s", a->log, strerror(errno));
 
     nb_checkpoint ck = {.model = model, .optim = opt, .loader = train_l};
@@ -278,14 +278,16 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 double eta = (double)(total_steps - step) * b.n * size / sps;
                 char cm[48] = "";
                 if (ddp) snprintf(cm, sizeof cm, "  comm %.1f ms/step", 1e3 * comm_sum / n_loss);
-                if (log && (step % 10 == 0 || step == total_steps)) {
+                if (log.f && (step % 10 == 0 || step == total_steps)) {
                     char j[3][32]; /* JSON has no NaN or infinity: those become null */
-                    fprintf(log, "{\"type\": \"step\", \"step\": %lld, \"epoch\": %lld, "
+                    nbm_log_printf(&log, "{\"type\": \"step\", \"step\": %lld, \"epoch\": %lld, "
                             "\"loss\": %s, \"lr\": %g, \"samples_per_s\": %s",
                             (long long)step, (long long)epoch, nbm_jnum(lv, 6, j[0], 32),
                             nb_optim_get_lr(opt, 0), nbm_jnum(sps, 1, j[1], 32));
-                    if (ddp) fprintf(log, ", \"exposed_comm_ms\": %s", nbm_jnum(1e3 * comm, 3, j[2], 32));
-                    fprintf(log, "}\n");
+                    if (ddp)
+                        nbm_log_printf(&log, ", \"exposed_comm_ms\": %s",
+                                       nbm_jnum(1e3 * comm, 3, j[2], 32));
+                    nbm_log_printf(&log, "}\n");
                 }
                 double t = nbm_now_s();
                 if (main_rank && tty && (t - last_print > 0.2 || step == total_steps)) {
@@ -320,9 +322,9 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 printf("epoch %lld: train loss %.4f  test loss %.4f  test accuracy %.4f  (%.1f s)\n",
                        (long long)epoch + 1, train_loss, test_loss, acc, nbm_now_s() - t_epoch);
             }
-            if (log) {
+            if (log.f) {
                 char j[5][32];
-                fprintf(log, "{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, "
+                nbm_log_printf(&log, "{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, "
                         "\"train_loss\": %s, \"test_loss\": %s, \"test_accuracy\": %s, "
                         "\"samples_per_s\": %s, \"system_allocs\": %lld, "
                         "\"steady_system_allocs\": %lld, \"bytes_peak\": %lld",
@@ -331,10 +333,11 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                         nbm_jnum(samples / train_time, 1, j[3], 32), (long long)st.system_allocs,
                         (long long)steady_allocs, (long long)st.bytes_peak);
                 if (ddp)
-                    fprintf(log, ", \"ranks\": %d, \"exposed_comm_ms_per_step\": %s", size,
+                    nbm_log_printf(&log, ", \"ranks\": %d, \"exposed_comm_ms_per_step\": %s",
+                                   size,
                             nbm_jnum(n_loss ? 1e3 * comm_sum / n_loss : 0.0, 3, j[4], 32));
-                fprintf(log, "}\n");
-                fflush(log);
+                nbm_log_printf(&log, "}\n");
+                nbm_log_flush(&log);
             }
             if (main_rank && a->save) { /* the weights are the same on every rank */
                 ck.step = step;
@@ -358,10 +361,18 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                (long long)step, nbm_now_s() - t_start,
                nbm_jnum(1e3 * nbm_median(step_times, n_times), 3, j[4], 32),
                nb_get_num_threads(), size, (long long)steady_allocs);
+    /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
+     * so that a script never takes an incomplete record for a complete one. */
     rc = 0;
+    if (!nbm_log_close(&log)) {
+        nbm_report(a->prog, rank, size, "the run finished, but --log %s is incomplete (see the "
+                   "warning above): exit status 1", a->log);
+        rc = 1;
+    }
+    if (main_rank && !nbm_stdout_ok(a->prog)) rc = 1;
 done:
     free(step_times);
-    if (log) fclose(log);
+    nbm_log_close(&log); /* after an error: the warning, if any, is all */
     nb_ddp_free(ddp);
     nb_optim_free(opt);
     nb_module_free(model);

@@ -153,8 +153,9 @@ static bool parse_args(int argc, char **argv, args *a) {
         I64("--n-embd", n_embd, 1, BIG); I64("--block-size", block_size, 1, BIG);
         F64("--dropout", dropout, 0, false, 1, true);
         I64("--bias", bias, 0, 1); I64("--gelu-tanh", gelu_tanh, 0, 1);
-        STR("--data", data); I64("--steps", steps, 0, MAX_STEPS); I64("--batch", batch, 1, NBM_MAX_BATCH);
-        I64("--grad-accum", grad_accum, 1, NBM_MAX_BATCH); F64("--lr", lr, 0, true, NBM_MAX_LR, false);
+        STR("--data", data); I64("--steps", steps, 0, MAX_STEPS);
+        I64("--batch", batch, 1, NBM_MAX_BATCH); I64("--grad-accum", grad_accum, 1, NBM_MAX_BATCH);
+        F64("--lr", lr, 0, true, NBM_MAX_LR, false);
         STR("--schedule", schedule);
         I64("--warmup", warmup, 0, BIG); I64("--decay-steps", decay_steps, 0, BIG);
         F64("--min-lr", min_lr, 0, false, NBM_MAX_LR, false);
@@ -320,7 +321,7 @@ static int run_train(const args *a) {
     nb_sched *sched = NULL;
     nb_params decay = {0}, no_decay = {0};
     double *times = calloc((size_t)a->steps + 1, sizeof(double));
-    FILE *log = NULL;
+    nbm_log log = {0}; /* --log: reports its own write errors */
     if (!world) FAIL("%s", nb_last_error());
     if (!init || !batch_gen || !drop_gen || !val_gen || !xs || !ys || !xl || !yl || !times)
         FAIL("out of memory");
@@ -377,7 +378,7 @@ static int run_train(const args *a) {
                                                         .min_lr = min_lr}
                                      : &(nb_sched_opts){.kind = NB_SCHED_CONSTANT});
     if (!sched) FAIL("%s", nb_last_error());
-    if (main_rank && a->log && !(log = fopen(a->log, a->resume ? "a" : "w")))
+    if (main_rank && a->log && !nbm_log_open(&log, "gpt", a->log, a->resume ? "a" : "w"))
         FAIL("cannot open --log %s: %s", a->log, strerror(errno));
 
     nb_checkpoint ck = {.model = model, .optim = opt, .sched = sched,
@@ -450,9 +451,9 @@ static int run_train(const args *a) {
         }
         last_losses[n_last++ % 10] = loss;
         const double tps = (double)tokens_per_step * (double)(step - first) / train_time;
-        if (log) {
+        if (log.f) {
             char ls[32], gn[32], ts[32];
-            fprintf(log, "{\"type\": \"step\", \"step\": %lld, \"loss\": %s, \"lr\": %.6g, "
+            nbm_log_printf(&log, "{\"type\": \"step\", \"step\": %lld, \"loss\": %s, \"lr\": %.6g, "
                     "\"grad_norm\": %s, \"step_ms\": %.2f, \"tokens_per_s\": %s, "
                     "\"exposed_comm_ms\": %.3f}\n",
                     (long long)step, nbm_jnum(loss, 6, ls, sizeof ls), lr,
@@ -488,8 +489,8 @@ static int run_train(const args *a) {
                 fflush(stdout);
             }
             char ls[32], vs[32];
-            if (log)
-                fprintf(log, "{\"type\": \"eval\", \"step\": %lld, \"train_loss\": %s, "
+            if (log.f)
+                nbm_log_printf(&log, "{\"type\": \"eval\", \"step\": %lld, \"train_loss\": %s, "
                         "\"val_loss\": %s}\n", (long long)step, nbm_jnum(loss, 6, ls, sizeof ls),
                         nbm_jnum(val_loss, 6, vs, sizeof vs));
         }
@@ -500,7 +501,7 @@ static int run_train(const args *a) {
             ck.step = step;
             if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
         }
-        if (log) fflush(log);
+        if (log.f) nbm_log_flush(&log);
     }
     if (val_step != step) { /* nothing trained (or resumed at the end): evaluate once */
         val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0], world);
@@ -531,9 +532,17 @@ static int run_train(const args *a) {
                ran > skip ? flops / 1e9 / median : 0.0,
                nb_get_num_threads(), size, (long long)steady_allocs,
                nbm_jnum(rss_mib, 0, rs, sizeof rs));
+    /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
+     * so that a script never takes an incomplete record for a complete one. */
     rc = 0;
+    if (!nbm_log_close(&log)) {
+        nbm_report("gpt", rank, size, "the run finished, but --log %s is incomplete (see the "
+                   "warning above): exit status 1", a->log);
+        rc = 1;
+    }
+    if (main_rank && !nbm_stdout_ok("gpt")) rc = 1;
 done:
-    if (log) fclose(log);
+    nbm_log_close(&log); /* after an error: the warning, if any, is all */
     nb_ddp_free(ddp); /* before the model it hooks into */
     nb_sched_free(sched);
     nb_optim_free(opt);
