@@ -39,20 +39,18 @@ static void usage(const nbm_args *a) {
             NB_FASHION_MNIST_DIR);
 }
 
-static bool parse_i64(const char *flag, const char *s, int64_t min, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = s ? strtoll(s, &end, 10) : 0;
-    if (!s || errno || *end || v < min) {
-        fprintf(stderr, "%s: expects an integer >= %lld, got \"%s\"\n", flag, (long long)min,
-                s ? s : "");
-        return false;
-    }
-    *out = v;
-    return true;
-}
+/* The flags that take a value, and whether each still has an effect with --eval-only. */
+static const struct {
+    const char *name;
+    bool eval_only_too;
+} value_flags[] = {{"--epochs", false}, {"--batch", true},     {"--lr", false},
+                   {"--seed", true},    {"--threads", true},   {"--data", true},
+                   {"--save", false},   {"--resume", true},    {"--log", false},
+                   {"--max-steps", false}, {"--limit", false}};
+enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
 
 bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
+    bool given[N_VALUE_FLAGS] = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n;
@@ -62,30 +60,35 @@ bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
         } else if (!strcmp(f, "--eval-only")) {
             a->eval_only = true;
             continue;
+        } else if (strncmp(f, "-", 1)) { /* the programs take no file or other operand */
+            fprintf(stderr, "%s: unexpected argument \"%s\" (every input is a flag; see --help)\n",
+                    a->prog, f);
+            return false;
         }
+        /* Known before its value is looked at, so that a last "--bogus" is called unknown. */
+        int k = 0;
+        while (k < N_VALUE_FLAGS && strcmp(f, value_flags[k].name)) k++;
+        if (k == N_VALUE_FLAGS) {
+            fprintf(stderr, "%s: unknown flag %s (see --help)\n", a->prog, f);
+            return false;
+        }
+        given[k] = true;
         i++; /* every other flag takes a value */
         if (!v) {
             fprintf(stderr, "%s: %s needs a value (see --help)\n", a->prog, f);
             return false;
         }
+        bool ok = true;
         if (!strcmp(f, "--epochs")) {
-            if (!parse_i64(f, v, 0, &n)) return false;
-            a->epochs = (int)n;
+            if ((ok = nbm_parse_int(a->prog, f, v, 0, 1000000, &n))) a->epochs = (int)n;
         } else if (!strcmp(f, "--batch")) {
-            if (!parse_i64(f, v, 1, &a->batch)) return false;
+            ok = nbm_parse_int(a->prog, f, v, 1, NBM_MAX_BATCH, &a->batch);
         } else if (!strcmp(f, "--lr")) {
-            char *end;
-            a->lr = strtod(v, &end);
-            if (*end || !(a->lr > 0)) {
-                fprintf(stderr, "--lr: expects a number > 0, got \"%s\"\n", v);
-                return false;
-            }
+            ok = nbm_parse_num(a->prog, f, v, 0, true, NBM_MAX_LR, false, &a->lr);
         } else if (!strcmp(f, "--seed")) {
-            if (!parse_i64(f, v, 0, &n)) return false;
-            a->seed = (uint64_t)n;
+            if ((ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &n))) a->seed = (uint64_t)n;
         } else if (!strcmp(f, "--threads")) {
-            if (!parse_i64(f, v, 0, &n)) return false;
-            a->threads = (int)n;
+            if ((ok = nbm_parse_int(a->prog, f, v, 0, NBM_MAX_THREADS, &n))) a->threads = (int)n;
         } else if (!strcmp(f, "--data")) {
             a->data = v;
         } else if (!strcmp(f, "--save")) {
@@ -95,14 +98,19 @@ bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
         } else if (!strcmp(f, "--log")) {
             a->log = v;
         } else if (!strcmp(f, "--max-steps")) {
-            if (!parse_i64(f, v, 0, &a->max_steps)) return false;
+            ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &a->max_steps);
         } else if (!strcmp(f, "--limit")) {
-            if (!parse_i64(f, v, 0, &a->limit)) return false;
-        } else {
-            fprintf(stderr, "%s: unknown flag %s (see --help)\n", a->prog, f);
+            ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &a->limit);
+        }
+        if (!ok) return false;
+    }
+    /* Nothing trains with --eval-only: a training flag there is a mistake, not a no-op. */
+    for (int k = 0; a->eval_only && k < N_VALUE_FLAGS; k++)
+        if (given[k] && !value_flags[k].eval_only_too) {
+            fprintf(stderr, "%s: %s has no effect with --eval-only (nothing is trained)\n",
+                    a->prog, value_flags[k].name);
             return false;
         }
-    }
     return true;
 }
 
@@ -172,7 +180,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     double *step_times = NULL; /* per-step seconds after 10 warm-up steps, for the median */
     nb_optim *opt = NULL;
     nb_ddp *ddp = NULL;
-    FILE *log = NULL;
+    nbm_log log = {0}; /* --log: reports its own write errors */
 
     if (!world) FAIL("%s", nb_last_error());
     nbm_set_threads(world, a->threads);
@@ -194,7 +202,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     model = spec->build(a, init);
     opt = model ? spec->optimizer(model, a) : NULL;
     if (!opt) FAIL("%s", nb_last_error());
-    if (main_rank && a->log && !(log = fopen(a->log, "w")))
+    if (main_rank && a->log && !nbm_log_open(&log, a->prog, a->log, "w"))
         FAIL("cannot open --log %s: %s", a->log, strerror(errno));
 
     nb_checkpoint ck = {.model = model, .optim = opt, .loader = train_l};
@@ -246,7 +254,17 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 if (s == NB_OK) s = nb_step(opt);
                 double lv = s == NB_OK ? nb_item_f64(loss) : NAN;
                 nb_scope_end();
-                if (s != NB_OK) FAIL("step %lld: %s", (long long)step, nb_last_error());
+                if (s != NB_OK) FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
+                /* A NaN or infinite loss never recovers (the weights are NaN from here):
+                 * stop, naming the step. With several ranks the check is on the mean, so
+                 * every rank stops at the same step instead of waiting for the others. */
+                nb_clear_error();
+                double lv_all = size > 1 ? nbm_mean_over_ranks(world, lv) : lv;
+                if (!isfinite(lv_all) && nb_last_status() != NB_OK)
+                    FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
+                if (!isfinite(lv_all))
+                    FAIL("step %lld: the loss is %s: training diverged (a smaller --lr?)",
+                         (long long)step + 1, isnan(lv_all) ? "NaN" : "infinite");
                 double dt = nbm_now_s() - t0;
                 step++;
                 if (step == 10) nb_alloc_get_stats(&st0); /* steady state from here */
@@ -260,12 +278,16 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 double eta = (double)(total_steps - step) * b.n * size / sps;
                 char cm[48] = "";
                 if (ddp) snprintf(cm, sizeof cm, "  comm %.1f ms/step", 1e3 * comm_sum / n_loss);
-                if (log && (step % 10 == 0 || step == total_steps)) {
-                    fprintf(log, "{\"type\": \"step\", \"step\": %lld, \"epoch\": %lld, "
-                            "\"loss\": %.6f, \"lr\": %g, \"samples_per_s\": %.1f",
-                            (long long)step, (long long)epoch, lv, nb_optim_get_lr(opt, 0), sps);
-                    if (ddp) fprintf(log, ", \"exposed_comm_ms\": %.3f", 1e3 * comm);
-                    fprintf(log, "}\n");
+                if (log.f && (step % 10 == 0 || step == total_steps)) {
+                    char j[3][32]; /* JSON has no NaN or infinity: those become null */
+                    nbm_log_printf(&log, "{\"type\": \"step\", \"step\": %lld, \"epoch\": %lld, "
+                            "\"loss\": %s, \"lr\": %g, \"samples_per_s\": %s",
+                            (long long)step, (long long)epoch, nbm_jnum(lv, 6, j[0], 32),
+                            nb_optim_get_lr(opt, 0), nbm_jnum(sps, 1, j[1], 32));
+                    if (ddp)
+                        nbm_log_printf(&log, ", \"exposed_comm_ms\": %s",
+                                       nbm_jnum(1e3 * comm, 3, j[2], 32));
+                    nbm_log_printf(&log, "}\n");
                 }
                 double t = nbm_now_s();
                 if (main_rank && tty && (t - last_print > 0.2 || step == total_steps)) {
@@ -300,19 +322,22 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 printf("epoch %lld: train loss %.4f  test loss %.4f  test accuracy %.4f  (%.1f s)\n",
                        (long long)epoch + 1, train_loss, test_loss, acc, nbm_now_s() - t_epoch);
             }
-            if (log) {
-                fprintf(log, "{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, "
-                        "\"train_loss\": %.6f, \"test_loss\": %.6f, \"test_accuracy\": %.6f, "
-                        "\"samples_per_s\": %.1f, \"system_allocs\": %lld, "
+            if (log.f) {
+                char j[5][32];
+                nbm_log_printf(&log, "{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, "
+                        "\"train_loss\": %s, \"test_loss\": %s, \"test_accuracy\": %s, "
+                        "\"samples_per_s\": %s, \"system_allocs\": %lld, "
                         "\"steady_system_allocs\": %lld, \"bytes_peak\": %lld",
-                        (long long)epoch + 1, (long long)step, train_loss, test_loss, acc,
-                        samples / train_time, (long long)st.system_allocs,
+                        (long long)epoch + 1, (long long)step, nbm_jnum(train_loss, 6, j[0], 32),
+                        nbm_jnum(test_loss, 6, j[1], 32), nbm_jnum(acc, 6, j[2], 32),
+                        nbm_jnum(samples / train_time, 1, j[3], 32), (long long)st.system_allocs,
                         (long long)steady_allocs, (long long)st.bytes_peak);
                 if (ddp)
-                    fprintf(log, ", \"ranks\": %d, \"exposed_comm_ms_per_step\": %.3f", size,
-                            n_loss ? 1e3 * comm_sum / n_loss : 0.0);
-                fprintf(log, "}\n");
-                fflush(log);
+                    nbm_log_printf(&log, ", \"ranks\": %d, \"exposed_comm_ms_per_step\": %s",
+                                   size,
+                            nbm_jnum(n_loss ? 1e3 * comm_sum / n_loss : 0.0, 3, j[4], 32));
+                nbm_log_printf(&log, "}\n");
+                nbm_log_flush(&log);
             }
             if (main_rank && a->save) { /* the weights are the same on every rank */
                 ck.step = step;
@@ -322,19 +347,32 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     }
     if (isnan(acc) && evaluate(model, test_l, world, &acc, &test_loss) != NB_OK)
         FAIL("evaluation: %s", *nb_last_error() ? nb_last_error() : "failed on another rank");
+    /* JSON has no NaN or infinity: an undefined figure (the median of fewer than 11 steps,
+     * the train loss of --eval-only, a NaN test loss) is null. */
+    char j[5][32];
     if (main_rank)
-        printf("{\"model\": \"%s\", \"test_accuracy\": %.4f, \"test_loss\": %.4f, "
-               "\"train_loss\": %.4f, \"samples_per_s\": %.1f, \"steps\": %lld, \"wall_s\": %.2f, "
-               "\"median_step_ms\": %.3f, \"threads\": %d, \"ranks\": %d, "
+        printf("{\"model\": \"%s\", \"test_accuracy\": %s, \"test_loss\": %s, "
+               "\"train_loss\": %s, \"samples_per_s\": %s, \"steps\": %lld, \"wall_s\": %.2f, "
+               "\"median_step_ms\": %s, \"threads\": %d, \"ranks\": %d, "
                "\"steady_system_allocs\": %lld}\n",
-               spec->name, acc, test_loss, train_loss,
-               train_time > 0 ? samples / train_time : 0.0, (long long)step, nbm_now_s() - t_start,
-               1e3 * nbm_median(step_times, n_times), nb_get_num_threads(), size,
-               (long long)steady_allocs);
+               spec->name, nbm_jnum(acc, 4, j[0], 32), nbm_jnum(test_loss, 4, j[1], 32),
+               nbm_jnum(train_loss, 4, j[2], 32),
+               nbm_jnum(train_time > 0 ? samples / train_time : 0.0, 1, j[3], 32),
+               (long long)step, nbm_now_s() - t_start,
+               nbm_jnum(1e3 * nbm_median(step_times, n_times), 3, j[4], 32),
+               nb_get_num_threads(), size, (long long)steady_allocs);
+    /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
+     * so that a script never takes an incomplete record for a complete one. */
     rc = 0;
+    if (!nbm_log_close(&log)) {
+        nbm_report(a->prog, rank, size, "the run finished, but --log %s is incomplete (see the "
+                   "warning above): exit status 1", a->log);
+        rc = 1;
+    }
+    if (main_rank && !nbm_stdout_ok(a->prog)) rc = 1;
 done:
     free(step_times);
-    if (log) fclose(log);
+    nbm_log_close(&log); /* after an error: the warning, if any, is all */
     nb_ddp_free(ddp);
     nb_optim_free(opt);
     nb_module_free(model);

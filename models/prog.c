@@ -1,11 +1,14 @@
 /* prog.c - helpers the bundled programs share (prog.h): timing, medians, ETA text, error
- * lines naming the rank, thread sharing and scalar means over ranks. */
+ * lines naming the rank, thread sharing, scalar means over ranks, checked flag values, JSON
+ * numbers and log files that report their write errors. */
 #include "prog.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 double nbm_now_s(void) {
@@ -71,4 +74,96 @@ double nbm_mean_over_ranks(nb_comm *world, double v) {
     else v = nb_item_f64(t);
     nb_scope_end();
     return v;
+}
+
+bool nbm_parse_int(const char *prog, const char *flag, const char *s, int64_t min, int64_t max,
+                   int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || errno || end == s || *end || v < min || v > max) {
+        if (max == INT64_MAX)
+            fprintf(stderr, "%s: %s must be an integer >= %lld, got \"%s\"\n", prog, flag,
+                    (long long)min, s ? s : "");
+        else
+            fprintf(stderr, "%s: %s must be an integer in [%lld, %lld], got \"%s\"\n", prog, flag,
+                    (long long)min, (long long)max, s ? s : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool nbm_parse_num(const char *prog, const char *flag, const char *s, double lo, bool lo_open,
+                   double hi, bool hi_open, double *out) {
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : NAN;
+    /* errno: ERANGE on overflow (1e999) and underflow (1e-999), neither of which is meant */
+    bool ok = s && !errno && end != s && !*end && isfinite(v) && (lo_open ? v > lo : v >= lo) &&
+              (hi_open ? v < hi : v <= hi);
+    if (!ok) {
+        if (isinf(hi))
+            fprintf(stderr, "%s: %s must be a finite number %s %g, got \"%s\"\n", prog, flag,
+                    lo_open ? ">" : ">=", lo, s ? s : "");
+        else
+            fprintf(stderr, "%s: %s must be a number in %c%g, %g%c, got \"%s\"\n", prog, flag,
+                    lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']', s ? s : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+const char *nbm_jnum(double v, int prec, char *buf, size_t n) {
+    if (isfinite(v)) snprintf(buf, n, "%.*f", prec, v);
+    else snprintf(buf, n, "null");
+    return buf;
+}
+
+bool nbm_log_open(nbm_log *l, const char *prog, const char *path, const char *mode) {
+    *l = (nbm_log){.prog = prog, .path = path};
+    return (l->f = fopen(path, mode)) != NULL;
+}
+
+/* Record the first failure (errno) and warn about it once; later writes are skipped. */
+static void log_failed(nbm_log *l) {
+    if (l->err) return;
+    l->err = errno ? errno : EIO;
+    fprintf(stderr, "%s: warning: writing --log %s failed: %s; the log is incomplete (the run "
+                    "goes on, and exits with status 1)\n", l->prog, l->path, strerror(l->err));
+}
+
+void nbm_log_printf(nbm_log *l, const char *fmt, ...) {
+    if (!l->f || l->err) return;
+    va_list ap;
+    va_start(ap, fmt);
+    errno = 0;
+    int k = vfprintf(l->f, fmt, ap);
+    va_end(ap);
+    if (k < 0 || ferror(l->f)) log_failed(l);
+}
+
+void nbm_log_flush(nbm_log *l) {
+    if (!l->f || l->err) return;
+    errno = 0;
+    if (fflush(l->f) != 0) log_failed(l);
+}
+
+bool nbm_log_close(nbm_log *l) {
+    if (!l->f) return true;
+    errno = 0;
+    /* fclose flushes what is still buffered: that write can fail too */
+    bool bad = ferror(l->f) != 0;
+    if (fclose(l->f) != 0 || bad) log_failed(l);
+    l->f = NULL;
+    return l->err == 0;
+}
+
+bool nbm_stdout_ok(const char *prog) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return true;
+    fprintf(stderr, "%s: writing standard output failed: %s\n", prog,
+            strerror(errno ? errno : EIO));
+    return false;
 }

@@ -1,6 +1,8 @@
 /* prog.h - small helpers the bundled programs (mlp, cnn: models/common.c; gpt) share:
  * timing, medians, ETA text, error lines that name the rank, how many threads each rank
- * gets, and scalar means over ranks. Public API only.
+ * gets, scalar means over ranks, flag values checked against their range, numbers for JSON
+ * lines (null for NaN and infinities) and log files whose write errors are reported.
+ * Public API only.
  *
  *     nb_comm *world = nb_comm_world();
  *     nbm_set_threads(world, requested);          // 0: the cores shared out among local ranks
@@ -11,8 +13,10 @@
 #ifndef NBM_PROG_H
 #define NBM_PROG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <nabla/nabla.h>
 
@@ -35,5 +39,49 @@ int nbm_local_ranks(int world_size);
 void nbm_set_threads(nb_comm *world, int requested);
 /* The mean of v over the ranks (v itself on one rank); NAN if the allreduce failed. */
 double nbm_mean_over_ranks(nb_comm *world, double v);
+
+/* Bounds of flag values that no run can usefully exceed, refused at parse time: a learning
+ * rate above NBM_MAX_LR only diverges (1e39 is not even a float), and the counts below keep
+ * every size computed from them (buffers, int casts) far from overflow. */
+#define NBM_MAX_LR 1000.0
+#define NBM_MAX_BATCH (INT64_C(1) << 24)
+#define NBM_MAX_THREADS 4096
+
+/* Parse s, the value of `flag`, as a decimal integer in [min, max] into *out. On anything
+ * else (not a number, trailing text, out of range) print "prog: FLAG must be an integer in
+ * [min, max], got S" to stderr and return false (*out untouched). */
+bool nbm_parse_int(const char *prog, const char *flag, const char *s, int64_t min, int64_t max,
+                   int64_t *out);
+/* Parse s, the value of `flag`, as a finite number in the interval from lo to hi (lo_open /
+ * hi_open: the bound itself is excluded; hi = INFINITY: no upper bound) into *out. On
+ * anything else (inf, nan, overflow, trailing text, out of range) print "prog: FLAG must be
+ * a number in [lo, hi), got S" (the brackets as the bounds are) and return false. */
+bool nbm_parse_num(const char *prog, const char *flag, const char *s, double lo, bool lo_open,
+                   double hi, bool hi_open, double *out);
+
+/* v as a JSON number with prec decimals into buf[n], or "null" when v is NaN or infinite
+ * (JSON has neither). Returns buf. */
+const char *nbm_jnum(double v, int prec, char *buf, size_t n);
+
+/* A log file (JSON lines) whose write errors are not lost: the first failed write, flush or
+ * close prints one warning naming the file and the reason; later lines are dropped. */
+typedef struct nbm_log {
+    FILE *f;          /* NULL: no log (every call is a no-op) */
+    const char *prog; /* borrowed, for the warning */
+    const char *path; /* borrowed */
+    int err;          /* errno of the first failure, 0 while every write succeeded */
+} nbm_log;
+/* Open path with fopen's mode into *l. False (errno set, nothing printed) when it cannot. */
+bool nbm_log_open(nbm_log *l, const char *prog, const char *path, const char *mode);
+/* printf one piece of a line into the log; on failure warn once (see nbm_log). */
+void nbm_log_printf(nbm_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Flush the log to the file (where a full disk shows up); on failure warn once. */
+void nbm_log_flush(nbm_log *l);
+/* Close the log (l->f becomes NULL). Returns false when any write of it failed, so the
+ * caller can say the log is incomplete and exit non-zero; true for no log. */
+bool nbm_log_close(nbm_log *l);
+/* Flush stdout, where the final JSON line goes; false (after printing why to stderr) when
+ * any write to it failed. */
+bool nbm_stdout_ok(const char *prog);
 
 #endif

@@ -88,31 +88,27 @@ static void usage(const args *a) {
             (unsigned long long)a->seed, (long long)a->tokens, a->temperature);
 }
 
-static bool parse_i64(const char *flag, const char *s, int64_t min, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < min) {
-        fprintf(stderr, "gpt: %s expects an integer >= %lld, got \"%s\"\n", flag, (long long)min, s);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-static bool parse_f64(const char *flag, const char *s, double min, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= min) || !isfinite(v)) {
-        fprintf(stderr, "gpt: %s expects a number >= %g, got \"%s\"\n", flag, min, s);
-        return false;
-    }
-    *out = v;
-    return true;
-}
+/* Where a flag has an effect: in both modes, only when training, only with --sample. */
+enum { BOTH, TRAIN, SAMPLE };
 
 static bool parse_args(int argc, char **argv, args *a) {
+    /* every flag that takes a value; given[k]: flags[k] was on the command line */
+    static const struct {
+        const char *name;
+        int mode;
+    } flags[] = {{"--n-layer", TRAIN},     {"--n-head", BOTH},       {"--n-embd", TRAIN},
+                 {"--block-size", TRAIN},  {"--dropout", TRAIN},     {"--bias", TRAIN},
+                 {"--gelu-tanh", BOTH},    {"--data", TRAIN},        {"--steps", TRAIN},
+                 {"--batch", TRAIN},       {"--grad-accum", TRAIN},  {"--lr", TRAIN},
+                 {"--schedule", TRAIN},    {"--warmup", TRAIN},      {"--decay-steps", TRAIN},
+                 {"--min-lr", TRAIN},      {"--weight-decay", TRAIN}, {"--beta1", TRAIN},
+                 {"--beta2", TRAIN},       {"--grad-clip", TRAIN},   {"--eval-every", TRAIN},
+                 {"--eval-batches", TRAIN}, {"--save-every", TRAIN}, {"--save", TRAIN},
+                 {"--resume", TRAIN},      {"--log", TRAIN},         {"--threads", BOTH},
+                 {"--seed", BOTH},         {"--load", SAMPLE},       {"--prompt", SAMPLE},
+                 {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE}};
+    enum { NF = sizeof flags / sizeof flags[0] };
+    bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -123,6 +119,19 @@ static bool parse_args(int argc, char **argv, args *a) {
             a->sample = true;
             continue;
         }
+        if (strncmp(f, "-", 1)) { /* the program takes no file or other operand */
+            fprintf(stderr, "gpt: unexpected argument \"%s\" (every input is a flag; see --help)\n",
+                    f);
+            return false;
+        }
+        /* Known before its value is looked at, so that a last "--bogus" is called unknown. */
+        int k = 0;
+        while (k < NF && strcmp(f, flags[k].name)) k++;
+        if (k == NF) {
+            fprintf(stderr, "gpt: unknown flag %s (see --help)\n", f);
+            return false;
+        }
+        given[k] = true;
         if (i + 1 >= argc) {
             fprintf(stderr, "gpt: %s needs a value (see --help)\n", f);
             return false;
@@ -130,32 +139,39 @@ static bool parse_args(int argc, char **argv, args *a) {
         const char *v = argv[++i];
         int64_t n;
         bool ok = true;
-#define I64(name, field, min) else if (!strcmp(f, name)) ok = parse_i64(f, v, min, &a->field)
-#define F64(name, field, min) else if (!strcmp(f, name)) ok = parse_f64(f, v, min, &a->field)
+        /* integer flags in [min, max]; number flags from lo to hi, ( or ) excluding the bound */
+#define I64(name, field, min, max) \
+    else if (!strcmp(f, name)) ok = nbm_parse_int("gpt", f, v, min, max, &a->field)
+#define F64(name, field, lo, lo_open, hi, hi_open) \
+    else if (!strcmp(f, name)) ok = nbm_parse_num("gpt", f, v, lo, lo_open, hi, hi_open, &a->field)
 #define STR(name, field) else if (!strcmp(f, name)) a->field = v
+        /* MAX_STEPS bounds --steps and --tokens, which size a buffer each */
+        const int64_t BIG = INT64_MAX, MAX_STEPS = INT64_C(1) << 30;
         if (0) {
         }
-        I64("--n-layer", n_layer, 1); I64("--n-head", n_head, 1); I64("--n-embd", n_embd, 1);
-        I64("--block-size", block_size, 1); F64("--dropout", dropout, 0);
-        I64("--bias", bias, 0); I64("--gelu-tanh", gelu_tanh, 0);
-        STR("--data", data); I64("--steps", steps, 0); I64("--batch", batch, 1);
-        I64("--grad-accum", grad_accum, 1); F64("--lr", lr, 0); STR("--schedule", schedule);
-        I64("--warmup", warmup, 0); I64("--decay-steps", decay_steps, 0); F64("--min-lr", min_lr, 0);
-        F64("--weight-decay", weight_decay, 0); F64("--beta1", beta1, 0);
-        F64("--beta2", beta2, 0); F64("--grad-clip", grad_clip, 0);
-        I64("--eval-every", eval_every, 0); I64("--eval-batches", eval_batches, 1);
-        I64("--save-every", save_every, 0);
+        I64("--n-layer", n_layer, 1, BIG); I64("--n-head", n_head, 1, BIG);
+        I64("--n-embd", n_embd, 1, BIG); I64("--block-size", block_size, 1, BIG);
+        F64("--dropout", dropout, 0, false, 1, true);
+        I64("--bias", bias, 0, 1); I64("--gelu-tanh", gelu_tanh, 0, 1);
+        STR("--data", data); I64("--steps", steps, 0, MAX_STEPS);
+        I64("--batch", batch, 1, NBM_MAX_BATCH); I64("--grad-accum", grad_accum, 1, NBM_MAX_BATCH);
+        F64("--lr", lr, 0, true, NBM_MAX_LR, false);
+        STR("--schedule", schedule);
+        I64("--warmup", warmup, 0, BIG); I64("--decay-steps", decay_steps, 0, BIG);
+        F64("--min-lr", min_lr, 0, false, NBM_MAX_LR, false);
+        F64("--weight-decay", weight_decay, 0, false, NBM_MAX_LR, false);
+        F64("--beta1", beta1, 0, false, 1, true); F64("--beta2", beta2, 0, false, 1, true);
+        F64("--grad-clip", grad_clip, 0, false, INFINITY, false);
+        I64("--eval-every", eval_every, 0, BIG); I64("--eval-batches", eval_batches, 1, BIG);
+        I64("--save-every", save_every, 0, BIG);
         STR("--save", save); STR("--resume", resume); STR("--log", log);
-        I64("--threads", threads, 0);
+        I64("--threads", threads, 0, NBM_MAX_THREADS);
         else if (!strcmp(f, "--seed")) {
-            if ((ok = parse_i64(f, v, 0, &n))) a->seed = (uint64_t)n;
+            if ((ok = nbm_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
         }
-        STR("--load", load); STR("--prompt", prompt); I64("--tokens", tokens, 0);
-        F64("--temperature", temperature, 0); I64("--top-k", top_k, 0);
-        else {
-            fprintf(stderr, "gpt: unknown flag %s (see --help)\n", f);
-            return false;
-        }
+        STR("--load", load); STR("--prompt", prompt); I64("--tokens", tokens, 0, MAX_STEPS);
+        F64("--temperature", temperature, 0, false, INFINITY, false);
+        I64("--top-k", top_k, 0, 256);
 #undef I64
 #undef F64
 #undef STR
@@ -165,11 +181,30 @@ static bool parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --schedule must be cosine or constant, got \"%s\"\n", a->schedule);
         return false;
     }
-    if (a->bias > 1 || a->gelu_tanh > 1 || !(a->dropout < 1) || !(a->lr > 0) ||
-        !(a->beta1 < 1) || !(a->beta2 < 1)) {
-        fprintf(stderr, "gpt: --bias and --gelu-tanh take 0 or 1, --dropout and the betas must "
-                        "be < 1, --lr > 0\n");
-        return false;
+    /* A flag the chosen mode ignores is a mistake (a typo'd mode, a forgotten --sample),
+     * not something to drop silently. */
+    for (int k = 0; k < NF; k++) {
+        if (!given[k] || flags[k].mode == BOTH) continue;
+        if (flags[k].mode == SAMPLE && !a->sample) {
+            fprintf(stderr, "gpt: %s has no effect without --sample\n", flags[k].name);
+            return false;
+        }
+        if (flags[k].mode == TRAIN && a->sample) {
+            fprintf(stderr, "gpt: %s has no effect with --sample (it is a training flag)\n",
+                    flags[k].name);
+            return false;
+        }
+        bool constant = !strcmp(a->schedule, "constant");
+        const char *name = flags[k].name;
+        if (constant && (!strcmp(name, "--warmup") || !strcmp(name, "--min-lr") ||
+                         !strcmp(name, "--decay-steps"))) {
+            fprintf(stderr, "gpt: %s has no effect with --schedule constant\n", name);
+            return false;
+        }
+        if (!a->save && !strcmp(name, "--save-every")) {
+            fprintf(stderr, "gpt: --save-every has no effect without --save\n");
+            return false;
+        }
     }
     if (a->sample && !a->load) {
         fprintf(stderr, "gpt: --sample needs --load FILE\n");
@@ -261,13 +296,6 @@ static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t
     return nbm_mean_over_ranks(world, sum) * (double)size / (double)n;
 }
 
-/* A number for a JSON line: JSON has no NaN or infinity, so those become null. */
-static const char *jnum(double v, int prec, char *buf, size_t n) {
-    if (isfinite(v)) snprintf(buf, n, "%.*f", prec, v);
-    else snprintf(buf, n, "null");
-    return buf;
-}
-
 #define FAIL(...)                                                                            \
     do {                                                                                     \
         nbm_report("gpt", rank, size, __VA_ARGS__);                                          \
@@ -293,7 +321,7 @@ static int run_train(const args *a) {
     nb_sched *sched = NULL;
     nb_params decay = {0}, no_decay = {0};
     double *times = calloc((size_t)a->steps + 1, sizeof(double));
-    FILE *log = NULL;
+    nbm_log log = {0}; /* --log: reports its own write errors */
     if (!world) FAIL("%s", nb_last_error());
     if (!init || !batch_gen || !drop_gen || !val_gen || !xs || !ys || !xl || !yl || !times)
         FAIL("out of memory");
@@ -350,7 +378,7 @@ static int run_train(const args *a) {
                                                         .min_lr = min_lr}
                                      : &(nb_sched_opts){.kind = NB_SCHED_CONSTANT});
     if (!sched) FAIL("%s", nb_last_error());
-    if (main_rank && a->log && !(log = fopen(a->log, a->resume ? "a" : "w")))
+    if (main_rank && a->log && !nbm_log_open(&log, "gpt", a->log, a->resume ? "a" : "w"))
         FAIL("cannot open --log %s: %s", a->log, strerror(errno));
 
     nb_checkpoint ck = {.model = model, .optim = opt, .sched = sched,
@@ -397,11 +425,19 @@ static int run_train(const args *a) {
         for (int64_t i = 0; i < N; i++)
             if (nb_text_sample(train, batch_gen, xs[i], ys[i]) != NB_OK) FAIL("%s", nb_last_error());
         double lr = nb_optim_get_lr(opt, 0);
+        nb_clear_error(); /* a NaN below is an error only when one is set */
         double loss = gpt_train_step(model, opt, ddp, xl, yl, (int)N, a->grad_clip, &norm);
-        if (isnan(loss)) FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
-        const double comm_ms = ddp ? nb_ddp_exposed_comm_s(ddp) * 1e3 : 0;
-        if (size > 1 && isnan(loss = nbm_mean_over_ranks(world, loss)))
+        if (isnan(loss) && nb_last_status() != NB_OK)
             FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
+        const double comm_ms = ddp ? nb_ddp_exposed_comm_s(ddp) * 1e3 : 0;
+        if (size > 1 && isnan(loss = nbm_mean_over_ranks(world, loss)) &&
+            nb_last_status() != NB_OK)
+            FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
+        /* A NaN or infinite loss never recovers (the weights are NaN from here): stop,
+         * naming the step. With several ranks it is the mean, so all stop at this step. */
+        if (!isfinite(loss))
+            FAIL("step %lld: the loss is %s: training diverged (a smaller --lr?)",
+                 (long long)step + 1, isnan(loss) ? "NaN" : "infinite");
         if (nb_sched_step(sched) != NB_OK) FAIL("%s", nb_last_error());
         double dt = nbm_now_s() - t0;
         times[step - first] = dt;
@@ -415,13 +451,14 @@ static int run_train(const args *a) {
         }
         last_losses[n_last++ % 10] = loss;
         const double tps = (double)tokens_per_step * (double)(step - first) / train_time;
-        if (log) {
-            char ls[32], gn[32];
-            fprintf(log, "{\"type\": \"step\", \"step\": %lld, \"loss\": %s, \"lr\": %.6g, "
-                    "\"grad_norm\": %s, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, "
+        if (log.f) {
+            char ls[32], gn[32], ts[32];
+            nbm_log_printf(&log, "{\"type\": \"step\", \"step\": %lld, \"loss\": %s, \"lr\": %.6g, "
+                    "\"grad_norm\": %s, \"step_ms\": %.2f, \"tokens_per_s\": %s, "
                     "\"exposed_comm_ms\": %.3f}\n",
-                    (long long)step, jnum(loss, 6, ls, sizeof ls), lr,
-                    jnum(norm, 6, gn, sizeof gn), dt * 1e3, tps, comm_ms);
+                    (long long)step, nbm_jnum(loss, 6, ls, sizeof ls), lr,
+                    nbm_jnum(norm, 6, gn, sizeof gn), dt * 1e3, nbm_jnum(tps, 1, ts, sizeof ts),
+                    comm_ms);
         }
         char comm[48] = "";
         if (ddp) snprintf(comm, sizeof comm, "  comm %.1f ms", comm_ms);
@@ -451,9 +488,11 @@ static int run_train(const args *a) {
                        (long long)step, loss, val_loss, nbm_now_s() - te);
                 fflush(stdout);
             }
-            if (log)
-                fprintf(log, "{\"type\": \"eval\", \"step\": %lld, \"train_loss\": %.6f, "
-                        "\"val_loss\": %.6f}\n", (long long)step, loss, val_loss);
+            char ls[32], vs[32];
+            if (log.f)
+                nbm_log_printf(&log, "{\"type\": \"eval\", \"step\": %lld, \"train_loss\": %s, "
+                        "\"val_loss\": %s}\n", (long long)step, nbm_jnum(loss, 6, ls, sizeof ls),
+                        nbm_jnum(val_loss, 6, vs, sizeof vs));
         }
         bool save_now = main_rank && a->save && (step == a->steps || (a->save_every > 0
                                                              ? step % a->save_every == 0
@@ -462,7 +501,7 @@ static int run_train(const args *a) {
             ck.step = step;
             if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
         }
-        if (log) fflush(log);
+        if (log.f) nbm_log_flush(&log);
     }
     if (val_step != step) { /* nothing trained (or resumed at the end): evaluate once */
         val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0], world);
@@ -478,23 +517,32 @@ static int run_train(const args *a) {
         for (int64_t i = 0; i < nl; i++) train_loss += last_losses[i];
         train_loss /= (double)nl;
     }
-    char vl[32], tl[32];
+    char vl[32], tl[32], rs[32];
     struct rusage ru; /* peak resident memory, as torch_ref.py's peak_rss_mib */
     double rss_mib = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : NAN;
     if (main_rank)
         printf("{\"model\": \"gpt\", \"val_loss\": %s, \"train_loss\": %s, \"tokens_per_s\": %.1f, "
                "\"wall_s\": %.2f, \"steps\": %lld, \"params\": %lld, \"step_ms_median\": %.2f, "
                "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"threads\": %d, "
-               "\"ranks\": %d, \"steady_system_allocs\": %lld, \"peak_rss_mib\": %.0f}\n",
-               jnum(val_loss, 4, vl, sizeof vl), jnum(train_loss, 4, tl, sizeof tl),
+               "\"ranks\": %d, \"steady_system_allocs\": %lld, \"peak_rss_mib\": %s}\n",
+               nbm_jnum(val_loss, 4, vl, sizeof vl), nbm_jnum(train_loss, 4, tl, sizeof tl),
                ran > skip ? (double)tokens_per_step / median : 0.0,
                nbm_now_s() - t_start, (long long)step, (long long)nb_num_parameters(model),
                ran > skip ? median * 1e3 : 0.0, flops / 1e9,
                ran > skip ? flops / 1e9 / median : 0.0,
-               nb_get_num_threads(), size, (long long)steady_allocs, rss_mib);
+               nb_get_num_threads(), size, (long long)steady_allocs,
+               nbm_jnum(rss_mib, 0, rs, sizeof rs));
+    /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
+     * so that a script never takes an incomplete record for a complete one. */
     rc = 0;
+    if (!nbm_log_close(&log)) {
+        nbm_report("gpt", rank, size, "the run finished, but --log %s is incomplete (see the "
+                   "warning above): exit status 1", a->log);
+        rc = 1;
+    }
+    if (main_rank && !nbm_stdout_ok("gpt")) rc = 1;
 done:
-    if (log) fclose(log);
+    nbm_log_close(&log); /* after an error: the warning, if any, is all */
     nb_ddp_free(ddp); /* before the model it hooks into */
     nb_sched_free(sched);
     nb_optim_free(opt);
