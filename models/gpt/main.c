@@ -302,6 +302,48 @@ static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t
         goto done;                                                                           \
     } while (0)
 
+/* MemAvailable of /proc/meminfo in bytes, or -1 where there is none. */
+static double available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    double kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+static void human(double bytes, char *buf, size_t n) {
+    const char *unit[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 5) bytes /= 1024, u++;
+    snprintf(buf, n, "%.1f %s", bytes, unit[u]);
+}
+
+/* Refuse a configuration this machine cannot train before allocating anything (a model of
+ * 100000 layers used to allocate for minutes). The parameter count is exact arithmetic for
+ * this architecture (gpt.h: 12 C^2 + 13 C a layer, V C + T C + 2 C outside; without biases
+ * 12 C^2 + 2 C and V C + T C + C), the same number nb_num_parameters gives for the model
+ * built on the meta device (tests/test_gpt.c checks it at 1.5B). Training needs 16 bytes a
+ * parameter (f32 weights, gradients and AdamW's two moments) plus the activations the
+ * backward keeps: about 20 f32 values per layer and token of width C, and the logits, for
+ * B_local sequences of T tokens. NB_OK when it fits or the available memory is unknown. */
+static nb_status check_fits(const gpt_config *cfg, int64_t B_local, int64_t T) {
+    double C = (double)cfg->n_embd, L = (double)cfg->n_layer, V = 256, Tb = (double)T;
+    double params = cfg->no_bias ? V * C + Tb * C + C + L * (12 * C * C + 2 * C)
+                                 : V * C + Tb * C + 2 * C + L * (12 * C * C + 13 * C);
+    double acts = 4.0 * (double)B_local * Tb * (20.0 * C * L + 2.0 * V);
+    double need = 16.0 * params + acts, have = available_bytes();
+    if (have < 0 || need <= have) return NB_OK;
+    char n1[32], n2[32], n3[32];
+    human(need, n1, sizeof n1), human(16.0 * params, n2, sizeof n2), human(have, n3, sizeof n3);
+    return nb_set_error(NB_ENOMEM, "this configuration needs about %s to train (%.3g "
+                        "parameters: %s for weights, gradients and AdamW state, plus "
+                        "activations) but the machine has %s available; use a smaller "
+                        "--n-layer, --n-embd or --batch", n1, params, n2, n3);
+}
+
 static int run_train(const args *a) {
     int rc = 1;
     const double t_start = nbm_now_s();
@@ -354,6 +396,7 @@ static int run_train(const args *a) {
                       .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
                       .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = drop_gen};
     nbm_set_threads(world, (int)a->threads);
+    if (check_fits(&cfg, B / size, T) != NB_OK) FAIL("%s", nb_last_error());
     if (!(model = gpt_new(&cfg, init))) FAIL("%s", nb_last_error());
     /* nanoGPT's grouping: weight decay on matmul and embedding weights, none on biases
      * and layer norms. (0 means "default" in the options: write an explicit zero.) */
