@@ -13,43 +13,15 @@
 
 #include "cpu/backend.h"
 #include "cpu/cpu_impl.h"
+#include "tensor/philox.h"
 
-/* ---- Philox 4x32-10 -------------------------------------------------------------------------
- * The same rounds as nb_philox4x32 (tensor/random.c), inlined here because a kernel calls
- * it once per 4 values. */
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
-
-static inline void philox_block(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                                uint32_t k0, uint32_t k1, uint32_t out[4]) {
-    for (int r = 0; r < 10; r++) {
-        if (r > 0) {
-            k0 += PHILOX_W0;
-            k1 += PHILOX_W1;
-        }
-        uint64_t p0 = (uint64_t)PHILOX_M0 * c0;
-        uint64_t p1 = (uint64_t)PHILOX_M1 * c2;
-        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
-        c0 = hi1 ^ c1 ^ k0;
-        c1 = lo1;
-        c2 = hi0 ^ c3 ^ k1;
-        c3 = lo0;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
+/* ---- Philox 4x32-10: nb__philox_block (tensor/philox.h) ---------------------------------- */
 /* The words of block b (relative to offset) of the stream (seed, stream, offset). */
 static inline void state_block(uint64_t seed, uint64_t stream, uint64_t offset, uint64_t b,
                                uint32_t w[4]) {
     uint64_t c = offset + b;
-    philox_block((uint32_t)c, (uint32_t)(c >> 32), (uint32_t)stream, (uint32_t)(stream >> 32),
-                 (uint32_t)seed, (uint32_t)(seed >> 32), w);
+    nb__philox_block((uint32_t)c, (uint32_t)(c >> 32), (uint32_t)stream,
+                     (uint32_t)(stream >> 32), (uint32_t)seed, (uint32_t)(seed >> 32), w);
 }
 
 static inline uint64_t word64(const uint32_t *w, int k) {

@@ -64,6 +64,7 @@
 #include "tensor/tape.h"
 #include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
+#include "tensor/philox.h"
 
 struct nb_generator {
     uint64_t seed;
@@ -78,34 +79,7 @@ struct nb_generator {
  * set-up is needed and nothing is allocated (nothing to leak). */
 static _Thread_local nb_generator nb__tls_generator;
 
-/* ---- Philox 4x32-10 ----------------------------------------------------------------------- */
-#define NB__PHILOX_M0 0xD2511F53u
-#define NB__PHILOX_M1 0xCD9E8D57u
-#define NB__PHILOX_W0 0x9E3779B9u
-#define NB__PHILOX_W1 0xBB67AE85u
-
-static inline void nb__philox_block(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                                    uint32_t k0, uint32_t k1, uint32_t out[4]) {
-    for (int r = 0; r < 10; r++) {
-        if (r > 0) {
-            k0 += NB__PHILOX_W0;
-            k1 += NB__PHILOX_W1;
-        }
-        uint64_t p0 = (uint64_t)NB__PHILOX_M0 * c0;
-        uint64_t p1 = (uint64_t)NB__PHILOX_M1 * c2;
-        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
-        c0 = hi1 ^ c1 ^ k0;
-        c1 = lo1;
-        c2 = hi0 ^ c3 ^ k1;
-        c3 = lo0;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
+/* ---- Philox 4x32-10: nb__philox_block (tensor/philox.h) ---------------------------------- */
 void nb_philox4x32(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
     if (!counter || !key || !out) return;
     nb__philox_block(counter[0], counter[1], counter[2], counter[3], key[0], key[1], out);
