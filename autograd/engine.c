@@ -37,12 +37,18 @@ nb_status nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
     return NB_OK;
 }
 
-bool nb_requires_grad(const nb_tensor *t) { return t && t->requires_grad; }
-bool nb_is_leaf(const nb_tensor *t) { return t && !t->grad_fn; }
-nb_tensor *nb_grad(const nb_tensor *t) { return t ? t->grad : NULL; }
+/* The getters answer false/NULL for NULL; a released handle also sets NB_EFREED. */
+static bool live_or_null(const nb_tensor *t, const char *op) {
+    return t && (nb__live(t) || nb__dead_handle(t, op, "t"));
+}
+bool nb_requires_grad(const nb_tensor *t) {
+    return live_or_null(t, "requires_grad") && t->requires_grad;
+}
+bool nb_is_leaf(const nb_tensor *t) { return live_or_null(t, "is_leaf") && !t->grad_fn; }
+nb_tensor *nb_grad(const nb_tensor *t) { return live_or_null(t, "grad") ? t->grad : NULL; }
 
 void nb_clear_grad(nb_tensor *t) {
-    if (t && t->grad) {
+    if (live_or_null(t, "clear_grad") && t->grad) {
         nb_tensor_free(t->grad);
         t->grad = NULL;
     }
@@ -50,6 +56,7 @@ void nb_clear_grad(nb_tensor *t) {
 
 nb_status nb_set_grad(nb_tensor *t, nb_tensor *g) {
     if (!nb__arg_ok(t, "set_grad", "t")) return nb_last_status();
+    if (g && !nb__live(g)) return nb__dead_handle(g, "set_grad", "g"), NB_EFREED;
     if (g && (g->ndim != t->ndim ||
               memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0))
         return nb__error(NB_ESHAPE, "set_grad: gradient of shape %s for a tensor of shape %s",
@@ -341,6 +348,8 @@ nb_status nb_backward(nb_tensor *output) { return nb_backward_ex(output, NULL); 
 nb_status nb_backward_ex(nb_tensor *out, const nb_backward_opts *opts) {
     if (!nb__arg_ok(out, "backward", "output")) return nb_last_status();
     nb_backward_opts o = opts ? *opts : (nb_backward_opts){0};
+    if (o.grad_output && !nb__live(o.grad_output))
+        return nb__dead_handle(o.grad_output, "backward", ".grad_output"), NB_EFREED;
     if (!out->requires_grad)
         return nb__error(NB_EINVAL, "backward: the output does not require grad (no input of "
                          "the ops that produced it requires grad, or grad mode was off)");

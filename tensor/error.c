@@ -78,8 +78,22 @@ const char *nb__shape_str(const int64_t *shape, int ndim, char *buf) {
     return buf;
 }
 
+bool nb__dead_handle(const nb_tensor *t, const char *op, const char *argname) {
+    const char *arg = argname ? argname : "t";
+    if (t->magic == NB__TENSOR_SCOPE_ENDED)
+        nb__error(NB_EFREED, "%s: argument '%s': tensor used after the scope that owned it "
+                  "ended; nb_keep it to return it from a scope", op, arg);
+    else if (t->magic == NB__TENSOR_FREED)
+        nb__error(NB_EFREED, "%s: argument '%s': tensor used after nb_tensor_free released "
+                  "it (a freed handle)", op, arg);
+    else
+        nb__error(NB_EFREED, "%s: argument '%s' is not a live tensor (released long ago, "
+                  "or not a tensor)", op, arg);
+    return false;
+}
+
 bool nb__arg_ok(const nb_tensor *t, const char *op, const char *argname) {
-    if (t) return true;
+    if (t) return nb__live(t) || nb__dead_handle(t, op, argname);
     /* Keep the first error: a NULL produced by a failed inner op already set one. */
     if (tls_status == NB_OK) nb__error(NB_ENULL, "%s: argument '%s' is NULL", op, argname);
     return false;

@@ -126,6 +126,10 @@ bool nb_device_equal(nb_device a, nb_device b) {
 
 /* ---- operand checks --------------------------------------------------------------------------- */
 bool nb__check_devices(const char *op, nb_tensor *const *ts, int n, nb_device *dev) {
+    for (int i = 0; i < n; i++) /* the operand's position stands in for its name */
+        if (ts[i] && !nb__live(ts[i]))
+            return nb__dead_handle(ts[i], op, (const char *[]){"0", "1", "2", "3", "4", "5",
+                                                               "6", "7"}[i < 8 ? i : 7]);
     nb_device d = ts[0]->storage->device;
     for (int i = 1; i < n; i++) {
         if (!ts[i]) continue;

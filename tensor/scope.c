@@ -56,7 +56,9 @@ nb_status nb_scope_end(void) {
     nb__scope *s = &tls_scopes.scopes[--tls_scopes.depth];
     /* Release in reverse creation order: views before their bases (not required by the
      * refcounts, but it keeps frees LIFO, which the caching allocator likes). */
+    nb__scope_releasing(true);
     for (int64_t i = s->n - 1; i >= 0; i--) nb_tensor_free(s->items[i]);
+    nb__scope_releasing(false);
     s->n = 0;
     return NB_OK;
 }
@@ -81,6 +83,10 @@ nb_tensor *nb__scope_add(nb_tensor *t) {
 
 nb_tensor *nb_keep(nb_tensor *t) {
     if (!t) return NULL;
+    if (!nb__live(t)) {
+        nb__dead_handle(t, "keep", "t");
+        return NULL;
+    }
     if (tls_scopes.depth == 0) return t; /* already the caller's */
     nb__scope *s = &tls_scopes.scopes[tls_scopes.depth - 1];
     for (int64_t i = s->n - 1; i >= 0; i--) {

@@ -2,6 +2,9 @@
 #include <math.h>
 #include <string.h>
 
+#include <pthread.h>
+
+#include "tensor/asan.h"
 #include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
@@ -55,10 +58,121 @@ static bool check_dtype(nb_dtype dt, const char *op) {
     return true;
 }
 
-static nb_tensor *header_new(void) {
-    nb_tensor *t = nb_host_alloc(sizeof(nb_tensor));
-    if (!t) return NULL;
+/* ---- header quarantine -------------------------------------------------------------------
+ * A released header is not handed back at once: it joins a FIFO of released headers, and a
+ * new tensor takes the oldest one only while at least `reserve` others wait behind it. So a
+ * handle stays recognisably dead (its magic) for the next `reserve` releases at least, and
+ * nb__arg_ok reports "used after the scope ended" instead of reading a new tensor that took
+ * the memory over. The FIFO is filled with `reserve` fresh headers at the first tensor, so
+ * the steady state still allocates nothing: a loop that creates and releases k tensors per
+ * step cycles through reserve + k headers. NB_HANDLE_QUARANTINE=N (read once) sets reserve
+ * (default 1024, about 256 KiB of headers); a large N is a debug mode that catches handles
+ * used long after their release. Under ASan a waiting header is poisoned past its magic, so
+ * code that skips the check is still reported. */
+#define NB__QUARANTINE_DEFAULT 1024
+#define NB__QUARANTINE_MAX (1 << 24)
+
+static struct {
+    pthread_mutex_t lock;
+    nb_tensor **ring; /* FIFO of released headers: cap slots from head */
+    int64_t head, n, cap, reserve;
+    bool ready, failed;
+} g_q = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Headers are the system allocator's blocks, not the caching allocator's: they recycle
+ * through the quarantine, and keeping them out of nb_alloc_stats keeps those figures about
+ * tensor memory. */
+static nb_tensor *header_alloc(void) {
+    return aligned_alloc(64, (sizeof(nb_tensor) + 63) / 64 * 64);
+}
+
+static void q_poison(nb_tensor *t) {
+    NB__POISON((char *)t + sizeof(uint64_t), sizeof *t - sizeof(uint64_t));
+    (void)t;
+}
+
+/* Called with g_q.lock held, once. On failure the quarantine is off (headers go straight
+ * back to the allocator, as before it existed): detection is a service, not a requirement. */
+static void q_init(void) {
+    g_q.ready = true;
+    int64_t reserve = NB__QUARANTINE_DEFAULT;
+    const char *env = getenv("NB_HANDLE_QUARANTINE");
+    if (env && *env) {
+        char *end;
+        long long v = strtoll(env, &end, 10);
+        if (*end == 0 && v >= 0) reserve = v < NB__QUARANTINE_MAX ? v : NB__QUARANTINE_MAX;
+    }
+    g_q.reserve = reserve;
+    g_q.cap = 2 * reserve + 64;
+    g_q.ring = calloc((size_t)g_q.cap, sizeof *g_q.ring);
+    if (!g_q.ring) {
+        g_q.failed = true;
+        return;
+    }
+    for (int64_t i = 0; i < reserve; i++) {
+        nb_tensor *t = header_alloc();
+        if (!t) break;
+        memset(t, 0, sizeof *t);
+        t->magic = NB__TENSOR_FREED;
+        q_poison(t);
+        g_q.ring[g_q.n++] = t;
+    }
+}
+
+static nb_tensor *q_take(void) {
+    nb_tensor *t = NULL;
+    pthread_mutex_lock(&g_q.lock);
+    if (!g_q.ready) q_init();
+    if (g_q.n > g_q.reserve) {
+        t = g_q.ring[g_q.head];
+        g_q.head = (g_q.head + 1) % g_q.cap;
+        g_q.n--;
+    }
+    pthread_mutex_unlock(&g_q.lock);
+    if (t) NB__UNPOISON(t, sizeof *t);
+    return t;
+}
+
+/* t's refcount reached zero: mark it dead and queue it (or free the oldest when full). */
+static void q_release(nb_tensor *t, uint32_t how) {
     memset(t, 0, sizeof *t);
+    t->magic = how;
+    nb_tensor *out = NULL;
+    pthread_mutex_lock(&g_q.lock);
+    if (!g_q.ready) q_init();
+    if (g_q.failed || g_q.cap == 0) {
+        out = t;
+    }
+    else {
+        if (g_q.n == g_q.cap) { /* full: the oldest leaves for good */
+            out = g_q.ring[g_q.head];
+            g_q.head = (g_q.head + 1) % g_q.cap;
+            g_q.n--;
+        }
+        g_q.ring[(g_q.head + g_q.n) % g_q.cap] = t;
+        g_q.n++;
+        q_poison(t);
+    }
+    pthread_mutex_unlock(&g_q.lock);
+    if (out) {
+        NB__UNPOISON(out, sizeof *out);
+        free(out);
+    }
+}
+
+/* nb_scope_end sets this while it releases its list, so that a header dying there says so. */
+static _Thread_local bool tls_scope_release;
+void nb__scope_releasing(bool on) { tls_scope_release = on; }
+
+static nb_tensor *header_new(void) {
+    nb_tensor *t = q_take();
+    if (!t) t = header_alloc();
+    if (!t) {
+        nb__error(NB_ENOMEM, "out of memory allocating a tensor header");
+        return NULL;
+    }
+    memset(t, 0, sizeof *t);
+    t->magic = NB__TENSOR_LIVE;
     atomic_init(&t->refcount, 1);
     return t;
 }
@@ -75,17 +189,28 @@ void nb__storage_release(nb__storage *s) {
 }
 
 nb_tensor *nb_tensor_retain(nb_tensor *t) {
-    if (t) atomic_fetch_add(&t->refcount, 1);
+    if (!t) return NULL;
+    if (!nb__live(t)) {
+        nb__dead_handle(t, "tensor_retain", "t");
+        return NULL;
+    }
+    atomic_fetch_add(&t->refcount, 1);
     return t;
 }
 
 void nb_tensor_free(nb_tensor *t) {
-    if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    if (!t) return;
+    if (!nb__live(t)) { /* freed twice, or a scope already released it */
+        nb__dead_handle(t, "tensor_free", "t");
+        return;
+    }
+    if (atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    uint32_t how = tls_scope_release ? NB__TENSOR_SCOPE_ENDED : NB__TENSOR_FREED;
     if (t->grad) nb_tensor_free(t->grad);
     if (t->grad_fn) nb__node_release(t->grad_fn);
     if (t->ag) nb__ag_meta_free(t->ag);
     nb__storage_release(t->storage);
-    nb_host_free(t);
+    q_release(t, how);
 }
 
 nb_tensor *nb__empty(const int64_t *shape, int ndim, nb_dtype dt, nb_device dev) {
@@ -132,13 +257,26 @@ nb_tensor *nb__view_of(const nb_tensor *base, const int64_t *shape, const int64_
 }
 
 /* ---- metadata ---------------------------------------------------------------------------- */
-int nb_ndim(const nb_tensor *t) { return t ? t->ndim : -1; }
-const int64_t *nb_shape(const nb_tensor *t) { return t ? t->shape : NULL; }
-const int64_t *nb_strides(const nb_tensor *t) { return t ? t->strides : NULL; }
-int64_t nb_numel(const nb_tensor *t) { return t ? nb__numel_of(t->shape, t->ndim) : -1; }
-int64_t nb_offset(const nb_tensor *t) { return t ? t->offset : -1; }
-nb_dtype nb_tensor_dtype(const nb_tensor *t) { return t ? t->dtype : NB_DTYPE_COUNT; }
-nb_device nb_tensor_device(const nb_tensor *t) { return t ? t->storage->device : NB_CPU; }
+/* The getters answer "no tensor" (-1, NULL, NB_DTYPE_COUNT) for NULL, and for a released
+ * handle also set the NB_EFREED error. */
+static inline bool meta_ok(const nb_tensor *t, const char *what) {
+    return t && (nb__live(t) || nb__dead_handle(t, what, "t"));
+}
+int nb_ndim(const nb_tensor *t) { return meta_ok(t, "ndim") ? t->ndim : -1; }
+const int64_t *nb_shape(const nb_tensor *t) { return meta_ok(t, "shape") ? t->shape : NULL; }
+const int64_t *nb_strides(const nb_tensor *t) {
+    return meta_ok(t, "strides") ? t->strides : NULL;
+}
+int64_t nb_numel(const nb_tensor *t) {
+    return meta_ok(t, "numel") ? nb__numel_of(t->shape, t->ndim) : -1;
+}
+int64_t nb_offset(const nb_tensor *t) { return meta_ok(t, "offset") ? t->offset : -1; }
+nb_dtype nb_tensor_dtype(const nb_tensor *t) {
+    return meta_ok(t, "tensor_dtype") ? t->dtype : NB_DTYPE_COUNT;
+}
+nb_device nb_tensor_device(const nb_tensor *t) {
+    return meta_ok(t, "tensor_device") ? t->storage->device : NB_CPU;
+}
 void *nb_data(const nb_tensor *t) {
     if (!nb__arg_ok(t, "data", "t") || !nb__require_host(t, "data")) return NULL;
     return nb__ptr(t);
@@ -152,7 +290,7 @@ int64_t nb_size(const nb_tensor *t, int dim) {
 }
 
 bool nb_is_contiguous(const nb_tensor *t) {
-    if (!t) return false;
+    if (!meta_ok(t, "is_contiguous")) return false;
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] == 1) continue; /* any stride is fine for size-1 dims */
@@ -164,7 +302,8 @@ bool nb_is_contiguous(const nb_tensor *t) {
 }
 
 bool nb_shares_storage(const nb_tensor *a, const nb_tensor *b) {
-    return a && b && a->storage == b->storage;
+    return meta_ok(a, "shares_storage") && meta_ok(b, "shares_storage") &&
+           a->storage == b->storage;
 }
 
 /* ---- creation ---------------------------------------------------------------------------- */

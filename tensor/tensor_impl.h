@@ -21,8 +21,12 @@
 const char *nb__shape_str(const int64_t *shape, int ndim, char *buf);
 #define NB__SHAPE(t) nb__shape_str(nb_shape(t), nb_ndim(t), (char[NB__SHAPE_STR]){0})
 
-/* NULL-input propagation: returns false (and sets ENULL if no error is pending) for NULL. */
+/* Argument check: false for NULL (setting ENULL unless an error is pending: a NULL produced
+ * by a failed inner op already said why) and for a released handle (NB_EFREED naming op and
+ * argname, whatever is pending). */
 bool nb__arg_ok(const nb_tensor *t, const char *op, const char *argname);
+/* The error for a released handle t (magic not NB__TENSOR_LIVE); returns false. */
+bool nb__dead_handle(const nb_tensor *t, const char *op, const char *argname);
 #define NB__CHECK_ARG(t, op, name)                                                         \
     do {                                                                                   \
         if (!nb__arg_ok((t), (op), (name))) return NULL;                                   \
@@ -57,7 +61,17 @@ typedef struct nb__storage {
     atomic_ullong version;
 } nb__storage;
 
+/* A tensor header's first field says whether the handle is live. A released header is not
+ * given back at once: it waits in a quarantine of recently released headers (tensor.c)
+ * with its magic saying how it died, so a handle used after its release is reported as an
+ * error (nb__arg_ok, nb__check_devices, the metadata getters) instead of reading memory
+ * that a new tensor may already own. */
+#define NB__TENSOR_LIVE 0x6e62746cu       /* "nbtl" */
+#define NB__TENSOR_FREED 0x64656166u      /* released by nb_tensor_free */
+#define NB__TENSOR_SCOPE_ENDED 0x64656173u /* released by nb_scope_end */
+
 struct nb_tensor {
+    uint32_t magic; /* NB__TENSOR_LIVE while the header lives */
     atomic_long refcount;
     nb__storage *storage;
     int64_t offset; /* elements */
@@ -72,6 +86,7 @@ struct nb_tensor {
     struct nb__node *grad_fn;
     struct nb__ag_meta *ag; /* gradient hooks of a leaf, or NULL */
 };
+static inline bool nb__live(const nb_tensor *t) { return t->magic == NB__TENSOR_LIVE; }
 void nb__node_release(struct nb__node *n);
 void nb__ag_meta_free(struct nb__ag_meta *m);
 
@@ -99,6 +114,9 @@ nb_tensor *nb__scope_add(nb_tensor *t);
 /* Remove t's reference from the innermost scope (if there) and give it to the caller, who
  * must nb_tensor_free it. For library code that owns a tensor privately. */
 nb_tensor *nb__scope_take(nb_tensor *t);
+/* scope.c tells tensor.c that the releases in progress on this thread come from
+ * nb_scope_end (a header dying there is marked NB__TENSOR_SCOPE_ENDED). */
+void nb__scope_releasing(bool on);
 
 /* The address of t's first element in its device's memory (NULL on the meta device). */
 static inline char *nb__ptr(const nb_tensor *t) {

@@ -1,5 +1,6 @@
 /* test_errors.c - errors are values: the status table, thread-local messages, NULL
  * propagation through nested calls, and every class of user error without abort or leak. */
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -178,6 +179,170 @@ START_TEST(test_thread_local) {
 }
 END_TEST
 
+
+/* ---- released handles (a missing nb_keep, a double free, backward on a released loss) ---- */
+
+/* A custom forward that forgets nb_keep: its result dies with its own scope. */
+static nb_tensor *swish_without_keep(nb_tensor *x) {
+    nb_scope_begin();
+    nb_tensor *r = nb_mul(x, nb_sigmoid(x));
+    nb_scope_end();
+    return r;
+}
+
+#define SCOPE_MSG "tensor used after the scope that owned it ended; nb_keep it to return it"
+
+START_TEST(test_missing_keep_is_an_error) {
+    nb_scope_begin();
+    nb_clear_error();
+    nb_tensor *x = nb_full((int64_t[]){4, 8}, 2, NB_F32, 0.5);
+    nb_tensor *y = swish_without_keep(x);
+    ck_assert_ptr_nonnull(y); /* the handle itself is returned: the mistake is using it */
+    /* New tensors reuse the released storage; the stale handle must not read it. */
+    nb_tensor *other = nb_full((int64_t[]){4, 8}, 2, NB_F32, 984.0);
+    ck_assert_ptr_nonnull(other);
+    tu_assert_error(nb_sum(y, NULL, 0, false), NB_EFREED, "sum: argument 'x': " SCOPE_MSG);
+    tu_assert_error(nb_add(other, y), NB_EFREED, SCOPE_MSG);
+    tu_assert_error(nb_matmul(y, other), NB_EFREED, SCOPE_MSG);
+    /* nb_keep on the stale handle cannot revive it */
+    tu_assert_error(nb_keep(y), NB_EFREED, SCOPE_MSG);
+    /* with nb_keep the same forward works */
+    nb_scope_begin();
+    nb_tensor *kept = nb_keep(nb_mul(x, nb_sigmoid(x)));
+    nb_scope_end();
+    double v = nb_item_f64(nb_sum(kept, NULL, 0, false));
+    ck_assert_double_eq_tol(v, 32 * 0.5 / (1 + exp(-0.5)), 1e-4);
+    nb_scope_end();
+}
+END_TEST
+
+/* Every kind of public entry point refuses a released handle with NB_EFREED. */
+START_TEST(test_released_handle_everywhere) {
+    nb_scope_begin();
+    nb_tensor *live = nb_ones((int64_t[]){2, 3}, 2, NB_F32);
+    nb_scope_begin();
+    nb_tensor *d = nb_ones((int64_t[]){2, 3}, 2, NB_F32);
+    nb_scope_end();
+    nb_clear_error();
+#define EXPECT_FREED(call)                                                                   \
+    do {                                                                                     \
+        nb_clear_error();                                                                    \
+        call;                                                                                \
+        ck_assert_msg(nb_last_status() == NB_EFREED, "%s: status %s (%s)", #call,           \
+                      nb_status_name(nb_last_status()), nb_last_error());                    \
+    } while (0)
+    /* tensors out */
+    tu_assert_error(nb_add(live, d), NB_EFREED, "add");
+    tu_assert_error(nb_relu(d), NB_EFREED, "relu");
+    tu_assert_error(nb_sum(d, NULL, 0, false), NB_EFREED, "sum");
+    tu_assert_error(nb_softmax(d, 1), NB_EFREED, "softmax");
+    tu_assert_error(nb_view(d, (int64_t[]){6}, 1), NB_EFREED, "view");
+    tu_assert_error(nb_reshape(d, (int64_t[]){6}, 1), NB_EFREED, "reshape");
+    tu_assert_error(nb_transpose(d, 0, 1), NB_EFREED, "transpose");
+    tu_assert_error(nb_clone(d), NB_EFREED, "clone");
+    tu_assert_error(nb_detach(d), NB_EFREED, "detach");
+    tu_assert_error(nb_to_device(d, NB_CPU), NB_EFREED, "to_device");
+    tu_assert_error(nb_to_dtype(d, NB_F64), NB_EFREED, "");
+    tu_assert_error(nb_cat((nb_tensor *[]){live, d}, 2, 0), NB_EFREED, "cat");
+    tu_assert_error(nb_tensor_retain(d), NB_EFREED, "tensor_retain");
+    tu_assert_error(nb_keep(d), NB_EFREED, "keep");
+    /* statuses out */
+    ASSERT_ST(nb_fill_(d, 1), NB_EFREED, "fill_");
+    ASSERT_ST(nb_copy_(live, d), NB_EFREED, "copy_");
+    ASSERT_ST(nb_copy_(d, live), NB_EFREED, "copy_");
+    ASSERT_ST(nb_backward(d), NB_EFREED, "backward");
+    ASSERT_ST(nb_set_requires_grad(d, true), NB_EFREED, "set_requires_grad");
+    float buf[6];
+    ASSERT_ST(nb_read(d, buf, 6, NB_F32), NB_EFREED, "read");
+    /* metadata: "no tensor" answers, and the error */
+    EXPECT_FREED(ck_assert_int_eq(nb_ndim(d), -1));
+    EXPECT_FREED(ck_assert_ptr_null(nb_shape(d)));
+    EXPECT_FREED(ck_assert_int_eq(nb_numel(d), -1));
+    EXPECT_FREED(ck_assert_int_eq(nb_tensor_dtype(d), NB_DTYPE_COUNT));
+    EXPECT_FREED(ck_assert_ptr_null(nb_data(d)));
+    EXPECT_FREED(ck_assert(isnan(nb_item_f64(d))));
+    EXPECT_FREED(ck_assert(!nb_is_contiguous(d)));
+    EXPECT_FREED(ck_assert(!nb_requires_grad(d)));
+    EXPECT_FREED(ck_assert_ptr_null(nb_grad(d)));
+    EXPECT_FREED(nb_tensor_free(d));
+#undef EXPECT_FREED
+    /* the live tensor is untouched by all this */
+    ck_assert_double_eq(nb_item_f64(nb_sum(live, NULL, 0, false)), 6);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_double_free) {
+    nb_clear_error();
+    nb_tensor *t = nb_ones((int64_t[]){3}, 1, NB_F32);
+    nb_tensor_free(t);
+    ck_assert_int_eq(nb_last_status(), NB_OK);
+    nb_tensor_free(t); /* silent today, and the header may already belong to another tensor */
+    ck_assert_int_eq(nb_last_status(), NB_EFREED);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "tensor_free: argument 't': tensor used "
+                                                  "after nb_tensor_free released it"));
+    /* freeing what a scope already released */
+    nb_scope_begin();
+    nb_tensor *s = nb_ones((int64_t[]){3}, 1, NB_F32);
+    nb_scope_end();
+    nb_clear_error();
+    nb_tensor_free(s);
+    ck_assert_int_eq(nb_last_status(), NB_EFREED);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), SCOPE_MSG));
+    /* a retained tensor still needs both frees: the first is not an error */
+    nb_tensor *r = nb_ones((int64_t[]){3}, 1, NB_F32);
+    nb_tensor_retain(r);
+    nb_clear_error();
+    nb_tensor_free(r);
+    nb_tensor_free(r);
+    ck_assert_int_eq(nb_last_status(), NB_OK);
+}
+END_TEST
+
+START_TEST(test_backward_on_released_loss) {
+    nb_tensor *w = nb_ones((int64_t[]){4}, 1, NB_F32);
+    ASSERT_OK(nb_set_requires_grad(w, true));
+    nb_scope_begin();
+    nb_tensor *loss = nb_sum(nb_mul(w, w), NULL, 0, false);
+    ck_assert_ptr_nonnull(loss);
+    nb_scope_end();
+    /* segfaulted before: the engine walked a released header */
+    ASSERT_ST(nb_backward(loss), NB_EFREED, "backward: argument 'output': " SCOPE_MSG);
+    ck_assert_ptr_null(nb_grad(w));
+    /* a released grad_output is refused too */
+    nb_scope_begin();
+    nb_tensor *y = nb_mul(w, w);
+    nb_scope_begin();
+    nb_tensor *g = nb_ones((int64_t[]){4}, 1, NB_F32);
+    nb_scope_end();
+    ASSERT_ST(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}), NB_EFREED,
+              ".grad_output");
+    nb_scope_end();
+    nb_tensor_free(w);
+}
+END_TEST
+
+/* A handle stays recognisably released while at least 1024 other headers were released
+ * after it (the quarantine's default depth; NB_HANDLE_QUARANTINE sets it). */
+START_TEST(test_quarantine_depth) {
+    nb_scope_begin();
+    nb_scope_begin();
+    nb_tensor *d = nb_ones((int64_t[]){2}, 1, NB_F32);
+    nb_scope_end();
+    for (int i = 0; i < 1000; i++) {
+        nb_scope_begin();
+        ck_assert_ptr_nonnull(nb_add(nb_ones((int64_t[]){2}, 1, NB_F32), nb_scalar(1, NB_F32)));
+        nb_scope_end(); /* three headers per round: 3000 released after d */
+        if (i % 250 == 0) {
+            nb_clear_error();
+            ck_assert_int_eq(nb_numel(d), -1);
+            ck_assert_int_eq(nb_last_status(), NB_EFREED);
+        }
+    }
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_errors(void) {
     Suite *s = suite_create("errors");
     TCase *tc = tcase_create("errors");
@@ -186,6 +351,11 @@ Suite *nb_suite_errors(void) {
     tcase_add_test(tc, test_error_classes);
     tcase_add_test(tc, test_thread_local);
     tcase_add_test(tc, test_shape_overflow);
+    tcase_add_test(tc, test_missing_keep_is_an_error);
+    tcase_add_test(tc, test_released_handle_everywhere);
+    tcase_add_test(tc, test_double_free);
+    tcase_add_test(tc, test_backward_on_released_loss);
+    tcase_add_test(tc, test_quarantine_depth);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -15,6 +15,10 @@
  * nb_keep(t) moves t's reference from the innermost scope to the enclosing one, or to the
  * caller when there is none (then the caller calls nb_tensor_free). nb_keep of a tensor that
  * is not in the innermost scope adds a reference instead, so it is always safe to call.
+ * A handle used after its tensor was released (a forgotten nb_keep, a second
+ * nb_tensor_free) gives NB_EFREED, "tensor used after the scope that owned it ended; nb_keep
+ * it to return it from a scope", while fewer than NB_HANDLE_QUARANTINE (default 1024) other
+ * tensors were released since (docs/memory.md, "Released handles").
  *
  * The allocator hands out 64-byte aligned blocks rounded up to size classes and keeps freed
  * blocks for reuse, so a training loop stops calling the system allocator after its first

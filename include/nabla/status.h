@@ -37,7 +37,8 @@ extern "C" {
     X(ESTATE, -12, "object is in the wrong state for this call")                \
     X(ECOMM, -13, "communication failure")                                      \
     X(ETIMEOUT, -14, "timed out")                                               \
-    X(EINTERNAL, -15, "internal error")
+    X(EINTERNAL, -15, "internal error")                                         \
+    X(EFREED, -16, "tensor used after it was released")
 
 typedef enum nb_status {
 #define NB__STATUS_ENUM(name, value, text) NB_##name = value,

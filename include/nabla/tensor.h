@@ -113,7 +113,8 @@ bool nb_device_supports(nb_device dev, const char *op_name);
 
 /* ---- references and metadata ---------------------------------------------------------- */
 nb_tensor *nb_tensor_retain(nb_tensor *t);  /* +1 reference owned by the caller; returns t */
-void nb_tensor_free(nb_tensor *t);          /* -1 reference; NULL is a no-op */
+void nb_tensor_free(nb_tensor *t);          /* -1 reference; NULL is a no-op; a released
+                                               handle sets NB_EFREED and does nothing */
 
 int nb_ndim(const nb_tensor *t);
 const int64_t *nb_shape(const nb_tensor *t);    /* NB_MAX_DIMS entries; valid while t lives */
