@@ -11,4 +11,25 @@ nb_status nb__add_inplace(nb_tensor *dst, const nb_tensor *src);
 /* Sum g over broadcast dims so it has shape[ndim]. New reference (g itself if equal). */
 nb_tensor *nb__sum_to_shape(nb_tensor *g, const int64_t *shape, int ndim);
 
+/* ---- end-of-backward callbacks (for data parallel, parallel/ddp.c) ---------------------------
+ * A gradient hook that starts work which must be finished before backward returns (bucket
+ * allreduces) queues fn(ctx, status) here; it runs once, on this thread, when the outermost
+ * nb_backward running on this thread ends - after the graph walk, success or not (status
+ * says which: a failed backward still lets the callback finish or abandon what it started).
+ * A callback's failure becomes nb_backward's status when the backward itself succeeded;
+ * otherwise the backward's own error (status and message) is what the caller sees. The same
+ * (fn, ctx) queued again in one backward runs once. NB_ESTATE when no backward is running
+ * on this thread. */
+typedef nb_status (*nb__backward_end_fn)(void *ctx, nb_status backward_status);
+nb_status nb__queue_backward_end(nb__backward_end_fn fn, void *ctx);
+
+/* ---- gradient guards (for data parallel, checked by nb_step) -------------------------------
+ * A guard says whether a leaf's gradient may be consumed now: fn(leaf, ctx, who) returns
+ * NB_OK, or fails with a message starting with `who` (data parallel: gradients that were
+ * never averaged over the ranks). One guard per leaf: NB_ESTATE if another is set; fn NULL
+ * removes the guard set with this ctx (and leaves another's). nb__check_grad runs the leaf's guard (NB_OK without one). */
+typedef nb_status (*nb__grad_guard_fn)(const nb_tensor *leaf, void *ctx, const char *who);
+nb_status nb__set_grad_guard(nb_tensor *leaf, nb__grad_guard_fn fn, void *ctx);
+nb_status nb__check_grad(const nb_tensor *leaf, const char *who);
+
 #endif

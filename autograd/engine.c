@@ -1,6 +1,7 @@
 /* engine.c - the autograd engine: leaves' gradients and hooks, and nb_backward (see
  * nabla/autograd.h for the contract). The tape it walks (nodes, recording, grad mode) is
  * part of the core: tensor/tape.c. The engine computes with ops only. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,8 @@ struct nb__ag_meta {
     uint64_t epoch;
     int pending;
     bool got;
+    nb__grad_guard_fn guard;
+    void *guard_ctx;
 };
 
 static atomic_ullong g_epoch;
@@ -114,6 +117,74 @@ nb_status nb_remove_grad_hook(nb_tensor *leaf, int handle) {
         }
     }
     return nb__error(NB_EINVAL, "remove_grad_hook: no hook with handle %d on this tensor", handle);
+}
+
+nb_status nb__set_grad_guard(nb_tensor *leaf, nb__grad_guard_fn fn, void *ctx) {
+    if (!nb__arg_ok(leaf, "set_grad_guard", "leaf")) return nb_last_status();
+    struct nb__ag_meta *m = fn ? meta_of(leaf) : leaf->ag;
+    if (!fn) {
+        if (m && m->guard_ctx == ctx) m->guard = NULL, m->guard_ctx = NULL;
+        return NB_OK;
+    }
+    if (!m) return nb__error(NB_ENOMEM, "set_grad_guard: out of memory");
+    if (m->guard && (m->guard != fn || m->guard_ctx != ctx))
+        return nb__error(NB_ESTATE, "set_grad_guard: this tensor's gradient is already guarded "
+                         "(wrapped by another nb_ddp?)");
+    m->guard = fn, m->guard_ctx = ctx;
+    return NB_OK;
+}
+
+nb_status nb__check_grad(const nb_tensor *leaf, const char *who) {
+    const struct nb__ag_meta *m = leaf ? leaf->ag : NULL;
+    return m && m->guard ? m->guard(leaf, m->guard_ctx, who) : NB_OK;
+}
+
+/* ---- end-of-backward callbacks --------------------------------------------------------------- */
+typedef struct {
+    nb__backward_end_fn fn;
+    void *ctx;
+} end_cb;
+
+static _Thread_local int tl_depth;      /* nb_backward calls running on this thread */
+static _Thread_local end_cb *tl_cbs;    /* queued for the end of the outermost one */
+static _Thread_local int tl_ncb, tl_capcb;
+
+nb_status nb__queue_backward_end(nb__backward_end_fn fn, void *ctx) {
+    if (!fn) return nb__error(NB_ENULL, "queue_backward_end: fn is NULL");
+    if (tl_depth == 0)
+        return nb__error(NB_ESTATE, "queue_backward_end: no backward is running on this thread");
+    for (int i = 0; i < tl_ncb; i++)
+        if (tl_cbs[i].fn == fn && tl_cbs[i].ctx == ctx) return NB_OK;
+    if (tl_ncb == tl_capcb) {
+        int cap = tl_capcb ? 2 * tl_capcb : 4;
+        end_cb *c = nb_host_alloc(sizeof(end_cb) * (size_t)cap);
+        if (!c) return nb__error(NB_ENOMEM, "queue_backward_end: out of memory");
+        if (tl_ncb) memcpy(c, tl_cbs, sizeof(end_cb) * (size_t)tl_ncb);
+        nb_host_free(tl_cbs);
+        tl_cbs = c, tl_capcb = cap;
+    }
+    tl_cbs[tl_ncb++] = (end_cb){fn, ctx};
+    return NB_OK;
+}
+
+/* Run (and clear) the queued callbacks; st is the backward's status. The first failure
+ * wins, with its message. */
+static nb_status run_end_callbacks(nb_status st) {
+    end_cb *cbs = tl_cbs;
+    int n = tl_ncb;
+    tl_cbs = NULL, tl_ncb = tl_capcb = 0;
+    char msg[512] = "";
+    if (st != NB_OK) snprintf(msg, sizeof msg, "%s", nb_last_error());
+    for (int i = 0; i < n; i++) {
+        nb_status s = cbs[i].fn(cbs[i].ctx, st);
+        if (s != NB_OK && st == NB_OK) {
+            st = s;
+            snprintf(msg, sizeof msg, "%s", nb_last_error());
+        }
+    }
+    nb_host_free(cbs);
+    if (st != NB_OK) nb__error(st, "%s", msg); /* the first failure, whatever ran after it */
+    return st;
 }
 
 /* ---- gradient arithmetic used by the engine -------------------------------------------------- */
@@ -345,7 +416,7 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
 
 nb_status nb_backward(nb_tensor *output) { return nb_backward_ex(output, NULL); }
 
-nb_status nb_backward_ex(nb_tensor *out, const nb_backward_opts *opts) {
+static nb_status backward_run(nb_tensor *out, const nb_backward_opts *opts) {
     if (!nb__arg_ok(out, "backward", "output")) return nb_last_status();
     nb_backward_opts o = opts ? *opts : (nb_backward_opts){0};
     if (o.grad_output && !nb__live(o.grad_output))
@@ -382,5 +453,15 @@ nb_status nb_backward_ex(nb_tensor *out, const nb_backward_opts *opts) {
         }
     }
     nb_scope_end();
+    return st;
+}
+
+/* Hooks run inside the walk may queue end-of-backward callbacks (data parallel's bucket
+ * waits); they run when the outermost backward on this thread is over, so a backward
+ * called from inside a backward's rule or hook does not end its caller's step. */
+nb_status nb_backward_ex(nb_tensor *out, const nb_backward_opts *opts) {
+    tl_depth++;
+    nb_status st = backward_run(out, opts);
+    if (--tl_depth == 0 && tl_ncb) st = run_end_callbacks(st);
     return st;
 }

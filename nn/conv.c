@@ -193,7 +193,7 @@ typedef struct conv2d_self {
 
 static nb_tensor *conv2d_forward(nb_module *m, nb_tensor *x) {
     const conv2d_self *s = nb_module_self(m);
-    return nb_conv2d(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"), s->stride,
+    return nb_conv2d(x, nb_module_param(m, "weight"), nb_module_param_opt(m, "bias"), s->stride,
                      s->padding, s->dilation, s->groups);
 }
 

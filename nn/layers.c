@@ -198,7 +198,7 @@ static nb_module *fail_module(nb_module *m, nb_tensor *pending) {
 }
 
 static nb_tensor *linear_forward(nb_module *m, nb_tensor *x) {
-    return nb_linear(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"));
+    return nb_linear(x, nb_module_param(m, "weight"), nb_module_param_opt(m, "bias"));
 }
 static const nb_module_vtable linear_vt = {.type_name = "Linear", .forward = linear_forward};
 

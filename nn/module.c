@@ -182,36 +182,101 @@ nb_module *nb_module_add_child(nb_module *m, const char *name, nb_module *child)
     return child;
 }
 
+/* The names of l, ", "-separated, into buf; a list too long for it ends in ", ...". */
+static void names_of(const named_list *l, char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < l->n; i++) {
+        const char *sep = i ? ", " : "";
+        size_t need = strlen(sep) + strlen(l->names[i]);
+        if (used + need + sizeof ", ..." > cap) {
+            snprintf(buf + used, cap - used, "%s...", sep);
+            return;
+        }
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", sep, l->names[i]);
+    }
+}
+
+/* Look name up in m's list `which` ("parameter", "buffer", "child"); when it is missing and
+ * `op` is set, fail naming it and the names that do exist. A NULL module keeps the first
+ * error (nb_module_param(nb_module_child(m, "typo"), ...) reports the typo). */
+static void *lookup(const nb_module *m, const named_list *l, const char *name, const char *op,
+                    const char *which) {
+    if (!m || !name) {
+        if (op && nb_last_status() == NB_OK)
+            nb__error(NB_ENULL, "%s: %s is NULL", op, m ? "name" : "module");
+        return NULL;
+    }
+    int i = list_find(l, name);
+    if (i >= 0) return l->items[i];
+    if (op) {
+        char names[256];
+        names_of(l, names, sizeof names);
+        nb__error(NB_EINVAL, "%s: no %s '%s' in this %s (%s%s: %s)%s", op, which, name,
+                  m->vt->type_name, which, strcmp(which, "child") ? "s" : "ren",
+                  l->n ? names : "none",
+                  strchr(name, '.') ? "; it looks up direct members: use nb_module_find for "
+                                      "dotted names" : "");
+    }
+    return NULL;
+}
+
 nb_tensor *nb_module_param(const nb_module *m, const char *name) {
-    int i = m && name ? list_find(&m->params, name) : -1;
-    return i >= 0 ? m->params.items[i] : NULL;
+    return lookup(m, m ? &m->params : NULL, name, "module_param", "parameter");
 }
 nb_tensor *nb_module_buffer(const nb_module *m, const char *name) {
-    int i = m && name ? list_find(&m->buffers, name) : -1;
-    return i >= 0 ? m->buffers.items[i] : NULL;
+    return lookup(m, m ? &m->buffers : NULL, name, "module_buffer", "buffer");
 }
 nb_module *nb_module_child(const nb_module *m, const char *name) {
-    int i = m && name ? list_find(&m->children, name) : -1;
-    return i >= 0 ? m->children.items[i] : NULL;
+    return lookup(m, m ? &m->children : NULL, name, "module_child", "child");
+}
+nb_tensor *nb_module_param_opt(const nb_module *m, const char *name) {
+    return lookup(m, m ? &m->params : NULL, name, NULL, NULL);
+}
+nb_tensor *nb_module_buffer_opt(const nb_module *m, const char *name) {
+    return lookup(m, m ? &m->buffers : NULL, name, NULL, NULL);
 }
 int nb_module_num_children(const nb_module *m) { return m ? m->children.n : 0; }
 nb_module *nb_module_child_at(const nb_module *m, int i) {
     return m && i >= 0 && i < m->children.n ? m->children.items[i] : NULL;
 }
 
-nb_tensor *nb_module_find(const nb_module *m, const char *dotted) {
-    if (!m || !dotted) return NULL;
-    const char *dot = strchr(dotted, '.');
+/* nb_module_find at m, the module reached through dotted's first `at` characters; on a
+ * miss, the message names that module and what it does have. */
+static nb_tensor *find_in(const nb_module *m, const char *dotted, size_t at) {
+    const char *rest = dotted + at, *dot = strchr(rest, '.');
+    char where[160], names[256];
+    if (at) snprintf(where, sizeof where, "'%.*s' (a %s)", (int)(at - 1), dotted, m->vt->type_name);
+    else snprintf(where, sizeof where, "the %s", m->vt->type_name);
     if (!dot) {
-        nb_tensor *t = nb_module_param(m, dotted);
-        return t ? t : nb_module_buffer(m, dotted);
+        nb_tensor *t = nb_module_param_opt(m, rest);
+        if (!t) t = nb_module_buffer_opt(m, rest);
+        if (t) return t;
+        char bufs[128];
+        names_of(&m->params, names, sizeof names);
+        names_of(&m->buffers, bufs, sizeof bufs);
+        nb__error(NB_EINVAL, "module_find: no parameter or buffer '%s' in %s (parameters: %s; "
+                  "buffers: %s)", dotted, where, m->params.n ? names : "none",
+                  m->buffers.n ? bufs : "none");
+        return NULL;
     }
-    char head[256];
-    size_t n = (size_t)(dot - dotted);
-    if (n >= sizeof head) return NULL;
-    memcpy(head, dotted, n);
-    head[n] = '\0';
-    return nb_module_find(nb_module_child(m, head), dot + 1);
+    size_t n = (size_t)(dot - rest);
+    for (int i = 0; i < m->children.n; i++)
+        if (strlen(m->children.names[i]) == n && strncmp(m->children.names[i], rest, n) == 0)
+            return find_in(m->children.items[i], dotted, at + n + 1);
+    names_of(&m->children, names, sizeof names);
+    nb__error(NB_EINVAL, "module_find: no child '%.*s' in %s looking up '%s' (children: %s)",
+              (int)n, rest, where, dotted, m->children.n ? names : "none");
+    return NULL;
+}
+
+nb_tensor *nb_module_find(const nb_module *m, const char *dotted) {
+    if (!m || !dotted) {
+        if (nb_last_status() == NB_OK)
+            nb__error(NB_ENULL, "module_find: %s is NULL", m ? "dotted_name" : "module");
+        return NULL;
+    }
+    return find_in(m, dotted, 0);
 }
 
 /* Depth first: own members first, then children in order (PyTorch's named_parameters). */

@@ -319,7 +319,8 @@ static nb_tensor *layernorm_forward(nb_module *m, nb_tensor *x) {
                   (long long)s->features, NB__SHAPE(x));
         return NULL;
     }
-    return nb_layer_norm(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"), s->eps);
+    return nb_layer_norm(x, nb_module_param_opt(m, "weight"), nb_module_param_opt(m, "bias"),
+                         s->eps);
 }
 
 /* num_batches_tracked += 1, on the buffer's device (an op: the host never reads it). */
@@ -348,11 +349,11 @@ static nb_tensor *batchnorm_forward(nb_module *m, nb_tensor *x) {
     }
     bool training = nb_module_is_training(m);
     /* As PyTorch: without running statistics the batch statistics are used in eval too. */
-    nb_tensor *y = nb_batch_norm(x, nb_module_buffer(m, "running_mean"),
-                                 nb_module_buffer(m, "running_var"), nb_module_param(m, "weight"),
-                                 nb_module_param(m, "bias"), training || !s->track, s->momentum,
-                                 s->eps);
-    nb_tensor *nbt = nb_module_buffer(m, "num_batches_tracked");
+    nb_tensor *y = nb_batch_norm(x, nb_module_buffer_opt(m, "running_mean"),
+                                 nb_module_buffer_opt(m, "running_var"),
+                                 nb_module_param_opt(m, "weight"), nb_module_param_opt(m, "bias"),
+                                 training || !s->track, s->momentum, s->eps);
+    nb_tensor *nbt = nb_module_buffer_opt(m, "num_batches_tracked");
     if (y && training && nbt && count_batch(nbt) != NB_OK) return NULL;
     return y;
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/autograd_impl.h"
 #include "nabla/autograd.h"
 #include "optim/optim_impl.h"
 
@@ -422,6 +423,8 @@ nb_status nb_step(nb_optim *opt) {
         nb__oparam *p = &opt->params[i];
         w[i].g = p->t->grad;
         if (!w[i].g) continue;
+        /* A gradient that may not be used yet: a data parallel model's, never averaged. */
+        if ((st = nb__check_grad(p->t, "step")) != NB_OK) break;
         st = prepare(opt, p, &w[i].fresh);
         /* A non-contiguous gradient (a user-installed view) is read from a packed copy. */
         if (st == NB_OK && !nb_is_contiguous(w[i].g) && !(w[i].g = nb_contiguous(w[i].g)))

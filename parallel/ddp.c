@@ -6,8 +6,16 @@
  * backward. A gradient hook on every parameter counts the completed parameters of its
  * bucket; when a bucket is complete its allreduce (NB_REDUCE_AVG, on a narrow view of the
  * flat buffer, so no copies) is started asynchronously while backward goes on with the
- * earlier layers. nb_ddp_sync waits for the buckets, and the time it waits is the
- * communication that was not hidden behind backward ("exposed").
+ * earlier layers. The first hook of a backward also queues an end-of-backward callback
+ * with the engine (autograd_impl.h): when the outermost nb_backward is over, it launches
+ * what is left, waits for every bucket and checks the step, so the gradients are averaged
+ * when nb_backward returns - nobody has to remember a sync call. The time it waits is the
+ * communication that was not hidden behind backward ("exposed"). nb_ddp_sync is a wait
+ * that finds nothing left to do after such a backward.
+ *
+ * Gradients that may not be stepped on are refused by nb_step through a gradient guard on
+ * every parameter: after a backward with sync disabled whose gradients were never reduced
+ * (a forgotten nb_ddp_set_sync_enabled(d, true)), or after a synchronisation that failed.
  *
  * Buckets are launched strictly in bucket order (a complete bucket waits for the ones
  * before it): collectives must be issued in the same order on every rank, and the order
@@ -21,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "autograd/autograd_impl.h"
 #include "nabla/autograd.h"
 #include "nabla/parallel.h"
 #include "tensor/tensor_impl.h"
@@ -54,11 +63,18 @@ struct nb_ddp {
     ddp_param *p;
     ddp_bucket *b;
     int next_launch;    /* buckets [0, next_launch) are launched in this step */
+    int last_launched;  /* buckets launched by the last finished step (for tests) */
     bool sync_enabled;
-    bool active;        /* some hook did its work since the last sync */
-    bool twice;         /* a parameter completed twice before a sync */
-    nb_status hook_err; /* first failure inside a hook (reported by sync) */
+    bool active;        /* a synced backward's hooks ran; its end has not been processed */
+    bool twice;         /* a parameter completed twice before the end of the step */
+    nb_status hook_err; /* first failure inside a hook (reported at the end of the step) */
     char hook_msg[512];
+    /* What nb_step must refuse: local gradients (a backward with sync disabled) that no
+     * synchronisation has averaged yet, or a synchronisation that failed (fail_msg). */
+    bool local, failed;
+    char fail_msg[512];
+    nb_status last_st;  /* outcome of the last synchronisation, as nb_ddp_sync reports it */
+    char last_msg[512];
     double exposed_s;
 };
 
@@ -105,13 +121,29 @@ static nb_status reattach(ddp_param *p) {
     return s == NB_OK ? nb_set_grad(p->t, p->gview) : s;
 }
 
+static nb_status backward_end(void *ctx, nb_status backward_status);
+
 static void grad_hook(nb_tensor *leaf, void *ctx) {
     ddp_param *p = ctx;
     nb_ddp *d = p->d;
     (void)leaf;
-    if (!d->sync_enabled || !p->expected) return; /* accumulation micro-step: local only */
-    d->active = true;
-    if (p->ready) { /* a second backward before nb_ddp_sync */
+    if (!p->expected) return;
+    if (!d->sync_enabled) { /* accumulation micro-step: local only */
+        d->local = true;
+        d->last_launched = 0;
+        d->last_st = NB_OK;
+        return;
+    }
+    if (!d->active) { /* the first hook of this backward: a new step */
+        d->active = true;
+        d->last_launched = 0;
+        d->last_st = NB_OK;
+        d->last_msg[0] = '\0';
+    }
+    /* Finish the step when backward ends (queued once per backward; cheap to repeat). */
+    nb_status q = nb__queue_backward_end(backward_end, d);
+    if (q != NB_OK) hook_fail(d, q);
+    if (p->ready) { /* completed twice in one step: a backward run inside a backward */
         d->twice = true;
         return;
     }
@@ -142,6 +174,7 @@ static nb_status wait_all(nb_ddp *d) {
 static void reset_step(nb_ddp *d) {
     for (int i = 0; i < d->np; i++) d->p[i].ready = false;
     for (int k = 0; k < d->nbk; k++) d->b[k].ready = 0, d->b[k].launched = false;
+    d->last_launched = d->next_launch;
     d->next_launch = 0;
     d->active = d->twice = false;
     d->hook_err = NB_OK;
@@ -156,6 +189,7 @@ void nb_ddp_free(nb_ddp *d) {
     }
     for (int i = 0; i < d->np; i++) {
         if (d->p[i].handle >= 0) nb_remove_grad_hook(d->p[i].t, d->p[i].handle);
+        if (d->p[i].expected) nb__set_grad_guard(d->p[i].t, NULL, &d->p[i]); /* if ours */
         nb_tensor_free(d->p[i].gview);
     }
     free(d->b);
@@ -212,6 +246,31 @@ static nb_status build_buckets(nb_ddp *d, int64_t cap) {
         d->b[k].view = nb__scope_take(v);
     }
     return NB_OK;
+}
+
+static const char *param_name(const nb_ddp *d, int i) {
+    const nb_params *ps = nb_parameters(d->m);
+    return ps && i < ps->count ? ps->names[i] : "?";
+}
+
+/* nb_step asks before using a parameter's gradient. */
+static nb_status grad_guard(const nb_tensor *leaf, void *ctx, const char *who) {
+    const ddp_param *p = ctx;
+    nb_ddp *d = p->d;
+    (void)leaf;
+    if (!d->local && !d->failed && !d->active) return NB_OK;
+    const char *name = param_name(d, p->index);
+    if (d->failed)
+        return nb__error(NB_ESTATE, "%s: the gradient of '%s' (an nb_ddp model) was not "
+                         "averaged over the ranks, so the ranks would drift apart: %s", who,
+                         name, d->fail_msg);
+    if (d->active) /* the end of backward was not processed (queueing it failed) */
+        return nb__error(NB_ESTATE, "%s: the gradient of '%s' (an nb_ddp model) is not "
+                         "synchronised yet; call nb_ddp_sync before the step", who, name);
+    return nb__error(NB_ESTATE, "%s: the gradient of '%s' (an nb_ddp model) comes from a "
+                     "backward with sync disabled and was never averaged over the ranks; "
+                     "enable sync (nb_ddp_set_sync_enabled) before the last micro-step's "
+                     "backward, or enable it and call nb_ddp_sync before the step", who, name);
 }
 
 nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o) {
@@ -274,6 +333,13 @@ nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o) {
         if (h < 0) s = (nb_status)h;
         else p->handle = h;
     }
+    for (int i = 0; i < d->np && s == NB_OK; i++) {
+        if (!d->p[i].expected) continue;
+        s = nb__set_grad_guard(d->p[i].t, grad_guard, &d->p[i]);
+        if (s == NB_ESTATE)
+            nb__error(s, "ddp_new: parameter %s is already wrapped by another nb_ddp; free "
+                      "that one first", ps->names[i]);
+    }
     if (s != NB_OK) {
         nb_ddp_free(d);
         return NULL;
@@ -281,21 +347,18 @@ nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o) {
     return d;
 }
 
-nb_status nb_ddp_sync(nb_ddp *d) {
-    if (!d) return nb__error(NB_ENULL, "ddp_sync: ddp is NULL");
+/* Finish the step: launch what is left (in bucket order), wait for every bucket and check
+ * it. `all`: every parameter counts as ready (averaging gradients accumulated with sync
+ * disabled, which no hook counted); otherwise one that got no gradient is an error unless
+ * find_unused - its bucket is launched either way (reducing whatever its slot holds: zeros
+ * after nb_zero_grad), so every rank issues the same collectives and none is left waiting. */
+static nb_status finish_step(nb_ddp *d, bool all) {
     double t0 = now_s();
-    d->exposed_s = 0;
-    /* Nothing happened since the last sync while accumulating locally: nothing to do. */
-    if (!d->sync_enabled && !d->active && d->next_launch == 0) return NB_OK;
-
-    /* Parameters that got no gradient: an error unless find_unused, but the buckets are
-     * launched (reducing whatever their slots hold: zeros after nb_zero_grad) either way,
-     * so every rank issues the same collectives and none is left waiting. */
     int missing = 0, first_missing = -1;
     for (int i = 0; i < d->np; i++) {
         ddp_param *p = &d->p[i];
         if (!p->expected || p->ready) continue;
-        if (missing++ == 0) first_missing = i;
+        if (!all && missing++ == 0) first_missing = i;
         nb_status s = reattach(p);
         if (s != NB_OK) hook_fail(d, s);
         p->ready = true;
@@ -307,20 +370,66 @@ nb_status nb_ddp_sync(nb_ddp *d) {
 
     if (s == NB_OK && d->hook_err != NB_OK)
         s = nb__error(d->hook_err, "ddp: starting a gradient allreduce failed: %s", d->hook_msg);
+    /* Averaged everywhere, or not: what nb_step must know. */
+    d->failed = s != NB_OK;
+    if (d->failed) snprintf(d->fail_msg, sizeof d->fail_msg, "%s", nb_last_error());
+    else d->local = false;
     if (s == NB_OK && d->twice)
-        s = nb__error(NB_ESTATE, "ddp: backward ran twice without nb_ddp_sync in between; call "
-                      "nb_ddp_sync after each backward, or disable sync "
-                      "(nb_ddp_set_sync_enabled) for gradient accumulation micro-steps");
+        s = nb__error(NB_ESTATE, "ddp: a parameter's gradient was completed twice in one step "
+                      "(a backward run from inside a backward?)");
     if (s == NB_OK && missing && !d->o.find_unused) {
-        const nb_params *ps = nb_parameters(d->m);
-        const char *name = ps && first_missing < ps->count ? ps->names[first_missing] : "?";
         char more[64] = "";
         if (missing > 1) snprintf(more, sizeof more, " (nor did %d other parameters)", missing - 1);
         s = nb__error(NB_EINVAL, "ddp: parameter %s got no gradient in this step%s; pass "
-                      ".find_unused = true if that is intended", name, more);
+                      ".find_unused = true if that is intended", param_name(d, first_missing),
+                      more);
     }
+    d->last_st = s;
+    snprintf(d->last_msg, sizeof d->last_msg, "%s", s == NB_OK ? "" : nb_last_error());
     reset_step(d);
     return s;
+}
+
+/* Queued by the first hook of a synced backward; runs when the outermost backward ends. */
+static nb_status backward_end(void *ctx, nb_status backward_status) {
+    nb_ddp *d = ctx;
+    if (!d->active) return NB_OK; /* finished already (nb_ddp_sync from inside backward) */
+    d->active = false;
+    if (backward_status == NB_OK) return finish_step(d, false);
+    /* Backward failed part-way: wait for the buckets it started (their views must not be
+     * written meanwhile; every rank that started them completes them) but start no more -
+     * a rank that did not fail would otherwise step on gradients averaged with this one's
+     * partial ones; it times out naming this rank instead. nb_step refuses the gradients. */
+    char why[400];
+    snprintf(why, sizeof why, "%s", nb_last_error());
+    double t0 = now_s();
+    wait_all(d);
+    d->exposed_s = now_s() - t0;
+    d->failed = true;
+    snprintf(d->fail_msg, sizeof d->fail_msg, "backward failed before they were (%s)", why);
+    d->last_st = backward_status;
+    snprintf(d->last_msg, sizeof d->last_msg, "ddp: the gradients were not synchronised: "
+             "backward failed (%s)", why);
+    reset_step(d);
+    return backward_status;
+}
+
+nb_status nb_ddp_sync(nb_ddp *d) {
+    if (!d) return nb__error(NB_ENULL, "ddp_sync: ddp is NULL");
+    /* A synced backward whose end was not processed (it could not queue it). */
+    if (d->active) {
+        d->active = false;
+        return finish_step(d, false);
+    }
+    /* Gradients accumulated with sync disabled, now enabled: average them now. */
+    if (d->local && d->sync_enabled) {
+        reset_step(d);
+        return finish_step(d, true);
+    }
+    /* Nothing left to do: backward synchronised (or sync is disabled). Report how the last
+     * synchronisation went, so a caller that checks only this call still sees its error. */
+    if (d->last_st != NB_OK) return nb__error(d->last_st, "%s", d->last_msg);
+    return NB_OK;
 }
 
 void nb_ddp_set_sync_enabled(nb_ddp *d, bool enabled) {
@@ -331,6 +440,9 @@ double nb_ddp_exposed_comm_s(const nb_ddp *d) { return d ? d->exposed_s : 0.0; }
 
 int nb_ddp_num_buckets(const nb_ddp *d) { return d ? d->nbk : 0; }
 
-/* For tests (declared there): buckets whose allreduce has started in the current step. */
+/* For tests (declared there): buckets whose allreduce has started in the current step; once
+ * the step is finished, in that step (until the next backward reaches the model). */
 int nb__ddp_buckets_launched(const nb_ddp *d);
-int nb__ddp_buckets_launched(const nb_ddp *d) { return d ? d->next_launch : 0; }
+int nb__ddp_buckets_launched(const nb_ddp *d) {
+    return !d ? 0 : d->active ? d->next_launch : d->last_launched;
+}

@@ -4,6 +4,7 @@
  * test_grad_ops.c with gradcheck. */
 #include <string.h>
 
+#include "autograd/autograd_impl.h"
 #include "testutil.h"
 
 static nb_tensor *leaf(const double *v, const int64_t *shape, int ndim) {
@@ -300,12 +301,94 @@ START_TEST(test_gradcheck_basic) {
 }
 END_TEST
 
+/* ---- end-of-backward callbacks and gradient guards (the engine's side of data parallel) ---- */
+typedef struct end_log {
+    int hooks, calls, hooks_at_call; /* hooks run so far; callback runs; hooks seen by it */
+    nb_status seen, ret;             /* the status the callback got; what it returns */
+    nb_tensor *spoil;                /* written in place by the hook (fails the backward) */
+} end_log;
+
+static nb_status end_cb(void *ctx, nb_status backward_status) {
+    end_log *l = ctx;
+    l->calls++, l->hooks_at_call = l->hooks, l->seen = backward_status;
+    if (l->ret != NB_OK) return nb__error(l->ret, "end_cb: refused");
+    nb__error(NB_EIO, "end_cb: an unrelated error that must not replace backward's");
+    return NB_OK;
+}
+
+static void queue_hook(nb_tensor *t, void *ctx) {
+    end_log *l = ctx;
+    (void)t;
+    l->hooks++;
+    ck_assert(nb__queue_backward_end(end_cb, l) == NB_OK); /* every time: runs once */
+    if (l->spoil) nb_fill_(l->spoil, 0);
+}
+
+static nb_status guard_fn(const nb_tensor *leaf, void *ctx, const char *who) {
+    (void)leaf;
+    return *(bool *)ctx ? nb__error(NB_ESTATE, "%s: guarded", who) : NB_OK;
+}
+
+START_TEST(test_backward_end_callbacks) {
+    nb_scope_begin();
+    end_log l = {0};
+    ASSERT_ST(nb__queue_backward_end(end_cb, &l), NB_ESTATE, "no backward is running");
+    nb_tensor *a = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 1);
+    nb_tensor *b = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 2);
+    ASSERT_OK(nb_set_requires_grad(a, true));
+    ASSERT_OK(nb_set_requires_grad(b, true));
+    ck_assert_int_ge(nb_register_grad_hook(a, queue_hook, &l), 0);
+    ck_assert_int_ge(nb_register_grad_hook(b, queue_hook, &l), 0);
+    /* once, after every hook, with the backward's status */
+    ASSERT_OK(nb_backward(nb_sum(nb_mul(a, b), NULL, 0, false)));
+    ck_assert_int_eq(l.calls, 1);
+    ck_assert_int_eq(l.hooks_at_call, 2);
+    ck_assert_int_eq(l.seen, NB_OK);
+    /* a callback's failure is backward's */
+    l = (end_log){.ret = NB_ECOMM};
+    ASSERT_ST(nb_backward(nb_sum(nb_mul(a, b), NULL, 0, false)), NB_ECOMM, "end_cb: refused");
+    ck_assert_int_eq(l.calls, 1);
+    /* a backward that fails part-way still runs it, and keeps its own error */
+    nb_tensor *x = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 4); /* saved by a * x, written
+                                                                     * by b's hook */
+    l = (end_log){.spoil = x};
+    nb_clear_grad(a);
+    nb_tensor *ax = nb_mul(a, x), *bb = nb_mul(b, b); /* bb's rule runs first (the later) */
+    nb_tensor *z = nb_sum(nb_add(ax, bb), NULL, 0, false);
+    ASSERT_ST(nb_backward(z), NB_EINVAL, "modified in place after it was saved");
+    ck_assert_int_eq(l.calls, 1); /* b's hook ran first and queued it */
+    ck_assert_int_eq(l.seen, NB_EINVAL);
+
+    /* gradient guards: nb_step asks before updating anything */
+    bool refuse = true;
+    nb_tensor *w = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 3);
+    ASSERT_OK(nb_set_requires_grad(w, true));
+    ASSERT_OK(nb__set_grad_guard(w, guard_fn, &refuse));
+    ASSERT_ST(nb__set_grad_guard(w, guard_fn, &l), NB_ESTATE, "already guarded");
+    ASSERT_OK(nb_backward(nb_sum(w, NULL, 0, false)));
+    nb_optim *o = nb_sgd_new(&(nb_params){.count = 1, .tensors = &w}, &(nb_sgd_opts){.lr = 1});
+    ck_assert_ptr_nonnull(o);
+    double *before = tu_values(w);
+    ASSERT_ST(nb_step(o), NB_ESTATE, "step: guarded");
+    tu_assert_close(w, before, (int64_t[]){3}, 1, 0);
+    ASSERT_OK(nb__set_grad_guard(w, NULL, &l)); /* another's ctx: stays */
+    ASSERT_ST(nb_step(o), NB_ESTATE, "step: guarded");
+    refuse = false;
+    ASSERT_OK(nb_step(o));
+    ASSERT_OK(nb__set_grad_guard(w, NULL, &refuse));
+    free(before);
+    nb_optim_free(o);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_autograd(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("engine");
     tcase_add_test(tc, test_views_and_copies);
     tcase_add_test(tc, test_accumulation_and_expand);
     tcase_add_test(tc, test_hooks);
+    tcase_add_test(tc, test_backward_end_callbacks);
     tcase_add_test(tc, test_retain_graph);
     tcase_add_test(tc, test_grad_mode_and_guards);
     tcase_add_test(tc, test_set_grad_flat);

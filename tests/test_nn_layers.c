@@ -864,6 +864,65 @@ START_TEST(test_flatten_parameters) {
 }
 END_TEST
 
+/* A misspelled member name fails with a message naming it and what exists, instead of a NULL
+ * that surfaces later as "mul: argument 'b' is NULL". */
+START_TEST(test_module_lookup_errors) {
+    nb_scope_begin();
+    nb_module *seq = nb_sequential_new(nb_linear_new(4, 8, NULL), nb_relu_new(),
+                                       nb_linear_new(8, 3, &(nb_linear_opts){.no_bias = true}),
+                                       NULL);
+    ck_assert_ptr_nonnull(seq);
+    nb_module *lin = nb_module_child(seq, "0"), *nobias = nb_module_child(seq, "2");
+    ck_assert(lin && nobias);
+    nb_clear_error();
+    tu_assert_error(nb_module_param(lin, "wieght"), NB_EINVAL,
+                    "module_param: no parameter 'wieght' in this Linear (parameters: weight, "
+                    "bias)");
+    nb_tensor *x = tu_random((int64_t[]){2, 4}, 2, NB_F32, -1, 1, 1);
+    tu_assert_error(nb_mul(x, nb_module_param(lin, "wieght")), NB_EINVAL,
+                    "no parameter 'wieght'"); /* the first error is kept */
+    tu_assert_error(nb_module_param(seq, "0.weight"), NB_EINVAL,
+                    "no parameter '0.weight' in this Sequential (parameters: none); it looks up "
+                    "direct members: use nb_module_find for dotted names");
+    tu_assert_error(nb_module_child(seq, "3"), NB_EINVAL,
+                    "module_child: no child '3' in this Sequential (children: 0, 1, 2)");
+    tu_assert_error(nb_module_param(nb_module_child(seq, "7"), "weight"), NB_EINVAL,
+                    "no child '7'");
+    tu_assert_error(nb_module_buffer(lin, "running_mean"), NB_EINVAL,
+                    "module_buffer: no buffer 'running_mean' in this Linear (buffers: none)");
+    tu_assert_error(nb_module_find(seq, "0.wieght"), NB_EINVAL,
+                    "module_find: no parameter or buffer '0.wieght' in '0' (a Linear) "
+                    "(parameters: weight, bias; buffers: none)");
+    tu_assert_error(nb_module_find(seq, "5.weight"), NB_EINVAL,
+                    "module_find: no child '5' in the Sequential looking up '5.weight' "
+                    "(children: 0, 1, 2)");
+    tu_assert_error(nb_module_param(NULL, "weight"), NB_ENULL, "module_param: module is NULL");
+    tu_assert_error(nb_module_child(seq, NULL), NB_ENULL, "module_child: name is NULL");
+    /* absent optional members, and lookups that succeed, set no error */
+    ck_assert_ptr_null(nb_module_param_opt(nobias, "bias"));
+    ck_assert_ptr_null(nb_module_buffer_opt(lin, "running_mean"));
+    ck_assert_ptr_nonnull(nb_module_find(seq, "2.weight"));
+    ck_assert_ptr_nonnull(nb_forward(seq, x)); /* a Linear without bias */
+    nb_module *bn = nb_batch_norm1d_new(4, &(nb_norm_opts){.no_affine = true,
+                                                            .no_running_stats = true});
+    ck_assert_ptr_nonnull(nb_forward(bn, x));
+    nb_module_free(bn);
+    ck_assert_int_eq(nb_last_status(), NB_OK);
+    /* a long list of names is cut, not overflowed */
+    nb_module *many[120];
+    for (int i = 0; i < 120; i++) many[i] = nb_relu_new();
+    nb_module *big = nb_sequential_new_n(many, 120);
+    tu_assert_error(nb_module_child(big, "120"), NB_EINVAL, "(children: 0, 1, 2, 3, 4, 5,");
+    nb_module_child(big, "x");
+    ck_assert_msg(strstr(nb_last_error(), ", ...)") && strlen(nb_last_error()) < 400, "%s",
+                  nb_last_error());
+    nb_clear_error();
+    nb_module_free(big);
+    nb_module_free(seq);
+    nb_scope_end();
+}
+END_TEST
+
 /* ---- errors ---------------------------------------------------------------------------------- */
 START_TEST(test_layer_errors) {
     nb_scope_begin();
@@ -948,6 +1007,7 @@ Suite *nb_suite_nn_layers(void) {
         {"sequential", test_sequential},
         {"flatten_parameters", test_flatten_parameters},
         {"errors", test_layer_errors},
+        {"module_lookup_errors", test_module_lookup_errors},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -68,13 +68,20 @@ nb_tensor *nb_module_add_parameter(nb_module *m, const char *name, nb_tensor *t)
 nb_tensor *nb_module_add_buffer(nb_module *m, const char *name, nb_tensor *t);
 /* Register a child module under name. Takes over child. Returns child. */
 nb_module *nb_module_add_child(nb_module *m, const char *name, nb_module *child);
-/* Direct (not recursive) lookup by local name; NULL if absent. Borrowed. */
+/* Direct (not recursive) lookup by local name. Borrowed. A name that is not there returns
+ * NULL with NB_EINVAL and a message naming it and the names that are ("module_param: no
+ * parameter 'wieght' in this Linear (parameters: weight, bias)"). */
 nb_tensor *nb_module_param(const nb_module *m, const char *name);
 nb_tensor *nb_module_buffer(const nb_module *m, const char *name);
 nb_module *nb_module_child(const nb_module *m, const char *name);
+/* The same for members that may be absent (a bias, running statistics): NULL without an
+ * error. */
+nb_tensor *nb_module_param_opt(const nb_module *m, const char *name);
+nb_tensor *nb_module_buffer_opt(const nb_module *m, const char *name);
 int nb_module_num_children(const nb_module *m);
 nb_module *nb_module_child_at(const nb_module *m, int i);
-/* Recursive lookup of a parameter or buffer by dotted name ("layers.0.weight"). */
+/* Recursive lookup of a parameter or buffer by dotted name ("layers.0.weight"); when a part
+ * is missing, NULL with NB_EINVAL naming it and what that module does have. */
 nb_tensor *nb_module_find(const nb_module *m, const char *dotted_name);
 
 /* All parameters / buffers, recursively, with dotted names (owned by the module). */

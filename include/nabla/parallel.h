@@ -9,8 +9,8 @@
  *         nb_scope_begin();
  *         nb_tensor *loss = nb_cross_entropy(nb_forward(model, x), y, NULL);
  *         nb_zero_grad(opt);
- *         nb_backward(loss);             // bucket allreduces start during backward
- *         nb_ddp_sync(ddp);              // wait for them: gradients are now averaged
+ *         nb_backward(loss);             // bucket allreduces start during backward and are
+ *                                        // waited for at its end: gradients are averaged
  *         nb_step(opt);
  *         nb_scope_end();
  *     }
@@ -135,18 +135,26 @@ typedef struct nb_ddp nb_ddp;
  * parameters (nb_module_flatten_parameters), broadcasts parameters and buffers from rank 0,
  * builds buckets over the flat gradient buffer in reverse registration order and registers
  * gradient hooks that start a bucket's asynchronous allreduce as soon as its last gradient
- * is complete. */
+ * is complete. When a backward that reached the model ends, nb_backward itself launches
+ * what is left, waits for every bucket and checks the step: its errors (a failed or
+ * timed-out collective, or, without find_unused, a parameter that got no gradient) are
+ * nb_backward's. nb_step refuses (NB_ESTATE, changing nothing) gradients that were never
+ * averaged: after backward passes with sync disabled only, or a failed synchronisation.
+ * A module can be wrapped by one nb_ddp at a time (NB_ESTATE). */
 nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o);
 void nb_ddp_free(nb_ddp *d);
-/* Wait for every bucket of this backward and average by the world size. Call between
- * nb_backward and nb_step. Errors: a failed collective, or (without find_unused) a
- * parameter that got no gradient. */
+/* Make sure the gradients are averaged. After a backward with sync enabled there is nothing
+ * left to do: it returns at once, changing nothing, with the outcome of that backward's
+ * synchronisation (its error again, if it failed). Gradients accumulated while sync was
+ * disabled are averaged now if sync is enabled again (nothing happens while disabled).
+ * Calling it between nb_backward and nb_step is optional and harmless. */
 nb_status nb_ddp_sync(nb_ddp *d);
 /* Gradient accumulation: while disabled, backward only accumulates locally (no
- * communication); enable again before the last micro-step's backward. */
+ * communication); enable again before the last micro-step's backward, whose end averages
+ * the accumulated gradients. */
 void nb_ddp_set_sync_enabled(nb_ddp *d, bool enabled);
 /* Seconds of the last step's communication that were not hidden behind backward (the time
- * nb_ddp_sync spent waiting), and the number of buckets. */
+ * the end of backward spent waiting for the buckets), and the number of buckets. */
 double nb_ddp_exposed_comm_s(const nb_ddp *d);
 int nb_ddp_num_buckets(const nb_ddp *d);
 

@@ -256,8 +256,7 @@ START_TEST(test_ddp_grad_accumulation) {
         MT_CHECK(nb__ddp_buckets_launched(d) == nb_ddp_num_buckets(d),
                  "%d of %d buckets started in backward", nb__ddp_buckets_launched(d),
                  nb_ddp_num_buckets(d));
-        MT_OK(nb_ddp_sync(d));
-        MT_OK(nb_step(o));
+        MT_OK(nb_step(o)); /* no nb_ddp_sync: backward averaged the accumulated gradients */
         nb_scope_end();
     }
     expect_same_params(m, ref, 1e-5, "accumulated");
@@ -316,8 +315,8 @@ START_TEST(test_ddp_overlap) {
     MT_CHECK(lg.calls >= 2 && lg.launched_at[lg.calls - 2] < nbk,
              "the last bucket started before its gradients were complete");
     MT_CHECK(after == nbk, "%d of %d buckets started by the end of backward", after, nbk);
-    MT_OK(nb_ddp_sync(d));
-    MT_CHECK(nb__ddp_buckets_launched(d) == 0, "not reset for the next step");
+    MT_OK(nb_ddp_sync(d)); /* finished by backward already: nothing left to launch */
+    MT_CHECK(nb__ddp_buckets_launched(d) == nbk, "nb_ddp_sync launched again");
     for (int i = 0; i < ps->count; i++) MT_OK(nb_remove_grad_hook(ps->tensors[i], handles[i]));
     nb_ddp_free(d);
     nb_module_free(m);
@@ -346,13 +345,20 @@ static void unused_case(bool find_unused) {
         nb_scope_begin();
         MT_OK(nb_zero_grad(o));
         nb_tensor *h = nb_relu(nb_forward(l0, nb_narrow(x, 0, rank * local, local)));
-        MT_OK(nb_backward(nb_mean(nb_matmul(h, w2), NULL, 0, false)));
-        nb_status s = nb_ddp_sync(d);
-        if (find_unused)
-            MT_CHECK(s == NB_OK, "sync with find_unused: %s", nb_last_error());
-        else
-            EXPECT_ERROR(s, NB_EINVAL, "ddp: parameter 2.bias got no gradient in this step (nor "
-                         "did 2 other parameters); pass .find_unused = true if that is intended");
+        /* The end of backward synchronises and checks; nb_ddp_sync reports the same. */
+        for (int k = 0; k < 2; k++) {
+            nb_status sk = k ? nb_ddp_sync(d)
+                             : nb_backward(nb_mean(nb_matmul(h, w2), NULL, 0, false));
+            if (find_unused)
+                MT_CHECK(sk == NB_OK, "%s with find_unused: %s", k ? "sync" : "backward",
+                         nb_last_error());
+            else
+                EXPECT_ERROR(sk, NB_EINVAL, "ddp: parameter 2.bias got no gradient in this step "
+                             "(nor did 2 other parameters); pass .find_unused = true if that is "
+                             "intended");
+        }
+        /* the buckets were reduced all the same: the ranks agree, so stepping is allowed */
+        if (!find_unused) MT_OK(nb_step(o));
         nb_scope_end();
     }
     if (find_unused && d) { /* the unused gradients are reduced as zeros; the used ones averaged */
@@ -473,6 +479,169 @@ START_TEST(test_ddp_self_is_plain) {
 }
 END_TEST
 
+/* ---- synchronisation at the end of backward ----------------------------------------------------- */
+/* a and b hold the same bits (contiguous tensors of one dtype). */
+static bool same_bits(const nb_tensor *a, const nb_tensor *b) {
+    return a && b && nb_numel(a) == nb_numel(b) && nb_tensor_dtype(a) == nb_tensor_dtype(b) &&
+           memcmp(nb_data(a), nb_data(b),
+                  (size_t)nb_numel(a) * nb_dtype_size(nb_tensor_dtype(a))) == 0;
+}
+
+/* t holds the same bits on every rank (collective). */
+static void expect_same_on_ranks(nb_tensor *t, const char *what, int step) {
+    nb_scope_begin();
+    nb_tensor *hi = nb_clone(t), *lo = nb_clone(t);
+    MT_OK(nb_allreduce(mt_world, hi, NB_REDUCE_MAX));
+    MT_OK(nb_allreduce(mt_world, lo, NB_REDUCE_MIN));
+    MT_CHECK(same_bits(hi, t) && same_bits(lo, t), "step %d: %s differ between the ranks", step,
+             what);
+    nb_scope_end();
+}
+
+/* Forgetting nb_ddp_sync used to leave every rank on its own gradients (the ranks drifted
+ * apart and the program exited 0). Backward now synchronises by itself: a model trained
+ * without a single nb_ddp_sync call gets the bits of one that calls it, on every rank, and
+ * nb_ddp_sync after backward is a wait that changes nothing. */
+START_TEST(test_ddp_auto_sync) {
+    enum { K = 4 };
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_module *a = build(MLP, 11 + (uint64_t)rank), *b = build(MLP, 11 + (uint64_t)rank);
+    nb_ddp_opts dopts = {.bucket_mb = 200e-6}; /* several buckets */
+    nb_ddp *da = nb_ddp_new(a, mt_world, &dopts), *db = nb_ddp_new(b, mt_world, &dopts);
+    MT_CHECK(da && db, "ddp_new: %s", nb_last_error());
+    nb_optim *oa = make_opt(a, MLP), *ob = make_opt(b, MLP);
+    int64_t local = GB / size;
+    for (int step = 0; step < K && da && db; step++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        global_batch(MLP, 700 + (uint64_t)step, &x, &y);
+        MT_OK(nb_zero_grad(oa)); /* a: with nb_ddp_sync, as before */
+        MT_OK(nb_backward(loss_of(a, MLP, x, y, rank * local, local, 1)));
+        MT_OK(nb_ddp_sync(da));
+        MT_OK(nb_step(oa));
+        MT_OK(nb_zero_grad(ob)); /* b: never calls it */
+        MT_OK(nb_backward(loss_of(b, MLP, x, y, rank * local, local, 1)));
+        nb_tensor *g = nb_clone(nb_module_flat_grads(b));
+        double exposed = nb_ddp_exposed_comm_s(db);
+        if (step == K - 1) { /* calling it anyway, twice, changes nothing */
+            MT_OK(nb_ddp_sync(db));
+            MT_OK(nb_ddp_sync(db));
+            MT_CHECK(same_bits(g, nb_module_flat_grads(b)),
+                     "nb_ddp_sync changed gradients that backward had synchronised");
+            MT_CHECK(nb_ddp_exposed_comm_s(db) == exposed, "the step's exposed time was reset");
+        }
+        expect_same_on_ranks(g, "the gradients after backward", step);
+        MT_OK(nb_step(ob));
+        MT_CHECK(same_bits(nb_module_flat_params(a), nb_module_flat_params(b)),
+                 "step %d: the model without nb_ddp_sync differs from the one with it", step);
+        expect_same_on_ranks(nb_module_flat_params(b), "the parameters", step);
+        nb_scope_end();
+    }
+    nb_ddp_free(da);
+    nb_ddp_free(db);
+    nb_optim_free(oa);
+    nb_optim_free(ob);
+    nb_module_free(a);
+    nb_module_free(b);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+/* Gradients a backward produced with sync disabled, never averaged: nb_step refuses them
+ * (changing nothing) rather than let the ranks drift; enabling sync and calling nb_ddp_sync
+ * averages them. */
+START_TEST(test_ddp_step_refuses_unsynced) {
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_module *m = build(MLP, 13), *ref = build(MLP, 13);
+    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 200e-6});
+    MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
+    nb_optim *o = make_opt(m, MLP), *ro = make_opt(ref, MLP);
+    nb_tensor *x, *y;
+    global_batch(MLP, 800, &x, &y);
+    int64_t local = GB / size, half = local / 2;
+    if (d) {
+        MT_OK(nb_zero_grad(o));
+        nb_ddp_set_sync_enabled(d, false); /* ... and never enabled again */
+        MT_OK(nb_backward(loss_of(m, MLP, x, y, rank * local, half, 0.5)));
+        MT_OK(nb_backward(loss_of(m, MLP, x, y, rank * local + half, local - half, 0.5)));
+        nb_tensor *before = nb_clone(nb_module_flat_params(m));
+        EXPECT_ERROR(nb_step(o), NB_ESTATE, "step: the gradient of '0.weight' (an nb_ddp model) "
+                     "comes from a backward with sync disabled and was never averaged over the "
+                     "ranks; enable sync");
+        MT_CHECK(same_bits(before, nb_module_flat_params(m)), "a refused step changed weights");
+        MT_OK(nb_ddp_sync(d)); /* sync disabled: nothing to do, still refused */
+        EXPECT_ERROR(nb_step(o), NB_ESTATE, "never averaged");
+        nb_ddp_set_sync_enabled(d, true);
+        MT_OK(nb_ddp_sync(d)); /* averages what was accumulated */
+        MT_OK(nb_step(o));
+        plain_step(ref, ro, MLP, x, y, 0, GB);
+        expect_same_params(m, ref, 1e-5, "synchronised by nb_ddp_sync");
+        expect_same_on_ranks(nb_module_flat_params(m), "the parameters", 0);
+    }
+    nb_ddp_free(d);
+    nb_optim_free(o);
+    nb_optim_free(ro);
+    nb_module_free(m);
+    nb_module_free(ref);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+/* A user hook that writes a tensor the first layer saved: backward fails part-way, after
+ * DDP started the last layers' buckets. Backward reports its own error, waits for what it
+ * started (no rank is left in a collective), and the step refuses the gradients; the next
+ * clean step works. */
+static void spoil_hook(nb_tensor *leaf, void *ctx) {
+    (void)leaf;
+    nb_fill_(ctx, 0);
+}
+
+START_TEST(test_ddp_backward_failure) {
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_module *m = build(MLP, 15);
+    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 200e-6});
+    MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
+    nb_optim *o = make_opt(m, MLP);
+    nb_tensor *x, *y;
+    global_batch(MLP, 900, &x, &y);
+    int64_t local = GB / size;
+    nb_tensor *xs = nb_clone(nb_narrow(x, 0, rank * local, local));
+    nb_tensor *ys = nb_narrow(y, 0, rank * local, local);
+    nb_tensor *b4 = nb_module_find(m, "4.bias");
+    int h = d ? nb_register_grad_hook(b4, spoil_hook, xs) : -1;
+    if (d && h >= 0) {
+        MT_OK(nb_zero_grad(o));
+        EXPECT_ERROR(nb_backward(loss_of(m, MLP, xs, ys, 0, local, 1)), NB_EINVAL,
+                     "modified in place after it was saved");
+        int started = nb__ddp_buckets_launched(d);
+        MT_CHECK(started > 0 && started < nb_ddp_num_buckets(d),
+                 "%d of %d buckets started before the failure", started, nb_ddp_num_buckets(d));
+        EXPECT_ERROR(nb_ddp_sync(d), NB_EINVAL, "ddp: the gradients were not synchronised: "
+                     "backward failed (backward: a tensor saved by");
+        EXPECT_ERROR(nb_step(o), NB_ESTATE, "step: the gradient of '0.weight' (an nb_ddp model) "
+                     "was not averaged over the ranks, so the ranks would drift apart: backward "
+                     "failed before they were");
+        MT_OK(nb_remove_grad_hook(b4, h));
+        MT_OK(nb_zero_grad(o));
+        MT_OK(nb_backward(loss_of(m, MLP, x, y, rank * local, local, 1)));
+        MT_OK(nb_step(o));
+        expect_same_on_ranks(nb_module_flat_params(m), "the parameters after a clean step", 1);
+    } else {
+        MT_CHECK(false, "setup: %s", nb_last_error());
+    }
+    nb_ddp_free(d);
+    nb_optim_free(o);
+    nb_module_free(m);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
 /* ---- user errors ----------------------------------------------------------------------------- */
 START_TEST(test_ddp_errors) {
     nb_scope_begin();
@@ -492,17 +661,18 @@ START_TEST(test_ddp_errors) {
     EXPECT_ERROR(nb_last_status(), NB_EINVAL, "no parameters");
     nb_module_free(act);
 
-    /* two backward passes without a sync in between */
     nb_ddp *d = nb_ddp_new(m, self, NULL);
     MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
     if (d) {
+        MT_CHECK(!nb_ddp_new(m, self, NULL), "a model wrapped twice");
+        EXPECT_ERROR(nb_last_status(), NB_ESTATE, "is already wrapped by another nb_ddp");
         nb_tensor *x, *y;
         global_batch(MLP, 600, &x, &y);
+        /* two backward passes in a row: each synchronises at its end; sync is a no-op */
         MT_OK(nb_backward(loss_of(m, MLP, x, y, 0, GB, 1)));
         MT_OK(nb_backward(loss_of(m, MLP, x, y, 0, GB, 1)));
-        EXPECT_ERROR(nb_ddp_sync(d), NB_ESTATE, "backward ran twice without nb_ddp_sync");
-        /* a sync with no backward since: every parameter is missing */
-        EXPECT_ERROR(nb_ddp_sync(d), NB_EINVAL, "ddp: parameter 0.weight got no gradient");
+        MT_OK(nb_ddp_sync(d));
+        MT_OK(nb_ddp_sync(d));
         /* a gradient dropped behind DDP's back is put back into the flat buffer */
         nb_module_zero_grad(m);
         nb_tensor *b4 = nb_module_find(m, "4.bias");
@@ -533,6 +703,9 @@ Suite *mt_suite_ddp(void) {
     tcase_add_test(tc, test_ddp_broadcast);
     tcase_add_test(tc, test_ddp_self_is_plain);
     tcase_add_test(tc, test_ddp_errors);
+    tcase_add_test(tc, test_ddp_auto_sync);
+    tcase_add_test(tc, test_ddp_step_refuses_unsynced);
+    tcase_add_test(tc, test_ddp_backward_failure);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -198,6 +198,10 @@ START_TEST(test_dead_peer) {
     nb_tensor *mid = nb_full((int64_t[]){70000}, 1, NB_F32, 1);
     nb_tensor *large = nb_full((int64_t[]){1 << 20}, 1, NB_F32, 1);
     ck_assert_msg(nb_allreduce(mt_world, small, NB_REDUCE_SUM) == NB_OK, "%s", nb_last_error());
+    /* a data parallel model, wrapped while every rank is alive */
+    nb_module *model = nb_linear_new(8, 4, NULL);
+    nb_ddp *ddp = model ? nb_ddp_new(model, mt_world, NULL) : NULL;
+    ck_assert_msg(ddp != NULL, "ddp_new: %s", nb_last_error());
     if (mt_rank == 1) {
         fflush(NULL);
         raise(SIGKILL);
@@ -218,6 +222,30 @@ START_TEST(test_dead_peer) {
         if (mt_rank == 0 && k == 0) printf("dead peer: %s\n", nb_last_error());
         nb_clear_error();
     }
+    /* A DDP step: the synchronisation at the end of backward fails within the timeout,
+     * naming rank 1, and the optimizer refuses the gradients that were never averaged. */
+    nb_optim *opt = nb_sgd_new(nb_parameters(model), &(nb_sgd_opts){.lr = 0.1});
+    ck_assert_msg(opt != NULL, "%s", nb_last_error());
+    nb_tensor *x = nb_full((int64_t[]){2, 8}, 2, NB_F32, 1);
+    double t0 = now();
+    nb_status st = nb_backward(nb_sum(nb_forward(model, x), NULL, 0, false));
+    double el = now() - t0;
+    ck_assert_msg(st == NB_ETIMEOUT || st == NB_ECOMM, "backward after rank 1 died: %s (%s)",
+                  nb_status_name(st), nb_last_error());
+    ck_assert_msg(strstr(nb_last_error(), "ddp: gradient allreduce failed") &&
+                      (strstr(nb_last_error(), "rank 1 did not answer") ||
+                       strstr(nb_last_error(), "ranks 1,")),
+                  "backward's message: %s", nb_last_error());
+    ck_assert_msg(el < 3 + 2 + 1, "backward took %.2f s (timeout 3 s)", el);
+    if (mt_rank == 0) printf("dead peer, ddp: %s\n", nb_last_error());
+    st = nb_step(opt);
+    ck_assert_msg(st == NB_ESTATE && strstr(nb_last_error(), "was not averaged over the ranks"),
+                  "step after a failed synchronisation: %s (%s)", nb_status_name(st),
+                  nb_last_error());
+    nb_clear_error();
+    nb_optim_free(opt);
+    nb_ddp_free(ddp);
+    nb_module_free(model);
     nb_scope_end();
 }
 END_TEST
