@@ -148,7 +148,7 @@ START_TEST(test_init) {
                                            NULL, 0, false)), 0.0);
     ck_assert_double_eq(nb_item_f64(nb_mean(nb_module_find(m, "transformer.h.0.ln_2.weight"),
                                             NULL, 0, false)), 1.0);
-    /* W3's size and FLOP count as shared/peers reports them */
+    /* W3's size and FLOP count as the PyTorch peer reports them */
     nb_module *w3 = nb_gpt_new(NULL, g);
     ck_assert_int_eq(nb_num_parameters(w3), 3257856);
     ck_assert_msg(fabs(nb_gpt_train_flops(NULL, 16, 128) / 1e9 - 42.68) < 0.005, "%g",

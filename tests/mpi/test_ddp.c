@@ -1,8 +1,8 @@
 /* test_ddp.c - distributed data parallel (parallel/ddp.c) in nabla_mpi_tests, run with 1, 2
  * and 4 ranks (and alone).
  *
- * The central check is equivalence (DESIGN.md rule 8): K steps of DDP on W ranks, each rank
- * taking its slice of one global batch, must give the weights that 1 process gets training
+ * The central check is equivalence (docs/architecture.md rule 8): K steps of DDP on W ranks, each
+ * rank taking its slice of one global batch, must give the weights that 1 process gets training
  * on the whole global batch. Every rank computes that 1-process reference itself, with a
  * plain (unwrapped) copy of the model, so no extra communication is involved. The GPT of
  * models/gpt goes through its own training step (gradient accumulation, clipping after the
