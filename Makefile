@@ -6,6 +6,7 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 MESON_OPTS ?=
 NINJA      ?= ninja
+PREFIX     ?=
 
 .PHONY: all deps build build-asan train test test-release test-asan bench install clean
 
@@ -45,8 +46,12 @@ test:
 bench: build
 	./$(BUILD)/bench/bench_kernels
 
+# `make install` installs into the build's prefix (meson's default /usr/local);
+# `make install PREFIX=/opt/nabla` sets the build's prefix to that folder first (it stays
+# set for later installs). Programs built with `pkg-config --cflags --libs nabla` find the
+# library there without LD_LIBRARY_PATH (nabla.pc carries an rpath).
 install: build
-	meson install -C $(BUILD)
+	$(if $(PREFIX),meson configure $(BUILD) -Dprefix=$(abspath $(PREFIX)) &&) meson install -C $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

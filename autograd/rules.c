@@ -1,8 +1,8 @@
 /* rules.c - the backward-rule table, generated from the op list in op_table.h.
  *
  * The rule of a differentiable op NAME (grad = 1 in the list) is the function nb__bw_NAME,
- * defined next to the op's forward (DESIGN.md rule 1: one op, one place). Each is declared
- * in tensor/tape.h with its checked prototype and referenced strongly here: a missing rule
+ * defined next to the op's forward (docs/architecture.md rule 1: one op, one place). Each is
+ * declared in tensor/tape.h with its checked prototype and referenced strongly here: a missing rule
  * fails to link.
  * Ops with grad = 0 never record a node and get NULL. */
 #include "autograd/autograd_impl.h"

@@ -26,7 +26,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gpt.h"
+#include <nabla/gpt.h>
 #include "nabla/nabla.h"
 #include "nabla/parallel.h"
 
@@ -96,7 +96,7 @@ static nb_tensor *mlp_loss(nb_module *m, nb_tensor *x, nb_tensor *y) {
 
 static nb_module *gpt_build(void) {
     nb_generator *g = nb_generator_new(0);
-    nb_module *m = gpt_new(&(gpt_config){0}, g); /* the defaults are W3's */
+    nb_module *m = nb_gpt_new(&(nb_gpt_config){0}, g); /* the defaults are W3's */
     nb_generator_free(g);
     return m;
 }
@@ -112,7 +112,7 @@ static void gpt_data(int64_t n, nb_tensor **x, nb_tensor **y) {
 
 static const workload workloads[] = {
     {"mlp", 256, "samples", 1, mlp_build, mlp_optim, mlp_data, mlp_loss},
-    {"gpt", 16, "tokens", 128, gpt_build, gpt_optim, gpt_data, gpt_loss},
+    {"gpt", 16, "tokens", 128, gpt_build, gpt_optim, gpt_data, nb_gpt_loss},
 };
 
 /* ---- measurement -------------------------------------------------------------------------- */

@@ -1,6 +1,6 @@
 /* bench_kernels.c - kernel benchmark: nabla's matmul against the raw GEMM providers, and
  * elementwise / reduction throughput against memcpy, measured in the same run (the machine
- * is noisy, so only ratios measured side by side mean much; see shared/peers/README.md).
+ * is noisy, so only ratios measured side by side mean much).
  *
  * GEMM: for each training-shaped M x K x N and each layout a training step uses
  *     NT = X @ W^T (Linear forward, W stored (out, in)), NN = dY @ W (input grad),

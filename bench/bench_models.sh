@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # bench_models.sh [BUILD] [REPEATS] - training throughput of the bundled models next to the
-# PyTorch peer (shared/peers/torch_ref.py W1/W2/W3) measured in the same run, alternating
+# PyTorch peer (torch_ref.py W1/W2/W3) measured in the same run, alternating
 # runs so machine noise hits both alike. Reports per-step medians and their ratio
 # (peer median step time / nabla median step time: > 1 means nabla is faster), and nabla's
 # achieved GFLOP/s next to the raw GEMM rate. Needs Debian's python3-torch for the peer.
 set -uo pipefail
 build=${1:-build}
 reps=${2:-3}
-peers=${NB_PEERS:-$(dirname "$0")/../../shared/peers}
+# The peer script is not part of this repository: NB_PEERS names the folder holding
+# torch_ref.py. Without it only nabla's side runs.
+peers=${NB_PEERS:-}
 py=/usr/bin/python3
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-if ! $py -c 'import torch' 2>/dev/null; then
+if [ -z "$peers" ] || [ ! -f "$peers/torch_ref.py" ]; then
+    echo "bench_models: no peer (set NB_PEERS to the folder holding torch_ref.py)"
+    peer=0
+elif ! $py -c 'import torch' 2>/dev/null; then
     echo "bench_models: PyTorch is not importable by $py (apt-get install python3-torch): no peer"
     peer=0
 else

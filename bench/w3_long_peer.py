@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The W3 recipe of shared/peers/torch_ref.py with the learning-rate schedule of the
+"""The W3 recipe of the PyTorch peer script torch_ref.py with the learning-rate schedule of the
 issue's long run: linear warmup, then cosine decay to lr/10 (the schedule `gpt` uses,
 optim/sched.c: lr(t) = peak*(t+1)/warmup during warmup, then
 min + (peak-min)*(1+cos(pi*(t-warmup)/(steps-warmup)))/2).
@@ -7,7 +7,7 @@ min + (peak-min)*(1+cos(pi*(t-warmup)/(steps-warmup)))/2).
 The model, data, batches and optimizer groups are torch_ref.py's own (imported, not
 copied); only the schedule and the size of the validation estimate differ.
 
-    python3 bench/w3_long_peer.py --peers ../shared/peers --steps 2000 --lr 1e-3 \
+    python3 bench/w3_long_peer.py --peers PEERS_DIR --steps 2000 --lr 1e-3 \
         --warmup 100 --eval-batches 100 --sample-tokens 300
 
 Prints one JSON line: val_loss (mean over --eval-batches held-out batches), train_loss
@@ -16,7 +16,8 @@ Prints one JSON line: val_loss (mean over --eval-batches held-out batches), trai
 import argparse, json, math, sys, time
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--peers", default="../shared/peers")
+ap.add_argument("--peers", required=True,
+                help="the folder holding torch_ref.py (not part of this repository)")
 ap.add_argument("--steps", type=int, default=2000)
 ap.add_argument("--lr", type=float, default=1e-3)
 ap.add_argument("--warmup", type=int, default=100)

@@ -3,13 +3,13 @@
  *
  * Every kernel is an nb__iter_fn: it gets one row of n elements per operand with byte
  * strides and does arithmetic only; tensor/ops/elementwise.c has already chosen the
- * compute dtype and converted the operands (DESIGN.md rule 1). Each kernel has a
+ * compute dtype and converted the operands (docs/architecture.md rule 1). Each kernel has a
  * contiguous fast path (plain loops over restrict pointers that the compiler vectorizes),
  * a fast path for a broadcast scalar operand (stride 0), and a general strided path.
  *
  * The kernels are stamped out by macros per dtype from one expression per op, and found
  * through one table indexed by [op][dtype]. f16/bf16 kernels convert blocks of NB__BLK
- * elements to f32 on the stack, run the f32 kernel and round back (DESIGN.md rule 7).
+ * elements to f32 on the stack, run the f32 kernel and round back (docs/architecture.md rule 7).
  *
  * Integer arithmetic wraps around (two's complement, like PyTorch) and is written on
  * unsigned types so that overflow is never undefined behaviour in C. There is no integer

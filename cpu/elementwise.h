@@ -4,7 +4,7 @@
  * A kernel is an nb__iter_fn run by nb__iter_for_each over the operands
  * (out, in...) of one op, all already in the kernel's compute dtype except the output of
  * comparisons (NB_BOOL). Kernels do arithmetic only: the op definition decides shapes,
- * dtypes and conversions (DESIGN.md rule 1). */
+ * dtypes and conversions (docs/architecture.md rule 1). */
 #ifndef NABLA_CPU_ELEMENTWISE_H
 #define NABLA_CPU_ELEMENTWISE_H
 

@@ -5,7 +5,7 @@
  * running small batched GEMMs in parallel over the batch).
  *
  * Why two providers: on the reference machine OpenBLAS is pinned to its AVX2 kernels by the
- * environment, while oneDNN picks AVX-512 itself and is 1.7-2.2x faster (DESIGN.md,
+ * environment, while oneDNN picks AVX-512 itself and is 1.7-2.2x faster (docs/architecture.md,
  * "Performance"). OpenBLAS is always built in (and is the only f64 GEMM), oneDNN when meson
  * found it. Both run on the one OpenMP pool (Debian's OpenMP build of OpenBLAS). */
 #include <limits.h>

@@ -15,8 +15,8 @@
  * Only the per-position log-sum-exp is kept for the backward (N * D values): no (N, C)
  * temporary besides the gradient itself.
  *
- * Determinism (DESIGN.md rule 5): rows are split over threads, but each row's sums run in
- * a fixed order, and sums over positions go through loss_sum, whose order depends
+ * Determinism (docs/architecture.md rule 5): rows are split over threads, but each row's sums run
+ * in a fixed order, and sums over positions go through loss_sum, whose order depends
  * only on the count. */
 #include <math.h>
 #include <string.h>

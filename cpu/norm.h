@@ -10,7 +10,7 @@
  * (the weight and bias gradients of layer norm, the per-channel sums of batch norm) are
  * cut into at most NB__NORM_MAX_CHUNKS chunks of rows chosen from the shape alone, each
  * chunk's partials are summed in row order, and the chunk partials are then combined in
- * chunk order. So results never depend on the thread count (DESIGN.md rule 5).
+ * chunk order. So results never depend on the thread count (docs/architecture.md rule 5).
  *
  * The functions that need scratch memory take it from the host allocator and return
  * NB_ENOMEM (with the last error set) when it is not available; the others cannot fail. */

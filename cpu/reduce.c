@@ -10,7 +10,7 @@
  *   - column path, when the innermost dim is kept (sum over dim 0 of an (N, D) matrix, the
  *     bias gradient) or the reduced rows are very short: W adjacent outputs are accumulated
  *     together, one input row piece at a time, so the inner loop is a vector over D.
- * Determinism (DESIGN.md rule 5): the order in which an output element accumulates its
+ * Determinism (docs/architecture.md rule 5): the order in which an output element accumulates its
  * inputs depends only on shapes and strides. Long reductions are cut into chunks whose
  * size depends only on the reduced count, and the chunk partials are combined in order, so
  * splitting the work over threads (by outputs or by chunks) never changes a result.

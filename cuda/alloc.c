@@ -1,4 +1,4 @@
-/* alloc.c - the caching device allocator (DESIGN.md rule 4).
+/* alloc.c - the caching device allocator (docs/architecture.md rule 4).
  *
  * Requests are rounded up to size classes (512 bytes, then four classes per power of two:
  * at most 25% slack, the same scheme as the host allocator in tensor/alloc.c). A freed

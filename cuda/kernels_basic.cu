@@ -1,6 +1,6 @@
 // kernels_basic.cu - the first CUDA kernels (fill and add over f32), so that nvcc, the
 // device link and the C/C++ boundary are exercised by every CUDA build. Kernels do
-// arithmetic only (DESIGN.md rule 1); launch.c checks arguments and picks the stream.
+// arithmetic only (docs/architecture.md rule 1); launch.c checks arguments and picks the stream.
 //
 // Compiled as C++ by nvcc: it includes cuda_impl.h and the kernel interface
 // (tensor/kernels.h: the argument structs every backend receives, C17 and C++ alike), never

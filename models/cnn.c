@@ -1,6 +1,6 @@
 /* cnn.c - the bundled Fashion-MNIST CNN (conv 1->32 3x3 pad 1, ReLU, maxpool 2; conv 32->64
  * 3x3 pad 1, ReLU, maxpool 2; linear 3136->128, ReLU; linear 128->10; Adam 1e-3), the recipe
- * of the PyTorch peer W2 in shared/peers.
+ * of the PyTorch peer's workload W2.
  *     build/models/cnn --epochs 5 --log cnn.jsonl */
 #include "common.h"
 

@@ -1,5 +1,5 @@
 /* mlp.c - the bundled Fashion-MNIST MLP (784-1024-1024-10, ReLU; SGD momentum 0.9), the
- * recipe of the PyTorch peer W1 in shared/peers. `make train` runs it.
+ * recipe of the PyTorch peer's workload W1. `make train` runs it.
  *     build/models/mlp --epochs 10 --log mlp.jsonl --save mlp.ckpt */
 #include "common.h"
 

@@ -2,8 +2,8 @@
  *
  * The keep mask is drawn with nb_bernoulli (u8, probability 1 - p) from the given generator,
  * so it depends only on the generator's (seed, stream, offset) and the shape, never on the
- * thread count (DESIGN.md rule 5); the generator advances exactly as nb_bernoulli advances
- * it, whatever x's device: the mask is drawn on the host and moved to x's device (on the
+ * thread count (docs/architecture.md rule 5); the generator advances exactly as nb_bernoulli
+ * advances it, whatever x's device: the mask is drawn on the host and moved to x's device (on the
  * CPU that move is free; on the meta device nothing is drawn). The output is
  * x * mask / (1 - p) in one pass (the kernel table's dropout); the node saves the u8 mask (a
  * quarter of an f32 input's size) and the backward applies the same scaling to the

@@ -1,6 +1,6 @@
 /* module.c - the module object: named parameters, buffers and children, recursive listing
- * with dotted names, train/eval mode, flat parameter memory (DESIGN.md rule 10) and moving
- * a module between devices. */
+ * with dotted names, train/eval mode, flat parameter memory (docs/architecture.md rule 10) and
+ * moving a module between devices. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

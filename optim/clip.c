@@ -1,6 +1,6 @@
 /* optim/clip.c - gradient clipping by total norm (torch.nn.utils.clip_grad_norm_) and by
  * value (clip_grad_value_). The norm is accumulated in f64 over fixed chunks in parameter
- * order, so it does not depend on the thread count (DESIGN.md rule 5).
+ * order, so it does not depend on the thread count (docs/architecture.md rule 5).
  *
  * Each gradient is reduced and rescaled by the kernels of its own device (gradients may
  * live on different devices); the per-gradient partial norms come back to the host as

@@ -414,7 +414,8 @@ nb_status nb_step(nb_optim *opt) {
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_status st = NB_OK;
-    /* Scratch kept in the optimizer: no allocation in the steady state (DESIGN.md rule 4). */
+    /* Scratch kept in the optimizer: no allocation in the steady state (docs/architecture.md
+     * rule 4). */
     if (!grow((void **)&opt->work, &opt->work_cap, opt->nparams, sizeof(struct nb__step_work)))
         st = nb__error(NB_ENOMEM, "step: out of memory");
     struct nb__step_work *w = opt->work;

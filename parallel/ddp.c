@@ -1,6 +1,6 @@
 /* ddp.c - distributed data parallel (nb_ddp, see nabla/parallel.h).
  *
- * How it works: the module's parameters are flattened (DESIGN.md rule 10), so all
+ * How it works: the module's parameters are flattened (docs/architecture.md rule 10), so all
  * gradients are views into one flat buffer. That buffer is cut into buckets: contiguous
  * ranges starting from its END, because the last layers' gradients complete first in
  * backward. A gradient hook on every parameter counts the completed parameters of its

@@ -1,4 +1,4 @@
-/* alloc.c - the caching host allocator (DESIGN.md rule 4).
+/* alloc.c - the caching host allocator (docs/architecture.md rule 4).
  *
  * Blocks are 64-byte aligned and rounded up to size classes: multiples of 64 bytes up to
  * 512, then four classes per power of two (at most 25% waste). A freed block goes to its

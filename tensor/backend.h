@@ -1,7 +1,7 @@
 /* tensor/backend.h - private: what a backend implements, and the one way ops reach it.
  *
  * A backend owns the memory of its device and the kernels that compute on it:
- *   - alloc/free: storage for tensors (a caching allocator: DESIGN.md rule 4);
+ *   - alloc/free: storage for tensors (a caching allocator: docs/architecture.md rule 4);
  *   - to_host/from_host: byte copies between its memory and host memory;
  *   - the kernel table `k`: one typed function pointer per entry of NB__KERNELS
  *     (tensor/kernels.h), NULL where the backend has no kernel yet.

@@ -1,5 +1,6 @@
 /* error.c - the status table, the thread-local last error, and the assertion handler.
- * Errors are values (DESIGN.md rule 2): nb__error records a message for nb_last_error(). */
+ * Errors are values (docs/architecture.md rule 2): nb__error records a message for
+ * nb_last_error(). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>

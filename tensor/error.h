@@ -1,5 +1,5 @@
 /* tensor/error.h - private: the library's error setter and its one assertion macro, for
- * every layer down to the kernels (DESIGN.md rule 2). C only (not nvcc). */
+ * every layer down to the kernels (docs/architecture.md rule 2). C only (not nvcc). */
 #ifndef NABLA_TENSOR_ERROR_H
 #define NABLA_TENSOR_ERROR_H
 

@@ -1,4 +1,4 @@
-/* op_table.h - every op of the tensor core, listed once (DESIGN.md rule 1).
+/* op_table.h - every op of the tensor core, listed once (docs/architecture.md rule 1).
  *
  * X(NAME, "user-facing name", arity, grad). The enum nb__op, the name table, the
  * backward-rule table (autograd/rules.c) and the op -> kernels table (op_table.c) are all

@@ -14,7 +14,7 @@
  * key, 10 rounds with multipliers 0xD2511F53 / 0xCD9E8D57 and Weyl key increments
  * 0x9E3779B9 / 0xBB67AE85. Because a block depends only on (counter, key), any element of
  * a random tensor can be computed independently of every other one, which is what makes
- * results independent of the thread count and of the device (DESIGN.md rule 5).
+ * results independent of the thread count and of the device (docs/architecture.md rule 5).
  *
  * Mapping of a generator (seed, stream, offset) to Philox inputs, for block b:
  *     counter = { lo32(offset + b), hi32(offset + b), lo32(stream), hi32(stream) }

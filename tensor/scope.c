@@ -1,4 +1,4 @@
-/* scope.c - per-thread scopes that own the tensors ops return (DESIGN.md rule 3).
+/* scope.c - per-thread scopes that own the tensors ops return (docs/architecture.md rule 3).
  *
  * Each open scope is a list of references. nb__scope_add appends a fresh reference to the
  * innermost list; nb_scope_end releases every reference in it. The lists keep their

@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../models/gpt/gpt.h"
+#include <nabla/gpt.h>
 #include "testutil.h"
 
 #ifndef NB_SOURCE_DIR
@@ -16,9 +16,9 @@
 #endif
 #define FIXTURES NB_SOURCE_DIR "/tests/fixtures/gpt/"
 
-static const gpt_config tiny_cfg = {.vocab_size = 64, .block_size = 16, .n_layer = 2,
+static const nb_gpt_config tiny_cfg = {.vocab_size = 64, .block_size = 16, .n_layer = 2,
                                     .n_head = 2, .n_embd = 16};
-static const gpt_config nobias_cfg = {.vocab_size = 64, .block_size = 8, .n_layer = 1,
+static const nb_gpt_config nobias_cfg = {.vocab_size = 64, .block_size = 8, .n_layer = 1,
                                       .n_head = 4, .n_embd = 16, .no_bias = true,
                                       .gelu_tanh = true};
 
@@ -44,10 +44,10 @@ static void assert_rel(const nb_tensor *a, const nb_tensor *r, double rel, const
                   rel, s);
 }
 
-static nb_module *fixture_model(const char *name, const gpt_config *cfg) {
+static nb_module *fixture_model(const char *name, const nb_gpt_config *cfg) {
     char path[512];
     snprintf(path, sizeof path, FIXTURES "%s.safetensors", name);
-    nb_module *m = gpt_new(cfg, NULL);
+    nb_module *m = nb_gpt_new(cfg, NULL);
     ck_assert_ptr_nonnull(m);
     /* strict: the file's names and the model's must be the same set, nanoGPT's */
     nb_status st = nb_module_load(m, path, true);
@@ -76,7 +76,7 @@ START_TEST(test_nanogpt_fixture) {
     ck_assert_int_eq(nb_ndim(logits), 3);
     ck_assert_int_eq(nb_size(logits, 2), 64);
     assert_rel(logits, nb_safetensors_get(io, "logits"), 1e-4, "logits");
-    nb_tensor *loss = gpt_loss(m, idx, tgt);
+    nb_tensor *loss = nb_gpt_loss(m, idx, tgt);
     double ref = nb_item_f64(nb_safetensors_get(io, "loss"));
     ck_assert_msg(fabs(nb_item_f64(loss) - ref) <= 1e-5 * ref, "loss %.8f vs %.8f",
                   nb_item_f64(loss), ref);
@@ -122,10 +122,10 @@ END_TEST
 START_TEST(test_init) {
     nb_scope_begin();
     nb_generator *g = nb_generator_new(7);
-    gpt_config c = {.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64};
-    nb_module *m = gpt_new(&c, g);
+    nb_gpt_config c = {.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64};
+    nb_module *m = nb_gpt_new(&c, g);
     ck_assert_ptr_nonnull(m);
-    const gpt_config *rc = gpt_get_config(m);
+    const nb_gpt_config *rc = nb_gpt_get_config(m);
     ck_assert_int_eq(rc->vocab_size, 256);
     const nb_params *ps = nb_parameters(m);
     ck_assert_str_eq(ps->names[0], "transformer.wte.weight");
@@ -148,11 +148,11 @@ START_TEST(test_init) {
                                            NULL, 0, false)), 0.0);
     ck_assert_double_eq(nb_item_f64(nb_mean(nb_module_find(m, "transformer.h.0.ln_2.weight"),
                                             NULL, 0, false)), 1.0);
-    /* W3's size and FLOP count as shared/peers reports them */
-    nb_module *w3 = gpt_new(NULL, g);
+    /* W3's size and FLOP count as the PyTorch peer reports them */
+    nb_module *w3 = nb_gpt_new(NULL, g);
     ck_assert_int_eq(nb_num_parameters(w3), 3257856);
-    ck_assert_msg(fabs(gpt_train_flops(NULL, 16, 128) / 1e9 - 42.68) < 0.005, "%g",
-                  gpt_train_flops(NULL, 16, 128));
+    ck_assert_msg(fabs(nb_gpt_train_flops(NULL, 16, 128) / 1e9 - 42.68) < 0.005, "%g",
+                  nb_gpt_train_flops(NULL, 16, 128));
     nb_module_free(w3);
     nb_module_free(m);
     nb_generator_free(g);
@@ -174,17 +174,17 @@ static nb_optim *make_adamw(nb_module *m, double lr) {
 /* (c) N micro-batches with accumulation give the step of one N-times-larger batch. */
 START_TEST(test_grad_accum) {
     nb_scope_begin();
-    gpt_config c = tiny_cfg;
+    nb_gpt_config c = tiny_cfg;
     nb_generator *g1 = nb_generator_new(3), *g2 = nb_generator_new(3);
-    nb_module *a = gpt_new(&c, g1), *b = gpt_new(&c, g2);
+    nb_module *a = nb_gpt_new(&c, g1), *b = nb_gpt_new(&c, g2);
     nb_optim *oa = make_adamw(a, 1e-3), *ob = make_adamw(b, 1e-3);
     nb_tensor *x = tu_random((int64_t[]){6, 16}, 2, NB_I64, 0, 63.4, 1);
     nb_tensor *y = tu_random((int64_t[]){6, 16}, 2, NB_I64, 0, 63.4, 2);
     nb_tensor *xs[3], *ys[3];
     for (int i = 0; i < 3; i++) xs[i] = nb_narrow(x, 0, 2 * i, 2), ys[i] = nb_narrow(y, 0, 2 * i, 2);
     double na, nb;
-    double la = gpt_train_step(a, oa, NULL, xs, ys, 3, 0.5, &na);
-    double lb = gpt_train_step(b, ob, NULL, &x, &y, 1, 0.5, &nb);
+    double la = nb_gpt_train_step(a, oa, NULL, xs, ys, 3, 0.5, &na);
+    double lb = nb_gpt_train_step(b, ob, NULL, &x, &y, 1, 0.5, &nb);
     ck_assert_msg(fabs(la - lb) < 1e-6, "loss %.9f vs %.9f", la, lb);
     ck_assert_msg(fabs(na - nb) < 1e-6 * nb, "grad norm %.9f vs %.9f", na, nb);
     ck_assert_msg(na > 0.5, "the test should clip (norm %g)", na);
@@ -215,16 +215,16 @@ START_TEST(test_training_learns) {
     nb_tensor *tok = nb_to_device(
         nb_from_buffer(text, (int64_t[]){(int64_t)strlen(text)}, 1, NB_U8), NB_CPU);
     nb_generator *init = nb_generator_new(11), *bg = nb_generator_new(12), *dg = nb_generator_new(13);
-    gpt_config c = {.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 32,
+    nb_gpt_config c = {.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 32,
                     .dropout = 0.05, .dropout_gen = dg};
-    nb_module *m = gpt_new(&c, init);
+    nb_module *m = nb_gpt_new(&c, init);
     nb_optim *o = make_adamw(m, 3e-3);
     /* x and y on the default device: nb_text_sample fills them through the host */
     nb_tensor *x = nb_empty((int64_t[]){8, 32}, 2, NB_I64), *y = nb_empty((int64_t[]){8, 32}, 2, NB_I64);
     double first = NAN, last = 0;
     for (int step = 0; step < 120; step++) {
         ck_assert_int_eq(nb_text_sample(tok, bg, x, y), NB_OK);
-        double l = gpt_train_step(m, o, NULL, &x, &y, 1, 1.0, NULL);
+        double l = nb_gpt_train_step(m, o, NULL, &x, &y, 1, 1.0, NULL);
         ck_assert_msg(!isnan(l), "%s", nb_last_error());
         if (step == 0) first = l;
         if (step >= 115) last += l / 5;
@@ -251,36 +251,36 @@ START_TEST(test_save_load_sample) {
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     snprintf(ck, sizeof ck, "%s/run.ckpt", dir);
     nb_generator *g1 = nb_generator_new(1), *g2 = nb_generator_new(2);
-    gpt_config c = {.vocab_size = 256, .block_size = 12, .n_layer = 2, .n_head = 4, .n_embd = 16};
-    nb_module *a = gpt_new(&c, g1), *b = gpt_new(&c, g2), *d = gpt_new(&c, g2);
+    nb_gpt_config c = {.vocab_size = 256, .block_size = 12, .n_layer = 2, .n_head = 4, .n_embd = 16};
+    nb_module *a = nb_gpt_new(&c, g1), *b = nb_gpt_new(&c, g2), *d = nb_gpt_new(&c, g2);
     ck_assert_int_eq(nb_module_save(a, path), NB_OK);
     ck_assert_int_eq(nb_checkpoint_save(ck, &(nb_checkpoint){.model = a, .step = 5}), NB_OK);
-    gpt_config fc = {.n_head = 4};
-    ck_assert_int_eq(gpt_config_from_file(ck, &fc), NB_OK);
+    nb_gpt_config fc = {.n_head = 4};
+    ck_assert_int_eq(nb_gpt_config_from_file(ck, &fc), NB_OK);
     ck_assert_int_eq(fc.vocab_size, 256);
     ck_assert_int_eq(fc.block_size, 12);
     ck_assert_int_eq(fc.n_layer, 2);
     ck_assert_int_eq(fc.n_embd, 16);
     ck_assert(!fc.no_bias);
-    ck_assert_int_eq(gpt_load(b, path), NB_OK);
-    ck_assert_int_eq(gpt_load(d, ck), NB_OK);
+    ck_assert_int_eq(nb_gpt_load(b, path), NB_OK);
+    ck_assert_int_eq(nb_gpt_load(d, ck), NB_OK);
     nb_tensor *idx = tu_random((int64_t[]){2, 12}, 2, NB_I64, 0, 255.4, 5);
     nb_tensor *la = nb_forward(a, idx), *lb = nb_forward(b, idx), *ld = nb_forward(d, idx);
-    assert_rel(lb, la, 0, "logits after nb_module_save + gpt_load");
-    assert_rel(ld, la, 0, "logits after a checkpoint + gpt_load");
+    assert_rel(lb, la, 0, "logits after nb_module_save + nb_gpt_load");
+    assert_rel(ld, la, 0, "logits after a checkpoint + nb_gpt_load");
 
     const int64_t prompt[3] = {'a', 'b', 'c'};
     int64_t o1[20], o2[20], o3[20], o4[20];
-    ck_assert_int_eq(gpt_generate(a, prompt, 3, 20, NULL, o1), NB_OK); /* greedy */
-    ck_assert_int_eq(gpt_generate(b, prompt, 3, 20, &(gpt_sample_opts){0}, o2), NB_OK);
+    ck_assert_int_eq(nb_gpt_generate(a, prompt, 3, 20, NULL, o1), NB_OK); /* greedy */
+    ck_assert_int_eq(nb_gpt_generate(b, prompt, 3, 20, &(nb_gpt_sample_opts){0}, o2), NB_OK);
     ck_assert_mem_eq(o1, o2, sizeof o1);
     /* top_k 1 at any temperature is greedy too */
-    ck_assert_int_eq(gpt_generate(a, prompt, 3, 20, &(gpt_sample_opts){.temperature = 2, .top_k = 1}, o3), NB_OK);
+    ck_assert_int_eq(nb_gpt_generate(a, prompt, 3, 20, &(nb_gpt_sample_opts){.temperature = 2, .top_k = 1}, o3), NB_OK);
     ck_assert_mem_eq(o1, o3, sizeof o1);
     /* sampling repeats with the same generator state, and stays in the vocabulary */
     nb_generator *s1 = nb_generator_new(9), *s2 = nb_generator_new(9);
-    ck_assert_int_eq(gpt_generate(a, prompt, 3, 20, &(gpt_sample_opts){.temperature = 1, .gen = s1}, o3), NB_OK);
-    ck_assert_int_eq(gpt_generate(b, prompt, 3, 20, &(gpt_sample_opts){.temperature = 1, .gen = s2}, o4), NB_OK);
+    ck_assert_int_eq(nb_gpt_generate(a, prompt, 3, 20, &(nb_gpt_sample_opts){.temperature = 1, .gen = s1}, o3), NB_OK);
+    ck_assert_int_eq(nb_gpt_generate(b, prompt, 3, 20, &(nb_gpt_sample_opts){.temperature = 1, .gen = s2}, o4), NB_OK);
     ck_assert_mem_eq(o3, o4, sizeof o3);
     bool differs = false;
     for (int i = 0; i < 20; i++) {
@@ -291,14 +291,14 @@ START_TEST(test_save_load_sample) {
     ck_assert(nb_module_is_training(a)); /* restored after generation */
 
     /* a model of another shape is refused, with a message naming the tensor */
-    gpt_config c3 = c;
+    nb_gpt_config c3 = c;
     c3.n_layer = 3;
-    nb_module *e = gpt_new(&c3, g2);
-    ck_assert_int_eq(gpt_load(e, path), NB_EINVAL);
+    nb_module *e = nb_gpt_new(&c3, g2);
+    ck_assert_int_eq(nb_gpt_load(e, path), NB_EINVAL);
     ck_assert_ptr_nonnull(strstr(nb_last_error(), "transformer.h.2"));
     c3.n_layer = 1;
-    nb_module *f = gpt_new(&c3, g2);
-    ck_assert_int_eq(gpt_load(f, path), NB_EINVAL);
+    nb_module *f = nb_gpt_new(&c3, g2);
+    ck_assert_int_eq(nb_gpt_load(f, path), NB_EINVAL);
     ck_assert_ptr_nonnull(strstr(nb_last_error(), "transformer.h.1"));
     nb_module_free(e);
     nb_module_free(f);
@@ -319,10 +319,10 @@ END_TEST
 /* Contexts longer than block_size are cropped to the last block_size tokens. */
 START_TEST(test_generate_long) {
     nb_scope_begin();
-    gpt_config c = {.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 8};
-    nb_module *m = gpt_new(&c, NULL);
+    nb_gpt_config c = {.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 8};
+    nb_module *m = nb_gpt_new(&c, NULL);
     int64_t prompt[6] = {1, 2, 3, 4, 5, 6}, out[10], ref;
-    ck_assert_int_eq(gpt_generate(m, prompt, 6, 10, NULL, out), NB_OK);
+    ck_assert_int_eq(nb_gpt_generate(m, prompt, 6, 10, NULL, out), NB_OK);
     /* the first new token is the argmax after the last 4 prompt tokens */
     nb_tensor *logits = nb_forward(m, nb_from_buffer(prompt + 2, (int64_t[]){1, 4}, 2, NB_I64));
     ref = nb_item_i64(nb_argmax(nb_select(nb_select(logits, 0, 0), 0, 3), 0, false));
@@ -336,9 +336,9 @@ END_TEST
 START_TEST(test_dropout) {
     nb_scope_begin();
     nb_generator *dg = nb_generator_new(5);
-    gpt_config c = {.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8,
+    nb_gpt_config c = {.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8,
                     .dropout = 0.3, .dropout_gen = dg};
-    nb_module *m = gpt_new(&c, NULL);
+    nb_module *m = nb_gpt_new(&c, NULL);
     nb_tensor *idx = tu_random((int64_t[]){2, 8}, 2, NB_I64, 0, 31.4, 3);
     nb_tensor *t1 = nb_forward(m, idx);
     nb_generator_set_offset(dg, 0);
@@ -361,27 +361,27 @@ END_TEST
 
 START_TEST(test_errors) {
     nb_scope_begin();
-    tu_assert_error(gpt_new(&(gpt_config){.n_embd = 10, .n_head = 3}, NULL), NB_EINVAL, "divide");
-    tu_assert_error(gpt_new(&(gpt_config){.dropout = 1.0}, NULL), NB_EINVAL, "dropout");
-    tu_assert_error(gpt_new(&(gpt_config){.n_layer = -1}, NULL), NB_EINVAL, "positive");
-    gpt_config c = {.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 8};
-    nb_module *m = gpt_new(&c, NULL);
+    tu_assert_error(nb_gpt_new(&(nb_gpt_config){.n_embd = 10, .n_head = 3}, NULL), NB_EINVAL, "divide");
+    tu_assert_error(nb_gpt_new(&(nb_gpt_config){.dropout = 1.0}, NULL), NB_EINVAL, "dropout");
+    tu_assert_error(nb_gpt_new(&(nb_gpt_config){.n_layer = -1}, NULL), NB_EINVAL, "positive");
+    nb_gpt_config c = {.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 8};
+    nb_module *m = nb_gpt_new(&c, NULL);
     tu_assert_error(nb_forward(m, nb_zeros((int64_t[]){1, 5}, 2, NB_I64)), NB_ESHAPE, "block_size");
     tu_assert_error(nb_forward(m, nb_zeros((int64_t[]){1, 4}, 2, NB_F32)), NB_EINVAL, "dtype");
     tu_assert_error(nb_forward(m, nb_zeros((int64_t[]){4}, 1, NB_I64)), NB_EINVAL, "(B, T)");
     tu_assert_error(nb_forward(m, nb_full((int64_t[]){1, 4}, 2, NB_I64, 16)), NB_EINDEX, "");
     tu_assert_error(nb_forward(m, NULL), NB_ENULL, "");
-    tu_assert_error(gpt_loss(m, nb_zeros((int64_t[]){1, 4}, 2, NB_I64),
+    tu_assert_error(nb_gpt_loss(m, nb_zeros((int64_t[]){1, 4}, 2, NB_I64),
                              nb_zeros((int64_t[]){1, 3}, 2, NB_I64)), NB_ESHAPE, "targets");
     nb_module *lin = nb_linear_new(2, 2, NULL);
-    tu_assert_error(gpt_loss(lin, NULL, NULL), NB_EINVAL, "not a GPT");
-    ck_assert_ptr_null(gpt_get_config(lin));
+    tu_assert_error(nb_gpt_loss(lin, NULL, NULL), NB_EINVAL, "not a GPT");
+    ck_assert_ptr_null(nb_gpt_get_config(lin));
     int64_t p[2] = {3, 16}, out[2];
-    ck_assert_int_eq(gpt_generate(m, p, 2, 2, NULL, out), NB_EINDEX);
-    ck_assert_int_eq(gpt_generate(m, p, 0, 2, NULL, out), NB_EINVAL);
-    ck_assert_int_eq(gpt_generate(m, p, 1, 2, &(gpt_sample_opts){.temperature = -1}, out), NB_EINVAL);
-    ck_assert_int_eq(gpt_load(m, "/nonexistent/model.safetensors"), NB_EIO);
-    ck_assert(isnan(gpt_train_step(m, NULL, NULL, NULL, NULL, 1, 0, NULL)));
+    ck_assert_int_eq(nb_gpt_generate(m, p, 2, 2, NULL, out), NB_EINDEX);
+    ck_assert_int_eq(nb_gpt_generate(m, p, 0, 2, NULL, out), NB_EINVAL);
+    ck_assert_int_eq(nb_gpt_generate(m, p, 1, 2, &(nb_gpt_sample_opts){.temperature = -1}, out), NB_EINVAL);
+    ck_assert_int_eq(nb_gpt_load(m, "/nonexistent/model.safetensors"), NB_EIO);
+    ck_assert(isnan(nb_gpt_train_step(m, NULL, NULL, NULL, NULL, 1, 0, NULL)));
     nb_module_free(lin);
     nb_module_free(m);
     nb_scope_end();
@@ -406,7 +406,7 @@ static void meta_train_step(nb_module *m, int64_t B, int64_t T, int64_t V) {
     ck_assert(nb_device_equal(nb_tensor_device(logits), NB_META));
     ck_assert_int_eq(nb_ndim(logits), 3);
     ck_assert_int_eq(nb_shape(logits)[2], V);
-    nb_tensor *loss = gpt_loss(m, x, y);
+    nb_tensor *loss = nb_gpt_loss(m, x, y);
     ck_assert_msg(loss != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_ndim(loss), 0);
     ck_assert_msg(nb_backward(loss) == NB_OK, "%s", nb_last_error());
@@ -422,9 +422,9 @@ static void meta_train_step(nb_module *m, int64_t B, int64_t T, int64_t V) {
 
 START_TEST(test_meta_model) {
     nb_scope_begin();
-    nb_module *cpu = gpt_new(NULL, NULL);
+    nb_module *cpu = nb_gpt_new(NULL, NULL);
     nb_device prev = nb_set_default_device(NB_META);
-    nb_module *m = gpt_new(NULL, NULL);
+    nb_module *m = nb_gpt_new(NULL, NULL);
     nb_set_default_device(prev);
     ck_assert_ptr_nonnull(m);
     ck_assert_int_eq(nb_num_parameters(m), nb_num_parameters(cpu));
@@ -453,13 +453,13 @@ END_TEST
  * and a full forward and backward of one 1024-token sequence run shape inference only. */
 START_TEST(test_meta_1p5b) {
     nb_scope_begin();
-    gpt_config c = {.vocab_size = 50257, .block_size = 1024, .n_layer = 48, .n_head = 25,
+    nb_gpt_config c = {.vocab_size = 50257, .block_size = 1024, .n_layer = 48, .n_head = 25,
                     .n_embd = 1600};
     nb_alloc_stats before, after;
     nb_alloc_get_stats(&before);
     double t0 = seconds_now();
     nb_device prev = nb_set_default_device(NB_META);
-    nb_module *m = gpt_new(&c, NULL);
+    nb_module *m = nb_gpt_new(&c, NULL);
     nb_set_default_device(prev);
     double built = seconds_now() - t0;
     ck_assert_msg(m != NULL, "%s", nb_last_error());

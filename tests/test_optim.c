@@ -506,7 +506,7 @@ START_TEST(test_zero_grad) {
 END_TEST
 
 /* A model with flat parameter memory trains through views: the flat buffers change in place
- * and zero_grad keeps the gradient views. Written as DESIGN.md's training step. */
+ * and zero_grad keeps the gradient views. Written as docs/architecture.md's training step. */
 START_TEST(test_flat_model) {
     nb_module *model = nb_sequential_new(nb_linear_new(4, 8, NULL), nb_relu_new(),
                                      nb_linear_new(8, 3, NULL), NULL);

@@ -2,8 +2,8 @@
 """make_gpt_fixture.py - writes the fixtures of the "gpt" test suite: tiny nanoGPT models
 built in PyTorch, their weights under nanoGPT's parameter names, and the logits (and, for
 the first, the loss and every parameter's gradient) they give on a fixed input. The test
-(tests/test_gpt.c) loads the weights into models/gpt's model with nb_module_load - so the
-names must match nanoGPT's exactly - and compares.
+(tests/test_gpt.c) loads the weights into the library's GPT (nabla/gpt.h) with
+nb_module_load - so the names must match nanoGPT's exactly - and compares.
 
 Run from anywhere with Debian's interpreter (torch 1.13, numpy; no other package needed:
 the safetensors files are written by hand, the format is an 8-byte little-endian header

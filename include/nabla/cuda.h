@@ -31,7 +31,7 @@
  * stream set with nb_cuda_set_stream. The library owns the default streams (never free
  * them); the caller owns streams from nb_cuda_stream_new.
  *
- * Allocator (DESIGN.md rule 4): device blocks are rounded up to size classes (at least
+ * Allocator (docs/architecture.md rule 4): device blocks are rounded up to size classes (at least
  * 512 bytes, then 4 classes per power of two, so at most 25% slack) and returned blocks
  * are cached for reuse, so a training loop stops calling cudaMalloc after its first
  * steps; nb_cuda_alloc_get_stats shows it. A block is tied to the stream that was current

@@ -37,7 +37,7 @@
  *   - nb_idx_read and nb_read_bytes return a new tensor reference (scope rules of
  *     nabla/tensor.h).
  *
- * Determinism (DESIGN.md rule 5): the order of an epoch depends only on (seed, epoch):
+ * Determinism (docs/architecture.md rule 5): the order of an epoch depends only on (seed, epoch):
  * it is the permutation nb_randperm(n) draws from a generator with that seed, stream =
  * epoch, offset 0. Augmentation randomness depends only on (seed, epoch, dataset index of
  * the sample). Neither depends on timing, prefetch, thread count or batch size.

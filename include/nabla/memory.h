@@ -22,7 +22,7 @@
  *
  * The allocator hands out 64-byte aligned blocks rounded up to size classes and keeps freed
  * blocks for reuse, so a training loop stops calling the system allocator after its first
- * steps (DESIGN.md rule 4). It is thread safe. Cached blocks stay with the process until
+ * steps (docs/architecture.md rule 4). It is thread safe. Cached blocks stay with the process until
  * nb_alloc_empty_cache(). Under AddressSanitizer cached blocks are poisoned. */
 #ifndef NABLA_MEMORY_H
 #define NABLA_MEMORY_H

@@ -28,5 +28,6 @@
 #include "nabla/checkpoint.h"
 #include "nabla/data.h"
 #include "nabla/parallel.h"
+#include "nabla/gpt.h"
 
 #endif

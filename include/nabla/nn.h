@@ -97,7 +97,7 @@ bool nb_module_is_training(const nb_module *m);
 /* Drop every parameter's gradient (set to none). */
 void nb_module_zero_grad(nb_module *m);
 
-/* Pack all parameters into one contiguous buffer (DESIGN.md rule 10): each parameter
+/* Pack all parameters into one contiguous buffer (docs/architecture.md rule 10): each parameter
  * becomes a view into it, in nb_parameters order, each starting at a multiple of `align`
  * elements (0: 16). Gradients are likewise views into one flat gradient buffer, which
  * backward accumulates into in place. Parameters keep their values and identities, so

@@ -33,7 +33,7 @@
  * momentum buffer starting as the first gradient, ...), parameters without a gradient are
  * skipped. Each parameter is updated in one fused pass over parameter, gradient and state,
  * in place (parameters may be views into a flat buffer), with grad mode off. f32 and f64
- * parameters; half-precision models keep f32 master weights (DESIGN.md rule 7).
+ * parameters; half-precision models keep f32 master weights (docs/architecture.md rule 7).
  *
  * Devices: a parameter is updated on its own device, where its gradient must be too; its
  * state is created there. Parameters of one optimizer may be on different devices. Move

@@ -11,8 +11,8 @@
  * i % 4 of the Philox block at counter (offset + i / 4, stream) and key seed (f64 values and
  * randint ranges above 2^32 use two words: block offset + i / 2); then offset advances past
  * the blocks used. nb_generator_set_stream rewinds the offset to 0. So values depend only on (seed, stream, offset, shape), never on the
- * thread count or device (DESIGN.md rule 5). Passing NULL for a generator uses the calling
- * thread's default generator (seed 0 until nb_manual_seed).
+ * thread count or device (docs/architecture.md rule 5). Passing NULL for a generator uses the
+ * calling thread's default generator (seed 0 until nb_manual_seed).
  *
  * Ownership: nb_generator_new returns a generator the caller frees with nb_generator_free.
  * A generator must not be used by two threads at once. */

@@ -10,7 +10,7 @@
  *     printf("%f\n", nb_item_f64(s));
  *     nb_tensor_free(s);
  *
- * Ownership (DESIGN.md rule 3): a tensor is a reference-counted view (shape, strides,
+ * Ownership (docs/architecture.md rule 3): a tensor is a reference-counted view (shape, strides,
  * offset, dtype) over a reference-counted storage. Every function here that returns an
  * nb_tensor * returns a NEW reference:
  *   - inside nb_scope_begin()/nb_scope_end() the reference belongs to the innermost scope
@@ -21,7 +21,7 @@
  * Views (reshape, transpose, narrow, expand, ...) share storage with their base: writing
  * through one is visible through the other, exactly as in PyTorch.
  *
- * Errors (DESIGN.md rule 2): functions returning a tensor return NULL on a user mistake
+ * Errors (docs/architecture.md rule 2): functions returning a tensor return NULL on a user mistake
  * and set nb_last_error(); all ops accept NULL inputs and return NULL, keeping the first
  * error. See nabla/status.h.
  *

@@ -1,5 +1,5 @@
-/* main.c - the `gpt` program: trains the byte-level GPT of models/gpt/gpt.h on a text file
- * (by default the King James Bible, as the W3 workload of shared/peers does) and samples
+/* main.c - the `gpt` program: trains the byte-level GPT of nabla/gpt.h on a text file
+ * (by default the King James Bible, as the PyTorch peer's W3 workload does) and samples
  * from a trained model. Training: AdamW with weight decay on 2-D weights only, a cosine
  * (or constant) learning-rate schedule with warmup, gradient clipping, gradient
  * accumulation, validation loss on fixed batches, checkpoints and exact resume, progress
@@ -18,7 +18,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "gpt.h"
+#include <nabla/gpt.h>
 #include "prog.h"
 
 #define KJV_COMMAND "bible gen1:1-rev22:21"
@@ -237,15 +237,15 @@ static nb_tensor *read_kjv(void) {
 /* ---- sampling ------------------------------------------------------------------------------ */
 static int run_sample(const args *a) {
     int rc = 1;
-    gpt_config cfg = {.n_head = a->n_head, .gelu_tanh = a->gelu_tanh != 0};
+    nb_gpt_config cfg = {.n_head = a->n_head, .gelu_tanh = a->gelu_tanh != 0};
     nb_set_num_threads((int)a->threads);
     nb_module *model = NULL;
     nb_generator *gen = nb_generator_new(a->seed);
     const char *prompt = a->prompt ? a->prompt : "\n";
     int64_t np = (int64_t)strlen(prompt), *toks = malloc(sizeof(int64_t) * (size_t)(np + a->tokens + 1));
     if (!toks || !gen) goto done;
-    if (gpt_config_from_file(a->load, &cfg) != NB_OK || !(model = gpt_new(&cfg, NULL)) ||
-        gpt_load(model, a->load) != NB_OK) {
+    if (nb_gpt_config_from_file(a->load, &cfg) != NB_OK || !(model = nb_gpt_new(&cfg, NULL)) ||
+        nb_gpt_load(model, a->load) != NB_OK) {
         fprintf(stderr, "gpt: %s\n", nb_last_error());
         goto done;
     }
@@ -257,8 +257,8 @@ static int run_sample(const args *a) {
     fprintf(stderr, "gpt: %lld layers, %lld heads, width %lld, context %lld, %lld parameters\n",
             (long long)cfg.n_layer, (long long)cfg.n_head, (long long)cfg.n_embd,
             (long long)cfg.block_size, (long long)nb_num_parameters(model));
-    gpt_sample_opts so = {.temperature = a->temperature, .top_k = a->top_k, .gen = gen};
-    if (gpt_generate(model, toks, np, a->tokens, &so, toks + np) != NB_OK) {
+    nb_gpt_sample_opts so = {.temperature = a->temperature, .top_k = a->top_k, .gen = gen};
+    if (nb_gpt_generate(model, toks, np, a->tokens, &so, toks + np) != NB_OK) {
         fprintf(stderr, "gpt: %s\n", nb_last_error());
         goto done;
     }
@@ -285,7 +285,7 @@ static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t
     for (int64_t i = 0; i < n && !isnan(sum); i++) {
         nb_scope_begin(); /* every rank draws every batch (same stream), evaluates its share */
         nb_status st = nb_text_sample(val, vgen, x, y);
-        nb_tensor *l = st == NB_OK && i % size == rank ? gpt_loss(m, x, y) : NULL;
+        nb_tensor *l = st == NB_OK && i % size == rank ? nb_gpt_loss(m, x, y) : NULL;
         if (st != NB_OK || (i % size == rank && !l)) sum = NAN;
         else if (l) sum += nb_item_f64(l);
         nb_scope_end();
@@ -329,7 +329,7 @@ static void human(double bytes, char *buf, size_t n) {
  * parameter (f32 weights, gradients and AdamW's two moments) plus the activations the
  * backward keeps: about 20 f32 values per layer and token of width C, and the logits, for
  * B_local sequences of T tokens. NB_OK when it fits or the available memory is unknown. */
-static nb_status check_fits(const gpt_config *cfg, int64_t B_local, int64_t T) {
+static nb_status check_fits(const nb_gpt_config *cfg, int64_t B_local, int64_t T) {
     double C = (double)cfg->n_embd, L = (double)cfg->n_layer, V = 256, Tb = (double)T;
     double params = cfg->no_bias ? V * C + Tb * C + C + L * (12 * C * C + 2 * C)
                                  : V * C + Tb * C + 2 * C + L * (12 * C * C + 13 * C);
@@ -392,12 +392,12 @@ static int run_train(const args *a) {
         if (!xl[i] || !yl[i]) FAIL("%s", nb_last_error());
     }
 
-    gpt_config cfg = {.block_size = T, .n_layer = a->n_layer, .n_head = a->n_head,
+    nb_gpt_config cfg = {.block_size = T, .n_layer = a->n_layer, .n_head = a->n_head,
                       .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
                       .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = drop_gen};
     nbm_set_threads(world, (int)a->threads);
     if (check_fits(&cfg, B / size, T) != NB_OK) FAIL("%s", nb_last_error());
-    if (!(model = gpt_new(&cfg, init))) FAIL("%s", nb_last_error());
+    if (!(model = nb_gpt_new(&cfg, init))) FAIL("%s", nb_last_error());
     /* nanoGPT's grouping: weight decay on matmul and embedding weights, none on biases
      * and layer norms. (0 means "default" in the options: write an explicit zero.) */
     if (nb_params_split_decay(nb_parameters(model), &decay, &no_decay) != NB_OK)
@@ -439,7 +439,7 @@ static int run_train(const args *a) {
         if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
     }
     if (size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
-    const double flops = gpt_train_flops(&cfg, B * N, T);
+    const double flops = nb_gpt_train_flops(&cfg, B * N, T);
     const int64_t tokens_per_step = B * T * N;
     const bool tty = isatty(STDOUT_FILENO);
     if (main_rank) {
@@ -469,7 +469,7 @@ static int run_train(const args *a) {
             if (nb_text_sample(train, batch_gen, xs[i], ys[i]) != NB_OK) FAIL("%s", nb_last_error());
         double lr = nb_optim_get_lr(opt, 0);
         nb_clear_error(); /* a NaN below is an error only when one is set */
-        double loss = gpt_train_step(model, opt, ddp, xl, yl, (int)N, a->grad_clip, &norm);
+        double loss = nb_gpt_train_step(model, opt, ddp, xl, yl, (int)N, a->grad_clip, &norm);
         if (isnan(loss) && nb_last_status() != NB_OK)
             FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
         const double comm_ms = ddp ? nb_ddp_exposed_comm_s(ddp) * 1e3 : 0;

@@ -1,8 +1,8 @@
 /* test_ddp.c - distributed data parallel (parallel/ddp.c) in nabla_mpi_tests, run with 1, 2
  * and 4 ranks (and alone).
  *
- * The central check is equivalence (DESIGN.md rule 8): K steps of DDP on W ranks, each rank
- * taking its slice of one global batch, must give the weights that 1 process gets training
+ * The central check is equivalence (docs/architecture.md rule 8): K steps of DDP on W ranks, each
+ * rank taking its slice of one global batch, must give the weights that 1 process gets training
  * on the whole global batch. Every rank computes that 1-process reference itself, with a
  * plain (unwrapped) copy of the model, so no extra communication is involved. The GPT of
  * models/gpt goes through its own training step (gradient accumulation, clipping after the
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpt.h"
+#include <nabla/gpt.h>
 #include "mpi_test.h"
 
 /* Internal counter of parallel/ddp.c: buckets whose allreduce has started in this step. */
@@ -182,13 +182,13 @@ START_TEST(test_ddp_equivalence_gpt) {
     enum { K = 3, MICRO = 2, GBT = 8, TT = 8 }; /* global batch 8: divisible by 1, 2, 4 */
     nb_scope_begin();
     int rank = mt_rank, size = mt_size;
-    gpt_config cfg = {.vocab_size = 64, .block_size = TT, .n_layer = 2, .n_head = 2,
+    nb_gpt_config cfg = {.vocab_size = 64, .block_size = TT, .n_layer = 2, .n_head = 2,
                       .n_embd = 16};
     nb_generator *g0 = nb_generator_new(3), *g1 = nb_generator_new(3 + (uint64_t)rank);
-    nb_module *ref = gpt_new(&cfg, g0), *m = gpt_new(&cfg, g1); /* the broadcast fixes m */
+    nb_module *ref = nb_gpt_new(&cfg, g0), *m = nb_gpt_new(&cfg, g1); /* the broadcast fixes m */
     nb_generator_free(g0);
     nb_generator_free(g1);
-    MT_CHECK(ref && m, "gpt_new: %s", nb_last_error());
+    MT_CHECK(ref && m, "nb_gpt_new: %s", nb_last_error());
     /* SGD, not the recipe's AdamW: the key bias of attention has an exactly zero gradient
      * (softmax ignores a constant added to every score), so its computed gradient is pure
      * rounding noise, which Adam's normalization would blow up to steps of size lr. */
@@ -210,8 +210,8 @@ START_TEST(test_ddp_equivalence_gpt) {
         }
         nb_generator_free(g);
         double rn = NAN, dn = NAN;
-        double rl = gpt_train_step(ref, ro, NULL, xs, ys, MICRO, 0.05, &rn);
-        double dl = gpt_train_step(m, o, d, xl, yl, MICRO, 0.05, &dn);
+        double rl = nb_gpt_train_step(ref, ro, NULL, xs, ys, MICRO, 0.05, &rn);
+        double dl = nb_gpt_train_step(m, o, d, xl, yl, MICRO, 0.05, &dn);
         MT_CHECK(!isnan(rl) && !isnan(dl), "step %d: %s", step, nb_last_error());
         /* the clipping threshold is below the norm, so clipping acts in every step */
         MT_CHECK(dn > 0.05, "step %d: norm %g does not exceed the clip threshold", step, dn);

@@ -1,8 +1,9 @@
 /* gpt.c - nanoGPT's GPT (pre-LN transformer, learned positions, tied head) as an nb_module
  * tree with nanoGPT's parameter names; the training step with gradient accumulation,
- * sampling, and loading weights from model files, checkpoints or PyTorch state dicts.
- * Uses nabla's public API (plus the library's error setter, see below). */
-#include "gpt.h"
+ * sampling, and loading weights from model files, checkpoints or PyTorch state dicts
+ * (nabla/gpt.h). Part of the library, but written on its public API only, as a program
+ * would write it (docs/architecture.md, "Layers and backends"). */
+#include "nabla/nabla.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -12,13 +13,13 @@
 /* ---- small modules with nanoGPT's names ------------------------------------------------------
  * Each module's `self` (except the top one's) borrows the model's config. */
 typedef struct gpt_self {
-    gpt_config cfg;
+    nb_gpt_config cfg;
 } gpt_self;
 
-static const gpt_config *cfg_of(const nb_module *m) { return nb_module_self(m); }
+static const nb_gpt_config *cfg_of(const nb_module *m) { return nb_module_self(m); }
 
 static nb_tensor *dropout(nb_module *m, nb_tensor *x) {
-    const gpt_config *c = cfg_of(m);
+    const nb_gpt_config *c = cfg_of(m);
     if (!(c->dropout > 0) || !nb_module_is_training(m)) return x;
     return nb_dropout(x, c->dropout, true, c->dropout_gen);
 }
@@ -36,7 +37,7 @@ static nb_tensor *embedding_forward(nb_module *m, nb_tensor *x) {
 /* x + dropout(c_proj(y)) is the residual form both branches end in. The attention reads q,
  * k and v in place from c_attn's (B, T, 3C) output and returns the heads merged (B, T, C). */
 static nb_tensor *attn_forward(nb_module *m, nb_tensor *x) {
-    const gpt_config *c = cfg_of(m);
+    const nb_gpt_config *c = cfg_of(m);
     nb_tensor *qkv = nb_forward(nb_module_child(m, "c_attn"), x); /* (B, T, 3C) */
     bool training = nb_module_is_training(m);
     nb_tensor *y = nb_causal_attention_qkv(qkv, c->n_head, 0.0, training ? c->dropout : 0.0,
@@ -45,7 +46,7 @@ static nb_tensor *attn_forward(nb_module *m, nb_tensor *x) {
 }
 
 static nb_tensor *mlp_forward(nb_module *m, nb_tensor *x) {
-    const gpt_config *c = cfg_of(m);
+    const nb_gpt_config *c = cfg_of(m);
     nb_tensor *h = nb_forward(nb_module_child(m, "c_fc"), x);
     h = c->gelu_tanh ? nb_gelu_tanh(h) : nb_gelu(h);
     return dropout(m, nb_forward(nb_module_child(m, "c_proj"), h));
@@ -89,21 +90,21 @@ static nb_module *child(nb_module *parent, const char *name, nb_module *c) {
 }
 
 static nb_module *make_linear(nb_module *parent, const char *name, int64_t in, int64_t out,
-                              double std, const gpt_config *c, nb_generator *gen) {
+                              double std, const nb_gpt_config *c, nb_generator *gen) {
     nb_module *l = child(parent, name, nb_module_new(&linear_vt, (void *)(uintptr_t)c));
     if (!l || !add_param(l, "weight", (int64_t[]){out, in}, 2, std, gen)) return NULL;
     if (!c->no_bias && !add_param(l, "bias", &out, 1, 0.0, gen)) return NULL;
     return l;
 }
 
-static nb_module *make_layernorm(nb_module *parent, const char *name, const gpt_config *c) {
+static nb_module *make_layernorm(nb_module *parent, const char *name, const nb_gpt_config *c) {
     nb_module *l = child(parent, name, nb_module_new(&layernorm_vt, (void *)(uintptr_t)c));
     if (!l || !add_param(l, "weight", &c->n_embd, 1, -1.0, NULL)) return NULL;
     if (!c->no_bias && !add_param(l, "bias", &c->n_embd, 1, 0.0, NULL)) return NULL;
     return l;
 }
 
-static nb_module *make_block(nb_module *list, const gpt_config *c, nb_generator *gen) {
+static nb_module *make_block(nb_module *list, const nb_gpt_config *c, nb_generator *gen) {
     const int64_t C = c->n_embd;
     const double proj_std = 0.02 / sqrt(2.0 * (double)c->n_layer); /* GPT-2's scaled init */
     nb_module *b = nb_module_new(&block_vt, (void *)(uintptr_t)c);
@@ -120,8 +121,8 @@ static nb_module *make_block(nb_module *list, const gpt_config *c, nb_generator 
     return b;
 }
 
-static bool resolve(const gpt_config *in, gpt_config *c) {
-    *c = in ? *in : (gpt_config){0};
+static bool resolve(const nb_gpt_config *in, nb_gpt_config *c) {
+    *c = in ? *in : (nb_gpt_config){0};
     if (!c->vocab_size) c->vocab_size = 256;
     if (!c->block_size) c->block_size = 128;
     if (!c->n_layer) c->n_layer = 4;
@@ -129,28 +130,28 @@ static bool resolve(const gpt_config *in, gpt_config *c) {
     if (!c->n_embd) c->n_embd = 256;
     if (c->vocab_size < 1 || c->block_size < 1 || c->n_layer < 1 || c->n_head < 1 ||
         c->n_embd < 1) {
-        nb_set_error(NB_EINVAL, "gpt_new: vocab_size, block_size, n_layer, n_head and n_embd must "
+        nb_set_error(NB_EINVAL, "nb_gpt_new: vocab_size, block_size, n_layer, n_head and n_embd must "
                   "be positive, got %lld, %lld, %lld, %lld, %lld", (long long)c->vocab_size,
                   (long long)c->block_size, (long long)c->n_layer, (long long)c->n_head,
                   (long long)c->n_embd);
         return false;
     }
     if (c->n_embd % c->n_head) {
-        nb_set_error(NB_EINVAL, "gpt_new: n_head (%lld) must divide n_embd (%lld)",
+        nb_set_error(NB_EINVAL, "nb_gpt_new: n_head (%lld) must divide n_embd (%lld)",
                   (long long)c->n_head, (long long)c->n_embd);
         return false;
     }
     if (!(c->dropout >= 0 && c->dropout < 1)) {
-        nb_set_error(NB_EINVAL, "gpt_new: dropout must be in [0, 1), got %g", c->dropout);
+        nb_set_error(NB_EINVAL, "nb_gpt_new: dropout must be in [0, 1), got %g", c->dropout);
         return false;
     }
     return true;
 }
 
-nb_module *gpt_new(const gpt_config *cfg, nb_generator *init) {
+nb_module *nb_gpt_new(const nb_gpt_config *cfg, nb_generator *init) {
     gpt_self *s = malloc(sizeof *s);
     if (!s) {
-        nb_set_error(NB_ENOMEM, "gpt_new: out of memory");
+        nb_set_error(NB_ENOMEM, "nb_gpt_new: out of memory");
         return NULL;
     }
     if (!resolve(cfg, &s->cfg)) {
@@ -162,7 +163,7 @@ nb_module *gpt_new(const gpt_config *cfg, nb_generator *init) {
         free(s);
         return NULL;
     }
-    const gpt_config *c = &s->cfg;
+    const nb_gpt_config *c = &s->cfg;
     nb_module *tr = child(m, "transformer", nb_module_new(&dict_vt, NULL)), *e, *h;
     bool ok = tr && (e = child(tr, "wte", nb_module_new(&embedding_vt, (void *)(uintptr_t)c))) &&
               add_param(e, "weight", (int64_t[]){c->vocab_size, c->n_embd}, 2, 0.02, init) &&
@@ -177,18 +178,18 @@ nb_module *gpt_new(const gpt_config *cfg, nb_generator *init) {
     return m;
 }
 
-bool gpt_is_gpt(const nb_module *m) {
+bool nb_gpt_is_gpt(const nb_module *m) {
     const char *t = nb_module_type(m);
     return t && m && strcmp(t, "GPT") == 0 && nb_module_self(m) != NULL;
 }
 
-const gpt_config *gpt_get_config(const nb_module *m) {
-    return gpt_is_gpt(m) ? &((const gpt_self *)nb_module_self(m))->cfg : NULL;
+const nb_gpt_config *nb_gpt_get_config(const nb_module *m) {
+    return nb_gpt_is_gpt(m) ? &((const gpt_self *)nb_module_self(m))->cfg : NULL;
 }
 
 /* ---- forward and loss -------------------------------------------------------------------- */
 static nb_tensor *gpt_forward(nb_module *m, nb_tensor *idx) {
-    const gpt_config *c = gpt_get_config(m);
+    const nb_gpt_config *c = nb_gpt_get_config(m);
     if (!idx) { /* keep the first error, as the library's ops do */
         if (nb_last_status() == NB_OK) nb_set_error(NB_ENULL, "gpt: argument 'idx' is NULL");
         return NULL;
@@ -216,27 +217,27 @@ static nb_tensor *gpt_forward(nb_module *m, nb_tensor *idx) {
     return nb_linear(x, wte, NULL); /* tied head: x @ wte^T -> (B, T, V) */
 }
 
-nb_tensor *gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
-    if (!gpt_is_gpt(m)) {
-        nb_set_error(NB_EINVAL, "gpt_loss: the module is not a GPT made by gpt_new");
+nb_tensor *nb_gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
+    if (!nb_gpt_is_gpt(m)) {
+        nb_set_error(NB_EINVAL, "nb_gpt_loss: the module is not a GPT made by nb_gpt_new");
         return NULL;
     }
     nb_tensor *logits = nb_forward(m, idx);
     if (!logits || !targets) return NULL;
-    const int64_t V = gpt_get_config(m)->vocab_size;
+    const int64_t V = nb_gpt_get_config(m)->vocab_size;
     if (nb_ndim(targets) != 2 || nb_numel(targets) != nb_numel(idx)) {
-        nb_set_error(NB_ESHAPE, "gpt_loss: targets must have the shape of the input (B, T)");
+        nb_set_error(NB_ESHAPE, "nb_gpt_loss: targets must have the shape of the input (B, T)");
         return NULL;
     }
     return nb_cross_entropy(nb_view(logits, (int64_t[]){-1, V}, 2),
                             nb_reshape(targets, (int64_t[]){-1}, 1), NULL);
 }
 
-double gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
+double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                       nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
     if (grad_norm) *grad_norm = NAN;
     if (!m || !opt || !x || !y || n_micro < 1) {
-        nb_set_error(NB_EINVAL, "gpt_train_step: needs a model, an optimizer and n_micro >= 1 "
+        nb_set_error(NB_EINVAL, "nb_gpt_train_step: needs a model, an optimizer and n_micro >= 1 "
                   "micro-batches");
         return NAN;
     }
@@ -245,7 +246,7 @@ double gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const
     for (int i = 0; st == NB_OK && i < n_micro; i++) {
         if (ddp) nb_ddp_set_sync_enabled(ddp, i == n_micro - 1); /* no_sync until the last */
         nb_scope_begin();
-        nb_tensor *loss = gpt_loss(m, x[i], y[i]);
+        nb_tensor *loss = nb_gpt_loss(m, x[i], y[i]);
         /* Scaling the loss (not the gradients) by 1/n makes the accumulated gradient that
          * of the mean over all micro-batches, the loss of one n-times-larger batch. */
         nb_tensor *scaled = n_micro > 1 ? nb_mul_scalar(loss, 1.0 / n_micro) : loss;
@@ -274,7 +275,7 @@ static int cmp_desc(const void *a, const void *b) {
 }
 
 /* Choose the next token from logits l[0..V) (modified in place). */
-static int64_t pick(double *l, int64_t V, const gpt_sample_opts *o, double *scratch, double u) {
+static int64_t pick(double *l, int64_t V, const nb_gpt_sample_opts *o, double *scratch, double u) {
     int64_t best = 0;
     for (int64_t i = 1; i < V; i++)
         if (l[i] > l[best]) best = i;
@@ -296,21 +297,21 @@ static int64_t pick(double *l, int64_t V, const gpt_sample_opts *o, double *scra
     return best; /* only when rounding put u * sum at the very total */
 }
 
-nb_status gpt_generate(nb_module *m, const int64_t *prompt, int64_t n_prompt, int64_t n_new,
-                       const gpt_sample_opts *o, int64_t *out) {
-    const gpt_config *c = gpt_get_config(m);
-    gpt_sample_opts opt = o ? *o : (gpt_sample_opts){0};
-    if (!c) return nb_set_error(NB_EINVAL, "gpt_generate: the module is not a GPT made by gpt_new");
+nb_status nb_gpt_generate(nb_module *m, const int64_t *prompt, int64_t n_prompt, int64_t n_new,
+                       const nb_gpt_sample_opts *o, int64_t *out) {
+    const nb_gpt_config *c = nb_gpt_get_config(m);
+    nb_gpt_sample_opts opt = o ? *o : (nb_gpt_sample_opts){0};
+    if (!c) return nb_set_error(NB_EINVAL, "nb_gpt_generate: the module is not a GPT made by nb_gpt_new");
     if (!prompt || n_prompt < 1 || n_new < 0 || (n_new > 0 && !out))
-        return nb_set_error(NB_EINVAL, "gpt_generate: needs a prompt of at least one token and an "
+        return nb_set_error(NB_EINVAL, "nb_gpt_generate: needs a prompt of at least one token and an "
                          "output buffer");
     if (!(opt.temperature >= 0) || opt.top_k < 0)
-        return nb_set_error(NB_EINVAL, "gpt_generate: temperature and top_k must be >= 0, got %g "
+        return nb_set_error(NB_EINVAL, "nb_gpt_generate: temperature and top_k must be >= 0, got %g "
                          "and %lld", opt.temperature, (long long)opt.top_k);
     const int64_t V = c->vocab_size, len = n_prompt + n_new;
     for (int64_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
-            return nb_set_error(NB_EINDEX, "gpt_generate: prompt token %lld at position %lld is "
+            return nb_set_error(NB_EINDEX, "nb_gpt_generate: prompt token %lld at position %lld is "
                              "outside the vocabulary 0..%lld", (long long)prompt[i],
                              (long long)i, (long long)V - 1);
     int64_t *ctx = malloc(sizeof(int64_t) * (size_t)len);
@@ -318,7 +319,7 @@ nb_status gpt_generate(nb_module *m, const int64_t *prompt, int64_t n_prompt, in
     if (!ctx || !l) {
         free(ctx);
         free(l);
-        return nb_set_error(NB_ENOMEM, "gpt_generate: out of memory");
+        return nb_set_error(NB_ENOMEM, "nb_gpt_generate: out of memory");
     }
     memcpy(ctx, prompt, sizeof(int64_t) * (size_t)n_prompt);
     bool was_training = nb_module_is_training(m);
@@ -367,8 +368,8 @@ static bool ignorable(const char *name) {
            (n > 10 && strcmp(name + n - 10, ".attn.bias") == 0);
 }
 
-nb_status gpt_load(nb_module *m, const char *path) {
-    if (!gpt_is_gpt(m)) return nb_set_error(NB_EINVAL, "gpt_load: the module is not a GPT");
+nb_status nb_gpt_load(nb_module *m, const char *path) {
+    if (!nb_gpt_is_gpt(m)) return nb_set_error(NB_EINVAL, "nb_gpt_load: the module is not a GPT");
     nb_safetensors *f = nb_safetensors_open(path);
     if (!f) return nb_last_status();
     const char *prefix = model_prefix(f);
@@ -377,14 +378,14 @@ nb_status gpt_load(nb_module *m, const char *path) {
     nb_status st = NB_OK;
     for (int i = 0; st == NB_OK && i < ps->count; i++)
         if (find_in(f, prefix, ps->names[i]) < 0)
-            st = nb_set_error(NB_EINVAL, "gpt_load: %s has no tensor \"%s%s\" (is it a model of "
+            st = nb_set_error(NB_EINVAL, "nb_gpt_load: %s has no tensor \"%s%s\" (is it a model of "
                            "this shape?)", path, prefix, ps->names[i]);
     /* Everything else under the prefix must be a known extra, as a strict load would demand. */
     for (int i = 0; st == NB_OK && i < nb_safetensors_count(f); i++) {
         const char *name = nb_safetensors_name(f, i);
         if (strncmp(name, prefix, np) != 0 || ignorable(name + np)) continue;
         if (!nb_module_find(m, name + np))
-            st = nb_set_error(NB_EINVAL, "gpt_load: %s has a tensor \"%s\" this model does not have "
+            st = nb_set_error(NB_EINVAL, "nb_gpt_load: %s has a tensor \"%s\" this model does not have "
                            "(different n_layer or bias setting?)", path, name);
     }
     if (st == NB_OK) st = nb_module_load_from(m, f, prefix, false);
@@ -392,8 +393,8 @@ nb_status gpt_load(nb_module *m, const char *path) {
     return st;
 }
 
-nb_status gpt_config_from_file(const char *path, gpt_config *cfg) {
-    if (!cfg) return nb_set_error(NB_ENULL, "gpt_config_from_file: cfg is NULL");
+nb_status nb_gpt_config_from_file(const char *path, nb_gpt_config *cfg) {
+    if (!cfg) return nb_set_error(NB_ENULL, "nb_gpt_config_from_file: cfg is NULL");
     nb_safetensors *f = nb_safetensors_open(path);
     if (!f) return nb_last_status();
     const char *prefix = model_prefix(f);
@@ -403,7 +404,7 @@ nb_status gpt_config_from_file(const char *path, gpt_config *cfg) {
     nb_status st = NB_OK;
     if (iw < 0 || ip < 0 || nb_safetensors_info_at(f, iw, &wte) != NB_OK ||
         nb_safetensors_info_at(f, ip, &wpe) != NB_OK || wte.ndim != 2 || wpe.ndim != 2) {
-        st = nb_set_error(NB_EFORMAT, "gpt_config_from_file: %s does not hold a GPT (no 2-D "
+        st = nb_set_error(NB_EFORMAT, "nb_gpt_config_from_file: %s does not hold a GPT (no 2-D "
                        "transformer.wte.weight and transformer.wpe.weight)", path);
     } else {
         cfg->vocab_size = wte.shape[0];
@@ -418,14 +419,14 @@ nb_status gpt_config_from_file(const char *path, gpt_config *cfg) {
         cfg->n_layer = n;
         cfg->no_bias = find_in(f, prefix, "transformer.ln_f.bias") < 0;
         if (n == 0)
-            st = nb_set_error(NB_EFORMAT, "gpt_config_from_file: %s has no transformer blocks", path);
+            st = nb_set_error(NB_EFORMAT, "nb_gpt_config_from_file: %s has no transformer blocks", path);
     }
     nb_safetensors_close(f);
     return st;
 }
 
-double gpt_train_flops(const gpt_config *cfg, int64_t B, int64_t T) {
-    gpt_config c;
+double nb_gpt_train_flops(const nb_gpt_config *cfg, int64_t B, int64_t T) {
+    nb_gpt_config c;
     if (!resolve(cfg, &c)) return NAN;
     const double N = (double)B * (double)T, C = (double)c.n_embd, V = (double)c.vocab_size;
     const double layer = 2 * N * C * 3 * C + 2 * N * C * C + 2 * (2 * N * C * 4 * C) +
