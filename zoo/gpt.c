@@ -25,10 +25,10 @@ static nb_tensor *dropout(nb_module *m, nb_tensor *x) {
 }
 
 static nb_tensor *linear_forward(nb_module *m, nb_tensor *x) {
-    return nb_linear(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"));
+    return nb_linear(x, nb_module_param(m, "weight"), nb_module_param_opt(m, "bias"));
 }
 static nb_tensor *layernorm_forward(nb_module *m, nb_tensor *x) {
-    return nb_layer_norm(x, nb_module_param(m, "weight"), nb_module_param(m, "bias"), 1e-5);
+    return nb_layer_norm(x, nb_module_param(m, "weight"), nb_module_param_opt(m, "bias"), 1e-5);
 }
 static nb_tensor *embedding_forward(nb_module *m, nb_tensor *x) {
     return nb_embedding(nb_module_param(m, "weight"), x);
