@@ -1,6 +1,7 @@
 /* checkpoint.c - training checkpoints (nabla/checkpoint.h): one safetensors file holding
  * model, optimizer, schedule, loader position, generator positions and step. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nabla/checkpoint.h"
@@ -67,11 +68,42 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
         if (st == NB_OK) st = add_u64(&l, name, nb_generator_offset(g));
     }
     if (st == NB_OK) st = add_u64(&l, "step", (uint64_t)c->step);
+    /* metadata: the format, the program and "config.<name>" = value per setting */
+    int nmeta = 2 + (c->program ? 1 : 0) + (c->nconfig > 0 ? c->nconfig : 0);
+    const char **keys = calloc((size_t)nmeta, sizeof *keys);
+    const char **vals = calloc((size_t)nmeta, sizeof *vals);
+    char **owned = calloc((size_t)nmeta, sizeof *owned);
+    if (st == NB_OK && (!keys || !vals || !owned))
+        st = nb__error(NB_ENOMEM, "checkpoint_save: out of memory");
+    int m = 0;
     if (st == NB_OK) {
-        const char *keys[] = {"format", "nabla_checkpoint"}, *vals[] = {"pt", "1"};
-        st = as_checkpoint_error(nb_safetensors_save(path, l.names, l.tensors, l.count, keys,
-                                                     vals, 2));
+        keys[m] = "format", vals[m++] = "pt";
+        keys[m] = "nabla_checkpoint", vals[m++] = "1";
+        if (c->program) keys[m] = "program", vals[m++] = c->program;
     }
+    for (int i = 0; st == NB_OK && i < c->nconfig; i++) {
+        const char *name = c->config_names ? c->config_names[i] : NULL;
+        const char *val = c->config_values ? c->config_values[i] : NULL;
+        if (!name || !val) {
+            st = nb__error(NB_ENULL, "checkpoint_save: setting %d has no %s", i,
+                           !name ? "name" : "value");
+            break;
+        }
+        size_t n = strlen(name) + sizeof "config.";
+        if (!(owned[m] = malloc(n))) {
+            st = nb__error(NB_ENOMEM, "checkpoint_save: out of memory");
+            break;
+        }
+        snprintf(owned[m], n, "config.%s", name);
+        keys[m] = owned[m], vals[m++] = val;
+    }
+    if (st == NB_OK)
+        st = as_checkpoint_error(nb_safetensors_save(path, l.names, l.tensors, l.count, keys,
+                                                     vals, m));
+    for (int i = 0; owned && i < nmeta; i++) free(owned[i]);
+    free(owned);
+    free(keys);
+    free(vals);
     nb_state_list_deinit(&l);
     /* the state views own small tensors: back to the cache, not held until the next save */
     nb_optim_state_release(c->optim);
@@ -89,6 +121,31 @@ nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
     if (!nb_safetensors_metadata(f, "nabla_checkpoint"))
         st = nb__error(NB_EFORMAT, "checkpoint_load: %s is a safetensors file but not a nabla "
                        "checkpoint (to load weights only, use nb_module_load)", path);
+    /* The run's identity before anything else: another program's file, or settings that
+     * differ, change nothing. */
+    const char *writer = nb_safetensors_metadata(f, "program");
+    if (st == NB_OK && c->program && writer && strcmp(writer, c->program) != 0)
+        st = nb__error(NB_EINVAL, "checkpoint_load: %s was written by %s, not by %s", path,
+                       writer, c->program);
+    for (int i = 0; st == NB_OK && i < c->nconfig; i++) {
+        const char *name = c->config_names ? c->config_names[i] : NULL;
+        const char *val = c->config_values ? c->config_values[i] : NULL;
+        if (!name || !val) {
+            st = nb__error(NB_ENULL, "checkpoint_load: setting %d has no %s", i,
+                           !name ? "name" : "value");
+            break;
+        }
+        char key[256];
+        snprintf(key, sizeof key, "config.%s", name);
+        const char *saved = nb_safetensors_metadata(f, key);
+        if (!saved || strcmp(saved, val) == 0) continue;
+        bool allowed = false;
+        for (int k = 0; k < c->nmay_change && c->may_change && !allowed; k++)
+            allowed = c->may_change[k] && strcmp(c->may_change[k], name) == 0;
+        if (!allowed)
+            st = nb__error(NB_EINVAL, "checkpoint_load: %s was written with %s=%s; this run has "
+                           "%s=%s", path, name, saved, name, val);
+    }
     /* Read every scalar first, so a bad file changes nothing. */
     uint64_t step = 0, epoch = 0, batch = 0;
     uint64_t rng[64][3];

@@ -21,6 +21,7 @@ static nb_optim *optimizer(nb_module *m, const nbm_args *a) {
 
 int main(int argc, char **argv) {
     nbm_args a = {.prog = "cnn", .epochs = 1, .batch = 128, .lr = 1e-3, .seed = 0};
-    if (!nbm_parse_args(argc, argv, &a)) return 2;
+    int rc = nbm_parse_args(argc, argv, &a);
+    if (rc != NBM_RUN) return rc;
     return nbm_run_classifier(&(nbm_model){"cnn", build, optimizer}, &a);
 }

@@ -20,8 +20,8 @@
 #include <string.h>
 #include <unistd.h>
 
-static void usage(const nbm_args *a) {
-    fprintf(stderr,
+static void usage(const nbm_args *a, FILE *out) {
+    fprintf(out,
             "usage: %s [flags]\n"
             "  --epochs N       training epochs (default %d)\n"
             "  --batch N        global batch size (default %lld)\n"
@@ -30,7 +30,10 @@ static void usage(const nbm_args *a) {
             "  --threads N      CPU threads (default: all cores)\n"
             "  --data DIR       Fashion-MNIST directory (default %s)\n"
             "  --save FILE      write a checkpoint after every epoch\n"
-            "  --resume FILE    continue from a checkpoint\n"
+            "  --save-every N   write it every N steps instead (and at the end)\n"
+            "  --resume FILE    continue from a checkpoint written with the same settings\n"
+            "  --override LIST  settings (lr, batch, limit; comma-separated) that may\n"
+            "                   differ from the --resume checkpoint's, e.g. --override lr\n"
             "  --log FILE       JSON lines: one per logged step and per epoch\n"
             "  --eval-only      evaluate (the --resume checkpoint, or the initial model)\n"
             "  --max-steps N    stop after N training steps in total\n"
@@ -46,37 +49,40 @@ static const struct {
 } value_flags[] = {{"--epochs", false}, {"--batch", true},     {"--lr", false},
                    {"--seed", true},    {"--threads", true},   {"--data", true},
                    {"--save", false},   {"--resume", true},    {"--log", false},
-                   {"--max-steps", false}, {"--limit", false}};
+                   {"--max-steps", false}, {"--limit", false}, {"--save-every", false},
+                   {"--override", false}};
 enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
 
-bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
+int nbm_parse_args(int argc, char **argv, nbm_args *a) {
     bool given[N_VALUE_FLAGS] = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            usage(a);
-            return false;
+            usage(a, stdout);
+            return 0;
         } else if (!strcmp(f, "--eval-only")) {
             a->eval_only = true;
             continue;
         } else if (strncmp(f, "-", 1)) { /* the programs take no file or other operand */
-            fprintf(stderr, "%s: unexpected argument \"%s\" (every input is a flag; see --help)\n",
+            fprintf(stderr, "%s: unexpected argument \"%s\" (every input is a flag)\n",
                     a->prog, f);
-            return false;
+            usage(a, stderr);
+            return 2;
         }
         /* Known before its value is looked at, so that a last "--bogus" is called unknown. */
         int k = 0;
         while (k < N_VALUE_FLAGS && strcmp(f, value_flags[k].name)) k++;
         if (k == N_VALUE_FLAGS) {
-            fprintf(stderr, "%s: unknown flag %s (see --help)\n", a->prog, f);
-            return false;
+            fprintf(stderr, "%s: unknown flag %s\n", a->prog, f);
+            usage(a, stderr);
+            return 2;
         }
         given[k] = true;
         i++; /* every other flag takes a value */
         if (!v) {
             fprintf(stderr, "%s: %s needs a value (see --help)\n", a->prog, f);
-            return false;
+            return 2;
         }
         bool ok = true;
         if (!strcmp(f, "--epochs")) {
@@ -101,17 +107,29 @@ bool nbm_parse_args(int argc, char **argv, nbm_args *a) {
             ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &a->max_steps);
         } else if (!strcmp(f, "--limit")) {
             ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &a->limit);
+        } else if (!strcmp(f, "--save-every")) {
+            ok = nbm_parse_int(a->prog, f, v, 1, INT64_MAX, &a->save_every);
+        } else if (!strcmp(f, "--override")) {
+            a->override = v;
         }
-        if (!ok) return false;
+        if (!ok) return 2;
     }
     /* Nothing trains with --eval-only: a training flag there is a mistake, not a no-op. */
     for (int k = 0; a->eval_only && k < N_VALUE_FLAGS; k++)
         if (given[k] && !value_flags[k].eval_only_too) {
             fprintf(stderr, "%s: %s has no effect with --eval-only (nothing is trained)\n",
                     a->prog, value_flags[k].name);
-            return false;
+            return 2;
         }
-    return true;
+    if (a->save_every && !a->save) {
+        fprintf(stderr, "%s: --save-every has no effect without --save\n", a->prog);
+        return 2;
+    }
+    if (a->override && !a->resume) {
+        fprintf(stderr, "%s: --override has no effect without --resume\n", a->prog);
+        return 2;
+    }
+    return NBM_RUN;
 }
 
 /* Accuracy and mean loss over a loader's epoch, in eval mode with grad mode off. With
@@ -206,9 +224,18 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
         FAIL("cannot open --log %s: %s", a->log, strerror(errno));
 
     nb_checkpoint ck = {.model = model, .optim = opt, .loader = train_l};
+    /* The settings that change the results travel with the checkpoint (prog.h). */
+    nbm_config cfg = {0};
+    nbm_config_num(&cfg, "lr", a->lr);
+    nbm_config_int(&cfg, "batch", a->batch);
+    nbm_config_int(&cfg, "seed", (int64_t)a->seed);
+    nbm_config_fixed(&cfg, "the checkpoint's loader continues its shuffled epoch from it");
+    nbm_config_int(&cfg, "limit", a->limit);
+    if (!nbm_config_apply(&cfg, &ck, a->prog, a->override)) goto done;
     int64_t step = 0;
     if (a->resume) { /* every rank loads it (optimizer state and loader position too) */
-        if (nb_checkpoint_load(a->resume, &ck) != NB_OK) FAIL("%s", nb_last_error());
+        if (nb_checkpoint_load(a->resume, &ck) != NB_OK)
+            FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
         step = ck.step;
         if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
     }
@@ -268,6 +295,11 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 double dt = nbm_now_s() - t0;
                 step++;
                 if (step == 10) nb_alloc_get_stats(&st0); /* steady state from here */
+                if (main_rank && a->save_every &&
+                    (step % a->save_every == 0 || step == total_steps)) {
+                    ck.step = step; /* the loader resumes at the batch after b */
+                    if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+                }
                 /* samples: the global batch (every rank's shard); comm: the part of the
                  * step spent waiting for gradients that backward did not hide. */
                 double comm = ddp ? nb_ddp_exposed_comm_s(ddp) : 0;
@@ -339,7 +371,8 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 nbm_log_printf(&log, "}\n");
                 nbm_log_flush(&log);
             }
-            if (main_rank && a->save) { /* the weights are the same on every rank */
+            if (main_rank && a->save && !a->save_every) { /* the weights are the same on
+                                                             every rank */
                 ck.step = step;
                 if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
             }

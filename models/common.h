@@ -15,14 +15,18 @@ typedef struct nbm_args {
     int threads;
     const char *data;
     const char *save, *resume, *log;
+    const char *override;   /* --override: settings allowed to differ from the --resume file */
+    int64_t save_every;     /* checkpoint every N steps (0: after every epoch) */
     bool eval_only;
     int64_t max_steps;      /* stop after this many steps in total (0: run all epochs) */
     int64_t limit;          /* use only the first N training samples (0: all) */
 } nbm_args;
 
-/* Parse the common flags into a (pre-filled with defaults); returns false after printing
- * usage or an error. */
-bool nbm_parse_args(int argc, char **argv, nbm_args *a);
+/* Parse the common flags into a (pre-filled with defaults). Returns NBM_RUN to go on, or
+ * the exit status: 0 after --help (usage on stdout), 2 after a bad command line (the reason
+ * on stderr; the usage too for an unknown flag or a stray argument). */
+#define NBM_RUN (-1)
+int nbm_parse_args(int argc, char **argv, nbm_args *a);
 
 /* Builds the model and its optimizer for the given args (the model-specific part). */
 typedef struct nbm_model {

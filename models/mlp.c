@@ -17,6 +17,7 @@ static nb_optim *optimizer(nb_module *m, const nbm_args *a) {
 
 int main(int argc, char **argv) {
     nbm_args a = {.prog = "mlp", .epochs = 1, .batch = 256, .lr = 0.05, .seed = 0};
-    if (!nbm_parse_args(argc, argv, &a)) return 2;
+    int rc = nbm_parse_args(argc, argv, &a);
+    if (rc != NBM_RUN) return rc;
     return nbm_run_classifier(&(nbm_model){"mlp", build, optimizer}, &a);
 }

@@ -167,3 +167,77 @@ bool nbm_stdout_ok(const char *prog) {
             strerror(errno ? errno : EIO));
     return false;
 }
+
+/* ---- the run's identity ------------------------------------------------------------------- */
+static void config_add(nbm_config *c, const char *name, const char *text) {
+    if (c->n >= NBM_MAX_CONFIG) return; /* a program bug; the programs have far fewer */
+    snprintf(c->text[c->n], sizeof c->text[c->n], "%s", text);
+    c->names[c->n] = name;
+    c->values[c->n] = c->text[c->n];
+    c->n++;
+}
+
+void nbm_config_int(nbm_config *c, const char *name, int64_t v) {
+    char b[32];
+    snprintf(b, sizeof b, "%lld", (long long)v);
+    config_add(c, name, b);
+}
+
+void nbm_config_num(nbm_config *c, const char *name, double v) {
+    char b[40];
+    for (int prec = 1; prec <= 17; prec++) { /* the shortest text that reads back as v */
+        snprintf(b, sizeof b, "%.*g", prec, v);
+        if (strtod(b, NULL) == v) break;
+    }
+    config_add(c, name, b);
+}
+
+void nbm_config_str(nbm_config *c, const char *name, const char *v) { config_add(c, name, v); }
+
+void nbm_config_fixed(nbm_config *c, const char *why) {
+    if (c->n > 0) c->fixed_why[c->n - 1] = why;
+}
+
+bool nbm_config_apply(nbm_config *c, nb_checkpoint *ck, const char *prog, const char *override) {
+    c->nmay = 0;
+    if (override) {
+        snprintf(c->override, sizeof c->override, "%s", override);
+        for (char *save = NULL, *tok = strtok_r(c->override, ",", &save); tok;
+             tok = strtok_r(NULL, ",", &save)) {
+            int k = 0;
+            while (k < c->n && strcmp(c->names[k], tok)) k++;
+            if (k == c->n) {
+                char list[600] = "";
+                for (int i = 0; i < c->n; i++)
+                    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                             i ? ", " : "", c->names[i]);
+                fprintf(stderr, "%s: --override: no setting \"%s\" (settings: %s)\n", prog, tok,
+                        list);
+                return false;
+            }
+            if (c->fixed_why[k]) {
+                fprintf(stderr, "%s: --override: %s cannot change on resume (%s)\n", prog, tok,
+                        c->fixed_why[k]);
+                return false;
+            }
+            if (c->nmay < NBM_MAX_CONFIG) c->may_change[c->nmay++] = c->names[k];
+        }
+    }
+    ck->program = prog;
+    ck->config_names = c->names;
+    ck->config_values = c->values;
+    ck->nconfig = c->n;
+    ck->may_change = c->may_change;
+    ck->nmay_change = c->nmay;
+    return true;
+}
+
+const char *nbm_config_hint(const char *msg) {
+    const char *p = strstr(msg, "; this run has ");
+    if (!p || !strstr(msg, " was written with ")) return "";
+    static _Thread_local char hint[160];
+    const char *name = p + strlen("; this run has ");
+    size_t n = strcspn(name, "=");
+    snprintf(hint, sizeof hint, " (to change it deliberately: --override %.*s)", (int)n, name);
+    return hint;
+}

@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <nabla/checkpoint.h>
 #include <nabla/nabla.h>
 
 /* Seconds on the monotonic clock. */
@@ -58,6 +59,42 @@ bool nbm_parse_int(const char *prog, const char *flag, const char *s, int64_t mi
  * a number in [lo, hi), got S" (the brackets as the bounds are) and return false. */
 bool nbm_parse_num(const char *prog, const char *flag, const char *s, double lo, bool lo_open,
                    double hi, bool hi_open, double *out);
+
+/* ---- the run's identity in its checkpoints ---------------------------------------------------
+ * The settings that change a run's results (learning rate, batch, seed, model sizes, ...)
+ * go into its checkpoints (nb_checkpoint's config); --resume with another value of one is
+ * an error naming the flag and both values, unless --override names it. The same rule in
+ * every program:
+ *     nbm_config c = {0};
+ *     nbm_config_num(&c, "lr", a.lr);            // flag --lr
+ *     nbm_config_int(&c, "batch", a.batch);
+ *     nbm_config_apply(&c, &ck, a.override);     // before nb_checkpoint_load / _save
+ * Names are the flags without their dashes. Numbers are written as the shortest text that
+ * reads back as the same double, so equal values always compare equal. */
+#define NBM_MAX_CONFIG 48
+typedef struct nbm_config {
+    const char *names[NBM_MAX_CONFIG];
+    const char *values[NBM_MAX_CONFIG]; /* point into text */
+    char text[NBM_MAX_CONFIG][40];
+    const char *fixed_why[NBM_MAX_CONFIG]; /* non-NULL: --override may not name it */
+    const char *may_change[NBM_MAX_CONFIG];
+    char override[512]; /* a copy of --override, split in place */
+    int n, nmay;
+} nbm_config;
+void nbm_config_int(nbm_config *c, const char *name, int64_t v);
+void nbm_config_num(nbm_config *c, const char *name, double v);
+void nbm_config_str(nbm_config *c, const char *name, const char *v);
+/* The last setting added can never change on resume (a model size, a seed whose random
+ * streams the checkpoint continues); why says so in --override's error. */
+void nbm_config_fixed(nbm_config *c, const char *why);
+/* Point ck's config at c's settings (and program at prog), with the settings --override
+ * names (a comma list such as "lr,batch"; NULL: none) allowed to change on load. False
+ * after printing "prog: --override: no setting NAME (settings: lr, batch, ...)" when a name
+ * is not one of c's, or "prog: --override: NAME cannot change on resume (why)". c must outlive ck's use. */
+bool nbm_config_apply(nbm_config *c, nb_checkpoint *ck, const char *prog, const char *override);
+/* The hint a program adds after a refused --resume: " (to change a setting deliberately,
+ * name it in --override, e.g. --override lr)" when msg is a changed-setting error, else "". */
+const char *nbm_config_hint(const char *msg);
 
 /* v as a JSON number with prec decimals into buf[n], or "null" when v is NaN or infinite
  * (JSON has neither). Returns buf. */

@@ -176,6 +176,70 @@ START_TEST(test_bad_checkpoints) {
 }
 END_TEST
 
+
+/* The run's identity: a file written by another program, or with a setting that changes the
+ * results, is refused before anything changes (naming the setting and both values) unless
+ * the setting may change; names only one side has are not compared. */
+START_TEST(test_checkpoint_identity) {
+    nb_scope_begin();
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "run.ckpt");
+    nb_generator *dg = nb_generator_new(4);
+    nb_tensor *x = nb_randn((int64_t[]){16, 6}, 2, NB_F32, dg);
+    nb_tensor *y = nb_randint((int64_t[]){16}, 1, NB_I64, 0, 3, dg);
+    run r;
+    run_init(&r, x, y);
+    train_steps(&r, 2);
+    nb_checkpoint c = ck_of(&r, 2);
+    c.program = "mlp";
+    c.config_names = (const char *[]){"lr", "batch", "seed"};
+    c.config_values = (const char *[]){"0.05", "256", "0"};
+    c.nconfig = 3;
+    ASSERT_OK(nb_checkpoint_save(path, &c));
+    nb_safetensors *f = nb_safetensors_open(path);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_str_eq(nb_safetensors_metadata(f, "program"), "mlp");
+    ck_assert_str_eq(nb_safetensors_metadata(f, "config.lr"), "0.05");
+    nb_safetensors_close(f);
+    train_steps(&r, 1);
+    const int64_t w00[2] = {0, 0};
+    nb_tensor *w = nb_module_find(r.model, "0.weight");
+    double before = nb_get_f64(w, w00);
+
+    nb_checkpoint other = c;
+    other.program = "cnn";
+    ASSERT_ST(nb_checkpoint_load(path, &other), NB_EINVAL, "was written by mlp, not by cnn");
+    nb_checkpoint lr = c;
+    lr.config_values = (const char *[]){"0.1", "256", "0"};
+    ASSERT_ST(nb_checkpoint_load(path, &lr), NB_EINVAL,
+              "run.ckpt was written with lr=0.05; this run has lr=0.1");
+    nb_checkpoint seed = c;
+    seed.config_values = (const char *[]){"0.05", "256", "7"};
+    seed.may_change = (const char *[]){"lr"};
+    seed.nmay_change = 1;
+    ASSERT_ST(nb_checkpoint_load(path, &seed), NB_EINVAL, "seed=0; this run has seed=7");
+    ck_assert(nb_get_f64(w, w00) == before); /* nothing was loaded */
+    /* a deliberate change of lr; a setting the file does not know */
+    nb_checkpoint ok = c;
+    ok.config_names = (const char *[]){"lr", "batch", "seed", "new_flag"};
+    ok.config_values = (const char *[]){"0.1", "256", "0", "x"};
+    ok.nconfig = 4;
+    ok.may_change = (const char *[]){"lr"};
+    ok.nmay_change = 1;
+    ASSERT_OK(nb_checkpoint_load(path, &ok));
+    ck_assert_int_eq(ok.step, 2);
+    ck_assert(nb_get_f64(w, w00) != before);
+    /* a file without identity (older, or a library user's) loads under any identity */
+    nb_checkpoint plain = ck_of(&r, 2);
+    ASSERT_OK(nb_checkpoint_save(path, &plain));
+    ASSERT_OK(nb_checkpoint_load(path, &lr));
+    run_free(&r);
+    nb_generator_free(dg);
+    free(path);
+    tu_rm_dir(dir);
+    nb_scope_end();
+}
+END_TEST
+
 /* A checkpoint that cannot be written is an error naming the call, the file and the reason:
  * /dev/full (refused and left as it is; as root a copy made in a temporary directory, so that
  * a regression cannot replace the machine's own), and a write that fails half-way (the file
@@ -240,6 +304,7 @@ Suite *nb_suite_checkpoint(void) {
     TCase *tc = tcase_create("checkpoint");
     tcase_add_test(tc, test_resume_bit_exact);
     tcase_add_test(tc, test_bad_checkpoints);
+    tcase_add_test(tc, test_checkpoint_identity);
     tcase_add_test(tc, test_save_failures);
     suite_add_tcase(s, tc);
     return s;

@@ -13,7 +13,8 @@
  *
  * A checkpoint holds the model's parameters and buffers ("model.<name>"), the optimizer's
  * state ("optim.<name>", nb_optim_state), the schedule's ("sched.<name>"), the loader's
- * position, each listed generator's (seed, stream, offset) and the step count. It is a
+ * position, each listed generator's (seed, stream, offset), the step count and, when given,
+ * the writing program's name and the run's settings (checked on load, see below). It is a
  * safetensors file (so `model.*` loads into PyTorch by stripping the prefix) written
  * atomically: a temporary file, fsync, rename - a crash during the write leaves the previous
  * checkpoint intact. Every write, the fsync, the close, the rename and the directory sync are
@@ -52,6 +53,24 @@ typedef struct nb_checkpoint {
     nb_generator **gens;   /* generators whose stream positions to keep (dropout, ...) */
     int ngens;
     int64_t step;          /* saved as given; set by nb_checkpoint_load */
+    /* The run's identity, saved in the file's metadata and checked by nb_checkpoint_load
+     * (each NULL/0: neither saved nor checked).
+     * program: the program that writes and resumes the file ("mlp"); loading a file that
+     *   another program wrote is NB_EINVAL "checkpoint_load: run.ckpt was written by gpt,
+     *   not by mlp".
+     * config_names / config_values: nconfig settings that change the results (learning
+     *   rate, batch, seed, model sizes, ...) as text. Loading compares every name the file
+     *   also holds: a different value is NB_EINVAL naming the setting and both values
+     *   ("checkpoint_load: run.ckpt was written with lr=0.05; this run has lr=0.1"), unless
+     *   the name is one of may_change[0..nmay_change) (a deliberate change, e.g. a new
+     *   learning rate). Names only one side has are not compared (older files, new
+     *   settings). Compare exact text: write numbers the same way on both sides. */
+    const char *program;
+    const char *const *config_names;
+    const char *const *config_values;
+    int nconfig;
+    const char *const *may_change;
+    int nmay_change;
 } nb_checkpoint;
 
 nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c);

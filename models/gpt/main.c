@@ -33,7 +33,7 @@ typedef struct args {
     int64_t steps, decay_steps, batch, warmup, grad_accum, eval_every, eval_batches, save_every;
     double lr, weight_decay, min_lr, grad_clip, beta1, beta2;
     const char *schedule;
-    const char *save, *resume, *log;
+    const char *save, *resume, *log, *override;
     int64_t threads;
     uint64_t seed;
     /* sampling */
@@ -43,8 +43,8 @@ typedef struct args {
     double temperature;
 } args;
 
-static void usage(const args *a) {
-    fprintf(stderr,
+static void usage(const args *a, FILE *out) {
+    fprintf(out,
             "usage: gpt [flags]                      train (defaults: the W3 recipe, cosine lr)\n"
             "       gpt --sample --load FILE [flags]  generate text\n"
             "model:\n"
@@ -70,7 +70,9 @@ static void usage(const args *a) {
             "  --eval-batches N fixed validation batches (default %lld)\n"
             "  --save FILE      checkpoint at every evaluation and at the end\n"
             "  --save-every N   checkpoint every N steps instead\n"
-            "  --resume FILE    continue from a checkpoint (same flags and seed)\n"
+            "  --resume FILE    continue from a checkpoint written with the same settings\n"
+            "  --override LIST  settings that may differ from the --resume checkpoint's\n"
+            "                   (comma-separated flag names without dashes, e.g. lr,grad-clip)\n"
             "  --log FILE       JSON lines: one per step and one per evaluation\n"
             "  --threads N      CPU threads (default: all cores)\n"
             "  --seed N         initialization, batch order, dropout (default %llu)\n"
@@ -91,7 +93,10 @@ static void usage(const args *a) {
 /* Where a flag has an effect: in both modes, only when training, only with --sample. */
 enum { BOTH, TRAIN, SAMPLE };
 
-static bool parse_args(int argc, char **argv, args *a) {
+/* Returns RUN to go on, or the exit status: 0 after --help (usage on stdout), 2 after a bad
+ * command line (the reason on stderr; the usage too for an unknown flag or stray argument). */
+#define RUN (-1)
+static int parse_args(int argc, char **argv, args *a) {
     /* every flag that takes a value; given[k]: flags[k] was on the command line */
     static const struct {
         const char *name;
@@ -106,35 +111,37 @@ static bool parse_args(int argc, char **argv, args *a) {
                  {"--eval-batches", TRAIN}, {"--save-every", TRAIN}, {"--save", TRAIN},
                  {"--resume", TRAIN},      {"--log", TRAIN},         {"--threads", BOTH},
                  {"--seed", BOTH},         {"--load", SAMPLE},       {"--prompt", SAMPLE},
-                 {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE}};
+                 {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE},
+                 {"--override", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            usage(a);
-            return false;
+            usage(a, stdout);
+            return 0;
         }
         if (!strcmp(f, "--sample")) {
             a->sample = true;
             continue;
         }
         if (strncmp(f, "-", 1)) { /* the program takes no file or other operand */
-            fprintf(stderr, "gpt: unexpected argument \"%s\" (every input is a flag; see --help)\n",
-                    f);
-            return false;
+            fprintf(stderr, "gpt: unexpected argument \"%s\" (every input is a flag)\n", f);
+            usage(a, stderr);
+            return 2;
         }
         /* Known before its value is looked at, so that a last "--bogus" is called unknown. */
         int k = 0;
         while (k < NF && strcmp(f, flags[k].name)) k++;
         if (k == NF) {
-            fprintf(stderr, "gpt: unknown flag %s (see --help)\n", f);
-            return false;
+            fprintf(stderr, "gpt: unknown flag %s\n", f);
+            usage(a, stderr);
+            return 2;
         }
         given[k] = true;
         if (i + 1 >= argc) {
             fprintf(stderr, "gpt: %s needs a value (see --help)\n", f);
-            return false;
+            return 2;
         }
         const char *v = argv[++i];
         int64_t n;
@@ -165,6 +172,7 @@ static bool parse_args(int argc, char **argv, args *a) {
         I64("--eval-every", eval_every, 0, BIG); I64("--eval-batches", eval_batches, 1, BIG);
         I64("--save-every", save_every, 0, BIG);
         STR("--save", save); STR("--resume", resume); STR("--log", log);
+        STR("--override", override);
         I64("--threads", threads, 0, NBM_MAX_THREADS);
         else if (!strcmp(f, "--seed")) {
             if ((ok = nbm_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
@@ -175,11 +183,11 @@ static bool parse_args(int argc, char **argv, args *a) {
 #undef I64
 #undef F64
 #undef STR
-        if (!ok) return false;
+        if (!ok) return 2;
     }
     if (strcmp(a->schedule, "cosine") && strcmp(a->schedule, "constant")) {
         fprintf(stderr, "gpt: --schedule must be cosine or constant, got \"%s\"\n", a->schedule);
-        return false;
+        return 2;
     }
     /* A flag the chosen mode ignores is a mistake (a typo'd mode, a forgotten --sample),
      * not something to drop silently. */
@@ -187,30 +195,34 @@ static bool parse_args(int argc, char **argv, args *a) {
         if (!given[k] || flags[k].mode == BOTH) continue;
         if (flags[k].mode == SAMPLE && !a->sample) {
             fprintf(stderr, "gpt: %s has no effect without --sample\n", flags[k].name);
-            return false;
+            return 2;
         }
         if (flags[k].mode == TRAIN && a->sample) {
             fprintf(stderr, "gpt: %s has no effect with --sample (it is a training flag)\n",
                     flags[k].name);
-            return false;
+            return 2;
         }
         bool constant = !strcmp(a->schedule, "constant");
         const char *name = flags[k].name;
         if (constant && (!strcmp(name, "--warmup") || !strcmp(name, "--min-lr") ||
                          !strcmp(name, "--decay-steps"))) {
             fprintf(stderr, "gpt: %s has no effect with --schedule constant\n", name);
-            return false;
+            return 2;
         }
         if (!a->save && !strcmp(name, "--save-every")) {
             fprintf(stderr, "gpt: --save-every has no effect without --save\n");
-            return false;
+            return 2;
+        }
+        if (!a->resume && !strcmp(name, "--override")) {
+            fprintf(stderr, "gpt: --override has no effect without --resume\n");
+            return 2;
         }
     }
     if (a->sample && !a->load) {
         fprintf(stderr, "gpt: --sample needs --load FILE\n");
-        return false;
+        return 2;
     }
-    return true;
+    return RUN;
 }
 
 /* The default text: the output of the KJV command (Debian package bible-kjv), 4.3 MB. */
@@ -426,9 +438,43 @@ static int run_train(const args *a) {
 
     nb_checkpoint ck = {.model = model, .optim = opt, .sched = sched,
                         .gens = (nb_generator *[]){batch_gen, drop_gen}, .ngens = 2};
+    /* The settings that change the results travel with the checkpoint (prog.h); the
+     * schedule's as the run uses them (a default --decay-steps is --steps). */
+    nbm_config conf = {0};
+    nbm_config_int(&conf, "n-layer", a->n_layer);
+    nbm_config_fixed(&conf, "the model's shape is in the checkpoint");
+    nbm_config_int(&conf, "n-head", a->n_head);
+    nbm_config_fixed(&conf, "the model's shape is in the checkpoint");
+    nbm_config_int(&conf, "n-embd", a->n_embd);
+    nbm_config_fixed(&conf, "the model's shape is in the checkpoint");
+    nbm_config_int(&conf, "block-size", a->block_size);
+    nbm_config_fixed(&conf, "the model's shape is in the checkpoint");
+    nbm_config_num(&conf, "dropout", a->dropout);
+    nbm_config_int(&conf, "bias", a->bias);
+    nbm_config_fixed(&conf, "the model's shape is in the checkpoint");
+    nbm_config_int(&conf, "gelu-tanh", a->gelu_tanh);
+    nbm_config_int(&conf, "batch", a->batch);
+    nbm_config_int(&conf, "grad-accum", a->grad_accum);
+    nbm_config_num(&conf, "lr", a->lr);
+    nbm_config_str(&conf, "schedule", a->schedule);
+    if (cosine) { /* defaults that follow other flags are stored as the rule they follow */
+        if (a->warmup >= 0) nbm_config_int(&conf, "warmup", warmup);
+        else nbm_config_str(&conf, "warmup", "decay-steps/20");
+        nbm_config_int(&conf, "decay-steps", decay_steps);
+        if (a->min_lr >= 0) nbm_config_num(&conf, "min-lr", min_lr);
+        else nbm_config_str(&conf, "min-lr", "lr/10");
+    }
+    nbm_config_num(&conf, "weight-decay", a->weight_decay);
+    nbm_config_num(&conf, "beta1", a->beta1);
+    nbm_config_num(&conf, "beta2", a->beta2);
+    nbm_config_num(&conf, "grad-clip", a->grad_clip);
+    nbm_config_int(&conf, "seed", (int64_t)a->seed);
+    nbm_config_fixed(&conf, "the checkpoint's batch and dropout streams continue from it");
+    if (!nbm_config_apply(&conf, &ck, "gpt", a->override)) goto done;
     int64_t step = 0, first = 0;
     if (a->resume) { /* every rank loads it */
-        if (nb_checkpoint_load(a->resume, &ck) != NB_OK) FAIL("%s", nb_last_error());
+        if (nb_checkpoint_load(a->resume, &ck) != NB_OK)
+            FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
         first = step = ck.step;
         /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
          * so rank r continues its own stream at the same position. */
@@ -619,6 +665,7 @@ int main(int argc, char **argv) {
               .steps = 200, .batch = 16, .warmup = -1, .grad_accum = 1, .eval_every = 100,
               .eval_batches = 20, .lr = 3e-4, .weight_decay = 0.1, .min_lr = -1, .beta1 = 0.9,
               .beta2 = 0.999, .schedule = "cosine", .tokens = 500, .temperature = 0.8};
-    if (!parse_args(argc, argv, &a)) return 2;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != RUN) return rc;
     return a.sample ? run_sample(&a) : run_train(&a);
 }
