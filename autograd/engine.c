@@ -338,9 +338,11 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
 
 nb_status nb_backward(nb_tensor *output) { return nb_backward_ex(output, NULL); }
 
+nb_backward_opts nb_backward_defaults(void) { return (nb_backward_opts){0}; }
+
 nb_status nb_backward_ex(nb_tensor *out, const nb_backward_opts *opts) {
     if (!nb__arg_ok(out, "backward", "output")) return nb_last_status();
-    nb_backward_opts o = opts ? *opts : (nb_backward_opts){0};
+    nb_backward_opts o = opts ? *opts : nb_backward_defaults();
     if (!out->requires_grad)
         return nb__error(NB_EINVAL, "backward: the output does not require grad (no input of "
                          "the ops that produced it requires grad, or grad mode was off)");
