@@ -91,9 +91,11 @@ static nb_tensor *loss_of(nb_module *m, model_kind kind, nb_tensor *x, nb_tensor
 }
 
 static nb_optim *make_opt(nb_module *m, model_kind kind) {
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.lr = 1e-2;
     nb_optim *o = kind == MLP
                       ? nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9})
-                      : nb_adam_new(nb_parameters(m), &(nb_adam_opts){.lr = 1e-2});
+                      : nb_adam_new(nb_parameters(m), &ao);
     MT_CHECK(o != NULL, "optimizer: %s", nb_last_error());
     return o;
 }
