@@ -416,9 +416,11 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
 
 nb_status nb_backward(nb_tensor *output) { return nb_backward_ex(output, NULL); }
 
+nb_backward_opts nb_backward_defaults(void) { return (nb_backward_opts){0}; }
+
 static nb_status backward_run(nb_tensor *out, const nb_backward_opts *opts) {
     if (!nb__arg_ok(out, "backward", "output")) return nb_last_status();
-    nb_backward_opts o = opts ? *opts : (nb_backward_opts){0};
+    nb_backward_opts o = opts ? *opts : nb_backward_defaults();
     if (o.grad_output && !nb__live(o.grad_output))
         return nb__dead_handle(o.grad_output, "backward", ".grad_output"), NB_EFREED;
     if (!out->requires_grad)

@@ -25,14 +25,21 @@ static double probe(nb_gradcheck_fn f, nb_tensor *const *xs, int n, void *ctx, n
     return v;
 }
 
+nb_gradcheck_opts nb_gradcheck_defaults(void) {
+    return (nb_gradcheck_opts){.eps = 1e-6, .atol = 1e-5, .rtol = 1e-3};
+}
+
 nb_status nb_gradcheck(nb_gradcheck_fn f, nb_tensor *const *inputs, int n, void *ctx,
                        const nb_gradcheck_opts *opts) {
     if (!f) return nb__error(NB_ENULL, "gradcheck: f is NULL");
     if (n < 0 || n > 16 || (n && !inputs))
         return nb__error(NB_EINVAL, "gradcheck: between 0 and 16 inputs, got %d", n);
-    nb_gradcheck_opts o = opts ? *opts : (nb_gradcheck_opts){0};
-    double eps = o.eps > 0 ? o.eps : 1e-6, atol = o.atol > 0 ? o.atol : 1e-5,
-           rtol = o.rtol > 0 ? o.rtol : 1e-3;
+    nb_gradcheck_opts o = opts ? *opts : nb_gradcheck_defaults();
+    double eps = o.eps, atol = o.atol, rtol = o.rtol;
+    if (!(eps > 0) || !(atol >= 0) || !(rtol >= 0))
+        return nb__error(NB_EINVAL, "gradcheck: eps must be > 0 and atol, rtol >= 0, got %g, "
+                         "%g, %g (nb_gradcheck_defaults() gives 1e-6, 1e-5, 1e-3)", eps, atol,
+                         rtol);
     nb_status st = NB_OK;
     nb_scope_begin();
     nb_tensor *xs[16];

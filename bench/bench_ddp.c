@@ -101,7 +101,9 @@ static nb_module *gpt_build(void) {
     return m;
 }
 static nb_optim *gpt_optim(nb_module *m) {
-    return nb_adam_new(nb_parameters(m), &(nb_adam_opts){.lr = 3e-4});
+    nb_adam_opts o = nb_adam_defaults();
+    o.lr = 3e-4;
+    return nb_adam_new(nb_parameters(m), &o);
 }
 static void gpt_data(int64_t n, nb_tensor **x, nb_tensor **y) {
     nb_generator *g = nb_generator_new(2);
@@ -128,7 +130,9 @@ static result measure(const workload *w, int64_t n, nb_comm *c, double bucket_mb
     CHECK(m);
     nb_ddp *d = NULL;
     if (c) {
-        d = nb_ddp_new(m, c, &(nb_ddp_opts){.bucket_mb = bucket_mb});
+        nb_ddp_opts o = nb_ddp_defaults();
+        if (bucket_mb > 0) o.bucket_mb = bucket_mb;
+        d = nb_ddp_new(m, c, &o);
         CHECK(d);
         if (buckets) *buckets = nb_ddp_num_buckets(d);
     }

@@ -225,6 +225,8 @@ nb_dataset *nb_tensor_dataset_new(nb_tensor *x, nb_tensor *y) {
 }
 
 /* ---- IDX image/label datasets ------------------------------------------------------------ */
+nb_mnist_opts nb_mnist_defaults(void) { return (nb_mnist_opts){.limit = INT64_MAX}; }
+
 nb_dataset *nb_idx_dataset_new(const char *images_path, const char *labels_path,
                                const nb_mnist_opts *opts) {
     const char *op = "idx_dataset";
@@ -233,7 +235,7 @@ nb_dataset *nb_idx_dataset_new(const char *images_path, const char *labels_path,
                   images_path ? "labels_path" : "images_path");
         return NULL;
     }
-    nb_mnist_opts o = opts ? *opts : (nb_mnist_opts){0};
+    nb_mnist_opts o = opts ? *opts : nb_mnist_defaults();
     if (o.limit < 0) {
         nb__error(NB_EINVAL, "%s: limit must be >= 0 (got %lld)", op, (long long)o.limit);
         return NULL;
@@ -259,7 +261,7 @@ nb_dataset *nb_idx_dataset_new(const char *images_path, const char *labels_path,
                   (long long)lab->shape[0]);
         goto done;
     }
-    if (o.limit > 0 && o.limit < img->shape[0]) {
+    if (o.limit < img->shape[0]) {
         img = nb_narrow(img, 0, 0, o.limit);
         lab = nb_narrow(lab, 0, 0, o.limit);
     }

@@ -248,6 +248,10 @@ static bool spec_ok(const nb_sample_spec *s, const char *what, const char *name)
     return true;
 }
 
+nb_loader_opts nb_loader_defaults(void) {
+    return (nb_loader_opts){.batch_size = 1, .world_size = 1};
+}
+
 nb_loader *nb_loader_new(nb_dataset *ds, const nb_loader_opts *opts) {
     const char *op = "loader_new";
     if (!ds || !ds->vt || !ds->vt->length || !ds->vt->get_batch) {
@@ -255,17 +259,15 @@ nb_loader *nb_loader_new(nb_dataset *ds, const nb_loader_opts *opts) {
                   "get_batch are required)" : "argument 'dataset' is NULL");
         return NULL;
     }
-    nb_loader_opts o = opts ? *opts : (nb_loader_opts){0};
-    if (o.batch_size == 0) o.batch_size = 1;
-    if (o.world_size == 0) o.world_size = 1;
-    if (o.batch_size < 0) {
+    nb_loader_opts o = opts ? *opts : nb_loader_defaults();
+    if (o.batch_size <= 0) {
         nb__error(NB_EINVAL, "%s: batch_size must be > 0 (got %lld)", op,
                   (long long)o.batch_size);
         return NULL;
     }
-    if (o.world_size < 0 || o.rank < 0 || o.rank >= o.world_size) {
-        nb__error(NB_EINVAL, "%s: rank %d is not in [0, world_size) with world_size %d", op,
-                  o.rank, o.world_size);
+    if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size) {
+        nb__error(NB_EINVAL, "%s: world_size %d must be >= 1 and rank %d in [0, world_size) "
+                  "(nb_loader_defaults() gives 1 and 0)", op, o.world_size, o.rank);
         return NULL;
     }
     if (o.prefetch < 0 || o.prefetch > NB__LOADER_MAX_PREFETCH) {

@@ -6,7 +6,9 @@
 
 static nb_module *build(const nbm_args *a, nb_generator *g) {
     (void)a;
-    nb_conv2d_opts c = {.padding = {1, 1}, .gen = g};
+    nb_conv2d_opts c = nb_conv2d_defaults();
+    c.padding[0] = c.padding[1] = 1;
+    c.gen = g;
     nb_linear_opts l = {.gen = g};
     return nb_sequential_new(nb_conv2d_new(1, 32, 3, 3, &c), nb_relu_new(),
                              nb_maxpool2d_new(2, 2, NULL), nb_conv2d_new(32, 64, 3, 3, &c),
@@ -16,7 +18,9 @@ static nb_module *build(const nbm_args *a, nb_generator *g) {
 }
 
 static nb_optim *optimizer(nb_module *m, const nbm_args *a) {
-    return nb_adam_new(nb_parameters(m), &(nb_adam_opts){.lr = a->lr});
+    nb_adam_opts o = nb_adam_defaults();
+    o.lr = a->lr;
+    return nb_adam_new(nb_parameters(m), &o);
 }
 
 int main(int argc, char **argv) {

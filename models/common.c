@@ -206,16 +206,25 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
         FAIL("--batch %lld is the global batch and must divide by the %d ranks",
              (long long)a->batch, size);
 
-    train_ds = nb_fashion_mnist_new(a->data, true, &(nb_mnist_opts){.limit = a->limit});
+    nb_mnist_opts mo = nb_mnist_defaults();
+    if (a->limit > 0) mo.limit = a->limit;
+    train_ds = nb_fashion_mnist_new(a->data, true, &mo);
     test_ds = train_ds ? nb_fashion_mnist_new(a->data, false, NULL) : NULL;
     if (!test_ds) FAIL("%s (install the Debian package dataset-fashion-mnist, or pass --data DIR)",
                        nb_last_error());
     /* Rank r's batch i is its shard (samples r, r + world, ...) of global batch i. */
-    train_l = nb_loader_new(train_ds, &(nb_loader_opts){.batch_size = a->batch / size,
-                                                        .shuffle = true, .seed = a->seed,
-                                                        .drop_last = true, .prefetch = 2,
-                                                        .rank = rank, .world_size = size});
-    test_l = nb_loader_new(test_ds, &(nb_loader_opts){.batch_size = 1000});
+    nb_loader_opts lo = nb_loader_defaults();
+    lo.batch_size = a->batch / size;
+    lo.shuffle = true;
+    lo.seed = a->seed;
+    lo.drop_last = true;
+    lo.prefetch = 2;
+    lo.rank = rank;
+    lo.world_size = size;
+    train_l = nb_loader_new(train_ds, &lo);
+    lo = nb_loader_defaults();
+    lo.batch_size = 1000;
+    test_l = nb_loader_new(test_ds, &lo);
     if (!train_l || !test_l) FAIL("%s", nb_last_error());
     model = spec->build(a, init);
     opt = model ? spec->optimizer(model, a) : NULL;

@@ -200,29 +200,36 @@ static nb_tensor *conv2d_forward(nb_module *m, nb_tensor *x) {
 static const nb_module_vtable conv2d_vt = {
     .type_name = "Conv2d", .forward = conv2d_forward, .free_self = free};
 
+nb_conv2d_opts nb_conv2d_defaults(void) {
+    return (nb_conv2d_opts){.stride = {1, 1}, .dilation = {1, 1}, .groups = 1};
+}
+
 nb_module *nb_conv2d_new(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
                          const nb_conv2d_opts *o) {
-    nb_conv2d_opts opt = o ? *o : (nb_conv2d_opts){0};
+    nb_conv2d_opts opt = o ? *o : nb_conv2d_defaults();
     conv2d_self cfg;
     for (int i = 0; i < 2; i++) {
-        cfg.stride[i] = opt.stride[i] ? opt.stride[i] : 1;
+        cfg.stride[i] = opt.stride[i];
         cfg.padding[i] = opt.padding[i];
-        cfg.dilation[i] = opt.dilation[i] ? opt.dilation[i] : 1;
+        cfg.dilation[i] = opt.dilation[i];
     }
-    cfg.groups = opt.groups ? opt.groups : 1;
+    cfg.groups = opt.groups;
     if (in_channels <= 0 || out_channels <= 0 || kh <= 0 || kw <= 0) {
         nb__error(NB_EINVAL, "conv2d: in_channels, out_channels and the kernel size must be "
                   "positive, got %lld, %lld, %lldx%lld", (long long)in_channels,
                   (long long)out_channels, (long long)kh, (long long)kw);
         return NULL;
     }
-    if (cfg.stride[0] < 0 || cfg.stride[1] < 0 || cfg.dilation[0] < 0 || cfg.dilation[1] < 0 ||
-        cfg.padding[0] < 0 || cfg.padding[1] < 0) {
+    if (cfg.stride[0] <= 0 || cfg.stride[1] <= 0 || cfg.dilation[0] <= 0 ||
+        cfg.dilation[1] <= 0 || cfg.padding[0] < 0 || cfg.padding[1] < 0) {
         nb__error(NB_EINVAL, "conv2d: stride and dilation must be positive and padding "
-                  "non-negative");
+                  "non-negative, got stride [%lld,%lld], padding [%lld,%lld], dilation "
+                  "[%lld,%lld] (nb_conv2d_defaults() gives 1, 0, 1)", (long long)cfg.stride[0],
+                  (long long)cfg.stride[1], (long long)cfg.padding[0], (long long)cfg.padding[1],
+                  (long long)cfg.dilation[0], (long long)cfg.dilation[1]);
         return NULL;
     }
-    if (cfg.groups < 0 || in_channels % cfg.groups || out_channels % cfg.groups) {
+    if (cfg.groups <= 0 || in_channels % cfg.groups || out_channels % cfg.groups) {
         nb__error(NB_EINVAL, "conv2d: groups=%lld must divide both in_channels (%lld) and "
                   "out_channels (%lld)", (long long)cfg.groups, (long long)in_channels,
                   (long long)out_channels);

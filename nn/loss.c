@@ -119,12 +119,16 @@ static bool cls_check(nb_tensor *x, nb_tensor *t, const nb_cross_entropy_opts *o
     return true;
 }
 
+nb_cross_entropy_opts nb_cross_entropy_defaults(void) {
+    return (nb_cross_entropy_opts){.reduction = NB_REDUCTION_MEAN, .ignore_index = -100};
+}
+
 static nb_tensor *class_loss(nb_tensor *x, nb_tensor *t, const nb_cross_entropy_opts *opts,
                              bool ce) {
     const char *op = ce ? "cross_entropy" : "nll_loss";
     NB__CHECK_ARG(x, op, "input");
     NB__CHECK_ARG(t, op, "target");
-    nb_cross_entropy_opts o = opts ? *opts : (nb_cross_entropy_opts){0};
+    nb_cross_entropy_opts o = opts ? *opts : nb_cross_entropy_defaults();
     nb_device dev;
     if (!cls_check(x, t, &o, op, ce, &dev)) return NULL;
 

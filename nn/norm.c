@@ -273,9 +273,11 @@ static nb_module *fail_module(nb_module *m) {
     return NULL;
 }
 
+nb_norm_opts nb_norm_defaults(void) { return (nb_norm_opts){.eps = 1e-5, .momentum = 0.1}; }
+
 static nb_module *norm_module(const nb_module_vtable *vt, int64_t features,
                               const nb_norm_opts *o, int spatial_dims, const char *op) {
-    nb_norm_opts opt = o ? *o : (nb_norm_opts){0};
+    nb_norm_opts opt = o ? *o : nb_norm_defaults();
     if (features < 0) {
         nb__error(NB_EINVAL, "%s: the number of features must be >= 0, got %lld", op,
                   (long long)features);
@@ -291,9 +293,8 @@ static nb_module *norm_module(const nb_module_vtable *vt, int64_t features,
         nb__error(NB_ENOMEM, "%s: out of memory", op);
         return NULL;
     }
-    *s = (norm_self){features, opt.eps > 0 ? opt.eps : 1e-5,
-                     opt.momentum > 0 ? opt.momentum : 0.1, !opt.no_affine,
-                     !opt.no_running_stats, spatial_dims};
+    *s = (norm_self){features, opt.eps, opt.momentum, !opt.no_affine, !opt.no_running_stats,
+                     spatial_dims};
     nb_module *m = nb_module_new(vt, s);
     if (!m) {
         free(s);

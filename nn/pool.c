@@ -43,7 +43,7 @@ static bool pool_window(const nb_tensor *x, const char *op, const int64_t kernel
     }
     int64_t k[2] = {kernel[0], kernel[1]}, s[2], p[2];
     for (int i = 0; i < 2; i++) {
-        s[i] = stride && stride[i] ? stride[i] : k[i];
+        s[i] = stride ? stride[i] : k[i];
         p[i] = padding ? padding[i] : 0;
     }
     if (k[0] <= 0 || k[1] <= 0 || s[0] <= 0 || s[1] <= 0) {
@@ -247,12 +247,16 @@ static const nb_module_vtable avgpool_vt = {
 static const nb_module_vtable adaptive_vt = {
     .type_name = "AdaptiveAvgPool2d", .forward = adaptive_forward, .free_self = free};
 
+nb_pool2d_opts nb_pool2d_defaults(int64_t kh, int64_t kw) {
+    return (nb_pool2d_opts){.stride = {kh, kw}};
+}
+
 static nb_module *pool_module(const nb_module_vtable *vt, const char *op, int64_t kh, int64_t kw,
                               const nb_pool2d_opts *o, bool window) {
-    nb_pool2d_opts opt = o ? *o : (nb_pool2d_opts){0};
+    nb_pool2d_opts opt = o ? *o : nb_pool2d_defaults(kh, kw);
     pool_self cfg = {.kernel = {kh, kw}, .count_include_pad = !opt.exclude_pad};
     for (int i = 0; i < 2; i++) {
-        cfg.stride[i] = opt.stride[i] ? opt.stride[i] : cfg.kernel[i];
+        cfg.stride[i] = opt.stride[i];
         cfg.padding[i] = opt.padding[i];
     }
     if (kh <= 0 || kw <= 0) {
@@ -260,10 +264,12 @@ static nb_module *pool_module(const nb_module_vtable *vt, const char *op, int64_
                   window ? "kernel size" : "output size", (long long)kh, (long long)kw);
         return NULL;
     }
-    if (window && (cfg.stride[0] < 0 || cfg.stride[1] < 0 || cfg.padding[0] < 0 ||
+    if (window && (cfg.stride[0] <= 0 || cfg.stride[1] <= 0 || cfg.padding[0] < 0 ||
                    cfg.padding[1] < 0 || 2 * cfg.padding[0] > kh || 2 * cfg.padding[1] > kw)) {
-        nb__error(NB_EINVAL, "%s: stride must be positive and padding [%lld,%lld] between 0 "
-                  "and half the kernel size [%lld,%lld]", op, (long long)cfg.padding[0],
+        nb__error(NB_EINVAL, "%s: stride [%lld,%lld] must be positive (nb_pool2d_defaults(kh, "
+                  "kw) gives the kernel size) and padding [%lld,%lld] between 0 and half the "
+                  "kernel size [%lld,%lld]", op, (long long)cfg.stride[0],
+                  (long long)cfg.stride[1], (long long)cfg.padding[0],
                   (long long)cfg.padding[1], (long long)kh, (long long)kw);
         return NULL;
     }

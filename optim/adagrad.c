@@ -50,14 +50,18 @@ const nb__optim_kind nb__kind_adagrad = {
     .update = ada_update,
 };
 
+nb_adagrad_opts nb_adagrad_defaults(void) {
+    return (nb_adagrad_opts){.lr = 1e-2, .eps = 1e-10};
+}
+
 nb_optim *nb_adagrad_new(const nb_params *params, const nb_adagrad_opts *o) {
-    nb_adagrad_opts z = {0};
-    if (!o) o = &z;
+    nb_adagrad_opts d = nb_adagrad_defaults();
+    if (!o) o = &d;
     nb__hyper h = {.maximize = o->maximize};
-    h.v[NB__H_LR] = nb__opt_or(o->lr, 1e-2);
-    h.v[NB__H_LR_DECAY] = nb__opt_or(o->lr_decay, 0);
-    h.v[NB__H_WEIGHT_DECAY] = nb__opt_or(o->weight_decay, 0);
-    h.v[NB__H_INIT_ACC] = nb__opt_or(o->initial_accumulator_value, 0);
-    h.v[NB__H_EPS] = nb__opt_or(o->eps, 1e-10);
+    h.v[NB__H_LR] = o->lr;
+    h.v[NB__H_LR_DECAY] = o->lr_decay;
+    h.v[NB__H_WEIGHT_DECAY] = o->weight_decay;
+    h.v[NB__H_INIT_ACC] = o->initial_accumulator_value;
+    h.v[NB__H_EPS] = o->eps;
     return nb__optim_new(&nb__kind_adagrad, &h, params);
 }

@@ -71,24 +71,33 @@ const nb__optim_kind nb__kind_adamw = {
     .update = adam_update,
 };
 
+nb_adam_opts nb_adam_defaults(void) {
+    return (nb_adam_opts){.lr = 1e-3, .betas = {0.9, 0.999}, .eps = 1e-8, .weight_decay = 0};
+}
+
+nb_adamw_opts nb_adamw_defaults(void) {
+    nb_adamw_opts o = nb_adam_defaults();
+    o.weight_decay = 1e-2;
+    return o;
+}
+
 static nb_optim *make(const nb__optim_kind *kind, const nb_params *params,
-                      const nb_adam_opts *o, double wd_default) {
-    nb_adam_opts z = {0};
-    if (!o) o = &z;
+                      const nb_adam_opts *o, nb_adam_opts defaults) {
+    if (!o) o = &defaults;
     nb__hyper h = {.amsgrad = o->amsgrad, .maximize = o->maximize,
                    .decoupled = kind == &nb__kind_adamw};
-    h.v[NB__H_LR] = nb__opt_or(o->lr, 1e-3);
-    h.v[NB__H_BETA1] = nb__opt_or(o->betas[0], 0.9);
-    h.v[NB__H_BETA2] = nb__opt_or(o->betas[1], 0.999);
-    h.v[NB__H_EPS] = nb__opt_or(o->eps, 1e-8);
-    h.v[NB__H_WEIGHT_DECAY] = nb__opt_or(o->weight_decay, wd_default);
+    h.v[NB__H_LR] = o->lr;
+    h.v[NB__H_BETA1] = o->betas[0];
+    h.v[NB__H_BETA2] = o->betas[1];
+    h.v[NB__H_EPS] = o->eps;
+    h.v[NB__H_WEIGHT_DECAY] = o->weight_decay;
     return nb__optim_new(kind, &h, params);
 }
 
 nb_optim *nb_adam_new(const nb_params *params, const nb_adam_opts *o) {
-    return make(&nb__kind_adam, params, o, 0);
+    return make(&nb__kind_adam, params, o, nb_adam_defaults());
 }
 
 nb_optim *nb_adamw_new(const nb_params *params, const nb_adamw_opts *o) {
-    return make(&nb__kind_adamw, params, o, 1e-2);
+    return make(&nb__kind_adamw, params, o, nb_adamw_defaults());
 }

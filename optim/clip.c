@@ -50,7 +50,7 @@ double nb_clip_grad_norm(const nb_params *ps, double max_norm, double norm_type)
     if (!ps) return nb__error(NB_ENULL, "%s: params is NULL", who);
     if (ps->count > 0 && !ps->tensors)
         return nb__error(NB_ENULL, "%s: params has no tensor array", who);
-    double p = norm_type == 0 ? 2.0 : norm_type;
+    double p = norm_type;
     if (!(p > 0))
         return nb__error(NB_EINVAL, "%s: norm_type must be > 0 or INFINITY, got %g", who, p);
     if (!(max_norm >= 0))

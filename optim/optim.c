@@ -176,7 +176,7 @@ const char *nb_optim_name(const nb_optim *opt) { return opt ? opt->kind->name : 
 /* ---- groups ---------------------------------------------------------------------------------- */
 int nb_optim_add_group(nb_optim *opt, const nb_params *params, const nb_group_opts *o) {
     if (!opt) return nb__error(NB_ENULL, "optim_add_group: opt is NULL");
-    nb_group_opts z = {0};
+    nb_group_opts z = nb_group_defaults();
     if (!o) o = &z;
     const double given[NB__H_COUNT] = {
         [NB__H_LR] = o->lr,           [NB__H_WEIGHT_DECAY] = o->weight_decay,
@@ -191,12 +191,13 @@ int nb_optim_add_group(nb_optim *opt, const nb_params *params, const nb_group_op
     };
     nb__hyper h = opt->defaults;
     for (int k = 0; k < NB__H_COUNT; k++) {
-        bool set = given[k] != 0 || __builtin_signbit(given[k]);
-        if (!set) continue;
-        if (!(opt->kind->hypers & (1u << k)))
-            return nb__error(NB_EINVAL, "optim_add_group: %s has no %s", opt->kind->name,
-                             field[k]);
-        h.v[k] = nb__opt_or(given[k], 0);
+        if (isnan(given[k])) continue; /* NAN: the optimizer's value */
+        if (!(opt->kind->hypers & (1u << k))) {
+            if (given[k] == 0) continue; /* none of it, as the optimizer */
+            return nb__error(NB_EINVAL, "optim_add_group: %s has no %s (leave it NAN or 0), "
+                             "got %g", opt->kind->name, field[k], given[k]);
+        }
+        h.v[k] = given[k];
     }
     char who[64];
     snprintf(who, sizeof who, "optim_add_group (%s)", opt->kind->name);
@@ -209,6 +210,12 @@ int nb_optim_add_group(nb_optim *opt, const nb_params *params, const nb_group_op
     opt->groups[opt->ngroups] = h;
     nb__optim_state_clear(opt);
     return opt->ngroups++;
+}
+
+nb_group_opts nb_group_defaults(void) {
+    return (nb_group_opts){.lr = NAN, .weight_decay = NAN, .momentum = NAN, .dampening = NAN,
+                           .betas = {NAN, NAN}, .eps = NAN, .alpha = NAN, .lr_decay = NAN,
+                           .initial_accumulator_value = NAN};
 }
 
 int nb_optim_num_groups(const nb_optim *opt) { return opt ? opt->ngroups : 0; }
@@ -229,7 +236,9 @@ static bool group_ok(const nb_optim *opt, int g, const char *who) {
 nb_status nb_optim_group_opts(const nb_optim *opt, int g, nb_group_opts *out) {
     if (!group_ok(opt, g, "optim_group_opts")) return nb_last_status();
     if (!out) return nb__error(NB_ENULL, "optim_group_opts: out is NULL");
-    const double *v = opt->groups[g].v;
+    double v[NB__H_COUNT];
+    for (int k = 0; k < NB__H_COUNT; k++)
+        v[k] = opt->kind->hypers & (1u << k) ? opt->groups[g].v[k] : NAN;
     *out = (nb_group_opts){
         .lr = v[NB__H_LR], .weight_decay = v[NB__H_WEIGHT_DECAY],
         .momentum = v[NB__H_MOMENTUM], .dampening = v[NB__H_DAMPENING],

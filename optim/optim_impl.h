@@ -84,11 +84,6 @@ struct nb_optim {
 extern const nb__optim_kind nb__kind_sgd, nb__kind_adam, nb__kind_adamw, nb__kind_rmsprop,
     nb__kind_adagrad;
 
-/* Resolve an option: 0 (positive zero) -> def, NB_OPT_ZERO -> 0, else the value. */
-static inline double nb__opt_or(double v, double def) {
-    return v == 0 ? (__builtin_signbit(v) ? 0.0 : def) : v;
-}
-
 /* Make an optimizer of kind with the first group's params (checks h with kind->check). */
 nb_optim *nb__optim_new(const nb__optim_kind *kind, const nb__hyper *h, const nb_params *params);
 /* Set a group's momentum (sgd, rmsprop) or beta1 (adam, adamw); for one-cycle schedules.

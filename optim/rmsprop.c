@@ -54,14 +54,18 @@ const nb__optim_kind nb__kind_rmsprop = {
     .update = rms_update,
 };
 
+nb_rmsprop_opts nb_rmsprop_defaults(void) {
+    return (nb_rmsprop_opts){.lr = 1e-2, .alpha = 0.99, .eps = 1e-8};
+}
+
 nb_optim *nb_rmsprop_new(const nb_params *params, const nb_rmsprop_opts *o) {
-    nb_rmsprop_opts z = {0};
-    if (!o) o = &z;
+    nb_rmsprop_opts d = nb_rmsprop_defaults();
+    if (!o) o = &d;
     nb__hyper h = {.centered = o->centered, .maximize = o->maximize};
-    h.v[NB__H_LR] = nb__opt_or(o->lr, 1e-2);
-    h.v[NB__H_ALPHA] = nb__opt_or(o->alpha, 0.99);
-    h.v[NB__H_EPS] = nb__opt_or(o->eps, 1e-8);
-    h.v[NB__H_WEIGHT_DECAY] = nb__opt_or(o->weight_decay, 0);
-    h.v[NB__H_MOMENTUM] = nb__opt_or(o->momentum, 0);
+    h.v[NB__H_LR] = o->lr;
+    h.v[NB__H_ALPHA] = o->alpha;
+    h.v[NB__H_EPS] = o->eps;
+    h.v[NB__H_WEIGHT_DECAY] = o->weight_decay;
+    h.v[NB__H_MOMENTUM] = o->momentum;
     return nb__optim_new(&nb__kind_rmsprop, &h, params);
 }

@@ -27,8 +27,9 @@ static const char *kind_name(nb_sched_kind k) {
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
-/* Fill defaults and check the options for their kind. */
+/* Check the options for their kind (every field as written) and copy them to o. */
 static nb_status resolve(const nb_sched_opts *in, nb_sched_opts *o) {
+    *o = (nb_sched_opts){0};
     if (!in) return nb__error(NB_ENULL, "sched: opts is NULL");
     *o = *in;
     const char *who = kind_name(o->kind);
@@ -40,7 +41,6 @@ static nb_status resolve(const nb_sched_opts *in, nb_sched_opts *o) {
                              (long long)o->step_size);
         /* fallthrough */
     case NB_SCHED_MULTISTEP:
-        o->gamma = nb__opt_or(o->gamma, 0.1);
         if (o->kind == NB_SCHED_MULTISTEP &&
             (o->num_milestones < 0 || (o->num_milestones > 0 && !o->milestones)))
             return nb__error(NB_EINVAL, "multistep schedule: %d milestones but the array is NULL",
@@ -52,9 +52,8 @@ static nb_status resolve(const nb_sched_opts *in, nb_sched_opts *o) {
                                  (long long)o->milestones[i]);
         break;
     case NB_SCHED_EXPONENTIAL:
-        if (o->gamma == 0 && !__builtin_signbit(o->gamma))
-            return nb__error(NB_EINVAL, "exponential schedule: gamma is required");
-        o->gamma = nb__opt_or(o->gamma, 0);
+        if (o->gamma == 0)
+            return nb__error(NB_EINVAL, "exponential schedule: gamma is required (> 0)");
         break;
     case NB_SCHED_COSINE:
     case NB_SCHED_LINEAR:
@@ -73,20 +72,18 @@ static nb_status resolve(const nb_sched_opts *in, nb_sched_opts *o) {
         if (o->total_steps <= 0)
             return nb__error(NB_EINVAL, "onecycle schedule: total_steps must be > 0, got %lld",
                              (long long)o->total_steps);
-        o->pct_start = nb__opt_or(o->pct_start, 0.3);
-        o->div_factor = nb__opt_or(o->div_factor, 25);
-        o->final_div_factor = nb__opt_or(o->final_div_factor, 1e4);
-        o->base_momentum = nb__opt_or(o->base_momentum, 0.85);
-        o->max_momentum = nb__opt_or(o->max_momentum, 0.95);
         if (!(o->pct_start >= 0 && o->pct_start <= 1))
             return nb__error(NB_EINVAL, "onecycle schedule: pct_start must be in [0, 1], got %g",
                              o->pct_start);
         if (!(o->div_factor > 0) || !(o->final_div_factor > 0))
             return nb__error(NB_EINVAL, "onecycle schedule: div_factor and final_div_factor "
                              "must be > 0");
-        if (!(o->max_lr >= 0))
-            return nb__error(NB_EINVAL, "onecycle schedule: max_lr must be >= 0, got %g",
-                             o->max_lr);
+        if (!(o->max_lr >= 0) && !isnan(o->max_lr))
+            return nb__error(NB_EINVAL, "onecycle schedule: max_lr must be >= 0 (or NAN: each "
+                             "group's lr), got %g", o->max_lr);
+        if (o->cycle_momentum && (!(o->base_momentum >= 0) || !(o->max_momentum >= 0)))
+            return nb__error(NB_EINVAL, "onecycle schedule: base_momentum and max_momentum must "
+                             "be >= 0, got %g and %g", o->base_momentum, o->max_momentum);
         break;
     default:
         return nb__error(NB_EINVAL, "sched: unknown schedule kind %d", (int)o->kind);
@@ -94,6 +91,15 @@ static nb_status resolve(const nb_sched_opts *in, nb_sched_opts *o) {
     if (o->gamma < 0 || isnan(o->gamma))
         return nb__error(NB_EINVAL, "%s schedule: gamma must be >= 0, got %g", who, o->gamma);
     return NB_OK;
+}
+
+nb_sched_opts nb_sched_defaults(nb_sched_kind kind) {
+    return (nb_sched_opts){
+        .kind = kind,
+        .gamma = kind == NB_SCHED_STEP || kind == NB_SCHED_MULTISTEP ? 0.1 : 0,
+        .max_lr = NAN, .pct_start = 0.3, .div_factor = 25, .final_div_factor = 1e4,
+        .base_momentum = 0.85, .max_momentum = 0.95,
+    };
 }
 
 /* OneCycleLR's cosine annealing from start to end as pct goes 0 -> 1. */
@@ -134,7 +140,7 @@ static double lr_at(const nb_sched_opts *o, double base, int64_t t) {
         return o->min_lr + (base - o->min_lr) * (1 + cos(M_PI * frac)) / 2;
     }
     case NB_SCHED_ONECYCLE: {
-        double max_lr = o->max_lr > 0 ? o->max_lr : base;
+        double max_lr = isnan(o->max_lr) ? base : o->max_lr;
         double initial = max_lr / o->div_factor, min_lr = initial / o->final_div_factor, pct;
         return onecycle_phase(o, t, &pct) == 0 ? anneal_cos(initial, max_lr, pct)
                                                : anneal_cos(max_lr, min_lr, pct);

@@ -63,8 +63,10 @@ nb_optim *nb_sgd_new(const nb_params *params, const nb_sgd_opts *o) {
     }
     nb__hyper h = {.nesterov = o->nesterov, .maximize = o->maximize};
     h.v[NB__H_LR] = o->lr;
-    h.v[NB__H_MOMENTUM] = nb__opt_or(o->momentum, 0);
-    h.v[NB__H_DAMPENING] = nb__opt_or(o->dampening, 0);
-    h.v[NB__H_WEIGHT_DECAY] = nb__opt_or(o->weight_decay, 0);
+    h.v[NB__H_MOMENTUM] = o->momentum;
+    h.v[NB__H_DAMPENING] = o->dampening;
+    h.v[NB__H_WEIGHT_DECAY] = o->weight_decay;
     return nb__optim_new(&nb__kind_sgd, &h, params);
 }
+
+nb_sgd_opts nb_sgd_defaults(void) { return (nb_sgd_opts){0}; }

@@ -273,14 +273,15 @@ static nb_status grad_guard(const nb_tensor *leaf, void *ctx, const char *who) {
                      "backward, or enable it and call nb_ddp_sync before the step", who, name);
 }
 
+nb_ddp_opts nb_ddp_defaults(void) { return (nb_ddp_opts){.bucket_mb = 25}; }
+
 nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o) {
     if (!model) return nb__error(NB_ENULL, "ddp_new: model is NULL"), NULL;
     if (!c) return nb__error(NB_ENULL, "ddp_new: communicator is NULL"), NULL;
-    nb_ddp_opts opts = o ? *o : (nb_ddp_opts){0};
+    nb_ddp_opts opts = o ? *o : nb_ddp_defaults();
     if (!(opts.bucket_mb >= 0))
-        return nb__error(NB_EINVAL, "ddp_new: bucket_mb must be >= 0 (0: 25 MiB), got %g",
-                         opts.bucket_mb), NULL;
-    if (opts.bucket_mb == 0) opts.bucket_mb = 25;
+        return nb__error(NB_EINVAL, "ddp_new: bucket_mb must be >= 0, got %g", opts.bucket_mb),
+               NULL;
     if (nb_module_flatten_parameters(model, 0) != NB_OK) return NULL;
     const nb_params *ps = nb_parameters(model);
     if (!ps) return NULL;

@@ -280,6 +280,32 @@ static nb_tensor *f_arith(nb_tensor *const *in, int n, void *ctx) {
     return nb_mean(nb_transpose(z, 0, 1), (int[]){0}, 1, true);
 }
 
+static nb_tensor *f_cube(nb_tensor *const *in, int n, void *ctx) {
+    (void)n, (void)ctx;
+    return nb_mul(in[0], nb_mul(in[0], in[0]));
+}
+
+/* Options are read as written (issue 17 item 4): atol = rtol = 0 is an exact comparison, not
+ * the defaults, so the central difference's truncation error (eps^2 x''' / 6) is reported. */
+START_TEST(test_gradcheck_opts) {
+    nb_scope_begin();
+    nb_gradcheck_opts d = nb_gradcheck_defaults();
+    ck_assert(d.eps == 1e-6 && d.atol == 1e-5 && d.rtol == 1e-3 && d.seed == 0);
+    nb_tensor *x = tu_random((int64_t[]){4}, 1, NB_F64, 0.5, 1, 9);
+    ck_assert(nb_set_requires_grad(x, true) == NB_OK);
+    nb_gradcheck_opts loose = {.eps = 1e-2, .atol = 1e-5, .rtol = 1e-3};
+    ck_assert_msg(nb_gradcheck(f_cube, &x, 1, NULL, &loose) == NB_OK, "%s", nb_last_error());
+    nb_gradcheck_opts exact = {.eps = 1e-2, .atol = 0, .rtol = 0};
+    ck_assert_int_eq(nb_gradcheck(f_cube, &x, 1, NULL, &exact), NB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "numeric"));
+    ck_assert_int_eq(nb_gradcheck(f_cube, &x, 1, NULL, &(nb_gradcheck_opts){.atol = 1}),
+                     NB_EINVAL); /* eps 0 */
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "eps must be > 0"));
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
 START_TEST(test_gradcheck_basic) {
     nb_scope_begin();
     nb_tensor *x = tu_random((int64_t[]){3, 4}, 2, NB_F32, -1, 1, 7);
@@ -396,6 +422,7 @@ Suite *nb_suite_autograd(void) {
     tcase_add_test(tc, test_saved_tensor_versions);
     tcase_add_test(tc, test_saved_versions_training);
     tcase_add_test(tc, test_gradcheck_basic);
+    tcase_add_test(tc, test_gradcheck_opts);
     suite_add_tcase(s, tc);
     return s;
 }

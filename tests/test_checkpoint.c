@@ -31,12 +31,17 @@ static void run_init(run *r, nb_tensor *x, nb_tensor *y) {
     r->model = nb_sequential_new(nb_linear_new(6, 16, &lo), nb_gelu_new(false),
                              nb_dropout_new(0.2, r->drop), nb_layer_norm_new(16, NULL),
                              nb_linear_new(16, 3, &lo), NULL);
-    r->opt = nb_adamw_new(nb_parameters(r->model), &(nb_adamw_opts){.lr = 0.01});
-    r->sched = nb_sched_new(r->opt, &(nb_sched_opts){.kind = NB_SCHED_COSINE, .warmup_steps = 3,
-                                                      .total_steps = 40});
+    nb_adamw_opts ao = nb_adamw_defaults();
+    ao.lr = 0.01;
+    r->opt = nb_adamw_new(nb_parameters(r->model), &ao);
+    nb_sched_opts so = nb_sched_defaults(NB_SCHED_COSINE);
+    so.warmup_steps = 3;
+    so.total_steps = 40;
+    r->sched = nb_sched_new(r->opt, &so);
     r->ds = nb_tensor_dataset_new(x, y);
-    r->loader = nb_loader_new(r->ds, &(nb_loader_opts){.batch_size = 8, .shuffle = true,
-                                                        .seed = 5, .prefetch = 1});
+    nb_loader_opts lo2 = nb_loader_defaults();
+    lo2.batch_size = 8, lo2.shuffle = true, lo2.seed = 5, lo2.prefetch = 1;
+    r->loader = nb_loader_new(r->ds, &lo2);
     ck_assert_msg(r->model && r->opt && r->sched && r->ds && r->loader, "%s", nb_last_error());
 }
 

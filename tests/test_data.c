@@ -406,6 +406,16 @@ START_TEST(test_idx_dataset) {
     tu_assert_error(nb_idx_dataset_new(ip, p, NULL), NB_EFORMAT, "expected integer labels");
     tu_assert_error(nb_fashion_mnist_new(g_dir, false, NULL), NB_EIO, "t10k-images-idx3-ubyte");
     tu_assert_error(nb_idx_dataset_new(ip, lp, &(nb_mnist_opts){.limit = -1}), NB_EINVAL, "limit");
+    /* options are read as written (issue 17 item 4): limit 0 is no samples, not all of them */
+    ds = nb_idx_dataset_new(ip, lp, &(nb_mnist_opts){.limit = 0});
+    ck_assert_msg(ds != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_dataset_len(ds), 0);
+    nb_dataset_free(ds);
+    nb_mnist_opts mo = nb_mnist_defaults();
+    ck_assert(mo.limit == INT64_MAX && !mo.raw_u8);
+    ds = nb_idx_dataset_new(ip, lp, &mo);
+    ck_assert(ds && nb_dataset_len(ds) == 7);
+    nb_dataset_free(ds);
     tu_assert_error(nb_idx_dataset_new(NULL, lp, NULL), NB_ENULL, "images_path");
     ck_assert_str_eq(nb_fashion_mnist_class(9), "Ankle boot");
     ck_assert_str_eq(nb_fashion_mnist_class(10), "?");
@@ -426,10 +436,10 @@ START_TEST(test_fashion_mnist_real) {
         return;
     }
     nb_scope_begin();
-    nb_dataset *tr = nb_fashion_mnist_new(NULL, true, &(nb_mnist_opts){.raw_u8 = true});
+    nb_dataset *tr = nb_fashion_mnist_new(NULL, true, &(nb_mnist_opts){.limit = INT64_MAX, .raw_u8 = true});
     ck_assert_msg(tr != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(tr), 60000);
-    nb_loader *l = nb_loader_new(tr, &(nb_loader_opts){.batch_size = 20000});
+    nb_loader *l = nb_loader_new(tr, &(nb_loader_opts){.batch_size = 20000, .world_size = 1});
     ck_assert(l != NULL);
     uint64_t pix = 0, labs = 0;
     int64_t first[10];
@@ -513,7 +523,8 @@ START_TEST(test_loader_epoch) {
     int64_t got[256], nbat;
     for (int pf = 0; pf < 2; pf++) {
         nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 10, .shuffle = true,
-                                                            .seed = 7, .prefetch = pf});
+                                                            .seed = 7, .prefetch = pf,
+                                                                    .world_size = 1});
         ck_assert_int_eq(nb_loader_num_batches(l), 11);
         ck_assert_int_eq(run_epoch(l, got, &nbat), 103);
         ck_assert_int_eq(nbat, 11);
@@ -537,7 +548,8 @@ START_TEST(test_loader_epoch) {
         nb_loader_free(l);
         /* drop_last: 10 full batches of distinct indices. */
         l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 10, .shuffle = true, .seed = 7,
-                                                 .drop_last = true, .prefetch = pf});
+                                                 .drop_last = true, .prefetch = pf,
+                                                         .world_size = 1});
         ck_assert_int_eq(nb_loader_num_batches(l), 10);
         ck_assert_int_eq(run_epoch(l, got, &nbat), 100);
         ck_assert_int_eq(nbat, 10);
@@ -545,13 +557,14 @@ START_TEST(test_loader_epoch) {
         for (int i = 0; i < 100; i++) ck_assert_int_eq(seen2[got[i]]++, 0);
         nb_loader_free(l);
         /* No shuffle: dataset order; batch larger than the dataset. */
-        l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 500, .prefetch = pf});
+        l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 500, .prefetch = pf,
+                .world_size = 1});
         ck_assert_int_eq(nb_loader_num_batches(l), 1);
         ck_assert_int_eq(run_epoch(l, got, NULL), 103);
         for (int i = 0; i < 103; i++) ck_assert_int_eq(got[i], i);
         nb_loader_free(l);
         l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 500, .drop_last = true,
-                                                 .prefetch = pf});
+                                                 .prefetch = pf, .world_size = 1});
         ck_assert_int_eq(nb_loader_num_batches(l), 0);
         ck_assert_int_eq(run_epoch(l, got, NULL), 0);
         ck_assert_int_eq(run_epoch(l, got, NULL), 0);
@@ -571,11 +584,12 @@ START_TEST(test_loader_determinism) {
     nb_dataset *ds = index_dataset(64);
     int64_t a[3][64], b[3][64], c[64];
     nb_loader *la = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 8, .shuffle = true,
-                                                         .seed = 99});
+                                                         .seed = 99, .world_size = 1});
     nb_loader *lb = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 5, .shuffle = true,
-                                                         .seed = 99, .prefetch = 2});
+                                                         .seed = 99, .prefetch = 2,
+                                                                 .world_size = 1});
     nb_loader *lc = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 8, .shuffle = true,
-                                                         .seed = 100});
+                                                         .seed = 100, .world_size = 1});
     for (int e = 0; e < 3; e++) {
         run_epoch(la, a[e], NULL);
         run_epoch(lb, b[e], NULL); /* another batch size and prefetch: the same order */
@@ -633,13 +647,30 @@ START_TEST(test_loader_shard) {
         }
     /* Bad shard options. */
     nb_dataset *ds = index_dataset(4);
-    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.rank = 3, .world_size = 3}),
+    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.rank = 3, .world_size = 3,
+            .batch_size = 1}),
                     NB_EINVAL, "rank 3");
-    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.rank = 1}), NB_EINVAL, "rank 1");
-    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.batch_size = -2}), NB_EINVAL,
+    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.rank = 1, .world_size = 1,
+            .batch_size = 1}), NB_EINVAL, "rank 1");
+    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.batch_size = -2, .world_size = 1}),
+            NB_EINVAL,
                     "batch_size");
-    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.prefetch = 1000}), NB_EINVAL,
-                    "prefetch");
+    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.prefetch = 1000, .world_size = 1,
+                                                         .batch_size = 1}),
+                    NB_EINVAL, "prefetch");
+    /* options are read as written (issue 17 item 4): batch_size or world_size 0 is an error,
+     * not 1; the constructor gives 1 and 1 */
+    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.world_size = 1}), NB_EINVAL,
+                    "batch_size must be > 0 (got 0)");
+    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.batch_size = 4}), NB_EINVAL,
+                    "world_size 0 must be >= 1");
+    nb_loader_opts lo = nb_loader_defaults();
+    ck_assert(lo.batch_size == 1 && lo.world_size == 1 && lo.rank == 0 && lo.prefetch == 0 &&
+              !lo.shuffle && !lo.drop_last && !lo.transform);
+    nb_loader *l1 = nb_loader_new(ds, &lo), *l2 = nb_loader_new(ds, NULL);
+    ck_assert(l1 && l2 && nb_loader_num_batches(l1) == nb_loader_num_batches(l2));
+    nb_loader_free(l1);
+    nb_loader_free(l2);
     tu_assert_error(nb_loader_new(NULL, NULL), NB_ENULL, "dataset");
     nb_dataset_free(ds);
     nb_scope_end();
@@ -665,7 +696,8 @@ START_TEST(test_loader_state) {
     nb_scope_begin();
     nb_dataset *ds = index_dataset(23);
     for (int pf = 0; pf < 3; pf++) {
-        nb_loader_opts o = {.batch_size = 4, .shuffle = true, .seed = 11, .prefetch = pf};
+        nb_loader_opts o = {.batch_size = 4, .shuffle = true, .seed = 11, .prefetch = pf,
+                .world_size = 1};
         nb_loader *a = nb_loader_new(ds, &o);
         nb_batch b;
         /* 1.5 epochs in: epoch 0 (6 batches + end), then 3 batches of epoch 1. */
@@ -715,7 +747,7 @@ START_TEST(test_loader_prefetch) {
     nb_image_aug aug = {.crop_padding = 2, .hflip_p = 0.5, .channels = 2, .mean = {10, 20},
                         .std = {2, 4}};
     nb_loader_opts o = {.batch_size = 7, .shuffle = true, .seed = 3, .transform =
-                        nb_image_aug_transform, .transform_ctx = &aug};
+                        nb_image_aug_transform, .transform_ctx = &aug, .world_size = 1};
     nb_loader *sync = nb_loader_new(ds, &o);
     o.prefetch = 1;
     nb_loader *p1 = nb_loader_new(ds, &o);
@@ -765,7 +797,7 @@ START_TEST(test_loader_no_alloc) {
     for (int pf = 0; pf < 3; pf += 2) {
         nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){
             .batch_size = 10, .shuffle = true, .seed = 1, .prefetch = pf,
-            .transform = nb_image_aug_transform, .transform_ctx = &aug});
+            .transform = nb_image_aug_transform, .transform_ctx = &aug, .world_size = 1});
         nb_batch b;
         while (nb_loader_next(l, &b)) {} /* warm-up epoch */
         nb_alloc_stats s0, s1;
@@ -821,7 +853,8 @@ START_TEST(test_loader_errors) {
         fd->n = 20;
         fd->bad = 13;
         nb_loader *l = nb_loader_new(&fd->base, &(nb_loader_opts){.batch_size = 4,
-                                                                   .prefetch = pf});
+                                                                   .prefetch = pf,
+                                                                           .world_size = 1});
         nb_batch b;
         int ok = 0;
         while (nb_loader_next(l, &b)) {
@@ -843,7 +876,7 @@ START_TEST(test_loader_errors) {
         int cursed = 1;
         l = nb_loader_new(&fd->base, &(nb_loader_opts){.batch_size = 4, .prefetch = pf,
                                                         .transform = failing_transform,
-                                                        .transform_ctx = &cursed});
+                                                        .transform_ctx = &cursed, .world_size = 1});
         ck_assert(nb_loader_next(l, &b));
         ck_assert(!nb_loader_next(l, &b));
         ck_assert_int_eq(nb_loader_error(l), NB_EINVAL);
@@ -851,7 +884,8 @@ START_TEST(test_loader_errors) {
         nb_loader_free(l);
         /* A dataset failing without a message still gets a useful one. */
         fd->silent = true;
-        l = nb_loader_new(&fd->base, &(nb_loader_opts){.batch_size = 4, .prefetch = pf});
+        l = nb_loader_new(&fd->base, &(nb_loader_opts){.batch_size = 4, .prefetch = pf,
+                .world_size = 1});
         nb_clear_error();
         while (nb_loader_next(l, &b)) {}
         ck_assert_int_eq(nb_loader_error(l), NB_EIO);
@@ -1062,7 +1096,7 @@ START_TEST(test_text) {
     ck_assert_msg(ds != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(ds), 892);
     nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 64, .shuffle = true,
-                                                        .seed = 1, .prefetch = 1});
+                                                        .seed = 1, .prefetch = 1, .world_size = 1});
     int64_t seen = 0;
     for (nb_batch b; nb_loader_next(l, &b); ) {
         ck_assert(nb_ndim(b.x) == 2 && nb_shape(b.x)[1] == 8 && nb_tensor_dtype(b.y) == NB_I64);

@@ -163,9 +163,13 @@ END_TEST
 static nb_optim *make_adamw(nb_module *m, double lr) {
     nb_params decay, no_decay;
     ck_assert_int_eq(nb_params_split_decay(nb_parameters(m), &decay, &no_decay), NB_OK);
-    nb_optim *o = nb_adamw_new(&decay, &(nb_adamw_opts){.lr = lr, .weight_decay = 0.1});
+    nb_adamw_opts ao = nb_adamw_defaults();
+    ao.lr = lr, ao.weight_decay = 0.1;
+    nb_optim *o = nb_adamw_new(&decay, &ao);
     ck_assert_ptr_nonnull(o);
-    ck_assert_int_ge(nb_optim_add_group(o, &no_decay, &(nb_group_opts){.weight_decay = NB_OPT_ZERO}), 0);
+    nb_group_opts go = nb_group_defaults();
+    go.weight_decay = 0;
+    ck_assert_int_ge(nb_optim_add_group(o, &no_decay, &go), 0);
     nb_params_deinit(&decay);
     nb_params_deinit(&no_decay);
     return o;

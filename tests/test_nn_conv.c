@@ -387,7 +387,8 @@ START_TEST(test_conv2d_module) {
     nb_scope_begin();
     nb_generator *gen = nb_generator_new(42);
     nb_module *m = nb_conv2d_new(8, 16, 3, 5,
-                                 &(nb_conv2d_opts){.groups = 2, .padding = {1, 2}, .gen = gen});
+                                 &(nb_conv2d_opts){.stride = {1, 1}, .dilation = {1, 1},
+                                                   .groups = 2, .padding = {1, 2}, .gen = gen});
     ck_assert_msg(m != NULL, "%s", nb_last_error());
     ck_assert_str_eq(nb_module_type(m), "Conv2d");
     nb_tensor *w = nb_module_param(m, "weight"), *b = nb_module_param(m, "bias");
@@ -419,7 +420,8 @@ START_TEST(test_conv2d_module) {
     /* The same seed gives the same weights. */
     nb_generator *gen2 = nb_generator_new(42);
     nb_module *m2 = nb_conv2d_new(8, 16, 3, 5,
-                                  &(nb_conv2d_opts){.groups = 2, .padding = {1, 2}, .gen = gen2});
+                                  &(nb_conv2d_opts){.stride = {1, 1}, .dilation = {1, 1},
+                                                    .groups = 2, .padding = {1, 2}, .gen = gen2});
     double *v1 = tu_values(w);
     tu_assert_close(nb_module_param(m2, "weight"), v1, wshape, 4, 0);
     free(v1);
@@ -435,8 +437,11 @@ START_TEST(test_conv2d_module) {
     ck_assert(backward_with(y, nb_ones_like(y)) == NB_OK);
     ck_assert(nb_grad(w) && nb_grad(b));
     /* No bias; stride and dilation. */
-    nb_module *m3 = nb_conv2d_new(3, 4, 3, 3, &(nb_conv2d_opts){.no_bias = true, .stride = {2, 2},
-                                                           .dilation = {2, 1}});
+    nb_conv2d_opts c3 = nb_conv2d_defaults();
+    c3.no_bias = true;
+    c3.stride[0] = c3.stride[1] = 2;
+    c3.dilation[0] = 2;
+    nb_module *m3 = nb_conv2d_new(3, 4, 3, 3, &c3);
     ck_assert(m3 && !nb_module_param(m3, "bias"));
     nb_tensor *y3 = nb_forward(m3, tu_random((int64_t[]){1, 3, 9, 9}, 4, NB_F32, -1, 1, 6));
     ck_assert(y3 && nb_shape(y3)[2] == 3 && nb_shape(y3)[3] == 4);
@@ -483,9 +488,22 @@ START_TEST(test_conv2d_errors) {
     /* Module constructor. */
     tu_assert_error(nb_conv2d_new(0, 4, 3, 3, NULL), NB_EINVAL, "positive");
     tu_assert_error(nb_conv2d_new(4, 4, 0, 3, NULL), NB_EINVAL, "positive");
-    tu_assert_error(nb_conv2d_new(4, 6, 3, 3, &(nb_conv2d_opts){.groups = 4}), NB_EINVAL, "groups");
-    tu_assert_error(nb_conv2d_new(4, 4, 3, 3, &(nb_conv2d_opts){.padding = {-1, 0}}), NB_EINVAL,
-                    "padding");
+    nb_conv2d_opts co = nb_conv2d_defaults();
+    co.groups = 4;
+    tu_assert_error(nb_conv2d_new(4, 6, 3, 3, &co), NB_EINVAL, "groups");
+    co = nb_conv2d_defaults();
+    co.padding[0] = -1;
+    tu_assert_error(nb_conv2d_new(4, 4, 3, 3, &co), NB_EINVAL, "padding");
+    /* options are read as written (issue 17 item 4): stride, dilation or groups 0 is an
+     * error, not 1 */
+    tu_assert_error(nb_conv2d_new(4, 4, 3, 3, &(nb_conv2d_opts){.padding = {1, 1}}), NB_EINVAL,
+                    "stride and dilation must be positive");
+    co = nb_conv2d_defaults();
+    ck_assert(co.stride[0] == 1 && co.stride[1] == 1 && co.padding[0] == 0 &&
+              co.padding[1] == 0 && co.dilation[0] == 1 && co.dilation[1] == 1 &&
+              co.groups == 1 && !co.no_bias && !co.gen);
+    co.groups = 0;
+    tu_assert_error(nb_conv2d_new(4, 4, 3, 3, &co), NB_EINVAL, "groups");
     /* A module's forward reports the op's error. */
     nb_module *m = nb_conv2d_new(3, 4, 3, 3, NULL);
     tu_assert_error(nb_forward(m, x), NB_ESHAPE, "input channels");
@@ -558,9 +576,12 @@ static double *ref_pool(const pool_cfg *c, int kind, const double *x) {
 }
 
 static nb_tensor *run_pool(const pool_cfg *c, int kind, nb_tensor *x) {
-    int64_t k[2] = {c->kh, c->kw}, s[2] = {c->sh, c->sw}, p[2] = {c->ph, c->pw};
-    if (kind == 0) return nb_maxpool2d(x, k, s, p);
-    return nb_avgpool2d(x, k, s, p, kind == 1);
+    /* a 0 in the table is PyTorch's stride=None: NULL (the kernel size) when both are */
+    int64_t k[2] = {c->kh, c->kw}, p[2] = {c->ph, c->pw};
+    int64_t s[2] = {c->sh ? c->sh : c->kh, c->sw ? c->sw : c->kw};
+    const int64_t *sp = c->sh || c->sw ? s : NULL;
+    if (kind == 0) return nb_maxpool2d(x, k, sp, p);
+    return nb_avgpool2d(x, k, sp, p, kind == 1);
 }
 
 START_TEST(test_pool2d_forward) {
@@ -712,8 +733,14 @@ END_TEST
 START_TEST(test_pool2d_modules) {
     nb_scope_begin();
     nb_tensor *x = tu_random((int64_t[]){2, 3, 7, 6}, 4, NB_F32, -1, 1, 3);
-    nb_module *mp = nb_maxpool2d_new(3, 2, &(nb_pool2d_opts){.stride = {2, 0}, .padding = {1, 1}});
-    nb_module *ap = nb_avgpool2d_new(2, 2, &(nb_pool2d_opts){.padding = {1, 0}, .exclude_pad = true});
+    nb_pool2d_opts po = nb_pool2d_defaults(3, 2);
+    po.stride[0] = 2;
+    po.padding[0] = po.padding[1] = 1;
+    nb_module *mp = nb_maxpool2d_new(3, 2, &po);
+    po = nb_pool2d_defaults(2, 2);
+    po.padding[0] = 1;
+    po.exclude_pad = true;
+    nb_module *ap = nb_avgpool2d_new(2, 2, &po);
     nb_module *ad = nb_adaptive_avgpool2d_new(3, 2);
     ck_assert(mp && ap && ad);
     ck_assert_str_eq(nb_module_type(mp), "MaxPool2d");
@@ -766,8 +793,18 @@ START_TEST(test_pool2d_errors) {
                                           1, 1),
                     NB_ESHAPE, "empty spatial");
     tu_assert_error(nb_maxpool2d_new(0, 2, NULL), NB_EINVAL, "kernel size");
-    tu_assert_error(nb_avgpool2d_new(2, 2, &(nb_pool2d_opts){.padding = {2, 0}}), NB_EINVAL,
-                    "padding");
+    tu_assert_error(nb_avgpool2d_new(2, 2, &(nb_pool2d_opts){.stride = {2, 2}, .padding = {2, 0}}),
+                    NB_EINVAL, "padding");
+    /* options are read as written (issue 17 item 4): stride 0 is an error, not the kernel
+     * size, which nb_pool2d_defaults(kh, kw) gives */
+    tu_assert_error(nb_maxpool2d_new(2, 2, &(nb_pool2d_opts){.padding = {1, 1}}), NB_EINVAL,
+                    "stride [0,0] must be positive");
+    tu_assert_error(nb_maxpool2d(tu_random((int64_t[]){1, 1, 4, 4}, 4, NB_F32, -1, 1, 1),
+                                 (int64_t[]){2, 2}, (int64_t[]){0, 2}, NULL),
+                    NB_EINVAL, "stride");
+    nb_pool2d_opts pd = nb_pool2d_defaults(3, 2);
+    ck_assert(pd.stride[0] == 3 && pd.stride[1] == 2 && pd.padding[0] == 0 &&
+              pd.padding[1] == 0 && !pd.exclude_pad);
     tu_assert_error(nb_adaptive_avgpool2d_new(2, -1), NB_EINVAL, "output size");
     nb_module *m = nb_maxpool2d_new(7, 7, NULL);
     tu_assert_error(nb_forward(m, x), NB_ESHAPE, "larger than the padded input");

@@ -696,7 +696,9 @@ START_TEST(test_modules) {
     tu_assert_error(nb_forward(ln, tu_random((int64_t[]){3, 4}, 2, NB_F32, -1, 1, 2)), NB_ESHAPE,
                     "last dim is 5");
     nb_module_free(ln);
-    nb_module *ln2 = nb_layer_norm_new(5, &(nb_norm_opts){.no_affine = true});
+    nb_norm_opts no = nb_norm_defaults();
+    no.no_affine = true;
+    nb_module *ln2 = nb_layer_norm_new(5, &no);
     ck_assert_int_eq(nb_parameters(ln2)->count, 0);
     nb_module_free(ln2);
 
@@ -731,7 +733,8 @@ START_TEST(test_modules) {
     nb_module_free(bn);
     /* without running stats: batch statistics in eval too */
     nb_module *bn1 =
-        nb_batch_norm1d_new(3, &(nb_norm_opts){.no_running_stats = true, .no_affine = true});
+        nb_batch_norm1d_new(3, &(nb_norm_opts){.eps = 1e-5, .momentum = 0.1,
+                                                .no_running_stats = true, .no_affine = true});
     ck_assert_int_eq(nb_buffers(bn1)->count, 0);
     ck_assert_int_eq(nb_parameters(bn1)->count, 0);
     nb_module_train(bn1, false);
@@ -740,6 +743,19 @@ START_TEST(test_modules) {
     CLOSE(nb_forward(bn1, x1), want, 1e-6);
     free(want);
     nb_module_free(bn1);
+    /* options are read as written (issue 17 item 4): batch norm momentum 0 keeps the running
+     * stats, layer norm eps 0 is 0; the constructor gives 1e-5 and 0.1 */
+    nb_norm_opts nd = nb_norm_defaults();
+    ck_assert(nd.eps == 1e-5 && nd.momentum == 0.1 && !nd.no_affine && !nd.no_running_stats);
+    nb_module *bn0 = nb_batch_norm1d_new(3, &(nb_norm_opts){.eps = 1e-5, .momentum = 0});
+    ck_assert_ptr_nonnull(nb_forward(bn0, x1));
+    ck_assert_double_eq(nb_get_f64(nb_module_buffer(bn0, "running_mean"), (int64_t[]){0}), 0);
+    ck_assert_double_eq(nb_get_f64(nb_module_buffer(bn0, "running_var"), (int64_t[]){1}), 1);
+    nb_module_free(bn0);
+    nb_module *ln0 = nb_layer_norm_new(2, &(nb_norm_opts){.eps = 0});
+    nb_tensor *y0 = nb_forward(ln0, tu_tensor((double[]){3, 1}, (int64_t[]){1, 2}, 2, NB_F32));
+    ck_assert_double_eq(nb_get_f64(y0, (int64_t[]){0, 0}), 1); /* (3 - 2) / sqrt(1 + eps) */
+    nb_module_free(ln0);
 
     /* Flatten and activations */
     nb_module *fl = nb_flatten_new(0, 0);

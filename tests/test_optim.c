@@ -78,15 +78,15 @@ static int fx_nums(const char *s, double *out, int max) {
     return k;
 }
 
-/* key=value in a line: NB_OPT_ZERO for an explicit 0, 0 when absent (the default). */
-static double fx_opt(const char *line, const char *key) {
+/* key=value in a line: the value, or def when absent (PyTorch's default, which the fixture
+ * leaves out). */
+static double fx_opt_or(const char *line, const char *key, double def) {
     char pat[64];
     snprintf(pat, sizeof pat, " %s=", key);
     const char *p = strstr(line, pat);
-    if (!p) return 0;
-    double v = strtod(p + strlen(pat), NULL);
-    return v == 0 ? NB_OPT_ZERO : v;
+    return p ? strtod(p + strlen(pat), NULL) : def;
 }
+static double fx_opt(const char *line, const char *key) { return fx_opt_or(line, key, 0); }
 
 /* ---- optimizer cases ------------------------------------------------------------------------- */
 #define NP 3
@@ -155,38 +155,61 @@ static nb_optim *make_optim(const ocase *c, nb_tensor **ps) {
     ck_assert(group_line(c, 0, ps, gt, gn, &g0));
     bool ams = fx_opt(ol, "amsgrad") != 0, maxi = fx_opt(ol, "maximize") != 0;
     nb_optim *opt = NULL;
-    if (!strcmp(kind, "sgd"))
-        opt = nb_sgd_new(&g0, &(nb_sgd_opts){
-            .lr = fx_opt(ol, "lr"), .momentum = fx_opt(ol, "momentum"),
-            .dampening = fx_opt(ol, "dampening"), .weight_decay = fx_opt(ol, "weight_decay"),
-            .nesterov = fx_opt(ol, "nesterov") != 0, .maximize = maxi});
-    else if (!strcmp(kind, "adam") || !strcmp(kind, "adamw")) {
-        nb_adam_opts o = {.lr = fx_opt(ol, "lr"),
-                          .betas = {fx_opt(ol, "betas0"), fx_opt(ol, "betas1")},
-                          .eps = fx_opt(ol, "eps"), .weight_decay = fx_opt(ol, "weight_decay"),
-                          .amsgrad = ams, .maximize = maxi};
+    if (!strcmp(kind, "sgd")) {
+        nb_sgd_opts o = nb_sgd_defaults();
+        o.lr = fx_opt_or(ol, "lr", o.lr);
+        o.momentum = fx_opt_or(ol, "momentum", o.momentum);
+        o.dampening = fx_opt_or(ol, "dampening", o.dampening);
+        o.weight_decay = fx_opt_or(ol, "weight_decay", o.weight_decay);
+        o.nesterov = fx_opt(ol, "nesterov") != 0;
+        o.maximize = maxi;
+        opt = nb_sgd_new(&g0, &o);
+    } else if (!strcmp(kind, "adam") || !strcmp(kind, "adamw")) {
+        nb_adam_opts o = !strcmp(kind, "adam") ? nb_adam_defaults() : nb_adamw_defaults();
+        o.lr = fx_opt_or(ol, "lr", o.lr);
+        o.betas[0] = fx_opt_or(ol, "betas0", o.betas[0]);
+        o.betas[1] = fx_opt_or(ol, "betas1", o.betas[1]);
+        o.eps = fx_opt_or(ol, "eps", o.eps);
+        o.weight_decay = fx_opt_or(ol, "weight_decay", o.weight_decay);
+        o.amsgrad = ams;
+        o.maximize = maxi;
         opt = !strcmp(kind, "adam") ? nb_adam_new(&g0, &o) : nb_adamw_new(&g0, &o);
-    } else if (!strcmp(kind, "rmsprop"))
-        opt = nb_rmsprop_new(&g0, &(nb_rmsprop_opts){
-            .lr = fx_opt(ol, "lr"), .alpha = fx_opt(ol, "alpha"), .eps = fx_opt(ol, "eps"),
-            .weight_decay = fx_opt(ol, "weight_decay"), .momentum = fx_opt(ol, "momentum"),
-            .centered = fx_opt(ol, "centered") != 0, .maximize = maxi});
-    else if (!strcmp(kind, "adagrad"))
-        opt = nb_adagrad_new(&g0, &(nb_adagrad_opts){
-            .lr = fx_opt(ol, "lr"), .lr_decay = fx_opt(ol, "lr_decay"),
-            .weight_decay = fx_opt(ol, "weight_decay"),
-            .initial_accumulator_value = fx_opt(ol, "initial_accumulator_value"),
-            .eps = fx_opt(ol, "eps"), .maximize = maxi});
+    } else if (!strcmp(kind, "rmsprop")) {
+        nb_rmsprop_opts o = nb_rmsprop_defaults();
+        o.lr = fx_opt_or(ol, "lr", o.lr);
+        o.alpha = fx_opt_or(ol, "alpha", o.alpha);
+        o.eps = fx_opt_or(ol, "eps", o.eps);
+        o.weight_decay = fx_opt_or(ol, "weight_decay", o.weight_decay);
+        o.momentum = fx_opt_or(ol, "momentum", o.momentum);
+        o.centered = fx_opt(ol, "centered") != 0;
+        o.maximize = maxi;
+        opt = nb_rmsprop_new(&g0, &o);
+    } else if (!strcmp(kind, "adagrad")) {
+        nb_adagrad_opts o = nb_adagrad_defaults();
+        o.lr = fx_opt_or(ol, "lr", o.lr);
+        o.lr_decay = fx_opt_or(ol, "lr_decay", o.lr_decay);
+        o.weight_decay = fx_opt_or(ol, "weight_decay", o.weight_decay);
+        o.initial_accumulator_value =
+            fx_opt_or(ol, "initial_accumulator_value", o.initial_accumulator_value);
+        o.eps = fx_opt_or(ol, "eps", o.eps);
+        o.maximize = maxi;
+        opt = nb_adagrad_new(&g0, &o);
+    }
     ck_assert_msg(opt != NULL, "%s: %s", kind, nb_last_error());
     ck_assert_str_eq(nb_optim_name(opt), kind);
     for (int g = 1;; g++) {
         nb_params gp;
         const char *l = group_line(c, g, ps, gt, gn, &gp);
         if (!l) break;
-        nb_group_opts o = {.lr = fx_opt(l, "lr"), .weight_decay = fx_opt(l, "weight_decay"),
-                           .momentum = fx_opt(l, "momentum"), .dampening = fx_opt(l, "dampening"),
-                           .betas = {fx_opt(l, "betas0"), fx_opt(l, "betas1")},
-                           .eps = fx_opt(l, "eps"), .alpha = fx_opt(l, "alpha")};
+        nb_group_opts o = nb_group_defaults(); /* NAN: the optimizer's value */
+        o.lr = fx_opt_or(l, "lr", NAN);
+        o.weight_decay = fx_opt_or(l, "weight_decay", NAN);
+        o.momentum = fx_opt_or(l, "momentum", NAN);
+        o.dampening = fx_opt_or(l, "dampening", NAN);
+        o.betas[0] = fx_opt_or(l, "betas0", NAN);
+        o.betas[1] = fx_opt_or(l, "betas1", NAN);
+        o.eps = fx_opt_or(l, "eps", NAN);
+        o.alpha = fx_opt_or(l, "alpha", NAN);
         ck_assert_msg(nb_optim_add_group(opt, &gp, &o) == g, "%s", nb_last_error());
     }
     return opt;
@@ -309,7 +332,9 @@ START_TEST(test_state_names) {
     nb_tensor *w = tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 1);
     nb_tensor *b = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 2);
     nb_params ps = {2, (nb_tensor *[]){w, b}, (const char *[]){"layer.weight", "layer.bias"}};
-    nb_optim *opt = nb_adam_new(&ps, &(nb_adam_opts){.amsgrad = true});
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.amsgrad = true;
+    nb_optim *opt = nb_adam_new(&ps, &ao);
     const nb_params *st = nb_optim_state(opt);
     ck_assert_int_eq(st->count, 5); /* no parameter state before the first step */
     ck_assert_str_eq(st->names[0], "param_groups.0.lr");
@@ -415,9 +440,11 @@ START_TEST(test_groups) {
     ck_assert(decay.tensors[0] == w && decay.tensors[1] == e);
     ck_assert(no_decay.tensors[0] == b && no_decay.tensors[1] == g);
     ck_assert_str_eq(no_decay.names[1], "g");
-    nb_optim *opt = nb_adamw_new(&decay, &(nb_adamw_opts){.lr = 6e-4, .betas = {0.9, 0.95},
-                                                      .weight_decay = 0.1});
-    nb_group_opts nd = {.weight_decay = NB_OPT_ZERO};
+    nb_adamw_opts ao = nb_adamw_defaults();
+    ao.lr = 6e-4, ao.betas[1] = 0.95, ao.weight_decay = 0.1;
+    nb_optim *opt = nb_adamw_new(&decay, &ao);
+    nb_group_opts nd = nb_group_defaults();
+    nd.weight_decay = 0;
     ck_assert_int_eq(nb_optim_add_group(opt, &no_decay, &nd), 1);
     nb_params_deinit(&decay);
     nb_params_deinit(&no_decay);
@@ -427,6 +454,7 @@ START_TEST(test_groups) {
     ck_assert_double_eq(go.weight_decay, 0);
     ck_assert_double_eq(go.lr, 6e-4);          /* inherited */
     ck_assert_double_eq(go.betas[1], 0.95);
+    ck_assert(isnan(go.momentum) && isnan(go.alpha)); /* adamw has neither */
     ASSERT_OK(nb_optim_group_opts(opt, 0, &go));
     ck_assert_double_eq(go.weight_decay, 0.1);
     const nb_params *ps = nb_optim_params(opt);
@@ -446,9 +474,13 @@ START_TEST(test_groups) {
     /* group errors */
     nb_tensor *x = tu_random((int64_t[]){2}, 1, NB_F32, -1, 1, 5);
     nb_params px = {1, (nb_tensor *[]){x}, (const char *[]){"x"}};
-    tu_assert_error_at(nb_optim_add_group(opt, &px, &(nb_group_opts){.momentum = 0.9}) < 0,
+    nb_group_opts bad = nb_group_defaults();
+    bad.momentum = 0.9;
+    tu_assert_error_at(nb_optim_add_group(opt, &px, &bad) < 0,
                        NB_EINVAL, "adamw has no momentum", __FILE__, __LINE__);
-    tu_assert_error_at(nb_optim_add_group(opt, &px, &(nb_group_opts){.betas = {1.0, 0}}) < 0,
+    bad = nb_group_defaults();
+    bad.betas[0] = 1.0;
+    tu_assert_error_at(nb_optim_add_group(opt, &px, &bad) < 0,
                        NB_EINVAL, "betas[0] must be in [0, 1)", __FILE__, __LINE__);
     nb_params dup = {1, (nb_tensor *[]){w}, (const char *[]){"w2"}};
     tu_assert_error_at(nb_optim_add_group(opt, &dup, NULL) < 0, NB_EINVAL,
@@ -551,8 +583,9 @@ START_TEST(test_large_adamw) {
     nb_tensor *p = tu_random(&n, 1, NB_F64, -1, 1, 11);
     double *p0 = tu_values(p);
     nb_params ps = {1, (nb_tensor *[]){p}, (const char *[]){"p"}};
-    nb_optim *opt =
-        nb_adamw_new(&ps, &(nb_adamw_opts){.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
+    nb_adamw_opts ao = nb_adamw_defaults();
+    ao.lr = 0.01, ao.weight_decay = 0.1, ao.amsgrad = true;
+    nb_optim *opt = nb_adamw_new(&ps, &ao);
     double *m = calloc((size_t)n, sizeof(double)), *v = calloc((size_t)n, sizeof(double));
     double *vm = calloc((size_t)n, sizeof(double));
     for (int s = 1; s <= 3; s++) {
@@ -583,9 +616,13 @@ START_TEST(test_empty_and_steady) {
     nb_tensor *e = nb_zeros((int64_t[]){2, 0}, 2, NB_F32);
     nb_tensor *w = tu_random((int64_t[]){300}, 1, NB_F32, -1, 1, 1);
     nb_params ps = {2, (nb_tensor *[]){e, w}, (const char *[]){"e", "w"}};
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.amsgrad = true;
+    nb_rmsprop_opts ro = nb_rmsprop_defaults();
+    ro.centered = true, ro.momentum = 0.5;
     nb_optim *opts[3] = {
-        nb_adam_new(&ps, &(nb_adam_opts){.amsgrad = true}),
-        nb_rmsprop_new(&ps, &(nb_rmsprop_opts){.centered = true, .momentum = 0.5}),
+        nb_adam_new(&ps, &ao),
+        nb_rmsprop_new(&ps, &ro),
         nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .nesterov = true})};
     nb_set_grad(e, nb_zeros((int64_t[]){2, 0}, 2, NB_F32));
     nb_set_grad(w, tu_random((int64_t[]){300}, 1, NB_F32, -1, 1, 2));
@@ -593,7 +630,7 @@ START_TEST(test_empty_and_steady) {
         ck_assert(opts[k]);
         for (int i = 0; i < 2; i++) ASSERT_OK(nb_step(opts[k]));
     }
-    ck_assert(nb_clip_grad_norm(&ps, 1.0, 0) > 0);
+    ck_assert(nb_clip_grad_norm(&ps, 1.0, 2) > 0);
     nb_alloc_stats a, b;
     nb_alloc_get_stats(&a);
     for (int i = 0; i < 10; i++)
@@ -606,6 +643,143 @@ START_TEST(test_empty_and_steady) {
 END_TEST
 
 /* ---- step errors ----------------------------------------------------------------------------- */
+/* Options are read as written (docs/conventions.md): a zero is a zero, never the default
+ * (issue 17 item 4). The behavioural checks use fully written compound literals, so they
+ * compile against the old API too, where they failed: 0 became PyTorch's default there. */
+START_TEST(test_zero_is_zero) {
+    nb_scope_begin();
+    const int64_t n = 5;
+    double g1[5] = {0.5, -1, 2e-3, -3e-3, 0.25}, g2[5] = {-0.2, 0.3, 1e-3, 4e-3, -0.5};
+    double *gs[2] = {g1, g2};
+    /* AdamW, weight_decay 0 and betas {0, 0.99}: no decay and m = g */
+    nb_tensor *p = tu_random(&n, 1, NB_F64, -1, 1, 3);
+    double *want = tu_values(p), v[5] = {0};
+    nb_params ps = {1, (nb_tensor *[]){p}, (const char *[]){"p"}};
+    nb_optim *opt = nb_adamw_new(&ps, &(nb_adamw_opts){.lr = 0.1, .betas = {0, 0.99},
+                                                       .eps = 1e-8, .weight_decay = 0});
+    for (int s = 1; s <= 2; s++) {
+        nb_set_grad(p, tu_tensor(gs[s - 1], &n, 1, NB_F64));
+        ASSERT_OK(nb_step(opt));
+        for (int i = 0; i < n; i++) {
+            double g = gs[s - 1][i];
+            v[i] = 0.99 * v[i] + 0.01 * g * g;
+            want[i] -= 0.1 * g / (sqrt(v[i]) / sqrt(1 - pow(0.99, s)) + 1e-8);
+        }
+    }
+    tu_assert_close(p, want, &n, 1, 1e-12);
+    nb_group_opts go;
+    ASSERT_OK(nb_optim_group_opts(opt, 0, &go));
+    ck_assert_double_eq(go.weight_decay, 0);
+    ck_assert_double_eq(go.betas[0], 0);
+    /* a group's weight_decay 0 is 0, not the optimizer's 0.5 */
+    nb_optim_free(opt);
+    opt = nb_adamw_new(&ps, &(nb_adamw_opts){.lr = 0.1, .betas = {0.9, 0.999}, .eps = 1e-8,
+                                             .weight_decay = 0.5});
+    nb_tensor *q = tu_random(&n, 1, NB_F64, -1, 1, 4);
+    ck_assert_int_eq(nb_optim_add_group(opt, &(nb_params){1, (nb_tensor *[]){q},
+                                                          (const char *[]){"q"}},
+                                        &(nb_group_opts){.lr = 0.1, .weight_decay = 0,
+                                                         .betas = {0.9, 0.999}, .eps = 1e-8}),
+                     1);
+    ASSERT_OK(nb_optim_group_opts(opt, 1, &go));
+    ck_assert_double_eq(go.weight_decay, 0);
+    nb_optim_free(opt);
+    free(want);
+    /* RMSprop alpha 0: the square average is the last squared gradient */
+    p = tu_random(&n, 1, NB_F64, -1, 1, 5);
+    want = tu_values(p);
+    ps.tensors[0] = p;
+    opt = nb_rmsprop_new(&ps, &(nb_rmsprop_opts){.lr = 0.01, .alpha = 0, .eps = 1e-8});
+    nb_set_grad(p, tu_tensor(g1, &n, 1, NB_F64));
+    ASSERT_OK(nb_step(opt));
+    for (int i = 0; i < n; i++) want[i] -= 0.01 * g1[i] / (fabs(g1[i]) + 1e-8);
+    tu_assert_close(p, want, &n, 1, 1e-12);
+    nb_optim_free(opt);
+    free(want);
+    /* Adagrad eps 0: a step of exactly lr * sign(g) */
+    p = tu_random(&n, 1, NB_F64, -1, 1, 6);
+    want = tu_values(p);
+    ps.tensors[0] = p;
+    opt = nb_adagrad_new(&ps, &(nb_adagrad_opts){.lr = 0.1, .eps = 0});
+    nb_set_grad(p, tu_tensor(g1, &n, 1, NB_F64));
+    ASSERT_OK(nb_step(opt));
+    for (int i = 0; i < n; i++) want[i] -= 0.1 * (g1[i] > 0 ? 1 : -1);
+    tu_assert_close(p, want, &n, 1, 1e-15);
+    nb_optim_free(opt);
+    free(want);
+    /* schedules: gamma 0 is 0; a one-cycle base_momentum 0 is 0 */
+    nb_sched_opts so = {.kind = NB_SCHED_STEP, .step_size = 2, .gamma = 0};
+    ck_assert_double_eq(nb_sched_lr_at(&so, 1.0, 1), 1.0);
+    ck_assert_double_eq(nb_sched_lr_at(&so, 1.0, 2), 0);
+    so = (nb_sched_opts){.kind = NB_SCHED_ONECYCLE, .total_steps = 10, .max_lr = 1,
+                         .pct_start = 0.3, .div_factor = 25, .final_div_factor = 1e4,
+                         .cycle_momentum = true, .base_momentum = 0, .max_momentum = 0.95};
+    ck_assert_double_eq_tol(nb_sched_momentum_at(&so, 2), 0, 1e-15); /* the peak of lr */
+    /* clip: norm_type 0 is an error, not the 2-norm */
+    nb_set_grad(p, tu_tensor(g1, &n, 1, NB_F64));
+    ck_assert(nb_clip_grad_norm(&ps, 1.0, 0) == NB_EINVAL);
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
+/* The constructors give the documented defaults; NULL options are the same. */
+START_TEST(test_option_defaults) {
+    nb_adam_opts a = nb_adam_defaults(), aw = nb_adamw_defaults();
+    ck_assert(a.lr == 1e-3 && a.betas[0] == 0.9 && a.betas[1] == 0.999 && a.eps == 1e-8 &&
+              a.weight_decay == 0 && !a.amsgrad && !a.maximize);
+    ck_assert(aw.lr == 1e-3 && aw.betas[0] == 0.9 && aw.betas[1] == 0.999 && aw.eps == 1e-8 &&
+              aw.weight_decay == 1e-2);
+    nb_rmsprop_opts r = nb_rmsprop_defaults();
+    ck_assert(r.lr == 1e-2 && r.alpha == 0.99 && r.eps == 1e-8 && r.weight_decay == 0 &&
+              r.momentum == 0 && !r.centered);
+    nb_adagrad_opts d = nb_adagrad_defaults();
+    ck_assert(d.lr == 1e-2 && d.lr_decay == 0 && d.weight_decay == 0 &&
+              d.initial_accumulator_value == 0 && d.eps == 1e-10);
+    nb_sgd_opts s = nb_sgd_defaults();
+    ck_assert(s.lr == 0 && s.momentum == 0 && s.dampening == 0 && s.weight_decay == 0);
+    nb_group_opts g = nb_group_defaults();
+    ck_assert(isnan(g.lr) && isnan(g.weight_decay) && isnan(g.momentum) && isnan(g.dampening) &&
+              isnan(g.betas[0]) && isnan(g.betas[1]) && isnan(g.eps) && isnan(g.alpha) &&
+              isnan(g.lr_decay) && isnan(g.initial_accumulator_value));
+    nb_sched_opts c = nb_sched_defaults(NB_SCHED_ONECYCLE);
+    ck_assert(c.kind == NB_SCHED_ONECYCLE && isnan(c.max_lr) && c.pct_start == 0.3 &&
+              c.div_factor == 25 && c.final_div_factor == 1e4 && c.base_momentum == 0.85 &&
+              c.max_momentum == 0.95 && !c.cycle_momentum && c.total_steps == 0);
+    ck_assert(nb_sched_defaults(NB_SCHED_STEP).gamma == 0.1);
+    ck_assert(nb_sched_defaults(NB_SCHED_MULTISTEP).gamma == 0.1);
+    ck_assert(nb_sched_defaults(NB_SCHED_EXPONENTIAL).gamma == 0); /* required */
+    /* NULL options and the constructors' values make the same optimizer */
+    nb_scope_begin();
+    nb_tensor *w = nb_zeros((int64_t[]){2}, 1, NB_F32);
+    nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
+    nb_optim *o1 = nb_rmsprop_new(&ps, NULL), *o2 = nb_rmsprop_new(&ps, &r);
+    nb_group_opts g1, g2;
+    ASSERT_OK(nb_optim_group_opts(o1, 0, &g1));
+    ASSERT_OK(nb_optim_group_opts(o2, 0, &g2));
+    ck_assert(g1.lr == g2.lr && g1.alpha == g2.alpha && g1.eps == g2.eps);
+    /* a group from nb_group_defaults() inherits everything; the getter's output round-trips */
+    nb_tensor *u = nb_zeros((int64_t[]){2}, 1, NB_F32), *t = nb_zeros((int64_t[]){2}, 1, NB_F32);
+    ck_assert_int_eq(nb_optim_add_group(o1, &(nb_params){1, (nb_tensor *[]){u},
+                                                         (const char *[]){"u"}}, &g), 1);
+    ck_assert_int_eq(nb_optim_add_group(o1, &(nb_params){1, (nb_tensor *[]){t},
+                                                         (const char *[]){"t"}}, &g1), 2);
+    ASSERT_OK(nb_optim_group_opts(o1, 1, &g2));
+    ck_assert(g2.lr == 1e-2 && g2.alpha == 0.99 && isnan(g2.betas[0]));
+    nb_optim_free(o1);
+    nb_optim_free(o2);
+    /* SGD's lr has no default */
+    tu_assert_error(nb_sgd_new(&ps, &s), NB_EINVAL, "lr must be > 0");
+    /* one-cycle max_lr NAN (the default) peaks at each group's lr */
+    c.total_steps = 10;
+    ck_assert_double_eq_tol(nb_sched_lr_at(&c, 0.5, 2), 0.5, 1e-15);
+    c.max_lr = -1;
+    ck_assert(isnan(nb_sched_lr_at(&c, 0.5, 2)));
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
 START_TEST(test_errors) {
     nb_scope_begin();
     nb_tensor *w = tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 1);
@@ -650,8 +824,9 @@ START_TEST(test_errors) {
     ck_assert_double_eq(go.eps, 1e-8);
     ck_assert_double_eq(go.betas[0], 0.9);
     nb_optim_free(opt);
-    opt =
-        nb_adamw_new(&ps, &(nb_adamw_opts){.weight_decay = NB_OPT_ZERO, .betas = {NB_OPT_ZERO, 0}});
+    nb_adamw_opts zo = nb_adamw_defaults();
+    zo.weight_decay = 0, zo.betas[0] = 0;
+    opt = nb_adamw_new(&ps, &zo);
     ASSERT_OK(nb_optim_group_opts(opt, 0, &go));
     ck_assert_double_eq(go.weight_decay, 0);
     ck_assert_double_eq(go.betas[0], 0);
@@ -702,7 +877,7 @@ START_TEST(test_clip_vs_pytorch) {
             if (l) fx_nums(l, v, 64), nb_set_grad(ps[i], tu_tensor(v, c.shape[i], c.ndim[i], dt));
         }
         nb_params list = {NP, ps, NULL};
-        double p = fx_opt(cl, "norm_type");
+        double p = fx_opt_or(cl, "norm_type", 2);
         double total = nb_clip_grad_norm(&list, fx_opt(cl, "max_norm"), p);
         ck_assert_msg(fabs(total - want_total) <= 1e-6 * want_total, "%s: norm %.9g, PyTorch %.9g",
                       clip_cases[_i], total, want_total);
@@ -739,7 +914,7 @@ START_TEST(test_clip) {
     for (int i = 0; i < 5; i++) ss += vh[i] * vh[i], mx = fmax(mx, fabs(vh[i]));
     nb_params list = {3, (nb_tensor *[]){a, b, h}, NULL};
     ck_assert(nb_clip_grad_norm(&list, INFINITY, INFINITY) == mx);
-    double norm = nb_clip_grad_norm(&list, 5.0, 0);
+    double norm = nb_clip_grad_norm(&list, 5.0, 2);
     ck_assert_double_eq_tol(norm, sqrt(ss), 1e-12 * sqrt(ss));
     double s = 5.0 / (sqrt(ss) + 1e-6);
     for (int i = 0; i < 12; i++) vb[i] = (float)(vb[i] * (float)s);
@@ -783,18 +958,19 @@ static nb_sched_opts sched_from(const char *l, int64_t *milestones) {
     ck_assert(sscanf(l, "%15s", kind) == 1);
     static const char *const kinds[] = {"constant", "step", "multistep", "exponential",
                                         "cosine", "linear", "onecycle"};
-    nb_sched_opts o = {0};
+    nb_sched_kind sk = NB_SCHED_CONSTANT;
     for (int k = 0; k < 7; k++)
-        if (!strcmp(kind, kinds[k])) o.kind = (nb_sched_kind)k;
-    o.gamma = fx_opt(l, "gamma");
-    o.step_size = (int64_t)fx_opt(l, "step_size");
-    o.warmup_steps = (int64_t)fx_opt(l, "warmup_steps");
-    o.total_steps = (int64_t)fx_opt(l, "total_steps");
-    o.min_lr = fx_opt(l, "min_lr");
-    o.max_lr = fx_opt(l, "max_lr");
-    o.pct_start = fx_opt(l, "pct_start");
-    o.div_factor = fx_opt(l, "div_factor");
-    o.final_div_factor = fx_opt(l, "final_div_factor");
+        if (!strcmp(kind, kinds[k])) sk = (nb_sched_kind)k;
+    nb_sched_opts o = nb_sched_defaults(sk);
+    o.gamma = fx_opt_or(l, "gamma", o.gamma);
+    o.step_size = (int64_t)fx_opt_or(l, "step_size", (double)o.step_size);
+    o.warmup_steps = (int64_t)fx_opt_or(l, "warmup_steps", (double)o.warmup_steps);
+    o.total_steps = (int64_t)fx_opt_or(l, "total_steps", (double)o.total_steps);
+    o.min_lr = fx_opt_or(l, "min_lr", o.min_lr);
+    o.max_lr = fx_opt_or(l, "max_lr", o.max_lr);
+    o.pct_start = fx_opt_or(l, "pct_start", o.pct_start);
+    o.div_factor = fx_opt_or(l, "div_factor", o.div_factor);
+    o.final_div_factor = fx_opt_or(l, "final_div_factor", o.final_div_factor);
     o.cycle_momentum = fx_opt(l, "cycle_momentum") != 0;
     const char *m = strstr(l, "milestones=");
     if (m) {
@@ -868,11 +1044,16 @@ START_TEST(test_sched) {
     nb_tensor *w = nb_zeros((int64_t[]){2}, 1, NB_F32), *v = nb_zeros((int64_t[]){2}, 1, NB_F32);
     nb_params pw = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
     nb_params pv = {1, (nb_tensor *[]){v}, (const char *[]){"v"}};
-    nb_optim *opt = nb_adam_new(&pw, &(nb_adam_opts){.lr = 0.1});
-    nb_optim_add_group(opt, &pv, &(nb_group_opts){.lr = 0.01});
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.lr = 0.1;
+    nb_optim *opt = nb_adam_new(&pw, &ao);
+    nb_group_opts gl = nb_group_defaults();
+    gl.lr = 0.01;
+    nb_optim_add_group(opt, &pv, &gl);
     /* every group follows the schedule from its own base lr */
-    nb_sched *s = nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_COSINE, .warmup_steps = 2,
-                                                     .total_steps = 6});
+    nb_sched_opts so = nb_sched_defaults(NB_SCHED_COSINE);
+    so.warmup_steps = 2, so.total_steps = 6;
+    nb_sched *s = nb_sched_new(opt, &so);
     ck_assert_double_eq_tol(nb_optim_get_lr(opt, 0), 0.05, 1e-15);
     ck_assert_double_eq_tol(nb_optim_get_lr(opt, 1), 0.005, 1e-15);
     ASSERT_OK(nb_sched_set_step(s, 100));
@@ -881,12 +1062,14 @@ START_TEST(test_sched) {
     nb_sched_free(s);
     /* constant; onecycle cycles Adam's beta1 */
     nb_optim_set_lr(opt, -1, 0.1);
-    s = nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_CONSTANT});
+    so = nb_sched_defaults(NB_SCHED_CONSTANT);
+    s = nb_sched_new(opt, &so);
     ASSERT_OK(nb_sched_step(s));
     ck_assert_double_eq(nb_optim_get_lr(opt, 1), 0.1);
     nb_sched_free(s);
-    s = nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_ONECYCLE, .total_steps = 10,
-                                           .cycle_momentum = true});
+    so = nb_sched_defaults(NB_SCHED_ONECYCLE);
+    so.total_steps = 10, so.cycle_momentum = true;
+    s = nb_sched_new(opt, &so);
     nb_group_opts go;
     nb_optim_group_opts(opt, 1, &go);
     ck_assert_double_eq(go.betas[0], 0.95);
@@ -923,9 +1106,9 @@ START_TEST(test_sched) {
     nb_optim_free(opt);
     nb_tensor *x = nb_zeros((int64_t[]){2}, 1, NB_F32);
     opt = nb_adagrad_new(&(nb_params){1, (nb_tensor *[]){x}, (const char *[]){"x"}}, NULL);
-    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_ONECYCLE, .total_steps = 5,
-                                                       .cycle_momentum = true}),
-                    NB_EINVAL, "adagrad has neither");
+    so = nb_sched_defaults(NB_SCHED_ONECYCLE);
+    so.total_steps = 5, so.cycle_momentum = true;
+    tu_assert_error(nb_sched_new(opt, &so), NB_EINVAL, "adagrad has neither");
     nb_optim_free(opt);
     nb_scope_end();
 }
@@ -944,6 +1127,8 @@ Suite *nb_suite_optim(void) {
     tcase_add_test(tc, test_large_adamw);
     tcase_add_test(tc, test_empty_and_steady);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_zero_is_zero);
+    tcase_add_test(tc, test_option_defaults);
     tcase_add_loop_test(tc, test_clip_vs_pytorch, 0, (int)(sizeof clip_cases / sizeof *clip_cases));
     tcase_add_test(tc, test_clip);
     tcase_add_loop_test(tc, test_sched_vs_pytorch, 0,

@@ -19,16 +19,27 @@ static nb_optim *make_kind(int k, const nb_params *ps) {
         return nb_sgd_new(ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .nesterov = true,
                                              .weight_decay = 0.01});
     case 1: return nb_sgd_new(ps, &(nb_sgd_opts){.lr = 0.1, .maximize = true});
-    case 2:
-        return nb_adam_new(ps, &(nb_adam_opts){.lr = 0.01, .amsgrad = true, .weight_decay = 0.1});
-    case 3: return nb_adamw_new(ps, &(nb_adamw_opts){.lr = 0.01});
-    case 4:
-        return nb_rmsprop_new(ps, &(nb_rmsprop_opts){.centered = true, .momentum = 0.5,
-                                                     .weight_decay = 0.1});
+    case 2: {
+        nb_adam_opts o = nb_adam_defaults();
+        o.lr = 0.01, o.amsgrad = true, o.weight_decay = 0.1;
+        return nb_adam_new(ps, &o);
+    }
+    case 3: {
+        nb_adamw_opts o = nb_adamw_defaults();
+        o.lr = 0.01;
+        return nb_adamw_new(ps, &o);
+    }
+    case 4: {
+        nb_rmsprop_opts o = nb_rmsprop_defaults();
+        o.centered = true, o.momentum = 0.5, o.weight_decay = 0.1;
+        return nb_rmsprop_new(ps, &o);
+    }
     case 5: return nb_rmsprop_new(ps, NULL);
-    default:
-        return nb_adagrad_new(ps, &(nb_adagrad_opts){.lr_decay = 0.1,
-                                                     .initial_accumulator_value = 0.5});
+    default: {
+        nb_adagrad_opts o = nb_adagrad_defaults();
+        o.lr_decay = 0.1, o.initial_accumulator_value = 0.5;
+        return nb_adagrad_new(ps, &o);
+    }
     }
 }
 
@@ -287,7 +298,9 @@ START_TEST(test_device_errors) {
 
     /* schedule state read from the guard device */
     o = nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1});
-    nb_sched *s = nb_sched_new(o, &(nb_sched_opts){.kind = NB_SCHED_COSINE, .total_steps = 10});
+    nb_sched_opts so = nb_sched_defaults(NB_SCHED_COSINE);
+    so.total_steps = 10;
+    nb_sched *s = nb_sched_new(o, &so);
     for (int i = 0; i < 3; i++) ASSERT_OK(nb_sched_step(s));
     double lr = nb_optim_get_lr(o, 0);
     const nb_params *ss = nb_sched_state(s);

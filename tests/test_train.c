@@ -44,7 +44,9 @@ START_TEST(test_xor) {
     nb_module *model = nb_sequential_new(nb_linear_new(2, 8, &(nb_linear_opts){.gen = g}),
                                      nb_tanh_new(),
                                      nb_linear_new(8, 2, &(nb_linear_opts){.gen = g}), NULL);
-    nb_optim *opt = nb_adam_new(nb_parameters(model), &(nb_adam_opts){.lr = 0.05});
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.lr = 0.05;
+    nb_optim *opt = nb_adam_new(nb_parameters(model), &ao);
     ck_assert(model && opt);
     double acc = train(model, opt, x, y, 300);
     ck_assert_msg(acc == 1.0, "XOR training accuracy %.3f", acc);
@@ -73,7 +75,9 @@ START_TEST(test_two_spirals) {
     nb_module *model = nb_sequential_new(nb_linear_new(2, 64, &lo), nb_tanh_new(),
                                      nb_linear_new(64, 64, &lo), nb_tanh_new(),
                                      nb_linear_new(64, 2, &lo), NULL);
-    nb_optim *opt = nb_adam_new(nb_parameters(model), &(nb_adam_opts){.lr = 0.01});
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.lr = 0.01;
+    nb_optim *opt = nb_adam_new(nb_parameters(model), &ao);
     ck_assert(model && opt);
     double acc = train(model, opt, x, y, 2000);
     ck_assert_msg(acc == 1.0, "two-spirals training accuracy %.3f", acc);

@@ -260,7 +260,7 @@ double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *co
     }
     if (st != NB_OK) return NAN;
     if (grad_clip > 0 || grad_norm) {
-        double norm = nb_clip_grad_norm(nb_optim_params(opt), grad_clip > 0 ? grad_clip : INFINITY, 0);
+        double norm = nb_clip_grad_norm(nb_optim_params(opt), grad_clip > 0 ? grad_clip : INFINITY, 2);
         if (norm < 0) return NAN;
         if (grad_norm) *grad_norm = norm;
     }

@@ -65,10 +65,13 @@ void nb_clear_grad(nb_tensor *t);
  * a gradient set this way is accumulated into in place by later backward passes. */
 nb_status nb_set_grad(nb_tensor *t, nb_tensor *g);
 
+/* Options (docs/conventions.md): nb_<name>_defaults() gives the values after each field;
+ * NULL means those; every field is read as written. */
 typedef struct nb_backward_opts {
-    nb_tensor *grad_output;  /* d(loss)/d(output); NULL: ones, allowed only for one element */
-    bool retain_graph;       /* keep saved tensors so backward can run again */
+    nb_tensor *grad_output;  /* NULL (ones, allowed only for one element); d(loss)/d(output) */
+    bool retain_graph;       /* false; keep saved tensors so backward can run again */
 } nb_backward_opts;
+nb_backward_opts nb_backward_defaults(void);
 
 /* Backpropagate from a one-element output (gradient 1). */
 nb_status nb_backward(nb_tensor *output);
@@ -93,11 +96,12 @@ nb_status nb_remove_grad_hook(nb_tensor *leaf, int handle);
 typedef nb_tensor *(*nb_gradcheck_fn)(nb_tensor *const *inputs, int n, void *ctx);
 
 typedef struct nb_gradcheck_opts {
-    double eps;   /* central-difference step; 0: 1e-6 */
-    double atol;  /* 0: 1e-5 */
-    double rtol;  /* 0: 1e-3 */
-    unsigned long long seed; /* for the random output gradient */
+    double eps;   /* central-difference step: 1e-6 (> 0) */
+    double atol;  /* 1e-5 (>= 0) */
+    double rtol;  /* 1e-3 (>= 0) */
+    unsigned long long seed; /* 0; for the random output gradient */
 } nb_gradcheck_opts;
+nb_gradcheck_opts nb_gradcheck_defaults(void);
 
 /* Compare the analytic gradient of sum(f(inputs) * r) (r a fixed random tensor) with central
  * differences, in f64: the float inputs that require grad are converted to f64 copies

@@ -7,9 +7,14 @@
  *     if (!train) { fprintf(stderr, "%s\n", nb_last_error()); return 1; }
  *     nb_image_aug aug = { .crop_padding = 2, .hflip_p = 0.5,
  *                          .channels = 1, .mean = {0.2860}, .std = {0.3530} };
- *     nb_loader *loader = nb_loader_new(train, &(nb_loader_opts){
- *         .batch_size = 128, .shuffle = true, .seed = 42, .prefetch = 2,
- *         .transform = nb_image_aug_transform, .transform_ctx = &aug });
+ *     nb_loader_opts lo = nb_loader_defaults();   // batch 1, world 1, ...: then edit
+ *     lo.batch_size = 128;
+ *     lo.shuffle = true;
+ *     lo.seed = 42;
+ *     lo.prefetch = 2;
+ *     lo.transform = nb_image_aug_transform;
+ *     lo.transform_ctx = &aug;
+ *     nb_loader *loader = nb_loader_new(train, &lo);
  *     for (int epoch = 0; epoch < 10; epoch++) {
  *         for (nb_batch b; nb_loader_next(loader, &b); ) {      // b.x (128,1,28,28) f32
  *             nb_scope_begin();                                  // b.y (128) i64
@@ -118,11 +123,13 @@ nb_tensor *nb_idx_read(const char *path);
  * gzip-compressed when path ends in ".gz". Replaces an existing file. */
 nb_status nb_idx_write(const char *path, const nb_tensor *t);
 
-/* Options of the IDX image/label datasets; zero = default. */
+/* Options of the IDX image/label datasets: nb_mnist_defaults() gives the values after each
+ * field; NULL means those; every field is read as written (docs/conventions.md). */
 typedef struct nb_mnist_opts {
-    int64_t limit;   /* use only the first `limit` samples (0 = all) */
-    bool raw_u8;     /* x as U8 in 0..255 instead of F32 scaled to [0, 1] */
+    int64_t limit;   /* INT64_MAX (all); use only the first `limit` samples (>= 0) */
+    bool raw_u8;     /* false; x as U8 in 0..255 instead of F32 scaled to [0, 1] */
 } nb_mnist_opts;
+nb_mnist_opts nb_mnist_defaults(void);
 
 /* Image classification dataset from an IDX image file (N, H, W) u8 and an IDX label file
  * (N) u8: x is (N, 1, H, W) F32 in [0, 1] (value / 255, converted per batch), y is I64.
@@ -177,20 +184,23 @@ typedef struct nb_batch {
  * nabla call) to the caller. Tensors it creates are freed after each batch. */
 typedef nb_status (*nb_transform_fn)(nb_batch *b, void *ctx);
 
-/* Loader options; zero = default. */
+/* Loader options: nb_loader_defaults() gives the values after each field; NULL means those.
+ * Every field is read as written (docs/conventions.md): batch_size or world_size 0 is an
+ * error, not 1. */
 typedef struct nb_loader_opts {
-    int64_t batch_size;      /* samples per batch (default 1) */
-    bool shuffle;            /* a new permutation every epoch (else dataset order) */
-    uint64_t seed;           /* keys the shuffle and the augmentation */
-    bool drop_last;          /* drop the last incomplete batch (and, when sharding, the
-                              * tail that does not divide by world_size, instead of
+    int64_t batch_size;      /* 1; samples per batch (>= 1) */
+    bool shuffle;            /* false; a new permutation every epoch (else dataset order) */
+    uint64_t seed;           /* 0; keys the shuffle and the augmentation */
+    bool drop_last;          /* false; drop the last incomplete batch (and, when sharding,
+                              * the tail that does not divide by world_size, instead of
                               * padding it) */
-    int rank;                /* this process's shard, 0 <= rank < world_size */
-    int world_size;          /* number of shards (default 1) */
-    int prefetch;            /* batches prepared ahead on a background thread (0: none) */
-    nb_transform_fn transform; /* optional, see nb_transform_fn */
-    void *transform_ctx;
+    int rank;                /* 0; this process's shard, 0 <= rank < world_size */
+    int world_size;          /* 1; number of shards (>= 1) */
+    int prefetch;            /* 0 (none); batches prepared ahead on a background thread */
+    nb_transform_fn transform; /* NULL; optional, see nb_transform_fn */
+    void *transform_ctx;     /* NULL */
 } nb_loader_opts;
+nb_loader_opts nb_loader_defaults(void);
 
 /* Position of a loader: the next batch nb_loader_next will return is `batch` of `epoch`. */
 typedef struct nb_loader_state {

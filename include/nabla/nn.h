@@ -132,39 +132,50 @@ nb_module *nb_sequential_new_n(nb_module *const *mods, int n);
 nb_module *nb_module_list_new(nb_module *const *mods, int n);
 nb_status nb_module_list_append(nb_module *list, nb_module *m);
 
-/* ---- layers (options: zero means PyTorch's default) -------------------------------------------- */
+/* ---- layers ----------------------------------------------------------------------------------- */
+/* Options (docs/conventions.md): nb_<layer>_defaults() gives PyTorch's defaults (noted after
+ * each field), which you then edit; NULL options mean those defaults. Every field is read as
+ * written, and a value out of range is an error (NB_EINVAL), never replaced by a default:
+ *     nb_conv2d_opts co = nb_conv2d_defaults();  // stride 1, padding 0, dilation 1, groups 1
+ *     co.padding[0] = co.padding[1] = 1;
+ *     nb_module *conv = nb_conv2d_new(3, 16, 3, 3, &co); */
 typedef struct nb_linear_opts {
-    bool no_bias;
-    nb_dtype dtype;          /* 0 = NB_F32 */
+    bool no_bias;            /* false */
+    nb_dtype dtype;          /* NB_F32 */
     nb_generator *gen;       /* initialization; NULL: default generator */
 } nb_linear_opts;
+nb_linear_opts nb_linear_defaults(void);
 nb_module *nb_linear_new(int64_t in_features, int64_t out_features, const nb_linear_opts *o);
 
 typedef struct nb_conv2d_opts {
-    int64_t stride[2], padding[2], dilation[2]; /* 0 -> 1, 0, 1 */
-    int64_t groups;                             /* 0 -> 1 */
-    bool no_bias;
-    nb_generator *gen;
+    int64_t stride[2], padding[2], dilation[2]; /* {1, 1}, {0, 0}, {1, 1} */
+    int64_t groups;                             /* 1 */
+    bool no_bias;                               /* false */
+    nb_generator *gen;                          /* NULL: default generator */
 } nb_conv2d_opts;
+nb_conv2d_opts nb_conv2d_defaults(void);
 nb_module *nb_conv2d_new(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
                          const nb_conv2d_opts *o);
 
 typedef struct nb_pool2d_opts {
-    int64_t stride[2];      /* 0 -> kernel size */
-    int64_t padding[2];
-    bool exclude_pad;       /* avg pool: divide by the unpadded count (PyTorch's
+    int64_t stride[2];      /* {kh, kw}: the kernel size, as PyTorch's stride=None */
+    int64_t padding[2];     /* {0, 0} */
+    bool exclude_pad;       /* false; avg pool: divide by the unpadded count (PyTorch's
                                count_include_pad=False) */
 } nb_pool2d_opts;
+/* The defaults for a kh x kw window (the stride depends on it, as in libtorch). */
+nb_pool2d_opts nb_pool2d_defaults(int64_t kh, int64_t kw);
 nb_module *nb_maxpool2d_new(int64_t kh, int64_t kw, const nb_pool2d_opts *o);
 nb_module *nb_avgpool2d_new(int64_t kh, int64_t kw, const nb_pool2d_opts *o);
 nb_module *nb_adaptive_avgpool2d_new(int64_t out_h, int64_t out_w);
 
 typedef struct nb_norm_opts {
-    double eps;        /* 0 -> 1e-5 */
-    double momentum;   /* 0 -> 0.1 (batch norm) */
-    bool no_affine;    /* no weight/bias */
-    bool no_running_stats;
+    double eps;              /* 1e-5 (>= 0) */
+    double momentum;         /* 0.1 (batch norm; in [0, 1], 0 keeps the running stats) */
+    bool no_affine;          /* false; true: no weight/bias */
+    bool no_running_stats;   /* false */
 } nb_norm_opts;
+nb_norm_opts nb_norm_defaults(void);
 nb_module *nb_batch_norm1d_new(int64_t features, const nb_norm_opts *o);
 nb_module *nb_batch_norm2d_new(int64_t channels, const nb_norm_opts *o);
 /* LayerNorm over the last dim of size `features`. */
@@ -183,9 +194,11 @@ nb_module *nb_sigmoid_new(void);
 /* ---- functional forms (differentiable ops the layers use) ------------------------------------- */
 /* y = x @ w^T + b, w (out, in), b (out) or NULL; x (..., in). */
 nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b);
-/* x (N, C, H, W), w (O, C/groups, kh, kw), b (O) or NULL. */
+/* x (N, C, H, W), w (O, C/groups, kh, kw), b (O) or NULL. stride, padding, dilation NULL:
+ * {1, 1}, {0, 0}, {1, 1}. */
 nb_tensor *nb_conv2d(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t stride[2],
                      const int64_t padding[2], const int64_t dilation[2], int64_t groups);
+/* stride NULL: the kernel size; padding NULL: {0, 0}. */
 nb_tensor *nb_maxpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
                         const int64_t padding[2]);
 nb_tensor *nb_avgpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
@@ -239,12 +252,14 @@ double nb_init_calculate_gain(nb_nonlinearity nl, double param);
 /* ---- losses --------------------------------------------------------------------------------- */
 typedef enum nb_reduction { NB_REDUCTION_MEAN = 0, NB_REDUCTION_SUM, NB_REDUCTION_NONE } nb_reduction;
 
+/* nb_cross_entropy_defaults(): the values after each field (NULL options: the same). */
 typedef struct nb_cross_entropy_opts {
-    nb_reduction reduction;
-    int64_t ignore_index;    /* used when has_ignore_index (PyTorch's default is -100) */
-    bool has_ignore_index;
-    double label_smoothing;
+    nb_reduction reduction;  /* NB_REDUCTION_MEAN */
+    int64_t ignore_index;    /* -100, used when has_ignore_index */
+    bool has_ignore_index;   /* false */
+    double label_smoothing;  /* 0 */
 } nb_cross_entropy_opts;
+nb_cross_entropy_opts nb_cross_entropy_defaults(void);
 /* logits (N, C) or (N, C, d1, ...); target class indices (N) or (N, d1, ...) (I32/I64).
  * Fused log-softmax + NLL forward and backward. */
 nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *target, const nb_cross_entropy_opts *o);

@@ -2,16 +2,20 @@
  * learning-rate schedules, gradient clipping, and optimizer state for checkpoints.
  *
  * Usage:
- *     nb_optim *opt = nb_sgd_new(nb_parameters(model),
- *                            &(nb_sgd_opts){ .lr = 0.05f, .momentum = 0.9f });
- *     nb_sched *sched = nb_sched_new(opt, &(nb_sched_opts){ .kind = NB_SCHED_COSINE,
- *                                    .warmup_steps = 100, .total_steps = 5000 });
+ *     nb_sgd_opts so = nb_sgd_defaults();            // then edit: every field is read as set
+ *     so.lr = 0.05;
+ *     so.momentum = 0.9;
+ *     nb_optim *opt = nb_sgd_new(nb_parameters(model), &so);
+ *     nb_sched_opts co = nb_sched_defaults(NB_SCHED_COSINE);
+ *     co.warmup_steps = 100;
+ *     co.total_steps = 5000;
+ *     nb_sched *sched = nb_sched_new(opt, &co);
  *     for (...) {
  *         nb_scope_begin();
  *         nb_tensor *loss = nb_cross_entropy(nb_forward(model, x), y, NULL);
  *         nb_zero_grad(opt);
  *         nb_backward(loss);
- *         nb_clip_grad_norm(nb_optim_params(opt), 1.0, 0);   // optional; returns the norm
+ *         nb_clip_grad_norm(nb_optim_params(opt), 1.0, 2);   // optional; returns the norm
  *         nb_step(opt);
  *         nb_sched_step(sched);                               // lr for the next step
  *         nb_scope_end();
@@ -22,9 +26,14 @@
  * Weight decay on matrices only, as nanoGPT does:
  *     nb_params decay, no_decay;
  *     nb_params_split_decay(nb_parameters(model), &decay, &no_decay);
- *     nb_optim *opt = nb_adamw_new(&decay, &(nb_adamw_opts){ .lr = 6e-4, .betas = {0.9, 0.95},
- *                                                        .weight_decay = 0.1 });
- *     nb_optim_add_group(opt, &no_decay, &(nb_group_opts){ .weight_decay = NB_OPT_ZERO });
+ *     nb_adamw_opts ao = nb_adamw_defaults();         // lr 1e-3, betas (0.9, 0.999), ...
+ *     ao.lr = 6e-4;
+ *     ao.betas[1] = 0.95;
+ *     ao.weight_decay = 0.1;
+ *     nb_optim *opt = nb_adamw_new(&decay, &ao);
+ *     nb_group_opts go = nb_group_defaults();          // every field NAN: the optimizer's
+ *     go.weight_decay = 0;                             // 0 is 0
+ *     nb_optim_add_group(opt, &no_decay, &go);
  *     nb_params_deinit(&decay);
  *     nb_params_deinit(&no_decay);
  *
@@ -42,8 +51,11 @@
  * state again moves it). On the meta device a step checks everything, creates meta state
  * and advances step counts without computing anything.
  *
- * Options: zero means PyTorch's default. Where the default is not zero and you want an
- * actual zero (AdamW or a group without weight decay, beta1 = 0, ...), write NB_OPT_ZERO.
+ * Options (docs/conventions.md): each options struct has a constructor of its defaults
+ * (nb_adam_defaults(), ...; PyTorch's values, listed with each struct) that you then edit;
+ * NULL options mean those defaults. Every field is read as written: 0 is 0 (AdamW with
+ * .weight_decay = 0 has no weight decay, .betas = {0, 0.99} has beta1 = 0), and a value out
+ * of range is an error, never replaced by a default.
  *
  * Ownership: an optimizer retains its parameters (they stay alive while it lives) and
  * owns its state; the nb_params passed in are copied, so they may be freed after the call.
@@ -68,15 +80,12 @@
 extern "C" {
 #endif
 
-/* An explicit zero for options whose 0 means "default" (negative zero: 0 == NB_OPT_ZERO,
- * but the option readers tell them apart with signbit). */
-#define NB_OPT_ZERO (-0.0)
-
 typedef struct nb_optim nb_optim;
 
 /* ---- optimizers ------------------------------------------------------------------------------ */
-/* SGD: lr is required (> 0; PyTorch has no default either). momentum, dampening and
- * weight_decay default to 0. nesterov needs momentum > 0 and dampening 0. */
+/* SGD: lr is required (> 0; PyTorch has no default either: nb_sgd_defaults() leaves it 0,
+ * which nb_sgd_new rejects). momentum, dampening and weight_decay default to 0. nesterov
+ * needs momentum > 0 and dampening 0. */
 typedef struct nb_sgd_opts {
     double lr;
     double momentum;
@@ -85,10 +94,12 @@ typedef struct nb_sgd_opts {
     bool nesterov;
     bool maximize;         /* ascend instead of descend */
 } nb_sgd_opts;
+nb_sgd_opts nb_sgd_defaults(void);
 
-/* Adam / AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8 (added outside the square root),
- * weight_decay 0 (Adam: added to the gradient) or 1e-2 (AdamW: decoupled, p *= 1 - lr*wd).
- * amsgrad keeps the running maximum of the second moment. */
+/* Adam / AdamW defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8 (added outside the square
+ * root), weight_decay 0 (Adam: added to the gradient) or 1e-2 (AdamW: decoupled,
+ * p *= 1 - lr*wd), amsgrad and maximize off. amsgrad keeps the running maximum of the
+ * second moment. */
 typedef struct nb_adam_opts {
     double lr;
     double betas[2];
@@ -98,8 +109,10 @@ typedef struct nb_adam_opts {
     bool maximize;
 } nb_adam_opts;
 typedef nb_adam_opts nb_adamw_opts;
+nb_adam_opts nb_adam_defaults(void);
+nb_adamw_opts nb_adamw_defaults(void);   /* the same but weight_decay 1e-2 */
 
-/* RMSprop: lr 1e-2, alpha 0.99, eps 1e-8, weight_decay 0, momentum 0; centered divides by
+/* RMSprop defaults: lr 1e-2, alpha 0.99, eps 1e-8, weight_decay 0, momentum 0; centered divides by
  * the estimated variance (square average minus squared gradient average). */
 typedef struct nb_rmsprop_opts {
     double lr;
@@ -110,8 +123,9 @@ typedef struct nb_rmsprop_opts {
     bool centered;
     bool maximize;
 } nb_rmsprop_opts;
+nb_rmsprop_opts nb_rmsprop_defaults(void);
 
-/* Adagrad: lr 1e-2, lr_decay 0 (lr / (1 + (step - 1) * lr_decay)), weight_decay 0,
+/* Adagrad defaults: lr 1e-2, lr_decay 0 (lr / (1 + (step - 1) * lr_decay)), weight_decay 0,
  * initial_accumulator_value 0, eps 1e-10. */
 typedef struct nb_adagrad_opts {
     double lr;
@@ -121,9 +135,10 @@ typedef struct nb_adagrad_opts {
     double eps;
     bool maximize;
 } nb_adagrad_opts;
+nb_adagrad_opts nb_adagrad_defaults(void);
 
 /* Make an optimizer over params (its first parameter group; an empty list is allowed when
- * groups follow). o may be NULL for all defaults (not for SGD, which needs lr). Parameters
+ * groups follow). o may be NULL for the defaults (not for SGD, which needs lr). Parameters
  * must be float (f32/f64), contiguous, CPU, and listed once. Returns a new optimizer the
  * caller frees with nb_optim_free, or NULL (NB_EINVAL for a bad hyperparameter, with
  * PyTorch's rule in the message, e.g. "sgd: lr must be > 0"). State names use the
@@ -139,10 +154,11 @@ void nb_optim_free(nb_optim *opt);
 const char *nb_optim_name(const nb_optim *opt);
 
 /* ---- parameter groups ------------------------------------------------------------------------ */
-/* Hyperparameters of a group. A field left 0 takes the optimizer's value (what its
- * constructor resolved), as PyTorch's per-group dicts fall back to the defaults; write
- * NB_OPT_ZERO for an actual zero. Setting a field the optimizer does not have (betas for
- * SGD) is an error. Flags (nesterov, amsgrad, centered, maximize) are per optimizer. */
+/* Hyperparameters of a group. A field that is NAN takes the optimizer's value (what its
+ * constructor was given), as PyTorch's per-group dicts fall back to the defaults; any other
+ * value is the group's, 0 included. nb_group_defaults() sets every field to NAN; edit the
+ * ones the group changes. A field the optimizer does not have (betas for SGD) must be NAN
+ * or 0. Flags (nesterov, amsgrad, centered, maximize) are per optimizer. */
 typedef struct nb_group_opts {
     double lr;
     double weight_decay;
@@ -154,13 +170,15 @@ typedef struct nb_group_opts {
     double lr_decay;                   /* adagrad */
     double initial_accumulator_value;  /* adagrad */
 } nb_group_opts;
+nb_group_opts nb_group_defaults(void);
 
 /* Add a group of parameters with its own hyperparameters (o NULL: the optimizer's). A
  * parameter may belong to one group only. Returns the group's index (the first group is
  * 0), or a negative status. */
 int nb_optim_add_group(nb_optim *opt, const nb_params *params, const nb_group_opts *o);
 int nb_optim_num_groups(const nb_optim *opt);
-/* The group's resolved hyperparameters (every field filled, zeros are zeros). */
+/* The group's hyperparameters (NAN in the fields the optimizer does not have), so that
+ * nb_optim_add_group(opt, params, out) makes a group with the same ones. */
 nb_status nb_optim_group_opts(const nb_optim *opt, int group, nb_group_opts *out);
 /* Learning rate of a group; NAN (and an error) for a bad group. */
 double nb_optim_get_lr(const nb_optim *opt, int group);
@@ -218,8 +236,8 @@ nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor
                               int n);
 
 /* ---- gradient clipping ----------------------------------------------------------------------- */
-/* Total norm of the gradients of params (as if concatenated), norm_type 2 when 0, any p > 0,
- * or INFINITY (max |g|); accumulated in f64 in a fixed order (independent of threads).
+/* Total norm of the gradients of params (as if concatenated), norm_type any p > 0 (2: the
+ * Euclidean norm; 0 is an error, not a default) or INFINITY (max |g|); accumulated in f64 in a fixed order (independent of threads).
  * Then, if max_norm / (norm + 1e-6) < 1, every gradient is scaled by it in place (as
  * torch.nn.utils.clip_grad_norm_). Parameters without gradients are skipped. Returns the
  * norm before clipping (inf or nan when a gradient is), or a negative status on error.
@@ -234,8 +252,8 @@ nb_status nb_clip_grad_value(const nb_params *params, double clip);
 /* Each schedule gives lr(t) from a group's base lr (its lr when the schedule was made),
  * for t = 0, 1, 2, ... the number of nb_sched_step calls so far:
  *   CONSTANT     base
- *   STEP         base * gamma^floor(t / step_size)                     (StepLR; gamma 0 -> 0.1)
- *   MULTISTEP    base * gamma^(number of milestones <= t)              (MultiStepLR; 0 -> 0.1)
+ *   STEP         base * gamma^floor(t / step_size)                     (StepLR)
+ *   MULTISTEP    base * gamma^(number of milestones <= t)              (MultiStepLR)
  *   EXPONENTIAL  base * gamma^t                                        (ExponentialLR)
  *   COSINE       linear warmup base * (t + 1) / warmup_steps for t < warmup_steps, then
  *                min_lr + (base - min_lr) * (1 + cos(pi * (t - w) / (total - w))) / 2,
@@ -245,7 +263,7 @@ nb_status nb_clip_grad_value(const nb_params *params, double clip);
  *   ONECYCLE     PyTorch's OneCycleLR (cos annealing, two phases): from max_lr / div_factor
  *                up to max_lr over pct_start * total_steps steps, then down to
  *                max_lr / div_factor / final_div_factor at total_steps - 1; base = max_lr
- *                (the group's lr when max_lr is 0). Stepping past total_steps is an error.
+ *                (the group's lr when max_lr is NAN). Stepping past total_steps is an error.
  *                cycle_momentum (off by default, unlike PyTorch) also anneals momentum
  *                (beta1 for Adam) between max_momentum and base_momentum inversely.
  * The closed forms equal PyTorch's chained (multiplicative) forms up to rounding. */
@@ -259,23 +277,26 @@ typedef enum nb_sched_kind {
     NB_SCHED_ONECYCLE,
 } nb_sched_kind;
 
+/* Options; make them with nb_sched_defaults(kind), which gives the values after each field
+ * ("required": left at 0, which is rejected, so set it). Every field is read as written. */
 typedef struct nb_sched_opts {
     nb_sched_kind kind;
-    double gamma;               /* step, multistep (0 -> 0.1), exponential (required) */
-    int64_t step_size;          /* step (required) */
-    const int64_t *milestones;  /* multistep: increasing step counts (copied) */
-    int num_milestones;
-    int64_t warmup_steps;       /* cosine, linear (0: none) */
-    int64_t total_steps;        /* cosine, linear, onecycle (required) */
-    double min_lr;              /* cosine, linear: the final lr */
-    double max_lr;              /* onecycle: 0 -> each group's lr */
-    double pct_start;           /* onecycle: 0 -> 0.3 */
-    double div_factor;          /* onecycle: 0 -> 25 */
-    double final_div_factor;    /* onecycle: 0 -> 1e4 */
-    bool cycle_momentum;        /* onecycle */
-    double base_momentum;       /* 0 -> 0.85 */
-    double max_momentum;        /* 0 -> 0.95 */
+    double gamma;               /* step, multistep: 0.1; exponential: required */
+    int64_t step_size;          /* step: required */
+    const int64_t *milestones;  /* multistep: increasing step counts (copied); NULL */
+    int num_milestones;         /* 0 */
+    int64_t warmup_steps;       /* cosine, linear: 0 (none) */
+    int64_t total_steps;        /* cosine, linear, onecycle: required */
+    double min_lr;              /* cosine, linear: the final lr; 0 */
+    double max_lr;              /* onecycle: NAN (each group's lr) */
+    double pct_start;           /* onecycle: 0.3 */
+    double div_factor;          /* onecycle: 25 */
+    double final_div_factor;    /* onecycle: 1e4 */
+    bool cycle_momentum;        /* onecycle: false */
+    double base_momentum;       /* 0.85 */
+    double max_momentum;        /* 0.95 */
 } nb_sched_opts;
+nb_sched_opts nb_sched_defaults(nb_sched_kind kind);
 
 typedef struct nb_sched nb_sched;
 

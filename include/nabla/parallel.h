@@ -122,12 +122,16 @@ int nb_work_test(nb_work *w);
 void nb_work_free(nb_work *w);
 
 /* ---- data parallel --------------------------------------------------------------------------- */
+/* Options: nb_ddp_defaults() gives the values after each field; NULL means those. Every
+ * field is read as written (docs/conventions.md). */
 typedef struct nb_ddp_opts {
-    double bucket_mb;          /* bucket size in MiB (0: 25) */
-    bool find_unused;          /* allow parameters that get no gradient in a step (they are
-                                * reduced as zeros); otherwise that is an error */
-    bool no_broadcast;         /* skip broadcasting rank 0's parameters and buffers at wrap */
+    double bucket_mb;          /* bucket size in MiB: 25 (0: one parameter per bucket) */
+    bool find_unused;          /* false; allow parameters that get no gradient in a step (they
+                                * are reduced as zeros); otherwise that is an error */
+    bool no_broadcast;         /* false; skip broadcasting rank 0's parameters and buffers at
+                                * wrap */
 } nb_ddp_opts;
+nb_ddp_opts nb_ddp_defaults(void);
 
 typedef struct nb_ddp nb_ddp;
 

@@ -411,15 +411,18 @@ static int run_train(const args *a) {
     if (check_fits(&cfg, B / size, T) != NB_OK) FAIL("%s", nb_last_error());
     if (!(model = nb_gpt_new(&cfg, init))) FAIL("%s", nb_last_error());
     /* nanoGPT's grouping: weight decay on matmul and embedding weights, none on biases
-     * and layer norms. (0 means "default" in the options: write an explicit zero.) */
+     * and layer norms. */
     if (nb_params_split_decay(nb_parameters(model), &decay, &no_decay) != NB_OK)
         FAIL("%s", nb_last_error());
-    opt = nb_adamw_new(&decay, &(nb_adamw_opts){.lr = a->lr, .betas = {a->beta1, a->beta2},
-                                            .eps = 1e-8,
-                                            .weight_decay = a->weight_decay > 0 ? a->weight_decay
-                                                                                : NB_OPT_ZERO});
-    if (!opt || nb_optim_add_group(opt, &no_decay, &(nb_group_opts){.weight_decay = NB_OPT_ZERO}) < 0)
-        FAIL("%s", nb_last_error());
+    nb_adamw_opts ao = nb_adamw_defaults();
+    ao.lr = a->lr;
+    ao.betas[0] = a->beta1;
+    ao.betas[1] = a->beta2;
+    ao.weight_decay = a->weight_decay;
+    opt = nb_adamw_new(&decay, &ao);
+    nb_group_opts no_wd = nb_group_defaults();
+    no_wd.weight_decay = 0;
+    if (!opt || nb_optim_add_group(opt, &no_decay, &no_wd) < 0) FAIL("%s", nb_last_error());
     bool cosine = !strcmp(a->schedule, "cosine") && a->steps > 0; /* --steps 0: evaluate only */
     double min_lr = a->min_lr >= 0 ? a->min_lr : a->lr / 10;
     const int64_t decay_steps = a->decay_steps > 0 ? a->decay_steps : a->steps;
@@ -427,11 +430,13 @@ static int run_train(const args *a) {
     if (cosine && warmup >= decay_steps)
         FAIL("--warmup (%lld) must be less than the schedule's length (%lld)",
              (long long)warmup, (long long)decay_steps);
-    sched = nb_sched_new(opt, cosine ? &(nb_sched_opts){.kind = NB_SCHED_COSINE,
-                                                        .warmup_steps = warmup,
-                                                        .total_steps = decay_steps,
-                                                        .min_lr = min_lr}
-                                     : &(nb_sched_opts){.kind = NB_SCHED_CONSTANT});
+    nb_sched_opts co = nb_sched_defaults(cosine ? NB_SCHED_COSINE : NB_SCHED_CONSTANT);
+    if (cosine) {
+        co.warmup_steps = warmup;
+        co.total_steps = decay_steps;
+        co.min_lr = min_lr;
+    }
+    sched = nb_sched_new(opt, &co);
     if (!sched) FAIL("%s", nb_last_error());
     if (main_rank && a->log && !nbm_log_open(&log, "gpt", a->log, a->resume ? "a" : "w"))
         FAIL("cannot open --log %s: %s", a->log, strerror(errno));

@@ -91,9 +91,11 @@ static nb_tensor *loss_of(nb_module *m, model_kind kind, nb_tensor *x, nb_tensor
 }
 
 static nb_optim *make_opt(nb_module *m, model_kind kind) {
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.lr = 1e-2;
     nb_optim *o = kind == MLP
                       ? nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9})
-                      : nb_adam_new(nb_parameters(m), &(nb_adam_opts){.lr = 1e-2});
+                      : nb_adam_new(nb_parameters(m), &ao);
     MT_CHECK(o != NULL, "optimizer: %s", nb_last_error());
     return o;
 }
@@ -421,7 +423,9 @@ START_TEST(test_ddp_broadcast) {
     nb_module *ref = build_bn(20); /* what rank 0 has */
     MT_OK(nb_init_constant_(nb_module_find(m, "1.running_mean"), rank));
     nb_ddp *d = nb_ddp_new(m, mt_world, NULL);
-    nb_ddp *dn = nb_ddp_new(mn, mt_world, &(nb_ddp_opts){.no_broadcast = true});
+    nb_ddp_opts nbo = nb_ddp_defaults();
+    nbo.no_broadcast = true;
+    nb_ddp *dn = nb_ddp_new(mn, mt_world, &nbo);
     MT_CHECK(d && dn, "ddp_new: %s", nb_last_error());
     MT_CHECK(nb_ddp_num_buckets(d) == 1, "%d buckets; 25 MiB holds the whole model",
              nb_ddp_num_buckets(d));
@@ -653,6 +657,17 @@ START_TEST(test_ddp_errors) {
     EXPECT_ERROR(nb_last_status(), NB_ENULL, "ddp_new: communicator is NULL");
     MT_CHECK(!nb_ddp_new(m, self, &(nb_ddp_opts){.bucket_mb = -1}), "negative bucket accepted");
     EXPECT_ERROR(nb_last_status(), NB_EINVAL, "bucket_mb must be >= 0");
+    /* options are read as written (issue 17 item 4): bucket_mb 0 is the smallest buckets (one
+     * parameter each), not 25 MiB; the constructor gives 25 */
+    MT_CHECK(nb_ddp_defaults().bucket_mb == 25 && !nb_ddp_defaults().find_unused &&
+             !nb_ddp_defaults().no_broadcast, "nb_ddp_defaults");
+    nb_module *m0 = build(MLP, 1);
+    nb_ddp *d0 = nb_ddp_new(m0, self, &(nb_ddp_opts){.bucket_mb = 0});
+    MT_CHECK(d0 && nb_ddp_num_buckets(d0) == nb_parameters(m0)->count,
+             "bucket_mb 0: %d buckets for %d parameters", d0 ? nb_ddp_num_buckets(d0) : -1,
+             nb_parameters(m0)->count);
+    nb_ddp_free(d0);
+    nb_module_free(m0);
     EXPECT_ERROR(nb_ddp_sync(NULL), NB_ENULL, "ddp_sync: ddp is NULL");
     MT_CHECK(nb_ddp_num_buckets(NULL) == 0 && nb_ddp_exposed_comm_s(NULL) == 0, "NULL ddp");
     nb_ddp_free(NULL);
