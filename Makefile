@@ -2,13 +2,17 @@
 # Both install missing Debian packages (tools/install-deps), configure and build first.
 #   build/       release build (oneDNN GEMM provider when found)
 #   build-asan/  AddressSanitizer + UBSan build, run with the OpenBLAS GEMM provider
+#   build-fuzz/  clang + libFuzzer + ASan/UBSan: the fuzz targets in fuzz/ (make fuzz)
+#   build-tsan/  ThreadSanitizer build of the tests: loader and communicator threads
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+FUZZ_SECONDS ?= 60
 MESON_OPTS ?=
 NINJA      ?= ninja
 PREFIX     ?=
 
-.PHONY: all deps build build-asan train test test-release test-asan bench install clean
+.PHONY: all deps build build-asan train test test-release test-asan test-tsan fuzz bench install clean
 
 all: build
 
@@ -43,6 +47,14 @@ test-asan: build-asan
 test:
 	@bash tools/run-tests $(BUILD) $(ASAN_BUILD)
 
+# Every fuzz target for FUZZ_SECONDS each (make test runs them 10 s each). docs/testing.md.
+fuzz: | deps
+	@bash tools/run-fuzz -t $(FUZZ_SECONDS)
+
+# The threaded parts under ThreadSanitizer (part of make test). docs/testing.md.
+test-tsan: | deps
+	@bash tools/run-tsan $(TSAN_BUILD)
+
 bench: build
 	./$(BUILD)/bench/bench_kernels
 
@@ -54,4 +66,4 @@ install: build
 	$(if $(PREFIX),meson configure $(BUILD) -Dprefix=$(abspath $(PREFIX)) &&) meson install -C $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) build-fuzz
