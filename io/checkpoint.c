@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "io/io_impl.h"
 #include "nabla/checkpoint.h"
 #include "nabla/io.h"
 #include "nabla/optim.h"
@@ -115,6 +116,7 @@ nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
     if (!path || !c || !c->model)
         return nb__error(NB_ENULL, "checkpoint_load: %s is NULL",
                          !path ? "path" : !c ? "the checkpoint" : "the model");
+    nb__remove_stale_temps(path); /* a run restarted after a kill during a save */
     nb_safetensors *f = nb_safetensors_open(path);
     if (!f) return nb_last_status();
     nb_status st = NB_OK;

@@ -27,6 +27,7 @@
 #include <jansson.h>
 
 #include "nabla/autograd.h"
+#include "io/io_impl.h"
 #include "nabla/io.h"
 #include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
@@ -782,7 +783,7 @@ static bool parse_temp_tail(const char *s, long *pid) {
  * never removes a live one), and when someone holds a lock on it: writers lock their
  * temporary file, which protects a live writer whose PID means nothing here (another host,
  * or another PID namespace sharing the directory). Best effort: it never fails the save. */
-static void remove_stale_temps(const char *path) {
+void nb__remove_stale_temps(const char *path) {
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
     size_t blen = strlen(base);
@@ -835,7 +836,7 @@ nb_status nb_safetensors_save(const char *path, const char *const *names,
         return nb_last_status();
     }
 
-    remove_stale_temps(path); /* before writing: a disk full of them may need the space */
+    nb__remove_stale_temps(path); /* before writing: a disk full of them may need the space */
     /* A fresh name in the same directory (so rename is atomic); O_EXCL never reuses a file
      * someone else is writing, and mode 0666 lets the umask decide, as for a plain fopen. */
     static atomic_uint counter;

@@ -2,6 +2,7 @@
  * into freshly built objects + N steps give bit-identical weights (model, AdamW state,
  * cosine schedule, shuffling loader position, dropout generator); a corrupt or mismatched
  * checkpoint is refused without changing anything; saving is atomic. */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,6 +234,29 @@ START_TEST(test_checkpoint_identity) {
     ASSERT_OK(nb_checkpoint_load(path, &ok));
     ck_assert_int_eq(ok.step, 2);
     ck_assert(nb_get_f64(w, w00) != before);
+    /* a temporary file of a writer killed during a save is removed by the next load too
+     * (PID above pid_max: never a running process) */
+    char stale_name[64];
+    snprintf(stale_name, sizeof stale_name, "run.ckpt.tmp-%d-0", 1 << 23);
+    char *stale = tu_path_in(dir, stale_name), *errlog = tu_path_in(dir, "stderr.txt");
+    tu_write_file(stale, "half a checkpoint", 17);
+    fflush(stderr);
+    int saved = dup(2), fd = open(errlog, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert(saved >= 0 && fd >= 0 && dup2(fd, 2) == 2);
+    close(fd);
+    nb_status ls = nb_checkpoint_load(path, &ok);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    ASSERT_OK(ls);
+    ck_assert_msg(access(stale, F_OK) != 0, "the stale temporary file is still there");
+    size_t n;
+    char *said = (char *)tu_read_file(errlog, &n);
+    ck_assert_msg(strstr(said, "removed 1 stale temporary file"), "stderr: %s", said);
+    free(said);
+    unlink(errlog);
+    free(stale);
+    free(errlog);
     /* a file without identity (older, or a library user's) loads under any identity */
     nb_checkpoint plain = ck_of(&r, 2);
     ASSERT_OK(nb_checkpoint_save(path, &plain));

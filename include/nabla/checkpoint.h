@@ -22,7 +22,7 @@
  * ("checkpoint_save: cannot write run.ckpt: No space left on device"), as is a path that is
  * not a regular file ("... is a character device, not a regular file; refusing to replace
  * it"), which is left as it is. Temporary files of earlier saves of the same path whose writer
- * was killed are removed (see nb_safetensors_save). Loading restores the exact state: training
+ * was killed are removed by the next save and by the next load (see nb_safetensors_save). Loading restores the exact state: training
  * N steps, saving, loading
  * into fresh objects and training N more gives bit-identical weights to 2N steps straight.
  *
