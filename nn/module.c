@@ -427,6 +427,17 @@ nb_status nb_module_flatten_parameters(nb_module *m, int64_t align) {
     return NB_OK;
 }
 
+/* For ZeRO stage 2 (parallel/zero.c, which declares it): forget the flat gradient buffer,
+ * whose parameters' views the caller has dropped, so it is freed; the parameters get
+ * gradients of their own again. */
+nb_status nb__module_drop_flat_grads(nb_module *m);
+nb_status nb__module_drop_flat_grads(nb_module *m) {
+    if (!m) return nb__error(NB_ENULL, "module_drop_flat_grads: module is NULL");
+    nb_tensor_free(m->flat_grads);
+    m->flat_grads = NULL;
+    return NB_OK;
+}
+
 nb_tensor *nb_module_flat_params(const nb_module *m) { return m ? m->flat_params : NULL; }
 nb_tensor *nb_module_flat_grads(const nb_module *m) { return m ? m->flat_grads : NULL; }
 

@@ -38,6 +38,7 @@ static nb_status ada_update(const nb__hyper *h, nb__oparam *p, const nb_tensor *
 
 const nb__optim_kind nb__kind_adagrad = {
     .name = "adagrad",
+    .elementwise = true,
     .hypers = 1u << NB__H_LR | 1u << NB__H_WEIGHT_DECAY | 1u << NB__H_LR_DECAY |
               1u << NB__H_INIT_ACC | 1u << NB__H_EPS,
     .has_step = true,

@@ -47,6 +47,7 @@ static nb_status adam_update(const nb__hyper *h, nb__oparam *p, const nb_tensor 
 
 const nb__optim_kind nb__kind_adam = {
     .name = "adam",
+    .elementwise = true,
     .hypers = ADAM_HYPERS,
     .has_step = true,
     .nslots = 3,
@@ -60,6 +61,7 @@ const nb__optim_kind nb__kind_adam = {
 
 const nb__optim_kind nb__kind_adamw = {
     .name = "adamw",
+    .elementwise = true,
     .hypers = ADAM_HYPERS,
     .has_step = true,
     .nslots = 3,

@@ -45,8 +45,11 @@ static nb_status inplace(nb_tensor *g, nb__clip_inplace_args a, bool clamp, cons
     return st;
 }
 
-double nb_clip_grad_norm(const nb_params *ps, double max_norm, double norm_type) {
-    const char *who = "clip_grad_norm";
+/* nb_clip_grad_norm, with an optional step between the local accumulation and the root:
+ * reduce(&total, max, ctx) combines the partial sum of |g|^p (or, max true, the maximum of
+ * |g|) with those of other ranks (nb__clip_grad_norm_global, optim_impl.h). */
+static double clip_norm(const nb_params *ps, double max_norm, double norm_type, const char *who,
+                        nb_status (*reduce)(double *total, bool max, void *ctx), void *ctx) {
     if (!ps) return nb__error(NB_ENULL, "%s: params is NULL", who);
     if (ps->count > 0 && !ps->tensors)
         return nb__error(NB_ENULL, "%s: params has no tensor array", who);
@@ -82,6 +85,7 @@ double nb_clip_grad_norm(const nb_params *ps, double max_norm, double norm_type)
             total += part;
         }
     }
+    if (st == NB_OK && reduce) st = reduce(&total, isinf(p), ctx);
     if (!isinf(p)) total = p == 2 ? sqrt(total) : p == 1 ? total : pow(total, 1.0 / p);
     double coef = max_norm / (total + 1e-6);
     if (st == NB_OK && coef < 1)
@@ -92,6 +96,17 @@ double nb_clip_grad_norm(const nb_params *ps, double max_norm, double norm_type)
     nb_scope_end();
     nb_set_grad_enabled(prev);
     return st == NB_OK ? total : (double)st;
+}
+
+double nb_clip_grad_norm(const nb_params *ps, double max_norm, double norm_type) {
+    return clip_norm(ps, max_norm, norm_type, "clip_grad_norm", NULL, NULL);
+}
+
+double nb__clip_grad_norm_global(const nb_params *ps, double max_norm, double norm_type,
+                                 const char *who,
+                                 nb_status (*reduce)(double *total, bool max, void *ctx),
+                                 void *ctx) {
+    return clip_norm(ps, max_norm, norm_type, who, reduce, ctx);
 }
 
 nb_status nb_clip_grad_value(const nb_params *ps, double clip) {

@@ -420,6 +420,7 @@ struct nb__step_work {
 
 nb_status nb_step(nb_optim *opt) {
     if (!opt) return nb__error(NB_ENULL, "step: opt is NULL");
+    if (opt->step_hook) return opt->step_hook(opt->step_ctx); /* sharded (nb_zero) */
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_status st = NB_OK;

@@ -46,6 +46,9 @@ typedef struct nb__optim_kind {
     const char *name;
     unsigned hypers;   /* bit NB__H_x set: the kind has that hyperparameter */
     bool has_step;
+    /* The update of an element depends only on that element (and the hyperparameters), so
+     * it gives the same result on any piece of a parameter: ZeRO can shard it. */
+    bool elementwise;
     int nslots;
     const char *slot_names[NB__OPT_SLOTS];
     /* Whether the slot is in use under these hyperparameters. */
@@ -79,6 +82,10 @@ struct nb_optim {
     int nsown;
     struct nb__step_work *work; /* nb_step's per-parameter scratch, kept between steps */
     int work_cap;
+    /* Set while a wrapper owns the update (nb_zero: the state lives in per-rank shards):
+     * nb_step(opt) calls step_hook(step_ctx) instead of updating the parameters itself. */
+    nb_status (*step_hook)(void *ctx);
+    void *step_ctx;
 };
 
 extern const nb__optim_kind nb__kind_sgd, nb__kind_adam, nb__kind_adamw, nb__kind_rmsprop,
@@ -97,6 +104,15 @@ void nb__optim_state_clear(nb_optim *opt);
 void nb__sched_state_clear(nb_sched *s);
 /* Release one parameter's state tensors and forget its step count. */
 void nb__oparam_reset(nb__oparam *p);
+
+/* nb_clip_grad_norm over a shard of a larger gradient (ZeRO, parallel/zero.c): between
+ * the local accumulation and the root, reduce(&total, max, ctx) replaces the partial sum of
+ * |g|^p (max: the largest |g|) by that of all ranks; the norm and the scaling are then the
+ * global ones. `who` names the call in messages. */
+double nb__clip_grad_norm_global(const nb_params *ps, double max_norm, double norm_type,
+                                 const char *who,
+                                 nb_status (*reduce)(double *total, bool max, void *ctx),
+                                 void *ctx);
 
 /* Shared checks for the kinds' check functions. */
 nb_status nb__check_nonneg(double v, const char *who, const char *what);

@@ -42,6 +42,7 @@ static nb_status rms_update(const nb__hyper *h, nb__oparam *p, const nb_tensor *
 
 const nb__optim_kind nb__kind_rmsprop = {
     .name = "rmsprop",
+    .elementwise = true,
     .hypers = 1u << NB__H_LR | 1u << NB__H_WEIGHT_DECAY | 1u << NB__H_MOMENTUM |
               1u << NB__H_ALPHA | 1u << NB__H_EPS,
     .has_step = true,

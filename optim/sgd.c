@@ -43,6 +43,7 @@ static nb_status sgd_update(const nb__hyper *h, nb__oparam *p, const nb_tensor *
 
 const nb__optim_kind nb__kind_sgd = {
     .name = "sgd",
+    .elementwise = true,
     .hypers = 1u << NB__H_LR | 1u << NB__H_WEIGHT_DECAY | 1u << NB__H_MOMENTUM |
               1u << NB__H_DAMPENING,
     .has_step = false,

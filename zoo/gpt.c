@@ -233,8 +233,9 @@ nb_tensor *nb_gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
                             nb_reshape(targets, (int64_t[]){-1}, 1), NULL);
 }
 
-double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
-                      nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
+static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero,
+                         nb_tensor *const *x, nb_tensor *const *y, int n_micro,
+                         double grad_clip, double *grad_norm) {
     if (grad_norm) *grad_norm = NAN;
     if (!m || !opt || !x || !y || n_micro < 1) {
         nb_set_error(NB_EINVAL, "nb_gpt_train_step: needs a model, an optimizer and n_micro >= 1 "
@@ -245,6 +246,7 @@ double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *co
     double loss_sum = 0;
     for (int i = 0; st == NB_OK && i < n_micro; i++) {
         if (ddp) nb_ddp_set_sync_enabled(ddp, i == n_micro - 1); /* no_sync until the last */
+        if (zero) nb_zero_set_sync_enabled(zero, i == n_micro - 1);
         nb_scope_begin();
         nb_tensor *loss = nb_gpt_loss(m, x[i], y[i]);
         /* Scaling the loss (not the gradients) by 1/n makes the accumulated gradient that
@@ -258,14 +260,31 @@ double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *co
         nb_ddp_set_sync_enabled(ddp, true);
         if (st == NB_OK) st = nb_ddp_sync(ddp); /* averaged over the ranks from here */
     }
+    if (zero) {
+        nb_zero_set_sync_enabled(zero, true);
+        if (st == NB_OK) st = nb_zero_sync(zero); /* each rank holds its averaged shard */
+    }
     if (st != NB_OK) return NAN;
     if (grad_clip > 0 || grad_norm) {
-        double norm = nb_clip_grad_norm(nb_optim_params(opt), grad_clip > 0 ? grad_clip : INFINITY, 2);
+        double max = grad_clip > 0 ? grad_clip : INFINITY;
+        double norm = zero ? nb_zero_clip_grad_norm(zero, max, 2)
+                           : nb_clip_grad_norm(nb_optim_params(opt), max, 2);
         if (norm < 0) return NAN;
         if (grad_norm) *grad_norm = norm;
     }
     if (nb_step(opt) != NB_OK) return NAN;
     return loss_sum / n_micro;
+}
+
+double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
+                      nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
+    return train_step(m, opt, ddp, NULL, x, y, n_micro, grad_clip, grad_norm);
+}
+
+double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_tensor *const *x,
+                              nb_tensor *const *y, int n_micro, double grad_clip,
+                              double *grad_norm) {
+    return train_step(m, opt, NULL, zero, x, y, n_micro, grad_clip, grad_norm);
 }
 
 /* ---- sampling ------------------------------------------------------------------------------ */

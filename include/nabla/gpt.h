@@ -122,6 +122,11 @@ nb_tensor *nb_gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets);
  * over the ranks before clipping, so every rank clips and steps the same gradient. */
 double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                       nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm);
+/* The same under ZeRO (zero wraps m and opt, see nb_zero_new): no_sync until the last
+ * micro-batch, then the global norm over the shards (nb_zero_clip_grad_norm). */
+double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_tensor *const *x,
+                              nb_tensor *const *y, int n_micro, double grad_clip,
+                              double *grad_norm);
 
 /* Sampling options; zero means: temperature 0 (greedy, argmax), no top-k. */
 typedef struct nb_gpt_sample_opts {

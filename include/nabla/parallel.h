@@ -48,6 +48,7 @@
 #include <stdint.h>
 
 #include "nabla/nn.h"
+#include "nabla/optim.h"
 #include "nabla/status.h"
 #include "nabla/tensor.h"
 
@@ -161,6 +162,87 @@ void nb_ddp_set_sync_enabled(nb_ddp *d, bool enabled);
  * the end of backward spent waiting for the buckets), and the number of buckets. */
 double nb_ddp_exposed_comm_s(const nb_ddp *d);
 int nb_ddp_num_buckets(const nb_ddp *d);
+
+/* ---- ZeRO: sharded optimizer state and gradients ------------------------------------------- */
+/* nb_zero trains data parallel like nb_ddp, but each rank keeps only its shard of the model
+ * state (ZeRO, as DeepSpeed and PyTorch FSDP's SHARD_GRAD_OP):
+ *     nb_optim *opt = nb_adamw_new(&decay, &ao);      // groups as usual, then:
+ *     nb_zero_opts zo = nb_zero_defaults();           // stage 2
+ *     nb_zero *z = nb_zero_new(model, opt, world, &zo);
+ *     for (...) {
+ *         nb_zero_grad(opt);
+ *         nb_backward(loss);                // per-bucket reduce-scatters run during backward
+ *         nb_zero_clip_grad_norm(z, 1.0, 2); // optional: the global norm over every shard
+ *         nb_step(opt);                     // steps this rank's shard, then all-gathers
+ *     }
+ *     nb_zero_free(z);                      // before the optimizer and the model
+ * Layout: the flat parameter buffer (nb_module_flatten_parameters) is cut into buckets as
+ * nb_ddp does; each bucket is split into nb_comm_chunk's balanced contiguous ranges, and a
+ * rank's shard is its chunk of every bucket. Backward reduce-scatters (averages) each bucket
+ * as soon as it is complete, so a rank ends with the averaged gradient of its shard only.
+ * Stage 1: optimizer state for the shard only (the full gradient buffer stays, as in DDP).
+ * Stage 2: also gradients: a bucket's gradients are copied into one of two staging buffers
+ * (the size of the largest bucket) when it is launched and then dropped, so only the
+ * shard's gradient stays resident. Stage 0 is plain nb_ddp (every rank holds everything).
+ * The optimizer (any element-wise one: SGD, Adam/AdamW, RMSprop, Adagrad, with its groups
+ * and schedules) is used as a template: nb_zero_new builds an optimizer of the same kind
+ * over the pieces of the shard (one per parameter it overlaps, in that parameter's group,
+ * named after it), and from then on nb_step(opt) updates the shard with opt's current
+ * hyperparameters (so nb_optim_set_lr and schedules act as before) and all-gathers the
+ * parameters. opt itself keeps no state; nb_zero_optim gives the shard's optimizer (its
+ * nb_optim_state is this rank's part). Gradient accumulation: nb_zero_set_sync_enabled as
+ * nb_ddp's (with sync disabled the gradients accumulate locally, at full size, as FSDP's
+ * no_sync). nb_clip_grad_norm on opt's parameters would see only local gradients: use
+ * nb_zero_clip_grad_norm. Not yet: stage 3 (sharded parameters), sharded checkpoints.
+ * Ownership: model, opt and c are borrowed and must outlive the nb_zero. */
+typedef struct nb_zero_opts {
+    int stage;                 /* 0, 1 or 2: 2 */
+    double bucket_mb;          /* bucket size in MiB, as nb_ddp's: 25 */
+    bool find_unused;          /* false; as nb_ddp's */
+    bool no_broadcast;         /* false; as nb_ddp's */
+} nb_zero_opts;
+nb_zero_opts nb_zero_defaults(void);
+
+typedef struct nb_zero nb_zero;
+
+/* Wrap model (whose parameters opt updates) over c. Errors: a stage outside 0-2 (3 is not
+ * implemented yet: NB_EUNSUPPORTED), an optimizer with state already (wrap before the
+ * first step) or over tensors that are not the model's parameters, a model already wrapped
+ * (NB_ESTATE), and those of nb_ddp_new. Collective over c. */
+nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_opts *o);
+void nb_zero_free(nb_zero *z);
+int nb_zero_stage(const nb_zero *z);
+/* As nb_ddp_sync / nb_ddp_set_sync_enabled / nb_ddp_exposed_comm_s / nb_ddp_num_buckets. */
+nb_status nb_zero_sync(nb_zero *z);
+void nb_zero_set_sync_enabled(nb_zero *z, bool enabled);
+double nb_zero_exposed_comm_s(const nb_zero *z);
+int nb_zero_num_buckets(const nb_zero *z);
+/* nb_clip_grad_norm over the whole (averaged) gradient of the model: each rank reduces its
+ * shard, one allreduce combines them, and each rank scales its shard. Call it after
+ * backward, before nb_step. Returns the global norm or a negative status. Collective. */
+double nb_zero_clip_grad_norm(nb_zero *z, double max_norm, double norm_type);
+/* The optimizer that updates this rank's shard (owned by z), e.g. for its state. */
+nb_optim *nb_zero_optim(const nb_zero *z);
+
+/* Bytes of model state resident on this rank. Formulas per rank (P parameters, N ranks,
+ * f32, Adam: 8 bytes of state per element): stage 0: 4P + 4P + 8P = 16P; stage 1:
+ * 4P + 4P + 8P/N; stage 2: 4P + 4P/N + 8P/N, plus comm_buffers (stage 2: two staging
+ * buffers of the largest bucket). Optimizer state counts once the first step made it. */
+typedef struct nb_zero_memory_info {
+    int64_t params;            /* the flat parameter buffer */
+    int64_t grads;             /* resident gradients (stage 2: the shard, plus any local
+                                * gradients not yet reduced) */
+    int64_t optim_state;       /* optimizer state tensors held on this rank */
+    int64_t comm_buffers;      /* persistent communication buffers */
+    int64_t total;             /* the sum */
+} nb_zero_memory_info;
+nb_status nb_zero_memory(const nb_zero *z, nb_zero_memory_info *out);
+/* The same figures planned without building anything: numel parameters (elements of the
+ * flat buffer), elem_size bytes each, state_slots state tensors per element (Adam 2, SGD
+ * with momentum 1, ...), on world ranks at stage, with buckets of bucket_mb MiB (the largest
+ * bucket taken as bucket_mb, or numel if smaller). */
+nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int world,
+                              int stage, double bucket_mb, nb_zero_memory_info *out);
 
 #ifdef __cplusplus
 }

@@ -198,6 +198,7 @@ int main(int argc, char **argv) {
         sr = srunner_create(mt_suite_collectives());
         srunner_add_suite(sr, mt_suite_comm());
         srunner_add_suite(sr, mt_suite_ddp());
+        srunner_add_suite(sr, mt_suite_zero());
         srunner_add_suite(sr, mt_suite_failures()); /* last: it ends with a timeout */
     }
     const char *only = getenv("NB_SUITE");

@@ -1,0 +1,735 @@
+/* zero.c - ZeRO stages 1 and 2 (nb_zero, see nabla/parallel.h); stage 0 is an nb_ddp.
+ *
+ * Layout. The module's parameters are flattened (docs/architecture.md rule 10) and the flat
+ * buffer is cut into buckets exactly as ddp.c does (contiguous ranges from the end, whole
+ * parameters). Each bucket [begin, end) is split over the ranks by nb_comm_chunk (balanced
+ * contiguous ranges, the last ones shorter): rank r's shard is its chunk of every bucket.
+ * That is the layout nb_reduce_scatter and nb_allgather use, so a bucket's gradient is
+ * reduce-scattered and its parameters all-gathered with one collective each, without
+ * repacking (FSDP's per-unit sharding; the shard is not one range of the whole buffer but
+ * one range per bucket, balanced to within one element per bucket).
+ *
+ * Optimizer. The user's optimizer is a template: a second optimizer of the same kind (same
+ * flags and groups) is built over the "pieces" of the shard: the intersection of the shard
+ * with each parameter, a 1-D view of the flat parameter buffer, named after the parameter
+ * and placed in its group, so per-parameter group settings (no weight decay on biases)
+ * stay exact although chunks cross parameter boundaries. Every element-wise optimizer
+ * gives the same result on pieces as on whole parameters. Each piece's gradient is a view
+ * of the averaged shard gradient. nb_step(user optimizer) is redirected here (step_hook):
+ * copy the user's current group hyperparameters (schedules set those), step the pieces,
+ * all-gather every bucket's parameters.
+ *
+ * Backward. Hooks count each bucket's completed parameters as ddp.c does; a complete bucket
+ * (launched strictly in bucket order, the same order on every rank) starts an asynchronous
+ * reduce-scatter with NB_REDUCE_AVG:
+ *   stage 1: in = the bucket's view of the flat gradient buffer, out = this rank's chunk of
+ *            it (comm.c stages the aliasing input);
+ *   stage 2: there is no flat gradient buffer; the bucket's parameter gradients (allocated
+ *            by backward) are copied into staging buffer k % 2 and dropped, and out is the
+ *            bucket's part of the shard gradient buffer. Before reusing a staging buffer the
+ *            reduce-scatter of bucket k - 2 is waited for, so at most two are in flight.
+ * The end of backward (the engine's end-of-backward callback) launches what is left and
+ * waits; nb_step refuses gradients that were never reduced (a guard on every parameter). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "autograd/autograd_impl.h"
+#include "nabla/autograd.h"
+#include "nabla/parallel.h"
+#include "optim/optim_impl.h"
+#include "tensor/tensor_impl.h"
+
+/* nn/module.c: forget the module's flat gradient buffer (stage 2 has none). */
+nb_status nb__module_drop_flat_grads(nb_module *m);
+
+typedef struct zparam {
+    struct nb_zero *z;
+    int index;          /* in nb_parameters order */
+    int bucket;
+    nb_tensor *t;       /* the parameter (borrowed from the module) */
+    int64_t off, n;     /* its element range in the flat buffer (relative to its start) */
+    int handle;         /* grad hook handle, -1 if none */
+    bool expected;      /* requires grad */
+    bool guarded;
+    bool ready;
+} zparam;
+
+typedef struct zbucket {
+    int64_t begin, end; /* element range of the flat buffer */
+    int64_t cb, ce;     /* this rank's chunk of it (absolute range) */
+    int64_t soff;       /* stage 2: where the chunk starts in the shard gradient buffer */
+    nb_tensor *pview;   /* the bucket's parameters (view of the flat parameter buffer) */
+    nb_tensor *pchunk;  /* this rank's chunk of them */
+    nb_tensor *gin;     /* stage 1: the bucket's view of the flat gradient buffer */
+    nb_tensor *gout;    /* the averaged chunk: stage 1 a view of gin, stage 2 of the shard */
+    int expected, ready;
+    bool launched;
+    nb_work *work;      /* in-flight reduce-scatter (or all-gather) */
+} zbucket;
+
+struct nb_zero {
+    nb_module *m;
+    nb_optim *user;     /* the template optimizer (borrowed), its nb_step redirected here */
+    nb_optim *inner;    /* steps the pieces (owned) */
+    nb_comm *c;
+    nb_ddp *ddp;        /* stage 0 */
+    int size, rank, stage;
+    nb_zero_opts o;
+    nb_tensor *flat_p;  /* borrowed from the module */
+    nb_tensor *flat_g;  /* stage 1: borrowed from the module; stage 2: NULL */
+    nb_tensor *shard_g; /* stage 2: the shard's gradient (owned) */
+    nb_tensor *staging[2]; /* stage 2 (owned) */
+    int staged_by[2];   /* bucket whose reduce-scatter reads staging[i], -1 none */
+    int64_t max_bucket;
+    int np, nbk;
+    zparam *p;
+    zbucket *b;
+    nb_tensor **pieces; /* the inner optimizer's parameters (owned references) */
+    int npieces;
+    int next_launch;
+    bool sync_enabled, active, twice, local, failed;
+    nb_status hook_err;
+    char hook_msg[512], fail_msg[512];
+    nb_status last_st;
+    char last_msg[512];
+    double exposed_s;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void hook_fail(nb_zero *z, nb_status s) {
+    if (z->hook_err != NB_OK) return;
+    z->hook_err = s ? s : NB_EINTERNAL;
+    snprintf(z->hook_msg, sizeof z->hook_msg, "%s", nb_last_error());
+}
+
+static const char *param_name(const nb_zero *z, int i) {
+    const nb_params *ps = nb_parameters(z->m);
+    return ps && i < ps->count ? ps->names[i] : "?";
+}
+
+/* Wait for bucket k's collective (if any); the first failure is kept in *first/msg. */
+static void wait_bucket(nb_zero *z, int k, nb_status *first, char *msg, size_t n) {
+    if (!z->b[k].work) return;
+    nb_status s = nb_work_wait(z->b[k].work);
+    z->b[k].work = NULL;
+    if (s != NB_OK && *first == NB_OK) {
+        *first = s;
+        snprintf(msg, n, "%s", nb_last_error());
+    }
+}
+
+/* Stage 2: pack bucket k's gradients into a staging buffer and drop them. */
+static nb_status stage_grads(nb_zero *z, int k, nb_tensor **in) {
+    int slot = k % 2;
+    zbucket *bk = &z->b[k];
+    if (z->staged_by[slot] >= 0) { /* bucket k - 2 still reads it */
+        nb_status first = NB_OK;
+        char msg[512];
+        wait_bucket(z, z->staged_by[slot], &first, msg, sizeof msg);
+        z->staged_by[slot] = -1;
+        if (first != NB_OK) return nb__error(first, "zero: gradient reduce-scatter failed: %s", msg);
+    }
+    nb_tensor *buf = nb_narrow(z->staging[slot], 0, 0, bk->end - bk->begin);
+    if (!buf) return nb_last_status();
+    nb_status s = nb_fill_(buf, 0); /* padding, and parameters without a gradient */
+    for (int i = 0; i < z->np && s == NB_OK; i++) {
+        zparam *p = &z->p[i];
+        if (p->bucket != k || !p->expected) continue;
+        nb_tensor *g = nb_grad(p->t);
+        if (!g) continue;
+        nb_tensor *dst = nb_narrow(buf, 0, p->off - bk->begin, p->n);
+        dst = dst ? nb_view(dst, p->t->shape, p->t->ndim) : NULL;
+        s = dst ? nb_copy_(dst, g) : nb_last_status();
+        if (s == NB_OK) nb_clear_grad(p->t);
+    }
+    z->staged_by[slot] = k;
+    *in = buf;
+    return s;
+}
+
+static void launch(nb_zero *z, int k) {
+    zbucket *bk = &z->b[k];
+    bk->launched = true;
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_tensor *in = bk->gin;
+    nb_status s = NB_OK;
+    if (z->stage == 2) s = stage_grads(z, k, &in);
+    if (s == NB_OK && (z->stage == 2 || z->size > 1)) {
+        bk->work = nb_reduce_scatter_async(z->c, bk->gout, in, NB_REDUCE_AVG);
+        if (!bk->work) s = nb_last_status();
+    }
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    if (s != NB_OK) hook_fail(z, s);
+}
+
+static void launch_ready(nb_zero *z) {
+    while (z->next_launch < z->nbk && z->b[z->next_launch].ready == z->b[z->next_launch].expected)
+        launch(z, z->next_launch++);
+}
+
+/* Stage 1: keep p's gradient in the flat buffer (as ddp.c's reattach). */
+static nb_status reattach(zparam *p) {
+    nb_zero *z = p->z;
+    if (z->stage != 1) return NB_OK;
+    nb_tensor *g = nb_grad(p->t);
+    if (g && g->storage == z->flat_g->storage &&
+        g->offset == z->flat_g->offset + p->off && nb_is_contiguous(g))
+        return NB_OK;
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_tensor *v = nb_narrow(z->flat_g, 0, p->off, p->n);
+    v = v ? nb_view(v, p->t->shape, p->t->ndim) : NULL;
+    nb_status s = !v ? nb_last_status() : g ? nb_copy_(v, g) : nb_fill_(v, 0);
+    if (s == NB_OK) s = nb_set_grad(p->t, v);
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    return s;
+}
+
+static nb_status backward_end(void *ctx, nb_status backward_status);
+
+static void grad_hook(nb_tensor *leaf, void *ctx) {
+    zparam *p = ctx;
+    nb_zero *z = p->z;
+    (void)leaf;
+    if (!p->expected) return;
+    if (!z->sync_enabled) {
+        z->local = true;
+        z->last_st = NB_OK;
+        return;
+    }
+    if (!z->active) {
+        z->active = true;
+        z->last_st = NB_OK;
+        z->last_msg[0] = '\0';
+    }
+    nb_status q = nb__queue_backward_end(backward_end, z);
+    if (q != NB_OK) hook_fail(z, q);
+    if (p->ready) {
+        z->twice = true;
+        return;
+    }
+    nb_status s = reattach(p);
+    if (s != NB_OK) hook_fail(z, s);
+    p->ready = true;
+    z->b[p->bucket].ready++;
+    launch_ready(z);
+}
+
+static nb_status wait_all(nb_zero *z, const char *what) {
+    nb_status first = NB_OK;
+    char msg[512] = "";
+    for (int k = 0; k < z->nbk; k++) wait_bucket(z, k, &first, msg, sizeof msg);
+    z->staged_by[0] = z->staged_by[1] = -1;
+    if (first != NB_OK) nb__error(first, "zero: %s failed: %s", what, msg);
+    return first;
+}
+
+static void reset_step(nb_zero *z) {
+    for (int i = 0; i < z->np; i++) z->p[i].ready = false;
+    for (int k = 0; k < z->nbk; k++) z->b[k].ready = 0, z->b[k].launched = false;
+    z->next_launch = 0;
+    z->active = z->twice = false;
+    z->hook_err = NB_OK;
+    z->hook_msg[0] = '\0';
+}
+
+static nb_status finish_step(nb_zero *z, bool all) {
+    double t0 = now_s();
+    int missing = 0, first_missing = -1;
+    for (int i = 0; i < z->np; i++) {
+        zparam *p = &z->p[i];
+        if (!p->expected || p->ready) continue;
+        if (!all && missing++ == 0) first_missing = i;
+        nb_status s = reattach(p);
+        if (s != NB_OK) hook_fail(z, s);
+        p->ready = true;
+        z->b[p->bucket].ready++;
+    }
+    launch_ready(z);
+    nb_status s = wait_all(z, "gradient reduce-scatter");
+    z->exposed_s = now_s() - t0;
+    if (s == NB_OK && z->hook_err != NB_OK)
+        s = nb__error(z->hook_err, "zero: starting a gradient reduce-scatter failed: %s",
+                      z->hook_msg);
+    z->failed = s != NB_OK;
+    if (z->failed) snprintf(z->fail_msg, sizeof z->fail_msg, "%s", nb_last_error());
+    else z->local = false;
+    if (s == NB_OK && z->twice)
+        s = nb__error(NB_ESTATE, "zero: a parameter's gradient was completed twice in one step "
+                      "(a backward run from inside a backward?)");
+    if (s == NB_OK && missing && !z->o.find_unused) {
+        char more[64] = "";
+        if (missing > 1) snprintf(more, sizeof more, " (nor did %d other parameters)", missing - 1);
+        s = nb__error(NB_EINVAL, "zero: parameter %s got no gradient in this step%s; pass "
+                      ".find_unused = true if that is intended", param_name(z, first_missing),
+                      more);
+    }
+    z->last_st = s;
+    snprintf(z->last_msg, sizeof z->last_msg, "%s", s == NB_OK ? "" : nb_last_error());
+    reset_step(z);
+    return s;
+}
+
+static nb_status backward_end(void *ctx, nb_status backward_status) {
+    nb_zero *z = ctx;
+    if (!z->active) return NB_OK;
+    z->active = false;
+    if (backward_status == NB_OK) return finish_step(z, false);
+    char why[400];
+    snprintf(why, sizeof why, "%s", nb_last_error());
+    double t0 = now_s();
+    wait_all(z, "gradient reduce-scatter");
+    z->exposed_s = now_s() - t0;
+    z->failed = true;
+    snprintf(z->fail_msg, sizeof z->fail_msg, "backward failed before they were (%s)", why);
+    z->last_st = backward_status;
+    snprintf(z->last_msg, sizeof z->last_msg, "zero: the gradients were not synchronised: "
+             "backward failed (%s)", why);
+    reset_step(z);
+    return backward_status;
+}
+
+/* What nb_step must refuse (the same three cases as ddp.c). */
+static nb_status check_reduced(nb_zero *z, const char *who, const char *name) {
+    if (z->failed)
+        return nb__error(NB_ESTATE, "%s: the gradient of '%s' (an nb_zero model) was not "
+                         "reduced over the ranks, so the ranks would drift apart: %s", who,
+                         name, z->fail_msg);
+    if (z->active)
+        return nb__error(NB_ESTATE, "%s: the gradient of '%s' (an nb_zero model) is not "
+                         "synchronised yet; call nb_zero_sync before the step", who, name);
+    if (z->local)
+        return nb__error(NB_ESTATE, "%s: the gradient of '%s' (an nb_zero model) comes from a "
+                         "backward with sync disabled and was never reduced over the ranks; "
+                         "enable sync (nb_zero_set_sync_enabled) before the last micro-step's "
+                         "backward, or enable it and call nb_zero_sync before the step", who,
+                         name);
+    return NB_OK;
+}
+
+static nb_status grad_guard(const nb_tensor *leaf, void *ctx, const char *who) {
+    const zparam *p = ctx;
+    (void)leaf;
+    return check_reduced(p->z, who, param_name(p->z, p->index));
+}
+
+/* nb_step(user optimizer): step the shard, then all-gather the parameters. */
+static nb_status zero_step(void *ctx) {
+    nb_zero *z = ctx;
+    nb_status s = check_reduced(z, "step", z->np ? param_name(z, 0) : "?");
+    if (s != NB_OK) return s;
+    for (int g = 0; g < z->user->ngroups; g++) z->inner->groups[g] = z->user->groups[g];
+    if ((s = nb_step(z->inner)) != NB_OK) return s;
+    for (int i = 0; i < z->np; i++) nb__bump_version(z->p[i].t);
+    if (z->size == 1) return NB_OK;
+    nb_status first = NB_OK;
+    for (int k = 0; k < z->nbk; k++) {
+        z->b[k].work = nb_allgather_async(z->c, z->b[k].pview, z->b[k].pchunk);
+        if (!z->b[k].work && first == NB_OK) first = nb_last_status();
+        if (first != NB_OK) break;
+    }
+    nb_status w = wait_all(z, "parameter all-gather");
+    return first != NB_OK ? first : w;
+}
+
+/* ---- construction ---------------------------------------------------------------------------- */
+nb_zero_opts nb_zero_defaults(void) { return (nb_zero_opts){.stage = 2, .bucket_mb = 25}; }
+
+void nb_zero_free(nb_zero *z) {
+    if (!z) return;
+    if (z->ddp) nb_ddp_free(z->ddp);
+    for (int k = 0; k < z->nbk; k++) {
+        if (z->b[k].work) nb_work_wait(z->b[k].work);
+        nb_tensor_free(z->b[k].pview);
+        nb_tensor_free(z->b[k].pchunk);
+        nb_tensor_free(z->b[k].gin);
+        nb_tensor_free(z->b[k].gout);
+    }
+    for (int i = 0; i < z->np; i++) {
+        if (z->p[i].handle >= 0) nb_remove_grad_hook(z->p[i].t, z->p[i].handle);
+        if (z->p[i].guarded) nb__set_grad_guard(z->p[i].t, NULL, &z->p[i]);
+    }
+    if (z->user && z->user->step_ctx == z) z->user->step_hook = NULL, z->user->step_ctx = NULL;
+    nb_optim_free(z->inner);
+    for (int i = 0; i < z->npieces; i++) nb_tensor_free(z->pieces[i]);
+    free(z->pieces);
+    nb_tensor_free(z->shard_g);
+    nb_tensor_free(z->staging[0]);
+    nb_tensor_free(z->staging[1]);
+    free(z->b);
+    free(z->p);
+    free(z);
+}
+
+static nb_status build_buckets(nb_zero *z, int64_t cap) {
+    z->b = calloc((size_t)z->np, sizeof *z->b);
+    if (!z->b) return nb__error(NB_ENOMEM, "zero_new: out of memory");
+    int k = -1;
+    int64_t end = nb_numel(z->flat_p);
+    for (int i = z->np - 1; i >= 0; i--) {
+        zparam *p = &z->p[i];
+        if (k < 0 || z->b[k].end - end >= cap) {
+            if (k >= 0) z->b[k].begin = end;
+            k++;
+            z->b[k].end = end;
+        }
+        end = p->off;
+        p->bucket = k;
+        if (p->expected) z->b[k].expected++;
+    }
+    z->b[k].begin = 0;
+    z->nbk = k + 1;
+    int64_t soff = 0;
+    for (k = 0; k < z->nbk; k++) {
+        zbucket *bk = &z->b[k];
+        int64_t len = bk->end - bk->begin, b, e;
+        if (len > z->max_bucket) z->max_bucket = len;
+        nb_comm_chunk(len, z->size, z->rank, &b, &e);
+        bk->cb = bk->begin + b, bk->ce = bk->begin + e;
+        bk->soff = soff;
+        soff += e - b;
+    }
+    return NB_OK;
+}
+
+static nb_tensor *take(nb_tensor *t, nb_status *s) {
+    if (!t && *s == NB_OK) *s = nb_last_status();
+    return t ? nb__scope_take(t) : NULL;
+}
+
+/* Views of every bucket, the shard gradient buffer and staging (stage 2). */
+static nb_status build_views(nb_zero *z) {
+    nb_status s = NB_OK;
+    nb_dtype dt = z->flat_p->dtype;
+    nb_device dev = nb__device_of(z->flat_p);
+    if (z->stage == 2) {
+        int64_t n = z->nbk ? z->b[z->nbk - 1].soff + (z->b[z->nbk - 1].ce - z->b[z->nbk - 1].cb) : 0;
+        z->shard_g = take(nb_zeros_on(dev, &n, 1, dt), &s);
+        for (int i = 0; i < 2 && s == NB_OK; i++)
+            z->staging[i] = take(nb_zeros_on(dev, &z->max_bucket, 1, dt), &s);
+    }
+    for (int k = 0; k < z->nbk && s == NB_OK; k++) {
+        zbucket *bk = &z->b[k];
+        bk->pview = take(nb_narrow(z->flat_p, 0, bk->begin, bk->end - bk->begin), &s);
+        if (s == NB_OK) bk->pchunk = take(nb_narrow(z->flat_p, 0, bk->cb, bk->ce - bk->cb), &s);
+        if (s == NB_OK && z->stage == 1) {
+            bk->gin = take(nb_narrow(z->flat_g, 0, bk->begin, bk->end - bk->begin), &s);
+            if (s == NB_OK) bk->gout = take(nb_narrow(z->flat_g, 0, bk->cb, bk->ce - bk->cb), &s);
+        } else if (s == NB_OK) {
+            bk->gout = take(nb_narrow(z->shard_g, 0, bk->soff, bk->ce - bk->cb), &s);
+        }
+    }
+    return s;
+}
+
+/* The inner optimizer over the pieces of this rank's shard, one group per user group. */
+static nb_status build_inner(nb_zero *z) {
+    nb_optim *u = z->user;
+    const nb_params *ps = nb_parameters(z->m);
+    int ng = u->ngroups;
+    z->pieces = calloc((size_t)z->np + 1, sizeof *z->pieces);
+    nb_params *lists = calloc((size_t)ng, sizeof *lists);
+    nb_tensor **ts = calloc((size_t)z->np * (size_t)ng + 1, sizeof *ts);
+    const char **ns = calloc((size_t)z->np * (size_t)ng + 1, sizeof *ns);
+    nb_status s = z->pieces && lists && ts && ns ? NB_OK : nb__error(NB_ENOMEM, "zero_new: out of memory");
+    for (int g = 0; g < ng && s == NB_OK; g++) {
+        lists[g].tensors = ts + (size_t)g * (size_t)z->np;
+        lists[g].names = ns + (size_t)g * (size_t)z->np;
+    }
+    for (int j = 0; j < u->nparams && s == NB_OK; j++) {
+        int i = 0;
+        while (i < z->np && z->p[i].t != u->params[j].t) i++;
+        zparam *p = &z->p[i];
+        if (!p->expected) continue; /* frozen: never gets a gradient */
+        zbucket *bk = &z->b[p->bucket];
+        int64_t lo = p->off > bk->cb ? p->off : bk->cb;
+        int64_t hi = p->off + p->n < bk->ce ? p->off + p->n : bk->ce;
+        if (lo >= hi) continue;
+        nb_tensor *piece = take(nb_narrow(z->flat_p, 0, lo, hi - lo), &s);
+        if (s != NB_OK) break;
+        z->pieces[z->npieces++] = piece;
+        nb_tensor *gsrc = z->stage == 1 ? z->flat_g : z->shard_g;
+        int64_t goff = z->stage == 1 ? lo : bk->soff + (lo - bk->cb);
+        nb_tensor *gv = take(nb_narrow(gsrc, 0, goff, hi - lo), &s);
+        if (s == NB_OK) s = nb_set_grad(piece, gv);
+        nb_tensor_free(gv);
+        nb_params *l = &lists[u->params[j].group];
+        l->tensors[l->count] = piece;
+        l->names[l->count++] = ps->names[i];
+    }
+    if (s == NB_OK) {
+        z->inner = nb__optim_new(u->kind, &u->groups[0], &lists[0]);
+        if (!z->inner) s = nb_last_status();
+    }
+    for (int g = 1; g < ng && s == NB_OK; g++) {
+        nb_group_opts go;
+        s = nb_optim_group_opts(u, g, &go);
+        int r = s == NB_OK ? nb_optim_add_group(z->inner, &lists[g], &go) : s;
+        if (r < 0) s = (nb_status)r;
+    }
+    if (s == NB_OK) {
+        z->inner->defaults = u->defaults;
+        for (int g = 0; g < ng; g++) z->inner->groups[g] = u->groups[g];
+    }
+    free(lists);
+    free(ts);
+    free((void *)ns);
+    return s;
+}
+
+/* The user's optimizer must update exactly parameters of the model, and have no state. */
+static nb_status check_optim(nb_zero *z) {
+    nb_optim *u = z->user;
+    const nb_params *ps = nb_parameters(z->m);
+    for (int j = 0; j < u->nparams; j++) {
+        int i = 0;
+        while (i < z->np && z->p[i].t != u->params[j].t) i++;
+        if (i == z->np)
+            return nb__error(NB_EINVAL, "zero_new: the optimizer's parameter '%s' is not a "
+                             "parameter of the model; ZeRO shards the model's flat parameter "
+                             "buffer, so the optimizer must update the model's parameters only",
+                             u->params[j].name);
+        if (u->params[j].has_state)
+            return nb__error(NB_ESTATE, "zero_new: the optimizer already has state for '%s'; "
+                             "wrap the model with nb_zero_new before the first step (or load "
+                             "the state into nb_zero_optim afterwards)", ps->names[i]);
+    }
+    if (u->step_hook)
+        return nb__error(NB_ESTATE, "zero_new: the optimizer is already used by another "
+                         "nb_zero; free that one first");
+    if (!u->kind->elementwise)
+        return nb__error(NB_EUNSUPPORTED, "zero_new: optimizer %s cannot be sharded (its update "
+                         "is not element-wise)", u->kind->name);
+    return NB_OK;
+}
+
+nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_opts *o) {
+    if (!model) return nb__error(NB_ENULL, "zero_new: model is NULL"), NULL;
+    if (!opt) return nb__error(NB_ENULL, "zero_new: optimizer is NULL"), NULL;
+    if (!c) return nb__error(NB_ENULL, "zero_new: communicator is NULL"), NULL;
+    nb_zero_opts opts = o ? *o : nb_zero_defaults();
+    if (opts.stage == 3)
+        return nb__error(NB_EUNSUPPORTED, "zero_new: stage 3 (sharded parameters) is not "
+                         "implemented yet; use stage 0, 1 or 2"), NULL;
+    if (opts.stage < 0 || opts.stage > 3)
+        return nb__error(NB_EINVAL, "zero_new: stage must be 0, 1, 2 or 3, got %d",
+                         opts.stage), NULL;
+    if (!(opts.bucket_mb >= 0))
+        return nb__error(NB_EINVAL, "zero_new: bucket_mb must be >= 0, got %g", opts.bucket_mb),
+               NULL;
+    nb_zero *z = calloc(1, sizeof *z);
+    if (!z) return nb__error(NB_ENOMEM, "zero_new: out of memory"), NULL;
+    z->m = model, z->c = c, z->o = opts, z->stage = opts.stage, z->user = opt;
+    z->size = nb_comm_size(c), z->rank = nb_comm_rank(c), z->sync_enabled = true;
+    z->staged_by[0] = z->staged_by[1] = -1;
+    if (opts.stage == 0) { /* plain data parallel: the optimizer is used as it is */
+        z->ddp = nb_ddp_new(model, c, &(nb_ddp_opts){.bucket_mb = opts.bucket_mb,
+                                                    .find_unused = opts.find_unused,
+                                                    .no_broadcast = opts.no_broadcast});
+        if (!z->ddp) {
+            free(z);
+            return NULL;
+        }
+        z->flat_p = nb_module_flat_params(model);
+        z->flat_g = nb_module_flat_grads(model);
+        return z;
+    }
+    const nb_params *ps = NULL;
+    nb_status s = nb_module_flatten_parameters(model, 0);
+    if (s == NB_OK && !(ps = nb_parameters(model))) s = nb_last_status();
+    if (s != NB_OK) {
+        free(z);
+        return NULL;
+    }
+    z->flat_p = nb_module_flat_params(model);
+    z->flat_g = nb_module_flat_grads(model);
+    z->p = calloc((size_t)ps->count, sizeof *z->p);
+    if (!z->p) s = nb__error(NB_ENOMEM, "zero_new: out of memory");
+    else z->np = ps->count;
+    for (int i = 0; i < z->np; i++) {
+        nb_tensor *t = ps->tensors[i];
+        for (int j = 0; j < i && s == NB_OK; j++)
+            if (ps->tensors[j] == t)
+                s = nb__error(NB_EINVAL, "zero_new: %s and %s are the same tensor; register a "
+                              "shared parameter once", ps->names[j], ps->names[i]);
+        z->p[i] = (zparam){.z = z, .index = i, .t = t, .handle = -1,
+                           .off = t->offset - z->flat_p->offset, .n = nb_numel(t),
+                           .expected = nb_requires_grad(t)};
+    }
+    if (s == NB_OK) s = check_optim(z);
+    int64_t cap = (int64_t)(opts.bucket_mb * 1048576.0 / (double)nb_dtype_size(z->flat_p->dtype));
+    if (cap < 1) cap = 1;
+    if (s == NB_OK) s = build_buckets(z, cap);
+    /* Same model everywhere, then rank 0's weights and buffers (as nb_ddp_new). */
+    if (s == NB_OK && z->size > 1) {
+        int64_t v[3] = {z->np, nb_numel(z->flat_p), z->stage};
+        nb_tensor *lo = nb__scope_take(nb_from_buffer(v, (int64_t[]){3}, 1, NB_I64));
+        nb_tensor *hi = nb__scope_take(nb_from_buffer(v, (int64_t[]){3}, 1, NB_I64));
+        s = lo && hi ? NB_OK : nb_last_status();
+        if (s == NB_OK) s = nb_allreduce(c, lo, NB_REDUCE_MIN);
+        if (s == NB_OK) s = nb_allreduce(c, hi, NB_REDUCE_MAX);
+        if (s == NB_OK) {
+            const int64_t *l = nb_data(lo), *h = nb_data(hi);
+            if (memcmp(l, h, sizeof v) != 0)
+                s = nb__error(NB_EINVAL, "zero_new: the ranks wrap different models or stages "
+                              "(this rank: %lld parameters, %lld elements, stage %lld; across "
+                              "ranks: %lld..%lld parameters, %lld..%lld elements, stage "
+                              "%lld..%lld)", (long long)v[0], (long long)v[1], (long long)v[2],
+                              (long long)l[0], (long long)h[0], (long long)l[1],
+                              (long long)h[1], (long long)l[2], (long long)h[2]);
+        }
+        nb_tensor_free(lo);
+        nb_tensor_free(hi);
+    }
+    if (s == NB_OK && z->size > 1 && !opts.no_broadcast) {
+        s = nb_broadcast(c, z->flat_p, 0);
+        const nb_params *bs = s == NB_OK ? nb_buffers(model) : NULL;
+        if (s == NB_OK && !bs) s = nb_last_status();
+        for (int i = 0; s == NB_OK && i < bs->count; i++) s = nb_broadcast(c, bs->tensors[i], 0);
+    }
+    if (s == NB_OK && z->stage == 2) { /* no full gradient buffer: drop the flat views */
+        for (int i = 0; i < z->np; i++) nb_clear_grad(z->p[i].t);
+        s = nb__module_drop_flat_grads(model);
+        z->flat_g = NULL;
+    }
+    if (s == NB_OK) s = build_views(z);
+    if (s == NB_OK) s = build_inner(z);
+    for (int i = 0; i < z->np && s == NB_OK; i++) {
+        zparam *p = &z->p[i];
+        if (!p->expected) continue;
+        if ((s = reattach(p)) != NB_OK) break;
+        int h = nb_register_grad_hook(p->t, grad_hook, p);
+        if (h < 0) {
+            s = (nb_status)h;
+            break;
+        }
+        p->handle = h;
+        s = nb__set_grad_guard(p->t, grad_guard, p);
+        if (s == NB_ESTATE)
+            nb__error(s, "zero_new: parameter %s is already wrapped by an nb_ddp or nb_zero; "
+                      "free that one first", ps->names[i]);
+        p->guarded = s == NB_OK;
+    }
+    if (s != NB_OK) {
+        nb_zero_free(z);
+        return NULL;
+    }
+    opt->step_hook = zero_step;
+    opt->step_ctx = z;
+    return z;
+}
+
+/* ---- the rest of the API ----------------------------------------------------------------------- */
+int nb_zero_stage(const nb_zero *z) { return z ? z->stage : -1; }
+
+nb_status nb_zero_sync(nb_zero *z) {
+    if (!z) return nb__error(NB_ENULL, "zero_sync: zero is NULL");
+    if (z->ddp) return nb_ddp_sync(z->ddp);
+    if (z->active) {
+        z->active = false;
+        return finish_step(z, false);
+    }
+    if (z->local && z->sync_enabled) {
+        reset_step(z);
+        return finish_step(z, true);
+    }
+    if (z->last_st != NB_OK) return nb__error(z->last_st, "%s", z->last_msg);
+    return NB_OK;
+}
+
+void nb_zero_set_sync_enabled(nb_zero *z, bool enabled) {
+    if (!z) return;
+    if (z->ddp) nb_ddp_set_sync_enabled(z->ddp, enabled);
+    z->sync_enabled = enabled;
+}
+
+double nb_zero_exposed_comm_s(const nb_zero *z) {
+    return !z ? 0.0 : z->ddp ? nb_ddp_exposed_comm_s(z->ddp) : z->exposed_s;
+}
+
+int nb_zero_num_buckets(const nb_zero *z) {
+    return !z ? 0 : z->ddp ? nb_ddp_num_buckets(z->ddp) : z->nbk;
+}
+
+nb_optim *nb_zero_optim(const nb_zero *z) { return !z ? NULL : z->inner ? z->inner : z->user; }
+
+static nb_status reduce_norm(double *total, bool max, void *ctx) {
+    nb_zero *z = ctx;
+    if (z->size == 1) return NB_OK;
+    nb_tensor *t = nb_from_buffer(total, (int64_t[]){1}, 1, NB_F64);
+    nb_status s = t ? nb_allreduce(z->c, t, max ? NB_REDUCE_MAX : NB_REDUCE_SUM) : nb_last_status();
+    if (s == NB_OK) *total = *(const double *)nb_data(t);
+    nb_tensor_free(nb__scope_take(t));
+    return s;
+}
+
+double nb_zero_clip_grad_norm(nb_zero *z, double max_norm, double norm_type) {
+    if (!z) return nb__error(NB_ENULL, "zero_clip_grad_norm: zero is NULL");
+    if (z->ddp) return nb_clip_grad_norm(nb_optim_params(z->user), max_norm, norm_type);
+    nb_status s = check_reduced(z, "zero_clip_grad_norm", z->np ? param_name(z, 0) : "?");
+    if (s != NB_OK) return s;
+    return nb__clip_grad_norm_global(nb_optim_params(z->inner), max_norm, norm_type,
+                                     "zero_clip_grad_norm", reduce_norm, z);
+}
+
+static int64_t state_bytes(const nb_optim *o) {
+    int64_t n = 0;
+    for (int i = 0; o && i < o->nparams; i++)
+        for (int k = 0; k < NB__OPT_SLOTS; k++)
+            if (o->params[i].slot[k]) n += nb_numel(o->params[i].slot[k]) *
+                                           (int64_t)nb_dtype_size(o->params[i].slot[k]->dtype);
+    return n;
+}
+
+static int64_t bytes_of(const nb_tensor *t) {
+    return t ? nb_numel(t) * (int64_t)nb_dtype_size(t->dtype) : 0;
+}
+
+nb_status nb_zero_memory(const nb_zero *z, nb_zero_memory_info *out) {
+    if (!z || !out) return nb__error(NB_ENULL, "zero_memory: %s is NULL", !z ? "zero" : "out");
+    memset(out, 0, sizeof *out);
+    out->params = bytes_of(z->flat_p);
+    if (z->stage < 2) {
+        out->grads = bytes_of(z->flat_g);
+    } else {
+        out->grads = bytes_of(z->shard_g);
+        for (int i = 0; i < z->np; i++) out->grads += bytes_of(nb_grad(z->p[i].t)); /* local */
+        out->comm_buffers = bytes_of(z->staging[0]) + bytes_of(z->staging[1]);
+    }
+    out->optim_state = state_bytes(z->inner ? z->inner : z->user);
+    out->total = out->params + out->grads + out->optim_state + out->comm_buffers;
+    return NB_OK;
+}
+
+nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int world,
+                              int stage, double bucket_mb, nb_zero_memory_info *out) {
+    if (!out) return nb__error(NB_ENULL, "zero_memory_plan: out is NULL");
+    if (numel < 0 || elem_size <= 0 || state_slots < 0 || world < 1 || !(bucket_mb >= 0))
+        return nb__error(NB_EINVAL, "zero_memory_plan: bad sizes (numel %lld, elem_size %d, "
+                         "state_slots %d, world %d, bucket_mb %g)", (long long)numel, elem_size,
+                         state_slots, world, bucket_mb);
+    if (stage < 0 || stage > 2)
+        return nb__error(stage == 3 ? NB_EUNSUPPORTED : NB_EINVAL, "zero_memory_plan: stage "
+                         "must be 0, 1 or 2, got %d", stage);
+    int64_t shard = stage == 0 ? numel : (numel + world - 1) / world;
+    int64_t bucket = (int64_t)(bucket_mb * 1048576.0 / elem_size);
+    if (bucket > numel || bucket < 1) bucket = numel;
+    memset(out, 0, sizeof *out);
+    out->params = numel * elem_size;
+    out->grads = (stage < 2 ? numel : shard) * elem_size;
+    out->optim_state = shard * elem_size * state_slots;
+    out->comm_buffers = stage == 2 ? 2 * bucket * elem_size : 0;
+    out->total = out->params + out->grads + out->optim_state + out->comm_buffers;
+    return NB_OK;
+}

@@ -1,0 +1,384 @@
+/* test_zero.c - ZeRO stages 1 and 2 (parallel/zero.c) in nabla_mpi_tests, run with 1, 2 and 4
+ * ranks (and alone).
+ *
+ * Equivalence (docs/architecture.md rule 8): K steps with nb_zero on W ranks, each rank
+ * taking its slice of one global batch, end with the weights of 1 process on the global
+ * batch and of nb_ddp on W ranks, for the MLP (SGD with momentum; AdamW with weight decay
+ * on matrices only and a cosine schedule) and the GPT (gradient accumulation without sync,
+ * global clipping over the shards). Memory: nb_zero_memory against the ZeRO formulas and
+ * against the allocator's live bytes. Errors: bad stage, unshardable optimizers, gradients
+ * never reduced. Failures are recorded with MT_CHECK and agreed on by MT_END. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nabla/gpt.h>
+#include "mpi_test.h"
+
+enum { IN = 8, HID = 16, OUT = 4, GB = 16 };
+
+static void expect_error_at(nb_status s, nb_status status, const char *needle, const char *file,
+                            int line) {
+    if (s != status || !strstr(nb_last_error(), needle))
+        mt_fail_at(file, line, "got %s \"%s\", expected %s with \"%s\"", nb_status_name(s),
+                   nb_last_error(), nb_status_name(status), needle);
+    nb_clear_error();
+}
+#define EXPECT_ERROR(s, status, needle) expect_error_at((s), (status), (needle), __FILE__, __LINE__)
+
+static double *values(const nb_tensor *t) {
+    int64_t n = nb_numel(t);
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    if (nb_read(t, v, n, NB_F64) != NB_OK) memset(v, 0, sizeof(double) * (size_t)n);
+    return v;
+}
+
+static nb_module *build_mlp(uint64_t seed, int64_t in, int64_t hid, int64_t out) {
+    nb_generator *g = nb_generator_new(seed);
+    nb_linear_opts o = {.gen = g};
+    nb_module *m = nb_sequential_new(nb_linear_new(in, hid, &o), nb_relu_new(),
+                                     nb_linear_new(hid, hid, &o), nb_tanh_new(),
+                                     nb_linear_new(hid, out, &o), NULL);
+    nb_generator_free(g);
+    MT_CHECK(m != NULL, "building the model: %s", nb_last_error());
+    return m;
+}
+
+/* Every parameter of a equals b's within rtol (|x - r| <= rtol * (|r| + 1e-3)). */
+static void expect_same_params(nb_module *a, nb_module *b, double rtol, const char *what) {
+    const nb_params *pa = nb_parameters(a), *pb = nb_parameters(b);
+    if (!pa || !pb || pa->count != pb->count) {
+        MT_CHECK(false, "%s: parameter lists differ", what);
+        return;
+    }
+    for (int i = 0; i < pa->count; i++) {
+        double *va = values(pa->tensors[i]), *vb = values(pb->tensors[i]);
+        int64_t n = nb_numel(pa->tensors[i]);
+        for (int64_t j = 0; j < n; j++)
+            if (!(fabs(va[j] - vb[j]) <= rtol * (fabs(vb[j]) + 1e-3))) {
+                MT_CHECK(false, "%s: %s[%lld] = %.9g, reference %.9g", what, pa->names[i],
+                         (long long)j, va[j], vb[j]);
+                break;
+            }
+        free(va);
+        free(vb);
+    }
+}
+
+/* ---- equivalence on the MLP ------------------------------------------------------------------ */
+typedef enum { SGD_MOMENTUM, ADAMW_GROUPS } opt_kind;
+
+/* The optimizer (and for ADAMW_GROUPS its cosine schedule in *sched). */
+static nb_optim *make_opt(nb_module *m, opt_kind k, nb_sched **sched) {
+    *sched = NULL;
+    if (k == SGD_MOMENTUM)
+        return nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    nb_params decay, no_decay;
+    if (nb_params_split_decay(nb_parameters(m), &decay, &no_decay) != NB_OK) return NULL;
+    nb_adamw_opts ao = nb_adamw_defaults();
+    ao.lr = 1e-2;
+    ao.weight_decay = 0.1;
+    nb_optim *o = nb_adamw_new(&decay, &ao);
+    nb_group_opts go = nb_group_defaults();
+    go.weight_decay = 0;
+    if (o && nb_optim_add_group(o, &no_decay, &go) < 0) {
+        nb_optim_free(o);
+        o = NULL;
+    }
+    nb_params_deinit(&decay);
+    nb_params_deinit(&no_decay);
+    nb_sched_opts so = nb_sched_defaults(NB_SCHED_COSINE);
+    so.warmup_steps = 2;
+    so.total_steps = 6;
+    so.min_lr = 1e-3;
+    if (o) *sched = nb_sched_new(o, &so);
+    return o;
+}
+
+/* One step on rows [start, start + n) of the batch: loss, backward, (clip), step, schedule. */
+static void train(nb_module *m, nb_optim *o, nb_sched *s, nb_zero *z, nb_tensor *x, nb_tensor *y,
+                  int64_t start, int64_t n, double clip) {
+    nb_scope_begin();
+    nb_tensor *l = nb_cross_entropy(nb_forward(m, nb_narrow(x, 0, start, n)),
+                                    nb_narrow(y, 0, start, n), NULL);
+    MT_OK(nb_zero_grad(o));
+    MT_OK(nb_backward(l));
+    if (clip > 0) {
+        double norm = z ? nb_zero_clip_grad_norm(z, clip, 2)
+                        : nb_clip_grad_norm(nb_optim_params(o), clip, 2);
+        MT_CHECK(norm >= 0, "clip: %s", nb_last_error());
+    }
+    MT_OK(nb_step(o));
+    if (s) MT_OK(nb_sched_step(s));
+    nb_scope_end();
+}
+
+static void check_mlp(int stage, opt_kind k, double bucket_mb, double clip) {
+    enum { K = 5 };
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_module *ref = build_mlp(7, IN, HID, OUT), *m = build_mlp(7 + (uint64_t)rank, IN, HID, OUT);
+    nb_module *dm = build_mlp(7 + (uint64_t)rank, IN, HID, OUT);
+    nb_sched *rs, *zs, *ds;
+    nb_optim *ro = make_opt(ref, k, &rs), *o = make_opt(m, k, &zs);
+    nb_ddp *d = nb_ddp_new(dm, mt_world, &(nb_ddp_opts){.bucket_mb = bucket_mb});
+    nb_optim *dop = make_opt(dm, k, &ds);
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage,
+                                                                  .bucket_mb = bucket_mb})
+                   : NULL;
+    MT_CHECK(ro && o && dop && d && z, "setup (stage %d): %s", stage, nb_last_error());
+    MT_CHECK(nb_zero_stage(z) == stage, "stage %d reported as %d", stage, nb_zero_stage(z));
+    int64_t local = GB / size;
+    for (int step = 0; step < K && z && d; step++) {
+        nb_scope_begin();
+        nb_generator *g = nb_generator_new(100 + (uint64_t)step);
+        nb_tensor *x = nb_randn((int64_t[]){GB, IN}, 2, NB_F32, g);
+        nb_tensor *y = nb_randint((int64_t[]){GB}, 1, NB_I64, 0, OUT, g);
+        nb_generator_free(g);
+        train(ref, ro, rs, NULL, x, y, 0, GB, clip);
+        train(m, o, zs, z, x, y, rank * local, local, clip);
+        /* DDP's clipping: every rank has the whole averaged gradient */
+        train(dm, dop, ds, NULL, x, y, rank * local, local, clip);
+        nb_scope_end();
+    }
+    char what[96];
+    snprintf(what, sizeof what, "mlp, stage %d, %s, bucket_mb %g, clip %g", stage,
+             k == SGD_MOMENTUM ? "sgd" : "adamw+groups", bucket_mb, clip);
+    if (z) expect_same_params(m, ref, 1e-5, what);
+    if (z) expect_same_params(m, dm, 1e-5, what);
+    nb_zero_free(z);
+    nb_sched_free(zs);
+    nb_sched_free(rs);
+    nb_sched_free(ds);
+    nb_optim_free(o);
+    nb_optim_free(ro);
+    nb_optim_free(dop);
+    nb_ddp_free(d);
+    nb_module_free(m);
+    nb_module_free(dm);
+    nb_module_free(ref);
+    nb_scope_end();
+}
+
+START_TEST(test_zero_equivalence_mlp) {
+    for (int stage = 1; stage <= 2; stage++) {
+        check_mlp(stage, SGD_MOMENTUM, 0, 0);        /* one bucket */
+        check_mlp(stage, SGD_MOMENTUM, 200e-6, 0);   /* several buckets */
+        check_mlp(stage, ADAMW_GROUPS, 200e-6, 0);   /* chunks cross group boundaries */
+        check_mlp(stage, ADAMW_GROUPS, 1e-9, 0.05);  /* one bucket per parameter, clipping */
+    }
+    MT_END();
+}
+END_TEST
+
+/* ---- the GPT's training step: accumulation without sync, global clipping ---------------------- */
+static void check_gpt(int stage) {
+    enum { K = 3, MICRO = 2, GBT = 8, TT = 8 };
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_gpt_config cfg = {.vocab_size = 64, .block_size = TT, .n_layer = 2, .n_head = 2,
+                         .n_embd = 16};
+    nb_generator *g0 = nb_generator_new(3), *g1 = nb_generator_new(3 + (uint64_t)rank);
+    nb_generator *g2 = nb_generator_new(3 + (uint64_t)rank);
+    nb_module *ref = nb_gpt_new(&cfg, g0), *m = nb_gpt_new(&cfg, g1), *dm = nb_gpt_new(&cfg, g2);
+    nb_generator_free(g0);
+    nb_generator_free(g1);
+    nb_generator_free(g2);
+    MT_CHECK(ref && m && dm, "nb_gpt_new: %s", nb_last_error());
+    /* SGD, as test_ddp_equivalence_gpt: the key bias of attention has an exactly zero true
+     * gradient, whose rounding noise Adam would blow up to steps of size lr. */
+    nb_sgd_opts so = {.lr = 0.5, .momentum = 0.9, .weight_decay = 0.1};
+    nb_optim *ro = ref ? nb_sgd_new(nb_parameters(ref), &so) : NULL;
+    nb_optim *o = m ? nb_sgd_new(nb_parameters(m), &so) : NULL;
+    nb_optim *dop = dm ? nb_sgd_new(nb_parameters(dm), &so) : NULL;
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage,
+                                                                  .bucket_mb = 4e-3})
+                   : NULL;
+    nb_ddp *d = dm ? nb_ddp_new(dm, mt_world, &(nb_ddp_opts){.bucket_mb = 4e-3}) : NULL;
+    MT_CHECK(ro && o && z && d && dop, "setup: %s", nb_last_error());
+    int64_t local = GBT / size;
+    for (int step = 0; step < K && z && d && ro && o; step++) {
+        nb_scope_begin();
+        nb_tensor *xs[MICRO], *ys[MICRO], *xl[MICRO], *yl[MICRO];
+        nb_generator *g = nb_generator_new(200 + (uint64_t)step);
+        for (int i = 0; i < MICRO; i++) {
+            xs[i] = nb_randint((int64_t[]){GBT, TT}, 2, NB_I64, 0, cfg.vocab_size, g);
+            ys[i] = nb_randint((int64_t[]){GBT, TT}, 2, NB_I64, 0, cfg.vocab_size, g);
+            xl[i] = nb_narrow(xs[i], 0, rank * local, local);
+            yl[i] = nb_narrow(ys[i], 0, rank * local, local);
+        }
+        nb_generator_free(g);
+        double rn = NAN, zn = NAN, dn = NAN;
+        double rl = nb_gpt_train_step(ref, ro, NULL, xs, ys, MICRO, 0.05, &rn);
+        double zl = nb_gpt_train_step_zero(m, o, z, xl, yl, MICRO, 0.05, &zn);
+        double dl = nb_gpt_train_step(dm, dop, d, xl, yl, MICRO, 0.05, &dn);
+        MT_CHECK(!isnan(rl) && !isnan(zl) && !isnan(dl), "step %d: %s", step, nb_last_error());
+        MT_CHECK(zn > 0.05, "step %d: norm %g does not exceed the clip threshold", step, zn);
+        MT_CHECK(fabs(zn - rn) <= 1e-5 * rn, "stage %d step %d: grad norm %.9g, reference %.9g",
+                 stage, step, zn, rn);
+        MT_CHECK(fabs(zn - dn) <= 1e-5 * dn, "stage %d step %d: grad norm %.9g, ddp %.9g",
+                 stage, step, zn, dn);
+        nb_scope_end();
+    }
+    char what[32];
+    snprintf(what, sizeof what, "gpt, stage %d", stage);
+    if (z) expect_same_params(m, ref, 1e-5, what);
+    if (z && d) expect_same_params(m, dm, 1e-5, what);
+    nb_zero_free(z);
+    nb_ddp_free(d);
+    nb_optim_free(o);
+    nb_optim_free(ro);
+    nb_optim_free(dop);
+    nb_module_free(m);
+    nb_module_free(dm);
+    nb_module_free(ref);
+    nb_scope_end();
+}
+
+START_TEST(test_zero_equivalence_gpt) {
+    check_gpt(1);
+    check_gpt(2);
+    MT_END();
+}
+END_TEST
+
+/* ---- memory: the ZeRO formulas ---------------------------------------------------------------- */
+/* Per rank, P parameters, N ranks, f32 Adam: stage 0 16P; 1: 8P + 8P/N; 2: 4P + 12P/N (plus
+ * the stated comm buffers). Checked within 5% on a model of ~0.3M parameters, and against the
+ * allocator's live bytes (what is really resident). */
+static void check_memory(int stage) {
+    enum { MIN = 64, MHID = 384, MOUT = 10, MB = 8 };
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_alloc_stats before, after;
+    nb_alloc_get_stats(&before);
+    nb_module *m = build_mlp(11, MIN, MHID, MOUT);
+    nb_optim *o = m ? nb_adam_new(nb_parameters(m), NULL) : NULL;
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage,
+                                                                  .bucket_mb = 0.1})
+                   : NULL;
+    MT_CHECK(z != NULL, "setup: %s", nb_last_error());
+    nb_scope_begin();
+    nb_generator *g = nb_generator_new(5);
+    nb_tensor *x = nb_randn((int64_t[]){MB, MIN}, 2, NB_F32, g);
+    nb_tensor *y = nb_randint((int64_t[]){MB}, 1, NB_I64, 0, MOUT, g);
+    nb_generator_free(g);
+    if (z) train(m, o, NULL, z, x, y, 0, MB, 0);
+    nb_scope_end();
+    nb_alloc_get_stats(&after);
+    nb_zero_memory_info mi = {0}, plan = {0};
+    if (z) MT_OK(nb_zero_memory(z, &mi));
+    double P = (double)nb_num_parameters(m), N = size;
+    double formula = stage == 0 ? 16 * P : stage == 1 ? 8 * P + 8 * P / N : 4 * P + 12 * P / N;
+    double model_state = (double)(mi.total - mi.comm_buffers);
+    MT_CHECK(fabs(model_state - formula) <= 0.05 * formula,
+             "stage %d, %d ranks: model state %.0f bytes, formula %.0f (P = %.0f)", stage, size,
+             model_state, formula, P);
+    MT_CHECK(mi.total == mi.params + mi.grads + mi.optim_state + mi.comm_buffers, "sum");
+    /* stated constant: stage 2 keeps two staging buffers of the largest bucket (<= 0.1 MiB
+     * plus one parameter) */
+    if (stage == 2)
+        MT_CHECK(mi.comm_buffers > 0 && mi.comm_buffers <= 2 * (104858 + MHID * MHID) * 4,
+                 "comm buffers %lld", (long long)mi.comm_buffers);
+    else
+        MT_CHECK(mi.comm_buffers == 0, "comm buffers %lld", (long long)mi.comm_buffers);
+    /* What the allocator holds after the step (model, state, buffers of nb_zero) is that,
+     * rounded up to the allocator's size classes (steps of a quarter power of two: at most
+     * +25% per block), plus small tensors (step counts, views' headers are not counted). */
+    double live = (double)(after.bytes_live - before.bytes_live);
+    MT_CHECK(live >= (double)mi.total && live <= 1.25 * (double)mi.total + 65536,
+             "stage %d, %d ranks: allocator live %.0f bytes, nb_zero_memory %lld", stage, size,
+             live, (long long)mi.total);
+    /* The planner agrees without building anything. */
+    MT_OK(nb_zero_memory_plan(nb_numel(nb_module_flat_params(m)), 4, 2, size, stage, 0.1, &plan));
+    MT_CHECK(fabs((double)(plan.total - plan.comm_buffers) - model_state) <= 0.05 * model_state,
+             "plan %lld vs measured %.0f", (long long)(plan.total - plan.comm_buffers),
+             model_state);
+    if (rank == 0 && getenv("NB_ZERO_VERBOSE"))
+        printf("stage %d N %d P %.0f: formula %.0f measured %.0f (params %lld grads %lld state "
+               "%lld) comm %lld live %.0f\n", stage, size, P, formula, model_state,
+               (long long)mi.params, (long long)mi.grads, (long long)mi.optim_state,
+               (long long)mi.comm_buffers, live);
+    nb_zero_free(z);
+    nb_optim_free(o);
+    nb_module_free(m);
+    nb_scope_end();
+}
+
+START_TEST(test_zero_memory) {
+    for (int stage = 0; stage <= 2; stage++) check_memory(stage);
+    MT_END();
+}
+END_TEST
+
+/* ---- errors ----------------------------------------------------------------------------------- */
+START_TEST(test_zero_errors) {
+    nb_scope_begin();
+    nb_module *m = build_mlp(1, IN, HID, OUT), *other = build_mlp(2, IN, HID, OUT);
+    nb_optim *o = nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    nb_zero *z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 5});
+    MT_CHECK(!z, "stage 5 accepted");
+    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "stage must be 0, 1, 2 or 3, got 5");
+    z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = -1});
+    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "got -1");
+    z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 3});
+    MT_CHECK(!z, "stage 3 accepted");
+    EXPECT_ERROR(nb_last_status(), NB_EUNSUPPORTED, "stage 3");
+    z = nb_zero_new(m, NULL, mt_world, NULL);
+    EXPECT_ERROR(nb_last_status(), NB_ENULL, "optimizer is NULL");
+    /* an optimizer over tensors that are not the model's parameters cannot be sharded */
+    nb_optim *oo = nb_sgd_new(nb_parameters(other), &(nb_sgd_opts){.lr = 0.1});
+    z = nb_zero_new(m, oo, mt_world, NULL);
+    MT_CHECK(!z, "foreign optimizer accepted");
+    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "is not a parameter of the model");
+    /* an optimizer that has state already */
+    nb_optim *os = nb_sgd_new(nb_parameters(other), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    nb_scope_begin();
+    nb_tensor *x = nb_ones((int64_t[]){2, IN}, 2, NB_F32);
+    nb_tensor *y = nb_zeros((int64_t[]){2}, 1, NB_I64);
+    MT_OK(nb_backward(nb_cross_entropy(nb_forward(other, x), y, NULL)));
+    MT_OK(nb_step(os));
+    nb_scope_end();
+    z = nb_zero_new(other, os, mt_world, NULL);
+    MT_CHECK(!z, "optimizer with state accepted");
+    EXPECT_ERROR(nb_last_status(), NB_ESTATE, "already has state");
+
+    /* a working one: a second wrap is refused; a step on local gradients is refused */
+    z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 2, .bucket_mb = 200e-6});
+    MT_CHECK(z != NULL, "zero_new: %s", nb_last_error());
+    nb_zero *z2 = nb_zero_new(m, o, mt_world, NULL);
+    MT_CHECK(!z2, "second wrap accepted");
+    EXPECT_ERROR(nb_last_status(), NB_ESTATE, "another nb_zero");
+    nb_zero_set_sync_enabled(z, false);
+    nb_scope_begin();
+    x = nb_ones((int64_t[]){2, IN}, 2, NB_F32);
+    y = nb_zeros((int64_t[]){2}, 1, NB_I64);
+    MT_OK(nb_zero_grad(o));
+    MT_OK(nb_backward(nb_cross_entropy(nb_forward(m, x), y, NULL)));
+    nb_scope_end();
+    EXPECT_ERROR(nb_step(o), NB_ESTATE, "sync disabled");
+    nb_zero_set_sync_enabled(z, true);
+    MT_OK(nb_zero_sync(z)); /* reduces the accumulated gradients now */
+    MT_OK(nb_step(o));
+    nb_zero_free(z);
+    nb_optim_free(os);
+    nb_optim_free(oo);
+    nb_optim_free(o);
+    nb_module_free(other);
+    nb_module_free(m);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+Suite *mt_suite_zero(void) {
+    Suite *s = suite_create("zero");
+    TCase *tc = tcase_create("zero");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_zero_equivalence_mlp);
+    tcase_add_test(tc, test_zero_equivalence_gpt);
+    tcase_add_test(tc, test_zero_memory);
+    tcase_add_test(tc, test_zero_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
