@@ -34,7 +34,7 @@ typedef struct args {
     double lr, weight_decay, min_lr, grad_clip, beta1, beta2;
     const char *schedule;
     const char *save, *resume, *log, *override;
-    int64_t threads;
+    int64_t threads, zero;
     uint64_t seed;
     /* sampling */
     bool sample;
@@ -75,6 +75,8 @@ static void usage(const args *a, FILE *out) {
             "                   (comma-separated flag names without dashes, e.g. lr,grad-clip)\n"
             "  --log FILE       JSON lines: one per step and one per evaluation\n"
             "  --threads N      CPU threads (default: all cores)\n"
+            "  --zero S         ZeRO stage 0-2: 1 shards the optimizer state over the ranks,\n"
+            "                   2 also the gradients (default 0: nb_ddp; no --save/--resume)\n"
             "  --seed N         initialization, batch order, dropout (default %llu)\n"
             "sampling:\n"
             "  --load FILE      a checkpoint or model .safetensors (--n-head must match)\n"
@@ -112,7 +114,7 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--resume", TRAIN},      {"--log", TRAIN},         {"--threads", BOTH},
                  {"--seed", BOTH},         {"--load", SAMPLE},       {"--prompt", SAMPLE},
                  {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE},
-                 {"--override", TRAIN}};
+                 {"--override", TRAIN},    {"--zero", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -173,7 +175,7 @@ static int parse_args(int argc, char **argv, args *a) {
         I64("--save-every", save_every, 0, BIG);
         STR("--save", save); STR("--resume", resume); STR("--log", log);
         STR("--override", override);
-        I64("--threads", threads, 0, NBM_MAX_THREADS);
+        I64("--threads", threads, 0, NBM_MAX_THREADS); I64("--zero", zero, 0, 3);
         else if (!strcmp(f, "--seed")) {
             if ((ok = nbm_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
         }
@@ -213,6 +215,11 @@ static int parse_args(int argc, char **argv, args *a) {
             fprintf(stderr, "gpt: --save-every has no effect without --save\n");
             return 2;
         }
+        if (a->zero > 0 && (a->save || a->resume)) {
+            fprintf(stderr, "gpt: --zero %lld cannot be combined with --save or --resume yet "
+                    "(sharded checkpoints are not implemented)\n", (long long)a->zero);
+            return 2;
+        }
         if (!a->resume && !strcmp(name, "--override")) {
             fprintf(stderr, "gpt: --override has no effect without --resume\n");
             return 2;
@@ -223,6 +230,18 @@ static int parse_args(int argc, char **argv, args *a) {
         return 2;
     }
     return RUN;
+}
+
+/* Model state resident on this rank in MiB: total, parameters, gradients, optimizer state
+ * (with AdamW, 16 bytes per parameter without ZeRO; nb_zero_memory with it). */
+static void model_state_mib(const nb_zero *zero, nb_module *model, double mib[4]) {
+    nb_zero_memory_info mi = {0};
+    if (!zero || nb_zero_memory(zero, &mi) != NB_OK)
+        nb_zero_memory_plan(nb_num_parameters(model), 4, 2, 1, 0, 0, &mi);
+    const double M = 1048576.0;
+    mib[0] = (double)(mi.params + mi.grads + mi.optim_state) / M;
+    mib[1] = (double)mi.params / M, mib[2] = (double)mi.grads / M;
+    mib[3] = (double)mi.optim_state / M;
 }
 
 /* The default text: the output of the KJV command (Debian package bible-kjv), 4.3 MB. */
@@ -364,6 +383,7 @@ static int run_train(const args *a) {
     const int rank = world ? nb_comm_rank(world) : 0, size = world ? nb_comm_size(world) : 1;
     const bool main_rank = rank == 0; /* prints, logs and saves */
     nb_ddp *ddp = NULL;
+    nb_zero *zero = NULL;
     nb_generator *init = nb_generator_new(a->seed), *batch_gen = nb_generator_new(a->seed + 1234),
                  *drop_gen = nb_generator_new(a->seed + 4321), *val_gen = nb_generator_new(999);
     /* xs, ys: the global micro-batches (B, T); xl, yl: this rank's rows of them */
@@ -489,7 +509,10 @@ static int run_train(const args *a) {
             FAIL("%s", nb_last_error());
         if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
     }
-    if (size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = (int)a->zero;
+    if (a->zero > 0 && !(zero = nb_zero_new(model, opt, world, &zo))) FAIL("%s", nb_last_error());
+    if (!zero && size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
     const double flops = nb_gpt_train_flops(&cfg, B * N, T);
     const int64_t tokens_per_step = B * T * N;
     const bool tty = isatty(STDOUT_FILENO);
@@ -501,7 +524,8 @@ static int run_train(const args *a) {
                (long long)nb_numel(train), (long long)nb_numel(val), (long long)B, (long long)N);
         if (size > 1)
             printf("%d ranks (%lld sequences each) x %d threads, %d gradient buckets",
-                   size, (long long)(B / size), nb_get_num_threads(), nb_ddp_num_buckets(ddp));
+                   size, (long long)(B / size), nb_get_num_threads(),
+                   zero ? nb_zero_num_buckets(zero) : nb_ddp_num_buckets(ddp));
         else
             printf("%d threads", nb_get_num_threads());
         printf(", gemm %s\n", nb_gemm_provider_name(nb_gemm_provider_current()));
@@ -520,10 +544,13 @@ static int run_train(const args *a) {
             if (nb_text_sample(train, batch_gen, xs[i], ys[i]) != NB_OK) FAIL("%s", nb_last_error());
         double lr = nb_optim_get_lr(opt, 0);
         nb_clear_error(); /* a NaN below is an error only when one is set */
-        double loss = nb_gpt_train_step(model, opt, ddp, xl, yl, (int)N, a->grad_clip, &norm);
+        double loss = zero ? nb_gpt_train_step_zero(model, opt, zero, xl, yl, (int)N,
+                                                    a->grad_clip, &norm)
+                           : nb_gpt_train_step(model, opt, ddp, xl, yl, (int)N, a->grad_clip, &norm);
         if (isnan(loss) && nb_last_status() != NB_OK)
             FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
-        const double comm_ms = ddp ? nb_ddp_exposed_comm_s(ddp) * 1e3 : 0;
+        const double comm_ms = zero ? nb_zero_exposed_comm_s(zero) * 1e3
+                             : ddp ? nb_ddp_exposed_comm_s(ddp) * 1e3 : 0;
         if (size > 1 && isnan(loss = nbm_mean_over_ranks(world, loss)) &&
             nb_last_status() != NB_OK)
             FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
@@ -555,7 +582,13 @@ static int run_train(const args *a) {
                     comm_ms);
         }
         char comm[48] = "";
-        if (ddp) snprintf(comm, sizeof comm, "  comm %.1f ms", comm_ms);
+        if (ddp || zero) snprintf(comm, sizeof comm, "  comm %.1f ms", comm_ms);
+        if (step - first == 1 && main_rank) { /* the state exists after the first step */
+            double mib[4];
+            model_state_mib(zero, model, mib);
+            printf("%smodel state per rank: %.1f MiB (parameters %.1f, gradients %.1f, "
+                   "optimizer %.1f)\n", tty ? "\n" : "", mib[0], mib[1], mib[2], mib[3]);
+        }
         char eta[32];
         nbm_fmt_eta((double)(a->steps - step) * tokens_per_step / tps, eta, sizeof eta);
         double t = nbm_now_s();
@@ -612,20 +645,23 @@ static int run_train(const args *a) {
         train_loss /= (double)nl;
     }
     char vl[32], tl[32], rs[32];
+    double state_mib[4];
+    model_state_mib(zero, model, state_mib);
     struct rusage ru; /* peak resident memory, as torch_ref.py's peak_rss_mib */
     double rss_mib = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : NAN;
     if (main_rank)
         printf("{\"model\": \"gpt\", \"val_loss\": %s, \"train_loss\": %s, \"tokens_per_s\": %.1f, "
                "\"wall_s\": %.2f, \"steps\": %lld, \"params\": %lld, \"step_ms_median\": %.2f, "
                "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"threads\": %d, "
-               "\"ranks\": %d, \"steady_system_allocs\": %lld, \"peak_rss_mib\": %s}\n",
+               "\"ranks\": %d, \"steady_system_allocs\": %lld, \"peak_rss_mib\": %s, "
+               "\"zero\": %lld, \"model_state_mib\": %.2f}\n",
                nbm_jnum(val_loss, 4, vl, sizeof vl), nbm_jnum(train_loss, 4, tl, sizeof tl),
                ran > skip ? (double)tokens_per_step / median : 0.0,
                nbm_now_s() - t_start, (long long)step, (long long)nb_num_parameters(model),
                ran > skip ? median * 1e3 : 0.0, flops / 1e9,
                ran > skip ? flops / 1e9 / median : 0.0,
                nb_get_num_threads(), size, (long long)steady_allocs,
-               nbm_jnum(rss_mib, 0, rs, sizeof rs));
+               nbm_jnum(rss_mib, 0, rs, sizeof rs), (long long)a->zero, state_mib[0]);
     /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
      * so that a script never takes an incomplete record for a complete one. */
     rc = 0;
@@ -638,6 +674,7 @@ static int run_train(const args *a) {
 done:
     nbm_log_close(&log); /* after an error: the warning, if any, is all */
     nb_ddp_free(ddp); /* before the model it hooks into */
+    nb_zero_free(zero); /* before the optimizer and the model */
     nb_sched_free(sched);
     nb_optim_free(opt);
     nb_params_deinit(&decay);
