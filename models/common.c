@@ -1,7 +1,9 @@
 /* common.c - the training driver shared by the bundled Fashion-MNIST classifiers: flags,
  * data loading, the training loop (live progress on a terminal, periodic lines otherwise,
- * JSON lines with --log), evaluation, checkpoints (--save / --resume) and the final JSON
- * line. Uses the public API only.
+ * JSON lines with --log, TensorBoard scalars with --tensorboard), evaluation, checkpoints
+ * (--save / --resume) and the final JSON line. Uses the public API only (the run toolkit of
+ * nabla/run.h for progress, logs and flags). The run is split into short pieces - setup,
+ * one step, one epoch, evaluate, log - that a program of your own can copy.
  *
  * Data parallel: started under mpirun (`mpirun -np 2 build/models/mlp`), the same program
  * trains with nb_ddp over all ranks. --batch stays the global batch: each rank takes
@@ -9,12 +11,14 @@
  * averaged, so the run follows the 1-process one. Evaluation is split over the ranks by
  * batch and the counts summed; only rank 0 prints, logs and writes checkpoints. */
 #include "common.h"
-#include "prog.h"
 
 #include <nabla/parallel.h>
+#include <nabla/run.h>
+#include <nabla/summary.h>
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +39,8 @@ static void usage(const nbm_args *a, FILE *out) {
             "  --override LIST  settings (lr, batch, limit; comma-separated) that may\n"
             "                   differ from the --resume checkpoint's, e.g. --override lr\n"
             "  --log FILE       JSON lines: one per logged step and per epoch\n"
+            "  --tensorboard DIR  TensorBoard scalars (loss, lr, samples/s, test loss and\n"
+            "                   accuracy, memory) in an event file in DIR\n"
             "  --eval-only      evaluate (the --resume checkpoint, or the initial model)\n"
             "  --max-steps N    stop after N training steps in total\n"
             "  --limit N        train on the first N samples only\n"
@@ -52,23 +58,8 @@ static const struct {
                    {"--seed", true},    {"--threads", true},   {"--data", true},
                    {"--save", false},   {"--resume", true},    {"--log", false},
                    {"--max-steps", false}, {"--limit", false}, {"--save-every", false},
-                   {"--override", false}, {"--zero", false}};
+                   {"--override", false}, {"--tensorboard", false}, {"--zero", false}};
 enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
-
-/* Model state resident on this rank in MiB: parameters, gradients and optimizer state
- * (nb_zero_memory under ZeRO; otherwise every rank holds them whole). */
-static double model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model) {
-    nb_zero_memory_info mi = {0};
-    if (zero && nb_zero_memory(zero, &mi) == NB_OK)
-        return (double)(mi.params + mi.grads + mi.optim_state) / 1048576.0;
-    double bytes = 8.0 * (double)nb_num_parameters(model); /* parameters and gradients */
-    const nb_params *st = nb_optim_state(opt);
-    for (int i = 0; st && i < st->count; i++)
-        if (nb_ndim(st->tensors[i]) > 0) bytes += (double)nb_numel(st->tensors[i]) *
-                     (double)nb_dtype_size(nb_tensor_dtype(st->tensors[i]));
-    nb_optim_state_release(opt);
-    return bytes / 1048576.0;
-}
 
 int nbm_parse_args(int argc, char **argv, nbm_args *a) {
     bool given[N_VALUE_FLAGS] = {0};
@@ -103,15 +94,15 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
         }
         bool ok = true;
         if (!strcmp(f, "--epochs")) {
-            if ((ok = nbm_parse_int(a->prog, f, v, 0, 1000000, &n))) a->epochs = (int)n;
+            if ((ok = nb_parse_int(a->prog, f, v, 0, 1000000, &n))) a->epochs = (int)n;
         } else if (!strcmp(f, "--batch")) {
-            ok = nbm_parse_int(a->prog, f, v, 1, NBM_MAX_BATCH, &a->batch);
+            ok = nb_parse_int(a->prog, f, v, 1, NB_MAX_BATCH, &a->batch);
         } else if (!strcmp(f, "--lr")) {
-            ok = nbm_parse_num(a->prog, f, v, 0, true, NBM_MAX_LR, false, &a->lr);
+            ok = nb_parse_num(a->prog, f, v, 0, true, NB_MAX_LR, false, &a->lr);
         } else if (!strcmp(f, "--seed")) {
-            if ((ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &n))) a->seed = (uint64_t)n;
+            if ((ok = nb_parse_int(a->prog, f, v, 0, INT64_MAX, &n))) a->seed = (uint64_t)n;
         } else if (!strcmp(f, "--threads")) {
-            if ((ok = nbm_parse_int(a->prog, f, v, 0, NBM_MAX_THREADS, &n))) a->threads = (int)n;
+            if ((ok = nb_parse_int(a->prog, f, v, 0, NB_MAX_THREADS, &n))) a->threads = (int)n;
         } else if (!strcmp(f, "--data")) {
             a->data = v;
         } else if (!strcmp(f, "--save")) {
@@ -121,15 +112,17 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
         } else if (!strcmp(f, "--log")) {
             a->log = v;
         } else if (!strcmp(f, "--max-steps")) {
-            ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &a->max_steps);
+            ok = nb_parse_int(a->prog, f, v, 0, INT64_MAX, &a->max_steps);
         } else if (!strcmp(f, "--limit")) {
-            ok = nbm_parse_int(a->prog, f, v, 0, INT64_MAX, &a->limit);
+            ok = nb_parse_int(a->prog, f, v, 0, INT64_MAX, &a->limit);
         } else if (!strcmp(f, "--save-every")) {
-            ok = nbm_parse_int(a->prog, f, v, 1, INT64_MAX, &a->save_every);
+            ok = nb_parse_int(a->prog, f, v, 1, INT64_MAX, &a->save_every);
         } else if (!strcmp(f, "--override")) {
             a->override = v;
+        } else if (!strcmp(f, "--tensorboard")) {
+            a->tensorboard = v;
         } else if (!strcmp(f, "--zero")) {
-            ok = nbm_parse_int(a->prog, f, v, 0, 3, &a->zero);
+            ok = nb_parse_int(a->prog, f, v, 0, 3, &a->zero);
         }
         if (!ok) return 2;
     }
@@ -203,257 +196,401 @@ static nb_status evaluate(nb_module *m, nb_loader *l, nb_comm *world, double *ac
     return NB_OK;
 }
 
-#define FAIL(...)                                                                    \
-    do {                                                                             \
-        nbm_report(a->prog, rank, size, __VA_ARGS__);                                \
-        goto done;                                                                   \
-    } while (0)
+/* ---- one training run, in pieces ---------------------------------------------------------
+ * The state of a run; setup() fills it, train_epoch() runs train_step() over the loader and
+ * logs with log_step(), log_epoch() reports an epoch's evaluation, finish() prints the last
+ * line, teardown() frees what setup made. Errors are reported where they happen (fail()),
+ * and the piece returns false. */
+typedef struct run {
+    const nbm_model *spec;
+    const nbm_args *a;
+    nb_comm *world;
+    int rank, size;
+    bool main_rank; /* prints, logs and saves */
+    nb_generator *init;
+    nb_dataset *train_ds, *test_ds;
+    nb_loader *train_l, *test_l;
+    nb_module *model;
+    nb_optim *opt;
+    nb_ddp *ddp;
+    nb_zero *zero; /* --zero 1|2 instead of ddp */
+    nb_checkpoint ck;
+    nb_run_config cfg; /* the settings in the checkpoints */
+    nb_jsonl *log;     /* --log (rank 0; NULL otherwise) */
+    nb_summary *tb;    /* --tensorboard (rank 0; NULL otherwise) */
+    bool tb_failed;    /* a TensorBoard write failed (warned once) */
+    nb_progress *bar;
+    int64_t step, total_steps, per_epoch;
+    /* results */
+    double *step_times; /* per-step seconds after 10 warm-up steps, for the median */
+    int64_t n_times, max_times;
+    double acc, test_loss, train_loss, train_time;
+    int64_t samples, steady_allocs;
+    nb_alloc_stats st0;
+    /* the current epoch */
+    double loss_sum, comm_sum;
+    int64_t n_loss;
+} run;
 
-int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
-    int rc = 1;
-    double t_start = nbm_now_s();
-    nb_comm *world = nb_comm_world(); /* size 1 without a launcher */
-    int rank = world ? nb_comm_rank(world) : 0, size = world ? nb_comm_size(world) : 1;
-    const bool main_rank = rank == 0; /* prints, logs and saves */
-    nb_generator *init = nb_generator_new(a->seed);
-    nb_dataset *train_ds = NULL, *test_ds = NULL;
-    nb_loader *train_l = NULL, *test_l = NULL;
-    nb_module *model = NULL;
-    double *step_times = NULL; /* per-step seconds after 10 warm-up steps, for the median */
-    nb_optim *opt = NULL;
-    nb_ddp *ddp = NULL;
-    nb_zero *zero = NULL;
-    nbm_log log = {0}; /* --log: reports its own write errors */
+__attribute__((format(printf, 2, 3))) static bool fail(const run *r, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    nb_report(r->a->prog, r->rank, r->size, "%s", msg);
+    return false;
+}
 
-    if (!world) FAIL("%s", nb_last_error());
-    nbm_set_threads(world, a->threads);
-    if (a->batch % size != 0)
-        FAIL("--batch %lld is the global batch and must divide by the %d ranks",
-             (long long)a->batch, size);
+/* One TensorBoard scalar at the current step; the first failed write warns (the run goes
+ * on, and its exit status says the file is incomplete). */
+static void tb_scalar(run *r, const char *tag, double v) {
+    if (!r->tb || nb_summary_scalar(r->tb, tag, r->step, v) == NB_OK || r->tb_failed) return;
+    r->tb_failed = true;
+    nb_report(r->a->prog, r->rank, r->size, "warning: %s; the TensorBoard file is incomplete "
+              "(the run goes on, and exits with status 1)", nb_last_error());
+}
 
+/* Data: the training set sharded over the ranks, the test set whole. */
+static bool setup_data(run *r) {
+    const nbm_args *a = r->a;
     nb_mnist_opts mo = nb_mnist_defaults();
     if (a->limit > 0) mo.limit = a->limit;
-    train_ds = nb_fashion_mnist_new(a->data, true, &mo);
-    test_ds = train_ds ? nb_fashion_mnist_new(a->data, false, NULL) : NULL;
-    if (!test_ds) FAIL("%s (install the Debian package dataset-fashion-mnist, or pass --data DIR)",
-                       nb_last_error());
+    r->train_ds = nb_fashion_mnist_new(a->data, true, &mo);
+    r->test_ds = r->train_ds ? nb_fashion_mnist_new(a->data, false, NULL) : NULL;
+    if (!r->test_ds)
+        return fail(r, "%s (install the Debian package dataset-fashion-mnist, or pass --data DIR)",
+                    nb_last_error());
     /* Rank r's batch i is its shard (samples r, r + world, ...) of global batch i. */
     nb_loader_opts lo = nb_loader_defaults();
-    lo.batch_size = a->batch / size;
+    lo.batch_size = a->batch / r->size;
     lo.shuffle = true;
     lo.seed = a->seed;
     lo.drop_last = true;
     lo.prefetch = 2;
-    lo.rank = rank;
-    lo.world_size = size;
-    train_l = nb_loader_new(train_ds, &lo);
+    lo.rank = r->rank;
+    lo.world_size = r->size;
+    r->train_l = nb_loader_new(r->train_ds, &lo);
     lo = nb_loader_defaults();
     lo.batch_size = 1000;
-    test_l = nb_loader_new(test_ds, &lo);
-    if (!train_l || !test_l) FAIL("%s", nb_last_error());
-    model = spec->build(a, init);
-    opt = model ? spec->optimizer(model, a) : NULL;
-    if (!opt) FAIL("%s", nb_last_error());
-    if (main_rank && a->log && !nbm_log_open(&log, a->prog, a->log, "w"))
-        FAIL("cannot open --log %s: %s", a->log, strerror(errno));
+    r->test_l = nb_loader_new(r->test_ds, &lo);
+    if (!r->train_l || !r->test_l) return fail(r, "%s", nb_last_error());
+    return true;
+}
 
-    nb_checkpoint ck = {.model = model, .optim = opt, .loader = train_l};
-    /* The settings that change the results travel with the checkpoint (prog.h). */
-    nbm_config cfg = {0};
-    nbm_config_num(&cfg, "lr", a->lr);
-    nbm_config_int(&cfg, "batch", a->batch);
-    nbm_config_int(&cfg, "seed", (int64_t)a->seed);
-    nbm_config_fixed(&cfg, "the checkpoint's loader continues its shuffled epoch from it");
-    nbm_config_int(&cfg, "limit", a->limit);
-    if (!nbm_config_apply(&cfg, &ck, a->prog, a->override)) goto done;
-    int64_t step = 0;
+/* The model, its optimizer, the logs, the checkpoint (resumed when asked) and DDP. */
+static bool setup_model(run *r) {
+    const nbm_args *a = r->a;
+    r->model = r->spec->build(a, r->init);
+    r->opt = r->model ? r->spec->optimizer(r->model, a) : NULL;
+    if (!r->opt) return fail(r, "%s", nb_last_error());
+    if (r->main_rank && a->log && !(r->log = nb_jsonl_open(a->prog, a->log, "w")))
+        return fail(r, "%s", nb_last_error());
+    if (r->main_rank && a->tensorboard && !(r->tb = nb_summary_open(a->tensorboard)))
+        return fail(r, "--tensorboard: %s", nb_last_error());
+    r->ck = (nb_checkpoint){.model = r->model, .optim = r->opt, .loader = r->train_l};
+    /* The settings that change the results travel with the checkpoint (nabla/run.h). */
+    nb_run_config_num(&r->cfg, "lr", a->lr);
+    nb_run_config_int(&r->cfg, "batch", a->batch);
+    nb_run_config_int(&r->cfg, "seed", (int64_t)a->seed);
+    nb_run_config_fixed(&r->cfg, "the checkpoint's loader continues its shuffled epoch from it");
+    nb_run_config_int(&r->cfg, "limit", a->limit);
+    if (!nb_run_config_apply(&r->cfg, &r->ck, a->prog, a->override)) return false;
     if (a->resume) { /* every rank loads it (optimizer state and loader position too) */
-        if (nb_checkpoint_load(a->resume, &ck) != NB_OK)
-            FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
-        step = ck.step;
-        if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
+        if (nb_checkpoint_load(a->resume, &r->ck) != NB_OK)
+            return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
+        r->step = r->ck.step;
+        if (r->main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)r->step);
     }
     nb_zero_opts zo = nb_zero_defaults();
     zo.stage = (int)a->zero;
-    if (a->zero > 0 && !(zero = nb_zero_new(model, opt, world, &zo))) FAIL("%s", nb_last_error());
-    if (!zero && size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
-    const int64_t per_epoch = nb_loader_num_batches(train_l);
-    const bool tty = isatty(STDOUT_FILENO);
-    double acc = NAN, test_loss = NAN, train_loss = NAN, train_time = 0;
-    int64_t samples = 0, steady_allocs = -1, n_times = 0, max_times = 0;
-    nb_alloc_stats st0 = {0};
+    if (a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->world, &zo)))
+        return fail(r, "%s", nb_last_error());
+    if (!r->zero && r->size > 1 && !(r->ddp = nb_ddp_new(r->model, r->world, NULL)))
+        return fail(r, "%s", nb_last_error());
+    return true;
+}
 
-    if (!a->eval_only) {
-        if (main_rank && size > 1)
-            printf("%s: %lld parameters, %lld steps per epoch, batch %lld (%lld per rank), "
-                   "%d ranks x %d threads, %d gradient buckets, gemm %s\n",
-                   spec->name, (long long)nb_num_parameters(model), (long long)per_epoch,
-                   (long long)a->batch, (long long)(a->batch / size), size,
-                   nb_get_num_threads(), zero ? nb_zero_num_buckets(zero) : nb_ddp_num_buckets(ddp),
-                   nb_gemm_provider_name(nb_gemm_provider_current()));
-        else if (main_rank)
-            printf("%s: %lld parameters, %lld steps per epoch, batch %lld, %d threads, gemm %s\n",
-                   spec->name, (long long)nb_num_parameters(model), (long long)per_epoch,
-                   (long long)a->batch, nb_get_num_threads(),
-                   nb_gemm_provider_name(nb_gemm_provider_current()));
-        int64_t total_steps = per_epoch * a->epochs;
-        if (a->max_steps && a->max_steps < total_steps) total_steps = a->max_steps;
-        double last_print = 0;
-        max_times = total_steps > 0 ? total_steps : 1;
-        step_times = malloc(sizeof(double) * (size_t)max_times);
-        if (!step_times) FAIL("out of memory");
-        while (step < total_steps) {
-            nb_loader_state pos;
-            nb_loader_get_state(train_l, &pos);
-            int64_t epoch = pos.epoch;
-            double loss_sum = 0, t_epoch = nbm_now_s(), comm_sum = 0;
-            int64_t n_loss = 0;
-            for (nb_batch b; step < total_steps && nb_loader_next(train_l, &b);) {
-                double t0 = nbm_now_s();
-                nb_scope_begin();
-                nb_tensor *loss = nb_cross_entropy(nb_forward(model, b.x), b.y, NULL);
-                nb_status s = loss ? nb_zero_grad(opt) : nb_last_status();
-                if (s == NB_OK) s = nb_backward(loss); /* DDP: buckets start in here */
-                if (s == NB_OK && ddp) s = nb_ddp_sync(ddp);
-                if (s == NB_OK && zero) s = nb_zero_sync(zero);
-                if (s == NB_OK) s = nb_step(opt);
-                double lv = s == NB_OK ? nb_item_f64(loss) : NAN;
-                nb_scope_end();
-                if (s != NB_OK) FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
-                /* A NaN or infinite loss never recovers (the weights are NaN from here):
-                 * stop, naming the step. With several ranks the check is on the mean, so
-                 * every rank stops at the same step instead of waiting for the others. */
-                nb_clear_error();
-                double lv_all = size > 1 ? nbm_mean_over_ranks(world, lv) : lv;
-                if (!isfinite(lv_all) && nb_last_status() != NB_OK)
-                    FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
-                if (!isfinite(lv_all))
-                    FAIL("step %lld: the loss is %s: training diverged (a smaller --lr?)",
-                         (long long)step + 1, isnan(lv_all) ? "NaN" : "infinite");
-                double dt = nbm_now_s() - t0;
-                step++;
-                if (step == 10) nb_alloc_get_stats(&st0); /* steady state from here */
-                if (main_rank && a->save_every &&
-                    (step % a->save_every == 0 || step == total_steps)) {
-                    ck.step = step; /* the loader resumes at the batch after b */
-                    if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
-                }
-                /* samples: the global batch (every rank's shard); comm: the part of the
-                 * step spent waiting for gradients that backward did not hide. */
-                double comm = zero ? nb_zero_exposed_comm_s(zero) : ddp ? nb_ddp_exposed_comm_s(ddp) : 0;
-                train_time += dt, samples += b.n * size, loss_sum += lv, n_loss++;
-                if (step > 10 && n_times < max_times) step_times[n_times++] = dt; /* after warm-up */
-                comm_sum += comm;
-                double sps = samples / train_time;
-                double eta = (double)(total_steps - step) * b.n * size / sps;
-                char cm[48] = "";
-                if (ddp || zero) snprintf(cm, sizeof cm, "  comm %.1f ms/step", 1e3 * comm_sum / n_loss);
-                if (log.f && (step % 10 == 0 || step == total_steps)) {
-                    char j[3][32]; /* JSON has no NaN or infinity: those become null */
-                    nbm_log_printf(&log, "{\"type\": \"step\", \"step\": %lld, \"epoch\": %lld, "
-                            "\"loss\": %s, \"lr\": %g, \"samples_per_s\": %s",
-                            (long long)step, (long long)epoch, nbm_jnum(lv, 6, j[0], 32),
-                            nb_optim_get_lr(opt, 0), nbm_jnum(sps, 1, j[1], 32));
-                    if (ddp)
-                        nbm_log_printf(&log, ", \"exposed_comm_ms\": %s",
-                                       nbm_jnum(1e3 * comm, 3, j[2], 32));
-                    nbm_log_printf(&log, "}\n");
-                }
-                double t = nbm_now_s();
-                if (main_rank && tty && (t - last_print > 0.2 || step == total_steps)) {
-                    char e[32];
-                    nbm_fmt_eta(eta, e, sizeof e);
-                    printf("\repoch %lld/%d  step %lld/%lld  loss %.4f  %.0f samples/s%s  ETA %s   ",
-                           (long long)epoch + 1, a->epochs, (long long)(b.index + 1),
-                           (long long)per_epoch, loss_sum / n_loss, sps, cm, e);
-                    fflush(stdout);
-                    last_print = t;
-                } else if (main_rank && !tty && (b.index + 1) % (per_epoch / 4 > 0 ? per_epoch / 4 : 1) == 0) {
-                    char e[32];
-                    nbm_fmt_eta(eta, e, sizeof e);
-                    printf("epoch %lld/%d step %lld/%lld loss %.4f samples/s %.0f%s ETA %s\n",
-                           (long long)epoch + 1, a->epochs, (long long)(b.index + 1),
-                           (long long)per_epoch, loss_sum / n_loss, sps, cm, e);
-                }
-            }
-            if (nb_loader_error(train_l) != NB_OK) FAIL("%s", nb_last_error());
-            /* Steady state = training steps only (the first evaluation allocates its own
-             * batch buffers once). */
-            nb_alloc_stats st;
-            nb_alloc_get_stats(&st);
-            if (step >= 10) steady_allocs = st.system_allocs - st0.system_allocs;
-            /* the train loss over the global batches (the mean of the ranks' means) */
-            train_loss = nbm_mean_over_ranks(world, n_loss ? loss_sum / n_loss : NAN);
-            if (evaluate(model, test_l, world, &acc, &test_loss) != NB_OK)
-                FAIL("evaluation: %s",
-                     *nb_last_error() ? nb_last_error() : "failed on another rank");
-            if (main_rank) {
-                if (tty) printf("\n");
-                printf("epoch %lld: train loss %.4f  test loss %.4f  test accuracy %.4f  (%.1f s)\n",
-                       (long long)epoch + 1, train_loss, test_loss, acc, nbm_now_s() - t_epoch);
-            }
-            if (log.f) {
-                char j[5][32];
-                nbm_log_printf(&log, "{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, "
-                        "\"train_loss\": %s, \"test_loss\": %s, \"test_accuracy\": %s, "
-                        "\"samples_per_s\": %s, \"system_allocs\": %lld, "
-                        "\"steady_system_allocs\": %lld, \"bytes_peak\": %lld",
-                        (long long)epoch + 1, (long long)step, nbm_jnum(train_loss, 6, j[0], 32),
-                        nbm_jnum(test_loss, 6, j[1], 32), nbm_jnum(acc, 6, j[2], 32),
-                        nbm_jnum(samples / train_time, 1, j[3], 32), (long long)st.system_allocs,
-                        (long long)steady_allocs, (long long)st.bytes_peak);
-                if (ddp)
-                    nbm_log_printf(&log, ", \"ranks\": %d, \"exposed_comm_ms_per_step\": %s",
-                                   size,
-                            nbm_jnum(n_loss ? 1e3 * comm_sum / n_loss : 0.0, 3, j[4], 32));
-                nbm_log_printf(&log, "}\n");
-                nbm_log_flush(&log);
-            }
-            if (main_rank && a->save && !a->save_every) { /* the weights are the same on
-                                                             every rank */
-                ck.step = step;
-                if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
-            }
+static bool setup(run *r) {
+    const nbm_args *a = r->a;
+    r->world = nb_comm_world(); /* size 1 without a launcher */
+    if (!r->world) return fail(r, "%s", nb_last_error());
+    r->rank = nb_comm_rank(r->world), r->size = nb_comm_size(r->world);
+    r->main_rank = r->rank == 0;
+    nb_share_threads(r->world, a->threads);
+    if (a->batch % r->size != 0)
+        return fail(r, "--batch %lld is the global batch and must divide by the %d ranks",
+                    (long long)a->batch, r->size);
+    if (!setup_data(r) || !setup_model(r)) return false;
+    r->per_epoch = nb_loader_num_batches(r->train_l);
+    r->total_steps = r->per_epoch * a->epochs;
+    if (a->max_steps && a->max_steps < r->total_steps) r->total_steps = a->max_steps;
+    r->max_times = r->total_steps > 0 ? r->total_steps : 1;
+    if (!(r->step_times = malloc(sizeof(double) * (size_t)r->max_times)))
+        return fail(r, "out of memory");
+    nb_progress_opts po = nb_progress_defaults();
+    po.total = r->total_steps;
+    po.start = r->step;
+    po.enabled = r->main_rank;
+    if (!(r->bar = nb_progress_new(&po))) return fail(r, "%s", nb_last_error());
+    return true;
+}
+
+/* One training step on batch b; its loss (the mean over the ranks) into *loss. */
+static bool train_step(run *r, const nb_batch *b, double *loss) {
+    nb_scope_begin();
+    nb_tensor *l = nb_cross_entropy(nb_forward(r->model, b->x), b->y, NULL);
+    nb_status s = l ? nb_zero_grad(r->opt) : nb_last_status();
+    if (s == NB_OK) s = nb_backward(l); /* DDP: buckets start in here */
+    if (s == NB_OK && r->ddp) s = nb_ddp_sync(r->ddp);
+    if (s == NB_OK && r->zero) s = nb_zero_sync(r->zero);
+    if (s == NB_OK) s = nb_step(r->opt);
+    double lv = s == NB_OK ? nb_item_f64(l) : NAN;
+    nb_scope_end();
+    if (s != NB_OK) return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
+    /* A NaN or infinite loss never recovers (the weights are NaN from here): stop, naming
+     * the step. With several ranks the check is on the mean, so every rank stops at the
+     * same step instead of waiting for the others. */
+    nb_clear_error();
+    double lv_all = r->size > 1 ? nb_mean_over_ranks(r->world, lv) : lv;
+    if (!isfinite(lv_all) && nb_last_status() != NB_OK)
+        return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
+    if (!isfinite(lv_all))
+        return fail(r, "step %lld: the loss is %s: training diverged (a smaller --lr?)",
+                    (long long)r->step + 1, isnan(lv_all) ? "NaN" : "infinite");
+    *loss = lv; /* this rank's loss: the logs show rank 0's, as before */
+    return true;
+}
+
+/* After a step: the JSON line (every 10 steps), TensorBoard scalars and the progress line.
+ * comm: the part of the step spent waiting for gradients that the backward did not hide. */
+static void log_step(run *r, const nb_batch *b, int64_t epoch, double loss, double comm) {
+    const nbm_args *a = r->a;
+    double sps = (double)r->samples / r->train_time;
+    if (r->step % 10 == 0 || r->step == r->total_steps) {
+        nb_jsonl_begin(r->log);
+        nb_jsonl_str(r->log, "type", "step");
+        nb_jsonl_int(r->log, "step", r->step);
+        nb_jsonl_int(r->log, "epoch", epoch);
+        nb_jsonl_num(r->log, "loss", loss, 6);
+        nb_jsonl_num_g(r->log, "lr", nb_optim_get_lr(r->opt, 0), 6);
+        nb_jsonl_num(r->log, "samples_per_s", sps, 1);
+        if (r->ddp || r->zero) nb_jsonl_num(r->log, "exposed_comm_ms", 1e3 * comm, 3);
+        nb_jsonl_end(r->log);
+    }
+    tb_scalar(r, "train/loss", loss);
+    tb_scalar(r, "train/lr", nb_optim_get_lr(r->opt, 0));
+    tb_scalar(r, "train/samples_per_s", nb_progress_recent_rate(r->bar));
+    if (r->ddp || r->zero) tb_scalar(r, "train/exposed_comm_ms", 1e3 * comm);
+    char cm[48] = "";
+    if (r->ddp || r->zero) snprintf(cm, sizeof cm, "  comm %.1f ms/step", 1e3 * r->comm_sum / r->n_loss);
+    int64_t quarter = r->per_epoch / 4 > 0 ? r->per_epoch / 4 : 1;
+    nb_progress_show(r->bar, (b->index + 1) % quarter == 0,
+                     "epoch %lld/%d  step %lld/%lld  loss %.4f%s", (long long)epoch + 1, a->epochs,
+                     (long long)(b->index + 1), (long long)r->per_epoch, r->loss_sum / r->n_loss,
+                     cm);
+}
+
+/* Train until the end of the loader's epoch (or the last step); checkpoints with
+ * --save-every. */
+static bool train_epoch(run *r, int64_t epoch) {
+    const nbm_args *a = r->a;
+    r->loss_sum = r->comm_sum = 0;
+    r->n_loss = 0;
+    for (nb_batch b; r->step < r->total_steps && nb_loader_next(r->train_l, &b);) {
+        double t0 = nb_time_s(), loss = NAN;
+        if (!train_step(r, &b, &loss)) return false;
+        double dt = nb_time_s() - t0;
+        r->step++;
+        if (r->step == 10) nb_alloc_get_stats(&r->st0); /* steady state from here */
+        if (r->main_rank && a->save_every &&
+            (r->step % a->save_every == 0 || r->step == r->total_steps)) {
+            r->ck.step = r->step; /* the loader resumes at the batch after b */
+            if (nb_checkpoint_save(a->save, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
+        }
+        /* samples: the global batch (every rank's shard) */
+        double comm = r->zero  ? nb_zero_exposed_comm_s(r->zero)
+                      : r->ddp ? nb_ddp_exposed_comm_s(r->ddp)
+                               : 0;
+        r->train_time += dt, r->samples += b.n * r->size, r->loss_sum += loss, r->n_loss++;
+        if (r->step > 10 && r->n_times < r->max_times)
+            r->step_times[r->n_times++] = dt; /* after warm-up */
+        r->comm_sum += comm;
+        nb_progress_step(r->bar, dt, (double)(b.n * r->size));
+        log_step(r, &b, epoch, loss, comm);
+    }
+    if (nb_loader_error(r->train_l) != NB_OK) return fail(r, "%s", nb_last_error());
+    return true;
+}
+
+/* After an epoch's evaluation: the summary line, its JSON line and TensorBoard scalars. */
+static void log_epoch(run *r, int64_t epoch, double seconds, const nb_alloc_stats *st) {
+    if (r->main_rank) {
+        nb_progress_break(r->bar);
+        printf("epoch %lld: train loss %.4f  test loss %.4f  test accuracy %.4f  (%.1f s)\n",
+               (long long)epoch + 1, r->train_loss, r->test_loss, r->acc, seconds);
+    }
+    nb_jsonl_begin(r->log);
+    nb_jsonl_str(r->log, "type", "epoch");
+    nb_jsonl_int(r->log, "epoch", epoch + 1);
+    nb_jsonl_int(r->log, "step", r->step);
+    nb_jsonl_num(r->log, "train_loss", r->train_loss, 6);
+    nb_jsonl_num(r->log, "test_loss", r->test_loss, 6);
+    nb_jsonl_num(r->log, "test_accuracy", r->acc, 6);
+    nb_jsonl_num(r->log, "samples_per_s", (double)r->samples / r->train_time, 1);
+    nb_jsonl_int(r->log, "system_allocs", st->system_allocs);
+    nb_jsonl_int(r->log, "steady_system_allocs", r->steady_allocs);
+    nb_jsonl_int(r->log, "bytes_peak", st->bytes_peak);
+    double comm_ms = r->n_loss ? 1e3 * r->comm_sum / (double)r->n_loss : 0.0;
+    if (r->ddp || r->zero) {
+        nb_jsonl_int(r->log, "ranks", r->size);
+        nb_jsonl_num(r->log, "exposed_comm_ms_per_step", comm_ms, 3);
+    }
+    nb_jsonl_end(r->log);
+    nb_jsonl_flush(r->log);
+    tb_scalar(r, "epoch/train_loss", r->train_loss);
+    tb_scalar(r, "test/loss", r->test_loss);
+    tb_scalar(r, "test/accuracy", r->acc);
+    tb_scalar(r, "memory/bytes_peak", (double)st->bytes_peak);
+    if (r->ddp || r->zero) tb_scalar(r, "epoch/exposed_comm_ms_per_step", comm_ms);
+    if (r->tb) nb_summary_flush(r->tb); /* a failure shows at the next write or the close */
+}
+
+static void print_header(const run *r) {
+    if (!r->main_rank) return;
+    const char *gemm = nb_gemm_provider_name(nb_gemm_provider_current());
+    if (r->size > 1)
+        printf("%s: %lld parameters, %lld steps per epoch, batch %lld (%lld per rank), "
+               "%d ranks x %d threads, %d gradient buckets, gemm %s\n",
+               r->spec->name, (long long)nb_num_parameters(r->model), (long long)r->per_epoch,
+               (long long)r->a->batch, (long long)(r->a->batch / r->size), r->size,
+               nb_get_num_threads(),
+               r->zero ? nb_zero_num_buckets(r->zero) : nb_ddp_num_buckets(r->ddp), gemm);
+    else
+        printf("%s: %lld parameters, %lld steps per epoch, batch %lld, %d threads, gemm %s\n",
+               r->spec->name, (long long)nb_num_parameters(r->model), (long long)r->per_epoch,
+               (long long)r->a->batch, nb_get_num_threads(), gemm);
+}
+
+/* The training loop: epochs of steps, each followed by an evaluation and a checkpoint. */
+static bool train(run *r) {
+    const nbm_args *a = r->a;
+    print_header(r);
+    while (r->step < r->total_steps) {
+        nb_loader_state pos;
+        nb_loader_get_state(r->train_l, &pos);
+        double t_epoch = nb_time_s();
+        if (!train_epoch(r, pos.epoch)) return false;
+        /* Steady state = training steps only (the first evaluation allocates its own batch
+         * buffers once). */
+        nb_alloc_stats st;
+        nb_alloc_get_stats(&st);
+        if (r->step >= 10) r->steady_allocs = st.system_allocs - r->st0.system_allocs;
+        /* the train loss over the global batches (the mean of the ranks' means) */
+        r->train_loss = nb_mean_over_ranks(r->world, r->n_loss ? r->loss_sum / r->n_loss : NAN);
+        if (evaluate(r->model, r->test_l, r->world, &r->acc, &r->test_loss) != NB_OK)
+            return fail(r, "evaluation: %s",
+                        *nb_last_error() ? nb_last_error() : "failed on another rank");
+        log_epoch(r, pos.epoch, nb_time_s() - t_epoch, &st);
+        if (r->main_rank && a->save && !a->save_every) { /* the weights are the same on every
+                                                             rank */
+            r->ck.step = r->step;
+            if (nb_checkpoint_save(a->save, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
         }
     }
-    if (isnan(acc) && evaluate(model, test_l, world, &acc, &test_loss) != NB_OK)
-        FAIL("evaluation: %s", *nb_last_error() ? nb_last_error() : "failed on another rank");
-    /* JSON has no NaN or infinity: an undefined figure (the median of fewer than 11 steps,
-     * the train loss of --eval-only, a NaN test loss) is null. */
-    char j[5][32];
-    if (main_rank)
-        printf("{\"model\": \"%s\", \"test_accuracy\": %s, \"test_loss\": %s, "
-               "\"train_loss\": %s, \"samples_per_s\": %s, \"steps\": %lld, \"wall_s\": %.2f, "
-               "\"median_step_ms\": %s, \"threads\": %d, \"ranks\": %d, "
-               "\"steady_system_allocs\": %lld, \"zero\": %lld, \"model_state_mib\": %.2f}\n",
-               spec->name, nbm_jnum(acc, 4, j[0], 32), nbm_jnum(test_loss, 4, j[1], 32),
-               nbm_jnum(train_loss, 4, j[2], 32),
-               nbm_jnum(train_time > 0 ? samples / train_time : 0.0, 1, j[3], 32),
-               (long long)step, nbm_now_s() - t_start,
-               nbm_jnum(1e3 * nbm_median(step_times, n_times), 3, j[4], 32),
-               nb_get_num_threads(), size, (long long)steady_allocs, (long long)a->zero,
-               model_state_mib(zero, opt, model));
-    /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
-     * so that a script never takes an incomplete record for a complete one. */
-    rc = 0;
-    if (!nbm_log_close(&log)) {
-        nbm_report(a->prog, rank, size, "the run finished, but --log %s is incomplete (see the "
-                   "warning above): exit status 1", a->log);
-        rc = 1;
+    return true;
+}
+
+/* Model state resident on this rank in MiB: parameters, gradients and optimizer state
+ * (nb_zero_memory under ZeRO; otherwise every rank holds them whole). */
+static double model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model) {
+    nb_zero_memory_info mi = {0};
+    if (zero && nb_zero_memory(zero, &mi) == NB_OK)
+        return (double)(mi.params + mi.grads + mi.optim_state) / 1048576.0;
+    double bytes = 8.0 * (double)nb_num_parameters(model); /* parameters and gradients */
+    const nb_params *st = nb_optim_state(opt);
+    for (int i = 0; st && i < st->count; i++)
+        if (nb_ndim(st->tensors[i]) > 0)
+            bytes += (double)nb_numel(st->tensors[i]) *
+                     (double)nb_dtype_size(nb_tensor_dtype(st->tensors[i]));
+    nb_optim_state_release(opt);
+    return bytes / 1048576.0;
+}
+
+/* The last line: one JSON object. JSON has no NaN or infinity: an undefined figure (the
+ * median of fewer than 11 steps, the train loss of --eval-only, a NaN test loss) is null. */
+static void print_result(const run *r, double wall_s) {
+    if (!r->main_rank) return;
+    nb_jsonl *out = nb_jsonl_stream(r->a->prog, stdout, "standard output");
+    nb_jsonl_begin(out);
+    nb_jsonl_str(out, "model", r->spec->name);
+    nb_jsonl_num(out, "test_accuracy", r->acc, 4);
+    nb_jsonl_num(out, "test_loss", r->test_loss, 4);
+    nb_jsonl_num(out, "train_loss", r->train_loss, 4);
+    nb_jsonl_num(out, "samples_per_s", r->train_time > 0 ? (double)r->samples / r->train_time : 0.0, 1);
+    nb_jsonl_int(out, "steps", r->step);
+    nb_jsonl_num(out, "wall_s", wall_s, 2);
+    nb_jsonl_num(out, "median_step_ms", 1e3 * nb_median(r->step_times, r->n_times), 3);
+    nb_jsonl_int(out, "threads", nb_get_num_threads());
+    nb_jsonl_int(out, "ranks", r->size);
+    nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
+    nb_jsonl_int(out, "zero", r->a->zero);
+    nb_jsonl_num(out, "model_state_mib", model_state_mib(r->zero, r->opt, r->model), 2);
+    nb_jsonl_end(out);
+    nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */
+}
+
+/* Close the logs: false when one of them lost lines (after saying so). */
+static bool close_logs(run *r) {
+    bool ok = true;
+    if (nb_jsonl_close(r->log) != NB_OK) {
+        nb_report(r->a->prog, r->rank, r->size, "the run finished, but --log %s is incomplete "
+                  "(see the warning above): exit status 1", r->a->log);
+        ok = false;
     }
-    if (main_rank && !nbm_stdout_ok(a->prog)) rc = 1;
-done:
-    free(step_times);
-    nbm_log_close(&log); /* after an error: the warning, if any, is all */
-    nb_ddp_free(ddp);
-    nb_zero_free(zero); /* before the optimizer and the model */
-    nb_optim_free(opt);
-    nb_module_free(model);
-    nb_loader_free(train_l);
-    nb_loader_free(test_l);
-    nb_dataset_free(train_ds);
-    nb_dataset_free(test_ds);
-    nb_comm_free(world);
-    nb_generator_free(init);
+    r->log = NULL;
+    if (nb_summary_close(r->tb) != NB_OK) {
+        nb_report(r->a->prog, r->rank, r->size, "the run finished, but --tensorboard %s is "
+                  "incomplete (%s): exit status 1", r->a->tensorboard, nb_last_error());
+        ok = false;
+    }
+    r->tb = NULL;
+    return ok;
+}
+
+static void teardown(run *r) {
+    free(r->step_times);
+    nb_progress_free(r->bar);
+    nb_jsonl_close(r->log); /* after an error: the warning, if any, is all */
+    nb_summary_close(r->tb);
+    nb_ddp_free(r->ddp);
+    nb_zero_free(r->zero); /* before the optimizer and the model */
+    nb_optim_free(r->opt);
+    nb_module_free(r->model);
+    nb_loader_free(r->train_l);
+    nb_loader_free(r->test_l);
+    nb_dataset_free(r->train_ds);
+    nb_dataset_free(r->test_ds);
+    nb_comm_free(r->world);
+    nb_generator_free(r->init);
+}
+
+int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
+    double t_start = nb_time_s();
+    run r = {.spec = spec, .a = a, .size = 1, .acc = NAN, .test_loss = NAN, .train_loss = NAN,
+             .steady_allocs = -1, .init = nb_generator_new(a->seed)};
+    bool ok = setup(&r) && (a->eval_only || train(&r));
+    if (ok && isnan(r.acc) && evaluate(r.model, r.test_l, r.world, &r.acc, &r.test_loss) != NB_OK)
+        ok = fail(&r, "evaluation: %s",
+                  *nb_last_error() ? nb_last_error() : "failed on another rank");
+    int rc = 1;
+    if (ok) {
+        print_result(&r, nb_time_s() - t_start);
+        /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
+         * so that a script never takes an incomplete record for a complete one. */
+        rc = close_logs(&r) ? 0 : 1;
+        if (r.main_rank && !nb_stdout_ok(a->prog)) rc = 1;
+    }
+    teardown(&r);
     return rc;
 }

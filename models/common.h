@@ -1,5 +1,6 @@
 /* common.h - shared driver of the bundled image classifiers (models/mlp.c, models/cnn.c):
- * flags, data, training loop with progress and JSON-lines logs, evaluation, checkpoints. */
+ * flags, data, training loop with progress, JSON-lines logs and TensorBoard scalars,
+ * evaluation, checkpoints. */
 #ifndef NABLA_MODELS_COMMON_H
 #define NABLA_MODELS_COMMON_H
 
@@ -15,6 +16,7 @@ typedef struct nbm_args {
     int threads;
     const char *data;
     const char *save, *resume, *log;
+    const char *tensorboard; /* --tensorboard: folder of the TensorBoard event file */
     const char *override;   /* --override: settings allowed to differ from the --resume file */
     int64_t save_every;     /* checkpoint every N steps (0: after every epoch) */
     bool eval_only;

@@ -241,6 +241,10 @@ nb_module *nb_module_child_at(const nb_module *m, int i) {
     return m && i >= 0 && i < m->children.n ? m->children.items[i] : NULL;
 }
 
+const char *nb_module_child_name(const nb_module *m, int i) {
+    return m && i >= 0 && i < m->children.n ? m->children.names[i] : NULL;
+}
+
 /* nb_module_find at m, the module reached through dotted's first `at` characters; on a
  * miss, the message names that module and what it does have. */
 static nb_tensor *find_in(const nb_module *m, const char *dotted, size_t at) {

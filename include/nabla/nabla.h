@@ -29,5 +29,7 @@
 #include "nabla/data.h"
 #include "nabla/parallel.h"
 #include "nabla/gpt.h"
+#include "nabla/run.h"
+#include "nabla/summary.h"
 
 #endif

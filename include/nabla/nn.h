@@ -80,6 +80,8 @@ nb_tensor *nb_module_param_opt(const nb_module *m, const char *name);
 nb_tensor *nb_module_buffer_opt(const nb_module *m, const char *name);
 int nb_module_num_children(const nb_module *m);
 nb_module *nb_module_child_at(const nb_module *m, int i);
+/* The name child i was registered under ("0", "attn"; owned by m), NULL out of range. */
+const char *nb_module_child_name(const nb_module *m, int i);
 /* Recursive lookup of a parameter or buffer by dotted name ("layers.0.weight"); when a part
  * is missing, NULL with NB_EINVAL naming it and what that module does have. */
 nb_tensor *nb_module_find(const nb_module *m, const char *dotted_name);

@@ -12,14 +12,16 @@
  * by index and the sums reduced. Only rank 0 prints, logs and writes checkpoints. */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <nabla/gpt.h>
-#include "prog.h"
+#include <nabla/nabla.h>
+#include <nabla/run.h>
+#include <nabla/summary.h>
 
 #define KJV_COMMAND "bible gen1:1-rev22:21"
 
@@ -33,7 +35,7 @@ typedef struct args {
     int64_t steps, decay_steps, batch, warmup, grad_accum, eval_every, eval_batches, save_every;
     double lr, weight_decay, min_lr, grad_clip, beta1, beta2;
     const char *schedule;
-    const char *save, *resume, *log, *override;
+    const char *save, *resume, *log, *override, *tensorboard;
     int64_t threads, zero;
     uint64_t seed;
     /* sampling */
@@ -74,6 +76,8 @@ static void usage(const args *a, FILE *out) {
             "  --override LIST  settings that may differ from the --resume checkpoint's\n"
             "                   (comma-separated flag names without dashes, e.g. lr,grad-clip)\n"
             "  --log FILE       JSON lines: one per step and one per evaluation\n"
+            "  --tensorboard DIR  TensorBoard scalars (loss, lr, grad norm, tokens/s, step\n"
+            "                   time, validation loss, memory) in an event file in DIR\n"
             "  --threads N      CPU threads (default: all cores)\n"
             "  --zero S         ZeRO stage 0-2: 1 shards the optimizer state over the ranks,\n"
             "                   2 also the gradients (default 0: nb_ddp; no --save/--resume)\n"
@@ -114,7 +118,7 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--resume", TRAIN},      {"--log", TRAIN},         {"--threads", BOTH},
                  {"--seed", BOTH},         {"--load", SAMPLE},       {"--prompt", SAMPLE},
                  {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE},
-                 {"--override", TRAIN},    {"--zero", TRAIN}};
+                 {"--override", TRAIN},    {"--tensorboard", TRAIN}, {"--zero", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -150,9 +154,9 @@ static int parse_args(int argc, char **argv, args *a) {
         bool ok = true;
         /* integer flags in [min, max]; number flags from lo to hi, ( or ) excluding the bound */
 #define I64(name, field, min, max) \
-    else if (!strcmp(f, name)) ok = nbm_parse_int("gpt", f, v, min, max, &a->field)
+    else if (!strcmp(f, name)) ok = nb_parse_int("gpt", f, v, min, max, &a->field)
 #define F64(name, field, lo, lo_open, hi, hi_open) \
-    else if (!strcmp(f, name)) ok = nbm_parse_num("gpt", f, v, lo, lo_open, hi, hi_open, &a->field)
+    else if (!strcmp(f, name)) ok = nb_parse_num("gpt", f, v, lo, lo_open, hi, hi_open, &a->field)
 #define STR(name, field) else if (!strcmp(f, name)) a->field = v
         /* MAX_STEPS bounds --steps and --tokens, which size a buffer each */
         const int64_t BIG = INT64_MAX, MAX_STEPS = INT64_C(1) << 30;
@@ -163,21 +167,21 @@ static int parse_args(int argc, char **argv, args *a) {
         F64("--dropout", dropout, 0, false, 1, true);
         I64("--bias", bias, 0, 1); I64("--gelu-tanh", gelu_tanh, 0, 1);
         STR("--data", data); I64("--steps", steps, 0, MAX_STEPS);
-        I64("--batch", batch, 1, NBM_MAX_BATCH); I64("--grad-accum", grad_accum, 1, NBM_MAX_BATCH);
-        F64("--lr", lr, 0, true, NBM_MAX_LR, false);
+        I64("--batch", batch, 1, NB_MAX_BATCH); I64("--grad-accum", grad_accum, 1, NB_MAX_BATCH);
+        F64("--lr", lr, 0, true, NB_MAX_LR, false);
         STR("--schedule", schedule);
         I64("--warmup", warmup, 0, BIG); I64("--decay-steps", decay_steps, 0, BIG);
-        F64("--min-lr", min_lr, 0, false, NBM_MAX_LR, false);
-        F64("--weight-decay", weight_decay, 0, false, NBM_MAX_LR, false);
+        F64("--min-lr", min_lr, 0, false, NB_MAX_LR, false);
+        F64("--weight-decay", weight_decay, 0, false, NB_MAX_LR, false);
         F64("--beta1", beta1, 0, false, 1, true); F64("--beta2", beta2, 0, false, 1, true);
         F64("--grad-clip", grad_clip, 0, false, INFINITY, false);
         I64("--eval-every", eval_every, 0, BIG); I64("--eval-batches", eval_batches, 1, BIG);
         I64("--save-every", save_every, 0, BIG);
         STR("--save", save); STR("--resume", resume); STR("--log", log);
-        STR("--override", override);
-        I64("--threads", threads, 0, NBM_MAX_THREADS); I64("--zero", zero, 0, 3);
+        STR("--override", override); STR("--tensorboard", tensorboard);
+        I64("--threads", threads, 0, NB_MAX_THREADS); I64("--zero", zero, 0, 3);
         else if (!strcmp(f, "--seed")) {
-            if ((ok = nbm_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
+            if ((ok = nb_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
         }
         STR("--load", load); STR("--prompt", prompt); I64("--tokens", tokens, 0, MAX_STEPS);
         F64("--temperature", temperature, 0, false, INFINITY, false);
@@ -324,14 +328,8 @@ static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t
     nb_set_grad_enabled(prev);
     nb_module_train(m, true);
     /* Every rank takes part, even one that failed (its NaN spreads), so none waits forever. */
-    return nbm_mean_over_ranks(world, sum) * (double)size / (double)n;
+    return nb_mean_over_ranks(world, sum) * (double)size / (double)n;
 }
-
-#define FAIL(...)                                                                            \
-    do {                                                                                     \
-        nbm_report("gpt", rank, size, __VA_ARGS__);                                          \
-        goto done;                                                                           \
-    } while (0)
 
 /* MemAvailable of /proc/meminfo in bytes, or -1 where there is none. */
 static double available_bytes(void) {
@@ -375,330 +373,483 @@ static nb_status check_fits(const nb_gpt_config *cfg, int64_t B_local, int64_t T
                         "--n-layer, --n-embd or --batch", n1, params, n2, n3);
 }
 
-static int run_train(const args *a) {
-    int rc = 1;
-    const double t_start = nbm_now_s();
-    const int64_t B = a->batch, T = a->block_size, N = a->grad_accum;
-    nb_comm *world = nb_comm_world(); /* size 1 without a launcher */
-    const int rank = world ? nb_comm_rank(world) : 0, size = world ? nb_comm_size(world) : 1;
-    const bool main_rank = rank == 0; /* prints, logs and saves */
-    nb_ddp *ddp = NULL;
-    nb_zero *zero = NULL;
-    nb_generator *init = nb_generator_new(a->seed), *batch_gen = nb_generator_new(a->seed + 1234),
-                 *drop_gen = nb_generator_new(a->seed + 4321), *val_gen = nb_generator_new(999);
+/* ---- one training run, in pieces ---------------------------------------------------------
+ * The state of a run; the setup_* pieces fill it, train_step() runs one optimizer step,
+ * log_step() and evaluate_and_log() report, print_result() writes the last line and
+ * teardown() frees everything. Errors are reported where they happen (fail()), and the
+ * piece returns false. */
+typedef struct run {
+    const args *a;
+    nb_comm *world;
+    int rank, size;
+    bool main_rank; /* prints, logs and saves */
+    int64_t B, T, N; /* global batch, context, micro-batches per step */
+    nb_generator *init, *batch_gen, *drop_gen, *val_gen;
+    nb_generator *gens[2]; /* in the checkpoint: the batch order and the dropout stream */
     /* xs, ys: the global micro-batches (B, T); xl, yl: this rank's rows of them */
-    nb_tensor *text = NULL, *train = NULL, *val = NULL, **xs = calloc((size_t)N, sizeof *xs),
-              **ys = calloc((size_t)N, sizeof *ys), **xl = calloc((size_t)N, sizeof *xl),
-              **yl = calloc((size_t)N, sizeof *yl);
-    nb_module *model = NULL;
-    nb_optim *opt = NULL;
-    nb_sched *sched = NULL;
-    nb_params decay = {0}, no_decay = {0};
-    double *times = calloc((size_t)a->steps + 1, sizeof(double));
-    nbm_log log = {0}; /* --log: reports its own write errors */
-    if (!world) FAIL("%s", nb_last_error());
-    if (!init || !batch_gen || !drop_gen || !val_gen || !xs || !ys || !xl || !yl || !times)
-        FAIL("out of memory");
-    if (B % size != 0)
-        FAIL("--batch %lld is the global batch and must divide by the %d ranks", (long long)B,
-             size);
-    if (nb_generator_set_stream(drop_gen, (uint64_t)rank) != NB_OK) FAIL("%s", nb_last_error());
+    nb_tensor *text, *train, *val, **xs, **ys, **xl, **yl;
+    nb_gpt_config cfg;
+    nb_module *model;
+    nb_optim *opt;
+    nb_sched *sched;
+    nb_params decay, no_decay;
+    nb_ddp *ddp;
+    nb_zero *zero; /* --zero 1|2 instead of ddp */
+    nb_checkpoint ck;
+    nb_run_config conf; /* the settings in the checkpoints */
+    nb_jsonl *log;      /* --log (rank 0; NULL otherwise) */
+    nb_summary *tb;     /* --tensorboard (rank 0; NULL otherwise) */
+    bool tb_failed;     /* a TensorBoard write failed (warned once) */
+    nb_progress *bar;
+    double *times; /* per-step seconds */
+    int64_t step, first, val_step, steady_allocs, n_last, tokens_per_step;
+    double val_loss, last_losses[10], flops;
+} run;
 
-    text = a->data ? nb_read_bytes(a->data) : read_kjv();
-    if (!text) {
-        if (a->data) FAIL("%s", nb_last_error());
-        FAIL("could not run `%s` (install the Debian package bible-kjv, or pass --data FILE)",
-             KJV_COMMAND);
-    }
-    if (nb_text_split(text, 0.9, &train, &val) != NB_OK) FAIL("%s", nb_last_error());
-    if (nb_numel(val) <= T || nb_numel(train) <= T)
-        FAIL("the text (%lld bytes) is too short for --block-size %lld: its last 10%% (the "
-             "validation part) must be longer than a block", (long long)nb_numel(text),
-             (long long)T);
-    for (int64_t i = 0; i < N; i++) {
-        xs[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
-        ys[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
-        if (!xs[i] || !ys[i]) FAIL("%s", nb_last_error());
-        xl[i] = size > 1 ? nb_narrow(xs[i], 0, rank * (B / size), B / size) : xs[i];
-        yl[i] = size > 1 ? nb_narrow(ys[i], 0, rank * (B / size), B / size) : ys[i];
-        if (!xl[i] || !yl[i]) FAIL("%s", nb_last_error());
-    }
+__attribute__((format(printf, 2, 3))) static bool fail(const run *r, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    nb_report("gpt", r->rank, r->size, "%s", msg);
+    return false;
+}
 
-    nb_gpt_config cfg = {.block_size = T, .n_layer = a->n_layer, .n_head = a->n_head,
-                      .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
-                      .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = drop_gen};
-    nbm_set_threads(world, (int)a->threads);
-    if (check_fits(&cfg, B / size, T) != NB_OK) FAIL("%s", nb_last_error());
-    if (!(model = nb_gpt_new(&cfg, init))) FAIL("%s", nb_last_error());
+/* One TensorBoard scalar at the current step; the first failed write warns (the run goes
+ * on, and its exit status says the file is incomplete). */
+static void tb_scalar(run *r, const char *tag, double v) {
+    if (!r->tb || nb_summary_scalar(r->tb, tag, r->step, v) == NB_OK || r->tb_failed) return;
+    r->tb_failed = true;
+    nb_report("gpt", r->rank, r->size, "warning: %s; the TensorBoard file is incomplete (the "
+              "run goes on, and exits with status 1)", nb_last_error());
+}
+
+/* The text, split 9:1 into training and validation bytes, and the batch tensors. */
+static bool setup_data(run *r) {
+    const args *a = r->a;
+    const int64_t B = r->B, T = r->T;
+    r->text = a->data ? nb_read_bytes(a->data) : read_kjv();
+    if (!r->text) {
+        if (a->data) return fail(r, "%s", nb_last_error());
+        return fail(r, "could not run `%s` (install the Debian package bible-kjv, or pass "
+                    "--data FILE)", KJV_COMMAND);
+    }
+    if (nb_text_split(r->text, 0.9, &r->train, &r->val) != NB_OK)
+        return fail(r, "%s", nb_last_error());
+    if (nb_numel(r->val) <= T || nb_numel(r->train) <= T)
+        return fail(r, "the text (%lld bytes) is too short for --block-size %lld: its last 10%% "
+                    "(the validation part) must be longer than a block",
+                    (long long)nb_numel(r->text), (long long)T);
+    for (int64_t i = 0; i < r->N; i++) {
+        r->xs[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
+        r->ys[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
+        if (!r->xs[i] || !r->ys[i]) return fail(r, "%s", nb_last_error());
+        int64_t rows = B / r->size, at = r->rank * rows;
+        r->xl[i] = r->size > 1 ? nb_narrow(r->xs[i], 0, at, rows) : r->xs[i];
+        r->yl[i] = r->size > 1 ? nb_narrow(r->ys[i], 0, at, rows) : r->ys[i];
+        if (!r->xl[i] || !r->yl[i]) return fail(r, "%s", nb_last_error());
+    }
+    return true;
+}
+
+/* The model, AdamW with nanoGPT's grouping and the learning-rate schedule. */
+static bool setup_model(run *r) {
+    const args *a = r->a;
+    r->cfg = (nb_gpt_config){.block_size = r->T, .n_layer = a->n_layer, .n_head = a->n_head,
+                             .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
+                             .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = r->drop_gen};
+    nb_share_threads(r->world, (int)a->threads);
+    if (check_fits(&r->cfg, r->B / r->size, r->T) != NB_OK) return fail(r, "%s", nb_last_error());
+    if (!(r->model = nb_gpt_new(&r->cfg, r->init))) return fail(r, "%s", nb_last_error());
     /* nanoGPT's grouping: weight decay on matmul and embedding weights, none on biases
      * and layer norms. */
-    if (nb_params_split_decay(nb_parameters(model), &decay, &no_decay) != NB_OK)
-        FAIL("%s", nb_last_error());
+    if (nb_params_split_decay(nb_parameters(r->model), &r->decay, &r->no_decay) != NB_OK)
+        return fail(r, "%s", nb_last_error());
     nb_adamw_opts ao = nb_adamw_defaults();
     ao.lr = a->lr;
     ao.betas[0] = a->beta1;
     ao.betas[1] = a->beta2;
     ao.weight_decay = a->weight_decay;
-    opt = nb_adamw_new(&decay, &ao);
+    r->opt = nb_adamw_new(&r->decay, &ao);
     nb_group_opts no_wd = nb_group_defaults();
     no_wd.weight_decay = 0;
-    if (!opt || nb_optim_add_group(opt, &no_decay, &no_wd) < 0) FAIL("%s", nb_last_error());
+    if (!r->opt || nb_optim_add_group(r->opt, &r->no_decay, &no_wd) < 0)
+        return fail(r, "%s", nb_last_error());
     bool cosine = !strcmp(a->schedule, "cosine") && a->steps > 0; /* --steps 0: evaluate only */
     double min_lr = a->min_lr >= 0 ? a->min_lr : a->lr / 10;
     const int64_t decay_steps = a->decay_steps > 0 ? a->decay_steps : a->steps;
     const int64_t warmup = a->warmup >= 0 ? a->warmup : decay_steps / 20;
     if (cosine && warmup >= decay_steps)
-        FAIL("--warmup (%lld) must be less than the schedule's length (%lld)",
-             (long long)warmup, (long long)decay_steps);
+        return fail(r, "--warmup (%lld) must be less than the schedule's length (%lld)",
+                    (long long)warmup, (long long)decay_steps);
     nb_sched_opts co = nb_sched_defaults(cosine ? NB_SCHED_COSINE : NB_SCHED_CONSTANT);
     if (cosine) {
         co.warmup_steps = warmup;
         co.total_steps = decay_steps;
         co.min_lr = min_lr;
     }
-    sched = nb_sched_new(opt, &co);
-    if (!sched) FAIL("%s", nb_last_error());
-    if (main_rank && a->log && !nbm_log_open(&log, "gpt", a->log, a->resume ? "a" : "w"))
-        FAIL("cannot open --log %s: %s", a->log, strerror(errno));
+    if (!(r->sched = nb_sched_new(r->opt, &co))) return fail(r, "%s", nb_last_error());
+    return true;
+}
 
-    nb_checkpoint ck = {.model = model, .optim = opt, .sched = sched,
-                        .gens = (nb_generator *[]){batch_gen, drop_gen}, .ngens = 2};
-    /* The settings that change the results travel with the checkpoint (prog.h); the
-     * schedule's as the run uses them (a default --decay-steps is --steps). */
-    nbm_config conf = {0};
-    nbm_config_int(&conf, "n-layer", a->n_layer);
-    nbm_config_fixed(&conf, "the model's shape is in the checkpoint");
-    nbm_config_int(&conf, "n-head", a->n_head);
-    nbm_config_fixed(&conf, "the model's shape is in the checkpoint");
-    nbm_config_int(&conf, "n-embd", a->n_embd);
-    nbm_config_fixed(&conf, "the model's shape is in the checkpoint");
-    nbm_config_int(&conf, "block-size", a->block_size);
-    nbm_config_fixed(&conf, "the model's shape is in the checkpoint");
-    nbm_config_num(&conf, "dropout", a->dropout);
-    nbm_config_int(&conf, "bias", a->bias);
-    nbm_config_fixed(&conf, "the model's shape is in the checkpoint");
-    nbm_config_int(&conf, "gelu-tanh", a->gelu_tanh);
-    nbm_config_int(&conf, "batch", a->batch);
-    nbm_config_int(&conf, "grad-accum", a->grad_accum);
-    nbm_config_num(&conf, "lr", a->lr);
-    nbm_config_str(&conf, "schedule", a->schedule);
-    if (cosine) { /* defaults that follow other flags are stored as the rule they follow */
-        if (a->warmup >= 0) nbm_config_int(&conf, "warmup", warmup);
-        else nbm_config_str(&conf, "warmup", "decay-steps/20");
-        nbm_config_int(&conf, "decay-steps", decay_steps);
-        if (a->min_lr >= 0) nbm_config_num(&conf, "min-lr", min_lr);
-        else nbm_config_str(&conf, "min-lr", "lr/10");
+/* The settings that change the results travel with the checkpoint (nabla/run.h); the
+ * schedule's as the run uses them (a default --decay-steps is --steps). */
+static void config_settings(run *r) {
+    const args *a = r->a;
+    nb_run_config *c = &r->conf;
+    const char *shape = "the model's shape is in the checkpoint";
+    nb_run_config_int(c, "n-layer", a->n_layer);
+    nb_run_config_fixed(c, shape);
+    nb_run_config_int(c, "n-head", a->n_head);
+    nb_run_config_fixed(c, shape);
+    nb_run_config_int(c, "n-embd", a->n_embd);
+    nb_run_config_fixed(c, shape);
+    nb_run_config_int(c, "block-size", a->block_size);
+    nb_run_config_fixed(c, shape);
+    nb_run_config_num(c, "dropout", a->dropout);
+    nb_run_config_int(c, "bias", a->bias);
+    nb_run_config_fixed(c, shape);
+    nb_run_config_int(c, "gelu-tanh", a->gelu_tanh);
+    nb_run_config_int(c, "batch", a->batch);
+    nb_run_config_int(c, "grad-accum", a->grad_accum);
+    nb_run_config_num(c, "lr", a->lr);
+    nb_run_config_str(c, "schedule", a->schedule);
+    if (!strcmp(a->schedule, "cosine") && a->steps > 0) {
+        /* defaults that follow other flags are stored as the rule they follow */
+        const int64_t decay_steps = a->decay_steps > 0 ? a->decay_steps : a->steps;
+        if (a->warmup >= 0) nb_run_config_int(c, "warmup", a->warmup);
+        else nb_run_config_str(c, "warmup", "decay-steps/20");
+        nb_run_config_int(c, "decay-steps", decay_steps);
+        if (a->min_lr >= 0) nb_run_config_num(c, "min-lr", a->min_lr);
+        else nb_run_config_str(c, "min-lr", "lr/10");
     }
-    nbm_config_num(&conf, "weight-decay", a->weight_decay);
-    nbm_config_num(&conf, "beta1", a->beta1);
-    nbm_config_num(&conf, "beta2", a->beta2);
-    nbm_config_num(&conf, "grad-clip", a->grad_clip);
-    nbm_config_int(&conf, "seed", (int64_t)a->seed);
-    nbm_config_fixed(&conf, "the checkpoint's batch and dropout streams continue from it");
-    if (!nbm_config_apply(&conf, &ck, "gpt", a->override)) goto done;
-    int64_t step = 0, first = 0;
+    nb_run_config_num(c, "weight-decay", a->weight_decay);
+    nb_run_config_num(c, "beta1", a->beta1);
+    nb_run_config_num(c, "beta2", a->beta2);
+    nb_run_config_num(c, "grad-clip", a->grad_clip);
+    nb_run_config_int(c, "seed", (int64_t)a->seed);
+    nb_run_config_fixed(c, "the checkpoint's batch and dropout streams continue from it");
+}
+
+/* The logs, the checkpoint (resumed when asked), DDP and the progress line. */
+static bool setup_run(run *r) {
+    const args *a = r->a;
+    if (r->main_rank && a->log && !(r->log = nb_jsonl_open("gpt", a->log, a->resume ? "a" : "w")))
+        return fail(r, "%s", nb_last_error());
+    if (r->main_rank && a->tensorboard && !(r->tb = nb_summary_open(a->tensorboard)))
+        return fail(r, "--tensorboard: %s", nb_last_error());
+    r->ck = (nb_checkpoint){.model = r->model, .optim = r->opt, .sched = r->sched,
+                            .gens = r->gens, .ngens = 2};
+    config_settings(r);
+    if (!nb_run_config_apply(&r->conf, &r->ck, "gpt", a->override)) return false;
     if (a->resume) { /* every rank loads it */
-        if (nb_checkpoint_load(a->resume, &ck) != NB_OK)
-            FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
-        first = step = ck.step;
+        if (nb_checkpoint_load(a->resume, &r->ck) != NB_OK)
+            return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
+        r->first = r->step = r->ck.step;
         /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
          * so rank r continues its own stream at the same position. */
-        uint64_t pos = nb_generator_offset(drop_gen);
-        if (nb_generator_set_stream(drop_gen, (uint64_t)rank) != NB_OK ||
-            nb_generator_set_offset(drop_gen, pos) != NB_OK)
-            FAIL("%s", nb_last_error());
-        if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
+        uint64_t pos = nb_generator_offset(r->drop_gen);
+        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->rank) != NB_OK ||
+            nb_generator_set_offset(r->drop_gen, pos) != NB_OK)
+            return fail(r, "%s", nb_last_error());
+        if (r->main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)r->step);
     }
     nb_zero_opts zo = nb_zero_defaults();
-    zo.stage = (int)a->zero;
-    if (a->zero > 0 && !(zero = nb_zero_new(model, opt, world, &zo))) FAIL("%s", nb_last_error());
-    if (!zero && size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
-    const double flops = nb_gpt_train_flops(&cfg, B * N, T);
-    const int64_t tokens_per_step = B * T * N;
-    const bool tty = isatty(STDOUT_FILENO);
-    if (main_rank) {
-        printf("gpt: %lld parameters, %lld layers, %lld heads, width %lld, context %lld; "
-               "%lld train / %lld val bytes; batch %lld x %lld micro-batches; ",
-               (long long)nb_num_parameters(model), (long long)cfg.n_layer,
-               (long long)cfg.n_head, (long long)cfg.n_embd, (long long)T,
-               (long long)nb_numel(train), (long long)nb_numel(val), (long long)B, (long long)N);
-        if (size > 1)
-            printf("%d ranks (%lld sequences each) x %d threads, %d gradient buckets",
-                   size, (long long)(B / size), nb_get_num_threads(),
-                   zero ? nb_zero_num_buckets(zero) : nb_ddp_num_buckets(ddp));
-        else
-            printf("%d threads", nb_get_num_threads());
-        printf(", gemm %s\n", nb_gemm_provider_name(nb_gemm_provider_current()));
+    zo.stage = (int)r->a->zero;
+    if (r->a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->world, &zo)))
+        return fail(r, "%s", nb_last_error());
+    if (!r->zero && r->size > 1 && !(r->ddp = nb_ddp_new(r->model, r->world, NULL)))
+        return fail(r, "%s", nb_last_error());
+    r->flops = nb_gpt_train_flops(&r->cfg, r->B * r->N, r->T);
+    r->tokens_per_step = r->B * r->T * r->N;
+    nb_progress_opts po = nb_progress_defaults();
+    po.total = a->steps;
+    po.start = r->step;
+    po.unit = "tokens";
+    po.enabled = r->main_rank;
+    if (!(r->bar = nb_progress_new(&po))) return fail(r, "%s", nb_last_error());
+    return true;
+}
+
+static bool setup(run *r) {
+    const args *a = r->a;
+    const int64_t N = r->N;
+    r->world = nb_comm_world(); /* size 1 without a launcher */
+    if (!r->world) return fail(r, "%s", nb_last_error());
+    r->rank = nb_comm_rank(r->world), r->size = nb_comm_size(r->world);
+    r->main_rank = r->rank == 0;
+    r->init = nb_generator_new(a->seed), r->batch_gen = nb_generator_new(a->seed + 1234);
+    r->drop_gen = nb_generator_new(a->seed + 4321), r->val_gen = nb_generator_new(999);
+    r->gens[0] = r->batch_gen, r->gens[1] = r->drop_gen;
+    r->xs = calloc((size_t)N, sizeof *r->xs), r->ys = calloc((size_t)N, sizeof *r->ys);
+    r->xl = calloc((size_t)N, sizeof *r->xl), r->yl = calloc((size_t)N, sizeof *r->yl);
+    r->times = calloc((size_t)a->steps + 1, sizeof(double));
+    if (!r->init || !r->batch_gen || !r->drop_gen || !r->val_gen || !r->xs || !r->ys ||
+        !r->xl || !r->yl || !r->times)
+        return fail(r, "out of memory");
+    if (r->B % r->size != 0)
+        return fail(r, "--batch %lld is the global batch and must divide by the %d ranks",
+                    (long long)r->B, r->size);
+    if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->rank) != NB_OK)
+        return fail(r, "%s", nb_last_error());
+    return setup_data(r) && setup_model(r) && setup_run(r);
+}
+
+static void print_header(const run *r) {
+    if (!r->main_rank) return;
+    printf("gpt: %lld parameters, %lld layers, %lld heads, width %lld, context %lld; "
+           "%lld train / %lld val bytes; batch %lld x %lld micro-batches; ",
+           (long long)nb_num_parameters(r->model), (long long)r->cfg.n_layer,
+           (long long)r->cfg.n_head, (long long)r->cfg.n_embd, (long long)r->T,
+           (long long)nb_numel(r->train), (long long)nb_numel(r->val), (long long)r->B,
+           (long long)r->N);
+    if (r->size > 1)
+        printf("%d ranks (%lld sequences each) x %d threads, %d gradient buckets", r->size,
+               (long long)(r->B / r->size), nb_get_num_threads(),
+               r->zero ? nb_zero_num_buckets(r->zero) : nb_ddp_num_buckets(r->ddp));
+    else
+        printf("%d threads", nb_get_num_threads());
+    printf(", gemm %s\n", nb_gemm_provider_name(nb_gemm_provider_current()));
+    fflush(stdout);
+}
+
+/* What one step measured, for the logs. */
+typedef struct step_result {
+    double loss, lr, grad_norm, seconds, comm_ms;
+} step_result;
+
+/* One optimizer step: draw the micro-batches, forward, backward (averaged over the ranks),
+ * clip, update, advance the schedule. The loss is the mean over the ranks. */
+static bool train_step(run *r, step_result *o) {
+    double t0 = nb_time_s();
+    nb_alloc_stats sa;
+    nb_alloc_get_stats(&sa);
+    for (int64_t i = 0; i < r->N; i++)
+        if (nb_text_sample(r->train, r->batch_gen, r->xs[i], r->ys[i]) != NB_OK)
+            return fail(r, "%s", nb_last_error());
+    o->lr = nb_optim_get_lr(r->opt, 0);
+    nb_clear_error(); /* a NaN below is an error only when one is set */
+    double loss = r->zero ? nb_gpt_train_step_zero(r->model, r->opt, r->zero, r->xl, r->yl,
+                                                   (int)r->N, r->a->grad_clip, &o->grad_norm)
+                          : nb_gpt_train_step(r->model, r->opt, r->ddp, r->xl, r->yl, (int)r->N,
+                                              r->a->grad_clip, &o->grad_norm);
+    if (isnan(loss) && nb_last_status() != NB_OK)
+        return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
+    o->comm_ms = r->zero  ? nb_zero_exposed_comm_s(r->zero) * 1e3
+                 : r->ddp ? nb_ddp_exposed_comm_s(r->ddp) * 1e3
+                          : 0;
+    if (r->size > 1 && isnan(loss = nb_mean_over_ranks(r->world, loss)) &&
+        nb_last_status() != NB_OK)
+        return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
+    /* A NaN or infinite loss never recovers (the weights are NaN from here): stop, naming
+     * the step. With several ranks it is the mean, so all stop at this step. */
+    if (!isfinite(loss))
+        return fail(r, "step %lld: the loss is %s: training diverged (a smaller --lr?)",
+                    (long long)r->step + 1, isnan(loss) ? "NaN" : "infinite");
+    if (nb_sched_step(r->sched) != NB_OK) return fail(r, "%s", nb_last_error());
+    o->loss = loss;
+    o->seconds = nb_time_s() - t0;
+    r->times[r->step - r->first] = o->seconds;
+    r->step++;
+    if (r->step - r->first > 10) { /* steady state: the training steps after the 10th (not
+                                     * the evaluations and checkpoints between them) */
+        nb_alloc_stats se;
+        nb_alloc_get_stats(&se);
+        r->steady_allocs = (r->steady_allocs < 0 ? 0 : r->steady_allocs) +
+                           (se.system_allocs - sa.system_allocs);
+    }
+    r->last_losses[r->n_last++ % 10] = loss;
+    nb_progress_step(r->bar, o->seconds, (double)r->tokens_per_step);
+    return true;
+}
+
+/* After a step: its JSON line, TensorBoard scalars and the progress line. */
+static void log_step(run *r, const step_result *o) {
+    const int64_t steps = r->a->steps;
+    nb_jsonl_begin(r->log);
+    nb_jsonl_str(r->log, "type", "step");
+    nb_jsonl_int(r->log, "step", r->step);
+    nb_jsonl_num(r->log, "loss", o->loss, 6);
+    nb_jsonl_num_g(r->log, "lr", o->lr, 6);
+    nb_jsonl_num(r->log, "grad_norm", o->grad_norm, 6);
+    nb_jsonl_num(r->log, "step_ms", o->seconds * 1e3, 2);
+    nb_jsonl_num(r->log, "tokens_per_s", nb_progress_rate(r->bar), 1);
+    nb_jsonl_num(r->log, "exposed_comm_ms", o->comm_ms, 3);
+    nb_jsonl_end(r->log);
+    tb_scalar(r, "train/loss", o->loss);
+    tb_scalar(r, "train/lr", o->lr);
+    tb_scalar(r, "train/grad_norm", o->grad_norm);
+    tb_scalar(r, "train/tokens_per_s", nb_progress_recent_rate(r->bar));
+    tb_scalar(r, "train/step_ms", o->seconds * 1e3);
+    if (r->ddp || r->zero) tb_scalar(r, "train/exposed_comm_ms", o->comm_ms);
+    char comm[48] = "";
+    if (r->ddp || r->zero) snprintf(comm, sizeof comm, "  comm %.1f ms", o->comm_ms);
+    if (r->step - r->first == 1 && r->main_rank) { /* the state exists after the first step */
+        double mib[4];
+        model_state_mib(r->zero, r->model, mib);
+        nb_progress_break(r->bar);
+        printf("model state per rank: %.1f MiB (parameters %.1f, gradients %.1f, optimizer "
+               "%.1f)\n", mib[0], mib[1], mib[2], mib[3]);
+    }
+    const int64_t print_every = steps >= 20 ? steps / 20 : 1;
+    nb_progress_show(r->bar, r->step % print_every == 0 || r->step == steps,
+                     "step %lld/%lld  loss %.4f  lr %.2e%s", (long long)r->step,
+                     (long long)steps, o->loss, o->lr, comm);
+}
+
+/* The validation loss now; with train_loss (the last step's, NAN for none) reported. */
+static bool evaluate_and_log(run *r, double train_loss) {
+    double te = nb_time_s();
+    r->val_loss = evaluate(r->model, r->val, r->val_gen, r->a->eval_batches, r->xs[0],
+                           r->ys[0], r->world);
+    if (isnan(r->val_loss)) return fail(r, "evaluation: %s", nb_last_error());
+    r->val_step = r->step;
+    if (isnan(train_loss)) return true; /* the evaluation of a run with nothing to train */
+    if (r->main_rank) {
+        nb_progress_break(r->bar);
+        printf("step %lld: train loss %.4f  val loss %.4f  (eval %.1f s)\n", (long long)r->step,
+               train_loss, r->val_loss, nb_time_s() - te);
         fflush(stdout);
     }
+    nb_jsonl_begin(r->log);
+    nb_jsonl_str(r->log, "type", "eval");
+    nb_jsonl_int(r->log, "step", r->step);
+    nb_jsonl_num(r->log, "train_loss", train_loss, 6);
+    nb_jsonl_num(r->log, "val_loss", r->val_loss, 6);
+    nb_jsonl_end(r->log);
+    nb_alloc_stats st;
+    nb_alloc_get_stats(&st);
+    tb_scalar(r, "val/loss", r->val_loss);
+    tb_scalar(r, "memory/bytes_peak", (double)st.bytes_peak);
+    return true;
+}
 
-    double val_loss = NAN, last_losses[10], train_time = 0, last_print = 0;
-    int64_t n_last = 0, val_step = -1, steady_allocs = -1;
-    nb_alloc_stats se; /* at the end of a step */
-    const int64_t print_every = a->steps >= 20 ? a->steps / 20 : 1;
-    while (step < a->steps) {
-        double t0 = nbm_now_s(), norm;
-        nb_alloc_stats sa;
-        nb_alloc_get_stats(&sa);
-        for (int64_t i = 0; i < N; i++)
-            if (nb_text_sample(train, batch_gen, xs[i], ys[i]) != NB_OK) FAIL("%s", nb_last_error());
-        double lr = nb_optim_get_lr(opt, 0);
-        nb_clear_error(); /* a NaN below is an error only when one is set */
-        double loss = zero ? nb_gpt_train_step_zero(model, opt, zero, xl, yl, (int)N,
-                                                    a->grad_clip, &norm)
-                           : nb_gpt_train_step(model, opt, ddp, xl, yl, (int)N, a->grad_clip, &norm);
-        if (isnan(loss) && nb_last_status() != NB_OK)
-            FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
-        const double comm_ms = zero ? nb_zero_exposed_comm_s(zero) * 1e3
-                             : ddp ? nb_ddp_exposed_comm_s(ddp) * 1e3 : 0;
-        if (size > 1 && isnan(loss = nbm_mean_over_ranks(world, loss)) &&
-            nb_last_status() != NB_OK)
-            FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
-        /* A NaN or infinite loss never recovers (the weights are NaN from here): stop,
-         * naming the step. With several ranks it is the mean, so all stop at this step. */
-        if (!isfinite(loss))
-            FAIL("step %lld: the loss is %s: training diverged (a smaller --lr?)",
-                 (long long)step + 1, isnan(loss) ? "NaN" : "infinite");
-        if (nb_sched_step(sched) != NB_OK) FAIL("%s", nb_last_error());
-        double dt = nbm_now_s() - t0;
-        times[step - first] = dt;
-        train_time += dt;
-        step++;
-        if (step - first > 10) { /* steady state: the training steps after the 10th (not
-                                   * the evaluations and checkpoints between them) */
-            nb_alloc_get_stats(&se);
-            steady_allocs = (steady_allocs < 0 ? 0 : steady_allocs) +
-                            (se.system_allocs - sa.system_allocs);
-        }
-        last_losses[n_last++ % 10] = loss;
-        const double tps = (double)tokens_per_step * (double)(step - first) / train_time;
-        if (log.f) {
-            char ls[32], gn[32], ts[32];
-            nbm_log_printf(&log, "{\"type\": \"step\", \"step\": %lld, \"loss\": %s, \"lr\": %.6g, "
-                    "\"grad_norm\": %s, \"step_ms\": %.2f, \"tokens_per_s\": %s, "
-                    "\"exposed_comm_ms\": %.3f}\n",
-                    (long long)step, nbm_jnum(loss, 6, ls, sizeof ls), lr,
-                    nbm_jnum(norm, 6, gn, sizeof gn), dt * 1e3, nbm_jnum(tps, 1, ts, sizeof ts),
-                    comm_ms);
-        }
-        char comm[48] = "";
-        if (ddp || zero) snprintf(comm, sizeof comm, "  comm %.1f ms", comm_ms);
-        if (step - first == 1 && main_rank) { /* the state exists after the first step */
-            double mib[4];
-            model_state_mib(zero, model, mib);
-            printf("%smodel state per rank: %.1f MiB (parameters %.1f, gradients %.1f, "
-                   "optimizer %.1f)\n", tty ? "\n" : "", mib[0], mib[1], mib[2], mib[3]);
-        }
-        char eta[32];
-        nbm_fmt_eta((double)(a->steps - step) * tokens_per_step / tps, eta, sizeof eta);
-        double t = nbm_now_s();
-        if (!main_rank) {
-        } else if (tty && (t - last_print > 0.2 || step == a->steps)) {
-            printf("\rstep %lld/%lld  loss %.4f  lr %.2e  %.0f tokens/s%s  ETA %s   ",
-                   (long long)step, (long long)a->steps, loss, lr, tps, comm, eta);
-            fflush(stdout);
-            last_print = t;
-        } else if (!tty && (step % print_every == 0 || step == a->steps)) {
-            printf("step %lld/%lld loss %.4f lr %.2e tokens/s %.0f%s ETA %s\n", (long long)step,
-                   (long long)a->steps, loss, lr, tps, comm, eta);
-            fflush(stdout);
-        }
-        bool eval_now = step == a->steps || (a->eval_every > 0 && step % a->eval_every == 0);
-        if (eval_now) {
-            double te = nbm_now_s();
-            val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0], world);
-            if (isnan(val_loss)) FAIL("evaluation: %s", nb_last_error());
-            val_step = step;
-            if (main_rank) {
-                if (tty) printf("\n");
-                printf("step %lld: train loss %.4f  val loss %.4f  (eval %.1f s)\n",
-                       (long long)step, loss, val_loss, nbm_now_s() - te);
-                fflush(stdout);
-            }
-            char ls[32], vs[32];
-            if (log.f)
-                nbm_log_printf(&log, "{\"type\": \"eval\", \"step\": %lld, \"train_loss\": %s, "
-                        "\"val_loss\": %s}\n", (long long)step, nbm_jnum(loss, 6, ls, sizeof ls),
-                        nbm_jnum(val_loss, 6, vs, sizeof vs));
-        }
-        bool save_now = main_rank && a->save && (step == a->steps || (a->save_every > 0
-                                                             ? step % a->save_every == 0
-                                                             : eval_now));
+/* The training loop: steps, evaluations every --eval-every and at the end, checkpoints. */
+static bool train_loop(run *r) {
+    const args *a = r->a;
+    print_header(r);
+    while (r->step < a->steps) {
+        step_result o;
+        if (!train_step(r, &o)) return false;
+        log_step(r, &o);
+        bool eval_now = r->step == a->steps || (a->eval_every > 0 && r->step % a->eval_every == 0);
+        if (eval_now && !evaluate_and_log(r, o.loss)) return false;
+        bool save_now = r->main_rank && a->save &&
+                        (r->step == a->steps ||
+                         (a->save_every > 0 ? r->step % a->save_every == 0 : eval_now));
         if (save_now) {
-            ck.step = step;
-            if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+            r->ck.step = r->step;
+            if (nb_checkpoint_save(a->save, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
         }
-        if (log.f) nbm_log_flush(&log);
+        nb_jsonl_flush(r->log);
+        if (r->tb) nb_summary_flush(r->tb); /* a failure shows at the next write or the close */
     }
-    if (val_step != step) { /* nothing trained (or resumed at the end): evaluate once */
-        val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0], world);
-        if (isnan(val_loss)) FAIL("evaluation: %s", nb_last_error());
-    }
-    /* Throughput as torch_ref.py reports it: the median step time, after 10 warm-up steps
-     * when there are at least 20. */
-    int64_t ran = step - first, skip = ran >= 20 ? 10 : 0;
-    double median = nbm_median(times + skip, ran - skip), train_loss = NAN;
+    /* nothing trained (or resumed at the end): evaluate once */
+    return r->val_step == r->step || evaluate_and_log(r, NAN);
+}
+
+/* The last line: one JSON object. Throughput as torch_ref.py reports it: the median step
+ * time, after 10 warm-up steps when there are at least 20. */
+static void print_result(const run *r, double wall_s) {
+    int64_t ran = r->step - r->first, skip = ran >= 20 ? 10 : 0;
+    double median = nb_median(r->times + skip, ran - skip), train_loss = NAN;
     if (ran > skip) {
-        int64_t nl = n_last < 10 ? n_last : 10;
+        int64_t nl = r->n_last < 10 ? r->n_last : 10;
         train_loss = 0;
-        for (int64_t i = 0; i < nl; i++) train_loss += last_losses[i];
+        for (int64_t i = 0; i < nl; i++) train_loss += r->last_losses[i];
         train_loss /= (double)nl;
     }
-    char vl[32], tl[32], rs[32];
-    double state_mib[4];
-    model_state_mib(zero, model, state_mib);
     struct rusage ru; /* peak resident memory, as torch_ref.py's peak_rss_mib */
     double rss_mib = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : NAN;
-    if (main_rank)
-        printf("{\"model\": \"gpt\", \"val_loss\": %s, \"train_loss\": %s, \"tokens_per_s\": %.1f, "
-               "\"wall_s\": %.2f, \"steps\": %lld, \"params\": %lld, \"step_ms_median\": %.2f, "
-               "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"threads\": %d, "
-               "\"ranks\": %d, \"steady_system_allocs\": %lld, \"peak_rss_mib\": %s, "
-               "\"zero\": %lld, \"model_state_mib\": %.2f}\n",
-               nbm_jnum(val_loss, 4, vl, sizeof vl), nbm_jnum(train_loss, 4, tl, sizeof tl),
-               ran > skip ? (double)tokens_per_step / median : 0.0,
-               nbm_now_s() - t_start, (long long)step, (long long)nb_num_parameters(model),
-               ran > skip ? median * 1e3 : 0.0, flops / 1e9,
-               ran > skip ? flops / 1e9 / median : 0.0,
-               nb_get_num_threads(), size, (long long)steady_allocs,
-               nbm_jnum(rss_mib, 0, rs, sizeof rs), (long long)a->zero, state_mib[0]);
-    /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
-     * so that a script never takes an incomplete record for a complete one. */
-    rc = 0;
-    if (!nbm_log_close(&log)) {
-        nbm_report("gpt", rank, size, "the run finished, but --log %s is incomplete (see the "
-                   "warning above): exit status 1", a->log);
-        rc = 1;
+    if (!r->main_rank) return;
+    nb_jsonl *out = nb_jsonl_stream("gpt", stdout, "standard output");
+    nb_jsonl_begin(out);
+    nb_jsonl_str(out, "model", "gpt");
+    nb_jsonl_num(out, "val_loss", r->val_loss, 4);
+    nb_jsonl_num(out, "train_loss", train_loss, 4);
+    nb_jsonl_num(out, "tokens_per_s", ran > skip ? (double)r->tokens_per_step / median : 0.0, 1);
+    nb_jsonl_num(out, "wall_s", wall_s, 2);
+    nb_jsonl_int(out, "steps", r->step);
+    nb_jsonl_int(out, "params", nb_num_parameters(r->model));
+    nb_jsonl_num(out, "step_ms_median", ran > skip ? median * 1e3 : 0.0, 2);
+    nb_jsonl_num(out, "gflop_per_step", r->flops / 1e9, 3);
+    nb_jsonl_num(out, "gflops", ran > skip ? r->flops / 1e9 / median : 0.0, 1);
+    nb_jsonl_int(out, "threads", nb_get_num_threads());
+    nb_jsonl_int(out, "ranks", r->size);
+    nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
+    nb_jsonl_num(out, "peak_rss_mib", rss_mib, 0);
+    double state_mib[4];
+    model_state_mib(r->zero, r->model, state_mib);
+    nb_jsonl_int(out, "zero", r->a->zero);
+    nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
+    nb_jsonl_end(out);
+    nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */
+}
+
+/* Close the logs: false when one of them lost lines (after saying so). */
+static bool close_logs(run *r) {
+    bool ok = true;
+    if (nb_jsonl_close(r->log) != NB_OK) {
+        nb_report("gpt", r->rank, r->size, "the run finished, but --log %s is incomplete (see "
+                  "the warning above): exit status 1", r->a->log);
+        ok = false;
     }
-    if (main_rank && !nbm_stdout_ok("gpt")) rc = 1;
-done:
-    nbm_log_close(&log); /* after an error: the warning, if any, is all */
-    nb_ddp_free(ddp); /* before the model it hooks into */
-    nb_zero_free(zero); /* before the optimizer and the model */
-    nb_sched_free(sched);
-    nb_optim_free(opt);
-    nb_params_deinit(&decay);
-    nb_params_deinit(&no_decay);
-    nb_module_free(model);
-    for (int64_t i = 0; xs && ys && xl && yl && i < N; i++) {
-        if (xl[i] != xs[i]) nb_tensor_free(xl[i]);
-        if (yl[i] != ys[i]) nb_tensor_free(yl[i]);
-        nb_tensor_free(xs[i]);
-        nb_tensor_free(ys[i]);
+    r->log = NULL;
+    if (nb_summary_close(r->tb) != NB_OK) {
+        nb_report("gpt", r->rank, r->size, "the run finished, but --tensorboard %s is "
+                  "incomplete (%s): exit status 1", r->a->tensorboard, nb_last_error());
+        ok = false;
     }
-    free(xs);
-    free(ys);
-    free(xl);
-    free(yl);
-    free(times);
-    nb_tensor_free(train);
-    nb_tensor_free(val);
-    nb_tensor_free(text);
-    nb_generator_free(init);
-    nb_generator_free(batch_gen);
-    nb_generator_free(drop_gen);
-    nb_generator_free(val_gen);
-    nb_comm_free(world);
+    r->tb = NULL;
+    return ok;
+}
+
+static void teardown(run *r) {
+    nb_progress_free(r->bar);
+    nb_jsonl_close(r->log); /* after an error: the warning, if any, is all */
+    nb_summary_close(r->tb);
+    nb_ddp_free(r->ddp); /* before the model it hooks into */
+    nb_zero_free(r->zero); /* before the optimizer and the model */
+    nb_sched_free(r->sched);
+    nb_optim_free(r->opt);
+    nb_params_deinit(&r->decay);
+    nb_params_deinit(&r->no_decay);
+    nb_module_free(r->model);
+    for (int64_t i = 0; r->xs && r->ys && r->xl && r->yl && i < r->N; i++) {
+        if (r->xl[i] != r->xs[i]) nb_tensor_free(r->xl[i]);
+        if (r->yl[i] != r->ys[i]) nb_tensor_free(r->yl[i]);
+        nb_tensor_free(r->xs[i]);
+        nb_tensor_free(r->ys[i]);
+    }
+    free(r->xs);
+    free(r->ys);
+    free(r->xl);
+    free(r->yl);
+    free(r->times);
+    nb_tensor_free(r->train);
+    nb_tensor_free(r->val);
+    nb_tensor_free(r->text);
+    nb_generator_free(r->init);
+    nb_generator_free(r->batch_gen);
+    nb_generator_free(r->drop_gen);
+    nb_generator_free(r->val_gen);
+    nb_comm_free(r->world);
+}
+
+static int run_train(const args *a) {
+    const double t_start = nb_time_s();
+    run r = {.a = a, .size = 1, .B = a->batch, .T = a->block_size, .N = a->grad_accum,
+             .val_loss = NAN, .val_step = -1, .steady_allocs = -1};
+    int rc = 1;
+    if (setup(&r) && train_loop(&r)) {
+        print_result(&r, nb_time_s() - t_start);
+        /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
+         * so that a script never takes an incomplete record for a complete one. */
+        rc = close_logs(&r) ? 0 : 1;
+        if (r.main_rank && !nb_stdout_ok("gpt")) rc = 1;
+    }
+    teardown(&r);
     return rc;
 }
 

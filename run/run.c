@@ -1,7 +1,7 @@
-/* prog.c - helpers the bundled programs share (prog.h): timing, medians, ETA text, error
- * lines naming the rank, thread sharing, scalar means over ranks, checked flag values, JSON
- * numbers and log files that report their write errors. */
-#include "prog.h"
+/* run.c - the run toolkit's small parts (nabla/run.h): timing, medians, durations, error
+ * lines naming the rank, thread sharing, means over ranks, checked flag values and the run's
+ * settings in its checkpoints. Public API only. */
+#include "nabla/run.h"
 
 #include <errno.h>
 #include <math.h>
@@ -11,7 +11,11 @@
 #include <string.h>
 #include <time.h>
 
-double nbm_now_s(void) {
+#include "nabla/memory.h"
+#include "nabla/runtime.h"
+#include "nabla/tensor.h"
+
+double nb_time_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -22,19 +26,20 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-double nbm_median(double *v, int64_t n) {
+double nb_median(double *v, int64_t n) {
     if (n <= 0) return NAN;
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-void nbm_fmt_eta(double s, char *buf, size_t n) {
-    if (!isfinite(s) || s < 0) s = 0;
-    long t = (long)(s + 0.5);
-    snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+const char *nb_format_duration(double s, char *buf, size_t n) {
+    if (!isfinite(s) || s < 0 || s > 1e15) s = 0;
+    long long t = (long long)(s + 0.5);
+    snprintf(buf, n, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+    return buf;
 }
 
-void nbm_report(const char *prog, int rank, int size, const char *fmt, ...) {
+void nb_report(const char *prog, int rank, int size, const char *fmt, ...) {
     char msg[1024];
     int k = size > 1 ? snprintf(msg, sizeof msg, "%s (rank %d): ", prog, rank)
                      : snprintf(msg, sizeof msg, "%s: ", prog);
@@ -45,7 +50,15 @@ void nbm_report(const char *prog, int rank, int size, const char *fmt, ...) {
     fprintf(stderr, "%s\n", msg);
 }
 
-int nbm_local_ranks(int world_size) {
+bool nb_under_launcher(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK", "PMI_SIZE",
+                          "SLURM_PROCID", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return true;
+    return false;
+}
+
+int nb_local_ranks(int world_size) {
     const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MPICH_LOCALNRANKS",
                           "SLURM_NTASKS_PER_NODE"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
@@ -55,18 +68,18 @@ int nbm_local_ranks(int world_size) {
     return world_size;
 }
 
-void nbm_set_threads(nb_comm *world, int requested) {
+void nb_share_threads(nb_comm *world, int requested) {
     int size = world ? nb_comm_size(world) : 1;
     if (requested > 0 || size == 1) {
         nb_set_num_threads(requested);
         return;
     }
     nb_set_num_threads(0); /* the default (all cores) per rank would oversubscribe */
-    int per = nb_get_num_threads() / nbm_local_ranks(size);
+    int per = nb_get_num_threads() / nb_local_ranks(size);
     nb_set_num_threads(per > 0 ? per : 1);
 }
 
-double nbm_mean_over_ranks(nb_comm *world, double v) {
+double nb_mean_over_ranks(nb_comm *world, double v) {
     if (!world || nb_comm_size(world) == 1) return v;
     nb_scope_begin();
     nb_tensor *t = nb_from_buffer(&v, (int64_t[]){1}, 1, NB_F64);
@@ -76,7 +89,7 @@ double nbm_mean_over_ranks(nb_comm *world, double v) {
     return v;
 }
 
-bool nbm_parse_int(const char *prog, const char *flag, const char *s, int64_t min, int64_t max,
+bool nb_parse_int(const char *prog, const char *flag, const char *s, int64_t min, int64_t max,
                    int64_t *out) {
     char *end;
     errno = 0;
@@ -94,7 +107,7 @@ bool nbm_parse_int(const char *prog, const char *flag, const char *s, int64_t mi
     return true;
 }
 
-bool nbm_parse_num(const char *prog, const char *flag, const char *s, double lo, bool lo_open,
+bool nb_parse_num(const char *prog, const char *flag, const char *s, double lo, bool lo_open,
                    double hi, bool hi_open, double *out) {
     char *end;
     errno = 0;
@@ -115,75 +128,22 @@ bool nbm_parse_num(const char *prog, const char *flag, const char *s, double lo,
     return true;
 }
 
-const char *nbm_jnum(double v, int prec, char *buf, size_t n) {
-    if (isfinite(v)) snprintf(buf, n, "%.*f", prec, v);
-    else snprintf(buf, n, "null");
-    return buf;
-}
-
-bool nbm_log_open(nbm_log *l, const char *prog, const char *path, const char *mode) {
-    *l = (nbm_log){.prog = prog, .path = path};
-    return (l->f = fopen(path, mode)) != NULL;
-}
-
-/* Record the first failure (errno) and warn about it once; later writes are skipped. */
-static void log_failed(nbm_log *l) {
-    if (l->err) return;
-    l->err = errno ? errno : EIO;
-    fprintf(stderr, "%s: warning: writing --log %s failed: %s; the log is incomplete (the run "
-                    "goes on, and exits with status 1)\n", l->prog, l->path, strerror(l->err));
-}
-
-void nbm_log_printf(nbm_log *l, const char *fmt, ...) {
-    if (!l->f || l->err) return;
-    va_list ap;
-    va_start(ap, fmt);
-    errno = 0;
-    int k = vfprintf(l->f, fmt, ap);
-    va_end(ap);
-    if (k < 0 || ferror(l->f)) log_failed(l);
-}
-
-void nbm_log_flush(nbm_log *l) {
-    if (!l->f || l->err) return;
-    errno = 0;
-    if (fflush(l->f) != 0) log_failed(l);
-}
-
-bool nbm_log_close(nbm_log *l) {
-    if (!l->f) return true;
-    errno = 0;
-    /* fclose flushes what is still buffered: that write can fail too */
-    bool bad = ferror(l->f) != 0;
-    if (fclose(l->f) != 0 || bad) log_failed(l);
-    l->f = NULL;
-    return l->err == 0;
-}
-
-bool nbm_stdout_ok(const char *prog) {
-    errno = 0;
-    if (fflush(stdout) == 0 && !ferror(stdout)) return true;
-    fprintf(stderr, "%s: writing standard output failed: %s\n", prog,
-            strerror(errno ? errno : EIO));
-    return false;
-}
-
 /* ---- the run's identity ------------------------------------------------------------------- */
-static void config_add(nbm_config *c, const char *name, const char *text) {
-    if (c->n >= NBM_MAX_CONFIG) return; /* a program bug; the programs have far fewer */
+static void config_add(nb_run_config *c, const char *name, const char *text) {
+    if (c->n >= NB_RUN_MAX_CONFIG) return; /* a program bug; the programs have far fewer */
     snprintf(c->text[c->n], sizeof c->text[c->n], "%s", text);
     c->names[c->n] = name;
     c->values[c->n] = c->text[c->n];
     c->n++;
 }
 
-void nbm_config_int(nbm_config *c, const char *name, int64_t v) {
+void nb_run_config_int(nb_run_config *c, const char *name, int64_t v) {
     char b[32];
     snprintf(b, sizeof b, "%lld", (long long)v);
     config_add(c, name, b);
 }
 
-void nbm_config_num(nbm_config *c, const char *name, double v) {
+void nb_run_config_num(nb_run_config *c, const char *name, double v) {
     char b[40];
     for (int prec = 1; prec <= 17; prec++) { /* the shortest text that reads back as v */
         snprintf(b, sizeof b, "%.*g", prec, v);
@@ -192,13 +152,13 @@ void nbm_config_num(nbm_config *c, const char *name, double v) {
     config_add(c, name, b);
 }
 
-void nbm_config_str(nbm_config *c, const char *name, const char *v) { config_add(c, name, v); }
+void nb_run_config_str(nb_run_config *c, const char *name, const char *v) { config_add(c, name, v); }
 
-void nbm_config_fixed(nbm_config *c, const char *why) {
+void nb_run_config_fixed(nb_run_config *c, const char *why) {
     if (c->n > 0) c->fixed_why[c->n - 1] = why;
 }
 
-bool nbm_config_apply(nbm_config *c, nb_checkpoint *ck, const char *prog, const char *override) {
+bool nb_run_config_apply(nb_run_config *c, nb_checkpoint *ck, const char *prog, const char *override) {
     c->nmay = 0;
     if (override) {
         snprintf(c->override, sizeof c->override, "%s", override);
@@ -220,7 +180,7 @@ bool nbm_config_apply(nbm_config *c, nb_checkpoint *ck, const char *prog, const 
                         c->fixed_why[k]);
                 return false;
             }
-            if (c->nmay < NBM_MAX_CONFIG) c->may_change[c->nmay++] = c->names[k];
+            if (c->nmay < NB_RUN_MAX_CONFIG) c->may_change[c->nmay++] = c->names[k];
         }
     }
     ck->program = prog;
@@ -232,7 +192,7 @@ bool nbm_config_apply(nbm_config *c, nb_checkpoint *ck, const char *prog, const 
     return true;
 }
 
-const char *nbm_config_hint(const char *msg) {
+const char *nb_run_config_hint(const char *msg) {
     const char *p = strstr(msg, "; this run has ");
     if (!p || !strstr(msg, " was written with ")) return "";
     static _Thread_local char hint[160];
