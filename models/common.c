@@ -9,6 +9,7 @@
  * averaged, so the run follows the 1-process one. Evaluation is split over the ranks by
  * batch and the counts summed; only rank 0 prints, logs and writes checkpoints. */
 #include "common.h"
+#include "ft.h"
 #include "prog.h"
 
 #include <nabla/parallel.h>
@@ -241,7 +242,9 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     nbm_config_fixed(&cfg, "the checkpoint's loader continues its shuffled epoch from it");
     nbm_config_int(&cfg, "limit", a->limit);
     if (!nbm_config_apply(&cfg, &ck, a->prog, a->override)) goto done;
-    int64_t step = 0;
+    int64_t step = 0, saved_step = -1;
+    int stop = 0; /* the signal all ranks stop with (nabla/stop.h), 0 while training goes on */
+    nbm_stop_begin(a->prog);
     if (a->resume) { /* every rank loads it (optimizer state and loader position too) */
         if (nb_checkpoint_load(a->resume, &ck) != NB_OK)
             FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
@@ -295,7 +298,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                  * stop, naming the step. With several ranks the check is on the mean, so
                  * every rank stops at the same step instead of waiting for the others. */
                 nb_clear_error();
-                double lv_all = size > 1 ? nbm_mean_over_ranks(world, lv) : lv;
+                double lv_all = nbm_step_sync(world, lv, &stop); /* + the stop flag */
                 if (!isfinite(lv_all) && nb_last_status() != NB_OK)
                     FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
                 if (!isfinite(lv_all))
@@ -308,6 +311,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                     (step % a->save_every == 0 || step == total_steps)) {
                     ck.step = step; /* the loader resumes at the batch after b */
                     if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+                    saved_step = step;
                 }
                 /* samples: the global batch (every rank's shard); comm: the part of the
                  * step spent waiting for gradients that backward did not hide. */
@@ -346,8 +350,19 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                            (long long)epoch + 1, a->epochs, (long long)(b.index + 1),
                            (long long)per_epoch, loss_sum / n_loss, sps, cm, e);
                 }
+                if (stop) { /* a signal: save this step (unless just done) and end the run */
+                    ck.step = step;
+                    if (main_rank && a->save && saved_step != step &&
+                        nb_checkpoint_save(a->save, &ck) != NB_OK)
+                        FAIL("%s", nb_last_error());
+                    /* also the barrier that keeps the others alive until the file is there */
+                    train_loss = nbm_mean_over_ranks(world, loss_sum / n_loss);
+                    acc = test_loss = NAN; /* not evaluated at this step */
+                    break;
+                }
             }
             if (nb_loader_error(train_l) != NB_OK) FAIL("%s", nb_last_error());
+            if (stop) break;
             /* Steady state = training steps only (the first evaluation allocates its own
              * batch buffers once). */
             nb_alloc_stats st;
@@ -387,7 +402,10 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
             }
         }
     }
-    if (isnan(acc) && evaluate(model, test_l, world, &acc, &test_loss) != NB_OK)
+    if (stop && main_rank)
+        printf("%sstopped by %s after step %lld%s%s\n", tty ? "\n" : "", nb_stop_signal_name(stop),
+               (long long)step, a->save ? "; checkpoint " : "", a->save ? a->save : "");
+    if (isnan(acc) && !stop && evaluate(model, test_l, world, &acc, &test_loss) != NB_OK)
         FAIL("evaluation: %s", *nb_last_error() ? nb_last_error() : "failed on another rank");
     /* JSON has no NaN or infinity: an undefined figure (the median of fewer than 11 steps,
      * the train loss of --eval-only, a NaN test loss) is null. */
@@ -396,16 +414,16 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
         printf("{\"model\": \"%s\", \"test_accuracy\": %s, \"test_loss\": %s, "
                "\"train_loss\": %s, \"samples_per_s\": %s, \"steps\": %lld, \"wall_s\": %.2f, "
                "\"median_step_ms\": %s, \"threads\": %d, \"ranks\": %d, "
-               "\"steady_system_allocs\": %lld}\n",
+               "\"steady_system_allocs\": %lld%s}\n",
                spec->name, nbm_jnum(acc, 4, j[0], 32), nbm_jnum(test_loss, 4, j[1], 32),
                nbm_jnum(train_loss, 4, j[2], 32),
                nbm_jnum(train_time > 0 ? samples / train_time : 0.0, 1, j[3], 32),
                (long long)step, nbm_now_s() - t_start,
                nbm_jnum(1e3 * nbm_median(step_times, n_times), 3, j[4], 32),
-               nb_get_num_threads(), size, (long long)steady_allocs);
+               nb_get_num_threads(), size, (long long)steady_allocs, nbm_stop_json(stop));
     /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
      * so that a script never takes an incomplete record for a complete one. */
-    rc = 0;
+    rc = nbm_stop_status(stop);
     if (!nbm_log_close(&log)) {
         nbm_report(a->prog, rank, size, "the run finished, but --log %s is incomplete (see the "
                    "warning above): exit status 1", a->log);

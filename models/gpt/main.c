@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <nabla/gpt.h>
+#include "ft.h"
 #include "prog.h"
 
 #define KJV_COMMAND "bible gen1:1-rev22:21"
@@ -477,6 +478,8 @@ static int run_train(const args *a) {
     nbm_config_fixed(&conf, "the checkpoint's batch and dropout streams continue from it");
     if (!nbm_config_apply(&conf, &ck, "gpt", a->override)) goto done;
     int64_t step = 0, first = 0;
+    int stop = 0; /* the signal all ranks stop with (nabla/stop.h), 0 while training goes on */
+    nbm_stop_begin("gpt");
     if (a->resume) { /* every rank loads it */
         if (nb_checkpoint_load(a->resume, &ck) != NB_OK)
             FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
@@ -524,8 +527,7 @@ static int run_train(const args *a) {
         if (isnan(loss) && nb_last_status() != NB_OK)
             FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
         const double comm_ms = ddp ? nb_ddp_exposed_comm_s(ddp) * 1e3 : 0;
-        if (size > 1 && isnan(loss = nbm_mean_over_ranks(world, loss)) &&
-            nb_last_status() != NB_OK)
+        if (isnan(loss = nbm_step_sync(world, loss, &stop)) && nb_last_status() != NB_OK)
             FAIL("step %lld: %s", (long long)step + 1, nb_last_error());
         /* A NaN or infinite loss never recovers (the weights are NaN from here): stop,
          * naming the step. With several ranks it is the mean, so all stop at this step. */
@@ -591,11 +593,21 @@ static int run_train(const args *a) {
         bool save_now = main_rank && a->save && (step == a->steps || (a->save_every > 0
                                                              ? step % a->save_every == 0
                                                              : eval_now));
-        if (save_now) {
+        if (save_now || (stop && main_rank && a->save)) { /* a signal: save this step */
             ck.step = step;
             if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
         }
         if (log.f) nbm_log_flush(&log);
+        if (stop) { /* all ranks agree on this step; the mean is the barrier after the save */
+            nbm_mean_over_ranks(world, 0);
+            if (main_rank)
+                printf("%sstopped by %s after step %lld%s%s\n", tty ? "\n" : "",
+                       nb_stop_signal_name(stop), (long long)step, a->save ? "; checkpoint " : "",
+                       a->save ? a->save : "");
+            if (val_step != step) val_loss = NAN; /* not evaluated at this step */
+            val_step = step;
+            break;
+        }
     }
     if (val_step != step) { /* nothing trained (or resumed at the end): evaluate once */
         val_loss = evaluate(model, val, val_gen, a->eval_batches, xs[0], ys[0], world);
@@ -618,17 +630,17 @@ static int run_train(const args *a) {
         printf("{\"model\": \"gpt\", \"val_loss\": %s, \"train_loss\": %s, \"tokens_per_s\": %.1f, "
                "\"wall_s\": %.2f, \"steps\": %lld, \"params\": %lld, \"step_ms_median\": %.2f, "
                "\"gflop_per_step\": %.3f, \"gflops\": %.1f, \"threads\": %d, "
-               "\"ranks\": %d, \"steady_system_allocs\": %lld, \"peak_rss_mib\": %s}\n",
+               "\"ranks\": %d, \"steady_system_allocs\": %lld, \"peak_rss_mib\": %s%s}\n",
                nbm_jnum(val_loss, 4, vl, sizeof vl), nbm_jnum(train_loss, 4, tl, sizeof tl),
                ran > skip ? (double)tokens_per_step / median : 0.0,
                nbm_now_s() - t_start, (long long)step, (long long)nb_num_parameters(model),
                ran > skip ? median * 1e3 : 0.0, flops / 1e9,
                ran > skip ? flops / 1e9 / median : 0.0,
                nb_get_num_threads(), size, (long long)steady_allocs,
-               nbm_jnum(rss_mib, 0, rs, sizeof rs));
+               nbm_jnum(rss_mib, 0, rs, sizeof rs), nbm_stop_json(stop));
     /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
      * so that a script never takes an incomplete record for a complete one. */
-    rc = 0;
+    rc = nbm_stop_status(stop);
     if (!nbm_log_close(&log)) {
         nbm_report("gpt", rank, size, "the run finished, but --log %s is incomplete (see the "
                    "warning above): exit status 1", a->log);

@@ -1,0 +1,34 @@
+/* ft.h - fault tolerance in the bundled programs (mlp, cnn: models/common.c; gpt): the
+ * graceful stop on SIGINT / SIGTERM / SIGUSR1 (nabla/stop.h) as every program does it.
+ * Public API only.
+ *
+ *     nbm_stop_begin("gpt");                        // before training
+ *     ...
+ *     int stop = 0;                                 // after each step, on every rank:
+ *     double loss = nbm_step_sync(world, local_loss, &stop);   // mean over ranks + agreed stop
+ *     if (stop) { ...save, then break... }
+ *     printf("{... \"steps\": %lld%s}\n", steps, nbm_stop_json(stop));
+ *     return stop ? 128 + stop : 0;
+ *
+ * The communicator is borrowed. */
+#ifndef NBM_FT_H
+#define NBM_FT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <nabla/nabla.h>
+
+/* Install the stop handlers; a failure is a warning on stderr (the run goes on, stoppable
+ * by signals' default action only). */
+void nbm_stop_begin(const char *prog);
+/* The mean of v over the ranks (v itself on one rank) and, in *stop, the stop signal every
+ * rank agrees on (0: go on), in one allreduce. NaN with the error set if it failed. */
+double nbm_step_sync(nb_comm *world, double v, int *stop);
+/* The final JSON line's tail for a stopped run: ", \"stopped\": \"signal\", \"signal\":
+ * \"SIGTERM\"", or "" when stop is 0. */
+const char *nbm_stop_json(int stop);
+/* The exit status of a run that went well: 128 + stop, or 0. */
+int nbm_stop_status(int stop);
+
+#endif
