@@ -1,8 +1,12 @@
 /* checkpoint.c - training checkpoints (nabla/checkpoint.h): one safetensors file holding
  * model, optimizer, schedule, loader position, generator positions and step. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "io/io_impl.h"
 #include "nabla/checkpoint.h"
@@ -44,6 +48,28 @@ static nb_status as_checkpoint_error(nb_status st) {
     return nb__error(st, "checkpoint_save: %s", rest);
 }
 
+/* This process's run id: 128 random bits as 32 hex digits, drawn once. */
+static char process_run_id[33];
+static void draw_run_id(void) {
+    unsigned char b[16];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) { /* no entropy source: time and pid */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t x = (uint64_t)ts.tv_sec * 1000000007u ^ (uint64_t)ts.tv_nsec ^
+                     ((uint64_t)getpid() << 32);
+        for (int i = 0; i < 16; i++) x = x * 6364136223846793005u + 1442695040888963407u,
+                                      b[i] = (unsigned char)(x >> 56);
+    }
+    for (int i = 0; i < 16; i++) snprintf(process_run_id + 2 * i, 3, "%02x", b[i]);
+}
+
+const char *nb_checkpoint_run_id(const nb_checkpoint *c) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    if (c && c->run_id[0]) return c->run_id;
+    pthread_once(&once, draw_run_id);
+    return process_run_id;
+}
+
 nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     if (!path || !c || !c->model)
         return nb__error(NB_ENULL, "checkpoint_save: %s is NULL",
@@ -70,7 +96,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     }
     if (st == NB_OK) st = add_u64(&l, "step", (uint64_t)c->step);
     /* metadata: the format, the program and "config.<name>" = value per setting */
-    int nmeta = 2 + (c->program ? 1 : 0) + (c->nconfig > 0 ? c->nconfig : 0);
+    int nmeta = 3 + (c->program ? 1 : 0) + (c->nconfig > 0 ? c->nconfig : 0);
     const char **keys = calloc((size_t)nmeta, sizeof *keys);
     const char **vals = calloc((size_t)nmeta, sizeof *vals);
     char **owned = calloc((size_t)nmeta, sizeof *owned);
@@ -80,6 +106,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     if (st == NB_OK) {
         keys[m] = "format", vals[m++] = "pt";
         keys[m] = "nabla_checkpoint", vals[m++] = "1";
+        keys[m] = "run_id", vals[m++] = nb_checkpoint_run_id(c);
         if (c->program) keys[m] = "program", vals[m++] = c->program;
     }
     for (int i = 0; st == NB_OK && i < c->nconfig; i++) {
@@ -99,8 +126,8 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
         keys[m] = owned[m], vals[m++] = val;
     }
     if (st == NB_OK)
-        st = as_checkpoint_error(nb_safetensors_save(path, l.names, l.tensors, l.count, keys,
-                                                     vals, m));
+        st = as_checkpoint_error(nb__safetensors_save_checked(path, l.names, l.tensors, l.count,
+                                                              keys, vals, m, true));
     for (int i = 0; owned && i < nmeta; i++) free(owned[i]);
     free(owned);
     free(keys);
@@ -123,6 +150,17 @@ nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
     if (!nb_safetensors_metadata(f, "nabla_checkpoint"))
         st = nb__error(NB_EFORMAT, "checkpoint_load: %s is a safetensors file but not a nabla "
                        "checkpoint (to load weights only, use nb_module_load)", path);
+    /* Every tensor's checksum before anything is used: a torn or damaged file changes
+     * nothing. (Files of older versions have none and pass.) */
+    if (st == NB_OK && nb_safetensors_verify(f, NULL) != NB_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", nb_last_error() + strlen("safetensors_verify: "));
+        st = nb__error(NB_EFORMAT, "checkpoint_load: %s", msg);
+    }
+    const char *run = nb_safetensors_metadata(f, "run_id");
+    if (st == NB_OK && c->run_id[0] && run && strcmp(run, c->run_id) != 0)
+        st = nb__error(NB_EINVAL, "checkpoint_load: %s belongs to run %s, not to this run (%s)",
+                       path, run, c->run_id);
     /* The run's identity before anything else: another program's file, or settings that
      * differ, change nothing. */
     const char *writer = nb_safetensors_metadata(f, "program");
@@ -185,6 +223,7 @@ nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
         if (st == NB_OK) st = nb_generator_set_offset(g, rng[i][2]);
     }
     if (st == NB_OK) c->step = (int64_t)step;
+    if (st == NB_OK && run) snprintf(c->run_id, sizeof c->run_id, "%s", run);
     nb_state_list_deinit(&ol);
     nb_state_list_deinit(&sl);
     nb_safetensors_close(f);

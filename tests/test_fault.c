@@ -1,5 +1,5 @@
 /* test_fault.c - fault tolerance (docs/checkpoints.md): the graceful stop's signal handling
- * (nabla/stop.h). The programs' use of it is checked end to end by tools/check-stop. */
+ * (nabla/stop.h); checkpoint integrity (checksums, run id). The programs' use of it is checked end to end by tools/check-stop. */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -70,11 +70,156 @@ START_TEST(test_stop_second_signal_exits) {
 }
 END_TEST
 
+/* ---- integrity -------------------------------------------------------------------------- */
+typedef struct {
+    nb_generator *gen;
+    nb_module *model;
+    nb_optim *opt;
+} small_run;
+
+static void small_init(small_run *r, uint64_t seed) {
+    r->gen = nb_generator_new(seed);
+    nb_linear_opts lo = {.gen = r->gen};
+    r->model = nb_sequential_new(nb_linear_new(4, 8, &lo), nb_gelu_new(false),
+                                 nb_linear_new(8, 3, &lo), NULL);
+    nb_adamw_opts ao = nb_adamw_defaults();
+    r->opt = nb_adamw_new(nb_parameters(r->model), &ao);
+    ck_assert_msg(r->model && r->opt, "%s", nb_last_error());
+}
+
+/* One AdamW step on a fixed batch. */
+static void small_step(small_run *r) {
+    nb_scope_begin();
+    nb_generator *g = nb_generator_new(7);
+    nb_tensor *x = nb_randn((int64_t[]){5, 4}, 2, NB_F32, g);
+    nb_tensor *y = nb_randint((int64_t[]){5}, 1, NB_I64, 0, 3, g);
+    nb_tensor *loss = nb_cross_entropy(nb_forward(r->model, x), y, NULL);
+    ck_assert(nb_zero_grad(r->opt) == NB_OK && nb_backward(loss) == NB_OK);
+    ck_assert(nb_step(r->opt) == NB_OK);
+    nb_generator_free(g);
+    nb_scope_end();
+}
+
+static void small_free(small_run *r) {
+    nb_optim_free(r->opt);
+    nb_module_free(r->model);
+    nb_generator_free(r->gen);
+}
+
+static float first_weight(nb_module *m) {
+    float v[4 * 8]; /* the first layer's weight */
+    nb_tensor *w = nb_parameters(m)->tensors[0];
+    ck_assert_int_eq(nb_numel(w), 32);
+    ck_assert(nb_read(w, v, 32, NB_F32) == NB_OK);
+    return v[0];
+}
+
+/* Size of the file and of its header (8 + the JSON length). */
+static void file_layout(const char *path, long *size, long *data_begin) {
+    FILE *f = fopen(path, "rb");
+    ck_assert(f);
+    unsigned char h[8];
+    ck_assert(fread(h, 1, 8, f) == 8);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | h[i];
+    ck_assert(fseek(f, 0, SEEK_END) == 0);
+    *size = ftell(f);
+    *data_begin = 8 + (long)n;
+    fclose(f);
+}
+
+static void flip_byte(const char *path, long at) {
+    FILE *f = fopen(path, "r+b");
+    ck_assert(f);
+    ck_assert(fseek(f, at, SEEK_SET) == 0);
+    int c = fgetc(f);
+    ck_assert(c != EOF);
+    ck_assert(fseek(f, at, SEEK_SET) == 0);
+    ck_assert(fputc(c ^ 0x10, f) != EOF);
+    ck_assert(fclose(f) == 0);
+}
+
+/* Checkpoints carry a checksum per tensor and the run id; a bit flip anywhere in the data
+ * or a truncation is refused with a clear error before anything changes; the run id is
+ * adopted on load and a file of another run refused once the run has one. */
+START_TEST(test_checkpoint_integrity) {
+    char *dir = tu_make_dir(), *path = tu_path_in(dir, "run.ckpt"),
+         *copy = tu_path_in(dir, "copy.ckpt");
+    small_run a, b;
+    small_init(&a, 1);
+    small_step(&a);
+    nb_checkpoint ca = {.model = a.model, .optim = a.opt, .step = 1};
+    ck_assert_msg(nb_checkpoint_save(path, &ca) == NB_OK, "%s", nb_last_error());
+    /* every tensor checksummed, the run id recorded */
+    nb_safetensors *f = nb_safetensors_open(path);
+    ck_assert(f);
+    int checked = -1;
+    ck_assert(nb_safetensors_verify(f, &checked) == NB_OK);
+    ck_assert_int_eq(checked, nb_safetensors_count(f));
+    ck_assert_int_ge(checked, 4 + 2 * 4); /* 4 parameters, 2 AdamW moments each, step */
+    const char *rid = nb_safetensors_metadata(f, "run_id");
+    ck_assert(rid && strlen(rid) == 32);
+    ck_assert_str_eq(rid, nb_checkpoint_run_id(&ca));
+    nb_safetensors_close(f);
+
+    /* a clean load adopts the run id */
+    small_init(&b, 2);
+    nb_checkpoint cb = {.model = b.model, .optim = b.opt};
+    ck_assert_msg(nb_checkpoint_load(path, &cb) == NB_OK, "%s", nb_last_error());
+    ck_assert_str_eq(cb.run_id, nb_checkpoint_run_id(&ca));
+    ck_assert(first_weight(b.model) == first_weight(a.model));
+    /* another run's file is refused once the run has an id */
+    nb_checkpoint cother = cb;
+    snprintf(cother.run_id, sizeof cother.run_id, "%s", "0123456789abcdef0123456789abcdef");
+    ck_assert_int_eq(nb_checkpoint_load(path, &cother), NB_EINVAL);
+    ck_assert(strstr(nb_last_error(), "belongs to run") != NULL);
+    nb_clear_error();
+
+    /* one bit flipped in each tensor's bytes (first, middle, last byte of the data) */
+    long size, begin;
+    file_layout(path, &size, &begin);
+    long where[3] = {begin, begin + (size - begin) / 2, size - 1};
+    small_step(&b); /* b's weights now differ from the file's */
+    float before = first_weight(b.model);
+    for (int k = 0; k < 3; k++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "cp '%s' '%s'", path, copy);
+        ck_assert(system(cmd) == 0);
+        flip_byte(copy, where[k]);
+        nb_checkpoint cc = {.model = b.model, .optim = b.opt};
+        ck_assert_int_eq(nb_checkpoint_load(copy, &cc), NB_EFORMAT);
+        ck_assert_msg(strstr(nb_last_error(), "is corrupt: the bytes of tensor") &&
+                          strstr(nb_last_error(), copy),
+                      "%s", nb_last_error());
+        nb_clear_error();
+        ck_assert(first_weight(b.model) == before); /* nothing changed */
+    }
+    /* truncated: the reader's error names the file */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", path, copy);
+    ck_assert(system(cmd) == 0);
+    ck_assert(truncate(copy, size - 5) == 0);
+    nb_checkpoint cc = {.model = b.model, .optim = b.opt};
+    ck_assert(nb_checkpoint_load(copy, &cc) != NB_OK);
+    ck_assert_msg(strstr(nb_last_error(), copy), "%s", nb_last_error());
+    nb_clear_error();
+    ck_assert(first_weight(b.model) == before);
+    small_free(&a);
+    small_free(&b);
+    free(path);
+    free(copy);
+    tu_rm_dir(dir);
+}
+END_TEST
+
 Suite *nb_suite_fault(void) {
     Suite *s = suite_create("fault");
     TCase *tc = tcase_create("stop");
     tcase_add_test(tc, test_stop_signal_recorded);
     tcase_add_test(tc, test_stop_second_signal_exits);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("integrity");
+    tcase_add_test(tc, test_checkpoint_integrity);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -21,7 +21,11 @@
  * checked: a checkpoint that cannot be written is NB_EIO with the file and the reason
  * ("checkpoint_save: cannot write run.ckpt: No space left on device"), as is a path that is
  * not a regular file ("... is a character device, not a regular file; refusing to replace
- * it"), which is left as it is. Temporary files of earlier saves of the same path whose writer
+ * it"), which is left as it is. Integrity: every tensor's XXH3-64 checksum is in the file's
+ * metadata ("checksum.<name>") with the run's id ("run_id", below); loading verifies every
+ * checksum before it changes anything, so a torn or bit-flipped file is NB_EFORMAT ("...
+ * run.ckpt is corrupt: the bytes of tensor \"model.0.weight\" hash to ..., the file
+ * recorded ...") and a truncated one NB_EFORMAT from the reader. Temporary files of earlier saves of the same path whose writer
  * was killed are removed by the next save and by the next load (see nb_safetensors_save). Loading restores the exact state: training
  * N steps, saving, loading
  * into fresh objects and training N more gives bit-identical weights to 2N steps straight.
@@ -71,10 +75,18 @@ typedef struct nb_checkpoint {
     int nconfig;
     const char *const *may_change;
     int nmay_change;
+    /* The run this checkpoint belongs to, 32 hex digits, saved as metadata "run_id". Empty
+     * (the default): saving writes this process's id (drawn at random once), loading accepts
+     * any file and copies its id here, so the saves of a resumed run keep the run's id. Set
+     * (by an earlier load, or by the caller): loading a file of another run is NB_EINVAL
+     * ("checkpoint_load: run.ckpt belongs to run 9f..., not to this run (3a...)"). */
+    char run_id[33];
 } nb_checkpoint;
 
 nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c);
 nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c);
+/* The run id c's next save writes (c->run_id, or this process's). */
+const char *nb_checkpoint_run_id(const nb_checkpoint *c);
 
 #ifdef __cplusplus
 }
