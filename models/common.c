@@ -32,7 +32,10 @@ static void usage(const nbm_args *a, FILE *out) {
             "  --data DIR       Fashion-MNIST directory (default %s)\n"
             "  --save FILE      write a checkpoint after every epoch\n"
             "  --save-every N   write it every N steps instead (and at the end)\n"
+            "  --keep N         a file per checkpoint (FILE-<step>, or DIR/checkpoint-<step>.ckpt),\n"
+            "                   the newest N kept\n"
             "  --resume FILE    continue from a checkpoint written with the same settings\n"
+            "                   (auto: the newest intact one of --save, if any)\n"
             "  --override LIST  settings (lr, batch, limit; comma-separated) that may\n"
             "                   differ from the --resume checkpoint's, e.g. --override lr\n"
             "  --log FILE       JSON lines: one per logged step and per epoch\n"
@@ -51,7 +54,7 @@ static const struct {
                    {"--seed", true},    {"--threads", true},   {"--data", true},
                    {"--save", false},   {"--resume", true},    {"--log", false},
                    {"--max-steps", false}, {"--limit", false}, {"--save-every", false},
-                   {"--override", false}};
+                   {"--override", false}, {"--keep", false}};
 enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
 
 int nbm_parse_args(int argc, char **argv, nbm_args *a) {
@@ -112,6 +115,8 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
             ok = nbm_parse_int(a->prog, f, v, 1, INT64_MAX, &a->save_every);
         } else if (!strcmp(f, "--override")) {
             a->override = v;
+        } else if (!strcmp(f, "--keep")) {
+            ok = nbm_parse_int(a->prog, f, v, 1, 1000000, &a->keep);
         }
         if (!ok) return 2;
     }
@@ -124,6 +129,11 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
         }
     if (a->save_every && !a->save) {
         fprintf(stderr, "%s: --save-every has no effect without --save\n", a->prog);
+        return 2;
+    }
+    if ((a->keep || (a->resume && !strcmp(a->resume, "auto"))) && !a->save) {
+        fprintf(stderr, "%s: %s needs --save (the checkpoints it works on)\n", a->prog,
+                a->keep ? "--keep" : "--resume auto");
         return 2;
     }
     if (a->override && !a->resume) {
@@ -245,11 +255,16 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     int64_t step = 0, saved_step = -1;
     int stop = 0; /* the signal all ranks stop with (nabla/stop.h), 0 while training goes on */
     nbm_stop_begin(a->prog);
-    if (a->resume) { /* every rank loads it (optimizer state and loader position too) */
-        if (nb_checkpoint_load(a->resume, &ck) != NB_OK)
+    const char *resume; /* --resume auto: the newest valid checkpoint of --save, if any */
+    char auto_path[4400];
+    if (!nbm_resume_path(a->prog, main_rank, a->resume, a->save, auto_path, sizeof auto_path,
+                         &resume))
+        goto done;
+    if (resume) { /* every rank loads it (optimizer state and loader position too) */
+        if (nb_checkpoint_load(resume, &ck) != NB_OK)
             FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
         step = ck.step;
-        if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
+        if (main_rank) printf("resumed from %s at step %lld\n", resume, (long long)step);
     }
     if (size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
     const int64_t per_epoch = nb_loader_num_batches(train_l);
@@ -310,7 +325,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 if (main_rank && a->save_every &&
                     (step % a->save_every == 0 || step == total_steps)) {
                     ck.step = step; /* the loader resumes at the batch after b */
-                    if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+                    if (nbm_save(a->save, a->keep, &ck) != NB_OK) FAIL("%s", nb_last_error());
                     saved_step = step;
                 }
                 /* samples: the global batch (every rank's shard); comm: the part of the
@@ -353,7 +368,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 if (stop) { /* a signal: save this step (unless just done) and end the run */
                     ck.step = step;
                     if (main_rank && a->save && saved_step != step &&
-                        nb_checkpoint_save(a->save, &ck) != NB_OK)
+                        nbm_save(a->save, a->keep, &ck) != NB_OK)
                         FAIL("%s", nb_last_error());
                     /* also the barrier that keeps the others alive until the file is there */
                     train_loss = nbm_mean_over_ranks(world, loss_sum / n_loss);
@@ -398,7 +413,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
             if (main_rank && a->save && !a->save_every) { /* the weights are the same on
                                                              every rank */
                 ck.step = step;
-                if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+                if (nbm_save(a->save, a->keep, &ck) != NB_OK) FAIL("%s", nb_last_error());
             }
         }
     }

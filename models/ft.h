@@ -1,5 +1,6 @@
 /* ft.h - fault tolerance in the bundled programs (mlp, cnn: models/common.c; gpt): the
- * graceful stop on SIGINT / SIGTERM / SIGUSR1 (nabla/stop.h) as every program does it.
+ * graceful stop on SIGINT / SIGTERM / SIGUSR1 (nabla/stop.h) as every program does it,
+ * rotating checkpoints (--keep) and --resume auto.
  * Public API only.
  *
  *     nbm_stop_begin("gpt");                        // before training
@@ -30,5 +31,17 @@ double nbm_step_sync(nb_comm *world, double v, int *stop);
 const char *nbm_stop_json(int stop);
 /* The exit status of a run that went well: 128 + stop, or 0. */
 int nbm_stop_status(int stop);
+
+/* ---- --save DIR_OR_FILE --keep K, --resume auto ------------------------------------------- */
+/* Save ck to --save: the file itself (keep 0), or its step's file of the series (keep > 0,
+ * nabla/checkpoint.h: run.ckpt -> run-<step>.ckpt, DIR/ -> DIR/checkpoint-<step>.ckpt) and
+ * only the newest keep of them kept. */
+nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck);
+/* Resolve --resume: "auto" is the newest complete, intact checkpoint of --save's series
+ * (corrupt ones skipped with a line each), *out = buf; or none yet: *out = NULL, after
+ * printing "prog: --resume auto: no checkpoint in SAVE yet: starting from step 0" (main_rank
+ * only). Any other value is the file itself. False after printing why it failed. */
+bool nbm_resume_path(const char *prog, bool main_rank, const char *resume, const char *save,
+                     char *buf, size_t n, const char **out);
 
 #endif

@@ -1,5 +1,6 @@
 /* test_fault.c - fault tolerance (docs/checkpoints.md): the graceful stop's signal handling
- * (nabla/stop.h); checkpoint integrity (checksums, run id). The programs' use of it is checked end to end by tools/check-stop. */
+ * (nabla/stop.h); checkpoint integrity (checksums, run id); series of checkpoints (rotation,
+ * the newest intact one). The programs' use of it is checked end to end by tools/check-stop. */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -212,6 +213,73 @@ START_TEST(test_checkpoint_integrity) {
 }
 END_TEST
 
+/* ---- series: rotation and the newest valid checkpoint ------------------------------------------ */
+START_TEST(test_checkpoint_series) {
+    char *dir = tu_make_dir(), *sub = tu_path_in(dir, "ckpts/"), *base = tu_path_in(dir, "run.ckpt");
+    char path[4096];
+    int64_t step = 0;
+    ck_assert(nb_checkpoint_path(base, 120, path, sizeof path) == NB_OK);
+    ck_assert(strstr(path, "/run-00000120.ckpt") != NULL);
+    ck_assert(nb_checkpoint_path(sub, 7, path, sizeof path) == NB_OK);
+    ck_assert(strstr(path, "/ckpts/checkpoint-00000007.ckpt") != NULL);
+    /* nothing yet: not an error */
+    ck_assert(nb_checkpoint_latest(sub, path, sizeof path, &step) == NB_OK);
+    ck_assert(path[0] == 0 && step == -1);
+
+    small_run a;
+    small_init(&a, 1);
+    nb_checkpoint c = {.model = a.model, .optim = a.opt};
+    for (int k = 1; k <= 5; k++) { /* the directory is created by the first save */
+        small_step(&a);
+        c.step = 10 * k;
+        char written[4096];
+        ck_assert_msg(nb_checkpoint_save_keep(sub, &c, 3, written, sizeof written) == NB_OK, "%s",
+                      nb_last_error());
+        ck_assert(nb_checkpoint_path(sub, c.step, path, sizeof path) == NB_OK);
+        ck_assert_str_eq(written, path);
+    }
+    ck_assert_int_eq(tu_count_files(sub), 3); /* 30, 40, 50 */
+    ck_assert(nb_checkpoint_latest(sub, path, sizeof path, &step) == NB_OK);
+    ck_assert_int_eq(step, 50);
+    ck_assert(strstr(path, "checkpoint-00000050.ckpt") != NULL);
+    /* the newest bit-flipped, the next truncated: the third is used */
+    char p50[4096], p40[4096], p30[4096];
+    nb_checkpoint_path(sub, 50, p50, sizeof p50);
+    nb_checkpoint_path(sub, 40, p40, sizeof p40);
+    nb_checkpoint_path(sub, 30, p30, sizeof p30);
+    long size, begin;
+    file_layout(p50, &size, &begin);
+    flip_byte(p50, size - 2);
+    ck_assert(truncate(p40, size / 2) == 0);
+    ck_assert(nb_checkpoint_latest(sub, path, sizeof path, &step) == NB_OK);
+    ck_assert_int_eq(step, 30);
+    ck_assert_str_eq(path, p30);
+    /* rotation counts files, not good ones: the next save keeps 40, 50 and itself */
+    c.step = 60;
+    ck_assert(nb_checkpoint_save_keep(sub, &c, 3, NULL, 0) == NB_OK);
+    ck_assert_int_eq(tu_count_files(sub), 3);
+    ck_assert(nb_checkpoint_latest(sub, path, sizeof path, &step) == NB_OK && step == 60);
+    /* a plain file competes by its step */
+    c.step = 70;
+    ck_assert(nb_checkpoint_save(base, &c) == NB_OK);
+    c.step = 20;
+    ck_assert(nb_checkpoint_save_keep(base, &c, 1, NULL, 0) == NB_OK);
+    ck_assert(nb_checkpoint_latest(base, path, sizeof path, &step) == NB_OK);
+    ck_assert_int_eq(step, 70);
+    ck_assert_str_eq(path, base);
+    ck_assert_int_eq(nb_checkpoint_save_keep(base, &c, 0, NULL, 0), NB_EINVAL);
+    nb_clear_error();
+    small_free(&a);
+    /* tu_rm_dir removes files, not subdirectories */
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert(system(cmd) == 0);
+    free(sub);
+    free(base);
+    free(dir);
+}
+END_TEST
+
 Suite *nb_suite_fault(void) {
     Suite *s = suite_create("fault");
     TCase *tc = tcase_create("stop");
@@ -220,6 +288,7 @@ Suite *nb_suite_fault(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("integrity");
     tcase_add_test(tc, test_checkpoint_integrity);
+    tcase_add_test(tc, test_checkpoint_series);
     suite_add_tcase(s, tc);
     return s;
 }

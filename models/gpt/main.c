@@ -32,6 +32,7 @@ typedef struct args {
     /* training */
     const char *data;
     int64_t steps, decay_steps, batch, warmup, grad_accum, eval_every, eval_batches, save_every;
+    int64_t keep;
     double lr, weight_decay, min_lr, grad_clip, beta1, beta2;
     const char *schedule;
     const char *save, *resume, *log, *override;
@@ -71,7 +72,10 @@ static void usage(const args *a, FILE *out) {
             "  --eval-batches N fixed validation batches (default %lld)\n"
             "  --save FILE      checkpoint at every evaluation and at the end\n"
             "  --save-every N   checkpoint every N steps instead\n"
+            "  --keep N         a file per checkpoint (FILE-<step>, or DIR/checkpoint-<step>.ckpt),\n"
+            "                   the newest N kept\n"
             "  --resume FILE    continue from a checkpoint written with the same settings\n"
+            "                   (auto: the newest intact one of --save, if any)\n"
             "  --override LIST  settings that may differ from the --resume checkpoint's\n"
             "                   (comma-separated flag names without dashes, e.g. lr,grad-clip)\n"
             "  --log FILE       JSON lines: one per step and one per evaluation\n"
@@ -113,7 +117,7 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--resume", TRAIN},      {"--log", TRAIN},         {"--threads", BOTH},
                  {"--seed", BOTH},         {"--load", SAMPLE},       {"--prompt", SAMPLE},
                  {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE},
-                 {"--override", TRAIN}};
+                 {"--override", TRAIN},    {"--keep", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -171,7 +175,7 @@ static int parse_args(int argc, char **argv, args *a) {
         F64("--beta1", beta1, 0, false, 1, true); F64("--beta2", beta2, 0, false, 1, true);
         F64("--grad-clip", grad_clip, 0, false, INFINITY, false);
         I64("--eval-every", eval_every, 0, BIG); I64("--eval-batches", eval_batches, 1, BIG);
-        I64("--save-every", save_every, 0, BIG);
+        I64("--save-every", save_every, 0, BIG); I64("--keep", keep, 1, 1000000);
         STR("--save", save); STR("--resume", resume); STR("--log", log);
         STR("--override", override);
         I64("--threads", threads, 0, NBM_MAX_THREADS);
@@ -208,6 +212,12 @@ static int parse_args(int argc, char **argv, args *a) {
         if (constant && (!strcmp(name, "--warmup") || !strcmp(name, "--min-lr") ||
                          !strcmp(name, "--decay-steps"))) {
             fprintf(stderr, "gpt: %s has no effect with --schedule constant\n", name);
+            return 2;
+        }
+        if (!a->save && (!strcmp(name, "--keep") ||
+                         (!strcmp(name, "--resume") && !strcmp(a->resume, "auto")))) {
+            fprintf(stderr, "gpt: %s needs --save (the checkpoints it works on)\n",
+                    !strcmp(name, "--keep") ? "--keep" : "--resume auto");
             return 2;
         }
         if (!a->save && !strcmp(name, "--save-every")) {
@@ -480,8 +490,13 @@ static int run_train(const args *a) {
     int64_t step = 0, first = 0;
     int stop = 0; /* the signal all ranks stop with (nabla/stop.h), 0 while training goes on */
     nbm_stop_begin("gpt");
-    if (a->resume) { /* every rank loads it */
-        if (nb_checkpoint_load(a->resume, &ck) != NB_OK)
+    const char *resume; /* --resume auto: the newest valid checkpoint of --save, if any */
+    char auto_path[4400];
+    if (!nbm_resume_path("gpt", main_rank, a->resume, a->save, auto_path, sizeof auto_path,
+                         &resume))
+        goto done;
+    if (resume) { /* every rank loads it */
+        if (nb_checkpoint_load(resume, &ck) != NB_OK)
             FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
         first = step = ck.step;
         /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
@@ -490,7 +505,7 @@ static int run_train(const args *a) {
         if (nb_generator_set_stream(drop_gen, (uint64_t)rank) != NB_OK ||
             nb_generator_set_offset(drop_gen, pos) != NB_OK)
             FAIL("%s", nb_last_error());
-        if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
+        if (main_rank) printf("resumed from %s at step %lld\n", resume, (long long)step);
     }
     if (size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
     const double flops = nb_gpt_train_flops(&cfg, B * N, T);
@@ -595,7 +610,7 @@ static int run_train(const args *a) {
                                                              : eval_now));
         if (save_now || (stop && main_rank && a->save)) { /* a signal: save this step */
             ck.step = step;
-            if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+            if (nbm_save(a->save, a->keep, &ck) != NB_OK) FAIL("%s", nb_last_error());
         }
         if (log.f) nbm_log_flush(&log);
         if (stop) { /* all ranks agree on this step; the mean is the barrier after the save */
