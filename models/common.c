@@ -254,7 +254,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     if (!nbm_config_apply(&cfg, &ck, a->prog, a->override)) goto done;
     int64_t step = 0, saved_step = -1;
     int stop = 0; /* the signal all ranks stop with (nabla/stop.h), 0 while training goes on */
-    nbm_stop_begin(a->prog);
+    if (!a->eval_only) nbm_stop_begin(a->prog); /* a stop acts at step boundaries */
     const char *resume; /* --resume auto: the newest valid checkpoint of --save, if any */
     char auto_path[4400];
     if (!nbm_resume_path(a->prog, main_rank, a->resume, a->save, auto_path, sizeof auto_path,
