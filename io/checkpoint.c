@@ -1,8 +1,15 @@
 /* checkpoint.c - training checkpoints (nabla/checkpoint.h): one safetensors file holding
  * model, optimizer, schedule, loader position, generator positions and step. */
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "io/io_impl.h"
 #include "nabla/checkpoint.h"
@@ -44,6 +51,28 @@ static nb_status as_checkpoint_error(nb_status st) {
     return nb__error(st, "checkpoint_save: %s", rest);
 }
 
+/* This process's run id: 128 random bits as 32 hex digits, drawn once. */
+static char process_run_id[33];
+static void draw_run_id(void) {
+    unsigned char b[16];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) { /* no entropy source: time and pid */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t x = (uint64_t)ts.tv_sec * 1000000007u ^ (uint64_t)ts.tv_nsec ^
+                     ((uint64_t)getpid() << 32);
+        for (int i = 0; i < 16; i++) x = x * 6364136223846793005u + 1442695040888963407u,
+                                      b[i] = (unsigned char)(x >> 56);
+    }
+    for (int i = 0; i < 16; i++) snprintf(process_run_id + 2 * i, 3, "%02x", b[i]);
+}
+
+const char *nb_checkpoint_run_id(const nb_checkpoint *c) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    if (c && c->run_id[0]) return c->run_id;
+    pthread_once(&once, draw_run_id);
+    return process_run_id;
+}
+
 nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     if (!path || !c || !c->model)
         return nb__error(NB_ENULL, "checkpoint_save: %s is NULL",
@@ -70,7 +99,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     }
     if (st == NB_OK) st = add_u64(&l, "step", (uint64_t)c->step);
     /* metadata: the format, the program and "config.<name>" = value per setting */
-    int nmeta = 2 + (c->program ? 1 : 0) + (c->nconfig > 0 ? c->nconfig : 0);
+    int nmeta = 3 + (c->program ? 1 : 0) + (c->nconfig > 0 ? c->nconfig : 0);
     const char **keys = calloc((size_t)nmeta, sizeof *keys);
     const char **vals = calloc((size_t)nmeta, sizeof *vals);
     char **owned = calloc((size_t)nmeta, sizeof *owned);
@@ -80,6 +109,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     if (st == NB_OK) {
         keys[m] = "format", vals[m++] = "pt";
         keys[m] = "nabla_checkpoint", vals[m++] = "1";
+        keys[m] = "run_id", vals[m++] = nb_checkpoint_run_id(c);
         if (c->program) keys[m] = "program", vals[m++] = c->program;
     }
     for (int i = 0; st == NB_OK && i < c->nconfig; i++) {
@@ -99,8 +129,8 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
         keys[m] = owned[m], vals[m++] = val;
     }
     if (st == NB_OK)
-        st = as_checkpoint_error(nb_safetensors_save(path, l.names, l.tensors, l.count, keys,
-                                                     vals, m));
+        st = as_checkpoint_error(nb__safetensors_save_checked(path, l.names, l.tensors, l.count,
+                                                              keys, vals, m, true));
     for (int i = 0; owned && i < nmeta; i++) free(owned[i]);
     free(owned);
     free(keys);
@@ -123,6 +153,17 @@ nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
     if (!nb_safetensors_metadata(f, "nabla_checkpoint"))
         st = nb__error(NB_EFORMAT, "checkpoint_load: %s is a safetensors file but not a nabla "
                        "checkpoint (to load weights only, use nb_module_load)", path);
+    /* Every tensor's checksum before anything is used: a torn or damaged file changes
+     * nothing. (Files of older versions have none and pass.) */
+    if (st == NB_OK && nb_safetensors_verify(f, NULL) != NB_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", nb_last_error() + strlen("safetensors_verify: "));
+        st = nb__error(NB_EFORMAT, "checkpoint_load: %s", msg);
+    }
+    const char *run = nb_safetensors_metadata(f, "run_id");
+    if (st == NB_OK && c->run_id[0] && run && strcmp(run, c->run_id) != 0)
+        st = nb__error(NB_EINVAL, "checkpoint_load: %s belongs to run %s, not to this run (%s)",
+                       path, run, c->run_id);
     /* The run's identity before anything else: another program's file, or settings that
      * differ, change nothing. */
     const char *writer = nb_safetensors_metadata(f, "program");
@@ -185,8 +226,206 @@ nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
         if (st == NB_OK) st = nb_generator_set_offset(g, rng[i][2]);
     }
     if (st == NB_OK) c->step = (int64_t)step;
+    if (st == NB_OK && run) snprintf(c->run_id, sizeof c->run_id, "%s", run);
     nb_state_list_deinit(&ol);
     nb_state_list_deinit(&sl);
     nb_safetensors_close(f);
     return st;
+}
+
+/* ---- series of checkpoints: rotation and the newest valid one --------------------------------- */
+/* base names a series: a directory (existing, or ending in '/': files DIR/checkpoint-<step>.ckpt)
+ * or a file path whose stem and extension frame the step (run.ckpt: run-<step>.ckpt). */
+typedef struct series {
+    char dir[4096];
+    char stem[1024];
+    char ext[256];
+    bool is_dir;
+} series;
+
+static nb_status series_of(const char *base, const char *op, series *s) {
+    if (!base || !*base) return nb__error(NB_ENULL, "%s: the path is %s", op, base ? "empty" : "NULL");
+    struct stat sb;
+    size_t len = strlen(base);
+    s->is_dir = base[len - 1] == '/' || (stat(base, &sb) == 0 && S_ISDIR(sb.st_mode));
+    if (len >= sizeof s->dir) return nb__error(NB_EINVAL, "%s: path too long: %s", op, base);
+    if (s->is_dir) {
+        snprintf(s->dir, sizeof s->dir, "%s", base);
+        while (strlen(s->dir) > 1 && s->dir[strlen(s->dir) - 1] == '/') s->dir[strlen(s->dir) - 1] = 0;
+        snprintf(s->stem, sizeof s->stem, "checkpoint");
+        snprintf(s->ext, sizeof s->ext, ".ckpt");
+        return NB_OK;
+    }
+    const char *slash = strrchr(base, '/');
+    const char *file = slash ? slash + 1 : base;
+    if (slash) snprintf(s->dir, sizeof s->dir, "%.*s", slash == base ? 1 : (int)(slash - base), base);
+    else snprintf(s->dir, sizeof s->dir, ".");
+    const char *dot = strrchr(file, '.');
+    if (!dot || dot == file) dot = file + strlen(file);
+    if ((size_t)(dot - file) >= sizeof s->stem || strlen(dot) >= sizeof s->ext)
+        return nb__error(NB_EINVAL, "%s: file name too long: %s", op, base);
+    snprintf(s->stem, sizeof s->stem, "%.*s", (int)(dot - file), file);
+    snprintf(s->ext, sizeof s->ext, "%s", dot);
+    return NB_OK;
+}
+
+static nb_status series_path(const series *s, int64_t step, char *out, size_t n, const char *op) {
+    int w = snprintf(out, n, "%s/%s-%08lld%s", s->dir, s->stem, (long long)step, s->ext);
+    if (w < 0 || (size_t)w >= n) return nb__error(NB_EINVAL, "%s: path too long for %s", op, s->dir);
+    return NB_OK;
+}
+
+nb_status nb_checkpoint_path(const char *base, int64_t step, char *out, size_t n) {
+    series s;
+    if (!out) return nb__error(NB_ENULL, "checkpoint_path: out is NULL");
+    if (step < 0) return nb__error(NB_EINVAL, "checkpoint_path: step %lld is negative", (long long)step);
+    nb_status st = series_of(base, "checkpoint_path", &s);
+    return st == NB_OK ? series_path(&s, step, out, n, "checkpoint_path") : st;
+}
+
+/* The step of a series member's file name, or -1 when name is not one. */
+static int64_t member_step(const series *s, const char *name) {
+    size_t ls = strlen(s->stem), le = strlen(s->ext), ln = strlen(name);
+    if (ln < ls + 2 + le || strncmp(name, s->stem, ls) != 0 || name[ls] != '-' ||
+        strcmp(name + ln - le, s->ext) != 0)
+        return -1;
+    int64_t step = 0;
+    for (size_t i = ls + 1; i < ln - le; i++) {
+        if (name[i] < '0' || name[i] > '9' || step > INT64_MAX / 10 - 9) return -1;
+        step = step * 10 + (name[i] - '0');
+    }
+    return step;
+}
+
+typedef struct member {
+    int64_t step;
+    char path[4400];
+} member;
+
+static int cmp_newest_first(const void *a, const void *b) {
+    int64_t x = ((const member *)a)->step, y = ((const member *)b)->step;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The series' files, newest first, in *out (malloc'd; *n of them). */
+static nb_status list_members(const series *s, member **out, int *n, const char *op) {
+    *out = NULL, *n = 0;
+    DIR *d = opendir(s->dir);
+    if (!d) {
+        if (errno == ENOENT) return NB_OK;
+        return nb__error(NB_EIO, "%s: cannot read the directory %s: %s", op, s->dir, strerror(errno));
+    }
+    int cap = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        int64_t step = member_step(s, e->d_name);
+        if (step < 0) continue;
+        if (*n == cap) {
+            member *m = realloc(*out, sizeof(member) * (size_t)(cap = cap ? 2 * cap : 16));
+            if (!m) {
+                closedir(d);
+                free(*out);
+                *out = NULL, *n = 0;
+                return nb__error(NB_ENOMEM, "%s: out of memory", op);
+            }
+            *out = m;
+        }
+        (*out)[*n].step = step;
+        snprintf((*out)[*n].path, sizeof(*out)[*n].path, "%s/%s", s->dir, e->d_name);
+        (*n)++;
+    }
+    closedir(d);
+    if (*n > 1) qsort(*out, (size_t)*n, sizeof(member), cmp_newest_first);
+    return NB_OK;
+}
+
+nb_status nb_checkpoint_save_keep(const char *base, const nb_checkpoint *c, int keep,
+                                  char *path_out, size_t n) {
+    const char *op = "checkpoint_save";
+    if (!c) return nb__error(NB_ENULL, "%s: the checkpoint is NULL", op);
+    if (keep < 1) return nb__error(NB_EINVAL, "%s: keep must be at least 1, got %d", op, keep);
+    series s;
+    char path[4400];
+    nb_status st = series_of(base, op, &s);
+    if (st == NB_OK) st = series_path(&s, c->step, path, sizeof path, op);
+    if (st != NB_OK) return st;
+    if (s.is_dir && mkdir(s.dir, 0777) != 0 && errno != EEXIST)
+        return nb__error(NB_EIO, "%s: cannot create the directory %s: %s", op, s.dir,
+                         strerror(errno));
+    if ((st = nb_checkpoint_save(path, c)) != NB_OK) return st;
+    if (path_out && n) snprintf(path_out, n, "%s", path);
+    /* Rotation after the new file is durable: the newest keep stay. A file that cannot be
+     * removed stays too (the next save tries again). */
+    member *m;
+    int count;
+    if (list_members(&s, &m, &count, op) != NB_OK) {
+        nb_clear_error();
+        return NB_OK;
+    }
+    for (int i = keep; i < count; i++)
+        if (strcmp(m[i].path, path) != 0) unlink(m[i].path);
+    free(m);
+    return NB_OK;
+}
+
+/* Whether path is a complete, intact checkpoint; its step in *step. On failure the error
+ * says why. */
+static nb_status check_candidate(const char *path, int64_t *step) {
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) return nb_last_status();
+    nb_status st = NB_OK;
+    if (!nb_safetensors_metadata(f, "nabla_checkpoint"))
+        st = nb__error(NB_EFORMAT, "%s is not a nabla checkpoint", path);
+    if (st == NB_OK) st = nb_safetensors_verify(f, NULL);
+    uint64_t v = 0;
+    nb_scope_begin();
+    if (st == NB_OK) st = read_u64(f, path, "step", &v);
+    nb_scope_end();
+    nb_safetensors_close(f);
+    *step = (int64_t)v;
+    return st;
+}
+
+nb_status nb_checkpoint_latest(const char *base, char *out, size_t n, int64_t *step) {
+    const char *op = "checkpoint_latest";
+    if (!out || !n) return nb__error(NB_ENULL, "%s: out is NULL", op);
+    out[0] = 0;
+    if (step) *step = -1;
+    series s;
+    nb_status st = series_of(base, op, &s);
+    member *m = NULL;
+    int count = 0;
+    if (st == NB_OK) st = list_members(&s, &m, &count, op);
+    if (st != NB_OK) return st;
+    /* base itself, a single file saved without rotation, competes by its step */
+    struct stat sb;
+    int64_t best = -1;
+    char best_path[4400] = "";
+    if (!s.is_dir && stat(base, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        nb__remove_stale_temps(base);
+        int64_t k;
+        if (check_candidate(base, &k) == NB_OK) {
+            best = k;
+            snprintf(best_path, sizeof best_path, "%s", base);
+        } else {
+            fprintf(stderr, "nabla: checkpoint_latest: skipping %s: %s\n", base, nb_last_error());
+        }
+        nb_clear_error();
+    }
+    for (int i = 0; i < count && m[i].step > best; i++) {
+        int64_t k;
+        nb__remove_stale_temps(m[i].path);
+        if (check_candidate(m[i].path, &k) == NB_OK) {
+            best = k;
+            snprintf(best_path, sizeof best_path, "%s", m[i].path);
+            break;
+        }
+        fprintf(stderr, "nabla: checkpoint_latest: skipping %s: %s\n", m[i].path, nb_last_error());
+        nb_clear_error();
+    }
+    free(m);
+    if (best < 0) return NB_OK;
+    if (strlen(best_path) >= n) return nb__error(NB_EINVAL, "%s: out is too short for %s", op, best_path);
+    snprintf(out, n, "%s", best_path);
+    if (step) *step = best;
+    return NB_OK;
 }

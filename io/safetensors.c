@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <xxhash.h>
 
 #include "nabla/autograd.h"
 #include "io/io_impl.h"
@@ -494,6 +495,43 @@ static const st_entry *get_checked(nb_safetensors *f, const char *name, const ch
     return e;
 }
 
+/* ---- checksums ------------------------------------------------------------------------------ */
+/* Metadata "checksum.<tensor name>" = "xxh3-64:<16 hex digits>": the XXH3 64-bit hash of the
+ * tensor's bytes as stored, written by nb__safetensors_save_checked. */
+#define SUM_PREFIX "checksum."
+#define SUM_ALGO "xxh3-64:"
+
+static void format_sum(const void *p, size_t n, char out[sizeof SUM_ALGO + 16]) {
+    snprintf(out, sizeof SUM_ALGO + 16, SUM_ALGO "%016llx",
+             (unsigned long long)XXH3_64bits(p, n));
+}
+
+nb_status nb_safetensors_verify(nb_safetensors *f, int *checked) {
+    const char *op = "safetensors_verify";
+    if (checked) *checked = 0;
+    if (!f) return nb__error(NB_ENULL, "%s: f is NULL", op);
+    int n = 0;
+    for (int i = 0; i < f->count; i++) {
+        const st_entry *e = &f->entries[i];
+        char key[512], sum[sizeof SUM_ALGO + 16];
+        snprintf(key, sizeof key, SUM_PREFIX "%s", e->name);
+        const char *want = nb_safetensors_metadata(f, key);
+        if (!want) continue;
+        if (strncmp(want, SUM_ALGO, sizeof SUM_ALGO - 1) != 0)
+            return nb__error(NB_EFORMAT, "%s: %s: tensor \"%s\" has a checksum of an unknown kind "
+                             "(\"%.40s\"; this reader knows " SUM_ALGO ")", op, f->path, e->name,
+                             want);
+        format_sum(f->data + e->begin, (size_t)(e->end - e->begin), sum);
+        if (strcmp(sum, want) != 0)
+            return nb__error(NB_EFORMAT, "%s: %s is corrupt: the bytes of tensor \"%s\" hash to %s, "
+                             "the file recorded %s (a torn write or a damaged disk)", op, f->path,
+                             e->name, sum + sizeof SUM_ALGO - 1, want + sizeof SUM_ALGO - 1);
+        n++;
+    }
+    if (checked) *checked = n;
+    return NB_OK;
+}
+
 /* True when BOOL data holds only 0 and 1 (nabla's bool representation). */
 static bool bool_bytes_ok(const unsigned char *p, uint64_t n) {
     unsigned char any = 0;
@@ -819,9 +857,48 @@ void nb__remove_stale_temps(const char *path) {
                 (double)bytes / 1e6, path);
 }
 
+/* The checksum metadata of the n tensors (keys "checksum.<name>", values "xxh3-64:..."), after
+ * the caller's nmeta entries in keys / vals (arrays of nmeta + n), the strings in text. */
+static nb_status add_checksums(const w_item *items, int n, const char **keys, const char **vals,
+                               int nmeta, char **text) {
+    size_t need = 0;
+    for (int i = 0; i < n; i++) need += sizeof SUM_PREFIX + strlen(items[i].name) + sizeof SUM_ALGO + 16;
+    char *p = *text = malloc(need ? need : 1);
+    if (!p) return nb__error(NB_ENOMEM, "safetensors_save: out of memory");
+    for (int i = 0; i < n; i++) {
+        nb_tensor *t = items[i].t;
+        size_t nbytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+        keys[nmeta + i] = p;
+        p += sprintf(p, SUM_PREFIX "%s", items[i].name) + 1;
+        vals[nmeta + i] = p;
+        if (nb__host_accessible(t) && nb_is_contiguous(t)) {
+            format_sum(nbytes ? nb__ptr(t) : "", nbytes, p);
+        } else { /* as write_contents does: a contiguous host copy */
+            nb_scope_begin();
+            bool prev = nb_set_grad_enabled(false);
+            nb_tensor *c = nb__host_accessible(t) ? nb_contiguous(t) : nb_to_device(t, NB_CPU);
+            nb_set_grad_enabled(prev);
+            if (c) format_sum(nb__ptr(c), nbytes, p);
+            nb_scope_end();
+            if (!c) return nb_last_status();
+        }
+        p += strlen(p) + 1;
+    }
+    return NB_OK;
+}
+
 nb_status nb_safetensors_save(const char *path, const char *const *names,
                               nb_tensor *const *tensors, int n, const char *const *meta_keys,
                               const char *const *meta_values, int nmeta) {
+    return nb__safetensors_save_checked(path, names, tensors, n, meta_keys, meta_values, nmeta,
+                                        false);
+}
+
+nb_status nb__safetensors_save_checked(const char *path, const char *const *names,
+                                       nb_tensor *const *tensors, int n,
+                                       const char *const *meta_keys,
+                                       const char *const *meta_values, int nmeta,
+                                       bool checksums) {
     nb_status st = check_save_args(path, names, tensors, n, meta_keys, meta_values, nmeta);
     if (st == NB_OK) st = check_replaceable(path);
     if (st != NB_OK) return st;
@@ -830,7 +907,23 @@ nb_status nb_safetensors_save(const char *path, const char *const *names,
     for (int i = 0; i < n; i++)
         items[i] = (w_item){names[i], tensors[i], write_rank(tensors[i]->dtype)};
     qsort(items, (size_t)n, sizeof(w_item), cmp_write_order);
-    char *json = build_header(items, n, meta_keys, meta_values, nmeta);
+    char *json = NULL;
+    if (checksums) {
+        const char **keys = malloc(sizeof(char *) * (size_t)(nmeta + n + 1));
+        const char **vals = malloc(sizeof(char *) * (size_t)(nmeta + n + 1));
+        char *text = NULL;
+        st = keys && vals ? NB_OK : nb__error(NB_ENOMEM, "safetensors_save: out of memory");
+        if (st == NB_OK) {
+            for (int i = 0; i < nmeta; i++) keys[i] = meta_keys[i], vals[i] = meta_values[i];
+            st = add_checksums(items, n, keys, vals, nmeta, &text);
+        }
+        if (st == NB_OK) json = build_header(items, n, keys, vals, nmeta + n);
+        free(keys);
+        free(vals);
+        free(text);
+    } else {
+        json = build_header(items, n, meta_keys, meta_values, nmeta);
+    }
     if (!json) {
         free(items);
         return nb_last_status();

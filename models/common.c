@@ -11,6 +11,7 @@
  * averaged, so the run follows the 1-process one. Evaluation is split over the ranks by
  * batch and the counts summed; only rank 0 prints, logs and writes checkpoints. */
 #include "common.h"
+#include "ft.h"
 
 #include <nabla/parallel.h>
 #include <nabla/run.h>
@@ -35,7 +36,10 @@ static void usage(const nbm_args *a, FILE *out) {
             "  --data DIR       Fashion-MNIST directory (default %s)\n"
             "  --save FILE      write a checkpoint after every epoch\n"
             "  --save-every N   write it every N steps instead (and at the end)\n"
+            "  --keep N         a file per checkpoint (FILE-<step>, or DIR/checkpoint-<step>.ckpt),\n"
+            "                   the newest N kept\n"
             "  --resume FILE    continue from a checkpoint written with the same settings\n"
+            "                   (auto: the newest intact one of --save, if any)\n"
             "  --override LIST  settings (lr, batch, limit; comma-separated) that may\n"
             "                   differ from the --resume checkpoint's, e.g. --override lr\n"
             "  --log FILE       JSON lines: one per logged step and per epoch\n"
@@ -58,7 +62,8 @@ static const struct {
                    {"--seed", true},    {"--threads", true},   {"--data", true},
                    {"--save", false},   {"--resume", true},    {"--log", false},
                    {"--max-steps", false}, {"--limit", false}, {"--save-every", false},
-                   {"--override", false}, {"--tensorboard", false}, {"--zero", false}};
+                   {"--override", false}, {"--tensorboard", false}, {"--zero", false},
+                   {"--keep", false}};
 enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
 
 int nbm_parse_args(int argc, char **argv, nbm_args *a) {
@@ -121,6 +126,8 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
             a->override = v;
         } else if (!strcmp(f, "--tensorboard")) {
             a->tensorboard = v;
+        } else if (!strcmp(f, "--keep")) {
+            ok = nb_parse_int(a->prog, f, v, 1, 1000000, &a->keep);
         } else if (!strcmp(f, "--zero")) {
             ok = nb_parse_int(a->prog, f, v, 0, 3, &a->zero);
         }
@@ -140,6 +147,11 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
     }
     if (a->save_every && !a->save) {
         fprintf(stderr, "%s: --save-every has no effect without --save\n", a->prog);
+        return 2;
+    }
+    if ((a->keep || (a->resume && !strcmp(a->resume, "auto"))) && !a->save) {
+        fprintf(stderr, "%s: %s needs --save (the checkpoints it works on)\n", a->prog,
+                a->keep ? "--keep" : "--resume auto");
         return 2;
     }
     if (a->override && !a->resume) {
@@ -221,6 +233,8 @@ typedef struct run {
     bool tb_failed;    /* a TensorBoard write failed (warned once) */
     nb_progress *bar;
     int64_t step, total_steps, per_epoch;
+    int stop;           /* the signal all ranks stop with (nabla/stop.h); 0: training goes on */
+    int64_t saved_step; /* the step of the last checkpoint written, -1 for none */
     /* results */
     double *step_times; /* per-step seconds after 10 warm-up steps, for the median */
     int64_t n_times, max_times;
@@ -296,11 +310,16 @@ static bool setup_model(run *r) {
     nb_run_config_fixed(&r->cfg, "the checkpoint's loader continues its shuffled epoch from it");
     nb_run_config_int(&r->cfg, "limit", a->limit);
     if (!nb_run_config_apply(&r->cfg, &r->ck, a->prog, a->override)) return false;
-    if (a->resume) { /* every rank loads it (optimizer state and loader position too) */
-        if (nb_checkpoint_load(a->resume, &r->ck) != NB_OK)
+    const char *resume; /* --resume auto: the newest valid checkpoint of --save, if any */
+    char auto_path[4400];
+    if (!nbm_resume_path(a->prog, r->main_rank, a->resume, a->save, auto_path,
+                         sizeof auto_path, &resume))
+        return false;
+    if (resume) { /* every rank loads it (optimizer state and loader position too) */
+        if (nb_checkpoint_load(resume, &r->ck) != NB_OK)
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
         r->step = r->ck.step;
-        if (r->main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)r->step);
+        if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
     }
     nb_zero_opts zo = nb_zero_defaults();
     zo.stage = (int)a->zero;
@@ -352,7 +371,7 @@ static bool train_step(run *r, const nb_batch *b, double *loss) {
      * the step. With several ranks the check is on the mean, so every rank stops at the
      * same step instead of waiting for the others. */
     nb_clear_error();
-    double lv_all = r->size > 1 ? nb_mean_over_ranks(r->world, lv) : lv;
+    double lv_all = nbm_step_sync(r->world, lv, &r->stop); /* + the agreed stop flag */
     if (!isfinite(lv_all) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
     if (!isfinite(lv_all))
@@ -406,7 +425,8 @@ static bool train_epoch(run *r, int64_t epoch) {
         if (r->main_rank && a->save_every &&
             (r->step % a->save_every == 0 || r->step == r->total_steps)) {
             r->ck.step = r->step; /* the loader resumes at the batch after b */
-            if (nb_checkpoint_save(a->save, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
+            if (nbm_save(a->save, a->keep, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
+            r->saved_step = r->step;
         }
         /* samples: the global batch (every rank's shard) */
         double comm = r->zero  ? nb_zero_exposed_comm_s(r->zero)
@@ -418,6 +438,16 @@ static bool train_epoch(run *r, int64_t epoch) {
         r->comm_sum += comm;
         nb_progress_step(r->bar, dt, (double)(b.n * r->size));
         log_step(r, &b, epoch, loss, comm);
+        if (r->stop) { /* a signal: save this step (unless just done) and end the run */
+            r->ck.step = r->step;
+            if (r->main_rank && a->save && r->saved_step != r->step &&
+                nbm_save(a->save, a->keep, &r->ck) != NB_OK)
+                return fail(r, "%s", nb_last_error());
+            /* also the barrier that keeps the others alive until the file is there */
+            r->train_loss = nb_mean_over_ranks(r->world, r->loss_sum / (double)r->n_loss);
+            r->acc = r->test_loss = NAN; /* not evaluated at this step */
+            return true;
+        }
     }
     if (nb_loader_error(r->train_l) != NB_OK) return fail(r, "%s", nb_last_error());
     return true;
@@ -481,6 +511,7 @@ static bool train(run *r) {
         nb_loader_get_state(r->train_l, &pos);
         double t_epoch = nb_time_s();
         if (!train_epoch(r, pos.epoch)) return false;
+        if (r->stop) break;
         /* Steady state = training steps only (the first evaluation allocates its own batch
          * buffers once). */
         nb_alloc_stats st;
@@ -495,8 +526,13 @@ static bool train(run *r) {
         if (r->main_rank && a->save && !a->save_every) { /* the weights are the same on every
                                                              rank */
             r->ck.step = r->step;
-            if (nb_checkpoint_save(a->save, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
+            if (nbm_save(a->save, a->keep, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
         }
+    }
+    if (r->stop && r->main_rank) {
+        nb_progress_break(r->bar);
+        printf("stopped by %s after step %lld%s%s\n", nb_stop_signal_name(r->stop),
+               (long long)r->step, a->save ? "; checkpoint " : "", a->save ? a->save : "");
     }
     return true;
 }
@@ -536,6 +572,10 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
     nb_jsonl_int(out, "zero", r->a->zero);
     nb_jsonl_num(out, "model_state_mib", model_state_mib(r->zero, r->opt, r->model), 2);
+    if (r->stop) {
+        nb_jsonl_str(out, "stopped", "signal");
+        nb_jsonl_str(out, "signal", nb_stop_signal_name(r->stop));
+    }
     nb_jsonl_end(out);
     nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */
 }
@@ -577,10 +617,14 @@ static void teardown(run *r) {
 
 int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     double t_start = nb_time_s();
+    /* First, before MPI, the loader and the thread pools start threads: the stop signals are
+     * then blocked in all of them and taken by nabla's signal thread (nabla/stop.h). A stop
+     * acts at step boundaries. */
+    if (!a->eval_only) nbm_stop_begin(a->prog);
     run r = {.spec = spec, .a = a, .size = 1, .acc = NAN, .test_loss = NAN, .train_loss = NAN,
-             .steady_allocs = -1, .init = nb_generator_new(a->seed)};
+             .steady_allocs = -1, .saved_step = -1, .init = nb_generator_new(a->seed)};
     bool ok = setup(&r) && (a->eval_only || train(&r));
-    if (ok && isnan(r.acc) && evaluate(r.model, r.test_l, r.world, &r.acc, &r.test_loss) != NB_OK)
+    if (ok && isnan(r.acc) && !r.stop && evaluate(r.model, r.test_l, r.world, &r.acc, &r.test_loss) != NB_OK)
         ok = fail(&r, "evaluation: %s",
                   *nb_last_error() ? nb_last_error() : "failed on another rank");
     int rc = 1;
@@ -588,7 +632,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
         print_result(&r, nb_time_s() - t_start);
         /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
          * so that a script never takes an incomplete record for a complete one. */
-        rc = close_logs(&r) ? 0 : 1;
+        rc = close_logs(&r) ? nbm_stop_status(r.stop) : 1;
         if (r.main_rank && !nb_stdout_ok(a->prog)) rc = 1;
     }
     teardown(&r);

@@ -29,6 +29,7 @@ Suite *nb_suite_loss(void);
 Suite *nb_suite_optim(void);
 Suite *nb_suite_train(void);
 Suite *nb_suite_checkpoint(void);
+Suite *nb_suite_fault(void);
 Suite *nb_suite_data(void);
 Suite *nb_suite_io(void);
 Suite *nb_suite_gpt(void);

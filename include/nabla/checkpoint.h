@@ -21,7 +21,11 @@
  * checked: a checkpoint that cannot be written is NB_EIO with the file and the reason
  * ("checkpoint_save: cannot write run.ckpt: No space left on device"), as is a path that is
  * not a regular file ("... is a character device, not a regular file; refusing to replace
- * it"), which is left as it is. Temporary files of earlier saves of the same path whose writer
+ * it"), which is left as it is. Integrity: every tensor's XXH3-64 checksum is in the file's
+ * metadata ("checksum.<name>") with the run's id ("run_id", below); loading verifies every
+ * checksum before it changes anything, so a torn or bit-flipped file is NB_EFORMAT ("...
+ * run.ckpt is corrupt: the bytes of tensor \"model.0.weight\" hash to ..., the file
+ * recorded ...") and a truncated one NB_EFORMAT from the reader. Temporary files of earlier saves of the same path whose writer
  * was killed are removed by the next save and by the next load (see nb_safetensors_save). Loading restores the exact state: training
  * N steps, saving, loading
  * into fresh objects and training N more gives bit-identical weights to 2N steps straight.
@@ -33,6 +37,7 @@
 #ifndef NABLA_CHECKPOINT_H
 #define NABLA_CHECKPOINT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "nabla/data.h"
@@ -71,10 +76,41 @@ typedef struct nb_checkpoint {
     int nconfig;
     const char *const *may_change;
     int nmay_change;
+    /* The run this checkpoint belongs to, 32 hex digits, saved as metadata "run_id". Empty
+     * (the default): saving writes this process's id (drawn at random once), loading accepts
+     * any file and copies its id here, so the saves of a resumed run keep the run's id. Set
+     * (by an earlier load, or by the caller): loading a file of another run is NB_EINVAL
+     * ("checkpoint_load: run.ckpt belongs to run 9f..., not to this run (3a...)"). */
+    char run_id[33];
 } nb_checkpoint;
 
 nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c);
 nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c);
+/* The run id c's next save writes (c->run_id, or this process's). */
+const char *nb_checkpoint_run_id(const nb_checkpoint *c);
+
+/* ---- series: rotation and resuming from the newest ---------------------------------------
+ *     nb_checkpoint_save_keep("out/", &ck, 3, NULL, 0);     // out/checkpoint-00000100.ckpt
+ *     char path[4096];
+ *     int64_t step;
+ *     nb_checkpoint_latest("out/", path, sizeof path, &step); // "" and -1: none yet
+ * base names a series of files, one per step: a directory (one that exists, or a path ending
+ * in '/', created by the first save): DIR/checkpoint-<step>.ckpt; or a file path, whose name
+ * frames the step: run.ckpt -> run-<step>.ckpt (steps zero-padded to 8 digits). */
+/* The file of step in base's series into out[n]. */
+nb_status nb_checkpoint_path(const char *base, int64_t step, char *out, size_t n);
+/* Save c at its step's file in base's series (atomically, as nb_checkpoint_save), then
+ * remove the series' older files beyond the newest keep (>= 1). path_out (may be NULL) gets
+ * the file written. */
+nb_status nb_checkpoint_save_keep(const char *base, const nb_checkpoint *c, int keep,
+                                  char *path_out, size_t n);
+/* The newest complete, intact checkpoint of base's series, base itself included when it is a
+ * file: the candidates from the highest step down are opened and every checksum verified;
+ * one that fails (torn, truncated, bit-flipped, not a checkpoint) is skipped with a line on
+ * stderr ("nabla: checkpoint_latest: skipping run-00000200.ckpt: ... is corrupt: ..."). Its
+ * path in out[n] and its step in *step (may be NULL); none at all is not an error: out is
+ * "" and *step -1. */
+nb_status nb_checkpoint_latest(const char *base, char *out, size_t n, int64_t *step);
 
 #ifdef __cplusplus
 }

@@ -91,6 +91,13 @@ nb_tensor *nb_safetensors_get_copy(nb_safetensors *f, const char *name);
 const char *nb_safetensors_metadata(const nb_safetensors *f, const char *key);
 int nb_safetensors_metadata_count(const nb_safetensors *f);
 const char *nb_safetensors_metadata_key(const nb_safetensors *f, int i); /* NULL if out of range */
+/* Check the tensors' checksums: every tensor with a metadata entry "checksum.<name>" =
+ * "xxh3-64:<16 hex digits>" (nb_checkpoint_save writes one per tensor) is hashed (XXH3,
+ * 64 bits, over its bytes as stored) and compared. NB_EFORMAT naming the file, the tensor
+ * and both hashes on a mismatch ("... is corrupt: the bytes of tensor \"model.w\" hash to
+ * ..."); *checked (may be NULL) is the number of tensors checked (0: a file without
+ * checksums, which passes). Reads every checksummed byte of the file. */
+nb_status nb_safetensors_verify(nb_safetensors *f, int *checked);
 
 /* ---- writing -------------------------------------------------------------------------------- */
 /* Write n named CPU tensors (any dtype, any strides) and nmeta metadata pairs (meta_keys /

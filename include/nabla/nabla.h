@@ -26,6 +26,7 @@
 #include "nabla/cuda.h"
 #include "nabla/io.h"
 #include "nabla/checkpoint.h"
+#include "nabla/stop.h"
 #include "nabla/data.h"
 #include "nabla/parallel.h"
 #include "nabla/gpt.h"

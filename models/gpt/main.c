@@ -23,6 +23,8 @@
 #include <nabla/run.h>
 #include <nabla/summary.h>
 
+#include "ft.h"
+
 #define KJV_COMMAND "bible gen1:1-rev22:21"
 
 typedef struct args {
@@ -33,6 +35,7 @@ typedef struct args {
     /* training */
     const char *data;
     int64_t steps, decay_steps, batch, warmup, grad_accum, eval_every, eval_batches, save_every;
+    int64_t keep;
     double lr, weight_decay, min_lr, grad_clip, beta1, beta2;
     const char *schedule;
     const char *save, *resume, *log, *override, *tensorboard;
@@ -72,7 +75,10 @@ static void usage(const args *a, FILE *out) {
             "  --eval-batches N fixed validation batches (default %lld)\n"
             "  --save FILE      checkpoint at every evaluation and at the end\n"
             "  --save-every N   checkpoint every N steps instead\n"
+            "  --keep N         a file per checkpoint (FILE-<step>, or DIR/checkpoint-<step>.ckpt),\n"
+            "                   the newest N kept\n"
             "  --resume FILE    continue from a checkpoint written with the same settings\n"
+            "                   (auto: the newest intact one of --save, if any)\n"
             "  --override LIST  settings that may differ from the --resume checkpoint's\n"
             "                   (comma-separated flag names without dashes, e.g. lr,grad-clip)\n"
             "  --log FILE       JSON lines: one per step and one per evaluation\n"
@@ -118,7 +124,8 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--resume", TRAIN},      {"--log", TRAIN},         {"--threads", BOTH},
                  {"--seed", BOTH},         {"--load", SAMPLE},       {"--prompt", SAMPLE},
                  {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE},
-                 {"--override", TRAIN},    {"--tensorboard", TRAIN}, {"--zero", TRAIN}};
+                 {"--override", TRAIN},    {"--tensorboard", TRAIN}, {"--zero", TRAIN},
+                 {"--keep", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -176,7 +183,7 @@ static int parse_args(int argc, char **argv, args *a) {
         F64("--beta1", beta1, 0, false, 1, true); F64("--beta2", beta2, 0, false, 1, true);
         F64("--grad-clip", grad_clip, 0, false, INFINITY, false);
         I64("--eval-every", eval_every, 0, BIG); I64("--eval-batches", eval_batches, 1, BIG);
-        I64("--save-every", save_every, 0, BIG);
+        I64("--save-every", save_every, 0, BIG); I64("--keep", keep, 1, 1000000);
         STR("--save", save); STR("--resume", resume); STR("--log", log);
         STR("--override", override); STR("--tensorboard", tensorboard);
         I64("--threads", threads, 0, NB_MAX_THREADS); I64("--zero", zero, 0, 3);
@@ -213,6 +220,12 @@ static int parse_args(int argc, char **argv, args *a) {
         if (constant && (!strcmp(name, "--warmup") || !strcmp(name, "--min-lr") ||
                          !strcmp(name, "--decay-steps"))) {
             fprintf(stderr, "gpt: %s has no effect with --schedule constant\n", name);
+            return 2;
+        }
+        if (!a->save && (!strcmp(name, "--keep") ||
+                         (!strcmp(name, "--resume") && !strcmp(a->resume, "auto")))) {
+            fprintf(stderr, "gpt: %s needs --save (the checkpoints it works on)\n",
+                    !strcmp(name, "--keep") ? "--keep" : "--resume auto");
             return 2;
         }
         if (!a->save && !strcmp(name, "--save-every")) {
@@ -403,6 +416,7 @@ typedef struct run {
     nb_progress *bar;
     double *times; /* per-step seconds */
     int64_t step, first, val_step, steady_allocs, n_last, tokens_per_step;
+    int stop; /* the signal all ranks stop with (nabla/stop.h); 0: training goes on */
     double val_loss, last_losses[10], flops;
 } run;
 
@@ -543,8 +557,13 @@ static bool setup_run(run *r) {
                             .gens = r->gens, .ngens = 2};
     config_settings(r);
     if (!nb_run_config_apply(&r->conf, &r->ck, "gpt", a->override)) return false;
-    if (a->resume) { /* every rank loads it */
-        if (nb_checkpoint_load(a->resume, &r->ck) != NB_OK)
+    const char *resume; /* --resume auto: the newest valid checkpoint of --save, if any */
+    char auto_path[4400];
+    if (!nbm_resume_path("gpt", r->main_rank, a->resume, a->save, auto_path,
+                         sizeof auto_path, &resume))
+        return false;
+    if (resume) { /* every rank loads it */
+        if (nb_checkpoint_load(resume, &r->ck) != NB_OK)
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
         r->first = r->step = r->ck.step;
         /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
@@ -553,7 +572,7 @@ static bool setup_run(run *r) {
         if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->rank) != NB_OK ||
             nb_generator_set_offset(r->drop_gen, pos) != NB_OK)
             return fail(r, "%s", nb_last_error());
-        if (r->main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)r->step);
+        if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
     }
     nb_zero_opts zo = nb_zero_defaults();
     zo.stage = (int)r->a->zero;
@@ -639,8 +658,7 @@ static bool train_step(run *r, step_result *o) {
     o->comm_ms = r->zero  ? nb_zero_exposed_comm_s(r->zero) * 1e3
                  : r->ddp ? nb_ddp_exposed_comm_s(r->ddp) * 1e3
                           : 0;
-    if (r->size > 1 && isnan(loss = nb_mean_over_ranks(r->world, loss)) &&
-        nb_last_status() != NB_OK)
+    if (isnan(loss = nbm_step_sync(r->world, loss, &r->stop)) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
     /* A NaN or infinite loss never recovers (the weights are NaN from here): stop, naming
      * the step. With several ranks it is the mean, so all stop at this step. */
@@ -738,12 +756,23 @@ static bool train_loop(run *r) {
         bool save_now = r->main_rank && a->save &&
                         (r->step == a->steps ||
                          (a->save_every > 0 ? r->step % a->save_every == 0 : eval_now));
-        if (save_now) {
+        if (save_now || (r->stop && r->main_rank && a->save)) { /* a signal: save this step */
             r->ck.step = r->step;
-            if (nb_checkpoint_save(a->save, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
+            if (nbm_save(a->save, a->keep, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
         }
         nb_jsonl_flush(r->log);
         if (r->tb) nb_summary_flush(r->tb); /* a failure shows at the next write or the close */
+        if (r->stop) { /* all ranks agree on this step; the mean is the barrier after the save */
+            nb_mean_over_ranks(r->world, 0);
+            if (r->main_rank) {
+                nb_progress_break(r->bar);
+                printf("stopped by %s after step %lld%s%s\n", nb_stop_signal_name(r->stop),
+                       (long long)r->step, a->save ? "; checkpoint " : "", a->save ? a->save : "");
+            }
+            if (r->val_step != r->step) r->val_loss = NAN; /* not evaluated at this step */
+            r->val_step = r->step;
+            return true;
+        }
     }
     /* nothing trained (or resumed at the end): evaluate once */
     return r->val_step == r->step || evaluate_and_log(r, NAN);
@@ -783,6 +812,10 @@ static void print_result(const run *r, double wall_s) {
     model_state_mib(r->zero, r->model, state_mib);
     nb_jsonl_int(out, "zero", r->a->zero);
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
+    if (r->stop) {
+        nb_jsonl_str(out, "stopped", "signal");
+        nb_jsonl_str(out, "signal", nb_stop_signal_name(r->stop));
+    }
     nb_jsonl_end(out);
     nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */
 }
@@ -839,6 +872,10 @@ static void teardown(run *r) {
 
 static int run_train(const args *a) {
     const double t_start = nb_time_s();
+    /* First, before MPI, the loader and the thread pools start threads: the stop signals are
+     * then blocked in all of them and taken by nabla's signal thread (nabla/stop.h). A stop
+     * acts at step boundaries. */
+    nbm_stop_begin("gpt");
     run r = {.a = a, .size = 1, .B = a->batch, .T = a->block_size, .N = a->grad_accum,
              .val_loss = NAN, .val_step = -1, .steady_allocs = -1};
     int rc = 1;
@@ -846,7 +883,7 @@ static int run_train(const args *a) {
         print_result(&r, nb_time_s() - t_start);
         /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
          * so that a script never takes an incomplete record for a complete one. */
-        rc = close_logs(&r) ? 0 : 1;
+        rc = close_logs(&r) ? nbm_stop_status(r.stop) : 1;
         if (r.main_rank && !nb_stdout_ok("gpt")) rc = 1;
     }
     teardown(&r);

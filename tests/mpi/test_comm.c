@@ -3,6 +3,7 @@
  * together and waited out of order (small ones run nabla's own point-to-point schedules,
  * large ones go to the worker thread), nb_work_test polling, and no allocation in the
  * steady state. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,6 +275,27 @@ START_TEST(test_self_backend) {
 }
 END_TEST
 
+/* The graceful stop's agreement (nabla/stop.h): a signal that reached one rank stops every
+ * rank after the same step, the caller's value is summed along, SIGTERM wins over SIGINT. */
+START_TEST(test_stop_agree) {
+    double v = 1;
+    int sig = -1;
+    MT_OK(nb_stop_sync(mt_world, &v, &sig));
+    MT_CHECK(v == mt_size && sig == 0, "no request: sum %g (want %d), sig %d", v, mt_size, sig);
+    if (mt_rank == mt_size - 1) nb_stop_request(SIGTERM); /* one rank only */
+    v = 2;
+    MT_OK(nb_stop_sync(mt_world, &v, &sig));
+    MT_CHECK(v == 2.0 * mt_size && sig == SIGTERM, "one rank's SIGTERM: sum %g, sig %d", v, sig);
+    if (mt_rank == 0) nb_stop_request(SIGINT); /* rank 0 SIGINT, the last SIGTERM (size > 1) */
+    MT_OK(nb_stop_sync(mt_world, NULL, &sig));
+    MT_CHECK(sig == (mt_size > 1 ? SIGTERM : SIGINT), "SIGINT + SIGTERM: sig %d", sig);
+    nb_stop_request(0);
+    MT_OK(nb_stop_sync(mt_world, NULL, &sig));
+    MT_CHECK(sig == 0, "cleared: sig %d", sig);
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_comm(void) {
     Suite *s = suite_create("comm");
     TCase *tc = tcase_create("comm");
@@ -284,6 +306,7 @@ Suite *mt_suite_comm(void) {
     tcase_add_test(tc, test_async_outlives_scope);
     tcase_add_test(tc, test_steady_state_no_alloc);
     tcase_add_test(tc, test_self_backend);
+    tcase_add_test(tc, test_stop_agree);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,44 @@
+/* ft.c - the bundled programs' graceful stop (ft.h). */
+#include "ft.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+void nbm_stop_begin(const char *prog) {
+    if (nb_stop_install() != NB_OK)
+        fprintf(stderr, "%s: warning: %s (a signal ends the run without a checkpoint)\n", prog,
+                nb_last_error());
+}
+
+double nbm_step_sync(nb_comm *world, double v, int *stop) {
+    int size = world ? nb_comm_size(world) : 1;
+    if (!world || size == 1) {
+        *stop = nb_stop_requested();
+        return v;
+    }
+    if (nb_stop_sync(world, &v, stop) != NB_OK) return NAN;
+    return v / size;
+}
+
+int nbm_stop_status(int stop) { return stop ? 128 + stop : 0; }
+
+nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck) {
+    if (keep <= 0) return nb_checkpoint_save(save, ck);
+    return nb_checkpoint_save_keep(save, ck, keep > 1000000 ? 1000000 : (int)keep, NULL, 0);
+}
+
+bool nbm_resume_path(const char *prog, bool main_rank, const char *resume, const char *save,
+                     char *buf, size_t n, const char **out) {
+    *out = resume;
+    if (!resume || strcmp(resume, "auto") != 0) return true;
+    int64_t step;
+    if (nb_checkpoint_latest(save, buf, n, &step) != NB_OK) {
+        fprintf(stderr, "%s: --resume auto: %s\n", prog, nb_last_error());
+        return false;
+    }
+    *out = step >= 0 ? buf : NULL;
+    if (step < 0 && main_rank)
+        printf("%s: --resume auto: no checkpoint in %s yet: starting from step 0\n", prog, save);
+    return true;
+}

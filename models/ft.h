@@ -1,0 +1,44 @@
+/* ft.h - fault tolerance in the bundled programs (mlp, cnn: models/common.c; gpt): the
+ * graceful stop on SIGINT / SIGTERM / SIGUSR1 (nabla/stop.h) as every program does it,
+ * rotating checkpoints (--keep) and --resume auto.
+ * Public API only.
+ *
+ *     nbm_stop_begin("gpt");                        // before training
+ *     ...
+ *     int stop = 0;                                 // after each step, on every rank:
+ *     double loss = nbm_step_sync(world, local_loss, &stop);   // mean over ranks + agreed stop
+ *     if (stop) { ...save, then break... }
+ *     // the final JSON line says "stopped": "signal", "signal": nb_stop_signal_name(stop)
+ *     return stop ? 128 + stop : 0;
+ *
+ * The communicator is borrowed. */
+#ifndef NBM_FT_H
+#define NBM_FT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <nabla/nabla.h>
+
+/* Install the stop handlers; a failure is a warning on stderr (the run goes on, stoppable
+ * by signals' default action only). */
+void nbm_stop_begin(const char *prog);
+/* The mean of v over the ranks (v itself on one rank) and, in *stop, the stop signal every
+ * rank agrees on (0: go on), in one allreduce. NaN with the error set if it failed. */
+double nbm_step_sync(nb_comm *world, double v, int *stop);
+/* The exit status of a run that went well: 128 + stop, or 0. */
+int nbm_stop_status(int stop);
+
+/* ---- --save DIR_OR_FILE --keep K, --resume auto ------------------------------------------- */
+/* Save ck to --save: the file itself (keep 0), or its step's file of the series (keep > 0,
+ * nabla/checkpoint.h: run.ckpt -> run-<step>.ckpt, DIR/ -> DIR/checkpoint-<step>.ckpt) and
+ * only the newest keep of them kept. */
+nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck);
+/* Resolve --resume: "auto" is the newest complete, intact checkpoint of --save's series
+ * (corrupt ones skipped with a line each), *out = buf; or none yet: *out = NULL, after
+ * printing "prog: --resume auto: no checkpoint in SAVE yet: starting from step 0" (main_rank
+ * only). Any other value is the file itself. False after printing why it failed. */
+bool nbm_resume_path(const char *prog, bool main_rank, const char *resume, const char *save,
+                     char *buf, size_t n, const char **out);
+
+#endif
