@@ -7,7 +7,8 @@
  * Why two providers: on the reference machine OpenBLAS is pinned to its AVX2 kernels by the
  * environment, while oneDNN picks AVX-512 itself and is 1.7-2.2x faster (DESIGN.md,
  * "Performance"). OpenBLAS is always built in (and is the only f64 GEMM), oneDNN when meson
- * found it. Both run on the one OpenMP pool (Debian's OpenMP build of OpenBLAS). */
+ * found it. Every GEMM is cut into tiles that do not depend on the thread count, one
+ * single-threaded provider call each, run on nabla's workers (see "tiles" below). */
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -137,7 +138,7 @@ NB__BLAS_SLABS(double, cblas_dgemm)
  * rule that looks only at M, N and K, and each tile is one single-threaded provider call
  * over the whole of K, run by nb__run_tasks: the same bits at any thread count, and a thread
  * the scheduler runs late does fewer tiles instead of holding up the others. */
-#define TILE_MACS ((int64_t)1 << 22) /* about 0.1 ms of one core's AVX-512 work */
+#define TILE_MACS ((int64_t)1 << 24) /* 16M multiply-adds: some 0.2-0.5 ms of one core */
 #define MAX_TILES 64
 #define TILE_ALIGN 16 /* tile edges at multiples of 16 elements (64 bytes of f32) */
 
