@@ -139,7 +139,7 @@ NB__BLAS_SLABS(double, cblas_dgemm)
  * over the whole of K, run by nb__run_tasks: the same bits at any thread count, and a thread
  * the scheduler runs late does fewer tiles instead of holding up the others. */
 #define TILE_MACS ((int64_t)1 << 24) /* 16M multiply-adds: some 0.2-0.5 ms of one core */
-#define MAX_TILES 64
+#define MAX_TILES 16
 #define TILE_ALIGN 16 /* tile edges at multiples of 16 elements (64 bytes of f32) */
 
 typedef enum { TILE_DNNL_F32, TILE_BLAS_F32, TILE_BLAS_F64 } tile_kind;
