@@ -32,6 +32,9 @@ typedef void (*nb__task_fn)(int64_t task, void *ctx);
 void nb__run_tasks(int64_t ntasks, int nthreads, nb__task_fn fn, void *ctx);
 /* True on a thread that is running a task of nb__run_tasks. */
 bool nb__in_task(void);
+/* Inside a task: which of the job's threads runs it, 0 .. nthreads - 1 (0 for the calling
+ * thread), e.g. to pick a per-thread scratch buffer. */
+int nb__task_slot(void);
 
 /* ---- the elementwise walk -------------------------------------------------------------------
  * nb__iter_for_each splits the iterator's linear index range into chunks (one per thread

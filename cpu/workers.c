@@ -1,5 +1,5 @@
 /* cpu/workers.c - nabla's own worker threads for the hot parallel loops (the GEMM tiles and
- * the elementwise walk): nb__run_tasks (cpu/cpu_impl.h).
+ * the elementwise walk, attention): nb__run_tasks (cpu/cpu_impl.h).
  *
  * Why not an OpenMP region: a region ends in a barrier that waits for every thread of the
  * team, so when another process holds one of the cores, each region waits until the
@@ -55,6 +55,7 @@ static pthread_mutex_t g_job_lock = PTHREAD_MUTEX_INITIALIZER; /* one job at a t
 static pthread_mutex_t g_grow_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_nworkers;
 static _Thread_local bool t_in_task; /* this thread is running a task of a job */
+static _Thread_local int t_slot;      /* its slot: 0 for the caller, worker index + 1 */
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -87,6 +88,8 @@ static void futex_wake_all(uint32_t *w) {
 
 bool nb__in_task(void) { return t_in_task; }
 
+int nb__task_slot(void) { return t_slot; }
+
 /* libnabla_ompenv (cpu/ompenv.c) bounds libgomp's spinning from its constructor; this
  * reference keeps the linker from dropping it as unused. */
 int nb__ompenv_linked(void);
@@ -115,6 +118,7 @@ static void run_claimed(uint32_t gen) {
 
 static void *worker_main(void *arg) {
     int idx = (int)(intptr_t)arg;
+    t_slot = idx + 1;
 #ifdef _OPENMP
     /* A provider called from a task (oneDNN, OpenBLAS) must run on this thread only. */
     omp_set_num_threads(1);
@@ -162,7 +166,9 @@ static int grow(int want) {
 
 static void run_inline(int64_t ntasks, nb__task_fn fn, void *ctx) {
     bool was = t_in_task;
+    int slot = t_slot;
     t_in_task = true;
+    t_slot = 0;
 #ifdef _OPENMP
     int omp_n = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -172,6 +178,7 @@ static void run_inline(int64_t ntasks, nb__task_fn fn, void *ctx) {
     omp_set_num_threads(omp_n);
 #endif
     t_in_task = was;
+    t_slot = slot;
 }
 
 void nb__run_tasks(int64_t ntasks, int nthreads, nb__task_fn fn, void *ctx) {
