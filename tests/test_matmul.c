@@ -461,8 +461,9 @@ START_TEST(test_gemm_thread_count_independent) {
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
             int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
             nb_scope_begin();
-            nb_tensor *a = nb_randn((int64_t[]){K, M}, 2, NB_F32, g);
-            nb_tensor *b = nb_randn((int64_t[]){K, N}, 2, NB_F32, g);
+            /* on the CPU whatever NB_TEST_DEVICE says: the bits are read through nb_data */
+            nb_tensor *a = nb_randn_on(NB_CPU, (int64_t[]){K, M}, 2, NB_F32, g);
+            nb_tensor *b = nb_randn_on(NB_CPU, (int64_t[]){K, N}, 2, NB_F32, g);
             float *ref = NULL;
             for (int t = 1; t <= 3; t++) {
                 nb_set_num_threads(t);
