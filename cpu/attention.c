@@ -19,14 +19,12 @@
 #endif
 
 #include "cpu/backend.h"
+#include "cpu/cpu_impl.h"
 #include "cpu/attention.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "cpu/elementwise.h"
 #include "cpu/gemm.h"
@@ -35,13 +33,6 @@
 
 static inline size_t nb__attn_round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-static inline int nb__attn_thread_id(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
 
 /* Threads for the whole op: about (T^2 / 2) D multiply-adds per slice and GEMM, at most one
  * thread per slice. */

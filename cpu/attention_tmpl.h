@@ -126,31 +126,56 @@ static nb_status F(bwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, co
     return st;
 }
 
+/* The slices run as tasks on nabla's workers (cpu/workers.c); each thread has its own
+ * scratch, picked by its task slot. */
+typedef struct F(attn_job) {
+    const nb__attn_geom *g;
+    const R *q, *k, *v, *lse, *dout;
+    R *o, *lse_out, *dq, *dk, *dv;
+    char *buf;
+    size_t per, mat;
+    atomic_int status; /* the first failure, NB_OK if none */
+} F(attn_job);
+
+static void F(fwd_task)(int64_t bh, void *p) {
+    F(attn_job) *j = p;
+    char *mine = j->buf + j->per * (size_t)nb__task_slot();
+    R *Sm = (R *)mine;
+    uint8_t *keep = (uint8_t *)(mine + j->mat);
+    nb_status s = F(fwd_slice)(j->g, bh, j->q, j->k, j->v, j->o, j->lse_out, Sm, keep);
+    if (s != NB_OK) {
+        int ok = NB_OK;
+        atomic_compare_exchange_strong(&j->status, &ok, (int)s);
+    }
+}
+
+static void F(bwd_task)(int64_t bh, void *p) {
+    F(attn_job) *j = p;
+    char *mine = j->buf + j->per * (size_t)nb__task_slot();
+    R *P = (R *)mine, *dP = (R *)(mine + j->mat);
+    uint8_t *keep = (uint8_t *)(mine + 2 * j->mat);
+    nb_status s = F(bwd_slice)(j->g, bh, j->q, j->k, j->v, j->lse, j->dout, j->dq, j->dk,
+                               j->dv, P, dP, keep);
+    if (s != NB_OK) {
+        int ok = NB_OK;
+        atomic_compare_exchange_strong(&j->status, &ok, (int)s);
+    }
+}
+
 nb_status F(nb__cpu_attention_fwd)(const nb__attn_geom *g, const R *q, const R *k, const R *v,
                                    R *o, R *lse) {
     const int64_t BH = g->B * g->H;
     if (BH == 0 || g->T == 0) return NB_OK;
     int nt = nb__attn_threads(g);
-    const size_t per = nb__attn_round64(NB__ATTN_BLOCK * g->T * sizeof(R)) +
-                       nb__attn_round64((size_t)g->T);
+    const size_t mat = nb__attn_round64(NB__ATTN_BLOCK * g->T * sizeof(R));
+    const size_t per = mat + nb__attn_round64((size_t)g->T);
     char *buf = nb_host_alloc(per * (size_t)nt);
     if (!buf) return nb__error(NB_ENOMEM, "causal_attention: out of memory for scratch");
-    nb_status st = NB_OK;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        char *mine = buf + per * (size_t)nb__attn_thread_id();
-        R *Sm = (R *)mine;
-        uint8_t *keep = (uint8_t *)(mine + nb__attn_round64(NB__ATTN_BLOCK * g->T * sizeof(R)));
-#pragma omp for schedule(static)
-        for (int64_t bh = 0; bh < BH; bh++) {
-            nb_status s = F(fwd_slice)(g, bh, q, k, v, o, lse, Sm, keep);
-            if (s != NB_OK) {
-#pragma omp critical(nb__attn_status)
-                st = s;
-            }
-        }
-    }
+    F(attn_job) j = {.g = g, .q = q, .k = k, .v = v, .o = o, .lse_out = lse, .buf = buf,
+                     .per = per, .mat = mat, .status = NB_OK};
+    nb__run_tasks(BH, nt, F(fwd_task), &j);
     nb_host_free(buf);
+    nb_status st = (nb_status)atomic_load(&j.status);
     return st == NB_OK ? NB_OK : nb__error(st, "causal_attention: a GEMM failed (%s)",
                                            nb_status_name(st));
 }
@@ -164,26 +189,11 @@ nb_status F(nb__cpu_attention_bwd)(const nb__attn_geom *g, const R *q, const R *
     const size_t per = 2 * mat + nb__attn_round64((size_t)g->T);
     char *buf = nb_host_alloc(per * (size_t)nt);
     if (!buf) return nb__error(NB_ENOMEM, "causal_attention: out of memory for scratch");
-    nb_status st = NB_OK;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        char *mine = buf + per * (size_t)nb__attn_thread_id();
-        R *P = (R *)mine, *dP = (R *)(mine + mat);
-        uint8_t *keep = (uint8_t *)(mine + 2 * mat);
-#pragma omp for schedule(static)
-        for (int64_t bh = 0; bh < BH; bh++) {
-            nb_status s = F(bwd_slice)(g, bh, q, k, v, lse, dout, dq, dk, dv, P, dP, keep);
-            if (s != NB_OK) {
-#pragma omp critical(nb__attn_status)
-                st = s;
-            }
-        }
-    }
+    F(attn_job) j = {.g = g, .q = q, .k = k, .v = v, .lse = lse, .dout = dout, .dq = dq,
+                     .dk = dk, .dv = dv, .buf = buf, .per = per, .mat = mat, .status = NB_OK};
+    nb__run_tasks(BH, nt, F(bwd_task), &j);
     nb_host_free(buf);
+    nb_status st = (nb_status)atomic_load(&j.status);
     return st == NB_OK ? NB_OK : nb__error(st, "causal_attention: a GEMM failed (%s)",
                                            nb_status_name(st));
 }
-
-#undef F
-#undef NB__CAT
-#undef NB__CAT_

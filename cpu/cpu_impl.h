@@ -22,6 +22,20 @@ void nb__store_f64(void *p, nb_dtype dt, double v);
 #define NB__GRAIN 32768
 int nb__threads_for(int64_t work, int64_t grain);
 
+/* nabla's own workers (cpu/workers.c): run fn(i, ctx) for every i in [0, ntasks), on the
+ * calling thread and up to nthreads - 1 workers. Tasks are claimed one at a time, so a
+ * thread the scheduler runs late gets fewer tasks and never holds the others up (an
+ * OpenMP region waits for its slowest thread). Inside a task, or while another thread's job
+ * runs, the tasks run on the calling thread in order. A GEMM provider called from a task
+ * runs single-threaded. fn must not fail by longjmp; tasks report errors through ctx. */
+typedef void (*nb__task_fn)(int64_t task, void *ctx);
+void nb__run_tasks(int64_t ntasks, int nthreads, nb__task_fn fn, void *ctx);
+/* True on a thread that is running a task of nb__run_tasks. */
+bool nb__in_task(void);
+/* Inside a task: which of the job's threads runs it, 0 .. nthreads - 1 (0 for the calling
+ * thread), e.g. to pick a per-thread scratch buffer. */
+int nb__task_slot(void);
+
 /* ---- the elementwise walk -------------------------------------------------------------------
  * nb__iter_for_each splits the iterator's linear index range into chunks (one per thread
  * when numel >= grain, else one chunk) and calls fn(ptrs, inner_strides, n, ctx) for runs

@@ -7,7 +7,8 @@
  * Why two providers: on the reference machine OpenBLAS is pinned to its AVX2 kernels by the
  * environment, while oneDNN picks AVX-512 itself and is 1.7-2.2x faster (docs/architecture.md,
  * "Performance"). OpenBLAS is always built in (and is the only f64 GEMM), oneDNN when meson
- * found it. Both run on the one OpenMP pool (Debian's OpenMP build of OpenBLAS). */
+ * found it. Every GEMM is cut into tiles that do not depend on the thread count, one
+ * single-threaded provider call each, run on nabla's workers (see "tiles" below). */
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -130,6 +131,95 @@ static bool blas_fits(int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
 NB__BLAS_SLABS(float, cblas_sgemm)
 NB__BLAS_SLABS(double, cblas_dgemm)
 
+/* ---- tiles ------------------------------------------------------------------------------------
+ * A threaded provider call changes its sums with the thread count: oneDNN splits the inner
+ * (K) dimension over threads when M and N are small, and OpenBLAS does too for some shapes,
+ * so the results of training changed with the thread count. Here C is cut into tiles by a
+ * rule that looks only at M, N and K, and each tile is one single-threaded provider call
+ * over the whole of K, run by nb__run_tasks: the same bits at any thread count, and a thread
+ * the scheduler runs late does fewer tiles instead of holding up the others. */
+#define TILE_MACS ((int64_t)1 << 24) /* 16M multiply-adds: some 0.2-0.5 ms of one core */
+#define MAX_TILES 16
+#define TILE_ALIGN 16 /* tile edges at multiples of 16 elements (64 bytes of f32) */
+
+typedef enum { TILE_DNNL_F32, TILE_BLAS_F32, TILE_BLAS_F64 } tile_kind;
+
+typedef struct tile_job {
+    tile_kind kind;
+    bool ta, tb;
+    int64_t M, N, K;
+    double alpha, beta;
+    const void *A, *B;
+    void *C;
+    int64_t lda, ldb, ldc;
+    int64_t mb, nb, ncols; /* tile height, width, tiles per row of tiles */
+    atomic_int status;     /* the first failing dnnl_status_t, 0 (dnnl_success) if none */
+} tile_job;
+
+static void tile_task(int64_t t, void *p) {
+    tile_job *j = p;
+    int64_t m0 = t / j->ncols * j->mb, n0 = t % j->ncols * j->nb;
+    int64_t m = j->M - m0 < j->mb ? j->M - m0 : j->mb;
+    int64_t n = j->N - n0 < j->nb ? j->N - n0 : j->nb;
+    /* rows m0.. of op(A), columns n0.. of op(B) */
+    int64_t oa = j->ta ? m0 : m0 * j->lda, ob = j->tb ? n0 * j->ldb : n0;
+    int64_t oc = m0 * j->ldc + n0;
+    switch (j->kind) {
+    case TILE_DNNL_F32: {
+#if NB_HAVE_DNNL
+        dnnl_status_t st = dnnl_sgemm(j->ta ? 'T' : 'N', j->tb ? 'T' : 'N', m, n, j->K,
+                                      (float)j->alpha, (const float *)j->A + oa, j->lda,
+                                      (const float *)j->B + ob, j->ldb, (float)j->beta,
+                                      (float *)j->C + oc, j->ldc);
+        if (st != dnnl_success) {
+            int ok = dnnl_success;
+            atomic_compare_exchange_strong(&j->status, &ok, (int)st);
+        }
+#endif
+        break;
+    }
+    case TILE_BLAS_F32:
+        blas_float(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)j->A + oa, j->lda,
+                   (const float *)j->B + ob, j->ldb, (float)j->beta, (float *)j->C + oc, j->ldc);
+        break;
+    case TILE_BLAS_F64:
+        blas_double(j->ta, j->tb, m, n, j->K, j->alpha, (const double *)j->A + oa, j->lda,
+                    (const double *)j->B + ob, j->ldb, j->beta, (double *)j->C + oc, j->ldc);
+        break;
+    }
+}
+
+/* Tiles: about one per TILE_MACS of work (at most MAX_TILES), halving whichever of the
+ * tile's rows and columns is longer, never below TILE_ALIGN. */
+static void tile_grid(int64_t M, int64_t N, int64_t K, int64_t *mb, int64_t *nb) {
+    double want = (double)M * (double)N * (double)K / (double)TILE_MACS;
+    int64_t mt = 1, nt = 1;
+    while ((double)(mt * nt * 2) <= want && mt * nt * 2 <= MAX_TILES) {
+        bool m_ok = M / (mt * 2) >= TILE_ALIGN, n_ok = N / (nt * 2) >= TILE_ALIGN;
+        if (m_ok && (!n_ok || M / mt >= N / nt)) mt *= 2;
+        else if (n_ok) nt *= 2;
+        else break;
+    }
+    int64_t h = (M + mt - 1) / mt, w = (N + nt - 1) / nt;
+    *mb = mt == 1 ? M : (h + TILE_ALIGN - 1) / TILE_ALIGN * TILE_ALIGN;
+    *nb = nt == 1 ? N : (w + TILE_ALIGN - 1) / TILE_ALIGN * TILE_ALIGN;
+}
+
+/* Runs the GEMM as tiles; returns the first failing dnnl_status_t (only oneDNN fails here),
+ * 0 if none. */
+static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                 double alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                 double beta, void *C, int64_t ldc) {
+    tile_job j = {.kind = kind, .ta = transA, .tb = transB, .M = M, .N = N, .K = K,
+                  .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C, .lda = lda,
+                  .ldb = ldb, .ldc = ldc, .status = 0};
+    tile_grid(M, N, K, &j.mb, &j.nb);
+    j.ncols = (N + j.nb - 1) / j.nb;
+    int64_t tiles = (M + j.mb - 1) / j.mb * j.ncols;
+    nb__run_tasks(tiles, nb_get_num_threads(), tile_task, &j);
+    return atomic_load(&j.status);
+}
+
 nb_status nb__gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                        float *C, int64_t ldc) {
@@ -140,8 +230,8 @@ nb_status nb__gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K
     }
 #if NB_HAVE_DNNL
     if (nb_gemm_provider_current() == NB_GEMM_DNNL) {
-        dnnl_status_t st = dnnl_sgemm(transA ? 'T' : 'N', transB ? 'T' : 'N', M, N, K, alpha,
-                                      A, lda, B, ldb, beta, C, ldc);
+        dnnl_status_t st = (dnnl_status_t)tiled(TILE_DNNL_F32, transA, transB, M, N, K, alpha,
+                                                A, lda, B, ldb, beta, C, ldc);
         if (st == dnnl_success) return NB_OK;
         if (st == dnnl_out_of_memory)
             return nb__error(NB_ENOMEM, "matmul: oneDNN ran out of memory in sgemm "
@@ -157,7 +247,7 @@ nb_status nb__gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K
                          "matmul: inner dimension %lld (or a row stride) exceeds OpenBLAS's "
                          "32-bit limit; use the dnnl provider",
                          (long long)K);
-    blas_float(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    tiled(TILE_BLAS_F32, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return NB_OK;
 }
 
@@ -174,7 +264,7 @@ nb_status nb__gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K
                          "matmul: inner dimension %lld (or a row stride) exceeds OpenBLAS's "
                          "32-bit limit for f64",
                          (long long)K);
-    blas_double(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    tiled(TILE_BLAS_F64, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return NB_OK;
 }
 

@@ -9,8 +9,11 @@
  * Degenerate sizes are handled here: M == 0 or N == 0 does nothing, K == 0 scales C by beta.
  *
  * The provider (NB_GEMM_DNNL or NB_GEMM_OPENBLAS) is process wide (nabla/runtime.h); f64 always
- * goes to OpenBLAS (oneDNN has no dgemm). The calls are thread safe and may be made from
- * inside an OpenMP parallel region (then the provider runs on the calling thread only).
+ * goes to OpenBLAS (oneDNN has no dgemm). The product is cut into tiles by its shape alone,
+ * each one single-threaded provider call over all of K, spread over nabla's workers
+ * (nb__run_tasks), so its bits do not depend on the thread count. The calls are thread safe
+ * and may be made from inside an OpenMP parallel region or a task (then the tiles run on the
+ * calling thread, in order).
  * They return NB_OK, or a negative status with nb_last_error() set when the provider fails
  * (out of memory inside oneDNN, a dimension beyond OpenBLAS's 32-bit integers). */
 #ifndef NABLA_CPU_GEMM_H

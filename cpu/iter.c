@@ -18,7 +18,7 @@ bool nb__iter_is_flat(const nb__iter *it) {
 
 int nb__threads_for(int64_t work, int64_t grain) {
 #ifdef _OPENMP
-    if (work < 2 * grain || omp_in_parallel()) return 1;
+    if (work < 2 * grain || omp_in_parallel() || nb__in_task()) return 1;
     int max = omp_get_max_threads();
     int64_t want = work / grain;
     return want < max ? (int)want : max;
@@ -66,6 +66,19 @@ static void walk_range(const nb__iter *it, int64_t begin, int64_t end, nb__iter_
     }
 }
 
+typedef struct walk_job {
+    const nb__iter *it;
+    nb__iter_fn fn;
+    void *ctx;
+    int64_t per;
+} walk_job;
+
+static void walk_task(int64_t i, void *p) {
+    const walk_job *j = p;
+    int64_t b = i * j->per, e = b + j->per < j->it->numel ? b + j->per : j->it->numel;
+    walk_range(j->it, b, e, j->fn, j->ctx);
+}
+
 void nb__iter_for_each(const nb__iter *it, nb__iter_fn fn, void *ctx, int64_t grain) {
     if (it->numel == 0) return;
     int nt = nb__threads_for(it->numel, grain);
@@ -73,17 +86,13 @@ void nb__iter_for_each(const nb__iter *it, nb__iter_fn fn, void *ctx, int64_t gr
         walk_range(it, 0, it->numel, fn, ctx);
         return;
     }
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt)
-    {
-        int t = omp_get_thread_num(), n = omp_get_num_threads();
-        /* Chunk boundaries at multiples of 64 elements keep each thread's writes on its own
-         * cache lines. */
-        int64_t per = (it->numel + n - 1) / n;
-        per = (per + 63) / 64 * 64;
-        int64_t b = per * t, e = b + per < it->numel ? b + per : it->numel;
-        if (b < e) walk_range(it, b, e, fn, ctx);
-    }
-#endif
+    /* Chunks of a fixed size (a multiple of 64 elements, so each chunk's writes stay on
+     * their own cache lines), a few per thread so that a thread the scheduler runs late
+     * costs little: nb__run_tasks hands them to whichever thread is free. */
+    int64_t chunks = (int64_t)nt * 4;
+    int64_t per = (it->numel + chunks - 1) / chunks;
+    per = (per + 63) / 64 * 64;
+    walk_job job = {it, fn, ctx, per};
+    nb__run_tasks((it->numel + per - 1) / per, nt, walk_task, &job);
 }
 

@@ -447,6 +447,48 @@ START_TEST(test_gemm_provider_switch) {
 }
 END_TEST
 
+/* The same bits at 1, 2 and 3 threads, with every provider, for the shapes where a threaded
+ * GEMM is tempted to split the inner dimension (small M and N, long K: a weight gradient)
+ * and for a square one that gets tiled. */
+START_TEST(test_gemm_thread_count_independent) {
+    static const int64_t shapes[][3] = {{64, 64, 8192}, {256, 768, 2048}, {300, 500, 700},
+                                        {1, 1000, 4096}};
+    nb_gemm_provider saved = nb_gemm_provider_current(), ps[2];
+    int saved_threads = nb_get_num_threads(), np = providers(ps);
+    nb_generator *g = nb_generator_new(7);
+    for (int p = 0; p < np; p++) {
+        ck_assert_int_eq(nb_set_gemm_provider(ps[p]), NB_OK);
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
+            nb_scope_begin();
+            /* on the CPU whatever NB_TEST_DEVICE says: the bits are read through nb_data */
+            nb_tensor *a = nb_randn_on(NB_CPU, (int64_t[]){K, M}, 2, NB_F32, g);
+            nb_tensor *b = nb_randn_on(NB_CPU, (int64_t[]){K, N}, 2, NB_F32, g);
+            float *ref = NULL;
+            for (int t = 1; t <= 3; t++) {
+                nb_set_num_threads(t);
+                nb_tensor *c = nb_matmul(nb_transpose(a, 0, 1), b); /* A^T B, as dW = X^T dY */
+                ck_assert_ptr_nonnull(c);
+                const float *d = nb_data(c);
+                if (!ref) {
+                    ref = malloc(sizeof(float) * (size_t)(M * N));
+                    memcpy(ref, d, sizeof(float) * (size_t)(M * N));
+                } else if (memcmp(ref, d, sizeof(float) * (size_t)(M * N)) != 0) {
+                    ck_abort_msg("%s: %lldx%lldx%lld differs between 1 and %d threads",
+                                 nb_gemm_provider_name(ps[p]), (long long)M, (long long)N,
+                                 (long long)K, t);
+                }
+            }
+            free(ref);
+            nb_scope_end();
+        }
+    }
+    nb_generator_free(g);
+    nb_set_num_threads(saved_threads);
+    nb_set_gemm_provider(saved);
+}
+END_TEST
+
 /* ---- errors ---------------------------------------------------------------------------------------- */
 
 START_TEST(test_matmul_errors) {
@@ -792,6 +834,7 @@ Suite *nb_suite_matmul(void) {
     tcase_add_test(tc, test_matmul_batch_layouts);
     tcase_add_test(tc, test_gemm_layer);
     tcase_add_test(tc, test_gemm_provider_switch);
+    tcase_add_test(tc, test_gemm_thread_count_independent);
     tcase_add_test(tc, test_matmul_errors);
     tcase_add_test(tc, test_matmul_no_leak);
     tcase_add_test(tc, test_matmul_devices);

@@ -5,10 +5,12 @@
  *     nb_set_gemm_provider(NB_GEMM_OPENBLAS);      // or NB_GEMM_DNNL / NB_GEMM_AUTO
  *     printf("nabla %s, gemm %s\n", nb_version(), nb_gemm_provider_name(nb_gemm_provider_current()));
  *
- * Threads: all CPU kernels run on one OpenMP pool. oneDNN and the OpenMP build of OpenBLAS
- * run on that same pool, so there is never a second set of threads competing for the
- * cores. nb_set_num_threads(n) sets the pool size for the process (n <= 0: the number of
- * cores). Small tensors stay on one thread (a grain size), so the pool costs nothing there.
+ * Threads: GEMM tiles and elementwise ops run on nabla's own workers, the other kernels,
+ * oneDNN and OpenBLAS on OpenMP's; the two take turns, never run at once, and idle threads
+ * of both sleep after a short while (nabla sets OMP_WAIT_POLICY=PASSIVE unless you set it),
+ * so another busy process does not make N threads slower than 1. Results are the same, bit
+ * for bit, at any thread count (docs/threads.md). nb_set_num_threads(n) sets the thread
+ * count (n <= 0: the number of cores). Small tensors stay on one thread (a grain size).
  * Set it once at start-up, not concurrently with running ops.
  *
  * GEMM provider: at build time meson finds oneDNN (feature `dnnl`) and OpenBLAS (required).
