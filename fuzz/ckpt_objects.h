@@ -39,16 +39,21 @@ static inline bool ckpt_objects_init(ckpt_objects *o) {
     nb_linear_opts lo = {.gen = o->init};
     o->model = nb_sequential_new(nb_linear_new(4, 6, &lo), nb_dropout_new(0.2, o->drop),
                                  nb_layer_norm_new(6, NULL), nb_linear_new(6, 3, &lo), NULL);
-    if (o->model) o->opt = nb_adamw_new(nb_parameters(o->model), &(nb_adamw_opts){.lr = 0.01});
-    if (o->opt)
-        o->sched = nb_sched_new(o->opt, &(nb_sched_opts){.kind = NB_SCHED_COSINE,
-                                                         .warmup_steps = 2, .total_steps = 20});
+    nb_adamw_opts ao = nb_adamw_defaults();
+    ao.lr = 0.01;
+    if (o->model) o->opt = nb_adamw_new(nb_parameters(o->model), &ao);
+    nb_sched_opts so = nb_sched_defaults(NB_SCHED_COSINE);
+    so.warmup_steps = 2;
+    so.total_steps = 20;
+    if (o->opt) o->sched = nb_sched_new(o->opt, &so);
     o->x = nb_randn((int64_t[]){10, 4}, 2, NB_F32, o->init);
     o->y = nb_randint((int64_t[]){10}, 1, NB_I64, 0, 3, o->init);
     o->ds = nb_tensor_dataset_new(o->x, o->y);
-    if (o->ds)
-        o->loader = nb_loader_new(o->ds, &(nb_loader_opts){.batch_size = 4, .shuffle = true,
-                                                            .seed = 5});
+    nb_loader_opts lo2 = nb_loader_defaults();
+    lo2.batch_size = 4;
+    lo2.shuffle = true;
+    lo2.seed = 5;
+    if (o->ds) o->loader = nb_loader_new(o->ds, &lo2);
     if (!(o->sched && o->loader)) {
         ckpt_objects_free(o);
         return false;

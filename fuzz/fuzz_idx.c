@@ -27,9 +27,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ds) {
             int64_t n = nb_dataset_len(ds);
             FUZZ_CHECK(n >= 0);
-            nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 2});
+            nb_loader_opts lo = nb_loader_defaults();
+            lo.batch_size = 2;
+            nb_loader *l = nb_loader_new(ds, &lo);
+            FUZZ_CHECK(l != NULL);
             nb_batch b;
-            if (l && n > 0) FUZZ_CHECK(nb_loader_next(l, &b));
+            if (n > 0) FUZZ_CHECK(nb_loader_next(l, &b));
             nb_loader_free(l);
             nb_dataset_free(ds);
         }

@@ -22,8 +22,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(!ds == !(n > block)); /* refused exactly when too short */
     if (ds) {
         FUZZ_CHECK(nb_dataset_len(ds) == n - block);
-        nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 3, .shuffle = true,
-                                                            .seed = size});
+        nb_loader_opts lo = nb_loader_defaults();
+        lo.batch_size = 3;
+        lo.shuffle = true;
+        lo.seed = size;
+        nb_loader *l = nb_loader_new(ds, &lo);
         FUZZ_CHECK(l != NULL);
         nb_batch b;
         for (int i = 0; i < 8 && nb_loader_next(l, &b); i++)

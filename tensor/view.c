@@ -73,11 +73,15 @@ static bool view_strides(const nb_tensor *t, const int64_t *shape, int ndim, int
     int64_t base = t->strides[t->ndim - 1], tnumel = 1, vnumel = 1;
     for (int td = t->ndim - 1; td >= 0; td--) {
         tnumel *= t->shape[td];
+        /* Strides of size-1 dims can be anything (a slice's step, a user's view): products
+         * with them are checked, and one that overflows cannot be a stride (fuzz_shape). */
+        int64_t span;
         bool chunk_end = td == 0 || (t->shape[td - 1] != 1 &&
-                                     t->strides[td - 1] != tnumel * base);
+                                     (__builtin_mul_overflow(tnumel, base, &span) ||
+                                      t->strides[td - 1] != span));
         if (!chunk_end) continue;
         while (vd >= 0 && (vnumel < tnumel || shape[vd] == 1)) {
-            out[vd] = vnumel * base;
+            if (__builtin_mul_overflow(vnumel, base, &out[vd])) return false;
             vnumel *= shape[vd];
             vd--;
         }
