@@ -39,7 +39,8 @@ static void usage(const nbm_args *a, FILE *out) {
             "  --max-steps N    stop after N training steps in total\n"
             "  --limit N        train on the first N samples only\n"
             "  --zero S         ZeRO stage 0-2 (1: optimizer state sharded over the ranks, 2:\n"
-            "                   gradients too; default 0: nb_ddp; no --save/--resume)\n",
+            "                   gradients too; default 0: nb_ddp); --save then writes a\n"
+            "                   sharded checkpoint (a directory) that --resume reshards\n",
             a->prog, a->epochs, (long long)a->batch, a->lr, (unsigned long long)a->seed,
             NB_FASHION_MNIST_DIR);
 }
@@ -140,11 +141,6 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
                     a->prog, value_flags[k].name);
             return 2;
         }
-    if (a->zero > 0 && (a->save || a->resume)) {
-        fprintf(stderr, "%s: --zero %lld cannot be combined with --save or --resume yet "
-                "(sharded checkpoints are not implemented)\n", a->prog, (long long)a->zero);
-        return 2;
-    }
     if (a->save_every && !a->save) {
         fprintf(stderr, "%s: --save-every has no effect without --save\n", a->prog);
         return 2;
@@ -154,6 +150,11 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
         return 2;
     }
     return NBM_RUN;
+}
+
+/* Rank 0 writes a plain checkpoint; under ZeRO every rank writes its shard (collective). */
+static nb_status save_checkpoint(nb_zero *zero, const char *path, const nb_checkpoint *ck) {
+    return zero ? nb_zero_checkpoint_save(zero, path, ck) : nb_checkpoint_save(path, ck);
 }
 
 /* Accuracy and mean loss over a loader's epoch, in eval mode with grad mode off. With
@@ -267,16 +268,17 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     nbm_config_int(&cfg, "limit", a->limit);
     if (!nbm_config_apply(&cfg, &ck, a->prog, a->override)) goto done;
     int64_t step = 0;
-    if (a->resume) { /* every rank loads it (optimizer state and loader position too) */
-        if (nb_checkpoint_load(a->resume, &ck) != NB_OK)
-            FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
-        step = ck.step;
-        if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
-    }
     nb_zero_opts zo = nb_zero_defaults();
     zo.stage = (int)a->zero;
     if (a->zero > 0 && !(zero = nb_zero_new(model, opt, world, &zo))) FAIL("%s", nb_last_error());
     if (!zero && size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
+    if (a->resume) { /* every rank loads it (optimizer state and loader position too); a
+                      * sharded checkpoint (a directory) reshards to this run's ranks */
+        if (nb_zero_checkpoint_load(zero, a->resume, &ck) != NB_OK)
+            FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
+        step = ck.step;
+        if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
+    }
     const int64_t per_epoch = nb_loader_num_batches(train_l);
     const bool tty = isatty(STDOUT_FILENO);
     double acc = NAN, test_loss = NAN, train_loss = NAN, train_time = 0;
@@ -333,10 +335,10 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 double dt = nbm_now_s() - t0;
                 step++;
                 if (step == 10) nb_alloc_get_stats(&st0); /* steady state from here */
-                if (main_rank && a->save_every &&
+                if ((main_rank || zero) && a->save_every &&
                     (step % a->save_every == 0 || step == total_steps)) {
                     ck.step = step; /* the loader resumes at the batch after b */
-                    if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+                    if (save_checkpoint(zero, a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
                 }
                 /* samples: the global batch (every rank's shard); comm: the part of the
                  * step spent waiting for gradients that backward did not hide. */
@@ -409,10 +411,10 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
                 nbm_log_printf(&log, "}\n");
                 nbm_log_flush(&log);
             }
-            if (main_rank && a->save && !a->save_every) { /* the weights are the same on
-                                                             every rank */
+            if ((main_rank || zero) && a->save && !a->save_every) { /* the weights are the
+                                                                      same on every rank */
                 ck.step = step;
-                if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+                if (save_checkpoint(zero, a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
             }
         }
     }

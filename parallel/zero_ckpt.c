@@ -542,3 +542,66 @@ nb_status nb_zero_checkpoint_load(nb_zero *z, const char *path, nb_checkpoint *c
     nb_scope_end();
     return z ? agree(z->c, st, who) : st;
 }
+
+/* ---- consolidation ------------------------------------------------------------------------- */
+static bool zero_meta_key(const char *k) {
+    static const char *const keys[] = {"nabla_zero_checkpoint", "checkpoint_id", "world_size",
+                                       "rank", "stage", "optimizer", "buckets"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        if (strcmp(k, keys[i]) == 0) return true;
+    return strncmp(k, "piece.", 6) == 0;
+}
+
+nb_status nb_zero_checkpoint_consolidate(const char *dir, const char *out, bool model_only) {
+    static const char who[] = "zero_checkpoint_consolidate";
+    if (!dir || !out) return nb__error(NB_ENULL, "%s: %s is NULL", who, !dir ? "dir" : "out");
+    nb_scope_begin();
+    full_state fs = {0};
+    char *shard0 = NULL;
+    nb_state_list l = {0};
+    nb_safetensors *f = NULL;
+    const char **keys = NULL, **vals = NULL;
+    int nmeta = 0;
+    nb_status st = read_sharded(dir, &fs, &shard0);
+    if (st == NB_OK && !(f = nb_safetensors_open(shard0))) st = nb_last_status();
+    if (st == NB_OK && model_only) {
+        st = nb_state_list_add_file(&l, f, "model.");
+        static const char *const fk[] = {"format"}, *const fv[] = {"pt"};
+        if (st == NB_OK) st = nb_safetensors_save(out, l.names, l.tensors, l.count, fk, fv, 1);
+    } else if (st == NB_OK) {
+        for (int i = 0; st == NB_OK && i < nb_safetensors_count(f); i++) {
+            const char *name = nb_safetensors_name(f, i);
+            if (strncmp(name, "optim.", 6) == 0) continue;
+            nb_tensor *t = nb_safetensors_get(f, name);
+            st = t ? nb_state_list_add(&l, NULL, name, t) : nb_last_status();
+        }
+        if (st == NB_OK) st = nb_state_list_add_params(&l, "optim.", &(nb_params){
+                                  .count = fs.l.count, .names = fs.l.names,
+                                  .tensors = fs.l.tensors});
+        int nm = nb_safetensors_metadata_count(f);
+        keys = calloc((size_t)nm + 1, sizeof *keys);
+        vals = calloc((size_t)nm + 1, sizeof *vals);
+        if (st == NB_OK && (!keys || !vals)) st = nb__error(NB_ENOMEM, "%s: out of memory", who);
+        for (int i = 0; st == NB_OK && i < nm; i++) {
+            const char *k = nb_safetensors_metadata_key(f, i);
+            if (zero_meta_key(k)) continue;
+            keys[nmeta] = k, vals[nmeta++] = nb_safetensors_metadata(f, k);
+        }
+        if (st == NB_OK)
+            st = nb_safetensors_save(out, l.names, l.tensors, l.count, keys, vals, nmeta);
+    }
+    if (st != NB_OK && strncmp(nb_last_error(), "safetensors_save: ", 18) == 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", nb_last_error() + 18);
+        st = nb__error(st, "%s: %s", who, why);
+    }
+    free(keys);
+    free(vals);
+    nb_safetensors_close(f);
+    nb_state_list_deinit(&l);
+    nb_state_list_deinit(&fs.l);
+    free(fs.covered);
+    free(shard0);
+    nb_scope_end();
+    return st;
+}

@@ -275,6 +275,14 @@ nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int
  * (every rank gets an error if one fails). */
 nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoint *c);
 nb_status nb_zero_checkpoint_load(nb_zero *z, const char *path, nb_checkpoint *c);
+/* Write a sharded checkpoint directory as one plain file, without building the model: the
+ * whole nb_checkpoint (model, whole optimizer state, schedule, loader, generators, step,
+ * program and settings: nb_checkpoint_load reads it) or, with model_only, just the model's
+ * parameters and buffers under their own names, as nb_module_save writes them (for nb_gpt:
+ * nanoGPT's names, which nb_gpt_load and PyTorch read). Written atomically; the errors of
+ * nb_zero_checkpoint_load for a bad directory, and NB_EIO for an unwritable out. Local (no
+ * communication). The bundled program zero-consolidate calls it. */
+nb_status nb_zero_checkpoint_consolidate(const char *dir, const char *out, bool model_only);
 
 #ifdef __cplusplus
 }

@@ -76,7 +76,8 @@ static void usage(const args *a, FILE *out) {
             "  --log FILE       JSON lines: one per step and one per evaluation\n"
             "  --threads N      CPU threads (default: all cores)\n"
             "  --zero S         ZeRO stage 0-2: 1 shards the optimizer state over the ranks,\n"
-            "                   2 also the gradients (default 0: nb_ddp; no --save/--resume)\n"
+            "                   2 also the gradients (default 0: nb_ddp); --save then writes\n"
+            "                   a sharded checkpoint (a directory) that --resume reshards\n"
             "  --seed N         initialization, batch order, dropout (default %llu)\n"
             "sampling:\n"
             "  --load FILE      a checkpoint or model .safetensors (--n-head must match)\n"
@@ -213,11 +214,6 @@ static int parse_args(int argc, char **argv, args *a) {
         }
         if (!a->save && !strcmp(name, "--save-every")) {
             fprintf(stderr, "gpt: --save-every has no effect without --save\n");
-            return 2;
-        }
-        if (a->zero > 0 && (a->save || a->resume)) {
-            fprintf(stderr, "gpt: --zero %lld cannot be combined with --save or --resume yet "
-                    "(sharded checkpoints are not implemented)\n", (long long)a->zero);
             return 2;
         }
         if (!a->resume && !strcmp(name, "--override")) {
@@ -497,8 +493,12 @@ static int run_train(const args *a) {
     nbm_config_fixed(&conf, "the checkpoint's batch and dropout streams continue from it");
     if (!nbm_config_apply(&conf, &ck, "gpt", a->override)) goto done;
     int64_t step = 0, first = 0;
-    if (a->resume) { /* every rank loads it */
-        if (nb_checkpoint_load(a->resume, &ck) != NB_OK)
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = (int)a->zero;
+    if (a->zero > 0 && !(zero = nb_zero_new(model, opt, world, &zo))) FAIL("%s", nb_last_error());
+    if (!zero && size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
+    if (a->resume) { /* every rank loads it; a sharded one (a directory) reshards */
+        if (nb_zero_checkpoint_load(zero, a->resume, &ck) != NB_OK)
             FAIL("%s%s", nb_last_error(), nbm_config_hint(nb_last_error()));
         first = step = ck.step;
         /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
@@ -509,10 +509,6 @@ static int run_train(const args *a) {
             FAIL("%s", nb_last_error());
         if (main_rank) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
     }
-    nb_zero_opts zo = nb_zero_defaults();
-    zo.stage = (int)a->zero;
-    if (a->zero > 0 && !(zero = nb_zero_new(model, opt, world, &zo))) FAIL("%s", nb_last_error());
-    if (!zero && size > 1 && !(ddp = nb_ddp_new(model, world, NULL))) FAIL("%s", nb_last_error());
     const double flops = nb_gpt_train_flops(&cfg, B * N, T);
     const int64_t tokens_per_step = B * T * N;
     const bool tty = isatty(STDOUT_FILENO);
@@ -621,12 +617,14 @@ static int run_train(const args *a) {
                         "\"val_loss\": %s}\n", (long long)step, nbm_jnum(loss, 6, ls, sizeof ls),
                         nbm_jnum(val_loss, 6, vs, sizeof vs));
         }
-        bool save_now = main_rank && a->save && (step == a->steps || (a->save_every > 0
+        bool save_now = (main_rank || zero) && a->save && (step == a->steps || (a->save_every > 0
                                                              ? step % a->save_every == 0
                                                              : eval_now));
         if (save_now) {
             ck.step = step;
-            if (nb_checkpoint_save(a->save, &ck) != NB_OK) FAIL("%s", nb_last_error());
+            nb_status ss = zero ? nb_zero_checkpoint_save(zero, a->save, &ck)
+                                : nb_checkpoint_save(a->save, &ck);
+            if (ss != NB_OK) FAIL("%s", nb_last_error());
         }
         if (log.f) nbm_log_flush(&log);
     }

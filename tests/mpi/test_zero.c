@@ -483,6 +483,29 @@ START_TEST(test_zero_checkpoint_reshard) {
         expect_same_params(m, ref, 1e-5, "4 ranks stage 2 -> half stage 1 -> 1 process");
         ck.step = step + CK_C;
         MT_OK(nb_checkpoint_save(file_c, &ck));
+        /* consolidation: B as one plain checkpoint, and as the model alone, load plainly
+         * and give what loading B itself gave */
+        char cons[128], cons_model[128];
+        snprintf(cons, sizeof cons, "%s/b-plain.ckpt", tmp);
+        snprintf(cons_model, sizeof cons_model, "%s/b-model.safetensors", tmp);
+        MT_OK(nb_zero_checkpoint_consolidate(dir_b, cons, false));
+        MT_OK(nb_zero_checkpoint_consolidate(dir_b, cons_model, true));
+        nb_sched *s2, *s3;
+        nb_module *m2 = build_mlp(96, IN, HID, OUT), *m3 = build_mlp(95, IN, HID, OUT);
+        nb_optim *o2 = make_opt(m2, ADAMW_GROUPS, &s2), *o3 = make_opt(m3, ADAMW_GROUPS, &s3);
+        nb_checkpoint ck2 = {.model = m2, .optim = o2, .sched = s2, .program = "test"};
+        MT_OK(nb_checkpoint_load(cons, &ck2));
+        MT_CHECK(ck2.step == step, "consolidated step %lld", (long long)ck2.step);
+        MT_OK(nb_module_load(m3, cons_model, true));
+        expect_same_params(m3, m2, 0, "consolidated model");
+        for (int i = 0; i < CK_C; i++) ck_train(m2, o2, s2, step + i, 0, 1);
+        expect_same_params(m2, ref, 1e-5, "consolidated checkpoint");
+        nb_sched_free(s2);
+        nb_sched_free(s3);
+        nb_optim_free(o2);
+        nb_optim_free(o3);
+        nb_module_free(m2);
+        nb_module_free(m3);
         nb_sched_free(s);
         nb_optim_free(o);
         nb_module_free(m);
