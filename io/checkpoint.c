@@ -77,8 +77,13 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     if (!path || !c || !c->model)
         return nb__error(NB_ENULL, "checkpoint_save: %s is NULL",
                          !path ? "path" : !c ? "the checkpoint" : "the model");
+    return nb__checkpoint_save_ex(path, c, NULL, NULL, 0);
+}
+
+nb_status nb__checkpoint_save_ex(const char *path, const nb_checkpoint *c,
+                                 const char *const *xkeys, const char *const *xvals, int nx) {
     nb_state_list l = {0};
-    nb_status st = nb_state_list_add_module(&l, "model.", c->model);
+    nb_status st = c->model ? nb_state_list_add_module(&l, "model.", c->model) : NB_OK;
     if (st == NB_OK && c->optim) st = nb_state_list_add_params(&l, "optim.", nb_optim_state(c->optim));
     if (st == NB_OK && c->sched) st = nb_state_list_add_params(&l, "sched.", nb_sched_state(c->sched));
     if (st == NB_OK && c->loader) {
@@ -99,7 +104,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     }
     if (st == NB_OK) st = add_u64(&l, "step", (uint64_t)c->step);
     /* metadata: the format, the program and "config.<name>" = value per setting */
-    int nmeta = 3 + (c->program ? 1 : 0) + (c->nconfig > 0 ? c->nconfig : 0);
+    int nmeta = 3 + (c->program ? 1 : 0) + (c->nconfig > 0 ? c->nconfig : 0) + nx;
     const char **keys = calloc((size_t)nmeta, sizeof *keys);
     const char **vals = calloc((size_t)nmeta, sizeof *vals);
     char **owned = calloc((size_t)nmeta, sizeof *owned);
@@ -128,6 +133,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
         snprintf(owned[m], n, "config.%s", name);
         keys[m] = owned[m], vals[m++] = val;
     }
+    for (int i = 0; st == NB_OK && i < nx; i++) keys[m] = xkeys[i], vals[m++] = xvals[i];
     if (st == NB_OK)
         st = as_checkpoint_error(nb__safetensors_save_checked(path, l.names, l.tensors, l.count,
                                                               keys, vals, m, true));
@@ -146,6 +152,10 @@ nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
     if (!path || !c || !c->model)
         return nb__error(NB_ENULL, "checkpoint_load: %s is NULL",
                          !path ? "path" : !c ? "the checkpoint" : "the model");
+    return nb__checkpoint_load_ex(path, c, NULL);
+}
+
+nb_status nb__checkpoint_load_ex(const char *path, nb_checkpoint *c, const nb__ckpt_optim *o) {
     nb__remove_stale_temps(path); /* a run restarted after a kill during a save */
     nb_safetensors *f = nb_safetensors_open(path);
     if (!f) return nb_last_status();
@@ -207,10 +217,15 @@ nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
     /* Optimizer and schedule state are validated by their loaders before they change
      * anything; the model is loaded first only after both lists were read. */
     nb_state_list ol = {0}, sl = {0};
-    if (st == NB_OK && c->optim) st = nb_state_list_add_file(&ol, f, "optim.");
+    if (st == NB_OK && c->optim && !o) st = nb_state_list_add_file(&ol, f, "optim.");
     if (st == NB_OK && c->sched) st = nb_state_list_add_file(&sl, f, "sched.");
     if (st == NB_OK) st = nb_module_load_from(c->model, f, "model.", true);
-    if (st == NB_OK && c->optim) st = nb_optim_load_state(c->optim, ol.names, ol.tensors, ol.count);
+    if (st == NB_OK && o && o->opt) {
+        st = nb_optim_load_state(o->opt, o->names, o->tensors, o->n);
+        if (st == NB_OK && o->loaded) o->loaded(o->ctx);
+    } else if (st == NB_OK && c->optim && !o) {
+        st = nb_optim_load_state(c->optim, ol.names, ol.tensors, ol.count);
+    }
     if (st == NB_OK && c->sched) st = nb_sched_load_state(c->sched, sl.names, sl.tensors, sl.count);
     if (st == NB_OK && c->loader)
         st = nb_loader_set_state(c->loader, &(nb_loader_state){(int64_t)epoch, (int64_t)batch});

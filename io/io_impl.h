@@ -20,4 +20,23 @@ nb_status nb__safetensors_save_checked(const char *path, const char *const *name
                                        const char *const *meta_values, int nmeta,
                                        bool checksums);
 
+/* The checkpoint layer as ZeRO's sharded checkpoints use it (parallel/zero_ckpt.c).
+ * nb__checkpoint_save_ex: nb_checkpoint_save with nx more metadata pairs; c->model may be
+ * NULL (then no "model." entries). nb__checkpoint_load_ex: nb_checkpoint_load, but when o
+ * is given the optimizer state comes from o (o->opt loads o's n entries instead of c->optim
+ * the file's "optim." ones; then o->loaded(o->ctx), if set, runs before the schedule's state
+ * is loaded: ZeRO copies its shard optimizer's group hyperparameters into the user's). */
+#include "nabla/checkpoint.h"
+typedef struct nb__ckpt_optim {
+    nb_optim *opt;
+    const char *const *names;
+    nb_tensor *const *tensors;
+    int n;
+    void (*loaded)(void *ctx);
+    void *ctx;
+} nb__ckpt_optim;
+nb_status nb__checkpoint_save_ex(const char *path, const nb_checkpoint *c,
+                                 const char *const *xkeys, const char *const *xvals, int nx);
+nb_status nb__checkpoint_load_ex(const char *path, nb_checkpoint *c, const nb__ckpt_optim *o);
+
 #endif

@@ -49,7 +49,8 @@ static void usage(const nbm_args *a, FILE *out) {
             "  --max-steps N    stop after N training steps in total\n"
             "  --limit N        train on the first N samples only\n"
             "  --zero S         ZeRO stage 0-2 (1: optimizer state sharded over the ranks, 2:\n"
-            "                   gradients too; default 0: nb_ddp; no --save/--resume)\n",
+            "                   gradients too; default 0: nb_ddp); --save then writes a\n"
+            "                   sharded checkpoint (a directory) that --resume reshards\n",
             a->prog, a->epochs, (long long)a->batch, a->lr, (unsigned long long)a->seed,
             NB_FASHION_MNIST_DIR);
 }
@@ -140,9 +141,9 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
                     a->prog, value_flags[k].name);
             return 2;
         }
-    if (a->zero > 0 && (a->save || a->resume)) {
-        fprintf(stderr, "%s: --zero %lld cannot be combined with --save or --resume yet "
-                "(sharded checkpoints are not implemented)\n", a->prog, (long long)a->zero);
+    if (a->zero > 0 && (a->keep || (a->resume && !strcmp(a->resume, "auto")))) {
+        fprintf(stderr, "%s: --zero %lld writes a sharded checkpoint directory: --keep and "
+                "--resume auto do not apply to it yet\n", a->prog, (long long)a->zero);
         return 2;
     }
     if (a->save_every && !a->save) {
@@ -256,6 +257,14 @@ __attribute__((format(printf, 2, 3))) static bool fail(const run *r, const char 
     return false;
 }
 
+/* Write --save: rank 0 a plain checkpoint (the weights are the same on every rank), or
+ * under ZeRO every rank its shard (a collective; a directory that --resume reshards). */
+static nb_status save_checkpoint(run *r) {
+    r->ck.step = r->step;
+    return r->zero ? nb_zero_checkpoint_save(r->zero, r->a->save, &r->ck)
+                   : nbm_save(r->a->save, r->a->keep, &r->ck);
+}
+
 /* One TensorBoard scalar at the current step; the first failed write warns (the run goes
  * on, and its exit status says the file is incomplete). */
 static void tb_scalar(run *r, const char *tag, double v) {
@@ -315,18 +324,19 @@ static bool setup_model(run *r) {
     if (!nbm_resume_path(a->prog, r->main_rank, a->resume, a->save, auto_path,
                          sizeof auto_path, &resume))
         return false;
-    if (resume) { /* every rank loads it (optimizer state and loader position too) */
-        if (nb_checkpoint_load(resume, &r->ck) != NB_OK)
-            return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
-        r->step = r->ck.step;
-        if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
-    }
     nb_zero_opts zo = nb_zero_defaults();
     zo.stage = (int)a->zero;
     if (a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->world, &zo)))
         return fail(r, "%s", nb_last_error());
     if (!r->zero && r->size > 1 && !(r->ddp = nb_ddp_new(r->model, r->world, NULL)))
         return fail(r, "%s", nb_last_error());
+    if (resume) { /* every rank loads it (optimizer state and loader position too); a
+                   * sharded checkpoint (a directory) reshards to this run's ranks */
+        if (nb_zero_checkpoint_load(r->zero, resume, &r->ck) != NB_OK)
+            return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
+        r->step = r->ck.step;
+        if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
+    }
     return true;
 }
 
@@ -422,10 +432,10 @@ static bool train_epoch(run *r, int64_t epoch) {
         double dt = nb_time_s() - t0;
         r->step++;
         if (r->step == 10) nb_alloc_get_stats(&r->st0); /* steady state from here */
-        if (r->main_rank && a->save_every &&
+        if ((r->main_rank || r->zero) && a->save_every &&
             (r->step % a->save_every == 0 || r->step == r->total_steps)) {
             r->ck.step = r->step; /* the loader resumes at the batch after b */
-            if (nbm_save(a->save, a->keep, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
+            if (save_checkpoint(r) != NB_OK) return fail(r, "%s", nb_last_error());
             r->saved_step = r->step;
         }
         /* samples: the global batch (every rank's shard) */
@@ -440,8 +450,8 @@ static bool train_epoch(run *r, int64_t epoch) {
         log_step(r, &b, epoch, loss, comm);
         if (r->stop) { /* a signal: save this step (unless just done) and end the run */
             r->ck.step = r->step;
-            if (r->main_rank && a->save && r->saved_step != r->step &&
-                nbm_save(a->save, a->keep, &r->ck) != NB_OK)
+            if ((r->main_rank || r->zero) && a->save && r->saved_step != r->step &&
+                save_checkpoint(r) != NB_OK)
                 return fail(r, "%s", nb_last_error());
             /* also the barrier that keeps the others alive until the file is there */
             r->train_loss = nb_mean_over_ranks(r->world, r->loss_sum / (double)r->n_loss);
@@ -523,10 +533,10 @@ static bool train(run *r) {
             return fail(r, "evaluation: %s",
                         *nb_last_error() ? nb_last_error() : "failed on another rank");
         log_epoch(r, pos.epoch, nb_time_s() - t_epoch, &st);
-        if (r->main_rank && a->save && !a->save_every) { /* the weights are the same on every
+        if ((r->main_rank || r->zero) && a->save && !a->save_every) { /* the same on every
                                                              rank */
             r->ck.step = r->step;
-            if (nbm_save(a->save, a->keep, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
+            if (save_checkpoint(r) != NB_OK) return fail(r, "%s", nb_last_error());
         }
     }
     if (r->stop && r->main_rank) {

@@ -26,6 +26,16 @@ struct nb_module {
     bool plist_ok, blist_ok;
     nb_module *parent;
     nb_tensor *flat_params, *flat_grads;
+    struct fhook *hooks;    /* forward hooks, in registration order */
+    int nhooks, cap_hooks, next_hook;
+    int running_hooks;      /* > 0 while this module's hooks run (removal then refused) */
+};
+
+struct fhook {
+    int handle;
+    nb_forward_pre_hook_fn pre; /* exactly one of pre and post is set */
+    nb_forward_hook_fn post;
+    void *ctx;
 };
 
 static bool list_add(named_list *l, const char *name, void *item) {
@@ -92,6 +102,7 @@ void nb_module_free(nb_module *m) {
     params_clear(&m->blist);
     nb_tensor_free(m->flat_params);
     nb_tensor_free(m->flat_grads);
+    free(m->hooks);
     if (m->vt->free_self) m->vt->free_self(m->self);
     free(m);
 }
@@ -353,7 +364,64 @@ nb_tensor *nb_forward(nb_module *m, nb_tensor *x) {
         nb__error(NB_EUNSUPPORTED, "forward: a %s has no forward of its own", m->vt->type_name);
         return NULL;
     }
-    return m->vt->forward(m, x);
+    if (!m->nhooks) return m->vt->forward(m, x);
+    /* Hooks registered by a hook run from the next call on: iterate over a snapshot count. */
+    int n = m->nhooks;
+    nb_status st = NB_OK;
+    m->running_hooks++;
+    for (int i = 0; i < n && st == NB_OK; i++)
+        if (m->hooks[i].pre && (st = m->hooks[i].pre(m, x, m->hooks[i].ctx)) != NB_OK &&
+            nb_last_status() == NB_OK)
+            nb__error(st, "forward: a pre-forward hook of a %s failed", m->vt->type_name);
+    nb_tensor *out = st == NB_OK ? m->vt->forward(m, x) : NULL;
+    for (int i = 0; i < n && out; i++)
+        if (m->hooks[i].post && (st = m->hooks[i].post(m, x, out, m->hooks[i].ctx)) != NB_OK) {
+            if (nb_last_status() == NB_OK)
+                nb__error(st, "forward: a forward hook of a %s failed", m->vt->type_name);
+            nb_tensor_free(nb__scope_take(out));
+            out = NULL;
+        }
+    m->running_hooks--;
+    return out;
+}
+
+static int add_hook(nb_module *m, nb_forward_pre_hook_fn pre, nb_forward_hook_fn post, void *ctx,
+                    const char *op) {
+    if (!m) return nb__error(NB_ENULL, "%s: module is NULL", op);
+    if (!pre && !post) return nb__error(NB_ENULL, "%s: the hook function is NULL", op);
+    if (m->nhooks == m->cap_hooks) {
+        int cap = m->cap_hooks ? 2 * m->cap_hooks : 4;
+        struct fhook *h = realloc(m->hooks, sizeof *h * (size_t)cap);
+        if (!h) return nb__error(NB_ENOMEM, "%s: out of memory", op);
+        m->hooks = h, m->cap_hooks = cap;
+    }
+    int handle = m->next_hook++;
+    m->hooks[m->nhooks++] = (struct fhook){.handle = handle, .pre = pre, .post = post, .ctx = ctx};
+    return handle;
+}
+
+int nb_module_register_forward_pre_hook(nb_module *m, nb_forward_pre_hook_fn fn, void *ctx) {
+    return add_hook(m, fn, NULL, ctx, "module_register_forward_pre_hook");
+}
+
+int nb_module_register_forward_hook(nb_module *m, nb_forward_hook_fn fn, void *ctx) {
+    return add_hook(m, NULL, fn, ctx, "module_register_forward_hook");
+}
+
+nb_status nb_module_remove_forward_hook(nb_module *m, int handle) {
+    static const char op[] = "module_remove_forward_hook";
+    if (!m) return nb__error(NB_ENULL, "%s: module is NULL", op);
+    if (m->running_hooks)
+        return nb__error(NB_ESTATE, "%s: the %s's hooks are running (remove a hook after its "
+                         "forward returns)", op, m->vt->type_name);
+    for (int i = 0; i < m->nhooks; i++)
+        if (m->hooks[i].handle == handle) {
+            memmove(&m->hooks[i], &m->hooks[i + 1], sizeof *m->hooks * (size_t)(m->nhooks - i - 1));
+            m->nhooks--;
+            return NB_OK;
+        }
+    return nb__error(NB_EINVAL, "%s: the %s has no forward hook with handle %d", op,
+                     m->vt->type_name, handle);
 }
 
 void nb_module_train(nb_module *m, bool training) {

@@ -40,63 +40,11 @@
 #include "nabla/autograd.h"
 #include "nabla/parallel.h"
 #include "optim/optim_impl.h"
+#include "parallel/zero_impl.h"
 #include "tensor/tensor_impl.h"
 
 /* nn/module.c: forget the module's flat gradient buffer (stage 2 has none). */
 nb_status nb__module_drop_flat_grads(nb_module *m);
-
-typedef struct zparam {
-    struct nb_zero *z;
-    int index;          /* in nb_parameters order */
-    int bucket;
-    nb_tensor *t;       /* the parameter (borrowed from the module) */
-    int64_t off, n;     /* its element range in the flat buffer (relative to its start) */
-    int handle;         /* grad hook handle, -1 if none */
-    bool expected;      /* requires grad */
-    bool guarded;
-    bool ready;
-} zparam;
-
-typedef struct zbucket {
-    int64_t begin, end; /* element range of the flat buffer */
-    int64_t cb, ce;     /* this rank's chunk of it (absolute range) */
-    int64_t soff;       /* stage 2: where the chunk starts in the shard gradient buffer */
-    nb_tensor *pview;   /* the bucket's parameters (view of the flat parameter buffer) */
-    nb_tensor *pchunk;  /* this rank's chunk of them */
-    nb_tensor *gin;     /* stage 1: the bucket's view of the flat gradient buffer */
-    nb_tensor *gout;    /* the averaged chunk: stage 1 a view of gin, stage 2 of the shard */
-    int expected, ready;
-    bool launched;
-    nb_work *work;      /* in-flight reduce-scatter (or all-gather) */
-} zbucket;
-
-struct nb_zero {
-    nb_module *m;
-    nb_optim *user;     /* the template optimizer (borrowed), its nb_step redirected here */
-    nb_optim *inner;    /* steps the pieces (owned) */
-    nb_comm *c;
-    nb_ddp *ddp;        /* stage 0 */
-    int size, rank, stage;
-    nb_zero_opts o;
-    nb_tensor *flat_p;  /* borrowed from the module */
-    nb_tensor *flat_g;  /* stage 1: borrowed from the module; stage 2: NULL */
-    nb_tensor *shard_g; /* stage 2: the shard's gradient (owned) */
-    nb_tensor *staging[2]; /* stage 2 (owned) */
-    int staged_by[2];   /* bucket whose reduce-scatter reads staging[i], -1 none */
-    int64_t max_bucket;
-    int np, nbk;
-    zparam *p;
-    zbucket *b;
-    nb_tensor **pieces; /* the inner optimizer's parameters (owned references) */
-    int npieces;
-    int next_launch;
-    bool sync_enabled, active, twice, local, failed;
-    nb_status hook_err;
-    char hook_msg[512], fail_msg[512];
-    nb_status last_st;
-    char last_msg[512];
-    double exposed_s;
-};
 
 static double now_s(void) {
     struct timespec ts;
@@ -364,6 +312,8 @@ void nb_zero_free(nb_zero *z) {
     nb_optim_free(z->inner);
     for (int i = 0; i < z->npieces; i++) nb_tensor_free(z->pieces[i]);
     free(z->pieces);
+    free(z->piece_param);
+    free(z->piece_lo);
     nb_tensor_free(z->shard_g);
     nb_tensor_free(z->staging[0]);
     nb_tensor_free(z->staging[1]);
@@ -439,10 +389,14 @@ static nb_status build_inner(nb_zero *z) {
     const nb_params *ps = nb_parameters(z->m);
     int ng = u->ngroups;
     z->pieces = calloc((size_t)z->np + 1, sizeof *z->pieces);
+    z->piece_param = calloc((size_t)z->np + 1, sizeof *z->piece_param);
+    z->piece_lo = calloc((size_t)z->np + 1, sizeof *z->piece_lo);
     nb_params *lists = calloc((size_t)ng, sizeof *lists);
     nb_tensor **ts = calloc((size_t)z->np * (size_t)ng + 1, sizeof *ts);
     const char **ns = calloc((size_t)z->np * (size_t)ng + 1, sizeof *ns);
-    nb_status s = z->pieces && lists && ts && ns ? NB_OK : nb__error(NB_ENOMEM, "zero_new: out of memory");
+    nb_status s = z->pieces && z->piece_param && z->piece_lo && lists && ts && ns
+                      ? NB_OK
+                      : nb__error(NB_ENOMEM, "zero_new: out of memory");
     for (int g = 0; g < ng && s == NB_OK; g++) {
         lists[g].tensors = ts + (size_t)g * (size_t)z->np;
         lists[g].names = ns + (size_t)g * (size_t)z->np;
@@ -458,6 +412,8 @@ static nb_status build_inner(nb_zero *z) {
         if (lo >= hi) continue;
         nb_tensor *piece = take(nb_narrow(z->flat_p, 0, lo, hi - lo), &s);
         if (s != NB_OK) break;
+        z->piece_param[z->npieces] = i;
+        z->piece_lo[z->npieces] = lo - p->off;
         z->pieces[z->npieces++] = piece;
         nb_tensor *gsrc = z->stage == 1 ? z->flat_g : z->shard_g;
         int64_t goff = z->stage == 1 ? lo : bk->soff + (lo - bk->cb);
@@ -732,4 +688,10 @@ nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int
     out->comm_buffers = stage == 2 ? 2 * bucket * elem_size : 0;
     out->total = out->params + out->grads + out->optim_state + out->comm_buffers;
     return NB_OK;
+}
+
+void nb__zero_copy_groups(void *ctx) {
+    nb_zero *z = ctx;
+    if (z && z->user && z->inner && z->user->ngroups == z->inner->ngroups)
+        memcpy(z->user->groups, z->inner->groups, sizeof(nb__hyper) * (size_t)z->inner->ngroups);
 }

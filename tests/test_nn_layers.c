@@ -1002,6 +1002,88 @@ START_TEST(test_layer_errors) {
 }
 END_TEST
 
+
+/* ---- forward hooks ----------------------------------------------------------------------- */
+typedef struct hook_log {
+    char seq[64];
+    nb_module *m;
+    nb_tensor *out;
+    int fail_at; /* the call (1-based) that fails, 0: none */
+    int calls;
+    int remove_handle;
+    nb_status remove_status;
+} hook_log;
+
+static nb_status log_pre(nb_module *m, nb_tensor *x, void *ctx) {
+    hook_log *l = ctx;
+    (void)x;
+    l->calls++;
+    strcat(l->seq, m == l->m ? "P" : "p");
+    if (l->remove_handle >= 0) l->remove_status = nb_module_remove_forward_hook(m, l->remove_handle);
+    if (l->fail_at == l->calls) return nb__error(NB_EINVAL, "pre hook says no");
+    return NB_OK;
+}
+
+static nb_status log_post(nb_module *m, nb_tensor *x, nb_tensor *out, void *ctx) {
+    hook_log *l = ctx;
+    (void)m;
+    (void)x;
+    strcat(l->seq, "o");
+    l->out = out;
+    return l->fail_at < 0 ? NB_EINVAL : NB_OK; /* no message: nb_forward writes one */
+}
+
+START_TEST(test_forward_hooks) {
+    nb_scope_begin();
+    nb_generator *g = nb_generator_new(1);
+    nb_linear_opts o = {.gen = g};
+    nb_module *lin = nb_linear_new(3, 2, &o);
+    nb_module *m = nb_sequential_new(lin, nb_relu_new(), NULL);
+    nb_generator_free(g);
+    nb_tensor *x = nb_ones((int64_t[]){4, 3}, 2, NB_F32);
+    hook_log l = {.m = m, .remove_handle = -1};
+    int h1 = nb_module_register_forward_pre_hook(m, log_pre, &l);
+    int h2 = nb_module_register_forward_hook(m, log_post, &l);
+    int h3 = nb_module_register_forward_pre_hook(lin, log_pre, &l);
+    ck_assert_int_ge(h1, 0);
+    ck_assert_int_ne(h1, h2);
+    ck_assert_int_ge(h3, 0);
+    /* order: the sequential's pre hook, the child's (inside the forward), the post hook */
+    nb_tensor *y = nb_forward(m, x);
+    ck_assert_ptr_nonnull(y);
+    ck_assert_str_eq(l.seq, "Ppo");
+    ck_assert_ptr_eq(l.out, y);
+    /* a failing pre hook: NULL with its error, the forward does not run */
+    l.seq[0] = 0, l.calls = 0, l.fail_at = 1;
+    ck_assert_ptr_null(nb_forward(m, x));
+    ck_assert_int_eq(nb_last_status(), NB_EINVAL);
+    ck_assert_str_eq(nb_last_error(), "pre hook says no");
+    ck_assert_str_eq(l.seq, "P");
+    /* a failing forward hook without a message */
+    l.seq[0] = 0, l.calls = 0, l.fail_at = -1;
+    nb_clear_error();
+    ck_assert_ptr_null(nb_forward(m, x));
+    ck_assert_str_eq(nb_last_error(), "forward: a forward hook of a Sequential failed");
+    /* removal: refused while the hooks run, unknown handles, then gone */
+    l.seq[0] = 0, l.calls = 0, l.fail_at = 0, l.remove_handle = h2;
+    ck_assert_ptr_nonnull(nb_forward(m, x));
+    ck_assert_int_eq(l.remove_status, NB_ESTATE);
+    l.remove_handle = -1;
+    ck_assert_int_eq(nb_module_remove_forward_hook(m, h2), NB_OK);
+    ck_assert_int_eq(nb_module_remove_forward_hook(m, h2), NB_EINVAL);
+    ck_assert_int_eq(nb_module_remove_forward_hook(lin, h3), NB_OK);
+    l.seq[0] = 0;
+    ck_assert_ptr_nonnull(nb_forward(m, x));
+    ck_assert_str_eq(l.seq, "P");
+    ck_assert_int_lt(nb_module_register_forward_hook(m, NULL, &l), 0);
+    ck_assert_int_eq(nb_last_status(), NB_ENULL);
+    ck_assert_int_lt(nb_module_register_forward_pre_hook(NULL, log_pre, &l), 0);
+    nb_clear_error();
+    nb_module_free(m);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_nn_layers(void) {
     Suite *s = suite_create("nn_layers");
     struct {
@@ -1024,6 +1106,7 @@ Suite *nb_suite_nn_layers(void) {
         {"flatten_parameters", test_flatten_parameters},
         {"errors", test_layer_errors},
         {"module_lookup_errors", test_module_lookup_errors},
+        {"forward_hooks", test_forward_hooks},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -91,8 +91,26 @@ const nb_params *nb_parameters(nb_module *m);
 const nb_params *nb_buffers(nb_module *m);
 int64_t nb_num_parameters(nb_module *m);   /* total element count */
 
-/* Run the module's forward. New reference. */
+/* Run the module's forward (and its forward hooks, below). New reference. */
 nb_tensor *nb_forward(nb_module *m, nb_tensor *x);
+
+/* Forward hooks (PyTorch's register_forward_pre_hook / register_forward_hook): functions
+ * nb_forward(m, x) calls around m's own forward, in registration order, for that module
+ * only (a child's forward runs its own hooks). They observe: a pre-forward hook gets the
+ * input before the forward runs (to gather sharded parameters, start a timer, check shapes,
+ * ...), a forward hook gets the input and the output after it (to record activations,
+ * release parameters, ...); x and out are borrowed. A hook returning a status other than
+ * NB_OK ends that nb_forward with NULL and the hook's error (the message it set, else
+ * "forward: a pre-forward hook of a Linear failed"); the forward does not run after a
+ * failed pre-forward hook. Registering returns a handle >= 0 (unique per module) or a
+ * negative status (NB_ENULL for a NULL module or function); a hook registered during a
+ * forward runs from the next one. Removing is refused (NB_ESTATE) while the module's hooks
+ * run; an unknown handle is NB_EINVAL. ctx is borrowed and passed back as it is. */
+typedef nb_status (*nb_forward_pre_hook_fn)(nb_module *m, nb_tensor *x, void *ctx);
+typedef nb_status (*nb_forward_hook_fn)(nb_module *m, nb_tensor *x, nb_tensor *out, void *ctx);
+int nb_module_register_forward_pre_hook(nb_module *m, nb_forward_pre_hook_fn fn, void *ctx);
+int nb_module_register_forward_hook(nb_module *m, nb_forward_hook_fn fn, void *ctx);
+nb_status nb_module_remove_forward_hook(nb_module *m, int handle);
 /* Training mode (dropout active, batch norm uses batch statistics): on by default. */
 void nb_module_train(nb_module *m, bool training);
 bool nb_module_is_training(const nb_module *m);

@@ -86,7 +86,8 @@ static void usage(const args *a, FILE *out) {
             "                   time, validation loss, memory) in an event file in DIR\n"
             "  --threads N      CPU threads (default: all cores)\n"
             "  --zero S         ZeRO stage 0-2: 1 shards the optimizer state over the ranks,\n"
-            "                   2 also the gradients (default 0: nb_ddp; no --save/--resume)\n"
+            "                   2 also the gradients (default 0: nb_ddp); --save then writes\n"
+            "                   a sharded checkpoint (a directory) that --resume reshards\n"
             "  --seed N         initialization, batch order, dropout (default %llu)\n"
             "sampling:\n"
             "  --load FILE      a checkpoint or model .safetensors (--n-head must match)\n"
@@ -232,9 +233,9 @@ static int parse_args(int argc, char **argv, args *a) {
             fprintf(stderr, "gpt: --save-every has no effect without --save\n");
             return 2;
         }
-        if (a->zero > 0 && (a->save || a->resume)) {
-            fprintf(stderr, "gpt: --zero %lld cannot be combined with --save or --resume yet "
-                    "(sharded checkpoints are not implemented)\n", (long long)a->zero);
+        if (a->zero > 0 && (a->keep || (a->resume && !strcmp(a->resume, "auto")))) {
+            fprintf(stderr, "gpt: --zero %lld writes a sharded checkpoint directory: --keep and "
+                    "--resume auto do not apply to it yet\n", (long long)a->zero);
             return 2;
         }
         if (!a->resume && !strcmp(name, "--override")) {
@@ -562,8 +563,14 @@ static bool setup_run(run *r) {
     if (!nbm_resume_path("gpt", r->main_rank, a->resume, a->save, auto_path,
                          sizeof auto_path, &resume))
         return false;
-    if (resume) { /* every rank loads it */
-        if (nb_checkpoint_load(resume, &r->ck) != NB_OK)
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = (int)r->a->zero;
+    if (r->a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->world, &zo)))
+        return fail(r, "%s", nb_last_error());
+    if (!r->zero && r->size > 1 && !(r->ddp = nb_ddp_new(r->model, r->world, NULL)))
+        return fail(r, "%s", nb_last_error());
+    if (resume) { /* every rank loads it; a sharded one (a directory) reshards */
+        if (nb_zero_checkpoint_load(r->zero, resume, &r->ck) != NB_OK)
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
         r->first = r->step = r->ck.step;
         /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
@@ -574,12 +581,6 @@ static bool setup_run(run *r) {
             return fail(r, "%s", nb_last_error());
         if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
     }
-    nb_zero_opts zo = nb_zero_defaults();
-    zo.stage = (int)r->a->zero;
-    if (r->a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->world, &zo)))
-        return fail(r, "%s", nb_last_error());
-    if (!r->zero && r->size > 1 && !(r->ddp = nb_ddp_new(r->model, r->world, NULL)))
-        return fail(r, "%s", nb_last_error());
     r->flops = nb_gpt_train_flops(&r->cfg, r->B * r->N, r->T);
     r->tokens_per_step = r->B * r->T * r->N;
     nb_progress_opts po = nb_progress_defaults();
@@ -753,12 +754,15 @@ static bool train_loop(run *r) {
         log_step(r, &o);
         bool eval_now = r->step == a->steps || (a->eval_every > 0 && r->step % a->eval_every == 0);
         if (eval_now && !evaluate_and_log(r, o.loss)) return false;
-        bool save_now = r->main_rank && a->save &&
+        bool save_now = (r->main_rank || r->zero) && a->save &&
                         (r->step == a->steps ||
                          (a->save_every > 0 ? r->step % a->save_every == 0 : eval_now));
-        if (save_now || (r->stop && r->main_rank && a->save)) { /* a signal: save this step */
+        if (save_now || (r->stop && (r->main_rank || r->zero) && a->save)) { /* a signal:
+                                                                             save this step */
             r->ck.step = r->step;
-            if (nbm_save(a->save, a->keep, &r->ck) != NB_OK) return fail(r, "%s", nb_last_error());
+            nb_status ss = r->zero ? nb_zero_checkpoint_save(r->zero, a->save, &r->ck)
+                                   : nbm_save(a->save, a->keep, &r->ck);
+            if (ss != NB_OK) return fail(r, "%s", nb_last_error());
         }
         nb_jsonl_flush(r->log);
         if (r->tb) nb_summary_flush(r->tb); /* a failure shows at the next write or the close */

@@ -1,0 +1,27 @@
+/* zero-consolidate - write a sharded ZeRO checkpoint (the directory `--zero S --save DIR`
+ * writes) as one plain file:
+ *     zero-consolidate DIR OUT              a plain checkpoint (--resume reads it anywhere)
+ *     zero-consolidate --model-only DIR OUT the model alone under its own names (for gpt:
+ *                                           nanoGPT's, which `gpt --load` and PyTorch read)
+ * Built on the public API only (nb_zero_checkpoint_consolidate). */
+#include <stdio.h>
+#include <string.h>
+
+#include <nabla/nabla.h>
+
+int main(int argc, char **argv) {
+    bool model_only = argc > 1 && strcmp(argv[1], "--model-only") == 0;
+    int first = model_only ? 2 : 1;
+    if (argc - first != 2 || (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))) {
+        fprintf(stderr, "usage: zero-consolidate [--model-only] DIR OUT\n"
+                        "  DIR  a sharded checkpoint (written with --zero S --save DIR)\n"
+                        "  OUT  the plain checkpoint (or with --model-only the model's weights)\n");
+        return 2;
+    }
+    if (nb_zero_checkpoint_consolidate(argv[first], argv[first + 1], model_only) != NB_OK) {
+        fprintf(stderr, "zero-consolidate: %s\n", nb_last_error());
+        return 1;
+    }
+    printf("wrote %s\n", argv[first + 1]);
+    return 0;
+}
