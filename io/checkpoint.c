@@ -9,6 +9,7 @@
 #include "nabla/io.h"
 #include "nabla/optim.h"
 #include "tensor/tensor_impl.h"
+#include "tensor/trace.h"
 
 /* u64 state is stored bit for bit in 0-dim I64 tensors. */
 static nb_status add_u64(nb_state_list *l, const char *name, uint64_t v) {
@@ -44,7 +45,17 @@ static nb_status as_checkpoint_error(nb_status st) {
     return nb__error(st, "checkpoint_save: %s", rest);
 }
 
+/* Spans (tensor/trace.h): "checkpoint save" around a save (the snapshot of the state, then
+ * "checkpoint write" inside it), "checkpoint load" around a load. */
+static nb_status checkpoint_save(const char *path, const nb_checkpoint *c);
 nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
+    int tok = NB__SPAN_BEGIN("checkpoint save", NULL, NB__CAT_IO);
+    nb_status st = checkpoint_save(path, c);
+    NB__SPAN_END(tok);
+    return st;
+}
+
+static nb_status checkpoint_save(const char *path, const nb_checkpoint *c) {
     if (!path || !c || !c->model)
         return nb__error(NB_ENULL, "checkpoint_save: %s is NULL",
                          !path ? "path" : !c ? "the checkpoint" : "the model");
@@ -98,9 +109,12 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
         snprintf(owned[m], n, "config.%s", name);
         keys[m] = owned[m], vals[m++] = val;
     }
-    if (st == NB_OK)
+    if (st == NB_OK) {
+        int tok = NB__SPAN_BEGIN("checkpoint write", NULL, NB__CAT_IO);
         st = as_checkpoint_error(nb_safetensors_save(path, l.names, l.tensors, l.count, keys,
                                                      vals, m));
+        NB__SPAN_END(tok);
+    }
     for (int i = 0; owned && i < nmeta; i++) free(owned[i]);
     free(owned);
     free(keys);
@@ -112,7 +126,15 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     return st;
 }
 
+static nb_status checkpoint_load(const char *path, nb_checkpoint *c);
 nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
+    int tok = NB__SPAN_BEGIN("checkpoint load", NULL, NB__CAT_IO);
+    nb_status st = checkpoint_load(path, c);
+    NB__SPAN_END(tok);
+    return st;
+}
+
+static nb_status checkpoint_load(const char *path, nb_checkpoint *c) {
     if (!path || !c || !c->model)
         return nb__error(NB_ENULL, "checkpoint_load: %s is NULL",
                          !path ? "path" : !c ? "the checkpoint" : "the model");

@@ -8,6 +8,7 @@
 
 #include "tensor/tape.h"
 #include "tensor/backend.h"
+#include "tensor/trace.h"
 #include "nabla/nn.h"
 
 typedef struct {
@@ -349,7 +350,10 @@ nb_tensor *nb_forward(nb_module *m, nb_tensor *x) {
         nb__error(NB_EUNSUPPORTED, "forward: a %s has no forward of its own", m->vt->type_name);
         return NULL;
     }
-    return m->vt->forward(m, x);
+    int tok = NB__SPAN_BEGIN(m->vt->type_name, NULL, NB__CAT_MODULE);
+    nb_tensor *y = m->vt->forward(m, x);
+    NB__SPAN_END(tok);
+    return y;
 }
 
 void nb_module_train(nb_module *m, bool training) {

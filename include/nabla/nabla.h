@@ -29,5 +29,6 @@
 #include "nabla/data.h"
 #include "nabla/parallel.h"
 #include "nabla/gpt.h"
+#include "nabla/trace.h"
 
 #endif
