@@ -543,6 +543,7 @@ bool nb_trace_enabled(void) {
 const char *nb_trace_path(void) { return g.path; }
 
 void nb_trace_set_rank(int rank, int size) {
+    ensure_init();
     pthread_mutex_lock(&g.mu);
     if (rank >= 0 && size >= 1 && rank < size) g.rank = rank, g.size = size;
     pthread_mutex_unlock(&g.mu);

@@ -32,6 +32,7 @@ int main(void) {
         SUITE(grad_reduce), SUITE(nn_conv),  SUITE(nn_layers), SUITE(loss),
         SUITE(optim),    SUITE(train),       SUITE(checkpoint), SUITE(data),
         SUITE(io),       SUITE(gpt),         SUITE(attention), SUITE(backend),
+        SUITE(trace),
     };
     /* NB_TEST_DEVICE=guard runs the suites with guard tensors: every tensor the tests make
      * through the library (nb_zeros, nb_randn, nb_from_buffer, tu_tensor, ...) lives in
