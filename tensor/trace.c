@@ -181,8 +181,11 @@ static tstate *state(void) {
     ensure_init();
     tstate *t = NULL;
     pthread_mutex_lock(&g.mu);
-    for (tstate *s = g.threads; s; s = s->next) { /* take over an ended thread's state */
-        if (__atomic_load_n(&s->dead, __ATOMIC_ACQUIRE)) {
+    /* Take over the state of an ended thread, unless it holds rows of the running profile
+     * (its loader or communicator time must stay in the table). */
+    unsigned ps = __atomic_load_n(&g.psession, __ATOMIC_RELAXED);
+    for (tstate *s = g.threads; s; s = s->next) {
+        if (__atomic_load_n(&s->dead, __ATOMIC_ACQUIRE) && (!s->rows || s->psession != ps)) {
             write_pending(s);
             t = s;
             break;
