@@ -14,6 +14,7 @@
  * wall-clock time of ts 0 (nabla_clock_base_us) and the rank, which tools/merge-traces uses
  * to put the files of several ranks on one time axis. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -40,7 +41,7 @@ static const char *const cat_names[NB__CAT_COUNT] = {
 
 typedef struct ev {
     const char *name, *detail, *key;
-    int64_t t0, dur;       /* ns; dur of an async pair: its length */
+    int64_t t0, dur;       /* ticks; an async pair: CLOCK_MONOTONIC ns and its length */
     int64_t flops, bytes;  /* X: work; C memory: in use, cached; async: id */
     int64_t val;           /* the value of key */
     double dval;           /* C user counter */
@@ -71,7 +72,7 @@ typedef struct tstate {
     ev *evs;
     uint64_t head, tail; /* atomic */
     unsigned named_session; /* the thread_name event was written in this session */
-    int64_t last_mem_ns;
+    int64_t last_mem_ns; /* ticks */
     int64_t drops;
     /* spans */
     span stack[MAXDEPTH];
@@ -79,7 +80,7 @@ typedef struct tstate {
     /* the profiler */
     unsigned psession;
     prow *rows;
-    int64_t covered; /* ns inside outermost spans (atomic) */
+    int64_t covered; /* ticks inside outermost spans (atomic) */
 } tstate;
 
 static struct {
@@ -122,6 +123,54 @@ int64_t nb__trace_now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Spans are timed in ticks: the time-stamp counter on x86-64, a few nanoseconds to read
+ * where clock_gettime can cost 150 (virtual machines without a vDSO clock), and
+ * CLOCK_MONOTONIC nanoseconds elsewhere. Ticks become nanoseconds of CLOCK_MONOTONIC
+ * when written: the rate is measured over 2 ms at start and then over the whole time since
+ * (refined whenever events are written or the table printed, with g.mu held). */
+#if defined(__x86_64__)
+static inline int64_t ticks(void) { return (int64_t)__builtin_ia32_rdtsc(); }
+#else
+static inline int64_t ticks(void) { return nb__trace_now_ns(); }
+#endif
+static struct {
+    int64_t tick0, ns0;
+    double ns_per_tick;
+    int64_t ticks_20us;
+} clk;
+
+/* A (ns, ticks) pair read at one moment: the clock read between two tick reads, the
+ * closest of a few tries (a thread preempted between the reads would skew the rate). */
+static void sample(int64_t *ns, int64_t *t) {
+    int64_t best = INT64_MAX;
+    *ns = *t = 0;
+    for (int i = 0; i < 16; i++) {
+        int64_t a = ticks(), n = nb__trace_now_ns(), b = ticks();
+        if (b - a < best) best = b - a, *ns = n, *t = a + (b - a) / 2;
+    }
+}
+
+static void calibrate(void) {
+    sample(&clk.ns0, &clk.tick0);
+    int64_t ns, t;
+    while (nb__trace_now_ns() - clk.ns0 < 2000000) {
+    }
+    sample(&ns, &t);
+    clk.ns_per_tick = t > clk.tick0 ? (double)(ns - clk.ns0) / (double)(t - clk.tick0) : 1.0;
+    clk.ticks_20us = (int64_t)(20000.0 / clk.ns_per_tick);
+}
+
+static void refine_clock(void) { /* with g.mu held */
+    int64_t ns, t;
+    sample(&ns, &t);
+    if (ns - clk.ns0 > 100000000 && t > clk.tick0)
+        clk.ns_per_tick = (double)(ns - clk.ns0) / (double)(t - clk.tick0);
+}
+
+static int64_t ticks_to_ns(int64_t dt) { return (int64_t)((double)dt * clk.ns_per_tick); }
+/* A tick count as CLOCK_MONOTONIC nanoseconds. */
+static int64_t tick_time(int64_t t) { return clk.ns0 + ticks_to_ns(t - clk.tick0); }
+
 /* ---- start-up: the environment ------------------------------------------------------------ */
 static void at_exit(void);
 static nb_status trace_start(const char *path);
@@ -140,6 +189,7 @@ static void thread_gone(void *p) { __atomic_store_n(&((tstate *)p)->dead, 1, __A
 
 static void init_once(void) {
     pthread_key_create(&g_key, thread_gone);
+    calibrate();
     g.rank = env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", 0);
     g.size = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", 1);
     if (g.rank < 0) g.rank = 0;
@@ -243,17 +293,64 @@ static const char *intern(const char *s) { /* a copy that lives as long as the p
 }
 
 /* ---- writing the file ---------------------------------------------------------------------- */
-static void put_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
+/* The file is written through one buffer (with g.mu held): the formatting is done by hand,
+ * since a W3 run writes a few thousand events per step and fprintf's float formatting and
+ * per-character locking cost microseconds each. */
+static struct {
+    char b[1 << 16];
+    size_t n;
+} wb;
 
-static double us(int64_t ns) { return (double)ns / 1000.0; }
+static void wflush(void) {
+    if (wb.n && g.file) fwrite(wb.b, 1, wb.n, g.file);
+    wb.n = 0;
+}
+static void wmem(const char *p, size_t n) {
+    if (wb.n + n > sizeof wb.b) wflush();
+    if (n > sizeof wb.b) { /* longer than the buffer: straight through */
+        if (g.file) fwrite(p, 1, n, g.file);
+        return;
+    }
+    memcpy(wb.b + wb.n, p, n);
+    wb.n += n;
+}
+static void wlit(const char *s) { wmem(s, strlen(s)); }
+static void wstr(const char *s) { /* a JSON string */
+    wmem("\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char esc[8];
+        if (*p == '"' || *p == '\\') esc[0] = '\\', esc[1] = (char)*p, wmem(esc, 2);
+        else if (*p < 0x20) wmem(esc, (size_t)snprintf(esc, sizeof esc, "\\u%04x", *p));
+        else wmem((const char *)p, 1);
+    }
+    wmem("\"", 1);
+}
+static void wint(int64_t v) {
+    char d[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do d[sizeof d - 1 - n++] = (char)('0' + u % 10); while ((u /= 10) && n < 23);
+    if (v < 0) d[sizeof d - 1 - n++] = '-';
+    wmem(d + sizeof d - n, (size_t)n);
+}
+/* v / 1000 with three decimals (nanoseconds as microseconds). */
+static void wmilli(int64_t v) {
+    if (v < 0) wmem("-", 1), v = -v;
+    wint(v / 1000);
+    char d[4] = {'.', (char)('0' + v / 100 % 10), (char)('0' + v / 10 % 10), (char)('0' + v % 10)};
+    wmem(d, 4);
+}
+static void wkey(const char *k) { /* ,"k": */
+    wmem(",\"", 2);
+    wlit(k);
+    wmem("\":", 2);
+}
+static void warg(const char *k, bool *first) { /* ,"args":{"k": then ,"k": */
+    if (*first) wlit(",\"args\":{\""), *first = false;
+    else wmem(",\"", 2);
+    wlit(k);
+    wmem("\":", 2);
+}
 
 /* The path for this rank: %r replaced, or ".rank<r>" appended with several ranks. */
 static void rank_path(const char *templ, char *out, size_t n) {
@@ -283,53 +380,58 @@ static bool open_file(void) { /* with g.mu held */
     return true;
 }
 
-static void write_event(FILE *f, const tstate *t, const ev *e) {
-    int pid = g.rank;
-    double ts = us(e->t0 - g.t0_ns);
+static void write_event(const tstate *t, const ev *e) {
+    int64_t ts = e->ph == 'A' ? e->t0 - g.t0_ns : tick_time(e->t0) - g.t0_ns;
+    wlit(",\n{\"name\":");
+    wstr(e->ph == 'C' ? "host memory" : e->name);
+    wlit(",\"cat\":\"");
+    wlit(e->ph == 'C' ? "memory" : e->ph == 'U' ? "user" : cat_names[e->cat]);
+    wlit("\",\"ph\":\"");
+    wlit(e->ph == 'X' ? "X" : e->ph == 'A' ? "b" : "C");
+    wlit("\",\"ts\":");
+    wmilli(ts);
+    if (e->ph == 'X') wkey("dur"), wmilli(ticks_to_ns(e->dur));
+    if (e->ph == 'A') wkey("id"), wint(e->flops);
+    wkey("pid"), wint(g.rank);
+    wkey("tid"), wint(t->tid);
     switch (e->ph) {
     case 'X':
-        fputs(",\n{\"name\":", f);
-        put_str(f, e->name);
-        fprintf(f, ",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d",
-                cat_names[e->cat], ts, us(e->dur), pid, t->tid);
         if (e->detail || e->key || e->flops || e->bytes) {
-            const char *sep = "";
-            fputs(",\"args\":{", f);
-            if (e->detail) {
-                fprintf(f, "\"%s\":", e->cat == NB__CAT_GEMM ? "provider" : "kernel");
-                put_str(f, e->detail);
-                sep = ",";
-            }
-            if (e->key) fprintf(f, "%s\"%s\":%lld", sep, e->key, (long long)e->val), sep = ",";
-            if (e->flops) fprintf(f, "%s\"flops\":%lld", sep, (long long)e->flops), sep = ",";
-            if (e->bytes) fprintf(f, "%s\"bytes\":%lld", sep, (long long)e->bytes);
-            fputc('}', f);
+            bool first = true;
+            if (e->detail) warg(e->cat == NB__CAT_GEMM ? "provider" : "kernel", &first), wstr(e->detail);
+            if (e->key) warg(e->key, &first), wint(e->val);
+            if (e->flops) warg("flops", &first), wint(e->flops);
+            if (e->bytes) warg("bytes", &first), wint(e->bytes);
+            wlit("}");
         }
-        fputc('}', f);
         break;
-    case 'C':
-        fprintf(f, ",\n{\"name\":\"host memory\",\"cat\":\"memory\",\"ph\":\"C\",\"ts\":%.3f,"
-                "\"pid\":%d,\"tid\":%d,\"args\":{\"in_use_mb\":%.3f,\"cached_mb\":%.3f}}",
-                ts, pid, t->tid, (double)e->flops / 1048576.0, (double)e->bytes / 1048576.0);
+    case 'C': /* MiB with three decimals */
+        wlit(",\"args\":{\"in_use_mb\":");
+        wmilli(e->flops * 1000 / 1048576);
+        wkey("cached_mb"), wmilli(e->bytes * 1000 / 1048576);
+        wlit("}");
         break;
-    case 'U':
-        fputs(",\n{\"name\":", f);
-        put_str(f, e->name);
-        fprintf(f, ",\"cat\":\"user\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,\"tid\":%d,"
-                "\"args\":{\"value\":%.17g}}", ts, pid, t->tid, e->dval);
-        break;
-    case 'A':
-        for (int k = 0; k < 2; k++) {
-            fputs(",\n{\"name\":", f);
-            put_str(f, e->name);
-            fprintf(f, ",\"cat\":\"%s\",\"ph\":\"%c\",\"id\":%lld,\"ts\":%.3f,\"pid\":%d,"
-                    "\"tid\":%d", cat_names[e->cat], k ? 'e' : 'b', (long long)e->flops,
-                    k ? us(e->t0 + e->dur - g.t0_ns) : ts, pid, t->tid);
-            if (!k && e->key) fprintf(f, ",\"args\":{\"%s\":%lld}", e->key, (long long)e->val);
-            fputc('}', f);
-        }
+    case 'U': {
+        char v[40];
+        wlit(",\"args\":{\"value\":");
+        wmem(v, (size_t)snprintf(v, sizeof v, "%.17g", isfinite(e->dval) ? e->dval : 0.0));
+        wlit("}");
         break;
     }
+    case 'A': /* the end of the pair */
+        if (e->key) wlit(",\"args\":{\""), wlit(e->key), wlit("\":"), wint(e->val), wlit("}");
+        wlit("},\n{\"name\":");
+        wstr(e->name);
+        wlit(",\"cat\":\"");
+        wlit(cat_names[e->cat]);
+        wlit("\",\"ph\":\"e\",\"ts\":");
+        wmilli(ts + e->dur);
+        wkey("id"), wint(e->flops);
+        wkey("pid"), wint(g.rank);
+        wkey("tid"), wint(t->tid);
+        break;
+    }
+    wlit("}");
 }
 
 static void write_thread_name(tstate *t) {
@@ -341,10 +443,12 @@ static void write_thread_name(tstate *t) {
         snprintf(buf, sizeof buf, t->tid == (int)getpid() ? "main" : "thread %d", t->tid);
         name = buf;
     }
-    fprintf(g.file, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-            "\"args\":{\"name\":", g.rank, t->tid);
-    put_str(g.file, name);
-    fputs("}}", g.file);
+    wlit(",\n{\"name\":\"thread_name\",\"ph\":\"M\"");
+    wkey("pid"), wint(g.rank);
+    wkey("tid"), wint(t->tid);
+    wlit(",\"args\":{\"name\":");
+    wstr(name);
+    wlit("}}");
 }
 
 /* Write t's finished events (with g.mu held); dropped when there is no file to write to. */
@@ -354,7 +458,9 @@ static void write_pending(tstate *t) {
     if (head == tail) return;
     if ((flags_load() & NB__TRACE_TRACING) && open_file()) {
         write_thread_name(t);
-        for (uint64_t i = tail; i < head; i++) write_event(g.file, t, &t->evs[i % RING]);
+        refine_clock();
+        for (uint64_t i = tail; i < head; i++) write_event(t, &t->evs[i % RING]);
+        wflush();
     }
     __atomic_store_n(&t->tail, head, __ATOMIC_RELEASE);
 }
@@ -423,7 +529,7 @@ int nb__span_begin(const char *name, const char *detail, nb__cat cat) {
         s->session = __atomic_load_n(&g.session, __ATOMIC_RELAXED);
         s->psession = __atomic_load_n(&g.psession, __ATOMIC_RELAXED);
         s->child = 0;
-        s->t0 = nb__trace_now_ns();
+        s->t0 = ticks();
     }
     return ++t->depth;
 }
@@ -434,7 +540,7 @@ static void span_finish(int tok, int64_t flops, int64_t bytes, const char *key, 
     t->depth = tok - 1;                           /* also closes spans left open inside */
     if (tok > MAXDEPTH) return;
     span *s = &t->stack[tok - 1];
-    int64_t now = nb__trace_now_ns(), dur = now - s->t0;
+    int64_t now = ticks(), dur = now - s->t0;
     if (tok >= 2) t->stack[tok - 2].child += dur;
     int f = flags_load();
     if ((f & s->flags & NB__TRACE_TRACING) &&
@@ -470,8 +576,8 @@ void nb__trace_memory(int64_t in_use, int64_t cached) {
     if (!(flags_now() & NB__TRACE_TRACING)) return;
     tstate *t = state();
     if (!t) return;
-    int64_t now = nb__trace_now_ns();
-    if (t->last_mem_ns && now - t->last_mem_ns < 20000) return;
+    int64_t now = ticks();
+    if (t->last_mem_ns && now - t->last_mem_ns < clk.ticks_20us) return;
     t->last_mem_ns = now;
     ev e = {.name = "host memory", .t0 = now, .flops = in_use, .bytes = cached, .ph = 'C'};
     push(t, &e);
@@ -524,7 +630,8 @@ nb_status nb_trace_stop(void) {
             drops += t->drops;
             t->drops = 0;
         }
-        fputs("\n]}\n", g.file);
+        wlit("\n]}\n");
+        wflush();
         if (fclose(g.file) != 0) st = nb__error(NB_EIO, "trace_stop: writing %s failed", g.path);
         g.file = NULL;
         (void)drops; /* the ring is written out when full, so events are never dropped */
@@ -575,7 +682,7 @@ void nb_trace_counter(const char *name, double value) {
     const char *n = intern(name);
     tstate *t = state();
     if (!n || !t) return;
-    ev e = {.name = n, .t0 = nb__trace_now_ns(), .dval = value, .ph = 'U'};
+    ev e = {.name = n, .t0 = ticks(), .dval = value, .ph = 'U'};
     push(t, &e);
 }
 
@@ -624,6 +731,7 @@ static mrow *merged(int *n, int64_t *covered) {
     int cap = 64, k = 0;
     mrow *m = malloc(sizeof(mrow) * (size_t)cap);
     *covered = 0;
+    refine_clock();
     unsigned ps = __atomic_load_n(&g.psession, __ATOMIC_RELAXED);
     for (tstate *t = g.threads; m && t; t = t->next) {
         if (t->psession != ps || !t->rows) continue;
@@ -653,6 +761,8 @@ static mrow *merged(int *n, int64_t *covered) {
             m[j].bytes += __atomic_load_n(&r->bytes, __ATOMIC_RELAXED);
         }
     }
+    for (int j = 0; j < k; j++) m[j].total = ticks_to_ns(m[j].total), m[j].self = ticks_to_ns(m[j].self);
+    *covered = ticks_to_ns(*covered);
     *n = k;
     return m;
 }
