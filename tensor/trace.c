@@ -160,6 +160,10 @@ static void calibrate(void) {
     clk.ticks_20us = (int64_t)(20000.0 / clk.ns_per_tick);
 }
 
+/* Measured when a trace or profile first starts, not before: off costs nothing. */
+static pthread_once_t clk_once = PTHREAD_ONCE_INIT;
+static void ensure_clock(void) { pthread_once(&clk_once, calibrate); }
+
 static void refine_clock(void) { /* with g.mu held */
     int64_t ns, t;
     sample(&ns, &t);
@@ -189,7 +193,6 @@ static void thread_gone(void *p) { __atomic_store_n(&((tstate *)p)->dead, 1, __A
 
 static void init_once(void) {
     pthread_key_create(&g_key, thread_gone);
-    calibrate();
     g.rank = env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", 0);
     g.size = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", 1);
     if (g.rank < 0) g.rank = 0;
@@ -235,7 +238,8 @@ static tstate *state(void) {
      * (its loader or communicator time must stay in the table). */
     unsigned ps = __atomic_load_n(&g.psession, __ATOMIC_RELAXED);
     for (tstate *s = g.threads; s; s = s->next) {
-        if (__atomic_load_n(&s->dead, __ATOMIC_ACQUIRE) && (!s->rows || s->psession != ps)) {
+        if (__atomic_load_n(&s->dead, __ATOMIC_ACQUIRE) &&
+            (!s->rows || __atomic_load_n(&s->psession, __ATOMIC_RELAXED) != ps)) {
             write_pending(s);
             t = s;
             break;
@@ -254,7 +258,7 @@ static tstate *state(void) {
         __atomic_store_n(&t->tail, __atomic_load_n(&t->head, __ATOMIC_RELAXED),
                          __ATOMIC_RELEASE);
         t->depth = 0;
-        t->psession = 0; /* its rows are cleared at its first profiled span */
+        __atomic_store_n(&t->psession, 0, __ATOMIC_RELAXED); /* rows cleared at its first span */
         t->named_session = 0;
         t->last_mem_ns = 0;
     }
@@ -482,12 +486,21 @@ static void push(tstate *t, const ev *e) {
 }
 
 /* ---- the profiler's rows ------------------------------------------------------------------- */
+/* A thread's rows belong to one profile (psession); the owner clears them lazily at its
+ * first span of a new one and then publishes the session (release), which readers check
+ * (acquire) before reading the rows. */
 static void prof_reset_if_stale(tstate *t, unsigned ps) {
     if (t->psession == ps) return;
-    if (!t->rows) t->rows = calloc(PROWS, sizeof(prow));
-    else memset(t->rows, 0, sizeof(prow) * PROWS);
+    __atomic_store_n(&t->psession, 0, __ATOMIC_RELAXED);
+    if (!t->rows) {
+        prow *r = calloc(PROWS, sizeof(prow));
+        if (!r) return;
+        __atomic_store_n(&t->rows, r, __ATOMIC_RELEASE);
+    } else {
+        memset(t->rows, 0, sizeof(prow) * PROWS);
+    }
     __atomic_store_n(&t->covered, 0, __ATOMIC_RELAXED);
-    t->psession = ps;
+    __atomic_store_n(&t->psession, ps, __ATOMIC_RELEASE);
 }
 
 static void add64(int64_t *p, int64_t v) {
@@ -590,6 +603,7 @@ nb_status nb_trace_start(const char *path) {
 }
 
 static nb_status trace_start(const char *path) {
+    ensure_clock();
     if (!path || !*path) return nb__error(NB_EINVAL, "trace_start: the path is empty");
     if (strlen(path) >= PATHMAX - 32)
         return nb__error(NB_EINVAL, "trace_start: the path is %zu characters long (at most %d)",
@@ -694,6 +708,7 @@ nb_status nb_profile_start(void) {
 }
 
 static void profile_start(void) {
+    ensure_clock();
     pthread_mutex_lock(&g.mu);
     __atomic_fetch_add(&g.psession, 1, __ATOMIC_RELAXED);
     g.p0_ns = nb__trace_now_ns();
@@ -734,7 +749,9 @@ static mrow *merged(int *n, int64_t *covered) {
     refine_clock();
     unsigned ps = __atomic_load_n(&g.psession, __ATOMIC_RELAXED);
     for (tstate *t = g.threads; m && t; t = t->next) {
-        if (t->psession != ps || !t->rows) continue;
+        if (__atomic_load_n(&t->psession, __ATOMIC_ACQUIRE) != ps ||
+            !__atomic_load_n(&t->rows, __ATOMIC_ACQUIRE))
+            continue;
         int64_t c = __atomic_load_n(&t->covered, __ATOMIC_RELAXED);
         if (c > *covered) *covered = c;
         for (int i = 0; i < PROWS; i++) {
