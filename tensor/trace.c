@@ -73,7 +73,6 @@ typedef struct tstate {
     uint64_t head, tail; /* atomic */
     unsigned named_session; /* the thread_name event was written in this session */
     int64_t last_mem_ns; /* ticks */
-    int64_t drops;
     /* spans */
     span stack[MAXDEPTH];
     int depth;
@@ -476,10 +475,7 @@ static void push(tstate *t, const ev *e) {
         pthread_mutex_lock(&g.mu);
         write_pending(t);
         pthread_mutex_unlock(&g.mu);
-        if (head - __atomic_load_n(&t->tail, __ATOMIC_ACQUIRE) >= RING) {
-            t->drops++;
-            return;
-        }
+        if (head - __atomic_load_n(&t->tail, __ATOMIC_ACQUIRE) >= RING) return;
     }
     t->evs[head % RING] = *e;
     __atomic_store_n(&t->head, head + 1, __ATOMIC_RELEASE);
@@ -637,18 +633,12 @@ nb_status nb_trace_stop(void) {
         return NB_OK;
     }
     nb_status st = NB_OK;
-    int64_t drops = 0;
     if (open_file()) {
-        for (tstate *t = g.threads; t; t = t->next) {
-            write_pending(t);
-            drops += t->drops;
-            t->drops = 0;
-        }
+        for (tstate *t = g.threads; t; t = t->next) write_pending(t);
         wlit("\n]}\n");
         wflush();
         if (fclose(g.file) != 0) st = nb__error(NB_EIO, "trace_stop: writing %s failed", g.path);
         g.file = NULL;
-        (void)drops; /* the ring is written out when full, so events are never dropped */
     } else {
         st = nb__error(NB_EIO, "trace_stop: cannot write the trace to %s: %s", g.path,
                        strerror(g.err_no));
