@@ -6,6 +6,14 @@
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
+#include "tensor/trace.h"
+
+/* Span names of the backward rules (tensor/trace.h): "linear backward", ... */
+static const char *const bw_span_names[NB__OP_COUNT] = {
+#define NB__BW_NAME(name, str, arity, grad) str " backward",
+    NB__OPS(NB__BW_NAME)
+#undef NB__BW_NAME
+};
 
 /* Per-leaf metadata: hooks, and engine bookkeeping for "gradient complete". */
 typedef struct nb__hook {
@@ -382,6 +390,7 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
                                           : nb_host_alloc(sizeof(nb_tensor *) * (size_t)n->ninputs);
         if (!gin) { st = NB_ENOMEM; nb_tensor_free(g); break; }
         memset(gin, 0, sizeof(nb_tensor *) * (size_t)n->ninputs);
+        int tok = NB__SPAN_BEGIN(bw_span_names[n->op], NULL, NB__CAT_BACKWARD);
         nb_scope_begin();
         if (g && st == NB_OK) {
             nb__backward_fn rule = nb__backward_rules[n->op];
@@ -402,6 +411,7 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
             }
         }
         nb_scope_end();
+        NB__SPAN_END(tok);
         if (gin != gin_small) nb_host_free(gin);
         nb_tensor_free(g);
         if (!retain) {
@@ -462,8 +472,10 @@ static nb_status backward_run(nb_tensor *out, const nb_backward_opts *opts) {
  * waits); they run when the outermost backward on this thread is over, so a backward
  * called from inside a backward's rule or hook does not end its caller's step. */
 nb_status nb_backward_ex(nb_tensor *out, const nb_backward_opts *opts) {
+    int tok = NB__SPAN_BEGIN("backward", NULL, NB__CAT_BACKWARD);
     tl_depth++;
     nb_status st = backward_run(out, opts);
     if (--tl_depth == 0 && tl_ncb) st = run_end_callbacks(st);
+    NB__SPAN_END(tok);
     return st;
 }

@@ -21,6 +21,7 @@
 #include "cpu/cpu_impl.h"
 #include "cpu/gemm.h"
 #include "nb_config.h"
+#include "tensor/trace.h"
 
 #if NB_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
@@ -220,9 +221,9 @@ static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N,
     return atomic_load(&j.status);
 }
 
-nb_status nb__gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
-                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                       float *C, int64_t ldc) {
+static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                         float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return NB_OK;
     if (K <= 0 || alpha == 0.0f) {
         scale_c_float(M, N, beta, C, ldc);
@@ -251,9 +252,9 @@ nb_status nb__gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K
     return NB_OK;
 }
 
-nb_status nb__gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-                       double alpha, const double *A, int64_t lda, const double *B,
-                       int64_t ldb, double beta, double *C, int64_t ldc) {
+static nb_status gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                         double alpha, const double *A, int64_t lda, const double *B,
+                         int64_t ldb, double beta, double *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return NB_OK;
     if (K <= 0 || alpha == 0.0) {
         scale_c_double(M, N, beta, C, ldc);
@@ -267,6 +268,25 @@ nb_status nb__gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K
     tiled(TILE_BLAS_F64, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return NB_OK;
 }
+
+/* Each GEMM (all its tiles) is a span of the trace and the profiler ("sgemm", "dgemm"; the
+ * provider as its detail), with 2 M N K flops and the three matrices as its bytes. */
+#define NB__GEMM_TRACED(T, tname, impl)                                                    \
+    nb_status nb__gemm_##tname(bool transA, bool transB, int64_t M, int64_t N, int64_t K,  \
+                               T alpha, const T *A, int64_t lda, const T *B, int64_t ldb,   \
+                               T beta, T *C, int64_t ldc) {                                \
+        if (!NB__TRACE_ACTIVE())                                                           \
+            return impl(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);     \
+        int tok = nb__span_begin(sizeof(T) == 4 ? "sgemm" : "dgemm",                       \
+                                 nb_gemm_provider_name(nb_gemm_provider_current()),        \
+                                 NB__CAT_GEMM);                                            \
+        nb_status st = impl(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); \
+        NB__SPAN_END_WORK(tok, M > 0 && N > 0 ? 2 * M * N * K : 0,                         \
+                          (int64_t)sizeof(T) * (M * K + K * N + M * N));                   \
+        return st;                                                                         \
+    }
+NB__GEMM_TRACED(float, f32, gemm_f32)
+NB__GEMM_TRACED(double, f64, gemm_f64)
 
 /* ---- the gemm kernel ------------------------------------------------------------------------
  * Per-GEMM work (multiply-adds) at or below which batches run in parallel rather than each

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "data/data_impl.h"
+#include "tensor/trace.h"
 
 #define NB__LOADER_MAX_PREFETCH 64
 #define NB__LOADER_MSG 512
@@ -136,6 +137,7 @@ static void produce(nb_loader *l, nb__slot *s) {
     s->index = b;
     nb_tensor *x = n == bs ? s->x : s->xt;
     nb_tensor *y = n == bs ? s->y : s->yt;
+    int tok = NB__SPAN_BEGIN("loader produce", NULL, NB__CAT_DATA);
     nb_clear_error();
     nb_scope_begin();
     nb_status st = l->ds->vt->get_batch(l->ds, s->indices, n, x, y);
@@ -148,12 +150,14 @@ static void produce(nb_loader *l, nb__slot *s) {
         if (st != NB_OK) slot_error(s, st, "the transform", l->ds->vt->name);
     }
     nb_scope_end();
+    NB__SPAN_END_ARG(tok, "batch", b);
     l->pb++;
 }
 
 /* ---- prefetch thread -------------------------------------------------------------------- */
 static void *producer_main(void *arg) {
     nb_loader *l = arg;
+    nb__trace_thread_name("loader");
     /* The producer works serially. A second OpenMP team here would put more threads than
      * cores into libgomp, which then throttles every team's spin-waits and makes each
      * parallel region of the training step pay a futex wake-up (measured: 2x slower). */
@@ -368,7 +372,17 @@ static bool deliver(nb_loader *l, nb__slot *s, nb_batch *b) {
     return true;
 }
 
+static bool loader_next(nb_loader *l, nb_batch *b);
+/* A span per call ("loader next"), with the time spent waiting for the prefetch thread as a
+ * span of its own inside ("loader wait"): data loading that was not hidden. */
 bool nb_loader_next(nb_loader *l, nb_batch *b) {
+    int tok = NB__SPAN_BEGIN("loader next", NULL, NB__CAT_DATA);
+    bool ok = loader_next(l, b);
+    NB__SPAN_END(tok);
+    return ok;
+}
+
+static bool loader_next(nb_loader *l, nb_batch *b) {
     if (!l || !b) {
         nb__error(NB_ENULL, "loader_next: argument '%s' is NULL", l ? "batch" : "loader");
         return false;
@@ -396,7 +410,11 @@ bool nb_loader_next(nb_loader *l, nb_batch *b) {
         l->held = -1;
         pthread_cond_signal(&l->cv_free);
     }
-    while (l->nready == 0) pthread_cond_wait(&l->cv_ready, &l->mu);
+    if (l->nready == 0) {
+        int tok = NB__SPAN_BEGIN("loader wait", NULL, NB__CAT_DATA);
+        while (l->nready == 0) pthread_cond_wait(&l->cv_ready, &l->mu);
+        NB__SPAN_END(tok);
+    }
     int si = l->head;
     l->head = (l->head + 1) % l->nslots;
     l->nready--;

@@ -16,6 +16,7 @@
 #include "nabla/io.h"
 #include "nabla/optim.h"
 #include "tensor/tensor_impl.h"
+#include "tensor/trace.h"
 
 /* u64 state is stored bit for bit in 0-dim I64 tensors. */
 static nb_status add_u64(nb_state_list *l, const char *name, uint64_t v) {
@@ -80,7 +81,19 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     return nb__checkpoint_save_ex(path, c, NULL, NULL, 0);
 }
 
+/* Spans (tensor/trace.h): "checkpoint save" around a save (the snapshot of the state, then
+ * "checkpoint write" inside it), "checkpoint load" around a load. */
+static nb_status checkpoint_save(const char *path, const nb_checkpoint *c,
+                                 const char *const *xkeys, const char *const *xvals, int nx);
 nb_status nb__checkpoint_save_ex(const char *path, const nb_checkpoint *c,
+                                 const char *const *xkeys, const char *const *xvals, int nx) {
+    int tok = NB__SPAN_BEGIN("checkpoint save", NULL, NB__CAT_IO);
+    nb_status st = checkpoint_save(path, c, xkeys, xvals, nx);
+    NB__SPAN_END(tok);
+    return st;
+}
+
+static nb_status checkpoint_save(const char *path, const nb_checkpoint *c,
                                  const char *const *xkeys, const char *const *xvals, int nx) {
     nb_state_list l = {0};
     nb_status st = c->model ? nb_state_list_add_module(&l, "model.", c->model) : NB_OK;
@@ -134,9 +147,12 @@ nb_status nb__checkpoint_save_ex(const char *path, const nb_checkpoint *c,
         keys[m] = owned[m], vals[m++] = val;
     }
     for (int i = 0; st == NB_OK && i < nx; i++) keys[m] = xkeys[i], vals[m++] = xvals[i];
-    if (st == NB_OK)
+    if (st == NB_OK) {
+        int tok = NB__SPAN_BEGIN("checkpoint write", NULL, NB__CAT_IO);
         st = as_checkpoint_error(nb__safetensors_save_checked(path, l.names, l.tensors, l.count,
                                                               keys, vals, m, true));
+        NB__SPAN_END(tok);
+    }
     for (int i = 0; owned && i < nmeta; i++) free(owned[i]);
     free(owned);
     free(keys);
@@ -155,7 +171,15 @@ nb_status nb_checkpoint_load(const char *path, nb_checkpoint *c) {
     return nb__checkpoint_load_ex(path, c, NULL);
 }
 
+static nb_status checkpoint_load(const char *path, nb_checkpoint *c, const nb__ckpt_optim *o);
 nb_status nb__checkpoint_load_ex(const char *path, nb_checkpoint *c, const nb__ckpt_optim *o) {
+    int tok = NB__SPAN_BEGIN("checkpoint load", NULL, NB__CAT_IO);
+    nb_status st = checkpoint_load(path, c, o);
+    NB__SPAN_END(tok);
+    return st;
+}
+
+static nb_status checkpoint_load(const char *path, nb_checkpoint *c, const nb__ckpt_optim *o) {
     nb__remove_stale_temps(path); /* a run restarted after a kill during a save */
     nb_safetensors *f = nb_safetensors_open(path);
     if (!f) return nb_last_status();

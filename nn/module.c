@@ -8,6 +8,7 @@
 
 #include "tensor/tape.h"
 #include "tensor/backend.h"
+#include "tensor/trace.h"
 #include "nabla/nn.h"
 
 typedef struct {
@@ -355,6 +356,14 @@ int64_t nb_num_parameters(nb_module *m) {
     return n;
 }
 
+/* The module's forward as a span of the trace and the profiler (its type name). */
+static nb_tensor *traced_forward(nb_module *m, nb_tensor *x) {
+    int tok = NB__SPAN_BEGIN(m->vt->type_name, NULL, NB__CAT_MODULE);
+    nb_tensor *y = m->vt->forward(m, x);
+    NB__SPAN_END(tok);
+    return y;
+}
+
 nb_tensor *nb_forward(nb_module *m, nb_tensor *x) {
     if (!m) {
         nb__error(NB_ENULL, "forward: module is NULL");
@@ -364,7 +373,7 @@ nb_tensor *nb_forward(nb_module *m, nb_tensor *x) {
         nb__error(NB_EUNSUPPORTED, "forward: a %s has no forward of its own", m->vt->type_name);
         return NULL;
     }
-    if (!m->nhooks) return m->vt->forward(m, x);
+    if (!m->nhooks) return traced_forward(m, x);
     /* Hooks registered by a hook run from the next call on: iterate over a snapshot count. */
     int n = m->nhooks;
     nb_status st = NB_OK;
@@ -373,7 +382,7 @@ nb_tensor *nb_forward(nb_module *m, nb_tensor *x) {
         if (m->hooks[i].pre && (st = m->hooks[i].pre(m, x, m->hooks[i].ctx)) != NB_OK &&
             nb_last_status() == NB_OK)
             nb__error(st, "forward: a pre-forward hook of a %s failed", m->vt->type_name);
-    nb_tensor *out = st == NB_OK ? m->vt->forward(m, x) : NULL;
+    nb_tensor *out = st == NB_OK ? traced_forward(m, x) : NULL;
     for (int i = 0; i < n && out; i++)
         if (m->hooks[i].post && (st = m->hooks[i].post(m, x, out, m->hooks[i].ctx)) != NB_OK) {
             if (nb_last_status() == NB_OK)

@@ -15,6 +15,7 @@
 #include "autograd/autograd_impl.h"
 #include "nabla/autograd.h"
 #include "optim/optim_impl.h"
+#include "tensor/trace.h"
 
 const char *const nb__hyper_names[NB__H_COUNT] = {
     "lr", "weight_decay", "momentum", "dampening", "beta1", "beta2", "eps", "alpha",
@@ -347,8 +348,16 @@ nb_status nb_params_split_decay(const nb_params *ps, nb_params *decay, nb_params
 }
 
 /* ---- zero_grad and step ---------------------------------------------------------------------- */
+static nb_status zero_grad(nb_optim *opt);
 nb_status nb_zero_grad(nb_optim *opt) {
     if (!opt) return nb__error(NB_ENULL, "zero_grad: opt is NULL");
+    int tok = NB__SPAN_BEGIN("zero_grad", NULL, NB__CAT_OPTIM);
+    nb_status st = zero_grad(opt);
+    NB__SPAN_END(tok);
+    return st;
+}
+
+static nb_status zero_grad(nb_optim *opt) {
     for (int i = 0; i < opt->nparams; i++) {
         nb_tensor *t = opt->params[i].t, *g = t->grad;
         if (!g) continue;
@@ -418,9 +427,18 @@ struct nb__step_work {
     nb_tensor *g;    /* the gradient to read (a packed copy when the gradient is strided) */
 };
 
+static nb_status step(nb_optim *opt);
+/* One span per step, named by the optimizer ("adamw"; tensor/trace.h). */
 nb_status nb_step(nb_optim *opt) {
     if (!opt) return nb__error(NB_ENULL, "step: opt is NULL");
     if (opt->step_hook) return opt->step_hook(opt->step_ctx); /* sharded (nb_zero) */
+    int tok = NB__SPAN_BEGIN(opt->kind->name, NULL, NB__CAT_OPTIM);
+    nb_status st = step(opt);
+    NB__SPAN_END(tok);
+    return st;
+}
+
+static nb_status step(nb_optim *opt) {
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_status st = NB_OK;

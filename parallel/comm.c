@@ -28,6 +28,7 @@
 #include "nb_config.h"
 #include "parallel/parallel_impl.h"
 #include "tensor/backend.h"
+#include "tensor/trace.h"
 
 #define NB__WORK_CACHE 64 /* free works kept per communicator */
 
@@ -35,6 +36,24 @@ static const char *const coll_names[NB__COLL_COUNT] = {
     "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
     "all_to_all", "barrier", "send", "recv", "comm_split",
 };
+/* Span names (tensor/trace.h): starting an operation on the caller's thread, and waiting
+ * for it; the operation itself is an async slice named by coll_names from its start to the
+ * wait that saw it complete, and the backend's thread has a span while it runs one. */
+static const char *const start_names[NB__COLL_COUNT] = {
+    "allreduce start", "broadcast start", "reduce start", "allgather start",
+    "reduce_scatter start", "all_to_all start", "barrier start", "send start", "recv start",
+    "comm_split start",
+};
+static const char *const wait_names[NB__COLL_COUNT] = {
+    "allreduce wait", "broadcast wait", "reduce wait", "allgather wait", "reduce_scatter wait",
+    "all_to_all wait", "barrier wait", "send wait", "recv wait", "comm_split wait",
+};
+static int64_t work_bytes(const nb_work *w) {
+    int64_t n = w->a.count > 0 ? w->a.count : w->a.in_count > w->a.out_count ? w->a.in_count
+                                                                             : w->a.out_count;
+    return n * (int64_t)nb_dtype_size(w->a.dtype);
+}
+
 const char *nb__coll_name(nb__coll k) {
     return (unsigned)k < NB__COLL_COUNT ? coll_names[k] : "?";
 }
@@ -325,7 +344,10 @@ static bool check_same_dtype(const nb_tensor *out, const nb_tensor *in, const ch
 nb_work *nb__work_launch(nb_comm *c, nb_work *w) {
     if (!nb__coll_is_p2p(w->a.kind)) w->seq = atomic_fetch_add(&c->issued, 1) + 1;
     w->t_start = nb__now();
-    if (c->be->start[w->a.kind](c, w) != NB_OK) return work_abort(w);
+    int tok = NB__SPAN_BEGIN(start_names[w->a.kind], NULL, NB__CAT_COMM);
+    nb_status st = c->be->start[w->a.kind](c, w);
+    NB__SPAN_END_ARG(tok, "bytes", work_bytes(w));
+    if (st != NB_OK) return work_abort(w);
     return w;
 }
 
@@ -494,6 +516,9 @@ static nb_status work_finish(nb_work *w) {
     nb_status st = NB_OK;
     if (w->finished) return atomic_load(&w->state) == NB__WORK_FAILED ? w->status : NB_OK;
     w->finished = true;
+    if (NB__TRACE_ACTIVE())
+        nb__trace_async(coll_names[w->a.kind], NB__CAT_COMM, w->seq ? w->seq : (int64_t)(intptr_t)w,
+                        (int64_t)(w->t_start * 1e9), nb__trace_now_ns(), "bytes", work_bytes(w));
     if (atomic_load(&w->state) == NB__WORK_FAILED) {
         st = nb__error(w->status, "%s", w->msg);
     } else if (w->user_out) {
@@ -538,7 +563,11 @@ nb_status nb__work_wait_keep(nb_work *w) {
     nb_comm *c = w->comm;
     double t0 = nb__now(), to = atomic_load(&c->timeout);
     int r = atomic_load(&w->state);
-    if (r == NB__WORK_PENDING) r = c->be->wait(w, to > 0 ? t0 + to : 0);
+    if (r == NB__WORK_PENDING) {
+        int tok = NB__SPAN_BEGIN(wait_names[w->a.kind], NULL, NB__CAT_COMM);
+        r = c->be->wait(w, to > 0 ? t0 + to : 0);
+        NB__SPAN_END_ARG(tok, "seq", w->seq);
+    }
     if (r == 0 && !timeout_error(w, nb__now() - t0)) {
         work_abandon(w);
         return NB_ETIMEOUT;

@@ -43,6 +43,7 @@
 
 #include "parallel/comm_mpi.h"
 #include "nb_config.h"
+#include "tensor/trace.h"
 
 #define PIECE (1LL << 30)                /* elements per MPI call (counts are int) */
 #define HALF_PIECE (1LL << 22)           /* f16/bf16 elements staged in f32 at a time */
@@ -379,6 +380,7 @@ static void run_op(nb__mpi_comm *m, nb_work *w) {
                       nb__coll_name(a->kind), INT_MAX);
         return;
     }
+    int tok = NB__SPAN_BEGIN(nb__coll_name(a->kind), NULL, NB__CAT_COMM);
     switch (a->kind) {
     case NB__COLL_ALLREDUCE: rc = do_reduce(m, w, -1, &oom); break;
     case NB__COLL_REDUCE: rc = do_reduce(m, w, a->peer, &oom); break;
@@ -394,6 +396,7 @@ static void run_op(nb__mpi_comm *m, nb_work *w) {
     case NB__COLL_SPLIT: rc = do_split(m, w, &oom); break;
     default: NB__ASSERT(!"run_op: not a collective");
     }
+    NB__SPAN_END_ARG(tok, "seq", w->seq);
     if (rc != MPI_SUCCESS) nb__mpi_fail(w, rc);
     else if (oom) nb__work_fail(w, NB_ENOMEM, "%s on rank %d: %s", nb__coll_name(a->kind),
                                 w->comm->rank, nb_last_error());
@@ -408,6 +411,7 @@ static _Thread_local nb__mpi_comm *worker_of;
 static void *worker_main(void *arg) {
     nb__mpi_comm *m = arg;
     worker_of = m;
+    nb__trace_thread_name("comm");
     pthread_mutex_lock(&m->mu);
     for (;;) {
         while (!m->qhead && !m->stop) pthread_cond_wait(&m->cv_work, &m->mu);

@@ -23,7 +23,11 @@
  *
  * On a size-1 communicator nothing is communicated: the hooks only do their bookkeeping
  * (so a missing gradient is reported the same way as on N ranks) and the gradients are
- * exactly the ones backward computed. */
+ * exactly the ones backward computed.
+ *
+ * Trace and profiler (tensor/trace.h): "ddp bucket launch" (inside backward's hooks) and
+ * "ddp bucket wait" carry the bucket number; "ddp exposed comm" is the part of the step
+ * that waited for communication after backward (nb_ddp_exposed_comm_s). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +37,7 @@
 #include "nabla/autograd.h"
 #include "nabla/parallel.h"
 #include "tensor/tensor_impl.h"
+#include "tensor/trace.h"
 
 typedef struct ddp_param {
     struct nb_ddp *d;
@@ -96,7 +101,9 @@ static void launch(nb_ddp *d, int k) {
     ddp_bucket *bk = &d->b[k];
     bk->launched = true;
     if (d->size == 1) return; /* the plain computation: nothing to reduce */
+    int tok = NB__SPAN_BEGIN("ddp bucket launch", NULL, NB__CAT_DDP);
     bk->work = nb_allreduce_async(d->c, bk->view, NB_REDUCE_AVG);
+    NB__SPAN_END_ARG(tok, "bucket", k);
     if (!bk->work) hook_fail(d, nb_last_status());
 }
 
@@ -160,7 +167,9 @@ static nb_status wait_all(nb_ddp *d) {
     char msg[512] = "";
     for (int k = 0; k < d->nbk; k++) {
         if (!d->b[k].work) continue;
+        int tok = NB__SPAN_BEGIN("ddp bucket wait", NULL, NB__CAT_DDP);
         nb_status s = nb_work_wait(d->b[k].work);
+        NB__SPAN_END_ARG(tok, "bucket", k);
         d->b[k].work = NULL;
         if (s != NB_OK && first == NB_OK) {
             first = s;
@@ -355,6 +364,7 @@ nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o) {
  * after nb_zero_grad), so every rank issues the same collectives and none is left waiting. */
 static nb_status finish_step(nb_ddp *d, bool all) {
     double t0 = now_s();
+    int tok = NB__SPAN_BEGIN("ddp exposed comm", NULL, NB__CAT_DDP);
     int missing = 0, first_missing = -1;
     for (int i = 0; i < d->np; i++) {
         ddp_param *p = &d->p[i];
@@ -368,6 +378,7 @@ static nb_status finish_step(nb_ddp *d, bool all) {
     launch_ready(d);
     nb_status s = wait_all(d);
     d->exposed_s = now_s() - t0;
+    NB__SPAN_END_ARG(tok, "buckets", d->next_launch);
 
     if (s == NB_OK && d->hook_err != NB_OK)
         s = nb__error(d->hook_err, "ddp: starting a gradient allreduce failed: %s", d->hook_msg);

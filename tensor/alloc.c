@@ -13,6 +13,7 @@
 
 #include "tensor/asan.h"
 #include "tensor/tensor_impl.h"
+#include "tensor/trace.h"
 
 #define NB__ALIGN 64
 #define NB__NCLASS 168
@@ -94,7 +95,9 @@ void *nb_host_alloc(size_t nbytes) {
     g_alloc.st.bytes_live += (int64_t)csize;
     if (g_alloc.st.bytes_live > g_alloc.st.bytes_peak)
         g_alloc.st.bytes_peak = g_alloc.st.bytes_live;
+    int64_t live = g_alloc.st.bytes_live, cached = g_alloc.st.bytes_cached;
     pthread_mutex_unlock(&g_alloc.lock);
+    if (NB__TRACE_ACTIVE()) nb__trace_memory(live, cached);
     char *data = (char *)(b + 1);
     NB__UNPOISON(data, nbytes);
     NB__POISON(data + nbytes, csize - nbytes);
@@ -112,7 +115,9 @@ void nb_host_free(void *p) {
     g_alloc.free_list[b->cls] = b;
     g_alloc.st.bytes_live -= (int64_t)csize;
     g_alloc.st.bytes_cached += (int64_t)csize;
+    int64_t live = g_alloc.st.bytes_live, cached = g_alloc.st.bytes_cached;
     pthread_mutex_unlock(&g_alloc.lock);
+    if (NB__TRACE_ACTIVE()) nb__trace_memory(live, cached);
 }
 
 void nb_alloc_empty_cache(void) {

@@ -25,6 +25,7 @@
 #define NABLA_TENSOR_BACKEND_H
 
 #include "tensor/kernels.h"
+#include "tensor/trace.h"
 
 /* The kernel table: one typed pointer per kernel, so a registration with the wrong
  * prototype fails to compile. */
@@ -68,13 +69,63 @@ const nb__backend *nb__backend_of(nb_device dev, const char *op);
  * NB_EUNSUPPORTED. */
 nb_status nb__no_kernel(const nb__backend *be, const char *op, const char *kernel);
 
-/* The checked entry points, one per kernel. */
+/* The work of a kernel call (tensor/trace_work.c), picked by its argument type: what the
+ * profiler turns into GFLOP/s and GB/s. Kernels without an estimate report none. */
+typedef struct nb__work {
+    int64_t flops, bytes;
+} nb__work;
+nb__work nb__work_none(const void *a);
+nb__work nb__work_gemm(const nb__gemm_args *a);
+nb__work nb__work_ew(const nb__ew_args *a);
+nb__work nb__work_copy(const nb__copy_args *a);
+nb__work nb__work_fill(const nb__fill_args *a);
+nb__work nb__work_reduce(const nb__reduce_args *a);
+nb__work nb__work_softmax(const nb__softmax_args *a);
+nb__work nb__work_softmax_backward(const nb__softmax_backward_args *a);
+nb__work nb__work_layer_norm(const nb__layer_norm_args *a);
+nb__work nb__work_layer_norm_backward(const nb__layer_norm_backward_args *a);
+nb__work nb__work_attention(const nb__attention_args *a);
+nb__work nb__work_attention_backward(const nb__attention_backward_args *a);
+nb__work nb__work_conv2d(const nb__conv2d_args *a);
+nb__work nb__work_conv2d_backward(const nb__conv2d_backward_args *a);
+nb__work nb__work_sgd_step(const nb__sgd_step_args *a);
+nb__work nb__work_adam_step(const nb__adam_step_args *a);
+#define NB__WORK_OF(a)                                                                     \
+    _Generic((a),                                                                          \
+        const nb__gemm_args *: nb__work_gemm,                                              \
+        const nb__ew_args *: nb__work_ew,                                                  \
+        const nb__copy_args *: nb__work_copy,                                              \
+        const nb__fill_args *: nb__work_fill,                                              \
+        const nb__reduce_args *: nb__work_reduce,                                          \
+        const nb__softmax_args *: nb__work_softmax,                                        \
+        const nb__softmax_backward_args *: nb__work_softmax_backward,                      \
+        const nb__layer_norm_args *: nb__work_layer_norm,                                  \
+        const nb__layer_norm_backward_args *: nb__work_layer_norm_backward,                \
+        const nb__attention_args *: nb__work_attention,                                    \
+        const nb__attention_backward_args *: nb__work_attention_backward,                  \
+        const nb__conv2d_args *: nb__work_conv2d,                                          \
+        const nb__conv2d_backward_args *: nb__work_conv2d_backward,                        \
+        const nb__sgd_step_args *: nb__work_sgd_step,                                      \
+        const nb__adam_step_args *: nb__work_adam_step,                                    \
+        default: nb__work_none)(a)
+
+/* The checked entry points, one per kernel. Each kernel call is a span of the trace and
+ * the profiler (tensor/trace.h): named by the op, its kernel as the detail; when neither
+ * runs that costs one test of a global flag. */
+static inline nb_status nb__run_traced(int tok, nb_status st, nb__work w) {
+    NB__SPAN_END_WORK(tok, w.flops, w.bytes);
+    return st;
+}
 #define NB__RUN_DEF(name, Args, what)                                                      \
     static inline nb_status nb__run_##name(nb_device dev, const char *op, const Args *a) { \
         const nb__backend *be = nb__backend_of(dev, op);                                   \
         if (!be) return nb_last_status();                                                  \
         if (!be->has_storage) return NB_OK;                                                \
         if (!be->k.name) return nb__no_kernel(be, op, #name);                              \
+        if (NB__TRACE_ACTIVE()) {                                                          \
+            int tok = nb__span_begin(op, #name, NB__CAT_OP);                               \
+            return nb__run_traced(tok, be->k.name(a), NB__WORK_OF(a));                     \
+        }                                                                                  \
         return be->k.name(a);                                                              \
     }
 NB__KERNELS(NB__RUN_DEF)

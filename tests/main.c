@@ -33,6 +33,7 @@ int main(void) {
         SUITE(optim),    SUITE(train),       SUITE(checkpoint), SUITE(data), SUITE(fault),
         SUITE(io),       SUITE(gpt),         SUITE(attention), SUITE(backend),
         SUITE(run),
+        SUITE(trace),
     };
     /* NB_TEST_DEVICE=guard runs the suites with guard tensors: every tensor the tests make
      * through the library (nb_zeros, nb_randn, nb_from_buffer, tu_tensor, ...) lives in

@@ -32,5 +32,6 @@
 #include "nabla/gpt.h"
 #include "nabla/run.h"
 #include "nabla/summary.h"
+#include "nabla/trace.h"
 
 #endif

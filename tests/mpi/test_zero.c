@@ -392,7 +392,8 @@ static void ck_train(nb_module *m, nb_optim *o, nb_sched *s, int step, int r, in
 static void ck_tmpdir(char out[64]) {
     memset(out, 0, 64);
     if (mt_rank == 0) {
-        snprintf(out, 64, "/tmp/nb-zero-ckpt-XXXXXX");
+        static const char tmpl[] = "/tmp/nb-zero-ckpt-XXXXXX";
+        memcpy(out, tmpl, sizeof tmpl);
         MT_CHECK(mkdtemp(out) != NULL, "mkdtemp failed");
     }
     nb_scope_begin();
