@@ -400,7 +400,7 @@ static void log_step(run *r, const nb_batch *b, int64_t epoch, double loss, doub
         nb_jsonl_begin(r->log);
         nb_jsonl_str(r->log, "type", "step");
         nb_jsonl_int(r->log, "step", r->step);
-        nb_jsonl_int(r->log, "epoch", epoch);
+        nb_jsonl_int(r->log, "epoch", epoch + 1); /* from 1, as the epoch lines */
         nb_jsonl_num(r->log, "loss", loss, 6);
         nb_jsonl_num_g(r->log, "lr", nb_optim_get_lr(r->opt, 0), 6);
         nb_jsonl_num(r->log, "samples_per_s", sps, 1);
