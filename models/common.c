@@ -582,10 +582,7 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
     nb_jsonl_int(out, "zero", r->a->zero);
     nb_jsonl_num(out, "model_state_mib", model_state_mib(r->zero, r->opt, r->model), 2);
-    if (r->stop) {
-        nb_jsonl_str(out, "stopped", "signal");
-        nb_jsonl_str(out, "signal", nb_stop_signal_name(r->stop));
-    }
+    nbm_stop_fields(out, r->stop);
     nb_jsonl_end(out);
     nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */
 }

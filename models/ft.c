@@ -21,6 +21,12 @@ double nbm_step_sync(nb_comm *world, double v, int *stop) {
     return v / size;
 }
 
+void nbm_stop_fields(nb_jsonl *line, int stop) {
+    if (!stop) return;
+    nb_jsonl_str(line, "stopped", "signal");
+    nb_jsonl_str(line, "signal", nb_stop_signal_name(stop));
+}
+
 int nbm_stop_status(int stop) { return stop ? 128 + stop : 0; }
 
 nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck) {

@@ -8,7 +8,7 @@
  *     int stop = 0;                                 // after each step, on every rank:
  *     double loss = nbm_step_sync(world, local_loss, &stop);   // mean over ranks + agreed stop
  *     if (stop) { ...save, then break... }
- *     // the final JSON line says "stopped": "signal", "signal": nb_stop_signal_name(stop)
+ *     nbm_stop_fields(final_line, stop);        // "stopped": "signal", "signal": "SIGTERM"
  *     return stop ? 128 + stop : 0;
  *
  * The communicator is borrowed. */
@@ -26,6 +26,9 @@ void nbm_stop_begin(const char *prog);
 /* The mean of v over the ranks (v itself on one rank) and, in *stop, the stop signal every
  * rank agrees on (0: go on), in one allreduce. NaN with the error set if it failed. */
 double nbm_step_sync(nb_comm *world, double v, int *stop);
+/* The final JSON line's fields for a stopped run: "stopped": "signal", "signal": "SIGTERM"
+ * (nothing when stop is 0). */
+void nbm_stop_fields(nb_jsonl *line, int stop);
 /* The exit status of a run that went well: 128 + stop, or 0. */
 int nbm_stop_status(int stop);
 
