@@ -547,22 +547,6 @@ static bool train(run *r) {
     return true;
 }
 
-/* Model state resident on this rank in MiB: parameters, gradients and optimizer state
- * (nb_zero_memory under ZeRO; otherwise every rank holds them whole). */
-static double model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model) {
-    nb_zero_memory_info mi = {0};
-    if (zero && nb_zero_memory(zero, &mi) == NB_OK)
-        return (double)(mi.params + mi.grads + mi.optim_state) / 1048576.0;
-    double bytes = 8.0 * (double)nb_num_parameters(model); /* parameters and gradients */
-    const nb_params *st = nb_optim_state(opt);
-    for (int i = 0; st && i < st->count; i++)
-        if (nb_ndim(st->tensors[i]) > 0)
-            bytes += (double)nb_numel(st->tensors[i]) *
-                     (double)nb_dtype_size(nb_tensor_dtype(st->tensors[i]));
-    nb_optim_state_release(opt);
-    return bytes / 1048576.0;
-}
-
 /* The last line: one JSON object. JSON has no NaN or infinity: an undefined figure (the
  * median of fewer than 11 steps, the train loss of --eval-only, a NaN test loss) is null. */
 static void print_result(const run *r, double wall_s) {
@@ -581,7 +565,9 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_int(out, "ranks", r->size);
     nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
     nb_jsonl_int(out, "zero", r->a->zero);
-    nb_jsonl_num(out, "model_state_mib", model_state_mib(r->zero, r->opt, r->model), 2);
+    double state_mib[4];
+    nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
+    nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
     nbm_stop_fields(out, r->stop);
     nb_jsonl_end(out);
     nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */

@@ -27,6 +27,30 @@ void nbm_stop_fields(nb_jsonl *line, int stop) {
     nb_jsonl_str(line, "signal", nb_stop_signal_name(stop));
 }
 
+void nbm_model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model, double mib[4]) {
+    nb_zero_memory_info mi = {0};
+    if (!zero || nb_zero_memory(zero, &mi) != NB_OK) {
+        double p = 0; /* parameters and, alike, their gradients */
+        const nb_params *ps = nb_parameters(model);
+        for (int i = 0; ps && i < ps->count; i++)
+            p += (double)nb_numel(ps->tensors[i]) *
+                 (double)nb_dtype_size(nb_tensor_dtype(ps->tensors[i]));
+        double s = 0;
+        const nb_params *st = nb_optim_state(opt);
+        for (int i = 0; st && i < st->count; i++)
+            if (nb_ndim(st->tensors[i]) > 0) /* not the step counters */
+                s += (double)nb_numel(st->tensors[i]) *
+                     (double)nb_dtype_size(nb_tensor_dtype(st->tensors[i]));
+        nb_optim_state_release(opt);
+        mi.params = mi.grads = (int64_t)p;
+        mi.optim_state = (int64_t)s;
+    }
+    const double M = 1048576.0;
+    mib[0] = (double)(mi.params + mi.grads + mi.optim_state) / M;
+    mib[1] = (double)mi.params / M, mib[2] = (double)mi.grads / M;
+    mib[3] = (double)mi.optim_state / M;
+}
+
 int nbm_stop_status(int stop) { return stop ? 128 + stop : 0; }
 
 nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck) {

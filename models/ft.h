@@ -32,6 +32,12 @@ void nbm_stop_fields(nb_jsonl *line, int stop);
 /* The exit status of a run that went well: 128 + stop, or 0. */
 int nbm_stop_status(int stop);
 
+/* ---- the model state a rank holds ---------------------------------------------------------- */
+/* In MiB: mib[0] the total, mib[1] parameters, mib[2] gradients, mib[3] optimizer state
+ * tensors, resident on this rank: nb_zero_memory under ZeRO, otherwise the whole model's
+ * (every rank holds it all). */
+void nbm_model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model, double mib[4]);
+
 /* ---- --save DIR_OR_FILE --keep K, --resume auto ------------------------------------------- */
 /* Save ck to --save: the file itself (keep 0), or its step's file of the series (keep > 0,
  * nabla/checkpoint.h: run.ckpt -> run-<step>.ckpt, DIR/ -> DIR/checkpoint-<step>.ckpt) and

@@ -250,18 +250,6 @@ static int parse_args(int argc, char **argv, args *a) {
     return RUN;
 }
 
-/* Model state resident on this rank in MiB: total, parameters, gradients, optimizer state
- * (with AdamW, 16 bytes per parameter without ZeRO; nb_zero_memory with it). */
-static void model_state_mib(const nb_zero *zero, nb_module *model, double mib[4]) {
-    nb_zero_memory_info mi = {0};
-    if (!zero || nb_zero_memory(zero, &mi) != NB_OK)
-        nb_zero_memory_plan(nb_num_parameters(model), 4, 2, 1, 0, 0, &mi);
-    const double M = 1048576.0;
-    mib[0] = (double)(mi.params + mi.grads + mi.optim_state) / M;
-    mib[1] = (double)mi.params / M, mib[2] = (double)mi.grads / M;
-    mib[3] = (double)mi.optim_state / M;
-}
-
 /* The default text: the output of the KJV command (Debian package bible-kjv), 4.3 MB. */
 static nb_tensor *read_kjv(void) {
     FILE *p = popen(KJV_COMMAND " 2>/dev/null", "r");
@@ -706,7 +694,7 @@ static void log_step(run *r, const step_result *o) {
     if (r->ddp || r->zero) snprintf(comm, sizeof comm, "  comm %.1f ms", o->comm_ms);
     if (r->step - r->first == 1 && r->main_rank) { /* the state exists after the first step */
         double mib[4];
-        model_state_mib(r->zero, r->model, mib);
+        nbm_model_state_mib(r->zero, r->opt, r->model, mib);
         nb_progress_break(r->bar);
         printf("model state per rank: %.1f MiB (parameters %.1f, gradients %.1f, optimizer "
                "%.1f)\n", mib[0], mib[1], mib[2], mib[3]);
@@ -813,7 +801,7 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
     nb_jsonl_num(out, "peak_rss_mib", rss_mib, 0);
     double state_mib[4];
-    model_state_mib(r->zero, r->model, state_mib);
+    nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_int(out, "zero", r->a->zero);
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
     nbm_stop_fields(out, r->stop);
