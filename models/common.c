@@ -12,6 +12,7 @@
  * batch and the counts summed; only rank 0 prints, logs and writes checkpoints. */
 #include "common.h"
 #include "ft.h"
+#include "guard.h"
 
 #include <nabla/parallel.h>
 #include <nabla/run.h>
@@ -53,7 +54,11 @@ static void usage(const nbm_args *a, FILE *out) {
             "                   sharded checkpoint (a directory) that --resume reshards\n",
             a->prog, a->epochs, (long long)a->batch, a->lr, (unsigned long long)a->seed,
             NB_FASHION_MNIST_DIR);
+    nbm_guard_usage(out);
 }
+
+/* --comm-timeout, --on-nonfinite, --max-skips (guard.h), and the skipped steps' count */
+static nbm_guard guard;
 
 /* The flags that take a value, and whether each still has an effect with --eval-only. */
 static const struct {
@@ -69,6 +74,7 @@ enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
 
 int nbm_parse_args(int argc, char **argv, nbm_args *a) {
     bool given[N_VALUE_FLAGS] = {0};
+    if (!nbm_guard_args(a->prog, &argc, argv, &guard)) return 2;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n;
@@ -346,6 +352,7 @@ static bool setup(run *r) {
     if (!r->world) return fail(r, "%s", nb_last_error());
     r->rank = nb_comm_rank(r->world), r->size = nb_comm_size(r->world);
     r->main_rank = r->rank == 0;
+    nbm_guard_comm(&guard, r->world); /* a dead or hung peer: an error after this long */
     nb_share_threads(r->world, a->threads);
     if (a->batch % r->size != 0)
         return fail(r, "--batch %lld is the global batch and must divide by the %d ranks",
@@ -365,29 +372,43 @@ static bool setup(run *r) {
     return true;
 }
 
-/* One training step on batch b; its loss (the mean over the ranks) into *loss. */
+/* One training step on batch b; this rank's loss into *loss (NAN: the step was skipped). */
 static bool train_step(run *r, const nb_batch *b, double *loss) {
     nb_scope_begin();
     nb_tensor *l = nb_cross_entropy(nb_forward(r->model, b->x), b->y, NULL);
+    double f = nbm_guard_test_factor(r->step + 1, r->rank); /* 1, but NaN in tests */
+    if (l && f != 1.0) l = nb_mul_scalar(l, f);
     nb_status s = l ? nb_zero_grad(r->opt) : nb_last_status();
     if (s == NB_OK) s = nb_backward(l); /* DDP: buckets start in here */
     if (s == NB_OK && r->ddp) s = nb_ddp_sync(r->ddp);
     if (s == NB_OK && r->zero) s = nb_zero_sync(r->zero);
-    if (s == NB_OK) s = nb_step(r->opt);
+    /* the norm of the gradient every rank applies (averaged over the ranks: the same on
+     * all); a non-finite one is never applied, it would make every weight NaN */
+    double norm = 0;
+    if (s == NB_OK) {
+        norm = r->zero ? nb_zero_clip_grad_norm(r->zero, INFINITY, 2)
+                       : nb_clip_grad_norm(nb_optim_params(r->opt), INFINITY, 2);
+        if (norm < 0) s = nb_last_status();
+    }
+    if (s == NB_OK) s = isfinite(norm) ? nb_step(r->opt) : nb_zero_grad(r->opt);
     double lv = s == NB_OK ? nb_item_f64(l) : NAN;
     nb_scope_end();
     if (s != NB_OK) return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
-    /* A NaN or infinite loss never recovers (the weights are NaN from here): stop, naming
-     * the step. With several ranks the check is on the mean, so every rank stops at the
-     * same step instead of waiting for the others. */
+    /* A NaN or infinite loss or gradient norm: stop, naming the step, or skip the step
+     * (--on-nonfinite). With several ranks the check is on the mean loss and the common
+     * norm, so every rank decides the same at the same step. */
     nb_clear_error();
     double lv_all = nbm_step_sync(r->world, lv, &r->stop); /* + the agreed stop flag */
     if (!isfinite(lv_all) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
-    if (!isfinite(lv_all))
-        return fail(r, "step %lld: the loss is %s: training diverged (a smaller --lr?)",
-                    (long long)r->step + 1, isnan(lv_all) ? "NaN" : "infinite");
-    *loss = lv; /* this rank's loss: the logs show rank 0's, as before */
+    char why[256];
+    int g = nbm_guard_step(&guard, r->step + 1, lv_all, norm, why, sizeof why);
+    if (g < 0) return fail(r, "%s", why);
+    if (g > 0 && r->main_rank) {
+        nb_progress_break(r->bar);
+        fprintf(stderr, "%s: %s\n", r->a->prog, why);
+    }
+    *loss = g > 0 ? NAN : lv; /* this rank's loss: the logs show rank 0's, as before */
     return true;
 }
 
@@ -411,8 +432,10 @@ static void log_step(run *r, const nb_batch *b, int64_t epoch, double loss, doub
     tb_scalar(r, "train/lr", nb_optim_get_lr(r->opt, 0));
     tb_scalar(r, "train/samples_per_s", nb_progress_recent_rate(r->bar));
     if (r->ddp || r->zero) tb_scalar(r, "train/exposed_comm_ms", 1e3 * comm);
-    char cm[48] = "";
+    char cm[80] = "";
     if (r->ddp || r->zero) snprintf(cm, sizeof cm, "  comm %.1f ms/step", 1e3 * r->comm_sum / r->n_loss);
+    if (guard.skipped)
+        snprintf(cm + strlen(cm), sizeof cm - strlen(cm), "  skipped %lld", (long long)guard.skipped);
     int64_t quarter = r->per_epoch / 4 > 0 ? r->per_epoch / 4 : 1;
     nb_progress_show(r->bar, (b->index + 1) % quarter == 0,
                      "epoch %lld/%d  step %lld/%lld  loss %.4f%s", (long long)epoch + 1, a->epochs,
@@ -442,7 +465,8 @@ static bool train_epoch(run *r, int64_t epoch) {
         double comm = r->zero  ? nb_zero_exposed_comm_s(r->zero)
                       : r->ddp ? nb_ddp_exposed_comm_s(r->ddp)
                                : 0;
-        r->train_time += dt, r->samples += b.n * r->size, r->loss_sum += loss, r->n_loss++;
+        r->train_time += dt, r->samples += b.n * r->size;
+        if (!isnan(loss)) r->loss_sum += loss, r->n_loss++; /* NAN: a skipped step */
         if (r->step > 10 && r->n_times < r->max_times)
             r->step_times[r->n_times++] = dt; /* after warm-up */
         r->comm_sum += comm;
@@ -568,6 +592,7 @@ static void print_result(const run *r, double wall_s) {
     double state_mib[4];
     nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
+    if (guard.skip) nb_jsonl_int(out, "skipped_steps", guard.skipped);
     nbm_stop_fields(out, r->stop);
     nb_jsonl_end(out);
     nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */

@@ -209,6 +209,50 @@ START_TEST(test_grad_accum) {
 }
 END_TEST
 
+/* (c2) A non-finite gradient is never applied: after a step whose loss and gradients are
+ * NaN (a NaN in one weight), every other weight and the optimizer state are as they were. */
+START_TEST(test_nonfinite_not_applied) {
+    nb_scope_begin();
+    nb_gpt_config c = tiny_cfg;
+    nb_generator *g = nb_generator_new(3);
+    nb_module *m = nb_gpt_new(&c, g);
+    nb_optim *o = make_adamw(m, 1e-3);
+    nb_tensor *x = tu_random((int64_t[]){2, 16}, 2, NB_I64, 0, 63.4, 1);
+    nb_tensor *y = tu_random((int64_t[]){2, 16}, 2, NB_I64, 0, 63.4, 2);
+    double norm;
+    ck_assert(isfinite(nb_gpt_train_step(m, o, NULL, &x, &y, 1, 0, &norm))); /* state exists */
+    const nb_params *ps = nb_parameters(m);
+    int bad = -1; /* a LayerNorm weight: every later activation is NaN */
+    for (int i = 0; i < ps->count && bad < 0; i++)
+        if (strstr(ps->names[i], "ln_1.weight")) bad = i;
+    ck_assert_int_ge(bad, 0);
+    bool prev = nb_set_grad_enabled(false);
+    ck_assert_int_eq(nb_fill_(ps->tensors[bad], NAN), NB_OK);
+    nb_set_grad_enabled(prev);
+    nb_tensor *before[64], *state[128];
+    ck_assert_int_le(ps->count, 64);
+    for (int i = 0; i < ps->count; i++) before[i] = nb_clone(ps->tensors[i]);
+    const nb_params *st = nb_optim_state(o);
+    ck_assert_int_le(st->count, 128);
+    int n_state = st->count;
+    for (int i = 0; i < n_state; i++) state[i] = nb_clone(st->tensors[i]);
+    nb_optim_state_release(o);
+    nb_clear_error();
+    double l = nb_gpt_train_step(m, o, NULL, &x, &y, 1, 1.0, &norm);
+    ck_assert_msg(isnan(l) && isnan(norm), "loss %g, norm %g", l, norm);
+    ck_assert_int_eq(nb_last_status(), NB_OK); /* not an error: the caller decides */
+    for (int i = 0; i < ps->count; i++) tu_assert_same_bytes(before[i], ps->tensors[i]);
+    st = nb_optim_state(o);
+    ck_assert_int_eq(st->count, n_state);
+    for (int i = 0; i < n_state; i++) tu_assert_same_bytes(state[i], st->tensors[i]);
+    nb_optim_state_release(o);
+    nb_optim_free(o);
+    nb_module_free(m);
+    nb_generator_free(g);
+    nb_scope_end();
+}
+END_TEST
+
 /* (d) A short run on a small repetitive text must learn it. */
 START_TEST(test_training_learns) {
     nb_scope_begin();
@@ -492,6 +536,7 @@ Suite *nb_suite_gpt(void) {
     tcase_add_test(tc, test_nanogpt_fixture_nobias);
     tcase_add_test(tc, test_init);
     tcase_add_test(tc, test_grad_accum);
+    tcase_add_test(tc, test_nonfinite_not_applied);
     tcase_add_test(tc, test_training_learns);
     tcase_add_test(tc, test_save_load_sample);
     tcase_add_test(tc, test_generate_long);

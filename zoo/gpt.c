@@ -271,6 +271,9 @@ static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero
                            : nb_clip_grad_norm(nb_optim_params(opt), max, 2);
         if (norm < 0) return NAN;
         if (grad_norm) *grad_norm = norm;
+        /* A gradient overflowed (inf or NaN): not applied - it would make every weight NaN.
+         * The caller sees the norm and decides (stop, or go on as a loss scaler would). */
+        if (!isfinite(norm)) return nb_zero_grad(opt) == NB_OK ? loss_sum / n_micro : NAN;
     }
     if (nb_step(opt) != NB_OK) return NAN;
     return loss_sum / n_micro;

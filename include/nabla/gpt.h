@@ -116,7 +116,10 @@ nb_tensor *nb_gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets);
  * global gradient norm is clipped to grad_clip (0: no clipping) and opt steps. The
  * gradients are dropped first (nb_zero_grad). Returns this process's mean loss, or NAN
  * (with nb_last_error set) on error. *grad_norm (may be NULL) gets the global gradient
- * norm before clipping.
+ * norm before clipping. A non-finite norm (a gradient overflowed; computed when grad_clip
+ * > 0 or grad_norm is given) is not applied: the gradients are dropped, opt does not step,
+ * and the weights and optimizer state stay as they were (the loss, likely NaN, is returned
+ * without an error: the caller stops or skips the step).
  * Data parallel: with ddp (an nb_ddp wrapping m; NULL alone) only the last micro-batch's
  * backward communicates (the others accumulate locally), and the gradients are averaged
  * over the ranks before clipping, so every rank clips and steps the same gradient. */

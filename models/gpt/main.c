@@ -24,6 +24,10 @@
 #include <nabla/summary.h>
 
 #include "ft.h"
+#include "guard.h"
+
+/* --comm-timeout, --on-nonfinite, --max-skips (guard.h), and the skipped steps' count */
+static nbm_guard guard;
 
 #define KJV_COMMAND "bible gen1:1-rev22:21"
 
@@ -101,6 +105,7 @@ static void usage(const args *a, FILE *out) {
             a->schedule, a->weight_decay, a->beta1, a->beta2,
             a->grad_clip, (long long)a->eval_every, (long long)a->eval_batches,
             (unsigned long long)a->seed, (long long)a->tokens, a->temperature);
+    nbm_guard_usage(out);
 }
 
 /* Where a flag has an effect: in both modes, only when training, only with --sample. */
@@ -587,6 +592,7 @@ static bool setup(run *r) {
     if (!r->world) return fail(r, "%s", nb_last_error());
     r->rank = nb_comm_rank(r->world), r->size = nb_comm_size(r->world);
     r->main_rank = r->rank == 0;
+    nbm_guard_comm(&guard, r->world); /* a dead or hung peer: an error after this long */
     r->init = nb_generator_new(a->seed), r->batch_gen = nb_generator_new(a->seed + 1234);
     r->drop_gen = nb_generator_new(a->seed + 4321), r->val_gen = nb_generator_new(999);
     r->gens[0] = r->batch_gen, r->gens[1] = r->drop_gen;
@@ -649,11 +655,16 @@ static bool train_step(run *r, step_result *o) {
                           : 0;
     if (isnan(loss = nbm_step_sync(r->world, loss, &r->stop)) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
-    /* A NaN or infinite loss never recovers (the weights are NaN from here): stop, naming
-     * the step. With several ranks it is the mean, so all stop at this step. */
-    if (!isfinite(loss))
-        return fail(r, "step %lld: the loss is %s: training diverged (a smaller --lr?)",
-                    (long long)r->step + 1, isnan(loss) ? "NaN" : "infinite");
+    /* A NaN or infinite loss or gradient norm (whose step nb_gpt_train_step did not apply):
+     * stop, naming the step, or skip it (--on-nonfinite). With several ranks it is the mean
+     * loss and the common norm, so all decide the same at this step. */
+    char why[256];
+    int g = nbm_guard_step(&guard, r->step + 1, loss, o->grad_norm, why, sizeof why);
+    if (g < 0) return fail(r, "%s", why);
+    if (g > 0 && r->main_rank) {
+        nb_progress_break(r->bar);
+        fprintf(stderr, "gpt: %s\n", why);
+    }
     if (nb_sched_step(r->sched) != NB_OK) return fail(r, "%s", nb_last_error());
     o->loss = loss;
     o->seconds = nb_time_s() - t0;
@@ -666,7 +677,7 @@ static bool train_step(run *r, step_result *o) {
         r->steady_allocs = (r->steady_allocs < 0 ? 0 : r->steady_allocs) +
                            (se.system_allocs - sa.system_allocs);
     }
-    r->last_losses[r->n_last++ % 10] = loss;
+    if (g == 0) r->last_losses[r->n_last++ % 10] = loss; /* not a skipped step's */
     nb_progress_step(r->bar, o->seconds, (double)r->tokens_per_step);
     return true;
 }
@@ -690,8 +701,11 @@ static void log_step(run *r, const step_result *o) {
     tb_scalar(r, "train/tokens_per_s", nb_progress_recent_rate(r->bar));
     tb_scalar(r, "train/step_ms", o->seconds * 1e3);
     if (r->ddp || r->zero) tb_scalar(r, "train/exposed_comm_ms", o->comm_ms);
-    char comm[48] = "";
+    char comm[80] = "";
     if (r->ddp || r->zero) snprintf(comm, sizeof comm, "  comm %.1f ms", o->comm_ms);
+    if (guard.skipped)
+        snprintf(comm + strlen(comm), sizeof comm - strlen(comm), "  skipped %lld",
+                 (long long)guard.skipped);
     if (r->step - r->first == 1 && r->main_rank) { /* the state exists after the first step */
         double mib[4];
         nbm_model_state_mib(r->zero, r->opt, r->model, mib);
@@ -804,6 +818,7 @@ static void print_result(const run *r, double wall_s) {
     nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_int(out, "zero", r->a->zero);
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
+    if (guard.skip) nb_jsonl_int(out, "skipped_steps", guard.skipped);
     nbm_stop_fields(out, r->stop);
     nb_jsonl_end(out);
     nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */
@@ -884,6 +899,7 @@ int main(int argc, char **argv) {
               .steps = 200, .batch = 16, .warmup = -1, .grad_accum = 1, .eval_every = 100,
               .eval_batches = 20, .lr = 3e-4, .weight_decay = 0.1, .min_lr = -1, .beta1 = 0.9,
               .beta2 = 0.999, .schedule = "cosine", .tokens = 500, .temperature = 0.8};
+    if (!nbm_guard_args("gpt", &argc, argv, &guard)) return 2;
     int rc = parse_args(argc, argv, &a);
     if (rc != RUN) return rc;
     return a.sample ? run_sample(&a) : run_train(&a);
