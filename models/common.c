@@ -426,6 +426,7 @@ static void log_step(run *r, const nb_batch *b, int64_t epoch, double loss, doub
         nb_jsonl_num_g(r->log, "lr", nb_optim_get_lr(r->opt, 0), 6);
         nb_jsonl_num(r->log, "samples_per_s", sps, 1);
         if (r->ddp || r->zero) nb_jsonl_num(r->log, "exposed_comm_ms", 1e3 * comm, 3);
+        if (guard.skip) nb_jsonl_int(r->log, "skipped_steps", guard.skipped); /* so far */
         nb_jsonl_end(r->log);
     }
     tb_scalar(r, "train/loss", loss);

@@ -694,6 +694,7 @@ static void log_step(run *r, const step_result *o) {
     nb_jsonl_num(r->log, "step_ms", o->seconds * 1e3, 2);
     nb_jsonl_num(r->log, "tokens_per_s", nb_progress_rate(r->bar), 1);
     nb_jsonl_num(r->log, "exposed_comm_ms", o->comm_ms, 3);
+    if (guard.skip) nb_jsonl_int(r->log, "skipped_steps", guard.skipped); /* so far */
     nb_jsonl_end(r->log);
     tb_scalar(r, "train/loss", o->loss);
     tb_scalar(r, "train/lr", o->lr);
