@@ -147,6 +147,11 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
                     a->prog, value_flags[k].name);
             return 2;
         }
+    if (a->eval_only && guard.train_flag) {
+        fprintf(stderr, "%s: %s has no effect with --eval-only (nothing is trained)\n", a->prog,
+                guard.train_flag);
+        return 2;
+    }
     if (a->zero > 0 && (a->keep || (a->resume && !strcmp(a->resume, "auto")))) {
         fprintf(stderr, "%s: --zero %lld writes a sharded checkpoint directory: --keep and "
                 "--resume auto do not apply to it yet\n", a->prog, (long long)a->zero);

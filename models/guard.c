@@ -9,6 +9,7 @@
 
 bool nbm_guard_args(const char *prog, int *argc, char **argv, nbm_guard *g) {
     *g = (nbm_guard){.comm_timeout = -1, .max_skips = 10};
+    bool max_skips_given = false;
     int out = 1;
     for (int i = 1; i < *argc; i++) {
         const char *f = argv[i];
@@ -18,11 +19,13 @@ bool nbm_guard_args(const char *prog, int *argc, char **argv, nbm_guard *g) {
             argv[out++] = argv[i];
             continue;
         }
+        if (strcmp(f, "--comm-timeout") && !g->train_flag) g->train_flag = f;
         const char *v = i + 1 < *argc ? argv[++i] : NULL;
         if (!v) {
             fprintf(stderr, "%s: %s needs a value (see --help)\n", prog, f);
             return false;
         }
+        if (!strcmp(f, "--max-skips")) max_skips_given = true;
         if (!strcmp(f, "--comm-timeout")) {
             if (!nb_parse_num(prog, f, v, 0, false, INFINITY, false, &g->comm_timeout))
                 return false;
@@ -34,6 +37,10 @@ bool nbm_guard_args(const char *prog, int *argc, char **argv, nbm_guard *g) {
             fprintf(stderr, "%s: --on-nonfinite must be stop or skip, got \"%s\"\n", prog, v);
             return false;
         }
+    }
+    if (max_skips_given && !g->skip) {
+        fprintf(stderr, "%s: --max-skips has no effect without --on-nonfinite skip\n", prog);
+        return false;
     }
     argv[out] = NULL; /* argv[argc] is NULL, as it was */
     *argc = out;

@@ -33,13 +33,16 @@ typedef struct nbm_guard {
     double comm_timeout; /* --comm-timeout S; < 0: not given */
     bool skip;           /* --on-nonfinite skip (false: stop) */
     int64_t max_skips;   /* --max-skips N: this many skipped steps in a row stop the run */
+    const char *train_flag; /* the first of --on-nonfinite, --max-skips given (NULL: none):
+                             * training flags, a mistake with --eval-only or --sample */
     int64_t skipped;     /* steps skipped so far (this process) */
     int64_t in_row;      /* of which the last ones in a row */
 } nbm_guard;
 
 /* Take --comm-timeout, --on-nonfinite and --max-skips with their values out of argv
  * (*argc shrinks; the rest keep their order), filling g (defaults first), so the program's
- * own parser never sees them. False after printing why to stderr (exit status 2). */
+ * own parser never sees them. False after printing why to stderr (exit status 2): a bad
+ * value, or --max-skips without --on-nonfinite skip. */
 bool nbm_guard_args(const char *prog, int *argc, char **argv, nbm_guard *g);
 /* The flags' lines for a program's --help. */
 void nbm_guard_usage(FILE *out);

@@ -248,6 +248,11 @@ static int parse_args(int argc, char **argv, args *a) {
             return 2;
         }
     }
+    if (a->sample && guard.train_flag) {
+        fprintf(stderr, "gpt: %s has no effect with --sample (it is a training flag)\n",
+                guard.train_flag);
+        return 2;
+    }
     if (a->sample && !a->load) {
         fprintf(stderr, "gpt: --sample needs --load FILE\n");
         return 2;
