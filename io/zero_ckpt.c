@@ -230,9 +230,13 @@ nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoi
     } else if (c->optim && z->rank == 0) {
         c2.optim = c->optim; /* stage 0: the whole state, once */
     }
+    /* stage 3: rank 0 writes the whole model (a collective, so every rank gathers) */
+    nb_status gs = nb_zero_gather_params(z);
+    if (st == NB_OK) st = gs;
     if (st == NB_OK)
         st = nb__checkpoint_save_ex(path, &c2, (const char *const *)m.k,
                                     (const char *const *)m.v, m.n);
+    nb_zero_release_params(z);
     meta_free(&m);
     free(path);
     if ((st = agree(z->c, st, who)) != NB_OK) return st;
@@ -539,7 +543,9 @@ nb_status nb_zero_checkpoint_load(nb_zero *z, const char *path, nb_checkpoint *c
         return nb__error(NB_EINVAL, "%s: the checkpoint's optimizer is not the one nb_zero "
                          "wraps", who);
     nb_scope_begin();
-    nb_status st = load_local(z, path, c);
+    nb_status st = z ? nb_zero_gather_params(z) : NB_OK; /* stage 3: load into whole ones */
+    if (st == NB_OK) st = load_local(z, path, c);
+    if (z) nb_zero_release_params(z); /* keeps this rank's part */
     nb_scope_end();
     return z ? agree(z->c, st, who) : st;
 }

@@ -225,6 +225,12 @@ int nb_zero_num_buckets(const nb_zero *z);
 double nb_zero_clip_grad_norm(nb_zero *z, double max_norm, double norm_type);
 /* The optimizer that updates this rank's shard (owned by z), e.g. for its state. */
 nb_optim *nb_zero_optim(const nb_zero *z);
+/* Stage 3: make every parameter whole on every rank (e.g. to read, save or change the model
+ * outside a forward), until nb_zero_release_params, which keeps this rank's part of what
+ * was written into them and frees the whole copies again. nb_step releases them too
+ * (without keeping writes). No-ops below stage 3. Collective (gather); release is local. */
+nb_status nb_zero_gather_params(nb_zero *z);
+nb_status nb_zero_release_params(nb_zero *z);
 
 /* Bytes of model state resident on this rank. Formulas per rank (P parameters, N ranks,
  * f32, Adam: 8 bytes of state per element): stage 0: 4P + 4P + 8P = 16P; stage 1:
