@@ -48,9 +48,10 @@ static void usage(const nbm_args *a, FILE *out) {
             "  --eval-only      evaluate (the --resume checkpoint, or the initial model)\n"
             "  --max-steps N    stop after N training steps in total\n"
             "  --limit N        train on the first N samples only\n"
-            "  --zero S         ZeRO stage 0-2 (1: optimizer state sharded over the ranks, 2:\n"
-            "                   gradients too; default 0: nb_ddp); --save then writes a\n"
-            "                   sharded checkpoint (a directory) that --resume reshards\n",
+            "  --zero S         ZeRO stage 0-3 (1: optimizer state sharded over the ranks, 2:\n"
+            "                   gradients too, 3: parameters too; default 0: nb_ddp); --save\n"
+            "                   then writes a sharded checkpoint (a directory) that\n"
+            "                   --resume reshards\n",
             a->prog, a->epochs, (long long)a->batch, a->lr, (unsigned long long)a->seed,
             NB_FASHION_MNIST_DIR);
 }
