@@ -535,14 +535,13 @@ static nb_status build_views(nb_zero *z) {
         zbucket *bk = &z->b[k];
         if (s == NB_OK && z->stage == 3) { /* the unit's whole buffer, and the shard's chunk */
             int64_t len = bk->end - bk->begin;
-            bk->full = take(nb_zeros_on(dev, &len, 1, dt), &s);
-            nb_tensor *src = s == NB_OK ? take(nb_narrow(z->flat_p, 0, bk->begin, len), &s) : NULL;
-            if (s == NB_OK) s = nb_copy_(bk->full, src);
-            nb_tensor_free(src);
-            if (s == NB_OK) bk->pchunk = take(nb_narrow(z->shard_p, 0, bk->soff, bk->ce - bk->cb), &s);
-            src = s == NB_OK ? take(nb_narrow(z->flat_p, 0, bk->cb, bk->ce - bk->cb), &s) : NULL;
+            bk->full = take(nb_empty_on(dev, &len, 1, dt), &s);
+            int64_t n = bk->ce - bk->cb;
+            if (s == NB_OK) bk->pchunk = take(nb_narrow(z->shard_p, 0, bk->soff, n), &s);
+            nb_tensor *src = s == NB_OK ? take(nb_narrow(z->flat_p, 0, bk->cb, n), &s) : NULL;
             if (s == NB_OK) s = nb_copy_(bk->pchunk, src);
             nb_tensor_free(src);
+            if (s == NB_OK) unit_release(z, k); /* one unit at a time on top of the flat buffer */
         } else if (s == NB_OK) {
             bk->pview = take(nb_narrow(z->flat_p, 0, bk->begin, bk->end - bk->begin), &s);
             if (s == NB_OK) bk->pchunk = take(nb_narrow(z->flat_p, 0, bk->cb, bk->ce - bk->cb), &s);
