@@ -67,13 +67,30 @@ static void expect_same_params(nb_module *a, nb_module *b, double rtol, const ch
 }
 
 /* ---- equivalence on the MLP ------------------------------------------------------------------ */
-typedef enum { SGD_MOMENTUM, ADAMW_GROUPS } opt_kind;
+typedef enum { SGD_MOMENTUM, ADAMW_GROUPS, ADAM_AMSGRAD, RMSPROP_CENTERED, ADAGRAD } opt_kind;
+static const char *const opt_names[] = {"sgd", "adamw+groups", "adam amsgrad",
+                                        "rmsprop centered", "adagrad"};
 
 /* The optimizer (and for ADAMW_GROUPS its cosine schedule in *sched). */
 static nb_optim *make_opt(nb_module *m, opt_kind k, nb_sched **sched) {
     *sched = NULL;
     if (k == SGD_MOMENTUM)
         return nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    if (k == ADAM_AMSGRAD) {
+        nb_adam_opts ao = nb_adam_defaults();
+        ao.lr = 1e-2, ao.amsgrad = true, ao.weight_decay = 1e-3;
+        return nb_adam_new(nb_parameters(m), &ao);
+    }
+    if (k == RMSPROP_CENTERED) {
+        nb_rmsprop_opts ro = nb_rmsprop_defaults();
+        ro.lr = 1e-3, ro.centered = true, ro.momentum = 0.9;
+        return nb_rmsprop_new(nb_parameters(m), &ro);
+    }
+    if (k == ADAGRAD) {
+        nb_adagrad_opts go = nb_adagrad_defaults();
+        go.lr = 1e-2, go.lr_decay = 0.01, go.initial_accumulator_value = 0.1;
+        return nb_adagrad_new(nb_parameters(m), &go);
+    }
     nb_params decay, no_decay;
     if (nb_params_split_decay(nb_parameters(m), &decay, &no_decay) != NB_OK) return NULL;
     nb_adamw_opts ao = nb_adamw_defaults();
@@ -143,8 +160,8 @@ static void check_mlp(int stage, opt_kind k, double bucket_mb, double clip) {
         nb_scope_end();
     }
     char what[96];
-    snprintf(what, sizeof what, "mlp, stage %d, %s, bucket_mb %g, clip %g", stage,
-             k == SGD_MOMENTUM ? "sgd" : "adamw+groups", bucket_mb, clip);
+    snprintf(what, sizeof what, "mlp, stage %d, %s, bucket_mb %g, clip %g", stage, opt_names[k],
+             bucket_mb, clip);
     if (z) MT_OK(nb_zero_gather_params(z)); /* stage 3: whole parameters to compare */
     if (z) expect_same_params(m, ref, 1e-5, what);
     if (z) expect_same_params(m, dm, 1e-5, what);
@@ -169,6 +186,8 @@ START_TEST(test_zero_equivalence_mlp) {
         check_mlp(stage, ADAMW_GROUPS, 200e-6, 0);   /* chunks cross group boundaries */
         check_mlp(stage, ADAMW_GROUPS, 1e-9, 0.05);  /* one bucket per parameter, clipping */
     }
+    /* every other optimizer, sharded parameters */
+    for (opt_kind k = ADAM_AMSGRAD; k <= ADAGRAD; k++) check_mlp(3, k, 0, 0.5);
     MT_END();
 }
 END_TEST
@@ -557,6 +576,47 @@ START_TEST(test_zero_checkpoint_reshard) {
 END_TEST
 
 /* Bad checkpoints are refused with nothing changed. */
+/* Stage 3 on every rank: CK_A steps, save, CK_B more; a fresh model resumed from the save
+ * (stage 3, same ranks) and trained the same CK_B steps ends bit for bit the same. */
+START_TEST(test_zero_resume_exact) {
+    nb_scope_begin();
+    char tmp[64], dir[96];
+    ck_tmpdir(tmp);
+    snprintf(dir, sizeof dir, "%s/r.ckpt", tmp);
+    nb_sched *s1, *s2;
+    nb_module *m1 = build_mlp(7, IN, HID, OUT), *m2 = build_mlp(99, IN, HID, OUT);
+    nb_optim *o1 = make_opt(m1, ADAMW_GROUPS, &s1), *o2 = make_opt(m2, ADAMW_GROUPS, &s2);
+    nb_zero *z1 = nb_zero_new(m1, o1, mt_world, &(nb_zero_opts){.stage = 3});
+    nb_zero *z2 = nb_zero_new(m2, o2, mt_world, &(nb_zero_opts){.stage = 3});
+    MT_CHECK(z1 && z2, "setup: %s", nb_last_error());
+    for (int i = 0; z1 && i < CK_A; i++) ck_train(m1, o1, s1, i, mt_rank, mt_size);
+    nb_checkpoint ck = {.model = m1, .optim = o1, .sched = s1, .step = CK_A, .program = "test"};
+    if (z1) MT_OK(nb_zero_checkpoint_save(z1, dir, &ck));
+    for (int i = 0; z1 && i < CK_B; i++) ck_train(m1, o1, s1, CK_A + i, mt_rank, mt_size);
+    nb_checkpoint ck2 = {.model = m2, .optim = o2, .sched = s2, .program = "test"};
+    if (z2) MT_OK(nb_zero_checkpoint_load(z2, dir, &ck2));
+    MT_CHECK(ck2.step == CK_A, "resumed at step %lld", (long long)ck2.step);
+    for (int i = 0; z2 && i < CK_B; i++) ck_train(m2, o2, s2, CK_A + i, mt_rank, mt_size);
+    if (z1 && z2) {
+        MT_OK(nb_zero_gather_params(z1));
+        MT_OK(nb_zero_gather_params(z2));
+        expect_same_params(m2, m1, 0, "stage 3 resumed vs straight");
+    }
+    nb_zero_free(z1);
+    nb_zero_free(z2);
+    nb_sched_free(s1);
+    nb_sched_free(s2);
+    nb_optim_free(o1);
+    nb_optim_free(o2);
+    nb_module_free(m1);
+    nb_module_free(m2);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) ck_rmtree(tmp);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
 START_TEST(test_zero_checkpoint_errors) {
     nb_scope_begin();
     char tmp[64], a[96], b[96], notdir[96], path[256], path2[256];
@@ -656,6 +716,7 @@ Suite *mt_suite_zero(void) {
     tcase_add_test(tc, test_zero_errors);
     tcase_add_test(tc, test_zero_checkpoint_reshard);
     tcase_add_test(tc, test_zero_checkpoint_errors);
+    tcase_add_test(tc, test_zero_resume_exact);
     suite_add_tcase(s, tc);
     return s;
 }
