@@ -142,11 +142,6 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
                     a->prog, value_flags[k].name);
             return 2;
         }
-    if (a->zero > 0 && (a->keep || (a->resume && !strcmp(a->resume, "auto")))) {
-        fprintf(stderr, "%s: --zero %lld writes a sharded checkpoint directory: --keep and "
-                "--resume auto do not apply to it yet\n", a->prog, (long long)a->zero);
-        return 2;
-    }
     if (a->save_every && !a->save) {
         fprintf(stderr, "%s: --save-every has no effect without --save\n", a->prog);
         return 2;
@@ -262,7 +257,7 @@ __attribute__((format(printf, 2, 3))) static bool fail(const run *r, const char 
  * under ZeRO every rank its shard (a collective; a directory that --resume reshards). */
 static nb_status save_checkpoint(run *r) {
     r->ck.step = r->step;
-    return r->zero ? nb_zero_checkpoint_save(r->zero, r->a->save, &r->ck)
+    return r->zero ? nbm_save_sharded(r->zero, r->a->save, r->a->keep, &r->ck)
                    : nbm_save(r->a->save, r->a->keep, &r->ck);
 }
 

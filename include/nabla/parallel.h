@@ -291,6 +291,14 @@ nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int
  * nb_checkpoint_load and nb_optim_load_state. Both are collective over z's communicator
  * (every rank gets an error if one fails). */
 nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoint *c);
+/* Rotation, as nb_checkpoint_save_keep (nabla/checkpoint.h): save at the directory of
+ * c->step in base's series (run.ckpt -> run-<step>.ckpt/, DIR/ -> DIR/checkpoint-<step>.ckpt/),
+ * then rank 0 removes the series' older members beyond the newest keep (>= 1), files or
+ * sharded directories. nb_checkpoint_latest(base, ...) finds the newest complete one (a
+ * directory counts when its index exists) for nb_zero_checkpoint_load. path_out (may be
+ * NULL) gets the directory written. Collective. */
+nb_status nb_zero_checkpoint_save_keep(nb_zero *z, const char *base, const nb_checkpoint *c,
+                                       int keep, char *path_out, size_t n);
 nb_status nb_zero_checkpoint_load(nb_zero *z, const char *path, nb_checkpoint *c);
 /* Write a sharded checkpoint directory as one plain file, without building the model: the
  * whole nb_checkpoint (model, whole optimizer state, schedule, loader, generators, step,

@@ -234,11 +234,6 @@ static int parse_args(int argc, char **argv, args *a) {
             fprintf(stderr, "gpt: --save-every has no effect without --save\n");
             return 2;
         }
-        if (a->zero > 0 && (a->keep || (a->resume && !strcmp(a->resume, "auto")))) {
-            fprintf(stderr, "gpt: --zero %lld writes a sharded checkpoint directory: --keep and "
-                    "--resume auto do not apply to it yet\n", (long long)a->zero);
-            return 2;
-        }
         if (!a->resume && !strcmp(name, "--override")) {
             fprintf(stderr, "gpt: --override has no effect without --resume\n");
             return 2;
@@ -749,7 +744,7 @@ static bool train_loop(run *r) {
         if (save_now || (r->stop && (r->main_rank || r->zero) && a->save)) { /* a signal:
                                                                              save this step */
             r->ck.step = r->step;
-            nb_status ss = r->zero ? nb_zero_checkpoint_save(r->zero, a->save, &r->ck)
+            nb_status ss = r->zero ? nbm_save_sharded(r->zero, a->save, a->keep, &r->ck)
                                    : nbm_save(a->save, a->keep, &r->ck);
             if (ss != NB_OK) return fail(r, "%s", nb_last_error());
         }

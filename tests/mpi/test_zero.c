@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <nabla/gpt.h>
 #include "mpi_test.h"
@@ -617,6 +618,63 @@ START_TEST(test_zero_resume_exact) {
 }
 END_TEST
 
+/* Rotation: nb_zero_checkpoint_save_keep keeps the newest 2 sharded directories of a
+ * series; nb_checkpoint_latest finds the newest whose index exists. */
+START_TEST(test_zero_checkpoint_keep) {
+    nb_scope_begin();
+    char tmp[64], base[96], path[4400];
+    ck_tmpdir(tmp);
+    snprintf(base, sizeof base, "%s/series/", tmp);
+    nb_sched *s;
+    nb_module *m = build_mlp(7, IN, HID, OUT);
+    nb_optim *o = make_opt(m, ADAMW_GROUPS, &s);
+    nb_zero *z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 3});
+    MT_CHECK(z != NULL, "setup: %s", nb_last_error());
+    for (int i = 0; z && i < 3; i++) {
+        ck_train(m, o, s, i, mt_rank, mt_size);
+        nb_checkpoint ck = {.model = m, .optim = o, .sched = s, .step = i + 1, .program = "test"};
+        MT_OK(nb_zero_checkpoint_save_keep(z, base, &ck, 2, path, sizeof path));
+        MT_CHECK(strstr(path, "checkpoint-0000000") != NULL, "saved at %s", path);
+    }
+    MT_OK(nb_barrier(mt_world));
+    int64_t step = -1;
+    char p1[4400], p2[4400];
+    MT_OK(nb_checkpoint_path(base, 1, p1, sizeof p1));
+    MT_OK(nb_checkpoint_path(base, 2, p2, sizeof p2));
+    struct stat sb;
+    MT_CHECK(stat(p1, &sb) != 0, "step 1 was not rotated away");
+    MT_CHECK(stat(p2, &sb) == 0 && S_ISDIR(sb.st_mode), "step 2 is gone");
+    MT_OK(nb_checkpoint_latest(base, path, sizeof path, &step));
+    MT_CHECK(step == 3, "latest step %lld (%s)", (long long)step, path);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) { /* an unfinished save of step 4: a directory without index */
+        char p4[4400];
+        MT_OK(nb_checkpoint_path(base, 4, p4, sizeof p4));
+        MT_CHECK(mkdir(p4, 0777) == 0, "mkdir %s", p4);
+    }
+    MT_OK(nb_barrier(mt_world));
+    MT_OK(nb_checkpoint_latest(base, path, sizeof path, &step));
+    MT_CHECK(step == 3, "latest step %lld with an unfinished save (%s)", (long long)step, path);
+    nb_sched *s2;
+    nb_module *m2 = build_mlp(99, IN, HID, OUT);
+    nb_optim *o2 = make_opt(m2, ADAMW_GROUPS, &s2);
+    nb_checkpoint ck2 = {.model = m2, .optim = o2, .sched = s2, .program = "test"};
+    if (mt_rank == 0) MT_OK(nb_zero_checkpoint_load(NULL, path, &ck2));
+    if (mt_rank == 0) MT_CHECK(ck2.step == 3, "loaded step %lld", (long long)ck2.step);
+    nb_zero_free(z);
+    nb_sched_free(s);
+    nb_sched_free(s2);
+    nb_optim_free(o);
+    nb_optim_free(o2);
+    nb_module_free(m);
+    nb_module_free(m2);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) ck_rmtree(tmp);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
 START_TEST(test_zero_checkpoint_errors) {
     nb_scope_begin();
     char tmp[64], a[96], b[96], notdir[96], path[256], path2[256];
@@ -717,6 +775,7 @@ Suite *mt_suite_zero(void) {
     tcase_add_test(tc, test_zero_checkpoint_reshard);
     tcase_add_test(tc, test_zero_checkpoint_errors);
     tcase_add_test(tc, test_zero_resume_exact);
+    tcase_add_test(tc, test_zero_checkpoint_keep);
     suite_add_tcase(s, tc);
     return s;
 }
