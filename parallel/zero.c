@@ -241,6 +241,7 @@ static nb_status unit_pre_backward(void *ctx) {
     zbucket *bk = ctx;
     nb_zero *z = bk->z;
     nb_status s = nb__queue_backward_end(backward_end, z);
+    z->in_backward = true;
     if (s == NB_OK) s = gather(z, bk->index);
     if (s == NB_OK && bk->index + 1 < z->nbk && z->b[bk->index + 1].seen)
         s = gather_start(z, bk->index + 1);
@@ -250,6 +251,7 @@ static nb_status unit_pre_backward(void *ctx) {
 static nb_status root_pre_backward(void *ctx) {
     nb_zero *z = ctx;
     nb_status s = nb__queue_backward_end(backward_end, z);
+    z->in_backward = true;
     return s == NB_OK ? gather_unseen(z) : s;
 }
 
@@ -267,7 +269,7 @@ static nb_status unit_pre(nb_module *m, nb_tensor *x, void *ctx) {
 static nb_status unit_post(nb_module *m, nb_tensor *x, nb_tensor *out, void *ctx) {
     zbucket *bk = ctx;
     (void)m, (void)x;
-    unit_release(bk->z, bk->index);
+    if (!bk->z->in_backward) unit_release(bk->z, bk->index);
     return out->grad_fn ? nb__register_pre_backward_hook(out, unit_pre_backward, bk) : NB_OK;
 }
 
@@ -279,7 +281,7 @@ static nb_status root_pre(nb_module *m, nb_tensor *x, void *ctx) {
 static nb_status root_post(nb_module *m, nb_tensor *x, nb_tensor *out, void *ctx) {
     nb_zero *z = ctx;
     (void)m, (void)x;
-    release_all(z);
+    if (!z->in_backward) release_all(z);
     return out->grad_fn ? nb__register_pre_backward_hook(out, root_pre_backward, z) : NB_OK;
 }
 
@@ -376,6 +378,7 @@ static nb_status backward_end(void *ctx, nb_status backward_status) {
     nb_zero *z = ctx;
     if (z->stage == 3) {
         release_all(z);
+        z->in_backward = false;
         for (int k = 0; k < z->nbk; k++) z->b[k].done = 0;
     }
     if (!z->active) return NB_OK;

@@ -64,6 +64,8 @@ struct nb_zero {
     nb_dtype dtype;
     nb_device dev;
     bool s3_ready;      /* stage 3: the parameters live in the units' storage */
+    bool in_backward;   /* stage 3: a backward gathered units (forwards run inside it, as
+                         * activation checkpointing's recomputation, release nothing) */
     nb_tensor *staging[2]; /* stage 2 (owned) */
     int staged_by[2];   /* bucket whose reduce-scatter reads staging[i], -1 none */
     int64_t max_bucket;
