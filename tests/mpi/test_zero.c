@@ -258,6 +258,64 @@ static void check_gpt(int stage) {
     nb_scope_end();
 }
 
+/* Stage 3 with a frozen layer (its unit is gathered for forward and backward but gets no
+ * gradient) and an evaluation forward without grad mode between the steps. */
+START_TEST(test_zero_stage3_frozen_eval) {
+    nb_scope_begin();
+    nb_module *ref = build_mlp(7, IN, HID, OUT), *m = build_mlp(7, IN, HID, OUT);
+    nb_module *mods[2] = {ref, m};
+    for (int j = 0; j < 2; j++) {
+        nb_module *first = nb_module_child_at(mods[j], 0);
+        MT_OK(nb_set_requires_grad(nb_module_param(first, "weight"), false));
+        MT_OK(nb_set_requires_grad(nb_module_param(first, "bias"), false));
+    }
+    nb_sgd_opts so = {.lr = 0.1, .momentum = 0.9};
+    nb_optim *ro = nb_sgd_new(nb_parameters(ref), &so), *o = nb_sgd_new(nb_parameters(m), &so);
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 3}) : NULL;
+    MT_CHECK(ro && z, "setup: %s", nb_last_error());
+    int64_t local = GB / mt_size;
+    for (int step = 0; step < 4 && z; step++) {
+        nb_scope_begin();
+        nb_generator *g = nb_generator_new(300 + (uint64_t)step);
+        nb_tensor *x = nb_randn((int64_t[]){GB, IN}, 2, NB_F32, g);
+        nb_tensor *y = nb_randint((int64_t[]){GB}, 1, NB_I64, 0, OUT, g);
+        nb_generator_free(g);
+        train(ref, ro, NULL, NULL, x, y, 0, GB, 0);
+        train(m, o, NULL, z, x, y, mt_rank * local, local, 0);
+        bool prev = nb_set_grad_enabled(false); /* evaluation: same outputs, nothing kept */
+        nb_tensor *ey = nb_forward(m, x), *ry = nb_forward(ref, x);
+        nb_set_grad_enabled(prev);
+        MT_CHECK(ey && ry, "eval forward: %s", nb_last_error());
+        if (ey && ry) {
+            double *a = values(ey), *b = values(ry);
+            for (int64_t i = 0; i < nb_numel(ey); i++)
+                if (!(fabs(a[i] - b[i]) <= 1e-5 * (fabs(b[i]) + 1e-3))) {
+                    MT_CHECK(false, "step %d eval output %lld: %.9g vs %.9g", step, (long long)i,
+                             a[i], b[i]);
+                    break;
+                }
+            free(a);
+            free(b);
+        }
+        nb_zero_memory_info mi;
+        MT_OK(nb_zero_memory(z, &mi));
+        MT_CHECK(mi.params * mt_size <= 4 * nb_num_parameters(m) + 4 * 64 * mt_size,
+                 "step %d: %lld parameter bytes resident after the forwards", step,
+                 (long long)mi.params);
+        nb_scope_end();
+    }
+    if (z) MT_OK(nb_zero_gather_params(z));
+    if (z) expect_same_params(m, ref, 1e-5, "stage 3, frozen first layer");
+    nb_zero_free(z);
+    nb_optim_free(o);
+    nb_optim_free(ro);
+    nb_module_free(m);
+    nb_module_free(ref);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
 START_TEST(test_zero_equivalence_gpt) {
     check_gpt(1);
     check_gpt(2);
@@ -770,6 +828,7 @@ Suite *mt_suite_zero(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_zero_equivalence_mlp);
     tcase_add_test(tc, test_zero_equivalence_gpt);
+    tcase_add_test(tc, test_zero_stage3_frozen_eval);
     tcase_add_test(tc, test_zero_memory);
     tcase_add_test(tc, test_zero_errors);
     tcase_add_test(tc, test_zero_checkpoint_reshard);
