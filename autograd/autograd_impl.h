@@ -32,4 +32,14 @@ typedef nb_status (*nb__grad_guard_fn)(const nb_tensor *leaf, void *ctx, const c
 nb_status nb__set_grad_guard(nb_tensor *leaf, nb__grad_guard_fn fn, void *ctx);
 nb_status nb__check_grad(const nb_tensor *leaf, const char *who);
 
+/* ---- pre-backward hooks (for ZeRO stage 3, parallel/zero.c) ---------------------------------
+ * fn(ctx) runs just before the backward rule of the node that produced t (t->grad_fn), each
+ * time a backward runs that rule (not when no gradient reaches the node), in registration
+ * order; a failing hook fails that backward with its error. On a module's output it runs
+ * before the rules of the ops the module's forward recorded on the way to that output (they
+ * run after it: latest first), so it can make the parameters those rules read available.
+ * The hook lives as long as the node; ctx must outlive it. NB_EINVAL when t has no grad_fn
+ * (a leaf, or made without grad mode). */
+nb_status nb__register_pre_backward_hook(nb_tensor *t, nb__pre_backward_fn fn, void *ctx);
+
 #endif

@@ -147,6 +147,22 @@ nb_status nb__check_grad(const nb_tensor *leaf, const char *who) {
     return m && m->guard ? m->guard(leaf, m->guard_ctx, who) : NB_OK;
 }
 
+/* ---- pre-backward hooks ---------------------------------------------------------------------- */
+nb_status nb__register_pre_backward_hook(nb_tensor *t, nb__pre_backward_fn fn, void *ctx) {
+    if (!nb__arg_ok(t, "register_pre_backward_hook", "t")) return nb_last_status();
+    if (!fn) return nb__error(NB_ENULL, "register_pre_backward_hook: fn is NULL");
+    if (!t->grad_fn)
+        return nb__error(NB_EINVAL, "register_pre_backward_hook: the tensor was not produced by "
+                         "an op recorded for backward");
+    nb__node_hook *h = nb_host_alloc(sizeof *h);
+    if (!h) return nb__error(NB_ENOMEM, "register_pre_backward_hook: out of memory");
+    *h = (nb__node_hook){.fn = fn, .ctx = ctx};
+    nb__node_hook **tail = &t->grad_fn->pre_hooks;
+    while (*tail) tail = &(*tail)->next;
+    *tail = h;
+    return NB_OK;
+}
+
 /* ---- end-of-backward callbacks --------------------------------------------------------------- */
 typedef struct {
     nb__backward_end_fn fn;
@@ -396,7 +412,8 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
             nb__backward_fn rule = nb__backward_rules[n->op];
             if (!rule) st = nb__error(NB_EUNSUPPORTED, "backward: %s has no backward rule",
                                       nb__op_names[n->op]);
-            else if ((st = check_saved(n)) == NB_OK) st = rule(n, g, gin);
+            for (nb__node_hook *h = n->pre_hooks; h && st == NB_OK; h = h->next) st = h->fn(h->ctx);
+            if (st == NB_OK && (st = check_saved(n)) == NB_OK) st = rule(n, g, gin);
         }
         for (int i = 0; i < n->ninputs; i++) {
             nb__edge *e = &n->edges[i];

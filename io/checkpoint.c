@@ -392,23 +392,35 @@ nb_status nb_checkpoint_save_keep(const char *base, const nb_checkpoint *c, int 
                          strerror(errno));
     if ((st = nb_checkpoint_save(path, c)) != NB_OK) return st;
     if (path_out && n) snprintf(path_out, n, "%s", path);
-    /* Rotation after the new file is durable: the newest keep stay. A file that cannot be
-     * removed stays too (the next save tries again). */
+    nb__checkpoint_rotate(base, keep, path);
+    return NB_OK;
+}
+
+/* Rotation after the new member is durable: the newest keep stay. One that cannot be
+ * removed stays too (the next save tries again). Sharded checkpoints are directories. */
+void nb__checkpoint_rotate(const char *base, int keep, const char *path) {
+    series s;
     member *m;
     int count;
-    if (list_members(&s, &m, &count, op) != NB_OK) {
+    if (series_of(base, "checkpoint_save", &s) != NB_OK ||
+        list_members(&s, &m, &count, "checkpoint_save") != NB_OK) {
         nb_clear_error();
-        return NB_OK;
+        return;
     }
-    for (int i = keep; i < count; i++)
-        if (strcmp(m[i].path, path) != 0) unlink(m[i].path);
+    for (int i = keep; i < count; i++) {
+        if (strcmp(m[i].path, path) == 0) continue;
+        struct stat sb;
+        if (stat(m[i].path, &sb) == 0 && S_ISDIR(sb.st_mode)) nb__zero_checkpoint_remove(m[i].path);
+        else unlink(m[i].path);
+    }
     free(m);
-    return NB_OK;
 }
 
 /* Whether path is a complete, intact checkpoint; its step in *step. On failure the error
  * says why. */
 static nb_status check_candidate(const char *path, int64_t *step) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return nb__zero_checkpoint_step(path, step);
     nb_safetensors *f = nb_safetensors_open(path);
     if (!f) return nb_last_status();
     nb_status st = NB_OK;
@@ -450,6 +462,12 @@ nb_status nb_checkpoint_latest(const char *base, char *out, size_t n, int64_t *s
         }
         nb_clear_error();
     }
+    int64_t k0; /* base itself, a sharded checkpoint directory saved without rotation */
+    if (s.is_dir && nb__zero_checkpoint_step(base, &k0) == NB_OK) {
+        best = k0;
+        snprintf(best_path, sizeof best_path, "%s", base);
+    }
+    nb_clear_error();
     for (int i = 0; i < count && m[i].step > best; i++) {
         int64_t k;
         nb__remove_stale_temps(m[i].path);

@@ -39,4 +39,15 @@ nb_status nb__checkpoint_save_ex(const char *path, const nb_checkpoint *c,
                                  const char *const *xkeys, const char *const *xvals, int nx);
 nb_status nb__checkpoint_load_ex(const char *path, nb_checkpoint *c, const nb__ckpt_optim *o);
 
+/* Series (nb_checkpoint_save_keep, nb_checkpoint_latest) whose members may be sharded
+ * checkpoint directories. io/zero_ckpt.c: nb__zero_checkpoint_step says whether dir is a
+ * complete sharded checkpoint (its index exists and names a step: *step); NB_EIO/NB_EFORMAT
+ * saying why not otherwise. nb__zero_checkpoint_remove deletes one (the index first, so it
+ * stops being a checkpoint before its shards go; best effort). io/checkpoint.c:
+ * nb__checkpoint_rotate keeps the newest keep members of base's series (path, just
+ * written, always stays), files or sharded directories. */
+nb_status nb__zero_checkpoint_step(const char *dir, int64_t *step);
+void nb__zero_checkpoint_remove(const char *dir);
+void nb__checkpoint_rotate(const char *base, int keep, const char *path);
+
 #endif

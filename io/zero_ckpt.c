@@ -163,6 +163,62 @@ static bool shard_meta(const nb_zero *z, meta *m, const char *id) {
     return ok;
 }
 
+static nb_status meta_int(nb_safetensors *f, const char *path, const char *key, int64_t *out);
+
+nb_status nb__zero_checkpoint_step(const char *dir, int64_t *step) {
+    char *ip = join(dir, INDEX_FILE);
+    if (!ip) return nb__error(NB_ENOMEM, "zero_checkpoint: out of memory");
+    nb_status st = NB_OK;
+    nb_safetensors *idx = NULL;
+    if (access(ip, F_OK) != 0)
+        st = nb__error(NB_EIO, "%s has no %s, so it is not a complete sharded checkpoint", dir,
+                       INDEX_FILE);
+    else if (!(idx = nb_safetensors_open(ip)))
+        st = nb_last_status();
+    else if (!nb_safetensors_metadata(idx, "nabla_zero_checkpoint_index"))
+        st = nb__error(NB_EFORMAT, "%s is not the index of a sharded checkpoint", ip);
+    if (st == NB_OK) st = meta_int(idx, ip, "step", step);
+    nb_safetensors_close(idx);
+    free(ip);
+    return st;
+}
+
+void nb__zero_checkpoint_remove(const char *dir) {
+    char *ip = join(dir, INDEX_FILE);
+    if (ip) unlink(ip);
+    free(ip);
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, "zero-", 5) != 0 && strncmp(e->d_name, INDEX_FILE, 17) != 0)
+            continue; /* the shards, and temporary files of their writers */
+        char *p = join(dir, e->d_name);
+        if (p) unlink(p);
+        free(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+nb_status nb_zero_checkpoint_save_keep(nb_zero *z, const char *base, const nb_checkpoint *c,
+                                       int keep, char *path_out, size_t n) {
+    static const char who[] = "zero_checkpoint_save";
+    if (!z || !base || !c) return nb__error(NB_ENULL, "%s: %s is NULL", who,
+                                            !z ? "zero" : !base ? "base" : "the checkpoint");
+    if (keep < 1) return nb__error(NB_EINVAL, "%s: keep must be at least 1, got %d", who, keep);
+    char path[4400];
+    nb_status st = nb_checkpoint_path(base, c->step, path, sizeof path);
+    size_t len = strlen(base);
+    if (st == NB_OK && z->rank == 0 && len && base[len - 1] == '/' && mkdir(base, 0777) != 0 &&
+        errno != EEXIST)
+        st = nb__error(NB_EIO, "%s: cannot create the directory %s: %s", who, base,
+                       strerror(errno));
+    if ((st = agree(z->c, st, who)) != NB_OK) return st;
+    if ((st = nb_zero_checkpoint_save(z, path, c)) != NB_OK) return st;
+    if (z->rank == 0) nb__checkpoint_rotate(base, keep, path);
+    if (path_out && n) snprintf(path_out, n, "%s", path);
+    return NB_OK;
+}
+
 /* Remove the shards of earlier saves from dir (those not of checkpoint id). */
 static void remove_old_shards(const char *dir, const char *id) {
     DIR *d = opendir(dir);
@@ -230,9 +286,13 @@ nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoi
     } else if (c->optim && z->rank == 0) {
         c2.optim = c->optim; /* stage 0: the whole state, once */
     }
+    /* stage 3: rank 0 writes the whole model (a collective, so every rank gathers) */
+    nb_status gs = nb_zero_gather_params(z);
+    if (st == NB_OK) st = gs;
     if (st == NB_OK)
         st = nb__checkpoint_save_ex(path, &c2, (const char *const *)m.k,
                                     (const char *const *)m.v, m.n);
+    nb_zero_release_params(z);
     meta_free(&m);
     free(path);
     if ((st = agree(z->c, st, who)) != NB_OK) return st;
@@ -539,7 +599,9 @@ nb_status nb_zero_checkpoint_load(nb_zero *z, const char *path, nb_checkpoint *c
         return nb__error(NB_EINVAL, "%s: the checkpoint's optimizer is not the one nb_zero "
                          "wraps", who);
     nb_scope_begin();
-    nb_status st = load_local(z, path, c);
+    nb_status st = z ? nb_zero_gather_params(z) : NB_OK; /* stage 3: load into whole ones */
+    if (st == NB_OK) st = load_local(z, path, c);
+    if (z) nb_zero_release_params(z); /* keeps this rank's part */
     nb_scope_end();
     return z ? agree(z->c, st, who) : st;
 }

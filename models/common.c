@@ -49,9 +49,10 @@ static void usage(const nbm_args *a, FILE *out) {
             "  --eval-only      evaluate (the --resume checkpoint, or the initial model)\n"
             "  --max-steps N    stop after N training steps in total\n"
             "  --limit N        train on the first N samples only\n"
-            "  --zero S         ZeRO stage 0-2 (1: optimizer state sharded over the ranks, 2:\n"
-            "                   gradients too; default 0: nb_ddp); --save then writes a\n"
-            "                   sharded checkpoint (a directory) that --resume reshards\n",
+            "  --zero S         ZeRO stage 0-3 (1: optimizer state sharded over the ranks, 2:\n"
+            "                   gradients too, 3: parameters too; default 0: nb_ddp); --save\n"
+            "                   then writes a sharded checkpoint (a directory) that\n"
+            "                   --resume reshards\n",
             a->prog, a->epochs, (long long)a->batch, a->lr, (unsigned long long)a->seed,
             NB_FASHION_MNIST_DIR);
     nbm_guard_usage(out);
@@ -150,11 +151,6 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
     if (a->eval_only && guard.train_flag) {
         fprintf(stderr, "%s: %s has no effect with --eval-only (nothing is trained)\n", a->prog,
                 guard.train_flag);
-        return 2;
-    }
-    if (a->zero > 0 && (a->keep || (a->resume && !strcmp(a->resume, "auto")))) {
-        fprintf(stderr, "%s: --zero %lld writes a sharded checkpoint directory: --keep and "
-                "--resume auto do not apply to it yet\n", a->prog, (long long)a->zero);
         return 2;
     }
     if (a->save_every && !a->save) {
@@ -272,7 +268,7 @@ __attribute__((format(printf, 2, 3))) static bool fail(const run *r, const char 
  * under ZeRO every rank its shard (a collective; a directory that --resume reshards). */
 static nb_status save_checkpoint(run *r) {
     r->ck.step = r->step;
-    return r->zero ? nb_zero_checkpoint_save(r->zero, r->a->save, &r->ck)
+    return r->zero ? nbm_save_sharded(r->zero, r->a->save, r->a->keep, &r->ck)
                    : nbm_save(r->a->save, r->a->keep, &r->ck);
 }
 

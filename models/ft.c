@@ -58,6 +58,11 @@ nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck) {
     return nb_checkpoint_save_keep(save, ck, keep > 1000000 ? 1000000 : (int)keep, NULL, 0);
 }
 
+nb_status nbm_save_sharded(nb_zero *z, const char *save, int64_t keep, const nb_checkpoint *ck) {
+    if (keep <= 0) return nb_zero_checkpoint_save(z, save, ck);
+    return nb_zero_checkpoint_save_keep(z, save, ck, keep > 1000000 ? 1000000 : (int)keep, NULL, 0);
+}
+
 bool nbm_resume_path(const char *prog, bool main_rank, const char *resume, const char *save,
                      char *buf, size_t n, const char **out) {
     *out = resume;

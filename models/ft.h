@@ -43,6 +43,10 @@ void nbm_model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model, d
  * nabla/checkpoint.h: run.ckpt -> run-<step>.ckpt, DIR/ -> DIR/checkpoint-<step>.ckpt) and
  * only the newest keep of them kept. */
 nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck);
+/* The same under ZeRO (every rank calls it): a sharded checkpoint directory at --save, or at
+ * its step's place in the series (keep > 0, nb_zero_checkpoint_save_keep). --resume auto
+ * (nbm_resume_path) finds those too: a directory counts once its index exists. */
+nb_status nbm_save_sharded(nb_zero *z, const char *save, int64_t keep, const nb_checkpoint *ck);
 /* Resolve --resume: "auto" is the newest complete, intact checkpoint of --save's series
  * (corrupt ones skipped with a line each), *out = buf; or none yet: *out = NULL, after
  * printing "prog: --resume auto: no checkpoint in SAVE yet: starting from step 0" (main_rank

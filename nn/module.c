@@ -519,6 +519,16 @@ nb_status nb__module_drop_flat_grads(nb_module *m) {
     return NB_OK;
 }
 
+/* For ZeRO stage 3 (parallel/zero.c, which declares it): forget the flat parameter buffer,
+ * whose parameters the caller has moved to storage of its own, so it is freed. */
+nb_status nb__module_drop_flat_params(nb_module *m);
+nb_status nb__module_drop_flat_params(nb_module *m) {
+    if (!m) return nb__error(NB_ENULL, "module_drop_flat_params: module is NULL");
+    nb_tensor_free(m->flat_params);
+    m->flat_params = NULL;
+    return NB_OK;
+}
+
 nb_tensor *nb_module_flat_params(const nb_module *m) { return m ? m->flat_params : NULL; }
 nb_tensor *nb_module_flat_grads(const nb_module *m) { return m ? m->flat_grads : NULL; }
 

@@ -41,10 +41,13 @@
 #include "nabla/parallel.h"
 #include "optim/optim_impl.h"
 #include "parallel/zero_impl.h"
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 /* nn/module.c: forget the module's flat gradient buffer (stage 2 has none). */
 nb_status nb__module_drop_flat_grads(nb_module *m);
+/* nn/module.c: forget the module's flat parameter buffer (stage 3 has none). */
+nb_status nb__module_drop_flat_params(nb_module *m);
 
 static double now_s(void) {
     struct timespec ts;
@@ -110,8 +113,8 @@ static void launch(nb_zero *z, int k) {
     nb_scope_begin();
     nb_tensor *in = bk->gin;
     nb_status s = NB_OK;
-    if (z->stage == 2) s = stage_grads(z, k, &in);
-    if (s == NB_OK && (z->stage == 2 || z->size > 1)) {
+    if (z->stage >= 2) s = stage_grads(z, k, &in);
+    if (s == NB_OK && (z->stage >= 2 || z->size > 1)) {
         bk->work = nb_reduce_scatter_async(z->c, bk->gout, in, NB_REDUCE_AVG);
         if (!bk->work) s = nb_last_status();
     }
@@ -146,11 +149,153 @@ static nb_status reattach(zparam *p) {
 
 static nb_status backward_end(void *ctx, nb_status backward_status);
 
+/* ---- stage 3: gathering and releasing units ---------------------------------------------------
+ * A unit (bucket) is the parameters one module registered; they are views of the unit's
+ * `full` tensor, whose storage has memory only while the unit is gathered. Gathering
+ * all-gathers the ranks' chunks into it; the storage's version is restored afterwards (the
+ * values are those the forward saved: only nb_step changes parameters, and it bumps it). */
+static const char *unit_name(const nb_zero *z, int k) {
+    for (int i = 0; i < z->np; i++)
+        if (z->p[i].bucket == k) return param_name(z, i);
+    return "?";
+}
+
+static void unit_release(nb_zero *z, int k) {
+    zbucket *bk = &z->b[k];
+    if (bk->gwork) nb_work_wait(bk->gwork); /* a prefetch nobody used: its outcome is moot */
+    bk->gwork = NULL;
+    nb__storage *st = bk->full->storage;
+    if (st->data) {
+        const nb__backend *be = nb__backend_of(st->device, "zero");
+        if (be) be->free(st->device, st->data);
+        st->data = NULL;
+    }
+    bk->gathered = false;
+}
+
+static void release_all(nb_zero *z) {
+    for (int k = 0; k < z->nbk; k++) unit_release(z, k);
+}
+
+static void keep_version(zbucket *bk) {
+    atomic_store_explicit(&bk->full->storage->version, bk->version, memory_order_relaxed);
+}
+
+/* Start gathering unit k (nothing if it is gathered or on its way). */
+static nb_status gather_start(nb_zero *z, int k) {
+    zbucket *bk = &z->b[k];
+    if (bk->gathered || bk->gwork) return NB_OK;
+    nb__storage *st = bk->full->storage;
+    if (!st->data) {
+        const nb__backend *be = nb__backend_of(st->device, "zero");
+        st->data = be ? be->alloc(st->device, st->nbytes) : NULL;
+        if (!st->data)
+            return nb__error(NB_ENOMEM, "zero: out of memory gathering the parameters of the "
+                             "unit of %s (%zu bytes)", unit_name(z, k), st->nbytes);
+    }
+    bk->version = nb__version_of(bk->full);
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_status s = NB_OK;
+    if (z->size == 1) {
+        s = nb_copy_(bk->full, bk->pchunk);
+        keep_version(bk);
+        bk->gathered = s == NB_OK;
+    } else if (!(bk->gwork = nb_allgather_async(z->c, bk->full, bk->pchunk))) {
+        s = nb_last_status();
+    }
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    return s;
+}
+
+/* Gather unit k and wait for it. */
+static nb_status gather(nb_zero *z, int k) {
+    zbucket *bk = &z->b[k];
+    nb_status s = gather_start(z, k);
+    if (s == NB_OK && bk->gwork) {
+        s = nb_work_wait(bk->gwork);
+        bk->gwork = NULL;
+        keep_version(bk);
+        if (s == NB_OK) bk->gathered = true;
+        else nb__error(s, "zero: gathering the parameters of the unit of %s failed: %s",
+                       unit_name(z, k), nb_last_error());
+    }
+    if (s != NB_OK) unit_release(z, k);
+    return s;
+}
+
+/* The units no module forward gathers (parameters the root's forward uses itself). */
+static nb_status gather_unseen(nb_zero *z) {
+    nb_status s = NB_OK;
+    for (int k = z->nbk - 1; k >= 0 && s == NB_OK; k--)
+        if (!z->b[k].seen) s = gather_start(z, k);
+    for (int k = z->nbk - 1; k >= 0 && s == NB_OK; k--)
+        if (!z->b[k].seen) s = gather(z, k);
+    return s;
+}
+
+/* Backward: before the rules of a unit's module (or the root) run. The next unit in
+ * backward order (the previous one in forward order, k + 1) is prefetched. */
+static nb_status unit_pre_backward(void *ctx) {
+    zbucket *bk = ctx;
+    nb_zero *z = bk->z;
+    nb_status s = nb__queue_backward_end(backward_end, z);
+    z->in_backward = true;
+    if (s == NB_OK) s = gather(z, bk->index);
+    if (s == NB_OK && bk->index + 1 < z->nbk && z->b[bk->index + 1].seen)
+        s = gather_start(z, bk->index + 1);
+    return s;
+}
+
+static nb_status root_pre_backward(void *ctx) {
+    nb_zero *z = ctx;
+    nb_status s = nb__queue_backward_end(backward_end, z);
+    z->in_backward = true;
+    return s == NB_OK ? gather_unseen(z) : s;
+}
+
+/* Forward: gather the unit, prefetch the next one in forward order (k - 1), release after. */
+static nb_status unit_pre(nb_module *m, nb_tensor *x, void *ctx) {
+    zbucket *bk = ctx;
+    nb_zero *z = bk->z;
+    (void)m, (void)x;
+    bk->seen = true;
+    nb_status s = gather(z, bk->index);
+    if (s == NB_OK && bk->index > 0 && z->b[bk->index - 1].seen) s = gather_start(z, bk->index - 1);
+    return s;
+}
+
+static nb_status unit_post(nb_module *m, nb_tensor *x, nb_tensor *out, void *ctx) {
+    zbucket *bk = ctx;
+    (void)m, (void)x;
+    if (!bk->z->in_backward) unit_release(bk->z, bk->index);
+    return out->grad_fn ? nb__register_pre_backward_hook(out, unit_pre_backward, bk) : NB_OK;
+}
+
+static nb_status root_pre(nb_module *m, nb_tensor *x, void *ctx) {
+    (void)m, (void)x;
+    return gather_unseen(ctx);
+}
+
+static nb_status root_post(nb_module *m, nb_tensor *x, nb_tensor *out, void *ctx) {
+    nb_zero *z = ctx;
+    (void)m, (void)x;
+    if (!z->in_backward) release_all(z);
+    return out->grad_fn ? nb__register_pre_backward_hook(out, root_pre_backward, z) : NB_OK;
+}
+
 static void grad_hook(nb_tensor *leaf, void *ctx) {
     zparam *p = ctx;
     nb_zero *z = p->z;
     (void)leaf;
     if (!p->expected) return;
+    if (z->stage == 3) { /* the unit's rules have all run: release it */
+        nb_status q = nb__queue_backward_end(backward_end, z);
+        if (q != NB_OK) hook_fail(z, q);
+        zbucket *bk = &z->b[p->bucket];
+        if (++bk->done == bk->expected) unit_release(z, p->bucket);
+    }
     if (!z->sync_enabled) {
         z->local = true;
         z->last_st = NB_OK;
@@ -231,6 +376,11 @@ static nb_status finish_step(nb_zero *z, bool all) {
 
 static nb_status backward_end(void *ctx, nb_status backward_status) {
     nb_zero *z = ctx;
+    if (z->stage == 3) {
+        release_all(z);
+        z->in_backward = false;
+        for (int k = 0; k < z->nbk; k++) z->b[k].done = 0;
+    }
     if (!z->active) return NB_OK;
     z->active = false;
     if (backward_status == NB_OK) return finish_step(z, false);
@@ -278,9 +428,10 @@ static nb_status zero_step(void *ctx) {
     nb_status s = check_reduced(z, "step", z->np ? param_name(z, 0) : "?");
     if (s != NB_OK) return s;
     for (int g = 0; g < z->user->ngroups; g++) z->inner->groups[g] = z->user->groups[g];
+    if (z->stage == 3) release_all(z); /* a gathered copy would be stale */
     if ((s = nb_step(z->inner)) != NB_OK) return s;
     for (int i = 0; i < z->np; i++) nb__bump_version(z->p[i].t);
-    if (z->size == 1) return NB_OK;
+    if (z->size == 1 || z->stage == 3) return NB_OK; /* stage 3 gathers at the next forward */
     nb_status first = NB_OK;
     for (int k = 0; k < z->nbk; k++) {
         z->b[k].work = nb_allgather_async(z->c, z->b[k].pview, z->b[k].pchunk);
@@ -297,8 +448,16 @@ nb_zero_opts nb_zero_defaults(void) { return (nb_zero_opts){.stage = 2, .bucket_
 void nb_zero_free(nb_zero *z) {
     if (!z) return;
     if (z->ddp) nb_ddp_free(z->ddp);
+    if (z->s3_ready) nb_zero_gather_params(z); /* leave the model whole */
+    if (z->root_pre >= 0) nb_module_remove_forward_hook(z->m, z->root_pre);
+    if (z->root_post >= 0) nb_module_remove_forward_hook(z->m, z->root_post);
     for (int k = 0; k < z->nbk; k++) {
         if (z->b[k].work) nb_work_wait(z->b[k].work);
+        if (z->b[k].gwork) nb_work_wait(z->b[k].gwork);
+        if (z->b[k].pre_handle >= 0) nb_module_remove_forward_hook(z->b[k].owner, z->b[k].pre_handle);
+        if (z->b[k].post_handle >= 0)
+            nb_module_remove_forward_hook(z->b[k].owner, z->b[k].post_handle);
+        nb_tensor_free(z->b[k].full);
         nb_tensor_free(z->b[k].pview);
         nb_tensor_free(z->b[k].pchunk);
         nb_tensor_free(z->b[k].gin);
@@ -315,6 +474,7 @@ void nb_zero_free(nb_zero *z) {
     free(z->piece_param);
     free(z->piece_lo);
     nb_tensor_free(z->shard_g);
+    nb_tensor_free(z->shard_p);
     nb_tensor_free(z->staging[0]);
     nb_tensor_free(z->staging[1]);
     free(z->b);
@@ -329,13 +489,16 @@ static nb_status build_buckets(nb_zero *z, int64_t cap) {
     int64_t end = nb_numel(z->flat_p);
     for (int i = z->np - 1; i >= 0; i--) {
         zparam *p = &z->p[i];
-        if (k < 0 || z->b[k].end - end >= cap) {
+        bool cut = z->stage == 3 ? k >= 0 && p->owner != z->p[i + 1].owner /* one unit per module */
+                                 : k >= 0 && z->b[k].end - end >= cap;
+        if (k < 0 || cut) {
             if (k >= 0) z->b[k].begin = end;
             k++;
             z->b[k].end = end;
         }
         end = p->off;
         p->bucket = k;
+        z->b[k].owner = p->owner;
         if (p->expected) z->b[k].expected++;
     }
     z->b[k].begin = 0;
@@ -343,6 +506,7 @@ static nb_status build_buckets(nb_zero *z, int64_t cap) {
     int64_t soff = 0;
     for (k = 0; k < z->nbk; k++) {
         zbucket *bk = &z->b[k];
+        bk->z = z, bk->index = k, bk->pre_handle = bk->post_handle = -1;
         int64_t len = bk->end - bk->begin, b, e;
         if (len > z->max_bucket) z->max_bucket = len;
         nb_comm_chunk(len, z->size, z->rank, &b, &e);
@@ -361,18 +525,30 @@ static nb_tensor *take(nb_tensor *t, nb_status *s) {
 /* Views of every bucket, the shard gradient buffer and staging (stage 2). */
 static nb_status build_views(nb_zero *z) {
     nb_status s = NB_OK;
-    nb_dtype dt = z->flat_p->dtype;
-    nb_device dev = nb__device_of(z->flat_p);
-    if (z->stage == 2) {
-        int64_t n = z->nbk ? z->b[z->nbk - 1].soff + (z->b[z->nbk - 1].ce - z->b[z->nbk - 1].cb) : 0;
-        z->shard_g = take(nb_zeros_on(dev, &n, 1, dt), &s);
+    nb_dtype dt = z->dtype;
+    nb_device dev = z->dev;
+    int64_t nshard = z->nbk ? z->b[z->nbk - 1].soff + (z->b[z->nbk - 1].ce - z->b[z->nbk - 1].cb) : 0;
+    if (z->stage == 3) z->shard_p = take(nb_zeros_on(dev, &nshard, 1, dt), &s);
+    if (z->stage >= 2) {
+        z->shard_g = take(nb_zeros_on(dev, &nshard, 1, dt), &s);
         for (int i = 0; i < 2 && s == NB_OK; i++)
             z->staging[i] = take(nb_zeros_on(dev, &z->max_bucket, 1, dt), &s);
     }
     for (int k = 0; k < z->nbk && s == NB_OK; k++) {
         zbucket *bk = &z->b[k];
-        bk->pview = take(nb_narrow(z->flat_p, 0, bk->begin, bk->end - bk->begin), &s);
-        if (s == NB_OK) bk->pchunk = take(nb_narrow(z->flat_p, 0, bk->cb, bk->ce - bk->cb), &s);
+        if (s == NB_OK && z->stage == 3) { /* the unit's whole buffer, and the shard's chunk */
+            int64_t len = bk->end - bk->begin;
+            bk->full = take(nb_empty_on(dev, &len, 1, dt), &s);
+            int64_t n = bk->ce - bk->cb;
+            if (s == NB_OK) bk->pchunk = take(nb_narrow(z->shard_p, 0, bk->soff, n), &s);
+            nb_tensor *src = s == NB_OK ? take(nb_narrow(z->flat_p, 0, bk->cb, n), &s) : NULL;
+            if (s == NB_OK) s = nb_copy_(bk->pchunk, src);
+            nb_tensor_free(src);
+            if (s == NB_OK) unit_release(z, k); /* one unit at a time on top of the flat buffer */
+        } else if (s == NB_OK) {
+            bk->pview = take(nb_narrow(z->flat_p, 0, bk->begin, bk->end - bk->begin), &s);
+            if (s == NB_OK) bk->pchunk = take(nb_narrow(z->flat_p, 0, bk->cb, bk->ce - bk->cb), &s);
+        }
         if (s == NB_OK && z->stage == 1) {
             bk->gin = take(nb_narrow(z->flat_g, 0, bk->begin, bk->end - bk->begin), &s);
             if (s == NB_OK) bk->gout = take(nb_narrow(z->flat_g, 0, bk->cb, bk->ce - bk->cb), &s);
@@ -410,7 +586,9 @@ static nb_status build_inner(nb_zero *z) {
         int64_t lo = p->off > bk->cb ? p->off : bk->cb;
         int64_t hi = p->off + p->n < bk->ce ? p->off + p->n : bk->ce;
         if (lo >= hi) continue;
-        nb_tensor *piece = take(nb_narrow(z->flat_p, 0, lo, hi - lo), &s);
+        nb_tensor *piece = z->stage == 3
+                               ? take(nb_narrow(z->shard_p, 0, bk->soff + (lo - bk->cb), hi - lo), &s)
+                               : take(nb_narrow(z->flat_p, 0, lo, hi - lo), &s);
         if (s != NB_OK) break;
         z->piece_param[z->npieces] = i;
         z->piece_lo[z->npieces] = lo - p->off;
@@ -441,6 +619,53 @@ static nb_status build_inner(nb_zero *z) {
     free(lists);
     free(ts);
     free((void *)ns);
+    return s;
+}
+
+/* The module that registered the parameter of this dotted name ("a.b.weight": a's child b). */
+static nb_module *owner_of(nb_module *root, const char *name) {
+    nb_module *m = root;
+    for (const char *dot; m && (dot = strchr(name, '.'));) {
+        size_t len = (size_t)(dot - name);
+        nb_module *next = NULL;
+        for (int i = 0; i < nb_module_num_children(m) && !next; i++) {
+            const char *cn = nb_module_child_name(m, i);
+            if (cn && strlen(cn) == len && strncmp(cn, name, len) == 0) next = nb_module_child_at(m, i);
+        }
+        m = next;
+        name = dot + 1;
+    }
+    return m;
+}
+
+/* Stage 3: forward hooks on the root and on each unit's module, then the parameters move
+ * into the units' buffers, the module's flat buffer goes, and every unit is released. */
+static nb_status setup_stage3(nb_zero *z) {
+    int h = nb_module_register_forward_pre_hook(z->m, root_pre, z);
+    if (h < 0) return (nb_status)h;
+    z->root_pre = h;
+    if ((h = nb_module_register_forward_hook(z->m, root_post, z)) < 0) return (nb_status)h;
+    z->root_post = h;
+    for (int k = 0; k < z->nbk; k++) {
+        zbucket *bk = &z->b[k];
+        if ((h = nb_module_register_forward_pre_hook(bk->owner, unit_pre, bk)) < 0) return (nb_status)h;
+        bk->pre_handle = h;
+        if ((h = nb_module_register_forward_hook(bk->owner, unit_post, bk)) < 0) return (nb_status)h;
+        bk->post_handle = h;
+    }
+    for (int i = 0; i < z->np; i++) {
+        zparam *p = &z->p[i];
+        zbucket *bk = &z->b[p->bucket];
+        nb__storage *old = p->t->storage;
+        atomic_fetch_add(&bk->full->storage->refcount, 1);
+        p->t->storage = bk->full->storage;
+        p->t->offset = bk->full->offset + (p->off - bk->begin);
+        nb__storage_release(old);
+    }
+    nb_status s = nb__module_drop_flat_params(z->m);
+    z->flat_p = NULL;
+    release_all(z);
+    z->s3_ready = true;
     return s;
 }
 
@@ -475,9 +700,6 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     if (!opt) return nb__error(NB_ENULL, "zero_new: optimizer is NULL"), NULL;
     if (!c) return nb__error(NB_ENULL, "zero_new: communicator is NULL"), NULL;
     nb_zero_opts opts = o ? *o : nb_zero_defaults();
-    if (opts.stage == 3)
-        return nb__error(NB_EUNSUPPORTED, "zero_new: stage 3 (sharded parameters) is not "
-                         "implemented yet; use stage 0, 1 or 2"), NULL;
     if (opts.stage < 0 || opts.stage > 3)
         return nb__error(NB_EINVAL, "zero_new: stage must be 0, 1, 2 or 3, got %d",
                          opts.stage), NULL;
@@ -489,6 +711,7 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     z->m = model, z->c = c, z->o = opts, z->stage = opts.stage, z->user = opt;
     z->size = nb_comm_size(c), z->rank = nb_comm_rank(c), z->sync_enabled = true;
     z->staged_by[0] = z->staged_by[1] = -1;
+    z->root_pre = z->root_post = -1;
     if (opts.stage == 0) { /* plain data parallel: the optimizer is used as it is */
         z->ddp = nb_ddp_new(model, c, &(nb_ddp_opts){.bucket_mb = opts.bucket_mb,
                                                     .find_unused = opts.find_unused,
@@ -510,6 +733,8 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     }
     z->flat_p = nb_module_flat_params(model);
     z->flat_g = nb_module_flat_grads(model);
+    z->dtype = z->flat_p->dtype;
+    z->dev = nb__device_of(z->flat_p);
     z->p = calloc((size_t)ps->count, sizeof *z->p);
     if (!z->p) s = nb__error(NB_ENOMEM, "zero_new: out of memory");
     else z->np = ps->count;
@@ -521,7 +746,9 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
                               "shared parameter once", ps->names[j], ps->names[i]);
         z->p[i] = (zparam){.z = z, .index = i, .t = t, .handle = -1,
                            .off = t->offset - z->flat_p->offset, .n = nb_numel(t),
-                           .expected = nb_requires_grad(t)};
+                           .expected = nb_requires_grad(t), .owner = owner_of(model, ps->names[i])};
+        if (!z->p[i].owner && s == NB_OK)
+            s = nb__error(NB_EINTERNAL, "zero_new: no module owns %s", ps->names[i]);
     }
     if (s == NB_OK) s = check_optim(z);
     int64_t cap = (int64_t)(opts.bucket_mb * 1048576.0 / (double)nb_dtype_size(z->flat_p->dtype));
@@ -554,7 +781,7 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
         if (s == NB_OK && !bs) s = nb_last_status();
         for (int i = 0; s == NB_OK && i < bs->count; i++) s = nb_broadcast(c, bs->tensors[i], 0);
     }
-    if (s == NB_OK && z->stage == 2) { /* no full gradient buffer: drop the flat views */
+    if (s == NB_OK && z->stage >= 2) { /* no full gradient buffer: drop the flat views */
         for (int i = 0; i < z->np; i++) nb_clear_grad(z->p[i].t);
         s = nb__module_drop_flat_grads(model);
         z->flat_g = NULL;
@@ -577,6 +804,7 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
                       "free that one first", ps->names[i]);
         p->guarded = s == NB_OK;
     }
+    if (s == NB_OK && z->stage == 3) s = setup_stage3(z);
     if (s != NB_OK) {
         nb_zero_free(z);
         return NULL;
@@ -618,6 +846,36 @@ int nb_zero_num_buckets(const nb_zero *z) {
     return !z ? 0 : z->ddp ? nb_ddp_num_buckets(z->ddp) : z->nbk;
 }
 
+nb_status nb_zero_gather_params(nb_zero *z) {
+    if (!z) return nb__error(NB_ENULL, "zero_gather_params: zero is NULL");
+    if (z->stage != 3 || !z->s3_ready) return NB_OK;
+    nb_status s = NB_OK;
+    for (int k = z->nbk - 1; k >= 0 && s == NB_OK; k--) s = gather_start(z, k);
+    for (int k = z->nbk - 1; k >= 0 && s == NB_OK; k--) s = gather(z, k);
+    if (s != NB_OK) release_all(z);
+    return s;
+}
+
+nb_status nb_zero_release_params(nb_zero *z) {
+    if (!z) return nb__error(NB_ENULL, "zero_release_params: zero is NULL");
+    if (z->stage != 3 || !z->s3_ready) return NB_OK;
+    nb_status s = NB_OK;
+    bool prev = nb_set_grad_enabled(false);
+    for (int k = 0; k < z->nbk; k++) {
+        zbucket *bk = &z->b[k];
+        if (bk->gwork) unit_release(z, k);
+        if (!bk->gathered) continue;
+        nb_scope_begin(); /* keep what was written into the whole parameters: the shard's part */
+        nb_tensor *src = nb_narrow(bk->full, 0, bk->cb - bk->begin, bk->ce - bk->cb);
+        nb_status c = src ? nb_copy_(bk->pchunk, src) : nb_last_status();
+        nb_scope_end();
+        if (c != NB_OK && s == NB_OK) s = c;
+        unit_release(z, k);
+    }
+    nb_set_grad_enabled(prev);
+    return s;
+}
+
 nb_optim *nb_zero_optim(const nb_zero *z) { return !z ? NULL : z->inner ? z->inner : z->user; }
 
 static nb_status reduce_norm(double *total, bool max, void *ctx) {
@@ -656,6 +914,11 @@ nb_status nb_zero_memory(const nb_zero *z, nb_zero_memory_info *out) {
     if (!z || !out) return nb__error(NB_ENULL, "zero_memory: %s is NULL", !z ? "zero" : "out");
     memset(out, 0, sizeof *out);
     out->params = bytes_of(z->flat_p);
+    if (z->stage == 3) { /* the shard, and the units gathered now */
+        out->params = bytes_of(z->shard_p);
+        for (int k = 0; k < z->nbk; k++)
+            if (z->b[k].full->storage->data) out->params += bytes_of(z->b[k].full);
+    }
     if (z->stage < 2) {
         out->grads = bytes_of(z->flat_g);
     } else {
@@ -675,17 +938,16 @@ nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int
         return nb__error(NB_EINVAL, "zero_memory_plan: bad sizes (numel %lld, elem_size %d, "
                          "state_slots %d, world %d, bucket_mb %g)", (long long)numel, elem_size,
                          state_slots, world, bucket_mb);
-    if (stage < 0 || stage > 2)
-        return nb__error(stage == 3 ? NB_EUNSUPPORTED : NB_EINVAL, "zero_memory_plan: stage "
-                         "must be 0, 1 or 2, got %d", stage);
+    if (stage < 0 || stage > 3)
+        return nb__error(NB_EINVAL, "zero_memory_plan: stage must be 0, 1, 2 or 3, got %d", stage);
     int64_t shard = stage == 0 ? numel : (numel + world - 1) / world;
     int64_t bucket = (int64_t)(bucket_mb * 1048576.0 / elem_size);
     if (bucket > numel || bucket < 1) bucket = numel;
     memset(out, 0, sizeof *out);
-    out->params = numel * elem_size;
+    out->params = (stage < 3 ? numel : shard) * elem_size;
     out->grads = (stage < 2 ? numel : shard) * elem_size;
     out->optim_state = shard * elem_size * state_slots;
-    out->comm_buffers = stage == 2 ? 2 * bucket * elem_size : 0;
+    out->comm_buffers = stage >= 2 ? 2 * bucket * elem_size : 0;
     out->total = out->params + out->grads + out->optim_state + out->comm_buffers;
     return NB_OK;
 }

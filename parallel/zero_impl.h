@@ -15,6 +15,7 @@ typedef struct zparam {
     int bucket;
     nb_tensor *t;       /* the parameter (borrowed from the module) */
     int64_t off, n;     /* its element range in the flat buffer (relative to its start) */
+    nb_module *owner;   /* the module that registered it (stage 3's unit) */
     int handle;         /* grad hook handle, -1 if none */
     bool expected;      /* requires grad */
     bool guarded;
@@ -32,6 +33,19 @@ typedef struct zbucket {
     int expected, ready;
     bool launched;
     nb_work *work;      /* in-flight reduce-scatter (or all-gather) */
+    /* stage 3: a bucket is one module's parameters (a unit), gathered when needed */
+    struct nb_zero *z;
+    int index;
+    nb_tensor *full;    /* the unit's whole parameters: its storage has memory only while
+                         * gathered (the parameters are views of it) */
+    nb_work *gwork;     /* in-flight all-gather into full */
+    bool gathered;
+    bool seen;          /* its owner's forward ran through nb_forward (else the root's
+                         * forward gathers it) */
+    uint64_t version;   /* full's storage version, kept across a gather */
+    int done;           /* gradients completed in this backward */
+    nb_module *owner;
+    int pre_handle, post_handle;
 } zbucket;
 
 struct nb_zero {
@@ -45,6 +59,13 @@ struct nb_zero {
     nb_tensor *flat_p;  /* borrowed from the module */
     nb_tensor *flat_g;  /* stage 1: borrowed from the module; stage 2: NULL */
     nb_tensor *shard_g; /* stage 2: the shard's gradient (owned) */
+    nb_tensor *shard_p; /* stage 3: the shard's parameters (owned); flat_p is NULL */
+    int root_pre, root_post; /* stage 3: the root module's forward hooks, -1 none */
+    nb_dtype dtype;
+    nb_device dev;
+    bool s3_ready;      /* stage 3: the parameters live in the units' storage */
+    bool in_backward;   /* stage 3: a backward gathered units (forwards run inside it, as
+                         * activation checkpointing's recomputation, release nothing) */
     nb_tensor *staging[2]; /* stage 2 (owned) */
     int staged_by[2];   /* bucket whose reduce-scatter reads staging[i], -1 none */
     int64_t max_bucket;

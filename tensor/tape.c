@@ -79,6 +79,10 @@ void nb__node_release(nb__node *n) {
     /* Iterative over the chain of sole owners, so long graphs do not recurse deeply. */
     while (n && atomic_fetch_sub(&n->refcount, 1) == 1) {
         nb__node_release_saved(n);
+        for (struct nb__node_hook *h = n->pre_hooks, *nx; h; h = nx) {
+            nx = h->next;
+            nb_host_free(h);
+        }
         nb_tensor_free(n->grad);
         nb__node *next = NULL;
         for (int i = 0; i < n->ninputs; i++) {

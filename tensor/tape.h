@@ -35,6 +35,15 @@ typedef struct nb__attrs {
     bool flag;
 } nb__attrs;
 
+/* A function run just before a node's backward rule (autograd/engine.c registers them with
+ * nb__register_pre_backward_hook; nb__node_release frees the list). */
+typedef nb_status (*nb__pre_backward_fn)(void *ctx);
+typedef struct nb__node_hook {
+    struct nb__node_hook *next;
+    nb__pre_backward_fn fn;
+    void *ctx;
+} nb__node_hook;
+
 struct nb__node {
     atomic_long refcount;
     nb__op op;
@@ -55,6 +64,8 @@ struct nb__node {
     int out_ndim;
     nb_dtype out_dtype;
     int64_t out_shape[NB_MAX_DIMS];
+    /* pre-backward hooks (autograd/engine.c, nb__register_pre_backward_hook), or NULL */
+    nb__node_hook *pre_hooks;
 };
 
 /* A backward rule: write ninputs gradients (new references in the current scope, or NULL)

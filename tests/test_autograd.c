@@ -355,6 +355,49 @@ static nb_status guard_fn(const nb_tensor *leaf, void *ctx, const char *who) {
     return *(bool *)ctx ? nb__error(NB_ESTATE, "%s: guarded", who) : NB_OK;
 }
 
+/* ---- pre-backward hooks (the engine's side of ZeRO stage 3) -------------------------------- */
+typedef struct pre_log {
+    int calls, grads_seen; /* hook runs; leaf gradients present when it ran */
+    nb_tensor *leaf;
+    nb_status ret;
+} pre_log;
+
+static nb_status pre_hook(void *ctx) {
+    pre_log *l = ctx;
+    l->calls++;
+    if (l->leaf && nb_grad(l->leaf)) l->grads_seen++;
+    return l->ret == NB_OK ? NB_OK : nb__error(l->ret, "pre_hook: refused");
+}
+
+START_TEST(test_pre_backward_hooks) {
+    nb_scope_begin();
+    nb_tensor *w = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 1);
+    nb_tensor *x = tu_random((int64_t[]){3}, 1, NB_F32, -1, 1, 2);
+    ASSERT_OK(nb_set_requires_grad(w, true));
+    nb_tensor *y = nb_mul(w, x); /* a "module's output": its rule makes w's gradient */
+    pre_log l = {.leaf = w};
+    ASSERT_OK(nb__register_pre_backward_hook(y, pre_hook, &l));
+    ASSERT_ST(nb__register_pre_backward_hook(w, pre_hook, &l), NB_EINVAL, "not produced");
+    ASSERT_ST(nb__register_pre_backward_hook(y, NULL, &l), NB_ENULL, "fn is NULL");
+    /* it runs once per backward, before the rule (no gradient of w yet) */
+    ASSERT_OK(nb_backward_ex(nb_sum(nb_exp(y), NULL, 0, false),
+                             &(nb_backward_opts){.retain_graph = true}));
+    ck_assert_int_eq(l.calls, 1);
+    ck_assert_int_eq(l.grads_seen, 0);
+    ck_assert_ptr_nonnull(nb_grad(w));
+    /* hooks run in registration order; a failure fails the backward, no gradient moves */
+    pre_log l2 = {0};
+    ASSERT_OK(nb__register_pre_backward_hook(y, pre_hook, &l2));
+    nb_tensor *g0 = nb_clone(nb_grad(w));
+    l.ret = NB_ECOMM;
+    ASSERT_ST(nb_backward(nb_sum(y, NULL, 0, false)), NB_ECOMM, "pre_hook: refused");
+    ck_assert_int_eq(l.calls, 2);
+    ck_assert_int_eq(l2.calls, 0); /* the first failed: the second does not run */
+    tu_assert_same_bytes(nb_grad(w), g0);
+    nb_scope_end();
+}
+END_TEST
+
 START_TEST(test_backward_end_callbacks) {
     nb_scope_begin();
     end_log l = {0};
@@ -423,6 +466,7 @@ Suite *nb_suite_autograd(void) {
     tcase_add_test(tc, test_saved_versions_training);
     tcase_add_test(tc, test_gradcheck_basic);
     tcase_add_test(tc, test_gradcheck_opts);
+    tcase_add_test(tc, test_pre_backward_hooks);
     suite_add_tcase(s, tc);
     return s;
 }

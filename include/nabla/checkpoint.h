@@ -109,7 +109,8 @@ nb_status nb_checkpoint_save_keep(const char *base, const nb_checkpoint *c, int 
  * one that fails (torn, truncated, bit-flipped, not a checkpoint) is skipped with a line on
  * stderr ("nabla: checkpoint_latest: skipping run-00000200.ckpt: ... is corrupt: ..."). Its
  * path in out[n] and its step in *step (may be NULL); none at all is not an error: out is
- * "" and *step -1. */
+ * "" and *step -1. A member (or base) that is a sharded checkpoint directory (ZeRO,
+ * nabla/parallel.h) counts when its index exists; rotation removes such directories too. */
 nb_status nb_checkpoint_latest(const char *base, char *out, size_t n, int64_t *step);
 
 #ifdef __cplusplus

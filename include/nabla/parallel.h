@@ -164,7 +164,7 @@ void nb_ddp_set_sync_enabled(nb_ddp *d, bool enabled);
 double nb_ddp_exposed_comm_s(const nb_ddp *d);
 int nb_ddp_num_buckets(const nb_ddp *d);
 
-/* ---- ZeRO: sharded optimizer state and gradients ------------------------------------------- */
+/* ---- ZeRO: sharded optimizer state, gradients and parameters ------------------------------------------- */
 /* nb_zero trains data parallel like nb_ddp, but each rank keeps only its shard of the model
  * state (ZeRO, as DeepSpeed and PyTorch FSDP's SHARD_GRAD_OP):
  *     nb_optim *opt = nb_adamw_new(&decay, &ao);      // groups as usual, then:
@@ -184,7 +184,16 @@ int nb_ddp_num_buckets(const nb_ddp *d);
  * Stage 1: optimizer state for the shard only (the full gradient buffer stays, as in DDP).
  * Stage 2: also gradients: a bucket's gradients are copied into one of two staging buffers
  * (the size of the largest bucket) when it is launched and then dropped, so only the
- * shard's gradient stays resident. Stage 0 is plain nb_ddp (every rank holds everything).
+ * shard's gradient stays resident. Stage 3: also parameters (FSDP's FULL_SHARD): one
+ * bucket ("unit") per module that registered parameters, each in a buffer of its own that
+ * has memory only while gathered; each rank keeps its chunk of every unit. Forward hooks
+ * all-gather a unit before its module's forward (prefetching the next unit) and release it
+ * after; a pre-backward hook on the module's output gathers it again before its backward
+ * rules, and it is released once its gradients are complete (reduced as in stage 2).
+ * Parameters no module forward uses through nb_forward (a GPT's embeddings, read by its own
+ * forward) are gathered by the root's forward and backward for their whole length; which
+ * are which is learnt in the first forward. nb_step updates the shard only. The module
+ * loses its flat parameter buffer. Stage 0 is plain nb_ddp (every rank holds everything).
  * The optimizer (any element-wise one: SGD, Adam/AdamW, RMSprop, Adagrad, with its groups
  * and schedules) is used as a template: nb_zero_new builds an optimizer of the same kind
  * over the pieces of the shard (one per parameter it overlaps, in that parameter's group,
@@ -194,11 +203,12 @@ int nb_ddp_num_buckets(const nb_ddp *d);
  * nb_optim_state is this rank's part). Gradient accumulation: nb_zero_set_sync_enabled as
  * nb_ddp's (with sync disabled the gradients accumulate locally, at full size, as FSDP's
  * no_sync). nb_clip_grad_norm on opt's parameters would see only local gradients: use
- * nb_zero_clip_grad_norm. Checkpoints: nb_zero_checkpoint_save / _load (below). Not yet:
- * stage 3 (sharded parameters).
- * Ownership: model, opt and c are borrowed and must outlive the nb_zero. */
+ * nb_zero_clip_grad_norm. Checkpoints: nb_zero_checkpoint_save / _load (below).
+ * Ownership: model, opt and c are borrowed and must outlive the nb_zero. At stage 3,
+ * nb_zero_free gathers the parameters (so the model is whole again, though no longer
+ * flat): call it on every rank, after the last backward. */
 typedef struct nb_zero_opts {
-    int stage;                 /* 0, 1 or 2: 2 */
+    int stage;                 /* 0, 1, 2 or 3: 2 */
     double bucket_mb;          /* bucket size in MiB, as nb_ddp's: 25 */
     bool find_unused;          /* false; as nb_ddp's */
     bool no_broadcast;         /* false; as nb_ddp's */
@@ -207,8 +217,7 @@ nb_zero_opts nb_zero_defaults(void);
 
 typedef struct nb_zero nb_zero;
 
-/* Wrap model (whose parameters opt updates) over c. Errors: a stage outside 0-2 (3 is not
- * implemented yet: NB_EUNSUPPORTED), an optimizer with state already (wrap before the
+/* Wrap model (whose parameters opt updates) over c. Errors: a stage outside 0-3, an optimizer with state already (wrap before the
  * first step) or over tensors that are not the model's parameters, a model already wrapped
  * (NB_ESTATE), and those of nb_ddp_new. Collective over c. */
 nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_opts *o);
@@ -225,11 +234,19 @@ int nb_zero_num_buckets(const nb_zero *z);
 double nb_zero_clip_grad_norm(nb_zero *z, double max_norm, double norm_type);
 /* The optimizer that updates this rank's shard (owned by z), e.g. for its state. */
 nb_optim *nb_zero_optim(const nb_zero *z);
+/* Stage 3: make every parameter whole on every rank (e.g. to read, save or change the model
+ * outside a forward), until nb_zero_release_params, which keeps this rank's part of what
+ * was written into them and frees the whole copies again. nb_step releases them too
+ * (without keeping writes). No-ops below stage 3. Collective (gather); release is local. */
+nb_status nb_zero_gather_params(nb_zero *z);
+nb_status nb_zero_release_params(nb_zero *z);
 
 /* Bytes of model state resident on this rank. Formulas per rank (P parameters, N ranks,
  * f32, Adam: 8 bytes of state per element): stage 0: 4P + 4P + 8P = 16P; stage 1:
- * 4P + 4P + 8P/N; stage 2: 4P + 4P/N + 8P/N, plus comm_buffers (stage 2: two staging
- * buffers of the largest bucket). Optimizer state counts once the first step made it. */
+ * 4P + 4P + 8P/N; stage 2: 4P + 4P/N + 8P/N; stage 3: 4P/N + 4P/N + 8P/N (params: the
+ * shard plus the units gathered at the time, none between steps), plus comm_buffers (stages
+ * 2 and 3: two staging buffers of the largest bucket). Optimizer state counts once the
+ * first step made it. */
 typedef struct nb_zero_memory_info {
     int64_t params;            /* the flat parameter buffer */
     int64_t grads;             /* resident gradients (stage 2: the shard, plus any local
@@ -242,7 +259,7 @@ nb_status nb_zero_memory(const nb_zero *z, nb_zero_memory_info *out);
 /* The same figures planned without building anything: numel parameters (elements of the
  * flat buffer), elem_size bytes each, state_slots state tensors per element (Adam 2, SGD
  * with momentum 1, ...), on world ranks at stage, with buckets of bucket_mb MiB (the largest
- * bucket taken as bucket_mb, or numel if smaller). */
+ * bucket taken as bucket_mb, or numel if smaller; at stage 3 pass the largest unit's size). */
 nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int world,
                               int stage, double bucket_mb, nb_zero_memory_info *out);
 
@@ -274,6 +291,14 @@ nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int
  * nb_checkpoint_load and nb_optim_load_state. Both are collective over z's communicator
  * (every rank gets an error if one fails). */
 nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoint *c);
+/* Rotation, as nb_checkpoint_save_keep (nabla/checkpoint.h): save at the directory of
+ * c->step in base's series (run.ckpt -> run-<step>.ckpt/, DIR/ -> DIR/checkpoint-<step>.ckpt/),
+ * then rank 0 removes the series' older members beyond the newest keep (>= 1), files or
+ * sharded directories. nb_checkpoint_latest(base, ...) finds the newest complete one (a
+ * directory counts when its index exists) for nb_zero_checkpoint_load. path_out (may be
+ * NULL) gets the directory written. Collective. */
+nb_status nb_zero_checkpoint_save_keep(nb_zero *z, const char *base, const nb_checkpoint *c,
+                                       int keep, char *path_out, size_t n);
 nb_status nb_zero_checkpoint_load(nb_zero *z, const char *path, nb_checkpoint *c);
 /* Write a sharded checkpoint directory as one plain file, without building the model: the
  * whole nb_checkpoint (model, whole optimizer state, schedule, loader, generators, step,

@@ -89,9 +89,10 @@ static void usage(const args *a, FILE *out) {
             "  --tensorboard DIR  TensorBoard scalars (loss, lr, grad norm, tokens/s, step\n"
             "                   time, validation loss, memory) in an event file in DIR\n"
             "  --threads N      CPU threads (default: all cores)\n"
-            "  --zero S         ZeRO stage 0-2: 1 shards the optimizer state over the ranks,\n"
-            "                   2 also the gradients (default 0: nb_ddp); --save then writes\n"
-            "                   a sharded checkpoint (a directory) that --resume reshards\n"
+            "  --zero S         ZeRO stage 0-3: 1 shards the optimizer state over the ranks,\n"
+            "                   2 also the gradients, 3 also the parameters (default 0:\n"
+            "                   nb_ddp); --save then writes a sharded checkpoint (a\n"
+            "                   directory) that --resume reshards\n"
             "  --seed N         initialization, batch order, dropout (default %llu)\n"
             "sampling:\n"
             "  --load FILE      a checkpoint or model .safetensors (--n-head must match)\n"
@@ -236,11 +237,6 @@ static int parse_args(int argc, char **argv, args *a) {
         }
         if (!a->save && !strcmp(name, "--save-every")) {
             fprintf(stderr, "gpt: --save-every has no effect without --save\n");
-            return 2;
-        }
-        if (a->zero > 0 && (a->keep || (a->resume && !strcmp(a->resume, "auto")))) {
-            fprintf(stderr, "gpt: --zero %lld writes a sharded checkpoint directory: --keep and "
-                    "--resume auto do not apply to it yet\n", (long long)a->zero);
             return 2;
         }
         if (!a->resume && !strcmp(name, "--override")) {
@@ -768,7 +764,7 @@ static bool train_loop(run *r) {
         if (save_now || (r->stop && (r->main_rank || r->zero) && a->save)) { /* a signal:
                                                                              save this step */
             r->ck.step = r->step;
-            nb_status ss = r->zero ? nb_zero_checkpoint_save(r->zero, a->save, &r->ck)
+            nb_status ss = r->zero ? nbm_save_sharded(r->zero, a->save, a->keep, &r->ck)
                                    : nbm_save(a->save, a->keep, &r->ck);
             if (ss != NB_OK) return fail(r, "%s", nb_last_error());
         }

@@ -1,4 +1,4 @@
-/* test_zero.c - ZeRO stages 1 and 2 (parallel/zero.c) in nabla_mpi_tests, run with 1, 2 and 4
+/* test_zero.c - ZeRO stages 1, 2 and 3 (parallel/zero.c) in nabla_mpi_tests, run with 1, 2 and 4
  * ranks (and alone).
  *
  * Equivalence (docs/architecture.md rule 8): K steps with nb_zero on W ranks, each rank
@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <nabla/gpt.h>
 #include "mpi_test.h"
@@ -67,13 +68,30 @@ static void expect_same_params(nb_module *a, nb_module *b, double rtol, const ch
 }
 
 /* ---- equivalence on the MLP ------------------------------------------------------------------ */
-typedef enum { SGD_MOMENTUM, ADAMW_GROUPS } opt_kind;
+typedef enum { SGD_MOMENTUM, ADAMW_GROUPS, ADAM_AMSGRAD, RMSPROP_CENTERED, ADAGRAD } opt_kind;
+static const char *const opt_names[] = {"sgd", "adamw+groups", "adam amsgrad",
+                                        "rmsprop centered", "adagrad"};
 
 /* The optimizer (and for ADAMW_GROUPS its cosine schedule in *sched). */
 static nb_optim *make_opt(nb_module *m, opt_kind k, nb_sched **sched) {
     *sched = NULL;
     if (k == SGD_MOMENTUM)
         return nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    if (k == ADAM_AMSGRAD) {
+        nb_adam_opts ao = nb_adam_defaults();
+        ao.lr = 1e-2, ao.amsgrad = true, ao.weight_decay = 1e-3;
+        return nb_adam_new(nb_parameters(m), &ao);
+    }
+    if (k == RMSPROP_CENTERED) {
+        nb_rmsprop_opts ro = nb_rmsprop_defaults();
+        ro.lr = 1e-3, ro.centered = true, ro.momentum = 0.9;
+        return nb_rmsprop_new(nb_parameters(m), &ro);
+    }
+    if (k == ADAGRAD) {
+        nb_adagrad_opts go = nb_adagrad_defaults();
+        go.lr = 1e-2, go.lr_decay = 0.01, go.initial_accumulator_value = 0.1;
+        return nb_adagrad_new(nb_parameters(m), &go);
+    }
     nb_params decay, no_decay;
     if (nb_params_split_decay(nb_parameters(m), &decay, &no_decay) != NB_OK) return NULL;
     nb_adamw_opts ao = nb_adamw_defaults();
@@ -143,8 +161,9 @@ static void check_mlp(int stage, opt_kind k, double bucket_mb, double clip) {
         nb_scope_end();
     }
     char what[96];
-    snprintf(what, sizeof what, "mlp, stage %d, %s, bucket_mb %g, clip %g", stage,
-             k == SGD_MOMENTUM ? "sgd" : "adamw+groups", bucket_mb, clip);
+    snprintf(what, sizeof what, "mlp, stage %d, %s, bucket_mb %g, clip %g", stage, opt_names[k],
+             bucket_mb, clip);
+    if (z) MT_OK(nb_zero_gather_params(z)); /* stage 3: whole parameters to compare */
     if (z) expect_same_params(m, ref, 1e-5, what);
     if (z) expect_same_params(m, dm, 1e-5, what);
     nb_zero_free(z);
@@ -162,12 +181,14 @@ static void check_mlp(int stage, opt_kind k, double bucket_mb, double clip) {
 }
 
 START_TEST(test_zero_equivalence_mlp) {
-    for (int stage = 1; stage <= 2; stage++) {
+    for (int stage = 1; stage <= 3; stage++) {
         check_mlp(stage, SGD_MOMENTUM, 0, 0);        /* one bucket */
         check_mlp(stage, SGD_MOMENTUM, 200e-6, 0);   /* several buckets */
         check_mlp(stage, ADAMW_GROUPS, 200e-6, 0);   /* chunks cross group boundaries */
         check_mlp(stage, ADAMW_GROUPS, 1e-9, 0.05);  /* one bucket per parameter, clipping */
     }
+    /* every other optimizer, sharded parameters */
+    for (opt_kind k = ADAM_AMSGRAD; k <= ADAGRAD; k++) check_mlp(3, k, 0, 0.5);
     MT_END();
 }
 END_TEST
@@ -223,6 +244,7 @@ static void check_gpt(int stage) {
     }
     char what[32];
     snprintf(what, sizeof what, "gpt, stage %d", stage);
+    if (z) MT_OK(nb_zero_gather_params(z));
     if (z) expect_same_params(m, ref, 1e-5, what);
     if (z && d) expect_same_params(m, dm, 1e-5, what);
     nb_zero_free(z);
@@ -236,9 +258,68 @@ static void check_gpt(int stage) {
     nb_scope_end();
 }
 
+/* Stage 3 with a frozen layer (its unit is gathered for forward and backward but gets no
+ * gradient) and an evaluation forward without grad mode between the steps. */
+START_TEST(test_zero_stage3_frozen_eval) {
+    nb_scope_begin();
+    nb_module *ref = build_mlp(7, IN, HID, OUT), *m = build_mlp(7, IN, HID, OUT);
+    nb_module *mods[2] = {ref, m};
+    for (int j = 0; j < 2; j++) {
+        nb_module *first = nb_module_child_at(mods[j], 0);
+        MT_OK(nb_set_requires_grad(nb_module_param(first, "weight"), false));
+        MT_OK(nb_set_requires_grad(nb_module_param(first, "bias"), false));
+    }
+    nb_sgd_opts so = {.lr = 0.1, .momentum = 0.9};
+    nb_optim *ro = nb_sgd_new(nb_parameters(ref), &so), *o = nb_sgd_new(nb_parameters(m), &so);
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 3}) : NULL;
+    MT_CHECK(ro && z, "setup: %s", nb_last_error());
+    int64_t local = GB / mt_size;
+    for (int step = 0; step < 4 && z; step++) {
+        nb_scope_begin();
+        nb_generator *g = nb_generator_new(300 + (uint64_t)step);
+        nb_tensor *x = nb_randn((int64_t[]){GB, IN}, 2, NB_F32, g);
+        nb_tensor *y = nb_randint((int64_t[]){GB}, 1, NB_I64, 0, OUT, g);
+        nb_generator_free(g);
+        train(ref, ro, NULL, NULL, x, y, 0, GB, 0);
+        train(m, o, NULL, z, x, y, mt_rank * local, local, 0);
+        bool prev = nb_set_grad_enabled(false); /* evaluation: same outputs, nothing kept */
+        nb_tensor *ey = nb_forward(m, x), *ry = nb_forward(ref, x);
+        nb_set_grad_enabled(prev);
+        MT_CHECK(ey && ry, "eval forward: %s", nb_last_error());
+        if (ey && ry) {
+            double *a = values(ey), *b = values(ry);
+            for (int64_t i = 0; i < nb_numel(ey); i++)
+                if (!(fabs(a[i] - b[i]) <= 1e-5 * (fabs(b[i]) + 1e-3))) {
+                    MT_CHECK(false, "step %d eval output %lld: %.9g vs %.9g", step, (long long)i,
+                             a[i], b[i]);
+                    break;
+                }
+            free(a);
+            free(b);
+        }
+        nb_zero_memory_info mi;
+        MT_OK(nb_zero_memory(z, &mi));
+        MT_CHECK(mi.params * mt_size <= 4 * nb_num_parameters(m) + 4 * 64 * mt_size,
+                 "step %d: %lld parameter bytes resident after the forwards", step,
+                 (long long)mi.params);
+        nb_scope_end();
+    }
+    if (z) MT_OK(nb_zero_gather_params(z));
+    if (z) expect_same_params(m, ref, 1e-5, "stage 3, frozen first layer");
+    nb_zero_free(z);
+    nb_optim_free(o);
+    nb_optim_free(ro);
+    nb_module_free(m);
+    nb_module_free(ref);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
 START_TEST(test_zero_equivalence_gpt) {
     check_gpt(1);
     check_gpt(2);
+    check_gpt(3);
     MT_END();
 }
 END_TEST
@@ -270,15 +351,21 @@ static void check_memory(int stage) {
     nb_zero_memory_info mi = {0}, plan = {0};
     if (z) MT_OK(nb_zero_memory(z, &mi));
     double P = (double)nb_num_parameters(m), N = size;
-    double formula = stage == 0 ? 16 * P : stage == 1 ? 8 * P + 8 * P / N : 4 * P + 12 * P / N;
+    double formula = stage == 0   ? 16 * P
+                     : stage == 1 ? 8 * P + 8 * P / N
+                     : stage == 2 ? 4 * P + 12 * P / N
+                                  : 16 * P / N;
     double model_state = (double)(mi.total - mi.comm_buffers);
     MT_CHECK(fabs(model_state - formula) <= 0.05 * formula,
              "stage %d, %d ranks: model state %.0f bytes, formula %.0f (P = %.0f)", stage, size,
              model_state, formula, P);
     MT_CHECK(mi.total == mi.params + mi.grads + mi.optim_state + mi.comm_buffers, "sum");
     /* stated constant: stage 2 keeps two staging buffers of the largest bucket (<= 0.1 MiB
-     * plus one parameter) */
-    if (stage == 2)
+     * plus one parameter); stage 3 of the largest unit (one Linear: MHID * MHID + MHID) */
+    if (stage == 3)
+        MT_CHECK(mi.comm_buffers == 2 * (MHID * MHID + MHID) * 4, "comm buffers %lld",
+                 (long long)mi.comm_buffers);
+    else if (stage == 2)
         MT_CHECK(mi.comm_buffers > 0 && mi.comm_buffers <= 2 * (104858 + MHID * MHID) * 4,
                  "comm buffers %lld", (long long)mi.comm_buffers);
     else
@@ -291,7 +378,8 @@ static void check_memory(int stage) {
              "stage %d, %d ranks: allocator live %.0f bytes, nb_zero_memory %lld", stage, size,
              live, (long long)mi.total);
     /* The planner agrees without building anything. */
-    MT_OK(nb_zero_memory_plan(nb_numel(nb_module_flat_params(m)), 4, 2, size, stage, 0.1, &plan));
+    int64_t numel = stage == 3 ? nb_num_parameters(m) : nb_numel(nb_module_flat_params(m));
+    MT_OK(nb_zero_memory_plan(numel, 4, 2, size, stage, 0.1, &plan));
     MT_CHECK(fabs((double)(plan.total - plan.comm_buffers) - model_state) <= 0.05 * model_state,
              "plan %lld vs measured %.0f", (long long)(plan.total - plan.comm_buffers),
              model_state);
@@ -307,7 +395,7 @@ static void check_memory(int stage) {
 }
 
 START_TEST(test_zero_memory) {
-    for (int stage = 0; stage <= 2; stage++) check_memory(stage);
+    for (int stage = 0; stage <= 3; stage++) check_memory(stage);
     MT_END();
 }
 END_TEST
@@ -322,9 +410,6 @@ START_TEST(test_zero_errors) {
     EXPECT_ERROR(nb_last_status(), NB_EINVAL, "stage must be 0, 1, 2 or 3, got 5");
     z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = -1});
     EXPECT_ERROR(nb_last_status(), NB_EINVAL, "got -1");
-    z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 3});
-    MT_CHECK(!z, "stage 3 accepted");
-    EXPECT_ERROR(nb_last_status(), NB_EUNSUPPORTED, "stage 3");
     z = nb_zero_new(m, NULL, mt_world, NULL);
     EXPECT_ERROR(nb_last_status(), NB_ENULL, "optimizer is NULL");
     /* an optimizer over tensors that are not the model's parameters cannot be sharded */
@@ -410,7 +495,7 @@ static void ck_rmtree(const char *dir) {
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
-/* Train CK_A steps on every rank at stage 2, save; resume on half the ranks at stage 1,
+/* Train CK_A steps on every rank at stage 3, save; resume on half the ranks at stage 1,
  * train CK_B, save; resume in one process without ZeRO, train CK_C, save a plain
  * checkpoint; resume from it on every rank at stage 1 (or 2), train CK_D. Each end equals
  * one process trained straight through on the global batches. */
@@ -426,12 +511,12 @@ START_TEST(test_zero_checkpoint_reshard) {
     nb_optim *ro = make_opt(ref, ADAMW_GROUPS, &rs);
     int step = 0;
 
-    /* A: every rank, stage 2 */
+    /* A: every rank, stage 3 */
     {
         nb_sched *s;
         nb_module *m = build_mlp(7, IN, HID, OUT);
         nb_optim *o = make_opt(m, ADAMW_GROUPS, &s);
-        nb_zero *z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 2, .bucket_mb = 200e-6});
+        nb_zero *z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 3});
         MT_CHECK(z != NULL, "A: %s", nb_last_error());
         for (int i = 0; z && i < CK_A; i++) ck_train(m, o, s, step + i, mt_rank, mt_size);
         nb_checkpoint ck = {.model = m, .optim = o, .sched = s, .step = step + CK_A,
@@ -481,7 +566,7 @@ START_TEST(test_zero_checkpoint_reshard) {
         MT_CHECK(ck.step == step, "C resumed at step %lld, expected %d", (long long)ck.step, step);
         for (int i = 0; i < CK_C; i++) ck_train(m, o, s, step + i, 0, 1);
         for (int i = 0; i < CK_C; i++) ck_train(ref, ro, rs, step + i, 0, 1);
-        expect_same_params(m, ref, 1e-5, "4 ranks stage 2 -> half stage 1 -> 1 process");
+        expect_same_params(m, ref, 1e-5, "4 ranks stage 3 -> half stage 1 -> 1 process");
         ck.step = step + CK_C;
         MT_OK(nb_checkpoint_save(file_c, &ck));
         /* consolidation: B as one plain checkpoint, and as the model alone, load plainly
@@ -517,7 +602,7 @@ START_TEST(test_zero_checkpoint_reshard) {
     step += CK_C;
 
     /* D: back to every rank under ZeRO, from the plain file */
-    for (int stage = 1; stage <= 2; stage++) {
+    for (int stage = 1; stage <= 3; stage++) {
         nb_sched *s;
         nb_module *m = build_mlp(97, IN, HID, OUT);
         nb_optim *o = make_opt(m, ADAMW_GROUPS, &s);
@@ -532,6 +617,7 @@ START_TEST(test_zero_checkpoint_reshard) {
         }
         char what[64];
         snprintf(what, sizeof what, "plain checkpoint -> %d ranks stage %d", mt_size, stage);
+        if (z) MT_OK(nb_zero_gather_params(z));
         expect_same_params(m, ref, 1e-5, what);
         nb_zero_free(z);
         nb_sched_free(s);
@@ -549,6 +635,104 @@ START_TEST(test_zero_checkpoint_reshard) {
 END_TEST
 
 /* Bad checkpoints are refused with nothing changed. */
+/* Stage 3 on every rank: CK_A steps, save, CK_B more; a fresh model resumed from the save
+ * (stage 3, same ranks) and trained the same CK_B steps ends bit for bit the same. */
+START_TEST(test_zero_resume_exact) {
+    nb_scope_begin();
+    char tmp[64], dir[96];
+    ck_tmpdir(tmp);
+    snprintf(dir, sizeof dir, "%s/r.ckpt", tmp);
+    nb_sched *s1, *s2;
+    nb_module *m1 = build_mlp(7, IN, HID, OUT), *m2 = build_mlp(99, IN, HID, OUT);
+    nb_optim *o1 = make_opt(m1, ADAMW_GROUPS, &s1), *o2 = make_opt(m2, ADAMW_GROUPS, &s2);
+    nb_zero *z1 = nb_zero_new(m1, o1, mt_world, &(nb_zero_opts){.stage = 3});
+    nb_zero *z2 = nb_zero_new(m2, o2, mt_world, &(nb_zero_opts){.stage = 3});
+    MT_CHECK(z1 && z2, "setup: %s", nb_last_error());
+    for (int i = 0; z1 && i < CK_A; i++) ck_train(m1, o1, s1, i, mt_rank, mt_size);
+    nb_checkpoint ck = {.model = m1, .optim = o1, .sched = s1, .step = CK_A, .program = "test"};
+    if (z1) MT_OK(nb_zero_checkpoint_save(z1, dir, &ck));
+    for (int i = 0; z1 && i < CK_B; i++) ck_train(m1, o1, s1, CK_A + i, mt_rank, mt_size);
+    nb_checkpoint ck2 = {.model = m2, .optim = o2, .sched = s2, .program = "test"};
+    if (z2) MT_OK(nb_zero_checkpoint_load(z2, dir, &ck2));
+    MT_CHECK(ck2.step == CK_A, "resumed at step %lld", (long long)ck2.step);
+    for (int i = 0; z2 && i < CK_B; i++) ck_train(m2, o2, s2, CK_A + i, mt_rank, mt_size);
+    if (z1 && z2) {
+        MT_OK(nb_zero_gather_params(z1));
+        MT_OK(nb_zero_gather_params(z2));
+        expect_same_params(m2, m1, 0, "stage 3 resumed vs straight");
+    }
+    nb_zero_free(z1);
+    nb_zero_free(z2);
+    nb_sched_free(s1);
+    nb_sched_free(s2);
+    nb_optim_free(o1);
+    nb_optim_free(o2);
+    nb_module_free(m1);
+    nb_module_free(m2);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) ck_rmtree(tmp);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+/* Rotation: nb_zero_checkpoint_save_keep keeps the newest 2 sharded directories of a
+ * series; nb_checkpoint_latest finds the newest whose index exists. */
+START_TEST(test_zero_checkpoint_keep) {
+    nb_scope_begin();
+    char tmp[64], base[96], path[4400];
+    ck_tmpdir(tmp);
+    snprintf(base, sizeof base, "%s/series/", tmp);
+    nb_sched *s;
+    nb_module *m = build_mlp(7, IN, HID, OUT);
+    nb_optim *o = make_opt(m, ADAMW_GROUPS, &s);
+    nb_zero *z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 3});
+    MT_CHECK(z != NULL, "setup: %s", nb_last_error());
+    for (int i = 0; z && i < 3; i++) {
+        ck_train(m, o, s, i, mt_rank, mt_size);
+        nb_checkpoint ck = {.model = m, .optim = o, .sched = s, .step = i + 1, .program = "test"};
+        MT_OK(nb_zero_checkpoint_save_keep(z, base, &ck, 2, path, sizeof path));
+        MT_CHECK(strstr(path, "checkpoint-0000000") != NULL, "saved at %s", path);
+    }
+    MT_OK(nb_barrier(mt_world));
+    int64_t step = -1;
+    char p1[4400], p2[4400];
+    MT_OK(nb_checkpoint_path(base, 1, p1, sizeof p1));
+    MT_OK(nb_checkpoint_path(base, 2, p2, sizeof p2));
+    struct stat sb;
+    MT_CHECK(stat(p1, &sb) != 0, "step 1 was not rotated away");
+    MT_CHECK(stat(p2, &sb) == 0 && S_ISDIR(sb.st_mode), "step 2 is gone");
+    MT_OK(nb_checkpoint_latest(base, path, sizeof path, &step));
+    MT_CHECK(step == 3, "latest step %lld (%s)", (long long)step, path);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) { /* an unfinished save of step 4: a directory without index */
+        char p4[4400];
+        MT_OK(nb_checkpoint_path(base, 4, p4, sizeof p4));
+        MT_CHECK(mkdir(p4, 0777) == 0, "mkdir %s", p4);
+    }
+    MT_OK(nb_barrier(mt_world));
+    MT_OK(nb_checkpoint_latest(base, path, sizeof path, &step));
+    MT_CHECK(step == 3, "latest step %lld with an unfinished save (%s)", (long long)step, path);
+    nb_sched *s2;
+    nb_module *m2 = build_mlp(99, IN, HID, OUT);
+    nb_optim *o2 = make_opt(m2, ADAMW_GROUPS, &s2);
+    nb_checkpoint ck2 = {.model = m2, .optim = o2, .sched = s2, .program = "test"};
+    if (mt_rank == 0) MT_OK(nb_zero_checkpoint_load(NULL, path, &ck2));
+    if (mt_rank == 0) MT_CHECK(ck2.step == 3, "loaded step %lld", (long long)ck2.step);
+    nb_zero_free(z);
+    nb_sched_free(s);
+    nb_sched_free(s2);
+    nb_optim_free(o);
+    nb_optim_free(o2);
+    nb_module_free(m);
+    nb_module_free(m2);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) ck_rmtree(tmp);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
 START_TEST(test_zero_checkpoint_errors) {
     nb_scope_begin();
     char tmp[64], a[96], b[96], notdir[96], path[256], path2[256];
@@ -644,10 +828,13 @@ Suite *mt_suite_zero(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_zero_equivalence_mlp);
     tcase_add_test(tc, test_zero_equivalence_gpt);
+    tcase_add_test(tc, test_zero_stage3_frozen_eval);
     tcase_add_test(tc, test_zero_memory);
     tcase_add_test(tc, test_zero_errors);
     tcase_add_test(tc, test_zero_checkpoint_reshard);
     tcase_add_test(tc, test_zero_checkpoint_errors);
+    tcase_add_test(tc, test_zero_resume_exact);
+    tcase_add_test(tc, test_zero_checkpoint_keep);
     suite_add_tcase(s, tc);
     return s;
 }
