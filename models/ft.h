@@ -43,6 +43,15 @@ void nbm_model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model, d
  * nabla/checkpoint.h: run.ckpt -> run-<step>.ckpt, DIR/ -> DIR/checkpoint-<step>.ckpt) and
  * only the newest keep of them kept. */
 nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck);
+/* --async-save 1: from now on nbm_save snapshots the state and a background writer
+ * (nb_checkpoint_writer, one per process, made by the first save) writes the file while
+ * training goes on; a save that finds a write in flight waits for it, and a save after a stop
+ * signal waits for its own write (the process is about to exit). A failed write is the error
+ * of the next nbm_save or of nbm_save_end. */
+void nbm_save_async(bool on);
+/* Wait for the write in flight and free the writer (nothing without one). False after
+ * printing "prog: <why>" when a write failed: the run's last checkpoint is not on disk. */
+bool nbm_save_end(const char *prog);
 /* Resolve --resume: "auto" is the newest complete, intact checkpoint of --save's series
  * (corrupt ones skipped with a line each), *out = buf; or none yet: *out = NULL, after
  * printing "prog: --resume auto: no checkpoint in SAVE yet: starting from step 0" (main_rank
