@@ -34,6 +34,8 @@ struct nb_checkpoint_writer {
     size_t text_cap;
     char base[4096];
     char path[4400];
+    bool rotate; /* after the write: base's series, newest opts.keep kept */
+    nb__zero_pending zero; /* zero_ckpt.c's sharded save in flight */
     int64_t step;
     /* a failed write not yet reported */
     nb_status err;
@@ -59,7 +61,7 @@ static void *writer_main(void *arg) {
         int64_t t0 = now_ns();
         nb_status st = nb__checkpoint_write(w->path, (const char *const *)w->names, w->snap, w->n,
                                             w->keys, w->vals, w->m);
-        if (st == NB_OK && w->opts.keep > 0) nb__checkpoint_rotate(w->base, w->opts.keep, w->path);
+        if (st == NB_OK && w->rotate) nb__checkpoint_rotate(w->base, w->opts.keep, w->path);
         int64_t dt = now_ns() - t0;
         pthread_mutex_lock(&w->mu);
         if (st != NB_OK) {
@@ -210,7 +212,10 @@ static nb_status snapshot_meta(nb_checkpoint_writer *w, const char *const *keys,
     return NB_OK;
 }
 
-static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb_checkpoint *c) {
+/* exact: base is the file to write (no series), with nx more metadata pairs. */
+static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb_checkpoint *c,
+                             bool exact, const char *const *xkeys, const char *const *xvals,
+                             int nx) {
     const char *op = "checkpoint_writer_save";
     pthread_mutex_lock(&w->mu);
     nb_status st = take_error(w);
@@ -223,8 +228,10 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
     pthread_mutex_unlock(&w->mu);
     if (st != NB_OK) return st;
     /* No write in flight: the buffers are ours until the job is handed over. */
-    st = nb__checkpoint_target(base, c->step, w->opts.keep, w->path, sizeof w->path, op);
-    if (st == NB_OK && w->opts.keep > 0) {
+    st = nb__checkpoint_target(base, c->step, exact ? 0 : w->opts.keep, w->path, sizeof w->path,
+                               op);
+    w->rotate = !exact && w->opts.keep > 0;
+    if (st == NB_OK && w->rotate) {
         if (strlen(base) >= sizeof w->base)
             st = nb__error(NB_EINVAL, "%s: path too long: %s", op, base);
         else
@@ -233,7 +240,7 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
     if (st != NB_OK) return st;
     int tok = NB__SPAN_BEGIN("checkpoint snapshot", NULL, NB__CAT_IO);
     nb__ckpt_parts p;
-    st = nb__checkpoint_collect(c, NULL, NULL, 0, &p);
+    st = nb__checkpoint_collect(c, xkeys, xvals, nx, &p);
     for (int i = 0; st == NB_OK && i < p.list.count; i++)
         st = snapshot_entry(w, i, p.list.names[i], p.list.tensors[i]);
     if (st == NB_OK) st = snapshot_meta(w, p.keys, p.vals, p.m);
@@ -263,7 +270,7 @@ nb_status nb_checkpoint_writer_save(nb_checkpoint_writer *w, const char *base,
         return nb__error(NB_ENULL, "checkpoint_writer_save: %s is NULL",
                          !w ? "the writer" : !base ? "path" : !c ? "the checkpoint" : "the model");
     int64_t t0 = now_ns();
-    nb_status st = writer_save(w, base, c);
+    nb_status st = writer_save(w, base, c, false, NULL, NULL, 0);
     int64_t dt = now_ns() - t0;
     pthread_mutex_lock(&w->mu);
     w->stats.stall_ns_last = dt;
@@ -314,4 +321,23 @@ nb_status nb_checkpoint_writer_free(nb_checkpoint_writer *w) {
     pthread_mutex_destroy(&w->mu);
     free(w);
     return st;
+}
+
+nb_status nb__checkpoint_writer_save_file(nb_checkpoint_writer *w, const char *path,
+                                         const nb_checkpoint *c, const char *const *xkeys,
+                                         const char *const *xvals, int nx) {
+    int64_t t0 = now_ns();
+    nb_status st = writer_save(w, path, c, true, xkeys, xvals, nx);
+    int64_t dt = now_ns() - t0;
+    pthread_mutex_lock(&w->mu);
+    w->stats.stall_ns_last = dt;
+    w->stats.stall_ns_total += dt;
+    pthread_mutex_unlock(&w->mu);
+    return st;
+}
+
+nb__zero_pending *nb__checkpoint_writer_zero(nb_checkpoint_writer *w) { return &w->zero; }
+
+bool nb__checkpoint_writer_skips(const nb_checkpoint_writer *w) {
+    return w->opts.policy == NB_CKPT_SKIP;
 }

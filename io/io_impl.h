@@ -64,6 +64,24 @@ nb_status nb__checkpoint_write(const char *path, const char *const *names,
 nb_status nb__checkpoint_target(const char *base, int64_t step, int keep, char *path, size_t n,
                                 const char *op);
 void nb__checkpoint_rotate(const char *base, int keep, const char *path);
+/* The asynchronous writer as ZeRO's sharded saves use it (zero_ckpt.c).
+ * nb__checkpoint_writer_save_file: nb_checkpoint_writer_save of c to exactly path (no series,
+ * no rotation) with nx more metadata pairs. nb__checkpoint_writer_zero: the writer's record of
+ * the sharded save whose shard it writes (zero_ckpt.c's to fill and read; zeroed at first). */
+typedef struct nb__zero_pending {
+    bool pending; /* a shard was handed to the writer; its index is not written yet */
+    char dir[4096];
+    char id[20];
+    int64_t step;
+    int size, stage;
+    bool has_program;
+    char program[256];
+} nb__zero_pending;
+nb_status nb__checkpoint_writer_save_file(nb_checkpoint_writer *w, const char *path,
+                                         const nb_checkpoint *c, const char *const *xkeys,
+                                         const char *const *xvals, int nx);
+nb__zero_pending *nb__checkpoint_writer_zero(nb_checkpoint_writer *w);
+bool nb__checkpoint_writer_skips(const nb_checkpoint_writer *w);
 /* Test hook (the asynchronous writer's thread sets it from NB_TEST_SLOW_WRITE_MS): the
  * safetensors writer of this thread sleeps this many milliseconds after writing the first
  * half of the tensors' data, so a test can kill the process in the middle of a write. */

@@ -170,6 +170,26 @@ void nb_checkpoint_writer_get_stats(nb_checkpoint_writer *w, nb_checkpoint_write
  * of a failed write not yet reported. */
 nb_status nb_checkpoint_writer_free(nb_checkpoint_writer *w);
 
+/* ---- asynchronous sharded saves of ZeRO runs (nabla/parallel.h) ---------------------------
+ *     nb_checkpoint_writer *w = nb_checkpoint_writer_new(NULL);     // one per rank
+ *     ...  nb_zero_checkpoint_save_async(z, w, "run.ckpt", &ck);    // collective, every rank
+ *     nb_zero_checkpoint_wait(z, w);                               // collective, at the end
+ *     nb_checkpoint_writer_free(w);
+ * The directory nb_zero_checkpoint_save writes, but each rank's shard is written by its
+ * writer's thread while training goes on. The index, which makes the checkpoint exist, is
+ * written by rank 0 only once every rank's shard is durable: the ranks agree on that at the
+ * next save_async or at _wait (collectives over z's communicator). Until then the previous
+ * checkpoint (its index and shards) stays whole, so a kill at any moment leaves either the
+ * new checkpoint complete or the previous one, which nb_zero_checkpoint_load reads. A shard
+ * that failed on any rank: no index for that save, the error on every rank at that call.
+ * Call nb_zero_checkpoint_wait before freeing the writer (without it the last save has no
+ * index and is ignored). w must use NB_CKPT_WAIT (NB_EINVAL otherwise) and serve one
+ * nb_zero at a time. */
+typedef struct nb_zero nb_zero;
+nb_status nb_zero_checkpoint_save_async(nb_zero *z, nb_checkpoint_writer *w, const char *dir,
+                                        const nb_checkpoint *c);
+nb_status nb_zero_checkpoint_wait(nb_zero *z, nb_checkpoint_writer *w);
+
 #ifdef __cplusplus
 }
 #endif
