@@ -149,9 +149,8 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
                 "--resume auto do not apply to it yet\n", a->prog, (long long)a->zero);
         return 2;
     }
-    if (a->async_save && (!a->save || a->zero > 0)) {
-        fprintf(stderr, "%s: --async-save %s\n", a->prog, a->save ? "does not apply to "
-                "--zero's sharded checkpoints yet" : "needs --save");
+    if (a->async_save && !a->save) {
+        fprintf(stderr, "%s: --async-save needs --save\n", a->prog);
         return 2;
     }
     if (a->save_every && !a->save) {
@@ -269,7 +268,7 @@ __attribute__((format(printf, 2, 3))) static bool fail(const run *r, const char 
  * under ZeRO every rank its shard (a collective; a directory that --resume reshards). */
 static nb_status save_checkpoint(run *r) {
     r->ck.step = r->step;
-    return r->zero ? nb_zero_checkpoint_save(r->zero, r->a->save, &r->ck)
+    return r->zero ? nbm_zero_save(r->zero, r->a->save, &r->ck)
                    : nbm_save(r->a->save, r->a->keep, &r->ck);
 }
 
@@ -600,7 +599,7 @@ static bool close_logs(run *r) {
 }
 
 static void teardown(run *r) {
-    nbm_save_end(r->a->prog); /* after a failure: the write in flight ends first */
+    nbm_save_end(r->a->prog, NULL); /* after a failure: the write in flight ends first */
     free(r->step_times);
     nb_progress_free(r->bar);
     nb_jsonl_close(r->log); /* after an error: the warning, if any, is all */
@@ -626,7 +625,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     run r = {.spec = spec, .a = a, .size = 1, .acc = NAN, .test_loss = NAN, .train_loss = NAN,
              .steady_allocs = -1, .saved_step = -1, .init = nb_generator_new(a->seed)};
     nbm_save_async(a->async_save != 0);
-    bool ok = setup(&r) && (a->eval_only || (train(&r) && nbm_save_end(a->prog)));
+    bool ok = setup(&r) && (a->eval_only || (train(&r) && nbm_save_end(a->prog, r.zero)));
     if (ok && isnan(r.acc) && !r.stop && evaluate(r.model, r.test_l, r.world, &r.acc, &r.test_loss) != NB_OK)
         ok = fail(&r, "evaluation: %s",
                   *nb_last_error() ? nb_last_error() : "failed on another rank");

@@ -58,12 +58,20 @@ static nb_checkpoint_writer *writer;
 
 void nbm_save_async(bool on) { save_async = on; }
 
-bool nbm_save_end(const char *prog) {
+bool nbm_save_end(const char *prog, nb_zero *z) {
     nb_checkpoint_writer *w = writer;
     writer = NULL;
-    if (nb_checkpoint_writer_free(w) == NB_OK) return true;
+    nb_status st = z && w ? nb_zero_checkpoint_wait(z, w) : NB_OK;
+    if (st != NB_OK) fprintf(stderr, "%s: %s\n", prog, nb_last_error());
+    if (nb_checkpoint_writer_free(w) == NB_OK) return st == NB_OK;
     fprintf(stderr, "%s: %s\n", prog, nb_last_error());
     return false;
+}
+
+nb_status nbm_zero_save(nb_zero *z, const char *save, const nb_checkpoint *ck) {
+    if (!save_async) return nb_zero_checkpoint_save(z, save, ck);
+    if (!writer && !(writer = nb_checkpoint_writer_new(NULL))) return nb_last_status();
+    return nb_zero_checkpoint_save_async(z, writer, save, ck);
 }
 
 nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck) {

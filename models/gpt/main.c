@@ -201,9 +201,8 @@ static int parse_args(int argc, char **argv, args *a) {
 #undef STR
         if (!ok) return 2;
     }
-    if (a->async_save && (!a->save || a->zero > 0)) {
-        fprintf(stderr, "gpt: --async-save %s\n", a->save ? "does not apply to --zero's sharded "
-                "checkpoints yet" : "needs --save");
+    if (a->async_save && !a->save) {
+        fprintf(stderr, "gpt: --async-save needs --save\n");
         return 2;
     }
     if (strcmp(a->schedule, "cosine") && strcmp(a->schedule, "constant")) {
@@ -755,7 +754,7 @@ static bool train_loop(run *r) {
         if (save_now || (r->stop && (r->main_rank || r->zero) && a->save)) { /* a signal:
                                                                              save this step */
             r->ck.step = r->step;
-            nb_status ss = r->zero ? nb_zero_checkpoint_save(r->zero, a->save, &r->ck)
+            nb_status ss = r->zero ? nbm_zero_save(r->zero, a->save, &r->ck)
                                    : nbm_save(a->save, a->keep, &r->ck);
             if (ss != NB_OK) return fail(r, "%s", nb_last_error());
         }
@@ -835,7 +834,7 @@ static bool close_logs(run *r) {
 }
 
 static void teardown(run *r) {
-    nbm_save_end("gpt"); /* after a failure: the write in flight ends first */
+    nbm_save_end("gpt", NULL); /* after a failure: the write in flight ends first */
     nb_progress_free(r->bar);
     nb_jsonl_close(r->log); /* after an error: the warning, if any, is all */
     nb_summary_close(r->tb);
@@ -877,7 +876,7 @@ static int run_train(const args *a) {
              .val_loss = NAN, .val_step = -1, .steady_allocs = -1};
     int rc = 1;
     nbm_save_async(a->async_save != 0);
-    if (setup(&r) && train_loop(&r) && nbm_save_end("gpt")) {
+    if (setup(&r) && train_loop(&r) && nbm_save_end("gpt", r.zero)) {
         print_result(&r, nb_time_s() - t_start);
         /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
          * so that a script never takes an incomplete record for a complete one. */
