@@ -218,13 +218,14 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
                              int nx) {
     const char *op = "checkpoint_writer_save";
     pthread_mutex_lock(&w->mu);
-    nb_status st = take_error(w);
-    if (st == NB_OK && w->busy && w->opts.policy == NB_CKPT_SKIP) {
-        w->stats.skipped++;
+    if (w->busy && w->opts.policy == NB_CKPT_SKIP) { /* an earlier failure is still news */
+        nb_status st = take_error(w);
+        if (st == NB_OK) w->stats.skipped++;
         pthread_mutex_unlock(&w->mu);
-        return NB_OK;
+        return st;
     }
-    if (st == NB_OK) wait_idle(w);
+    wait_idle(w);
+    nb_status st = take_error(w); /* also the write just waited for */
     pthread_mutex_unlock(&w->mu);
     if (st != NB_OK) return st;
     /* No write in flight: the buffers are ours until the job is handed over. */

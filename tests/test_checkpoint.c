@@ -490,18 +490,18 @@ START_TEST(test_writer_errors) {
     ASSERT_OK(nb_checkpoint_writer_save(w, bad, &c));
     ASSERT_ST(nb_checkpoint_writer_wait(w), NB_EIO, "missing/sub/run.ckpt");
     ASSERT_OK(nb_checkpoint_writer_wait(w));
-    /* reported by the next _save, which saves nothing; the one after saves */
+    /* reported by the next _save (after waiting for that write), which saves nothing; the
+     * one after saves */
     ASSERT_OK(nb_checkpoint_writer_save(w, bad, &c));
-    nb_checkpoint_writer_stats s0 = {0};
-    while (s0.failed < 3) { /* until the thread is done with it */
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-        nb_checkpoint_writer_get_stats(w, &s0);
-    }
     ASSERT_ST(nb_checkpoint_writer_save(w, good, &c), NB_EIO, "checkpoint_save: cannot create");
     ck_assert(access(good, F_OK) != 0);
     ASSERT_OK(nb_checkpoint_writer_save(w, good, &c));
     ASSERT_OK(nb_checkpoint_writer_wait(w));
     ck_assert(access(good, F_OK) == 0);
+    nb_checkpoint_writer_stats s0;
+    nb_checkpoint_writer_get_stats(w, &s0);
+    ck_assert_int_eq(s0.failed, 3);
+    ck_assert_int_eq(s0.written, 1);
     /* reported by _free */
     ASSERT_OK(nb_checkpoint_writer_save(w, bad, &c));
     ASSERT_ST(nb_checkpoint_writer_free(w), NB_EIO, "checkpoint_save: cannot create");
