@@ -320,10 +320,11 @@ nb_status nb_zero_checkpoint_save_async(nb_zero *z, nb_checkpoint_writer *w, con
     if (st == NB_OK) st = begin_save(z, dir, c, who, id);
     if (st != NB_OK) return st;
     st = agree(z->c, save_shard(z, dir, c, id, w, who), who);
-    if (st != NB_OK) { /* a rank's snapshot failed: wait for the others' writes, no index */
-        nb_checkpoint_writer_wait(w);
-        nb_clear_error();
-        return agree(z->c, st, who);
+    if (st != NB_OK) { /* a rank's snapshot failed: no index for this save */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+        nb_checkpoint_writer_wait(w); /* this rank's shard, if it started: left to be removed */
+        return nb__error(st, "%s", msg);
     }
     nb__zero_pending *p = nb__checkpoint_writer_zero(w);
     *p = (nb__zero_pending){.pending = true, .step = c->step, .size = z->size,

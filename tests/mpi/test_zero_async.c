@@ -1,8 +1,9 @@
 /* test_zero_async.c - asynchronous sharded checkpoints of nb_zero (nabla/checkpoint.h,
  * nb_zero_checkpoint_save_async): the index of a save appears only once every rank's shard is
  * durable (at the next save or at nb_zero_checkpoint_wait), until then the previous
- * checkpoint is the one that loads, and a completed asynchronous checkpoint holds what the
- * synchronous nb_zero_checkpoint_save of the same state holds. Any number of ranks. */
+ * checkpoint is the one that loads, a completed asynchronous checkpoint holds what the
+ * synchronous nb_zero_checkpoint_save of the same state holds, and a shard that fails to be
+ * written is an error on every rank and leaves no index. Any number of ranks. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,33 @@ START_TEST(test_zero_async_index_last) {
             MT_CHECK(system(cmd) == 0, "old shards left in %s", dir);
         }
         MT_OK(nb_barrier(mt_world));
+
+        /* a shard that cannot be written (its directory removed during the slowed write):
+         * the error on every rank at _wait, and no index */
+        char gone[96];
+        snprintf(gone, sizeof gone, "%s/gone.ckpt", tmp);
+        setenv("NB_TEST_SLOW_WRITE_MS", "1000", 1);
+        nb_checkpoint_writer *slow = nb_checkpoint_writer_new(NULL);
+        unsetenv("NB_TEST_SLOW_WRITE_MS");
+        MT_CHECK(slow != NULL, "%s", nb_last_error());
+        if (slow) {
+            MT_OK(nb_zero_checkpoint_save_async(z, slow, gone, &ck));
+            MT_OK(nb_barrier(mt_world));
+            if (mt_rank == 0) {
+                char cmd[160];
+                snprintf(cmd, sizeof cmd, "rm -rf '%s'", gone);
+                MT_CHECK(system(cmd) == 0, "rm failed");
+            }
+            MT_OK(nb_barrier(mt_world));
+            nb_status ws = nb_zero_checkpoint_wait(z, slow);
+            MT_CHECK(ws == NB_EIO && strstr(nb_last_error(), "gone.ckpt"),
+                     "a failed shard write: %s: %s", nb_status_name(ws), nb_last_error());
+            nb_clear_error();
+            char gidx[128];
+            snprintf(gidx, sizeof gidx, "%s/index.safetensors", gone);
+            MT_CHECK(access(gidx, F_OK) != 0, "an index for a failed save");
+            MT_OK(nb_checkpoint_writer_free(slow));
+        }
     }
     MT_OK(nb_checkpoint_writer_free(w));
     nb_zero_free(z);
