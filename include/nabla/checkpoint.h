@@ -129,9 +129,11 @@ nb_status nb_checkpoint_latest(const char *base, char *out, size_t n, int64_t *s
  * keeps its names, shapes and dtypes, so saves after the first allocate no tensor memory
  * (nb_alloc_stats). At most one write is in flight: a save that finds one waits for it
  * (NB_CKPT_WAIT) or is skipped (NB_CKPT_SKIP, counted in the stats). A write that failed is
- * reported by the next call on the writer (_save, _wait or _free) with the write's own message
- * ("checkpoint_save: cannot write run.ckpt: No space left on device"); a _save that reports
- * one saves nothing (the caller decides; the next _save saves again). A process killed during
+ * reported by the next call on the writer (_save, _wait or _free; a _save that waited for it
+ * included) with the write's own message ("checkpoint_save: cannot write run.ckpt: No space
+ * left on device"); a _save that reports one saves nothing (the caller decides; the next
+ * _save saves again). Tensors of other devices (CUDA) are copied through the host caching
+ * allocator; pinned snapshot buffers are not there yet. A process killed during
  * a write leaves the previous checkpoint intact (nb_checkpoint_latest finds it).
  * Ownership: the writer owns its thread and buffers; _save borrows c and base only for the
  * call. One thread at a time calls a writer. Test hook: NB_TEST_SLOW_WRITE_MS=N (read when the
@@ -165,6 +167,7 @@ nb_status nb_checkpoint_writer_save(nb_checkpoint_writer *w, const char *base,
                                     const nb_checkpoint *c);
 /* Wait until no write is in flight; the error of a failed write not yet reported. */
 nb_status nb_checkpoint_writer_wait(nb_checkpoint_writer *w);
+/* The writer's counters so far (all zero for a NULL writer). */
 void nb_checkpoint_writer_get_stats(nb_checkpoint_writer *w, nb_checkpoint_writer_stats *out);
 /* Wait for the write in flight, stop the thread, free everything (NULL: nothing); the error
  * of a failed write not yet reported. */
