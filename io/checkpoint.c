@@ -93,34 +93,48 @@ nb_status nb__checkpoint_save_ex(const char *path, const nb_checkpoint *c,
     return st;
 }
 
-static nb_status checkpoint_save(const char *path, const nb_checkpoint *c,
-                                 const char *const *xkeys, const char *const *xvals, int nx) {
-    nb_state_list l = {0};
-    nb_status st = c->model ? nb_state_list_add_module(&l, "model.", c->model) : NB_OK;
-    if (st == NB_OK && c->optim) st = nb_state_list_add_params(&l, "optim.", nb_optim_state(c->optim));
-    if (st == NB_OK && c->sched) st = nb_state_list_add_params(&l, "sched.", nb_sched_state(c->sched));
+void nb__checkpoint_parts_free(nb__ckpt_parts *p, const nb_checkpoint *c) {
+    for (int i = 0; p->owned && i < p->nmeta; i++) free(p->owned[i]);
+    free(p->owned);
+    free(p->keys);
+    free(p->vals);
+    nb_state_list_deinit(&p->list);
+    memset(p, 0, sizeof *p);
+    /* the state views own small tensors: back to the cache, not held until the next save */
+    if (c) nb_optim_state_release(c->optim);
+    if (c) nb_sched_state_release(c->sched);
+}
+
+nb_status nb__checkpoint_collect(const nb_checkpoint *c, const char *const *xkeys,
+                                 const char *const *xvals, int nx, nb__ckpt_parts *p) {
+    memset(p, 0, sizeof *p);
+    nb_state_list *l = &p->list;
+    nb_status st = c->model ? nb_state_list_add_module(l, "model.", c->model) : NB_OK;
+    if (st == NB_OK && c->optim) st = nb_state_list_add_params(l, "optim.", nb_optim_state(c->optim));
+    if (st == NB_OK && c->sched) st = nb_state_list_add_params(l, "sched.", nb_sched_state(c->sched));
     if (st == NB_OK && c->loader) {
         nb_loader_state pos;
         st = nb_loader_get_state(c->loader, &pos);
-        if (st == NB_OK) st = add_u64(&l, "loader.epoch", (uint64_t)pos.epoch);
-        if (st == NB_OK) st = add_u64(&l, "loader.batch", (uint64_t)pos.batch);
+        if (st == NB_OK) st = add_u64(l, "loader.epoch", (uint64_t)pos.epoch);
+        if (st == NB_OK) st = add_u64(l, "loader.batch", (uint64_t)pos.batch);
     }
     for (int i = 0; st == NB_OK && i < c->ngens; i++) {
         char name[64];
         nb_generator *g = c->gens[i];
         snprintf(name, sizeof name, "rng.%d.seed", i);
-        st = add_u64(&l, name, nb_generator_seed(g));
+        st = add_u64(l, name, nb_generator_seed(g));
         snprintf(name, sizeof name, "rng.%d.stream", i);
-        if (st == NB_OK) st = add_u64(&l, name, nb_generator_stream(g));
+        if (st == NB_OK) st = add_u64(l, name, nb_generator_stream(g));
         snprintf(name, sizeof name, "rng.%d.offset", i);
-        if (st == NB_OK) st = add_u64(&l, name, nb_generator_offset(g));
+        if (st == NB_OK) st = add_u64(l, name, nb_generator_offset(g));
     }
-    if (st == NB_OK) st = add_u64(&l, "step", (uint64_t)c->step);
+    if (st == NB_OK) st = add_u64(l, "step", (uint64_t)c->step);
     /* metadata: the format, the program and "config.<name>" = value per setting */
     int nmeta = 3 + (c->program ? 1 : 0) + (c->nconfig > 0 ? c->nconfig : 0) + nx;
-    const char **keys = calloc((size_t)nmeta, sizeof *keys);
-    const char **vals = calloc((size_t)nmeta, sizeof *vals);
-    char **owned = calloc((size_t)nmeta, sizeof *owned);
+    const char **keys = p->keys = calloc((size_t)nmeta, sizeof *keys);
+    const char **vals = p->vals = calloc((size_t)nmeta, sizeof *vals);
+    char **owned = p->owned = calloc((size_t)nmeta, sizeof *owned);
+    p->nmeta = nmeta;
     if (st == NB_OK && (!keys || !vals || !owned))
         st = nb__error(NB_ENOMEM, "checkpoint_save: out of memory");
     int m = 0;
@@ -147,20 +161,28 @@ static nb_status checkpoint_save(const char *path, const nb_checkpoint *c,
         keys[m] = owned[m], vals[m++] = val;
     }
     for (int i = 0; st == NB_OK && i < nx; i++) keys[m] = xkeys[i], vals[m++] = xvals[i];
-    if (st == NB_OK) {
-        int tok = NB__SPAN_BEGIN("checkpoint write", NULL, NB__CAT_IO);
-        st = as_checkpoint_error(nb__safetensors_save_checked(path, l.names, l.tensors, l.count,
-                                                              keys, vals, m, true));
-        NB__SPAN_END(tok);
-    }
-    for (int i = 0; owned && i < nmeta; i++) free(owned[i]);
-    free(owned);
-    free(keys);
-    free(vals);
-    nb_state_list_deinit(&l);
-    /* the state views own small tensors: back to the cache, not held until the next save */
-    nb_optim_state_release(c->optim);
-    nb_sched_state_release(c->sched);
+    p->m = m;
+    return st;
+}
+
+nb_status nb__checkpoint_write(const char *path, const char *const *names,
+                               nb_tensor *const *tensors, int n, const char *const *keys,
+                               const char *const *vals, int m) {
+    int tok = NB__SPAN_BEGIN("checkpoint write", NULL, NB__CAT_IO);
+    nb_status st = as_checkpoint_error(
+        nb__safetensors_save_checked(path, names, tensors, n, keys, vals, m, true));
+    NB__SPAN_END(tok);
+    return st;
+}
+
+static nb_status checkpoint_save(const char *path, const nb_checkpoint *c,
+                                 const char *const *xkeys, const char *const *xvals, int nx) {
+    nb__ckpt_parts p;
+    nb_status st = nb__checkpoint_collect(c, xkeys, xvals, nx, &p);
+    if (st == NB_OK)
+        st = nb__checkpoint_write(path, p.list.names, p.list.tensors, p.list.count, p.keys,
+                                  p.vals, p.m);
+    nb__checkpoint_parts_free(&p, c);
     return st;
 }
 
@@ -377,19 +399,32 @@ static nb_status list_members(const series *s, member **out, int *n, const char 
     return NB_OK;
 }
 
+nb_status nb__checkpoint_target(const char *base, int64_t step, int keep, char *path, size_t n,
+                                const char *op) {
+    if (keep <= 0) {
+        if (!base) return nb__error(NB_ENULL, "%s: path is NULL", op);
+        if (strlen(base) >= n) return nb__error(NB_EINVAL, "%s: path too long: %s", op, base);
+        snprintf(path, n, "%s", base);
+        return NB_OK;
+    }
+    series s;
+    nb_status st = series_of(base, op, &s);
+    if (st == NB_OK) st = series_path(&s, step, path, n, op);
+    if (st != NB_OK) return st;
+    if (s.is_dir && mkdir(s.dir, 0777) != 0 && errno != EEXIST)
+        return nb__error(NB_EIO, "%s: cannot create the directory %s: %s", op, s.dir,
+                         strerror(errno));
+    return NB_OK;
+}
+
 nb_status nb_checkpoint_save_keep(const char *base, const nb_checkpoint *c, int keep,
                                   char *path_out, size_t n) {
     const char *op = "checkpoint_save";
     if (!c) return nb__error(NB_ENULL, "%s: the checkpoint is NULL", op);
     if (keep < 1) return nb__error(NB_EINVAL, "%s: keep must be at least 1, got %d", op, keep);
-    series s;
     char path[4400];
-    nb_status st = series_of(base, op, &s);
-    if (st == NB_OK) st = series_path(&s, c->step, path, sizeof path, op);
+    nb_status st = nb__checkpoint_target(base, c->step, keep, path, sizeof path, op);
     if (st != NB_OK) return st;
-    if (s.is_dir && mkdir(s.dir, 0777) != 0 && errno != EEXIST)
-        return nb__error(NB_EIO, "%s: cannot create the directory %s: %s", op, s.dir,
-                         strerror(errno));
     if ((st = nb_checkpoint_save(path, c)) != NB_OK) return st;
     if (path_out && n) snprintf(path_out, n, "%s", path);
     nb__checkpoint_rotate(base, keep, path);

@@ -49,5 +49,51 @@ nb_status nb__checkpoint_load_ex(const char *path, nb_checkpoint *c, const nb__c
 nb_status nb__zero_checkpoint_step(const char *dir, int64_t *step);
 void nb__zero_checkpoint_remove(const char *dir);
 void nb__checkpoint_rotate(const char *base, int keep, const char *path);
+/* The pieces of a checkpoint save, shared with the asynchronous writer (checkpoint_writer.c),
+ * which snapshots the collected tensors and writes them on its thread: same entries, same
+ * metadata, so the same file bytes. nb__checkpoint_collect fills p (state list, metadata
+ * keys[0..m) / vals[0..m), borrowing c's strings); nb__checkpoint_parts_free releases it and
+ * c's state views (c may be NULL). nb__checkpoint_write: the checksummed atomic write of one
+ * file, errors named "checkpoint_save". */
+#include "nabla/io.h"
+typedef struct nb__ckpt_parts {
+    nb_state_list list;
+    const char **keys, **vals;
+    char **owned;
+    int nmeta, m;
+} nb__ckpt_parts;
+nb_status nb__checkpoint_collect(const nb_checkpoint *c, const char *const *xkeys,
+                                 const char *const *xvals, int nx, nb__ckpt_parts *p);
+void nb__checkpoint_parts_free(nb__ckpt_parts *p, const nb_checkpoint *c);
+nb_status nb__checkpoint_write(const char *path, const char *const *names,
+                               nb_tensor *const *tensors, int n, const char *const *keys,
+                               const char *const *vals, int m);
+/* The file a save of step writes: base itself (keep <= 0) or its step's file of base's
+ * series, whose directory it creates. Then, after the write, nb__checkpoint_rotate removes the
+ * series' files beyond the newest keep (never path; best effort). */
+nb_status nb__checkpoint_target(const char *base, int64_t step, int keep, char *path, size_t n,
+                                const char *op);
+/* The asynchronous writer as ZeRO's sharded saves use it (zero_ckpt.c).
+ * nb__checkpoint_writer_save_file: nb_checkpoint_writer_save of c to exactly path (no series,
+ * no rotation) with nx more metadata pairs. nb__checkpoint_writer_zero: the writer's record of
+ * the sharded save whose shard it writes (zero_ckpt.c's to fill and read; zeroed at first). */
+typedef struct nb__zero_pending {
+    bool pending; /* a shard was handed to the writer; its index is not written yet */
+    char dir[4096];
+    char id[20];
+    int64_t step;
+    int size, stage;
+    bool has_program;
+    char program[256];
+} nb__zero_pending;
+nb_status nb__checkpoint_writer_save_file(nb_checkpoint_writer *w, const char *path,
+                                         const nb_checkpoint *c, const char *const *xkeys,
+                                         const char *const *xvals, int nx);
+nb__zero_pending *nb__checkpoint_writer_zero(nb_checkpoint_writer *w);
+bool nb__checkpoint_writer_skips(const nb_checkpoint_writer *w);
+/* Test hook (the asynchronous writer's thread sets it from NB_TEST_SLOW_WRITE_MS): the
+ * safetensors writer of this thread sleeps this many milliseconds after writing the first
+ * half of the tensors' data, so a test can kill the process in the middle of a write. */
+extern _Thread_local int nb__slow_write_ms;
 
 #endif

@@ -22,6 +22,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -714,6 +715,8 @@ static int write_all(int fd, const void *buf, size_t n) {
     return 0;
 }
 
+_Thread_local int nb__slow_write_ms; /* test hook, io_impl.h */
+
 /* Write the header and the tensors' bytes to fd; an errno value, or -1 for a nabla error
  * (already set), or 0. */
 static int write_contents(int fd, const char *json, const w_item *items, int n) {
@@ -731,6 +734,9 @@ static int write_contents(int fd, const char *json, const w_item *items, int n) 
     for (int i = 0; !err && i < n; i++) {
         nb_tensor *t = items[i].t;
         size_t nbytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+        if (i == n / 2 && nb__slow_write_ms > 0) /* half the file is out: a test's moment */
+            nanosleep(&(struct timespec){nb__slow_write_ms / 1000,
+                                         (long)(nb__slow_write_ms % 1000) * 1000000L}, NULL);
         if (nbytes == 0) continue;
         bool host = nb__host_accessible(t);
         if (host && nb_is_contiguous(t)) {

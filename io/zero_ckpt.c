@@ -238,11 +238,41 @@ static void remove_old_shards(const char *dir, const char *id) {
     closedir(d);
 }
 
-nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoint *c) {
-    static const char who[] = "zero_checkpoint_save";
-    if (!z || !dir || !c || !c->model)
-        return nb__error(NB_ENULL, "%s: %s is NULL", who,
-                         !z ? "zero" : !dir ? "dir" : !c ? "the checkpoint" : "the model");
+/* Rank 0: the index of save id (every shard on disk), then the older shards go. */
+static nb_status write_index(const nb_zero *z, const char *dir, const char *id, int64_t step,
+                             const char *program, const char *who) {
+    if (z->rank != 0) return NB_OK;
+    nb_status st = NB_OK;
+    meta x = {0};
+    bool ok = meta_add(&x, "nabla_zero_checkpoint_index", "1") &&
+              meta_add(&x, "checkpoint_id", "%s", id) &&
+              meta_add(&x, "world_size", "%d", z->size) &&
+              meta_add(&x, "stage", "%d", z->stage) &&
+              meta_add(&x, "step", "%" PRId64, step);
+    if (ok && program) ok = meta_add(&x, "program", "%s", program);
+    for (int r = 0; ok && r < z->size; r++) {
+        char key[32];
+        snprintf(key, sizeof key, "shard.%d", r);
+        ok = meta_add(&x, key, "zero-%s-%05d-of-%05d.safetensors", id, r, z->size);
+    }
+    char *ip = ok ? join(dir, INDEX_FILE) : NULL;
+    if (!ip) st = nb__error(NB_ENOMEM, "%s: out of memory", who);
+    else st = nb_safetensors_save(ip, NULL, NULL, 0, (const char *const *)x.k,
+                                  (const char *const *)x.v, x.n);
+    if (st != NB_OK && strncmp(nb_last_error(), "safetensors_save: ", 18) == 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", nb_last_error() + 18);
+        st = nb__error(st, "%s: %s", who, why);
+    }
+    if (st == NB_OK) remove_old_shards(dir, id);
+    free(ip);
+    meta_free(&x);
+    return st;
+}
+
+/* The checks of a save, the save's id (from rank 0) and dir created: collective. */
+static nb_status begin_save(nb_zero *z, const char *dir, const nb_checkpoint *c, const char *who,
+                            char id[20]) {
     if (c->model != z->m)
         return nb__error(NB_EINVAL, "%s: the checkpoint's model is not the one nb_zero wraps", who);
     if (c->optim && c->optim != z->user)
@@ -258,8 +288,7 @@ nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoi
         nb_tensor_free(t ? nb__scope_take(t) : NULL);
         if (st != NB_OK) return st;
     }
-    char id[20];
-    snprintf(id, sizeof id, "%016" PRIx64, idv);
+    snprintf(id, 20, "%016" PRIx64, idv);
     if (z->rank == 0 && mkdir(dir, 0777) != 0) {
         struct stat sb;
         if (errno != EEXIST)
@@ -269,8 +298,13 @@ nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoi
             st = nb__error(NB_EIO, "%s: %s exists and is not a directory (a sharded checkpoint "
                            "is a directory); refusing to replace it", who, dir);
     }
-    if ((st = agree(z->c, st, who)) != NB_OK) return st;
+    return agree(z->c, st, who);
+}
 
+/* This rank's shard of save id: written now, or (w given) handed to w's thread. */
+static nb_status save_shard(nb_zero *z, const char *dir, const nb_checkpoint *c, const char *id,
+                            nb_checkpoint_writer *w, const char *who) {
+    nb_status st = NB_OK;
     char name[96];
     snprintf(name, sizeof name, "zero-%s-%05d-of-%05d.safetensors", id, z->rank, z->size);
     char *path = join(dir, name);
@@ -290,40 +324,81 @@ nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoi
     nb_status gs = nb_zero_gather_params(z);
     if (st == NB_OK) st = gs;
     if (st == NB_OK)
-        st = nb__checkpoint_save_ex(path, &c2, (const char *const *)m.k,
-                                    (const char *const *)m.v, m.n);
+        st = w ? nb__checkpoint_writer_save_file(w, path, &c2, (const char *const *)m.k,
+                                                 (const char *const *)m.v, m.n)
+               : nb__checkpoint_save_ex(path, &c2, (const char *const *)m.k,
+                                        (const char *const *)m.v, m.n);
     nb_zero_release_params(z);
     meta_free(&m);
     free(path);
-    if ((st = agree(z->c, st, who)) != NB_OK) return st;
+    return st;
+}
 
-    if (z->rank == 0) { /* every shard is on disk: the index makes the checkpoint */
-        meta x = {0};
-        bool ok = meta_add(&x, "nabla_zero_checkpoint_index", "1") &&
-                  meta_add(&x, "checkpoint_id", "%s", id) &&
-                  meta_add(&x, "world_size", "%d", z->size) &&
-                  meta_add(&x, "stage", "%d", z->stage) &&
-                  meta_add(&x, "step", "%" PRId64, c->step);
-        if (ok && c->program) ok = meta_add(&x, "program", "%s", c->program);
-        for (int r = 0; ok && r < z->size; r++) {
-            char key[32];
-            snprintf(key, sizeof key, "shard.%d", r);
-            ok = meta_add(&x, key, "zero-%s-%05d-of-%05d.safetensors", id, r, z->size);
-        }
-        char *ip = ok ? join(dir, INDEX_FILE) : NULL;
-        if (!ip) st = nb__error(NB_ENOMEM, "%s: out of memory", who);
-        else st = nb_safetensors_save(ip, NULL, NULL, 0, (const char *const *)x.k,
-                                      (const char *const *)x.v, x.n);
-        if (st != NB_OK && strncmp(nb_last_error(), "safetensors_save: ", 18) == 0) {
-            char why[512];
-            snprintf(why, sizeof why, "%s", nb_last_error() + 18);
-            st = nb__error(st, "%s: %s", who, why);
-        }
-        if (st == NB_OK) remove_old_shards(dir, id);
-        free(ip);
-        meta_free(&x);
-    }
+nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoint *c) {
+    static const char who[] = "zero_checkpoint_save";
+    if (!z || !dir || !c || !c->model)
+        return nb__error(NB_ENULL, "%s: %s is NULL", who,
+                         !z ? "zero" : !dir ? "dir" : !c ? "the checkpoint" : "the model");
+    char id[20];
+    nb_status st = begin_save(z, dir, c, who, id);
+    if (st != NB_OK) return st;
+    st = save_shard(z, dir, c, id, NULL, who);
+    if ((st = agree(z->c, st, who)) != NB_OK) return st;
+    /* every shard is on disk: the index makes the checkpoint */
+    st = write_index(z, dir, id, c->step, c->program, who);
     return agree(z->c, st, who);
+}
+
+/* Complete w's sharded save in flight, if any: this rank's shard durable, all ranks agree,
+ * rank 0 writes the index. Collective. */
+static nb_status finish_async(nb_zero *z, nb_checkpoint_writer *w, const char *who) {
+    nb__zero_pending *p = nb__checkpoint_writer_zero(w);
+    if (!p->pending) return NB_OK; /* the same on every rank: they made the same calls */
+    p->pending = false;
+    nb_status st = agree(z->c, nb_checkpoint_writer_wait(w), who);
+    if (st != NB_OK) return st; /* no index: the checkpoint does not exist */
+    st = write_index(z, p->dir, p->id, p->step, p->has_program ? p->program : NULL, who);
+    return agree(z->c, st, who);
+}
+
+nb_status nb_zero_checkpoint_save_async(nb_zero *z, nb_checkpoint_writer *w, const char *dir,
+                                        const nb_checkpoint *c) {
+    static const char who[] = "zero_checkpoint_save_async";
+    if (!z || !w || !dir || !c || !c->model)
+        return nb__error(NB_ENULL, "%s: %s is NULL", who,
+                         !z ? "zero" : !w ? "the writer" : !dir ? "dir" : !c ? "the checkpoint"
+                                                                          : "the model");
+    if (nb__checkpoint_writer_skips(w))
+        return nb__error(NB_EINVAL, "%s: the writer's policy is NB_CKPT_SKIP; a sharded save "
+                         "needs NB_CKPT_WAIT (every rank must write every save)", who);
+    if (strlen(dir) >= sizeof nb__checkpoint_writer_zero(w)->dir ||
+        (c->program && strlen(c->program) >= sizeof nb__checkpoint_writer_zero(w)->program))
+        return nb__error(NB_EINVAL, "%s: %s too long", who,
+                         strlen(dir) >= 4096 ? "the directory name is" : "the program name is");
+    nb_status st = finish_async(z, w, who);
+    char id[20];
+    if (st == NB_OK) st = begin_save(z, dir, c, who, id);
+    if (st != NB_OK) return st;
+    st = agree(z->c, save_shard(z, dir, c, id, w, who), who);
+    if (st != NB_OK) { /* a rank's snapshot failed: no index for this save */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+        nb_checkpoint_writer_wait(w); /* this rank's shard, if it started: left to be removed */
+        return nb__error(st, "%s", msg);
+    }
+    nb__zero_pending *p = nb__checkpoint_writer_zero(w);
+    *p = (nb__zero_pending){.pending = true, .step = c->step, .size = z->size,
+                            .stage = z->stage, .has_program = c->program != NULL};
+    snprintf(p->dir, sizeof p->dir, "%s", dir);
+    snprintf(p->id, sizeof p->id, "%s", id);
+    if (c->program) snprintf(p->program, sizeof p->program, "%s", c->program);
+    return NB_OK;
+}
+
+nb_status nb_zero_checkpoint_wait(nb_zero *z, nb_checkpoint_writer *w) {
+    static const char who[] = "zero_checkpoint_wait";
+    if (!z || !w) return nb__error(NB_ENULL, "%s: %s is NULL", who, !z ? "zero" : "the writer");
+    return finish_async(z, w, who);
 }
 
 /* ---- load -------------------------------------------------------------------------------- */

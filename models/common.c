@@ -39,6 +39,7 @@ static void usage(const nbm_args *a, FILE *out) {
             "  --save-every N   write it every N steps instead (and at the end)\n"
             "  --keep N         a file per checkpoint (FILE-<step>, or DIR/checkpoint-<step>.ckpt),\n"
             "                   the newest N kept\n"
+            "  --async-save 0|1 1: write checkpoints in the background while training goes on\n"
             "  --resume FILE    continue from a checkpoint written with the same settings\n"
             "                   (auto: the newest intact one of --save, if any)\n"
             "  --override LIST  settings (lr, batch, limit; comma-separated) that may\n"
@@ -70,7 +71,7 @@ static const struct {
                    {"--save", false},   {"--resume", true},    {"--log", false},
                    {"--max-steps", false}, {"--limit", false}, {"--save-every", false},
                    {"--override", false}, {"--tensorboard", false}, {"--zero", false},
-                   {"--keep", false}};
+                   {"--keep", false}, {"--async-save", false}};
 enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
 
 int nbm_parse_args(int argc, char **argv, nbm_args *a) {
@@ -136,6 +137,8 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
             a->tensorboard = v;
         } else if (!strcmp(f, "--keep")) {
             ok = nb_parse_int(a->prog, f, v, 1, 1000000, &a->keep);
+        } else if (!strcmp(f, "--async-save")) {
+            ok = nb_parse_int(a->prog, f, v, 0, 1, &a->async_save);
         } else if (!strcmp(f, "--zero")) {
             ok = nb_parse_int(a->prog, f, v, 0, 3, &a->zero);
         }
@@ -151,6 +154,15 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
     if (a->eval_only && guard.train_flag) {
         fprintf(stderr, "%s: %s has no effect with --eval-only (nothing is trained)\n", a->prog,
                 guard.train_flag);
+        return 2;
+    }
+    if (a->async_save && !a->save) {
+        fprintf(stderr, "%s: --async-save needs --save\n", a->prog);
+        return 2;
+    }
+    if (a->async_save && a->zero > 0 && a->keep) {
+        fprintf(stderr, "%s: --async-save with --zero writes one sharded checkpoint "
+                "directory; --keep does not apply to it yet\n", a->prog);
         return 2;
     }
     if (a->save_every && !a->save) {
@@ -619,6 +631,7 @@ static bool close_logs(run *r) {
 }
 
 static void teardown(run *r) {
+    nbm_save_end(r->a->prog, NULL); /* after a failure: the write in flight ends first */
     free(r->step_times);
     nb_progress_free(r->bar);
     nb_jsonl_close(r->log); /* after an error: the warning, if any, is all */
@@ -643,7 +656,8 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     if (!a->eval_only) nbm_stop_begin(a->prog);
     run r = {.spec = spec, .a = a, .size = 1, .acc = NAN, .test_loss = NAN, .train_loss = NAN,
              .steady_allocs = -1, .saved_step = -1, .init = nb_generator_new(a->seed)};
-    bool ok = setup(&r) && (a->eval_only || train(&r));
+    nbm_save_async(a->async_save != 0);
+    bool ok = setup(&r) && (a->eval_only || (train(&r) && nbm_save_end(a->prog, r.zero)));
     if (ok && isnan(r.acc) && !r.stop && evaluate(r.model, r.test_l, r.world, &r.acc, &r.test_loss) != NB_OK)
         ok = fail(&r, "evaluation: %s",
                   *nb_last_error() ? nb_last_error() : "failed on another rank");

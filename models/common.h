@@ -20,6 +20,7 @@ typedef struct nbm_args {
     const char *override;   /* --override: settings allowed to differ from the --resume file */
     int64_t save_every;     /* checkpoint every N steps (0: after every epoch) */
     int64_t keep;           /* --keep: keep the newest N checkpoints of a series (0: one file) */
+    int64_t async_save;     /* --async-save 1: checkpoints written in the background (ft.h) */
     bool eval_only;
     int64_t max_steps;      /* stop after this many steps in total (0: run all epochs) */
     int64_t limit;          /* use only the first N training samples (0: all) */

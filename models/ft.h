@@ -47,6 +47,17 @@ nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck);
  * its step's place in the series (keep > 0, nb_zero_checkpoint_save_keep). --resume auto
  * (nbm_resume_path) finds those too: a directory counts once its index exists. */
 nb_status nbm_save_sharded(nb_zero *z, const char *save, int64_t keep, const nb_checkpoint *ck);
+/* --async-save 1: from now on nbm_save and nbm_save_sharded (without keep) snapshot the state and a background
+ * writer (nb_checkpoint_writer, one per process, made by the first save) writes the file
+ * while training goes on; a save that finds a write in flight waits for it, and a plain save
+ * after a stop signal waits for its own write (the process is about to exit). A failed write
+ * is the error of the next save or of nbm_save_end. */
+void nbm_save_async(bool on);
+/* Wait for the write in flight (with z: complete the sharded checkpoint, a collective) and
+ * free the writer (nothing without one). False after printing "prog: <why>" when a write
+ * failed: the run's last checkpoint is not on disk. After a failure, call it with z NULL
+ * (no collective; the unfinished sharded save stays without index and is ignored). */
+bool nbm_save_end(const char *prog, nb_zero *z);
 /* Resolve --resume: "auto" is the newest complete, intact checkpoint of --save's series
  * (corrupt ones skipped with a line each), *out = buf; or none yet: *out = NULL, after
  * printing "prog: --resume auto: no checkpoint in SAVE yet: starting from step 0" (main_rank

@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nabla/checkpoint.h"
@@ -328,6 +329,192 @@ START_TEST(test_save_failures) {
 }
 END_TEST
 
+/* ---- asynchronous saves (nb_checkpoint_writer) ----------------------------------------------- */
+static void same_file_bytes(const char *a, const char *b) {
+    size_t na, nb;
+    unsigned char *x = tu_read_file(a, &na), *y = tu_read_file(b, &nb);
+    ck_assert_msg(x && y, "cannot read %s or %s", a, b);
+    ck_assert_msg(na == nb && memcmp(x, y, na) == 0, "%s (%zu bytes) and %s (%zu bytes) differ",
+                  a, na, b, nb);
+    free(x);
+    free(y);
+}
+
+/* The file of an asynchronous save has the bytes of the synchronous save of the same state,
+ * taken at the snapshot: training on while the (slowed) write runs changes nothing in it. */
+START_TEST(test_writer_same_bytes) {
+    nb_scope_begin();
+    char *dir = tu_make_dir();
+    char *sync_path = tu_path_in(dir, "sync.ckpt"), *async_path = tu_path_in(dir, "async.ckpt");
+    nb_generator *dg = nb_generator_new(3);
+    nb_tensor *x = nb_randn((int64_t[]){44, 6}, 2, NB_F32, dg);
+    nb_tensor *y = nb_randint((int64_t[]){44}, 1, NB_I64, 0, 3, dg);
+    run r;
+    run_init(&r, x, y);
+    setenv("NB_TEST_SLOW_WRITE_MS", "200", 1); /* read by the writer's thread as it starts */
+    nb_checkpoint_writer *w = nb_checkpoint_writer_new(NULL);
+    unsetenv("NB_TEST_SLOW_WRITE_MS");
+    ck_assert_msg(w, "%s", nb_last_error());
+    for (int round = 0; round < 2; round++) { /* the second reuses the snapshot buffers */
+        train_steps(&r, 3);
+        nb_checkpoint c = ck_of(&r, 3 * (round + 1));
+        c.program = "test";
+        c.config_names = (const char *[]){"lr"}, c.config_values = (const char *[]){"0.01"};
+        c.nconfig = 1;
+        ck_assert_msg(nb_checkpoint_save(sync_path, &c) == NB_OK, "%s", nb_last_error());
+        ck_assert_msg(nb_checkpoint_writer_save(w, async_path, &c) == NB_OK, "%s", nb_last_error());
+        train_steps(&r, 2); /* while the file is written */
+        ck_assert_msg(nb_checkpoint_writer_wait(w) == NB_OK, "%s", nb_last_error());
+        same_file_bytes(sync_path, async_path);
+    }
+    nb_checkpoint_writer_stats st;
+    nb_checkpoint_writer_get_stats(w, &st);
+    ck_assert_int_eq(st.saves, 2);
+    ck_assert_int_eq(st.written, 2);
+    ck_assert_int_eq(st.skipped, 0);
+    ck_assert_int_eq(st.failed, 0);
+    ck_assert(st.write_ns_last >= 200000000); /* the hook's sleep is in the write, ... */
+    ck_assert(st.stall_ns_last < st.write_ns_last); /* ... not in the caller's stall */
+    ck_assert(nb_checkpoint_writer_free(w) == NB_OK);
+    run_free(&r);
+    nb_generator_free(dg);
+    free(sync_path);
+    free(async_path);
+    tu_rm_dir(dir);
+    nb_scope_end();
+}
+END_TEST
+
+/* Saves after the first take no memory from the system: the snapshot buffers are reused. */
+START_TEST(test_writer_no_alloc_steady) {
+    nb_scope_begin();
+    char *dir = tu_make_dir();
+    nb_generator *dg = nb_generator_new(3);
+    nb_tensor *x = nb_randn((int64_t[]){44, 6}, 2, NB_F32, dg);
+    nb_tensor *y = nb_randint((int64_t[]){44}, 1, NB_I64, 0, 3, dg);
+    run r;
+    run_init(&r, x, y);
+    train_steps(&r, 2);
+    nb_checkpoint_writer *w = nb_checkpoint_writer_new(&(nb_checkpoint_writer_opts){.keep = 2});
+    ck_assert_msg(w, "%s", nb_last_error());
+    for (int i = 0; i < 2; i++) { /* warm-up: the buffers and the state views' cache */
+        nb_checkpoint c = ck_of(&r, i);
+        ck_assert_msg(nb_checkpoint_writer_save(w, dir, &c) == NB_OK, "%s", nb_last_error());
+        ck_assert(nb_checkpoint_writer_wait(w) == NB_OK);
+    }
+    nb_alloc_stats a, b;
+    nb_alloc_get_stats(&a);
+    for (int i = 2; i < 6; i++) {
+        nb_checkpoint c = ck_of(&r, i);
+        ck_assert_msg(nb_checkpoint_writer_save(w, dir, &c) == NB_OK, "%s", nb_last_error());
+        ck_assert(nb_checkpoint_writer_wait(w) == NB_OK);
+    }
+    nb_alloc_get_stats(&b);
+    ck_assert_msg(b.system_allocs == a.system_allocs, "%lld system allocations in 4 saves",
+                  (long long)(b.system_allocs - a.system_allocs));
+    ck_assert_int_eq(tu_count_files(dir), 2); /* keep 2: rotated */
+    char path[4096];
+    int64_t step;
+    ck_assert(nb_checkpoint_latest(dir, path, sizeof path, &step) == NB_OK);
+    ck_assert_int_eq(step, 5);
+    ck_assert(nb_checkpoint_writer_free(w) == NB_OK);
+    run_free(&r);
+    nb_generator_free(dg);
+    tu_rm_dir(dir);
+    nb_scope_end();
+}
+END_TEST
+
+/* A save during a write waits for it (NB_CKPT_WAIT) or is skipped (NB_CKPT_SKIP). */
+START_TEST(test_writer_policy) {
+    nb_scope_begin();
+    nb_generator *dg = nb_generator_new(3);
+    nb_tensor *x = nb_randn((int64_t[]){44, 6}, 2, NB_F32, dg);
+    nb_tensor *y = nb_randint((int64_t[]){44}, 1, NB_I64, 0, 3, dg);
+    run r;
+    run_init(&r, x, y);
+    for (int skip = 0; skip < 2; skip++) {
+        char *dir = tu_make_dir();
+        setenv("NB_TEST_SLOW_WRITE_MS", "300", 1);
+        nb_checkpoint_writer *w = nb_checkpoint_writer_new(&(nb_checkpoint_writer_opts){
+            .keep = 5, .policy = skip ? NB_CKPT_SKIP : NB_CKPT_WAIT});
+        unsetenv("NB_TEST_SLOW_WRITE_MS");
+        ck_assert_msg(w, "%s", nb_last_error());
+        nb_checkpoint c1 = ck_of(&r, 1), c2 = ck_of(&r, 2);
+        ck_assert(nb_checkpoint_writer_save(w, dir, &c1) == NB_OK);
+        ck_assert(nb_checkpoint_writer_save(w, dir, &c2) == NB_OK); /* during the first write */
+        nb_checkpoint_writer_stats st;
+        nb_checkpoint_writer_get_stats(w, &st);
+        ck_assert_int_eq(st.skipped, skip);
+        ck_assert_int_eq(st.saves, 2 - skip);
+        if (!skip) ck_assert(st.stall_ns_last >= 100000000); /* it waited for the first */
+        ck_assert(nb_checkpoint_writer_free(w) == NB_OK); /* waits for the last write */
+        ck_assert_int_eq(tu_count_files(dir), 2 - skip);
+        char path[4096];
+        int64_t step;
+        ck_assert(nb_checkpoint_latest(dir, path, sizeof path, &step) == NB_OK);
+        ck_assert_int_eq(step, skip ? 1 : 2);
+        tu_rm_dir(dir);
+    }
+    run_free(&r);
+    nb_generator_free(dg);
+    nb_scope_end();
+}
+END_TEST
+
+/* A failed write is an error value on the next call (once), with the write's message. */
+START_TEST(test_writer_errors) {
+    nb_scope_begin();
+    char *dir = tu_make_dir();
+    char *good = tu_path_in(dir, "good.ckpt");
+    char *bad = tu_path_in(dir, "missing/sub/run.ckpt"); /* its directory does not exist */
+    nb_generator *dg = nb_generator_new(3);
+    nb_tensor *x = nb_randn((int64_t[]){44, 6}, 2, NB_F32, dg);
+    nb_tensor *y = nb_randint((int64_t[]){44}, 1, NB_I64, 0, 3, dg);
+    run r;
+    run_init(&r, x, y);
+    nb_checkpoint c = ck_of(&r, 1);
+    ASSERT_ST(nb_checkpoint_writer_save(NULL, good, &c), NB_ENULL, "the writer is NULL");
+    tu_assert_error(nb_checkpoint_writer_new(&(nb_checkpoint_writer_opts){.keep = -1}),
+                    NB_EINVAL, "keep must be 0 (one file) or at least 1, got -1");
+    tu_assert_error(nb_checkpoint_writer_new(&(nb_checkpoint_writer_opts){.policy = 7}),
+                    NB_EINVAL, "unknown policy 7");
+    nb_checkpoint_writer *w = nb_checkpoint_writer_new(NULL);
+    ck_assert_msg(w, "%s", nb_last_error());
+    ASSERT_ST(nb_checkpoint_writer_save(w, good, &(nb_checkpoint){0}), NB_ENULL,
+              "the model is NULL");
+
+    /* reported by _wait, once */
+    ASSERT_OK(nb_checkpoint_writer_save(w, bad, &c)); /* the snapshot is fine */
+    ASSERT_ST(nb_checkpoint_writer_wait(w), NB_EIO, "checkpoint_save: cannot create");
+    ASSERT_OK(nb_checkpoint_writer_save(w, bad, &c));
+    ASSERT_ST(nb_checkpoint_writer_wait(w), NB_EIO, "missing/sub/run.ckpt");
+    ASSERT_OK(nb_checkpoint_writer_wait(w));
+    /* reported by the next _save (after waiting for that write), which saves nothing; the
+     * one after saves */
+    ASSERT_OK(nb_checkpoint_writer_save(w, bad, &c));
+    ASSERT_ST(nb_checkpoint_writer_save(w, good, &c), NB_EIO, "checkpoint_save: cannot create");
+    ck_assert(access(good, F_OK) != 0);
+    ASSERT_OK(nb_checkpoint_writer_save(w, good, &c));
+    ASSERT_OK(nb_checkpoint_writer_wait(w));
+    ck_assert(access(good, F_OK) == 0);
+    nb_checkpoint_writer_stats s0;
+    nb_checkpoint_writer_get_stats(w, &s0);
+    ck_assert_int_eq(s0.failed, 3);
+    ck_assert_int_eq(s0.written, 1);
+    /* reported by _free */
+    ASSERT_OK(nb_checkpoint_writer_save(w, bad, &c));
+    ASSERT_ST(nb_checkpoint_writer_free(w), NB_EIO, "checkpoint_save: cannot create");
+    ASSERT_OK(nb_checkpoint_writer_free(NULL));
+    run_free(&r);
+    nb_generator_free(dg);
+    free(good);
+    free(bad);
+    tu_rm_dir(dir);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_checkpoint(void) {
     Suite *s = suite_create("checkpoint");
     TCase *tc = tcase_create("checkpoint");
@@ -336,5 +523,11 @@ Suite *nb_suite_checkpoint(void) {
     tcase_add_test(tc, test_checkpoint_identity);
     tcase_add_test(tc, test_save_failures);
     suite_add_tcase(s, tc);
+    TCase *tw = tcase_create("writer");
+    tcase_add_test(tw, test_writer_same_bytes);
+    tcase_add_test(tw, test_writer_no_alloc_steady);
+    tcase_add_test(tw, test_writer_policy);
+    tcase_add_test(tw, test_writer_errors);
+    suite_add_tcase(s, tw);
     return s;
 }

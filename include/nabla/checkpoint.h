@@ -50,6 +50,8 @@
 extern "C" {
 #endif
 
+typedef struct nb_checkpoint_writer nb_checkpoint_writer;
+
 typedef struct nb_checkpoint {
     nb_module *model;      /* required */
     nb_optim *optim;
@@ -112,6 +114,85 @@ nb_status nb_checkpoint_save_keep(const char *base, const nb_checkpoint *c, int 
  * "" and *step -1. A member (or base) that is a sharded checkpoint directory (ZeRO,
  * nabla/parallel.h) counts when its index exists; rotation removes such directories too. */
 nb_status nb_checkpoint_latest(const char *base, char *out, size_t n, int64_t *step);
+
+/* ---- asynchronous ("flash") saves ----------------------------------------------------------
+ *     nb_checkpoint_writer *w = nb_checkpoint_writer_new(&(nb_checkpoint_writer_opts){.keep = 3});
+ *     for (...) {                                        // training
+ *         ck.step = step;
+ *         if (nb_checkpoint_writer_save(w, "out/", &ck) != NB_OK) puts(nb_last_error());
+ *     }                                                  // returns once the state is copied
+ *     if (nb_checkpoint_writer_free(w) != NB_OK) puts(nb_last_error()); // waits for the write
+ * A writer copies the checkpoint's state (model, optimizer, schedule, loader, generators,
+ * step, run identity) into host snapshot buffers it keeps, and a background thread writes the
+ * file from them while training goes on: the same file, byte for byte, as nb_checkpoint_save
+ * (keep 0: base itself) or nb_checkpoint_save_keep (keep >= 1: base's series, rotated after
+ * the new file is durable), written as atomically. The buffers are reused while the state
+ * keeps its names, shapes and dtypes, so saves after the first allocate no tensor memory
+ * (nb_alloc_stats). At most one write is in flight: a save that finds one waits for it
+ * (NB_CKPT_WAIT) or is skipped (NB_CKPT_SKIP, counted in the stats). A write that failed is
+ * reported by the next call on the writer (_save, _wait or _free; a _save that waited for it
+ * included) with the write's own message ("checkpoint_save: cannot write run.ckpt: No space
+ * left on device"); a _save that reports one saves nothing (the caller decides; the next
+ * _save saves again). Tensors of other devices (CUDA) are copied through the host caching
+ * allocator; pinned snapshot buffers are not there yet. A process killed during
+ * a write leaves the previous checkpoint intact (nb_checkpoint_latest finds it).
+ * Ownership: the writer owns its thread and buffers; _save borrows c and base only for the
+ * call. One thread at a time calls a writer. Test hook: NB_TEST_SLOW_WRITE_MS=N (read when the
+ * writer is made) makes each of its writes sleep N ms after half the data. */
+typedef enum nb_checkpoint_policy {
+    NB_CKPT_WAIT = 0, /* a save during a write waits for it, then snapshots */
+    NB_CKPT_SKIP = 1, /* a save during a write does nothing (stats.skipped counts it) */
+} nb_checkpoint_policy;
+
+typedef struct nb_checkpoint_writer_opts {
+    int keep;                    /* 0: write base itself; >= 1: base's series, newest keep kept */
+    nb_checkpoint_policy policy;
+} nb_checkpoint_writer_opts;
+
+typedef struct nb_checkpoint_writer_stats {
+    int64_t saves;           /* snapshots taken */
+    int64_t written;         /* files written successfully */
+    int64_t skipped;         /* saves skipped (NB_CKPT_SKIP) */
+    int64_t failed;          /* writes that failed */
+    int64_t stall_ns_last;   /* the caller's time in the last _save (waiting + copying) */
+    int64_t stall_ns_total;
+    int64_t write_ns_last;   /* the background thread's time for the last write */
+    int64_t write_ns_total;
+} nb_checkpoint_writer_stats;
+
+/* NULL opts: keep 0, NB_CKPT_WAIT. NULL (and the error) when opts are invalid or the thread
+ * cannot start. */
+nb_checkpoint_writer *nb_checkpoint_writer_new(const nb_checkpoint_writer_opts *opts);
+/* Snapshot c and start writing it (see above); base as in nb_checkpoint_save(_keep). */
+nb_status nb_checkpoint_writer_save(nb_checkpoint_writer *w, const char *base,
+                                    const nb_checkpoint *c);
+/* Wait until no write is in flight; the error of a failed write not yet reported. */
+nb_status nb_checkpoint_writer_wait(nb_checkpoint_writer *w);
+/* The writer's counters so far (all zero for a NULL writer). */
+void nb_checkpoint_writer_get_stats(nb_checkpoint_writer *w, nb_checkpoint_writer_stats *out);
+/* Wait for the write in flight, stop the thread, free everything (NULL: nothing); the error
+ * of a failed write not yet reported. */
+nb_status nb_checkpoint_writer_free(nb_checkpoint_writer *w);
+
+/* ---- asynchronous sharded saves of ZeRO runs (nabla/parallel.h) ---------------------------
+ *     nb_checkpoint_writer *w = nb_checkpoint_writer_new(NULL);     // one per rank
+ *     ...  nb_zero_checkpoint_save_async(z, w, "run.ckpt", &ck);    // collective, every rank
+ *     nb_zero_checkpoint_wait(z, w);                               // collective, at the end
+ *     nb_checkpoint_writer_free(w);
+ * The directory nb_zero_checkpoint_save writes, but each rank's shard is written by its
+ * writer's thread while training goes on. The index, which makes the checkpoint exist, is
+ * written by rank 0 only once every rank's shard is durable: the ranks agree on that at the
+ * next save_async or at _wait (collectives over z's communicator). Until then the previous
+ * checkpoint (its index and shards) stays whole, so a kill at any moment leaves either the
+ * new checkpoint complete or the previous one, which nb_zero_checkpoint_load reads. A shard
+ * that failed on any rank: no index for that save, the error on every rank at that call.
+ * Call nb_zero_checkpoint_wait before freeing the writer (without it the last save has no
+ * index and is ignored). w must use NB_CKPT_WAIT (NB_EINVAL otherwise) and serve one
+ * nb_zero at a time. */
+typedef struct nb_zero nb_zero;
+nb_status nb_zero_checkpoint_save_async(nb_zero *z, nb_checkpoint_writer *w, const char *dir,
+                                        const nb_checkpoint *c);
+nb_status nb_zero_checkpoint_wait(nb_zero *z, nb_checkpoint_writer *w);
 
 #ifdef __cplusplus
 }

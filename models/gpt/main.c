@@ -39,7 +39,7 @@ typedef struct args {
     /* training */
     const char *data;
     int64_t steps, decay_steps, batch, warmup, grad_accum, eval_every, eval_batches, save_every;
-    int64_t keep;
+    int64_t keep, async_save;
     double lr, weight_decay, min_lr, grad_clip, beta1, beta2;
     const char *schedule;
     const char *save, *resume, *log, *override, *tensorboard;
@@ -81,6 +81,7 @@ static void usage(const args *a, FILE *out) {
             "  --save-every N   checkpoint every N steps instead\n"
             "  --keep N         a file per checkpoint (FILE-<step>, or DIR/checkpoint-<step>.ckpt),\n"
             "                   the newest N kept\n"
+            "  --async-save 0|1 1: write checkpoints in the background while training goes on\n"
             "  --resume FILE    continue from a checkpoint written with the same settings\n"
             "                   (auto: the newest intact one of --save, if any)\n"
             "  --override LIST  settings that may differ from the --resume checkpoint's\n"
@@ -132,7 +133,7 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--seed", BOTH},         {"--load", SAMPLE},       {"--prompt", SAMPLE},
                  {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE},
                  {"--override", TRAIN},    {"--tensorboard", TRAIN}, {"--zero", TRAIN},
-                 {"--keep", TRAIN}};
+                 {"--keep", TRAIN},        {"--async-save", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -191,6 +192,7 @@ static int parse_args(int argc, char **argv, args *a) {
         F64("--grad-clip", grad_clip, 0, false, INFINITY, false);
         I64("--eval-every", eval_every, 0, BIG); I64("--eval-batches", eval_batches, 1, BIG);
         I64("--save-every", save_every, 0, BIG); I64("--keep", keep, 1, 1000000);
+        I64("--async-save", async_save, 0, 1);
         STR("--save", save); STR("--resume", resume); STR("--log", log);
         STR("--override", override); STR("--tensorboard", tensorboard);
         I64("--threads", threads, 0, NB_MAX_THREADS); I64("--zero", zero, 0, 3);
@@ -204,6 +206,15 @@ static int parse_args(int argc, char **argv, args *a) {
 #undef F64
 #undef STR
         if (!ok) return 2;
+    }
+    if (a->async_save && !a->save) {
+        fprintf(stderr, "gpt: --async-save needs --save\n");
+        return 2;
+    }
+    if (a->async_save && a->zero > 0 && a->keep) {
+        fprintf(stderr, "gpt: --async-save with --zero writes one sharded checkpoint "
+                        "directory; --keep does not apply to it yet\n");
+        return 2;
     }
     if (strcmp(a->schedule, "cosine") && strcmp(a->schedule, "constant")) {
         fprintf(stderr, "gpt: --schedule must be cosine or constant, got \"%s\"\n", a->schedule);
@@ -845,6 +856,7 @@ static bool close_logs(run *r) {
 }
 
 static void teardown(run *r) {
+    nbm_save_end("gpt", NULL); /* after a failure: the write in flight ends first */
     nb_progress_free(r->bar);
     nb_jsonl_close(r->log); /* after an error: the warning, if any, is all */
     nb_summary_close(r->tb);
@@ -885,7 +897,8 @@ static int run_train(const args *a) {
     run r = {.a = a, .size = 1, .B = a->batch, .T = a->block_size, .N = a->grad_accum,
              .val_loss = NAN, .val_step = -1, .steady_allocs = -1};
     int rc = 1;
-    if (setup(&r) && train_loop(&r)) {
+    nbm_save_async(a->async_save != 0);
+    if (setup(&r) && train_loop(&r) && nbm_save_end("gpt", r.zero)) {
         print_result(&r, nb_time_s() - t_start);
         /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
          * so that a script never takes an incomplete record for a complete one. */
