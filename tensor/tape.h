@@ -46,6 +46,9 @@ struct nb__node {
      * the rule when a saved tensor was written in place since */
     uint64_t saved_version[NB__NODE_MAX_SAVED];
     nb__attrs attrs;
+    /* NB__OP_RECOMPUTE only: the function, its saved inputs and generator states
+     * (autograd/recompute.c); NULL for every other op */
+    struct nb__recompute *rc;
     bool released;       /* saved tensors freed by a backward without retain_graph */
     /* engine scratch, valid during one backward */
     uint64_t epoch;
@@ -86,5 +89,19 @@ NB__OPS(NB__BW_DECLARE)
 
 /* Free a node's saved tensors (a backward without retain_graph). */
 void nb__node_release_saved(nb__node *n);
+/* Free a recompute node's state (its saved inputs); NULL is a no-op (autograd/recompute.c). */
+void nb__recompute_free(struct nb__recompute *rc);
+
+/* Leaf collection (activation checkpointing): while a collector is set on this thread,
+ * nb__needs_grad with grad mode off adds each input that is a leaf requiring grad to it
+ * (once), so a function run without recording still tells which parameters it read.
+ * nb__collect_begin returns the previous collector, to be restored by nb__collect_end. */
+typedef struct nb__leaf_set {
+    nb_tensor **items; /* borrowed */
+    int n, cap;
+    bool failed;       /* out of memory while adding */
+} nb__leaf_set;
+nb__leaf_set *nb__collect_begin(nb__leaf_set *set);
+void nb__collect_end(nb__leaf_set *prev);
 
 #endif
