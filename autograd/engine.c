@@ -325,7 +325,7 @@ static nb_tensor *fit_to_edge(nb_tensor *g, const nb__edge *e) {
  * version moved, nb__storage.version): the rule would compute the gradient from the new
  * values and return a silently wrong result. */
 static nb_status check_saved(const nb__node *n) {
-    if (n->rc) return nb__recompute_check(n);
+    if (n->op == NB__OP_RECOMPUTE) return nb__recompute_check(n);
     for (int i = 0; i < NB__NODE_MAX_SAVED; i++) {
         const nb_tensor *s = n->saved[i];
         if (!s || nb__version_of(s) == n->saved_version[i]) continue;

@@ -36,7 +36,8 @@ struct nb__recompute {
     int ngens;
 };
 
-void nb__recompute_free(struct nb__recompute *rc) {
+static void recompute_free(void *ext) {
+    struct nb__recompute *rc = ext;
     if (!rc) return;
     for (int i = 0; i < rc->ninputs; i++) nb_tensor_free(rc->inputs[i]);
     nb_host_free(rc->inputs);
@@ -45,7 +46,8 @@ void nb__recompute_free(struct nb__recompute *rc) {
 }
 
 nb_status nb__recompute_check(const nb__node *n) {
-    const struct nb__recompute *rc = n->rc;
+    const struct nb__recompute *rc = n->ext;
+    if (!rc) return NB_OK; /* released: pass 1 reports that */
     for (int i = 0; i < rc->ninputs; i++) {
         const nb_tensor *s = rc->inputs[i];
         if (!s || nb__version_of(s) == rc->versions[i]) continue;
@@ -157,15 +159,16 @@ nb_tensor *nb_recompute(nb_recompute_fn fn, nb_tensor *const *inputs, int n, voi
     nb__node *nd = ok ? nb__record(out, NB__OP_RECOMPUTE, edges, ne) : NULL;
     nb_host_free(edges);
     if (!nd) {
-        nb__recompute_free(rc);
+        recompute_free(rc);
         return NULL;
     }
-    nd->rc = rc;
+    nd->ext = rc;
+    nd->ext_free = recompute_free;
     return out;
 }
 
 nb_status nb__bw_RECOMPUTE(nb__node *n, nb_tensor *g, nb_tensor **gin) {
-    struct nb__recompute *rc = n->rc;
+    struct nb__recompute *rc = n->ext;
     const int ni = rc->ninputs, ne = n->ninputs;
     nb_tensor **wrt = nb_host_alloc(sizeof(nb_tensor *) * (size_t)ne);
     nb_tensor **grads = nb_host_alloc(sizeof(nb_tensor *) * (size_t)ne);

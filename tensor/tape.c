@@ -107,8 +107,8 @@ void nb__node_release_saved(nb__node *n) {
         nb_tensor_free(n->saved[i]);
         n->saved[i] = NULL;
     }
-    nb__recompute_free(n->rc);
-    n->rc = NULL;
+    if (n->ext) n->ext_free(n->ext);
+    n->ext = NULL;
 }
 
 void nb__node_release(nb__node *n) {

@@ -46,9 +46,11 @@ struct nb__node {
      * the rule when a saved tensor was written in place since */
     uint64_t saved_version[NB__NODE_MAX_SAVED];
     nb__attrs attrs;
-    /* NB__OP_RECOMPUTE only: the function, its saved inputs and generator states
-     * (autograd/recompute.c); NULL for every other op */
-    struct nb__recompute *rc;
+    /* op state beyond saved[] (NB__OP_RECOMPUTE: the function, its saved inputs and the
+     * generators' states, autograd/recompute.c), freed by ext_free with the saved tensors;
+     * NULL for every other op */
+    void *ext;
+    void (*ext_free)(void *ext);
     bool released;       /* saved tensors freed by a backward without retain_graph */
     /* engine scratch, valid during one backward */
     uint64_t epoch;
@@ -87,10 +89,8 @@ bool nb__inplace_ok(const nb_tensor *t, const char *op);
 NB__OPS(NB__BW_DECLARE)
 #undef NB__BW_DECLARE
 
-/* Free a node's saved tensors (a backward without retain_graph). */
+/* Free a node's saved tensors and ext (a backward without retain_graph). */
 void nb__node_release_saved(nb__node *n);
-/* Free a recompute node's state (its saved inputs); NULL is a no-op (autograd/recompute.c). */
-void nb__recompute_free(struct nb__recompute *rc);
 
 /* Leaf collection (activation checkpointing): while a collector is set on this thread,
  * nb__needs_grad with grad mode off adds each input that is a leaf requiring grad to it
