@@ -18,6 +18,14 @@ typedef struct {
     bool swap;      /* from the second call on, read w2 where the first read w1 */
 } mlp_self;
 
+/* A caller-owned random f32 tensor (tu_random's intermediates die with a scope). */
+static nb_tensor *rnd(const int64_t *shape, int ndim, uint64_t seed) {
+    nb_scope_begin();
+    nb_tensor *t = nb_keep(tu_random(shape, ndim, NB_F32, -1, 1, seed));
+    nb_scope_end();
+    return t;
+}
+
 static nb_tensor *mlp_forward(nb_module *m, nb_tensor *x) {
     mlp_self *s = nb_module_self(m);
     s->calls++;
@@ -73,7 +81,7 @@ static void run_two(bool recompute, run_out *out) {
         for (int i = 0; i < 4; i++)
             ck_assert_int_ge(nb_register_grad_hook(nb_parameters(ms[k])->tensors[i], count_hook,
                                                    &out->hook_calls[4 * k + i]), 0);
-    nb_tensor *x = tu_random((int64_t[]){3, 5, C}, 3, NB_F32, -1, 1, 5);
+    nb_tensor *x = rnd((int64_t[]){3, 5, C}, 3, 5);
     nb_set_requires_grad(x, true);
     nb_scope_begin();
     nb_tensor *y = nb_forward(m2, nb_forward(m1, nb_mul_scalar(x, 1.5)));
@@ -138,9 +146,9 @@ static nb_tensor *outer_fn(nb_tensor *const *in, int n, void *ctx) {
 }
 
 START_TEST(test_function_nested) {
-    nb_tensor *w = tu_random((int64_t[]){4, 6}, 2, NB_F32, -1, 1, 1);
-    nb_tensor *x = tu_random((int64_t[]){4, 6}, 2, NB_F32, -1, 1, 2);
-    nb_tensor *z = tu_random((int64_t[]){6}, 1, NB_F32, -1, 1, 3); /* needs no grad */
+    nb_tensor *w = rnd((int64_t[]){4, 6}, 2, 1);
+    nb_tensor *x = rnd((int64_t[]){4, 6}, 2, 2);
+    nb_tensor *z = rnd((int64_t[]){6}, 1, 3); /* needs no grad */
     nb_set_requires_grad(w, true);
     nb_set_requires_grad(x, true);
     nb_tensor *ref[2] = {NULL, NULL};
@@ -172,7 +180,7 @@ START_TEST(test_function_nested) {
     y = nb_recompute(outer_fn, (nb_tensor *[]){x, z}, 2, w, NULL);
     ck_assert(y && !nb_requires_grad(y));
     NB_NO_GRAD_END
-    nb_tensor *c = tu_random((int64_t[]){4, 6}, 2, NB_F32, -1, 1, 4);
+    nb_tensor *c = rnd((int64_t[]){4, 6}, 2, 4);
     y = nb_recompute(inner_fn, &c, 1, z, NULL);
     ck_assert(y && !nb_requires_grad(y) && nb_is_leaf(y));
     /* the parameter alone requires grad: the result still records */
@@ -181,8 +189,7 @@ START_TEST(test_function_nested) {
     nb_clear_grad(w);
     ck_assert_int_eq(nb_backward(nb_sum(y, NULL, 0, false)), NB_OK);
     ck_assert_ptr_nonnull(nb_grad(w));
-    nb_tensor_free(c);
-    nb_scope_end();
+    nb_scope_end(); /* frees c */
     nb_tensor_free(ref[0]), nb_tensor_free(ref[1]);
     nb_tensor_free(w), nb_tensor_free(x), nb_tensor_free(z);
 }
@@ -193,7 +200,7 @@ START_TEST(test_errors) {
     mlp_self s = {0};
     nb_module *m = mlp_new(&s, C, 1);
     nb_module_set_recompute(m, true, NULL);
-    nb_tensor *x = tu_random((int64_t[]){2, C}, 2, NB_F32, -1, 1, 5);
+    nb_tensor *x = rnd((int64_t[]){2, C}, 2, 5);
     nb_set_requires_grad(x, true);
 
     /* the replay fails: the backward returns its error */
@@ -327,9 +334,11 @@ START_TEST(test_gpt_memory) {
             "layer %lld, per block %lld\n", (long long)L, (long long)none.act_peak,
             (long long)attn.act_peak, (long long)full.act_peak, (long long)one.act_peak,
             (long long)block);
-    ck_assert_int_lt(full.act_peak, none.act_peak);
-    ck_assert_int_le(attn.act_peak, none.act_peak);
-    ck_assert_int_le(full.act_peak, one.act_peak + (L - 1) * (input + grads) + block);
+    if (nb_default_device().type == NB_DEVICE_CPU) { /* the host allocator's own figures */
+        ck_assert_int_lt(full.act_peak, none.act_peak);
+        ck_assert_int_le(attn.act_peak, none.act_peak);
+        ck_assert_int_le(full.act_peak, one.act_peak + (L - 1) * (input + grads) + block);
+    }
     free_gpt(&one), free_gpt(&none), free_gpt(&attn), free_gpt(&full);
 }
 END_TEST
