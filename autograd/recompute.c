@@ -100,7 +100,7 @@ nb_tensor *nb_recompute(nb_recompute_fn fn, nb_tensor *const *inputs, int n, voi
     int ngens = 1;
     if (o.gen && o.gen != nb_default_generator()) gens[ngens++] = state_of(o.gen);
 
-    nb__leaf_set leaves = {0};
+    nb__leaf_set leaves = {.skip = inputs, .nskip = n};
     bool prev = nb_set_grad_enabled(false);
     nb__leaf_set *prev_set = nb__collect_begin(&leaves);
     nb_scope_begin();
@@ -114,9 +114,14 @@ nb_tensor *nb_recompute(nb_recompute_fn fn, nb_tensor *const *inputs, int n, voi
         nb_host_free(leaves.items);
         return NULL;
     }
-    if (leaves.failed) {
+    if (leaves.failed || leaves.nonleaf) {
         nb_host_free(leaves.items);
-        nb__error(NB_ENOMEM, "recompute: out of memory");
+        if (leaves.failed) nb__error(NB_ENOMEM, "recompute: out of memory");
+        else /* the replay's graph would reach into the caller's */
+            nb__error(NB_EINVAL, "recompute: the function read a tensor of shape %s that "
+                      "requires grad and was computed outside it by %s; pass it as one of "
+                      "the inputs", NB__SHAPE(leaves.nonleaf),
+                      nb__op_names[leaves.nonleaf->grad_fn->op]);
         return NULL;
     }
 

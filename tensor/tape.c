@@ -22,7 +22,13 @@ bool nb_set_grad_enabled(bool enabled) {
 static void collect(nb__leaf_set *set, nb_tensor *const *inputs, int n) {
     for (int i = 0; i < n; i++) {
         nb_tensor *t = inputs[i];
-        if (!t || !t->requires_grad || t->grad_fn) continue;
+        if (!t || !t->requires_grad) continue;
+        if (t->grad_fn) {
+            bool skip = false;
+            for (int j = 0; j < set->nskip && !skip; j++) skip = set->skip[j] == t;
+            if (!skip && !set->nonleaf) set->nonleaf = t;
+            continue;
+        }
         bool seen = false;
         for (int j = 0; j < set->n && !seen; j++) seen = set->items[j] == t;
         if (seen) continue;

@@ -94,12 +94,18 @@ void nb__node_release_saved(nb__node *n);
 
 /* Leaf collection (activation checkpointing): while a collector is set on this thread,
  * nb__needs_grad with grad mode off adds each input that is a leaf requiring grad to it
- * (once), so a function run without recording still tells which parameters it read.
+ * (once), so a function run without recording still tells which parameters it read (and
+ * notes a non-leaf requiring grad it read that is not one of set->skip).
  * nb__collect_begin returns the previous collector, to be restored by nb__collect_end. */
 typedef struct nb__leaf_set {
     nb_tensor **items; /* borrowed */
     int n, cap;
     bool failed;       /* out of memory while adding */
+    /* tensors not to note (the function's inputs), and the first tensor requiring grad
+     * that was read but is not a leaf and not among them (NULL if none) */
+    nb_tensor *const *skip;
+    int nskip;
+    nb_tensor *nonleaf;
 } nb__leaf_set;
 nb__leaf_set *nb__collect_begin(nb__leaf_set *set);
 void nb__collect_end(nb__leaf_set *prev);

@@ -236,6 +236,13 @@ START_TEST(test_errors) {
     ASSERT_ST(nb_backward(nb_sum(y, NULL, 0, false)), NB_EINVAL, "modified in place");
     nb_scope_end();
 
+    /* a tensor requiring grad computed outside the function, read through ctx */
+    nb_scope_begin();
+    nb_tensor *outside = nb_mul_scalar(x, 3.0);
+    tu_assert_error(nb_recompute(inner_fn, &x, 1, outside, NULL), NB_EINVAL,
+                    "computed outside it by mul");
+    nb_scope_end();
+
     /* argument errors */
     tu_assert_error(nb_recompute(NULL, &x, 1, NULL, NULL), NB_ENULL, "fn is NULL");
     tu_assert_error(nb_recompute(inner_fn, NULL, 1, x, NULL), NB_EINVAL, "inputs NULL");

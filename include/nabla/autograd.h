@@ -108,7 +108,9 @@ nb_status nb_remove_grad_hook(nb_tensor *leaf, int handle);
  *     nb_tensor *y = nb_recompute(block, &x, 1, mlp, NULL);
  * Rules for fn: it must do the same work both times (the same ops on the same tensors; a
  * replay that reads a tensor requiring grad the first run did not, or returns another shape,
- * fails the backward with NB_ESTATE); it returns a new reference (scope rules) or NULL with
+ * fails the backward with NB_ESTATE); a tensor requiring grad that fn reads must be an input
+ * or a leaf (one computed outside fn and read through ctx is NB_EINVAL: pass it as an
+ * input); fn returns a new reference (scope rules) or NULL with
  * an error; its failure during the replay fails nb_backward with that error. ctx and what fn
  * reads through it are borrowed until the graph is freed. With grad mode off, nb_recompute is
  * just fn(inputs, n, ctx). nb_module_set_recompute (nabla/nn.h) does this for a module. */
