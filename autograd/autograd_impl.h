@@ -42,4 +42,15 @@ nb_status nb__check_grad(const nb_tensor *leaf, const char *who);
  * (a leaf, or made without grad mode). */
 nb_status nb__register_pre_backward_hook(nb_tensor *t, nb__pre_backward_fn fn, void *ctx);
 
+/* ---- activation checkpointing (autograd/recompute.c) ----------------------------------------
+ * nb__grad_of: the gradients of out (given gout, its shape) with respect to the leaves
+ * wrt[0..n), as torch.autograd.grad: written to grads[i] (owned by the caller, NULL where no
+ * gradient flowed), never into the leaves' .grad, and no hooks run. Frees the graph's saved
+ * tensors as it goes (it is walked once). Every leaf requiring grad the graph reaches must
+ * be in wrt (NB_ESTATE otherwise). Runs with grad mode off. */
+nb_status nb__grad_of(nb_tensor *out, nb_tensor *gout, nb_tensor *const *wrt, int n,
+                      nb_tensor **grads);
+/* NB_EINVAL when an input a recompute node saved was written in place since. */
+nb_status nb__recompute_check(const nb__node *n);
+
 #endif

@@ -341,6 +341,7 @@ static nb_tensor *fit_to_edge(nb_tensor *g, const nb__edge *e) {
  * version moved, nb__storage.version): the rule would compute the gradient from the new
  * values and return a silently wrong result. */
 static nb_status check_saved(const nb__node *n) {
+    if (n->op == NB__OP_RECOMPUTE) return nb__recompute_check(n);
     for (int i = 0; i < NB__NODE_MAX_SAVED; i++) {
         const nb_tensor *s = n->saved[i];
         if (!s || nb__version_of(s) == n->saved_version[i]) continue;
@@ -352,7 +353,22 @@ static nb_status check_saved(const nb__node *n) {
     return NB_OK;
 }
 
-static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, uint64_t epoch) {
+/* Where a capturing walk (nb__grad_of) puts the gradients of the leaves it was asked for,
+ * instead of their .grad: the walk neither touches the leaves nor runs their hooks. */
+typedef struct {
+    nb_tensor *const *wrt;
+    nb_tensor **grads;
+    int n;
+} capture;
+
+static int capture_index(const capture *cap, const nb_tensor *leaf) {
+    for (int i = 0; i < cap->n; i++)
+        if (cap->wrt[i] == leaf) return i;
+    return -1;
+}
+
+static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, uint64_t epoch,
+                                const capture *cap) {
     node_vec stack = {0}, heap = {0};
     nb_status st = NB_OK;
     /* Pass 1: find the nodes and count, per node and per leaf, the edges into it. */
@@ -381,6 +397,13 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
                     if (!vec_push(&stack, e->node)) st = NB_ENOMEM;
                 }
                 e->node->deps++;
+            } else if (e->leaf && cap) {
+                if (capture_index(cap, e->leaf) < 0) {
+                    st = nb__error(NB_ESTATE, "recompute: the replay of the function read a "
+                                   "tensor that requires grad which its first run did not "
+                                   "(the function must do the same work both times)");
+                    break;
+                }
             } else if (e->leaf) {
                 struct nb__ag_meta *m = meta_of(e->leaf);
                 if (!m) { st = NB_ENOMEM; break; }
@@ -423,6 +446,9 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
             if (e->node) {
                 if (gi && st == NB_OK) st = accumulate(&e->node->grad, gi, true);
                 if (--e->node->deps == 0 && !heap_push(&heap, e->node)) st = NB_ENOMEM;
+            } else if (cap) {
+                if (gi && st == NB_OK)
+                    st = accumulate(&cap->grads[capture_index(cap, e->leaf)], gi, true);
             } else if (st == NB_OK) {
                 st = leaf_contribution(e->leaf, gi, epoch);
             }
@@ -478,7 +504,7 @@ static nb_status backward_run(nb_tensor *out, const nb_backward_opts *opts) {
                 st = leaf_contribution(out, g, epoch);
             }
         } else {
-            st = backward_graph(out->grad_fn, g, o.retain_graph, epoch);
+            st = backward_graph(out->grad_fn, g, o.retain_graph, epoch, NULL);
         }
     }
     nb_scope_end();
@@ -494,5 +520,22 @@ nb_status nb_backward_ex(nb_tensor *out, const nb_backward_opts *opts) {
     nb_status st = backward_run(out, opts);
     if (--tl_depth == 0 && tl_ncb) st = run_end_callbacks(st);
     NB__SPAN_END(tok);
+    return st;
+}
+
+nb_status nb__grad_of(nb_tensor *out, nb_tensor *gout, nb_tensor *const *wrt, int n,
+                      nb_tensor **grads) {
+    for (int i = 0; i < n; i++) grads[i] = NULL;
+    if (!out->grad_fn) { /* out is itself a leaf */
+        int i = 0;
+        while (i < n && wrt[i] != out) i++;
+        if (i < n) grads[i] = nb_tensor_retain(gout);
+        return NB_OK;
+    }
+    capture cap = {wrt, grads, n};
+    uint64_t epoch = atomic_fetch_add(&g_epoch, 1) + 1;
+    nb_status st = backward_graph(out->grad_fn, gout, false, epoch, &cap);
+    if (st != NB_OK)
+        for (int i = 0; i < n; i++) nb_tensor_free(grads[i]), grads[i] = NULL;
     return st;
 }

@@ -30,6 +30,8 @@ struct nb_module {
     struct fhook *hooks;    /* forward hooks, in registration order */
     int nhooks, cap_hooks, next_hook;
     int running_hooks;      /* > 0 while this module's hooks run (removal then refused) */
+    bool recompute;         /* nb_module_set_recompute */
+    nb_generator *recompute_gen;
 };
 
 struct fhook {
@@ -356,10 +358,27 @@ int64_t nb_num_parameters(nb_module *m) {
     return n;
 }
 
+nb_status nb_module_set_recompute(nb_module *m, bool on, nb_generator *gen) {
+    if (!m) return nb__error(NB_ENULL, "module_set_recompute: module is NULL");
+    m->recompute = on;
+    m->recompute_gen = on ? gen : NULL;
+    return NB_OK;
+}
+
+bool nb_module_recompute(const nb_module *m) { return m && m->recompute; }
+
+static nb_tensor *own_forward(nb_tensor *const *in, int n, void *ctx) {
+    (void)n;
+    nb_module *m = ctx;
+    return m->vt->forward(m, in[0]);
+}
+
 /* The module's forward as a span of the trace and the profiler (its type name). */
 static nb_tensor *traced_forward(nb_module *m, nb_tensor *x) {
     int tok = NB__SPAN_BEGIN(m->vt->type_name, NULL, NB__CAT_MODULE);
-    nb_tensor *y = m->vt->forward(m, x);
+    nb_tensor *y = m->recompute ? nb_recompute(own_forward, &x, 1, m,
+                                               &(nb_recompute_opts){.gen = m->recompute_gen})
+                                : m->vt->forward(m, x);
     NB__SPAN_END(tok);
     return y;
 }

@@ -7,6 +7,7 @@
 #include "tensor/tape.h"
 
 static _Thread_local bool tls_grad_disabled; /* zero-initialized: grad mode on */
+static _Thread_local nb__leaf_set *tls_collect; /* see nb__collect_begin */
 static atomic_ullong g_seq;
 
 bool nb_grad_enabled(void) { return !tls_grad_disabled; }
@@ -18,8 +19,47 @@ bool nb_set_grad_enabled(bool enabled) {
 }
 
 /* ---- recording ------------------------------------------------------------------------------ */
+static void collect(nb__leaf_set *set, nb_tensor *const *inputs, int n) {
+    for (int i = 0; i < n; i++) {
+        nb_tensor *t = inputs[i];
+        if (!t || !t->requires_grad) continue;
+        if (t->grad_fn) {
+            bool skip = false;
+            for (int j = 0; j < set->nskip && !skip; j++) skip = set->skip[j] == t;
+            if (!skip && !set->nonleaf) set->nonleaf = t;
+            continue;
+        }
+        bool seen = false;
+        for (int j = 0; j < set->n && !seen; j++) seen = set->items[j] == t;
+        if (seen) continue;
+        if (set->n == set->cap) {
+            int cap = set->cap ? 2 * set->cap : 16;
+            nb_tensor **items = nb_host_alloc(sizeof(nb_tensor *) * (size_t)cap);
+            if (!items) {
+                set->failed = true;
+                return;
+            }
+            if (set->n) memcpy(items, set->items, sizeof(nb_tensor *) * (size_t)set->n);
+            nb_host_free(set->items);
+            set->items = items, set->cap = cap;
+        }
+        set->items[set->n++] = t;
+    }
+}
+
+nb__leaf_set *nb__collect_begin(nb__leaf_set *set) {
+    nb__leaf_set *prev = tls_collect;
+    tls_collect = set;
+    return prev;
+}
+
+void nb__collect_end(nb__leaf_set *prev) { tls_collect = prev; }
+
 bool nb__needs_grad(nb_tensor *const *inputs, int n) {
-    if (tls_grad_disabled) return false;
+    if (tls_grad_disabled) {
+        if (tls_collect) collect(tls_collect, inputs, n);
+        return false;
+    }
     for (int i = 0; i < n; i++)
         if (inputs[i] && inputs[i]->requires_grad) return true;
     return false;
@@ -73,6 +113,8 @@ void nb__node_release_saved(nb__node *n) {
         nb_tensor_free(n->saved[i]);
         n->saved[i] = NULL;
     }
+    if (n->ext) n->ext_free(n->ext);
+    n->ext = NULL;
 }
 
 void nb__node_release(nb__node *n) {

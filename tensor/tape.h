@@ -55,6 +55,11 @@ struct nb__node {
      * the rule when a saved tensor was written in place since */
     uint64_t saved_version[NB__NODE_MAX_SAVED];
     nb__attrs attrs;
+    /* op state beyond saved[] (NB__OP_RECOMPUTE: the function, its saved inputs and the
+     * generators' states, autograd/recompute.c), freed by ext_free with the saved tensors;
+     * NULL for every other op */
+    void *ext;
+    void (*ext_free)(void *ext);
     bool released;       /* saved tensors freed by a backward without retain_graph */
     /* engine scratch, valid during one backward */
     uint64_t epoch;
@@ -95,7 +100,25 @@ bool nb__inplace_ok(const nb_tensor *t, const char *op);
 NB__OPS(NB__BW_DECLARE)
 #undef NB__BW_DECLARE
 
-/* Free a node's saved tensors (a backward without retain_graph). */
+/* Free a node's saved tensors and ext (a backward without retain_graph). */
 void nb__node_release_saved(nb__node *n);
+
+/* Leaf collection (activation checkpointing): while a collector is set on this thread,
+ * nb__needs_grad with grad mode off adds each input that is a leaf requiring grad to it
+ * (once), so a function run without recording still tells which parameters it read (and
+ * notes a non-leaf requiring grad it read that is not one of set->skip).
+ * nb__collect_begin returns the previous collector, to be restored by nb__collect_end. */
+typedef struct nb__leaf_set {
+    nb_tensor **items; /* borrowed */
+    int n, cap;
+    bool failed;       /* out of memory while adding */
+    /* tensors not to note (the function's inputs), and the first tensor requiring grad
+     * that was read but is not a leaf and not among them (NULL if none) */
+    nb_tensor *const *skip;
+    int nskip;
+    nb_tensor *nonleaf;
+} nb__leaf_set;
+nb__leaf_set *nb__collect_begin(nb__leaf_set *set);
+void nb__collect_end(nb__leaf_set *prev);
 
 #endif

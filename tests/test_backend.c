@@ -45,7 +45,7 @@ END_TEST
 /* Every op's kernel list names real kernels, and every op that is not a view lists one. */
 START_TEST(test_op_kernels) {
     static const char *const views[] = {"view", "permute", "narrow", "expand", "slice",
-                                        "select", "to_device"};
+                                        "select", "to_device", "recompute"};
     for (int op = 0; op < NB__OP_COUNT; op++) {
         const char *const *ks = nb__op_kernels(nb__op_names[op]);
         ck_assert_msg(ks != NULL, "no kernel list for %s", nb__op_names[op]);

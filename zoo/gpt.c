@@ -36,12 +36,23 @@ static nb_tensor *embedding_forward(nb_module *m, nb_tensor *x) {
 
 /* x + dropout(c_proj(y)) is the residual form both branches end in. The attention reads q,
  * k and v in place from c_attn's (B, T, 3C) output and returns the heads merged (B, T, C). */
+static nb_tensor *attn_core(nb_tensor *const *qkv, int n, void *m) {
+    (void)n;
+    const nb_gpt_config *c = cfg_of(m);
+    bool training = nb_module_is_training(m);
+    return nb_causal_attention_qkv(qkv[0], c->n_head, 0.0, training ? c->dropout : 0.0,
+                                   training, c->dropout_gen);
+}
+
+/* With recompute ATTN, the attention core (qkv -> heads merged) is replayed in backward
+ * (Megatron's selective recompute); with FULL the whole block is (make_block). */
 static nb_tensor *attn_forward(nb_module *m, nb_tensor *x) {
     const nb_gpt_config *c = cfg_of(m);
     nb_tensor *qkv = nb_forward(nb_module_child(m, "c_attn"), x); /* (B, T, 3C) */
-    bool training = nb_module_is_training(m);
-    nb_tensor *y = nb_causal_attention_qkv(qkv, c->n_head, 0.0, training ? c->dropout : 0.0,
-                                           training, c->dropout_gen);
+    nb_tensor *y = c->recompute == NB_GPT_RECOMPUTE_ATTN
+                       ? nb_recompute(attn_core, &qkv, 1, m,
+                                      &(nb_recompute_opts){.gen = c->dropout_gen})
+                       : attn_core(&qkv, 1, m);
     return dropout(m, nb_forward(nb_module_child(m, "c_proj"), y));
 }
 
@@ -109,6 +120,7 @@ static nb_module *make_block(nb_module *list, const nb_gpt_config *c, nb_generat
     const double proj_std = 0.02 / sqrt(2.0 * (double)c->n_layer); /* GPT-2's scaled init */
     nb_module *b = nb_module_new(&block_vt, (void *)(uintptr_t)c);
     if (!b || nb_module_list_append(list, b) != NB_OK) return NULL; /* the list took b over */
+    if (c->recompute == NB_GPT_RECOMPUTE_FULL) nb_module_set_recompute(b, true, c->dropout_gen);
     nb_module *attn, *mlp;
     if (!make_layernorm(b, "ln_1", c) ||
         !(attn = child(b, "attn", nb_module_new(&attn_vt, (void *)(uintptr_t)c))) ||
@@ -143,6 +155,11 @@ static bool resolve(const nb_gpt_config *in, nb_gpt_config *c) {
     }
     if (!(c->dropout >= 0 && c->dropout < 1)) {
         nb_set_error(NB_EINVAL, "nb_gpt_new: dropout must be in [0, 1), got %g", c->dropout);
+        return false;
+    }
+    if ((int)c->recompute < NB_GPT_RECOMPUTE_NONE || (int)c->recompute > NB_GPT_RECOMPUTE_FULL) {
+        nb_set_error(NB_EINVAL, "nb_gpt_new: recompute must be NB_GPT_RECOMPUTE_NONE, _ATTN or "
+                     "_FULL, got %d", (int)c->recompute);
         return false;
     }
     return true;

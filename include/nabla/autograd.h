@@ -91,6 +91,37 @@ typedef void (*nb_grad_hook_fn)(nb_tensor *leaf, void *ctx);
 int nb_register_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *ctx);
 nb_status nb_remove_grad_hook(nb_tensor *leaf, int handle);
 
+/* ---- activation checkpointing ---------------------------------------------------------------
+ * nb_recompute(fn, inputs, n, ctx, opts) returns fn(inputs, n, ctx) but keeps only the inputs
+ * for backward, not the tensors fn's ops would save (PyTorch's torch.utils.checkpoint,
+ * non-reentrant): fn runs with grad mode off in a scope of its own, and backward runs it
+ * again, with grad mode on and the generators set back to the states this call found (the
+ * thread's default generator and opts->gen), so dropout masks are the same; gradients then
+ * flow through the replayed graph to the inputs and to every tensor requiring grad that fn
+ * read (its parameters, which need not be inputs). Losses and gradients are bit-identical
+ * to calling fn directly. Leaf hooks run once per leaf per backward, as without it. The
+ * replay draws nothing from the generators' streams (they are put back afterwards).
+ *     static nb_tensor *block(nb_tensor *const *in, int n, void *ctx) {
+ *         (void)n;
+ *         return nb_forward(ctx, in[0]);       // any module, or any ops
+ *     }
+ *     nb_tensor *y = nb_recompute(block, &x, 1, mlp, NULL);
+ * Rules for fn: it must do the same work both times (the same ops on the same tensors; a
+ * replay that reads a tensor requiring grad the first run did not, or returns another shape,
+ * fails the backward with NB_ESTATE); a tensor requiring grad that fn reads must be an input
+ * or a leaf (one computed outside fn and read through ctx is NB_EINVAL: pass it as an
+ * input); fn returns a new reference (scope rules) or NULL with
+ * an error; its failure during the replay fails nb_backward with that error. ctx and what fn
+ * reads through it are borrowed until the graph is freed. With grad mode off, nb_recompute is
+ * just fn(inputs, n, ctx). nb_module_set_recompute (nabla/nn.h) does this for a module. */
+typedef nb_tensor *(*nb_recompute_fn)(nb_tensor *const *inputs, int n, void *ctx);
+typedef struct nb_recompute_opts {
+    nb_generator *gen; /* NULL; a generator fn draws from besides the thread's default one */
+} nb_recompute_opts;
+nb_recompute_opts nb_recompute_defaults(void);
+nb_tensor *nb_recompute(nb_recompute_fn fn, nb_tensor *const *inputs, int n, void *ctx,
+                        const nb_recompute_opts *opts);
+
 /* ---- gradient checking -------------------------------------------------------------------- */
 /* f maps inputs to an output tensor; it is called several times. */
 typedef nb_tensor *(*nb_gradcheck_fn)(nb_tensor *const *inputs, int n, void *ctx);

@@ -79,6 +79,13 @@
 extern "C" {
 #endif
 
+/* What the blocks recompute in backward instead of keeping (docs/gpt.md). */
+typedef enum nb_gpt_recompute {
+    NB_GPT_RECOMPUTE_NONE = 0,
+    NB_GPT_RECOMPUTE_ATTN,
+    NB_GPT_RECOMPUTE_FULL
+} nb_gpt_recompute;
+
 /* Model hyperparameters; zero means the default (the W3 workload: a byte-level model with
  * 4 layers, 4 heads, width 256, context 128). */
 typedef struct nb_gpt_config {
@@ -92,6 +99,9 @@ typedef struct nb_gpt_config {
     bool no_bias;              /* drop the biases of the linear layers and layer norms */
     bool gelu_tanh;            /* GPT-2's tanh approximation instead of the exact erf GELU */
     nb_generator *dropout_gen; /* borrowed; NULL: the thread's default generator */
+    nb_gpt_recompute recompute; /* activation checkpointing (nb_recompute): NONE (0), ATTN
+                                   (each block's attention core, as Megatron's selective
+                                   recompute), FULL (each block keeps only its input) */
 } nb_gpt_config;
 
 /* Build the model and initialize it as nanoGPT does: every linear weight and both

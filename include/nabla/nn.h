@@ -111,6 +111,15 @@ typedef nb_status (*nb_forward_hook_fn)(nb_module *m, nb_tensor *x, nb_tensor *o
 int nb_module_register_forward_pre_hook(nb_module *m, nb_forward_pre_hook_fn fn, void *ctx);
 int nb_module_register_forward_hook(nb_module *m, nb_forward_hook_fn fn, void *ctx);
 nb_status nb_module_remove_forward_hook(nb_module *m, int handle);
+/* Activation checkpointing (PyTorch's checkpoint_wrapper, but in place: the module tree and
+ * parameter names do not change): with on, nb_forward(m, x) runs m's forward through
+ * nb_recompute (nabla/autograd.h), so backward keeps only x of everything m's forward makes
+ * and replays the forward (its hooks do not run again) with the thread's default generator
+ * and gen (NULL: none other; borrowed, must outlive m's graphs) back at the states the
+ * forward found: dropout masks are the same, and so are losses and gradients, bit for bit.
+ * Off by default; NB_ENULL for a NULL module. */
+nb_status nb_module_set_recompute(nb_module *m, bool on, nb_generator *gen);
+bool nb_module_recompute(const nb_module *m);
 /* Training mode (dropout active, batch norm uses batch statistics): on by default. */
 void nb_module_train(nb_module *m, bool training);
 bool nb_module_is_training(const nb_module *m);

@@ -36,6 +36,7 @@ typedef struct args {
     int64_t n_layer, n_head, n_embd, block_size;
     double dropout;
     int64_t bias, gelu_tanh;
+    const char *recompute; /* --checkpoint-activations */
     /* training */
     const char *data;
     int64_t steps, decay_steps, batch, warmup, grad_accum, eval_every, eval_batches, save_every;
@@ -61,6 +62,9 @@ static void usage(const args *a, FILE *out) {
             "  --dropout P      dropout probability (default %g)\n"
             "  --bias 0|1       biases in linear layers and layer norms (default %lld)\n"
             "  --gelu-tanh 0|1  tanh-approximated GELU (default %lld: exact)\n"
+            "  --checkpoint-activations none|attn|full  recompute in backward instead of\n"
+            "                   keeping: each block's attention core, or all but each\n"
+            "                   block's input (default none; results are the same)\n"
             "training:\n"
             "  --data FILE      training text, bytes are tokens (default: `" KJV_COMMAND "`)\n"
             "  --steps N        optimizer steps (default %lld)\n"
@@ -133,7 +137,8 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--seed", BOTH},         {"--load", SAMPLE},       {"--prompt", SAMPLE},
                  {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE},
                  {"--override", TRAIN},    {"--tensorboard", TRAIN}, {"--zero", TRAIN},
-                 {"--keep", TRAIN},        {"--async-save", TRAIN}};
+                 {"--keep", TRAIN},        {"--async-save", TRAIN},
+                 {"--checkpoint-activations", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -195,6 +200,7 @@ static int parse_args(int argc, char **argv, args *a) {
         I64("--async-save", async_save, 0, 1);
         STR("--save", save); STR("--resume", resume); STR("--log", log);
         STR("--override", override); STR("--tensorboard", tensorboard);
+        STR("--checkpoint-activations", recompute);
         I64("--threads", threads, 0, NB_MAX_THREADS); I64("--zero", zero, 0, 3);
         else if (!strcmp(f, "--seed")) {
             if ((ok = nb_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
@@ -214,6 +220,12 @@ static int parse_args(int argc, char **argv, args *a) {
     if (a->async_save && a->zero > 0 && a->keep) {
         fprintf(stderr, "gpt: --async-save with --zero writes one sharded checkpoint "
                         "directory; --keep does not apply to it yet\n");
+        return 2;
+    }
+    if (strcmp(a->recompute, "none") && strcmp(a->recompute, "attn") &&
+        strcmp(a->recompute, "full")) {
+        fprintf(stderr, "gpt: --checkpoint-activations must be none, attn or full, got \"%s\"\n",
+                a->recompute);
         return 2;
     }
     if (strcmp(a->schedule, "cosine") && strcmp(a->schedule, "constant")) {
@@ -478,7 +490,10 @@ static bool setup_model(run *r) {
     const args *a = r->a;
     r->cfg = (nb_gpt_config){.block_size = r->T, .n_layer = a->n_layer, .n_head = a->n_head,
                              .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
-                             .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = r->drop_gen};
+                             .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = r->drop_gen,
+                             .recompute = !strcmp(a->recompute, "full")   ? NB_GPT_RECOMPUTE_FULL
+                                          : !strcmp(a->recompute, "attn") ? NB_GPT_RECOMPUTE_ATTN
+                                                                          : NB_GPT_RECOMPUTE_NONE};
     nb_share_threads(r->world, (int)a->threads);
     if (check_fits(&r->cfg, r->B / r->size, r->T) != NB_OK) return fail(r, "%s", nb_last_error());
     if (!(r->model = nb_gpt_new(&r->cfg, r->init))) return fail(r, "%s", nb_last_error());
@@ -827,6 +842,7 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_int(out, "ranks", r->size);
     nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
     nb_jsonl_num(out, "peak_rss_mib", rss_mib, 0);
+    nb_jsonl_str(out, "checkpoint_activations", r->a->recompute);
     double state_mib[4];
     nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_int(out, "zero", r->a->zero);
@@ -913,7 +929,8 @@ int main(int argc, char **argv) {
     args a = {.n_layer = 4, .n_head = 4, .n_embd = 256, .block_size = 128, .bias = 1,
               .steps = 200, .batch = 16, .warmup = -1, .grad_accum = 1, .eval_every = 100,
               .eval_batches = 20, .lr = 3e-4, .weight_decay = 0.1, .min_lr = -1, .beta1 = 0.9,
-              .beta2 = 0.999, .schedule = "cosine", .tokens = 500, .temperature = 0.8};
+              .beta2 = 0.999, .schedule = "cosine", .recompute = "none", .tokens = 500,
+              .temperature = 0.8};
     if (!nbm_guard_args("gpt", &argc, argv, &guard)) return 2;
     int rc = parse_args(argc, argv, &a);
     if (rc != RUN) return rc;

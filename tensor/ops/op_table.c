@@ -13,7 +13,8 @@ const char *const nb__op_names[NB__OP_COUNT] = {
 };
 
 /* Which kernels each op runs, forward and backward (nb_device_supports). Views (view,
- * permute, narrow, expand, slice, select) and to_device (the backends' own copies) run none.
+ * permute, narrow, expand, slice, select), to_device (the backends' own copies) and
+ * recompute (the ops of the user's function) run none.
  * tests/test_backend.c checks every name here is a kernel of tensor/kernels.h and that
  * every other op lists one. */
 static const char *const op_kernels[NB__OP_COUNT][4] = {

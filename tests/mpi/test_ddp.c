@@ -179,15 +179,19 @@ START_TEST(test_ddp_equivalence_embedding_layernorm) {
 }
 END_TEST
 
-/* ---- the GPT's training step: accumulation without sync, clipping after the average ------- */
-START_TEST(test_ddp_equivalence_gpt) {
+/* ---- the GPT's training step: accumulation without sync, clipping after the average -------
+ * The wrapped model may recompute its blocks in backward (activation checkpointing): the
+ * gradient hooks nb_ddp buckets by must still run once per parameter per backward. */
+static void ddp_equivalence_gpt(nb_gpt_recompute recompute) {
     enum { K = 3, MICRO = 2, GBT = 8, TT = 8 }; /* global batch 8: divisible by 1, 2, 4 */
     nb_scope_begin();
     int rank = mt_rank, size = mt_size;
     nb_gpt_config cfg = {.vocab_size = 64, .block_size = TT, .n_layer = 2, .n_head = 2,
                       .n_embd = 16};
     nb_generator *g0 = nb_generator_new(3), *g1 = nb_generator_new(3 + (uint64_t)rank);
-    nb_module *ref = nb_gpt_new(&cfg, g0), *m = nb_gpt_new(&cfg, g1); /* the broadcast fixes m */
+    nb_module *ref = nb_gpt_new(&cfg, g0);
+    cfg.recompute = recompute;
+    nb_module *m = nb_gpt_new(&cfg, g1); /* the broadcast fixes m */
     nb_generator_free(g0);
     nb_generator_free(g1);
     MT_CHECK(ref && m, "nb_gpt_new: %s", nb_last_error());
@@ -228,6 +232,16 @@ START_TEST(test_ddp_equivalence_gpt) {
     nb_module_free(m);
     nb_module_free(ref);
     nb_scope_end();
+}
+
+START_TEST(test_ddp_equivalence_gpt) {
+    ddp_equivalence_gpt(NB_GPT_RECOMPUTE_NONE);
+    MT_END();
+}
+END_TEST
+
+START_TEST(test_ddp_equivalence_gpt_recompute) {
+    ddp_equivalence_gpt(NB_GPT_RECOMPUTE_FULL);
     MT_END();
 }
 END_TEST
@@ -712,6 +726,7 @@ Suite *mt_suite_ddp(void) {
     tcase_add_test(tc, test_ddp_equivalence_mlp);
     tcase_add_test(tc, test_ddp_equivalence_embedding_layernorm);
     tcase_add_test(tc, test_ddp_equivalence_gpt);
+    tcase_add_test(tc, test_ddp_equivalence_gpt_recompute);
     tcase_add_test(tc, test_ddp_grad_accumulation);
     tcase_add_test(tc, test_ddp_overlap);
     tcase_add_test(tc, test_ddp_unused_parameter);
