@@ -163,6 +163,13 @@ void nb_ddp_set_sync_enabled(nb_ddp *d, bool enabled);
  * the end of backward spent waiting for the buckets), and the number of buckets. */
 double nb_ddp_exposed_comm_s(const nb_ddp *d);
 int nb_ddp_num_buckets(const nb_ddp *d);
+/* Make the loss scaler's inf/NaN check global (nabla/optim.h, "loss scaling"): each
+ * unscale then allreduces its flag (max) over c, one 8-byte collective per step, so every
+ * rank skips the same steps and keeps the same scale. c is borrowed (NULL: local again);
+ * every rank of c must call nb_grad_scaler_step (or unscale) in the same steps. Under nb_ddp
+ * the averaged gradients are the same on every rank, so the flags agree anyway; the
+ * collective makes that explicit and costs microseconds. */
+nb_status nb_grad_scaler_set_comm(nb_grad_scaler *s, nb_comm *c);
 
 /* ---- ZeRO: sharded optimizer state and gradients ------------------------------------------- */
 /* nb_zero trains data parallel like nb_ddp, but each rank keeps only its shard of the model
