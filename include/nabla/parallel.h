@@ -132,6 +132,13 @@ typedef struct nb_ddp_opts {
                                 * are reduced as zeros); otherwise that is an error */
     bool no_broadcast;         /* false; skip broadcasting rank 0's parameters and buffers at
                                 * wrap */
+    nb_dtype reduce_dtype;     /* NB_F32: gradients travel in their own dtype (f16/bf16 ones as
+                                * f32, summed in f32). NB_F16 / NB_BF16: compressed (Horovod's
+                                * fp16 compression, DDP's bf16_compress_hook): each bucket is
+                                * rounded to it, the ranks' copies are added in f32 (an
+                                * all-to-all, then an all-gather of the rounded means), half
+                                * the bytes of an f32 allreduce; no effect on one rank.
+                                * docs/distributed.md, "Compressed communication" */
 } nb_ddp_opts;
 nb_ddp_opts nb_ddp_defaults(void);
 
@@ -163,6 +170,11 @@ void nb_ddp_set_sync_enabled(nb_ddp *d, bool enabled);
  * the end of backward spent waiting for the buckets), and the number of buckets. */
 double nb_ddp_exposed_comm_s(const nb_ddp *d);
 int nb_ddp_num_buckets(const nb_ddp *d);
+/* Gradient bytes this rank sent in the last synchronised step, counted for bandwidth-optimal
+ * collectives (an allreduce of n elements of e bytes over p ranks sends 2 (p-1)/p n e; an
+ * all-to-all or all-gather (p-1)/p n e): halved by reduce_dtype NB_BF16 on f32 gradients.
+ * 0 on one rank. */
+int64_t nb_ddp_comm_bytes(const nb_ddp *d);
 /* Make the loss scaler's inf/NaN check global (nabla/optim.h, "loss scaling"): each
  * unscale then allreduces its flag (max) over c, one 8-byte collective per step, so every
  * rank skips the same steps and keeps the same scale. c is borrowed (NULL: local again);
