@@ -96,7 +96,7 @@ nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_tensor *loss) {
         return NULL;
     }
     if (!loss) return NULL; /* keep the first error */
-    if (!s->o.enabled) return nb_tensor_retain(loss);
+    if (!s->o.enabled) return nb__scope_add(nb_tensor_retain(loss)); /* a new reference */
     return nb_mul_scalar(loss, s->scale);
 }
 

@@ -263,7 +263,7 @@ typedef struct nb_grad_scaler nb_grad_scaler;
 nb_grad_scaler *nb_grad_scaler_new(const nb_grad_scaler_opts *o);
 void nb_grad_scaler_free(nb_grad_scaler *s);  /* NULL is a no-op */
 /* loss * scale (a new tensor in the innermost scope, recorded for autograd, in loss's
- * dtype); the loss itself (a new reference) when the scaler is disabled. */
+ * dtype); the loss itself (one more reference, in the innermost scope) when disabled. */
 nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_tensor *loss);
 /* Unscale opt's gradients and check them for inf/NaN (see above). Once per step: a second
  * call before nb_grad_scaler_update is NB_ESTATE, as PyTorch's unscale_. */
