@@ -254,6 +254,11 @@ nb_status nb_grad_scaler_update(nb_grad_scaler *s) {
     return NB_OK;
 }
 
+nb_status nb_grad_scaler_step_update(nb_grad_scaler *s, nb_optim *opt) {
+    nb_status st = nb_grad_scaler_step(s, opt);
+    return st == NB_OK ? nb_grad_scaler_update(s) : st;
+}
+
 double nb_grad_scaler_get_scale(const nb_grad_scaler *s) {
     return s ? (s->o.enabled ? s->scale : 1.0) : NAN;
 }

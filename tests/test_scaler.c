@@ -319,8 +319,7 @@ static double train_f16(bool scaled) {
         last = m;
         ASSERT_OK(nb_zero_grad(opt));
         ASSERT_OK(nb_backward(nb_grad_scaler_scale(gs, loss)));
-        ASSERT_OK(nb_grad_scaler_step(gs, opt));
-        ASSERT_OK(nb_grad_scaler_update(gs));
+        ASSERT_OK(nb_grad_scaler_step_update(gs, opt));
         nb_scope_end();
     }
     nb_grad_scaler_free(gs);

@@ -276,6 +276,11 @@ nb_status nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt);
  * NB_ESTATE when the scale fell below min_scale: "grad_scaler_update: the loss scale fell
  * to 0.5 (below min_scale 1) at step 123 ...". */
 nb_status nb_grad_scaler_update(nb_grad_scaler *s);
+/* nb_grad_scaler_step then nb_grad_scaler_update: the one call a training loop makes after
+ * nb_backward(nb_grad_scaler_scale(s, loss)) (and clipping, after nb_grad_scaler_unscale).
+ * With a disabled scaler it is nb_step. Returns the first failure: nb_step's, or update's
+ * NB_ESTATE when the scale underflowed (the message names the step). */
+nb_status nb_grad_scaler_step_update(nb_grad_scaler *s, nb_optim *opt);
 double nb_grad_scaler_get_scale(const nb_grad_scaler *s);   /* NAN for NULL */
 /* Whether the last nb_grad_scaler_step skipped the update (inf/NaN gradients). */
 bool nb_grad_scaler_skipped(const nb_grad_scaler *s);

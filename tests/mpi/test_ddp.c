@@ -583,6 +583,42 @@ START_TEST(test_ddp_compressed) {
 }
 END_TEST
 
+/* ---- the loss scaler's global inf/NaN flag ---------------------------------------------------- */
+/* Each rank steps its own parameter; only the last rank's gradient is inf. With the world
+ * set (nb_grad_scaler_set_comm) every rank skips the step and halves its scale; without,
+ * only the last rank does. */
+START_TEST(test_grad_scaler_global_flag) {
+    for (int global = 0; global < 2; global++) {
+        nb_scope_begin();
+        nb_tensor *p = nb_ones((int64_t[]){3}, 1, NB_F32);
+        MT_OK(nb_set_requires_grad(p, true));
+        nb_params lp = {.tensors = &p, .count = 1};
+        nb_optim *o = nb_sgd_new(&lp, &(nb_sgd_opts){.lr = 0.1});
+        nb_grad_scaler *gs = nb_grad_scaler_new(NULL);
+        MT_CHECK(o && gs, "%s", nb_last_error());
+        if (global) MT_OK(nb_grad_scaler_set_comm(gs, mt_world));
+        bool bad = mt_rank == mt_size - 1;
+        nb_tensor *g = nb_full((int64_t[]){3}, 1, NB_F32, bad ? INFINITY : 65536.0);
+        MT_OK(nb_set_grad(p, g));
+        MT_OK(nb_grad_scaler_step(gs, o));
+        bool want_skip = bad || global; /* global: the last rank's inf reaches all */
+        MT_CHECK(nb_grad_scaler_skipped(gs) == want_skip, "rank %d (%s flag): skipped %d",
+                 mt_rank, global ? "global" : "local", nb_grad_scaler_skipped(gs));
+        MT_OK(nb_grad_scaler_update(gs));
+        double want_scale = want_skip ? 32768.0 : 65536.0;
+        MT_CHECK(nb_grad_scaler_get_scale(gs) == want_scale, "rank %d: scale %g, want %g",
+                 mt_rank, nb_grad_scaler_get_scale(gs), want_scale);
+        double v[3];
+        MT_OK(nb_read(p, v, 3, NB_F64));
+        MT_CHECK(v[0] == (want_skip ? 1.0 : (double)(1.0f + (float)-0.1 * 1.0f)), "rank %d: p = %g", mt_rank, v[0]);
+        nb_grad_scaler_free(gs);
+        nb_optim_free(o);
+        nb_scope_end();
+    }
+    MT_END();
+}
+END_TEST
+
 /* ---- synchronisation at the end of backward ----------------------------------------------------- */
 /* a and b hold the same bits (contiguous tensors of one dtype). */
 static bool same_bits(const nb_tensor *a, const nb_tensor *b) {
@@ -822,6 +858,7 @@ Suite *mt_suite_ddp(void) {
     tcase_add_test(tc, test_ddp_step_refuses_unsynced);
     tcase_add_test(tc, test_ddp_backward_failure);
     tcase_add_test(tc, test_ddp_compressed);
+    tcase_add_test(tc, test_grad_scaler_global_flag);
     suite_add_tcase(s, tc);
     return s;
 }
