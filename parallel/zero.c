@@ -645,6 +645,8 @@ static int64_t state_bytes(const nb_optim *o) {
         for (int k = 0; k < NB__OPT_SLOTS; k++)
             if (o->params[i].slot[k]) n += nb_numel(o->params[i].slot[k]) *
                                            (int64_t)nb_dtype_size(o->params[i].slot[k]->dtype);
+    for (int i = 0; o && i < o->nparams; i++) /* f32 master weights of half parameters */
+        if (o->params[i].master) n += nb_numel(o->params[i].master) * 4;
     return n;
 }
 

@@ -253,7 +253,8 @@ typedef struct nb_zero_memory_info {
     int64_t params;            /* the flat parameter buffer */
     int64_t grads;             /* resident gradients (stage 2: the shard, plus any local
                                 * gradients not yet reduced) */
-    int64_t optim_state;       /* optimizer state tensors held on this rank */
+    int64_t optim_state;       /* optimizer state tensors held on this rank (with the f32
+                                * master weights of f16/bf16 parameters) */
     int64_t comm_buffers;      /* persistent communication buffers */
     int64_t total;             /* the sum */
 } nb_zero_memory_info;
