@@ -98,6 +98,9 @@ struct nb_optim {
      * nb_step(opt) calls step_hook(step_ctx) instead of updating the parameters itself. */
     nb_status (*step_hook)(void *ctx);
     void *step_ctx;
+    /* With step_hook: the optimizer whose parameters hold the gradients the hook steps on
+     * (nb_zero's shard optimizer), for the loss scaler's unscale; NULL if none. */
+    nb_optim *sharded;
 };
 
 /* The loss scaler (optim/scaler.c; nabla/optim.h). */
@@ -111,6 +114,7 @@ struct nb_grad_scaler {
     bool found_inf;            /* what the last unscale found (global with a comm) */
     bool last_skipped;
     nb_optim *opt;             /* the optimizer of this step (borrowed, during a step) */
+    nb_optim *gopt;            /* the one holding its gradients: opt, or its shard optimizer */
     /* f32 unscaled gradients of half parameters, by the optimizer's parameter index (kept
      * between steps), and the gradients they replace until step or update puts them back. */
     nb_tensor **buf, **orig;

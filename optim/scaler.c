@@ -74,7 +74,7 @@ static void state_clear(nb_grad_scaler *s) {
 static void restore(nb_grad_scaler *s) {
     for (int i = 0; i < s->nbuf; i++) {
         if (!s->orig[i]) continue;
-        if (s->opt && i < s->opt->nparams) nb_set_grad(s->opt->params[i].t, s->orig[i]);
+        if (s->gopt && i < s->gopt->nparams) nb_set_grad(s->gopt->params[i].t, s->orig[i]);
         nb_tensor_free(s->orig[i]);
         s->orig[i] = NULL;
     }
@@ -117,13 +117,23 @@ static nb_tensor *buffer(nb_grad_scaler *s, int i, const nb_tensor *t) {
     return b;
 }
 
-static nb_status unscale(nb_grad_scaler *s, nb_optim *opt, const char *who) {
-    if (opt->step_hook)
-        return nb__error(NB_EUNSUPPORTED, "%s: the optimizer is sharded by nb_zero; loss "
-                         "scaling supports plain and nb_ddp optimizers", who);
-    if (s->opt && s->opt != opt && (s->unscaled || s->stepped))
+static nb_status unscale(nb_grad_scaler *s, nb_optim *user, const char *who) {
+    if (s->opt && s->opt != user && (s->unscaled || s->stepped))
         return nb__error(NB_ESTATE, "%s: this step already used another optimizer; a scaler "
                          "serves one optimizer per step (call nb_grad_scaler_update)", who);
+    /* Under nb_zero each rank holds the gradients of its shard only, in the shard
+     * optimizer's parameters: unscale those, and agree on the flag across the ranks. */
+    nb_optim *opt = user;
+    if (user->step_hook) {
+        if (!user->sharded)
+            return nb__error(NB_EUNSUPPORTED, "%s: the optimizer's step is redirected and its "
+                             "gradients are not reachable", who);
+        if (!s->reduce_flag)
+            return nb__error(NB_ESTATE, "%s: the optimizer is sharded by nb_zero, so each rank "
+                             "sees part of the gradients: make the inf/NaN check global with "
+                             "nb_grad_scaler_set_comm first", who);
+        opt = user->sharded;
+    }
     if (opt->nparams > s->nbuf) {
         nb_tensor **b = realloc(s->buf, sizeof *b * (size_t)opt->nparams);
         if (b) s->buf = b;
@@ -133,7 +143,8 @@ static nb_status unscale(nb_grad_scaler *s, nb_optim *opt, const char *who) {
         for (int i = s->nbuf; i < opt->nparams; i++) s->buf[i] = s->orig[i] = NULL;
         s->nbuf = opt->nparams;
     }
-    s->opt = opt;
+    s->opt = user;
+    s->gopt = opt;
     /* Check first: nothing is unscaled unless every gradient can be. */
     for (int i = 0; i < opt->nparams; i++) {
         nb_tensor *g = opt->params[i].t->grad;
@@ -236,7 +247,7 @@ nb_status nb_grad_scaler_update(nb_grad_scaler *s) {
     s->steps++;
     bool skipped = s->unscaled && s->found_inf;
     s->unscaled = s->stepped = s->found_inf = false;
-    s->opt = NULL;
+    s->opt = s->gopt = NULL;
     if (skipped) {
         s->skipped++;
         s->scale *= s->o.backoff_factor;
@@ -336,6 +347,6 @@ nb_status nb_grad_scaler_load_state(nb_grad_scaler *s, const char *const *names,
     s->steps = (int64_t)v[2];
     s->skipped = (int64_t)v[3];
     s->unscaled = s->stepped = s->found_inf = s->last_skipped = false;
-    s->opt = NULL;
+    s->opt = s->gopt = NULL;
     return NB_OK;
 }

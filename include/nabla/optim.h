@@ -240,8 +240,8 @@ nb_status nb_step(nb_optim *opt);
  * backoff_factor and restarts the count of clean steps; after growth_interval clean steps
  * in a row it multiplies the scale by growth_factor. With a communicator
  * (nb_grad_scaler_set_comm, nabla/parallel.h) the inf/NaN flag is one allreduce (max)
- * across the ranks, so every rank skips the same steps (needed when each rank holds only
- * part of the gradients). A scaler serves one optimizer at a time (the one given to
+ * across the ranks, so every rank skips the same steps (required under nb_zero, where each
+ * rank holds its shard's gradients, which unscale then works on). A scaler serves one optimizer at a time (the one given to
  * unscale/step since the last update). Ownership: the caller frees the scaler; it borrows
  * the optimizer during a call only. */
 typedef struct nb_grad_scaler_opts {

@@ -313,9 +313,11 @@ START_TEST(test_zero_memory) {
 END_TEST
 
 /* ---- errors ----------------------------------------------------------------------------------- */
-/* An f16 model under ZeRO-2 with Adam: the shard's optimizer keeps f32 master weights of
- * its pieces (docs/optim.md), so each rank holds 12 bytes of state per shard element (m, v
- * and the master: the ZeRO paper's K = 12), the parameters stay identical on every rank, and
+/* An f16 model under ZeRO-2 with Adam and the loss scaler: the shard's optimizer keeps f32
+ * master weights of its pieces (docs/optim.md), so each rank holds 12 bytes of state per
+ * shard element (m, v and the master: the ZeRO paper's K = 12); the scaler unscales the
+ * shard's gradients and agrees on the inf/NaN flag, so a step where only the last rank's
+ * loss is inf is skipped on every rank; the parameters stay identical on every rank, and
  * the loss goes down. */
 START_TEST(test_zero_master_weights) {
     nb_scope_begin();
@@ -337,13 +339,28 @@ START_TEST(test_zero_master_weights) {
     nb_generator_free(dg);
     int64_t local = 32 / mt_size;
     double first = 0, last = 0;
+    nb_grad_scaler *gs = nb_grad_scaler_new(NULL);
+    if (z) {
+        /* without the communicator the scaler refuses a sharded optimizer */
+        nb_scope_begin();
+        nb_tensor *l0 = nb_sum(nb_to_dtype(nb_forward(m, x), NB_F32), NULL, 0, false);
+        MT_OK(nb_zero_grad(o));
+        MT_OK(nb_backward(nb_grad_scaler_scale(gs, l0)));
+        EXPECT_ERROR(nb_grad_scaler_step(gs, o), NB_ESTATE, "nb_grad_scaler_set_comm");
+        nb_scope_end();
+    }
+    MT_OK(nb_grad_scaler_set_comm(gs, mt_world));
     for (int s = 0; s < 30 && z; s++) {
         nb_scope_begin();
         nb_tensor *out = nb_to_dtype(nb_forward(m, nb_narrow(x, 0, mt_rank * local, local)), NB_F32);
         nb_tensor *l = nb_cross_entropy(out, nb_narrow(y, 0, mt_rank * local, local), NULL);
+        nb_tensor *ls = s == 10 && mt_rank == mt_size - 1 ? nb_mul_scalar(l, INFINITY) : l;
         MT_OK(nb_zero_grad(o));
-        MT_OK(nb_backward(l));
-        MT_OK(nb_step(o));
+        MT_OK(nb_backward(nb_grad_scaler_scale(gs, ls)));
+        MT_OK(nb_grad_scaler_step(gs, o));
+        if (s == 10)
+            MT_CHECK(nb_grad_scaler_skipped(gs), "rank %d did not skip the inf step", mt_rank);
+        MT_OK(nb_grad_scaler_update(gs));
         double v = l ? nb_item_f64(l) : NAN;
         if (s == 0) first = v;
         last = v;
@@ -356,6 +373,16 @@ START_TEST(test_zero_master_weights) {
         MT_OK(nb_read(ft, fl, 2, NB_F64));
         MT_CHECK(fl[1] < 0.8 * fl[0], "the f16 model did not train under ZeRO: %g -> %g", fl[0],
                  fl[1]);
+        double sc[2] = {nb_grad_scaler_get_scale(gs), (double)nb_grad_scaler_num_skipped(gs)};
+        nb_tensor *st = nb_from_buffer(sc, (int64_t[]){2}, 1, NB_F64), *sm = nb_clone(st);
+        MT_OK(nb_allreduce(mt_world, st, NB_REDUCE_MAX));
+        MT_OK(nb_allreduce(mt_world, sm, NB_REDUCE_MIN));
+        double hi[2], lw[2];
+        MT_OK(nb_read(st, hi, 2, NB_F64));
+        MT_OK(nb_read(sm, lw, 2, NB_F64));
+        MT_CHECK(hi[0] == lw[0] && hi[1] == lw[1] && lw[1] >= 1,
+                 "the ranks' scalers differ: scale %g..%g, skipped %g..%g", lw[0], hi[0], lw[1],
+                 hi[1]);
         nb_zero_memory_info mi;
         MT_OK(nb_zero_memory(z, &mi));
         double tot[2] = {(double)mi.optim_state, 0};
@@ -382,6 +409,7 @@ START_TEST(test_zero_master_weights) {
             free(vb);
         }
     }
+    nb_grad_scaler_free(gs);
     nb_zero_free(z);
     nb_optim_free(o);
     nb_module_free(m);
