@@ -124,6 +124,8 @@ typedef struct result {
 } result;
 
 /* Train `warmup + steps` steps on n samples (with ddp over c when c is given). */
+static nb_dtype reduce_dtype = NB_F32; /* --reduce-dtype */
+
 static result measure(const workload *w, int64_t n, nb_comm *c, double bucket_mb, int warmup,
                       int steps, int *buckets) {
     nb_module *m = w->build();
@@ -132,6 +134,7 @@ static result measure(const workload *w, int64_t n, nb_comm *c, double bucket_mb
     if (c) {
         nb_ddp_opts o = nb_ddp_defaults();
         if (bucket_mb > 0) o.bucket_mb = bucket_mb;
+        o.reduce_dtype = reduce_dtype;
         d = nb_ddp_new(m, c, &o);
         CHECK(d);
         if (buckets) *buckets = nb_ddp_num_buckets(d);
@@ -198,9 +201,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--warmup") && v) warmup = atoi(v), i++;
         else if (!strcmp(argv[i], "--threads") && v) threads = atoi(v), i++;
         else if (!strcmp(argv[i], "--bucket-mb") && v) bucket_mb = atof(v), i++;
+        else if (!strcmp(argv[i], "--reduce-dtype") && v &&
+                 (!strcmp(v, "f32") || !strcmp(v, "f16") || !strcmp(v, "bf16")))
+            reduce_dtype = !strcmp(v, "f32") ? NB_F32 : !strcmp(v, "f16") ? NB_F16 : NB_BF16, i++;
         else {
             fprintf(stderr, "usage: %s [--model mlp|gpt|all] [--steps N] [--warmup N] "
-                    "[--threads N] [--bucket-mb X]   (run under mpirun -np N)\n", argv[0]);
+                    "[--threads N] [--bucket-mb X] [--reduce-dtype f32|f16|bf16]   (run under "
+                    "mpirun -np N)\n", argv[0]);
             return 2;
         }
     }

@@ -374,6 +374,54 @@ static void clamp_inplace(nb_dtype dt, void *x, int64_t n, double lo, double hi)
     }
 }
 
+/* ---- loss scaling: unscale and inf/NaN check in one pass -------------------------------------- */
+/* Each block reports whether it saw a non-finite value; the flags are OR-ed after the
+ * loop, so the result never depends on the thread count. */
+static nb_status cpu_amp_unscale(const nb__amp_unscale_args *a) {
+    const nb_dtype dt = a->dtype, ot = a->out_dtype;
+    const int64_t n = a->n, nblk = (n + BLOCK - 1) / BLOCK;
+    unsigned char small[64], *bad = nblk <= 64 ? small : nb_host_alloc((size_t)nblk);
+    if (!bad) return nb__error(NB_ENOMEM, "amp_unscale: out of memory");
+    const float inv = (float)a->inv_scale;
+    int nt = nb__threads_for(n, NB__GRAIN);
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+    for (int64_t b = 0; b < nblk; b++) {
+        int64_t s = b * BLOCK, e = n - s < BLOCK ? n : s + BLOCK;
+        bool nf = false;
+        if (dt == NB_F64) {
+            const double *x = a->x;
+            double *o = a->out, invd = (double)inv;
+            for (int64_t i = s; i < e; i++) {
+                nf |= !isfinite(x[i]);
+                o[i] = x[i] * invd;
+            }
+        } else if (dt == NB_F32) {
+            const float *x = a->x;
+            float *o = a->out;
+            for (int64_t i = s; i < e; i++) {
+                nf |= !isfinite(x[i]);
+                o[i] = x[i] * inv;
+            }
+        } else {
+            const uint16_t *x = a->x;
+            const bool f16 = dt == NB_F16;
+            for (int64_t i = s; i < e; i++) {
+                float v = f16 ? nb_f16_to_f32(x[i]) : nb_bf16_to_f32(x[i]);
+                nf |= !isfinite(v);
+                v *= inv;
+                if (ot == NB_F32) ((float *)a->out)[i] = v;
+                else ((uint16_t *)a->out)[i] = f16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
+            }
+        }
+        bad[b] = nf;
+    }
+    bool any = false;
+    for (int64_t b = 0; b < nblk; b++) any |= bad[b];
+    if (bad != small) nb_host_free(bad);
+    if (any) *a->found_inf = 1;
+    return NB_OK;
+}
+
 /* ---- the kernel table's entries ------------------------------------------------------------ */
 static nb_status cpu_clip_abs_pow_sum(const nb__clip_reduce_args *a) {
     *a->result = abs_pow_sum(a->dtype, a->x, a->n, a->p);
@@ -404,4 +452,5 @@ void nb__cpu_register_optim(nb__kernels *k) {
     k->clip_abs_max = cpu_clip_abs_max;
     k->clip_scale = cpu_clip_scale;
     k->clip_clamp = cpu_clip_clamp;
+    k->amp_unscale = cpu_amp_unscale;
 }

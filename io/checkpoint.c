@@ -112,6 +112,8 @@ nb_status nb__checkpoint_collect(const nb_checkpoint *c, const char *const *xkey
     nb_status st = c->model ? nb_state_list_add_module(l, "model.", c->model) : NB_OK;
     if (st == NB_OK && c->optim) st = nb_state_list_add_params(l, "optim.", nb_optim_state(c->optim));
     if (st == NB_OK && c->sched) st = nb_state_list_add_params(l, "sched.", nb_sched_state(c->sched));
+    if (st == NB_OK && c->scaler)
+        st = nb_state_list_add_params(l, "scaler.", nb_grad_scaler_state(c->scaler));
     if (st == NB_OK && c->loader) {
         nb_loader_state pos;
         st = nb_loader_get_state(c->loader, &pos);
@@ -262,9 +264,10 @@ static nb_status checkpoint_load(const char *path, nb_checkpoint *c, const nb__c
     }
     /* Optimizer and schedule state are validated by their loaders before they change
      * anything; the model is loaded first only after both lists were read. */
-    nb_state_list ol = {0}, sl = {0};
+    nb_state_list ol = {0}, sl = {0}, gl = {0};
     if (st == NB_OK && c->optim && !o) st = nb_state_list_add_file(&ol, f, "optim.");
     if (st == NB_OK && c->sched) st = nb_state_list_add_file(&sl, f, "sched.");
+    if (st == NB_OK && c->scaler) st = nb_state_list_add_file(&gl, f, "scaler.");
     if (st == NB_OK) st = nb_module_load_from(c->model, f, "model.", true);
     if (st == NB_OK && o && o->opt) {
         st = nb_optim_load_state(o->opt, o->names, o->tensors, o->n);
@@ -273,6 +276,10 @@ static nb_status checkpoint_load(const char *path, nb_checkpoint *c, const nb__c
         st = nb_optim_load_state(c->optim, ol.names, ol.tensors, ol.count);
     }
     if (st == NB_OK && c->sched) st = nb_sched_load_state(c->sched, sl.names, sl.tensors, sl.count);
+    /* A file written before loss scaling existed has no "scaler." entries: the scaler keeps
+     * its state (a fresh scaler's, as PyTorch's GradScaler without a saved state_dict). */
+    if (st == NB_OK && c->scaler && gl.count > 0)
+        st = nb_grad_scaler_load_state(c->scaler, gl.names, gl.tensors, gl.count);
     if (st == NB_OK && c->loader)
         st = nb_loader_set_state(c->loader, &(nb_loader_state){(int64_t)epoch, (int64_t)batch});
     for (int i = 0; st == NB_OK && i < c->ngens; i++) {
@@ -290,6 +297,7 @@ static nb_status checkpoint_load(const char *path, nb_checkpoint *c, const nb__c
     if (st == NB_OK && run) snprintf(c->run_id, sizeof c->run_id, "%s", run);
     nb_state_list_deinit(&ol);
     nb_state_list_deinit(&sl);
+    nb_state_list_deinit(&gl);
     nb_safetensors_close(f);
     return st;
 }

@@ -44,6 +44,8 @@ void nb__oparam_reset(nb__oparam *p) {
         nb_tensor_free(p->slot[k]);
         p->slot[k] = NULL;
     }
+    nb_tensor_free(p->master);
+    p->master = NULL;
     p->has_state = false;
     p->step = 0;
 }
@@ -85,9 +87,9 @@ static nb_status add_params(nb_optim *opt, const nb_params *ps, int g, const cha
         snprintf(idx, sizeof idx, "%d", opt->nparams + i);
         const char *name = ps->names && ps->names[i] ? ps->names[i] : idx;
         if (!t) return nb__error(NB_ENULL, "%s: parameter %d ('%s') is NULL", who, i, name);
-        if (t->dtype != NB_F32 && t->dtype != NB_F64)
-            return nb__error(NB_EDTYPE, "%s: parameter '%s' is %s; optimizers update f32 or f64 "
-                             "parameters (keep f32 master weights for half-precision models)",
+        if (!nb_dtype_is_float(t->dtype))
+            return nb__error(NB_EDTYPE, "%s: parameter '%s' is %s; optimizers update float "
+                             "parameters (f32, f64, or f16/bf16 with f32 master weights)",
                              who, name, nb_dtype_name(t->dtype));
         nb_status kst = kernel_ok(opt->kind, t, who);
         if (kst != NB_OK) return kst;
@@ -373,18 +375,25 @@ static nb_status zero_grad(nb_optim *opt) {
     return NB_OK;
 }
 
+#define FRESH_MASTER (1u << 31) /* prepare's flag: the master copy was allocated now */
+
 /* Check one parameter before any update; allocate its missing state (unfilled: the fill
- * happens in the update pass, so a failure here leaves nothing half-initialized). */
+ * happens in the update pass, so a failure here leaves nothing half-initialized). A half
+ * parameter's state and master copy are f32; its gradient may be of its own dtype or f32
+ * (reduced in f32, nb_ddp_opts.reduce_dtype). */
 static nb_status prepare(nb_optim *opt, nb__oparam *p, unsigned *fresh) {
     const char *who = opt->kind->name;
     nb_tensor *t = p->t, *g = t->grad;
+    const nb_dtype wdt = nb__opt_work_dtype(t->dtype);
     *fresh = 0;
-    if (t->dtype != NB_F32 && t->dtype != NB_F64)
-        return nb__error(NB_EDTYPE, "%s: parameter '%s' is %s; optimizers update f32 or f64",
-                         who, p->name, nb_dtype_name(t->dtype));
-    if (g->dtype != t->dtype)
-        return nb__error(NB_EDTYPE, "%s: the gradient of '%s' is %s but the parameter is %s",
-                         who, p->name, nb_dtype_name(g->dtype), nb_dtype_name(t->dtype));
+    if (!nb_dtype_is_float(t->dtype))
+        return nb__error(NB_EDTYPE, "%s: parameter '%s' is %s; optimizers update float "
+                         "parameters", who, p->name, nb_dtype_name(t->dtype));
+    if (g->dtype != t->dtype && !(nb__opt_is_half(t->dtype) && g->dtype == NB_F32))
+        return nb__error(NB_EDTYPE, "%s: the gradient of '%s' is %s but the parameter is %s%s",
+                         who, p->name, nb_dtype_name(g->dtype), nb_dtype_name(t->dtype),
+                         nb__opt_is_half(t->dtype) ? " (a half parameter's gradient may be of "
+                         "its dtype or f32)" : "");
     if (nb_numel(g) != nb_numel(t))
         return nb__error(NB_ESHAPE, "%s: the gradient of '%s' has shape %s but the parameter %s",
                          who, p->name, NB__SHAPE(g), NB__SHAPE(t));
@@ -411,12 +420,27 @@ static nb_status prepare(nb_optim *opt, nb__oparam *p, unsigned *fresh) {
                              "its state again)", who, p->name,
                              NB__DEVSTR(nb__device_of(p->slot[k])), NB__DEVSTR(dev));
         if (!p->slot[k]) {
-            nb_tensor *s = nb__empty(t->shape, t->ndim, t->dtype, dev);
+            nb_tensor *s = nb__empty(t->shape, t->ndim, wdt, dev);
             if (!s) return nb_last_status();
             p->slot[k] = nb__scope_take(s);
             *fresh |= 1u << k;
         } else if (!p->has_state) {
             *fresh |= 1u << k; /* allocated by an earlier step that failed */
+        }
+    }
+    if (nb__opt_is_half(t->dtype)) {
+        if (p->master && !nb_device_equal(nb__device_of(p->master), dev))
+            return nb__error(NB_EDEVICE, "%s: the f32 master copy of '%s' is on %s but the "
+                             "parameter is on %s; create the optimizer after moving the model "
+                             "(or load its state again)", who, p->name,
+                             NB__DEVSTR(nb__device_of(p->master)), NB__DEVSTR(dev));
+        if (!p->master) {
+            nb_tensor *m = nb__empty(t->shape, t->ndim, NB_F32, dev);
+            if (!m) return nb_last_status();
+            p->master = nb__scope_take(m);
+            *fresh |= FRESH_MASTER;
+        } else if (!p->has_state) {
+            *fresh |= FRESH_MASTER;
         }
     }
     return NB_OK;
@@ -458,6 +482,11 @@ static nb_status step(nb_optim *opt) {
         /* A non-contiguous gradient (a user-installed view) is read from a packed copy. */
         if (st == NB_OK && !nb_is_contiguous(w[i].g) && !(w[i].g = nb_contiguous(w[i].g)))
             st = nb_last_status();
+        /* A half parameter's update runs in f32 on its master: an f32 copy of a half
+         * gradient (scope memory from the caching allocator). */
+        if (st == NB_OK && w[i].g->dtype != nb__opt_work_dtype(w[i].g->dtype) &&
+            !(w[i].g = nb_to_dtype(w[i].g, NB_F32)))
+            st = nb_last_status();
     }
     /* Pass 2: initialize fresh state and run one fused update per parameter. */
     for (int i = 0; i < opt->nparams && st == NB_OK; i++) {
@@ -479,7 +508,19 @@ static nb_status step(nb_optim *opt) {
         nb__bump_version(p->t);
         for (int k = 0; k < opt->kind->nslots; k++)
             if (p->slot[k]) nb__bump_version(p->slot[k]);
-        st = opt->kind->update(h, p, w[i].g, w[i].fresh);
+        if (!p->master) {
+            st = opt->kind->update(h, p, w[i].g, w[i].fresh & ~FRESH_MASTER);
+            continue;
+        }
+        /* Master weights: the update runs on the f32 copy, the parameter gets it rounded
+         * to its dtype (round to nearest even). */
+        if ((w[i].fresh & FRESH_MASTER) && (st = nb_copy_(p->master, p->t)) != NB_OK) break;
+        nb__bump_version(p->master);
+        nb_tensor *t = p->t;
+        p->t = p->master;
+        st = opt->kind->update(h, p, w[i].g, w[i].fresh & ~FRESH_MASTER);
+        p->t = t;
+        if (st == NB_OK) st = nb_copy_(t, p->master);
     }
     nb_scope_end();
     nb_set_grad_enabled(prev);

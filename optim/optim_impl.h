@@ -40,7 +40,18 @@ typedef struct nb__oparam {
     bool has_state;    /* updated at least once, or state loaded */
     int64_t step;      /* updates so far (kinds with a step count) */
     nb_tensor *slot[NB__OPT_SLOTS]; /* owned; NULL where unused or not yet allocated */
+    /* Half-precision (f16/bf16) parameters: the owned f32 master copy the update runs on
+     * (its state is f32 too); the parameter receives it rounded after each update. Made
+     * from the parameter on its first update; NULL for f32/f64 parameters. */
+    nb_tensor *master;
 } nb__oparam;
+
+/* The dtype an optimizer computes a parameter of dtype dt in (its state's and master's):
+ * f32 for the half types (master weights, docs/architecture.md rule 7), dt otherwise. */
+static inline bool nb__opt_is_half(nb_dtype dt) { return dt == NB_F16 || dt == NB_BF16; }
+static inline nb_dtype nb__opt_work_dtype(nb_dtype dt) {
+    return nb__opt_is_half(dt) ? NB_F32 : dt;
+}
 
 typedef struct nb__optim_kind {
     const char *name;
@@ -62,8 +73,9 @@ typedef struct nb__optim_kind {
     const char *kernel;
     /* Update one parameter: fill the kernel's args with the device pointers of p->t, grad
      * (contiguous, same dtype, f32/f64, on p->t's device) and p's state, and launch the
-     * kernel once on p->t's device (on meta it does not run). p->step is already
-     * incremented; fresh has bit k set when slot k was allocated for this update. */
+     * kernel once on p->t's device (on meta it does not run). For a half parameter p->t is
+     * its f32 master during the call. p->step is already incremented; fresh has bit k set
+     * when slot k was allocated for this update. */
     nb_status (*update)(const nb__hyper *h, nb__oparam *p, const nb_tensor *grad,
                         unsigned fresh);
 } nb__optim_kind;
@@ -86,6 +98,33 @@ struct nb_optim {
      * nb_step(opt) calls step_hook(step_ctx) instead of updating the parameters itself. */
     nb_status (*step_hook)(void *ctx);
     void *step_ctx;
+    /* With step_hook: the optimizer whose parameters hold the gradients the hook steps on
+     * (nb_zero's shard optimizer), for the loss scaler's unscale; NULL if none. */
+    nb_optim *sharded;
+};
+
+/* The loss scaler (optim/scaler.c; nabla/optim.h). */
+struct nb_grad_scaler {
+    nb_grad_scaler_opts o;
+    double scale;
+    int64_t tracker;           /* clean steps in a row since the last change of scale */
+    int64_t steps, skipped;    /* update calls; skipped steps among them */
+    bool unscaled;             /* unscale ran since the last update */
+    bool stepped;              /* step ran since the last update */
+    bool found_inf;            /* what the last unscale found (global with a comm) */
+    bool last_skipped;
+    nb_optim *opt;             /* the optimizer of this step (borrowed, during a step) */
+    nb_optim *gopt;            /* the one holding its gradients: opt, or its shard optimizer */
+    /* f32 unscaled gradients of half parameters, by the optimizer's parameter index (kept
+     * between steps), and the gradients they replace until step or update puts them back. */
+    nb_tensor **buf, **orig;
+    int nbuf;
+    nb_params slist;           /* nb_grad_scaler_state: arrays owned, names static */
+    nb_tensor *sown[4];
+    /* Set by nb_grad_scaler_set_comm (parallel/): combine the inf/NaN flag (0 or 1) of
+     * every rank into *flag (the maximum). */
+    nb_status (*reduce_flag)(double *flag, void *ctx);
+    void *reduce_ctx;
 };
 
 extern const nb__optim_kind nb__kind_sgd, nb__kind_adam, nb__kind_adamw, nb__kind_rmsprop,

@@ -55,7 +55,7 @@ const nb_params *nb_optim_state(nb_optim *opt) {
     int cap = opt->ngroups * popcount(k->hypers), nscalar = cap;
     for (int i = 0; i < opt->nparams; i++) {
         if (!opt->params[i].has_state) continue;
-        cap += k->nslots + (k->has_step ? 1 : 0);
+        cap += k->nslots + (k->has_step ? 1 : 0) + (opt->params[i].master ? 1 : 0);
         nscalar += k->has_step ? 1 : 0;
     }
     size_t n = (size_t)(cap ? cap : 1);
@@ -72,6 +72,7 @@ const nb_params *nb_optim_state(nb_optim *opt) {
                 ok = push(opt, fmt(k->slot_names[s], p->name), p->slot[s], false);
         if (k->has_step && ok)
             ok = push(opt, fmt("step", p->name), owned_scalar((double)p->step, NB_I64), true);
+        if (p->master && ok) ok = push(opt, fmt("master", p->name), p->master, false);
     }
     for (int g = 0; g < opt->ngroups && ok; g++) {
         for (int h = 0; h < NB__H_COUNT && ok; h++) {
@@ -99,6 +100,9 @@ typedef struct loadctx {
     nb_tensor **fresh;  /* [nparams][NB__OPT_SLOTS]: newly allocated slots */
     nb_tensor **src;    /* [nparams][NB__OPT_SLOTS]: loaded state on the parameter's device */
     int64_t *steps;     /* [nparams]: loaded step counts */
+    int *midx;          /* [nparams]: the "master.<param>" entry or -1 */
+    nb_tensor **msrc;   /* [nparams]: loaded master copies on the parameter's device */
+    nb_tensor **mfresh; /* [nparams]: newly allocated master copies */
 } loadctx;
 
 static int find_param(const nb_optim *opt, const char *name, int hint) {
@@ -164,6 +168,19 @@ static nb_status parse(loadctx *c, const char *const *names, nb_tensor *const *t
             size_t plen = (size_t)(dot - name);
             int s = -1;
             if (k->has_step && plen == 4 && strncmp(name, "step", 4) == 0) s = STEP_SLOT;
+            if (plen == 6 && strncmp(name, "master", 6) == 0) {
+                int i = find_param(opt, dot + 1, hint);
+                if (i < 0) return unexpected(c, name, "no parameter has that name");
+                if (!nb__opt_is_half(opt->params[i].t->dtype))
+                    return unexpected(c, name, "the parameter is not f16/bf16, so it has no "
+                                      "master copy");
+                hint = i;
+                if (c->midx[i] >= 0)
+                    return nb__error(NB_EINVAL, "%s: '%s' appears twice (entries %d and %d)",
+                                     c->who, name, c->midx[i], e);
+                c->midx[i] = e;
+                continue;
+            }
             for (int j = 0; j < k->nslots && s < 0; j++)
                 if (strlen(k->slot_names[j]) == plen && strncmp(name, k->slot_names[j], plen) == 0)
                     s = j;
@@ -203,10 +220,21 @@ static nb_status validate(loadctx *c, const char *const *names, nb_tensor *const
     for (int i = 0; i < opt->nparams; i++) {
         nb__oparam *p = &opt->params[i];
         const int *idx = &c->pidx[i * (NB__OPT_SLOTS + 1)];
-        bool any = false;
+        bool any = c->midx[i] >= 0;
         for (int s = 0; s <= NB__OPT_SLOTS; s++) any |= idx[s] >= 0;
         if (!any) continue;
         const nb__hyper *h = &c->h[p->group];
+        const nb_dtype wdt = nb__opt_work_dtype(p->t->dtype);
+        if (c->midx[i] >= 0) {
+            const nb_tensor *t = ts[c->midx[i]];
+            if (t->ndim != p->t->ndim ||
+                memcmp(t->shape, p->t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0)
+                return nb__error(NB_ESHAPE, "%s: '%s' has shape %s but the parameter has shape %s",
+                                 c->who, names[c->midx[i]], NB__SHAPE(t), NB__SHAPE(p->t));
+            if (t->dtype != NB_F32)
+                return nb__error(NB_EDTYPE, "%s: '%s' is %s; master weights are f32", c->who,
+                                 names[c->midx[i]], nb_dtype_name(t->dtype));
+        }
         for (int s = 0; s < k->nslots; s++) {
             bool used = k->slot_used(h, s);
             if (!used && idx[s] >= 0)
@@ -220,9 +248,13 @@ static nb_status validate(loadctx *c, const char *const *names, nb_tensor *const
                 memcmp(t->shape, p->t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0)
                 return nb__error(NB_ESHAPE, "%s: '%s' has shape %s but the parameter has shape %s",
                                  c->who, names[idx[s]], NB__SHAPE(t), NB__SHAPE(p->t));
-            if (t->dtype != p->t->dtype)
+            if (t->dtype != wdt && wdt == p->t->dtype)
                 return nb__error(NB_EDTYPE, "%s: '%s' is %s but the parameter is %s", c->who,
                                  names[idx[s]], nb_dtype_name(t->dtype),
+                                 nb_dtype_name(p->t->dtype));
+            if (t->dtype != wdt)
+                return nb__error(NB_EDTYPE, "%s: '%s' is %s but the state of a %s parameter is "
+                                 "f32", c->who, names[idx[s]], nb_dtype_name(t->dtype),
                                  nb_dtype_name(p->t->dtype));
         }
         if (k->has_step) {
@@ -251,10 +283,25 @@ static nb_status validate(loadctx *c, const char *const *names, nb_tensor *const
             c->src[i * NB__OPT_SLOTS + s] = nb__scope_take(src);
             /* State made on another device (before the parameter moved) is replaced. */
             if (p->slot[s] && nb_device_equal(nb__device_of(p->slot[s]), dev)) continue;
-            nb_tensor *t = nb__empty(p->t->shape, p->t->ndim, p->t->dtype, dev);
+            nb_tensor *t = nb__empty(p->t->shape, p->t->ndim, nb__opt_work_dtype(p->t->dtype),
+                                     dev);
             if (!t) return nb_last_status();
             c->fresh[i * NB__OPT_SLOTS + s] = nb__scope_take(t);
         }
+        /* A half parameter with state gets its master copy: the saved one, else (a file
+         * without it) the parameter's values. */
+        bool any = c->midx[i] >= 0;
+        for (int s = 0; s <= NB__OPT_SLOTS; s++) any |= idx[s] >= 0;
+        if (!any || !nb__opt_is_half(p->t->dtype)) continue;
+        if (c->midx[i] >= 0) {
+            nb_tensor *src = nb_to_device(ts[c->midx[i]], dev);
+            if (!src) return entry_error(c, names[c->midx[i]], nb_last_status());
+            c->msrc[i] = nb__scope_take(src);
+        }
+        if (p->master && nb_device_equal(nb__device_of(p->master), dev)) continue;
+        nb_tensor *t = nb__empty(p->t->shape, p->t->ndim, NB_F32, dev);
+        if (!t) return nb_last_status();
+        c->mfresh[i] = nb__scope_take(t);
     }
     return NB_OK;
 }
@@ -265,11 +312,19 @@ static void apply(loadctx *c, nb_tensor *const *ts) {
     for (int i = 0; i < opt->nparams; i++) {
         nb__oparam *p = &opt->params[i];
         const int *idx = &c->pidx[i * (NB__OPT_SLOTS + 1)];
-        bool any = false;
+        bool any = c->midx[i] >= 0;
         for (int s = 0; s <= NB__OPT_SLOTS; s++) any |= idx[s] >= 0;
         if (!any) {
             nb__oparam_reset(p);
             continue;
+        }
+        if (nb__opt_is_half(p->t->dtype)) {
+            if (c->mfresh[i]) {
+                nb_tensor_free(p->master);
+                p->master = c->mfresh[i];
+                c->mfresh[i] = NULL;
+            }
+            nb_copy_(p->master, c->msrc[i] ? c->msrc[i] : p->t);
         }
         for (int s = 0; s < k->nslots; s++) {
             if (idx[s] < 0) {
@@ -306,12 +361,17 @@ nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor
     c.fresh = calloc(np * NB__OPT_SLOTS, sizeof(nb_tensor *));
     c.src = calloc(np * NB__OPT_SLOTS, sizeof(nb_tensor *));
     c.steps = calloc(np, sizeof(int64_t));
+    c.midx = malloc(sizeof(int) * np);
+    c.msrc = calloc(np, sizeof(nb_tensor *));
+    c.mfresh = calloc(np, sizeof(nb_tensor *));
     nb_status st = NB_OK;
-    if (!c.pidx || !c.gidx || !c.h || !c.fresh || !c.src || !c.steps) {
+    if (!c.pidx || !c.gidx || !c.h || !c.fresh || !c.src || !c.steps || !c.midx || !c.msrc ||
+        !c.mfresh) {
         st = nb__error(NB_ENOMEM, "optim_load_state: out of memory");
     } else {
         memset(c.pidx, -1, sizeof(int) * np * (NB__OPT_SLOTS + 1));
         memset(c.gidx, -1, sizeof(int) * ng * NB__H_COUNT);
+        memset(c.midx, -1, sizeof(int) * np);
         memcpy(c.h, opt->groups, sizeof(nb__hyper) * ng);
         bool prev = nb_set_grad_enabled(false);
         st = parse(&c, names, ts, n);
@@ -330,6 +390,13 @@ nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor
     free(c.h);
     free(c.fresh);
     free(c.src);
+    for (size_t i = 0; i < np; i++) {
+        if (c.msrc) nb_tensor_free(c.msrc[i]);
+        if (c.mfresh) nb_tensor_free(c.mfresh[i]);
+    }
     free(c.steps);
+    free(c.midx);
+    free(c.msrc);
+    free(c.mfresh);
     return st;
 }

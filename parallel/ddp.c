@@ -55,7 +55,11 @@ typedef struct ddp_bucket {
     nb_tensor *view;    /* narrow view of that range (owned) */
     int expected, ready;
     bool launched;
-    nb_work *work;      /* in-flight allreduce, NULL when none (or size 1) */
+    nb_work *work;      /* in-flight allreduce (compressed: all-to-all), NULL when none */
+    /* Compressed communication (reduce_dtype f16/bf16, size > 1; owned): the bucket in the
+     * wire dtype, padded to size * k elements (cin), what the other ranks sent of this
+     * rank's chunk (cout), and this rank's reduced chunk of k (cmine). */
+    nb_tensor *cin, *cout, *cmine;
 } ddp_bucket;
 
 struct nb_ddp {
@@ -81,6 +85,8 @@ struct nb_ddp {
     nb_status last_st;  /* outcome of the last synchronisation, as nb_ddp_sync reports it */
     char last_msg[512];
     double exposed_s;
+    bool compress;      /* reduce in o.reduce_dtype (f16/bf16) with f32 accumulation */
+    int64_t wire_bytes, last_wire_bytes; /* gradient bytes this rank sent, this / last step */
 };
 
 static double now_s(void) {
@@ -96,15 +102,61 @@ static void hook_fail(nb_ddp *d, nb_status s) {
     snprintf(d->hook_msg, sizeof d->hook_msg, "%s", nb_last_error());
 }
 
-/* Start bucket k's allreduce (in place, averaged over the ranks). */
+/* Bytes one rank sends in a bandwidth-optimal collective over p ranks of n elements of es
+ * bytes: an allreduce (ring or Rabenseifner, what MPI runs on large buffers) 2 (p-1)/p n es,
+ * an all-to-all or an all-gather (p-1)/p n es each. */
+static int64_t coll_bytes(int64_t n, int p, int64_t es, int phases) {
+    return (int64_t)((double)phases * (double)(p - 1) / p * (double)n * (double)es);
+}
+
+/* Start bucket k's allreduce (in place, averaged over the ranks). Compressed: round the
+ * bucket to the wire dtype and start the all-to-all that gives each rank every rank's copy
+ * of its chunk; finish_compressed does the rest once it arrived. */
 static void launch(nb_ddp *d, int k) {
     ddp_bucket *bk = &d->b[k];
     bk->launched = true;
     if (d->size == 1) return; /* the plain computation: nothing to reduce */
     int tok = NB__SPAN_BEGIN("ddp bucket launch", NULL, NB__CAT_DDP);
-    bk->work = nb_allreduce_async(d->c, bk->view, NB_REDUCE_AVG);
+    int64_t n = nb_numel(bk->view);
+    if (d->compress) {
+        bool prev = nb_set_grad_enabled(false);
+        nb_scope_begin();
+        nb_tensor *head = nb_narrow(bk->cin, 0, 0, n);
+        nb_status s = head ? nb_copy_(head, bk->view) : nb_last_status();
+        nb_scope_end();
+        nb_set_grad_enabled(prev);
+        bk->work = s == NB_OK ? nb_all_to_all_async(d->c, bk->cout, bk->cin) : NULL;
+        d->wire_bytes += coll_bytes(nb_numel(bk->cin), d->size,
+                                    (int64_t)nb_dtype_size(bk->cin->dtype), 1);
+    } else {
+        bk->work = nb_allreduce_async(d->c, bk->view, NB_REDUCE_AVG);
+        /* halves are summed in f32 and travel as f32 (parallel/comm_mpi.c) */
+        nb_dtype dt = bk->view->dtype;
+        int64_t es = dt == NB_F16 || dt == NB_BF16 ? 4 : (int64_t)nb_dtype_size(dt);
+        d->wire_bytes += coll_bytes(n, d->size, es, 2);
+    }
     NB__SPAN_END_ARG(tok, "bucket", k);
     if (!bk->work) hook_fail(d, nb_last_status());
+}
+
+/* The second half of a compressed bucket, after its all-to-all: add the size copies of this
+ * rank's chunk in f32 (in rank order), divide by the size, round to the wire dtype,
+ * all-gather the chunks and write the bucket back in the gradients' dtype. */
+static nb_status finish_compressed(nb_ddp *d, ddp_bucket *bk) {
+    int64_t kk = nb_numel(bk->cmine), n = nb_numel(bk->view);
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_tensor *parts = nb_to_dtype(nb_view(bk->cout, (int64_t[]){d->size, kk}, 2), NB_F32);
+    nb_tensor *mean = nb_mul_scalar(nb_sum(parts, (int[]){0}, 1, false), 1.0 / d->size);
+    nb_status s = mean ? nb_copy_(bk->cmine, mean) : nb_last_status();
+    if (s == NB_OK) s = nb_allgather(d->c, bk->cin, bk->cmine);
+    d->wire_bytes += coll_bytes(nb_numel(bk->cin), d->size,
+                                (int64_t)nb_dtype_size(bk->cin->dtype), 1);
+    nb_tensor *head = s == NB_OK ? nb_narrow(bk->cin, 0, 0, n) : NULL;
+    if (s == NB_OK) s = head ? nb_copy_(bk->view, head) : nb_last_status();
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    return s;
 }
 
 /* Launch, in bucket order, every bucket that is complete and whose predecessors are out. */
@@ -169,8 +221,9 @@ static nb_status wait_all(nb_ddp *d) {
         if (!d->b[k].work) continue;
         int tok = NB__SPAN_BEGIN("ddp bucket wait", NULL, NB__CAT_DDP);
         nb_status s = nb_work_wait(d->b[k].work);
-        NB__SPAN_END_ARG(tok, "bucket", k);
         d->b[k].work = NULL;
+        if (s == NB_OK && d->compress && first == NB_OK) s = finish_compressed(d, &d->b[k]);
+        NB__SPAN_END_ARG(tok, "bucket", k);
         if (s != NB_OK && first == NB_OK) {
             first = s;
             snprintf(msg, sizeof msg, "%s", nb_last_error());
@@ -185,6 +238,8 @@ static void reset_step(nb_ddp *d) {
     for (int k = 0; k < d->nbk; k++) d->b[k].ready = 0, d->b[k].launched = false;
     d->last_launched = d->next_launch;
     d->next_launch = 0;
+    d->last_wire_bytes = d->wire_bytes;
+    d->wire_bytes = 0;
     d->active = d->twice = false;
     d->hook_err = NB_OK;
     d->hook_msg[0] = '\0';
@@ -195,6 +250,9 @@ void nb_ddp_free(nb_ddp *d) {
     for (int k = 0; k < d->nbk; k++) { /* the views must outlive in-flight collectives */
         if (d->b[k].work) nb_work_wait(d->b[k].work);
         nb_tensor_free(d->b[k].view);
+        nb_tensor_free(d->b[k].cin);
+        nb_tensor_free(d->b[k].cout);
+        nb_tensor_free(d->b[k].cmine);
     }
     for (int i = 0; i < d->np; i++) {
         if (d->p[i].handle >= 0) nb_remove_grad_hook(d->p[i].t, d->p[i].handle);
@@ -282,7 +340,25 @@ static nb_status grad_guard(const nb_tensor *leaf, void *ctx, const char *who) {
                      "backward, or enable it and call nb_ddp_sync before the step", who, name);
 }
 
-nb_ddp_opts nb_ddp_defaults(void) { return (nb_ddp_opts){.bucket_mb = 25}; }
+nb_ddp_opts nb_ddp_defaults(void) { return (nb_ddp_opts){.bucket_mb = 25, .reduce_dtype = NB_F32}; }
+
+/* The staging of compressed buckets: cin and cout of size * k elements (k = the chunk,
+ * ceil(n / size)), zero padded, and cmine of k, in the wire dtype. */
+static nb_status build_compressed(nb_ddp *d) {
+    nb_device dev = nb__device_of(d->flat_g);
+    for (int k = 0; k < d->nbk; k++) {
+        ddp_bucket *bk = &d->b[k];
+        int64_t n = nb_numel(bk->view), kk = (n + d->size - 1) / d->size, all = kk * d->size;
+        nb_tensor *t[3] = {nb_zeros_on(dev, &all, 1, d->o.reduce_dtype),
+                           nb_zeros_on(dev, &all, 1, d->o.reduce_dtype),
+                           nb_zeros_on(dev, &kk, 1, d->o.reduce_dtype)};
+        if (!t[0] || !t[1] || !t[2]) return nb_last_status();
+        bk->cin = nb__scope_take(t[0]);
+        bk->cout = nb__scope_take(t[1]);
+        bk->cmine = nb__scope_take(t[2]);
+    }
+    return NB_OK;
+}
 
 nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o) {
     if (!model) return nb__error(NB_ENULL, "ddp_new: model is NULL"), NULL;
@@ -291,6 +367,11 @@ nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o) {
     if (!(opts.bucket_mb >= 0))
         return nb__error(NB_EINVAL, "ddp_new: bucket_mb must be >= 0, got %g", opts.bucket_mb),
                NULL;
+    if (opts.reduce_dtype != NB_F32 && opts.reduce_dtype != NB_F16 &&
+        opts.reduce_dtype != NB_BF16)
+        return nb__error(NB_EINVAL, "ddp_new: reduce_dtype must be f32 (the gradients' own "
+                         "dtype), f16 or bf16 (compressed), got %s",
+                         nb_dtype_name(opts.reduce_dtype)), NULL;
     if (nb_module_flatten_parameters(model, 0) != NB_OK) return NULL;
     const nb_params *ps = nb_parameters(model);
     if (!ps) return NULL;
@@ -327,6 +408,11 @@ nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o) {
     int64_t cap = (int64_t)(opts.bucket_mb * 1048576.0 / (double)nb_dtype_size(d->flat_g->dtype));
     if (cap < 1) cap = 1;
     if (s == NB_OK) s = build_buckets(d, cap);
+    /* Compression only where there is something to compress: several ranks, and a gradient
+     * dtype wider than the wire's (f32 or f64 gradients), or f16/bf16 gradients that would
+     * otherwise travel as f32 (reduce_dtype their own dtype). */
+    d->compress = d->size > 1 && opts.reduce_dtype != NB_F32 && nb_dtype_is_float(d->flat_g->dtype);
+    if (s == NB_OK && d->compress) s = build_compressed(d);
     if (s == NB_OK && d->size > 1) s = check_same_model(d);
     if (s == NB_OK && d->size > 1 && !opts.no_broadcast) {
         /* Every rank starts from rank 0's weights and buffers (e.g. running statistics). */
@@ -451,6 +537,8 @@ void nb_ddp_set_sync_enabled(nb_ddp *d, bool enabled) {
 double nb_ddp_exposed_comm_s(const nb_ddp *d) { return d ? d->exposed_s : 0.0; }
 
 int nb_ddp_num_buckets(const nb_ddp *d) { return d ? d->nbk : 0; }
+
+int64_t nb_ddp_comm_bytes(const nb_ddp *d) { return d ? d->last_wire_bytes : 0; }
 
 /* For tests (declared there): buckets whose allreduce has started in the current step; once
  * the step is finished, in that step (until the next backward reaches the model). */

@@ -467,7 +467,8 @@ void nb_zero_free(nb_zero *z) {
         if (z->p[i].handle >= 0) nb_remove_grad_hook(z->p[i].t, z->p[i].handle);
         if (z->p[i].guarded) nb__set_grad_guard(z->p[i].t, NULL, &z->p[i]);
     }
-    if (z->user && z->user->step_ctx == z) z->user->step_hook = NULL, z->user->step_ctx = NULL;
+    if (z->user && z->user->step_ctx == z)
+        z->user->step_hook = NULL, z->user->step_ctx = NULL, z->user->sharded = NULL;
     nb_optim_free(z->inner);
     for (int i = 0; i < z->npieces; i++) nb_tensor_free(z->pieces[i]);
     free(z->pieces);
@@ -811,6 +812,7 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     }
     opt->step_hook = zero_step;
     opt->step_ctx = z;
+    opt->sharded = z->inner; /* the loss scaler unscales the shard's gradients */
     return z;
 }
 
@@ -903,6 +905,8 @@ static int64_t state_bytes(const nb_optim *o) {
         for (int k = 0; k < NB__OPT_SLOTS; k++)
             if (o->params[i].slot[k]) n += nb_numel(o->params[i].slot[k]) *
                                            (int64_t)nb_dtype_size(o->params[i].slot[k]->dtype);
+    for (int i = 0; o && i < o->nparams; i++) /* f32 master weights of half parameters */
+        if (o->params[i].master) n += nb_numel(o->params[i].master) * 4;
     return n;
 }
 

@@ -12,7 +12,9 @@
  *     step = ck.step;                        // and the loader resumes at the next batch
  *
  * A checkpoint holds the model's parameters and buffers ("model.<name>"), the optimizer's
- * state ("optim.<name>", nb_optim_state), the schedule's ("sched.<name>"), the loader's
+ * state ("optim.<name>", nb_optim_state), the schedule's ("sched.<name>"), the loss
+ * scaler's ("scaler.<name>", nb_grad_scaler_state; a file without them leaves the scaler
+ * as it is, so checkpoints written before loss scaling still load), the loader's
  * position, each listed generator's (seed, stream, offset), the step count and, when given,
  * the writing program's name and the run's settings (checked on load, see below). It is a
  * safetensors file (so `model.*` loads into PyTorch by stripping the prefix) written
@@ -84,6 +86,7 @@ typedef struct nb_checkpoint {
      * (by an earlier load, or by the caller): loading a file of another run is NB_EINVAL
      * ("checkpoint_load: run.ckpt belongs to run 9f..., not to this run (3a...)"). */
     char run_id[33];
+    nb_grad_scaler *scaler; /* the fp16 loss scaler (nabla/optim.h), NULL: none */
 } nb_checkpoint;
 
 nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c);

@@ -41,8 +41,16 @@
  * defaults, the same update formulas (bias correction, eps outside the square root, SGD's
  * momentum buffer starting as the first gradient, ...), parameters without a gradient are
  * skipped. Each parameter is updated in one fused pass over parameter, gradient and state,
- * in place (parameters may be views into a flat buffer), with grad mode off. f32 and f64
- * parameters; half-precision models keep f32 master weights (docs/architecture.md rule 7).
+ * in place (parameters may be views into a flat buffer), with grad mode off.
+ *
+ * Dtypes: f32 and f64 parameters are updated in their dtype. f16 and bf16 parameters get
+ * f32 master weights (docs/architecture.md rule 7, as Megatron and DeepSpeed): on its first
+ * update the optimizer copies the parameter into an f32 master tensor it owns, keeps the
+ * state in f32, runs the update on the master with the gradient converted to f32 (the
+ * gradient may be of the parameter's dtype or already f32), and writes the master back
+ * into the parameter rounded to nearest even. The master is saved with the state
+ * ("master.<param name>"). Load model weights before the optimizer's state: a master copy
+ * made from the parameter is not remade when the parameter is later overwritten.
  *
  * Devices: a parameter is updated on its own device, where its gradient must be too; its
  * state is created there. Parameters of one optimizer may be on different devices. Move
@@ -139,8 +147,8 @@ nb_adagrad_opts nb_adagrad_defaults(void);
 
 /* Make an optimizer over params (its first parameter group; an empty list is allowed when
  * groups follow). o may be NULL for the defaults (not for SGD, which needs lr). Parameters
- * must be float (f32/f64), contiguous, CPU, and listed once. Returns a new optimizer the
- * caller frees with nb_optim_free, or NULL (NB_EINVAL for a bad hyperparameter, with
+ * must be float (f32/f64, or f16/bf16 with f32 master weights), contiguous, CPU, and listed
+ * once. Returns a new optimizer the caller frees with nb_optim_free, or NULL (NB_EINVAL for a bad hyperparameter, with
  * PyTorch's rule in the message, e.g. "sgd: lr must be > 0"). State names use the
  * parameters' names (params->names; the index as a decimal string where names is NULL). */
 nb_optim *nb_sgd_new(const nb_params *params, const nb_sgd_opts *o);
@@ -206,12 +214,96 @@ nb_status nb_zero_grad(nb_optim *opt);
  * (gradient dtype differs, parameter on another device, ...) leaves the model unchanged. */
 nb_status nb_step(nb_optim *opt);
 
+/* ---- loss scaling (fp16) --------------------------------------------------------------------- */
+/* A dynamic loss scaler with PyTorch's GradScaler semantics, for f16 training where small
+ * gradients would underflow to zero:
+ *     nb_grad_scaler *gs = nb_grad_scaler_new(NULL);    // scale 2^16, x2 every 2000 steps
+ *     for (...) {
+ *         nb_scope_begin();
+ *         nb_tensor *loss = nb_cross_entropy(nb_forward(model, x), y, NULL);
+ *         nb_zero_grad(opt);
+ *         nb_backward(nb_grad_scaler_scale(gs, loss));   // loss * scale
+ *         nb_grad_scaler_unscale(gs, opt);               // optional: before clipping
+ *         nb_clip_grad_norm(nb_optim_params(opt), 1.0, 2);
+ *         nb_grad_scaler_step(gs, opt);                  // nb_step unless inf/NaN
+ *         if (nb_grad_scaler_update(gs) != NB_OK) ...    // the scale underflowed: stop
+ *         nb_scope_end();
+ *     }
+ *     nb_grad_scaler_free(gs);
+ * unscale multiplies every gradient of the optimizer's parameters by 1 / scale and checks
+ * them for inf/NaN in the same pass (the amp_unscale kernel). f32/f64 gradients are unscaled
+ * in place; an f16/bf16 gradient is unscaled into an f32 buffer the scaler keeps, which
+ * replaces it as the parameter's gradient until the step, so that small gradients do not
+ * underflow again (the optimizer's master weights take f32 gradients); step puts the
+ * original gradient tensors back (flat gradient buffers keep their layout). step skips
+ * nb_step when a gradient was inf or NaN; update then multiplies the scale by
+ * backoff_factor and restarts the count of clean steps; after growth_interval clean steps
+ * in a row it multiplies the scale by growth_factor. With a communicator
+ * (nb_grad_scaler_set_comm, nabla/parallel.h) the inf/NaN flag is one allreduce (max)
+ * across the ranks, so every rank skips the same steps (required under nb_zero, where each
+ * rank holds its shard's gradients, which unscale then works on). A scaler serves one optimizer at a time (the one given to
+ * unscale/step since the last update). Ownership: the caller frees the scaler; it borrows
+ * the optimizer during a call only. */
+typedef struct nb_grad_scaler_opts {
+    double init_scale;        /* 65536 (2^16) */
+    double growth_factor;     /* 2 (> 1) */
+    double backoff_factor;    /* 0.5 (in (0, 1)) */
+    int64_t growth_interval;  /* 2000 (>= 1) clean steps in a row before the scale grows */
+    double min_scale;         /* 1: update fails (NB_ESTATE, naming the step) when the scale
+                               * falls below it: the gradients are inf/NaN whatever the
+                               * scale; 0: never */
+    bool enabled;             /* true; false: scale returns the loss, unscale does nothing,
+                               * step is nb_step, update only counts (f32 runs) */
+} nb_grad_scaler_opts;
+nb_grad_scaler_opts nb_grad_scaler_defaults(void);
+
+typedef struct nb_grad_scaler nb_grad_scaler;
+/* A new scaler (o NULL: the defaults) the caller frees, or NULL (NB_EINVAL for a bad
+ * option, e.g. "grad_scaler: growth_factor must be > 1, got 1"). */
+nb_grad_scaler *nb_grad_scaler_new(const nb_grad_scaler_opts *o);
+void nb_grad_scaler_free(nb_grad_scaler *s);  /* NULL is a no-op */
+/* loss * scale (a new tensor in the innermost scope, recorded for autograd, in loss's
+ * dtype); the loss itself (one more reference, in the innermost scope) when disabled. */
+nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_tensor *loss);
+/* Unscale opt's gradients and check them for inf/NaN (see above). Once per step: a second
+ * call before nb_grad_scaler_update is NB_ESTATE, as PyTorch's unscale_. */
+nb_status nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt);
+/* Unscale (unless done since the last update), then nb_step(opt) unless a gradient was
+ * inf or NaN (then the step is skipped and opt is unchanged). Returns nb_step's status, or
+ * NB_OK for a skipped step; nb_grad_scaler_skipped says which. */
+nb_status nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt);
+/* Adjust the scale for the next step (see above); call once per step, after step.
+ * NB_ESTATE when the scale fell below min_scale: "grad_scaler_update: the loss scale fell
+ * to 0.5 (below min_scale 1) at step 123 ...". */
+nb_status nb_grad_scaler_update(nb_grad_scaler *s);
+/* nb_grad_scaler_step then nb_grad_scaler_update: the one call a training loop makes after
+ * nb_backward(nb_grad_scaler_scale(s, loss)) (and clipping, after nb_grad_scaler_unscale).
+ * With a disabled scaler it is nb_step. Returns the first failure: nb_step's, or update's
+ * NB_ESTATE when the scale underflowed (the message names the step). */
+nb_status nb_grad_scaler_step_update(nb_grad_scaler *s, nb_optim *opt);
+double nb_grad_scaler_get_scale(const nb_grad_scaler *s);   /* NAN for NULL */
+/* Whether the last nb_grad_scaler_step skipped the update (inf/NaN gradients). */
+bool nb_grad_scaler_skipped(const nb_grad_scaler *s);
+/* Steps so far (nb_grad_scaler_update calls) and how many of them were skipped. */
+int64_t nb_grad_scaler_num_steps(const nb_grad_scaler *s);
+int64_t nb_grad_scaler_num_skipped(const nb_grad_scaler *s);
+/* The state as named 0-dim tensors: "scale" (f64), "growth_tracker" (i64: clean steps in a
+ * row), "steps" and "skipped" (i64). Owned by the scaler, valid until the next call to
+ * nb_grad_scaler_state or nb_grad_scaler_free. nb_checkpoint saves it as "scaler.<name>". */
+const nb_params *nb_grad_scaler_state(nb_grad_scaler *s);
+/* Restore that state (all four entries, checked first; on error nothing changes). */
+nb_status nb_grad_scaler_load_state(nb_grad_scaler *s, const char *const *names,
+                                    nb_tensor *const *tensors, int n);
+
 /* ---- state (checkpoints) --------------------------------------------------------------------- */
 /* The optimizer's state as named tensors, enough to continue bit-exactly:
  *   "<slot>.<param name>" for each state tensor of a parameter that has state: sgd
  *       "momentum_buffer"; adam/adamw "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad);
  *       rmsprop "square_avg", "momentum_buffer" (momentum > 0), "grad_avg" (centered);
- *       adagrad "sum" — same shape and dtype as the parameter;
+ *       adagrad "sum" — same shape as the parameter, same dtype (f32 for an f16/bf16
+ *       parameter);
+ *   "master.<param name>": the f32 master copy of an f16/bf16 parameter (absent when
+ *       loading: made from the parameter);
  *   "step.<param name>" (not sgd): the parameter's update count, a 0-dim i64 tensor;
  *   "param_groups.<g>.<hyperparameter>": each group's numeric hyperparameters as 0-dim f64
  *       tensors ("lr", "weight_decay", "momentum", "dampening", "beta1", "beta2", "eps",

@@ -132,6 +132,13 @@ typedef struct nb_ddp_opts {
                                 * are reduced as zeros); otherwise that is an error */
     bool no_broadcast;         /* false; skip broadcasting rank 0's parameters and buffers at
                                 * wrap */
+    nb_dtype reduce_dtype;     /* NB_F32: gradients travel in their own dtype (f16/bf16 ones as
+                                * f32, summed in f32). NB_F16 / NB_BF16: compressed (Horovod's
+                                * fp16 compression, DDP's bf16_compress_hook): each bucket is
+                                * rounded to it, the ranks' copies are added in f32 (an
+                                * all-to-all, then an all-gather of the rounded means), half
+                                * the bytes of an f32 allreduce; no effect on one rank.
+                                * docs/distributed.md, "Compressed communication" */
 } nb_ddp_opts;
 nb_ddp_opts nb_ddp_defaults(void);
 
@@ -163,6 +170,18 @@ void nb_ddp_set_sync_enabled(nb_ddp *d, bool enabled);
  * the end of backward spent waiting for the buckets), and the number of buckets. */
 double nb_ddp_exposed_comm_s(const nb_ddp *d);
 int nb_ddp_num_buckets(const nb_ddp *d);
+/* Gradient bytes this rank sent in the last synchronised step, counted for bandwidth-optimal
+ * collectives (an allreduce of n elements of e bytes over p ranks sends 2 (p-1)/p n e; an
+ * all-to-all or all-gather (p-1)/p n e): halved by reduce_dtype NB_BF16 on f32 gradients.
+ * 0 on one rank. */
+int64_t nb_ddp_comm_bytes(const nb_ddp *d);
+/* Make the loss scaler's inf/NaN check global (nabla/optim.h, "loss scaling"): each
+ * unscale then allreduces its flag (max) over c, one 8-byte collective per step, so every
+ * rank skips the same steps and keeps the same scale. c is borrowed (NULL: local again);
+ * every rank of c must call nb_grad_scaler_step (or unscale) in the same steps. Under nb_ddp
+ * the averaged gradients are the same on every rank, so the flags agree anyway; the
+ * collective makes that explicit and costs microseconds. */
+nb_status nb_grad_scaler_set_comm(nb_grad_scaler *s, nb_comm *c);
 
 /* ---- ZeRO: sharded optimizer state, gradients and parameters ------------------------------------------- */
 /* nb_zero trains data parallel like nb_ddp, but each rank keeps only its shard of the model
@@ -251,7 +270,8 @@ typedef struct nb_zero_memory_info {
     int64_t params;            /* the flat parameter buffer */
     int64_t grads;             /* resident gradients (stage 2: the shard, plus any local
                                 * gradients not yet reduced) */
-    int64_t optim_state;       /* optimizer state tensors held on this rank */
+    int64_t optim_state;       /* optimizer state tensors held on this rank (with the f32
+                                * master weights of f16/bf16 parameters) */
     int64_t comm_buffers;      /* persistent communication buffers */
     int64_t total;             /* the sum */
 } nb_zero_memory_info;

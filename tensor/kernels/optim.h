@@ -96,6 +96,22 @@ typedef struct nb__clip_inplace_args {
     double s, lo, hi;
 } nb__clip_inplace_args;
 
+/* amp_unscale (the loss scaler's fused unscale and inf/NaN check, optim/scaler.c):
+ * out[i] = x[i] * inv_scale, and *found_inf = 1 when some x[i] is inf or NaN (otherwise
+ * *found_inf is left as it is, so one flag collects many calls). Half and f32 inputs are
+ * multiplied in f32 by inv_scale rounded to f32 (PyTorch's GradScaler), f64 in f64.
+ * dtype: any float dtype, of x. out_dtype: dtype (out may then be x: in place) or NB_F32
+ * (a half gradient unscaled into an f32 buffer, so that small gradients do not underflow
+ * again). x, out: [n]. found_inf: host memory (not touched on meta). */
+typedef struct nb__amp_unscale_args {
+    nb_dtype dtype, out_dtype;
+    int64_t n;
+    const void *x;
+    void *out;
+    double inv_scale;
+    double *found_inf;
+} nb__amp_unscale_args;
+
 #define NB__K_OPTIM(X)                                                                     \
     X(sgd_step, nb__sgd_step_args, "fused SGD update (momentum, Nesterov, weight decay)")  \
     X(adam_step, nb__adam_step_args, "fused Adam/AdamW update (AMSGrad optional)")         \
@@ -104,6 +120,7 @@ typedef struct nb__clip_inplace_args {
     X(clip_abs_pow_sum, nb__clip_reduce_args, "sum of |x|^p in f64, to a host double")     \
     X(clip_abs_max, nb__clip_reduce_args, "max |x|, to a host double")                     \
     X(clip_scale, nb__clip_inplace_args, "x *= s in place")                                \
-    X(clip_clamp, nb__clip_inplace_args, "x = clamp(x, lo, hi) in place")
+    X(clip_clamp, nb__clip_inplace_args, "x = clamp(x, lo, hi) in place")                  \
+    X(amp_unscale, nb__amp_unscale_args, "loss scaling: x * inv_scale with an inf/NaN flag")
 
 #endif

@@ -497,6 +497,142 @@ START_TEST(test_ddp_self_is_plain) {
 }
 END_TEST
 
+/* ---- compressed communication (reduce_dtype) ---------------------------------------------------- */
+/* Two copies of a model trained on the same data, one with f32 gradient allreduces and one
+ * with bf16 (or f16) compression: every gradient of the compressed one is the mean of the
+ * ranks' gradients rounded to the wire dtype, summed in f32 and rounded again (within two
+ * roundings of the f32 mean), the training loss follows the f32 one, and the bytes on the
+ * wire are half (plus the padding of each bucket to a multiple of the ranks). */
+static void compressed_case(nb_dtype wire) {
+    enum { K = 100 };
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_module *mf = build(MLP, 21), *mc = build(MLP, 21);
+    nb_ddp *df = nb_ddp_new(mf, mt_world, &(nb_ddp_opts){.bucket_mb = 2e-3});
+    nb_ddp *dc = nb_ddp_new(mc, mt_world,
+                            &(nb_ddp_opts){.bucket_mb = 2e-3, .reduce_dtype = wire});
+    MT_CHECK(df && dc, "ddp_new: %s", nb_last_error());
+    nb_optim *of = make_opt(mf, MLP), *oc = make_opt(mc, MLP);
+    int64_t local = GB / size;
+    double lf = 0, lc = 0, l0 = 0;
+    /* two roundings to the wire dtype (bf16: 2^-8 each), relative to the tensor's largest
+     * gradient: each rank's contribution is rounded before the sum, so where the ranks'
+     * gradients cancel the error is that of the parts, not of the mean */
+    double tol = wire == NB_BF16 ? 2.0 / 256 : 2.0 / 2048;
+    for (int step = 0; step < K && df && dc; step++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        global_batch(MLP, 900 + (uint64_t)(step % 4), &x, &y);
+        nb_tensor *a = loss_of(mf, MLP, x, y, rank * local, local, 1);
+        nb_tensor *b = loss_of(mc, MLP, x, y, rank * local, local, 1);
+        MT_OK(nb_zero_grad(of));
+        MT_OK(nb_zero_grad(oc));
+        MT_OK(nb_backward(a));
+        MT_OK(nb_backward(b));
+        if (step == 0) {
+            l0 = nb_item_f64(a);
+            /* same weights so far: the compressed gradients are the f32 ones, rounded */
+            const nb_params *pf = nb_parameters(mf), *pc = nb_parameters(mc);
+            for (int i = 0; i < pf->count; i++) {
+                double *gf = values(nb_grad(pf->tensors[i])), *gc = values(nb_grad(pc->tensors[i]));
+                int64_t n = nb_numel(pf->tensors[i]);
+                double scale = 0;
+                for (int64_t j = 0; j < n; j++) scale = fmax(scale, fabs(gf[j]));
+                for (int64_t j = 0; j < n; j++)
+                    if (!(fabs(gc[j] - gf[j]) <= tol * (fabs(gf[j]) + scale))) {
+                        MT_CHECK(false, "%s: grad %s[%lld] = %.9g, f32 allreduce %.9g",
+                                 nb_dtype_name(wire), pf->names[i], (long long)j, gc[j], gf[j]);
+                        break;
+                    }
+                free(gf);
+                free(gc);
+            }
+            int64_t bf = nb_ddp_comm_bytes(df), bc = nb_ddp_comm_bytes(dc);
+            if (size == 1) {
+                MT_CHECK(bf == 0 && bc == 0, "one rank sends nothing (%lld, %lld bytes)",
+                         (long long)bf, (long long)bc);
+            } else {
+                /* buckets are padded to a multiple of the ranks: at most size - 1 elements */
+                int64_t pad = (int64_t)nb_ddp_num_buckets(dc) * 2 * (size - 1) * 2;
+                MT_CHECK(bf > 0 && 2 * bc <= bf + 2 * pad,
+                         "%s: %lld bytes on the wire, f32: %lld (want half)",
+                         nb_dtype_name(wire), (long long)bc, (long long)bf);
+            }
+        }
+        lf = nb_item_f64(a);
+        lc = nb_item_f64(b);
+        MT_OK(nb_step(of));
+        MT_OK(nb_step(oc));
+        nb_scope_end();
+    }
+    /* the training loss of the compressed run follows the f32 one */
+    MT_CHECK(lf < 0.7 * l0, "the f32 run did not train (%g -> %g)", l0, lf);
+    MT_CHECK(fabs(lc - lf) <= 0.02 * l0, "%s: final loss %.6g, f32 allreduce %.6g (start %.6g)",
+             nb_dtype_name(wire), lc, lf, l0);
+    if (getenv("NB_DDP_COMPRESS_REPORT") && rank == 0)
+        printf("ddp compression %s on %d ranks: loss %.6g -> %.6g (f32 allreduce: %.6g), "
+               "%lld bytes per step (f32: %lld)\n", nb_dtype_name(wire), size, l0, lc, lf,
+               (long long)nb_ddp_comm_bytes(dc), (long long)nb_ddp_comm_bytes(df));
+    nb_ddp_free(df);
+    nb_ddp_free(dc);
+    nb_optim_free(of);
+    nb_optim_free(oc);
+    nb_module_free(mf);
+    nb_module_free(mc);
+    nb_scope_end();
+}
+
+START_TEST(test_ddp_compressed) {
+    compressed_case(NB_BF16);
+    compressed_case(NB_F16);
+    /* anything but f32, f16 or bf16 is refused, naming the option */
+    nb_scope_begin();
+    nb_module *m = build(MLP, 3);
+    EXPECT_ERROR(nb_ddp_new(m, mt_world, &(nb_ddp_opts){.reduce_dtype = NB_F64}) ? NB_OK
+                                                                                  : nb_last_status(),
+                 NB_EINVAL, "reduce_dtype must be f32");
+    nb_module_free(m);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
+/* ---- the loss scaler's global inf/NaN flag ---------------------------------------------------- */
+/* Each rank steps its own parameter; only the last rank's gradient is inf. With the world
+ * set (nb_grad_scaler_set_comm) every rank skips the step and halves its scale; without,
+ * only the last rank does. */
+START_TEST(test_grad_scaler_global_flag) {
+    for (int global = 0; global < 2; global++) {
+        nb_scope_begin();
+        nb_tensor *p = nb_ones((int64_t[]){3}, 1, NB_F32);
+        MT_OK(nb_set_requires_grad(p, true));
+        nb_params lp = {.tensors = &p, .count = 1};
+        nb_optim *o = nb_sgd_new(&lp, &(nb_sgd_opts){.lr = 0.1});
+        nb_grad_scaler *gs = nb_grad_scaler_new(NULL);
+        MT_CHECK(o && gs, "%s", nb_last_error());
+        if (global) MT_OK(nb_grad_scaler_set_comm(gs, mt_world));
+        bool bad = mt_rank == mt_size - 1;
+        nb_tensor *g = nb_full((int64_t[]){3}, 1, NB_F32, bad ? INFINITY : 65536.0);
+        MT_OK(nb_set_grad(p, g));
+        MT_OK(nb_grad_scaler_step(gs, o));
+        bool want_skip = bad || global; /* global: the last rank's inf reaches all */
+        MT_CHECK(nb_grad_scaler_skipped(gs) == want_skip, "rank %d (%s flag): skipped %d",
+                 mt_rank, global ? "global" : "local", nb_grad_scaler_skipped(gs));
+        MT_OK(nb_grad_scaler_update(gs));
+        double want_scale = want_skip ? 32768.0 : 65536.0;
+        MT_CHECK(nb_grad_scaler_get_scale(gs) == want_scale, "rank %d: scale %g, want %g",
+                 mt_rank, nb_grad_scaler_get_scale(gs), want_scale);
+        double v[3];
+        MT_OK(nb_read(p, v, 3, NB_F64));
+        MT_CHECK(v[0] == (want_skip ? 1.0 : (double)(1.0f + (float)-0.1 * 1.0f)), "rank %d: p = %g", mt_rank, v[0]);
+        nb_grad_scaler_free(gs);
+        nb_optim_free(o);
+        nb_scope_end();
+    }
+    MT_END();
+}
+END_TEST
+
 /* ---- synchronisation at the end of backward ----------------------------------------------------- */
 /* a and b hold the same bits (contiguous tensors of one dtype). */
 static bool same_bits(const nb_tensor *a, const nb_tensor *b) {
@@ -736,6 +872,8 @@ Suite *mt_suite_ddp(void) {
     tcase_add_test(tc, test_ddp_auto_sync);
     tcase_add_test(tc, test_ddp_step_refuses_unsynced);
     tcase_add_test(tc, test_ddp_backward_failure);
+    tcase_add_test(tc, test_ddp_compressed);
+    tcase_add_test(tc, test_grad_scaler_global_flag);
     suite_add_tcase(s, tc);
     return s;
 }

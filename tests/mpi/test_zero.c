@@ -401,6 +401,111 @@ START_TEST(test_zero_memory) {
 END_TEST
 
 /* ---- errors ----------------------------------------------------------------------------------- */
+/* An f16 model under ZeRO-2 with Adam and the loss scaler: the shard's optimizer keeps f32
+ * master weights of its pieces (docs/optim.md), so each rank holds 12 bytes of state per
+ * shard element (m, v and the master: the ZeRO paper's K = 12); the scaler unscales the
+ * shard's gradients and agrees on the inf/NaN flag, so a step where only the last rank's
+ * loss is inf is skipped on every rank; the parameters stay identical on every rank, and
+ * the loss goes down. */
+START_TEST(test_zero_master_weights) {
+    nb_scope_begin();
+    nb_generator *g = nb_generator_new(3);
+    nb_linear_opts lo = nb_linear_defaults();
+    lo.dtype = NB_F16;
+    lo.gen = g;
+    nb_module *m = nb_sequential_new(nb_linear_new(8, 16, &lo), nb_tanh_new(),
+                                     nb_linear_new(16, 4, &lo), NULL);
+    nb_generator_free(g);
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.lr = 1e-2;
+    nb_optim *o = m ? nb_adam_new(nb_parameters(m), &ao) : NULL;
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, NULL) : NULL;
+    MT_CHECK(z != NULL, "zero_new on an f16 model: %s", nb_last_error());
+    nb_generator *dg = nb_generator_new(9);
+    nb_tensor *x = nb_to_dtype(nb_randn((int64_t[]){32, 8}, 2, NB_F32, dg), NB_F16);
+    nb_tensor *y = nb_randint((int64_t[]){32}, 1, NB_I64, 0, 4, dg);
+    nb_generator_free(dg);
+    int64_t local = 32 / mt_size;
+    double first = 0, last = 0;
+    nb_grad_scaler *gs = nb_grad_scaler_new(NULL);
+    if (z) {
+        /* without the communicator the scaler refuses a sharded optimizer */
+        nb_scope_begin();
+        nb_tensor *l0 = nb_sum(nb_to_dtype(nb_forward(m, x), NB_F32), NULL, 0, false);
+        MT_OK(nb_zero_grad(o));
+        MT_OK(nb_backward(nb_grad_scaler_scale(gs, l0)));
+        EXPECT_ERROR(nb_grad_scaler_step(gs, o), NB_ESTATE, "nb_grad_scaler_set_comm");
+        nb_scope_end();
+    }
+    MT_OK(nb_grad_scaler_set_comm(gs, mt_world));
+    for (int s = 0; s < 30 && z; s++) {
+        nb_scope_begin();
+        nb_tensor *out = nb_to_dtype(nb_forward(m, nb_narrow(x, 0, mt_rank * local, local)), NB_F32);
+        nb_tensor *l = nb_cross_entropy(out, nb_narrow(y, 0, mt_rank * local, local), NULL);
+        nb_tensor *ls = s == 10 && mt_rank == mt_size - 1 ? nb_mul_scalar(l, INFINITY) : l;
+        MT_OK(nb_zero_grad(o));
+        MT_OK(nb_backward(nb_grad_scaler_scale(gs, ls)));
+        MT_OK(nb_grad_scaler_step(gs, o));
+        if (s == 10)
+            MT_CHECK(nb_grad_scaler_skipped(gs), "rank %d did not skip the inf step", mt_rank);
+        MT_OK(nb_grad_scaler_update(gs));
+        double v = l ? nb_item_f64(l) : NAN;
+        if (s == 0) first = v;
+        last = v;
+        nb_scope_end();
+    }
+    if (z) {
+        double fl[2] = {first, last}; /* the mean over the ranks' batches */
+        nb_tensor *ft = nb_from_buffer(fl, (int64_t[]){2}, 1, NB_F64);
+        MT_OK(nb_allreduce(mt_world, ft, NB_REDUCE_AVG));
+        MT_OK(nb_read(ft, fl, 2, NB_F64));
+        MT_CHECK(fl[1] < 0.8 * fl[0], "the f16 model did not train under ZeRO: %g -> %g", fl[0],
+                 fl[1]);
+        double sc[2] = {nb_grad_scaler_get_scale(gs), (double)nb_grad_scaler_num_skipped(gs)};
+        nb_tensor *st = nb_from_buffer(sc, (int64_t[]){2}, 1, NB_F64), *sm = nb_clone(st);
+        MT_OK(nb_allreduce(mt_world, st, NB_REDUCE_MAX));
+        MT_OK(nb_allreduce(mt_world, sm, NB_REDUCE_MIN));
+        double hi[2], lw[2];
+        MT_OK(nb_read(st, hi, 2, NB_F64));
+        MT_OK(nb_read(sm, lw, 2, NB_F64));
+        MT_CHECK(hi[0] == lw[0] && hi[1] == lw[1] && lw[1] >= 1,
+                 "the ranks' scalers differ: scale %g..%g, skipped %g..%g", lw[0], hi[0], lw[1],
+                 hi[1]);
+        nb_zero_memory_info mi;
+        MT_OK(nb_zero_memory(z, &mi));
+        double tot[2] = {(double)mi.optim_state, 0};
+        const nb_params *ps = nb_optim_params(nb_zero_optim(z));
+        for (int i = 0; i < ps->count; i++) tot[1] += (double)nb_numel(ps->tensors[i]);
+        nb_tensor *t = nb_from_buffer(tot, (int64_t[]){2}, 1, NB_F64);
+        MT_OK(nb_allreduce(mt_world, t, NB_REDUCE_SUM));
+        MT_OK(nb_read(t, tot, 2, NB_F64));
+        MT_CHECK(tot[1] == 8 * 16 + 16 + 16 * 4 + 4 && tot[0] == 12 * tot[1],
+                 "optimizer state %g bytes for %g shard elements (want 12 per element)", tot[0],
+                 tot[1]);
+        /* every rank holds the same (all-gathered) f16 parameters */
+        const nb_params *mp = nb_parameters(m);
+        for (int i = 0; i < mp->count; i++) {
+            nb_tensor *a = nb_to_dtype(mp->tensors[i], NB_F64), *b = nb_clone(a);
+            MT_OK(nb_allreduce(mt_world, b, NB_REDUCE_MAX));
+            double *va = values(a), *vb = values(b);
+            for (int64_t j = 0; j < nb_numel(a); j++)
+                if (va[j] != vb[j]) {
+                    MT_CHECK(false, "%s differs between ranks", mp->names[i]);
+                    break;
+                }
+            free(va);
+            free(vb);
+        }
+    }
+    nb_grad_scaler_free(gs);
+    nb_zero_free(z);
+    nb_optim_free(o);
+    nb_module_free(m);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
 START_TEST(test_zero_errors) {
     nb_scope_begin();
     nb_module *m = build_mlp(1, IN, HID, OUT), *other = build_mlp(2, IN, HID, OUT);
@@ -830,6 +935,7 @@ Suite *mt_suite_zero(void) {
     tcase_add_test(tc, test_zero_equivalence_gpt);
     tcase_add_test(tc, test_zero_stage3_frozen_eval);
     tcase_add_test(tc, test_zero_memory);
+    tcase_add_test(tc, test_zero_master_weights);
     tcase_add_test(tc, test_zero_errors);
     tcase_add_test(tc, test_zero_checkpoint_reshard);
     tcase_add_test(tc, test_zero_checkpoint_errors);
