@@ -46,7 +46,9 @@
     X(BCE_WITH_LOGITS, "bce_with_logits", 3, 1) X(LINEAR, "linear", 3, 1)                        \
     X(ATTENTION, "causal_attention", 3, 1) X(ATTENTION_QKV, "causal_attention_qkv", 1, 1)   \
     /* devices */                                                                          \
-    X(TO_DEVICE, "to_device", 1, 1)
+    X(TO_DEVICE, "to_device", 1, 1)                                                        \
+    /* autograd-aware collectives over a communicator (defined in parallel/tp_ops.c) */    \
+    X(COLLECTIVE, "collective", 1, 1)
 
 typedef enum nb__op {
 #define NB__OP_ENUM(name, str, arity, grad) NB__OP_##name,
@@ -56,7 +58,7 @@ typedef enum nb__op {
 } nb__op;
 
 /* Number of ops the tables were written for; update together with NB__OPS. */
-#define NB__OP_COUNT_EXPECTED 77
+#define NB__OP_COUNT_EXPECTED 78
 
 #ifdef __cplusplus
 extern "C" {

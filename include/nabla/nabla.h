@@ -29,6 +29,7 @@
 #include "nabla/stop.h"
 #include "nabla/data.h"
 #include "nabla/parallel.h"
+#include "nabla/tp.h"
 #include "nabla/gpt.h"
 #include "nabla/run.h"
 #include "nabla/summary.h"
