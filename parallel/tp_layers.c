@@ -148,3 +148,107 @@ double nb_tp_clip_grad_norm(nb_tensor *const *params, const bool *sharded, int n
     nb_set_grad_enabled(prev);
     return st == NB_OK ? norm : (double)st;
 }
+
+/* ---- vocab parallel ---------------------------------------------------------------------------- */
+/* Integer tensor idx as host int64 values (caller frees); NULL on error. */
+static int64_t *read_tokens(nb_tensor *idx, int64_t *n, const char *op) {
+    *n = nb_numel(idx);
+    int64_t *v = malloc(sizeof(int64_t) * (size_t)(*n > 0 ? *n : 1));
+    if (!v) {
+        nb__error(NB_ENOMEM, "%s: out of memory", op);
+        return NULL;
+    }
+    if (nb_read(idx, v, *n, NB_I64) != NB_OK) {
+        free(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* Local indices (token - lo, or 0 outside [lo, lo + n)) and a 0/1 mask of tokens in range. */
+static bool localize(int64_t *tok, int64_t count, int64_t lo, int64_t nl, int64_t V, float *mask,
+                     const char *op) {
+    for (int64_t i = 0; i < count; i++) {
+        if (tok[i] < 0 || tok[i] >= V) {
+            nb__error(NB_EINDEX, "%s: token %lld at %lld is outside the vocabulary 0..%lld", op,
+                      (long long)tok[i], (long long)i, (long long)V - 1);
+            return false;
+        }
+        bool in = tok[i] >= lo && tok[i] < lo + nl;
+        mask[i] = in ? 1.0f : 0.0f;
+        tok[i] = in ? tok[i] - lo : 0;
+    }
+    return true;
+}
+
+nb_tensor *nb_vocab_parallel_embedding(nb_tensor *weight, nb_tensor *idx, nb_comm *c, int seq_dim) {
+    const char *op = "vocab_parallel_embedding";
+    if (!weight || !idx || !c) {
+        if (nb_last_status() == NB_OK) nb__error(NB_ENULL, "%s: an argument is NULL", op);
+        return NULL;
+    }
+    if (nb_ndim(weight) != 2 || nb_ndim(idx) >= NB_MAX_DIMS) {
+        nb__error(NB_ESHAPE, "%s: expected a (V/tp, C) weight", op);
+        return NULL;
+    }
+    const int64_t nl = nb_size(weight, 0), lo = nl * nb_comm_rank(c), V = nl * nb_comm_size(c);
+    int64_t n;
+    int64_t *tok = read_tokens(idx, &n, op);
+    float *mask = tok ? malloc(sizeof(float) * (size_t)(n > 0 ? n : 1)) : NULL;
+    nb_tensor *out = NULL;
+    if (mask && localize(tok, n, lo, nl, V, mask, op)) {
+        int64_t shape[NB_MAX_DIMS];
+        const int nd = nb_ndim(idx);
+        for (int i = 0; i < nd; i++) shape[i] = nb_size(idx, i);
+        shape[nd] = 1;
+        nb_tensor *li = nb_from_buffer(tok, shape, nd, NB_I64);
+        nb_tensor *m = nb_from_buffer(mask, shape, nd + 1, NB_F32);
+        nb_tensor *part = nb_mul(nb_embedding(weight, li), nb_to_dtype(m, nb_tensor_dtype(weight)));
+        out = seq_dim < 0 ? nb_reduce_from_region(part, c) : nb_reduce_scatter_along(part, c, seq_dim);
+    } else if (tok && !mask) {
+        nb__error(NB_ENOMEM, "%s: out of memory", op);
+    }
+    free(tok);
+    free(mask);
+    return out;
+}
+
+nb_tensor *nb_vocab_parallel_cross_entropy(nb_tensor *logits, nb_tensor *targets, nb_comm *c) {
+    const char *op = "vocab_parallel_cross_entropy";
+    if (!logits || !targets || !c) {
+        if (nb_last_status() == NB_OK) nb__error(NB_ENULL, "%s: an argument is NULL", op);
+        return NULL;
+    }
+    if (nb_ndim(logits) != 2 || nb_ndim(targets) != 1 || nb_size(targets, 0) != nb_size(logits, 0)) {
+        nb__error(NB_ESHAPE, "%s: expected logits (N, V/tp) and targets (N)", op);
+        return NULL;
+    }
+    const int64_t N = nb_size(logits, 0), nl = nb_size(logits, 1);
+    const int64_t lo = nl * nb_comm_rank(c), V = nl * nb_comm_size(c);
+    int64_t n;
+    int64_t *tok = read_tokens(targets, &n, op);
+    float *mask = tok ? malloc(sizeof(float) * (size_t)(n > 0 ? n : 1)) : NULL;
+    nb_tensor *loss = NULL;
+    if (mask && localize(tok, n, lo, nl, V, mask, op)) {
+        /* the row maxima over every rank: a constant shift (no gradient needed: the loss does
+         * not depend on it) */
+        bool prev = nb_set_grad_enabled(false);
+        nb_tensor *mx = nb_contiguous(nb_amax(nb_detach(logits), (int[]){1}, 1, true));
+        nb_status st = mx ? nb_allreduce(c, mx, NB_REDUCE_MAX) : nb_last_status();
+        nb_set_grad_enabled(prev);
+        if (st == NB_OK) {
+            nb_tensor *z = nb_sub(logits, mx);                                        /* (N, Vl) */
+            nb_tensor *se = nb_reduce_from_region(nb_sum(nb_exp(z), (int[]){1}, 1, false), c);
+            nb_tensor *li = nb_from_buffer(tok, (int64_t[]){N, 1}, 2, NB_I64);
+            nb_tensor *m = nb_from_buffer(mask, (int64_t[]){N}, 1, NB_F32);
+            nb_tensor *zt = nb_mul(nb_squeeze(nb_gather(z, 1, li), 1), nb_to_dtype(m, nb_tensor_dtype(logits)));
+            zt = nb_reduce_from_region(zt, c);                                        /* (N) */
+            loss = nb_mean(nb_sub(nb_log(se), zt), NULL, 0, false);
+        }
+    } else if (tok && !mask) {
+        nb__error(NB_ENOMEM, "%s: out of memory", op);
+    }
+    free(tok);
+    free(mask);
+    return loss;
+}

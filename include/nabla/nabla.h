@@ -31,6 +31,7 @@
 #include "nabla/parallel.h"
 #include "nabla/tp.h"
 #include "nabla/gpt.h"
+#include "nabla/gpt_tp.h"
 #include "nabla/run.h"
 #include "nabla/summary.h"
 #include "nabla/trace.h"

@@ -131,6 +131,20 @@ nb_module *nb_column_parallel_linear_from(nb_tensor *weight, nb_tensor *bias, nb
 nb_module *nb_row_parallel_linear_from(nb_tensor *weight, nb_tensor *bias, nb_comm *c,
                                        bool input_is_parallel);
 
+/* Vocab-parallel embedding: weight is this rank's rows [r*V/tp, (r+1)*V/tp) of the (V, C)
+ * table; idx (any shape, integer, tokens in [0, V)) -> (idx..., C). Each rank looks up the
+ * tokens of its range (zeros for the others) and the parts are summed over c: with seq_dim
+ * < 0 by reduce_from_region (every rank gets the whole result), else by
+ * reduce_scatter_along(seq_dim) (sequence parallel: each rank gets its chunk along the
+ * sequence). NB_EINDEX for a token outside [0, V). */
+nb_tensor *nb_vocab_parallel_embedding(nb_tensor *weight, nb_tensor *idx, nb_comm *c, int seq_dim);
+/* Vocab-parallel cross entropy: logits (N, V/tp) are this rank's columns [r*V/tp, ..) of the
+ * (N, V) logits, targets (N) integer in [0, V); the mean over N of the cross entropy of the
+ * whole rows, the same 0-dim value on every rank, computed from the rank's part and three
+ * reductions of N numbers (max, sum of exponentials, target logit): the (N, V) logits are
+ * never formed. The gradient flows to each rank's part. */
+nb_tensor *nb_vocab_parallel_cross_entropy(nb_tensor *logits, nb_tensor *targets, nb_comm *c);
+
 /* Global gradient norm (norm_type 2) of parameters over a tensor-parallel model, clipping
  * them to max_norm (INFINITY: no clipping): sharded[i] says whether params[i] is a slice
  * (its square sum is summed over c) or replicated (counted once). Returns the norm or a

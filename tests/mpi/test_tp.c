@@ -267,6 +267,141 @@ START_TEST(test_tp_mlp_equivalence) {
 }
 END_TEST
 
+/* ---- the TP GPT ------------------------------------------------------------------------------- */
+enum { GV = 16, GT = 8, GB = 4, K = 3 };
+static const nb_gpt_config gcfg = {.vocab_size = GV, .block_size = GT, .n_layer = 2, .n_head = 4,
+                                   .n_embd = 16};
+
+/* Step k's global batch rows [b0, b0 + nb): x (nb, GT) and its next-token targets y. */
+static void batch(int k, int64_t b0, int64_t nb, nb_tensor **x, nb_tensor **y) {
+    int64_t xs[GB * GT], ys[GB * GT];
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t t = 0; t < GT; t++) {
+            int64_t s = b0 + b;
+            xs[b * GT + t] = (s * 7 + t * 3 + k * 5 + (s * t) % 3) % GV;
+            ys[b * GT + t] = (s * 7 + (t + 1) * 3 + k * 5 + (s * (t + 1)) % 3) % GV;
+        }
+    *x = nb_from_buffer(xs, (int64_t[]){nb, GT}, 2, NB_I64);
+    *y = nb_from_buffer(ys, (int64_t[]){nb, GT}, 2, NB_I64);
+}
+
+static nb_optim *sgd(nb_module *m) {
+    return nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+}
+
+/* K steps of every dp x tp layout (with and without sequence parallelism) give the losses
+ * and, gathered, the weights of 1 process training on the whole global batch. */
+START_TEST(test_gpt_tp_equivalence) {
+    /* the 1-process reference, computed on every rank */
+    nb_generator *g = nb_generator_new(11);
+    nb_module *ref = nb_gpt_new(&gcfg, g);
+    nb_generator_free(g);
+    nb_optim *ropt = sgd(ref);
+    double rloss[K], rnorm[K];
+    for (int k = 0; k < K; k++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(k, 0, GB, &x, &y);
+        rloss[k] = nb_gpt_train_step(ref, ropt, NULL, &x, &y, 1, 0.5, &rnorm[k]);
+        nb_scope_end();
+    }
+    MT_CHECK(isfinite(rloss[K - 1]), "reference: %s", nb_last_error());
+    for (int tp = 1; tp <= mt_size; tp *= 2)
+        for (int sp = 0; sp < 2; sp++) {
+            if (mt_size % tp || GB % (mt_size / tp)) continue;
+            nb_topology *topo = nb_topology_new(mt_world, &(nb_topology_opts){.pp = 1, .tp = tp});
+            g = nb_generator_new(11);
+            nb_module *m = nb_gpt_tp_new(&gcfg, g, nb_topology_tp(topo), &(nb_gpt_tp_opts){.sequence_parallel = sp});
+            nb_generator_free(g);
+            MT_CHECK(m, "tp %d: %s", tp, nb_last_error());
+            if (!m) {
+                nb_topology_free(topo);
+                continue;
+            }
+            const int dp = nb_topology_dp_size(topo), dr = nb_topology_dp_rank(topo);
+            nb_ddp *ddp = dp > 1 ? nb_ddp_new(m, nb_topology_dp(topo), NULL) : NULL;
+            nb_optim *opt = sgd(m);
+            for (int k = 0; k < K; k++) {
+                nb_scope_begin();
+                nb_tensor *x, *y;
+                batch(k, dr * (GB / dp), GB / dp, &x, &y);
+                double norm, loss = nb_gpt_tp_train_step(m, opt, ddp, &x, &y, 1, 0.5, &norm);
+                nb_tensor *l = nb_full((int64_t[]){1}, 1, NB_F64, loss);
+                MT_OK(nb_allreduce(nb_topology_dp(topo), l, NB_REDUCE_AVG));
+                loss = nb_item_f64(l);
+                MT_CHECK(fabs(loss - rloss[k]) <= 1e-5 * fabs(rloss[k]),
+                         "tp %d sp %d step %d: loss %.9g, 1 process %.9g (%s)", tp, sp, k, loss,
+                         rloss[k], nb_last_error());
+                MT_CHECK(fabs(norm - rnorm[k]) <= 1e-5 * rnorm[k],
+                         "tp %d sp %d step %d: grad norm %.9g, 1 process %.9g", tp, sp, k, norm, rnorm[k]);
+                nb_scope_end();
+            }
+            /* the gathered weights */
+            nb_module *full = nb_gpt_new(&gcfg, NULL);
+            MT_OK(nb_gpt_tp_gather(m, full));
+            const nb_params *ps = nb_parameters(ref);
+            for (int i = 0; i < ps->count; i++) {
+                char what[160];
+                snprintf(what, sizeof what, "tp %d sp %d: %s", tp, sp, ps->names[i]);
+                EXPECT_CLOSE(nb_module_find(full, ps->names[i]), ps->tensors[i], 1e-5, what);
+            }
+            nb_module_free(full);
+            nb_optim_free(opt);
+            nb_ddp_free(ddp);
+            nb_module_free(m);
+            nb_topology_free(topo);
+        }
+    nb_optim_free(ropt);
+    nb_module_free(ref);
+    MT_END();
+}
+END_TEST
+
+/* Slicing a model and gathering it back is the identity; the init equals the 1-rank init
+ * sliced; bad splits are refused on every rank. */
+START_TEST(test_gpt_tp_init_and_errors) {
+    nb_generator *g = nb_generator_new(3), *g2 = nb_generator_new(3);
+    nb_module *ref = nb_gpt_new(&gcfg, g);
+    nb_module *m = nb_gpt_tp_new(&gcfg, g2, mt_world, NULL);
+    nb_module *full = nb_gpt_new(&gcfg, NULL);
+    MT_CHECK(ref && m && full, "%s", nb_last_error());
+    MT_OK(nb_gpt_tp_gather(m, full));
+    const nb_params *ps = nb_parameters(ref);
+    for (int i = 0; i < ps->count; i++)
+        EXPECT_CLOSE(nb_module_find(full, ps->names[i]), ps->tensors[i], 0, ps->names[i]);
+    /* c_attn holds q, k and v of this rank's heads */
+    nb_scope_begin();
+    const int64_t C = gcfg.n_embd, n = C / mt_size;
+    nb_tensor *w = nb_module_find(ref, "transformer.h.0.attn.c_attn.weight");
+    nb_tensor *wl = nb_module_find(m, "transformer.h.0.attn.c_attn.weight");
+    MT_CHECK(nb_size(wl, 0) == 3 * n, "c_attn slice rows %lld", (long long)nb_size(wl, 0));
+    EXPECT_CLOSE(nb_narrow(wl, 0, n, n), nb_narrow(w, 0, C + mt_rank * n, n), 0, "k rows");
+    nb_scope_end();
+    if (mt_size > 1) {
+        nb_gpt_config bad = gcfg;
+        bad.n_head = 2 * mt_size + 1;
+        bad.n_embd = bad.n_head * 2;
+        EXPECT_NULL(nb_gpt_tp_new(&bad, NULL, mt_world, NULL), NB_EINVAL, "must divide n_head");
+        bad = gcfg;
+        bad.vocab_size = GV + 1;
+        EXPECT_NULL(nb_gpt_tp_new(&bad, NULL, mt_world, NULL), NB_EINVAL, "vocab_size");
+        /* sequence parallel needs T divisible by tp */
+        nb_module *s = nb_gpt_tp_new(&gcfg, NULL, mt_world, &(nb_gpt_tp_opts){.sequence_parallel = true});
+        nb_scope_begin();
+        nb_tensor *x = nb_zeros((int64_t[]){1, mt_size + 1}, 2, NB_I64);
+        EXPECT_NULL(nb_forward(s, x), NB_ESHAPE, "must divide by the tensor-parallel size");
+        nb_scope_end();
+        nb_module_free(s);
+    }
+    nb_module_free(full);
+    nb_module_free(m);
+    nb_module_free(ref);
+    nb_generator_free(g);
+    nb_generator_free(g2);
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_tp(void) {
     Suite *s = suite_create("tp");
     TCase *tc = tcase_create("tp");
@@ -276,6 +411,8 @@ Suite *mt_suite_tp(void) {
     tcase_add_test(tc, test_collectives_grad);
     tcase_add_test(tc, test_collectives_errors);
     tcase_add_test(tc, test_tp_mlp_equivalence);
+    tcase_add_test(tc, test_gpt_tp_init_and_errors);
+    tcase_add_test(tc, test_gpt_tp_equivalence);
     suite_add_tcase(s, tc);
     return s;
 }
