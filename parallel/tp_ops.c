@@ -4,6 +4,7 @@
  * op's checks, forward and backward rule are defined here, once). The forwards and the
  * backwards share the six plain (non-recording) mappings below. */
 #include <stdint.h>
+#include <time.h>
 
 #include "nabla/tp.h"
 #include "tensor/tape.h"
@@ -65,8 +66,23 @@ static nb_tensor *reduce_scatter_dim(nb_tensor *x, nb_comm *c, int d) {
     return back(out, d);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* What this thread's collectives moved (nb_tp_comm_stats). */
+static _Thread_local nb_tp_comm_stats stats;
+
+void nb_tp_comm_stats_get(nb_tp_comm_stats *out) {
+    if (out) *out = stats;
+}
+void nb_tp_comm_stats_reset(void) { stats = (nb_tp_comm_stats){0}; }
+
 /* Run mapping k without recording. */
 static nb_tensor *run(kind k, nb_tensor *x, nb_comm *c, int d) {
+    const double t0 = now_s();
     bool prev = nb_set_grad_enabled(false);
     nb_tensor *y = NULL;
     switch (k) {
@@ -78,6 +94,12 @@ static nb_tensor *run(kind k, nb_tensor *x, nb_comm *c, int d) {
     case K_RS: y = reduce_scatter_dim(x, c, d); break;
     }
     nb_set_grad_enabled(prev);
+    if (y && k != K_COPY && k != K_SPLIT) { /* the others communicate */
+        const nb_tensor *whole = k == K_GATHER || k == K_AG ? y : x;
+        stats.calls++;
+        stats.bytes += nb_numel(whole) * (int64_t)nb_dtype_size(x->dtype);
+        stats.seconds += now_s() - t0;
+    }
     return y;
 }
 

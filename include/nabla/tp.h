@@ -109,6 +109,19 @@ nb_tensor *nb_split_along(nb_tensor *x, nb_comm *c, int dim);
 nb_tensor *nb_reduce_scatter_along(nb_tensor *x, nb_comm *c, int dim);
 nb_tensor *nb_all_gather_along(nb_tensor *x, nb_comm *c, int dim);
 
+/* What the collectives above communicated on the calling thread (forward and backward)
+ * since the last reset: calls, bytes (of the whole tensor each one works on: the input of an
+ * allreduce or reduce-scatter, the output of an all-gather; each rank sends about
+ * 2 (tp-1)/tp of that for an allreduce and (tp-1)/tp for the others over a ring) and the
+ * seconds spent in them. They are blocking, so all of that time is exposed. */
+typedef struct nb_tp_comm_stats {
+    int64_t calls;
+    int64_t bytes;
+    double seconds;
+} nb_tp_comm_stats;
+void nb_tp_comm_stats_get(nb_tp_comm_stats *out);
+void nb_tp_comm_stats_reset(void);
+
 /* Rank r's equal chunk of t along dim as a new contiguous tensor (no autograd), for slicing
  * 1-rank weights; NB_ESHAPE when the size along dim does not divide by size. */
 nb_tensor *nb_tp_slice(nb_tensor *t, int dim, int rank, int size);

@@ -219,11 +219,17 @@ START_TEST(test_tp_mlp_equivalence) {
     nb_scope_begin();
     nb_tensor *x = nb_randn((int64_t[]){B, T, IN}, 3, NB_F32, g1);
     nb_tensor *y1 = nb_forward(proj, nb_gelu(nb_forward(fc, x)));
+    nb_tp_comm_stats_reset();
     nb_tensor *y2 = nb_forward(tproj, nb_gelu(nb_forward(tfc, x)));
     EXPECT_CLOSE(y2, y1, 1e-5, "forward");
     nb_tensor *w = nb_randn((int64_t[]){B, T, IN}, 3, NB_F32, g2); /* same on every rank */
     MT_OK(nb_backward(nb_sum(nb_mul(y1, w), NULL, 0, false)));
     MT_OK(nb_backward(nb_sum(nb_mul(y2, w), NULL, 0, false)));
+    /* one allreduce forward (row); none backward, since x needs no gradient */
+    nb_tp_comm_stats cs;
+    nb_tp_comm_stats_get(&cs);
+    MT_CHECK(cs.calls == 1 && cs.bytes == B * T * IN * 4 && cs.seconds >= 0,
+             "comm stats: %lld calls, %lld bytes", (long long)cs.calls, (long long)cs.bytes);
     const int r = mt_rank, n = mt_size;
     EXPECT_CLOSE(nb_grad(nb_module_param(tfc, "weight")),
                  nb_tp_slice(nb_grad(nb_module_param(fc, "weight")), 0, r, n), 1e-5, "fc.weight grad");
