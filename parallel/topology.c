@@ -29,9 +29,14 @@ nb_topology *nb_topology_new(nb_comm *world, const nb_topology_opts *o) {
                   "(0: inferred)", d.tp, d.pp, d.dp);
         return NULL;
     }
-    if (W % (d.tp * d.pp) != 0 || (d.dp > 0 && d.dp * d.pp * d.tp != W)) {
-        nb__error(NB_EINVAL, "topology: the world size %d is not dp x pp x tp (dp %d%s, pp %d, "
-                  "tp %d)", W, d.dp, d.dp ? "" : " = inferred", d.pp, d.tp);
+    if (d.dp == 0 && W % (d.tp * d.pp) != 0) {
+        nb__error(NB_EINVAL, "topology: the world size %d is not dp x pp x tp: it does not divide "
+                  "by pp x tp = %d x %d", W, d.pp, d.tp);
+        return NULL;
+    }
+    if (d.dp > 0 && d.dp * d.pp * d.tp != W) {
+        nb__error(NB_EINVAL, "topology: the world size %d is not dp x pp x tp = %d x %d x %d", W,
+                  d.dp, d.pp, d.tp);
         return NULL;
     }
     if (d.dp == 0) d.dp = W / (d.tp * d.pp);
