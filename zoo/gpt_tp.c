@@ -378,3 +378,116 @@ double nb_gpt_tp_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor 
     if (nb_step(opt) != NB_OK) return NAN;
     return loss_sum / n_micro;
 }
+
+/* ---- files across layouts ---------------------------------------------------------------------
+ * The file is consolidated: the 1-rank model under "model." (nanoGPT's names, so nb_gpt_load
+ * and nb_gpt_config_from_file read it) and the 1-rank optimizer state under "optim.", so any
+ * layout (or 1 process) loads it by slicing. */
+
+/* The parameter an optimizer state entry "<slot>.<param>" belongs to; NULL for the
+ * per-group scalars and the "step." counters (0-dim: never split). */
+static const char *state_param(const char *name, const nb_tensor *t) {
+    const char *dot = strchr(name, '.');
+    if (!dot || nb_ndim(t) == 0 || strncmp(name, "param_groups.", 13) == 0) return NULL;
+    return dot + 1;
+}
+
+/* The whole tensor of this rank's slice p of parameter `name` (collective over s->c). */
+static nb_tensor *whole(const tp_self *s, const char *name, nb_tensor *p) {
+    split k = split_of(name);
+    if (k == REPLICATED) return nb_clone(p);
+    nb_tensor *g = nb_gather_along(p, s->c, k == COLS ? 1 : 0);
+    if (k != QKV || !g) return g;
+    const int64_t C = nb_size(g, 0) / 3, n = C / s->tp; /* [q_r; k_r; v_r] blocks -> q, k, v */
+    nb_tensor **parts = malloc(sizeof *parts * 3 * (size_t)s->tp);
+    if (!parts) {
+        nb_set_error(NB_ENOMEM, "gpt_tp: out of memory");
+        return NULL;
+    }
+    for (int q = 0; q < 3; q++)
+        for (int r = 0; r < s->tp; r++) parts[q * s->tp + r] = nb_narrow(g, 0, (int64_t)r * 3 * n + q * n, n);
+    nb_tensor *out = nb_cat(parts, 3 * s->tp, 0);
+    free(parts);
+    return out;
+}
+
+nb_status nb_gpt_tp_save(nb_module *m, nb_optim *opt, const char *path, bool write) {
+    if (!nb_gpt_tp_is_gpt_tp(m) || (write && !path))
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save: needs a TP GPT (and a path where it writes)");
+    const tp_self *s = self_of(m);
+    nb_state_list l = {0};
+    nb_status st = NB_OK;
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    const nb_params *ps = nb_parameters(m);
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        nb_tensor *w = whole(s, ps->names[i], ps->tensors[i]);
+        st = w ? nb_state_list_add(&l, "model.", ps->names[i], w) : nb_last_status();
+    }
+    const nb_params *os = opt && st == NB_OK ? nb_optim_state(opt) : NULL;
+    for (int i = 0; os && st == NB_OK && i < os->count; i++) {
+        const char *pn = state_param(os->names[i], os->tensors[i]);
+        nb_tensor *w = pn ? whole(s, pn, os->tensors[i]) : nb_clone(os->tensors[i]);
+        st = w ? nb_state_list_add(&l, "optim.", os->names[i], w) : nb_last_status();
+    }
+    if (os) nb_optim_state_release(opt);
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    if (st == NB_OK && write) {
+        const char *k[] = {"format"}, *v[] = {"nabla gpt (consolidated from tensor parallel)"};
+        st = nb_safetensors_save(path, l.names, l.tensors, l.count, k, v, 1);
+    }
+    nb_state_list_deinit(&l);
+    return st;
+}
+
+nb_status nb_gpt_tp_load(nb_module *m, nb_optim *opt, const char *path) {
+    if (!nb_gpt_tp_is_gpt_tp(m)) return nb_set_error(NB_EINVAL, "nb_gpt_tp_load: not a TP GPT");
+    const tp_self *s = self_of(m);
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) return nb_last_status();
+    const bool ckpt = nb_safetensors_find(f, "model.transformer.wte.weight") >= 0;
+    const nb_params *ps = nb_parameters(m);
+    nb_status st = NB_OK;
+    nb_state_list model = {0}, state = {0};
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    /* everything is sliced and checked before any tensor changes */
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        char name[512];
+        snprintf(name, sizeof name, "%s%s", ckpt ? "model." : "", ps->names[i]);
+        nb_tensor *w = nb_safetensors_get(f, name);
+        nb_tensor *sl = w ? slice_of(nb_to_dtype(w, nb_tensor_dtype(ps->tensors[i])),
+                                     split_of(ps->names[i]), s->rank, s->tp) : NULL;
+        if (!w)
+            st = nb_set_error(NB_EINVAL, "nb_gpt_tp_load: %s has no tensor \"%s\" (a model of "
+                              "another shape?)", path, name);
+        else if (!sl || nb_ndim(sl) != nb_ndim(ps->tensors[i]) ||
+                 nb_numel(sl) != nb_numel(ps->tensors[i]))
+            st = nb_set_error(NB_ESHAPE, "nb_gpt_tp_load: %s: \"%s\" does not fit this model's "
+                              "shape", path, name);
+        else
+            st = nb_state_list_add(&model, NULL, ps->names[i], sl);
+    }
+    if (st == NB_OK && opt && ckpt) {
+        nb_state_list all = {0};
+        st = nb_state_list_add_file(&all, f, "optim.");
+        for (int i = 0; st == NB_OK && i < all.count; i++) {
+            const char *pn = state_param(all.names[i], all.tensors[i]);
+            nb_tensor *t = pn && split_of(pn) != REPLICATED
+                               ? slice_of(all.tensors[i], split_of(pn), s->rank, s->tp)
+                               : all.tensors[i];
+            st = t ? nb_state_list_add(&state, NULL, all.names[i], t) : nb_last_status();
+        }
+        nb_state_list_deinit(&all);
+        if (st == NB_OK) st = nb_optim_load_state(opt, state.names, state.tensors, state.count);
+    }
+    for (int i = 0; st == NB_OK && i < model.count; i++)
+        st = nb_copy_(ps->tensors[i], model.tensors[i]);
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&state);
+    nb_safetensors_close(f);
+    return st;
+}

@@ -76,6 +76,21 @@ const nb_gpt_config *nb_gpt_tp_get_config(const nb_module *m);
 /* Whether the i-th parameter (nb_parameters order) is a slice (else replicated). */
 bool nb_gpt_tp_param_is_sharded(nb_module *m, int i);
 
+/* Files across layouts. nb_gpt_tp_save gathers the whole model (and, with opt, the
+ * optimizer's whole state: each state tensor gathered as its parameter) on every rank of
+ * the tp group (collective) and, where write is true (one rank, e.g. world rank 0), writes
+ * them to path as one safetensors file: the model under "model." with nanoGPT's names, the
+ * state under "optim." as nb_optim_state names it. nb_gpt_load and nb_gpt_config_from_file
+ * read the model part as they read a checkpoint, so the file is also the consolidated
+ * model. nb_gpt_tp_load reads such a file, or a plain model file (nb_module_save, nanoGPT's
+ * state dict: weights only), under any layout: every rank slices what it holds, the
+ * optimizer state too (opt may be NULL). Everything is checked before anything changes
+ * (NB_EINVAL for a missing tensor, NB_ESHAPE for another model size, and
+ * nb_optim_load_state's errors). Local (no communication). The state must have the layout
+ * of opt's parameters: the same optimizer kind, groups and order. */
+nb_status nb_gpt_tp_save(nb_module *m, nb_optim *opt, const char *path, bool write);
+nb_status nb_gpt_tp_load(nb_module *m, nb_optim *opt, const char *path);
+
 /* The mean cross entropy over (B, T) (the same 0-dim value on every tp rank). */
 nb_tensor *nb_gpt_tp_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets);
 /* Sum the sequence-parallel partial gradients over the tp group (nothing without

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mpi_test.h"
 
@@ -363,6 +364,97 @@ START_TEST(test_gpt_tp_equivalence) {
 }
 END_TEST
 
+/* Steps [k0, k1) of a layout: tp ranks adjacent, dp over the rest. */
+static void train_layout(nb_module *m, nb_optim *opt, nb_topology *topo, nb_ddp *ddp, int k0, int k1) {
+    const int dp = nb_topology_dp_size(topo), dr = nb_topology_dp_rank(topo);
+    for (int k = k0; k < k1; k++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(k, dr * (GB / dp), GB / dp, &x, &y);
+        double loss = nb_gpt_tp_train_step(m, opt, ddp, &x, &y, 1, 0.5, NULL);
+        MT_CHECK(isfinite(loss), "step %d: %s", k, nb_last_error());
+        nb_scope_end();
+    }
+}
+
+/* A file saved under tp = world size after 2 steps resumes under tp 1 (each rank alone)
+ * and under dp x tp = 2 x 2 (4 ranks): one more step gives the weights of 3 steps of 1
+ * process; the file is the consolidated model nb_gpt_load reads. */
+START_TEST(test_gpt_tp_checkpoint_layouts) {
+    nb_generator *g = nb_generator_new(11);
+    nb_module *ref = nb_gpt_new(&gcfg, g);
+    nb_generator_free(g);
+    nb_optim *ropt = sgd(ref);
+    for (int k = 0; k < K; k++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(k, 0, GB, &x, &y);
+        MT_CHECK(isfinite(nb_gpt_train_step(ref, ropt, NULL, &x, &y, 1, 0.5, NULL)), "reference");
+        nb_scope_end();
+    }
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/nb-test-tp-%d.safetensors", (int)getppid());
+    /* save under tp = world size */
+    nb_topology *topo = nb_topology_new(mt_world, &(nb_topology_opts){.pp = 1, .tp = mt_size});
+    g = nb_generator_new(11);
+    nb_module *m = nb_gpt_tp_new(&gcfg, g, nb_topology_tp(topo), NULL);
+    nb_generator_free(g);
+    nb_optim *opt = sgd(m);
+    train_layout(m, opt, topo, NULL, 0, K - 1);
+    MT_OK(nb_gpt_tp_save(m, opt, path, mt_rank == 0));
+    MT_OK(nb_barrier(mt_world));
+    nb_optim_free(opt);
+    nb_module_free(m);
+    nb_topology_free(topo);
+    /* the file is a nanoGPT-named model */
+    nb_module *plain = nb_gpt_new(&gcfg, NULL);
+    MT_OK(nb_gpt_load(plain, path));
+    /* resume under tp 1 (alone) and under every layout of the world */
+    nb_comm *self = nb_comm_self();
+    for (int tp = 0; tp <= mt_size; tp = tp ? tp * 2 : 1) {
+        nb_topology *t = tp ? nb_topology_new(mt_world, &(nb_topology_opts){.pp = 1, .tp = tp})
+                            : nb_topology_new(self, NULL);
+        nb_module *r = nb_gpt_tp_new(&gcfg, NULL, nb_topology_tp(t), NULL);
+        nb_optim *o = sgd(r);
+        /* momentum state exists only after a step: make it, then overwrite everything */
+        train_layout(r, o, t, NULL, 0, 1);
+        MT_OK(nb_gpt_tp_load(r, o, path));
+        nb_ddp *ddp = nb_topology_dp_size(t) > 1 ? nb_ddp_new(r, nb_topology_dp(t), NULL) : NULL;
+        train_layout(r, o, t, ddp, K - 1, K);
+        nb_module *full = nb_gpt_new(&gcfg, NULL);
+        MT_OK(nb_gpt_tp_gather(r, full));
+        const nb_params *ps = nb_parameters(ref);
+        for (int i = 0; i < ps->count; i++) {
+            char what[160];
+            snprintf(what, sizeof what, "resumed under tp %d: %s", tp ? tp : 1, ps->names[i]);
+            EXPECT_CLOSE(nb_module_find(full, ps->names[i]), ps->tensors[i], 1e-5, what);
+        }
+        nb_module_free(full);
+        nb_ddp_free(ddp);
+        nb_optim_free(o);
+        nb_module_free(r);
+        nb_topology_free(t);
+    }
+    /* a model of another size is refused, nothing changed */
+    nb_gpt_config other = gcfg;
+    other.n_embd = 32;
+    nb_module *wrong = nb_gpt_tp_new(&other, NULL, self, NULL);
+    nb_tensor *before = nb_clone(nb_module_find(wrong, "transformer.wte.weight"));
+    MT_CHECK(nb_gpt_tp_load(wrong, NULL, path) == NB_ESHAPE, "another size: %s", nb_last_error());
+    nb_clear_error();
+    EXPECT_CLOSE(nb_module_find(wrong, "transformer.wte.weight"), before, 0, "unchanged");
+    nb_tensor_free(before);
+    nb_module_free(wrong);
+    nb_comm_free(self);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) remove(path);
+    nb_module_free(plain);
+    nb_optim_free(ropt);
+    nb_module_free(ref);
+    MT_END();
+}
+END_TEST
+
 /* Slicing a model and gathering it back is the identity; the init equals the 1-rank init
  * sliced; bad splits are refused on every rank. */
 START_TEST(test_gpt_tp_init_and_errors) {
@@ -419,6 +511,7 @@ Suite *mt_suite_tp(void) {
     tcase_add_test(tc, test_tp_mlp_equivalence);
     tcase_add_test(tc, test_gpt_tp_init_and_errors);
     tcase_add_test(tc, test_gpt_tp_equivalence);
+    tcase_add_test(tc, test_gpt_tp_checkpoint_layouts);
     suite_add_tcase(s, tc);
     return s;
 }
