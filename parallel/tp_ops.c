@@ -84,6 +84,7 @@ void nb_tp_comm_stats_reset(void) { stats = (nb_tp_comm_stats){0}; }
 static nb_tensor *run(kind k, nb_tensor *x, nb_comm *c, int d) {
     const double t0 = now_s();
     bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin(); /* the staging copies go at once, not with the caller's scope */
     nb_tensor *y = NULL;
     switch (k) {
     case K_COPY: y = nb_detach(x); break;
@@ -93,11 +94,17 @@ static nb_tensor *run(kind k, nb_tensor *x, nb_comm *c, int d) {
     case K_SPLIT: y = split_dim(x, c, d); break;
     case K_RS: y = reduce_scatter_dim(x, c, d); break;
     }
+    nb_keep(y);
+    nb_scope_end();
     nb_set_grad_enabled(prev);
     if (y && k != K_COPY && k != K_SPLIT) { /* the others communicate */
         const nb_tensor *whole = k == K_GATHER || k == K_AG ? y : x;
+        const int p = nb_comm_size(c);
+        /* what each rank sends over a ring: 2 (p-1)/p of the whole for an allreduce,
+         * (p-1)/p for an all-gather or a reduce-scatter */
+        const int64_t n = nb_numel(whole) * (int64_t)nb_dtype_size(x->dtype) / p * (p - 1);
         stats.calls++;
-        stats.bytes += nb_numel(whole) * (int64_t)nb_dtype_size(x->dtype);
+        stats.bytes += k == K_REDUCE ? 2 * n : n;
         stats.seconds += now_s() - t0;
     }
     return y;

@@ -110,10 +110,10 @@ nb_tensor *nb_reduce_scatter_along(nb_tensor *x, nb_comm *c, int dim);
 nb_tensor *nb_all_gather_along(nb_tensor *x, nb_comm *c, int dim);
 
 /* What the collectives above communicated on the calling thread (forward and backward)
- * since the last reset: calls, bytes (of the whole tensor each one works on: the input of an
- * allreduce or reduce-scatter, the output of an all-gather; each rank sends about
- * 2 (tp-1)/tp of that for an allreduce and (tp-1)/tp for the others over a ring) and the
- * seconds spent in them. They are blocking, so all of that time is exposed. */
+ * since the last reset: calls, bytes each rank sends with ring algorithms (2 (p-1)/p of the
+ * whole tensor for an allreduce over p ranks, (p-1)/p for an all-gather or reduce-scatter;
+ * 0 on one rank) and the seconds spent in them. They are blocking, so all of that time is
+ * exposed. */
 typedef struct nb_tp_comm_stats {
     int64_t calls;
     int64_t bytes;
