@@ -196,6 +196,7 @@ nb_tensor *nb_vocab_parallel_embedding(nb_tensor *weight, nb_tensor *idx, nb_com
     int64_t *tok = read_tokens(idx, &n, op);
     float *mask = tok ? malloc(sizeof(float) * (size_t)(n > 0 ? n : 1)) : NULL;
     nb_tensor *out = NULL;
+    nb_scope_begin(); /* the intermediates go here; the result to the caller's scope */
     if (mask && localize(tok, n, lo, nl, V, mask, op)) {
         int64_t shape[NB_MAX_DIMS];
         const int nd = nb_ndim(idx);
@@ -208,6 +209,8 @@ nb_tensor *nb_vocab_parallel_embedding(nb_tensor *weight, nb_tensor *idx, nb_com
     } else if (tok && !mask) {
         nb__error(NB_ENOMEM, "%s: out of memory", op);
     }
+    nb_keep(out);
+    nb_scope_end();
     free(tok);
     free(mask);
     return out;
@@ -229,6 +232,7 @@ nb_tensor *nb_vocab_parallel_cross_entropy(nb_tensor *logits, nb_tensor *targets
     int64_t *tok = read_tokens(targets, &n, op);
     float *mask = tok ? malloc(sizeof(float) * (size_t)(n > 0 ? n : 1)) : NULL;
     nb_tensor *loss = NULL;
+    nb_scope_begin();
     if (mask && localize(tok, n, lo, nl, V, mask, op)) {
         /* the row maxima over every rank: a constant shift (no gradient needed: the loss does
          * not depend on it) */
@@ -248,6 +252,8 @@ nb_tensor *nb_vocab_parallel_cross_entropy(nb_tensor *logits, nb_tensor *targets
     } else if (tok && !mask) {
         nb__error(NB_ENOMEM, "%s: out of memory", op);
     }
+    nb_keep(loss);
+    nb_scope_end();
     free(tok);
     free(mask);
     return loss;

@@ -176,7 +176,9 @@ nb_tensor *nb_tp_slice(nb_tensor *t, int dim, int rank, int size) {
     }
     const int64_t n = t->shape[d] / size;
     bool prev = nb_set_grad_enabled(false);
-    nb_tensor *y = nb_clone(nb_narrow(t, d, n * rank, n));
+    nb_scope_begin(); /* the view goes with it, also for a caller without a scope */
+    nb_tensor *y = nb_keep(nb_clone(nb_narrow(t, d, n * rank, n)));
+    nb_scope_end();
     nb_set_grad_enabled(prev);
     return y;
 }
