@@ -411,33 +411,65 @@ static nb_tensor *whole(const tp_self *s, const char *name, nb_tensor *p) {
     return out;
 }
 
-nb_status nb_gpt_tp_save(nb_module *m, nb_optim *opt, const char *path, bool write) {
-    if (!nb_gpt_tp_is_gpt_tp(m) || (write && !path))
-        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save: needs a TP GPT (and a path where it writes)");
+/* The whole model into *model and the whole optimizer state into *state (either may be
+ * NULL), names without prefix. Collective over the tp group. */
+static nb_status gather_all(nb_module *m, nb_optim *opt, nb_state_list *model, nb_state_list *state) {
     const tp_self *s = self_of(m);
-    nb_state_list l = {0};
     nb_status st = NB_OK;
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
     const nb_params *ps = nb_parameters(m);
-    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+    for (int i = 0; model && st == NB_OK && i < ps->count; i++) {
         nb_tensor *w = whole(s, ps->names[i], ps->tensors[i]);
-        st = w ? nb_state_list_add(&l, "model.", ps->names[i], w) : nb_last_status();
+        st = w ? nb_state_list_add(model, NULL, ps->names[i], w) : nb_last_status();
     }
-    const nb_params *os = opt && st == NB_OK ? nb_optim_state(opt) : NULL;
+    const nb_params *os = opt && state && st == NB_OK ? nb_optim_state(opt) : NULL;
     for (int i = 0; os && st == NB_OK && i < os->count; i++) {
         const char *pn = state_param(os->names[i], os->tensors[i]);
         nb_tensor *w = pn ? whole(s, pn, os->tensors[i]) : nb_clone(os->tensors[i]);
-        st = w ? nb_state_list_add(&l, "optim.", os->names[i], w) : nb_last_status();
+        st = w ? nb_state_list_add(state, NULL, os->names[i], w) : nb_last_status();
     }
     if (os) nb_optim_state_release(opt);
     nb_scope_end();
     nb_set_grad_enabled(prev);
+    return st;
+}
+
+nb_status nb_gpt_tp_save(nb_module *m, nb_optim *opt, const char *path, bool write) {
+    if (!nb_gpt_tp_is_gpt_tp(m) || (write && !path))
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save: needs a TP GPT (and a path where it writes)");
+    nb_state_list model = {0}, state = {0}, l = {0};
+    nb_status st = gather_all(m, opt, &model, &state);
+    for (int i = 0; st == NB_OK && i < model.count; i++)
+        st = nb_state_list_add(&l, "model.", model.names[i], model.tensors[i]);
+    for (int i = 0; st == NB_OK && i < state.count; i++)
+        st = nb_state_list_add(&l, "optim.", state.names[i], state.tensors[i]);
     if (st == NB_OK && write) {
         const char *k[] = {"format"}, *v[] = {"nabla gpt (consolidated from tensor parallel)"};
         st = nb_safetensors_save(path, l.names, l.tensors, l.count, k, v, 1);
     }
     nb_state_list_deinit(&l);
+    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&state);
+    return st;
+}
+
+nb_status nb_gpt_tp_consolidate(nb_module *m, nb_optim *opt, nb_module *full, nb_optim *full_opt) {
+    if (!nb_gpt_tp_is_gpt_tp(m) || (full && !nb_gpt_get_config(full)))
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_consolidate: needs a TP GPT (and a GPT made by "
+                            "nb_gpt_new)");
+    nb_state_list model = {0}, state = {0};
+    nb_status st = gather_all(m, opt, &model, opt ? &state : NULL);
+    bool prev = nb_set_grad_enabled(false);
+    for (int i = 0; full && st == NB_OK && i < model.count; i++) {
+        nb_tensor *dst = nb_module_find(full, model.names[i]);
+        st = dst ? nb_copy_(dst, model.tensors[i]) : nb_last_status();
+    }
+    nb_set_grad_enabled(prev);
+    if (st == NB_OK && full_opt && opt)
+        st = nb_optim_load_state(full_opt, state.names, state.tensors, state.count);
+    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&state);
     return st;
 }
 

@@ -90,6 +90,11 @@ bool nb_gpt_tp_param_is_sharded(nb_module *m, int i);
  * of opt's parameters: the same optimizer kind, groups and order. */
 nb_status nb_gpt_tp_save(nb_module *m, nb_optim *opt, const char *path, bool write);
 nb_status nb_gpt_tp_load(nb_module *m, nb_optim *opt, const char *path);
+/* The same gathering into objects: the whole weights into full (a 1-rank GPT of the same
+ * config) and the whole state into full_opt (an optimizer over full's parameters of opt's
+ * kind and groups; nb_optim_load_state's rules), e.g. to write an nb_checkpoint of the
+ * 1-rank model. Either may be NULL (a rank that only takes part). Collective over tp. */
+nb_status nb_gpt_tp_consolidate(nb_module *m, nb_optim *opt, nb_module *full, nb_optim *full_opt);
 
 /* The mean cross entropy over (B, T) (the same 0-dim value on every tp rank). */
 nb_tensor *nb_gpt_tp_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets);

@@ -90,7 +90,8 @@ static void usage(const args *a, FILE *out) {
             "                   2 also the gradients (default 0: nb_ddp); --save then writes\n"
             "                   a sharded checkpoint (a directory) that --resume reshards\n"
             "  --tp N           tensor parallel over N adjacent ranks (the ranks are dp x tp,\n"
-            "                   nb_ddp over dp; default 1); --save and --zero not yet\n"
+            "                   nb_ddp over dp; default 1); --save writes the 1-rank model's\n"
+            "                   checkpoint, which any layout resumes; not with --zero yet\n"
             "  --sequence-parallel  with --tp: layer norms and dropout on sequence shards\n"
             "  --seed N         initialization, batch order, dropout (default %llu)\n"
             "sampling:\n"
@@ -216,9 +217,8 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --sequence-parallel needs training with --tp 2 or more\n");
         return 2;
     }
-    if (a->tp > 1 && (a->zero > 0 || a->save || a->resume)) {
-        fprintf(stderr, "gpt: --tp %lld does not combine with --zero, --save or --resume yet\n",
-                (long long)a->tp);
+    if (a->tp > 1 && a->zero > 0) {
+        fprintf(stderr, "gpt: --tp %lld does not combine with --zero yet\n", (long long)a->tp);
         return 2;
     }
     /* A flag the chosen mode ignores is a mistake (a typo'd mode, a forgotten --sample),
@@ -419,6 +419,9 @@ typedef struct run {
     nb_ddp *ddp;
     nb_zero *zero; /* --zero 1|2 instead of ddp */
     nb_topology *topo; /* --tp > 1; NULL otherwise */
+    nb_module *full;   /* --tp with --save/--resume: the 1-rank model and optimizer */
+    nb_optim *full_opt;
+    nb_params fdecay, fno_decay;
     nb_comm *dp;       /* the data-parallel group: the world without --tp (borrowed) */
     int dp_rank, dp_size;
     nb_checkpoint ck;
@@ -480,6 +483,25 @@ static bool setup_data(run *r) {
     return true;
 }
 
+/* AdamW with nanoGPT's grouping: weight decay on matmul and embedding weights, none on
+ * biases and layer norms (decay and no_decay get the groups' lists). */
+static nb_optim *make_adamw(const args *a, nb_module *m, nb_params *decay, nb_params *no_decay) {
+    if (nb_params_split_decay(nb_parameters(m), decay, no_decay) != NB_OK) return NULL;
+    nb_adamw_opts ao = nb_adamw_defaults();
+    ao.lr = a->lr;
+    ao.betas[0] = a->beta1;
+    ao.betas[1] = a->beta2;
+    ao.weight_decay = a->weight_decay;
+    nb_optim *opt = nb_adamw_new(decay, &ao);
+    nb_group_opts no_wd = nb_group_defaults();
+    no_wd.weight_decay = 0;
+    if (opt && nb_optim_add_group(opt, no_decay, &no_wd) < 0) {
+        nb_optim_free(opt);
+        return NULL;
+    }
+    return opt;
+}
+
 /* The model, AdamW with nanoGPT's grouping and the learning-rate schedule. */
 static bool setup_model(run *r) {
     const args *a = r->a;
@@ -492,20 +514,17 @@ static bool setup_model(run *r) {
     r->model = r->topo ? nb_gpt_tp_new(&r->cfg, r->init, nb_topology_tp(r->topo), &to)
                        : nb_gpt_new(&r->cfg, r->init);
     if (!r->model) return fail(r, "%s", nb_last_error());
-    /* nanoGPT's grouping: weight decay on matmul and embedding weights, none on biases
-     * and layer norms. */
-    if (nb_params_split_decay(nb_parameters(r->model), &r->decay, &r->no_decay) != NB_OK)
+    if (!(r->opt = make_adamw(a, r->model, &r->decay, &r->no_decay)))
         return fail(r, "%s", nb_last_error());
-    nb_adamw_opts ao = nb_adamw_defaults();
-    ao.lr = a->lr;
-    ao.betas[0] = a->beta1;
-    ao.betas[1] = a->beta2;
-    ao.weight_decay = a->weight_decay;
-    r->opt = nb_adamw_new(&r->decay, &ao);
-    nb_group_opts no_wd = nb_group_defaults();
-    no_wd.weight_decay = 0;
-    if (!r->opt || nb_optim_add_group(r->opt, &r->no_decay, &no_wd) < 0)
-        return fail(r, "%s", nb_last_error());
+    /* --tp with --save or --resume: checkpoints hold the 1-rank model and optimizer, which
+     * the ranks gather into (and slice from), so a checkpoint moves between layouts */
+    if (r->topo && (a->save || a->resume)) {
+        nb_generator *g = nb_generator_new(0); /* overwritten: the draws do not matter */
+        r->full = g ? nb_gpt_new(&r->cfg, g) : NULL;
+        nb_generator_free(g);
+        if (!r->full || !(r->full_opt = make_adamw(a, r->full, &r->fdecay, &r->fno_decay)))
+            return fail(r, "%s", nb_last_error());
+    }
     bool cosine = !strcmp(a->schedule, "cosine") && a->steps > 0; /* --steps 0: evaluate only */
     double min_lr = a->min_lr >= 0 ? a->min_lr : a->lr / 10;
     const int64_t decay_steps = a->decay_steps > 0 ? a->decay_steps : a->steps;
@@ -585,13 +604,17 @@ static bool setup_run(run *r) {
     if (!r->zero && r->dp_size > 1 && !(r->ddp = nb_ddp_new(r->model, r->dp, NULL)))
         return fail(r, "%s", nb_last_error());
     if (resume) { /* every rank loads it; a sharded one (a directory) reshards */
-        if (nb_zero_checkpoint_load(r->zero, resume, &r->ck) != NB_OK)
+        nb_checkpoint ck = r->ck; /* with --tp: into the 1-rank objects, then sliced */
+        if (r->topo) ck.model = r->full, ck.optim = r->full_opt;
+        if (nb_zero_checkpoint_load(r->zero, resume, &ck) != NB_OK ||
+            (r->topo && nb_gpt_tp_load(r->model, r->opt, resume) != NB_OK))
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
+        r->ck.step = ck.step;
         r->first = r->step = r->ck.step;
         /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
          * so rank r continues its own stream at the same position. */
         uint64_t pos = nb_generator_offset(r->drop_gen);
-        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->rank) != NB_OK ||
+        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK ||
             nb_generator_set_offset(r->drop_gen, pos) != NB_OK)
             return fail(r, "%s", nb_last_error());
         if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
@@ -788,14 +811,20 @@ static bool train_loop(run *r) {
         log_step(r, &o);
         bool eval_now = r->step == a->steps || (a->eval_every > 0 && r->step % a->eval_every == 0);
         if (eval_now && !evaluate_and_log(r, o.loss)) return false;
-        bool save_now = (r->main_rank || r->zero) && a->save &&
+        /* with --tp every rank takes part in gathering the 1-rank model */
+        bool save_now = (r->main_rank || r->zero || r->topo) && a->save &&
                         (r->step == a->steps ||
                          (a->save_every > 0 ? r->step % a->save_every == 0 : eval_now));
-        if (save_now || (r->stop && (r->main_rank || r->zero) && a->save)) { /* a signal:
-                                                                             save this step */
+        if (save_now || (r->stop && (r->main_rank || r->zero || r->topo) && a->save)) { /* a
+                                                                     signal: save this step */
             r->ck.step = r->step;
-            nb_status ss = r->zero ? nb_zero_checkpoint_save(r->zero, a->save, &r->ck)
-                                   : nbm_save(a->save, a->keep, &r->ck);
+            nb_checkpoint ck = r->ck;
+            if (r->topo) ck.model = r->full, ck.optim = r->full_opt;
+            nb_status ss = r->topo ? nb_gpt_tp_consolidate(r->model, r->opt, r->full, r->full_opt)
+                                   : NB_OK;
+            if (ss == NB_OK && (r->main_rank || r->zero))
+                ss = r->zero ? nb_zero_checkpoint_save(r->zero, a->save, &ck)
+                             : nbm_save(a->save, a->keep, &ck);
             if (ss != NB_OK) return fail(r, "%s", nb_last_error());
         }
         nb_jsonl_flush(r->log);
@@ -887,6 +916,10 @@ static void teardown(run *r) {
     nb_params_deinit(&r->decay);
     nb_params_deinit(&r->no_decay);
     nb_module_free(r->model);
+    nb_optim_free(r->full_opt);
+    nb_params_deinit(&r->fdecay);
+    nb_params_deinit(&r->fno_decay);
+    nb_module_free(r->full);
     nb_topology_free(r->topo); /* after the model, which borrows its tp group */
     for (int64_t i = 0; r->xs && r->ys && r->xl && r->yl && i < r->N; i++) {
         if (r->xl[i] != r->xs[i]) nb_tensor_free(r->xl[i]);
