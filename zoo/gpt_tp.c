@@ -39,9 +39,62 @@ static bool sp_partial(const char *name) {
 }
 
 /* ---- forward ------------------------------------------------------------------------------- */
+/* Dropout draws the 1-rank run's masks. Element i of a random tensor comes from Philox block
+ * offset + i / 4 (nabla/random.h), so a part of the 1-rank tensor that starts at an element
+ * divisible by 4 is drawn by moving the generator's offset there; afterwards the generator
+ * is left where the 1-rank draw leaves it. Replicated (B, T, C) tensors draw as 1 rank
+ * does; a sequence shard (B, T/tp, C) draws each row b from element (b T + r T/tp) C; the
+ * attention's (B, n_head/tp, T, T) mask is drawn per sequence from element
+ * (b n_head + r n_head/tp) T T. When an alignment does not hold (C or T not a multiple of
+ * 4 or 2), the part draws from the current offset: a valid dropout, not the 1-rank one. */
+static nb_generator *gen_of(const tp_self *s) {
+    return s->cfg.dropout_gen ? s->cfg.dropout_gen : nb_default_generator();
+}
+
 static nb_tensor *dropout(const tp_self *s, nb_module *m, nb_tensor *x) {
-    if (!(s->cfg.dropout > 0) || !nb_module_is_training(m)) return x;
-    return nb_dropout(x, s->cfg.dropout, true, s->cfg.dropout_gen);
+    if (!(s->cfg.dropout > 0) || !nb_module_is_training(m) || !x) return x;
+    nb_generator *g = gen_of(s);
+    const int64_t B = nb_size(x, 0), Tl = nb_size(x, 1), C = nb_size(x, 2);
+    if (!s->sp || s->tp == 1 || C % 4) return nb_dropout(x, s->cfg.dropout, true, g);
+    const uint64_t o0 = nb_generator_offset(g);
+    const int64_t T = Tl * s->tp;
+    nb_tensor **rows = malloc(sizeof *rows * (size_t)B);
+    if (!rows) {
+        nb_set_error(NB_ENOMEM, "gpt_tp: out of memory");
+        return NULL;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        nb_generator_set_offset(g, o0 + (uint64_t)((b * T + s->rank * Tl) * C / 4));
+        rows[b] = nb_dropout(nb_narrow(x, 0, b, 1), s->cfg.dropout, true, g);
+    }
+    nb_generator_set_offset(g, o0 + (uint64_t)((B * T * C + 3) / 4));
+    nb_tensor *y = nb_cat(rows, (int)B, 0);
+    free(rows);
+    return y;
+}
+
+/* The attention over this rank's heads, its dropout mask the 1-rank one's slice. */
+static nb_tensor *attention(const tp_self *s, nb_tensor *qkv, bool training) {
+    const double p = training ? s->cfg.dropout : 0.0;
+    const int64_t Hl = s->cfg.n_head / s->tp, H = s->cfg.n_head;
+    nb_generator *g = p > 0 ? gen_of(s) : s->cfg.dropout_gen;
+    const int64_t B = qkv ? nb_size(qkv, 0) : 0, T = qkv ? nb_size(qkv, 1) : 0;
+    if (!(p > 0) || s->tp == 1 || T % 2 || !qkv)
+        return nb_causal_attention_qkv(qkv, Hl, 0.0, p, training, g);
+    const uint64_t o0 = nb_generator_offset(g);
+    nb_tensor **ys = malloc(sizeof *ys * (size_t)B);
+    if (!ys) {
+        nb_set_error(NB_ENOMEM, "gpt_tp: out of memory");
+        return NULL;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        nb_generator_set_offset(g, o0 + (uint64_t)((b * H + s->rank * Hl) * T * T / 4));
+        ys[b] = nb_causal_attention_qkv(nb_narrow(qkv, 0, b, 1), Hl, 0.0, p, true, g);
+    }
+    nb_generator_set_offset(g, o0 + (uint64_t)((B * H * T * T + 3) / 4));
+    nb_tensor *y = nb_cat(ys, (int)B, 0);
+    free(ys);
+    return y;
 }
 
 static nb_tensor *layernorm_forward(nb_module *m, nb_tensor *x) {
@@ -67,9 +120,7 @@ static nb_tensor *attn_forward(nb_module *m, nb_tensor *x) {
     const tp_self *s = self_of(m);
     bool training = nb_module_is_training(m);
     nb_tensor *qkv = column(nb_module_child(m, "c_attn"), enter(s, x)); /* (B, T, 3C/tp) */
-    nb_tensor *y = nb_causal_attention_qkv(qkv, s->cfg.n_head / s->tp, 0.0,
-                                           training ? s->cfg.dropout : 0.0, training,
-                                           s->cfg.dropout_gen);
+    nb_tensor *y = attention(s, qkv, training);
     return dropout(s, m, leave(s, nb_module_child(m, "c_proj"), y));
 }
 

@@ -39,9 +39,13 @@
  * them over the group (nb_gpt_tp_sync_grads).
  * Names: every parameter has the name of the 1-rank GPT's, holding its slice, so the 1-rank
  * initialization sliced (nb_gpt_tp_new draws the whole model from init on every rank) and
- * nb_gpt_tp_gather / nb_gpt_tp_from move weights between layouts. Dropout: the masks of the
- * replicated regions agree across tp ranks (same generator state); the attention's masks
- * are drawn per rank's heads, so a dropout run is not bit-equal to 1 rank (dropout 0 is).
+ * nb_gpt_tp_gather / nb_gpt_tp_from move weights between layouts. Dropout draws the 1-rank
+ * run's masks (all ranks of the group share cfg.dropout_gen's state): replicated tensors
+ * as 1 rank draws them, sequence shards and the attention's heads from the place of their
+ * slice in the 1-rank draw (the generator's offset moved there; it needs n_embd a multiple
+ * of 4 and an even sequence length, else the part draws from the current offset), and the
+ * generator ends where the 1-rank draw leaves it; so with one data-parallel rank a dropout
+ * run equals the 1-process run.
  *
  * Ownership: the modules returned are the caller's (nb_module_free); the communicator is
  * borrowed and must outlive the model. cfg is copied (cfg.dropout_gen borrowed). */

@@ -364,6 +364,60 @@ START_TEST(test_gpt_tp_equivalence) {
 }
 END_TEST
 
+/* With dropout, tp = world size (with and without sequence parallelism) draws the 1-process
+ * run's masks: the same losses and weights. */
+START_TEST(test_gpt_tp_dropout_equivalence) {
+    nb_gpt_config cfg = gcfg;
+    cfg.dropout = 0.2;
+    nb_generator *g = nb_generator_new(11);
+    cfg.dropout_gen = nb_generator_new(77);
+    nb_module *ref = nb_gpt_new(&cfg, g);
+    nb_generator_free(g);
+    nb_optim *ropt = sgd(ref);
+    double rloss[K];
+    for (int k = 0; k < K; k++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(k, 0, GB, &x, &y);
+        rloss[k] = nb_gpt_train_step(ref, ropt, NULL, &x, &y, 1, 0.5, NULL);
+        nb_scope_end();
+    }
+    nb_generator_free(cfg.dropout_gen);
+    for (int sp = 0; sp < 2; sp++) {
+        g = nb_generator_new(11);
+        cfg.dropout_gen = nb_generator_new(77);
+        nb_module *m = nb_gpt_tp_new(&cfg, g, mt_world, &(nb_gpt_tp_opts){.sequence_parallel = sp});
+        nb_generator_free(g);
+        nb_optim *opt = sgd(m);
+        for (int k = 0; k < K; k++) {
+            nb_scope_begin();
+            nb_tensor *x, *y;
+            batch(k, 0, GB, &x, &y);
+            double loss = nb_gpt_tp_train_step(m, opt, NULL, &x, &y, 1, 0.5, NULL);
+            MT_CHECK(fabs(loss - rloss[k]) <= 1e-5 * fabs(rloss[k]),
+                     "sp %d step %d: loss %.9g, 1 process %.9g (%s)", sp, k, loss, rloss[k],
+                     nb_last_error());
+            nb_scope_end();
+        }
+        nb_module *full = nb_gpt_new(&gcfg, NULL);
+        MT_OK(nb_gpt_tp_gather(m, full));
+        const nb_params *ps = nb_parameters(ref);
+        for (int i = 0; i < ps->count; i++) {
+            char what[160];
+            snprintf(what, sizeof what, "dropout, sp %d: %s", sp, ps->names[i]);
+            EXPECT_CLOSE(nb_module_find(full, ps->names[i]), ps->tensors[i], 1e-5, what);
+        }
+        nb_module_free(full);
+        nb_optim_free(opt);
+        nb_module_free(m);
+        nb_generator_free(cfg.dropout_gen);
+    }
+    nb_optim_free(ropt);
+    nb_module_free(ref);
+    MT_END();
+}
+END_TEST
+
 /* Steps [k0, k1) of a layout: tp ranks adjacent, dp over the rest. */
 static void train_layout(nb_module *m, nb_optim *opt, nb_topology *topo, nb_ddp *ddp, int k0, int k1) {
     const int dp = nb_topology_dp_size(topo), dr = nb_topology_dp_rank(topo);
@@ -512,6 +566,7 @@ Suite *mt_suite_tp(void) {
     tcase_add_test(tc, test_gpt_tp_init_and_errors);
     tcase_add_test(tc, test_gpt_tp_equivalence);
     tcase_add_test(tc, test_gpt_tp_checkpoint_layouts);
+    tcase_add_test(tc, test_gpt_tp_dropout_equivalence);
     suite_add_tcase(s, tc);
     return s;
 }
