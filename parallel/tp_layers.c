@@ -202,8 +202,9 @@ nb_tensor *nb_vocab_parallel_embedding(nb_tensor *weight, nb_tensor *idx, nb_com
         const int nd = nb_ndim(idx);
         for (int i = 0; i < nd; i++) shape[i] = nb_size(idx, i);
         shape[nd] = 1;
-        nb_tensor *li = nb_from_buffer(tok, shape, nd, NB_I64);
-        nb_tensor *m = nb_from_buffer(mask, shape, nd + 1, NB_F32);
+        const nb_device dev = nb_tensor_device(weight);
+        nb_tensor *li = nb_to_device(nb_from_buffer(tok, shape, nd, NB_I64), dev);
+        nb_tensor *m = nb_to_device(nb_from_buffer(mask, shape, nd + 1, NB_F32), dev);
         nb_tensor *part = nb_mul(nb_embedding(weight, li), nb_to_dtype(m, nb_tensor_dtype(weight)));
         out = seq_dim < 0 ? nb_reduce_from_region(part, c) : nb_reduce_scatter_along(part, c, seq_dim);
     } else if (tok && !mask) {
@@ -243,8 +244,9 @@ nb_tensor *nb_vocab_parallel_cross_entropy(nb_tensor *logits, nb_tensor *targets
         if (st == NB_OK) {
             nb_tensor *z = nb_sub(logits, mx);                                        /* (N, Vl) */
             nb_tensor *se = nb_reduce_from_region(nb_sum(nb_exp(z), (int[]){1}, 1, false), c);
-            nb_tensor *li = nb_from_buffer(tok, (int64_t[]){N, 1}, 2, NB_I64);
-            nb_tensor *m = nb_from_buffer(mask, (int64_t[]){N}, 1, NB_F32);
+            const nb_device dev = nb_tensor_device(logits);
+            nb_tensor *li = nb_to_device(nb_from_buffer(tok, (int64_t[]){N, 1}, 2, NB_I64), dev);
+            nb_tensor *m = nb_to_device(nb_from_buffer(mask, (int64_t[]){N}, 1, NB_F32), dev);
             nb_tensor *zt = nb_mul(nb_squeeze(nb_gather(z, 1, li), 1), nb_to_dtype(m, nb_tensor_dtype(logits)));
             zt = nb_reduce_from_region(zt, c);                                        /* (N) */
             loss = nb_mean(nb_sub(nb_log(se), zt), NULL, 0, false);

@@ -45,7 +45,7 @@ static nb_tensor *gather_dim(nb_tensor *x, nb_comm *c, int d) {
     int64_t shape[NB_MAX_DIMS];
     for (int i = 0; i < xf->ndim; i++) shape[i] = xf->shape[i];
     shape[0] *= nb_comm_size(c);
-    nb_tensor *out = nb_empty(shape, xf->ndim, xf->dtype);
+    nb_tensor *out = nb_empty_on(nb_tensor_device(xf), shape, xf->ndim, xf->dtype);
     if (!out || nb_allgather(c, out, xf) != NB_OK) return NULL;
     return back(out, d);
 }
@@ -61,7 +61,7 @@ static nb_tensor *reduce_scatter_dim(nb_tensor *x, nb_comm *c, int d) {
     int64_t shape[NB_MAX_DIMS];
     for (int i = 0; i < xf->ndim; i++) shape[i] = xf->shape[i];
     shape[0] /= nb_comm_size(c);
-    nb_tensor *out = nb_empty(shape, xf->ndim, xf->dtype);
+    nb_tensor *out = nb_empty_on(nb_tensor_device(xf), shape, xf->ndim, xf->dtype);
     if (!out || nb_reduce_scatter(c, out, xf, NB_REDUCE_SUM) != NB_OK) return NULL;
     return back(out, d);
 }

@@ -521,6 +521,13 @@ START_TEST(test_gpt_tp_init_and_errors) {
     const nb_params *ps = nb_parameters(ref);
     for (int i = 0; i < ps->count; i++)
         EXPECT_CLOSE(nb_module_find(full, ps->names[i]), ps->tensors[i], 0, ps->names[i]);
+    MT_CHECK(nb_gpt_tp_get_config(m) && nb_gpt_tp_get_config(m)->n_head == gcfg.n_head &&
+                 !nb_gpt_tp_get_config(ref) && nb_gpt_tp_is_gpt_tp(m) && !nb_gpt_tp_is_gpt_tp(ref),
+             "config and type");
+    /* sharded: wte, and per block c_attn (weight, bias), c_fc (2), both c_proj weights */
+    int nsh = 0;
+    for (int i = 0; i < nb_parameters(m)->count; i++) nsh += nb_gpt_tp_param_is_sharded(m, i);
+    MT_CHECK(nsh == 1 + 6 * (int)gcfg.n_layer, "%d sharded parameters", nsh);
     /* c_attn holds q, k and v of this rank's heads */
     nb_scope_begin();
     const int64_t C = gcfg.n_embd, n = C / mt_size;
