@@ -604,12 +604,13 @@ static bool setup_run(run *r) {
     if (!r->zero && r->dp_size > 1 && !(r->ddp = nb_ddp_new(r->model, r->dp, NULL)))
         return fail(r, "%s", nb_last_error());
     if (resume) { /* every rank loads it; a sharded one (a directory) reshards */
-        nb_checkpoint ck = r->ck; /* with --tp: into the 1-rank objects, then sliced */
-        if (r->topo) ck.model = r->full, ck.optim = r->full_opt;
-        if (nb_zero_checkpoint_load(r->zero, resume, &ck) != NB_OK ||
-            (r->topo && nb_gpt_tp_load(r->model, r->opt, resume) != NB_OK))
+        /* with --tp: into the 1-rank objects (the rest - step, run id - into r->ck as
+         * always), then sliced */
+        if (r->topo) r->ck.model = r->full, r->ck.optim = r->full_opt;
+        nb_status ls = nb_zero_checkpoint_load(r->zero, resume, &r->ck);
+        r->ck.model = r->model, r->ck.optim = r->opt;
+        if (ls != NB_OK || (r->topo && nb_gpt_tp_load(r->model, r->opt, resume) != NB_OK))
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
-        r->ck.step = ck.step;
         r->first = r->step = r->ck.step;
         /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
          * so rank r continues its own stream at the same position. */
