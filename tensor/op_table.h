@@ -48,7 +48,9 @@
     /* devices */                                                                          \
     X(TO_DEVICE, "to_device", 1, 1)                                                          \
     /* activation checkpointing: a user function replayed in backward (autograd/recompute.c) */ \
-    X(RECOMPUTE, "recompute", -1, 1)
+    X(RECOMPUTE, "recompute", -1, 1)                                                         \
+    /* autograd-aware collectives over a communicator (defined in parallel/tp_ops.c) */      \
+    X(COLLECTIVE, "collective", 1, 1)
 
 typedef enum nb__op {
 #define NB__OP_ENUM(name, str, arity, grad) NB__OP_##name,
@@ -58,7 +60,7 @@ typedef enum nb__op {
 } nb__op;
 
 /* Number of ops the tables were written for; update together with NB__OPS. */
-#define NB__OP_COUNT_EXPECTED 78
+#define NB__OP_COUNT_EXPECTED 79
 
 #ifdef __cplusplus
 extern "C" {

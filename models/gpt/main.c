@@ -44,7 +44,8 @@ typedef struct args {
     double lr, weight_decay, min_lr, grad_clip, beta1, beta2;
     const char *schedule;
     const char *save, *resume, *log, *override, *tensorboard;
-    int64_t threads, zero;
+    int64_t threads, zero, tp;
+    bool sequence_parallel;
     uint64_t seed;
     /* sampling */
     bool sample;
@@ -98,6 +99,10 @@ static void usage(const args *a, FILE *out) {
             "                   2 also the gradients, 3 also the parameters (default 0:\n"
             "                   nb_ddp); --save then writes a sharded checkpoint (a\n"
             "                   directory) that --resume reshards\n"
+            "  --tp N           tensor parallel over N adjacent ranks (the ranks are dp x tp,\n"
+            "                   nb_ddp over dp; default 1); --save writes the 1-rank model's\n"
+            "                   checkpoint, which any layout resumes; not with --zero yet\n"
+            "  --sequence-parallel  with --tp: layer norms and dropout on sequence shards\n"
             "  --seed N         initialization, batch order, dropout (default %llu)\n"
             "sampling:\n"
             "  --load FILE      a checkpoint or model .safetensors (--n-head must match)\n"
@@ -138,7 +143,7 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE},
                  {"--override", TRAIN},    {"--tensorboard", TRAIN}, {"--zero", TRAIN},
                  {"--keep", TRAIN},        {"--async-save", TRAIN},
-                 {"--checkpoint-activations", TRAIN}};
+                 {"--checkpoint-activations", TRAIN}, {"--tp", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -149,6 +154,10 @@ static int parse_args(int argc, char **argv, args *a) {
         }
         if (!strcmp(f, "--sample")) {
             a->sample = true;
+            continue;
+        }
+        if (!strcmp(f, "--sequence-parallel")) {
+            a->sequence_parallel = true;
             continue;
         }
         if (strncmp(f, "-", 1)) { /* the program takes no file or other operand */
@@ -202,6 +211,7 @@ static int parse_args(int argc, char **argv, args *a) {
         STR("--override", override); STR("--tensorboard", tensorboard);
         STR("--checkpoint-activations", recompute);
         I64("--threads", threads, 0, NB_MAX_THREADS); I64("--zero", zero, 0, 3);
+        I64("--tp", tp, 1, 65536);
         else if (!strcmp(f, "--seed")) {
             if ((ok = nb_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
         }
@@ -230,6 +240,19 @@ static int parse_args(int argc, char **argv, args *a) {
     }
     if (strcmp(a->schedule, "cosine") && strcmp(a->schedule, "constant")) {
         fprintf(stderr, "gpt: --schedule must be cosine or constant, got \"%s\"\n", a->schedule);
+        return 2;
+    }
+    if (a->sequence_parallel && (a->sample || a->tp < 2)) {
+        fprintf(stderr, "gpt: --sequence-parallel needs training with --tp 2 or more\n");
+        return 2;
+    }
+    if (a->tp > 1 && strcmp(a->recompute, "none")) {
+        fprintf(stderr, "gpt: --tp %lld does not combine with --checkpoint-activations yet\n",
+                (long long)a->tp);
+        return 2;
+    }
+    if (a->tp > 1 && a->zero > 0) {
+        fprintf(stderr, "gpt: --tp %lld does not combine with --zero yet\n", (long long)a->tp);
         return 2;
     }
     /* A flag the chosen mode ignores is a mistake (a typo'd mode, a forgotten --sample),
@@ -342,8 +365,11 @@ done:
 /* Mean loss over the fixed validation batches (the generator is rewound each time, so
  * every evaluation sees the same batches), in eval mode without gradients. */
 static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t n,
-                       nb_tensor *x, nb_tensor *y, nb_comm *world) {
-    const int rank = nb_comm_rank(world), size = nb_comm_size(world);
+                       nb_tensor *x, nb_tensor *y, nb_comm *world, nb_comm *dp) {
+    /* the data-parallel ranks share the batches out; a tensor-parallel group works on each
+     * together (its ranks get the same sums) */
+    const int rank = nb_comm_rank(dp), size = nb_comm_size(dp);
+    const bool tp = nb_gpt_tp_is_gpt_tp(m);
     nb_generator_set_stream(vgen, 0);
     nb_module_train(m, false);
     bool prev = nb_set_grad_enabled(false);
@@ -351,7 +377,7 @@ static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t
     for (int64_t i = 0; i < n && !isnan(sum); i++) {
         nb_scope_begin(); /* every rank draws every batch (same stream), evaluates its share */
         nb_status st = nb_text_sample(val, vgen, x, y);
-        nb_tensor *l = st == NB_OK && i % size == rank ? nb_gpt_loss(m, x, y) : NULL;
+        nb_tensor *l = st == NB_OK && i % size == rank ? (tp ? nb_gpt_tp_loss(m, x, y) : nb_gpt_loss(m, x, y)) : NULL;
         if (st != NB_OK || (i % size == rank && !l)) sum = NAN;
         else if (l) sum += nb_item_f64(l);
         nb_scope_end();
@@ -426,6 +452,12 @@ typedef struct run {
     nb_params decay, no_decay;
     nb_ddp *ddp;
     nb_zero *zero; /* --zero 1|2 instead of ddp */
+    nb_topology *topo; /* --tp > 1; NULL otherwise */
+    nb_module *full;   /* --tp with --save/--resume: the 1-rank model and optimizer */
+    nb_optim *full_opt;
+    nb_params fdecay, fno_decay;
+    nb_comm *dp;       /* the data-parallel group: the world without --tp (borrowed) */
+    int dp_rank, dp_size;
     nb_checkpoint ck;
     nb_run_config conf; /* the settings in the checkpoints */
     nb_jsonl *log;      /* --log (rank 0; NULL otherwise) */
@@ -477,12 +509,31 @@ static bool setup_data(run *r) {
         r->xs[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
         r->ys[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
         if (!r->xs[i] || !r->ys[i]) return fail(r, "%s", nb_last_error());
-        int64_t rows = B / r->size, at = r->rank * rows;
-        r->xl[i] = r->size > 1 ? nb_narrow(r->xs[i], 0, at, rows) : r->xs[i];
-        r->yl[i] = r->size > 1 ? nb_narrow(r->ys[i], 0, at, rows) : r->ys[i];
+        int64_t rows = B / r->dp_size, at = r->dp_rank * rows;
+        r->xl[i] = r->dp_size > 1 ? nb_narrow(r->xs[i], 0, at, rows) : r->xs[i];
+        r->yl[i] = r->dp_size > 1 ? nb_narrow(r->ys[i], 0, at, rows) : r->ys[i];
         if (!r->xl[i] || !r->yl[i]) return fail(r, "%s", nb_last_error());
     }
     return true;
+}
+
+/* AdamW with nanoGPT's grouping: weight decay on matmul and embedding weights, none on
+ * biases and layer norms (decay and no_decay get the groups' lists). */
+static nb_optim *make_adamw(const args *a, nb_module *m, nb_params *decay, nb_params *no_decay) {
+    if (nb_params_split_decay(nb_parameters(m), decay, no_decay) != NB_OK) return NULL;
+    nb_adamw_opts ao = nb_adamw_defaults();
+    ao.lr = a->lr;
+    ao.betas[0] = a->beta1;
+    ao.betas[1] = a->beta2;
+    ao.weight_decay = a->weight_decay;
+    nb_optim *opt = nb_adamw_new(decay, &ao);
+    nb_group_opts no_wd = nb_group_defaults();
+    no_wd.weight_decay = 0;
+    if (opt && nb_optim_add_group(opt, no_decay, &no_wd) < 0) {
+        nb_optim_free(opt);
+        return NULL;
+    }
+    return opt;
 }
 
 /* The model, AdamW with nanoGPT's grouping and the learning-rate schedule. */
@@ -495,22 +546,22 @@ static bool setup_model(run *r) {
                                           : !strcmp(a->recompute, "attn") ? NB_GPT_RECOMPUTE_ATTN
                                                                           : NB_GPT_RECOMPUTE_NONE};
     nb_share_threads(r->world, (int)a->threads);
-    if (check_fits(&r->cfg, r->B / r->size, r->T) != NB_OK) return fail(r, "%s", nb_last_error());
-    if (!(r->model = nb_gpt_new(&r->cfg, r->init))) return fail(r, "%s", nb_last_error());
-    /* nanoGPT's grouping: weight decay on matmul and embedding weights, none on biases
-     * and layer norms. */
-    if (nb_params_split_decay(nb_parameters(r->model), &r->decay, &r->no_decay) != NB_OK)
+    if (check_fits(&r->cfg, r->B / r->dp_size, r->T) != NB_OK) return fail(r, "%s", nb_last_error());
+    nb_gpt_tp_opts to = {.sequence_parallel = a->sequence_parallel};
+    r->model = r->topo ? nb_gpt_tp_new(&r->cfg, r->init, nb_topology_tp(r->topo), &to)
+                       : nb_gpt_new(&r->cfg, r->init);
+    if (!r->model) return fail(r, "%s", nb_last_error());
+    if (!(r->opt = make_adamw(a, r->model, &r->decay, &r->no_decay)))
         return fail(r, "%s", nb_last_error());
-    nb_adamw_opts ao = nb_adamw_defaults();
-    ao.lr = a->lr;
-    ao.betas[0] = a->beta1;
-    ao.betas[1] = a->beta2;
-    ao.weight_decay = a->weight_decay;
-    r->opt = nb_adamw_new(&r->decay, &ao);
-    nb_group_opts no_wd = nb_group_defaults();
-    no_wd.weight_decay = 0;
-    if (!r->opt || nb_optim_add_group(r->opt, &r->no_decay, &no_wd) < 0)
-        return fail(r, "%s", nb_last_error());
+    /* --tp with --save or --resume: checkpoints hold the 1-rank model and optimizer, which
+     * the ranks gather into (and slice from), so a checkpoint moves between layouts */
+    if (r->topo && (a->save || a->resume)) {
+        nb_generator *g = nb_generator_new(0); /* overwritten: the draws do not matter */
+        r->full = g ? nb_gpt_new(&r->cfg, g) : NULL;
+        nb_generator_free(g);
+        if (!r->full || !(r->full_opt = make_adamw(a, r->full, &r->fdecay, &r->fno_decay)))
+            return fail(r, "%s", nb_last_error());
+    }
     bool cosine = !strcmp(a->schedule, "cosine") && a->steps > 0; /* --steps 0: evaluate only */
     double min_lr = a->min_lr >= 0 ? a->min_lr : a->lr / 10;
     const int64_t decay_steps = a->decay_steps > 0 ? a->decay_steps : a->steps;
@@ -587,16 +638,21 @@ static bool setup_run(run *r) {
     zo.stage = (int)r->a->zero;
     if (r->a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->world, &zo)))
         return fail(r, "%s", nb_last_error());
-    if (!r->zero && r->size > 1 && !(r->ddp = nb_ddp_new(r->model, r->world, NULL)))
+    if (!r->zero && r->dp_size > 1 && !(r->ddp = nb_ddp_new(r->model, r->dp, NULL)))
         return fail(r, "%s", nb_last_error());
     if (resume) { /* every rank loads it; a sharded one (a directory) reshards */
-        if (nb_zero_checkpoint_load(r->zero, resume, &r->ck) != NB_OK)
+        /* with --tp: into the 1-rank objects (the rest - step, run id - into r->ck as
+         * always), then sliced */
+        if (r->topo) r->ck.model = r->full, r->ck.optim = r->full_opt;
+        nb_status ls = nb_zero_checkpoint_load(r->zero, resume, &r->ck);
+        r->ck.model = r->model, r->ck.optim = r->opt;
+        if (ls != NB_OK || (r->topo && nb_gpt_tp_load(r->model, r->opt, resume) != NB_OK))
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
         r->first = r->step = r->ck.step;
         /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
          * so rank r continues its own stream at the same position. */
         uint64_t pos = nb_generator_offset(r->drop_gen);
-        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->rank) != NB_OK ||
+        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK ||
             nb_generator_set_offset(r->drop_gen, pos) != NB_OK)
             return fail(r, "%s", nb_last_error());
         if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
@@ -620,6 +676,14 @@ static bool setup(run *r) {
     r->rank = nb_comm_rank(r->world), r->size = nb_comm_size(r->world);
     r->main_rank = r->rank == 0;
     nbm_guard_comm(&guard, r->world); /* a dead or hung peer: an error after this long */
+    r->dp = r->world, r->dp_rank = r->rank, r->dp_size = r->size;
+    if (a->tp > 1) { /* the same error on every rank when the world is not dp x tp */
+        nb_topology_opts to = nb_topology_defaults();
+        to.tp = (int)a->tp;
+        if (!(r->topo = nb_topology_new(r->world, &to))) return fail(r, "--tp: %s", nb_last_error());
+        r->dp = nb_topology_dp(r->topo);
+        r->dp_rank = nb_topology_dp_rank(r->topo), r->dp_size = nb_topology_dp_size(r->topo);
+    }
     r->init = nb_generator_new(a->seed), r->batch_gen = nb_generator_new(a->seed + 1234);
     r->drop_gen = nb_generator_new(a->seed + 4321), r->val_gen = nb_generator_new(999);
     r->gens[0] = r->batch_gen, r->gens[1] = r->drop_gen;
@@ -629,10 +693,11 @@ static bool setup(run *r) {
     if (!r->init || !r->batch_gen || !r->drop_gen || !r->val_gen || !r->xs || !r->ys ||
         !r->xl || !r->yl || !r->times)
         return fail(r, "out of memory");
-    if (r->B % r->size != 0)
-        return fail(r, "--batch %lld is the global batch and must divide by the %d ranks",
-                    (long long)r->B, r->size);
-    if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->rank) != NB_OK)
+    if (r->B % r->dp_size != 0)
+        return fail(r, "--batch %lld is the global batch and must divide by the %d "
+                    "data-parallel ranks", (long long)r->B, r->dp_size);
+    /* the ranks of a tensor-parallel group share a dropout stream */
+    if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK)
         return fail(r, "%s", nb_last_error());
     return setup_data(r) && setup_model(r) && setup_run(r);
 }
@@ -645,7 +710,11 @@ static void print_header(const run *r) {
            (long long)r->cfg.n_head, (long long)r->cfg.n_embd, (long long)r->T,
            (long long)nb_numel(r->train), (long long)nb_numel(r->val), (long long)r->B,
            (long long)r->N);
-    if (r->size > 1)
+    if (r->topo)
+        printf("%d ranks as %s%s (%lld sequences per replica) x %d threads; ", r->size,
+               nb_topology_describe(r->topo), r->a->sequence_parallel ? " sequence parallel" : "",
+               (long long)(r->B / r->dp_size), nb_get_num_threads());
+    else if (r->size > 1)
         printf("%d ranks (%lld sequences each) x %d threads, %d gradient buckets", r->size,
                (long long)(r->B / r->size), nb_get_num_threads(),
                r->zero ? nb_zero_num_buckets(r->zero) : nb_ddp_num_buckets(r->ddp));
@@ -671,7 +740,10 @@ static bool train_step(run *r, step_result *o) {
             return fail(r, "%s", nb_last_error());
     o->lr = nb_optim_get_lr(r->opt, 0);
     nb_clear_error(); /* a NaN below is an error only when one is set */
-    double loss = r->zero ? nb_gpt_train_step_zero(r->model, r->opt, r->zero, r->xl, r->yl,
+    nb_tp_comm_stats_reset();
+    double loss = r->topo ? nb_gpt_tp_train_step(r->model, r->opt, r->ddp, r->xl, r->yl,
+                                                 (int)r->N, r->a->grad_clip, &o->grad_norm)
+                : r->zero ? nb_gpt_train_step_zero(r->model, r->opt, r->zero, r->xl, r->yl,
                                                    (int)r->N, r->a->grad_clip, &o->grad_norm)
                           : nb_gpt_train_step(r->model, r->opt, r->ddp, r->xl, r->yl, (int)r->N,
                                               r->a->grad_clip, &o->grad_norm);
@@ -680,6 +752,9 @@ static bool train_step(run *r, step_result *o) {
     o->comm_ms = r->zero  ? nb_zero_exposed_comm_s(r->zero) * 1e3
                  : r->ddp ? nb_ddp_exposed_comm_s(r->ddp) * 1e3
                           : 0;
+    nb_tp_comm_stats cs; /* tensor parallel: blocking collectives, all exposed */
+    nb_tp_comm_stats_get(&cs);
+    o->comm_ms += cs.seconds * 1e3;
     if (isnan(loss = nbm_step_sync(r->world, loss, &r->stop)) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
     /* A NaN or infinite loss or gradient norm (whose step nb_gpt_train_step did not apply):
@@ -728,9 +803,9 @@ static void log_step(run *r, const step_result *o) {
     tb_scalar(r, "train/grad_norm", o->grad_norm);
     tb_scalar(r, "train/tokens_per_s", nb_progress_recent_rate(r->bar));
     tb_scalar(r, "train/step_ms", o->seconds * 1e3);
-    if (r->ddp || r->zero) tb_scalar(r, "train/exposed_comm_ms", o->comm_ms);
+    if (r->ddp || r->zero || r->topo) tb_scalar(r, "train/exposed_comm_ms", o->comm_ms);
     char comm[80] = "";
-    if (r->ddp || r->zero) snprintf(comm, sizeof comm, "  comm %.1f ms", o->comm_ms);
+    if (r->ddp || r->zero || r->topo) snprintf(comm, sizeof comm, "  comm %.1f ms", o->comm_ms);
     if (guard.skipped)
         snprintf(comm + strlen(comm), sizeof comm - strlen(comm), "  skipped %lld",
                  (long long)guard.skipped);
@@ -751,7 +826,7 @@ static void log_step(run *r, const step_result *o) {
 static bool evaluate_and_log(run *r, double train_loss) {
     double te = nb_time_s();
     r->val_loss = evaluate(r->model, r->val, r->val_gen, r->a->eval_batches, r->xs[0],
-                           r->ys[0], r->world);
+                           r->ys[0], r->world, r->dp);
     if (isnan(r->val_loss)) return fail(r, "evaluation: %s", nb_last_error());
     r->val_step = r->step;
     if (isnan(train_loss)) return true; /* the evaluation of a run with nothing to train */
@@ -784,14 +859,20 @@ static bool train_loop(run *r) {
         log_step(r, &o);
         bool eval_now = r->step == a->steps || (a->eval_every > 0 && r->step % a->eval_every == 0);
         if (eval_now && !evaluate_and_log(r, o.loss)) return false;
-        bool save_now = (r->main_rank || r->zero) && a->save &&
+        /* with --tp every rank takes part in gathering the 1-rank model */
+        bool save_now = (r->main_rank || r->zero || r->topo) && a->save &&
                         (r->step == a->steps ||
                          (a->save_every > 0 ? r->step % a->save_every == 0 : eval_now));
-        if (save_now || (r->stop && (r->main_rank || r->zero) && a->save)) { /* a signal:
-                                                                             save this step */
+        if (save_now || (r->stop && (r->main_rank || r->zero || r->topo) && a->save)) { /* a
+                                                                     signal: save this step */
             r->ck.step = r->step;
-            nb_status ss = r->zero ? nbm_save_sharded(r->zero, a->save, a->keep, &r->ck)
-                                   : nbm_save(a->save, a->keep, &r->ck);
+            nb_checkpoint ck = r->ck;
+            if (r->topo) ck.model = r->full, ck.optim = r->full_opt;
+            nb_status ss = r->topo ? nb_gpt_tp_consolidate(r->model, r->opt, r->full, r->full_opt)
+                                   : NB_OK;
+            if (ss == NB_OK && (r->main_rank || r->zero))
+                ss = r->zero ? nbm_save_sharded(r->zero, a->save, a->keep, &ck)
+                             : nbm_save(a->save, a->keep, &ck);
             if (ss != NB_OK) return fail(r, "%s", nb_last_error());
         }
         nb_jsonl_flush(r->log);
@@ -846,6 +927,9 @@ static void print_result(const run *r, double wall_s) {
     double state_mib[4];
     nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_int(out, "zero", r->a->zero);
+    nb_jsonl_int(out, "dp", r->dp_size);
+    nb_jsonl_int(out, "tp", r->topo ? nb_topology_tp_size(r->topo) : 1);
+    nb_jsonl_int(out, "sequence_parallel", r->a->sequence_parallel);
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
     if (guard.skip) nb_jsonl_int(out, "skipped_steps", guard.skipped);
     nbm_stop_fields(out, r->stop);
@@ -883,6 +967,11 @@ static void teardown(run *r) {
     nb_params_deinit(&r->decay);
     nb_params_deinit(&r->no_decay);
     nb_module_free(r->model);
+    nb_optim_free(r->full_opt);
+    nb_params_deinit(&r->fdecay);
+    nb_params_deinit(&r->fno_decay);
+    nb_module_free(r->full);
+    nb_topology_free(r->topo); /* after the model, which borrows its tp group */
     for (int64_t i = 0; r->xs && r->ys && r->xl && r->yl && i < r->N; i++) {
         if (r->xl[i] != r->xs[i]) nb_tensor_free(r->xl[i]);
         if (r->yl[i] != r->ys[i]) nb_tensor_free(r->yl[i]);

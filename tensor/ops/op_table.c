@@ -88,6 +88,8 @@ static const char *const op_kernels[NB__OP_COUNT][4] = {
     [NB__OP_BCE_WITH_LOGITS] = {"bce_with_logits", "bce_with_logits_backward", NULL},
     [NB__OP_ATTENTION] = {"attention", "attention_backward", NULL},
     [NB__OP_ATTENTION_QKV] = {"attention", "attention_backward", NULL},
+    /* the layout changes around the communication (parallel/tp_ops.c) */
+    [NB__OP_COLLECTIVE] = {"copy", NULL},
 };
 
 const char *const *nb__op_kernels(const char *name) {

@@ -1,0 +1,576 @@
+/* gpt_tp.c - the tensor-parallel (and sequence-parallel) GPT of nabla/gpt_tp.h, built from
+ * the collectives of nabla/tp.h. The module tree and parameter names are zoo/gpt.c's; each
+ * parameter holds this rank's slice of the 1-rank tensor. Written on the public API only. */
+#include "nabla/nabla.h"
+#include "nabla/gpt_tp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct tp_self {
+    nb_gpt_config cfg;
+    nb_comm *c;  /* borrowed */
+    bool sp;
+    int tp, rank;
+} tp_self;
+
+static const tp_self *self_of(const nb_module *m) { return nb_module_self(m); }
+
+/* How a parameter is split, from its name. */
+typedef enum split { REPLICATED, ROWS, COLS, QKV } split;
+static bool ends(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+static split split_of(const char *name) {
+    if (ends(name, "attn.c_attn.weight") || ends(name, "attn.c_attn.bias")) return QKV;
+    if (ends(name, "mlp.c_fc.weight") || ends(name, "mlp.c_fc.bias") ||
+        strcmp(name, "transformer.wte.weight") == 0)
+        return ROWS;
+    if (ends(name, "c_proj.weight")) return COLS;
+    return REPLICATED;
+}
+/* Replicated parameters used on sequence shards: their gradients are partial under
+ * sequence parallelism. */
+static bool sp_partial(const char *name) {
+    return split_of(name) == REPLICATED; /* wpe, layer norms, row-parallel biases */
+}
+
+/* ---- forward ------------------------------------------------------------------------------- */
+/* Dropout draws the 1-rank run's masks. Element i of a random tensor comes from Philox block
+ * offset + i / 4 (nabla/random.h), so a part of the 1-rank tensor that starts at an element
+ * divisible by 4 is drawn by moving the generator's offset there; afterwards the generator
+ * is left where the 1-rank draw leaves it. Replicated (B, T, C) tensors draw as 1 rank
+ * does; a sequence shard (B, T/tp, C) draws each row b from element (b T + r T/tp) C; the
+ * attention's (B, n_head/tp, T, T) mask is drawn per sequence from element
+ * (b n_head + r n_head/tp) T T. When an alignment does not hold (C or T not a multiple of
+ * 4 or 2), the part draws from the current offset: a valid dropout, not the 1-rank one. */
+static nb_generator *gen_of(const tp_self *s) {
+    return s->cfg.dropout_gen ? s->cfg.dropout_gen : nb_default_generator();
+}
+
+static nb_tensor *dropout(const tp_self *s, nb_module *m, nb_tensor *x) {
+    if (!(s->cfg.dropout > 0) || !nb_module_is_training(m) || !x) return x;
+    nb_generator *g = gen_of(s);
+    const int64_t B = nb_size(x, 0), Tl = nb_size(x, 1), C = nb_size(x, 2);
+    if (!s->sp || s->tp == 1 || C % 4) return nb_dropout(x, s->cfg.dropout, true, g);
+    const uint64_t o0 = nb_generator_offset(g);
+    const int64_t T = Tl * s->tp;
+    nb_tensor **rows = malloc(sizeof *rows * (size_t)B);
+    if (!rows) {
+        nb_set_error(NB_ENOMEM, "gpt_tp: out of memory");
+        return NULL;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        nb_generator_set_offset(g, o0 + (uint64_t)((b * T + s->rank * Tl) * C / 4));
+        rows[b] = nb_dropout(nb_narrow(x, 0, b, 1), s->cfg.dropout, true, g);
+    }
+    nb_generator_set_offset(g, o0 + (uint64_t)((B * T * C + 3) / 4));
+    nb_tensor *y = nb_cat(rows, (int)B, 0);
+    free(rows);
+    return y;
+}
+
+/* The attention over this rank's heads, its dropout mask the 1-rank one's slice. */
+static nb_tensor *attention(const tp_self *s, nb_tensor *qkv, bool training) {
+    const double p = training ? s->cfg.dropout : 0.0;
+    const int64_t Hl = s->cfg.n_head / s->tp, H = s->cfg.n_head;
+    nb_generator *g = p > 0 ? gen_of(s) : s->cfg.dropout_gen;
+    const int64_t B = qkv ? nb_size(qkv, 0) : 0, T = qkv ? nb_size(qkv, 1) : 0;
+    if (!(p > 0) || s->tp == 1 || T % 2 || !qkv)
+        return nb_causal_attention_qkv(qkv, Hl, 0.0, p, training, g);
+    const uint64_t o0 = nb_generator_offset(g);
+    nb_tensor **ys = malloc(sizeof *ys * (size_t)B);
+    if (!ys) {
+        nb_set_error(NB_ENOMEM, "gpt_tp: out of memory");
+        return NULL;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        nb_generator_set_offset(g, o0 + (uint64_t)((b * H + s->rank * Hl) * T * T / 4));
+        ys[b] = nb_causal_attention_qkv(nb_narrow(qkv, 0, b, 1), Hl, 0.0, p, true, g);
+    }
+    nb_generator_set_offset(g, o0 + (uint64_t)((B * H * T * T + 3) / 4));
+    nb_tensor *y = nb_cat(ys, (int)B, 0);
+    free(ys);
+    return y;
+}
+
+static nb_tensor *layernorm_forward(nb_module *m, nb_tensor *x) {
+    return nb_layer_norm(x, nb_module_param(m, "weight"), nb_module_param_opt(m, "bias"), 1e-5);
+}
+
+/* Into the parallel region (all-gather the sequence, or copy) and out of it (reduce-scatter
+ * the sequence, or allreduce), then the replicated bias. */
+static nb_tensor *enter(const tp_self *s, nb_tensor *x) {
+    return s->sp ? nb_all_gather_along(x, s->c, 1) : nb_copy_to_region(x, s->c);
+}
+static nb_tensor *leave(const tp_self *s, nb_module *proj, nb_tensor *y) {
+    y = nb_linear(y, nb_module_param(proj, "weight"), NULL);
+    y = s->sp ? nb_reduce_scatter_along(y, s->c, 1) : nb_reduce_from_region(y, s->c);
+    nb_tensor *b = nb_module_param_opt(proj, "bias");
+    return b ? nb_add(y, b) : y;
+}
+static nb_tensor *column(nb_module *l, nb_tensor *x) {
+    return nb_linear(x, nb_module_param(l, "weight"), nb_module_param_opt(l, "bias"));
+}
+
+static nb_tensor *attn_forward(nb_module *m, nb_tensor *x) {
+    const tp_self *s = self_of(m);
+    bool training = nb_module_is_training(m);
+    nb_tensor *qkv = column(nb_module_child(m, "c_attn"), enter(s, x)); /* (B, T, 3C/tp) */
+    nb_tensor *y = attention(s, qkv, training);
+    return dropout(s, m, leave(s, nb_module_child(m, "c_proj"), y));
+}
+
+static nb_tensor *mlp_forward(nb_module *m, nb_tensor *x) {
+    const tp_self *s = self_of(m);
+    nb_tensor *h = column(nb_module_child(m, "c_fc"), enter(s, x));
+    h = s->cfg.gelu_tanh ? nb_gelu_tanh(h) : nb_gelu(h);
+    return dropout(s, m, leave(s, nb_module_child(m, "c_proj"), h));
+}
+
+static nb_tensor *block_forward(nb_module *m, nb_tensor *x) {
+    x = nb_add(x, nb_forward(nb_module_child(m, "attn"), nb_forward(nb_module_child(m, "ln_1"), x)));
+    return nb_add(x, nb_forward(nb_module_child(m, "mlp"), nb_forward(nb_module_child(m, "ln_2"), x)));
+}
+
+static nb_tensor *gpt_tp_forward(nb_module *m, nb_tensor *idx) {
+    const tp_self *s = self_of(m);
+    if (!idx) {
+        if (nb_last_status() == NB_OK) nb_set_error(NB_ENULL, "gpt_tp: argument 'idx' is NULL");
+        return NULL;
+    }
+    if (nb_ndim(idx) != 2 || (nb_tensor_dtype(idx) != NB_I64 && nb_tensor_dtype(idx) != NB_I32)) {
+        nb_set_error(NB_EINVAL, "gpt_tp: expected token indices of shape (B, T) and dtype i64 or i32");
+        return NULL;
+    }
+    const int64_t T = nb_size(idx, 1);
+    if (T < 1 || T > s->cfg.block_size) {
+        nb_set_error(NB_ESHAPE, "gpt_tp: sequence length %lld is outside 1..block_size (%lld)",
+                     (long long)T, (long long)s->cfg.block_size);
+        return NULL;
+    }
+    if (s->sp && T % s->tp) {
+        nb_set_error(NB_ESHAPE, "gpt_tp: with sequence parallelism the sequence length (%lld) must "
+                     "divide by the tensor-parallel size (%d)", (long long)T, s->tp);
+        return NULL;
+    }
+    nb_module *tr = nb_module_child(m, "transformer");
+    nb_module *h = nb_module_child(tr, "h");
+    nb_tensor *wte = nb_module_param(nb_module_child(tr, "wte"), "weight");
+    nb_tensor *wpe = nb_module_param(nb_module_child(tr, "wpe"), "weight");
+    /* (B, T, C), or this rank's (B, T/tp, C) shard of the sequence */
+    nb_tensor *x = nb_vocab_parallel_embedding(wte, idx, s->c, s->sp ? 1 : -1);
+    const int64_t Tl = s->sp ? T / s->tp : T;
+    x = nb_add(x, nb_narrow(wpe, 0, s->sp ? Tl * s->rank : 0, Tl));
+    x = dropout(s, m, x);
+    for (int i = 0; i < nb_module_num_children(h); i++) x = nb_forward(nb_module_child_at(h, i), x);
+    x = nb_forward(nb_module_child(tr, "ln_f"), x);
+    return nb_linear(enter(s, x), wte, NULL); /* tied head: this rank's (B, T, V/tp) logits */
+}
+
+static const nb_module_vtable ln_vt = {.type_name = "LayerNorm", .forward = layernorm_forward};
+static const nb_module_vtable col_vt = {.type_name = "ColumnParallelLinear"};
+static const nb_module_vtable row_vt = {.type_name = "RowParallelLinear"};
+static const nb_module_vtable vemb_vt = {.type_name = "VocabParallelEmbedding"};
+static const nb_module_vtable emb_vt = {.type_name = "Embedding"};
+static const nb_module_vtable attn_vt = {.type_name = "ParallelAttention", .forward = attn_forward};
+static const nb_module_vtable mlp_vt = {.type_name = "ParallelMLP", .forward = mlp_forward};
+static const nb_module_vtable block_vt = {.type_name = "Block", .forward = block_forward};
+static const nb_module_vtable dict_vt = {.type_name = "ModuleDict"};
+static const nb_module_vtable gpt_tp_vt = {.type_name = "GPTTensorParallel",
+                                           .forward = gpt_tp_forward, .free_self = free};
+
+/* ---- slicing -------------------------------------------------------------------------------- */
+/* This rank's slice of the 1-rank tensor w (a new tensor, no history). QKV: the rows of
+ * q, k and v of this rank's heads, side by side. */
+static nb_tensor *slice_of(nb_tensor *w, split k, int r, int tp) {
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *out = NULL;
+    switch (k) {
+    case REPLICATED: out = nb_clone(w); break;
+    case ROWS: out = nb_tp_slice(w, 0, r, tp); break;
+    case COLS: out = nb_tp_slice(w, 1, r, tp); break;
+    case QKV: {
+        const int64_t C = nb_size(w, 0) / 3, n = C / tp;
+        nb_tensor *parts[3];
+        for (int p = 0; p < 3; p++) parts[p] = nb_narrow(w, 0, p * C + r * n, n);
+        out = nb_cat(parts, 3, 0);
+        break;
+    }
+    }
+    nb_set_grad_enabled(prev);
+    return out;
+}
+
+/* Add parameter `pname` of module l, the slice of full's tensor `prefix.pname` (skipped when
+ * full has none: no_bias). */
+static bool add_slice(nb_module *l, const char *prefix, const char *pname, nb_module *full,
+                      const tp_self *s) {
+    char name[256];
+    snprintf(name, sizeof name, "%s.%s", prefix, pname);
+    nb_tensor *w = nb_module_find(full, name);
+    if (!w) {
+        nb_clear_error();
+        return true;
+    }
+    nb_scope_begin();
+    nb_tensor *t = slice_of(w, split_of(name), s->rank, s->tp);
+    bool ok = t && nb_module_add_parameter(l, pname, nb_keep(t)) != NULL;
+    nb_scope_end();
+    return ok;
+}
+
+static nb_module *add_mod(nb_module *parent, const char *name, const nb_module_vtable *vt,
+                          const tp_self *s) {
+    nb_module *c = nb_module_new(vt, (void *)(uintptr_t)s);
+    return c ? nb_module_add_child(parent, name, c) : NULL;
+}
+
+/* A leaf module `name` under parent with the slices of full's "prefix.name.{weight,bias}". */
+static bool leaf(nb_module *parent, const char *prefix, const char *name, const nb_module_vtable *vt,
+                 nb_module *full, const tp_self *s) {
+    char p[256];
+    snprintf(p, sizeof p, "%s.%s", prefix, name);
+    nb_module *l = add_mod(parent, name, vt, s);
+    return l && add_slice(l, p, "weight", full, s) && add_slice(l, p, "bias", full, s);
+}
+
+nb_module *nb_gpt_tp_from(nb_module *full, nb_comm *c, const nb_gpt_tp_opts *o) {
+    const nb_gpt_config *cfg = nb_gpt_get_config(full);
+    if (!cfg || !c) {
+        nb_set_error(NB_EINVAL, "nb_gpt_tp_from: needs a GPT made by nb_gpt_new and a communicator");
+        return NULL;
+    }
+    const int tp = nb_comm_size(c);
+    if (cfg->n_head % tp || cfg->vocab_size % tp) {
+        nb_set_error(NB_EINVAL, "nb_gpt_tp: the tensor-parallel size %d must divide n_head (%lld) "
+                     "and vocab_size (%lld)", tp, (long long)cfg->n_head, (long long)cfg->vocab_size);
+        return NULL;
+    }
+    tp_self *s = malloc(sizeof *s);
+    if (!s) {
+        nb_set_error(NB_ENOMEM, "nb_gpt_tp: out of memory");
+        return NULL;
+    }
+    *s = (tp_self){.cfg = *cfg, .c = c, .sp = o && o->sequence_parallel, .tp = tp,
+                   .rank = nb_comm_rank(c)};
+    nb_module *m = nb_module_new(&gpt_tp_vt, s);
+    if (!m) {
+        free(s);
+        return NULL;
+    }
+    nb_module *tr = add_mod(m, "transformer", &dict_vt, s), *h = NULL;
+    bool ok = tr && leaf(tr, "transformer", "wte", &vemb_vt, full, s) &&
+              leaf(tr, "transformer", "wpe", &emb_vt, full, s) &&
+              (h = nb_module_add_child(tr, "h", nb_module_list_new(NULL, 0)));
+    for (int64_t i = 0; ok && i < cfg->n_layer; i++) {
+        char p[64], pa[80], pm[80];
+        snprintf(p, sizeof p, "transformer.h.%lld", (long long)i);
+        snprintf(pa, sizeof pa, "%s.attn", p);
+        snprintf(pm, sizeof pm, "%s.mlp", p);
+        nb_module *b = nb_module_new(&block_vt, s), *attn, *mlp;
+        ok = b && nb_module_list_append(h, b) == NB_OK && leaf(b, p, "ln_1", &ln_vt, full, s) &&
+             (attn = add_mod(b, "attn", &attn_vt, s)) && leaf(attn, pa, "c_attn", &col_vt, full, s) &&
+             leaf(attn, pa, "c_proj", &row_vt, full, s) && leaf(b, p, "ln_2", &ln_vt, full, s) &&
+             (mlp = add_mod(b, "mlp", &mlp_vt, s)) && leaf(mlp, pm, "c_fc", &col_vt, full, s) &&
+             leaf(mlp, pm, "c_proj", &row_vt, full, s);
+    }
+    if (!ok || !leaf(tr, "transformer", "ln_f", &ln_vt, full, s)) {
+        nb_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+nb_module *nb_gpt_tp_new(const nb_gpt_config *cfg, nb_generator *init, nb_comm *c,
+                         const nb_gpt_tp_opts *o) {
+    if (!c) {
+        nb_set_error(NB_ENULL, "nb_gpt_tp_new: the communicator is NULL");
+        return NULL;
+    }
+    if (cfg) { /* check the split before drawing anything (defaults: 4 heads, 256 tokens) */
+        const int tp = nb_comm_size(c);
+        int64_t nh = cfg->n_head ? cfg->n_head : 4, v = cfg->vocab_size ? cfg->vocab_size : 256;
+        if (nh % tp || v % tp) {
+            nb_set_error(NB_EINVAL, "nb_gpt_tp: the tensor-parallel size %d must divide n_head "
+                         "(%lld) and vocab_size (%lld)", tp, (long long)nh, (long long)v);
+            return NULL;
+        }
+    }
+    nb_module *full = nb_gpt_new(cfg, init);
+    nb_module *m = full ? nb_gpt_tp_from(full, c, o) : NULL;
+    nb_module_free(full);
+    return m;
+}
+
+bool nb_gpt_tp_is_gpt_tp(const nb_module *m) {
+    const char *t = m ? nb_module_type(m) : NULL;
+    return t && strcmp(t, "GPTTensorParallel") == 0 && nb_module_self(m) != NULL;
+}
+
+const nb_gpt_config *nb_gpt_tp_get_config(const nb_module *m) {
+    return nb_gpt_tp_is_gpt_tp(m) ? &self_of(m)->cfg : NULL;
+}
+
+bool nb_gpt_tp_param_is_sharded(nb_module *m, int i) {
+    const nb_params *ps = nb_parameters(m);
+    return ps && i >= 0 && i < ps->count && split_of(ps->names[i]) != REPLICATED;
+}
+
+nb_status nb_gpt_tp_gather(nb_module *m, nb_module *full) {
+    if (!nb_gpt_tp_is_gpt_tp(m) || !nb_gpt_get_config(full))
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_gather: needs a TP GPT and a GPT made by nb_gpt_new");
+    const tp_self *s = self_of(m);
+    const nb_params *ps = nb_parameters(m);
+    nb_status st = NB_OK;
+    bool prev = nb_set_grad_enabled(false);
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        nb_tensor *dst = nb_module_find(full, ps->names[i]);
+        if (!dst) {
+            st = nb_set_error(NB_EINVAL, "nb_gpt_tp_gather: the GPT has no parameter %s (another "
+                              "config?)", ps->names[i]);
+            break;
+        }
+        nb_scope_begin();
+        split k = split_of(ps->names[i]);
+        nb_tensor *p = ps->tensors[i];
+        if (k == REPLICATED) {
+            st = nb_copy_(dst, p);
+        } else if (k != QKV) {
+            nb_tensor *g = nb_gather_along(p, s->c, k == ROWS ? 0 : 1);
+            st = g ? nb_copy_(dst, g) : nb_last_status();
+        } else { /* the rank-major [q_r; k_r; v_r] blocks back into q, k, v */
+            nb_tensor *g = nb_gather_along(p, s->c, 0);
+            const int64_t C = nb_size(dst, 0) / 3, n = C / s->tp;
+            for (int r = 0; g && st == NB_OK && r < s->tp; r++)
+                for (int q = 0; st == NB_OK && q < 3; q++)
+                    st = nb_copy_(nb_narrow(dst, 0, q * C + r * n, n),
+                                  nb_narrow(g, 0, (int64_t)r * 3 * n + q * n, n));
+            if (!g) st = nb_last_status();
+        }
+        nb_scope_end();
+    }
+    nb_set_grad_enabled(prev);
+    return st;
+}
+
+/* ---- loss and training step ----------------------------------------------------------------- */
+nb_tensor *nb_gpt_tp_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
+    if (!nb_gpt_tp_is_gpt_tp(m)) {
+        nb_set_error(NB_EINVAL, "nb_gpt_tp_loss: the module is not a TP GPT made by nb_gpt_tp_new");
+        return NULL;
+    }
+    nb_tensor *logits = nb_forward(m, idx);
+    if (!logits || !targets) return NULL;
+    if (nb_ndim(targets) != 2 || nb_numel(targets) != nb_numel(idx)) {
+        nb_set_error(NB_ESHAPE, "nb_gpt_tp_loss: targets must have the shape of the input (B, T)");
+        return NULL;
+    }
+    const tp_self *s = self_of(m);
+    return nb_vocab_parallel_cross_entropy(nb_view(logits, (int64_t[]){-1, s->cfg.vocab_size / s->tp}, 2),
+                                           nb_reshape(targets, (int64_t[]){-1}, 1), s->c);
+}
+
+nb_status nb_gpt_tp_sync_grads(nb_module *m) {
+    if (!nb_gpt_tp_is_gpt_tp(m)) return nb_set_error(NB_EINVAL, "nb_gpt_tp_sync_grads: not a TP GPT");
+    const tp_self *s = self_of(m);
+    if (!s->sp || s->tp == 1) return NB_OK;
+    const nb_params *ps = nb_parameters(m);
+    nb_status st = NB_OK;
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        nb_tensor *g = nb_grad(ps->tensors[i]);
+        if (g && sp_partial(ps->names[i])) st = nb_allreduce(s->c, g, NB_REDUCE_SUM);
+    }
+    return st;
+}
+
+double nb_gpt_tp_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
+                            nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
+    if (grad_norm) *grad_norm = NAN;
+    if (!nb_gpt_tp_is_gpt_tp(m) || !opt || !x || !y || n_micro < 1) {
+        nb_set_error(NB_EINVAL, "nb_gpt_tp_train_step: needs a TP GPT, an optimizer and n_micro >= 1 "
+                     "micro-batches");
+        return NAN;
+    }
+    nb_status st = nb_zero_grad(opt);
+    double loss_sum = 0;
+    for (int i = 0; st == NB_OK && i < n_micro; i++) {
+        if (ddp) nb_ddp_set_sync_enabled(ddp, i == n_micro - 1);
+        nb_scope_begin();
+        nb_tensor *loss = nb_gpt_tp_loss(m, x[i], y[i]);
+        nb_tensor *scaled = n_micro > 1 ? nb_mul_scalar(loss, 1.0 / n_micro) : loss;
+        st = scaled ? nb_backward(scaled) : nb_last_status();
+        if (st == NB_OK) loss_sum += nb_item_f64(loss);
+        nb_scope_end();
+    }
+    if (ddp) {
+        nb_ddp_set_sync_enabled(ddp, true);
+        if (st == NB_OK) st = nb_ddp_sync(ddp);
+    }
+    if (st == NB_OK) st = nb_gpt_tp_sync_grads(m);
+    if (st != NB_OK) return NAN;
+    if (grad_clip > 0 || grad_norm) {
+        const nb_params *ps = nb_parameters(m);
+        bool *sh = malloc(sizeof(bool) * (size_t)(ps->count > 0 ? ps->count : 1));
+        if (!sh) {
+            nb_set_error(NB_ENOMEM, "nb_gpt_tp_train_step: out of memory");
+            return NAN;
+        }
+        for (int i = 0; i < ps->count; i++) sh[i] = split_of(ps->names[i]) != REPLICATED;
+        double norm = nb_tp_clip_grad_norm(ps->tensors, sh, ps->count, self_of(m)->c,
+                                           grad_clip > 0 ? grad_clip : INFINITY);
+        free(sh);
+        if (norm < 0) return NAN;
+        if (grad_norm) *grad_norm = norm;
+    }
+    if (nb_step(opt) != NB_OK) return NAN;
+    return loss_sum / n_micro;
+}
+
+/* ---- files across layouts ---------------------------------------------------------------------
+ * The file is consolidated: the 1-rank model under "model." (nanoGPT's names, so nb_gpt_load
+ * and nb_gpt_config_from_file read it) and the 1-rank optimizer state under "optim.", so any
+ * layout (or 1 process) loads it by slicing. */
+
+/* The parameter an optimizer state entry "<slot>.<param>" belongs to; NULL for the
+ * per-group scalars and the "step." counters (0-dim: never split). */
+static const char *state_param(const char *name, const nb_tensor *t) {
+    const char *dot = strchr(name, '.');
+    if (!dot || nb_ndim(t) == 0 || strncmp(name, "param_groups.", 13) == 0) return NULL;
+    return dot + 1;
+}
+
+/* The whole tensor of this rank's slice p of parameter `name` (collective over s->c). */
+static nb_tensor *whole(const tp_self *s, const char *name, nb_tensor *p) {
+    split k = split_of(name);
+    if (k == REPLICATED) return nb_clone(p);
+    nb_tensor *g = nb_gather_along(p, s->c, k == COLS ? 1 : 0);
+    if (k != QKV || !g) return g;
+    const int64_t C = nb_size(g, 0) / 3, n = C / s->tp; /* [q_r; k_r; v_r] blocks -> q, k, v */
+    nb_tensor **parts = malloc(sizeof *parts * 3 * (size_t)s->tp);
+    if (!parts) {
+        nb_set_error(NB_ENOMEM, "gpt_tp: out of memory");
+        return NULL;
+    }
+    for (int q = 0; q < 3; q++)
+        for (int r = 0; r < s->tp; r++) parts[q * s->tp + r] = nb_narrow(g, 0, (int64_t)r * 3 * n + q * n, n);
+    nb_tensor *out = nb_cat(parts, 3 * s->tp, 0);
+    free(parts);
+    return out;
+}
+
+/* The whole model into *model and the whole optimizer state into *state (either may be
+ * NULL), names without prefix. Collective over the tp group. */
+static nb_status gather_all(nb_module *m, nb_optim *opt, nb_state_list *model, nb_state_list *state) {
+    const tp_self *s = self_of(m);
+    nb_status st = NB_OK;
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    const nb_params *ps = nb_parameters(m);
+    for (int i = 0; model && st == NB_OK && i < ps->count; i++) {
+        nb_tensor *w = whole(s, ps->names[i], ps->tensors[i]);
+        st = w ? nb_state_list_add(model, NULL, ps->names[i], w) : nb_last_status();
+    }
+    const nb_params *os = opt && state && st == NB_OK ? nb_optim_state(opt) : NULL;
+    for (int i = 0; os && st == NB_OK && i < os->count; i++) {
+        const char *pn = state_param(os->names[i], os->tensors[i]);
+        nb_tensor *w = pn ? whole(s, pn, os->tensors[i]) : nb_clone(os->tensors[i]);
+        st = w ? nb_state_list_add(state, NULL, os->names[i], w) : nb_last_status();
+    }
+    if (os) nb_optim_state_release(opt);
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    return st;
+}
+
+nb_status nb_gpt_tp_save(nb_module *m, nb_optim *opt, const char *path, bool write) {
+    if (!nb_gpt_tp_is_gpt_tp(m) || (write && !path))
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save: needs a TP GPT (and a path where it writes)");
+    nb_state_list model = {0}, state = {0}, l = {0};
+    nb_status st = gather_all(m, opt, &model, &state);
+    for (int i = 0; st == NB_OK && i < model.count; i++)
+        st = nb_state_list_add(&l, "model.", model.names[i], model.tensors[i]);
+    for (int i = 0; st == NB_OK && i < state.count; i++)
+        st = nb_state_list_add(&l, "optim.", state.names[i], state.tensors[i]);
+    if (st == NB_OK && write) {
+        const char *k[] = {"format"}, *v[] = {"nabla gpt (consolidated from tensor parallel)"};
+        st = nb_safetensors_save(path, l.names, l.tensors, l.count, k, v, 1);
+    }
+    nb_state_list_deinit(&l);
+    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&state);
+    return st;
+}
+
+nb_status nb_gpt_tp_consolidate(nb_module *m, nb_optim *opt, nb_module *full, nb_optim *full_opt) {
+    if (!nb_gpt_tp_is_gpt_tp(m) || (full && !nb_gpt_get_config(full)))
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_consolidate: needs a TP GPT (and a GPT made by "
+                            "nb_gpt_new)");
+    nb_state_list model = {0}, state = {0};
+    nb_status st = gather_all(m, opt, &model, opt ? &state : NULL);
+    bool prev = nb_set_grad_enabled(false);
+    for (int i = 0; full && st == NB_OK && i < model.count; i++) {
+        nb_tensor *dst = nb_module_find(full, model.names[i]);
+        st = dst ? nb_copy_(dst, model.tensors[i]) : nb_last_status();
+    }
+    nb_set_grad_enabled(prev);
+    if (st == NB_OK && full_opt && opt)
+        st = nb_optim_load_state(full_opt, state.names, state.tensors, state.count);
+    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&state);
+    return st;
+}
+
+nb_status nb_gpt_tp_load(nb_module *m, nb_optim *opt, const char *path) {
+    if (!nb_gpt_tp_is_gpt_tp(m)) return nb_set_error(NB_EINVAL, "nb_gpt_tp_load: not a TP GPT");
+    const tp_self *s = self_of(m);
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) return nb_last_status();
+    const bool ckpt = nb_safetensors_find(f, "model.transformer.wte.weight") >= 0;
+    const nb_params *ps = nb_parameters(m);
+    nb_status st = NB_OK;
+    nb_state_list model = {0}, state = {0};
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    /* everything is sliced and checked before any tensor changes */
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        char name[512];
+        snprintf(name, sizeof name, "%s%s", ckpt ? "model." : "", ps->names[i]);
+        nb_tensor *w = nb_safetensors_get(f, name);
+        nb_tensor *sl = w ? slice_of(nb_to_dtype(w, nb_tensor_dtype(ps->tensors[i])),
+                                     split_of(ps->names[i]), s->rank, s->tp) : NULL;
+        if (!w)
+            st = nb_set_error(NB_EINVAL, "nb_gpt_tp_load: %s has no tensor \"%s\" (a model of "
+                              "another shape?)", path, name);
+        else if (!sl || nb_ndim(sl) != nb_ndim(ps->tensors[i]) ||
+                 nb_numel(sl) != nb_numel(ps->tensors[i]))
+            st = nb_set_error(NB_ESHAPE, "nb_gpt_tp_load: %s: \"%s\" does not fit this model's "
+                              "shape", path, name);
+        else
+            st = nb_state_list_add(&model, NULL, ps->names[i], sl);
+    }
+    if (st == NB_OK && opt && ckpt) {
+        nb_state_list all = {0};
+        st = nb_state_list_add_file(&all, f, "optim.");
+        for (int i = 0; st == NB_OK && i < all.count; i++) {
+            const char *pn = state_param(all.names[i], all.tensors[i]);
+            nb_tensor *t = pn && split_of(pn) != REPLICATED
+                               ? slice_of(all.tensors[i], split_of(pn), s->rank, s->tp)
+                               : all.tensors[i];
+            st = t ? nb_state_list_add(&state, NULL, all.names[i], t) : nb_last_status();
+        }
+        nb_state_list_deinit(&all);
+        if (st == NB_OK) st = nb_optim_load_state(opt, state.names, state.tensors, state.count);
+    }
+    for (int i = 0; st == NB_OK && i < model.count; i++)
+        st = nb_copy_(ps->tensors[i], model.tensors[i]);
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&state);
+    nb_safetensors_close(f);
+    return st;
+}
