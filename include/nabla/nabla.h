@@ -30,6 +30,7 @@
 #include "nabla/data.h"
 #include "nabla/parallel.h"
 #include "nabla/gpt.h"
+#include "nabla/pipeline.h"
 #include "nabla/run.h"
 #include "nabla/summary.h"
 #include "nabla/trace.h"

@@ -23,6 +23,7 @@ Suite *mt_suite_collectives(void);
 Suite *mt_suite_comm(void);
 Suite *mt_suite_ddp(void);
 Suite *mt_suite_zero(void);
+Suite *mt_suite_pipeline(void);
 Suite *mt_suite_failures(void);
 Suite *mt_suite_dead_peer(void);
 

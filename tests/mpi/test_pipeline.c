@@ -1,0 +1,184 @@
+/* test_pipeline.c - pipeline parallelism (nabla/pipeline.h): every layout the world size
+ * allows (pp = 1, 2, 4; dp x pp = 2 x 2; each schedule) trains the GPT for a few steps with
+ * the same losses and the same final weights as one process on the global batch
+ * (nb_gpt_train_step over the same micro-batches), to 1e-5 relative; bad layouts fail on
+ * every rank before any work. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpi_test.h"
+
+#define STEPS 3
+#define MICRO 4 /* micro-batches per data-parallel rank */
+#define MB 2    /* sequences per micro-batch */
+#define SEQ 8
+
+static const nb_gpt_config cfg = {.vocab_size = 32, .block_size = SEQ, .n_layer = 8,
+                                  .n_head = 2, .n_embd = 16};
+
+static double rel_diff(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-12); }
+
+/* max |a - b| / max |b| over the elements of two same-shape tensors. */
+static double tensor_rel_diff(nb_tensor *a, nb_tensor *b) {
+    int64_t n = nb_numel(b);
+    if (nb_numel(a) != n) return INFINITY;
+    double *x = malloc(sizeof *x * (size_t)n), *y = malloc(sizeof *y * (size_t)n);
+    double d = INFINITY;
+    if (x && y && nb_read(a, x, n, NB_F64) == NB_OK && nb_read(b, y, n, NB_F64) == NB_OK) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < n; i++) {
+            num = fmax(num, fabs(x[i] - y[i]));
+            den = fmax(den, fabs(y[i]));
+        }
+        d = num / fmax(den, 1e-12);
+    }
+    free(x);
+    free(y);
+    return d;
+}
+
+/* Train with pp ranks per pipeline (consecutive world ranks) and world / pp data-parallel
+ * replicas; compare with one process on the global batch. */
+static void check_layout(int pp_size, nb_pipe_schedule sched, int v) {
+    const int dp_size = mt_size / pp_size, r = mt_rank;
+    nb_comm *pp = nb_comm_split(mt_world, r / pp_size, r);
+    nb_comm *dp = nb_comm_split(mt_world, r % pp_size, r);
+    MT_CHECK(pp && dp, "split: %s", nb_last_error());
+    if (!pp || !dp) {
+        nb_comm_free(pp);
+        nb_comm_free(dp);
+        MT_END();
+        return;
+    }
+    const int d = nb_comm_rank(dp);
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.schedule = sched;
+    po.n_micro = MICRO;
+    po.virtual_stages = v;
+    nb_generator *g1 = nb_generator_new(11), *g2 = nb_generator_new(11), *data = nb_generator_new(5);
+    nb_gpt_pipe *pipe = nb_gpt_pipe_new(&cfg, g1, pp, dp, &po);
+    nb_module *ref = nb_gpt_new(&cfg, g2);
+    MT_CHECK(pipe && ref, "build: %s", nb_last_error());
+    /* SGD with momentum: Adam divides by sqrt(v), so elements whose gradient is near zero
+     * turn the last-bit differences of a different summation order (the dp average, the
+     * tied embedding's sum) into differences of up to lr: a weight comparison would measure
+     * Adam's conditioning, not the pipeline. The losses and norms are checked either way. */
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.05;
+    so.momentum = 0.9;
+    so.weight_decay = 0.01;
+    nb_optim *opt = pipe ? nb_sgd_new(nb_parameters(nb_gpt_pipe_module(pipe)), &so) : NULL;
+    nb_optim *ropt = ref ? nb_sgd_new(nb_parameters(ref), &so) : NULL;
+    const int64_t G = (int64_t)dp_size * MICRO * MB; /* the global batch */
+    for (int step = 0; step < STEPS && opt && ropt && !mt_failed(); step++) {
+        nb_scope_begin();
+        nb_tensor *X = nb_randint((int64_t[]){G, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_tensor *Y = nb_randint((int64_t[]){G, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_tensor *xs[64], *ys[64];
+        for (int i = 0; i < G / MB; i++) {
+            xs[i] = nb_narrow(X, 0, i * MB, MB);
+            ys[i] = nb_narrow(Y, 0, i * MB, MB);
+        }
+        double rnorm = 0, norm = 0;
+        double rloss = nb_gpt_train_step(ref, ropt, NULL, xs, ys, (int)(G / MB), 0.5, &rnorm);
+        nb_pipe_stats s;
+        const int64_t B = MICRO * MB;
+        double loss = nb_gpt_pipe_train_step(pipe, opt, nb_narrow(X, 0, d * B, B),
+                                             nb_narrow(Y, 0, d * B, B), 0.5, &norm, &s);
+        MT_CHECK(!isnan(loss) && !isnan(rloss), "step %d: %s", step, nb_last_error());
+        MT_CHECK(rel_diff(loss, rloss) <= 1e-5, "pp %d %s v %d step %d: loss %.9g vs %.9g",
+                 pp_size, nb_pipe_schedule_name(sched), v, step, loss, rloss);
+        MT_CHECK(rel_diff(norm, rnorm) <= 1e-5, "pp %d %s step %d: grad norm %.9g vs %.9g",
+                 pp_size, nb_pipe_schedule_name(sched), step, norm, rnorm);
+        MT_CHECK(s.bubble >= 0 && s.bubble < 1 && s.peak_live_micro >= 1 &&
+                     s.peak_live_micro <= MICRO * v,
+                 "stats: bubble %g, peak %lld", s.bubble, (long long)s.peak_live_micro);
+        nb_scope_end();
+    }
+    /* This rank's weights against the same names in the single-process model. */
+    const nb_params *ps = pipe ? nb_parameters(nb_gpt_pipe_module(pipe)) : NULL;
+    for (int i = 0; ps && ref && i < ps->count && !mt_failed(); i++) {
+        nb_tensor *w = nb_module_find(ref, ps->names[i]);
+        MT_CHECK(w, "the full model has no %s", ps->names[i]);
+        double dd = w ? tensor_rel_diff(ps->tensors[i], w) : INFINITY;
+        MT_CHECK(dd <= 1e-5, "pp %d %s v %d: %s differs by %g (relative)", pp_size,
+                 nb_pipe_schedule_name(sched), v, ps->names[i], dd);
+    }
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_gpt_pipe_free(pipe);
+    nb_module_free(ref);
+    nb_generator_free(g1);
+    nb_generator_free(g2);
+    nb_generator_free(data);
+    nb_comm_free(pp);
+    nb_comm_free(dp);
+    MT_END();
+}
+
+START_TEST(test_pipe_gpipe) { check_layout(mt_size, NB_PIPE_GPIPE, 1); }
+END_TEST
+
+START_TEST(test_pipe_1f1b) { check_layout(mt_size, NB_PIPE_1F1B, 1); }
+END_TEST
+
+START_TEST(test_pipe_interleaved) { check_layout(mt_size, NB_PIPE_INTERLEAVED, 2); }
+END_TEST
+
+/* dp x pp: 2 x 2 on 4 ranks, 2 x 1 (data parallel only) on 2. */
+START_TEST(test_pipe_dp_x_pp) {
+    if (mt_size < 2) return;
+    check_layout(mt_size / 2, NB_PIPE_1F1B, 1);
+    check_layout(mt_size / 2, NB_PIPE_GPIPE, 1);
+    check_layout(mt_size / 2, NB_PIPE_INTERLEAVED, 2);
+}
+END_TEST
+
+/* Bad layouts: the same clear error on every rank, before any communication. */
+START_TEST(test_pipe_bad_layouts) {
+    nb_gpt_config small = cfg;
+    small.n_layer = mt_size; /* one layer a stage is fine, fewer is not */
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.schedule = NB_PIPE_INTERLEAVED;
+    po.virtual_stages = 2;
+    nb_gpt_pipe *p = nb_gpt_pipe_new(&small, NULL, mt_world, NULL, &po);
+    MT_CHECK(!p && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "layers"),
+             "too few layers: %s", nb_last_error());
+    nb_gpt_pipe_free(p);
+    po = nb_gpt_pipe_defaults();
+    po.virtual_stages = 2; /* 1f1b */
+    p = nb_gpt_pipe_new(&cfg, NULL, mt_world, NULL, &po);
+    MT_CHECK(!p && strstr(nb_last_error(), "interleaved"), "v without interleaved: %s",
+             nb_last_error());
+    nb_gpt_pipe_free(p);
+    po = nb_gpt_pipe_defaults();
+    po.n_micro = 3;
+    p = nb_gpt_pipe_new(&cfg, NULL, mt_world, NULL, &po);
+    MT_CHECK(p != NULL, "build: %s", nb_last_error());
+    nb_optim *opt = p ? nb_adamw_new(nb_parameters(nb_gpt_pipe_module(p)), NULL) : NULL;
+    nb_scope_begin();
+    nb_tensor *x = nb_zeros((int64_t[]){8, SEQ}, 2, NB_I64);
+    double loss = opt ? nb_gpt_pipe_train_step(p, opt, x, x, 0, NULL, NULL) : 0;
+    MT_CHECK(isnan(loss) && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "divide"),
+             "3 micro-batches of 8: %s", nb_last_error());
+    nb_scope_end();
+    nb_optim_free(opt);
+    nb_gpt_pipe_free(p);
+    MT_END();
+}
+END_TEST
+
+Suite *mt_suite_pipeline(void) {
+    Suite *s = suite_create("pipeline");
+    TCase *tc = tcase_create("pipeline");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_pipe_gpipe);
+    tcase_add_test(tc, test_pipe_1f1b);
+    tcase_add_test(tc, test_pipe_interleaved);
+    tcase_add_test(tc, test_pipe_dp_x_pp);
+    tcase_add_test(tc, test_pipe_bad_layouts);
+    suite_add_tcase(s, tc);
+    return s;
+}

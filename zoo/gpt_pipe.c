@@ -1,0 +1,316 @@
+/* gpt_pipe.c - the GPT split into pipeline stages (nabla/pipeline.h): this rank's blocks
+ * under the full model's names, the stage function the schedule engine (parallel/pipeline.c)
+ * runs, and the training step: tied-embedding gradients summed between the first and last
+ * stage, data-parallel averaging, the global norm over every stage, the optimizer step. */
+#include "nabla/nabla.h"
+#include "nabla/pipeline.h"
+#include "zoo/gpt_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct nb_gpt_pipe {
+    nb_gpt_config cfg;         /* resolved; the blocks borrow it */
+    nb_gpt_pipe_opts o;
+    nb_comm *pp, *dp, *embed;  /* embed: first and last rank (p > 1), else NULL */
+    int p, r, v, S;
+    int64_t *bounds;           /* S + 1 */
+    nb_module *root;           /* "transformer" -> wte, wpe, h.<i>, ln_f */
+    nb_module **blocks;        /* [n_layer], NULL where not ours */
+    nb_tensor *wte, *wpe;      /* borrowed from root, NULL where not ours */
+    nb_module *ln_f;
+    /* the current step's micro-batches */
+    nb_tensor **mx, **my;
+};
+
+static const nb_module_vtable stage_vt = {.type_name = "GPTPipeStage"};
+static const nb_module_vtable dict_vt = {.type_name = "ModuleDict"};
+static const nb_module_vtable emb_vt = {.type_name = "Embedding"};
+
+nb_gpt_pipe_opts nb_gpt_pipe_defaults(void) {
+    return (nb_gpt_pipe_opts){.schedule = NB_PIPE_1F1B, .n_micro = 4, .virtual_stages = 1};
+}
+
+nb_module *nb_gpt_pipe_module(const nb_gpt_pipe *p) { return p ? p->root : NULL; }
+
+const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages) {
+    if (n_stages) *n_stages = p ? p->S : 0;
+    return p ? p->bounds : NULL;
+}
+
+void nb_gpt_pipe_free(nb_gpt_pipe *p) {
+    if (!p) return;
+    nb_module_free(p->root);
+    nb_comm_free(p->embed);
+    free(p->blocks);
+    free(p->bounds);
+    free(p->mx);
+    free(p->my);
+    free(p);
+}
+
+/* Checks that need no communication, so every rank reports the same error. */
+static bool check_layout(const nb_gpt_config *c, const nb_gpt_pipe_opts *o, int p, int S,
+                         int64_t *bounds) {
+    if (o->n_micro < 1 || o->virtual_stages < 1) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_new: n_micro (%d) and virtual_stages (%d) must be >= 1",
+                     o->n_micro, o->virtual_stages);
+        return false;
+    }
+    if (o->virtual_stages > 1 && o->schedule != NB_PIPE_INTERLEAVED) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_new: %d virtual stages need the interleaved schedule, "
+                     "not %s", o->virtual_stages, nb_pipe_schedule_name(o->schedule));
+        return false;
+    }
+    if (o->schedule == NB_PIPE_INTERLEAVED && o->n_micro % p) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_new: the interleaved schedule needs the micro-batches "
+                     "(%d) to be a multiple of the pipeline stages (%d)", o->n_micro, p);
+        return false;
+    }
+    if (c->n_layer < S) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_new: %lld layers cannot fill %d stages (%d ranks x %d "
+                     "virtual stages): each stage needs at least one layer",
+                     (long long)c->n_layer, S, p, o->virtual_stages);
+        return false;
+    }
+    if (o->boundaries) {
+        for (int s = 0; s <= S; s++) bounds[s] = o->boundaries[s];
+        bool ok = bounds[0] == 0 && bounds[S] == c->n_layer;
+        for (int s = 0; ok && s < S; s++) ok = bounds[s + 1] > bounds[s];
+        if (!ok) {
+            nb_set_error(NB_EINVAL, "nb_gpt_pipe_new: the boundaries must be %d increasing layer "
+                         "indices from 0 to n_layer (%lld)", S + 1, (long long)c->n_layer);
+            return false;
+        }
+    } else {
+        int64_t base = c->n_layer / S, extra = c->n_layer % S;
+        bounds[0] = 0;
+        for (int s = 0; s < S; s++) bounds[s + 1] = bounds[s] + base + (s < extra ? 1 : 0);
+    }
+    return true;
+}
+
+/* A parameter: a new N(0, std) tensor drawn from init, added to m when keep, else dropped
+ * (the draws are made either way, so later tensors get nb_gpt_new's values). */
+static bool draw_param(nb_module *m, bool keep, const char *name, const int64_t *shape,
+                       double std, nb_generator *init) {
+    nb_scope_begin();
+    nb_tensor *t = nb_normal(shape, 2, NB_F32, 0.0, std, init);
+    bool ok = t != NULL;
+    if (ok && keep) ok = nb_module_add_parameter(m, name, nb_tensor_retain(t)) != NULL;
+    nb_scope_end();
+    return ok;
+}
+
+nb_gpt_pipe *nb_gpt_pipe_new(const nb_gpt_config *cfg, nb_generator *init, nb_comm *pp,
+                             nb_comm *dp, const nb_gpt_pipe_opts *opts) {
+    if (!pp) {
+        nb_set_error(NB_ENULL, "nb_gpt_pipe_new: the pipeline communicator is NULL");
+        return NULL;
+    }
+    nb_gpt_pipe *p = calloc(1, sizeof *p);
+    if (!p) {
+        nb_set_error(NB_ENOMEM, "nb_gpt_pipe_new: out of memory");
+        return NULL;
+    }
+    p->o = opts ? *opts : nb_gpt_pipe_defaults();
+    p->pp = pp;
+    p->dp = dp;
+    p->p = nb_comm_size(pp);
+    p->r = nb_comm_rank(pp);
+    p->v = p->o.virtual_stages < 1 ? 1 : p->o.virtual_stages;
+    p->S = p->p * p->v;
+    p->bounds = malloc(sizeof *p->bounds * (size_t)(p->S + 1));
+    if (!p->bounds || !nb__gpt_resolve(cfg, &p->cfg) ||
+        !check_layout(&p->cfg, &p->o, p->p, p->S, p->bounds)) {
+        if (!p->bounds) nb_set_error(NB_ENOMEM, "nb_gpt_pipe_new: out of memory");
+        nb_gpt_pipe_free(p);
+        return NULL;
+    }
+    p->o.boundaries = NULL; /* copied into bounds */
+    const nb_gpt_config *c = &p->cfg;
+    const bool first = p->r == 0, last = p->r == p->p - 1;
+    p->blocks = calloc((size_t)c->n_layer, sizeof *p->blocks);
+    p->root = nb_module_new(&stage_vt, NULL);
+    nb_module *tr = p->root ? nb_module_add_child(p->root, "transformer",
+                                                  nb_module_new(&dict_vt, NULL))
+                            : NULL;
+    nb_module *wte = NULL, *wpe = NULL, *h = NULL;
+    bool ok = p->blocks && tr;
+    if (ok && (first || last)) ok = (wte = nb_module_add_child(tr, "wte", nb_module_new(&emb_vt, NULL)));
+    if (ok && first) ok = (wpe = nb_module_add_child(tr, "wpe", nb_module_new(&emb_vt, NULL)));
+    ok = ok && (h = nb_module_add_child(tr, "h", nb_module_new(&dict_vt, NULL)));
+    ok = ok && draw_param(wte, wte != NULL, "weight", (int64_t[]){c->vocab_size, c->n_embd}, 0.02,
+                          init);
+    ok = ok && draw_param(wpe, wpe != NULL, "weight", (int64_t[]){c->block_size, c->n_embd}, 0.02,
+                          init);
+    for (int s = 0; ok && s < p->S; s++) {
+        const bool mine = s % p->p == p->r;
+        for (int64_t i = p->bounds[s]; ok && i < p->bounds[s + 1]; i++) {
+            nb_module *b = nb__gpt_block_new(c, init);
+            if (!b) {
+                ok = false;
+            } else if (mine) {
+                char name[32];
+                snprintf(name, sizeof name, "%lld", (long long)i);
+                ok = (p->blocks[i] = nb_module_add_child(h, name, b)) != NULL;
+            } else {
+                nb_module_free(b);
+            }
+        }
+    }
+    if (ok && last) ok = (p->ln_f = nb__gpt_add_layernorm(tr, "ln_f", c)) != NULL;
+    if (ok && p->p > 1) {
+        /* The tied embedding's group: the first and the last rank. Collective over pp. */
+        p->embed = nb_comm_split(pp, first || last ? 0 : 1, p->r);
+        ok = p->embed != NULL;
+    }
+    p->mx = calloc((size_t)p->o.n_micro, sizeof *p->mx);
+    p->my = calloc((size_t)p->o.n_micro, sizeof *p->my);
+    if (ok && (!p->mx || !p->my)) ok = !nb_set_error(NB_ENOMEM, "nb_gpt_pipe_new: out of memory");
+    if (!ok) {
+        nb_gpt_pipe_free(p);
+        return NULL;
+    }
+    p->wte = wte ? nb_module_param(wte, "weight") : NULL;
+    p->wpe = wpe ? nb_module_param(wpe, "weight") : NULL;
+    return p;
+}
+
+/* ---- the stage function --------------------------------------------------------------------- */
+static nb_tensor *stage_dropout(const nb_gpt_pipe *p, nb_tensor *x) {
+    if (!(p->cfg.dropout > 0) || !nb_module_is_training(p->root)) return x;
+    return nb_dropout(x, p->cfg.dropout, true, p->cfg.dropout_gen);
+}
+
+static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
+    nb_gpt_pipe *p = ctx;
+    const int s = chunk * p->p + p->r;
+    nb_tensor *x = input;
+    if (s == 0) {
+        nb_tensor *idx = p->mx[micro];
+        x = nb_add(nb_embedding(p->wte, idx), nb_narrow(p->wpe, 0, 0, nb_size(idx, 1)));
+        x = stage_dropout(p, x);
+    }
+    for (int64_t i = p->bounds[s]; x && i < p->bounds[s + 1]; i++) x = nb_forward(p->blocks[i], x);
+    if (s < p->S - 1) return x;
+    x = nb_forward(p->ln_f, x);
+    nb_tensor *logits = nb_linear(x, p->wte, NULL); /* the tied head */
+    return nb_cross_entropy(nb_view(logits, (int64_t[]){-1, p->cfg.vocab_size}, 2),
+                            nb_reshape(p->my[micro], (int64_t[]){-1}, 1), NULL);
+}
+
+/* ---- the step -------------------------------------------------------------------------------- */
+/* Sum of squares of the gradients this rank counts (wte once: on the first rank). */
+static nb_status local_sq(const nb_gpt_pipe *p, const nb_params *ps, double *out) {
+    double total = 0;
+    nb_status st = NB_OK;
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        nb_tensor *g = nb_grad(ps->tensors[i]);
+        if (!g || (ps->tensors[i] == p->wte && p->r != 0)) continue;
+        int64_t n = nb_numel(g);
+        double *buf = malloc(sizeof *buf * (size_t)(n ? n : 1));
+        if (!buf) return nb_set_error(NB_ENOMEM, "nb_gpt_pipe_train_step: out of memory");
+        st = nb_read(g, buf, n, NB_F64);
+        for (int64_t k = 0; st == NB_OK && k < n; k++) total += buf[k] * buf[k];
+        free(buf);
+    }
+    *out = total;
+    return st;
+}
+
+static nb_status allreduce_grads(nb_comm *c, const nb_params *ps, nb_tensor *only,
+                                 nb_reduce_op op) {
+    nb_status st = NB_OK;
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        nb_tensor *g = nb_grad(ps->tensors[i]);
+        if (!g || (only && ps->tensors[i] != only)) continue;
+        st = nb_allreduce(c, g, op);
+    }
+    return st;
+}
+
+double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                              double grad_clip, double *grad_norm, nb_pipe_stats *stats) {
+    if (grad_norm) *grad_norm = NAN;
+    if (stats) *stats = (nb_pipe_stats){.bubble = NAN, .bubble_theory = NAN};
+    if (!p || !opt || !x || !y) {
+        nb_set_error(NB_ENULL, "nb_gpt_pipe_train_step: needs a pipeline, an optimizer and a batch");
+        return NAN;
+    }
+    const int m = p->o.n_micro;
+    if (nb_ndim(x) != 2 || nb_ndim(y) != 2 || nb_size(x, 0) != nb_size(y, 0) ||
+        nb_size(x, 1) != nb_size(y, 1)) {
+        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: x and y must both be (B, T)");
+        return NAN;
+    }
+    const int64_t B = nb_size(x, 0), T = nb_size(x, 1);
+    if (B % m) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_train_step: %d micro-batches do not divide the batch "
+                     "of %lld sequences", m, (long long)B);
+        return NAN;
+    }
+    if (T < 1 || T > p->cfg.block_size) {
+        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: sequence length %lld is outside "
+                     "1..block_size (%lld)", (long long)T, (long long)p->cfg.block_size);
+        return NAN;
+    }
+    nb_status st = nb_zero_grad(opt);
+    if (st != NB_OK) return NAN;
+    const int64_t b = B / m;
+    nb_scope_begin();
+    for (int i = 0; i < m; i++) {
+        p->mx[i] = nb_narrow(x, 0, i * b, b);
+        p->my[i] = nb_narrow(y, 0, i * b, b);
+    }
+    const int64_t act[3] = {b, T, p->cfg.n_embd};
+    nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
+                       .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32};
+    double loss = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
+    nb_scope_end();
+    if (isnan(loss) && nb_last_status() != NB_OK) return NAN;
+
+    const double t0 = nb_time_s();
+    const nb_params *ps = nb_parameters(p->root);
+    /* The tied embedding: both copies get the sum of the input and the head gradients. */
+    if (p->embed && (p->r == 0 || p->r == p->p - 1))
+        st = allreduce_grads(p->embed, ps, p->wte, NB_REDUCE_SUM);
+    if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1)
+        st = allreduce_grads(p->dp, ps, NULL, NB_REDUCE_AVG);
+    double v2[2] = {0, loss};
+    if (st == NB_OK) st = local_sq(p, ps, &v2[0]);
+    if (st == NB_OK) {
+        nb_scope_begin();
+        nb_tensor *t = nb_from_buffer(v2, (int64_t[]){2}, 1, NB_F64);
+        st = t ? nb_allreduce(p->pp, t, NB_REDUCE_SUM) : nb_last_status(); /* sq over stages */
+        if (st == NB_OK) st = nb_read(t, v2, 2, NB_F64);
+        nb_scope_end();
+        v2[1] = loss; /* the pipeline's loss is already the same on its ranks */
+    }
+    if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1) {
+        nb_scope_begin();
+        nb_tensor *t = nb_scalar(loss, NB_F64);
+        st = t ? nb_allreduce(p->dp, t, NB_REDUCE_AVG) : nb_last_status();
+        if (st == NB_OK) loss = nb_item_f64(t);
+        nb_scope_end();
+    }
+    if (st != NB_OK) return NAN;
+    const double norm = sqrt(v2[0]);
+    if (grad_norm) *grad_norm = norm;
+    const double coef = grad_clip > 0 ? grad_clip / (norm + 1e-6) : 1; /* as nb_clip_grad_norm */
+    if (coef < 1) {
+        bool prev = nb_set_grad_enabled(false);
+        nb_scope_begin();
+        for (int i = 0; st == NB_OK && i < ps->count; i++) {
+            nb_tensor *g = nb_grad(ps->tensors[i]);
+            if (g) st = nb_copy_(g, nb_mul_scalar(g, coef));
+        }
+        nb_scope_end();
+        nb_set_grad_enabled(prev);
+    }
+    if (stats) stats->comm_s = nb_time_s() - t0;
+    if (st != NB_OK || nb_step(opt) != NB_OK) return NAN;
+    return loss;
+}
