@@ -99,6 +99,11 @@ typedef struct run {
     int n_sends, cap_sends;
     double wait_s, compute_s;
     int64_t live, peak_live;
+    /* the next operation's receive, posted before this one computes (overlap) */
+    const op *ops;
+    int n_ops, posted_at; /* posted_at: that operation's index, -1 none */
+    nb_tensor *posted;
+    nb_work *posted_w;
 } run;
 
 static int tag_of(const run *R, int kind, int s, int micro) {
@@ -134,23 +139,57 @@ static nb_status send_to(run *R, nb_tensor *t, int dst_stage, int kind, int micr
     return NB_OK;
 }
 
-/* The activation (kind 0) or gradient (kind 1) for stage s, micro from the neighbour. */
-static nb_tensor *recv_from(run *R, int src_stage, int s, int kind, int micro) {
-    int src = src_stage % R->p, tag = tag_of(R, kind, s, micro);
-    if (src == R->r) {
+/* What operation o receives: from which stage, for which stage, activation (kind 0) or
+ * gradient (kind 1). False when it receives nothing. */
+static bool recv_of(const run *R, op o, int *src_stage, int *s, int *kind) {
+    *s = o.chunk * R->p + R->r;
+    *kind = o.fwd ? 0 : 1;
+    *src_stage = o.fwd ? *s - 1 : *s + 1;
+    return *src_stage >= 0 && *src_stage < R->S;
+}
+
+/* Post operation i's receive from another rank (if it has one) so that it arrives while
+ * this rank computes the operation before it. */
+static nb_status post_recv(run *R, int i) {
+    int src_stage, s, kind;
+    if (i >= R->n_ops || R->posted_at >= 0 || !recv_of(R, R->ops[i], &src_stage, &s, &kind) ||
+        src_stage % R->p == R->r)
+        return NB_OK;
+    nb_scope_begin();
+    nb_tensor *t = owned(nb_empty(R->o->act_shape, R->o->act_ndim, R->o->act_dtype));
+    nb_scope_end();
+    nb_work *w = t ? nb_recv_async(R->pp, t, src_stage % R->p, tag_of(R, kind, s, R->ops[i].micro))
+                   : NULL;
+    if (!w) {
+        nb_tensor_free(t);
+        return nb_last_status();
+    }
+    R->posted_at = i;
+    R->posted = t;
+    R->posted_w = w;
+    return NB_OK;
+}
+
+/* Operation i's input: the activation or gradient from the neighbouring stage. */
+static nb_tensor *recv_for(run *R, int i) {
+    int src_stage, s, kind;
+    recv_of(R, R->ops[i], &src_stage, &s, &kind);
+    const int micro = R->ops[i].micro, tag = tag_of(R, kind, s, micro);
+    if (src_stage % R->p == R->r) {
         nb_tensor *t = R->mail[tag];
         R->mail[tag] = NULL;
         if (!t) nb_set_error(NB_ESTATE, "pipeline: stage %d expected micro-batch %d from itself", s,
                              micro);
         return t;
     }
-    nb_scope_begin();
-    nb_tensor *t = owned(nb_empty(R->o->act_shape, R->o->act_ndim, R->o->act_dtype));
-    nb_scope_end();
-    if (!t) return NULL;
+    if (R->posted_at != i && post_recv(R, i) != NB_OK) return NULL;
     double t0 = nb_time_s();
-    nb_status st = nb_recv(R->pp, t, src, tag);
+    nb_status st = nb_work_wait(R->posted_w);
     R->wait_s += nb_time_s() - t0;
+    nb_tensor *t = R->posted;
+    R->posted_at = -1;
+    R->posted = NULL;
+    R->posted_w = NULL;
     if (st != NB_OK) {
         nb_tensor_free(t);
         return NULL;
@@ -158,16 +197,22 @@ static nb_tensor *recv_from(run *R, int src_stage, int s, int kind, int micro) {
     return t;
 }
 
-static nb_status do_forward(run *R, nb_pipe_stage_fn fn, void *ctx, op o, double *loss_sum) {
+static nb_status do_forward(run *R, nb_pipe_stage_fn fn, void *ctx, int i, double *loss_sum) {
+    const op o = R->ops[i];
     const int s = o.chunk * R->p + R->r, k = o.chunk * R->m + o.micro;
     nb_tensor *in = NULL;
     if (s > 0) {
-        if (!(in = recv_from(R, s - 1, s, 0, o.micro))) return nb_last_status();
+        if (!(in = recv_for(R, i))) return nb_last_status();
         nb_status st = nb_set_requires_grad(in, true);
         if (st != NB_OK) {
             nb_tensor_free(in);
             return st;
         }
+    }
+    nb_status pst = post_recv(R, i + 1);
+    if (pst != NB_OK) {
+        nb_tensor_free(in);
+        return pst;
     }
     double t0 = nb_time_s();
     nb_scope_begin();
@@ -193,7 +238,8 @@ static nb_status do_forward(run *R, nb_pipe_stage_fn fn, void *ctx, op o, double
     return send_to(R, out, s + 1, 0, o.micro);
 }
 
-static nb_status do_backward(run *R, op o) {
+static nb_status do_backward(run *R, int i) {
+    const op o = R->ops[i];
     const int s = o.chunk * R->p + R->r, k = o.chunk * R->m + o.micro;
     nb_tensor *grad;
     if (s == R->S - 1) {
@@ -201,9 +247,14 @@ static nb_status do_backward(run *R, op o) {
         grad = owned(nb_full_like(R->out[k], 1.0 / R->m));
         nb_scope_end();
     } else {
-        grad = recv_from(R, s + 1, s, 1, o.micro);
+        grad = recv_for(R, i);
     }
     if (!grad) return nb_last_status();
+    nb_status pst = post_recv(R, i + 1);
+    if (pst != NB_OK) {
+        nb_tensor_free(grad);
+        return pst;
+    }
     double t0 = nb_time_s();
     nb_backward_opts bo = nb_backward_defaults();
     bo.grad_output = grad;
@@ -231,7 +282,7 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
         return NAN;
     }
     run R = {.pp = pp, .o = o, .p = nb_comm_size(pp), .r = nb_comm_rank(pp), .m = o->n_micro,
-             .v = o->virtual_stages < 1 ? 1 : o->virtual_stages};
+             .v = o->virtual_stages < 1 ? 1 : o->virtual_stages, .posted_at = -1};
     R.S = R.p * R.v;
     if (R.m < 1 || (o->schedule == NB_PIPE_1F1B && R.v > 1) ||
         (o->schedule == NB_PIPE_INTERLEAVED && R.v > 1 && R.m % R.p) ||
@@ -257,9 +308,15 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
                        ? NB_OK
                        : nb_set_error(NB_ENOMEM, "nb_pipe_run: out of memory");
     if (st == NB_OK) build_schedule(o->schedule, R.p, R.r, R.m, R.v, ops);
+    R.ops = ops;
+    R.n_ops = n_ops;
     for (int i = 0; st == NB_OK && i < n_ops; i++)
-        st = ops[i].fwd ? do_forward(&R, fn, ctx, ops[i], &loss_sum) : do_backward(&R, ops[i]);
+        st = ops[i].fwd ? do_forward(&R, fn, ctx, i, &loss_sum) : do_backward(&R, i);
     double t0 = nb_time_s();
+    if (R.posted_w) { /* only after an error: let the posted receive finish or time out */
+        nb_work_wait(R.posted_w);
+        nb_tensor_free(R.posted);
+    }
     for (int i = 0; i < R.n_sends; i++) {
         nb_status ws = nb_work_wait(R.sends[i].w);
         if (st == NB_OK) st = ws;

@@ -95,6 +95,18 @@ static void check_layout(int pp_size, nb_pipe_schedule sched, int v) {
         MT_CHECK(s.bubble >= 0 && s.bubble < 1 && s.peak_live_micro >= 1 &&
                      s.peak_live_micro <= MICRO * v,
                  "stats: bubble %g, peak %lld", s.bubble, (long long)s.peak_live_micro);
+        /* The schedules' memory: GPipe holds every micro-batch's activations, 1F1B at most
+         * p - r on rank r (its warm-up plus one). */
+        const int pr = nb_comm_rank(pp);
+        if (sched == NB_PIPE_GPIPE)
+            MT_CHECK(s.peak_live_micro == (int64_t)MICRO * v, "gpipe held %lld micro-batches",
+                     (long long)s.peak_live_micro);
+        if (sched == NB_PIPE_1F1B)
+            MT_CHECK(s.peak_live_micro == (pp_size - pr < MICRO ? pp_size - pr : MICRO),
+                     "1f1b on stage %d of %d held %lld micro-batches", pr, pp_size,
+                     (long long)s.peak_live_micro);
+        MT_CHECK(fabs(s.bubble_theory - nb_pipe_bubble_theory(sched, pp_size, MICRO, v)) < 1e-12,
+                 "bubble_theory %g", s.bubble_theory);
         nb_scope_end();
     }
     /* This rank's weights against the same names in the single-process model. */
