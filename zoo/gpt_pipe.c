@@ -6,10 +6,12 @@
 #include "nabla/pipeline.h"
 #include "zoo/gpt_impl.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct nb_gpt_pipe {
     nb_gpt_config cfg;         /* resolved; the blocks borrow it */
@@ -313,4 +315,192 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
     if (stats) stats->comm_s = nb_time_s() - t0;
     if (st != NB_OK || nb_step(opt) != NB_OK) return NAN;
     return loss;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------------ */
+/* A directory: stage-<r>-of-<P>.safetensors per pipeline rank (written by data-parallel rank
+ * 0: "model.<name>" for the stage's parameters, "optim.<entry>" for its optimizer state, all
+ * under the full model's names) and index.safetensors (metadata: stages, step), written last. */
+
+/* Every rank of c gets NB_OK only if every rank had it (else the first error's status). */
+static nb_status agree(nb_comm *c, nb_status st) {
+    if (!c || nb_comm_size(c) < 2) return st;
+    nb_scope_begin();
+    nb_tensor *t = nb_scalar(st == NB_OK ? 0 : 1, NB_I32);
+    nb_status cs = t ? nb_allreduce(c, t, NB_REDUCE_MAX) : nb_last_status();
+    bool bad = cs != NB_OK || nb_item_i64(t) != 0;
+    nb_scope_end();
+    if (cs != NB_OK) return cs;
+    if (bad && st == NB_OK)
+        st = nb_set_error(NB_EIO, "pipeline checkpoint: another rank failed (see its message)");
+    return st;
+}
+
+static void stage_path(char *buf, size_t n, const char *dir, int r, int P) {
+    snprintf(buf, n, "%s/stage-%d-of-%d.safetensors", dir, r, P);
+}
+
+static nb_status save_stage(nb_gpt_pipe *p, nb_optim *opt, const char *dir) {
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return nb_set_error(NB_EIO, "nb_gpt_pipe_save: cannot create %s: %s", dir, strerror(errno));
+    char path[4096];
+    stage_path(path, sizeof path, dir, p->r, p->p);
+    nb_state_list l = {0};
+    nb_status st = nb_state_list_add_module(&l, "model.", p->root);
+    if (st == NB_OK && opt) st = nb_state_list_add_params(&l, "optim.", nb_optim_state(opt));
+    char stages[32];
+    snprintf(stages, sizeof stages, "%d", p->p);
+    const char *keys[] = {"format", "pipe_stages"}, *vals[] = {"nabla-pipe", stages};
+    if (st == NB_OK) st = nb_safetensors_save(path, l.names, l.tensors, l.count, keys, vals, 2);
+    nb_state_list_deinit(&l);
+    if (opt) nb_optim_state_release(opt);
+    return st;
+}
+
+nb_status nb_gpt_pipe_save(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t step) {
+    if (!p || !dir) return nb_set_error(NB_ENULL, "nb_gpt_pipe_save: NULL pipeline or directory");
+    const bool writer = !p->dp || nb_comm_rank(p->dp) == 0;
+    nb_status st = writer ? save_stage(p, opt, dir) : NB_OK;
+    st = agree(p->pp, st);
+    st = agree(p->dp, st);
+    if (st == NB_OK && writer && p->r == 0) {
+        char path[4096], stages[32], steps[32];
+        snprintf(path, sizeof path, "%s/index.safetensors", dir);
+        snprintf(stages, sizeof stages, "%d", p->p);
+        snprintf(steps, sizeof steps, "%lld", (long long)step);
+        const char *keys[] = {"format", "pipe_stages", "step"}, *vals[] = {"nabla-pipe", stages, steps};
+        st = nb_safetensors_save(path, NULL, NULL, 0, keys, vals, 3);
+    }
+    st = agree(p->pp, st);
+    return agree(p->dp, st);
+}
+
+/* The stage files of dir (P of them, from the index); *step from it. */
+static nb_safetensors **open_stages(const char *dir, int *P, int64_t *step, const char *who) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/index.safetensors", dir);
+    nb_safetensors *ix = nb_safetensors_open(path);
+    if (!ix) {
+        nb_set_error(NB_EIO, "%s: %s is not a finished pipeline checkpoint (no readable "
+                     "index.safetensors): %s", who, dir, nb_last_error());
+        return NULL;
+    }
+    const char *s = nb_safetensors_metadata(ix, "pipe_stages"), *k = nb_safetensors_metadata(ix, "step");
+    *P = s ? atoi(s) : 0;
+    if (step) *step = k ? atoll(k) : 0;
+    nb_safetensors_close(ix);
+    if (*P < 1) {
+        nb_set_error(NB_EFORMAT, "%s: %s/index.safetensors names no stage count", who, dir);
+        return NULL;
+    }
+    nb_safetensors **f = calloc((size_t)*P, sizeof *f);
+    for (int r = 0; f && r < *P; r++) {
+        stage_path(path, sizeof path, dir, r, *P);
+        if (!(f[r] = nb_safetensors_open(path))) {
+            nb_set_error(NB_EIO, "%s: stage file %s is missing or unreadable", who, path);
+            for (int q = 0; q < r; q++) nb_safetensors_close(f[q]);
+            free(f);
+            return NULL;
+        }
+    }
+    if (!f) nb_set_error(NB_ENOMEM, "%s: out of memory", who);
+    return f;
+}
+
+static void close_stages(nb_safetensors **f, int P) {
+    for (int r = 0; f && r < P; r++) nb_safetensors_close(f[r]);
+    free(f);
+}
+
+/* The first stage file holding name, or -1. */
+static int which(nb_safetensors **f, int P, const char *name) {
+    for (int r = 0; r < P; r++)
+        if (nb_safetensors_find(f[r], name) >= 0) return r;
+    return -1;
+}
+
+static bool has_param(const nb_params *ps, const char *name) {
+    for (int i = 0; i < ps->count; i++)
+        if (strcmp(ps->names[i], name) == 0) return true;
+    return false;
+}
+
+static nb_status load_local(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step) {
+    const char *who = "nb_gpt_pipe_load";
+    int P;
+    nb_safetensors **f = open_stages(dir, &P, step, who);
+    if (!f) return nb_last_status();
+    const nb_params *ps = nb_parameters(p->root);
+    nb_status st = NB_OK;
+    char full[1024];
+    nb_scope_begin();
+    nb_tensor **src = calloc((size_t)ps->count, sizeof *src);
+    if (!src) st = nb_set_error(NB_ENOMEM, "%s: out of memory", who);
+    for (int i = 0; st == NB_OK && i < ps->count; i++) { /* check every name first */
+        snprintf(full, sizeof full, "model.%s", ps->names[i]);
+        int r = which(f, P, full);
+        if (r < 0) {
+            st = nb_set_error(NB_EINVAL, "%s: no stage of %s holds %s (a checkpoint of another "
+                              "model?)", who, dir, ps->names[i]);
+        } else if (!(src[i] = nb_safetensors_get(f[r], full))) {
+            st = nb_last_status();
+        } else if (nb_numel(src[i]) != nb_numel(ps->tensors[i])) {
+            st = nb_set_error(NB_ESHAPE, "%s: %s has %lld elements in %s, the model %lld", who,
+                              ps->names[i], (long long)nb_numel(src[i]), dir,
+                              (long long)nb_numel(ps->tensors[i]));
+        }
+    }
+    nb_state_list l = {0};
+    for (int r = 0; st == NB_OK && opt && r < P; r++) /* this rank's optimizer entries */
+        for (int i = 0; st == NB_OK && i < nb_safetensors_count(f[r]); i++) {
+            const char *n = nb_safetensors_name(f[r], i);
+            if (strncmp(n, "optim.", 6) != 0) continue;
+            const char *e = n + 6, *dot = strchr(e, '.');
+            bool mine = strncmp(e, "param_groups.", 13) == 0 ? r == 0
+                                                               : dot && has_param(ps, dot + 1);
+            if (!mine) continue;
+            bool dup = false; /* the tied wte's state is in the first and the last file */
+            for (int k = 0; k < l.count && !dup; k++) dup = strcmp(l.names[k], e) == 0;
+            if (!dup) st = nb_state_list_add(&l, NULL, e, nb_safetensors_get(f[r], n));
+        }
+    if (st == NB_OK && opt) st = nb_optim_load_state(opt, l.names, l.tensors, l.count);
+    if (st == NB_OK) {
+        bool prev = nb_set_grad_enabled(false);
+        for (int i = 0; st == NB_OK && i < ps->count; i++) st = nb_copy_(ps->tensors[i], src[i]);
+        nb_set_grad_enabled(prev);
+    }
+    nb_state_list_deinit(&l);
+    free(src);
+    nb_scope_end();
+    close_stages(f, P);
+    return st;
+}
+
+nb_status nb_gpt_pipe_load(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step) {
+    if (!p || !dir) return nb_set_error(NB_ENULL, "nb_gpt_pipe_load: NULL pipeline or directory");
+    nb_status st = load_local(p, opt, dir, step);
+    st = agree(p->pp, st);
+    return agree(p->dp, st);
+}
+
+nb_status nb_gpt_pipe_consolidate(const char *dir, const char *out) {
+    if (!dir || !out) return nb_set_error(NB_ENULL, "nb_gpt_pipe_consolidate: NULL argument");
+    int P;
+    nb_safetensors **f = open_stages(dir, &P, NULL, "nb_gpt_pipe_consolidate");
+    if (!f) return nb_last_status();
+    nb_state_list l = {0};
+    nb_status st = NB_OK;
+    nb_scope_begin();
+    for (int r = 0; st == NB_OK && r < P; r++)
+        for (int i = 0; st == NB_OK && i < nb_safetensors_count(f[r]); i++) {
+            const char *n = nb_safetensors_name(f[r], i);
+            if (strncmp(n, "model.", 6) != 0 || which(f, P, n) != r) continue; /* wte once */
+            st = nb_state_list_add(&l, NULL, n + 6, nb_safetensors_get(f[r], n));
+        }
+    const char *keys[] = {"format"}, *vals[] = {"pt"};
+    if (st == NB_OK) st = nb_safetensors_save(out, l.names, l.tensors, l.count, keys, vals, 1);
+    nb_scope_end();
+    nb_state_list_deinit(&l);
+    close_stages(f, P);
+    return st;
 }

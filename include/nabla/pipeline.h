@@ -158,6 +158,23 @@ const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages);
 double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
                               double grad_clip, double *grad_norm, nb_pipe_stats *stats);
 
+/* ---- checkpoints across layouts ------------------------------------------------------------ */
+/* A pipeline checkpoint is a directory: stage-<r>-of-<P>.safetensors for each pipeline rank
+ * ("model.<name>" and "optim.<entry>" under the full model's names: nb_optim_state's entries
+ * for the stage's parameters) and index.safetensors (metadata: the stage count and step),
+ * written last, so the checkpoint exists only once its index does. Data-parallel rank 0 of
+ * each stage writes; the others only agree. nb_gpt_pipe_load reads such a directory into a
+ * pipeline of any layout (any p, v, boundaries, dp; p = 1 is one process): each rank takes
+ * its parameters' values and optimizer state by name from whichever file holds them (the
+ * parameter groups from stage 0's file), so opt must be of the kind and groups that saved.
+ * *step (may be NULL) gets the saved step. Both are collective over pp and dp: every rank
+ * gets an error if one fails, and nothing is loaded on a rank whose checks failed.
+ * nb_gpt_pipe_consolidate writes the model of such a directory as one plain file under the
+ * nanoGPT names (each tensor once), which nb_gpt_load and PyTorch read. Local. */
+nb_status nb_gpt_pipe_save(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t step);
+nb_status nb_gpt_pipe_load(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step);
+nb_status nb_gpt_pipe_consolidate(const char *dir, const char *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mpi_test.h"
 
@@ -182,6 +183,131 @@ START_TEST(test_pipe_bad_layouts) {
 }
 END_TEST
 
+/* ---- checkpoints across layouts ----------------------------------------------------------- */
+typedef struct trainer {
+    nb_comm *pp, *dp;
+    nb_gpt_pipe *pipe;
+    nb_optim *opt;
+} trainer;
+
+static bool trainer_new(trainer *t, nb_comm *base, int pp_size, nb_pipe_schedule sched) {
+    const int r = nb_comm_rank(base);
+    *t = (trainer){0};
+    t->pp = nb_comm_split(base, r / pp_size, r);
+    t->dp = nb_comm_split(base, r % pp_size, r);
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.schedule = sched;
+    po.n_micro = MICRO;
+    nb_generator *g = nb_generator_new(11);
+    t->pipe = t->pp && t->dp ? nb_gpt_pipe_new(&cfg, g, t->pp, t->dp, &po) : NULL;
+    nb_generator_free(g);
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.lr = 1e-2;
+    t->opt = t->pipe ? nb_adamw_new(nb_parameters(nb_gpt_pipe_module(t->pipe)), &ao) : NULL;
+    MT_CHECK(t->opt, "trainer with pp %d: %s", pp_size, nb_last_error());
+    return t->opt != NULL;
+}
+
+static void trainer_free(trainer *t) {
+    nb_optim_free(t->opt);
+    nb_gpt_pipe_free(t->pipe);
+    nb_comm_free(t->pp);
+    nb_comm_free(t->dp);
+}
+
+/* Steps [from, to) of the data stream (the same global batches whatever the layout). */
+static void train_steps(trainer *t, int from, int to, double *losses) {
+    const int dp_size = nb_comm_size(t->dp), d = nb_comm_rank(t->dp);
+    const int64_t B = (int64_t)MICRO * MB * 4 / dp_size; /* global batch 4 * MICRO * MB */
+    for (int step = from; step < to && !mt_failed(); step++) {
+        nb_scope_begin();
+        nb_generator *data = nb_generator_new(100 + (uint64_t)step);
+        nb_tensor *X = nb_randint((int64_t[]){B * dp_size, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_tensor *Y = nb_randint((int64_t[]){B * dp_size, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_generator_free(data);
+        losses[step] = nb_gpt_pipe_train_step(t->pipe, t->opt, nb_narrow(X, 0, d * B, B),
+                                              nb_narrow(Y, 0, d * B, B), 1.0, NULL, NULL);
+        MT_CHECK(!isnan(losses[step]), "step %d: %s", step, nb_last_error());
+        nb_scope_end();
+    }
+}
+
+/* Saved with pp = 2 (dp = world / 2), resumed with pp = world and in one process (pp = 1 on
+ * nb_comm_self): the continued losses are those of the straight run; the consolidated model
+ * file loads into nb_gpt_new's model with the trained weights. */
+START_TEST(test_pipe_checkpoint_layouts) {
+    enum { K = 2 };
+    double straight[2 * K] = {0}, resumed[2 * K] = {0};
+    char dir[64] = "";
+    nb_scope_begin();
+    nb_tensor *name = nb_zeros((int64_t[]){64}, 1, NB_U8);
+    if (mt_rank == 0) {
+        snprintf(dir, sizeof dir, "/tmp/nb-pipe-ckpt-XXXXXX");
+        MT_CHECK(mkdtemp(dir) != NULL, "mkdtemp failed");
+        memcpy(nb_data(name), dir, strlen(dir));
+    }
+    MT_OK(nb_broadcast(mt_world, name, 0));
+    memcpy(dir, nb_data(name), 63);
+    nb_scope_end();
+    const int save_pp = mt_size >= 2 ? 2 : 1;
+    trainer t;
+    if (trainer_new(&t, mt_world, save_pp, NB_PIPE_1F1B)) {
+        train_steps(&t, 0, K, straight);
+        MT_OK(nb_gpt_pipe_save(t.pipe, t.opt, dir, K));
+        train_steps(&t, K, 2 * K, straight);
+    }
+    trainer_free(&t);
+    nb_comm *self = nb_comm_self();
+    nb_comm *layouts[2] = {mt_world, self};
+    const int pps[2] = {mt_size, 1};
+    for (int k = 0; k < 2 && !mt_failed(); k++) {
+        if (trainer_new(&t, layouts[k], pps[k], k ? NB_PIPE_GPIPE : NB_PIPE_INTERLEAVED)) {
+            int64_t step = -1;
+            MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dir, &step));
+            MT_CHECK(step == K, "resumed at step %lld", (long long)step);
+            train_steps(&t, K, 2 * K, resumed);
+            for (int s = K; s < 2 * K; s++)
+                MT_CHECK(rel_diff(resumed[s], straight[s]) <= 1e-5,
+                         "resumed with pp %d: step %d loss %.9g, straight %.9g", pps[k], s,
+                         resumed[s], straight[s]);
+        }
+        trainer_free(&t);
+    }
+    /* The consolidated file is the plain model nb_gpt_load reads. */
+    char file[128];
+    snprintf(file, sizeof file, "%s/model-%d.safetensors", dir, mt_rank);
+    MT_OK(nb_gpt_pipe_consolidate(dir, file));
+    nb_module *full = nb_gpt_new(&cfg, NULL);
+    MT_OK(nb_gpt_load(full, file));
+    if (trainer_new(&t, self, 1, NB_PIPE_1F1B)) {
+        MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dir, NULL));
+        const nb_params *ps = nb_parameters(nb_gpt_pipe_module(t.pipe));
+        for (int i = 0; i < ps->count; i++) {
+            nb_tensor *w = nb_module_find(full, ps->names[i]);
+            MT_CHECK(w && tensor_rel_diff(ps->tensors[i], w) == 0, "%s differs after consolidation",
+                     ps->names[i]);
+        }
+    }
+    trainer_free(&t);
+    nb_module_free(full);
+    nb_comm_free(self);
+    remove(file);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) { /* the directory's files, then itself */
+        char path[192];
+        for (int P = 1; P <= 4; P++)
+            for (int r = 0; r < P; r++) {
+                snprintf(path, sizeof path, "%s/stage-%d-of-%d.safetensors", dir, r, P);
+                remove(path);
+            }
+        snprintf(path, sizeof path, "%s/index.safetensors", dir);
+        remove(path);
+        rmdir(dir);
+    }
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_pipeline(void) {
     Suite *s = suite_create("pipeline");
     TCase *tc = tcase_create("pipeline");
@@ -191,6 +317,7 @@ Suite *mt_suite_pipeline(void) {
     tcase_add_test(tc, test_pipe_interleaved);
     tcase_add_test(tc, test_pipe_dp_x_pp);
     tcase_add_test(tc, test_pipe_bad_layouts);
+    tcase_add_test(tc, test_pipe_checkpoint_layouts);
     suite_add_tcase(s, tc);
     return s;
 }
