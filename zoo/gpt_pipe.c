@@ -101,7 +101,7 @@ static bool draw_param(nb_module *m, bool keep, const char *name, const int64_t 
     nb_scope_begin();
     nb_tensor *t = nb_normal(shape, 2, NB_F32, 0.0, std, init);
     bool ok = t != NULL;
-    if (ok && keep) ok = nb_module_add_parameter(m, name, nb_tensor_retain(t)) != NULL;
+    if (ok && keep) ok = nb_module_add_parameter(m, name, t) != NULL; /* adopts it from the scope */
     nb_scope_end();
     return ok;
 }
