@@ -25,6 +25,11 @@ struct nb_gpt_pipe {
     nb_module *ln_f;
     /* the current step's micro-batches */
     nb_tensor **mx, **my;
+    /* dropout: the stream positions one process would be at (see set_dropout_offset) */
+    nb_generator *drop;                /* NULL: no dropout this step */
+    uint64_t drop_base, d_emb, d_blk;  /* step start; draws of the embedding dropout, a block */
+    int64_t drop_b, drop_T;            /* the micro-batch shape d_emb and d_blk were counted for */
+    int64_t micro0;                    /* this dp rank's first micro-batch in the global order */
 };
 
 static const nb_module_vtable stage_vt = {.type_name = "GPTPipeStage"};
@@ -187,9 +192,44 @@ static nb_tensor *stage_dropout(const nb_gpt_pipe *p, nb_tensor *x) {
     return nb_dropout(x, p->cfg.dropout, true, p->cfg.dropout_gen);
 }
 
+/* Dropout gives one process's masks whatever the layout: one process draws, for global
+ * micro-batch j (dp rank d's micro-batch i is j = d m + i), the embedding's mask and then each
+ * block's in order, from the offset base + j (d_emb + n_layer d_blk) on; the backward draws
+ * nothing. So before stage s computes micro-batch i its generator is put where one process
+ * would be at stage s's first layer. */
+static void set_dropout_offset(nb_gpt_pipe *p, int s, int micro) {
+    const uint64_t per = p->d_emb + (uint64_t)p->cfg.n_layer * p->d_blk;
+    uint64_t at = p->drop_base + (uint64_t)(p->micro0 + micro) * per;
+    if (s > 0) at += p->d_emb + (uint64_t)p->bounds[s] * p->d_blk;
+    nb_generator_set_offset(p->drop, at);
+}
+
+/* Count the draws of the embedding's dropout and of one block for micro-batches (b, T), by
+ * running them on zeros and rewinding the stream. */
+static nb_status count_dropout_draws(nb_gpt_pipe *p, int64_t b, int64_t T) {
+    if (p->drop_b == b && p->drop_T == T) return NB_OK;
+    const uint64_t base = nb_generator_offset(p->drop);
+    nb_module *blk = NULL;
+    for (int64_t i = 0; i < p->cfg.n_layer && !blk; i++) blk = p->blocks[i];
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_tensor *z = nb_zeros((int64_t[]){b, T, p->cfg.n_embd}, 3, NB_F32);
+    nb_status st = z && nb_dropout(z, p->cfg.dropout, true, p->drop) ? NB_OK : nb_last_status();
+    p->d_emb = nb_generator_offset(p->drop) - base;
+    nb_generator_set_offset(p->drop, base);
+    if (st == NB_OK && !nb_forward(blk, z)) st = nb_last_status();
+    p->d_blk = nb_generator_offset(p->drop) - base;
+    nb_generator_set_offset(p->drop, base);
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    if (st == NB_OK) p->drop_b = b, p->drop_T = T;
+    return st;
+}
+
 static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
     nb_gpt_pipe *p = ctx;
     const int s = chunk * p->p + p->r;
+    if (p->drop) set_dropout_offset(p, s, micro);
     nb_tensor *x = input;
     if (s == 0) {
         nb_tensor *idx = p->mx[micro];
@@ -262,6 +302,14 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
     nb_status st = nb_zero_grad(opt);
     if (st != NB_OK) return NAN;
     const int64_t b = B / m;
+    const int n_dp = p->dp ? nb_comm_size(p->dp) : 1;
+    p->drop = NULL;
+    if (p->cfg.dropout > 0 && nb_module_is_training(p->root)) {
+        p->drop = p->cfg.dropout_gen ? p->cfg.dropout_gen : nb_default_generator();
+        if (count_dropout_draws(p, b, T) != NB_OK) return NAN;
+        p->drop_base = nb_generator_offset(p->drop);
+        p->micro0 = (int64_t)(p->dp ? nb_comm_rank(p->dp) : 0) * m;
+    }
     nb_scope_begin();
     for (int i = 0; i < m; i++) {
         p->mx[i] = nb_narrow(x, 0, i * b, b);
@@ -272,6 +320,9 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
                        .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32};
     double loss = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
     nb_scope_end();
+    if (p->drop) /* where one process would be after the global batch's n_dp m micro-batches */
+        nb_generator_set_offset(p->drop, p->drop_base + (uint64_t)(n_dp * m) *
+                                             (p->d_emb + (uint64_t)p->cfg.n_layer * p->d_blk));
     if (isnan(loss) && nb_last_status() != NB_OK) return NAN;
 
     const double t0 = nb_time_s();
@@ -364,19 +415,24 @@ nb_status nb_gpt_pipe_save(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64
     st = agree(p->pp, st);
     st = agree(p->dp, st);
     if (st == NB_OK && writer && p->r == 0) {
-        char path[4096], stages[32], steps[32];
+        char path[4096], stages[32], steps[32], drop[32];
         snprintf(path, sizeof path, "%s/index.safetensors", dir);
         snprintf(stages, sizeof stages, "%d", p->p);
         snprintf(steps, sizeof steps, "%lld", (long long)step);
-        const char *keys[] = {"format", "pipe_stages", "step"}, *vals[] = {"nabla-pipe", stages, steps};
-        st = nb_safetensors_save(path, NULL, NULL, 0, keys, vals, 3);
+        /* the dropout stream's position (the same on every rank between steps) */
+        snprintf(drop, sizeof drop, "%llu", p->cfg.dropout_gen ? (unsigned long long)
+                 nb_generator_offset(p->cfg.dropout_gen) : 0ULL);
+        const char *keys[] = {"format", "pipe_stages", "step", "dropout_offset"},
+                   *vals[] = {"nabla-pipe", stages, steps, drop};
+        st = nb_safetensors_save(path, NULL, NULL, 0, keys, vals, p->cfg.dropout_gen ? 4 : 3);
     }
     st = agree(p->pp, st);
     return agree(p->dp, st);
 }
 
 /* The stage files of dir (P of them, from the index); *step from it. */
-static nb_safetensors **open_stages(const char *dir, int *P, int64_t *step, const char *who) {
+static nb_safetensors **open_stages(const char *dir, int *P, int64_t *step, const char *who,
+                                    const char **drop_offset_out, char *drop_buf) {
     char path[4096];
     snprintf(path, sizeof path, "%s/index.safetensors", dir);
     nb_safetensors *ix = nb_safetensors_open(path);
@@ -388,6 +444,11 @@ static nb_safetensors **open_stages(const char *dir, int *P, int64_t *step, cons
     const char *s = nb_safetensors_metadata(ix, "pipe_stages"), *k = nb_safetensors_metadata(ix, "step");
     *P = s ? atoi(s) : 0;
     if (step) *step = k ? atoll(k) : 0;
+    if (drop_offset_out) { /* copied: the index closes here */
+        const char *d = nb_safetensors_metadata(ix, "dropout_offset");
+        if (d) snprintf(drop_buf, 32, "%s", d);
+        *drop_offset_out = d ? drop_buf : NULL;
+    }
     nb_safetensors_close(ix);
     if (*P < 1) {
         nb_set_error(NB_EFORMAT, "%s: %s/index.safetensors names no stage count", who, dir);
@@ -428,7 +489,9 @@ static bool has_param(const nb_params *ps, const char *name) {
 static nb_status load_local(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step) {
     const char *who = "nb_gpt_pipe_load";
     int P;
-    nb_safetensors **f = open_stages(dir, &P, step, who);
+    const char *drop = NULL;
+    char drop_buf[32];
+    nb_safetensors **f = open_stages(dir, &P, step, who, &drop, drop_buf);
     if (!f) return nb_last_status();
     const nb_params *ps = nb_parameters(p->root);
     nb_status st = NB_OK;
@@ -469,6 +532,8 @@ static nb_status load_local(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int6
         for (int i = 0; st == NB_OK && i < ps->count; i++) st = nb_copy_(ps->tensors[i], src[i]);
         nb_set_grad_enabled(prev);
     }
+    if (st == NB_OK && drop && p->cfg.dropout_gen)
+        st = nb_generator_set_offset(p->cfg.dropout_gen, strtoull(drop, NULL, 10));
     nb_state_list_deinit(&l);
     free(src);
     nb_scope_end();
@@ -486,7 +551,7 @@ nb_status nb_gpt_pipe_load(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64
 nb_status nb_gpt_pipe_consolidate(const char *dir, const char *out) {
     if (!dir || !out) return nb_set_error(NB_ENULL, "nb_gpt_pipe_consolidate: NULL argument");
     int P;
-    nb_safetensors **f = open_stages(dir, &P, NULL, "nb_gpt_pipe_consolidate");
+    nb_safetensors **f = open_stages(dir, &P, NULL, "nb_gpt_pipe_consolidate", NULL, NULL);
     if (!f) return nb_last_status();
     nb_state_list l = {0};
     nb_status st = NB_OK;

@@ -137,6 +137,11 @@ typedef struct nb_gpt_pipe nb_gpt_pipe;
  * Initial values are those of nb_gpt_new(cfg, init) whatever the layout (init must be in the
  * same state on every rank; the draws of other stages' tensors are made and dropped). dp
  * (may be NULL) is the data-parallel group of this stage: gradients are averaged over it.
+ * Dropout (cfg.dropout > 0, in training mode) draws one process's masks whatever the
+ * layout: cfg.dropout_gen (NULL: the thread's default generator; the same seed on every
+ * rank) is set, before each stage computes a micro-batch, to the position one process
+ * running the global batch's micro-batches in order would be at, and after the step to
+ * where that process would end.
  * Errors (on every rank alike, before any communication): fewer layers than stages,
  * bad boundaries, v > 1 without the interleaved schedule, n_micro < 1, and interleaved with
  * n_micro not a multiple of p. Collective over pp. */
@@ -161,7 +166,8 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
 /* ---- checkpoints across layouts ------------------------------------------------------------ */
 /* A pipeline checkpoint is a directory: stage-<r>-of-<P>.safetensors for each pipeline rank
  * ("model.<name>" and "optim.<entry>" under the full model's names: nb_optim_state's entries
- * for the stage's parameters) and index.safetensors (metadata: the stage count and step),
+ * for the stage's parameters) and index.safetensors (metadata: the stage count, the step and
+ * the position of cfg.dropout_gen, restored on load when the pipeline has one),
  * written last, so the checkpoint exists only once its index does. Data-parallel rank 0 of
  * each stage writes; the others only agree. nb_gpt_pipe_load reads such a directory into a
  * pipeline of any layout (any p, v, boundaries, dp; p = 1 is one process): each rank takes

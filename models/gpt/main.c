@@ -261,9 +261,9 @@ static int parse_args(int argc, char **argv, args *a) {
         return 2;
     }
     if (a->pp && (a->zero || a->grad_accum != 1 || a->log || a->tensorboard || a->keep ||
-                  a->save_every || a->dropout > 0)) {
+                  a->save_every)) {
         fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum and does "
-                "not take --zero, --log, --tensorboard, --keep, --save-every or --dropout yet\n");
+                "not take --zero, --log, --tensorboard, --keep or --save-every yet\n");
         return 2;
     }
     if (a->sample && !a->load) {
@@ -886,7 +886,8 @@ static void teardown(run *r) {
 static int run_pipe(const args *a) {
     gpt_pipe_args p = {
         .cfg = {.block_size = a->block_size, .n_layer = a->n_layer, .n_head = a->n_head,
-                .n_embd = a->n_embd, .no_bias = !a->bias, .gelu_tanh = a->gelu_tanh != 0},
+                .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
+                .gelu_tanh = a->gelu_tanh != 0},
         .steps = a->steps, .batch = a->batch, .pp = a->pp,
         .microbatches = a->microbatches ? a->microbatches : 4,
         .virtual_stages = a->virtual_stages ? a->virtual_stages : 1,

@@ -36,7 +36,7 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
     nb_optim *opt = NULL;
     nb_sched *sched = NULL;
     nb_params decay = {0}, no_decay = {0};
-    nb_generator *init = NULL, *batch_gen = NULL;
+    nb_generator *init = NULL, *batch_gen = NULL, *drop_gen = NULL;
     nb_tensor *train = NULL, *val = NULL, *X = NULL, *Y = NULL;
     double *times = NULL;
     nb_pipe_schedule ps;
@@ -65,12 +65,16 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
     dp = nb_comm_split(world, rank % P, rank);
     init = nb_generator_new(a->seed);
     batch_gen = nb_generator_new(a->seed + 1234);
+    /* dropout: one stream (main.c's seed), positioned by the pipeline as one process's */
+    drop_gen = nb_generator_new(a->seed + 4321);
+    nb_gpt_config cfg = a->cfg;
+    cfg.dropout_gen = drop_gen;
     nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
     po.schedule = ps;
     po.n_micro = K;
     po.virtual_stages = (int)a->virtual_stages;
-    if (!pp || !dp || !init || !batch_gen ||
-        !(pipe = nb_gpt_pipe_new(&a->cfg, init, pp, dp, &po))) {
+    if (!pp || !dp || !init || !batch_gen || !drop_gen ||
+        !(pipe = nb_gpt_pipe_new(&cfg, init, pp, dp, &po))) {
         SAY(rank, "%s\n", nb_last_error());
         goto done;
     }
@@ -215,6 +219,7 @@ done:
     nb_gpt_pipe_free(pipe);
     nb_generator_free(init);
     nb_generator_free(batch_gen);
+    nb_generator_free(drop_gen);
     nb_comm_free(pp);
     nb_comm_free(dp);
     nb_comm_free(world);

@@ -10,7 +10,7 @@
 
 /* The flags of a pipeline run (main.c's, copied). */
 typedef struct gpt_pipe_args {
-    nb_gpt_config cfg;           /* the model (dropout_gen unused) */
+    nb_gpt_config cfg;           /* the model (dropout_gen: set by gpt_pipe_train) */
     int64_t steps, batch;        /* batch: the global batch per step, in sequences */
     int64_t pp, microbatches, virtual_stages;
     const char *pp_schedule;     /* gpipe, 1f1b, interleaved */

@@ -42,7 +42,7 @@ static double tensor_rel_diff(nb_tensor *a, nb_tensor *b) {
 
 /* Train with pp ranks per pipeline (consecutive world ranks) and world / pp data-parallel
  * replicas; compare with one process on the global batch. */
-static void check_layout(int pp_size, nb_pipe_schedule sched, int v) {
+static void check_layout_ex(int pp_size, nb_pipe_schedule sched, int v, double dropout) {
     const int dp_size = mt_size / pp_size, r = mt_rank;
     nb_comm *pp = nb_comm_split(mt_world, r / pp_size, r);
     nb_comm *dp = nb_comm_split(mt_world, r % pp_size, r);
@@ -59,8 +59,14 @@ static void check_layout(int pp_size, nb_pipe_schedule sched, int v) {
     po.n_micro = MICRO;
     po.virtual_stages = v;
     nb_generator *g1 = nb_generator_new(11), *g2 = nb_generator_new(11), *data = nb_generator_new(5);
-    nb_gpt_pipe *pipe = nb_gpt_pipe_new(&cfg, g1, pp, dp, &po);
-    nb_module *ref = nb_gpt_new(&cfg, g2);
+    /* dropout: each side its own stream of the same seed */
+    nb_generator *d1 = nb_generator_new(3), *d2 = nb_generator_new(3);
+    nb_gpt_config c1 = cfg, c2 = cfg;
+    c1.dropout = c2.dropout = dropout;
+    c1.dropout_gen = d1;
+    c2.dropout_gen = d2;
+    nb_gpt_pipe *pipe = nb_gpt_pipe_new(&c1, g1, pp, dp, &po);
+    nb_module *ref = nb_gpt_new(&c2, g2);
     MT_CHECK(pipe && ref, "build: %s", nb_last_error());
     /* SGD with momentum: Adam divides by sqrt(v), so elements whose gradient is near zero
      * turn the last-bit differences of a different summation order (the dp average, the
@@ -126,9 +132,15 @@ static void check_layout(int pp_size, nb_pipe_schedule sched, int v) {
     nb_generator_free(g1);
     nb_generator_free(g2);
     nb_generator_free(data);
+    nb_generator_free(d1);
+    nb_generator_free(d2);
     nb_comm_free(pp);
     nb_comm_free(dp);
     MT_END();
+}
+
+static void check_layout(int pp_size, nb_pipe_schedule sched, int v) {
+    check_layout_ex(pp_size, sched, v, 0);
 }
 
 START_TEST(test_pipe_gpipe) { check_layout(mt_size, NB_PIPE_GPIPE, 1); }
@@ -146,6 +158,15 @@ START_TEST(test_pipe_dp_x_pp) {
     check_layout(mt_size / 2, NB_PIPE_1F1B, 1);
     check_layout(mt_size / 2, NB_PIPE_GPIPE, 1);
     check_layout(mt_size / 2, NB_PIPE_INTERLEAVED, 2);
+}
+END_TEST
+
+/* Dropout: the stages put their stream where one process would be, so the masks, and the
+ * losses and weights, are the same as one process's whatever the layout. */
+START_TEST(test_pipe_dropout) {
+    check_layout_ex(mt_size, NB_PIPE_1F1B, 1, 0.1);
+    check_layout_ex(mt_size, NB_PIPE_INTERLEAVED, 2, 0.1);
+    if (mt_size >= 2) check_layout_ex(mt_size / 2, NB_PIPE_GPIPE, 1, 0.1); /* with dp 2 */
 }
 END_TEST
 
@@ -316,6 +337,7 @@ Suite *mt_suite_pipeline(void) {
     tcase_add_test(tc, test_pipe_1f1b);
     tcase_add_test(tc, test_pipe_interleaved);
     tcase_add_test(tc, test_pipe_dp_x_pp);
+    tcase_add_test(tc, test_pipe_dropout);
     tcase_add_test(tc, test_pipe_bad_layouts);
     tcase_add_test(tc, test_pipe_checkpoint_layouts);
     suite_add_tcase(s, tc);
