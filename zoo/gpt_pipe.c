@@ -58,6 +58,56 @@ void nb_gpt_pipe_free(nb_gpt_pipe *p) {
     free(p);
 }
 
+/* Parameters of one block, and those outside the blocks on stage s of S (gpt.h's names). */
+static int64_t block_params(const nb_gpt_config *c) {
+    const int64_t C = c->n_embd;
+    return 12 * C * C + (c->no_bias ? 2 * C : 13 * C);
+}
+static int64_t extra_params(const nb_gpt_config *c, int s, int S) {
+    const int64_t C = c->n_embd, wte = c->vocab_size * C;
+    int64_t e = 0;
+    if (s == 0) e += wte + c->block_size * C;                       /* wte, wpe */
+    if (s == S - 1) e += (s == 0 ? 0 : wte) + (c->no_bias ? C : 2 * C); /* the head's wte, ln_f */
+    return e;
+}
+
+/* The layer counts (each >= 1) that minimize the largest stage's parameters: the least bound M
+ * whose per-stage capacities floor((M - extra) / block) hold every layer (binary search), then
+ * each layer to the stage with the fewest parameters that has room. S <= n_layer. */
+static void balance(const nb_gpt_config *c, int S, int64_t *bounds) {
+    const int64_t Pb = block_params(c), L = c->n_layer;
+    int64_t lo = 0, hi = 0;
+    for (int s = 0; s < S; s++) {
+        int64_t e = extra_params(c, s, S) + Pb;
+        if (e > lo) lo = e;
+    }
+    hi = lo + L * Pb; /* always enough */
+    while (lo < hi) {
+        int64_t M = lo + (hi - lo) / 2, room = 0;
+        bool ok = true;
+        for (int s = 0; s < S && ok; s++) {
+            int64_t cap = (M - extra_params(c, s, S)) / Pb;
+            ok = cap >= 1;
+            room += cap;
+        }
+        if (ok && room >= L) hi = M;
+        else lo = M + 1;
+    }
+    int64_t *n = bounds + 1; /* counts first, prefix sums after */
+    for (int s = 0; s < S; s++) n[s] = 1;
+    for (int64_t left = L - S; left > 0; left--) {
+        int best = -1;
+        int64_t best_cost = 0;
+        for (int s = 0; s < S; s++) {
+            int64_t cost = extra_params(c, s, S) + (n[s] + 1) * Pb;
+            if (cost <= lo && (best < 0 || cost < best_cost)) best = s, best_cost = cost;
+        }
+        n[best]++; /* lo has room for every layer, so some stage does */
+    }
+    bounds[0] = 0;
+    for (int s = 0; s < S; s++) bounds[s + 1] += bounds[s];
+}
+
 /* Checks that need no communication, so every rank reports the same error. */
 static bool check_layout(const nb_gpt_config *c, const nb_gpt_pipe_opts *o, int p, int S,
                          int64_t *bounds) {
@@ -91,6 +141,8 @@ static bool check_layout(const nb_gpt_config *c, const nb_gpt_pipe_opts *o, int 
                          "indices from 0 to n_layer (%lld)", S + 1, (long long)c->n_layer);
             return false;
         }
+    } else if (o->balance_params && S > 1) {
+        balance(c, S, bounds);
     } else {
         int64_t base = c->n_layer / S, extra = c->n_layer % S;
         bounds[0] = 0;

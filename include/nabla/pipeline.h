@@ -122,9 +122,14 @@ typedef struct nb_gpt_pipe_opts {
     nb_pipe_schedule schedule; /* NB_PIPE_1F1B */
     int n_micro;               /* micro-batches per step: 4; must divide the batch */
     int virtual_stages;        /* 1; > 1 needs NB_PIPE_INTERLEAVED */
-    const int64_t *boundaries; /* NULL: layers split evenly over the S stages (the first
-                                * stages take one more when S does not divide n_layer); else
-                                * S + 1 increasing layer indices from 0 to n_layer */
+    const int64_t *boundaries; /* NULL: split by `balance`; else S + 1 increasing layer
+                                * indices from 0 to n_layer */
+    bool balance_params;       /* false: layers split evenly over the S stages (the first
+                                * stages take one more when S does not divide n_layer);
+                                * true: the split that makes the largest stage's parameter
+                                * count smallest, counting wte and wpe on the first stage and
+                                * wte and ln_f on the last (a large vocabulary leaves them
+                                * fewer blocks) */
 } nb_gpt_pipe_opts;
 nb_gpt_pipe_opts nb_gpt_pipe_defaults(void);
 

@@ -170,6 +170,47 @@ START_TEST(test_pipe_dropout) {
 }
 END_TEST
 
+/* balance_params: with a vocabulary of 512 (wte is 2.5 blocks) on 4 stages, the first and
+ * last stage get one block each and the middle ones three (even: 2 each, the largest stage
+ * 14880 parameters instead of 11600); the step still equals one process's. */
+START_TEST(test_pipe_balance) {
+    nb_gpt_config big = cfg;
+    big.vocab_size = 512;
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.balance_params = true;
+    nb_generator *g1 = nb_generator_new(4), *g2 = nb_generator_new(4);
+    nb_gpt_pipe *p = nb_gpt_pipe_new(&big, g1, mt_world, NULL, &po);
+    nb_module *ref = nb_gpt_new(&big, g2);
+    MT_CHECK(p && ref, "build: %s", nb_last_error());
+    int S = 0;
+    const int64_t *b = p ? nb_gpt_pipe_boundaries(p, &S) : NULL;
+    const int64_t want[3][5] = {{0, 8}, {0, 4, 8}, {0, 1, 4, 7, 8}};
+    const int w = mt_size == 4 ? 2 : mt_size - 1;
+    for (int s = 0; b && s <= S; s++)
+        MT_CHECK(b[s] == want[w][s], "%d stages: boundary %d is %lld, expected %lld", S, s,
+                 (long long)b[s], (long long)want[w][s]);
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1;
+    nb_optim *opt = p ? nb_sgd_new(nb_parameters(nb_gpt_pipe_module(p)), &so) : NULL;
+    nb_optim *ropt = ref ? nb_sgd_new(nb_parameters(ref), &so) : NULL;
+    nb_scope_begin();
+    nb_tensor *x = nb_randint((int64_t[]){MICRO * MB, SEQ}, 2, NB_I64, 0, 512, g1);
+    nb_tensor *xs[MICRO];
+    for (int i = 0; i < MICRO; i++) xs[i] = nb_narrow(x, 0, i * MB, MB);
+    double l = opt ? nb_gpt_pipe_train_step(p, opt, x, x, 0, NULL, NULL) : NAN;
+    double rl = ropt ? nb_gpt_train_step(ref, ropt, NULL, xs, xs, MICRO, 0, NULL) : NAN;
+    MT_CHECK(rel_diff(l, rl) <= 1e-5, "balanced split: loss %.9g vs %.9g", l, rl);
+    nb_scope_end();
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_gpt_pipe_free(p);
+    nb_module_free(ref);
+    nb_generator_free(g1);
+    nb_generator_free(g2);
+    MT_END();
+}
+END_TEST
+
 /* Bad layouts: the same clear error on every rank, before any communication. */
 START_TEST(test_pipe_bad_layouts) {
     nb_gpt_config small = cfg;
@@ -338,6 +379,7 @@ Suite *mt_suite_pipeline(void) {
     tcase_add_test(tc, test_pipe_interleaved);
     tcase_add_test(tc, test_pipe_dp_x_pp);
     tcase_add_test(tc, test_pipe_dropout);
+    tcase_add_test(tc, test_pipe_balance);
     tcase_add_test(tc, test_pipe_bad_layouts);
     tcase_add_test(tc, test_pipe_checkpoint_layouts);
     suite_add_tcase(s, tc);
