@@ -323,7 +323,6 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
         nb_tensor_free(R.sends[i].keep);
     }
     R.wait_s += nb_time_s() - t0;
-    const double step_s = nb_time_s() - t_start;
     for (int i = 0; R.in && R.out && i < R.m * R.v; i++) {
         nb_tensor_free(R.in[i]);
         nb_tensor_free(R.out[i]);
@@ -336,22 +335,25 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
     free(R.mail);
     if (st != NB_OK) return NAN;
 
-    /* The loss from the last stage and the mean bubble, in one allreduce. */
-    double bubble = step_s > 0 ? 1.0 - R.compute_s / step_s : 0;
+    /* The loss from the last stage and the mean compute time, in one allreduce, which also
+     * ends the step together on every rank: the bubble is the idle share of that common step
+     * (a rank that finishes early is idle until the last one does). */
     double loss = NAN;
     nb_scope_begin();
-    double v2[2] = {R.r == (R.S - 1) % R.p ? loss_sum / R.m : 0, bubble / R.p};
+    double v2[2] = {R.r == (R.S - 1) % R.p ? loss_sum / R.m : 0, R.compute_s / R.p};
     nb_tensor *t = nb_from_buffer(v2, (int64_t[]){2}, 1, NB_F64);
     st = t ? nb_allreduce(pp, t, NB_REDUCE_SUM) : nb_last_status();
     if (st == NB_OK) st = nb_read(t, v2, 2, NB_F64);
     nb_scope_end();
+    const double common_s = nb_time_s() - t_start;
     if (st != NB_OK) return NAN;
+    const double bubble = common_s > 0 ? 1.0 - v2[1] / common_s : 0;
     loss = v2[0];
     if (stats) {
-        stats->step_s = step_s;
+        stats->step_s = common_s;
         stats->compute_s = R.compute_s;
         stats->wait_s = R.wait_s;
-        stats->bubble = v2[1];
+        stats->bubble = bubble;
         stats->bubble_theory = nb_pipe_bubble_theory(o->schedule, R.p, R.m, R.v);
         stats->peak_live_micro = R.peak_live;
     }

@@ -45,8 +45,8 @@
  * interleaved 1F1B is Megatron-LM's schedule over v chunks per rank (m must be a multiple of
  * p). Ideal bubble fractions (idle time over step time, equal stage costs):
  * (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) interleaved
- * (nb_pipe_bubble_theory). The measured one is 1 - compute time / step time on each rank,
- * averaged over the stages.
+ * (nb_pipe_bubble_theory). The measured one is 1 - (compute time, averaged over the
+ * stages) / (the step's time until the last stage is done).
  *
  * Ownership: communicators, generators and optimizers are borrowed. nb_gpt_pipe_new returns
  * a pipeline the caller frees with nb_gpt_pipe_free (after any optimizer over its module). */
@@ -81,10 +81,12 @@ double nb_pipe_bubble_theory(nb_pipe_schedule s, int p, int m, int v);
 
 /* One step's figures on this rank (the averages over the pipeline group where said). */
 typedef struct nb_pipe_stats {
-    double step_s;        /* wall time of the forward and backward passes (this rank) */
+    double step_s;        /* wall time of the forward and backward passes, until every
+                           * stage is done */
     double compute_s;     /* of which computing forward and backward (this rank) */
     double wait_s;        /* of which waiting for activations, gradients and sends */
-    double bubble;        /* 1 - compute_s / step_s, averaged over the pipeline group */
+    double bubble;        /* the idle share of the step: 1 - (mean compute_s over the
+                           * pipeline group) / (the step until every rank is done) */
     double bubble_theory; /* nb_pipe_bubble_theory for this layout */
     double comm_s;        /* gradient communication after the passes (tied embedding, data
                            * parallel, norm): exposed, not overlapped */
