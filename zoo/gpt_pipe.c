@@ -315,6 +315,7 @@ static nb_status local_sq(const nb_gpt_pipe *p, const nb_params *ps, double *out
     return st;
 }
 
+/* Every gradient (or only `only`'s) reduced over c, one after the other. */
 static nb_status allreduce_grads(nb_comm *c, const nb_params *ps, nb_tensor *only,
                                  nb_reduce_op op) {
     nb_status st = NB_OK;

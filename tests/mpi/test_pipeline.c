@@ -229,6 +229,12 @@ START_TEST(test_pipe_bad_layouts) {
              nb_last_error());
     nb_gpt_pipe_free(p);
     po = nb_gpt_pipe_defaults();
+    int64_t bad[5] = {0, 3, 3, 5, 8}; /* an empty stage (or, on fewer ranks, not ending at 8) */
+    po.boundaries = bad;
+    p = nb_gpt_pipe_new(&cfg, NULL, mt_world, NULL, &po);
+    MT_CHECK(!p && strstr(nb_last_error(), "boundaries"), "bad boundaries: %s", nb_last_error());
+    nb_gpt_pipe_free(p);
+    po = nb_gpt_pipe_defaults();
     po.n_micro = 3;
     p = nb_gpt_pipe_new(&cfg, NULL, mt_world, NULL, &po);
     MT_CHECK(p != NULL, "build: %s", nb_last_error());
