@@ -344,8 +344,13 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
     nb_tensor *t = nb_from_buffer(v2, (int64_t[]){2}, 1, NB_F64);
     st = t ? nb_allreduce(pp, t, NB_REDUCE_SUM) : nb_last_status();
     if (st == NB_OK) st = nb_read(t, v2, 2, NB_F64);
+    /* The step's time is the longest rank's: a rank that started late (busy before the step)
+     * would otherwise see the others' compute in less time than it took. */
+    double common_s = nb_time_s() - t_start;
+    nb_tensor *c = st == NB_OK ? nb_from_buffer(&common_s, (int64_t[]){1}, 1, NB_F64) : NULL;
+    if (st == NB_OK) st = c ? nb_allreduce(pp, c, NB_REDUCE_MAX) : nb_last_status();
+    if (st == NB_OK) st = nb_read(c, &common_s, 1, NB_F64);
     nb_scope_end();
-    const double common_s = nb_time_s() - t_start;
     if (st != NB_OK) return NAN;
     const double bubble = common_s > 0 ? 1.0 - v2[1] / common_s : 0;
     loss = v2[0];

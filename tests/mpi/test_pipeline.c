@@ -79,7 +79,9 @@ static void check_layout_ex(int pp_size, nb_pipe_schedule sched, int v, double d
     nb_optim *opt = pipe ? nb_sgd_new(nb_parameters(nb_gpt_pipe_module(pipe)), &so) : NULL;
     nb_optim *ropt = ref ? nb_sgd_new(nb_parameters(ref), &so) : NULL;
     const int64_t G = (int64_t)dp_size * MICRO * MB; /* the global batch */
-    for (int step = 0; step < STEPS && opt && ropt && !mt_failed(); step++) {
+    /* every rank runs every step (a rank that stopped at its own failure would leave the
+     * others waiting); the checks only record */
+    for (int step = 0; step < STEPS && opt && ropt; step++) {
         nb_scope_begin();
         nb_tensor *X = nb_randint((int64_t[]){G, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
         nb_tensor *Y = nb_randint((int64_t[]){G, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
@@ -287,7 +289,7 @@ static void trainer_free(trainer *t) {
 static void train_steps(trainer *t, int from, int to, double *losses) {
     const int dp_size = nb_comm_size(t->dp), d = nb_comm_rank(t->dp);
     const int64_t B = (int64_t)MICRO * MB * 4 / dp_size; /* global batch 4 * MICRO * MB */
-    for (int step = from; step < to && !mt_failed(); step++) {
+    for (int step = from; step < to; step++) { /* every rank, every step */
         nb_scope_begin();
         nb_generator *data = nb_generator_new(100 + (uint64_t)step);
         nb_tensor *X = nb_randint((int64_t[]){B * dp_size, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
@@ -328,7 +330,7 @@ START_TEST(test_pipe_checkpoint_layouts) {
     nb_comm *self = nb_comm_self();
     nb_comm *layouts[2] = {mt_world, self};
     const int pps[2] = {mt_size, 1};
-    for (int k = 0; k < 2 && !mt_failed(); k++) {
+    for (int k = 0; k < 2; k++) { /* collective: every rank, whatever it recorded */
         if (trainer_new(&t, layouts[k], pps[k], k ? NB_PIPE_GPIPE : NB_PIPE_INTERLEAVED)) {
             int64_t step = -1;
             MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dir, &step));
