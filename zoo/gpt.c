@@ -4,6 +4,7 @@
  * (nabla/gpt.h). Part of the library, but written on its public API only, as a program
  * would write it (docs/architecture.md, "Layers and backends"). */
 #include "nabla/nabla.h"
+#include "zoo/gpt_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -115,11 +116,10 @@ static nb_module *make_layernorm(nb_module *parent, const char *name, const nb_g
     return l;
 }
 
-static nb_module *make_block(nb_module *list, const nb_gpt_config *c, nb_generator *gen) {
+/* Fills Block b's children (ln_1, attn, ln_2, mlp), drawing from gen in nb_gpt_new's order. */
+static nb_module *fill_block(nb_module *b, const nb_gpt_config *c, nb_generator *gen) {
     const int64_t C = c->n_embd;
     const double proj_std = 0.02 / sqrt(2.0 * (double)c->n_layer); /* GPT-2's scaled init */
-    nb_module *b = nb_module_new(&block_vt, (void *)(uintptr_t)c);
-    if (!b || nb_module_list_append(list, b) != NB_OK) return NULL; /* the list took b over */
     if (c->recompute == NB_GPT_RECOMPUTE_FULL) nb_module_set_recompute(b, true, c->dropout_gen);
     nb_module *attn, *mlp;
     if (!make_layernorm(b, "ln_1", c) ||
@@ -131,6 +131,12 @@ static nb_module *make_block(nb_module *list, const nb_gpt_config *c, nb_generat
         !make_linear(mlp, "c_proj", 4 * C, C, proj_std, c, gen))
         return NULL;
     return b;
+}
+
+static nb_module *make_block(nb_module *list, const nb_gpt_config *c, nb_generator *gen) {
+    nb_module *b = nb_module_new(&block_vt, (void *)(uintptr_t)c);
+    if (!b || nb_module_list_append(list, b) != NB_OK) return NULL; /* the list took b over */
+    return fill_block(b, c, gen);
 }
 
 static bool resolve(const nb_gpt_config *in, nb_gpt_config *c) {
@@ -163,6 +169,22 @@ static bool resolve(const nb_gpt_config *in, nb_gpt_config *c) {
         return false;
     }
     return true;
+}
+
+/* ---- for the pipeline stages (zoo/gpt_impl.h, zoo/gpt_pipe.c) ---------------------------- */
+bool nb__gpt_resolve(const nb_gpt_config *in, nb_gpt_config *out) { return resolve(in, out); }
+
+nb_module *nb__gpt_block_new(const nb_gpt_config *c, nb_generator *gen) {
+    nb_module *b = nb_module_new(&block_vt, (void *)(uintptr_t)c);
+    if (b && !fill_block(b, c, gen)) {
+        nb_module_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+nb_module *nb__gpt_add_layernorm(nb_module *parent, const char *name, const nb_gpt_config *c) {
+    return make_layernorm(parent, name, c);
 }
 
 nb_module *nb_gpt_new(const nb_gpt_config *cfg, nb_generator *init) {

@@ -32,6 +32,7 @@
 #include "nabla/tp.h"
 #include "nabla/gpt.h"
 #include "nabla/gpt_tp.h"
+#include "nabla/pipeline.h"
 #include "nabla/run.h"
 #include "nabla/summary.h"
 #include "nabla/trace.h"

@@ -25,6 +25,7 @@
 
 #include "ft.h"
 #include "guard.h"
+#include "pipe.h"
 
 /* --comm-timeout, --on-nonfinite, --max-skips (guard.h), and the skipped steps' count */
 static nbm_guard guard;
@@ -46,6 +47,8 @@ typedef struct args {
     const char *save, *resume, *log, *override, *tensorboard;
     int64_t threads, zero, tp;
     bool sequence_parallel;
+    int64_t pp, microbatches, virtual_stages; /* --pp: pipeline parallel (models/gpt/pipe.c) */
+    const char *pp_schedule;
     uint64_t seed;
     /* sampling */
     bool sample;
@@ -103,6 +106,11 @@ static void usage(const args *a, FILE *out) {
             "                   nb_ddp over dp; default 1); --save writes the 1-rank model's\n"
             "                   checkpoint, which any layout resumes; not with --zero yet\n"
             "  --sequence-parallel  with --tp: layer norms and dropout on sequence shards\n"
+            "  --pp M           pipeline parallel over M stages (mpirun -np dp*M); --batch is\n"
+            "                   then the global batch per step (models/gpt/pipe.c, docs/distributed.md)\n"
+            "  --microbatches K micro-batches per step with --pp (default 4)\n"
+            "  --pp-schedule S  gpipe, 1f1b or interleaved (default 1f1b)\n"
+            "  --virtual-stages V  chunks per rank with --pp-schedule interleaved (default 1)\n"
             "  --seed N         initialization, batch order, dropout (default %llu)\n"
             "sampling:\n"
             "  --load FILE      a checkpoint or model .safetensors (--n-head must match)\n"
@@ -143,7 +151,9 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE},
                  {"--override", TRAIN},    {"--tensorboard", TRAIN}, {"--zero", TRAIN},
                  {"--keep", TRAIN},        {"--async-save", TRAIN},
-                 {"--checkpoint-activations", TRAIN}, {"--tp", TRAIN}};
+                 {"--checkpoint-activations", TRAIN}, {"--tp", TRAIN},
+                 {"--pp", TRAIN},          {"--microbatches", TRAIN},
+                 {"--pp-schedule", TRAIN}, {"--virtual-stages", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -212,6 +222,8 @@ static int parse_args(int argc, char **argv, args *a) {
         STR("--checkpoint-activations", recompute);
         I64("--threads", threads, 0, NB_MAX_THREADS); I64("--zero", zero, 0, 3);
         I64("--tp", tp, 1, 65536);
+        I64("--pp", pp, 1, 4096); I64("--microbatches", microbatches, 1, 4096);
+        STR("--pp-schedule", pp_schedule); I64("--virtual-stages", virtual_stages, 1, 4096);
         else if (!strcmp(f, "--seed")) {
             if ((ok = nb_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
         }
@@ -293,6 +305,20 @@ static int parse_args(int argc, char **argv, args *a) {
     if (a->sample && guard.train_flag) {
         fprintf(stderr, "gpt: %s has no effect with --sample (it is a training flag)\n",
                 guard.train_flag);
+        return 2;
+    }
+    /* The pipeline's flags go together; what it does not do yet is refused, not ignored. */
+    const bool pipe_flags = a->microbatches || a->pp_schedule || a->virtual_stages;
+    if (!a->pp && pipe_flags) {
+        fprintf(stderr, "gpt: --microbatches, --pp-schedule and --virtual-stages need --pp\n");
+        return 2;
+    }
+    if (a->pp && (a->zero || a->grad_accum != 1 || a->log || a->tensorboard || a->keep ||
+                  a->save_every || a->tp > 1 || a->async_save || strcmp(a->recompute, "none") ||
+                  guard.train_flag)) {
+        fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum and does "
+                "not take --zero, --tp, --log, --tensorboard, --keep, --save-every, "
+                "--async-save, --checkpoint-activations, --on-nonfinite or --max-skips yet\n");
         return 2;
     }
     if (a->sample && !a->load) {
@@ -993,7 +1019,28 @@ static void teardown(run *r) {
     nb_comm_free(r->world);
 }
 
+/* --pp: the pipeline driver (models/gpt/pipe.c) with this program's flags. */
+static int run_pipe(const args *a) {
+    gpt_pipe_args p = {
+        .cfg = {.block_size = a->block_size, .n_layer = a->n_layer, .n_head = a->n_head,
+                .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
+                .gelu_tanh = a->gelu_tanh != 0},
+        .steps = a->steps, .batch = a->batch, .pp = a->pp,
+        .microbatches = a->microbatches ? a->microbatches : 4,
+        .virtual_stages = a->virtual_stages ? a->virtual_stages : 1,
+        .pp_schedule = a->pp_schedule ? a->pp_schedule : "1f1b", .lr = a->lr,
+        .weight_decay = a->weight_decay, .grad_clip = a->grad_clip, .beta1 = a->beta1,
+        .beta2 = a->beta2, .schedule = a->schedule, .warmup = a->warmup,
+        .decay_steps = a->decay_steps, .min_lr = a->min_lr, .save = a->save,
+        .resume = a->resume, .seed = a->seed, .threads = a->threads};
+    nb_tensor *text = a->data ? nb_read_bytes(a->data) : read_kjv();
+    int rc = gpt_pipe_train(&p, text);
+    nb_tensor_free(text);
+    return rc;
+}
+
 static int run_train(const args *a) {
+    if (a->pp) return run_pipe(a);
     const double t_start = nb_time_s();
     /* First, before MPI, the loader and the thread pools start threads: the stop signals are
      * then blocked in all of them and taken by nabla's signal thread (nabla/stop.h). A stop

@@ -1,0 +1,194 @@
+/* nabla/pipeline.h - pipeline parallelism: a model split into stages by layer over the ranks
+ * of a communicator, micro-batches run through the stages by a schedule (GPipe, 1F1B,
+ * interleaved 1F1B), and the GPT built and trained that way.
+ *
+ * Usage (the same binary under `mpirun -np 4`: 2 pipelines of 2 stages, data parallel):
+ *     #include "nabla/pipeline.h"
+ *     #include <math.h>
+ *     #include <stdio.h>
+ *     int main(void) {
+ *         nb_comm *world = nb_comm_world();
+ *         int pp_size = nb_comm_size(world) % 2 == 0 ? 2 : 1, r = nb_comm_rank(world);
+ *         nb_comm *pp = nb_comm_split(world, r / pp_size, r);  // consecutive ranks: a pipeline
+ *         nb_comm *dp = nb_comm_split(world, r % pp_size, r);  // same stage: data parallel
+ *         nb_gpt_config cfg = {.vocab_size = 32, .block_size = 8, .n_layer = 4, .n_head = 2,
+ *                              .n_embd = 16};
+ *         nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();      // 1F1B, 4 micro-batches
+ *         nb_generator *init = nb_generator_new(0);          // same seed on every rank
+ *         nb_gpt_pipe *pipe = nb_gpt_pipe_new(&cfg, init, pp, dp, &po);
+ *         nb_optim *opt = pipe ? nb_adamw_new(nb_parameters(nb_gpt_pipe_module(pipe)), NULL) : NULL;
+ *         nb_tensor *x = nb_randint((int64_t[]){8, 8}, 2, NB_I64, 0, 32, init);
+ *         nb_tensor *y = nb_randint((int64_t[]){8, 8}, 2, NB_I64, 0, 32, init);
+ *         nb_pipe_stats s;
+ *         double loss = opt ? nb_gpt_pipe_train_step(pipe, opt, x, y, 1.0, NULL, &s) : NAN;
+ *         if (r == 0) printf("loss %.4f bubble %.2f\n", loss, s.bubble);
+ *         nb_tensor_free(x);
+ *         nb_tensor_free(y);
+ *         nb_optim_free(opt);
+ *         nb_gpt_pipe_free(pipe);
+ *         nb_generator_free(init);
+ *         nb_comm_free(dp);
+ *         nb_comm_free(pp);
+ *         nb_comm_free(world);
+ *         return isnan(loss);
+ *     }
+ *
+ * Layout: the pipeline group pp has p ranks; with v virtual stages per rank (interleaved),
+ * there are S = v * p stages and rank r runs stages r, r + p, ..., r + (v-1) p (its "chunks"
+ * 0..v-1). Stage s sends its output activation to stage s + 1 and receives its input's
+ * gradient back. Sends are asynchronous (nb_send_async) and waited for at the end of the
+ * step, so a stage goes on computing while its activations travel.
+ *
+ * Schedules (m micro-batches): GPipe runs every forward, then every backward; 1F1B
+ * (PipeDream-flush) runs p - r - 1 warm-up forwards, then alternates one forward and one
+ * backward, so a stage holds at most p - r micro-batches of activations instead of m;
+ * interleaved 1F1B is Megatron-LM's schedule over v chunks per rank (m must be a multiple of
+ * p). Ideal bubble fractions (idle time over step time, equal stage costs):
+ * (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) interleaved
+ * (nb_pipe_bubble_theory). The measured one is 1 - (compute time, averaged over the
+ * stages) / (the step's time until the last stage is done).
+ *
+ * Ownership: communicators, generators and optimizers are borrowed. nb_gpt_pipe_new returns
+ * a pipeline the caller frees with nb_gpt_pipe_free (after any optimizer over its module). */
+#ifndef NABLA_PIPELINE_H
+#define NABLA_PIPELINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/gpt.h"
+#include "nabla/nn.h"
+#include "nabla/optim.h"
+#include "nabla/parallel.h"
+#include "nabla/status.h"
+#include "nabla/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nb_pipe_schedule {
+    NB_PIPE_GPIPE = 0,
+    NB_PIPE_1F1B,
+    NB_PIPE_INTERLEAVED
+} nb_pipe_schedule;
+/* "gpipe", "1f1b", "interleaved". */
+const char *nb_pipe_schedule_name(nb_pipe_schedule s);
+/* The schedule named so; NB_EINVAL (naming the choices) otherwise. */
+nb_status nb_pipe_schedule_parse(const char *name, nb_pipe_schedule *out);
+/* The ideal bubble fraction for p stages, m micro-batches and v virtual stages (see above). */
+double nb_pipe_bubble_theory(nb_pipe_schedule s, int p, int m, int v);
+
+/* One step's figures on this rank (the averages over the pipeline group where said). */
+typedef struct nb_pipe_stats {
+    double step_s;        /* wall time of the forward and backward passes, until every
+                           * stage is done */
+    double compute_s;     /* of which computing forward and backward (this rank) */
+    double wait_s;        /* of which waiting for activations, gradients and sends */
+    double bubble;        /* the idle share of the step: 1 - (mean compute_s over the
+                           * pipeline group) / (the step until every rank is done) */
+    double bubble_theory; /* nb_pipe_bubble_theory for this layout */
+    double comm_s;        /* gradient communication after the passes (tied embedding, data
+                           * parallel, norm): exposed, not overlapped */
+    int64_t peak_live_micro; /* most micro-batches whose activations this rank held at once */
+} nb_pipe_stats;
+
+/* ---- the schedule engine (any model) ------------------------------------------------------ */
+/* A stage function computes chunk `chunk` (0..v-1) of this rank for micro-batch `micro`:
+ * input is the activation received from the previous stage (a leaf that requires grad), or
+ * NULL on stage 0, which reads its own data for micro. It returns the output activation
+ * (shape act_shape, dtype act_dtype), or on the last stage the micro-batch's mean loss (one
+ * element), or NULL with the error set. Tensors follow the scope rules: the engine opens a
+ * scope around each call and keeps what it needs. */
+typedef nb_tensor *(*nb_pipe_stage_fn)(void *ctx, int chunk, int micro, nb_tensor *input);
+
+typedef struct nb_pipe_opts {
+    nb_pipe_schedule schedule;
+    int n_micro;               /* micro-batches per step (>= 1) */
+    int virtual_stages;        /* chunks per rank (interleaved; 1 otherwise) */
+    const int64_t *act_shape;  /* the activation passed between stages, the same for all */
+    int act_ndim;
+    nb_dtype act_dtype;
+} nb_pipe_opts;
+
+/* Run one step's forward and backward passes over pp: gradients accumulate into whatever the
+ * stage functions' graphs reach (each micro-batch's loss counts 1 / n_micro, so the result
+ * is the gradient of the mean loss). Returns the mean loss over the micro-batches, the same
+ * on every rank of pp (sent from the last stage), or NAN with the error set. stats may be
+ * NULL. Collective over pp. */
+double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void *ctx,
+                   nb_pipe_stats *stats);
+
+/* ---- the GPT as a pipeline ------------------------------------------------------------------- */
+typedef struct nb_gpt_pipe_opts {
+    nb_pipe_schedule schedule; /* NB_PIPE_1F1B */
+    int n_micro;               /* micro-batches per step: 4; must divide the batch */
+    int virtual_stages;        /* 1; > 1 needs NB_PIPE_INTERLEAVED */
+    const int64_t *boundaries; /* NULL: split by `balance`; else S + 1 increasing layer
+                                * indices from 0 to n_layer */
+    bool balance_params;       /* false: layers split evenly over the S stages (the first
+                                * stages take one more when S does not divide n_layer);
+                                * true: the split that makes the largest stage's parameter
+                                * count smallest, counting wte and wpe on the first stage and
+                                * wte and ln_f on the last (a large vocabulary leaves them
+                                * fewer blocks) */
+} nb_gpt_pipe_opts;
+nb_gpt_pipe_opts nb_gpt_pipe_defaults(void);
+
+typedef struct nb_gpt_pipe nb_gpt_pipe;
+
+/* This rank's part of the GPT of cfg: stage 0 holds transformer.wte and .wpe, the last stage
+ * transformer.ln_f and wte again (the tied head; the two copies get the same gradient, summed
+ * over the first and last ranks, so they stay equal), and each stage its blocks
+ * transformer.h.<i> under the full model's names, so state dicts merge into nb_gpt_new's.
+ * Initial values are those of nb_gpt_new(cfg, init) whatever the layout (init must be in the
+ * same state on every rank; the draws of other stages' tensors are made and dropped). dp
+ * (may be NULL) is the data-parallel group of this stage: gradients are averaged over it.
+ * Dropout (cfg.dropout > 0, in training mode) draws one process's masks whatever the
+ * layout: cfg.dropout_gen (NULL: the thread's default generator; the same seed on every
+ * rank) is set, before each stage computes a micro-batch, to the position one process
+ * running the global batch's micro-batches in order would be at, and after the step to
+ * where that process would end.
+ * Errors (on every rank alike, before any communication): fewer layers than stages,
+ * bad boundaries, v > 1 without the interleaved schedule, n_micro < 1, and interleaved with
+ * n_micro not a multiple of p. Collective over pp. */
+nb_gpt_pipe *nb_gpt_pipe_new(const nb_gpt_config *cfg, nb_generator *init, nb_comm *pp,
+                             nb_comm *dp, const nb_gpt_pipe_opts *o);
+void nb_gpt_pipe_free(nb_gpt_pipe *p);
+/* The module holding this rank's parameters (owned by p): give it to the optimizer, save its
+ * state dict. */
+nb_module *nb_gpt_pipe_module(const nb_gpt_pipe *p);
+/* The stages' first layers: S + 1 indices (owned by p), and S. */
+const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages);
+
+/* One optimizer step: x and y (B, T) are this data-parallel rank's batch (the same on every
+ * rank of pp), split into n_micro micro-batches of B / n_micro rows (NB_EINVAL when that does
+ * not divide). Zeroes the gradients, runs the schedule, sums the tied embedding's gradients,
+ * averages over dp, clips the global norm (over every stage, wte counted once; 0: no
+ * clipping), and steps opt. Returns the mean loss over the dp ranks (every rank the same),
+ * or NAN with the error set. *grad_norm (may be NULL) gets the norm before clipping. */
+double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                              double grad_clip, double *grad_norm, nb_pipe_stats *stats);
+
+/* ---- checkpoints across layouts ------------------------------------------------------------ */
+/* A pipeline checkpoint is a directory: stage-<r>-of-<P>.safetensors for each pipeline rank
+ * ("model.<name>" and "optim.<entry>" under the full model's names: nb_optim_state's entries
+ * for the stage's parameters) and index.safetensors (metadata: the stage count, the step and
+ * the position of cfg.dropout_gen, restored on load when the pipeline has one),
+ * written last, so the checkpoint exists only once its index does. Data-parallel rank 0 of
+ * each stage writes; the others only agree. nb_gpt_pipe_load reads such a directory into a
+ * pipeline of any layout (any p, v, boundaries, dp; p = 1 is one process): each rank takes
+ * its parameters' values and optimizer state by name from whichever file holds them (the
+ * parameter groups from stage 0's file), so opt must be of the kind and groups that saved.
+ * *step (may be NULL) gets the saved step. Both are collective over pp and dp: every rank
+ * gets an error if one fails, and nothing is loaded on a rank whose checks failed.
+ * nb_gpt_pipe_consolidate writes the model of such a directory as one plain file under the
+ * nanoGPT names (each tensor once), which nb_gpt_load and PyTorch read. Local. */
+nb_status nb_gpt_pipe_save(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t step);
+nb_status nb_gpt_pipe_load(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step);
+nb_status nb_gpt_pipe_consolidate(const char *dir, const char *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

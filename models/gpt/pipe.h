@@ -1,0 +1,30 @@
+/* pipe.h - `gpt --pp M`: the GPT trained pipeline parallel (nabla/pipeline.h) under
+ * `mpirun -np dp*pp`, as models/gpt/main.c's training but with the model split into stages.
+ * Public API only. */
+#ifndef NBM_GPT_PIPE_H
+#define NBM_GPT_PIPE_H
+
+#include <stdint.h>
+
+#include <nabla/nabla.h>
+
+/* The flags of a pipeline run (main.c's, copied). */
+typedef struct gpt_pipe_args {
+    nb_gpt_config cfg;           /* the model (dropout_gen: set by gpt_pipe_train) */
+    int64_t steps, batch;        /* batch: the global batch per step, in sequences */
+    int64_t pp, microbatches, virtual_stages;
+    const char *pp_schedule;     /* gpipe, 1f1b, interleaved */
+    double lr, weight_decay, grad_clip, beta1, beta2;
+    const char *schedule;        /* learning rate: cosine or constant, as main.c's */
+    int64_t warmup, decay_steps; /* -1 / 0: main.c's defaults */
+    double min_lr;               /* < 0: lr / 10 */
+    const char *save, *resume;   /* pipeline checkpoint directories */
+    uint64_t seed;
+    int64_t threads;
+} gpt_pipe_args;
+
+/* Train on text (U8 tokens, borrowed; NULL: report that it could not be read, on rank 0).
+ * Returns the exit status. */
+int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text);
+
+#endif

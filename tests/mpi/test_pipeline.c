@@ -1,0 +1,395 @@
+/* test_pipeline.c - pipeline parallelism (nabla/pipeline.h): every layout the world size
+ * allows (pp = 1, 2, 4; dp x pp = 2 x 2; each schedule) trains the GPT for a few steps with
+ * the same losses and the same final weights as one process on the global batch
+ * (nb_gpt_train_step over the same micro-batches), to 1e-5 relative; bad layouts fail on
+ * every rank before any work. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mpi_test.h"
+
+#define STEPS 3
+#define MICRO 4 /* micro-batches per data-parallel rank */
+#define MB 2    /* sequences per micro-batch */
+#define SEQ 8
+
+static const nb_gpt_config cfg = {.vocab_size = 32, .block_size = SEQ, .n_layer = 8,
+                                  .n_head = 2, .n_embd = 16};
+
+static double rel_diff(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-12); }
+
+/* max |a - b| / max |b| over the elements of two same-shape tensors. */
+static double tensor_rel_diff(nb_tensor *a, nb_tensor *b) {
+    int64_t n = nb_numel(b);
+    if (nb_numel(a) != n) return INFINITY;
+    double *x = malloc(sizeof *x * (size_t)n), *y = malloc(sizeof *y * (size_t)n);
+    double d = INFINITY;
+    if (x && y && nb_read(a, x, n, NB_F64) == NB_OK && nb_read(b, y, n, NB_F64) == NB_OK) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < n; i++) {
+            num = fmax(num, fabs(x[i] - y[i]));
+            den = fmax(den, fabs(y[i]));
+        }
+        d = num / fmax(den, 1e-12);
+    }
+    free(x);
+    free(y);
+    return d;
+}
+
+/* Train with pp ranks per pipeline (consecutive world ranks) and world / pp data-parallel
+ * replicas; compare with one process on the global batch. */
+static void check_layout_ex(int pp_size, nb_pipe_schedule sched, int v, double dropout) {
+    const int dp_size = mt_size / pp_size, r = mt_rank;
+    nb_comm *pp = nb_comm_split(mt_world, r / pp_size, r);
+    nb_comm *dp = nb_comm_split(mt_world, r % pp_size, r);
+    MT_CHECK(pp && dp, "split: %s", nb_last_error());
+    if (!pp || !dp) {
+        nb_comm_free(pp);
+        nb_comm_free(dp);
+        MT_END();
+        return;
+    }
+    const int d = nb_comm_rank(dp);
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.schedule = sched;
+    po.n_micro = MICRO;
+    po.virtual_stages = v;
+    nb_generator *g1 = nb_generator_new(11), *g2 = nb_generator_new(11), *data = nb_generator_new(5);
+    /* dropout: each side its own stream of the same seed */
+    nb_generator *d1 = nb_generator_new(3), *d2 = nb_generator_new(3);
+    nb_gpt_config c1 = cfg, c2 = cfg;
+    c1.dropout = c2.dropout = dropout;
+    c1.dropout_gen = d1;
+    c2.dropout_gen = d2;
+    nb_gpt_pipe *pipe = nb_gpt_pipe_new(&c1, g1, pp, dp, &po);
+    nb_module *ref = nb_gpt_new(&c2, g2);
+    MT_CHECK(pipe && ref, "build: %s", nb_last_error());
+    /* SGD with momentum: Adam divides by sqrt(v), so elements whose gradient is near zero
+     * turn the last-bit differences of a different summation order (the dp average, the
+     * tied embedding's sum) into differences of up to lr: a weight comparison would measure
+     * Adam's conditioning, not the pipeline. The losses and norms are checked either way. */
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.05;
+    so.momentum = 0.9;
+    so.weight_decay = 0.01;
+    nb_optim *opt = pipe ? nb_sgd_new(nb_parameters(nb_gpt_pipe_module(pipe)), &so) : NULL;
+    nb_optim *ropt = ref ? nb_sgd_new(nb_parameters(ref), &so) : NULL;
+    const int64_t G = (int64_t)dp_size * MICRO * MB; /* the global batch */
+    /* every rank runs every step (a rank that stopped at its own failure would leave the
+     * others waiting); the checks only record */
+    for (int step = 0; step < STEPS && opt && ropt; step++) {
+        nb_scope_begin();
+        nb_tensor *X = nb_randint((int64_t[]){G, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_tensor *Y = nb_randint((int64_t[]){G, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_tensor *xs[64], *ys[64];
+        for (int i = 0; i < G / MB; i++) {
+            xs[i] = nb_narrow(X, 0, i * MB, MB);
+            ys[i] = nb_narrow(Y, 0, i * MB, MB);
+        }
+        double rnorm = 0, norm = 0;
+        double rloss = nb_gpt_train_step(ref, ropt, NULL, xs, ys, (int)(G / MB), 0.5, &rnorm);
+        nb_pipe_stats s;
+        const int64_t B = MICRO * MB;
+        double loss = nb_gpt_pipe_train_step(pipe, opt, nb_narrow(X, 0, d * B, B),
+                                             nb_narrow(Y, 0, d * B, B), 0.5, &norm, &s);
+        MT_CHECK(!isnan(loss) && !isnan(rloss), "step %d: %s", step, nb_last_error());
+        MT_CHECK(rel_diff(loss, rloss) <= 1e-5, "pp %d %s v %d step %d: loss %.9g vs %.9g",
+                 pp_size, nb_pipe_schedule_name(sched), v, step, loss, rloss);
+        MT_CHECK(rel_diff(norm, rnorm) <= 1e-5, "pp %d %s step %d: grad norm %.9g vs %.9g",
+                 pp_size, nb_pipe_schedule_name(sched), step, norm, rnorm);
+        MT_CHECK(s.bubble >= 0 && s.bubble < 1 && s.peak_live_micro >= 1 &&
+                     s.peak_live_micro <= MICRO * v,
+                 "stats: bubble %g, peak %lld", s.bubble, (long long)s.peak_live_micro);
+        /* The schedules' memory: GPipe holds every micro-batch's activations, 1F1B at most
+         * p - r on rank r (its warm-up plus one). */
+        const int pr = nb_comm_rank(pp);
+        if (sched == NB_PIPE_GPIPE)
+            MT_CHECK(s.peak_live_micro == (int64_t)MICRO * v, "gpipe held %lld micro-batches",
+                     (long long)s.peak_live_micro);
+        if (sched == NB_PIPE_1F1B)
+            MT_CHECK(s.peak_live_micro == (pp_size - pr < MICRO ? pp_size - pr : MICRO),
+                     "1f1b on stage %d of %d held %lld micro-batches", pr, pp_size,
+                     (long long)s.peak_live_micro);
+        MT_CHECK(fabs(s.bubble_theory - nb_pipe_bubble_theory(sched, pp_size, MICRO, v)) < 1e-12,
+                 "bubble_theory %g", s.bubble_theory);
+        nb_scope_end();
+    }
+    /* This rank's weights against the same names in the single-process model. */
+    const nb_params *ps = pipe ? nb_parameters(nb_gpt_pipe_module(pipe)) : NULL;
+    for (int i = 0; ps && ref && i < ps->count && !mt_failed(); i++) {
+        nb_tensor *w = nb_module_find(ref, ps->names[i]);
+        MT_CHECK(w, "the full model has no %s", ps->names[i]);
+        double dd = w ? tensor_rel_diff(ps->tensors[i], w) : INFINITY;
+        MT_CHECK(dd <= 1e-5, "pp %d %s v %d: %s differs by %g (relative)", pp_size,
+                 nb_pipe_schedule_name(sched), v, ps->names[i], dd);
+    }
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_gpt_pipe_free(pipe);
+    nb_module_free(ref);
+    nb_generator_free(g1);
+    nb_generator_free(g2);
+    nb_generator_free(data);
+    nb_generator_free(d1);
+    nb_generator_free(d2);
+    nb_comm_free(pp);
+    nb_comm_free(dp);
+    MT_END();
+}
+
+static void check_layout(int pp_size, nb_pipe_schedule sched, int v) {
+    check_layout_ex(pp_size, sched, v, 0);
+}
+
+START_TEST(test_pipe_gpipe) { check_layout(mt_size, NB_PIPE_GPIPE, 1); }
+END_TEST
+
+START_TEST(test_pipe_1f1b) { check_layout(mt_size, NB_PIPE_1F1B, 1); }
+END_TEST
+
+START_TEST(test_pipe_interleaved) { check_layout(mt_size, NB_PIPE_INTERLEAVED, 2); }
+END_TEST
+
+/* dp x pp: 2 x 2 on 4 ranks, 2 x 1 (data parallel only) on 2. */
+START_TEST(test_pipe_dp_x_pp) {
+    if (mt_size < 2) return;
+    check_layout(mt_size / 2, NB_PIPE_1F1B, 1);
+    check_layout(mt_size / 2, NB_PIPE_GPIPE, 1);
+    check_layout(mt_size / 2, NB_PIPE_INTERLEAVED, 2);
+}
+END_TEST
+
+/* Dropout: the stages put their stream where one process would be, so the masks, and the
+ * losses and weights, are the same as one process's whatever the layout. */
+START_TEST(test_pipe_dropout) {
+    check_layout_ex(mt_size, NB_PIPE_1F1B, 1, 0.1);
+    check_layout_ex(mt_size, NB_PIPE_INTERLEAVED, 2, 0.1);
+    if (mt_size >= 2) check_layout_ex(mt_size / 2, NB_PIPE_GPIPE, 1, 0.1); /* with dp 2 */
+}
+END_TEST
+
+/* balance_params: with a vocabulary of 512 (wte is 2.5 blocks) on 4 stages, the first and
+ * last stage get one block each and the middle ones three (even: 2 each, the largest stage
+ * 14880 parameters instead of 11600); the step still equals one process's. */
+START_TEST(test_pipe_balance) {
+    nb_gpt_config big = cfg;
+    big.vocab_size = 512;
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.balance_params = true;
+    nb_generator *g1 = nb_generator_new(4), *g2 = nb_generator_new(4);
+    nb_gpt_pipe *p = nb_gpt_pipe_new(&big, g1, mt_world, NULL, &po);
+    nb_module *ref = nb_gpt_new(&big, g2);
+    MT_CHECK(p && ref, "build: %s", nb_last_error());
+    int S = 0;
+    const int64_t *b = p ? nb_gpt_pipe_boundaries(p, &S) : NULL;
+    const int64_t want[3][5] = {{0, 8}, {0, 4, 8}, {0, 1, 4, 7, 8}};
+    const int w = mt_size == 4 ? 2 : mt_size - 1;
+    for (int s = 0; b && s <= S; s++)
+        MT_CHECK(b[s] == want[w][s], "%d stages: boundary %d is %lld, expected %lld", S, s,
+                 (long long)b[s], (long long)want[w][s]);
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1;
+    nb_optim *opt = p ? nb_sgd_new(nb_parameters(nb_gpt_pipe_module(p)), &so) : NULL;
+    nb_optim *ropt = ref ? nb_sgd_new(nb_parameters(ref), &so) : NULL;
+    nb_scope_begin();
+    nb_tensor *x = nb_randint((int64_t[]){MICRO * MB, SEQ}, 2, NB_I64, 0, 512, g1);
+    nb_tensor *xs[MICRO];
+    for (int i = 0; i < MICRO; i++) xs[i] = nb_narrow(x, 0, i * MB, MB);
+    double l = opt ? nb_gpt_pipe_train_step(p, opt, x, x, 0, NULL, NULL) : NAN;
+    double rl = ropt ? nb_gpt_train_step(ref, ropt, NULL, xs, xs, MICRO, 0, NULL) : NAN;
+    MT_CHECK(rel_diff(l, rl) <= 1e-5, "balanced split: loss %.9g vs %.9g", l, rl);
+    nb_scope_end();
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_gpt_pipe_free(p);
+    nb_module_free(ref);
+    nb_generator_free(g1);
+    nb_generator_free(g2);
+    MT_END();
+}
+END_TEST
+
+/* Bad layouts: the same clear error on every rank, before any communication. */
+START_TEST(test_pipe_bad_layouts) {
+    nb_gpt_config small = cfg;
+    small.n_layer = mt_size; /* one layer a stage is fine, fewer is not */
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.schedule = NB_PIPE_INTERLEAVED;
+    po.virtual_stages = 2;
+    nb_gpt_pipe *p = nb_gpt_pipe_new(&small, NULL, mt_world, NULL, &po);
+    MT_CHECK(!p && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "layers"),
+             "too few layers: %s", nb_last_error());
+    nb_gpt_pipe_free(p);
+    po = nb_gpt_pipe_defaults();
+    po.virtual_stages = 2; /* 1f1b */
+    p = nb_gpt_pipe_new(&cfg, NULL, mt_world, NULL, &po);
+    MT_CHECK(!p && strstr(nb_last_error(), "interleaved"), "v without interleaved: %s",
+             nb_last_error());
+    nb_gpt_pipe_free(p);
+    po = nb_gpt_pipe_defaults();
+    int64_t bad[5] = {0, 3, 3, 5, 8}; /* an empty stage (or, on fewer ranks, not ending at 8) */
+    po.boundaries = bad;
+    p = nb_gpt_pipe_new(&cfg, NULL, mt_world, NULL, &po);
+    MT_CHECK(!p && strstr(nb_last_error(), "boundaries"), "bad boundaries: %s", nb_last_error());
+    nb_gpt_pipe_free(p);
+    po = nb_gpt_pipe_defaults();
+    po.n_micro = 3;
+    p = nb_gpt_pipe_new(&cfg, NULL, mt_world, NULL, &po);
+    MT_CHECK(p != NULL, "build: %s", nb_last_error());
+    nb_optim *opt = p ? nb_adamw_new(nb_parameters(nb_gpt_pipe_module(p)), NULL) : NULL;
+    nb_scope_begin();
+    nb_tensor *x = nb_zeros((int64_t[]){8, SEQ}, 2, NB_I64);
+    double loss = opt ? nb_gpt_pipe_train_step(p, opt, x, x, 0, NULL, NULL) : 0;
+    MT_CHECK(isnan(loss) && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "divide"),
+             "3 micro-batches of 8: %s", nb_last_error());
+    nb_scope_end();
+    nb_optim_free(opt);
+    nb_gpt_pipe_free(p);
+    MT_END();
+}
+END_TEST
+
+/* ---- checkpoints across layouts ----------------------------------------------------------- */
+typedef struct trainer {
+    nb_comm *pp, *dp;
+    nb_gpt_pipe *pipe;
+    nb_optim *opt;
+} trainer;
+
+static bool trainer_new(trainer *t, nb_comm *base, int pp_size, nb_pipe_schedule sched) {
+    const int r = nb_comm_rank(base);
+    *t = (trainer){0};
+    t->pp = nb_comm_split(base, r / pp_size, r);
+    t->dp = nb_comm_split(base, r % pp_size, r);
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.schedule = sched;
+    po.n_micro = MICRO;
+    nb_generator *g = nb_generator_new(11);
+    t->pipe = t->pp && t->dp ? nb_gpt_pipe_new(&cfg, g, t->pp, t->dp, &po) : NULL;
+    nb_generator_free(g);
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.lr = 1e-2;
+    t->opt = t->pipe ? nb_adamw_new(nb_parameters(nb_gpt_pipe_module(t->pipe)), &ao) : NULL;
+    MT_CHECK(t->opt, "trainer with pp %d: %s", pp_size, nb_last_error());
+    return t->opt != NULL;
+}
+
+static void trainer_free(trainer *t) {
+    nb_optim_free(t->opt);
+    nb_gpt_pipe_free(t->pipe);
+    nb_comm_free(t->pp);
+    nb_comm_free(t->dp);
+}
+
+/* Steps [from, to) of the data stream (the same global batches whatever the layout). */
+static void train_steps(trainer *t, int from, int to, double *losses) {
+    const int dp_size = nb_comm_size(t->dp), d = nb_comm_rank(t->dp);
+    const int64_t B = (int64_t)MICRO * MB * 4 / dp_size; /* global batch 4 * MICRO * MB */
+    for (int step = from; step < to; step++) { /* every rank, every step */
+        nb_scope_begin();
+        nb_generator *data = nb_generator_new(100 + (uint64_t)step);
+        nb_tensor *X = nb_randint((int64_t[]){B * dp_size, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_tensor *Y = nb_randint((int64_t[]){B * dp_size, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_generator_free(data);
+        losses[step] = nb_gpt_pipe_train_step(t->pipe, t->opt, nb_narrow(X, 0, d * B, B),
+                                              nb_narrow(Y, 0, d * B, B), 1.0, NULL, NULL);
+        MT_CHECK(!isnan(losses[step]), "step %d: %s", step, nb_last_error());
+        nb_scope_end();
+    }
+}
+
+/* Saved with pp = 2 (dp = world / 2), resumed with pp = world and in one process (pp = 1 on
+ * nb_comm_self): the continued losses are those of the straight run; the consolidated model
+ * file loads into nb_gpt_new's model with the trained weights. */
+START_TEST(test_pipe_checkpoint_layouts) {
+    enum { K = 2 };
+    double straight[2 * K] = {0}, resumed[2 * K] = {0};
+    char dir[64] = "";
+    nb_scope_begin();
+    nb_tensor *name = nb_zeros((int64_t[]){64}, 1, NB_U8);
+    if (mt_rank == 0) {
+        snprintf(dir, sizeof dir, "/tmp/nb-pipe-ckpt-XXXXXX");
+        MT_CHECK(mkdtemp(dir) != NULL, "mkdtemp failed");
+        memcpy(nb_data(name), dir, strlen(dir));
+    }
+    MT_OK(nb_broadcast(mt_world, name, 0));
+    memcpy(dir, nb_data(name), 63);
+    nb_scope_end();
+    const int save_pp = mt_size >= 2 ? 2 : 1;
+    trainer t;
+    if (trainer_new(&t, mt_world, save_pp, NB_PIPE_1F1B)) {
+        train_steps(&t, 0, K, straight);
+        MT_OK(nb_gpt_pipe_save(t.pipe, t.opt, dir, K));
+        train_steps(&t, K, 2 * K, straight);
+    }
+    trainer_free(&t);
+    nb_comm *self = nb_comm_self();
+    nb_comm *layouts[2] = {mt_world, self};
+    const int pps[2] = {mt_size, 1};
+    for (int k = 0; k < 2; k++) { /* collective: every rank, whatever it recorded */
+        if (trainer_new(&t, layouts[k], pps[k], k ? NB_PIPE_GPIPE : NB_PIPE_INTERLEAVED)) {
+            int64_t step = -1;
+            MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dir, &step));
+            MT_CHECK(step == K, "resumed at step %lld", (long long)step);
+            train_steps(&t, K, 2 * K, resumed);
+            for (int s = K; s < 2 * K; s++)
+                MT_CHECK(rel_diff(resumed[s], straight[s]) <= 1e-5,
+                         "resumed with pp %d: step %d loss %.9g, straight %.9g", pps[k], s,
+                         resumed[s], straight[s]);
+        }
+        trainer_free(&t);
+    }
+    /* The consolidated file is the plain model nb_gpt_load reads. */
+    char file[128];
+    snprintf(file, sizeof file, "%s/model-%d.safetensors", dir, mt_rank);
+    MT_OK(nb_gpt_pipe_consolidate(dir, file));
+    nb_module *full = nb_gpt_new(&cfg, NULL);
+    MT_OK(nb_gpt_load(full, file));
+    if (trainer_new(&t, self, 1, NB_PIPE_1F1B)) {
+        MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dir, NULL));
+        const nb_params *ps = nb_parameters(nb_gpt_pipe_module(t.pipe));
+        for (int i = 0; i < ps->count; i++) {
+            nb_tensor *w = nb_module_find(full, ps->names[i]);
+            MT_CHECK(w && tensor_rel_diff(ps->tensors[i], w) == 0, "%s differs after consolidation",
+                     ps->names[i]);
+        }
+    }
+    trainer_free(&t);
+    nb_module_free(full);
+    nb_comm_free(self);
+    remove(file);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) { /* the directory's files, then itself */
+        char path[192];
+        for (int P = 1; P <= 4; P++)
+            for (int r = 0; r < P; r++) {
+                snprintf(path, sizeof path, "%s/stage-%d-of-%d.safetensors", dir, r, P);
+                remove(path);
+            }
+        snprintf(path, sizeof path, "%s/index.safetensors", dir);
+        remove(path);
+        rmdir(dir);
+    }
+    MT_END();
+}
+END_TEST
+
+Suite *mt_suite_pipeline(void) {
+    Suite *s = suite_create("pipeline");
+    TCase *tc = tcase_create("pipeline");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_pipe_gpipe);
+    tcase_add_test(tc, test_pipe_1f1b);
+    tcase_add_test(tc, test_pipe_interleaved);
+    tcase_add_test(tc, test_pipe_dp_x_pp);
+    tcase_add_test(tc, test_pipe_dropout);
+    tcase_add_test(tc, test_pipe_balance);
+    tcase_add_test(tc, test_pipe_bad_layouts);
+    tcase_add_test(tc, test_pipe_checkpoint_layouts);
+    suite_add_tcase(s, tc);
+    return s;
+}

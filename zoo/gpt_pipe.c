@@ -1,0 +1,624 @@
+/* gpt_pipe.c - the GPT split into pipeline stages (nabla/pipeline.h): this rank's blocks
+ * under the full model's names, the stage function the schedule engine (parallel/pipeline.c)
+ * runs, and the training step: tied-embedding gradients summed between the first and last
+ * stage, data-parallel averaging, the global norm over every stage, the optimizer step. */
+#include "nabla/nabla.h"
+#include "nabla/pipeline.h"
+#include "zoo/gpt_impl.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct nb_gpt_pipe {
+    nb_gpt_config cfg;         /* resolved; the blocks borrow it */
+    nb_gpt_pipe_opts o;
+    nb_comm *pp, *dp, *embed;  /* embed: first and last rank (p > 1), else NULL */
+    int p, r, v, S;
+    int64_t *bounds;           /* S + 1 */
+    nb_module *root;           /* "transformer" -> wte, wpe, h.<i>, ln_f */
+    nb_module **blocks;        /* [n_layer], NULL where not ours */
+    nb_tensor *wte, *wpe;      /* borrowed from root, NULL where not ours */
+    nb_module *ln_f;
+    /* the current step's micro-batches */
+    nb_tensor **mx, **my;
+    /* dropout: the stream positions one process would be at (see set_dropout_offset) */
+    nb_generator *drop;                /* NULL: no dropout this step */
+    uint64_t drop_base, d_emb, d_blk;  /* step start; draws of the embedding dropout, a block */
+    int64_t drop_b, drop_T;            /* the micro-batch shape d_emb and d_blk were counted for */
+    int64_t micro0;                    /* this dp rank's first micro-batch in the global order */
+};
+
+static const nb_module_vtable stage_vt = {.type_name = "GPTPipeStage"};
+static const nb_module_vtable dict_vt = {.type_name = "ModuleDict"};
+static const nb_module_vtable emb_vt = {.type_name = "Embedding"};
+
+nb_gpt_pipe_opts nb_gpt_pipe_defaults(void) {
+    return (nb_gpt_pipe_opts){.schedule = NB_PIPE_1F1B, .n_micro = 4, .virtual_stages = 1};
+}
+
+nb_module *nb_gpt_pipe_module(const nb_gpt_pipe *p) { return p ? p->root : NULL; }
+
+const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages) {
+    if (n_stages) *n_stages = p ? p->S : 0;
+    return p ? p->bounds : NULL;
+}
+
+void nb_gpt_pipe_free(nb_gpt_pipe *p) {
+    if (!p) return;
+    nb_module_free(p->root);
+    nb_comm_free(p->embed);
+    free(p->blocks);
+    free(p->bounds);
+    free(p->mx);
+    free(p->my);
+    free(p);
+}
+
+/* Parameters of one block, and those outside the blocks on stage s of S (gpt.h's names). */
+static int64_t block_params(const nb_gpt_config *c) {
+    const int64_t C = c->n_embd;
+    return 12 * C * C + (c->no_bias ? 2 * C : 13 * C);
+}
+static int64_t extra_params(const nb_gpt_config *c, int s, int S) {
+    const int64_t C = c->n_embd, wte = c->vocab_size * C;
+    int64_t e = 0;
+    if (s == 0) e += wte + c->block_size * C;                       /* wte, wpe */
+    if (s == S - 1) e += (s == 0 ? 0 : wte) + (c->no_bias ? C : 2 * C); /* the head's wte, ln_f */
+    return e;
+}
+
+/* The layer counts (each >= 1) that minimize the largest stage's parameters: the least bound M
+ * whose per-stage capacities floor((M - extra) / block) hold every layer (binary search), then
+ * each layer to the stage with the fewest parameters that has room. S <= n_layer. */
+static void balance(const nb_gpt_config *c, int S, int64_t *bounds) {
+    const int64_t Pb = block_params(c), L = c->n_layer;
+    int64_t lo = 0, hi = 0;
+    for (int s = 0; s < S; s++) {
+        int64_t e = extra_params(c, s, S) + Pb;
+        if (e > lo) lo = e;
+    }
+    hi = lo + L * Pb; /* always enough */
+    while (lo < hi) {
+        int64_t M = lo + (hi - lo) / 2, room = 0;
+        bool ok = true;
+        for (int s = 0; s < S && ok; s++) {
+            int64_t cap = (M - extra_params(c, s, S)) / Pb;
+            ok = cap >= 1;
+            room += cap;
+        }
+        if (ok && room >= L) hi = M;
+        else lo = M + 1;
+    }
+    int64_t *n = bounds + 1; /* counts first, prefix sums after */
+    for (int s = 0; s < S; s++) n[s] = 1;
+    for (int64_t left = L - S; left > 0; left--) {
+        int best = -1;
+        int64_t best_cost = 0;
+        for (int s = 0; s < S; s++) {
+            int64_t cost = extra_params(c, s, S) + (n[s] + 1) * Pb;
+            if (cost <= lo && (best < 0 || cost < best_cost)) best = s, best_cost = cost;
+        }
+        n[best]++; /* lo has room for every layer, so some stage does */
+    }
+    bounds[0] = 0;
+    for (int s = 0; s < S; s++) bounds[s + 1] += bounds[s];
+}
+
+/* Checks that need no communication, so every rank reports the same error. */
+static bool check_layout(const nb_gpt_config *c, const nb_gpt_pipe_opts *o, int p, int S,
+                         int64_t *bounds) {
+    if (o->n_micro < 1 || o->virtual_stages < 1) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_new: n_micro (%d) and virtual_stages (%d) must be >= 1",
+                     o->n_micro, o->virtual_stages);
+        return false;
+    }
+    if (o->virtual_stages > 1 && o->schedule != NB_PIPE_INTERLEAVED) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_new: %d virtual stages need the interleaved schedule, "
+                     "not %s", o->virtual_stages, nb_pipe_schedule_name(o->schedule));
+        return false;
+    }
+    if (o->schedule == NB_PIPE_INTERLEAVED && o->n_micro % p) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_new: the interleaved schedule needs the micro-batches "
+                     "(%d) to be a multiple of the pipeline stages (%d)", o->n_micro, p);
+        return false;
+    }
+    if (c->n_layer < S) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_new: %lld layers cannot fill %d stages (%d ranks x %d "
+                     "virtual stages): each stage needs at least one layer",
+                     (long long)c->n_layer, S, p, o->virtual_stages);
+        return false;
+    }
+    if (o->boundaries) {
+        for (int s = 0; s <= S; s++) bounds[s] = o->boundaries[s];
+        bool ok = bounds[0] == 0 && bounds[S] == c->n_layer;
+        for (int s = 0; ok && s < S; s++) ok = bounds[s + 1] > bounds[s];
+        if (!ok) {
+            nb_set_error(NB_EINVAL, "nb_gpt_pipe_new: the boundaries must be %d increasing layer "
+                         "indices from 0 to n_layer (%lld)", S + 1, (long long)c->n_layer);
+            return false;
+        }
+    } else if (o->balance_params && S > 1) {
+        balance(c, S, bounds);
+    } else {
+        int64_t base = c->n_layer / S, extra = c->n_layer % S;
+        bounds[0] = 0;
+        for (int s = 0; s < S; s++) bounds[s + 1] = bounds[s] + base + (s < extra ? 1 : 0);
+    }
+    return true;
+}
+
+/* A parameter: a new N(0, std) tensor drawn from init, added to m when keep, else dropped
+ * (the draws are made either way, so later tensors get nb_gpt_new's values). */
+static bool draw_param(nb_module *m, bool keep, const char *name, const int64_t *shape,
+                       double std, nb_generator *init) {
+    nb_scope_begin();
+    nb_tensor *t = nb_normal(shape, 2, NB_F32, 0.0, std, init);
+    bool ok = t != NULL;
+    if (ok && keep) ok = nb_module_add_parameter(m, name, t) != NULL; /* adopts it from the scope */
+    nb_scope_end();
+    return ok;
+}
+
+nb_gpt_pipe *nb_gpt_pipe_new(const nb_gpt_config *cfg, nb_generator *init, nb_comm *pp,
+                             nb_comm *dp, const nb_gpt_pipe_opts *opts) {
+    if (!pp) {
+        nb_set_error(NB_ENULL, "nb_gpt_pipe_new: the pipeline communicator is NULL");
+        return NULL;
+    }
+    nb_gpt_pipe *p = calloc(1, sizeof *p);
+    if (!p) {
+        nb_set_error(NB_ENOMEM, "nb_gpt_pipe_new: out of memory");
+        return NULL;
+    }
+    p->o = opts ? *opts : nb_gpt_pipe_defaults();
+    p->pp = pp;
+    p->dp = dp;
+    p->p = nb_comm_size(pp);
+    p->r = nb_comm_rank(pp);
+    p->v = p->o.virtual_stages < 1 ? 1 : p->o.virtual_stages;
+    p->S = p->p * p->v;
+    p->bounds = malloc(sizeof *p->bounds * (size_t)(p->S + 1));
+    if (!p->bounds || !nb__gpt_resolve(cfg, &p->cfg) ||
+        !check_layout(&p->cfg, &p->o, p->p, p->S, p->bounds)) {
+        if (!p->bounds) nb_set_error(NB_ENOMEM, "nb_gpt_pipe_new: out of memory");
+        nb_gpt_pipe_free(p);
+        return NULL;
+    }
+    p->o.boundaries = NULL; /* copied into bounds */
+    const nb_gpt_config *c = &p->cfg;
+    const bool first = p->r == 0, last = p->r == p->p - 1;
+    p->blocks = calloc((size_t)c->n_layer, sizeof *p->blocks);
+    p->root = nb_module_new(&stage_vt, NULL);
+    nb_module *tr = p->root ? nb_module_add_child(p->root, "transformer",
+                                                  nb_module_new(&dict_vt, NULL))
+                            : NULL;
+    nb_module *wte = NULL, *wpe = NULL, *h = NULL;
+    bool ok = p->blocks && tr;
+    if (ok && (first || last)) ok = (wte = nb_module_add_child(tr, "wte", nb_module_new(&emb_vt, NULL)));
+    if (ok && first) ok = (wpe = nb_module_add_child(tr, "wpe", nb_module_new(&emb_vt, NULL)));
+    ok = ok && (h = nb_module_add_child(tr, "h", nb_module_new(&dict_vt, NULL)));
+    ok = ok && draw_param(wte, wte != NULL, "weight", (int64_t[]){c->vocab_size, c->n_embd}, 0.02,
+                          init);
+    ok = ok && draw_param(wpe, wpe != NULL, "weight", (int64_t[]){c->block_size, c->n_embd}, 0.02,
+                          init);
+    for (int s = 0; ok && s < p->S; s++) {
+        const bool mine = s % p->p == p->r;
+        for (int64_t i = p->bounds[s]; ok && i < p->bounds[s + 1]; i++) {
+            nb_module *b = nb__gpt_block_new(c, init);
+            if (!b) {
+                ok = false;
+            } else if (mine) {
+                char name[32];
+                snprintf(name, sizeof name, "%lld", (long long)i);
+                ok = (p->blocks[i] = nb_module_add_child(h, name, b)) != NULL;
+            } else {
+                nb_module_free(b);
+            }
+        }
+    }
+    if (ok && last) ok = (p->ln_f = nb__gpt_add_layernorm(tr, "ln_f", c)) != NULL;
+    if (ok && p->p > 1) {
+        /* The tied embedding's group: the first and the last rank. Collective over pp. */
+        p->embed = nb_comm_split(pp, first || last ? 0 : 1, p->r);
+        ok = p->embed != NULL;
+    }
+    p->mx = calloc((size_t)p->o.n_micro, sizeof *p->mx);
+    p->my = calloc((size_t)p->o.n_micro, sizeof *p->my);
+    if (ok && (!p->mx || !p->my)) ok = !nb_set_error(NB_ENOMEM, "nb_gpt_pipe_new: out of memory");
+    if (!ok) {
+        nb_gpt_pipe_free(p);
+        return NULL;
+    }
+    p->wte = wte ? nb_module_param(wte, "weight") : NULL;
+    p->wpe = wpe ? nb_module_param(wpe, "weight") : NULL;
+    return p;
+}
+
+/* ---- the stage function --------------------------------------------------------------------- */
+static nb_tensor *stage_dropout(const nb_gpt_pipe *p, nb_tensor *x) {
+    if (!(p->cfg.dropout > 0) || !nb_module_is_training(p->root)) return x;
+    return nb_dropout(x, p->cfg.dropout, true, p->cfg.dropout_gen);
+}
+
+/* Dropout gives one process's masks whatever the layout: one process draws, for global
+ * micro-batch j (dp rank d's micro-batch i is j = d m + i), the embedding's mask and then each
+ * block's in order, from the offset base + j (d_emb + n_layer d_blk) on; the backward draws
+ * nothing. So before stage s computes micro-batch i its generator is put where one process
+ * would be at stage s's first layer. */
+static void set_dropout_offset(nb_gpt_pipe *p, int s, int micro) {
+    const uint64_t per = p->d_emb + (uint64_t)p->cfg.n_layer * p->d_blk;
+    uint64_t at = p->drop_base + (uint64_t)(p->micro0 + micro) * per;
+    if (s > 0) at += p->d_emb + (uint64_t)p->bounds[s] * p->d_blk;
+    nb_generator_set_offset(p->drop, at);
+}
+
+/* Count the draws of the embedding's dropout and of one block for micro-batches (b, T), by
+ * running them on zeros and rewinding the stream. */
+static nb_status count_dropout_draws(nb_gpt_pipe *p, int64_t b, int64_t T) {
+    if (p->drop_b == b && p->drop_T == T) return NB_OK;
+    const uint64_t base = nb_generator_offset(p->drop);
+    nb_module *blk = NULL;
+    for (int64_t i = 0; i < p->cfg.n_layer && !blk; i++) blk = p->blocks[i];
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_tensor *z = nb_zeros((int64_t[]){b, T, p->cfg.n_embd}, 3, NB_F32);
+    nb_status st = z && nb_dropout(z, p->cfg.dropout, true, p->drop) ? NB_OK : nb_last_status();
+    p->d_emb = nb_generator_offset(p->drop) - base;
+    nb_generator_set_offset(p->drop, base);
+    if (st == NB_OK && !nb_forward(blk, z)) st = nb_last_status();
+    p->d_blk = nb_generator_offset(p->drop) - base;
+    nb_generator_set_offset(p->drop, base);
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    if (st == NB_OK) p->drop_b = b, p->drop_T = T;
+    return st;
+}
+
+static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
+    nb_gpt_pipe *p = ctx;
+    const int s = chunk * p->p + p->r;
+    if (p->drop) set_dropout_offset(p, s, micro);
+    nb_tensor *x = input;
+    if (s == 0) {
+        nb_tensor *idx = p->mx[micro];
+        x = nb_add(nb_embedding(p->wte, idx), nb_narrow(p->wpe, 0, 0, nb_size(idx, 1)));
+        x = stage_dropout(p, x);
+    }
+    for (int64_t i = p->bounds[s]; x && i < p->bounds[s + 1]; i++) x = nb_forward(p->blocks[i], x);
+    if (s < p->S - 1) return x;
+    x = nb_forward(p->ln_f, x);
+    nb_tensor *logits = nb_linear(x, p->wte, NULL); /* the tied head */
+    return nb_cross_entropy(nb_view(logits, (int64_t[]){-1, p->cfg.vocab_size}, 2),
+                            nb_reshape(p->my[micro], (int64_t[]){-1}, 1), NULL);
+}
+
+/* ---- the step -------------------------------------------------------------------------------- */
+/* Sum of squares of the gradients this rank counts (wte once: on the first rank). */
+static nb_status local_sq(const nb_gpt_pipe *p, const nb_params *ps, double *out) {
+    double total = 0;
+    nb_status st = NB_OK;
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        nb_tensor *g = nb_grad(ps->tensors[i]);
+        if (!g || (ps->tensors[i] == p->wte && p->r != 0)) continue;
+        int64_t n = nb_numel(g);
+        double *buf = malloc(sizeof *buf * (size_t)(n ? n : 1));
+        if (!buf) return nb_set_error(NB_ENOMEM, "nb_gpt_pipe_train_step: out of memory");
+        st = nb_read(g, buf, n, NB_F64);
+        for (int64_t k = 0; st == NB_OK && k < n; k++) total += buf[k] * buf[k];
+        free(buf);
+    }
+    *out = total;
+    return st;
+}
+
+/* Every gradient (or only `only`'s) reduced over c, one after the other. */
+static nb_status allreduce_grads(nb_comm *c, const nb_params *ps, nb_tensor *only,
+                                 nb_reduce_op op) {
+    nb_status st = NB_OK;
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        nb_tensor *g = nb_grad(ps->tensors[i]);
+        if (!g || (only && ps->tensors[i] != only)) continue;
+        st = nb_allreduce(c, g, op);
+    }
+    return st;
+}
+
+double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                              double grad_clip, double *grad_norm, nb_pipe_stats *stats) {
+    if (grad_norm) *grad_norm = NAN;
+    if (stats) *stats = (nb_pipe_stats){.bubble = NAN, .bubble_theory = NAN};
+    if (!p || !opt || !x || !y) {
+        nb_set_error(NB_ENULL, "nb_gpt_pipe_train_step: needs a pipeline, an optimizer and a batch");
+        return NAN;
+    }
+    const int m = p->o.n_micro;
+    if (nb_ndim(x) != 2 || nb_ndim(y) != 2 || nb_size(x, 0) != nb_size(y, 0) ||
+        nb_size(x, 1) != nb_size(y, 1)) {
+        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: x and y must both be (B, T)");
+        return NAN;
+    }
+    const int64_t B = nb_size(x, 0), T = nb_size(x, 1);
+    if (B % m) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_train_step: %d micro-batches do not divide the batch "
+                     "of %lld sequences", m, (long long)B);
+        return NAN;
+    }
+    if (T < 1 || T > p->cfg.block_size) {
+        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: sequence length %lld is outside "
+                     "1..block_size (%lld)", (long long)T, (long long)p->cfg.block_size);
+        return NAN;
+    }
+    nb_status st = nb_zero_grad(opt);
+    if (st != NB_OK) return NAN;
+    const int64_t b = B / m;
+    const int n_dp = p->dp ? nb_comm_size(p->dp) : 1;
+    p->drop = NULL;
+    if (p->cfg.dropout > 0 && nb_module_is_training(p->root)) {
+        p->drop = p->cfg.dropout_gen ? p->cfg.dropout_gen : nb_default_generator();
+        if (count_dropout_draws(p, b, T) != NB_OK) return NAN;
+        p->drop_base = nb_generator_offset(p->drop);
+        p->micro0 = (int64_t)(p->dp ? nb_comm_rank(p->dp) : 0) * m;
+    }
+    nb_scope_begin();
+    for (int i = 0; i < m; i++) {
+        p->mx[i] = nb_narrow(x, 0, i * b, b);
+        p->my[i] = nb_narrow(y, 0, i * b, b);
+    }
+    const int64_t act[3] = {b, T, p->cfg.n_embd};
+    nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
+                       .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32};
+    double loss = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
+    nb_scope_end();
+    if (p->drop) /* where one process would be after the global batch's n_dp m micro-batches */
+        nb_generator_set_offset(p->drop, p->drop_base + (uint64_t)(n_dp * m) *
+                                             (p->d_emb + (uint64_t)p->cfg.n_layer * p->d_blk));
+    if (isnan(loss) && nb_last_status() != NB_OK) return NAN;
+
+    const double t0 = nb_time_s();
+    const nb_params *ps = nb_parameters(p->root);
+    /* The tied embedding: both copies get the sum of the input and the head gradients. */
+    if (p->embed && (p->r == 0 || p->r == p->p - 1))
+        st = allreduce_grads(p->embed, ps, p->wte, NB_REDUCE_SUM);
+    if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1)
+        st = allreduce_grads(p->dp, ps, NULL, NB_REDUCE_AVG);
+    double v2[2] = {0, loss};
+    if (st == NB_OK) st = local_sq(p, ps, &v2[0]);
+    if (st == NB_OK) {
+        nb_scope_begin();
+        nb_tensor *t = nb_from_buffer(v2, (int64_t[]){2}, 1, NB_F64);
+        st = t ? nb_allreduce(p->pp, t, NB_REDUCE_SUM) : nb_last_status(); /* sq over stages */
+        if (st == NB_OK) st = nb_read(t, v2, 2, NB_F64);
+        nb_scope_end();
+        v2[1] = loss; /* the pipeline's loss is already the same on its ranks */
+    }
+    if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1) {
+        nb_scope_begin();
+        nb_tensor *t = nb_scalar(loss, NB_F64);
+        st = t ? nb_allreduce(p->dp, t, NB_REDUCE_AVG) : nb_last_status();
+        if (st == NB_OK) loss = nb_item_f64(t);
+        nb_scope_end();
+    }
+    if (st != NB_OK) return NAN;
+    const double norm = sqrt(v2[0]);
+    if (grad_norm) *grad_norm = norm;
+    const double coef = grad_clip > 0 ? grad_clip / (norm + 1e-6) : 1; /* as nb_clip_grad_norm */
+    if (coef < 1) {
+        bool prev = nb_set_grad_enabled(false);
+        nb_scope_begin();
+        for (int i = 0; st == NB_OK && i < ps->count; i++) {
+            nb_tensor *g = nb_grad(ps->tensors[i]);
+            if (g) st = nb_copy_(g, nb_mul_scalar(g, coef));
+        }
+        nb_scope_end();
+        nb_set_grad_enabled(prev);
+    }
+    if (stats) stats->comm_s = nb_time_s() - t0;
+    if (st != NB_OK || nb_step(opt) != NB_OK) return NAN;
+    return loss;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------------ */
+/* A directory: stage-<r>-of-<P>.safetensors per pipeline rank (written by data-parallel rank
+ * 0: "model.<name>" for the stage's parameters, "optim.<entry>" for its optimizer state, all
+ * under the full model's names) and index.safetensors (metadata: stages, step), written last. */
+
+/* Every rank of c gets NB_OK only if every rank had it (else the first error's status). */
+static nb_status agree(nb_comm *c, nb_status st) {
+    if (!c || nb_comm_size(c) < 2) return st;
+    nb_scope_begin();
+    nb_tensor *t = nb_scalar(st == NB_OK ? 0 : 1, NB_I32);
+    nb_status cs = t ? nb_allreduce(c, t, NB_REDUCE_MAX) : nb_last_status();
+    bool bad = cs != NB_OK || nb_item_i64(t) != 0;
+    nb_scope_end();
+    if (cs != NB_OK) return cs;
+    if (bad && st == NB_OK)
+        st = nb_set_error(NB_EIO, "pipeline checkpoint: another rank failed (see its message)");
+    return st;
+}
+
+static void stage_path(char *buf, size_t n, const char *dir, int r, int P) {
+    snprintf(buf, n, "%s/stage-%d-of-%d.safetensors", dir, r, P);
+}
+
+static nb_status save_stage(nb_gpt_pipe *p, nb_optim *opt, const char *dir) {
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return nb_set_error(NB_EIO, "nb_gpt_pipe_save: cannot create %s: %s", dir, strerror(errno));
+    char path[4096];
+    stage_path(path, sizeof path, dir, p->r, p->p);
+    nb_state_list l = {0};
+    nb_status st = nb_state_list_add_module(&l, "model.", p->root);
+    if (st == NB_OK && opt) st = nb_state_list_add_params(&l, "optim.", nb_optim_state(opt));
+    char stages[32];
+    snprintf(stages, sizeof stages, "%d", p->p);
+    const char *keys[] = {"format", "pipe_stages"}, *vals[] = {"nabla-pipe", stages};
+    if (st == NB_OK) st = nb_safetensors_save(path, l.names, l.tensors, l.count, keys, vals, 2);
+    nb_state_list_deinit(&l);
+    if (opt) nb_optim_state_release(opt);
+    return st;
+}
+
+nb_status nb_gpt_pipe_save(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t step) {
+    if (!p || !dir) return nb_set_error(NB_ENULL, "nb_gpt_pipe_save: NULL pipeline or directory");
+    const bool writer = !p->dp || nb_comm_rank(p->dp) == 0;
+    nb_status st = writer ? save_stage(p, opt, dir) : NB_OK;
+    st = agree(p->pp, st);
+    st = agree(p->dp, st);
+    if (st == NB_OK && writer && p->r == 0) {
+        char path[4096], stages[32], steps[32], drop[32];
+        snprintf(path, sizeof path, "%s/index.safetensors", dir);
+        snprintf(stages, sizeof stages, "%d", p->p);
+        snprintf(steps, sizeof steps, "%lld", (long long)step);
+        /* the dropout stream's position (the same on every rank between steps) */
+        snprintf(drop, sizeof drop, "%llu", p->cfg.dropout_gen ? (unsigned long long)
+                 nb_generator_offset(p->cfg.dropout_gen) : 0ULL);
+        const char *keys[] = {"format", "pipe_stages", "step", "dropout_offset"},
+                   *vals[] = {"nabla-pipe", stages, steps, drop};
+        st = nb_safetensors_save(path, NULL, NULL, 0, keys, vals, p->cfg.dropout_gen ? 4 : 3);
+    }
+    st = agree(p->pp, st);
+    return agree(p->dp, st);
+}
+
+/* The stage files of dir (P of them, from the index); *step from it. */
+static nb_safetensors **open_stages(const char *dir, int *P, int64_t *step, const char *who,
+                                    const char **drop_offset_out, char *drop_buf) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/index.safetensors", dir);
+    nb_safetensors *ix = nb_safetensors_open(path);
+    if (!ix) {
+        nb_set_error(NB_EIO, "%s: %s is not a finished pipeline checkpoint (no readable "
+                     "index.safetensors): %s", who, dir, nb_last_error());
+        return NULL;
+    }
+    const char *s = nb_safetensors_metadata(ix, "pipe_stages"), *k = nb_safetensors_metadata(ix, "step");
+    *P = s ? atoi(s) : 0;
+    if (step) *step = k ? atoll(k) : 0;
+    if (drop_offset_out) { /* copied: the index closes here */
+        const char *d = nb_safetensors_metadata(ix, "dropout_offset");
+        if (d) snprintf(drop_buf, 32, "%s", d);
+        *drop_offset_out = d ? drop_buf : NULL;
+    }
+    nb_safetensors_close(ix);
+    if (*P < 1) {
+        nb_set_error(NB_EFORMAT, "%s: %s/index.safetensors names no stage count", who, dir);
+        return NULL;
+    }
+    nb_safetensors **f = calloc((size_t)*P, sizeof *f);
+    for (int r = 0; f && r < *P; r++) {
+        stage_path(path, sizeof path, dir, r, *P);
+        if (!(f[r] = nb_safetensors_open(path))) {
+            nb_set_error(NB_EIO, "%s: stage file %s is missing or unreadable", who, path);
+            for (int q = 0; q < r; q++) nb_safetensors_close(f[q]);
+            free(f);
+            return NULL;
+        }
+    }
+    if (!f) nb_set_error(NB_ENOMEM, "%s: out of memory", who);
+    return f;
+}
+
+static void close_stages(nb_safetensors **f, int P) {
+    for (int r = 0; f && r < P; r++) nb_safetensors_close(f[r]);
+    free(f);
+}
+
+/* The first stage file holding name, or -1. */
+static int which(nb_safetensors **f, int P, const char *name) {
+    for (int r = 0; r < P; r++)
+        if (nb_safetensors_find(f[r], name) >= 0) return r;
+    return -1;
+}
+
+static bool has_param(const nb_params *ps, const char *name) {
+    for (int i = 0; i < ps->count; i++)
+        if (strcmp(ps->names[i], name) == 0) return true;
+    return false;
+}
+
+static nb_status load_local(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step) {
+    const char *who = "nb_gpt_pipe_load";
+    int P;
+    const char *drop = NULL;
+    char drop_buf[32];
+    nb_safetensors **f = open_stages(dir, &P, step, who, &drop, drop_buf);
+    if (!f) return nb_last_status();
+    const nb_params *ps = nb_parameters(p->root);
+    nb_status st = NB_OK;
+    char full[1024];
+    nb_scope_begin();
+    nb_tensor **src = calloc((size_t)ps->count, sizeof *src);
+    if (!src) st = nb_set_error(NB_ENOMEM, "%s: out of memory", who);
+    for (int i = 0; st == NB_OK && i < ps->count; i++) { /* check every name first */
+        snprintf(full, sizeof full, "model.%s", ps->names[i]);
+        int r = which(f, P, full);
+        if (r < 0) {
+            st = nb_set_error(NB_EINVAL, "%s: no stage of %s holds %s (a checkpoint of another "
+                              "model?)", who, dir, ps->names[i]);
+        } else if (!(src[i] = nb_safetensors_get(f[r], full))) {
+            st = nb_last_status();
+        } else if (nb_numel(src[i]) != nb_numel(ps->tensors[i])) {
+            st = nb_set_error(NB_ESHAPE, "%s: %s has %lld elements in %s, the model %lld", who,
+                              ps->names[i], (long long)nb_numel(src[i]), dir,
+                              (long long)nb_numel(ps->tensors[i]));
+        }
+    }
+    nb_state_list l = {0};
+    for (int r = 0; st == NB_OK && opt && r < P; r++) /* this rank's optimizer entries */
+        for (int i = 0; st == NB_OK && i < nb_safetensors_count(f[r]); i++) {
+            const char *n = nb_safetensors_name(f[r], i);
+            if (strncmp(n, "optim.", 6) != 0) continue;
+            const char *e = n + 6, *dot = strchr(e, '.');
+            bool mine = strncmp(e, "param_groups.", 13) == 0 ? r == 0
+                                                               : dot && has_param(ps, dot + 1);
+            if (!mine) continue;
+            bool dup = false; /* the tied wte's state is in the first and the last file */
+            for (int k = 0; k < l.count && !dup; k++) dup = strcmp(l.names[k], e) == 0;
+            if (!dup) st = nb_state_list_add(&l, NULL, e, nb_safetensors_get(f[r], n));
+        }
+    if (st == NB_OK && opt) st = nb_optim_load_state(opt, l.names, l.tensors, l.count);
+    if (st == NB_OK) {
+        bool prev = nb_set_grad_enabled(false);
+        for (int i = 0; st == NB_OK && i < ps->count; i++) st = nb_copy_(ps->tensors[i], src[i]);
+        nb_set_grad_enabled(prev);
+    }
+    if (st == NB_OK && drop && p->cfg.dropout_gen)
+        st = nb_generator_set_offset(p->cfg.dropout_gen, strtoull(drop, NULL, 10));
+    nb_state_list_deinit(&l);
+    free(src);
+    nb_scope_end();
+    close_stages(f, P);
+    return st;
+}
+
+nb_status nb_gpt_pipe_load(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step) {
+    if (!p || !dir) return nb_set_error(NB_ENULL, "nb_gpt_pipe_load: NULL pipeline or directory");
+    nb_status st = load_local(p, opt, dir, step);
+    st = agree(p->pp, st);
+    return agree(p->dp, st);
+}
+
+nb_status nb_gpt_pipe_consolidate(const char *dir, const char *out) {
+    if (!dir || !out) return nb_set_error(NB_ENULL, "nb_gpt_pipe_consolidate: NULL argument");
+    int P;
+    nb_safetensors **f = open_stages(dir, &P, NULL, "nb_gpt_pipe_consolidate", NULL, NULL);
+    if (!f) return nb_last_status();
+    nb_state_list l = {0};
+    nb_status st = NB_OK;
+    nb_scope_begin();
+    for (int r = 0; st == NB_OK && r < P; r++)
+        for (int i = 0; st == NB_OK && i < nb_safetensors_count(f[r]); i++) {
+            const char *n = nb_safetensors_name(f[r], i);
+            if (strncmp(n, "model.", 6) != 0 || which(f, P, n) != r) continue; /* wte once */
+            st = nb_state_list_add(&l, NULL, n + 6, nb_safetensors_get(f[r], n));
+        }
+    const char *keys[] = {"format"}, *vals[] = {"pt"};
+    if (st == NB_OK) st = nb_safetensors_save(out, l.names, l.tensors, l.count, keys, vals, 1);
+    nb_scope_end();
+    nb_state_list_deinit(&l);
+    close_stages(f, P);
+    return st;
+}
