@@ -17,6 +17,7 @@
 #include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "tensor/backend.h"
+#include "tensor/autocast.h"
 
 /* ---- matrices as the GEMM sees them ---------------------------------------------------------- */
 /* A (rows x cols) matrix: element (i, j) at p[i * ld + j] (trans false) or p[j * ld + i]
@@ -119,6 +120,10 @@ static bool linear_check(nb_tensor *x, nb_tensor *w, nb_tensor *b, nb_device *de
 nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     NB__CHECK_ARG(x, "linear", "x");
     NB__CHECK_ARG(w, "linear", "w");
+    x = nb__autocast(x, NB_AUTOCAST_LOW); /* nabla/autocast.h: the casts are on the tape */
+    if (w && !(w = nb__autocast(w, NB_AUTOCAST_LOW))) return NULL;
+    if (b && !(b = nb__autocast(b, NB_AUTOCAST_LOW))) return NULL;
+    if (!x) return NULL;
     nb_device dev;
     if (!linear_check(x, w, b, &dev)) return NULL;
     nb_dtype dt = x->dtype, cdt = compute_dtype(dt), odt = operand_dtype(dt, dev);

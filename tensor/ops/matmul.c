@@ -26,6 +26,7 @@
 
 #include "tensor/tape.h"
 #include "tensor/backend.h"
+#include "tensor/autocast.h"
 
 /* One operand seen as a batch of 2-D matrices: its own batch dims (before broadcasting),
  * and the geometry of each (rows x cols) slice in elements. */
@@ -250,6 +251,8 @@ fail:
 }
 
 nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
+    a = nb__autocast(a, NB_AUTOCAST_LOW); /* nabla/autocast.h: the cast is on the tape */
+    b = nb__autocast(b, NB_AUTOCAST_LOW);
     bool prev = nb_set_grad_enabled(false);
     nb_tensor *out = matmul_impl(a, b);
     nb_set_grad_enabled(prev);
