@@ -24,6 +24,7 @@
 #include <nabla/summary.h>
 
 #include "ft.h"
+#include "precision.h"
 
 #define KJV_COMMAND "bible gen1:1-rev22:21"
 
@@ -40,6 +41,7 @@ typedef struct args {
     const char *schedule;
     const char *save, *resume, *log, *override, *tensorboard;
     int64_t threads, zero;
+    nb_dtype precision; /* --precision: NB_F32 (default), NB_BF16, NB_F16 */
     uint64_t seed;
     /* sampling */
     bool sample;
@@ -85,6 +87,8 @@ static void usage(const args *a, FILE *out) {
             "  --tensorboard DIR  TensorBoard scalars (loss, lr, grad norm, tokens/s, step\n"
             "                   time, validation loss, memory) in an event file in DIR\n"
             "  --threads N      CPU threads (default: all cores)\n"
+            "  --precision P    fp32, bf16 or fp16: autocast of the steps and evaluations\n"
+            "                   (default fp32; docs/mixed-precision.md)\n"
             "  --zero S         ZeRO stage 0-2: 1 shards the optimizer state over the ranks,\n"
             "                   2 also the gradients (default 0: nb_ddp); --save then writes\n"
             "                   a sharded checkpoint (a directory) that --resume reshards\n"
@@ -126,7 +130,7 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--seed", BOTH},         {"--load", SAMPLE},       {"--prompt", SAMPLE},
                  {"--tokens", SAMPLE},     {"--temperature", SAMPLE}, {"--top-k", SAMPLE},
                  {"--override", TRAIN},    {"--tensorboard", TRAIN}, {"--zero", TRAIN},
-                 {"--keep", TRAIN}};
+                 {"--keep", TRAIN},        {"--precision", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -188,6 +192,7 @@ static int parse_args(int argc, char **argv, args *a) {
         STR("--save", save); STR("--resume", resume); STR("--log", log);
         STR("--override", override); STR("--tensorboard", tensorboard);
         I64("--threads", threads, 0, NB_MAX_THREADS); I64("--zero", zero, 0, 3);
+        else if (!strcmp(f, "--precision")) ok = nbm_parse_precision("gpt", v, &a->precision);
         else if (!strcmp(f, "--seed")) {
             if ((ok = nb_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
         }
@@ -313,7 +318,7 @@ done:
 /* Mean loss over the fixed validation batches (the generator is rewound each time, so
  * every evaluation sees the same batches), in eval mode without gradients. */
 static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t n,
-                       nb_tensor *x, nb_tensor *y, nb_comm *world) {
+                       nb_tensor *x, nb_tensor *y, nb_comm *world, nb_dtype prec) {
     const int rank = nb_comm_rank(world), size = nb_comm_size(world);
     nb_generator_set_stream(vgen, 0);
     nb_module_train(m, false);
@@ -322,7 +327,11 @@ static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t
     for (int64_t i = 0; i < n && !isnan(sum); i++) {
         nb_scope_begin(); /* every rank draws every batch (same stream), evaluates its share */
         nb_status st = nb_text_sample(val, vgen, x, y);
-        nb_tensor *l = st == NB_OK && i % size == rank ? nb_gpt_loss(m, x, y) : NULL;
+        nb_tensor *l = NULL;
+        if (st == NB_OK && i % size == rank && nbm_precision_begin(prec) == NB_OK) {
+            l = nb_gpt_loss(m, x, y);
+            nbm_precision_end(prec);
+        }
         if (st != NB_OK || (i % size == rank && !l)) sum = NAN;
         else if (l) sum += nb_item_f64(l);
         nb_scope_end();
@@ -514,6 +523,7 @@ static void config_settings(run *r) {
     nb_run_config_int(c, "bias", a->bias);
     nb_run_config_fixed(c, shape);
     nb_run_config_int(c, "gelu-tanh", a->gelu_tanh);
+    if (a->precision != NB_F32) nb_run_config_str(c, "precision", nbm_precision_name(a->precision));
     nb_run_config_int(c, "batch", a->batch);
     nb_run_config_int(c, "grad-accum", a->grad_accum);
     nb_run_config_num(c, "lr", a->lr);
@@ -618,7 +628,9 @@ static void print_header(const run *r) {
                r->zero ? nb_zero_num_buckets(r->zero) : nb_ddp_num_buckets(r->ddp));
     else
         printf("%d threads", nb_get_num_threads());
-    printf(", gemm %s\n", nb_gemm_provider_name(nb_gemm_provider_current()));
+    printf(", gemm %s, precision %s\n", nb_gemm_provider_name(nb_gemm_provider_current()),
+           nbm_precision_name(r->a->precision));
+    nbm_precision_note("gpt", r->a->precision, stdout);
     fflush(stdout);
 }
 
@@ -638,10 +650,12 @@ static bool train_step(run *r, step_result *o) {
             return fail(r, "%s", nb_last_error());
     o->lr = nb_optim_get_lr(r->opt, 0);
     nb_clear_error(); /* a NaN below is an error only when one is set */
+    if (nbm_precision_begin(r->a->precision) != NB_OK) return fail(r, "%s", nb_last_error());
     double loss = r->zero ? nb_gpt_train_step_zero(r->model, r->opt, r->zero, r->xl, r->yl,
                                                    (int)r->N, r->a->grad_clip, &o->grad_norm)
                           : nb_gpt_train_step(r->model, r->opt, r->ddp, r->xl, r->yl, (int)r->N,
                                               r->a->grad_clip, &o->grad_norm);
+    nbm_precision_end(r->a->precision);
     if (isnan(loss) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
     o->comm_ms = r->zero  ? nb_zero_exposed_comm_s(r->zero) * 1e3
@@ -709,7 +723,7 @@ static void log_step(run *r, const step_result *o) {
 static bool evaluate_and_log(run *r, double train_loss) {
     double te = nb_time_s();
     r->val_loss = evaluate(r->model, r->val, r->val_gen, r->a->eval_batches, r->xs[0],
-                           r->ys[0], r->world);
+                           r->ys[0], r->world, r->a->precision);
     if (isnan(r->val_loss)) return fail(r, "evaluation: %s", nb_last_error());
     r->val_step = r->step;
     if (isnan(train_loss)) return true; /* the evaluation of a run with nothing to train */
@@ -800,6 +814,8 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_int(out, "ranks", r->size);
     nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
     nb_jsonl_num(out, "peak_rss_mib", rss_mib, 0);
+    nb_jsonl_str(out, "precision", nbm_precision_name(r->a->precision));
+    nb_jsonl_str(out, "precision_path", nbm_precision_path(r->a->precision));
     double state_mib[4];
     nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_int(out, "zero", r->a->zero);
