@@ -152,7 +152,7 @@ typedef enum { TILE_DNNL_F32, TILE_BLAS_F32, TILE_BLAS_F64, TILE_DNNL_BF16 } til
 
 static int dnnl_bf16_tile(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha,
                           const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
-                          float beta, float *C, int64_t ldc);
+                          float beta, void *C, int64_t ldc, bool c_bf16, const float *bias);
 
 typedef struct tile_job {
     tile_kind kind;
@@ -163,6 +163,8 @@ typedef struct tile_job {
     void *C;
     int64_t lda, ldb, ldc;
     int64_t mb, nb, ncols; /* tile height, width, tiles per row of tiles */
+    bool c_bf16;           /* TILE_DNNL_BF16: C is bf16 */
+    const float *bias;     /* TILE_DNNL_BF16: NULL or N floats added to every row */
     atomic_int status;     /* the first failing dnnl_status_t, 0 (dnnl_success) if none */
 } tile_job;
 
@@ -193,9 +195,11 @@ static void tile_task(int64_t t, void *p) {
                    (const float *)j->B + ob, j->ldb, (float)j->beta, (float *)j->C + oc, j->ldc);
         break;
     case TILE_DNNL_BF16: {
+        void *c = j->c_bf16 ? (void *)((uint16_t *)j->C + oc) : (void *)((float *)j->C + oc);
         int st = dnnl_bf16_tile(j->ta, j->tb, m, n, j->K, (float)j->alpha,
                                 (const uint16_t *)j->A + oa, j->lda, (const uint16_t *)j->B + ob,
-                                j->ldb, (float)j->beta, (float *)j->C + oc, j->ldc);
+                                j->ldb, (float)j->beta, c, j->ldc, j->c_bf16,
+                                j->bias ? j->bias + n0 : NULL);
         if (st != 0) {
             int ok = 0;
             atomic_compare_exchange_strong(&j->status, &ok, st);
@@ -227,14 +231,14 @@ static void tile_grid(int64_t M, int64_t N, int64_t K, int64_t *mb, int64_t *nb)
 
 /* Runs the GEMM as tiles; returns the first failing dnnl_status_t (only oneDNN fails here),
  * 0 if none. */
-static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-                 double alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
-                 double beta, void *C, int64_t ldc) {
+static int tiled_ex(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                    double alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                    double beta, void *C, int64_t ldc, bool c_bf16, const float *bias) {
     tile_job j = {.kind = kind, .ta = transA, .tb = transB, .M = M, .N = N, .K = K,
                   .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C, .lda = lda,
-                  .ldb = ldb, .ldc = ldc, .status = 0};
+                  .ldb = ldb, .ldc = ldc, .c_bf16 = c_bf16, .bias = bias, .status = 0};
     tile_grid(M, N, K, &j.mb, &j.nb);
-    if (kind == TILE_DNNL_BF16 && j.nb < N) {
+    if (kind == TILE_DNNL_BF16) {
         /* oneDNN's fast bf16 kernels (brgemm) want dense rows: bf16 tiles span all of N and
          * cut M only, as many tiles as the grid had (rows aligned to TILE_ALIGN). */
         int64_t ntiles = ((M + j.mb - 1) / j.mb) * ((N + j.nb - 1) / j.nb) / BF16_TILE_DIV;
@@ -247,6 +251,13 @@ static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N,
     int64_t tiles = (M + j.mb - 1) / j.mb * j.ncols;
     nb__run_tasks(tiles, nb_get_num_threads(), tile_task, &j);
     return atomic_load(&j.status);
+}
+
+static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                 double alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                 double beta, void *C, int64_t ldc) {
+    return tiled_ex(kind, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, false,
+                    NULL);
 }
 
 static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
@@ -315,14 +326,14 @@ static nb_status gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_
 typedef struct bf_key {
     int64_t m, n, K, lda, ldb, ldc;
     float alpha, beta;
-    int ta, tb;
+    int ta, tb, c_bf16, bias;
 } bf_key;
 
 typedef struct bf_entry {
     bf_key key;
     bool used;
     dnnl_primitive_t prim;
-    dnnl_memory_desc_t src, wei, dst, scratch;
+    dnnl_memory_desc_t src, wei, dst, bias, scratch;
     size_t scratch_bytes;
 } bf_entry;
 
@@ -354,10 +365,15 @@ static dnnl_status_t bf_create(const bf_key *k, bf_entry *e) {
     e->key = *k;
     if ((st = dnnl_memory_desc_init_by_strides(&e->src, 2, ad, dnnl_bf16, as)) ||
         (st = dnnl_memory_desc_init_by_strides(&e->wei, 2, bd, dnnl_bf16, bs)) ||
-        (st = dnnl_memory_desc_init_by_strides(&e->dst, 2, cd, dnnl_f32, cs)))
+        (st = dnnl_memory_desc_init_by_strides(&e->dst, 2, cd, k->c_bf16 ? dnnl_bf16 : dnnl_f32,
+                                               cs)))
+        return st;
+    if (k->bias && (st = dnnl_memory_desc_init_by_strides(&e->bias, 2, (dnnl_dims_t){1, k->n},
+                                                          dnnl_f32, (dnnl_dims_t){k->n, 1})))
         return st;
     dnnl_matmul_desc_t md;
-    if ((st = dnnl_matmul_desc_init(&md, &e->src, &e->wei, NULL, &e->dst))) return st;
+    if ((st = dnnl_matmul_desc_init(&md, &e->src, &e->wei, k->bias ? &e->bias : NULL, &e->dst)))
+        return st;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
@@ -416,35 +432,39 @@ static dnnl_status_t bf_lookup(const bf_key *k, bf_entry *out, bool *owned) {
 
 static int dnnl_bf16_tile(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha,
                           const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
-                          float beta, float *C, int64_t ldc) {
+                          float beta, void *C, int64_t ldc, bool c_bf16, const float *bias) {
     bf_key k;
     memset(&k, 0, sizeof k); /* padding takes part in the hash and the comparison */
     k.m = m, k.n = n, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
-    k.alpha = alpha, k.beta = beta, k.ta = ta, k.tb = tb;
+    k.alpha = alpha, k.beta = beta, k.ta = ta, k.tb = tb, k.c_bf16 = c_bf16, k.bias = bias != NULL;
     bf_entry e;
     bool owned;
     dnnl_status_t st = bf_lookup(&k, &e, &owned);
     if (st) return (int)st;
     dnnl_stream_t s = NULL;
-    dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+    dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
     void *scratch = NULL;
     st = dnnl_stream_create(&s, g_bf_engine, dnnl_stream_default_flags);
     if (!st) st = dnnl_memory_create(&mem[0], &e.src, g_bf_engine, (void *)(uintptr_t)A);
     if (!st) st = dnnl_memory_create(&mem[1], &e.wei, g_bf_engine, (void *)(uintptr_t)B);
     if (!st) st = dnnl_memory_create(&mem[2], &e.dst, g_bf_engine, C);
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]},
+                               {DNNL_ARG_DST, mem[2]}};
     int nargs = 3;
+    if (!st && bias) {
+        st = dnnl_memory_create(&mem[3], &e.bias, g_bf_engine, (void *)(uintptr_t)bias);
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mem[3]};
+    }
     if (!st && e.scratch_bytes > 0) {
         if (!(scratch = nb_host_alloc(e.scratch_bytes))) st = dnnl_out_of_memory;
-        if (!st) st = dnnl_memory_create(&mem[3], &e.scratch, g_bf_engine, scratch);
-        nargs = 4;
+        if (!st) st = dnnl_memory_create(&mem[4], &e.scratch, g_bf_engine, scratch);
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[4]};
     }
     if (!st) {
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]},
-                                   {DNNL_ARG_DST, mem[2]}, {DNNL_ARG_SCRATCHPAD, mem[3]}};
         st = dnnl_primitive_execute(e.prim, s, nargs, args);
         if (!st) st = dnnl_stream_wait(s);
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (mem[i]) dnnl_memory_destroy(mem[i]);
     if (s) dnnl_stream_destroy(s);
     nb_host_free(scratch);
@@ -454,8 +474,8 @@ static int dnnl_bf16_tile(bool ta, bool tb, int64_t m, int64_t n, int64_t K, flo
 #else
 static int dnnl_bf16_tile(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha,
                           const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
-                          float beta, float *C, int64_t ldc) {
-    (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)alpha, (void)A, (void)lda, (void)B;
+                          float beta, void *C, int64_t ldc, bool c_bf16, const float *bias) {
+    (void)c_bf16, (void)bias, (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)alpha, (void)A, (void)lda, (void)B;
     (void)ldb, (void)beta, (void)C, (void)ldc;
     return -1; /* never called: nb_gemm_bf16_native() is false without oneDNN */
 }
@@ -528,6 +548,41 @@ static nb_status gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64
     return st;
 }
 
+/* bf16 C = op(A) @ op(B) (+ bias in every row), rounded once from the f32 sums. */
+static nb_status gemm_bf16_out(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                               const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                               const float *bias, uint16_t *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return NB_OK;
+    if (K > 0 && nb_gemm_bf16_native()) {
+        int st = tiled_ex(TILE_DNNL_BF16, transA, transB, M, N, K, 1.0, A, lda, B, ldb, 0.0, C,
+                          ldc, true, bias);
+        if (st == 0) return NB_OK;
+#if NB_HAVE_DNNL
+        if (st == dnnl_out_of_memory)
+            return nb__error(NB_ENOMEM, "matmul: oneDNN ran out of memory in a bf16 matmul "
+                                        "(%lld x %lld x %lld)",
+                             (long long)M, (long long)K, (long long)N);
+#endif
+        return nb__error(NB_EINTERNAL, "matmul: oneDNN's bf16 matmul failed with status %d "
+                         "(%lld x %lld x %lld)",
+                         st, (long long)M, (long long)K, (long long)N);
+    }
+    /* f32 products into a scratch matrix, then rounded into C row by row. */
+    float *tmp = nb_host_alloc(sizeof(float) * (size_t)(M * N));
+    if (!tmp)
+        return nb__error(NB_ENOMEM, "matmul: no memory for a bf16 matmul's f32 result "
+                                    "(%lld x %lld)",
+                         (long long)M, (long long)N);
+    if (bias)
+        for (int64_t i = 0; i < M; i++) memcpy(tmp + i * N, bias, sizeof(float) * (size_t)N);
+    nb_status st = gemm_bf16(transA, transB, M, N, K, 1.0f, A, lda, B, ldb, bias ? 1.0f : 0.0f,
+                             tmp, N);
+    if (st == NB_OK)
+        for (int64_t i = 0; i < M; i++) nb__f32_to_bf16_n(tmp + i * N, C + i * ldc, N);
+    nb_host_free(tmp);
+    return st;
+}
+
 nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
                         const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                         float beta, float *C, int64_t ldc) {
@@ -593,6 +648,14 @@ static nb_status gemm_one(const nb__gemm_args *g, int64_t oa, int64_t ob, int64_
         if (g->bias) fill_rows_double(C, g->ldc, g->bias, g->M, g->N);
         return nb__gemm_f64(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, A, g->lda, B,
                             g->ldb, g->beta, C, g->ldc);
+    }
+    if (g->dtype == NB_BF16 && g->c_bf16) { /* bf16 operands and C, f32 bias */
+        if (g->alpha != 1.0 || g->beta != (g->bias ? 1.0 : 0.0))
+            return nb__error(NB_EINTERNAL, "matmul: a bf16 C takes alpha 1 and no beta");
+        const uint16_t *A = g->a ? (const uint16_t *)g->a + oa : NULL;
+        const uint16_t *B = g->b ? (const uint16_t *)g->b + ob : NULL;
+        return gemm_bf16_out(g->trans_a, g->trans_b, g->M, g->N, g->K, A, g->lda, B, g->ldb,
+                             g->bias, (uint16_t *)g->c + oc, g->ldc);
     }
     if (g->dtype == NB_BF16) { /* bf16 operands, f32 C and bias */
         const uint16_t *A = g->a ? (const uint16_t *)g->a + oa : NULL;

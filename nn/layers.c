@@ -64,16 +64,18 @@ static nb_tensor *operand(nb_tensor *t, nb_dtype cdt, lin_mat *m) {
  * bias is non-NULL; ta/tb say whether the stored A and B are read transposed. */
 static nb_status gemm(nb_device dev, nb_dtype odt, bool ta, bool tb, int64_t M, int64_t N,
                       int64_t K, const lin_mat *A, const lin_mat *B, const void *bias, void *C,
-                      int64_t ldc) {
+                      int64_t ldc, nb_dtype cdt) {
     nb__gemm_args g = {.dtype = odt, .trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K,
                        .alpha = 1.0, .beta = bias ? 1.0 : 0.0, .a = A->p, .lda = A->ld,
-                       .b = B->p, .ldb = B->ld, .c = C, .ldc = ldc, .bias = bias};
+                       .b = B->p, .ldb = B->ld, .c = C, .ldc = ldc, .bias = bias,
+                       .c_bf16 = cdt == NB_BF16};
     return nb__run_gemm(dev, "linear", &g);
 }
 
 /* The dtype of the outputs (and bias) of the GEMMs. */
 static nb_dtype compute_dtype(nb_dtype dt) { return dt == NB_F64 ? NB_F64 : NB_F32; }
-/* The dtype the operands go to the GEMM in: bf16 as it is where the device takes it. */
+/* The dtype the operands go to the GEMM in: bf16 as it is where the device takes it; then
+ * the GEMM also writes bf16 results directly (rounded once from f32 sums). */
 static nb_dtype operand_dtype(nb_dtype dt, nb_device dev) {
     return dt == NB_BF16 && nb__gemm_takes_bf16(dev) ? NB_BF16 : compute_dtype(dt);
 }
@@ -134,7 +136,8 @@ nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    nb_tensor *out = nb__empty(oshape, x->ndim, cdt, dev);
+    nb_dtype rdt = odt == NB_BF16 ? NB_BF16 : cdt; /* the GEMM's output */
+    nb_tensor *out = nb__empty(oshape, x->ndim, rdt, dev);
     lin_mat X, W;
     nb_tensor *xc = out ? operand(x, odt, &X) : NULL;
     nb_tensor *wc = xc ? operand(w, odt, &W) : NULL;
@@ -143,9 +146,9 @@ nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     if (st == NB_OK && M > 0 && N > 0) {
         /* out (M, N) = X (M, K) @ W^T + b; W^T is W with the transpose flag flipped. */
         st = gemm(dev, odt, X.trans, !W.trans, M, N, K, &X, &W, bc ? nb__ptr(bc) : NULL,
-                  nb__ptr(out), N);
+                  nb__ptr(out), N, rdt);
     }
-    if (st == NB_OK && cdt != dt) out = nb_to_dtype(out, dt);
+    if (st == NB_OK && rdt != dt) out = nb_to_dtype(out, dt);
     if (st != NB_OK || !out) out = NULL;
     nb_keep(out);
     nb_scope_end();
@@ -168,7 +171,7 @@ nb_status nb__bw_LINEAR(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     int64_t K = w->shape[1], N = w->shape[0], M = nb__numel_of(x->shape, x->ndim - 1);
     nb_device dev;
     if (!nb__check_devices("linear", (nb_tensor *[]){g, x, w}, 3, &dev)) return nb_last_status();
-    nb_dtype odt = operand_dtype(x->dtype, dev);
+    nb_dtype odt = operand_dtype(x->dtype, dev), rdt = odt == NB_BF16 ? NB_BF16 : cdt;
     lin_mat G, X, W;
     nb_tensor *gc = operand(g, odt, &G);
     if (!gc) return nb_last_status();
@@ -176,19 +179,19 @@ nb_status nb__bw_LINEAR(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     /* An empty inner dim (N for dx, M for dw) makes the GEMM write zeros. */
     if (wants(n, 0)) {
         /* dx (M, K) = G (M, N) @ W (N, K) */
-        nb_tensor *dx = operand(w, odt, &W) ? nb__empty(x->shape, x->ndim, cdt, dev) : NULL;
+        nb_tensor *dx = operand(w, odt, &W) ? nb__empty(x->shape, x->ndim, rdt, dev) : NULL;
         if (!dx) return nb_last_status();
         if (M > 0 && K > 0 &&
-            (st = gemm(dev, odt, G.trans, W.trans, M, K, N, &G, &W, NULL, nb__ptr(dx), K)))
+            (st = gemm(dev, odt, G.trans, W.trans, M, K, N, &G, &W, NULL, nb__ptr(dx), K, rdt)))
             return st;
         gin[0] = dx;
     }
     if (wants(n, 1)) {
         /* dw (N, K) = G^T (N, M) @ X (M, K) */
-        nb_tensor *dw = operand(x, odt, &X) ? nb__empty(w->shape, 2, cdt, dev) : NULL;
+        nb_tensor *dw = operand(x, odt, &X) ? nb__empty(w->shape, 2, rdt, dev) : NULL;
         if (!dw) return nb_last_status();
         if (N > 0 && K > 0 &&
-            (st = gemm(dev, odt, !G.trans, X.trans, N, K, M, &G, &X, NULL, nb__ptr(dw), K)))
+            (st = gemm(dev, odt, !G.trans, X.trans, N, K, M, &G, &X, NULL, nb__ptr(dw), K, rdt)))
             return st;
         gin[1] = dw;
     }
