@@ -523,7 +523,6 @@ static void config_settings(run *r) {
     nb_run_config_int(c, "bias", a->bias);
     nb_run_config_fixed(c, shape);
     nb_run_config_int(c, "gelu-tanh", a->gelu_tanh);
-    if (a->precision != NB_F32) nb_run_config_str(c, "precision", nbm_precision_name(a->precision));
     nb_run_config_int(c, "batch", a->batch);
     nb_run_config_int(c, "grad-accum", a->grad_accum);
     nb_run_config_num(c, "lr", a->lr);
