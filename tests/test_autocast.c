@@ -116,8 +116,10 @@ START_TEST(test_cast_cache) {
     nb_set_grad_enabled(true);
     nb_tensor *y3 = nb_linear(x, w, NULL);
     ck_assert_int_eq(nb_autocast_cache_size(), 1);
+    nb_scope_begin();
     double v1 = nb_item_f64(nb_select(nb_select(y1, 0, 0), 0, 0));
     double v3 = nb_item_f64(nb_select(nb_select(y3, 0, 0), 0, 0));
+    nb_scope_end();
     ck_assert_msg(fabs(v3 - 2 * v1) <= 0.02 * fabs(v1) + 1e-3, "recast after the write: %g vs 2 x %g",
                   v3, v1);
     ck_assert_int_eq(nb_autocast_end(), NB_OK);
