@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
+#include "tensor/autocast.h"
 #include "tensor/trace.h"
 
 /* Span names of the backward rules (tensor/trace.h): "linear backward", ... */
@@ -517,8 +518,11 @@ static nb_status backward_run(nb_tensor *out, const nb_backward_opts *opts) {
 nb_status nb_backward_ex(nb_tensor *out, const nb_backward_opts *opts) {
     int tok = NB__SPAN_BEGIN("backward", NULL, NB__CAT_BACKWARD);
     tl_depth++;
+    /* The rules compute in the dtypes the forward saved: autocast off (nabla/autocast.h). */
+    nb_dtype ac = nb__autocast_suspend();
     nb_status st = backward_run(out, opts);
     if (--tl_depth == 0 && tl_ncb) st = run_end_callbacks(st);
+    nb__autocast_resume(ac);
     NB__SPAN_END(tok);
     return st;
 }

@@ -20,6 +20,7 @@
 
 #include "autograd/autograd_impl.h"
 #include "nabla/random.h"
+#include "tensor/autocast.h"
 
 typedef struct {
     nb_generator *g;
@@ -34,6 +35,7 @@ struct nb__recompute {
     uint64_t *versions;    /* their storages' versions when saved */
     gen_state gens[2];     /* the thread default generator, and opts.gen when another */
     int ngens;
+    nb_dtype autocast;     /* the autocast dtype the forward ran under (NB_F32: off) */
 };
 
 static void recompute_free(void *ext) {
@@ -151,6 +153,7 @@ nb_tensor *nb_recompute(nb_recompute_fn fn, nb_tensor *const *inputs, int n, voi
     rc->fn = fn, rc->ctx = ctx, rc->ninputs = n, rc->inputs = saved, rc->versions = versions;
     memcpy(rc->gens, gens, sizeof gens);
     rc->ngens = ngens;
+    rc->autocast = nb_autocast_dtype();
     bool ok = true;
     for (int i = 0; i < n; i++) {
         saved[i] = NULL;
@@ -204,7 +207,11 @@ nb_status nb__bw_RECOMPUTE(nb__node *n, nb_tensor *g, nb_tensor **gin) {
         gen_state now[2];
         for (int i = 0; i < rc->ngens; i++) now[i] = state_of(rc->gens[i].g), set_state(&rc->gens[i]);
         bool prev = nb_set_grad_enabled(true);
-        y = rc->fn(in, ni, rc->ctx);
+        /* the replay computes in the dtypes the forward did (the engine runs rules with
+         * autocast off), so its values, and the gradients, are the forward's */
+        int ac = nb__autocast_replay_begin(rc->autocast);
+        y = ac < 0 ? NULL : rc->fn(in, ni, rc->ctx);
+        nb__autocast_replay_end(ac);
         nb_set_grad_enabled(prev);
         for (int i = 0; i < rc->ngens; i++) set_state(&now[i]);
         if (!y && nb_last_status() != NB_OK) {

@@ -10,12 +10,15 @@
  * found it. Every GEMM is cut into tiles that do not depend on the thread count, one
  * single-threaded provider call each, run on nabla's workers (see "tiles" below). */
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cblas.h>
+
+#include "nabla/memory.h"
 
 #include "cpu/backend.h"
 #include "cpu/cpu_impl.h"
@@ -142,8 +145,14 @@ NB__BLAS_SLABS(double, cblas_dgemm)
 #define TILE_MACS ((int64_t)1 << 24) /* 16M multiply-adds: some 0.2-0.5 ms of one core */
 #define MAX_TILES 16
 #define TILE_ALIGN 16 /* tile edges at multiples of 16 elements (64 bytes of f32) */
+/* bf16 tiles run about 3x faster than f32 ones: fewer, larger tiles (env for measuring) */
+#define BF16_TILE_DIV 4
 
-typedef enum { TILE_DNNL_F32, TILE_BLAS_F32, TILE_BLAS_F64 } tile_kind;
+typedef enum { TILE_DNNL_F32, TILE_BLAS_F32, TILE_BLAS_F64, TILE_DNNL_BF16 } tile_kind;
+
+static int dnnl_bf16_tile(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha,
+                          const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                          float beta, void *C, int64_t ldc, bool c_bf16, const float *bias);
 
 typedef struct tile_job {
     tile_kind kind;
@@ -154,6 +163,8 @@ typedef struct tile_job {
     void *C;
     int64_t lda, ldb, ldc;
     int64_t mb, nb, ncols; /* tile height, width, tiles per row of tiles */
+    bool c_bf16;           /* TILE_DNNL_BF16: C is bf16 */
+    const float *bias;     /* TILE_DNNL_BF16: NULL or N floats added to every row */
     atomic_int status;     /* the first failing dnnl_status_t, 0 (dnnl_success) if none */
 } tile_job;
 
@@ -183,6 +194,18 @@ static void tile_task(int64_t t, void *p) {
         blas_float(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)j->A + oa, j->lda,
                    (const float *)j->B + ob, j->ldb, (float)j->beta, (float *)j->C + oc, j->ldc);
         break;
+    case TILE_DNNL_BF16: {
+        void *c = j->c_bf16 ? (void *)((uint16_t *)j->C + oc) : (void *)((float *)j->C + oc);
+        int st = dnnl_bf16_tile(j->ta, j->tb, m, n, j->K, (float)j->alpha,
+                                (const uint16_t *)j->A + oa, j->lda, (const uint16_t *)j->B + ob,
+                                j->ldb, (float)j->beta, c, j->ldc, j->c_bf16,
+                                j->bias ? j->bias + n0 : NULL);
+        if (st != 0) {
+            int ok = 0;
+            atomic_compare_exchange_strong(&j->status, &ok, st);
+        }
+        break;
+    }
     case TILE_BLAS_F64:
         blas_double(j->ta, j->tb, m, n, j->K, j->alpha, (const double *)j->A + oa, j->lda,
                     (const double *)j->B + ob, j->ldb, j->beta, (double *)j->C + oc, j->ldc);
@@ -208,17 +231,33 @@ static void tile_grid(int64_t M, int64_t N, int64_t K, int64_t *mb, int64_t *nb)
 
 /* Runs the GEMM as tiles; returns the first failing dnnl_status_t (only oneDNN fails here),
  * 0 if none. */
-static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-                 double alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
-                 double beta, void *C, int64_t ldc) {
+static int tiled_ex(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                    double alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                    double beta, void *C, int64_t ldc, bool c_bf16, const float *bias) {
     tile_job j = {.kind = kind, .ta = transA, .tb = transB, .M = M, .N = N, .K = K,
                   .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C, .lda = lda,
-                  .ldb = ldb, .ldc = ldc, .status = 0};
+                  .ldb = ldb, .ldc = ldc, .c_bf16 = c_bf16, .bias = bias, .status = 0};
     tile_grid(M, N, K, &j.mb, &j.nb);
+    if (kind == TILE_DNNL_BF16) {
+        /* oneDNN's fast bf16 kernels (brgemm) want dense rows: bf16 tiles span all of N and
+         * cut M only, as many tiles as the grid had (rows aligned to TILE_ALIGN). */
+        int64_t ntiles = ((M + j.mb - 1) / j.mb) * ((N + j.nb - 1) / j.nb) / BF16_TILE_DIV;
+        if (ntiles < 1) ntiles = 1;
+        int64_t h = (M + ntiles - 1) / ntiles;
+        j.mb = (h + TILE_ALIGN - 1) / TILE_ALIGN * TILE_ALIGN;
+        j.nb = N;
+    }
     j.ncols = (N + j.nb - 1) / j.nb;
     int64_t tiles = (M + j.mb - 1) / j.mb * j.ncols;
     nb__run_tasks(tiles, nb_get_num_threads(), tile_task, &j);
     return atomic_load(&j.status);
+}
+
+static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                 double alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                 double beta, void *C, int64_t ldc) {
+    return tiled_ex(kind, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, false,
+                    NULL);
 }
 
 static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
@@ -267,6 +306,294 @@ static nb_status gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_
                          (long long)K);
     tiled(TILE_BLAS_F64, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return NB_OK;
+}
+
+/* ---- bf16 -------------------------------------------------------------------------------------
+ * C (f32) = alpha * op(A) @ op(B) + beta * C with A and B in bf16, every product and sum in
+ * f32. Native (nb_gemm_bf16_native): oneDNN's matmul primitive with bf16 source and weights
+ * and an f32 destination, whose AVX512-BF16 kernels (vdpbf16ps) run several times the f32
+ * rate; it runs on the same shape-only tiles as sgemm, each tile one single-threaded
+ * primitive, so the bits do not depend on the thread count. Otherwise (the OpenBLAS
+ * provider, which has no bf16 GEMM, or a CPU without AVX512-BF16) the operands are widened
+ * to f32 and go through sgemm: the same products, at the f32 rate plus the conversion.
+ *
+ * oneDNN's C API has no bf16 gemm function, hence the primitive. Creating one costs far more
+ * than running a tile, so they are cached here by tile geometry (a model has a handful of
+ * shapes); each is created on a task thread, where OpenMP allows one thread, so it is a
+ * single-threaded primitive. Scratchpads are the caller's (user mode), from the caching host
+ * allocator, so one primitive may run on several threads at once. */
+#if NB_HAVE_DNNL
+typedef struct bf_key {
+    int64_t m, n, K, lda, ldb, ldc;
+    float alpha, beta;
+    int ta, tb, c_bf16, bias;
+} bf_key;
+
+typedef struct bf_entry {
+    bf_key key;
+    bool used;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t src, wei, dst, bias, scratch;
+    size_t scratch_bytes;
+} bf_entry;
+
+#define BF_CACHE 256 /* open addressing; when full, primitives are made per call */
+static bf_entry g_bf_cache[BF_CACHE];
+static pthread_mutex_t g_bf_lock = PTHREAD_MUTEX_INITIALIZER;
+static dnnl_engine_t g_bf_engine;
+static bool g_bf_engine_ok;
+static pthread_once_t g_bf_once = PTHREAD_ONCE_INIT;
+static void bf_engine_init(void) {
+    g_bf_engine_ok = dnnl_engine_create(&g_bf_engine, dnnl_cpu, 0) == dnnl_success;
+}
+
+static uint64_t bf_hash(const bf_key *k) {
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Create the primitive of one tile geometry into e (not yet in the cache). */
+static dnnl_status_t bf_create(const bf_key *k, bf_entry *e) {
+    dnnl_dims_t ad = {k->m, k->K}, bd = {k->K, k->n}, cd = {k->m, k->n};
+    dnnl_dims_t as = {k->ta ? 1 : k->lda, k->ta ? k->lda : 1};
+    dnnl_dims_t bs = {k->tb ? 1 : k->ldb, k->tb ? k->ldb : 1};
+    dnnl_dims_t cs = {k->ldc, 1};
+    dnnl_status_t st;
+    memset(e, 0, sizeof *e);
+    e->key = *k;
+    if ((st = dnnl_memory_desc_init_by_strides(&e->src, 2, ad, dnnl_bf16, as)) ||
+        (st = dnnl_memory_desc_init_by_strides(&e->wei, 2, bd, dnnl_bf16, bs)) ||
+        (st = dnnl_memory_desc_init_by_strides(&e->dst, 2, cd, k->c_bf16 ? dnnl_bf16 : dnnl_f32,
+                                               cs)))
+        return st;
+    if (k->bias && (st = dnnl_memory_desc_init_by_strides(&e->bias, 2, (dnnl_dims_t){1, k->n},
+                                                          dnnl_f32, (dnnl_dims_t){k->n, 1})))
+        return st;
+    dnnl_matmul_desc_t md;
+    if ((st = dnnl_matmul_desc_init(&md, &e->src, &e->wei, k->bias ? &e->bias : NULL, &e->dst)))
+        return st;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    if ((st = dnnl_primitive_attr_create(&attr))) return st;
+    st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (!st && k->alpha != 1.0f) st = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha);
+    if (!st && k->beta != 0.0f) {
+        st = dnnl_post_ops_create(&po);
+        if (!st) st = dnnl_post_ops_append_sum(po, k->beta);
+        if (!st) st = dnnl_primitive_attr_set_post_ops(attr, po);
+        if (po) dnnl_post_ops_destroy(po);
+    }
+    if (!st) st = dnnl_primitive_desc_create(&pd, &md, attr, g_bf_engine, NULL);
+    dnnl_primitive_attr_destroy(attr);
+    if (st) return st;
+    const dnnl_memory_desc_t *sm = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    if (sm) e->scratch = *sm, e->scratch_bytes = dnnl_memory_desc_get_size(sm);
+    st = dnnl_primitive_create(&e->prim, pd);
+    dnnl_primitive_desc_destroy(pd);
+    return st;
+}
+
+/* The cached primitive of k (created on first use): a copy of its entry in *out. *owned
+ * says the primitive is not in the cache (full) and the caller destroys it. */
+static dnnl_status_t bf_lookup(const bf_key *k, bf_entry *out, bool *owned) {
+    uint64_t h = bf_hash(k);
+    *owned = false;
+    pthread_mutex_lock(&g_bf_lock);
+    for (int i = 0; i < BF_CACHE; i++) {
+        bf_entry *e = &g_bf_cache[(h + (uint64_t)i) % BF_CACHE];
+        if (!e->used) break;
+        if (!memcmp(&e->key, k, sizeof *k)) {
+            *out = *e;
+            pthread_mutex_unlock(&g_bf_lock);
+            return dnnl_success;
+        }
+    }
+    pthread_mutex_unlock(&g_bf_lock);
+    dnnl_status_t st = bf_create(k, out); /* outside the lock: it may take milliseconds */
+    if (st) return st;
+    pthread_mutex_lock(&g_bf_lock);
+    *owned = true;
+    for (int i = 0; i < BF_CACHE; i++) {
+        bf_entry *e = &g_bf_cache[(h + (uint64_t)i) % BF_CACHE];
+        if (e->used && !memcmp(&e->key, k, sizeof *k)) break; /* another thread won */
+        if (!e->used) {
+            *e = *out;
+            e->used = true;
+            *owned = false;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_bf_lock);
+    return dnnl_success;
+}
+
+static int dnnl_bf16_tile(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha,
+                          const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                          float beta, void *C, int64_t ldc, bool c_bf16, const float *bias) {
+    bf_key k;
+    memset(&k, 0, sizeof k); /* padding takes part in the hash and the comparison */
+    k.m = m, k.n = n, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
+    k.alpha = alpha, k.beta = beta, k.ta = ta, k.tb = tb, k.c_bf16 = c_bf16, k.bias = bias != NULL;
+    bf_entry e;
+    bool owned;
+    dnnl_status_t st = bf_lookup(&k, &e, &owned);
+    if (st) return (int)st;
+    dnnl_stream_t s = NULL;
+    dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
+    void *scratch = NULL;
+    st = dnnl_stream_create(&s, g_bf_engine, dnnl_stream_default_flags);
+    if (!st) st = dnnl_memory_create(&mem[0], &e.src, g_bf_engine, (void *)(uintptr_t)A);
+    if (!st) st = dnnl_memory_create(&mem[1], &e.wei, g_bf_engine, (void *)(uintptr_t)B);
+    if (!st) st = dnnl_memory_create(&mem[2], &e.dst, g_bf_engine, C);
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]},
+                               {DNNL_ARG_DST, mem[2]}};
+    int nargs = 3;
+    if (!st && bias) {
+        st = dnnl_memory_create(&mem[3], &e.bias, g_bf_engine, (void *)(uintptr_t)bias);
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mem[3]};
+    }
+    if (!st && e.scratch_bytes > 0) {
+        if (!(scratch = nb_host_alloc(e.scratch_bytes))) st = dnnl_out_of_memory;
+        if (!st) st = dnnl_memory_create(&mem[4], &e.scratch, g_bf_engine, scratch);
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[4]};
+    }
+    if (!st) {
+        st = dnnl_primitive_execute(e.prim, s, nargs, args);
+        if (!st) st = dnnl_stream_wait(s);
+    }
+    for (int i = 0; i < 5; i++)
+        if (mem[i]) dnnl_memory_destroy(mem[i]);
+    if (s) dnnl_stream_destroy(s);
+    nb_host_free(scratch);
+    if (owned) dnnl_primitive_destroy(e.prim);
+    return (int)st;
+}
+#else
+static int dnnl_bf16_tile(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha,
+                          const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                          float beta, void *C, int64_t ldc, bool c_bf16, const float *bias) {
+    (void)c_bf16, (void)bias, (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)alpha, (void)A, (void)lda, (void)B;
+    (void)ldb, (void)beta, (void)C, (void)ldc;
+    return -1; /* never called: nb_gemm_bf16_native() is false without oneDNN */
+}
+#endif
+
+bool nb_gemm_bf16_native(void) {
+#if NB_HAVE_DNNL
+    if (nb_gemm_provider_current() != NB_GEMM_DNNL) return false;
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) !=
+        (unsigned)dnnl_cpu_isa_avx512_core_bf16)
+        return false;
+    pthread_once(&g_bf_once, bf_engine_init);
+    return g_bf_engine_ok;
+#else
+    return false;
+#endif
+}
+
+const char *nb_gemm_bf16_path(void) {
+    if (nb_gemm_bf16_native()) return "dnnl matmul bf16 (AVX512-BF16)";
+    if (nb_gemm_provider_current() != NB_GEMM_DNNL)
+        return "f32 sgemm after conversion (the openblas provider has no bf16 GEMM)";
+    return "f32 sgemm after conversion (this CPU or oneDNN build has no AVX512-BF16)";
+}
+
+/* Elements a (rows x cols) operand spans in memory with row stride ld. */
+static int64_t span_of(int64_t rows, int64_t cols, int64_t ld) {
+    return rows <= 0 || cols <= 0 ? 0 : (rows - 1) * ld + cols;
+}
+
+static nb_status gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                           float alpha, const uint16_t *A, int64_t lda, const uint16_t *B,
+                           int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return NB_OK;
+    if (K <= 0 || alpha == 0.0f) {
+        scale_c_float(M, N, beta, C, ldc);
+        return NB_OK;
+    }
+    if (nb_gemm_bf16_native()) {
+        int st = tiled(TILE_DNNL_BF16, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                       ldc);
+        if (st == 0) return NB_OK;
+#if NB_HAVE_DNNL
+        if (st == dnnl_out_of_memory)
+            return nb__error(NB_ENOMEM, "matmul: oneDNN ran out of memory in a bf16 matmul "
+                                        "(%lld x %lld x %lld)",
+                             (long long)M, (long long)K, (long long)N);
+#endif
+        return nb__error(NB_EINTERNAL, "matmul: oneDNN's bf16 matmul failed with status %d "
+                                       "(%lld x %lld x %lld)",
+                         st, (long long)M, (long long)K, (long long)N);
+    }
+    /* The fallback: both operands widened to f32 (their whole stored extent), then sgemm. */
+    int64_t na = transA ? span_of(K, M, lda) : span_of(M, K, lda);
+    int64_t nbb = transB ? span_of(N, K, ldb) : span_of(K, N, ldb);
+    float *a32 = nb_host_alloc(sizeof(float) * (size_t)(na > 0 ? na : 1));
+    float *b32 = a32 ? nb_host_alloc(sizeof(float) * (size_t)(nbb > 0 ? nbb : 1)) : NULL;
+    if (!b32) {
+        nb_host_free(a32);
+        return nb__error(NB_ENOMEM, "matmul: no memory to widen a bf16 matmul's operands "
+                                    "(%lld x %lld x %lld)",
+                         (long long)M, (long long)K, (long long)N);
+    }
+    nb__bf16_to_f32_n(A, a32, na);
+    nb__bf16_to_f32_n(B, b32, nbb);
+    nb_status st = nb__gemm_f32(transA, transB, M, N, K, alpha, a32, lda, b32, ldb, beta, C, ldc);
+    nb_host_free(b32);
+    nb_host_free(a32);
+    return st;
+}
+
+/* bf16 C = op(A) @ op(B) (+ bias in every row), rounded once from the f32 sums. */
+static nb_status gemm_bf16_out(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                               const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                               const float *bias, uint16_t *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return NB_OK;
+    if (K > 0 && nb_gemm_bf16_native()) {
+        int st = tiled_ex(TILE_DNNL_BF16, transA, transB, M, N, K, 1.0, A, lda, B, ldb, 0.0, C,
+                          ldc, true, bias);
+        if (st == 0) return NB_OK;
+#if NB_HAVE_DNNL
+        if (st == dnnl_out_of_memory)
+            return nb__error(NB_ENOMEM, "matmul: oneDNN ran out of memory in a bf16 matmul "
+                                        "(%lld x %lld x %lld)",
+                             (long long)M, (long long)K, (long long)N);
+#endif
+        return nb__error(NB_EINTERNAL, "matmul: oneDNN's bf16 matmul failed with status %d "
+                         "(%lld x %lld x %lld)",
+                         st, (long long)M, (long long)K, (long long)N);
+    }
+    /* f32 products into a scratch matrix, then rounded into C row by row. */
+    float *tmp = nb_host_alloc(sizeof(float) * (size_t)(M * N));
+    if (!tmp)
+        return nb__error(NB_ENOMEM, "matmul: no memory for a bf16 matmul's f32 result "
+                                    "(%lld x %lld)",
+                         (long long)M, (long long)N);
+    if (bias)
+        for (int64_t i = 0; i < M; i++) memcpy(tmp + i * N, bias, sizeof(float) * (size_t)N);
+    nb_status st = gemm_bf16(transA, transB, M, N, K, 1.0f, A, lda, B, ldb, bias ? 1.0f : 0.0f,
+                             tmp, N);
+    if (st == NB_OK)
+        for (int64_t i = 0; i < M; i++) nb__f32_to_bf16_n(tmp + i * N, C + i * ldc, N);
+    nb_host_free(tmp);
+    return st;
+}
+
+nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
+                        const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                        float beta, float *C, int64_t ldc) {
+    if (!NB__TRACE_ACTIVE())
+        return gemm_bf16(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    int tok = nb__span_begin("bf16gemm", nb_gemm_bf16_native() ? "dnnl" : "f32 fallback",
+                             NB__CAT_GEMM);
+    nb_status st = gemm_bf16(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    NB__SPAN_END_WORK(tok, M > 0 && N > 0 ? 2 * M * N * K : 0,
+                      2 * (M * K + K * N) + 4 * M * N);
+    return st;
 }
 
 /* Each GEMM (all its tiles) is a span of the trace and the profiler ("sgemm", "dgemm"; the
@@ -322,6 +649,22 @@ static nb_status gemm_one(const nb__gemm_args *g, int64_t oa, int64_t ob, int64_
         return nb__gemm_f64(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, A, g->lda, B,
                             g->ldb, g->beta, C, g->ldc);
     }
+    if (g->dtype == NB_BF16 && g->c_bf16) { /* bf16 operands and C, f32 bias */
+        if (g->alpha != 1.0 || g->beta != (g->bias ? 1.0 : 0.0))
+            return nb__error(NB_EINTERNAL, "matmul: a bf16 C takes alpha 1 and no beta");
+        const uint16_t *A = g->a ? (const uint16_t *)g->a + oa : NULL;
+        const uint16_t *B = g->b ? (const uint16_t *)g->b + ob : NULL;
+        return gemm_bf16_out(g->trans_a, g->trans_b, g->M, g->N, g->K, A, g->lda, B, g->ldb,
+                             g->bias, (uint16_t *)g->c + oc, g->ldc);
+    }
+    if (g->dtype == NB_BF16) { /* bf16 operands, f32 C and bias */
+        const uint16_t *A = g->a ? (const uint16_t *)g->a + oa : NULL;
+        const uint16_t *B = g->b ? (const uint16_t *)g->b + ob : NULL;
+        float *C = (float *)g->c + oc;
+        if (g->bias) fill_rows_float(C, g->ldc, g->bias, g->M, g->N);
+        return nb__gemm_bf16(g->trans_a, g->trans_b, g->M, g->N, g->K, (float)g->alpha, A,
+                             g->lda, B, g->ldb, (float)g->beta, C, g->ldc);
+    }
     const float *A = g->a ? (const float *)g->a + oa : NULL;
     const float *B = g->b ? (const float *)g->b + ob : NULL;
     float *C = (float *)g->c + oc;
@@ -344,8 +687,8 @@ static nb_status gemm_batch(const nb__gemm_args *g, int64_t i) {
 }
 
 static nb_status cpu_gemm(const nb__gemm_args *g) {
-    if (g->dtype != NB_F32 && g->dtype != NB_F64)
-        return nb__error(NB_EDTYPE, "matmul: the CPU GEMM takes f32 or f64, got %s",
+    if (g->dtype != NB_F32 && g->dtype != NB_F64 && g->dtype != NB_BF16)
+        return nb__error(NB_EDTYPE, "matmul: the CPU GEMM takes f32, f64 or bf16, got %s",
                          nb_dtype_name(g->dtype));
     int64_t nbatch = 1;
     for (int d = 0; d < g->batch_ndim; d++) nbatch *= g->batch_shape[d];

@@ -31,5 +31,11 @@ nb_status nb__gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K
 nb_status nb__gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                        double alpha, const double *A, int64_t lda, const double *B,
                        int64_t ldb, double beta, double *C, int64_t ldc);
+/* bf16 A and B, f32 C: products and sums in f32. oneDNN's bf16 matmul primitive where
+ * nb_gemm_bf16_native() (nabla/runtime.h), else both operands widened to f32 for sgemm.
+ * Same tiles, same thread-count independence. */
+nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
+                        const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                        float beta, float *C, int64_t ldc);
 
 #endif

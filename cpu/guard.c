@@ -195,6 +195,7 @@ static nb__backend g_guard = {
     .name = "guard",
     .has_storage = true,
     .host_accessible = false,
+    .gemm_bf16 = true,
     .alloc = guard_alloc,
     .free = guard_free,
     .to_host = guard_copy_bytes,

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "ft.h"
 #include "guard.h"
+#include "precision.h"
 
 #include <nabla/parallel.h>
 #include <nabla/run.h>
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static void usage(const nbm_args *a, FILE *out) {
@@ -34,6 +36,8 @@ static void usage(const nbm_args *a, FILE *out) {
             "  --lr X           learning rate (default %g)\n"
             "  --seed N         seed of initialization, shuffling, dropout (default %llu)\n"
             "  --threads N      CPU threads (default: all cores)\n"
+            "  --precision P    fp32, bf16 or fp16: autocast of the steps and evaluations\n"
+            "                   (default fp32; docs/mixed-precision.md)\n"
             "  --data DIR       Fashion-MNIST directory (default %s)\n"
             "  --save FILE      write a checkpoint after every epoch\n"
             "  --save-every N   write it every N steps instead (and at the end)\n"
@@ -71,7 +75,7 @@ static const struct {
                    {"--save", false},   {"--resume", true},    {"--log", false},
                    {"--max-steps", false}, {"--limit", false}, {"--save-every", false},
                    {"--override", false}, {"--tensorboard", false}, {"--zero", false},
-                   {"--keep", false}, {"--async-save", false}};
+                   {"--keep", false}, {"--async-save", false}, {"--precision", true}};
 enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
 
 int nbm_parse_args(int argc, char **argv, nbm_args *a) {
@@ -117,6 +121,8 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
             if ((ok = nb_parse_int(a->prog, f, v, 0, INT64_MAX, &n))) a->seed = (uint64_t)n;
         } else if (!strcmp(f, "--threads")) {
             if ((ok = nb_parse_int(a->prog, f, v, 0, NB_MAX_THREADS, &n))) a->threads = (int)n;
+        } else if (!strcmp(f, "--precision")) {
+            ok = nbm_parse_precision(a->prog, v, &a->precision);
         } else if (!strcmp(f, "--data")) {
             a->data = v;
         } else if (!strcmp(f, "--save")) {
@@ -185,7 +191,7 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
  * several ranks, rank r evaluates the batches b with b % world == r and the sums are
  * reduced, so every rank gets the result over the whole set (exactly: no padding). */
 static nb_status evaluate(nb_module *m, nb_loader *l, nb_comm *world, double *acc,
-                          double *loss) {
+                          double *loss, nb_dtype prec) {
     int64_t correct = 0, total = 0;
     double loss_sum = 0;
     int rank = nb_comm_rank(world), size = nb_comm_size(world);
@@ -195,10 +201,12 @@ static nb_status evaluate(nb_module *m, nb_loader *l, nb_comm *world, double *ac
     for (nb_batch b; nb_loader_next(l, &b);) {
         if (b.index % size != rank) continue;
         nb_scope_begin();
-        nb_tensor *logits = nb_forward(m, b.x);
+        bool ac = nbm_precision_begin(prec) == NB_OK;
+        nb_tensor *logits = ac ? nb_forward(m, b.x) : NULL;
         nb_tensor *ok = nb_sum(nb_eq(nb_argmax(logits, 1, false), b.y), NULL, 0, false);
         nb_tensor *ls = nb_cross_entropy(logits, b.y,
                                          &(nb_cross_entropy_opts){.reduction = NB_REDUCTION_SUM});
+        if (ac) nbm_precision_end(prec);
         if (ok && ls) {
             correct += nb_item_i64(ok);
             loss_sum += nb_item_f64(ls);
@@ -388,7 +396,11 @@ static bool setup(run *r) {
 /* One training step on batch b; this rank's loss into *loss (NAN: the step was skipped). */
 static bool train_step(run *r, const nb_batch *b, double *loss) {
     nb_scope_begin();
-    nb_tensor *l = nb_cross_entropy(nb_forward(r->model, b->x), b->y, NULL);
+    nb_tensor *l = NULL;
+    if (nbm_precision_begin(r->a->precision) == NB_OK) { /* the forward and the loss */
+        l = nb_cross_entropy(nb_forward(r->model, b->x), b->y, NULL);
+        nbm_precision_end(r->a->precision);
+    }
     double f = nbm_guard_test_factor(r->step + 1, r->rank); /* 1, but NaN in tests */
     if (l && f != 1.0) l = nb_mul_scalar(l, f);
     nb_status s = l ? nb_zero_grad(r->opt) : nb_last_status();
@@ -548,6 +560,9 @@ static void print_header(const run *r) {
         printf("%s: %lld parameters, %lld steps per epoch, batch %lld, %d threads, gemm %s\n",
                r->spec->name, (long long)nb_num_parameters(r->model), (long long)r->per_epoch,
                (long long)r->a->batch, nb_get_num_threads(), gemm);
+    if (r->a->precision != NB_F32) printf("%s: precision %s\n", r->spec->name,
+                                          nbm_precision_name(r->a->precision));
+    nbm_precision_note(r->a->prog, r->a->precision, stdout);
 }
 
 /* The training loop: epochs of steps, each followed by an evaluation and a checkpoint. */
@@ -567,7 +582,7 @@ static bool train(run *r) {
         if (r->step >= 10) r->steady_allocs = st.system_allocs - r->st0.system_allocs;
         /* the train loss over the global batches (the mean of the ranks' means) */
         r->train_loss = nb_mean_over_ranks(r->world, r->n_loss ? r->loss_sum / r->n_loss : NAN);
-        if (evaluate(r->model, r->test_l, r->world, &r->acc, &r->test_loss) != NB_OK)
+        if (evaluate(r->model, r->test_l, r->world, &r->acc, &r->test_loss, r->a->precision) != NB_OK)
             return fail(r, "evaluation: %s",
                         *nb_last_error() ? nb_last_error() : "failed on another rank");
         log_epoch(r, pos.epoch, nb_time_s() - t_epoch, &st);
@@ -603,6 +618,11 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_int(out, "ranks", r->size);
     nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
     nb_jsonl_int(out, "zero", r->a->zero);
+    struct rusage ru; /* peak resident memory, as the gpt program reports it */
+    getrusage(RUSAGE_SELF, &ru);
+    nb_jsonl_num(out, "peak_rss_mib", (double)ru.ru_maxrss / 1024.0, 0);
+    nb_jsonl_str(out, "precision", nbm_precision_name(r->a->precision));
+    nb_jsonl_str(out, "precision_path", nbm_precision_path(r->a->precision));
     double state_mib[4];
     nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
@@ -658,7 +678,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
              .steady_allocs = -1, .saved_step = -1, .init = nb_generator_new(a->seed)};
     nbm_save_async(a->async_save != 0);
     bool ok = setup(&r) && (a->eval_only || (train(&r) && nbm_save_end(a->prog, r.zero)));
-    if (ok && isnan(r.acc) && !r.stop && evaluate(r.model, r.test_l, r.world, &r.acc, &r.test_loss) != NB_OK)
+    if (ok && isnan(r.acc) && !r.stop && evaluate(r.model, r.test_l, r.world, &r.acc, &r.test_loss, r.a->precision) != NB_OK)
         ok = fail(&r, "evaluation: %s",
                   *nb_last_error() ? nb_last_error() : "failed on another rank");
     int rc = 1;

@@ -25,6 +25,7 @@
 #include "nabla/nn.h"
 #include "nabla/random.h"
 #include "tensor/backend.h"
+#include "tensor/autocast.h"
 
 static const char *const OP = "causal_attention";
 
@@ -138,6 +139,10 @@ nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double 
     NB__CHECK_ARG(q, OP, "q");
     NB__CHECK_ARG(k, OP, "k");
     NB__CHECK_ARG(v, OP, "v");
+    q = nb__autocast(q, NB_AUTOCAST_LOW); /* nabla/autocast.h */
+    k = nb__autocast(k, NB_AUTOCAST_LOW);
+    v = nb__autocast(v, NB_AUTOCAST_LOW);
+    if (!q || !k || !v) return NULL;
     nb_device dev;
     if (!nb__check_devices(OP, (nb_tensor *[]){q, k, v}, 3, &dev)) return NULL;
     if (!check_input(q, "q") || !check_input(k, "k") || !check_input(v, "v")) return NULL;
@@ -196,6 +201,7 @@ nb_tensor *nb_causal_attention_qkv(nb_tensor *qkv, int64_t n_head, double scale,
                                    double dropout_p, bool training, nb_generator *gen) {
     static const char *const OPQ = "causal_attention_qkv";
     NB__CHECK_ARG(qkv, OPQ, "qkv");
+    if (!(qkv = nb__autocast(qkv, NB_AUTOCAST_LOW))) return NULL; /* nabla/autocast.h */
     const nb_device dev = nb__device_of(qkv);
     if (!nb_dtype_is_float(qkv->dtype))
         return nb__error(NB_EDTYPE, "%s: qkv has dtype %s; attention needs f32, f64, f16 or "

@@ -13,6 +13,7 @@
 #include "nabla/nn.h"
 #include "nabla/random.h"
 #include "tensor/backend.h"
+#include "tensor/autocast.h"
 
 static void pair_or(const int64_t *v, int64_t def, int64_t out[2]) {
     out[0] = v ? v[0] : def;
@@ -103,6 +104,10 @@ nb_tensor *nb_conv2d(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t str
                      const int64_t padding[2], const int64_t dilation[2], int64_t groups) {
     NB__CHECK_ARG(x, "conv2d", "x");
     NB__CHECK_ARG(w, "conv2d", "weight");
+    x = nb__autocast(x, NB_AUTOCAST_LOW); /* nabla/autocast.h */
+    if (w && !(w = nb__autocast(w, NB_AUTOCAST_LOW))) return NULL;
+    if (b && !(b = nb__autocast(b, NB_AUTOCAST_LOW))) return NULL;
+    if (!x) return NULL;
     nb_device dev;
     if (!nb__check_devices("conv2d", (nb_tensor *[]){x, w, b}, 3, &dev)) return NULL;
     int64_t s[2], p[2], d[2];

@@ -8,13 +8,16 @@
  * transposed operand in whatever layout it is stored. Only other layouts are copied. The
  * bias goes to the `gemm` kernel (tensor/kernels/matmul.h), which writes it into every
  * output row first and adds the product onto it (beta = 1), so the bias costs one write
- * pass and no extra read. f16/bf16 are computed in f32. Each GEMM is one nb__run_gemm. */
+ * pass and no extra read. bf16 operands go to the GEMM as they are where the device's gemm
+ * takes them (f32 sums, f32 output rounded to bf16 once); f16, and bf16 elsewhere, are
+ * computed in f32. Each GEMM is one nb__run_gemm. */
 #include <math.h>
 #include <string.h>
 
 #include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "tensor/backend.h"
+#include "tensor/autocast.h"
 
 /* ---- matrices as the GEMM sees them ---------------------------------------------------------- */
 /* A (rows x cols) matrix: element (i, j) at p[i * ld + j] (trans false) or p[j * ld + i]
@@ -59,16 +62,23 @@ static nb_tensor *operand(nb_tensor *t, nb_dtype cdt, lin_mat *m) {
 
 /* C (M, N), row stride ldc, = op(A) @ op(B), plus the bias (N elements) in every row when
  * bias is non-NULL; ta/tb say whether the stored A and B are read transposed. */
-static nb_status gemm(nb_device dev, nb_dtype cdt, bool ta, bool tb, int64_t M, int64_t N,
+static nb_status gemm(nb_device dev, nb_dtype odt, bool ta, bool tb, int64_t M, int64_t N,
                       int64_t K, const lin_mat *A, const lin_mat *B, const void *bias, void *C,
-                      int64_t ldc) {
-    nb__gemm_args g = {.dtype = cdt, .trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K,
+                      int64_t ldc, nb_dtype cdt) {
+    nb__gemm_args g = {.dtype = odt, .trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K,
                        .alpha = 1.0, .beta = bias ? 1.0 : 0.0, .a = A->p, .lda = A->ld,
-                       .b = B->p, .ldb = B->ld, .c = C, .ldc = ldc, .bias = bias};
+                       .b = B->p, .ldb = B->ld, .c = C, .ldc = ldc, .bias = bias,
+                       .c_bf16 = cdt == NB_BF16};
     return nb__run_gemm(dev, "linear", &g);
 }
 
+/* The dtype of the outputs (and bias) of the GEMMs. */
 static nb_dtype compute_dtype(nb_dtype dt) { return dt == NB_F64 ? NB_F64 : NB_F32; }
+/* The dtype the operands go to the GEMM in: bf16 as it is where the device takes it; then
+ * the GEMM also writes bf16 results directly (rounded once from f32 sums). */
+static nb_dtype operand_dtype(nb_dtype dt, nb_device dev) {
+    return dt == NB_BF16 && nb__gemm_takes_bf16(dev) ? NB_BF16 : compute_dtype(dt);
+}
 
 /* ---- nb_linear ---------------------------------------------------------------------------- */
 /* The arguments' checks; their common device in *dev. */
@@ -112,9 +122,13 @@ static bool linear_check(nb_tensor *x, nb_tensor *w, nb_tensor *b, nb_device *de
 nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     NB__CHECK_ARG(x, "linear", "x");
     NB__CHECK_ARG(w, "linear", "w");
+    x = nb__autocast(x, NB_AUTOCAST_LOW); /* nabla/autocast.h: the casts are on the tape */
+    if (w && !(w = nb__autocast(w, NB_AUTOCAST_LOW))) return NULL;
+    if (b && !(b = nb__autocast(b, NB_AUTOCAST_LOW))) return NULL;
+    if (!x) return NULL;
     nb_device dev;
     if (!linear_check(x, w, b, &dev)) return NULL;
-    nb_dtype dt = x->dtype, cdt = compute_dtype(dt);
+    nb_dtype dt = x->dtype, cdt = compute_dtype(dt), odt = operand_dtype(dt, dev);
     int64_t K = w->shape[1], N = w->shape[0], M = nb__numel_of(x->shape, x->ndim - 1);
     int64_t oshape[NB_MAX_DIMS];
     memcpy(oshape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
@@ -122,18 +136,19 @@ nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    nb_tensor *out = nb__empty(oshape, x->ndim, cdt, dev);
+    nb_dtype rdt = odt == NB_BF16 ? NB_BF16 : cdt; /* the GEMM's output */
+    nb_tensor *out = nb__empty(oshape, x->ndim, rdt, dev);
     lin_mat X, W;
-    nb_tensor *xc = out ? operand(x, cdt, &X) : NULL;
-    nb_tensor *wc = xc ? operand(w, cdt, &W) : NULL;
+    nb_tensor *xc = out ? operand(x, odt, &X) : NULL;
+    nb_tensor *wc = xc ? operand(w, odt, &W) : NULL;
     nb_tensor *bc = wc && b ? nb_contiguous(nb_to_dtype(b, cdt)) : NULL;
     nb_status st = wc && (bc || !b) ? NB_OK : nb_last_status();
     if (st == NB_OK && M > 0 && N > 0) {
         /* out (M, N) = X (M, K) @ W^T + b; W^T is W with the transpose flag flipped. */
-        st = gemm(dev, cdt, X.trans, !W.trans, M, N, K, &X, &W, bc ? nb__ptr(bc) : NULL,
-                  nb__ptr(out), N);
+        st = gemm(dev, odt, X.trans, !W.trans, M, N, K, &X, &W, bc ? nb__ptr(bc) : NULL,
+                  nb__ptr(out), N, rdt);
     }
-    if (st == NB_OK && cdt != dt) out = nb_to_dtype(out, dt);
+    if (st == NB_OK && rdt != dt) out = nb_to_dtype(out, dt);
     if (st != NB_OK || !out) out = NULL;
     nb_keep(out);
     nb_scope_end();
@@ -156,26 +171,27 @@ nb_status nb__bw_LINEAR(nb__node *n, nb_tensor *g, nb_tensor **gin) {
     int64_t K = w->shape[1], N = w->shape[0], M = nb__numel_of(x->shape, x->ndim - 1);
     nb_device dev;
     if (!nb__check_devices("linear", (nb_tensor *[]){g, x, w}, 3, &dev)) return nb_last_status();
+    nb_dtype odt = operand_dtype(x->dtype, dev), rdt = odt == NB_BF16 ? NB_BF16 : cdt;
     lin_mat G, X, W;
-    nb_tensor *gc = operand(g, cdt, &G);
+    nb_tensor *gc = operand(g, odt, &G);
     if (!gc) return nb_last_status();
     nb_status st = NB_OK;
     /* An empty inner dim (N for dx, M for dw) makes the GEMM write zeros. */
     if (wants(n, 0)) {
         /* dx (M, K) = G (M, N) @ W (N, K) */
-        nb_tensor *dx = operand(w, cdt, &W) ? nb__empty(x->shape, x->ndim, cdt, dev) : NULL;
+        nb_tensor *dx = operand(w, odt, &W) ? nb__empty(x->shape, x->ndim, rdt, dev) : NULL;
         if (!dx) return nb_last_status();
         if (M > 0 && K > 0 &&
-            (st = gemm(dev, cdt, G.trans, W.trans, M, K, N, &G, &W, NULL, nb__ptr(dx), K)))
+            (st = gemm(dev, odt, G.trans, W.trans, M, K, N, &G, &W, NULL, nb__ptr(dx), K, rdt)))
             return st;
         gin[0] = dx;
     }
     if (wants(n, 1)) {
         /* dw (N, K) = G^T (N, M) @ X (M, K) */
-        nb_tensor *dw = operand(x, cdt, &X) ? nb__empty(w->shape, 2, cdt, dev) : NULL;
+        nb_tensor *dw = operand(x, odt, &X) ? nb__empty(w->shape, 2, rdt, dev) : NULL;
         if (!dw) return nb_last_status();
         if (N > 0 && K > 0 &&
-            (st = gemm(dev, cdt, !G.trans, X.trans, N, K, M, &G, &X, NULL, nb__ptr(dw), K)))
+            (st = gemm(dev, odt, !G.trans, X.trans, N, K, M, &G, &X, NULL, nb__ptr(dw), K, rdt)))
             return st;
         gin[1] = dw;
     }

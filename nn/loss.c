@@ -34,6 +34,7 @@
 #include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "tensor/backend.h"
+#include "tensor/autocast.h"
 
 static bool float_ok(const nb_tensor *t, const char *op, const char *name) {
     if (nb_dtype_is_float(t->dtype)) return true;
@@ -128,6 +129,7 @@ static nb_tensor *class_loss(nb_tensor *x, nb_tensor *t, const nb_cross_entropy_
     const char *op = ce ? "cross_entropy" : "nll_loss";
     NB__CHECK_ARG(x, op, "input");
     NB__CHECK_ARG(t, op, "target");
+    if (!(x = nb__autocast(x, NB_AUTOCAST_F32))) return NULL; /* nabla/autocast.h */
     nb_cross_entropy_opts o = opts ? *opts : nb_cross_entropy_defaults();
     nb_device dev;
     if (!cls_check(x, t, &o, op, ce, &dev)) return NULL;
@@ -229,6 +231,9 @@ static nb_tensor *pointwise_loss(nb_tensor *pred, nb_tensor *target, nb_reductio
     const char *op = l1 ? "l1_loss" : "mse_loss";
     NB__CHECK_ARG(pred, op, "pred");
     NB__CHECK_ARG(target, op, "target");
+    pred = nb__autocast(pred, NB_AUTOCAST_F32); /* nabla/autocast.h */
+    target = nb__autocast(target, NB_AUTOCAST_F32);
+    if (!pred || !target) return NULL;
     if (!nb__check_devices(op, (nb_tensor *[]){pred, target}, 2, NULL) ||
         !float_ok(pred, op, "pred") ||
         !float_ok(target, op, "target") || !reduction_ok(r, op))
@@ -284,6 +289,10 @@ nb_tensor *nb_bce_with_logits(nb_tensor *logits, nb_tensor *target, nb_tensor *p
     const char *op = "bce_with_logits";
     NB__CHECK_ARG(logits, op, "logits");
     NB__CHECK_ARG(target, op, "target");
+    logits = nb__autocast(logits, NB_AUTOCAST_F32); /* nabla/autocast.h */
+    target = nb__autocast(target, NB_AUTOCAST_F32);
+    if (pos_weight && !(pos_weight = nb__autocast(pos_weight, NB_AUTOCAST_F32))) return NULL;
+    if (!logits || !target) return NULL;
     nb_device dev;
     if (!nb__check_devices(op, (nb_tensor *[]){logits, target, pos_weight}, 3, &dev))
         return NULL;

@@ -15,6 +15,7 @@
 #include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "tensor/backend.h"
+#include "tensor/autocast.h"
 
 static nb_dtype compute_dtype(nb_dtype dt) { return dt == NB_F64 ? NB_F64 : NB_F32; }
 
@@ -73,6 +74,10 @@ static bool check_eps(double eps, const char *op) {
 nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps) {
     const char *op = "layer_norm";
     NB__CHECK_ARG(x, op, "x");
+    x = nb__autocast(x, NB_AUTOCAST_F32); /* nabla/autocast.h */
+    if (w && !(w = nb__autocast(w, NB_AUTOCAST_F32))) return NULL;
+    if (b && !(b = nb__autocast(b, NB_AUTOCAST_F32))) return NULL;
+    if (!x) return NULL;
     if (!check_input(x, op, 1, "(..., features)")) return NULL;
     int64_t D = x->shape[x->ndim - 1], N = nb__numel_of(x->shape, x->ndim - 1);
     if (!check_affine(w, op, "weight", D, x->dtype, "the input's last dim") ||
@@ -157,6 +162,10 @@ nb_tensor *nb_batch_norm(nb_tensor *x, nb_tensor *running_mean, nb_tensor *runni
                          double eps) {
     const char *op = "batch_norm";
     NB__CHECK_ARG(x, op, "x");
+    x = nb__autocast(x, NB_AUTOCAST_F32); /* nabla/autocast.h */
+    if (w && !(w = nb__autocast(w, NB_AUTOCAST_F32))) return NULL;
+    if (b && !(b = nb__autocast(b, NB_AUTOCAST_F32))) return NULL;
+    if (!x) return NULL;
     if (!check_input(x, op, 2, "(N, C, ...)")) return NULL;
     int64_t N = x->shape[0], C = x->shape[1], S = nb__numel_of(x->shape + 2, x->ndim - 2);
     if (!check_affine(w, op, "weight", C, x->dtype, "the input's channels") ||

@@ -50,6 +50,7 @@ typedef struct nb__backend {
     const char *name;      /* "cpu", "cuda", "meta", "guard": used in messages */
     bool has_storage;      /* false for meta: tensors have no memory, kernels do not run */
     bool host_accessible;  /* the host may dereference its memory (nb_data, printing) */
+    bool gemm_bf16;        /* its gemm kernel takes bf16 a and b with an f32 c (matmul.h) */
     /* nbytes of device memory (NULL + error when out of memory or no device). nbytes 0
      * still returns a unique non-NULL pointer. */
     void *(*alloc)(nb_device dev, size_t nbytes);
@@ -130,6 +131,12 @@ static inline nb_status nb__run_traced(int tok, nb_status st, nb__work w) {
     }
 NB__KERNELS(NB__RUN_DEF)
 #undef NB__RUN_DEF
+
+/* Whether dev's gemm kernel takes bf16 operands (else the op widens them to f32). */
+static inline bool nb__gemm_takes_bf16(nb_device dev) {
+    const nb__backend *be = nb__backend_of(dev, "matmul");
+    return be && be->gemm_bf16;
+}
 
 /* Whether dev's backend has a kernel `kernel` (by its NB__KERNELS name). */
 bool nb__backend_has_kernel(nb_device dev, const char *kernel);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <nabla/autocast.h>
 #include <nabla/gpt.h>
 #include "testutil.h"
 
@@ -350,6 +351,38 @@ START_TEST(test_gpt_memory) {
 }
 END_TEST
 
+/* Under bf16 autocast the replay computes in bf16 as the forward did (the engine runs the
+ * backward rules with autocast off): gradients bit-identical to no recompute. */
+static nb_tensor *mm_fn(nb_tensor *const *in, int n, void *ctx) {
+    (void)n;
+    return nb_tanh(nb_matmul(in[0], (nb_tensor *)ctx));
+}
+
+START_TEST(test_autocast_replay) {
+    nb_tensor *w = rnd((int64_t[]){16, 8}, 2, 11), *x = rnd((int64_t[]){4, 16}, 2, 12);
+    ck_assert_int_eq(nb_set_requires_grad(w, true), NB_OK);
+    ck_assert_int_eq(nb_set_requires_grad(x, true), NB_OK);
+    nb_tensor *g[2][2];
+    for (int rc = 0; rc < 2; rc++) {
+        nb_clear_grad(w), nb_clear_grad(x);
+        nb_scope_begin();
+        ck_assert_int_eq(nb_autocast_begin(NB_BF16), NB_OK);
+        nb_tensor *y = rc ? nb_recompute(mm_fn, &x, 1, w, NULL) : mm_fn(&x, 1, w);
+        ck_assert_ptr_nonnull(y);
+        nb_tensor *l = nb_sum(nb_to_dtype(y, NB_F32), NULL, 0, false);
+        ck_assert_int_eq(nb_autocast_end(), NB_OK);
+        ck_assert_int_eq(nb_backward(l), NB_OK);
+        nb_scope_end();
+        g[rc][0] = nb_clone(nb_grad(w)), g[rc][1] = nb_clone(nb_grad(x));
+    }
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(memcmp(nb_data(g[0][i]), nb_data(g[1][i]), (size_t)nb_numel(g[0][i]) * nb_dtype_size(nb_tensor_dtype(g[0][i]))), 0);
+        nb_tensor_free(g[0][i]), nb_tensor_free(g[1][i]);
+    }
+    nb_tensor_free(w), nb_tensor_free(x);
+}
+END_TEST
+
 Suite *nb_suite_recompute(void) {
     Suite *s = suite_create("recompute");
     TCase *tc = tcase_create("recompute");
@@ -358,6 +391,7 @@ Suite *nb_suite_recompute(void) {
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_gpt_bit_identical);
     tcase_add_test(tc, test_gpt_memory);
+    tcase_add_test(tc, test_autocast_replay);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -21,6 +21,7 @@
 #include "nabla/random.h"
 #include "nabla/runtime.h"
 #include "nabla/autograd.h"
+#include "nabla/autocast.h"
 #include "nabla/nn.h"
 #include "nabla/optim.h"
 #include "nabla/cuda.h"

@@ -51,6 +51,12 @@ nb_status nb_set_gemm_provider(nb_gemm_provider p);
 nb_gemm_provider nb_gemm_provider_current(void);
 const char *nb_gemm_provider_name(nb_gemm_provider p);
 bool nb_gemm_provider_available(nb_gemm_provider p);
+/* Whether bf16 matmuls run natively: the dnnl provider on a CPU with AVX512-BF16 (oneDNN's
+ * bf16 matmul, f32 accumulation). When false (the openblas provider, which has no bf16
+ * GEMM, or an older CPU) bf16 operands are widened to f32 and multiplied by sgemm: the
+ * same result, no speed gained. nb_gemm_bf16_path() says which, in words (static string). */
+bool nb_gemm_bf16_native(void);
+const char *nb_gemm_bf16_path(void);
 
 /* Which optional parts were compiled in. */
 bool nb_has_cuda(void);

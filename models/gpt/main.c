@@ -26,6 +26,7 @@
 #include "ft.h"
 #include "guard.h"
 #include "pipe.h"
+#include "precision.h"
 
 /* --comm-timeout, --on-nonfinite, --max-skips (guard.h), and the skipped steps' count */
 static nbm_guard guard;
@@ -49,6 +50,7 @@ typedef struct args {
     bool sequence_parallel;
     int64_t pp, microbatches, virtual_stages; /* --pp: pipeline parallel (models/gpt/pipe.c) */
     const char *pp_schedule;
+    nb_dtype precision; /* --precision: NB_F32 (default), NB_BF16, NB_F16 */
     uint64_t seed;
     /* sampling */
     bool sample;
@@ -98,6 +100,8 @@ static void usage(const args *a, FILE *out) {
             "  --tensorboard DIR  TensorBoard scalars (loss, lr, grad norm, tokens/s, step\n"
             "                   time, validation loss, memory) in an event file in DIR\n"
             "  --threads N      CPU threads (default: all cores)\n"
+            "  --precision P    fp32, bf16 or fp16: autocast of the steps and evaluations\n"
+            "                   (default fp32; docs/mixed-precision.md)\n"
             "  --zero S         ZeRO stage 0-3: 1 shards the optimizer state over the ranks,\n"
             "                   2 also the gradients, 3 also the parameters (default 0:\n"
             "                   nb_ddp); --save then writes a sharded checkpoint (a\n"
@@ -153,7 +157,8 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--keep", TRAIN},        {"--async-save", TRAIN},
                  {"--checkpoint-activations", TRAIN}, {"--tp", TRAIN},
                  {"--pp", TRAIN},          {"--microbatches", TRAIN},
-                 {"--pp-schedule", TRAIN}, {"--virtual-stages", TRAIN}};
+                 {"--pp-schedule", TRAIN}, {"--virtual-stages", TRAIN},
+                 {"--precision", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -224,6 +229,7 @@ static int parse_args(int argc, char **argv, args *a) {
         I64("--tp", tp, 1, 65536);
         I64("--pp", pp, 1, 4096); I64("--microbatches", microbatches, 1, 4096);
         STR("--pp-schedule", pp_schedule); I64("--virtual-stages", virtual_stages, 1, 4096);
+        else if (!strcmp(f, "--precision")) ok = nbm_parse_precision("gpt", v, &a->precision);
         else if (!strcmp(f, "--seed")) {
             if ((ok = nb_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
         }
@@ -315,10 +321,11 @@ static int parse_args(int argc, char **argv, args *a) {
     }
     if (a->pp && (a->zero || a->grad_accum != 1 || a->log || a->tensorboard || a->keep ||
                   a->save_every || a->tp > 1 || a->async_save || strcmp(a->recompute, "none") ||
-                  guard.train_flag)) {
+                  guard.train_flag || a->precision != NB_F32)) {
         fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum and does "
                 "not take --zero, --tp, --log, --tensorboard, --keep, --save-every, "
-                "--async-save, --checkpoint-activations, --on-nonfinite or --max-skips yet\n");
+                "--async-save, --checkpoint-activations, --on-nonfinite, --max-skips or "
+                "--precision yet\n");
         return 2;
     }
     if (a->sample && !a->load) {
@@ -391,7 +398,7 @@ done:
 /* Mean loss over the fixed validation batches (the generator is rewound each time, so
  * every evaluation sees the same batches), in eval mode without gradients. */
 static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t n,
-                       nb_tensor *x, nb_tensor *y, nb_comm *world, nb_comm *dp) {
+                       nb_tensor *x, nb_tensor *y, nb_comm *world, nb_comm *dp, nb_dtype prec) {
     /* the data-parallel ranks share the batches out; a tensor-parallel group works on each
      * together (its ranks get the same sums) */
     const int rank = nb_comm_rank(dp), size = nb_comm_size(dp);
@@ -403,7 +410,11 @@ static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t
     for (int64_t i = 0; i < n && !isnan(sum); i++) {
         nb_scope_begin(); /* every rank draws every batch (same stream), evaluates its share */
         nb_status st = nb_text_sample(val, vgen, x, y);
-        nb_tensor *l = st == NB_OK && i % size == rank ? (tp ? nb_gpt_tp_loss(m, x, y) : nb_gpt_loss(m, x, y)) : NULL;
+        nb_tensor *l = NULL;
+        if (st == NB_OK && i % size == rank && nbm_precision_begin(prec) == NB_OK) {
+            l = tp ? nb_gpt_tp_loss(m, x, y) : nb_gpt_loss(m, x, y);
+            nbm_precision_end(prec);
+        }
         if (st != NB_OK || (i % size == rank && !l)) sum = NAN;
         else if (l) sum += nb_item_f64(l);
         nb_scope_end();
@@ -746,7 +757,9 @@ static void print_header(const run *r) {
                r->zero ? nb_zero_num_buckets(r->zero) : nb_ddp_num_buckets(r->ddp));
     else
         printf("%d threads", nb_get_num_threads());
-    printf(", gemm %s\n", nb_gemm_provider_name(nb_gemm_provider_current()));
+    printf(", gemm %s, precision %s\n", nb_gemm_provider_name(nb_gemm_provider_current()),
+           nbm_precision_name(r->a->precision));
+    nbm_precision_note("gpt", r->a->precision, stdout);
     fflush(stdout);
 }
 
@@ -767,12 +780,14 @@ static bool train_step(run *r, step_result *o) {
     o->lr = nb_optim_get_lr(r->opt, 0);
     nb_clear_error(); /* a NaN below is an error only when one is set */
     nb_tp_comm_stats_reset();
+    if (nbm_precision_begin(r->a->precision) != NB_OK) return fail(r, "%s", nb_last_error());
     double loss = r->topo ? nb_gpt_tp_train_step(r->model, r->opt, r->ddp, r->xl, r->yl,
                                                  (int)r->N, r->a->grad_clip, &o->grad_norm)
                 : r->zero ? nb_gpt_train_step_zero(r->model, r->opt, r->zero, r->xl, r->yl,
                                                    (int)r->N, r->a->grad_clip, &o->grad_norm)
                           : nb_gpt_train_step(r->model, r->opt, r->ddp, r->xl, r->yl, (int)r->N,
                                               r->a->grad_clip, &o->grad_norm);
+    nbm_precision_end(r->a->precision);
     if (isnan(loss) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
     o->comm_ms = r->zero  ? nb_zero_exposed_comm_s(r->zero) * 1e3
@@ -852,7 +867,7 @@ static void log_step(run *r, const step_result *o) {
 static bool evaluate_and_log(run *r, double train_loss) {
     double te = nb_time_s();
     r->val_loss = evaluate(r->model, r->val, r->val_gen, r->a->eval_batches, r->xs[0],
-                           r->ys[0], r->world, r->dp);
+                           r->ys[0], r->world, r->dp, r->a->precision);
     if (isnan(r->val_loss)) return fail(r, "evaluation: %s", nb_last_error());
     r->val_step = r->step;
     if (isnan(train_loss)) return true; /* the evaluation of a run with nothing to train */
@@ -950,6 +965,8 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
     nb_jsonl_num(out, "peak_rss_mib", rss_mib, 0);
     nb_jsonl_str(out, "checkpoint_activations", r->a->recompute);
+    nb_jsonl_str(out, "precision", nbm_precision_name(r->a->precision));
+    nb_jsonl_str(out, "precision_path", nbm_precision_path(r->a->precision));
     double state_mib[4];
     nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_int(out, "zero", r->a->zero);

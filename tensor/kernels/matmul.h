@@ -26,7 +26,11 @@ extern "C" {
  * beta == 0 (without bias) writes C without reading it (garbage or NaN there does not
  * propagate). Degenerate sizes are valid: M or N == 0 does nothing; K == 0 gives
  * beta * C (zeros for beta 0, or the bias) and never reads a or b (they may be NULL).
- * dtype: NB_F32 or NB_F64, of a, b, c and bias (half precision is converted by the op).
+ * dtype: NB_F32 or NB_F64, of a, b, c and bias; or NB_BF16, of a and b, with c and bias
+ * f32 (products and sums in f32), where the backend's gemm_bf16 flag says it takes it
+ * (tensor/backend.h). f16 is converted to f32 by the op.
+ * c_bf16 (with dtype NB_BF16 only): c is bf16 as well, each element rounded once from its
+ * f32 sum; then alpha is 1 and beta 0, or 1 with a bias (f32 still).
  * Errors: a provider failure (out of memory, a dimension beyond a 32-bit BLAS) comes back
  * as a status with the message set, naming "matmul". */
 typedef struct nb__gemm_args {
@@ -41,6 +45,7 @@ typedef struct nb__gemm_args {
     void *c;
     int64_t ldc;
     const void *bias;
+    bool c_bf16;
     int batch_ndim; /* 0..NB_MAX_DIMS */
     int64_t batch_shape[NB_MAX_DIMS];
     int64_t batch_stride_a[NB_MAX_DIMS], batch_stride_b[NB_MAX_DIMS];

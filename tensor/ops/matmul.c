@@ -26,6 +26,7 @@
 
 #include "tensor/tape.h"
 #include "tensor/backend.h"
+#include "tensor/autocast.h"
 
 /* One operand seen as a batch of 2-D matrices: its own batch dims (before broadcasting),
  * and the geometry of each (rows x cols) slice in elements. */
@@ -110,7 +111,8 @@ static void batch_strides(const mm_operand *o, int nbo, int64_t *out) {
 }
 
 /* out (contiguous, batch... x M x N, dtype f32 or f64, on dev) = a @ b. K >= 1,
- * numel(out) >= 1. */
+ * numel(out) >= 1. a and b have out's dtype (f32, f64, or bf16 where the device's GEMM
+ * takes it). */
 static nb_status mm_compute(nb_device dev, nb_tensor *a, nb_tensor *b, nb_tensor *out,
                             const int64_t *bshape, int nbo, int64_t M, int64_t N, int64_t K) {
     mm_operand A, B;
@@ -118,7 +120,7 @@ static nb_status mm_compute(nb_device dev, nb_tensor *a, nb_tensor *b, nb_tensor
     nb_status st;
     if ((st = prepare(&a, true, &A, &la)) != NB_OK) return st;
     if ((st = prepare(&b, false, &B, &lb)) != NB_OK) return st;
-    nb__gemm_args g = {.dtype = out->dtype, .trans_a = la.trans, .trans_b = lb.trans,
+    nb__gemm_args g = {.dtype = a->dtype, .c_bf16 = out->dtype == NB_BF16, .trans_a = la.trans, .trans_b = lb.trans,
                        .M = M, .N = N, .K = K, .alpha = 1.0, .beta = 0.0,
                        .a = A.ptr, .lda = la.ld, .b = B.ptr, .ldb = lb.ld,
                        .c = nb__ptr(out), .ldc = N};
@@ -218,10 +220,12 @@ static nb_tensor *matmul_impl(nb_tensor *a, nb_tensor *b) {
     nb_scope_begin();
     nb_tensor *ta = a, *tb = b, *out = NULL;
     nb_dtype cdt = dt;
-    if (dt == NB_F16 || dt == NB_BF16) {
-        /* Half inputs are computed in f32 and the result rounded back once.
-         * TODO(bf16 GEMM): send bf16 to oneDNN's matmul primitive (AVX512-BF16, f32
-         * accumulation) instead of converting; f16 likewise where the CPU has AVX512-FP16. */
+    if (dt == NB_BF16 && nb__gemm_takes_bf16(dev)) {
+        /* bf16 operands go to the GEMM as they are (oneDNN's bf16 matmul where the CPU has
+         * AVX512-BF16: cpu/gemm.c); it sums in f32 and writes each result rounded once. */
+    } else if (dt == NB_F16 || dt == NB_BF16) {
+        /* Other half inputs are computed in f32 and the result rounded back once. f16 has no
+         * fast GEMM on the CPUs nabla targets (that would need AVX512-FP16). */
         cdt = NB_F32;
         ta = nb_to_dtype(a, NB_F32);
         tb = nb_to_dtype(b, NB_F32);
@@ -231,7 +235,7 @@ static nb_tensor *matmul_impl(nb_tensor *a, nb_tensor *b) {
     if (!out) goto fail;
     if (K == 0) {
         /* An empty sum: zeros, as one (numel / N) x N GEMM with K = 0 and beta = 0. */
-        nb__gemm_args z = {.dtype = cdt, .M = numel / N, .N = N, .K = 0, .alpha = 1.0,
+        nb__gemm_args z = {.dtype = cdt, .c_bf16 = cdt == NB_BF16, .M = numel / N, .N = N, .K = 0, .alpha = 1.0,
                            .beta = 0.0, .c = nb__ptr(out), .ldc = N};
         if (nb__run_gemm(dev, "matmul", &z) != NB_OK) goto fail;
     } else if (mm_compute(dev, ta, tb, out, oshape, nbo, M, N, K) != NB_OK) {
@@ -247,6 +251,8 @@ fail:
 }
 
 nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
+    a = nb__autocast(a, NB_AUTOCAST_LOW); /* nabla/autocast.h: the cast is on the tape */
+    b = nb__autocast(b, NB_AUTOCAST_LOW);
     bool prev = nb_set_grad_enabled(false);
     nb_tensor *out = matmul_impl(a, b);
     nb_set_grad_enabled(prev);

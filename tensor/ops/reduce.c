@@ -21,6 +21,7 @@
 
 #include "tensor/tape.h"
 #include "tensor/backend.h"
+#include "tensor/autocast.h"
 
 static bool need_float(const nb_tensor *x, const char *op) {
     if (!nb_dtype_is_float(x->dtype)) {
@@ -181,6 +182,7 @@ nb_status nb__bw_MEAN(nb__node *n, nb_tensor *g, nb_tensor **gin) {
 }
 
 nb_tensor *nb_sum(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
+    x = nb__autocast(x, NB_AUTOCAST_F32); /* nabla/autocast.h */
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, "sum", mask)) return NULL;
     nb_dtype odt = nb_dtype_is_float(x->dtype) ? x->dtype : NB_I64;
@@ -189,6 +191,7 @@ nb_tensor *nb_sum(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
 }
 
 nb_tensor *nb_mean(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
+    x = nb__autocast(x, NB_AUTOCAST_F32); /* nabla/autocast.h */
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, "mean", mask) || !need_float(x, "mean")) return NULL;
     double count = (double)reduced_count(x, mask);
@@ -201,6 +204,7 @@ nb_tensor *nb_mean(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
 
 static nb_tensor *var_std(nb_tensor *x, const int *dims, int ndims, int correction,
                           bool keepdim, bool take_sqrt, const char *op) {
+    x = nb__autocast(x, NB_AUTOCAST_F32); /* nabla/autocast.h */
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, op, mask) || !need_float(x, op)) return NULL;
     double n = (double)reduced_count(x, mask), den = n - correction > 0 ? n - correction : 0;
@@ -248,6 +252,7 @@ nb_tensor *nb_std(nb_tensor *x, const int *dims, int ndims, int correction, bool
 }
 
 nb_tensor *nb_logsumexp(nb_tensor *x, const int *dims, int ndims, bool keepdim) {
+    x = nb__autocast(x, NB_AUTOCAST_F32); /* nabla/autocast.h */
     bool mask[NB_MAX_DIMS];
     if (!prologue(x, dims, ndims, "logsumexp", mask) || !need_float(x, "logsumexp"))
         return NULL;
@@ -424,6 +429,7 @@ nb_tensor *nb_argmin(nb_tensor *x, int dim, bool keepdim) {
 /* A contiguous input is read directly; a strided one is first copied into the output,
  * which the kernel then transforms in place (no temporary the size of the input). */
 static nb_tensor *softmax_impl(nb_tensor *x, int dim, bool lg, const char *op) {
+    x = nb__autocast(x, NB_AUTOCAST_F32); /* nabla/autocast.h */
     if (!nb__arg_ok(x, op, "x") || !need_float(x, op)) return NULL;
     int d = nb__wrap_dim(dim, x->ndim, op);
     if (d < 0) return NULL;
