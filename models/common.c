@@ -253,7 +253,8 @@ typedef struct run {
     nb_module *model;
     nb_optim *opt;
     nb_ddp *ddp;
-    nb_zero *zero; /* --zero 1|2 instead of ddp */
+    nb_zero *zero; /* --zero 1|2|3 instead of ddp */
+    nb_grad_scaler *scaler; /* --precision fp16: dynamic loss scaling; NULL otherwise */
     nb_checkpoint ck;
     nb_run_config cfg; /* the settings in the checkpoints */
     nb_jsonl *log;     /* --log (rank 0; NULL otherwise) */
@@ -339,6 +340,12 @@ static bool setup_model(run *r) {
     if (r->main_rank && a->tensorboard && !(r->tb = nb_summary_open(a->tensorboard)))
         return fail(r, "--tensorboard: %s", nb_last_error());
     r->ck = (nb_checkpoint){.model = r->model, .optim = r->opt, .loader = r->train_l};
+    if (a->precision == NB_F16) { /* fp16 gradients underflow without loss scaling */
+        if (!(r->scaler = nb_grad_scaler_new(NULL)) ||
+            (r->size > 1 && nb_grad_scaler_set_comm(r->scaler, r->world) != NB_OK))
+            return fail(r, "%s", nb_last_error());
+        r->ck.scaler = r->scaler; /* its scale and counters resume with the run */
+    }
     /* The settings that change the results travel with the checkpoint (nabla/run.h). */
     nb_run_config_num(&r->cfg, "lr", a->lr);
     nb_run_config_int(&r->cfg, "batch", a->batch);
@@ -404,9 +411,11 @@ static bool train_step(run *r, const nb_batch *b, double *loss) {
     double f = nbm_guard_test_factor(r->step + 1, r->rank); /* 1, but NaN in tests */
     if (l && f != 1.0) l = nb_mul_scalar(l, f);
     nb_status s = l ? nb_zero_grad(r->opt) : nb_last_status();
-    if (s == NB_OK) s = nb_backward(l); /* DDP: buckets start in here */
-    if (s == NB_OK && r->ddp) s = nb_ddp_sync(r->ddp);
+    /* fp16: the loss scaled up so small gradients survive in f16, unscaled before use */
+    if (s == NB_OK) s = nb_backward(r->scaler ? nb_grad_scaler_scale(r->scaler, l) : l);
+    if (s == NB_OK && r->ddp) s = nb_ddp_sync(r->ddp); /* DDP: buckets start in backward */
     if (s == NB_OK && r->zero) s = nb_zero_sync(r->zero);
+    if (s == NB_OK && r->scaler) s = nb_grad_scaler_unscale(r->scaler, r->opt);
     /* the norm of the gradient every rank applies (averaged over the ranks: the same on
      * all); a non-finite one is never applied, it would make every weight NaN */
     double norm = 0;
@@ -415,7 +424,14 @@ static bool train_step(run *r, const nb_batch *b, double *loss) {
                        : nb_clip_grad_norm(nb_optim_params(r->opt), INFINITY, 2);
         if (norm < 0) s = nb_last_status();
     }
-    if (s == NB_OK) s = isfinite(norm) ? nb_step(r->opt) : nb_zero_grad(r->opt);
+    if (s == NB_OK && r->scaler) {
+        /* an inf/NaN gradient is the scaler's to handle: it skips the step and halves the
+         * scale (an error naming the step once the scale falls below 1) */
+        s = nb_grad_scaler_step_update(r->scaler, r->opt);
+        if (!isfinite(norm)) norm = 0; /* not a diverged run: the guard does not see it */
+    } else if (s == NB_OK) {
+        s = isfinite(norm) ? nb_step(r->opt) : nb_zero_grad(r->opt);
+    }
     double lv = s == NB_OK ? nb_item_f64(l) : NAN;
     nb_scope_end();
     if (s != NB_OK) return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
@@ -658,6 +674,7 @@ static void teardown(run *r) {
     nb_summary_close(r->tb);
     nb_ddp_free(r->ddp);
     nb_zero_free(r->zero); /* before the optimizer and the model */
+    nb_grad_scaler_free(r->scaler);
     nb_optim_free(r->opt);
     nb_module_free(r->model);
     nb_loader_free(r->train_l);

@@ -30,11 +30,9 @@ void nbm_precision_note(const char *prog, nb_dtype dt, FILE *f) {
                    "bf16 gains no speed (NB_GEMM=dnnl on a CPU with AVX512-BF16 has one)\n",
                 prog, nb_gemm_bf16_path());
     else if (dt == NB_F16)
-        /* TODO(loss scaler): fp16 gradients can underflow without loss scaling; the f16
-         * loss scaler of optim/ is to be wired in here (nb_step through the scaler). */
         fprintf(f, "%s: --precision fp16: f16 storage with f32 math (this CPU has no fast f16 "
-                   "GEMM, so it is slower than fp32), and no loss scaling yet\n",
-                prog);
+                   "GEMM, so it is slower than fp32)%s\n",
+                prog, strcmp(prog, "gpt") ? ", dynamic loss scaling" : ", no loss scaling in gpt yet");
 }
 
 nb_status nbm_precision_begin(nb_dtype dt) {
