@@ -32,7 +32,7 @@ void nbm_precision_note(const char *prog, nb_dtype dt, FILE *f) {
     else if (dt == NB_F16)
         fprintf(f, "%s: --precision fp16: f16 storage with f32 math (this CPU has no fast f16 "
                    "GEMM, so it is slower than fp32)%s\n",
-                prog, strcmp(prog, "gpt") ? ", dynamic loss scaling" : ", no loss scaling in gpt yet");
+                prog, ", dynamic loss scaling");
 }
 
 nb_status nbm_precision_begin(nb_dtype dt) {

@@ -253,6 +253,62 @@ START_TEST(test_nonfinite_not_applied) {
 }
 END_TEST
 
+/* (c3) nb_gpt_train_step_ex with a loss scaler: a power-of-two scale gives the bits of the
+ * unscaled step; a scale that overflows the loss skips the step (weights unchanged, not an
+ * error) and halves the scale. */
+START_TEST(test_train_step_scaler) {
+    nb_scope_begin();
+    nb_gpt_config c = tiny_cfg;
+    nb_generator *g1 = nb_generator_new(3), *g2 = nb_generator_new(3);
+    nb_module *a = nb_gpt_new(&c, g1), *b = nb_gpt_new(&c, g2);
+    nb_optim *oa = make_adamw(a, 1e-3), *ob = make_adamw(b, 1e-3);
+    nb_tensor *x = tu_random((int64_t[]){2, 16}, 2, NB_I64, 0, 63.4, 1);
+    nb_tensor *y = tu_random((int64_t[]){2, 16}, 2, NB_I64, 0, 63.4, 2);
+    nb_grad_scaler_opts so = nb_grad_scaler_defaults();
+    so.init_scale = 1024;
+    nb_grad_scaler *gs = nb_grad_scaler_new(&so);
+    ck_assert_ptr_nonnull(gs);
+    double na, nb;
+    nb_gpt_step_opts o = nb_gpt_step_defaults();
+    o.grad_clip = 0.5;
+    double lb = nb_gpt_train_step_ex(b, ob, &x, &y, 1, &o, &nb);
+    o.scaler = gs;
+    double la = nb_gpt_train_step_ex(a, oa, &x, &y, 1, &o, &na);
+    ck_assert(isfinite(la) && la == lb && na == nb);
+    const nb_params *pa = nb_parameters(a), *pb = nb_parameters(b);
+    for (int i = 0; i < pa->count; i++) tu_assert_same_bytes(pa->tensors[i], pb->tensors[i]);
+    ck_assert_int_eq(nb_grad_scaler_num_steps(gs), 1);
+    nb_grad_scaler_free(gs);
+
+    so.init_scale = 1e300; /* the scaled f32 loss is inf: every gradient inf/NaN */
+    gs = nb_grad_scaler_new(&so);
+    o.scaler = gs;
+    nb_tensor *before[64];
+    ck_assert_int_le(pa->count, 64);
+    for (int i = 0; i < pa->count; i++) before[i] = nb_clone(pa->tensors[i]);
+    nb_clear_error();
+    la = nb_gpt_train_step_ex(a, oa, &x, &y, 1, &o, &na);
+    ck_assert_msg(isfinite(la) && !isfinite(na), "loss %g, norm %g", la, na);
+    ck_assert_int_eq(nb_last_status(), NB_OK);
+    ck_assert(nb_grad_scaler_skipped(gs));
+    ck_assert_int_eq(nb_grad_scaler_num_skipped(gs), 1);
+    ck_assert(nb_grad_scaler_get_scale(gs) == 5e299);
+    for (int i = 0; i < pa->count; i++) tu_assert_same_bytes(before[i], pa->tensors[i]);
+    o.ddp = (nb_ddp *)1, o.zero = (nb_zero *)1; /* never dereferenced: refused first */
+    ck_assert(isnan(nb_gpt_train_step_ex(a, oa, &x, &y, 1, &o, &na)));
+    ck_assert_int_eq(nb_last_status(), NB_EINVAL);
+    nb_clear_error();
+    nb_grad_scaler_free(gs);
+    nb_optim_free(oa);
+    nb_optim_free(ob);
+    nb_module_free(a);
+    nb_module_free(b);
+    nb_generator_free(g1);
+    nb_generator_free(g2);
+    nb_scope_end();
+}
+END_TEST
+
 /* (d) A short run on a small repetitive text must learn it. */
 START_TEST(test_training_learns) {
     nb_scope_begin();
@@ -537,6 +593,7 @@ Suite *nb_suite_gpt(void) {
     tcase_add_test(tc, test_init);
     tcase_add_test(tc, test_grad_accum);
     tcase_add_test(tc, test_nonfinite_not_applied);
+    tcase_add_test(tc, test_train_step_scaler);
     tcase_add_test(tc, test_training_learns);
     tcase_add_test(tc, test_save_load_sample);
     tcase_add_test(tc, test_generate_long);

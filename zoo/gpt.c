@@ -273,8 +273,8 @@ nb_tensor *nb_gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
 }
 
 static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero,
-                         nb_tensor *const *x, nb_tensor *const *y, int n_micro,
-                         double grad_clip, double *grad_norm) {
+                         nb_grad_scaler *scaler, nb_tensor *const *x, nb_tensor *const *y,
+                         int n_micro, double grad_clip, double *grad_norm) {
     if (grad_norm) *grad_norm = NAN;
     if (!m || !opt || !x || !y || n_micro < 1) {
         nb_set_error(NB_EINVAL, "nb_gpt_train_step: needs a model, an optimizer and n_micro >= 1 "
@@ -291,6 +291,8 @@ static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero
         /* Scaling the loss (not the gradients) by 1/n makes the accumulated gradient that
          * of the mean over all micro-batches, the loss of one n-times-larger batch. */
         nb_tensor *scaled = n_micro > 1 ? nb_mul_scalar(loss, 1.0 / n_micro) : loss;
+        /* fp16: the loss scaler's factor on top, so small gradients survive in f16 */
+        if (scaler && scaled) scaled = nb_grad_scaler_scale(scaler, scaled);
         st = scaled ? nb_backward(scaled) : nb_last_status();
         if (st == NB_OK) loss_sum += nb_item_f64(loss);
         nb_scope_end();
@@ -303,6 +305,7 @@ static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero
         nb_zero_set_sync_enabled(zero, true);
         if (st == NB_OK) st = nb_zero_sync(zero); /* each rank holds its averaged shard */
     }
+    if (st == NB_OK && scaler) st = nb_grad_scaler_unscale(scaler, opt); /* before the norm */
     if (st != NB_OK) return NAN;
     if (grad_clip > 0 || grad_norm) {
         double max = grad_clip > 0 ? grad_clip : INFINITY;
@@ -310,23 +313,41 @@ static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero
                            : nb_clip_grad_norm(nb_optim_params(opt), max, 2);
         if (norm < 0) return NAN;
         if (grad_norm) *grad_norm = norm;
+        /* With a loss scaler, an overflow is its business: it skips the step, backs off */
+        if (scaler) return nb_grad_scaler_step_update(scaler, opt) == NB_OK ? loss_sum / n_micro : NAN;
         /* A gradient overflowed (inf or NaN): not applied - it would make every weight NaN.
          * The caller sees the norm and decides (stop, or go on as a loss scaler would). */
         if (!isfinite(norm)) return nb_zero_grad(opt) == NB_OK ? loss_sum / n_micro : NAN;
     }
-    if (nb_step(opt) != NB_OK) return NAN;
+    if ((scaler ? nb_grad_scaler_step_update(scaler, opt) : nb_step(opt)) != NB_OK) return NAN;
     return loss_sum / n_micro;
+}
+
+nb_gpt_step_opts nb_gpt_step_defaults(void) { return (nb_gpt_step_opts){0}; }
+
+double nb_gpt_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
+                            nb_tensor *const *y, int n_micro, const nb_gpt_step_opts *o,
+                            double *grad_norm) {
+    nb_gpt_step_opts d = {0};
+    if (!o) o = &d;
+    if (o->ddp && o->zero) {
+        if (grad_norm) *grad_norm = NAN;
+        nb_set_error(NB_EINVAL, "nb_gpt_train_step_ex: ddp and zero both given; a model is "
+                     "wrapped by one of them");
+        return NAN;
+    }
+    return train_step(m, opt, o->ddp, o->zero, o->scaler, x, y, n_micro, o->grad_clip, grad_norm);
 }
 
 double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                       nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
-    return train_step(m, opt, ddp, NULL, x, y, n_micro, grad_clip, grad_norm);
+    return train_step(m, opt, ddp, NULL, NULL, x, y, n_micro, grad_clip, grad_norm);
 }
 
 double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_tensor *const *x,
                               nb_tensor *const *y, int n_micro, double grad_clip,
                               double *grad_norm) {
-    return train_step(m, opt, NULL, zero, x, y, n_micro, grad_clip, grad_norm);
+    return train_step(m, opt, NULL, zero, NULL, x, y, n_micro, grad_clip, grad_norm);
 }
 
 /* ---- sampling ------------------------------------------------------------------------------ */

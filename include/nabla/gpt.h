@@ -141,6 +141,24 @@ double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_ten
                               nb_tensor *const *y, int n_micro, double grad_clip,
                               double *grad_norm);
 
+/* The same step with every option in one struct (zero: none), and a loss scaler for fp16
+ * (nabla/optim.h): each micro-batch's loss is scaled by it, the gradients unscaled (one
+ * fused inf/NaN check) before the norm and the clipping, and the step goes through
+ * nb_grad_scaler_step_update: a step whose gradient overflowed is skipped and the scale
+ * halved (not an error; the returned *grad_norm is then inf or NaN). ddp and zero are
+ * exclusive. The scaler is borrowed; under several ranks give it the communicator
+ * (nb_grad_scaler_set_comm) so every rank skips the same steps. */
+typedef struct nb_gpt_step_opts {
+    nb_ddp *ddp;             /* NULL; as nb_gpt_train_step's ddp */
+    nb_zero *zero;           /* NULL; as nb_gpt_train_step_zero's zero */
+    nb_grad_scaler *scaler;  /* NULL: no loss scaling */
+    double grad_clip;        /* 0: no clipping */
+} nb_gpt_step_opts;
+nb_gpt_step_opts nb_gpt_step_defaults(void);  /* all zero/NULL */
+double nb_gpt_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
+                            nb_tensor *const *y, int n_micro, const nb_gpt_step_opts *o,
+                            double *grad_norm);
+
 /* Sampling options; zero means: temperature 0 (greedy, argmax), no top-k. */
 typedef struct nb_gpt_sample_opts {
     double temperature;    /* 0: greedy; else logits / temperature before the softmax */

@@ -264,6 +264,11 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --sequence-parallel needs training with --tp 2 or more\n");
         return 2;
     }
+    if (a->tp > 1 && a->precision == NB_F16) {
+        fprintf(stderr, "gpt: --tp %lld does not combine with --precision fp16 (loss scaling) "
+                        "yet\n", (long long)a->tp);
+        return 2;
+    }
     if (a->tp > 1 && strcmp(a->recompute, "none")) {
         fprintf(stderr, "gpt: --tp %lld does not combine with --checkpoint-activations yet\n",
                 (long long)a->tp);
@@ -488,7 +493,8 @@ typedef struct run {
     nb_sched *sched;
     nb_params decay, no_decay;
     nb_ddp *ddp;
-    nb_zero *zero; /* --zero 1|2 instead of ddp */
+    nb_zero *zero; /* --zero 1|2|3 instead of ddp */
+    nb_grad_scaler *scaler; /* --precision fp16: dynamic loss scaling; NULL otherwise */
     nb_topology *topo; /* --tp > 1; NULL otherwise */
     nb_module *full;   /* --tp with --save/--resume: the 1-rank model and optimizer */
     nb_optim *full_opt;
@@ -664,6 +670,12 @@ static bool setup_run(run *r) {
         return fail(r, "--tensorboard: %s", nb_last_error());
     r->ck = (nb_checkpoint){.model = r->model, .optim = r->opt, .sched = r->sched,
                             .gens = r->gens, .ngens = 2};
+    if (a->precision == NB_F16) { /* fp16 gradients underflow without loss scaling */
+        if (!(r->scaler = nb_grad_scaler_new(NULL)) ||
+            (r->size > 1 && nb_grad_scaler_set_comm(r->scaler, r->world) != NB_OK))
+            return fail(r, "%s", nb_last_error());
+        r->ck.scaler = r->scaler; /* its scale and counters resume with the run */
+    }
     config_settings(r);
     if (!nb_run_config_apply(&r->conf, &r->ck, "gpt", a->override)) return false;
     const char *resume; /* --resume auto: the newest valid checkpoint of --save, if any */
@@ -783,11 +795,16 @@ static bool train_step(run *r, step_result *o) {
     if (nbm_precision_begin(r->a->precision) != NB_OK) return fail(r, "%s", nb_last_error());
     double loss = r->topo ? nb_gpt_tp_train_step(r->model, r->opt, r->ddp, r->xl, r->yl,
                                                  (int)r->N, r->a->grad_clip, &o->grad_norm)
-                : r->zero ? nb_gpt_train_step_zero(r->model, r->opt, r->zero, r->xl, r->yl,
-                                                   (int)r->N, r->a->grad_clip, &o->grad_norm)
-                          : nb_gpt_train_step(r->model, r->opt, r->ddp, r->xl, r->yl, (int)r->N,
-                                              r->a->grad_clip, &o->grad_norm);
+                : nb_gpt_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N,
+                                       &(nb_gpt_step_opts){.ddp = r->ddp, .zero = r->zero,
+                                                           .scaler = r->scaler,
+                                                           .grad_clip = r->a->grad_clip},
+                                       &o->grad_norm);
     nbm_precision_end(r->a->precision);
+    /* fp16: an overflowed gradient is the loss scaler's to handle (step skipped, scale
+     * halved), not a diverged run */
+    if (r->scaler && !isfinite(o->grad_norm) && nb_grad_scaler_skipped(r->scaler))
+        o->grad_norm = 0;
     if (isnan(loss) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
     o->comm_ms = r->zero  ? nb_zero_exposed_comm_s(r->zero) * 1e3
@@ -1005,6 +1022,7 @@ static void teardown(run *r) {
     nb_summary_close(r->tb);
     nb_ddp_free(r->ddp); /* before the model it hooks into */
     nb_zero_free(r->zero); /* before the optimizer and the model */
+    nb_grad_scaler_free(r->scaler);
     nb_sched_free(r->sched);
     nb_optim_free(r->opt);
     nb_params_deinit(&r->decay);
