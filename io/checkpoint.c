@@ -493,27 +493,26 @@ static nb_status dir_step(const char *dir, int64_t *step) {
     return nb__error(st, "%s", why);
 }
 
-/* Remove a checkpoint directory: a pipeline one (its index first, then its stage files and
- * the consolidated model.safetensors), else a sharded one (nb__zero_checkpoint_remove). */
+/* Remove a checkpoint directory, the index first so it stops being a checkpoint: a pipeline
+ * one's stage files (also those of a save that never got its index, and their writers'
+ * temporary files) and consolidated model.safetensors, then a sharded one's shards and the
+ * directory itself (nb__zero_checkpoint_remove). */
 static void remove_dir(const char *dir) {
     int64_t k;
-    if (!pipe_index(dir, &k)) {
-        nb__zero_checkpoint_remove(dir);
-        return;
-    }
+    const bool pipe = pipe_index(dir, &k);
     char path[4600];
     snprintf(path, sizeof path, "%s/index.safetensors", dir);
     unlink(path);
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));) {
-        if (strncmp(e->d_name, "stage-", 6) != 0 && strncmp(e->d_name, "index.safetensors", 17) != 0 &&
-            strncmp(e->d_name, "model.safetensors", 17) != 0)
-            continue; /* the stage files, the model, and temporary files of their writers */
+        if (strncmp(e->d_name, "stage-", 6) != 0 &&
+            !(pipe && strncmp(e->d_name, "model.safetensors", 17) == 0))
+            continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         unlink(path);
     }
     if (d) closedir(d);
-    rmdir(dir);
+    nb__zero_checkpoint_remove(dir);
 }
 
 /* Whether path is a complete, intact checkpoint; its step in *step. On failure the error
