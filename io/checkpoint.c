@@ -500,7 +500,7 @@ static nb_status dir_step(const char *dir, int64_t *step) {
 static void remove_dir(const char *dir) {
     int64_t k;
     const bool pipe = pipe_index(dir, &k);
-    char path[4600];
+    char path[4700];
     snprintf(path, sizeof path, "%s/index.safetensors", dir);
     unlink(path);
     DIR *d = opendir(dir);

@@ -310,9 +310,9 @@ static void shared_tmpdir(char dir[64]) {
     nb_scope_begin();
     nb_tensor *name = nb_zeros((int64_t[]){64}, 1, NB_U8);
     if (mt_rank == 0) {
-        snprintf(dir, 64, "/tmp/nb-pipe-ckpt-XXXXXX");
-        MT_CHECK(mkdtemp(dir) != NULL, "mkdtemp failed");
-        memcpy(nb_data(name), dir, strlen(dir));
+        char tmpl[] = "/tmp/nb-pipe-ckpt-XXXXXX";
+        MT_CHECK(mkdtemp(tmpl) != NULL, "mkdtemp failed");
+        memcpy(nb_data(name), tmpl, strlen(tmpl));
     }
     MT_OK(nb_broadcast(mt_world, name, 0));
     memcpy(dir, nb_data(name), 63);
