@@ -132,9 +132,11 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
             SAY(rank, "--resume %s: %s\n", resume, nb_last_error());
             goto done;
         }
-        /* the batch stream continues where the saved run left it (one draw of B rows each) */
+        /* the batch stream continues where the saved run left it (one draw of B rows each),
+         * the learning-rate schedule from the saved step (it is a function of the step) */
         for (int64_t s = 0; s < step; s++)
-            if (nb_text_sample(train, batch_gen, X, Y) != NB_OK) goto done;
+            if (nb_text_sample(train, batch_gen, X, Y) != NB_OK || nb_sched_step(sched) != NB_OK)
+                goto done;
         if (rank == 0) printf("resumed from %s at step %lld\n", resume, (long long)step);
     }
     if (a->save && a->async_save &&
