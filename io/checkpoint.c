@@ -490,6 +490,11 @@ static nb_status dir_step(const char *dir, int64_t *step) {
         nb_clear_error();
         return NB_OK;
     }
+    char ip[4600];
+    snprintf(ip, sizeof ip, "%s/index.safetensors", dir);
+    if (access(ip, F_OK) != 0) /* neither kind: say so without naming one */
+        return nb__error(NB_EIO, "%s has no index.safetensors, so it is not a complete "
+                         "checkpoint directory (its save did not finish)", dir);
     return nb__error(st, "%s", why);
 }
 
