@@ -390,6 +390,59 @@ START_TEST(test_pipe_checkpoint_layouts) {
 }
 END_TEST
 
+/* A checkpoint in the layout before per-save file names (stage-<r>-of-<P>.safetensors, an
+ * index without "stage.<r>" keys) still loads and continues the straight run. */
+START_TEST(test_pipe_checkpoint_old_names) {
+    enum { K = 2 };
+    double straight[2 * K] = {0}, resumed[2 * K] = {0};
+    char dir[64];
+    shared_tmpdir(dir);
+    const int save_pp = mt_size >= 2 ? 2 : 1;
+    trainer t;
+    if (trainer_new(&t, mt_world, save_pp, NB_PIPE_1F1B)) {
+        train_steps(&t, 0, K, straight);
+        MT_OK(nb_gpt_pipe_save(t.pipe, t.opt, dir, K));
+        train_steps(&t, K, 2 * K, straight);
+    }
+    trainer_free(&t);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) { /* rewrite it as the old code wrote it */
+        DIR *d = opendir(dir);
+        int renamed = 0;
+        for (struct dirent *e; d && (e = readdir(d));) {
+            int r, P;
+            if (sscanf(e->d_name, "stage-%*16[0-9a-f]-%d-of-%d.safetensors", &r, &P) != 2) continue;
+            char from[384], to[384];
+            snprintf(from, sizeof from, "%s/%s", dir, e->d_name);
+            snprintf(to, sizeof to, "%s/stage-%d-of-%d.safetensors", dir, r, P);
+            renamed += rename(from, to) == 0;
+        }
+        if (d) closedir(d);
+        MT_CHECK(renamed == save_pp, "%d stage files renamed, not %d", renamed, save_pp);
+        char ip[128], stages[16], steps[16];
+        snprintf(ip, sizeof ip, "%s/index.safetensors", dir);
+        snprintf(stages, sizeof stages, "%d", save_pp);
+        snprintf(steps, sizeof steps, "%d", K);
+        const char *keys[] = {"format", "pipe_stages", "step"}, *vals[] = {"nabla-pipe", stages, steps};
+        MT_OK(nb_safetensors_save(ip, NULL, NULL, 0, keys, vals, 3));
+    }
+    MT_OK(nb_barrier(mt_world));
+    if (trainer_new(&t, mt_world, mt_size, NB_PIPE_GPIPE)) {
+        int64_t step = -1;
+        MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dir, &step));
+        MT_CHECK(step == K, "resumed at step %lld", (long long)step);
+        train_steps(&t, K, 2 * K, resumed);
+        for (int s = K; s < 2 * K; s++)
+            MT_CHECK(rel_diff(resumed[s], straight[s]) <= 1e-5,
+                     "old names: step %d loss %.9g, straight %.9g", s, resumed[s], straight[s]);
+    }
+    trainer_free(&t);
+    MT_OK(nb_barrier(mt_world));
+    remove_dir(dir);
+    MT_END();
+}
+END_TEST
+
 /* The number of dir's stage files (stage-*). */
 static int stage_files(const char *dir) {
     int n = 0;
@@ -473,6 +526,7 @@ Suite *mt_suite_pipeline(void) {
     tcase_add_test(tc, test_pipe_bad_layouts);
     tcase_add_test(tc, test_pipe_checkpoint_layouts);
     tcase_add_test(tc, test_pipe_checkpoint_async);
+    tcase_add_test(tc, test_pipe_checkpoint_old_names);
     suite_add_tcase(s, tc);
     return s;
 }
