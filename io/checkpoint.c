@@ -441,6 +441,7 @@ nb_status nb_checkpoint_save_keep(const char *base, const nb_checkpoint *c, int 
 
 /* Rotation after the new member is durable: the newest keep stay. One that cannot be
  * removed stays too (the next save tries again). Sharded checkpoints are directories. */
+static void remove_dir(const char *dir);
 void nb__checkpoint_rotate(const char *base, int keep, const char *path) {
     series s;
     member *m;
@@ -453,17 +454,77 @@ void nb__checkpoint_rotate(const char *base, int keep, const char *path) {
     for (int i = keep; i < count; i++) {
         if (strcmp(m[i].path, path) == 0) continue;
         struct stat sb;
-        if (stat(m[i].path, &sb) == 0 && S_ISDIR(sb.st_mode)) nb__zero_checkpoint_remove(m[i].path);
+        if (stat(m[i].path, &sb) == 0 && S_ISDIR(sb.st_mode)) remove_dir(m[i].path);
         else unlink(m[i].path);
     }
     free(m);
+}
+
+/* Pipeline checkpoints (nabla/pipeline.h, zoo/gpt_pipe.c) are directories too: index.safetensors
+ * with "format" = "nabla-pipe" and the step, written last. */
+static bool pipe_index(const char *dir, int64_t *step) {
+    char path[4600];
+    snprintf(path, sizeof path, "%s/index.safetensors", dir);
+    if (access(path, F_OK) != 0) return false;
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) {
+        nb_clear_error();
+        return false;
+    }
+    const char *fmt = nb_safetensors_metadata(f, "format"), *k = nb_safetensors_metadata(f, "step");
+    char *end = NULL;
+    long long v = k ? strtoll(k, &end, 10) : -1;
+    bool ok = fmt && strcmp(fmt, "nabla-pipe") == 0 && k && *k && end && !*end && v >= 0;
+    nb_safetensors_close(f);
+    if (ok) *step = v;
+    return ok;
+}
+
+/* Whether dir is a complete sharded (ZeRO) or pipeline checkpoint; its step in *step. */
+static nb_status dir_step(const char *dir, int64_t *step) {
+    nb_status st = nb__zero_checkpoint_step(dir, step);
+    if (st == NB_OK) return st;
+    char why[512];
+    snprintf(why, sizeof why, "%s", nb_last_error());
+    if (pipe_index(dir, step)) {
+        nb_clear_error();
+        return NB_OK;
+    }
+    char ip[4600];
+    snprintf(ip, sizeof ip, "%s/index.safetensors", dir);
+    if (access(ip, F_OK) != 0) /* neither kind: say so without naming one */
+        return nb__error(NB_EIO, "%s has no index.safetensors, so it is not a complete "
+                         "checkpoint directory (its save did not finish)", dir);
+    return nb__error(st, "%s", why);
+}
+
+/* Remove a checkpoint directory, the index first so it stops being a checkpoint: a pipeline
+ * one's stage files (also those of a save that never got its index, and their writers'
+ * temporary files) and consolidated model.safetensors, then a sharded one's shards and the
+ * directory itself (nb__zero_checkpoint_remove). */
+static void remove_dir(const char *dir) {
+    int64_t k;
+    const bool pipe = pipe_index(dir, &k);
+    char path[4700];
+    snprintf(path, sizeof path, "%s/index.safetensors", dir);
+    unlink(path);
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, "stage-", 6) != 0 &&
+            !(pipe && strncmp(e->d_name, "model.safetensors", 17) == 0))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (d) closedir(d);
+    nb__zero_checkpoint_remove(dir);
 }
 
 /* Whether path is a complete, intact checkpoint; its step in *step. On failure the error
  * says why. */
 static nb_status check_candidate(const char *path, int64_t *step) {
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return nb__zero_checkpoint_step(path, step);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return dir_step(path, step);
     nb_safetensors *f = nb_safetensors_open(path);
     if (!f) return nb_last_status();
     nb_status st = NB_OK;
@@ -506,7 +567,7 @@ nb_status nb_checkpoint_latest(const char *base, char *out, size_t n, int64_t *s
         nb_clear_error();
     }
     int64_t k0; /* base itself, a sharded checkpoint directory saved without rotation */
-    if (s.is_dir && nb__zero_checkpoint_step(base, &k0) == NB_OK) {
+    if (s.is_dir && dir_step(base, &k0) == NB_OK) {
         best = k0;
         snprintf(best_path, sizeof best_path, "%s", base);
     }

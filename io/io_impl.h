@@ -45,7 +45,8 @@ nb_status nb__checkpoint_load_ex(const char *path, nb_checkpoint *c, const nb__c
  * saying why not otherwise. nb__zero_checkpoint_remove deletes one (the index first, so it
  * stops being a checkpoint before its shards go; best effort). io/checkpoint.c:
  * nb__checkpoint_rotate keeps the newest keep members of base's series (path, just
- * written, always stays), files or sharded directories. */
+ * written, always stays), files, sharded or pipeline directories (the latter recognised in
+ * io/checkpoint.c by their index's "format" = "nabla-pipe"; zoo/gpt_pipe.c writes them). */
 nb_status nb__zero_checkpoint_step(const char *dir, int64_t *step);
 void nb__zero_checkpoint_remove(const char *dir);
 void nb__checkpoint_rotate(const char *base, int keep, const char *path);

@@ -45,7 +45,8 @@ void nbm_model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model, d
 nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck);
 /* The same under ZeRO (every rank calls it): a sharded checkpoint directory at --save, or at
  * its step's place in the series (keep > 0, nb_zero_checkpoint_save_keep). --resume auto
- * (nbm_resume_path) finds those too: a directory counts once its index exists. */
+ * (nbm_resume_path) finds those too, and gpt --pp's pipeline checkpoint directories: a
+ * directory counts once its index exists. */
 nb_status nbm_save_sharded(nb_zero *z, const char *save, int64_t keep, const nb_checkpoint *ck);
 /* --async-save 1: from now on nbm_save and nbm_save_sharded (without keep) snapshot the state and a background
  * writer (nb_checkpoint_writer, one per process, made by the first save) writes the file

@@ -4,14 +4,20 @@
  * stage, data-parallel averaging, the global norm over every stage, the optimizer step. */
 #include "nabla/nabla.h"
 #include "nabla/pipeline.h"
+#include "io/io_impl.h"
 #include "zoo/gpt_impl.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 struct nb_gpt_pipe {
     nb_gpt_config cfg;         /* resolved; the blocks borrow it */
@@ -30,6 +36,15 @@ struct nb_gpt_pipe {
     uint64_t drop_base, d_emb, d_blk;  /* step start; draws of the embedding dropout, a block */
     int64_t drop_b, drop_T;            /* the micro-batch shape d_emb and d_blk were counted for */
     int64_t micro0;                    /* this dp rank's first micro-batch in the global order */
+    /* nb_gpt_pipe_save_async's save in flight: its index is written once every stage file
+     * is durable (at the next save or at nb_gpt_pipe_save_wait) */
+    struct {
+        bool pending;
+        char dir[4400], base[4096], id[20];
+        int keep;
+        int64_t step;
+        uint64_t drop;
+    } inflight;
 };
 
 static const nb_module_vtable stage_vt = {.type_name = "GPTPipeStage"};
@@ -422,9 +437,13 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
 }
 
 /* ---- checkpoints ------------------------------------------------------------------------------ */
-/* A directory: stage-<r>-of-<P>.safetensors per pipeline rank (written by data-parallel rank
- * 0: "model.<name>" for the stage's parameters, "optim.<entry>" for its optimizer state, all
- * under the full model's names) and index.safetensors (metadata: stages, step), written last. */
+/* A directory: stage-<id>-<r>-of-<P>.safetensors per pipeline rank (written by data-parallel
+ * rank 0 as an nb_checkpoint file: "model.<name>" for the stage's parameters, "optim.<entry>"
+ * for its optimizer state, all under the full model's names; <id> is fresh per save) and
+ * index.safetensors (metadata: stages, step, dropout offset, "stage.<r>" = file name),
+ * written last, by rank 0, once every stage file is durable; then the files of earlier saves
+ * go. Checkpoints written before the id (stage-<r>-of-<P>.safetensors, no "stage.<r>") load
+ * too. */
 
 /* Every rank of c gets NB_OK only if every rank had it (else the first error's status). */
 static nb_status agree(nb_comm *c, nb_status st) {
@@ -440,47 +459,187 @@ static nb_status agree(nb_comm *c, nb_status st) {
     return st;
 }
 
-static void stage_path(char *buf, size_t n, const char *dir, int r, int P) {
-    snprintf(buf, n, "%s/stage-%d-of-%d.safetensors", dir, r, P);
+static nb_status agree_all(const nb_gpt_pipe *p, nb_status st) {
+    st = agree(p->pp, st);
+    return agree(p->dp, st);
 }
 
-static nb_status save_stage(nb_gpt_pipe *p, nb_optim *opt, const char *dir) {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return nb_set_error(NB_EIO, "nb_gpt_pipe_save: cannot create %s: %s", dir, strerror(errno));
-    char path[4096];
-    stage_path(path, sizeof path, dir, p->r, p->p);
-    nb_state_list l = {0};
-    nb_status st = nb_state_list_add_module(&l, "model.", p->root);
-    if (st == NB_OK && opt) st = nb_state_list_add_params(&l, "optim.", nb_optim_state(opt));
-    char stages[32];
+static void stage_name(char *buf, size_t n, const char *id, int r, int P) {
+    if (id && *id) snprintf(buf, n, "stage-%s-%d-of-%d.safetensors", id, r, P);
+    else snprintf(buf, n, "stage-%d-of-%d.safetensors", r, P);
+}
+
+static uint64_t fresh_id(void) {
+    uint64_t v = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &v, sizeof v) != (ssize_t)sizeof v) v = 0;
+        close(fd);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return v ^ ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
+}
+
+static bool is_writer(const nb_gpt_pipe *p) { return !p->dp || nb_comm_rank(p->dp) == 0; }
+
+/* The save's directory (base itself, or its step's member of base's series when keep > 0,
+ * the series' directory created) and id (pipeline rank 0's, the same on every rank of pp);
+ * the directory created; then this rank's stage file written now, or (w given) handed to w.
+ * Local: the caller agrees. */
+static nb_status save_begin(nb_gpt_pipe *p, nb_optim *opt, nb_checkpoint_writer *w,
+                            const char *base, int keep, int64_t step, char dir[4400],
+                            char id[20]) {
+    const char *who = "nb_gpt_pipe_save";
+    nb_status st = nb__checkpoint_target(base, step, keep, dir, 4400, who);
+    uint64_t idv = p->r == 0 ? fresh_id() : 0;
+    if (p->p > 1) { /* every rank takes part, whatever its status */
+        nb_scope_begin();
+        nb_tensor *t = nb_from_buffer(&idv, (int64_t[]){1}, 1, NB_I64);
+        nb_status bs = t ? nb_broadcast(p->pp, t, 0) : nb_last_status();
+        if (bs == NB_OK) memcpy(&idv, nb_data(t), sizeof idv);
+        nb_scope_end();
+        if (st == NB_OK) st = bs;
+    }
+    snprintf(id, 20, "%016" PRIx64, idv);
+    if (st != NB_OK || !is_writer(p)) return st;
+    if (mkdir(dir, 0777) != 0) {
+        struct stat sb;
+        if (errno != EEXIST)
+            return nb_set_error(NB_EIO, "%s: cannot create %s: %s", who, dir, strerror(errno));
+        if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            return nb_set_error(NB_EIO, "%s: %s exists and is not a directory (a pipeline "
+                                "checkpoint is a directory); refusing to replace it", who, dir);
+    }
+    char name[96], path[4600];
+    stage_name(name, sizeof name, id, p->r, p->p);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    nb_checkpoint ck = {.model = p->root, .optim = opt, .step = step};
+    return w ? nb_checkpoint_writer_save(w, path, &ck) : nb_checkpoint_save(path, &ck);
+}
+
+/* Remove dir's stage files of saves other than id. */
+static void remove_old_stages(const char *dir, const char *id) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char keep[64];
+    snprintf(keep, sizeof keep, "stage-%s-", id);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, "stage-", 6) != 0 || strncmp(e->d_name, keep, strlen(keep)) == 0)
+            continue;
+        char path[4600];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
+/* Rank 0 (the writer of stage 0), every stage file durable: the index, then the older stage
+ * files and (keep > 0) the series' members beyond the newest keep. */
+static nb_status write_index(const nb_gpt_pipe *p, const char *dir, const char *base, int keep,
+                             const char *id, int64_t step, uint64_t drop) {
+    if (p->r != 0 || !is_writer(p)) return NB_OK;
+    char path[4600], stages[32], steps[32], dropv[32];
+    snprintf(path, sizeof path, "%s/index.safetensors", dir);
     snprintf(stages, sizeof stages, "%d", p->p);
-    const char *keys[] = {"format", "pipe_stages"}, *vals[] = {"nabla-pipe", stages};
-    if (st == NB_OK) st = nb_safetensors_save(path, l.names, l.tensors, l.count, keys, vals, 2);
-    nb_state_list_deinit(&l);
-    if (opt) nb_optim_state_release(opt);
-    return st;
+    snprintf(steps, sizeof steps, "%lld", (long long)step);
+    snprintf(dropv, sizeof dropv, "%llu", (unsigned long long)drop);
+    int n = 0, cap = 6 + p->p;
+    const char **keys = calloc((size_t)cap, sizeof *keys), **vals = calloc((size_t)cap, sizeof *vals);
+    char *names = calloc((size_t)p->p, 160);
+    nb_status st = NB_OK;
+    if (!keys || !vals || !names) st = nb_set_error(NB_ENOMEM, "nb_gpt_pipe_save: out of memory");
+    if (st == NB_OK) {
+        keys[n] = "format", vals[n++] = "nabla-pipe";
+        keys[n] = "nabla_pipe_checkpoint_index", vals[n++] = "1";
+        keys[n] = "pipe_stages", vals[n++] = stages;
+        keys[n] = "step", vals[n++] = steps;
+        if (p->cfg.dropout_gen) keys[n] = "dropout_offset", vals[n++] = dropv;
+        for (int r = 0; r < p->p; r++) {
+            char *k = names + (size_t)r * 160;
+            snprintf(k, 32, "stage.%d", r);
+            stage_name(k + 32, 128, id, r, p->p);
+            keys[n] = k, vals[n++] = k + 32;
+        }
+        st = nb_safetensors_save(path, NULL, NULL, 0, keys, vals, n);
+    }
+    free(keys);
+    free(vals);
+    free(names);
+    if (st != NB_OK) return st;
+    remove_old_stages(dir, id);
+    if (keep > 0) nb__checkpoint_rotate(base, keep, dir);
+    return NB_OK;
+}
+
+static uint64_t drop_offset(const nb_gpt_pipe *p) {
+    /* the dropout stream's position (the same on every rank between steps) */
+    return p->cfg.dropout_gen ? nb_generator_offset(p->cfg.dropout_gen) : 0;
+}
+
+static nb_status save_keep(nb_gpt_pipe *p, nb_optim *opt, const char *base, int keep,
+                           int64_t step) {
+    if (!p || !base) return nb_set_error(NB_ENULL, "nb_gpt_pipe_save: NULL pipeline or directory");
+    if (keep < 0) return nb_set_error(NB_EINVAL, "nb_gpt_pipe_save: keep %d is negative", keep);
+    char dir[4400], id[20];
+    nb_status st = agree_all(p, save_begin(p, opt, NULL, base, keep, step, dir, id));
+    if (st == NB_OK) st = write_index(p, dir, base, keep, id, step, drop_offset(p));
+    return agree_all(p, st);
 }
 
 nb_status nb_gpt_pipe_save(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t step) {
-    if (!p || !dir) return nb_set_error(NB_ENULL, "nb_gpt_pipe_save: NULL pipeline or directory");
-    const bool writer = !p->dp || nb_comm_rank(p->dp) == 0;
-    nb_status st = writer ? save_stage(p, opt, dir) : NB_OK;
-    st = agree(p->pp, st);
-    st = agree(p->dp, st);
-    if (st == NB_OK && writer && p->r == 0) {
-        char path[4096], stages[32], steps[32], drop[32];
-        snprintf(path, sizeof path, "%s/index.safetensors", dir);
-        snprintf(stages, sizeof stages, "%d", p->p);
-        snprintf(steps, sizeof steps, "%lld", (long long)step);
-        /* the dropout stream's position (the same on every rank between steps) */
-        snprintf(drop, sizeof drop, "%llu", p->cfg.dropout_gen ? (unsigned long long)
-                 nb_generator_offset(p->cfg.dropout_gen) : 0ULL);
-        const char *keys[] = {"format", "pipe_stages", "step", "dropout_offset"},
-                   *vals[] = {"nabla-pipe", stages, steps, drop};
-        st = nb_safetensors_save(path, NULL, NULL, 0, keys, vals, p->cfg.dropout_gen ? 4 : 3);
+    return save_keep(p, opt, dir, 0, step);
+}
+
+nb_status nb_gpt_pipe_save_keep(nb_gpt_pipe *p, nb_optim *opt, const char *base, int keep,
+                                int64_t step) {
+    if (keep < 1) return nb_set_error(NB_EINVAL, "nb_gpt_pipe_save_keep: keep must be at least "
+                                      "1, got %d", keep);
+    return save_keep(p, opt, base, keep, step);
+}
+
+nb_status nb_gpt_pipe_save_wait(nb_gpt_pipe *p, nb_checkpoint_writer *w) {
+    if (!p || !w) return nb_set_error(NB_ENULL, "nb_gpt_pipe_save_wait: NULL %s",
+                                      !p ? "pipeline" : "writer");
+    if (!p->inflight.pending) return NB_OK; /* the same on every rank: the same calls */
+    p->inflight.pending = false;
+    nb_status st = agree_all(p, is_writer(p) ? nb_checkpoint_writer_wait(w) : NB_OK);
+    if (st != NB_OK) return st; /* no index: that save does not exist */
+    st = write_index(p, p->inflight.dir, p->inflight.base, p->inflight.keep, p->inflight.id,
+                     p->inflight.step, p->inflight.drop);
+    return agree_all(p, st);
+}
+
+nb_status nb_gpt_pipe_save_async(nb_gpt_pipe *p, nb_optim *opt, nb_checkpoint_writer *w,
+                                 const char *base, int keep, int64_t step) {
+    if (!p || !w || !base)
+        return nb_set_error(NB_ENULL, "nb_gpt_pipe_save_async: NULL %s",
+                            !p ? "pipeline" : !w ? "writer" : "directory");
+    if (keep < 0) return nb_set_error(NB_EINVAL, "nb_gpt_pipe_save_async: keep %d is negative",
+                                      keep);
+    if (strlen(base) >= sizeof p->inflight.base)
+        return nb_set_error(NB_EINVAL, "nb_gpt_pipe_save_async: the directory name is too long");
+    nb_status st = nb_gpt_pipe_save_wait(p, w);
+    if (st != NB_OK) return st;
+    char dir[4400], id[20];
+    st = agree_all(p, save_begin(p, opt, w, base, keep, step, dir, id));
+    if (st != NB_OK) {
+        if (is_writer(p)) { /* this rank's file, if it started: no index names it */
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", nb_last_error());
+            nb_checkpoint_writer_wait(w);
+            st = nb_set_error(st, "%s", msg);
+        }
+        return st;
     }
-    st = agree(p->pp, st);
-    return agree(p->dp, st);
+    p->inflight.pending = true;
+    p->inflight.keep = keep;
+    p->inflight.step = step;
+    p->inflight.drop = drop_offset(p);
+    snprintf(p->inflight.dir, sizeof p->inflight.dir, "%s", dir);
+    snprintf(p->inflight.base, sizeof p->inflight.base, "%s", base);
+    snprintf(p->inflight.id, sizeof p->inflight.id, "%s", id);
+    return NB_OK;
 }
 
 /* The stage files of dir (P of them, from the index); *step from it. */
@@ -502,22 +661,34 @@ static nb_safetensors **open_stages(const char *dir, int *P, int64_t *step, cons
         if (d) snprintf(drop_buf, 32, "%s", d);
         *drop_offset_out = d ? drop_buf : NULL;
     }
+    char **names = *P > 0 && *P < 1000000 ? calloc((size_t)*P, sizeof *names) : NULL;
+    for (int r = 0; names && r < *P; r++) {
+        char key[32];
+        snprintf(key, sizeof key, "stage.%d", r);
+        const char *v = nb_safetensors_metadata(ix, key);
+        if (v && !strchr(v, '/')) names[r] = strdup(v);
+    }
     nb_safetensors_close(ix);
     if (*P < 1) {
         nb_set_error(NB_EFORMAT, "%s: %s/index.safetensors names no stage count", who, dir);
         return NULL;
     }
     nb_safetensors **f = calloc((size_t)*P, sizeof *f);
+    if (!f) nb_set_error(NB_ENOMEM, "%s: out of memory", who);
     for (int r = 0; f && r < *P; r++) {
-        stage_path(path, sizeof path, dir, r, *P);
+        char name[160];
+        if (names && names[r]) snprintf(name, sizeof name, "%s", names[r]);
+        else stage_name(name, sizeof name, NULL, r, *P);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
         if (!(f[r] = nb_safetensors_open(path))) {
             nb_set_error(NB_EIO, "%s: stage file %s is missing or unreadable", who, path);
             for (int q = 0; q < r; q++) nb_safetensors_close(f[q]);
             free(f);
-            return NULL;
+            f = NULL;
         }
     }
-    if (!f) nb_set_error(NB_ENOMEM, "%s: out of memory", who);
+    for (int r = 0; names && r < *P; r++) free(names[r]);
+    free(names);
     return f;
 }
 

@@ -56,6 +56,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "nabla/checkpoint.h"
 #include "nabla/gpt.h"
 #include "nabla/nn.h"
 #include "nabla/optim.h"
@@ -185,6 +186,29 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
  * nb_gpt_pipe_consolidate writes the model of such a directory as one plain file under the
  * nanoGPT names (each tensor once), which nb_gpt_load and PyTorch read. Local. */
 nb_status nb_gpt_pipe_save(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t step);
+/* Series, flash saves. A save writes each stage's file under a name fresh per save
+ * (stage-<id>-<r>-of-<P>.safetensors, an nb_checkpoint file) and the index names them, so
+ * saving again into the same directory leaves the previous checkpoint whole until the new
+ * index replaces it (then the older stage files go); loading also reads checkpoints whose
+ * files are stage-<r>-of-<P>.safetensors.
+ * _save_keep: the pipeline checkpoint of step at its place in base's series
+ * (nb_checkpoint_path: DIR/checkpoint-<step>.ckpt, run.ckpt -> run-<step>.ckpt, each a
+ * directory), then the series' members beyond the newest keep (>= 1) removed.
+ * nb_checkpoint_latest finds the newest complete one (a directory counts once its index
+ * exists), as it finds ZeRO's.
+ * _save_async: the same save (keep 0: dir = base itself), but each stage file written by w
+ * (nabla/checkpoint.h: snapshot now, the write on w's thread while training goes on). The
+ * index is written by rank 0 only once every rank's file is durable: the ranks agree on that
+ * at the next _save_async or at _save_wait (collective), so a kill at any moment leaves the
+ * new checkpoint complete or the previous one. A file that failed on any rank: no index for
+ * that save, the error on every rank at that call. Call _save_wait before freeing w (the
+ * last save has no index without it). w: NB_CKPT_WAIT, one pipeline at a time (its other
+ * uses wait for its write). All three collective over pp and dp. */
+nb_status nb_gpt_pipe_save_keep(nb_gpt_pipe *p, nb_optim *opt, const char *base, int keep,
+                                int64_t step);
+nb_status nb_gpt_pipe_save_async(nb_gpt_pipe *p, nb_optim *opt, nb_checkpoint_writer *w,
+                                 const char *base, int keep, int64_t step);
+nb_status nb_gpt_pipe_save_wait(nb_gpt_pipe *p, nb_checkpoint_writer *w);
 nb_status nb_gpt_pipe_load(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step);
 nb_status nb_gpt_pipe_consolidate(const char *dir, const char *out);
 

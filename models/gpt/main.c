@@ -324,13 +324,11 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --microbatches, --pp-schedule and --virtual-stages need --pp\n");
         return 2;
     }
-    if (a->pp && (a->zero || a->grad_accum != 1 || a->log || a->tensorboard || a->keep ||
-                  a->save_every || a->tp > 1 || a->async_save || strcmp(a->recompute, "none") ||
-                  guard.train_flag || a->precision != NB_F32)) {
+    if (a->pp && (a->zero || a->grad_accum != 1 || a->log || a->tensorboard || a->tp > 1 ||
+                  strcmp(a->recompute, "none") || guard.train_flag || a->precision != NB_F32)) {
         fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum and does "
-                "not take --zero, --tp, --log, --tensorboard, --keep, --save-every, "
-                "--async-save, --checkpoint-activations, --on-nonfinite, --max-skips or "
-                "--precision yet\n");
+                "not take --zero, --tp, --log, --tensorboard, --checkpoint-activations, "
+                "--on-nonfinite, --max-skips or --precision yet\n");
         return 2;
     }
     if (a->sample && !a->load) {
@@ -1067,7 +1065,8 @@ static int run_pipe(const args *a) {
         .weight_decay = a->weight_decay, .grad_clip = a->grad_clip, .beta1 = a->beta1,
         .beta2 = a->beta2, .schedule = a->schedule, .warmup = a->warmup,
         .decay_steps = a->decay_steps, .min_lr = a->min_lr, .save = a->save,
-        .resume = a->resume, .seed = a->seed, .threads = a->threads};
+        .resume = a->resume, .save_every = a->save_every, .keep = a->keep,
+        .async_save = a->async_save, .seed = a->seed, .threads = a->threads};
     nb_tensor *text = a->data ? nb_read_bytes(a->data) : read_kjv();
     int rc = gpt_pipe_train(&p, text);
     nb_tensor_free(text);

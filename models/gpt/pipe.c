@@ -5,7 +5,10 @@
  * float reassociation. The progress line and the last JSON line show the layout, the
  * measured and ideal bubble and the exposed communication. --save DIR writes a pipeline
  * checkpoint (any layout resumes it with --resume DIR) and DIR/model.safetensors, the plain
- * model `gpt --sample --load` reads. Public API only. */
+ * model `gpt --sample --load` reads; at the end, every --save-every steps and at a stop
+ * signal (all ranks agree on the step, models/ft.h), as DIR itself or (--keep K) as the
+ * series DIR/checkpoint-<step>.ckpt of the newest K, which --resume auto reads; --async-save 1
+ * writes the stage files in the background (nb_gpt_pipe_save_async). Public API only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +17,7 @@
 #include <nabla/nabla.h>
 #include <nabla/run.h>
 
+#include "ft.h"
 #include "pipe.h"
 
 /* One message for the user, from rank 0 (every rank reaches the same conclusion). */
@@ -22,7 +26,18 @@
         if ((rank) == 0) fprintf(stderr, "gpt: " __VA_ARGS__);                                   \
     } while (0)
 
+/* A checkpoint of step: --save itself or its step's member of the series (--keep), written
+ * now or (w) handed to the background writers. Collective. */
+static nb_status save_at(nb_gpt_pipe *pipe, nb_optim *opt, nb_checkpoint_writer *w,
+                         const gpt_pipe_args *a, int64_t step) {
+    int keep = (int)a->keep;
+    if (w) return nb_gpt_pipe_save_async(pipe, opt, w, a->save, keep, step);
+    return keep > 0 ? nb_gpt_pipe_save_keep(pipe, opt, a->save, keep, step)
+                    : nb_gpt_pipe_save(pipe, opt, a->save, step);
+}
+
 int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
+    nbm_stop_begin("gpt"); /* before MPI and the thread pools start threads */
     nb_comm *world = nb_comm_world();
     if (!world) {
         fprintf(stderr, "gpt: %s\n", nb_last_error());
@@ -39,6 +54,8 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
     nb_generator *init = NULL, *batch_gen = NULL, *drop_gen = NULL;
     nb_tensor *train = NULL, *val = NULL, *X = NULL, *Y = NULL;
     double *times = NULL;
+    nb_checkpoint_writer *w = NULL;
+    int stop = 0;
     nb_pipe_schedule ps;
     /* Bad layouts: the same message on every rank's exit status, before any work. */
     if (nb_pipe_schedule_parse(a->pp_schedule, &ps) != NB_OK) {
@@ -105,15 +122,27 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         goto done;
     }
     int64_t step = 0;
-    if (a->resume) {
-        if (nb_gpt_pipe_load(pipe, opt, a->resume, &step) != NB_OK) {
-            SAY(rank, "--resume %s: %s\n", a->resume, nb_last_error());
+    char auto_path[4400];
+    const char *resume; /* --resume auto: the newest complete checkpoint of --save, if any */
+    if (!nbm_resume_path("gpt", rank == 0, a->resume, a->save, auto_path, sizeof auto_path,
+                         &resume))
+        goto done;
+    if (resume) {
+        if (nb_gpt_pipe_load(pipe, opt, resume, &step) != NB_OK) {
+            SAY(rank, "--resume %s: %s\n", resume, nb_last_error());
             goto done;
         }
-        /* the batch stream continues where the saved run left it (one draw of B rows each) */
+        /* the batch stream continues where the saved run left it (one draw of B rows each),
+         * the learning-rate schedule from the saved step (it is a function of the step) */
         for (int64_t s = 0; s < step; s++)
-            if (nb_text_sample(train, batch_gen, X, Y) != NB_OK) goto done;
-        if (rank == 0) printf("resumed from %s at step %lld\n", a->resume, (long long)step);
+            if (nb_text_sample(train, batch_gen, X, Y) != NB_OK || nb_sched_step(sched) != NB_OK)
+                goto done;
+        if (rank == 0) printf("resumed from %s at step %lld\n", resume, (long long)step);
+    }
+    if (a->save && a->async_save &&
+        !(w = nb_checkpoint_writer_new(NULL))) { /* one per rank: its stage file */
+        fprintf(stderr, "gpt: rank %d: --async-save: %s\n", rank, nb_last_error());
+        goto done;
     }
     int nst;
     const int64_t *bounds = nb_gpt_pipe_boundaries(pipe, &nst);
@@ -128,8 +157,8 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
     }
     const int64_t rows = B / D, first = step, d = nb_comm_rank(dp);
     double bubble_sum = 0, wait_sum = 0, comm_sum = 0, last_loss = NAN, theory = NAN;
-    int64_t peak = 0;
-    for (; step < a->steps; step++) {
+    int64_t peak = 0, saved = -1;
+    for (; step < a->steps && !stop; step++) {
         double t0 = nb_time_s();
         nb_pipe_stats st;
         double norm = NAN;
@@ -154,8 +183,20 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         theory = st.bubble_theory;
         if (st.peak_live_micro > peak) peak = st.peak_live_micro;
         last_loss = loss;
+        /* the stop signal every rank agrees on (the loss is the same on every rank already) */
+        if (isnan(nbm_step_sync(world, 0.0, &stop))) {
+            fprintf(stderr, "gpt: rank %d: %s\n", rank, nb_last_error());
+            goto done;
+        }
+        if (a->save && (stop || (a->save_every > 0 && (step + 1) % a->save_every == 0))) {
+            if (save_at(pipe, opt, w, a, step + 1) != NB_OK) {
+                fprintf(stderr, "gpt: rank %d: --save %s: %s\n", rank, a->save, nb_last_error());
+                goto done;
+            }
+            saved = step + 1;
+        }
         const int64_t every = a->steps >= 20 ? a->steps / 20 : 1;
-        if (rank == 0 && ((step + 1) % every == 0 || step + 1 == a->steps)) {
+        if (rank == 0 && ((step + 1) % every == 0 || step + 1 == a->steps || stop)) {
             printf("step %lld/%lld  loss %.4f  norm %.3f  %.0f ms  bubble %.3f (ideal %.3f)  "
                    "exposed comm %.1f ms  [pp %d x dp %d, %s]\n",
                    (long long)step + 1, (long long)a->steps, loss, norm, times[step - first] * 1e3,
@@ -164,16 +205,23 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
             fflush(stdout);
         }
     }
-    if (a->save) {
-        char model[4200];
-        snprintf(model, sizeof model, "%s/model.safetensors", a->save);
-        if (nb_gpt_pipe_save(pipe, opt, a->save, step) != NB_OK ||
-            (rank == 0 && nb_gpt_pipe_consolidate(a->save, model) != NB_OK)) {
+    if (a->save) { /* the last step's checkpoint, complete (the index after every file) */
+        char dir[4400], model[4500];
+        nb_status st = saved == step ? NB_OK : save_at(pipe, opt, w, a, step);
+        if (st == NB_OK && w) st = nb_gpt_pipe_save_wait(pipe, w);
+        if (st == NB_OK && a->keep > 0) st = nb_checkpoint_path(a->save, step, dir, sizeof dir);
+        else snprintf(dir, sizeof dir, "%s", a->save);
+        snprintf(model, sizeof model, "%s/model.safetensors", dir);
+        if (st == NB_OK && rank == 0) st = nb_gpt_pipe_consolidate(dir, model);
+        if (st != NB_OK) {
             fprintf(stderr, "gpt: --save %s: %s\n", a->save, nb_last_error());
             goto done;
         }
-        if (rank == 0) printf("saved %s (a pipeline checkpoint) and %s\n", a->save, model);
+        if (rank == 0) printf("saved %s (a pipeline checkpoint) and %s\n", dir, model);
     }
+    if (stop && rank == 0)
+        printf("stopped by %s after step %lld%s%s\n", nb_stop_signal_name(stop), (long long)step,
+               a->save ? "; checkpoint " : "", a->save ? a->save : "");
     /* The stage's share: parameters on this rank, the largest over the ranks. */
     nb_scope_begin();
     nb_tensor *mx = nb_scalar((double)nb_num_parameters(stage), NB_F64);
@@ -202,11 +250,22 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         nb_jsonl_num(out, "stage_params_max", stage_params, 0);
         nb_jsonl_num(out, "step_ms_median", ran ? med * 1e3 : 0.0, 2);
         nb_jsonl_num(out, "tokens_per_s", ran ? (double)(B * T) / med : 0.0, 1);
+        if (w) { /* the training time the background saves cost (snapshots, waits) */
+            nb_checkpoint_writer_stats ws;
+            nb_checkpoint_writer_get_stats(w, &ws);
+            nb_jsonl_int(out, "checkpoint_saves", ws.saves);
+            nb_jsonl_num(out, "checkpoint_stall_ms", (double)ws.stall_ns_total / 1e6, 3);
+        }
+        nbm_stop_fields(out, stop);
         nb_jsonl_end(out);
         nb_jsonl_close(out);
     }
-    rc = 0;
+    rc = nbm_stop_status(stop);
 done:
+    if (w && nb_checkpoint_writer_free(w) != NB_OK) { /* after a failure: the write ends first */
+        fprintf(stderr, "gpt: rank %d: %s\n", rank, nb_last_error());
+        rc = 1;
+    }
     free(times);
     nb_tensor_free(X);
     nb_tensor_free(Y);

@@ -18,13 +18,17 @@ typedef struct gpt_pipe_args {
     const char *schedule;        /* learning rate: cosine or constant, as main.c's */
     int64_t warmup, decay_steps; /* -1 / 0: main.c's defaults */
     double min_lr;               /* < 0: lr / 10 */
-    const char *save, *resume;   /* pipeline checkpoint directories */
+    const char *save, *resume;   /* pipeline checkpoint directories; resume may be "auto" */
+    int64_t save_every, keep;    /* 0: only at the end (and at a stop); keep 0: --save itself */
+    int64_t async_save;          /* 1: stage files written in the background */
     uint64_t seed;
     int64_t threads;
 } gpt_pipe_args;
 
 /* Train on text (U8 tokens, borrowed; NULL: report that it could not be read, on rank 0).
- * Returns the exit status. */
+ * SIGINT / SIGTERM / SIGUSR1 (models/ft.h) stop every rank after the same step, with a
+ * checkpoint there when --save is given. Returns the exit status (128 + the signal after a
+ * stop). Call before anything starts threads or MPI (the stop handlers are installed first). */
 int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text);
 
 #endif

@@ -2,7 +2,9 @@
  * allows (pp = 1, 2, 4; dp x pp = 2 x 2; each schedule) trains the GPT for a few steps with
  * the same losses and the same final weights as one process on the global batch
  * (nb_gpt_train_step over the same micro-batches), to 1e-5 relative; bad layouts fail on
- * every rank before any work. */
+ * every rank before any work; checkpoints resume across layouts, and an asynchronous save's
+ * index appears only once every rank's file is durable, the previous one whole until then. */
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,23 +304,43 @@ static void train_steps(trainer *t, int from, int to, double *losses) {
     }
 }
 
+/* A fresh directory made by rank 0, its name on every rank. */
+static void shared_tmpdir(char dir[64]) {
+    memset(dir, 0, 64);
+    nb_scope_begin();
+    nb_tensor *name = nb_zeros((int64_t[]){64}, 1, NB_U8);
+    if (mt_rank == 0) {
+        char tmpl[] = "/tmp/nb-pipe-ckpt-XXXXXX";
+        MT_CHECK(mkdtemp(tmpl) != NULL, "mkdtemp failed");
+        memcpy(nb_data(name), tmpl, strlen(tmpl));
+    }
+    MT_OK(nb_broadcast(mt_world, name, 0));
+    memcpy(dir, nb_data(name), 63);
+    nb_scope_end();
+}
+
+/* Rank 0: the directory's files, then itself. */
+static void remove_dir(const char *dir) {
+    if (mt_rank != 0) return;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char path[384];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        remove(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
 /* Saved with pp = 2 (dp = world / 2), resumed with pp = world and in one process (pp = 1 on
  * nb_comm_self): the continued losses are those of the straight run; the consolidated model
  * file loads into nb_gpt_new's model with the trained weights. */
 START_TEST(test_pipe_checkpoint_layouts) {
     enum { K = 2 };
     double straight[2 * K] = {0}, resumed[2 * K] = {0};
-    char dir[64] = "";
-    nb_scope_begin();
-    nb_tensor *name = nb_zeros((int64_t[]){64}, 1, NB_U8);
-    if (mt_rank == 0) {
-        snprintf(dir, sizeof dir, "/tmp/nb-pipe-ckpt-XXXXXX");
-        MT_CHECK(mkdtemp(dir) != NULL, "mkdtemp failed");
-        memcpy(nb_data(name), dir, strlen(dir));
-    }
-    MT_OK(nb_broadcast(mt_world, name, 0));
-    memcpy(dir, nb_data(name), 63);
-    nb_scope_end();
+    char dir[64];
+    shared_tmpdir(dir);
     const int save_pp = mt_size >= 2 ? 2 : 1;
     trainer t;
     if (trainer_new(&t, mt_world, save_pp, NB_PIPE_1F1B)) {
@@ -363,17 +385,130 @@ START_TEST(test_pipe_checkpoint_layouts) {
     nb_comm_free(self);
     remove(file);
     MT_OK(nb_barrier(mt_world));
-    if (mt_rank == 0) { /* the directory's files, then itself */
-        char path[192];
-        for (int P = 1; P <= 4; P++)
-            for (int r = 0; r < P; r++) {
-                snprintf(path, sizeof path, "%s/stage-%d-of-%d.safetensors", dir, r, P);
-                remove(path);
-            }
-        snprintf(path, sizeof path, "%s/index.safetensors", dir);
-        remove(path);
-        rmdir(dir);
+    remove_dir(dir);
+    MT_END();
+}
+END_TEST
+
+/* A checkpoint in the layout before per-save file names (stage-<r>-of-<P>.safetensors, an
+ * index without "stage.<r>" keys) still loads and continues the straight run. */
+START_TEST(test_pipe_checkpoint_old_names) {
+    enum { K = 2 };
+    double straight[2 * K] = {0}, resumed[2 * K] = {0};
+    char dir[64];
+    shared_tmpdir(dir);
+    const int save_pp = mt_size >= 2 ? 2 : 1;
+    trainer t;
+    if (trainer_new(&t, mt_world, save_pp, NB_PIPE_1F1B)) {
+        train_steps(&t, 0, K, straight);
+        MT_OK(nb_gpt_pipe_save(t.pipe, t.opt, dir, K));
+        train_steps(&t, K, 2 * K, straight);
     }
+    trainer_free(&t);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) { /* rewrite it as the old code wrote it */
+        DIR *d = opendir(dir);
+        int renamed = 0;
+        for (struct dirent *e; d && (e = readdir(d));) {
+            int r, P;
+            if (sscanf(e->d_name, "stage-%*16[0-9a-f]-%d-of-%d.safetensors", &r, &P) != 2) continue;
+            char from[384], to[384];
+            snprintf(from, sizeof from, "%s/%s", dir, e->d_name);
+            snprintf(to, sizeof to, "%s/stage-%d-of-%d.safetensors", dir, r, P);
+            renamed += rename(from, to) == 0;
+        }
+        if (d) closedir(d);
+        MT_CHECK(renamed == save_pp, "%d stage files renamed, not %d", renamed, save_pp);
+        char ip[128], stages[16], steps[16];
+        snprintf(ip, sizeof ip, "%s/index.safetensors", dir);
+        snprintf(stages, sizeof stages, "%d", save_pp);
+        snprintf(steps, sizeof steps, "%d", K);
+        const char *keys[] = {"format", "pipe_stages", "step"}, *vals[] = {"nabla-pipe", stages, steps};
+        MT_OK(nb_safetensors_save(ip, NULL, NULL, 0, keys, vals, 3));
+    }
+    MT_OK(nb_barrier(mt_world));
+    if (trainer_new(&t, mt_world, mt_size, NB_PIPE_GPIPE)) {
+        int64_t step = -1;
+        MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dir, &step));
+        MT_CHECK(step == K, "resumed at step %lld", (long long)step);
+        train_steps(&t, K, 2 * K, resumed);
+        for (int s = K; s < 2 * K; s++)
+            MT_CHECK(rel_diff(resumed[s], straight[s]) <= 1e-5,
+                     "old names: step %d loss %.9g, straight %.9g", s, resumed[s], straight[s]);
+    }
+    trainer_free(&t);
+    MT_OK(nb_barrier(mt_world));
+    remove_dir(dir);
+    MT_END();
+}
+END_TEST
+
+/* The number of dir's stage files (stage-*). */
+static int stage_files(const char *dir) {
+    int n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) n += strncmp(e->d_name, "stage-", 6) == 0;
+    if (d) closedir(d);
+    return n;
+}
+
+static bool has_index(const char *dir) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/index.safetensors", dir);
+    return access(path, F_OK) == 0;
+}
+
+/* nb_gpt_pipe_save_async: the index is written only after every rank's stage file is
+ * durable (at the next save or at _save_wait), never at the save itself; a second save into
+ * the same directory leaves the first checkpoint whole (its index, its files: it loads and
+ * continues the straight run) until the new index replaces it, then the older files go. */
+START_TEST(test_pipe_checkpoint_async) {
+    enum { K = 2 };
+    double straight[3 * K] = {0}, resumed[3 * K] = {0};
+    char dir[64];
+    shared_tmpdir(dir);
+    const int save_pp = mt_size >= 2 ? 2 : 1;
+    trainer t, t2;
+    nb_checkpoint_writer *w = nb_checkpoint_writer_new(NULL);
+    MT_CHECK(w, "writer: %s", nb_last_error());
+    if (trainer_new(&t, mt_world, save_pp, NB_PIPE_1F1B) && w) {
+        train_steps(&t, 0, K, straight);
+        MT_OK(nb_gpt_pipe_save_async(t.pipe, t.opt, w, dir, 0, K));
+        MT_OK(nb_barrier(mt_world));
+        MT_CHECK(!has_index(dir), "the index exists before the ranks agreed on their files");
+        train_steps(&t, K, 2 * K, straight); /* the write goes on meanwhile */
+        MT_OK(nb_gpt_pipe_save_wait(t.pipe, w));
+        MT_OK(nb_barrier(mt_world));
+        MT_CHECK(has_index(dir), "no index after nb_gpt_pipe_save_wait");
+        train_steps(&t, 2 * K, 3 * K, straight);
+        /* the second save, in flight: the first checkpoint is the one there */
+        MT_OK(nb_gpt_pipe_save_async(t.pipe, t.opt, w, dir, 0, 3 * K));
+        MT_OK(nb_barrier(mt_world));
+        if (trainer_new(&t2, mt_world, mt_size, NB_PIPE_GPIPE)) {
+            int64_t step = -1;
+            MT_OK(nb_gpt_pipe_load(t2.pipe, t2.opt, dir, &step));
+            MT_CHECK(step == K, "during the second save the checkpoint is at step %lld, not %d",
+                     (long long)step, K);
+            train_steps(&t2, K, 2 * K, resumed);
+            for (int s = K; s < 2 * K; s++)
+                MT_CHECK(rel_diff(resumed[s], straight[s]) <= 1e-5,
+                         "resumed: step %d loss %.9g, straight %.9g", s, resumed[s], straight[s]);
+        }
+        trainer_free(&t2);
+        MT_OK(nb_gpt_pipe_save_wait(t.pipe, w));
+        MT_OK(nb_gpt_pipe_save_wait(t.pipe, w)); /* nothing in flight: nothing to do */
+        MT_OK(nb_barrier(mt_world));
+        MT_CHECK(stage_files(dir) == save_pp, "%d stage files after the second save, not %d",
+                 stage_files(dir), save_pp);
+        int64_t step = -1;
+        MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dir, &step));
+        MT_CHECK(step == 3 * K, "after the second save the checkpoint is at step %lld",
+                 (long long)step);
+    }
+    trainer_free(&t);
+    MT_OK(nb_checkpoint_writer_free(w));
+    MT_OK(nb_barrier(mt_world));
+    remove_dir(dir);
     MT_END();
 }
 END_TEST
@@ -390,6 +525,8 @@ Suite *mt_suite_pipeline(void) {
     tcase_add_test(tc, test_pipe_balance);
     tcase_add_test(tc, test_pipe_bad_layouts);
     tcase_add_test(tc, test_pipe_checkpoint_layouts);
+    tcase_add_test(tc, test_pipe_checkpoint_async);
+    tcase_add_test(tc, test_pipe_checkpoint_old_names);
     suite_add_tcase(s, tc);
     return s;
 }
