@@ -231,6 +231,20 @@ typedef struct nb_zero_opts {
     double bucket_mb;          /* bucket size in MiB, as nb_ddp's: 25 */
     bool find_unused;          /* false; as nb_ddp's */
     bool no_broadcast;         /* false; as nb_ddp's */
+    bool offload_optimizer;    /* false. ZeRO-Offload, stages 1-3 (stage 0: NB_EINVAL): when
+                                * the parameters are on a device other than the CPU, this
+                                * rank's optimizer (state and, for f16/bf16 parameters, the f32
+                                * master) lives on the host over a host copy of its shard.
+                                * Each step copies the averaged gradient shard device -> host
+                                * when it is reduced (so clipping and the loss scaler see it),
+                                * and nb_step copies the parameter shard device -> host, runs
+                                * the unchanged CPU optimizer there, copies the updated shard
+                                * host -> device, then all-gathers as usual. The copies are
+                                * synchronous (no overlap of the update with transfers yet);
+                                * the host buffers are ordinary host memory (pinned memory
+                                * waits for the CUDA backend). Tested only on the guard test
+                                * device, unverified on a GPU. On a CPU model it is accepted
+                                * and does nothing (the state is on the host already). */
 } nb_zero_opts;
 nb_zero_opts nb_zero_defaults(void);
 
@@ -273,7 +287,13 @@ typedef struct nb_zero_memory_info {
     int64_t optim_state;       /* optimizer state tensors held on this rank (with the f32
                                 * master weights of f16/bf16 parameters) */
     int64_t comm_buffers;      /* persistent communication buffers */
+    int64_t host_buffers;      /* offload_optimizer: the host copies of the shard's parameters
+                                * and gradients (0 without offload) */
     int64_t total;             /* the sum */
+    int64_t device_bytes;      /* of total, what is where the parameters are (the device; the
+                                * host for a CPU model) */
+    int64_t host_bytes;        /* of total, what offload_optimizer keeps on the host instead
+                                * (optim_state + host_buffers; 0 without offload) */
 } nb_zero_memory_info;
 nb_status nb_zero_memory(const nb_zero *z, nb_zero_memory_info *out);
 /* The same figures planned without building anything: numel parameters (elements of the
