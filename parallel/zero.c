@@ -1005,7 +1005,9 @@ nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int
     memset(out, 0, sizeof *out);
     out->params = (stage < 3 ? numel : shard) * elem_size;
     out->grads = (stage < 2 ? numel : shard) * elem_size;
-    out->optim_state = shard * elem_size * state_slots;
+    /* f16/bf16 parameters: f32 state and an f32 master copy (optim.c) */
+    int64_t state_elem = elem_size >= 4 ? (int64_t)elem_size * state_slots : 4 * (int64_t)state_slots + 4;
+    out->optim_state = shard * state_elem;
     out->comm_buffers = stage >= 2 ? 2 * bucket * elem_size : 0;
     out->total = out->params + out->grads + out->optim_state + out->comm_buffers;
     out->device_bytes = out->total;

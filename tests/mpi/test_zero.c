@@ -1110,6 +1110,96 @@ START_TEST(test_zero_offload_resume) {
 }
 END_TEST
 
+/* Memory with bf16 parameters and Adam (f32 m, v and master weights: 12 bytes of state per
+ * shard element), per rank, N ranks, P parameters: stage 1 4P + 12P/N, stage 2 2P + 14P/N,
+ * stage 3 16P/N (stage 0 16P), within 5%, plus the stated constant buffers (comm_buffers:
+ * stages 2 and 3 two bf16 staging buffers of the largest bucket or unit). The planner
+ * (elem_size 2) agrees. With offload_optimizer on the guard device, the 12P/N of state moves
+ * to host_bytes together with the host copies of the shard (4P/N), and device_bytes keeps the
+ * parameters, gradients and staging buffers. */
+static void check_memory_half(int stage, bool offload) {
+    enum { MIN = 64, MHID = 384, MOUT = 10, MB = 8 };
+    nb_scope_begin();
+    nb_device dev = offload ? GUARD : NB_CPU;
+    nb_generator *g = nb_generator_new(11);
+    nb_linear_opts lo = nb_linear_defaults();
+    lo.dtype = NB_BF16;
+    lo.gen = g;
+    nb_module *m = nb_sequential_new(nb_linear_new(MIN, MHID, &lo), nb_relu_new(),
+                                     nb_linear_new(MHID, MHID, &lo), nb_tanh_new(),
+                                     nb_linear_new(MHID, MOUT, &lo), NULL);
+    nb_generator_free(g);
+    if (m && offload) MT_OK(nb_module_to(m, dev));
+    nb_optim *o = m ? nb_adam_new(nb_parameters(m), NULL) : NULL;
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage, .bucket_mb = 0.1,
+                                                                  .offload_optimizer = offload})
+                   : NULL;
+    MT_CHECK(z != NULL, "setup: %s", nb_last_error());
+    if (z) {
+        nb_scope_begin();
+        nb_generator *dg = nb_generator_new(5);
+        nb_tensor *x = nb_to_dtype(nb_randn((int64_t[]){MB, MIN}, 2, NB_F32, dg), NB_BF16);
+        nb_tensor *y = nb_randint((int64_t[]){MB}, 1, NB_I64, 0, MOUT, dg);
+        nb_generator_free(dg);
+        nb_tensor *out = nb_to_dtype(nb_forward(m, nb_to_device(x, dev)), NB_F32);
+        MT_OK(nb_zero_grad(o));
+        MT_OK(nb_backward(nb_cross_entropy(out, nb_to_device(y, dev), NULL)));
+        MT_OK(nb_step(o));
+        nb_scope_end();
+    }
+    nb_zero_memory_info mi = {0}, plan = {0};
+    if (z) MT_OK(nb_zero_memory(z, &mi));
+    double P = (double)nb_num_parameters(m), N = mt_size;
+    double formula = stage == 0   ? 16 * P
+                     : stage == 1 ? 4 * P + 12 * P / N
+                     : stage == 2 ? 2 * P + 14 * P / N
+                                  : 16 * P / N;
+    double model_state = (double)(mi.total - mi.comm_buffers - mi.host_buffers);
+    MT_CHECK(fabs(model_state - formula) <= 0.05 * formula,
+             "bf16, stage %d, %d ranks%s: model state %.0f bytes, formula %.0f (P = %.0f; params "
+             "%lld grads %lld state %lld)", stage, mt_size, offload ? ", offload" : "",
+             model_state, formula, P, (long long)mi.params, (long long)mi.grads,
+             (long long)mi.optim_state);
+    double state = stage == 0 ? 12 * P : 12 * P / N; /* stage 0 is plain DDP */
+    MT_CHECK(fabs((double)mi.optim_state - state) <= 0.05 * state,
+             "bf16, stage %d: optimizer state %lld, want %.0f", stage, (long long)mi.optim_state,
+             state);
+    if (stage >= 2) /* the stated constant: two bf16 staging buffers of the largest bucket */
+        MT_CHECK(mi.comm_buffers > 0 && mi.comm_buffers <= 2 * (52429 + MHID * MHID + MHID) * 2,
+                 "comm buffers %lld", (long long)mi.comm_buffers);
+    if (offload) {
+        double host = 12 * P / N + 4 * P / N;
+        MT_CHECK(fabs((double)mi.host_bytes - host) <= 0.05 * host &&
+                 fabs((double)(mi.device_bytes - mi.comm_buffers) - (formula - 12 * P / N)) <=
+                     0.05 * formula,
+                 "bf16 offload, stage %d, %d ranks: host %lld (want %.0f), device %lld",
+                 stage, mt_size, (long long)mi.host_bytes, host, (long long)mi.device_bytes);
+    }
+    int64_t numel = stage == 3 ? nb_num_parameters(m) : nb_numel(nb_module_flat_params(m));
+    MT_OK(nb_zero_memory_plan(numel, 2, 2, mt_size, stage, 0.1, &plan));
+    MT_CHECK(fabs((double)(plan.total - plan.comm_buffers) - formula) <= 0.05 * formula,
+             "bf16, stage %d: plan %lld (state %lld) vs formula %.0f", stage,
+             (long long)(plan.total - plan.comm_buffers), (long long)plan.optim_state, formula);
+    if (mt_rank == 0 && getenv("NB_ZERO_VERBOSE"))
+        printf("bf16 stage %d N %d%s P %.0f: formula %.0f measured %.0f (params %lld grads %lld "
+               "state %lld) comm %lld host %lld device %lld plan %lld\n", stage, mt_size,
+               offload ? " offload" : "", P, formula, model_state, (long long)mi.params,
+               (long long)mi.grads, (long long)mi.optim_state, (long long)mi.comm_buffers,
+               (long long)mi.host_bytes, (long long)mi.device_bytes,
+               (long long)(plan.total - plan.comm_buffers));
+    nb_zero_free(z);
+    nb_optim_free(o);
+    nb_module_free(m);
+    nb_scope_end();
+}
+
+START_TEST(test_zero_memory_half) {
+    for (int stage = 0; stage <= 3; stage++) check_memory_half(stage, false);
+    for (int stage = 1; stage <= 3; stage++) check_memory_half(stage, true);
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_zero(void) {
     Suite *s = suite_create("zero");
     TCase *tc = tcase_create("zero");
@@ -1126,6 +1216,7 @@ Suite *mt_suite_zero(void) {
     tcase_add_test(tc, test_zero_checkpoint_keep);
     tcase_add_test(tc, test_zero_offload);
     tcase_add_test(tc, test_zero_offload_resume);
+    tcase_add_test(tc, test_zero_memory_half);
     suite_add_tcase(s, tc);
     return s;
 }
