@@ -1117,36 +1117,47 @@ END_TEST
  * (elem_size 2) agrees. With offload_optimizer on the guard device, the 12P/N of state moves
  * to host_bytes together with the host copies of the shard (4P/N), and device_bytes keeps the
  * parameters, gradients and staging buffers. */
-static void check_memory_half(int stage, bool offload) {
-    enum { MIN = 64, MHID = 384, MOUT = 10, MB = 8 };
-    nb_scope_begin();
-    nb_device dev = offload ? GUARD : NB_CPU;
+enum { HMIN = 64, HHID = 384, HOUT = 10, HMB = 8 };
+
+static nb_module *build_bf16_mlp(nb_device dev) {
     nb_generator *g = nb_generator_new(11);
     nb_linear_opts lo = nb_linear_defaults();
     lo.dtype = NB_BF16;
     lo.gen = g;
-    nb_module *m = nb_sequential_new(nb_linear_new(MIN, MHID, &lo), nb_relu_new(),
-                                     nb_linear_new(MHID, MHID, &lo), nb_tanh_new(),
-                                     nb_linear_new(MHID, MOUT, &lo), NULL);
+    nb_module *m = nb_sequential_new(nb_linear_new(HMIN, HHID, &lo), nb_relu_new(),
+                                     nb_linear_new(HHID, HHID, &lo), nb_tanh_new(),
+                                     nb_linear_new(HHID, HOUT, &lo), NULL);
     nb_generator_free(g);
-    if (m && offload) MT_OK(nb_module_to(m, dev));
+    if (m && dev.type != NB_DEVICE_CPU) MT_OK(nb_module_to(m, dev));
+    return m;
+}
+
+/* One Adam step of a bf16 model on dev (every rank the same batch; the gradient is the
+ * average anyway). */
+static void bf16_step(nb_module *m, nb_optim *o, nb_device dev, int step) {
+    nb_scope_begin();
+    nb_generator *dg = nb_generator_new(5 + (uint64_t)step);
+    nb_tensor *x = nb_to_dtype(nb_randn((int64_t[]){HMB, HMIN}, 2, NB_F32, dg), NB_BF16);
+    nb_tensor *y = nb_randint((int64_t[]){HMB}, 1, NB_I64, 0, HOUT, dg);
+    nb_generator_free(dg);
+    nb_tensor *out = nb_to_dtype(nb_forward(m, nb_to_device(x, dev)), NB_F32);
+    MT_OK(nb_zero_grad(o));
+    MT_OK(nb_backward(nb_cross_entropy(out, nb_to_device(y, dev), NULL)));
+    MT_OK(nb_step(o));
+    nb_scope_end();
+}
+
+static void check_memory_half(int stage, bool offload) {
+    enum { MHID = HHID };
+    nb_scope_begin();
+    nb_device dev = offload ? GUARD : NB_CPU;
+    nb_module *m = build_bf16_mlp(dev);
     nb_optim *o = m ? nb_adam_new(nb_parameters(m), NULL) : NULL;
     nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage, .bucket_mb = 0.1,
                                                                   .offload_optimizer = offload})
                    : NULL;
     MT_CHECK(z != NULL, "setup: %s", nb_last_error());
-    if (z) {
-        nb_scope_begin();
-        nb_generator *dg = nb_generator_new(5);
-        nb_tensor *x = nb_to_dtype(nb_randn((int64_t[]){MB, MIN}, 2, NB_F32, dg), NB_BF16);
-        nb_tensor *y = nb_randint((int64_t[]){MB}, 1, NB_I64, 0, MOUT, dg);
-        nb_generator_free(dg);
-        nb_tensor *out = nb_to_dtype(nb_forward(m, nb_to_device(x, dev)), NB_F32);
-        MT_OK(nb_zero_grad(o));
-        MT_OK(nb_backward(nb_cross_entropy(out, nb_to_device(y, dev), NULL)));
-        MT_OK(nb_step(o));
-        nb_scope_end();
-    }
+    if (z) bf16_step(m, o, dev, 0);
     nb_zero_memory_info mi = {0}, plan = {0};
     if (z) MT_OK(nb_zero_memory(z, &mi));
     double P = (double)nb_num_parameters(m), N = mt_size;
@@ -1193,9 +1204,42 @@ static void check_memory_half(int stage, bool offload) {
     nb_scope_end();
 }
 
+/* bf16 parameters with offload: the host optimizer's f32 masters give, bit for bit, the
+ * weights of the same model on the CPU without offload (three Adam steps, stages 1-3). */
+static void check_offload_half(int stage) {
+    nb_scope_begin();
+    nb_module *gm = build_bf16_mlp(GUARD), *ref = build_bf16_mlp(NB_CPU);
+    nb_optim *go = gm ? nb_adam_new(nb_parameters(gm), NULL) : NULL;
+    nb_optim *ro = ref ? nb_adam_new(nb_parameters(ref), NULL) : NULL;
+    nb_zero_opts zo = {.stage = stage, .bucket_mb = 0.1, .offload_optimizer = true};
+    nb_zero *zg = go ? nb_zero_new(gm, go, mt_world, &zo) : NULL;
+    zo.offload_optimizer = false;
+    nb_zero *zr = ro ? nb_zero_new(ref, ro, mt_world, &zo) : NULL;
+    MT_CHECK(zg && zr, "bf16 offload, stage %d: setup: %s", stage, nb_last_error());
+    for (int step = 0; step < 3 && zg && zr; step++) {
+        bf16_step(gm, go, GUARD, step);
+        bf16_step(ref, ro, NB_CPU, step);
+    }
+    if (zg && zr) {
+        MT_OK(nb_zero_gather_params(zg));
+        MT_OK(nb_zero_gather_params(zr));
+        char what[64];
+        snprintf(what, sizeof what, "bf16 offload, stage %d", stage);
+        expect_bitwise(gm, ref, what);
+    }
+    nb_zero_free(zg);
+    nb_zero_free(zr);
+    nb_optim_free(go);
+    nb_optim_free(ro);
+    nb_module_free(gm);
+    nb_module_free(ref);
+    nb_scope_end();
+}
+
 START_TEST(test_zero_memory_half) {
     for (int stage = 0; stage <= 3; stage++) check_memory_half(stage, false);
     for (int stage = 1; stage <= 3; stage++) check_memory_half(stage, true);
+    for (int stage = 1; stage <= 3; stage++) check_offload_half(stage);
     MT_END();
 }
 END_TEST
