@@ -149,6 +149,43 @@ static nb_status reattach(zparam *p) {
 
 static nb_status backward_end(void *ctx, nb_status backward_status);
 
+/* ---- offload_optimizer: the shard's host copies ------------------------------------------------
+ * host_p and host_g hold the shard in its soff layout (bucket k's chunk at soff); the inner
+ * optimizer's pieces and their gradients are views of them. The device side of bucket k is
+ * pchunk (parameters) and gout (averaged gradient), both contiguous. The copies go through
+ * the device backend's to_host / from_host (synchronous; pinned buffers and overlapping
+ * the CPU update of one bucket with the next bucket's transfer wait for the CUDA backend). */
+static nb_status xfer(nb_zero *z, nb_tensor *dev_t, nb_tensor *host, int64_t hoff, bool to_host) {
+    size_t nbytes = (size_t)nb_numel(dev_t) * nb_dtype_size(dev_t->dtype);
+    if (!nbytes) return NB_OK;
+    const nb__backend *be = nb__backend_of(z->dev, "zero");
+    if (!be) return nb_last_status();
+    char *h = nb__ptr(host) + (size_t)hoff * nb_dtype_size(host->dtype);
+    nb_status s = to_host ? be->to_host(z->dev, h, nb__ptr(dev_t), nbytes)
+                          : be->from_host(z->dev, nb__ptr(dev_t), h, nbytes);
+    if (s != NB_OK)
+        return nb__error(s, "zero: offload_optimizer: copying %zu bytes %s the host failed",
+                         nbytes, to_host ? "to" : "from");
+    return NB_OK;
+}
+
+/* The averaged gradient shard, device -> host (once it is reduced). */
+static nb_status offload_grads(nb_zero *z) {
+    nb_status s = NB_OK;
+    for (int k = 0; k < z->nbk && s == NB_OK; k++) s = xfer(z, z->b[k].gout, z->host_g, z->b[k].soff, true);
+    nb__bump_version(z->host_g);
+    return s;
+}
+
+/* The parameter shard, device -> host (to_host) before the update, host -> device after. */
+static nb_status offload_params(nb_zero *z, bool to_host) {
+    nb_status s = NB_OK;
+    for (int k = 0; k < z->nbk && s == NB_OK; k++)
+        s = xfer(z, z->b[k].pchunk, z->host_p, z->b[k].soff, to_host);
+    nb__bump_version(to_host ? z->host_p : z->b[0].pchunk);
+    return s;
+}
+
 /* ---- stage 3: gathering and releasing units ---------------------------------------------------
  * A unit (bucket) is the parameters one module registered; they are views of the unit's
  * `full` tensor, whose storage has memory only while the unit is gathered. Gathering
@@ -355,6 +392,7 @@ static nb_status finish_step(nb_zero *z, bool all) {
     if (s == NB_OK && z->hook_err != NB_OK)
         s = nb__error(z->hook_err, "zero: starting a gradient reduce-scatter failed: %s",
                       z->hook_msg);
+    if (s == NB_OK && z->offload) s = offload_grads(z);
     z->failed = s != NB_OK;
     if (z->failed) snprintf(z->fail_msg, sizeof z->fail_msg, "%s", nb_last_error());
     else z->local = false;
@@ -429,7 +467,9 @@ static nb_status zero_step(void *ctx) {
     if (s != NB_OK) return s;
     for (int g = 0; g < z->user->ngroups; g++) z->inner->groups[g] = z->user->groups[g];
     if (z->stage == 3) release_all(z); /* a gathered copy would be stale */
+    if (z->offload && (s = offload_params(z, true)) != NB_OK) return s;
     if ((s = nb_step(z->inner)) != NB_OK) return s;
+    if (z->offload && (s = offload_params(z, false)) != NB_OK) return s;
     for (int i = 0; i < z->np; i++) nb__bump_version(z->p[i].t);
     if (z->size == 1 || z->stage == 3) return NB_OK; /* stage 3 gathers at the next forward */
     nb_status first = NB_OK;
@@ -476,6 +516,8 @@ void nb_zero_free(nb_zero *z) {
     free(z->piece_lo);
     nb_tensor_free(z->shard_g);
     nb_tensor_free(z->shard_p);
+    nb_tensor_free(z->host_p);
+    nb_tensor_free(z->host_g);
     nb_tensor_free(z->staging[0]);
     nb_tensor_free(z->staging[1]);
     free(z->b);
@@ -535,6 +577,10 @@ static nb_status build_views(nb_zero *z) {
         for (int i = 0; i < 2 && s == NB_OK; i++)
             z->staging[i] = take(nb_zeros_on(dev, &z->max_bucket, 1, dt), &s);
     }
+    if (z->offload && s == NB_OK) { /* filled from the device at each step */
+        z->host_p = take(nb_zeros(&nshard, 1, dt), &s);
+        if (s == NB_OK) z->host_g = take(nb_zeros(&nshard, 1, dt), &s);
+    }
     for (int k = 0; k < z->nbk && s == NB_OK; k++) {
         zbucket *bk = &z->b[k];
         if (s == NB_OK && z->stage == 3) { /* the unit's whole buffer, and the shard's chunk */
@@ -587,15 +633,16 @@ static nb_status build_inner(nb_zero *z) {
         int64_t lo = p->off > bk->cb ? p->off : bk->cb;
         int64_t hi = p->off + p->n < bk->ce ? p->off + p->n : bk->ce;
         if (lo >= hi) continue;
-        nb_tensor *piece = z->stage == 3
+        nb_tensor *piece = z->offload ? take(nb_narrow(z->host_p, 0, bk->soff + (lo - bk->cb), hi - lo), &s)
+                           : z->stage == 3
                                ? take(nb_narrow(z->shard_p, 0, bk->soff + (lo - bk->cb), hi - lo), &s)
                                : take(nb_narrow(z->flat_p, 0, lo, hi - lo), &s);
         if (s != NB_OK) break;
         z->piece_param[z->npieces] = i;
         z->piece_lo[z->npieces] = lo - p->off;
         z->pieces[z->npieces++] = piece;
-        nb_tensor *gsrc = z->stage == 1 ? z->flat_g : z->shard_g;
-        int64_t goff = z->stage == 1 ? lo : bk->soff + (lo - bk->cb);
+        nb_tensor *gsrc = z->offload ? z->host_g : z->stage == 1 ? z->flat_g : z->shard_g;
+        int64_t goff = z->stage == 1 && !z->offload ? lo : bk->soff + (lo - bk->cb);
         nb_tensor *gv = take(nb_narrow(gsrc, 0, goff, hi - lo), &s);
         if (s == NB_OK) s = nb_set_grad(piece, gv);
         nb_tensor_free(gv);
@@ -704,6 +751,9 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     if (opts.stage < 0 || opts.stage > 3)
         return nb__error(NB_EINVAL, "zero_new: stage must be 0, 1, 2 or 3, got %d",
                          opts.stage), NULL;
+    if (opts.offload_optimizer && opts.stage == 0)
+        return nb__error(NB_EINVAL, "zero_new: offload_optimizer needs stage 1, 2 or 3 (stage 0 "
+                         "is plain data parallel, whose optimizer is the caller's)"), NULL;
     if (!(opts.bucket_mb >= 0))
         return nb__error(NB_EINVAL, "zero_new: bucket_mb must be >= 0, got %g", opts.bucket_mb),
                NULL;
@@ -736,6 +786,7 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     z->flat_g = nb_module_flat_grads(model);
     z->dtype = z->flat_p->dtype;
     z->dev = nb__device_of(z->flat_p);
+    z->offload = opts.offload_optimizer && !nb_device_equal(z->dev, NB_CPU);
     z->p = calloc((size_t)ps->count, sizeof *z->p);
     if (!z->p) s = nb__error(NB_ENOMEM, "zero_new: out of memory");
     else z->np = ps->count;
@@ -931,7 +982,11 @@ nb_status nb_zero_memory(const nb_zero *z, nb_zero_memory_info *out) {
         out->comm_buffers = bytes_of(z->staging[0]) + bytes_of(z->staging[1]);
     }
     out->optim_state = state_bytes(z->inner ? z->inner : z->user);
-    out->total = out->params + out->grads + out->optim_state + out->comm_buffers;
+    out->host_buffers = bytes_of(z->host_p) + bytes_of(z->host_g);
+    out->total = out->params + out->grads + out->optim_state + out->comm_buffers +
+                 out->host_buffers;
+    out->host_bytes = z->offload ? out->optim_state + out->host_buffers : 0;
+    out->device_bytes = out->total - out->host_bytes;
     return NB_OK;
 }
 
@@ -950,9 +1005,12 @@ nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int
     memset(out, 0, sizeof *out);
     out->params = (stage < 3 ? numel : shard) * elem_size;
     out->grads = (stage < 2 ? numel : shard) * elem_size;
-    out->optim_state = shard * elem_size * state_slots;
+    /* f16/bf16 parameters: f32 state and an f32 master copy (optim.c) */
+    int64_t state_elem = elem_size >= 4 ? (int64_t)elem_size * state_slots : 4 * (int64_t)state_slots + 4;
+    out->optim_state = shard * state_elem;
     out->comm_buffers = stage >= 2 ? 2 * bucket * elem_size : 0;
     out->total = out->params + out->grads + out->optim_state + out->comm_buffers;
+    out->device_bytes = out->total;
     return NB_OK;
 }
 

@@ -66,6 +66,9 @@ struct nb_zero {
     bool s3_ready;      /* stage 3: the parameters live in the units' storage */
     bool in_backward;   /* stage 3: a backward gathered units (forwards run inside it, as
                          * activation checkpointing's recomputation, release nothing) */
+    bool offload;       /* offload_optimizer on a non-CPU model: the pieces live in host_p */
+    nb_tensor *host_p;  /* offload: host copy of the shard's parameters (owned), soff layout */
+    nb_tensor *host_g;  /* offload: host copy of the shard's averaged gradient (owned) */
     nb_tensor *staging[2]; /* stage 2 (owned) */
     int staged_by[2];   /* bucket whose reduce-scatter reads staging[i], -1 none */
     int64_t max_bucket;

@@ -231,6 +231,20 @@ typedef struct nb_zero_opts {
     double bucket_mb;          /* bucket size in MiB, as nb_ddp's: 25 */
     bool find_unused;          /* false; as nb_ddp's */
     bool no_broadcast;         /* false; as nb_ddp's */
+    bool offload_optimizer;    /* false. ZeRO-Offload, stages 1-3 (stage 0: NB_EINVAL): when
+                                * the parameters are on a device other than the CPU, this
+                                * rank's optimizer (state and, for f16/bf16 parameters, the f32
+                                * master) lives on the host over a host copy of its shard.
+                                * Each step copies the averaged gradient shard device -> host
+                                * when it is reduced (so clipping and the loss scaler see it),
+                                * and nb_step copies the parameter shard device -> host, runs
+                                * the unchanged CPU optimizer there, copies the updated shard
+                                * host -> device, then all-gathers as usual. The copies are
+                                * synchronous (no overlap of the update with transfers yet);
+                                * the host buffers are ordinary host memory (pinned memory
+                                * waits for the CUDA backend). Tested only on the guard test
+                                * device, unverified on a GPU. On a CPU model it is accepted
+                                * and does nothing (the state is on the host already). */
 } nb_zero_opts;
 nb_zero_opts nb_zero_defaults(void);
 
@@ -264,8 +278,11 @@ nb_status nb_zero_release_params(nb_zero *z);
  * f32, Adam: 8 bytes of state per element): stage 0: 4P + 4P + 8P = 16P; stage 1:
  * 4P + 4P + 8P/N; stage 2: 4P + 4P/N + 8P/N; stage 3: 4P/N + 4P/N + 8P/N (params: the
  * shard plus the units gathered at the time, none between steps), plus comm_buffers (stages
- * 2 and 3: two staging buffers of the largest bucket). Optimizer state counts once the
- * first step made it. */
+ * 2 and 3: two staging buffers of the largest bucket). bf16/f16 parameters with Adam (f32
+ * m, v and master: 12 bytes per shard element): 16P, 4P + 12P/N, 2P + 14P/N, 16P/N.
+ * Optimizer state counts once the first step made it. With offload_optimizer the state
+ * moves to host_bytes, with host_buffers (the shard's host parameters and gradients: 2P/N
+ * + 2P/N for bf16). */
 typedef struct nb_zero_memory_info {
     int64_t params;            /* the flat parameter buffer */
     int64_t grads;             /* resident gradients (stage 2: the shard, plus any local
@@ -273,13 +290,24 @@ typedef struct nb_zero_memory_info {
     int64_t optim_state;       /* optimizer state tensors held on this rank (with the f32
                                 * master weights of f16/bf16 parameters) */
     int64_t comm_buffers;      /* persistent communication buffers */
+    int64_t host_buffers;      /* offload_optimizer: the host copies of the shard's parameters
+                                * and gradients (0 without offload) */
     int64_t total;             /* the sum */
+    int64_t device_bytes;      /* of total, what is where the parameters are (the device; the
+                                * host for a CPU model) */
+    int64_t host_bytes;        /* of total, what offload_optimizer keeps on the host instead
+                                * (optim_state + host_buffers; 0 without offload) */
 } nb_zero_memory_info;
 nb_status nb_zero_memory(const nb_zero *z, nb_zero_memory_info *out);
 /* The same figures planned without building anything: numel parameters (elements of the
  * flat buffer), elem_size bytes each, state_slots state tensors per element (Adam 2, SGD
  * with momentum 1, ...), on world ranks at stage, with buckets of bucket_mb MiB (the largest
- * bucket taken as bucket_mb, or numel if smaller; at stage 3 pass the largest unit's size). */
+ * bucket taken as bucket_mb, or numel if smaller; at stage 3 pass the largest unit's size).
+ * elem_size 2 (f16/bf16) counts the optimizer's f32 state and f32 master weights: 4 *
+ * state_slots + 4 bytes per shard element (Adam: 12). With such parameters and Adam the
+ * model state per rank is 16P (stage 0), 4P + 12P/N (1), 2P + 14P/N (2), 16P/N (3). The plan
+ * knows nothing of offload_optimizer (host_buffers and host_bytes are 0, device_bytes is
+ * total). */
 nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int world,
                               int stage, double bucket_mb, nb_zero_memory_info *out);
 

@@ -927,6 +927,323 @@ out:
 }
 END_TEST
 
+/* ---- optimizer offload ------------------------------------------------------------------------ */
+#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
+
+/* Every parameter of a (any device) equals b's (CPU) bit for bit. */
+static void expect_bitwise(nb_module *a, nb_module *b, const char *what) {
+    const nb_params *pa = nb_parameters(a), *pb = nb_parameters(b);
+    if (!pa || !pb || pa->count != pb->count) {
+        MT_CHECK(false, "%s: parameter lists differ", what);
+        return;
+    }
+    for (int i = 0; i < pa->count; i++) {
+        nb_scope_begin();
+        nb_tensor *ha = nb_to_device(pa->tensors[i], NB_CPU);
+        MT_CHECK(ha && nb_tensor_device(pb->tensors[i]).type == NB_DEVICE_CPU, "%s: to host: %s",
+                 what, nb_last_error());
+        size_t n = ha ? (size_t)nb_numel(ha) * nb_dtype_size(nb_tensor_dtype(ha)) : 0;
+        if (ha && memcmp(nb_data(ha), nb_data(pb->tensors[i]), n) != 0)
+            MT_CHECK(false, "%s: %s differs from the reference", what, pa->names[i]);
+        nb_scope_end();
+    }
+}
+
+/* One step of the MLP on rank r's slice of global batch `step`, on dev. */
+static void dev_train(nb_module *m, nb_optim *o, nb_sched *s, nb_device dev, int step) {
+    nb_scope_begin();
+    nb_generator *g = nb_generator_new(100 + (uint64_t)step);
+    nb_tensor *x = nb_randn((int64_t[]){GB, IN}, 2, NB_F32, g);
+    nb_tensor *y = nb_randint((int64_t[]){GB}, 1, NB_I64, 0, OUT, g);
+    nb_generator_free(g);
+    train(m, o, s, NULL, nb_to_device(x, dev), nb_to_device(y, dev), mt_rank * (GB / mt_size),
+          GB / mt_size, 0);
+    nb_scope_end();
+}
+
+/* ZeRO-Offload: a model on the guard device (memory the host cannot read outside kernels)
+ * with offload_optimizer gives, bit for bit, the weights of the same model on the CPU
+ * without offload, at stages 1-3, with SGD (momentum) and AdamW (groups, a schedule); the
+ * shard's optimizer, its parameters and its state are on the host; nb_zero_memory puts the
+ * state and the host copies under host_bytes. On the CPU the option changes nothing. */
+START_TEST(test_zero_offload) {
+    enum { K = 4 };
+    const opt_kind kinds[] = {SGD_MOMENTUM, ADAMW_GROUPS};
+    for (int stage = 1; stage <= 3; stage++)
+        for (int ki = 0; ki < 2; ki++) {
+            nb_scope_begin();
+            char what[96];
+            snprintf(what, sizeof what, "offload, stage %d, %s", stage, opt_names[kinds[ki]]);
+            nb_sched *rs, *gs;
+            nb_module *ref = build_mlp(7, IN, HID, OUT), *gm = build_mlp(7, IN, HID, OUT);
+            MT_OK(nb_module_to(gm, GUARD));
+            nb_optim *ro = make_opt(ref, kinds[ki], &rs), *go = make_opt(gm, kinds[ki], &gs);
+            nb_zero_opts zo = {.stage = stage, .bucket_mb = 0.0005, .offload_optimizer = true};
+            nb_zero *zr = nb_zero_new(ref, ro, mt_world, &zo); /* CPU: offload does nothing */
+            nb_zero *zg = nb_zero_new(gm, go, mt_world, &zo);
+            MT_CHECK(zr && zg, "%s: setup: %s", what, nb_last_error());
+            MT_CHECK(!zr || nb_zero_num_buckets(zr) > 1, "%s: one bucket only", what);
+            for (int step = 0; step < K && zr && zg; step++) {
+                dev_train(ref, ro, rs, NB_CPU, step);
+                dev_train(gm, go, gs, GUARD, step);
+            }
+            if (zr && zg) {
+                const nb_params *st = nb_optim_state(nb_zero_optim(zg));
+                const nb_params *pp = nb_optim_params(nb_zero_optim(zg));
+                MT_CHECK(st && pp, "%s: state: %s", what, nb_last_error());
+                int64_t shard = 0;
+                for (int i = 0; pp && i < pp->count; i++) {
+                    shard += nb_numel(pp->tensors[i]);
+                    MT_CHECK(nb_tensor_device(pp->tensors[i]).type == NB_DEVICE_CPU,
+                             "%s: shard piece %s not on the host", what, pp->names[i]);
+                }
+                int nstate = 0;
+                for (int i = 0; st && i < st->count; i++)
+                    if (nb_ndim(st->tensors[i]) > 0) {
+                        nstate++;
+                        MT_CHECK(nb_tensor_device(st->tensors[i]).type == NB_DEVICE_CPU,
+                                 "%s: state %s is not on the host", what, st->names[i]);
+                    }
+                MT_CHECK(pp->count == 0 || nstate > 0, "%s: no optimizer state", what);
+                nb_zero_memory_info mg, mr;
+                MT_OK(nb_zero_memory(zg, &mg));
+                MT_OK(nb_zero_memory(zr, &mr));
+                MT_CHECK(mg.host_buffers >= 2 * shard * 4 && mg.host_bytes ==
+                         mg.optim_state + mg.host_buffers && mg.optim_state > 0 &&
+                         mg.device_bytes == mg.params + mg.grads + mg.comm_buffers &&
+                         mg.total == mg.device_bytes + mg.host_bytes,
+                         "%s: memory: host %lld (state %lld, buffers %lld), device %lld, "
+                         "total %lld", what, (long long)mg.host_bytes, (long long)mg.optim_state,
+                         (long long)mg.host_buffers, (long long)mg.device_bytes,
+                         (long long)mg.total);
+                MT_CHECK(mr.host_buffers == 0 && mr.host_bytes == 0 &&
+                         mr.device_bytes == mr.total && mr.optim_state == mg.optim_state,
+                         "%s: a CPU model with offload_optimizer: host %lld, buffers %lld",
+                         what, (long long)mr.host_bytes, (long long)mr.host_buffers);
+                MT_OK(nb_zero_gather_params(zr));
+                MT_OK(nb_zero_gather_params(zg));
+                expect_bitwise(gm, ref, what);
+            }
+            nb_zero_free(zr);
+            nb_zero_free(zg);
+            nb_sched_free(rs);
+            nb_sched_free(gs);
+            nb_optim_free(ro);
+            nb_optim_free(go);
+            nb_module_free(ref);
+            nb_module_free(gm);
+            nb_scope_end();
+        }
+    /* stage 0 has no shard optimizer to offload */
+    nb_module *m = build_mlp(1, IN, HID, OUT);
+    nb_optim *o = nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1});
+    nb_zero *z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.offload_optimizer = true});
+    MT_CHECK(!z, "offload at stage 0 accepted");
+    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "offload_optimizer needs stage 1, 2 or 3");
+    nb_optim_free(o);
+    nb_module_free(m);
+    MT_END();
+}
+END_TEST
+
+/* Checkpoints with offload: a guard-device model saved after CK_A steps and resumed into
+ * another (offloaded) one continues bit for bit as the straight run, stages 1-3, AdamW
+ * with groups and a schedule (the host state and f32 step counts round-trip). */
+START_TEST(test_zero_offload_resume) {
+    enum { A = 3, B = 3 };
+    for (int stage = 1; stage <= 3; stage++) {
+        nb_scope_begin();
+        char tmp[64], dir[96], what[64];
+        ck_tmpdir(tmp);
+        snprintf(dir, sizeof dir, "%s/o.ckpt", tmp);
+        snprintf(what, sizeof what, "offload resume, stage %d", stage);
+        nb_sched *s1, *s2, *s3;
+        nb_module *m1 = build_mlp(7, IN, HID, OUT), *m2 = build_mlp(99, IN, HID, OUT);
+        nb_module *ref = build_mlp(7, IN, HID, OUT);
+        MT_OK(nb_module_to(m1, GUARD));
+        MT_OK(nb_module_to(m2, GUARD));
+        nb_optim *o1 = make_opt(m1, ADAMW_GROUPS, &s1), *o2 = make_opt(m2, ADAMW_GROUPS, &s2);
+        nb_optim *o3 = make_opt(ref, ADAMW_GROUPS, &s3);
+        nb_zero_opts zo = {.stage = stage, .bucket_mb = 0.0005, .offload_optimizer = true};
+        nb_zero *z1 = nb_zero_new(m1, o1, mt_world, &zo), *z2 = nb_zero_new(m2, o2, mt_world, &zo);
+        zo.offload_optimizer = false;
+        nb_zero *z3 = nb_zero_new(ref, o3, mt_world, &zo);
+        MT_CHECK(z1 && z2 && z3, "%s: setup: %s", what, nb_last_error());
+        for (int i = 0; z1 && z3 && i < A; i++) {
+            dev_train(m1, o1, s1, GUARD, i);
+            dev_train(ref, o3, s3, NB_CPU, i);
+        }
+        nb_checkpoint ck = {.model = m1, .optim = o1, .sched = s1, .step = A, .program = "test"};
+        if (z1) MT_OK(nb_zero_checkpoint_save(z1, dir, &ck));
+        nb_checkpoint ck2 = {.model = m2, .optim = o2, .sched = s2, .program = "test"};
+        if (z2) MT_OK(nb_zero_checkpoint_load(z2, dir, &ck2));
+        MT_CHECK(ck2.step == A, "%s: resumed at step %lld", what, (long long)ck2.step);
+        for (int i = 0; z1 && z2 && z3 && i < B; i++) {
+            dev_train(m1, o1, s1, GUARD, A + i);
+            dev_train(m2, o2, s2, GUARD, A + i);
+            dev_train(ref, o3, s3, NB_CPU, A + i);
+        }
+        if (z1 && z2 && z3) {
+            MT_OK(nb_zero_gather_params(z1));
+            MT_OK(nb_zero_gather_params(z2));
+            MT_OK(nb_zero_gather_params(z3));
+            expect_bitwise(m2, ref, what);
+            expect_bitwise(m1, ref, what);
+        }
+        nb_zero_free(z1);
+        nb_zero_free(z2);
+        nb_zero_free(z3);
+        nb_sched_free(s1);
+        nb_sched_free(s2);
+        nb_sched_free(s3);
+        nb_optim_free(o1);
+        nb_optim_free(o2);
+        nb_optim_free(o3);
+        nb_module_free(m1);
+        nb_module_free(m2);
+        nb_module_free(ref);
+        MT_OK(nb_barrier(mt_world));
+        if (mt_rank == 0) ck_rmtree(tmp);
+        nb_scope_end();
+    }
+    MT_END();
+}
+END_TEST
+
+/* Memory with bf16 parameters and Adam (f32 m, v and master weights: 12 bytes of state per
+ * shard element), per rank, N ranks, P parameters: stage 1 4P + 12P/N, stage 2 2P + 14P/N,
+ * stage 3 16P/N (stage 0 16P), within 5%, plus the stated constant buffers (comm_buffers:
+ * stages 2 and 3 two bf16 staging buffers of the largest bucket or unit). The planner
+ * (elem_size 2) agrees. With offload_optimizer on the guard device, the 12P/N of state moves
+ * to host_bytes together with the host copies of the shard (4P/N), and device_bytes keeps the
+ * parameters, gradients and staging buffers. */
+enum { HMIN = 64, HHID = 384, HOUT = 10, HMB = 8 };
+
+static nb_module *build_bf16_mlp(nb_device dev) {
+    nb_generator *g = nb_generator_new(11);
+    nb_linear_opts lo = nb_linear_defaults();
+    lo.dtype = NB_BF16;
+    lo.gen = g;
+    nb_module *m = nb_sequential_new(nb_linear_new(HMIN, HHID, &lo), nb_relu_new(),
+                                     nb_linear_new(HHID, HHID, &lo), nb_tanh_new(),
+                                     nb_linear_new(HHID, HOUT, &lo), NULL);
+    nb_generator_free(g);
+    if (m && dev.type != NB_DEVICE_CPU) MT_OK(nb_module_to(m, dev));
+    return m;
+}
+
+/* One Adam step of a bf16 model on dev (every rank the same batch; the gradient is the
+ * average anyway). */
+static void bf16_step(nb_module *m, nb_optim *o, nb_device dev, int step) {
+    nb_scope_begin();
+    nb_generator *dg = nb_generator_new(5 + (uint64_t)step);
+    nb_tensor *x = nb_to_dtype(nb_randn((int64_t[]){HMB, HMIN}, 2, NB_F32, dg), NB_BF16);
+    nb_tensor *y = nb_randint((int64_t[]){HMB}, 1, NB_I64, 0, HOUT, dg);
+    nb_generator_free(dg);
+    nb_tensor *out = nb_to_dtype(nb_forward(m, nb_to_device(x, dev)), NB_F32);
+    MT_OK(nb_zero_grad(o));
+    MT_OK(nb_backward(nb_cross_entropy(out, nb_to_device(y, dev), NULL)));
+    MT_OK(nb_step(o));
+    nb_scope_end();
+}
+
+static void check_memory_half(int stage, bool offload) {
+    enum { MHID = HHID };
+    nb_scope_begin();
+    nb_device dev = offload ? GUARD : NB_CPU;
+    nb_module *m = build_bf16_mlp(dev);
+    nb_optim *o = m ? nb_adam_new(nb_parameters(m), NULL) : NULL;
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage, .bucket_mb = 0.1,
+                                                                  .offload_optimizer = offload})
+                   : NULL;
+    MT_CHECK(z != NULL, "setup: %s", nb_last_error());
+    if (z) bf16_step(m, o, dev, 0);
+    nb_zero_memory_info mi = {0}, plan = {0};
+    if (z) MT_OK(nb_zero_memory(z, &mi));
+    double P = (double)nb_num_parameters(m), N = mt_size;
+    double formula = stage == 0   ? 16 * P
+                     : stage == 1 ? 4 * P + 12 * P / N
+                     : stage == 2 ? 2 * P + 14 * P / N
+                                  : 16 * P / N;
+    double model_state = (double)(mi.total - mi.comm_buffers - mi.host_buffers);
+    MT_CHECK(fabs(model_state - formula) <= 0.05 * formula,
+             "bf16, stage %d, %d ranks%s: model state %.0f bytes, formula %.0f (P = %.0f; params "
+             "%lld grads %lld state %lld)", stage, mt_size, offload ? ", offload" : "",
+             model_state, formula, P, (long long)mi.params, (long long)mi.grads,
+             (long long)mi.optim_state);
+    double state = stage == 0 ? 12 * P : 12 * P / N; /* stage 0 is plain DDP */
+    MT_CHECK(fabs((double)mi.optim_state - state) <= 0.05 * state,
+             "bf16, stage %d: optimizer state %lld, want %.0f", stage, (long long)mi.optim_state,
+             state);
+    if (stage >= 2) /* the stated constant: two bf16 staging buffers of the largest bucket */
+        MT_CHECK(mi.comm_buffers > 0 && mi.comm_buffers <= 2 * (52429 + MHID * MHID + MHID) * 2,
+                 "comm buffers %lld", (long long)mi.comm_buffers);
+    if (offload) {
+        double host = 12 * P / N + 4 * P / N;
+        MT_CHECK(fabs((double)mi.host_bytes - host) <= 0.05 * host &&
+                 fabs((double)(mi.device_bytes - mi.comm_buffers) - (formula - 12 * P / N)) <=
+                     0.05 * formula,
+                 "bf16 offload, stage %d, %d ranks: host %lld (want %.0f), device %lld",
+                 stage, mt_size, (long long)mi.host_bytes, host, (long long)mi.device_bytes);
+    }
+    int64_t numel = stage == 3 ? nb_num_parameters(m) : nb_numel(nb_module_flat_params(m));
+    MT_OK(nb_zero_memory_plan(numel, 2, 2, mt_size, stage, 0.1, &plan));
+    MT_CHECK(fabs((double)(plan.total - plan.comm_buffers) - formula) <= 0.05 * formula,
+             "bf16, stage %d: plan %lld (state %lld) vs formula %.0f", stage,
+             (long long)(plan.total - plan.comm_buffers), (long long)plan.optim_state, formula);
+    if (mt_rank == 0 && getenv("NB_ZERO_VERBOSE"))
+        printf("bf16 stage %d N %d%s P %.0f: formula %.0f measured %.0f (params %lld grads %lld "
+               "state %lld) comm %lld host %lld device %lld plan %lld\n", stage, mt_size,
+               offload ? " offload" : "", P, formula, model_state, (long long)mi.params,
+               (long long)mi.grads, (long long)mi.optim_state, (long long)mi.comm_buffers,
+               (long long)mi.host_bytes, (long long)mi.device_bytes,
+               (long long)(plan.total - plan.comm_buffers));
+    nb_zero_free(z);
+    nb_optim_free(o);
+    nb_module_free(m);
+    nb_scope_end();
+}
+
+/* bf16 parameters with offload: the host optimizer's f32 masters give, bit for bit, the
+ * weights of the same model on the CPU without offload (three Adam steps, stages 1-3). */
+static void check_offload_half(int stage) {
+    nb_scope_begin();
+    nb_module *gm = build_bf16_mlp(GUARD), *ref = build_bf16_mlp(NB_CPU);
+    nb_optim *go = gm ? nb_adam_new(nb_parameters(gm), NULL) : NULL;
+    nb_optim *ro = ref ? nb_adam_new(nb_parameters(ref), NULL) : NULL;
+    nb_zero_opts zo = {.stage = stage, .bucket_mb = 0.1, .offload_optimizer = true};
+    nb_zero *zg = go ? nb_zero_new(gm, go, mt_world, &zo) : NULL;
+    zo.offload_optimizer = false;
+    nb_zero *zr = ro ? nb_zero_new(ref, ro, mt_world, &zo) : NULL;
+    MT_CHECK(zg && zr, "bf16 offload, stage %d: setup: %s", stage, nb_last_error());
+    for (int step = 0; step < 3 && zg && zr; step++) {
+        bf16_step(gm, go, GUARD, step);
+        bf16_step(ref, ro, NB_CPU, step);
+    }
+    if (zg && zr) {
+        MT_OK(nb_zero_gather_params(zg));
+        MT_OK(nb_zero_gather_params(zr));
+        char what[64];
+        snprintf(what, sizeof what, "bf16 offload, stage %d", stage);
+        expect_bitwise(gm, ref, what);
+    }
+    nb_zero_free(zg);
+    nb_zero_free(zr);
+    nb_optim_free(go);
+    nb_optim_free(ro);
+    nb_module_free(gm);
+    nb_module_free(ref);
+    nb_scope_end();
+}
+
+START_TEST(test_zero_memory_half) {
+    for (int stage = 0; stage <= 3; stage++) check_memory_half(stage, false);
+    for (int stage = 1; stage <= 3; stage++) check_memory_half(stage, true);
+    for (int stage = 1; stage <= 3; stage++) check_offload_half(stage);
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_zero(void) {
     Suite *s = suite_create("zero");
     TCase *tc = tcase_create("zero");
@@ -941,6 +1258,9 @@ Suite *mt_suite_zero(void) {
     tcase_add_test(tc, test_zero_checkpoint_errors);
     tcase_add_test(tc, test_zero_resume_exact);
     tcase_add_test(tc, test_zero_checkpoint_keep);
+    tcase_add_test(tc, test_zero_offload);
+    tcase_add_test(tc, test_zero_offload_resume);
+    tcase_add_test(tc, test_zero_memory_half);
     suite_add_tcase(s, tc);
     return s;
 }
