@@ -268,7 +268,7 @@ static nb_status checkpoint_load(const char *path, nb_checkpoint *c, const nb__c
     if (st == NB_OK && c->optim && !o) st = nb_state_list_add_file(&ol, f, "optim.");
     if (st == NB_OK && c->sched) st = nb_state_list_add_file(&sl, f, "sched.");
     if (st == NB_OK && c->scaler) st = nb_state_list_add_file(&gl, f, "scaler.");
-    if (st == NB_OK) st = nb_module_load_from(c->model, f, "model.", true);
+    if (st == NB_OK && !(o && o->no_model)) st = nb_module_load_from(c->model, f, "model.", true);
     if (st == NB_OK && o && o->opt) {
         st = nb_optim_load_state(o->opt, o->names, o->tensors, o->n);
         if (st == NB_OK && o->loaded) o->loaded(o->ctx);

@@ -554,11 +554,16 @@ static nb_tensor *list_get(const nb_state_list *l, const char *name) {
 }
 
 /* Load the whole (1-rank) model in model (names without prefix) and, when optim is given,
- * the whole optimizer state, sliced for this rank; everything checked before anything
- * changes. path names the source in messages. */
+ * the whole optimizer state, sliced for this rank (m a TP GPT, or a 1-rank GPT: no slicing);
+ * the model is checked before anything changes. rest given: the rest of the checkpoint
+ * from the nb_checkpoint file path into it (the optimizer state from optim) before the
+ * weights change. path names the source in messages. */
 static nb_status load_whole(nb_module *m, nb_optim *opt, const char *path,
-                            const nb_state_list *model, const nb_state_list *optim) {
-    const tp_self *s = self_of(m);
+                            const nb_state_list *model, const nb_state_list *optim,
+                            nb_checkpoint *rest) {
+    const tp_self *s = nb_gpt_tp_is_gpt_tp(m) ? self_of(m) : NULL; /* NULL: a 1-rank GPT */
+    const tp_self one = {.tp = 1, .rank = 0};
+    if (!s) s = &one;
     const nb_params *ps = nb_parameters(m);
     nb_status st = NB_OK;
     nb_state_list mine = {0}, state = {0};
@@ -586,7 +591,13 @@ static nb_status load_whole(nb_module *m, nb_optim *opt, const char *path,
                                : optim->tensors[i];
             st = t ? nb_state_list_add(&state, NULL, optim->names[i], t) : nb_last_status();
         }
-        if (st == NB_OK) st = nb_optim_load_state(opt, state.names, state.tensors, state.count);
+        if (st == NB_OK && !rest)
+            st = nb_optim_load_state(opt, state.names, state.tensors, state.count);
+    }
+    if (st == NB_OK && rest) { /* the rest of the checkpoint, the optimizer state from state */
+        nb__ckpt_optim o = {.opt = opt, .names = state.names, .tensors = state.tensors,
+                            .n = state.count, .no_model = true};
+        st = nb__checkpoint_load_ex(path, rest, &o);
     }
     for (int i = 0; st == NB_OK && i < mine.count; i++)
         st = nb_copy_(ps->tensors[i], mine.tensors[i]);
@@ -610,7 +621,7 @@ nb_status nb_gpt_tp_load(nb_module *m, nb_optim *opt, const char *path) {
     nb_state_list model = {0}, optim = {0};
     nb_status st = nb_state_list_add_file(&model, f, ckpt ? "model." : "");
     if (st == NB_OK && ckpt && opt) st = nb_state_list_add_file(&optim, f, "optim.");
-    if (st == NB_OK) st = load_whole(m, opt, path, &model, ckpt ? &optim : NULL);
+    if (st == NB_OK) st = load_whole(m, opt, path, &model, ckpt ? &optim : NULL, NULL);
     nb_state_list_deinit(&model);
     nb_state_list_deinit(&optim);
     nb_safetensors_close(f);
@@ -665,11 +676,12 @@ static void shard_name(char *buf, size_t n, const char *id, int r, int T) {
 
 /* The save's directory and id (tp rank 0's); the directory created; this rank's file written
  * now or (w given) handed to w. Local but for the id's broadcast: the caller agrees. */
-static nb_status tp_save_begin(nb_module *m, nb_optim *opt, nb_comm *dp, nb_checkpoint_writer *w,
-                               const char *base, int keep, int64_t step, char dir[4400],
-                               char id[20]) {
+static nb_status tp_save_begin(const nb_checkpoint *c, nb_comm *dp, nb_checkpoint_writer *w,
+                               const char *base, int keep, char dir[4400], char id[20]) {
     const char *who = "nb_gpt_tp_save_sharded";
+    nb_module *m = c->model;
     const tp_self *s = self_of(m);
+    const int64_t step = c->step;
     nb_status st = nb__checkpoint_target(base, step, keep, dir, 4400, who);
     uint64_t idv = s->rank == 0 ? tp_fresh_id() : 0;
     if (s->tp > 1) {
@@ -692,15 +704,20 @@ static nb_status tp_save_begin(nb_module *m, nb_optim *opt, nb_comm *dp, nb_chec
     }
     /* the slices' places in the 1-rank tensors */
     const nb_params *ps = nb_parameters(m);
+    const int nc = c->nconfig > 0 ? c->nconfig : 0;
     int n = 0;
-    const char **keys = calloc((size_t)ps->count + 2, sizeof *keys);
-    const char **vals = calloc((size_t)ps->count + 2, sizeof *vals);
+    const char **keys = calloc((size_t)(ps->count + nc) + 2, sizeof *keys);
+    const char **vals = calloc((size_t)(ps->count + nc) + 2, sizeof *vals);
     char *buf = calloc((size_t)ps->count + 2, 640);
+    for (int i = 0; keys && vals && i < nc; i++) /* the run's settings first */
+        keys[n] = c->config_names ? c->config_names[i] : NULL,
+        vals[n++] = c->config_values ? c->config_values[i] : NULL;
+    int nb = 0;
     if (!keys || !vals || !buf) st = nb_set_error(NB_ENOMEM, "%s: out of memory", who);
     for (int i = 0; st == NB_OK && i < ps->count; i++) {
         split k = split_of(ps->names[i]);
         if (k == REPLICATED) continue;
-        char *key = buf + (size_t)n * 640, *val = key + 512;
+        char *key = buf + (size_t)nb++ * 640, *val = key + 512;
         snprintf(key, 512, "tp_slice.%s", ps->names[i]);
         int dim = k == COLS ? 1 : 0;
         int64_t len = nb_size(ps->tensors[i], dim);
@@ -711,8 +728,8 @@ static nb_status tp_save_begin(nb_module *m, nb_optim *opt, nb_comm *dp, nb_chec
     char name[96], path[4600];
     shard_name(name, sizeof name, id, s->rank, s->tp);
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    nb_checkpoint ck = {.model = m, .optim = opt, .step = step, .config_names = keys,
-                        .config_values = vals, .nconfig = n};
+    nb_checkpoint ck = *c;
+    ck.config_names = keys, ck.config_values = vals, ck.nconfig = n;
     if (st == NB_OK) st = w ? nb_checkpoint_writer_save(w, path, &ck) : nb_checkpoint_save(path, &ck);
     free(keys);
     free(vals);
@@ -769,16 +786,16 @@ static nb_status tp_write_index(const tp_self *s, nb_comm *dp, const char *dir, 
     return NB_OK;
 }
 
-nb_status nb_gpt_tp_save_sharded(nb_module *m, nb_optim *opt, nb_comm *dp, const char *base,
-                                 int keep, int64_t step) {
-    if (!nb_gpt_tp_is_gpt_tp(m) || !base)
-        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_sharded: needs a TP GPT and a directory");
+nb_status nb_gpt_tp_save_sharded(const nb_checkpoint *c, nb_comm *dp, const char *base, int keep) {
+    if (!c || !nb_gpt_tp_is_gpt_tp(c->model) || !base)
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_sharded: needs a checkpoint of a TP GPT and "
+                            "a directory");
     if (keep < 0)
         return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_sharded: keep %d is negative", keep);
-    const tp_self *s = self_of(m);
+    const tp_self *s = self_of(c->model);
     char dir[4400], id[20];
-    nb_status st = tp_agree_all(s, dp, tp_save_begin(m, opt, dp, NULL, base, keep, step, dir, id));
-    if (st == NB_OK) st = tp_write_index(s, dp, dir, base, keep, id, step);
+    nb_status st = tp_agree_all(s, dp, tp_save_begin(c, dp, NULL, base, keep, dir, id));
+    if (st == NB_OK) st = tp_write_index(s, dp, dir, base, keep, id, c->step);
     return tp_agree_all(s, dp, st);
 }
 
@@ -795,11 +812,12 @@ nb_status nb_gpt_tp_save_wait(nb_module *m, nb_comm *dp, nb_checkpoint_writer *w
     return tp_agree_all(s, dp, st);
 }
 
-nb_status nb_gpt_tp_save_async(nb_module *m, nb_optim *opt, nb_comm *dp, nb_checkpoint_writer *w,
-                               const char *base, int keep, int64_t step) {
-    if (!nb_gpt_tp_is_gpt_tp(m) || !w || !base)
-        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_async: needs a TP GPT, a writer and a "
-                            "directory");
+nb_status nb_gpt_tp_save_async(const nb_checkpoint *c, nb_comm *dp, nb_checkpoint_writer *w,
+                               const char *base, int keep) {
+    if (!c || !nb_gpt_tp_is_gpt_tp(c->model) || !w || !base)
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_async: needs a checkpoint of a TP GPT, a "
+                            "writer and a directory");
+    nb_module *m = c->model;
     tp_self *s = nb_module_self(m);
     if (keep < 0)
         return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_async: keep %d is negative", keep);
@@ -808,7 +826,7 @@ nb_status nb_gpt_tp_save_async(nb_module *m, nb_optim *opt, nb_comm *dp, nb_chec
     nb_status st = nb_gpt_tp_save_wait(m, dp, w);
     if (st != NB_OK) return st;
     char dir[4400], id[20];
-    st = tp_agree_all(s, dp, tp_save_begin(m, opt, dp, w, base, keep, step, dir, id));
+    st = tp_agree_all(s, dp, tp_save_begin(c, dp, w, base, keep, dir, id));
     if (st != NB_OK) {
         if (tp_writer(dp)) {
             char msg[512];
@@ -820,7 +838,7 @@ nb_status nb_gpt_tp_save_async(nb_module *m, nb_optim *opt, nb_comm *dp, nb_chec
     }
     s->inflight.pending = true;
     s->inflight.keep = keep;
-    s->inflight.step = step;
+    s->inflight.step = c->step;
     snprintf(s->inflight.dir, sizeof s->inflight.dir, "%s", dir);
     snprintf(s->inflight.base, sizeof s->inflight.base, "%s", base);
     snprintf(s->inflight.id, sizeof s->inflight.id, "%s", id);
@@ -830,7 +848,7 @@ nb_status nb_gpt_tp_save_async(nb_module *m, nb_optim *opt, nb_comm *dp, nb_chec
 /* The whole model (names without prefix) and, optim given, optimizer state of the sharded
  * checkpoint dir, assembled from its slices; *step from the index (may be NULL). */
 static nb_status assemble_dir(const char *dir, const char *who, nb_state_list *model,
-                              nb_state_list *optim, int64_t *step) {
+                              nb_state_list *optim, int64_t *step, char first[4600]) {
     char path[4600];
     snprintf(path, sizeof path, "%s/index.safetensors", dir);
     nb_safetensors *ix = nb_safetensors_open(path);
@@ -856,6 +874,7 @@ static nb_status assemble_dir(const char *dir, const char *who, nb_state_list *m
             break;
         }
         snprintf(path, sizeof path, "%s/%s", dir, v);
+        if (r == 0 && first) snprintf(first, 4600, "%s", path);
         if (!(f[r] = nb_safetensors_open(path)))
             st = nb_set_error(NB_EIO, "%s: shard %s is missing or unreadable", who, path);
     }
@@ -892,8 +911,8 @@ static nb_status assemble_dir(const char *dir, const char *who, nb_state_list *m
 
 static nb_status load_dir(nb_module *m, nb_optim *opt, const char *dir) {
     nb_state_list model = {0}, optim = {0};
-    nb_status st = assemble_dir(dir, "nb_gpt_tp_load", &model, opt ? &optim : NULL, NULL);
-    if (st == NB_OK) st = load_whole(m, opt, dir, &model, opt ? &optim : NULL);
+    nb_status st = assemble_dir(dir, "nb_gpt_tp_load", &model, opt ? &optim : NULL, NULL, NULL);
+    if (st == NB_OK) st = load_whole(m, opt, dir, &model, opt ? &optim : NULL, NULL);
     nb_state_list_deinit(&model);
     nb_state_list_deinit(&optim);
     return st;
@@ -902,10 +921,39 @@ static nb_status load_dir(nb_module *m, nb_optim *opt, const char *dir) {
 nb_status nb_gpt_tp_consolidate_dir(const char *dir, const char *out, int64_t *step) {
     if (!dir || !out) return nb_set_error(NB_ENULL, "nb_gpt_tp_consolidate_dir: NULL argument");
     nb_state_list model = {0};
-    nb_status st = assemble_dir(dir, "nb_gpt_tp_consolidate_dir", &model, NULL, step);
+    nb_status st = assemble_dir(dir, "nb_gpt_tp_consolidate_dir", &model, NULL, step, NULL);
     const char *keys[] = {"format"}, *vals[] = {"pt"};
     if (st == NB_OK)
         st = nb_safetensors_save(out, model.names, model.tensors, model.count, keys, vals, 1);
     nb_state_list_deinit(&model);
+    return st;
+}
+
+bool nb_gpt_tp_is_checkpoint(const char *dir) {
+    char path[4600];
+    if (!dir || snprintf(path, sizeof path, "%s/index.safetensors", dir) >= (int)sizeof path ||
+        access(path, F_OK) != 0)
+        return false;
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) {
+        nb_clear_error();
+        return false;
+    }
+    const char *fmt = nb_safetensors_metadata(f, "format");
+    bool ok = fmt && strcmp(fmt, "nabla-tp") == 0;
+    nb_safetensors_close(f);
+    return ok;
+}
+
+nb_status nb_gpt_tp_checkpoint_load(const char *dir, nb_checkpoint *c) {
+    if (!dir || !c || !(nb_gpt_tp_is_gpt_tp(c->model) || nb_gpt_get_config(c->model)))
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_checkpoint_load: needs a directory and a "
+                            "checkpoint of a GPT (TP or 1-rank)");
+    nb_state_list model = {0}, optim = {0};
+    char first[4600];
+    nb_status st = assemble_dir(dir, "nb_gpt_tp_checkpoint_load", &model, &optim, NULL, first);
+    if (st == NB_OK) st = load_whole(c->model, c->optim, first, &model, &optim, c);
+    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&optim);
     return st;
 }
