@@ -693,6 +693,18 @@ static nb_status tp_save_begin(const nb_checkpoint *c, nb_comm *dp, nb_checkpoin
         if (st == NB_OK) st = bs;
     }
     snprintf(id, 20, "%016" PRIx64, idv);
+    /* every file names tp rank 0's run id (each process draws its own) */
+    char run[40] = {0};
+    snprintf(run, sizeof run, "%s", nb_checkpoint_run_id(c));
+    if (s->tp > 1) {
+        nb_scope_begin();
+        nb_tensor *t = nb_from_buffer(run, (int64_t[]){5}, 1, NB_I64);
+        nb_status bs = t ? nb_broadcast(s->c, t, 0) : nb_last_status();
+        if (bs == NB_OK) memcpy(run, nb_data(t), sizeof run);
+        nb_scope_end();
+        run[32] = 0;
+        if (st == NB_OK) st = bs;
+    }
     if (st != NB_OK || !tp_writer(dp)) return st;
     if (mkdir(dir, 0777) != 0) {
         struct stat sb;
@@ -730,6 +742,7 @@ static nb_status tp_save_begin(const nb_checkpoint *c, nb_comm *dp, nb_checkpoin
     snprintf(path, sizeof path, "%s/%s", dir, name);
     nb_checkpoint ck = *c;
     ck.config_names = keys, ck.config_values = vals, ck.nconfig = n;
+    snprintf(ck.run_id, sizeof ck.run_id, "%s", run);
     if (st == NB_OK) st = w ? nb_checkpoint_writer_save(w, path, &ck) : nb_checkpoint_save(path, &ck);
     free(keys);
     free(vals);
