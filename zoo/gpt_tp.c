@@ -890,6 +890,8 @@ static nb_status assemble_dir(const char *dir, const char *who, nb_state_list *m
         if (r == 0 && first) snprintf(first, 4600, "%s", path);
         if (!(f[r] = nb_safetensors_open(path)))
             st = nb_set_error(NB_EIO, "%s: shard %s is missing or unreadable", who, path);
+        else if (nb_safetensors_verify(f[r], NULL) != NB_OK) /* torn or bit-flipped */
+            st = nb_set_error(NB_EFORMAT, "%s: shard %s is corrupt: %s", who, path, nb_last_error());
     }
     nb_safetensors_close(ix);
     nb_tensor **parts = st == NB_OK ? calloc((size_t)T, sizeof *parts) : NULL;
