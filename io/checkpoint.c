@@ -268,7 +268,7 @@ static nb_status checkpoint_load(const char *path, nb_checkpoint *c, const nb__c
     if (st == NB_OK && c->optim && !o) st = nb_state_list_add_file(&ol, f, "optim.");
     if (st == NB_OK && c->sched) st = nb_state_list_add_file(&sl, f, "sched.");
     if (st == NB_OK && c->scaler) st = nb_state_list_add_file(&gl, f, "scaler.");
-    if (st == NB_OK) st = nb_module_load_from(c->model, f, "model.", true);
+    if (st == NB_OK && !(o && o->no_model)) st = nb_module_load_from(c->model, f, "model.", true);
     if (st == NB_OK && o && o->opt) {
         st = nb_optim_load_state(o->opt, o->names, o->tensors, o->n);
         if (st == NB_OK && o->loaded) o->loaded(o->ctx);
@@ -460,8 +460,9 @@ void nb__checkpoint_rotate(const char *base, int keep, const char *path) {
     free(m);
 }
 
-/* Pipeline checkpoints (nabla/pipeline.h, zoo/gpt_pipe.c) are directories too: index.safetensors
- * with "format" = "nabla-pipe" and the step, written last. */
+/* Pipeline checkpoints (nabla/pipeline.h, zoo/gpt_pipe.c) and sharded tensor-parallel ones
+ * (nabla/gpt_tp.h, zoo/gpt_tp.c) are directories too: index.safetensors with "format" =
+ * "nabla-pipe" or "nabla-tp" and the step, written last. */
 static bool pipe_index(const char *dir, int64_t *step) {
     char path[4600];
     snprintf(path, sizeof path, "%s/index.safetensors", dir);
@@ -474,7 +475,7 @@ static bool pipe_index(const char *dir, int64_t *step) {
     const char *fmt = nb_safetensors_metadata(f, "format"), *k = nb_safetensors_metadata(f, "step");
     char *end = NULL;
     long long v = k ? strtoll(k, &end, 10) : -1;
-    bool ok = fmt && strcmp(fmt, "nabla-pipe") == 0 && k && *k && end && !*end && v >= 0;
+    bool ok = fmt && (strcmp(fmt, "nabla-pipe") == 0 || strcmp(fmt, "nabla-tp") == 0) && k && *k && end && !*end && v >= 0;
     nb_safetensors_close(f);
     if (ok) *step = v;
     return ok;
@@ -499,7 +500,7 @@ static nb_status dir_step(const char *dir, int64_t *step) {
 }
 
 /* Remove a checkpoint directory, the index first so it stops being a checkpoint: a pipeline
- * one's stage files (also those of a save that never got its index, and their writers'
+ * one's stage files, a tensor-parallel one's tp- files (also those of a save that never got its index, and their writers'
  * temporary files) and consolidated model.safetensors, then a sharded one's shards and the
  * directory itself (nb__zero_checkpoint_remove). */
 static void remove_dir(const char *dir) {
@@ -510,7 +511,7 @@ static void remove_dir(const char *dir) {
     unlink(path);
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));) {
-        if (strncmp(e->d_name, "stage-", 6) != 0 &&
+        if (strncmp(e->d_name, "stage-", 6) != 0 && strncmp(e->d_name, "tp-", 3) != 0 &&
             !(pipe && strncmp(e->d_name, "model.safetensors", 17) == 0))
             continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);

@@ -34,6 +34,8 @@ typedef struct nb__ckpt_optim {
     int n;
     void (*loaded)(void *ctx);
     void *ctx;
+    bool no_model; /* the caller loads the model itself (zoo/gpt_tp.c): the file's "model."
+                    * entries are neither read nor checked; c->model may be NULL */
 } nb__ckpt_optim;
 nb_status nb__checkpoint_save_ex(const char *path, const nb_checkpoint *c,
                                  const char *const *xkeys, const char *const *xvals, int nx);

@@ -3,17 +3,33 @@
  * parameter holds this rank's slice of the 1-rank tensor. Written on the public API only. */
 #include "nabla/nabla.h"
 #include "nabla/gpt_tp.h"
+#include "io/io_impl.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef struct tp_self {
     nb_gpt_config cfg;
     nb_comm *c;  /* borrowed */
     bool sp;
     int tp, rank;
+    /* nb_gpt_tp_save_async's save in flight: its index is written once every rank's file is
+     * durable (at the next save or at nb_gpt_tp_save_wait) */
+    struct {
+        bool pending;
+        char dir[4400], base[4096], id[20];
+        int keep;
+        int64_t step;
+    } inflight;
 } tp_self;
 
 static const tp_self *self_of(const nb_module *m) { return nb_module_self(m); }
@@ -443,21 +459,27 @@ static const char *state_param(const char *name, const nb_tensor *t) {
     return dot + 1;
 }
 
+static nb_tensor *unshuffle_qkv(nb_tensor *g, int tp);
+
 /* The whole tensor of this rank's slice p of parameter `name` (collective over s->c). */
 static nb_tensor *whole(const tp_self *s, const char *name, nb_tensor *p) {
     split k = split_of(name);
     if (k == REPLICATED) return nb_clone(p);
     nb_tensor *g = nb_gather_along(p, s->c, k == COLS ? 1 : 0);
-    if (k != QKV || !g) return g;
-    const int64_t C = nb_size(g, 0) / 3, n = C / s->tp; /* [q_r; k_r; v_r] blocks -> q, k, v */
-    nb_tensor **parts = malloc(sizeof *parts * 3 * (size_t)s->tp);
+    return k == QKV && g ? unshuffle_qkv(g, s->tp) : g;
+}
+
+/* The 1-rank c_attn tensor from the tp slices of it side by side along dim 0. */
+static nb_tensor *unshuffle_qkv(nb_tensor *g, int tp) {
+    const int64_t C = nb_size(g, 0) / 3, n = C / tp; /* [q_r; k_r; v_r] blocks -> q, k, v */
+    nb_tensor **parts = malloc(sizeof *parts * 3 * (size_t)tp);
     if (!parts) {
         nb_set_error(NB_ENOMEM, "gpt_tp: out of memory");
         return NULL;
     }
     for (int q = 0; q < 3; q++)
-        for (int r = 0; r < s->tp; r++) parts[q * s->tp + r] = nb_narrow(g, 0, (int64_t)r * 3 * n + q * n, n);
-    nb_tensor *out = nb_cat(parts, 3 * s->tp, 0);
+        for (int r = 0; r < tp; r++) parts[q * tp + r] = nb_narrow(g, 0, (int64_t)r * 3 * n + q * n, n);
+    nb_tensor *out = nb_cat(parts, 3 * tp, 0);
     free(parts);
     return out;
 }
@@ -524,53 +546,429 @@ nb_status nb_gpt_tp_consolidate(nb_module *m, nb_optim *opt, nb_module *full, nb
     return st;
 }
 
-nb_status nb_gpt_tp_load(nb_module *m, nb_optim *opt, const char *path) {
-    if (!nb_gpt_tp_is_gpt_tp(m)) return nb_set_error(NB_EINVAL, "nb_gpt_tp_load: not a TP GPT");
-    const tp_self *s = self_of(m);
-    nb_safetensors *f = nb_safetensors_open(path);
-    if (!f) return nb_last_status();
-    const bool ckpt = nb_safetensors_find(f, "model.transformer.wte.weight") >= 0;
+/* The tensor called name in l, or NULL. */
+static nb_tensor *list_get(const nb_state_list *l, const char *name) {
+    for (int i = 0; i < l->count; i++)
+        if (strcmp(l->names[i], name) == 0) return l->tensors[i];
+    return NULL;
+}
+
+/* Load the whole (1-rank) model in model (names without prefix) and, when optim is given,
+ * the whole optimizer state, sliced for this rank (m a TP GPT, or a 1-rank GPT: no slicing);
+ * the model is checked before anything changes. rest given: the rest of the checkpoint
+ * from the nb_checkpoint file path into it (the optimizer state from optim) before the
+ * weights change. path names the source in messages. */
+static nb_status load_whole(nb_module *m, nb_optim *opt, const char *path,
+                            const nb_state_list *model, const nb_state_list *optim,
+                            nb_checkpoint *rest) {
+    const tp_self *s = nb_gpt_tp_is_gpt_tp(m) ? self_of(m) : NULL; /* NULL: a 1-rank GPT */
+    const tp_self one = {.tp = 1, .rank = 0};
+    if (!s) s = &one;
     const nb_params *ps = nb_parameters(m);
     nb_status st = NB_OK;
-    nb_state_list model = {0}, state = {0};
+    nb_state_list mine = {0}, state = {0};
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    /* everything is sliced and checked before any tensor changes */
     for (int i = 0; st == NB_OK && i < ps->count; i++) {
-        char name[512];
-        snprintf(name, sizeof name, "%s%s", ckpt ? "model." : "", ps->names[i]);
-        nb_tensor *w = nb_safetensors_get(f, name);
+        nb_tensor *w = list_get(model, ps->names[i]);
         nb_tensor *sl = w ? slice_of(nb_to_dtype(w, nb_tensor_dtype(ps->tensors[i])),
                                      split_of(ps->names[i]), s->rank, s->tp) : NULL;
         if (!w)
             st = nb_set_error(NB_EINVAL, "nb_gpt_tp_load: %s has no tensor \"%s\" (a model of "
-                              "another shape?)", path, name);
+                              "another shape?)", path, ps->names[i]);
         else if (!sl || nb_ndim(sl) != nb_ndim(ps->tensors[i]) ||
                  nb_numel(sl) != nb_numel(ps->tensors[i]))
             st = nb_set_error(NB_ESHAPE, "nb_gpt_tp_load: %s: \"%s\" does not fit this model's "
-                              "shape", path, name);
+                              "shape", path, ps->names[i]);
         else
-            st = nb_state_list_add(&model, NULL, ps->names[i], sl);
+            st = nb_state_list_add(&mine, NULL, ps->names[i], sl);
     }
-    if (st == NB_OK && opt && ckpt) {
-        nb_state_list all = {0};
-        st = nb_state_list_add_file(&all, f, "optim.");
-        for (int i = 0; st == NB_OK && i < all.count; i++) {
-            const char *pn = state_param(all.names[i], all.tensors[i]);
+    if (st == NB_OK && opt && optim) {
+        for (int i = 0; st == NB_OK && i < optim->count; i++) {
+            const char *pn = state_param(optim->names[i], optim->tensors[i]);
             nb_tensor *t = pn && split_of(pn) != REPLICATED
-                               ? slice_of(all.tensors[i], split_of(pn), s->rank, s->tp)
-                               : all.tensors[i];
-            st = t ? nb_state_list_add(&state, NULL, all.names[i], t) : nb_last_status();
+                               ? slice_of(optim->tensors[i], split_of(pn), s->rank, s->tp)
+                               : optim->tensors[i];
+            st = t ? nb_state_list_add(&state, NULL, optim->names[i], t) : nb_last_status();
         }
-        nb_state_list_deinit(&all);
-        if (st == NB_OK) st = nb_optim_load_state(opt, state.names, state.tensors, state.count);
+        if (st == NB_OK && !rest)
+            st = nb_optim_load_state(opt, state.names, state.tensors, state.count);
     }
-    for (int i = 0; st == NB_OK && i < model.count; i++)
-        st = nb_copy_(ps->tensors[i], model.tensors[i]);
+    if (st == NB_OK && rest) { /* the rest of the checkpoint, the optimizer state from state */
+        nb__ckpt_optim o = {.opt = opt, .names = state.names, .tensors = state.tensors,
+                            .n = state.count, .no_model = true};
+        st = nb__checkpoint_load_ex(path, rest, &o);
+    }
+    for (int i = 0; st == NB_OK && i < mine.count; i++)
+        st = nb_copy_(ps->tensors[i], mine.tensors[i]);
     nb_scope_end();
     nb_set_grad_enabled(prev);
-    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&mine);
     nb_state_list_deinit(&state);
+    return st;
+}
+
+static nb_status load_dir(nb_module *m, nb_optim *opt, const char *dir);
+
+nb_status nb_gpt_tp_load(nb_module *m, nb_optim *opt, const char *path) {
+    if (!nb_gpt_tp_is_gpt_tp(m)) return nb_set_error(NB_EINVAL, "nb_gpt_tp_load: not a TP GPT");
+    if (!path) return nb_set_error(NB_ENULL, "nb_gpt_tp_load: NULL path");
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return load_dir(m, opt, path);
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) return nb_last_status();
+    const bool ckpt = nb_safetensors_find(f, "model.transformer.wte.weight") >= 0;
+    nb_state_list model = {0}, optim = {0};
+    nb_status st = nb_state_list_add_file(&model, f, ckpt ? "model." : "");
+    if (st == NB_OK && ckpt && opt) st = nb_state_list_add_file(&optim, f, "optim.");
+    if (st == NB_OK) st = load_whole(m, opt, path, &model, ckpt ? &optim : NULL, NULL);
+    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&optim);
     nb_safetensors_close(f);
+    return st;
+}
+
+/* ---- sharded checkpoints ----------------------------------------------------------------------
+ * A directory: tp-<id>-<r>-of-<T>.safetensors per tp rank (written by data-parallel rank 0 as
+ * an nb_checkpoint file: "model.<name>" holds the rank's slice of each parameter under the
+ * 1-rank model's names, "optim.<entry>" its optimizer state; metadata "config.tp_slice.<name>"
+ * = "<dim> <start> <length>" of a split parameter in the 1-rank tensor, c_attn's as "qkv
+ * <rank> <T>": q, k and v rows of the rank's heads) and index.safetensors (metadata: format
+ * "nabla-tp", tp, step, "shard.<r>" = file name), written last, by world rank 0, once every
+ * rank's file is durable; then the files of earlier saves go. */
+
+static nb_status tp_agree(nb_comm *c, nb_status st) {
+    if (!c || nb_comm_size(c) < 2) return st;
+    nb_scope_begin();
+    nb_tensor *t = nb_scalar(st == NB_OK ? 0 : 1, NB_I32);
+    nb_status cs = t ? nb_allreduce(c, t, NB_REDUCE_MAX) : nb_last_status();
+    bool bad = cs != NB_OK || nb_item_i64(t) != 0;
+    nb_scope_end();
+    if (cs != NB_OK) return cs;
+    if (bad && st == NB_OK)
+        st = nb_set_error(NB_EIO, "tensor-parallel checkpoint: another rank failed (see its "
+                          "message)");
+    return st;
+}
+
+static nb_status tp_agree_all(const tp_self *s, nb_comm *dp, nb_status st) {
+    st = tp_agree(s->c, st);
+    return tp_agree(dp, st);
+}
+
+static bool tp_writer(nb_comm *dp) { return !dp || nb_comm_rank(dp) == 0; }
+
+static uint64_t tp_fresh_id(void) {
+    uint64_t v = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &v, sizeof v) != (ssize_t)sizeof v) v = 0;
+        close(fd);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return v ^ ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
+}
+
+static void shard_name(char *buf, size_t n, const char *id, int r, int T) {
+    snprintf(buf, n, "tp-%s-%d-of-%d.safetensors", id, r, T);
+}
+
+/* The save's directory and id (tp rank 0's); the directory created; this rank's file written
+ * now or (w given) handed to w. Local but for the id's broadcast: the caller agrees. */
+static nb_status tp_save_begin(const nb_checkpoint *c, nb_comm *dp, nb_checkpoint_writer *w,
+                               const char *base, int keep, char dir[4400], char id[20]) {
+    const char *who = "nb_gpt_tp_save_sharded";
+    nb_module *m = c->model;
+    const tp_self *s = self_of(m);
+    const int64_t step = c->step;
+    nb_status st = nb__checkpoint_target(base, step, keep, dir, 4400, who);
+    uint64_t idv = s->rank == 0 ? tp_fresh_id() : 0;
+    if (s->tp > 1) {
+        nb_scope_begin();
+        nb_tensor *t = nb_from_buffer(&idv, (int64_t[]){1}, 1, NB_I64);
+        nb_status bs = t ? nb_broadcast(s->c, t, 0) : nb_last_status();
+        if (bs == NB_OK) memcpy(&idv, nb_data(t), sizeof idv);
+        nb_scope_end();
+        if (st == NB_OK) st = bs;
+    }
+    snprintf(id, 20, "%016" PRIx64, idv);
+    /* every file names tp rank 0's run id (each process draws its own) */
+    char run[40] = {0};
+    snprintf(run, sizeof run, "%s", nb_checkpoint_run_id(c));
+    if (s->tp > 1) {
+        nb_scope_begin();
+        nb_tensor *t = nb_from_buffer(run, (int64_t[]){5}, 1, NB_I64);
+        nb_status bs = t ? nb_broadcast(s->c, t, 0) : nb_last_status();
+        if (bs == NB_OK) memcpy(run, nb_data(t), sizeof run);
+        nb_scope_end();
+        run[32] = 0;
+        if (st == NB_OK) st = bs;
+    }
+    if (st != NB_OK || !tp_writer(dp)) return st;
+    if (mkdir(dir, 0777) != 0) {
+        struct stat sb;
+        if (errno != EEXIST)
+            return nb_set_error(NB_EIO, "%s: cannot create %s: %s", who, dir, strerror(errno));
+        if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            return nb_set_error(NB_EIO, "%s: %s exists and is not a directory (a sharded "
+                                "checkpoint is a directory); refusing to replace it", who, dir);
+    }
+    /* the slices' places in the 1-rank tensors */
+    const nb_params *ps = nb_parameters(m);
+    const int nc = c->nconfig > 0 ? c->nconfig : 0;
+    int n = 0;
+    const char **keys = calloc((size_t)(ps->count + nc) + 2, sizeof *keys);
+    const char **vals = calloc((size_t)(ps->count + nc) + 2, sizeof *vals);
+    char *buf = calloc((size_t)ps->count + 2, 640);
+    for (int i = 0; keys && vals && i < nc; i++) /* the run's settings first */
+        keys[n] = c->config_names ? c->config_names[i] : NULL,
+        vals[n++] = c->config_values ? c->config_values[i] : NULL;
+    int nb = 0;
+    if (!keys || !vals || !buf) st = nb_set_error(NB_ENOMEM, "%s: out of memory", who);
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        split k = split_of(ps->names[i]);
+        if (k == REPLICATED) continue;
+        char *key = buf + (size_t)nb++ * 640, *val = key + 512;
+        snprintf(key, 512, "tp_slice.%s", ps->names[i]);
+        int dim = k == COLS ? 1 : 0;
+        int64_t len = nb_size(ps->tensors[i], dim);
+        if (k == QKV) snprintf(val, 128, "qkv %d %d", s->rank, s->tp);
+        else snprintf(val, 128, "%d %lld %lld", dim, (long long)(len * s->rank), (long long)len);
+        keys[n] = key, vals[n++] = val;
+    }
+    char name[96], path[4600];
+    shard_name(name, sizeof name, id, s->rank, s->tp);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    nb_checkpoint ck = *c;
+    ck.config_names = keys, ck.config_values = vals, ck.nconfig = n;
+    snprintf(ck.run_id, sizeof ck.run_id, "%s", run);
+    if (st == NB_OK) st = w ? nb_checkpoint_writer_save(w, path, &ck) : nb_checkpoint_save(path, &ck);
+    free(keys);
+    free(vals);
+    free(buf);
+    return st;
+}
+
+static void remove_old_shards(const char *dir, const char *id) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char keep[64];
+    snprintf(keep, sizeof keep, "tp-%s-", id);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, "tp-", 3) != 0 || strncmp(e->d_name, keep, strlen(keep)) == 0)
+            continue;
+        char path[4600];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
+/* tp rank 0 of dp rank 0, every file durable: the index, then older files and rotation. */
+static nb_status tp_write_index(const tp_self *s, nb_comm *dp, const char *dir, const char *base,
+                                int keep, const char *id, int64_t step) {
+    if (s->rank != 0 || !tp_writer(dp)) return NB_OK;
+    char path[4600], tps[32], steps[32];
+    snprintf(path, sizeof path, "%s/index.safetensors", dir);
+    snprintf(tps, sizeof tps, "%d", s->tp);
+    snprintf(steps, sizeof steps, "%lld", (long long)step);
+    int n = 0, cap = 4 + s->tp;
+    const char **keys = calloc((size_t)cap, sizeof *keys), **vals = calloc((size_t)cap, sizeof *vals);
+    char *names = calloc((size_t)s->tp, 160);
+    nb_status st = NB_OK;
+    if (!keys || !vals || !names) st = nb_set_error(NB_ENOMEM, "nb_gpt_tp_save_sharded: out of memory");
+    if (st == NB_OK) {
+        keys[n] = "format", vals[n++] = "nabla-tp";
+        keys[n] = "tp", vals[n++] = tps;
+        keys[n] = "step", vals[n++] = steps;
+        for (int r = 0; r < s->tp; r++) {
+            char *k = names + (size_t)r * 160;
+            snprintf(k, 32, "shard.%d", r);
+            shard_name(k + 32, 128, id, r, s->tp);
+            keys[n] = k, vals[n++] = k + 32;
+        }
+        st = nb_safetensors_save(path, NULL, NULL, 0, keys, vals, n);
+    }
+    free(keys);
+    free(vals);
+    free(names);
+    if (st != NB_OK) return st;
+    remove_old_shards(dir, id);
+    if (keep > 0) nb__checkpoint_rotate(base, keep, dir);
+    return NB_OK;
+}
+
+nb_status nb_gpt_tp_save_sharded(const nb_checkpoint *c, nb_comm *dp, const char *base, int keep) {
+    if (!c || !nb_gpt_tp_is_gpt_tp(c->model) || !base)
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_sharded: needs a checkpoint of a TP GPT and "
+                            "a directory");
+    if (keep < 0)
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_sharded: keep %d is negative", keep);
+    const tp_self *s = self_of(c->model);
+    char dir[4400], id[20];
+    nb_status st = tp_agree_all(s, dp, tp_save_begin(c, dp, NULL, base, keep, dir, id));
+    if (st == NB_OK) st = tp_write_index(s, dp, dir, base, keep, id, c->step);
+    return tp_agree_all(s, dp, st);
+}
+
+nb_status nb_gpt_tp_save_wait(nb_module *m, nb_comm *dp, nb_checkpoint_writer *w) {
+    if (!nb_gpt_tp_is_gpt_tp(m) || !w)
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_wait: needs a TP GPT and a writer");
+    tp_self *s = nb_module_self(m);
+    if (!s->inflight.pending) return NB_OK; /* the same on every rank: the same calls */
+    s->inflight.pending = false;
+    nb_status st = tp_agree_all(s, dp, tp_writer(dp) ? nb_checkpoint_writer_wait(w) : NB_OK);
+    if (st != NB_OK) return st; /* no index: that save does not exist */
+    st = tp_write_index(s, dp, s->inflight.dir, s->inflight.base, s->inflight.keep,
+                        s->inflight.id, s->inflight.step);
+    return tp_agree_all(s, dp, st);
+}
+
+nb_status nb_gpt_tp_save_async(const nb_checkpoint *c, nb_comm *dp, nb_checkpoint_writer *w,
+                               const char *base, int keep) {
+    if (!c || !nb_gpt_tp_is_gpt_tp(c->model) || !w || !base)
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_async: needs a checkpoint of a TP GPT, a "
+                            "writer and a directory");
+    nb_module *m = c->model;
+    tp_self *s = nb_module_self(m);
+    if (keep < 0)
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_async: keep %d is negative", keep);
+    if (strlen(base) >= sizeof s->inflight.base)
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_save_async: the directory name is too long");
+    nb_status st = nb_gpt_tp_save_wait(m, dp, w);
+    if (st != NB_OK) return st;
+    char dir[4400], id[20];
+    st = tp_agree_all(s, dp, tp_save_begin(c, dp, w, base, keep, dir, id));
+    if (st != NB_OK) {
+        if (tp_writer(dp)) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", nb_last_error());
+            nb_checkpoint_writer_wait(w);
+            st = nb_set_error(st, "%s", msg);
+        }
+        return st;
+    }
+    s->inflight.pending = true;
+    s->inflight.keep = keep;
+    s->inflight.step = c->step;
+    snprintf(s->inflight.dir, sizeof s->inflight.dir, "%s", dir);
+    snprintf(s->inflight.base, sizeof s->inflight.base, "%s", base);
+    snprintf(s->inflight.id, sizeof s->inflight.id, "%s", id);
+    return NB_OK;
+}
+
+/* The whole model (names without prefix) and, optim given, optimizer state of the sharded
+ * checkpoint dir, assembled from its slices; *step from the index (may be NULL). */
+static nb_status assemble_dir(const char *dir, const char *who, nb_state_list *model,
+                              nb_state_list *optim, int64_t *step, char first[4600]) {
+    char path[4600];
+    snprintf(path, sizeof path, "%s/index.safetensors", dir);
+    nb_safetensors *ix = nb_safetensors_open(path);
+    if (!ix)
+        return nb_set_error(NB_EIO, "%s: %s is not a finished tensor-parallel checkpoint (no "
+                            "readable index.safetensors): %s", who, dir, nb_last_error());
+    const char *fmt = nb_safetensors_metadata(ix, "format"), *ts = nb_safetensors_metadata(ix, "tp"),
+               *ks = nb_safetensors_metadata(ix, "step");
+    const int T = ts ? atoi(ts) : 0;
+    if (step) *step = ks ? atoll(ks) : 0;
+    nb_status st = NB_OK;
+    if (!fmt || strcmp(fmt, "nabla-tp") != 0 || T < 1 || T > 65536)
+        st = nb_set_error(NB_EFORMAT, "%s: %s/index.safetensors is not a tensor-parallel "
+                          "checkpoint index", who, dir);
+    nb_safetensors **f = st == NB_OK ? calloc((size_t)T, sizeof *f) : NULL;
+    if (st == NB_OK && !f) st = nb_set_error(NB_ENOMEM, "%s: out of memory", who);
+    for (int r = 0; st == NB_OK && r < T; r++) {
+        char key[32];
+        snprintf(key, sizeof key, "shard.%d", r);
+        const char *v = nb_safetensors_metadata(ix, key);
+        if (!v || strchr(v, '/')) {
+            st = nb_set_error(NB_EFORMAT, "%s: %s/index.safetensors names no shard %d", who, dir, r);
+            break;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, v);
+        if (r == 0 && first) snprintf(first, 4600, "%s", path);
+        if (!(f[r] = nb_safetensors_open(path)))
+            st = nb_set_error(NB_EIO, "%s: shard %s is missing or unreadable", who, path);
+        else if (nb_safetensors_verify(f[r], NULL) != NB_OK) /* torn or bit-flipped */
+            st = nb_set_error(NB_EFORMAT, "%s: shard %s is corrupt: %s", who, path, nb_last_error());
+    }
+    nb_safetensors_close(ix);
+    nb_tensor **parts = st == NB_OK ? calloc((size_t)T, sizeof *parts) : NULL;
+    if (st == NB_OK && !parts) st = nb_set_error(NB_ENOMEM, "%s: out of memory", who);
+    bool prev = nb_set_grad_enabled(false);
+    for (int i = 0; st == NB_OK && i < nb_safetensors_count(f[0]); i++) {
+        const char *n = nb_safetensors_name(f[0], i);
+        bool is_model = strncmp(n, "model.", 6) == 0, is_optim = strncmp(n, "optim.", 6) == 0;
+        if (!is_model && !(is_optim && optim)) continue;
+        nb_scope_begin();
+        nb_tensor *t0 = nb_safetensors_get(f[0], n);
+        const char *pn = !t0 ? NULL : is_model ? n + 6 : state_param(n + 6, t0);
+        split k = pn ? split_of(pn) : REPLICATED;
+        nb_tensor *w = t0;
+        if (t0 && k != REPLICATED) {
+            parts[0] = t0;
+            for (int r = 1; r < T && w; r++)
+                if (!(parts[r] = nb_safetensors_get(f[r], n))) w = NULL;
+            w = w ? nb_cat(parts, T, k == COLS ? 1 : 0) : NULL;
+            if (w && k == QKV) w = unshuffle_qkv(w, T);
+        }
+        if (!w) st = nb_last_status();
+        else st = nb_state_list_add(is_model ? model : optim, NULL, n + 6, w);
+        nb_scope_end();
+    }
+    nb_set_grad_enabled(prev);
+    free(parts);
+    for (int r = 0; f && r < T; r++) nb_safetensors_close(f[r]);
+    free(f);
+    return st;
+}
+
+static nb_status load_dir(nb_module *m, nb_optim *opt, const char *dir) {
+    nb_state_list model = {0}, optim = {0};
+    nb_status st = assemble_dir(dir, "nb_gpt_tp_load", &model, opt ? &optim : NULL, NULL, NULL);
+    if (st == NB_OK) st = load_whole(m, opt, dir, &model, opt ? &optim : NULL, NULL);
+    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&optim);
+    return st;
+}
+
+nb_status nb_gpt_tp_consolidate_dir(const char *dir, const char *out, int64_t *step) {
+    if (!dir || !out) return nb_set_error(NB_ENULL, "nb_gpt_tp_consolidate_dir: NULL argument");
+    nb_state_list model = {0};
+    nb_status st = assemble_dir(dir, "nb_gpt_tp_consolidate_dir", &model, NULL, step, NULL);
+    const char *keys[] = {"format"}, *vals[] = {"pt"};
+    if (st == NB_OK)
+        st = nb_safetensors_save(out, model.names, model.tensors, model.count, keys, vals, 1);
+    nb_state_list_deinit(&model);
+    return st;
+}
+
+bool nb_gpt_tp_is_checkpoint(const char *dir) {
+    char path[4600];
+    if (!dir || snprintf(path, sizeof path, "%s/index.safetensors", dir) >= (int)sizeof path ||
+        access(path, F_OK) != 0)
+        return false;
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) {
+        nb_clear_error();
+        return false;
+    }
+    const char *fmt = nb_safetensors_metadata(f, "format");
+    bool ok = fmt && strcmp(fmt, "nabla-tp") == 0;
+    nb_safetensors_close(f);
+    return ok;
+}
+
+nb_status nb_gpt_tp_checkpoint_load(const char *dir, nb_checkpoint *c) {
+    if (!dir || !c || !(nb_gpt_tp_is_gpt_tp(c->model) || nb_gpt_get_config(c->model)))
+        return nb_set_error(NB_EINVAL, "nb_gpt_tp_checkpoint_load: needs a directory and a "
+                            "checkpoint of a GPT (TP or 1-rank)");
+    nb_state_list model = {0}, optim = {0};
+    char first[4600];
+    nb_status st = assemble_dir(dir, "nb_gpt_tp_checkpoint_load", &model, &optim, NULL, first);
+    if (st == NB_OK) st = load_whole(c->model, c->optim, first, &model, &optim, c);
+    nb_state_list_deinit(&model);
+    nb_state_list_deinit(&optim);
     return st;
 }

@@ -115,8 +115,8 @@ nb_status nb_checkpoint_save_keep(const char *base, const nb_checkpoint *c, int 
  * stderr ("nabla: checkpoint_latest: skipping run-00000200.ckpt: ... is corrupt: ..."). Its
  * path in out[n] and its step in *step (may be NULL); none at all is not an error: out is
  * "" and *step -1. A member (or base) that is a sharded checkpoint directory (ZeRO,
- * nabla/parallel.h) or a pipeline checkpoint directory (nabla/pipeline.h) counts when its
- * index exists; rotation removes such directories too. */
+ * nabla/parallel.h), a pipeline checkpoint directory (nabla/pipeline.h) or a sharded
+ * tensor-parallel one (nabla/gpt_tp.h) counts when its index exists; rotation removes such directories too. */
 nb_status nb_checkpoint_latest(const char *base, char *out, size_t n, int64_t *step);
 
 /* ---- asynchronous ("flash") saves ----------------------------------------------------------

@@ -54,6 +54,7 @@
 
 #include <stdbool.h>
 
+#include "nabla/checkpoint.h"
 #include "nabla/gpt.h"
 #include "nabla/tp.h"
 
@@ -99,6 +100,39 @@ nb_status nb_gpt_tp_load(nb_module *m, nb_optim *opt, const char *path);
  * kind and groups; nb_optim_load_state's rules), e.g. to write an nb_checkpoint of the
  * 1-rank model. Either may be NULL (a rank that only takes part). Collective over tp. */
 nb_status nb_gpt_tp_consolidate(nb_module *m, nb_optim *opt, nb_module *full, nb_optim *full_opt);
+
+/* Sharded checkpoints (no full copy anywhere) of c (c->model a TP GPT; c->optim, schedule,
+ * generators, settings, run id and step as in nabla/checkpoint.h): a directory where each
+ * tp rank of the first data-parallel replica (dp rank 0; dp is the data-parallel group,
+ * NULL: none) writes tp-<id>-<r>-of-<T>.safetensors, an nb_checkpoint file of its slices of
+ * the parameters and optimizer state under the 1-rank model's names (each split
+ * parameter's place in the 1-rank tensor in metadata "config.tp_slice.<name>": "<dim>
+ * <start> <length>", or "qkv <rank> <T>" for c_attn), and tp rank 0 writes
+ * index.safetensors (format "nabla-tp", tp, step, "shard.<r>" = the file names) last, only
+ * once every rank's file is durable: the checkpoint exists only when its index does.
+ * base: the directory itself (keep 0) or, keep >= 1, a series (nb_checkpoint_path) whose
+ * members beyond the newest keep are removed after the index is written. Collective over
+ * the tp group and dp; the same status on every rank.
+ * _async hands each rank's file to its writer (one per rank, NB_CKPT_WAIT) and returns once
+ * the state is copied; the index of that save is written at the next _async or at _wait
+ * (call _wait before freeing the writer; without it the last save has no index and is
+ * ignored). A file that failed on any rank: no index for that save, the error on every
+ * rank at that call.
+ * Loading under any layout (any tp, dp, or one process): each tensor is assembled from its
+ * slices, then sliced for this rank. nb_gpt_tp_load(m, opt, dir) loads weights and state;
+ * nb_gpt_tp_checkpoint_load(dir, c) the whole checkpoint into c (c->model a TP GPT or a
+ * 1-rank GPT of nb_gpt_new; the rest, checked as nb_checkpoint_load checks it, from rank
+ * 0's file). Local. nb_gpt_tp_is_checkpoint: whether dir has such an index.
+ * nb_gpt_tp_consolidate_dir writes the whole model with nanoGPT's names (no prefix;
+ * nb_gpt_load reads it) to out, the index's step in *step (may be NULL); local.
+ * nb_checkpoint_latest and rotation count these directories (nabla/checkpoint.h). */
+nb_status nb_gpt_tp_save_sharded(const nb_checkpoint *c, nb_comm *dp, const char *base, int keep);
+nb_status nb_gpt_tp_save_async(const nb_checkpoint *c, nb_comm *dp, nb_checkpoint_writer *w,
+                               const char *base, int keep);
+nb_status nb_gpt_tp_save_wait(nb_module *m, nb_comm *dp, nb_checkpoint_writer *w);
+nb_status nb_gpt_tp_checkpoint_load(const char *dir, nb_checkpoint *c);
+bool nb_gpt_tp_is_checkpoint(const char *dir);
+nb_status nb_gpt_tp_consolidate_dir(const char *dir, const char *out, int64_t *step);
 
 /* The mean cross entropy over (B, T) (the same 0-dim value on every tp rank). */
 nb_tensor *nb_gpt_tp_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets);

@@ -107,8 +107,9 @@ static void usage(const args *a, FILE *out) {
             "                   nb_ddp); --save then writes a sharded checkpoint (a\n"
             "                   directory) that --resume reshards\n"
             "  --tp N           tensor parallel over N adjacent ranks (the ranks are dp x tp,\n"
-            "                   nb_ddp over dp; default 1); --save writes the 1-rank model's\n"
-            "                   checkpoint, which any layout resumes; not with --zero yet\n"
+            "                   nb_ddp over dp; default 1); --save writes a sharded checkpoint\n"
+            "                   (a directory: each rank its slices; DIR/model.safetensors at\n"
+            "                   the end), which any layout resumes; not with --zero yet\n"
             "  --sequence-parallel  with --tp: layer norms and dropout on sequence shards\n"
             "  --pp M           pipeline parallel over M stages (mpirun -np dp*M); --batch is\n"
             "                   then the global batch per step (models/gpt/pipe.c, docs/distributed.md)\n"
@@ -494,9 +495,10 @@ typedef struct run {
     nb_zero *zero; /* --zero 1|2|3 instead of ddp */
     nb_grad_scaler *scaler; /* --precision fp16: dynamic loss scaling; NULL otherwise */
     nb_topology *topo; /* --tp > 1; NULL otherwise */
-    nb_module *full;   /* --tp with --save/--resume: the 1-rank model and optimizer */
+    nb_module *full;   /* --tp resuming a consolidated file: the 1-rank model and optimizer */
     nb_optim *full_opt;
     nb_params fdecay, fno_decay;
+    nb_checkpoint_writer *tpw; /* --tp --async-save 1: this rank's writer of its slices */
     nb_comm *dp;       /* the data-parallel group: the world without --tp (borrowed) */
     int dp_rank, dp_size;
     nb_checkpoint ck;
@@ -594,9 +596,10 @@ static bool setup_model(run *r) {
     if (!r->model) return fail(r, "%s", nb_last_error());
     if (!(r->opt = make_adamw(a, r->model, &r->decay, &r->no_decay)))
         return fail(r, "%s", nb_last_error());
-    /* --tp with --save or --resume: checkpoints hold the 1-rank model and optimizer, which
-     * the ranks gather into (and slice from), so a checkpoint moves between layouts */
-    if (r->topo && (a->save || a->resume)) {
+    /* --tp saves sharded checkpoints (each rank its slices, nabla/gpt_tp.h), which any
+     * layout resumes; resuming a consolidated file (written before them, or by 1 process)
+     * loads into the 1-rank model and optimizer, then slices */
+    if (r->topo && a->resume) {
         nb_generator *g = nb_generator_new(0); /* overwritten: the draws do not matter */
         r->full = g ? nb_gpt_new(&r->cfg, g) : NULL;
         nb_generator_free(g);
@@ -687,7 +690,17 @@ static bool setup_run(run *r) {
         return fail(r, "%s", nb_last_error());
     if (!r->zero && r->dp_size > 1 && !(r->ddp = nb_ddp_new(r->model, r->dp, NULL)))
         return fail(r, "%s", nb_last_error());
-    if (resume) { /* every rank loads it; a sharded one (a directory) reshards */
+    if (resume && nb_gpt_tp_is_checkpoint(resume)) { /* sharded by --tp: any layout reads it */
+        if (r->zero) return fail(r, "%s is a tensor-parallel checkpoint; resume it without --zero", resume);
+        if (nb_gpt_tp_checkpoint_load(resume, &r->ck) != NB_OK)
+            return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
+        r->first = r->step = r->ck.step;
+        uint64_t pos = nb_generator_offset(r->drop_gen);
+        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK ||
+            nb_generator_set_offset(r->drop_gen, pos) != NB_OK)
+            return fail(r, "%s", nb_last_error());
+        if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
+    } else if (resume) { /* every rank loads it; a sharded one (a directory) reshards */
         /* with --tp: into the 1-rank objects (the rest - step, run id - into r->ck as
          * always), then sliced */
         if (r->topo) r->ck.model = r->full, r->ck.optim = r->full_opt;
@@ -905,6 +918,38 @@ static bool evaluate_and_log(run *r, double train_loss) {
     return true;
 }
 
+/* --tp: the sharded checkpoint of this step (collective); with --async-save 1 written in the
+ * background, its index at the next save or at tp_save_end (at once after a stop signal). */
+static nb_status tp_save(run *r, const nb_checkpoint *ck) {
+    const args *a = r->a;
+    const int keep = a->keep <= 0 ? 0 : a->keep > 1000000 ? 1000000 : (int)a->keep;
+    if (!a->async_save) return nb_gpt_tp_save_sharded(ck, r->dp, a->save, keep);
+    if (!r->tpw && !(r->tpw = nb_checkpoint_writer_new(NULL))) return nb_last_status();
+    nb_status st = nb_gpt_tp_save_async(ck, r->dp, r->tpw, a->save, keep);
+    if (st == NB_OK && r->stop) st = nb_gpt_tp_save_wait(r->model, r->dp, r->tpw);
+    return st;
+}
+
+/* --tp --save at the end: with --async-save 1 the last save's index once every rank's file
+ * is durable; then rank 0 consolidates that checkpoint into DIR/model.safetensors (the
+ * nanoGPT-named model gpt --sample --load reads). */
+static bool tp_save_end(run *r) {
+    const args *a = r->a;
+    if (!r->topo || !a->save) return true;
+    nb_status st = r->tpw ? nb_gpt_tp_save_wait(r->model, r->dp, r->tpw) : NB_OK;
+    nb_status fs = nb_checkpoint_writer_free(r->tpw);
+    r->tpw = NULL;
+    if (st == NB_OK) st = fs;
+    char dir[4400], model[4500];
+    if (st == NB_OK && a->keep > 0) st = nb_checkpoint_path(a->save, r->step, dir, sizeof dir);
+    else snprintf(dir, sizeof dir, "%s", a->save);
+    snprintf(model, sizeof model, "%s/model.safetensors", dir);
+    if (st == NB_OK && r->main_rank && nb_gpt_tp_is_checkpoint(dir))
+        st = nb_gpt_tp_consolidate_dir(dir, model, NULL);
+    if (st == NB_OK) return true;
+    return fail(r, "--save %s: %s", a->save, nb_last_error());
+}
+
 /* The training loop: steps, evaluations every --eval-every and at the end, checkpoints. */
 static bool train_loop(run *r) {
     const args *a = r->a;
@@ -915,7 +960,7 @@ static bool train_loop(run *r) {
         log_step(r, &o);
         bool eval_now = r->step == a->steps || (a->eval_every > 0 && r->step % a->eval_every == 0);
         if (eval_now && !evaluate_and_log(r, o.loss)) return false;
-        /* with --tp every rank takes part in gathering the 1-rank model */
+        /* with --tp every rank takes part: each writes its slices (dp rank 0) */
         bool save_now = (r->main_rank || r->zero || r->topo) && a->save &&
                         (r->step == a->steps ||
                          (a->save_every > 0 ? r->step % a->save_every == 0 : eval_now));
@@ -923,10 +968,8 @@ static bool train_loop(run *r) {
                                                                      signal: save this step */
             r->ck.step = r->step;
             nb_checkpoint ck = r->ck;
-            if (r->topo) ck.model = r->full, ck.optim = r->full_opt;
-            nb_status ss = r->topo ? nb_gpt_tp_consolidate(r->model, r->opt, r->full, r->full_opt)
-                                   : NB_OK;
-            if (ss == NB_OK && (r->main_rank || r->zero))
+            nb_status ss = r->topo ? tp_save(r, &ck) : NB_OK;
+            if (ss == NB_OK && !r->topo && (r->main_rank || r->zero))
                 ss = r->zero ? nbm_save_sharded(r->zero, a->save, a->keep, &ck)
                              : nbm_save(a->save, a->keep, &ck);
             if (ss != NB_OK) return fail(r, "%s", nb_last_error());
@@ -1015,6 +1058,7 @@ static bool close_logs(run *r) {
 
 static void teardown(run *r) {
     nbm_save_end("gpt", NULL); /* after a failure: the write in flight ends first */
+    nb_checkpoint_writer_free(r->tpw); /* the same (that save gets no index) */
     nb_progress_free(r->bar);
     nb_jsonl_close(r->log); /* after an error: the warning, if any, is all */
     nb_summary_close(r->tb);
@@ -1084,7 +1128,7 @@ static int run_train(const args *a) {
              .val_loss = NAN, .val_step = -1, .steady_allocs = -1};
     int rc = 1;
     nbm_save_async(a->async_save != 0);
-    if (setup(&r) && train_loop(&r) && nbm_save_end("gpt", r.zero)) {
+    if (setup(&r) && train_loop(&r) && tp_save_end(&r) && nbm_save_end("gpt", r.zero)) {
         print_result(&r, nb_time_s() - t_start);
         /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
          * so that a script never takes an incomplete record for a complete one. */

@@ -6,7 +6,9 @@
  * respect to each rank's input is known in closed form, and every rank compares its forward
  * output and its input gradient with it. The layers are checked against the 1-rank layers
  * drawn from the same seed: outputs and gradients (gathered) agree to 1e-5 relative. */
+#include <dirent.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -509,6 +511,157 @@ START_TEST(test_gpt_tp_checkpoint_layouts) {
 }
 END_TEST
 
+/* Remove dir's files and dir (one level: a checkpoint series of directories, two). */
+static void remove_tree(const char *dir, int depth) {
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[1300];
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue;
+        if (unlink(p) != 0 && depth > 0) remove_tree(p, depth - 1);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+/* A sharded checkpoint saved asynchronously at tp 2 (dp the rest; tp 1 alone) after K - 1
+ * steps: no index until the ranks agree their files are durable (at _wait), then
+ * nb_checkpoint_latest finds it; it resumes under tp 1 (each rank alone) and every layout of
+ * the world, one more step giving the weights of K steps of 1 process, and consolidates to
+ * the nanoGPT-named model nb_gpt_load reads. */
+START_TEST(test_gpt_tp_sharded_checkpoint) {
+    nb_generator *g = nb_generator_new(11);
+    nb_module *ref = nb_gpt_new(&gcfg, g);
+    nb_generator_free(g);
+    nb_optim *ropt = sgd(ref);
+    for (int k = 0; k < K; k++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(k, 0, GB, &x, &y);
+        MT_CHECK(isfinite(nb_gpt_train_step(ref, ropt, NULL, &x, &y, 1, 0.5, NULL)), "reference");
+        nb_scope_end();
+    }
+    char base[256], member[4096], index[4200], latest[4096], file[300];
+    snprintf(base, sizeof base, "/tmp/nb-test-tpck-%d/", (int)getppid());
+    snprintf(file, sizeof file, "/tmp/nb-test-tpck-%d.safetensors", (int)getppid());
+    MT_OK(nb_checkpoint_path(base, K - 1, member, sizeof member));
+    snprintf(index, sizeof index, "%s/index.safetensors", member);
+    const int tp0 = mt_size >= 2 ? 2 : 1;
+    nb_topology *topo = nb_topology_new(mt_world, &(nb_topology_opts){.pp = 1, .tp = tp0});
+    g = nb_generator_new(11);
+    nb_module *m = nb_gpt_tp_new(&gcfg, g, nb_topology_tp(topo), NULL);
+    nb_generator_free(g);
+    nb_optim *opt = sgd(m);
+    nb_ddp *ddp0 = nb_topology_dp_size(topo) > 1 ? nb_ddp_new(m, nb_topology_dp(topo), NULL) : NULL;
+    train_layout(m, opt, topo, ddp0, 0, K - 1);
+    nb_checkpoint_writer *w = nb_checkpoint_writer_new(NULL);
+    nb_checkpoint ck = {.model = m, .optim = opt, .step = K - 1};
+    MT_OK(nb_gpt_tp_save_async(&ck, nb_topology_dp(topo), w, base, 2));
+    MT_CHECK(access(index, F_OK) != 0, "%s exists before the ranks agreed", index);
+    MT_OK(nb_gpt_tp_save_wait(m, nb_topology_dp(topo), w));
+    MT_OK(nb_barrier(mt_world));
+    MT_CHECK(access(index, F_OK) == 0, "no %s after nb_gpt_tp_save_wait", index);
+    int64_t step = -1;
+    MT_OK(nb_checkpoint_latest(base, latest, sizeof latest, &step));
+    MT_CHECK(step == K - 1 && strstr(latest, "checkpoint-"), "latest: %s step %lld", latest,
+             (long long)step);
+    MT_OK(nb_checkpoint_writer_free(w));
+    nb_ddp_free(ddp0);
+    nb_optim_free(opt);
+    nb_module_free(m);
+    nb_topology_free(topo);
+    /* consolidated: the nanoGPT-named model */
+    snprintf(file + strlen(file) - 12, 40, "-%d.safetensors", mt_rank);
+    step = -1;
+    MT_OK(nb_gpt_tp_consolidate_dir(member, file, &step));
+    MT_CHECK(step == K - 1, "consolidated step %lld", (long long)step);
+    nb_module *plain = nb_gpt_new(&gcfg, NULL);
+    MT_OK(nb_gpt_load(plain, file));
+    remove(file);
+    nb_module_free(plain);
+    /* the whole checkpoint into a 1-rank GPT (one process): one more step is the reference */
+    nb_module *one = nb_gpt_new(&gcfg, NULL);
+    nb_optim *oo = sgd(one);
+    for (int k = 0; k < K; k++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(k, 0, GB, &x, &y);
+        if (k == 1) { /* momentum state exists after a step: then load over everything */
+            nb_checkpoint lc = {.model = one, .optim = oo};
+            MT_OK(nb_gpt_tp_checkpoint_load(member, &lc));
+            MT_CHECK(lc.step == K - 1 && lc.run_id[0], "loaded step %lld", (long long)lc.step);
+            k = K - 1;
+            batch(k, 0, GB, &x, &y);
+        }
+        MT_CHECK(isfinite(nb_gpt_train_step(one, oo, NULL, &x, &y, 1, 0.5, NULL)), "one");
+        nb_scope_end();
+    }
+    const nb_params *rps = nb_parameters(ref);
+    for (int i = 0; i < rps->count; i++) {
+        char what[160];
+        snprintf(what, sizeof what, "sharded, resumed in 1 process: %s", rps->names[i]);
+        EXPECT_CLOSE(nb_module_find(one, rps->names[i]), rps->tensors[i], 1e-5, what);
+    }
+    nb_optim_free(oo);
+    nb_module_free(one);
+    /* resume under tp 1 (alone) and under every layout of the world */
+    nb_comm *self = nb_comm_self();
+    for (int tp = 0; tp <= mt_size; tp = tp ? tp * 2 : 1) {
+        nb_topology *t = tp ? nb_topology_new(mt_world, &(nb_topology_opts){.pp = 1, .tp = tp})
+                            : nb_topology_new(self, NULL);
+        nb_module *r = nb_gpt_tp_new(&gcfg, NULL, nb_topology_tp(t), NULL);
+        nb_optim *o = sgd(r);
+        train_layout(r, o, t, NULL, 0, 1); /* momentum state exists only after a step */
+        MT_OK(nb_gpt_tp_load(r, o, member)); /* sharded */
+        nb_ddp *ddp = nb_topology_dp_size(t) > 1 ? nb_ddp_new(r, nb_topology_dp(t), NULL) : NULL;
+        train_layout(r, o, t, ddp, K - 1, K);
+        nb_module *full = nb_gpt_new(&gcfg, NULL);
+        MT_OK(nb_gpt_tp_gather(r, full));
+        const nb_params *ps = nb_parameters(ref);
+        for (int i = 0; i < ps->count; i++) {
+            char what[160];
+            snprintf(what, sizeof what, "sharded, resumed under tp %d: %s", tp ? tp : 1,
+                     ps->names[i]);
+            EXPECT_CLOSE(nb_module_find(full, ps->names[i]), ps->tensors[i], 1e-5, what);
+        }
+        nb_module_free(full);
+        nb_ddp_free(ddp);
+        nb_optim_free(o);
+        nb_module_free(r);
+        nb_topology_free(t);
+    }
+    /* a bit flipped in one rank's file: loading refuses it, nothing changed */
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) {
+        char shard[4400] = "";
+        DIR *d = opendir(member);
+        for (struct dirent *e; d && (e = readdir(d));)
+            if (strstr(e->d_name, "-0-of-")) snprintf(shard, sizeof shard, "%s/%s", member, e->d_name);
+        if (d) closedir(d);
+        FILE *fp = fopen(shard, "r+b");
+        MT_CHECK(fp && fseek(fp, -3, SEEK_END) == 0, "open %s", shard);
+        int ch = fp ? fgetc(fp) : 0;
+        if (fp && fseek(fp, -3, SEEK_END) == 0) fputc(ch ^ 0x10, fp);
+        if (fp) fclose(fp);
+    }
+    MT_OK(nb_barrier(mt_world));
+    nb_module *lone = nb_gpt_tp_new(&gcfg, NULL, self, NULL);
+    nb_tensor *before = nb_clone(nb_module_find(lone, "transformer.wte.weight"));
+    MT_CHECK(nb_gpt_tp_load(lone, NULL, member) == NB_EFORMAT && strstr(nb_last_error(), "corrupt"),
+             "a flipped bit: %s", nb_last_error());
+    nb_clear_error();
+    EXPECT_CLOSE(nb_module_find(lone, "transformer.wte.weight"), before, 0, "unchanged");
+    nb_tensor_free(before);
+    nb_module_free(lone);
+    nb_comm_free(self);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) remove_tree(base, 1);
+    nb_optim_free(ropt);
+    nb_module_free(ref);
+    MT_END();
+}
+END_TEST
+
 /* Slicing a model and gathering it back is the identity; the init equals the 1-rank init
  * sliced; bad splits are refused on every rank. */
 START_TEST(test_gpt_tp_init_and_errors) {
@@ -573,6 +726,7 @@ Suite *mt_suite_tp(void) {
     tcase_add_test(tc, test_gpt_tp_init_and_errors);
     tcase_add_test(tc, test_gpt_tp_equivalence);
     tcase_add_test(tc, test_gpt_tp_checkpoint_layouts);
+    tcase_add_test(tc, test_gpt_tp_sharded_checkpoint);
     tcase_add_test(tc, test_gpt_tp_dropout_equivalence);
     suite_add_tcase(s, tc);
     return s;
