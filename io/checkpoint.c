@@ -203,6 +203,34 @@ nb_status nb__checkpoint_load_ex(const char *path, nb_checkpoint *c, const nb__c
     return st;
 }
 
+nb_checkpoint_load_opts nb_checkpoint_load_defaults(void) { return (nb_checkpoint_load_opts){0}; }
+
+nb_status nb_checkpoint_load_ex(const char *path, nb_checkpoint *c,
+                                const nb_checkpoint_load_opts *lo) {
+    nb_checkpoint_load_opts d = nb_checkpoint_load_defaults();
+    if (!lo) lo = &d;
+    if (!path || !c || (!c->model && !lo->skip_model))
+        return nb__error(NB_ENULL, "checkpoint_load: %s is NULL",
+                         !path ? "path" : !c ? "the checkpoint" : "the model");
+    if (lo->optim_n < 0 || (lo->optim_n > 0 && (!lo->optim_names || !lo->optim_tensors)))
+        return nb__error(NB_EINVAL, "checkpoint_load: optim_n is %d with %s", lo->optim_n,
+                         lo->optim_n < 0 ? "a negative count" : "no names or tensors");
+    nb__ckpt_optim o = {.opt = lo->optim, .names = lo->optim_names,
+                        .tensors = lo->optim_tensors, .n = lo->optim_n,
+                        .no_model = lo->skip_model};
+    return nb__checkpoint_load_ex(path, c, &o);
+}
+
+nb_status nb_checkpoint_target(const char *base, int64_t step, int keep, char *out, size_t n) {
+    if (!base || !out)
+        return nb__error(NB_ENULL, "checkpoint_target: %s is NULL", !base ? "base" : "out");
+    return nb__checkpoint_target(base, step, keep, out, n, "checkpoint_save");
+}
+
+void nb_checkpoint_rotate(const char *base, int keep, const char *path) {
+    if (base && path && keep > 0) nb__checkpoint_rotate(base, keep, path);
+}
+
 static nb_status checkpoint_load(const char *path, nb_checkpoint *c, const nb__ckpt_optim *o) {
     nb__remove_stale_temps(path); /* a run restarted after a kill during a save */
     nb_safetensors *f = nb_safetensors_open(path);

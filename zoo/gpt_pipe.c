@@ -4,7 +4,6 @@
  * stage, data-parallel averaging, the global norm over every stage, the optimizer step. */
 #include "nabla/nabla.h"
 #include "nabla/pipeline.h"
-#include "io/io_impl.h"
 #include "zoo/gpt_impl.h"
 
 #include <dirent.h>
@@ -491,7 +490,7 @@ static nb_status save_begin(nb_gpt_pipe *p, nb_optim *opt, nb_checkpoint_writer 
                             const char *base, int keep, int64_t step, char dir[4400],
                             char id[20]) {
     const char *who = "nb_gpt_pipe_save";
-    nb_status st = nb__checkpoint_target(base, step, keep, dir, 4400, who);
+    nb_status st = nb_checkpoint_target(base, step, keep, dir, 4400);
     uint64_t idv = p->r == 0 ? fresh_id() : 0;
     if (p->p > 1) { /* every rank takes part, whatever its status */
         nb_scope_begin();
@@ -568,7 +567,7 @@ static nb_status write_index(const nb_gpt_pipe *p, const char *dir, const char *
     free(names);
     if (st != NB_OK) return st;
     remove_old_stages(dir, id);
-    if (keep > 0) nb__checkpoint_rotate(base, keep, dir);
+    nb_checkpoint_rotate(base, keep, dir);
     return NB_OK;
 }
 

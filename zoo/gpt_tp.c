@@ -3,7 +3,6 @@
  * parameter holds this rank's slice of the 1-rank tensor. Written on the public API only. */
 #include "nabla/nabla.h"
 #include "nabla/gpt_tp.h"
-#include "io/io_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -595,9 +594,11 @@ static nb_status load_whole(nb_module *m, nb_optim *opt, const char *path,
             st = nb_optim_load_state(opt, state.names, state.tensors, state.count);
     }
     if (st == NB_OK && rest) { /* the rest of the checkpoint, the optimizer state from state */
-        nb__ckpt_optim o = {.opt = opt, .names = state.names, .tensors = state.tensors,
-                            .n = state.count, .no_model = true};
-        st = nb__checkpoint_load_ex(path, rest, &o);
+        nb_checkpoint_load_opts o = {.skip_model = true, .optim = opt,
+                                     .optim_names = (const char *const *)state.names,
+                                     .optim_tensors = (nb_tensor *const *)state.tensors,
+                                     .optim_n = state.count};
+        st = nb_checkpoint_load_ex(path, rest, &o);
     }
     for (int i = 0; st == NB_OK && i < mine.count; i++)
         st = nb_copy_(ps->tensors[i], mine.tensors[i]);
@@ -682,7 +683,7 @@ static nb_status tp_save_begin(const nb_checkpoint *c, nb_comm *dp, nb_checkpoin
     nb_module *m = c->model;
     const tp_self *s = self_of(m);
     const int64_t step = c->step;
-    nb_status st = nb__checkpoint_target(base, step, keep, dir, 4400, who);
+    nb_status st = nb_checkpoint_target(base, step, keep, dir, 4400);
     uint64_t idv = s->rank == 0 ? tp_fresh_id() : 0;
     if (s->tp > 1) {
         nb_scope_begin();
@@ -795,7 +796,7 @@ static nb_status tp_write_index(const tp_self *s, nb_comm *dp, const char *dir, 
     free(names);
     if (st != NB_OK) return st;
     remove_old_shards(dir, id);
-    if (keep > 0) nb__checkpoint_rotate(base, keep, dir);
+    nb_checkpoint_rotate(base, keep, dir);
     return NB_OK;
 }
 

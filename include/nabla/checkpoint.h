@@ -39,6 +39,7 @@
 #ifndef NABLA_CHECKPOINT_H
 #define NABLA_CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -118,6 +119,31 @@ nb_status nb_checkpoint_save_keep(const char *base, const nb_checkpoint *c, int 
  * nabla/parallel.h), a pipeline checkpoint directory (nabla/pipeline.h) or a sharded
  * tensor-parallel one (nabla/gpt_tp.h) counts when its index exists; rotation removes such directories too. */
 nb_status nb_checkpoint_latest(const char *base, char *out, size_t n, int64_t *step);
+
+/* For checkpoints of your own layout in a series (a directory per save with an index, as
+ * the pipeline and tensor-parallel GPTs write): nb_checkpoint_target gives the path a save
+ * of step writes, base itself when keep <= 0, else step's member of base's series (creating
+ * base's directory when base ends in '/'); after that save is complete, nb_checkpoint_rotate
+ * removes the series' members beyond the newest keep, never path (best effort: a member that
+ * cannot be removed stays, and the next save tries again). */
+nb_status nb_checkpoint_target(const char *base, int64_t step, int keep, char *out, size_t n);
+void nb_checkpoint_rotate(const char *base, int keep, const char *path);
+
+/* nb_checkpoint_load for programs that restore parts of the state themselves (a sharded run
+ * that assembles its slices). Zero/NULL options: nb_checkpoint_load.
+ * skip_model: the file's "model." entries are neither read nor checked; c->model may be NULL.
+ * optim (with optim_n named tensors): loaded from those tensors (nb_optim_load_state) instead
+ *   of c->optim from the file's "optim." entries. */
+typedef struct nb_checkpoint_load_opts {
+    bool skip_model;                 /* false */
+    nb_optim *optim;                 /* NULL */
+    const char *const *optim_names;  /* optim's state as named tensors (borrowed) */
+    nb_tensor *const *optim_tensors;
+    int optim_n;
+} nb_checkpoint_load_opts;
+nb_checkpoint_load_opts nb_checkpoint_load_defaults(void);
+nb_status nb_checkpoint_load_ex(const char *path, nb_checkpoint *c,
+                                const nb_checkpoint_load_opts *o);
 
 /* ---- asynchronous ("flash") saves ----------------------------------------------------------
  *     nb_checkpoint_writer *w = nb_checkpoint_writer_new(&(nb_checkpoint_writer_opts){.keep = 3});
