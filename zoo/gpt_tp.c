@@ -743,7 +743,8 @@ static nb_status tp_save_begin(const nb_checkpoint *c, nb_comm *dp, nb_checkpoin
     snprintf(path, sizeof path, "%s/%s", dir, name);
     nb_checkpoint ck = *c;
     ck.config_names = keys, ck.config_values = vals, ck.nconfig = n;
-    snprintf(ck.run_id, sizeof ck.run_id, "%s", run);
+    memcpy(ck.run_id, run, sizeof ck.run_id - 1); /* run holds 32 hex digits and a NUL */
+    ck.run_id[sizeof ck.run_id - 1] = 0;
     if (st == NB_OK) st = w ? nb_checkpoint_writer_save(w, path, &ck) : nb_checkpoint_save(path, &ck);
     free(keys);
     free(vals);
