@@ -444,40 +444,14 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
  * go. Checkpoints written before the id (stage-<r>-of-<P>.safetensors, no "stage.<r>") load
  * too. */
 
-/* Every rank of c gets NB_OK only if every rank had it (else the first error's status). */
-static nb_status agree(nb_comm *c, nb_status st) {
-    if (!c || nb_comm_size(c) < 2) return st;
-    nb_scope_begin();
-    nb_tensor *t = nb_scalar(st == NB_OK ? 0 : 1, NB_I32);
-    nb_status cs = t ? nb_allreduce(c, t, NB_REDUCE_MAX) : nb_last_status();
-    bool bad = cs != NB_OK || nb_item_i64(t) != 0;
-    nb_scope_end();
-    if (cs != NB_OK) return cs;
-    if (bad && st == NB_OK)
-        st = nb_set_error(NB_EIO, "pipeline checkpoint: another rank failed (see its message)");
-    return st;
-}
-
 static nb_status agree_all(const nb_gpt_pipe *p, nb_status st) {
-    st = agree(p->pp, st);
-    return agree(p->dp, st);
+    st = nb__zoo_agree(p->pp, st, "pipeline checkpoint");
+    return nb__zoo_agree(p->dp, st, "pipeline checkpoint");
 }
 
 static void stage_name(char *buf, size_t n, const char *id, int r, int P) {
     if (id && *id) snprintf(buf, n, "stage-%s-%d-of-%d.safetensors", id, r, P);
     else snprintf(buf, n, "stage-%d-of-%d.safetensors", r, P);
-}
-
-static uint64_t fresh_id(void) {
-    uint64_t v = 0;
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        if (read(fd, &v, sizeof v) != (ssize_t)sizeof v) v = 0;
-        close(fd);
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return v ^ ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
 }
 
 static bool is_writer(const nb_gpt_pipe *p) { return !p->dp || nb_comm_rank(p->dp) == 0; }
@@ -491,7 +465,7 @@ static nb_status save_begin(nb_gpt_pipe *p, nb_optim *opt, nb_checkpoint_writer 
                             char id[20]) {
     const char *who = "nb_gpt_pipe_save";
     nb_status st = nb_checkpoint_target(base, step, keep, dir, 4400);
-    uint64_t idv = p->r == 0 ? fresh_id() : 0;
+    uint64_t idv = p->r == 0 ? nb__zoo_fresh_id() : 0;
     if (p->p > 1) { /* every rank takes part, whatever its status */
         nb_scope_begin();
         nb_tensor *t = nb_from_buffer(&idv, (int64_t[]){1}, 1, NB_I64);
@@ -767,8 +741,8 @@ static nb_status load_local(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int6
 nb_status nb_gpt_pipe_load(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step) {
     if (!p || !dir) return nb_set_error(NB_ENULL, "nb_gpt_pipe_load: NULL pipeline or directory");
     nb_status st = load_local(p, opt, dir, step);
-    st = agree(p->pp, st);
-    return agree(p->dp, st);
+    st = nb__zoo_agree(p->pp, st, "pipeline checkpoint");
+    return nb__zoo_agree(p->dp, st, "pipeline checkpoint");
 }
 
 nb_status nb_gpt_pipe_consolidate(const char *dir, const char *out) {

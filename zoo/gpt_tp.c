@@ -3,6 +3,7 @@
  * parameter holds this rank's slice of the 1-rank tensor. Written on the public API only. */
 #include "nabla/nabla.h"
 #include "nabla/gpt_tp.h"
+#include "zoo/gpt_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -638,38 +639,12 @@ nb_status nb_gpt_tp_load(nb_module *m, nb_optim *opt, const char *path) {
  * "nabla-tp", tp, step, "shard.<r>" = file name), written last, by world rank 0, once every
  * rank's file is durable; then the files of earlier saves go. */
 
-static nb_status tp_agree(nb_comm *c, nb_status st) {
-    if (!c || nb_comm_size(c) < 2) return st;
-    nb_scope_begin();
-    nb_tensor *t = nb_scalar(st == NB_OK ? 0 : 1, NB_I32);
-    nb_status cs = t ? nb_allreduce(c, t, NB_REDUCE_MAX) : nb_last_status();
-    bool bad = cs != NB_OK || nb_item_i64(t) != 0;
-    nb_scope_end();
-    if (cs != NB_OK) return cs;
-    if (bad && st == NB_OK)
-        st = nb_set_error(NB_EIO, "tensor-parallel checkpoint: another rank failed (see its "
-                          "message)");
-    return st;
-}
-
 static nb_status tp_agree_all(const tp_self *s, nb_comm *dp, nb_status st) {
-    st = tp_agree(s->c, st);
-    return tp_agree(dp, st);
+    st = nb__zoo_agree(s->c, st, "tensor-parallel checkpoint");
+    return nb__zoo_agree(dp, st, "tensor-parallel checkpoint");
 }
 
 static bool tp_writer(nb_comm *dp) { return !dp || nb_comm_rank(dp) == 0; }
-
-static uint64_t tp_fresh_id(void) {
-    uint64_t v = 0;
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        if (read(fd, &v, sizeof v) != (ssize_t)sizeof v) v = 0;
-        close(fd);
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return v ^ ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
-}
 
 static void shard_name(char *buf, size_t n, const char *id, int r, int T) {
     snprintf(buf, n, "tp-%s-%d-of-%d.safetensors", id, r, T);
@@ -684,7 +659,7 @@ static nb_status tp_save_begin(const nb_checkpoint *c, nb_comm *dp, nb_checkpoin
     const tp_self *s = self_of(m);
     const int64_t step = c->step;
     nb_status st = nb_checkpoint_target(base, step, keep, dir, 4400);
-    uint64_t idv = s->rank == 0 ? tp_fresh_id() : 0;
+    uint64_t idv = s->rank == 0 ? nb__zoo_fresh_id() : 0;
     if (s->tp > 1) {
         nb_scope_begin();
         nb_tensor *t = nb_from_buffer(&idv, (int64_t[]){1}, 1, NB_I64);
