@@ -403,18 +403,55 @@ nb_status nb_gpt_tp_sync_grads(nb_module *m) {
     return st;
 }
 
+nb_gpt_tp_step_opts nb_gpt_tp_step_defaults(void) { return (nb_gpt_tp_step_opts){0}; }
+
+/* Sequence parallelism's partial gradients summed over the tp group: those of the shard's
+ * pieces under ZeRO (stages 1 and 2: the pieces are the reduced gradient; the same pieces on
+ * every tp rank, whose models have the same shapes), else the parameters'. */
+static nb_status sync_sp(nb_module *m, nb_zero *z) {
+    const tp_self *s = self_of(m);
+    if (!z || nb_zero_stage(z) == 0 || !s->sp || s->tp == 1) return nb_gpt_tp_sync_grads(m);
+    const nb_params *ps = nb_optim_params(nb_zero_optim(z));
+    nb_status st = ps ? NB_OK : nb_last_status();
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        nb_tensor *g = nb_grad(ps->tensors[i]);
+        if (g && sp_partial(ps->names[i])) st = nb_allreduce(s->c, g, NB_REDUCE_SUM);
+    }
+    return st;
+}
+
 double nb_gpt_tp_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                             nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
+    nb_gpt_tp_step_opts o = nb_gpt_tp_step_defaults();
+    o.ddp = ddp;
+    return nb_gpt_tp_train_step_ex(m, opt, &o, x, y, n_micro, grad_clip, grad_norm);
+}
+
+double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, const nb_gpt_tp_step_opts *o,
+                               nb_tensor *const *x, nb_tensor *const *y, int n_micro,
+                               double grad_clip, double *grad_norm) {
     if (grad_norm) *grad_norm = NAN;
     if (!nb_gpt_tp_is_gpt_tp(m) || !opt || !x || !y || n_micro < 1) {
         nb_set_error(NB_EINVAL, "nb_gpt_tp_train_step: needs a TP GPT, an optimizer and n_micro >= 1 "
                      "micro-batches");
         return NAN;
     }
+    nb_ddp *ddp = o ? o->ddp : NULL;
+    nb_zero *z = o ? o->zero : NULL;
+    if (ddp && z) {
+        nb_set_error(NB_EINVAL, "nb_gpt_tp_train_step: give an nb_ddp or an nb_zero, not both");
+        return NAN;
+    }
+    if (z && nb_zero_stage(z) == 3) {
+        nb_set_error(NB_EINVAL, "nb_gpt_tp_train_step: ZeRO stage 3 is not supported with tensor "
+                     "parallelism (stages 0, 1 and 2 are)");
+        return NAN;
+    }
     nb_status st = nb_zero_grad(opt);
     double loss_sum = 0;
     for (int i = 0; st == NB_OK && i < n_micro; i++) {
         if (ddp) nb_ddp_set_sync_enabled(ddp, i == n_micro - 1);
+        if (z) nb_zero_set_sync_enabled(z, i == n_micro - 1);
         nb_scope_begin();
         nb_tensor *loss = nb_gpt_tp_loss(m, x[i], y[i]);
         nb_tensor *scaled = n_micro > 1 ? nb_mul_scalar(loss, 1.0 / n_micro) : loss;
@@ -426,18 +463,32 @@ double nb_gpt_tp_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor 
         nb_ddp_set_sync_enabled(ddp, true);
         if (st == NB_OK) st = nb_ddp_sync(ddp);
     }
-    if (st == NB_OK) st = nb_gpt_tp_sync_grads(m);
+    if (z) {
+        nb_zero_set_sync_enabled(z, true);
+        if (st == NB_OK) st = nb_zero_sync(z);
+    }
+    if (st == NB_OK) st = sync_sp(m, z);
     if (st != NB_OK) return NAN;
     if (grad_clip > 0 || grad_norm) {
+        const tp_self *s = self_of(m);
         const nb_params *ps = nb_parameters(m);
         bool *sh = malloc(sizeof(bool) * (size_t)(ps->count > 0 ? ps->count : 1));
         if (!sh) {
             nb_set_error(NB_ENOMEM, "nb_gpt_tp_train_step: out of memory");
             return NAN;
         }
-        for (int i = 0; i < ps->count; i++) sh[i] = split_of(ps->names[i]) != REPLICATED;
-        double norm = nb_tp_clip_grad_norm(ps->tensors, sh, ps->count, self_of(m)->c,
-                                           grad_clip > 0 ? grad_clip : INFINITY);
+        double norm;
+        if (z) { /* replicated parameters counted by tp rank 0 only */
+            for (int i = 0; i < ps->count; i++) sh[i] = split_of(ps->names[i]) == REPLICATED && s->rank != 0;
+            nb_zero_clip_opts co = nb_zero_clip_defaults();
+            co.model_comm = s->c;
+            co.skip = sh;
+            norm = nb_zero_clip_grad_norm_ex(z, grad_clip > 0 ? grad_clip : INFINITY, 2, &co);
+        } else {
+            for (int i = 0; i < ps->count; i++) sh[i] = split_of(ps->names[i]) != REPLICATED;
+            norm = nb_tp_clip_grad_norm(ps->tensors, sh, ps->count, s->c,
+                                        grad_clip > 0 ? grad_clip : INFINITY);
+        }
         free(sh);
         if (norm < 0) return NAN;
         if (grad_norm) *grad_norm = norm;

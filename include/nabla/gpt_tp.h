@@ -146,6 +146,24 @@ double nb_gpt_tp_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor 
                             nb_tensor *const *y, int n_micro, double grad_clip,
                             double *grad_norm);
 
+/* The same with ZeRO over the dp group: o->zero (an nb_zero over the dp group wrapping m,
+ * stage 0, 1 or 2; stage 3: NB_EINVAL) takes the place of the nb_ddp (o->ddp; not both).
+ * Gradient accumulation disables its sync but for the last micro-batch; sequence-parallel
+ * partial gradients are summed over tp on this rank's shard; the norm is
+ * nb_zero_clip_grad_norm_ex over the dp shards and the tp group, each replicated parameter
+ * counted by tp rank 0 only, and clipping happens before nb_step (which steps the shard and
+ * all-gathers). Equal to the DDP step up to rounding. Checkpoints: nb_zero_gather_optim_state
+ * before nb_gpt_tp_save_sharded and nb_zero_scatter_optim_state after (and after
+ * nb_gpt_tp_checkpoint_load) write and read the files of a DDP run (nabla/parallel.h). */
+typedef struct nb_gpt_tp_step_opts {
+    nb_ddp *ddp;    /* NULL */
+    nb_zero *zero;  /* NULL */
+} nb_gpt_tp_step_opts;
+nb_gpt_tp_step_opts nb_gpt_tp_step_defaults(void);
+double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, const nb_gpt_tp_step_opts *o,
+                               nb_tensor *const *x, nb_tensor *const *y, int n_micro,
+                               double grad_clip, double *grad_norm);
+
 #ifdef __cplusplus
 }
 #endif

@@ -265,6 +265,39 @@ int nb_zero_num_buckets(const nb_zero *z);
  * shard, one allreduce combines them, and each rank scales its shard. Call it after
  * backward, before nb_step. Returns the global norm or a negative status. Collective. */
 double nb_zero_clip_grad_norm(nb_zero *z, double max_norm, double norm_type);
+/* nb_zero_clip_grad_norm for a model that is itself split over a second group: the tensor-
+ * parallel ranks or the pipeline stages, each rank's nb_zero over its data-parallel group.
+ * The sum of |g|^p goes over z's ranks and then over model_comm; a parameter held by several
+ * ranks of model_comm (replicated over tensor-parallel ranks, a tied embedding on the first
+ * and the last stage) must be counted by one of them only: skip (one flag per parameter of
+ * z's model, nb_parameters order) marks those this rank leaves out of the norm; they are
+ * scaled all the same. At stage 0 the whole gradients are used (z's ranks hold the same).
+ * Returns the global norm (before clipping) or a negative status; max_norm INFINITY only
+ * measures. Collective over z's communicator and model_comm. nb_gpt_tp_train_step_ex and
+ * nb_gpt_pipe_train_step call it. */
+typedef struct nb_zero_clip_opts {
+    nb_comm *model_comm;       /* NULL: the model is whole on each rank (then this is
+                                * nb_zero_clip_grad_norm) */
+    const bool *skip;          /* NULL: every parameter counts */
+} nb_zero_clip_opts;
+nb_zero_clip_opts nb_zero_clip_defaults(void);
+double nb_zero_clip_grad_norm_ex(nb_zero *z, double max_norm, double norm_type,
+                                 const nb_zero_clip_opts *o);
+/* The whole optimizer state through the template optimizer (the opt given to nb_zero_new),
+ * for savers that read nb_optim_state(opt) (nb_checkpoint_save, nb_gpt_tp_save_sharded,
+ * nb_gpt_pipe_save) and loaders that fill opt (nb_gpt_tp_checkpoint_load, nb_gpt_pipe_load):
+ *     nb_zero_gather_optim_state(z);   // collective: opt holds the whole state of a 1-rank run
+ *     nb_gpt_pipe_save(pipe, opt, dir, step);
+ *     nb_zero_scatter_optim_state(z);  // local: the shard takes its part, opt's copy is freed
+ * and after a load into opt, nb_zero_scatter_optim_state(z) moves it into the shard. Files so
+ * written are those of a DDP run: any layout (DDP, ZeRO of another world size, one process)
+ * reads them. The whole state lives on every rank between the two calls (gather sums one
+ * model-sized buffer per state slot over the ranks). Scatter replaces the shard's state by
+ * the template's (none: no state) and then clears the template. Stage 0: no-ops (the
+ * template holds the state). Stages 1 and 2 only: stage 3 and offload_optimizer give
+ * NB_EINVAL (use nb_zero_checkpoint_save). Errors: those of nb_optim_load_state. */
+nb_status nb_zero_gather_optim_state(nb_zero *z);
+nb_status nb_zero_scatter_optim_state(nb_zero *z);
 /* The optimizer that updates this rank's shard (owned by z), e.g. for its state. */
 nb_optim *nb_zero_optim(const nb_zero *z);
 /* Stage 3: make every parameter whole on every rank (e.g. to read, save or change the model
