@@ -22,6 +22,7 @@ struct nb_gpt_pipe {
     nb_gpt_config cfg;         /* resolved; the blocks borrow it */
     nb_gpt_pipe_opts o;
     nb_comm *pp, *dp, *embed;  /* embed: first and last rank (p > 1), else NULL */
+    nb_zero *zero;             /* nb_gpt_pipe_set_zero's (borrowed), NULL: plain allreduces */
     int p, r, v, S;
     int64_t *bounds;           /* S + 1 */
     nb_module *root;           /* "transformer" -> wte, wpe, h.<i>, ln_f */
@@ -55,6 +56,15 @@ nb_gpt_pipe_opts nb_gpt_pipe_defaults(void) {
 }
 
 nb_module *nb_gpt_pipe_module(const nb_gpt_pipe *p) { return p ? p->root : NULL; }
+
+nb_status nb_gpt_pipe_set_zero(nb_gpt_pipe *p, nb_zero *z) {
+    if (!p) return nb_set_error(NB_ENULL, "nb_gpt_pipe_set_zero: the pipeline is NULL");
+    if (z && nb_zero_stage(z) == 3)
+        return nb_set_error(NB_EINVAL, "nb_gpt_pipe_set_zero: ZeRO stage 3 is not supported with "
+                            "pipeline parallelism (stages 0, 1 and 2 are)");
+    p->zero = z;
+    return NB_OK;
+}
 
 const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages) {
     if (n_stages) *n_stages = p ? p->S : 0;
@@ -341,6 +351,39 @@ static nb_status allreduce_grads(nb_comm *c, const nb_params *ps, nb_tensor *onl
     return st;
 }
 
+/* Under ZeRO, after the tied embedding's sum: the gradients accumulated over the
+ * micro-batches are reduce-scattered over dp, the norm is taken over the dp shards and the
+ * stages (wte counted on the first rank), clipped, and the shard stepped. */
+static double zero_tail(nb_gpt_pipe *p, nb_optim *opt, double loss, double grad_clip,
+                        double *grad_norm, nb_pipe_stats *stats, double t0) {
+    nb_zero_set_sync_enabled(p->zero, true);
+    nb_status st = nb_zero_sync(p->zero);
+    const nb_params *ps = nb_parameters(p->root);
+    bool *skip = calloc((size_t)ps->count + 1, sizeof *skip);
+    if (!skip) st = nb_set_error(NB_ENOMEM, "nb_gpt_pipe_train_step: out of memory");
+    for (int i = 0; skip && i < ps->count; i++) skip[i] = ps->tensors[i] == p->wte && p->r != 0;
+    nb_zero_clip_opts co = nb_zero_clip_defaults();
+    co.model_comm = p->pp;
+    co.skip = skip;
+    double norm = st == NB_OK ? nb_zero_clip_grad_norm_ex(p->zero, grad_clip > 0 ? grad_clip
+                                                                               : INFINITY, 2, &co)
+                              : NAN;
+    free(skip);
+    if (st == NB_OK && norm < 0) st = nb_last_status();
+    if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1) {
+        nb_scope_begin();
+        nb_tensor *t = nb_scalar(loss, NB_F64);
+        st = t ? nb_allreduce(p->dp, t, NB_REDUCE_AVG) : nb_last_status();
+        if (st == NB_OK) loss = nb_item_f64(t);
+        nb_scope_end();
+    }
+    if (st != NB_OK) return NAN;
+    if (grad_norm) *grad_norm = norm;
+    if (stats) stats->comm_s = nb_time_s() - t0;
+    if (nb_step(opt) != NB_OK) return NAN;
+    return loss;
+}
+
 double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
                               double grad_clip, double *grad_norm, nb_pipe_stats *stats) {
     if (grad_norm) *grad_norm = NAN;
@@ -385,6 +428,7 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
     const int64_t act[3] = {b, T, p->cfg.n_embd};
     nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
                        .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32};
+    if (p->zero) nb_zero_set_sync_enabled(p->zero, false); /* reduced once, after the tied sum */
     double loss = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
     nb_scope_end();
     if (p->drop) /* where one process would be after the global batch's n_dp m micro-batches */
@@ -397,6 +441,7 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
     /* The tied embedding: both copies get the sum of the input and the head gradients. */
     if (p->embed && (p->r == 0 || p->r == p->p - 1))
         st = allreduce_grads(p->embed, ps, p->wte, NB_REDUCE_SUM);
+    if (p->zero) return st == NB_OK ? zero_tail(p, opt, loss, grad_clip, grad_norm, stats, t0) : NAN;
     if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1)
         st = allreduce_grads(p->dp, ps, NULL, NB_REDUCE_AVG);
     double v2[2] = {0, loss};

@@ -159,6 +159,16 @@ void nb_gpt_pipe_free(nb_gpt_pipe *p);
 /* The module holding this rank's parameters (owned by p): give it to the optimizer, save its
  * state dict. */
 nb_module *nb_gpt_pipe_module(const nb_gpt_pipe *p);
+/* ZeRO over the data-parallel group: z (borrowed; NULL: back to plain allreduces) wraps
+ * nb_gpt_pipe_module(p) and its optimizer over this stage's dp group, stage 0, 1 or 2
+ * (stage 3: NB_EINVAL). nb_gpt_pipe_train_step then keeps z's sync off during the
+ * micro-batches, sums the tied embedding's gradients, reduce-scatters over dp once (nb_zero_sync),
+ * takes the norm over the dp shards and the stages with wte counted once
+ * (nb_zero_clip_grad_norm_ex), clips, and steps the shard (nb_step all-gathers). Checkpoints:
+ * nb_zero_gather_optim_state before nb_gpt_pipe_save and nb_zero_scatter_optim_state after (and
+ * after nb_gpt_pipe_load) write and read the files of a DDP run (nabla/parallel.h). Free z
+ * before p. */
+nb_status nb_gpt_pipe_set_zero(nb_gpt_pipe *p, nb_zero *z);
 /* The stages' first layers: S + 1 indices (owned by p), and S. */
 const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages);
 

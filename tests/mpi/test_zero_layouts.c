@@ -165,11 +165,274 @@ START_TEST(test_tp_zero_equivalence) {
 }
 END_TEST
 
+/* A directory every rank names alike (rank 0 makes it). */
+static void shared_tmpdir(char dir[64]) {
+    memset(dir, 0, 64);
+    nb_scope_begin();
+    nb_tensor *name = nb_zeros((int64_t[]){64}, 1, NB_U8);
+    if (mt_rank == 0) {
+        char tmpl[] = "/tmp/nb-zero-layouts-XXXXXX";
+        MT_CHECK(mkdtemp(tmpl) != NULL, "mkdtemp failed");
+        memcpy(nb_data(name), tmpl, strlen(tmpl));
+    }
+    MT_OK(nb_broadcast(mt_world, name, 0));
+    memcpy(dir, nb_data(name), 63);
+    nb_scope_end();
+}
+
+/* Rank 0, after a barrier: dir's files (and one level of directories), then dir. */
+static void remove_tree(const char *dir, int depth) {
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[400];
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue;
+        if (unlink(p) != 0 && depth > 0) remove_tree(p, depth - 1);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+/* A TP model of tp ranks (dp the rest of the world; tp 0: one process alone), optionally
+ * under ZeRO `stage` over dp (0: nb_ddp when dp > 1). */
+typedef struct tpl {
+    nb_comm *self;
+    nb_topology *topo;
+    nb_module *m;
+    nb_optim *opt;
+    nb_zero *z;
+    nb_ddp *ddp;
+} tpl;
+
+static void tpl_new(tpl *t, int tp, int stage) {
+    memset(t, 0, sizeof *t);
+    t->self = nb_comm_self();
+    t->topo = tp ? nb_topology_new(mt_world, &(nb_topology_opts){.pp = 1, .tp = tp})
+                 : nb_topology_new(t->self, NULL);
+    nb_generator *g = nb_generator_new(11);
+    t->m = nb_gpt_tp_new(&gcfg, g, nb_topology_tp(t->topo), NULL);
+    nb_generator_free(g);
+    t->opt = adamw(t->m);
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage;
+    zo.bucket_mb = 0.004;
+    if (stage) t->z = nb_zero_new(t->m, t->opt, nb_topology_dp(t->topo), &zo);
+    else if (nb_topology_dp_size(t->topo) > 1) t->ddp = nb_ddp_new(t->m, nb_topology_dp(t->topo), NULL);
+    MT_CHECK(t->m && t->opt && (!stage || t->z), "tp %d stage %d: %s", tp, stage, nb_last_error());
+}
+
+static void tpl_steps(tpl *t, int k0, int k1) {
+    const int dp = nb_topology_dp_size(t->topo), dr = nb_topology_dp_rank(t->topo);
+    for (int k = k0; k < k1; k++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(k, dr * (GB / dp), GB / dp, &x, &y);
+        nb_gpt_tp_step_opts so = nb_gpt_tp_step_defaults();
+        so.zero = t->z;
+        so.ddp = t->ddp;
+        double loss = nb_gpt_tp_train_step_ex(t->m, t->opt, &so, &x, &y, 1, CLIP, NULL);
+        MT_CHECK(isfinite(loss), "step %d: %s", k, nb_last_error());
+        nb_scope_end();
+    }
+}
+
+static void tpl_free(tpl *t) {
+    nb_zero_free(t->z);
+    nb_ddp_free(t->ddp);
+    nb_optim_free(t->opt);
+    nb_module_free(t->m);
+    nb_topology_free(t->topo);
+    nb_comm_free(t->self);
+}
+
+/* A sharded TP checkpoint saved under ZeRO-1 (tp 2, dp the rest) after K - 1 steps, the
+ * optimizer state gathered into the template: training on after the save gives the weights
+ * of K steps of 1 process (the shards got their state back), and so does resuming it in one
+ * process, under DDP and under ZeRO-2 of another dp size (tp = world). */
+START_TEST(test_tp_zero_checkpoint) {
+    double rloss[K], rnorm[K];
+    nb_module *ref = reference(K, rloss, rnorm, NULL);
+    char dir[64];
+    shared_tmpdir(dir);
+    const int save_tp = mt_size >= 2 ? 2 : 1;
+    tpl t;
+    tpl_new(&t, save_tp, 1);
+    if (t.z) {
+        tpl_steps(&t, 0, K - 1);
+        MT_OK(nb_zero_gather_optim_state(t.z));
+        nb_checkpoint ck = {.model = t.m, .optim = t.opt, .step = K - 1};
+        MT_OK(nb_gpt_tp_save_sharded(&ck, nb_topology_dp(t.topo), dir, 0));
+        MT_OK(nb_zero_scatter_optim_state(t.z));
+        tpl_steps(&t, K - 1, K);
+        expect_weights(t.m, ref, "ZeRO-1 after saving");
+    }
+    tpl_free(&t);
+    const int tps[3] = {0, save_tp, mt_size}, stages[3] = {0, 0, 2};
+    for (int l = 0; l < 3; l++) {
+        tpl_new(&t, tps[l], stages[l]);
+        if (t.opt) {
+            nb_checkpoint lc = {.model = t.m, .optim = t.opt};
+            MT_OK(nb_gpt_tp_checkpoint_load(dir, &lc));
+            MT_CHECK(lc.step == K - 1, "resumed at step %lld", (long long)lc.step);
+            if (t.z) MT_OK(nb_zero_scatter_optim_state(t.z));
+            tpl_steps(&t, K - 1, K);
+            char what[96];
+            snprintf(what, sizeof what, "resumed under tp %d, %s", tps[l] ? tps[l] : 1,
+                     stages[l] ? "ZeRO-2" : "DDP");
+            expect_weights(t.m, ref, what);
+        }
+        tpl_free(&t);
+    }
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) remove_tree(dir, 1);
+    nb_module_free(ref);
+    MT_END();
+}
+END_TEST
+
+/* ---- pipeline ------------------------------------------------------------------------------- */
+typedef struct ppl {
+    nb_comm *pp, *dp;
+    nb_gpt_pipe *pipe;
+    nb_optim *opt;
+    nb_zero *z;
+    int ndp, dr;
+} ppl;
+
+/* pp stages over consecutive ranks of base, dp over the rest; ZeRO `stage` over dp (0:
+ * plain allreduces). */
+static void ppl_new(ppl *t, nb_comm *base, int pp, int stage) {
+    memset(t, 0, sizeof *t);
+    const int r = nb_comm_rank(base);
+    t->pp = nb_comm_split(base, r / pp, r);
+    t->dp = nb_comm_split(base, r % pp, r);
+    t->ndp = nb_comm_size(base) / pp;
+    t->dr = r / pp;
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.n_micro = (GB / t->ndp) % NMICRO == 0 ? NMICRO : 1;
+    nb_generator *g = nb_generator_new(11);
+    t->pipe = t->pp && t->dp ? nb_gpt_pipe_new(&gcfg, g, t->pp, t->dp, &po) : NULL;
+    nb_generator_free(g);
+    t->opt = t->pipe ? adamw(nb_gpt_pipe_module(t->pipe)) : NULL;
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage;
+    zo.bucket_mb = 0.004;
+    if (t->opt && stage) t->z = nb_zero_new(nb_gpt_pipe_module(t->pipe), t->opt, t->dp, &zo);
+    if (t->z) MT_OK(nb_gpt_pipe_set_zero(t->pipe, t->z));
+    MT_CHECK(t->opt && (!stage || t->z), "pp %d stage %d: %s", pp, stage, nb_last_error());
+}
+
+static void ppl_steps(ppl *t, int k0, int k1, const double *rloss, const double *rnorm,
+                      const char *what) {
+    const int64_t rows = GB / t->ndp;
+    for (int k = k0; k < k1; k++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(k, t->dr * rows, rows, &x, &y);
+        double norm, loss = nb_gpt_pipe_train_step(t->pipe, t->opt, x, y, CLIP, &norm, NULL);
+        MT_CHECK(isfinite(loss), "%s step %d: %s", what, k, nb_last_error());
+        if (rloss) {
+            EXPECT_REL(loss, rloss[k], "%s step %d: loss", what, k);
+            EXPECT_REL(norm, rnorm[k], "%s step %d: grad norm", what, k);
+        }
+        nb_scope_end();
+    }
+}
+
+static void ppl_expect_weights(ppl *t, nb_module *ref, const char *what) {
+    const nb_params *ps = nb_parameters(nb_gpt_pipe_module(t->pipe));
+    for (int i = 0; i < ps->count; i++) {
+        char w[200];
+        snprintf(w, sizeof w, "%s: %s", what, ps->names[i]);
+        EXPECT_CLOSE(ps->tensors[i], nb_module_find(ref, ps->names[i]), 1e-5, w);
+    }
+}
+
+static void ppl_free(ppl *t) {
+    nb_zero_free(t->z);
+    nb_optim_free(t->opt);
+    nb_gpt_pipe_free(t->pipe);
+    nb_comm_free(t->dp);
+    nb_comm_free(t->pp);
+}
+
+/* Every dp x pp layout of the world with ZeRO stages 1 and 2 over each stage's dp group:
+ * the losses, norms and weights of 1 process (the tied wte summed over the first and last
+ * stage before the reduce-scatter, counted once in the norm). */
+START_TEST(test_pipe_zero_equivalence) {
+    double rloss[K], rnorm[K];
+    nb_module *ref = reference(K, rloss, rnorm, NULL);
+    for (int pp = 1; pp <= mt_size; pp *= 2)
+        for (int stage = 1; stage <= 2; stage++) {
+            ppl t;
+            ppl_new(&t, mt_world, pp, stage);
+            char what[96];
+            snprintf(what, sizeof what, "dp %d x pp %d, ZeRO-%d", mt_size / pp, pp, stage);
+            if (t.z) {
+                ppl_steps(&t, 0, K, rloss, rnorm, what);
+                ppl_expect_weights(&t, ref, what);
+            }
+            ppl_free(&t);
+        }
+    nb_module_free(ref);
+    MT_END();
+}
+END_TEST
+
+/* A pipeline checkpoint saved under ZeRO-1 (pp 2, dp the rest) after K - 1 steps: training on
+ * gives the weights of K steps of 1 process, and so does resuming it in one process, under
+ * pp = world without ZeRO and under ZeRO-2 with pp 1 (dp = world). */
+START_TEST(test_pipe_zero_checkpoint) {
+    double rloss[K], rnorm[K];
+    nb_module *ref = reference(K, rloss, rnorm, NULL);
+    char dir[64];
+    shared_tmpdir(dir);
+    const int save_pp = mt_size >= 2 ? 2 : 1;
+    ppl t;
+    ppl_new(&t, mt_world, save_pp, 1);
+    if (t.z) {
+        ppl_steps(&t, 0, K - 1, NULL, NULL, "before saving");
+        MT_OK(nb_zero_gather_optim_state(t.z));
+        MT_OK(nb_gpt_pipe_save(t.pipe, t.opt, dir, K - 1));
+        MT_OK(nb_zero_scatter_optim_state(t.z));
+        ppl_steps(&t, K - 1, K, NULL, NULL, "after saving");
+        ppl_expect_weights(&t, ref, "ZeRO-1 after saving");
+    }
+    ppl_free(&t);
+    nb_comm *self = nb_comm_self();
+    nb_comm *bases[3] = {self, mt_world, mt_world};
+    const int pps[3] = {1, mt_size, 1}, stages[3] = {0, 0, 2};
+    for (int l = 0; l < 3; l++) {
+        ppl_new(&t, bases[l], pps[l], stages[l]);
+        if (t.opt) {
+            int64_t step = -1;
+            MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dir, &step));
+            MT_CHECK(step == K - 1, "resumed at step %lld", (long long)step);
+            if (t.z) MT_OK(nb_zero_scatter_optim_state(t.z));
+            ppl_steps(&t, K - 1, K, NULL, NULL, "resumed");
+            char what[96];
+            snprintf(what, sizeof what, "resumed under pp %d, %s", pps[l],
+                     stages[l] ? "ZeRO-2" : "no ZeRO");
+            ppl_expect_weights(&t, ref, what);
+        }
+        ppl_free(&t);
+    }
+    nb_comm_free(self);
+    MT_OK(nb_barrier(mt_world));
+    if (mt_rank == 0) remove_tree(dir, 1);
+    nb_module_free(ref);
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_zero_layouts(void) {
     Suite *s = suite_create("zero_layouts");
     TCase *tc = tcase_create("zero_layouts");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_tp_zero_equivalence);
+    tcase_add_test(tc, test_tp_zero_checkpoint);
+    tcase_add_test(tc, test_pipe_zero_equivalence);
+    tcase_add_test(tc, test_pipe_zero_checkpoint);
     suite_add_tcase(s, tc);
     return s;
 }
