@@ -105,11 +105,12 @@ static void usage(const args *a, FILE *out) {
             "  --zero S         ZeRO stage 0-3: 1 shards the optimizer state over the ranks,\n"
             "                   2 also the gradients, 3 also the parameters (default 0:\n"
             "                   nb_ddp); --save then writes a sharded checkpoint (a\n"
-            "                   directory) that --resume reshards\n"
+            "                   directory) that --resume reshards. With --tp or --pp: 1 or\n"
+            "                   2, over the data-parallel group; checkpoints as without it\n"
             "  --tp N           tensor parallel over N adjacent ranks (the ranks are dp x tp,\n"
             "                   nb_ddp over dp; default 1); --save writes a sharded checkpoint\n"
             "                   (a directory: each rank its slices; DIR/model.safetensors at\n"
-            "                   the end), which any layout resumes; not with --zero yet\n"
+            "                   the end), which any layout resumes\n"
             "  --sequence-parallel  with --tp: layer norms and dropout on sequence shards\n"
             "  --pp M           pipeline parallel over M stages (mpirun -np dp*M); --batch is\n"
             "                   then the global batch per step (models/gpt/pipe.c, docs/distributed.md)\n"
@@ -275,8 +276,9 @@ static int parse_args(int argc, char **argv, args *a) {
                 (long long)a->tp);
         return 2;
     }
-    if (a->tp > 1 && a->zero > 0) {
-        fprintf(stderr, "gpt: --tp %lld does not combine with --zero yet\n", (long long)a->tp);
+    if ((a->tp > 1 || a->pp) && a->zero > 2) {
+        fprintf(stderr, "gpt: --%s takes --zero 1 or 2 (the data-parallel group's ZeRO); stage 3 "
+                        "does not combine with it yet\n", a->pp ? "pp" : "tp");
         return 2;
     }
     /* A flag the chosen mode ignores is a mistake (a typo'd mode, a forgotten --sample),
@@ -325,10 +327,10 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --microbatches, --pp-schedule and --virtual-stages need --pp\n");
         return 2;
     }
-    if (a->pp && (a->zero || a->grad_accum != 1 || a->log || a->tensorboard || a->tp > 1 ||
+    if (a->pp && (a->grad_accum != 1 || a->log || a->tensorboard || a->tp > 1 ||
                   strcmp(a->recompute, "none") || guard.train_flag || a->precision != NB_F32)) {
         fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum and does "
-                "not take --zero, --tp, --log, --tensorboard, --checkpoint-activations, "
+                "not take --tp, --log, --tensorboard, --checkpoint-activations, "
                 "--on-nonfinite, --max-skips or --precision yet\n");
         return 2;
     }
@@ -686,13 +688,14 @@ static bool setup_run(run *r) {
         return false;
     nb_zero_opts zo = nb_zero_defaults();
     zo.stage = (int)r->a->zero;
-    if (r->a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->world, &zo)))
+    if (r->a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->dp, &zo)))
         return fail(r, "%s", nb_last_error());
     if (!r->zero && r->dp_size > 1 && !(r->ddp = nb_ddp_new(r->model, r->dp, NULL)))
         return fail(r, "%s", nb_last_error());
     if (resume && nb_gpt_tp_is_checkpoint(resume)) { /* sharded by --tp: any layout reads it */
-        if (r->zero) return fail(r, "%s is a tensor-parallel checkpoint; resume it without --zero", resume);
-        if (nb_gpt_tp_checkpoint_load(resume, &r->ck) != NB_OK)
+        /* under --zero the whole optimizer state goes into the template, then the shards */
+        if (nb_gpt_tp_checkpoint_load(resume, &r->ck) != NB_OK ||
+            (r->zero && nb_zero_scatter_optim_state(r->zero) != NB_OK))
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
         r->first = r->step = r->ck.step;
         uint64_t pos = nb_generator_offset(r->drop_gen);
@@ -704,9 +707,10 @@ static bool setup_run(run *r) {
         /* with --tp: into the 1-rank objects (the rest - step, run id - into r->ck as
          * always), then sliced */
         if (r->topo) r->ck.model = r->full, r->ck.optim = r->full_opt;
-        nb_status ls = nb_zero_checkpoint_load(r->zero, resume, &r->ck);
+        nb_status ls = nb_zero_checkpoint_load(r->topo ? NULL : r->zero, resume, &r->ck);
         r->ck.model = r->model, r->ck.optim = r->opt;
-        if (ls != NB_OK || (r->topo && nb_gpt_tp_load(r->model, r->opt, resume) != NB_OK))
+        if (ls != NB_OK || (r->topo && nb_gpt_tp_load(r->model, r->opt, resume) != NB_OK) ||
+            (r->topo && r->zero && nb_zero_scatter_optim_state(r->zero) != NB_OK))
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
         r->first = r->step = r->ck.step;
         /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
@@ -804,8 +808,11 @@ static bool train_step(run *r, step_result *o) {
     nb_clear_error(); /* a NaN below is an error only when one is set */
     nb_tp_comm_stats_reset();
     if (nbm_precision_begin(r->a->precision) != NB_OK) return fail(r, "%s", nb_last_error());
-    double loss = r->topo ? nb_gpt_tp_train_step(r->model, r->opt, r->ddp, r->xl, r->yl,
-                                                 (int)r->N, r->a->grad_clip, &o->grad_norm)
+    double loss = r->topo ? nb_gpt_tp_train_step_ex(r->model, r->opt,
+                                                    &(nb_gpt_tp_step_opts){.ddp = r->ddp,
+                                                                           .zero = r->zero},
+                                                    r->xl, r->yl, (int)r->N, r->a->grad_clip,
+                                                    &o->grad_norm)
                 : nb_gpt_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N,
                                        &(nb_gpt_step_opts){.ddp = r->ddp, .zero = r->zero,
                                                            .scaler = r->scaler,
@@ -923,11 +930,15 @@ static bool evaluate_and_log(run *r, double train_loss) {
 static nb_status tp_save(run *r, const nb_checkpoint *ck) {
     const args *a = r->a;
     const int keep = a->keep <= 0 ? 0 : a->keep > 1000000 ? 1000000 : (int)a->keep;
-    if (!a->async_save) return nb_gpt_tp_save_sharded(ck, r->dp, a->save, keep);
-    if (!r->tpw && !(r->tpw = nb_checkpoint_writer_new(NULL))) return nb_last_status();
-    nb_status st = nb_gpt_tp_save_async(ck, r->dp, r->tpw, a->save, keep);
-    if (st == NB_OK && r->stop) st = nb_gpt_tp_save_wait(r->model, r->dp, r->tpw);
-    return st;
+    /* --zero: the files of a DDP run (the whole optimizer state gathered for the save) */
+    nb_status st = r->zero ? nb_zero_gather_optim_state(r->zero) : NB_OK;
+    if (st == NB_OK && !a->async_save) st = nb_gpt_tp_save_sharded(ck, r->dp, a->save, keep);
+    if (st == NB_OK && a->async_save && !r->tpw && !(r->tpw = nb_checkpoint_writer_new(NULL)))
+        st = nb_last_status();
+    if (st == NB_OK && a->async_save) st = nb_gpt_tp_save_async(ck, r->dp, r->tpw, a->save, keep);
+    if (st == NB_OK && a->async_save && r->stop) st = nb_gpt_tp_save_wait(r->model, r->dp, r->tpw);
+    nb_status zs = r->zero ? nb_zero_scatter_optim_state(r->zero) : NB_OK; /* back to shards */
+    return st != NB_OK ? st : zs;
 }
 
 /* --tp --save at the end: with --async-save 1 the last save's index once every rank's file
@@ -1110,7 +1121,7 @@ static int run_pipe(const args *a) {
         .beta2 = a->beta2, .schedule = a->schedule, .warmup = a->warmup,
         .decay_steps = a->decay_steps, .min_lr = a->min_lr, .save = a->save,
         .resume = a->resume, .save_every = a->save_every, .keep = a->keep,
-        .async_save = a->async_save, .seed = a->seed, .threads = a->threads};
+        .async_save = a->async_save, .seed = a->seed, .threads = a->threads, .zero = a->zero};
     nb_tensor *text = a->data ? nb_read_bytes(a->data) : read_kjv();
     int rc = gpt_pipe_train(&p, text);
     nb_tensor_free(text);

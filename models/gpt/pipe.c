@@ -28,12 +28,17 @@
 
 /* A checkpoint of step: --save itself or its step's member of the series (--keep), written
  * now or (w) handed to the background writers. Collective. */
-static nb_status save_at(nb_gpt_pipe *pipe, nb_optim *opt, nb_checkpoint_writer *w,
+static nb_status save_at(nb_gpt_pipe *pipe, nb_optim *opt, nb_zero *z, nb_checkpoint_writer *w,
                          const gpt_pipe_args *a, int64_t step) {
     int keep = (int)a->keep;
-    if (w) return nb_gpt_pipe_save_async(pipe, opt, w, a->save, keep, step);
-    return keep > 0 ? nb_gpt_pipe_save_keep(pipe, opt, a->save, keep, step)
-                    : nb_gpt_pipe_save(pipe, opt, a->save, step);
+    /* --zero: the whole optimizer state in opt for the save (the files of a run without it) */
+    nb_status st = z ? nb_zero_gather_optim_state(z) : NB_OK;
+    if (st == NB_OK)
+        st = w ? nb_gpt_pipe_save_async(pipe, opt, w, a->save, keep, step)
+             : keep > 0 ? nb_gpt_pipe_save_keep(pipe, opt, a->save, keep, step)
+                        : nb_gpt_pipe_save(pipe, opt, a->save, step);
+    nb_status zs = z ? nb_zero_scatter_optim_state(z) : NB_OK; /* back to the shards */
+    return st != NB_OK ? st : zs;
 }
 
 int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
@@ -49,6 +54,7 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
     nb_comm *pp = NULL, *dp = NULL;
     nb_gpt_pipe *pipe = NULL;
     nb_optim *opt = NULL;
+    nb_zero *zero = NULL;
     nb_sched *sched = NULL;
     nb_params decay = {0}, no_decay = {0};
     nb_generator *init = NULL, *batch_gen = NULL, *drop_gen = NULL;
@@ -121,6 +127,13 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         fprintf(stderr, "gpt: rank %d: %s\n", rank, nb_last_error());
         goto done;
     }
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = (int)a->zero;
+    if (a->zero && (!(zero = nb_zero_new(stage, opt, dp, &zo)) ||
+                    nb_gpt_pipe_set_zero(pipe, zero) != NB_OK)) {
+        fprintf(stderr, "gpt: rank %d: --zero: %s\n", rank, nb_last_error());
+        goto done;
+    }
     int64_t step = 0;
     char auto_path[4400];
     const char *resume; /* --resume auto: the newest complete checkpoint of --save, if any */
@@ -128,7 +141,8 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
                          &resume))
         goto done;
     if (resume) {
-        if (nb_gpt_pipe_load(pipe, opt, resume, &step) != NB_OK) {
+        if (nb_gpt_pipe_load(pipe, opt, resume, &step) != NB_OK ||
+            (zero && nb_zero_scatter_optim_state(zero) != NB_OK)) {
             SAY(rank, "--resume %s: %s\n", resume, nb_last_error());
             goto done;
         }
@@ -189,7 +203,7 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
             goto done;
         }
         if (a->save && (stop || (a->save_every > 0 && (step + 1) % a->save_every == 0))) {
-            if (save_at(pipe, opt, w, a, step + 1) != NB_OK) {
+            if (save_at(pipe, opt, zero, w, a, step + 1) != NB_OK) {
                 fprintf(stderr, "gpt: rank %d: --save %s: %s\n", rank, a->save, nb_last_error());
                 goto done;
             }
@@ -207,7 +221,7 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
     }
     if (a->save) { /* the last step's checkpoint, complete (the index after every file) */
         char dir[4400], model[4500];
-        nb_status st = saved == step ? NB_OK : save_at(pipe, opt, w, a, step);
+        nb_status st = saved == step ? NB_OK : save_at(pipe, opt, zero, w, a, step);
         if (st == NB_OK && w) st = nb_gpt_pipe_save_wait(pipe, w);
         if (st == NB_OK && a->keep > 0) st = nb_checkpoint_path(a->save, step, dir, sizeof dir);
         else snprintf(dir, sizeof dir, "%s", a->save);
@@ -228,6 +242,8 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
     nb_allreduce(world, mx, NB_REDUCE_MAX);
     double stage_params = nb_item_f64(mx);
     nb_scope_end();
+    double state_mib[4]; /* this rank's model state (parameters, gradients, optimizer) */
+    nbm_model_state_mib(zero, opt, stage, state_mib);
     const int64_t ran = step - first;
     if (rank == 0) {
         double med = nb_median(times, ran);
@@ -248,6 +264,8 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
                      3);
         nb_jsonl_int(out, "peak_live_microbatches", peak);
         nb_jsonl_num(out, "stage_params_max", stage_params, 0);
+        nb_jsonl_int(out, "zero", a->zero);
+        nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
         nb_jsonl_num(out, "step_ms_median", ran ? med * 1e3 : 0.0, 2);
         nb_jsonl_num(out, "tokens_per_s", ran ? (double)(B * T) / med : 0.0, 1);
         if (w) { /* the training time the background saves cost (snapshots, waits) */
@@ -266,6 +284,7 @@ done:
         fprintf(stderr, "gpt: rank %d: %s\n", rank, nb_last_error());
         rc = 1;
     }
+    nb_zero_free(zero); /* before the optimizer and the pipeline */
     free(times);
     nb_tensor_free(X);
     nb_tensor_free(Y);

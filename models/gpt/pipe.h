@@ -23,6 +23,7 @@ typedef struct gpt_pipe_args {
     int64_t async_save;          /* 1: stage files written in the background */
     uint64_t seed;
     int64_t threads;
+    int64_t zero;                /* 1 or 2: ZeRO over each stage's data-parallel group */
 } gpt_pipe_args;
 
 /* Train on text (U8 tokens, borrowed; NULL: report that it could not be read, on rank 0).
