@@ -1129,34 +1129,33 @@ nb_status nb_zero_gather_optim_state(nb_zero *z) {
     const int64_t N = nb_numel(z->flat_p);
     const nb_dtype wdt = nb__opt_work_dtype(z->dtype);
     nb_state_list l = {0};
-    /* per parameter: has state (on some rank), and its step count */
-    double *flags = calloc((size_t)z->np * 2 + 1, sizeof *flags);
+    /* per parameter (on some rank): has state, its step count, and which slots it has
+     * (flags[(2 + sl) np + i]; a slot can be unused in some groups) */
+    const int64_t nf = (int64_t)(2 + nslot) * z->np;
+    double *flags = calloc((size_t)nf + 1, sizeof *flags);
     nb_status s = flags ? NB_OK : nb__error(NB_ENOMEM, "%s: out of memory", who);
     for (int j = 0; j < z->npieces && s == NB_OK; j++) {
         int q = inner_index(z, j);
         const nb__oparam *op = q >= 0 ? &z->inner->params[q] : NULL;
         if (!op || !op->has_state) continue;
-        flags[z->piece_param[j]] = 1;
-        if ((double)op->step > flags[z->np + z->piece_param[j]])
-            flags[z->np + z->piece_param[j]] = (double)op->step;
+        const int i = z->piece_param[j];
+        flags[i] = 1;
+        if ((double)op->step > flags[z->np + i]) flags[z->np + i] = (double)op->step;
+        for (int sl = 0; sl < nslot; sl++)
+            if (sl < k->nslots ? op->slot[sl] != NULL : op->master != NULL)
+                flags[(2 + sl) * z->np + i] = 1;
     }
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    nb_tensor *ft = s == NB_OK ? nb_from_buffer(flags, (int64_t[]){2 * (int64_t)z->np}, 1, NB_F64) : NULL;
+    nb_tensor *ft = s == NB_OK ? nb_from_buffer(flags, (int64_t[]){nf}, 1, NB_F64) : NULL;
     if (s == NB_OK && !ft) s = nb_last_status();
     if (s == NB_OK && z->size > 1) s = nb_allreduce(z->c, ft, NB_REDUCE_MAX);
-    if (s == NB_OK) memcpy(flags, nb_data(ft), sizeof *flags * 2 * (size_t)z->np);
+    if (s == NB_OK) memcpy(flags, nb_data(ft), sizeof *flags * (size_t)nf);
     for (int sl = 0; sl < nslot && s == NB_OK; sl++) {
-        double any = 0; /* some rank holds this slot */
-        for (int j = 0; j < z->npieces; j++) {
-            int q = inner_index(z, j);
-            const nb__oparam *op = q >= 0 ? &z->inner->params[q] : NULL;
-            if (op && op->has_state && (sl < k->nslots ? op->slot[sl] : op->master)) any = 1;
-        }
-        nb_tensor *at = nb_from_buffer(&any, (int64_t[]){1}, 1, NB_F64);
-        s = at ? (z->size > 1 ? nb_allreduce(z->c, at, NB_REDUCE_MAX) : NB_OK) : nb_last_status();
-        if (s != NB_OK) break;
-        if (!(*(const double *)nb_data(at) > 0)) continue;
+        const double *has = flags + (size_t)(2 + sl) * (size_t)z->np;
+        bool any = false; /* some rank holds this slot (the same answer on every rank) */
+        for (int i = 0; i < z->np; i++) any = any || has[i] > 0;
+        if (!any) continue;
         nb_tensor *flat = nb_zeros_on(z->dev, (int64_t[]){N}, 1, wdt);
         if (!flat) s = nb_last_status();
         for (int j = 0; j < z->npieces && s == NB_OK; j++) {
@@ -1172,7 +1171,7 @@ nb_status nb_zero_gather_optim_state(nb_zero *z) {
         }
         if (s == NB_OK && z->size > 1) s = nb_allreduce(z->c, flat, NB_REDUCE_SUM);
         for (int i = 0; i < z->np && s == NB_OK; i++) {
-            if (!(flags[i] > 0)) continue;
+            if (!(flags[i] > 0) || !(has[i] > 0)) continue;
             nb_tensor *w = nb_narrow(flat, 0, z->p[i].off, z->p[i].n);
             w = w ? nb_view(w, z->p[i].t->shape, z->p[i].t->ndim) : NULL;
             char *name = state_name(sl < k->nslots ? k->slot_names[sl] : "master", mp->names[i]);

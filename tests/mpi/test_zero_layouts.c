@@ -290,6 +290,94 @@ START_TEST(test_tp_zero_checkpoint) {
 }
 END_TEST
 
+/* SGD, momentum 0.9 on the decay group and none on the other (a slot some parameters do
+ * not have): 2 steps of the plain GPT under ZeRO over the world, then the gathered state in
+ * the template equals 1 process's entry for entry, and scattering it back changes nothing
+ * (a third step still follows 1 process). */
+static nb_optim *sgd_groups(nb_module *m, nb_params *decay, nb_params *no_decay) {
+    nb_params_split_decay(nb_parameters(m), decay, no_decay);
+    nb_optim *o = nb_sgd_new(decay, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    nb_group_opts go = nb_group_defaults();
+    go.momentum = 0;
+    if (o && nb_optim_add_group(o, no_decay, &go) < 0) {
+        nb_optim_free(o);
+        o = NULL;
+    }
+    return o;
+}
+
+static void gpt_steps(nb_module *m, nb_optim *opt, nb_zero *z, int k0, int k1) {
+    const int n = z ? mt_size : 1, r = z ? mt_rank : 0;
+    for (int k = k0; k < k1; k++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(k, r * (GB / n), GB / n, &x, &y);
+        double loss = nb_gpt_train_step_ex(m, opt, &x, &y, 1,
+                                           &(nb_gpt_step_opts){.zero = z, .grad_clip = CLIP}, NULL);
+        MT_CHECK(isfinite(loss), "step %d: %s", k, nb_last_error());
+        nb_scope_end();
+    }
+}
+
+START_TEST(test_zero_gather_optim_state) {
+    if (GB % mt_size) {
+        MT_END();
+        return;
+    }
+    nb_generator *g = nb_generator_new(11);
+    nb_module *ref = nb_gpt_new(&gcfg, g);
+    nb_generator_free(g);
+    nb_params rd = {0}, rn = {0};
+    nb_optim *ropt = sgd_groups(ref, &rd, &rn);
+    gpt_steps(ref, ropt, NULL, 0, 2);
+    for (int stage = 1; stage <= 2; stage++) {
+        g = nb_generator_new(11);
+        nb_module *m = nb_gpt_new(&gcfg, g);
+        nb_generator_free(g);
+        nb_params d = {0}, nd = {0};
+        nb_optim *opt = sgd_groups(m, &d, &nd);
+        nb_zero_opts zo = nb_zero_defaults();
+        zo.stage = stage;
+        zo.bucket_mb = 0.004;
+        nb_zero *z = opt ? nb_zero_new(m, opt, mt_world, &zo) : NULL;
+        MT_CHECK(z, "stage %d: %s", stage, nb_last_error());
+        if (z) {
+            gpt_steps(m, opt, z, 0, 2);
+            MT_OK(nb_zero_gather_optim_state(z));
+            const nb_params *want = nb_optim_state(ropt), *got = nb_optim_state(opt);
+            MT_CHECK(want && got && want->count == got->count, "stage %d: %d entries, 1 process %d",
+                     stage, got ? got->count : -1, want ? want->count : -1);
+            for (int i = 0; want && got && i < want->count && i < got->count; i++) {
+                char what[200];
+                snprintf(what, sizeof what, "stage %d: %s (got %s)", stage, want->names[i],
+                         got->names[i]);
+                MT_CHECK(!strcmp(want->names[i], got->names[i]), "%s: another name", what);
+                EXPECT_CLOSE(got->tensors[i], want->tensors[i], 1e-5, what);
+            }
+            nb_optim_state_release(opt);
+            nb_optim_state_release(ropt);
+            MT_OK(nb_zero_scatter_optim_state(z));
+            const nb_params *left = nb_optim_state(opt); /* the template's copy is gone */
+            int slots = 0;
+            for (int i = 0; left && i < left->count; i++)
+                slots += strncmp(left->names[i], "param_groups.", 13) != 0;
+            MT_CHECK(left && slots == 0, "stage %d: the template keeps %d state entries", stage, slots);
+            nb_optim_state_release(opt);
+        }
+        nb_zero_free(z);
+        nb_optim_free(opt);
+        nb_params_deinit(&d);
+        nb_params_deinit(&nd);
+        nb_module_free(m);
+    }
+    nb_optim_free(ropt);
+    nb_params_deinit(&rd);
+    nb_params_deinit(&rn);
+    nb_module_free(ref);
+    MT_END();
+}
+END_TEST
+
 /* ---- pipeline ------------------------------------------------------------------------------- */
 typedef struct ppl {
     nb_comm *pp, *dp;
@@ -431,6 +519,7 @@ Suite *mt_suite_zero_layouts(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_tp_zero_equivalence);
     tcase_add_test(tc, test_tp_zero_checkpoint);
+    tcase_add_test(tc, test_zero_gather_optim_state);
     tcase_add_test(tc, test_pipe_zero_equivalence);
     tcase_add_test(tc, test_pipe_zero_checkpoint);
     suite_add_tcase(s, tc);
