@@ -513,6 +513,66 @@ START_TEST(test_pipe_zero_checkpoint) {
 }
 END_TEST
 
+/* Misuse gives errors, the same on every rank, changing nothing: an nb_ddp and an nb_zero
+ * together, ZeRO stage 3 with TP or a pipeline, gathering stage 3's state. */
+START_TEST(test_zero_layouts_errors) {
+    nb_topology *topo = nb_topology_new(mt_world, &(nb_topology_opts){.pp = 1, .tp = mt_size});
+    nb_generator *g = nb_generator_new(11);
+    nb_module *m = nb_gpt_tp_new(&gcfg, g, nb_topology_tp(topo), NULL);
+    nb_generator_free(g);
+    nb_optim *opt = adamw(m);
+    nb_comm *self = nb_comm_self();
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = 1;
+    nb_zero *z = nb_zero_new(m, opt, self, &zo);
+    nb_module *other = nb_gpt_new(&gcfg, NULL);
+    nb_ddp *ddp = nb_ddp_new(other, self, NULL); /* any: the pair is refused first */
+    nb_scope_begin();
+    nb_tensor *x, *y;
+    batch(0, 0, 2, &x, &y);
+    nb_gpt_tp_step_opts so = {.ddp = ddp, .zero = z};
+    double l = nb_gpt_tp_train_step_ex(m, opt, &so, &x, &y, 1, CLIP, NULL);
+    MT_CHECK(isnan(l) && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "not both"),
+             "ddp and zero: %g %s", l, nb_last_error());
+    nb_clear_error();
+    nb_scope_end();
+    nb_zero_free(z);
+    /* stage 3 */
+    zo.stage = 3;
+    nb_module *plain = nb_gpt_new(&gcfg, NULL);
+    nb_optim *popt = adamw(plain);
+    nb_zero *z3 = nb_zero_new(plain, popt, self, &zo);
+    MT_CHECK(z3, "stage 3: %s", nb_last_error());
+    if (z3) {
+        MT_CHECK(nb_zero_gather_optim_state(z3) == NB_EINVAL && strstr(nb_last_error(), "stage 3"),
+                 "gather at stage 3: %s", nb_last_error());
+        MT_CHECK(nb_zero_scatter_optim_state(z3) == NB_EINVAL, "scatter at stage 3: %s",
+                 nb_last_error());
+        nb_scope_begin();
+        so = (nb_gpt_tp_step_opts){.zero = z3};
+        l = nb_gpt_tp_train_step_ex(m, opt, &so, &x, &y, 1, CLIP, NULL);
+        MT_CHECK(isnan(l) && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "stage 3"),
+                 "TP with stage 3: %g %s", l, nb_last_error());
+        nb_scope_end();
+        nb_gpt_pipe *pipe = nb_gpt_pipe_new(&gcfg, NULL, self, NULL, NULL);
+        MT_CHECK(pipe && nb_gpt_pipe_set_zero(pipe, z3) == NB_EINVAL &&
+                     strstr(nb_last_error(), "stage 3"), "pipeline with stage 3: %s", nb_last_error());
+        nb_gpt_pipe_free(pipe);
+        nb_clear_error();
+    }
+    nb_zero_free(z3);
+    nb_optim_free(popt);
+    nb_module_free(plain);
+    nb_ddp_free(ddp);
+    nb_module_free(other);
+    nb_optim_free(opt);
+    nb_module_free(m);
+    nb_comm_free(self);
+    nb_topology_free(topo);
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_zero_layouts(void) {
     Suite *s = suite_create("zero_layouts");
     TCase *tc = tcase_create("zero_layouts");
@@ -522,6 +582,7 @@ Suite *mt_suite_zero_layouts(void) {
     tcase_add_test(tc, test_zero_gather_optim_state);
     tcase_add_test(tc, test_pipe_zero_equivalence);
     tcase_add_test(tc, test_pipe_zero_checkpoint);
+    tcase_add_test(tc, test_zero_layouts_errors);
     suite_add_tcase(s, tc);
     return s;
 }
