@@ -22,6 +22,9 @@ struct nb_gpt_pipe {
     nb_gpt_config cfg;         /* resolved; the blocks borrow it */
     nb_gpt_pipe_opts o;
     nb_comm *pp, *dp, *embed;  /* embed: first and last rank (p > 1), else NULL */
+    nb_comm *tp;               /* the stage's tensor-parallel group (size > 1), else NULL */
+    nb__gpt_tp *tps;           /* its settings (tp given), which the TP blocks borrow */
+    int tp_size, tp_rank;
     int p, r, v, S;
     int64_t *bounds;           /* S + 1 */
     nb_module *root;           /* "transformer" -> wte, wpe, h.<i>, ln_f */
@@ -64,6 +67,7 @@ const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages) {
 void nb_gpt_pipe_free(nb_gpt_pipe *p) {
     if (!p) return;
     nb_module_free(p->root);
+    free(p->tps); /* after the blocks that borrow it */
     nb_comm_free(p->embed);
     free(p->blocks);
     free(p->bounds);
@@ -168,9 +172,10 @@ static bool check_layout(const nb_gpt_config *c, const nb_gpt_pipe_opts *o, int 
 /* A parameter: a new N(0, std) tensor drawn from init, added to m when keep, else dropped
  * (the draws are made either way, so later tensors get nb_gpt_new's values). */
 static bool draw_param(nb_module *m, bool keep, const char *name, const int64_t *shape,
-                       double std, nb_generator *init) {
+                       double std, nb_generator *init, const nb__gpt_tp *tps, const char *full) {
     nb_scope_begin();
     nb_tensor *t = nb_normal(shape, 2, NB_F32, 0.0, std, init);
+    if (t && keep && tps && nb__gpt_tp_sharded(full)) t = nb__gpt_tp_slice(tps, full, t);
     bool ok = t != NULL;
     if (ok && keep) ok = nb_module_add_parameter(m, name, t) != NULL; /* adopts it from the scope */
     nb_scope_end();
@@ -203,6 +208,16 @@ nb_gpt_pipe *nb_gpt_pipe_new(const nb_gpt_config *cfg, nb_generator *init, nb_co
         return NULL;
     }
     p->o.boundaries = NULL; /* copied into bounds */
+    p->tp_size = p->o.tp ? nb_comm_size(p->o.tp) : 1;
+    p->tp_rank = p->o.tp ? nb_comm_rank(p->o.tp) : 0;
+    if (p->tp_size > 1) { /* n_head and vocab_size checked here, before any communication */
+        p->tp = p->o.tp;
+        if (!(p->tps = nb__gpt_tp_new(&p->cfg, p->tp, p->o.sequence_parallel))) {
+            nb_gpt_pipe_free(p);
+            return NULL;
+        }
+    }
+    p->o.sequence_parallel = p->o.sequence_parallel && p->tps;
     const nb_gpt_config *c = &p->cfg;
     const bool first = p->r == 0, last = p->r == p->p - 1;
     p->blocks = calloc((size_t)c->n_layer, sizeof *p->blocks);
@@ -216,9 +231,9 @@ nb_gpt_pipe *nb_gpt_pipe_new(const nb_gpt_config *cfg, nb_generator *init, nb_co
     if (ok && first) ok = (wpe = nb_module_add_child(tr, "wpe", nb_module_new(&emb_vt, NULL)));
     ok = ok && (h = nb_module_add_child(tr, "h", nb_module_new(&dict_vt, NULL)));
     ok = ok && draw_param(wte, wte != NULL, "weight", (int64_t[]){c->vocab_size, c->n_embd}, 0.02,
-                          init);
+                          init, p->tps, "transformer.wte.weight");
     ok = ok && draw_param(wpe, wpe != NULL, "weight", (int64_t[]){c->block_size, c->n_embd}, 0.02,
-                          init);
+                          init, p->tps, "transformer.wpe.weight");
     for (int s = 0; ok && s < p->S; s++) {
         const bool mine = s % p->p == p->r;
         for (int64_t i = p->bounds[s]; ok && i < p->bounds[s + 1]; i++) {
@@ -228,7 +243,12 @@ nb_gpt_pipe *nb_gpt_pipe_new(const nb_gpt_config *cfg, nb_generator *init, nb_co
             } else if (mine) {
                 char name[32];
                 snprintf(name, sizeof name, "%lld", (long long)i);
-                ok = (p->blocks[i] = nb_module_add_child(h, name, b)) != NULL;
+                if (p->tps) { /* this rank's slices of the block */
+                    nb_module *full = b;
+                    b = nb__gpt_tp_block(p->tps, full);
+                    nb_module_free(full);
+                }
+                ok = b && (p->blocks[i] = nb_module_add_child(h, name, b)) != NULL;
             } else {
                 nb_module_free(b);
             }
@@ -283,7 +303,11 @@ static nb_status count_dropout_draws(nb_gpt_pipe *p, int64_t b, int64_t T) {
     nb_status st = z && nb_dropout(z, p->cfg.dropout, true, p->drop) ? NB_OK : nb_last_status();
     p->d_emb = nb_generator_offset(p->drop) - base;
     nb_generator_set_offset(p->drop, base);
-    if (st == NB_OK && !nb_forward(blk, z)) st = nb_last_status();
+    /* a TP block (collective over tp) draws what the 1-rank block draws; with sequence
+     * parallelism it takes this rank's (b, T/tp, C) shard */
+    if (st == NB_OK && p->o.sequence_parallel)
+        z = nb_zeros((int64_t[]){b, T / p->tp_size, p->cfg.n_embd}, 3, NB_F32);
+    if (st == NB_OK && !(z && nb_forward(blk, z))) st = nb_last_status();
     p->d_blk = nb_generator_offset(p->drop) - base;
     nb_generator_set_offset(p->drop, base);
     nb_scope_end();
@@ -297,7 +321,9 @@ static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
     const int s = chunk * p->p + p->r;
     if (p->drop) set_dropout_offset(p, s, micro);
     nb_tensor *x = input;
-    if (s == 0) {
+    if (s == 0 && p->tps) {
+        x = nb__gpt_tp_embed(p->tps, p->root, p->wte, p->wpe, p->mx[micro]);
+    } else if (s == 0) {
         nb_tensor *idx = p->mx[micro];
         x = nb_add(nb_embedding(p->wte, idx), nb_narrow(p->wpe, 0, 0, nb_size(idx, 1)));
         x = stage_dropout(p, x);
@@ -305,9 +331,34 @@ static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
     for (int64_t i = p->bounds[s]; x && i < p->bounds[s + 1]; i++) x = nb_forward(p->blocks[i], x);
     if (s < p->S - 1) return x;
     x = nb_forward(p->ln_f, x);
+    if (p->tps) return x ? nb__gpt_tp_head_loss(p->tps, x, p->wte, p->my[micro]) : NULL;
     nb_tensor *logits = nb_linear(x, p->wte, NULL); /* the tied head */
     return nb_cross_entropy(nb_view(logits, (int64_t[]){-1, p->cfg.vocab_size}, 2),
                             nb_reshape(p->my[micro], (int64_t[]){-1}, 1), NULL);
+}
+
+nb_status nb_gpt_pipe_gather(nb_gpt_pipe *p, nb_module *full) {
+    if (!p || !nb_gpt_get_config(full))
+        return nb_set_error(NB_EINVAL, "nb_gpt_pipe_gather: needs a pipeline and a GPT made by "
+                            "nb_gpt_new");
+    const nb_params *ps = nb_parameters(p->root);
+    nb_status st = NB_OK;
+    bool prev = nb_set_grad_enabled(false);
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        nb_tensor *dst = nb_module_find(full, ps->names[i]);
+        nb_scope_begin(); /* every rank of tp gathers, whatever dst */
+        nb_tensor *w = p->tps ? nb__gpt_tp_whole(p->tps, ps->names[i], ps->tensors[i])
+                              : ps->tensors[i];
+        if (!w) st = nb_last_status();
+        else if (!dst || nb_numel(dst) != nb_numel(w))
+            st = nb_set_error(NB_EINVAL, "nb_gpt_pipe_gather: the GPT has no parameter %s of "
+                              "%lld elements (another config?)", ps->names[i], (long long)nb_numel(w));
+        else
+            st = nb_copy_(dst, w);
+        nb_scope_end();
+    }
+    nb_set_grad_enabled(prev);
+    return st;
 }
 
 /* ---- the step -------------------------------------------------------------------------------- */
@@ -318,6 +369,8 @@ static nb_status local_sq(const nb_gpt_pipe *p, const nb_params *ps, double *out
     for (int i = 0; st == NB_OK && i < ps->count; i++) {
         nb_tensor *g = nb_grad(ps->tensors[i]);
         if (!g || (ps->tensors[i] == p->wte && p->r != 0)) continue;
+        /* over tp: the slices on every rank, the replicated tensors once (on tp rank 0) */
+        if (p->tp_rank != 0 && !nb__gpt_tp_sharded(ps->names[i])) continue;
         int64_t n = nb_numel(g);
         double *buf = malloc(sizeof *buf * (size_t)(n ? n : 1));
         if (!buf) return nb_set_error(NB_ENOMEM, "nb_gpt_pipe_train_step: out of memory");
@@ -366,6 +419,12 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
                      "1..block_size (%lld)", (long long)T, (long long)p->cfg.block_size);
         return NAN;
     }
+    if (p->o.sequence_parallel && T % p->tp_size) {
+        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: with sequence parallelism the sequence "
+                     "length (%lld) must divide by the tensor-parallel size (%d)", (long long)T,
+                     p->tp_size);
+        return NAN;
+    }
     nb_status st = nb_zero_grad(opt);
     if (st != NB_OK) return NAN;
     const int64_t b = B / m;
@@ -382,7 +441,7 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
         p->mx[i] = nb_narrow(x, 0, i * b, b);
         p->my[i] = nb_narrow(y, 0, i * b, b);
     }
-    const int64_t act[3] = {b, T, p->cfg.n_embd};
+    const int64_t act[3] = {b, p->o.sequence_parallel ? T / p->tp_size : T, p->cfg.n_embd};
     nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
                        .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32};
     double loss = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
@@ -394,7 +453,13 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
 
     const double t0 = nb_time_s();
     const nb_params *ps = nb_parameters(p->root);
-    /* The tied embedding: both copies get the sum of the input and the head gradients. */
+    /* Sequence parallel: the replicated parameters' gradients are partial sums over tp. */
+    for (int i = 0; p->o.sequence_parallel && st == NB_OK && i < ps->count; i++) {
+        nb_tensor *g = nb_grad(ps->tensors[i]);
+        if (g && !nb__gpt_tp_sharded(ps->names[i])) st = nb_allreduce(p->tp, g, NB_REDUCE_SUM);
+    }
+    /* The tied embedding: both copies get the sum of the input and the head gradients (the
+     * embedding group joins the first and last stage ranks of the same tp rank). */
     if (p->embed && (p->r == 0 || p->r == p->p - 1))
         st = allreduce_grads(p->embed, ps, p->wte, NB_REDUCE_SUM);
     if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1)
@@ -405,6 +470,7 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
         nb_scope_begin();
         nb_tensor *t = nb_from_buffer(v2, (int64_t[]){2}, 1, NB_F64);
         st = t ? nb_allreduce(p->pp, t, NB_REDUCE_SUM) : nb_last_status(); /* sq over stages */
+        if (st == NB_OK && p->tp) st = nb_allreduce(p->tp, t, NB_REDUCE_SUM); /* and over tp */
         if (st == NB_OK) st = nb_read(t, v2, 2, NB_F64);
         nb_scope_end();
         v2[1] = loss; /* the pipeline's loss is already the same on its ranks */
