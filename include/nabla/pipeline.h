@@ -202,9 +202,17 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
  * its parameters' values and optimizer state by name from whichever file holds them (the
  * parameter groups from stage 0's file), so opt must be of the kind and groups that saved.
  * *step (may be NULL) gets the saved step. Both are collective over pp and dp: every rank
- * gets an error if one fails, and nothing is loaded on a rank whose checks failed.
+ * gets an error if one fails, and nothing is loaded on a rank whose checks failed (with
+ * tp, collective over it too).
+ * With tensor-parallel stages (tp size T > 1) each stage is T files,
+ * stage-<id>-<r>-of-<P>-tp-<t>-of-<T>.safetensors, holding tp rank t's slices under the full
+ * names (written by every tp rank of data-parallel rank 0), and the index says "pipe_tp" = T
+ * and names them "stage.<r>.<t>"; the loader assembles each split tensor (and its optimizer
+ * state) from the T slices and takes its own slice, so any (dp, tp, pp) layout, or one
+ * process, loads any other's checkpoint.
  * nb_gpt_pipe_consolidate writes the model of such a directory as one plain file under the
- * nanoGPT names (each tensor once), which nb_gpt_load and PyTorch read. Local. */
+ * nanoGPT names (each tensor once, slices assembled), which nb_gpt_load and PyTorch read.
+ * Local. */
 nb_status nb_gpt_pipe_save(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t step);
 /* Series, flash saves. A save writes each stage's file under a name fresh per save
  * (stage-<id>-<r>-of-<P>.safetensors, an nb_checkpoint file) and the index names them, so

@@ -212,6 +212,207 @@ START_TEST(test_3d_bad_layouts) {
 }
 END_TEST
 
+/* ---- checkpoints across layouts ------------------------------------------------------------ */
+typedef struct trainer {
+    nb_topology *topo;
+    nb_generator *drop;
+    nb_gpt_pipe *pipe;
+    nb_optim *opt;
+} trainer;
+
+#define CK_DROPOUT 0.1
+
+static nb_optim *sgd(const nb_params *ps) {
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.05;
+    so.momentum = 0.9;
+    so.weight_decay = 0.01;
+    return nb_sgd_new(ps, &so);
+}
+
+/* A pipeline of tp x pp over base (dp the rest), with dropout; collective over base. */
+static bool trainer_new(trainer *t, nb_comm *base, int tp, int pp, nb_pipe_schedule sched,
+                        bool sp) {
+    *t = (trainer){0};
+    nb_topology_opts to = nb_topology_defaults();
+    to.tp = tp;
+    to.pp = pp;
+    t->topo = nb_topology_new(base, &to);
+    t->drop = nb_generator_new(3);
+    nb_gpt_config c = cfg;
+    c.dropout = CK_DROPOUT;
+    c.dropout_gen = t->drop;
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.schedule = sched;
+    po.n_micro = MICRO;
+    po.virtual_stages = sched == NB_PIPE_INTERLEAVED ? 2 : 1;
+    po.tp = t->topo ? nb_topology_tp(t->topo) : NULL;
+    po.sequence_parallel = sp;
+    nb_generator *g = nb_generator_new(11);
+    t->pipe = t->topo ? nb_gpt_pipe_new(&c, g, nb_topology_pp(t->topo), nb_topology_dp(t->topo), &po)
+                      : NULL;
+    nb_generator_free(g);
+    t->opt = t->pipe ? sgd(nb_parameters(nb_gpt_pipe_module(t->pipe))) : NULL;
+    MT_CHECK(t->opt, "trainer with tp %d pp %d: %s", tp, pp, nb_last_error());
+    return t->opt != NULL;
+}
+
+static void trainer_free(trainer *t) {
+    nb_optim_free(t->opt);
+    nb_gpt_pipe_free(t->pipe);
+    nb_generator_free(t->drop);
+    nb_topology_free(t->topo);
+}
+
+#define GLOBAL (4 * MICRO * MB) /* the global batch, whatever the layout */
+
+/* Step `step`'s global batch (the same whatever the layout). */
+static void batch(int step, nb_tensor **X, nb_tensor **Y) {
+    nb_generator *data = nb_generator_new(100 + (uint64_t)step);
+    *X = nb_randint((int64_t[]){GLOBAL, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+    *Y = nb_randint((int64_t[]){GLOBAL, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+    nb_generator_free(data);
+}
+
+static void train_steps(trainer *t, int from, int to, double *losses) {
+    nb_comm *dp = nb_topology_dp(t->topo);
+    const int64_t B = GLOBAL / nb_comm_size(dp), d = nb_comm_rank(dp);
+    for (int step = from; step < to; step++) { /* every rank, every step */
+        nb_scope_begin();
+        nb_tensor *X, *Y;
+        batch(step, &X, &Y);
+        losses[step] = nb_gpt_pipe_train_step(t->pipe, t->opt, nb_narrow(X, 0, d * B, B),
+                                              nb_narrow(Y, 0, d * B, B), 1.0, NULL, NULL);
+        MT_CHECK(!isnan(losses[step]), "step %d: %s", step, nb_last_error());
+        nb_scope_end();
+    }
+}
+
+/* A fresh directory made by rank 0, its name on every rank. */
+static void shared_tmpdir(char dir[64]) {
+    memset(dir, 0, 64);
+    nb_scope_begin();
+    nb_tensor *name = nb_zeros((int64_t[]){64}, 1, NB_U8);
+    if (mt_rank == 0) {
+        char tmpl[] = "/tmp/nb-3d-ckpt-XXXXXX";
+        MT_CHECK(mkdtemp(tmpl) != NULL, "mkdtemp failed");
+        memcpy(nb_data(name), tmpl, strlen(tmpl));
+    }
+    MT_OK(nb_broadcast(mt_world, name, 0));
+    memcpy(dir, nb_data(name), 63);
+    nb_scope_end();
+}
+
+static void remove_dir(const char *dir) {
+    if (mt_rank != 0) return;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char path[384];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        remove(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+/* Saved at tp 2 x pp 2 (on 4 ranks; tp 2 on 2; 1 process on 1), with sequence parallelism
+ * and dropout, once synchronously and once asynchronously; resumed at tp 1 x pp = world, in
+ * one process, and (from the asynchronous save) in the saving layout with the interleaved
+ * schedule, with the continued losses of the straight run; the consolidated file is the 1-process
+ * model of that step (weights to 1e-5, the same greedy sample). */
+START_TEST(test_3d_checkpoint_layouts) {
+    enum { K = 2 };
+    double straight[2 * K] = {0}, resumed[2 * K] = {0};
+    char dir[64], adir[64];
+    shared_tmpdir(dir);
+    shared_tmpdir(adir);
+    const int tp = mt_size >= 2 ? 2 : 1, pp = mt_size >= 4 ? 2 : 1;
+    trainer t;
+    nb_checkpoint_writer *w = nb_checkpoint_writer_new(NULL);
+    MT_CHECK(w, "writer: %s", nb_last_error());
+    if (trainer_new(&t, mt_world, tp, pp, NB_PIPE_1F1B, tp > 1) && w) {
+        train_steps(&t, 0, K, straight);
+        MT_OK(nb_gpt_pipe_save(t.pipe, t.opt, dir, K));
+        MT_OK(nb_gpt_pipe_save_async(t.pipe, t.opt, w, adir, 0, K));
+        train_steps(&t, K, 2 * K, straight); /* the write goes on meanwhile */
+        MT_OK(nb_gpt_pipe_save_wait(t.pipe, w));
+    }
+    trainer_free(&t);
+    MT_OK(nb_checkpoint_writer_free(w));
+    nb_comm *self = nb_comm_self();
+    nb_comm *bases[3] = {mt_world, self, mt_world};
+    const char *dirs[3] = {dir, adir, adir};
+    /* dp stays 1 (dropout masks are per micro-batch, whose size dp would change) */
+    const int pps[3] = {mt_size, 1, pp}, tps[3] = {1, 1, tp};
+    const nb_pipe_schedule scheds[3] = {NB_PIPE_GPIPE, NB_PIPE_1F1B, NB_PIPE_INTERLEAVED};
+    for (int k = 0; k < 3; k++) { /* collective: every rank, whatever it recorded */
+        if (pps[k] * 2 > cfg.n_layer && scheds[k] == NB_PIPE_INTERLEAVED) continue;
+        if (trainer_new(&t, bases[k], tps[k], pps[k], scheds[k], false)) {
+            int64_t step = -1;
+            MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dirs[k], &step));
+            MT_CHECK(step == K, "resumed at step %lld", (long long)step);
+            train_steps(&t, K, 2 * K, resumed);
+            for (int s = K; s < 2 * K; s++)
+                MT_CHECK(rel_diff(resumed[s], straight[s]) <= 1e-5,
+                         "resumed from %s with tp %d pp %d: step %d loss %.9g, straight %.9g",
+                         dirs[k] == dir ? "the save" : "the async save", tps[k], pps[k], s,
+                         resumed[s], straight[s]);
+        }
+        trainer_free(&t);
+    }
+    /* The consolidated file: the plain model nb_gpt_load reads, the 1-process model. */
+    char file[128];
+    snprintf(file, sizeof file, "%s/model-%d.safetensors", dir, mt_rank);
+    MT_OK(nb_gpt_pipe_consolidate(dir, file));
+    nb_module *full = nb_gpt_new(&cfg, NULL);
+    MT_OK(nb_gpt_load(full, file));
+    nb_generator *g = nb_generator_new(11), *drop = nb_generator_new(3);
+    nb_gpt_config c = cfg;
+    c.dropout = CK_DROPOUT;
+    c.dropout_gen = drop;
+    nb_module *ref = nb_gpt_new(&c, g);
+    nb_optim *ropt = ref ? sgd(nb_parameters(ref)) : NULL;
+    for (int step = 0; step < K && ropt; step++) {
+        nb_scope_begin();
+        /* the saving run's micro-batches (dp 1): dropout draws per micro-batch */
+        enum { b = GLOBAL / MICRO };
+        nb_tensor *X, *Y, *xs[MICRO], *ys[MICRO];
+        batch(step, &X, &Y);
+        for (int i = 0; i < MICRO; i++) {
+            xs[i] = nb_narrow(X, 0, i * b, b);
+            ys[i] = nb_narrow(Y, 0, i * b, b);
+        }
+        double l = nb_gpt_train_step(ref, ropt, NULL, xs, ys, MICRO, 1.0, NULL);
+        MT_CHECK(rel_diff(l, straight[step]) <= 1e-5, "1 process step %d: loss %.9g, %.9g",
+                 step, l, straight[step]);
+        nb_scope_end();
+    }
+    const nb_params *ps = ref ? nb_parameters(ref) : NULL;
+    for (int i = 0; ps && i < ps->count; i++) {
+        nb_tensor *x = nb_module_find(full, ps->names[i]);
+        double dd = x ? tensor_rel_diff(x, ps->tensors[i]) : INFINITY;
+        MT_CHECK(dd <= 1e-5, "consolidated %s differs by %g", ps->names[i], dd);
+    }
+    int64_t prompt[3] = {1, 2, 3}, a[12] = {0}, b[12] = {0};
+    nb_gpt_sample_opts so = {0}; /* greedy */
+    MT_OK(nb_gpt_generate(full, prompt, 3, 12, &so, a));
+    if (ref) MT_OK(nb_gpt_generate(ref, prompt, 3, 12, &so, b));
+    MT_CHECK(memcmp(a, b, sizeof a) == 0, "the consolidated model samples otherwise");
+    nb_optim_free(ropt);
+    nb_module_free(ref);
+    nb_module_free(full);
+    nb_generator_free(g);
+    nb_generator_free(drop);
+    nb_comm_free(self);
+    remove(file);
+    MT_OK(nb_barrier(mt_world));
+    remove_dir(dir);
+    remove_dir(adir);
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_3d(void) {
     Suite *s = suite_create("3d");
     TCase *tc = tcase_create("tp_x_pp");
@@ -223,6 +424,7 @@ Suite *mt_suite_3d(void) {
     tcase_add_test(tc, test_3d_dropout);
     tcase_add_test(tc, test_3d_dp);
     tcase_add_test(tc, test_3d_bad_layouts);
+    tcase_add_test(tc, test_3d_checkpoint_layouts);
     suite_add_tcase(s, tc);
     return s;
 }
