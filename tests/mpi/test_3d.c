@@ -316,14 +316,38 @@ static void remove_dir(const char *dir) {
     rmdir(dir);
 }
 
+/* The pipeline checkpoint d consolidated: a file nb_gpt_load reads, holding ref's weights (to
+ * 1e-5) and giving its greedy sample. */
+static void check_consolidated(const char *d, nb_module *ref) {
+    char file[128];
+    snprintf(file, sizeof file, "%s/model-%d.safetensors", d, mt_rank);
+    MT_OK(nb_gpt_pipe_consolidate(d, file));
+    nb_module *full = nb_gpt_new(&cfg, NULL);
+    MT_OK(nb_gpt_load(full, file));
+    const nb_params *ps = nb_parameters(ref);
+    for (int i = 0; full && i < ps->count; i++) {
+        nb_tensor *x = nb_module_find(full, ps->names[i]);
+        double dd = x ? tensor_rel_diff(x, ps->tensors[i]) : INFINITY;
+        MT_CHECK(dd <= 1e-5, "%s consolidated: %s differs by %g", d, ps->names[i], dd);
+    }
+    int64_t prompt[3] = {1, 2, 3}, a[12] = {0}, b[12] = {0};
+    nb_gpt_sample_opts so = {0}; /* greedy */
+    MT_OK(nb_gpt_generate(full, prompt, 3, 12, &so, a));
+    MT_OK(nb_gpt_generate(ref, prompt, 3, 12, &so, b));
+    MT_CHECK(memcmp(a, b, sizeof a) == 0, "%s: the consolidated model samples otherwise", d);
+    nb_module_free(full);
+    remove(file);
+}
+
 /* Saved at tp 2 x pp 2 (on 4 ranks; tp 2 on 2; 1 process on 1), with sequence parallelism
  * and dropout, once synchronously and once asynchronously; resumed at tp 1 x pp = world, in
  * one process, and (from the asynchronous save) in the saving layout with the interleaved
- * schedule, with the continued losses of the straight run; the consolidated file is the 1-process
- * model of that step (weights to 1e-5, the same greedy sample). */
+ * schedule, with the continued losses of the straight run; the tp 1 x pp = world run's save
+ * resumed in the saving layout; each consolidated file is the 1-process model of its step
+ * (weights to 1e-5, the same greedy sample). */
 START_TEST(test_3d_checkpoint_layouts) {
     enum { K = 2 };
-    double straight[2 * K] = {0}, resumed[2 * K] = {0};
+    double straight[2 * K + 1] = {0}, resumed[2 * K + 1] = {0};
     char dir[64], adir[64];
     shared_tmpdir(dir);
     shared_tmpdir(adir);
@@ -337,6 +361,7 @@ START_TEST(test_3d_checkpoint_layouts) {
         MT_OK(nb_gpt_pipe_save_async(t.pipe, t.opt, w, adir, 0, K));
         train_steps(&t, K, 2 * K, straight); /* the write goes on meanwhile */
         MT_OK(nb_gpt_pipe_save_wait(t.pipe, w));
+        train_steps(&t, 2 * K, 2 * K + 1, straight);
     }
     trainer_free(&t);
     MT_OK(nb_checkpoint_writer_free(w));
@@ -358,22 +383,38 @@ START_TEST(test_3d_checkpoint_layouts) {
                          "resumed from %s with tp %d pp %d: step %d loss %.9g, straight %.9g",
                          dirs[k] == dir ? "the save" : "the async save", tps[k], pps[k], s,
                          resumed[s], straight[s]);
+            /* tp 1 x pp = world saves over the tp 2 x pp 2 checkpoint (its files go) */
+            if (k == 0) MT_OK(nb_gpt_pipe_save(t.pipe, t.opt, dir, 2 * K));
         }
         trainer_free(&t);
     }
-    /* The consolidated file: the plain model nb_gpt_load reads, the 1-process model. */
-    char file[128];
-    snprintf(file, sizeof file, "%s/model-%d.safetensors", dir, mt_rank);
-    MT_OK(nb_gpt_pipe_consolidate(dir, file));
-    nb_module *full = nb_gpt_new(&cfg, NULL);
-    MT_OK(nb_gpt_load(full, file));
+    /* ... which the saving layout resumes (its slices cut from whole tensors) */
+    if (trainer_new(&t, mt_world, tp, pp, NB_PIPE_1F1B, tp > 1)) {
+        int64_t step = -1;
+        MT_OK(nb_gpt_pipe_load(t.pipe, t.opt, dir, &step));
+        MT_CHECK(step == 2 * K, "resumed at step %lld", (long long)step);
+        train_steps(&t, 2 * K, 2 * K + 1, resumed);
+        MT_CHECK(rel_diff(resumed[2 * K], straight[2 * K]) <= 1e-5,
+                 "saved at tp 1 x pp %d, resumed at tp %d x pp %d: loss %.9g, straight %.9g",
+                 mt_size, tp, pp, resumed[2 * K], straight[2 * K]);
+    }
+    trainer_free(&t);
+    if (mt_rank == 0) { /* only the new save's files are left */
+        int n = 0;
+        DIR *d = opendir(dir);
+        for (struct dirent *e; d && (e = readdir(d));) n += strncmp(e->d_name, "stage-", 6) == 0;
+        if (d) closedir(d);
+        MT_CHECK(n == mt_size, "%d stage files after the tp 1 x pp %d save", n, mt_size);
+    }
+    /* The consolidated files (of the tp 2 x pp 2 save at step K, of the tp 1 x pp = world
+     * save at 2K): the plain model nb_gpt_load reads, the 1-process model of that step. */
     nb_generator *g = nb_generator_new(11), *drop = nb_generator_new(3);
     nb_gpt_config c = cfg;
     c.dropout = CK_DROPOUT;
     c.dropout_gen = drop;
     nb_module *ref = nb_gpt_new(&c, g);
     nb_optim *ropt = ref ? sgd(nb_parameters(ref)) : NULL;
-    for (int step = 0; step < K && ropt; step++) {
+    for (int step = 0; step < 2 * K && ropt; step++) {
         nb_scope_begin();
         /* the saving run's micro-batches (dp 1): dropout draws per micro-batch */
         enum { b = GLOBAL / MICRO };
@@ -387,25 +428,14 @@ START_TEST(test_3d_checkpoint_layouts) {
         MT_CHECK(rel_diff(l, straight[step]) <= 1e-5, "1 process step %d: loss %.9g, %.9g",
                  step, l, straight[step]);
         nb_scope_end();
+        if (step + 1 == K) check_consolidated(adir, ref);
+        if (step + 1 == 2 * K) check_consolidated(dir, ref);
     }
-    const nb_params *ps = ref ? nb_parameters(ref) : NULL;
-    for (int i = 0; ps && i < ps->count; i++) {
-        nb_tensor *x = nb_module_find(full, ps->names[i]);
-        double dd = x ? tensor_rel_diff(x, ps->tensors[i]) : INFINITY;
-        MT_CHECK(dd <= 1e-5, "consolidated %s differs by %g", ps->names[i], dd);
-    }
-    int64_t prompt[3] = {1, 2, 3}, a[12] = {0}, b[12] = {0};
-    nb_gpt_sample_opts so = {0}; /* greedy */
-    MT_OK(nb_gpt_generate(full, prompt, 3, 12, &so, a));
-    if (ref) MT_OK(nb_gpt_generate(ref, prompt, 3, 12, &so, b));
-    MT_CHECK(memcmp(a, b, sizeof a) == 0, "the consolidated model samples otherwise");
     nb_optim_free(ropt);
     nb_module_free(ref);
-    nb_module_free(full);
     nb_generator_free(g);
     nb_generator_free(drop);
     nb_comm_free(self);
-    remove(file);
     MT_OK(nb_barrier(mt_world));
     remove_dir(dir);
     remove_dir(adir);
