@@ -1023,21 +1023,21 @@ void nb__zero_copy_groups(void *ctx) {
 
 /* ---- a model that is itself split over a second group (tensor parallel, pipeline) ------------
  * The norm: each rank sums |g|^p over the pieces of its shard whose parameter it counts
- * (o->skip false), the sum goes over z's ranks and then over model_comm, and every piece is
+ * (o->skip false), the sum goes over z's ranks and then over model_comm (and model_comm2), and every piece is
  * scaled by the one coefficient. Two passes of nb__clip_grad_norm_global: the counted pieces
  * with no clipping (its reduce step does the two allreduces and keeps the global sum), then
  * every piece, its reduce step replaced by that sum. */
 nb_zero_clip_opts nb_zero_clip_defaults(void) { return (nb_zero_clip_opts){0}; }
 
 typedef struct clip2 {
-    nb_comm *c[2];
+    nb_comm *c[3];
     double total;
 } clip2;
 
 static nb_status reduce_two(double *total, bool max, void *ctx) {
     clip2 *q = ctx;
     nb_status s = NB_OK;
-    for (int i = 0; i < 2 && s == NB_OK; i++) {
+    for (int i = 0; i < 3 && s == NB_OK; i++) {
         if (!q->c[i] || nb_comm_size(q->c[i]) == 1) continue;
         nb_tensor *t = nb_from_buffer(total, (int64_t[]){1}, 1, NB_F64);
         s = t ? nb_allreduce(q->c[i], t, max ? NB_REDUCE_MAX : NB_REDUCE_SUM) : nb_last_status();
@@ -1088,7 +1088,7 @@ double nb_zero_clip_grad_norm_ex(nb_zero *z, double max_norm, double norm_type,
         ts[counted.count] = all->tensors[q];
         ns[counted.count++] = all->names[q];
     }
-    clip2 q = {.c = {z->ddp ? NULL : z->c, o->model_comm}};
+    clip2 q = {.c = {z->ddp ? NULL : z->c, o->model_comm, o->model_comm2}};
     double norm = nb__clip_grad_norm_global(&counted, INFINITY, norm_type, who, reduce_two, &q);
     if (!(norm < 0)) norm = nb__clip_grad_norm_global(all, max_norm, norm_type, who, reduce_fixed, &q);
     free(ts);

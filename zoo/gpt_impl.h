@@ -5,6 +5,7 @@
 #define NABLA_ZOO_GPT_IMPL_H
 
 #include "nabla/gpt.h"
+#include "nabla/parallel.h"
 
 /* in with the defaults filled in, checked as nb_gpt_new checks it (false + error). */
 bool nb__gpt_resolve(const nb_gpt_config *in, nb_gpt_config *out);
@@ -19,5 +20,35 @@ nb_module *nb__gpt_add_layernorm(nb_module *parent, const char *name, const nb_g
  * message)" (c NULL or of size 1: st). nb__zoo_fresh_id: a random id for one save's files. */
 nb_status nb__zoo_agree(nb_comm *c, nb_status st, const char *what);
 uint64_t nb__zoo_fresh_id(void);
+
+/* Tensor-parallel pieces (zoo/gpt_tp.c) for the pipeline's TP stages (zoo/gpt_pipe.c).
+ * nb__gpt_tp: one stage's settings (cfg copied, tp borrowed), freed with free(); the modules
+ * built with it borrow it. NULL + NB_EINVAL when tp's size does not divide n_head and
+ * vocab_size. */
+typedef struct nb__gpt_tp nb__gpt_tp;
+nb__gpt_tp *nb__gpt_tp_new(const nb_gpt_config *cfg, nb_comm *tp, bool sequence_parallel);
+/* The TP Block holding this rank's slices of a 1-rank block (nb__gpt_block_new's; copied). */
+nb_module *nb__gpt_tp_block(const nb__gpt_tp *s, nb_module *block);
+/* Whether the parameter named so (the 1-rank GPT's name, or a name relative to a block) is
+ * split over tp (else replicated: its gradient is partial under sequence parallelism). */
+bool nb__gpt_tp_sharded(const char *name);
+/* This rank's slice of the 1-rank tensor of parameter name (a copy in the current scope). */
+nb_tensor *nb__gpt_tp_slice(const nb__gpt_tp *s, const char *name, nb_tensor *whole);
+/* The 1-rank tensor of parameter name from this rank's slice (all-gathered: collective over
+ * s's group; a replicated tensor is cloned), in the current scope. */
+nb_tensor *nb__gpt_tp_whole(const nb__gpt_tp *s, const char *name, nb_tensor *slice);
+/* The 1-rank tensor of parameter name from the slices of n ranks, in rank order. */
+nb_tensor *nb__gpt_tp_assemble(const char *name, nb_tensor *const *parts, int n);
+/* The parameter an optimizer state entry "<slot>.<param>" (tensor t) belongs to; NULL for the
+ * group scalars and 0-dim counters (never split). */
+const char *nb__gpt_tp_state_param(const char *entry, const nb_tensor *t);
+/* The embedding (vocab-parallel wte slice + wpe) and its dropout (training per m): (B, T, C),
+ * or this rank's (B, T/tp, C) shard with sequence parallelism. */
+nb_tensor *nb__gpt_tp_embed(const nb__gpt_tp *s, nb_module *m, nb_tensor *wte, nb_tensor *wpe,
+                            nb_tensor *idx);
+/* x after ln_f ((B, T, C) or its shard) -> the tied vocab-parallel head and cross entropy:
+ * the mean loss over B T, the same on every tp rank. */
+nb_tensor *nb__gpt_tp_head_loss(const nb__gpt_tp *s, nb_tensor *x, nb_tensor *wte,
+                                nb_tensor *targets);
 
 #endif

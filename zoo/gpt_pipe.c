@@ -23,6 +23,9 @@ struct nb_gpt_pipe {
     nb_gpt_pipe_opts o;
     nb_comm *pp, *dp, *embed;  /* embed: first and last rank (p > 1), else NULL */
     nb_zero *zero;             /* nb_gpt_pipe_set_zero's (borrowed), NULL: plain allreduces */
+    nb_comm *tp;               /* the stage's tensor-parallel group (size > 1), else NULL */
+    nb__gpt_tp *tps;           /* its settings (tp given), which the TP blocks borrow */
+    int tp_size, tp_rank;
     int p, r, v, S;
     int64_t *bounds;           /* S + 1 */
     nb_module *root;           /* "transformer" -> wte, wpe, h.<i>, ln_f */
@@ -74,6 +77,7 @@ const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages) {
 void nb_gpt_pipe_free(nb_gpt_pipe *p) {
     if (!p) return;
     nb_module_free(p->root);
+    free(p->tps); /* after the blocks that borrow it */
     nb_comm_free(p->embed);
     free(p->blocks);
     free(p->bounds);
@@ -178,9 +182,10 @@ static bool check_layout(const nb_gpt_config *c, const nb_gpt_pipe_opts *o, int 
 /* A parameter: a new N(0, std) tensor drawn from init, added to m when keep, else dropped
  * (the draws are made either way, so later tensors get nb_gpt_new's values). */
 static bool draw_param(nb_module *m, bool keep, const char *name, const int64_t *shape,
-                       double std, nb_generator *init) {
+                       double std, nb_generator *init, const nb__gpt_tp *tps, const char *full) {
     nb_scope_begin();
     nb_tensor *t = nb_normal(shape, 2, NB_F32, 0.0, std, init);
+    if (t && keep && tps && nb__gpt_tp_sharded(full)) t = nb__gpt_tp_slice(tps, full, t);
     bool ok = t != NULL;
     if (ok && keep) ok = nb_module_add_parameter(m, name, t) != NULL; /* adopts it from the scope */
     nb_scope_end();
@@ -213,6 +218,16 @@ nb_gpt_pipe *nb_gpt_pipe_new(const nb_gpt_config *cfg, nb_generator *init, nb_co
         return NULL;
     }
     p->o.boundaries = NULL; /* copied into bounds */
+    p->tp_size = p->o.tp ? nb_comm_size(p->o.tp) : 1;
+    p->tp_rank = p->o.tp ? nb_comm_rank(p->o.tp) : 0;
+    if (p->tp_size > 1) { /* n_head and vocab_size checked here, before any communication */
+        p->tp = p->o.tp;
+        if (!(p->tps = nb__gpt_tp_new(&p->cfg, p->tp, p->o.sequence_parallel))) {
+            nb_gpt_pipe_free(p);
+            return NULL;
+        }
+    }
+    p->o.sequence_parallel = p->o.sequence_parallel && p->tps;
     const nb_gpt_config *c = &p->cfg;
     const bool first = p->r == 0, last = p->r == p->p - 1;
     p->blocks = calloc((size_t)c->n_layer, sizeof *p->blocks);
@@ -226,9 +241,9 @@ nb_gpt_pipe *nb_gpt_pipe_new(const nb_gpt_config *cfg, nb_generator *init, nb_co
     if (ok && first) ok = (wpe = nb_module_add_child(tr, "wpe", nb_module_new(&emb_vt, NULL)));
     ok = ok && (h = nb_module_add_child(tr, "h", nb_module_new(&dict_vt, NULL)));
     ok = ok && draw_param(wte, wte != NULL, "weight", (int64_t[]){c->vocab_size, c->n_embd}, 0.02,
-                          init);
+                          init, p->tps, "transformer.wte.weight");
     ok = ok && draw_param(wpe, wpe != NULL, "weight", (int64_t[]){c->block_size, c->n_embd}, 0.02,
-                          init);
+                          init, p->tps, "transformer.wpe.weight");
     for (int s = 0; ok && s < p->S; s++) {
         const bool mine = s % p->p == p->r;
         for (int64_t i = p->bounds[s]; ok && i < p->bounds[s + 1]; i++) {
@@ -238,7 +253,12 @@ nb_gpt_pipe *nb_gpt_pipe_new(const nb_gpt_config *cfg, nb_generator *init, nb_co
             } else if (mine) {
                 char name[32];
                 snprintf(name, sizeof name, "%lld", (long long)i);
-                ok = (p->blocks[i] = nb_module_add_child(h, name, b)) != NULL;
+                if (p->tps) { /* this rank's slices of the block */
+                    nb_module *full = b;
+                    b = nb__gpt_tp_block(p->tps, full);
+                    nb_module_free(full);
+                }
+                ok = b && (p->blocks[i] = nb_module_add_child(h, name, b)) != NULL;
             } else {
                 nb_module_free(b);
             }
@@ -293,7 +313,11 @@ static nb_status count_dropout_draws(nb_gpt_pipe *p, int64_t b, int64_t T) {
     nb_status st = z && nb_dropout(z, p->cfg.dropout, true, p->drop) ? NB_OK : nb_last_status();
     p->d_emb = nb_generator_offset(p->drop) - base;
     nb_generator_set_offset(p->drop, base);
-    if (st == NB_OK && !nb_forward(blk, z)) st = nb_last_status();
+    /* a TP block (collective over tp) draws what the 1-rank block draws; with sequence
+     * parallelism it takes this rank's (b, T/tp, C) shard */
+    if (st == NB_OK && p->o.sequence_parallel)
+        z = nb_zeros((int64_t[]){b, T / p->tp_size, p->cfg.n_embd}, 3, NB_F32);
+    if (st == NB_OK && !(z && nb_forward(blk, z))) st = nb_last_status();
     p->d_blk = nb_generator_offset(p->drop) - base;
     nb_generator_set_offset(p->drop, base);
     nb_scope_end();
@@ -307,7 +331,9 @@ static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
     const int s = chunk * p->p + p->r;
     if (p->drop) set_dropout_offset(p, s, micro);
     nb_tensor *x = input;
-    if (s == 0) {
+    if (s == 0 && p->tps) {
+        x = nb__gpt_tp_embed(p->tps, p->root, p->wte, p->wpe, p->mx[micro]);
+    } else if (s == 0) {
         nb_tensor *idx = p->mx[micro];
         x = nb_add(nb_embedding(p->wte, idx), nb_narrow(p->wpe, 0, 0, nb_size(idx, 1)));
         x = stage_dropout(p, x);
@@ -315,9 +341,34 @@ static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
     for (int64_t i = p->bounds[s]; x && i < p->bounds[s + 1]; i++) x = nb_forward(p->blocks[i], x);
     if (s < p->S - 1) return x;
     x = nb_forward(p->ln_f, x);
+    if (p->tps) return x ? nb__gpt_tp_head_loss(p->tps, x, p->wte, p->my[micro]) : NULL;
     nb_tensor *logits = nb_linear(x, p->wte, NULL); /* the tied head */
     return nb_cross_entropy(nb_view(logits, (int64_t[]){-1, p->cfg.vocab_size}, 2),
                             nb_reshape(p->my[micro], (int64_t[]){-1}, 1), NULL);
+}
+
+nb_status nb_gpt_pipe_gather(nb_gpt_pipe *p, nb_module *full) {
+    if (!p || !nb_gpt_get_config(full))
+        return nb_set_error(NB_EINVAL, "nb_gpt_pipe_gather: needs a pipeline and a GPT made by "
+                            "nb_gpt_new");
+    const nb_params *ps = nb_parameters(p->root);
+    nb_status st = NB_OK;
+    bool prev = nb_set_grad_enabled(false);
+    for (int i = 0; st == NB_OK && i < ps->count; i++) {
+        nb_tensor *dst = nb_module_find(full, ps->names[i]);
+        nb_scope_begin(); /* every rank of tp gathers, whatever dst */
+        nb_tensor *w = p->tps ? nb__gpt_tp_whole(p->tps, ps->names[i], ps->tensors[i])
+                              : ps->tensors[i];
+        if (!w) st = nb_last_status();
+        else if (!dst || nb_numel(dst) != nb_numel(w))
+            st = nb_set_error(NB_EINVAL, "nb_gpt_pipe_gather: the GPT has no parameter %s of "
+                              "%lld elements (another config?)", ps->names[i], (long long)nb_numel(w));
+        else
+            st = nb_copy_(dst, w);
+        nb_scope_end();
+    }
+    nb_set_grad_enabled(prev);
+    return st;
 }
 
 /* ---- the step -------------------------------------------------------------------------------- */
@@ -328,6 +379,8 @@ static nb_status local_sq(const nb_gpt_pipe *p, const nb_params *ps, double *out
     for (int i = 0; st == NB_OK && i < ps->count; i++) {
         nb_tensor *g = nb_grad(ps->tensors[i]);
         if (!g || (ps->tensors[i] == p->wte && p->r != 0)) continue;
+        /* over tp: the slices on every rank, the replicated tensors once (on tp rank 0) */
+        if (p->tp_rank != 0 && !nb__gpt_tp_sharded(ps->names[i])) continue;
         int64_t n = nb_numel(g);
         double *buf = malloc(sizeof *buf * (size_t)(n ? n : 1));
         if (!buf) return nb_set_error(NB_ENOMEM, "nb_gpt_pipe_train_step: out of memory");
@@ -361,9 +414,14 @@ static double zero_tail(nb_gpt_pipe *p, nb_optim *opt, double loss, double grad_
     const nb_params *ps = nb_parameters(p->root);
     bool *skip = calloc((size_t)ps->count + 1, sizeof *skip);
     if (!skip) st = nb_set_error(NB_ENOMEM, "nb_gpt_pipe_train_step: out of memory");
-    for (int i = 0; skip && i < ps->count; i++) skip[i] = ps->tensors[i] == p->wte && p->r != 0;
+    /* counted once: the tied wte on the first stage, a replicated tensor of a TP stage on
+     * tp rank 0 (slices on every tp rank) */
+    for (int i = 0; skip && i < ps->count; i++)
+        skip[i] = (ps->tensors[i] == p->wte && p->r != 0) ||
+                  (p->tp && p->tp_rank != 0 && !nb__gpt_tp_sharded(ps->names[i]));
     nb_zero_clip_opts co = nb_zero_clip_defaults();
     co.model_comm = p->pp;
+    co.model_comm2 = p->tp;
     co.skip = skip;
     double norm = st == NB_OK ? nb_zero_clip_grad_norm_ex(p->zero, grad_clip > 0 ? grad_clip
                                                                                : INFINITY, 2, &co)
@@ -409,6 +467,12 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
                      "1..block_size (%lld)", (long long)T, (long long)p->cfg.block_size);
         return NAN;
     }
+    if (p->o.sequence_parallel && T % p->tp_size) {
+        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: with sequence parallelism the sequence "
+                     "length (%lld) must divide by the tensor-parallel size (%d)", (long long)T,
+                     p->tp_size);
+        return NAN;
+    }
     nb_status st = nb_zero_grad(opt);
     if (st != NB_OK) return NAN;
     const int64_t b = B / m;
@@ -425,7 +489,7 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
         p->mx[i] = nb_narrow(x, 0, i * b, b);
         p->my[i] = nb_narrow(y, 0, i * b, b);
     }
-    const int64_t act[3] = {b, T, p->cfg.n_embd};
+    const int64_t act[3] = {b, p->o.sequence_parallel ? T / p->tp_size : T, p->cfg.n_embd};
     nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
                        .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32};
     if (p->zero) nb_zero_set_sync_enabled(p->zero, false); /* reduced once, after the tied sum */
@@ -438,7 +502,13 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
 
     const double t0 = nb_time_s();
     const nb_params *ps = nb_parameters(p->root);
-    /* The tied embedding: both copies get the sum of the input and the head gradients. */
+    /* Sequence parallel: the replicated parameters' gradients are partial sums over tp. */
+    for (int i = 0; p->o.sequence_parallel && st == NB_OK && i < ps->count; i++) {
+        nb_tensor *g = nb_grad(ps->tensors[i]);
+        if (g && !nb__gpt_tp_sharded(ps->names[i])) st = nb_allreduce(p->tp, g, NB_REDUCE_SUM);
+    }
+    /* The tied embedding: both copies get the sum of the input and the head gradients (the
+     * embedding group joins the first and last stage ranks of the same tp rank). */
     if (p->embed && (p->r == 0 || p->r == p->p - 1))
         st = allreduce_grads(p->embed, ps, p->wte, NB_REDUCE_SUM);
     if (p->zero) return st == NB_OK ? zero_tail(p, opt, loss, grad_clip, grad_norm, stats, t0) : NAN;
@@ -450,6 +520,7 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
         nb_scope_begin();
         nb_tensor *t = nb_from_buffer(v2, (int64_t[]){2}, 1, NB_F64);
         st = t ? nb_allreduce(p->pp, t, NB_REDUCE_SUM) : nb_last_status(); /* sq over stages */
+        if (st == NB_OK && p->tp) st = nb_allreduce(p->tp, t, NB_REDUCE_SUM); /* and over tp */
         if (st == NB_OK) st = nb_read(t, v2, 2, NB_F64);
         nb_scope_end();
         v2[1] = loss; /* the pipeline's loss is already the same on its ranks */
@@ -491,11 +562,14 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
 
 static nb_status agree_all(const nb_gpt_pipe *p, nb_status st) {
     st = nb__zoo_agree(p->pp, st, "pipeline checkpoint");
+    st = nb__zoo_agree(p->tp, st, "pipeline checkpoint");
     return nb__zoo_agree(p->dp, st, "pipeline checkpoint");
 }
 
-static void stage_name(char *buf, size_t n, const char *id, int r, int P) {
-    if (id && *id) snprintf(buf, n, "stage-%s-%d-of-%d.safetensors", id, r, P);
+/* Stage r of P's file, tp rank t of T's slices when T > 1. */
+static void stage_name(char *buf, size_t n, const char *id, int r, int P, int t, int T) {
+    if (T > 1) snprintf(buf, n, "stage-%s-%d-of-%d-tp-%d-of-%d.safetensors", id, r, P, t, T);
+    else if (id && *id) snprintf(buf, n, "stage-%s-%d-of-%d.safetensors", id, r, P);
     else snprintf(buf, n, "stage-%d-of-%d.safetensors", r, P);
 }
 
@@ -511,10 +585,13 @@ static nb_status save_begin(nb_gpt_pipe *p, nb_optim *opt, nb_checkpoint_writer 
     const char *who = "nb_gpt_pipe_save";
     nb_status st = nb_checkpoint_target(base, step, keep, dir, 4400);
     uint64_t idv = p->r == 0 ? nb__zoo_fresh_id() : 0;
-    if (p->p > 1) { /* every rank takes part, whatever its status */
+    for (int k = 0; k < 2; k++) { /* pp rank 0's id, then tp rank 0's: every rank, whatever
+                                    * its status */
+        nb_comm *c = k == 0 ? p->pp : p->tp;
+        if (!c || nb_comm_size(c) < 2) continue;
         nb_scope_begin();
         nb_tensor *t = nb_from_buffer(&idv, (int64_t[]){1}, 1, NB_I64);
-        nb_status bs = t ? nb_broadcast(p->pp, t, 0) : nb_last_status();
+        nb_status bs = t ? nb_broadcast(c, t, 0) : nb_last_status();
         if (bs == NB_OK) memcpy(&idv, nb_data(t), sizeof idv);
         nb_scope_end();
         if (st == NB_OK) st = bs;
@@ -530,7 +607,7 @@ static nb_status save_begin(nb_gpt_pipe *p, nb_optim *opt, nb_checkpoint_writer 
                                 "checkpoint is a directory); refusing to replace it", who, dir);
     }
     char name[96], path[4600];
-    stage_name(name, sizeof name, id, p->r, p->p);
+    stage_name(name, sizeof name, id, p->r, p->p, p->tp_rank, p->tp_size);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     nb_checkpoint ck = {.model = p->root, .optim = opt, .step = step};
     return w ? nb_checkpoint_writer_save(w, path, &ck) : nb_checkpoint_save(path, &ck);
@@ -556,15 +633,17 @@ static void remove_old_stages(const char *dir, const char *id) {
  * files and (keep > 0) the series' members beyond the newest keep. */
 static nb_status write_index(const nb_gpt_pipe *p, const char *dir, const char *base, int keep,
                              const char *id, int64_t step, uint64_t drop) {
-    if (p->r != 0 || !is_writer(p)) return NB_OK;
-    char path[4600], stages[32], steps[32], dropv[32];
+    if (p->r != 0 || p->tp_rank != 0 || !is_writer(p)) return NB_OK;
+    char path[4600], stages[32], steps[32], dropv[32], tps[32];
+    const int T = p->tp_size;
+    snprintf(tps, sizeof tps, "%d", T);
     snprintf(path, sizeof path, "%s/index.safetensors", dir);
     snprintf(stages, sizeof stages, "%d", p->p);
     snprintf(steps, sizeof steps, "%lld", (long long)step);
     snprintf(dropv, sizeof dropv, "%llu", (unsigned long long)drop);
-    int n = 0, cap = 6 + p->p;
+    int n = 0, cap = 7 + p->p * T;
     const char **keys = calloc((size_t)cap, sizeof *keys), **vals = calloc((size_t)cap, sizeof *vals);
-    char *names = calloc((size_t)p->p, 160);
+    char *names = calloc((size_t)(p->p * T), 160);
     nb_status st = NB_OK;
     if (!keys || !vals || !names) st = nb_set_error(NB_ENOMEM, "nb_gpt_pipe_save: out of memory");
     if (st == NB_OK) {
@@ -573,12 +652,15 @@ static nb_status write_index(const nb_gpt_pipe *p, const char *dir, const char *
         keys[n] = "pipe_stages", vals[n++] = stages;
         keys[n] = "step", vals[n++] = steps;
         if (p->cfg.dropout_gen) keys[n] = "dropout_offset", vals[n++] = dropv;
-        for (int r = 0; r < p->p; r++) {
-            char *k = names + (size_t)r * 160;
-            snprintf(k, 32, "stage.%d", r);
-            stage_name(k + 32, 128, id, r, p->p);
-            keys[n] = k, vals[n++] = k + 32;
-        }
+        if (T > 1) keys[n] = "pipe_tp", vals[n++] = tps;
+        for (int r = 0; r < p->p; r++)
+            for (int t = 0; t < T; t++) {
+                char *k = names + (size_t)(r * T + t) * 160;
+                if (T > 1) snprintf(k, 32, "stage.%d.%d", r, t);
+                else snprintf(k, 32, "stage.%d", r);
+                stage_name(k + 32, 128, id, r, p->p, t, T);
+                keys[n] = k, vals[n++] = k + 32;
+            }
         st = nb_safetensors_save(path, NULL, NULL, 0, keys, vals, n);
     }
     free(keys);
@@ -660,9 +742,10 @@ nb_status nb_gpt_pipe_save_async(nb_gpt_pipe *p, nb_optim *opt, nb_checkpoint_wr
     return NB_OK;
 }
 
-/* The stage files of dir (P of them, from the index); *step from it. */
-static nb_safetensors **open_stages(const char *dir, int *P, int64_t *step, const char *who,
-                                    const char **drop_offset_out, char *drop_buf) {
+/* The stage files of dir (P x T of them, from the index: f[r T + t] holds stage r's slices of
+ * tp rank t); *step from it. */
+static nb_safetensors **open_stages(const char *dir, int *P, int *T, int64_t *step,
+                                    const char *who, const char **drop_offset_out, char *drop_buf) {
     char path[4096];
     snprintf(path, sizeof path, "%s/index.safetensors", dir);
     nb_safetensors *ix = nb_safetensors_open(path);
@@ -672,54 +755,81 @@ static nb_safetensors **open_stages(const char *dir, int *P, int64_t *step, cons
         return NULL;
     }
     const char *s = nb_safetensors_metadata(ix, "pipe_stages"), *k = nb_safetensors_metadata(ix, "step");
+    const char *ts = nb_safetensors_metadata(ix, "pipe_tp");
     *P = s ? atoi(s) : 0;
+    *T = ts ? atoi(ts) : 1;
+    if (*T < 1 || *T > 65536) *T = 0;
     if (step) *step = k ? atoll(k) : 0;
     if (drop_offset_out) { /* copied: the index closes here */
         const char *d = nb_safetensors_metadata(ix, "dropout_offset");
         if (d) snprintf(drop_buf, 32, "%s", d);
         *drop_offset_out = d ? drop_buf : NULL;
     }
-    char **names = *P > 0 && *P < 1000000 ? calloc((size_t)*P, sizeof *names) : NULL;
-    for (int r = 0; names && r < *P; r++) {
+    const int nf = *P > 0 && *P < 1000000 && *T > 0 && *T <= 1000000 / *P ? *P * *T : 0;
+    char **names = nf ? calloc((size_t)nf, sizeof *names) : NULL;
+    for (int i = 0; names && i < nf; i++) {
         char key[32];
-        snprintf(key, sizeof key, "stage.%d", r);
+        if (*T > 1) snprintf(key, sizeof key, "stage.%d.%d", i / *T, i % *T);
+        else snprintf(key, sizeof key, "stage.%d", i);
         const char *v = nb_safetensors_metadata(ix, key);
-        if (v && !strchr(v, '/')) names[r] = strdup(v);
+        if (v && !strchr(v, '/')) names[i] = strdup(v);
     }
     nb_safetensors_close(ix);
-    if (*P < 1) {
+    if (nf < 1) {
         nb_set_error(NB_EFORMAT, "%s: %s/index.safetensors names no stage count", who, dir);
         return NULL;
     }
-    nb_safetensors **f = calloc((size_t)*P, sizeof *f);
+    nb_safetensors **f = calloc((size_t)nf, sizeof *f);
     if (!f) nb_set_error(NB_ENOMEM, "%s: out of memory", who);
-    for (int r = 0; f && r < *P; r++) {
+    for (int i = 0; f && i < nf; i++) {
         char name[160];
-        if (names && names[r]) snprintf(name, sizeof name, "%s", names[r]);
-        else stage_name(name, sizeof name, NULL, r, *P);
+        if (names && names[i]) snprintf(name, sizeof name, "%s", names[i]);
+        else if (*T == 1) stage_name(name, sizeof name, NULL, i, *P, 0, 1);
+        else snprintf(name, sizeof name, "(stage.%d.%d not named)", i / *T, i % *T);
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        if (!(f[r] = nb_safetensors_open(path))) {
+        if (!(f[i] = nb_safetensors_open(path))) {
             nb_set_error(NB_EIO, "%s: stage file %s is missing or unreadable", who, path);
-            for (int q = 0; q < r; q++) nb_safetensors_close(f[q]);
+            for (int q = 0; q < i; q++) nb_safetensors_close(f[q]);
             free(f);
             f = NULL;
         }
     }
-    for (int r = 0; names && r < *P; r++) free(names[r]);
+    for (int i = 0; names && i < nf; i++) free(names[i]);
     free(names);
     return f;
 }
 
-static void close_stages(nb_safetensors **f, int P) {
-    for (int r = 0; f && r < P; r++) nb_safetensors_close(f[r]);
+static void close_stages(nb_safetensors **f, int n) {
+    for (int i = 0; f && i < n; i++) nb_safetensors_close(f[i]);
     free(f);
 }
 
-/* The first stage file holding name, or -1. */
-static int which(nb_safetensors **f, int P, const char *name) {
+/* The first stage holding name (in its tp rank 0 file), or -1. */
+static int which(nb_safetensors **f, int P, int T, const char *name) {
     for (int r = 0; r < P; r++)
-        if (nb_safetensors_find(f[r], name) >= 0) return r;
+        if (nb_safetensors_find(f[r * T], name) >= 0) return r;
     return -1;
+}
+
+/* The 1-rank tensor `key` ("model.<name>" or "optim.<entry>") of stage r, in the current
+ * scope: tp rank 0's, or assembled from the T files' slices when its parameter is split. */
+static nb_tensor *stage_get(nb_safetensors **f, int T, int r, const char *key) {
+    nb_tensor *t0 = nb_safetensors_get(f[r * T], key);
+    if (!t0 || T == 1) return t0;
+    const char *param = strncmp(key, "model.", 6) == 0 ? key + 6
+                                                        : nb__gpt_tp_state_param(key + 6, t0);
+    if (!param || !nb__gpt_tp_sharded(param)) return t0;
+    nb_tensor **parts = malloc(sizeof *parts * (size_t)T);
+    if (!parts) {
+        nb_set_error(NB_ENOMEM, "pipeline checkpoint: out of memory");
+        return NULL;
+    }
+    parts[0] = t0;
+    bool ok = true;
+    for (int t = 1; t < T && ok; t++) ok = (parts[t] = nb_safetensors_get(f[r * T + t], key)) != NULL;
+    nb_tensor *w = ok ? nb__gpt_tp_assemble(param, parts, T) : NULL;
+    free(parts);
+    return w;
 }
 
 static bool has_param(const nb_params *ps, const char *name) {
@@ -730,10 +840,10 @@ static bool has_param(const nb_params *ps, const char *name) {
 
 static nb_status load_local(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step) {
     const char *who = "nb_gpt_pipe_load";
-    int P;
+    int P, T;
     const char *drop = NULL;
     char drop_buf[32];
-    nb_safetensors **f = open_stages(dir, &P, step, who, &drop, drop_buf);
+    nb_safetensors **f = open_stages(dir, &P, &T, step, who, &drop, drop_buf);
     if (!f) return nb_last_status();
     const nb_params *ps = nb_parameters(p->root);
     nb_status st = NB_OK;
@@ -743,11 +853,18 @@ static nb_status load_local(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int6
     if (!src) st = nb_set_error(NB_ENOMEM, "%s: out of memory", who);
     for (int i = 0; st == NB_OK && i < ps->count; i++) { /* check every name first */
         snprintf(full, sizeof full, "model.%s", ps->names[i]);
-        int r = which(f, P, full);
+        int r = which(f, P, T, full);
         if (r < 0) {
             st = nb_set_error(NB_EINVAL, "%s: no stage of %s holds %s (a checkpoint of another "
                               "model?)", who, dir, ps->names[i]);
-        } else if (!(src[i] = nb_safetensors_get(f[r], full))) {
+        } else if (!(src[i] = stage_get(f, T, r, full))) {
+            st = nb_last_status();
+        } else if (p->tps && nb__gpt_tp_sharded(ps->names[i]) && nb_numel(src[i]) % p->tp_size) {
+            st = nb_set_error(NB_ESHAPE, "%s: %s has %lld elements in %s: not split over %d "
+                              "ranks", who, ps->names[i], (long long)nb_numel(src[i]), dir,
+                              p->tp_size);
+        } else if (p->tps && nb__gpt_tp_sharded(ps->names[i]) &&
+                   !(src[i] = nb__gpt_tp_slice(p->tps, ps->names[i], src[i]))) {
             st = nb_last_status();
         } else if (nb_numel(src[i]) != nb_numel(ps->tensors[i])) {
             st = nb_set_error(NB_ESHAPE, "%s: %s has %lld elements in %s, the model %lld", who,
@@ -757,8 +874,8 @@ static nb_status load_local(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int6
     }
     nb_state_list l = {0};
     for (int r = 0; st == NB_OK && opt && r < P; r++) /* this rank's optimizer entries */
-        for (int i = 0; st == NB_OK && i < nb_safetensors_count(f[r]); i++) {
-            const char *n = nb_safetensors_name(f[r], i);
+        for (int i = 0; st == NB_OK && i < nb_safetensors_count(f[r * T]); i++) {
+            const char *n = nb_safetensors_name(f[r * T], i);
             if (strncmp(n, "optim.", 6) != 0) continue;
             const char *e = n + 6, *dot = strchr(e, '.');
             bool mine = strncmp(e, "param_groups.", 13) == 0 ? r == 0
@@ -766,7 +883,11 @@ static nb_status load_local(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int6
             if (!mine) continue;
             bool dup = false; /* the tied wte's state is in the first and the last file */
             for (int k = 0; k < l.count && !dup; k++) dup = strcmp(l.names[k], e) == 0;
-            if (!dup) st = nb_state_list_add(&l, NULL, e, nb_safetensors_get(f[r], n));
+            if (dup) continue;
+            nb_tensor *w = stage_get(f, T, r, n); /* whole, then this rank's slice */
+            const char *pn = w ? nb__gpt_tp_state_param(e, w) : NULL;
+            if (w && pn && p->tps && nb__gpt_tp_sharded(pn)) w = nb__gpt_tp_slice(p->tps, pn, w);
+            st = nb_state_list_add(&l, NULL, e, w);
         }
     if (st == NB_OK && opt) st = nb_optim_load_state(opt, l.names, l.tensors, l.count);
     if (st == NB_OK) {
@@ -779,35 +900,34 @@ static nb_status load_local(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int6
     nb_state_list_deinit(&l);
     free(src);
     nb_scope_end();
-    close_stages(f, P);
+    close_stages(f, P * T);
     return st;
 }
 
 nb_status nb_gpt_pipe_load(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t *step) {
     if (!p || !dir) return nb_set_error(NB_ENULL, "nb_gpt_pipe_load: NULL pipeline or directory");
     nb_status st = load_local(p, opt, dir, step);
-    st = nb__zoo_agree(p->pp, st, "pipeline checkpoint");
-    return nb__zoo_agree(p->dp, st, "pipeline checkpoint");
+    return agree_all(p, st);
 }
 
 nb_status nb_gpt_pipe_consolidate(const char *dir, const char *out) {
     if (!dir || !out) return nb_set_error(NB_ENULL, "nb_gpt_pipe_consolidate: NULL argument");
-    int P;
-    nb_safetensors **f = open_stages(dir, &P, NULL, "nb_gpt_pipe_consolidate", NULL, NULL);
+    int P, T;
+    nb_safetensors **f = open_stages(dir, &P, &T, NULL, "nb_gpt_pipe_consolidate", NULL, NULL);
     if (!f) return nb_last_status();
     nb_state_list l = {0};
     nb_status st = NB_OK;
     nb_scope_begin();
     for (int r = 0; st == NB_OK && r < P; r++)
-        for (int i = 0; st == NB_OK && i < nb_safetensors_count(f[r]); i++) {
-            const char *n = nb_safetensors_name(f[r], i);
-            if (strncmp(n, "model.", 6) != 0 || which(f, P, n) != r) continue; /* wte once */
-            st = nb_state_list_add(&l, NULL, n + 6, nb_safetensors_get(f[r], n));
+        for (int i = 0; st == NB_OK && i < nb_safetensors_count(f[r * T]); i++) {
+            const char *n = nb_safetensors_name(f[r * T], i);
+            if (strncmp(n, "model.", 6) != 0 || which(f, P, T, n) != r) continue; /* wte once */
+            st = nb_state_list_add(&l, NULL, n + 6, stage_get(f, T, r, n));
         }
     const char *keys[] = {"format"}, *vals[] = {"pt"};
     if (st == NB_OK) st = nb_safetensors_save(out, l.names, l.tensors, l.count, keys, vals, 1);
     nb_scope_end();
     nb_state_list_deinit(&l);
-    close_stages(f, P);
+    close_stages(f, P * T);
     return st;
 }

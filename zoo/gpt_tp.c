@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct tp_self {
+typedef struct nb__gpt_tp {
     nb_gpt_config cfg;
     nb_comm *c;  /* borrowed */
     bool sp;
@@ -152,6 +152,17 @@ static nb_tensor *block_forward(nb_module *m, nb_tensor *x) {
     return nb_add(x, nb_forward(nb_module_child(m, "mlp"), nb_forward(nb_module_child(m, "ln_2"), x)));
 }
 
+/* The embedding and its dropout: (B, T, C), or this rank's (B, T/tp, C) shard of the
+ * sequence; m gives the training mode. */
+static nb_tensor *embed(const tp_self *s, nb_module *m, nb_tensor *wte, nb_tensor *wpe,
+                        nb_tensor *idx) {
+    const int64_t T = nb_size(idx, 1);
+    nb_tensor *x = nb_vocab_parallel_embedding(wte, idx, s->c, s->sp ? 1 : -1);
+    const int64_t Tl = s->sp ? T / s->tp : T;
+    x = nb_add(x, nb_narrow(wpe, 0, s->sp ? Tl * s->rank : 0, Tl));
+    return dropout(s, m, x);
+}
+
 static nb_tensor *gpt_tp_forward(nb_module *m, nb_tensor *idx) {
     const tp_self *s = self_of(m);
     if (!idx) {
@@ -177,11 +188,7 @@ static nb_tensor *gpt_tp_forward(nb_module *m, nb_tensor *idx) {
     nb_module *h = nb_module_child(tr, "h");
     nb_tensor *wte = nb_module_param(nb_module_child(tr, "wte"), "weight");
     nb_tensor *wpe = nb_module_param(nb_module_child(tr, "wpe"), "weight");
-    /* (B, T, C), or this rank's (B, T/tp, C) shard of the sequence */
-    nb_tensor *x = nb_vocab_parallel_embedding(wte, idx, s->c, s->sp ? 1 : -1);
-    const int64_t Tl = s->sp ? T / s->tp : T;
-    x = nb_add(x, nb_narrow(wpe, 0, s->sp ? Tl * s->rank : 0, Tl));
-    x = dropout(s, m, x);
+    nb_tensor *x = embed(s, m, wte, wpe, idx);
     for (int i = 0; i < nb_module_num_children(h); i++) x = nb_forward(nb_module_child_at(h, i), x);
     x = nb_forward(nb_module_child(tr, "ln_f"), x);
     return nb_linear(enter(s, x), wte, NULL); /* tied head: this rank's (B, T, V/tp) logits */
@@ -245,13 +252,33 @@ static nb_module *add_mod(nb_module *parent, const char *name, const nb_module_v
     return c ? nb_module_add_child(parent, name, c) : NULL;
 }
 
-/* A leaf module `name` under parent with the slices of full's "prefix.name.{weight,bias}". */
+/* A leaf module `name` under parent with the slices of full's "prefix.name.{weight,bias}"
+ * (prefix "": full's "name.{weight,bias}"). */
 static bool leaf(nb_module *parent, const char *prefix, const char *name, const nb_module_vtable *vt,
                  nb_module *full, const tp_self *s) {
     char p[256];
-    snprintf(p, sizeof p, "%s.%s", prefix, name);
+    snprintf(p, sizeof p, "%s%s%s", prefix, *prefix ? "." : "", name);
     nb_module *l = add_mod(parent, name, vt, s);
     return l && add_slice(l, p, "weight", full, s) && add_slice(l, p, "bias", full, s);
+}
+
+/* The TP Block holding the slices of full's block at prefix ("transformer.h.<i>", or "" when
+ * full is a standalone block); NULL + error on failure. */
+static nb_module *tp_block(nb_module *full, const char *p, const tp_self *s) {
+    char pa[80], pm[80];
+    snprintf(pa, sizeof pa, "%s%sattn", p, *p ? "." : "");
+    snprintf(pm, sizeof pm, "%s%smlp", p, *p ? "." : "");
+    nb_module *b = nb_module_new(&block_vt, (void *)(uintptr_t)s), *attn, *mlp;
+    bool ok = b && leaf(b, p, "ln_1", &ln_vt, full, s) &&
+              (attn = add_mod(b, "attn", &attn_vt, s)) && leaf(attn, pa, "c_attn", &col_vt, full, s) &&
+              leaf(attn, pa, "c_proj", &row_vt, full, s) && leaf(b, p, "ln_2", &ln_vt, full, s) &&
+              (mlp = add_mod(b, "mlp", &mlp_vt, s)) && leaf(mlp, pm, "c_fc", &col_vt, full, s) &&
+              leaf(mlp, pm, "c_proj", &row_vt, full, s);
+    if (!ok) {
+        nb_module_free(b);
+        return NULL;
+    }
+    return b;
 }
 
 nb_module *nb_gpt_tp_from(nb_module *full, nb_comm *c, const nb_gpt_tp_opts *o) {
@@ -283,16 +310,10 @@ nb_module *nb_gpt_tp_from(nb_module *full, nb_comm *c, const nb_gpt_tp_opts *o) 
               leaf(tr, "transformer", "wpe", &emb_vt, full, s) &&
               (h = nb_module_add_child(tr, "h", nb_module_list_new(NULL, 0)));
     for (int64_t i = 0; ok && i < cfg->n_layer; i++) {
-        char p[64], pa[80], pm[80];
+        char p[64];
         snprintf(p, sizeof p, "transformer.h.%lld", (long long)i);
-        snprintf(pa, sizeof pa, "%s.attn", p);
-        snprintf(pm, sizeof pm, "%s.mlp", p);
-        nb_module *b = nb_module_new(&block_vt, s), *attn, *mlp;
-        ok = b && nb_module_list_append(h, b) == NB_OK && leaf(b, p, "ln_1", &ln_vt, full, s) &&
-             (attn = add_mod(b, "attn", &attn_vt, s)) && leaf(attn, pa, "c_attn", &col_vt, full, s) &&
-             leaf(attn, pa, "c_proj", &row_vt, full, s) && leaf(b, p, "ln_2", &ln_vt, full, s) &&
-             (mlp = add_mod(b, "mlp", &mlp_vt, s)) && leaf(mlp, pm, "c_fc", &col_vt, full, s) &&
-             leaf(mlp, pm, "c_proj", &row_vt, full, s);
+        nb_module *b = tp_block(full, p, s);
+        ok = b && nb_module_list_append(h, b) == NB_OK;
     }
     if (!ok || !leaf(tr, "transformer", "ln_f", &ln_vt, full, s)) {
         nb_module_free(m);
@@ -999,4 +1020,68 @@ nb_status nb_gpt_tp_checkpoint_load(const char *dir, nb_checkpoint *c) {
     nb_state_list_deinit(&model);
     nb_state_list_deinit(&optim);
     return st;
+}
+
+/* ---- what the pipeline's tensor-parallel stages use (zoo/gpt_impl.h) ------------------------ */
+nb__gpt_tp *nb__gpt_tp_new(const nb_gpt_config *cfg, nb_comm *tp, bool sp) {
+    if (!cfg || !tp) {
+        nb_set_error(NB_ENULL, "gpt_tp: NULL config or communicator");
+        return NULL;
+    }
+    const int n = nb_comm_size(tp);
+    if (cfg->n_head % n || cfg->vocab_size % n) {
+        nb_set_error(NB_EINVAL, "nb_gpt_tp: the tensor-parallel size %d must divide n_head (%lld) "
+                     "and vocab_size (%lld)", n, (long long)cfg->n_head, (long long)cfg->vocab_size);
+        return NULL;
+    }
+    tp_self *s = malloc(sizeof *s);
+    if (!s) {
+        nb_set_error(NB_ENOMEM, "gpt_tp: out of memory");
+        return NULL;
+    }
+    *s = (tp_self){.cfg = *cfg, .c = tp, .sp = sp && n > 1, .tp = n, .rank = nb_comm_rank(tp)};
+    return s;
+}
+
+nb_module *nb__gpt_tp_block(const nb__gpt_tp *s, nb_module *block) {
+    return tp_block(block, "", s);
+}
+
+bool nb__gpt_tp_sharded(const char *name) { return split_of(name) != REPLICATED; }
+
+nb_tensor *nb__gpt_tp_slice(const nb__gpt_tp *s, const char *name, nb_tensor *whole) {
+    return slice_of(whole, split_of(name), s->rank, s->tp);
+}
+
+nb_tensor *nb__gpt_tp_whole(const nb__gpt_tp *s, const char *name, nb_tensor *slice) {
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *w = whole(s, name, slice);
+    nb_set_grad_enabled(prev);
+    return w;
+}
+
+nb_tensor *nb__gpt_tp_assemble(const char *name, nb_tensor *const *parts, int n) {
+    split k = split_of(name);
+    if (k == REPLICATED || n == 1) return nb_clone(parts[0]);
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *w = nb_cat(parts, n, k == COLS ? 1 : 0);
+    if (w && k == QKV) w = unshuffle_qkv(w, n);
+    nb_set_grad_enabled(prev);
+    return w;
+}
+
+const char *nb__gpt_tp_state_param(const char *entry, const nb_tensor *t) {
+    return state_param(entry, t);
+}
+
+nb_tensor *nb__gpt_tp_embed(const nb__gpt_tp *s, nb_module *m, nb_tensor *wte, nb_tensor *wpe,
+                            nb_tensor *idx) {
+    return embed(s, m, wte, wpe, idx);
+}
+
+nb_tensor *nb__gpt_tp_head_loss(const nb__gpt_tp *s, nb_tensor *x, nb_tensor *wte,
+                                nb_tensor *targets) {
+    nb_tensor *logits = nb_linear(enter(s, x), wte, NULL); /* this rank's (B, T, V/tp) */
+    return nb_vocab_parallel_cross_entropy(nb_view(logits, (int64_t[]){-1, s->cfg.vocab_size / s->tp}, 2),
+                                           nb_reshape(targets, (int64_t[]){-1}, 1), s->c);
 }

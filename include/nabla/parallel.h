@@ -278,6 +278,9 @@ double nb_zero_clip_grad_norm(nb_zero *z, double max_norm, double norm_type);
 typedef struct nb_zero_clip_opts {
     nb_comm *model_comm;       /* NULL: the model is whole on each rank (then this is
                                 * nb_zero_clip_grad_norm) */
+    nb_comm *model_comm2;      /* NULL, or a second group the model is split over, summed
+                                * after model_comm (a tensor-parallel pipeline stage: the
+                                * pipeline, then the tp group) */
     const bool *skip;          /* NULL: every parameter counts */
 } nb_zero_clip_opts;
 nb_zero_clip_opts nb_zero_clip_defaults(void);

@@ -39,6 +39,17 @@
  * gradient back. Sends are asynchronous (nb_send_async) and waited for at the end of the
  * step, so a stage goes on computing while its activations travel.
  *
+ * Tensor x pipeline parallel (3D with dp): with nb_gpt_pipe_opts.tp (a group of size > 1,
+ * e.g. nb_topology_tp of a world of dp * pp * tp, whose pp and dp groups are then the ones
+ * to pass) each stage is the tensor-parallel GPT's (nabla/gpt_tp.h): its blocks hold the
+ * slices of rank tp_rank, stage 0 the vocab-parallel wte slice and wpe, the last stage ln_f,
+ * the tied vocab-parallel head and the vocab-parallel cross entropy. The activation between
+ * stages is (b, T, C), or with sequence_parallel this rank's (b, T/tp, C) shard; the
+ * replicated parameters' partial gradients are then summed over tp. The tied wte gradient
+ * is summed over the first and last stage ranks of the same tp rank, the global norm is
+ * over pp x tp (slices on every tp rank, replicated tensors once) after the dp average.
+ * Initial values and dropout masks are still those of one process.
+ *
  * Schedules (m micro-batches): GPipe runs every forward, then every backward; 1F1B
  * (PipeDream-flush) runs p - r - 1 warm-up forwards, then alternates one forward and one
  * backward, so a stage holds at most p - r micro-batches of activations instead of m;
@@ -133,6 +144,9 @@ typedef struct nb_gpt_pipe_opts {
                                 * count smallest, counting wte and wpe on the first stage and
                                 * wte and ln_f on the last (a large vocabulary leaves them
                                 * fewer blocks) */
+    nb_comm *tp;               /* NULL (or size 1): none; else each stage is tensor parallel
+                                * over tp (borrowed; nabla/gpt_tp.h's layout) */
+    bool sequence_parallel;    /* false; with tp: activations split along the sequence */
 } nb_gpt_pipe_opts;
 nb_gpt_pipe_opts nb_gpt_pipe_defaults(void);
 
@@ -150,7 +164,8 @@ typedef struct nb_gpt_pipe nb_gpt_pipe;
  * rank) is set, before each stage computes a micro-batch, to the position one process
  * running the global batch's micro-batches in order would be at, and after the step to
  * where that process would end.
- * Errors (on every rank alike, before any communication): fewer layers than stages,
+ * Errors (on every rank alike, before any communication): fewer layers than stages, a tp
+ * size that does not divide n_head or vocab_size,
  * bad boundaries, v > 1 without the interleaved schedule, n_micro < 1, and interleaved with
  * n_micro not a multiple of p. Collective over pp. */
 nb_gpt_pipe *nb_gpt_pipe_new(const nb_gpt_config *cfg, nb_generator *init, nb_comm *pp,
@@ -172,6 +187,11 @@ nb_status nb_gpt_pipe_set_zero(nb_gpt_pipe *p, nb_zero *z);
 /* The stages' first layers: S + 1 indices (owned by p), and S. */
 const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages);
 
+/* Write this rank's stage's whole parameters (its tensor-parallel slices all-gathered) into
+ * full, a GPT of the same config made by nb_gpt_new, under the same names; the other stages'
+ * tensors of full are left as they are. Collective over the stage's tp group. */
+nb_status nb_gpt_pipe_gather(nb_gpt_pipe *p, nb_module *full);
+
 /* One optimizer step: x and y (B, T) are this data-parallel rank's batch (the same on every
  * rank of pp), split into n_micro micro-batches of B / n_micro rows (NB_EINVAL when that does
  * not divide). Zeroes the gradients, runs the schedule, sums the tied embedding's gradients,
@@ -192,9 +212,17 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
  * its parameters' values and optimizer state by name from whichever file holds them (the
  * parameter groups from stage 0's file), so opt must be of the kind and groups that saved.
  * *step (may be NULL) gets the saved step. Both are collective over pp and dp: every rank
- * gets an error if one fails, and nothing is loaded on a rank whose checks failed.
+ * gets an error if one fails, and nothing is loaded on a rank whose checks failed (with
+ * tp, collective over it too).
+ * With tensor-parallel stages (tp size T > 1) each stage is T files,
+ * stage-<id>-<r>-of-<P>-tp-<t>-of-<T>.safetensors, holding tp rank t's slices under the full
+ * names (written by every tp rank of data-parallel rank 0), and the index says "pipe_tp" = T
+ * and names them "stage.<r>.<t>"; the loader assembles each split tensor (and its optimizer
+ * state) from the T slices and takes its own slice, so any (dp, tp, pp) layout, or one
+ * process, loads any other's checkpoint.
  * nb_gpt_pipe_consolidate writes the model of such a directory as one plain file under the
- * nanoGPT names (each tensor once), which nb_gpt_load and PyTorch read. Local. */
+ * nanoGPT names (each tensor once, slices assembled), which nb_gpt_load and PyTorch read.
+ * Local. */
 nb_status nb_gpt_pipe_save(nb_gpt_pipe *p, nb_optim *opt, const char *dir, int64_t step);
 /* Series, flash saves. A save writes each stage's file under a name fresh per save
  * (stage-<id>-<r>-of-<P>.safetensors, an nb_checkpoint file) and the index names them, so

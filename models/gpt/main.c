@@ -110,7 +110,8 @@ static void usage(const args *a, FILE *out) {
             "  --tp N           tensor parallel over N adjacent ranks (the ranks are dp x tp,\n"
             "                   nb_ddp over dp; default 1); --save writes a sharded checkpoint\n"
             "                   (a directory: each rank its slices; DIR/model.safetensors at\n"
-            "                   the end), which any layout resumes\n"
+            "                   the end), which any layout resumes; with --pp M each\n"
+            "                   stage is tensor parallel (mpirun -np dp*N*M)\n"
             "  --sequence-parallel  with --tp: layer norms and dropout on sequence shards\n"
             "  --pp M           pipeline parallel over M stages (mpirun -np dp*M); --batch is\n"
             "                   then the global batch per step (models/gpt/pipe.c, docs/distributed.md)\n"
@@ -327,10 +328,10 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --microbatches, --pp-schedule and --virtual-stages need --pp\n");
         return 2;
     }
-    if (a->pp && (a->grad_accum != 1 || a->log || a->tensorboard || a->tp > 1 ||
+    if (a->pp && (a->grad_accum != 1 || a->log || a->tensorboard ||
                   strcmp(a->recompute, "none") || guard.train_flag || a->precision != NB_F32)) {
         fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum and does "
-                "not take --tp, --log, --tensorboard, --checkpoint-activations, "
+                "not take --log, --tensorboard, --checkpoint-activations, "
                 "--on-nonfinite, --max-skips or --precision yet\n");
         return 2;
     }
@@ -1113,7 +1114,8 @@ static int run_pipe(const args *a) {
         .cfg = {.block_size = a->block_size, .n_layer = a->n_layer, .n_head = a->n_head,
                 .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
                 .gelu_tanh = a->gelu_tanh != 0},
-        .steps = a->steps, .batch = a->batch, .pp = a->pp,
+        .steps = a->steps, .batch = a->batch, .pp = a->pp, .tp = a->tp,
+        .sequence_parallel = a->sequence_parallel,
         .microbatches = a->microbatches ? a->microbatches : 4,
         .virtual_stages = a->virtual_stages ? a->virtual_stages : 1,
         .pp_schedule = a->pp_schedule ? a->pp_schedule : "1f1b", .lr = a->lr,

@@ -1,6 +1,8 @@
 /* pipe.c - `gpt --pp M --microbatches K --pp-schedule gpipe|1f1b|interleaved
- * [--virtual-stages V]` under `mpirun -np dp*pp` (pipe.h): consecutive ranks form a pipeline,
- * ranks at the same stage a data-parallel group. Every rank draws the same global batch and
+ * [--virtual-stages V] [--tp N [--sequence-parallel]]` under `mpirun -np dp*tp*pp` (pipe.h):
+ * the ranks form nb_topology's groups (world = dp x pp x tp, the tp ranks adjacent): each
+ * pipeline stage is tensor parallel over its tp group (3D with dp), ranks holding the same
+ * slice of the same stage a data-parallel group. Every rank draws the same global batch and
  * its pipeline trains on its dp slice of rows, so any layout follows the 1-process run up to
  * float reassociation. The progress line and the last JSON line show the layout, the
  * measured and ideal bubble and the exposed communication. --save DIR writes a pipeline
@@ -49,9 +51,10 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         return 1;
     }
     const int rank = nb_comm_rank(world), size = nb_comm_size(world);
-    const int P = (int)a->pp, K = (int)a->microbatches;
+    const int P = (int)a->pp, K = (int)a->microbatches, TP = a->tp > 1 ? (int)a->tp : 1;
     int rc = 1;
-    nb_comm *pp = NULL, *dp = NULL;
+    nb_topology *topo = NULL;
+    nb_comm *pp = NULL, *dp = NULL; /* borrowed from topo */
     nb_gpt_pipe *pipe = NULL;
     nb_optim *opt = NULL;
     nb_zero *zero = NULL;
@@ -68,12 +71,22 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         SAY(rank, "--pp-schedule: %s\n", nb_last_error());
         goto done;
     }
-    if (size % P) {
+    if (size % P && TP == 1) {
         SAY(rank, "the world size %d is not divisible by --pp %d (run mpirun -np dp*pp)\n", size,
             P);
         goto done;
     }
-    const int D = size / P;
+    if (size % (P * TP)) {
+        SAY(rank, "the world size %d is not divisible by --tp %d x --pp %d (run mpirun -np "
+            "dp*tp*pp)\n", size, TP, P);
+        goto done;
+    }
+    if (a->sequence_parallel && a->cfg.block_size % TP) {
+        SAY(rank, "--sequence-parallel splits the context (--block-size %lld) over --tp %d: it "
+            "must divide\n", (long long)a->cfg.block_size, TP);
+        goto done;
+    }
+    const int D = size / (P * TP);
     if (a->batch % ((int64_t)D * K)) {
         SAY(rank, "--batch %lld (the global batch) must divide into %d data-parallel ranks x %d "
             "micro-batches\n", (long long)a->batch, D, K);
@@ -84,8 +97,13 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         goto done;
     }
     nb_share_threads(world, (int)a->threads);
-    pp = nb_comm_split(world, rank / P, rank);
-    dp = nb_comm_split(world, rank % P, rank);
+    nb_topology_opts to = nb_topology_defaults();
+    to.pp = P;
+    to.tp = TP;
+    if ((topo = nb_topology_new(world, &to))) {
+        pp = nb_topology_pp(topo);
+        dp = nb_topology_dp(topo);
+    }
     init = nb_generator_new(a->seed);
     batch_gen = nb_generator_new(a->seed + 1234);
     /* dropout: one stream (main.c's seed), positioned by the pipeline as one process's */
@@ -96,6 +114,8 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
     po.schedule = ps;
     po.n_micro = K;
     po.virtual_stages = (int)a->virtual_stages;
+    po.tp = topo && TP > 1 ? nb_topology_tp(topo) : NULL;
+    po.sequence_parallel = a->sequence_parallel;
     if (!pp || !dp || !init || !batch_gen || !drop_gen ||
         !(pipe = nb_gpt_pipe_new(&cfg, init, pp, dp, &po))) {
         SAY(rank, "%s\n", nb_last_error());
@@ -162,15 +182,17 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
     const int64_t *bounds = nb_gpt_pipe_boundaries(pipe, &nst);
     if (rank == 0) {
         printf("gpt: %lld layers, width %lld, context %lld; pipeline: %d stages x %d data "
-               "parallel, %s, %d micro-batches of %lld, %lld virtual stages; layers per stage:",
+               "parallel, %s, %d micro-batches of %lld, %lld virtual stages; each stage tensor "
+               "parallel over %d%s; layers per stage:",
                (long long)a->cfg.n_layer, (long long)a->cfg.n_embd, (long long)T, P, D,
-               a->pp_schedule, K, (long long)(B / D / K), (long long)a->virtual_stages);
+               a->pp_schedule, K, (long long)(B / D / K), (long long)a->virtual_stages, TP,
+               a->sequence_parallel ? " (sequence parallel)" : "");
         for (int s = 0; s < nst; s++) printf(" %lld", (long long)(bounds[s + 1] - bounds[s]));
         printf("\n");
         fflush(stdout);
     }
     const int64_t rows = B / D, first = step, d = nb_comm_rank(dp);
-    double bubble_sum = 0, wait_sum = 0, comm_sum = 0, last_loss = NAN, theory = NAN;
+    double bubble_sum = 0, wait_sum = 0, comm_sum = 0, tp_sum = 0, last_loss = NAN, theory = NAN;
     int64_t peak = 0, saved = -1;
     for (; step < a->steps && !stop; step++) {
         double t0 = nb_time_s();
@@ -180,6 +202,7 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
             fprintf(stderr, "gpt: %s\n", nb_last_error());
             goto done;
         }
+        nb_tp_comm_stats_reset(); /* the stages' tensor-parallel collectives: blocking */
         nb_scope_begin();
         double loss = nb_gpt_pipe_train_step(pipe, opt, nb_narrow(X, 0, d * rows, rows),
                                              nb_narrow(Y, 0, d * rows, rows), a->grad_clip,
@@ -191,6 +214,9 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
             goto done;
         }
         times[step - first] = nb_time_s() - t0;
+        nb_tp_comm_stats tc;
+        nb_tp_comm_stats_get(&tc);
+        tp_sum += tc.seconds;
         bubble_sum += st.bubble;
         wait_sum += st.wait_s;
         comm_sum += st.comm_s;
@@ -212,10 +238,10 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         const int64_t every = a->steps >= 20 ? a->steps / 20 : 1;
         if (rank == 0 && ((step + 1) % every == 0 || step + 1 == a->steps || stop)) {
             printf("step %lld/%lld  loss %.4f  norm %.3f  %.0f ms  bubble %.3f (ideal %.3f)  "
-                   "exposed comm %.1f ms  [pp %d x dp %d, %s]\n",
+                   "exposed comm %.1f ms (tp %.1f ms)  [dp %d x tp %d x pp %d, %s]\n",
                    (long long)step + 1, (long long)a->steps, loss, norm, times[step - first] * 1e3,
-                   st.bubble, st.bubble_theory, (st.wait_s + st.comm_s) * 1e3, P, D,
-                   a->pp_schedule);
+                   st.bubble, st.bubble_theory, (st.wait_s + st.comm_s + tc.seconds) * 1e3,
+                   tc.seconds * 1e3, D, TP, P, a->pp_schedule);
             fflush(stdout);
         }
     }
@@ -255,13 +281,18 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         nb_jsonl_int(out, "ranks", size);
         nb_jsonl_int(out, "pp", P);
         nb_jsonl_int(out, "dp", D);
+        nb_jsonl_int(out, "tp", TP);
+        nb_jsonl_int(out, "sequence_parallel", a->sequence_parallel);
         nb_jsonl_str(out, "pp_schedule", a->pp_schedule);
         nb_jsonl_int(out, "microbatches", K);
         nb_jsonl_int(out, "virtual_stages", a->virtual_stages);
         nb_jsonl_num(out, "bubble", ran ? bubble_sum / (double)ran : NAN, 4);
         nb_jsonl_num(out, "bubble_ideal", theory, 4);
-        nb_jsonl_num(out, "exposed_comm_ms", ran ? (wait_sum + comm_sum) / (double)ran * 1e3 : NAN,
-                     3);
+        /* pipeline waits, the gradient communication after the passes, the tp collectives
+         * (blocking: all exposed) */
+        nb_jsonl_num(out, "exposed_comm_ms",
+                     ran ? (wait_sum + comm_sum + tp_sum) / (double)ran * 1e3 : NAN, 3);
+        nb_jsonl_num(out, "tp_comm_ms", ran ? tp_sum / (double)ran * 1e3 : NAN, 3);
         nb_jsonl_int(out, "peak_live_microbatches", peak);
         nb_jsonl_num(out, "stage_params_max", stage_params, 0);
         nb_jsonl_int(out, "zero", a->zero);
@@ -298,8 +329,7 @@ done:
     nb_generator_free(init);
     nb_generator_free(batch_gen);
     nb_generator_free(drop_gen);
-    nb_comm_free(pp);
-    nb_comm_free(dp);
+    nb_topology_free(topo); /* after the pipeline, which borrows its groups */
     nb_comm_free(world);
     return rc;
 }

@@ -1,9 +1,10 @@
-/* pipe.h - `gpt --pp M`: the GPT trained pipeline parallel (nabla/pipeline.h) under
- * `mpirun -np dp*pp`, as models/gpt/main.c's training but with the model split into stages.
+/* pipe.h - `gpt --pp M [--tp N]`: the GPT trained pipeline parallel (nabla/pipeline.h),
+ * each stage optionally tensor parallel, under `mpirun -np dp*tp*pp`, as models/gpt/main.c's training but with the model split into stages.
  * Public API only. */
 #ifndef NBM_GPT_PIPE_H
 #define NBM_GPT_PIPE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <nabla/nabla.h>
@@ -13,6 +14,8 @@ typedef struct gpt_pipe_args {
     nb_gpt_config cfg;           /* the model (dropout_gen: set by gpt_pipe_train) */
     int64_t steps, batch;        /* batch: the global batch per step, in sequences */
     int64_t pp, microbatches, virtual_stages;
+    int64_t tp;                  /* each stage tensor parallel over tp ranks (1: none) */
+    bool sequence_parallel;      /* with tp > 1 */
     const char *pp_schedule;     /* gpipe, 1f1b, interleaved */
     double lr, weight_decay, grad_clip, beta1, beta2;
     const char *schedule;        /* learning rate: cosine or constant, as main.c's */

@@ -467,6 +467,58 @@ START_TEST(test_pipe_zero_equivalence) {
 }
 END_TEST
 
+/* Tensor-parallel pipeline stages under ZeRO-1 over dp: (dp, tp, pp) = (1, 2, 2) and
+ * (2, 2, 1) on 4 ranks, (1, 2, 1) on 2. The norm sums the shards over dp, then over the
+ * pipeline and then over tp (nb_zero_clip_opts.model_comm2), replicated tensors counted on tp
+ * rank 0 only: the losses, norms and weights (gathered over tp) of 1 process. */
+START_TEST(test_pipe_tp_zero_equivalence) {
+    double rloss[K], rnorm[K];
+    nb_module *ref = reference(K, rloss, rnorm, NULL);
+    for (int pp = 1; 2 * pp <= mt_size; pp *= 2) {
+        if (mt_size % (2 * pp)) continue;
+        nb_topology *topo = nb_topology_new(mt_world, &(nb_topology_opts){.pp = pp, .tp = 2});
+        MT_CHECK(topo, "topology pp %d tp 2: %s", pp, nb_last_error());
+        ppl t = {.ndp = topo ? nb_topology_dp_size(topo) : 1,
+                 .dr = topo ? nb_topology_dp_rank(topo) : 0};
+        nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+        po.n_micro = (GB / t.ndp) % NMICRO == 0 ? NMICRO : 1;
+        po.tp = topo ? nb_topology_tp(topo) : NULL;
+        nb_generator *g = nb_generator_new(11);
+        t.pipe = topo ? nb_gpt_pipe_new(&gcfg, g, nb_topology_pp(topo), nb_topology_dp(topo), &po)
+                      : NULL;
+        nb_generator_free(g);
+        t.opt = t.pipe ? adamw(nb_gpt_pipe_module(t.pipe)) : NULL;
+        nb_zero_opts zo = nb_zero_defaults();
+        zo.stage = 1;
+        zo.bucket_mb = 0.004;
+        if (t.opt) t.z = nb_zero_new(nb_gpt_pipe_module(t.pipe), t.opt, nb_topology_dp(topo), &zo);
+        if (t.z) MT_OK(nb_gpt_pipe_set_zero(t.pipe, t.z));
+        MT_CHECK(t.z, "pp %d tp 2: %s", pp, nb_last_error());
+        char what[96];
+        snprintf(what, sizeof what, "dp %d x tp 2 x pp %d, ZeRO-1", t.ndp, pp);
+        if (t.z) {
+            ppl_steps(&t, 0, K, rloss, rnorm, what);
+            nb_module *full = nb_gpt_new(&gcfg, NULL);
+            MT_OK(nb_gpt_pipe_gather(t.pipe, full));
+            const nb_params *ps = nb_parameters(nb_gpt_pipe_module(t.pipe));
+            for (int i = 0; full && i < ps->count; i++) {
+                char w[200];
+                snprintf(w, sizeof w, "%s: %s", what, ps->names[i]);
+                EXPECT_CLOSE(nb_module_find(full, ps->names[i]), nb_module_find(ref, ps->names[i]),
+                             1e-5, w);
+            }
+            nb_module_free(full);
+        }
+        nb_zero_free(t.z);
+        nb_optim_free(t.opt);
+        nb_gpt_pipe_free(t.pipe);
+        nb_topology_free(topo);
+    }
+    nb_module_free(ref);
+    MT_END();
+}
+END_TEST
+
 /* A pipeline checkpoint saved under ZeRO-1 (pp 2, dp the rest) after K - 1 steps: training on
  * gives the weights of K steps of 1 process, and so does resuming it in one process, under
  * pp = world without ZeRO and under ZeRO-2 with pp 1 (dp = world). */
@@ -581,6 +633,7 @@ Suite *mt_suite_zero_layouts(void) {
     tcase_add_test(tc, test_tp_zero_checkpoint);
     tcase_add_test(tc, test_zero_gather_optim_state);
     tcase_add_test(tc, test_pipe_zero_equivalence);
+    tcase_add_test(tc, test_pipe_tp_zero_equivalence);
     tcase_add_test(tc, test_pipe_zero_checkpoint);
     tcase_add_test(tc, test_zero_layouts_errors);
     suite_add_tcase(s, tc);
