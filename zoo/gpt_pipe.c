@@ -295,6 +295,10 @@ static nb_status count_dropout_draws(nb_gpt_pipe *p, int64_t b, int64_t T) {
 static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
     nb_gpt_pipe *p = ctx;
     const int s = chunk * p->p + p->r;
+    /* Under autocast each micro-batch casts the weights itself: with the cast cache, the
+     * graphs of the micro-batches in flight (1F1B, GPipe) would share one cast node, which the
+     * first of their backward passes frees. */
+    if (nb_autocast_active() && nb_grad_enabled()) nb_autocast_clear_cache();
     if (p->drop) set_dropout_offset(p, s, micro);
     nb_tensor *x = input;
     if (s == 0) {
@@ -303,7 +307,9 @@ static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
         x = stage_dropout(p, x);
     }
     for (int64_t i = p->bounds[s]; x && i < p->bounds[s + 1]; i++) x = nb_forward(p->blocks[i], x);
-    if (s < p->S - 1) return x;
+    /* The activation travels in f32 (the residual stream is f32 under autocast too: bf16
+     * matmul outputs are added to it), so the receiving stage's buffer always matches. */
+    if (s < p->S - 1) return x && nb_tensor_dtype(x) != NB_F32 ? nb_to_dtype(x, NB_F32) : x;
     x = nb_forward(p->ln_f, x);
     nb_tensor *logits = nb_linear(x, p->wte, NULL); /* the tied head */
     return nb_cross_entropy(nb_view(logits, (int64_t[]){-1, p->cfg.vocab_size}, 2),
@@ -341,6 +347,55 @@ static nb_status allreduce_grads(nb_comm *c, const nb_params *ps, nb_tensor *onl
     return st;
 }
 
+/* x and y: (B, T) with n_micro dividing B and T within the context. */
+static nb_status check_batch(const nb_gpt_pipe *p, nb_tensor *x, nb_tensor *y, const char *who) {
+    const int m = p->o.n_micro;
+    if (nb_ndim(x) != 2 || nb_ndim(y) != 2 || nb_size(x, 0) != nb_size(y, 0) ||
+        nb_size(x, 1) != nb_size(y, 1))
+        return nb_set_error(NB_ESHAPE, "%s: x and y must both be (B, T)", who);
+    const int64_t B = nb_size(x, 0), T = nb_size(x, 1);
+    if (B % m)
+        return nb_set_error(NB_EINVAL, "%s: %d micro-batches do not divide the batch of %lld "
+                            "sequences", who, m, (long long)B);
+    if (T < 1 || T > p->cfg.block_size)
+        return nb_set_error(NB_ESHAPE, "%s: sequence length %lld is outside 1..block_size "
+                            "(%lld)", who, (long long)T, (long long)p->cfg.block_size);
+    return NB_OK;
+}
+
+nb_status nb_gpt_pipe_eval(nb_gpt_pipe *p, nb_tensor *x, nb_tensor *y, double *loss,
+                           nb_pipe_stats *stats) {
+    if (loss) *loss = NAN;
+    if (stats) *stats = (nb_pipe_stats){.bubble = NAN, .bubble_theory = NAN};
+    if (!p || !x || !y || !loss)
+        return nb_set_error(NB_ENULL, "nb_gpt_pipe_eval: needs a pipeline, a batch and a place "
+                            "for the loss");
+    nb_status st = check_batch(p, x, y, "nb_gpt_pipe_eval");
+    if (st != NB_OK) return st;
+    const int m = p->o.n_micro;
+    const int64_t b = nb_size(x, 0) / m, T = nb_size(x, 1);
+    const bool training = nb_module_is_training(p->root);
+    nb_module_train(p->root, false); /* dropout off: no draws, the stream stays where it is */
+    p->drop = NULL;
+    nb_scope_begin();
+    for (int i = 0; i < m; i++) {
+        p->mx[i] = nb_narrow(x, 0, i * b, b);
+        p->my[i] = nb_narrow(y, 0, i * b, b);
+    }
+    const int64_t act[3] = {b, T, p->cfg.n_embd};
+    nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
+                       .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32,
+                       .forward_only = true};
+    nb_clear_error();
+    double l = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
+    st = isnan(l) ? nb_last_status() : NB_OK;
+    nb_scope_end();
+    nb_module_train(p->root, training);
+    if (st != NB_OK) return st;
+    *loss = l;
+    return NB_OK;
+}
+
 double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
                               double grad_clip, double *grad_norm, nb_pipe_stats *stats) {
     if (grad_norm) *grad_norm = NAN;
@@ -350,22 +405,8 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
         return NAN;
     }
     const int m = p->o.n_micro;
-    if (nb_ndim(x) != 2 || nb_ndim(y) != 2 || nb_size(x, 0) != nb_size(y, 0) ||
-        nb_size(x, 1) != nb_size(y, 1)) {
-        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: x and y must both be (B, T)");
-        return NAN;
-    }
+    if (check_batch(p, x, y, "nb_gpt_pipe_train_step") != NB_OK) return NAN;
     const int64_t B = nb_size(x, 0), T = nb_size(x, 1);
-    if (B % m) {
-        nb_set_error(NB_EINVAL, "nb_gpt_pipe_train_step: %d micro-batches do not divide the batch "
-                     "of %lld sequences", m, (long long)B);
-        return NAN;
-    }
-    if (T < 1 || T > p->cfg.block_size) {
-        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: sequence length %lld is outside "
-                     "1..block_size (%lld)", (long long)T, (long long)p->cfg.block_size);
-        return NAN;
-    }
     nb_status st = nb_zero_grad(opt);
     if (st != NB_OK) return NAN;
     const int64_t b = B / m;

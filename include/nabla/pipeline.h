@@ -110,9 +110,12 @@ typedef struct nb_pipe_opts {
     const int64_t *act_shape;  /* the activation passed between stages, the same for all */
     int act_ndim;
     nb_dtype act_dtype;
+    bool forward_only;         /* evaluation: the forward passes only (chunk by chunk, every
+                                * micro-batch; the schedule is not used), gradients off, each
+                                * activation dropped once sent */
 } nb_pipe_opts;
 
-/* Run one step's forward and backward passes over pp: gradients accumulate into whatever the
+/* Run one step's forward and backward passes (forward_only: the forwards) over pp: gradients accumulate into whatever the
  * stage functions' graphs reach (each micro-batch's loss counts 1 / n_micro, so the result
  * is the gradient of the mean loss). Returns the mean loss over the micro-batches, the same
  * on every rank of pp (sent from the last stage), or NAN with the error set. stats may be
@@ -170,6 +173,18 @@ const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages);
  * or NAN with the error set. *grad_norm (may be NULL) gets the norm before clipping. */
 double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
                               double grad_clip, double *grad_norm, nb_pipe_stats *stats);
+
+/* The mean loss of the model on x and y (B, T) (the same on every rank of pp), without
+ * gradients and with dropout off (the module is in evaluation mode during the call, then back
+ * in its mode): x and y split into n_micro micro-batches of B / n_micro rows (NB_EINVAL when
+ * that does not divide), run forward through the stages (nb_pipe_opts.forward_only), the
+ * micro-batches' mean losses averaged: nb_gpt_loss of the 1-process model on the same batch,
+ * up to float reassociation. Nothing is communicated over dp (its ranks may evaluate
+ * different batches; average them yourself). Runs under the caller's autocast scope, if any.
+ * Returns NB_OK with *loss set, or the error (*loss NAN). stats may be NULL. Collective over
+ * pp. */
+nb_status nb_gpt_pipe_eval(nb_gpt_pipe *p, nb_tensor *x, nb_tensor *y, double *loss,
+                           nb_pipe_stats *stats);
 
 /* ---- checkpoints across layouts ------------------------------------------------------------ */
 /* A pipeline checkpoint is a directory: stage-<r>-of-<P>.safetensors for each pipeline rank
