@@ -460,6 +460,10 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
     if (st != NB_OK) return NAN;
     const double norm = sqrt(v2[0]);
     if (grad_norm) *grad_norm = norm;
+    if (stats) stats->comm_s = nb_time_s() - t0;
+    /* A gradient overflowed (inf or NaN; the norm is global, so every rank sees it): not
+     * applied, as nb_gpt_train_step; the caller sees the norm and decides. */
+    if (!isfinite(norm)) return nb_zero_grad(opt) == NB_OK ? loss : NAN;
     const double coef = grad_clip > 0 ? grad_clip / (norm + 1e-6) : 1; /* as nb_clip_grad_norm */
     if (coef < 1) {
         bool prev = nb_set_grad_enabled(false);

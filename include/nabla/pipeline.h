@@ -170,7 +170,11 @@ const int64_t *nb_gpt_pipe_boundaries(const nb_gpt_pipe *p, int *n_stages);
  * not divide). Zeroes the gradients, runs the schedule, sums the tied embedding's gradients,
  * averages over dp, clips the global norm (over every stage, wte counted once; 0: no
  * clipping), and steps opt. Returns the mean loss over the dp ranks (every rank the same),
- * or NAN with the error set. *grad_norm (may be NULL) gets the norm before clipping. */
+ * or NAN with the error set. *grad_norm (may be NULL) gets the norm before clipping. A
+ * non-finite norm (a gradient overflowed; every rank sees the same) is not applied: the
+ * gradients are zeroed, opt is not stepped, and the loss is returned (as nb_gpt_train_step;
+ * the caller decides: stop, or skip the step). Runs under the caller's autocast scope, if any
+ * (each stage computes in it; the activation between stages stays f32). */
 double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
                               double grad_clip, double *grad_norm, nb_pipe_stats *stats);
 

@@ -325,11 +325,14 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --microbatches, --pp-schedule and --virtual-stages need --pp\n");
         return 2;
     }
-    if (a->pp && (a->zero || a->grad_accum != 1 || a->log || a->tensorboard || a->tp > 1 ||
-                  strcmp(a->recompute, "none") || guard.train_flag || a->precision != NB_F32)) {
+    if (a->pp && (a->zero || a->grad_accum != 1 || a->tp > 1)) {
         fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum and does "
-                "not take --zero, --tp, --log, --tensorboard, --checkpoint-activations, "
-                "--on-nonfinite, --max-skips or --precision yet\n");
+                "not take --zero or --tp yet\n");
+        return 2;
+    }
+    if (a->pp && a->precision == NB_F16) {
+        fprintf(stderr, "gpt: --pp does not combine with --precision fp16 (loss scaling) yet; "
+                "--precision bf16 needs none\n");
         return 2;
     }
     if (a->sample && !a->load) {
@@ -1101,7 +1104,10 @@ static int run_pipe(const args *a) {
     gpt_pipe_args p = {
         .cfg = {.block_size = a->block_size, .n_layer = a->n_layer, .n_head = a->n_head,
                 .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
-                .gelu_tanh = a->gelu_tanh != 0},
+                .gelu_tanh = a->gelu_tanh != 0,
+                .recompute = !strcmp(a->recompute, "full")   ? NB_GPT_RECOMPUTE_FULL
+                             : !strcmp(a->recompute, "attn") ? NB_GPT_RECOMPUTE_ATTN
+                                                             : NB_GPT_RECOMPUTE_NONE},
         .steps = a->steps, .batch = a->batch, .pp = a->pp,
         .microbatches = a->microbatches ? a->microbatches : 4,
         .virtual_stages = a->virtual_stages ? a->virtual_stages : 1,
@@ -1110,7 +1116,10 @@ static int run_pipe(const args *a) {
         .beta2 = a->beta2, .schedule = a->schedule, .warmup = a->warmup,
         .decay_steps = a->decay_steps, .min_lr = a->min_lr, .save = a->save,
         .resume = a->resume, .save_every = a->save_every, .keep = a->keep,
-        .async_save = a->async_save, .seed = a->seed, .threads = a->threads};
+        .async_save = a->async_save, .seed = a->seed, .threads = a->threads,
+        .eval_every = a->eval_every, .eval_batches = a->eval_batches, .log = a->log,
+        .tensorboard = a->tensorboard, .precision = a->precision, .recompute = a->recompute,
+        .guard = &guard};
     nb_tensor *text = a->data ? nb_read_bytes(a->data) : read_kjv();
     int rc = gpt_pipe_train(&p, text);
     nb_tensor_free(text);
