@@ -141,10 +141,30 @@ nb_tensor *nb_gpt_tp_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets);
 nb_status nb_gpt_tp_sync_grads(nb_module *m);
 /* nb_gpt_train_step for the TP model: ddp (NULL, or an nb_ddp over the dp group wrapping
  * m) averages over the data-parallel ranks; the gradient norm is taken over the whole model
- * (nb_tp_clip_grad_norm over the tp group). */
+ * (nb_tp_clip_grad_norm over the tp group). A non-finite norm (computed when grad_clip > 0
+ * or grad_norm is given; the same on every rank) is not applied, as nb_gpt_train_step: the
+ * gradients are zeroed, opt not stepped, the loss returned. Mixed precision: call it inside
+ * an autocast scope (nabla/autocast.h). */
 double nb_gpt_tp_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                             nb_tensor *const *y, int n_micro, double grad_clip,
                             double *grad_norm);
+/* The same step with its options in one struct, and a loss scaler for fp16 (nabla/optim.h):
+ * each micro-batch's loss scaled, the gradients unscaled (after the dp and sequence-parallel
+ * sums, before the norm), the step through nb_grad_scaler_step_update, so an overflowed step
+ * is skipped and the scale halved (*grad_norm then inf or NaN). Each rank checks only its own
+ * slices: give the scaler the communicator of every rank of the model, tp x dp
+ * (nb_grad_scaler_set_comm), so the inf check is global and every rank skips the same steps.
+ * Activation checkpointing: cfg.recompute of the model (FULL replays each block with its
+ * collectives in backward; ATTN the attention core of this rank's heads). */
+typedef struct nb_gpt_tp_step_opts {
+    nb_ddp *ddp;             /* NULL; as nb_gpt_tp_train_step's */
+    nb_grad_scaler *scaler;  /* NULL: no loss scaling */
+    double grad_clip;        /* 0: no clipping */
+} nb_gpt_tp_step_opts;
+nb_gpt_tp_step_opts nb_gpt_tp_step_defaults(void); /* all zero/NULL */
+double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
+                               nb_tensor *const *y, int n_micro, const nb_gpt_tp_step_opts *o,
+                               double *grad_norm);
 
 #ifdef __cplusplus
 }

@@ -265,16 +265,6 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --sequence-parallel needs training with --tp 2 or more\n");
         return 2;
     }
-    if (a->tp > 1 && a->precision == NB_F16) {
-        fprintf(stderr, "gpt: --tp %lld does not combine with --precision fp16 (loss scaling) "
-                        "yet\n", (long long)a->tp);
-        return 2;
-    }
-    if (a->tp > 1 && strcmp(a->recompute, "none")) {
-        fprintf(stderr, "gpt: --tp %lld does not combine with --checkpoint-activations yet\n",
-                (long long)a->tp);
-        return 2;
-    }
     if (a->tp > 1 && a->zero > 0) {
         fprintf(stderr, "gpt: --tp %lld does not combine with --zero yet\n", (long long)a->tp);
         return 2;
@@ -807,8 +797,11 @@ static bool train_step(run *r, step_result *o) {
     nb_clear_error(); /* a NaN below is an error only when one is set */
     nb_tp_comm_stats_reset();
     if (nbm_precision_begin(r->a->precision) != NB_OK) return fail(r, "%s", nb_last_error());
-    double loss = r->topo ? nb_gpt_tp_train_step(r->model, r->opt, r->ddp, r->xl, r->yl,
-                                                 (int)r->N, r->a->grad_clip, &o->grad_norm)
+    double loss = r->topo ? nb_gpt_tp_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N,
+                                                    &(nb_gpt_tp_step_opts){.ddp = r->ddp,
+                                                                           .scaler = r->scaler,
+                                                                           .grad_clip = r->a->grad_clip},
+                                                    &o->grad_norm)
                 : nb_gpt_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N,
                                        &(nb_gpt_step_opts){.ddp = r->ddp, .zero = r->zero,
                                                            .scaler = r->scaler,
