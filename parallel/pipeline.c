@@ -258,7 +258,8 @@ static nb_status do_backward(run *R, int i) {
     nb_tensor *grad;
     if (s == R->S - 1) {
         nb_scope_begin();
-        grad = owned(nb_full_like(R->out[k], 1.0 / R->m));
+        const double scale = R->o->loss_scale > 0 ? R->o->loss_scale : 1.0;
+        grad = owned(nb_full_like(R->out[k], scale / R->m));
         nb_scope_end();
     } else {
         grad = recv_for(R, i);

@@ -396,8 +396,9 @@ nb_status nb_gpt_pipe_eval(nb_gpt_pipe *p, nb_tensor *x, nb_tensor *y, double *l
     return NB_OK;
 }
 
-double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
-                              double grad_clip, double *grad_norm, nb_pipe_stats *stats) {
+static double train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                         double grad_clip, nb_grad_scaler *scaler, double *grad_norm,
+                         nb_pipe_stats *stats) {
     if (grad_norm) *grad_norm = NAN;
     if (stats) *stats = (nb_pipe_stats){.bubble = NAN, .bubble_theory = NAN};
     if (!p || !opt || !x || !y) {
@@ -425,7 +426,8 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
     }
     const int64_t act[3] = {b, T, p->cfg.n_embd};
     nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
-                       .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32};
+                       .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32,
+                       .loss_scale = scaler ? nb_grad_scaler_get_scale(scaler) : 1.0};
     double loss = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
     nb_scope_end();
     if (p->drop) /* where one process would be after the global batch's n_dp m micro-batches */
@@ -440,6 +442,8 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
         st = allreduce_grads(p->embed, ps, p->wte, NB_REDUCE_SUM);
     if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1)
         st = allreduce_grads(p->dp, ps, NULL, NB_REDUCE_AVG);
+    /* fp16: unscaled before the norm; the overflow flag over the scaler's communicator */
+    if (st == NB_OK && scaler) st = nb_grad_scaler_unscale(scaler, opt);
     double v2[2] = {0, loss};
     if (st == NB_OK) st = local_sq(p, ps, &v2[0]);
     if (st == NB_OK) {
@@ -462,8 +466,12 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
     if (grad_norm) *grad_norm = norm;
     if (stats) stats->comm_s = nb_time_s() - t0;
     /* A gradient overflowed (inf or NaN; the norm is global, so every rank sees it): not
-     * applied, as nb_gpt_train_step; the caller sees the norm and decides. */
-    if (!isfinite(norm)) return nb_zero_grad(opt) == NB_OK ? loss : NAN;
+     * applied, as nb_gpt_train_step; the caller sees the norm and decides. With a loss
+     * scaler that is its business: it skips the step and backs off. */
+    if (!isfinite(norm))
+        return (scaler ? nb_grad_scaler_step_update(scaler, opt) : nb_zero_grad(opt)) == NB_OK
+                   ? loss
+                   : NAN;
     const double coef = grad_clip > 0 ? grad_clip / (norm + 1e-6) : 1; /* as nb_clip_grad_norm */
     if (coef < 1) {
         bool prev = nb_set_grad_enabled(false);
@@ -476,8 +484,20 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
         nb_set_grad_enabled(prev);
     }
     if (stats) stats->comm_s = nb_time_s() - t0;
-    if (st != NB_OK || nb_step(opt) != NB_OK) return NAN;
+    if (st != NB_OK || (scaler ? nb_grad_scaler_step_update(scaler, opt) : nb_step(opt)) != NB_OK)
+        return NAN;
     return loss;
+}
+
+double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                              double grad_clip, double *grad_norm, nb_pipe_stats *stats) {
+    return train_step(p, opt, x, y, grad_clip, NULL, grad_norm, stats);
+}
+
+double nb_gpt_pipe_train_step_ex(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                                 const nb_gpt_pipe_step_opts *o, double *grad_norm,
+                                 nb_pipe_stats *stats) {
+    return train_step(p, opt, x, y, o ? o->grad_clip : 0, o ? o->scaler : NULL, grad_norm, stats);
 }
 
 /* ---- checkpoints ------------------------------------------------------------------------------ */

@@ -113,6 +113,8 @@ typedef struct nb_pipe_opts {
     bool forward_only;         /* evaluation: the forward passes only (chunk by chunk, every
                                 * micro-batch; the schedule is not used), gradients off, each
                                 * activation dropped once sent */
+    double loss_scale;         /* fp16 loss scaling: the backward starts from loss_scale /
+                                * n_micro (0: 1); the returned loss is not scaled */
 } nb_pipe_opts;
 
 /* Run one step's forward and backward passes (forward_only: the forwards) over pp: gradients accumulate into whatever the
@@ -189,6 +191,21 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
  * pp. */
 nb_status nb_gpt_pipe_eval(nb_gpt_pipe *p, nb_tensor *x, nb_tensor *y, double *loss,
                            nb_pipe_stats *stats);
+
+/* nb_gpt_pipe_train_step with its options in one struct, and a loss scaler for fp16
+ * (nabla/optim.h): the backward starts from the loss scaled by it (nb_pipe_opts.loss_scale),
+ * the gradients are unscaled after the tied-embedding sum and the dp average (before the
+ * norm), and the step goes through nb_grad_scaler_step_update: an overflowed step is skipped
+ * and the scale halved (*grad_norm then inf or NaN; not an error). Each rank checks only its
+ * stage's gradients: give the scaler the communicator of every rank of the model, pp x dp
+ * (nb_grad_scaler_set_comm), so every rank skips the same steps. */
+typedef struct nb_gpt_pipe_step_opts {
+    double grad_clip;        /* 0: no clipping */
+    nb_grad_scaler *scaler;  /* NULL: no loss scaling */
+} nb_gpt_pipe_step_opts;
+double nb_gpt_pipe_train_step_ex(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                                 const nb_gpt_pipe_step_opts *o, double *grad_norm,
+                                 nb_pipe_stats *stats);
 
 /* ---- checkpoints across layouts ------------------------------------------------------------ */
 /* A pipeline checkpoint is a directory: stage-<r>-of-<P>.safetensors for each pipeline rank

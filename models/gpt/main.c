@@ -320,11 +320,6 @@ static int parse_args(int argc, char **argv, args *a) {
                 "not take --zero or --tp yet\n");
         return 2;
     }
-    if (a->pp && a->precision == NB_F16) {
-        fprintf(stderr, "gpt: --pp does not combine with --precision fp16 (loss scaling) yet; "
-                "--precision bf16 needs none\n");
-        return 2;
-    }
     if (a->sample && !a->load) {
         fprintf(stderr, "gpt: --sample needs --load FILE\n");
         return 2;

@@ -11,8 +11,9 @@
  * writes the stage files in the background (nb_gpt_pipe_save_async). As main.c's run: the
  * validation loss every --eval-every steps and at the end (nb_gpt_pipe_eval; the dp pipelines
  * share the fixed batches), --log JSON lines (each step's with the layout, the bubble and the
- * exposed communication), --tensorboard scalars, --precision bf16 (autocast around each step
- * and evaluation: every stage computes in it, the activation passed between stages is f32),
+ * exposed communication), --tensorboard scalars, --precision bf16|fp16 (autocast around each
+ * step and evaluation: every stage computes in it, the activation passed between stages is
+ * f32; fp16 with a loss scaler over every rank, its scale not in the checkpoint),
  * --checkpoint-activations (the stages' blocks, cfg.recompute), --on-nonfinite/--max-skips
  * (models/guard.h; a non-finite step is not applied). Public API only. */
 #include <math.h>
@@ -96,6 +97,7 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
     nb_generator *init = NULL, *batch_gen = NULL, *drop_gen = NULL, *val_gen = NULL;
     nb_jsonl *log = NULL;
     nb_summary *tb = NULL;
+    nb_grad_scaler *scaler = NULL; /* --precision fp16: dynamic loss scaling over every rank */
     bool tb_failed = false;
     nbm_guard no_guard = {.max_skips = 10};
     nbm_guard *guard = a->guard ? a->guard : &no_guard;
@@ -165,7 +167,10 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         !(sched = nb_sched_new(opt, &co)) || nb_text_split(text, 0.9, &train, &val) != NB_OK ||
         !(X = nb_empty((int64_t[]){B, T}, 2, NB_I64)) ||
         !(Y = nb_empty((int64_t[]){B, T}, 2, NB_I64)) ||
-        !(times = calloc((size_t)a->steps + 1, sizeof *times))) {
+        !(times = calloc((size_t)a->steps + 1, sizeof *times)) ||
+        (a->precision == NB_F16 &&
+         (!(scaler = nb_grad_scaler_new(NULL)) ||
+          (size > 1 && nb_grad_scaler_set_comm(scaler, world) != NB_OK)))) {
         fprintf(stderr, "gpt: rank %d: %s\n", rank, nb_last_error());
         goto done;
     }
@@ -239,9 +244,11 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
         nb_scope_begin();
         double loss = NAN;
         if (nbm_precision_begin(a->precision) == NB_OK) {
-            loss = nb_gpt_pipe_train_step(pipe, opt, nb_narrow(X, 0, d * rows, rows),
-                                          nb_narrow(Y, 0, d * rows, rows), a->grad_clip, &norm,
-                                          &st);
+            loss = nb_gpt_pipe_train_step_ex(pipe, opt, nb_narrow(X, 0, d * rows, rows),
+                                             nb_narrow(Y, 0, d * rows, rows),
+                                             &(nb_gpt_pipe_step_opts){.grad_clip = a->grad_clip,
+                                                                      .scaler = scaler},
+                                             &norm, &st);
             nbm_precision_end(a->precision);
         }
         nb_scope_end();
@@ -251,6 +258,9 @@ int gpt_pipe_train(const gpt_pipe_args *a, nb_tensor *text) {
             nb_set_grad_enabled(prev);
             nb_tensor_free(p0_saved);
         }
+        /* fp16: an overflowed gradient is the loss scaler's to handle (step skipped, scale
+         * halved), not a diverged run */
+        if (scaler && !isfinite(norm) && nb_grad_scaler_skipped(scaler)) norm = 0;
         if ((isnan(loss) && nb_last_status() != NB_OK) || nb_sched_step(sched) != NB_OK) {
             fprintf(stderr, "gpt: rank %d, step %lld: %s\n", rank, (long long)step + 1,
                     nb_last_error());
@@ -444,6 +454,7 @@ done:
     nb_tensor_free(Y);
     nb_tensor_free(train);
     nb_tensor_free(val);
+    nb_grad_scaler_free(scaler);
     nb_sched_free(sched);
     nb_optim_free(opt);
     nb_params_deinit(&decay);

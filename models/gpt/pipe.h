@@ -28,7 +28,8 @@ typedef struct gpt_pipe_args {
     int64_t eval_every, eval_batches; /* validation loss every N steps (0: only at the end) on
                                        * N fixed batches, as main.c's */
     const char *log, *tensorboard;    /* --log JSON lines, --tensorboard DIR (rank 0); NULL */
-    nb_dtype precision;               /* NB_F32 or NB_BF16: autocast around steps and evaluations */
+    nb_dtype precision;               /* NB_F32, NB_BF16, NB_F16: autocast around steps and
+                                       * evaluations (fp16 with loss scaling) */
     const char *recompute;            /* --checkpoint-activations (cfg.recompute says it too) */
     nbm_guard *guard;                 /* --comm-timeout, --on-nonfinite, --max-skips */
 } gpt_pipe_args;

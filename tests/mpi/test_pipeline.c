@@ -597,8 +597,11 @@ END_TEST
 
 /* Mixed precision and activation checkpointing in the pipeline's training step: the blocks
  * of cfg.recompute FULL or ATTN (nb_module_set_recompute, nb_recompute) give bit-identical
- * losses and weights, with dropout; under bf16 autocast the losses stay within 2% of f32's. */
-static double pipe_train(nb_gpt_recompute rc, bool bf16, double *w_sum) {
+ * losses and weights, with dropout; under bf16 autocast the losses stay within 2% of f32's,
+ * and under fp16 too, with a loss scaler over the world (first scale 2^19: the first steps
+ * overflow and are skipped, on every rank alike). */
+static double pipe_train(nb_gpt_recompute rc, nb_dtype prec, double *w_sum, int64_t *skipped,
+                         double *scale) {
     const int r = mt_rank;
     nb_comm *pp = nb_comm_split(mt_world, 0, r);
     nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
@@ -611,15 +614,21 @@ static double pipe_train(nb_gpt_recompute rc, bool bf16, double *w_sum) {
     nb_gpt_pipe *pipe = pp ? nb_gpt_pipe_new(&c, g, pp, NULL, &po) : NULL;
     nb_optim *opt = pipe ? nb_adamw_new(nb_parameters(nb_gpt_pipe_module(pipe)), NULL) : NULL;
     MT_CHECK(opt, "build: %s", nb_last_error());
+    nb_grad_scaler_opts so = nb_grad_scaler_defaults();
+    so.init_scale = 524288.0;
+    nb_grad_scaler *sc = prec == NB_F16 ? nb_grad_scaler_new(&so) : NULL;
+    if (sc) MT_OK(nb_grad_scaler_set_comm(sc, mt_world));
     double loss = NAN;
-    for (int step = 0; step < STEPS && opt; step++) {
+    for (int step = 0; step < 2 * STEPS && opt; step++) {
         nb_scope_begin();
         const int64_t B = MICRO * MB;
         nb_tensor *X = nb_randint((int64_t[]){B, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
         nb_tensor *Y = nb_randint((int64_t[]){B, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
-        if (bf16) MT_OK(nb_autocast_begin(NB_BF16));
-        loss = nb_gpt_pipe_train_step(pipe, opt, X, Y, 1.0, NULL, NULL);
-        if (bf16) MT_OK(nb_autocast_end());
+        if (prec != NB_F32) MT_OK(nb_autocast_begin(prec));
+        loss = nb_gpt_pipe_train_step_ex(pipe, opt, X, Y,
+                                         &(nb_gpt_pipe_step_opts){.grad_clip = 1.0, .scaler = sc},
+                                         NULL, NULL);
+        if (prec != NB_F32) MT_OK(nb_autocast_end());
         MT_CHECK(!isnan(loss), "step %d: %s", step, nb_last_error());
         nb_scope_end();
     }
@@ -630,6 +639,9 @@ static double pipe_train(nb_gpt_recompute rc, bool bf16, double *w_sum) {
         *w_sum += nb_item_f64(nb_sum(nb_mul(ps->tensors[i], ps->tensors[i]), NULL, 0, false));
         nb_scope_end();
     }
+    *skipped = sc ? nb_grad_scaler_num_skipped(sc) : 0;
+    *scale = sc ? nb_grad_scaler_get_scale(sc) : 0;
+    nb_grad_scaler_free(sc);
     nb_optim_free(opt);
     nb_gpt_pipe_free(pipe);
     nb_generator_free(g);
@@ -640,16 +652,30 @@ static double pipe_train(nb_gpt_recompute rc, bool bf16, double *w_sum) {
 }
 
 START_TEST(test_pipe_recompute_bf16) {
-    double w0, w1, w2, w3;
-    const double l0 = pipe_train(NB_GPT_RECOMPUTE_NONE, false, &w0);
-    const double l1 = pipe_train(NB_GPT_RECOMPUTE_FULL, false, &w1);
-    const double l2 = pipe_train(NB_GPT_RECOMPUTE_ATTN, false, &w2);
-    const double l3 = pipe_train(NB_GPT_RECOMPUTE_NONE, true, &w3);
+    double w0, w1, w2, w3, w4, sc;
+    int64_t sk;
+    const double l0 = pipe_train(NB_GPT_RECOMPUTE_NONE, NB_F32, &w0, &sk, &sc);
+    const double l1 = pipe_train(NB_GPT_RECOMPUTE_FULL, NB_F32, &w1, &sk, &sc);
+    const double l2 = pipe_train(NB_GPT_RECOMPUTE_ATTN, NB_F32, &w2, &sk, &sc);
+    const double l3 = pipe_train(NB_GPT_RECOMPUTE_NONE, NB_BF16, &w3, &sk, &sc);
+    const double l4 = pipe_train(NB_GPT_RECOMPUTE_FULL, NB_F16, &w4, &sk, &sc);
     MT_CHECK(l1 == l0 && w1 == w0, "recompute full: loss %.17g vs %.17g, weights %.17g vs %.17g",
              l1, l0, w1, w0);
     MT_CHECK(l2 == l0 && w2 == w0, "recompute attn: loss %.17g vs %.17g, weights %.17g vs %.17g",
              l2, l0, w2, w0);
     MT_CHECK(rel_diff(l3, l0) <= 0.02 && l3 != l0, "bf16 loss %.6g vs f32 %.6g", l3, l0);
+    MT_CHECK(rel_diff(l4, l0) <= 0.02, "fp16 loss %.6g vs f32 %.6g", l4, l0);
+    MT_CHECK(sk >= 1 && sk < 2 * STEPS && sc < 524288.0, "fp16: %lld steps skipped, scale %g "
+             "(2^19 at first)", (long long)sk, sc);
+    nb_scope_begin(); /* every rank skipped the same steps and holds the same scale */
+    nb_tensor *t = nb_from_buffer((double[]){(double)sk, sc, -(double)sk, -sc}, (int64_t[]){4},
+                                  1, NB_F64);
+    MT_OK(nb_allreduce(mt_world, t, NB_REDUCE_MAX));
+    double v[4] = {0};
+    MT_OK(nb_read(t, v, 4, NB_F64));
+    MT_CHECK(v[0] == -v[2] && v[1] == -v[3], "the ranks disagree: skipped %g..%g, scale %g..%g",
+             -v[2], v[0], -v[3], v[1]);
+    nb_scope_end();
     MT_END();
 }
 END_TEST
