@@ -51,8 +51,14 @@ static op interleaved_op(int k, bool fwd, int p, int v) {
 }
 
 /* ops[2 m v]: rank r's sequence. */
-static void build_schedule(nb_pipe_schedule s, int p, int r, int m, int v, op *ops) {
+static void build_schedule(nb_pipe_schedule s, int p, int r, int m, int v, bool fwd_only,
+                           op *ops) {
     int n = 0;
+    if (fwd_only) { /* m v forwards, chunk by chunk: every input is computed before it is needed */
+        for (int c = 0; c < v; c++)
+            for (int i = 0; i < m; i++) ops[n++] = (op){true, c, i};
+        return;
+    }
     if (s == NB_PIPE_GPIPE) {
         for (int c = 0; c < v; c++)
             for (int i = 0; i < m; i++) ops[n++] = (op){true, c, i};
@@ -203,7 +209,7 @@ static nb_status do_forward(run *R, nb_pipe_stage_fn fn, void *ctx, int i, doubl
     nb_tensor *in = NULL;
     if (s > 0) {
         if (!(in = recv_for(R, i))) return nb_last_status();
-        nb_status st = nb_set_requires_grad(in, true);
+        nb_status st = R->o->forward_only ? NB_OK : nb_set_requires_grad(in, true);
         if (st != NB_OK) {
             nb_tensor_free(in);
             return st;
@@ -228,14 +234,22 @@ static nb_status do_forward(run *R, nb_pipe_stage_fn fn, void *ctx, int i, doubl
         return nb_last_status();
     }
     if (++R->live > R->peak_live) R->peak_live = R->live;
+    nb_status st = NB_OK;
     if (s == R->S - 1) {
         if (nb_numel(out) != 1)
             return nb_set_error(NB_ESHAPE, "pipeline: the last stage must return the loss (one "
                                 "element), got %lld elements", (long long)nb_numel(out));
         *loss_sum += nb_item_f64(out);
-        return NB_OK;
+    } else {
+        st = send_to(R, out, s + 1, 0, o.micro);
     }
-    return send_to(R, out, s + 1, 0, o.micro);
+    if (R->o->forward_only) { /* nothing to go back through: drop it now (a send keeps its own) */
+        nb_tensor_free(R->in[k]);
+        nb_tensor_free(R->out[k]);
+        R->in[k] = R->out[k] = NULL;
+        R->live--;
+    }
+    return st;
 }
 
 static nb_status do_backward(run *R, int i) {
@@ -244,7 +258,8 @@ static nb_status do_backward(run *R, int i) {
     nb_tensor *grad;
     if (s == R->S - 1) {
         nb_scope_begin();
-        grad = owned(nb_full_like(R->out[k], 1.0 / R->m));
+        const double scale = R->o->loss_scale > 0 ? R->o->loss_scale : 1.0;
+        grad = owned(nb_full_like(R->out[k], scale / R->m));
         nb_scope_end();
     } else {
         grad = recv_for(R, i);
@@ -298,7 +313,7 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
                      "tags MPI guarantees", R.S, R.m);
         return NAN;
     }
-    const int n_ops = 2 * R.m * R.v;
+    const int n_ops = (o->forward_only ? 1 : 2) * R.m * R.v;
     op *ops = malloc(sizeof *ops * (size_t)n_ops);
     R.in = calloc((size_t)R.m * R.v, sizeof *R.in);
     R.out = calloc((size_t)R.m * R.v, sizeof *R.out);
@@ -307,11 +322,13 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
     nb_status st = ops && R.in && R.out && R.mail
                        ? NB_OK
                        : nb_set_error(NB_ENOMEM, "nb_pipe_run: out of memory");
-    if (st == NB_OK) build_schedule(o->schedule, R.p, R.r, R.m, R.v, ops);
+    if (st == NB_OK) build_schedule(o->schedule, R.p, R.r, R.m, R.v, o->forward_only, ops);
     R.ops = ops;
     R.n_ops = n_ops;
+    const bool grad_was = o->forward_only ? nb_set_grad_enabled(false) : false;
     for (int i = 0; st == NB_OK && i < n_ops; i++)
         st = ops[i].fwd ? do_forward(&R, fn, ctx, i, &loss_sum) : do_backward(&R, i);
+    if (o->forward_only) nb_set_grad_enabled(grad_was);
     double t0 = nb_time_s();
     if (R.posted_w) { /* only after an error: let the posted receive finish or time out */
         nb_work_wait(R.posted_w);

@@ -7,6 +7,7 @@
 
 #include "nabla/autograd.h"
 #include "tensor/autocast.h"
+#include "tensor/tape.h"
 #include "tensor/tensor_impl.h"
 
 #define MAX_DEPTH 16
@@ -172,9 +173,12 @@ nb_tensor *nb__autocast_slow(nb_tensor *t, nb_autocast_policy p) {
         for (int i = 0; i < t_ncache; i++) {
             cache_entry *e = &t_cache[i];
             if (e->src == t && e->dt == want && e->grad == grad) {
-                if (e->version == ver)
+                /* A backward since (one micro-batch of several) released the cast's node:
+                 * a fresh cast, as after an in-place write. */
+                const bool released = e->cast->grad_fn && e->cast->grad_fn->released;
+                if (e->version == ver && !released)
                     return owned_by_scope(nb__scope_add(nb_tensor_retain(e->cast)));
-                /* written in place since: a fresh cast replaces it */
+                /* written in place or released since: a fresh cast replaces it */
                 nb_tensor_free(e->cast);
                 nb_tensor_free(e->src);
                 *e = t_cache[--t_ncache];

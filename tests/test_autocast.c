@@ -132,6 +132,33 @@ START_TEST(test_cast_cache) {
 }
 END_TEST
 
+/* Gradient accumulation in one scope: micro-batches each run backward (freeing their graph)
+ * through the same cached cast of a parameter; the next use casts again instead of failing on
+ * the freed graph, and the accumulated gradient is the sum of the micro-batches'. */
+START_TEST(test_cast_cache_backward_twice) {
+    nb_scope_begin();
+    nb_tensor *w = nb_randn((int64_t[]){8, 4}, 2, NB_F32, NULL);
+    nb_set_requires_grad(w, true);
+    nb_tensor *x = nb_randn((int64_t[]){3, 4}, 2, NB_F32, NULL);
+    ck_assert_int_eq(nb_autocast_begin(NB_BF16), NB_OK);
+    for (int i = 0; i < 3; i++) {
+        nb_tensor *l = nb_sum(nb_linear(x, w, NULL), NULL, 0, false);
+        ck_assert_msg(l != NULL, "%s", nb_last_error());
+        ck_assert_msg(nb_backward(l) == NB_OK, "micro-batch %d: %s", i, nb_last_error());
+    }
+    ck_assert_int_eq(nb_autocast_end(), NB_OK);
+    /* d sum(x w^T) / dw = column sums of x in every row, three times */
+    double g[32], xv[12];
+    ck_assert_int_eq(nb_read(nb_grad(w), g, 32, NB_F64), NB_OK);
+    ck_assert_int_eq(nb_read(x, xv, 12, NB_F64), NB_OK);
+    for (int k = 0; k < 4; k++) {
+        double want = 3 * (xv[k] + xv[4 + k] + xv[8 + k]);
+        ck_assert_msg(fabs(g[k] - want) <= 0.02 * fabs(want) + 0.02, "grad %g vs %g", g[k], want);
+    }
+    nb_scope_end();
+}
+END_TEST
+
 /* Gradients across the cast boundaries: f32 leaves used by bf16 linears (one weight twice,
  * through the cache) get f32 gradients equal to the f32 run's within bf16 rounding. */
 START_TEST(test_grad_boundaries) {
@@ -280,6 +307,7 @@ Suite *nb_suite_autocast(void) {
     tcase_add_test(tc, test_policy_ops);
     tcase_add_test(tc, test_scope_errors);
     tcase_add_test(tc, test_cast_cache);
+    tcase_add_test(tc, test_cast_cache_backward_twice);
     tcase_add_test(tc, test_grad_boundaries);
     tcase_add_test(tc, test_bf16_gemm);
     tcase_add_test(tc, test_gpt_bf16_tracks_f32);

@@ -329,6 +329,10 @@ static nb_status count_dropout_draws(nb_gpt_pipe *p, int64_t b, int64_t T) {
 static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
     nb_gpt_pipe *p = ctx;
     const int s = chunk * p->p + p->r;
+    /* Under autocast each micro-batch casts the weights itself: with the cast cache, the
+     * graphs of the micro-batches in flight (1F1B, GPipe) would share one cast node, which the
+     * first of their backward passes frees. */
+    if (nb_autocast_active() && nb_grad_enabled()) nb_autocast_clear_cache();
     if (p->drop) set_dropout_offset(p, s, micro);
     nb_tensor *x = input;
     if (s == 0 && p->tps) {
@@ -339,7 +343,9 @@ static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
         x = stage_dropout(p, x);
     }
     for (int64_t i = p->bounds[s]; x && i < p->bounds[s + 1]; i++) x = nb_forward(p->blocks[i], x);
-    if (s < p->S - 1) return x;
+    /* The activation travels in f32 (the residual stream is f32 under autocast too: bf16
+     * matmul outputs are added to it), so the receiving stage's buffer always matches. */
+    if (s < p->S - 1) return x && nb_tensor_dtype(x) != NB_F32 ? nb_to_dtype(x, NB_F32) : x;
     x = nb_forward(p->ln_f, x);
     if (p->tps) return x ? nb__gpt_tp_head_loss(p->tps, x, p->wte, p->my[micro]) : NULL;
     nb_tensor *logits = nb_linear(x, p->wte, NULL); /* the tied head */
@@ -438,12 +444,69 @@ static double zero_tail(nb_gpt_pipe *p, nb_optim *opt, double loss, double grad_
     if (st != NB_OK) return NAN;
     if (grad_norm) *grad_norm = norm;
     if (stats) stats->comm_s = nb_time_s() - t0;
+    /* a non-finite gradient (the norm is the same on every rank) is not applied */
+    if (!isfinite(norm)) return loss;
     if (nb_step(opt) != NB_OK) return NAN;
     return loss;
 }
 
-double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
-                              double grad_clip, double *grad_norm, nb_pipe_stats *stats) {
+
+/* x and y: (B, T) with n_micro dividing B and T within the context. */
+static nb_status check_batch(const nb_gpt_pipe *p, nb_tensor *x, nb_tensor *y, const char *who) {
+    const int m = p->o.n_micro;
+    if (nb_ndim(x) != 2 || nb_ndim(y) != 2 || nb_size(x, 0) != nb_size(y, 0) ||
+        nb_size(x, 1) != nb_size(y, 1))
+        return nb_set_error(NB_ESHAPE, "%s: x and y must both be (B, T)", who);
+    const int64_t B = nb_size(x, 0), T = nb_size(x, 1);
+    if (B % m)
+        return nb_set_error(NB_EINVAL, "%s: %d micro-batches do not divide the batch of %lld "
+                            "sequences", who, m, (long long)B);
+    if (T < 1 || T > p->cfg.block_size)
+        return nb_set_error(NB_ESHAPE, "%s: sequence length %lld is outside 1..block_size "
+                            "(%lld)", who, (long long)T, (long long)p->cfg.block_size);
+    if (p->o.sequence_parallel && T % p->tp_size)
+        return nb_set_error(NB_ESHAPE, "%s: with sequence parallelism the sequence length (%lld) "
+                            "must divide by the tensor-parallel size (%d)", who, (long long)T,
+                            p->tp_size);
+    return NB_OK;
+}
+
+nb_status nb_gpt_pipe_eval(nb_gpt_pipe *p, nb_tensor *x, nb_tensor *y, double *loss,
+                           nb_pipe_stats *stats) {
+    if (loss) *loss = NAN;
+    if (stats) *stats = (nb_pipe_stats){.bubble = NAN, .bubble_theory = NAN};
+    if (!p || !x || !y || !loss)
+        return nb_set_error(NB_ENULL, "nb_gpt_pipe_eval: needs a pipeline, a batch and a place "
+                            "for the loss");
+    nb_status st = check_batch(p, x, y, "nb_gpt_pipe_eval");
+    if (st != NB_OK) return st;
+    const int m = p->o.n_micro;
+    const int64_t b = nb_size(x, 0) / m, T = nb_size(x, 1);
+    const bool training = nb_module_is_training(p->root);
+    nb_module_train(p->root, false); /* dropout off: no draws, the stream stays where it is */
+    p->drop = NULL;
+    nb_scope_begin();
+    for (int i = 0; i < m; i++) {
+        p->mx[i] = nb_narrow(x, 0, i * b, b);
+        p->my[i] = nb_narrow(y, 0, i * b, b);
+    }
+    const int64_t act[3] = {b, p->o.sequence_parallel ? T / p->tp_size : T, p->cfg.n_embd};
+    nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
+                       .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32,
+                       .forward_only = true};
+    nb_clear_error();
+    double l = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
+    st = isnan(l) ? nb_last_status() : NB_OK;
+    nb_scope_end();
+    nb_module_train(p->root, training);
+    if (st != NB_OK) return st;
+    *loss = l;
+    return NB_OK;
+}
+
+static double train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                         double grad_clip, nb_grad_scaler *scaler, double *grad_norm,
+                         nb_pipe_stats *stats) {
     if (grad_norm) *grad_norm = NAN;
     if (stats) *stats = (nb_pipe_stats){.bubble = NAN, .bubble_theory = NAN};
     if (!p || !opt || !x || !y) {
@@ -451,28 +514,13 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
         return NAN;
     }
     const int m = p->o.n_micro;
-    if (nb_ndim(x) != 2 || nb_ndim(y) != 2 || nb_size(x, 0) != nb_size(y, 0) ||
-        nb_size(x, 1) != nb_size(y, 1)) {
-        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: x and y must both be (B, T)");
+    if (check_batch(p, x, y, "nb_gpt_pipe_train_step") != NB_OK) return NAN;
+    if (p->zero && scaler) {
+        nb_set_error(NB_EINVAL, "nb_gpt_pipe_train_step: a loss scaler with ZeRO over the pipeline's "
+                     "data-parallel group is not supported yet (use bf16, or no ZeRO)");
         return NAN;
     }
     const int64_t B = nb_size(x, 0), T = nb_size(x, 1);
-    if (B % m) {
-        nb_set_error(NB_EINVAL, "nb_gpt_pipe_train_step: %d micro-batches do not divide the batch "
-                     "of %lld sequences", m, (long long)B);
-        return NAN;
-    }
-    if (T < 1 || T > p->cfg.block_size) {
-        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: sequence length %lld is outside "
-                     "1..block_size (%lld)", (long long)T, (long long)p->cfg.block_size);
-        return NAN;
-    }
-    if (p->o.sequence_parallel && T % p->tp_size) {
-        nb_set_error(NB_ESHAPE, "nb_gpt_pipe_train_step: with sequence parallelism the sequence "
-                     "length (%lld) must divide by the tensor-parallel size (%d)", (long long)T,
-                     p->tp_size);
-        return NAN;
-    }
     nb_status st = nb_zero_grad(opt);
     if (st != NB_OK) return NAN;
     const int64_t b = B / m;
@@ -491,7 +539,8 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
     }
     const int64_t act[3] = {b, p->o.sequence_parallel ? T / p->tp_size : T, p->cfg.n_embd};
     nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
-                       .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32};
+                       .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32,
+                       .loss_scale = scaler ? nb_grad_scaler_get_scale(scaler) : 1.0};
     if (p->zero) nb_zero_set_sync_enabled(p->zero, false); /* reduced once, after the tied sum */
     double loss = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
     nb_scope_end();
@@ -514,6 +563,8 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
     if (p->zero) return st == NB_OK ? zero_tail(p, opt, loss, grad_clip, grad_norm, stats, t0) : NAN;
     if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1)
         st = allreduce_grads(p->dp, ps, NULL, NB_REDUCE_AVG);
+    /* fp16: unscaled before the norm; the overflow flag over the scaler's communicator */
+    if (st == NB_OK && scaler) st = nb_grad_scaler_unscale(scaler, opt);
     double v2[2] = {0, loss};
     if (st == NB_OK) st = local_sq(p, ps, &v2[0]);
     if (st == NB_OK) {
@@ -535,6 +586,14 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
     if (st != NB_OK) return NAN;
     const double norm = sqrt(v2[0]);
     if (grad_norm) *grad_norm = norm;
+    if (stats) stats->comm_s = nb_time_s() - t0;
+    /* A gradient overflowed (inf or NaN; the norm is global, so every rank sees it): not
+     * applied, as nb_gpt_train_step; the caller sees the norm and decides. With a loss
+     * scaler that is its business: it skips the step and backs off. */
+    if (!isfinite(norm))
+        return (scaler ? nb_grad_scaler_step_update(scaler, opt) : nb_zero_grad(opt)) == NB_OK
+                   ? loss
+                   : NAN;
     const double coef = grad_clip > 0 ? grad_clip / (norm + 1e-6) : 1; /* as nb_clip_grad_norm */
     if (coef < 1) {
         bool prev = nb_set_grad_enabled(false);
@@ -547,8 +606,20 @@ double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_te
         nb_set_grad_enabled(prev);
     }
     if (stats) stats->comm_s = nb_time_s() - t0;
-    if (st != NB_OK || nb_step(opt) != NB_OK) return NAN;
+    if (st != NB_OK || (scaler ? nb_grad_scaler_step_update(scaler, opt) : nb_step(opt)) != NB_OK)
+        return NAN;
     return loss;
+}
+
+double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                              double grad_clip, double *grad_norm, nb_pipe_stats *stats) {
+    return train_step(p, opt, x, y, grad_clip, NULL, grad_norm, stats);
+}
+
+double nb_gpt_pipe_train_step_ex(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                                 const nb_gpt_pipe_step_opts *o, double *grad_norm,
+                                 nb_pipe_stats *stats) {
+    return train_step(p, opt, x, y, o ? o->grad_clip : 0, o ? o->scaler : NULL, grad_norm, stats);
 }
 
 /* ---- checkpoints ------------------------------------------------------------------------------ */

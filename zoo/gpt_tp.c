@@ -132,11 +132,20 @@ static nb_tensor *column(nb_module *l, nb_tensor *x) {
     return nb_linear(x, nb_module_param(l, "weight"), nb_module_param_opt(l, "bias"));
 }
 
+/* The attention core of this rank's heads (no communication), replayed in backward under
+ * NB_GPT_RECOMPUTE_ATTN as zoo/gpt.c's. */
+static nb_tensor *attn_core(nb_tensor *const *qkv, int n, void *m) {
+    (void)n;
+    return attention(self_of(m), qkv[0], nb_module_is_training(m));
+}
+
 static nb_tensor *attn_forward(nb_module *m, nb_tensor *x) {
     const tp_self *s = self_of(m);
-    bool training = nb_module_is_training(m);
     nb_tensor *qkv = column(nb_module_child(m, "c_attn"), enter(s, x)); /* (B, T, 3C/tp) */
-    nb_tensor *y = attention(s, qkv, training);
+    nb_tensor *y = s->cfg.recompute == NB_GPT_RECOMPUTE_ATTN
+                       ? nb_recompute(attn_core, &qkv, 1, m,
+                                      &(nb_recompute_opts){.gen = s->cfg.dropout_gen})
+                       : attn_core(&qkv, 1, m);
     return dropout(s, m, leave(s, nb_module_child(m, "c_proj"), y));
 }
 
@@ -275,6 +284,13 @@ static nb_module *tp_block(nb_module *full, const char *p, const tp_self *s) {
               (mlp = add_mod(b, "mlp", &mlp_vt, s)) && leaf(mlp, pm, "c_fc", &col_vt, full, s) &&
               leaf(mlp, pm, "c_proj", &row_vt, full, s);
     if (!ok) {
+        nb_module_free(b);
+        return NULL;
+    }
+    /* NB_GPT_RECOMPUTE_FULL: the whole block replayed in backward, its collectives too
+     * (every rank of the group replays the same blocks in the same order) */
+    if (s->cfg.recompute == NB_GPT_RECOMPUTE_FULL &&
+        nb_module_set_recompute(b, true, s->cfg.dropout_gen) != NB_OK) {
         nb_module_free(b);
         return NULL;
     }
@@ -441,24 +457,20 @@ static nb_status sync_sp(nb_module *m, nb_zero *z) {
     return st;
 }
 
-double nb_gpt_tp_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
-                            nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
-    nb_gpt_tp_step_opts o = nb_gpt_tp_step_defaults();
-    o.ddp = ddp;
-    return nb_gpt_tp_train_step_ex(m, opt, &o, x, y, n_micro, grad_clip, grad_norm);
-}
-
-double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, const nb_gpt_tp_step_opts *o,
-                               nb_tensor *const *x, nb_tensor *const *y, int n_micro,
-                               double grad_clip, double *grad_norm) {
+double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
+                               nb_tensor *const *y, int n_micro, const nb_gpt_tp_step_opts *o,
+                               double *grad_norm) {
     if (grad_norm) *grad_norm = NAN;
     if (!nb_gpt_tp_is_gpt_tp(m) || !opt || !x || !y || n_micro < 1) {
         nb_set_error(NB_EINVAL, "nb_gpt_tp_train_step: needs a TP GPT, an optimizer and n_micro >= 1 "
                      "micro-batches");
         return NAN;
     }
-    nb_ddp *ddp = o ? o->ddp : NULL;
-    nb_zero *z = o ? o->zero : NULL;
+    const nb_gpt_tp_step_opts op = o ? *o : nb_gpt_tp_step_defaults();
+    nb_ddp *ddp = op.ddp;
+    nb_grad_scaler *scaler = op.scaler;
+    const double grad_clip = op.grad_clip;
+    nb_zero *z = op.zero;
     if (ddp && z) {
         nb_set_error(NB_EINVAL, "nb_gpt_tp_train_step: give an nb_ddp or an nb_zero, not both");
         return NAN;
@@ -466,6 +478,11 @@ double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, const nb_gpt_tp_step
     if (z && nb_zero_stage(z) == 3) {
         nb_set_error(NB_EINVAL, "nb_gpt_tp_train_step: ZeRO stage 3 is not supported with tensor "
                      "parallelism (stages 0, 1 and 2 are)");
+        return NAN;
+    }
+    if (z && scaler) {
+        nb_set_error(NB_EINVAL, "nb_gpt_tp_train_step: a loss scaler with ZeRO over tensor-parallel "
+                     "ranks is not supported yet (use bf16, or nb_ddp)");
         return NAN;
     }
     nb_status st = nb_zero_grad(opt);
@@ -476,6 +493,8 @@ double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, const nb_gpt_tp_step
         nb_scope_begin();
         nb_tensor *loss = nb_gpt_tp_loss(m, x[i], y[i]);
         nb_tensor *scaled = n_micro > 1 ? nb_mul_scalar(loss, 1.0 / n_micro) : loss;
+        /* fp16: the loss scaler's factor on top, so small gradients survive in f16 */
+        if (scaler && scaled) scaled = nb_grad_scaler_scale(scaler, scaled);
         st = scaled ? nb_backward(scaled) : nb_last_status();
         if (st == NB_OK) loss_sum += nb_item_f64(loss);
         nb_scope_end();
@@ -489,6 +508,9 @@ double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, const nb_gpt_tp_step
         if (st == NB_OK) st = nb_zero_sync(z);
     }
     if (st == NB_OK) st = sync_sp(m, z);
+    /* unscaled before the norm; the inf/NaN flag is global over the scaler's communicator
+     * (give it tp x dp: each rank checks only its slices) */
+    if (st == NB_OK && scaler) st = nb_grad_scaler_unscale(scaler, opt);
     if (st != NB_OK) return NAN;
     if (grad_clip > 0 || grad_norm) {
         const tp_self *s = self_of(m);
@@ -513,9 +535,21 @@ double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, const nb_gpt_tp_step
         free(sh);
         if (norm < 0) return NAN;
         if (grad_norm) *grad_norm = norm;
+        /* With a loss scaler, an overflow is its business: it skips the step, backs off */
+        if (scaler) return nb_grad_scaler_step_update(scaler, opt) == NB_OK ? loss_sum / n_micro : NAN;
+        /* A gradient overflowed (inf or NaN; the norm is the same on every rank): not
+         * applied, as nb_gpt_train_step; the caller sees the norm and decides. */
+        if (!isfinite(norm)) return nb_zero_grad(opt) == NB_OK ? loss_sum / n_micro : NAN;
     }
-    if (nb_step(opt) != NB_OK) return NAN;
+    if ((scaler ? nb_grad_scaler_step_update(scaler, opt) : nb_step(opt)) != NB_OK) return NAN;
     return loss_sum / n_micro;
+}
+
+double nb_gpt_tp_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
+                            nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
+    return nb_gpt_tp_train_step_ex(m, opt, x, y, n_micro,
+                                   &(nb_gpt_tp_step_opts){.ddp = ddp, .grad_clip = grad_clip},
+                                   grad_norm);
 }
 
 /* ---- files across layouts ---------------------------------------------------------------------

@@ -24,7 +24,8 @@
  *
  * The cast cache: a parameter (a leaf that requires grad) is cast once per outermost scope,
  * however often it is used (a tied embedding, a weight used by several micro-batches); the
- * cast is reused while the parameter is unchanged (an in-place write makes a new cast) and
+ * cast is reused while the parameter is unchanged (an in-place write makes a new cast, and so
+ * does a backward that freed the cast's graph: each micro-batch of an accumulated step) and
  * dropped at the outermost nb_autocast_end. So open the scope around each training step
  * (or each forward), not around the whole run.
  *

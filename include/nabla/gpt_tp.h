@@ -141,28 +141,40 @@ nb_tensor *nb_gpt_tp_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets);
 nb_status nb_gpt_tp_sync_grads(nb_module *m);
 /* nb_gpt_train_step for the TP model: ddp (NULL, or an nb_ddp over the dp group wrapping
  * m) averages over the data-parallel ranks; the gradient norm is taken over the whole model
- * (nb_tp_clip_grad_norm over the tp group). */
+ * (nb_tp_clip_grad_norm over the tp group). A non-finite norm (computed when grad_clip > 0
+ * or grad_norm is given; the same on every rank) is not applied, as nb_gpt_train_step: the
+ * gradients are zeroed, opt not stepped, the loss returned. Mixed precision: call it inside
+ * an autocast scope (nabla/autocast.h). */
 double nb_gpt_tp_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                             nb_tensor *const *y, int n_micro, double grad_clip,
                             double *grad_norm);
-
-/* The same with ZeRO over the dp group: o->zero (an nb_zero over the dp group wrapping m,
- * stage 0, 1 or 2; stage 3: NB_EINVAL) takes the place of the nb_ddp (o->ddp; not both).
- * Gradient accumulation disables its sync but for the last micro-batch; sequence-parallel
- * partial gradients are summed over tp on this rank's shard; the norm is
- * nb_zero_clip_grad_norm_ex over the dp shards and the tp group, each replicated parameter
- * counted by tp rank 0 only, and clipping happens before nb_step (which steps the shard and
- * all-gathers). Equal to the DDP step up to rounding. Checkpoints: nb_zero_gather_optim_state
- * before nb_gpt_tp_save_sharded and nb_zero_scatter_optim_state after (and after
+/* The same step with its options in one struct, and a loss scaler for fp16 (nabla/optim.h):
+ * each micro-batch's loss scaled, the gradients unscaled (after the dp and sequence-parallel
+ * sums, before the norm), the step through nb_grad_scaler_step_update, so an overflowed step
+ * is skipped and the scale halved (*grad_norm then inf or NaN). Each rank checks only its own
+ * slices: give the scaler the communicator of every rank of the model, tp x dp
+ * (nb_grad_scaler_set_comm), so the inf check is global and every rank skips the same steps.
+ * Activation checkpointing: cfg.recompute of the model (FULL replays each block with its
+ * collectives in backward; ATTN the attention core of this rank's heads). */
+/* ZeRO over the dp group: o->zero (an nb_zero over the dp group wrapping m, stage 0, 1 or 2;
+ * stage 3: NB_EINVAL) takes the place of the nb_ddp (o->ddp; not both). Gradient
+ * accumulation disables its sync but for the last micro-batch; sequence-parallel partial
+ * gradients are summed over tp on this rank's shard; the norm is nb_zero_clip_grad_norm_ex
+ * over the dp shards and the tp group, each replicated parameter counted by tp rank 0 only,
+ * and clipping happens before nb_step (which steps the shard and all-gathers). Equal to the
+ * DDP step up to rounding. Checkpoints: nb_zero_gather_optim_state before
+ * nb_gpt_tp_save_sharded and nb_zero_scatter_optim_state after (and after
  * nb_gpt_tp_checkpoint_load) write and read the files of a DDP run (nabla/parallel.h). */
 typedef struct nb_gpt_tp_step_opts {
-    nb_ddp *ddp;    /* NULL */
-    nb_zero *zero;  /* NULL */
+    nb_ddp *ddp;             /* NULL; as nb_gpt_tp_train_step's */
+    nb_zero *zero;           /* NULL; ZeRO stage 0-2 over dp instead of ddp */
+    nb_grad_scaler *scaler;  /* NULL: no loss scaling */
+    double grad_clip;        /* 0: no clipping */
 } nb_gpt_tp_step_opts;
-nb_gpt_tp_step_opts nb_gpt_tp_step_defaults(void);
-double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, const nb_gpt_tp_step_opts *o,
-                               nb_tensor *const *x, nb_tensor *const *y, int n_micro,
-                               double grad_clip, double *grad_norm);
+nb_gpt_tp_step_opts nb_gpt_tp_step_defaults(void); /* all zero/NULL */
+double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
+                               nb_tensor *const *y, int n_micro, const nb_gpt_tp_step_opts *o,
+                               double *grad_norm);
 
 #ifdef __cplusplus
 }

@@ -121,9 +121,14 @@ typedef struct nb_pipe_opts {
     const int64_t *act_shape;  /* the activation passed between stages, the same for all */
     int act_ndim;
     nb_dtype act_dtype;
+    bool forward_only;         /* evaluation: the forward passes only (chunk by chunk, every
+                                * micro-batch; the schedule is not used), gradients off, each
+                                * activation dropped once sent */
+    double loss_scale;         /* fp16 loss scaling: the backward starts from loss_scale /
+                                * n_micro (0: 1); the returned loss is not scaled */
 } nb_pipe_opts;
 
-/* Run one step's forward and backward passes over pp: gradients accumulate into whatever the
+/* Run one step's forward and backward passes (forward_only: the forwards) over pp: gradients accumulate into whatever the
  * stage functions' graphs reach (each micro-batch's loss counts 1 / n_micro, so the result
  * is the gradient of the mean loss). Returns the mean loss over the micro-batches, the same
  * on every rank of pp (sent from the last stage), or NAN with the error set. stats may be
@@ -197,9 +202,40 @@ nb_status nb_gpt_pipe_gather(nb_gpt_pipe *p, nb_module *full);
  * not divide). Zeroes the gradients, runs the schedule, sums the tied embedding's gradients,
  * averages over dp, clips the global norm (over every stage, wte counted once; 0: no
  * clipping), and steps opt. Returns the mean loss over the dp ranks (every rank the same),
- * or NAN with the error set. *grad_norm (may be NULL) gets the norm before clipping. */
+ * or NAN with the error set. *grad_norm (may be NULL) gets the norm before clipping. A
+ * non-finite norm (a gradient overflowed; every rank sees the same) is not applied: the
+ * gradients are zeroed, opt is not stepped, and the loss is returned (as nb_gpt_train_step;
+ * the caller decides: stop, or skip the step). Runs under the caller's autocast scope, if any
+ * (each stage computes in it; the activation between stages stays f32). */
 double nb_gpt_pipe_train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
                               double grad_clip, double *grad_norm, nb_pipe_stats *stats);
+
+/* The mean loss of the model on x and y (B, T) (the same on every rank of pp), without
+ * gradients and with dropout off (the module is in evaluation mode during the call, then back
+ * in its mode): x and y split into n_micro micro-batches of B / n_micro rows (NB_EINVAL when
+ * that does not divide), run forward through the stages (nb_pipe_opts.forward_only), the
+ * micro-batches' mean losses averaged: nb_gpt_loss of the 1-process model on the same batch,
+ * up to float reassociation. Nothing is communicated over dp (its ranks may evaluate
+ * different batches; average them yourself). Runs under the caller's autocast scope, if any.
+ * Returns NB_OK with *loss set, or the error (*loss NAN). stats may be NULL. Collective over
+ * pp. */
+nb_status nb_gpt_pipe_eval(nb_gpt_pipe *p, nb_tensor *x, nb_tensor *y, double *loss,
+                           nb_pipe_stats *stats);
+
+/* nb_gpt_pipe_train_step with its options in one struct, and a loss scaler for fp16
+ * (nabla/optim.h): the backward starts from the loss scaled by it (nb_pipe_opts.loss_scale),
+ * the gradients are unscaled after the tied-embedding sum and the dp average (before the
+ * norm), and the step goes through nb_grad_scaler_step_update: an overflowed step is skipped
+ * and the scale halved (*grad_norm then inf or NaN; not an error). Each rank checks only its
+ * stage's gradients: give the scaler the communicator of every rank of the model, pp x dp
+ * (nb_grad_scaler_set_comm), so every rank skips the same steps. */
+typedef struct nb_gpt_pipe_step_opts {
+    double grad_clip;        /* 0: no clipping */
+    nb_grad_scaler *scaler;  /* NULL: no loss scaling */
+} nb_gpt_pipe_step_opts;
+double nb_gpt_pipe_train_step_ex(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor *y,
+                                 const nb_gpt_pipe_step_opts *o, double *grad_norm,
+                                 nb_pipe_stats *stats);
 
 /* ---- checkpoints across layouts ------------------------------------------------------------ */
 /* A pipeline checkpoint is a directory: stage-<r>-of-<P>.safetensors for each pipeline rank

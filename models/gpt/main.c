@@ -267,19 +267,14 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --sequence-parallel needs training with --tp 2 or more\n");
         return 2;
     }
-    if (a->tp > 1 && a->precision == NB_F16) {
-        fprintf(stderr, "gpt: --tp %lld does not combine with --precision fp16 (loss scaling) "
-                        "yet\n", (long long)a->tp);
-        return 2;
-    }
-    if (a->tp > 1 && strcmp(a->recompute, "none")) {
-        fprintf(stderr, "gpt: --tp %lld does not combine with --checkpoint-activations yet\n",
-                (long long)a->tp);
-        return 2;
-    }
     if ((a->tp > 1 || a->pp) && a->zero > 2) {
         fprintf(stderr, "gpt: --%s takes --zero 1 or 2 (the data-parallel group's ZeRO); stage 3 "
                         "does not combine with it yet\n", a->pp ? "pp" : "tp");
+        return 2;
+    }
+    if ((a->tp > 1 || a->pp) && a->zero > 0 && a->precision == NB_F16) {
+        fprintf(stderr, "gpt: --%s with --zero does not take --precision fp16 (loss scaling) yet; "
+                        "bf16 works\n", a->pp ? "pp" : "tp");
         return 2;
     }
     /* A flag the chosen mode ignores is a mistake (a typo'd mode, a forgotten --sample),
@@ -328,11 +323,8 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --microbatches, --pp-schedule and --virtual-stages need --pp\n");
         return 2;
     }
-    if (a->pp && (a->grad_accum != 1 || a->log || a->tensorboard ||
-                  strcmp(a->recompute, "none") || guard.train_flag || a->precision != NB_F32)) {
-        fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum and does "
-                "not take --log, --tensorboard, --checkpoint-activations, "
-                "--on-nonfinite, --max-skips or --precision yet\n");
+    if (a->pp && a->grad_accum != 1) {
+        fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum\n");
         return 2;
     }
     if (a->sample && !a->load) {
@@ -809,10 +801,11 @@ static bool train_step(run *r, step_result *o) {
     nb_clear_error(); /* a NaN below is an error only when one is set */
     nb_tp_comm_stats_reset();
     if (nbm_precision_begin(r->a->precision) != NB_OK) return fail(r, "%s", nb_last_error());
-    double loss = r->topo ? nb_gpt_tp_train_step_ex(r->model, r->opt,
+    double loss = r->topo ? nb_gpt_tp_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N,
                                                     &(nb_gpt_tp_step_opts){.ddp = r->ddp,
-                                                                           .zero = r->zero},
-                                                    r->xl, r->yl, (int)r->N, r->a->grad_clip,
+                                                                           .zero = r->zero,
+                                                                           .scaler = r->scaler,
+                                                                           .grad_clip = r->a->grad_clip},
                                                     &o->grad_norm)
                 : nb_gpt_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N,
                                        &(nb_gpt_step_opts){.ddp = r->ddp, .zero = r->zero,
@@ -1113,7 +1106,10 @@ static int run_pipe(const args *a) {
     gpt_pipe_args p = {
         .cfg = {.block_size = a->block_size, .n_layer = a->n_layer, .n_head = a->n_head,
                 .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
-                .gelu_tanh = a->gelu_tanh != 0},
+                .gelu_tanh = a->gelu_tanh != 0,
+                .recompute = !strcmp(a->recompute, "full")   ? NB_GPT_RECOMPUTE_FULL
+                             : !strcmp(a->recompute, "attn") ? NB_GPT_RECOMPUTE_ATTN
+                                                             : NB_GPT_RECOMPUTE_NONE},
         .steps = a->steps, .batch = a->batch, .pp = a->pp, .tp = a->tp,
         .sequence_parallel = a->sequence_parallel,
         .microbatches = a->microbatches ? a->microbatches : 4,
@@ -1123,7 +1119,10 @@ static int run_pipe(const args *a) {
         .beta2 = a->beta2, .schedule = a->schedule, .warmup = a->warmup,
         .decay_steps = a->decay_steps, .min_lr = a->min_lr, .save = a->save,
         .resume = a->resume, .save_every = a->save_every, .keep = a->keep,
-        .async_save = a->async_save, .seed = a->seed, .threads = a->threads, .zero = a->zero};
+        .async_save = a->async_save, .seed = a->seed, .threads = a->threads, .zero = a->zero,
+        .eval_every = a->eval_every, .eval_batches = a->eval_batches, .log = a->log,
+        .tensorboard = a->tensorboard, .precision = a->precision, .recompute = a->recompute,
+        .guard = &guard};
     nb_tensor *text = a->data ? nb_read_bytes(a->data) : read_kjv();
     int rc = gpt_pipe_train(&p, text);
     nb_tensor_free(text);

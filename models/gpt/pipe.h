@@ -9,6 +9,8 @@
 
 #include <nabla/nabla.h>
 
+#include "guard.h"
+
 /* The flags of a pipeline run (main.c's, copied). */
 typedef struct gpt_pipe_args {
     nb_gpt_config cfg;           /* the model (dropout_gen: set by gpt_pipe_train) */
@@ -27,6 +29,13 @@ typedef struct gpt_pipe_args {
     uint64_t seed;
     int64_t threads;
     int64_t zero;                /* 1 or 2: ZeRO over each stage's data-parallel group */
+    int64_t eval_every, eval_batches; /* validation loss every N steps (0: only at the end) on
+                                       * N fixed batches, as main.c's */
+    const char *log, *tensorboard;    /* --log JSON lines, --tensorboard DIR (rank 0); NULL */
+    nb_dtype precision;               /* NB_F32, NB_BF16, NB_F16: autocast around steps and
+                                       * evaluations (fp16 with loss scaling) */
+    const char *recompute;            /* --checkpoint-activations (cfg.recompute says it too) */
+    nbm_guard *guard;                 /* --comm-timeout, --on-nonfinite, --max-skips */
 } gpt_pipe_args;
 
 /* Train on text (U8 tokens, borrowed; NULL: report that it could not be read, on rank 0).

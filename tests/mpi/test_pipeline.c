@@ -513,6 +513,173 @@ START_TEST(test_pipe_checkpoint_async) {
 }
 END_TEST
 
+/* The pipeline's evaluation (nb_gpt_pipe_eval): forward only, dropout off, the mean loss the
+ * same on every rank of the pipeline and equal to the 1-process model's nb_gpt_loss on the
+ * same batch (eval mode, no gradients); the dropout stream does not move and the module
+ * stays in training mode. Under bf16 autocast it is within 2% of f32. */
+static void check_eval(int pp_size, nb_pipe_schedule sched, int v) {
+    const int r = mt_rank;
+    nb_comm *pp = nb_comm_split(mt_world, r / pp_size, r);
+    nb_comm *dp = nb_comm_split(mt_world, r % pp_size, r);
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.schedule = sched;
+    po.n_micro = MICRO;
+    po.virtual_stages = v;
+    nb_generator *g1 = nb_generator_new(11), *g2 = nb_generator_new(11), *data = nb_generator_new(7);
+    nb_generator *d1 = nb_generator_new(3);
+    nb_gpt_config c1 = cfg, c2 = cfg;
+    c1.dropout = c2.dropout = 0.1;
+    c1.dropout_gen = d1;
+    nb_gpt_pipe *pipe = pp && dp ? nb_gpt_pipe_new(&c1, g1, pp, dp, &po) : NULL;
+    nb_module *ref = nb_gpt_new(&c2, g2);
+    MT_CHECK(pipe && ref, "build: %s", nb_last_error());
+    nb_scope_begin();
+    const int64_t B = MICRO * MB;
+    nb_tensor *X = nb_randint((int64_t[]){B, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+    nb_tensor *Y = nb_randint((int64_t[]){B, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+    double want = NAN, got = NAN, got16 = NAN;
+    if (ref) {
+        nb_module_train(ref, false);
+        bool prev = nb_set_grad_enabled(false);
+        nb_tensor *l = nb_gpt_loss(ref, X, Y);
+        want = l ? nb_item_f64(l) : NAN;
+        nb_set_grad_enabled(prev);
+    }
+    if (pipe) {
+        const uint64_t at = nb_generator_offset(d1);
+        nb_pipe_stats s;
+        MT_OK(nb_gpt_pipe_eval(pipe, X, Y, &got, &s));
+        MT_CHECK(rel_diff(got, want) <= 1e-5, "pp %d %s v %d: eval loss %.9g, 1 process %.9g",
+                 pp_size, nb_pipe_schedule_name(sched), v, got, want);
+        MT_CHECK(s.peak_live_micro == 1, "eval held %lld micro-batches at once",
+                 (long long)s.peak_live_micro);
+        MT_CHECK(nb_generator_offset(d1) == at, "the evaluation moved the dropout stream");
+        MT_CHECK(nb_module_is_training(nb_gpt_pipe_module(pipe)),
+                 "the module is left in evaluation mode");
+        /* bf16: the caller's autocast scope reaches every stage */
+        MT_OK(nb_autocast_begin(NB_BF16));
+        MT_OK(nb_gpt_pipe_eval(pipe, X, Y, &got16, NULL));
+        MT_OK(nb_autocast_end());
+        MT_CHECK(rel_diff(got16, got) <= 0.02 && got16 != got, "bf16 eval %.6g vs f32 %.6g",
+                 got16, got);
+        /* the same value on every rank of the pipeline */
+        nb_tensor *t = nb_from_buffer((double[]){got, -got}, (int64_t[]){2}, 1, NB_F64);
+        MT_OK(nb_allreduce(pp, t, NB_REDUCE_MAX));
+        double mx[2] = {0, 0};
+        MT_OK(nb_read(t, mx, 2, NB_F64));
+        MT_CHECK(mx[0] == got && -mx[1] == got, "pipeline ranks disagree: %.9g..%.9g", -mx[1],
+                 mx[0]);
+        /* a batch the micro-batches do not divide: an error, no communication */
+        double bad = 0;
+        MT_CHECK(nb_gpt_pipe_eval(pipe, nb_narrow(X, 0, 0, B - 1), nb_narrow(Y, 0, 0, B - 1),
+                                  &bad, NULL) == NB_EINVAL && isnan(bad),
+                 "a batch of %lld rows in %d micro-batches was accepted", (long long)(B - 1),
+                 MICRO);
+    }
+    nb_scope_end();
+    nb_gpt_pipe_free(pipe);
+    nb_module_free(ref);
+    nb_generator_free(g1);
+    nb_generator_free(g2);
+    nb_generator_free(data);
+    nb_generator_free(d1);
+    nb_comm_free(pp);
+    nb_comm_free(dp);
+    MT_END();
+}
+
+START_TEST(test_pipe_eval) {
+    check_eval(mt_size, NB_PIPE_1F1B, 1);
+    check_eval(mt_size, NB_PIPE_INTERLEAVED, 2);
+    if (mt_size >= 2) check_eval(mt_size / 2, NB_PIPE_GPIPE, 1);
+}
+END_TEST
+
+/* Mixed precision and activation checkpointing in the pipeline's training step: the blocks
+ * of cfg.recompute FULL or ATTN (nb_module_set_recompute, nb_recompute) give bit-identical
+ * losses and weights, with dropout; under bf16 autocast the losses stay within 2% of f32's,
+ * and under fp16 too, with a loss scaler over the world (first scale 2^19: the first steps
+ * overflow and are skipped, on every rank alike). */
+static double pipe_train(nb_gpt_recompute rc, nb_dtype prec, double *w_sum, int64_t *skipped,
+                         double *scale) {
+    const int r = mt_rank;
+    nb_comm *pp = nb_comm_split(mt_world, 0, r);
+    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
+    po.n_micro = MICRO;
+    nb_generator *g = nb_generator_new(11), *data = nb_generator_new(5), *d = nb_generator_new(3);
+    nb_gpt_config c = cfg;
+    c.dropout = 0.1;
+    c.dropout_gen = d;
+    c.recompute = rc;
+    nb_gpt_pipe *pipe = pp ? nb_gpt_pipe_new(&c, g, pp, NULL, &po) : NULL;
+    nb_optim *opt = pipe ? nb_adamw_new(nb_parameters(nb_gpt_pipe_module(pipe)), NULL) : NULL;
+    MT_CHECK(opt, "build: %s", nb_last_error());
+    nb_grad_scaler_opts so = nb_grad_scaler_defaults();
+    so.init_scale = 524288.0;
+    nb_grad_scaler *sc = prec == NB_F16 ? nb_grad_scaler_new(&so) : NULL;
+    if (sc) MT_OK(nb_grad_scaler_set_comm(sc, mt_world));
+    double loss = NAN;
+    for (int step = 0; step < 2 * STEPS && opt; step++) {
+        nb_scope_begin();
+        const int64_t B = MICRO * MB;
+        nb_tensor *X = nb_randint((int64_t[]){B, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_tensor *Y = nb_randint((int64_t[]){B, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        if (prec != NB_F32) MT_OK(nb_autocast_begin(prec));
+        loss = nb_gpt_pipe_train_step_ex(pipe, opt, X, Y,
+                                         &(nb_gpt_pipe_step_opts){.grad_clip = 1.0, .scaler = sc},
+                                         NULL, NULL);
+        if (prec != NB_F32) MT_OK(nb_autocast_end());
+        MT_CHECK(!isnan(loss), "step %d: %s", step, nb_last_error());
+        nb_scope_end();
+    }
+    *w_sum = 0;
+    const nb_params *ps = pipe ? nb_parameters(nb_gpt_pipe_module(pipe)) : NULL;
+    for (int i = 0; ps && i < ps->count; i++) {
+        nb_scope_begin();
+        *w_sum += nb_item_f64(nb_sum(nb_mul(ps->tensors[i], ps->tensors[i]), NULL, 0, false));
+        nb_scope_end();
+    }
+    *skipped = sc ? nb_grad_scaler_num_skipped(sc) : 0;
+    *scale = sc ? nb_grad_scaler_get_scale(sc) : 0;
+    nb_grad_scaler_free(sc);
+    nb_optim_free(opt);
+    nb_gpt_pipe_free(pipe);
+    nb_generator_free(g);
+    nb_generator_free(data);
+    nb_generator_free(d);
+    nb_comm_free(pp);
+    return loss;
+}
+
+START_TEST(test_pipe_recompute_bf16) {
+    double w0, w1, w2, w3, w4, sc;
+    int64_t sk;
+    const double l0 = pipe_train(NB_GPT_RECOMPUTE_NONE, NB_F32, &w0, &sk, &sc);
+    const double l1 = pipe_train(NB_GPT_RECOMPUTE_FULL, NB_F32, &w1, &sk, &sc);
+    const double l2 = pipe_train(NB_GPT_RECOMPUTE_ATTN, NB_F32, &w2, &sk, &sc);
+    const double l3 = pipe_train(NB_GPT_RECOMPUTE_NONE, NB_BF16, &w3, &sk, &sc);
+    const double l4 = pipe_train(NB_GPT_RECOMPUTE_FULL, NB_F16, &w4, &sk, &sc);
+    MT_CHECK(l1 == l0 && w1 == w0, "recompute full: loss %.17g vs %.17g, weights %.17g vs %.17g",
+             l1, l0, w1, w0);
+    MT_CHECK(l2 == l0 && w2 == w0, "recompute attn: loss %.17g vs %.17g, weights %.17g vs %.17g",
+             l2, l0, w2, w0);
+    MT_CHECK(rel_diff(l3, l0) <= 0.02 && l3 != l0, "bf16 loss %.6g vs f32 %.6g", l3, l0);
+    MT_CHECK(rel_diff(l4, l0) <= 0.02, "fp16 loss %.6g vs f32 %.6g", l4, l0);
+    MT_CHECK(sk >= 1 && sk < 2 * STEPS && sc < 524288.0, "fp16: %lld steps skipped, scale %g "
+             "(2^19 at first)", (long long)sk, sc);
+    nb_scope_begin(); /* every rank skipped the same steps and holds the same scale */
+    nb_tensor *t = nb_from_buffer((double[]){(double)sk, sc, -(double)sk, -sc}, (int64_t[]){4},
+                                  1, NB_F64);
+    MT_OK(nb_allreduce(mt_world, t, NB_REDUCE_MAX));
+    double v[4] = {0};
+    MT_OK(nb_read(t, v, 4, NB_F64));
+    MT_CHECK(v[0] == -v[2] && v[1] == -v[3], "the ranks disagree: skipped %g..%g, scale %g..%g",
+             -v[2], v[0], -v[3], v[1]);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_pipeline(void) {
     Suite *s = suite_create("pipeline");
     TCase *tc = tcase_create("pipeline");
@@ -527,6 +694,8 @@ Suite *mt_suite_pipeline(void) {
     tcase_add_test(tc, test_pipe_checkpoint_layouts);
     tcase_add_test(tc, test_pipe_checkpoint_async);
     tcase_add_test(tc, test_pipe_checkpoint_old_names);
+    tcase_add_test(tc, test_pipe_eval);
+    tcase_add_test(tc, test_pipe_recompute_bf16);
     suite_add_tcase(s, tc);
     return s;
 }

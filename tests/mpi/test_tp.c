@@ -714,6 +714,94 @@ START_TEST(test_gpt_tp_init_and_errors) {
 }
 END_TEST
 
+/* K steps of the TP GPT over the whole world (tp = world size; dropout 0.2) with cfg.recompute
+ * rc and, when prec is not f32, under autocast (fp16: with a loss scaler over the world, its
+ * first scale 2^19 so that the first steps overflow). Returns the last loss; *w_sum gets the
+ * sum of squares of this rank's weights, *skipped the scaler's skipped steps. */
+static double tp_run(nb_gpt_recompute rc, bool sp, nb_dtype prec, double *w_sum, int64_t *skipped,
+                     double *scale) {
+    nb_gpt_config cfg = gcfg;
+    cfg.dropout = 0.2;
+    cfg.recompute = rc;
+    nb_generator *g = nb_generator_new(11);
+    cfg.dropout_gen = nb_generator_new(77);
+    nb_module *m = nb_gpt_tp_new(&cfg, g, mt_world, &(nb_gpt_tp_opts){.sequence_parallel = sp});
+    nb_generator_free(g);
+    MT_CHECK(m, "build: %s", nb_last_error());
+    nb_optim *opt = m ? sgd(m) : NULL;
+    nb_grad_scaler_opts so = nb_grad_scaler_defaults();
+    so.init_scale = 524288.0;
+    nb_grad_scaler *sc = prec == NB_F16 ? nb_grad_scaler_new(&so) : NULL;
+    if (sc) MT_OK(nb_grad_scaler_set_comm(sc, mt_world));
+    double loss = NAN;
+    for (int k = 0; k < 2 * K && opt; k++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(k % K, 0, GB, &x, &y);
+        if (prec != NB_F32) MT_OK(nb_autocast_begin(prec));
+        double norm;
+        loss = nb_gpt_tp_train_step_ex(m, opt, &x, &y, 1,
+                                       &(nb_gpt_tp_step_opts){.scaler = sc, .grad_clip = 0.5},
+                                       &norm);
+        if (prec != NB_F32) MT_OK(nb_autocast_end());
+        MT_CHECK(isfinite(loss), "step %d: %s", k, nb_last_error());
+        nb_scope_end();
+    }
+    *w_sum = 0;
+    const nb_params *ps = m ? nb_parameters(m) : NULL;
+    for (int i = 0; ps && i < ps->count; i++) {
+        nb_scope_begin();
+        *w_sum += nb_item_f64(nb_sum(nb_mul(ps->tensors[i], ps->tensors[i]), NULL, 0, false));
+        nb_scope_end();
+    }
+    *skipped = sc ? nb_grad_scaler_num_skipped(sc) : 0;
+    *scale = sc ? nb_grad_scaler_get_scale(sc) : 0;
+    nb_grad_scaler_free(sc);
+    nb_optim_free(opt);
+    nb_module_free(m);
+    nb_generator_free(cfg.dropout_gen);
+    return loss;
+}
+
+/* Activation checkpointing of the TP GPT (FULL: each block with its collectives replayed;
+ * ATTN: this rank's attention core) gives bit-identical losses and weights, with dropout and
+ * with sequence parallelism; bf16 and fp16 (loss scaling, the overflow check global over the
+ * world) end within 2% of f32, every rank skipping the same overflowed steps. */
+START_TEST(test_gpt_tp_recompute_precision) {
+    for (int sp = 0; sp < 2; sp++) {
+        double w0, w1, w2;
+        int64_t sk;
+        double sc;
+        const double l0 = tp_run(NB_GPT_RECOMPUTE_NONE, sp, NB_F32, &w0, &sk, &sc);
+        const double l1 = tp_run(NB_GPT_RECOMPUTE_FULL, sp, NB_F32, &w1, &sk, &sc);
+        const double l2 = tp_run(NB_GPT_RECOMPUTE_ATTN, sp, NB_F32, &w2, &sk, &sc);
+        MT_CHECK(l1 == l0 && w1 == w0, "sp %d recompute full: loss %.17g vs %.17g, weights "
+                 "%.17g vs %.17g", sp, l1, l0, w1, w0);
+        MT_CHECK(l2 == l0 && w2 == w0, "sp %d recompute attn: loss %.17g vs %.17g, weights "
+                 "%.17g vs %.17g", sp, l2, l0, w2, w0);
+        if (sp) continue;
+        double wb, wh;
+        const double lb = tp_run(NB_GPT_RECOMPUTE_NONE, false, NB_BF16, &wb, &sk, &sc);
+        MT_CHECK(fabs(lb - l0) <= 0.02 * l0 && lb != l0, "bf16 loss %.6g vs f32 %.6g", lb, l0);
+        const double lh = tp_run(NB_GPT_RECOMPUTE_FULL, false, NB_F16, &wh, &sk, &sc);
+        MT_CHECK(fabs(lh - l0) <= 0.02 * l0, "fp16 loss %.6g vs f32 %.6g", lh, l0);
+        MT_CHECK(sk >= 1 && sk < 2 * K && sc < 524288.0,
+                 "fp16: %lld steps skipped, scale %g (2^19 at first)", (long long)sk, sc);
+        /* every rank skipped the same steps and holds the same scale */
+        nb_scope_begin();
+        nb_tensor *t = nb_from_buffer((double[]){(double)sk, sc, -(double)sk, -sc},
+                                      (int64_t[]){4}, 1, NB_F64);
+        MT_OK(nb_allreduce(mt_world, t, NB_REDUCE_MAX));
+        double v[4] = {0};
+        MT_OK(nb_read(t, v, 4, NB_F64));
+        MT_CHECK(v[0] == -v[2] && v[1] == -v[3], "the ranks disagree: skipped %g..%g, scale "
+                 "%g..%g", -v[2], v[0], -v[3], v[1]);
+        nb_scope_end();
+    }
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_tp(void) {
     Suite *s = suite_create("tp");
     TCase *tc = tcase_create("tp");
@@ -728,6 +816,7 @@ Suite *mt_suite_tp(void) {
     tcase_add_test(tc, test_gpt_tp_checkpoint_layouts);
     tcase_add_test(tc, test_gpt_tp_sharded_checkpoint);
     tcase_add_test(tc, test_gpt_tp_dropout_equivalence);
+    tcase_add_test(tc, test_gpt_tp_recompute_precision);
     suite_add_tcase(s, tc);
     return s;
 }

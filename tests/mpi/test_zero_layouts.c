@@ -104,7 +104,8 @@ static void tp_steps(nb_module *m, nb_optim *opt, nb_zero *z, nb_topology *topo,
         }
         nb_gpt_tp_step_opts so = nb_gpt_tp_step_defaults();
         so.zero = z;
-        double norm, loss = nb_gpt_tp_train_step_ex(m, opt, &so, xs, ys, nm, CLIP, &norm);
+        so.grad_clip = CLIP;
+        double norm, loss = nb_gpt_tp_train_step_ex(m, opt, xs, ys, nm, &so, &norm);
         nb_tensor *l = nb_full((int64_t[]){1}, 1, NB_F64, loss);
         MT_OK(nb_allreduce(nb_topology_dp(topo), l, NB_REDUCE_AVG));
         loss = nb_item_f64(l);
@@ -230,7 +231,8 @@ static void tpl_steps(tpl *t, int k0, int k1) {
         nb_gpt_tp_step_opts so = nb_gpt_tp_step_defaults();
         so.zero = t->z;
         so.ddp = t->ddp;
-        double loss = nb_gpt_tp_train_step_ex(t->m, t->opt, &so, &x, &y, 1, CLIP, NULL);
+        so.grad_clip = CLIP;
+        double loss = nb_gpt_tp_train_step_ex(t->m, t->opt, &x, &y, 1, &so, NULL);
         MT_CHECK(isfinite(loss), "step %d: %s", k, nb_last_error());
         nb_scope_end();
     }
@@ -582,8 +584,8 @@ START_TEST(test_zero_layouts_errors) {
     nb_scope_begin();
     nb_tensor *x, *y;
     batch(0, 0, 2, &x, &y);
-    nb_gpt_tp_step_opts so = {.ddp = ddp, .zero = z};
-    double l = nb_gpt_tp_train_step_ex(m, opt, &so, &x, &y, 1, CLIP, NULL);
+    nb_gpt_tp_step_opts so = {.ddp = ddp, .zero = z, .grad_clip = CLIP};
+    double l = nb_gpt_tp_train_step_ex(m, opt, &x, &y, 1, &so, NULL);
     MT_CHECK(isnan(l) && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "not both"),
              "ddp and zero: %g %s", l, nb_last_error());
     nb_clear_error();
@@ -601,8 +603,8 @@ START_TEST(test_zero_layouts_errors) {
         MT_CHECK(nb_zero_scatter_optim_state(z3) == NB_EINVAL, "scatter at stage 3: %s",
                  nb_last_error());
         nb_scope_begin();
-        so = (nb_gpt_tp_step_opts){.zero = z3};
-        l = nb_gpt_tp_train_step_ex(m, opt, &so, &x, &y, 1, CLIP, NULL);
+        so = (nb_gpt_tp_step_opts){.zero = z3, .grad_clip = CLIP};
+        l = nb_gpt_tp_train_step_ex(m, opt, &x, &y, 1, &so, NULL);
         MT_CHECK(isnan(l) && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "stage 3"),
                  "TP with stage 3: %g %s", l, nb_last_error());
         nb_scope_end();
