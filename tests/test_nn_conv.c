@@ -471,6 +471,23 @@ START_TEST(test_conv2d_bf16_kernel) {
 }
 END_TEST
 
+START_TEST(test_conv2d_bf16_path) {
+    /* nb_conv_bf16_native / _path say how bf16 convolutions run, and agree; NB_CONV=im2col
+     * turns the native path off (the f32 code then widens every bf16 convolution). */
+    bool native = nb_conv_bf16_native();
+    const char *path = nb_conv_bf16_path();
+    ck_assert(path != NULL);
+    ck_assert_msg(native == (strstr(path, "dnnl convolution bf16") == path), "%d: %s", native,
+                  path);
+    if (!native) ck_assert(strstr(path, "f32 convolution after conversion") == path);
+    nb__conv2d_set_impl(NB__CONV_IM2COL);
+    ck_assert(!nb_conv_bf16_native());
+    ck_assert(strstr(nb_conv_bf16_path(), "NB_CONV=im2col") != NULL || !nb_gemm_provider_available(NB_GEMM_DNNL));
+    nb__conv2d_set_impl(NB__CONV_AUTO);
+    ck_assert(nb_conv_bf16_native() == native);
+}
+END_TEST
+
 START_TEST(test_conv2d_bf16_autocast) {
     /* Under autocast bf16, f32 leaves: y is bf16, the gradients come back through the casts
      * as f32, and match direct loops over the bf16-rounded values (gx and the weight
@@ -1162,6 +1179,7 @@ Suite *nb_suite_nn_conv(void) {
     tcase_add_test(tc, test_conv2d_half_backward);
     tcase_add_test(tc, test_conv2d_thread_independent);
     tcase_add_test(tc, test_conv2d_bf16_kernel);
+    tcase_add_test(tc, test_conv2d_bf16_path);
     tcase_add_test(tc, test_conv2d_bf16_autocast);
     tcase_add_test(tc, test_conv2d_bf16_thread_independent);
     tcase_add_test(tc, test_conv2d_module);
