@@ -588,6 +588,12 @@ static void print_header(const run *r) {
     if (r->a->precision != NB_F32) printf("%s: precision %s\n", r->spec->name,
                                           nbm_precision_name(r->a->precision));
     nbm_precision_note(r->a->prog, r->a->precision, stdout);
+    if (r->a->precision == NB_BF16 && r->spec->convolutional)
+        printf("%s: --precision bf16: convolutions run as %s%s\n", r->a->prog,
+               nb_conv_bf16_path(),
+               nb_conv_bf16_native() ? " (small ones, like a first layer on one channel, "
+                                       "widened to f32)"
+                                     : ", so they gain no speed");
 }
 
 /* The training loop: epochs of steps, each followed by an evaluation and a checkpoint. */

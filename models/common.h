@@ -41,6 +41,7 @@ typedef struct nbm_model {
     const char *name;
     nb_module *(*build)(const nbm_args *a, nb_generator *init);
     nb_optim *(*optimizer)(nb_module *m, const nbm_args *a);
+    bool convolutional; /* has convolutions: under bf16, say how they run */
 } nbm_model;
 
 /* Train and evaluate; the last line printed is a JSON object. Returns the exit status. */
