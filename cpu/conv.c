@@ -67,8 +67,9 @@ static bool is_pointwise(const nb__conv2d_geom *g) {
     return g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
 }
 
-/* Elements a copy may run past the end of a row in the stride-1 im2col (64 bytes of f32). */
-#define CONV_SLACK 16
+/* Elements a copy may run past the end of a row in the stride-1 im2col (64 bytes of bf16,
+ * the narrowest type it copies). */
+#define CONV_SLACK 32
 
 /* The stride-1 im2col first copies the image into a zero-padded (C, H+2ph, W+2pw) buffer,
  * after which every column-matrix row is a plain copy of OW elements. */
@@ -137,7 +138,8 @@ static void valid_range(int64_t off, int64_t s, int64_t n, int64_t out, int64_t 
     *lo = a, *hi = b;
 }
 
-#define NB__CONV_TYPED(T, S)                                                                \
+/* The column matrix (any element type: copies only). */
+#define NB__CONV_COLUMNS(T, S)                                                              \
     /* Stride 1: pad the image into xp, then copy rows of OW elements in 64-byte chunks. \
      * A chunk may run up to CONV_SLACK elements past a row's end: into the next row,     \
      * which is written afterwards, or into the slack after the matrix and the image. */  \
@@ -206,8 +208,10 @@ static void valid_range(int64_t off, int64_t s, int64_t n, int64_t out, int64_t 
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
-    }                                                                                      \
-                                                                                           \
+    }
+
+/* The arithmetic helpers (f32 and f64 only; bf16 columns are only copied). */
+#define NB__CONV_TYPED(T, S)                                                                \
     /* Stride 1: accumulate into the zeroed padded buffer xp without any clipping, then   \
      * copy its interior out. */                                                           \
     static void col2im_padded_##S(const nb__conv2d_geom *g, const T *col, T *x, T *xp) {   \
@@ -306,6 +310,9 @@ static void valid_range(int64_t off, int64_t s, int64_t n, int64_t out, int64_t 
         }                                                                                  \
     }
 
+NB__CONV_COLUMNS(float, f32)
+NB__CONV_COLUMNS(double, f64)
+NB__CONV_COLUMNS(uint16_t, bf16)
 NB__CONV_TYPED(float, f32)
 NB__CONV_TYPED(double, f64)
 
@@ -587,7 +594,10 @@ typedef struct dn_descs {
     dnnl_dims_t strides, dilates, pad_l, pad_r;
 } dn_descs;
 
-static bool dn_describe(dn_call *c, const nb__conv2d_geom *g, dn_descs *d) {
+/* dt: the element type of src, weights and dst (f32, or bf16 with f32 accumulation); the
+ * bias is always f32. */
+static bool dn_describe(dn_call *c, const nb__conv2d_geom *g, dn_descs *d,
+                        dnnl_data_type_t dt) {
     dnnl_dims_t sd = {g->N, g->C, g->H, g->W}, dd = {g->N, g->O, g->OH, g->OW}, bd = {g->O};
     dnnl_dims_t wd = {g->groups, g->O / g->groups, g->C / g->groups, g->KH, g->KW};
     bool grouped = g->groups > 1;
@@ -599,25 +609,25 @@ static bool dn_describe(dn_call *c, const nb__conv2d_geom *g, dn_descs *d) {
     d->strides[0] = g->sh, d->strides[1] = g->sw;
     d->dilates[0] = g->dh - 1, d->dilates[1] = g->dw - 1;
     d->pad_l[0] = d->pad_r[0] = g->ph, d->pad_l[1] = d->pad_r[1] = g->pw;
-    return dn_ok(c, dnnl_memory_desc_init_by_tag(&d->src, 4, sd, dnnl_f32, dnnl_nchw)) &&
-           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->dst, 4, dd, dnnl_f32, dnnl_nchw)) &&
+    return dn_ok(c, dnnl_memory_desc_init_by_tag(&d->src, 4, sd, dt, dnnl_nchw)) &&
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->dst, 4, dd, dt, dnnl_nchw)) &&
            dn_ok(c, dnnl_memory_desc_init_by_tag(&d->bias, 1, bd, dnnl_f32, dnnl_x)) &&
-           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->wts, wn, wd, dnnl_f32, wtag)) &&
-           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->src_any, 4, sd, dnnl_f32,
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->wts, wn, wd, dt, wtag)) &&
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->src_any, 4, sd, dt,
                                                  dnnl_format_tag_any)) &&
-           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->dst_any, 4, dd, dnnl_f32,
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->dst_any, 4, dd, dt,
                                                  dnnl_format_tag_any)) &&
-           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->wts_any, wn, wd, dnnl_f32,
+           dn_ok(c, dnnl_memory_desc_init_by_tag(&d->wts_any, wn, wd, dt,
                                                  dnnl_format_tag_any));
 }
 
-static bool dn_begin(dn_call *c, const nb__conv2d_geom *g, dn_descs *d) {
+static bool dn_begin(dn_call *c, const nb__conv2d_geom *g, dn_descs *d, dnnl_data_type_t dt) {
     pthread_once(&g_engine_once, engine_init);
     if (!g_engine_ok) return dn_ok(c, dnnl_runtime_error);
     return dn_ok(c, dnnl_stream_create(&c->stream, g_engine, dnnl_stream_default_flags)) &&
            dn_ok(c, dnnl_primitive_attr_create(&c->attr)) &&
            dn_ok(c, dnnl_primitive_attr_set_scratchpad_mode(c->attr, dnnl_scratchpad_mode_user)) &&
-           dn_describe(c, g, d);
+           dn_describe(c, g, d, dt);
 }
 
 /* The forward primitive descriptor (also the hint for the backward one). */
@@ -676,11 +686,12 @@ static bool dn_wanted(const nb__conv2d_geom *g) {
     return macs >= (double)(1 << 20) && (kg >= 32 || g->groups > 1);
 }
 
-static nb_status dn_forward(const nb__conv2d_geom *g, const float *x, const float *w,
-                            const float *b, float *y) {
+/* x, w, y of type dt (f32 or bf16), b f32 (or NULL). */
+static nb_status dn_forward(const nb__conv2d_geom *g, dnnl_data_type_t dt, const void *x,
+                            const void *w, const float *b, void *y) {
     dn_call c = {0};
     dn_descs d;
-    dnnl_primitive_desc_t pd = dn_begin(&c, g, &d) ? dn_fwd_pd(&c, &d, b != NULL) : NULL;
+    dnnl_primitive_desc_t pd = dn_begin(&c, g, &d, dt) ? dn_fwd_pd(&c, &d, b != NULL) : NULL;
     if (pd) {
         const dnnl_memory_desc_t *dmd = dn_md(pd, dnnl_query_dst_md);
         dnnl_memory_t ms = dn_input(&c, &d.src, x, dn_md(pd, dnnl_query_src_md));
@@ -701,11 +712,12 @@ static nb_status dn_forward(const nb__conv2d_geom *g, const float *x, const floa
     return dn_finish(&c, "convolution forward");
 }
 
-static nb_status dn_backward_data(const nb__conv2d_geom *g, const float *w, const float *gy,
-                                  float *gx) {
+/* w, gy, gx of type dt (f32 or bf16). */
+static nb_status dn_backward_data(const nb__conv2d_geom *g, dnnl_data_type_t dt, const void *w,
+                                  const void *gy, void *gx) {
     dn_call c = {0};
     dn_descs d;
-    dnnl_primitive_desc_t fpd = dn_begin(&c, g, &d) ? dn_fwd_pd(&c, &d, false) : NULL;
+    dnnl_primitive_desc_t fpd = dn_begin(&c, g, &d, dt) ? dn_fwd_pd(&c, &d, false) : NULL;
     dnnl_convolution_desc_t cd;
     dnnl_primitive_desc_t pd = NULL;
     if (fpd && dn_ok(&c, dnnl_dilated_convolution_backward_data_desc_init(
@@ -739,7 +751,7 @@ static nb_status cpu_conv2d(const nb__conv2d_args *a) {
     bool f64 = a->dtype == NB_F64;
 #if NB_HAVE_DNNL
     if (!f64 && dn_wanted(g)) {
-        nb_status st = dn_forward(g, a->x, a->w, a->b, a->y);
+        nb_status st = dn_forward(g, dnnl_f32, a->x, a->w, a->b, a->y);
         if (st != NB_EUNSUPPORTED) return st;
     }
 #endif
@@ -766,7 +778,7 @@ static nb_status conv_bwd(const nb__conv2d_geom *g, const conv_plan *p, bool f64
     }
 #if NB_HAVE_DNNL
     if (gx && !f64 && dn_wanted(g)) {
-        nb_status st = dn_backward_data(g, w, gy, gx);
+        nb_status st = dn_backward_data(g, dnnl_f32, w, gy, gx);
         if (st == NB_OK) c.gx = NULL; /* done */
         else if (st != NB_EUNSUPPORTED) return st;
     }
@@ -809,8 +821,220 @@ static nb_status cpu_conv2d_backward(const nb__conv2d_backward_args *a) {
     return st;
 }
 
+/* ---- bf16 ------------------------------------------------------------------------------------
+ * bf16 x, w and gy; f32 bias, weight and bias gradients; bf16 y and gx (tensor/kernels/conv.h).
+ * Every product and sum is in f32 and each bf16 result is rounded once. Where oneDNN runs
+ * bf16 natively (nb_conv_bf16_native: AVX512-BF16) and would run the f32 convolution too
+ * (dn_wanted), the forward and the input gradient are oneDNN's bf16 convolution primitives
+ * (one output element per thread, as in f32, so the bits do not depend on the thread count),
+ * and the weight gradient is im2col in bf16 + the bf16 GEMM (oneDNN's bf16 matmul on shape-only
+ * tiles, cpu/gemm.c) over the same fixed image chunks as f32, summed in the same fixed order;
+ * the bias gradient is summed in double. Otherwise (no oneDNN, no AVX512-BF16, NB_CONV=im2col,
+ * or a small convolution) the operands are widened to f32 and the f32 kernels above run: the
+ * same products, at the f32 rate. */
+bool nb_conv_bf16_native(void) {
+#if NB_HAVE_DNNL
+    if (nb__conv2d_impl() == NB__CONV_IM2COL) return false;
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) !=
+        (unsigned)dnnl_cpu_isa_avx512_core_bf16)
+        return false;
+    pthread_once(&g_engine_once, engine_init);
+    return g_engine_ok;
+#else
+    return false;
+#endif
+}
+
+const char *nb_conv_bf16_path(void) {
+    if (nb_conv_bf16_native()) return "dnnl convolution bf16 (AVX512-BF16)";
+#if NB_HAVE_DNNL
+    if (nb__conv2d_impl() == NB__CONV_IM2COL)
+        return "f32 convolution after conversion (NB_CONV=im2col)";
+    return "f32 convolution after conversion (this CPU or oneDNN build has no AVX512-BF16)";
+#else
+    return "f32 convolution after conversion (built without oneDNN)";
+#endif
+}
+
+static inline float bf16f(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+
+/* A fresh f32 copy of n bf16 values (NULL + error when out of memory). */
+static float *widened(const void *src, int64_t n) {
+    float *p = nb_host_alloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (p && n > 0) nb__bf16_to_f32_n(src, p, n);
+    return p;
+}
+
+/* Whether this convolution runs on the bf16 kernels (else it is widened to f32). */
+static bool bf16_fast(const nb__conv2d_geom *g) {
+#if NB_HAVE_DNNL
+    return nb_conv_bf16_native() && dn_wanted(g);
+#else
+    (void)g;
+    return false;
+#endif
+}
+
+static int64_t numel_x(const nb__conv2d_geom *g) { return g->N * g->C * g->H * g->W; }
+static int64_t numel_w(const nb__conv2d_geom *g) { return g->O * (g->C / g->groups) * g->KH * g->KW; }
+static int64_t numel_y(const nb__conv2d_geom *g) { return g->N * g->O * g->OH * g->OW; }
+
+static nb_status conv2d_bf16(const nb__conv2d_args *a) {
+    const nb__conv2d_geom *g = &a->g;
+#if NB_HAVE_DNNL
+    if (bf16_fast(g)) {
+        nb_status st = dn_forward(g, dnnl_bf16, a->x, a->w, a->b, a->y);
+        if (st != NB_EUNSUPPORTED) return st;
+    }
+#endif
+    int64_t ny = numel_y(g);
+    float *x32 = widened(a->x, numel_x(g));
+    float *w32 = x32 ? widened(a->w, numel_w(g)) : NULL;
+    float *y32 = w32 ? nb_host_alloc(sizeof(float) * (size_t)(ny > 0 ? ny : 1)) : NULL;
+    nb_status st = y32 ? NB_OK : nb_last_status();
+    if (y32) {
+        nb__conv2d_args f = *a;
+        f.dtype = NB_F32, f.x = x32, f.w = w32, f.y = y32;
+        if ((st = cpu_conv2d(&f)) == NB_OK) nb__f32_to_bf16_n(y32, a->y, ny);
+    }
+    nb_host_free(y32);
+    nb_host_free(w32);
+    nb_host_free(x32);
+    return st;
+}
+
+/* One chunk of images of the bf16 weight gradient: into gw (chunk 0) or its partial. */
+static nb_status bf_wunit(const conv_ctx *c, int64_t u, int slot) {
+    const nb__conv2d_geom *g = c->g;
+    int P = c->p->nparts;
+    int64_t n0 = u * g->N / P, n1 = (u + 1) * g->N / P;
+    float *gwp = (float *)(u == 0 ? c->gw
+                                  : c->scratch + c->p->parts_offset + (size_t)(u - 1) * c->wstride);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint16_t *gyn = (const uint16_t *)c->gy + n * g->O * c->L;
+        const uint16_t *B = (const uint16_t *)c->x + n * g->C * g->H * g->W;
+        if (!c->p->pointwise) {
+            uint16_t *col = (uint16_t *)col_buffer(c, slot);
+            im2col_bf16(g, B, col, (uint16_t *)((char *)col + colmat_bytes(g, sizeof(uint16_t))));
+            B = col;
+        }
+        /* gw_g (Og x Kg) += gy_g (Og x L) @ col_g^T (L x Kg), summed in f32 */
+        for (int64_t gi = 0; gi < g->groups; gi++) {
+            nb_status st = nb__gemm_bf16(false, true, c->Og, c->Kg, c->L, 1.0f,
+                                         gyn + gi * c->Og * c->L, c->L, B + gi * c->Kg * c->L,
+                                         c->L, n > n0 ? 1.0f : 0.0f, gwp + gi * c->Og * c->Kg,
+                                         c->Kg);
+            if (st != NB_OK) return st;
+        }
+    }
+    return NB_OK;
+}
+
+static nb_status wgrad_bf16(const nb__conv2d_geom *g, const void *x, const void *gy, float *gw) {
+    conv_plan p = plan_make(g, sizeof(uint16_t), true, false, true, false);
+    int64_t wn = numel_w(g);
+    size_t wstride = align64((size_t)wn * sizeof(float)); /* the partials are f32 */
+    p.bias_offset = p.parts_offset + (size_t)(p.nparts - 1) * wstride;
+    p.scratch_bytes = p.bias_offset;
+    void *scratch = scratch_alloc(p.scratch_bytes);
+    if (!scratch) return NB_ENOMEM;
+    conv_ctx c = make_ctx(g, &p, false, scratch);
+    c.es = sizeof(uint16_t), c.wstride = wstride;
+    c.x = x, c.gy = gy, c.gw = (char *)gw;
+    nb_status st = run_units(&c, p.nparts, bf_wunit);
+    if (st == NB_OK && p.nparts > 1)
+        sum_parts_f32(gw, (const float *)(c.scratch + p.parts_offset), p.nparts - 1, wn,
+                      (int64_t)(wstride / sizeof(float)));
+    nb_host_free(scratch);
+    return st;
+}
+
+/* gb[o] = the sum of bf16 gy over images and positions: 16 f32 lanes per row, rows added
+ * in double, in a fixed order. */
+static void bias_grad_bf16(const nb__conv2d_geom *g, const uint16_t *gy, float *gb) {
+    int64_t O = g->O, L = g->OH * g->OW;
+    int nt = nb__threads_for(g->N * O * L, NB__GRAIN);
+    if (nt > O) nt = O > 0 ? (int)O : 1;
+#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
+    for (int64_t o = 0; o < O; o++) {
+        double s = 0;
+        for (int64_t n = 0; n < g->N; n++) {
+            const uint16_t *r = gy + (n * O + o) * L;
+            float acc[16] = {0};
+            int64_t l = 0;
+            for (; l + 16 <= L; l += 16)
+                for (int j = 0; j < 16; j++) acc[j] += bf16f(r[l + j]);
+            for (; l < L; l++) s += (double)bf16f(r[l]);
+            for (int j = 0; j < 16; j++) s += (double)acc[j];
+        }
+        gb[o] = (float)s;
+    }
+}
+
+static nb_status conv2d_backward_bf16(const nb__conv2d_backward_args *a) {
+    const nb__conv2d_geom *g = &a->g;
+    void *gx = a->gx;
+    float *gw = a->gw, *gb = a->gb;
+    if (g->N == 0) {
+        if (gw) memset(gw, 0, sizeof(float) * (size_t)numel_w(g));
+        if (gb) memset(gb, 0, sizeof(float) * (size_t)g->O);
+        return NB_OK;
+    }
+    nb_status st;
+    bool fast = bf16_fast(g);
+#if NB_HAVE_DNNL
+    if (gx && fast) {
+        st = dn_backward_data(g, dnnl_bf16, a->w, a->gy, gx);
+        if (st == NB_OK) gx = NULL; /* done */
+        else if (st != NB_EUNSUPPORTED) return st;
+    }
+#endif
+    if (gw && fast) {
+        if ((st = wgrad_bf16(g, a->x, a->gy, gw)) != NB_OK) return st;
+        gw = NULL;
+    }
+    if (gb && fast) {
+        bias_grad_bf16(g, a->gy, gb);
+        gb = NULL;
+    }
+    if (!gx && !gw && !gb) return NB_OK;
+    /* What is left runs in f32 on widened operands. */
+    int64_t nx = numel_x(g);
+    float *gy32 = widened(a->gy, numel_y(g));
+    float *x32 = gy32 && gw ? widened(a->x, nx) : NULL;
+    float *w32 = gy32 && gx ? widened(a->w, numel_w(g)) : NULL;
+    float *gx32 = gy32 && gx ? nb_host_alloc(sizeof(float) * (size_t)nx) : NULL;
+    if (!gy32 || (gw && !x32) || (gx && (!w32 || !gx32))) {
+        st = nb_last_status() != NB_OK ? nb_last_status() : NB_ENOMEM;
+    } else {
+        nb__conv2d_backward_args f = {.g = *g, .dtype = NB_F32, .x = x32, .w = w32,
+                                      .gy = gy32, .gx = gx32, .gw = gw, .gb = gb};
+        if ((st = cpu_conv2d_backward(&f)) == NB_OK && gx) nb__f32_to_bf16_n(gx32, gx, nx);
+    }
+    nb_host_free(gx32);
+    nb_host_free(w32);
+    nb_host_free(x32);
+    nb_host_free(gy32);
+    return st;
+}
+
+static nb_status cpu_conv2d_any(const nb__conv2d_args *a) {
+    return a->dtype == NB_BF16 ? conv2d_bf16(a) : cpu_conv2d(a);
+}
+
+static nb_status cpu_conv2d_backward_any(const nb__conv2d_backward_args *a) {
+    return a->dtype == NB_BF16 ? conv2d_backward_bf16(a) : cpu_conv2d_backward(a);
+}
+
 void nb__cpu_register_conv(nb__kernels *k) {
-    k->conv2d = cpu_conv2d;
-    k->conv2d_backward = cpu_conv2d_backward;
+    k->conv2d = cpu_conv2d_any;
+    k->conv2d_backward = cpu_conv2d_backward_any;
     nb__cpu_register_pool(k);
 }

@@ -4,7 +4,10 @@
  *
  * Forward and backward run as im2col + GEMM (cpu/gemm.h) in f32 and f64, and, for f32 where
  * oneDNN is built in, oneDNN's convolution primitives for the forward and the input
- * gradient (see nb__conv_impl below). A kernel plans its work (threads, weight-gradient
+ * gradient (see nb__conv_impl below). bf16 (bf16 x, w, gy; f32 sums) runs oneDNN's bf16
+ * primitives for the forward and the input gradient and im2col + the bf16 GEMM for the
+ * weight gradient where nb_conv_bf16_native() (nabla/runtime.h), else widens to f32 (the
+ * "bf16" section of conv.c). A kernel plans its work (threads, weight-gradient
  * chunks) and takes ONE scratch block for it from the caching host allocator, which it
  * splits into per-thread column buffers (and, in the backward, partial weight and bias
  * gradients), so a training step does no system allocation once the cache is warm. The

@@ -27,5 +27,5 @@ int main(int argc, char **argv) {
     nbm_args a = {.prog = "cnn", .epochs = 1, .batch = 128, .lr = 1e-3, .seed = 0};
     int rc = nbm_parse_args(argc, argv, &a);
     if (rc != NBM_RUN) return rc;
-    return nbm_run_classifier(&(nbm_model){"cnn", build, optimizer}, &a);
+    return nbm_run_classifier(&(nbm_model){"cnn", build, optimizer, true}, &a);
 }

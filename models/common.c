@@ -57,7 +57,10 @@ static void usage(const nbm_args *a, FILE *out) {
             "  --zero S         ZeRO stage 0-3 (1: optimizer state sharded over the ranks, 2:\n"
             "                   gradients too, 3: parameters too; default 0: nb_ddp); --save\n"
             "                   then writes a sharded checkpoint (a directory) that\n"
-            "                   --resume reshards\n",
+            "                   --resume reshards\n"
+            "  --reduce-dtype D fp32, bf16 or fp16: the dtype the gradients travel in between\n"
+            "                   the ranks (nb_ddp and --zero; summed in f32; default fp32;\n"
+            "                   docs/distributed.md, \"Compressed communication\")\n",
             a->prog, a->epochs, (long long)a->batch, a->lr, (unsigned long long)a->seed,
             NB_FASHION_MNIST_DIR);
     nbm_guard_usage(out);
@@ -75,7 +78,8 @@ static const struct {
                    {"--save", false},   {"--resume", true},    {"--log", false},
                    {"--max-steps", false}, {"--limit", false}, {"--save-every", false},
                    {"--override", false}, {"--tensorboard", false}, {"--zero", false},
-                   {"--keep", false}, {"--async-save", false}, {"--precision", true}};
+                   {"--keep", false}, {"--async-save", false}, {"--precision", true},
+                   {"--reduce-dtype", false}};
 enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
 
 int nbm_parse_args(int argc, char **argv, nbm_args *a) {
@@ -147,6 +151,8 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
             ok = nb_parse_int(a->prog, f, v, 0, 1, &a->async_save);
         } else if (!strcmp(f, "--zero")) {
             ok = nb_parse_int(a->prog, f, v, 0, 3, &a->zero);
+        } else if (!strcmp(f, "--reduce-dtype")) {
+            ok = nbm_parse_reduce_dtype(a->prog, v, &a->reduce_dtype);
         }
         if (!ok) return 2;
     }
@@ -360,9 +366,12 @@ static bool setup_model(run *r) {
         return false;
     nb_zero_opts zo = nb_zero_defaults();
     zo.stage = (int)a->zero;
+    zo.reduce_dtype = a->reduce_dtype;
     if (a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->world, &zo)))
         return fail(r, "%s", nb_last_error());
-    if (!r->zero && r->size > 1 && !(r->ddp = nb_ddp_new(r->model, r->world, NULL)))
+    nb_ddp_opts dopts = nb_ddp_defaults();
+    dopts.reduce_dtype = a->reduce_dtype;
+    if (!r->zero && r->size > 1 && !(r->ddp = nb_ddp_new(r->model, r->world, &dopts)))
         return fail(r, "%s", nb_last_error());
     if (resume) { /* every rank loads it (optimizer state and loader position too); a
                    * sharded checkpoint (a directory) reshards to this run's ranks */
@@ -579,6 +588,12 @@ static void print_header(const run *r) {
     if (r->a->precision != NB_F32) printf("%s: precision %s\n", r->spec->name,
                                           nbm_precision_name(r->a->precision));
     nbm_precision_note(r->a->prog, r->a->precision, stdout);
+    if (r->a->precision == NB_BF16 && r->spec->convolutional)
+        printf("%s: --precision bf16: convolutions run as %s%s\n", r->a->prog,
+               nb_conv_bf16_path(),
+               nb_conv_bf16_native() ? " (small ones, like a first layer on one channel, "
+                                       "widened to f32)"
+                                     : ", so they gain no speed");
 }
 
 /* The training loop: epochs of steps, each followed by an evaluation and a checkpoint. */
@@ -639,6 +654,11 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_num(out, "peak_rss_mib", (double)ru.ru_maxrss / 1024.0, 0);
     nb_jsonl_str(out, "precision", nbm_precision_name(r->a->precision));
     nb_jsonl_str(out, "precision_path", nbm_precision_path(r->a->precision));
+    if (r->a->precision == NB_BF16) nb_jsonl_str(out, "precision_conv_path", nb_conv_bf16_path());
+    nb_jsonl_str(out, "reduce_dtype", nbm_precision_name(r->a->reduce_dtype));
+    /* gradient bytes this rank sent in the last step (nb_ddp_comm_bytes / nb_zero_...) */
+    nb_jsonl_int(out, "grad_comm_bytes", r->zero ? nb_zero_comm_bytes(r->zero)
+                                                 : nb_ddp_comm_bytes(r->ddp));
     double state_mib[4];
     nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);

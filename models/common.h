@@ -26,6 +26,8 @@ typedef struct nbm_args {
     int64_t limit;          /* use only the first N training samples (0: all) */
     int64_t zero;           /* --zero: ZeRO stage (0: nb_ddp over the ranks) */
     nb_dtype precision;     /* --precision: NB_F32 (default), NB_BF16, NB_F16 */
+    nb_dtype reduce_dtype;  /* --reduce-dtype: gradients over the ranks in NB_F32 (default),
+                             * NB_BF16 or NB_F16 (nb_ddp / nb_zero) */
 } nbm_args;
 
 /* Parse the common flags into a (pre-filled with defaults). Returns NBM_RUN to go on, or
@@ -39,6 +41,7 @@ typedef struct nbm_model {
     const char *name;
     nb_module *(*build)(const nbm_args *a, nb_generator *init);
     nb_optim *(*optimizer)(nb_module *m, const nbm_args *a);
+    bool convolutional; /* has convolutions: under bf16, say how they run */
 } nbm_model;
 
 /* Train and evaluate; the last line printed is a JSON object. Returns the exit status. */

@@ -14,6 +14,17 @@ bool nbm_parse_precision(const char *prog, const char *v, nb_dtype *dt) {
     return true;
 }
 
+bool nbm_parse_reduce_dtype(const char *prog, const char *v, nb_dtype *dt) {
+    if (!strcmp(v, "fp32")) *dt = NB_F32;
+    else if (!strcmp(v, "bf16")) *dt = NB_BF16;
+    else if (!strcmp(v, "fp16")) *dt = NB_F16;
+    else {
+        fprintf(stderr, "%s: --reduce-dtype must be fp32, bf16 or fp16, got \"%s\"\n", prog, v);
+        return false;
+    }
+    return true;
+}
+
 const char *nbm_precision_name(nb_dtype dt) {
     return dt == NB_BF16 ? "bf16" : dt == NB_F16 ? "fp16" : "fp32";
 }

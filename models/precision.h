@@ -11,6 +11,9 @@
 /* "fp32" | "bf16" | "fp16" into *dt (NB_F32, NB_BF16, NB_F16); false after saying why on
  * stderr ("PROG: --precision ..."). */
 bool nbm_parse_precision(const char *prog, const char *v, nb_dtype *dt);
+/* --reduce-dtype: "fp32" | "bf16" | "fp16" into *dt, the dtype gradients are reduced in
+ * over the ranks (nb_ddp_opts / nb_zero_opts .reduce_dtype); false after saying why. */
+bool nbm_parse_reduce_dtype(const char *prog, const char *v, nb_dtype *dt);
 /* The flag's name of dt ("fp32", "bf16", "fp16"). */
 const char *nbm_precision_name(nb_dtype dt);
 /* How dt runs here, in words (static): "native bf16 GEMM (...)", or the fallback. */

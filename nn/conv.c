@@ -1,8 +1,9 @@
 /* nn/conv.c - 2-D convolution: the op nb_conv2d (PyTorch F.conv2d semantics, NCHW), its
  * backward rule nb__bw_CONV2D, and the Conv2d module (nb_conv2d_new).
  *
- * The op checks arguments and shapes, brings the operands to contiguous f32 (f16/bf16 are
- * computed in f32 and rounded once) or f64 on their device, and runs the conv2d /
+ * The op checks arguments and shapes, brings the operands to contiguous f32 (f16 is
+ * computed in f32 and rounded once; bf16 too unless the device's kernels take bf16) or f64
+ * on their device, and runs the conv2d /
  * conv2d_backward kernels (tensor/kernels/conv.h), which plan the work and take their own
  * scratch. */
 #include <math.h>
@@ -95,6 +96,13 @@ static bool conv_geometry(const nb_tensor *x, const nb_tensor *w, const nb_tenso
     return true;
 }
 
+/* The dtype the kernels compute in: f64, bf16 where the device's conv kernels take it (f32
+ * sums, each result rounded once), else f32 (f16/bf16 results rounded once by the op). */
+static nb_dtype compute_dtype(nb_dtype dt, nb_device dev) {
+    if (dt == NB_F64) return NB_F64;
+    return dt == NB_BF16 && nb__conv_takes_bf16(dev) ? NB_BF16 : NB_F32;
+}
+
 /* Contiguous copy (or the tensor itself) in the compute dtype; grad mode must be off. */
 static nb_tensor *prepared(nb_tensor *t, nb_dtype cdt) {
     return t ? nb_contiguous(nb_to_dtype(t, cdt)) : NULL;
@@ -117,10 +125,11 @@ nb_tensor *nb_conv2d(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t str
     nb__conv2d_geom g;
     if (!conv_geometry(x, w, b, s, p, d, groups, &g)) return NULL;
 
-    nb_dtype dt = x->dtype, cdt = dt == NB_F64 ? NB_F64 : NB_F32;
+    nb_dtype dt = x->dtype, cdt = compute_dtype(dt, dev);
     nb_scope_begin();
     bool prev = nb_set_grad_enabled(false);
-    nb_tensor *xc = prepared(x, cdt), *wc = prepared(w, cdt), *bc = prepared(b, cdt);
+    nb_tensor *xc = prepared(x, cdt), *wc = prepared(w, cdt);
+    nb_tensor *bc = prepared(b, cdt == NB_BF16 ? NB_F32 : cdt); /* a bf16 conv's bias is f32 */
     int64_t oshape[4] = {g.N, g.O, g.OH, g.OW};
     nb_tensor *out = xc && wc && (bc || !b) ? nb__empty(oshape, 4, cdt, dev) : NULL;
     if (out) {
@@ -157,19 +166,21 @@ nb_status nb__bw_CONV2D(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
                          .KW = ew->shape[3], .OH = n->out_shape[2], .OW = n->out_shape[3],
                          .sh = at[0], .sw = at[1], .ph = at[2], .pw = at[3], .dh = at[4],
                          .dw = at[5], .groups = at[6]};
-    nb_dtype cdt = ex->dtype == NB_F64 ? NB_F64 : NB_F32;
     nb_device dev;
     if (!nb__check_devices("conv2d backward", (nb_tensor *[]){gout, n->saved[0], n->saved[1]},
                            3, &dev))
         return nb_last_status();
+    /* bf16 kernels write gx in bf16 and gw, gb in f32 (the engine rounds them to the edges'
+     * dtype); f32 and f64 ones write all three in their dtype. */
+    nb_dtype cdt = compute_dtype(ex->dtype, dev), wdt = cdt == NB_BF16 ? NB_F32 : cdt;
     nb_status st = NB_OK;
     nb_scope_begin();
     nb_tensor *gy = prepared(gout, cdt);
     nb_tensor *xc = need_w ? prepared(n->saved[0], cdt) : NULL;
     nb_tensor *wc = need_x ? prepared(n->saved[1], cdt) : NULL;
     nb_tensor *gx = need_x ? nb__empty(ex->shape, 4, cdt, dev) : NULL;
-    nb_tensor *gw = need_w ? nb__empty(ew->shape, 4, cdt, dev) : NULL;
-    nb_tensor *gb = need_b ? nb__empty(&g.O, 1, cdt, dev) : NULL;
+    nb_tensor *gw = need_w ? nb__empty(ew->shape, 4, wdt, dev) : NULL;
+    nb_tensor *gb = need_b ? nb__empty(&g.O, 1, wdt, dev) : NULL;
     if (!gy || (need_w && (!xc || !gw)) || (need_x && (!wc || !gx)) || (need_b && !gb)) {
         st = nb_last_status() != NB_OK ? nb_last_status()
                                        : nb__error(NB_ESTATE, "conv2d backward: a tensor "

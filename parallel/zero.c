@@ -67,11 +67,41 @@ static const char *param_name(const nb_zero *z, int i) {
     return ps && i < ps->count ? ps->names[i] : "?";
 }
 
-/* Wait for bucket k's collective (if any); the first failure is kept in *first/msg. */
+/* Bytes one rank sends in a bandwidth-optimal reduce-scatter or all-to-all of n elements of
+ * es bytes over p ranks: (p-1)/p n es (as ddp.c counts). */
+static int64_t coll_bytes(int64_t n, int p, int64_t es) {
+    return (int64_t)((double)(p - 1) / p * (double)n * (double)es);
+}
+
+/* The second half of a compressed bucket, after its all-to-all: add the size copies of this
+ * rank's chunk in f32 (in rank order), divide by the size and write the mean into the
+ * chunk's gradient (f32, or the parameters' dtype), rounded once. */
+static nb_status finish_compressed(nb_zero *z, zbucket *bk) {
+    int64_t kk = nb_numel(bk->cout) / z->size, mine = bk->ce - bk->cb;
+    if (mine <= 0) return NB_OK;
+    bool prev = nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_tensor *parts = nb_to_dtype(nb_view(bk->cout, (int64_t[]){z->size, kk}, 2), NB_F32);
+    nb_tensor *mean = nb_mul_scalar(nb_sum(parts, (int[]){0}, 1, false), 1.0 / z->size);
+    nb_tensor *head = mean ? nb_narrow(mean, 0, 0, mine) : NULL;
+    nb_status s = head ? nb_copy_(bk->gout, head) : nb_last_status();
+    nb_scope_end();
+    nb_set_grad_enabled(prev);
+    return s;
+}
+
+/* Wait for bucket k's collective (if any); the first failure is kept in *first/msg. A
+ * compressed bucket's exchange is summed into its gradient chunk here. */
 static void wait_bucket(nb_zero *z, int k, nb_status *first, char *msg, size_t n) {
-    if (!z->b[k].work) return;
-    nb_status s = nb_work_wait(z->b[k].work);
-    z->b[k].work = NULL;
+    zbucket *bk = &z->b[k];
+    if (!bk->work) return;
+    nb_status s = nb_work_wait(bk->work);
+    bk->work = NULL;
+    if (bk->cpending) {
+        bk->cpending = false;
+        if (z->cslot_by[k % 2] == k) z->cslot_by[k % 2] = -1;
+        if (s == NB_OK) s = finish_compressed(z, bk);
+    }
     if (s != NB_OK && *first == NB_OK) {
         *first = s;
         snprintf(msg, n, "%s", nb_last_error());
@@ -107,6 +137,36 @@ static nb_status stage_grads(nb_zero *z, int k, nb_tensor **in) {
     return s;
 }
 
+/* Compressed: round bucket k's gradient (in) to the wire dtype into its exchange slot, zero
+ * padded to size * ceil(len / size), and start the all-to-all that gives each rank every
+ * rank's copy of its chunk; wait_bucket sums them once they arrived. */
+static nb_status start_compressed(nb_zero *z, int k, nb_tensor *in) {
+    zbucket *bk = &z->b[k];
+    int slot = k % 2;
+    if (z->cslot_by[slot] >= 0) { /* bucket k - 2's exchange still uses the slot */
+        nb_status first = NB_OK;
+        char msg[512];
+        wait_bucket(z, z->cslot_by[slot], &first, msg, sizeof msg);
+        z->cslot_by[slot] = -1;
+        if (first != NB_OK) return nb__error(first, "zero: gradient reduction failed: %s", msg);
+    }
+    int64_t n = bk->end - bk->begin, all = nb_numel(bk->cin);
+    nb_tensor *head = nb_narrow(bk->cin, 0, 0, n);
+    nb_status s = head ? nb_copy_(head, in) : nb_last_status();
+    if (s == NB_OK && all > n) {
+        nb_tensor *tail = nb_narrow(bk->cin, 0, n, all - n);
+        s = tail ? nb_fill_(tail, 0) : nb_last_status();
+    }
+    if (z->stage >= 2) z->staged_by[slot] = -1; /* the staging buffer is free again */
+    if (s != NB_OK) return s;
+    bk->work = nb_all_to_all_async(z->c, bk->cout, bk->cin);
+    if (!bk->work) return nb_last_status();
+    bk->cpending = true;
+    z->cslot_by[slot] = k;
+    z->wire_bytes += coll_bytes(all, z->size, (int64_t)nb_dtype_size(z->o.reduce_dtype));
+    return NB_OK;
+}
+
 static void launch(nb_zero *z, int k) {
     zbucket *bk = &z->b[k];
     bk->launched = true;
@@ -115,9 +175,15 @@ static void launch(nb_zero *z, int k) {
     nb_tensor *in = bk->gin;
     nb_status s = NB_OK;
     if (z->stage >= 2) s = stage_grads(z, k, &in);
-    if (s == NB_OK && (z->stage >= 2 || z->size > 1)) {
+    if (s == NB_OK && z->compress) {
+        s = start_compressed(z, k, in);
+    } else if (s == NB_OK && (z->stage >= 2 || z->size > 1)) {
         bk->work = nb_reduce_scatter_async(z->c, bk->gout, in, NB_REDUCE_AVG);
         if (!bk->work) s = nb_last_status();
+        /* halves are summed in f32 and travel as f32 (parallel/comm_mpi.c) */
+        nb_dtype dt = in->dtype;
+        int64_t es = dt == NB_F16 || dt == NB_BF16 ? 4 : (int64_t)nb_dtype_size(dt);
+        z->wire_bytes += coll_bytes(bk->end - bk->begin, z->size, es);
     }
     nb_scope_end();
     nb_set_grad_enabled(prev);
@@ -362,6 +428,7 @@ static nb_status wait_all(nb_zero *z, const char *what) {
     char msg[512] = "";
     for (int k = 0; k < z->nbk; k++) wait_bucket(z, k, &first, msg, sizeof msg);
     z->staged_by[0] = z->staged_by[1] = -1;
+    z->cslot_by[0] = z->cslot_by[1] = -1;
     if (first != NB_OK) nb__error(first, "zero: %s failed: %s", what, msg);
     return first;
 }
@@ -370,6 +437,8 @@ static void reset_step(nb_zero *z) {
     for (int i = 0; i < z->np; i++) z->p[i].ready = false;
     for (int k = 0; k < z->nbk; k++) z->b[k].ready = 0, z->b[k].launched = false;
     z->next_launch = 0;
+    z->last_wire_bytes = z->wire_bytes;
+    z->wire_bytes = 0;
     z->active = z->twice = false;
     z->hook_err = NB_OK;
     z->hook_msg[0] = '\0';
@@ -484,7 +553,9 @@ static nb_status zero_step(void *ctx) {
 }
 
 /* ---- construction ---------------------------------------------------------------------------- */
-nb_zero_opts nb_zero_defaults(void) { return (nb_zero_opts){.stage = 2, .bucket_mb = 25}; }
+nb_zero_opts nb_zero_defaults(void) {
+    return (nb_zero_opts){.stage = 2, .bucket_mb = 25, .reduce_dtype = NB_F32};
+}
 
 void nb_zero_free(nb_zero *z) {
     if (!z) return;
@@ -503,7 +574,10 @@ void nb_zero_free(nb_zero *z) {
         nb_tensor_free(z->b[k].pchunk);
         nb_tensor_free(z->b[k].gin);
         nb_tensor_free(z->b[k].gout);
+        nb_tensor_free(z->b[k].cin);
+        nb_tensor_free(z->b[k].cout);
     }
+    for (int i = 0; i < 2; i++) nb_tensor_free(z->cin[i]), nb_tensor_free(z->cout[i]);
     for (int i = 0; i < z->np; i++) {
         if (z->p[i].handle >= 0) nb_remove_grad_hook(z->p[i].t, z->p[i].handle);
         if (z->p[i].guarded) nb__set_grad_guard(z->p[i].t, NULL, &z->p[i]);
@@ -582,8 +656,20 @@ static nb_status build_views(nb_zero *z) {
         z->host_p = take(nb_zeros(&nshard, 1, dt), &s);
         if (s == NB_OK) z->host_g = take(nb_zeros(&nshard, 1, dt), &s);
     }
+    if (z->compress && s == NB_OK) { /* two exchange slots of the largest padded bucket */
+        int64_t slot = z->size * ((z->max_bucket + z->size - 1) / z->size);
+        for (int i = 0; i < 2 && s == NB_OK; i++) {
+            z->cin[i] = take(nb_zeros_on(dev, &slot, 1, z->o.reduce_dtype), &s);
+            if (s == NB_OK) z->cout[i] = take(nb_zeros_on(dev, &slot, 1, z->o.reduce_dtype), &s);
+        }
+    }
     for (int k = 0; k < z->nbk && s == NB_OK; k++) {
         zbucket *bk = &z->b[k];
+        if (z->compress) {
+            int64_t len = bk->end - bk->begin, all = z->size * ((len + z->size - 1) / z->size);
+            bk->cin = take(nb_narrow(z->cin[k % 2], 0, 0, all), &s);
+            if (s == NB_OK) bk->cout = take(nb_narrow(z->cout[k % 2], 0, 0, all), &s);
+        }
         if (s == NB_OK && z->stage == 3) { /* the unit's whole buffer, and the shard's chunk */
             int64_t len = bk->end - bk->begin;
             bk->full = take(nb_empty_on(dev, &len, 1, dt), &s);
@@ -758,16 +844,24 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     if (!(opts.bucket_mb >= 0))
         return nb__error(NB_EINVAL, "zero_new: bucket_mb must be >= 0, got %g", opts.bucket_mb),
                NULL;
+    if (opts.reduce_dtype != NB_F32 && opts.reduce_dtype != NB_F16 &&
+        opts.reduce_dtype != NB_BF16)
+        return nb__error(NB_EINVAL, "zero_new: reduce_dtype must be f32 (the gradients' own "
+                         "dtype), f16 or bf16, got %s",
+                         (unsigned)opts.reduce_dtype < NB_DTYPE_COUNT
+                             ? nb_dtype_name(opts.reduce_dtype) : "(invalid)"), NULL;
     nb_zero *z = calloc(1, sizeof *z);
     if (!z) return nb__error(NB_ENOMEM, "zero_new: out of memory"), NULL;
     z->m = model, z->c = c, z->o = opts, z->stage = opts.stage, z->user = opt;
     z->size = nb_comm_size(c), z->rank = nb_comm_rank(c), z->sync_enabled = true;
     z->staged_by[0] = z->staged_by[1] = -1;
+    z->cslot_by[0] = z->cslot_by[1] = -1;
     z->root_pre = z->root_post = -1;
     if (opts.stage == 0) { /* plain data parallel: the optimizer is used as it is */
         z->ddp = nb_ddp_new(model, c, &(nb_ddp_opts){.bucket_mb = opts.bucket_mb,
                                                     .find_unused = opts.find_unused,
-                                                    .no_broadcast = opts.no_broadcast});
+                                                    .no_broadcast = opts.no_broadcast,
+                                                    .reduce_dtype = opts.reduce_dtype});
         if (!z->ddp) {
             free(z);
             return NULL;
@@ -788,6 +882,9 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     z->dtype = z->flat_p->dtype;
     z->dev = nb__device_of(z->flat_p);
     z->offload = opts.offload_optimizer && !nb_device_equal(z->dev, NB_CPU);
+    /* as nb_ddp: f32 (or f64) gradients that would travel wider than the wire dtype, or
+     * f16/bf16 ones that would otherwise travel as f32 */
+    z->compress = z->size > 1 && opts.reduce_dtype != NB_F32 && nb_dtype_is_float(z->dtype);
     z->p = calloc((size_t)ps->count, sizeof *z->p);
     if (!z->p) s = nb__error(NB_ENOMEM, "zero_new: out of memory");
     else z->np = ps->count;
@@ -809,9 +906,9 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     if (s == NB_OK) s = build_buckets(z, cap);
     /* Same model everywhere, then rank 0's weights and buffers (as nb_ddp_new). */
     if (s == NB_OK && z->size > 1) {
-        int64_t v[3] = {z->np, nb_numel(z->flat_p), z->stage};
-        nb_tensor *lo = nb__scope_take(nb_from_buffer(v, (int64_t[]){3}, 1, NB_I64));
-        nb_tensor *hi = nb__scope_take(nb_from_buffer(v, (int64_t[]){3}, 1, NB_I64));
+        int64_t v[4] = {z->np, nb_numel(z->flat_p), z->stage, (int64_t)opts.reduce_dtype};
+        nb_tensor *lo = nb__scope_take(nb_from_buffer(v, (int64_t[]){4}, 1, NB_I64));
+        nb_tensor *hi = nb__scope_take(nb_from_buffer(v, (int64_t[]){4}, 1, NB_I64));
         s = lo && hi ? NB_OK : nb_last_status();
         if (s == NB_OK) s = nb_allreduce(c, lo, NB_REDUCE_MIN);
         if (s == NB_OK) s = nb_allreduce(c, hi, NB_REDUCE_MAX);
@@ -819,11 +916,14 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
             const int64_t *l = nb_data(lo), *h = nb_data(hi);
             if (memcmp(l, h, sizeof v) != 0)
                 s = nb__error(NB_EINVAL, "zero_new: the ranks wrap different models or stages "
-                              "(this rank: %lld parameters, %lld elements, stage %lld; across "
-                              "ranks: %lld..%lld parameters, %lld..%lld elements, stage "
-                              "%lld..%lld)", (long long)v[0], (long long)v[1], (long long)v[2],
-                              (long long)l[0], (long long)h[0], (long long)l[1],
-                              (long long)h[1], (long long)l[2], (long long)h[2]);
+                              "(this rank: %lld parameters, %lld elements, stage %lld, "
+                              "reduce_dtype %s; across ranks: %lld..%lld parameters, "
+                              "%lld..%lld elements, stage %lld..%lld, reduce_dtype %s..%s)",
+                              (long long)v[0], (long long)v[1], (long long)v[2],
+                              nb_dtype_name((nb_dtype)v[3]), (long long)l[0], (long long)h[0],
+                              (long long)l[1], (long long)h[1], (long long)l[2],
+                              (long long)h[2], nb_dtype_name((nb_dtype)l[3]),
+                              nb_dtype_name((nb_dtype)h[3]));
         }
         nb_tensor_free(lo);
         nb_tensor_free(hi);
@@ -894,6 +994,11 @@ void nb_zero_set_sync_enabled(nb_zero *z, bool enabled) {
 
 double nb_zero_exposed_comm_s(const nb_zero *z) {
     return !z ? 0.0 : z->ddp ? nb_ddp_exposed_comm_s(z->ddp) : z->exposed_s;
+}
+
+int64_t nb_zero_comm_bytes(const nb_zero *z) {
+    if (!z) return 0;
+    return z->ddp ? nb_ddp_comm_bytes(z->ddp) : z->last_wire_bytes;
 }
 
 int nb_zero_num_buckets(const nb_zero *z) {

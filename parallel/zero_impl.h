@@ -32,7 +32,11 @@ typedef struct zbucket {
     nb_tensor *gout;    /* the averaged chunk: stage 1 a view of gin, stage 2 of the shard */
     int expected, ready;
     bool launched;
-    nb_work *work;      /* in-flight reduce-scatter (or all-gather) */
+    nb_work *work;      /* in-flight reduce-scatter (or all-gather; compressed: all-to-all) */
+    /* compressed (reduce_dtype): views of the exchange slot k % 2, size * ceil(len / size)
+     * elements each in the wire dtype, and whether an all-to-all into cout awaits its sum */
+    nb_tensor *cin, *cout;
+    bool cpending;
     /* stage 3: a bucket is one module's parameters (a unit), gathered when needed */
     struct nb_zero *z;
     int index;
@@ -86,6 +90,13 @@ struct nb_zero {
     nb_status last_st;
     char last_msg[512];
     double exposed_s;
+    /* Compressed gradient reduction (o.reduce_dtype f16/bf16, size > 1): two exchange slots
+     * (owned, wire dtype), the bucket whose all-to-all uses each (-1 none), and the gradient
+     * bytes this rank sent in this / the last step. */
+    bool compress;
+    nb_tensor *cin[2], *cout[2];
+    int cslot_by[2];
+    int64_t wire_bytes, last_wire_bytes;
 };
 
 /* After the shard optimizer's state was loaded (io/zero_ckpt.c): the user's optimizer takes

@@ -4,13 +4,16 @@
  * images than weight-gradient chunks, non-contiguous inputs, every float dtype), under each
  * f32 implementation built in (im2col + GEMM, oneDNN); input, weight and bias gradients
  * against direct loops and nb_gradcheck; f32 and half backward vs f64; thread-count
- * independence (1 vs 2 threads bit for bit, forward and backward); the modules'
+ * independence (1 vs 2 threads bit for bit, forward and backward); the bf16 kernels (bf16
+ * x, w, gy with f32 sums: against direct loops at the kernel and the op level, under
+ * autocast through the casts, 1 vs 2 vs 3 threads bit for bit); the modules'
  * initialization and forward; and every class of user error. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/backend.h"
 #include "cpu/conv.h"
 #include "testutil.h"
 
@@ -329,15 +332,16 @@ END_TEST
 
 /* Forward output and the three gradients as raw f32 values (read back through nb_read, so
  * on any device), with n threads. */
-static void conv_run_threads(const conv_cfg *c, int threads, float *out[4], int64_t sizes[4]) {
+static void conv_run_threads_dt(const conv_cfg *c, nb_dtype dt, int threads, float *out[4],
+                                int64_t sizes[4]) {
     nb_set_num_threads(threads);
     nb_scope_begin();
     int64_t xs[4], ws[4], ys[4];
     conv_shapes(c, xs, ws, ys);
-    nb_tensor *x = tu_random(xs, 4, NB_F32, -1, 1, 7);
-    nb_tensor *w = tu_random(ws, 4, NB_F32, -1, 1, 8);
-    nb_tensor *b = tu_random(&c->O, 1, NB_F32, -1, 1, 9);
-    nb_tensor *r = tu_random(ys, 4, NB_F32, -1, 1, 10);
+    nb_tensor *x = tu_random(xs, 4, dt, -1, 1, 7);
+    nb_tensor *w = tu_random(ws, 4, dt, -1, 1, 8);
+    nb_tensor *b = tu_random(&c->O, 1, dt, -1, 1, 9);
+    nb_tensor *r = tu_random(ys, 4, dt, -1, 1, 10);
     nb_tensor *ins[3] = {x, w, b};
     for (int i = 0; i < 3; i++) ck_assert(nb_set_requires_grad(ins[i], true) == NB_OK);
     nb_tensor *y = run_conv(c, x, w, b);
@@ -350,6 +354,10 @@ static void conv_run_threads(const conv_cfg *c, int threads, float *out[4], int6
                       nb_last_error());
     }
     nb_scope_end();
+}
+
+static void conv_run_threads(const conv_cfg *c, int threads, float *out[4], int64_t sizes[4]) {
+    conv_run_threads_dt(c, NB_F32, threads, out, sizes);
 }
 
 START_TEST(test_conv2d_thread_independent) {
@@ -376,6 +384,187 @@ START_TEST(test_conv2d_thread_independent) {
                           k, (int)impls[ii]);
             free(a[k]), free(b[k]);
         }
+    }
+    nb_set_num_threads(saved);
+    nb__conv2d_set_impl(NB__CONV_AUTO);
+}
+END_TEST
+
+/* ---- bf16 ------------------------------------------------------------------------------------ */
+/* n bf16 values uniform in [-1, 1] (a fixed sequence from seed) and their exact doubles. */
+static uint16_t *bf16_random(int64_t n, unsigned seed, double **vals) {
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(n + 1));
+    *vals = malloc(sizeof(double) * (size_t)(n + 1));
+    uint64_t st = 0x9e3779b97f4a7c15ull * (seed + 1);
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        float f = (float)((double)(st >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+        h[i] = nb_f32_to_bf16(f);
+        (*vals)[i] = nb_bf16_to_f32(h[i]);
+    }
+    return h;
+}
+
+/* |got - ref| <= tol * (1 + |ref|) for n values. */
+static void assert_near(const char *what, int cfg, const double *got, const double *ref,
+                        int64_t n, double tol) {
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(fabs(got[i] - ref[i]) <= tol * (1 + fabs(ref[i])),
+                      "config %d %s[%lld] = %.9g, expected %.9g", cfg, what, (long long)i,
+                      got[i], ref[i]);
+}
+
+START_TEST(test_conv2d_bf16_kernel) {
+    /* The CPU kernels called with NB_BF16 (bf16 x, w, gy; f32 bias and weight/bias
+     * gradients; bf16 y and gx) against direct loops over the same bf16 values, under each
+     * implementation (im2col: widened to f32; dnnl forced on for every size: oneDNN's bf16
+     * convolution and the bf16 GEMM where nb_conv_bf16_native()). Products of bf16 values
+     * are exact in f32, so the error is the f32 sums plus one rounding to bf16 (2^-9). */
+    const nb__kernels *k = &nb__cpu_backend()->k;
+    nb__conv_impl impls[2];
+    int nimpl = conv_impls(impls);
+    for (int ii = 0; ii < nimpl; ii++)
+    for (int i = 0; i < N_CONVS; i++) {
+        nb__conv2d_set_impl(impls[ii]);
+        const conv_cfg *c = &k_convs[i];
+        int64_t xs[4], ws[4], ys[4];
+        conv_shapes(c, xs, ws, ys);
+        int64_t nx = tu_numel(xs, 4), nw = tu_numel(ws, 4), ny = tu_numel(ys, 4);
+        double *vx, *vw, *vr, *vb = malloc(sizeof(double) * (size_t)c->O);
+        uint16_t *x = bf16_random(nx, 40 + (unsigned)i, &vx);
+        uint16_t *w = bf16_random(nw, 50 + (unsigned)i, &vw);
+        uint16_t *r = bf16_random(ny, 60 + (unsigned)i, &vr);
+        float *b = malloc(sizeof(float) * (size_t)c->O);
+        for (int64_t o = 0; o < c->O; o++) b[o] = (float)(0.25 * (double)(o % 5) - 0.5), vb[o] = b[o];
+        uint16_t *y = malloc(sizeof(uint16_t) * (size_t)(ny + 1));
+        uint16_t *gx = malloc(sizeof(uint16_t) * (size_t)(nx + 1));
+        float *gw = malloc(sizeof(float) * (size_t)(nw + 1)), *gb = malloc(sizeof(float) * (size_t)c->O);
+        nb__conv2d_geom g = {.N = c->N, .C = c->C, .H = c->H, .W = c->W, .O = c->O, .KH = c->KH,
+                             .KW = c->KW, .OH = ys[2], .OW = ys[3], .sh = c->sh, .sw = c->sw,
+                             .ph = c->ph, .pw = c->pw, .dh = c->dh, .dw = c->dw,
+                             .groups = c->groups};
+        nb__conv2d_args fa = {.g = g, .dtype = NB_BF16, .x = x, .w = w, .b = c->bias ? b : NULL,
+                              .y = y};
+        ck_assert_msg(k->conv2d(&fa) == NB_OK, "config %d: %s", i, nb_last_error());
+        nb__conv2d_backward_args ba = {.g = g, .dtype = NB_BF16, .x = x, .w = w, .gy = r,
+                                       .gx = gx, .gw = gw, .gb = gb};
+        ck_assert_msg(k->conv2d_backward(&ba) == NB_OK, "config %d: %s", i, nb_last_error());
+        double *ref = ref_conv(c, vx, vw, c->bias ? vb : NULL);
+        double *rgx = malloc(sizeof(double) * (size_t)(nx + 1));
+        double *rgw = malloc(sizeof(double) * (size_t)(nw + 1));
+        double *rgb = malloc(sizeof(double) * (size_t)c->O);
+        ref_conv_backward(c, vx, vw, vr, rgx, rgw, rgb);
+        double *got = malloc(sizeof(double) * (size_t)(nx + nw + ny + c->O + 1));
+        for (int64_t j = 0; j < ny; j++) got[j] = nb_bf16_to_f32(y[j]);
+        assert_near("y", i, got, ref, ny, 4e-3);
+        for (int64_t j = 0; j < nx; j++) got[j] = nb_bf16_to_f32(gx[j]);
+        assert_near("gx", i, got, rgx, nx, 4e-3);
+        for (int64_t j = 0; j < nw; j++) got[j] = gw[j];
+        assert_near("gw", i, got, rgw, nw, 1e-5);
+        for (int64_t j = 0; j < c->O; j++) got[j] = gb[j];
+        assert_near("gb", i, got, rgb, c->O, 1e-5);
+        free(got), free(ref), free(rgx), free(rgw), free(rgb);
+        free(x), free(w), free(r), free(b), free(y), free(gx), free(gw), free(gb);
+        free(vx), free(vw), free(vr), free(vb);
+    }
+    nb__conv2d_set_impl(NB__CONV_AUTO);
+}
+END_TEST
+
+START_TEST(test_conv2d_bf16_path) {
+    /* nb_conv_bf16_native / _path say how bf16 convolutions run, and agree; NB_CONV=im2col
+     * turns the native path off (the f32 code then widens every bf16 convolution). */
+    bool native = nb_conv_bf16_native();
+    const char *path = nb_conv_bf16_path();
+    ck_assert(path != NULL);
+    ck_assert_msg(native == (strstr(path, "dnnl convolution bf16") == path), "%d: %s", native,
+                  path);
+    if (!native) ck_assert(strstr(path, "f32 convolution after conversion") == path);
+    nb__conv2d_set_impl(NB__CONV_IM2COL);
+    ck_assert(!nb_conv_bf16_native());
+    ck_assert(strstr(nb_conv_bf16_path(), "NB_CONV=im2col") != NULL || !nb_gemm_provider_available(NB_GEMM_DNNL));
+    nb__conv2d_set_impl(NB__CONV_AUTO);
+    ck_assert(nb_conv_bf16_native() == native);
+}
+END_TEST
+
+START_TEST(test_conv2d_bf16_autocast) {
+    /* Under autocast bf16, f32 leaves: y is bf16, the gradients come back through the casts
+     * as f32, and match direct loops over the bf16-rounded values (gx and the weight
+     * gradient are each rounded to bf16 once: PyTorch's autocast rounds them too). */
+    nb__conv_impl impls[2];
+    int nimpl = conv_impls(impls);
+    const conv_cfg *cs[] = {&k_convs[1], &k_convs[3], &k_convs[6], &k_convs[13], &k_convs[14]};
+    for (int ii = 0; ii < nimpl; ii++)
+    for (int i = 0; i < 5; i++) {
+        nb__conv2d_set_impl(impls[ii]);
+        const conv_cfg *c = cs[i];
+        nb_scope_begin();
+        int64_t xs[4], ws[4], ys[4];
+        conv_shapes(c, xs, ws, ys);
+        nb_tensor *x = tu_random(xs, 4, NB_F32, -1, 1, 70 + i);
+        nb_tensor *w = tu_random(ws, 4, NB_F32, -1, 1, 71 + i);
+        nb_tensor *b = tu_random(&c->O, 1, NB_F32, -1, 1, 72 + i);
+        nb_tensor *r = tu_random(ys, 4, NB_BF16, -1, 1, 73 + i);
+        nb_tensor *ins[3] = {x, w, b};
+        for (int j = 0; j < 3; j++) ck_assert(nb_set_requires_grad(ins[j], true) == NB_OK);
+        ck_assert(nb_autocast_begin(NB_BF16) == NB_OK);
+        nb_tensor *y = run_conv(c, x, w, b);
+        ck_assert(nb_autocast_end() == NB_OK);
+        ck_assert_msg(y != NULL, "%s", nb_last_error());
+        ck_assert_int_eq(nb_tensor_dtype(y), NB_BF16);
+        ck_assert_msg(backward_with(y, r) == NB_OK, "%s", nb_last_error());
+        for (int j = 0; j < 3; j++) ck_assert_int_eq(nb_tensor_dtype(nb_grad(ins[j])), NB_F32);
+        /* the reference: the bf16-rounded x, w and the f32 bias (the kernel's bias is f32,
+         * but autocast rounds b to bf16 first) */
+        nb_tensor *xb = nb_to_dtype(x, NB_BF16), *wb = nb_to_dtype(w, NB_BF16);
+        nb_tensor *bb = nb_to_dtype(b, NB_BF16);
+        double *vx = tu_values(xb), *vw = tu_values(wb), *vb = tu_values(bb), *vr = tu_values(r);
+        double *ref = ref_conv(c, vx, vw, vb);
+        tu_assert_close(y, ref, ys, 4, 4e-3);
+        double *gx = malloc(sizeof(double) * (size_t)(tu_numel(xs, 4) + 1));
+        double *gw = malloc(sizeof(double) * (size_t)(tu_numel(ws, 4) + 1));
+        double *gb = malloc(sizeof(double) * (size_t)c->O);
+        ref_conv_backward(c, vx, vw, vr, gx, gw, gb);
+        tu_assert_close(nb_grad(x), gx, xs, 4, 4e-3);
+        tu_assert_close(nb_grad(w), gw, ws, 4, 4e-3);
+        tu_assert_close(nb_grad(b), gb, &c->O, 1, 4e-3);
+        free(vx), free(vw), free(vb), free(vr), free(ref), free(gx), free(gw), free(gb);
+        nb_scope_end();
+    }
+    nb__conv2d_set_impl(NB__CONV_AUTO);
+}
+END_TEST
+
+START_TEST(test_conv2d_bf16_thread_independent) {
+    /* The bf16 kernels give the same bits at 1, 2 and 3 threads (forward, all gradients). */
+    int saved = nb_get_num_threads();
+    static const conv_cfg cfgs[] = {
+        {6, 16, 12, 12, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, false},
+        {5, 8, 14, 14, 8, 1, 1, 1, 1, 0, 0, 1, 1, 2, true, false},    /* 1x1 grouped */
+        {17, 8, 16, 16, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, true, false},  /* 17 images, 16 parts */
+        {4, 16, 12, 12, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16, true, false}, /* depthwise */
+        {8, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, false},  /* a CNN's second layer */
+    };
+    nb__conv_impl impls[3] = {NB__CONV_AUTO};
+    int nimpl = 1 + conv_impls(impls + 1);
+    for (int ii = 0; ii < nimpl; ii++)
+    for (int i = 0; i < 5; i++) {
+        nb__conv2d_set_impl(impls[ii]);
+        float *a[4], *b[4];
+        int64_t na[4], nb[4];
+        conv_run_threads_dt(&cfgs[i], NB_BF16, 1, a, na);
+        for (int t = 2; t <= 3; t++) {
+            conv_run_threads_dt(&cfgs[i], NB_BF16, t, b, nb);
+            for (int k = 0; k < 4; k++) {
+                ck_assert_int_eq(na[k], nb[k]);
+                ck_assert_msg(memcmp(a[k], b[k], sizeof(float) * (size_t)na[k]) == 0,
+                              "config %d, tensor %d differs between 1 and %d threads (impl %d)",
+                              i, k, t, (int)impls[ii]);
+                free(b[k]);
+            }
+        }
+        for (int k = 0; k < 4; k++) free(a[k]);
     }
     nb_set_num_threads(saved);
     nb__conv2d_set_impl(NB__CONV_AUTO);
@@ -989,6 +1178,10 @@ Suite *nb_suite_nn_conv(void) {
     tcase_add_test(tc, test_conv2d_backward_f32_vs_f64);
     tcase_add_test(tc, test_conv2d_half_backward);
     tcase_add_test(tc, test_conv2d_thread_independent);
+    tcase_add_test(tc, test_conv2d_bf16_kernel);
+    tcase_add_test(tc, test_conv2d_bf16_path);
+    tcase_add_test(tc, test_conv2d_bf16_autocast);
+    tcase_add_test(tc, test_conv2d_bf16_thread_independent);
     tcase_add_test(tc, test_conv2d_module);
     tcase_add_test(tc, test_conv2d_errors);
     suite_add_tcase(s, tc);

@@ -12,8 +12,8 @@
  * The policy (docs/mixed-precision.md has the table; nb_autocast_policy_of tells an op's):
  *   - NB_AUTOCAST_LOW: matmul, linear, causal_attention(_qkv), conv2d cast their f32, f16 or
  *     bf16 inputs to the autocast dtype (f64 stays f64) and return that dtype. bf16 GEMMs
- *     run on oneDNN's AVX512-BF16 kernels where nb_gemm_bf16_native() (nabla/runtime.h);
- *     elsewhere, and for f16 on every CPU, the half operands are widened to f32 inside the
+ *     run on oneDNN's AVX512-BF16 kernels where nb_gemm_bf16_native(), bf16 convolutions
+ *     where nb_conv_bf16_native() (nabla/runtime.h); elsewhere, and for f16 on every CPU, the half operands are widened to f32 inside the
  *     kernel: the results are the same, the speed is not.
  *   - NB_AUTOCAST_F32: softmax, log_softmax, layer_norm, batch_norm, the losses, sum, mean,
  *     var, std and logsumexp cast half inputs to f32 and return f32.

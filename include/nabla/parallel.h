@@ -245,6 +245,15 @@ typedef struct nb_zero_opts {
                                 * waits for the CUDA backend). Tested only on the guard test
                                 * device, unverified on a GPU. On a CPU model it is accepted
                                 * and does nothing (the state is on the host already). */
+    nb_dtype reduce_dtype;     /* NB_F32, as nb_ddp_opts.reduce_dtype (stage 0 passes it to
+                                * its nb_ddp). NB_F16 / NB_BF16 at stages 1-3: each bucket's
+                                * gradient is rounded to it, an all-to-all gives each rank every
+                                * rank's copy of its chunk, which it adds in f32 (rank order),
+                                * divides by the size and writes into its gradient shard (f32,
+                                * or the parameters' dtype), rounded once: half the bytes of an
+                                * f32 reduce-scatter; no effect on one rank. The ranks must
+                                * agree (checked). docs/distributed.md, "Compressed
+                                * communication" */
 } nb_zero_opts;
 nb_zero_opts nb_zero_defaults(void);
 
@@ -261,6 +270,10 @@ nb_status nb_zero_sync(nb_zero *z);
 void nb_zero_set_sync_enabled(nb_zero *z, bool enabled);
 double nb_zero_exposed_comm_s(const nb_zero *z);
 int nb_zero_num_buckets(const nb_zero *z);
+/* As nb_ddp_comm_bytes: the gradient bytes this rank sent in the last synchronised step's
+ * reduce-scatters (an all-to-all when compressed: (p-1)/p n e each), halved by reduce_dtype
+ * NB_BF16 on f32 gradients; 0 on one rank. Stage 0: its nb_ddp's. */
+int64_t nb_zero_comm_bytes(const nb_zero *z);
 /* nb_clip_grad_norm over the whole (averaged) gradient of the model: each rank reduces its
  * shard, one allreduce combines them, and each rank scales its shard. Call it after
  * backward, before nb_step. Returns the global norm or a negative status. Collective. */

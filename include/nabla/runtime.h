@@ -57,6 +57,13 @@ bool nb_gemm_provider_available(nb_gemm_provider p);
  * same result, no speed gained. nb_gemm_bf16_path() says which, in words (static string). */
 bool nb_gemm_bf16_native(void);
 const char *nb_gemm_bf16_path(void);
+/* Whether bf16 convolutions (nb_conv2d, autocast) run natively: oneDNN's bf16 convolution
+ * primitives and the bf16 GEMM on a CPU with AVX512-BF16, f32 accumulation. When false (no
+ * oneDNN, an older CPU, NB_CONV=im2col) the operands are widened to f32 and the f32 kernels
+ * run: the same result, no speed gained. Small convolutions (see docs/mixed-precision.md) are
+ * widened either way. nb_conv_bf16_path() says which, in words (static string). */
+bool nb_conv_bf16_native(void);
+const char *nb_conv_bf16_path(void);
 
 /* Which optional parts were compiled in. */
 bool nb_has_cuda(void);

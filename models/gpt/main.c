@@ -51,6 +51,7 @@ typedef struct args {
     int64_t pp, microbatches, virtual_stages; /* --pp: pipeline parallel (models/gpt/pipe.c) */
     const char *pp_schedule;
     nb_dtype precision; /* --precision: NB_F32 (default), NB_BF16, NB_F16 */
+    nb_dtype reduce_dtype; /* --reduce-dtype: gradients over the ranks (nb_ddp, nb_zero) */
     uint64_t seed;
     /* sampling */
     bool sample;
@@ -107,6 +108,9 @@ static void usage(const args *a, FILE *out) {
             "                   nb_ddp); --save then writes a sharded checkpoint (a\n"
             "                   directory) that --resume reshards. With --tp or --pp: 1 or\n"
             "                   2, over the data-parallel group; checkpoints as without it\n"
+            "  --reduce-dtype D fp32, bf16 or fp16: the dtype the gradients travel in between\n"
+            "                   the data-parallel ranks (nb_ddp and --zero; summed in f32;\n"
+            "                   default fp32; docs/distributed.md, \"Compressed communication\")\n"
             "  --tp N           tensor parallel over N adjacent ranks (the ranks are dp x tp,\n"
             "                   nb_ddp over dp; default 1); --save writes a sharded checkpoint\n"
             "                   (a directory: each rank its slices; DIR/model.safetensors at\n"
@@ -161,7 +165,7 @@ static int parse_args(int argc, char **argv, args *a) {
                  {"--checkpoint-activations", TRAIN}, {"--tp", TRAIN},
                  {"--pp", TRAIN},          {"--microbatches", TRAIN},
                  {"--pp-schedule", TRAIN}, {"--virtual-stages", TRAIN},
-                 {"--precision", TRAIN}};
+                 {"--precision", TRAIN},    {"--reduce-dtype", TRAIN}};
     enum { NF = sizeof flags / sizeof flags[0] };
     bool given[NF] = {0};
     for (int i = 1; i < argc; i++) {
@@ -233,6 +237,8 @@ static int parse_args(int argc, char **argv, args *a) {
         I64("--pp", pp, 1, 4096); I64("--microbatches", microbatches, 1, 4096);
         STR("--pp-schedule", pp_schedule); I64("--virtual-stages", virtual_stages, 1, 4096);
         else if (!strcmp(f, "--precision")) ok = nbm_parse_precision("gpt", v, &a->precision);
+        else if (!strcmp(f, "--reduce-dtype"))
+            ok = nbm_parse_reduce_dtype("gpt", v, &a->reduce_dtype);
         else if (!strcmp(f, "--seed")) {
             if ((ok = nb_parse_int("gpt", f, v, 0, BIG, &n))) a->seed = (uint64_t)n;
         }
@@ -323,8 +329,9 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --microbatches, --pp-schedule and --virtual-stages need --pp\n");
         return 2;
     }
-    if (a->pp && a->grad_accum != 1) {
-        fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum\n");
+    if (a->pp && (a->grad_accum != 1 || a->reduce_dtype != NB_F32)) {
+        fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum, and does "
+                "not take --reduce-dtype yet\n");
         return 2;
     }
     if (a->sample && !a->load) {
@@ -681,9 +688,12 @@ static bool setup_run(run *r) {
         return false;
     nb_zero_opts zo = nb_zero_defaults();
     zo.stage = (int)r->a->zero;
+    zo.reduce_dtype = r->a->reduce_dtype;
     if (r->a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->dp, &zo)))
         return fail(r, "%s", nb_last_error());
-    if (!r->zero && r->dp_size > 1 && !(r->ddp = nb_ddp_new(r->model, r->dp, NULL)))
+    nb_ddp_opts dopts = nb_ddp_defaults();
+    dopts.reduce_dtype = r->a->reduce_dtype;
+    if (!r->zero && r->dp_size > 1 && !(r->ddp = nb_ddp_new(r->model, r->dp, &dopts)))
         return fail(r, "%s", nb_last_error());
     if (resume && nb_gpt_tp_is_checkpoint(resume)) { /* sharded by --tp: any layout reads it */
         /* under --zero the whole optimizer state goes into the template, then the shards */
@@ -1033,6 +1043,9 @@ static void print_result(const run *r, double wall_s) {
     double state_mib[4];
     nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_int(out, "zero", r->a->zero);
+    nb_jsonl_str(out, "reduce_dtype", nbm_precision_name(r->a->reduce_dtype));
+    nb_jsonl_int(out, "grad_comm_bytes", r->zero ? nb_zero_comm_bytes(r->zero)
+                                                 : nb_ddp_comm_bytes(r->ddp));
     nb_jsonl_int(out, "dp", r->dp_size);
     nb_jsonl_int(out, "tp", r->topo ? nb_topology_tp_size(r->topo) : 1);
     nb_jsonl_int(out, "sequence_parallel", r->a->sequence_parallel);

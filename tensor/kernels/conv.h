@@ -2,8 +2,8 @@
  * 2-D pools, forward and backward). C17 and nvcc; included through tensor/kernels.h.
  *
  * The op definitions (nn/conv.c, nn/pool.c) check the arguments, compute output sizes, make
- * every operand contiguous in the compute dtype (f32, or f64; f16/bf16 are computed in f32
- * and rounded once by the op) and allocate the outputs. A kernel gets device pointers to
+ * every operand contiguous in the compute dtype (f32 or f64; bf16 on a backend whose conv
+ * kernels take it; other f16/bf16 are computed in f32 and rounded once by the op) and allocate the outputs. A kernel gets device pointers to
  * those contiguous arrays plus the geometry; it allocates (and frees) only its own scratch. */
 #ifndef NABLA_TENSOR_KERNELS_CONV_H
 #define NABLA_TENSOR_KERNELS_CONV_H
@@ -21,7 +21,8 @@ typedef struct nb__conv2d_geom {
 } nb__conv2d_geom;
 
 /* conv2d: y = conv(x, w) + b. dtype is the compute dtype of every operand, NB_F32 or
- * NB_F64. b may be NULL (no bias). */
+ * NB_F64; or NB_BF16 on a backend with conv_bf16 (tensor/backend.h): x, w and y are bf16, b
+ * is f32, sums are f32 and y is rounded once. b may be NULL (no bias). */
 typedef struct nb__conv2d_args {
     nb__conv2d_geom g;
     nb_dtype dtype;
@@ -31,7 +32,8 @@ typedef struct nb__conv2d_args {
 
 /* conv2d_backward: from gy (N, O, OH, OW), the gradients gx (N, C, H, W), gw (O, C/groups,
  * KH, KW) and gb (O), each NULL when not wanted (every one that is not NULL is fully
- * written, also for N = 0). x is read only for gw (else may be NULL), w only for gx. */
+ * written, also for N = 0). x is read only for gw (else may be NULL), w only for gx.
+ * NB_BF16 (backends with conv_bf16): x, w, gy and gx are bf16, gw and gb f32 (f32 sums). */
 typedef struct nb__conv2d_backward_args {
     nb__conv2d_geom g;
     nb_dtype dtype;

@@ -193,6 +193,133 @@ START_TEST(test_zero_equivalence_mlp) {
 }
 END_TEST
 
+/* ---- compressed gradient reduction (reduce_dtype) ------------------------------------------- */
+/* Two copies of the MLP under ZeRO at one stage, one reducing in f32 and one in the wire
+ * dtype (bf16 or f16, summed in f32): the bytes on the wire are half (plus each bucket's
+ * padding to a multiple of the ranks), the weights after the first step are within two
+ * wire roundings of the gradient (times the learning rate) of the f32 ones, and after K
+ * steps the training loss is within 2 % of the starting loss of the f32 run's. */
+/* The step of c (from m0's weights) is f's within tol, relative to each element's step plus
+ * the tensor's largest step. */
+static void expect_step_close(nb_module *c, nb_module *f, nb_module *m0, double tol, int stage) {
+    const nb_params *pc = nb_parameters(c), *pf = nb_parameters(f), *p0 = nb_parameters(m0);
+    for (int i = 0; i < pf->count; i++) {
+        double *vc = values(pc->tensors[i]), *vf = values(pf->tensors[i]);
+        double *v0 = values(p0->tensors[i]);
+        int64_t n = nb_numel(pf->tensors[i]);
+        double scale = 0;
+        for (int64_t j = 0; j < n; j++) scale = fmax(scale, fabs(vf[j] - v0[j]));
+        for (int64_t j = 0; j < n; j++)
+            if (!(fabs(vc[j] - vf[j]) <= tol * (fabs(vf[j] - v0[j]) + scale))) {
+                MT_CHECK(false, "stage %d, first step: %s[%lld] = %.9g, f32 reduce %.9g (from "
+                         "%.9g)", stage, pf->names[i], (long long)j, vc[j], vf[j], v0[j]);
+                break;
+            }
+        free(vc), free(vf), free(v0);
+    }
+}
+
+static void check_compressed(int stage, nb_dtype wire) {
+    enum { K = 60 };
+    nb_scope_begin();
+    int rank = mt_rank, size = mt_size;
+    nb_module *mf = build_mlp(21, IN, HID, OUT), *mc = build_mlp(21, IN, HID, OUT);
+    nb_module *m0 = build_mlp(21, IN, HID, OUT); /* the initial weights */
+    nb_sched *sf, *sc;
+    nb_optim *of = make_opt(mf, SGD_MOMENTUM, &sf), *oc = make_opt(mc, SGD_MOMENTUM, &sc);
+    nb_zero *zf = nb_zero_new(mf, of, mt_world, &(nb_zero_opts){.stage = stage,
+                                                               .bucket_mb = 200e-6});
+    nb_zero *zc = nb_zero_new(mc, oc, mt_world, &(nb_zero_opts){.stage = stage,
+                                                               .bucket_mb = 200e-6,
+                                                               .reduce_dtype = wire});
+    MT_CHECK(zf && zc, "zero_new (stage %d, %s): %s", stage, nb_dtype_name(wire),
+             nb_last_error());
+    int64_t local = GB / size;
+    double l0 = 0, lf = 0, lc = 0;
+    for (int step = 0; step < K && zf && zc; step++) {
+        nb_scope_begin();
+        nb_generator *g = nb_generator_new(300 + (uint64_t)(step % 4));
+        nb_tensor *x = nb_randn((int64_t[]){GB, IN}, 2, NB_F32, g);
+        nb_tensor *y = nb_randint((int64_t[]){GB}, 1, NB_I64, 0, OUT, g);
+        nb_generator_free(g);
+        nb_module *ms[2] = {mf, mc};
+        nb_optim *os[2] = {of, oc};
+        double l[2];
+        for (int i = 0; i < 2; i++) {
+            nb_tensor *loss = nb_cross_entropy(nb_forward(ms[i], nb_narrow(x, 0, rank * local,
+                                                                           local)),
+                                               nb_narrow(y, 0, rank * local, local), NULL);
+            MT_OK(nb_zero_grad(os[i]));
+            MT_OK(nb_backward(loss));
+            MT_OK(nb_step(os[i]));
+            /* the loss on the whole batch (the same on every rank) after the step */
+            bool prev = nb_set_grad_enabled(false);
+            nb_tensor *all = nb_cross_entropy(nb_forward(ms[i], x), y, NULL);
+            nb_set_grad_enabled(prev);
+            l[i] = all ? nb_item_f64(all) : NAN;
+        }
+        if (step == 0) {
+            l0 = l[0];
+            int64_t bf = nb_zero_comm_bytes(zf), bc = nb_zero_comm_bytes(zc);
+            if (size == 1) {
+                MT_CHECK(bf == 0 && bc == 0, "stage %d: one rank sends nothing (%lld, %lld "
+                         "bytes)", stage, (long long)bf, (long long)bc);
+            } else {
+                /* buckets are padded to a multiple of the ranks: at most size - 1 elements */
+                int64_t pad = (int64_t)nb_zero_num_buckets(zc) * (size - 1) * 2;
+                MT_CHECK(bf > 0 && bc > 0 && 2 * bc <= bf + 2 * pad,
+                         "stage %d %s: %lld bytes on the wire, f32: %lld (want half)", stage,
+                         nb_dtype_name(wire), (long long)bc, (long long)bf);
+            }
+            /* one step of lr 0.1 from the same weights: the gradients differ by the wire's
+             * roundings (bf16 2^-8 relative, twice; where ranks' parts cancel, relative to
+             * the parts), so the weights by a tenth of that */
+            MT_OK(nb_zero_gather_params(zf));
+            MT_OK(nb_zero_gather_params(zc));
+            expect_step_close(mc, mf, m0, wire == NB_BF16 ? 2.0 / 256 : 2.0 / 2048, stage);
+            MT_OK(nb_zero_release_params(zf));
+            MT_OK(nb_zero_release_params(zc));
+        }
+        lf = l[0], lc = l[1];
+        nb_scope_end();
+    }
+    MT_CHECK(lf < 0.7 * l0, "stage %d: the f32 run did not train (%g -> %g)", stage, l0, lf);
+    MT_CHECK(fabs(lc - lf) <= 0.02 * l0, "stage %d %s: final loss %.6g, f32 reduce %.6g (start "
+             "%.6g)", stage, nb_dtype_name(wire), lc, lf, l0);
+    if (getenv("NB_ZERO_COMPRESS_REPORT") && rank == 0)
+        printf("zero stage %d compression %s on %d ranks: loss %.6g -> %.6g (f32 reduce: "
+               "%.6g), %lld bytes per step (f32: %lld)\n", stage, nb_dtype_name(wire), size,
+               l0, lc, lf, (long long)nb_zero_comm_bytes(zc), (long long)nb_zero_comm_bytes(zf));
+    nb_zero_free(zf);
+    nb_zero_free(zc);
+    nb_optim_free(of);
+    nb_optim_free(oc);
+    nb_module_free(mf);
+    nb_module_free(mc);
+    nb_module_free(m0);
+    nb_scope_end();
+}
+
+START_TEST(test_zero_compressed) {
+    for (int stage = 1; stage <= 3; stage++) check_compressed(stage, NB_BF16);
+    check_compressed(2, NB_F16);
+    /* anything but f32, f16 or bf16 is refused, naming the option */
+    nb_scope_begin();
+    nb_module *m = build_mlp(3, IN, HID, OUT);
+    nb_sched *s;
+    nb_optim *o = make_opt(m, SGD_MOMENTUM, &s);
+    for (int stage = 0; stage <= 2; stage += 2)
+        EXPECT_ERROR(nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage,
+                                                                 .reduce_dtype = NB_F64})
+                         ? NB_OK : nb_last_status(),
+                     NB_EINVAL, "reduce_dtype must be f32");
+    nb_optim_free(o);
+    nb_module_free(m);
+    nb_scope_end();
+    MT_END();
+}
+END_TEST
+
 /* ---- the GPT's training step: accumulation without sync, global clipping ---------------------- */
 static void check_gpt(int stage) {
     enum { K = 3, MICRO = 2, GBT = 8, TT = 8 };
@@ -1261,6 +1388,7 @@ Suite *mt_suite_zero(void) {
     tcase_add_test(tc, test_zero_offload);
     tcase_add_test(tc, test_zero_offload_resume);
     tcase_add_test(tc, test_zero_memory_half);
+    tcase_add_test(tc, test_zero_compressed);
     suite_add_tcase(s, tc);
     return s;
 }
