@@ -13,15 +13,19 @@
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "nabla/cuda.h"
 #include "nb_config.h"
+#include "nb_cuda_paths.h"
 #include "testutil.h"
 
+#include "cuda/backend.h"
+#include "cuda/plugin.h"
+#include "tensor/backend.h"
 #if NB_HAVE_CUDA
 #include <pthread.h>
 
-#include "cuda/cuda_impl.h"
 #define NO_GPU_STATUS NB_EDEVICE
 #define NO_GPU_TEXT "no usable GPU"
 #else
@@ -75,6 +79,125 @@ START_TEST(test_cuda_build) {
     nb_scope_end();
 }
 END_TEST
+
+
+/* ---- the plugin loader (cuda/loader.c), every build ---------------------------------------- */
+/* Point NB_CUDA_PLUGIN at path (NULL: unset) and make the loader try again. False when the
+ * plugin is already loaded in this process (tests not forked): the caller skips. */
+#define NB_CUDA_PLUGIN_VAR "NB_CUDA_PLUGIN"
+static bool plugin_retry_with(const char *path) {
+    if (!nb__cuda_plugin_forget_failure()) {
+        fprintf(stderr, "cuda suite: the plugin is loaded in this process (CK_FORK=no?): "
+                        "plugin loader checks skipped\n");
+        return false;
+    }
+    if (path) setenv(NB_CUDA_PLUGIN_VAR, path, 1);
+    else unsetenv(NB_CUDA_PLUGIN_VAR);
+    return true;
+}
+
+/* NB_CUDA_PLUGIN pointing nowhere: error values naming the path and dlopen's reason, the
+ * device count 0 without an error, CUDA tensors refused; nothing aborts. */
+START_TEST(test_cuda_plugin_missing) {
+    nb_scope_begin();
+    if (!plugin_retry_with("/nonexistent/libnabla-cuda.so")) goto done;
+    nb_clear_error();
+    ck_assert_int_eq(nb_cuda_device_count(), 0);
+    ck_assert_int_eq(nb_last_status(), NB_OK);
+    ck_assert(!nb_cuda_is_available());
+    void *r = nb_cuda_alloc(64, 0);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", nb_last_error());
+    tu_assert_error(r, NB_EUNSUPPORTED, "cuda_alloc: CUDA support is not installed: ");
+    ck_assert_ptr_nonnull(strstr(msg, "/nonexistent/libnabla-cuda.so (from NB_CUDA_PLUGIN)"));
+    ck_assert_ptr_nonnull(strstr(msg, "No such file")); /* dlerror's text */
+    expect_status(nb_cuda_set_device(0), NB_EUNSUPPORTED, "CUDA support is not installed");
+    expect_status(nb_cuda_memcpy_h2d(NULL, NULL, 0), NB_EUNSUPPORTED, "not installed");
+    tu_assert_error(nb_zeros_on(NB_CUDA(0), (int64_t[]){4}, 1, NB_F32), NB_EUNSUPPORTED,
+                    "cuda:0: CUDA support is not installed");
+    ck_assert_ptr_null(nb__cuda_kernels());
+    ck_assert_int_eq(nb__cuda_cudnn_version(), -1);
+    nb_clear_error();
+    ck_assert_int_eq(nb_cuda_empty_cache(), NB_OK);
+    ck_assert_int_eq(nb_cuda_free(NULL), NB_OK);
+    ck_assert_str_eq(nb__cuda_plugin_path(), "");
+    /* The failure is kept: a second call answers the same without a new search. */
+    tu_assert_error(nb_cuda_stream_new(0), NB_EUNSUPPORTED, "/nonexistent/libnabla-cuda.so");
+done:
+    nb_scope_end();
+}
+END_TEST
+
+/* Files that are not the plugin: a text file (dlopen refuses it), a real library without
+ * the entry point. */
+START_TEST(test_cuda_plugin_wrong_file) {
+    nb_scope_begin();
+    if (!plugin_retry_with(NB_SOURCE_DIR "/README.md")) goto done;
+    void *r = nb_cuda_alloc(64, 0);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", nb_last_error());
+    tu_assert_error(r, NB_EUNSUPPORTED, "README.md (from NB_CUDA_PLUGIN)");
+    ck_assert_msg(strstr(msg, "invalid ELF header"), "%s", msg); /* dlerror's text */
+    if (!plugin_retry_with("libz.so.1")) goto done;
+    tu_assert_error(nb_cuda_stream_default(0), NB_EUNSUPPORTED,
+                    "libz.so.1 (from NB_CUDA_PLUGIN) is not a nabla CUDA plugin");
+done:
+    nb_scope_end();
+}
+END_TEST
+
+/* No NB_CUDA_PLUGIN: the search next to the program (this one links libnabla statically,
+ * so next to nabla_tests) and in the install libdir; the message lists both. */
+START_TEST(test_cuda_plugin_search) {
+    nb_scope_begin();
+    if (access(NB_CUDA_PLUGIN_LIBDIR "/libnabla-cuda.so", F_OK) == 0) {
+        fprintf(stderr, "cuda suite: a plugin is installed in %s: search check skipped\n",
+                NB_CUDA_PLUGIN_LIBDIR);
+        goto done;
+    }
+    if (!plugin_retry_with(NULL)) goto done;
+    nb_cuda_stream *r = nb_cuda_stream_new(0);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", nb_last_error());
+    tu_assert_error(r, NB_EUNSUPPORTED,
+                    NB_HAVE_CUDA ? "CUDA support is not installed: libnabla-cuda.so not found "
+                                   "(looked in "
+                                 : "built without CUDA");
+    if (NB_HAVE_CUDA) {
+        ck_assert_msg(strstr(msg, "/tests, " NB_CUDA_PLUGIN_LIBDIR "; set NB_CUDA_PLUGIN)"),
+                      "%s", msg);
+    }
+done:
+    nb_scope_end();
+}
+END_TEST
+
+#if NB_HAVE_CUDA
+/* This build's plugin (tests/main.c points NB_CUDA_PLUGIN at it) loads without a GPU and
+ * says what it links; cuDNN's version is there exactly when meson linked cuDNN. */
+START_TEST(test_cuda_plugin_loaded) {
+    nb_scope_begin();
+    const nb__cuda_plugin *p = nb__cuda_plugin_get("test");
+    ck_assert_msg(p != NULL, "%s", nb_last_error());
+    const char *path = nb__cuda_plugin_path();
+    size_t n = strlen(path), k = strlen("/libnabla-cuda.so");
+    ck_assert_msg(n > k && strcmp(path + n - k, "/libnabla-cuda.so") == 0, "path %s", path);
+    ck_assert_ptr_nonnull(strstr(p->libraries, "CUDA runtime "));
+    ck_assert_ptr_nonnull(strstr(p->libraries, "cuBLAS "));
+    long v = nb__cuda_cudnn_version();
+    if (NB_HAVE_CUDNN) {
+        ck_assert_int_ge(v, 80000); /* 9.19.0 is 91900 */
+        ck_assert_ptr_nonnull(strstr(p->libraries, "cuDNN "));
+    } else {
+        ck_assert_int_eq(v, 0);
+    }
+    ck_assert_ptr_nonnull(nb__cuda_kernels());
+    ck_assert_ptr_nonnull(nb__cuda_kernels()->fill);
+    fprintf(stderr, "cuda suite: plugin %s (%s)\n", path, p->libraries);
+    nb_scope_end();
+}
+END_TEST
+#endif
 
 /* Every call fails cleanly when no GPU is usable. */
 START_TEST(test_cuda_no_gpu) {
@@ -585,7 +708,11 @@ Suite *nb_suite_cuda(void) {
     TCase *tc = tcase_create("cuda");
     tcase_add_test(tc, test_cuda_build);
     tcase_add_test(tc, test_cuda_no_gpu);
+    tcase_add_test(tc, test_cuda_plugin_missing);
+    tcase_add_test(tc, test_cuda_plugin_wrong_file);
+    tcase_add_test(tc, test_cuda_plugin_search);
 #if NB_HAVE_CUDA
+    tcase_add_test(tc, test_cuda_plugin_loaded);
     tcase_add_test(tc, test_cuda_device);
     tcase_add_test(tc, test_cuda_alloc_reuse);
     tcase_add_test(tc, test_cuda_alloc_errors);
