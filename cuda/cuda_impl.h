@@ -45,6 +45,9 @@ void nb__cuda_leave(int prev);
  * (NB_ENOMEM for out-of-memory, NB_EINVAL for invalid values, NB_EDEVICE otherwise); clears
  * CUDA's non-sticky last error. cudaSuccess gives NB_OK. */
 nb_status nb__cuda_status(cudaError_t e, const char *what);
+/* The CUDA runtime as cuda/policy.c calls it. */
+struct nb__cuda_rt;
+extern const struct nb__cuda_rt nb__cuda_rt_real;
 
 /* ---- stream.c ------------------------------------------------------------------------------ */
 /* This thread's current stream for a resolved device index; creates the library stream on
@@ -53,12 +56,17 @@ nb_cuda_stream *nb__cuda_stream_for(int device, const char *what);
 /* s itself, or for NULL the current stream of the current device; NULL and an error when
  * no GPU is usable. */
 nb_cuda_stream *nb__cuda_stream_or_current(nb_cuda_stream *s, const char *what);
+/* Work enqueued on waiter from now on waits for the work enqueued on signaler so far (an
+ * event); both resolved streams. */
+nb_status nb__cuda_join(nb_cuda_stream *waiter, nb_cuda_stream *signaler, const char *what);
 
 /* Per-thread handles other files keep per device; stream.c owns the thread-exit cleanup,
  * which destroys the cuBLAS handles before the streams they are bound to. */
 typedef struct nb__cuda_thread {
     nb_cuda_stream *library[NB__CUDA_MAX_DEVICES]; /* created on first use */
     nb_cuda_stream *current[NB__CUDA_MAX_DEVICES]; /* NULL: the library stream */
+    /* the COMM and COPY role streams (nb_cuda_stream_role), created on first use */
+    nb_cuda_stream *role[2][NB__CUDA_MAX_DEVICES];
     void *blas[NB__CUDA_MAX_DEVICES];              /* cublasHandle_t, see blas.c */
 } nb__cuda_thread;
 /* This thread's state (allocated on first use); NULL only when out of host memory. */

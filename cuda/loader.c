@@ -245,6 +245,14 @@ int nb_cuda_stream_device(const nb_cuda_stream *s) {
 void *nb_cuda_stream_handle(const nb_cuda_stream *s) {
     return s && quiet() ? g_plugin->stream_handle(s) : NULL;
 }
+nb_status nb_cuda_stream_wait(nb_cuda_stream *waiter, nb_cuda_stream *signaler) {
+    P("cuda_stream_wait", nb_last_status());
+    return p->stream_wait(waiter, signaler);
+}
+nb_cuda_stream *nb_cuda_stream_role(int device, nb_cuda_role role) {
+    P("cuda_stream_role", NULL);
+    return p->stream_role(device, role);
+}
 
 /* ---- allocator ---------------------------------------------------------------------------- */
 void *nb_cuda_alloc(size_t nbytes, int device) {
@@ -255,6 +263,10 @@ nb_status nb_cuda_free(void *ptr) {
     if (!ptr) return NB_OK;
     P("cuda_free", nb_last_status());
     return p->free(ptr);
+}
+nb_status nb_cuda_record_stream(void *ptr, nb_cuda_stream *s) {
+    P("cuda_record_stream", nb_last_status());
+    return p->record_stream(ptr, s);
 }
 nb_status nb_cuda_alloc_get_stats(int device, nb_cuda_alloc_stats *out) {
     if (out) *out = (nb_cuda_alloc_stats){0};

@@ -80,9 +80,12 @@ typedef struct nb__cuda_plugin {
     nb_status (*set_stream)(nb_cuda_stream *s);
     int (*stream_device)(const nb_cuda_stream *s);
     void *(*stream_handle)(const nb_cuda_stream *s);
+    nb_status (*stream_wait)(nb_cuda_stream *waiter, nb_cuda_stream *signaler);
+    nb_cuda_stream *(*stream_role)(int device, nb_cuda_role role);
     /* allocator */
     void *(*alloc)(size_t nbytes, int device);
     nb_status (*free)(void *p);
+    nb_status (*record_stream)(void *p, nb_cuda_stream *s);
     nb_status (*alloc_get_stats)(int device, nb_cuda_alloc_stats *out);
     nb_status (*alloc_reset_peak)(int device);
     nb_status (*empty_cache)(void);

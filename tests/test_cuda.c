@@ -221,6 +221,13 @@ START_TEST(test_cuda_no_gpu) {
     tu_assert_error(nb_cuda_stream_current(0), NO_GPU_STATUS, NO_GPU_TEXT);
     expect_status(nb_cuda_stream_synchronize(NULL), NO_GPU_STATUS, NO_GPU_TEXT);
     expect_status(nb_cuda_set_stream(NULL), NO_GPU_STATUS, NO_GPU_TEXT);
+    expect_status(nb_cuda_stream_wait(NULL, NULL), NO_GPU_STATUS, NO_GPU_TEXT);
+    tu_assert_error(nb_cuda_stream_role(0, NB_CUDA_ROLE_COMM), NO_GPU_STATUS, NO_GPU_TEXT);
+    tu_assert_error(nb_cuda_stream_role(-1, NB_CUDA_ROLE_COPY), NO_GPU_STATUS, NO_GPU_TEXT);
+    /* An unknown role is the caller's mistake, said before the missing GPU. */
+    tu_assert_error(nb_cuda_stream_role(0, (nb_cuda_role)7), NB_HAVE_CUDA ? NB_EINVAL : NO_GPU_STATUS,
+                    NB_HAVE_CUDA ? "unknown role 7" : NO_GPU_TEXT);
+    expect_status(nb_cuda_record_stream(host, NULL), NO_GPU_STATUS, NO_GPU_TEXT);
     nb_cuda_stream_free(NULL); /* no-op, no crash */
     ck_assert_int_eq(nb_cuda_stream_device(NULL), -1);
     ck_assert_ptr_null(nb_cuda_stream_handle(NULL));
@@ -701,6 +708,50 @@ done:
     nb_scope_end();
 }
 END_TEST
+
+/* Role streams, waits between streams and record_stream (unverified on a GPU). */
+START_TEST(test_cuda_roles_record) {
+    nb_scope_begin();
+    if (!have_gpu()) goto done;
+    expect_ok(nb_cuda_set_device(0));
+    expect_ok(nb_cuda_empty_cache());
+    nb_cuda_stream *compute = nb_cuda_stream_role(0, NB_CUDA_ROLE_COMPUTE);
+    nb_cuda_stream *comm = nb_cuda_stream_role(0, NB_CUDA_ROLE_COMM);
+    nb_cuda_stream *copy = nb_cuda_stream_role(-1, NB_CUDA_ROLE_COPY);
+    ck_assert(compute && comm && copy && comm != copy && comm != compute);
+    ck_assert_ptr_eq(compute, nb_cuda_stream_default(0));
+    ck_assert_ptr_eq(nb_cuda_stream_role(0, NB_CUDA_ROLE_COMM), comm); /* once per thread */
+    nb_cuda_stream_free(comm); /* the library's: ignored */
+
+    /* compute fills, comm waits for it and overwrites: the result is comm's value. */
+    int64_t n = 1 << 20;
+    float *d = dev_floats(n), *h = malloc((size_t)n * sizeof(float));
+    expect_ok(nb__cuda_fill_f32(d, 1.0f, n, compute));
+    expect_ok(nb_cuda_stream_wait(comm, compute));
+    expect_ok(nb__cuda_fill_f32(d, 2.0f, n, comm));
+    expect_ok(nb_cuda_stream_wait(compute, comm));
+    expect_ok(nb_cuda_memcpy_d2h(h, d, (size_t)n * sizeof(float))); /* on compute */
+    for (int64_t i = 0; i < n; i++) REQ(h[i] == 2.0f);
+    expect_ok(nb_cuda_stream_wait(comm, comm)); /* a stream waiting on itself: nothing */
+
+    /* record_stream: the block, used on comm, is freed; once comm is done it is reused. */
+    expect_ok(nb_cuda_record_stream(d, comm));
+    expect_ok(nb_cuda_record_stream(d, NULL)); /* its own stream: nothing to note */
+    expect_ok(nb__cuda_fill_f32(d, 3.0f, n, comm));
+    expect_ok(nb_cuda_free(d));
+    expect_ok(nb_cuda_stream_synchronize(comm));
+    nb_cuda_alloc_stats a = stats0();
+    float *d2 = dev_floats(n);
+    ck_assert_ptr_eq(d2, d);
+    ck_assert_int_eq(stats0().system_allocs, a.system_allocs);
+    expect_status(nb_cuda_record_stream(h, comm), NB_EINVAL, "not a live block");
+    expect_ok(nb_cuda_free(d2));
+    expect_status(nb_cuda_record_stream(d2, comm), NB_EINVAL, "not a live block");
+    free(h);
+done:
+    nb_scope_end();
+}
+END_TEST
 #endif /* NB_HAVE_CUDA */
 
 Suite *nb_suite_cuda(void) {
@@ -721,6 +772,7 @@ Suite *nb_suite_cuda(void) {
     tcase_add_test(tc, test_cuda_streams);
     tcase_add_test(tc, test_cuda_threads);
     tcase_add_test(tc, test_cuda_gemm);
+    tcase_add_test(tc, test_cuda_roles_record);
 #endif
     suite_add_tcase(s, tc);
     return s;
