@@ -24,6 +24,7 @@
 #include "cuda/plugin.h"
 #include "tensor/backend.h"
 #if NB_HAVE_CUDA
+#include <dlfcn.h>
 #include <pthread.h>
 
 #define NO_GPU_STATUS NB_EDEVICE
@@ -85,15 +86,30 @@ END_TEST
 /* Point NB_CUDA_PLUGIN at path (NULL: unset) and make the loader try again. False when the
  * plugin is already loaded in this process (tests not forked): the caller skips. */
 #define NB_CUDA_PLUGIN_VAR "NB_CUDA_PLUGIN"
+static char *g_saved_env; /* NB_CUDA_PLUGIN before the test changed it ("" : unset) */
 static bool plugin_retry_with(const char *path) {
     if (!nb__cuda_plugin_forget_failure()) {
         fprintf(stderr, "cuda suite: the plugin is loaded in this process (CK_FORK=no?): "
                         "plugin loader checks skipped\n");
         return false;
     }
+    if (!g_saved_env) {
+        const char *e = getenv(NB_CUDA_PLUGIN_VAR);
+        g_saved_env = strdup(e ? e : "");
+    }
     if (path) setenv(NB_CUDA_PLUGIN_VAR, path, 1);
     else unsetenv(NB_CUDA_PLUGIN_VAR);
     return true;
+}
+
+/* Put NB_CUDA_PLUGIN back as it was and let the loader try again (for CK_FORK=no runs). */
+static void plugin_restore(void) {
+    if (!g_saved_env) return;
+    if (*g_saved_env) setenv(NB_CUDA_PLUGIN_VAR, g_saved_env, 1);
+    else unsetenv(NB_CUDA_PLUGIN_VAR);
+    free(g_saved_env);
+    g_saved_env = NULL;
+    (void)nb__cuda_plugin_forget_failure();
 }
 
 /* NB_CUDA_PLUGIN pointing nowhere: error values naming the path and dlopen's reason, the
@@ -124,6 +140,7 @@ START_TEST(test_cuda_plugin_missing) {
     /* The failure is kept: a second call answers the same without a new search. */
     tu_assert_error(nb_cuda_stream_new(0), NB_EUNSUPPORTED, "/nonexistent/libnabla-cuda.so");
 done:
+    plugin_restore();
     nb_scope_end();
 }
 END_TEST
@@ -142,6 +159,37 @@ START_TEST(test_cuda_plugin_wrong_file) {
     tu_assert_error(nb_cuda_stream_default(0), NB_EUNSUPPORTED,
                     "libz.so.1 (from NB_CUDA_PLUGIN) is not a nabla CUDA plugin");
 done:
+    plugin_restore();
+    nb_scope_end();
+}
+END_TEST
+
+/* Plugins that load but do not fit: refused with the reason, never used. */
+START_TEST(test_cuda_plugin_mismatch) {
+    nb_scope_begin();
+    static const struct {
+        const char *mode, *needle;
+    } cases[] = {
+        {"refuse", "cannot be used: libnabla (nabla " NB_VERSION_STRING ") does not match the fake plugin"},
+        {"version", "cannot be used: the plugin (nabla 0.0.0-other, abi 1) does not match libnabla"},
+        {"null", "cannot be used: its init failed"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setenv("FAKE_CUDA_PLUGIN", cases[i].mode, 1);
+        if (!plugin_retry_with(NB_TEST_FAKE_PLUGIN)) goto done;
+        nb_clear_error();
+        ck_assert_int_eq(nb_cuda_device_count(), 0);
+        ck_assert_int_eq(nb_last_status(), NB_OK);
+        void *r = nb_cuda_alloc(64, 0);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+        tu_assert_error(r, NB_EUNSUPPORTED, "fake-cuda-plugin");
+        ck_assert_msg(strstr(msg, cases[i].needle), "%s: \"%s\" lacks \"%s\"", cases[i].mode,
+                      msg, cases[i].needle);
+    }
+done:
+    unsetenv("FAKE_CUDA_PLUGIN");
+    plugin_restore();
     nb_scope_end();
 }
 END_TEST
@@ -168,6 +216,7 @@ START_TEST(test_cuda_plugin_search) {
                       "%s", msg);
     }
 done:
+    plugin_restore();
     nb_scope_end();
 }
 END_TEST
@@ -194,6 +243,26 @@ START_TEST(test_cuda_plugin_loaded) {
     ck_assert_ptr_nonnull(nb__cuda_kernels());
     ck_assert_ptr_nonnull(nb__cuda_kernels()->fill);
     fprintf(stderr, "cuda suite: plugin %s (%s)\n", path, p->libraries);
+
+    /* The plugin's own check of libnabla: a host table of another version is refused. */
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    ck_assert_msg(h != NULL, "%s", dlerror());
+    nb__cuda_plugin_init_fn init = NULL;
+    void *sym = dlsym(h, NB__CUDA_PLUGIN_ENTRY);
+    memcpy(&init, &sym, sizeof init);
+    ck_assert_ptr_nonnull(sym);
+    nb__cuda_host bad = {.abi = NB__CUDA_PLUGIN_ABI, .size = sizeof bad, .version = "9.9.9",
+                         .kernels_size = sizeof(nb__kernels)};
+    const nb__cuda_plugin *q = p;
+    char msg[256];
+    ck_assert_int_eq(init(&bad, &q, msg, sizeof msg), NB_EUNSUPPORTED);
+    ck_assert_ptr_null(q);
+    ck_assert_msg(strstr(msg, "libnabla (nabla 9.9.9, abi 1) does not match the plugin (nabla "
+                              NB_VERSION_STRING), "%s", msg);
+    bad.version = NB_VERSION_STRING;
+    bad.kernels_size = 8;
+    ck_assert_int_eq(init(&bad, &q, msg, sizeof msg), NB_EUNSUPPORTED);
+    dlclose(h); /* drops this reference only: the loader's keeps it loaded */
     nb_scope_end();
 }
 END_TEST
@@ -761,6 +830,7 @@ Suite *nb_suite_cuda(void) {
     tcase_add_test(tc, test_cuda_no_gpu);
     tcase_add_test(tc, test_cuda_plugin_missing);
     tcase_add_test(tc, test_cuda_plugin_wrong_file);
+    tcase_add_test(tc, test_cuda_plugin_mismatch);
     tcase_add_test(tc, test_cuda_plugin_search);
 #if NB_HAVE_CUDA
     tcase_add_test(tc, test_cuda_plugin_loaded);
