@@ -86,9 +86,10 @@ typedef struct nb__oom_info {
     int64_t cached_released;    /* bytes of cached blocks given back to CUDA before the retry */
     size_t gpu_free, gpu_total; /* cudaMemGetInfo; 0, 0 when unknown */
 } nb__oom_info;
-/* "cuda_alloc: out of memory on GPU 0: requested 1.50 GiB (class 1.50 GiB); nabla holds
- * 70.00 GiB in use and 0 B cached (2.00 GiB of cached blocks were given back to CUDA and
- * the allocation retried); the GPU has 512.00 MiB free of 139.80 GiB" into buf. */
+/* "cuda_alloc: out of memory on GPU 0: requested 1610612736 bytes (1.50 GiB, class
+ * 1.50 GiB); nabla holds 70.00 GiB in use and 0 B cached (2.00 GiB of cached blocks were
+ * given back to CUDA and the allocation retried); the GPU has 512.00 MiB free of
+ * 140.00 GiB" into buf (truncated to len - 1 characters). */
 void nb__cuda_oom_message(char *buf, size_t len, const nb__oom_info *o);
 /* n bytes in words: "512 B", "1.50 KiB", "3.00 GiB". */
 void nb__cuda_bytes_str(char *buf, size_t len, double n);
