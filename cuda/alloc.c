@@ -12,11 +12,20 @@
  * stream is idle (cudaStreamQuery), or after its stream was synchronized and destroyed
  * (its id is then retagged 0, "free for all"). Block metadata lives on the host (device
  * memory cannot hold our headers); live blocks are found by pointer in a hash table.
- * One mutex guards everything; cudaMalloc runs outside it. */
+ * One mutex guards everything; cudaMalloc runs outside it.
+ *
+ * record_stream (nb_cuda_record_stream): a block also used on other streams gets, when it
+ * is freed, an event recorded on each of them and waits on the device's pending list
+ * until all have completed; only then does it join the free list (cuda/policy.c decides,
+ * tests/test_cuda_policy.c checks that with a fake runtime). Polls leave no "not ready"
+ * behind as the thread's last error (a later kernel launch would report it as its own). */
 #include <pthread.h>
 #include <stdlib.h>
 
+#include <stdio.h>
+
 #include "cuda/cuda_impl.h"
+#include "cuda/policy.h"
 #include "tensor/error.h"
 
 #define NB__CUDA_MIN_BLOCK 512
@@ -30,7 +39,9 @@ typedef struct nb__cuda_block {
     int device;
     int cls;
     uint64_t stream; /* id of the stream it belongs to; 0: free for every stream */
-    struct nb__cuda_block *next; /* free-list or hash-chain link */
+    bool sync_on_free;      /* used on more streams than `uses` holds: wait for the device */
+    nb__block_uses *uses;   /* other streams it is used on (record_stream); NULL: none yet */
+    struct nb__cuda_block *next; /* free-list, pending-list or hash-chain link */
 } nb__cuda_block;
 
 typedef struct nb__live_stream {
@@ -44,6 +55,7 @@ static struct {
     nb__cuda_block **live; /* hash table of handed-out blocks, chained */
     size_t nbuckets, nlive;
     nb__cuda_block **free_list[NB__CUDA_MAX_DEVICES]; /* [NB__CUDA_NCLASS] each, lazily */
+    nb__cuda_block *pending[NB__CUDA_MAX_DEVICES];    /* freed, events not yet completed */
     nb_cuda_alloc_stats st[NB__CUDA_MAX_DEVICES];
     nb__live_stream *streams;
     size_t nstreams, cap_streams;
@@ -95,6 +107,13 @@ static bool live_insert(nb__cuda_block *b) {
     return true;
 }
 
+static nb__cuda_block *live_find(const void *p) {
+    if (!g.nbuckets) return NULL;
+    for (nb__cuda_block *b = g.live[bucket_of(p, g.nbuckets)]; b; b = b->next)
+        if (b->ptr == p) return b;
+    return NULL;
+}
+
 static nb__cuda_block *live_remove(const void *p) {
     if (!g.nbuckets) return NULL;
     for (nb__cuda_block **pp = &g.live[bucket_of(p, g.nbuckets)]; *pp; pp = &(*pp)->next) {
@@ -141,12 +160,38 @@ static void stream_retired(const nb_cuda_stream *s) {
             break;
         }
     }
+    /* Its uses of live blocks (record_stream) are over. */
+    for (size_t i = 0; i < g.nbuckets; i++)
+        for (nb__cuda_block *b = g.live[i]; b; b = b->next)
+            if (b->uses) nb__uses_drop_stream(b->uses, s->id);
     /* The stream was synchronized: its cached blocks are idle for good. */
     nb__cuda_block **lists = g.free_list[s->device];
     for (int c = 0; lists && c < NB__CUDA_NCLASS; c++)
         for (nb__cuda_block *b = lists[c]; b; b = b->next)
             if (b->stream == s->id) b->stream = 0;
+    for (nb__cuda_block *b = g.pending[s->device]; b; b = b->next)
+        if (b->stream == s->id) b->stream = 0;
     pthread_mutex_unlock(&g.lock);
+}
+
+/* Add b to its device's free list (the list exists). */
+static void push_free(nb__cuda_block *b) {
+    nb__cuda_block **lists = g.free_list[b->device];
+    b->next = lists[b->cls];
+    lists[b->cls] = b;
+}
+
+/* Move the pending blocks of device whose events have all completed to the free list. */
+static void settle_pending(int device) {
+    for (nb__cuda_block **pp = &g.pending[device]; *pp;) {
+        nb__cuda_block *b = *pp;
+        if (nb__uses_settled(&nb__cuda_rt_real, b->uses)) {
+            *pp = b->next;
+            push_free(b);
+        } else {
+            pp = &b->next;
+        }
+    }
 }
 
 /* A cached block of (device, class) usable on stream sid, unlinked; NULL if none. */
@@ -163,7 +208,8 @@ static nb__cuda_block *take_cached(int device, int cls, uint64_t sid) {
         uint64_t id = (*pp)->stream;
         if (id == busy) continue;
         const nb__live_stream *ls = find_stream(id);
-        if (!ls || cudaStreamQuery(ls->handle) == cudaSuccess) goto take;
+        if (!ls || nb__cuda_poll_stream(&nb__cuda_rt_real, ls->handle) == NB__POLL_DONE)
+            goto take;
         busy = id;
     }
     return NULL;
@@ -179,20 +225,29 @@ static void count_live(nb_cuda_alloc_stats *st, int64_t size) {
     st->allocs++;
 }
 
-/* cudaFree every cached block of device (all devices for -1) after the GPU finished the
- * work that may still use them. Takes and releases the lock itself. */
-static void release_cached(int device) {
+static void block_free(nb__cuda_block *b) {
+    free(b->uses);
+    free(b);
+}
+
+/* cudaFree every cached block of device (all devices for -1), pending ones included, after
+ * the GPU finished the work that may still use them. Takes and releases the lock itself.
+ * Returns the bytes given back on device (on all devices for -1). */
+static int64_t release_cached(int device) {
     nb__cuda_block *list = NULL;
     bool has[NB__CUDA_MAX_DEVICES] = {false};
+    int64_t released = 0;
     pthread_mutex_lock(&g.lock);
     for (int d = 0; d < NB__CUDA_MAX_DEVICES; d++) {
         if ((device >= 0 && d != device) || !g.free_list[d]) continue;
-        for (int c = 0; c < NB__CUDA_NCLASS; c++) {
-            while (g.free_list[d][c]) {
-                nb__cuda_block *b = g.free_list[d][c];
-                g.free_list[d][c] = b->next;
+        for (int c = -1; c < NB__CUDA_NCLASS; c++) {
+            nb__cuda_block **head = c < 0 ? &g.pending[d] : &g.free_list[d][c];
+            while (*head) {
+                nb__cuda_block *b = *head;
+                *head = b->next;
                 g.st[d].bytes_cached -= (int64_t)b->size;
                 g.st[d].system_frees++;
+                released += (int64_t)b->size;
                 b->next = list;
                 list = b;
                 has[d] = true;
@@ -205,16 +260,20 @@ static void release_cached(int device) {
         int prev = -1;
         bool entered = nb__cuda_enter(d, &prev, "cuda_empty_cache") == NB_OK;
         if (entered) (void)cudaDeviceSynchronize();
-        for (nb__cuda_block *b = list; b; b = b->next)
-            if (b->device == d) (void)cudaFree(b->ptr);
+        for (nb__cuda_block *b = list; b; b = b->next) {
+            if (b->device != d) continue;
+            if (b->uses) nb__uses_clear(&nb__cuda_rt_real, b->uses); /* all completed now */
+            (void)cudaFree(b->ptr);
+        }
         (void)cudaGetLastError();
         if (entered) nb__cuda_leave(prev);
     }
     while (list) {
         nb__cuda_block *next = list->next;
-        free(list);
+        block_free(list);
         list = next;
     }
+    return released;
 }
 
 void *nb_cuda_alloc(size_t nbytes, int device) {
@@ -230,9 +289,12 @@ void *nb_cuda_alloc(size_t nbytes, int device) {
     if (!s) return NULL;
 
     pthread_mutex_lock(&g.lock);
+    if (g.pending[d]) settle_pending(d);
     nb__cuda_block *b = take_cached(d, cls, s->id);
     if (b) {
         b->stream = s->id;
+        b->sync_on_free = false;
+        if (b->uses) *b->uses = (nb__block_uses){0}; /* settled: no stream, no event left */
         if (live_insert(b)) {
             g.st[d].bytes_cached -= (int64_t)b->size;
             count_live(&g.st[d], (int64_t)b->size);
@@ -260,25 +322,29 @@ void *nb_cuda_alloc(size_t nbytes, int device) {
     }
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, csize);
+    nb__oom_info oom = {.device = d, .requested = nbytes, .class_size = csize};
     if (e == cudaErrorMemoryAllocation) {
         /* Cached blocks of other classes may be what is missing: give them back, retry. */
         (void)cudaGetLastError();
-        release_cached(d);
+        oom.cached_released = release_cached(d);
         e = cudaMalloc(&p, csize);
+        if (e == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            if (cudaMemGetInfo(&oom.gpu_free, &oom.gpu_total) != cudaSuccess)
+                oom.gpu_free = oom.gpu_total = 0;
+        }
     }
     nb__cuda_leave(prev);
     if (e != cudaSuccess) {
         free(b);
         (void)cudaGetLastError();
         if (e == cudaErrorMemoryAllocation) {
-            nb_cuda_alloc_stats st;
             pthread_mutex_lock(&g.lock);
-            st = g.st[d];
+            oom.stats = g.st[d];
             pthread_mutex_unlock(&g.lock);
-            nb__error(NB_ENOMEM,
-                      "cuda_alloc: out of memory on GPU %d allocating %zu bytes "
-                      "(%lld bytes in use by nabla)",
-                      d, nbytes, (long long)st.bytes_live);
+            char msg[400];
+            nb__cuda_oom_message(msg, sizeof msg, &oom);
+            nb__error(NB_ENOMEM, "%s", msg);
             return NULL;
         }
         nb__cuda_status(e, "cuda_alloc");
@@ -311,27 +377,79 @@ nb_status nb_cuda_free(void *p) {
                          p);
     }
     int d = b->device;
-    if (!g.free_list[d]) g.free_list[d] = calloc(NB__CUDA_NCLASS, sizeof(nb__cuda_block *));
     g.st[d].bytes_live -= (int64_t)b->size;
+    pthread_mutex_unlock(&g.lock);
+
+    /* Out of the table, the block is this thread's alone: record the events of its other
+     * streams (record_stream), or wait for the device when that is not possible. */
+    bool wait = b->sync_on_free, pending = false;
+    b->sync_on_free = false;
+    int prev = -1;
+    if (!wait && b->uses && b->uses->n > 0) {
+        if (nb__cuda_enter(d, &prev, "cuda_free") == NB_OK) {
+            pending = nb__uses_record(&nb__cuda_rt_real, b->uses);
+            nb__cuda_leave(prev);
+        }
+        wait = !pending;
+    }
+    if (wait && nb__cuda_enter(d, &prev, "cuda_free") == NB_OK) {
+        (void)cudaDeviceSynchronize();
+        (void)cudaGetLastError();
+        nb__cuda_leave(prev);
+        if (b->uses) b->uses->n = 0;
+    }
+
+    pthread_mutex_lock(&g.lock);
+    if (!g.free_list[d]) g.free_list[d] = calloc(NB__CUDA_NCLASS, sizeof(nb__cuda_block *));
     if (!g.free_list[d]) {
         /* Cannot cache without a list: give the block straight back to CUDA. */
         g.st[d].system_frees++;
         pthread_mutex_unlock(&g.lock);
-        int prev = -1;
         if (nb__cuda_enter(d, &prev, "cuda_free") == NB_OK) {
             (void)cudaDeviceSynchronize();
+            if (b->uses) nb__uses_clear(&nb__cuda_rt_real, b->uses);
             (void)cudaFree(b->ptr);
             (void)cudaGetLastError();
             nb__cuda_leave(prev);
         }
-        free(b);
+        block_free(b);
         return NB_OK;
     }
     /* A block of a stream that is gone (destroyed after synchronizing) is free for all. */
     if (b->stream && !find_stream(b->stream)) b->stream = 0;
-    b->next = g.free_list[d][b->cls];
-    g.free_list[d][b->cls] = b;
+    if (pending) {
+        b->next = g.pending[d];
+        g.pending[d] = b;
+    } else {
+        push_free(b);
+    }
     g.st[d].bytes_cached += (int64_t)b->size;
+    pthread_mutex_unlock(&g.lock);
+    return NB_OK;
+}
+
+nb_status nb_cuda_record_stream(void *p, nb_cuda_stream *s) {
+    const char *what = "cuda_record_stream";
+    if (!p) return nb__error(NB_ENULL, "%s: argument 'p' is NULL", what);
+    if (!(s = nb__cuda_stream_or_current(s, what))) return nb_last_status();
+    pthread_mutex_lock(&g.lock);
+    nb__cuda_block *b = live_find(p);
+    if (!b) {
+        pthread_mutex_unlock(&g.lock);
+        return nb__error(NB_EINVAL,
+                         "%s: %p is not a live block from nb_cuda_alloc (pass the pointer "
+                         "nb_cuda_alloc returned, before nb_cuda_free)",
+                         what, p);
+    }
+    if (b->device != s->device) {
+        int bd = b->device;
+        pthread_mutex_unlock(&g.lock);
+        return nb__error(NB_EINVAL, "%s: the block is on GPU %d but the stream on GPU %d",
+                         what, bd, s->device);
+    }
+    if (!b->uses) b->uses = calloc(1, sizeof *b->uses);
+    /* No room to note the stream: the free waits for the whole device instead. */
+    if (!b->uses || !nb__uses_add(b->uses, b->stream, s->id, s->handle)) b->sync_on_free = true;
     pthread_mutex_unlock(&g.lock);
     return NB_OK;
 }

@@ -3,8 +3,14 @@
  * Each device-side pointer is located with cudaPointerGetAttributes, which also works for
  * pointers inside a block (tensor offsets): that gives the GPU whose stream runs the copy
  * and catches host and device pointers passed the wrong way round, which CUDA would
- * otherwise report as a bare "invalid argument" or, worse, copy from the wrong side. */
+ * otherwise report as a bare "invalid argument" or, worse, copy from the wrong side.
+ *
+ * A copy between two GPUs runs on a stream of the destination's GPU. It first waits for
+ * the source GPU's current stream (an event), so it reads what that stream wrote, and
+ * that stream then waits for the copy, so the source block is not freed and reused on
+ * its stream while the copy still reads it (cuda/policy.c: nb__copy_joins_source). */
 #include "cuda/cuda_impl.h"
+#include "cuda/policy.h"
 #include "tensor/error.h"
 
 typedef enum { NB__H2D, NB__D2H, NB__D2D } nb__copy_kind;
@@ -55,10 +61,19 @@ static nb_status copy(void *dst, const void *src, size_t nbytes, nb_cuda_stream 
                          "%s: the stream belongs to GPU %d but the device memory is on GPU %d",
                          what, s->device, dev);
     }
+    nb_cuda_stream *src_stream = NULL;
+    if (kind == NB__D2D && nb__copy_joins_source(sdev, ddev)) {
+        if (sdev < 0 || sdev >= nb_cuda_device_count())
+            return nb__error(NB_EDEVICE,
+                             "%s: the source memory is on GPU %d, which nabla does not use",
+                             what, sdev);
+        if (!(src_stream = nb__cuda_stream_for(sdev, what))) return nb_last_status();
+        if ((st = nb__cuda_join(s, src_stream, what)) != NB_OK) return st;
+    }
     int prev = -1;
     if ((st = nb__cuda_enter(dev, &prev, what)) != NB_OK) return st;
     cudaError_t e;
-    if (kind == NB__D2D && sdev != ddev)
+    if (src_stream)
         e = cudaMemcpyPeerAsync(dst, ddev, src, sdev, nbytes, s->handle);
     else
         e = cudaMemcpyAsync(dst, src, nbytes,
@@ -68,6 +83,7 @@ static nb_status copy(void *dst, const void *src, size_t nbytes, nb_cuda_stream 
                             s->handle);
     if (e == cudaSuccess && wait) e = cudaStreamSynchronize(s->handle);
     nb__cuda_leave(prev);
+    if (e == cudaSuccess && src_stream && !wait) return nb__cuda_join(src_stream, s, what);
     return nb__cuda_status(e, what);
 }
 

@@ -1,6 +1,6 @@
-/* cuda_impl.h - private to cuda/ (and tests): the stream struct, CUDA error mapping, the
- * per-thread state shared by device.c, stream.c, alloc.c and blas.c, and the extern "C"
- * launchers of the .cu kernels.
+/* cuda_impl.h - private to the CUDA plugin (cuda/, not loader.c): the stream struct, CUDA
+ * error mapping, the per-thread state shared by device.c, stream.c, alloc.c and blas.c,
+ * and the extern "C" launchers of the .cu kernels.
  *
  * This header is the C/C++ boundary: it is included by the C17 sources (gcc) and by the
  * .cu files (nvcc, C++), so it uses only what both languages accept (no stdatomic.h, no
@@ -14,6 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda/plugin.h"
 #include "nabla/cuda.h"
 #include "nabla/status.h"
 
@@ -44,6 +45,9 @@ void nb__cuda_leave(int prev);
  * (NB_ENOMEM for out-of-memory, NB_EINVAL for invalid values, NB_EDEVICE otherwise); clears
  * CUDA's non-sticky last error. cudaSuccess gives NB_OK. */
 nb_status nb__cuda_status(cudaError_t e, const char *what);
+/* The CUDA runtime as cuda/policy.c calls it. */
+struct nb__cuda_rt;
+extern const struct nb__cuda_rt nb__cuda_rt_real;
 
 /* ---- stream.c ------------------------------------------------------------------------------ */
 /* This thread's current stream for a resolved device index; creates the library stream on
@@ -52,12 +56,17 @@ nb_cuda_stream *nb__cuda_stream_for(int device, const char *what);
 /* s itself, or for NULL the current stream of the current device; NULL and an error when
  * no GPU is usable. */
 nb_cuda_stream *nb__cuda_stream_or_current(nb_cuda_stream *s, const char *what);
+/* Work enqueued on waiter from now on waits for the work enqueued on signaler so far (an
+ * event); both resolved streams. */
+nb_status nb__cuda_join(nb_cuda_stream *waiter, nb_cuda_stream *signaler, const char *what);
 
 /* Per-thread handles other files keep per device; stream.c owns the thread-exit cleanup,
  * which destroys the cuBLAS handles before the streams they are bound to. */
 typedef struct nb__cuda_thread {
     nb_cuda_stream *library[NB__CUDA_MAX_DEVICES]; /* created on first use */
     nb_cuda_stream *current[NB__CUDA_MAX_DEVICES]; /* NULL: the library stream */
+    /* the COMM and COPY role streams (nb_cuda_stream_role), created on first use */
+    nb_cuda_stream *role[2][NB__CUDA_MAX_DEVICES];
     void *blas[NB__CUDA_MAX_DEVICES];              /* cublasHandle_t, see blas.c */
 } nb__cuda_thread;
 /* This thread's state (allocated on first use); NULL only when out of host memory. */
@@ -82,21 +91,10 @@ void nb__cuda_on_thread_exit(nb__cuda_thread_exit_fn fn);
 
 /* ---- blas.c -------------------------------------------------------------------------------- */
 /* cuBLAS handles live in nb__cuda_thread.blas, destroyed by a thread-exit hook. */
-/* Row-major single-precision GEMM on the GPU through cuBLAS, on stream s (NULL: the current
- * stream of the current device): C = alpha * op(A) @ op(B) + beta * C with op(A) (m, k),
- * op(B) (k, n), C (m, n) and ld* the row strides in elements. Plain FP32 math (no TF32),
- * so results match a CPU reference to float rounding. The handle is created on first use. */
-nb_status nb__cuda_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                            float alpha, const float *a, int64_t lda, const float *b,
-                            int64_t ldb, float beta, float *c, int64_t ldc,
-                            nb_cuda_stream *s);
+/* nb__cuda_gemm_f32 (declared in cuda/plugin.h) is implemented here. */
 
 /* ---- launch.c: checked entry points for the kernels of kernels_basic.cu ---------------------- */
-/* dst[i] = value for i < n, on stream s (NULL: current stream of the current device). */
-nb_status nb__cuda_fill_f32(float *dst, float value, int64_t n, nb_cuda_stream *s);
-/* out[i] = a[i] + b[i] for i < n (out may alias a or b). */
-nb_status nb__cuda_add_f32(float *out, const float *a, const float *b, int64_t n,
-                           nb_cuda_stream *s);
+/* nb__cuda_fill_f32 and nb__cuda_add_f32 are declared in cuda/plugin.h. */
 
 /* ---- kernels_basic.cu: raw launchers (no checks; the stream's device must be current) --- */
 cudaError_t nb__cuda_launch_fill_f32(float *dst, float value, int64_t n, cudaStream_t stream);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda/cuda_impl.h"
+#include "cuda/policy.h"
 #include "tensor/error.h"
 
 static pthread_once_t g_count_once = PTHREAD_ONCE_INIT;
@@ -113,3 +114,30 @@ nb_status nb_cuda_synchronize(void) {
     if (s != NB_OK) return s;
     return nb__cuda_status(cudaDeviceSynchronize(), "cuda_synchronize");
 }
+
+/* ---- the runtime cuda/policy.c decides with ------------------------------------------------ */
+static int rt_stream_query(void *stream) { return (int)cudaStreamQuery((cudaStream_t)stream); }
+static int rt_event_query(void *event) { return (int)cudaEventQuery((cudaEvent_t)event); }
+static int rt_get_last_error(void) { return (int)cudaGetLastError(); }
+static int rt_event_record_new(void **event, void *stream) {
+    cudaEvent_t ev = NULL;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) return (int)e;
+    if ((e = cudaEventRecord(ev, (cudaStream_t)stream)) != cudaSuccess) {
+        (void)cudaEventDestroy(ev);
+        return (int)e;
+    }
+    *event = ev;
+    return (int)cudaSuccess;
+}
+static void rt_event_destroy(void *event) { (void)cudaEventDestroy((cudaEvent_t)event); }
+
+const nb__cuda_rt nb__cuda_rt_real = {
+    .success = (int)cudaSuccess,
+    .not_ready = (int)cudaErrorNotReady,
+    .stream_query = rt_stream_query,
+    .event_query = rt_event_query,
+    .get_last_error = rt_get_last_error,
+    .event_record_new = rt_event_record_new,
+    .event_destroy = rt_event_destroy,
+};

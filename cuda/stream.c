@@ -74,8 +74,11 @@ static void stream_destroy(nb_cuda_stream *s) {
 static void thread_exit(void *p) {
     nb__cuda_thread *t = p;
     for (int i = 0; i < g_hooks.nexit; i++) g_hooks.exit[i](t);
-    for (int d = 0; d < NB__CUDA_MAX_DEVICES; d++)
+    for (int d = 0; d < NB__CUDA_MAX_DEVICES; d++) {
         if (t->library[d]) stream_destroy(t->library[d]);
+        for (int r = 0; r < 2; r++)
+            if (t->role[r][d]) stream_destroy(t->role[r][d]);
+    }
     free(t);
     t_state = NULL;
 }
@@ -121,6 +124,46 @@ static nb_cuda_stream *library_stream(int device, const char *what) {
     if (!t) return NULL;
     if (!t->library[device]) t->library[device] = stream_create(device, false, what);
     return t->library[device];
+}
+
+nb_cuda_stream *nb_cuda_stream_role(int device, nb_cuda_role role) {
+    const char *what = "cuda_stream_role";
+    if ((int)role < NB_CUDA_ROLE_COMPUTE || (int)role > NB_CUDA_ROLE_COPY) {
+        nb__error(NB_EINVAL, "%s: unknown role %d (NB_CUDA_ROLE_COMPUTE, _COMM or _COPY)",
+                  what, (int)role);
+        return NULL;
+    }
+    int d = 0;
+    if (nb__cuda_resolve(device, &d, what) != NB_OK) return NULL;
+    if (role == NB_CUDA_ROLE_COMPUTE) return library_stream(d, what);
+    nb__cuda_thread *t = nb__cuda_thread_state();
+    if (!t) return NULL;
+    nb_cuda_stream **slot = &t->role[role - 1][d];
+    if (!*slot) *slot = stream_create(d, false, what);
+    return *slot;
+}
+
+nb_status nb_cuda_stream_wait(nb_cuda_stream *waiter, nb_cuda_stream *signaler) {
+    const char *what = "cuda_stream_wait";
+    if (!(waiter = nb__cuda_stream_or_current(waiter, what))) return nb_last_status();
+    if (!(signaler = nb__cuda_stream_or_current(signaler, what))) return nb_last_status();
+    if (waiter == signaler) return NB_OK;
+    return nb__cuda_join(waiter, signaler, what);
+}
+
+nb_status nb__cuda_join(nb_cuda_stream *waiter, nb_cuda_stream *signaler, const char *what) {
+    int prev = -1;
+    nb_status st = nb__cuda_enter(signaler->device, &prev, what);
+    if (st != NB_OK) return st;
+    /* The event belongs to the signaler's device; a stream of any device may wait on it.
+     * Destroying it at once is allowed: CUDA frees it once the wait is resolved. */
+    cudaEvent_t ev = NULL;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(ev, signaler->handle);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(waiter->handle, ev, 0);
+    if (ev) (void)cudaEventDestroy(ev);
+    nb__cuda_leave(prev);
+    return nb__cuda_status(e, what);
 }
 
 nb_cuda_stream *nb__cuda_stream_for(int device, const char *what) {

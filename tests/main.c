@@ -28,7 +28,7 @@ int main(void) {
     } suites[] = {
         SUITE(core),     SUITE(memory),      SUITE(errors),   SUITE(dtype),
         SUITE(random),   SUITE(elementwise), SUITE(reduce),   SUITE(matmul),
-        SUITE(index),    SUITE(cuda),        SUITE(autograd), SUITE(grad_ops),
+        SUITE(index),    SUITE(cuda),        SUITE(cuda_policy), SUITE(autograd), SUITE(grad_ops),
         SUITE(grad_reduce), SUITE(nn_conv),  SUITE(nn_layers), SUITE(loss),
         SUITE(optim),    SUITE(train),       SUITE(checkpoint), SUITE(data), SUITE(fault),
         SUITE(io),       SUITE(gpt),         SUITE(attention), SUITE(backend),
@@ -43,6 +43,11 @@ int main(void) {
      * memory the host cannot touch outside a backend call, so an op, the engine or an
      * optimizer that dereferences device memory crashes. (Tests that read results through
      * nb_data are host-only and are not run this way.) */
+#ifdef NB_TEST_CUDA_PLUGIN
+    /* This build's CUDA plugin (the program links libnabla statically, so the loader would
+     * look next to the program), unless the caller chose one. */
+    setenv("NB_CUDA_PLUGIN", NB_TEST_CUDA_PLUGIN, 0);
+#endif
     const char *dev = getenv("NB_TEST_DEVICE");
     if (dev && *dev) {
         nb_device d;

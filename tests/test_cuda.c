@@ -13,15 +13,20 @@
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "nabla/cuda.h"
 #include "nb_config.h"
+#include "nb_cuda_paths.h"
 #include "testutil.h"
 
+#include "cuda/backend.h"
+#include "cuda/plugin.h"
+#include "tensor/backend.h"
 #if NB_HAVE_CUDA
+#include <dlfcn.h>
 #include <pthread.h>
 
-#include "cuda/cuda_impl.h"
 #define NO_GPU_STATUS NB_EDEVICE
 #define NO_GPU_TEXT "no usable GPU"
 #else
@@ -76,6 +81,193 @@ START_TEST(test_cuda_build) {
 }
 END_TEST
 
+
+/* ---- the plugin loader (cuda/loader.c), every build ---------------------------------------- */
+/* Point NB_CUDA_PLUGIN at path (NULL: unset) and make the loader try again. False when the
+ * plugin is already loaded in this process (tests not forked): the caller skips. */
+#define NB_CUDA_PLUGIN_VAR "NB_CUDA_PLUGIN"
+static char *g_saved_env; /* NB_CUDA_PLUGIN before the test changed it ("" : unset) */
+static bool plugin_retry_with(const char *path) {
+    if (!nb__cuda_plugin_forget_failure()) {
+        fprintf(stderr, "cuda suite: the plugin is loaded in this process (CK_FORK=no?): "
+                        "plugin loader checks skipped\n");
+        return false;
+    }
+    if (!g_saved_env) {
+        const char *e = getenv(NB_CUDA_PLUGIN_VAR);
+        g_saved_env = strdup(e ? e : "");
+    }
+    if (path) setenv(NB_CUDA_PLUGIN_VAR, path, 1);
+    else unsetenv(NB_CUDA_PLUGIN_VAR);
+    return true;
+}
+
+/* Put NB_CUDA_PLUGIN back as it was and let the loader try again (for CK_FORK=no runs). */
+static void plugin_restore(void) {
+    if (!g_saved_env) return;
+    if (*g_saved_env) setenv(NB_CUDA_PLUGIN_VAR, g_saved_env, 1);
+    else unsetenv(NB_CUDA_PLUGIN_VAR);
+    free(g_saved_env);
+    g_saved_env = NULL;
+    (void)nb__cuda_plugin_forget_failure();
+}
+
+/* NB_CUDA_PLUGIN pointing nowhere: error values naming the path and dlopen's reason, the
+ * device count 0 without an error, CUDA tensors refused; nothing aborts. */
+START_TEST(test_cuda_plugin_missing) {
+    nb_scope_begin();
+    if (!plugin_retry_with("/nonexistent/libnabla-cuda.so")) goto done;
+    nb_clear_error();
+    ck_assert_int_eq(nb_cuda_device_count(), 0);
+    ck_assert_int_eq(nb_last_status(), NB_OK);
+    ck_assert(!nb_cuda_is_available());
+    void *r = nb_cuda_alloc(64, 0);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", nb_last_error());
+    tu_assert_error(r, NB_EUNSUPPORTED, "cuda_alloc: CUDA support is not installed: ");
+    ck_assert_ptr_nonnull(strstr(msg, "/nonexistent/libnabla-cuda.so (from NB_CUDA_PLUGIN)"));
+    ck_assert_ptr_nonnull(strstr(msg, "No such file")); /* dlerror's text */
+    expect_status(nb_cuda_set_device(0), NB_EUNSUPPORTED, "CUDA support is not installed");
+    expect_status(nb_cuda_memcpy_h2d(NULL, NULL, 0), NB_EUNSUPPORTED, "not installed");
+    tu_assert_error(nb_zeros_on(NB_CUDA(0), (int64_t[]){4}, 1, NB_F32), NB_EUNSUPPORTED,
+                    "cuda:0: CUDA support is not installed");
+    ck_assert_ptr_null(nb__cuda_kernels());
+    ck_assert_int_eq(nb__cuda_cudnn_version(), -1);
+    nb_clear_error();
+    ck_assert_int_eq(nb_cuda_empty_cache(), NB_OK);
+    ck_assert_int_eq(nb_cuda_free(NULL), NB_OK);
+    ck_assert_str_eq(nb__cuda_plugin_path(), "");
+    /* The failure is kept: a second call answers the same without a new search. */
+    tu_assert_error(nb_cuda_stream_new(0), NB_EUNSUPPORTED, "/nonexistent/libnabla-cuda.so");
+done:
+    plugin_restore();
+    nb_scope_end();
+}
+END_TEST
+
+/* Files that are not the plugin: a text file (dlopen refuses it), a real library without
+ * the entry point. */
+START_TEST(test_cuda_plugin_wrong_file) {
+    nb_scope_begin();
+    if (!plugin_retry_with(NB_SOURCE_DIR "/README.md")) goto done;
+    void *r = nb_cuda_alloc(64, 0);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", nb_last_error());
+    tu_assert_error(r, NB_EUNSUPPORTED, "README.md (from NB_CUDA_PLUGIN)");
+    ck_assert_msg(strstr(msg, "invalid ELF header"), "%s", msg); /* dlerror's text */
+    if (!plugin_retry_with("libz.so.1")) goto done;
+    tu_assert_error(nb_cuda_stream_default(0), NB_EUNSUPPORTED,
+                    "libz.so.1 (from NB_CUDA_PLUGIN) is not a nabla CUDA plugin");
+done:
+    plugin_restore();
+    nb_scope_end();
+}
+END_TEST
+
+/* Plugins that load but do not fit: refused with the reason, never used. */
+START_TEST(test_cuda_plugin_mismatch) {
+    nb_scope_begin();
+    static const struct {
+        const char *mode, *needle;
+    } cases[] = {
+        {"refuse", "cannot be used: libnabla (nabla " NB_VERSION_STRING ") does not match the fake plugin"},
+        {"version", "cannot be used: the plugin (nabla 0.0.0-other, abi 1) does not match libnabla"},
+        {"null", "cannot be used: its init failed"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setenv("FAKE_CUDA_PLUGIN", cases[i].mode, 1);
+        if (!plugin_retry_with(NB_TEST_FAKE_PLUGIN)) goto done;
+        nb_clear_error();
+        ck_assert_int_eq(nb_cuda_device_count(), 0);
+        ck_assert_int_eq(nb_last_status(), NB_OK);
+        void *r = nb_cuda_alloc(64, 0);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+        tu_assert_error(r, NB_EUNSUPPORTED, "fake-cuda-plugin");
+        ck_assert_msg(strstr(msg, cases[i].needle), "%s: \"%s\" lacks \"%s\"", cases[i].mode,
+                      msg, cases[i].needle);
+    }
+done:
+    unsetenv("FAKE_CUDA_PLUGIN");
+    plugin_restore();
+    nb_scope_end();
+}
+END_TEST
+
+/* No NB_CUDA_PLUGIN: the search next to the program (this one links libnabla statically,
+ * so next to nabla_tests) and in the install libdir; the message lists both. */
+START_TEST(test_cuda_plugin_search) {
+    nb_scope_begin();
+    if (access(NB_CUDA_PLUGIN_LIBDIR "/libnabla-cuda.so", F_OK) == 0) {
+        fprintf(stderr, "cuda suite: a plugin is installed in %s: search check skipped\n",
+                NB_CUDA_PLUGIN_LIBDIR);
+        goto done;
+    }
+    if (!plugin_retry_with(NULL)) goto done;
+    nb_cuda_stream *r = nb_cuda_stream_new(0);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", nb_last_error());
+    tu_assert_error(r, NB_EUNSUPPORTED,
+                    NB_HAVE_CUDA ? "CUDA support is not installed: libnabla-cuda.so not found "
+                                   "(looked in "
+                                 : "built without CUDA");
+    if (NB_HAVE_CUDA) {
+        ck_assert_msg(strstr(msg, "/tests, " NB_CUDA_PLUGIN_LIBDIR "; set NB_CUDA_PLUGIN)"),
+                      "%s", msg);
+    }
+done:
+    plugin_restore();
+    nb_scope_end();
+}
+END_TEST
+
+#if NB_HAVE_CUDA
+/* This build's plugin (tests/main.c points NB_CUDA_PLUGIN at it) loads without a GPU and
+ * says what it links; cuDNN's version is there exactly when meson linked cuDNN. */
+START_TEST(test_cuda_plugin_loaded) {
+    nb_scope_begin();
+    const nb__cuda_plugin *p = nb__cuda_plugin_get("test");
+    ck_assert_msg(p != NULL, "%s", nb_last_error());
+    const char *path = nb__cuda_plugin_path();
+    size_t n = strlen(path), k = strlen("/libnabla-cuda.so");
+    ck_assert_msg(n > k && strcmp(path + n - k, "/libnabla-cuda.so") == 0, "path %s", path);
+    ck_assert_ptr_nonnull(strstr(p->libraries, "CUDA runtime "));
+    ck_assert_ptr_nonnull(strstr(p->libraries, "cuBLAS "));
+    long v = nb__cuda_cudnn_version();
+    if (NB_HAVE_CUDNN) {
+        ck_assert_int_ge(v, 80000); /* 9.19.0 is 91900 */
+        ck_assert_ptr_nonnull(strstr(p->libraries, "cuDNN "));
+    } else {
+        ck_assert_int_eq(v, 0);
+    }
+    ck_assert_ptr_nonnull(nb__cuda_kernels());
+    ck_assert_ptr_nonnull(nb__cuda_kernels()->fill);
+    fprintf(stderr, "cuda suite: plugin %s (%s)\n", path, p->libraries);
+
+    /* The plugin's own check of libnabla: a host table of another version is refused. */
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    ck_assert_msg(h != NULL, "%s", dlerror());
+    nb__cuda_plugin_init_fn init = NULL;
+    void *sym = dlsym(h, NB__CUDA_PLUGIN_ENTRY);
+    memcpy(&init, &sym, sizeof init);
+    ck_assert_ptr_nonnull(sym);
+    nb__cuda_host bad = {.abi = NB__CUDA_PLUGIN_ABI, .size = sizeof bad, .version = "9.9.9",
+                         .kernels_size = sizeof(nb__kernels)};
+    const nb__cuda_plugin *q = p;
+    char msg[256];
+    ck_assert_int_eq(init(&bad, &q, msg, sizeof msg), NB_EUNSUPPORTED);
+    ck_assert_ptr_null(q);
+    ck_assert_msg(strstr(msg, "libnabla (nabla 9.9.9, abi 1) does not match the plugin (nabla "
+                              NB_VERSION_STRING), "%s", msg);
+    bad.version = NB_VERSION_STRING;
+    bad.kernels_size = 8;
+    ck_assert_int_eq(init(&bad, &q, msg, sizeof msg), NB_EUNSUPPORTED);
+    dlclose(h); /* drops this reference only: the loader's keeps it loaded */
+    nb_scope_end();
+}
+END_TEST
+#endif
+
 /* Every call fails cleanly when no GPU is usable. */
 START_TEST(test_cuda_no_gpu) {
     nb_scope_begin();
@@ -98,6 +290,13 @@ START_TEST(test_cuda_no_gpu) {
     tu_assert_error(nb_cuda_stream_current(0), NO_GPU_STATUS, NO_GPU_TEXT);
     expect_status(nb_cuda_stream_synchronize(NULL), NO_GPU_STATUS, NO_GPU_TEXT);
     expect_status(nb_cuda_set_stream(NULL), NO_GPU_STATUS, NO_GPU_TEXT);
+    expect_status(nb_cuda_stream_wait(NULL, NULL), NO_GPU_STATUS, NO_GPU_TEXT);
+    tu_assert_error(nb_cuda_stream_role(0, NB_CUDA_ROLE_COMM), NO_GPU_STATUS, NO_GPU_TEXT);
+    tu_assert_error(nb_cuda_stream_role(-1, NB_CUDA_ROLE_COPY), NO_GPU_STATUS, NO_GPU_TEXT);
+    /* An unknown role is the caller's mistake, said before the missing GPU. */
+    tu_assert_error(nb_cuda_stream_role(0, (nb_cuda_role)7), NB_HAVE_CUDA ? NB_EINVAL : NO_GPU_STATUS,
+                    NB_HAVE_CUDA ? "unknown role 7" : NO_GPU_TEXT);
+    expect_status(nb_cuda_record_stream(host, NULL), NO_GPU_STATUS, NO_GPU_TEXT);
     nb_cuda_stream_free(NULL); /* no-op, no crash */
     ck_assert_int_eq(nb_cuda_stream_device(NULL), -1);
     ck_assert_ptr_null(nb_cuda_stream_handle(NULL));
@@ -578,6 +777,50 @@ done:
     nb_scope_end();
 }
 END_TEST
+
+/* Role streams, waits between streams and record_stream (unverified on a GPU). */
+START_TEST(test_cuda_roles_record) {
+    nb_scope_begin();
+    if (!have_gpu()) goto done;
+    expect_ok(nb_cuda_set_device(0));
+    expect_ok(nb_cuda_empty_cache());
+    nb_cuda_stream *compute = nb_cuda_stream_role(0, NB_CUDA_ROLE_COMPUTE);
+    nb_cuda_stream *comm = nb_cuda_stream_role(0, NB_CUDA_ROLE_COMM);
+    nb_cuda_stream *copy = nb_cuda_stream_role(-1, NB_CUDA_ROLE_COPY);
+    ck_assert(compute && comm && copy && comm != copy && comm != compute);
+    ck_assert_ptr_eq(compute, nb_cuda_stream_default(0));
+    ck_assert_ptr_eq(nb_cuda_stream_role(0, NB_CUDA_ROLE_COMM), comm); /* once per thread */
+    nb_cuda_stream_free(comm); /* the library's: ignored */
+
+    /* compute fills, comm waits for it and overwrites: the result is comm's value. */
+    int64_t n = 1 << 20;
+    float *d = dev_floats(n), *h = malloc((size_t)n * sizeof(float));
+    expect_ok(nb__cuda_fill_f32(d, 1.0f, n, compute));
+    expect_ok(nb_cuda_stream_wait(comm, compute));
+    expect_ok(nb__cuda_fill_f32(d, 2.0f, n, comm));
+    expect_ok(nb_cuda_stream_wait(compute, comm));
+    expect_ok(nb_cuda_memcpy_d2h(h, d, (size_t)n * sizeof(float))); /* on compute */
+    for (int64_t i = 0; i < n; i++) REQ(h[i] == 2.0f);
+    expect_ok(nb_cuda_stream_wait(comm, comm)); /* a stream waiting on itself: nothing */
+
+    /* record_stream: the block, used on comm, is freed; once comm is done it is reused. */
+    expect_ok(nb_cuda_record_stream(d, comm));
+    expect_ok(nb_cuda_record_stream(d, NULL)); /* its own stream: nothing to note */
+    expect_ok(nb__cuda_fill_f32(d, 3.0f, n, comm));
+    expect_ok(nb_cuda_free(d));
+    expect_ok(nb_cuda_stream_synchronize(comm));
+    nb_cuda_alloc_stats a = stats0();
+    float *d2 = dev_floats(n);
+    ck_assert_ptr_eq(d2, d);
+    ck_assert_int_eq(stats0().system_allocs, a.system_allocs);
+    expect_status(nb_cuda_record_stream(h, comm), NB_EINVAL, "not a live block");
+    expect_ok(nb_cuda_free(d2));
+    expect_status(nb_cuda_record_stream(d2, comm), NB_EINVAL, "not a live block");
+    free(h);
+done:
+    nb_scope_end();
+}
+END_TEST
 #endif /* NB_HAVE_CUDA */
 
 Suite *nb_suite_cuda(void) {
@@ -585,7 +828,12 @@ Suite *nb_suite_cuda(void) {
     TCase *tc = tcase_create("cuda");
     tcase_add_test(tc, test_cuda_build);
     tcase_add_test(tc, test_cuda_no_gpu);
+    tcase_add_test(tc, test_cuda_plugin_missing);
+    tcase_add_test(tc, test_cuda_plugin_wrong_file);
+    tcase_add_test(tc, test_cuda_plugin_mismatch);
+    tcase_add_test(tc, test_cuda_plugin_search);
 #if NB_HAVE_CUDA
+    tcase_add_test(tc, test_cuda_plugin_loaded);
     tcase_add_test(tc, test_cuda_device);
     tcase_add_test(tc, test_cuda_alloc_reuse);
     tcase_add_test(tc, test_cuda_alloc_errors);
@@ -594,6 +842,7 @@ Suite *nb_suite_cuda(void) {
     tcase_add_test(tc, test_cuda_streams);
     tcase_add_test(tc, test_cuda_threads);
     tcase_add_test(tc, test_cuda_gemm);
+    tcase_add_test(tc, test_cuda_roles_record);
 #endif
     suite_add_tcase(s, tc);
     return s;

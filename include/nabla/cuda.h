@@ -37,9 +37,15 @@
  * steps; nb_cuda_alloc_get_stats shows it. A block is tied to the stream that was current
  * when it was allocated: once freed it is reused at once by allocations on that stream
  * (stream order makes that safe), and by other streams only when its stream is idle or
- * destroyed. Work that used a block on another stream must be synchronized before the
- * block is freed (as with PyTorch's allocator without record_stream). The allocator is
- * thread safe; cached blocks stay with the process until nb_cuda_empty_cache(). */
+ * destroyed. A block used on another stream too is marked with nb_cuda_record_stream: its
+ * free then records an event on that stream and the block waits for it before reuse. Out of
+ * memory is NB_ENOMEM with the sizes and the cache's state in the message. The allocator is
+ * thread safe; cached blocks stay with the process until nb_cuda_empty_cache().
+ *
+ * The plugin: all of this lives in libnabla-cuda.so, which libnabla loads on the first CUDA
+ * call (docs/cuda.md): $NB_CUDA_PLUGIN, else next to libnabla, else the install libdir.
+ * Without it, calls fail with NB_EUNSUPPORTED ("CUDA support is not installed: ...") and
+ * nb_cuda_device_count() is 0; libnabla itself links no CUDA library. */
 #ifndef NABLA_CUDA_H
 #define NABLA_CUDA_H
 
@@ -95,6 +101,25 @@ int nb_cuda_stream_device(const nb_cuda_stream *s);
 /* The underlying cudaStream_t (as void *) for launching your own kernels in stream order
  * with nabla's; NULL for NULL. Owned by s. */
 void *nb_cuda_stream_handle(const nb_cuda_stream *s);
+/* Work enqueued on waiter from now on starts only after the work enqueued on signaler so
+ * far has finished (an event recorded on signaler; the host does not wait). The streams
+ * may belong to different GPUs. NULL: the current stream of the current device. */
+nb_status nb_cuda_stream_wait(nb_cuda_stream *waiter, nb_cuda_stream *signaler);
+
+/* The library's streams per thread and device, by role: COMPUTE is the library stream
+ * (nb_cuda_stream_default), COMM the stream collectives run on, COPY the stream for
+ * host<->device transfers that overlap compute. Work on different roles runs concurrently:
+ * order it with nb_cuda_stream_wait, and mark blocks used on a stream other than their
+ * own with nb_cuda_record_stream. */
+typedef enum nb_cuda_role {
+    NB_CUDA_ROLE_COMPUTE = 0,
+    NB_CUDA_ROLE_COMM = 1,
+    NB_CUDA_ROLE_COPY = 2,
+} nb_cuda_role;
+/* This thread's stream of role on device (-1: current), created on first use, owned by the
+ * library (destroyed at thread exit). NULL and NB_EINVAL for an unknown role; NULL and an
+ * error when no GPU is usable. */
+nb_cuda_stream *nb_cuda_stream_role(int device, nb_cuda_role role);
 
 /* ---- caching device allocator ------------------------------------------------------------- */
 typedef struct nb_cuda_alloc_stats {
@@ -114,6 +139,12 @@ void *nb_cuda_alloc(size_t nbytes, int device);
 /* Return a block from nb_cuda_alloc to the cache. NULL is a no-op; NB_EINVAL for a pointer
  * that is not a live block from nb_cuda_alloc (for example a double free). */
 nb_status nb_cuda_free(void *p);
+/* Note that block p (as nb_cuda_alloc returned it, not yet freed) is also used on stream s
+ * (NULL: the current stream of the current device), a stream other than its own: when p
+ * is freed, an event is recorded on s and the block is reused only after that event (and
+ * so the work on s up to the free) has completed. The rule of PyTorch's record_stream.
+ * NB_EINVAL for a pointer that is not a live block, or a stream of another GPU. */
+nb_status nb_cuda_record_stream(void *p, nb_cuda_stream *s);
 /* Allocator statistics of device (-1: current). */
 nb_status nb_cuda_alloc_get_stats(int device, nb_cuda_alloc_stats *out);
 /* Reset bytes_peak to bytes_live on device (-1: current). */
@@ -130,6 +161,9 @@ nb_status nb_cuda_empty_cache(void);
  * _async forms enqueue on s (NULL: the current stream of the device memory's GPU) and
  * return at once: the host buffer must stay valid and unchanged (h2d) or unread (d2h)
  * until s is synchronized. s must belong to the GPU of the device memory (d2d: of dst).
+ * A d2d copy between two GPUs first waits for the source GPU's current stream, and that
+ * stream then waits for the copy (events, no host wait), so the copy reads what the
+ * source stream wrote and the source block is not reused on its stream while read.
  * NB_EINVAL when a pointer is on the wrong side (a device pointer passed as host memory or
  * the reverse). With a usable GPU, nbytes == 0 is a no-op (NULL pointers are then accepted). */
 nb_status nb_cuda_memcpy_h2d(void *dst, const void *src, size_t nbytes);

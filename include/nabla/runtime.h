@@ -65,7 +65,9 @@ const char *nb_gemm_bf16_path(void);
 bool nb_conv_bf16_native(void);
 const char *nb_conv_bf16_path(void);
 
-/* Which optional parts were compiled in. */
+/* Which optional parts were compiled in. nb_has_cuda: this build made the CUDA plugin
+ * (libnabla-cuda.so, loaded on first CUDA use); whether it loads here and finds a GPU is
+ * nb_cuda_device_count() > 0 (nabla/cuda.h). */
 bool nb_has_cuda(void);
 bool nb_has_mpi(void);
 bool nb_has_nccl(void);
