@@ -25,6 +25,7 @@ static nb__backend g_cpu = {
     .has_storage = true,
     .host_accessible = true,
     .gemm_bf16 = true,
+    .attention_bf16 = true,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .to_host = cpu_copy_bytes,

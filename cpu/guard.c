@@ -196,6 +196,7 @@ static nb__backend g_guard = {
     .has_storage = true,
     .host_accessible = false,
     .gemm_bf16 = true,
+    .attention_bf16 = true,
     .alloc = guard_alloc,
     .free = guard_free,
     .to_host = guard_copy_bytes,
