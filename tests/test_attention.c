@@ -454,10 +454,11 @@ START_TEST(test_threads) {
 }
 END_TEST
 
-/* bf16 operands go to the CPU kernels as bf16 (each slice widened in scratch, the outputs
- * rounded once): the results are the f32 kernel's on the widened inputs, rounded to bf16,
- * for the output and the three gradients, with dropout, through both ops, and the same
- * bits at 1, 2 and 3 threads. */
+/* bf16 operands go to the CPU kernels as bf16 (with AVX512-BF16 the products run in bf16
+ * with f32 sums, the weights and score gradients rounded to bf16 once; else each slice is
+ * widened for the f32 kernel): the output and the three gradients stay within a few bf16
+ * roundings of the f32 kernel's on the widened inputs (which the widening path matches
+ * bit for bit), with dropout, through both ops, with the same bits at 1, 2 and 3 threads. */
 static void bf16_run(const int64_t *bthc, int64_t H, bool packed, nb_dtype dt, nb_tensor *base,
                      nb_tensor *go, nb_generator *gen, nb_tensor **out, nb_tensor **grad) {
     const int64_t B = bthc[0], T = bthc[1], C = bthc[2];
@@ -490,15 +491,22 @@ START_TEST(test_bf16_operands) {
     nb_generator *gen = nb_generator_new(77);
     int saved = nb_get_num_threads();
     for (int packed = 0; packed < 2; packed++) {
-        nb_tensor *ro, *rg, *o, *g;
+        nb_tensor *ro, *rg, *o[3], *g[3];
         bf16_run(bthc, H, packed, NB_F32, base, go, gen, &ro, &rg);
+        double *rov = tu_values(ro), *rgv = tu_values(rg);
         for (int nt = 1; nt <= 3; nt++) {
             nb_set_num_threads(nt);
-            bf16_run(bthc, H, packed, NB_BF16, base, go, gen, &o, &g);
-            tu_assert_same_bytes(o, ro);
-            tu_assert_same_bytes(g, rg);
+            bf16_run(bthc, H, packed, NB_BF16, base, go, gen, &o[nt - 1], &g[nt - 1]);
+            if (nt == 1) {
+                tu_assert_close(o[0], rov, bthc, 3, 8e-3);
+                tu_assert_close(g[0], rgv, nb_shape(rg), 3, 8e-3);
+            } else {
+                tu_assert_same_bytes(o[nt - 1], o[0]);
+                tu_assert_same_bytes(g[nt - 1], g[0]);
+            }
         }
         nb_set_num_threads(saved);
+        free(rov), free(rgv);
     }
     nb_generator_free(gen);
     nb_scope_end();
