@@ -423,6 +423,9 @@ static void bwd_task_native(int64_t bh, void *p) {
 }
 #endif
 
+static atomic_bool g_native_bf16 = true;
+bool nb__cpu_attention_native_bf16(bool on) { return atomic_exchange(&g_native_bf16, on); }
+
 /* ---- the kernel table's entries: the op hands in f32 or f64 (its compute dtype), or bf16
  * operands with f32 statistics (a->bf16) ---------------------------------------------------- */
 static nb_status cpu_attention(const nb__attention_args *a) {
@@ -430,7 +433,8 @@ static nb_status cpu_attention(const nb__attention_args *a) {
         attn_bf16_job j = {.g = &a->g, .q = a->q, .k = a->k, .v = a->v, .o = a->o,
                            .lse_out = a->lse};
 #ifdef NB__ATTN_BF16_NATIVE
-        if (a->g.D > 0) return attn_bf16_run(&j, fwd_task_native, 0, 0, native_scratch(&a->g));
+        if (a->g.D > 0 && atomic_load(&g_native_bf16))
+            return attn_bf16_run(&j, fwd_task_native, 0, 0, native_scratch(&a->g));
 #endif
         return attn_bf16_run(&j, fwd_task_bf16, 1, 4, 0);
     }
@@ -444,7 +448,8 @@ static nb_status cpu_attention_backward(const nb__attention_backward_args *a) {
         attn_bf16_job j = {.g = &a->g, .q = a->q, .k = a->k, .v = a->v, .lse = a->lse,
                            .dout = a->dout, .dq = a->dq, .dk = a->dk, .dv = a->dv};
 #ifdef NB__ATTN_BF16_NATIVE
-        if (a->g.D > 0) return attn_bf16_run(&j, bwd_task_native, 0, 0, native_scratch(&a->g));
+        if (a->g.D > 0 && atomic_load(&g_native_bf16))
+            return attn_bf16_run(&j, bwd_task_native, 0, 0, native_scratch(&a->g));
 #endif
         return attn_bf16_run(&j, bwd_task_bf16, 2, 7, 0);
     }
