@@ -201,12 +201,13 @@ static inline uint16_t bf16r(float f) { /* round to nearest even, NaN kept quiet
     return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : rounded);
 }
 
-/* C (m x n f32, row stride ldc) = alpha A B, plus C when acc. A: m rows of K2 pair words
- * (row stride lda words); B: K2 rows of n pair words (row stride ldb words); a pair word
- * is two bf16, the even k in the low half. Tiles of 8 rows x 32 columns, masked edges. */
+/* C (m x n f32, row stride ldc) = alpha A B, plus C when acc. A: m x K2 pair words, word
+ * (i, kk) at word offset i lda + kk acs; B: K2 rows of n pair words (row stride ldb words);
+ * a pair word is two bf16, the even k in the low half. Tiles of 8 rows x 32 columns, masked
+ * edges. */
 #define NB__BG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 static void bgemm(int64_t m, int64_t n, int64_t K2, float alpha, const uint16_t *A,
-                  int64_t lda, const uint16_t *B, int64_t ldb, bool acc, float *C,
+                  int64_t lda, int64_t acs, const uint16_t *B, int64_t ldb, bool acc, float *C,
                   int64_t ldc) {
     const __m512 va = _mm512_set1_ps(alpha);
     for (int64_t j0 = 0; j0 < n; j0 += 32) {
@@ -229,7 +230,7 @@ static void bgemm(int64_t m, int64_t n, int64_t K2, float alpha, const uint16_t 
 #define NB__BG_STEP(r)                                                                     \
     {                                                                                      \
         uint32_t w;                                                                        \
-        memcpy(&w, a##r + 2 * kk, 4);                                                      \
+        memcpy(&w, a##r + 2 * kk * acs, 4);                                                \
         const __m512bh av = (__m512bh)_mm512_set1_epi32((int)w);                          \
         c0_##r = _mm512_dpbf16_ps(c0_##r, av, b0);                                         \
         c1_##r = _mm512_dpbf16_ps(c1_##r, av, b1);                                         \
@@ -275,14 +276,18 @@ static void pack_a_f32(const float *src, int64_t ld, int64_t rows, int64_t K, ui
         if (K & 1) d[K] = 0;
     }
 }
-/* A = X^T from X (K x rows f32, row stride ld), rounded: word (i, kk) = X[2kk..2kk+1][i]. */
-static void pack_at_f32(const float *X, int64_t ld, int64_t K, int64_t rows, uint16_t *dst) {
-    const int64_t K2 = (K + 1) / 2;
-    for (int64_t kk = 0; kk < K2; kk++) {
+/* B = X from X (K x n f32, row stride ld), rounded: word (kk, j) = (X[2kk][j], X[2kk+1][j]). */
+static void pack_b_f32(const float *X, int64_t ld, int64_t K, int64_t n, uint16_t *dst) {
+    for (int64_t kk = 0; kk < (K + 1) / 2; kk++) {
         const float *x0 = X + 2 * kk * ld, *x1 = 2 * kk + 1 < K ? x0 + ld : NULL;
-        for (int64_t i = 0; i < rows; i++) {
-            dst[2 * (i * K2 + kk)] = bf16r(x0[i]);
-            dst[2 * (i * K2 + kk) + 1] = x1 ? bf16r(x1[i]) : 0;
+        uint16_t *d = dst + 2 * kk * n;
+        if (x1) {
+            for (int64_t j = 0; j < n; j++) {
+                uint32_t w = (uint32_t)bf16r(x0[j]) | (uint32_t)bf16r(x1[j]) << 16;
+                memcpy(d + 2 * j, &w, 4);
+            }
+        } else {
+            for (int64_t j = 0; j < n; j++) d[2 * j] = bf16r(x0[j]), d[2 * j + 1] = 0;
         }
     }
 }
@@ -310,6 +315,12 @@ static void pack_b_bf16(const uint16_t *Y, int64_t ld, int64_t K, int64_t n, uin
             d[2 * j + 1] = y1 ? y1[j] : 0;
         }
     }
+}
+
+/* dst (T x D bf16, row stride ld) = src^T rounded, src D x T f32 (row stride T). */
+static void round_t(const float *src, int64_t T, int64_t D, uint16_t *dst, int64_t ld) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) dst[t * ld + d] = bf16r(src[d * T + t]);
 }
 
 /* Bump allocation of scratch: n elements of size es, 64-byte aligned. */
@@ -350,14 +361,14 @@ static void fwd_task_native(int64_t bh, void *p) {
     for (int64_t i0 = 0; i0 < T; i0 += BLK) {
         const int64_t i1 = i0 + BLK < T ? i0 + BLK : T, m = i1 - i0, n = i1, n2 = (n + 1) / 2;
         pack_a_bf16(qs + i0 * ldq, ldq, m, D, Qa);
-        bgemm(m, n, D2, (float)g->scale, Qa, D2, Kt, T, false, S, T);
+        bgemm(m, n, D2, (float)g->scale, Qa, D2, 1, Kt, T, false, S, T);
         for (int64_t r = 0; r < m; r++) {
             const int64_t t = i0 + r;
             if (drop) nb__attn_keep_row(g, (bh * T + t) * T, t + 1, keep);
             ls[t] = softmax_row_f32(S + r * T, t + 1, n, drop ? keep : NULL, dscale);
         }
         pack_a_f32(S, T, m, n, Pa);
-        bgemm(m, D, n2, 1.0f, Pa, n2, Vp, D, false, O, D);
+        bgemm(m, D, n2, 1.0f, Pa, n2, 1, Vp, D, false, O, D);
         for (int64_t r = 0; r < m; r++) nb__f32_to_bf16_n(O + r * D, os + (i0 + r) * ldo, D);
     }
 }
@@ -379,11 +390,13 @@ static void bwd_task_native(int64_t bh, void *p) {
     uint16_t *Kt = take(&mine, (size_t)(2 * D2 * T), 2), *Vt = take(&mine, (size_t)(2 * D2 * T), 2);
     uint16_t *Kr = take(&mine, (size_t)(2 * ((T + 1) / 2) * D), 2);
     uint16_t *Qa = take(&mine, (size_t)(2 * BLK * D2), 2), *dOa = take(&mine, (size_t)(2 * BLK * D2), 2);
-    uint16_t *At = take(&mine, (size_t)(2 * T * (BLK / 2)), 2);
+    uint16_t *Bp = take(&mine, (size_t)(2 * T * (BLK / 2)), 2);
     uint16_t *Br = take(&mine, (size_t)(2 * (BLK / 2) * D), 2);
     uint16_t *dSa = take(&mine, (size_t)(2 * BLK * ((T + 1) / 2)), 2);
     float *dQ = take(&mine, (size_t)(BLK * D), 4);
-    float *dK = take(&mine, (size_t)(T * D), 4), *dV = take(&mine, (size_t)(T * D), 4);
+    /* dk^T and dv^T (D x T): their products then have the weights as the B operand, packed
+     * from rows of P and dS; transposed once at the end */
+    float *dKt = take(&mine, (size_t)(T * D), 4), *dVt = take(&mine, (size_t)(T * D), 4);
     uint8_t *keep = take(&mine, (size_t)T, 1);
     pack_bt_bf16(ks, ldk, T, D, Kt);
     if (want_s) pack_bt_bf16(vs, ldv, T, D, Vt);
@@ -394,32 +407,32 @@ static void bwd_task_native(int64_t bh, void *p) {
         const int64_t m = i1 - i0, n = i1, m2 = (m + 1) / 2, n2 = (n + 1) / 2;
         const bool acc = ib != nblk - 1; /* the last block sees every key: it initializes */
         pack_a_bf16(qs + i0 * ldq, ldq, m, D, Qa);
-        bgemm(m, n, D2, (float)g->scale, Qa, D2, Kt, T, false, P, T);
+        bgemm(m, n, D2, (float)g->scale, Qa, D2, 1, Kt, T, false, P, T);
         if (want_s) {
             pack_a_bf16(dos + i0 * lddo, lddo, m, D, dOa);
-            bgemm(m, n, D2, 1.0f, dOa, D2, Vt, T, false, dP, T);
+            bgemm(m, n, D2, 1.0f, dOa, D2, 1, Vt, T, false, dP, T);
         }
         bwd_rows_f32(g, bh, i0, m, n, ls, P, dP, want_s, keep);
-        if (want_dv) { /* dv[0:n] += P^T dO[i0:i1] */
-            pack_at_f32(P, T, m, n, At);
+        if (want_dv) { /* dv[0:n]^T += dO[i0:i1]^T P (Br as A: word (d, kk) at kk D + d) */
             pack_b_bf16(dos + i0 * lddo, lddo, m, D, Br);
-            bgemm(n, D, m2, 1.0f, At, m2, Br, D, acc, dV, D);
+            pack_b_f32(P, T, m, n, Bp);
+            bgemm(D, n, m2, 1.0f, Br, 1, D, Bp, n, acc, dVt, T);
         }
         if (want_dq) { /* dq[i0:i1] = dS k[0:n] */
             pack_a_f32(dP, T, m, n, dSa);
-            bgemm(m, D, n2, 1.0f, dSa, n2, Kr, D, false, dQ, D);
+            bgemm(m, D, n2, 1.0f, dSa, n2, 1, Kr, D, false, dQ, D);
             uint16_t *dqs = j->dq + b * g->sdq[0] + h * g->sdq[1];
             for (int64_t r = 0; r < m; r++)
                 nb__f32_to_bf16_n(dQ + r * D, dqs + (i0 + r) * g->sdq[2], D);
         }
-        if (want_dk) { /* dk[0:n] += dS^T q[i0:i1] */
-            pack_at_f32(dP, T, m, n, At);
+        if (want_dk) { /* dk[0:n]^T += q[i0:i1]^T dS */
             pack_b_bf16(qs + i0 * ldq, ldq, m, D, Br);
-            bgemm(n, D, m2, 1.0f, At, m2, Br, D, acc, dK, D);
+            pack_b_f32(dP, T, m, n, Bp);
+            bgemm(D, n, m2, 1.0f, Br, 1, D, Bp, n, acc, dKt, T);
         }
     }
-    if (want_dk) slice_round(dK, T, D, j->dk + b * g->sdk[0] + h * g->sdk[1], g->sdk[2]);
-    if (want_dv) slice_round(dV, T, D, j->dv + b * g->sdv[0] + h * g->sdv[1], g->sdv[2]);
+    if (want_dk) round_t(dKt, T, D, j->dk + b * g->sdk[0] + h * g->sdk[1], g->sdk[2]);
+    if (want_dv) round_t(dVt, T, D, j->dv + b * g->sdv[0] + h * g->sdv[1], g->sdv[2]);
 }
 #endif
 
