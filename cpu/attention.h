@@ -33,4 +33,9 @@ nb_status nb__cpu_attention_bwd_f64(const nb__attn_geom *g, const double *q, con
                                     const double *v, const double *lse, const double *dout,
                                     double *dq, double *dk, double *dv);
 
+/* Tests only: whether bf16 operands use the AVX512-BF16 products (true, the default, where
+ * the build has them) or are widened to f32 per slice (false); returns the previous
+ * setting. Builds without AVX512-BF16 always widen. Process wide. */
+bool nb__cpu_attention_native_bf16(bool on);
+
 #endif

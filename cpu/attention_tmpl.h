@@ -31,14 +31,12 @@ static inline R F(softmax_row)(R *row, int64_t cnt, int64_t n, const uint8_t *ke
     return mx + LOG(sum);
 }
 
-/* Forward of one (b, h) slice; Sm is BLOCK x T scratch. */
-static nb_status F(fwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, const R *k,
-                              const R *v, R *o, R *lse, R *Sm, uint8_t *keep) {
-    const int64_t H = g->H, Tn = g->T, D = g->D, b = bh / H, h = bh % H;
-    const R *qs = q + b * g->sq[0] + h * g->sq[1], *ks = k + b * g->sk[0] + h * g->sk[1];
-    const R *vs = v + b * g->sv[0] + h * g->sv[1];
-    R *os = o + b * g->so[0] + h * g->so[1], *ls = lse + bh * Tn;
-    const int64_t ldq = g->sq[2], ldk = g->sk[2], ldv = g->sv[2], ldo = g->so[2];
+/* Forward of slice bh given as (T, D) matrices with row strides ld*, ls its T statistics;
+ * Sm is BLOCK x T scratch. */
+static nb_status F(fwd_core)(const nb__attn_geom *g, int64_t bh, const R *qs, int64_t ldq,
+                             const R *ks, int64_t ldk, const R *vs, int64_t ldv, R *os,
+                             int64_t ldo, R *ls, R *Sm, uint8_t *keep) {
+    const int64_t Tn = g->T, D = g->D;
     const bool drop = g->p > 0;
     const R dscale = g->p < 1 ? (R)(1.0 / (1.0 - g->p)) : 0;
     for (int64_t i0 = 0; i0 < Tn; i0 += NB__ATTN_BLOCK) {
@@ -59,22 +57,68 @@ static nb_status F(fwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, co
     return NB_OK;
 }
 
-/* Backward of one (b, h) slice; P and dP are BLOCK x T scratch. Row blocks run last to first
- * so the first one (which sees every key) initializes dk and dv with beta = 0. */
-static nb_status F(bwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, const R *k,
-                              const R *v, const R *lse, const R *dout, R *dq, R *dk, R *dv,
-                              R *P, R *dP, uint8_t *keep) {
-    const int64_t H = g->H, Tn = g->T, D = g->D, b = bh / H, h = bh % H;
-    const R *qs = q + b * g->sq[0] + h * g->sq[1], *ks = k + b * g->sk[0] + h * g->sk[1];
-    const R *vs = v + b * g->sv[0] + h * g->sv[1], *dos = dout + b * g->sdo[0] + h * g->sdo[1];
-    const R *ls = lse + bh * Tn;
-    R *dqs = dq ? dq + b * g->sdq[0] + h * g->sdq[1] : NULL;
-    R *dks = dk ? dk + b * g->sdk[0] + h * g->sdk[1] : NULL;
-    R *dvs = dv ? dv + b * g->sdv[0] + h * g->sdv[1] : NULL;
-    const int64_t ldq = g->sq[2], ldk = g->sk[2], ldv = g->sv[2], lddo = g->sdo[2];
-    const int64_t lddq = g->sdq[2], lddk = g->sdk[2], lddv = g->sdv[2];
-    const bool drop = g->p > 0, want_s = dq || dk;
+/* Forward of one (b, h) slice of the operands as the geometry lays them out. */
+static nb_status F(fwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, const R *k,
+                              const R *v, R *o, R *lse, R *Sm, uint8_t *keep) {
+    const int64_t H = g->H, b = bh / H, h = bh % H;
+    return F(fwd_core)(g, bh, q + b * g->sq[0] + h * g->sq[1], g->sq[2],
+                       k + b * g->sk[0] + h * g->sk[1], g->sk[2],
+                       v + b * g->sv[0] + h * g->sv[1], g->sv[2],
+                       o + b * g->so[0] + h * g->so[1], g->so[2], lse + bh * g->T, Sm, keep);
+}
+
+/* The row work of one backward block (rows [i0, i0 + m) against keys [0, n)): P, holding
+ * the scaled scores, becomes the weights the forward applied to v; dP, holding dO v^T (when
+ * want_s), becomes dS = P (dP - rowsum(P dP)) scale. Shared by the bf16 kernels. */
+static void F(bwd_rows)(const nb__attn_geom *g, int64_t bh, int64_t i0, int64_t m, int64_t n,
+                        const R *ls, R *P, R *dP, bool want_s, uint8_t *keep) {
+    const int64_t Tn = g->T;
+    const bool drop = g->p > 0;
     const R dscale = g->p < 1 ? (R)(1.0 / (1.0 - g->p)) : 0, scale = (R)g->scale;
+    for (int64_t r = 0; r < m; r++) {
+        const int64_t t = i0 + r, cnt = t + 1;
+        R *pr = P + r * Tn, *dpr = dP + r * Tn;
+        const R l = ls[t];
+#pragma omp simd
+        for (int64_t s = 0; s < cnt; s++) pr[s] = EXP(pr[s] - l);
+        for (int64_t s = cnt; s < n; s++) pr[s] = 0;
+        if (drop) nb__attn_keep_row(g, (bh * Tn + t) * Tn, cnt, keep);
+        if (want_s) {
+            /* dS = P (dP - sum_s P dP) scale, with dP = mask * dscale * (dO v^T) and
+             * the row sum taken over the dropped-and-scaled weights. */
+            R dsum = 0;
+            if (drop) {
+                for (int64_t s = 0; s < cnt; s++)
+                    dsum += keep[s] ? pr[s] * dpr[s] : 0;
+                dsum *= dscale;
+                for (int64_t s = 0; s < cnt; s++)
+                    dpr[s] = pr[s] * ((keep[s] ? dpr[s] * dscale : 0) - dsum) * scale;
+            } else {
+#pragma omp simd reduction(+ : dsum)
+                for (int64_t s = 0; s < cnt; s++) dsum += pr[s] * dpr[s];
+#pragma omp simd
+                for (int64_t s = 0; s < cnt; s++) dpr[s] = pr[s] * (dpr[s] - dsum) * scale;
+            }
+            for (int64_t s = cnt; s < n; s++) dpr[s] = 0;
+        }
+        /* P becomes the weights the forward applied to v (for dv) */
+        if (drop)
+            for (int64_t s = 0; s < cnt; s++) pr[s] = keep[s] ? pr[s] * dscale : 0;
+    }
+}
+
+/* Backward of slice bh given as (T, D) matrices (row strides in ld[]: q, k, v, do, dq, dk,
+ * dv); P and dP are BLOCK x T scratch. Row blocks run last to first so the first one (which
+ * sees every key) initializes dk and dv with beta = 0. */
+static nb_status F(bwd_core)(const nb__attn_geom *g, int64_t bh, const R *qs, const R *ks,
+                             const R *vs, const R *ls, const R *dos, R *dqs, R *dks, R *dvs,
+                             const int64_t ld[7], R *P, R *dP, uint8_t *keep) {
+    const int64_t Tn = g->T, D = g->D;
+    const int64_t ldq = ld[0], ldk = ld[1], ldv = ld[2], lddo = ld[3];
+    const int64_t lddq = ld[4], lddk = ld[5], lddv = ld[6];
+    const bool want_dq = dqs != NULL, want_dk = dks != NULL;
+    const bool want_s = want_dq || want_dk;
+    const R scale = (R)g->scale;
     const int64_t nblk = (Tn + NB__ATTN_BLOCK - 1) / NB__ATTN_BLOCK;
     nb_status st = NB_OK;
     for (int64_t ib = nblk - 1; ib >= 0 && st == NB_OK; ib--) {
@@ -86,36 +130,7 @@ static nb_status F(bwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, co
         if (st == NB_OK && want_s)
             st = GEMM(false, true, m, n, D, 1, dos + i0 * lddo, lddo, vs, ldv, 0, dP, Tn);
         if (st != NB_OK) break;
-        for (int64_t r = 0; r < m; r++) {
-            const int64_t t = i0 + r, cnt = t + 1;
-            R *pr = P + r * Tn, *dpr = dP + r * Tn;
-            const R l = ls[t];
-#pragma omp simd
-            for (int64_t s = 0; s < cnt; s++) pr[s] = EXP(pr[s] - l);
-            for (int64_t s = cnt; s < n; s++) pr[s] = 0;
-            if (drop) nb__attn_keep_row(g, (bh * Tn + t) * Tn, cnt, keep);
-            if (want_s) {
-                /* dS = P (dP - sum_s P dP) scale, with dP = mask * dscale * (dO v^T) and
-                 * the row sum taken over the dropped-and-scaled weights. */
-                R dsum = 0;
-                if (drop) {
-                    for (int64_t s = 0; s < cnt; s++)
-                        dsum += keep[s] ? pr[s] * dpr[s] : 0;
-                    dsum *= dscale;
-                    for (int64_t s = 0; s < cnt; s++)
-                        dpr[s] = pr[s] * ((keep[s] ? dpr[s] * dscale : 0) - dsum) * scale;
-                } else {
-#pragma omp simd reduction(+ : dsum)
-                    for (int64_t s = 0; s < cnt; s++) dsum += pr[s] * dpr[s];
-#pragma omp simd
-                    for (int64_t s = 0; s < cnt; s++) dpr[s] = pr[s] * (dpr[s] - dsum) * scale;
-                }
-                for (int64_t s = cnt; s < n; s++) dpr[s] = 0;
-            }
-            /* P becomes the weights the forward applied to v (for dv) */
-            if (drop)
-                for (int64_t s = 0; s < cnt; s++) pr[s] = keep[s] ? pr[s] * dscale : 0;
-        }
+        F(bwd_rows)(g, bh, i0, m, n, ls, P, dP, want_s, keep);
         if (dvs)
             st = GEMM(true, false, n, D, m, 1, P, Tn, dos + i0 * lddo, lddo, beta, dvs, lddv);
         if (st == NB_OK && dqs)
@@ -124,6 +139,21 @@ static nb_status F(bwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, co
             st = GEMM(true, false, n, D, m, 1, dP, Tn, qs + i0 * ldq, ldq, beta, dks, lddk);
     }
     return st;
+}
+
+/* Backward of one (b, h) slice of the operands as the geometry lays them out. */
+static nb_status F(bwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, const R *k,
+                              const R *v, const R *lse, const R *dout, R *dq, R *dk, R *dv,
+                              R *P, R *dP, uint8_t *keep) {
+    const int64_t H = g->H, b = bh / H, h = bh % H;
+    const int64_t ld[7] = {g->sq[2], g->sk[2], g->sv[2], g->sdo[2], g->sdq[2], g->sdk[2],
+                           g->sdv[2]};
+    return F(bwd_core)(g, bh, q + b * g->sq[0] + h * g->sq[1], k + b * g->sk[0] + h * g->sk[1],
+                       v + b * g->sv[0] + h * g->sv[1], lse + bh * g->T,
+                       dout + b * g->sdo[0] + h * g->sdo[1],
+                       dq ? dq + b * g->sdq[0] + h * g->sdq[1] : NULL,
+                       dk ? dk + b * g->sdk[0] + h * g->sdk[1] : NULL,
+                       dv ? dv + b * g->sdv[0] + h * g->sdv[1] : NULL, ld, P, dP, keep);
 }
 
 /* The slices run as tasks on nabla's workers (cpu/workers.c); each thread has its own

@@ -26,6 +26,7 @@ static nb__backend g_cpu = {
     .host_accessible = true,
     .gemm_bf16 = true,
     .conv_bf16 = true,
+    .attention_bf16 = true,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .to_host = cpu_copy_bytes,

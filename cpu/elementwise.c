@@ -30,6 +30,7 @@
 #include "cpu/elementwise.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 typedef uint8_t nb__u8bool; /* NB_BOOL storage: one byte holding 0 or 1 */
@@ -400,6 +401,48 @@ static void half_ternary(nb__iter_fn f32, bool bf, char **p, const int64_t *s, i
     NB__HALF_UNARY(name)
 NB__UNARY_FLOAT_OPS(NB__STAMP_UNARY_FLOAT)
 
+/* ---- bf16 gelu by table ---------------------------------------------------------------------
+ * A bf16 input has only 65536 values, so the exact GELU of a bf16 tensor (the f32 kernel's
+ * result rounded to bf16, as half_unary gives it) and the f32 derivative its backward
+ * multiplies by are tabulated once: 128 KiB of bf16 results and 256 KiB of f32 slopes,
+ * filled by gelu_v and dgelu_v themselves. The kernels then read a table instead of ~60
+ * instructions of polynomial per element, and give the same bits as the f32 path. */
+static uint16_t g_gelu_bf16_tab[65536];
+static float g_dgelu_bf16_tab[65536];
+static pthread_once_t g_gelu_tab_once = PTHREAD_ONCE_INIT;
+
+static inline uint16_t bf16_round(float f) {
+    uint32_t x = f32_bits(f);
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : rounded);
+}
+
+static void gelu_tab_init(void) {
+    float x[NB__BLK], y[NB__BLK], d[NB__BLK];
+    for (uint32_t h0 = 0; h0 < 65536; h0 += NB__BLK) {
+        for (int i = 0; i < NB__BLK; i++) x[i] = f32_from_bits((h0 + (uint32_t)i) << 16);
+        for (int i = 0; i < NB__BLK; i++) y[i] = gelu_v(x[i]);
+        for (int i = 0; i < NB__BLK; i++) d[i] = dgelu_v(x[i]);
+        for (int i = 0; i < NB__BLK; i++) {
+            g_gelu_bf16_tab[h0 + (uint32_t)i] = bf16_round(y[i]);
+            g_dgelu_bf16_tab[h0 + (uint32_t)i] = d[i];
+        }
+    }
+}
+
+/* Contiguous runs by table; others through f32 blocks (gelu_bf16, the same bits). */
+static void gelu_tab_bf16(char **p, const int64_t *s, int64_t n, void *ctx) {
+    if (s[0] != 2 || s[1] != 2) {
+        gelu_bf16(p, s, n, ctx);
+        return;
+    }
+    pthread_once(&g_gelu_tab_once, gelu_tab_init);
+    const uint16_t *restrict tab = g_gelu_bf16_tab;
+    uint16_t *restrict o = (uint16_t *)p[0];
+    const uint16_t *restrict x = (const uint16_t *)p[1];
+    for (int64_t i = 0; i < n; i++) o[i] = tab[x[i]];
+}
+
 /* pow_scalar: p0 is the exponent; the common exponents take exact shortcuts (as PyTorch). */
 NB__UNARY(pow_scalar_f32, float, float, const float e = (float)ctx->p0;,
           e == 2.0f ? x * x : e == 0.5f ? sqrtf(x) : e == 1.0f ? x : powf(x, e))
@@ -560,7 +603,8 @@ static const nb__iter_fn ew_table[NB__OP_COUNT][NB_DTYPE_COUNT] = {
     [NB__OP_SIGMOID] = {NB__FLOATS(sigmoid)},
     [NB__OP_RELU] = {NB__FLOATS(relu), [NB_I32] = relu_i32, [NB_I64] = relu_i64,
                      [NB_U8] = ident_u8},
-    [NB__OP_GELU] = {NB__FLOATS(gelu)},
+    [NB__OP_GELU] = {[NB_F32] = gelu_f32, [NB_F64] = gelu_f64, [NB_F16] = gelu_f16,
+                     [NB_BF16] = gelu_tab_bf16},
     [NB__OP_GELU_TANH] = {NB__FLOATS(gelu_tanh)},
     [NB__OP_SILU] = {NB__FLOATS(silu)},
     [NB__OP_POW_SCALAR] = {NB__FLOATS(pow_scalar), NB__INTS(pow_scalar)},
@@ -667,6 +711,22 @@ static inline double dsilu_f64(double x) {
     NB__HALF_BINARY(name##_bw, true)
 NB__UNARY_BW_OPS(NB__STAMP_UNARY_BW)
 
+/* gelu's bf16 backward: g * gelu'(x) with the slope from the table (gelu_tab_init), the
+ * product in f32 and rounded once, as gelu_bw_bf16 computes it. Both operands contiguous
+ * bf16; other layouts go through gelu_bw_bf16. */
+static void gelu_bw_tab_bf16(char **p, const int64_t *s, int64_t n, void *ctx) {
+    if (s[0] != 2 || s[1] != 2 || s[2] != 2) {
+        gelu_bw_bf16(p, s, n, ctx);
+        return;
+    }
+    pthread_once(&g_gelu_tab_once, gelu_tab_init);
+    const float *restrict tab = g_dgelu_bf16_tab;
+    uint16_t *restrict o = (uint16_t *)p[0];
+    const uint16_t *restrict g = (const uint16_t *)p[1], *restrict x = (const uint16_t *)p[2];
+    for (int64_t i = 0; i < n; i++)
+        o[i] = bf16_round(f32_from_bits((uint32_t)g[i] << 16) * tab[x[i]]);
+}
+
 /* X(name, f32 expression, f64 expression) of g, a, b (POW: f32 and f64 pow functions).
  * pow: d/da is 0 where b == 0, d/db is 0 where a == 0 and b >= 0 (PyTorch's masks, which
  * keep 0 ^ 0 and 0 ^ b from producing 0 * inf = NaN). maximum/minimum: a tie splits g
@@ -705,7 +765,8 @@ static const nb__iter_fn bw_table[NB__OP_COUNT][2][NB_DTYPE_COUNT] = {
     [NB__OP_TANH] = {NB__BW(tanh)},
     [NB__OP_SIGMOID] = {NB__BW(sigmoid)},
     [NB__OP_RELU] = {NB__BW(relu)},
-    [NB__OP_GELU] = {NB__BW(gelu)},
+    [NB__OP_GELU] = {{[NB_F32] = gelu_bw_f32, [NB_F64] = gelu_bw_f64, [NB_F16] = gelu_bw_f16,
+                      [NB_BF16] = gelu_bw_tab_bf16}},
     [NB__OP_GELU_TANH] = {NB__BW(gelu_tanh)},
     [NB__OP_SILU] = {NB__BW(silu)},
     [NB__OP_POW_SCALAR] = {NB__BW(pow_scalar)},

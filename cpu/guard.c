@@ -197,6 +197,7 @@ static nb__backend g_guard = {
     .host_accessible = false,
     .gemm_bf16 = true,
     .conv_bf16 = true,
+    .attention_bf16 = true,
     .alloc = guard_alloc,
     .free = guard_free,
     .to_host = guard_copy_bytes,

@@ -7,6 +7,9 @@
 
 #include <math.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "nabla/memory.h"
 
@@ -31,7 +34,9 @@ static int chunk_threads(int64_t work, int64_t nch) {
 
 #define T float
 #define S f32
+#define NB__NORM_F32 1
 #include "cpu/norm_tmpl.h"
+#undef NB__NORM_F32
 #undef T
 #undef S
 

@@ -7,13 +7,24 @@
 #define F(name) NB__CAT(name, S)
 
 /* Sums in double with 8 independent lanes: a fixed order (so deterministic) that the
- * compiler can still vectorize, since no lane's additions are reordered. */
+ * compiler can still vectorize, since no lane's additions are reordered. GCC leaves the f32
+ * versions scalar, so with AVX-512 they are written out: lane k of one 8-double register is
+ * a[k], each element's f32 arithmetic the same operations in the same order (no FMA), so
+ * the results are the same bits. */
 #define LANES 8
 #define LANE_SUM(a) (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])))
+#if defined(NB__NORM_F32) && defined(__AVX512F__)
+#define NB__NORM_VEC 1
+#endif
 
 static inline double F(rsum)(const T *x, int64_t n) {
     double a[LANES] = {0}, t = 0;
     int64_t j = 0;
+#ifdef NB__NORM_VEC
+    __m512d va = _mm512_setzero_pd();
+    for (; j + LANES <= n; j += LANES) va = _mm512_add_pd(va, _mm512_cvtps_pd(_mm256_loadu_ps(x + j)));
+    _mm512_storeu_pd(a, va);
+#endif
     for (; j + LANES <= n; j += LANES)
         for (int k = 0; k < LANES; k++) a[k] += (double)x[j + k];
     for (; j < n; j++) t += (double)x[j];
@@ -24,6 +35,14 @@ static inline double F(rsum)(const T *x, int64_t n) {
 static inline double F(rdev2)(const T *x, int64_t n, double m) {
     double a[LANES] = {0}, t = 0;
     int64_t j = 0;
+#ifdef NB__NORM_VEC
+    __m512d va = _mm512_setzero_pd(), vm = _mm512_set1_pd(m);
+    for (; j + LANES <= n; j += LANES) {
+        __m512d d = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + j)), vm);
+        va = _mm512_add_pd(va, _mm512_mul_pd(d, d));
+    }
+    _mm512_storeu_pd(a, va);
+#endif
     for (; j + LANES <= n; j += LANES)
         for (int k = 0; k < LANES; k++) {
             double d = (double)x[j + k] - m;
@@ -51,6 +70,19 @@ static inline void F(ln_row_sums)(const T *g, const T *x, const T *w, T m, T r, 
                                   double *s1, double *s2) {
     double a[LANES] = {0}, c[LANES] = {0}, ta = 0, tc = 0;
     int64_t j = 0;
+#ifdef NB__NORM_VEC
+    __m512d va = _mm512_setzero_pd(), vc = _mm512_setzero_pd();
+    const __m256 vm = _mm256_set1_ps(m), vr = _mm256_set1_ps(r);
+    for (; j + LANES <= n; j += LANES) {
+        __m256 gw = _mm256_loadu_ps(g + j);
+        if (w) gw = _mm256_mul_ps(gw, _mm256_loadu_ps(w + j));
+        __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm), vr);
+        va = _mm512_add_pd(va, _mm512_cvtps_pd(gw));
+        vc = _mm512_add_pd(vc, _mm512_cvtps_pd(_mm256_mul_ps(gw, xh)));
+    }
+    _mm512_storeu_pd(a, va);
+    _mm512_storeu_pd(c, vc);
+#endif
     for (; j + LANES <= n; j += LANES)
         for (int k = 0; k < LANES; k++) {
             T gw = w ? g[j + k] * w[j + k] : g[j + k];
@@ -302,3 +334,4 @@ nb_status F(nb__cpu_batch_norm_bwd)(const T *g, const T *x, int64_t N, int64_t C
 #undef F
 #undef NB__CAT
 #undef NB__CAT_
+#undef NB__NORM_VEC

@@ -17,8 +17,11 @@
  * made contiguous once. The output and the gradients of views are (B, H, T, D) views of
  * (B, T, H, D) buffers, as PyTorch's CPU flash attention returns them: transposing back to
  * (B, T, H, D) and merging the heads is then free (the gradient of a contiguous input is
- * contiguous instead). f16/bf16 are computed in f32. Outputs, statistics and gradients live
- * on the inputs' device; on the meta device the kernels do not run. */
+ * contiguous instead). f16/bf16 are computed in f32: bf16 operands go to the kernels as they
+ * are where the backend takes them (nb__attention_takes_bf16; the CPU widens each slice in
+ * its own scratch and rounds the outputs once), are converted to f32 around them elsewhere;
+ * the row statistics are f32 either way. Outputs, statistics and gradients live on the
+ * inputs' device; on the meta device the kernels do not run. */
 #include <math.h>
 
 #include "tensor/tape.h"
@@ -102,16 +105,23 @@ static nb__attn_geom make_geom(const int64_t *shape, double scale, bool drop, do
     return g;
 }
 
-/* Runs the forward kernel of op on usable q, k, v of dtype cdt on dev (in the current
- * scope): returns the output as a (B, H, T, D) view of a (B, T, H, D) buffer and the row
- * statistics. */
+/* The dtype the kernels get the operands of an op in dtype dt with compute dtype cdt on
+ * dev: bf16 itself where the backend takes it, else cdt. */
+static nb_dtype io_dtype(nb_dtype dt, nb_dtype cdt, nb_device dev) {
+    return dt == NB_BF16 && nb__attention_takes_bf16(dev) ? NB_BF16 : cdt;
+}
+
+/* Runs the forward kernel of op on usable q, k, v of dtype iodt on dev (in the current
+ * scope), computing in cdt: returns the output (iodt) as a (B, H, T, D) view of a
+ * (B, T, H, D) buffer and the row statistics (cdt). */
 static nb_tensor *forward_core(const nb__attn_geom *g, nb_tensor *qc, nb_tensor *kc,
-                               nb_tensor *vc, nb_dtype cdt, nb_device dev, const char *op,
-                               nb_tensor **lse_out) {
+                               nb_tensor *vc, nb_dtype cdt, nb_dtype iodt, nb_device dev,
+                               const char *op, nb_tensor **lse_out) {
     const int64_t shape[4] = {g->B, g->H, g->T, g->D}, lshape[3] = {g->B, g->H, g->T};
-    nb_tensor *o = bthd(shape, cdt, dev), *lse = nb__empty(lshape, 3, cdt, dev);
+    nb_tensor *o = bthd(shape, iodt, dev), *lse = nb__empty(lshape, 3, cdt, dev);
     if (!qc || !kc || !vc || !o || !lse) return NULL;
-    nb__attention_args a = {.g = *g, .dtype = cdt, .q = nb__ptr(qc), .k = nb__ptr(kc),
+    nb__attention_args a = {.g = *g, .dtype = cdt, .bf16 = iodt == NB_BF16, .q = nb__ptr(qc),
+                            .k = nb__ptr(kc),
                             .v = nb__ptr(vc), .o = nb__ptr(o), .lse = nb__ptr(lse)};
     strides3(qc, a.g.sq);
     strides3(kc, a.g.sk);
@@ -161,15 +171,16 @@ nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double 
     const int64_t D = q->shape[3];
     if (scale == 0) scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
     const nb_dtype dt = q->dtype, cdt = dt == NB_F64 ? NB_F64 : NB_F32;
+    const nb_dtype iodt = io_dtype(dt, cdt, dev);
     const bool drop = training && dropout_p > 0;
     nb__attn_geom g = make_geom(q->shape, scale, drop, dropout_p, gen);
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_tensor *lse = NULL;
-    nb_tensor *o =
-        forward_core(&g, usable(q, cdt), usable(k, cdt), usable(v, cdt), cdt, dev, OP, &lse);
-    nb_tensor *out = o ? (cdt == dt ? o : nb_to_dtype(o, dt)) : NULL;
+    nb_tensor *o = forward_core(&g, usable(q, iodt), usable(k, iodt), usable(v, iodt), cdt, iodt,
+                                dev, OP, &lse);
+    nb_tensor *out = o ? (iodt == dt ? o : nb_to_dtype(o, dt)) : NULL;
     nb_keep(out);
     nb_keep(lse);
     nb_scope_end();
@@ -221,18 +232,19 @@ nb_tensor *nb_causal_attention_qkv(nb_tensor *qkv, int64_t n_head, double scale,
     const int64_t H = n_head, D = C / H;
     if (scale == 0) scale = 1.0 / sqrt((double)D);
     const nb_dtype dt = qkv->dtype, cdt = dt == NB_F64 ? NB_F64 : NB_F32;
+    const nb_dtype iodt = io_dtype(dt, cdt, dev);
     const bool drop = training && dropout_p > 0;
     nb__attn_geom g = make_geom((int64_t[]){B, H, T, D}, scale, drop, dropout_p, gen);
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    nb_tensor *lse = NULL, *qc = dense(qkv, cdt), *out = NULL;
+    nb_tensor *lse = NULL, *qc = dense(qkv, iodt), *out = NULL;
     nb_tensor *o = qc ? forward_core(&g, head_view(qc, 0, C, H), head_view(qc, 1, C, H),
-                                     head_view(qc, 2, C, H), cdt, dev, OPQ, &lse)
+                                     head_view(qc, 2, C, H), cdt, iodt, dev, OPQ, &lse)
                       : NULL;
     /* o's buffer is (B, T, H, D): merging the heads is a view */
     if (o) out = nb_reshape(nb_transpose(o, 1, 2), (int64_t[]){B, T, C}, 3);
-    if (out && cdt != dt) out = nb_to_dtype(out, dt);
+    if (out && iodt != dt) out = nb_to_dtype(out, dt);
     nb_keep(out);
     nb_keep(lse);
     nb_scope_end();
@@ -257,15 +269,17 @@ static nb__attn_geom saved_geom(const nb__node *n, const int64_t *shape) {
                            .offset = (uint64_t)n->attrs.i[2]};
 }
 
-/* Runs the backward kernel of op: usable q, k, v, output gradient gc and row statistics
- * lse (all of dtype cdt, on lse's device) into d[0..2] (each may be NULL: not wanted). */
+/* Runs the backward kernel of op: usable q, k, v, output gradient gc and gradients d[0..2]
+ * (each may be NULL: not wanted), all of one dtype (bf16, or lse's), with row statistics
+ * lse (on lse's device). */
 static nb_status backward_core(const nb__attn_geom *g, nb_tensor *qc, nb_tensor *kc,
                                nb_tensor *vc, nb_tensor *lse, nb_tensor *gc,
                                nb_tensor *const d[3], const char *op) {
     if (!qc || !kc || !vc || !gc) return nb_last_status();
     nb_device dev;
     if (!nb__check_devices(op, (nb_tensor *[]){lse, gc}, 2, &dev)) return NB_EDEVICE;
-    nb__attention_backward_args a = {.g = *g, .dtype = lse->dtype, .q = nb__ptr(qc),
+    nb__attention_backward_args a = {.g = *g, .dtype = lse->dtype,
+                                     .bf16 = qc->dtype == NB_BF16, .q = nb__ptr(qc),
                                      .k = nb__ptr(kc), .v = nb__ptr(vc), .lse = nb__ptr(lse),
                                      .dout = nb__ptr(gc)};
     strides3(qc, a.g.sq);
@@ -284,9 +298,9 @@ static nb_status backward_core(const nb__attn_geom *g, nb_tensor *qc, nb_tensor 
 
 nb_status nb__bw_ATTENTION(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
     nb_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *lse = n->saved[3];
-    const nb_dtype cdt = lse->dtype;
-    const int64_t *shape = q->shape;
     const nb_device dev = nb__device_of(lse);
+    const nb_dtype cdt = io_dtype(q->dtype, lse->dtype, dev); /* of the operands */
+    const int64_t *shape = q->shape;
     nb__attn_geom g = saved_geom(n, shape);
     nb_tensor *d[3] = {NULL, NULL, NULL};
     /* a contiguous input gets a contiguous gradient (a leaf can then take it over as is);
@@ -305,7 +319,7 @@ nb_status nb__bw_ATTENTION(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
 
 nb_status nb__bw_ATTENTION_QKV(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
     nb_tensor *qkv = n->saved[0], *lse = n->saved[1];
-    const nb_dtype cdt = lse->dtype;
+    const nb_dtype cdt = io_dtype(qkv->dtype, lse->dtype, nb__device_of(lse)); /* operands */
     const int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3, H = n->attrs.i[3];
     nb__attn_geom g = saved_geom(n, (int64_t[]){B, H, T, C / H});
     nb_tensor *qc = dense(qkv, cdt), *gc = dense(gout, cdt);

@@ -52,6 +52,7 @@ typedef struct nb__backend {
     bool host_accessible;  /* the host may dereference its memory (nb_data, printing) */
     bool gemm_bf16;        /* its gemm kernel takes bf16 a and b with an f32 c (matmul.h) */
     bool conv_bf16;        /* its conv2d kernels take NB_BF16 (kernels/conv.h) */
+    bool attention_bf16;   /* its attention kernels take bf16 operands (kernels/attention.h) */
     /* nbytes of device memory (NULL + error when out of memory or no device). nbytes 0
      * still returns a unique non-NULL pointer. */
     void *(*alloc)(nb_device dev, size_t nbytes);
@@ -143,6 +144,12 @@ static inline bool nb__gemm_takes_bf16(nb_device dev) {
 static inline bool nb__conv_takes_bf16(nb_device dev) {
     const nb__backend *be = nb__backend_of(dev, "conv2d");
     return be && be->conv_bf16;
+}
+
+/* Whether dev's attention kernels take bf16 operands (else the op widens them to f32). */
+static inline bool nb__attention_takes_bf16(nb_device dev) {
+    const nb__backend *be = nb__backend_of(dev, "causal_attention");
+    return be && be->attention_bf16;
 }
 
 /* Whether dev's backend has a kernel `kernel` (by its NB__KERNELS name). */

@@ -56,11 +56,12 @@ static int64_t attn_bytes(const nb__attn_geom *g, nb_dtype dt, int tensors) {
     return tensors * g->B * g->H * g->T * g->D * es(dt);
 }
 nb__work nb__work_attention(const nb__attention_args *a) {
-    return (nb__work){attn_flops(&a->g), attn_bytes(&a->g, a->dtype, 4)};
+    return (nb__work){attn_flops(&a->g), attn_bytes(&a->g, a->bf16 ? NB_BF16 : a->dtype, 4)};
 }
 /* The backward recomputes the scores and forms dv, dp, dq and dk: five products. */
 nb__work nb__work_attention_backward(const nb__attention_backward_args *a) {
-    return (nb__work){attn_flops(&a->g) * 5 / 2, attn_bytes(&a->g, a->dtype, 8)};
+    return (nb__work){attn_flops(&a->g) * 5 / 2,
+                      attn_bytes(&a->g, a->bf16 ? NB_BF16 : a->dtype, 8)};
 }
 
 static int64_t conv_flops(const nb__conv2d_geom *g) {

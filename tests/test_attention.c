@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/attention.h"
 #include "cpu/elementwise.h"
 #include "testutil.h"
 
@@ -454,6 +455,71 @@ START_TEST(test_threads) {
 }
 END_TEST
 
+/* bf16 operands go to the CPU kernels as bf16 (with AVX512-BF16 the products run in bf16
+ * with f32 sums, the weights and score gradients rounded to bf16 once; else each slice is
+ * widened for the f32 kernel): the output and the three gradients stay within a few bf16
+ * roundings of the f32 kernel's on the widened inputs (which the widening path matches
+ * bit for bit), with dropout, through both ops, with the same bits at 1, 2 and 3 threads. */
+static void bf16_run(const int64_t *bthc, int64_t H, bool packed, nb_dtype dt, nb_tensor *base,
+                     nb_tensor *go, nb_generator *gen, nb_tensor **out, nb_tensor **grad) {
+    const int64_t B = bthc[0], T = bthc[1], C = bthc[2];
+    nb_tensor *a = nb_clone(nb_to_dtype(base, dt));
+    make_grad(a);
+    nb_generator_set_offset(gen, 3);
+    nb_tensor *y;
+    if (packed) {
+        y = nb_causal_attention_qkv(a, H, 0, 0.2, true, gen);
+    } else {
+        nb_tensor *part[3];
+        ck_assert_int_eq(nb_split(a, C, 2, part, 3), 3);
+        for (int j = 0; j < 3; j++)
+            part[j] = nb_transpose(nb_view(part[j], (int64_t[]){B, T, H, C / H}, 4), 1, 2);
+        y = nb_causal_attention(part[0], part[1], part[2], 0, 0.2, true, gen);
+        if (y) y = nb_reshape(nb_transpose(y, 1, 2), (int64_t[]){B, T, C}, 3);
+    }
+    ck_assert_msg(y != NULL, "%s", nb_last_error());
+    backward_with(y, nb_to_dtype(go, dt));
+    *out = nb_to_dtype(y, NB_BF16);
+    *grad = nb_to_dtype(nb_grad(a), NB_BF16);
+    ck_assert_int_eq(nb_tensor_dtype(nb_grad(a)), dt);
+}
+
+START_TEST(test_bf16_operands) {
+    nb_scope_begin();
+    const int64_t bthc[3] = {2, 70, 24}, H = 3;
+    nb_tensor *base = tu_random((int64_t[]){2, 70, 72}, 3, NB_BF16, -2, 2, 500);
+    nb_tensor *go = tu_random(bthc, 3, NB_BF16, -1, 1, 501);
+    nb_generator *gen = nb_generator_new(77);
+    int saved = nb_get_num_threads();
+    for (int mode = 0; mode < 4; mode++) {
+        const bool packed = mode & 1, native = mode < 2; /* native: where the build has it */
+        const bool was = nb__cpu_attention_native_bf16(native);
+        nb_tensor *ro, *rg, *o[3], *g[3];
+        bf16_run(bthc, H, packed, NB_F32, base, go, gen, &ro, &rg);
+        double *rov = tu_values(ro), *rgv = tu_values(rg);
+        for (int nt = 1; nt <= 3; nt++) {
+            nb_set_num_threads(nt);
+            bf16_run(bthc, H, packed, NB_BF16, base, go, gen, &o[nt - 1], &g[nt - 1]);
+            if (nt == 1 && !native) { /* widened per slice: the f32 kernel's bits */
+                tu_assert_same_bytes(o[0], ro);
+                tu_assert_same_bytes(g[0], rg);
+            } else if (nt == 1) {
+                tu_assert_close(o[0], rov, bthc, 3, 8e-3);
+                tu_assert_close(g[0], rgv, nb_shape(rg), 3, 8e-3);
+            } else {
+                tu_assert_same_bytes(o[nt - 1], o[0]);
+                tu_assert_same_bytes(g[nt - 1], g[0]);
+            }
+        }
+        nb_set_num_threads(saved);
+        nb__cpu_attention_native_bf16(was);
+        free(rov), free(rgv);
+    }
+    nb_generator_free(gen);
+    nb_scope_end();
+}
+END_TEST
+
 START_TEST(test_no_alloc) {
     nb_scope_begin();
     const int64_t sh[4] = {2, 2, 40, 8};
@@ -745,6 +811,7 @@ Suite *nb_suite_attention(void) {
         {"packed_qkv", test_packed_qkv},
         {"dropout", test_dropout},
         {"threads", test_threads},
+        {"bf16_operands", test_bf16_operands},
         {"no_alloc", test_no_alloc},
         {"errors", test_errors},
         {"tanh_gelu_accuracy", test_tanh_gelu_accuracy},

@@ -661,6 +661,74 @@ START_TEST(test_unary_special) {
 }
 END_TEST
 
+/* bf16 gelu and its backward read tables (cpu/elementwise.c): over every one of the 65536
+ * inputs they give the bits of the f32 kernels rounded once to bf16, on contiguous and
+ * strided runs, and are within bf16 rounding (2^-8 relative, f32 error included) of the
+ * double-precision erf GELU and its derivative Phi(x) + x phi(x). */
+static bool bf16_same(uint16_t a, uint16_t b) {
+    return a == b || (isnan(nb_bf16_to_f32(a)) && isnan(nb_bf16_to_f32(b)));
+}
+
+START_TEST(test_gelu_bf16_all_values) {
+    const int64_t n = 65536;
+    uint16_t *x = malloc(sizeof(uint16_t) * 2 * (size_t)n), *g = malloc(sizeof(uint16_t) * (size_t)n);
+    uint16_t *y = malloc(sizeof(uint16_t) * 2 * (size_t)n), *d = malloc(sizeof(uint16_t) * (size_t)n);
+    uint64_t st = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = (uint16_t)i;
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        g[i] = nb_f32_to_bf16((float)((double)(st >> 11) * 0x1p-53 * 4.0 - 2.0));
+    }
+    nb__ew_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    nb__iter_fn fw = nb__cpu_ew_kernel(NB__OP_GELU, NB_BF16);
+    nb__iter_fn bw = nb__cpu_ew_bw_kernel(NB__OP_GELU, 0, NB_BF16);
+    ck_assert(fw && bw);
+    fw((char *[]){(char *)y, (char *)x}, (const int64_t[]){2, 2}, n, &ctx);
+    bw((char *[]){(char *)d, (char *)g, (char *)x}, (const int64_t[]){2, 2, 2}, n, &ctx);
+    for (int64_t i = 0; i < n; i++) {
+        float xf = nb_bf16_to_f32(x[i]), gf = nb_bf16_to_f32(g[i]);
+        uint16_t ey = nb_f32_to_bf16(nb__cpu_geluf(xf));
+        uint16_t ed = nb_f32_to_bf16(gf * nb__cpu_gelu_gradf(xf));
+        ck_assert_msg(bf16_same(y[i], ey), "gelu bf16 0x%04x: 0x%04x, f32 path 0x%04x",
+                      (unsigned)i, y[i], ey);
+        ck_assert_msg(bf16_same(d[i], ed), "gelu' bf16 0x%04x (g 0x%04x): 0x%04x, f32 path 0x%04x",
+                      (unsigned)i, g[i], d[i], ed);
+        if (!isfinite(xf) || fabsf(xf) > 1e30f) continue;
+        double xd = xf, ry = 0.5 * xd * erfc(-xd / sqrt(2.0)); /* no cancellation in the tail */
+        double rd = gf * (0.5 * erfc(-xd / sqrt(2.0)) + xd * exp(-0.5 * xd * xd) / sqrt(2 * M_PI));
+        double gy = nb_bf16_to_f32(y[i]), gd = nb_bf16_to_f32(d[i]);
+        ck_assert_msg(fabs(gy - ry) <= 0x1p-8 * fabs(ry) + 1e-38, "gelu(%.9g) = %.9g, expected %.9g",
+                      xd, gy, ry);
+        ck_assert_msg(fabs(gd - rd) <= 0x1p-8 * fabs(rd) + 1e-38,
+                      "gelu'(%.9g) * %g = %.9g, expected %.9g", xd, (double)gf, gd, rd);
+    }
+    /* strided runs (every other element of a buffer) give the same bits */
+    for (int64_t i = n - 1; i >= 0; i--) x[2 * i] = x[i], x[2 * i + 1] = 0x7fc0;
+    memset(y, 0, sizeof(uint16_t) * 2 * (size_t)n);
+    fw((char *[]){(char *)y, (char *)x}, (const int64_t[]){4, 4}, n, &ctx);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(bf16_same(y[2 * i], nb_f32_to_bf16(nb__cpu_geluf(nb_bf16_to_f32((uint16_t)i)))),
+                      "strided gelu bf16 0x%04x", (unsigned)i);
+    /* and through the op on the default device */
+    nb_scope_begin();
+    double *v = malloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) v[i] = nb_bf16_to_f32((uint16_t)i);
+    nb_tensor *t = nb_gelu(tu_tensor(v, &n, 1, NB_BF16));
+    ck_assert(t && nb_tensor_dtype(t) == NB_BF16);
+    ck_assert(nb_read(t, y, n, NB_BF16) == NB_OK);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(bf16_same(y[i], nb_f32_to_bf16(nb__cpu_geluf((float)v[i]))),
+                      "nb_gelu bf16 of %g", v[i]);
+    nb_scope_end();
+    free(v);
+    free(x);
+    free(g);
+    free(y);
+    free(d);
+}
+END_TEST
+
 /* The result does not depend on the thread count. */
 START_TEST(test_thread_invariance) {
     nb_scope_begin();
@@ -755,6 +823,7 @@ Suite *nb_suite_elementwise(void) {
         {"int_wrap", test_int_wrap},
         {"half_scalar_precision", test_half_scalar_precision},
         {"exp_accuracy", test_exp_accuracy},
+        {"gelu_bf16_all_values", test_gelu_bf16_all_values},
         {"unary_special", test_unary_special},
         {"thread_invariance", test_thread_invariance},
         {"errors", test_errors},

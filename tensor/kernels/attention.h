@@ -8,7 +8,9 @@
  * slice is a row-major (T, D) matrix with row stride = the T stride (views from splitting a
  * fused qkv projection need no copy). lse is (B, H, T) contiguous: the log-sum-exp of each
  * row of scaled scores, written by the forward for the backward. All in the compute dtype
- * `dtype`, NB_F32 (for f32, f16, bf16) or NB_F64.
+ * `dtype`, NB_F32 (for f32, f16, bf16) or NB_F64; except with `bf16` set (only on a backend
+ * whose attention_bf16 flag says it takes them, tensor/backend.h): then q, k, v, o, dout,
+ * dq, dk and dv are bf16 while dtype and lse stay NB_F32 (the math is f32 either way).
  *
  * Dropout (p > 0): the weight P[b, h, t, s] is kept iff the Philox word for element
  * i = ((b H + h) T + t) T + s of a (B, H, T, T) tensor, drawn as nb_bernoulli draws it
@@ -37,6 +39,7 @@ typedef struct nb__attn_geom {
 typedef struct nb__attention_args {
     nb__attn_geom g;
     nb_dtype dtype;
+    bool bf16; /* bf16 operands (above) */
     const void *q, *k, *v;
     void *o, *lse;
 } nb__attention_args;
@@ -47,6 +50,7 @@ typedef struct nb__attention_args {
 typedef struct nb__attention_backward_args {
     nb__attn_geom g;
     nb_dtype dtype;
+    bool bf16; /* bf16 operands and gradients (above) */
     const void *q, *k, *v, *lse, *dout;
     void *dq, *dk, *dv;
 } nb__attention_backward_args;
