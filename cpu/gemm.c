@@ -301,8 +301,16 @@ static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_
         return NB_OK;
     }
 #if NB_HAVE_DNNL
-    if (nb_gemm_provider_current() == NB_GEMM_DNNL && sgemm_packed())
-        return nb__sgemm_packed(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (nb_gemm_provider_current() == NB_GEMM_DNNL && sgemm_packed()) {
+        /* A product the tiles leave whole (under 2 tiles of work) stays one dnnl_sgemm
+         * call: it gains nothing from sharing packed operands, and packing costs more than
+         * oneDNN's small-product kernels (attention's per-head products). */
+        int64_t mb, nb;
+        tile_grid(M, N, K, &mb, &nb);
+        if (mb < M || nb < N)
+            return nb__sgemm_packed(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                    ldc);
+    }
     if (nb_gemm_provider_current() == NB_GEMM_DNNL) {
         dnnl_status_t st = (dnnl_status_t)tiled(TILE_DNNL_F32, transA, transB, M, N, K, alpha,
                                                 A, lda, B, ldb, beta, C, ldc);

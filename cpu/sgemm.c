@@ -42,19 +42,20 @@ bool nb__sgemm_packed_available(void) { return HAVE_KERNEL; }
 
 #if HAVE_KERNEL
 
-/* Sizes (measured on the reference machine, AMD Zen 5: other choices within the noise of a
- * shared machine). KC_MAX decides where the sum over K is cut, so it is part of the bits:
- * never make it depend on anything but K. */
-#define MR 8                        /* rows of the micro-kernel ... */
-#define NVM 3                       /* ... and its columns in AVX-512 vectors: 8 x 3 sums */
-#define NR (16 * NVM)               /* 48 columns */
-#define KC_MAX 512                  /* longest K block */
-#define MC_MAX 192                  /* rows of a tile at most */
-#define NC_MAX 96                   /* columns of a tile at most (its B block: 192 KB of L2) */
-#define MIN_MB 32                   /* tiles are split for more threads down to 32 rows ... */
-#define MIN_NB 48                   /* ... and 48 columns */
+/* Sizes (tried on the reference machine, AMD Zen 5, against the tiles of dnnl_sgemm calls:
+ * 8 x 48 kernels, K blocks of 256 and tiles of 96 or 288 columns did worse on the W3 shapes;
+ * the rest was within the noise of a shared machine). KC_MAX decides where the sum over K
+ * is cut, so it is part of the bits: never make it depend on anything but K. */
+#define MR 8             /* rows of the micro-kernel ... */
+#define NVM 2            /* ... and its columns in AVX-512 vectors: 8 x 2 sums of 16 */
+#define NR (16 * NVM)    /* 32 columns */
+#define KC_MAX 512       /* longest K block */
+#define MC_MAX 192       /* rows of a tile at most */
+#define NC_MAX 256       /* columns of a tile at most (its B block: 512 KB of L2) */
+#define MIN_MB 32        /* tiles are split for more threads down to 32 rows ... */
+#define MIN_NB 64        /* ... and 64 columns */
 #define TASKS_PER_THREAD 4
-#define PF_B 8 /* the micro-kernel prefetches B this many k steps ahead */
+#define PF_B 8           /* the micro-kernel prefetches B this many k steps ahead */
 #define KEEP_BYTES ((size_t)64 << 20) /* per-thread packing buffers up to this stay cached */
 
 /* ---- per-thread packing buffers ----------------------------------------------------------- */
@@ -179,11 +180,30 @@ static void pack_a_panel(const job *j, int64_t ip) {
     }
 }
 
+/* Panels ip0 .. ip1 of a transposed A (op(A)[i][k] = A[k * lda + i]) together: row k of A
+ * holds MR consecutive floats of each panel, so walking the rows once reads A in order. */
+static void pack_at_panels(const job *j, int64_t ip0, int64_t ip1) {
+    for (int64_t p = 0; p < j->nkb; p++) {
+        int64_t k0 = p * j->kc, kcb = kb_len(j, p);
+        float *dst0 = j->ap + k0 * j->mpan * MR;
+        for (int64_t k = 0; k < kcb; k++) {
+            const float *src = j->A + (k0 + k) * j->lda;
+            for (int64_t ip = ip0; ip < ip1; ip++) {
+                int64_t r0 = ip * MR, rows = min64(MR, j->M - r0);
+                __m256 v = _mm256_maskz_loadu_ps((__mmask8)((1u << rows) - 1), src + r0);
+                _mm256_store_ps(dst0 + ip * kcb * MR + k * MR, v);
+            }
+        }
+    }
+}
+
 static void pack_task(int64_t t, void *ctx) {
     const job *j = ctx;
     if (t < j->a_tasks) {
         int64_t p1 = min64(j->mpan, (t + 1) * j->a_task);
-        for (int64_t ip = t * j->a_task; ip < p1; ip++) pack_a_panel(j, ip);
+        if (j->ta) pack_at_panels(j, t * j->a_task, p1);
+        else
+            for (int64_t ip = t * j->a_task; ip < p1; ip++) pack_a_panel(j, ip);
     } else {
         t -= j->a_tasks;
         int64_t p1 = min64(j->npan, (t + 1) * j->b_task);
