@@ -263,11 +263,11 @@ static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N,
 
 /* ---- the f32 path under the dnnl provider ---------------------------------------------------
  * Either the tiles of single-threaded dnnl_sgemm calls above (the default) or nabla's own
- * packed GEMM (cpu/sgemm.c: A and B packed once for all threads), with NB_SGEMM=packed (read
+ * packed GEMM (cpu/sgemm.c: B packed once for all threads), with NB_SGEMM=packed (read
  * once; ignored where this build has no kernel for it, which needs AVX-512). Both give the
  * same bits at any thread count, but not the same bits as each other. The packed GEMM is not
- * the default because it measured some 7 % slower (docs/threads.md). Under the openblas
- * provider f32 always goes to OpenBLAS. */
+ * the default: it measured about as fast, slower on the GPT (docs/threads.md). Under the
+ * openblas provider f32 always goes to OpenBLAS. */
 static atomic_int g_sgemm_packed = -1; /* -1: NB_SGEMM not read yet */
 
 static bool sgemm_packed(void) {

@@ -3,11 +3,10 @@
  *
  * Why: a GEMM cut into tiles that are each one single-threaded provider call (cpu/gemm.c)
  * has the same bits at any thread count, but every tile's call packs its operands again (a
- * tile of rows packs all of B). Here op(A) and op(B) are packed once, by all threads, into
- * panels that every worker reads; then C is cut into tiles that run the micro-kernel.
- * Status: opt-in (NB_SGEMM=packed, docs/threads.md); on the reference machine it is still
- * some 7 % slower than the tiles of dnnl_sgemm calls (the micro-kernel matches dnnl's on
- * data in cache; large products lose in the memory hierarchy).
+ * tile of rows packs all of B). Here op(B) is packed once, by all threads, into panels that
+ * every worker reads (and op(A) too when it is transposed; otherwise the micro-kernel reads
+ * the rows of A in place); then C is cut into tiles that run the micro-kernel.
+ * Status: opt-in (NB_SGEMM=packed); see docs/threads.md for what it measured.
  *
  * Bits: the sum over K runs in blocks of at most KC_MAX whose edges depend on K alone; within
  * a block each element of C is one chain of fused multiply-adds in k order started from 0,
@@ -18,11 +17,11 @@
  * values only. (For K <= KC_MAX with alpha 1 and beta 0 this happens to be the very sum
  * dnnl_sgemm computes.)
  *
- * Loops: pack op(A) into MR-row panels and op(B) into NR-column panels, each K block of a
- * panel contiguous (one job of tasks over panels); then, per tile of C (mb x nb, one task),
- * per K block, per MR-row panel of A (kc x MR floats: stays in L1), per NR-column panel of B
- * (the tile's B block, kc x nb: stays in L2), the micro-kernel MR x NR. The packing buffer is
- * per calling thread and kept between calls. */
+ * Loops: pack op(B) into NR-column panels (and a transposed A into MR-row panels), each K
+ * block of a panel contiguous (one job of tasks over panels); then, per tile of C (mb x nb,
+ * one task), per K block, per MR rows of A (kc x MR floats: stay in L1), per NR-column panel
+ * of B (the tile's B block, kc x nb: stays in L2), the micro-kernel MR x NR. The packing
+ * buffer is per calling thread and kept between calls. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,27 +158,6 @@ static void pack_b_panel(const job *j, int64_t jp) {
     }
 }
 
-/* Panel ip of op(A) (rows ip * MR ..) for every K block: kcb groups of MR floats, zero past
- * row M. */
-static void pack_a_panel(const job *j, int64_t ip) {
-    int64_t r0 = ip * MR, rows = min64(MR, j->M - r0);
-    for (int64_t p = 0; p < j->nkb; p++) {
-        int64_t k0 = p * j->kc, kcb = kb_len(j, p);
-        float *dst = j->ap + k0 * j->mpan * MR + ip * kcb * MR;
-        if (j->ta) {
-            /* op(A)[i][k] = A[k * lda + i]: MR consecutive floats per k */
-            const float *src = j->A + k0 * j->lda + r0;
-            __mmask16 m = (__mmask16)((1u << rows) - 1), all = (__mmask16)((1u << MR) - 1);
-            for (int64_t k = 0; k < kcb; k++, src += j->lda, dst += MR)
-                _mm512_mask_storeu_ps(dst, all, _mm512_maskz_loadu_ps(m, src));
-        } else {
-            for (int64_t k = 0; k < kcb; k += 8) /* MR == 8: one 8 x 8 transpose per 8 k */
-                tr8(j->A + r0 * j->lda + k0 + k, j->lda, rows, min64(8, kcb - k),
-                    dst + k * MR, MR);
-        }
-    }
-}
-
 /* Panels ip0 .. ip1 of a transposed A (op(A)[i][k] = A[k * lda + i]) together: row k of A
  * holds MR consecutive floats of each panel, so walking the rows once reads A in order. */
 static void pack_at_panels(const job *j, int64_t ip0, int64_t ip1) {
@@ -201,9 +179,7 @@ static void pack_task(int64_t t, void *ctx) {
     const job *j = ctx;
     if (t < j->a_tasks) {
         int64_t p1 = min64(j->mpan, (t + 1) * j->a_task);
-        if (j->ta) pack_at_panels(j, t * j->a_task, p1);
-        else
-            for (int64_t ip = t * j->a_task; ip < p1; ip++) pack_a_panel(j, ip);
+        pack_at_panels(j, t * j->a_task, p1); /* only a transposed A is packed */
     } else {
         t -= j->a_tasks;
         int64_t p1 = min64(j->npan, (t + 1) * j->b_task);
@@ -235,11 +211,14 @@ static inline __attribute__((always_inline)) void store_row(float *c, const __m5
  * a (kc x MR) and b (kc x NR, of which the first 16 nv columns are used). The same steps for
  * every element whatever nv, so a narrow kernel at the right edge gives the same bits. */
 static inline __attribute__((always_inline)) void
-micro_kernel(int nv, int64_t kc, const float *restrict a, const float *restrict b, float *c,
-             int64_t ldc, int64_t rows, int64_t cols, __m512 va, __m512 vb, int mode) {
+micro_kernel(int nv, int64_t kc, const float *a, int64_t ars, int64_t aks,
+             const float *restrict b, float *c, int64_t ldc, int64_t rows, int64_t cols,
+             __m512 va, __m512 vb, int mode) {
+    /* row i of the A panel; rows past `rows` (not stored) read row 0 again */
 #define DECL(i)                                                                            \
     __m512 s##i[NVM];                                                                      \
-    for (int v = 0; v < NVM; v++) s##i[v] = _mm512_setzero_ps();
+    for (int v = 0; v < NVM; v++) s##i[v] = _mm512_setzero_ps();                           \
+    const float *restrict a##i = a + (i < rows ? i : 0) * ars;
     ROWS(DECL)
 #undef DECL
     if (mode != 0) { /* C is read at the end: start bringing it in now */
@@ -249,7 +228,7 @@ micro_kernel(int nv, int64_t kc, const float *restrict a, const float *restrict 
 #undef PREF
     }
 #pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; k++, a += MR, b += NR) {
+    for (int64_t k = 0, ka = 0; k < kc; k++, ka += aks, b += NR) {
         __m512 bv[NVM];
         for (int v = 0; v < nv; v++) {
             _mm_prefetch((const char *)(b + PF_B * NR + 16 * v), _MM_HINT_T0);
@@ -257,7 +236,7 @@ micro_kernel(int nv, int64_t kc, const float *restrict a, const float *restrict 
         }
 #define FMA(i)                                                                             \
     {                                                                                      \
-        __m512 ai = _mm512_set1_ps(a[i]);                                                  \
+        __m512 ai = _mm512_set1_ps(a##i[ka]);                                              \
         for (int v = 0; v < nv; v++) s##i[v] = _mm512_fmadd_ps(ai, bv[v], s##i[v]);       \
     }
         ROWS(FMA)
@@ -275,10 +254,10 @@ micro_kernel(int nv, int64_t kc, const float *restrict a, const float *restrict 
 }
 
 #define KERNEL_NV(nv)                                                                      \
-    static void micro_kernel_##nv(int64_t kc, const float *a, const float *b, float *c,    \
-                                  int64_t ldc, int64_t rows, int64_t cols, __m512 va,      \
-                                  __m512 vb, int mode) {                                   \
-        micro_kernel(nv, kc, a, b, c, ldc, rows, cols, va, vb, mode);                      \
+    static void micro_kernel_##nv(int64_t kc, const float *a, int64_t ars, int64_t aks,    \
+                                  const float *b, float *c, int64_t ldc, int64_t rows,     \
+                                  int64_t cols, __m512 va, __m512 vb, int mode) {          \
+        micro_kernel(nv, kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode);            \
     }
 KERNEL_NV(1)
 #if NVM >= 2
@@ -298,25 +277,26 @@ KERNEL_NV(6)
 #endif
 
 /* The micro-kernel for the 16 nv columns that cover cols. */
-static void micro_kernel_any(int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
-                             int64_t rows, int64_t cols, __m512 va, __m512 vb, int mode) {
+static void micro_kernel_any(int64_t kc, const float *a, int64_t ars, int64_t aks,
+                             const float *b, float *c, int64_t ldc, int64_t rows, int64_t cols,
+                             __m512 va, __m512 vb, int mode) {
     switch ((cols + 15) / 16) {
 #if NVM >= 6
-    case 6: micro_kernel_6(kc, a, b, c, ldc, rows, cols, va, vb, mode); break;
+    case 6: micro_kernel_6(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
 #endif
 #if NVM >= 5
-    case 5: micro_kernel_5(kc, a, b, c, ldc, rows, cols, va, vb, mode); break;
+    case 5: micro_kernel_5(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
 #endif
 #if NVM >= 4
-    case 4: micro_kernel_4(kc, a, b, c, ldc, rows, cols, va, vb, mode); break;
+    case 4: micro_kernel_4(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
 #endif
 #if NVM >= 3
-    case 3: micro_kernel_3(kc, a, b, c, ldc, rows, cols, va, vb, mode); break;
+    case 3: micro_kernel_3(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
 #endif
 #if NVM >= 2
-    case 2: micro_kernel_2(kc, a, b, c, ldc, rows, cols, va, vb, mode); break;
+    case 2: micro_kernel_2(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
 #endif
-    default: micro_kernel_1(kc, a, b, c, ldc, rows, cols, va, vb, mode); break;
+    default: micro_kernel_1(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
     }
 }
 
@@ -331,15 +311,19 @@ static void tile_task(int64_t t, void *ctx) {
         int64_t k0 = p * j->kc, kcb = kb_len(j, p);
         int mode = p > 0 ? 2 : j->beta != 0.0f ? 1 : 0;
         const float *bblk = j->bp + k0 * j->npan * NR + n0 / NR * kcb * NR;
-        const float *ablk = j->ap + k0 * j->mpan * MR + m0 / MR * kcb * MR;
+        /* A: packed (transposed A), or read in place (row i at stride lda, k at stride 1) */
+        const float *ablk = j->ta ? j->ap + k0 * j->mpan * MR + m0 / MR * kcb * MR
+                                  : j->A + m0 * j->lda + k0;
+        int64_t ars = j->ta ? 1 : j->lda, aks = j->ta ? MR : 1, astep = j->ta ? kcb * MR : MR * j->lda;
         for (int64_t ip = 0; ip < mpan; ip++)
             for (int64_t jn = 0; jn < n; jn += NR) {
                 int64_t rows = min64(MR, m - ip * MR);
-                const float *ab = ablk + ip * kcb * MR;
+                const float *ab = ablk + ip * astep;
                 float *c = j->C + (m0 + ip * MR) * j->ldc + n0;
                 int64_t cols = min64(NR, n - jn);
                 const float *bpan = bblk + jn * kcb;
-                micro_kernel_any(kcb, ab, bpan, c + jn, j->ldc, rows, cols, va, vb, mode);
+                micro_kernel_any(kcb, ab, ars, aks, bpan, c + jn, j->ldc, rows, cols, va, vb,
+                                 mode);
             }
     }
 }
@@ -373,7 +357,8 @@ nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64
     j.nkb = (K + j.kc - 1) / j.kc;  /* and none empty */
     j.npan = (N + NR - 1) / NR;
     j.mpan = (M + MR - 1) / MR;
-    size_t nbp = (size_t)(j.npan * NR * K), nap = (size_t)(j.mpan * MR * K);
+    /* A is packed only when transposed (in place, a row of A is the k run the kernel wants) */
+    size_t nbp = (size_t)(j.npan * NR * K), nap = transA ? (size_t)(j.mpan * MR * K) : 0;
     j.bp = tbuf_get(&t_pack, nbp + nap);
     if (!j.bp)
         return nb__error(NB_ENOMEM, "matmul: no memory to pack the operands (%lld floats)",
@@ -387,7 +372,7 @@ nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64
     if (j.b_task < per_b) j.b_task = per_b;
     j.a_task = (j.mpan + want - 1) / want;
     if (j.a_task < per_a) j.a_task = per_a;
-    j.a_tasks = (j.mpan + j.a_task - 1) / j.a_task;
+    j.a_tasks = transA ? (j.mpan + j.a_task - 1) / j.a_task : 0;
     nb__run_tasks(j.a_tasks + (j.npan + j.b_task - 1) / j.b_task, nthreads, pack_task, &j);
     tile_grid(&j, nthreads);
     nb__run_tasks((M + j.mb - 1) / j.mb * j.ncols, nthreads, tile_task, &j);

@@ -3,9 +3,10 @@
  *
  * Same contract as nb__gemm_f32 (cpu/gemm.h): row-major, C = alpha * op(A) * op(B) + beta * C,
  * beta == 0 writes C without reading it; the caller has already handled M, N <= 0, K <= 0 and
- * alpha == 0. op(A) and op(B) are packed once into panels that every worker shares, and the
- * sum over K always runs in the same blocks in the same order, so the bits depend on M, N, K
- * (and the values) only: never on the thread count or on how C is cut among the threads.
+ * alpha == 0. op(B) (and a transposed A) is packed once into panels that every worker shares,
+ * and the sum over K always runs in the same blocks in the same order, so the bits depend on
+ * M, N, K (and the values) only: never on the thread count or on how C is cut among the
+ * threads.
  *
  *     if (nb__sgemm_packed_available())
  *         st = nb__sgemm_packed(false, true, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
