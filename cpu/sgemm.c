@@ -207,9 +207,11 @@ static inline __attribute__((always_inline)) void store_row(float *c, const __m5
     }
 }
 
-/* C[0 .. rows, 0 .. cols] (row stride ldc) gets the MR x (16 nv) product of the micro-panels
- * a (kc x MR) and b (kc x NR, of which the first 16 nv columns are used). The same steps for
- * every element whatever nv, so a narrow kernel at the right edge gives the same bits. */
+/* C[0 .. rows, 0 .. cols] (row stride ldc) gets the MR x (16 nv) product of MR rows of A,
+ * element (i, k) at a[i * ars + k * aks] (a packed panel: ars 1, aks MR; A in place: ars lda,
+ * aks 1), and the panel b (kc x NR, of which the first 16 nv columns are used). The same
+ * steps for every element whatever nv or the layout of A, so a narrow kernel at the right
+ * edge gives the same bits. */
 static inline __attribute__((always_inline)) void
 micro_kernel(int nv, int64_t kc, const float *a, int64_t ars, int64_t aks,
              const float *restrict b, float *c, int64_t ldc, int64_t rows, int64_t cols,
