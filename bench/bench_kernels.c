@@ -6,7 +6,9 @@
  *     NT = X @ W^T (Linear forward, W stored (out, in)), NN = dY @ W (input grad),
  *     TN = dY^T @ X (weight grad),
  * nb_matmul (the transposed operand given as an nb_transpose view) vs dnnl_sgemm and
- * cblas_sgemm on the same data. The three are timed round-robin (one call of each per round)
+ * cblas_sgemm on the same data, and dnnl_sgemm on one thread (dnnl-1t: what one tile of the
+ * tiled GEMM runs at; NB_SGEMM=packed times nabla's own GEMM instead, docs/threads.md). The
+ * four are timed round-robin (one call of each per round)
  * so drift on the host hits all alike. nb_matmul allocates its output every call, as a user
  * sees it; the caching allocator hands the same block back each time, so after warm-up that is
  * a free-list pop, and its memory is as warm as the raw calls' preallocated C. The nabla time
@@ -179,6 +181,16 @@ static int run_dnnl(void *p) {
                ? 0
                : -1;
 }
+
+/* dnnl_sgemm on one thread: the rate one tile's call of the tiled GEMM (cpu/gemm.c) starts
+ * from, and the bar for nabla's packed GEMM at --threads 1. */
+static int run_dnnl1(void *p) {
+    int n = omp_get_max_threads();
+    omp_set_num_threads(1);
+    int rc = run_dnnl(p);
+    omp_set_num_threads(n);
+    return rc;
+}
 #endif
 
 /* Max relative error of nabla's result at 32 random entries vs a double dot product; *same
@@ -222,8 +234,8 @@ static void bench_gemm(void) {
     nb_gemm_provider prov = nb_gemm_provider_current();
     printf("\n== GEMM: nb_matmul vs raw sgemm (GFLOP/s, median; ratio = nabla / raw %s) ==\n",
            nb_gemm_provider_name(prov));
-    printf("%-22s %-3s %9s %9s %9s %8s  %s\n", "case (MxKxN)", "lay", "nabla", "dnnl", "openblas",
-           "ratio", "check");
+    printf("%-22s %-3s %9s %9s %9s %9s %8s  %s\n", "case (MxKxN)", "lay", "nabla", "dnnl",
+           "openblas", "dnnl-1t", "ratio", "check");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         for (size_t l = 0; l < sizeof layouts / sizeof layouts[0]; l++) {
             gemm_ctx g = {.layout = layouts[l].name, .ta = layouts[l].ta, .tb = layouts[l].tb,
@@ -233,26 +245,28 @@ static void bench_gemm(void) {
             g.A = rand_tensor(ash, 2);
             g.B = rand_tensor(bsh, 2);
             g.C = xalloc(sizeof(float) * (size_t)(g.M * g.N));
-            run_fn fns[3] = {run_nabla, NULL, run_cblas};
+            run_fn fns[4] = {run_nabla, NULL, run_cblas, NULL};
 #if NB_BENCH_DNNL
             fns[1] = run_dnnl;
+            fns[3] = run_dnnl1;
 #endif
-            void *ctxs[3] = {&g, &g, &g};
-            samples res[3];
-            time_round_robin(fns, ctxs, res, 3);
-            double flop = 2.0 * (double)g.M * (double)g.N * (double)g.K, gf[3], ratio[3];
-            for (int c = 0; c < 3; c++)
+            void *ctxs[4] = {&g, &g, &g, &g};
+            samples res[4];
+            time_round_robin(fns, ctxs, res, 4);
+            double flop = 2.0 * (double)g.M * (double)g.N * (double)g.K, gf[4], ratio[4];
+            for (int c = 0; c < 4; c++)
                 gf[c] = (fns[c] && !res[c].failed) ? flop / median_of(&res[c]) * 1e-9 : NAN;
             int inuse = prov == NB_GEMM_DNNL ? 1 : 2;
-            for (int c = 0; c < 3; c++) ratio[c] = fns[c] ? paired_ratio(&res[c], &res[inuse]) : NAN;
+            for (int c = 0; c < 4; c++) ratio[c] = fns[c] ? paired_ratio(&res[c], &res[inuse]) : NAN;
             bool same = false;
             double err = check_nabla(&g, fns[inuse], &same);
             const char *ok = err < 1e-4 ? "ok" : "FAIL";
             char name[64];
             snprintf(name, sizeof name, "M%lld_K%lld_N%lld", (long long)g.M, (long long)g.K,
                      (long long)g.N);
-            printf("%-22s %-3s %9.1f %9.1f %9.1f %8.3f  %s (maxrel %.1e, %s raw bits, runs %d)\n",
-                   name, g.layout, gf[0], gf[1], gf[2], ratio[0], ok, err,
+            printf("%-22s %-3s %9.1f %9.1f %9.1f %9.1f %8.3f  %s (maxrel %.1e, %s raw bits, runs "
+                   "%d)\n",
+                   name, g.layout, gf[0], gf[1], gf[2], gf[3], ratio[0], ok, err,
                    same ? "same" : "NOT the", res[0].n);
             if (res[0].failed) printf("  nb_matmul failed: %s\n", nb_last_error());
             printf("RESULT matmul %s_%s %.2f GFLOP/s ratio=%.3f\n", name, g.layout, gf[0], ratio[0]);
@@ -261,6 +275,9 @@ static void bench_gemm(void) {
                        ratio[1]);
             printf("RESULT cblas_sgemm %s_%s %.2f GFLOP/s ratio=%.3f\n", name, g.layout, gf[2],
                    ratio[2]);
+            if (fns[3])
+                printf("RESULT dnnl_sgemm_1t %s_%s %.2f GFLOP/s ratio=%.3f\n", name, g.layout,
+                       gf[3], ratio[3]);
             fflush(stdout);
             nb_tensor_free(g.A);
             nb_tensor_free(g.B);
@@ -466,7 +483,7 @@ int main(int argc, char **argv) {
     nb_set_num_threads(threads);
 
     const char *env[] = {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS",
-                         "OMP_WAIT_POLICY", "NB_GEMM"};
+                         "OMP_WAIT_POLICY", "NB_GEMM", "NB_SGEMM"};
     printf("nabla %s, threads %d (pool %d), gemm provider %s\n", nb_version(), threads,
            nb_get_num_threads(), nb_gemm_provider_name(nb_gemm_provider_current()));
     printf("OpenBLAS core %s", openblas_get_corename());

@@ -23,6 +23,7 @@
 #include "cpu/backend.h"
 #include "cpu/cpu_impl.h"
 #include "cpu/gemm.h"
+#include "cpu/sgemm.h"
 #include "nb_config.h"
 #include "tensor/trace.h"
 
@@ -260,6 +261,37 @@ static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N,
                     NULL);
 }
 
+/* ---- the f32 path under the dnnl provider ---------------------------------------------------
+ * Either the tiles of single-threaded dnnl_sgemm calls above (the default) or nabla's own
+ * packed GEMM (cpu/sgemm.c: B packed once for all threads), with NB_SGEMM=packed (read
+ * once; ignored where this build has no kernel for it, which needs AVX-512). Both give the
+ * same bits at any thread count, but not the same bits as each other. The packed GEMM is not
+ * the default: it measured about as fast, slower on the GPT (docs/threads.md). Under the
+ * openblas provider f32 always goes to OpenBLAS. */
+static atomic_int g_sgemm_packed = -1; /* -1: NB_SGEMM not read yet */
+
+static bool sgemm_packed(void) {
+    int v = atomic_load_explicit(&g_sgemm_packed, memory_order_relaxed);
+    if (v >= 0) return v;
+    const char *env = getenv("NB_SGEMM");
+    v = nb__sgemm_packed_available() && env && !strcmp(env, "packed");
+    int expected = -1;
+    if (!atomic_compare_exchange_strong(&g_sgemm_packed, &expected, v)) return expected;
+    return v;
+}
+
+bool nb__sgemm_set_packed(bool on) {
+    bool was = sgemm_packed();
+    atomic_store(&g_sgemm_packed, on && nb__sgemm_packed_available());
+    return was;
+}
+
+/* The f32 path in use (the detail of the "sgemm" trace span). */
+const char *nb__sgemm_path(void) {
+    if (nb_gemm_provider_current() == NB_GEMM_DNNL && sgemm_packed()) return "nabla packed";
+    return nb_gemm_provider_name(nb_gemm_provider_current());
+}
+
 static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                          float *C, int64_t ldc) {
@@ -269,6 +301,16 @@ static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_
         return NB_OK;
     }
 #if NB_HAVE_DNNL
+    if (nb_gemm_provider_current() == NB_GEMM_DNNL && sgemm_packed()) {
+        /* A product the tiles leave whole (under 2 tiles of work) stays one dnnl_sgemm
+         * call: it gains nothing from sharing packed operands, and packing costs more than
+         * oneDNN's small-product kernels (attention's per-head products). */
+        int64_t mb, nb;
+        tile_grid(M, N, K, &mb, &nb);
+        if (mb < M || nb < N)
+            return nb__sgemm_packed(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                    ldc);
+    }
     if (nb_gemm_provider_current() == NB_GEMM_DNNL) {
         dnnl_status_t st = (dnnl_status_t)tiled(TILE_DNNL_F32, transA, transB, M, N, K, alpha,
                                                 A, lda, B, ldb, beta, C, ldc);
@@ -605,7 +647,9 @@ nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t 
         if (!NB__TRACE_ACTIVE())                                                           \
             return impl(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);     \
         int tok = nb__span_begin(sizeof(T) == 4 ? "sgemm" : "dgemm",                       \
-                                 nb_gemm_provider_name(nb_gemm_provider_current()),        \
+                                 sizeof(T) == 4                                            \
+                                     ? nb__sgemm_path()                                    \
+                                     : nb_gemm_provider_name(nb_gemm_provider_current()),  \
                                  NB__CAT_GEMM);                                            \
         nb_status st = impl(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); \
         NB__SPAN_END_WORK(tok, M > 0 && N > 0 ? 2 * M * N * K : 0,                         \

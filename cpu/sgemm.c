@@ -1,0 +1,396 @@
+/* cpu/sgemm.c - nabla's own packed f32 GEMM (cpu/sgemm.h): the BLIS scheme with an AVX-512
+ * micro-kernel, run on nabla's workers.
+ *
+ * Why: a GEMM cut into tiles that are each one single-threaded provider call (cpu/gemm.c)
+ * has the same bits at any thread count, but every tile's call packs its operands again (a
+ * tile of rows packs all of B). Here op(B) is packed once, by all threads, into panels that
+ * every worker reads (and op(A) too when it is transposed; otherwise the micro-kernel reads
+ * the rows of A in place); then C is cut into tiles that run the micro-kernel.
+ * Status: opt-in (NB_SGEMM=packed); see docs/threads.md for what it measured.
+ *
+ * Bits: the sum over K runs in blocks of at most KC_MAX whose edges depend on K alone; within
+ * a block each element of C is one chain of fused multiply-adds in k order started from 0,
+ * and the block's sum is then added to C (the first block: alpha * sum, + beta * C). Every
+ * element takes exactly these steps whichever tile, thread or edge of a panel it is in
+ * (edges use the same vector code with masks or a narrower kernel, and the zero rows and
+ * columns that pad the panels never reach C), so the result depends on M, N, K and the
+ * values only. (For K <= KC_MAX with alpha 1 and beta 0 this happens to be the very sum
+ * dnnl_sgemm computes.)
+ *
+ * Loops: pack op(B) into NR-column panels (and a transposed A into MR-row panels), each K
+ * block of a panel contiguous (one job of tasks over panels); then, per tile of C (mb x nb,
+ * one task), per K block, per MR rows of A (kc x MR floats: stay in L1), per NR-column panel
+ * of B (the tile's B block, kc x nb: stays in L2), the micro-kernel MR x NR. The packing
+ * buffer is per calling thread and kept between calls. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "nabla/runtime.h"
+
+#include "cpu/cpu_impl.h"
+#include "cpu/sgemm.h"
+
+#if defined(__AVX512F__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_KERNEL 1
+#else
+#define HAVE_KERNEL 0
+#endif
+
+bool nb__sgemm_packed_available(void) { return HAVE_KERNEL; }
+
+#if HAVE_KERNEL
+
+/* Sizes (tried on the reference machine, AMD Zen 5, against the tiles of dnnl_sgemm calls:
+ * 8 x 48 kernels, K blocks of 256 and tiles of 96 or 288 columns did worse on the W3 shapes;
+ * the rest was within the noise of a shared machine). KC_MAX decides where the sum over K
+ * is cut, so it is part of the bits: never make it depend on anything but K. */
+#define MR 8             /* rows of the micro-kernel ... */
+#define NVM 2            /* ... and its columns in AVX-512 vectors: 8 x 2 sums of 16 */
+#define NR (16 * NVM)    /* 32 columns */
+#define KC_MAX 512       /* longest K block */
+#define MC_MAX 192       /* rows of a tile at most */
+#define NC_MAX 256       /* columns of a tile at most (its B block: 512 KB of L2) */
+#define MIN_MB 32        /* tiles are split for more threads down to 32 rows ... */
+#define MIN_NB 64        /* ... and 64 columns */
+#define TASKS_PER_THREAD 4
+#define PF_B 8           /* the micro-kernel prefetches B this many k steps ahead */
+#define KEEP_BYTES ((size_t)64 << 20) /* per-thread packing buffers up to this stay cached */
+
+/* ---- per-thread packing buffers ----------------------------------------------------------- */
+typedef struct {
+    float *p;
+    size_t cap; /* floats */
+} tbuf;
+
+static _Thread_local tbuf t_pack; /* the packed A and B of the GEMM this thread called */
+
+static float *tbuf_get(tbuf *b, size_t n) {
+    if (b->cap >= n) return b->p;
+    free(b->p);
+    b->p = NULL, b->cap = 0;
+    size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+    float *p = aligned_alloc(64, bytes);
+    if (!p) return NULL;
+    b->p = p, b->cap = bytes / sizeof(float);
+    return p;
+}
+
+static void tbuf_trim(tbuf *b) {
+    if (b->cap * sizeof(float) > KEEP_BYTES) {
+        free(b->p);
+        b->p = NULL, b->cap = 0;
+    }
+}
+
+/* ---- the job -------------------------------------------------------------------------------- */
+typedef struct {
+    bool ta, tb;
+    int64_t M, N, K;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    int64_t lda, ldb, ldc;
+    int64_t kc;       /* K block length (the last one may be shorter) */
+    int64_t nkb;      /* K blocks */
+    int64_t npan;     /* NR-column panels of op(B) */
+    int64_t mpan;     /* MR-row panels of op(A) */
+    float *bp;        /* packed op(B): block at k0 * npan * NR, panel jp at + jp * kcb * NR */
+    float *ap;        /* packed op(A): block at k0 * mpan * MR, panel ip at + ip * kcb * MR */
+    int64_t a_task, b_task; /* panels per packing task */
+    int64_t a_tasks;        /* the packing tasks of A come first */
+    int64_t mb, nb, ncols;  /* tile height, width (multiples of MR, NR), tiles per row */
+} job;
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* K block p: first index and length. */
+static inline int64_t kb_len(const job *j, int64_t p) { return min64(j->kc, j->K - p * j->kc); }
+
+/* ---- packing ---------------------------------------------------------------------------------- */
+/* The 8 x w block at src (rows `rows` < 8 read as zero, w <= 8 columns) transposed: column
+ * t (8 floats, one per row) to dst + t * dstride, for t < w. */
+static inline __attribute__((always_inline)) void tr8(const float *src, int64_t ld, int64_t rows, int64_t w, float *dst,
+                       int64_t dstride) {
+    __mmask8 mw = (__mmask8)((1u << w) - 1);
+    __m256 r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm256_maskz_loadu_ps(i < rows ? mw : 0, i < rows ? src + i * ld : src);
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    __m256 o[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                   _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                   _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                   _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+    for (int t = 0; t < w; t++) _mm256_storeu_ps(dst + t * dstride, o[t]);
+}
+
+/* Panel jp of op(B) for every K block: kcb rows of NR floats, zero past column N. */
+static void pack_b_panel(const job *j, int64_t jp) {
+    int64_t j0 = jp * NR, n = min64(NR, j->N - j0);
+    for (int64_t p = 0; p < j->nkb; p++) {
+        int64_t k0 = p * j->kc, kcb = kb_len(j, p);
+        float *dst = j->bp + k0 * j->npan * NR + jp * kcb * NR;
+        if (!j->tb) {
+            const float *src = j->B + k0 * j->ldb + j0;
+            __mmask16 m[NVM];
+            for (int v = 0; v < NVM; v++) {
+                int64_t left = n - 16 * v;
+                m[v] = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
+            }
+            for (int64_t k = 0; k < kcb; k++, src += j->ldb, dst += NR)
+                for (int v = 0; v < NVM; v++)
+                    _mm512_store_ps(dst + 16 * v, _mm512_maskz_loadu_ps(m[v], src + 16 * v));
+        } else {
+            /* op(B)[k][j] = B[j * ldb + k]: read each row of B along k, write down a column */
+            if (n < NR) memset(dst, 0, sizeof(float) * (size_t)(kcb * NR));
+            for (int64_t c = 0; c < n; c += 8)
+                for (int64_t k = 0; k < kcb; k += 8)
+                    tr8(j->B + (j0 + c) * j->ldb + k0 + k, j->ldb, min64(8, n - c),
+                        min64(8, kcb - k), dst + k * NR + c, NR);
+        }
+    }
+}
+
+/* Panels ip0 .. ip1 of a transposed A (op(A)[i][k] = A[k * lda + i]) together: row k of A
+ * holds MR consecutive floats of each panel, so walking the rows once reads A in order. */
+static void pack_at_panels(const job *j, int64_t ip0, int64_t ip1) {
+    for (int64_t p = 0; p < j->nkb; p++) {
+        int64_t k0 = p * j->kc, kcb = kb_len(j, p);
+        float *dst0 = j->ap + k0 * j->mpan * MR;
+        for (int64_t k = 0; k < kcb; k++) {
+            const float *src = j->A + (k0 + k) * j->lda;
+            for (int64_t ip = ip0; ip < ip1; ip++) {
+                int64_t r0 = ip * MR, rows = min64(MR, j->M - r0);
+                __m256 v = _mm256_maskz_loadu_ps((__mmask8)((1u << rows) - 1), src + r0);
+                _mm256_store_ps(dst0 + ip * kcb * MR + k * MR, v);
+            }
+        }
+    }
+}
+
+static void pack_task(int64_t t, void *ctx) {
+    const job *j = ctx;
+    if (t < j->a_tasks) {
+        int64_t p1 = min64(j->mpan, (t + 1) * j->a_task);
+        pack_at_panels(j, t * j->a_task, p1); /* only a transposed A is packed */
+    } else {
+        t -= j->a_tasks;
+        int64_t p1 = min64(j->npan, (t + 1) * j->b_task);
+        for (int64_t jp = t * j->b_task; jp < p1; jp++) pack_b_panel(j, jp);
+    }
+}
+
+/* ---- the micro-kernel ---------------------------------------------------------------------- */
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+
+/* One row of the tile into C (nv vectors, masks m): mode 0 C = alpha s, 1 C = alpha s +
+ * beta C, 2 C += alpha s. */
+static inline __attribute__((always_inline)) void store_row(float *c, const __m512 *s,
+                                                           const __mmask16 *m, int nv,
+                                                           __m512 va, __m512 vb, int mode) {
+    for (int v = 0; v < nv; v++) {
+        __m512 r;
+        if (mode == 2) {
+            r = _mm512_fmadd_ps(s[v], va, _mm512_maskz_loadu_ps(m[v], c + 16 * v));
+        } else {
+            r = _mm512_mul_ps(s[v], va);
+            if (mode == 1) r = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m[v], c + 16 * v), vb, r);
+        }
+        _mm512_mask_storeu_ps(c + 16 * v, m[v], r);
+    }
+}
+
+/* C[0 .. rows, 0 .. cols] (row stride ldc) gets the MR x (16 nv) product of MR rows of A,
+ * element (i, k) at a[i * ars + k * aks] (a packed panel: ars 1, aks MR; A in place: ars lda,
+ * aks 1), and the panel b (kc x NR, of which the first 16 nv columns are used). The same
+ * steps for every element whatever nv or the layout of A, so a narrow kernel at the right
+ * edge gives the same bits. */
+static inline __attribute__((always_inline)) void
+micro_kernel(int nv, int64_t kc, const float *a, int64_t ars, int64_t aks,
+             const float *restrict b, float *c, int64_t ldc, int64_t rows, int64_t cols,
+             __m512 va, __m512 vb, int mode) {
+    /* row i of the A panel; rows past `rows` (not stored) read row 0 again */
+#define DECL(i)                                                                            \
+    __m512 s##i[NVM];                                                                      \
+    for (int v = 0; v < NVM; v++) s##i[v] = _mm512_setzero_ps();                           \
+    const float *restrict a##i = a + (i < rows ? i : 0) * ars;
+    ROWS(DECL)
+#undef DECL
+    if (mode != 0) { /* C is read at the end: start bringing it in now */
+#define PREF(i)                                                                            \
+    for (int v = 0; v < nv; v++) _mm_prefetch((const char *)(c + i * ldc + 16 * v), _MM_HINT_T1);
+        ROWS(PREF)
+#undef PREF
+    }
+#pragma GCC unroll 4
+    for (int64_t k = 0, ka = 0; k < kc; k++, ka += aks, b += NR) {
+        __m512 bv[NVM];
+        for (int v = 0; v < nv; v++) {
+            _mm_prefetch((const char *)(b + PF_B * NR + 16 * v), _MM_HINT_T0);
+            bv[v] = _mm512_load_ps(b + 16 * v);
+        }
+#define FMA(i)                                                                             \
+    {                                                                                      \
+        __m512 ai = _mm512_set1_ps(a##i[ka]);                                              \
+        for (int v = 0; v < nv; v++) s##i[v] = _mm512_fmadd_ps(ai, bv[v], s##i[v]);       \
+    }
+        ROWS(FMA)
+#undef FMA
+    }
+    __mmask16 m[NVM];
+    for (int v = 0; v < NVM; v++) {
+        int64_t left = cols - 16 * v;
+        m[v] = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
+    }
+#define STORE(i)                                                                           \
+    if (i < rows) store_row(c + i * ldc, s##i, m, nv, va, vb, mode);
+    ROWS(STORE)
+#undef STORE
+}
+
+#define KERNEL_NV(nv)                                                                      \
+    static void micro_kernel_##nv(int64_t kc, const float *a, int64_t ars, int64_t aks,    \
+                                  const float *b, float *c, int64_t ldc, int64_t rows,     \
+                                  int64_t cols, __m512 va, __m512 vb, int mode) {          \
+        micro_kernel(nv, kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode);            \
+    }
+KERNEL_NV(1)
+#if NVM >= 2
+KERNEL_NV(2)
+#endif
+#if NVM >= 3
+KERNEL_NV(3)
+#endif
+#if NVM >= 4
+KERNEL_NV(4)
+#endif
+#if NVM >= 5
+KERNEL_NV(5)
+#endif
+#if NVM >= 6
+KERNEL_NV(6)
+#endif
+
+/* The micro-kernel for the 16 nv columns that cover cols. */
+static void micro_kernel_any(int64_t kc, const float *a, int64_t ars, int64_t aks,
+                             const float *b, float *c, int64_t ldc, int64_t rows, int64_t cols,
+                             __m512 va, __m512 vb, int mode) {
+    switch ((cols + 15) / 16) {
+#if NVM >= 6
+    case 6: micro_kernel_6(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
+#endif
+#if NVM >= 5
+    case 5: micro_kernel_5(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
+#endif
+#if NVM >= 4
+    case 4: micro_kernel_4(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
+#endif
+#if NVM >= 3
+    case 3: micro_kernel_3(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
+#endif
+#if NVM >= 2
+    case 2: micro_kernel_2(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
+#endif
+    default: micro_kernel_1(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
+    }
+}
+
+/* ---- tiles --------------------------------------------------------------------------------- */
+static void tile_task(int64_t t, void *ctx) {
+    job *j = ctx;
+    int64_t m0 = t / j->ncols * j->mb, n0 = t % j->ncols * j->nb;
+    int64_t m = min64(j->mb, j->M - m0), n = min64(j->nb, j->N - n0);
+    int64_t mpan = (m + MR - 1) / MR;
+    __m512 va = _mm512_set1_ps(j->alpha), vb = _mm512_set1_ps(j->beta);
+    for (int64_t p = 0; p < j->nkb; p++) {
+        int64_t k0 = p * j->kc, kcb = kb_len(j, p);
+        int mode = p > 0 ? 2 : j->beta != 0.0f ? 1 : 0;
+        const float *bblk = j->bp + k0 * j->npan * NR + n0 / NR * kcb * NR;
+        /* A: packed (transposed A), or read in place (row i at stride lda, k at stride 1) */
+        const float *ablk = j->ta ? j->ap + k0 * j->mpan * MR + m0 / MR * kcb * MR
+                                  : j->A + m0 * j->lda + k0;
+        int64_t ars = j->ta ? 1 : j->lda, aks = j->ta ? MR : 1, astep = j->ta ? kcb * MR : MR * j->lda;
+        for (int64_t ip = 0; ip < mpan; ip++)
+            for (int64_t jn = 0; jn < n; jn += NR) {
+                int64_t rows = min64(MR, m - ip * MR);
+                const float *ab = ablk + ip * astep;
+                float *c = j->C + (m0 + ip * MR) * j->ldc + n0;
+                int64_t cols = min64(NR, n - jn);
+                const float *bpan = bblk + jn * kcb;
+                micro_kernel_any(kcb, ab, ars, aks, bpan, c + jn, j->ldc, rows, cols, va, vb,
+                                 mode);
+            }
+    }
+}
+
+/* Tile sizes: at most MC_MAX x NC_MAX; with several threads, halved (the longer side first,
+ * not below MIN_MB x MIN_NB) until there are TASKS_PER_THREAD tiles per thread, so that a
+ * thread the scheduler runs late leaves its share to the others. The cut never changes the
+ * bits (see the top of the file), so it may depend on the thread count. */
+static void tile_grid(job *j, int nthreads) {
+    int64_t mb = min64(MC_MAX, (j->M + MR - 1) / MR * MR);
+    int64_t nb = min64(NC_MAX, (j->N + NR - 1) / NR * NR);
+    for (;;) {
+        int64_t tiles = ((j->M + mb - 1) / mb) * ((j->N + nb - 1) / nb);
+        if (nthreads <= 1 || tiles >= (int64_t)TASKS_PER_THREAD * nthreads) break;
+        bool m_ok = mb / 2 >= MIN_MB, n_ok = nb / 2 >= MIN_NB;
+        if (n_ok && (nb >= mb || !m_ok)) nb = (nb / 2 + NR - 1) / NR * NR;
+        else if (m_ok) mb = (mb / 2 + MR - 1) / MR * MR;
+        else break;
+    }
+    j->mb = mb, j->nb = nb;
+    j->ncols = (j->N + nb - 1) / nb;
+}
+
+nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                           float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                           float beta, float *C, int64_t ldc) {
+    job j = {.ta = transA, .tb = transB, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
+             .A = A, .B = B, .C = C, .lda = lda, .ldb = ldb, .ldc = ldc};
+    j.nkb = (K + KC_MAX - 1) / KC_MAX;
+    j.kc = (K + j.nkb - 1) / j.nkb; /* blocks of equal length, the last one shorter, */
+    j.nkb = (K + j.kc - 1) / j.kc;  /* and none empty */
+    j.npan = (N + NR - 1) / NR;
+    j.mpan = (M + MR - 1) / MR;
+    /* A is packed only when transposed (in place, a row of A is the k run the kernel wants) */
+    size_t nbp = (size_t)(j.npan * NR * K), nap = transA ? (size_t)(j.mpan * MR * K) : 0;
+    j.bp = tbuf_get(&t_pack, nbp + nap);
+    if (!j.bp)
+        return nb__error(NB_ENOMEM, "matmul: no memory to pack the operands (%lld floats)",
+                         (long long)(nbp + nap));
+    j.ap = j.bp + nbp;
+    int nthreads = nb_get_num_threads();
+    /* packing tasks of at least 64K floats, some per thread */
+    int64_t want = (int64_t)TASKS_PER_THREAD * nthreads;
+    int64_t per_b = (65536 + NR * K - 1) / (NR * K), per_a = (65536 + MR * K - 1) / (MR * K);
+    j.b_task = (j.npan + want - 1) / want;
+    if (j.b_task < per_b) j.b_task = per_b;
+    j.a_task = (j.mpan + want - 1) / want;
+    if (j.a_task < per_a) j.a_task = per_a;
+    j.a_tasks = transA ? (j.mpan + j.a_task - 1) / j.a_task : 0;
+    nb__run_tasks(j.a_tasks + (j.npan + j.b_task - 1) / j.b_task, nthreads, pack_task, &j);
+    tile_grid(&j, nthreads);
+    nb__run_tasks((M + j.mb - 1) / j.mb * j.ncols, nthreads, tile_task, &j);
+    tbuf_trim(&t_pack);
+    return NB_OK;
+}
+
+#else /* no AVX-512: cpu/gemm.c never calls this */
+
+nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                           float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                           float beta, float *C, int64_t ldc) {
+    (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
+    (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+    return nb__error(NB_EUNSUPPORTED, "matmul: nabla's packed sgemm needs AVX-512 (this "
+                                      "build was compiled without it)");
+}
+
+#endif

@@ -1,0 +1,33 @@
+/* sgemm.h - private: nabla's own packed f32 GEMM (cpu/sgemm.c), one of the f32 paths of
+ * cpu/gemm.c (which picks it; see docs/threads.md "GEMM providers").
+ *
+ * Same contract as nb__gemm_f32 (cpu/gemm.h): row-major, C = alpha * op(A) * op(B) + beta * C,
+ * beta == 0 writes C without reading it; the caller has already handled M, N <= 0, K <= 0 and
+ * alpha == 0. op(B) (and a transposed A) is packed once into panels that every worker shares,
+ * and the sum over K always runs in the same blocks in the same order, so the bits depend on
+ * M, N, K (and the values) only: never on the thread count or on how C is cut among the
+ * threads.
+ *
+ *     if (nb__sgemm_packed_available())
+ *         st = nb__sgemm_packed(false, true, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+ *
+ * Returns NB_OK, or NB_ENOMEM with nb_last_error() set (C untouched) when the packing buffer
+ * cannot be allocated. The buffer belongs to the calling thread and is kept between calls
+ * (freed after the call when over 64 MiB). */
+#ifndef NABLA_CPU_SGEMM_H
+#define NABLA_CPU_SGEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/status.h"
+
+/* False when this build has no kernel for the CPU it was compiled for (it needs AVX-512F,
+ * i.e. a -march that has it): then cpu/gemm.c keeps the provider path. */
+bool nb__sgemm_packed_available(void);
+
+nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                           float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                           float beta, float *C, int64_t ldc);
+
+#endif
