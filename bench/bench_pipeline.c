@@ -4,7 +4,9 @@
  *      many cores the machine has: measured bubble vs the ideal (p-1)/(v m + p - 1);
  *   2. the GPT split over the P ranks: parameters and activation memory per stage vs one
  *      rank holding the whole model (both measured in this run), the measured bubble and the
- *      step time per schedule.
+ *      step time per schedule;
+ *   3. on 4 ranks, the 3D layout tp 2 x pp 2 (each stage tensor parallel, with and without
+ *      sequence parallelism, 1F1B): the same per-rank figures against one rank.
  * Prints one table per part from rank 0. */
 #include <math.h>
 #include <stdio.h>
@@ -94,12 +96,14 @@ typedef struct mem {
 /* Parameters and the step's activation peak (allocator peak over the live bytes before the
  * step, gradients and optimizer state excluded by a warm-up step first). */
 static mem measure(const nb_gpt_config *cfg, nb_comm *pp, nb_pipe_schedule s, int v, int m,
-                   int64_t B) {
+                   int64_t B, nb_comm *tp, bool sp) {
     mem r = {NAN, NAN, NAN, NAN};
     nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
     po.schedule = s;
     po.virtual_stages = v;
     po.n_micro = m;
+    po.tp = tp;
+    po.sequence_parallel = sp;
     nb_generator *g = nb_generator_new(1);
     nb_gpt_pipe *p = nb_gpt_pipe_new(cfg, g, pp, NULL, &po);
     nb_sgd_opts so = nb_sgd_defaults();
@@ -146,7 +150,7 @@ static void bench_gpt(nb_comm *world) {
      * one after the other */
     mem one = {0};
     for (int r = 0; r < size; r++) {
-        if (r == rank) one = measure(&cfg, self, NB_PIPE_GPIPE, 1, 1, B); /* the whole batch at once */
+        if (r == rank) one = measure(&cfg, self, NB_PIPE_GPIPE, 1, 1, B, NULL, false); /* the whole batch at once */
         nb_barrier(world);
     }
     if (rank == 0)
@@ -158,7 +162,7 @@ static void bench_gpt(nb_comm *world) {
     const nb_pipe_schedule scheds[] = {NB_PIPE_GPIPE, NB_PIPE_1F1B, NB_PIPE_INTERLEAVED};
     for (int k = 0; k < 3; k++) {
         const int v = scheds[k] == NB_PIPE_INTERLEAVED ? 2 : 1;
-        mem r = measure(&cfg, world, scheds[k], v, m, B);
+        mem r = measure(&cfg, world, scheds[k], v, m, B, NULL, false);
         double w[3] = {r.params_mib, r.act_mib, r.step_ms};
         nb_tensor *t = nb_from_buffer(w, (int64_t[]){3}, 1, NB_F64);
         nb_allreduce(world, t, NB_REDUCE_MAX); /* the largest stage */
@@ -169,6 +173,27 @@ static void bench_gpt(nb_comm *world) {
                    v, w[0] / one.params_mib, w[1] / one.act_mib, r.bubble,
                    nb_pipe_bubble_theory(scheds[k], size, m, v), w[2]);
     }
+    /* 3. tp 2 x pp 2 on 4 ranks (Megatron's order: the tp pairs adjacent) */
+    nb_topology *topo = size == 4 ? nb_topology_new(world, &(nb_topology_opts){.pp = 2, .tp = 2})
+                                  : NULL;
+    if (topo && rank == 0)
+        printf("\n3. the same GPT as tp 2 x pp 2 (4 ranks, 1F1B, %d micro-batches) vs 1 rank\n"
+               "%-22s %11s %11s %9s %9s %9s\n", m, "layout", "params/1rk", "act/1rk", "bubble",
+               "ideal", "step ms");
+    for (int sp = 0; topo && sp <= 1; sp++) {
+        mem r = measure(&cfg, nb_topology_pp(topo), NB_PIPE_1F1B, 1, m, B, nb_topology_tp(topo),
+                        sp == 1);
+        double w[3] = {r.params_mib, r.act_mib, r.step_ms};
+        nb_tensor *t = nb_from_buffer(w, (int64_t[]){3}, 1, NB_F64);
+        nb_allreduce(world, t, NB_REDUCE_MAX); /* the largest rank */
+        nb_read(t, w, 3, NB_F64);
+        nb_tensor_free(t);
+        if (rank == 0)
+            printf("%-22s %11.3f %11.3f %9.3f %9.3f %9.0f\n",
+                   sp ? "tp2 x pp2, seq-parallel" : "tp2 x pp2", w[0] / one.params_mib,
+                   w[1] / one.act_mib, r.bubble, nb_pipe_bubble_theory(NB_PIPE_1F1B, 2, m, 1), w[2]);
+    }
+    nb_topology_free(topo);
     nb_comm_free(self);
 }
 
