@@ -589,6 +589,30 @@ START_TEST(test_zero_layouts_errors) {
     MT_CHECK(isnan(l) && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "not both"),
              "ddp and zero: %g %s", l, nb_last_error());
     nb_clear_error();
+    /* a loss scaler with ZeRO (TP step and pipeline step): refused, not half applied */
+    nb_grad_scaler *gs = nb_grad_scaler_new(NULL);
+    so = (nb_gpt_tp_step_opts){.zero = z, .scaler = gs, .grad_clip = CLIP};
+    l = nb_gpt_tp_train_step_ex(m, opt, &x, &y, 1, &so, NULL);
+    MT_CHECK(isnan(l) && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "loss scaler"),
+             "TP, zero and a scaler: %g %s", l, nb_last_error());
+    nb_clear_error();
+    {
+        nb_gpt_pipe *pipe = nb_gpt_pipe_new(&gcfg, NULL, self, NULL, NULL);
+        nb_optim *po = pipe ? adamw(nb_gpt_pipe_module(pipe)) : NULL;
+        nb_zero *pz = po ? nb_zero_new(nb_gpt_pipe_module(pipe), po, self, &zo) : NULL;
+        MT_CHECK(pz && nb_gpt_pipe_set_zero(pipe, pz) == NB_OK, "pipeline zero: %s", nb_last_error());
+        nb_gpt_pipe_step_opts ps = {.scaler = gs, .grad_clip = CLIP};
+        nb_tensor *px, *py;
+        batch(0, 0, 4, &px, &py);
+        l = pz ? nb_gpt_pipe_train_step_ex(pipe, po, px, py, &ps, NULL, NULL) : NAN;
+        MT_CHECK(isnan(l) && nb_last_status() == NB_EINVAL && strstr(nb_last_error(), "loss scaler"),
+                 "pipeline, zero and a scaler: %g %s", l, nb_last_error());
+        nb_clear_error();
+        nb_zero_free(pz);
+        nb_optim_free(po);
+        nb_gpt_pipe_free(pipe);
+    }
+    nb_grad_scaler_free(gs);
     nb_scope_end();
     nb_zero_free(z);
     /* stage 3 */
