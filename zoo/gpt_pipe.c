@@ -410,6 +410,17 @@ static nb_status allreduce_grads(nb_comm *c, const nb_params *ps, nb_tensor *onl
     return st;
 }
 
+/* *loss averaged over the data-parallel pipelines (every rank the same). Collective over dp. */
+static nb_status mean_over_dp(const nb_gpt_pipe *p, double *loss) {
+    if (!p->dp || nb_comm_size(p->dp) == 1) return NB_OK;
+    nb_scope_begin();
+    nb_tensor *t = nb_scalar(*loss, NB_F64);
+    nb_status st = t ? nb_allreduce(p->dp, t, NB_REDUCE_AVG) : nb_last_status();
+    if (st == NB_OK) *loss = nb_item_f64(t);
+    nb_scope_end();
+    return st;
+}
+
 /* Under ZeRO, after the tied embedding's sum: the gradients accumulated over the
  * micro-batches are reduce-scattered over dp, the norm is taken over the dp shards and the
  * stages (wte counted on the first rank), clipped, and the shard stepped. */
@@ -434,13 +445,7 @@ static double zero_tail(nb_gpt_pipe *p, nb_optim *opt, double loss, double grad_
                               : NAN;
     free(skip);
     if (st == NB_OK && norm < 0) st = nb_last_status();
-    if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1) {
-        nb_scope_begin();
-        nb_tensor *t = nb_scalar(loss, NB_F64);
-        st = t ? nb_allreduce(p->dp, t, NB_REDUCE_AVG) : nb_last_status();
-        if (st == NB_OK) loss = nb_item_f64(t);
-        nb_scope_end();
-    }
+    if (st == NB_OK) st = mean_over_dp(p, &loss);
     if (st != NB_OK) return NAN;
     if (grad_norm) *grad_norm = norm;
     if (stats) stats->comm_s = nb_time_s() - t0;
@@ -576,13 +581,7 @@ static double train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor 
         nb_scope_end();
         v2[1] = loss; /* the pipeline's loss is already the same on its ranks */
     }
-    if (st == NB_OK && p->dp && nb_comm_size(p->dp) > 1) {
-        nb_scope_begin();
-        nb_tensor *t = nb_scalar(loss, NB_F64);
-        st = t ? nb_allreduce(p->dp, t, NB_REDUCE_AVG) : nb_last_status();
-        if (st == NB_OK) loss = nb_item_f64(t);
-        nb_scope_end();
-    }
+    if (st == NB_OK) st = mean_over_dp(p, &loss);
     if (st != NB_OK) return NAN;
     const double norm = sqrt(v2[0]);
     if (grad_norm) *grad_norm = norm;
