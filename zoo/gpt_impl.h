@@ -20,6 +20,9 @@ nb_module *nb__gpt_add_layernorm(nb_module *parent, const char *name, const nb_g
  * message)" (c NULL or of size 1: st). nb__zoo_fresh_id: a random id for one save's files. */
 nb_status nb__zoo_agree(nb_comm *c, nb_status st, const char *what);
 uint64_t nb__zoo_fresh_id(void);
+/* Remove dir's files named <prefix>... that are not <prefix><id>-... (the files of earlier
+ * saves, once the index of save id is written). */
+void nb__zoo_remove_old_files(const char *dir, const char *prefix, const char *id);
 
 /* Tensor-parallel pieces (zoo/gpt_tp.c) for the pipeline's TP stages (zoo/gpt_pipe.c).
  * nb__gpt_tp: one stage's settings (cfg copied, tp borrowed), freed with free(); the modules

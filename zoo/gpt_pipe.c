@@ -6,7 +6,6 @@
 #include "nabla/pipeline.h"
 #include "zoo/gpt_impl.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -683,22 +682,6 @@ static nb_status save_begin(nb_gpt_pipe *p, nb_optim *opt, nb_checkpoint_writer 
     return w ? nb_checkpoint_writer_save(w, path, &ck) : nb_checkpoint_save(path, &ck);
 }
 
-/* Remove dir's stage files of saves other than id. */
-static void remove_old_stages(const char *dir, const char *id) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char keep[64];
-    snprintf(keep, sizeof keep, "stage-%s-", id);
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, "stage-", 6) != 0 || strncmp(e->d_name, keep, strlen(keep)) == 0)
-            continue;
-        char path[4600];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-}
-
 /* Rank 0 (the writer of stage 0), every stage file durable: the index, then the older stage
  * files and (keep > 0) the series' members beyond the newest keep. */
 static nb_status write_index(const nb_gpt_pipe *p, const char *dir, const char *base, int keep,
@@ -737,7 +720,7 @@ static nb_status write_index(const nb_gpt_pipe *p, const char *dir, const char *
     free(vals);
     free(names);
     if (st != NB_OK) return st;
-    remove_old_stages(dir, id);
+    nb__zoo_remove_old_files(dir, "stage-", id);
     nb_checkpoint_rotate(base, keep, dir);
     return NB_OK;
 }

@@ -5,7 +5,6 @@
 #include "nabla/gpt_tp.h"
 #include "zoo/gpt_impl.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -833,21 +832,6 @@ static nb_status tp_save_begin(const nb_checkpoint *c, nb_comm *dp, nb_checkpoin
     return st;
 }
 
-static void remove_old_shards(const char *dir, const char *id) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char keep[64];
-    snprintf(keep, sizeof keep, "tp-%s-", id);
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, "tp-", 3) != 0 || strncmp(e->d_name, keep, strlen(keep)) == 0)
-            continue;
-        char path[4600];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-}
-
 /* tp rank 0 of dp rank 0, every file durable: the index, then older files and rotation. */
 static nb_status tp_write_index(const tp_self *s, nb_comm *dp, const char *dir, const char *base,
                                 int keep, const char *id, int64_t step) {
@@ -877,7 +861,7 @@ static nb_status tp_write_index(const tp_self *s, nb_comm *dp, const char *dir, 
     free(vals);
     free(names);
     if (st != NB_OK) return st;
-    remove_old_shards(dir, id);
+    nb__zoo_remove_old_files(dir, "tp-", id);
     nb_checkpoint_rotate(base, keep, dir);
     return NB_OK;
 }

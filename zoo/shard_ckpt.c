@@ -1,6 +1,9 @@
 /* shard_ckpt.c - pieces the sharded checkpoints of zoo/gpt_pipe.c and zoo/gpt_tp.c share
  * (declared in zoo/gpt_impl.h). */
+#include <dirent.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
 #include <stdint.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,4 +34,20 @@ uint64_t nb__zoo_fresh_id(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return v ^ ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
+}
+
+void nb__zoo_remove_old_files(const char *dir, const char *prefix, const char *id) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char keep[96];
+    snprintf(keep, sizeof keep, "%s%s-", prefix, id);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
+            strncmp(e->d_name, keep, strlen(keep)) == 0)
+            continue;
+        char path[4600];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
 }
