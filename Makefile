@@ -20,7 +20,9 @@ deps:
 	@bash tools/install-deps
 
 $(BUILD)/build.ninja: | deps
-	meson setup $(BUILD) $(MESON_OPTS)
+	@# the CUDA compiler is tools/nvcc-md: nvcc with header dependency files (see the script)
+	mkdir -p $(BUILD) && printf "[binaries]\ncuda = '%s/tools/nvcc-md'\n" "$(CURDIR)" >$(BUILD)/nvcc-md.ini
+	meson setup $(BUILD) --native-file $(BUILD)/nvcc-md.ini $(MESON_OPTS)
 
 $(ASAN_BUILD)/build.ninja: | deps
 	meson setup $(ASAN_BUILD) -Dbuildtype=debug -Doptimization=1 -Db_sanitize=address,undefined \

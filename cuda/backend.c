@@ -1,11 +1,15 @@
 /* cuda/backend.c - the CUDA backend: device memory from the caching allocator (alloc.c),
- * copies through the library stream (copy.c), and the kernel table. Kernels are added
- * here as cuda/ gains them; an op without one answers "op: no cuda kernel (name)".
+ * copies through the library stream (copy.c), and the kernel table, filled once by the
+ * kernel families (cuda/kernels.h). An op without a kernel answers "op: no cuda kernel
+ * (name)". Also the kernel context every kernel entry point uses (nb__cuda_kbegin/kend).
  * Unverified on a GPU: no GPU was available where this was written. */
+#include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cuda/backend.h"
 #include "cuda/cuda_impl.h"
+#include "cuda/kernels.h"
 #include "nabla/cuda.h"
 
 nb_status nb__error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -26,15 +30,7 @@ static nb_status cuda_from_host(nb_device dev, void *dst, const void *src, size_
     return nbytes ? nb_cuda_memcpy_h2d(dst, src, nbytes) : NB_OK;
 }
 
-/* fill: f32 over one contiguous run (other geometries wait for the CUDA issue). */
-static nb_status cuda_fill(const nb__fill_args *a) {
-    const nb__iter *it = &a->it;
-    if (it->dtype[0] != NB_F32 || it->ndim != 1 || it->strides[0][0] != 4)
-        return nb__error(NB_EUNSUPPORTED, "fill: the cuda kernel handles contiguous f32 only");
-    return nb__cuda_fill_f32((float *)it->data[0], (float)a->value, it->numel, NULL);
-}
-
-static const nb__backend g_cuda = {
+static nb__backend g_cuda = {
     .name = "cuda",
     .has_storage = true,
     .host_accessible = false,
@@ -42,8 +38,25 @@ static const nb__backend g_cuda = {
     .free = cuda_free,
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
-    .k = {.fill = cuda_fill},
 };
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static void register_kernels(void) {
+    nb__cuda_reg_core(&g_cuda);
+    nb__cuda_reg_reduce(&g_cuda);
+    nb__cuda_reg_index(&g_cuda);
+    nb__cuda_reg_matmul(&g_cuda);
+    nb__cuda_reg_norm(&g_cuda);
+    nb__cuda_reg_attention(&g_cuda);
+    nb__cuda_reg_conv(&g_cuda);
+    nb__cuda_reg_loss(&g_cuda);
+    nb__cuda_reg_optim(&g_cuda);
+    nb__cuda_reg_random(&g_cuda);
+}
+
+static _Thread_local int t_kernel_device;
+void nb__cuda_set_kernel_device(int device) { t_kernel_device = device; }
+int nb__cuda_kernel_device(void) { return t_kernel_device; }
 
 const nb__backend *nb__cuda_backend(nb_device dev, const char *op) {
     int n = nb_cuda_device_count();
@@ -59,7 +72,65 @@ const nb__backend *nb__cuda_backend(nb_device dev, const char *op) {
                   n == 1 ? "" : "s");
         return NULL;
     }
+    pthread_once(&g_once, register_kernels);
+    t_kernel_device = dev.index;
     return &g_cuda;
 }
 
-const nb__kernels *nb__cuda_kernels(void) { return &g_cuda.k; }
+const nb__kernels *nb__cuda_kernels(void) {
+    pthread_once(&g_once, register_kernels);
+    return &g_cuda.k;
+}
+
+/* ---- the kernel context ------------------------------------------------------------------- */
+nb_status nb__cuda_kbegin(nb__cuda_kctx *c, const char *what) {
+    c->what = what;
+    c->device = t_kernel_device;
+    c->prev = -1;
+    c->stream = NULL;
+    nb_status st = nb__cuda_enter(c->device, &c->prev, what);
+    if (st != NB_OK) return st;
+    nb_cuda_stream *s = nb__cuda_stream_for(c->device, what);
+    if (!s) {
+        nb__cuda_leave(c->prev);
+        return nb_last_status();
+    }
+    c->stream = s->handle;
+    return NB_OK;
+}
+
+nb_status nb__cuda_kend(nb__cuda_kctx *c, cudaError_t e) {
+    nb_status st = e == cudaSuccess ? NB_OK : nb__cuda_status(e, c->what);
+    nb__cuda_leave(c->prev);
+    return st;
+}
+
+void *nb__cuda_kscratch(nb__cuda_kctx *c, size_t nbytes) {
+    return nb_cuda_alloc(nbytes ? nbytes : 1, c->device);
+}
+void nb__cuda_kfree(void *p) {
+    if (p) (void)nb_cuda_free(p);
+}
+
+static nb__cuda_devinfo g_info[NB__CUDA_MAX_DEVICES];
+static bool g_info_read[NB__CUDA_MAX_DEVICES];
+static pthread_mutex_t g_info_lock = PTHREAD_MUTEX_INITIALIZER;
+
+const nb__cuda_devinfo *nb__cuda_devinfo_of(int device) {
+    if (device < 0 || device >= NB__CUDA_MAX_DEVICES) device = 0;
+    pthread_mutex_lock(&g_info_lock);
+    if (!g_info_read[device]) {
+        struct cudaDeviceProp p;
+        memset(&p, 0, sizeof p);
+        if (cudaGetDeviceProperties(&p, device) == cudaSuccess)
+            g_info[device] = (nb__cuda_devinfo){p.multiProcessorCount, p.maxThreadsPerBlock,
+                                                p.sharedMemPerBlockOptin, p.major, p.minor};
+        else {
+            (void)cudaGetLastError();
+            g_info[device] = (nb__cuda_devinfo){1, 1024, 48 * 1024, 0, 0};
+        }
+        g_info_read[device] = true;
+    }
+    pthread_mutex_unlock(&g_info_lock);
+    return &g_info[device];
+}

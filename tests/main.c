@@ -28,7 +28,7 @@ int main(void) {
     } suites[] = {
         SUITE(core),     SUITE(memory),      SUITE(errors),   SUITE(dtype),
         SUITE(random),   SUITE(elementwise), SUITE(reduce),   SUITE(matmul),
-        SUITE(index),    SUITE(cuda),        SUITE(cuda_policy), SUITE(autograd), SUITE(grad_ops),
+        SUITE(index),    SUITE(cuda),        SUITE(cuda_host), SUITE(cuda_policy), SUITE(autograd), SUITE(grad_ops),
         SUITE(grad_reduce), SUITE(nn_conv),  SUITE(nn_layers), SUITE(loss),
         SUITE(optim),    SUITE(train),       SUITE(checkpoint), SUITE(data), SUITE(fault),
         SUITE(io),       SUITE(gpt),         SUITE(attention), SUITE(backend),

@@ -20,6 +20,7 @@ Suite *nb_suite_reduce(void);
 Suite *nb_suite_matmul(void);
 Suite *nb_suite_index(void);
 Suite *nb_suite_cuda(void);
+Suite *nb_suite_cuda_host(void);
 Suite *nb_suite_cuda_policy(void);
 Suite *nb_suite_autograd(void);
 Suite *nb_suite_grad_ops(void);

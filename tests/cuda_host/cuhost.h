@@ -1,0 +1,40 @@
+// tests/cuda_host/cuhost.h - the nvcc-compiled host checks of the CUDA backend's shared
+// index and number math (cuda/khelp.h and the __host__ __device__ parts of the kernel
+// files), run without a GPU: nvcc compiles these files, their __host__ __device__
+// functions run on the CPU, and the results are compared with libnabla's CPU code.
+//
+// One file per kernel family (tests/cuda_host/<family>.cu) defines
+// `void cuhost_<family>(cuhost *t)`; main.cu runs them all and prints a Check-style summary
+// line, which tools/run-tests reads. CUHOST_CHECK(t, cond, fmt, ...) counts a check and
+// prints the message of a failing one.
+#ifndef NABLA_TESTS_CUHOST_H
+#define NABLA_TESTS_CUHOST_H
+
+#include <stdio.h>
+
+typedef struct cuhost {
+    long checks, failures;
+    const char *family;
+} cuhost;
+
+#define CUHOST_CHECK(t, cond, ...)                                                          \
+    do {                                                                                   \
+        (t)->checks++;                                                                     \
+        if (!(cond)) {                                                                     \
+            (t)->failures++;                                                               \
+            fprintf(stderr, "%s:%d: [%s] check failed: %s: ", __FILE__, __LINE__,          \
+                    (t)->family, #cond);                                                   \
+            fprintf(stderr, __VA_ARGS__);                                                  \
+            fputc('\n', stderr);                                                           \
+        }                                                                                  \
+    } while (0)
+
+#define CUHOST_FAMILIES(X)                                                                 \
+    X(helpers) X(core) X(reduce) X(index) X(matmul) X(norm) X(attention) X(conv) X(loss)  \
+    X(optim) X(random)
+
+#define CUHOST_DECL(f) void cuhost_##f(cuhost *t);
+CUHOST_FAMILIES(CUHOST_DECL)
+#undef CUHOST_DECL
+
+#endif
