@@ -29,12 +29,24 @@ typedef struct cuhost {
         }                                                                                  \
     } while (0)
 
+/* The CPU backend's kernel table (tests/cuda_host/cpu_ref.c): the reference. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+struct nb__kernels;
+const struct nb__kernels *cuhost_cpu(void);
+#ifdef __cplusplus
+}
+#endif
+
 #define CUHOST_FAMILIES(X)                                                                 \
     X(helpers) X(core) X(reduce) X(index) X(matmul) X(norm) X(attention) X(conv) X(loss)  \
     X(optim) X(random)
 
+#ifdef __cplusplus
 #define CUHOST_DECL(f) void cuhost_##f(cuhost *t);
 CUHOST_FAMILIES(CUHOST_DECL)
 #undef CUHOST_DECL
+#endif
 
 #endif
