@@ -20,11 +20,9 @@ bool nbm_device_args(const char *prog, int *argc, char **argv, nbm_device *d) {
             return false;
         }
         nb_device dev;
-        if (strcmp(v, "cuda") && nb_device_parse(v, &dev) != NB_OK) {
-            fprintf(stderr, "%s: --device must be cpu, cuda or cuda:N, got \"%s\"\n", prog, v);
-            return false;
-        }
-        if (strcmp(v, "cuda") && dev.type != NB_DEVICE_CPU && dev.type != NB_DEVICE_CUDA) {
+        bool ok = !strcmp(v, "cpu") || !strcmp(v, "cuda") ||
+                  (!strncmp(v, "cuda:", 5) && nb_device_parse(v, &dev) == NB_OK);
+        if (!ok) {
             fprintf(stderr, "%s: --device must be cpu, cuda or cuda:N, got \"%s\"\n", prog, v);
             return false;
         }
@@ -88,7 +86,7 @@ bool nbm_device_use(const char *prog, nbm_device *d) {
 nb_tensor *nbm_on_device(nb_tensor *t) {
     if (!t) return NULL;
     nb_device d = nb_default_device(), td = nb_tensor_device(t);
-    if (td.type == d.type && td.index == d.index) return t;
+    if (nb_device_equal(td, d)) return t;
     return nb_to_device(t, d);
 }
 
