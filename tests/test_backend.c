@@ -156,6 +156,14 @@ START_TEST(test_guard_roundtrip) {
     nb_tensor *ref = nb_tanh(nb_mul(nb_add_scalar(a, 0.5), nb_transpose(nb_transpose(b, 0, 1), 0, 1)));
     nb_tensor *gy = nb_tanh(nb_mul(nb_add_scalar(ga, 0.5), gb));
     ck_assert(nb_device_equal(nb_tensor_device(gy), GUARD));
+    /* nb_data_ptr: the device address of any tensor with storage (a view's is offset),
+     * the host pointer for the CPU, an error for meta */
+    ck_assert_ptr_nonnull(nb_data_ptr(ga));
+    ck_assert_ptr_eq(nb_data_ptr(a), nb_data(a));
+    ck_assert_ptr_eq(nb_data_ptr(nb_narrow(ga, 1, 5, 10)), (char *)nb_data_ptr(ga) + 5 * 4);
+    ck_assert_ptr_null(nb_data_ptr(nb_empty_on(NB_META, shape, 2, NB_F32)));
+    ck_assert_int_eq(nb_last_status(), NB_EDEVICE);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "data_ptr: a meta tensor has no data"));
     nb_tensor *y = nb_to_device(gy, NB_CPU);
     double *r = tu_values(ref);
     tu_assert_close(y, r, shape, 2, 0);
