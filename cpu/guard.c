@@ -204,9 +204,24 @@ static nb__backend g_guard = {
     .from_host = guard_copy_bytes,
 };
 
+/* Calls per kernel, in NB__KERNELS order (nb__guard_kernel_calls). */
+enum {
+#define NB__GUARD_IDX(name, Args, what) NB__GUARD_K_##name,
+    NB__KERNELS(NB__GUARD_IDX)
+#undef NB__GUARD_IDX
+    NB__GUARD_NK
+};
+static unsigned long g_calls[NB__GUARD_NK];
+
+void nb__guard_kernel_calls(unsigned long *out, int n) {
+    for (int i = 0; i < n && i < NB__GUARD_NK; i++)
+        out[i] = __atomic_load_n(&g_calls[i], __ATOMIC_RELAXED);
+}
+
 /* One wrapper per kernel: the CPU kernel inside an open section. */
 #define NB__GUARD_WRAP(name, Args, what)                                                   \
     static nb_status guard_##name(const Args *a) {                                         \
+        __atomic_fetch_add(&g_calls[NB__GUARD_K_##name], 1, __ATOMIC_RELAXED);              \
         open_all();                                                                        \
         nb_status st = nb__cpu_backend()->k.name(a);                                       \
         close_all();                                                                       \
