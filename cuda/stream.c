@@ -22,7 +22,7 @@ static _Thread_local nb__cuda_thread *t_state;
 static atomic_uint_least64_t g_next_id = 1;
 
 /* ---- lifecycle hooks (registered at load time, read-only afterwards) ---------------------- */
-#define NB__CUDA_MAX_HOOKS 4
+#define NB__CUDA_MAX_HOOKS 8
 static struct {
     nb__cuda_stream_added_fn added[NB__CUDA_MAX_HOOKS];
     nb__cuda_stream_retired_fn retired[NB__CUDA_MAX_HOOKS];
