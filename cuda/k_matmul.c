@@ -144,8 +144,7 @@ static nb_status entry_for(lt_state *s, const lt_key *key, const void *bias, lt_
                          "lda %lld, ldb %lld, ldc %lld, batch %d)",
                          (unsigned long long)key->plan.n, (unsigned long long)key->plan.k,
                          (unsigned long long)key->plan.m, (long long)key->plan.ldb,
-                         (long long)key->plan.lda, (long long)key->plan.ldc,
-                         (int)key->plan.batch);
+                         (long long)key->plan.lda, (long long)key->plan.ldc, (int)key->plan.batch);
     }
     if (cs != CUBLAS_STATUS_SUCCESS) {
         nb__lt_descs_free(&e->d);
@@ -181,8 +180,9 @@ static nb_status degenerate_check(const nb__gemm_args *g) {
         return nb__error(NB_EUNSUPPORTED, "matmul: the cuda kernel does not handle K == 0 "
                                           "with a bias and a bf16 result yet");
     if (g->beta != 0.0 && g->beta != 1.0)
-        return nb__error(NB_EUNSUPPORTED, "matmul: the cuda kernel does not handle K == 0 "
-                                          "(or alpha 0) with beta %g yet (only 0 or 1)",
+        return nb__error(NB_EUNSUPPORTED,
+                         "matmul: the cuda kernel does not handle K == 0 "
+                         "(or alpha 0) with beta %g yet (only 0 or 1)",
                          g->beta);
     return NB_OK;
 }

@@ -102,8 +102,7 @@ static inline nb_status nb__lt_plan_of(const nb__gemm_args *g, bool tf32, nb__lt
         return nb__error(NB_EDTYPE, "matmul: the cuda GEMM takes f32, f64 or bf16, got dtype %d",
                          (int)g->dtype);
     }
-    if (g->c_bf16 && g->dtype == NB_BF16 &&
-        (g->alpha != 1.0 || g->beta != (g->bias ? 1.0 : 0.0)))
+    if (g->c_bf16 && g->dtype == NB_BF16 && (g->alpha != 1.0 || g->beta != (g->bias ? 1.0 : 0.0)))
         return nb__error(NB_EINTERNAL, "matmul: a bf16 C takes alpha 1 and no beta");
     /* bias: the CPU sets every row of C to it and accumulates with beta, so with beta 1 the
      * result is alpha * A B + bias (cuBLASLt's bias epilogue with beta 0), with beta 0 the
@@ -114,8 +113,10 @@ static inline nb_status nb__lt_plan_of(const nb__gemm_args *g, bool tf32, nb__lt
         p->bias = true;
         p->beta = 0.0;
     } else if (g->bias && g->beta != 0.0) {
-        return nb__error(NB_EUNSUPPORTED, "matmul: the cuda kernel does not handle a bias "
-                                          "with beta %g yet (only 0 or 1)", g->beta);
+        return nb__error(NB_EUNSUPPORTED,
+                         "matmul: the cuda kernel does not handle a bias "
+                         "with beta %g yet (only 0 or 1)",
+                         g->beta);
     }
     p->m = (uint64_t)g->N;
     p->n = (uint64_t)g->M;
@@ -183,8 +184,8 @@ static inline nb_status nb__lt_plan_of(const nb__gemm_args *g, bool tf32, nb__lt
 
 /* Element offsets of the args' a, b, c for host call i (0 <= i < ncalls), row-major over
  * the outer dims. */
-static inline void nb__lt_call_offsets(const nb__lt_plan *p, int64_t i, int64_t *oa,
-                                       int64_t *ob, int64_t *oc) {
+static inline void nb__lt_call_offsets(const nb__lt_plan *p, int64_t i, int64_t *oa, int64_t *ob,
+                                       int64_t *oc) {
     *oa = *ob = *oc = 0;
     for (int d = p->outer_ndim - 1; d >= 0; d--) {
         int64_t idx = i % p->outer_shape[d];
@@ -221,8 +222,8 @@ static inline void nb__lt_descs_free(nb__lt_descs *d) {
 }
 
 static inline cublasStatus_t nb__lt_layout(cublasLtMatrixLayout_t *out, cudaDataType_t t,
-                                           uint64_t rows, uint64_t cols, int64_t ld,
-                                           int32_t batch, int64_t stride) {
+                                           uint64_t rows, uint64_t cols, int64_t ld, int32_t batch,
+                                           int64_t stride) {
     cublasStatus_t st = cublasLtMatrixLayoutCreate(out, t, rows, cols, ld);
     if (st != CUBLAS_STATUS_SUCCESS || batch <= 1) return st;
     st = cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
@@ -253,12 +254,10 @@ static inline nb_status nb__lt_descs_new(const nb__lt_plan *p, nb__lt_descs *d) 
     }
     if (st == CUBLAS_STATUS_SUCCESS) {
         what = "matrix layout";
-        st = nb__lt_layout(&d->a, p->ab_type, p->a_rows, p->a_cols, p->lda, p->batch,
-                           p->stride_a);
+        st = nb__lt_layout(&d->a, p->ab_type, p->a_rows, p->a_cols, p->lda, p->batch, p->stride_a);
     }
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = nb__lt_layout(&d->b, p->ab_type, p->b_rows, p->b_cols, p->ldb, p->batch,
-                           p->stride_b);
+        st = nb__lt_layout(&d->b, p->ab_type, p->b_rows, p->b_cols, p->ldb, p->batch, p->stride_b);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = nb__lt_layout(&d->c, p->c_type, p->m, p->n, p->ldc, p->batch, p->stride_c);
     if (st != CUBLAS_STATUS_SUCCESS) {

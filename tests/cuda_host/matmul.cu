@@ -26,8 +26,7 @@
 
 namespace {
 
-template <typename V>
-V attr_layout(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a) {
+template <typename V> V attr_layout(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a) {
     V v{};
     size_t w = 0;
     (void)cublasLtMatrixLayoutGetAttribute(l, a, &v, sizeof v, &w);
@@ -120,18 +119,18 @@ struct gcase {
     const char *name;
     nb_dtype dtype;
     bool c_bf16, ta, tb, bias;
-    int64_t M, N, K, pad;  // pad: extra elements per row (lda, ldb, ldc)
+    int64_t M, N, K, pad; // pad: extra elements per row (lda, ldb, ldc)
     double alpha, beta;
     int nd;
     int64_t shape[3];
-    int bcast_a, bcast_b;  // batch dim broadcast for a / b (-1: none)
-    int64_t gap;           // extra elements after the inner batch dim (0: the batch folds)
-    int64_t want_ncalls;   // -1: do not check
+    int bcast_a, bcast_b; // batch dim broadcast for a / b (-1: none)
+    int64_t gap;          // extra elements after the inner batch dim (0: the batch folds)
+    int64_t want_ncalls;  // -1: do not check
     int32_t want_batch;
 };
 
 uint32_t g_rng = 12345;
-double rnd8() {  // a multiple of 1/8 in [-1, 1]
+double rnd8() { // a multiple of 1/8 in [-1, 1]
     g_rng = g_rng * 1664525u + 1013904223u;
     return (double)((int)((g_rng >> 16) % 17) - 8) / 8.0;
 }
@@ -184,15 +183,15 @@ void run_case(cuhost *t, const gcase &cs) {
     if (st != NB_OK) return;
     if (cs.want_ncalls >= 0)
         CUHOST_CHECK(t, p.ncalls == cs.want_ncalls && p.batch == cs.want_batch,
-                     "%s: %lld calls of batch %d, want %lld of %d", cs.name,
-                     (long long)p.ncalls, (int)p.batch, (long long)cs.want_ncalls,
-                     (int)cs.want_batch);
+                     "%s: %lld calls of batch %d, want %lld of %d", cs.name, (long long)p.ncalls,
+                     (int)p.batch, (long long)cs.want_ncalls, (int)cs.want_batch);
     nb__lt_descs d;
     st = nb__lt_descs_new(&p, &d);
     CUHOST_CHECK(t, st == NB_OK, "%s: descriptors: status %d", cs.name, (int)st);
     if (st != NB_OK) return;
-    CUHOST_CHECK(t, attr_desc<int32_t>(d.op, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) ==
-                        (cs.dtype == NB_F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F),
+    CUHOST_CHECK(t,
+                 attr_desc<int32_t>(d.op, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) ==
+                     (cs.dtype == NB_F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F),
                  "%s: compute type", cs.name);
     CUHOST_CHECK(t, read_layout(d.a).type == tab && read_layout(d.c).type == tc,
                  "%s: operand types", cs.name);
@@ -218,36 +217,38 @@ void run_case(cuhost *t, const gcase &cs) {
     nb__lt_descs_free(&d);
 }
 
-}  // namespace
+} // namespace
 
 void cuhost_matmul(cuhost *t) {
+    // clang-format off
     const gcase cases[] = {
-        // name, dtype, c_bf16, ta, tb, bias, M, N, K, pad, alpha, beta, nd, shape, bcast_a,
-        // bcast_b, gap, want_ncalls, want_batch
-        {"nn", NB_F32, false, false, false, false, 5, 7, 3, 0, 1, 0, 0, {0}, -1, -1, 0, 1, 1},
-        {"nt", NB_F32, false, false, true, false, 5, 7, 3, 2, 1, 0, 0, {0}, -1, -1, 0, 1, 1},
-        {"tn", NB_F32, false, true, false, false, 4, 6, 9, 1, 0.5, 0, 0, {0}, -1, -1, 0, 1, 1},
-        {"tt", NB_F32, false, true, true, false, 6, 3, 5, 3, 2, 0.5, 0, {0}, -1, -1, 0, 1, 1},
-        {"beta1", NB_F32, false, false, true, false, 3, 4, 2, 0, 1, 1, 0, {0}, -1, -1, 0, 1, 1},
-        {"f64 tn", NB_F64, false, true, false, false, 4, 5, 6, 2, -1, 0.25, 0, {0}, -1, -1, 0, 1, 1},
-        {"bias (linear)", NB_F32, false, false, true, true, 6, 5, 4, 1, 1, 1, 0, {0}, -1, -1, 0, 1, 1},
-        {"bias beta0", NB_F32, false, false, true, true, 3, 5, 4, 0, 1, 0, 0, {0}, -1, -1, 0, 1, 1},
-        {"f64 bias", NB_F64, false, false, true, true, 3, 5, 4, 0, 1, 1, 0, {0}, -1, -1, 0, 1, 1},
-        {"bf16", NB_BF16, false, false, true, false, 5, 6, 7, 0, 1, 0, 0, {0}, -1, -1, 0, 1, 1},
-        {"bf16 bias", NB_BF16, false, true, false, true, 5, 6, 7, 2, 1, 1, 0, {0}, -1, -1, 0, 1, 1},
-        {"bf16 -> bf16", NB_BF16, true, false, false, false, 4, 5, 6, 0, 1, 0, 0, {0}, -1, -1, 0, 1, 1},
-        {"bf16 -> bf16 bias", NB_BF16, true, false, true, true, 4, 5, 6, 1, 1, 1, 0, {0}, -1, -1, 0, 1, 1},
+        // name, dtype, c_bf16, ta, tb, bias (bools as 0/1), M, N, K, pad, alpha, beta, nd,
+        // shape, bcast_a, bcast_b, gap, want_ncalls, want_batch
+        {"nn", NB_F32, 0, 0, 0, 0, 5, 7, 3, 0, 1, 0, 0, {0}, -1, -1, 0, 1, 1},
+        {"nt", NB_F32, 0, 0, 1, 0, 5, 7, 3, 2, 1, 0, 0, {0}, -1, -1, 0, 1, 1},
+        {"tn", NB_F32, 0, 1, 0, 0, 4, 6, 9, 1, 0.5, 0, 0, {0}, -1, -1, 0, 1, 1},
+        {"tt", NB_F32, 0, 1, 1, 0, 6, 3, 5, 3, 2, 0.5, 0, {0}, -1, -1, 0, 1, 1},
+        {"beta1", NB_F32, 0, 0, 1, 0, 3, 4, 2, 0, 1, 1, 0, {0}, -1, -1, 0, 1, 1},
+        {"f64 tn", NB_F64, 0, 1, 0, 0, 4, 5, 6, 2, -1, 0.25, 0, {0}, -1, -1, 0, 1, 1},
+        {"bias (linear)", NB_F32, 0, 0, 1, 1, 6, 5, 4, 1, 1, 1, 0, {0}, -1, -1, 0, 1, 1},
+        {"bias beta0", NB_F32, 0, 0, 1, 1, 3, 5, 4, 0, 1, 0, 0, {0}, -1, -1, 0, 1, 1},
+        {"f64 bias", NB_F64, 0, 0, 1, 1, 3, 5, 4, 0, 1, 1, 0, {0}, -1, -1, 0, 1, 1},
+        {"bf16", NB_BF16, 0, 0, 1, 0, 5, 6, 7, 0, 1, 0, 0, {0}, -1, -1, 0, 1, 1},
+        {"bf16 bias", NB_BF16, 0, 1, 0, 1, 5, 6, 7, 2, 1, 1, 0, {0}, -1, -1, 0, 1, 1},
+        {"bf16 -> bf16", NB_BF16, 1, 0, 0, 0, 4, 5, 6, 0, 1, 0, 0, {0}, -1, -1, 0, 1, 1},
+        {"bf16 -> bf16 bias", NB_BF16, 1, 0, 1, 1, 4, 5, 6, 1, 1, 1, 0, {0}, -1, -1, 0, 1, 1},
         // batches
-        {"batch 1-d", NB_F32, false, false, false, false, 3, 4, 5, 0, 1, 0, 1, {3}, -1, -1, 0, 1, 3},
-        {"batch 2-d folds", NB_F32, false, true, true, false, 3, 4, 5, 1, 1, 0, 2, {2, 3}, -1, -1, 0, 1, 6},
-        {"batch 3-d folds", NB_F64, false, false, true, false, 2, 3, 4, 0, 1, 0.5, 3, {2, 2, 3}, -1, -1, 0, 1, 12},
-        {"batch gap", NB_F32, false, false, false, false, 3, 4, 5, 0, 1, 0, 2, {2, 3}, -1, -1, 7, 2, 3},
-        {"broadcast b (inner)", NB_F32, false, false, true, false, 3, 4, 5, 0, 1, 0, 2, {2, 3}, -1, 1, 0, 2, 3},
-        {"broadcast a (outer)", NB_F32, false, true, false, false, 3, 4, 5, 0, 1, 0, 2, {2, 3}, 0, -1, 0, 2, 3},
-        {"broadcast size-1 dims", NB_F32, false, false, false, false, 3, 4, 5, 0, 1, 0, 3, {1, 4, 1}, -1, -1, 0, 1, 4},
-        {"bf16 batch bias", NB_BF16, false, false, true, true, 3, 4, 5, 0, 1, 1, 1, {3}, -1, -1, 0, 1, 3},
-        {"bf16 -> bf16 batch", NB_BF16, true, true, false, false, 3, 4, 5, 2, 1, 0, 2, {2, 2}, 1, -1, 0, 2, 2},
+        {"batch 1-d", NB_F32, 0, 0, 0, 0, 3, 4, 5, 0, 1, 0, 1, {3}, -1, -1, 0, 1, 3},
+        {"batch 2-d folds", NB_F32, 0, 1, 1, 0, 3, 4, 5, 1, 1, 0, 2, {2, 3}, -1, -1, 0, 1, 6},
+        {"batch 3-d folds", NB_F64, 0, 0, 1, 0, 2, 3, 4, 0, 1, 0.5, 3, {2, 2, 3}, -1, -1, 0, 1, 12},
+        {"batch gap", NB_F32, 0, 0, 0, 0, 3, 4, 5, 0, 1, 0, 2, {2, 3}, -1, -1, 7, 2, 3},
+        {"broadcast b (inner)", NB_F32, 0, 0, 1, 0, 3, 4, 5, 0, 1, 0, 2, {2, 3}, -1, 1, 0, 2, 3},
+        {"broadcast a (outer)", NB_F32, 0, 1, 0, 0, 3, 4, 5, 0, 1, 0, 2, {2, 3}, 0, -1, 0, 2, 3},
+        {"size-1 dims", NB_F32, 0, 0, 0, 0, 3, 4, 5, 0, 1, 0, 3, {1, 4, 1}, -1, -1, 0, 1, 4},
+        {"bf16 batch bias", NB_BF16, 0, 0, 1, 1, 3, 4, 5, 0, 1, 1, 1, {3}, -1, -1, 0, 1, 3},
+        {"bf16 -> bf16 batch", NB_BF16, 1, 1, 0, 0, 3, 4, 5, 2, 1, 0, 2, {2, 2}, 1, -1, 0, 2, 2},
     };
+    // clang-format on
     for (const gcase &c : cases) run_case(t, c);
 
     // a batch whose C does not move (stride 0) never folds: the GEMMs run one by one
@@ -259,8 +260,8 @@ void cuhost_matmul(cuhost *t) {
     CUHOST_CHECK(t, nb__lt_plan_of(&g, false, &p) == NB_OK && p.ncalls == 4 && p.batch == 1,
                  "C stride 0: %lld calls of batch %d", (long long)p.ncalls, (int)p.batch);
     // TF32 only when asked, and for f32 only
-    CUHOST_CHECK(t, nb__lt_plan_of(&g, true, &p) == NB_OK &&
-                        p.compute == CUBLAS_COMPUTE_32F_FAST_TF32,
+    CUHOST_CHECK(t,
+                 nb__lt_plan_of(&g, true, &p) == NB_OK && p.compute == CUBLAS_COMPUTE_32F_FAST_TF32,
                  "tf32 compute type");
     // refused: a bias with another beta, f16 (the op converts it), a bf16 C with alpha
     g.bias = &g, g.beta = 0.5;
