@@ -8,7 +8,12 @@
  * (f32 operands rounded to TF32 on the tensor cores: faster, about 3 decimal digits);
  * f64 with CUBLAS_COMPUTE_64F; bf16 a and b with f32 accumulation into an f32 C, or a bf16
  * C rounded once (c_bf16). A bias is cuBLASLt's bias epilogue (f32 bias for f32 and bf16,
- * f64 for f64); cuda/k_matmul.h has the mapping and the batch split.
+ * f64 for f64); cuda/k_matmul.h has the mapping and the batch split. When cuBLASLt has
+ * no algorithm for a problem (say an epilogue or a broadcast batch it does not take), the
+ * bias is written by row copies and accumulated with beta 1, then the batch runs one GEMM
+ * per call; the cache remembers the problems without an algorithm, so the fallback costs
+ * nothing after the first call. K == 0 (or alpha 0) never reaches cuBLASLt: C is zeroed
+ * (beta 0), left (beta 1) or set to the bias rows, by memsets and copies.
  *
  * State per thread and device (like cuda/blas.c's cuBLAS handles): a cuBLASLt handle and an
  * LRU cache of the descriptors and the heuristic's algorithm per problem (shape, strides,
@@ -41,6 +46,7 @@ typedef struct lt_entry {
     nb__lt_descs d;
     cublasLtMatmulAlgo_t algo;
     size_t workspace;
+    bool none;     /* cuBLASLt has no algorithm for it (no descriptors kept) */
     uint64_t used; /* the clock at the last use; 0: empty slot */
 } lt_entry;
 
@@ -72,7 +78,7 @@ static unsigned align_of(uintptr_t x) {
 
 static void state_destroy(lt_state *s) {
     for (int i = 0; i < NB__LT_CACHE; i++)
-        if (s->cache[i].used) nb__lt_descs_free(&s->cache[i].d);
+        if (s->cache[i].used && !s->cache[i].none) nb__lt_descs_free(&s->cache[i].d);
     if (s->handle) (void)cublasLtDestroy(s->handle);
     free(s);
 }
@@ -108,8 +114,9 @@ static nb_status entry_for(lt_state *s, const lt_key *key, const void *bias, lt_
         }
         if (e->used < victim->used) victim = e;
     }
-    if (victim->used) nb__lt_descs_free(&victim->d);
+    if (victim->used && !victim->none) nb__lt_descs_free(&victim->d);
     victim->used = 0;
+    victim->none = false;
     lt_entry *e = victim;
     nb_status st = nb__lt_descs_new(&key->plan, &e->d);
     if (st != NB_OK) return st;
@@ -137,14 +144,14 @@ static nb_status entry_for(lt_state *s, const lt_key *key, const void *bias, lt_
         cs = cublasLtMatmulAlgoGetHeuristic(s->handle, e->d.op, e->d.a, e->d.b, e->d.c, e->d.c,
                                             pref, 1, &res, &found);
     if (pref) (void)cublasLtMatmulPreferenceDestroy(pref);
-    if (cs == CUBLAS_STATUS_SUCCESS && found < 1) {
+    if ((cs == CUBLAS_STATUS_SUCCESS && found < 1) || cs == CUBLAS_STATUS_NOT_SUPPORTED) {
+        /* remembered, so that the fallbacks are tried at once next time */
         nb__lt_descs_free(&e->d);
-        return nb__error(NB_EUNSUPPORTED,
-                         "matmul: cuBLASLt has no algorithm for this GEMM (%llu x %llu x %llu, "
-                         "lda %lld, ldb %lld, ldc %lld, batch %d)",
-                         (unsigned long long)key->plan.n, (unsigned long long)key->plan.k,
-                         (unsigned long long)key->plan.m, (long long)key->plan.ldb,
-                         (long long)key->plan.lda, (long long)key->plan.ldc, (int)key->plan.batch);
+        e->key = *key;
+        e->none = true;
+        e->used = s->clock;
+        *out = e;
+        return NB_OK;
     }
     if (cs != CUBLAS_STATUS_SUCCESS) {
         nb__lt_descs_free(&e->d);
@@ -187,10 +194,9 @@ static nb_status degenerate_check(const nb__gemm_args *g) {
     return NB_OK;
 }
 
-static cudaError_t gemm_degenerate(const nb__gemm_args *g, cudaStream_t stream) {
+/* beta 0 without a bias: every C_i zeroed; with a bias: its rows written into every C_i. */
+static cudaError_t set_c(const nb__gemm_args *g, bool bias, cudaStream_t stream) {
     size_t es = g->dtype == NB_F64 ? 8 : g->dtype == NB_BF16 && g->c_bf16 ? 2 : 4;
-    bool bias = g->bias && g->beta == 1.0;
-    if (g->beta == 1.0 && !bias) return cudaSuccess;
     int64_t nbatch = 1;
     for (int d = 0; d < g->batch_ndim; d++) nbatch *= g->batch_shape[d];
     cudaError_t e = cudaSuccess;
@@ -210,29 +216,18 @@ static cudaError_t gemm_degenerate(const nb__gemm_args *g, cudaStream_t stream) 
     return e;
 }
 
-static nb_status cuda_gemm(const nb__gemm_args *g) {
-    if (g->M <= 0 || g->N <= 0) return NB_OK;
-    for (int d = 0; d < g->batch_ndim; d++)
-        if (g->batch_shape[d] <= 0) return NB_OK;
-    bool degenerate = g->K <= 0 || g->alpha == 0.0;
-    nb__lt_plan plan;
-    nb_status st = degenerate ? degenerate_check(g)
-                              : nb__lt_plan_of(g, g->dtype == NB_F32 && use_tf32(), &plan);
-    if (st != NB_OK) return st;
-    nb__cuda_kctx c;
-    if ((st = nb__cuda_kbegin(&c, "matmul")) != NB_OK) return st;
-    if (degenerate) return nb__cuda_kend(&c, gemm_degenerate(g, c.stream));
-    if (plan.ncalls == 0) return nb__cuda_kend(&c, cudaSuccess);
+static cudaError_t gemm_degenerate(const nb__gemm_args *g, cudaStream_t stream) {
+    bool bias = g->bias && g->beta == 1.0;
+    if (g->beta == 1.0 && !bias) return cudaSuccess;
+    return set_c(g, bias, stream);
+}
 
-    lt_state *s = NULL;
-    if ((st = state_for(c.device, &s)) != NB_OK) {
-        nb__cuda_kend(&c, cudaSuccess);
-        return st;
-    }
+/* The cache entry for plan (with the alignments of this call's pointers). */
+static nb_status lookup(lt_state *s, const nb__gemm_args *g, const nb__lt_plan *p, lt_entry **out) {
     /* the key: the plan less what only the calls use (scalars, the host loop) */
     lt_key key;
     memset(&key, 0, sizeof key);
-    memcpy(&key.plan, &plan, sizeof plan);
+    memcpy(&key.plan, p, sizeof *p);
     key.plan.alpha = key.plan.beta = 0.0;
     key.plan.outer_ndim = 0;
     key.plan.ncalls = 0;
@@ -240,7 +235,6 @@ static nb_status cuda_gemm(const nb__gemm_args *g) {
     memset(key.plan.outer_stride_a, 0, sizeof key.plan.outer_stride_a);
     memset(key.plan.outer_stride_b, 0, sizeof key.plan.outer_stride_b);
     memset(key.plan.outer_stride_c, 0, sizeof key.plan.outer_stride_c);
-    const nb__lt_plan *p = &plan;
     /* alignments of every pointer any call of the loop uses */
     uintptr_t xa = (uintptr_t)g->b | (uintptr_t)(p->stride_a * (int64_t)p->ab_size);
     uintptr_t xb = (uintptr_t)g->a | (uintptr_t)(p->stride_b * (int64_t)p->ab_size);
@@ -254,10 +248,54 @@ static nb_status cuda_gemm(const nb__gemm_args *g) {
     key.align_b = align_of(xb);
     key.align_c = align_of(xc);
     key.align_bias = p->bias ? align_of((uintptr_t)g->bias) : 0;
+    return entry_for(s, &key, g->bias, out);
+}
+
+static nb_status cuda_gemm(const nb__gemm_args *g) {
+    if (g->M <= 0 || g->N <= 0) return NB_OK;
+    for (int d = 0; d < g->batch_ndim; d++)
+        if (g->batch_shape[d] <= 0) return NB_OK;
+    bool degenerate = g->K <= 0 || g->alpha == 0.0;
+    unsigned flags = g->dtype == NB_F32 && use_tf32() ? NB__LT_TF32 : 0;
+    nb__lt_plan plan;
+    nb_status st = degenerate ? degenerate_check(g) : nb__lt_plan_of(g, flags, &plan);
+    if (st != NB_OK) return st;
+    nb__cuda_kctx c;
+    if ((st = nb__cuda_kbegin(&c, "matmul")) != NB_OK) return st;
+    if (degenerate) return nb__cuda_kend(&c, gemm_degenerate(g, c.stream));
+    if (plan.ncalls == 0) return nb__cuda_kend(&c, cudaSuccess);
+
+    lt_state *s = NULL;
     lt_entry *e = NULL;
-    if ((st = entry_for(s, &key, g->bias, &e)) != NB_OK) {
+    if ((st = state_for(c.device, &s)) == NB_OK) st = lookup(s, g, &plan, &e);
+    /* no algorithm: the bias by copies, then every GEMM of the batch on its own, then both */
+    static const unsigned fallbacks[3] = {NB__LT_FILL_BIAS, NB__LT_NO_FOLD,
+                                          NB__LT_FILL_BIAS | NB__LT_NO_FOLD};
+    for (int f = 0; f < 3 && st == NB_OK && e->none; f++) {
+        if ((fallbacks[f] & NB__LT_FILL_BIAS) && (!plan.bias || g->c_bf16)) continue;
+        if ((fallbacks[f] & NB__LT_NO_FOLD) && plan.batch <= 1) continue;
+        nb__lt_plan alt;
+        if (nb__lt_plan_of(g, flags | fallbacks[f], &alt) != NB_OK) continue;
+        lt_entry *ae = NULL;
+        if ((st = lookup(s, g, &alt, &ae)) == NB_OK && !ae->none) {
+            plan = alt;
+            e = ae;
+        }
+    }
+    if (st == NB_OK && e->none)
+        st = nb__error(NB_EUNSUPPORTED,
+                       "matmul: cuBLASLt has no algorithm for this GEMM (%lld x %lld x %lld, "
+                       "lda %lld, ldb %lld, ldc %lld, dtype %d)",
+                       (long long)g->M, (long long)g->K, (long long)g->N, (long long)g->lda,
+                       (long long)g->ldb, (long long)g->ldc, (int)g->dtype);
+    if (st != NB_OK) {
         nb__cuda_kend(&c, cudaSuccess);
         return st;
+    }
+    const nb__lt_plan *p = &plan;
+    if (p->fill_bias) {
+        cudaError_t ce = set_c(g, true, c.stream);
+        if (ce != cudaSuccess) return nb__cuda_kend(&c, ce);
     }
     cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
     if (p->bias)

@@ -20,11 +20,16 @@
  * batch order, as on the CPU.
  *
  *     nb__lt_plan p;
- *     if (nb__lt_plan_of(&args, false, &p) != NB_OK) return nb_last_status();
+ *     if (nb__lt_plan_of(&args, 0, &p) != NB_OK) return nb_last_status();
  *     nb__lt_descs d;
  *     if (nb__lt_descs_new(&p, &d) != NB_OK) return nb_last_status();
  *     ... cublasLtMatmul(h, d.op, &alpha, p-ordered pointers, d.a, ..., d.c, ..., d.c ...)
  *     nb__lt_descs_free(&d);
+ *
+ * Fallbacks (flags of nb__lt_plan_of), for when cuBLASLt's heuristic finds no algorithm
+ * for a plan (k_matmul.c tries them in turn): NB__LT_FILL_BIAS writes the bias into every
+ * row of C first (copies) and accumulates onto it with beta 1 instead of the bias
+ * epilogue (not for a bf16 C); NB__LT_NO_FOLD runs every GEMM of the batch as its own call.
  *
  * The descriptors belong to the nb__lt_descs that holds them (nb__lt_descs_free). */
 #ifndef NABLA_CUDA_K_MATMUL_H
@@ -70,14 +75,19 @@ typedef struct nb__lt_plan {
     int64_t ncalls;                      /* product of outer_shape; 0: nothing to do */
     size_t ab_size, c_size;              /* element bytes */
     bool bias;                           /* the bias epilogue (beta 0 then) */
-    double alpha, beta;                  /* as cuBLASLt gets them */
+    bool fill_bias;     /* the caller writes the bias rows into C first (beta 1 then) */
+    double alpha, beta; /* as cuBLASLt gets them */
 } nb__lt_plan;
 
+#define NB__LT_TF32 1u      /* f32 products on the TF32 tensor cores (COMPUTE_32F_FAST_TF32) */
+#define NB__LT_FILL_BIAS 2u /* the bias by row copies into C and beta 1, not the epilogue */
+#define NB__LT_NO_FOLD 4u   /* one call per GEMM of the batch */
+
 /* The column-major problem of a gemm call with M, N > 0, K > 0 and alpha != 0 (the caller
- * handles the degenerate cases) and its batch split. tf32: f32 products on the tensor
- * cores (CUBLAS_COMPUTE_32F_FAST_TF32) instead of plain f32 math. NB_EUNSUPPORTED /
- * NB_EDTYPE with the message set for what cuBLASLt cannot express here. */
-static inline nb_status nb__lt_plan_of(const nb__gemm_args *g, bool tf32, nb__lt_plan *p) {
+ * handles the degenerate cases) and its batch split; flags: NB__LT_*. NB_EUNSUPPORTED /
+ * NB_EDTYPE / NB_EINTERNAL with the message set for what cuBLASLt cannot express here. */
+static inline nb_status nb__lt_plan_of(const nb__gemm_args *g, unsigned flags, nb__lt_plan *p) {
+    bool tf32 = (flags & NB__LT_TF32) != 0;
     memset(p, 0, sizeof *p);
     switch (g->dtype) {
     case NB_F32:
@@ -109,7 +119,12 @@ static inline nb_status nb__lt_plan_of(const nb__gemm_args *g, bool tf32, nb__lt
      * bias is overwritten (ignored here). Other betas would need beta * bias. */
     p->alpha = g->alpha;
     p->beta = g->beta;
-    if (g->bias && g->beta == 1.0) {
+    if (g->bias && g->beta == 1.0 && (flags & NB__LT_FILL_BIAS)) {
+        if (g->c_bf16)
+            return nb__error(NB_EUNSUPPORTED, "matmul: the cuda kernel cannot add an f32 bias "
+                                              "to a bf16 result without cuBLASLt's epilogue");
+        p->fill_bias = true;
+    } else if (g->bias && g->beta == 1.0) {
         p->bias = true;
         p->beta = 0.0;
     } else if (g->bias && g->beta != 0.0) {
@@ -155,7 +170,7 @@ static inline nb_status nb__lt_plan_of(const nb__gemm_args *g, bool tf32, nb__lt
     /* the inner group: from the last dim outwards while the strides fold */
     int inner = nd; /* first dim of the inner group */
     int64_t count = 1, ia = 0, ib = 0, ic = 0;
-    if (nd > 0 && sc[nd - 1] != 0 && sh[nd - 1] <= INT32_MAX) {
+    if (nd > 0 && sc[nd - 1] != 0 && sh[nd - 1] <= INT32_MAX && !(flags & NB__LT_NO_FOLD)) {
         inner = nd - 1;
         count = sh[nd - 1];
         ia = sa[nd - 1], ib = sb[nd - 1], ic = sc[nd - 1];

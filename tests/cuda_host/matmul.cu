@@ -174,47 +174,66 @@ void run_case(cuhost *t, const gcase &cs) {
     fill(B, tab, nbb);
     fill(C0, tc, nc);
     fill(bias, tbias, cs.N);
-    std::vector<unsigned char> Ccpu = C0, Clt = C0;
+    std::vector<unsigned char> Ccpu = C0;
     g.a = A.data(), g.b = B.data(), g.bias = cs.bias ? bias.data() : NULL;
 
-    nb__lt_plan p;
-    nb_status st = nb__lt_plan_of(&g, false, &p);
-    CUHOST_CHECK(t, st == NB_OK, "%s: plan: status %d", cs.name, (int)st);
-    if (st != NB_OK) return;
-    if (cs.want_ncalls >= 0)
-        CUHOST_CHECK(t, p.ncalls == cs.want_ncalls && p.batch == cs.want_batch,
-                     "%s: %lld calls of batch %d, want %lld of %d", cs.name, (long long)p.ncalls,
-                     (int)p.batch, (long long)cs.want_ncalls, (int)cs.want_batch);
-    nb__lt_descs d;
-    st = nb__lt_descs_new(&p, &d);
-    CUHOST_CHECK(t, st == NB_OK, "%s: descriptors: status %d", cs.name, (int)st);
-    if (st != NB_OK) return;
-    CUHOST_CHECK(t,
-                 attr_desc<int32_t>(d.op, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) ==
-                     (cs.dtype == NB_F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F),
-                 "%s: compute type", cs.name);
-    CUHOST_CHECK(t, read_layout(d.a).type == tab && read_layout(d.c).type == tc,
-                 "%s: operand types", cs.name);
-
     g.c = Ccpu.data();
-    st = cuhost_cpu()->gemm(&g);
+    nb_status st = cuhost_cpu()->gemm(&g);
     CUHOST_CHECK(t, st == NB_OK, "%s: CPU gemm: status %d", cs.name, (int)st);
-    // k_matmul.c's loop: cuBLASLt's A is the args' b, its B the args' a
-    bool ok = true;
-    for (int64_t i = 0; i < p.ncalls && ok; i++) {
-        int64_t oa, ob, oc;
-        nb__lt_call_offsets(&p, i, &oa, &ob, &oc);
-        ok = emulate_lt(d, p.alpha, p.beta, B.data() + ob * esab, A.data() + oa * esab,
-                        Clt.data() + oc * esc, g.bias);
+    // the plan k_matmul.c tries first, and its fallbacks where they apply
+    const unsigned flag_sets[3] = {0, NB__LT_FILL_BIAS, NB__LT_NO_FOLD};
+    for (unsigned flags : flag_sets) {
+        if (flags == NB__LT_FILL_BIAS && (!cs.bias || cs.beta != 1.0 || cs.c_bf16)) continue;
+        if (flags == NB__LT_NO_FOLD && cs.nd == 0) continue;
+        nb__lt_plan p;
+        st = nb__lt_plan_of(&g, flags, &p);
+        CUHOST_CHECK(t, st == NB_OK, "%s (flags %u): plan: status %d", cs.name, flags, (int)st);
+        if (st != NB_OK) continue;
+        if (cs.want_ncalls >= 0 && flags == 0)
+            CUHOST_CHECK(t, p.ncalls == cs.want_ncalls && p.batch == cs.want_batch,
+                         "%s: %lld calls of batch %d, want %lld of %d", cs.name,
+                         (long long)p.ncalls, (int)p.batch, (long long)cs.want_ncalls,
+                         (int)cs.want_batch);
+        if (flags == NB__LT_NO_FOLD) CUHOST_CHECK(t, p.batch == 1, "%s: no fold", cs.name);
+        nb__lt_descs d;
+        st = nb__lt_descs_new(&p, &d);
+        CUHOST_CHECK(t, st == NB_OK, "%s (flags %u): descriptors: status %d", cs.name, flags,
+                     (int)st);
+        if (st != NB_OK) continue;
+        CUHOST_CHECK(t,
+                     attr_desc<int32_t>(d.op, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) ==
+                         (cs.dtype == NB_F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F),
+                     "%s: compute type", cs.name);
+        CUHOST_CHECK(t, read_layout(d.a).type == tab && read_layout(d.c).type == tc,
+                     "%s: operand types", cs.name);
+        std::vector<unsigned char> Clt = C0;
+        if (p.fill_bias) // k_matmul.c's set_c: the bias in every row of every C_i
+            for (int64_t i = 0; i < p.ncalls; i++) {
+                int64_t oa, ob, oc;
+                nb__lt_call_offsets(&p, i, &oa, &ob, &oc);
+                for (int32_t bi = 0; bi < p.batch; bi++)
+                    for (int64_t r = 0; r < cs.M; r++)
+                        for (int64_t j = 0; j < cs.N; j++)
+                            st_el(Clt.data(), tc, oc + bi * p.stride_c + r * g.ldc + j,
+                                  ld_el(bias.data(), tbias, j));
+            }
+        // k_matmul.c's loop: cuBLASLt's A is the args' b, its B the args' a
+        bool ok = true;
+        for (int64_t i = 0; i < p.ncalls && ok; i++) {
+            int64_t oa, ob, oc;
+            nb__lt_call_offsets(&p, i, &oa, &ob, &oc);
+            ok = emulate_lt(d, p.alpha, p.beta, B.data() + ob * esab, A.data() + oa * esab,
+                            Clt.data() + oc * esc, g.bias);
+        }
+        CUHOST_CHECK(t, ok, "%s: inconsistent descriptors", cs.name);
+        int64_t bad = -1;
+        for (int64_t i = 0; i < nc && bad < 0; i++)
+            if (ld_el(Ccpu.data(), tc, i) != ld_el(Clt.data(), tc, i)) bad = i;
+        CUHOST_CHECK(t, bad < 0, "%s (flags %u): element %lld: cuBLASLt mapping %g, CPU %g",
+                     cs.name, flags, (long long)bad, bad < 0 ? 0.0 : ld_el(Clt.data(), tc, bad),
+                     bad < 0 ? 0.0 : ld_el(Ccpu.data(), tc, bad));
+        nb__lt_descs_free(&d);
     }
-    CUHOST_CHECK(t, ok, "%s: inconsistent descriptors", cs.name);
-    int64_t bad = -1;
-    for (int64_t i = 0; i < nc && bad < 0; i++)
-        if (ld_el(Ccpu.data(), tc, i) != ld_el(Clt.data(), tc, i)) bad = i;
-    CUHOST_CHECK(t, bad < 0, "%s: element %lld: cuBLASLt mapping %g, CPU %g", cs.name,
-                 (long long)bad, bad < 0 ? 0.0 : ld_el(Clt.data(), tc, bad),
-                 bad < 0 ? 0.0 : ld_el(Ccpu.data(), tc, bad));
-    nb__lt_descs_free(&d);
 }
 
 } // namespace
@@ -257,17 +276,23 @@ void cuhost_matmul(cuhost *t) {
     g.dtype = NB_F32, g.M = 2, g.N = 2, g.K = 2, g.lda = 2, g.ldb = 2, g.ldc = 2, g.alpha = 1;
     g.batch_ndim = 1, g.batch_shape[0] = 4, g.batch_stride_a[0] = 4;
     nb__lt_plan p;
-    CUHOST_CHECK(t, nb__lt_plan_of(&g, false, &p) == NB_OK && p.ncalls == 4 && p.batch == 1,
+    CUHOST_CHECK(t, nb__lt_plan_of(&g, 0, &p) == NB_OK && p.ncalls == 4 && p.batch == 1,
                  "C stride 0: %lld calls of batch %d", (long long)p.ncalls, (int)p.batch);
     // TF32 only when asked, and for f32 only
     CUHOST_CHECK(t,
-                 nb__lt_plan_of(&g, true, &p) == NB_OK && p.compute == CUBLAS_COMPUTE_32F_FAST_TF32,
+                 nb__lt_plan_of(&g, NB__LT_TF32, &p) == NB_OK &&
+                     p.compute == CUBLAS_COMPUTE_32F_FAST_TF32,
                  "tf32 compute type");
     // refused: a bias with another beta, f16 (the op converts it), a bf16 C with alpha
     g.bias = &g, g.beta = 0.5;
-    CUHOST_CHECK(t, nb__lt_plan_of(&g, false, &p) == NB_EUNSUPPORTED, "bias with beta 0.5");
+    CUHOST_CHECK(t, nb__lt_plan_of(&g, 0, &p) == NB_EUNSUPPORTED, "bias with beta 0.5");
     g.bias = NULL, g.beta = 0, g.dtype = NB_F16;
-    CUHOST_CHECK(t, nb__lt_plan_of(&g, false, &p) == NB_EDTYPE, "f16 refused");
+    CUHOST_CHECK(t, nb__lt_plan_of(&g, 0, &p) == NB_EDTYPE, "f16 refused");
     g.dtype = NB_BF16, g.c_bf16 = true, g.alpha = 2;
-    CUHOST_CHECK(t, nb__lt_plan_of(&g, false, &p) == NB_EINTERNAL, "bf16 C with alpha 2");
+    CUHOST_CHECK(t, nb__lt_plan_of(&g, 0, &p) == NB_EINTERNAL, "bf16 C with alpha 2");
+    // a bf16 C takes its f32 bias through the epilogue only
+    g.alpha = 1, g.beta = 1, g.bias = &g;
+    CUHOST_CHECK(t, nb__lt_plan_of(&g, 0, &p) == NB_OK && p.bias, "bf16 C with a bias");
+    CUHOST_CHECK(t, nb__lt_plan_of(&g, NB__LT_FILL_BIAS, &p) == NB_EUNSUPPORTED,
+                 "bf16 C: no bias by copies");
 }
