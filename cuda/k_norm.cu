@@ -172,13 +172,11 @@ __global__ void bn_bwd_dx(const T *g, const T *x, T *dx, int64_t n, int64_t C, i
 }
 
 // ---- dropout --------------------------------------------------------------------------------
-template <typename T>
-__global__ void dropout_k(const T *x, const uint8_t *mask, T *out, int64_t n,
-                          typename nb_acc<T>::type scale) {
-    using A = typename nb_acc<T>::type;
+__global__ void dropout_k(const void *x, const uint8_t *mask, void *out, int64_t n, nb_dtype dt,
+                          double scale) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        nb_st<T>(out + i, nbn::mul(nb_ld<T>(x + i), nbn::mul((A)mask[i], scale)));
+        nbn::dropout_el(x, mask, out, i, dt, scale);
 }
 
 nb_status need_float(nb_dtype dt, const char *op) {
@@ -352,11 +350,8 @@ nb_status cuda_dropout(const nb__dropout_args *a) {
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "dropout");
     if (st != NB_OK) return st;
-    NB_DISPATCH_FLOAT(a->dtype, T, {
-        using A = typename nb_acc<T>::type;
-        dropout_k<T><<<nb_blocks(a->n), kThreads, 0, c.stream>>>((const T *)a->x, a->mask,
-                                                                 (T *)a->out, a->n, (A)a->scale);
-    });
+    dropout_k<<<nb_blocks(a->n), kThreads, 0, c.stream>>>(a->x, a->mask, a->out, a->n, a->dtype,
+                                                          a->scale);
     return nb__cuda_kend(&c, cudaGetLastError());
 }
 

@@ -244,6 +244,29 @@ NB_HD T bn_dx(T g, T x, int64_t c, const double *mean, const double *rstd, const
     return sub(sub(mul(a, g), k), mul(sub(x, (T)mean[c]), q));
 }
 
+// ---- dropout --------------------------------------------------------------------------------
+// out[i] = x[i] * (mask[i] * scale) for a float dtype: f32 and f64 in their own type, f16
+// and bf16 in f32 rounded once (the CPU's nb__cpu_dropout).
+NB_HD void dropout_el(const void *x, const uint8_t *mask, void *out, int64_t i, nb_dtype dt,
+                      double scale) {
+    float fs = (float)scale, fm = (float)mask[i];
+    switch (dt) {
+    case NB_F32: ((float *)out)[i] = mul(((const float *)x)[i], mul(fm, fs)); break;
+    case NB_F64:
+        ((double *)out)[i] = mul(((const double *)x)[i], mul((double)mask[i], scale));
+        break;
+    case NB_F16:
+        ((uint16_t *)out)[i] =
+            nb__kh_f16_from_f32(mul(nb__kh_f32_from_f16(((const uint16_t *)x)[i]), mul(fm, fs)));
+        break;
+    case NB_BF16:
+        ((uint16_t *)out)[i] =
+            nb__kh_bf16_from_f32(mul(nb__kh_f32_from_bf16(((const uint16_t *)x)[i]), mul(fm, fs)));
+        break;
+    default: break;
+    }
+}
+
 } // namespace nbn
 
 #endif

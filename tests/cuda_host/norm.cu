@@ -339,4 +339,25 @@ void cuhost_norm(cuhost *t) {
     check_bn<float>(t, "bn f32 eval", 2, 3, 4, true, NB_F32, false);
     check_bn<double>(t, "bn f64 5x4x7", 5, 4, 7, true, NB_F64, true);
     check_bn<double>(t, "bn f64 eval no affine", 2, 3, 5, false, NB_F64, false);
+
+    // dropout: every float dtype, the CPU's bits
+    const nb_dtype dts[4] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+    for (nb_dtype dt : dts) {
+        const int64_t n = 257;
+        size_t es = dt == NB_F64 ? 8 : dt == NB_F32 ? 4 : 2;
+        std::vector<unsigned char> x(n * es), o1(n * es), o2(n * es);
+        std::vector<uint8_t> mask(n);
+        for (int64_t i = 0; i < n; i++) {
+            nbn::st_any((char *)x.data() + i * es, dt, 4.0 * rnd());
+            mask[i] = rnd() > -0.2 ? 1 : 0;
+        }
+        nb__dropout_args d;
+        memset(&d, 0, sizeof d);
+        d.dtype = dt, d.n = n, d.x = x.data(), d.mask = mask.data(), d.scale = 1.0 / 0.6;
+        for (int64_t i = 0; i < n; i++) nbn::dropout_el(d.x, d.mask, o1.data(), i, dt, d.scale);
+        d.out = o2.data();
+        CUHOST_CHECK(t, cuhost_cpu()->dropout(&d) == NB_OK, "CPU dropout");
+        CUHOST_CHECK(t, memcmp(o1.data(), o2.data(), n * es) == 0, "dropout dtype %d: bits differ",
+                     (int)dt);
+    }
 }
