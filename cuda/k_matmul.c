@@ -69,9 +69,11 @@ static bool use_tf32(void) {
     return v == 2;
 }
 
-/* The largest power of two (at most 256) dividing every byte offset given. */
+/* The largest power of two dividing the bits given (pointers and byte strides or'ed), at
+ * most 16: cuBLASLt's kernels ask for 4, 8 or 16 bytes, so larger alignments would only
+ * split the cache. */
 static unsigned align_of(uintptr_t x) {
-    unsigned a = 256;
+    unsigned a = 16;
     while (a > 1 && (x & (a - 1))) a >>= 1;
     return a;
 }
