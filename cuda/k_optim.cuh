@@ -290,13 +290,40 @@ NB_HD double abs_pow(double v, double p) {
     v = fabs(v);
     return p == 2 ? mul(v, v) : p == 1 ? v : pow(v, p);
 }
+// Element i of x of dtype DT as double (DT fixed at compile time: a clean inner loop).
+template <int DT> NB_HD double load_t(const void *x, int64_t i) {
+    return DT == NB_F32   ? (double)((const float *)x)[i]
+           : DT == NB_F64 ? ((const double *)x)[i]
+           : DT == NB_F16 ? (double)nb__kh_f32_from_f16(((const uint16_t *)x)[i])
+                          : (double)nb__kh_f32_from_bf16(((const uint16_t *)x)[i]);
+}
 // Lane `lane` of the chunk [s, s + l): sum of |x[s + i]|^p for i = lane, lane + kLanes, ...
-// added in that order from 0 (the CPU's accumulator acc[lane]).
+// added in that order from 0 (the CPU's accumulator acc[lane]). The loads do not depend on
+// the sum, so the unrolled loop keeps several in flight.
+template <int DT>
+NB_HD double lane_pow_sum_t(const void *x, int64_t s, int64_t l, int lane, double p) {
+    double acc = 0;
+    if (p == 2) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll 8
+#endif
+        for (int64_t i = lane; i < l; i += kLanes) {
+            double v = fabs(load_t<DT>(x, s + i));
+            acc = add(acc, mul(v, v));
+        }
+    } else {
+        for (int64_t i = lane; i < l; i += kLanes) acc = add(acc, abs_pow(load_t<DT>(x, s + i), p));
+    }
+    return acc;
+}
 NB_HD double lane_pow_sum(const void *x, nb_dtype dt, int64_t s, int64_t l, int lane,
                           double p) {
-    double acc = 0;
-    for (int64_t i = lane; i < l; i += kLanes) acc = add(acc, abs_pow(load_d(x, dt, s + i), p));
-    return acc;
+    switch (dt) {
+    case NB_F32: return lane_pow_sum_t<NB_F32>(x, s, l, lane, p);
+    case NB_F64: return lane_pow_sum_t<NB_F64>(x, s, l, lane, p);
+    case NB_F16: return lane_pow_sum_t<NB_F16>(x, s, l, lane, p);
+    default: return lane_pow_sum_t<NB_BF16>(x, s, l, lane, p);
+    }
 }
 // A chunk's value: its lanes added in lane order from 0.
 NB_HD double chunk_total(const double *lanes) {

@@ -99,7 +99,9 @@ __global__ void randperm_rounds_kernel(int64_t *p, int64_t n, int64_t *J, long l
         __syncthreads();
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
             int64_t j = J[i];
-            if (j < 0 || R[i] != i || R[j] != i) continue;
+            // __ldcg: read the reservations at L2, where the atomics wrote them (no stale
+            // L1 line from an earlier round can answer)
+            if (j < 0 || __ldcg(&R[i]) != i || __ldcg(&R[j]) != i) continue;
             int64_t t = p[i];
             p[i] = p[j];
             p[j] = t;
