@@ -40,6 +40,14 @@ using namespace nbk;
 
 namespace {
 
+// A failed nb__cuda_kscratch: leave the kernel context and keep the allocator's error
+// (status and message) as the result.
+nb_status scratch_failed(nb__cuda_kctx *c) {
+    nb_status st = nb_last_status();
+    (void)nb__cuda_kend(c, cudaSuccess);
+    return st != NB_OK ? st : NB_ENOMEM;
+}
+
 #define NBO_GRID_LOOP(i, n)                                                                 \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);               \
          i += (int64_t)gridDim.x * blockDim.x)
@@ -251,7 +259,7 @@ nb_status cuda_clip_reduce(const nb__clip_reduce_args *a, bool max) {
     if (max) {
         unsigned nb = nb_blocks(n);
         double *part = (double *)nb__cuda_kscratch(&c, sizeof(double) * ((size_t)nb + 1));
-        if (!part) return nb__cuda_kend(&c, cudaErrorMemoryAllocation);
+        if (!part) return scratch_failed(&c);
         max_partial_kernel<<<nb, kThreads, 0, c.stream>>>(a->x, a->dtype, n, part + 1);
         max_finish_kernel<<<1, kThreads, 0, c.stream>>>(part + 1, nb, part);
         e = read_back(&c, &host, part, sizeof host);
@@ -259,7 +267,7 @@ nb_status cuda_clip_reduce(const nb__clip_reduce_args *a, bool max) {
     } else {
         int64_t nch = (n + nbo::kChunk - 1) / nbo::kChunk, nlanes = nch * nbo::kLanes;
         double *lanes = (double *)nb__cuda_kscratch(&c, sizeof(double) * ((size_t)nlanes + 1));
-        if (!lanes) return nb__cuda_kend(&c, cudaErrorMemoryAllocation);
+        if (!lanes) return scratch_failed(&c);
         pow_lanes_kernel<<<nb_blocks(nlanes), kThreads, 0, c.stream>>>(a->x, a->dtype, n, a->p,
                                                                         lanes + 1, nlanes);
         pow_finish_kernel<<<1, kThreads, 0, c.stream>>>(lanes + 1, nch, lanes);
@@ -293,7 +301,7 @@ nb_status cuda_amp_unscale(const nb__amp_unscale_args *a) {
     nb_status st = nb__cuda_kbegin(&c, "amp_unscale");
     if (st != NB_OK) return st;
     int *flag = (int *)nb__cuda_kscratch(&c, sizeof(int));
-    if (!flag) return nb__cuda_kend(&c, cudaErrorMemoryAllocation);
+    if (!flag) return scratch_failed(&c);
     int host = 0;
     cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), c.stream);
     if (e == cudaSuccess) {
