@@ -44,6 +44,14 @@ template <typename T> bool same(const std::vector<T> &a, const std::vector<T> &b
     return true;
 }
 
+// Gradients with an inf, a NaN and a -0 (n >= 8): the NaN paths (amsgrad's sticky max,
+// NaN through sqrt) must match too.
+template <typename T> std::vector<T> grad(int64_t n, uint64_t seed) {
+    auto g = data<T>(n, seed, -0.5, 0.5);
+    if (n >= 8) g[2] = (T)INFINITY, g[4] = (T)NAN, g[6] = (T)-0.0;
+    return g;
+}
+
 template <typename T> nb_dtype dtype_of();
 template <> nb_dtype dtype_of<float>() { return NB_F32; }
 template <> nb_dtype dtype_of<double>() { return NB_F64; }
@@ -55,7 +63,7 @@ template <typename T> void check_sgd(cuhost *t) {
     for (int64_t n : kSizes)
         for (int cfg = 0; cfg < 32; cfg++) {
             bool mom = cfg & 1, init = cfg & 2, nest = cfg & 4, wd = cfg & 8, maxi = cfg & 16;
-            auto p0 = data<T>(n, 1 + (uint64_t)cfg, -1, 1), g = data<T>(n, 99, -0.5, 0.5);
+            auto p0 = data<T>(n, 1 + (uint64_t)cfg, -1, 1), g = grad<T>(n, 99);
             auto b0 = data<T>(n, 7, -0.1, 0.1);
             auto p1 = p0, p2 = p0, b1 = b0, b2 = b0;
             nb__sgd_step_args a = {};
@@ -87,7 +95,7 @@ template <typename T> void check_adam(cuhost *t) {
         for (int cfg = 0; cfg < 32; cfg++) {
             bool dec = cfg & 1, ams = cfg & 2, wd = cfg & 4, maxi = cfg & 8;
             double step = cfg & 16 ? 7 : 1;
-            auto p0 = data<T>(n, 3 + (uint64_t)cfg, -1, 1), g = data<T>(n, 5, -0.5, 0.5);
+            auto p0 = data<T>(n, 3 + (uint64_t)cfg, -1, 1), g = grad<T>(n, 5);
             auto m0 = data<T>(n, 11, -0.2, 0.2), v0 = data<T>(n, 13, 0, 0.05);
             auto x0 = data<T>(n, 17, 0, 0.06);
             auto p1 = p0, p2 = p0, m1 = m0, m2 = m0, v1 = v0, v2 = v0, x1 = x0, x2 = x0;
@@ -121,7 +129,7 @@ template <typename T> void check_rmsprop(cuhost *t) {
     for (int64_t n : kSizes)
         for (int cfg = 0; cfg < 16; cfg++) {
             bool cen = cfg & 1, mom = cfg & 2, wd = cfg & 4, maxi = cfg & 8;
-            auto p0 = data<T>(n, 21 + (uint64_t)cfg, -1, 1), g = data<T>(n, 23, -0.5, 0.5);
+            auto p0 = data<T>(n, 21 + (uint64_t)cfg, -1, 1), g = grad<T>(n, 23);
             auto s0 = data<T>(n, 29, 0.01, 0.05), b0 = data<T>(n, 31, -0.1, 0.1);
             auto a0 = data<T>(n, 37, -0.01, 0.01);
             auto p1 = p0, p2 = p0, s1 = s0, s2 = s0, b1 = b0, b2 = b0, ga1 = a0, ga2 = a0;
@@ -151,7 +159,7 @@ template <typename T> void check_rmsprop(cuhost *t) {
 template <typename T> void check_adagrad(cuhost *t) {
     for (int64_t n : kSizes)
         for (int cfg = 0; cfg < 4; cfg++) {
-            auto p0 = data<T>(n, 41 + (uint64_t)cfg, -1, 1), g = data<T>(n, 43, -0.5, 0.5);
+            auto p0 = data<T>(n, 41 + (uint64_t)cfg, -1, 1), g = grad<T>(n, 43);
             auto s0 = data<T>(n, 47, 0, 0.3);
             auto p1 = p0, p2 = p0, s1 = s0, s2 = s0;
             nb__adagrad_step_args a = {};
