@@ -17,14 +17,15 @@
 // randperm: the CPU's sequential Fisher-Yates (swap i with j_i for i = n-1 down to 1) gives
 // the same permutation as any schedule that performs each swap after every earlier swap
 // touching one of its two positions. So: one grid kernel draws every j_i (the swaps' words
-// do not depend on the array) and sets p = identity; then one block runs rounds of
-// deterministic reservations: every pending swap i writes max(i) into the reservation of
-// positions i and j_i (integer atomicMax: order-independent); a swap that holds both
-// reservations has no pending earlier swap on its positions and commits; the committed
-// swaps of a round touch disjoint positions. The highest pending swap always commits, so
-// the loop ends, and the result is exactly the CPU's permutation, whatever the timing.
-// The rounds run in one block of 1024 threads (no grid-wide barrier, no host loop): fine
-// for dataset-sized n; a grid-wide version would scale further.
+// do not depend on the array) and sets p = identity; then rounds of deterministic
+// reservations (nbr::rp_reserve / rp_commit / rp_clear): every pending swap i writes max(i)
+// into the reservation of positions i and j_i (integer atomicMax: order-independent); a
+// swap that holds both reservations has no pending earlier swap on its positions and
+// commits; the committed swaps of a round touch disjoint positions. The highest pending
+// swap always commits, so rounds end, and the result is exactly the CPU's permutation,
+// whatever the timing. About 2 log2(n) + 16 rounds run as grid-wide kernels (one per
+// phase; a round after the last pending swap returns at once, read from a device flag, so
+// the host never waits); a one-block kernel finishes whatever is left (normally nothing).
 #include "cuda/k_random.cuh"
 #include "cuda/kcommon.cuh"
 
@@ -84,6 +85,10 @@ nb_status cuda_random(const nb__random_args *a) {
 }
 
 // ---- randperm ------------------------------------------------------------------------------
+#define NBR_GRID_LOOP(i, n)                                                                 \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);               \
+         i += (int64_t)gridDim.x * blockDim.x)
+
 // p = identity; J[i] = j_i (i >= 1) or -1 (position 0: no swap); R[i] = -1 (unreserved).
 __global__ void randperm_init_kernel(nb__randperm_args a, int64_t *J, long long *R) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.n;
@@ -94,38 +99,41 @@ __global__ void randperm_init_kernel(nb__randperm_args a, int64_t *J, long long 
     }
 }
 
-// The rounds (one block). J[i]: >= 0 pending swap with j_i; -2 - j_i committed in this
-// round (its reservations still to clear); -1 done.
-__global__ void randperm_rounds_kernel(int64_t *p, int64_t n, int64_t *J, long long *R) {
+// Rounds in grid-wide kernels, one kernel per phase (a kernel boundary finishes a phase for
+// the whole grid). left[r] = 1 when round r's clear found a pending swap; the kernels of
+// round r + 1 return at once when left[r] is 0, so the host launches a fixed number of
+// rounds without reading anything back.
+__global__ void rp_reserve_kernel(const int64_t *J, long long *R, int64_t n, const int *left,
+                                  int r) {
+    if (r > 0 && !left[r - 1]) return;
+    NBR_GRID_LOOP(i, n) nbr::rp_reserve(J, R, i);
+}
+__global__ void rp_commit_kernel(int64_t *p, int64_t *J, const long long *R, int64_t n,
+                                 const int *left, int r) {
+    if (r > 0 && !left[r - 1]) return;
+    NBR_GRID_LOOP(i, n) nbr::rp_commit(p, J, R, i);
+}
+__global__ void rp_clear_kernel(int64_t *J, long long *R, int64_t n, int *left, int r) {
+    if (r > 0 && !left[r - 1]) return;
+    bool any = false;
+    NBR_GRID_LOOP(i, n) any |= nbr::rp_clear(J, R, i);
+    if (any) left[r] = 1; // every writer stores 1: no read-modify-write
+}
+
+// The tail (one block, barriers between the phases): runs rounds until none is pending,
+// when the grid-wide rounds did not finish (*left_last != 0). The highest pending swap
+// always commits, so this ends.
+__global__ void rp_tail_kernel(int64_t *p, int64_t n, int64_t *J, long long *R,
+                               const int *left_last) {
+    if (!*left_last) return;
     for (;;) {
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            int64_t j = J[i];
-            if (j < 0) continue;
-            atomicMax(&R[i], (long long)i);
-            atomicMax(&R[j], (long long)i);
-        }
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) nbr::rp_reserve(J, R, i);
         __syncthreads();
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            int64_t j = J[i];
-            // __ldcg: read the reservations at L2, where the atomics wrote them (no stale
-            // L1 line from an earlier round can answer)
-            if (j < 0 || __ldcg(&R[i]) != i || __ldcg(&R[j]) != i) continue;
-            int64_t t = p[i];
-            p[i] = p[j];
-            p[j] = t;
-            J[i] = -2 - j;
-        }
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) nbr::rp_commit(p, J, R, i);
         __syncthreads();
-        int left = 0;
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            int64_t j = J[i];
-            if (j == -1) continue;
-            R[i] = -1;
-            R[j >= 0 ? j : -2 - j] = -1;
-            if (j >= 0) left = 1;
-            else J[i] = -1;
-        }
-        if (!__syncthreads_or(left)) break;
+        int any = 0;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) any |= nbr::rp_clear(J, R, i);
+        if (!__syncthreads_or(any)) break;
     }
 }
 
@@ -135,14 +143,28 @@ nb_status cuda_randperm(const nb__randperm_args *a) {
     nb_status st = nb__cuda_kbegin(&c, "randperm");
     if (st != NB_OK) return st;
     const size_t n = (size_t)a->n;
-    char *scratch = (char *)nb__cuda_kscratch(&c, n * (sizeof(int64_t) + sizeof(long long)));
+    const int rounds = nbr::rp_grid_rounds(a->n);
+    char *scratch = (char *)nb__cuda_kscratch(
+        &c, n * (sizeof(int64_t) + sizeof(long long)) + sizeof(int) * (size_t)rounds);
     if (!scratch) return scratch_failed(&c);
     int64_t *J = (int64_t *)scratch;
     long long *R = (long long *)(scratch + n * sizeof(int64_t));
-    randperm_init_kernel<<<nb_blocks(a->n), kThreads, 0, c.stream>>>(*a, J, R);
-    if (a->n > 1) randperm_rounds_kernel<<<1, 1024, 0, c.stream>>>(a->out, a->n, J, R);
+    int *left = (int *)(scratch + n * (sizeof(int64_t) + sizeof(long long)));
+    const unsigned grid = nb_blocks(a->n);
+    cudaError_t e = cudaMemsetAsync(left, 0, sizeof(int) * (size_t)rounds, c.stream);
+    if (e == cudaSuccess) {
+        randperm_init_kernel<<<grid, kThreads, 0, c.stream>>>(*a, J, R);
+        for (int r = 0; a->n > 1 && r < rounds; r++) {
+            rp_reserve_kernel<<<grid, kThreads, 0, c.stream>>>(J, R, a->n, left, r);
+            rp_commit_kernel<<<grid, kThreads, 0, c.stream>>>(a->out, J, R, a->n, left, r);
+            rp_clear_kernel<<<grid, kThreads, 0, c.stream>>>(J, R, a->n, left, r);
+        }
+        if (a->n > 1)
+            rp_tail_kernel<<<1, 1024, 0, c.stream>>>(a->out, a->n, J, R, left + rounds - 1);
+        e = cudaGetLastError();
+    }
     nb__cuda_kfree(scratch);
-    return nb__cuda_kend(&c, cudaGetLastError());
+    return nb__cuda_kend(&c, e);
 }
 
 }  // namespace

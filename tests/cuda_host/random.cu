@@ -124,11 +124,12 @@ void check_random(cuhost *t) {
     (void)cmp;
 }
 
-// k_random.cu's randperm: init (identity, j_i, no reservation), then rounds of reserve /
-// commit / clear, each phase over every i (a phase's writes do not depend on the order
-// within it). Returns the number of rounds (-1 past n rounds: a round that commits
-// nothing, which the kernel's rounds never have: the highest pending swap always commits).
-int emulate_randperm(const nb__randperm_args *a) {
+// k_random.cu's randperm: init (identity, j_i, no reservation), then `grid_rounds` rounds
+// (the grid-wide kernels: each phase over every i, in an order that must not matter), then
+// the one-block tail's rounds until none is pending. Returns the number of rounds run
+// (-1 past n rounds: a round that commits nothing, which cannot happen: the highest pending
+// swap always commits); *tail the rounds the tail ran.
+int emulate_randperm(const nb__randperm_args *a, int grid_rounds, int *tail) {
     const int64_t n = a->n;
     std::vector<int64_t> J((size_t)n);
     std::vector<long long> R((size_t)n);
@@ -139,31 +140,22 @@ int emulate_randperm(const nb__randperm_args *a) {
         J[(size_t)i] = i >= 1 ? nbr::swap_index(a, n - 1 - i) : -1;
     }
     int rounds = 0;
-    for (bool left = n > 1; left;) {
-        if (++rounds > n) return -1;
-        for (int64_t i = 0; i < n; i++) {
-            int64_t j = J[(size_t)i];
-            if (j < 0) continue;
-            if (R[(size_t)i] < i) R[(size_t)i] = i;
-            if (R[(size_t)j] < i) R[(size_t)j] = i;
-        }
-        for (int64_t i = n - 1; i >= 0; i--) { // reverse: the order must not matter
-            int64_t j = J[(size_t)i];
-            if (j < 0 || R[(size_t)i] != i || R[(size_t)j] != i) continue;
-            int64_t tmp = p[i];
-            p[i] = p[j];
-            p[j] = tmp;
-            J[(size_t)i] = -2 - j;
-        }
+    *tail = 0;
+    bool left = n > 1;
+    for (int r = 0; r < grid_rounds && left; r++) { // kernels of later rounds return at once
+        rounds++;
+        for (int64_t i = 0; i < n; i++) nbr::rp_reserve(J.data(), R.data(), i);
+        for (int64_t i = n - 1; i >= 0; i--) nbr::rp_commit(p, J.data(), R.data(), i);
         left = false;
-        for (int64_t i = 0; i < n; i++) {
-            int64_t j = J[(size_t)i];
-            if (j == -1) continue;
-            R[(size_t)i] = -1;
-            R[(size_t)(j >= 0 ? j : -2 - j)] = -1;
-            if (j >= 0) left = true;
-            else J[(size_t)i] = -1;
-        }
+        for (int64_t i = 0; i < n; i++) left |= nbr::rp_clear(J.data(), R.data(), i);
+    }
+    while (left) { // rp_tail_kernel
+        if (++rounds > n) return -1;
+        ++*tail;
+        for (int64_t i = n - 1; i >= 0; i--) nbr::rp_reserve(J.data(), R.data(), i);
+        for (int64_t i = 0; i < n; i++) nbr::rp_commit(p, J.data(), R.data(), i);
+        left = false;
+        for (int64_t i = n - 1; i >= 0; i--) left |= nbr::rp_clear(J.data(), R.data(), i);
     }
     return rounds;
 }
@@ -180,13 +172,21 @@ void check_randperm(cuhost *t) {
                 a.n = n, a.seed = seed, a.stream = 3, a.offset = off;
                 a.out = p1.data();
                 nb_status st = cuhost_cpu()->randperm(&a);
-                a.out = p2.data();
-                int rounds = emulate_randperm(&a);
-                CUHOST_CHECK(t, st == NB_OK && p1 == p2,
-                             "randperm n %lld seed %llu offset %llu (%d rounds)", (long long)n,
-                             (unsigned long long)seed, (unsigned long long)off, rounds);
-                if (n == 100003 && seed == 1 && off == 0)
-                    CUHOST_CHECK(t, rounds > 1 && rounds < 200, "randperm rounds %d", rounds);
+                // the kernel's round count, and 3 grid rounds (the tail does the rest)
+                for (int few = 0; few < 2; few++) {
+                    a.out = p2.data();
+                    int tail = 0;
+                    int rounds = emulate_randperm(&a, few ? 3 : nbr::rp_grid_rounds(n), &tail);
+                    CUHOST_CHECK(t, st == NB_OK && p1 == p2,
+                                 "randperm n %lld seed %llu offset %llu grid rounds %d (%d "
+                                 "rounds, %d in the tail)", (long long)n,
+                                 (unsigned long long)seed, (unsigned long long)off,
+                                 few ? 3 : nbr::rp_grid_rounds(n), rounds, tail);
+                    if (!few)
+                        CUHOST_CHECK(t, tail == 0, "randperm n %lld: %d rounds in the tail",
+                                     (long long)n, tail);
+                    if (few && n > 1000) CUHOST_CHECK(t, tail > 0, "randperm: no tail rounds");
+                }
             }
 }
 
