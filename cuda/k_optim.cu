@@ -24,9 +24,12 @@
 // amp_unscale's found flag in HOST memory (a double the caller reads right after the call:
 // optim/clip.c clip_norm, optim/scaler.c). So those three kernels end with a device->host
 // copy of one value and a cudaStreamSynchronize (read_back below): the one place in this
-// family that waits for the device. Everything else only enqueues work. (What would
-// remove the sync: the report of the branch; in short, device-resident result/flag
-// pointers in the args and a clip_scale that reads its coefficient from device memory.)
+// family that waits for the device (one wait per gradient tensor). Everything else only
+// enqueues work. Removing the waits needs a change of the protocol in the core: result and
+// found_inf as device memory the caller owns (one slot per gradient, or one accumulator),
+// a device kernel turning the partials into the clip coefficient, clip_scale reading that
+// coefficient from device memory, and the optimizer steps skipping on a device found_inf
+// flag; the host would then wait at most once per step, where it needs the norm's value.
 #include <math.h>
 
 #include "cuda/k_optim.cuh"
