@@ -32,6 +32,7 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include "cuda/cuda_impl.h"
 #include "cuda/k_index.cuh"
 #include "cuda/k_index.h"
 #include "cuda/kcommon.cuh"
@@ -67,6 +68,13 @@ struct ix_ctx {
 };
 
 static std::atomic<unsigned int> g_next_tag{0};
+// Devices that ran a checking kernel since their record was last read: a clean device's
+// record is never read, so the check at a sync costs nothing when no index kernel ran.
+static std::atomic<bool> g_dirty[NB__CUDA_MAX_DEVICES];
+
+static void ix_mark(int device) {
+    if (device >= 0 && device < NB__CUDA_MAX_DEVICES) g_dirty[device].store(true);
+}
 
 static ix_ctx ix_ctx_of(const char *op, int code, int dim, int64_t size) {
     unsigned int tag = ++g_next_tag;
@@ -86,6 +94,8 @@ __device__ void ix_report(const ix_ctx &c, int64_t k) {
 }
 
 extern "C" nb_status nb__cuda_index_error(int device) {
+    if (device >= 0 && device < NB__CUDA_MAX_DEVICES && !g_dirty[device].exchange(false))
+        return NB_OK;
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
     if (prev != device && cudaSetDevice(device) != cudaSuccess)
@@ -156,6 +166,7 @@ static nb_status gather_launch(const char *what, const nb__view *out, const nb__
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, what);
     if (st != NB_OK) return st;
+    ix_mark(c.device);
     bool ok = true, i64 = idx->dtype == NB_I64;
     IX_BY_ES(es, ok, ES,
              k_gather<ES><<<nb_blocks(n), kThreads, 0, c.stream>>>(g, out->data, x->data,
@@ -203,6 +214,7 @@ static nb_status cuda_scatter_add(const nb__scatter_add_args *a) {
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "scatter_add");
     if (st != NB_OK) return st;
+    ix_mark(c.device);
     unsigned blocks = nb_blocks(nq);
 #define IX_SCATTER(T)                                                                      \
     k_scatter<T><<<blocks, kThreads, 0, c.stream>>>(g, (T *)a->out.data,                   \
@@ -365,6 +377,7 @@ static nb_status cuda_one_hot(const nb__one_hot_args *a) {
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "one_hot");
     if (st != NB_OK) return st;
+    ix_mark(c.device);
     bool ok = true, i64 = a->index.dtype == NB_I64;
     IX_BY_ES(elem_size(a->out.dtype), ok, ES,
              k_one_hot<ES><<<nb_blocks(n), kThreads, 0, c.stream>>>(a->out.data, a->index.data,

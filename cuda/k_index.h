@@ -20,7 +20,8 @@
 extern "C" {
 #endif
 
-/* NB_OK when no index kernel on device saw a bad value since the last call; else clears
+/* NB_OK when no index kernel on device saw a bad value since the last call (at once,
+ * without touching the device, when none of the checking kernels ran there); else clears
  * the record and returns NB_EINDEX with the message the CPU kernel gives for that call
  * (the value named is the smallest if negative, else the largest). Reads device memory
  * synchronously: call it only where the caller syncs anyway. NB_EDEVICE if the record

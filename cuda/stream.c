@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "cuda/cuda_impl.h"
+#include "cuda/k_index.h"
 #include "tensor/error.h"
 
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
@@ -194,7 +195,8 @@ void nb_cuda_stream_free(nb_cuda_stream *s) {
 nb_status nb_cuda_stream_synchronize(nb_cuda_stream *s) {
     s = nb__cuda_stream_or_current(s, "cuda_stream_synchronize");
     if (!s) return nb_last_status();
-    return nb__cuda_status(cudaStreamSynchronize(s->handle), "cuda_stream_synchronize");
+    nb_status st = nb__cuda_status(cudaStreamSynchronize(s->handle), "cuda_stream_synchronize");
+    return st == NB_OK ? nb__cuda_index_error(s->device) : st; /* cuda/k_index.h */
 }
 
 nb_cuda_stream *nb_cuda_stream_default(int device) {
