@@ -145,6 +145,26 @@ static int elem_size(nb_dtype dt) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);              \
          i += (int64_t)gridDim.x * blockDim.x)
 
+// Only the check of n index values (an empty output, a non-empty index).
+__global__ void k_check(const void *ip, bool i64, int64_t n, int64_t size, ix_ctx ec) {
+    IX_GRID_STRIDE(i, n) {
+        int64_t k;
+        if (!ix_check(ip, i64, i, size, &k)) ix_report(ec, k);
+    }
+}
+
+static nb_status check_launch(const char *what, const nb__view *idx, int64_t size, ix_ctx ec) {
+    int64_t n = view_numel(idx);
+    if (n == 0) return NB_OK;
+    nb__cuda_kctx c;
+    nb_status st = nb__cuda_kbegin(&c, what);
+    if (st != NB_OK) return st;
+    ix_mark(c.device);
+    k_check<<<nb_blocks(n), kThreads, 0, c.stream>>>(idx->data, idx->dtype == NB_I64, n, size,
+                                                      ec);
+    return nb__cuda_kend(&c, cudaGetLastError());
+}
+
 // ---- index_select and gather --------------------------------------------------------------------
 template <int ES>
 __global__ void k_gather(gather_geom g, char *out, const char *x, const void *ip, bool i64,
@@ -159,9 +179,9 @@ static nb_status gather_launch(const char *what, const nb__view *out, const nb__
                                const nb__view *idx, int dim, bool linear, const char *op,
                                int code) {
     int64_t n = view_numel(out);
-    if (n == 0) return NB_OK;
     gather_geom g = gather_geom_of(x, out, idx, dim, linear);
     ix_ctx ec = ix_ctx_of(op, code, dim, g.size);
+    if (n == 0) return check_launch(what, idx, g.size, ec); // the values are still checked
     int es = elem_size(x->dtype);
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, what);
@@ -372,8 +392,8 @@ __global__ void k_one_hot(char *out, const void *ip, bool i64, int64_t C, uint64
 
 static nb_status cuda_one_hot(const nb__one_hot_args *a) {
     int64_t rows = view_numel(&a->index), C = a->out.shape[a->out.ndim - 1], n = rows * C;
-    if (n == 0) return NB_OK; // C == 0 with rows: every value is out of range
     ix_ctx ec = ix_ctx_of(nullptr, IX_OP_ONE_HOT, 0, C);
+    if (n == 0) return check_launch("one_hot", &a->index, C, ec); // C == 0: all values bad
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "one_hot");
     if (st != NB_OK) return st;

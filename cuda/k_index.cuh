@@ -104,6 +104,13 @@ inline void ix_err_format(char *buf, size_t n, int op, int dim, int64_t size, co
                  ix_op_name(op), v, dim, (long long)size);
 }
 
+// Index value i alone, for calls whose output is empty but whose index is not (the CPU
+// still checks those): false and *k when out of [0, size).
+NB_HD bool ix_check(const void *ip, bool i64, int64_t i, int64_t size, int64_t *k) {
+    *k = idx_at(ip, i64, i);
+    return *k >= 0 && *k < size;
+}
+
 // ---- index_select and gather ---------------------------------------------------------------
 // Output element i (row-major over shape) is x at the same position with p[dim] replaced by
 // an index value: the index at i (gather: the index has the output's shape) or at p[dim]

@@ -210,6 +210,30 @@ void check_gathers(cuhost *t) {
     std::vector<int64_t> bad1 = {3, 12, 0, 11}, bad2 = {3, -2, 12, -5};
     check_index_select<int64_t>(t, NB_F32, 2, ws, wst, 0, bad1, "embedding", 3, eo);
     check_index_select<int64_t>(t, NB_F32, 3, xs, xst, 1, bad2, "index_select", 0, nullptr);
+    // an empty output with a non-empty index: the values are still checked (k_check)
+    const int64_t es0[2] = {0, 5}, est0[2] = {5, 1};
+    std::vector<int64_t> late = {1, 7, 2};
+    for (int bad = 0; bad < 2; bad++) {
+        int64_t m = 3, size = 5, k;
+        nb__index_select_args a;
+        memset(&a, 0, sizeof a);
+        char dummy[8];
+        std::vector<int64_t> vals = late;
+        if (!bad) vals[1] = 4;
+        a.x = mkview(dummy, NB_F32, 2, es0, est0);
+        a.index = contig(vals.data(), NB_I64, 1, &m);
+        const int64_t os0[2] = {0, 3};
+        a.out = contig(dummy, NB_F32, 2, os0);
+        a.dim = 1;
+        a.op = "index_select";
+        std::string want = cpu_msg(cuhost_cpu()->index_select(&a));
+        ix_bad b = {0, 0};
+        for (int64_t i = 0; i < m; i++)
+            if (!ix_check(vals.data(), true, i, size, &k)) ix_bad_note(&b, k);
+        std::string got = emu_msg(b, IX_OP_INDEX_SELECT, 1, size);
+        CUHOST_CHECK(t, want == got, "index_select into an empty output: CPU says \"%s\", the "
+                     "record \"%s\"", want.c_str(), got.c_str());
+    }
     // a 0-dim x
     const int64_t one = 1;
     std::vector<int32_t> z = {0};
@@ -491,6 +515,22 @@ void cuhost_index(cuhost *t) {
     check_one_hot<int64_t>(t, NB_I64, 3, 0, 3);
     check_one_hot<int64_t>(t, NB_F32, 5, 0, 9);  // too large: named as the CPU does
     check_one_hot<int32_t>(t, NB_F32, 5, -3, 5); // negative
+    {   // zero classes: every value is out of range (k_check)
+        std::vector<int32_t> vals = {0, 2};
+        int64_t m = 2, os[2] = {2, 0}, k;
+        char dummy[4];
+        nb__one_hot_args a;
+        memset(&a, 0, sizeof a);
+        a.out = contig(dummy, NB_F32, 2, os);
+        a.index = contig(vals.data(), NB_I32, 1, &m);
+        std::string want = cpu_msg(cuhost_cpu()->one_hot(&a));
+        ix_bad b = {0, 0};
+        for (int64_t i = 0; i < m; i++)
+            if (!ix_check(vals.data(), false, i, 0, &k)) ix_bad_note(&b, k);
+        std::string got = emu_msg(b, IX_OP_ONE_HOT, 0, 0);
+        CUHOST_CHECK(t, want == got && !want.empty(), "one_hot with 0 classes: CPU says \"%s\", "
+                     "the record \"%s\"", want.c_str(), got.c_str());
+    }
     check_minmax<int64_t>(t, 1000);
     check_minmax<int32_t>(t, 77);
     const int64_t ks[] = {-2, 0, 1, 7, -9, INT64_MAX, INT64_MIN};
