@@ -313,9 +313,12 @@ NB_HD void ia_segment(const ia_geom &g, A *out, const Src *src, const uint32_t *
     *dst = acc;
 }
 
-// Scan (true) or sort + segments (false): scanning costs O*S*D*M index reads, the sort path
-// about O*M*D plus the sort; scan only while S*M is small.
-inline bool ia_use_scan(const ia_geom &g) { return g.S * g.M <= 16384; }
+// Scan (true) or sort + segments (false): scanning costs O*S*D*M index reads, S times the
+// sort path's O*M*D additions, but saves the sort's launches and scratch; scan only while
+// that whole work is small (2^25 reads: microseconds on a current GPU).
+inline bool ia_use_scan(const ia_geom &g) {
+    return (double)g.O * (double)g.S * (double)g.D * (double)g.M <= 33554432.0;
+}
 
 // ---- masked_fill -------------------------------------------------------------------------------
 template <int ES> NB_HD void mf_elem(const nb__iter &it, uint64_t value, int64_t i) {

@@ -389,8 +389,9 @@ void check_index_adds(cuhost *t) {
     check_index_add<float, bf16s, int64_t>(t, NB_F32, NB_BF16, 3, mid, 2, 33, 2);
     check_index_add<double, f16s, int64_t>(t, NB_F64, NB_F16, 3, mid, 0, 9, 3);
     // the choice between the paths
-    ia_geom small = {1, 50, 24, 300}, big = {1, 50304, 768, 16384};
-    CUHOST_CHECK(t, ia_use_scan(small) && !ia_use_scan(big), "index_add path choice");
+    ia_geom small = {1, 50, 24, 300}, big = {1, 50304, 768, 16384}, wide = {64, 8, 4096, 64};
+    CUHOST_CHECK(t, ia_use_scan(small) && !ia_use_scan(big) && !ia_use_scan(wide),
+                 "index_add path choice");
     CUHOST_CHECK(t, ia_key_bits(1) == 1 && ia_key_bits(50304) == 16 && ia_key_bits(65535) == 16 &&
                         ia_key_bits(65536) == 17,
                  "radix bits for the keys 0 .. S");
