@@ -28,6 +28,7 @@
 // (cuda/k_index.h) reads at a natural sync and turns into the CPU's message. The kernels
 // never trap.
 #include <atomic>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -120,6 +121,27 @@ extern "C" nb_status nb__cuda_index_error(int device) {
     return st;
 }
 
+// NB_CUDA_SYNC_INDEX_CHECKS=1 (read once): every checking kernel waits for its stream and
+// reads the record, so the op itself fails with NB_EINDEX as on the CPU (debugging, and the
+// op tests on a GPU); a host sync per call, so off by default.
+static bool sync_checks() {
+    static const bool on = [] {
+        const char *e = getenv("NB_CUDA_SYNC_INDEX_CHECKS");
+        return e && *e && strcmp(e, "0") != 0;
+    }();
+    return on;
+}
+
+// nb__cuda_kend for the checking kernels (after their launches).
+static nb_status ix_end(nb__cuda_kctx *c) {
+    cudaError_t e = cudaGetLastError();
+    bool sync = sync_checks();
+    if (e == cudaSuccess && sync) e = cudaStreamSynchronize(c->stream);
+    int device = c->device;
+    nb_status st = nb__cuda_kend(c, e);
+    return st == NB_OK && sync ? nb__cuda_index_error(device) : st;
+}
+
 // ---- element sizes ------------------------------------------------------------------------------
 static int elem_size(nb_dtype dt) {
     switch (dt) {
@@ -162,7 +184,7 @@ static nb_status check_launch(const char *what, const nb__view *idx, int64_t siz
     ix_mark(c.device);
     k_check<<<nb_blocks(n), kThreads, 0, c.stream>>>(idx->data, idx->dtype == NB_I64, n, size,
                                                       ec);
-    return nb__cuda_kend(&c, cudaGetLastError());
+    return ix_end(&c);
 }
 
 // ---- index_select and gather --------------------------------------------------------------------
@@ -191,7 +213,7 @@ static nb_status gather_launch(const char *what, const nb__view *out, const nb__
     IX_BY_ES(es, ok, ES,
              k_gather<ES><<<nb_blocks(n), kThreads, 0, c.stream>>>(g, out->data, x->data,
                                                                    idx->data, i64, n, ec));
-    st = nb__cuda_kend(&c, cudaGetLastError());
+    st = ix_end(&c);
     if (!ok) return nb__error(NB_EUNSUPPORTED, "%s: the cuda kernel does not handle dtype %d",
                               what, (int)x->dtype);
     return st;
@@ -249,7 +271,7 @@ static nb_status cuda_scatter_add(const nb__scatter_add_args *a) {
     default: IX_SCATTER(boolean); break;
     }
 #undef IX_SCATTER
-    return nb__cuda_kend(&c, cudaGetLastError());
+    return ix_end(&c);
 }
 
 // ---- index_add -------------------------------------------------------------------------------------
@@ -402,7 +424,7 @@ static nb_status cuda_one_hot(const nb__one_hot_args *a) {
     IX_BY_ES(elem_size(a->out.dtype), ok, ES,
              k_one_hot<ES><<<nb_blocks(n), kThreads, 0, c.stream>>>(a->out.data, a->index.data,
                                                                     i64, C, a->one, n, ec));
-    st = nb__cuda_kend(&c, cudaGetLastError());
+    st = ix_end(&c);
     if (!ok) return nb__error(NB_EUNSUPPORTED, "one_hot: the cuda kernel does not handle dtype "
                               "%d", (int)a->out.dtype);
     return st;

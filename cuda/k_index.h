@@ -10,7 +10,10 @@
  * sync, so a bad value is written as zeros (gathers) or skipped (scatters) and recorded in
  * a per-device record: the first failing call's op, dim and range, and its smallest and
  * largest bad value. The record is read and cleared by nb__cuda_index_error, meant for the
- * next natural sync (a device-to-host copy, a stream synchronize). Owns nothing. */
+ * next natural sync (a device-to-host copy, a stream synchronize). With the environment
+ * variable NB_CUDA_SYNC_INDEX_CHECKS=1 each checking kernel waits for its stream and reads
+ * the record itself, so the op fails at once as on the CPU (a host sync per call: for
+ * debugging and for running the op tests on a GPU). Owns nothing. */
 #ifndef NABLA_CUDA_K_INDEX_H
 #define NABLA_CUDA_K_INDEX_H
 
