@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "cuda/cuda_impl.h"
+#include "cuda/k_index.h"
 #include "cuda/kernels.h"
 #include "tensor/error.h"
 
@@ -196,6 +197,7 @@ nb_status nb_cuda_stream_synchronize(nb_cuda_stream *s) {
     s = nb__cuda_stream_or_current(s, "cuda_stream_synchronize");
     if (!s) return nb_last_status();
     nb_status st = nb__cuda_status(cudaStreamSynchronize(s->handle), "cuda_stream_synchronize");
+    if (st == NB_OK) st = nb__cuda_index_error(s->device); /* cuda/k_index.h */
     return st == NB_OK ? nb__cuda_kerr_check(s->device, "cuda_stream_synchronize") : st;
 }
 
