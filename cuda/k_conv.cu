@@ -10,10 +10,12 @@
 //        a kernel per entry of the column matrix) + the cuBLAS GEMM of cuda/blas.c per
 //        group; the input gradient is a GEMM into a column-gradient matrix and a col2im
 //        GATHER (each input element sums its taps in a fixed order: no atomics). The weight
-//        gradient sums the images' GEMMs in image order (beta = 1 on one stream).
+//        gradient sums the images' GEMMs in image order (beta = 1 on one stream). With 16
+//        groups or more (depthwise) the fallback runs the direct kernels instead.
 //   bf16 (conv_bf16): the operands are widened to f32 in scratch memory, the f32 path runs
 //        and each bf16 result is rounded once - the CPU's semantics (f32 products and sums).
-//   f64: direct kernels (one thread per output element, fixed summation order).
+//   f64: direct kernels (one thread per output element, fixed summation order; the weight
+//        gradient one thread per weight element summing over images and positions).
 //   Bias: y += b by a kernel; its gradient one block per channel, summed in double in a
 //        fixed tree (nb_block_sum): the same bits on every run.
 // maxpool2d / avgpool2d / adaptive_avgpool2d (+ backward), f32 and f64: one thread per
@@ -287,6 +289,10 @@ static bool is_pointwise(const nb__conv2d_geom *g) {
     return g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
 }
 
+// Without cuDNN, convolutions with this many groups or more (depthwise ones) run the direct
+// kernels: im2col + GEMM would launch groups tiny GEMMs per image.
+constexpr int64_t kDirectGroups = 16;
+
 // f32 scratch of n elements (NULL + error when out of device memory).
 static float *scratch_f32(nb__cuda_kctx *c, int64_t n) {
     return (float *)nb__cuda_kscratch(c, sizeof(float) * (size_t)(n > 0 ? n : 1));
@@ -297,6 +303,11 @@ static nb_status conv_fwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const 
                               const float *w, float *y) {
     nb_status st = nb__cudnn_conv2d_fwd(c, g, x, w, y);
     if (st != NB_EUNSUPPORTED) return st;
+    if (g->groups >= kDirectGroups) {
+        conv_direct_k<float><<<nb_blocks(numel_y(g)), kThreads, 0, c->stream>>>(*g, x, w, NULL,
+                                                                               y);
+        return NB_OK;
+    }
     int64_t L = g->OH * g->OW, Og = g->O / g->groups, Kg = g->C / g->groups * g->KH * g->KW;
     bool pw = is_pointwise(g);
     float *col = pw ? NULL : scratch_f32(c, g->C * g->KH * g->KW * L);
@@ -333,6 +344,15 @@ static nb_status conv_bwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const 
         else if (st != NB_EUNSUPPORTED) return st;
     }
     if (!gx && !gw) return NB_OK;
+    if (g->groups >= kDirectGroups) {
+        if (gx)
+            conv_gx_direct_k<float><<<nb_blocks(numel_x(g)), kThreads, 0, c->stream>>>(*g, w, gy,
+                                                                                      gx);
+        if (gw)
+            conv_gw_direct_k<float><<<nb_blocks(numel_w(g)), kThreads, 0, c->stream>>>(*g, x, gy,
+                                                                                      gw);
+        return NB_OK;
+    }
     int64_t L = g->OH * g->OW, Og = g->O / g->groups, Kg = g->C / g->groups * g->KH * g->KW;
     int64_t ncol = g->C * g->KH * g->KW * L;
     bool pw = is_pointwise(g);

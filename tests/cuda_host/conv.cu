@@ -320,6 +320,28 @@ void check_conv_case(cuhost *t, const nb__conv2d_geom &g) {
     CUHOST_CHECK(t, close(e.gx, gx, 1e-5), "conv2d f32 gx %s", what);
     CUHOST_CHECK(t, close(e.gw, gw, 1e-5), "conv2d f32 gw %s", what);
     CUHOST_CHECK(t, close(e.gb, gb, 1e-6), "conv2d f32 gb %s", what);
+    {   // f32 through the direct kernels (the no-cuDNN path of depthwise convolutions)
+        int64_t L = g.OH * g.OW, HW = g.H * g.W, Cg = g.C / g.groups, KK = g.KH * g.KW;
+        std::vector<float> yd((size_t)ny), gxd((size_t)nx), gwd((size_t)nw);
+        for (int64_t i = 0; i < ny; i++) { // conv_direct_k<float> + bias_add_k
+            int64_t l = i % L, tt = i / L, o = tt % g.O, n = tt / g.O, oh = l / g.OW;
+            yd[(size_t)i] = conv_direct_at<float>(&g, x.data(), w.data(), n, o, oh,
+                                                  l - oh * g.OW) + b[(size_t)o];
+        }
+        for (int64_t i = 0; i < nx; i++) { // conv_gx_direct_k<float>
+            int64_t r = i % HW, tt = i / HW, c = tt % g.C, n = tt / g.C, h = r / g.W;
+            gxd[(size_t)i] = conv_gx_direct_at<float>(&g, w.data(), gy.data(), n, c, h,
+                                                      r - h * g.W);
+        }
+        for (int64_t i = 0; i < nw; i++) { // conv_gw_direct_k<float>
+            int64_t k = i % KK, tt = i / KK, c = tt % Cg, o = tt / Cg;
+            gwd[(size_t)i] = conv_gw_direct_at<float>(&g, x.data(), gy.data(), o, c, k / g.KW,
+                                                      k % g.KW);
+        }
+        CUHOST_CHECK(t, close(yd, y, 1e-5), "conv2d f32 direct y %s", what);
+        CUHOST_CHECK(t, close(gxd, gx, 1e-5), "conv2d f32 direct gx %s", what);
+        CUHOST_CHECK(t, close(gwd, gw, 1e-5), "conv2d f32 direct gw %s", what);
+    }
 
     // f64: the direct kernels
     std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end()),
@@ -417,6 +439,7 @@ void check_conv(cuhost *t) {
         {2, 2, 5, 5, 3, 2, 2, 2, 2, 0, 0, 1, 1, 1},  // windows that do not overlap
         {1, 2, 4, 4, 2, 4, 4, 1, 1, 0, 0, 1, 1, 1},  // 1x1 output
         {2, 2, 6, 5, 4, 3, 3, 1, 2, 0, 2, 2, 1, 2},  // dilation 2, padding past the taps
+        {2, 16, 6, 6, 32, 3, 3, 2, 2, 1, 1, 1, 1, 16}, // 16 groups (direct without cuDNN)
     };
     for (const conv_case &k : cases) check_conv_case(t, conv_geom(k));
 #if NB_CUHOST_CUDNN
