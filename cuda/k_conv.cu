@@ -12,6 +12,7 @@
 //        GATHER (each input element sums its taps in a fixed order: no atomics). The weight
 //        gradient sums the images' GEMMs in image order (beta = 1 on one stream). With 16
 //        groups or more (depthwise) the fallback runs the direct kernels instead.
+//        NB_CUDA_CONV=im2col skips cuDNN (to test the fallback on a GPU).
 //   bf16 (conv_bf16): the operands are widened to f32 in scratch memory, the f32 path runs
 //        and each bf16 result is rounded once - the CPU's semantics (f32 products and sums).
 //   f64: direct kernels (one thread per output element, fixed summation order; the weight
@@ -23,6 +24,9 @@
 //   the windows that hold it, in increasing output order - the CPU scatter's order), so it
 //   needs no atomics whether windows overlap or not. The max pool's gather takes the windows'
 //   saved argmax; an argmax outside its window (never written by the forward) is ignored.
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda/conv_cudnn.h"
 #include "cuda/cuda_impl.h"
 #include "cuda/k_conv.cuh"
@@ -289,6 +293,13 @@ static bool is_pointwise(const nb__conv2d_geom *g) {
     return g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
 }
 
+// NB_CUDA_CONV=im2col skips cuDNN (read at each call): the path of a plugin without cuDNN,
+// so that one GPU run can test both (tests/test_cuda_conv.c).
+static bool cudnn_skipped() {
+    const char *e = getenv("NB_CUDA_CONV");
+    return e && strcmp(e, "im2col") == 0;
+}
+
 // Without cuDNN, convolutions with this many groups or more (depthwise ones) run the direct
 // kernels: im2col + GEMM would launch groups tiny GEMMs per image.
 constexpr int64_t kDirectGroups = 16;
@@ -301,7 +312,7 @@ static float *scratch_f32(nb__cuda_kctx *c, int64_t n) {
 // y = conv(x, w) without bias, every operand f32: cuDNN, else im2col + GEMM.
 static nb_status conv_fwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const float *x,
                               const float *w, float *y) {
-    nb_status st = nb__cudnn_conv2d_fwd(c, g, x, w, y);
+    nb_status st = cudnn_skipped() ? NB_EUNSUPPORTED : nb__cudnn_conv2d_fwd(c, g, x, w, y);
     if (st != NB_EUNSUPPORTED) return st;
     if (g->groups >= kDirectGroups) {
         conv_direct_k<float><<<nb_blocks(numel_y(g)), kThreads, 0, c->stream>>>(*g, x, w, NULL,
@@ -333,12 +344,13 @@ static nb_status conv_fwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const 
 static nb_status conv_bwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const float *x,
                               const float *w, const float *gy, float *gx, float *gw) {
     nb_status st;
-    if (gx) {
+    bool cudnn = !cudnn_skipped();
+    if (gx && cudnn) {
         st = nb__cudnn_conv2d_bwd_data(c, g, w, gy, gx);
         if (st == NB_OK) gx = NULL;
         else if (st != NB_EUNSUPPORTED) return st;
     }
-    if (gw) {
+    if (gw && cudnn) {
         st = nb__cudnn_conv2d_bwd_filter(c, g, x, gy, gw);
         if (st == NB_OK) gw = NULL;
         else if (st != NB_EUNSUPPORTED) return st;
