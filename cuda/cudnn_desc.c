@@ -32,25 +32,30 @@ static bool fits_int(const nb__conv2d_geom *g) {
     return true;
 }
 
-static nb_status set_tensor(cudnnTensorDescriptor_t t, int64_t n, int64_t c, int64_t h,
-                            int64_t w, const char *what) {
+static cudnnDataType_t data_type(nb_dtype dt) {
+    return dt == NB_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+
+static nb_status set_tensor(cudnnTensorDescriptor_t t, nb_dtype dt, int64_t n, int64_t c,
+                            int64_t h, int64_t w, const char *what) {
     int dims[4] = {(int)n, (int)c, (int)h, (int)w};
     int strides[4] = {(int)(c * h * w), (int)(h * w), (int)w, 1};
-    return nb__cudnn_status(cudnnSetTensorNdDescriptor(t, CUDNN_DATA_FLOAT, 4, dims, strides),
+    return nb__cudnn_status(cudnnSetTensorNdDescriptor(t, data_type(dt), 4, dims, strides),
                             what);
 }
 
 /* d's x, w and conv (not y). */
-static nb_status make_xwc(nb__cudnn_conv_desc *d, const nb__conv2d_geom *g, const char *what) {
+static nb_status make_xwc(nb__cudnn_conv_desc *d, const nb__conv2d_geom *g, nb_dtype dt,
+                         const char *what) {
     memset(d, 0, sizeof *d);
     nb_status st = nb__cudnn_status(cudnnCreateTensorDescriptor(&d->x), what);
     if (st == NB_OK) st = nb__cudnn_status(cudnnCreateFilterDescriptor(&d->w), what);
     if (st == NB_OK) st = nb__cudnn_status(cudnnCreateConvolutionDescriptor(&d->conv), what);
-    if (st == NB_OK) st = set_tensor(d->x, g->N, g->C, g->H, g->W, what);
+    if (st == NB_OK) st = set_tensor(d->x, dt, g->N, g->C, g->H, g->W, what);
     if (st == NB_OK) {
         int fd[4] = {(int)g->O, (int)(g->C / g->groups), (int)g->KH, (int)g->KW};
         st = nb__cudnn_status(
-            cudnnSetFilterNdDescriptor(d->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 4, fd), what);
+            cudnnSetFilterNdDescriptor(d->w, data_type(dt), CUDNN_TENSOR_NCHW, 4, fd), what);
     }
     if (st == NB_OK) {
         int pad[2] = {(int)g->ph, (int)g->pw}, str[2] = {(int)g->sh, (int)g->sw},
@@ -63,7 +68,9 @@ static nb_status make_xwc(nb__cudnn_conv_desc *d, const nb__conv2d_geom *g, cons
     if (st == NB_OK)
         st = nb__cudnn_status(cudnnSetConvolutionGroupCount(d->conv, (int)g->groups), what);
     if (st == NB_OK)
-        st = nb__cudnn_status(cudnnSetConvolutionMathType(d->conv, CUDNN_FMA_MATH), what);
+        st = nb__cudnn_status(cudnnSetConvolutionMathType(
+                                  d->conv, dt == NB_BF16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH),
+                              what);
     if (st != NB_OK) nb__cudnn_desc_free(d);
     return st;
 }
@@ -73,11 +80,11 @@ static nb_status out_dims(const nb__cudnn_conv_desc *d, int out[4], const char *
                             what);
 }
 
-nb_status nb__cudnn_out_dims(const nb__conv2d_geom *g, int64_t out[4]) {
+nb_status nb__cudnn_out_dims(const nb__conv2d_geom *g, nb_dtype dt, int64_t out[4]) {
     const char *what = "conv2d: cuDNN descriptors";
     if (!fits_int(g)) return NB_EUNSUPPORTED;
     nb__cudnn_conv_desc d;
-    nb_status st = make_xwc(&d, g, what);
+    nb_status st = make_xwc(&d, g, dt, what);
     if (st != NB_OK) return st;
     int o[4] = {0, 0, 0, 0};
     st = out_dims(&d, o, what);
@@ -86,18 +93,18 @@ nb_status nb__cudnn_out_dims(const nb__conv2d_geom *g, int64_t out[4]) {
     return st;
 }
 
-nb_status nb__cudnn_desc_make(nb__cudnn_conv_desc *d, const nb__conv2d_geom *g) {
+nb_status nb__cudnn_desc_make(nb__cudnn_conv_desc *d, const nb__conv2d_geom *g, nb_dtype dt) {
     const char *what = "conv2d: cuDNN descriptors";
     memset(d, 0, sizeof *d);
     if (!fits_int(g)) return NB_EUNSUPPORTED;
-    nb_status st = make_xwc(d, g, what);
+    nb_status st = make_xwc(d, g, dt, what);
     if (st != NB_OK) return st;
     int o[4] = {0, 0, 0, 0};
     if ((st = out_dims(d, o, what)) == NB_OK &&
         (o[0] != g->N || o[1] != g->O || o[2] != g->OH || o[3] != g->OW))
         st = NB_EUNSUPPORTED; /* never expected: the test checks cuDNN's rule is the CPU's */
     if (st == NB_OK) st = nb__cudnn_status(cudnnCreateTensorDescriptor(&d->y), what);
-    if (st == NB_OK) st = set_tensor(d->y, g->N, g->O, g->OH, g->OW, what);
+    if (st == NB_OK) st = set_tensor(d->y, dt, g->N, g->O, g->OH, g->OW, what);
     if (st != NB_OK) nb__cudnn_desc_free(d);
     return st;
 }

@@ -6,20 +6,20 @@
 
 long nb__cuda_cudnn_version(void) { return 0; }
 
-nb_status nb__cudnn_conv2d_fwd(nb__cuda_kctx *c, const nb__conv2d_geom *g, const float *x,
-                               const float *w, float *y) {
-    (void)c, (void)g, (void)x, (void)w, (void)y;
+nb_status nb__cudnn_conv2d_fwd(nb__cuda_kctx *c, const nb__conv2d_geom *g, nb_dtype dt,
+                               const void *x, const void *w, void *y) {
+    (void)c, (void)g, (void)dt, (void)x, (void)w, (void)y;
     return NB_EUNSUPPORTED;
 }
 
-nb_status nb__cudnn_conv2d_bwd_data(nb__cuda_kctx *c, const nb__conv2d_geom *g,
-                                    const float *w, const float *gy, float *gx) {
-    (void)c, (void)g, (void)w, (void)gy, (void)gx;
+nb_status nb__cudnn_conv2d_bwd_data(nb__cuda_kctx *c, const nb__conv2d_geom *g, nb_dtype dt,
+                                    const void *w, const void *gy, void *gx) {
+    (void)c, (void)g, (void)dt, (void)w, (void)gy, (void)gx;
     return NB_EUNSUPPORTED;
 }
 
-nb_status nb__cudnn_conv2d_bwd_filter(nb__cuda_kctx *c, const nb__conv2d_geom *g,
-                                      const float *x, const float *gy, float *gw) {
-    (void)c, (void)g, (void)x, (void)gy, (void)gw;
+nb_status nb__cudnn_conv2d_bwd_filter(nb__cuda_kctx *c, const nb__conv2d_geom *g, nb_dtype dt,
+                                      const void *x, const void *gy, void *gw) {
+    (void)c, (void)g, (void)dt, (void)x, (void)gy, (void)gw;
     return NB_EUNSUPPORTED;
 }

@@ -13,8 +13,11 @@
 //        gradient sums the images' GEMMs in image order (beta = 1 on one stream). With 16
 //        groups or more (depthwise) the fallback runs the direct kernels instead.
 //        NB_CUDA_CONV=im2col skips cuDNN (to test the fallback on a GPU).
-//   bf16 (conv_bf16): the operands are widened to f32 in scratch memory, the f32 path runs
-//        and each bf16 result is rounded once - the CPU's semantics (f32 products and sums).
+//   bf16 (conv_bf16): through cuDNN's bf16 convolution (tensor cores, f32 sums, rounded
+//        once) for the forward without bias and the input gradient; otherwise (a bias, the
+//        weight gradient, no cuDNN) the operands are widened to f32 in scratch memory, the f32
+//        path runs and each bf16 result is rounded once - the CPU's semantics either way (f32
+//        products and sums, one rounding; with a bias y = round(conv + b)).
 //   f64: direct kernels (one thread per output element, fixed summation order; the weight
 //        gradient one thread per weight element summing over images and positions).
 //   Bias: y += b by a kernel; its gradient one block per channel, summed in double in a
@@ -312,7 +315,8 @@ static float *scratch_f32(nb__cuda_kctx *c, int64_t n) {
 // y = conv(x, w) without bias, every operand f32: cuDNN, else im2col + GEMM.
 static nb_status conv_fwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const float *x,
                               const float *w, float *y) {
-    nb_status st = cudnn_skipped() ? NB_EUNSUPPORTED : nb__cudnn_conv2d_fwd(c, g, x, w, y);
+    nb_status st =
+        cudnn_skipped() ? NB_EUNSUPPORTED : nb__cudnn_conv2d_fwd(c, g, NB_F32, x, w, y);
     if (st != NB_EUNSUPPORTED) return st;
     if (g->groups >= kDirectGroups) {
         conv_direct_k<float><<<nb_blocks(numel_y(g)), kThreads, 0, c->stream>>>(*g, x, w, NULL,
@@ -346,12 +350,12 @@ static nb_status conv_bwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const 
     nb_status st;
     bool cudnn = !cudnn_skipped();
     if (gx && cudnn) {
-        st = nb__cudnn_conv2d_bwd_data(c, g, w, gy, gx);
+        st = nb__cudnn_conv2d_bwd_data(c, g, NB_F32, w, gy, gx);
         if (st == NB_OK) gx = NULL;
         else if (st != NB_EUNSUPPORTED) return st;
     }
     if (gw && cudnn) {
-        st = nb__cudnn_conv2d_bwd_filter(c, g, x, gy, gw);
+        st = nb__cudnn_conv2d_bwd_filter(c, g, NB_F32, x, gy, gw);
         if (st == NB_OK) gw = NULL;
         else if (st != NB_EUNSUPPORTED) return st;
     }
@@ -423,7 +427,13 @@ static nb_status cuda_conv2d(const nb__conv2d_args *a) {
         if (st == NB_OK && a->b)
             bias_add_k<float><<<nb_blocks(ny), kThreads, 0, c.stream>>>(*g, (const float *)a->b,
                                                                          (float *)a->y);
-    } else { // bf16: widen, run f32, round once
+    } else if (!a->b && !cudnn_skipped() &&
+               (st = nb__cudnn_conv2d_fwd(&c, g, NB_BF16, a->x, a->w, a->y)) !=
+                   NB_EUNSUPPORTED) {
+        // bf16 without bias through cuDNN's bf16 convolution (f32 sums, rounded once); st
+        // says how it went
+    } else { // bf16: widen, run f32, round once (with a bias: y = round(conv + b))
+        st = NB_OK;
         int64_t nx = numel_x(g), nw = numel_w(g);
         float *x32 = scratch_f32(&c, nx), *w32 = x32 ? scratch_f32(&c, nw) : NULL;
         float *y32 = w32 ? scratch_f32(&c, ny) : NULL;
@@ -488,11 +498,21 @@ static nb_status cuda_conv2d_backward(const nb__conv2d_backward_args *a) {
             bias_grad_k<float><<<bias_blocks, kThreads, 0, c.stream>>>(*g, (const float *)a->gy,
                                                                         (float *)a->gb);
     } else { // bf16 x, w, gy, gx; f32 gw, gb
-        float *gy32 = scratch_f32(&c, ny);
+        void *gx = a->gx; // still to compute
+        if (gx && !cudnn_skipped()) {
+            // the input gradient through cuDNN's bf16 convolution (f32 sums, rounded once)
+            st = nb__cudnn_conv2d_bwd_data(&c, g, NB_BF16, a->w, a->gy, gx);
+            if (st == NB_OK) gx = NULL;
+            else if (st == NB_EUNSUPPORTED) st = NB_OK;
+        }
+        bool need = st == NB_OK && (gx || a->gw || a->gb);
+        float *gy32 = need ? scratch_f32(&c, ny) : NULL;
         float *x32 = gy32 && a->gw ? scratch_f32(&c, nx) : NULL;
-        float *w32 = gy32 && a->gx ? scratch_f32(&c, nw) : NULL;
-        float *gx32 = gy32 && a->gx ? scratch_f32(&c, nx) : NULL;
-        if (!gy32 || (a->gw && !x32) || (a->gx && (!w32 || !gx32))) {
+        float *w32 = gy32 && gx ? scratch_f32(&c, nw) : NULL;
+        float *gx32 = gy32 && gx ? scratch_f32(&c, nx) : NULL;
+        if (!need) {
+            // done (or failed: st)
+        } else if (!gy32 || (a->gw && !x32) || (gx && (!w32 || !gx32))) {
             st = nb_last_status();
         } else {
             widen_bf16_k<<<nb_blocks(ny), kThreads, 0, c.stream>>>((const uint16_t *)a->gy,
@@ -505,8 +525,8 @@ static nb_status cuda_conv2d_backward(const nb__conv2d_backward_args *a) {
                                                                        w32, nw);
             st = conv_bwd_f32(&c, g, x32, w32, gy32, gx32, (float *)a->gw);
             if (st == NB_OK && gx32)
-                narrow_bf16_k<<<nb_blocks(nx), kThreads, 0, c.stream>>>(gx32,
-                                                                        (uint16_t *)a->gx, nx);
+                narrow_bf16_k<<<nb_blocks(nx), kThreads, 0, c.stream>>>(gx32, (uint16_t *)gx,
+                                                                        nx);
             if (st == NB_OK && a->gb)
                 bias_grad_k<float><<<bias_blocks, kThreads, 0, c.stream>>>(*g, gy32,
                                                                             (float *)a->gb);

@@ -81,7 +81,7 @@ static nb__conv2d_geom conv_geom(const conv_case *k) {
 
 /* One geometry and dtype: forward and backward on the GPU (twice) and on the CPU. */
 static void conv_case_run(const nb__kernels *gpu, const nb__conv2d_geom *g, nb_dtype dt,
-                          const char *path) {
+                          bool bias, const char *path) {
     const nb__kernels *cpu = &nb__cpu_backend()->k;
     int64_t nx = g->N * g->C * g->H * g->W, nw = g->O * (g->C / g->groups) * g->KH * g->KW;
     int64_t ny = g->N * g->O * g->OH * g->OW;
@@ -92,7 +92,7 @@ static void conv_case_run(const nb__kernels *gpu, const nb__conv2d_geom *g, nb_d
     void *y = malloc(es * (size_t)ny), *gx = malloc(es * (size_t)nx);
     void *gw = malloc(ps * (size_t)nw), *gb = malloc(ps * (size_t)g->O);
     ck_assert(y && gx && gw && gb);
-    nb__conv2d_args fa = {.g = *g, .dtype = dt, .x = x, .w = w, .b = b, .y = y};
+    nb__conv2d_args fa = {.g = *g, .dtype = dt, .x = x, .w = w, .b = bias ? b : NULL, .y = y};
     nb__conv2d_backward_args ba = {.g = *g, .dtype = dt, .x = x, .w = w, .gy = gy,
                                    .gx = gx, .gw = gw, .gb = gb};
     ck_assert(cpu->conv2d(&fa) == NB_OK && cpu->conv2d_backward(&ba) == NB_OK);
@@ -103,7 +103,8 @@ static void conv_case_run(const nb__kernels *gpu, const nb__conv2d_geom *g, nb_d
     for (int run = 0; run < 2; run++) {
         void *dy = dev_copy(NULL, es * (size_t)ny), *dgx = dev_copy(NULL, es * (size_t)nx);
         void *dgw = dev_copy(NULL, ps * (size_t)nw), *dgb = dev_copy(NULL, ps * (size_t)g->O);
-        nb__conv2d_args fd = {.g = *g, .dtype = dt, .x = dx, .w = dw, .b = db, .y = dy};
+        nb__conv2d_args fd = {.g = *g, .dtype = dt, .x = dx, .w = dw, .b = bias ? db : NULL,
+                              .y = dy};
         nb__conv2d_backward_args bd = {.g = *g, .dtype = dt, .x = dx, .w = dw, .gy = dgy,
                                        .gx = dgx, .gw = dgw, .gb = dgb};
         ck_assert(nb__backend_of(NB_CUDA(0), "conv2d") != NULL); /* notes the kernel device */
@@ -117,8 +118,8 @@ static void conv_case_run(const nb__kernels *gpu, const nb__conv2d_geom *g, nb_d
         nb_cuda_free(dy), nb_cuda_free(dgx), nb_cuda_free(dgw), nb_cuda_free(dgb);
     }
     char what[160];
-    snprintf(what, sizeof what, "%s dtype %d N%lld C%lld %lldx%lld O%lld k%lldx%lld s%lld p%lld "
-             "d%lld g%lld", path, (int)dt, (long long)g->N, (long long)g->C, (long long)g->H,
+    snprintf(what, sizeof what, "%s%s dtype %d N%lld C%lld %lldx%lld O%lld k%lldx%lld s%lld p%lld "
+             "d%lld g%lld", path, bias ? "" : " (no bias)", (int)dt, (long long)g->N, (long long)g->C, (long long)g->H,
              (long long)g->W, (long long)g->O, (long long)g->KH, (long long)g->KW,
              (long long)g->sh, (long long)g->ph, (long long)g->dh, (long long)g->groups);
     double rel = dt == NB_F64 ? 1e-10 : dt == NB_F32 ? 1e-4 : 1.0 / 64;
@@ -154,7 +155,9 @@ START_TEST(test_cuda_conv_kernels) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             nb__conv2d_geom g = conv_geom(&cases[i]);
             for (int d = 0; d < 3; d++)
-                conv_case_run(&be->k, &g, dts[d], path ? "im2col" : "default");
+                conv_case_run(&be->k, &g, dts[d], true, path ? "im2col" : "default");
+            /* bf16 without bias: cuDNN's bf16 convolution where the plugin has cuDNN */
+            conv_case_run(&be->k, &g, NB_BF16, false, path ? "im2col" : "default");
         }
     }
     unsetenv("NB_CUDA_CONV");

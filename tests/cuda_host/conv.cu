@@ -412,18 +412,22 @@ void check_conv_case(cuhost *t, const nb__conv2d_geom &g) {
     CUHOST_CHECK(t, close(eb.gb, gbb, 1e-6), "conv2d bf16 gb %s", what);
 
 #if NB_CUHOST_CUDNN
-    int64_t out[4] = {0, 0, 0, 0};
-    nb_status st = nb__cudnn_out_dims(&g, out);
-    CUHOST_CHECK(t, st == NB_OK && out[0] == g.N && out[1] == g.O && out[2] == g.OH &&
-                        out[3] == g.OW,
-                 "cuDNN output dims %lld %lld %lld %lld (status %d), the CPU's rule says "
-                 "%lld %lld %lld %lld: %s", (long long)out[0], (long long)out[1],
-                 (long long)out[2], (long long)out[3], (int)st, (long long)g.N, (long long)g.O,
-                 (long long)g.OH, (long long)g.OW, what);
-    nb__cudnn_conv_desc d;
-    st = nb__cudnn_desc_make(&d, &g);
-    CUHOST_CHECK(t, st == NB_OK, "cuDNN descriptors (status %d): %s", (int)st, what);
-    if (st == NB_OK) nb__cudnn_desc_free(&d);
+    static const nb_dtype cudnn_dts[2] = {NB_F32, NB_BF16};
+    for (int di = 0; di < 2; di++) {
+        int64_t out[4] = {0, 0, 0, 0};
+        nb_status st = nb__cudnn_out_dims(&g, cudnn_dts[di], out);
+        CUHOST_CHECK(t, st == NB_OK && out[0] == g.N && out[1] == g.O && out[2] == g.OH &&
+                            out[3] == g.OW,
+                     "cuDNN output dims %lld %lld %lld %lld (status %d, dtype %d), the CPU's "
+                     "rule says %lld %lld %lld %lld: %s", (long long)out[0], (long long)out[1],
+                     (long long)out[2], (long long)out[3], (int)st, (int)cudnn_dts[di],
+                     (long long)g.N, (long long)g.O, (long long)g.OH, (long long)g.OW, what);
+        nb__cudnn_conv_desc d;
+        st = nb__cudnn_desc_make(&d, &g, cudnn_dts[di]);
+        CUHOST_CHECK(t, st == NB_OK, "cuDNN descriptors (status %d, dtype %d): %s", (int)st,
+                     (int)cudnn_dts[di], what);
+        if (st == NB_OK) nb__cudnn_desc_free(&d);
+    }
 #endif
 }
 
@@ -453,7 +457,7 @@ void check_conv(cuhost *t) {
                         nb__conv2d_geom g = conv_geom(k);
                         if (g.OH < 1 || g.OW < 1 || H + 2 * p < dl * (K - 1) + 1) continue;
                         int64_t out[4] = {0, 0, 0, 0};
-                        nb_status st = nb__cudnn_out_dims(&g, out);
+                        nb_status st = nb__cudnn_out_dims(&g, NB_F32, out);
                         CUHOST_CHECK(t, st == NB_OK && out[2] == g.OH && out[3] == g.OW,
                                      "cuDNN output %lldx%lld, the CPU's rule %lldx%lld (H %lld "
                                      "k %lld s %lld p %lld d %lld)", (long long)out[2],
