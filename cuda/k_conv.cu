@@ -307,6 +307,12 @@ static bool cudnn_skipped() {
 // kernels: im2col + GEMM would launch groups tiny GEMMs per image.
 constexpr int64_t kDirectGroups = 16;
 
+// The nabla stream behind c.stream (the thread's current stream on c's device), for the
+// cuBLAS GEMMs of cuda/blas.c, so that they queue behind and before this call's kernels.
+static nb_cuda_stream *gemm_stream(nb__cuda_kctx *c) {
+    return nb__cuda_stream_for(c->device, c->what);
+}
+
 // f32 scratch of n elements (NULL + error when out of device memory).
 static float *scratch_f32(nb__cuda_kctx *c, int64_t n) {
     return (float *)nb__cuda_kscratch(c, sizeof(float) * (size_t)(n > 0 ? n : 1));
@@ -323,6 +329,8 @@ static nb_status conv_fwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const 
                                                                                y);
         return NB_OK;
     }
+    nb_cuda_stream *s = gemm_stream(c);
+    if (!s) return nb_last_status();
     int64_t L = g->OH * g->OW, Og = g->O / g->groups, Kg = g->C / g->groups * g->KH * g->KW;
     bool pw = is_pointwise(g);
     float *col = pw ? NULL : scratch_f32(c, g->C * g->KH * g->KW * L);
@@ -338,7 +346,7 @@ static nb_status conv_fwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const 
         for (int64_t gi = 0; gi < g->groups && st == NB_OK; gi++)
             st = nb__cuda_gemm_f32(false, false, Og, L, Kg, 1.0f, w + gi * Og * Kg, Kg,
                                    B + gi * Kg * L, L, 0.0f, y + (n * g->O + gi * Og) * L, L,
-                                   NULL);
+                                   s);
     }
     nb__cuda_kfree(col);
     return st;
@@ -369,6 +377,8 @@ static nb_status conv_bwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const 
                                                                                       gw);
         return NB_OK;
     }
+    nb_cuda_stream *s = gemm_stream(c);
+    if (!s) return nb_last_status();
     int64_t L = g->OH * g->OW, Og = g->O / g->groups, Kg = g->C / g->groups * g->KH * g->KW;
     int64_t ncol = g->C * g->KH * g->KW * L;
     bool pw = is_pointwise(g);
@@ -387,14 +397,14 @@ static nb_status conv_bwd_f32(nb__cuda_kctx *c, const nb__conv2d_geom *g, const 
             for (int64_t gi = 0; gi < g->groups && st == NB_OK; gi++)
                 st = nb__cuda_gemm_f32(false, true, Og, Kg, L, 1.0f, gyn + gi * Og * L, L,
                                        B + gi * Kg * L, L, n > 0 ? 1.0f : 0.0f,
-                                       gw + gi * Og * Kg, Kg, NULL);
+                                       gw + gi * Og * Kg, Kg, s);
         }
         if (gx && st == NB_OK) {
             // dcol_g (Kg x L) = w_g^T (Kg x Og) @ gy_g (Og x L); pointwise: dcol is gx
             float *gxn = gx + n * g->C * g->H * g->W, *D = pw ? gxn : col;
             for (int64_t gi = 0; gi < g->groups && st == NB_OK; gi++)
                 st = nb__cuda_gemm_f32(true, false, Kg, L, Og, 1.0f, w + gi * Og * Kg, Kg,
-                                       gyn + gi * Og * L, L, 0.0f, D + gi * Kg * L, L, NULL);
+                                       gyn + gi * Og * L, L, 0.0f, D + gi * Kg * L, L, s);
             if (!pw && st == NB_OK)
                 col2im_k<float><<<nb_blocks(numel_x(g) / (g->N > 0 ? g->N : 1)), kThreads, 0,
                                   c->stream>>>(*g, col, gxn);
