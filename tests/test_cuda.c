@@ -847,5 +847,6 @@ Suite *nb_suite_cuda(void) {
     tcase_add_test(tc, test_cuda_roles_record);
 #endif
     suite_add_tcase(s, tc);
+    suite_add_tcase(s, nb_tcase_cuda_conv()); /* tests/test_cuda_conv.c */
     return s;
 }
