@@ -20,16 +20,11 @@
 // thread 0 adds the chunk totals in chunk order. clip_abs_max: per-thread maxima, a
 // fixed-shape block tree, then one block over the block maxima (NaN wins).
 //
-// HOST SYNCS. The optim.h protocol returns clip_abs_pow_sum / clip_abs_max's value and
-// amp_unscale's found flag in HOST memory (a double the caller reads right after the call:
-// optim/clip.c clip_norm, optim/scaler.c). So those three kernels end with a device->host
-// copy of one value and a cudaStreamSynchronize (read_back below): the one place in this
-// family that waits for the device (one wait per gradient tensor). Everything else only
-// enqueues work. Removing the waits needs a change of the protocol in the core: result and
-// found_inf as device memory the caller owns (one slot per gradient, or one accumulator),
-// a device kernel turning the partials into the clip coefficient, clip_scale reading that
-// coefficient from device memory, and the optimizer steps skipping on a device found_inf
-// flag; the host would then wait at most once per step, where it needs the norm's value.
+// NO HOST SYNCS. clip_abs_pow_sum / clip_abs_max write their value, and amp_unscale its
+// found flag, to a double in DEVICE memory the caller owns (tensor/kernels/optim.h:
+// optim/clip.c gives each gradient a slot of one buffer, optim/scaler.c one flag per
+// device) and reads back once per call of nb_clip_grad_norm / unscale. Every kernel here
+// only enqueues work on the kernel context's stream.
 #include <math.h>
 
 #include "cuda/k_optim.cuh"
@@ -179,17 +174,6 @@ nb_status cuda_clip_inplace(const nb__clip_inplace_args *a, bool clamp) {
 nb_status cuda_clip_scale(const nb__clip_inplace_args *a) { return cuda_clip_inplace(a, false); }
 nb_status cuda_clip_clamp(const nb__clip_inplace_args *a) { return cuda_clip_inplace(a, true); }
 
-// ---- the host read-back of the protocol's host results (the family's only sync) -------------
-// Copies nbytes of device memory at src (written by kernels enqueued on c->stream) to dst
-// in host memory and waits for them. Returns the first CUDA error.
-cudaError_t read_back(nb__cuda_kctx *c, void *dst, const void *src, size_t nbytes) {
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, c->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream); // the protocol's host sync
-    return e;
-}
-
 // ---- clip_abs_pow_sum ---------------------------------------------------------------------
 // lanes[t] for t = chunk * kLanes + lane: lane `lane` of chunk `chunk` (nbo::lane_pow_sum).
 // Neighbouring threads take neighbouring lanes, so a warp reads 4 chunks' 8 consecutive
@@ -249,36 +233,29 @@ nb_status cuda_clip_reduce(const nb__clip_reduce_args *a, bool max) {
     if (!is_float(a->dtype))
         return nb__error(NB_EUNSUPPORTED, "%s: the cuda kernel does not handle dtype %d",
                          op, (int)a->dtype);
-    if (a->n <= 0) {
-        *a->result = 0;
-        return NB_OK;
-    }
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, op);
     if (st != NB_OK) return st;
     const int64_t n = a->n;
-    cudaError_t e = cudaSuccess;
-    double host = 0;
+    if (n <= 0) /* the value of an empty gradient is 0, in the caller's device slot */
+        return nb__cuda_kend(&c, cudaMemsetAsync(a->result, 0, sizeof(double), c.stream));
     if (max) {
         unsigned nb = nb_blocks(n);
-        double *part = (double *)nb__cuda_kscratch(&c, sizeof(double) * ((size_t)nb + 1));
+        double *part = (double *)nb__cuda_kscratch(&c, sizeof(double) * (size_t)nb);
         if (!part) return scratch_failed(&c);
-        max_partial_kernel<<<nb, kThreads, 0, c.stream>>>(a->x, a->dtype, n, part + 1);
-        max_finish_kernel<<<1, kThreads, 0, c.stream>>>(part + 1, nb, part);
-        e = read_back(&c, &host, part, sizeof host);
+        max_partial_kernel<<<nb, kThreads, 0, c.stream>>>(a->x, a->dtype, n, part);
+        max_finish_kernel<<<1, kThreads, 0, c.stream>>>(part, nb, a->result);
         nb__cuda_kfree(part);
     } else {
         int64_t nch = (n + nbo::kChunk - 1) / nbo::kChunk, nlanes = nch * nbo::kLanes;
-        double *lanes = (double *)nb__cuda_kscratch(&c, sizeof(double) * ((size_t)nlanes + 1));
+        double *lanes = (double *)nb__cuda_kscratch(&c, sizeof(double) * (size_t)nlanes);
         if (!lanes) return scratch_failed(&c);
         pow_lanes_kernel<<<nb_blocks(nlanes), kThreads, 0, c.stream>>>(a->x, a->dtype, n, a->p,
-                                                                        lanes + 1, nlanes);
-        pow_finish_kernel<<<1, kThreads, 0, c.stream>>>(lanes + 1, nch, lanes);
-        e = read_back(&c, &host, lanes, sizeof host);
+                                                                        lanes, nlanes);
+        pow_finish_kernel<<<1, kThreads, 0, c.stream>>>(lanes, nch, a->result);
         nb__cuda_kfree(lanes);
     }
-    if (e == cudaSuccess) *a->result = host;
-    return nb__cuda_kend(&c, e);
+    return nb__cuda_kend(&c, cudaGetLastError());
 }
 nb_status cuda_clip_abs_pow_sum(const nb__clip_reduce_args *a) {
     return cuda_clip_reduce(a, false);
@@ -286,13 +263,15 @@ nb_status cuda_clip_abs_pow_sum(const nb__clip_reduce_args *a) {
 nb_status cuda_clip_abs_max(const nb__clip_reduce_args *a) { return cuda_clip_reduce(a, true); }
 
 // ---- amp_unscale --------------------------------------------------------------------------
-// *flag = 1 when some element is inf or NaN: every writer stores the same value, so the
-// result does not depend on which thread writes (no float atomics, no read-modify-write).
+// *found_inf = 1 when some element is inf or NaN, else untouched (the protocol: one flag
+// collects the calls of one unscale): every writer stores the same value, so the result
+// does not depend on which thread writes (no float atomics, no read-modify-write). The
+// flag is the caller's double in device memory.
 __global__ void unscale_kernel(const void *x, void *out, nb_dtype dt, nb_dtype ot, int64_t n,
-                               float inv, int *flag) {
+                               float inv, double *found_inf) {
     bool bad = false;
     NBO_GRID_LOOP(i, n) bad |= nbo::unscale_elem(x, out, dt, ot, i, inv);
-    if (bad) *flag = 1;
+    if (bad) *found_inf = 1.0;
 }
 
 nb_status cuda_amp_unscale(const nb__amp_unscale_args *a) {
@@ -303,18 +282,9 @@ nb_status cuda_amp_unscale(const nb__amp_unscale_args *a) {
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "amp_unscale");
     if (st != NB_OK) return st;
-    int *flag = (int *)nb__cuda_kscratch(&c, sizeof(int));
-    if (!flag) return scratch_failed(&c);
-    int host = 0;
-    cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), c.stream);
-    if (e == cudaSuccess) {
-        unscale_kernel<<<nb_blocks(a->n), kThreads, 0, c.stream>>>(
-            a->x, a->out, a->dtype, a->out_dtype, a->n, (float)a->inv_scale, flag);
-        e = read_back(&c, &host, flag, sizeof host);
-    }
-    nb__cuda_kfree(flag);
-    if (e == cudaSuccess && host) *a->found_inf = 1;
-    return nb__cuda_kend(&c, e);
+    unscale_kernel<<<nb_blocks(a->n), kThreads, 0, c.stream>>>(
+        a->x, a->out, a->dtype, a->out_dtype, a->n, (float)a->inv_scale, a->found_inf);
+    return nb__cuda_kend(&c, cudaGetLastError());
 }
 
 }  // namespace
