@@ -83,6 +83,14 @@ void tu_assert_close_at(const nb_tensor *t, const double *ref, const int64_t *sh
 void tu_assert_error_at(bool failed, nb_status status, const char *needle,
                         const char *file, int line);
 
+/* A bad index value: the op failed with status and needle, as on the CPU, or (a device
+ * whose kernels run after the op returned: CUDA, docs/cuda.md "Bad indices") it returned
+ * a tensor and the next read of it fails so. */
+#define tu_assert_index_error(result, status, needle) \
+    tu_assert_index_error_at((result), (status), (needle), __FILE__, __LINE__)
+void tu_assert_index_error_at(nb_tensor *result, nb_status status, const char *needle,
+                              const char *file, int line);
+
 /* An nb_status call failed with status and a message containing needle; succeeded. */
 #define ASSERT_ST(expr, status, needle) \
     tu_assert_error_at((expr) != NB_OK, (status), (needle), __FILE__, __LINE__)
