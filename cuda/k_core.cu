@@ -41,10 +41,11 @@ __device__ __forceinline__ void ew_elem(const nb__ew_args *a, int64_t o0, int64_
     else nbc_ew_at<S>(a, o0, o1, o2, o3);
 }
 
-template <typename S, bool BW> __global__ void ew_nd(const __grid_constant__ nb__ew_args a) {
+template <typename S, bool BW, typename I>
+__global__ void ew_nd(const __grid_constant__ nb__ew_args a) {
     for (int64_t i = tid0(); i < a.it.numel; i += tstep()) {
         int64_t o0, o1, o2, o3;
-        nbc_offsets4(&a.it, i, &o0, &o1, &o2, &o3);
+        nbc_offsets4<I>(&a.it, (I)i, &o0, &o1, &o2, &o3);
         ew_elem<S, BW>(&a, o0, o1, o2, o3);
     }
 }
@@ -75,6 +76,9 @@ bool aligned16(const nb__iter *it) {
     return true;
 }
 
+// The nd kernels decode indices in 32 bits below 2^31 elements.
+bool small(const nb__iter *it) { return it->numel < ((int64_t)1 << 31); }
+
 bool contiguous_all(const nb__iter *it, int64_t es) {
     if (it->ndim != 1) return false;
     for (int k = 0; k < it->nargs; k++)
@@ -99,7 +103,8 @@ template <typename S, bool BW> void launch_ew(const nb__ew_args *a, cudaStream_t
     }
     unsigned g = nb_blocks(it->numel);
     if (it->ndim == 1) ew_1d<S, BW><<<g, kThreads, 0, st>>>(*a);
-    else ew_nd<S, BW><<<g, kThreads, 0, st>>>(*a);
+    else if (small(it)) ew_nd<S, BW, uint32_t><<<g, kThreads, 0, st>>>(*a);
+    else ew_nd<S, BW, int64_t><<<g, kThreads, 0, st>>>(*a);
 }
 
 template <bool BW> nb_status run_ew(const nb__ew_args *a, const char *what) {
@@ -135,10 +140,10 @@ nb_status cuda_ew(const nb__ew_args *a) { return run_ew<false>(a, "ew"); }
 nb_status cuda_ew_backward(const nb__ew_args *a) { return run_ew<true>(a, "ew_backward"); }
 
 // ---- copy -------------------------------------------------------------------------------------
-__global__ void copy_nd(const __grid_constant__ nb__copy_args a) {
+template <typename I> __global__ void copy_nd(const __grid_constant__ nb__copy_args a) {
     for (int64_t i = tid0(); i < a.it.numel; i += tstep()) {
         int64_t o0, o1, o2, o3;
-        nbc_offsets4(&a.it, i, &o0, &o1, &o2, &o3);
+        nbc_offsets4<I>(&a.it, (I)i, &o0, &o1, &o2, &o3);
         nbc_copy_at(&a.it, o0, o1);
     }
 }
@@ -163,14 +168,18 @@ nb_status cuda_copy(const nb__copy_args *a) {
     }
     unsigned g = nb_blocks(it->numel);
     if (it->ndim == 1) copy_1d<<<g, kThreads, 0, c.stream>>>(*a);
-    else copy_nd<<<g, kThreads, 0, c.stream>>>(*a);
+    else if (small(it)) copy_nd<uint32_t><<<g, kThreads, 0, c.stream>>>(*a);
+    else copy_nd<int64_t><<<g, kThreads, 0, c.stream>>>(*a);
     return nb__cuda_kend(&c, cudaGetLastError());
 }
 
 // ---- fill -------------------------------------------------------------------------------------
-template <typename W> __global__ void fill_nd(const __grid_constant__ nb__iter it, W v) {
-    for (int64_t i = tid0(); i < it.numel; i += tstep())
-        *(W *)(it.data[0] + nb__kh_offset(&it, 0, i)) = v;
+template <typename W, typename I> __global__ void fill_nd(const __grid_constant__ nb__iter it, W v) {
+    for (int64_t i = tid0(); i < it.numel; i += tstep()) {
+        int64_t o0, o1, o2, o3;
+        nbc_offsets4<I>(&it, (I)i, &o0, &o1, &o2, &o3);
+        *(W *)(it.data[0] + o0) = v;
+    }
 }
 
 template <typename W> __global__ void fill_1d(char *p, int64_t stride, int64_t n, W v) {
@@ -181,7 +190,8 @@ template <typename W> void launch_fill(const nb__iter *it, uint64_t bits, cudaSt
     W v = (W)bits;
     unsigned g = nb_blocks(it->numel);
     if (it->ndim == 1) fill_1d<W><<<g, kThreads, 0, st>>>(it->data[0], it->strides[0][0], it->numel, v);
-    else fill_nd<W><<<g, kThreads, 0, st>>>(*it, v);
+    else if (small(it)) fill_nd<W, uint32_t><<<g, kThreads, 0, st>>>(*it, v);
+    else fill_nd<W, int64_t><<<g, kThreads, 0, st>>>(*it, v);
 }
 
 nb_status cuda_fill(const nb__fill_args *a) {

@@ -4,7 +4,7 @@
 // it with the CPU backend (cpu/convert.c, cpu/elementwise.c: the spec). UNVERIFIED ON A GPU:
 // no GPU was available when this was written; only the host side has been run.
 //
-//   nbc_offsets4(it, i, &o0..&o3)   byte offsets of element i of the four operands of an
+//   nbc_offsets4<I>(it, i, &o0..)   byte offsets of element i of the four operands of an
 //                                   nb__iter (one index decode for all of them)
 //   nbc_copy_at(it, o0, o1)         copy one element, converting dtypes like cpu/convert.c
 //   nbc_fill_bytes(dt, v, &bits)    the bytes fill stores (nb__store_f64's conversion)
@@ -59,15 +59,18 @@ NB_HD double nbc_muld(double a, double b) {
 }
 
 // ---- iterator offsets -------------------------------------------------------------------
-// Byte offsets of element i of operands 0..3 (operands past it->nargs get 0).
-NB_HD void nbc_offsets4(const nb__iter *it, int64_t i, int64_t *o0, int64_t *o1, int64_t *o2,
+// Byte offsets of element i of operands 0..3 (operands past it->nargs get 0). I: the index
+// type of the decode, uint32_t when numel < 2^31 (a 32-bit division costs a fraction of a
+// 64-bit one on the GPU), else int64_t.
+template <typename I>
+NB_HD void nbc_offsets4(const nb__iter *it, I i, int64_t *o0, int64_t *o1, int64_t *o2,
                         int64_t *o3) {
     int64_t r0 = 0, r1 = 0, r2 = 0, r3 = 0;
     int na = it->nargs;
     for (int d = it->ndim - 1; d >= 0; d--) {
-        int64_t n = it->shape[d];
-        int64_t q = n > 1 ? i / n : i;
-        int64_t idx = i - q * n;
+        I n = (I)it->shape[d];
+        I q = n > 1 ? i / n : i;
+        int64_t idx = (int64_t)(i - q * n);
         r0 += idx * it->strides[0][d];
         if (na > 1) r1 += idx * it->strides[1][d];
         if (na > 2) r2 += idx * it->strides[2][d];

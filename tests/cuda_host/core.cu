@@ -266,7 +266,7 @@ template <typename S> void run_host(const nb__ew_args *a, bool bw, bool vec) {
     }
     for (int64_t i = start; i < it->numel; i++) {
         int64_t o[4];
-        nbc_offsets4(it, i, &o[0], &o[1], &o[2], &o[3]);
+        nbc_offsets4<uint32_t>(it, (uint32_t)i, &o[0], &o[1], &o[2], &o[3]);
         if (bw) nbc_bw_at<S>(a, o[0], o[1], o[2], o[3]);
         else nbc_ew_at<S>(a, o[0], o[1], o[2], o[3]);
     }
@@ -335,10 +335,12 @@ void check_ew_case(cuhost *t, nb__op op, int input, nb_dtype dt, const nb__ew_ct
     h.it.data[0] = out_host.p;
     // offsets: the decode of all four operands equals khelp's per-operand one
     for (int64_t i = 0; i < a.it.numel; i += 7) {
-        int64_t o[4];
-        nbc_offsets4(&h.it, i, &o[0], &o[1], &o[2], &o[3]);
+        int64_t o[4], p[4];
+        nbc_offsets4<uint32_t>(&h.it, (uint32_t)i, &o[0], &o[1], &o[2], &o[3]);
+        nbc_offsets4<int64_t>(&h.it, i, &p[0], &p[1], &p[2], &p[3]);
         bool same = true;
-        for (int k = 0; k < nargs; k++) same = same && o[k] == nb__kh_offset(&h.it, k, i);
+        for (int k = 0; k < nargs; k++)
+            same = same && o[k] == nb__kh_offset(&h.it, k, i) && p[k] == o[k];
         if (!same) {
             CUHOST_CHECK(t, same, "%s: nbc_offsets4 at %lld", what, (long long)i);
             break;
@@ -412,6 +414,37 @@ void check_ew(cuhost *t) {
            "(at most %lld ulps)\n", cases, g_inexact, (long long)g_max_ulps);
 }
 
+// ---- index decode at large indices (32-bit below 2^31 elements, 64-bit above) ---------------
+void check_offsets(cuhost *t) {
+    nb__iter it;
+    memset(&it, 0, sizeof it);
+    it.nargs = 4;
+    it.ndim = 4;
+    const int64_t shape[2][4] = {{3, 1 << 10, 1 << 10, 1 << 9}, {5, 1 << 12, 1 << 12, 1 << 11}};
+    for (int s = 0; s < 2; s++) {
+        it.numel = 1;
+        for (int d = 0; d < 4; d++) {
+            it.shape[d] = shape[s][d];
+            it.numel *= shape[s][d];
+        }
+        for (int k = 0; k < 4; k++)
+            for (int d = 0; d < 4; d++) it.strides[k][d] = (int64_t)(rnd() % 1000) - 300;
+        long bad = 0;
+        for (int r = 0; r < 20000; r++) {
+            int64_t i = (int64_t)(rnd() % (uint64_t)it.numel), o[4], p[4];
+            nbc_offsets4<int64_t>(&it, i, &o[0], &o[1], &o[2], &o[3]);
+            if (i < ((int64_t)1 << 31))
+                nbc_offsets4<uint32_t>(&it, (uint32_t)i, &p[0], &p[1], &p[2], &p[3]);
+            else
+                memcpy(p, o, sizeof o);
+            for (int k = 0; k < 4; k++)
+                bad += o[k] != nb__kh_offset(&it, k, i) || p[k] != o[k];
+        }
+        CUHOST_CHECK(t, bad == 0, "nbc_offsets4 on %lld elements: %ld offsets differ",
+                     (long long)it.numel, bad);
+    }
+}
+
 // ---- copy -----------------------------------------------------------------------------------
 void check_copy(cuhost *t) {
     for (int od = 0; od < NB_DTYPE_COUNT; od++)
@@ -434,7 +467,7 @@ void check_copy(cuhost *t) {
                 h.it.data[0] = host.p;
                 for (int64_t i = 0; i < h.it.numel; i++) {
                     int64_t o[4];
-                    nbc_offsets4(&h.it, i, &o[0], &o[1], &o[2], &o[3]);
+                    nbc_offsets4<uint32_t>(&h.it, (uint32_t)i, &o[0], &o[1], &o[2], &o[3]);
                     nbc_copy_at(&h.it, o[0], o[1]);
                 }
                 char what[96];
@@ -478,6 +511,7 @@ void cuhost_core(cuhost *t) {
     CUHOST_CHECK(t, cpu && cpu->ew && cpu->ew_backward && cpu->copy && cpu->fill,
                  "CPU core kernels missing");
     if (!cpu || !cpu->ew || !cpu->ew_backward || !cpu->copy || !cpu->fill) return;
+    check_offsets(t);
     check_ew(t);
     check_copy(t);
     check_fill(t);
