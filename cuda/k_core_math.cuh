@@ -7,6 +7,7 @@
 //   nbc_offsets4<I>(it, i, &o0..)   byte offsets of element i of the four operands of an
 //                                   nb__iter (one index decode for all of them)
 //   nbc_copy_at(it, o0, o1)         copy one element, converting dtypes like cpu/convert.c
+//   nbc_copy_chunk8<ESI, ESO>(it, j) 8 elements of a contiguous f32/bf16/f16 conversion
 //   nbc_fill_bytes(dt, v, &bits)    the bytes fill stores (nb__store_f64's conversion)
 //   nbc_ew_at<S>(a, o0, o1, o2, o3) one element of an ew kernel in storage type S
 //   nbc_bw_at<S>(a, o0, o1, o2, o3) one element of an ew_backward kernel
@@ -876,6 +877,46 @@ NB_HD void nbc_vec_chunk(const nb__ew_args *a, int64_t j) {
         VT::put(out, k, y);
     }
     ((uint4 *)it->data[0])[j] = out;
+}
+
+// ---- copy between f32, bf16 and f16, vectorized ---------------------------------------------
+// Chunk j (elements 8j .. 8j+7) of a copy whose two operands are contiguous, 16-byte aligned
+// and of two different dtypes among f32 (ES 4), bf16 and f16 (ES 2): one or two 16-byte loads,
+// the conversion of nbc_copy_at per element, one or two 16-byte stores.
+NB_HD uint32_t nbc_u4_word(const uint4 &w, int i) {
+    return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
+}
+NB_HD void nbc_u4_set(uint4 &w, int i, uint32_t v) {
+    if (i == 0) w.x = v; else if (i == 1) w.y = v; else if (i == 2) w.z = v; else w.w = v;
+}
+
+template <int ESI, int ESO> NB_HD void nbc_copy_chunk8(const nb__iter *it, int64_t j) {
+    const nb_dtype id = it->dtype[1], od = it->dtype[0];
+    const uint4 *src = (const uint4 *)it->data[1] + j * (ESI / 2);
+    uint4 *dst = (uint4 *)it->data[0] + j * (ESO / 2);
+    uint4 in0 = src[0], in1 = ESI == 4 ? src[1] : in0;
+    uint4 out0 = in0, out1 = in0;
+    NBC_UNROLL
+    for (int k = 0; k < 8; k++) {
+        float v;
+        if (ESI == 4) {
+            v = nb__kh_bits_f32(nbc_u4_word(k < 4 ? in0 : in1, k & 3));
+        } else {
+            uint32_t w = nbc_u4_word(in0, k >> 1);
+            uint16_t h = (uint16_t)(k & 1 ? w >> 16 : w & 0xffffu);
+            v = id == NB_BF16 ? nb__kh_f32_from_bf16(h) : nb__kh_f32_from_f16(h);
+        }
+        if (ESO == 4) {
+            nbc_u4_set(k < 4 ? out0 : out1, k & 3, nb__kh_f32_bits(v));
+        } else {
+            uint32_t h = od == NB_BF16 ? nb__kh_bf16_from_f32(v) : nb__kh_f16_from_f32(v);
+            uint32_t w = nbc_u4_word(out0, k >> 1);
+            w = k & 1 ? (w & 0xffffu) | (h << 16) : (w & 0xffff0000u) | h;
+            nbc_u4_set(out0, k >> 1, w);
+        }
+    }
+    dst[0] = out0;
+    if (ESO == 4) dst[1] = out1;
 }
 
 #endif

@@ -473,6 +473,21 @@ void check_copy(cuhost *t) {
                 char what[96];
                 snprintf(what, sizeof what, "copy %d <- %d geometry %d", od, id, g);
                 CUHOST_CHECK(t, memcmp(bufs[0].p, host.p, host.n) == 0, "%s: bytes differ", what);
+                // the vector kernel's chunks (f32 <-> bf16/f16, contiguous, aligned) + tail
+                bool hf = (od == NB_F32 && (id == NB_BF16 || id == NB_F16)) ||
+                          (id == NB_F32 && (od == NB_BF16 || od == NB_F16));
+                if (hf && g == 0) {
+                    memset(host.p, 0xAB, host.n);
+                    int64_t nch = h.it.numel / 8;
+                    for (int64_t j = 0; j < nch; j++) {
+                        if (id == NB_F32) nbc_copy_chunk8<4, 2>(&h.it, j);
+                        else nbc_copy_chunk8<2, 4>(&h.it, j);
+                    }
+                    int esi = nbc_dtype_size(dts[1]), eso = nbc_dtype_size(dts[0]);
+                    for (int64_t i = nch * 8; i < h.it.numel; i++) nbc_copy_at(&h.it, i * eso, i * esi);
+                    CUHOST_CHECK(t, memcmp(bufs[0].p, host.p, host.n) == 0,
+                                 "%s (vector chunks): bytes differ", what);
+                }
             }
 }
 
