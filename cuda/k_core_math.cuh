@@ -23,8 +23,17 @@
 // (cpu/fastmath.h, cpu/elementwise.c) with fmaf where the CPU writes NB__MADD (fmaf on FMA
 // machines). Products that the device compiler could fuse with an add (which the CPU, built
 // as ISO C, never does) go through nbc_mulf/nbc_muld, which are not contracted on the GPU.
-// log, log1p, sin, cos, pow, erfc and the f64 functions call the C math library on the host
-// and CUDA's math library on the device (within CUDA's documented ulp bounds of each other).
+// log, log1p, pow, erfc and the f64 functions call the C math library on the host and CUDA's
+// math library on the device (within CUDA's documented ulp bounds of each other); sin and cos
+// are computed here (nbc_sin, nbc_cos) on both sides.
+//
+// Edge cases, as the CPU: there is no integer division or modulo (div runs in float dtypes
+// only, nb__ew_supported), so no integer division by zero exists; float x / 0 is +-inf or NaN
+// (IEEE). Integer pow with a negative exponent gives 1 ^ -n = 1, (-1) ^ -n = +-1, else 0.
+// NaN: maximum/minimum return NaN when either operand is NaN; comparisons with NaN are false
+// (ne true); clamp and relu keep NaN; the half types round NaN to a quiet NaN; a float to
+// integer conversion (copy, fill) gives 0 for NaN and saturates at the int64 range, narrower
+// integer types wrap.
 #ifndef NABLA_CUDA_K_CORE_MATH_CUH
 #define NABLA_CUDA_K_CORE_MATH_CUH
 
