@@ -12,6 +12,7 @@
 //   nbc_ew_at<S>(a, o0, o1, o2, o3) one element of an ew kernel in storage type S
 //   nbc_bw_at<S>(a, o0, o1, o2, o3) one element of an ew_backward kernel
 //   nbc_ew_val<S> / nbc_bw_val<S>   the same math on loaded values (the vector fast path)
+//   nbc_*_path, nbc_*_thread          the kernels' choice of path and their thread bodies
 //   nbc_ew_supported / nbc_bw_supported
 //                                   the (op, dtype) pairs handled (= nb__ew_supported and
 //                                   nb__ew_backward_supported; the host check compares)
@@ -40,6 +41,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include <vector_types.h> // uint4 (host and device)
 
@@ -926,6 +929,133 @@ template <int ESI, int ESO> NB_HD void nbc_copy_chunk8(const nb__iter *it, int64
     }
     dst[0] = out0;
     if (ESO == 4) dst[1] = out1;
+}
+
+// ---- the kernels' thread bodies and their choice of path ----------------------------------
+// Each kernel of cuda/k_core.cu is one call of a body below with (thread index, thread
+// count) of its grid-stride loop, so the host check runs the whole kernel: a loop over the
+// threads of a (small) grid, the path picked by the same nbc_*_path function as the launcher.
+enum nbc_path {
+    NBC_PATH_VEC1, NBC_PATH_VEC2, NBC_PATH_VEC3, // 16-byte vectors, 1..3 inputs
+    NBC_PATH_1D,                                 // ndim 1: offset i * stride
+    NBC_PATH_ND32, NBC_PATH_ND64,                // index decode in 32 / 64 bits
+    NBC_PATH_MEMCPY, NBC_PATH_MEMSET             // copy of one dtype / fill of zero, flat
+};
+
+NB_HD bool nbc_aligned16(const nb__iter *it) {
+    for (int k = 0; k < it->nargs; k++)
+        if ((uintptr_t)it->data[k] % 16 != 0) return false;
+    return true;
+}
+// every operand flat with stride es (one contiguous run)
+NB_HD bool nbc_contiguous_all(const nb__iter *it, int64_t es) {
+    if (it->ndim != 1) return false;
+    for (int k = 0; k < it->nargs; k++)
+        if (it->strides[k][0] != es) return false;
+    return true;
+}
+NB_HD nbc_path nbc_strided_path(const nb__iter *it) {
+    return it->ndim == 1 ? NBC_PATH_1D
+           : it->numel < ((int64_t)1 << 31) ? NBC_PATH_ND32 : NBC_PATH_ND64;
+}
+
+template <typename S> constexpr bool nbc_has_vec =
+    std::is_same<S, float>::value || std::is_same<S, nbc_bf16>::value;
+
+template <typename S, bool BW> NB_HD nbc_path nbc_ew_path(const nb__ew_args *a) {
+    const nb__iter *it = &a->it;
+    if constexpr (nbc_has_vec<S>) {
+        nbc_kind kind = nbc_op_kind(a->op);
+        bool scalar_b = nbc_is_half<S> && a->ctx.b_scalar; // b is not in memory
+        if (!scalar_b && (BW || kind == NBC_UNARY || kind == NBC_BINARY) &&
+            nbc_contiguous_all(it, (int64_t)sizeof(S)) && nbc_aligned16(it))
+            return (nbc_path)(NBC_PATH_VEC1 + (it->nargs - 2));
+    }
+    return nbc_strided_path(it);
+}
+
+template <typename S, bool BW>
+NB_HD void nbc_ew_elem(const nb__ew_args *a, int64_t o0, int64_t o1, int64_t o2, int64_t o3) {
+    if constexpr (BW) nbc_bw_at<S>(a, o0, o1, o2, o3);
+    else nbc_ew_at<S>(a, o0, o1, o2, o3);
+}
+
+template <typename S, bool BW, typename I>
+NB_HD void nbc_ew_nd_thread(const nb__ew_args *a, int64_t t, int64_t nt) {
+    for (int64_t i = t; i < a->it.numel; i += nt) {
+        int64_t o0, o1, o2, o3;
+        nbc_offsets4<I>(&a->it, (I)i, &o0, &o1, &o2, &o3);
+        nbc_ew_elem<S, BW>(a, o0, o1, o2, o3);
+    }
+}
+
+template <typename S, bool BW> NB_HD void nbc_ew_1d_thread(const nb__ew_args *a, int64_t t, int64_t nt) {
+    const nb__iter *it = &a->it;
+    const int64_t s0 = it->strides[0][0], s1 = it->strides[1][0];
+    const int64_t s2 = it->nargs > 2 ? it->strides[2][0] : 0;
+    const int64_t s3 = it->nargs > 3 ? it->strides[3][0] : 0;
+    for (int64_t i = t; i < it->numel; i += nt) nbc_ew_elem<S, BW>(a, i * s0, i * s1, i * s2, i * s3);
+}
+
+// The chunks, then the last numel % V elements one per thread (grids have >= 32 threads).
+template <typename S, int NIN, bool BW>
+NB_HD void nbc_ew_vec_thread(const nb__ew_args *a, int64_t t, int64_t nt) {
+    constexpr int V = nbc_vec<S>::V;
+    const int64_t nch = a->it.numel / V;
+    for (int64_t j = t; j < nch; j += nt) nbc_vec_chunk<S, NIN, BW>(a, j);
+    const int64_t i = nch * V + t;
+    if (i < a->it.numel) {
+        const int64_t o = i * (int64_t)sizeof(S);
+        nbc_ew_elem<S, BW>(a, o, o, o, o);
+    }
+}
+
+// copy: MEMCPY, VEC1 (f32 -> bf16/f16, 8 a chunk), VEC2 (bf16/f16 -> f32), or strided.
+NB_HD bool nbc_is_halfish(nb_dtype dt) { return dt == NB_F32 || dt == NB_BF16 || dt == NB_F16; }
+NB_HD nbc_path nbc_copy_path(const nb__iter *it) {
+    nb_dtype od = it->dtype[0], id = it->dtype[1];
+    if (od == id && nbc_contiguous_all(it, nbc_dtype_size(od))) return NBC_PATH_MEMCPY;
+    if (od != id && nbc_is_halfish(od) && nbc_is_halfish(id) && (od == NB_F32 || id == NB_F32) &&
+        it->ndim == 1 && it->strides[0][0] == nbc_dtype_size(od) &&
+        it->strides[1][0] == nbc_dtype_size(id) && nbc_aligned16(it))
+        return id == NB_F32 ? NBC_PATH_VEC1 : NBC_PATH_VEC2;
+    return nbc_strided_path(it);
+}
+
+template <typename I> NB_HD void nbc_copy_nd_thread(const nb__iter *it, int64_t t, int64_t nt) {
+    for (int64_t i = t; i < it->numel; i += nt) {
+        int64_t o0, o1, o2, o3;
+        nbc_offsets4<I>(it, (I)i, &o0, &o1, &o2, &o3);
+        nbc_copy_at(it, o0, o1);
+    }
+}
+NB_HD void nbc_copy_1d_thread(const nb__iter *it, int64_t t, int64_t nt) {
+    const int64_t s0 = it->strides[0][0], s1 = it->strides[1][0];
+    for (int64_t i = t; i < it->numel; i += nt) nbc_copy_at(it, i * s0, i * s1);
+}
+template <int ESI, int ESO> NB_HD void nbc_copy_vec_thread(const nb__iter *it, int64_t t, int64_t nt) {
+    const int64_t nch = it->numel / 8;
+    for (int64_t j = t; j < nch; j += nt) nbc_copy_chunk8<ESI, ESO>(it, j);
+    const int64_t i = nch * 8 + t;
+    if (i < it->numel) nbc_copy_at(it, i * ESO, i * ESI);
+}
+
+// fill: MEMSET when the bytes are zero over a flat operand, else strided stores of W.
+NB_HD nbc_path nbc_fill_path(const nb__iter *it, uint64_t bits) {
+    if (bits == 0 && nbc_contiguous_all(it, nbc_dtype_size(it->dtype[0]))) return NBC_PATH_MEMSET;
+    return nbc_strided_path(it);
+}
+template <typename W, typename I>
+NB_HD void nbc_fill_nd_thread(const nb__iter *it, W v, int64_t t, int64_t nt) {
+    for (int64_t i = t; i < it->numel; i += nt) {
+        int64_t o0, o1, o2, o3;
+        nbc_offsets4<I>(it, (I)i, &o0, &o1, &o2, &o3);
+        *(W *)(it->data[0] + o0) = v;
+    }
+}
+template <typename W> NB_HD void nbc_fill_1d_thread(const nb__iter *it, W v, int64_t t, int64_t nt) {
+    const int64_t s0 = it->strides[0][0];
+    for (int64_t i = t; i < it->numel; i += nt) *(W *)(it->data[0] + i * s0) = v;
 }
 
 #endif

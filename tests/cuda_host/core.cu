@@ -247,41 +247,44 @@ int tolerance(nb__op op, bool bw) {
 }
 
 // ---- ew / ew_backward ---------------------------------------------------------------------
-template <typename S> void run_host(const nb__ew_args *a, bool bw, bool vec) {
-    const nb__iter *it = &a->it;
-    int64_t start = 0;
-    if constexpr (std::is_same<S, float>::value || std::is_same<S, nbc_bf16>::value) {
-        if (vec) {
-            constexpr int V = nbc_vec<S>::V;
-            int nin = it->nargs - 1;
-            int64_t nch = it->numel / V;
-            for (int64_t j = 0; j < nch; j++) {
-                if (bw && nin == 2) nbc_vec_chunk<S, 2, true>(a, j);
-                else if (bw) nbc_vec_chunk<S, 3, true>(a, j);
-                else if (nin == 1) nbc_vec_chunk<S, 1, false>(a, j);
-                else nbc_vec_chunk<S, 2, false>(a, j);
+// The kernel emulated: every thread of a grid of kEmuThreads (fewer than most cases'
+// elements, so the grid-stride loops stride) runs the kernel's thread body for path p.
+constexpr int64_t kEmuThreads = 96;
+
+template <typename S, bool BW> void emulate_ew(const nb__ew_args *a, nbc_path p) {
+    for (int64_t t = 0; t < kEmuThreads; t++) {
+        switch (p) {
+        case NBC_PATH_VEC1: case NBC_PATH_VEC2: case NBC_PATH_VEC3:
+            if constexpr (nbc_has_vec<S>) {
+                if (p == NBC_PATH_VEC1) nbc_ew_vec_thread<S, 1, BW>(a, t, kEmuThreads);
+                else if (p == NBC_PATH_VEC2) nbc_ew_vec_thread<S, 2, BW>(a, t, kEmuThreads);
+                else nbc_ew_vec_thread<S, 3, BW>(a, t, kEmuThreads);
             }
-            start = nch * V;
+            break;
+        case NBC_PATH_1D: nbc_ew_1d_thread<S, BW>(a, t, kEmuThreads); break;
+        case NBC_PATH_ND32: nbc_ew_nd_thread<S, BW, uint32_t>(a, t, kEmuThreads); break;
+        default: nbc_ew_nd_thread<S, BW, int64_t>(a, t, kEmuThreads); break;
         }
-    }
-    for (int64_t i = start; i < it->numel; i++) {
-        int64_t o[4];
-        nbc_offsets4<uint32_t>(it, (uint32_t)i, &o[0], &o[1], &o[2], &o[3]);
-        if (bw) nbc_bw_at<S>(a, o[0], o[1], o[2], o[3]);
-        else nbc_ew_at<S>(a, o[0], o[1], o[2], o[3]);
     }
 }
 
-void run_host_dt(const nb__ew_args *a, bool bw, bool vec) {
+// Run the kernel of a's dtype on the host, on the launcher's path (force < 0) or on path
+// force; returns the path taken.
+template <typename S, bool BW> nbc_path emulate_ew_path(const nb__ew_args *a, int force) {
+    nbc_path p = force < 0 ? nbc_ew_path<S, BW>(a) : (nbc_path)force;
+    emulate_ew<S, BW>(a, p);
+    return p;
+}
+nbc_path emulate_ew_dt(const nb__ew_args *a, bool bw, int force) {
     switch (a->dtype) {
-    case NB_F32: run_host<float>(a, bw, vec); break;
-    case NB_F64: run_host<double>(a, bw, vec); break;
-    case NB_F16: run_host<nbc_f16>(a, bw, vec); break;
-    case NB_BF16: run_host<nbc_bf16>(a, bw, vec); break;
-    case NB_I32: run_host<int32_t>(a, bw, vec); break;
-    case NB_I64: run_host<int64_t>(a, bw, vec); break;
-    case NB_U8: run_host<uint8_t>(a, bw, vec); break;
-    default: run_host<nbc_bool>(a, bw, vec); break;
+    case NB_F32: return bw ? emulate_ew_path<float, true>(a, force) : emulate_ew_path<float, false>(a, force);
+    case NB_F64: return bw ? emulate_ew_path<double, true>(a, force) : emulate_ew_path<double, false>(a, force);
+    case NB_F16: return bw ? emulate_ew_path<nbc_f16, true>(a, force) : emulate_ew_path<nbc_f16, false>(a, force);
+    case NB_BF16: return bw ? emulate_ew_path<nbc_bf16, true>(a, force) : emulate_ew_path<nbc_bf16, false>(a, force);
+    case NB_I32: return emulate_ew_path<int32_t, false>(a, force);
+    case NB_I64: return emulate_ew_path<int64_t, false>(a, force);
+    case NB_U8: return emulate_ew_path<uint8_t, false>(a, force);
+    default: return emulate_ew_path<nbc_bool, false>(a, force);
     }
 }
 
@@ -346,16 +349,18 @@ void check_ew_case(cuhost *t, nb__op op, int input, nb_dtype dt, const nb__ew_ct
             break;
         }
     }
-    bool vec = g == 0 && (dt == NB_F32 || dt == NB_BF16) && (bw || kind == NBC_UNARY ||
-                                                             kind == NBC_BINARY) &&
-               !(dt == NB_BF16 && ctx.b_scalar);
-    run_host_dt(&h, bw, vec);
+    // the launcher's path, emulated over a small grid
+    nbc_path p = emulate_ew_dt(&h, bw, -1);
     compare(t, out_cpu, out_host, dts[0], tolerance(op, bw), what);
-    if (vec) { // the element path over the same case as well
-        memset(out_host.p, 0xAB, out_host.n);
-        run_host_dt(&h, bw, false);
-        compare(t, out_cpu, out_host, dts[0], tolerance(op, bw), what);
-    }
+    bool vec = g == 0 && (dt == NB_F32 || dt == NB_BF16) &&
+               (bw || kind == NBC_UNARY || kind == NBC_BINARY) && !(dt == NB_BF16 && ctx.b_scalar);
+    nbc_path want = vec ? (nbc_path)(NBC_PATH_VEC1 + nargs - 2)
+                    : g == 1 ? NBC_PATH_ND32 : NBC_PATH_1D;
+    CUHOST_CHECK(t, p == want, "%s: path %d, expected %d", what, (int)p, (int)want);
+    // and the 64-bit index decode over the same case
+    memset(out_host.p, 0xAB, out_host.n);
+    emulate_ew_dt(&h, bw, NBC_PATH_ND64);
+    compare(t, out_cpu, out_host, dts[0], tolerance(op, bw), what);
 }
 
 void check_ew(cuhost *t) {
@@ -465,33 +470,45 @@ void check_copy(cuhost *t) {
                 CUHOST_CHECK(t, st == NB_OK, "cpu copy failed");
                 nb__copy_args h = a;
                 h.it.data[0] = host.p;
-                for (int64_t i = 0; i < h.it.numel; i++) {
-                    int64_t o[4];
-                    nbc_offsets4<uint32_t>(&h.it, (uint32_t)i, &o[0], &o[1], &o[2], &o[3]);
-                    nbc_copy_at(&h.it, o[0], o[1]);
-                }
                 char what[96];
                 snprintf(what, sizeof what, "copy %d <- %d geometry %d", od, id, g);
-                CUHOST_CHECK(t, memcmp(bufs[0].p, host.p, host.n) == 0, "%s: bytes differ", what);
-                // the vector kernel's chunks (f32 <-> bf16/f16, contiguous, aligned) + tail
+                // the launcher's path over a small grid, then the 64-bit decode
+                nbc_path p = nbc_copy_path(&h.it);
+                for (int run = 0; run < 2; run++) {
+                    memset(host.p, 0xAB, host.n);
+                    if (run == 1) p = NBC_PATH_ND64;
+                    if (p == NBC_PATH_MEMCPY) {
+                        memcpy(host.p, bufs[1].p, (size_t)(h.it.numel * nbc_dtype_size(dts[0])));
+                    } else {
+                        for (int64_t t0 = 0; t0 < kEmuThreads; t0++) {
+                            if (p == NBC_PATH_VEC1) nbc_copy_vec_thread<4, 2>(&h.it, t0, kEmuThreads);
+                            else if (p == NBC_PATH_VEC2) nbc_copy_vec_thread<2, 4>(&h.it, t0, kEmuThreads);
+                            else if (p == NBC_PATH_1D) nbc_copy_1d_thread(&h.it, t0, kEmuThreads);
+                            else if (p == NBC_PATH_ND32) nbc_copy_nd_thread<uint32_t>(&h.it, t0, kEmuThreads);
+                            else nbc_copy_nd_thread<int64_t>(&h.it, t0, kEmuThreads);
+                        }
+                    }
+                    CUHOST_CHECK(t, memcmp(bufs[0].p, host.p, host.n) == 0,
+                                 "%s path %d: bytes differ", what, (int)p);
+                }
                 bool hf = (od == NB_F32 && (id == NB_BF16 || id == NB_F16)) ||
                           (id == NB_F32 && (od == NB_BF16 || od == NB_F16));
-                if (hf && g == 0) {
-                    memset(host.p, 0xAB, host.n);
-                    int64_t nch = h.it.numel / 8;
-                    for (int64_t j = 0; j < nch; j++) {
-                        if (id == NB_F32) nbc_copy_chunk8<4, 2>(&h.it, j);
-                        else nbc_copy_chunk8<2, 4>(&h.it, j);
-                    }
-                    int esi = nbc_dtype_size(dts[1]), eso = nbc_dtype_size(dts[0]);
-                    for (int64_t i = nch * 8; i < h.it.numel; i++) nbc_copy_at(&h.it, i * eso, i * esi);
-                    CUHOST_CHECK(t, memcmp(bufs[0].p, host.p, host.n) == 0,
-                                 "%s (vector chunks): bytes differ", what);
-                }
+                nbc_path want = g == 0 && od == id ? NBC_PATH_MEMCPY
+                                : g == 0 && hf     ? (id == NB_F32 ? NBC_PATH_VEC1 : NBC_PATH_VEC2)
+                                : g == 1 || g == 3 ? NBC_PATH_ND32
+                                                   : NBC_PATH_1D;
+                CUHOST_CHECK(t, nbc_copy_path(&h.it) == want, "%s: path %d, expected %d", what,
+                             (int)nbc_copy_path(&h.it), (int)want);
             }
 }
 
 // ---- fill -----------------------------------------------------------------------------------
+template <typename W> void emulate_fill(const nb__iter *it, nbc_path p, uint64_t bits, int64_t t) {
+    if (p == NBC_PATH_1D) nbc_fill_1d_thread<W>(it, (W)bits, t, kEmuThreads);
+    else if (p == NBC_PATH_ND32) nbc_fill_nd_thread<W, uint32_t>(it, (W)bits, t, kEmuThreads);
+    else nbc_fill_nd_thread<W, int64_t>(it, (W)bits, t, kEmuThreads);
+}
+
 void check_fill(cuhost *t) {
     const double values[] = {0.0, -0.0, 1.5, -3.7, 1e20, -1e20, NAN, 300.0, -1.0, 65504.0, 1e-8};
     for (int dt = 0; dt < NB_DTYPE_COUNT; dt++)
@@ -511,11 +528,30 @@ void check_fill(cuhost *t) {
                 CUHOST_CHECK(t, st == NB_OK, "cpu fill failed");
                 uint64_t bits;
                 nbc_fill_bytes(dts[0], v, &bits);
-                int es = nbc_dtype_size(dts[0]);
-                for (int64_t i = 0; i < a.it.numel; i++)
-                    memcpy(host.p + nb__kh_offset(&a.it, 0, i), &bits, (size_t)es);
-                CUHOST_CHECK(t, memcmp(bufs[0].p, host.p, host.n) == 0,
-                             "fill dtype %d value %g geometry %d: bytes differ", dt, v, g);
+                nbc_path p = nbc_fill_path(&a.it, bits);
+                nb__iter h = a.it;
+                h.data[0] = host.p;
+                for (int run = 0; run < 2; run++) {
+                    memset(host.p, 0xAB, host.n);
+                    if (run == 1) p = NBC_PATH_ND64;
+                    if (p == NBC_PATH_MEMSET)
+                        memset(host.p, 0, (size_t)(h.numel * nbc_dtype_size(dts[0])));
+                    for (int64_t t0 = 0; t0 < kEmuThreads && p != NBC_PATH_MEMSET; t0++) {
+                        switch (nbc_dtype_size(dts[0])) {
+                        case 1: emulate_fill<uint8_t>(&h, p, bits, t0); break;
+                        case 2: emulate_fill<uint16_t>(&h, p, bits, t0); break;
+                        case 4: emulate_fill<uint32_t>(&h, p, bits, t0); break;
+                        default: emulate_fill<uint64_t>(&h, p, bits, t0); break;
+                        }
+                    }
+                    CUHOST_CHECK(t, memcmp(bufs[0].p, host.p, host.n) == 0,
+                                 "fill dtype %d value %g geometry %d path %d: bytes differ", dt, v,
+                                 g, (int)p);
+                }
+                nbc_path want = g == 0 && bits == 0 ? NBC_PATH_MEMSET
+                                : g == 2            ? NBC_PATH_ND32
+                                                    : NBC_PATH_1D;
+                CUHOST_CHECK(t, nbc_fill_path(&a.it, bits) == want, "fill path");
             }
 }
 
