@@ -4,9 +4,9 @@
 // spill-free, and tests/cuda_host/loss.cu runs its math (cuda/k_loss.cuh) on the host in the
 // kernels' order against the CPU kernels.
 //
-// cross_entropy, (N, C) scores: a block of 256 per row, each thread an online max / sum of
-// exps / sum over its classes, merged by nb_block_max / nb_block_sum (fixed order); (N, C,
-// D > 1): a thread per position, the CPU's two passes. The per-position losses (f64) go to
+// cross_entropy, (N, C) scores with C > 64: a block of 256 per row, each thread an online max
+// / sum of exps / sum over its classes, merged by nb_block_max / nb_block_sum (fixed order);
+// (N, C, D > 1) or few classes: a thread per position, the CPU's two passes. The per-position losses (f64) go to
 // scratch; one block of 1024 then sums them in a fixed order, counts the targets not ignored
 // and writes out, count (and the NONE losses). nll_loss: a thread per position, then the same
 // block. The backward kernels are elementwise over dx (softmax - smoothed one-hot, scaled, from
@@ -110,7 +110,7 @@ nb_status cls_forward(const nb__cls_loss_args *a, bool ce) {
             acc_t<T> *lse = (acc_t<T> *)a->lse;
             if (!ce) {
                 nll_pos_kernel<T><<<nbk::nb_blocks(P), nbk::kThreads, 0, c.stream>>>(in, loss);
-            } else if (in.D == 1) {
+            } else if (ce_use_rows(&in)) {
                 unsigned g = (unsigned)(in.N < nbk::kMaxBlocks ? in.N : nbk::kMaxBlocks);
                 ce_row_kernel<T><<<g, kRowT, 0, c.stream>>>(in, loss, lse);
             } else {

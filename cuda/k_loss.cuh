@@ -6,8 +6,9 @@
 //   ce_tgt / ce_ignored / ce_valid     the target of a position and its status
 //   ce_finish                          the loss of a position from lse, x_t and sum x (the
 //                                      CPU's formula, label smoothing included)
-//   ce_col<T>                          cross entropy of one position of (N, C, D > 1): the
-//                                      CPU's two passes over the classes
+//   ce_col<T>                          cross entropy of one position of (N, C, D): the
+//                                      CPU's two passes over the classes (D > 1, or few
+//                                      classes: ce_use_rows)
 //   ce_bwd_elem<T> / nll_bwd_elem<T>   one element of the input gradient
 //   bce_loss / bce_grads               binary cross entropy with logits of one element
 //   cls_factor                         the backward's scale (1 / count for a mean, read on
@@ -57,6 +58,9 @@ NB_HD void ls_store(void *p, nb_dtype dt, int64_t i, double v) {
     default: ((uint16_t *)p)[i] = nb__kh_bf16_from_f32((float)v); break;
     }
 }
+
+// A block per row for (N, C) scores with C > 64; else a thread per position (ce_col).
+NB_HD bool ce_use_rows(const nb__cls_operands *a) { return a->D == 1 && a->C > 64; }
 
 // The loss and lse of a row (D == 1) from the block's max M, sum of exps S and sum SX.
 template <typename T>

@@ -14,7 +14,7 @@
 //
 // softmax / softmax_backward, inner == 1: a block per row with an online max and sum of
 // exps per thread, merged by nb_block_max / nb_block_sum (fixed order), then the write pass;
-// inner > 1: a thread per column, the CPU's three passes. extreme_backward: one thread per
+// inner > 1 or rows of at most 32: a thread per column, the CPU's three passes. extreme_backward: one thread per
 // dx element, g where the saved index points, else 0 (an index out of range leaves its
 // column zero: the CPU's NB_EINDEX check would need a host read).
 #include "cuda/k_reduce.cuh"
@@ -188,7 +188,7 @@ nb_status cuda_softmax(const nb__softmax_args *a) {
     NB_DISPATCH_FLOAT(a->dtype, T, {
         const T *x = (const T *)a->x;
         T *y = (T *)a->y;
-        if (D == 1) sm_row_kernel<T><<<row_grid(O), kSmThreads, 0, c.stream>>>(x, y, O, L, a->log);
+        if (sm_use_rows(L, D)) sm_row_kernel<T><<<row_grid(O), kSmThreads, 0, c.stream>>>(x, y, O, L, a->log);
         else sm_col_kernel<T><<<nbk::nb_blocks(O * D), nbk::kThreads, 0, c.stream>>>(x, y, O, L, D, a->log);
     });
     return nb__cuda_kend(&c, cudaGetLastError());
@@ -203,7 +203,7 @@ nb_status cuda_softmax_backward(const nb__softmax_backward_args *a) {
     NB_DISPATCH_FLOAT(a->dtype, T, {
         const T *y = (const T *)a->y, *g = (const T *)a->g;
         T *dx = (T *)a->dx;
-        if (D == 1)
+        if (sm_use_rows(L, D))
             smb_row_kernel<T><<<row_grid(O), kSmThreads, 0, c.stream>>>(y, g, dx, O, L, a->log);
         else
             smb_col_kernel<T><<<nbk::nb_blocks(O * D), nbk::kThreads, 0, c.stream>>>(y, g, dx, O, L, D, a->log);

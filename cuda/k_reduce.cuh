@@ -427,6 +427,9 @@ template <typename A> static inline A host_block_sum(const A *v, int B) {
 }
 
 // ---- softmax and its backward ---------------------------------------------------------------------
+// A block per row for rows (inner == 1) longer than a warp; else a thread per row or column
+// (the column kernel with D == 1), so short rows do not leave most of a block idle.
+NB_HD bool sm_use_rows(int64_t L, int64_t D) { return D == 1 && L > 32; }
 // Thread t of B: its elements t, t + B, ... of a dense row of L.
 template <typename T>
 NB_HD sm_acc<acc_t<T>> sm_row_thread(const T *x, int64_t L, int t, int B) {

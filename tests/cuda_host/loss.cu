@@ -64,7 +64,7 @@ void emulate_positions(const nb__cls_operands *a, bool ce, double *loss, acc_t<T
             lse[p] = ig ? (A)0 : (A)NAN;
             continue;
         }
-        if (a->D > 1) {
+        if (!ce_use_rows(a)) {
             ce_col<T>(a, x + n * a->C * a->D + d, t, loss + p, lse + p);
             continue;
         }

@@ -258,7 +258,7 @@ template <typename T> void emulate_softmax(const nb__softmax_args *a) {
     const T *x = (const T *)a->x;
     T *y = (T *)a->y;
     int64_t O = a->outer, L = a->len, D = a->inner;
-    if (D > 1) {
+    if (!sm_use_rows(L, D)) {
         for (int64_t i = 0; i < O * D; i++) {
             int64_t o = i / D, j = i - o * D;
             sm_col<T>(x + o * L * D + j, y + o * L * D + j, L, D, a->log);
@@ -288,7 +288,7 @@ template <typename T> void emulate_softmax_backward(const nb__softmax_backward_a
     const T *y = (const T *)a->y, *g = (const T *)a->g;
     T *dx = (T *)a->dx;
     int64_t O = a->outer, L = a->len, D = a->inner;
-    if (D > 1) {
+    if (!sm_use_rows(L, D)) {
         for (int64_t i = 0; i < O * D; i++) {
             int64_t o = i / D, j = i - o * D, off = o * L * D + j;
             smb_col<T>(y + off, g + off, dx + off, L, D, a->log);
