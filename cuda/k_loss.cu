@@ -97,9 +97,18 @@ __global__ void __launch_bounds__(kFinishThreads)
     }
 }
 
+bool cls_supported(const nb__cls_operands *in) {
+    return rd_float_dtype(in->xdt) && (in->tdt == NB_I32 || in->tdt == NB_I64);
+}
+nb_status cls_unsupported(const char *op, const nb__cls_operands *in) {
+    return nb__error(NB_EUNSUPPORTED, "%s: the cuda kernel does not handle scores of dtype %d "
+                     "with targets of dtype %d", op, (int)in->xdt, (int)in->tdt);
+}
+
 nb_status cls_forward(const nb__cls_loss_args *a, bool ce) {
     const nb__cls_operands &in = a->in;
     const int64_t P = in.N * in.D;
+    if (!cls_supported(&in)) return cls_unsupported(a->op, &in);
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, a->op);
     if (st != NB_OK) return st;
@@ -147,9 +156,11 @@ __global__ void nll_bwd_kernel(const __grid_constant__ nb__cls_operands a, nb__l
 nb_status cls_backward(const nb__cls_loss_backward_args *a, bool ce) {
     const nb__cls_operands &in = a->in;
     const int64_t n = in.N * in.C * in.D;
+    const char *op = ce ? "cross_entropy_backward" : "nll_loss_backward";
+    if (!cls_supported(&in)) return cls_unsupported(op, &in);
     if (n == 0) return NB_OK;
     nb__cuda_kctx c;
-    nb_status st = nb__cuda_kbegin(&c, ce ? "cross_entropy_backward" : "nll_loss_backward");
+    nb_status st = nb__cuda_kbegin(&c, op);
     if (st != NB_OK) return st;
     NB_DISPATCH_FLOAT(in.xdt, T, {
         if (ce)
@@ -197,6 +208,9 @@ __global__ void __launch_bounds__(kBcePartials)
 
 nb_status cuda_bce_with_logits(const nb__bce_args *a) {
     const nb__bce_operands &in = a->in;
+    if ((in.ct != NB_F32 && in.ct != NB_F64) || !rd_float_dtype(a->out_dt))
+        return nb__error(NB_EUNSUPPORTED, "bce_with_logits: the cuda kernel does not handle "
+                         "compute dtype %d", (int)in.ct);
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "bce_with_logits");
     if (st != NB_OK) return st;
@@ -222,6 +236,9 @@ __global__ void bce_bwd_kernel(const __grid_constant__ nb__bce_backward_args b) 
 }
 
 nb_status cuda_bce_with_logits_backward(const nb__bce_backward_args *a) {
+    if (a->in.ct != NB_F32 && a->in.ct != NB_F64)
+        return nb__error(NB_EUNSUPPORTED, "bce_with_logits_backward: the cuda kernel does not "
+                         "handle compute dtype %d", (int)a->in.ct);
     if (a->in.n == 0) return NB_OK;
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "bce_with_logits_backward");

@@ -96,8 +96,11 @@ void rd_launch(const rplan &p, const rout &o, const char *x, rst *part, cudaStre
 nb_status cuda_reduce(const nb__reduce_args *a) {
     rplan p;
     rd_plan(&a->x, a->reduced, &p);
-    if (p.nout == 0) return NB_OK;
     nb_dtype dt = a->x.dtype;
+    if ((unsigned)dt >= (unsigned)NB_DTYPE_COUNT ||
+        (a->out && (unsigned)a->out_dtype >= (unsigned)NB_DTYPE_COUNT))
+        return nb__error(NB_EUNSUPPORTED, "reduce: the cuda kernel does not handle dtype %d", (int)dt);
+    if (p.nout == 0) return NB_OK;
     rout o = rd_out_of(a);
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "reduce");
@@ -181,6 +184,8 @@ unsigned row_grid(int64_t rows) {
 
 nb_status cuda_softmax(const nb__softmax_args *a) {
     int64_t O = a->outer, L = a->len, D = a->inner;
+    if (!rd_float_dtype(a->dtype))
+        return nb__error(NB_EUNSUPPORTED, "softmax: the cuda kernel does not handle dtype %d", (int)a->dtype);
     if (O * L * D == 0) return NB_OK;
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "softmax");
@@ -196,6 +201,8 @@ nb_status cuda_softmax(const nb__softmax_args *a) {
 
 nb_status cuda_softmax_backward(const nb__softmax_backward_args *a) {
     int64_t O = a->outer, L = a->len, D = a->inner;
+    if (!rd_float_dtype(a->dtype))
+        return nb__error(NB_EUNSUPPORTED, "softmax_backward: the cuda kernel does not handle dtype %d", (int)a->dtype);
     if (O * L * D == 0) return NB_OK;
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "softmax_backward");
@@ -221,6 +228,9 @@ __global__ void eb_kernel(const U *g, const int64_t *idx, U *dx, int64_t O, int6
 
 nb_status cuda_extreme_backward(const nb__extreme_backward_args *a) {
     int64_t O = a->outer, L = a->len, D = a->inner, n = O * L * D;
+    if (!rd_float_dtype(a->dtype))
+        return nb__error(NB_EUNSUPPORTED, "extreme_backward: the cuda kernel does not handle "
+                         "dtype %d", (int)a->dtype);
     if (n == 0) return NB_OK;
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "extreme_backward");

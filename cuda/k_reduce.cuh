@@ -500,6 +500,9 @@ NB_HD int rd_esize(nb_dtype dt) {
     default: return 1;
     }
 }
+NB_HD bool rd_float_dtype(nb_dtype dt) {
+    return dt == NB_F32 || dt == NB_F64 || dt == NB_F16 || dt == NB_BF16;
+}
 static inline rout rd_out_of(const nb__reduce_args *a) {
     rout o;
     o.out = a->out, o.idx = a->idx, o.den = a->den;
