@@ -10,7 +10,8 @@
 // scratch; one block of 1024 then sums them in a fixed order, counts the targets not ignored
 // and writes out, count (and the NONE losses). nll_loss: a thread per position, then the same
 // block. The backward kernels are elementwise over dx (softmax - smoothed one-hot, scaled, from
-// the saved lse; the mean's 1 / count read on the device). bce_with_logits: f64 math per
+// the saved lse; the mean's 1 / count read on the device; a block per row of more than 64
+// classes, so no 64-bit division per element). bce_with_logits: f64 math per
 // element; the sum in two passes (at most 1024 block partials, then one block). No atomics,
 // no host reads: the same bits every run. A target out of range gives a NaN loss, not the
 // CPU's NB_EINDEX (see cuda/k_loss.cuh).
@@ -143,6 +144,18 @@ __global__ void ce_bwd_kernel(const __grid_constant__ nb__cls_operands a, nb__lo
         ce_bwd_elem<T>(&a, lse, g, gs, factor, dx, i);
 }
 
+// (N, C) scores: a block per row, threads over the classes (no 64-bit divisions per element).
+template <typename T>
+__global__ void ce_bwd_row_kernel(const __grid_constant__ nb__cls_operands a, nb__loss_reduce red,
+                                  const acc_t<T> *lse, const int64_t *count, const double *g,
+                                  T *dx) {
+    const int64_t gs = red == NB__LOSS_NONE ? 1 : 0;
+    const double factor = cls_factor(red, count);
+    for (int64_t n = blockIdx.x; n < a.N; n += gridDim.x)
+        for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x)
+            ce_bwd_at<T>(&a, lse, g, gs, factor, dx, n, c, 0);
+}
+
 template <typename T>
 __global__ void nll_bwd_kernel(const __grid_constant__ nb__cls_operands a, nb__loss_reduce red,
                                const int64_t *count, const double *g, T *dx) {
@@ -163,7 +176,11 @@ nb_status cls_backward(const nb__cls_loss_backward_args *a, bool ce) {
     nb_status st = nb__cuda_kbegin(&c, op);
     if (st != NB_OK) return st;
     NB_DISPATCH_FLOAT(in.xdt, T, {
-        if (ce)
+        if (ce && ce_use_rows(&in))
+            ce_bwd_row_kernel<T><<<(unsigned)(in.N < nbk::kMaxBlocks ? in.N : nbk::kMaxBlocks),
+                                   kRowT, 0, c.stream>>>(
+                in, a->reduction, (const acc_t<T> *)a->lse, a->count, a->g, (T *)a->dx);
+        else if (ce)
             ce_bwd_kernel<T><<<nbk::nb_blocks(n), nbk::kThreads, 0, c.stream>>>(
                 in, a->reduction, (const acc_t<T> *)a->lse, a->count, a->g, (T *)a->dx);
         else

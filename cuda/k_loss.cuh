@@ -9,7 +9,8 @@
 //   ce_col<T>                          cross entropy of one position of (N, C, D): the
 //                                      CPU's two passes over the classes (D > 1, or few
 //                                      classes: ce_use_rows)
-//   ce_bwd_elem<T> / nll_bwd_elem<T>   one element of the input gradient
+//   ce_bwd_at<T> / ce_bwd_elem<T> / nll_bwd_elem<T>
+//                                      one element of the input gradient
 //   bce_loss / bce_grads               binary cross entropy with logits of one element
 //   cls_factor                         the backward's scale (1 / count for a mean, read on
 //                                      the device)
@@ -96,13 +97,12 @@ NB_HD double cls_factor(nb__loss_reduce r, const int64_t *count) {
     return n ? 1.0 / (double)n : 0.0;
 }
 
-// dx element i of (N, C, D).
+// dx element (n, c, d) of (N, C, D); ce_bwd_elem: element i in row-major order.
 template <typename T>
-NB_HD void ce_bwd_elem(const nb__cls_operands *a, const acc_t<T> *lse, const double *g,
-                       int64_t gs, double factor, T *dx, int64_t i) {
+NB_HD void ce_bwd_at(const nb__cls_operands *a, const acc_t<T> *lse, const double *g, int64_t gs,
+                     double factor, T *dx, int64_t n, int64_t c, int64_t d) {
     using A = acc_t<T>;
-    const int64_t C = a->C, D = a->D;
-    int64_t n = i / (C * D), rem = i - n * C * D, c = rem / D, d = rem - c * D, p = n * D + d;
+    const int64_t C = a->C, D = a->D, p = n * D + d, i = (n * C + c) * D + d;
     int64_t t = ce_tgt(a, p);
     if (!ce_valid(a, t)) {
         sm_st(dx + i, (A)0);
@@ -112,6 +112,13 @@ NB_HD void ce_bwd_elem(const nb__cls_operands *a, const acc_t<T> *lse, const dou
     A sc = (A)(factor * g[p * gs]), l = lse[p];
     A off = (A)(a->smoothing / (double)C), hit = (A)(1 - a->smoothing);
     sm_st(dx + i, (sm_exp(sm_ld(x + i) - l) - off - (c == t ? hit : (A)0)) * sc);
+}
+template <typename T>
+NB_HD void ce_bwd_elem(const nb__cls_operands *a, const acc_t<T> *lse, const double *g,
+                       int64_t gs, double factor, T *dx, int64_t i) {
+    const int64_t C = a->C, D = a->D;
+    int64_t n = i / (C * D), rem = i - n * C * D, c = rem / D, d = rem - c * D;
+    ce_bwd_at<T>(a, lse, g, gs, factor, dx, n, c, d);
 }
 
 template <typename T>

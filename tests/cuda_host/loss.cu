@@ -112,6 +112,12 @@ template <typename T>
 void emulate_cls_backward(const nb__cls_loss_backward_args *a, bool ce) {
     const int64_t n = a->in.N * a->in.C * a->in.D, gs = a->reduction == NB__LOSS_NONE ? 1 : 0;
     double factor = cls_factor(a->reduction, a->count);
+    if (ce && ce_use_rows(&a->in)) { // ce_bwd_row_kernel
+        for (int64_t r = 0; r < a->in.N; r++)
+            for (int64_t c = 0; c < a->in.C; c++)
+                ce_bwd_at<T>(&a->in, (const acc_t<T> *)a->lse, a->g, gs, factor, (T *)a->dx, r, c, 0);
+        return;
+    }
     for (int64_t i = 0; i < n; i++) {
         if (ce) ce_bwd_elem<T>(&a->in, (const acc_t<T> *)a->lse, a->g, gs, factor, (T *)a->dx, i);
         else nll_bwd_elem<T>(&a->in, a->g, gs, factor, (T *)a->dx, i);
