@@ -6,12 +6,12 @@
 //
 // cross_entropy, (N, C) scores with C > 64: a block of 256 per row, each thread an online max
 // / sum of exps / sum over its classes, merged by nb_block_max / nb_block_sum (fixed order);
-// (N, C, D > 1) or few classes: a thread per position, the CPU's two passes. The per-position losses (f64) go to
-// scratch; one block of 1024 then sums them in a fixed order, counts the targets not ignored
-// and writes out, count (and the NONE losses). nll_loss: a thread per position, then the same
-// block. The backward kernels are elementwise over dx (softmax - smoothed one-hot, scaled, from
-// the saved lse; the mean's 1 / count read on the device; a block per row of more than 64
-// classes, so no 64-bit division per element). bce_with_logits: f64 math per
+// (N, C, D > 1) or few classes: a thread per position, the CPU's two passes. The
+// per-position losses (f64) go to scratch; one block of 1024 then sums them in a fixed order,
+// counts the targets not ignored and writes out, count (and the NONE losses). nll_loss: a
+// thread per position, then the same block. The backward kernels write dx (softmax - smoothed
+// one-hot, scaled, from the saved lse; the mean's 1 / count read on the device): a block per
+// row of more than 64 classes, else a thread per element. bce_with_logits: f64 math per
 // element; the sum in two passes (at most 1024 block partials, then one block). No atomics,
 // no host reads: the same bits every run. A target out of range gives a NaN loss, not the
 // CPU's NB_EINDEX (see cuda/k_loss.cuh).
@@ -102,8 +102,10 @@ bool cls_supported(const nb__cls_operands *in) {
     return rd_float_dtype(in->xdt) && (in->tdt == NB_I32 || in->tdt == NB_I64);
 }
 nb_status cls_unsupported(const char *op, const nb__cls_operands *in) {
-    return nb__error(NB_EUNSUPPORTED, "%s: the cuda kernel does not handle scores of dtype %d "
-                     "with targets of dtype %d", op, (int)in->xdt, (int)in->tdt);
+    return nb__error(NB_EUNSUPPORTED,
+                     "%s: the cuda kernel does not handle scores of dtype %d "
+                     "with targets of dtype %d",
+                     op, (int)in->xdt, (int)in->tdt);
 }
 
 nb_status cls_forward(const nb__cls_loss_args *a, bool ce) {
@@ -178,8 +180,8 @@ nb_status cls_backward(const nb__cls_loss_backward_args *a, bool ce) {
     NB_DISPATCH_FLOAT(in.xdt, T, {
         if (ce && ce_use_rows(&in))
             ce_bwd_row_kernel<T><<<(unsigned)(in.N < nbk::kMaxBlocks ? in.N : nbk::kMaxBlocks),
-                                   kRowT, 0, c.stream>>>(
-                in, a->reduction, (const acc_t<T> *)a->lse, a->count, a->g, (T *)a->dx);
+                                   kRowT, 0, c.stream>>>(in, a->reduction, (const acc_t<T> *)a->lse,
+                                                         a->count, a->g, (T *)a->dx);
         else if (ce)
             ce_bwd_kernel<T><<<nbk::nb_blocks(n), nbk::kThreads, 0, c.stream>>>(
                 in, a->reduction, (const acc_t<T> *)a->lse, a->count, a->g, (T *)a->dx);
@@ -199,7 +201,7 @@ nb_status cuda_nll_loss_backward(const nb__cls_loss_backward_args *a) {
     return cls_backward(a, false);
 }
 
-// ---- binary cross entropy with logits ---------------------------------------------------------------
+// ---- binary cross entropy with logits -----------------------------------------------------------
 __global__ void __launch_bounds__(nbk::kThreads)
     bce_fwd_kernel(const __grid_constant__ nb__bce_operands a, char *out, double *part) {
     __shared__ double ssum[32];
@@ -226,21 +228,25 @@ __global__ void __launch_bounds__(kBcePartials)
 nb_status cuda_bce_with_logits(const nb__bce_args *a) {
     const nb__bce_operands &in = a->in;
     if ((in.ct != NB_F32 && in.ct != NB_F64) || !rd_float_dtype(a->out_dt))
-        return nb__error(NB_EUNSUPPORTED, "bce_with_logits: the cuda kernel does not handle "
-                         "compute dtype %d", (int)in.ct);
+        return nb__error(NB_EUNSUPPORTED,
+                         "bce_with_logits: the cuda kernel does not handle "
+                         "compute dtype %d",
+                         (int)in.ct);
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "bce_with_logits");
     if (st != NB_OK) return st;
     const int64_t nb = bce_blocks(in.n);
     if (a->reduction == NB__LOSS_NONE) {
         if (in.n > 0)
-            bce_fwd_kernel<<<(unsigned)nb, nbk::kThreads, 0, c.stream>>>(in, (char *)a->out, nullptr);
+            bce_fwd_kernel<<<(unsigned)nb, nbk::kThreads, 0, c.stream>>>(in, (char *)a->out,
+                                                                         nullptr);
         return nb__cuda_kend(&c, cudaGetLastError());
     }
     double *part = (double *)nb__cuda_kscratch(&c, (size_t)nb * sizeof(double));
     if (!part) return nb__cuda_kend(&c, cudaErrorMemoryAllocation);
     bce_fwd_kernel<<<(unsigned)nb, nbk::kThreads, 0, c.stream>>>(in, nullptr, part);
-    bce_sum_kernel<<<1, kBcePartials, 0, c.stream>>>(part, nb, in.n, a->reduction, a->out, a->out_dt);
+    bce_sum_kernel<<<1, kBcePartials, 0, c.stream>>>(part, nb, in.n, a->reduction, a->out,
+                                                     a->out_dt);
     cudaError_t e = cudaGetLastError();
     nb__cuda_kfree(part);
     return nb__cuda_kend(&c, e);
@@ -254,8 +260,10 @@ __global__ void bce_bwd_kernel(const __grid_constant__ nb__bce_backward_args b) 
 
 nb_status cuda_bce_with_logits_backward(const nb__bce_backward_args *a) {
     if (a->in.ct != NB_F32 && a->in.ct != NB_F64)
-        return nb__error(NB_EUNSUPPORTED, "bce_with_logits_backward: the cuda kernel does not "
-                         "handle compute dtype %d", (int)a->in.ct);
+        return nb__error(NB_EUNSUPPORTED,
+                         "bce_with_logits_backward: the cuda kernel does not "
+                         "handle compute dtype %d",
+                         (int)a->in.ct);
     if (a->in.n == 0) return NB_OK;
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "bce_with_logits_backward");
@@ -264,7 +272,7 @@ nb_status cuda_bce_with_logits_backward(const nb__bce_backward_args *a) {
     return nb__cuda_kend(&c, cudaGetLastError());
 }
 
-}  // namespace
+} // namespace
 
 extern "C" void nb__cuda_reg_loss(nb__backend *be) {
     be->k.cross_entropy = cuda_cross_entropy;

@@ -65,8 +65,8 @@ NB_HD bool ce_use_rows(const nb__cls_operands *a) { return a->D == 1 && a->C > 6
 
 // The loss and lse of a row (D == 1) from the block's max M, sum of exps S and sum SX.
 template <typename T>
-NB_HD void ce_row_result(const nb__cls_operands *a, const T *xr, int64_t t, acc_t<T> M,
-                         double S, double SX, double *loss, acc_t<T> *lse) {
+NB_HD void ce_row_result(const nb__cls_operands *a, const T *xr, int64_t t, acc_t<T> M, double S,
+                         double SX, double *loss, acc_t<T> *lse) {
     double l = (double)M + log(S);
     *loss = ce_finish(a, l, (double)sm_ld(xr + t), SX);
     *lse = (acc_t<T>)l;
@@ -114,8 +114,8 @@ NB_HD void ce_bwd_at(const nb__cls_operands *a, const acc_t<T> *lse, const doubl
     sm_st(dx + i, (sm_exp(sm_ld(x + i) - l) - off - (c == t ? hit : (A)0)) * sc);
 }
 template <typename T>
-NB_HD void ce_bwd_elem(const nb__cls_operands *a, const acc_t<T> *lse, const double *g,
-                       int64_t gs, double factor, T *dx, int64_t i) {
+NB_HD void ce_bwd_elem(const nb__cls_operands *a, const acc_t<T> *lse, const double *g, int64_t gs,
+                       double factor, T *dx, int64_t i) {
     const int64_t C = a->C, D = a->D;
     int64_t n = i / (C * D), rem = i - n * C * D, c = rem / D, d = rem - c * D;
     ce_bwd_at<T>(a, lse, g, gs, factor, dx, n, c, d);
@@ -127,8 +127,10 @@ NB_HD void nll_bwd_elem(const nb__cls_operands *a, const double *g, int64_t gs, 
     const int64_t C = a->C, D = a->D;
     int64_t n = i / (C * D), rem = i - n * C * D, c = rem / D, d = rem - c * D, p = n * D + d;
     int64_t t = ce_tgt(a, p);
-    if (ce_valid(a, t) && c == t) ls_store(dx, a->xdt, i, -factor * g[p * gs]);
-    else ls_store(dx, a->xdt, i, 0.0);
+    if (ce_valid(a, t) && c == t)
+        ls_store(dx, a->xdt, i, -factor * g[p * gs]);
+    else
+        ls_store(dx, a->xdt, i, 0.0);
 }
 
 // NLL loss of position p (NaN for a target out of range).
@@ -140,13 +142,15 @@ template <typename T> NB_HD double nll_pos(const nb__cls_operands *a, int64_t p)
     return -(double)sm_ld((const T *)a->x + (n * C + t) * D + d);
 }
 
-// ---- binary cross entropy with logits (f64 math, as the CPU) ----------------------------------------
+// ---- binary cross entropy with logits (f64 math, as the CPU) ------------------------------------
 NB_HD double bce_ld(const char *p, nb_dtype ct, int64_t i) {
     return ct == NB_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
 }
 NB_HD void bce_st(char *p, nb_dtype ct, int64_t i, double v) {
-    if (ct == NB_F64) ((double *)p)[i] = v;
-    else ((float *)p)[i] = (float)v;
+    if (ct == NB_F64)
+        ((double *)p)[i] = v;
+    else
+        ((float *)p)[i] = (float)v;
 }
 NB_HD double softplus_neg(double x) { return log1p(exp(-fabs(x))) + fmax(-x, 0.0); }
 NB_HD double bce_loss(const nb__bce_operands *a, int64_t i) {
@@ -173,6 +177,6 @@ NB_HD int64_t bce_blocks(int64_t n) {
     return b < 1 ? 1 : b > kBcePartials ? kBcePartials : b;
 }
 
-}  // namespace nbl
+} // namespace nbl
 
 #endif

@@ -12,11 +12,12 @@
 // writes its partial state to scratch and a third kernel merges them in chunk order. The
 // chunk counts depend on the shape only: the same bits on every run, no atomics.
 //
-// softmax / softmax_backward, inner == 1: a block per row with an online max and sum of
-// exps per thread, merged by nb_block_max / nb_block_sum (fixed order), then the write pass;
-// inner > 1 or rows of at most 32: a thread per column, the CPU's three passes. extreme_backward: one thread per
-// dx element, g where the saved index points, else 0 (an index out of range leaves its
-// column zero: the CPU's NB_EINDEX check would need a host read).
+// softmax / softmax_backward, inner == 1 and rows longer than 32: a block per row with an
+// online max and sum of exps per thread, merged by nb_block_max / nb_block_sum (fixed
+// order), then the write pass; otherwise a thread per column (or short row), the CPU's
+// three passes. extreme_backward: one thread per dx element, g where the saved index
+// points, else 0 (an index out of range leaves its column zero: the CPU's NB_EINDEX check
+// would need a host read).
 #include "cuda/k_reduce.cuh"
 
 using namespace nbr;
@@ -44,8 +45,10 @@ __global__ void __launch_bounds__(kRowThreads)
                 __syncthreads();
             }
             if (t == 0) {
-                if (p.nch == 1) rd_store(&o, out, sh[0]);
-                else part[oi * p.nch + ch] = sh[0];
+                if (p.nch == 1)
+                    rd_store(&o, out, sh[0]);
+                else
+                    part[oi * p.nch + ch] = sh[0];
             }
             __syncthreads();
         }
@@ -61,8 +64,10 @@ __global__ void rd_col_kernel(const __grid_constant__ rplan p, const __grid_cons
         int64_t oi = i % p.nout, ch = i / p.nout, in, out;
         rd_ooff(&p, oi, &in, &out);
         rst s = rd_col_thread<T>(&p, o.kind, x + in, ch);
-        if (p.nch == 1) rd_store(&o, out, s);
-        else part[oi * p.nch + ch] = s;
+        if (p.nch == 1)
+            rd_store(&o, out, s);
+        else
+            part[oi * p.nch + ch] = s;
     }
 }
 
@@ -99,7 +104,8 @@ nb_status cuda_reduce(const nb__reduce_args *a) {
     nb_dtype dt = a->x.dtype;
     if ((unsigned)dt >= (unsigned)NB_DTYPE_COUNT ||
         (a->out && (unsigned)a->out_dtype >= (unsigned)NB_DTYPE_COUNT))
-        return nb__error(NB_EUNSUPPORTED, "reduce: the cuda kernel does not handle dtype %d", (int)dt);
+        return nb__error(NB_EUNSUPPORTED, "reduce: the cuda kernel does not handle dtype %d",
+                         (int)dt);
     if (p.nout == 0) return NB_OK;
     rout o = rd_out_of(a);
     nb__cuda_kctx c;
@@ -125,7 +131,7 @@ nb_status cuda_reduce(const nb__reduce_args *a) {
     return nb__cuda_kend(&c, e);
 }
 
-// ---- softmax -------------------------------------------------------------------------------------
+// ---- softmax ------------------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kSmThreads)
     sm_row_kernel(const T *x, T *y, int64_t O, int64_t L, bool lg) {
@@ -141,7 +147,8 @@ __global__ void __launch_bounds__(kSmThreads)
         A f = sm_factor<A>(S, lg);
         // Every thread has read its elements into the sums before any writes (x may be y):
         // nb_block_sum ends with a barrier.
-        for (int64_t i = threadIdx.x; i < L; i += kSmThreads) sm_st(yr + i, sm_out(sm_ld(xr + i), M, f, lg));
+        for (int64_t i = threadIdx.x; i < L; i += kSmThreads)
+            sm_st(yr + i, sm_out(sm_ld(xr + i), M, f, lg));
     }
 }
 
@@ -161,7 +168,8 @@ __global__ void __launch_bounds__(kSmThreads)
     for (int64_t row = blockIdx.x; row < O; row += gridDim.x) {
         const T *yr = y + row * L, *gr = g + row * L;
         T *dr = dx + row * L;
-        double s = nbk::nb_block_sum(smb_row_thread<T>(yr, gr, L, threadIdx.x, kSmThreads, lg), ssum);
+        double s =
+            nbk::nb_block_sum(smb_row_thread<T>(yr, gr, L, threadIdx.x, kSmThreads, lg), ssum);
         acc_t<T> sf = (acc_t<T>)s;
         for (int64_t i = threadIdx.x; i < L; i += kSmThreads)
             sm_st(dr + i, smb_out(sm_ld(yr + i), sm_ld(gr + i), sf, lg));
@@ -185,7 +193,8 @@ unsigned row_grid(int64_t rows) {
 nb_status cuda_softmax(const nb__softmax_args *a) {
     int64_t O = a->outer, L = a->len, D = a->inner;
     if (!rd_float_dtype(a->dtype))
-        return nb__error(NB_EUNSUPPORTED, "softmax: the cuda kernel does not handle dtype %d", (int)a->dtype);
+        return nb__error(NB_EUNSUPPORTED, "softmax: the cuda kernel does not handle dtype %d",
+                         (int)a->dtype);
     if (O * L * D == 0) return NB_OK;
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "softmax");
@@ -193,8 +202,11 @@ nb_status cuda_softmax(const nb__softmax_args *a) {
     NB_DISPATCH_FLOAT(a->dtype, T, {
         const T *x = (const T *)a->x;
         T *y = (T *)a->y;
-        if (sm_use_rows(L, D)) sm_row_kernel<T><<<row_grid(O), kSmThreads, 0, c.stream>>>(x, y, O, L, a->log);
-        else sm_col_kernel<T><<<nbk::nb_blocks(O * D), nbk::kThreads, 0, c.stream>>>(x, y, O, L, D, a->log);
+        if (sm_use_rows(L, D))
+            sm_row_kernel<T><<<row_grid(O), kSmThreads, 0, c.stream>>>(x, y, O, L, a->log);
+        else
+            sm_col_kernel<T>
+                <<<nbk::nb_blocks(O * D), nbk::kThreads, 0, c.stream>>>(x, y, O, L, D, a->log);
     });
     return nb__cuda_kend(&c, cudaGetLastError());
 }
@@ -202,7 +214,9 @@ nb_status cuda_softmax(const nb__softmax_args *a) {
 nb_status cuda_softmax_backward(const nb__softmax_backward_args *a) {
     int64_t O = a->outer, L = a->len, D = a->inner;
     if (!rd_float_dtype(a->dtype))
-        return nb__error(NB_EUNSUPPORTED, "softmax_backward: the cuda kernel does not handle dtype %d", (int)a->dtype);
+        return nb__error(NB_EUNSUPPORTED,
+                         "softmax_backward: the cuda kernel does not handle dtype %d",
+                         (int)a->dtype);
     if (O * L * D == 0) return NB_OK;
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "softmax_backward");
@@ -213,12 +227,13 @@ nb_status cuda_softmax_backward(const nb__softmax_backward_args *a) {
         if (sm_use_rows(L, D))
             smb_row_kernel<T><<<row_grid(O), kSmThreads, 0, c.stream>>>(y, g, dx, O, L, a->log);
         else
-            smb_col_kernel<T><<<nbk::nb_blocks(O * D), nbk::kThreads, 0, c.stream>>>(y, g, dx, O, L, D, a->log);
+            smb_col_kernel<T>
+                <<<nbk::nb_blocks(O * D), nbk::kThreads, 0, c.stream>>>(y, g, dx, O, L, D, a->log);
     });
     return nb__cuda_kend(&c, cudaGetLastError());
 }
 
-// ---- extreme_backward ----------------------------------------------------------------------------
+// ---- extreme_backward ---------------------------------------------------------------------------
 template <typename U>
 __global__ void eb_kernel(const U *g, const int64_t *idx, U *dx, int64_t O, int64_t L, int64_t D) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < O * L * D;
@@ -229,23 +244,37 @@ __global__ void eb_kernel(const U *g, const int64_t *idx, U *dx, int64_t O, int6
 nb_status cuda_extreme_backward(const nb__extreme_backward_args *a) {
     int64_t O = a->outer, L = a->len, D = a->inner, n = O * L * D;
     if (!rd_float_dtype(a->dtype))
-        return nb__error(NB_EUNSUPPORTED, "extreme_backward: the cuda kernel does not handle "
-                         "dtype %d", (int)a->dtype);
+        return nb__error(NB_EUNSUPPORTED,
+                         "extreme_backward: the cuda kernel does not handle "
+                         "dtype %d",
+                         (int)a->dtype);
     if (n == 0) return NB_OK;
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, "extreme_backward");
     if (st != NB_OK) return st;
     unsigned nb = nbk::nb_blocks(n);
     switch (rd_esize(a->dtype)) {
-    case 8: eb_kernel<<<nb, nbk::kThreads, 0, c.stream>>>((const uint64_t *)a->g, a->idx, (uint64_t *)a->dx, O, L, D); break;
-    case 4: eb_kernel<<<nb, nbk::kThreads, 0, c.stream>>>((const uint32_t *)a->g, a->idx, (uint32_t *)a->dx, O, L, D); break;
-    case 2: eb_kernel<<<nb, nbk::kThreads, 0, c.stream>>>((const uint16_t *)a->g, a->idx, (uint16_t *)a->dx, O, L, D); break;
-    default: eb_kernel<<<nb, nbk::kThreads, 0, c.stream>>>((const uint8_t *)a->g, a->idx, (uint8_t *)a->dx, O, L, D); break;
+    case 8:
+        eb_kernel<<<nb, nbk::kThreads, 0, c.stream>>>((const uint64_t *)a->g, a->idx,
+                                                      (uint64_t *)a->dx, O, L, D);
+        break;
+    case 4:
+        eb_kernel<<<nb, nbk::kThreads, 0, c.stream>>>((const uint32_t *)a->g, a->idx,
+                                                      (uint32_t *)a->dx, O, L, D);
+        break;
+    case 2:
+        eb_kernel<<<nb, nbk::kThreads, 0, c.stream>>>((const uint16_t *)a->g, a->idx,
+                                                      (uint16_t *)a->dx, O, L, D);
+        break;
+    default:
+        eb_kernel<<<nb, nbk::kThreads, 0, c.stream>>>((const uint8_t *)a->g, a->idx,
+                                                      (uint8_t *)a->dx, O, L, D);
+        break;
     }
     return nb__cuda_kend(&c, cudaGetLastError());
 }
 
-}  // namespace
+} // namespace
 
 extern "C" void nb__cuda_reg_reduce(nb__backend *be) {
     be->k.reduce = cuda_reduce;

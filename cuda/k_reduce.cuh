@@ -39,9 +39,11 @@ namespace nbr {
 
 using nbk::nb_bf16_t;
 using nbk::nb_f16_t;
-struct rbool { uint8_t b; };  // NB_BOOL storage (any non-zero byte is true)
+struct rbool {
+    uint8_t b;
+}; // NB_BOOL storage (any non-zero byte is true)
 
-constexpr int kRowThreads = 256;  // row kernel block size (a power of two)
+constexpr int kRowThreads = 256; // row kernel block size (a power of two)
 constexpr int kMaxDims = NB_MAX_DIMS;
 
 // ---- loads ---------------------------------------------------------------------------------
@@ -68,7 +70,7 @@ NB_HD double rd_rescale(double d, double e) { return d == 0 ? 0 : d * exp(e); }
 
 // ---- the plan --------------------------------------------------------------------------------
 struct rplan {
-    int nk, nr;                                      // kept / reduced dims after merging
+    int nk, nr; // kept / reduced dims after merging
     int64_t kshape[kMaxDims], kin[kMaxDims], kout[kMaxDims];
     int64_t rshape[kMaxDims], rin[kMaxDims];
     int64_t nout, R;
@@ -79,13 +81,18 @@ struct rplan {
 // x's dims sorted by decreasing stride, size-1 dims dropped, neighbours of one kind merged:
 // the CPU's plan_dims (cpu/reduce.c), so the reduced linear index is the same.
 static inline void rd_plan(const nb__view *x, const bool *reduced, rplan *p) {
-    struct dim { int64_t size, in, out; bool red; } tmp[kMaxDims], dims[kMaxDims];
+    struct dim {
+        int64_t size, in, out;
+        bool red;
+    } tmp[kMaxDims], dims[kMaxDims];
     int n = 0;
     int64_t ostride = 1;
     p->nout = 1, p->R = 1;
     for (int d = 0; d < x->ndim; d++) {
-        if (reduced[d]) p->R *= x->shape[d];
-        else p->nout *= x->shape[d];
+        if (reduced[d])
+            p->R *= x->shape[d];
+        else
+            p->nout *= x->shape[d];
     }
     for (int d = x->ndim - 1; d >= 0; d--) {
         if (x->shape[d] == 1) continue;
@@ -237,8 +244,7 @@ NB_HD rst rd_combine(int k, bool integer, rst a, rst b) {
         a.d = (rd_isnan(a.d) || rd_isnan(b.d)) ? (double)NAN : (b.d < a.d ? b.d : a.d);
         a.i = b.i < a.i ? b.i : a.i;
         return a;
-    default:
-        return rd_arg_better(k == NB__RK_ARGMAX, integer, a, b) ? b : a;
+    default: return rd_arg_better(k == NB__RK_ARGMAX, integer, a, b) ? b : a;
     }
 }
 
@@ -251,7 +257,8 @@ template <typename T> NB_HD void rd_add(int k, rst &s, const T *p, int64_t r) {
         case NB__RK_SUM: s.i = (int64_t)((uint64_t)s.i + (uint64_t)v); break;
         case NB__RK_MAX: s.i = v > s.i ? v : s.i; break;
         case NB__RK_MIN: s.i = v < s.i ? v : s.i; break;
-        case NB__RK_ARGMAX: case NB__RK_ARGMIN: {
+        case NB__RK_ARGMAX:
+        case NB__RK_ARGMIN: {
             bool mx = k == NB__RK_ARGMAX;
             if (s.n == 0 || (mx ? v > s.i : v < s.i)) s.i = v, s.idx = r;
             s.n = 1;
@@ -281,8 +288,10 @@ template <typename T> NB_HD void rd_add(int k, rst &s, const T *p, int64_t r) {
                 s.m = v;
             }
             double sh = rd_shift(s.m);
-            if constexpr (sizeof(T) == sizeof(double)) s.d += exp(v - sh);
-            else s.d += (double)expf((float)v - (float)sh);
+            if constexpr (sizeof(T) == sizeof(double))
+                s.d += exp(v - sh);
+            else
+                s.d += (double)expf((float)v - (float)sh);
             break;
         }
         case NB__RK_MAX:
@@ -293,8 +302,7 @@ template <typename T> NB_HD void rd_add(int k, rst &s, const T *p, int64_t r) {
             break;
         default: {
             bool mx = k == NB__RK_ARGMAX;
-            bool better = s.n == 0 || (rd_isnan(v) && !rd_isnan(s.d)) ||
-                          (mx ? v > s.d : v < s.d);
+            bool better = s.n == 0 || (rd_isnan(v) && !rd_isnan(s.d)) || (mx ? v > s.d : v < s.d);
             if (better) s.d = v, s.idx = r;
             s.n = 1;
         }
@@ -324,8 +332,10 @@ NB_HD void rd_store(const rout *o, int64_t off, const rst &s) {
     }
     double v = o->integer ? (double)s.i : s.d;
     if (o->kind == NB__RK_LSE) v = log(s.d) + rd_shift(s.m);
-    if (o->post == NB__RP_DIV) v = v / o->den;
-    else if (o->post == NB__RP_SQRT_DIV) v = sqrt(v / o->den);
+    if (o->post == NB__RP_DIV)
+        v = v / o->den;
+    else if (o->post == NB__RP_SQRT_DIV)
+        v = sqrt(v / o->den);
     switch (o->odt) {
     case NB_F32: ((float *)p)[off] = (float)v; break;
     case NB_F64: ((double *)p)[off] = v; break;
@@ -363,7 +373,6 @@ static inline void rd_tree_host(rst *s, int B, int k, bool integer) {
     for (int w = B / 2; w > 0; w >>= 1)
         for (int t = 0; t < w; t++) s[t] = rd_combine(k, integer, s[t], s[t + w]);
 }
-
 
 // ---- row helpers shared by softmax and cross entropy ------------------------------------------
 // The compute type A of a storage type (f32 for f32/f16/bf16, f64 for f64) and its loads/stores
@@ -426,13 +435,12 @@ template <typename A> static inline A host_block_sum(const A *v, int B) {
     return w[0];
 }
 
-// ---- softmax and its backward ---------------------------------------------------------------------
+// ---- softmax and its backward -------------------------------------------------------------------
 // A block per row for rows (inner == 1) longer than a warp; else a thread per row or column
 // (the column kernel with D == 1), so short rows do not leave most of a block idle.
 NB_HD bool sm_use_rows(int64_t L, int64_t D) { return D == 1 && L > 32; }
 // Thread t of B: its elements t, t + B, ... of a dense row of L.
-template <typename T>
-NB_HD sm_acc<acc_t<T>> sm_row_thread(const T *x, int64_t L, int t, int B) {
+template <typename T> NB_HD sm_acc<acc_t<T>> sm_row_thread(const T *x, int64_t L, int t, int B) {
     sm_acc<acc_t<T>> a = sm_begin<acc_t<T>>();
     for (int64_t i = t; i < L; i += B) sm_step(a, sm_ld(x + i));
     return a;
@@ -467,7 +475,8 @@ NB_HD double smb_row_thread(const T *y, const T *g, int64_t L, int t, int B, boo
 template <typename A> NB_HD A smb_out(A y, A g, A sf, bool lg) {
     return lg ? g - sm_exp(y) * sf : y * (g - sf);
 }
-template <typename T> NB_HD void smb_col(const T *y, const T *g, T *dx, int64_t L, int64_t D, bool lg) {
+template <typename T>
+NB_HD void smb_col(const T *y, const T *g, T *dx, int64_t L, int64_t D, bool lg) {
     using A = acc_t<T>;
     double s = 0;
     for (int64_t l = 0; l < L; l++) {
@@ -488,15 +497,18 @@ NB_HD U eb_value(const U *g, const int64_t *idx, int64_t i, int64_t L, int64_t D
     return idx[o * D + d] == l ? g[o * D + d] : (U)0;
 }
 
-// ---- arguments -------------------------------------------------------------------------------------
+// ---- arguments ----------------------------------------------------------------------------------
 NB_HD bool rd_int_dtype(nb_dtype dt) {
     return dt == NB_I32 || dt == NB_I64 || dt == NB_U8 || dt == NB_BOOL;
 }
 NB_HD int rd_esize(nb_dtype dt) {
     switch (dt) {
-    case NB_F64: case NB_I64: return 8;
-    case NB_F32: case NB_I32: return 4;
-    case NB_F16: case NB_BF16: return 2;
+    case NB_F64:
+    case NB_I64: return 8;
+    case NB_F32:
+    case NB_I32: return 4;
+    case NB_F16:
+    case NB_BF16: return 2;
     default: return 1;
     }
 }
@@ -511,6 +523,6 @@ static inline rout rd_out_of(const nb__reduce_args *a) {
     return o;
 }
 
-}  // namespace nbr
+} // namespace nbr
 
 #endif

@@ -96,35 +96,37 @@ void emulate_finish(const nb__cls_operands *a, const double *loss, nb__loss_redu
         }
     double total = host_block_sum(s.data(), B);
     long long cnt = host_block_sum(k.data(), B);
-    if (red != NB__LOSS_NONE) ls_store(out, a->xdt, 0, red == NB__LOSS_SUM ? total : total / (double)cnt);
+    if (red != NB__LOSS_NONE)
+        ls_store(out, a->xdt, 0, red == NB__LOSS_SUM ? total : total / (double)cnt);
     if (count) *count = cnt;
 }
 
-template <typename T>
-void emulate_cls(const nb__cls_loss_args *a, bool ce) {
+template <typename T> void emulate_cls(const nb__cls_loss_args *a, bool ce) {
     const int64_t P = a->in.N * a->in.D;
     std::vector<double> loss((size_t)(P > 0 ? P : 1));
     emulate_positions<T>(&a->in, ce, loss.data(), (acc_t<T> *)a->lse);
     emulate_finish(&a->in, loss.data(), a->reduction, a->out, a->count);
 }
 
-template <typename T>
-void emulate_cls_backward(const nb__cls_loss_backward_args *a, bool ce) {
+template <typename T> void emulate_cls_backward(const nb__cls_loss_backward_args *a, bool ce) {
     const int64_t n = a->in.N * a->in.C * a->in.D, gs = a->reduction == NB__LOSS_NONE ? 1 : 0;
     double factor = cls_factor(a->reduction, a->count);
     if (ce && ce_use_rows(&a->in)) { // ce_bwd_row_kernel
         for (int64_t r = 0; r < a->in.N; r++)
             for (int64_t c = 0; c < a->in.C; c++)
-                ce_bwd_at<T>(&a->in, (const acc_t<T> *)a->lse, a->g, gs, factor, (T *)a->dx, r, c, 0);
+                ce_bwd_at<T>(&a->in, (const acc_t<T> *)a->lse, a->g, gs, factor, (T *)a->dx, r, c,
+                             0);
         return;
     }
     for (int64_t i = 0; i < n; i++) {
-        if (ce) ce_bwd_elem<T>(&a->in, (const acc_t<T> *)a->lse, a->g, gs, factor, (T *)a->dx, i);
-        else nll_bwd_elem<T>(&a->in, a->g, gs, factor, (T *)a->dx, i);
+        if (ce)
+            ce_bwd_elem<T>(&a->in, (const acc_t<T> *)a->lse, a->g, gs, factor, (T *)a->dx, i);
+        else
+            nll_bwd_elem<T>(&a->in, a->g, gs, factor, (T *)a->dx, i);
     }
 }
 
-// ---- class-index losses --------------------------------------------------------------------------
+// ---- class-index losses -------------------------------------------------------------------------
 // Scores: mostly N(0, 2)-ish; row kind by n % 5: plain, large logits (+-1e4), some -inf
 // entries, an ignored target, every score -inf (a NaN loss on both sides).
 int run_cls(cuhost *t, bool ce, nb_dtype xdt, nb_dtype tdt, int64_t N, int64_t C, int64_t D,
@@ -151,14 +153,18 @@ int run_cls(cuhost *t, bool ce, nb_dtype xdt, nb_dtype tdt, int64_t N, int64_t C
         }
         t64[p] = tv, t32[p] = (int32_t)tv;
     }
-    nb__cls_operands in = {x.data(), xdt, N, C, D, tdt == NB_I64 ? (const void *)t64.data() : (const void *)t32.data(),
-                           tdt, has_ignore, -100, smoothing};
+    nb__cls_operands in = {
+        x.data(), xdt,        N,
+        C,        D,          tdt == NB_I64 ? (const void *)t64.data() : (const void *)t32.data(),
+        tdt,      has_ignore, -100,
+        smoothing};
     int64_t nout = red == NB__LOSS_NONE ? P : 1;
     const int les = xdt == NB_F64 ? 8 : 4;
-    std::vector<char> oc((size_t)(nout + 1) * 8), og((size_t)(nout + 1) * 8), lc((size_t)(P + 1) * les),
-        lg((size_t)(P + 1) * les);
+    std::vector<char> oc((size_t)(nout + 1) * 8), og((size_t)(nout + 1) * 8),
+        lc((size_t)(P + 1) * les), lg((size_t)(P + 1) * les);
     int64_t cc = -1, cg = -1;
-    nb__cls_loss_args ac = {ce ? "cross_entropy" : "nll_loss", in, red, oc.data(), ce ? lc.data() : nullptr, &cc};
+    nb__cls_loss_args ac = {ce ? "cross_entropy" : "nll_loss", in, red, oc.data(),
+                            ce ? lc.data() : nullptr,          &cc};
     nb__cls_loss_args ag = ac;
     ag.out = og.data(), ag.lse = ce ? lg.data() : nullptr, ag.count = &cg;
     nb_status st = ce ? cuhost_cpu()->cross_entropy(&ac) : cuhost_cpu()->nll_loss(&ac);
@@ -171,7 +177,8 @@ int run_cls(cuhost *t, bool ce, nb_dtype xdt, nb_dtype tdt, int64_t N, int64_t C
         double vc = get(oc.data(), xdt, i), vg = get(og.data(), xdt, i);
         bool ok = close(vg, vc, rel, rel);
         bad += !ok;
-        CUHOST_CHECK(t, ok, "%s dtype %d t%d (%lld,%lld,%lld) red %d s %g: out[%lld] gpu %.9g cpu %.9g",
+        CUHOST_CHECK(t, ok,
+                     "%s dtype %d t%d (%lld,%lld,%lld) red %d s %g: out[%lld] gpu %.9g cpu %.9g",
                      ac.op, (int)xdt, (int)tdt, (long long)N, (long long)C, (long long)D, (int)red,
                      smoothing, (long long)i, vg, vc);
     }
@@ -181,7 +188,8 @@ int run_cls(cuhost *t, bool ce, nb_dtype xdt, nb_dtype tdt, int64_t N, int64_t C
             double vg = les == 8 ? ((double *)lg.data())[p] : ((float *)lg.data())[p];
             bool ok = close(vg, vc, les == 8 ? 1e-13 : 1e-6, 1e-6);
             bad += !ok;
-            CUHOST_CHECK(t, ok, "cross_entropy dtype %d (%lld,%lld,%lld): lse[%lld] gpu %.9g cpu %.9g",
+            CUHOST_CHECK(t, ok,
+                         "cross_entropy dtype %d (%lld,%lld,%lld): lse[%lld] gpu %.9g cpu %.9g",
                          (int)xdt, (long long)N, (long long)C, (long long)D, (long long)p, vg, vc);
         }
     // Backward from the CPU forward's lse and count (the GPU's were compared above).
@@ -200,9 +208,10 @@ int run_cls(cuhost *t, bool ce, nb_dtype xdt, nb_dtype tdt, int64_t N, int64_t C
         double vc = get(dc.data(), xdt, i), vg = get(dg.data(), xdt, i);
         bool ok = close(vg, vc, rel, rel * scale);
         bad += !ok;
-        CUHOST_CHECK(t, ok, "%s_backward dtype %d (%lld,%lld,%lld) red %d s %g: dx[%lld] gpu %.9g cpu %.9g",
-                     ac.op, (int)xdt, (long long)N, (long long)C, (long long)D, (int)red, smoothing,
-                     (long long)i, vg, vc);
+        CUHOST_CHECK(
+            t, ok, "%s_backward dtype %d (%lld,%lld,%lld) red %d s %g: dx[%lld] gpu %.9g cpu %.9g",
+            ac.op, (int)xdt, (long long)N, (long long)C, (long long)D, (int)red, smoothing,
+            (long long)i, vg, vc);
     }
     return bad;
 }
@@ -240,7 +249,7 @@ void check_bad_target(cuhost *t) {
     CUHOST_CHECK(t, zero, "all ignored: the gradient is not zero");
 }
 
-// ---- bce ---------------------------------------------------------------------------------------------
+// ---- bce ----------------------------------------------------------------------------------------
 void emulate_bce(const nb__bce_args *a) {
     const nb__bce_operands *in = &a->in;
     const int64_t nb = bce_blocks(in->n);
@@ -264,16 +273,19 @@ void emulate_bce(const nb__bce_args *a) {
     ls_store(a->out, a->out_dt, 0, a->reduction == NB__LOSS_SUM ? total : total / (double)in->n);
 }
 
-int run_bce(cuhost *t, nb_dtype ct, int64_t n, int64_t period, nb__loss_reduce red, nb_dtype out_dt) {
+int run_bce(cuhost *t, nb_dtype ct, int64_t n, int64_t period, nb__loss_reduce red,
+            nb_dtype out_dt) {
     const int es = ct == NB_F64 ? 8 : 4;
     std::vector<char> x((size_t)n * es), y((size_t)n * es), pw((size_t)(period ? period : 1) * es),
         g((size_t)n * es);
     for (int64_t i = 0; i < n; i++) {
         double xv = (urand() - 0.5) * (i % 7 == 0 ? 80 : 8);
-        bce_st(x.data(), ct, i, xv), bce_st(y.data(), ct, i, urand()), bce_st(g.data(), ct, i, urand() - 0.5);
+        bce_st(x.data(), ct, i, xv), bce_st(y.data(), ct, i, urand()),
+            bce_st(g.data(), ct, i, urand() - 0.5);
     }
     for (int64_t i = 0; i < period; i++) bce_st(pw.data(), ct, i, 0.5 + urand() * 2);
-    nb__bce_operands in = {x.data(), y.data(), period ? pw.data() : nullptr, ct, n, period ? period : 1};
+    nb__bce_operands in = {x.data(), y.data(), period ? pw.data() : nullptr,
+                           ct,       n,        period ? period : 1};
     int64_t nout = red == NB__LOSS_NONE ? n : 1;
     std::vector<char> oc((size_t)(nout + 1) * 8), og((size_t)(nout + 1) * 8);
     nb__bce_args ac = {in, red, oc.data(), red == NB__LOSS_NONE ? ct : out_dt};
@@ -292,8 +304,12 @@ int run_bce(cuhost *t, nb_dtype ct, int64_t n, int64_t period, nb__loss_reduce r
     }
     std::vector<char> b[6];
     for (auto &v : b) v.assign((size_t)n * es, 0);
-    nb__bce_backward_args bc = {in, g.data(), red == NB__LOSS_NONE ? 1 : 0,
-                                red == NB__LOSS_MEAN ? 1.0 / (double)n : 1.0, b[0].data(), b[1].data(),
+    nb__bce_backward_args bc = {in,
+                                g.data(),
+                                red == NB__LOSS_NONE ? 1 : 0,
+                                red == NB__LOSS_MEAN ? 1.0 / (double)n : 1.0,
+                                b[0].data(),
+                                b[1].data(),
                                 period ? b[2].data() : nullptr};
     nb__bce_backward_args bg = bc;
     bg.dx = b[3].data(), bg.dy = b[4].data(), bg.dpw = period ? b[5].data() : nullptr;
@@ -304,8 +320,8 @@ int run_bce(cuhost *t, nb_dtype ct, int64_t n, int64_t period, nb__loss_reduce r
             double vc = get(b[k].data(), ct, i), vg = get(b[k + 3].data(), ct, i);
             bool ok = close(vg, vc, ct == NB_F64 ? 1e-13 : 1e-7, 1e-30);
             bad += !ok;
-            CUHOST_CHECK(t, ok, "bce backward ct %d grad %d [%lld]: gpu %.12g cpu %.12g", (int)ct, k,
-                         (long long)i, vg, vc);
+            CUHOST_CHECK(t, ok, "bce backward ct %d grad %d [%lld]: gpu %.12g cpu %.12g", (int)ct,
+                         k, (long long)i, vg, vc);
         }
     return bad;
 }

@@ -86,15 +86,18 @@ template <typename T> void emulate_reduce(const nb__reduce_args *a) {
                 rd_tree_host(sh.data(), kRowThreads, o.kind, integer);
                 s = sh[0];
             }
-            if (p.nch == 1) rd_store(&o, out, s);
-            else part[oi * p.nch + ch] = s;
+            if (p.nch == 1)
+                rd_store(&o, out, s);
+            else
+                part[oi * p.nch + ch] = s;
         }
     if (p.nch == 1) return;
     for (int64_t oi = 0; oi < p.nout; oi++) {
         int64_t in, out;
         rd_ooff(&p, oi, &in, &out);
         rst s = part[oi * p.nch];
-        for (int64_t ch = 1; ch < p.nch; ch++) s = rd_combine(o.kind, integer, s, part[oi * p.nch + ch]);
+        for (int64_t ch = 1; ch < p.nch; ch++)
+            s = rd_combine(o.kind, integer, s, part[oi * p.nch + ch]);
         rd_store(&o, out, s);
     }
 }
@@ -138,8 +141,10 @@ int run_reduce_case(cuhost *t, const rcase &c) {
     std::vector<char> xb((size_t)(n > 0 ? n : 1) * es);
     for (int64_t i = 0; i < n; i++) {
         double v;
-        if (c.data == 'p') v = 0.5 + urand();
-        else if (c.data == 's') v = floor(urand() * 9) - 4;
+        if (c.data == 'p')
+            v = 0.5 + urand();
+        else if (c.data == 's')
+            v = floor(urand() * 9) - 4;
         else {
             double u = urand();
             v = u < 0.01 ? NAN : u < 0.02 ? INFINITY : u < 0.03 ? -INFINITY : urand() * 8 - 4;
@@ -152,15 +157,19 @@ int run_reduce_case(cuhost *t, const rcase &c) {
     a.x.ndim = c.ndim;
     int64_t st = 1;
     if (!c.transpose) {
-        for (int d = c.ndim - 1; d >= 0; d--) a.x.shape[d] = c.shape[d], a.x.strides[d] = st, st *= c.shape[d];
+        for (int d = c.ndim - 1; d >= 0; d--)
+            a.x.shape[d] = c.shape[d], a.x.strides[d] = st, st *= c.shape[d];
     } else {
-        for (int d = 0; d < c.ndim; d++) a.x.shape[d] = c.shape[d], a.x.strides[d] = st, st *= c.shape[d];
+        for (int d = 0; d < c.ndim; d++)
+            a.x.shape[d] = c.shape[d], a.x.strides[d] = st, st *= c.shape[d];
     }
     int64_t nout = 1, R = 1;
     for (int d = 0; d < c.ndim; d++) {
         a.reduced[d] = c.reduced[d];
-        if (c.reduced[d]) R *= c.shape[d];
-        else nout *= c.shape[d];
+        if (c.reduced[d])
+            R *= c.shape[d];
+        else
+            nout *= c.shape[d];
     }
     a.kind = (nb__rkind)c.kind;
     a.post = (nb__rpost)c.post;
@@ -193,9 +202,9 @@ int run_reduce_case(cuhost *t, const rcase &c) {
                      "reduce %s dtype %d shape (%lld,%lld,%lld,%lld)/%d T%d post %d (plan: %s, "
                      "nch %lld): out[%lld] gpu %.9g idx %lld, cpu %.9g idx %lld",
                      kind_name(c.kind), (int)c.dt, (long long)c.shape[0], (long long)c.shape[1],
-                     (long long)c.shape[2], (long long)c.shape[3], c.ndim, (int)c.transpose,
-                     c.post, p.col ? "col" : "row", (long long)p.nch, (long long)i, vg,
-                     (long long)i_gpu[i], vc, (long long)i_cpu[i]);
+                     (long long)c.shape[2], (long long)c.shape[3], c.ndim, (int)c.transpose, c.post,
+                     p.col ? "col" : "row", (long long)p.nch, (long long)i, vg, (long long)i_gpu[i],
+                     vc, (long long)i_cpu[i]);
     }
     return bad;
 }
@@ -209,17 +218,17 @@ void check_reduce(cuhost *t) {
         bool tr;
         bool red[4];
     } geos[] = {
-        {3, {3, 5, 7, 1}, false, {false, false, true, false}},    // last dim: row
-        {3, {3, 5, 7, 1}, false, {true, false, false, false}},    // first dim: col
-        {3, {3, 5, 7, 1}, false, {true, false, true, false}},     // two dims, split
-        {3, {4, 33, 6, 1}, true, {false, true, false, false}},    // permuted strides
-        {4, {2, 3, 40, 5}, false, {false, true, true, true}},     // merged reduced dims
+        {3, {3, 5, 7, 1}, false, {false, false, true, false}},     // last dim: row
+        {3, {3, 5, 7, 1}, false, {true, false, false, false}},     // first dim: col
+        {3, {3, 5, 7, 1}, false, {true, false, true, false}},      // two dims, split
+        {3, {4, 33, 6, 1}, true, {false, true, false, false}},     // permuted strides
+        {4, {2, 3, 40, 5}, false, {false, true, true, true}},      // merged reduced dims
         {2, {2, 70000, 1, 1}, false, {false, true, false, false}}, // row, chunks
         {2, {60000, 3, 1, 1}, false, {true, false, false, false}}, // col, chunks
-        {1, {300, 1, 1, 1}, false, {true, false, false, false}},  // full reduction
-        {2, {37, 1000, 1, 1}, false, {true, true, false, false}}, // full, 2-d
-        {0, {1, 1, 1, 1}, false, {false, false, false, false}},   // 0-dim
-        {2, {5, 0, 1, 1}, false, {false, true, false, false}},    // empty reduced dim
+        {1, {300, 1, 1, 1}, false, {true, false, false, false}},   // full reduction
+        {2, {37, 1000, 1, 1}, false, {true, true, false, false}},  // full, 2-d
+        {0, {1, 1, 1, 1}, false, {false, false, false, false}},    // 0-dim
+        {2, {5, 0, 1, 1}, false, {false, true, false, false}},     // empty reduced dim
     };
     int fails = 0;
     for (const geo &g : geos) {
@@ -227,11 +236,19 @@ void check_reduce(cuhost *t) {
         for (nb_dtype dt : fdts)
             for (int k = NB__RK_SUM; k <= NB__RK_ARGMIN; k++) {
                 if (empty && k >= NB__RK_MAX) continue;
-                int post = k == NB__RK_VAR ? NB__RP_SQRT_DIV : k == NB__RK_SUM ? NB__RP_DIV : NB__RP_NONE;
+                int post = k == NB__RK_VAR   ? NB__RP_SQRT_DIV
+                           : k == NB__RK_SUM ? NB__RP_DIV
+                                             : NB__RP_NONE;
                 for (char data : {'p', 's', 'n'}) {
                     if (data == 'n' && (dt == NB_F16 || dt == NB_BF16) && k <= NB__RK_LSE) continue;
-                    rcase c = {dt, g.ndim, {g.shape[0], g.shape[1], g.shape[2], g.shape[3]}, g.tr,
-                               {g.red[0], g.red[1], g.red[2], g.red[3]}, k, post, data};
+                    rcase c = {dt,
+                               g.ndim,
+                               {g.shape[0], g.shape[1], g.shape[2], g.shape[3]},
+                               g.tr,
+                               {g.red[0], g.red[1], g.red[2], g.red[3]},
+                               k,
+                               post,
+                               data};
                     if (k == NB__RK_VAR && data != 'p') continue; // cancellation: tested positive
                     fails += run_reduce_case(t, c);
                     if (k == NB__RK_SUM && data == 'p') {
@@ -243,15 +260,21 @@ void check_reduce(cuhost *t) {
         for (nb_dtype dt : idts)
             for (int k : {NB__RK_SUM, NB__RK_MAX, NB__RK_MIN, NB__RK_ARGMAX, NB__RK_ARGMIN}) {
                 if (empty && k != NB__RK_SUM) continue;
-                rcase c = {dt, g.ndim, {g.shape[0], g.shape[1], g.shape[2], g.shape[3]}, g.tr,
-                           {g.red[0], g.red[1], g.red[2], g.red[3]}, k, NB__RP_NONE, 's'};
+                rcase c = {dt,
+                           g.ndim,
+                           {g.shape[0], g.shape[1], g.shape[2], g.shape[3]},
+                           g.tr,
+                           {g.red[0], g.red[1], g.red[2], g.red[3]},
+                           k,
+                           NB__RP_NONE,
+                           's'};
                 fails += run_reduce_case(t, c);
             }
     }
     CUHOST_CHECK(t, fails == 0, "%d reduce outputs differ", fails);
 }
 
-// ---- softmax -------------------------------------------------------------------------------------
+// ---- softmax ------------------------------------------------------------------------------------
 template <typename T> void emulate_softmax(const nb__softmax_args *a) {
     using A = acc_t<T>;
     const int B = 256; // the kernel's block (kSmThreads)
@@ -297,16 +320,19 @@ template <typename T> void emulate_softmax_backward(const nb__softmax_backward_a
     }
     std::vector<double> part(B);
     for (int64_t row = 0; row < O; row++) {
-        for (int t = 0; t < B; t++) part[t] = smb_row_thread<T>(y + row * L, g + row * L, L, t, B, a->log);
+        for (int t = 0; t < B; t++)
+            part[t] = smb_row_thread<T>(y + row * L, g + row * L, L, t, B, a->log);
         A sf = (A)host_block_sum(part.data(), B);
         for (int64_t i = 0; i < L; i++)
-            sm_st(dx + row * L + i, smb_out(sm_ld(y + row * L + i), sm_ld(g + row * L + i), sf, a->log));
+            sm_st(dx + row * L + i,
+                  smb_out(sm_ld(y + row * L + i), sm_ld(g + row * L + i), sf, a->log));
     }
 }
 
 // Rows: random logits (N(0, 3)-ish), big logits (+-1e4 spread 30), a row with -inf entries,
 // a row of only -inf, a row with a NaN, a row with +inf; inner > 1 too.
-int run_softmax_case(cuhost *t, nb_dtype dt, int64_t O, int64_t L, int64_t D, bool lg, bool inplace) {
+int run_softmax_case(cuhost *t, nb_dtype dt, int64_t O, int64_t L, int64_t D, bool lg,
+                     bool inplace) {
     int64_t n = O * L * D;
     int es = rd_esize(dt);
     std::vector<char> x((size_t)n * es), yc((size_t)n * es), yg((size_t)n * es);
@@ -349,7 +375,8 @@ int run_softmax_backward_case(cuhost *t, nb_dtype dt, int64_t O, int64_t L, int6
     int es = rd_esize(dt);
     std::vector<char> x((size_t)n * es), y((size_t)n * es), g((size_t)n * es), dc((size_t)n * es),
         dg((size_t)n * es);
-    for (int64_t i = 0; i < n; i++) put(x.data(), dt, i, (urand() - 0.5) * 6), put(g.data(), dt, i, urand() - 0.5);
+    for (int64_t i = 0; i < n; i++)
+        put(x.data(), dt, i, (urand() - 0.5) * 6), put(g.data(), dt, i, urand() - 0.5);
     nb__softmax_args f = {x.data(), y.data(), dt, O, L, D, lg};
     cuhost_cpu()->softmax(&f);
     nb__softmax_backward_args a = {y.data(), g.data(), dc.data(), dt, O, L, D, lg};
@@ -364,7 +391,8 @@ int run_softmax_backward_case(cuhost *t, nb_dtype dt, int64_t O, int64_t L, int6
         double vc = get(dc.data(), dt, i), vg = get(dg.data(), dt, i);
         bool ok = close(vg, vc, rel, abs_tol);
         if (!ok) bad++;
-        CUHOST_CHECK(t, ok, "softmax_backward%s dtype %d (%lld,%lld,%lld): dx[%lld] gpu %.9g cpu %.9g",
+        CUHOST_CHECK(t, ok,
+                     "softmax_backward%s dtype %d (%lld,%lld,%lld): dx[%lld] gpu %.9g cpu %.9g",
                      lg ? " (log)" : "", (int)dt, (long long)O, (long long)L, (long long)D,
                      (long long)i, vg, vc);
     }
@@ -388,21 +416,31 @@ void check_softmax(cuhost *t) {
     CUHOST_CHECK(t, fails == 0, "%d softmax outputs differ", fails);
 }
 
-// ---- extreme_backward ----------------------------------------------------------------------------
+// ---- extreme_backward ---------------------------------------------------------------------------
 void check_extreme_backward(cuhost *t) {
     for (nb_dtype dt : {NB_F32, NB_F64, NB_BF16, NB_F16}) {
         int64_t O = 3, L = 7, D = 5, es = rd_esize(dt);
         std::vector<char> g((size_t)(O * D * es)), dc((size_t)(O * L * D * es), 1),
             dg((size_t)(O * L * D * es), 1);
         std::vector<int64_t> idx((size_t)(O * D));
-        for (int64_t i = 0; i < O * D; i++) put(g.data(), dt, i, urand() - 0.5), idx[i] = (int64_t)(urand() * L);
+        for (int64_t i = 0; i < O * D; i++)
+            put(g.data(), dt, i, urand() - 0.5), idx[i] = (int64_t)(urand() * L);
         nb__extreme_backward_args a = {g.data(), idx.data(), dc.data(), dt, O, L, D};
         CUHOST_CHECK(t, cuhost_cpu()->extreme_backward(&a) == NB_OK, "cpu extreme_backward");
         for (int64_t i = 0; i < O * L * D; i++) {
             switch (es) {
-            case 8: ((uint64_t *)dg.data())[i] = eb_value((const uint64_t *)g.data(), idx.data(), i, L, D); break;
-            case 4: ((uint32_t *)dg.data())[i] = eb_value((const uint32_t *)g.data(), idx.data(), i, L, D); break;
-            default: ((uint16_t *)dg.data())[i] = eb_value((const uint16_t *)g.data(), idx.data(), i, L, D); break;
+            case 8:
+                ((uint64_t *)dg.data())[i] =
+                    eb_value((const uint64_t *)g.data(), idx.data(), i, L, D);
+                break;
+            case 4:
+                ((uint32_t *)dg.data())[i] =
+                    eb_value((const uint32_t *)g.data(), idx.data(), i, L, D);
+                break;
+            default:
+                ((uint16_t *)dg.data())[i] =
+                    eb_value((const uint16_t *)g.data(), idx.data(), i, L, D);
+                break;
             }
         }
         CUHOST_CHECK(t, memcmp(dc.data(), dg.data(), dc.size()) == 0,
