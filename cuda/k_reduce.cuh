@@ -136,7 +136,9 @@ static inline void rd_plan(const nb__view *x, const bool *reduced, rplan *p) {
     // the reduced range so that there is enough parallel work: the numbers depend on the
     // shape only, so the order of every sum does too.
     bool inner_kept = m > 0 && !dims[m - 1].red;
-    bool short_rows = !inner_kept && p->nk > 0 && p->nr > 0 && p->rshape[p->nr - 1] < 32;
+    // (64 or fewer elements per output would leave most of a block of 256 idle.)
+    bool short_rows =
+        !inner_kept && p->nk > 0 && p->nr > 0 && (p->rshape[p->nr - 1] < 32 || p->R <= 64);
     p->col = inner_kept || short_rows;
     int64_t R = p->R, nout = p->nout > 0 ? p->nout : 1, nch;
     if (p->col) {

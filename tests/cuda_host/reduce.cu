@@ -218,7 +218,9 @@ void check_reduce(cuhost *t) {
         bool tr;
         bool red[4];
     } geos[] = {
-        {3, {3, 5, 7, 1}, false, {false, false, true, false}},     // last dim: row
+        {3, {3, 5, 100, 1}, false, {false, false, true, false}},   // last dim: row
+        {3, {3, 5, 7, 1}, false, {false, false, true, false}},     // short rows: col
+        {3, {40, 5, 70, 1}, false, {true, false, true, false}},    // row, two reduced dims
         {3, {3, 5, 7, 1}, false, {true, false, false, false}},     // first dim: col
         {3, {3, 5, 7, 1}, false, {true, false, true, false}},      // two dims, split
         {3, {4, 33, 6, 1}, true, {false, true, false, false}},     // permuted strides
