@@ -409,6 +409,7 @@ void check_softmax(cuhost *t) {
             fails += run_softmax_case(t, dt, 12, 1000, 1, lg, false);
             fails += run_softmax_case(t, dt, 6, 50304, 1, lg, false);
             fails += run_softmax_case(t, dt, 12, 7, 1, lg, true);
+            fails += run_softmax_case(t, dt, 12, 333, 1, lg, true);
             fails += run_softmax_case(t, dt, 12, 9, 5, lg, false);
             fails += run_softmax_case(t, dt, 6, 300, 3, lg, true);
             fails += run_softmax_backward_case(t, dt, 5, 1000, 1, lg);
