@@ -31,7 +31,8 @@ nb_status scratch_failed(nb__cuda_kctx *c) {
 
 template <typename T>
 __global__ void __launch_bounds__(kRowT)
-    ce_row_kernel(const __grid_constant__ nb__cls_operands a, double *loss, acc_t<T> *lse) {
+    ce_row_kernel(const __grid_constant__ nb__cls_operands a, double *loss, acc_t<T> *lse,
+                  void *none_out) {
     using A = acc_t<T>;
     __shared__ A smax[32];
     __shared__ double ssum[32];
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(kRowT)
         if (!ce_valid(&a, t)) { // uniform over the block
             if (threadIdx.x == 0) {
                 bool ig = ce_ignored(&a, t);
-                loss[n] = ig ? 0.0 : (double)NAN;
+                cls_put(loss, none_out, a.xdt, n, ig ? 0.0 : (double)NAN);
                 lse[n] = ig ? (A)0 : (A)NAN;
             }
             continue;
@@ -51,36 +52,42 @@ __global__ void __launch_bounds__(kRowT)
         A M = nbk::nb_block_max(acc.m, smax);
         double S = sm_total(nbk::nb_block_sum(sm_scaled(acc, M), ssum), M);
         double SX = nbk::nb_block_sum(acc.sx, ssum);
-        if (threadIdx.x == 0) ce_row_result<T>(&a, xr, t, M, S, SX, loss + n, lse + n);
+        if (threadIdx.x == 0) {
+            ce_row_result<T>(&a, xr, t, M, S, SX, loss + n, lse + n);
+            cls_put(loss, none_out, a.xdt, n, loss[n]);
+        }
     }
 }
 
 template <typename T>
 __global__ void ce_col_kernel(const __grid_constant__ nb__cls_operands a, double *loss,
-                              acc_t<T> *lse) {
+                              acc_t<T> *lse, void *none_out) {
     const int64_t P = a.N * a.D;
     for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < P;
          p += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = ce_tgt(&a, p), n = p / a.D, d = p - n * a.D;
         if (!ce_valid(&a, t)) {
             bool ig = ce_ignored(&a, t);
-            loss[p] = ig ? 0.0 : (double)NAN;
+            cls_put(loss, none_out, a.xdt, p, ig ? 0.0 : (double)NAN);
             lse[p] = ig ? (acc_t<T>)0 : (acc_t<T>)NAN;
             continue;
         }
         ce_col<T>(&a, (const T *)a.x + n * a.C * a.D + d, t, loss + p, lse + p);
+        cls_put(loss, none_out, a.xdt, p, loss[p]);
     }
 }
 
 template <typename T>
-__global__ void nll_pos_kernel(const __grid_constant__ nb__cls_operands a, double *loss) {
+__global__ void nll_pos_kernel(const __grid_constant__ nb__cls_operands a, double *loss,
+                               void *none_out) {
     const int64_t P = a.N * a.D;
     for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < P;
          p += (int64_t)gridDim.x * blockDim.x)
-        loss[p] = nll_pos<T>(&a, p);
+        cls_put(loss, none_out, a.xdt, p, nll_pos<T>(&a, p));
 }
 
-// One block: the sum of the P losses and the count, in a fixed order; out and count written.
+// One block: the sum of the P losses and the count, in a fixed order; the reduced out and the
+// count written (reduction NONE: the position kernels wrote out).
 __global__ void __launch_bounds__(kFinishThreads)
     cls_finish_kernel(const __grid_constant__ nb__cls_operands a, const double *loss,
                       nb__loss_reduce red, void *out, int64_t *count) {
@@ -93,7 +100,6 @@ __global__ void __launch_bounds__(kFinishThreads)
         double v = loss[p];
         s += v;
         k += ce_ignored(&a, ce_tgt(&a, p)) ? 0 : 1;
-        if (red == NB__LOSS_NONE) ls_store(out, a.xdt, p, v);
     }
     double total = nbk::nb_block_sum(s, ssum);
     long long cnt = nbk::nb_block_sum(k, scnt);
@@ -123,20 +129,25 @@ nb_status cls_forward(const nb__cls_loss_args *a, bool ce) {
     if (st != NB_OK) return st;
     double *loss = (double *)nb__cuda_kscratch(&c, (size_t)(P > 0 ? P : 1) * sizeof(double));
     if (!loss) return scratch_failed(&c);
+    void *none_out = a->reduction == NB__LOSS_NONE ? a->out : nullptr;
     if (P > 0) {
         NB_DISPATCH_FLOAT(in.xdt, T, {
             acc_t<T> *lse = (acc_t<T> *)a->lse;
             if (!ce) {
-                nll_pos_kernel<T><<<nbk::nb_blocks(P), nbk::kThreads, 0, c.stream>>>(in, loss);
+                nll_pos_kernel<T>
+                    <<<nbk::nb_blocks(P), nbk::kThreads, 0, c.stream>>>(in, loss, none_out);
             } else if (ce_use_rows(&in)) {
                 unsigned g = (unsigned)(in.N < nbk::kMaxBlocks ? in.N : nbk::kMaxBlocks);
-                ce_row_kernel<T><<<g, kRowT, 0, c.stream>>>(in, loss, lse);
+                ce_row_kernel<T><<<g, kRowT, 0, c.stream>>>(in, loss, lse, none_out);
             } else {
-                ce_col_kernel<T><<<nbk::nb_blocks(P), nbk::kThreads, 0, c.stream>>>(in, loss, lse);
+                ce_col_kernel<T>
+                    <<<nbk::nb_blocks(P), nbk::kThreads, 0, c.stream>>>(in, loss, lse, none_out);
             }
         });
     }
-    cls_finish_kernel<<<1, kFinishThreads, 0, c.stream>>>(in, loss, a->reduction, a->out, a->count);
+    if (a->reduction != NB__LOSS_NONE || a->count)
+        cls_finish_kernel<<<1, kFinishThreads, 0, c.stream>>>(in, loss, a->reduction, a->out,
+                                                              a->count);
     cudaError_t e = cudaGetLastError();
     nb__cuda_kfree(loss);
     return nb__cuda_kend(&c, e);

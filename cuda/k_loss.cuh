@@ -63,6 +63,12 @@ NB_HD void ls_store(void *p, nb_dtype dt, int64_t i, double v) {
 // A block per row for (N, C) scores with C > 64; else a thread per position (ce_col).
 NB_HD bool ce_use_rows(const nb__cls_operands *a) { return a->D == 1 && a->C > 64; }
 
+// A position's loss into the scratch of the sum, and (reduction NONE) into out.
+NB_HD void cls_put(double *loss, void *none_out, nb_dtype xdt, int64_t p, double v) {
+    loss[p] = v;
+    if (none_out) ls_store(none_out, xdt, p, v);
+}
+
 // The loss and lse of a row (D == 1) from the block's max M, sum of exps S and sum SX.
 template <typename T>
 NB_HD void ce_row_result(const nb__cls_operands *a, const T *xr, int64_t t, acc_t<T> M, double S,

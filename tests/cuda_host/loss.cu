@@ -92,7 +92,6 @@ void emulate_finish(const nb__cls_operands *a, const double *loss, nb__loss_redu
         for (int64_t p = th; p < P; p += B) {
             s[th] += loss[p];
             k[th] += ce_ignored(a, ce_tgt(a, p)) ? 0 : 1;
-            if (red == NB__LOSS_NONE) ls_store(out, a->xdt, p, loss[p]);
         }
     double total = host_block_sum(s.data(), B);
     long long cnt = host_block_sum(k.data(), B);
@@ -105,7 +104,10 @@ template <typename T> void emulate_cls(const nb__cls_loss_args *a, bool ce) {
     const int64_t P = a->in.N * a->in.D;
     std::vector<double> loss((size_t)(P > 0 ? P : 1));
     emulate_positions<T>(&a->in, ce, loss.data(), (acc_t<T> *)a->lse);
-    emulate_finish(&a->in, loss.data(), a->reduction, a->out, a->count);
+    if (a->reduction == NB__LOSS_NONE) // the position kernels' cls_put
+        for (int64_t p = 0; p < P; p++) cls_put(loss.data(), a->out, a->in.xdt, p, loss[p]);
+    if (a->reduction != NB__LOSS_NONE || a->count)
+        emulate_finish(&a->in, loss.data(), a->reduction, a->out, a->count);
 }
 
 template <typename T> void emulate_cls_backward(const nb__cls_loss_backward_args *a, bool ce) {
