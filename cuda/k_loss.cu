@@ -13,8 +13,9 @@
 // one-hot, scaled, from the saved lse; the mean's 1 / count read on the device): a block per
 // row of more than 64 classes, else a thread per element. bce_with_logits: f64 math per
 // element; the sum in two passes (at most 1024 block partials, then one block). No atomics,
-// no host reads: the same bits every run. A target out of range gives a NaN loss, not the
-// CPU's NB_EINDEX (see cuda/k_loss.cuh).
+// no host reads: the same bits every run. A target out of range gives a NaN loss there and
+// is recorded in the device error flag (cuda/kerr.c): the next synchronization (reading the
+// loss) fails with NB_EINDEX, where the CPU fails the op itself.
 #include "cuda/k_loss.cuh"
 
 using namespace nbl;
@@ -32,7 +33,7 @@ nb_status scratch_failed(nb__cuda_kctx *c) {
 template <typename T>
 __global__ void __launch_bounds__(kRowT)
     ce_row_kernel(const __grid_constant__ nb__cls_operands a, double *loss, acc_t<T> *lse,
-                  void *none_out) {
+                  void *none_out, nb__cuda_kerr *err) {
     using A = acc_t<T>;
     __shared__ A smax[32];
     __shared__ double ssum[32];
@@ -44,6 +45,7 @@ __global__ void __launch_bounds__(kRowT)
                 bool ig = ce_ignored(&a, t);
                 cls_put(loss, none_out, a.xdt, n, ig ? 0.0 : (double)NAN);
                 lse[n] = ig ? (A)0 : (A)NAN;
+                if (!ig) nbk::nb_kerr_report(err, NB__CUDA_K_cross_entropy, 1, t, a.C);
             }
             continue;
         }
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(kRowT)
 
 template <typename T>
 __global__ void ce_col_kernel(const __grid_constant__ nb__cls_operands a, double *loss,
-                              acc_t<T> *lse, void *none_out) {
+                              acc_t<T> *lse, void *none_out, nb__cuda_kerr *err) {
     const int64_t P = a.N * a.D;
     for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < P;
          p += (int64_t)gridDim.x * blockDim.x) {
@@ -70,6 +72,7 @@ __global__ void ce_col_kernel(const __grid_constant__ nb__cls_operands a, double
             bool ig = ce_ignored(&a, t);
             cls_put(loss, none_out, a.xdt, p, ig ? 0.0 : (double)NAN);
             lse[p] = ig ? (acc_t<T>)0 : (acc_t<T>)NAN;
+            if (!ig) nbk::nb_kerr_report(err, NB__CUDA_K_cross_entropy, 1, t, a.C);
             continue;
         }
         ce_col<T>(&a, (const T *)a.x + n * a.C * a.D + d, t, loss + p, lse + p);
@@ -79,11 +82,15 @@ __global__ void ce_col_kernel(const __grid_constant__ nb__cls_operands a, double
 
 template <typename T>
 __global__ void nll_pos_kernel(const __grid_constant__ nb__cls_operands a, double *loss,
-                               void *none_out) {
+                               void *none_out, nb__cuda_kerr *err) {
     const int64_t P = a.N * a.D;
     for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < P;
-         p += (int64_t)gridDim.x * blockDim.x)
+         p += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = ce_tgt(&a, p);
+        if (!ce_valid(&a, t) && !ce_ignored(&a, t))
+            nbk::nb_kerr_report(err, NB__CUDA_K_nll_loss, 1, t, a.C);
         cls_put(loss, none_out, a.xdt, p, nll_pos<T>(&a, p));
+    }
 }
 
 // One block: the sum of the P losses and the count, in a fixed order; the reduced out and the
@@ -130,18 +137,20 @@ nb_status cls_forward(const nb__cls_loss_args *a, bool ce) {
     double *loss = (double *)nb__cuda_kscratch(&c, (size_t)(P > 0 ? P : 1) * sizeof(double));
     if (!loss) return scratch_failed(&c);
     void *none_out = a->reduction == NB__LOSS_NONE ? a->out : nullptr;
+    // a target out of range: recorded for the next synchronization (cuda/kerr.c)
+    nb__cuda_kerr *err = nb__cuda_kerr_of(c.device);
     if (P > 0) {
         NB_DISPATCH_FLOAT(in.xdt, T, {
             acc_t<T> *lse = (acc_t<T> *)a->lse;
             if (!ce) {
                 nll_pos_kernel<T>
-                    <<<nbk::nb_blocks(P), nbk::kThreads, 0, c.stream>>>(in, loss, none_out);
+                    <<<nbk::nb_blocks(P), nbk::kThreads, 0, c.stream>>>(in, loss, none_out, err);
             } else if (ce_use_rows(&in)) {
                 unsigned g = (unsigned)(in.N < nbk::kMaxBlocks ? in.N : nbk::kMaxBlocks);
-                ce_row_kernel<T><<<g, kRowT, 0, c.stream>>>(in, loss, lse, none_out);
+                ce_row_kernel<T><<<g, kRowT, 0, c.stream>>>(in, loss, lse, none_out, err);
             } else {
                 ce_col_kernel<T>
-                    <<<nbk::nb_blocks(P), nbk::kThreads, 0, c.stream>>>(in, loss, lse, none_out);
+                    <<<nbk::nb_blocks(P), nbk::kThreads, 0, c.stream>>>(in, loss, lse, none_out, err);
             }
         });
     }
