@@ -199,6 +199,21 @@ static nb_status guard_to_host(nb_device dev, void *dst, const void *src, size_t
     return guard_copy_bytes(dev, dst, src, nbytes);
 }
 
+/* "Pinned" host memory for the tests of the loader's device path: plain host memory. */
+static void *guard_host_alloc(nb_device dev, size_t nbytes) {
+    (void)dev;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, nbytes ? nbytes : 1) != 0) {
+        nb__error(NB_ENOMEM, "guard host_alloc: out of memory");
+        return NULL;
+    }
+    return p;
+}
+static void guard_host_free(nb_device dev, void *p) {
+    (void)dev;
+    free(p);
+}
+
 static nb__backend g_guard = {
     .name = "guard",
     .has_storage = true,
@@ -209,6 +224,8 @@ static nb__backend g_guard = {
     .alloc = guard_alloc,
     .free = guard_free,
     .to_host = guard_to_host,
+    .host_alloc = guard_host_alloc,
+    .host_free = guard_host_free,
     .from_host = guard_copy_bytes,
 };
 

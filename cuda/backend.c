@@ -37,6 +37,24 @@ static nb_status cuda_record_use(nb_device dev, void *p) {
     return s ? nb_cuda_record_stream(p, s) : nb_last_status();
 }
 
+/* Pinned host memory (portable: usable with every GPU), for the loader's host batches. */
+static void *cuda_host_alloc(nb_device dev, size_t nbytes) {
+    int prev = -1;
+    if (nb__cuda_enter(dev.index, &prev, "cuda_host_alloc") != NB_OK) return NULL;
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, nbytes ? nbytes : 1, cudaHostAllocPortable);
+    nb__cuda_leave(prev);
+    if (e != cudaSuccess) {
+        nb__cuda_status(e, "cuda_host_alloc");
+        return NULL;
+    }
+    return p;
+}
+static void cuda_host_free(nb_device dev, void *p) {
+    (void)dev;
+    if (p && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
 static nb__backend g_cuda = {
     .name = "cuda",
     .has_storage = true,
@@ -46,6 +64,8 @@ static nb__backend g_cuda = {
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
     .record_use = cuda_record_use,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;

@@ -220,6 +220,36 @@ static void reset_to(nb_loader *l, int64_t epoch, int64_t batch) {
 }
 
 /* ---- creation ----------------------------------------------------------------------------- */
+/* A host batch buffer: in the device's page-locked host memory when its backend has some
+ * (CUDA: pinned, so the copy to the GPU is a DMA), else an ordinary CPU tensor. */
+typedef struct {
+    const nb__backend *be;
+    nb_device dev;
+} pinned_owner;
+static void pinned_release(void *data, void *ctx) {
+    pinned_owner *o = ctx;
+    o->be->host_free(o->dev, data);
+    free(o);
+}
+static nb_tensor *host_buffer(nb_loader *l, const int64_t *shape, int ndim, nb_dtype dt) {
+    const nb__backend *be = nb_device_equal(l->o.device, NB_CPU)
+                                ? NULL : nb__backend_of(l->o.device, "loader_new");
+    if (!be || !be->host_alloc) return nb_empty_on(NB_CPU, shape, ndim, dt);
+    size_t n = nb_dtype_size(dt);
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    pinned_owner *o = malloc(sizeof *o);
+    void *p = o ? be->host_alloc(l->o.device, n) : NULL;
+    if (!p) {
+        free(o);
+        if (!o) nb__error(NB_ENOMEM, "loader_new: out of memory");
+        return NULL;
+    }
+    *o = (pinned_owner){be, l->o.device};
+    nb_tensor *t = nb_wrap_buffer(p, shape, ndim, dt, pinned_release, o);
+    if (!t) pinned_release(p, o);
+    return t;
+}
+
 static nb_status make_slot(nb_loader *l, nb__slot *s) {
     const nb_dataset *ds = l->ds;
     int64_t shape[NB_MAX_DIMS];
@@ -227,7 +257,7 @@ static nb_status make_slot(nb_loader *l, nb__slot *s) {
     s->indices = malloc(sizeof(int64_t) * (size_t)l->o.batch_size);
     if (!s->indices) return nb__error(NB_ENOMEM, "loader_new: out of memory");
     memcpy(shape + 1, ds->x.shape, sizeof(int64_t) * (size_t)ds->x.ndim);
-    s->x = nb__scope_take(nb_empty_on(NB_CPU, shape, ds->x.ndim + 1, ds->x.dtype));
+    s->x = nb__scope_take(host_buffer(l, shape, ds->x.ndim + 1, ds->x.dtype));
     if (!s->x) return nb_last_status();
     if (l->tail) {
         s->xt = nb__scope_take(nb_narrow(s->x, 0, 0, l->tail));
@@ -235,7 +265,7 @@ static nb_status make_slot(nb_loader *l, nb__slot *s) {
     }
     if (ds->has_y) {
         memcpy(shape + 1, ds->y.shape, sizeof(int64_t) * (size_t)ds->y.ndim);
-        s->y = nb__scope_take(nb_empty_on(NB_CPU, shape, ds->y.ndim + 1, ds->y.dtype));
+        s->y = nb__scope_take(host_buffer(l, shape, ds->y.ndim + 1, ds->y.dtype));
         if (!s->y) return nb_last_status();
         if (l->tail) {
             s->yt = nb__scope_take(nb_narrow(s->y, 0, 0, l->tail));

@@ -49,6 +49,11 @@ typedef struct nb__backend {
      * freeing it from another thread waits for that work (nb_record_stream); NULL for
      * backends without streams (the CPU, guard, meta: nothing to do). */
     nb_status (*record_use)(nb_device dev, void *p);
+    /* Page-locked host memory that transfers to and from dev are fast from (CUDA's pinned
+     * memory: cudaHostAlloc), for buffers a loader fills on the host; NULL for backends
+     * without such memory. host_alloc gives NULL and an error on failure. */
+    void *(*host_alloc)(nb_device dev, size_t nbytes);
+    void (*host_free)(nb_device dev, void *p);
     nb__kernels k;
 } nb__backend;
 
