@@ -405,6 +405,73 @@ NBA_UNROLL
     }
 }
 
+
+// ---- bf16 forward on tensor cores (k_attention.cu: attn_fwd_wmma) -------------------------------
+// Four warps, BR = 64 query rows (16 a warp), key tiles of BC = 64. Per tile, warp w:
+//   S = q[16 rows] k^T (nvcuda::wmma 16x16x16, bf16 in, f32 out) into shared memory;
+//   lanes 0..15 each take a row: wmma_row_step (below) updates the running max and sum,
+//   writes the weights exp(s - m) rounded to bf16 (0 where masked or dropped) and scales
+//   the row of the f32 accumulator O (shared memory) by corr;
+//   O += P v (wmma).
+// At the end o = O / l (times 1 / (1 - p)), lse = m + log l. The weights are rounded to bf16
+// before the product with v, as the CPU's AVX512-BF16 kernel and PyTorch's bf16 flash
+// attention do; the statistics stay f32.
+template <int DMAX> struct WGeo {
+    static constexpr int BR = 64, BC = 64, WARPS = 4, THREADS = 128;
+    static constexpr int LDH = DMAX + 8; // bf16 tiles q, k, v: row stride (elements)
+    static constexpr int LDS = BC + 4;   // f32 scores
+    static constexpr int LDP = BC + 8;   // bf16 weights
+    static constexpr int LDO = DMAX + 4; // f32 accumulator
+    // byte offsets in dynamic shared memory (each a multiple of 32: wmma's alignment)
+    static constexpr size_t Q = 0, K = Q + (size_t)BR * LDH * 2, V = K + (size_t)BC * LDH * 2;
+    static constexpr size_t S = V + (size_t)BC * LDH * 2, P = S + (size_t)BR * LDS * 4;
+    static constexpr size_t O = P + (size_t)BR * LDP * 2, ML = O + (size_t)BR * LDO * 4;
+    static constexpr size_t BYTES = ML + (size_t)BR * 2 * 4; // + m, l of each row
+    static_assert(K % 32 == 0 && V % 32 == 0 && S % 32 == 0 && P % 32 == 0 && O % 32 == 0 &&
+                      ML % 32 == 0 && (16 * LDH * 2) % 32 == 0 && (16 * LDS * 4) % 32 == 0 &&
+                      (16 * LDP * 2) % 32 == 0 && (16 * LDO * 4) % 32 == 0,
+                  "wmma pointers must be 32-byte aligned");
+};
+
+// Element e < rows * DMAX of a bf16 tile (row stride LD elements) holding rows [row0, ...)
+// of a (T, D) slice: the bits, zero past T and D.
+template <int DMAX, int LD>
+NBA_HD void tile_bits(uint16_t *tile, const uint16_t *slice, int64_t ld, int64_t row0,
+                      int64_t T, int64_t D, int e) {
+    const int r = e / DMAX, d = e % DMAX;
+    const int64_t t = row0 + r;
+    tile[r * LD + d] = t < T && d < D ? slice[t * ld + d] : (uint16_t)0;
+}
+
+// One row's online-softmax step on a tile of raw scores S[0, bc) (q . k, not yet scaled):
+// P[j] = bf16(exp(S[j] scale - m_new)) where visible and kept (else 0); the sum takes the
+// unrounded values of every visible weight (dropped ones too, as the CPU); the row's
+// accumulator O[0, dmax) is multiplied by corr.
+NBA_HD void wmma_row_step(const float *S, uint16_t *P, float *O, int bc, int dmax, int64_t t,
+                          int64_t c0, int64_t T, float scale, const Drop &dr, int64_t bh,
+                          float &m, float &l) {
+    float mt = m;
+    for (int j = 0; j < bc; j++)
+        if (visible(t, c0 + j, T)) {
+            const float s = S[j] * scale;
+            mt = s > mt ? s : mt;
+        }
+    const float corr = m == neg_inf<float>() ? 0.0f : aexp(m - mt);
+    float sum = 0;
+    for (int j = 0; j < bc; j++) {
+        float p = 0;
+        if (visible(t, c0 + j, T)) {
+            p = aexp(S[j] * scale - mt);
+            sum += p;
+        }
+        const bool kept = p != 0 && (!dr.on || keep(dr, mask_index(bh, T, t, c0 + j)));
+        P[j] = kept ? nb__kh_bf16_from_f32(p) : (uint16_t)0;
+    }
+    l = l * corr + sum;
+    m = mt;
+    for (int d = 0; d < dmax; d++) O[d] *= corr;
+}
+
 } // namespace nbattn
 
 #endif

@@ -1,11 +1,17 @@
 // cuda/k_attention.cu - CUDA kernels of the attention family (tensor/kernels/attention.h):
 // fused causal attention forward (o and the rows' log-sum-exp) and backward (dq, dk, dv),
 // flash-attention style with plain FMA tiles: f32 and f64 operands, and bf16 operands with
-// f32 math and statistics (be->attention_bf16). Head dimensions up to 128; larger ones
-// return NB_EUNSUPPORTED. Deterministic: no atomics, every sum in a fixed order.
+// f32 math and statistics (be->attention_bf16). The bf16 forward runs on tensor cores
+// (nvcuda::wmma, attn_fwd_wmma) when the device gives a block its shared memory (up to
+// 110 KiB at D = 128), else on the FMA kernel; the bf16 backward is the FMA one. Head
+// dimensions up to 128; larger ones return NB_EUNSUPPORTED. Deterministic: no atomics,
+// every sum in a fixed order.
 // The algorithm and the per-row math are in cuda/attention.cuh (checked on the host by
 // tests/cuda_host/attention.cu). UNVERIFIED ON A GPU: compiled only; nothing here has run on
 // a device yet.
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include "cuda/attention.cuh"
 #include "cuda/kcommon.cuh"
 
@@ -158,13 +164,97 @@ __global__ void __launch_bounds__(Geo<A, DMAX>::THREADS)
     if (dv) store_row<G, DT>(dva[0], (A)1, dv + row_off(g.sdv, b, h, 0), g.sdv[2], s, T, D, lane);
 }
 
-// Grid limits: (b h) on x, row blocks on y.
+
+// bf16 forward on tensor cores (cuda/attention.cuh, WGeo): one block of 64 query rows.
+template <int DMAX>
+__global__ void __launch_bounds__(WGeo<DMAX>::THREADS)
+    attn_fwd_wmma(nb__attn_geom g, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                  uint16_t *o, float *lse) {
+    namespace wm = nvcuda::wmma;
+    using W = WGeo<DMAX>;
+    constexpr int BR = W::BR, BC = W::BC;
+    extern __shared__ __align__(128) unsigned char smem[];
+    uint16_t *Qs = (uint16_t *)(smem + W::Q), *Ks = (uint16_t *)(smem + W::K);
+    uint16_t *Vs = (uint16_t *)(smem + W::V), *Ps = (uint16_t *)(smem + W::P);
+    float *Ss = (float *)(smem + W::S), *Os = (float *)(smem + W::O), *ML = (float *)(smem + W::ML);
+    const int64_t T = g.T, D = g.D, bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
+    const int64_t r0 = row_block_of(blockIdx.y, ntiles(T, BR)) * BR;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const uint16_t *ks = k + row_off(g.sk, b, h, 0), *vs = v + row_off(g.sv, b, h, 0);
+    for (int e = tid; e < BR * DMAX; e += W::THREADS)
+        tile_bits<DMAX, W::LDH>(Qs, q + row_off(g.sq, b, h, 0), g.sq[2], r0, T, D, e);
+    for (int e = tid; e < BR * W::LDO; e += W::THREADS) Os[e] = 0;
+    const Drop dr = drop_of(&g);
+    const int row = warp * 16 + (lane & 15); // the row lanes 0..15 own
+    float m = neg_inf<float>(), l = 0;
+    const int64_t last = last_key_tile(r0, BR, T, BC);
+    const __nv_bfloat16 *Qb = (const __nv_bfloat16 *)Qs + warp * 16 * W::LDH;
+    const __nv_bfloat16 *Kb = (const __nv_bfloat16 *)Ks, *Vb = (const __nv_bfloat16 *)Vs;
+    const __nv_bfloat16 *Pb = (const __nv_bfloat16 *)Ps + warp * 16 * W::LDP;
+    float *Sw = Ss + warp * 16 * W::LDS, *Ow = Os + warp * 16 * W::LDO;
+    for (int64_t kt = 0; kt <= last; kt++) {
+        const int64_t c0 = kt * BC;
+        __syncthreads(); // the previous K, V tiles are no longer read
+        for (int e = tid; e < BC * DMAX; e += W::THREADS) {
+            tile_bits<DMAX, W::LDH>(Ks, ks, g.sk[2], c0, T, D, e);
+            tile_bits<DMAX, W::LDH>(Vs, vs, g.sv[2], c0, T, D, e);
+        }
+        __syncthreads();
+        // S = q k^T for the warp's 16 rows
+        for (int n = 0; n < BC / 16; n++) {
+            wm::fragment<wm::accumulator, 16, 16, 16, float> c;
+            wm::fill_fragment(c, 0.0f);
+            for (int kk = 0; kk < DMAX / 16; kk++) {
+                wm::fragment<wm::matrix_a, 16, 16, 16, __nv_bfloat16, wm::row_major> fa;
+                wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> fb;
+                wm::load_matrix_sync(fa, Qb + kk * 16, W::LDH);
+                wm::load_matrix_sync(fb, Kb + n * 16 * W::LDH + kk * 16, W::LDH);
+                wm::mma_sync(c, fa, fb, c);
+            }
+            wm::store_matrix_sync(Sw + n * 16, c, W::LDS, wm::mem_row_major);
+        }
+        __syncwarp();
+        if (lane < 16) {
+            wmma_row_step(Ss + row * W::LDS, Ps + row * W::LDP, Os + row * W::LDO, BC, DMAX,
+                          r0 + row, c0, T, (float)g.scale, dr, bh, m, l);
+        }
+        __syncwarp();
+        // O += P v for the warp's 16 rows
+        for (int n = 0; n < DMAX / 16; n++) {
+            wm::fragment<wm::accumulator, 16, 16, 16, float> c;
+            wm::load_matrix_sync(c, Ow + n * 16, W::LDO, wm::mem_row_major);
+            for (int kk = 0; kk < BC / 16; kk++) {
+                wm::fragment<wm::matrix_a, 16, 16, 16, __nv_bfloat16, wm::row_major> fa;
+                wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::row_major> fb;
+                wm::load_matrix_sync(fa, Pb + kk * 16, W::LDP);
+                wm::load_matrix_sync(fb, Vb + kk * 16 * W::LDH + n * 16, W::LDH);
+                wm::mma_sync(c, fa, fb, c);
+            }
+            wm::store_matrix_sync(Ow + n * 16, c, W::LDO, wm::mem_row_major);
+        }
+        __syncwarp();
+    }
+    if (lane < 16) {
+        ML[2 * row] = m;
+        ML[2 * row + 1] = l;
+    }
+    __syncwarp();
+    uint16_t *os = o + row_off(g.so, b, h, 0);
+    for (int e = lane; e < 16 * DMAX; e += 32) {
+        const int r = warp * 16 + e / DMAX, d = e % DMAX;
+        const int64_t t = r0 + r;
+        if (t < T && d < D) store(os + t * g.so[2] + d, Os[r * W::LDO + d] * row_factor(ML[2 * r + 1], dr));
+    }
+    if (lane < 16 && r0 + row < T) lse[bh * T + r0 + row] = row_lse(m, l);
+}
+
+// Grid limits: (b h) on x, row blocks on y (at least 8 rows a block: f64, D > 64).
 nb_status check_geom(const nb__attn_geom &g, const char *op) {
     if (dmax_for(g.D) == 0)
         return nb__error(NB_EUNSUPPORTED,
                          "%s: the cuda kernel does not handle head dimension %lld (> 128) yet",
                          op, (long long)g.D);
-    if (g.B * g.H > 2147483647LL || ntiles(g.T, 16) > 65535)
+    if (g.B * g.H > 2147483647LL || ntiles(g.T, 8) > 65535)
         return nb__error(NB_EUNSUPPORTED,
                          "%s: the cuda kernel does not handle B*H = %lld, T = %lld (grid too "
                          "large) yet", op, (long long)(g.B * g.H), (long long)g.T);
@@ -213,6 +303,31 @@ void bwd_dispatch(const nb__attention_backward_args *a, void *delta, cudaStream_
     NB_ATTN_DMAX_SWITCH(dmax_for(a->g.D), bwd_launch, a, (A *)delta, st)
 }
 
+// The tensor-core forward of bf16 operands, when the device can give the block its shared
+// memory; false when not launched (the FMA kernel then runs).
+template <int DMAX> bool wmma_launch(const nb__attention_args *a, const nb__cuda_kctx &c) {
+    using W = WGeo<DMAX>;
+    if (W::BYTES > nb__cuda_devinfo_of(c.device)->smem_per_block_optin) return false;
+    if (cudaFuncSetAttribute(attn_fwd_wmma<DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)W::BYTES) != cudaSuccess) {
+        (void)cudaGetLastError(); // cleared: the FMA kernel runs instead
+        return false;
+    }
+    const dim3 grid((unsigned)(a->g.B * a->g.H), (unsigned)ntiles(a->g.T, W::BR));
+    attn_fwd_wmma<DMAX><<<grid, W::THREADS, W::BYTES, c.stream>>>(
+        a->g, (const uint16_t *)a->q, (const uint16_t *)a->k, (const uint16_t *)a->v,
+        (uint16_t *)a->o, (float *)a->lse);
+    return true;
+}
+bool wmma_dispatch(const nb__attention_args *a, const nb__cuda_kctx &c) {
+    switch (dmax_for(a->g.D)) {
+    case 16: return wmma_launch<16>(a, c);
+    case 32: return wmma_launch<32>(a, c);
+    case 64: return wmma_launch<64>(a, c);
+    default: return wmma_launch<128>(a, c);
+    }
+}
+
 nb_status cuda_attention(const nb__attention_args *a) {
     const nb__attn_geom &g = a->g;
     if (g.B * g.H == 0 || g.T == 0) return NB_OK;
@@ -225,7 +340,7 @@ nb_status cuda_attention(const nb__attention_args *a) {
     st = nb__cuda_kbegin(&c, "attention");
     if (st != NB_OK) return st;
     if (a->bf16) {
-        fwd_dispatch<uint16_t, float>(a, c.stream);
+        if (!wmma_dispatch(a, c)) fwd_dispatch<uint16_t, float>(a, c.stream);
     } else if (a->dtype == NB_F64) {
         fwd_dispatch<double, double>(a, c.stream);
     } else {

@@ -13,8 +13,13 @@
 //   bf16 rtol 2^-7 (one bf16 rounding step of the output), atol 1e-5; the reference is the
 //        CPU's widened-f32 bf16 path (nb__cpu_attention_native_bf16(false)), the math the
 //        CUDA kernel does; lse (f32) at the f32 tolerance.
+//   bf16 tensor-core forward (emu_fwd_wmma): rtol 2^-7, atol 2^-8, for the weights it rounds
+//        to bf16 before the product with v (the CPU's AVX512-BF16 kernel does too; either
+//        CPU path is within this); measured worst 0.63 of it (CUHOST_ATTN_VERBOSE=1 prints
+//        each case's worst ratios).
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <vector>
@@ -31,6 +36,9 @@ extern "C" void nb_philox4x32(const uint32_t counter[4], const uint32_t key[2],
 namespace {
 
 using namespace nbattn;
+
+// the tensor-core forward (weights rounded to bf16 before the product with v)
+constexpr double WMMA_RTOL = 1.0 / 128, WMMA_ATOL = 1.0 / 256;
 
 // ---- the emulation: one function per kernel, the kernels' loops with the thread loop
 // inside the phases between barriers -------------------------------------------------------
@@ -189,6 +197,80 @@ template <typename S, typename A, int DMAX> struct Emu {
     }
 };
 
+
+// The tensor-core bf16 forward (attn_fwd_wmma): the same tiles, loops and row updates; the
+// 16x16x16 products as f32 sums of the exact bf16 products in k order (the hardware's
+// order and rounding inside an mma are its own, so this emulates the math, not the bits).
+template <int DMAX>
+void emu_fwd_wmma(const nb__attn_geom &g, const uint16_t *q, const uint16_t *k,
+                  const uint16_t *v, uint16_t *o, float *lse) {
+    using W = WGeo<DMAX>;
+    constexpr int BR = W::BR, BC = W::BC;
+    const int64_t T = g.T, D = g.D, nrb = ntiles(T, BR);
+    const Drop dr = drop_of(&g);
+    std::vector<uint16_t> Qs(BR * W::LDH), Ks(BC * W::LDH), Vs(BC * W::LDH), Ps(BR * W::LDP);
+    std::vector<float> Ss(BR * W::LDS), Os(BR * W::LDO), m(BR), l(BR);
+    for (int64_t bh = 0; bh < g.B * g.H; bh++) {
+        const int64_t b = bh / g.H, h = bh % g.H;
+        for (int64_t y = 0; y < nrb; y++) {
+            const int64_t r0 = row_block_of(y, nrb) * BR;
+            for (int e = 0; e < BR * DMAX; e++)
+                tile_bits<DMAX, W::LDH>(Qs.data(), q + row_off(g.sq, b, h, 0), g.sq[2], r0, T,
+                                        D, e);
+            for (float &x : Os) x = 0;
+            for (int r = 0; r < BR; r++) m[r] = neg_inf<float>(), l[r] = 0;
+            const int64_t last = last_key_tile(r0, BR, T, BC);
+            for (int64_t kt = 0; kt <= last; kt++) {
+                const int64_t c0 = kt * BC;
+                for (int e = 0; e < BC * DMAX; e++) {
+                    tile_bits<DMAX, W::LDH>(Ks.data(), k + row_off(g.sk, b, h, 0), g.sk[2], c0,
+                                            T, D, e);
+                    tile_bits<DMAX, W::LDH>(Vs.data(), v + row_off(g.sv, b, h, 0), g.sv[2], c0,
+                                            T, D, e);
+                }
+                for (int r = 0; r < BR; r++)
+                    for (int n = 0; n < BC; n++) {
+                        float acc = 0;
+                        for (int kk = 0; kk < DMAX; kk++)
+                            acc = fmaf(nb__kh_f32_from_bf16(Qs[r * W::LDH + kk]),
+                                       nb__kh_f32_from_bf16(Ks[n * W::LDH + kk]), acc);
+                        Ss[r * W::LDS + n] = acc;
+                    }
+                for (int r = 0; r < BR; r++) {
+                    wmma_row_step(&Ss[r * W::LDS], &Ps[r * W::LDP], &Os[r * W::LDO], BC, DMAX,
+                                  r0 + r, c0, T, (float)g.scale, dr, bh, m[r], l[r]);
+                }
+                for (int r = 0; r < BR; r++)
+                    for (int d = 0; d < DMAX; d++) {
+                        float acc = Os[r * W::LDO + d];
+                        for (int j = 0; j < BC; j++)
+                            acc = fmaf(nb__kh_f32_from_bf16(Ps[r * W::LDP + j]),
+                                       nb__kh_f32_from_bf16(Vs[j * W::LDH + d]), acc);
+                        Os[r * W::LDO + d] = acc;
+                    }
+            }
+            uint16_t *os = o + row_off(g.so, b, h, 0);
+            for (int r = 0; r < BR; r++) {
+                const int64_t t = r0 + r;
+                if (t >= T) continue;
+                for (int d = 0; d < D; d++)
+                    store(os + t * g.so[2] + d, Os[r * W::LDO + d] * row_factor(l[r], dr));
+                lse[bh * T + t] = row_lse(m[r], l[r]);
+            }
+        }
+    }
+}
+
+void emu_fwd_wmma_any(const nb__attn_geom &g, const uint16_t *q, const uint16_t *k,
+                      const uint16_t *v, uint16_t *o, float *lse) {
+    switch (dmax_for(g.D)) {
+    case 16: emu_fwd_wmma<16>(g, q, k, v, o, lse); break;
+    case 32: emu_fwd_wmma<32>(g, q, k, v, o, lse); break;
+    case 64: emu_fwd_wmma<64>(g, q, k, v, o, lse); break;
+    default: emu_fwd_wmma<128>(g, q, k, v, o, lse); break;
+    }
+}
+
 template <typename S, typename A> struct Dispatch {
     static void fwd(const nb__attn_geom &g, const S *q, const S *k, const S *v, S *o, A *lse) {
         switch (dmax_for(g.D)) {
@@ -301,11 +383,25 @@ void run_case(cuhost *t, const Case &cs, nb_dtype dtype, bool bf16, double rtol,
     const double wdk = wk ? worst(dk, dk_ref, idx, rtol, atol) : 0;
     const double wdv = wv ? worst(dv, dv_ref, idx, rtol, atol) : 0;
     const char *dn = bf16 ? "bf16" : dtype == NB_F64 ? "f64" : "f32";
+    double wow = 0, wowl = 0;
+    if constexpr (sizeof(S) == 2) { // the tensor-core forward against the CPU's
+        std::vector<S> ow(n);
+        std::vector<A> lw(nl);
+        emu_fwd_wmma_any(g, q.data(), k.data(), v.data(), ow.data(), lw.data());
+        wow = worst(ow, o_ref, idx, WMMA_RTOL, WMMA_ATOL);
+        wowl = worst(lw, lse_ref, lidx, lse_tol, lse_tol);
+    }
 #define CASE_FMT "%s B=%lld H=%lld T=%lld D=%lld p=%g %s want=%d"
 #define CASE_ARGS dn, (long long)B, (long long)H, (long long)T, (long long)D, cs.p,          \
                   cs.bthd ? "bthd" : "bhtd", cs.want
     CUHOST_CHECK(t, wo <= 1, CASE_FMT ": o off by %.3g tolerances", CASE_ARGS, wo);
     CUHOST_CHECK(t, wl <= 1, CASE_FMT ": lse off by %.3g tolerances", CASE_ARGS, wl);
+    CUHOST_CHECK(t, wow <= 1, CASE_FMT ": tensor-core o off by %.3g tolerances", CASE_ARGS, wow);
+    CUHOST_CHECK(t, wowl <= 1, CASE_FMT ": tensor-core lse off by %.3g tolerances", CASE_ARGS,
+                 wowl);
+    if (getenv("CUHOST_ATTN_VERBOSE"))
+        printf(CASE_FMT ": worst o %.3g lse %.3g dq %.3g dk %.3g dv %.3g wmma o %.3g lse %.3g\n",
+               CASE_ARGS, wo, wl, wdq, wdk, wdv, wow, wowl);
     CUHOST_CHECK(t, wdq <= 1, CASE_FMT ": dq off by %.3g tolerances", CASE_ARGS, wdq);
     CUHOST_CHECK(t, wdk <= 1, CASE_FMT ": dk off by %.3g tolerances", CASE_ARGS, wdk);
     CUHOST_CHECK(t, wdv <= 1, CASE_FMT ": dv off by %.3g tolerances", CASE_ARGS, wdv);
@@ -376,6 +472,8 @@ void cuhost_attention(cuhost *t) {
         {1, 2, 37, 40, 0, false, 7}, {1, 1, 33, 100, 0, true, 7}, {1, 1, 9, 0, 0, false, 7},
         // dropout
         {2, 2, 100, 64, 0.1, true, 7}, {1, 1, 7, 16, 0.5, false, 7}, {1, 1, 64, 16, 1.0, false, 7},
+        // several key tiles of every kernel (BC 16 to 64)
+        {1, 1, 200, 32, 0, false, 7}, {1, 1, 150, 128, 0.1, true, 7},
         // gradients not wanted
         {1, 2, 50, 16, 0, false, 1}, {1, 2, 50, 16, 0.2, false, 2}, {1, 2, 50, 16, 0, false, 4},
         {1, 2, 50, 16, 0.2, false, 6},
