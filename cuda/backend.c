@@ -21,13 +21,20 @@ static void cuda_free(nb_device dev, void *p) {
     (void)dev;
     (void)nb_cuda_free(p);
 }
+/* A copy to the host waits for the device: the natural point to report a bad index a
+ * kernel found (cuda/kerr.c). */
 static nb_status cuda_to_host(nb_device dev, void *dst, const void *src, size_t nbytes) {
-    (void)dev;
-    return nbytes ? nb_cuda_memcpy_d2h(dst, src, nbytes) : NB_OK;
+    nb_status st = nbytes ? nb_cuda_memcpy_d2h(dst, src, nbytes) : NB_OK;
+    return st == NB_OK ? nb__cuda_kerr_check(dev.index, "copy to the host") : st;
 }
 static nb_status cuda_from_host(nb_device dev, void *dst, const void *src, size_t nbytes) {
     (void)dev;
     return nbytes ? nb_cuda_memcpy_h2d(dst, src, nbytes) : NB_OK;
+}
+
+static nb_status cuda_record_use(nb_device dev, void *p) {
+    nb_cuda_stream *s = nb_cuda_stream_current(dev.index);
+    return s ? nb_cuda_record_stream(p, s) : nb_last_status();
 }
 
 static nb__backend g_cuda = {
@@ -38,6 +45,7 @@ static nb__backend g_cuda = {
     .free = cuda_free,
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
+    .record_use = cuda_record_use,
 };
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
