@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include <nabla/autocast.h>
 #include <nabla/gpt.h>
 
 #include "cpu/backend.h"
@@ -251,6 +252,104 @@ START_TEST(test_gpt_step_host_reads) {
 }
 END_TEST
 
+/* ---- the CUDA backend covers the bundled models ---------------------------------------------
+ * Every kernel the bundled programs run has a CUDA entry. The set is not a hand-written list:
+ * the models' training steps run on the guard device, which counts its kernel calls
+ * (nb__guard_kernel_calls). What runs: the MLP (SGD with momentum) and the CNN (Adam) of
+ * models/mlp.c and models/cnn.c with their evaluation (argmax, eq, sum); the GPT with
+ * dropout, AdamW, gradient clipping, in f32, under bf16 autocast and in fp16 with the loss
+ * scaler; and sampling from it (softmax, top-k, multinomial). */
+static void cover_classifier(nb_module *m, nb_optim *opt, nb_tensor *x, nb_tensor *y) {
+    nb_scope_begin();
+    nb_tensor *loss = nb_cross_entropy(nb_forward(m, x), y, NULL);
+    ck_assert_msg(loss != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_zero_grad(opt), NB_OK);
+    ck_assert_int_eq(nb_backward(loss), NB_OK);
+    ck_assert(nb_clip_grad_norm(nb_optim_params(opt), INFINITY, 2) >= 0);
+    ck_assert_int_eq(nb_step(opt), NB_OK);
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *ok = nb_sum(nb_eq(nb_argmax(nb_forward(m, x), 1, false), y), NULL, 0, false);
+    ck_assert_msg(ok != NULL, "%s", nb_last_error());
+    ck_assert_int_ge(nb_item_i64(ok), 0);
+    nb_set_grad_enabled(prev);
+    nb_scope_end();
+}
+
+START_TEST(test_cuda_covers_the_models) {
+    const nb__kernels *cuda = nb__cuda_kernels();
+    if (!cuda) return; /* a build without CUDA */
+    unsigned long before[256] = {0}, after[256] = {0};
+    ck_assert_int_le(nb__kernel_count, 256);
+    nb_device prev_dev = nb_set_default_device(GUARD);
+    nb__guard_kernel_calls(before, nb__kernel_count);
+    nb_scope_begin();
+    nb_generator *g = nb_generator_new(3);
+    /* the MLP and the CNN, as models/mlp.c and models/cnn.c build them */
+    nb_tensor *img = nb_randn((int64_t[]){4, 1, 28, 28}, 4, NB_F32, g);
+    nb_tensor *lab = nb_randint((int64_t[]){4}, 1, NB_I64, 0, 10, g);
+    nb_linear_opts lo = {.gen = g};
+    nb_module *mlp = nb_sequential_new(nb_flatten_new(0, 0), nb_linear_new(784, 32, &lo),
+                                       nb_relu_new(), nb_linear_new(32, 10, &lo), NULL);
+    nb_optim *sgd = nb_sgd_new(nb_parameters(mlp), &(nb_sgd_opts){.lr = 0.05, .momentum = 0.9});
+    ck_assert_msg(mlp && sgd, "%s", nb_last_error());
+    cover_classifier(mlp, sgd, img, lab);
+    nb_conv2d_opts c = nb_conv2d_defaults();
+    c.padding[0] = c.padding[1] = 1;
+    c.gen = g;
+    nb_module *cnn = nb_sequential_new(nb_conv2d_new(1, 4, 3, 3, &c), nb_relu_new(),
+                                       nb_maxpool2d_new(2, 2, NULL), nb_flatten_new(0, 0),
+                                       nb_linear_new(4 * 14 * 14, 10, &lo), NULL);
+    nb_adam_opts ao = nb_adam_defaults();
+    nb_optim *adam = nb_adam_new(nb_parameters(cnn), &ao);
+    ck_assert_msg(cnn && adam, "%s", nb_last_error());
+    cover_classifier(cnn, adam, img, lab);
+    /* the GPT: f32, bf16 autocast, fp16 with the scaler, then sampling */
+    nb_gpt_config cfg = {.block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 16,
+                         .dropout = 0.1};
+    nb_module *gpt = nb_gpt_new(&cfg, g);
+    nb_adamw_opts wo = nb_adamw_defaults();
+    nb_optim *adamw = gpt ? nb_adamw_new(nb_parameters(gpt), &wo) : NULL;
+    ck_assert_msg(gpt && adamw, "%s", nb_last_error());
+    nb_tensor *tx = nb_randint((int64_t[]){2, 8}, 2, NB_I64, 0, 256, g);
+    nb_tensor *ty = nb_randint((int64_t[]){2, 8}, 2, NB_I64, 0, 256, g);
+    nb_grad_scaler *scaler = nb_grad_scaler_new(NULL);
+    for (int prec = 0; prec < 3; prec++) {
+        nb_gpt_step_opts so = nb_gpt_step_defaults();
+        so.grad_clip = 1.0;
+        if (prec == 2) so.scaler = scaler;
+        if (prec) ck_assert_int_eq(nb_autocast_begin(prec == 1 ? NB_BF16 : NB_F16), NB_OK);
+        double norm = 0, loss = nb_gpt_train_step_ex(gpt, adamw, &tx, &ty, 1, &so, &norm);
+        if (prec) nb_autocast_end();
+        ck_assert_msg(isfinite(loss), "precision %d: %s", prec, nb_last_error());
+    }
+    int64_t prompt[] = {'a', 'b'}, out[4];
+    nb_gpt_sample_opts sp = {.temperature = 0.8, .top_k = 5, .gen = g};
+    ck_assert_int_eq(nb_gpt_generate(gpt, prompt, 2, 4, &sp, out), NB_OK);
+    nb_grad_scaler_free(scaler);
+    nb_optim_free(sgd), nb_optim_free(adam), nb_optim_free(adamw);
+    nb_module_free(mlp), nb_module_free(cnn), nb_module_free(gpt);
+    nb_generator_free(g);
+    nb_scope_end();
+    nb__guard_kernel_calls(after, nb__kernel_count);
+    nb_set_default_device(prev_dev);
+    int used = 0, missing = 0;
+    char list[2048] = "";
+    for (int i = 0; i < nb__kernel_count; i++) {
+        if (after[i] == before[i]) continue;
+        used++;
+        if (!nb__kernel_at(cuda, &nb__kernel_infos[i])) {
+            missing++;
+            size_t n = strlen(list);
+            snprintf(list + n, sizeof list - n, " %s", nb__kernel_infos[i].name);
+        }
+    }
+    fprintf(stderr, "the bundled models run %d kernels; %d without a CUDA entry%s\n", used,
+            missing, list);
+    ck_assert_int_gt(used, 15);
+    ck_assert_msg(missing == 0, "kernels the models use that CUDA lacks:%s", list);
+}
+END_TEST
+
 Suite *nb_suite_backend(void) {
     Suite *s = suite_create("backend");
     TCase *tc = tcase_create("backend");
@@ -262,6 +361,7 @@ Suite *nb_suite_backend(void) {
     tcase_add_test(tc, test_guard_roundtrip);
     tcase_add_test(tc, test_mixed_devices);
     tcase_add_test(tc, test_cuda_without_gpu);
+    tcase_add_test(tc, test_cuda_covers_the_models);
     tcase_add_test(tc, test_gpt_step_host_reads);
     suite_add_tcase(s, tc);
     return s;
