@@ -139,6 +139,11 @@ void *nb__cuda_kscratch(nb__cuda_kctx *c, size_t nbytes) {
 void nb__cuda_kfree(void *p) {
     if (p) (void)nb_cuda_free(p);
 }
+nb_status nb__cuda_kfail(nb__cuda_kctx *c) {
+    nb_status st = nb_last_status();
+    nb__cuda_leave(c->prev);
+    return st != NB_OK ? st : NB_ENOMEM;
+}
 
 static nb__cuda_devinfo g_info[NB__CUDA_MAX_DEVICES];
 static bool g_info_read[NB__CUDA_MAX_DEVICES];

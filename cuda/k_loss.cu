@@ -24,12 +24,6 @@ namespace {
 
 constexpr int kRowT = 256;
 
-// Out of scratch memory: the allocator's message (sizes, cache state) stays the error.
-nb_status scratch_failed(nb__cuda_kctx *c) {
-    (void)nb__cuda_kend(c, cudaSuccess);
-    return NB_ENOMEM;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kRowT)
     ce_row_kernel(const __grid_constant__ nb__cls_operands a, double *loss, acc_t<T> *lse,
@@ -135,7 +129,7 @@ nb_status cls_forward(const nb__cls_loss_args *a, bool ce) {
     nb_status st = nb__cuda_kbegin(&c, a->op);
     if (st != NB_OK) return st;
     double *loss = (double *)nb__cuda_kscratch(&c, (size_t)(P > 0 ? P : 1) * sizeof(double));
-    if (!loss) return scratch_failed(&c);
+    if (!loss) return nb__cuda_kfail(&c);
     void *none_out = a->reduction == NB__LOSS_NONE ? a->out : nullptr;
     // a target out of range: recorded for the next synchronization (cuda/kerr.c)
     nb__cuda_kerr *err = nb__cuda_kerr_of(c.device);
@@ -269,7 +263,7 @@ nb_status cuda_bce_with_logits(const nb__bce_args *a) {
         return nb__cuda_kend(&c, cudaGetLastError());
     }
     double *part = (double *)nb__cuda_kscratch(&c, (size_t)nb * sizeof(double));
-    if (!part) return scratch_failed(&c);
+    if (!part) return nb__cuda_kfail(&c);
     bce_fwd_kernel<<<(unsigned)nb, nbk::kThreads, 0, c.stream>>>(in, nullptr, part);
     bce_sum_kernel<<<1, kBcePartials, 0, c.stream>>>(part, nb, in.n, a->reduction, a->out,
                                                      a->out_dt);

@@ -38,14 +38,6 @@ using namespace nbk;
 
 namespace {
 
-// A failed nb__cuda_kscratch: leave the kernel context and keep the allocator's error
-// (status and message) as the result.
-nb_status scratch_failed(nb__cuda_kctx *c) {
-    nb_status st = nb_last_status();
-    (void)nb__cuda_kend(c, cudaSuccess);
-    return st != NB_OK ? st : NB_ENOMEM;
-}
-
 #define NBO_GRID_LOOP(i, n)                                                                 \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);               \
          i += (int64_t)gridDim.x * blockDim.x)
@@ -242,14 +234,14 @@ nb_status cuda_clip_reduce(const nb__clip_reduce_args *a, bool max) {
     if (max) {
         unsigned nb = nb_blocks(n);
         double *part = (double *)nb__cuda_kscratch(&c, sizeof(double) * (size_t)nb);
-        if (!part) return scratch_failed(&c);
+        if (!part) return nb__cuda_kfail(&c);
         max_partial_kernel<<<nb, kThreads, 0, c.stream>>>(a->x, a->dtype, n, part);
         max_finish_kernel<<<1, kThreads, 0, c.stream>>>(part, nb, a->result);
         nb__cuda_kfree(part);
     } else {
         int64_t nch = (n + nbo::kChunk - 1) / nbo::kChunk, nlanes = nch * nbo::kLanes;
         double *lanes = (double *)nb__cuda_kscratch(&c, sizeof(double) * (size_t)nlanes);
-        if (!lanes) return scratch_failed(&c);
+        if (!lanes) return nb__cuda_kfail(&c);
         pow_lanes_kernel<<<nb_blocks(nlanes), kThreads, 0, c.stream>>>(a->x, a->dtype, n, a->p,
                                                                         lanes, nlanes);
         pow_finish_kernel<<<1, kThreads, 0, c.stream>>>(lanes, nch, a->result);

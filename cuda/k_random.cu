@@ -35,14 +35,6 @@ using namespace nbk;
 
 namespace {
 
-// A failed nb__cuda_kscratch: leave the kernel context and keep the allocator's error
-// (status and message) as the result.
-nb_status scratch_failed(nb__cuda_kctx *c) {
-    nb_status st = nb_last_status();
-    (void)nb__cuda_kend(c, cudaSuccess);
-    return st != NB_OK ? st : NB_ENOMEM;
-}
-
 // ---- random --------------------------------------------------------------------------------
 __global__ void random_kernel(const __grid_constant__ nb__random_args a, int64_t n,
                               int64_t nblocks, bool dense) {
@@ -146,7 +138,7 @@ nb_status cuda_randperm(const nb__randperm_args *a) {
     const int rounds = nbr::rp_grid_rounds(a->n);
     char *scratch = (char *)nb__cuda_kscratch(
         &c, n * (sizeof(int64_t) + sizeof(long long)) + sizeof(int) * (size_t)rounds);
-    if (!scratch) return scratch_failed(&c);
+    if (!scratch) return nb__cuda_kfail(&c);
     int64_t *J = (int64_t *)scratch;
     long long *R = (long long *)(scratch + n * sizeof(int64_t));
     int *left = (int *)(scratch + n * (sizeof(int64_t) + sizeof(long long)));

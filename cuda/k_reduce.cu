@@ -26,12 +26,6 @@ namespace {
 
 constexpr int kSmThreads = 256;
 
-// Out of scratch memory: the allocator's message (sizes, cache state) stays the error.
-nb_status scratch_failed(nb__cuda_kctx *c) {
-    (void)nb__cuda_kend(c, cudaSuccess);
-    return NB_ENOMEM;
-}
-
 // ---- reduce ------------------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
@@ -120,7 +114,7 @@ nb_status cuda_reduce(const nb__reduce_args *a) {
     rst *part = NULL;
     if (p.nch > 1) {
         part = (rst *)nb__cuda_kscratch(&c, (size_t)(p.nout * p.nch) * sizeof(rst));
-        if (!part) return scratch_failed(&c);
+        if (!part) return nb__cuda_kfail(&c);
     }
     switch (dt) {
     case NB_F32: rd_launch<float>(p, o, a->x.data, part, c.stream); break;

@@ -84,6 +84,9 @@ nb_status nb__cuda_kend(nb__cuda_kctx *c, cudaError_t e);
  * are enqueued: the allocator reuses the block on the same stream only after them. */
 void *nb__cuda_kscratch(nb__cuda_kctx *c, size_t nbytes);
 void nb__cuda_kfree(void *p);
+/* After a failed nb__cuda_kscratch: leave the context (as nb__cuda_kend) and return the
+ * allocator's error, whose message (sizes, cache state) stays the last error. */
+nb_status nb__cuda_kfail(nb__cuda_kctx *c);
 
 /* The device error flag (cuda/kerr.c): a kernel that finds a bad index skips it and
  * records the first one here (device code: nb_kerr_report in cuda/kcommon.cuh); the next

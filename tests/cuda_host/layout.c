@@ -5,18 +5,10 @@
 #include <stddef.h>
 
 #include "cuhost.h"
+#include "layout_rows.h"
 #include "tensor/kernels.h"
 
-#define ROW(name, Args, what) {#name, sizeof(Args), alignof(Args)},
 const cuhost_layout_row cuhost_layout_c[] = {
-    NB__KERNELS(ROW)
-    {"nb__iter", sizeof(nb__iter), alignof(nb__iter)},
-    {"nb__iter.data", offsetof(nb__iter, data), 0},
-    {"nb__iter.dtype", offsetof(nb__iter, dtype), 0},
-    {"nb__view", sizeof(nb__view), alignof(nb__view)},
-    {"nb__view.strides", offsetof(nb__view, strides), 0},
-    {"nb__ew_args.it", offsetof(nb__ew_args, it), 0},
-    {"nb__ew_args.ctx", offsetof(nb__ew_args, ctx), 0},
+    CUHOST_LAYOUT_ROWS
 };
-#undef ROW
 const int cuhost_layout_c_n = (int)(sizeof cuhost_layout_c / sizeof cuhost_layout_c[0]);

@@ -5,20 +5,12 @@
 #include <string.h>
 
 #include "cuhost.h"
+#include "layout_rows.h"
 #include "tensor/kernels.h"
 
-#define ROW(name, Args, what) {#name, sizeof(Args), alignof(Args)},
 static const cuhost_layout_row cu[] = {
-    NB__KERNELS(ROW)
-    {"nb__iter", sizeof(nb__iter), alignof(nb__iter)},
-    {"nb__iter.data", offsetof(nb__iter, data), 0},
-    {"nb__iter.dtype", offsetof(nb__iter, dtype), 0},
-    {"nb__view", sizeof(nb__view), alignof(nb__view)},
-    {"nb__view.strides", offsetof(nb__view, strides), 0},
-    {"nb__ew_args.it", offsetof(nb__ew_args, it), 0},
-    {"nb__ew_args.ctx", offsetof(nb__ew_args, ctx), 0},
+    CUHOST_LAYOUT_ROWS
 };
-#undef ROW
 
 void cuhost_layout(cuhost *t) {
     int n = (int)(sizeof cu / sizeof cu[0]);
