@@ -110,6 +110,8 @@ static void comm_dealloc(nb__nccl_comm *c) {
     free(c);
 }
 
+static nb_status finish_enqueue(nb__nccl_comm *c, double seconds, const char *what);
+
 static ncclConfig_t nonblocking(void) {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
@@ -166,6 +168,13 @@ nb__nccl_comm *nb__cuda_nccl_comm_split(nb__nccl_comm *p, int color, int key) {
     if (!c || nb__cuda_enter(p->device, &prev, what) != NB_OK) {
         pthread_mutex_unlock(&p->mu);
         if (c) comm_dealloc(c);
+        return NULL;
+    }
+    /* NCCL's rule: no call on a communicator while an enqueue is in progress. */
+    if (finish_enqueue(p, 60.0, what) != NB_OK) {
+        nb__cuda_leave(prev);
+        pthread_mutex_unlock(&p->mu);
+        comm_dealloc(c);
         return NULL;
     }
     ncclConfig_t cfg = nonblocking();
@@ -228,12 +237,14 @@ void nb__cuda_nccl_comm_free(nb__nccl_comm *c, double seconds) {
     bool ok = !c->aborted && c->ready;
     int prev = -1;
     bool entered = nb__cuda_enter(c->device, &prev, "nccl_comm_free") == NB_OK;
-    if (ok && ncclCommFinalize(c->comm) == ncclSuccess) {
+    ncclResult_t fr = ok ? ncclCommFinalize(c->comm) : ncclInternalError;
+    if (fr == ncclSuccess || fr == ncclInProgress) {
         /* Non-blocking: the flush of what was issued is polled, at most `seconds`. */
         double t0 = now(), s = 20e-6;
         int st;
         while ((st = async_state(c, "nccl_comm_free")) == 0 && now() - t0 < seconds) nap(&s);
-        ok = st == 1 && ncclCommDestroy(c->comm) == ncclSuccess;
+        ncclResult_t dr = st == 1 ? ncclCommDestroy(c->comm) : ncclInternalError;
+        ok = dr == ncclSuccess || dr == ncclInProgress;
     } else {
         ok = false;
     }

@@ -260,10 +260,10 @@ static void hold(nb_work *w, nb_tensor *t) {
 }
 
 /* Whether the backend of w's communicator moves t's memory as it is: host memory, or for a
- * backend of device buffers (nccl), t's GPU memory (nb__comm_route sent only such tensors). */
+ * backend of device buffers (nccl) any tensor, since nb__comm_route sends it only tensors
+ * of its GPU. */
 static bool native(const nb_work *w, const nb_tensor *t) {
-    return w->comm->be->device_buffers ? nb__device_of(t).type == NB_DEVICE_CUDA
-                                       : nb__host_accessible(t);
+    return w->comm->be->device_buffers || nb__host_accessible(t);
 }
 
 /* A tensor read and written in place (allreduce, broadcast, reduce, recv). */

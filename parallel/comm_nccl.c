@@ -62,6 +62,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct nccl_ws {
     nb__nccl_op *op;
+    bool timed_out; /* the common layer asked who is missing: it timed out */
 } nccl_ws;
 _Static_assert(sizeof(nccl_ws) <= sizeof(((nb_work *)0)->be), "nccl_ws does not fit");
 static nccl_ws *ws_of(nb_work *w) { return (nccl_ws *)w->be; }
@@ -177,15 +178,19 @@ static int nccl_wait(nb_work *w, double deadline) {
 
 static void nccl_diagnose(nb_work *w, char *buf, size_t n) {
     nccl_impl *m = w->comm->impl;
+    ws_of(w)->timed_out = true; /* comm.c asks only after a timeout */
     snprintf(buf, n, "NCCL cannot tell which rank is missing; the NCCL communicator (cuda:%d) "
              "is aborted, so the ranks waiting in it fail too, and later CUDA collectives on "
              "this communicator fail (make a new one)", m->device);
 }
 
+/* Given up after a timeout: abort the communicator (the peers stuck in the operation fail
+ * too). Freed unwaited (nb_work_free) before any timeout: the GPU finishes it on its own,
+ * and its blocks stay reserved through nb_cuda_record_stream. */
 static void nccl_abandon(nb_work *w) {
     nccl_impl *m = w->comm->impl;
-    mark_aborted(m, "a timeout");
     nccl_ws *s = ws_of(w);
+    if (s->timed_out) mark_aborted(m, "a timeout");
     if (s->op) m->p->nccl_op_free(s->op);
     s->op = NULL;
 }
@@ -282,6 +287,10 @@ static nb_status agree(nb_comm *c, nb_status mine, char *list, size_t n, bool *e
 nb_status nb__comm_nccl_share_id(nb_comm *c, unsigned char *id) {
     const nb__cuda_plugin *p = nb__cuda_plugin_get("nccl");
     if (!p) return nb_last_status(); /* the same on every rank: nobody broadcasts */
+    if (p->nccl_version() <= 0) /* likewise */
+        return nb__error(NB_EUNSUPPORTED, "nccl: the CUDA plugin (%s) was built without NCCL "
+                         "(reconfigure with -Dnccl=enabled where NCCL is installed)",
+                         nb__cuda_plugin_path());
     /* int32 status, then the id (rank 0's status travels with it, so that a failure there
      * is every rank's failure, not a hang). */
     nb_tensor *t = nb_zeros_on(NB_CPU, (int64_t[]){4 + NB__NCCL_ID_BYTES}, 1, NB_U8);
