@@ -158,7 +158,7 @@ typedef struct nb__cuda_plugin {
     nb__nccl_comm *(*nccl_comm_split)(nb__nccl_comm *c, int color, int key);
     /* Init/split progress, and afterwards the communicator's health (ncclCommGetAsyncError). */
     int (*nccl_comm_poll)(nb__nccl_comm *c);
-    /* ncclCommAbort (peers stuck in a collective with it fail instead of hanging); the
+    /* ncclCommAbort (this rank's operations on it end instead of hanging); the
      * handle stays valid (every later call fails) until nccl_comm_free. */
     void (*nccl_comm_abort)(nb__nccl_comm *c);
     /* Finalize and destroy (abort when it does not finish within `seconds`), then free. */

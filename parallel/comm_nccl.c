@@ -29,7 +29,9 @@
  * ncclCommGetAsyncError, and at the end the compute stream waits for it (no host wait on
  * the GPU). The tensors' blocks are marked as used on the COMM stream
  * (nb_cuda_record_stream). A timeout aborts the NCCL communicator (ncclCommAbort): the
- * operation and the peers stuck in it fail instead of hanging, and later CUDA collectives
+ * operation fails instead of hanging (each rank's own timeout aborts its side, and NCCL
+ * may fail the peers' operations sooner when their connection to it drops), and later
+ * CUDA collectives
  * on the communicator fail with NB_ECOMM (make a new communicator). */
 #include <pthread.h>
 #include <stdio.h>
@@ -154,7 +156,7 @@ static int nccl_test(nb_work *w) {
                            w->comm->rank, m->device, nb_last_error());
     } else {
         /* An asynchronous NCCL error leaves the communicator unusable: abort it, so that
-         * the peers fail too instead of waiting for this rank. */
+         * the peers are not left waiting for this rank beyond their own timeouts. */
         nb__work_fail(w, (nb_status)r, "%s on rank %d of %d (NCCL, cuda:%d): %s",
                       nb__coll_name(w->a.kind), w->comm->rank, w->comm->size, m->device,
                       nb_last_error());
@@ -180,12 +182,12 @@ static void nccl_diagnose(nb_work *w, char *buf, size_t n) {
     nccl_impl *m = w->comm->impl;
     ws_of(w)->timed_out = true; /* comm.c asks only after a timeout */
     snprintf(buf, n, "NCCL cannot tell which rank is missing; the NCCL communicator (cuda:%d) "
-             "is aborted, so the ranks waiting in it fail too, and later CUDA collectives on "
-             "this communicator fail (make a new one)", m->device);
+             "is aborted, so later CUDA collectives on this communicator fail (make a new "
+             "one)", m->device);
 }
 
-/* Given up after a timeout: abort the communicator (the peers stuck in the operation fail
- * too). Freed unwaited (nb_work_free) before any timeout: the GPU finishes it on its own,
+/* Given up after a timeout: abort the communicator (the operation ends; the GPU's NCCL
+ * kernels stop). Freed unwaited (nb_work_free) before any timeout: the GPU finishes it on its own,
  * and its blocks stay reserved through nb_cuda_record_stream. */
 static void nccl_abandon(nb_work *w) {
     nccl_impl *m = w->comm->impl;
@@ -374,8 +376,8 @@ static nb_comm *bootstrap(nb_comm *c, int device, nb_status *st, char *msg, size
     if (all != NB_OK) {
         *st = all;
         if (xfail) snprintf(msg, n, "the ranks could not agree over MPI: %s", nb_last_error());
-        else snprintf(msg, n, "rank(s) %s could not set up NCCL%s%s", list, mine[0] ? "; here: " : "",
-                      mine);
+        else snprintf(msg, n, "rank(s) %s could not set up NCCL%s%.280s", list,
+                      mine[0] ? "; here: " : "", mine);
         if (h) {
             p->nccl_comm_abort(h);
             p->nccl_comm_free(h, 0);
