@@ -120,6 +120,147 @@ START_TEST(test_nccl_host_stays_mpi) {
 }
 END_TEST
 
+/* Which communicator moves a tensor (nb__comm_route). A host tensor dressed as a CUDA one
+ * (its storage's device field is set to cuda:0 for the call, then restored): without a GPU
+ * no real CUDA tensor can be made, and the route looks only at the device. */
+static nb_comm *route_as_cuda(nb_comm *c, nb__coll kind, nb_tensor *t, nb_tensor *u) {
+    nb_device saved = t->storage->device;
+    t->storage->device = NB_CUDA(0);
+    nb_comm *r = nb__comm_route(c, kind, t, u, nb__coll_name(kind));
+    t->storage->device = saved;
+    return r;
+}
+
+START_TEST(test_nccl_route) {
+    int have = nb__comm_nccl_available();
+    nb_clear_error();
+    nb_comm *sub = nb_comm_split(mt_world, 0, mt_rank); /* its NCCL state is its own */
+    MT_CHECK(sub != NULL, "split: %s", nb_last_error());
+    if (!sub) {
+        MT_END();
+        return;
+    }
+    nb_scope_begin();
+    nb_tensor *t = nb_zeros_on(NB_CPU, (int64_t[]){4}, 1, NB_F32);
+    nb_tensor *host = nb_zeros_on(NB_CPU, (int64_t[]){4}, 1, NB_F32);
+    /* Host tensors, and every kind NCCL does not take, stay on the communicator itself. */
+    MT_CHECK(nb__comm_route(sub, NB__COLL_ALLREDUCE, t, NULL, "allreduce") == sub, "host");
+    MT_CHECK(route_as_cuda(sub, NB__COLL_SEND, t, NULL) == sub, "send was routed");
+    MT_CHECK(route_as_cuda(sub, NB__COLL_RECV, t, NULL) == sub, "recv was routed");
+    MT_CHECK(route_as_cuda(sub, NB__COLL_BARRIER, t, NULL) == sub, "barrier was routed");
+    MT_CHECK(route_as_cuda(sub, NB__COLL_ALLGATHER, t, host) == sub, "mixed devices routed");
+    setenv("NB_COMM_NCCL", "0", 1);
+    MT_CHECK(route_as_cuda(sub, NB__COLL_ALLREDUCE, t, NULL) == sub, "NB_COMM_NCCL=0 routed");
+    unsetenv("NB_COMM_NCCL");
+    MT_CHECK(sub->dev == NULL, "no NCCL communicator should have been made yet");
+    if (mt_size == 1) {
+        /* one rank: nothing to communicate, the communicator itself */
+        MT_CHECK(route_as_cuda(sub, NB__COLL_ALLREDUCE, t, NULL) == sub, "size 1 routed");
+    } else if (have == 1 && nb_cuda_device_count() == 0) {
+        /* A CUDA allreduce goes to NCCL: here its bootstrap fails (no GPU), on every rank,
+         * and the failure is kept. */
+        for (int round = 0; round < 2; round++) {
+            nb_comm *r = route_as_cuda(sub, NB__COLL_ALLREDUCE, t, NULL);
+            MT_CHECK(r == NULL && nb_last_status() == NB_EDEVICE &&
+                         strstr(nb_last_error(), "could not set up NCCL"),
+                     "round %d: routed to %p: %s", round, (void *)r, nb_last_error());
+            nb_clear_error();
+        }
+        MT_CHECK(sub->dev != NULL, "the failed NCCL bootstrap was not kept");
+    } else if (have != 1) {
+        /* No NCCL in the plugin: through host memory, unless NB_COMM_NCCL=1 insists. */
+        MT_CHECK(route_as_cuda(sub, NB__COLL_ALLREDUCE, t, NULL) == sub, "no NCCL: %s",
+                 nb_last_error());
+        setenv("NB_COMM_NCCL", "1", 1);
+        nb_comm *r = route_as_cuda(sub, NB__COLL_ALLREDUCE, t, NULL);
+        MT_CHECK(r == NULL && nb_last_status() == NB_EUNSUPPORTED &&
+                     strstr(nb_last_error(), "NB_COMM_NCCL=1 but the CUDA plugin has no NCCL"),
+                 "NB_COMM_NCCL=1 without NCCL: %p: %s", (void *)r, nb_last_error());
+        unsetenv("NB_COMM_NCCL");
+        nb_clear_error();
+    }
+    nb_scope_end();
+    nb_comm_free(sub);
+    MT_END();
+}
+END_TEST
+
+/* On a machine with a GPU per rank (skipped here: no GPU): the collectives of CUDA tensors
+ * through NCCL, against the host results. With several ranks through the public API (the
+ * route picks NCCL); with one rank on a one-rank NCCL communicator made directly. Only the
+ * copies between host and GPU are needed besides NCCL (no CUDA kernel). UNVERIFIED: it has
+ * not run yet. */
+static void gpu_check(nb_tensor *cuda, const nb_tensor *want, const char *what) {
+    nb_tensor *back = cuda ? nb_to_device(cuda, NB_CPU) : NULL;
+    int64_t n = nb_numel(want);
+    double *ref = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    if (ref && nb_read(want, ref, n, NB_F64) == NB_OK) mt_expect(back, ref, n, what);
+    else MT_CHECK(false, "%s: cannot read the reference", what);
+    free(ref);
+}
+
+START_TEST(test_nccl_gpu_collectives) {
+    int ndev = nb_cuda_device_count();
+    nb_clear_error();
+    /* one GPU per rank: as many as ranks, or one visible to each process */
+    if (nb__comm_nccl_available() != 1 || ndev < 1 || (mt_size > 1 && ndev < mt_size)) {
+        nb_clear_error();
+        if (mt_rank == 0) fprintf(stderr, "nccl suite: no GPU per rank, GPU collectives skipped\n");
+        MT_END();
+        return;
+    }
+    int dev = ndev == 1 ? 0 : nb_comm_local_rank();
+    nb_comm *c = mt_size > 1 ? mt_world : nb__comm_nccl_of(mt_world, dev, "test");
+    MT_CHECK(c != NULL, "NCCL communicator: %s", nb_last_error());
+    if (!c) {
+        MT_END();
+        return;
+    }
+    nb_device d = NB_CUDA(dev);
+    const nb_dtype dts[] = {NB_F32, NB_BF16, NB_F64, NB_I32};
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        nb_dtype dt = dts[k];
+        nb_scope_begin();
+        for (int64_t n = 1; n <= 1001; n += 1000) {
+            /* allreduce sum, max (and avg for floats) against the host path */
+            nb_reduce_op ops[] = {NB_REDUCE_SUM, NB_REDUCE_MAX, NB_REDUCE_AVG};
+            for (int o = 0; o < (nb_dtype_is_float(dt) ? 3 : 2); o++) {
+                nb_tensor *h = mt_make(mt_rank, n, dt, o), *g = nb_to_device(h, d);
+                MT_OK(nb_allreduce(c, g, ops[o]));
+                MT_OK(nb_allreduce(mt_world, h, ops[o]));
+                gpu_check(g, h, "allreduce");
+            }
+            /* broadcast from the last rank */
+            nb_tensor *h = mt_make(mt_rank, n, dt, 5), *g = nb_to_device(h, d);
+            MT_OK(nb_broadcast(c, g, mt_size - 1));
+            MT_OK(nb_broadcast(mt_world, h, mt_size - 1));
+            gpu_check(g, h, "broadcast");
+            /* allgather, equal blocks and nb_comm_chunk's blocks */
+            int64_t b, e;
+            nb_comm_chunk(n, mt_size, mt_rank, &b, &e);
+            nb_tensor *in = mt_make(mt_rank, e - b, dt, 6);
+            nb_tensor *ho = nb_zeros_on(NB_CPU, (int64_t[]){n}, 1, dt);
+            nb_tensor *go = nb_zeros_on(d, (int64_t[]){n}, 1, dt);
+            MT_OK(nb_allgather(c, go, nb_to_device(in, d)));
+            MT_OK(nb_allgather(mt_world, ho, in));
+            gpu_check(go, ho, "allgather (chunks)");
+            /* reduce_scatter of n elements (uneven unless n divides) */
+            nb_tensor *rin = mt_make(mt_rank, n, dt, 7);
+            nb_tensor *rho = nb_zeros_on(NB_CPU, (int64_t[]){e - b}, 1, dt);
+            nb_tensor *rgo = nb_zeros_on(d, (int64_t[]){e - b}, 1, dt);
+            MT_OK(nb_reduce_scatter(c, rgo, nb_to_device(rin, d), NB_REDUCE_SUM));
+            MT_OK(nb_reduce_scatter(mt_world, rho, rin, NB_REDUCE_SUM));
+            gpu_check(rgo, rho, "reduce_scatter");
+        }
+        nb_scope_end();
+    }
+    if (mt_size > 1) /* the route made the world's NCCL communicator: it is there now */
+        MT_CHECK(nb__comm_nccl_of(mt_world, dev, "test") != NULL, "NCCL was not used: %s",
+                 nb_last_error());
+    MT_END();
+}
+END_TEST
+
 Suite *mt_suite_nccl(void) {
     Suite *s = suite_create("nccl");
     TCase *tc = tcase_create("nccl");
@@ -127,6 +268,8 @@ Suite *mt_suite_nccl(void) {
     tcase_add_test(tc, test_nccl_share_id);
     tcase_add_test(tc, test_nccl_no_gpu_error);
     tcase_add_test(tc, test_nccl_host_stays_mpi);
+    tcase_add_test(tc, test_nccl_route);
+    tcase_add_test(tc, test_nccl_gpu_collectives);
     suite_add_tcase(s, tc);
     return s;
 }
