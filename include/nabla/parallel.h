@@ -27,7 +27,8 @@
  * one GPU per rank: the one of nb_comm_local_rank; NB_COMM_NCCL=0 moves them through host
  * memory instead): DDP, ZeRO and the tensor-parallel layers need no change.
  *
- * Collectives take tensors of any nabla dtype (f16/bf16 sums are computed in f32), work in
+ * Collectives take tensors of any nabla dtype (f16/bf16 sums are computed in f32; NCCL's, of
+ * CUDA tensors, in their own precision), work in
  * place where that is natural, and exist in a blocking form and an asynchronous form that
  * returns an nb_work handle to wait on or test. Sizes need not divide by the world size.
  * NB_REDUCE_AVG needs a float dtype (NB_EDTYPE otherwise); on bool, sum and max are a
