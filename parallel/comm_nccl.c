@@ -434,6 +434,8 @@ nb_comm *nb__comm_nccl_of(nb_comm *c, int device, const char *op) {
     return n;
 }
 
+/* ncclCommSplit orders the new ranks as MPI_Comm_split does (by key, ties by the rank in the
+ * parent, whose NCCL and MPI ranks are equal), so the child's NCCL ranks are its MPI ranks. */
 void nb__comm_dev_split(nb_comm *parent, nb_comm *child, int color, int key) {
     pthread_mutex_lock(&g_mu);
     nb_comm *pn = parent->dev ? parent->dev->nccl : NULL;

@@ -240,14 +240,14 @@ START_TEST(test_nccl_gpu_collectives) {
             nb_comm_chunk(n, mt_size, mt_rank, &b, &e);
             nb_tensor *in = mt_make(mt_rank, e - b, dt, 6);
             nb_tensor *ho = nb_zeros_on(NB_CPU, (int64_t[]){n}, 1, dt);
-            nb_tensor *go = nb_zeros_on(d, (int64_t[]){n}, 1, dt);
+            nb_tensor *go = nb_empty_on(d, (int64_t[]){n}, 1, dt);
             MT_OK(nb_allgather(c, go, nb_to_device(in, d)));
             MT_OK(nb_allgather(mt_world, ho, in));
             gpu_check(go, ho, "allgather (chunks)");
             /* reduce_scatter of n elements (uneven unless n divides) */
             nb_tensor *rin = mt_make(mt_rank, n, dt, 7);
             nb_tensor *rho = nb_zeros_on(NB_CPU, (int64_t[]){e - b}, 1, dt);
-            nb_tensor *rgo = nb_zeros_on(d, (int64_t[]){e - b}, 1, dt);
+            nb_tensor *rgo = nb_empty_on(d, (int64_t[]){e - b}, 1, dt);
             MT_OK(nb_reduce_scatter(c, rgo, nb_to_device(rin, d), NB_REDUCE_SUM));
             MT_OK(nb_reduce_scatter(mt_world, rho, rin, NB_REDUCE_SUM));
             gpu_check(rgo, rho, "reduce_scatter");
