@@ -11,6 +11,13 @@ const nb__backend *nb__cpu_backend(void);
 /* The guard backend for tests: host memory kept PROT_NONE except while one of its
  * backend calls runs, computing with the CPU kernels (cpu/guard.c). */
 const nb__backend *nb__guard_backend(void);
+/* Tests: how often each guard kernel ran since the start, in NB__KERNELS order (the order of
+ * nb__kernel_infos), into out[0..n). tests/test_backend.c finds the kernels the bundled
+ * models use this way. */
+void nb__guard_kernel_calls(unsigned long *out, int n);
+/* Tests: copies from guard memory to the host since the start (each would be a device
+ * synchronization on a GPU). */
+unsigned long nb__guard_host_reads(void);
 
 /* Each family fills its entries of the table. */
 void nb__cpu_register_core(nb__kernels *k);      /* cpu/elementwise.c */

@@ -191,6 +191,14 @@ static nb_status guard_copy_bytes(nb_device dev, void *dst, const void *src, siz
     return NB_OK;
 }
 
+/* Copies to the host (on a GPU each is a synchronization): counted for the tests. */
+static unsigned long g_host_reads;
+unsigned long nb__guard_host_reads(void) { return __atomic_load_n(&g_host_reads, __ATOMIC_RELAXED); }
+static nb_status guard_to_host(nb_device dev, void *dst, const void *src, size_t nbytes) {
+    __atomic_fetch_add(&g_host_reads, 1, __ATOMIC_RELAXED);
+    return guard_copy_bytes(dev, dst, src, nbytes);
+}
+
 static nb__backend g_guard = {
     .name = "guard",
     .has_storage = true,
@@ -200,13 +208,28 @@ static nb__backend g_guard = {
     .attention_bf16 = true,
     .alloc = guard_alloc,
     .free = guard_free,
-    .to_host = guard_copy_bytes,
+    .to_host = guard_to_host,
     .from_host = guard_copy_bytes,
 };
+
+/* Calls per kernel, in NB__KERNELS order (nb__guard_kernel_calls). */
+enum {
+#define NB__GUARD_IDX(name, Args, what) NB__GUARD_K_##name,
+    NB__KERNELS(NB__GUARD_IDX)
+#undef NB__GUARD_IDX
+    NB__GUARD_NK
+};
+static unsigned long g_calls[NB__GUARD_NK];
+
+void nb__guard_kernel_calls(unsigned long *out, int n) {
+    for (int i = 0; i < n && i < NB__GUARD_NK; i++)
+        out[i] = __atomic_load_n(&g_calls[i], __ATOMIC_RELAXED);
+}
 
 /* One wrapper per kernel: the CPU kernel inside an open section. */
 #define NB__GUARD_WRAP(name, Args, what)                                                   \
     static nb_status guard_##name(const Args *a) {                                         \
+        __atomic_fetch_add(&g_calls[NB__GUARD_K_##name], 1, __ATOMIC_RELAXED);              \
         open_all();                                                                        \
         nb_status st = nb__cpu_backend()->k.name(a);                                       \
         close_all();                                                                       \

@@ -313,7 +313,7 @@ static double abs_max(nb_dtype dt, const void *x, int64_t n) {
         part[c] = chunk_abs_max(dt, x, s, l);
     }
     double m = 0;
-    for (int64_t c = 0; c < nch; c++)
+    for (int64_t c = 0; c < nch && m == m; c++) /* NaN wins and stays */
         if (!(part[c] <= m)) m = part[c];
     if (part != small) nb_host_free(part);
     return m;

@@ -21,9 +21,11 @@ static void cuda_free(nb_device dev, void *p) {
     (void)dev;
     (void)nb_cuda_free(p);
 }
+/* A copy to the host waits for the device: the natural point to report a bad index a
+ * kernel found (cuda/kerr.c). */
 static nb_status cuda_to_host(nb_device dev, void *dst, const void *src, size_t nbytes) {
-    (void)dev;
-    return nbytes ? nb_cuda_memcpy_d2h(dst, src, nbytes) : NB_OK;
+    nb_status st = nbytes ? nb_cuda_memcpy_d2h(dst, src, nbytes) : NB_OK;
+    return st == NB_OK ? nb__cuda_kerr_check(dev.index, "copy to the host") : st;
 }
 static nb_status cuda_from_host(nb_device dev, void *dst, const void *src, size_t nbytes) {
     (void)dev;

@@ -10,6 +10,7 @@
  * that stream then waits for the copy, so the source block is not freed and reused on
  * its stream while the copy still reads it (cuda/policy.c: nb__copy_joins_source). */
 #include "cuda/cuda_impl.h"
+#include "cuda/k_index.h"
 #include "cuda/policy.h"
 #include "tensor/error.h"
 
@@ -83,6 +84,10 @@ static nb_status copy(void *dst, const void *src, size_t nbytes, nb_cuda_stream 
                             s->handle);
     if (e == cudaSuccess && wait) e = cudaStreamSynchronize(s->handle);
     nb__cuda_leave(prev);
+    /* a waited device-to-host copy is a natural sync: report the bad index values the
+     * index kernels of this device recorded (cuda/k_index.h) */
+    if (e == cudaSuccess && wait && kind == NB__D2H && (st = nb__cuda_index_error(dev)) != NB_OK)
+        return st;
     if (e == cudaSuccess && src_stream && !wait) return nb__cuda_join(src_stream, s, what);
     return nb__cuda_status(e, what);
 }

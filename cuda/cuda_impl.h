@@ -68,6 +68,8 @@ typedef struct nb__cuda_thread {
     /* the COMM and COPY role streams (nb_cuda_stream_role), created on first use */
     nb_cuda_stream *role[2][NB__CUDA_MAX_DEVICES];
     void *blas[NB__CUDA_MAX_DEVICES];              /* cublasHandle_t, see blas.c */
+    void *blaslt[NB__CUDA_MAX_DEVICES];            /* cuBLASLt state, see k_matmul.c */
+    void *cudnn[NB__CUDA_MAX_DEVICES];             /* cudnnHandle_t, see cudnn.c */
 } nb__cuda_thread;
 /* This thread's state (allocated on first use); NULL only when out of host memory. */
 nb__cuda_thread *nb__cuda_thread_state(void);

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "cuda/cuda_impl.h"
+#include "cuda/k_index.h"
+#include "cuda/kernels.h"
 #include "cuda/policy.h"
 #include "tensor/error.h"
 
@@ -112,7 +114,9 @@ nb_status nb_cuda_synchronize(void) {
     int d = 0;
     nb_status s = nb__cuda_resolve(-1, &d, "cuda_synchronize");
     if (s != NB_OK) return s;
-    return nb__cuda_status(cudaDeviceSynchronize(), "cuda_synchronize");
+    if ((s = nb__cuda_status(cudaDeviceSynchronize(), "cuda_synchronize")) != NB_OK) return s;
+    if ((s = nb__cuda_index_error(d)) != NB_OK) return s; /* the index kernels' record */
+    return nb__cuda_kerr_check(d, "cuda_synchronize");   /* the other kernels' (kerr.c) */
 }
 
 /* ---- the runtime cuda/policy.c decides with ------------------------------------------------ */

@@ -134,6 +134,19 @@ template <typename A> __device__ __forceinline__ A nb_block_max(A v, A *scratch)
     return scratch[0];
 }
 
+// A bad index found by a kernel (cuda/kerr.c): the first report per device wins; the
+// kernel then skips the element. e from nb__cuda_kerr_of(c.device), passed as an argument.
+__device__ __forceinline__ void nb_kerr_report(nb__cuda_kerr *e, int kernel, int dim,
+                                               long long value, long long bound) {
+    if (!e || atomicCAS(&e->set, 0u, 2u) != 0u) return;
+    e->kernel = kernel;
+    e->dim = dim;
+    e->value = value;
+    e->bound = bound;
+    __threadfence_system();
+    atomicExch(&e->set, 1u);
+}
+
 }  // namespace nbk
 
 #endif

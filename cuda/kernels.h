@@ -85,6 +85,29 @@ nb_status nb__cuda_kend(nb__cuda_kctx *c, cudaError_t e);
 void *nb__cuda_kscratch(nb__cuda_kctx *c, size_t nbytes);
 void nb__cuda_kfree(void *p);
 
+/* The device error flag (cuda/kerr.c): a kernel that finds a bad index skips it and
+ * records the first one here (device code: nb_kerr_report in cuda/kcommon.cuh); the next
+ * synchronization the program makes anyway (a copy to the host, nb_cuda_synchronize) fails
+ * with NB_EINDEX and this record's message. kernel: the index in NB__KERNELS order
+ * (NB__CUDA_K_<name>). In mapped pinned host memory, one per device. */
+typedef struct nb__cuda_kerr {
+    unsigned int set; /* 0: no error; set by the first reporter (atomicCAS) */
+    int kernel;
+    int dim;
+    long long value, bound;
+} nb__cuda_kerr;
+enum {
+#define NB__CUDA_K_ENUM(name, Args, what) NB__CUDA_K_##name,
+    NB__KERNELS(NB__CUDA_K_ENUM)
+#undef NB__CUDA_K_ENUM
+    NB__CUDA_K_COUNT
+};
+/* The record of device (created on first use); NULL and an error when it cannot be. */
+nb__cuda_kerr *nb__cuda_kerr_of(int device);
+/* After a synchronization of device: NB_OK, or NB_EINDEX ("what: a CUDA kernel found a bad
+ * index: ...") once per recorded error, which is then cleared. */
+nb_status nb__cuda_kerr_check(int device, const char *what);
+
 /* Limits the launch helpers respect (cudaDeviceProp of c's device, read once per device). */
 typedef struct nb__cuda_devinfo {
     int sm_count;

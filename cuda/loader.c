@@ -210,6 +210,10 @@ nb_status nb_cuda_device_name(int device, char *buf, size_t len) {
     P("cuda_device_name", nb_last_status());
     return p->device_name(device, buf, len);
 }
+const char *nb_cuda_libraries(void) {
+    P("cuda_libraries", NULL);
+    return p->libraries;
+}
 nb_status nb_cuda_synchronize(void) {
     P("cuda_synchronize", nb_last_status());
     return p->synchronize();

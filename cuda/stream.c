@@ -11,6 +11,8 @@
 #include <stdlib.h>
 
 #include "cuda/cuda_impl.h"
+#include "cuda/k_index.h"
+#include "cuda/kernels.h"
 #include "tensor/error.h"
 
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
@@ -21,7 +23,7 @@ static _Thread_local nb__cuda_thread *t_state;
 static atomic_uint_least64_t g_next_id = 1;
 
 /* ---- lifecycle hooks (registered at load time, read-only afterwards) ---------------------- */
-#define NB__CUDA_MAX_HOOKS 4
+#define NB__CUDA_MAX_HOOKS 8
 static struct {
     nb__cuda_stream_added_fn added[NB__CUDA_MAX_HOOKS];
     nb__cuda_stream_retired_fn retired[NB__CUDA_MAX_HOOKS];
@@ -194,7 +196,9 @@ void nb_cuda_stream_free(nb_cuda_stream *s) {
 nb_status nb_cuda_stream_synchronize(nb_cuda_stream *s) {
     s = nb__cuda_stream_or_current(s, "cuda_stream_synchronize");
     if (!s) return nb_last_status();
-    return nb__cuda_status(cudaStreamSynchronize(s->handle), "cuda_stream_synchronize");
+    nb_status st = nb__cuda_status(cudaStreamSynchronize(s->handle), "cuda_stream_synchronize");
+    if (st == NB_OK) st = nb__cuda_index_error(s->device); /* cuda/k_index.h */
+    return st == NB_OK ? nb__cuda_kerr_check(s->device, "cuda_stream_synchronize") : st;
 }
 
 nb_cuda_stream *nb_cuda_stream_default(int device) {

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "ft.h"
 #include "guard.h"
+#include "device.h"
 #include "precision.h"
 
 #include <nabla/parallel.h>
@@ -64,10 +65,13 @@ static void usage(const nbm_args *a, FILE *out) {
             a->prog, a->epochs, (long long)a->batch, a->lr, (unsigned long long)a->seed,
             NB_FASHION_MNIST_DIR);
     nbm_guard_usage(out);
+    nbm_device_usage(out);
 }
 
 /* --comm-timeout, --on-nonfinite, --max-skips (guard.h), and the skipped steps' count */
 static nbm_guard guard;
+/* --device (device.h) */
+static nbm_device device;
 
 /* The flags that take a value, and whether each still has an effect with --eval-only. */
 static const struct {
@@ -85,6 +89,7 @@ enum { N_VALUE_FLAGS = sizeof value_flags / sizeof value_flags[0] };
 int nbm_parse_args(int argc, char **argv, nbm_args *a) {
     bool given[N_VALUE_FLAGS] = {0};
     if (!nbm_guard_args(a->prog, &argc, argv, &guard)) return 2;
+    if (!nbm_device_args(a->prog, &argc, argv, &device)) return 2;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n;
@@ -208,9 +213,10 @@ static nb_status evaluate(nb_module *m, nb_loader *l, nb_comm *world, double *ac
         if (b.index % size != rank) continue;
         nb_scope_begin();
         bool ac = nbm_precision_begin(prec) == NB_OK;
-        nb_tensor *logits = ac ? nb_forward(m, b.x) : NULL;
-        nb_tensor *ok = nb_sum(nb_eq(nb_argmax(logits, 1, false), b.y), NULL, 0, false);
-        nb_tensor *ls = nb_cross_entropy(logits, b.y,
+        nb_tensor *x = nbm_on_device(b.x), *y = nbm_on_device(b.y); /* --device */
+        nb_tensor *logits = ac && x ? nb_forward(m, x) : NULL;
+        nb_tensor *ok = nb_sum(nb_eq(nb_argmax(logits, 1, false), y), NULL, 0, false);
+        nb_tensor *ls = nb_cross_entropy(logits, y,
                                          &(nb_cross_entropy_opts){.reduction = NB_REDUCTION_SUM});
         if (ac) nbm_precision_end(prec);
         if (ok && ls) {
@@ -391,6 +397,7 @@ static bool setup(run *r) {
     r->main_rank = r->rank == 0;
     nbm_guard_comm(&guard, r->world); /* a dead or hung peer: an error after this long */
     nb_share_threads(r->world, a->threads);
+    if (!nbm_device_use(a->prog, &device)) return false; /* said why */
     if (a->batch % r->size != 0)
         return fail(r, "--batch %lld is the global batch and must divide by the %d ranks",
                     (long long)a->batch, r->size);
@@ -414,7 +421,8 @@ static bool train_step(run *r, const nb_batch *b, double *loss) {
     nb_scope_begin();
     nb_tensor *l = NULL;
     if (nbm_precision_begin(r->a->precision) == NB_OK) { /* the forward and the loss */
-        l = nb_cross_entropy(nb_forward(r->model, b->x), b->y, NULL);
+        nb_tensor *x = nbm_on_device(b->x); /* --device: the batch to the model's device */
+        l = x ? nb_cross_entropy(nb_forward(r->model, x), nbm_on_device(b->y), NULL) : NULL;
         nbm_precision_end(r->a->precision);
     }
     double f = nbm_guard_test_factor(r->step + 1, r->rank); /* 1, but NaN in tests */
@@ -646,6 +654,7 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_num(out, "wall_s", wall_s, 2);
     nb_jsonl_num(out, "median_step_ms", 1e3 * nb_median(r->step_times, r->n_times), 3);
     nb_jsonl_int(out, "threads", nb_get_num_threads());
+    nb_jsonl_str(out, "device", nbm_device_name(&device));
     nb_jsonl_int(out, "ranks", r->size);
     nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
     nb_jsonl_int(out, "zero", r->a->zero);

@@ -7,6 +7,7 @@
  * doubles through the kernels' result field. Meta gradients have no values: their part of
  * the norm is NaN, so the norm of a list with one is NaN, and nothing is rescaled. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "nabla/autograd.h"
 #include "optim/optim_impl.h"
@@ -64,27 +65,49 @@ static double clip_norm(const nb_params *ps, double max_norm, double norm_type, 
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
+    /* Each gradient's partial lands in a slot of a f64 buffer on its device (kernels write
+     * device memory), and the slots are read back once per device run, then combined on
+     * the host in parameter order: on a GPU one synchronization per call, not one per
+     * parameter. */
     double total = 0;
-    for (int i = 0; i < ps->count; i++) {
-        nb_tensor *g = grad_of(ps, i, who, &st);
-        if (!g) continue;
+    nb_tensor *parts = NULL;
+    int nparts = 0;
+    double *host = ps->count > 0 ? malloc(sizeof(double) * (size_t)ps->count) : NULL;
+    if (ps->count > 0 && !host) st = nb__error(NB_ENOMEM, "%s: out of memory", who);
+    for (int i = 0; i <= ps->count && st == NB_OK; i++) {
+        nb_tensor *g = i < ps->count ? grad_of(ps, i, who, &st) : NULL;
+        if (i < ps->count && !g) continue;
+        bool flush = parts && (!g || !nb_device_equal(nb__device_of(g), nb__device_of(parts)));
+        if (flush) { /* combine the slots filled so far, in order */
+            /* meta tensors have no data: the partials stay NaN, as no kernel ran */
+            bool data = nb_data_ptr(parts) != NULL;
+            if (!data) nb_clear_error();
+            if (data) st = nb_read(nb_narrow(parts, 0, 0, nparts), host, nparts, NB_F64);
+            for (int k = 0; k < nparts && st == NB_OK; k++) {
+                double part = data ? host[k] : NAN;
+                if (isinf(p)) {
+                    if (total == total && !(part <= total)) total = part; /* NaN sticks */
+                } else {
+                    total += part;
+                }
+            }
+            parts = NULL;
+            nparts = 0;
+        }
+        if (!g || st != NB_OK) continue;
         nb_tensor *c = nb_is_contiguous(g) ? g : nb_contiguous(g);
-        if (!c) {
+        if (!c || (!parts && !(parts = nb_empty_on(nb__device_of(c),
+                                                   (int64_t[]){ps->count - i}, 1, NB_F64)))) {
             st = nb_last_status();
             break;
         }
-        double part = NAN; /* stays NaN on meta, where no kernel runs */
         nb__clip_reduce_args a = {.dtype = c->dtype, .n = nb_numel(c), .x = nb__ptr(c), .p = p,
-                                  .result = &part};
+                                  .result = nb__ptr(parts) ? (double *)nb__ptr(parts) + nparts : NULL};
+        nparts++;
         st = isinf(p) ? nb__run_clip_abs_max(nb__device_of(c), who, &a)
                       : nb__run_clip_abs_pow_sum(nb__device_of(c), who, &a);
-        if (st != NB_OK) break;
-        if (isinf(p)) {
-            if (!(part <= total)) total = part; /* NaN sticks */
-        } else {
-            total += part;
-        }
     }
+    free(host);
     if (st == NB_OK && reduce) st = reduce(&total, isinf(p), ctx);
     if (!isinf(p)) total = p == 2 ? sqrt(total) : p == 1 ? total : pow(total, 1.0 / p);
     double coef = max_norm / (total + 1e-6);

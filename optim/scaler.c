@@ -162,9 +162,23 @@ static nb_status unscale(nb_grad_scaler *s, nb_optim *user, const char *who) {
     nb_status st = NB_OK;
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    for (int i = 0; i < opt->nparams && st == NB_OK; i++) {
-        nb_tensor *t = opt->params[i].t, *g = t->grad;
-        if (!g) continue;
+    /* The kernels raise a flag in device memory (one per device run of parameters), read
+     * back once: on a GPU one synchronization per unscale, not one per parameter. */
+    nb_tensor *flag = NULL;
+    for (int i = 0; i <= opt->nparams && st == NB_OK; i++) {
+        nb_tensor *t = i < opt->nparams ? opt->params[i].t : NULL, *g = t ? t->grad : NULL;
+        if (flag && (!g || !nb_device_equal(nb__device_of(g), nb__device_of(flag)))) {
+            double f = 0;
+            if (nb_data_ptr(flag)) st = nb_read(flag, &f, 1, NB_F64);
+            else nb_clear_error(); /* meta: no data, no kernel ran */
+            if (f != 0) found = 1;
+            flag = NULL;
+        }
+        if (!g || st != NB_OK) continue;
+        if (!flag && !(flag = nb_zeros_on(nb__device_of(g), (int64_t[]){1}, 1, NB_F64))) {
+            st = nb_last_status();
+            break;
+        }
         nb_tensor *c = nb_is_contiguous(g) ? g : nb_contiguous(g);
         if (!c) {
             st = nb_last_status();
@@ -178,7 +192,7 @@ static nb_status unscale(nb_grad_scaler *s, nb_optim *user, const char *who) {
         }
         nb__amp_unscale_args a = {.dtype = c->dtype, .out_dtype = out->dtype, .n = nb_numel(c),
                                   .x = nb__ptr(c), .out = nb__ptr(out), .inv_scale = inv,
-                                  .found_inf = &found};
+                                  .found_inf = (double *)nb__ptr(flag)};
         nb__bump_version(out);
         st = nb__run_amp_unscale(nb__device_of(c), who, &a);
         if (st != NB_OK) break;

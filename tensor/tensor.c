@@ -282,6 +282,17 @@ void *nb_data(const nb_tensor *t) {
     return nb__ptr(t);
 }
 
+void *nb_data_ptr(const nb_tensor *t) {
+    if (!nb__arg_ok(t, "data_ptr", "t")) return NULL;
+    const nb__backend *be = nb__backend_of(nb__device_of(t), "data_ptr");
+    if (!be) return NULL;
+    if (!be->has_storage) {
+        nb__error(NB_EDEVICE, "data_ptr: a %s tensor has no data", be->name);
+        return NULL;
+    }
+    return nb__ptr(t);
+}
+
 int64_t nb_size(const nb_tensor *t, int dim) {
     if (!nb__arg_ok(t, "size", "t")) return -1;
     int d = nb__wrap_dim(dim, t->ndim, "size");

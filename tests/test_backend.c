@@ -2,7 +2,10 @@
  * name maps to real kernels, devices parse and print, the meta device computes shapes
  * only, the guard device keeps device memory away from the host, and operands on two
  * devices or devices this build lacks give clear errors. */
+#include <math.h>
 #include <string.h>
+
+#include <nabla/gpt.h>
 
 #include "cpu/backend.h"
 #include "cpu/elementwise.h"
@@ -156,6 +159,14 @@ START_TEST(test_guard_roundtrip) {
     nb_tensor *ref = nb_tanh(nb_mul(nb_add_scalar(a, 0.5), nb_transpose(nb_transpose(b, 0, 1), 0, 1)));
     nb_tensor *gy = nb_tanh(nb_mul(nb_add_scalar(ga, 0.5), gb));
     ck_assert(nb_device_equal(nb_tensor_device(gy), GUARD));
+    /* nb_data_ptr: the device address of any tensor with storage (a view's is offset),
+     * the host pointer for the CPU, an error for meta */
+    ck_assert_ptr_nonnull(nb_data_ptr(ga));
+    ck_assert_ptr_eq(nb_data_ptr(a), nb_data(a));
+    ck_assert_ptr_eq(nb_data_ptr(nb_narrow(ga, 1, 5, 10)), (char *)nb_data_ptr(ga) + 5 * 4);
+    ck_assert_ptr_null(nb_data_ptr(nb_empty_on(NB_META, shape, 2, NB_F32)));
+    ck_assert_int_eq(nb_last_status(), NB_EDEVICE);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "data_ptr: a meta tensor has no data"));
     nb_tensor *y = nb_to_device(gy, NB_CPU);
     double *r = tu_values(ref);
     tu_assert_close(y, r, shape, 2, 0);
@@ -201,6 +212,45 @@ START_TEST(test_cuda_without_gpu) {
 }
 END_TEST
 
+/* A GPT training step with gradient accumulation reads device memory back to the host
+ * (a synchronization on a GPU) a fixed number of times, not once per micro-batch: the
+ * losses are summed on the device and read once; the gradient norm is the other read. */
+START_TEST(test_gpt_step_host_reads) {
+    nb_device prev = nb_set_default_device(GUARD);
+    nb_scope_begin();
+    nb_generator *g = nb_generator_new(5);
+    nb_gpt_config cfg = {.block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 16};
+    nb_module *m = nb_gpt_new(&cfg, g);
+    nb_adamw_opts wo = nb_adamw_defaults();
+    nb_optim *opt = m ? nb_adamw_new(nb_parameters(m), &wo) : NULL;
+    ck_assert_msg(opt != NULL, "%s", nb_last_error());
+    nb_tensor *x[8], *y[8];
+    for (int i = 0; i < 8; i++) {
+        x[i] = nb_randint((int64_t[]){2, 8}, 2, NB_I64, 0, 256, g);
+        y[i] = nb_randint((int64_t[]){2, 8}, 2, NB_I64, 0, 256, g);
+    }
+    unsigned long reads[2];
+    for (int k = 0; k < 2; k++) { /* 2, then 8 micro-batches: the same count */
+        nb_gpt_step_opts so = nb_gpt_step_defaults();
+        so.grad_clip = 1.0;
+        double norm = 0;
+        unsigned long r0 = nb__guard_host_reads();
+        double loss = nb_gpt_train_step_ex(m, opt, x, y, k ? 8 : 2, &so, &norm);
+        reads[k] = nb__guard_host_reads() - r0;
+        ck_assert_msg(isfinite(loss), "%s", nb_last_error());
+    }
+    fprintf(stderr, "gpt step: %lu host reads with 2 micro-batches, %lu with 8\n", reads[0],
+            reads[1]);
+    ck_assert_int_eq(reads[0], reads[1]);
+    ck_assert_int_le(reads[1], 3);
+    nb_optim_free(opt);
+    nb_module_free(m);
+    nb_generator_free(g);
+    nb_scope_end();
+    nb_set_default_device(prev);
+}
+END_TEST
+
 Suite *nb_suite_backend(void) {
     Suite *s = suite_create("backend");
     TCase *tc = tcase_create("backend");
@@ -212,6 +262,7 @@ Suite *nb_suite_backend(void) {
     tcase_add_test(tc, test_guard_roundtrip);
     tcase_add_test(tc, test_mixed_devices);
     tcase_add_test(tc, test_cuda_without_gpu);
+    tcase_add_test(tc, test_gpt_step_host_reads);
     suite_add_tcase(s, tc);
     return s;
 }

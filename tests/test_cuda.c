@@ -140,6 +140,7 @@ START_TEST(test_cuda_plugin_missing) {
     ck_assert_ptr_null(nb__cuda_kernels());
     ck_assert_int_eq(nb__cuda_cudnn_version(), -1);
     ck_assert_int_eq(nb__cuda_nccl_version(), -1);
+    tu_assert_error(nb_cuda_libraries(), NB_EUNSUPPORTED, "cuda_libraries: CUDA support is not installed");
     nb_clear_error();
     ck_assert_int_eq(nb_cuda_empty_cache(), NB_OK);
     ck_assert_int_eq(nb_cuda_free(NULL), NB_OK);
@@ -275,6 +276,7 @@ START_TEST(test_cuda_plugin_loaded) {
     ck_assert_msg(n > k && strcmp(path + n - k, "/libnabla-cuda.so") == 0, "path %s", path);
     ck_assert_ptr_nonnull(strstr(p->libraries, "CUDA runtime "));
     ck_assert_ptr_nonnull(strstr(p->libraries, "cuBLAS "));
+    ck_assert_str_eq(nb_cuda_libraries(), p->libraries); /* the public form */
     long v = nb__cuda_cudnn_version();
     if (NB_HAVE_CUDNN) {
         ck_assert_int_ge(v, 80000); /* 9.19.0 is 91900 */
@@ -888,5 +890,6 @@ Suite *nb_suite_cuda(void) {
     tcase_add_test(tc, test_cuda_roles_record);
 #endif
     suite_add_tcase(s, tc);
+    suite_add_tcase(s, nb_tcase_cuda_conv()); /* tests/test_cuda_conv.c */
     return s;
 }

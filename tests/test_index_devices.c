@@ -160,17 +160,17 @@ START_TEST(test_index_guard) {
                                   GUARD);
     nb_tensor *neg = nb_to_device(tu_tensor((double[]){0, -2}, (int64_t[]){2, 1}, 2, NB_I32),
                                   GUARD);
-    tu_assert_error(nb_index_select(x, 0, bad), NB_EINDEX,
+    tu_assert_index_error(nb_index_select(x, 0, bad), NB_EINDEX,
                     "index_select: index 12 is out of range for dim 0 of size 10");
-    tu_assert_error(nb_embedding(x, bad), NB_EINDEX,
+    tu_assert_index_error(nb_embedding(x, bad), NB_EINDEX,
                     "embedding: index 12 is out of range for dim 0 of size 10");
-    tu_assert_error(nb_gather(x, 0, neg), NB_EINDEX,
+    tu_assert_index_error(nb_gather(x, 0, neg), NB_EINDEX,
                     "gather: index -2 is out of range for dim 0 of size 10");
-    tu_assert_error(nb_scatter_add(x, 1, neg, x), NB_EINDEX,
+    tu_assert_index_error(nb_scatter_add(x, 1, neg, x), NB_EINDEX,
                     "scatter_add: index -2 is out of range for dim 1 of size 4");
-    tu_assert_error(nb_one_hot(bad, 5, NB_F32), NB_EINDEX, "index 12 is out of range for 5");
-    tu_assert_error(nb_one_hot(neg, -1, NB_F32), NB_EINDEX, "class index -2 is negative");
-    tu_assert_error(nb_one_hot(neg, 4, NB_F32), NB_EINDEX, "class index -2 is negative");
+    tu_assert_index_error(nb_one_hot(bad, 5, NB_F32), NB_EINDEX, "index 12 is out of range for 5");
+    tu_assert_index_error(nb_one_hot(neg, -1, NB_F32), NB_EINDEX, "class index -2 is negative");
+    tu_assert_index_error(nb_one_hot(neg, 4, NB_F32), NB_EINDEX, "class index -2 is negative");
     nb_clear_error();
     nb_scope_end();
 }

@@ -935,6 +935,17 @@ START_TEST(test_clip) {
     for (int i = 0; i < 12; i++) vb[i] = fmin(fmax(vb[i], -0.01), 0.01);
     tu_assert_close(gb, vb, nb_shape(gb), 2, 1e-7);
     free(vb2);
+    /* a NaN anywhere makes the max norm NaN: in an early chunk of a long gradient, and in
+     * a gradient before others with finite values */
+    float *pn = malloc(sizeof(float) * 70000);
+    for (int i = 0; i < 70000; i++) pn[i] = i == 10 ? NAN : 1.0f;
+    nb_tensor *gn = nb_from_buffer(pn, (int64_t[]){70000}, 1, NB_F32);
+    free(pn);
+    nb_set_grad(a, gn);
+    ck_assert(isnan(nb_clip_grad_norm(&list, INFINITY, INFINITY)));
+    nb_params first = {2, (nb_tensor *[]){a, b}, NULL};
+    ck_assert(isnan(nb_clip_grad_norm(&first, INFINITY, INFINITY)));
+    nb_set_grad(a, ga);
     /* errors */
     ck_assert(nb_clip_grad_norm(NULL, 1, 2) == NB_ENULL);
     nb_clear_error();

@@ -130,6 +130,16 @@ void tu_assert_error_at(bool failed, nb_status status, const char *needle, const
     nb_clear_error();
 }
 
+void tu_assert_index_error_at(nb_tensor *result, nb_status status, const char *needle,
+                              const char *file, int line) {
+    if (result) { /* a deferred report: the read of the result is the synchronization */
+        nb_tensor *h = nb_to_device(result, NB_CPU);
+        ck_assert_msg(h == NULL, "%s:%d: expected an error, got a result (also when read)",
+                      file, line);
+    }
+    tu_assert_error_at(true, status, needle, file, line);
+}
+
 nb_tensor *tu_random_cpu(const int64_t *shape, int ndim, nb_dtype dt, double lo, double hi,
                          uint64_t seed) {
     return nb_to_device(tu_random(shape, ndim, dt, lo, hi, seed), NB_CPU);

@@ -48,6 +48,7 @@ TCase *nb_tcase_module_to(void);    /* nn_layers: tests/test_nn_devices.c */
 TCase *nb_tcase_optim_devices(void); /* optim: tests/test_optim_devices.c */
 TCase *nb_tcase_io_devices(void);    /* io: tests/test_io_devices.c */
 void nb_tcases_index_devices(Suite *s); /* index: tests/test_index_devices.c */
+TCase *nb_tcase_cuda_conv(void);      /* cuda: tests/test_cuda_conv.c (needs a GPU) */
 
 /* A tensor of dtype dt holding vals (converted), shape[ndim]; registered in the scope. */
 nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtype dt);
@@ -81,6 +82,14 @@ void tu_assert_close_at(const nb_tensor *t, const double *ref, const int64_t *sh
     tu_assert_error_at((result) == NULL, (status), (needle), __FILE__, __LINE__)
 void tu_assert_error_at(bool failed, nb_status status, const char *needle,
                         const char *file, int line);
+
+/* A bad index value: the op failed with status and needle, as on the CPU, or (a device
+ * whose kernels run after the op returned: CUDA, docs/cuda.md "Bad indices") it returned
+ * a tensor and the next read of it fails so. */
+#define tu_assert_index_error(result, status, needle) \
+    tu_assert_index_error_at((result), (status), (needle), __FILE__, __LINE__)
+void tu_assert_index_error_at(nb_tensor *result, nb_status status, const char *needle,
+                              const char *file, int line);
 
 /* An nb_status call failed with status and a message containing needle; succeeded. */
 #define ASSERT_ST(expr, status, needle) \

@@ -283,6 +283,11 @@ static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero
     }
     nb_status st = nb_zero_grad(opt);
     double loss_sum = 0;
+    /* The micro-batches' losses are summed where they live (in f64, in order: the same
+     * value as summing them on the host) and read once per step: on a GPU a read is a
+     * synchronization, and one per micro-batch would stall the device that often. */
+    nb_scope_begin();
+    nb_tensor *loss_acc = NULL;
     for (int i = 0; st == NB_OK && i < n_micro; i++) {
         if (ddp) nb_ddp_set_sync_enabled(ddp, i == n_micro - 1); /* no_sync until the last */
         if (zero) nb_zero_set_sync_enabled(zero, i == n_micro - 1);
@@ -294,9 +299,17 @@ static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero
         /* fp16: the loss scaler's factor on top, so small gradients survive in f16 */
         if (scaler && scaled) scaled = nb_grad_scaler_scale(scaler, scaled);
         st = scaled ? nb_backward(scaled) : nb_last_status();
-        if (st == NB_OK) loss_sum += nb_item_f64(loss);
+        if (st == NB_OK) {
+            nb_tensor *l64 = nb_to_dtype(nb_detach(loss), NB_F64);
+            loss_acc = l64 && loss_acc ? nb_add(loss_acc, l64) : l64;
+            if (!loss_acc) st = nb_last_status();
+            else loss_acc = nb_keep(loss_acc);
+        }
         nb_scope_end();
     }
+    /* (on a GPU this read also reports a bad index a kernel of the step found) */
+    if (st == NB_OK) st = nb_read(loss_acc, &loss_sum, 1, NB_F64);
+    nb_scope_end();
     if (ddp) {
         nb_ddp_set_sync_enabled(ddp, true);
         if (st == NB_OK) st = nb_ddp_sync(ddp); /* averaged over the ranks from here */

@@ -74,6 +74,9 @@ int nb_cuda_current_device(void);
 nb_status nb_cuda_device_name(int device, char *buf, size_t len);
 /* Wait until all work on the current GPU (every stream) has finished. */
 nb_status nb_cuda_synchronize(void);
+/* What the CUDA plugin links, in words ("CUDA runtime 13.0, cuBLAS 13.0.0, cuDNN 9.13.0"):
+ * static storage. Loads the plugin; NULL and an error when it cannot be loaded. */
+const char *nb_cuda_libraries(void);
 
 /* ---- streams ------------------------------------------------------------------------------ */
 typedef struct nb_cuda_stream nb_cuda_stream;

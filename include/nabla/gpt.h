@@ -2,12 +2,7 @@
  * build it from a config, train it, load nanoGPT-named weights and sample from it.
  *
  * Usage (a complete program; build with: cc prog.c $(pkg-config --cflags --libs nabla)):
- *     #include "nabla/status.h"
-#include "nabla/tensor.h"
-#include "nabla/random.h"
-#include "nabla/nn.h"
-#include "nabla/optim.h"
-#include "nabla/parallel.h"
+ *     #include <nabla/gpt.h>
  *     #include <stdio.h>
  *     int main(int argc, char **argv) {
  *         nb_gpt_config cfg = {.n_head = 4};              // zeros: the defaults below

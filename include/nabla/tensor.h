@@ -130,6 +130,12 @@ bool nb_shares_storage(const nb_tensor *a, const nb_tensor *b);
  * for CUDA, meta and guard tensors (copy them with nb_to_device(t, NB_CPU) first). Owned by
  * the tensor's storage. */
 void *nb_data(const nb_tensor *t);
+/* The address of the first element in its device's memory, for any device with storage
+ * (PyTorch's data_ptr()): for a CUDA tensor a device pointer, to hand to your own kernels
+ * or libraries (cuBLAS, NCCL) on the tensor's device; the host must not dereference it
+ * unless the tensor is on the CPU. Owned by the tensor's storage, valid while the tensor
+ * lives. NULL and NB_EDEVICE for meta tensors (they have no data). */
+void *nb_data_ptr(const nb_tensor *t);
 
 /* ---- creation ------------------------------------------------------------------------ */
 nb_tensor *nb_empty(const int64_t *shape, int ndim, nb_dtype dt);

@@ -24,12 +24,15 @@
 #include <nabla/summary.h>
 
 #include "ft.h"
+#include "device.h"
 #include "guard.h"
 #include "pipe.h"
 #include "precision.h"
 
 /* --comm-timeout, --on-nonfinite, --max-skips (guard.h), and the skipped steps' count */
 static nbm_guard guard;
+/* --device (device.h) */
+static nbm_device device;
 
 #define KJV_COMMAND "bible gen1:1-rev22:21"
 
@@ -136,6 +139,7 @@ static void usage(const args *a, FILE *out) {
             a->grad_clip, (long long)a->eval_every, (long long)a->eval_batches,
             (unsigned long long)a->seed, (long long)a->tokens, a->temperature);
     nbm_guard_usage(out);
+    nbm_device_usage(out);
 }
 
 /* Where a flag has an effect: in both modes, only when training, only with --sample. */
@@ -371,7 +375,7 @@ static int run_sample(const args *a) {
     nb_generator *gen = nb_generator_new(a->seed);
     const char *prompt = a->prompt ? a->prompt : "\n";
     int64_t np = (int64_t)strlen(prompt), *toks = malloc(sizeof(int64_t) * (size_t)(np + a->tokens + 1));
-    if (!toks || !gen) goto done;
+    if (!toks || !gen || !nbm_device_use("gpt", &device)) goto done;
     if (nb_gpt_config_from_file(a->load, &cfg) != NB_OK || !(model = nb_gpt_new(&cfg, NULL)) ||
         nb_gpt_load(model, a->load) != NB_OK) {
         fprintf(stderr, "gpt: %s\n", nb_last_error());
@@ -743,6 +747,7 @@ static bool setup(run *r) {
     r->rank = nb_comm_rank(r->world), r->size = nb_comm_size(r->world);
     r->main_rank = r->rank == 0;
     nbm_guard_comm(&guard, r->world); /* a dead or hung peer: an error after this long */
+    if (!nbm_device_use("gpt", &device)) return false; /* said why */
     r->dp = r->world, r->dp_rank = r->rank, r->dp_size = r->size;
     if (a->tp > 1) { /* the same error on every rank when the world is not dp x tp */
         nb_topology_opts to = nb_topology_defaults();
@@ -1034,6 +1039,7 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_num(out, "gflop_per_step", r->flops / 1e9, 3);
     nb_jsonl_num(out, "gflops", ran > skip ? r->flops / 1e9 / median : 0.0, 1);
     nb_jsonl_int(out, "threads", nb_get_num_threads());
+    nb_jsonl_str(out, "device", nbm_device_name(&device));
     nb_jsonl_int(out, "ranks", r->size);
     nb_jsonl_int(out, "steady_system_allocs", r->steady_allocs);
     nb_jsonl_num(out, "peak_rss_mib", rss_mib, 0);
@@ -1171,6 +1177,7 @@ int main(int argc, char **argv) {
               .beta2 = 0.999, .schedule = "cosine", .recompute = "none", .tokens = 500,
               .temperature = 0.8};
     if (!nbm_guard_args("gpt", &argc, argv, &guard)) return 2;
+    if (!nbm_device_args("gpt", &argc, argv, &device)) return 2;
     int rc = parse_args(argc, argv, &a);
     if (rc != RUN) return rc;
     return a.sample ? run_sample(&a) : run_train(&a);

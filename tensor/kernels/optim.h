@@ -74,8 +74,10 @@ typedef struct nb__adagrad_step_args {
 /* clip_abs_pow_sum: *result = sum of |x|^p (p > 0 finite; 1 and 2 fast), accumulated in
  * double over fixed-size chunks added in order, so the value never depends on the thread
  * count; NaN propagates. clip_abs_max: *result = max |x| (0 for n == 0; NaN wins).
- * dtype: any float dtype. x: [n]. result: host memory, written by the kernel (not
- * touched on the meta device, where no kernel runs). p is ignored by clip_abs_max. */
+ * dtype: any float dtype. x: [n]. result: one double in the memory of the device the
+ * kernel runs on (so a GPU kernel writes it without a host round trip; optim/clip.c gives
+ * each gradient a slot of one buffer and reads the slots back once), written by the kernel
+ * (not touched on the meta device, where no kernel runs). p is ignored by clip_abs_max. */
 typedef struct nb__clip_reduce_args {
     nb_dtype dtype;
     int64_t n;
@@ -102,7 +104,8 @@ typedef struct nb__clip_inplace_args {
  * multiplied in f32 by inv_scale rounded to f32 (PyTorch's GradScaler), f64 in f64.
  * dtype: any float dtype, of x. out_dtype: dtype (out may then be x: in place) or NB_F32
  * (a half gradient unscaled into an f32 buffer, so that small gradients do not underflow
- * again). x, out: [n]. found_inf: host memory (not touched on meta). */
+ * again). x, out: [n]. found_inf: one double in the memory of the kernel's device, shared by
+ * the calls of one unscale and read back once (not touched on meta). */
 typedef struct nb__amp_unscale_args {
     nb_dtype dtype, out_dtype;
     int64_t n;
@@ -117,8 +120,8 @@ typedef struct nb__amp_unscale_args {
     X(adam_step, nb__adam_step_args, "fused Adam/AdamW update (AMSGrad optional)")         \
     X(rmsprop_step, nb__rmsprop_step_args, "fused RMSprop update (centered, momentum)")    \
     X(adagrad_step, nb__adagrad_step_args, "fused Adagrad update")                         \
-    X(clip_abs_pow_sum, nb__clip_reduce_args, "sum of |x|^p in f64, to a host double")     \
-    X(clip_abs_max, nb__clip_reduce_args, "max |x|, to a host double")                     \
+    X(clip_abs_pow_sum, nb__clip_reduce_args, "sum of |x|^p in f64, to a double in device memory")     \
+    X(clip_abs_max, nb__clip_reduce_args, "max |x|, to a double in device memory")                     \
     X(clip_scale, nb__clip_inplace_args, "x *= s in place")                                \
     X(clip_clamp, nb__clip_inplace_args, "x = clamp(x, lo, hi) in place")                  \
     X(amp_unscale, nb__amp_unscale_args, "loss scaling: x * inv_scale with an inf/NaN flag")

@@ -10,6 +10,7 @@
 #ifndef NABLA_TESTS_CUHOST_H
 #define NABLA_TESTS_CUHOST_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 typedef struct cuhost {
@@ -35,12 +36,19 @@ extern "C" {
 #endif
 struct nb__kernels;
 const struct nb__kernels *cuhost_cpu(void);
+/* Struct layouts as gcc sees them (layout.c): name, size (or offset), alignment. */
+typedef struct cuhost_layout_row {
+    const char *name;
+    size_t size, align;
+} cuhost_layout_row;
+extern const cuhost_layout_row cuhost_layout_c[];
+extern const int cuhost_layout_c_n;
 #ifdef __cplusplus
 }
 #endif
 
 #define CUHOST_FAMILIES(X)                                                                 \
-    X(helpers) X(core) X(reduce) X(index) X(matmul) X(norm) X(attention) X(conv) X(loss)  \
+    X(helpers) X(layout) X(core) X(reduce) X(index) X(matmul) X(norm) X(attention) X(conv) X(loss)  \
     X(optim) X(random)
 
 #ifdef __cplusplus
