@@ -32,6 +32,11 @@ static nb_status cuda_from_host(nb_device dev, void *dst, const void *src, size_
     return nbytes ? nb_cuda_memcpy_h2d(dst, src, nbytes) : NB_OK;
 }
 
+static nb_status cuda_record_use(nb_device dev, void *p) {
+    nb_cuda_stream *s = nb_cuda_stream_current(dev.index);
+    return s ? nb_cuda_record_stream(p, s) : nb_last_status();
+}
+
 static nb__backend g_cuda = {
     .name = "cuda",
     .has_storage = true,
@@ -40,6 +45,7 @@ static nb__backend g_cuda = {
     .free = cuda_free,
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
+    .record_use = cuda_record_use,
 };
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "data/data_impl.h"
+#include "tensor/backend.h"
 #include "tensor/trace.h"
 
 #define NB__LOADER_MAX_PREFETCH 64
@@ -38,6 +39,7 @@ typedef enum { SLOT_BATCH, SLOT_END, SLOT_ERROR } slot_kind;
 typedef struct {
     nb_tensor *x, *y;   /* (batch_size, ...) */
     nb_tensor *xt, *yt; /* views of the first `tail` rows, NULL when tail == 0 */
+    nb_tensor *dx, *dy; /* the batch on opts.device (owned; made per batch), or NULL */
     int64_t *indices;   /* batch_size entries */
     int64_t n, epoch, index;
     slot_kind kind;
@@ -148,6 +150,17 @@ static void produce(nb_loader *l, nb__slot *s) {
                        .seed = l->o.seed};
         st = l->o.transform(&bt, l->o.transform_ctx);
         if (st != NB_OK) slot_error(s, st, "the transform", l->ds->vt->name);
+    }
+    /* opts.device: a copy there, made here (on the prefetch thread: overlapped with the
+     * caller's compute); the previous batch's copies of this slot go first (their memory
+     * waits for the caller's work on them: nb_record_stream in deliver) */
+    nb_tensor_free(s->dx), nb_tensor_free(s->dy);
+    s->dx = s->dy = NULL;
+    if (s->kind == SLOT_BATCH && !nb_device_equal(l->o.device, NB_CPU)) {
+        nb_tensor *dx = nb_to_device(x, l->o.device);
+        nb_tensor *dy = dx && y ? nb_to_device(y, l->o.device) : NULL;
+        if (!dx || (y && !dy)) slot_error(s, nb_last_status(), "the copy to the device", l->ds->vt->name);
+        else s->dx = nb__scope_take(dx), s->dy = dy ? nb__scope_take(dy) : NULL;
     }
     nb_scope_end();
     NB__SPAN_END_ARG(tok, "batch", b);
@@ -279,6 +292,7 @@ nb_loader *nb_loader_new(nb_dataset *ds, const nb_loader_opts *opts) {
                   NB__LOADER_MAX_PREFETCH, o.prefetch);
         return NULL;
     }
+    if (!nb__backend_of(o.device, op)) return NULL; /* "loader_new: unknown device ..." */
     if (!spec_ok(&ds->x, "x", ds->vt->name) || (ds->has_y && !spec_ok(&ds->y, "y",
                                                                       ds->vt->name)))
         return NULL;
@@ -330,6 +344,8 @@ void nb_loader_free(nb_loader *l) {
     if (l->slots)
         for (int i = 0; i < l->nslots; i++) {
             nb__slot *s = &l->slots[i];
+            nb_tensor_free(s->dx);
+            nb_tensor_free(s->dy);
             nb_tensor_free(s->xt); /* views before their bases */
             nb_tensor_free(s->yt);
             nb_tensor_free(s->x);
@@ -364,6 +380,20 @@ static bool deliver(nb_loader *l, nb__slot *s, nb_batch *b) {
     default: break;
     }
     bool full = s->n == l->o.batch_size;
+    if (s->dx) { /* on opts.device: used by this thread's stream from now on */
+        nb_status st = nb_record_stream(s->dx);
+        if (st == NB_OK && s->dy) st = nb_record_stream(s->dy);
+        if (st != NB_OK) {
+            l->err = st;
+            snprintf(l->errmsg, sizeof l->errmsg, "%s", nb_last_error());
+            return fail(l);
+        }
+        *b = (nb_batch){.x = s->dx, .y = s->dy, .indices = s->indices, .n = s->n,
+                        .epoch = s->epoch, .index = s->index, .seed = l->o.seed};
+        l->ce = s->epoch;
+        l->cb = s->index + 1;
+        return true;
+    }
     *b = (nb_batch){.x = full ? s->x : s->xt, .y = full ? s->y : s->yt,
                     .indices = s->indices, .n = s->n, .epoch = s->epoch, .index = s->index,
                     .seed = l->o.seed};

@@ -333,6 +333,7 @@ static bool setup_data(run *r) {
     lo.prefetch = 2;
     lo.rank = r->rank;
     lo.world_size = r->size;
+    lo.device = nb_default_device(); /* --device: batches copied there by the loader thread */
     r->train_l = nb_loader_new(r->train_ds, &lo);
     lo = nb_loader_defaults();
     lo.batch_size = 1000;

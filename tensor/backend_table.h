@@ -45,6 +45,10 @@ typedef struct nb__backend {
      * returning. */
     nb_status (*to_host)(nb_device dev, void *host_dst, const void *src, size_t nbytes);
     nb_status (*from_host)(nb_device dev, void *dst, const void *host_src, size_t nbytes);
+    /* Mark the block at p as used by the calling thread's current stream of dev, so that
+     * freeing it from another thread waits for that work (nb_record_stream); NULL for
+     * backends without streams (the CPU, guard, meta: nothing to do). */
+    nb_status (*record_use)(nb_device dev, void *p);
     nb__kernels k;
 } nb__backend;
 

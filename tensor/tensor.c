@@ -293,6 +293,14 @@ void *nb_data_ptr(const nb_tensor *t) {
     return nb__ptr(t);
 }
 
+nb_status nb_record_stream(nb_tensor *t) {
+    if (!nb__arg_ok(t, "record_stream", "t")) return nb_last_status();
+    const nb__backend *be = nb__backend_of(nb__device_of(t), "record_stream");
+    if (!be) return nb_last_status();
+    return be->record_use && be->has_storage ? be->record_use(nb__device_of(t), nb__ptr(t))
+                                             : NB_OK;
+}
+
 int64_t nb_size(const nb_tensor *t, int dim) {
     if (!nb__arg_ok(t, "size", "t")) return -1;
     int d = nb__wrap_dim(dim, t->ndim, "size");

@@ -113,6 +113,8 @@ static void *raw_values(const nb_tensor *t) {
     return buf;
 }
 
+#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
+
 /* a and b hold the same bytes (their dtype is the same: batches of one dataset). */
 static bool same_raw(const nb_tensor *a, const nb_tensor *b) {
     if (nb_numel(a) != nb_numel(b)) return false;
@@ -789,6 +791,48 @@ START_TEST(test_loader_prefetch) {
 }
 END_TEST
 
+/* opts.device: the same batches, delivered on the device (here guard memory, which the host
+ * cannot read: the copy is the loader's), synchronously and prefetched, with the tail
+ * batch; the augmentation still runs on the host batch. */
+START_TEST(test_loader_device) {
+    nb_scope_begin();
+    nb_dataset *ds = image_dataset(50);
+    nb_image_aug aug = {.crop_padding = 2, .hflip_p = 0.5, .channels = 2, .mean = {10, 20},
+                        .std = {2, 4}};
+    nb_loader_opts o = {.batch_size = 7, .shuffle = true, .seed = 3, .transform =
+                        nb_image_aug_transform, .transform_ctx = &aug, .world_size = 1};
+    nb_loader *ref = nb_loader_new(ds, &o);
+    o.device = GUARD;
+    nb_loader *d0 = nb_loader_new(ds, &o);
+    o.prefetch = 3;
+    nb_loader *d3 = nb_loader_new(ds, &o);
+    ck_assert_msg(ref && d0 && d3, "%s", nb_last_error());
+    int depth = nb_scope_depth();
+    for (int i = 0; i < 18; i++) { /* two epochs: 7 full batches, a tail of 1, the end */
+        nb_batch a, b, c;
+        bool ra = nb_loader_next(ref, &a), rb = nb_loader_next(d0, &b),
+             rc = nb_loader_next(d3, &c);
+        ck_assert_msg(ra == rb && rb == rc, "%s", nb_last_error());
+        ck_assert_int_eq(nb_scope_depth(), depth);
+        if (!ra) continue;
+        ck_assert(nb_device_equal(nb_tensor_device(b.x), GUARD));
+        ck_assert(nb_device_equal(nb_tensor_device(c.y), GUARD));
+        ck_assert_int_eq(nb_shape(c.x)[0], a.n);
+        ck_assert(same_raw(a.x, nb_to_device(b.x, NB_CPU)));
+        ck_assert(same_raw(a.x, nb_to_device(c.x, NB_CPU)));
+        ck_assert(same_raw(a.y, nb_to_device(c.y, NB_CPU)));
+        ck_assert_int_eq(nb_record_stream(c.x), NB_OK); /* no streams here: a no-op */
+    }
+    nb_loader_free(ref);
+    nb_loader_free(d0);
+    nb_loader_free(d3);
+    o.device = (nb_device){(nb_device_type)99, 0};
+    tu_assert_error(nb_loader_new(ds, &o), NB_EDEVICE, "loader_new");
+    nb_dataset_free(ds);
+    nb_scope_end();
+}
+END_TEST
+
 START_TEST(test_loader_no_alloc) {
     nb_scope_begin();
     nb_dataset *ds = image_dataset(64);
@@ -1164,7 +1208,6 @@ END_TEST
  * transforms need host batches. Meta tensors have no data: NB_EDEVICE. The guard device
  * faults on any host access to its memory, so passing proves the copies go through the
  * backend. */
-#define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
 
 static bool same_host_values(nb_tensor *a, nb_tensor *b) {
     nb_tensor *ha = nb_contiguous(nb_to_device(a, NB_CPU));
@@ -1289,6 +1332,7 @@ Suite *nb_suite_data(void) {
     tcase_add_test(tc, test_loader_shard);
     tcase_add_test(tc, test_loader_state);
     tcase_add_test(tc, test_loader_prefetch);
+    tcase_add_test(tc, test_loader_device);
     tcase_add_test(tc, test_loader_no_alloc);
     tcase_add_test(tc, test_loader_errors);
     tcase_add_test(tc, test_transforms);

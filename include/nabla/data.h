@@ -199,6 +199,13 @@ typedef struct nb_loader_opts {
     int prefetch;            /* 0 (none); batches prepared ahead on a background thread */
     nb_transform_fn transform; /* NULL; optional, see nb_transform_fn */
     void *transform_ctx;     /* NULL */
+    nb_device device;        /* NB_CPU; the device the batches are delivered on: each batch
+                              * is made on the CPU, then copied there by the thread that
+                              * produced it (the prefetch thread, so the copy overlaps the
+                              * caller's compute) and marked as used by the caller's
+                              * stream when handed out (nb_record_stream). b.x and b.y are
+                              * then the device tensors; the transform still sees the CPU
+                              * batch. */
 } nb_loader_opts;
 nb_loader_opts nb_loader_defaults(void);
 

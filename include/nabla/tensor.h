@@ -136,6 +136,11 @@ void *nb_data(const nb_tensor *t);
  * unless the tensor is on the CPU. Owned by the tensor's storage, valid while the tensor
  * lives. NULL and NB_EDEVICE for meta tensors (they have no data). */
 void *nb_data_ptr(const nb_tensor *t);
+/* Mark t's memory as used by the calling thread's current stream of its device, so that
+ * when another thread frees it, the memory is not reused before the work this thread has
+ * enqueued on it is done (PyTorch's Tensor.record_stream). For tensors made on one thread
+ * and used on another (a loader's batches). A no-op on devices without streams (the CPU). */
+nb_status nb_record_stream(nb_tensor *t);
 
 /* ---- creation ------------------------------------------------------------------------ */
 nb_tensor *nb_empty(const int64_t *shape, int ndim, nb_dtype dt);
