@@ -103,6 +103,21 @@ cudaError_t nb__cuda_launch_fill_f32(float *dst, float value, int64_t n, cudaStr
 cudaError_t nb__cuda_launch_add_f32(float *out, const float *a, const float *b, int64_t n,
                                     cudaStream_t stream);
 
+/* ---- nccl.c / nccl_none.c ------------------------------------------------------------------ */
+/* The NCCL entries of the plugin table (cuda/plugin.h has their contract): nccl.c when meson
+ * found NCCL, else nccl_none.c (each fails with NB_EUNSUPPORTED there). nb__cuda_nccl_version
+ * is declared in cuda/plugin.h. */
+nb_status nb__cuda_nccl_unique_id(void *id);
+nb__nccl_comm *nb__cuda_nccl_comm_new(int device, int nranks, int rank, const void *id);
+nb__nccl_comm *nb__cuda_nccl_comm_split(nb__nccl_comm *c, int color, int key);
+int nb__cuda_nccl_comm_poll(nb__nccl_comm *c);
+void nb__cuda_nccl_comm_abort(nb__nccl_comm *c);
+void nb__cuda_nccl_comm_free(nb__nccl_comm *c, double seconds);
+nb__nccl_op *nb__cuda_nccl_start(nb__nccl_comm *c, const nb__nccl_call *call, double seconds);
+int nb__cuda_nccl_op_poll(nb__nccl_op *op);
+nb_status nb__cuda_nccl_op_finish(nb__nccl_op *op);
+void nb__cuda_nccl_op_free(nb__nccl_op *op);
+
 #ifdef __cplusplus
 }
 #endif

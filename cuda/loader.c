@@ -351,3 +351,7 @@ long nb__cuda_cudnn_version(void) {
     P("cuda_cudnn_version", -1);
     return p->cudnn_version();
 }
+long nb__cuda_nccl_version(void) {
+    P("cuda_nccl_version", -1);
+    return p->nccl_version();
+}

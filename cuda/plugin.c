@@ -80,6 +80,17 @@ static const nb__cuda_plugin g_plugin = {
     .add_f32 = nb__cuda_add_f32,
     .gemm_f32 = nb__cuda_gemm_f32,
     .cudnn_version = nb__cuda_cudnn_version,
+    .nccl_version = nb__cuda_nccl_version,
+    .nccl_unique_id = nb__cuda_nccl_unique_id,
+    .nccl_comm_new = nb__cuda_nccl_comm_new,
+    .nccl_comm_split = nb__cuda_nccl_comm_split,
+    .nccl_comm_poll = nb__cuda_nccl_comm_poll,
+    .nccl_comm_abort = nb__cuda_nccl_comm_abort,
+    .nccl_comm_free = nb__cuda_nccl_comm_free,
+    .nccl_start = nb__cuda_nccl_start,
+    .nccl_op_poll = nb__cuda_nccl_op_poll,
+    .nccl_op_finish = nb__cuda_nccl_op_finish,
+    .nccl_op_free = nb__cuda_nccl_op_free,
 };
 
 __attribute__((visibility("default"))) nb_status
@@ -104,9 +115,14 @@ nb__cuda_plugin_init(const nb__cuda_host *host, const nb__cuda_plugin **out, cha
     if (cudnn > 0)
         snprintf(dnn, sizeof dnn, "cuDNN %ld.%ld.%ld", cudnn / 10000, cudnn / 100 % 100,
                  cudnn % 100);
-    snprintf(g_libraries, sizeof g_libraries, "CUDA runtime %d.%d, cuBLAS %d.%d.%d, %s",
+    long nccl = nb__cuda_nccl_version();
+    char ccl[48] = "no NCCL";
+    if (nccl > 0) /* 2.28.9 is 22809 (NCCL_VERSION: major * 10000 + minor * 100 + patch) */
+        snprintf(ccl, sizeof ccl, "NCCL %ld.%ld.%ld", nccl / 10000, nccl / 100 % 100,
+                 nccl % 100);
+    snprintf(g_libraries, sizeof g_libraries, "CUDA runtime %d.%d, cuBLAS %d.%d.%d, %s, %s",
              CUDART_VERSION / 1000, CUDART_VERSION / 10 % 100, CUBLAS_VER_MAJOR,
-             CUBLAS_VER_MINOR, CUBLAS_VER_PATCH, dnn);
+             CUBLAS_VER_MINOR, CUBLAS_VER_PATCH, dnn, ccl);
     *out = &g_plugin;
     return NB_OK;
 }

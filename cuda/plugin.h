@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 /* Bump on any change of the two tables below or of what they point to. */
-#define NB__CUDA_PLUGIN_ABI 1
+#define NB__CUDA_PLUGIN_ABI 2
 /* The file the loader looks for, and the variable that overrides the search. */
 #define NB__CUDA_PLUGIN_NAME "libnabla-cuda.so"
 #define NB__CUDA_PLUGIN_ENV "NB_CUDA_PLUGIN"
@@ -42,6 +42,41 @@ extern "C" {
 
 struct nb__backend;
 struct nb__kernels;
+
+/* ---- NCCL (cuda/nccl.c; cuda/nccl_none.c in a plugin built without NCCL) ----------------------
+ * What libnabla's NCCL communicator backend (parallel/comm_nccl.c) calls. Opaque handles owned
+ * by the plugin; plain C types only, so libnabla needs no NCCL header. */
+#define NB__NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
+typedef struct nb__nccl_comm nb__nccl_comm; /* an ncclComm_t bound to one GPU */
+typedef struct nb__nccl_op nb__nccl_op;     /* one operation in flight */
+typedef enum nb__nccl_kind {
+    NB__NCCL_ALLREDUCE = 0,
+    NB__NCCL_BROADCAST,
+    NB__NCCL_REDUCE,
+    NB__NCCL_ALLGATHER,
+    NB__NCCL_REDUCE_SCATTER,
+    NB__NCCL_ALL_TO_ALL,
+    NB__NCCL_SEND,
+    NB__NCCL_RECV,
+} nb__nccl_kind;
+/* One operation on contiguous device buffers of the communicator's GPU, as nb__args
+ * (parallel/parallel_impl.h) describes it: allreduce, broadcast, reduce, send and recv work
+ * in place on buf/count; allgather, reduce_scatter and all_to_all read in (in_count elements)
+ * and write out (out_count); chunked: the uneven forms of nb_comm_chunk. op is an
+ * nb_reduce_op, peer the root / destination / source. */
+typedef struct nb__nccl_call {
+    nb__nccl_kind kind;
+    nb_dtype dtype;
+    int op;
+    int peer;
+    void *buf;
+    int64_t count;
+    const void *in;
+    int64_t in_count;
+    void *out;
+    int64_t out_count;
+    bool chunked;
+} nb__nccl_call;
 
 /* What libnabla gives the plugin. */
 typedef struct nb__cuda_host {
@@ -109,6 +144,37 @@ typedef struct nb__cuda_plugin {
     /* cuDNN's version (cudnnGetVersion(), e.g. 91300 for 9.13.0) when the plugin was built
      * with it (meson feature cudnn), else 0. Needs no GPU. */
     long (*cudnn_version)(void);
+    /* NCCL (docs/cuda.md "NCCL"). nccl_version: ncclGetVersion's code (22809 for 2.28.9)
+     * when the plugin links NCCL, else 0; the other entries then fail with NB_EUNSUPPORTED.
+     * Polls return 1 (done / ready), 0 (pending), or a negative nb_status with the error
+     * set; none of them blocks on the GPU or on peers. */
+    long (*nccl_version)(void);
+    /* ncclGetUniqueId into id (NB__NCCL_ID_BYTES; needs no GPU). */
+    nb_status (*nccl_unique_id)(void *id);
+    /* Start a non-blocking ncclCommInitRankConfig on device (poll it with nccl_comm_poll);
+     * NULL + error when it could not start. */
+    nb__nccl_comm *(*nccl_comm_new)(int device, int nranks, int rank, const void *id);
+    /* Start a non-blocking ncclCommSplit of a ready communicator (collective over it). */
+    nb__nccl_comm *(*nccl_comm_split)(nb__nccl_comm *c, int color, int key);
+    /* Init/split progress, and afterwards the communicator's health (ncclCommGetAsyncError). */
+    int (*nccl_comm_poll)(nb__nccl_comm *c);
+    /* ncclCommAbort (this rank's operations on it end instead of hanging); the
+     * handle stays valid (every later call fails) until nccl_comm_free. */
+    void (*nccl_comm_abort)(nb__nccl_comm *c);
+    /* Finalize and destroy (abort when it does not finish within `seconds`), then free. */
+    void (*nccl_comm_free)(nb__nccl_comm *c, double seconds);
+    /* Enqueue one operation on the calling thread's COMM stream of the communicator's GPU,
+     * after the work already on its current (compute) stream; NULL + error when it could
+     * not be enqueued. Waits at most `seconds` (<= 0: no limit) for an earlier enqueue that
+     * NCCL reported in progress (it then aborts the communicator: NB_ETIMEOUT). */
+    nb__nccl_op *(*nccl_start)(nb__nccl_comm *c, const nb__nccl_call *call, double seconds);
+    /* The operation's progress (its event, and the communicator's async error). */
+    int (*nccl_op_poll)(nb__nccl_op *op);
+    /* After a poll said 1: the calling thread's current stream of the GPU waits for the
+     * operation's end (no host wait); frees op. */
+    nb_status (*nccl_op_finish)(nb__nccl_op *op);
+    /* Free op without waiting (failed, or its communicator aborted). */
+    void (*nccl_op_free)(nb__nccl_op *op);
 } nb__cuda_plugin;
 
 /* The plugin's one export: check host (abi, sizes, version), then set *out. NB_OK, or an
@@ -150,6 +216,9 @@ nb_status nb__cuda_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, in
 /* cuDNN's version number through the plugin; 0 when the plugin has no cuDNN, -1 (and an
  * error) when the plugin cannot be loaded. */
 long nb__cuda_cudnn_version(void);
+/* NCCL's version code through the plugin; 0 when the plugin has no NCCL, -1 (and an error)
+ * when the plugin cannot be loaded. */
+long nb__cuda_nccl_version(void);
 
 #ifdef __cplusplus
 }

@@ -6,8 +6,10 @@
  *
  * Non-contiguous tensors are copied: an input into a contiguous temporary, an output
  * computed into a temporary and copied back when the caller waits (or tests) and the
- * operation succeeded. The backends move host memory, so tensors of another device (CUDA
- * until an NCCL backend exists, the guard test device) are staged the same way through
+ * operation succeeded. CUDA tensors on a communicator of several ranks go to its NCCL
+ * communicator (nb__comm_route, comm_registry.c), which moves device memory: they are used
+ * in place, or staged on their GPU. The other backends move host memory, so tensors of
+ * another device (CUDA without NCCL, the guard test device) are staged the same way through
  * host temporaries; meta tensors have no data and are refused (NB_EDEVICE). Contiguous
  * host tensors are used in place, without copies, so the steady state of a training loop
  * (DDP's flat gradient buckets) allocates nothing here except the work handles, which are
@@ -136,6 +138,7 @@ void nb__comm_retain(nb_comm *c) { atomic_fetch_add(&c->refs, 1); }
 
 void nb__comm_release(nb_comm *c) {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    nb__comm_dev_free(c);
     c->be->destroy(c);
     for (nb_work *w = c->free_works, *next; w; w = next) {
         next = w->next;
@@ -170,7 +173,10 @@ nb_comm *nb_comm_split(nb_comm *c, int color, int key) {
         return NULL;
     }
     nb_comm *n = c->be->split(c, color, key);
-    if (n) atomic_store(&n->timeout, atomic_load(&c->timeout));
+    if (n) {
+        atomic_store(&n->timeout, atomic_load(&c->timeout));
+        nb__comm_dev_split(c, n, color, key);
+    }
     return n;
 }
 
@@ -253,14 +259,22 @@ static void hold(nb_work *w, nb_tensor *t) {
     NB__ASSERT(!"hold: more than three tensors");
 }
 
+/* Whether the backend of w's communicator moves t's memory as it is: host memory, or for a
+ * backend of device buffers (nccl) any tensor, since nb__comm_route sends it only tensors
+ * of its GPU. */
+static bool native(const nb_work *w, const nb_tensor *t) {
+    return w->comm->be->device_buffers || nb__host_accessible(t);
+}
+
 /* A tensor read and written in place (allreduce, broadcast, reduce, recv). */
 static void *stage_inout(nb_work *w, nb_tensor *t, bool copy_in) {
-    bool host = nb__host_accessible(t);
+    bool host = native(w, t);
     if (host && nb_is_contiguous(t)) {
         hold(w, nb_tensor_retain(t));
         return nb__ptr(t);
     }
-    nb_tensor *s = !copy_in ? nb__empty(t->shape, t->ndim, t->dtype, NB_CPU)
+    nb_device sd = w->comm->be->device_buffers ? nb__device_of(t) : NB_CPU;
+    nb_tensor *s = !copy_in ? nb__empty(t->shape, t->ndim, t->dtype, sd)
                    : host   ? nb_clone(t)
                             : nb_to_device(t, NB_CPU); /* a contiguous host copy */
     if (!s) return NULL;
@@ -272,7 +286,7 @@ static void *stage_inout(nb_work *w, nb_tensor *t, bool copy_in) {
 /* A tensor only read. A copy also when it overlaps `other` (an output MPI must not alias). */
 static const void *stage_in(nb_work *w, const nb_tensor *t, const nb_tensor *other) {
     nb_tensor *tt = nb__mut(t);
-    bool host = nb__host_accessible(t);
+    bool host = native(w, t);
     if (host && nb_is_contiguous(t) && !(other && nb_shares_storage(t, other))) {
         hold(w, nb_tensor_retain(tt));
         return nb__ptr(t);
@@ -356,6 +370,7 @@ nb_work *nb_allreduce_async(nb_comm *c, nb_tensor *t, nb_reduce_op op) {
     if (!check_comm(c, "allreduce") || !check_tensor(t, "allreduce", "t") ||
         !check_op(op, t->dtype, "allreduce"))
         return NULL;
+    if (!(c = nb__comm_route(c, NB__COLL_ALLREDUCE, t, NULL, "allreduce"))) return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_ALLREDUCE);
     if (!w) return NULL;
     w->a.dtype = t->dtype;
@@ -369,6 +384,7 @@ nb_work *nb_broadcast_async(nb_comm *c, nb_tensor *t, int root) {
     if (!check_comm(c, "broadcast") || !check_tensor(t, "broadcast", "t") ||
         !check_rank(c, root, "broadcast", "root"))
         return NULL;
+    if (!(c = nb__comm_route(c, NB__COLL_BROADCAST, t, NULL, "broadcast"))) return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_BROADCAST);
     if (!w) return NULL;
     w->a.dtype = t->dtype;
@@ -382,6 +398,7 @@ nb_work *nb_reduce_async(nb_comm *c, nb_tensor *t, nb_reduce_op op, int root) {
     if (!check_comm(c, "reduce") || !check_tensor(t, "reduce", "t") ||
         !check_op(op, t->dtype, "reduce") || !check_rank(c, root, "reduce", "root"))
         return NULL;
+    if (!(c = nb__comm_route(c, NB__COLL_REDUCE, t, NULL, "reduce"))) return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_REDUCE);
     if (!w) return NULL;
     w->a.dtype = t->dtype;
@@ -411,6 +428,7 @@ nb_work *nb_allgather_async(nb_comm *c, nb_tensor *out, const nb_tensor *in) {
                   (long long)n_in, NB__SHAPE(in), (long long)(e - b));
         return NULL;
     }
+    if (!(c = nb__comm_route(c, NB__COLL_ALLGATHER, out, in, "allgather"))) return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_ALLGATHER);
     if (!w) return NULL;
     w->a.dtype = in->dtype;
@@ -438,6 +456,8 @@ nb_work *nb_reduce_scatter_async(nb_comm *c, nb_tensor *out, const nb_tensor *in
                   (long long)nb_numel(out), c->rank, (long long)n, c->size, (long long)(e - b));
         return NULL;
     }
+    if (!(c = nb__comm_route(c, NB__COLL_REDUCE_SCATTER, out, in, "reduce_scatter")))
+        return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_REDUCE_SCATTER);
     if (!w) return NULL;
     w->a.dtype = in->dtype;
@@ -461,6 +481,7 @@ nb_work *nb_all_to_all_async(nb_comm *c, nb_tensor *out, const nb_tensor *in) {
                   c->size);
         return NULL;
     }
+    if (!(c = nb__comm_route(c, NB__COLL_ALL_TO_ALL, out, in, "all_to_all"))) return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_ALL_TO_ALL);
     if (!w) return NULL;
     w->a.dtype = in->dtype;

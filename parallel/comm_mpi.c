@@ -766,6 +766,17 @@ static nb_comm *world_locked(void) {
             free_comms(nc, i); /* not the one that failed: it may still be in the making */
             return NULL;
         }
+    /* The node-local rank (the NCCL backend's GPU): every rank is here, the dups are done. */
+    MPI_Comm node = MPI_COMM_NULL;
+    if (MPI_Comm_split_type(nc[0], MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
+        MPI_SUCCESS) {
+        int lr = 0, ls = 1;
+        MPI_Comm_rank(node, &lr);
+        MPI_Comm_size(node, &ls);
+        MPI_Comm_free(&node);
+        atomic_store(&g.local_rank, lr);
+        atomic_store(&g.local_size, ls);
+    }
     if (!(c = make_comm(nc[0], nc[1], nc[2]))) {
         free_comms(nc, 3);
         return NULL;
@@ -775,6 +786,12 @@ static nb_comm *world_locked(void) {
     g.world = c;
     pthread_mutex_unlock(&g.mu);
     return c;
+}
+
+int nb__comm_mpi_local_rank(int *local_size) {
+    int ls = atomic_load(&g.local_size);
+    if (local_size) *local_size = ls > 0 ? ls : 1;
+    return atomic_load(&g.local_rank);
 }
 
 nb_comm *nb__comm_mpi_world(void) {

@@ -78,6 +78,9 @@ typedef struct nb__mpi_state {
     atomic_int teardown;  /* workers destroying their own communicator (still in MPI) */
     atomic_llong qid;     /* query ids */
     pthread_mutex_t inline_mu; /* serializes MPI calls without MPI_THREAD_MULTIPLE */
+    /* This process among MPI_COMM_WORLD's processes on its node (MPI_COMM_TYPE_SHARED), set
+     * when the world communicator is made (nb__comm_mpi_local_rank). */
+    atomic_int local_rank, local_size;
 } nb__mpi_state;
 extern nb__mpi_state nb__mpi;
 

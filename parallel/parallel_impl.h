@@ -1,6 +1,6 @@
 /* parallel_impl.h - private: the nb_comm and nb_work structs and the backend table that
- * every communicator dispatches through ("self" and "mpi" now, "nccl" for CUDA tensors
- * later), so callers of the collectives never depend on which backend runs. Not installed.
+ * every communicator dispatches through ("self", "mpi", and "nccl" for CUDA tensors), so
+ * callers of the collectives never depend on which backend runs. Not installed.
  *
  * Division of labour. comm.c (the common layer) checks arguments, stages tensors that are
  * not contiguous (or that alias) into contiguous buffers, numbers the collectives, and owns
@@ -107,10 +107,16 @@ struct nb_comm {
     int free_count;
     bool is_world;
     void *impl;              /* the backend's private state */
+    /* The NCCL communicator over the same ranks that moves this one's CUDA tensors, made on
+     * the first collective of a CUDA tensor (comm_nccl.c); NULL until then. */
+    struct nb__comm_dev *dev;
 };
 
 struct nb__comm_backend {
     const char *name;
+    /* The buffers in nb__args are device memory of the communicator's GPU (nccl), not
+     * host memory: comm.c then stages non-contiguous tensors on that device. */
+    bool device_buffers;
     /* Start one operation on w->a (one entry per collective, indexed by nb__coll). Returns
      * NB_OK once started (the backend may complete it at once by setting w->state), or a
      * negative status with the error set on this thread (nothing is in flight then). A
@@ -143,7 +149,35 @@ nb_comm *nb__comm_mpi_world(void);
 /* Whether nb_comm_world should use MPI: MPI already initialized, or a launcher's
  * environment (mpirun, srun, hydra), or NB_COMM_MPI=1. */
 bool nb__comm_mpi_wanted(void);
+/* This process's rank among the processes of MPI_COMM_WORLD on its node
+ * (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), computed when the world communicator was made)
+ * and their number; 0 and 1 before that. */
+int nb__comm_mpi_local_rank(int *local_size);
 #endif
+
+/* ---- CUDA tensors: the NCCL backend (comm_nccl.c) ------------------------------------------- */
+extern const nb__comm_backend nb__comm_nccl_backend;
+/* The communicator that moves t (and u, the other tensor of a two-tensor collective, or NULL)
+ * for the collective `kind` started on c (comm_registry.c): c itself, or for CUDA tensors on a
+ * communicator of more than one rank, c's NCCL communicator (made on first use, collectively
+ * over c). NULL + error when NCCL should serve but cannot. */
+nb_comm *nb__comm_route(nb_comm *c, nb__coll kind, const nb_tensor *t, const nb_tensor *u,
+                        const char *op);
+/* c's NCCL communicator for CUDA device `device` (made on first use, collectively over c),
+ * or NULL + error. */
+nb_comm *nb__comm_nccl_of(nb_comm *c, int device, const char *op);
+/* Bootstrap steps 1-2 (collective over c): rank 0's ncclUniqueId, broadcast over c, into id
+ * (NB__NCCL_ID_BYTES) on every rank. An error on every rank alike when rank 0 cannot make
+ * one, or when the plugin does not load or lacks NCCL. Tests call it directly. */
+nb_status nb__comm_nccl_share_id(nb_comm *c, unsigned char *id);
+/* Whether the CUDA plugin has NCCL (0: no; -1: the plugin does not load, error set). */
+int nb__comm_nccl_available(void);
+/* After nb_comm_split(parent) made child: split parent's NCCL communicator (ncclCommSplit,
+ * collective over parent) if it has one, so child's CUDA collectives need no new bootstrap.
+ * A failure is kept for child's first CUDA collective to report. */
+void nb__comm_dev_split(nb_comm *parent, nb_comm *child, int color, int key);
+/* Release c->dev (when c's last reference goes). */
+void nb__comm_dev_free(nb_comm *c);
 
 /* ---- helpers shared by comm.c and the backends (comm.c) ----------------------------------- */
 double nb__now(void);  /* monotonic seconds */

@@ -23,6 +23,12 @@
 #include "cuda/backend.h"
 #include "cuda/plugin.h"
 #include "tensor/backend.h"
+
+/* NB__CUDA_PLUGIN_ABI as text, for the loader's messages */
+#define ABI_TEXT_(x) #x
+#define ABI_TEXT(x) ABI_TEXT_(x)
+#define ABI_STR ABI_TEXT(NB__CUDA_PLUGIN_ABI)
+
 #if NB_HAVE_CUDA
 #include <dlfcn.h>
 #include <pthread.h>
@@ -133,6 +139,7 @@ START_TEST(test_cuda_plugin_missing) {
                     "cuda:0: CUDA support is not installed");
     ck_assert_ptr_null(nb__cuda_kernels());
     ck_assert_int_eq(nb__cuda_cudnn_version(), -1);
+    ck_assert_int_eq(nb__cuda_nccl_version(), -1);
     tu_assert_error(nb_cuda_libraries(), NB_EUNSUPPORTED, "cuda_libraries: CUDA support is not installed");
     nb_clear_error();
     ck_assert_int_eq(nb_cuda_empty_cache(), NB_OK);
@@ -172,7 +179,7 @@ START_TEST(test_cuda_plugin_mismatch) {
         const char *mode, *needle;
     } cases[] = {
         {"refuse", "cannot be used: libnabla (nabla " NB_VERSION_STRING ") does not match the fake plugin"},
-        {"version", "cannot be used: the plugin (nabla 0.0.0-other, abi 1) does not match libnabla"},
+        {"version", "cannot be used: the plugin (nabla 0.0.0-other, abi " ABI_STR ") does not match libnabla"},
         {"null", "cannot be used: its init failed"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -223,6 +230,41 @@ done:
 END_TEST
 
 #if NB_HAVE_CUDA
+/* The plugin's NCCL entries (docs/cuda.md "NCCL"): NCCL's version exactly when meson linked
+ * NCCL; ncclGetUniqueId needs no GPU; without a GPU (or without NCCL) a communicator is an
+ * error value, and NULL handles are refused. */
+static void check_plugin_nccl(const nb__cuda_plugin *p) {
+    long v = nb__cuda_nccl_version();
+    ck_assert_int_eq(v, p->nccl_version());
+    unsigned char id[NB__NCCL_ID_BYTES], zero[NB__NCCL_ID_BYTES] = {0};
+    memset(id, 0, sizeof id);
+    if (NB_HAVE_NCCL) {
+        ck_assert_int_ge(v, 21000); /* 2.28.9 is 22809 */
+        ck_assert_ptr_nonnull(strstr(p->libraries, "NCCL "));
+        ck_assert_msg(p->nccl_unique_id(id) == NB_OK, "%s", nb_last_error());
+        ck_assert(memcmp(id, zero, sizeof id) != 0);
+    } else {
+        ck_assert_int_eq(v, 0);
+        ck_assert_ptr_nonnull(strstr(p->libraries, "no NCCL"));
+        expect_status(p->nccl_unique_id(id), NB_EUNSUPPORTED, "built without NCCL");
+    }
+    if (nb_cuda_device_count() == 0) {
+        nb__nccl_comm *c = p->nccl_comm_new(0, 2, 0, id);
+        ck_assert_ptr_null(c);
+        tu_assert_error(c, NB_HAVE_NCCL ? NB_EDEVICE : NB_EUNSUPPORTED,
+                        NB_HAVE_NCCL ? "nccl_comm_new: no usable GPU" : "built without NCCL");
+    }
+    nb_clear_error();
+    expect_status((nb_status)p->nccl_comm_poll(NULL),
+                  NB_HAVE_NCCL ? NB_ENULL : NB_EUNSUPPORTED, "nccl");
+    tu_assert_error(p->nccl_start(NULL, NULL, 0), NB_HAVE_NCCL ? NB_ENULL : NB_EUNSUPPORTED,
+                    "nccl");
+    p->nccl_comm_abort(NULL); /* nothing to do, no crash */
+    p->nccl_comm_free(NULL, 0);
+    p->nccl_op_free(NULL);
+    nb_clear_error();
+}
+
 /* This build's plugin (tests/main.c points NB_CUDA_PLUGIN at it) loads without a GPU and
  * says what it links; cuDNN's version is there exactly when meson linked cuDNN. */
 START_TEST(test_cuda_plugin_loaded) {
@@ -245,6 +287,7 @@ START_TEST(test_cuda_plugin_loaded) {
     ck_assert_ptr_nonnull(nb__cuda_kernels());
     ck_assert_ptr_nonnull(nb__cuda_kernels()->fill);
     fprintf(stderr, "cuda suite: plugin %s (%s)\n", path, p->libraries);
+    check_plugin_nccl(p);
 
     /* The plugin's own check of libnabla: a host table of another version is refused. */
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -259,7 +302,7 @@ START_TEST(test_cuda_plugin_loaded) {
     char msg[256];
     ck_assert_int_eq(init(&bad, &q, msg, sizeof msg), NB_EUNSUPPORTED);
     ck_assert_ptr_null(q);
-    ck_assert_msg(strstr(msg, "libnabla (nabla 9.9.9, abi 1) does not match the plugin (nabla "
+    ck_assert_msg(strstr(msg, "libnabla (nabla 9.9.9, abi " ABI_STR ") does not match the plugin (nabla "
                               NB_VERSION_STRING), "%s", msg);
     bad.version = NB_VERSION_STRING;
     bad.kernels_size = 8;

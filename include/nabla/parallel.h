@@ -21,10 +21,14 @@
  * program runs under mpirun/srun (MPI is initialized on first use, with
  * MPI_THREAD_MULTIPLE; a program started without a launcher is a size-1 world), and a
  * size-1 communicator otherwise. nb_comm_split makes subgroups (tensor/pipeline parallel).
- * Each communicator has a backend (a table of functions: "self", "mpi"; "nccl" later for
- * CUDA tensors) so callers never depend on which one runs.
+ * Each communicator has a backend (a table of functions: "self", "mpi") so callers never
+ * depend on which one runs. On a communicator of several ranks, collectives of CUDA tensors
+ * run on the GPU through NCCL when the CUDA plugin has it (made on the first such collective,
+ * one GPU per rank: the one of nb_comm_local_rank; NB_COMM_NCCL=0 moves them through host
+ * memory instead): DDP, ZeRO and the tensor-parallel layers need no change.
  *
- * Collectives take tensors of any nabla dtype (f16/bf16 sums are computed in f32), work in
+ * Collectives take tensors of any nabla dtype (f16/bf16 sums are computed in f32; NCCL's, of
+ * CUDA tensors, in their own precision), work in
  * place where that is natural, and exist in a blocking form and an asynchronous form that
  * returns an nb_work handle to wait on or test. Sizes need not divide by the world size.
  * NB_REDUCE_AVG needs a float dtype (NB_EDTYPE otherwise); on bool, sum and max are a
@@ -70,6 +74,11 @@ void nb_comm_free(nb_comm *c);
 int nb_comm_rank(const nb_comm *c);
 int nb_comm_size(const nb_comm *c);
 const char *nb_comm_backend(const nb_comm *c);  /* "self", "mpi" */
+/* This process's rank among the world's processes on its machine (MPI_COMM_TYPE_SHARED, known
+ * once nb_comm_world made an MPI world; 0 otherwise): the GPU NCCL uses for this rank, so
+ * put the model there with nb_cuda_set_device(nb_comm_local_rank()) (GPU 0 when the process
+ * sees one GPU only). */
+int nb_comm_local_rank(void);
 /* Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
  * Collective over c. */
 nb_comm *nb_comm_split(nb_comm *c, int color, int key);

@@ -168,6 +168,10 @@ bool mt_expect(const nb_tensor *t, const double *ref, int64_t n, const char *wha
 /* ---- main ------------------------------------------------------------------------------------------ */
 int main(int argc, char **argv) {
     bool dead = argc > 1 && strcmp(argv[1], "--dead-peer") == 0;
+#ifdef NB_TEST_CUDA_PLUGIN
+    /* This build's CUDA plugin (the NCCL suite loads it), unless the caller chose one. */
+    setenv("NB_CUDA_PLUGIN", NB_TEST_CUDA_PLUGIN, 0);
+#endif
     /* Under a launcher nabla initializes MPI itself (and finalizes it at exit); alone, this
      * program does, and nabla must work on top of it. */
     bool launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
@@ -204,6 +208,7 @@ int main(int argc, char **argv) {
         srunner_add_suite(sr, mt_suite_pipeline());
         srunner_add_suite(sr, mt_suite_zero_layouts());
         srunner_add_suite(sr, mt_suite_3d());
+        srunner_add_suite(sr, mt_suite_nccl());
         srunner_add_suite(sr, mt_suite_failures()); /* last: it ends with a timeout */
     }
     const char *only = getenv("NB_SUITE");
