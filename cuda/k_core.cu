@@ -123,7 +123,7 @@ nb_status cuda_copy(const nb__copy_args *a) {
     cudaError_t e = cudaSuccess;
     switch (nbc_copy_path(it)) {
     case NBC_PATH_MEMCPY:
-        e = cudaMemcpyAsync(it->data[0], it->data[1], (size_t)(n * nbc_dtype_size(it->dtype[0])),
+        e = cudaMemcpyAsync(it->data[0], it->data[1], (size_t)(n * nb__kh_dtype_size(it->dtype[0])),
                             cudaMemcpyDeviceToDevice, c.stream);
         break;
     case NBC_PATH_VEC1: copy_vec<4, 2><<<nb_blocks(n / 8), kThreads, 0, c.stream>>>(*a); break;
@@ -159,7 +159,7 @@ nb_status cuda_fill(const nb__fill_args *a) {
     if (st != NB_OK) return st;
     uint64_t bits;
     nbc_fill_bytes(it->dtype[0], a->value, &bits);
-    int es = nbc_dtype_size(it->dtype[0]);
+    int es = nb__kh_dtype_size(it->dtype[0]);
     nbc_path p = nbc_fill_path(it, bits);
     if (p == NBC_PATH_MEMSET) // every dtype: zero is all bits 0 (-0.0 is not)
         return nb__cuda_kend(&c, cudaMemsetAsync(it->data[0], 0, (size_t)(it->numel * es), c.stream));

@@ -97,14 +97,6 @@ NB_HD void nbc_offsets4(const nb__iter *it, I i, int64_t *o0, int64_t *o1, int64
 }
 
 // ---- dtype loads and stores by run-time dtype (tensor/dtype.c) ------------------------------
-NB_HD int nbc_dtype_size(nb_dtype dt) {
-    switch (dt) {
-    case NB_F64: case NB_I64: return 8;
-    case NB_F32: case NB_I32: return 4;
-    case NB_F16: case NB_BF16: return 2;
-    default: return 1;
-    }
-}
 NB_HD bool nbc_is_int(nb_dtype dt) { return dt == NB_I32 || dt == NB_I64 || dt == NB_U8; }
 
 NB_HD double nbc_load_f64(const char *p, nb_dtype dt) {
@@ -156,7 +148,7 @@ NB_HD void nbc_copy_at(const nb__iter *it, int64_t o0, int64_t o1) {
     char *o = it->data[0] + o0;
     const char *in = it->data[1] + o1;
     if (od == id) {
-        switch (nbc_dtype_size(od)) {
+        switch (nb__kh_dtype_size(od)) {
         case 1: *(uint8_t *)o = *(const uint8_t *)in; break;
         case 2: *(uint16_t *)o = *(const uint16_t *)in; break;
         case 4: *(uint32_t *)o = *(const uint32_t *)in; break;
@@ -187,7 +179,7 @@ NB_HD void nbc_copy_at(const nb__iter *it, int64_t o0, int64_t o1) {
     nbc_store_f64(o, od, nbc_load_f64(in, id));
 }
 
-// fill: the element's bytes (little-endian in the low nbc_dtype_size(dt) bytes of *bits).
+// fill: the element's bytes (little-endian in the low nb__kh_dtype_size(dt) bytes of *bits).
 NB_HD void nbc_fill_bytes(nb_dtype dt, double v, uint64_t *bits) {
     char b[8] = {0};
     nbc_store_f64(b, dt, v);
@@ -1014,10 +1006,10 @@ NB_HD void nbc_ew_vec_thread(const nb__ew_args *a, int64_t t, int64_t nt) {
 NB_HD bool nbc_is_halfish(nb_dtype dt) { return dt == NB_F32 || dt == NB_BF16 || dt == NB_F16; }
 NB_HD nbc_path nbc_copy_path(const nb__iter *it) {
     nb_dtype od = it->dtype[0], id = it->dtype[1];
-    if (od == id && nbc_contiguous_all(it, nbc_dtype_size(od))) return NBC_PATH_MEMCPY;
+    if (od == id && nbc_contiguous_all(it, nb__kh_dtype_size(od))) return NBC_PATH_MEMCPY;
     if (od != id && nbc_is_halfish(od) && nbc_is_halfish(id) && (od == NB_F32 || id == NB_F32) &&
-        it->ndim == 1 && it->strides[0][0] == nbc_dtype_size(od) &&
-        it->strides[1][0] == nbc_dtype_size(id) && nbc_aligned16(it))
+        it->ndim == 1 && it->strides[0][0] == nb__kh_dtype_size(od) &&
+        it->strides[1][0] == nb__kh_dtype_size(id) && nbc_aligned16(it))
         return id == NB_F32 ? NBC_PATH_VEC1 : NBC_PATH_VEC2;
     return nbc_strided_path(it);
 }
@@ -1042,7 +1034,7 @@ template <int ESI, int ESO> NB_HD void nbc_copy_vec_thread(const nb__iter *it, i
 
 // fill: MEMSET when the bytes are zero over a flat operand, else strided stores of W.
 NB_HD nbc_path nbc_fill_path(const nb__iter *it, uint64_t bits) {
-    if (bits == 0 && nbc_contiguous_all(it, nbc_dtype_size(it->dtype[0]))) return NBC_PATH_MEMSET;
+    if (bits == 0 && nbc_contiguous_all(it, nb__kh_dtype_size(it->dtype[0]))) return NBC_PATH_MEMSET;
     return nbc_strided_path(it);
 }
 template <typename W, typename I>

@@ -142,17 +142,6 @@ static nb_status ix_end(nb__cuda_kctx *c) {
     return st == NB_OK && sync ? nb__cuda_index_error(device) : st;
 }
 
-// ---- element sizes ------------------------------------------------------------------------------
-static int elem_size(nb_dtype dt) {
-    switch (dt) {
-    case NB_F64: case NB_I64: return 8;
-    case NB_F32: case NB_I32: return 4;
-    case NB_F16: case NB_BF16: return 2;
-    case NB_U8: case NB_BOOL: return 1;
-    default: return 0;
-    }
-}
-
 // Run the statement with ES a constant element size; `ok` false for any other size.
 #define IX_BY_ES(es, ok, ES, ...)                                                          \
     switch (es) {                                                                          \
@@ -204,7 +193,7 @@ static nb_status gather_launch(const char *what, const nb__view *out, const nb__
     gather_geom g = gather_geom_of(x, out, idx, dim, linear);
     ix_ctx ec = ix_ctx_of(op, code, dim, g.size);
     if (n == 0) return check_launch(what, idx, g.size, ec); // the values are still checked
-    int es = elem_size(x->dtype);
+    int es = nb__kh_dtype_size(x->dtype);
     nb__cuda_kctx c;
     nb_status st = nb__cuda_kbegin(&c, what);
     if (st != NB_OK) return st;
@@ -393,7 +382,7 @@ static nb_status cuda_masked_fill(const nb__masked_fill_args *a) {
     nb_status st = nb__cuda_kbegin(&c, "masked_fill");
     if (st != NB_OK) return st;
     bool ok = true;
-    IX_BY_ES(elem_size(a->it.dtype[0]), ok, ES,
+    IX_BY_ES(nb__kh_dtype_size(a->it.dtype[0]), ok, ES,
              k_masked_fill<ES><<<nb_blocks(a->it.numel), kThreads, 0, c.stream>>>(a->it,
                                                                                   a->value));
     st = nb__cuda_kend(&c, cudaGetLastError());
@@ -421,7 +410,7 @@ static nb_status cuda_one_hot(const nb__one_hot_args *a) {
     if (st != NB_OK) return st;
     ix_mark(c.device);
     bool ok = true, i64 = a->index.dtype == NB_I64;
-    IX_BY_ES(elem_size(a->out.dtype), ok, ES,
+    IX_BY_ES(nb__kh_dtype_size(a->out.dtype), ok, ES,
              k_one_hot<ES><<<nb_blocks(n), kThreads, 0, c.stream>>>(a->out.data, a->index.data,
                                                                     i64, C, a->one, n, ec));
     st = ix_end(&c);
@@ -497,7 +486,7 @@ static nb_status cuda_tri(const nb__tri_args *a) {
     nb_status st = nb__cuda_kbegin(&c, a->lower ? "tril" : "triu");
     if (st != NB_OK) return st;
     bool ok = true;
-    IX_BY_ES(elem_size(a->x.dtype), ok, ES,
+    IX_BY_ES(nb__kh_dtype_size(a->x.dtype), ok, ES,
              k_tri<ES><<<nb_blocks(n), kThreads, 0, c.stream>>>(g, a->out.data, a->x.data, n));
     st = nb__cuda_kend(&c, cudaGetLastError());
     if (!ok) return nb__error(NB_EUNSUPPORTED, "tri: the cuda kernel does not handle dtype %d",

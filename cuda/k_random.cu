@@ -39,7 +39,7 @@ namespace {
 __global__ void random_kernel(const __grid_constant__ nb__random_args a, int64_t n,
                               int64_t nblocks, bool dense) {
     const int64_t per = a.per_block;
-    const size_t es = nbr::elem_size(a.out.dtype);
+    const size_t es = nb__kh_dtype_size(a.out.dtype);
     for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks;
          b += (int64_t)gridDim.x * blockDim.x) {
         double v[4];
@@ -64,7 +64,7 @@ nb_status cuda_random(const nb__random_args *a) {
     if (a->per_block != 4 && a->per_block != 2)
         return nb__error(NB_EUNSUPPORTED, "random: the cuda kernel does not handle %d "
                          "elements per Philox block", a->per_block);
-    if (nbr::elem_size(v->dtype) == 0)
+    if (nb__kh_dtype_size(v->dtype) == 0)
         return nb__error(NB_EUNSUPPORTED, "random: the cuda kernel does not handle dtype %d",
                          (int)v->dtype);
     nb__cuda_kctx c;

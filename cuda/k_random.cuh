@@ -12,7 +12,7 @@
 //                                 operation order, never FMA-contracted on the device
 //   nbr::store(a, dst, v, q)      one element converted to out's dtype as the CPU stores it
 //                                 (uniform's below-hi replacement included)
-//   nbr::elem_size(dt)            bytes per element (0: a dtype random does not fill)
+//   nb__kh_dtype_size(dt)         bytes per element (cuda/khelp.h; 0: not a dtype)
 //   nbr::view_offset(v, e)        element offset of row-major element e of a strided view
 //   nbr::swap_index(a, k)         randperm: the partner j of swap k (of i = n - 1 - k)
 //   nbr::rp_reserve / rp_commit / rp_clear
@@ -191,17 +191,6 @@ NB_HD void store(const nb__random_args *a, char *dst, double v, int64_t q) {
     case NB_U8: *(uint8_t *)dst = (uint8_t)q; return;
     case NB_BOOL: *(bool *)dst = q != 0; return;
     default: store_f(a, false, dst, (double)q); return;
-    }
-}
-
-// Bytes per element of the dtypes a random kernel may fill; 0 for others.
-NB_HD size_t elem_size(nb_dtype dt) {
-    switch (dt) {
-    case NB_F64: case NB_I64: return 8;
-    case NB_F32: case NB_I32: return 4;
-    case NB_F16: case NB_BF16: return 2;
-    case NB_U8: case NB_BOOL: return 1;
-    default: return 0;
     }
 }
 

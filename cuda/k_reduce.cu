@@ -253,7 +253,7 @@ nb_status cuda_extreme_backward(const nb__extreme_backward_args *a) {
     nb_status st = nb__cuda_kbegin(&c, "extreme_backward");
     if (st != NB_OK) return st;
     unsigned nb = nbk::nb_blocks(n);
-    switch (rd_esize(a->dtype)) {
+    switch (nb__kh_dtype_size(a->dtype)) {
     case 8:
         eb_kernel<<<nb, nbk::kThreads, 0, c.stream>>>((const uint64_t *)a->g, a->idx,
                                                       (uint64_t *)a->dx, O, L, D);

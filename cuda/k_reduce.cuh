@@ -503,17 +503,6 @@ NB_HD U eb_value(const U *g, const int64_t *idx, int64_t i, int64_t L, int64_t D
 NB_HD bool rd_int_dtype(nb_dtype dt) {
     return dt == NB_I32 || dt == NB_I64 || dt == NB_U8 || dt == NB_BOOL;
 }
-NB_HD int rd_esize(nb_dtype dt) {
-    switch (dt) {
-    case NB_F64:
-    case NB_I64: return 8;
-    case NB_F32:
-    case NB_I32: return 4;
-    case NB_F16:
-    case NB_BF16: return 2;
-    default: return 1;
-    }
-}
 NB_HD bool rd_float_dtype(nb_dtype dt) {
     return dt == NB_F32 || dt == NB_F64 || dt == NB_F16 || dt == NB_BF16;
 }

@@ -12,6 +12,7 @@
  *   nb__kh_offsets2(...)        the same for two operands at once
  *   nb__kh_bf16_from_f32 / nb__kh_f32_from_bf16 / nb__kh_f16_from_f32 / nb__kh_f32_from_f16
  *                               the CPU's exact rounding (nearest even, quiet NaN)
+ *   nb__kh_dtype_size(dt)       bytes per element (tensor/dtype.c's nb_dtype_size; 0 if invalid)
  *   nb__kh_blocks(n, per_block, max_blocks)
  *                               grid size for n items, capped (grid-stride loops cover the rest) */
 #ifndef NABLA_CUDA_KHELP_H
@@ -106,6 +107,17 @@ NB_HD float nb__kh_f32_from_f16(uint16_t h) {
         x = sign | ((e + 112u) << 23) | (m << 13);
     }
     return nb__kh_bits_f32(x);
+}
+
+/* ---- element sizes ------------------------------------------------------------------------ */
+NB_HD int nb__kh_dtype_size(nb_dtype dt) {
+    switch (dt) {
+    case NB_F64: case NB_I64: return 8;
+    case NB_F32: case NB_I32: return 4;
+    case NB_F16: case NB_BF16: return 2;
+    case NB_U8: case NB_BOOL: return 1;
+    default: return 0;
+    }
 }
 
 /* ---- launch geometry ---------------------------------------------------------------------- */

@@ -31,6 +31,7 @@
 #pragma GCC diagnostic pop
 
 #include "cuda/cuda_impl.h"
+#include "cuda/khelp.h"
 #include "cuda/policy.h"
 #include "nabla/parallel.h" /* nb_reduce_op */
 #include "tensor/error.h"
@@ -255,19 +256,6 @@ void nb__cuda_nccl_comm_free(nb__nccl_comm *c, double seconds) {
 }
 
 /* ---- operations ------------------------------------------------------------------------- */
-/* Bytes per element (the plugin calls no libnabla function but the host table's). */
-static size_t elem_size(nb_dtype dt) {
-    switch (dt) {
-    case NB_F64:
-    case NB_I64: return 8;
-    case NB_F32:
-    case NB_I32: return 4;
-    case NB_F16:
-    case NB_BF16: return 2;
-    default: return 1;
-    }
-}
-
 static bool nccl_type(nb_dtype dt, ncclDataType_t *t) {
     switch (dt) {
     case NB_F32: *t = ncclFloat32; return true;
@@ -306,7 +294,7 @@ static ncclResult_t enqueue(nb__nccl_comm *c, const nb__nccl_call *a, ncclDataTy
                             cudaStream_t st) {
     ncclComm_t comm = c->comm;
     ncclRedOp_t op = nccl_op((nb_reduce_op)a->op, a->dtype);
-    size_t es = elem_size(a->dtype);
+    size_t es = (size_t)nb__kh_dtype_size(a->dtype);
     const char *in = a->in;
     char *out = a->out;
     ncclResult_t r = ncclSuccess, r2;

@@ -140,7 +140,7 @@ void set_iter(nb__iter *it, const Geo &g, int nargs, const nb_dtype *dts, char *
         it->numel *= g.shape[d];
     }
     for (int k = 0; k < nargs; k++) {
-        int es = nbc_dtype_size(dts[k]);
+        int es = nb__kh_dtype_size(dts[k]);
         for (int d = 0; d < g.ndim; d++) it->strides[k][d] = g.st[k][d] * es;
         it->dtype[k] = dts[k];
         it->data[k] = ptrs[k];
@@ -148,7 +148,7 @@ void set_iter(nb__iter *it, const Geo &g, int nargs, const nb_dtype *dts, char *
 }
 
 void fill_random(Buf &b, nb_dtype dt, double lo, double hi) {
-    int es = nbc_dtype_size(dt);
+    int es = nb__kh_dtype_size(dt);
     for (size_t off = 0; off + (size_t)es <= b.n; off += (size_t)es)
         nbc_store_f64(b.p + off, dt, rand_value(dt, lo, hi));
 }
@@ -180,7 +180,7 @@ bool is_nan(const char *p, nb_dtype dt) {
 // Compare two output buffers element by element (element size of dt). ulps: the tolerance.
 // Returns the number of mismatches; prints the first.
 long compare(cuhost *t, const Buf &want, const Buf &got, nb_dtype dt, int ulps, const char *what) {
-    int es = nbc_dtype_size(dt);
+    int es = nb__kh_dtype_size(dt);
     long bad = 0;
     for (size_t off = 0; off + (size_t)es <= want.n; off += (size_t)es) {
         const char *w = want.p + off, *g = got.p + off;
@@ -308,17 +308,17 @@ void check_ew_case(cuhost *t, nb__op op, int input, nb_dtype dt, const nb__ew_ct
     double lo, hi;
     range_of(op, &lo, &hi);
     for (int k = 1; k < nargs; k++) {
-        in[k].alloc((size_t)span(geo, k) * (size_t)nbc_dtype_size(dts[k]));
+        in[k].alloc((size_t)span(geo, k) * (size_t)nb__kh_dtype_size(dts[k]));
         fill_random(in[k], dts[k], lo, hi);
     }
     // maximum/minimum: ties on purpose (a copy of some of a's elements into b)
     if ((op == NB__OP_MAXIMUM || op == NB__OP_MINIMUM || kind == NBC_CMP) && g == 0) {
-        int es = nbc_dtype_size(dt);
+        int es = nb__kh_dtype_size(dt);
         int ia = bw ? 2 : 1;
         for (int64_t i = 0; i < geo.shape[0]; i += 3)
             memcpy(in[ia + 1].p + i * es, in[ia].p + i * es, (size_t)es);
     }
-    out_cpu.alloc((size_t)span(geo, 0) * (size_t)nbc_dtype_size(dts[0]));
+    out_cpu.alloc((size_t)span(geo, 0) * (size_t)nb__kh_dtype_size(dts[0]));
     out_host.alloc(out_cpu.n);
     nb__ew_args a;
     memset(&a, 0, sizeof a);
@@ -458,9 +458,9 @@ void check_copy(cuhost *t) {
                 Geo geo = make_geo(g == 3 ? 1 : g, 2, g == 3);
                 nb_dtype dts[2] = {(nb_dtype)od, (nb_dtype)id};
                 Buf bufs[2], host;
-                bufs[1].alloc((size_t)span(geo, 1) * (size_t)nbc_dtype_size(dts[1]));
+                bufs[1].alloc((size_t)span(geo, 1) * (size_t)nb__kh_dtype_size(dts[1]));
                 fill_random(bufs[1], dts[1], -300, 300);
-                bufs[0].alloc((size_t)span(geo, 0) * (size_t)nbc_dtype_size(dts[0]));
+                bufs[0].alloc((size_t)span(geo, 0) * (size_t)nb__kh_dtype_size(dts[0]));
                 host.alloc(bufs[0].n);
                 nb__copy_args a;
                 memset(&a, 0, sizeof a);
@@ -478,7 +478,7 @@ void check_copy(cuhost *t) {
                     memset(host.p, 0xAB, host.n);
                     if (run == 1) p = NBC_PATH_ND64;
                     if (p == NBC_PATH_MEMCPY) {
-                        memcpy(host.p, bufs[1].p, (size_t)(h.it.numel * nbc_dtype_size(dts[0])));
+                        memcpy(host.p, bufs[1].p, (size_t)(h.it.numel * nb__kh_dtype_size(dts[0])));
                     } else {
                         for (int64_t t0 = 0; t0 < kEmuThreads; t0++) {
                             if (p == NBC_PATH_VEC1) nbc_copy_vec_thread<4, 2>(&h.it, t0, kEmuThreads);
@@ -517,7 +517,7 @@ void check_fill(cuhost *t) {
                 Geo geo = make_geo(g == 2 ? 1 : 0, 1, g > 0);
                 nb_dtype dts[1] = {(nb_dtype)dt};
                 Buf bufs[1], host;
-                bufs[0].alloc((size_t)span(geo, 0) * (size_t)nbc_dtype_size(dts[0]));
+                bufs[0].alloc((size_t)span(geo, 0) * (size_t)nb__kh_dtype_size(dts[0]));
                 host.alloc(bufs[0].n);
                 nb__fill_args a;
                 memset(&a, 0, sizeof a);
@@ -535,9 +535,9 @@ void check_fill(cuhost *t) {
                     memset(host.p, 0xAB, host.n);
                     if (run == 1) p = NBC_PATH_ND64;
                     if (p == NBC_PATH_MEMSET)
-                        memset(host.p, 0, (size_t)(h.numel * nbc_dtype_size(dts[0])));
+                        memset(host.p, 0, (size_t)(h.numel * nb__kh_dtype_size(dts[0])));
                     for (int64_t t0 = 0; t0 < kEmuThreads && p != NBC_PATH_MEMSET; t0++) {
-                        switch (nbc_dtype_size(dts[0])) {
+                        switch (nb__kh_dtype_size(dts[0])) {
                         case 1: emulate_fill<uint8_t>(&h, p, bits, t0); break;
                         case 2: emulate_fill<uint16_t>(&h, p, bits, t0); break;
                         case 4: emulate_fill<uint32_t>(&h, p, bits, t0); break;

@@ -62,6 +62,12 @@ static void helpers_checks(cuhost *t) {
     }
     CUHOST_CHECK(t, bad_off == 0, "%ld offsets differ from the naive loop", bad_off);
 
+    // element sizes: tensor/dtype.c's, for every dtype and an invalid one
+    long bad_size = 0;
+    for (int d = 0; d <= NB_DTYPE_COUNT; d++)
+        if ((size_t)nb__kh_dtype_size((nb_dtype)d) != nb_dtype_size((nb_dtype)d)) bad_size++;
+    CUHOST_CHECK(t, bad_size == 0, "%ld dtypes differ in element size", bad_size);
+
     // grid sizing
     CUHOST_CHECK(t, nb__kh_blocks(0, 256, 100) == 1, "0 items");
     CUHOST_CHECK(t, nb__kh_blocks(257, 256, 100) == 2, "257 items");

@@ -134,7 +134,7 @@ template <typename T> void emulate_cls_backward(const nb__cls_loss_backward_args
 int run_cls(cuhost *t, bool ce, nb_dtype xdt, nb_dtype tdt, int64_t N, int64_t C, int64_t D,
             nb__loss_reduce red, double smoothing, bool has_ignore) {
     const int64_t n = N * C * D, P = N * D;
-    const int es = rd_esize(xdt);
+    const int es = nb__kh_dtype_size(xdt);
     std::vector<char> x((size_t)n * es);
     std::vector<int64_t> t64((size_t)P);
     std::vector<int32_t> t32((size_t)P);

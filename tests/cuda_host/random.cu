@@ -29,7 +29,7 @@ void emulate_random(const nb__random_args *a) {
     for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
     const int64_t per = a->per_block, nblocks = (n + per - 1) / per;
     const bool dense = nbr::view_contiguous(v);
-    const size_t es = nbr::elem_size(v->dtype);
+    const size_t es = nb__kh_dtype_size(v->dtype);
     for (int64_t b = nblocks - 1; b >= 0; b--) {
         double val[4];
         int64_t q[4];
@@ -88,7 +88,7 @@ void check_random(cuhost *t) {
             for (uint64_t off : offsets)
                 for (int64_t n : sizes)
                     for (int strided = 0; strided < 2; strided++) {
-                        size_t es = nbr::elem_size(rc.dt);
+                        size_t es = nb__kh_dtype_size(rc.dt);
                         nb__random_args a = {};
                         a.out.dtype = rc.dt;
                         // dense [n] or, strided, [n / 3 + 1, 3] transposed-in-place: shape

@@ -137,7 +137,7 @@ int run_reduce_case(cuhost *t, const rcase &c) {
     memset(&a, 0, sizeof a);
     int64_t n = 1;
     for (int d = 0; d < c.ndim; d++) n *= c.shape[d];
-    int es = rd_esize(c.dt);
+    int es = nb__kh_dtype_size(c.dt);
     std::vector<char> xb((size_t)(n > 0 ? n : 1) * es);
     for (int64_t i = 0; i < n; i++) {
         double v;
@@ -178,7 +178,7 @@ int run_reduce_case(cuhost *t, const rcase &c) {
     bool arg = c.kind == NB__RK_ARGMAX || c.kind == NB__RK_ARGMIN;
     a.out_dtype = integer ? (c.kind == NB__RK_SUM ? NB_I64 : c.dt) : c.dt;
     if (c.kind == NB__RK_SUM && c.post != NB__RP_NONE) a.out_dtype = integer ? NB_F32 : c.dt;
-    int oes = rd_esize(a.out_dtype);
+    int oes = nb__kh_dtype_size(a.out_dtype);
     std::vector<char> o_cpu((size_t)nout * oes + 8), o_gpu((size_t)nout * oes + 8);
     std::vector<int64_t> i_cpu((size_t)nout + 1, -7), i_gpu((size_t)nout + 1, -7);
     nb__reduce_args ac = a, ag = a;
@@ -336,7 +336,7 @@ template <typename T> void emulate_softmax_backward(const nb__softmax_backward_a
 int run_softmax_case(cuhost *t, nb_dtype dt, int64_t O, int64_t L, int64_t D, bool lg,
                      bool inplace) {
     int64_t n = O * L * D;
-    int es = rd_esize(dt);
+    int es = nb__kh_dtype_size(dt);
     std::vector<char> x((size_t)n * es), yc((size_t)n * es), yg((size_t)n * es);
     for (int64_t i = 0; i < n; i++) {
         int64_t row = i / (L * D);
@@ -374,7 +374,7 @@ int run_softmax_case(cuhost *t, nb_dtype dt, int64_t O, int64_t L, int64_t D, bo
 
 int run_softmax_backward_case(cuhost *t, nb_dtype dt, int64_t O, int64_t L, int64_t D, bool lg) {
     int64_t n = O * L * D;
-    int es = rd_esize(dt);
+    int es = nb__kh_dtype_size(dt);
     std::vector<char> x((size_t)n * es), y((size_t)n * es), g((size_t)n * es), dc((size_t)n * es),
         dg((size_t)n * es);
     for (int64_t i = 0; i < n; i++)
@@ -422,7 +422,7 @@ void check_softmax(cuhost *t) {
 // ---- extreme_backward ---------------------------------------------------------------------------
 void check_extreme_backward(cuhost *t) {
     for (nb_dtype dt : {NB_F32, NB_F64, NB_BF16, NB_F16}) {
-        int64_t O = 3, L = 7, D = 5, es = rd_esize(dt);
+        int64_t O = 3, L = 7, D = 5, es = nb__kh_dtype_size(dt);
         std::vector<char> g((size_t)(O * D * es)), dc((size_t)(O * L * D * es), 1),
             dg((size_t)(O * L * D * es), 1);
         std::vector<int64_t> idx((size_t)(O * D));
