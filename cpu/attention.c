@@ -266,13 +266,59 @@ static void pack_a_bf16(const uint16_t *src, int64_t ld, int64_t rows, int64_t K
         if (K & 1) dst[2 * i * K2 + K] = 0;
     }
 }
+
+/* ---- vector helpers of the packing: 16 lanes at a time, masked at the edges ----------------- */
+static inline __mmask16 lanes(int64_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
+/* bf16r of 16 floats, each in the low half of a 32-bit lane (the same bits as bf16r). */
+static inline __m512i bf16r_v(__m512 v) {
+    const __m512i x = _mm512_castps_si512(v), hi = _mm512_srli_epi32(x, 16);
+    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+}
+/* Transposes the 16 x 16 matrix of 32-bit values in r (r[i] is row i). */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* u[4g + c], 128-bit lane L: rows 4g .. 4g + 3 of column 4L + c */
+    __m512i u[16];
+    for (int g = 0; g < 16; g += 4) {
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i ab01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+        const __m512i ab23 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+        const __m512i cd01 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+        const __m512i cd23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+        r[c] = _mm512_shuffle_i32x4(ab01, cd01, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(ab01, cd01, 0xDD);
+        r[8 + c] = _mm512_shuffle_i32x4(ab23, cd23, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(ab23, cd23, 0xDD);
+    }
+}
+
 /* A from rows x K f32 (row stride ld), each value rounded to bf16. */
 static void pack_a_f32(const float *src, int64_t ld, int64_t rows, int64_t K, uint16_t *dst) {
     const int64_t K2 = (K + 1) / 2;
     for (int64_t i = 0; i < rows; i++) {
         uint16_t *d = dst + 2 * i * K2;
         const float *x = src + i * ld;
-        for (int64_t k = 0; k < K; k++) d[k] = bf16r(x[k]);
+        for (int64_t k = 0; k < K; k += 16) {
+            const __mmask16 mk = lanes(K - k);
+            _mm256_mask_storeu_epi16(d + k, mk,
+                                     _mm512_cvtepi32_epi16(bf16r_v(_mm512_maskz_loadu_ps(mk, x + k))));
+        }
         if (K & 1) d[K] = 0;
     }
 }
@@ -281,24 +327,33 @@ static void pack_b_f32(const float *X, int64_t ld, int64_t K, int64_t n, uint16_
     for (int64_t kk = 0; kk < (K + 1) / 2; kk++) {
         const float *x0 = X + 2 * kk * ld, *x1 = 2 * kk + 1 < K ? x0 + ld : NULL;
         uint16_t *d = dst + 2 * kk * n;
-        if (x1) {
-            for (int64_t j = 0; j < n; j++) {
-                uint32_t w = (uint32_t)bf16r(x0[j]) | (uint32_t)bf16r(x1[j]) << 16;
-                memcpy(d + 2 * j, &w, 4);
-            }
-        } else {
-            for (int64_t j = 0; j < n; j++) d[2 * j] = bf16r(x0[j]), d[2 * j + 1] = 0;
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 mk = lanes(n - j);
+            __m512i w = bf16r_v(_mm512_maskz_loadu_ps(mk, x0 + j));
+            if (x1)
+                w = _mm512_or_si512(
+                    w, _mm512_slli_epi32(bf16r_v(_mm512_maskz_loadu_ps(mk, x1 + j)), 16));
+            _mm512_mask_storeu_epi32(d + 2 * j, mk, w);
         }
     }
 }
 /* B = Y^T from Y (n x K bf16, row stride ld): K2 rows of n words, word (kk, j) =
- * Y[j][2kk..2kk+1]. */
+ * Y[j][2kk..2kk+1]: 16 x 16 blocks of words transposed in registers. */
 static void pack_bt_bf16(const uint16_t *Y, int64_t ld, int64_t n, int64_t K, uint16_t *dst) {
     const int64_t K2 = (K + 1) / 2, Ke = K / 2;
-    for (int64_t kk = 0; kk < Ke; kk++) {
-        uint16_t *d = dst + 2 * kk * n;
-        const uint16_t *y = Y + 2 * kk;
-        for (int64_t j = 0; j < n; j++) memcpy(d + 2 * j, y + j * ld, 4);
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const int64_t nj = n - j0 < 16 ? n - j0 : 16;
+        for (int64_t k0 = 0; k0 < Ke; k0 += 16) {
+            const __mmask16 mk = lanes(Ke - k0);
+            __m512i r[16];
+            for (int64_t i = 0; i < 16; i++)
+                r[i] = i < nj ? _mm512_maskz_loadu_epi32(mk, Y + (j0 + i) * ld + 2 * k0)
+                              : _mm512_setzero_si512();
+            transpose16(r);
+            const int64_t nk = Ke - k0 < 16 ? Ke - k0 : 16;
+            for (int64_t kk = 0; kk < nk; kk++)
+                _mm512_mask_storeu_epi32(dst + 2 * ((k0 + kk) * n + j0), lanes(nj), r[kk]);
+        }
     }
     if (K & 1) {
         uint16_t *d = dst + 2 * (K2 - 1) * n;
@@ -310,17 +365,116 @@ static void pack_b_bf16(const uint16_t *Y, int64_t ld, int64_t K, int64_t n, uin
     for (int64_t kk = 0; kk < (K + 1) / 2; kk++) {
         const uint16_t *y0 = Y + 2 * kk * ld, *y1 = 2 * kk + 1 < K ? y0 + ld : NULL;
         uint16_t *d = dst + 2 * kk * n;
-        for (int64_t j = 0; j < n; j++) {
-            d[2 * j] = y0[j];
-            d[2 * j + 1] = y1 ? y1[j] : 0;
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 mk = lanes(n - j);
+            __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, y0 + j));
+            if (y1)
+                w = _mm512_or_si512(w, _mm512_slli_epi32(
+                                           _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, y1 + j)), 16));
+            _mm512_mask_storeu_epi32(d + 2 * j, mk, w);
         }
     }
 }
 
-/* dst (T x D bf16, row stride ld) = src^T rounded, src D x T f32 (row stride T). */
-static void round_t(const float *src, int64_t T, int64_t D, uint16_t *dst, int64_t ld) {
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t d = 0; d < D; d++) dst[t * ld + d] = bf16r(src[d * T + t]);
+/* dst (T x D bf16, row stride ld) = src^T rounded, src D x T f32 (row stride ls). */
+static void round_t(const float *src, int64_t ls, int64_t T, int64_t D, uint16_t *dst,
+                    int64_t ld) {
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        const int64_t nd = D - d0 < 16 ? D - d0 : 16;
+        for (int64_t t0 = 0; t0 < T; t0 += 16) {
+            const __mmask16 mt = lanes(T - t0);
+            __m512i r[16];
+            for (int64_t i = 0; i < 16; i++)
+                r[i] = i < nd ? bf16r_v(_mm512_maskz_loadu_ps(mt, src + (d0 + i) * ls + t0))
+                              : _mm512_setzero_si512();
+            transpose16(r);
+            const int64_t nt = T - t0 < 16 ? T - t0 : 16;
+            for (int64_t t = 0; t < nt; t++)
+                _mm256_mask_storeu_epi16(dst + (t0 + t) * ld + d0, lanes(nd),
+                                         _mm512_cvtepi32_epi16(r[t]));
+        }
+    }
+}
+
+/* ---- the row work, on score rows padded to whole vectors ---------------------------------------
+ * The native kernels' score blocks have rows of ldS = T rounded up to 16 floats. Before the
+ * exps, the lanes past a row's visible count get -inf (and 0 in dP), so every loop runs over
+ * whole 16-lane vectors, with no scalar tail, and those lanes contribute exact zeros
+ * (nb__fast_expf(-inf) is 0). Sums run in a fixed lane order: no thread-count dependence. */
+static inline int64_t up16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+static inline void exp_rows16(float *p, int64_t c16, float sub) {
+    for (int64_t s = 0; s < c16; s += 16) {
+        float *q = p + s;
+        for (int l = 0; l < 16; l++) q[l] = nb__fast_expf(q[l] - sub);
+    }
+}
+
+/* softmax_row_f32 on a padded row: the same values but for the order of the sum. */
+static float softmax_row_v(float *row, int64_t cnt, int64_t n, const uint8_t *keep,
+                           float dscale) {
+    const int64_t c16 = up16(cnt);
+    for (int64_t s = cnt; s < c16; s++) row[s] = -INFINITY;
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    for (int64_t s = 0; s < c16; s += 16) /* NaN lanes lose (the operand order) */
+        vm = _mm512_max_ps(_mm512_loadu_ps(row + s), vm);
+    const float mx = _mm512_reduce_max_ps(vm);
+    exp_rows16(row, c16, mx);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t s = 0; s < c16; s += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(row + s));
+    const float sum = _mm512_reduce_add_ps(acc), inv = 1 / sum;
+    if (keep) {
+        const float f = inv * dscale;
+        for (int64_t s = 0; s < cnt; s++) row[s] = keep[s] ? row[s] * f : 0;
+    } else {
+        const __m512 vi = _mm512_set1_ps(inv);
+        for (int64_t s = 0; s < c16; s += 16)
+            _mm512_storeu_ps(row + s, _mm512_mul_ps(_mm512_loadu_ps(row + s), vi));
+    }
+    for (int64_t s = cnt; s < n; s++) row[s] = 0;
+    return mx + logf(sum);
+}
+
+/* bwd_rows_f32 on padded rows (row stride ldS): the same values but for the order of the
+ * row sum of P dP. */
+static void bwd_rows_v(const nb__attn_geom *g, int64_t bh, int64_t i0, int64_t m, int64_t n,
+                       const float *ls, float *P, float *dP, int64_t ldS, bool want_s,
+                       uint8_t *keep) {
+    const int64_t Tn = g->T;
+    const bool drop = g->p > 0;
+    const float dscale = g->p < 1 ? (float)(1.0 / (1.0 - g->p)) : 0, scale = (float)g->scale;
+    for (int64_t r = 0; r < m; r++) {
+        const int64_t t = i0 + r, cnt = t + 1, c16 = up16(cnt);
+        float *pr = P + r * ldS, *dpr = dP + r * ldS;
+        for (int64_t s = cnt; s < c16; s++) pr[s] = -INFINITY;
+        exp_rows16(pr, c16, ls[t]);
+        for (int64_t s = cnt; s < n; s++) pr[s] = 0;
+        if (drop) nb__attn_keep_row(g, (bh * Tn + t) * Tn, cnt, keep);
+        if (want_s) {
+            float dsum = 0;
+            if (drop) {
+                for (int64_t s = 0; s < cnt; s++) dsum += keep[s] ? pr[s] * dpr[s] : 0;
+                dsum *= dscale;
+                for (int64_t s = 0; s < cnt; s++)
+                    dpr[s] = pr[s] * ((keep[s] ? dpr[s] * dscale : 0) - dsum) * scale;
+            } else {
+                for (int64_t s = cnt; s < c16; s++) dpr[s] = 0;
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t s = 0; s < c16; s += 16)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(pr + s), _mm512_loadu_ps(dpr + s), acc);
+                dsum = _mm512_reduce_add_ps(acc);
+                const __m512 vd = _mm512_set1_ps(dsum), vs = _mm512_set1_ps(scale);
+                for (int64_t s = 0; s < c16; s += 16) {
+                    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(dpr + s), vd);
+                    _mm512_storeu_ps(dpr + s,
+                                     _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(pr + s), x), vs));
+                }
+            }
+            for (int64_t s = cnt; s < n; s++) dpr[s] = 0;
+        }
+        if (drop)
+            for (int64_t s = 0; s < cnt; s++) pr[s] = keep[s] ? pr[s] * dscale : 0;
+    }
 }
 
 /* Bump allocation of scratch: n elements of size es, 64-byte aligned. */
@@ -332,8 +486,8 @@ static void *take(char **p, size_t n, size_t es) {
 /* Scratch bytes per thread of the native bf16 kernels (generous upper bound). */
 static size_t native_scratch(const nb__attn_geom *g) {
     const size_t T = (size_t)g->T, D = (size_t)(g->D > 0 ? g->D : 1), B = NB__ATTN_BLOCK;
-    const size_t D2 = (D + 1) / 2, T2 = (T + 1) / 2;
-    return 4 * (2 * B * T + 2 * D2 * T + T2 * D + 2 * B * D2 + B * T2 + 2 * T * (B / 2) +
+    const size_t D2 = (D + 1) / 2, T2 = (T + 1) / 2, T16 = (size_t)up16(g->T);
+    return 4 * (2 * B * T16 + 2 * D2 * T + T2 * D + 2 * B * D2 + B * T2 + 2 * T * (B / 2) +
                 2 * (B / 2) * D + B * D + 2 * T * D) + nb__attn_round64(T) + 20 * 64;
 }
 
@@ -348,7 +502,8 @@ static void fwd_task_native(int64_t bh, void *p) {
     const int64_t ldq = g->sq[2], ldk = g->sk[2], ldv = g->sv[2], ldo = g->so[2];
     float *ls = j->lse_out + bh * T;
     char *mine = j->buf + j->per * (size_t)nb__task_slot();
-    float *S = take(&mine, (size_t)(BLK * T), 4), *O = take(&mine, (size_t)(BLK * D), 4);
+    const int64_t ldS = up16(T); /* score rows padded to whole vectors */
+    float *S = take(&mine, (size_t)(BLK * ldS), 4), *O = take(&mine, (size_t)(BLK * D), 4);
     uint16_t *Kt = take(&mine, (size_t)(2 * D2 * T), 2);
     uint16_t *Vp = take(&mine, (size_t)(2 * ((T + 1) / 2) * D), 2);
     uint16_t *Qa = take(&mine, (size_t)(2 * BLK * D2), 2);
@@ -361,13 +516,13 @@ static void fwd_task_native(int64_t bh, void *p) {
     for (int64_t i0 = 0; i0 < T; i0 += BLK) {
         const int64_t i1 = i0 + BLK < T ? i0 + BLK : T, m = i1 - i0, n = i1, n2 = (n + 1) / 2;
         pack_a_bf16(qs + i0 * ldq, ldq, m, D, Qa);
-        bgemm(m, n, D2, (float)g->scale, Qa, D2, 1, Kt, T, false, S, T);
+        bgemm(m, n, D2, (float)g->scale, Qa, D2, 1, Kt, T, false, S, ldS);
         for (int64_t r = 0; r < m; r++) {
             const int64_t t = i0 + r;
             if (drop) nb__attn_keep_row(g, (bh * T + t) * T, t + 1, keep);
-            ls[t] = softmax_row_f32(S + r * T, t + 1, n, drop ? keep : NULL, dscale);
+            ls[t] = softmax_row_v(S + r * ldS, t + 1, n, drop ? keep : NULL, dscale);
         }
-        pack_a_f32(S, T, m, n, Pa);
+        pack_a_f32(S, ldS, m, n, Pa);
         bgemm(m, D, n2, 1.0f, Pa, n2, 1, Vp, D, false, O, D);
         for (int64_t r = 0; r < m; r++) nb__f32_to_bf16_n(O + r * D, os + (i0 + r) * ldo, D);
     }
@@ -386,7 +541,8 @@ static void bwd_task_native(int64_t bh, void *p) {
     const bool want_dq = j->dq != NULL, want_dk = j->dk != NULL, want_dv = j->dv != NULL;
     const bool want_s = want_dq || want_dk;
     char *mine = j->buf + j->per * (size_t)nb__task_slot();
-    float *P = take(&mine, (size_t)(BLK * T), 4), *dP = take(&mine, (size_t)(BLK * T), 4);
+    const int64_t ldS = up16(T); /* score rows padded to whole vectors */
+    float *P = take(&mine, (size_t)(BLK * ldS), 4), *dP = take(&mine, (size_t)(BLK * ldS), 4);
     uint16_t *Kt = take(&mine, (size_t)(2 * D2 * T), 2), *Vt = take(&mine, (size_t)(2 * D2 * T), 2);
     uint16_t *Kr = take(&mine, (size_t)(2 * ((T + 1) / 2) * D), 2);
     uint16_t *Qa = take(&mine, (size_t)(2 * BLK * D2), 2), *dOa = take(&mine, (size_t)(2 * BLK * D2), 2);
@@ -407,19 +563,19 @@ static void bwd_task_native(int64_t bh, void *p) {
         const int64_t m = i1 - i0, n = i1, m2 = (m + 1) / 2, n2 = (n + 1) / 2;
         const bool acc = ib != nblk - 1; /* the last block sees every key: it initializes */
         pack_a_bf16(qs + i0 * ldq, ldq, m, D, Qa);
-        bgemm(m, n, D2, (float)g->scale, Qa, D2, 1, Kt, T, false, P, T);
+        bgemm(m, n, D2, (float)g->scale, Qa, D2, 1, Kt, T, false, P, ldS);
         if (want_s) {
             pack_a_bf16(dos + i0 * lddo, lddo, m, D, dOa);
-            bgemm(m, n, D2, 1.0f, dOa, D2, 1, Vt, T, false, dP, T);
+            bgemm(m, n, D2, 1.0f, dOa, D2, 1, Vt, T, false, dP, ldS);
         }
-        bwd_rows_f32(g, bh, i0, m, n, ls, P, dP, want_s, keep);
+        bwd_rows_v(g, bh, i0, m, n, ls, P, dP, ldS, want_s, keep);
         if (want_dv) { /* dv[0:n]^T += dO[i0:i1]^T P (Br as A: word (d, kk) at kk D + d) */
             pack_b_bf16(dos + i0 * lddo, lddo, m, D, Br);
-            pack_b_f32(P, T, m, n, Bp);
+            pack_b_f32(P, ldS, m, n, Bp);
             bgemm(D, n, m2, 1.0f, Br, 1, D, Bp, n, acc, dVt, T);
         }
         if (want_dq) { /* dq[i0:i1] = dS k[0:n] */
-            pack_a_f32(dP, T, m, n, dSa);
+            pack_a_f32(dP, ldS, m, n, dSa);
             bgemm(m, D, n2, 1.0f, dSa, n2, 1, Kr, D, false, dQ, D);
             uint16_t *dqs = j->dq + b * g->sdq[0] + h * g->sdq[1];
             for (int64_t r = 0; r < m; r++)
@@ -427,12 +583,12 @@ static void bwd_task_native(int64_t bh, void *p) {
         }
         if (want_dk) { /* dk[0:n]^T += q[i0:i1]^T dS */
             pack_b_bf16(qs + i0 * ldq, ldq, m, D, Br);
-            pack_b_f32(dP, T, m, n, Bp);
+            pack_b_f32(dP, ldS, m, n, Bp);
             bgemm(D, n, m2, 1.0f, Br, 1, D, Bp, n, acc, dKt, T);
         }
     }
-    if (want_dk) round_t(dKt, T, D, j->dk + b * g->sdk[0] + h * g->sdk[1], g->sdk[2]);
-    if (want_dv) round_t(dVt, T, D, j->dv + b * g->sdv[0] + h * g->sdv[1], g->sdv[2]);
+    if (want_dk) round_t(dKt, T, T, D, j->dk + b * g->sdk[0] + h * g->sdk[1], g->sdk[2]);
+    if (want_dv) round_t(dVt, T, T, D, j->dv + b * g->sdv[0] + h * g->sdv[1], g->sdv[2]);
 }
 #endif
 

@@ -30,6 +30,14 @@ int nb__threads_for(int64_t work, int64_t grain);
  * runs single-threaded. fn must not fail by longjmp; tasks report errors through ctx. */
 typedef void (*nb__task_fn)(int64_t task, void *ctx);
 void nb__run_tasks(int64_t ntasks, int nthreads, nb__task_fn fn, void *ctx);
+/* fn(lo, hi, ctx) over pieces [lo, hi) that cover [0, n) exactly once, on nabla's workers
+ * (nb__run_tasks) with up to nthreads threads; with nthreads <= 1, one call fn(0, n, ctx) on
+ * this thread. The pieces depend on nthreads, so fn must give each index the same result
+ * whichever piece holds it. This replaces `#pragma omp parallel for schedule(static)` in the
+ * kernels: an OpenMP region wakes libgomp's threads, which sleep between regions (the
+ * passive wait policy, cpu/ompenv.c), and that wake cost tens of microseconds per region. */
+typedef void (*nb__range_fn)(int64_t lo, int64_t hi, void *ctx);
+void nb__parallel_range(int64_t n, int nthreads, nb__range_fn fn, void *ctx);
 /* True on a thread that is running a task of nb__run_tasks. */
 bool nb__in_task(void);
 /* Inside a task: which of the job's threads runs it, 0 .. nthreads - 1 (0 for the calling

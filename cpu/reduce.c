@@ -58,8 +58,12 @@ static const float *load_f32(const char *p, nb_dtype dt, int64_t st, int64_t n, 
             else for (int64_t i = 0; i < n; i++) buf[i] = nb_f16_to_f32(q[i * st]);
         } else { /* bf16 is the top half of an f32: a shift, exact for every value */
             uint32_t *u = (uint32_t *)buf;
+            if (st == 1) { /* the common case, kept apart so that it vectorizes */
 #pragma omp simd
-            for (int64_t i = 0; i < n; i++) u[i] = (uint32_t)q[i * st] << 16;
+                for (int64_t i = 0; i < n; i++) u[i] = (uint32_t)q[i] << 16;
+            } else {
+                for (int64_t i = 0; i < n; i++) u[i] = (uint32_t)q[i * st] << 16;
+            }
         }
     }
     return buf;
@@ -620,8 +624,55 @@ static void advance(int nr, const int64_t *shape, const int64_t *st, int64_t *id
     }
 }
 
+/* CP_SUM of dense f32 or bf16 row pieces under one reduced dim (row stride rs elements):
+ * strips of 32 columns, each summed over all the rows in registers. Every column still adds
+ * its rows in the order r = 0, 1, ... into a double starting at 0, so the sums are the
+ * general loop's bits; the general loop keeps its COLW accumulators in memory and converts
+ * bf16 through a buffer, which made the bias gradients' column sums compute-bound. */
+#define STRIP 32
+static void col_sum_strips(const char *in, nb_dtype dt, int64_t R, int64_t rs, int64_t w,
+                           double *da) {
+    for (int64_t j0 = 0; j0 < w; j0 += STRIP) {
+        const int64_t nw = w - j0 < STRIP ? w - j0 : STRIP;
+        double acc[STRIP] = {0};
+        if (nw < STRIP) { /* the last, narrow strip */
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t l = 0; l < nw; l++) {
+                    float f;
+                    if (dt == NB_BF16) {
+                        uint32_t u = (uint32_t)((const uint16_t *)in)[r * rs + j0 + l] << 16;
+                        memcpy(&f, &u, sizeof f);
+                    } else {
+                        f = ((const float *)in)[r * rs + j0 + l];
+                    }
+                    acc[l] += f;
+                }
+        } else if (dt == NB_BF16) {
+            const uint16_t *q = (const uint16_t *)in + j0;
+            for (int64_t r = 0; r < R; r++, q += rs) {
+                float f[STRIP];
+                for (int l = 0; l < STRIP; l++) {
+                    uint32_t u = (uint32_t)q[l] << 16;
+                    memcpy(&f[l], &u, sizeof(float));
+                }
+                for (int l = 0; l < STRIP; l++) acc[l] += f[l];
+            }
+        } else {
+            const float *q = (const float *)in + j0;
+            for (int64_t r = 0; r < R; r++, q += rs)
+                for (int l = 0; l < STRIP; l++) acc[l] += q[l];
+        }
+        memcpy(da + j0, acc, sizeof(double) * (size_t)nw);
+    }
+}
+
 static void col_pass(const rctx *c, const char *in, int64_t sin, int64_t w, cpass k,
                      colacc *A) {
+    if (k == CP_SUM && sin == 1 && c->nr == 1 && (c->dt == NB_F32 || c->dt == NB_BF16)) {
+        for (int64_t j = 0; j < w; j++) A->f[j] = 0, A->i[j] = 0, A->ix[j] = 0;
+        col_sum_strips(in, c->dt, c->R, c->rin[0], w, A->d);
+        return;
+    }
     bool mx = k == CP_MAX || k == CP_ARGMAX;
     double init = k == CP_MAX || k == CP_ARGMAX ? -INFINITY
                   : k == CP_MIN || k == CP_ARGMIN ? INFINITY : 0;
@@ -749,6 +800,18 @@ static void col_task(const rctx *c, const colgeo *g, int64_t grp, int64_t j0, in
     }
 }
 
+typedef struct col_job {
+    const rctx *c;
+    const colgeo *g;
+    int64_t nb, W;
+} col_job;
+
+static void col_run(int64_t t, void *p) {
+    const col_job *j = p;
+    int64_t j0 = (t % j->nb) * j->W;
+    col_task(j->c, j->g, t / j->nb, j0, j->g->D - j0 < j->W ? j->g->D - j0 : j->W);
+}
+
 static void col_path(const rctx *c, int nk, const int64_t *kshape, const int64_t *kin,
                      const int64_t *kout, int64_t nout) {
     colgeo g = {kshape[nk - 1], kin[nk - 1], kout[nk - 1], nk - 1, kshape, kin, kout};
@@ -759,11 +822,8 @@ static void col_path(const rctx *c, int nk, const int64_t *kshape, const int64_t
     int64_t W = COLW;
     while (W > 16 && ngrp * ((g.D + W - 1) / W) < 2 * nt) W /= 2;
     int64_t nb = (g.D + W - 1) / W;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t t = 0; t < ngrp * nb; t++) {
-        int64_t j0 = (t % nb) * W;
-        col_task(c, &g, t / nb, j0, g.D - j0 < W ? g.D - j0 : W);
-    }
+    col_job j = {c, &g, nb, W};
+    nb__run_tasks(ngrp * nb, nt, col_run, &j);
 }
 
 nb_status nb__cpu_reduce(const nb__reduce_args *a) {

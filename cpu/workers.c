@@ -224,3 +224,28 @@ void nb__run_tasks(int64_t ntasks, int nthreads, nb__task_fn fn, void *ctx) {
     }
     pthread_mutex_unlock(&g_job_lock);
 }
+
+/* ---- ranges ------------------------------------------------------------------------------ */
+typedef struct range_job {
+    int64_t n, per;
+    nb__range_fn fn;
+    void *ctx;
+} range_job;
+
+static void range_task(int64_t t, void *p) {
+    const range_job *j = p;
+    int64_t lo = t * j->per, hi = j->n - lo < j->per ? j->n : lo + j->per;
+    j->fn(lo, hi, j->ctx);
+}
+
+void nb__parallel_range(int64_t n, int nthreads, nb__range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (nthreads <= 1 || n == 1) {
+        fn(0, n, ctx);
+        return;
+    }
+    /* A few pieces per thread: a thread the scheduler runs late takes fewer of them. */
+    int64_t pieces = 4 * (int64_t)nthreads < n ? 4 * (int64_t)nthreads : n;
+    range_job j = {n, (n + pieces - 1) / pieces, fn, ctx};
+    nb__run_tasks((n + j.per - 1) / j.per, nthreads, range_task, &j);
+}
