@@ -32,7 +32,7 @@ typedef void (*nb__task_fn)(int64_t task, void *ctx);
 void nb__run_tasks(int64_t ntasks, int nthreads, nb__task_fn fn, void *ctx);
 /* fn(lo, hi, ctx) over pieces [lo, hi) that cover [0, n) exactly once, on nabla's workers
  * (nb__run_tasks) with up to nthreads threads; with nthreads <= 1, one call fn(0, n, ctx) on
- * this thread. The pieces depend on nthreads, so fn must give each index the same result
+ * this thread. Inside fn, nb__task_slot() is in [0, nthreads) (0 for the direct call). The pieces depend on nthreads, so fn must give each index the same result
  * whichever piece holds it. This replaces `#pragma omp parallel for schedule(static)` in the
  * kernels: an OpenMP region wakes libgomp's threads, which sleep between regions (the
  * passive wait policy, cpu/ompenv.c), and that wake cost tens of microseconds per region. */

@@ -240,8 +240,11 @@ static void range_task(int64_t t, void *p) {
 
 void nb__parallel_range(int64_t n, int nthreads, nb__range_fn fn, void *ctx) {
     if (n <= 0) return;
-    if (nthreads <= 1 || n == 1) {
+    if (nthreads <= 1 || n == 1) { /* on this thread, as slot 0 (per-thread scratch) */
+        int slot = t_slot;
+        t_slot = 0;
         fn(0, n, ctx);
+        t_slot = slot;
         return;
     }
     /* A few pieces per thread: a thread the scheduler runs late takes fewer of them. */
