@@ -47,45 +47,55 @@ static int chunk_threads(int64_t work, int64_t nch) {
 #undef S
 
 /* ---- dropout ------------------------------------------------------------------------------- */
-void nb__cpu_dropout(const void *x, const uint8_t *mask, void *out, int64_t n, nb_dtype dt,
-                     double scale) {
-    int nt = nb__threads_for(n, NB__GRAIN);
-    switch (dt) {
+typedef struct dropout_job {
+    const void *x;
+    const uint8_t *mask;
+    void *out;
+    nb_dtype dt;
+    double scale;
+} dropout_job;
+
+static void dropout_range(int64_t lo, int64_t hi, void *p) {
+    const dropout_job *j = p;
+    const uint8_t *mask = j->mask;
+    switch (j->dt) {
     case NB_F32: {
-        const float *xs = x;
-        float *o = out, s = (float)scale;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (int64_t i = 0; i < n; i++) o[i] = xs[i] * ((float)mask[i] * s);
+        const float *xs = j->x;
+        float *o = j->out, s = (float)j->scale;
+        for (int64_t i = lo; i < hi; i++) o[i] = xs[i] * ((float)mask[i] * s);
         break;
     }
     case NB_F64: {
-        const double *xs = x;
-        double *o = out;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (int64_t i = 0; i < n; i++) o[i] = xs[i] * ((double)mask[i] * scale);
+        const double *xs = j->x;
+        double *o = j->out, s = j->scale;
+        for (int64_t i = lo; i < hi; i++) o[i] = xs[i] * ((double)mask[i] * s);
         break;
     }
     case NB_F16: {
-        const uint16_t *xs = x;
-        uint16_t *o = out;
-        float s = (float)scale;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (int64_t i = 0; i < n; i++)
+        const uint16_t *xs = j->x;
+        uint16_t *o = j->out;
+        float s = (float)j->scale;
+        for (int64_t i = lo; i < hi; i++)
             o[i] = nb_f32_to_f16(nb_f16_to_f32(xs[i]) * ((float)mask[i] * s));
         break;
     }
     case NB_BF16: {
-        const uint16_t *xs = x;
-        uint16_t *o = out;
-        float s = (float)scale;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (int64_t i = 0; i < n; i++)
+        const uint16_t *xs = j->x;
+        uint16_t *o = j->out;
+        float s = (float)j->scale;
+        for (int64_t i = lo; i < hi; i++)
             o[i] = nb_f32_to_bf16(nb_bf16_to_f32(xs[i]) * ((float)mask[i] * s));
         break;
     }
     default:
         NB__ASSERT(!"dropout kernel: float dtypes only");
     }
+}
+
+void nb__cpu_dropout(const void *x, const uint8_t *mask, void *out, int64_t n, nb_dtype dt,
+                     double scale) {
+    dropout_job j = {x, mask, out, dt, scale};
+    nb__parallel_range(n, nb__threads_for(n, NB__GRAIN), dropout_range, &j);
 }
 
 /* ---- the kernel table's entries ------------------------------------------------------------

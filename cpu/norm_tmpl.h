@@ -101,11 +101,23 @@ static inline void F(ln_row_sums)(const T *g, const T *x, const T *w, T m, T r, 
 }
 
 /* ---- layer norm ------------------------------------------------------------------------------ */
-void F(nb__cpu_layer_norm_fwd)(const T *x, const T *w, const T *b, T *y, double *mean,
-                               double *rstd, int64_t N, int64_t D, double eps) {
-    int nt = nb__threads_for(N * D, NB__GRAIN);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t i = 0; i < N; i++) {
+/* The loops run on nabla's workers (nb__parallel_range): each takes its arguments in a job. */
+typedef struct F(ln_job) {
+    const T *x, *w, *b, *g;
+    T *y, *dx;
+    const double *mean, *rstd;
+    double *mean_out, *rstd_out, *part;
+    int64_t N, D, nch;
+    double eps;
+} F(ln_job);
+
+static void F(ln_fwd_rows)(int64_t lo, int64_t hi, void *p) {
+    const F(ln_job) *jb = p;
+    const T *x = jb->x, *w = jb->w, *b = jb->b;
+    T *y = jb->y;
+    double *mean = jb->mean_out, *rstd = jb->rstd_out, eps = jb->eps;
+    const int64_t D = jb->D;
+    for (int64_t i = lo; i < hi; i++) {
         const T *xr = x + i * D;
         T *yr = y + i * D;
         double m = D ? F(rsum)(xr, D) / (double)D : 0.0;
@@ -126,19 +138,21 @@ void F(nb__cpu_layer_norm_fwd)(const T *x, const T *w, const T *b, T *y, double 
     }
 }
 
-nb_status F(nb__cpu_layer_norm_bwd)(const T *g, const T *x, const T *w, const double *mean,
-                                    const double *rstd, T *dx, T *dw, T *db, int64_t N,
-                                    int64_t D) {
-    bool params = dw || db;
-    int64_t nch = norm_chunks(N, D);
-    double *part = NULL;
-    if (params && D > 0) {
-        part = nb_host_alloc(sizeof(double) * 2 * (size_t)D * (size_t)nch);
-        if (!part) return nb__error(NB_ENOMEM, "layer_norm: out of memory for the backward");
-    }
-    int nt = chunk_threads(N * D, nch);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t ch = 0; ch < nch; ch++) {
+void F(nb__cpu_layer_norm_fwd)(const T *x, const T *w, const T *b, T *y, double *mean,
+                               double *rstd, int64_t N, int64_t D, double eps) {
+    F(ln_job) jb = {.x = x, .w = w, .b = b, .y = y, .mean_out = mean, .rstd_out = rstd,
+                    .N = N, .D = D, .eps = eps};
+    nb__parallel_range(N, nb__threads_for(N * D, NB__GRAIN), F(ln_fwd_rows), &jb);
+}
+
+static void F(ln_bwd_chunks)(int64_t lo, int64_t hi, void *p) {
+    const F(ln_job) *jb = p;
+    const T *g = jb->g, *x = jb->x, *w = jb->w;
+    const double *mean = jb->mean, *rstd = jb->rstd;
+    double *part = jb->part;
+    T *dx = jb->dx;
+    const int64_t N = jb->N, D = jb->D, nch = jb->nch;
+    for (int64_t ch = lo; ch < hi; ch++) {
         int64_t r0 = N * ch / nch, r1 = N * (ch + 1) / nch;
         double *pw = part ? part + 2 * D * ch : NULL, *pb = pw ? pw + D : NULL;
         if (pw) memset(pw, 0, sizeof(double) * 2 * (size_t)D);
@@ -166,6 +180,21 @@ nb_status F(nb__cpu_layer_norm_bwd)(const T *g, const T *x, const T *w, const do
             }
         }
     }
+}
+
+nb_status F(nb__cpu_layer_norm_bwd)(const T *g, const T *x, const T *w, const double *mean,
+                                    const double *rstd, T *dx, T *dw, T *db, int64_t N,
+                                    int64_t D) {
+    bool params = dw || db;
+    int64_t nch = norm_chunks(N, D);
+    double *part = NULL;
+    if (params && D > 0) {
+        part = nb_host_alloc(sizeof(double) * 2 * (size_t)D * (size_t)nch);
+        if (!part) return nb__error(NB_ENOMEM, "layer_norm: out of memory for the backward");
+    }
+    F(ln_job) jb = {.g = g, .x = x, .w = w, .dx = dx, .mean = mean, .rstd = rstd,
+                    .part = part, .N = N, .D = D, .nch = nch};
+    nb__parallel_range(nch, chunk_threads(N * D, nch), F(ln_bwd_chunks), &jb);
     if (params) {
         for (int64_t j = 0; j < D; j++) {
             double sw = 0, sb = 0;
@@ -185,12 +214,24 @@ nb_status F(nb__cpu_layer_norm_bwd)(const T *g, const T *x, const T *w, const do
  * Per-channel sums over (N, S) as chunk partials: part[ch * C + c] for the rows (samples) of
  * chunk ch. kind 0: sum x; 1: sum (x - mean)^2; 2: sum g and sum g * (x - mean) (two
  * arrays: part and part2). */
-static void F(bn_partials)(const T *x, const T *g, int64_t N, int64_t C, int64_t S,
-                           const double *mean, int kind, int64_t nch, double *part,
-                           double *part2) {
-    int nt = chunk_threads(N * C * S, nch);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t ch = 0; ch < nch; ch++) {
+typedef struct F(bn_job) {
+    const T *x, *g, *w, *b;
+    T *y;
+    const double *mean, *rstd, *sg, *sgd;
+    double *part, *part2;
+    int64_t N, C, S, nch;
+    int kind;
+    bool batch_stats;
+} F(bn_job);
+
+static void F(bn_partial_chunks)(int64_t lo, int64_t hi, void *job) {
+    const F(bn_job) *jb = job;
+    const T *x = jb->x, *g = jb->g;
+    const double *mean = jb->mean;
+    double *part = jb->part, *part2 = jb->part2;
+    const int64_t N = jb->N, C = jb->C, S = jb->S, nch = jb->nch;
+    const int kind = jb->kind;
+    for (int64_t ch = lo; ch < hi; ch++) {
         int64_t n0 = N * ch / nch, n1 = N * (ch + 1) / nch;
         double *p = part + C * ch, *p2 = part2 ? part2 + C * ch : NULL;
         memset(p, 0, sizeof(double) * (size_t)C);
@@ -228,6 +269,14 @@ static void F(bn_partials)(const T *x, const T *g, int64_t N, int64_t C, int64_t
     }
 }
 
+static void F(bn_partials)(const T *x, const T *g, int64_t N, int64_t C, int64_t S,
+                           const double *mean, int kind, int64_t nch, double *part,
+                           double *part2) {
+    F(bn_job) jb = {.x = x, .g = g, .mean = mean, .part = part, .part2 = part2, .N = N,
+                    .C = C, .S = S, .nch = nch, .kind = kind};
+    nb__parallel_range(nch, chunk_threads(N * C * S, nch), F(bn_partial_chunks), &jb);
+}
+
 /* out[c] = sum over chunks of part[ch * C + c], in chunk order. */
 static void F(bn_combine)(const double *part, int64_t nch, int64_t C, double *out) {
     for (int64_t c = 0; c < C; c++) {
@@ -252,13 +301,15 @@ nb_status F(nb__cpu_batch_norm_stats)(const T *x, int64_t N, int64_t C, int64_t 
     return NB_OK;
 }
 
-void F(nb__cpu_batch_norm_apply)(const T *x, T *y, int64_t N, int64_t C, int64_t S,
-                                 const double *mean, const double *rstd, const T *w,
-                                 const T *b) {
-    int nt = nb__threads_for(N * C * S, NB__GRAIN);
+/* (N, C) input: rows n in [lo, hi); else (n, c) planes r in [lo, hi). */
+static void F(bn_apply_rows)(int64_t lo, int64_t hi, void *p) {
+    const F(bn_job) *jb = p;
+    const T *x = jb->x, *w = jb->w, *b = jb->b;
+    T *y = jb->y;
+    const double *mean = jb->mean, *rstd = jb->rstd;
+    const int64_t C = jb->C, S = jb->S;
     if (S == 1) {
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (int64_t n = 0; n < N; n++) {
+        for (int64_t n = lo; n < hi; n++) {
             const T *xr = x + n * C;
             T *yr = y + n * C;
             for (int64_t c = 0; c < C; c++) {
@@ -268,8 +319,7 @@ void F(nb__cpu_batch_norm_apply)(const T *x, T *y, int64_t N, int64_t C, int64_t
         }
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t r = 0; r < N * C; r++) {
+    for (int64_t r = lo; r < hi; r++) {
         int64_t c = r % C;
         const T *xr = x + r * S;
         T *yr = y + r * S;
@@ -278,10 +328,44 @@ void F(nb__cpu_batch_norm_apply)(const T *x, T *y, int64_t N, int64_t C, int64_t
     }
 }
 
+void F(nb__cpu_batch_norm_apply)(const T *x, T *y, int64_t N, int64_t C, int64_t S,
+                                 const double *mean, const double *rstd, const T *w,
+                                 const T *b) {
+    F(bn_job) jb = {.x = x, .w = w, .b = b, .y = y, .mean = mean, .rstd = rstd, .N = N,
+                    .C = C, .S = S};
+    nb__parallel_range(S == 1 ? N : N * C, nb__threads_for(N * C * S, NB__GRAIN),
+                       F(bn_apply_rows), &jb);
+}
+
+/* dx of the (n, c) planes r in [lo, hi) (dx is the job's y). */
+static void F(bn_bwd_planes)(int64_t lo, int64_t hi, void *p) {
+    const F(bn_job) *jb = p;
+    const T *g = jb->g, *x = jb->x, *w = jb->w;
+    T *dx = jb->y;
+    const double *mean = jb->mean, *rstd = jb->rstd, *sg = jb->sg, *sgd = jb->sgd;
+    const int64_t C = jb->C, S = jb->S, M = jb->N * jb->S;
+    const bool batch_stats = jb->batch_stats;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t c = r % C;
+        double ad = rstd[c] * (w ? (double)w[c] : 1.0);
+        T a = (T)ad, k = 0, q = 0, m = (T)mean[c];
+        if (batch_stats && M > 0) {
+            k = (T)(ad * sg[c] / (double)M);
+            q = (T)(ad * rstd[c] * rstd[c] * sgd[c] / (double)M);
+        }
+        const T *gr = g + r * S, *xr = x + r * S;
+        T *dr = dx + r * S;
+        if (batch_stats) {
+            for (int64_t j = 0; j < S; j++) dr[j] = a * gr[j] - k - (xr[j] - m) * q;
+        } else {
+            for (int64_t j = 0; j < S; j++) dr[j] = a * gr[j];
+        }
+    }
+}
+
 nb_status F(nb__cpu_batch_norm_bwd)(const T *g, const T *x, int64_t N, int64_t C, int64_t S,
                                     const double *mean, const double *rstd, const T *w,
                                     bool batch_stats, T *dx, T *dw, T *db) {
-    int64_t M = N * S;
     bool need_sums = dw || db || (dx && batch_stats);
     double *sg = NULL, *sgd = NULL;
     if (need_sums) {
@@ -306,24 +390,11 @@ nb_status F(nb__cpu_batch_norm_bwd)(const T *g, const T *x, int64_t N, int64_t C
     if (dx) {
         /* dx = a * g - k - (x - mean) * q per channel, with a = w * rstd and, for batch
          * statistics, k = a * sum(g) / M, q = a * rstd^2 * sum(g * (x - mean)) / M. */
-        int nt = nb__threads_for(N * C * S, NB__GRAIN);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (int64_t r = 0; r < N * C; r++) {
-            int64_t c = r % C;
-            double ad = rstd[c] * (w ? (double)w[c] : 1.0);
-            T a = (T)ad, k = 0, q = 0, m = (T)mean[c];
-            if (batch_stats && M > 0) {
-                k = (T)(ad * sg[c] / (double)M);
-                q = (T)(ad * rstd[c] * rstd[c] * sgd[c] / (double)M);
-            }
-            const T *gr = g + r * S, *xr = x + r * S;
-            T *dr = dx + r * S;
-            if (batch_stats) {
-                for (int64_t j = 0; j < S; j++) dr[j] = a * gr[j] - k - (xr[j] - m) * q;
-            } else {
-                for (int64_t j = 0; j < S; j++) dr[j] = a * gr[j];
-            }
-        }
+        F(bn_job) jb = {.x = x, .g = g, .w = w, .y = dx, .mean = mean, .rstd = rstd,
+                        .sg = sg, .sgd = sgd, .N = N, .C = C, .S = S,
+                        .batch_stats = batch_stats};
+        nb__parallel_range(N * C, nb__threads_for(N * C * S, NB__GRAIN), F(bn_bwd_planes),
+                           &jb);
     }
     nb_host_free(sg);
     return NB_OK;

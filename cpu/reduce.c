@@ -552,6 +552,43 @@ static void unravel(int64_t i, int n, const int64_t *shape, const int64_t *sa,
 }
 
 /* ---- row path ------------------------------------------------------------------------------ */
+typedef struct row_job {
+    const rctx *c;
+    int nk;
+    const int64_t *kshape, *kin, *kout;
+    const char *in; /* few outputs: the current output's input */
+    rstate *parts;
+    int64_t csize, nch;
+} row_job;
+
+/* Few long reductions: chunks [lo, hi) of one output into parts[]. */
+static void row_chunks(int64_t lo, int64_t hi, void *p) {
+    const row_job *j = p;
+    const int64_t R = j->c->R;
+    for (int64_t ch = lo; ch < hi; ch++) {
+        int64_t b = (ch + 1) * j->csize < R ? (ch + 1) * j->csize : R;
+        j->parts[ch] = reduce_range(j->c, j->in, ch * j->csize, b);
+    }
+}
+
+/* Outputs [lo, hi), each over its chunks in order. */
+static void row_outputs(int64_t lo, int64_t hi, void *p) {
+    const row_job *j = p;
+    const rctx *c = j->c;
+    const int64_t R = c->R, csize = j->csize;
+    for (int64_t o = lo; o < hi; o++) {
+        int64_t ioff, ooff;
+        unravel(o, j->nk, j->kshape, j->kin, j->kout, &ioff, &ooff);
+        const char *in = c->in + ioff * (int64_t)c->es;
+        rstate acc = reduce_range(c, in, 0, R < csize ? R : csize);
+        for (int64_t ch = 1; ch < j->nch; ch++) {
+            int64_t b = (ch + 1) * csize < R ? (ch + 1) * csize : R;
+            acc = st_combine(c->kind, acc, reduce_range(c, in, ch * csize, b));
+        }
+        finalize(c, ooff, acc);
+    }
+}
+
 static void row_path(const rctx *c, int nk, const int64_t *kshape, const int64_t *kin,
                      const int64_t *kout, int64_t nout) {
     int64_t R = c->R;
@@ -565,31 +602,19 @@ static void row_path(const rctx *c, int nk, const int64_t *kshape, const int64_t
         for (int64_t o = 0; o < nout; o++) {
             int64_t ioff, ooff;
             unravel(o, nk, kshape, kin, kout, &ioff, &ooff);
-            const char *in = c->in + ioff * (int64_t)c->es;
             rstate parts[MAX_CHUNKS];
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-            for (int64_t ch = 0; ch < nch; ch++) {
-                int64_t b = (ch + 1) * csize < R ? (ch + 1) * csize : R;
-                parts[ch] = reduce_range(c, in, ch * csize, b);
-            }
+            row_job j = {.c = c, .in = c->in + ioff * (int64_t)c->es, .parts = parts,
+                         .csize = csize, .nch = nch};
+            nb__parallel_range(nch, nt, row_chunks, &j);
             rstate acc = parts[0];
             for (int64_t ch = 1; ch < nch; ch++) acc = st_combine(c->kind, acc, parts[ch]);
             finalize(c, ooff, acc);
         }
         return;
     }
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t o = 0; o < nout; o++) {
-        int64_t ioff, ooff;
-        unravel(o, nk, kshape, kin, kout, &ioff, &ooff);
-        const char *in = c->in + ioff * (int64_t)c->es;
-        rstate acc = reduce_range(c, in, 0, R < csize ? R : csize);
-        for (int64_t ch = 1; ch < nch; ch++) {
-            int64_t b = (ch + 1) * csize < R ? (ch + 1) * csize : R;
-            acc = st_combine(c->kind, acc, reduce_range(c, in, ch * csize, b));
-        }
-        finalize(c, ooff, acc);
-    }
+    row_job j = {.c = c, .nk = nk, .kshape = kshape, .kin = kin, .kout = kout,
+                 .csize = csize, .nch = nch};
+    nb__parallel_range(nout, nt, row_outputs, &j);
 }
 
 /* ---- column path ----------------------------------------------------------------------------
@@ -1015,6 +1040,41 @@ static void softmax_cols_f64(const double *x, double *y, int64_t L, int64_t D, i
         }
 }
 
+typedef struct softmax_job {
+    const char *xp;
+    char *yp;
+    nb_dtype dt;
+    int64_t es, L, D, W, nb;
+    bool lg;
+} softmax_job;
+
+/* D == 1: dense rows o in [lo, hi). */
+static void softmax_rows(int64_t lo, int64_t hi, void *p) {
+    const softmax_job *j = p;
+    const int64_t L = j->L, es = j->es;
+    for (int64_t o = lo; o < hi; o++) {
+        const char *xr = j->xp + o * L * es;
+        char *yr = j->yp + o * L * es;
+        if (j->dt == NB_F32) softmax_row_f32((const float *)xr, (float *)yr, L, j->lg);
+        else if (j->dt == NB_F64) softmax_row_f64((const double *)xr, (double *)yr, L, j->lg);
+        else softmax_row_half(xr, yr, j->dt, L, j->lg);
+    }
+}
+
+/* D > 1: blocks t in [lo, hi) of W columns of one outer index. */
+static void softmax_blocks(int64_t lo, int64_t hi, void *p) {
+    const softmax_job *j = p;
+    const int64_t L = j->L, D = j->D, W = j->W, es = j->es;
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t o = t / j->nb, j0 = (t % j->nb) * W, w = D - j0 < W ? D - j0 : W;
+        int64_t off = (o * L * D + j0) * es;
+        if (j->dt == NB_F64)
+            softmax_cols_f64((const double *)(j->xp + off), (double *)(j->yp + off), L, D, w,
+                             j->lg);
+        else softmax_cols_f32(j->xp + off, j->yp + off, j->dt, L, D, w, j->lg);
+    }
+}
+
 nb_status nb__cpu_softmax(const nb__softmax_args *a) {
     int64_t O = a->outer, L = a->len, D = a->inner;
     if (O * L * D == 0) return NB_OK;
@@ -1024,28 +1084,15 @@ nb_status nb__cpu_softmax(const nb__softmax_args *a) {
     const char *xp = a->x;
     char *yp = a->y;
     int nt = nb__threads_for(O * L * D, NB__GRAIN);
+    softmax_job j = {.xp = xp, .yp = yp, .dt = dt, .es = es, .L = L, .D = D, .lg = lg};
     if (D == 1) {
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-        for (int64_t o = 0; o < O; o++) {
-            const char *xr = xp + o * L * es;
-            char *yr = yp + o * L * es;
-            if (dt == NB_F32) softmax_row_f32((const float *)xr, (float *)yr, L, lg);
-            else if (dt == NB_F64) softmax_row_f64((const double *)xr, (double *)yr, L, lg);
-            else softmax_row_half(xr, yr, dt, L, lg);
-        }
+        nb__parallel_range(O, nt, softmax_rows, &j);
         return NB_OK;
     }
     int64_t W = COLW;
     while (W > 16 && O * ((D + W - 1) / W) < 2 * nt) W /= 2;
-    int64_t nb = (D + W - 1) / W;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t t = 0; t < O * nb; t++) {
-        int64_t o = t / nb, j0 = (t % nb) * W, w = D - j0 < W ? D - j0 : W;
-        int64_t off = (o * L * D + j0) * es;
-        if (dt == NB_F64)
-            softmax_cols_f64((const double *)(xp + off), (double *)(yp + off), L, D, w, lg);
-        else softmax_cols_f32(xp + off, yp + off, dt, L, D, w, lg);
-    }
+    j.W = W, j.nb = (D + W - 1) / W;
+    nb__parallel_range(O * j.nb, nt, softmax_blocks, &j);
     return NB_OK;
 }
 
