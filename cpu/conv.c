@@ -16,10 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "cpu/backend.h"
 #include "cpu/conv.h"
 #include "cpu/cpu_impl.h"
@@ -40,14 +36,6 @@
 #define CONV_PARTS_BYTES ((size_t)64 << 20)
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
-
-static int thread_id(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
 
 /* ---- plan ------------------------------------------------------------------------------------
  * How a call will run: threads, work units of the weight gradient, and the layout of the
@@ -287,27 +275,51 @@ static void valid_range(int64_t off, int64_t s, int64_t n, int64_t out, int64_t 
     }                                                                                      \
                                                                                            \
     /* gb[o] = sum over images and positions of gy (N, O, L), in double, in a fixed order. */ \
+    typedef struct bias_job_##S {                                                          \
+        const nb__conv2d_geom *g;                                                          \
+        const T *gy;                                                                       \
+        T *gb;                                                                             \
+    } bias_job_##S;                                                                        \
+                                                                                           \
+    static void bias_range_##S(int64_t lo, int64_t hi, void *p) {                          \
+        const bias_job_##S *j = p;                                                         \
+        int64_t N = j->g->N, O = j->g->O, L = j->g->OH * j->g->OW;                         \
+        for (int64_t o = lo; o < hi; o++) {                                                \
+            double s = 0;                                                                  \
+            for (int64_t n = 0; n < N; n++) s += row_sum_##S(j->gy + (n * O + o) * L, L);  \
+            j->gb[o] = (T)s;                                                               \
+        }                                                                                  \
+    }                                                                                      \
+                                                                                           \
     static void bias_grad_##S(const nb__conv2d_geom *g, const T *gy, T *gb) {              \
         int64_t O = g->O, L = g->OH * g->OW;                                               \
         int nt = nb__threads_for(g->N * O * L, NB__GRAIN);                                 \
         if (nt > O) nt = O > 0 ? (int)O : 1;                                               \
-        _Pragma("omp parallel for schedule(static) if (nt > 1) num_threads(nt)")           \
-        for (int64_t o = 0; o < O; o++) {                                                  \
-            double s = 0;                                                                  \
-            for (int64_t n = 0; n < g->N; n++) s += row_sum_##S(gy + (n * O + o) * L, L);  \
-            gb[o] = (T)s;                                                                  \
-        }                                                                                  \
+        bias_job_##S j = {g, gy, gb};                                                      \
+        nb__parallel_range(O, nt, bias_range_##S, &j);                                     \
     }                                                                                      \
                                                                                            \
     /* gw += parts[0] + parts[1] + ... (each part `stride` elements apart), in that order. */ \
+    typedef struct parts_job_##S {                                                         \
+        T *gw;                                                                             \
+        const T *parts;                                                                    \
+        int nparts;                                                                        \
+        int64_t stride;                                                                    \
+    } parts_job_##S;                                                                       \
+                                                                                           \
+    static void parts_range_##S(int64_t lo, int64_t hi, void *p) {                         \
+        const parts_job_##S *j = p;                                                        \
+        for (int64_t i = lo; i < hi; i++) {                                                \
+            T s = j->gw[i];                                                                \
+            for (int q = 0; q < j->nparts; q++) s += j->parts[q * j->stride + i];          \
+            j->gw[i] = s;                                                                  \
+        }                                                                                  \
+    }                                                                                      \
+                                                                                           \
     static void sum_parts_##S(T *gw, const T *parts, int nparts, int64_t n, int64_t stride) { \
         int nt = nb__threads_for(n * nparts, NB__GRAIN);                                   \
-        _Pragma("omp parallel for schedule(static) if (nt > 1) num_threads(nt)")           \
-        for (int64_t i = 0; i < n; i++) {                                                  \
-            T s = gw[i];                                                                   \
-            for (int p = 0; p < nparts; p++) s += parts[p * stride + i];                   \
-            gw[i] = s;                                                                     \
-        }                                                                                  \
+        parts_job_##S j = {gw, parts, nparts, stride};                                     \
+        nb__parallel_range(n, nt, parts_range_##S, &j);                                    \
     }
 
 NB__CONV_COLUMNS(float, f32)
@@ -441,33 +453,48 @@ static nb_status bwd_unit(const conv_ctx *c, int64_t u, int slot) {
     return bwd_images(c, n0, n1, gwp, gbp, slot);
 }
 
+typedef nb_status (*unit_fn)(const conv_ctx *, int64_t, int);
+
+/* run_units' job: a task cannot return a status, so the first failure is kept here (its
+ * message too: nb_last_error is per thread, and the task may run on a worker). */
+typedef struct units_job {
+    const conv_ctx *c;
+    unit_fn fn;
+    atomic_int failed;
+    nb_status status;
+    char msg[256];
+} units_job;
+
+static void unit_task(int64_t u, void *p) {
+    units_job *j = p;
+    if (atomic_load_explicit(&j->failed, memory_order_relaxed)) return;
+    /* The task's slot is its thread's column buffer: the plan has one per thread. */
+    nb_status s = j->fn(j->c, u, nb__task_slot());
+    if (s != NB_OK && !atomic_exchange(&j->failed, 1)) {
+        j->status = s;
+        snprintf(j->msg, sizeof j->msg, "%s", nb_last_error());
+    }
+}
+
 /* Run fn(c, u, slot) for u in [0, units) on the plan's threads (slot: the thread's column
- * buffer); the first failure's status and
- * message are carried back to the calling thread. */
-static nb_status run_units(const conv_ctx *c, int64_t units,
-                           nb_status (*fn)(const conv_ctx *, int64_t, int)) {
+ * buffer); the first failure's status and message are carried back to the calling thread. */
+static nb_status run_units(const conv_ctx *c, int64_t units, unit_fn fn) {
     int nt = c->p->nthreads;
     if (nt <= 1) {
-        /* No OpenMP region at all: a lone GEMM may then use the provider's threads. */
+        /* Not as a task: a lone GEMM may then use the provider's threads (inside a task it
+         * runs single-threaded). */
         for (int64_t u = 0; u < units; u++) {
             nb_status st = fn(c, u, 0);
             if (st != NB_OK) return st;
         }
         return NB_OK;
     }
-    atomic_int failed = 0;
-    nb_status fail_status = NB_OK;
-    char fail_msg[256] = "";
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-    for (int64_t u = 0; u < units; u++) {
-        if (atomic_load_explicit(&failed, memory_order_relaxed)) continue;
-        nb_status s = fn(c, u, thread_id());
-        if (s != NB_OK && !atomic_exchange(&failed, 1)) {
-            fail_status = s;
-            snprintf(fail_msg, sizeof fail_msg, "%s", nb_last_error());
-        }
-    }
-    if (atomic_load(&failed)) return nb__error(fail_status, "%s", fail_msg);
+    /* Units are claimed one at a time, as schedule(dynamic, 1) did: chunks of images vary in
+     * cost, and which thread runs a unit never changes what it computes. */
+    units_job j = {.c = c, .fn = fn, .status = NB_OK};
+    atomic_init(&j.failed, 0);
+    nb__run_tasks(units, nt, unit_task, &j);
+    if (atomic_load(&j.failed)) return nb__error(j.status, "%s", j.msg);
     return NB_OK;
 }
 
@@ -958,12 +985,19 @@ static nb_status wgrad_bf16(const nb__conv2d_geom *g, const void *x, const void 
 
 /* gb[o] = the sum of bf16 gy over images and positions: 16 f32 lanes per row, rows added
  * in double, in a fixed order. */
-static void bias_grad_bf16(const nb__conv2d_geom *g, const uint16_t *gy, float *gb) {
+typedef struct bias_job_bf16 {
+    const nb__conv2d_geom *g;
+    const uint16_t *gy;
+    float *gb;
+} bias_job_bf16;
+
+static void bias_range_bf16(int64_t lo, int64_t hi, void *p) {
+    const bias_job_bf16 *job = p;
+    const nb__conv2d_geom *g = job->g;
     int64_t O = g->O, L = g->OH * g->OW;
-    int nt = nb__threads_for(g->N * O * L, NB__GRAIN);
-    if (nt > O) nt = O > 0 ? (int)O : 1;
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-    for (int64_t o = 0; o < O; o++) {
+    const uint16_t *gy = job->gy;
+    float *gb = job->gb;
+    for (int64_t o = lo; o < hi; o++) {
         double s = 0;
         for (int64_t n = 0; n < g->N; n++) {
             const uint16_t *r = gy + (n * O + o) * L;
@@ -976,6 +1010,14 @@ static void bias_grad_bf16(const nb__conv2d_geom *g, const uint16_t *gy, float *
         }
         gb[o] = (float)s;
     }
+}
+
+static void bias_grad_bf16(const nb__conv2d_geom *g, const uint16_t *gy, float *gb) {
+    int64_t O = g->O, L = g->OH * g->OW;
+    int nt = nb__threads_for(g->N * O * L, NB__GRAIN);
+    if (nt > O) nt = O > 0 ? (int)O : 1;
+    bias_job_bf16 j = {g, gy, gb};
+    nb__parallel_range(O, nt, bias_range_bf16, &j);
 }
 
 static nb_status conv2d_backward_bf16(const nb__conv2d_backward_args *a) {

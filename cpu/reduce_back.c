@@ -130,43 +130,78 @@ static void smb_cols_f64(const double *y, const double *g, double *dx, int64_t L
         }
 }
 
+/* What the row and column tasks read: the (O, L, D) shape, the dtype, the block width W and
+ * the number of blocks per row nb (D > 1). */
+typedef struct smb_job {
+    int64_t L, D, W, nb, es;
+    nb_dtype dt;
+    bool lg;
+    const char *y, *g;
+    char *dx;
+} smb_job;
+
+/* Rows [lo, hi) (D == 1). */
+static void smb_rows(int64_t lo, int64_t hi, void *p) {
+    const smb_job *j = p;
+    for (int64_t o = lo; o < hi; o++) {
+        int64_t off = o * j->L * j->es;
+        if (j->dt == NB_F64)
+            smb_row_f64((const double *)(j->y + off), (const double *)(j->g + off),
+                        (double *)(j->dx + off), j->L, j->lg);
+        else smb_row_f32(j->y + off, j->g + off, j->dx + off, j->dt, j->L, j->lg);
+    }
+}
+
+/* Column blocks [lo, hi) of the O * nb blocks (D > 1). */
+static void smb_blocks(int64_t lo, int64_t hi, void *p) {
+    const smb_job *j = p;
+    int64_t L = j->L, D = j->D, W = j->W;
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t o = t / j->nb, j0 = (t % j->nb) * W, w = D - j0 < W ? D - j0 : W;
+        int64_t off = (o * L * D + j0) * j->es;
+        if (j->dt == NB_F64)
+            smb_cols_f64((const double *)(j->y + off), (const double *)(j->g + off),
+                         (double *)(j->dx + off), L, D, w, j->lg);
+        else smb_cols_f32(j->y + off, j->g + off, j->dx + off, j->dt, L, D, w, j->lg);
+    }
+}
+
 nb_status nb__cpu_softmax_backward(const nb__softmax_backward_args *a) {
     int64_t O = a->outer, L = a->len, D = a->inner;
     if (O * L * D == 0) return NB_OK;
-    bool lg = a->log;
-    nb_dtype dt = a->dtype;
-    int64_t es = (int64_t)nb_dtype_size(dt);
-    const char *yp = a->y, *gp = a->g;
-    char *xp = a->dx;
+    smb_job j = {.L = L, .D = D, .es = (int64_t)nb_dtype_size(a->dtype), .dt = a->dtype,
+                 .lg = a->log, .y = a->y, .g = a->g, .dx = a->dx};
     int nt = nb__threads_for(O * L * D, NB__GRAIN);
     if (D == 1) {
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-        for (int64_t o = 0; o < O; o++) {
-            int64_t off = o * L * es;
-            if (dt == NB_F64)
-                smb_row_f64((const double *)(yp + off), (const double *)(gp + off),
-                            (double *)(xp + off), L, lg);
-            else smb_row_f32(yp + off, gp + off, xp + off, dt, L, lg);
-        }
+        nb__parallel_range(O, nt, smb_rows, &j);
         return NB_OK;
     }
-    /* Narrower blocks when there are too few to keep the threads busy. */
+    /* Narrower blocks when there are too few to keep the threads busy (each column's sums
+     * run over l in order whatever the width, so the width may depend on the thread count). */
     int64_t W = COLW;
     while (W > 16 && O * ((D + W - 1) / W) < 2 * nt) W /= 2;
-    int64_t nb = (D + W - 1) / W;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t t = 0; t < O * nb; t++) {
-        int64_t o = t / nb, j0 = (t % nb) * W, w = D - j0 < W ? D - j0 : W;
-        int64_t off = (o * L * D + j0) * es;
-        if (dt == NB_F64)
-            smb_cols_f64((const double *)(yp + off), (const double *)(gp + off),
-                         (double *)(xp + off), L, D, w, lg);
-        else smb_cols_f32(yp + off, gp + off, xp + off, dt, L, D, w, lg);
-    }
+    j.W = W;
+    j.nb = (D + W - 1) / W;
+    nb__parallel_range(O * j.nb, nt, smb_blocks, &j);
     return NB_OK;
 }
 
 /* ---- max / min along a dim, backward -------------------------------------------------------- */
+/* Outer rows [lo, hi) of dx (O, L, D): zeros, and g at each selected index. */
+static void exb_rows(int64_t lo, int64_t hi, void *p) {
+    const nb__extreme_backward_args *a = p;
+    int64_t L = a->len, D = a->inner;
+    size_t es = nb_dtype_size(a->dtype);
+    for (int64_t o = lo; o < hi; o++) {
+        char *dx = a->dx + (size_t)(o * L * D) * es;
+        const char *g = a->g + (size_t)(o * D) * es;
+        const int64_t *idx = a->idx + o * D;
+        memset(dx, 0, (size_t)(L * D) * es);
+        for (int64_t i = 0; i < D; i++)
+            memcpy(dx + (size_t)(idx[i] * D + i) * es, g + (size_t)i * es, es);
+    }
+}
+
 nb_status nb__cpu_extreme_backward(const nb__extreme_backward_args *a) {
     int64_t O = a->outer, L = a->len, D = a->inner;
     if (O * L * D == 0) return NB_OK;
@@ -175,17 +210,9 @@ nb_status nb__cpu_extreme_backward(const nb__extreme_backward_args *a) {
         if (a->idx[k] < 0 || a->idx[k] >= L)
             return nb__error(NB_EINDEX, "max/min backward: index %lld is out of range for a "
                              "dim of size %lld", (long long)a->idx[k], (long long)L);
-    size_t es = nb_dtype_size(a->dtype);
     int nt = nb__threads_for(O * L * D, NB__GRAIN);
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t o = 0; o < O; o++) {
-        char *dx = a->dx + (size_t)(o * L * D) * es;
-        const char *g = a->g + (size_t)(o * D) * es;
-        const int64_t *idx = a->idx + o * D;
-        memset(dx, 0, (size_t)(L * D) * es);
-        for (int64_t i = 0; i < D; i++)
-            memcpy(dx + (size_t)(idx[i] * D + i) * es, g + (size_t)i * es, es);
-    }
+    nb__extreme_backward_args j = *a; /* the range function's context (not const) */
+    nb__parallel_range(O, nt, exb_rows, &j);
     return NB_OK;
 }
 
