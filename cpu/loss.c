@@ -15,9 +15,9 @@
  * Only the per-position log-sum-exp is kept for the backward (N * D values): no (N, C)
  * temporary besides the gradient itself.
  *
- * Determinism (docs/architecture.md rule 5): rows are split over threads, but each row's sums run
- * in a fixed order, and sums over positions go through loss_sum, whose order depends
- * only on the count. */
+ * Determinism (docs/architecture.md rule 5): rows are split over threads (nabla's workers,
+ * nb__parallel_range), but each row's sums run in a fixed order, and sums over positions go
+ * through loss_sum, whose order depends only on the count. */
 #include <math.h>
 #include <string.h>
 
@@ -268,29 +268,76 @@ NB__CE_KERNELS(float, f32, nb__fast_expf)
 NB__CE_KERNELS(double, f64, ce_exp)
 #undef NB__CE_KERNELS
 
+/* What the cross entropy loops read: rows (D == 1) or column blocks of COLW positions
+ * (D > 1, task = n * nbk + block), one task computing the same whichever piece holds it. */
+typedef struct ce_job {
+    const nb__cls_operands *a;
+    bool f64;
+    int64_t nbk;        /* column blocks per row (D > 1) */
+    double *loss;       /* forward: per-position losses */
+    void *lse;          /* forward: log-sum-exps written */
+    const void *lse_in; /* backward: the forward's log-sum-exps */
+    const double *g;    /* backward: g, gstride, factor, dx as cross_entropy_bwd's */
+    int64_t gstride;
+    double factor;
+    char *dx;
+} ce_job;
+
+static void ce_rows_fwd(int64_t lo, int64_t hi, void *ctx) {
+    const ce_job *j = ctx;
+    for (int64_t n = lo; n < hi; n++) {
+        if (j->f64) ce_rows_fwd_f64(j->a, n, j->loss, (double *)j->lse);
+        else ce_rows_fwd_f32(j->a, n, j->loss, (float *)j->lse);
+    }
+}
+
+static void ce_cols_fwd(int64_t lo, int64_t hi, void *ctx) {
+    const ce_job *j = ctx;
+    const int64_t D = j->a->D, nbk = j->nbk;
+    for (int64_t task = lo; task < hi; task++) {
+        int64_t n = task / nbk, d0 = (task % nbk) * COLW, w = D - d0 < COLW ? D - d0 : COLW;
+        if (j->f64) ce_cols_fwd_f64(j->a, n, d0, w, j->loss, (double *)j->lse);
+        else ce_cols_fwd_f32(j->a, n, d0, w, j->loss, (float *)j->lse);
+    }
+}
+
+static void ce_rows_bwd(int64_t lo, int64_t hi, void *ctx) {
+    const ce_job *j = ctx;
+    for (int64_t n = lo; n < hi; n++) {
+        if (j->f64)
+            ce_rows_bwd_f64(j->a, n, (const double *)j->lse_in, j->g, j->gstride, j->factor,
+                            j->dx);
+        else
+            ce_rows_bwd_f32(j->a, n, (const float *)j->lse_in, j->g, j->gstride, j->factor,
+                            j->dx);
+    }
+}
+
+static void ce_cols_bwd(int64_t lo, int64_t hi, void *ctx) {
+    const ce_job *j = ctx;
+    const int64_t D = j->a->D, nbk = j->nbk;
+    for (int64_t task = lo; task < hi; task++) {
+        int64_t n = task / nbk, d0 = (task % nbk) * COLW, w = D - d0 < COLW ? D - d0 : COLW;
+        if (j->f64)
+            ce_cols_bwd_f64(j->a, n, d0, w, (const double *)j->lse_in, j->g, j->gstride,
+                            j->factor, j->dx);
+        else
+            ce_cols_bwd_f32(j->a, n, d0, w, (const float *)j->lse_in, j->g, j->gstride,
+                            j->factor, j->dx);
+    }
+}
+
 /* Per-position losses (f64) and log-sum-exps (lse_out: float for f32/f16/bf16 scores, double
  * for f64; 0 at ignored positions). One fused, numerically stable pass per row (max, sum of
  * exp, loss); f32/f16/bf16 compute in f32 with f64 sums. */
 static void cross_entropy_fwd(const nb__cls_operands *a, double *loss, void *lse_out) {
     const int64_t N = a->N, D = a->D;
     if (N * D == 0) return;
-    const bool f64 = a->xdt == NB_F64;
     int nt = threads_for(N * a->C * D);
-    if (D == 1) {
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-        for (int64_t n = 0; n < N; n++) {
-            if (f64) ce_rows_fwd_f64(a, n, loss, (double *)lse_out);
-            else ce_rows_fwd_f32(a, n, loss, (float *)lse_out);
-        }
-        return;
-    }
     const int64_t nbk = (D + COLW - 1) / COLW;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t task = 0; task < N * nbk; task++) {
-        int64_t n = task / nbk, d0 = (task % nbk) * COLW, w = D - d0 < COLW ? D - d0 : COLW;
-        if (f64) ce_cols_fwd_f64(a, n, d0, w, loss, (double *)lse_out);
-        else ce_cols_fwd_f32(a, n, d0, w, loss, (float *)lse_out);
-    }
+    ce_job j = {.a = a, .f64 = a->xdt == NB_F64, .nbk = nbk, .loss = loss, .lse = lse_out};
+    if (D == 1) nb__parallel_range(N, nt, ce_rows_fwd, &j);
+    else nb__parallel_range(N * nbk, nt, ce_cols_fwd, &j);
 }
 
 /* dx = (softmax(x) - (1 - s) * onehot(t) - s / C) * factor * g[p * gstride], 0 at ignored
@@ -299,23 +346,12 @@ static void cross_entropy_bwd(const nb__cls_operands *a, const void *lse, const 
                               int64_t gstride, double factor, char *dx) {
     const int64_t N = a->N, D = a->D;
     if (N * a->C * D == 0) return;
-    const bool f64 = a->xdt == NB_F64;
     int nt = threads_for(N * a->C * D);
-    if (D == 1) {
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-        for (int64_t n = 0; n < N; n++) {
-            if (f64) ce_rows_bwd_f64(a, n, (const double *)lse, g, gstride, factor, dx);
-            else ce_rows_bwd_f32(a, n, (const float *)lse, g, gstride, factor, dx);
-        }
-        return;
-    }
     const int64_t nbk = (D + COLW - 1) / COLW;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t task = 0; task < N * nbk; task++) {
-        int64_t n = task / nbk, d0 = (task % nbk) * COLW, w = D - d0 < COLW ? D - d0 : COLW;
-        if (f64) ce_cols_bwd_f64(a, n, d0, w, (const double *)lse, g, gstride, factor, dx);
-        else ce_cols_bwd_f32(a, n, d0, w, (const float *)lse, g, gstride, factor, dx);
-    }
+    ce_job j = {.a = a, .f64 = a->xdt == NB_F64, .nbk = nbk, .lse_in = lse, .g = g,
+                .gstride = gstride, .factor = factor, .dx = dx};
+    if (D == 1) nb__parallel_range(N, nt, ce_rows_bwd, &j);
+    else nb__parallel_range(N * nbk, nt, ce_cols_bwd, &j);
 }
 
 /* ---- NLL ----------------------------------------------------------------------------------- */
@@ -350,19 +386,31 @@ static int64_t sum_block(int64_t n) {
     return bs < 4096 ? 4096 : bs;
 }
 
+/* Blocks [lo, hi) of bs terms of v (n in all): part[b] = the block's sum in index order. */
+typedef struct sum_job {
+    const double *v;
+    int64_t n, bs;
+    double *part;
+} sum_job;
+
+static void sum_blocks(int64_t lo, int64_t hi, void *ctx) {
+    const sum_job *j = ctx;
+    for (int64_t b = lo; b < hi; b++) {
+        int64_t e = (b + 1) * j->bs < j->n ? (b + 1) * j->bs : j->n;
+        double s = 0;
+        for (int64_t i = b * j->bs; i < e; i++) s += j->v[i];
+        j->part[b] = s;
+    }
+}
+
 /* Sum of v[0..n) in an order that depends only on n (blocks summed in parallel, partial
  * sums added in order), so the result does not depend on the thread count. */
 static double loss_sum(const double *v, int64_t n) {
     const int64_t bs = sum_block(n), nbk = (n + bs - 1) / bs;
     double part[SUMB];
     int nt = threads_for(n);
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t b = 0; b < nbk; b++) {
-        int64_t e = (b + 1) * bs < n ? (b + 1) * bs : n;
-        double s = 0;
-        for (int64_t i = b * bs; i < e; i++) s += v[i];
-        part[b] = s;
-    }
+    sum_job j = {v, n, bs, part};
+    nb__parallel_range(nbk, nt, sum_blocks, &j);
     double s = 0;
     for (int64_t b = 0; b < nbk; b++) s += part[b];
     return s;
@@ -392,15 +440,25 @@ static inline void st_ct(char *p, nb_dtype ct, int64_t i, double v) {
 /* softplus(-x) = log(1 + exp(-x)) without overflow. */
 static inline double softplus_neg(double x) { return log1p(exp(-fabs(x))) + fmax(-x, 0.0); }
 
-/* The losses written to out (dtype ct) when out is not NULL; returns their sum, in an order
- * that depends only on n. */
-static double bce_fwd(const nb__bce_operands *a, char *out) {
-    const int64_t n = a->n, bs = sum_block(n), nbk = (n + bs - 1) / bs;
-    double part[SUMB];
-    int nt = nb__threads_for(n, NB__GRAIN / 8); /* costly math: a smaller grain */
-    if (nt < 1) nt = 1;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t b = 0; b < nbk; b++) {
+/* What the BCE loops read: the operands, and the forward's or the backward's own fields. */
+typedef struct bce_job {
+    const nb__bce_operands *a;
+    char *out;     /* forward: the losses, or NULL */
+    int64_t bs;    /* forward: terms per partial sum */
+    double *part;  /* forward: one sum per block */
+    const char *g; /* backward: g, gstride, factor, dx, dy, dpw as bce_bwd's */
+    int64_t gstride;
+    double factor;
+    char *dx, *dy, *dpw;
+} bce_job;
+
+/* Blocks [lo, hi) of bs terms: part[b] = the block's losses summed in index order. */
+static void bce_fwd_blocks(int64_t lo, int64_t hi, void *ctx) {
+    const bce_job *j = ctx;
+    const nb__bce_operands *a = j->a;
+    const int64_t n = a->n, bs = j->bs;
+    char *out = j->out;
+    for (int64_t b = lo; b < hi; b++) {
         int64_t e = (b + 1) * bs < n ? (b + 1) * bs : n;
         double s = 0;
         for (int64_t i = b * bs; i < e; i++) {
@@ -410,22 +468,33 @@ static double bce_fwd(const nb__bce_operands *a, char *out) {
             if (out) st_ct(out, a->ct, i, v);
             s += v;
         }
-        part[b] = s;
+        j->part[b] = s;
     }
+}
+
+/* The losses written to out (dtype ct) when out is not NULL; returns their sum, in an order
+ * that depends only on n. */
+static double bce_fwd(const nb__bce_operands *a, char *out) {
+    const int64_t n = a->n, bs = sum_block(n), nbk = (n + bs - 1) / bs;
+    double part[SUMB];
+    int nt = nb__threads_for(n, NB__GRAIN / 8); /* costly math: a smaller grain */
+    if (nt < 1) nt = 1;
+    bce_job j = {.a = a, .out = out, .bs = bs, .part = part};
+    nb__parallel_range(nbk, nt, bce_fwd_blocks, &j);
     double s = 0;
     for (int64_t b = 0; b < nbk; b++) s += part[b];
     return s;
 }
 
-/* dx, dy, dpw (each may be NULL) as tensor/kernels/loss.h says, from G = factor *
- * g[i * gstride]. */
-static void bce_bwd(const nb__bce_operands *a, const char *g, int64_t gstride, double factor,
-                    char *dx, char *dy, char *dpw) {
-    const int64_t n = a->n;
-    int nt = nb__threads_for(n, NB__GRAIN / 8);
-    if (nt < 1) nt = 1;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t i = 0; i < n; i++) {
+/* Elements [lo, hi) of the backward; each element on its own. */
+static void bce_bwd_range(int64_t lo, int64_t hi, void *ctx) {
+    const bce_job *j = ctx;
+    const nb__bce_operands *a = j->a;
+    const char *g = j->g;
+    const int64_t gstride = j->gstride;
+    const double factor = j->factor;
+    char *dx = j->dx, *dy = j->dy, *dpw = j->dpw;
+    for (int64_t i = lo; i < hi; i++) {
         double x = ld_ct(a->x, a->ct, i), y = ld_ct(a->y, a->ct, i);
         double pw = a->pw ? ld_ct(a->pw, a->ct, i % a->pw_period) : 1;
         double G = factor * ld_ct(g, a->ct, i * gstride);
@@ -438,6 +507,18 @@ static void bce_bwd(const nb__bce_operands *a, const char *g, int64_t gstride, d
         if (dy) st_ct(dy, a->ct, i, G * (-x + (pw - 1) * sp));
         if (dpw) st_ct(dpw, a->ct, i, G * y * sp);
     }
+}
+
+/* dx, dy, dpw (each may be NULL) as tensor/kernels/loss.h says, from G = factor *
+ * g[i * gstride]. */
+static void bce_bwd(const nb__bce_operands *a, const char *g, int64_t gstride, double factor,
+                    char *dx, char *dy, char *dpw) {
+    const int64_t n = a->n;
+    int nt = nb__threads_for(n, NB__GRAIN / 8);
+    if (nt < 1) nt = 1;
+    bce_job j = {.a = a, .g = g, .gstride = gstride, .factor = factor,
+                 .dx = dx, .dy = dy, .dpw = dpw};
+    nb__parallel_range(n, nt, bce_bwd_range, &j);
 }
 
 /* ---- the kernels ---------------------------------------------------------------------------- */

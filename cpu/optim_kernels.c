@@ -9,9 +9,9 @@
  * + eps, and addcdiv multiplies by the scalar before dividing) and round every scalar to the
  * element type first, so f32 results match PyTorch's to an ulp or two. Loops are plain and
  * branch-free inside (flags are hoisted into separate loop versions by the compiler), over
- * restrict pointers, so they vectorize; large arrays are cut into blocks spread over the
- * OpenMP pool. Every element is computed independently, so the thread count never changes
- * a result. f32 and f64 here; the optimizer rejects other dtypes before calling. */
+ * restrict pointers, so they vectorize; large arrays are cut into blocks spread over nabla's
+ * workers (cpu/workers.c). Every element is computed independently, so the thread count never
+ * changes a result. f32 and f64 here; the optimizer rejects other dtypes before calling. */
 #include <math.h>
 
 #include "cpu/backend.h"
@@ -26,17 +26,32 @@
 
 #define BLOCK 8192 /* elements per parallel work item */
 
-/* Run body(start, len) over [0, n) in blocks, in parallel when n is large. */
-#define FOR_BLOCKS(n, body)                                                                 \
-    do {                                                                                    \
-        int64_t nblk_ = ((n) + BLOCK - 1) / BLOCK;                                          \
-        int nt_ = nb__threads_for((n), NB__GRAIN);                                          \
-        _Pragma("omp parallel for schedule(static) if (nt_ > 1) num_threads(nt_)")          \
-        for (int64_t b_ = 0; b_ < nblk_; b_++) {                                            \
-            int64_t s_ = b_ * BLOCK, l_ = (n) - s_ < BLOCK ? (n) - s_ : BLOCK;              \
-            body(s_, l_);                                                                   \
-        }                                                                                   \
-    } while (0)
+/* The work on elements [s, s + l) of one block; args is the kernel's argument struct. */
+typedef void (*block_fn)(const void *args, int64_t s, int64_t l);
+
+typedef struct blocks_job {
+    const void *args;
+    block_fn body;
+    int64_t n;
+} blocks_job;
+
+/* Blocks [lo, hi): one body call per block, as before, so each element sees the same call
+ * (and the same vector/scalar split) whichever piece holds its block. */
+static void blocks_range(int64_t lo, int64_t hi, void *ctx) {
+    const blocks_job *j = ctx;
+    for (int64_t b = lo; b < hi; b++) {
+        int64_t s = b * BLOCK, l = j->n - s < BLOCK ? j->n - s : BLOCK;
+        j->body(j->args, s, l);
+    }
+}
+
+/* Run body(args, start, len) over [0, n) in blocks, on nabla's workers when n is large.
+ * Pieces are whole blocks, so threads never write the same cache line. */
+static void for_blocks(int64_t n, const void *args, block_fn body) {
+    int nt = nb__threads_for(n, NB__GRAIN);
+    blocks_job j = {args, body, n};
+    nb__parallel_range((n + BLOCK - 1) / BLOCK, nt, blocks_range, &j);
+}
 
 /* ---- SGD ------------------------------------------------------------------------------------ */
 /* d = maximize ? -g : g;  d += wd * p;  buf = first ? d : buf * mom + (1 - damp) * d;
@@ -68,20 +83,20 @@
 DEF_SGD(float, f32)
 DEF_SGD(double, f64)
 
-static nb_status cpu_sgd_step(const nb__sgd_step_args *a) {
-    const nb_dtype dt = a->dtype;
-    const int64_t n = a->n;
+static void sgd_block(const void *args, int64_t s, int64_t l) {
+    const nb__sgd_step_args *a = args;
     void *param = a->param, *buf = a->buf;
     const void *grad = a->grad;
-#define SGD_BODY(s, l)                                                                      \
-    if (dt == NB_F32)                                                                       \
-        sgd_f32((float *)param + s, (const float *)grad + s, buf ? (float *)buf + s : NULL, \
-                l, a);                                                                      \
-    else                                                                                    \
-        sgd_f64((double *)param + s, (const double *)grad + s,                              \
-                buf ? (double *)buf + s : NULL, l, a);
-    FOR_BLOCKS(n, SGD_BODY);
-#undef SGD_BODY
+    if (a->dtype == NB_F32)
+        sgd_f32((float *)param + s, (const float *)grad + s, buf ? (float *)buf + s : NULL, l,
+                a);
+    else
+        sgd_f64((double *)param + s, (const double *)grad + s, buf ? (double *)buf + s : NULL,
+                l, a);
+}
+
+static nb_status cpu_sgd_step(const nb__sgd_step_args *a) {
+    for_blocks(a->n, a, sgd_block);
     return NB_OK;
 }
 
@@ -126,20 +141,20 @@ static nb_status cpu_sgd_step(const nb__sgd_step_args *a) {
 DEF_ADAM(float, f32, sqrtf)
 DEF_ADAM(double, f64, sqrt)
 
-static nb_status cpu_adam_step(const nb__adam_step_args *a) {
-    const nb_dtype dt = a->dtype;
-    const int64_t n = a->n;
+static void adam_block(const void *args, int64_t s, int64_t l) {
+    const nb__adam_step_args *a = args;
     void *param = a->param, *m = a->m, *v = a->v, *vmax = a->vmax;
     const void *grad = a->grad;
-#define ADAM_BODY(s, l)                                                                     \
-    if (dt == NB_F32)                                                                       \
-        adam_f32((float *)param + s, (const float *)grad + s, (float *)m + s,               \
-                 (float *)v + s, vmax ? (float *)vmax + s : NULL, l, a);                    \
-    else                                                                                    \
-        adam_f64((double *)param + s, (const double *)grad + s, (double *)m + s,            \
+    if (a->dtype == NB_F32)
+        adam_f32((float *)param + s, (const float *)grad + s, (float *)m + s, (float *)v + s,
+                 vmax ? (float *)vmax + s : NULL, l, a);
+    else
+        adam_f64((double *)param + s, (const double *)grad + s, (double *)m + s,
                  (double *)v + s, vmax ? (double *)vmax + s : NULL, l, a);
-    FOR_BLOCKS(n, ADAM_BODY);
-#undef ADAM_BODY
+}
+
+static nb_status cpu_adam_step(const nb__adam_step_args *a) {
+    for_blocks(a->n, a, adam_block);
     return NB_OK;
 }
 
@@ -189,21 +204,20 @@ static nb_status cpu_adam_step(const nb__adam_step_args *a) {
 DEF_RMSPROP(float, f32, sqrtf)
 DEF_RMSPROP(double, f64, sqrt)
 
-static nb_status cpu_rmsprop_step(const nb__rmsprop_step_args *a) {
-    const nb_dtype dt = a->dtype;
-    const int64_t n = a->n;
+static void rmsprop_block(const void *args, int64_t s, int64_t l) {
+    const nb__rmsprop_step_args *a = args;
     void *param = a->param, *sq = a->sq, *buf = a->buf, *gavg = a->gavg;
     const void *grad = a->grad;
-#define RMS_BODY(s, l)                                                                      \
-    if (dt == NB_F32)                                                                       \
-        rmsprop_f32((float *)param + s, (const float *)grad + s, (float *)sq + s,           \
-                    buf ? (float *)buf + s : NULL, gavg ? (float *)gavg + s : NULL, l, a);  \
-    else                                                                                    \
-        rmsprop_f64((double *)param + s, (const double *)grad + s, (double *)sq + s,        \
-                    buf ? (double *)buf + s : NULL, gavg ? (double *)gavg + s : NULL, l,    \
-                    a);
-    FOR_BLOCKS(n, RMS_BODY);
-#undef RMS_BODY
+    if (a->dtype == NB_F32)
+        rmsprop_f32((float *)param + s, (const float *)grad + s, (float *)sq + s,
+                    buf ? (float *)buf + s : NULL, gavg ? (float *)gavg + s : NULL, l, a);
+    else
+        rmsprop_f64((double *)param + s, (const double *)grad + s, (double *)sq + s,
+                    buf ? (double *)buf + s : NULL, gavg ? (double *)gavg + s : NULL, l, a);
+}
+
+static nb_status cpu_rmsprop_step(const nb__rmsprop_step_args *a) {
+    for_blocks(a->n, a, rmsprop_block);
     return NB_OK;
 }
 
@@ -226,18 +240,18 @@ static nb_status cpu_rmsprop_step(const nb__rmsprop_step_args *a) {
 DEF_ADAGRAD(float, f32, sqrtf)
 DEF_ADAGRAD(double, f64, sqrt)
 
-static nb_status cpu_adagrad_step(const nb__adagrad_step_args *a) {
-    const nb_dtype dt = a->dtype;
-    const int64_t n = a->n;
+static void adagrad_block(const void *args, int64_t s, int64_t l) {
+    const nb__adagrad_step_args *a = args;
     void *param = a->param, *sum = a->sum;
     const void *grad = a->grad;
-#define ADAGRAD_BODY(s, l)                                                                  \
-    if (dt == NB_F32)                                                                       \
-        adagrad_f32((float *)param + s, (const float *)grad + s, (float *)sum + s, l, a);   \
-    else                                                                                    \
+    if (a->dtype == NB_F32)
+        adagrad_f32((float *)param + s, (const float *)grad + s, (float *)sum + s, l, a);
+    else
         adagrad_f64((double *)param + s, (const double *)grad + s, (double *)sum + s, l, a);
-    FOR_BLOCKS(n, ADAGRAD_BODY);
-#undef ADAGRAD_BODY
+}
+
+static nb_status cpu_adagrad_step(const nb__adagrad_step_args *a) {
+    for_blocks(a->n, a, adagrad_block);
     return NB_OK;
 }
 
@@ -286,16 +300,32 @@ static double chunk_abs_max(nb_dtype dt, const void *x, int64_t s, int64_t l) {
     return m;
 }
 
+/* Per-chunk results part[c] (the chunks are fixed by n, so the combining order is too). */
+typedef struct chunks_job {
+    nb_dtype dt;
+    bool max; /* chunk_abs_max, else chunk_pow_sum */
+    const void *x;
+    int64_t n;
+    double p;
+    double *part;
+} chunks_job;
+
+static void chunks_range(int64_t lo, int64_t hi, void *ctx) {
+    const chunks_job *j = ctx;
+    for (int64_t c = lo; c < hi; c++) {
+        int64_t s = c * CHUNK, l = j->n - s < CHUNK ? j->n - s : CHUNK;
+        j->part[c] = j->max ? chunk_abs_max(j->dt, j->x, s, l)
+                            : chunk_pow_sum(j->dt, j->x, s, l, j->p);
+    }
+}
+
 static double abs_pow_sum(nb_dtype dt, const void *x, int64_t n, double p) {
     int64_t nch = (n + CHUNK - 1) / CHUNK;
     double small[64], *part = nch <= 64 ? small : nb_host_alloc(sizeof(double) * (size_t)nch);
     if (!part) return NAN;
     int nt = nb__threads_for(n, NB__GRAIN);
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-    for (int64_t c = 0; c < nch; c++) {
-        int64_t s = c * CHUNK, l = n - s < CHUNK ? n - s : CHUNK;
-        part[c] = chunk_pow_sum(dt, x, s, l, p);
-    }
+    chunks_job j = {dt, false, x, n, p, part};
+    nb__parallel_range(nch, nt, chunks_range, &j);
     double t = 0;
     for (int64_t c = 0; c < nch; c++) t += part[c];
     if (part != small) nb_host_free(part);
@@ -307,11 +337,8 @@ static double abs_max(nb_dtype dt, const void *x, int64_t n) {
     double small[64], *part = nch <= 64 ? small : nb_host_alloc(sizeof(double) * (size_t)nch);
     if (!part) return NAN;
     int nt = nb__threads_for(n, NB__GRAIN);
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-    for (int64_t c = 0; c < nch; c++) {
-        int64_t s = c * CHUNK, l = n - s < CHUNK ? n - s : CHUNK;
-        part[c] = chunk_abs_max(dt, x, s, l);
-    }
+    chunks_job j = {dt, true, x, n, 0, part};
+    nb__parallel_range(nch, nt, chunks_range, &j);
     double m = 0;
     for (int64_t c = 0; c < nch && m == m; c++) /* NaN wins and stays */
         if (!(part[c] <= m)) m = part[c];
@@ -319,56 +346,58 @@ static double abs_max(nb_dtype dt, const void *x, int64_t n) {
     return m;
 }
 
-static void scale_inplace(nb_dtype dt, void *x, int64_t n, double s) {
-    int nt = nb__threads_for(n, NB__GRAIN);
+/* x[i] *= a->s over one block. */
+static void scale_block(const void *args, int64_t s, int64_t l) {
+    const nb__clip_inplace_args *a = args;
+    const nb_dtype dt = a->dtype;
     if (dt == NB_F32) {
-        float *xf = x, sf = (float)s;
-#pragma omp parallel for simd schedule(static) if (nt > 1) num_threads(nt)
-        for (int64_t i = 0; i < n; i++) xf[i] *= sf;
+        float *xf = (float *)a->x + s, sf = (float)a->s;
+#pragma omp simd
+        for (int64_t i = 0; i < l; i++) xf[i] *= sf;
     } else if (dt == NB_F64) {
-        double *xd = x;
-#pragma omp parallel for simd schedule(static) if (nt > 1) num_threads(nt)
-        for (int64_t i = 0; i < n; i++) xd[i] *= s;
+        double *xd = (double *)a->x + s, sd = a->s;
+#pragma omp simd
+        for (int64_t i = 0; i < l; i++) xd[i] *= sd;
     } else {
         /* Half types: PyTorch multiplies in f32 by the f32 coefficient, then rounds. */
-        uint16_t *xh = x;
-        float sf = (float)s;
+        uint16_t *xh = (uint16_t *)a->x + s;
+        float sf = (float)a->s;
         bool f16 = dt == NB_F16;
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < l; i++) {
             float v = (f16 ? nb_f16_to_f32(xh[i]) : nb_bf16_to_f32(xh[i])) * sf;
             xh[i] = f16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
         }
     }
 }
 
-static void clamp_inplace(nb_dtype dt, void *x, int64_t n, double lo, double hi) {
-    int nt = nb__threads_for(n, NB__GRAIN);
+/* x[i] = min(max(x[i], a->lo), a->hi) over one block. */
+static void clamp_block(const void *args, int64_t s, int64_t l) {
+    const nb__clip_inplace_args *a = args;
+    const nb_dtype dt = a->dtype;
     if (dt == NB_F32) {
-        float *xf = x, l = (float)lo, h = (float)hi;
-#pragma omp parallel for simd schedule(static) if (nt > 1) num_threads(nt)
-        for (int64_t i = 0; i < n; i++) {
+        float *xf = (float *)a->x + s, lf = (float)a->lo, hf = (float)a->hi;
+#pragma omp simd
+        for (int64_t i = 0; i < l; i++) {
             float v = xf[i];
-            v = v < l ? l : v;
-            xf[i] = v > h ? h : v;
+            v = v < lf ? lf : v;
+            xf[i] = v > hf ? hf : v;
         }
     } else if (dt == NB_F64) {
-        double *xd = x;
-#pragma omp parallel for simd schedule(static) if (nt > 1) num_threads(nt)
-        for (int64_t i = 0; i < n; i++) {
+        double *xd = (double *)a->x + s, lo = a->lo, hi = a->hi;
+#pragma omp simd
+        for (int64_t i = 0; i < l; i++) {
             double v = xd[i];
             v = v < lo ? lo : v;
             xd[i] = v > hi ? hi : v;
         }
     } else {
-        uint16_t *xh = x;
+        uint16_t *xh = (uint16_t *)a->x + s;
         bool f16 = dt == NB_F16;
-        float l = (float)lo, h = (float)hi;
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-        for (int64_t i = 0; i < n; i++) {
+        float lf = (float)a->lo, hf = (float)a->hi;
+        for (int64_t i = 0; i < l; i++) {
             float v = f16 ? nb_f16_to_f32(xh[i]) : nb_bf16_to_f32(xh[i]);
-            v = v < l ? l : v;
-            v = v > h ? h : v;
+            v = v < lf ? lf : v;
+            v = v > hf ? hf : v;
             xh[i] = f16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
         }
     }
@@ -377,44 +406,52 @@ static void clamp_inplace(nb_dtype dt, void *x, int64_t n, double lo, double hi)
 /* ---- loss scaling: unscale and inf/NaN check in one pass -------------------------------------- */
 /* Each block reports whether it saw a non-finite value; the flags are OR-ed after the
  * loop, so the result never depends on the thread count. */
-static nb_status cpu_amp_unscale(const nb__amp_unscale_args *a) {
+typedef struct amp_job {
+    const nb__amp_unscale_args *a;
+    unsigned char *bad; /* one flag per block */
+} amp_job;
+
+static void amp_block(const void *args, int64_t s, int64_t l) {
+    const amp_job *j = args;
+    const nb__amp_unscale_args *a = j->a;
     const nb_dtype dt = a->dtype, ot = a->out_dtype;
+    const float inv = (float)a->inv_scale;
+    const int64_t e = s + l;
+    bool nf = false;
+    if (dt == NB_F64) {
+        const double *x = a->x;
+        double *o = a->out, invd = (double)inv;
+        for (int64_t i = s; i < e; i++) {
+            nf |= !isfinite(x[i]);
+            o[i] = x[i] * invd;
+        }
+    } else if (dt == NB_F32) {
+        const float *x = a->x;
+        float *o = a->out;
+        for (int64_t i = s; i < e; i++) {
+            nf |= !isfinite(x[i]);
+            o[i] = x[i] * inv;
+        }
+    } else {
+        const uint16_t *x = a->x;
+        const bool f16 = dt == NB_F16;
+        for (int64_t i = s; i < e; i++) {
+            float v = f16 ? nb_f16_to_f32(x[i]) : nb_bf16_to_f32(x[i]);
+            nf |= !isfinite(v);
+            v *= inv;
+            if (ot == NB_F32) ((float *)a->out)[i] = v;
+            else ((uint16_t *)a->out)[i] = f16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
+        }
+    }
+    j->bad[s / BLOCK] = nf;
+}
+
+static nb_status cpu_amp_unscale(const nb__amp_unscale_args *a) {
     const int64_t n = a->n, nblk = (n + BLOCK - 1) / BLOCK;
     unsigned char small[64], *bad = nblk <= 64 ? small : nb_host_alloc((size_t)nblk);
     if (!bad) return nb__error(NB_ENOMEM, "amp_unscale: out of memory");
-    const float inv = (float)a->inv_scale;
-    int nt = nb__threads_for(n, NB__GRAIN);
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-    for (int64_t b = 0; b < nblk; b++) {
-        int64_t s = b * BLOCK, e = n - s < BLOCK ? n : s + BLOCK;
-        bool nf = false;
-        if (dt == NB_F64) {
-            const double *x = a->x;
-            double *o = a->out, invd = (double)inv;
-            for (int64_t i = s; i < e; i++) {
-                nf |= !isfinite(x[i]);
-                o[i] = x[i] * invd;
-            }
-        } else if (dt == NB_F32) {
-            const float *x = a->x;
-            float *o = a->out;
-            for (int64_t i = s; i < e; i++) {
-                nf |= !isfinite(x[i]);
-                o[i] = x[i] * inv;
-            }
-        } else {
-            const uint16_t *x = a->x;
-            const bool f16 = dt == NB_F16;
-            for (int64_t i = s; i < e; i++) {
-                float v = f16 ? nb_f16_to_f32(x[i]) : nb_bf16_to_f32(x[i]);
-                nf |= !isfinite(v);
-                v *= inv;
-                if (ot == NB_F32) ((float *)a->out)[i] = v;
-                else ((uint16_t *)a->out)[i] = f16 ? nb_f32_to_f16(v) : nb_f32_to_bf16(v);
-            }
-        }
-        bad[b] = nf;
-    }
+    amp_job j = {a, bad};
+    for_blocks(n, &j, amp_block);
     bool any = false;
     for (int64_t b = 0; b < nblk; b++) any |= bad[b];
     if (bad != small) nb_host_free(bad);
@@ -434,12 +471,12 @@ static nb_status cpu_clip_abs_max(const nb__clip_reduce_args *a) {
 }
 
 static nb_status cpu_clip_scale(const nb__clip_inplace_args *a) {
-    scale_inplace(a->dtype, a->x, a->n, a->s);
+    for_blocks(a->n, a, scale_block);
     return NB_OK;
 }
 
 static nb_status cpu_clip_clamp(const nb__clip_inplace_args *a) {
-    clamp_inplace(a->dtype, a->x, a->n, a->lo, a->hi);
+    for_blocks(a->n, a, clamp_block);
     return NB_OK;
 }
 
