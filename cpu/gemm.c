@@ -730,6 +730,26 @@ static nb_status gemm_batch(const nb__gemm_args *g, int64_t i) {
     return gemm_one(g, oa, ob, oc);
 }
 
+/* The batched GEMMs on nabla's workers, one task per batch. A task cannot return its status:
+ * the first failure is recorded here (its message too, which was set on the thread that ran
+ * the task) and the remaining tasks do nothing. */
+typedef struct {
+    const nb__gemm_args *g;
+    atomic_int failed;
+    nb_status status;
+    char msg[256];
+} batch_job;
+
+static void batch_task(int64_t i, void *ctx) {
+    batch_job *j = ctx;
+    if (atomic_load_explicit(&j->failed, memory_order_relaxed)) return;
+    nb_status s = gemm_batch(j->g, i);
+    if (s != NB_OK && !atomic_exchange(&j->failed, 1)) {
+        j->status = s;
+        snprintf(j->msg, sizeof j->msg, "%s", nb_last_error());
+    }
+}
+
 static nb_status cpu_gemm(const nb__gemm_args *g) {
     if (g->dtype != NB_F32 && g->dtype != NB_F64 && g->dtype != NB_BF16)
         return nb__error(NB_EDTYPE, "matmul: the CPU GEMM takes f32, f64 or bf16, got %s",
@@ -749,26 +769,15 @@ static nb_status cpu_gemm(const nb__gemm_args *g) {
     }
     nb_status st;
     if (nt <= 1) {
-        /* Not even an inactive OpenMP region here: the provider's own parallel region would
-         * then be a nested one, for which libgomp starts fresh threads on every call. */
+        /* Not through nb__run_tasks here: its tasks run the provider on one thread, and each
+         * GEMM of the batch is to use all threads. */
         for (int64_t i = 0; i < nbatch; i++)
             if ((st = gemm_batch(g, i)) != NB_OK) return st;
         return NB_OK;
     }
-    atomic_int failed = 0;
-    nb_status fail_status = NB_OK;
-    char fail_msg[256] = "";
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t i = 0; i < nbatch; i++) {
-        if (atomic_load_explicit(&failed, memory_order_relaxed)) continue;
-        nb_status s = gemm_batch(g, i);
-        if (s != NB_OK && !atomic_exchange(&failed, 1)) {
-            /* The message was set on this worker thread; carry it back to the caller's. */
-            fail_status = s;
-            snprintf(fail_msg, sizeof fail_msg, "%s", nb_last_error());
-        }
-    }
-    if (atomic_load(&failed)) return nb__error(fail_status, "%s", fail_msg);
+    batch_job j = {.g = g, .status = NB_OK}; /* not failed, an empty message */
+    nb__run_tasks(nbatch, nt, batch_task, &j);
+    if (atomic_load(&j.failed)) return nb__error(j.status, "%s", j.msg);
     return NB_OK;
 }
 

@@ -71,26 +71,57 @@ static int threads_for(int64_t work) {
 }
 
 /* ---- index range ----------------------------------------------------------------------- */
-/* Smallest and largest value of a contiguous I32/I64 index (INT64_MAX, INT64_MIN if empty). */
-static void index_minmax(const nb__view *idx, int64_t *mn, int64_t *mx) {
-    int64_t n = view_numel(idx);
+/* The scan takes a few pieces per thread, as nb__parallel_range would, but numbers them so
+ * that each piece leaves its partial in its own slot; at most this many (the partials live
+ * on the stack, and more pieces would not shorten a scan bound by memory). */
+#define MINMAX_PIECES 64
+
+typedef struct {
+    const void *p;
+    bool i64;
+    int64_t n, npieces;
+    int64_t lo[MINMAX_PIECES], hi[MINMAX_PIECES];
+} minmax_job;
+
+static void minmax_task(int64_t t, void *ctx) {
+    minmax_job *j = ctx;
+    int64_t b = j->n * t / j->npieces, e = j->n * (t + 1) / j->npieces;
     int64_t lo = INT64_MAX, hi = INT64_MIN;
-    int nt = threads_for(n);
-    (void)nt;
-    if (idx->dtype == NB_I64) {
-        const int64_t *p = (const int64_t *)idx->data;
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt) reduction(min : lo) reduction(max : hi)
-        for (int64_t i = 0; i < n; i++) {
+    if (j->i64) {
+        const int64_t *p = (const int64_t *)j->p;
+        for (int64_t i = b; i < e; i++) {
             lo = p[i] < lo ? p[i] : lo;
             hi = p[i] > hi ? p[i] : hi;
         }
     } else {
-        const int32_t *p = (const int32_t *)idx->data;
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt) reduction(min : lo) reduction(max : hi)
-        for (int64_t i = 0; i < n; i++) {
+        const int32_t *p = (const int32_t *)j->p;
+        for (int64_t i = b; i < e; i++) {
             lo = p[i] < lo ? p[i] : lo;
             hi = p[i] > hi ? p[i] : hi;
         }
+    }
+    j->lo[t] = lo;
+    j->hi[t] = hi;
+}
+
+/* Smallest and largest value of a contiguous I32/I64 index (INT64_MAX, INT64_MIN if empty).
+ * Min and max do not depend on how the pieces fall or in which order their partials combine. */
+static void index_minmax(const nb__view *idx, int64_t *mn, int64_t *mx) {
+    int64_t n = view_numel(idx);
+    int nt = threads_for(n);
+    int64_t np = nt > 1 ? 4 * (int64_t)nt : 1;
+    if (np > MINMAX_PIECES) np = MINMAX_PIECES;
+    if (np > n) np = n;
+    minmax_job j;
+    j.p = idx->data;
+    j.i64 = idx->dtype == NB_I64;
+    j.n = n;
+    j.npieces = np;
+    nb__run_tasks(np, nt, minmax_task, &j);
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (int64_t t = 0; t < np; t++) {
+        lo = j.lo[t] < lo ? j.lo[t] : lo;
+        hi = j.hi[t] > hi ? j.hi[t] : hi;
     }
     *mn = lo;
     *mx = hi;
@@ -171,19 +202,53 @@ static void gather_span_es(char *o, const char *xp, const nb__geom *g, int dim, 
     }
 }
 
+typedef struct {
+    char *o;
+    const char *xp;
+    const nb__geom *g;
+    int dim;
+    const void *ip;
+    bool i64, linear;
+    size_t es;
+} gather_job;
+
+static void gather_piece(int64_t b, int64_t e, void *ctx) {
+    const gather_job *j = ctx;
+    gather_span_es(j->o, j->xp, j->g, j->dim, j->ip, j->i64, j->linear, b, e, j->es);
+}
+
 static void gather_run(const nb__view *out, const nb__view *x, const nb__geom *g, int dim,
                        const nb__view *idx, bool linear) {
     int64_t n = view_numel(out);
-    size_t es = nb_dtype_size(x->dtype);
-    char *o = out->data;
-    const char *xp = x->data;
-    const void *ip = idx->data;
-    bool i64 = idx->dtype == NB_I64;
-    int nt = threads_for(n);
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-    for (int c = 0; c < nt; c++) {
-        int64_t b = n * c / nt, e = n * (c + 1) / nt;
-        if (b < e) gather_span_es(o, xp, g, dim, ip, i64, linear, b, e, es);
+    gather_job j = {out->data, x->data, g, dim, idx->data, idx->dtype == NB_I64, linear,
+                    nb_dtype_size(x->dtype)};
+    nb__parallel_range(n, threads_for(n), gather_piece, &j);
+}
+
+/* index_select's rows [lo, hi) when each picked row is one contiguous block of x. */
+typedef struct {
+    char *o;
+    const char *xp;
+    const nb__geom *gx;
+    int dim;
+    int64_t m;
+    const void *ip;
+    bool i64;
+    size_t es;
+    int64_t rowbytes;
+} select_job;
+
+static void select_rows(int64_t lo, int64_t hi, void *ctx) {
+    const select_job *j = ctx;
+    const nb__geom *gx = j->gx;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t oi = r / j->m, k = r % j->m, base = 0;
+        for (int d = j->dim - 1; d >= 0; d--) {
+            base += (oi % gx->shape[d]) * gx->strides[d];
+            oi /= gx->shape[d];
+        }
+        base += idx_at(j->ip, j->i64, k) * gx->strides[j->dim];
+        memcpy(j->o + r * j->rowbytes, j->xp + base * (int64_t)j->es, (size_t)j->rowbytes);
     }
 }
 
@@ -207,23 +272,10 @@ static nb_status cpu_index_select(const nb__index_select_args *a) {
         size_t es = nb_dtype_size(x->dtype);
         int64_t outer = 1;
         for (int d = 0; d < dim; d++) outer *= gx.shape[d];
-        int64_t rows = outer * m, rowbytes = inner * (int64_t)es;
-        char *o = a->out.data;
-        const char *xp = x->data;
-        const void *ip = idx->data;
-        bool i64 = idx->dtype == NB_I64;
-        int nt = threads_for(rows * inner);
-        (void)nt;
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t oi = r / m, j = r % m, base = 0;
-            for (int d = dim - 1; d >= 0; d--) {
-                base += (oi % gx.shape[d]) * gx.strides[d];
-                oi /= gx.shape[d];
-            }
-            base += idx_at(ip, i64, j) * gx.strides[dim];
-            memcpy(o + r * rowbytes, xp + base * (int64_t)es, (size_t)rowbytes);
-        }
+        int64_t rows = outer * m;
+        select_job j = {a->out.data, x->data, &gx, dim, m, idx->data, idx->dtype == NB_I64,
+                        es, inner * (int64_t)es};
+        nb__parallel_range(rows, threads_for(rows * inner), select_rows, &j);
         return NB_OK;
     }
     nb__geom g = gx;
@@ -343,6 +395,22 @@ static void scatter_fast_dt(const nb__scatter *c, int64_t N, int64_t inner, int6
 #undef NB__CALL
 }
 
+typedef struct {
+    const nb__scatter *c;
+    nb_dtype dt;
+    int64_t N, inner, nblk; /* the fast path's geometry */
+} scatter_job;
+
+static void scatter_fast_piece(int64_t lo, int64_t hi, void *ctx) {
+    const scatter_job *j = ctx;
+    for (int64_t w = lo; w < hi; w++) scatter_fast_dt(j->c, j->N, j->inner, j->nblk, w, j->dt);
+}
+
+static void scatter_general_piece(int64_t lo, int64_t hi, void *ctx) {
+    const scatter_job *j = ctx;
+    scatter_general_dt(j->c, lo, hi, j->dt);
+}
+
 static nb_status cpu_scatter_add(const nb__scatter_add_args *a) {
     int dim = a->dim;
     nb__scatter c;
@@ -369,7 +437,6 @@ static nb_status cpu_scatter_add(const nb__scatter_add_args *a) {
     for (int d = 0; d < c.nd && fast; d++)
         fast = gs.shape[d] == gi.shape[d] && (d == dim || go.shape[d] == gi.shape[d]);
     int nt = threads_for(total);
-    (void)nt;
     if (fast) {
         int64_t outer = 1, inner = 1;
         for (int d = 0; d < dim; d++) outer *= gi.shape[d];
@@ -377,17 +444,12 @@ static nb_status cpu_scatter_add(const nb__scatter_add_args *a) {
         /* enough blocks of inner positions that every thread gets work */
         int64_t nblk = outer >= nt ? 1 : (nt + outer - 1) / outer;
         if (nblk > inner) nblk = inner;
-        int64_t items = outer * nblk, N = go.shape[dim];
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-        for (int64_t w = 0; w < items; w++) scatter_fast_dt(&c, N, inner, nblk, w, dt);
+        scatter_job j = {&c, dt, go.shape[dim], inner, nblk};
+        nb__parallel_range(outer * nblk, nt, scatter_fast_piece, &j);
         return NB_OK;
     }
-    int64_t nq = total / gi.shape[dim];
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
-        int64_t b = nq * t / nt, e = nq * (t + 1) / nt;
-        if (b < e) scatter_general_dt(&c, b, e, dt);
-    }
+    scatter_job j = {&c, dt, 0, 0, 0};
+    nb__parallel_range(total / gi.shape[dim], nt, scatter_general_piece, &j);
     return NB_OK;
 }
 
@@ -422,6 +484,25 @@ static nb_status cpu_masked_fill(const nb__masked_fill_args *a) {
 }
 
 /* ---- one_hot ------------------------------------------------------------------------------- */
+typedef struct {
+    char *o;
+    const void *ip;
+    bool i64;
+    size_t es;
+    int64_t rowbytes;
+    const void *one; /* the value of the hot element, es bytes */
+} one_hot_job;
+
+static void one_hot_rows(int64_t lo, int64_t hi, void *ctx) {
+    const one_hot_job *j = ctx;
+    /* Zero bits are 0 in every dtype (including +0.0 in the half types). */
+    for (int64_t i = lo; i < hi; i++) {
+        char *row = j->o + i * j->rowbytes;
+        memset(row, 0, (size_t)j->rowbytes);
+        memcpy(row + idx_at(j->ip, j->i64, i) * (int64_t)j->es, j->one, j->es);
+    }
+}
+
 static nb_status cpu_one_hot(const nb__one_hot_args *a) {
     const nb__view *out = &a->out, *idx = &a->index;
     int64_t n = view_numel(idx), C = out->shape[out->ndim - 1];
@@ -435,19 +516,8 @@ static nb_status cpu_one_hot(const nb__one_hot_args *a) {
         return nb__error(NB_EINDEX, "one_hot: class index %lld is out of range for %lld "
                          "classes", (long long)mx, (long long)C);
     size_t es = nb_dtype_size(out->dtype);
-    int64_t rowbytes = C * (int64_t)es;
-    char *o = out->data;
-    const void *ip = idx->data;
-    bool i64 = idx->dtype == NB_I64;
-    int nt = threads_for(n * C);
-    (void)nt;
-    /* Zero bits are 0 in every dtype (including +0.0 in the half types). */
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-    for (int64_t i = 0; i < n; i++) {
-        char *row = o + i * rowbytes;
-        memset(row, 0, (size_t)rowbytes);
-        memcpy(row + idx_at(ip, i64, i) * (int64_t)es, &a->one, es);
-    }
+    one_hot_job j = {out->data, idx->data, idx->dtype == NB_I64, es, C * (int64_t)es, &a->one};
+    nb__parallel_range(n, threads_for(n * C), one_hot_rows, &j);
     return NB_OK;
 }
 /* ---- tril / triu ------------------------------------------------------------------------- */
@@ -465,43 +535,56 @@ static void copy_strided_es(char *dst, const char *src, int64_t sstride, int64_t
     }
 }
 
+typedef struct {
+    const nb__view *x;
+    char *o;
+    const char *xp;
+    int64_t R, C, k, srow, scol, rowbytes;
+    size_t es;
+    bool lower;
+} tri_job;
+
+static void tri_rows(int64_t lo_row, int64_t hi_row, void *ctx) {
+    const tri_job *job = ctx;
+    const nb__view *x = job->x;
+    int nd = x->ndim;
+    int64_t C = job->C, k = job->k;
+    size_t es = job->es;
+    for (int64_t r = lo_row; r < hi_row; r++) {
+        int64_t b = r / job->R, i = r % job->R, base = i * job->srow;
+        for (int d = nd - 3; d >= 0; d--) {
+            base += (b % x->shape[d]) * x->strides[d];
+            b /= x->shape[d];
+        }
+        /* kept columns [lo, hi): tril keeps j <= i + k, triu keeps j >= i + k */
+        int64_t lo = job->lower ? 0 : i + k, hi = job->lower ? i + k + 1 : C;
+        lo = lo < 0 ? 0 : lo > C ? C : lo;
+        hi = hi < lo ? lo : hi > C ? C : hi;
+        char *orow = job->o + r * job->rowbytes;
+        memset(orow, 0, (size_t)(lo * (int64_t)es));
+        memset(orow + hi * (int64_t)es, 0, (size_t)((C - hi) * (int64_t)es));
+        if (hi == lo) continue;
+        const char *src = job->xp + (base + lo * job->scol) * (int64_t)es;
+        if (job->scol == 1)
+            memcpy(orow + lo * (int64_t)es, src, (size_t)((hi - lo) * (int64_t)es));
+        else copy_strided_es(orow + lo * (int64_t)es, src, job->scol * (int64_t)es, hi - lo, es);
+    }
+}
+
 static nb_status cpu_tri(const nb__tri_args *a) {
     const nb__view *x = &a->x;
     int nd = x->ndim;
     NB__ASSERT(nd >= 2);
     int64_t R = x->shape[nd - 2], C = x->shape[nd - 1], numel = view_numel(x);
     int64_t rows = numel / (C ? C : 1), k = a->k;
-    bool lower = a->lower;
     if (numel == 0) return NB_OK;
     size_t es = nb_dtype_size(x->dtype);
-    int64_t rowbytes = C * (int64_t)es;
     /* Clamp k so i + k cannot overflow; beyond +-(R + C) every k behaves the same. */
     if (k > R + C) k = R + C;
     if (k < -(R + C)) k = -(R + C);
-    const int64_t srow = x->strides[nd - 2], scol = x->strides[nd - 1];
-    char *o = a->out.data;
-    const char *xp = x->data;
-    int nt = threads_for(rows * C);
-    (void)nt;
-#pragma omp parallel for schedule(static) if (nt > 1) num_threads(nt)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t b = r / R, i = r % R, base = i * srow;
-        for (int d = nd - 3; d >= 0; d--) {
-            base += (b % x->shape[d]) * x->strides[d];
-            b /= x->shape[d];
-        }
-        /* kept columns [lo, hi): tril keeps j <= i + k, triu keeps j >= i + k */
-        int64_t lo = lower ? 0 : i + k, hi = lower ? i + k + 1 : C;
-        lo = lo < 0 ? 0 : lo > C ? C : lo;
-        hi = hi < lo ? lo : hi > C ? C : hi;
-        char *orow = o + r * rowbytes;
-        memset(orow, 0, (size_t)(lo * (int64_t)es));
-        memset(orow + hi * (int64_t)es, 0, (size_t)((C - hi) * (int64_t)es));
-        if (hi == lo) continue;
-        const char *src = xp + (base + lo * scol) * (int64_t)es;
-        if (scol == 1) memcpy(orow + lo * (int64_t)es, src, (size_t)((hi - lo) * (int64_t)es));
-        else copy_strided_es(orow + lo * (int64_t)es, src, scol * (int64_t)es, hi - lo, es);
-    }
+    tri_job j = {x, a->out.data, x->data, R, C, k, x->strides[nd - 2], x->strides[nd - 1],
+                 C * (int64_t)es, es, a->lower};
+    nb__parallel_range(rows, threads_for(rows * C), tri_rows, &j);
     return NB_OK;
 }
 
@@ -542,6 +625,29 @@ static void add_row_f64(double *dst, const char *src, nb_dtype sdt, int64_t w) {
     for (int64_t j = 0; j < w; j++) dst[j] += nb__load_f64(src + j * es, sdt);
 }
 
+typedef struct {
+    char *op;
+    const char *sp;
+    const void *ip;
+    bool i64;
+    nb_dtype odt, sdt;
+    int64_t oes, ses, S, M, D, nblk;
+} index_add_job;
+
+/* Task t: outer slice t / nblk, column block t % nblk, every index row in order. */
+static void index_add_task(int64_t t, void *ctx) {
+    const index_add_job *j = ctx;
+    int64_t o = t / j->nblk, b = t % j->nblk, D = j->D;
+    int64_t j0 = D * b / j->nblk, w = D * (b + 1) / j->nblk - j0;
+    for (int64_t m = 0; m < j->M; m++) {
+        int64_t r = idx_at(j->ip, j->i64, m);
+        char *dst = j->op + ((o * j->S + r) * D + j0) * j->oes;
+        const char *s = j->sp + ((o * j->M + m) * D + j0) * j->ses;
+        if (j->odt == NB_F64) add_row_f64((double *)dst, s, j->sdt, w);
+        else add_row_f32((float *)dst, s, j->sdt, w);
+    }
+}
+
 static nb_status cpu_index_add(const nb__index_add_args *a) {
     const nb__view *out = &a->out;
     int dim = a->dim;
@@ -552,12 +658,6 @@ static nb_status cpu_index_add(const nb__index_add_args *a) {
         else D *= out->shape[d];
     }
     if (O * M * D == 0) return NB_OK;
-    nb_dtype odt = out->dtype, sdt = a->src.dtype;
-    int64_t oes = (int64_t)nb_dtype_size(odt), ses = (int64_t)nb_dtype_size(sdt);
-    char *op = out->data;
-    const char *sp = a->src.data;
-    const void *ip = a->index.data;
-    bool i64 = a->index.dtype == NB_I64;
     int nt = nb__threads_for(O * M * D, NB__GRAIN);
     /* Tasks: one per outer slice, each split into nblk column blocks when the slices alone
      * cannot occupy the threads. */
@@ -568,18 +668,11 @@ static nb_status cpu_index_add(const nb__index_add_args *a) {
     }
     int64_t ntask = O * nblk;
     if (ntask < nt) nt = (int)ntask;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t t = 0; t < ntask; t++) {
-        int64_t o = t / nblk, b = t % nblk;
-        int64_t j0 = D * b / nblk, w = D * (b + 1) / nblk - j0;
-        for (int64_t m = 0; m < M; m++) {
-            int64_t r = idx_at(ip, i64, m);
-            char *dst = op + ((o * S + r) * D + j0) * oes;
-            const char *s = sp + ((o * M + m) * D + j0) * ses;
-            if (odt == NB_F64) add_row_f64((double *)dst, s, sdt, w);
-            else add_row_f32((float *)dst, s, sdt, w);
-        }
-    }
+    nb_dtype odt = out->dtype, sdt = a->src.dtype;
+    index_add_job j = {out->data, a->src.data, a->index.data, a->index.dtype == NB_I64, odt,
+                       sdt, (int64_t)nb_dtype_size(odt), (int64_t)nb_dtype_size(sdt), S, M, D,
+                       nblk};
+    nb__run_tasks(ntask, nt, index_add_task, &j);
     return NB_OK;
 }
 

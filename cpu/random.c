@@ -211,31 +211,42 @@ static void scatter(const nb__view *v, size_t es, const char *src, int64_t first
     }
 }
 
+typedef struct {
+    const nb__random_args *a;
+    int64_t n;
+    size_t esz;
+    bool contig;
+} rng_job;
+
+/* Chunks [lo, hi) of the output. */
+static void rng_chunks(int64_t lo, int64_t hi, void *ctx) {
+    const rng_job *j = ctx;
+    const nb__view *v = &j->a->out;
+    for (int64_t c = lo; c < hi; c++) {
+        double dv[RNG_CHUNK];
+        int64_t iv[RNG_CHUNK];
+        int64_t first = c * RNG_CHUNK;
+        int64_t m = j->n - first < RNG_CHUNK ? j->n - first : RNG_CHUNK;
+        rng_values(j->a, first, m, dv, iv);
+        if (j->contig) {
+            rng_store(j->a, dv, iv, v->data + (size_t)first * j->esz, m);
+        } else { /* a strided target (an in-place fill of a view): convert, then place */
+            int64_t tmp[RNG_CHUNK]; /* 8 bytes per element: room for every dtype */
+            rng_store(j->a, dv, iv, (char *)tmp, m);
+            scatter(v, j->esz, (const char *)tmp, first, m);
+        }
+    }
+}
+
 static nb_status cpu_random(const nb__random_args *a) {
     const nb__view *v = &a->out;
     int64_t n = 1;
     for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
     if (n == 0) return NB_OK;
-    size_t esz = nb_dtype_size(v->dtype);
-    bool contig = view_contiguous(v);
+    rng_job j = {a, n, nb_dtype_size(v->dtype), view_contiguous(v)};
     int64_t nchunks = (n + RNG_CHUNK - 1) / RNG_CHUNK;
     int nthreads = nb__threads_for(n, RNG_GRAIN);
-    (void)nthreads;
-#pragma omp parallel for schedule(static) if (nthreads > 1) num_threads(nthreads)
-    for (int64_t c = 0; c < nchunks; c++) {
-        double dv[RNG_CHUNK];
-        int64_t iv[RNG_CHUNK];
-        int64_t first = c * RNG_CHUNK;
-        int64_t m = n - first < RNG_CHUNK ? n - first : RNG_CHUNK;
-        rng_values(a, first, m, dv, iv);
-        if (contig) {
-            rng_store(a, dv, iv, v->data + (size_t)first * esz, m);
-        } else { /* a strided target (an in-place fill of a view): convert, then place */
-            int64_t tmp[RNG_CHUNK]; /* 8 bytes per element: room for every dtype */
-            rng_store(a, dv, iv, (char *)tmp, m);
-            scatter(v, esz, (const char *)tmp, first, m);
-        }
-    }
+    nb__parallel_range(nchunks, nthreads, rng_chunks, &j);
     return NB_OK;
 }
 
