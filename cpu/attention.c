@@ -316,8 +316,8 @@ static void pack_a_f32(const float *src, int64_t ld, int64_t rows, int64_t K, ui
         const float *x = src + i * ld;
         for (int64_t k = 0; k < K; k += 16) {
             const __mmask16 mk = lanes(K - k);
-            _mm256_mask_storeu_epi16(d + k, mk,
-                                     _mm512_cvtepi32_epi16(bf16r_v(_mm512_maskz_loadu_ps(mk, x + k))));
+            const __m512i r = bf16r_v(_mm512_maskz_loadu_ps(mk, x + k));
+            _mm256_mask_storeu_epi16(d + k, mk, _mm512_cvtepi32_epi16(r));
         }
         if (K & 1) d[K] = 0;
     }
@@ -368,9 +368,10 @@ static void pack_b_bf16(const uint16_t *Y, int64_t ld, int64_t K, int64_t n, uin
         for (int64_t j = 0; j < n; j += 16) {
             const __mmask16 mk = lanes(n - j);
             __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, y0 + j));
-            if (y1)
-                w = _mm512_or_si512(w, _mm512_slli_epi32(
-                                           _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, y1 + j)), 16));
+            if (y1) {
+                const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, y1 + j));
+                w = _mm512_or_si512(w, _mm512_slli_epi32(h, 16));
+            }
             _mm512_mask_storeu_epi32(d + 2 * j, mk, w);
         }
     }

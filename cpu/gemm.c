@@ -673,11 +673,22 @@ NB__GEMM_TRACED(double, f64, gemm_f64)
 
 /* Every row of the (M, N) matrix c (row stride ldc) becomes b (N elements), so that a GEMM
  * with beta = 1 adds the product onto the bias. */
+typedef struct fill_job {
+    void *c;
+    const void *b;
+    int64_t ldc, N;
+} fill_job;
+
 #define NB__FILL_ROWS(T)                                                                   \
+    static void fill_range_##T(int64_t lo, int64_t hi, void *p) {                         \
+        const fill_job *j = p;                                                             \
+        T *c = j->c;                                                                       \
+        for (int64_t i = lo; i < hi; i++)                                                  \
+            memcpy(c + i * j->ldc, j->b, sizeof(T) * (size_t)j->N);                        \
+    }                                                                                      \
     static void fill_rows_##T(T *c, int64_t ldc, const T *b, int64_t M, int64_t N) {       \
-        int nt = nb__threads_for(M * N, NB__GRAIN);                                        \
-        _Pragma("omp parallel for schedule(static) num_threads(nt) if (nt > 1)")           \
-        for (int64_t i = 0; i < M; i++) memcpy(c + i * ldc, b, sizeof(T) * (size_t)N);     \
+        fill_job j = {c, b, ldc, N};                                                       \
+        nb__parallel_range(M, nb__threads_for(M * N, NB__GRAIN), fill_range_##T, &j);     \
     }
 NB__FILL_ROWS(float)
 NB__FILL_ROWS(double)

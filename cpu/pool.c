@@ -16,6 +16,17 @@ static int plane_threads(const nb__pool2d_geom *g) {
     return nt;
 }
 
+/* The planes of one call, for the range functions on nabla's workers (T is the macro's
+ * element type, hence the void pointers). */
+typedef struct pool_job {
+    const nb__pool2d_geom *g;
+    const void *x, *gy;
+    void *y, *gx;
+    int32_t *idx;
+    const int32_t *cidx;
+    bool cip;
+} pool_job;
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 /* The 2x2/2 row of max2x2_row_f32 with AVX-512: 16 outputs per step and a masked last step,
@@ -104,11 +115,14 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
         }                                                                                  \
     }                                                                                      \
                                                                                            \
-    static void maxpool_fwd_##S(const nb__pool2d_geom *g, const T *x, T *y, int32_t *idx) { \
-        int nt = plane_threads(g);                                                         \
+    static void maxpool_fwd_planes_##S(int64_t lo, int64_t hi, void *job) {                \
+        const pool_job *jb = job;                                                          \
+        const nb__pool2d_geom *g = jb->g;                                                  \
+        const T *x = jb->x;                                                                \
+        T *y = jb->y;                                                                      \
+        int32_t *idx = jb->idx;                                                            \
         int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;                                \
-        _Pragma("omp parallel for schedule(static) if (nt > 1) num_threads(nt)")           \
-        for (int64_t p = 0; p < g->planes; p++) {                                          \
+        for (int64_t p = lo; p < hi; p++) {                                                \
             const T *xp = x + p * H * W;                                                   \
             T *yp = y + p * OH * OW;                                                       \
             int32_t *ip = idx ? idx + p * OH * OW : NULL;                                  \
@@ -141,12 +155,19 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
         }                                                                                  \
     }                                                                                      \
                                                                                            \
-    static void maxpool_bwd_##S(const nb__pool2d_geom *g, const T *gy, const int32_t *idx, \
-                                T *gx) {                                                   \
-        int nt = plane_threads(g);                                                         \
+    static void maxpool_fwd_##S(const nb__pool2d_geom *g, const T *x, T *y, int32_t *idx) { \
+        pool_job jb = {.g = g, .x = x, .y = y, .idx = idx};                                \
+        nb__parallel_range(g->planes, plane_threads(g), maxpool_fwd_planes_##S, &jb);      \
+    }                                                                                      \
+                                                                                           \
+    static void maxpool_bwd_planes_##S(int64_t lo, int64_t hi, void *job) {                \
+        const pool_job *jb = job;                                                          \
+        const nb__pool2d_geom *g = jb->g;                                                  \
+        const T *gy = jb->gy;                                                              \
+        const int32_t *idx = jb->cidx;                                                     \
+        T *gx = jb->gx;                                                                    \
         int64_t HW = g->H * g->W, L = g->OH * g->OW;                                       \
-        _Pragma("omp parallel for schedule(static) if (nt > 1) num_threads(nt)")           \
-        for (int64_t p = 0; p < g->planes; p++) {                                          \
+        for (int64_t p = lo; p < hi; p++) {                                                \
             T *gp = gx + p * HW;                                                           \
             const T *gyp = gy + p * L;                                                     \
             const int32_t *ip = idx + p * L;                                               \
@@ -155,12 +176,21 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
         }                                                                                  \
     }                                                                                      \
                                                                                            \
+    static void maxpool_bwd_##S(const nb__pool2d_geom *g, const T *gy, const int32_t *idx, \
+                                T *gx) {                                                   \
+        pool_job jb = {.g = g, .gy = gy, .cidx = idx, .gx = gx};                           \
+        nb__parallel_range(g->planes, plane_threads(g), maxpool_bwd_planes_##S, &jb);      \
+    }                                                                                      \
+                                                                                           \
     /* The window of output (oh, ow): clipped bounds and the divisor. */                   \
-    static void avg_fwd_##S(const nb__pool2d_geom *g, bool cip, const T *x, T *y) {        \
-        int nt = plane_threads(g);                                                         \
+    static void avg_fwd_planes_##S(int64_t lo, int64_t hi, void *job) {                    \
+        const pool_job *jb = job;                                                          \
+        const nb__pool2d_geom *g = jb->g;                                                  \
+        const bool cip = jb->cip;                                                          \
+        const T *x = jb->x;                                                                \
+        T *y = jb->y;                                                                      \
         int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;                                \
-        _Pragma("omp parallel for schedule(static) if (nt > 1) num_threads(nt)")           \
-        for (int64_t p = 0; p < g->planes; p++) {                                          \
+        for (int64_t p = lo; p < hi; p++) {                                                \
             const T *xp = x + p * H * W;                                                   \
             T *yp = y + p * OH * OW;                                                       \
             for (int64_t oh = 0; oh < OH; oh++) {                                          \
@@ -181,11 +211,19 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
         }                                                                                  \
     }                                                                                      \
                                                                                            \
-    static void avg_bwd_##S(const nb__pool2d_geom *g, bool cip, const T *gy, T *gx) {      \
-        int nt = plane_threads(g);                                                         \
+    static void avg_fwd_##S(const nb__pool2d_geom *g, bool cip, const T *x, T *y) {        \
+        pool_job jb = {.g = g, .cip = cip, .x = x, .y = y};                                \
+        nb__parallel_range(g->planes, plane_threads(g), avg_fwd_planes_##S, &jb);          \
+    }                                                                                      \
+                                                                                           \
+    static void avg_bwd_planes_##S(int64_t lo, int64_t hi, void *job) {                    \
+        const pool_job *jb = job;                                                          \
+        const nb__pool2d_geom *g = jb->g;                                                  \
+        const bool cip = jb->cip;                                                          \
+        const T *gy = jb->gy;                                                              \
+        T *gx = jb->gx;                                                                    \
         int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;                                \
-        _Pragma("omp parallel for schedule(static) if (nt > 1) num_threads(nt)")           \
-        for (int64_t p = 0; p < g->planes; p++) {                                          \
+        for (int64_t p = lo; p < hi; p++) {                                                \
             T *gp = gx + p * H * W;                                                        \
             const T *gyp = gy + p * OH * OW;                                               \
             memset(gp, 0, sizeof(T) * (size_t)(H * W));                                    \
@@ -206,11 +244,18 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
         }                                                                                  \
     }                                                                                      \
                                                                                            \
-    static void adaptive_fwd_##S(const nb__pool2d_geom *g, const T *x, T *y) {             \
-        int nt = plane_threads(g);                                                         \
+    static void avg_bwd_##S(const nb__pool2d_geom *g, bool cip, const T *gy, T *gx) {      \
+        pool_job jb = {.g = g, .cip = cip, .gy = gy, .gx = gx};                            \
+        nb__parallel_range(g->planes, plane_threads(g), avg_bwd_planes_##S, &jb);          \
+    }                                                                                      \
+                                                                                           \
+    static void adaptive_fwd_planes_##S(int64_t lo, int64_t hi, void *job) {               \
+        const pool_job *jb = job;                                                          \
+        const nb__pool2d_geom *g = jb->g;                                                  \
+        const T *x = jb->x;                                                                \
+        T *y = jb->y;                                                                      \
         int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;                                \
-        _Pragma("omp parallel for schedule(static) if (nt > 1) num_threads(nt)")           \
-        for (int64_t p = 0; p < g->planes; p++) {                                          \
+        for (int64_t p = lo; p < hi; p++) {                                                \
             const T *xp = x + p * H * W;                                                   \
             T *yp = y + p * OH * OW;                                                       \
             for (int64_t oh = 0; oh < OH; oh++) {                                          \
@@ -226,11 +271,18 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
         }                                                                                  \
     }                                                                                      \
                                                                                            \
-    static void adaptive_bwd_##S(const nb__pool2d_geom *g, const T *gy, T *gx) {           \
-        int nt = plane_threads(g);                                                         \
+    static void adaptive_fwd_##S(const nb__pool2d_geom *g, const T *x, T *y) {             \
+        pool_job jb = {.g = g, .x = x, .y = y};                                            \
+        nb__parallel_range(g->planes, plane_threads(g), adaptive_fwd_planes_##S, &jb);     \
+    }                                                                                      \
+                                                                                           \
+    static void adaptive_bwd_planes_##S(int64_t lo, int64_t hi, void *job) {               \
+        const pool_job *jb = job;                                                          \
+        const nb__pool2d_geom *g = jb->g;                                                  \
+        const T *gy = jb->gy;                                                              \
+        T *gx = jb->gx;                                                                    \
         int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;                                \
-        _Pragma("omp parallel for schedule(static) if (nt > 1) num_threads(nt)")           \
-        for (int64_t p = 0; p < g->planes; p++) {                                          \
+        for (int64_t p = lo; p < hi; p++) {                                                \
             T *gp = gx + p * H * W;                                                        \
             const T *gyp = gy + p * OH * OW;                                               \
             memset(gp, 0, sizeof(T) * (size_t)(H * W));                                    \
@@ -244,6 +296,11 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
+    }                                                                                      \
+                                                                                           \
+    static void adaptive_bwd_##S(const nb__pool2d_geom *g, const T *gy, T *gx) {           \
+        pool_job jb = {.g = g, .gy = gy, .gx = gx};                                        \
+        nb__parallel_range(g->planes, plane_threads(g), adaptive_bwd_planes_##S, &jb);     \
     }
 
 NB__POOL_TYPED(float, f32)
