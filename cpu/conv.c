@@ -455,25 +455,19 @@ static nb_status bwd_unit(const conv_ctx *c, int64_t u, int slot) {
 
 typedef nb_status (*unit_fn)(const conv_ctx *, int64_t, int);
 
-/* run_units' job: a task cannot return a status, so the first failure is kept here (its
- * message too: nb_last_error is per thread, and the task may run on a worker). */
+/* run_units' job (the first failure: nb__task_status). */
 typedef struct units_job {
     const conv_ctx *c;
     unit_fn fn;
-    atomic_int failed;
-    nb_status status;
-    char msg[256];
+    nb__task_status ts;
 } units_job;
 
 static void unit_task(int64_t u, void *p) {
     units_job *j = p;
-    if (atomic_load_explicit(&j->failed, memory_order_relaxed)) return;
+    if (nb__task_failed(&j->ts)) return;
     /* The task's slot is its thread's column buffer: the plan has one per thread. */
     nb_status s = j->fn(j->c, u, nb__task_slot());
-    if (s != NB_OK && !atomic_exchange(&j->failed, 1)) {
-        j->status = s;
-        snprintf(j->msg, sizeof j->msg, "%s", nb_last_error());
-    }
+    if (s != NB_OK) nb__task_fail(&j->ts, s);
 }
 
 /* Run fn(c, u, slot) for u in [0, units) on the plan's threads (slot: the thread's column
@@ -491,11 +485,9 @@ static nb_status run_units(const conv_ctx *c, int64_t units, unit_fn fn) {
     }
     /* Units are claimed one at a time, as schedule(dynamic, 1) did: chunks of images vary in
      * cost, and which thread runs a unit never changes what it computes. */
-    units_job j = {.c = c, .fn = fn, .status = NB_OK};
-    atomic_init(&j.failed, 0);
+    units_job j = {.c = c, .fn = fn};
     nb__run_tasks(units, nt, unit_task, &j);
-    if (atomic_load(&j.failed)) return nb__error(j.status, "%s", j.msg);
-    return NB_OK;
+    return nb__task_result(&j.ts);
 }
 
 static conv_ctx make_ctx(const nb__conv2d_geom *g, const conv_plan *p, bool f64, void *scratch) {

@@ -38,6 +38,20 @@ void nb__run_tasks(int64_t ntasks, int nthreads, nb__task_fn fn, void *ctx);
  * passive wait policy, cpu/ompenv.c), and that wake cost tens of microseconds per region. */
 typedef void (*nb__range_fn)(int64_t lo, int64_t hi, void *ctx);
 void nb__parallel_range(int64_t n, int nthreads, nb__range_fn fn, void *ctx);
+/* The first failure among a job's tasks: a task cannot return a status, and its error
+ * message is set on the thread that ran it. A task that fails calls nb__task_fail (which
+ * keeps the status and message of the first failure only); tasks may skip their work once
+ * nb__task_failed; after nb__run_tasks, nb__task_result sets the first failure's error on
+ * the calling thread and returns its status (NB_OK if none failed). Zero-initialized means
+ * no failure. */
+typedef struct nb__task_status {
+    _Atomic int failed;
+    nb_status status;
+    char msg[256];
+} nb__task_status;
+bool nb__task_failed(nb__task_status *ts);
+void nb__task_fail(nb__task_status *ts, nb_status s);
+nb_status nb__task_result(nb__task_status *ts);
 /* True on a thread that is running a task of nb__run_tasks. */
 bool nb__in_task(void);
 /* Inside a task: which of the job's threads runs it, 0 .. nthreads - 1 (0 for the calling

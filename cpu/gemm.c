@@ -741,24 +741,18 @@ static nb_status gemm_batch(const nb__gemm_args *g, int64_t i) {
     return gemm_one(g, oa, ob, oc);
 }
 
-/* The batched GEMMs on nabla's workers, one task per batch. A task cannot return its status:
- * the first failure is recorded here (its message too, which was set on the thread that ran
- * the task) and the remaining tasks do nothing. */
-typedef struct {
+/* The batched GEMMs on nabla's workers, one task per batch; after a failure (the first is
+ * kept: nb__task_status) the remaining tasks do nothing. */
+typedef struct batch_job {
     const nb__gemm_args *g;
-    atomic_int failed;
-    nb_status status;
-    char msg[256];
+    nb__task_status ts;
 } batch_job;
 
 static void batch_task(int64_t i, void *ctx) {
     batch_job *j = ctx;
-    if (atomic_load_explicit(&j->failed, memory_order_relaxed)) return;
+    if (nb__task_failed(&j->ts)) return;
     nb_status s = gemm_batch(j->g, i);
-    if (s != NB_OK && !atomic_exchange(&j->failed, 1)) {
-        j->status = s;
-        snprintf(j->msg, sizeof j->msg, "%s", nb_last_error());
-    }
+    if (s != NB_OK) nb__task_fail(&j->ts, s);
 }
 
 static nb_status cpu_gemm(const nb__gemm_args *g) {
@@ -786,10 +780,9 @@ static nb_status cpu_gemm(const nb__gemm_args *g) {
             if ((st = gemm_batch(g, i)) != NB_OK) return st;
         return NB_OK;
     }
-    batch_job j = {.g = g, .status = NB_OK}; /* not failed, an empty message */
+    batch_job j = {.g = g};
     nb__run_tasks(nbatch, nt, batch_task, &j);
-    if (atomic_load(&j.failed)) return nb__error(j.status, "%s", j.msg);
-    return NB_OK;
+    return nb__task_result(&j.ts);
 }
 
 void nb__cpu_register_matmul(nb__kernels *k) { k->gemm = cpu_gemm; }

@@ -15,6 +15,7 @@
  * task that itself runs tasks) runs its tasks on its own thread. Which thread runs a task
  * never changes what the task computes, so results do not depend on the thread count. */
 #include <errno.h>
+#include <stdio.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
@@ -251,4 +252,20 @@ void nb__parallel_range(int64_t n, int nthreads, nb__range_fn fn, void *ctx) {
     int64_t pieces = 4 * (int64_t)nthreads < n ? 4 * (int64_t)nthreads : n;
     range_job j = {n, (n + pieces - 1) / pieces, fn, ctx};
     nb__run_tasks((n + j.per - 1) / j.per, nthreads, range_task, &j);
+}
+
+/* ---- the first failure of a job's tasks --------------------------------------------------- */
+bool nb__task_failed(nb__task_status *ts) {
+    return atomic_load_explicit(&ts->failed, memory_order_relaxed) != 0;
+}
+
+void nb__task_fail(nb__task_status *ts, nb_status s) {
+    if (atomic_exchange(&ts->failed, 1)) return;
+    ts->status = s;
+    snprintf(ts->msg, sizeof ts->msg, "%s", nb_last_error());
+}
+
+nb_status nb__task_result(nb__task_status *ts) {
+    if (!atomic_load(&ts->failed)) return NB_OK;
+    return nb__error(ts->status, "%s", ts->msg);
 }
