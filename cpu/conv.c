@@ -706,8 +706,8 @@ static bool dn_wanted(const nb__conv2d_geom *g) {
 }
 
 /* x, w, y of type dt (f32 or bf16), b f32 (or NULL). */
-static nb_status dn_forward(const nb__conv2d_geom *g, dnnl_data_type_t dt, const void *x,
-                            const void *w, const float *b, void *y) {
+static nb_status dn_forward_one(const nb__conv2d_geom *g, dnnl_data_type_t dt, const void *x,
+                                const void *w, const float *b, void *y) {
     dn_call c = {0};
     dn_descs d;
     dnnl_primitive_desc_t pd = dn_begin(&c, g, &d, dt) ? dn_fwd_pd(&c, &d, b != NULL) : NULL;
@@ -732,8 +732,8 @@ static nb_status dn_forward(const nb__conv2d_geom *g, dnnl_data_type_t dt, const
 }
 
 /* w, gy, gx of type dt (f32 or bf16). */
-static nb_status dn_backward_data(const nb__conv2d_geom *g, dnnl_data_type_t dt, const void *w,
-                                  const void *gy, void *gx) {
+static nb_status dn_backward_data_one(const nb__conv2d_geom *g, dnnl_data_type_t dt,
+                                      const void *w, const void *gy, void *gx) {
     dn_call c = {0};
     dn_descs d;
     dnnl_primitive_desc_t fpd = dn_begin(&c, g, &d, dt) ? dn_fwd_pd(&c, &d, false) : NULL;
@@ -758,6 +758,71 @@ static nb_status dn_backward_data(const nb__conv2d_geom *g, dnnl_data_type_t dt,
         }
     }
     return dn_finish(&c, "convolution backward (data)");
+}
+
+/* ---- batch slices on nabla's workers -----------------------------------------------------------
+ * A oneDNN primitive runs on OpenMP threads, which sleep between calls (the passive wait
+ * policy, docs/threads.md) and take tens of microseconds to wake, four times per call (the
+ * reorders and the convolution). So the batch is cut into slices of DN_SLICES-th of it (a
+ * size that depends on N alone), and each slice is one call above, made from a task of
+ * nabla's workers, where oneDNN creates and runs its primitives on that one thread. Every
+ * output element is computed within one slice's call, by a primitive whose shape does not
+ * depend on the thread count, so neither do the bits; at one thread the slices run in turn
+ * on the calling thread, so its bits are those of every other thread count. */
+#define DN_SLICES 16
+
+typedef struct dn_slice_job {
+    const nb__conv2d_geom *g;
+    dnnl_data_type_t dt;
+    bool backward;
+    const void *x, *w, *gy;
+    const float *b;
+    void *y, *gx;
+    int64_t per;             /* images per slice */
+    size_t in_img, out_img;  /* bytes of one image of x (gx) and y (gy) */
+    nb__task_status ts;
+} dn_slice_job;
+
+static void dn_slice_task(int64_t t, void *p) {
+    dn_slice_job *j = p;
+    if (nb__task_failed(&j->ts)) return;
+    nb__conv2d_geom gs = *j->g;
+    int64_t n0 = t * j->per;
+    gs.N = gs.N - n0 < j->per ? gs.N - n0 : j->per;
+    size_t oi = (size_t)n0 * j->in_img, oo = (size_t)n0 * j->out_img;
+    nb_status st =
+        j->backward
+            ? dn_backward_data_one(&gs, j->dt, j->w, (const char *)j->gy + oo, (char *)j->gx + oi)
+            : dn_forward_one(&gs, j->dt, (const char *)j->x + oi, j->w, j->b, (char *)j->y + oo);
+    if (st != NB_OK) nb__task_fail(&j->ts, st);
+}
+
+static nb_status dn_sliced(dn_slice_job *j) {
+    const nb__conv2d_geom *g = j->g;
+    if (g->N <= 0) return NB_OK;
+    size_t es = j->dt == dnnl_bf16 ? 2 : 4;
+    j->per = (g->N + DN_SLICES - 1) / DN_SLICES;
+    j->in_img = es * (size_t)(g->C * g->H * g->W);
+    j->out_img = es * (size_t)(g->O * g->OH * g->OW);
+    int64_t slices = (g->N + j->per - 1) / j->per;
+    /* Always as tasks, also on one thread: a task's oneDNN calls run on its thread only. */
+    nb__run_tasks(slices, nb_get_num_threads(), dn_slice_task, j);
+    if (!nb__task_failed(&j->ts)) return NB_OK;
+    /* no oneDNN kernel for this shape: no error set, the caller falls back to im2col */
+    if (j->ts.status == NB_EUNSUPPORTED) return NB_EUNSUPPORTED;
+    return nb__task_result(&j->ts);
+}
+
+static nb_status dn_forward(const nb__conv2d_geom *g, dnnl_data_type_t dt, const void *x,
+                            const void *w, const float *b, void *y) {
+    dn_slice_job j = {.g = g, .dt = dt, .x = x, .w = w, .b = b, .y = y};
+    return dn_sliced(&j);
+}
+
+static nb_status dn_backward_data(const nb__conv2d_geom *g, dnnl_data_type_t dt, const void *w,
+                                  const void *gy, void *gx) {
+    dn_slice_job j = {.g = g, .dt = dt, .backward = true, .w = w, .gy = gy, .gx = gx};
+    return dn_sliced(&j);
 }
 #endif /* NB_HAVE_DNNL */
 
