@@ -770,6 +770,48 @@ START_TEST(test_guard_device) {
 }
 END_TEST
 
+/* Column sums (sum over dim 0 of a dense (R, C) f32 or bf16 tensor: the bias gradients) run
+ * in register strips on the CPU; each column must still add its rows in order r = 0, 1, ...
+ * into a double, rounded once to the output dtype: the same bits as that loop, at 1, 2 and
+ * 3 threads, whatever the strip and task widths. */
+START_TEST(test_column_sum_order) {
+    nb_scope_begin();
+    const int64_t shapes[][2] = {{300, 100}, {77, 45}, {5, 33}, {129, 257}, {64, 32}, {2, 1}};
+    const nb_dtype dts[2] = {NB_F32, NB_BF16};
+    int saved = nb_get_num_threads();
+    for (int nt = 1; nt <= 3; nt++) {
+        nb_set_num_threads(nt);
+        for (int di = 0; di < 2; di++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                const int64_t R = shapes[si][0], C = shapes[si][1];
+                nb_tensor *x = tu_random_cpu(shapes[si], 2, dts[di], -3, 3, 40 + si);
+                nb_tensor *y = nb_sum(x, (int[]){0}, 1, false);
+                ck_assert_msg(y != NULL, "%s", nb_last_error());
+                double *xv = tu_values(x);
+                void *yv = tu_raw_values(y);
+                for (int64_t j = 0; j < C; j++) {
+                    double acc = 0;
+                    for (int64_t r = 0; r < R; r++) acc += xv[r * C + j];
+                    float f = (float)acc;
+                    if (dts[di] == NB_F32) {
+                        ck_assert_msg(!memcmp(&f, (float *)yv + j, sizeof f),
+                                      "f32 (%lld, %lld) column %lld at %d threads: %.9g, not "
+                                      "%.9g", (long long)R, (long long)C, (long long)j, nt,
+                                      (double)((float *)yv)[j], (double)f);
+                    } else {
+                        uint16_t h = nb_f32_to_bf16(f);
+                        ck_assert_msg(h == ((uint16_t *)yv)[j],
+                                      "bf16 (%lld, %lld) column %lld at %d threads",
+                                      (long long)R, (long long)C, (long long)j, nt);
+                    }
+                }
+                free(xv), free(yv);
+            }
+    }
+    nb_set_num_threads(saved);
+    nb_scope_end();
+}
+END_TEST
 
 Suite *nb_suite_reduce(void) {
     Suite *s = suite_create("reduce");
@@ -788,6 +830,7 @@ Suite *nb_suite_reduce(void) {
     NB_TC(test_softmax_exp_accuracy);
     NB_TC(test_strided_views);
     NB_TC(test_determinism);
+    NB_TC(test_column_sum_order);
     NB_TC(test_errors);
     NB_TC(test_sum_near_overflow);
     NB_TC(test_meta_device);
