@@ -4,8 +4,8 @@
 //   nb_ld<T>(p) / nb_st<T>(p, v)   load and store an element of storage type T as float or
 //                                  double (T = float, double, nb_bf16_t, nb_f16_t), with the
 //                                  CPU's rounding for the half types
-//   nb_ldf(p, dtype) / nb_stf(p, dtype, v)
-//                                  the same with the dtype known only at run time
+//                                  (with the dtype known only at run time:
+//                                  nbc_load_f64 / nbc_store_f64 in cuda/k_core_math.cuh)
 //   NB_DISPATCH_FLOAT(dt, T, ...)  run the statement with T bound to the storage type of
 //                                  a float dtype (f32, f64, f16, bf16)
 //   nb_block_sum(v, scratch)       sum over a block in a fixed tree order (the same bits
@@ -57,36 +57,6 @@ template <> __device__ __forceinline__ void nb_st<nb_bf16_t>(nb_bf16_t *p, float
 }
 template <> __device__ __forceinline__ void nb_st<nb_f16_t>(nb_f16_t *p, float v) {
     p->bits = nb__kh_f16_from_f32(v);
-}
-
-// Any dtype as double / from double (integer dtypes truncate toward zero like the CPU's
-// casts; bool is v != 0).
-__device__ __forceinline__ double nb_ldf(const char *p, nb_dtype dt) {
-    switch (dt) {
-    case NB_F32: return *(const float *)p;
-    case NB_F64: return *(const double *)p;
-    case NB_F16: return nb__kh_f32_from_f16(*(const uint16_t *)p);
-    case NB_BF16: return nb__kh_f32_from_bf16(*(const uint16_t *)p);
-    case NB_I32: return *(const int32_t *)p;
-    case NB_I64: return (double)*(const int64_t *)p;
-    case NB_U8: return *(const uint8_t *)p;
-    case NB_BOOL: return *(const uint8_t *)p ? 1.0 : 0.0;
-    default: return 0.0;
-    }
-}
-
-__device__ __forceinline__ void nb_stf(char *p, nb_dtype dt, double v) {
-    switch (dt) {
-    case NB_F32: *(float *)p = (float)v; break;
-    case NB_F64: *(double *)p = v; break;
-    case NB_F16: *(uint16_t *)p = nb__kh_f16_from_f32((float)v); break;
-    case NB_BF16: *(uint16_t *)p = nb__kh_bf16_from_f32((float)v); break;
-    case NB_I32: *(int32_t *)p = (int32_t)v; break;
-    case NB_I64: *(int64_t *)p = (int64_t)v; break;
-    case NB_U8: *(uint8_t *)p = (uint8_t)(int)v; break;
-    case NB_BOOL: *(uint8_t *)p = v != 0.0; break;
-    default: break;
-    }
 }
 
 #define NB_DISPATCH_FLOAT(dt, T, ...)                                                      \
