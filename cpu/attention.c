@@ -194,13 +194,6 @@ static nb_status attn_bf16_run(attn_bf16_job *j, void (*fn)(int64_t, void *), in
 #include <immintrin.h>
 #define NB__ATTN_BF16_NATIVE 1
 
-static inline uint16_t bf16r(float f) { /* round to nearest even, NaN kept quiet */
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : rounded);
-}
-
 /* C (m x n f32, row stride ldc) = alpha A B, plus C when acc. A: m x K2 pair words, word
  * (i, kk) at word offset i lda + kk acs; B: K2 rows of n pair words (row stride ldb words);
  * a pair word is two bf16, the even k in the low half. Tiles of 8 rows x 32 columns, masked
@@ -271,7 +264,8 @@ static void pack_a_bf16(const uint16_t *src, int64_t ld, int64_t rows, int64_t K
 static inline __mmask16 lanes(int64_t left) {
     return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
 }
-/* bf16r of 16 floats, each in the low half of a 32-bit lane (the same bits as bf16r). */
+/* nb_f32_to_bf16 of 16 floats (round to nearest even, NaN kept quiet), each in the low half
+ * of a 32-bit lane: the same bits. */
 static inline __m512i bf16r_v(__m512 v) {
     const __m512i x = _mm512_castps_si512(v), hi = _mm512_srli_epi32(x, 16);
     const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
