@@ -785,12 +785,55 @@ nb__iter_fn nb__cpu_ew_bw_kernel(nb__op op, int input, nb_dtype dt) {
 }
 
 /* ---- the kernel table's entries --------------------------------------------------------------- */
+/* f16/bf16 inputs of an f32 op (the backend's ew_half_in_f32): blocks of NB__BLK elements
+ * of each such input widened into f32 on the stack, then the f32 kernel over the block. A
+ * stride-0 input is widened once. The values are those of converting the inputs first. */
+typedef struct mixed_ctx {
+    nb__iter_fn f32;
+    void *ctx;
+    int nargs;
+    nb_dtype dt[NB__ITER_MAX_ARGS];
+} mixed_ctx;
+
+static void half_in_f32(char **p, const int64_t *s, int64_t n, void *vctx) {
+    const mixed_ctx *m = vctx;
+    float buf[NB__ITER_MAX_ARGS][NB__BLK];
+    char *fp[NB__ITER_MAX_ARGS];
+    int64_t fs[NB__ITER_MAX_ARGS];
+    bool half[NB__ITER_MAX_ARGS] = {false};
+    for (int k = 0; k < m->nargs; k++) {
+        half[k] = k > 0 && (m->dt[k] == NB_BF16 || m->dt[k] == NB_F16);
+        if (half[k] && s[k] == 0) half_load(buf[k], p[k], 2, 1, m->dt[k] == NB_BF16);
+    }
+    for (int64_t i0 = 0; i0 < n; i0 += NB__BLK) {
+        const int64_t b = n - i0 < NB__BLK ? n - i0 : NB__BLK;
+        for (int k = 0; k < m->nargs; k++) {
+            if (!half[k]) {
+                fp[k] = p[k] + i0 * s[k], fs[k] = s[k];
+                continue;
+            }
+            if (s[k] != 0) half_load(buf[k], p[k] + i0 * s[k], s[k], b, m->dt[k] == NB_BF16);
+            fp[k] = (char *)buf[k], fs[k] = s[k] == 0 ? 0 : 4;
+        }
+        m->f32(fp, fs, b, m->ctx);
+    }
+}
+
 static nb_status cpu_ew(const nb__ew_args *a) {
     nb__iter_fn fn = nb__cpu_ew_kernel(a->op, a->dtype);
     if (!fn)
         return nb__error(NB_EUNSUPPORTED, "%s: no cpu kernel for %s", nb__op_names[a->op],
                          nb_dtype_name(a->dtype));
     nb__ew_ctx c = a->ctx;
+    bool mixed = false;
+    for (int k = 1; k < a->it.nargs; k++)
+        mixed |= a->dtype == NB_F32 && (a->it.dtype[k] == NB_BF16 || a->it.dtype[k] == NB_F16);
+    if (mixed) {
+        mixed_ctx m = {.f32 = fn, .ctx = &c, .nargs = a->it.nargs};
+        for (int k = 0; k < a->it.nargs; k++) m.dt[k] = a->it.dtype[k];
+        nb__iter_for_each(&a->it, half_in_f32, &m, nb__cpu_ew_grain(a->op));
+        return NB_OK;
+    }
     nb__iter_for_each(&a->it, fn, &c, nb__cpu_ew_grain(a->op));
     return NB_OK;
 }

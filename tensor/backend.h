@@ -117,6 +117,13 @@ static inline bool nb__attention_takes_bf16(nb_device dev) {
     return be && be->attention_bf16;
 }
 
+/* Whether dev's ew kernel takes f16/bf16 inputs of an f32 op as they are (else the op
+ * converts them to f32 first: a pass over memory more, and a temporary). */
+static inline bool nb__ew_takes_half_in_f32(nb_device dev) {
+    const nb__backend *be = nb__backend_of(dev, "elementwise");
+    return be && be->ew_half_in_f32;
+}
+
 /* Whether dev's backend has a kernel `kernel` (by its NB__KERNELS name). */
 bool nb__backend_has_kernel(nb_device dev, const char *kernel);
 

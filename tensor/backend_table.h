@@ -37,6 +37,8 @@ typedef struct nb__backend {
     bool gemm_bf16;        /* its gemm kernel takes bf16 a and b with an f32 c (matmul.h) */
     bool conv_bf16;        /* its conv2d kernels take NB_BF16 (kernels/conv.h) */
     bool attention_bf16;   /* its attention kernels take bf16 operands (kernels/attention.h) */
+    bool ew_half_in_f32;   /* its ew kernel takes f16/bf16 inputs of an f32 op as they are,
+                            * widened as it reads them (kernels/core.h) */
     /* nbytes of device memory (NULL + error when out of memory or no device). nbytes 0
      * still returns a unique non-NULL pointer. */
     void *(*alloc)(nb_device dev, size_t nbytes);

@@ -4,6 +4,8 @@
  * thread counts, and a bf16 GPT run that tracks the f32 one. */
 #include <string.h>
 
+#include "cpu/backend.h"
+#include "tensor/backend_table.h"
 #include "testutil.h"
 
 static void expect_dtype(const nb_tensor *t, nb_dtype dt, const char *what) {
@@ -300,6 +302,52 @@ START_TEST(test_gpt_bf16_tracks_f32) {
 }
 END_TEST
 
+static unsigned long kernel_calls(const char *name) {
+    unsigned long calls[256] = {0};
+    ck_assert_int_le(nb__kernel_count, 256);
+    nb__guard_kernel_calls(calls, nb__kernel_count);
+    for (int i = 0; i < nb__kernel_count; i++)
+        if (!strcmp(nb__kernel_infos[i].name, name)) return calls[i];
+    ck_abort_msg("no kernel %s", name);
+    return 0;
+}
+
+/* bf16 + f32 (the residual adds of a transformer under autocast) computes in f32 without a
+ * converted copy of the bf16 operand: the CPU kernel widens it as it reads, to the same
+ * bits as converting first. Counted on the guard device, which runs the CPU kernels. */
+START_TEST(test_half_operand_not_converted) {
+    nb_scope_begin();
+    const nb_device guard = {NB_DEVICE_GUARD, 0};
+    int64_t sh[2] = {37, 300}, row[1] = {300};
+    nb_tensor *a = tu_random(sh, 2, NB_F32, -3, 3, 1);
+    for (int h = 0; h < 2; h++) {
+        nb_dtype hd = h ? NB_F16 : NB_BF16;
+        nb_tensor *b = tu_random(sh, 2, hd, -3, 3, 2), *r = tu_random(row, 1, hd, -3, 3, 3);
+        nb_tensor *got[4] = {nb_add(a, b), nb_mul(nb_transpose(b, 0, 1), nb_transpose(a, 0, 1)),
+                             nb_sub(a, r), nb_where(nb_gt(a, b), b, a)};
+        nb_tensor *bf = nb_to_dtype(b, NB_F32), *rf = nb_to_dtype(r, NB_F32);
+        nb_tensor *want[4] = {nb_add(a, bf), nb_mul(nb_transpose(bf, 0, 1), nb_transpose(a, 0, 1)),
+                              nb_sub(a, rf), nb_where(nb_gt(a, bf), bf, a)};
+        for (int i = 0; i < 4; i++) {
+            expect_dtype(got[i], NB_F32, "f32 op with a half operand");
+            nb_tensor *g = nb_contiguous(got[i]), *w = nb_contiguous(want[i]);
+            ck_assert_msg(!memcmp(nb_data(g), nb_data(w), sizeof(float) * (size_t)nb_numel(g)),
+                          "case %d (%s): not the bits of converting first", i, nb_dtype_name(hd));
+        }
+        /* and no copy kernel ran for the conversion: one ew kernel, nothing else */
+        nb_tensor *ga = nb_to_device(a, guard), *gb = nb_to_device(b, guard);
+        unsigned long copies = kernel_calls("copy"), ews = kernel_calls("ew");
+        nb_tensor *gy = nb_add(ga, gb);
+        expect_dtype(gy, NB_F32, "guard add");
+        ck_assert_uint_eq(kernel_calls("copy"), copies);
+        ck_assert_uint_eq(kernel_calls("ew"), ews + 1);
+        nb_tensor *y = nb_to_device(gy, NB_CPU);
+        ck_assert(!memcmp(nb_data(y), nb_data(want[0]), sizeof(float) * (size_t)nb_numel(y)));
+    }
+    nb_scope_end();
+}
+END_TEST
+
 Suite *nb_suite_autocast(void) {
     Suite *s = suite_create("autocast");
     TCase *tc = tcase_create("autocast");
@@ -309,6 +357,7 @@ Suite *nb_suite_autocast(void) {
     tcase_add_test(tc, test_cast_cache);
     tcase_add_test(tc, test_cast_cache_backward_twice);
     tcase_add_test(tc, test_grad_boundaries);
+    tcase_add_test(tc, test_half_operand_not_converted);
     tcase_add_test(tc, test_bf16_gemm);
     tcase_add_test(tc, test_gpt_bf16_tracks_f32);
     suite_add_tcase(s, tc);

@@ -269,7 +269,7 @@ static const struct {
     {NB_U8, NB_U8, NB_U8},      {NB_BOOL, NB_BOOL, NB_BOOL}, {NB_I32, NB_F32, NB_F32},
     {NB_U8, NB_I64, NB_I64},    {NB_F16, NB_BF16, NB_F32},  {NB_BOOL, NB_I32, NB_I32},
     {NB_F64, NB_F32, NB_F64},   {NB_U8, NB_F16, NB_F16},    {NB_I64, NB_BF16, NB_BF16},
-    {NB_BOOL, NB_F32, NB_F32},
+    {NB_BOOL, NB_F32, NB_F32},  {NB_F32, NB_BF16, NB_F32},  {NB_F16, NB_F32, NB_F32},
 };
 
 static const struct {
@@ -347,6 +347,19 @@ START_TEST(test_binary) {
         if (k == 0) check_binary(bc, a, data_for(&big, dt, 0.5, 3, -4, 4, 2), dt);
         else check_binary(bc, a, data_for(&row, dt, 0.5, 3, -4, 4, 3), dt);
         check_binary(bc, data_for(&one, dt, 0.5, 3, -4, 4, 4), a, dt);
+    }
+    /* f32 with a bf16 or f16 operand, which the CPU kernel widens block by block as it
+     * reads: whole, row-broadcast, scalar-broadcast and strided, over several threads */
+    tshape big = {2, {300, 257}}, row = {1, {257}}, one = {0, {0}};
+    nb_tensor *a = data_for(&big, NB_F32, 0.5, 3, -4, 4, 5);
+    for (int h = 0; h < 2; h++) {
+        nb_dtype hd = h ? NB_F16 : NB_BF16;
+        nb_tensor *b = data_for(&big, hd, 0.5, 3, -4, 4, 6);
+        check_binary(bc, a, b, NB_F32);
+        check_binary(bc, b, a, NB_F32);
+        check_binary(bc, a, data_for(&row, hd, 0.5, 3, -4, 4, 7), NB_F32);
+        check_binary(bc, data_for(&one, hd, 0.5, 3, -4, 4, 8), a, NB_F32);
+        check_binary(bc, tu_noncontig(a), tu_noncontig(b), NB_F32);
     }
     nb_scope_end();
 }

@@ -31,7 +31,9 @@ typedef struct nb__ew_ctx {
  * (out, x), out of dtype `dtype`. Binary: (out, a, b), out of `dtype`, or NB_BOOL for
  * comparisons. NB__OP_WHERE: (out, cond, a, b) with cond NB_BOOL. The op definition
  * guarantees the (op, dtype) pair is one nb__ew_supported accepts; every backend
- * implements all of those.
+ * implements all of those. A backend whose ew_half_in_f32 is set (tensor/backend_table.h)
+ * also gets f16 and bf16 input operands (it.dtype[i], i >= 1) in an NB_F32 ew: it widens
+ * them as it reads them, to the same values the f32 conversion would give.
  * ew_backward: the gradient of input `input` of op in float dtype `dtype` in one pass.
  * Unary ops: (gin, g, x) with x the saved tensor (the output for exp, sqrt, rsqrt, tanh,
  * sigmoid, relu; the input for the others). Binary (div's b, pow, maximum, minimum):

@@ -90,12 +90,18 @@ static nb_tensor *ew_exec(nb__op op, int input, nb_dtype kdt, nb_dtype odt,
     NB__ASSERT(input < 0 ? nb__ew_supported(op, kdt) : nb__ew_backward_supported(op, input, kdt));
     nb_device dev;
     if (!nb__check_devices(nb__op_names[op], ins, nin, &dev)) return NULL;
+    /* f16/bf16 inputs of an f32 forward (bf16 + f32 under autocast, the residual adds of a
+     * transformer) go to the kernel as they are where it widens them as it reads. */
+    const bool half_in = input < 0 && kdt == NB_F32 && nb__ew_takes_half_in_f32(dev);
     bool prev_grad = nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_tensor *ops[NB__ITER_MAX_ARGS] = {0};
     nb_tensor *out = NULL;
     for (int i = 0; i < nin; i++) {
-        ops[i + 1] = ins[i]->dtype == in_dt[i] ? ins[i] : nb_to_dtype(ins[i], in_dt[i]);
+        nb_dtype want = in_dt[i];
+        if (half_in && want == NB_F32 && (ins[i]->dtype == NB_BF16 || ins[i]->dtype == NB_F16))
+            want = ins[i]->dtype;
+        ops[i + 1] = ins[i]->dtype == want ? ins[i] : nb_to_dtype(ins[i], want);
         if (!ops[i + 1]) goto done;
     }
     out = nb__empty(shape, ndim, odt, dev);
