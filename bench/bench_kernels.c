@@ -20,7 +20,12 @@
  * W3 GEMMs (--only=w3, or with the others): the raw provider calls of one W3 training step's
  * linear layers, back to back, as a floor for the gpt program's GEMM time.
  *
- * Usage: bench_kernels [--threads N] [--quick] [--only=gemm|elem|w3]
+ * Peak (--only=peak, or with the others): the arithmetic ceiling of one core, from 24
+ * independent chains of 512-bit f32 FMAs (32 flops each) and, where the build targets
+ * AVX512-BF16, of bf16 dot products (vdpbf16ps, 64 flops each), alternated. Their ratio is
+ * the most a bf16 GEMM can gain over an f32 one on this CPU (docs/mixed-precision.md).
+ *
+ * Usage: bench_kernels [--threads N] [--quick] [--only=gemm|elem|w3|peak]
  * Output: a human table, and lines `RESULT <kind> <case> <value> <unit> ratio=<x>`. */
 #include <math.h>
 #include <stdbool.h>
@@ -463,18 +468,95 @@ static void bench_elem(int threads) {
     nb_tensor_free(b);
 }
 
+/* ---- the arithmetic ceiling of one core ------------------------------------------------------- */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define PEAK_CHAINS 24
+#define PEAK_ITERS 4000000L
+#define PEAK_REP(X)                                                                        \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)  \
+        X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+
+/* GFLOP/s of PEAK_CHAINS independent FMA chains; the sum keeps them live. */
+static double peak_fma(float *sink) {
+    __m512 c[PEAK_CHAINS];
+    for (int i = 0; i < PEAK_CHAINS; i++) c[i] = _mm512_setzero_ps();
+    const __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
+    double t0 = now_s();
+    for (long it = 0; it < PEAK_ITERS; it++) {
+#define PEAK_FMA(k) c[k] = _mm512_fmadd_ps(a, b, c[k]);
+        PEAK_REP(PEAK_FMA)
+#undef PEAK_FMA
+    }
+    double t = now_s() - t0;
+    for (int i = 0; i < PEAK_CHAINS; i++) *sink += _mm512_reduce_add_ps(c[i]);
+    return (double)PEAK_ITERS * PEAK_CHAINS * 32 / t * 1e-9;
+}
+
+#if defined(__AVX512BF16__)
+static double peak_bf16(float *sink) {
+    __m512 c[PEAK_CHAINS];
+    for (int i = 0; i < PEAK_CHAINS; i++) c[i] = _mm512_setzero_ps();
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80); /* pairs of 1.0 */
+    const __m512bh b = (__m512bh)_mm512_set1_epi32(0x3c003c00); /* pairs of 2^-7 */
+    double t0 = now_s();
+    for (long it = 0; it < PEAK_ITERS; it++) {
+#define PEAK_DP(k) c[k] = _mm512_dpbf16_ps(c[k], a, b);
+        PEAK_REP(PEAK_DP)
+#undef PEAK_DP
+    }
+    double t = now_s() - t0;
+    for (int i = 0; i < PEAK_CHAINS; i++) *sink += _mm512_reduce_add_ps(c[i]);
+    return (double)PEAK_ITERS * PEAK_CHAINS * 64 / t * 1e-9;
+}
+#endif
+
+static void bench_peak(void) {
+    enum { RUNS = 7 };
+    double f[RUNS], h[RUNS], r[RUNS];
+    float sink = 0;
+    int nh = 0;
+    for (int i = 0; i < RUNS; i++) {
+        f[i] = peak_fma(&sink);
+#if defined(__AVX512BF16__)
+        h[nh] = peak_bf16(&sink);
+        r[nh] = h[nh] / f[i];
+        nh++;
+#endif
+    }
+    printf("\n== one core's arithmetic ceiling (median of %d alternated runs) ==\n", RUNS);
+    double mf = median(f, RUNS);
+    printf("f32 FMA (512-bit)      %8.1f GFLOP/s\n", mf);
+    printf("RESULT peak f32_fma %.1f GFLOP/s\n", mf);
+    if (nh) {
+        double mh = median(h, nh), mr = median(r, nh);
+        printf("bf16 vdpbf16ps         %8.1f GFLOP/s  (%.2fx the f32 FMA rate)\n", mh, mr);
+        printf("RESULT peak bf16_dp %.1f GFLOP/s ratio=%.3f\n", mh, mr);
+    } else {
+        printf("bf16 vdpbf16ps         not in this build (no AVX512-BF16 target)\n");
+    }
+    if (sink == 12345.0f) printf("(sink)\n"); /* keeps the chains from being optimized out */
+    fflush(stdout);
+}
+#else
+static void bench_peak(void) {
+    printf("\n== one core's arithmetic ceiling: not measured (the build has no AVX-512) ==\n");
+}
+#endif
+
 static void usage(const char *argv0) {
-    fprintf(stderr, "usage: %s [--threads N] [--quick] [--only=gemm|elem|w3]\n", argv0);
+    fprintf(stderr, "usage: %s [--threads N] [--quick] [--only=gemm|elem|w3|peak]\n", argv0);
     exit(2);
 }
 
 int main(int argc, char **argv) {
-    int threads = 2, do_gemm = 1, do_elem = 1, do_w3 = 1;
+    int threads = 2, do_gemm = 1, do_elem = 1, do_w3 = 1, do_peak = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
-        else if (!strcmp(argv[i], "--only=gemm")) do_elem = do_w3 = 0;
-        else if (!strcmp(argv[i], "--only=elem")) do_gemm = do_w3 = 0;
-        else if (!strcmp(argv[i], "--only=w3")) do_gemm = do_elem = 0;
+        else if (!strcmp(argv[i], "--only=gemm")) do_elem = do_w3 = do_peak = 0;
+        else if (!strcmp(argv[i], "--only=elem")) do_gemm = do_w3 = do_peak = 0;
+        else if (!strcmp(argv[i], "--only=w3")) do_gemm = do_elem = do_peak = 0;
+        else if (!strcmp(argv[i], "--only=peak")) do_gemm = do_elem = do_w3 = 0;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strncmp(argv[i], "--threads=", 10)) threads = atoi(argv[i] + 10);
         else usage(argv[0]);
@@ -505,5 +587,6 @@ int main(int argc, char **argv) {
     if (do_gemm) bench_gemm();
     if (do_w3) bench_w3();
     if (do_elem) bench_elem(threads);
+    if (do_peak) bench_peak();
     return 0;
 }
