@@ -9,13 +9,21 @@
 
 #include <nabla/nabla.h>
 
+static void usage(FILE *f) {
+    fprintf(f, "usage: zero-consolidate [--model-only] DIR OUT\n"
+               "  DIR  a sharded checkpoint (written with --zero S --save DIR)\n"
+               "  OUT  the plain checkpoint (or with --model-only the model's weights)\n");
+}
+
 int main(int argc, char **argv) {
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        usage(stdout); /* asked for: stdout, success */
+        return 0;
+    }
     bool model_only = argc > 1 && strcmp(argv[1], "--model-only") == 0;
     int first = model_only ? 2 : 1;
-    if (argc - first != 2 || (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))) {
-        fprintf(stderr, "usage: zero-consolidate [--model-only] DIR OUT\n"
-                        "  DIR  a sharded checkpoint (written with --zero S --save DIR)\n"
-                        "  OUT  the plain checkpoint (or with --model-only the model's weights)\n");
+    if (argc - first != 2 || argv[first][0] == '-') {
+        usage(stderr); /* a usage error: stderr, exit 2 */
         return 2;
     }
     if (nb_zero_checkpoint_consolidate(argv[first], argv[first + 1], model_only) != NB_OK) {
