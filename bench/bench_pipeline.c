@@ -67,8 +67,9 @@ static void bench_bubble(nb_comm *world) {
             l.s.w = nb_ones((int64_t[]){4}, 1, NB_F32);
             nb_set_requires_grad(l.s.w, true);
             nb_register_grad_hook(l.s.w, backward_sleep, &l.s);
-            nb_pipe_opts po = {.schedule = scheds[k], .n_micro = m, .virtual_stages = v,
-                               .act_shape = (int64_t[]){4}, .act_ndim = 1, .act_dtype = NB_F32};
+            nb_pipe_opts po = nb_pipe_defaults();
+            po.schedule = scheds[k], po.n_micro = m, po.virtual_stages = v;
+            po.act_shape = (int64_t[]){4}, po.act_ndim = 1;
             double bub[3], step[3];
             for (int rep = 0; rep < 3; rep++) {
                 nb_pipe_stats st;

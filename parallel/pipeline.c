@@ -258,8 +258,7 @@ static nb_status do_backward(run *R, int i) {
     nb_tensor *grad;
     if (s == R->S - 1) {
         nb_scope_begin();
-        const double scale = R->o->loss_scale > 0 ? R->o->loss_scale : 1.0;
-        grad = owned(nb_full_like(R->out[k], scale / R->m));
+        grad = owned(nb_full_like(R->out[k], R->o->loss_scale / R->m));
         nb_scope_end();
     } else {
         grad = recv_for(R, i);
@@ -289,6 +288,11 @@ static nb_status do_backward(run *R, int i) {
     return st;
 }
 
+nb_pipe_opts nb_pipe_defaults(void) {
+    return (nb_pipe_opts){.schedule = NB_PIPE_1F1B, .n_micro = 1, .virtual_stages = 1,
+                          .act_dtype = NB_F32, .loss_scale = 1.0};
+}
+
 double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void *ctx,
                    nb_pipe_stats *stats) {
     if (stats) *stats = (nb_pipe_stats){.bubble = NAN, .bubble_theory = NAN};
@@ -296,8 +300,16 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
         nb_set_error(NB_ENULL, "nb_pipe_run: needs a communicator, options and a stage function");
         return NAN;
     }
+    /* Read as written: a 0 here is a mistake (an options struct not started from
+     * nb_pipe_defaults()), not a request for the default. */
+    if (o->virtual_stages < 1 || !(o->loss_scale > 0) || isinf(o->loss_scale)) {
+        nb_set_error(NB_EINVAL, "nb_pipe_run: virtual_stages must be >= 1 and loss_scale "
+                     "positive and finite, got %d and %g (start from nb_pipe_defaults(): 1 "
+                     "and 1)", o->virtual_stages, o->loss_scale);
+        return NAN;
+    }
     run R = {.pp = pp, .o = o, .p = nb_comm_size(pp), .r = nb_comm_rank(pp), .m = o->n_micro,
-             .v = o->virtual_stages < 1 ? 1 : o->virtual_stages, .posted_at = -1};
+             .v = o->virtual_stages, .posted_at = -1};
     R.S = R.p * R.v;
     if (R.m < 1 || (o->schedule == NB_PIPE_1F1B && R.v > 1) ||
         (o->schedule == NB_PIPE_INTERLEAVED && R.v > 1 && R.m % R.p) ||

@@ -724,6 +724,43 @@ START_TEST(test_zero_is_zero) {
 END_TEST
 
 /* The constructors give the documented defaults; NULL options are the same. */
+/* A one-stage pipeline's stage: the loss sum(w^2) / 2 (gradient w). */
+static nb_tensor *pipe_stage(void *ctx, int chunk, int micro, nb_tensor *input) {
+    (void)chunk, (void)micro, (void)input;
+    nb_tensor *w = ctx;
+    return nb_mul_scalar(nb_sum(nb_mul(w, w), NULL, 0, false), 0.5);
+}
+
+/* nb_pipe_opts: the constructor's values, and every field read as written (a 0 that used to
+ * mean "1" is refused). */
+START_TEST(test_pipe_opts_as_written) {
+    nb_pipe_opts d = nb_pipe_defaults();
+    ck_assert(d.schedule == NB_PIPE_1F1B && d.n_micro == 1 && d.virtual_stages == 1 &&
+              d.act_shape == NULL && d.act_ndim == 0 && d.act_dtype == NB_F32 &&
+              !d.forward_only && d.loss_scale == 1.0);
+    nb_scope_begin();
+    nb_comm *self = nb_comm_self();
+    nb_tensor *w = nb_full((int64_t[]){3}, 1, NB_F32, 2.0);
+    nb_set_requires_grad(w, true);
+    nb_pipe_opts z = {.schedule = NB_PIPE_1F1B, .n_micro = 1}; /* virtual_stages 0 */
+    ck_assert(isnan(nb_pipe_run(self, &z, pipe_stage, w, NULL)));
+    ck_assert_int_eq(nb_last_status(), NB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "got 0 and 0 (start from nb_pipe_defaults()"));
+    z.virtual_stages = 1; /* loss_scale still 0 */
+    ck_assert(isnan(nb_pipe_run(self, &z, pipe_stage, w, NULL)));
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "got 1 and 0"));
+    ck_assert_ptr_null(nb_grad(w));
+    /* from the constructor: runs; loss_scale scales the gradient, not the returned loss */
+    d.loss_scale = 4;
+    double loss = nb_pipe_run(self, &d, pipe_stage, w, NULL);
+    ck_assert_msg(loss == 6.0, "loss %g: %s", loss, nb_last_error());
+    ck_assert_ptr_nonnull(nb_grad(w));
+    ck_assert_double_eq(nb_item_f64(nb_sum(nb_grad(w), NULL, 0, false)), 3 * 2.0 * 4);
+    nb_comm_free(self);
+    nb_scope_end();
+}
+END_TEST
+
 START_TEST(test_option_defaults) {
     nb_adam_opts a = nb_adam_defaults(), aw = nb_adamw_defaults();
     ck_assert(a.lr == 1e-3 && a.betas[0] == 0.9 && a.betas[1] == 0.999 && a.eps == 1e-8 &&
@@ -1141,6 +1178,7 @@ Suite *nb_suite_optim(void) {
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_zero_is_zero);
     tcase_add_test(tc, test_option_defaults);
+    tcase_add_test(tc, test_pipe_opts_as_written);
     tcase_add_loop_test(tc, test_clip_vs_pytorch, 0, (int)(sizeof clip_cases / sizeof *clip_cases));
     tcase_add_test(tc, test_clip);
     tcase_add_loop_test(tc, test_sched_vs_pytorch, 0,

@@ -495,9 +495,9 @@ nb_status nb_gpt_pipe_eval(nb_gpt_pipe *p, nb_tensor *x, nb_tensor *y, double *l
         p->my[i] = nb_narrow(y, 0, i * b, b);
     }
     const int64_t act[3] = {b, p->o.sequence_parallel ? T / p->tp_size : T, p->cfg.n_embd};
-    nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
-                       .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32,
-                       .forward_only = true};
+    nb_pipe_opts po = nb_pipe_defaults();
+    po.schedule = p->o.schedule, po.n_micro = m, po.virtual_stages = p->v;
+    po.act_shape = act, po.act_ndim = 3, po.forward_only = true;
     nb_clear_error();
     double l = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
     st = isnan(l) ? nb_last_status() : NB_OK;
@@ -542,9 +542,10 @@ static double train_step(nb_gpt_pipe *p, nb_optim *opt, nb_tensor *x, nb_tensor 
         p->my[i] = nb_narrow(y, 0, i * b, b);
     }
     const int64_t act[3] = {b, p->o.sequence_parallel ? T / p->tp_size : T, p->cfg.n_embd};
-    nb_pipe_opts po = {.schedule = p->o.schedule, .n_micro = m, .virtual_stages = p->v,
-                       .act_shape = act, .act_ndim = 3, .act_dtype = NB_F32,
-                       .loss_scale = scaler ? nb_grad_scaler_get_scale(scaler) : 1.0};
+    nb_pipe_opts po = nb_pipe_defaults();
+    po.schedule = p->o.schedule, po.n_micro = m, po.virtual_stages = p->v;
+    po.act_shape = act, po.act_ndim = 3;
+    if (scaler) po.loss_scale = nb_grad_scaler_get_scale(scaler);
     if (p->zero) nb_zero_set_sync_enabled(p->zero, false); /* reduced once, after the tied sum */
     double loss = nb_pipe_run(p->pp, &po, stage_fn, p, stats);
     nb_scope_end();

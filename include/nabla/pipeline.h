@@ -114,19 +114,24 @@ typedef struct nb_pipe_stats {
  * scope around each call and keeps what it needs. */
 typedef nb_tensor *(*nb_pipe_stage_fn)(void *ctx, int chunk, int micro, nb_tensor *input);
 
+/* Options (docs/conventions.md): start from nb_pipe_defaults(), whose values follow each
+ * field, and set act_shape; every field is read as written (a virtual_stages or loss_scale
+ * of 0 is refused, not taken for the default). */
 typedef struct nb_pipe_opts {
-    nb_pipe_schedule schedule;
-    int n_micro;               /* micro-batches per step (>= 1) */
-    int virtual_stages;        /* chunks per rank (interleaved; 1 otherwise) */
-    const int64_t *act_shape;  /* the activation passed between stages, the same for all */
-    int act_ndim;
-    nb_dtype act_dtype;
-    bool forward_only;         /* evaluation: the forward passes only (chunk by chunk, every
-                                * micro-batch; the schedule is not used), gradients off, each
-                                * activation dropped once sent */
-    double loss_scale;         /* fp16 loss scaling: the backward starts from loss_scale /
-                                * n_micro (0: 1); the returned loss is not scaled */
+    nb_pipe_schedule schedule; /* NB_PIPE_1F1B */
+    int n_micro;               /* micro-batches per step (>= 1): 1 */
+    int virtual_stages;        /* chunks per rank (> 1 only with NB_PIPE_INTERLEAVED): 1 */
+    const int64_t *act_shape;  /* the activation passed between stages, the same for all:
+                                * NULL (needed with more than one stage) */
+    int act_ndim;              /* 0 */
+    nb_dtype act_dtype;        /* NB_F32 */
+    bool forward_only;         /* false; true: evaluation, the forward passes only (chunk by
+                                * chunk, every micro-batch; the schedule is not used),
+                                * gradients off, each activation dropped once sent */
+    double loss_scale;         /* 1; fp16 loss scaling: the backward starts from loss_scale /
+                                * n_micro (> 0, finite); the returned loss is not scaled */
 } nb_pipe_opts;
+nb_pipe_opts nb_pipe_defaults(void);
 
 /* Run one step's forward and backward passes (forward_only: the forwards) over pp: gradients accumulate into whatever the
  * stage functions' graphs reach (each micro-batch's loss counts 1 / n_micro, so the result
