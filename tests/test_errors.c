@@ -339,6 +339,23 @@ START_TEST(test_quarantine_depth) {
             ck_assert_int_eq(nb_last_status(), NB_EFREED);
         }
     }
+    /* and while new tensors are alive: with fewer than 1024 headers released after e, none of
+     * them may take e's header (a free list that handed it out again would make e a handle
+     * to one of them, of 5 elements) */
+    nb_scope_begin();
+    nb_tensor *e = nb_ones((int64_t[]){2}, 1, NB_F32);
+    nb_scope_end();
+    nb_scope_begin();
+    for (int i = 0; i < 500; i++) ck_assert_ptr_nonnull(nb_ones((int64_t[]){2}, 1, NB_F32));
+    nb_scope_end(); /* 500 released after e */
+    nb_scope_begin();
+    for (int i = 0; i < 300; i++) {
+        ck_assert_ptr_nonnull(nb_ones((int64_t[]){5}, 1, NB_F32)); /* live until the end */
+        nb_clear_error();
+        ck_assert_int_eq(nb_numel(e), -1);
+        ck_assert_int_eq(nb_last_status(), NB_EFREED);
+    }
+    nb_scope_end();
     nb_scope_end();
 }
 END_TEST
