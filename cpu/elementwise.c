@@ -792,7 +792,7 @@ typedef struct mixed_ctx {
     nb__iter_fn f32;
     void *ctx;
     int nargs;
-    nb_dtype dt[NB__ITER_MAX_ARGS];
+    const nb_dtype *dt; /* the iterator's operand dtypes */
 } mixed_ctx;
 
 static void half_in_f32(char **p, const int64_t *s, int64_t n, void *vctx) {
@@ -829,8 +829,7 @@ static nb_status cpu_ew(const nb__ew_args *a) {
     for (int k = 1; k < a->it.nargs; k++)
         mixed |= a->dtype == NB_F32 && (a->it.dtype[k] == NB_BF16 || a->it.dtype[k] == NB_F16);
     if (mixed) {
-        mixed_ctx m = {.f32 = fn, .ctx = &c, .nargs = a->it.nargs};
-        for (int k = 0; k < a->it.nargs; k++) m.dt[k] = a->it.dtype[k];
+        mixed_ctx m = {.f32 = fn, .ctx = &c, .nargs = a->it.nargs, .dt = a->it.dtype};
         nb__iter_for_each(&a->it, half_in_f32, &m, nb__cpu_ew_grain(a->op));
         return NB_OK;
     }
