@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nn/nn_impl.h"
 #include "tensor/tape.h"
 #include "tensor/backend.h"
 #include "tensor/trace.h"
@@ -32,6 +33,11 @@ struct nb_module {
     int running_hooks;      /* > 0 while this module's hooks run (removal then refused) */
     bool recompute;         /* nb_module_set_recompute */
     nb_generator *recompute_gen;
+    /* nb__module_override_forward: what runs instead of vt->forward */
+    nb__forward_fn override;
+    void *override_ctx;
+    void (*override_free)(void *);
+    bool borrows;           /* a view (nb__module_view_new): members are not freed */
 };
 
 struct fhook {
@@ -92,7 +98,7 @@ nb_module *nb_module_new(const nb_module_vtable *vt, void *self) {
 
 void nb_module_free(nb_module *m) {
     if (!m) return;
-    for (int i = 0; i < m->children.n; i++) nb_module_free(m->children.items[i]);
+    for (int i = 0; i < m->children.n && !m->borrows; i++) nb_module_free(m->children.items[i]);
     for (int i = 0; i < m->params.n; i++) nb_tensor_free(m->params.items[i]);
     for (int i = 0; i < m->buffers.n; i++) nb_tensor_free(m->buffers.items[i]);
     named_list *ls[3] = {&m->params, &m->buffers, &m->children};
@@ -106,6 +112,7 @@ void nb_module_free(nb_module *m) {
     nb_tensor_free(m->flat_params);
     nb_tensor_free(m->flat_grads);
     free(m->hooks);
+    if (m->override_free) m->override_free(m->override_ctx);
     if (m->vt->free_self) m->vt->free_self(m->self);
     free(m);
 }
@@ -297,11 +304,20 @@ nb_tensor *nb_module_find(const nb_module *m, const char *dotted) {
     return find_in(m, dotted, 0);
 }
 
-/* Depth first: own members first, then children in order (PyTorch's named_parameters). */
+/* Whether t is already in the listing (a tensor registered twice: tied weights). */
+static bool listed(const nb_params *out, const nb_tensor *t) {
+    for (int i = 0; i < out->count; i++)
+        if (out->tensors[i] == t) return true;
+    return false;
+}
+
+/* Depth first: own members first, then children in order (PyTorch's named_parameters). A
+ * tensor registered under several names (a tied weight) is listed once, under the first. */
 static bool collect(const nb_module *m, bool buffers, const char *prefix, nb_params *out,
                     int *cap) {
     const named_list *l = buffers ? &m->buffers : &m->params;
     for (int i = 0; i < l->n; i++) {
+        if (listed(out, l->items[i])) continue;
         if (out->count == *cap) {
             *cap = *cap ? 2 * *cap : 16;
             nb_tensor **t = realloc(out->tensors, sizeof(nb_tensor *) * (size_t)*cap);
@@ -367,10 +383,13 @@ nb_status nb_module_set_recompute(nb_module *m, bool on, nb_generator *gen) {
 
 bool nb_module_recompute(const nb_module *m) { return m && m->recompute; }
 
+static nb_tensor *run_forward(nb_module *m, nb_tensor *x) {
+    return m->override ? m->override(m, x, m->override_ctx) : m->vt->forward(m, x);
+}
+
 static nb_tensor *own_forward(nb_tensor *const *in, int n, void *ctx) {
     (void)n;
-    nb_module *m = ctx;
-    return m->vt->forward(m, in[0]);
+    return run_forward(ctx, in[0]);
 }
 
 /* The module's forward as a span of the trace and the profiler (its type name). */
@@ -378,7 +397,7 @@ static nb_tensor *traced_forward(nb_module *m, nb_tensor *x) {
     int tok = NB__SPAN_BEGIN(m->vt->type_name, NULL, NB__CAT_MODULE);
     nb_tensor *y = m->recompute ? nb_recompute(own_forward, &x, 1, m,
                                                &(nb_recompute_opts){.gen = m->recompute_gen})
-                                : m->vt->forward(m, x);
+                                : run_forward(m, x);
     NB__SPAN_END(tok);
     return y;
 }
@@ -388,7 +407,7 @@ nb_tensor *nb_forward(nb_module *m, nb_tensor *x) {
         nb__error(NB_ENULL, "forward: module is NULL");
         return NULL;
     }
-    if (!m->vt->forward) {
+    if (!m->vt->forward && !m->override) {
         nb__error(NB_EUNSUPPORTED, "forward: a %s has no forward of its own", m->vt->type_name);
         return NULL;
     }
@@ -718,4 +737,53 @@ nb_status nb_module_list_append(nb_module *list, nb_module *m) {
     char name[16];
     snprintf(name, sizeof name, "%d", list->children.n);
     return nb_module_add_child(list, name, m) ? NB_OK : nb_last_status();
+}
+
+/* ---- for the parallel layer (nn/nn_impl.h) ----------------------------------------------- */
+nb_status nb__module_override_forward(nb_module *m, nb__forward_fn fn, void *ctx,
+                                      void (*ctx_free)(void *)) {
+    if (!m) {
+        if (ctx_free) ctx_free(ctx);
+        return nb__error(NB_ENULL, "module_override_forward: module is NULL");
+    }
+    if (m->override_free) m->override_free(m->override_ctx);
+    m->override = fn;
+    m->override_ctx = fn ? ctx : NULL;
+    m->override_free = fn ? ctx_free : NULL;
+    if (!fn && ctx_free) ctx_free(ctx);
+    return NB_OK;
+}
+
+void *nb__module_override_ctx(const nb_module *m) { return m && m->override ? m->override_ctx : NULL; }
+nb_module *nb__module_parent(const nb_module *m) { return m ? m->parent : NULL; }
+const nb_module_vtable *nb__module_vtable(const nb_module *m) { return m ? m->vt : NULL; }
+
+static const nb_module_vtable view_vt_default = {.type_name = "ModuleView"};
+
+nb_module *nb__module_view_new(void) {
+    nb_module *v = nb_module_new(&view_vt_default, NULL);
+    if (v) v->borrows = true;
+    return v;
+}
+
+nb_status nb__module_view_add_child(nb_module *v, const char *name, nb_module *child) {
+    if (!v || !child || !name) return nb__error(NB_ENULL, "module_view_add_child: NULL argument");
+    if (!v->borrows) return nb__error(NB_EINVAL, "module_view_add_child: not a view");
+    if (!name_free(v, name, "module_view_add_child")) return nb_last_status();
+    if (!list_add(&v->children, name, child))
+        return nb__error(NB_ENOMEM, "module_view_add_child: out of memory");
+    invalidate(v);
+    return NB_OK;
+}
+
+nb_status nb__module_view_add_param(nb_module *v, const char *name, nb_tensor *t) {
+    if (!v || !t || !name) return nb__error(NB_ENULL, "module_view_add_param: NULL argument");
+    if (!v->borrows) return nb__error(NB_EINVAL, "module_view_add_param: not a view");
+    if (!name_free(v, name, "module_view_add_param")) return nb_last_status();
+    if (!list_add(&v->params, name, nb_tensor_retain(t))) {
+        nb_tensor_free(t);
+        return nb__error(NB_ENOMEM, "module_view_add_param: out of memory");
+    }
+    invalidate(v);
+    return NB_OK;
 }

@@ -30,6 +30,7 @@
 #include "nabla/stop.h"
 #include "nabla/data.h"
 #include "nabla/parallel.h"
+#include "nabla/mesh.h"
 #include "nabla/tp.h"
 #include "nabla/gpt.h"
 #include "nabla/gpt_tp.h"

@@ -61,6 +61,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "nabla/mesh.h"
 #include "nabla/nn.h"
 #include "nabla/parallel.h"
 #include "nabla/random.h"
@@ -125,6 +126,62 @@ void nb_tp_comm_stats_reset(void);
 /* Rank r's equal chunk of t along dim as a new contiguous tensor (no autograd), for slicing
  * 1-rank weights; NB_ESHAPE when the size along dim does not divide by size. */
 nb_tensor *nb_tp_slice(nb_tensor *t, int dim, int rank, int size);
+
+/* ---- tensor (and sequence) parallel by plan ------------------------------------------------ */
+/* How a module is split over the tensor-parallel dimension (plan.c's comment has the details;
+ * docs/distributed.md, "Make your own model parallel"):
+ *   NB_TP_COLWISE   a linear layer (weight (out, in), bias (out)): out split; the output is
+ *                   this rank's columns (cross entropy on it runs vocab-parallel)
+ *   NB_TP_ROWWISE   a linear layer: in split; the partial outputs summed over tp, then + bias
+ *   NB_TP_VOCAB     an embedding (weight (V, C)): the vocabulary split; the parts summed
+ *   NB_TP_SEQUENCE  a module between the parallel regions (norm, dropout, position embedding):
+ *                   with sequence parallelism it runs on the rank's sequence shard and its
+ *                   parameters' gradients are partial sums (summed over tp by the reducer)
+ *   NB_TP_REPLICATE nothing changes */
+typedef enum nb_tp_style {
+    NB_TP_REPLICATE = 0,
+    NB_TP_COLWISE,
+    NB_TP_ROWWISE,
+    NB_TP_VOCAB,
+    NB_TP_SEQUENCE
+} nb_tp_style;
+
+/* One rule of a plan. path: a module path from the model's root, dotted names as in
+ * nb_parameters ("transformer.h.0.mlp.c_fc"), where '*' matches any run of characters within
+ * one name ("transformer.h.*.ln_*"). blocks (COLWISE): a fused projection holding `blocks`
+ * equal blocks (q, k and v: 3) is split per block, so each rank holds its heads of each; 0 or
+ * 1: one block. unit (COLWISE, ROWWISE): each rank's part must be a whole number of units (a
+ * head's size, so no head is cut); 0: 1. */
+typedef struct nb_tp_rule {
+    const char *path;
+    nb_tp_style style;
+    int blocks;
+    int64_t unit;
+} nb_tp_rule;
+/* {"h.*.attn.c_attn", NB_TP_COLWISE_FUSED(3)} */
+#define NB_TP_COLWISE_FUSED(n) NB_TP_COLWISE, (n)
+
+/* Options: nb_parallelize_defaults() gives the values after each field. */
+typedef struct nb_parallelize_opts {
+    bool sequence_parallel;  /* false; true: activations between the parallel regions split along
+                              * the sequence (dim -2, which must divide by the tp size) */
+    const char *tp_dim;      /* "tp": the mesh dimension to split over */
+} nb_parallelize_opts;
+nb_parallelize_opts nb_parallelize_defaults(void);
+
+/* Apply plan (rules ending with one whose path is NULL) to model over mesh's tp dimension, in
+ * place: each matched module's parameters become this rank's parts, with their placements
+ * (nabla/mesh.h), and its forward the style's. The model must be whole on every rank (built
+ * with the same seed: the parts are slices of the 1-rank model, so every layout starts from
+ * the same weights) and not yet wrapped (nb_ddp, nb_zero) or flattened. A parameter two
+ * modules share (a tied embedding and output head) is split once, and both rules must split it
+ * the same way. Errors, on every rank alike and before anything changes (collective over the
+ * mesh): a rule that names no module, a module two rules give different styles, a module that
+ * is not what its style needs (a linear layer, an embedding), sizes that do not divide by the
+ * tp size (or into whole units), a flattened model. Ownership: the model keeps its modules
+ * and parameters; the mesh is borrowed and must outlive the model. */
+nb_status nb_parallelize(nb_module *model, const nb_mesh *mesh, const nb_tp_rule *plan,
+                         const nb_parallelize_opts *o);
 
 /* ---- tensor-parallel layers ---------------------------------------------------------------- */
 /* A column-parallel linear: forward copy_to_region(x), then x @ w_r^T + b_r; with
