@@ -773,6 +773,18 @@ static nb_module *owner_of(nb_module *root, const char *name) {
     return m;
 }
 
+/* How many modules of the tree under m registered t as their own parameter (more than one: a
+ * tied weight, as a GPT's embedding and output head). */
+static int registrations(nb_module *m, const nb_tensor *t) {
+    int n = 0;
+    const nb_params *ps = nb_parameters(m);
+    for (int i = 0; ps && i < ps->count; i++)
+        if (ps->tensors[i] == t && !strchr(ps->names[i], '.')) n++;
+    for (int i = 0; i < nb_module_num_children(m); i++)
+        n += registrations(nb_module_child_at(m, i), t);
+    return n;
+}
+
 /* Stage 3: forward hooks on the root and on each unit's module, then the parameters move
  * into the units' buffers, the module's flat buffer goes, and every unit is released. */
 static nb_status setup_stage3(nb_zero *z) {
@@ -899,6 +911,9 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
                            .expected = nb_requires_grad(t), .owner = owner_of(model, ps->names[i])};
         if (!z->p[i].owner && s == NB_OK)
             s = nb__error(NB_EINTERNAL, "zero_new: no module owns %s", ps->names[i]);
+        /* a tied weight is used by several modules' forwards: stage 3 keeps it gathered for
+         * the whole forward and backward of the model (a unit of the root) */
+        if (opts.stage == 3 && s == NB_OK && registrations(model, t) > 1) z->p[i].owner = model;
     }
     if (s == NB_OK) s = check_optim(z);
     int64_t cap = (int64_t)(opts.bucket_mb * 1048576.0 / (double)nb_dtype_size(z->flat_p->dtype));

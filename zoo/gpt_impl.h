@@ -15,6 +15,13 @@ nb_module *nb__gpt_block_new(const nb_gpt_config *c, nb_generator *gen);
 /* Adds LayerNorm child `name` (weight 1, bias 0 unless c->no_bias) to parent. */
 nb_module *nb__gpt_add_layernorm(nb_module *parent, const char *name, const nb_gpt_config *c);
 
+/* The layers of the GPT's forward (zoo/gpt.c), as nb_pipe_layer functions: the embedding
+ * (tokens + positions, dropout; idx -> (B, T, C)) and the head (ln_f, the tied projection ->
+ * logits); the loss of logits (by their own last dim) against targets (B, T). */
+nb_tensor *nb__gpt_embed(nb_module *m, nb_tensor *idx, void *ctx);
+nb_tensor *nb__gpt_head(nb_module *m, nb_tensor *x, void *ctx);
+nb_tensor *nb__gpt_cross_entropy(nb_tensor *logits, nb_tensor *targets, void *ctx);
+
 /* Sharded checkpoints (zoo/shard_ckpt.c). nb__zoo_agree: every rank of c gets NB_OK only if
  * every rank had it; a rank that was fine gets NB_EIO "<what>: another rank failed (see its
  * message)" (c NULL or of size 1: st). nb__zoo_fresh_id: a random id for one save's files. */

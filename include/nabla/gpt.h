@@ -182,6 +182,26 @@ nb_status nb_gpt_config_from_file(const char *path, nb_gpt_config *cfg);
  * the PyTorch peer benchmark uses (42.68 GFLOP for W3 at B 16, T 128). */
 double nb_gpt_train_flops(const nb_gpt_config *cfg, int64_t B, int64_t T);
 
+/* ---- the GPT made parallel (zoo/gpt_parallel.c) ------------------------------------------- */
+typedef struct nb_mesh nb_mesh;
+typedef struct nb_parallelize_opts nb_parallelize_opts;
+typedef struct nb_pipeline nb_pipeline;
+typedef struct nb_pipeline_opts nb_pipeline_opts;
+/* Make gpt (nb_gpt_new, the same seed on every rank) tensor parallel over mesh's tp dimension
+ * with the GPT's plan (nabla/tp.h, nb_parallelize): c_attn column-wise per head, c_fc
+ * column-wise, both c_proj row-wise, the vocabulary split in transformer.wte and the tied
+ * lm_head (whose logits go to the vocab-parallel cross entropy of nb_gpt_loss), and with
+ * o->sequence_parallel the layer norms, dropouts and positions on sequence shards. The tp size
+ * must divide n_head and vocab_size (and with sequence parallelism the sequence length).
+ * Collective over the mesh. The model's forward, loss and train step are used as they are. */
+nb_status nb_gpt_parallelize(nb_module *gpt, const nb_mesh *mesh, const nb_parallelize_opts *o);
+/* The GPT split into pipeline stages over mesh's pp dimension (nabla/pipeline.h,
+ * nb_pipeline_new): its layers are the embedding (wte, wpe, drop), each block, and the head
+ * (ln_f, lm_head, whose weight is the embedding's: kept on the first and the last stage, its
+ * gradients summed); the loss is the cross entropy against the targets. o's loss is replaced.
+ * Apply nb_gpt_parallelize first for tensor-parallel stages. */
+nb_pipeline *nb_gpt_pipeline_new(nb_module *gpt, const nb_mesh *mesh, const nb_pipeline_opts *o);
+
 #ifdef __cplusplus
 }
 #endif

@@ -69,6 +69,7 @@
 
 #include "nabla/checkpoint.h"
 #include "nabla/gpt.h"
+#include "nabla/mesh.h"
 #include "nabla/nn.h"
 #include "nabla/optim.h"
 #include "nabla/parallel.h"
@@ -140,6 +141,95 @@ nb_pipe_opts nb_pipe_defaults(void);
  * NULL. Collective over pp. */
 double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void *ctx,
                    nb_pipe_stats *stats);
+
+/* ---- a model split into stages ----------------------------------------------------------- */
+/* A pipeline made from an ordinary model (parallel/pipe_split.c):
+ *     nb_mesh *mesh = nb_mesh_new(world, "dp pp", (int[]){-1, 2});
+ *     nb_module *model = build_model(seed);          // whole, the same seed on every rank
+ *     nb_pipeline_opts po = nb_pipeline_defaults();  // 1F1B, 4 micro-batches
+ *     po.loss = my_loss;                             // on the last stage: (output, target) -> loss
+ *     nb_pipeline *pipe = nb_pipeline_new(model, mesh, NULL, 0, &po);  // its children, in order
+ *     nb_optim *opt = nb_adamw_new(nb_parameters(nb_pipeline_module(pipe)), NULL);
+ *     nb_ddp *ddp = nb_ddp_new(nb_pipeline_module(pipe), nb_mesh_group(mesh, "dp"), NULL);
+ *     for (...) {
+ *         nb_zero_grad(opt);
+ *         double loss = nb_pipeline_step(pipe, x, y, NULL);  // this dp rank's batch
+ *         nb_clip_grad_norm(nb_optim_params(opt), 1.0, 2);     // the whole model's norm
+ *         nb_step(opt);
+ *     }
+ *     nb_ddp_free(ddp); nb_optim_free(opt); nb_pipeline_free(pipe); nb_module_free(model);
+ * Layers: the model's ordered children (layers NULL), or a list: each nb_pipe_layer names the
+ * modules it runs (module paths, space-separated; one pattern with '*' and no forward makes a
+ * layer of each module it matches, in order: "transformer.h.*") and how (forward: a function of
+ * the model and the activation; NULL: nb_forward of its one module). The first layer gets the
+ * micro-batch's input rows, the last layer's output goes to opts.loss with the target rows.
+ * Stages: S = pp size x virtual_stages, each a contiguous run of layers: opts.boundaries (S + 1
+ * layer indices), or balanced: NB_PIPE_BALANCE_LAYERS splits the layers evenly by count, light
+ * layers (an embedding, a head: nb_pipe_layer.light) riding with their neighbour;
+ * NB_PIPE_BALANCE_PARAMS minimizes the largest stage's parameter count. Rank r runs stages r,
+ * r + p, ... (virtual stages: Megatron's interleaved schedule).
+ * Every rank builds the whole model and keeps its stages' modules: nb_pipeline_module is a view
+ * listing them under the whole model's names (give it to the optimizer, nb_ddp / nb_zero over
+ * dp, checkpoints); the other modules' parameters lose their memory (meta tensors). A tensor
+ * modules of stages on several ranks share (a tied embedding and head: the same tensor
+ * registered in both) is declared once, by that sharing: each of those ranks keeps a copy
+ * (placement: NB_PLACE_REPLICATE over pp), and after the passes its gradients are summed over
+ * the copies, before the data-parallel reduction. With nb_ddp or nb_zero (stage 0-2) wrapping
+ * the pipeline's module, the gradients are reduced over dp during each rank's last backward of
+ * the step (overlapped), not after it. Errors, the same on every rank before anything changes
+ * (collective over the mesh's world): fewer layers than stages, bad boundaries, a layer naming
+ * no module, a module in two layers, a parameter in no layer, options not from the defaults.
+ * Ownership: model and mesh are borrowed and must outlive the pipeline (free it first); the
+ * model keeps its modules. */
+typedef nb_tensor *(*nb_pipe_layer_fn)(nb_module *model, nb_tensor *x, void *ctx);
+typedef struct nb_pipe_layer {
+    const char *modules;      /* the modules it runs: paths, space-separated, '*' patterns */
+    nb_pipe_layer_fn forward; /* NULL: nb_forward of its one module */
+    void *ctx;                /* given to forward */
+    bool light;               /* an embedding or a head: not counted when splitting evenly */
+} nb_pipe_layer;
+
+/* The loss of the last stage's output for a micro-batch's targets: one element. */
+typedef nb_tensor *(*nb_pipe_loss_fn)(nb_tensor *output, nb_tensor *target, void *ctx);
+
+typedef enum nb_pipe_balance { NB_PIPE_BALANCE_LAYERS = 0, NB_PIPE_BALANCE_PARAMS } nb_pipe_balance;
+
+/* Options: start from nb_pipeline_defaults(), whose values follow each field. */
+typedef struct nb_pipeline_opts {
+    nb_pipe_schedule schedule; /* NB_PIPE_1F1B */
+    int n_micro;               /* micro-batches per step: 4 (must divide the batch) */
+    int virtual_stages;        /* stages per rank: 1 (> 1 with NB_PIPE_INTERLEAVED) */
+    const int *boundaries;     /* NULL: by balance; else S + 1 increasing layer indices */
+    nb_pipe_balance balance;   /* NB_PIPE_BALANCE_LAYERS */
+    nb_pipe_loss_fn loss;      /* NULL (needed by step and eval) */
+    void *loss_ctx;            /* NULL */
+    nb_grad_scaler *scaler;    /* NULL; fp16: backward starts from the loss scaled by it (borrowed) */
+    const char *pp_dim;        /* "pp": the mesh dimension of the stages */
+} nb_pipeline_opts;
+nb_pipeline_opts nb_pipeline_defaults(void);
+
+typedef struct nb_pipeline nb_pipeline;
+
+nb_pipeline *nb_pipeline_new(nb_module *model, const nb_mesh *mesh, const nb_pipe_layer *layers,
+                             int n_layers, const nb_pipeline_opts *o);
+void nb_pipeline_free(nb_pipeline *p);
+/* This rank's modules, named as in the whole model (owned by p). */
+nb_module *nb_pipeline_module(const nb_pipeline *p);
+/* S + 1 stage boundaries (layer indices; owned by p) and S; the number of layers. */
+const int *nb_pipeline_boundaries(const nb_pipeline *p, int *n_stages);
+int nb_pipeline_num_layers(const nb_pipeline *p);
+/* One step's forward and backward passes over x and y, this data-parallel rank's batch (rows
+ * split into n_micro micro-batches): gradients accumulate into the parameters (each
+ * micro-batch's loss counting 1 / n_micro, so they are those of the mean loss), tied copies are
+ * summed, and a wrapping nb_ddp / nb_zero has reduced them when it returns. Returns the mean
+ * loss over the micro-batches and the data-parallel ranks (the same on every rank), or NAN with
+ * the error set. stats may be NULL. Collective over the mesh's world. Zeroing the gradients,
+ * clipping and stepping are the caller's, as in a one-process loop. */
+double nb_pipeline_step(nb_pipeline *p, nb_tensor *x, nb_tensor *y, nb_pipe_stats *stats);
+/* The mean loss on x and y without gradients, dropout off (evaluation mode during the call):
+ * forward passes only, each activation dropped once sent. Nothing is averaged over dp. */
+nb_status nb_pipeline_eval(nb_pipeline *p, nb_tensor *x, nb_tensor *y, double *loss,
+                           nb_pipe_stats *stats);
 
 /* ---- the GPT as a pipeline ------------------------------------------------------------------- */
 typedef struct nb_gpt_pipe_opts {
