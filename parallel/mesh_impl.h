@@ -34,6 +34,13 @@ int nb__mesh_dim_size(const nb_mesh *m, int d);
  * (parallel/plan.c). */
 bool nb__path_match(const char *pat, const char *s);
 
+/* Test switches (parallel/placement.c): the tests switch off one rule of the parallel layer
+ * at a time to show it is needed (the equality with one process must then fail).
+ * "tie-sum": the pipeline does not sum tied copies; "count-once": norms count every copy;
+ * "partial-sum": the reducer does not sum partial gradients. NULL switches all back on. */
+void nb__test_knockout(const char *what);
+bool nb__knocked_out(const char *what);
+
 /* ---- placements (parallel/placement.c) --------------------------------------------------- */
 /* t's placement record, made (the whole-tensor description: mesh, t's shape, no entries) when
  * it has none; NULL + error on failure. The record is t's (do not release). */

@@ -589,7 +589,8 @@ static nb_status sum_ties(nb_pipeline *p) {
             nb_scope_end();
             g = nb_grad(t);
         }
-        if (st == NB_OK) st = nb_allreduce(p->ties[i].group, g, NB_REDUCE_SUM);
+        if (st == NB_OK && !nb__knocked_out("tie-sum"))
+            st = nb_allreduce(p->ties[i].group, g, NB_REDUCE_SUM);
     }
     if (st == NB_OK) st = nb__reducer_link_finish(p->module);
     return st;
