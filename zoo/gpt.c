@@ -317,9 +317,25 @@ nb_tensor *nb_gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
     return nb__gpt_cross_entropy(nb_forward(m, idx), targets, NULL);
 }
 
-static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero,
-                         nb_grad_scaler *scaler, nb_tensor *const *x, nb_tensor *const *y,
-                         int n_micro, double grad_clip, double *grad_norm) {
+/* A pipeline's step: the micro-batches as one batch through its stages (it splits them again),
+ * their mean loss (over the data-parallel ranks too) in *loss_mean. */
+static nb_status pipeline_pass(const nb_gpt_step_opts *o, nb_tensor *const *x,
+                               nb_tensor *const *y, int n_micro, double *loss_mean) {
+    nb_scope_begin();
+    nb_tensor *xa = n_micro > 1 ? nb_cat(x, n_micro, 0) : x[0];
+    nb_tensor *ya = n_micro > 1 ? nb_cat(y, n_micro, 0) : y[0];
+    *loss_mean = xa && ya ? nb_pipeline_step(o->pipeline, xa, ya, o->pipe_stats) : NAN;
+    nb_scope_end();
+    return isnan(*loss_mean) && nb_last_status() != NB_OK ? nb_last_status() : NB_OK;
+}
+
+static double train_step(nb_module *m, nb_optim *opt, const nb_gpt_step_opts *o,
+                         nb_tensor *const *x, nb_tensor *const *y, int n_micro,
+                         double *grad_norm) {
+    nb_ddp *ddp = o->ddp;
+    nb_zero *zero = o->zero;
+    nb_grad_scaler *scaler = o->scaler;
+    const double grad_clip = o->grad_clip;
     if (grad_norm) *grad_norm = NAN;
     if (!m || !opt || !x || !y || n_micro < 1) {
         nb_set_error(NB_EINVAL, "nb_gpt_train_step: needs a model, an optimizer and n_micro >= 1 "
@@ -328,6 +344,13 @@ static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero
     }
     nb_status st = nb_zero_grad(opt);
     double loss_sum = 0;
+    if (o->pipeline) { /* the stages run the micro-batches; ddp / zero wrap its module */
+        double mean = NAN;
+        if (st == NB_OK) st = pipeline_pass(o, x, y, n_micro, &mean);
+        loss_sum = mean * n_micro;
+        ddp = NULL, zero = NULL; /* the pipeline synchronised them */
+        goto reduced;
+    }
     /* The micro-batches' losses are summed where they live (in f64, in order: the same
      * value as summing them on the host) and read once per step: on a GPU a read is a
      * synchronization, and one per micro-batch would stall the device that often. */
@@ -363,12 +386,13 @@ static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero
         nb_zero_set_sync_enabled(zero, true);
         if (st == NB_OK) st = nb_zero_sync(zero); /* each rank holds its averaged shard */
     }
+reduced:
     if (st == NB_OK && scaler) st = nb_grad_scaler_unscale(scaler, opt); /* before the norm */
     if (st != NB_OK) return NAN;
     if (grad_clip > 0 || grad_norm) {
         double max = grad_clip > 0 ? grad_clip : INFINITY;
-        double norm = zero ? nb_zero_clip_grad_norm(zero, max, 2)
-                           : nb_clip_grad_norm(nb_optim_params(opt), max, 2);
+        double norm = o->zero ? nb_zero_clip_grad_norm(o->zero, max, 2)
+                              : nb_clip_grad_norm(nb_optim_params(opt), max, 2);
         if (norm < 0) return NAN;
         if (grad_norm) *grad_norm = norm;
         /* With a loss scaler, an overflow is its business: it skips the step, backs off */
@@ -394,18 +418,20 @@ double nb_gpt_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
                      "wrapped by one of them");
         return NAN;
     }
-    return train_step(m, opt, o->ddp, o->zero, o->scaler, x, y, n_micro, o->grad_clip, grad_norm);
+    return train_step(m, opt, o, x, y, n_micro, grad_norm);
 }
 
 double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                       nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
-    return train_step(m, opt, ddp, NULL, NULL, x, y, n_micro, grad_clip, grad_norm);
+    nb_gpt_step_opts o = {.ddp = ddp, .grad_clip = grad_clip};
+    return train_step(m, opt, &o, x, y, n_micro, grad_norm);
 }
 
 double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_tensor *const *x,
                               nb_tensor *const *y, int n_micro, double grad_clip,
                               double *grad_norm) {
-    return train_step(m, opt, NULL, zero, NULL, x, y, n_micro, grad_clip, grad_norm);
+    nb_gpt_step_opts o = {.zero = zero, .grad_clip = grad_clip};
+    return train_step(m, opt, &o, x, y, n_micro, grad_norm);
 }
 
 /* ---- sampling ------------------------------------------------------------------------------ */

@@ -143,11 +143,18 @@ double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_ten
  * halved (not an error; the returned *grad_norm is then inf or NaN). ddp and zero are
  * exclusive. The scaler is borrowed; under several ranks give it the communicator
  * (nb_grad_scaler_set_comm) so every rank skips the same steps. */
+typedef struct nb_pipeline nb_pipeline;
+typedef struct nb_pipe_stats nb_pipe_stats;
 typedef struct nb_gpt_step_opts {
     nb_ddp *ddp;             /* NULL; as nb_gpt_train_step's ddp */
     nb_zero *zero;           /* NULL; as nb_gpt_train_step_zero's zero */
     nb_grad_scaler *scaler;  /* NULL: no loss scaling */
     double grad_clip;        /* 0: no clipping */
+    nb_pipeline *pipeline;   /* NULL; m split by nb_gpt_pipeline_new: the micro-batches run
+                              * through its stages (its nb_pipeline_opts.scaler must be this
+                              * scaler), ddp / zero wrap its module and are synchronised by it;
+                              * the loss is the mean over the data-parallel ranks */
+    nb_pipe_stats *pipe_stats; /* NULL; with pipeline: the step's figures */
 } nb_gpt_step_opts;
 nb_gpt_step_opts nb_gpt_step_defaults(void);  /* all zero/NULL */
 double nb_gpt_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
@@ -185,7 +192,6 @@ double nb_gpt_train_flops(const nb_gpt_config *cfg, int64_t B, int64_t T);
 /* ---- the GPT made parallel (zoo/gpt_parallel.c) ------------------------------------------- */
 typedef struct nb_mesh nb_mesh;
 typedef struct nb_parallelize_opts nb_parallelize_opts;
-typedef struct nb_pipeline nb_pipeline;
 typedef struct nb_pipeline_opts nb_pipeline_opts;
 /* Make gpt (nb_gpt_new, the same seed on every rank) tensor parallel over mesh's tp dimension
  * with the GPT's plan (nabla/tp.h, nb_parallelize): c_attn column-wise per head, c_fc

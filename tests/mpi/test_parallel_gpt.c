@@ -185,19 +185,13 @@ static void run_layout(const layout *L, char *why, size_t n) {
         batch(s, &x, &y);
         x = nb_narrow(x, 0, dr * rows, rows);
         y = nb_narrow(y, 0, dr * rows, rows);
-        double loss = NAN, norm = NAN;
-        if (pipe) {
-            nb_zero_grad(opt);
-            loss = nb_pipeline_step(pipe, x, y, NULL);
-            norm = nb_clip_grad_norm(nb_optim_params(opt), INFINITY, 2);
-            if (nb_step(opt) != NB_OK) DIFF("%s: step %d: %s", what, s, nb_last_error());
-        } else {
-            nb_gpt_step_opts so = nb_gpt_step_defaults();
-            so.ddp = ddp;
-            so.zero = z;
-            loss = nb_gpt_train_step_ex(m, opt, &x, &y, 1, &so, &norm);
-            loss = nb_mean_over_ranks(dp, loss);
-        }
+        /* one step function for every layout */
+        double norm = NAN;
+        nb_gpt_step_opts so = nb_gpt_step_defaults();
+        so.ddp = ddp;
+        so.zero = z;
+        so.pipeline = pipe;
+        double loss = nb_mean_over_ranks(dp, nb_gpt_train_step_ex(m, opt, &x, &y, 1, &so, &norm));
         if (!(fabs(loss - R->loss[s]) <= 1e-5 * fabs(R->loss[s])))
             DIFF("%s: step %d loss %.9g, one process %.9g (%s)", what, s, loss, R->loss[s],
                  nb_last_error());
