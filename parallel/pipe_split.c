@@ -340,6 +340,45 @@ static bool held_by_rank(const nb_pipeline *p, const nb_tensor *t, int r) {
     return false;
 }
 
+/* How many modules of the tree under m registered t as their own parameter (more than one: a
+ * tied weight). */
+static int registrations(nb_module *m, const nb_tensor *t) {
+    int n = 0;
+    const nb_params *ps = nb_parameters(m);
+    for (int i = 0; ps && i < ps->count; i++)
+        if (ps->tensors[i] == t && !strchr(ps->names[i], '.')) n++;
+    for (int i = 0; i < nb_module_num_children(m); i++)
+        n += registrations(nb_module_child_at(m, i), t);
+    return n;
+}
+
+/* Whether tensor t belongs to a module of the layers [a, b). */
+static bool held_by_layers(const nb_pipeline *p, const nb_tensor *t, int a, int b) {
+    for (int i = a; i < b; i++)
+        for (int k = 0; k < p->layers[i].n; k++) {
+            const nb_params *ps = nb_parameters(p->layers[i].mods[k]);
+            for (int j = 0; ps && j < ps->count; j++)
+                if (ps->tensors[j] == t) return true;
+        }
+    return false;
+}
+
+/* A view lists a weight that several modules registered (a tied embedding and head) under
+ * the whole model's name for it (its first), whichever of those modules the view holds:
+ * added as the view's own parameter before its modules, it is listed first. */
+static nb_status name_tied(const nb_pipeline *p, nb_module *view, const int *stages, int n) {
+    const nb_params *ps = nb_parameters(p->model);
+    nb_status st = NB_OK;
+    for (int j = 0; ps && j < ps->count && st == NB_OK; j++) {
+        if (registrations(p->model, ps->tensors[j]) < 2) continue;
+        bool here = false;
+        for (int k = 0; k < n && !here; k++)
+            here = held_by_layers(p, ps->tensors[j], p->bounds[stages[k]], p->bounds[stages[k] + 1]);
+        if (here) st = nb__module_view_add_param(view, ps->names[j], ps->tensors[j]);
+    }
+    return st;
+}
+
 /* Drop t's memory (its shape stays, on the meta device). */
 static nb_status drop(nb_tensor *t) {
     nb_scope_begin();
@@ -407,11 +446,18 @@ static nb_status keep_local(nb_pipeline *p) {
     if (st != NB_OK) return st;
     /* the views: one per chunk and one for the rank, the modules under their own names */
     p->chunks = calloc((size_t)p->v, sizeof *p->chunks);
-    if (!p->chunks || !(p->module = nb__module_view_new()))
+    int *mine = malloc(sizeof *mine * (size_t)p->v);
+    if (!p->chunks || !mine || !(p->module = nb__module_view_new())) {
+        free(mine);
         return nb_set_error(NB_ENOMEM, "%s: out of memory", op);
+    }
+    for (int c = 0; c < p->v; c++) mine[c] = c * p->p + p->r;
+    st = name_tied(p, p->module, mine, p->v);
+    free(mine);
     for (int c = 0; c < p->v && st == NB_OK; c++) {
         const int s = c * p->p + p->r;
         if (!(p->chunks[c] = nb__module_view_new())) return nb_last_status();
+        if ((st = name_tied(p, p->chunks[c], &s, 1)) != NB_OK) return st;
         for (int i = p->bounds[s]; i < p->bounds[s + 1] && st == NB_OK; i++)
             for (int k = 0; k < p->layers[i].n && st == NB_OK; k++) {
                 st = nb__module_view_add_child(p->chunks[c], p->layers[i].paths[k],
