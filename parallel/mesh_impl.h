@@ -33,6 +33,14 @@ int nb__mesh_dim_size(const nb_mesh *m, int d);
 /* Glob match of a dotted module path: '*' matches any run of characters within one name
  * (parallel/plan.c). */
 bool nb__path_match(const char *pat, const char *s);
+/* One style on one module (the public parallel layers, parallel/tp_layers.c): checked, then
+ * applied as nb_parallelize applies it; gather_output (column-wise) all-gathers the output,
+ * split_input (row-wise) always splits the input. */
+struct nb_tp_rule;
+struct nb_parallelize_opts;
+nb_status nb__tp_apply_one(nb_module *m, const nb_mesh *mesh, const struct nb_tp_rule *r,
+                           const struct nb_parallelize_opts *o, bool gather_output,
+                           bool split_input);
 
 /* Test switches (parallel/placement.c): the tests switch off one rule of the parallel layer
  * at a time to show it is needed (the equality with one process must then fail).

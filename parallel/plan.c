@@ -109,6 +109,8 @@ typedef struct style_ctx {
     bool sp;
     int T, r;
     char tp_dim[8];
+    bool gather_output; /* column-wise (the public layer's option): the output all-gathered */
+    bool split_input;   /* row-wise (the public layer's option): the input always arrives whole */
 } style_ctx;
 
 static nb_tensor *vocab_ce(nb_tensor *logits, nb_tensor *target, const nb_cross_entropy_opts *o,
@@ -157,7 +159,8 @@ static nb_tensor *colwise_forward(nb_module *m, nb_tensor *x, void *ctx) {
     const style_ctx *s = ctx;
     if (!x) return NULL;
     x = s->sp && s->T > 1 ? nb_all_gather_along(x, s->tp, seq_dim(x)) : nb_copy_to_region(x, s->tp);
-    return tag(s, nb_linear(x, nb_module_param(m, "weight"), nb_module_param_opt(m, "bias")));
+    nb_tensor *y = nb_linear(x, nb_module_param(m, "weight"), nb_module_param_opt(m, "bias"));
+    return s->gather_output ? nb_gather_along(y, s->tp, -1) : tag(s, y);
 }
 
 static nb_tensor *rowwise_forward(nb_module *m, nb_tensor *x, void *ctx) {
@@ -165,7 +168,8 @@ static nb_tensor *rowwise_forward(nb_module *m, nb_tensor *x, void *ctx) {
     nb_tensor *w = nb_module_param(m, "weight");
     if (!x || !w) return NULL;
     /* the input is this rank's part (a column-parallel output); a whole input is split here */
-    if (s->T > 1 && nb_size(x, -1) == nb_size(w, 1) * s->T) x = nb_split_along(x, s->tp, -1);
+    if (s->T > 1 && (s->split_input || nb_size(x, -1) == nb_size(w, 1) * s->T))
+        x = nb_split_along(x, s->tp, -1);
     nb_tensor *y = nb_linear(x, w, NULL);
     y = s->sp && s->T > 1 ? nb_reduce_scatter_along(y, s->tp, seq_dim(y))
                           : nb_reduce_from_region(y, s->tp);
@@ -324,6 +328,71 @@ static bool check_rule(nb_module *m, const char *path, const nb_tp_rule *r, int 
     return false;
 }
 
+/* Apply rule r's style to module m (at path, for messages): slice its parameters, set their
+ * placements, replace its forward. The checks have passed. */
+static nb_status apply(const style_ctx *s, nb_module *m, const char *path, const nb_tp_rule *r) {
+    const int blocks = r->blocks > 1 ? r->blocks : 1;
+    char name[512];
+    nb__forward_fn fn = NULL;
+    nb_status st = NB_OK;
+    switch (r->style) {
+    case NB_TP_COLWISE:
+    case NB_TP_ROWWISE:
+    case NB_TP_VOCAB: {
+        const bool row = r->style == NB_TP_ROWWISE;
+        snprintf(name, sizeof name, "%s%sweight", path, *path ? "." : "");
+        st = shard_param(s, nb_module_param(m, "weight"), name, row ? 1 : 0, blocks);
+        nb_tensor *b = nb_module_param_opt(m, "bias");
+        snprintf(name, sizeof name, "%s%sbias", path, *path ? "." : "");
+        if (st == NB_OK && b)
+            st = row ? (s->sp && s->T > 1 ? partial_param(s, b, name) : NB_OK)
+                     : shard_param(s, b, name, 0, blocks);
+        fn = r->style == NB_TP_COLWISE ? colwise_forward : row ? rowwise_forward : vocab_forward;
+        break;
+    }
+    case NB_TP_SEQUENCE: {
+        if (!s->sp || s->T == 1) break;
+        const nb_params *ps = nb_parameters(m);
+        for (int j = 0; st == NB_OK && ps && j < ps->count; j++) {
+            snprintf(name, sizeof name, "%s%s%s", path, *path ? "." : "", ps->names[j]);
+            st = partial_param(s, ps->tensors[j], name);
+        }
+        if (st == NB_OK && nb_module_param_opt(m, "weight") && ps->count == 1) {
+            /* an embedding: remember its own forward, which the override calls */
+            seq_ctx *q = malloc(sizeof *q);
+            if (!q) return nb_set_error(NB_ENOMEM, "parallelize: out of memory");
+            *q = (seq_ctx){*s, nb__module_vtable(m)};
+            if (q->vt && q->vt->forward) return nb__module_override_forward(m, sequence_forward, q, free);
+            free(q);
+        }
+        break;
+    }
+    case NB_TP_REPLICATE: break;
+    }
+    if (st != NB_OK || !fn) return st;
+    style_ctx *c = malloc(sizeof *c);
+    if (!c) return nb_set_error(NB_ENOMEM, "parallelize: out of memory");
+    *c = *s;
+    return nb__module_override_forward(m, fn, c, free);
+}
+
+/* The public parallel layers (parallel/tp_layers.c): rule r's style on the one module m. */
+nb_status nb__tp_apply_one(nb_module *m, const nb_mesh *mesh, const nb_tp_rule *r,
+                           const nb_parallelize_opts *o, bool gather_output, bool split_input) {
+    const char *dim = o && o->tp_dim ? o->tp_dim : "tp";
+    nb_comm *tp = nb_mesh_group(mesh, dim);
+    if (!tp) return nb_last_status();
+    style_ctx s = {.tp = tp, .mesh = mesh, .sp = o && o->sequence_parallel, .T = nb_comm_size(tp),
+                   .r = nb_comm_rank(tp), .gather_output = gather_output, .split_input = split_input};
+    snprintf(s.tp_dim, sizeof s.tp_dim, "%s", dim);
+    if (!check_rule(m, nb_module_type(m), r, s.T)) return nb_last_status();
+    nb_status st = apply(&s, m, "", r);
+    const nb_params *ps = st == NB_OK ? nb_parameters(m) : NULL;
+    for (int j = 0; ps && j < ps->count && st == NB_OK; j++)
+        if (!nb__placement_of(ps->tensors[j], mesh)) st = nb_last_status();
+    return st;
+}
+
 nb_parallelize_opts nb_parallelize_defaults(void) {
     return (nb_parallelize_opts){.sequence_parallel = false, .tp_dim = "tp"};
 }
@@ -400,64 +469,8 @@ nb_status nb_parallelize(nb_module *model, const nb_mesh *mesh, const nb_tp_rule
                           "by nb_ddp or nb_zero?); apply the plan first, then wrap");
     st = agree(mesh, st);
     /* 3. apply: no communication, nothing that can fail on one rank only but memory */
-    for (int i = 1; st == NB_OK && i < w.n; i++) {
-        if (w.e[i].rule < 0) continue;
-        const nb_tp_rule *r = &plan[w.e[i].rule];
-        nb_module *m = w.e[i].m;
-        const int blocks = r->blocks > 1 ? r->blocks : 1;
-        char name[512];
-        nb__forward_fn fn = NULL;
-        switch (r->style) {
-        case NB_TP_COLWISE:
-        case NB_TP_ROWWISE:
-        case NB_TP_VOCAB: {
-            const bool row = r->style == NB_TP_ROWWISE;
-            snprintf(name, sizeof name, "%s.weight", w.e[i].path);
-            st = shard_param(&s, nb_module_param(m, "weight"), name, row ? 1 : 0, blocks);
-            nb_tensor *b = nb_module_param_opt(m, "bias");
-            snprintf(name, sizeof name, "%s.bias", w.e[i].path);
-            if (st == NB_OK && b)
-                st = row ? (s.sp && s.T > 1 ? partial_param(&s, b, name) : NB_OK)
-                         : shard_param(&s, b, name, 0, blocks);
-            fn = r->style == NB_TP_COLWISE ? colwise_forward
-                 : row                     ? rowwise_forward
-                                           : vocab_forward;
-            break;
-        }
-        case NB_TP_SEQUENCE: {
-            if (!s.sp || s.T == 1) break;
-            const nb_params *ps = nb_parameters(m);
-            for (int j = 0; st == NB_OK && ps && j < ps->count; j++) {
-                snprintf(name, sizeof name, "%s.%s", w.e[i].path, ps->names[j]);
-                st = partial_param(&s, ps->tensors[j], name);
-            }
-            if (st == NB_OK && nb_module_param_opt(m, "weight") && ps->count == 1) {
-                seq_ctx *q = malloc(sizeof *q);
-                if (!q) {
-                    st = nb_set_error(NB_ENOMEM, "parallelize: out of memory");
-                    break;
-                }
-                *q = (seq_ctx){s, NULL};
-                /* an embedding: remember its own forward, which the override calls */
-                q->vt = nb__module_vtable(m);
-                if (q->vt && q->vt->forward)
-                    st = nb__module_override_forward(m, sequence_forward, q, free);
-                else
-                    free(q);
-            }
-            break;
-        }
-        case NB_TP_REPLICATE: break;
-        }
-        if (st == NB_OK && fn) {
-            style_ctx *c = malloc(sizeof *c);
-            if (!c) st = nb_set_error(NB_ENOMEM, "parallelize: out of memory");
-            else {
-                *c = s;
-                st = nb__module_override_forward(m, fn, c, free);
-            }
-        }
-    }
+    for (int i = 1; st == NB_OK && i < w.n; i++)
+        if (w.e[i].rule >= 0) st = apply(&s, w.e[i].m, w.e[i].path, &plan[w.e[i].rule]);
     /* every other parameter: replicated on this mesh (so norms count it once) */
     const nb_params *ps = st == NB_OK ? nb_parameters(model) : NULL;
     for (int j = 0; ps && j < ps->count && st == NB_OK; j++)
