@@ -52,7 +52,11 @@ static nb_status reduce_world(double *total, bool max, void *ctx) {
 }
 
 static nb_status check(const nb_tensor *t, const nb_placement *p, const char *who) {
-    if (p->ndim != t->ndim && !(p->n && p->places[0].dim == NB_PLACE_FLAT))
+    bool has_flat = false; /* a flat shard (ZeRO's) may follow other entries */
+    for (int k = 0; k < p->n && k < NB_MAX_PLACES; k++)
+        has_flat = has_flat || (p->places[k].kind == NB_PLACE_SHARD &&
+                                p->places[k].dim == NB_PLACE_FLAT);
+    if (p->ndim != t->ndim && !has_flat)
         return nb__error(NB_ESHAPE, "%s: the whole shape has %d dims but the tensor %d", who,
                          p->ndim, t->ndim);
     if (p->ndim < 0 || p->ndim > NB_MAX_DIMS || p->n < 0 || p->n > NB_MAX_PLACES)

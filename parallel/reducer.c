@@ -995,6 +995,7 @@ nb_status nb__reducer_sync_deferred(nb__reducer *r) {
             }
         if (r->hook_err == NB_OK) launch(r, k);
     }
+    r->nlaunched = 0; /* the count is the hooks' (tests) */
     nb_status s = wait_all(r);
     if (s == NB_OK && r->hook_err != NB_OK)
         s = nb__error(r->hook_err, "%s: starting a %s failed: %s", r->who, coll(r), r->hook_msg);

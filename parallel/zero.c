@@ -514,7 +514,9 @@ static nb_status relayout(void *ctx) {
             return nb__error(NB_ESTATE, "zero: the shard cannot change once the optimizer has "
                              "state");
     layout_free(z);
-    return layout_build(z);
+    nb_status s = layout_build(z);
+    if (z->user->step_ctx == z) z->user->sharded = z->inner;
+    return s;
 }
 
 /* ---- construction ---------------------------------------------------------------------------- */
