@@ -960,19 +960,18 @@ nb_status nb__reducer_defer(nb__reducer *r, nb_tensor *const *params, int n) {
     if (r->cfg.owners)
         return nb__error(NB_EUNSUPPORTED, "%s: ZeRO stage 3 buckets are its modules' units; "
                          "its parameters cannot be deferred", r->who);
-    int idx[64], m = 0;
-    for (int j = 0; j < n; j++) {
+    for (int j = 0; j < n; j++) { /* all known before any changes */
         int i = 0;
         while (i < r->np && r->p[i].t != params[j]) i++;
         if (i == r->np)
             return nb__error(NB_EINVAL, "%s: tensor %d to defer is not a parameter of the "
                              "wrapped model", r->who, j);
-        if (!r->p[i].deferred && m < 64) idx[m++] = i;
-        else if (!r->p[i].deferred)
-            return nb__error(NB_EINVAL, "%s: at most 64 parameters are deferred at once", r->who);
     }
-    if (!m) return NB_OK;
-    for (int j = 0; j < m; j++) r->p[idx[j]].deferred = true;
+    bool changed = false;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < r->np; i++)
+            if (r->p[i].t == params[j] && !r->p[i].deferred) r->p[i].deferred = changed = true;
+    if (!changed) return NB_OK;
     layout_free(r);
     nb_status s = layout_build(r);
     if (s == NB_OK && r->relayout) s = r->relayout(r->cfg.ctx);

@@ -130,10 +130,11 @@ int nb__reducer_launched(const nb__reducer *r);
 /* ---- what the parallel layer needs ---------------------------------------------------------- */
 /* The reducer wrapping module m (nb_ddp_new / nb_zero_new's), or NULL. */
 nb__reducer *nb__reducer_of(const nb_module *m);
-/* Defer params[0..n) (parameters of r's model), before r's first backward: their buckets
- * are rebuilt so each sits alone in one. Under ZeRO (the scatter policies) the shard layout
- * follows (ZeRO's relayout, cfg-less: through nb__reducer_set_relayout). NB_ESTATE once a
- * step ran; NB_EINVAL for a tensor that is not a parameter of r's model. */
+/* Defer params[0..n) (parameters of r's model), before r's first backward: the buckets are
+ * rebuilt so each sits alone in one, and the wrapper's relayout (nb__reducer_set_relayout:
+ * ZeRO rebuilds its shard on the new buckets) runs. NB_ESTATE once a backward reached the
+ * model; NB_EUNSUPPORTED at ZeRO stage 3 (its buckets are its modules' units); NB_EINVAL for
+ * a tensor that is not a parameter of r's model (nothing changes then). */
 nb_status nb__reducer_defer(nb__reducer *r, nb_tensor *const *params, int n);
 void nb__reducer_set_relayout(nb__reducer *r, nb_status (*relayout)(void *ctx));
 bool nb__reducer_param_deferred(const nb__reducer *r, int i);
