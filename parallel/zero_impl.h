@@ -94,13 +94,11 @@ void nb__zero_copy_groups(void *ctx);
  * then over model_comm (and model_comm2), and every piece is scaled by the one coefficient.
  * Stage 0: the whole (averaged) gradients. Returns the global norm (before clipping) or a
  * negative status; max_norm INFINITY only measures. Collective over z's communicator and the
- * model groups. A model placed on a mesh needs none of this: nb_clip_grad_norm. */
-typedef struct nb__zero_clip_opts {
-    nb_comm *model_comm;       /* NULL: the model is whole on each rank */
-    nb_comm *model_comm2;      /* NULL, or a second group, summed after model_comm */
-    const bool *skip;          /* NULL: every parameter counts */
-} nb__zero_clip_opts;
+ * model groups. A model placed on a mesh needs none of this: nb_clip_grad_norm. Arguments:
+ * model_comm (NULL: the model is whole on each rank), model_comm2 (NULL, or a second group,
+ * summed after model_comm), skip (NULL: every parameter counts). The zoo, which includes no
+ * private header, declares it where it calls it. */
 double nb__zero_clip_grad_norm_ex(nb_zero *z, double max_norm, double norm_type,
-                                  const nb__zero_clip_opts *o);
+                                  nb_comm *model_comm, nb_comm *model_comm2, const bool *skip);
 
 #endif

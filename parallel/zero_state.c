@@ -46,11 +46,9 @@ static nb_status reduce_fixed(double *total, bool max, void *ctx) {
 }
 
 double nb__zero_clip_grad_norm_ex(nb_zero *z, double max_norm, double norm_type,
-                                  const nb__zero_clip_opts *o) {
+                                  nb_comm *model_comm, nb_comm *model_comm2, const bool *skip) {
     static const char who[] = "zero_clip_grad_norm";
     if (!z) return nb__error(NB_ENULL, "%s: zero is NULL", who);
-    nb__zero_clip_opts d = {0};
-    if (!o) o = &d;
     const nb_params *mp = nb_parameters(z->m);
     if (!mp) return nb_last_status();
     if (!z->ddp) {
@@ -78,11 +76,11 @@ double nb__zero_clip_grad_norm_ex(nb_zero *z, double max_norm, double norm_type,
             while (j < z->npieces && z->pieces[j] != t) j++;
             i = j < z->npieces ? z->piece_param[j] : -1;
         }
-        if (o->skip && i >= 0 && i < mp->count && o->skip[i]) continue;
+        if (skip && i >= 0 && i < mp->count && skip[i]) continue;
         ts[counted.count] = a;
         ns[counted.count++] = all->names[q];
     }
-    clip2 q = {.c = {z->ddp ? NULL : z->c, o->model_comm, o->model_comm2}};
+    clip2 q = {.c = {z->ddp ? NULL : z->c, model_comm, model_comm2}};
     double norm = s == NB_OK ? nb__clip_grad_norm_global(&counted, INFINITY, norm_type, who,
                                                          reduce_two, &q)
                              : (double)s;

@@ -4,7 +4,6 @@
  * stage, data-parallel averaging, the global norm over every stage, the optimizer step. */
 #include "nabla/nabla.h"
 #include "nabla/pipeline.h"
-#include "parallel/zero_impl.h"
 #include "zoo/gpt_impl.h"
 
 #include <errno.h>
@@ -436,9 +435,13 @@ static double zero_tail(nb_gpt_pipe *p, nb_optim *opt, double loss, double grad_
     for (int i = 0; skip && i < ps->count; i++)
         skip[i] = (ps->tensors[i] == p->wte && p->r != 0) ||
                   (p->tp && p->tp_rank != 0 && !nb__gpt_tp_sharded(ps->names[i]));
-    nb__zero_clip_opts co = {.model_comm = p->pp, .model_comm2 = p->tp, .skip = skip};
+    /* parallel/zero_impl.h: ZeRO's norm with skip flags, until the parameters carry
+     * placements (then nb_clip_grad_norm) */
+    double nb__zero_clip_grad_norm_ex(nb_zero *, double, double, nb_comm *, nb_comm *,
+                                      const bool *);
     double norm = st == NB_OK ? nb__zero_clip_grad_norm_ex(p->zero, grad_clip > 0 ? grad_clip
-                                                                                : INFINITY, 2, &co)
+                                                                                : INFINITY, 2,
+                                                           p->pp, p->tp, skip)
                               : NAN;
     free(skip);
     if (st == NB_OK && norm < 0) st = nb_last_status();

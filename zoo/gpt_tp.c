@@ -3,7 +3,6 @@
  * parameter holds this rank's slice of the 1-rank tensor. Written on the public API only. */
 #include "nabla/nabla.h"
 #include "nabla/gpt_tp.h"
-#include "parallel/zero_impl.h"
 #include "zoo/gpt_impl.h"
 
 #include <errno.h>
@@ -523,8 +522,12 @@ double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
         double norm;
         if (z) { /* replicated parameters counted by tp rank 0 only */
             for (int i = 0; i < ps->count; i++) sh[i] = split_of(ps->names[i]) == REPLICATED && s->rank != 0;
-            nb__zero_clip_opts co = {.model_comm = s->c, .skip = sh};
-            norm = nb__zero_clip_grad_norm_ex(z, grad_clip > 0 ? grad_clip : INFINITY, 2, &co);
+            /* parallel/zero_impl.h: ZeRO's norm with skip flags, until the parameters
+             * carry placements (then nb_clip_grad_norm) */
+            double nb__zero_clip_grad_norm_ex(nb_zero *, double, double, nb_comm *, nb_comm *,
+                                              const bool *);
+            norm = nb__zero_clip_grad_norm_ex(z, grad_clip > 0 ? grad_clip : INFINITY, 2, s->c,
+                                              NULL, sh);
         } else {
             for (int i = 0; i < ps->count; i++) sh[i] = split_of(ps->names[i]) != REPLICATED;
             norm = nb_tp_clip_grad_norm(ps->tensors, sh, ps->count, s->c,
