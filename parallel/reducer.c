@@ -898,18 +898,13 @@ int nb__reducer_num_buckets(const nb__reducer *r) { return r ? r->nbk : 0; }
 void nb__reducer_bucket(const nb__reducer *r, int k, int64_t *begin, int64_t *end, int64_t *cb,
                         int64_t *ce, int64_t *soff) {
     const rbucket *bk = &r->b[k];
-    if (begin) *begin = bk->begin;
-    if (end) *end = bk->end;
-    if (cb) *cb = bk->cb;
-    if (ce) *ce = bk->ce;
-    if (soff) *soff = bk->soff;
+    *begin = bk->begin, *end = bk->end, *cb = bk->cb, *ce = bk->ce, *soff = bk->soff;
 }
 
 int nb__reducer_param_bucket(const nb__reducer *r, int i) { return r->p[i].bucket; }
 nb_tensor *nb__reducer_bucket_grad(const nb__reducer *r, int k) { return r->b[k].gout; }
 int64_t nb__reducer_shard_numel(const nb__reducer *r) { return r->nshard; }
 nb_tensor *nb__reducer_shard_grad(const nb__reducer *r) { return r->shard_g; }
-int64_t nb__reducer_max_bucket(const nb__reducer *r) { return r->max_bucket; }
 int64_t nb__reducer_staging_bytes(const nb__reducer *r) {
     int64_t n = 0;
     for (int i = 0; i < 2; i++)

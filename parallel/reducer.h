@@ -91,7 +91,8 @@ nb_status nb__reducer_check_same(nb__reducer *r, const int64_t *extra, const cha
 /* ---- the layout (for ZeRO, which shards the parameters the same way) -------------------- */
 int nb__reducer_num_buckets(const nb__reducer *r);
 /* Bucket k's element range of the flat buffer and this rank's chunk [cb, ce) of it (its
- * whole range under NB__RED_ALLREDUCE), and where the chunk starts in the shard. */
+ * whole range under NB__RED_ALLREDUCE), and where the chunk starts in the shard (all five
+ * pointers written). */
 void nb__reducer_bucket(const nb__reducer *r, int k, int64_t *begin, int64_t *end, int64_t *cb,
                         int64_t *ce, int64_t *soff);
 int nb__reducer_param_bucket(const nb__reducer *r, int i);
@@ -100,10 +101,9 @@ int nb__reducer_param_bucket(const nb__reducer *r, int i);
 nb_tensor *nb__reducer_bucket_grad(const nb__reducer *r, int k);
 /* The scatter policies: this rank's elements of the shard (the sum of its chunks), its
  * gradient buffer (NB__RED_STAGED; NULL otherwise: the chunks are views of the flat buffer),
- * and the largest bucket; the staging buffers' bytes (NB__RED_STAGED). */
+ * and the staging buffers' bytes (NB__RED_STAGED). */
 int64_t nb__reducer_shard_numel(const nb__reducer *r);
 nb_tensor *nb__reducer_shard_grad(const nb__reducer *r);
-int64_t nb__reducer_max_bucket(const nb__reducer *r);
 int64_t nb__reducer_staging_bytes(const nb__reducer *r);
 /* This rank's part of parameter i's reduced gradient, a new 1-D view (the caller's; empty
  * when its shard holds none of it), and where it starts within the parameter's flattened
