@@ -438,8 +438,8 @@ static bool train_step(run *r, const nb_batch *b, double *loss) {
      * all); a non-finite one is never applied, it would make every weight NaN */
     double norm = 0;
     if (s == NB_OK) {
-        norm = r->zero ? nb_zero_clip_grad_norm(r->zero, INFINITY, 2)
-                       : nb_clip_grad_norm(nb_optim_params(r->opt), INFINITY, 2);
+        /* under ZeRO the parameters' placements make it the norm over every shard */
+        norm = nb_clip_grad_norm(nb_optim_params(r->opt), INFINITY, 2);
         if (norm < 0) s = nb_last_status();
     }
     if (s == NB_OK && r->scaler) {

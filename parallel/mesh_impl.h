@@ -56,6 +56,15 @@ nb__place *nb__placement_of(nb_tensor *t, const nb_mesh *mesh);
 /* Set t's placement as nb_tensor_set_placement does, keeping the record's private fields
  * (shard_grad). */
 nb_status nb__placement_set(nb_tensor *t, const nb_placement *p, const char *who);
+/* ZeRO: record on t (its record on mesh, made if it has none) that this rank's part of it is
+ * elements [offset, offset + length) of its local flattened values, a flat shard over mesh
+ * dimension dim ("dp"): grad and value (retained; NULL: none) are that part of the reduced
+ * gradient and of the values (tensor/place.h's shard_grad, shard_value), and counts treats
+ * dim as sharded. dim NULL removes the flat shard (and releases the views). NB_EINVAL for a
+ * range outside t, "pp", a dim t already has an entry for, or another mesh. */
+nb_status nb__placement_set_flat_shard(nb_tensor *t, const nb_mesh *mesh, const char *dim,
+                                       int64_t offset, int64_t length, nb_tensor *grad,
+                                       nb_tensor *value);
 /* The entry of p along mesh dimension d, or NULL. */
 const nb_place *nb__placement_find(const nb_placement *p, int d);
 

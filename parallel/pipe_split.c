@@ -23,7 +23,7 @@
 #include "nn/nn_impl.h"
 #include "parallel/mesh_impl.h"
 #include "parallel/pipeline_impl.h"
-#include "parallel/reducer_link.h"
+#include "parallel/reducer.h"
 
 typedef struct layer {
     nb_module **mods;  /* the modules it runs (borrowed from the model) */
@@ -590,10 +590,14 @@ static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
     return p->o.loss(x, p->my[micro], p->o.loss_ctx);
 }
 
+/* The reducer wrapping the pipeline's module (nb_ddp / nb_zero over dp) synchronises during
+ * this rank's last backward of the step only, overlapping it; the others accumulate. */
 static nb_status before_backward(void *ctx, int chunk, int micro, bool last) {
     (void)chunk, (void)micro;
     nb_pipeline *p = ctx;
-    return nb__reducer_link_set_sync(p->module, last);
+    nb__reducer *r = nb__reducer_of(p->module);
+    if (r) nb__reducer_set_sync(r, last);
+    return NB_OK;
 }
 
 /* Micro-batch views of x and y (rows split in n_micro equal parts). */
@@ -638,7 +642,9 @@ static nb_status sum_ties(nb_pipeline *p) {
         if (st == NB_OK && !nb__knocked_out("tie-sum"))
             st = nb_allreduce(p->ties[i].group, g, NB_REDUCE_SUM);
     }
-    if (st == NB_OK) st = nb__reducer_link_finish(p->module);
+    /* the tied copies' reduction, held back until now (deferred by their placement) */
+    nb__reducer *r = nb__reducer_of(p->module);
+    if (st == NB_OK && r) st = nb__reducer_sync_deferred(r);
     return st;
 }
 
@@ -671,8 +677,8 @@ double nb_pipeline_step(nb_pipeline *p, nb_tensor *x, nb_tensor *y, nb_pipe_stat
     double loss = st == NB_OK ? nb__pipe_run(p->pp, &eo, stage_fn, p, stats, &hooks) : NAN;
     if (isnan(loss) && st == NB_OK && nb_last_status() != NB_OK) st = nb_last_status();
     /* whatever happened, the reducer is back to synchronising */
-    nb_status rs = nb__reducer_link_set_sync(p->module, true);
-    if (st == NB_OK) st = rs;
+    nb__reducer *red = nb__reducer_of(p->module);
+    if (red) nb__reducer_set_sync(red, true);
     double t0 = now_s();
     if (st == NB_OK) st = sum_ties(p);
     if (stats) stats->comm_s = now_s() - t0;

@@ -19,7 +19,8 @@ const nb_place *nb__placement_find(const nb_placement *p, int d) {
     return NULL;
 }
 
-bool nb_placement_counts(const nb_placement *p) {
+/* nb_placement_counts, with mesh dimension flat (>= 0) treated as sharded: a ZeRO shard. */
+static bool counts_with(const nb_placement *p, int flat) {
     if (!p || !p->mesh || nb__knocked_out("count-once")) return true;
     for (int d = 0; d < NB__MESH_DIMS; d++) {
         const nb_place *e = nb__placement_find(p, d);
@@ -27,10 +28,19 @@ bool nb_placement_counts(const nb_placement *p) {
             if (e && e->kind == NB_PLACE_REPLICATE && e->offset != 0) return false;
             continue;
         }
-        if (e && e->kind == NB_PLACE_SHARD) continue; /* a distinct part */
+        if ((e && e->kind == NB_PLACE_SHARD) || d == flat) continue; /* a distinct part */
         if (nb__mesh_coord(p->mesh, d) != 0) return false; /* a copy: coordinate 0 counts */
     }
     return true;
+}
+
+bool nb_placement_counts(const nb_placement *p) { return counts_with(p, -1); }
+
+/* The mesh dimension of a record's flat shard (ZeRO), or -1. */
+static int flat_dim(const nb__place *pl) {
+    return pl->shard_dim[0] ? nb__mesh_dim_index(pl->shard_dim, strnlen(pl->shard_dim,
+                                                                        sizeof pl->shard_dim))
+                            : -1;
 }
 
 /* The sum (or the maximum) of a double over the mesh's world: nb_clip_grad_norm's reduce. */
@@ -47,7 +57,11 @@ static nb_status reduce_world(double *total, bool max, void *ctx) {
 }
 
 static nb_status check(const nb_tensor *t, const nb_placement *p, const char *who) {
-    if (p->ndim != t->ndim && !(p->n && p->places[0].dim == NB_PLACE_FLAT))
+    bool has_flat = false; /* a flat shard (ZeRO's) may follow other entries */
+    for (int k = 0; k < p->n && k < NB_MAX_PLACES; k++)
+        has_flat = has_flat || (p->places[k].kind == NB_PLACE_SHARD &&
+                                p->places[k].dim == NB_PLACE_FLAT);
+    if (p->ndim != t->ndim && !has_flat)
         return nb__error(NB_ESHAPE, "%s: the whole shape has %d dims but the tensor %d", who,
                          p->ndim, t->ndim);
     if (p->ndim < 0 || p->ndim > NB_MAX_DIMS || p->n < 0 || p->n > NB_MAX_PLACES)
@@ -142,7 +156,7 @@ nb_status nb__placement_set(nb_tensor *t, const nb_placement *p, const char *who
     pl->p = *p;
     for (int k = 0; k < pl->p.n; k++) /* names: NUL-terminated whatever the caller wrote */
         pl->p.places[k].mesh_dim[sizeof pl->p.places[k].mesh_dim - 1] = '\0';
-    pl->counts = nb_placement_counts(&pl->p);
+    pl->counts = counts_with(&pl->p, flat_dim(pl));
     pl->reduce = reduce_world;
     pl->reduce_ctx = (void *)(uintptr_t)p->mesh;
     return NB_OK;
@@ -153,6 +167,40 @@ nb__place *nb__placement_of(nb_tensor *t, const nb_mesh *mesh) {
     nb_placement p = {.mesh = mesh, .ndim = t->ndim};
     for (int i = 0; i < t->ndim; i++) p.shape[i] = t->shape[i];
     return nb__placement_set(t, &p, "placement") == NB_OK ? t->place : NULL;
+}
+
+nb_status nb__placement_set_flat_shard(nb_tensor *t, const nb_mesh *mesh, const char *dim,
+                                       int64_t offset, int64_t length, nb_tensor *grad,
+                                       nb_tensor *value) {
+    static const char who[] = "placement";
+    if (!t || !mesh) return nb__error(NB_ENULL, "%s: %s is NULL", who, !t ? "the tensor" : "mesh");
+    if (!dim && (!t->place || t->place->activation)) return NB_OK; /* nothing to clear */
+    int d = dim ? nb__mesh_dim_index(dim, strlen(dim)) : -1;
+    if (dim && (d < 0 || d == NB__DIM_PP))
+        return nb__error(NB_EINVAL, "%s: a flat shard over \"%s\" (dp, tp, cp or ep)", who, dim);
+    if (dim && (offset < 0 || length < 0 || offset + length > nb_numel(t)))
+        return nb__error(NB_EINVAL, "%s: a flat shard [%lld, %lld) of a tensor of %lld elements",
+                         who, (long long)offset, (long long)(offset + length),
+                         (long long)nb_numel(t));
+    nb__place *pl = nb__placement_of(t, mesh);
+    if (!pl) return nb_last_status();
+    if (pl->p.mesh != mesh)
+        return nb__error(NB_EINVAL, "%s: the tensor is placed on another mesh", who);
+    if (dim && nb__placement_find(&pl->p, d))
+        return nb__error(NB_EINVAL, "%s: the tensor already has an entry over %s; a flat shard "
+                         "splits a dimension it is replicated along", who, dim);
+    nb_tensor *og = pl->shard_grad, *ov = pl->shard_value;
+    pl->shard_grad = dim && grad ? nb_tensor_retain(grad) : NULL;
+    pl->shard_value = dim && value ? nb_tensor_retain(value) : NULL;
+    nb_tensor_free(og);
+    nb_tensor_free(ov);
+    pl->shard_offset = dim ? offset : 0;
+    pl->shard_length = dim ? length : 0;
+    memset(pl->shard_dim, 0, sizeof pl->shard_dim);
+    if (dim) memcpy(pl->shard_dim, dim, strlen(dim) < sizeof pl->shard_dim - 1 ? strlen(dim)
+                                                                               : sizeof pl->shard_dim - 1);
+    pl->counts = counts_with(&pl->p, d);
+    return NB_OK;
 }
 
 nb_status nb_tensor_set_placement(nb_tensor *t, const nb_placement *p) {

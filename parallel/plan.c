@@ -30,6 +30,7 @@
 #include "nabla/tp.h"
 #include "nn/nn_impl.h"
 #include "parallel/mesh_impl.h"
+#include "parallel/reducer.h"
 
 typedef struct mod_entry {
     nb_module *m;
@@ -263,7 +264,9 @@ static nb_status partial_param(const style_ctx *s, nb_tensor *t, const char *nam
     nb_place e = {.kind = NB_PLACE_PARTIAL};
     memcpy(e.mesh_dim, s->tp_dim, sizeof e.mesh_dim);
     now.places[now.n++] = e;
-    return nb__placement_set(t, &now, "parallelize");
+    nb_status st = nb__placement_set(t, &now, "parallelize");
+    /* until a reducer wraps the model (and sums them), nb_step refuses such gradients */
+    return st == NB_OK ? nb__partial_guard_set(t) : st;
 }
 
 /* ---- checks ---------------------------------------------------------------------------------- */

@@ -391,8 +391,8 @@ reduced:
     if (st != NB_OK) return NAN;
     if (grad_clip > 0 || grad_norm) {
         double max = grad_clip > 0 ? grad_clip : INFINITY;
-        double norm = o->zero ? nb_zero_clip_grad_norm(o->zero, max, 2)
-                              : nb_clip_grad_norm(nb_optim_params(opt), max, 2);
+        /* under ZeRO the parameters' placements make it the norm over every shard */
+        double norm = nb_clip_grad_norm(nb_optim_params(opt), max, 2);
         if (norm < 0) return NAN;
         if (grad_norm) *grad_norm = norm;
         /* With a loss scaler, an overflow is its business: it skips the step, backs off */

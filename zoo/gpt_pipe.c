@@ -435,12 +435,13 @@ static double zero_tail(nb_gpt_pipe *p, nb_optim *opt, double loss, double grad_
     for (int i = 0; skip && i < ps->count; i++)
         skip[i] = (ps->tensors[i] == p->wte && p->r != 0) ||
                   (p->tp && p->tp_rank != 0 && !nb__gpt_tp_sharded(ps->names[i]));
-    nb_zero_clip_opts co = nb_zero_clip_defaults();
-    co.model_comm = p->pp;
-    co.model_comm2 = p->tp;
-    co.skip = skip;
-    double norm = st == NB_OK ? nb_zero_clip_grad_norm_ex(p->zero, grad_clip > 0 ? grad_clip
-                                                                               : INFINITY, 2, &co)
+    /* parallel/zero_impl.h: ZeRO's norm with skip flags, until the parameters carry
+     * placements (then nb_clip_grad_norm) */
+    double nb__zero_clip_grad_norm_ex(nb_zero *, double, double, nb_comm *, nb_comm *,
+                                      const bool *);
+    double norm = st == NB_OK ? nb__zero_clip_grad_norm_ex(p->zero, grad_clip > 0 ? grad_clip
+                                                                                : INFINITY, 2,
+                                                           p->pp, p->tp, skip)
                               : NAN;
     free(skip);
     if (st == NB_OK && norm < 0) st = nb_last_status();

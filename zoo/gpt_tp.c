@@ -522,10 +522,12 @@ double nb_gpt_tp_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
         double norm;
         if (z) { /* replicated parameters counted by tp rank 0 only */
             for (int i = 0; i < ps->count; i++) sh[i] = split_of(ps->names[i]) == REPLICATED && s->rank != 0;
-            nb_zero_clip_opts co = nb_zero_clip_defaults();
-            co.model_comm = s->c;
-            co.skip = sh;
-            norm = nb_zero_clip_grad_norm_ex(z, grad_clip > 0 ? grad_clip : INFINITY, 2, &co);
+            /* parallel/zero_impl.h: ZeRO's norm with skip flags, until the parameters
+             * carry placements (then nb_clip_grad_norm) */
+            double nb__zero_clip_grad_norm_ex(nb_zero *, double, double, nb_comm *, nb_comm *,
+                                              const bool *);
+            norm = nb__zero_clip_grad_norm_ex(z, grad_clip > 0 ? grad_clip : INFINITY, 2, s->c,
+                                              NULL, sh);
         } else {
             for (int i = 0; i < ps->count; i++) sh[i] = split_of(ps->names[i]) != REPLICATED;
             norm = nb_tp_clip_grad_norm(ps->tensors, sh, ps->count, s->c,

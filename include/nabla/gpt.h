@@ -131,7 +131,7 @@ nb_tensor *nb_gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets);
 double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                       nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm);
 /* The same under ZeRO (zero wraps m and opt, see nb_zero_new): no_sync until the last
- * micro-batch, then the global norm over the shards (nb_zero_clip_grad_norm). */
+ * micro-batch, then the global norm over the shards (nb_clip_grad_norm: the parameters' placements). */
 double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_tensor *const *x,
                               nb_tensor *const *y, int n_micro, double grad_clip,
                               double *grad_norm);

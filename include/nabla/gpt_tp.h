@@ -159,7 +159,7 @@ double nb_gpt_tp_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor 
 /* ZeRO over the dp group: o->zero (an nb_zero over the dp group wrapping m, stage 0, 1 or 2;
  * stage 3: NB_EINVAL) takes the place of the nb_ddp (o->ddp; not both). Gradient
  * accumulation disables its sync but for the last micro-batch; sequence-parallel partial
- * gradients are summed over tp on this rank's shard; the norm is nb_zero_clip_grad_norm_ex
+ * gradients are summed over tp on this rank's shard; the norm is ZeRO's private skip-mask norm
  * over the dp shards and the tp group, each replicated parameter counted by tp rank 0 only,
  * and clipping happens before nb_step (which steps the shard and all-gathers). Equal to the
  * DDP step up to rounding. Checkpoints: nb_zero_gather_optim_state before

@@ -201,7 +201,7 @@ nb_status nb_grad_scaler_set_comm(nb_grad_scaler *s, nb_comm *c);
  *     for (...) {
  *         nb_zero_grad(opt);
  *         nb_backward(loss);                // per-bucket reduce-scatters run during backward
- *         nb_zero_clip_grad_norm(z, 1.0, 2); // optional: the global norm over every shard
+ *         nb_clip_grad_norm(nb_optim_params(opt), 1.0, 2); // optional: the global norm
  *         nb_step(opt);                     // steps this rank's shard, then all-gathers
  *     }
  *     nb_zero_free(z);                      // before the optimizer and the model
@@ -230,8 +230,14 @@ nb_status nb_grad_scaler_set_comm(nb_grad_scaler *s, nb_comm *c);
  * parameters. opt itself keeps no state; nb_zero_optim gives the shard's optimizer (its
  * nb_optim_state is this rank's part). Gradient accumulation: nb_zero_set_sync_enabled as
  * nb_ddp's (with sync disabled the gradients accumulate locally, at full size, as FSDP's
- * no_sync). nb_clip_grad_norm on opt's parameters would see only local gradients: use
- * nb_zero_clip_grad_norm. Checkpoints: nb_zero_checkpoint_save / _load (below).
+ * no_sync). Placements (nabla/mesh.h): each parameter records its flat shard over the mesh
+ * dimension "dp" (its piece of the reduced gradient stands for its gradient), and each piece
+ * of the shard optimizer is placed as its parameter plus that shard, so nb_clip_grad_norm
+ * over opt's (or the shard optimizer's) parameters is the global norm over every shard, the
+ * same on every rank, and clips the shards. A model without a mesh gets a 1-D mesh over c
+ * ("dp", owned by the nb_zero: the placements go with it); a model placed on a mesh
+ * (nb_parallelize) must be wrapped over nb_mesh_group(mesh, "dp") (NB_EINVAL otherwise).
+ * Checkpoints: nb_zero_checkpoint_save / _load (below).
  * Ownership: model, opt and c are borrowed and must outlive the nb_zero. At stage 3,
  * nb_zero_free gathers the parameters (so the model is whole again, though no longer
  * flat): call it on every rank, after the last backward. */
@@ -283,31 +289,6 @@ int nb_zero_num_buckets(const nb_zero *z);
  * reduce-scatters (an all-to-all when compressed: (p-1)/p n e each), halved by reduce_dtype
  * NB_BF16 on f32 gradients; 0 on one rank. Stage 0: its nb_ddp's. */
 int64_t nb_zero_comm_bytes(const nb_zero *z);
-/* nb_clip_grad_norm over the whole (averaged) gradient of the model: each rank reduces its
- * shard, one allreduce combines them, and each rank scales its shard. Call it after
- * backward, before nb_step. Returns the global norm or a negative status. Collective. */
-double nb_zero_clip_grad_norm(nb_zero *z, double max_norm, double norm_type);
-/* nb_zero_clip_grad_norm for a model that is itself split over a second group: the tensor-
- * parallel ranks or the pipeline stages, each rank's nb_zero over its data-parallel group.
- * The sum of |g|^p goes over z's ranks and then over model_comm; a parameter held by several
- * ranks of model_comm (replicated over tensor-parallel ranks, a tied embedding on the first
- * and the last stage) must be counted by one of them only: skip (one flag per parameter of
- * z's model, nb_parameters order) marks those this rank leaves out of the norm; they are
- * scaled all the same. At stage 0 the whole gradients are used (z's ranks hold the same).
- * Returns the global norm (before clipping) or a negative status; max_norm INFINITY only
- * measures. Collective over z's communicator and model_comm. nb_gpt_tp_train_step_ex and
- * nb_gpt_pipe_train_step call it. */
-typedef struct nb_zero_clip_opts {
-    nb_comm *model_comm;       /* NULL: the model is whole on each rank (then this is
-                                * nb_zero_clip_grad_norm) */
-    nb_comm *model_comm2;      /* NULL, or a second group the model is split over, summed
-                                * after model_comm (a tensor-parallel pipeline stage: the
-                                * pipeline, then the tp group) */
-    const bool *skip;          /* NULL: every parameter counts */
-} nb_zero_clip_opts;
-nb_zero_clip_opts nb_zero_clip_defaults(void);
-double nb_zero_clip_grad_norm_ex(nb_zero *z, double max_norm, double norm_type,
-                                 const nb_zero_clip_opts *o);
 /* The whole optimizer state through the template optimizer (the opt given to nb_zero_new),
  * for savers that read nb_optim_state(opt) (nb_checkpoint_save, nb_gpt_tp_save_sharded,
  * nb_gpt_pipe_save) and loaders that fill opt (nb_gpt_tp_checkpoint_load, nb_gpt_pipe_load):

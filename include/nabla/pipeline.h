@@ -279,7 +279,7 @@ nb_module *nb_gpt_pipe_module(const nb_gpt_pipe *p);
  * (stage 3: NB_EINVAL). nb_gpt_pipe_train_step then keeps z's sync off during the
  * micro-batches, sums the tied embedding's gradients, reduce-scatters over dp once (nb_zero_sync),
  * takes the norm over the dp shards and the stages with wte counted once
- * (nb_zero_clip_grad_norm_ex), clips, and steps the shard (nb_step all-gathers). Checkpoints:
+ * (ZeRO's private norm with per-parameter skip flags), clips, and steps the shard (nb_step all-gathers). Checkpoints:
  * nb_zero_gather_optim_state before nb_gpt_pipe_save and nb_zero_scatter_optim_state after (and
  * after nb_gpt_pipe_load) write and read the files of a DDP run (nabla/parallel.h). Free z
  * before p. */

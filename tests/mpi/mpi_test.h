@@ -24,6 +24,7 @@ Suite *mt_suite_comm(void);
 Suite *mt_suite_ddp(void);
 Suite *mt_suite_zero(void);
 Suite *mt_suite_zero_async(void);
+Suite *mt_suite_reducer(void);
 Suite *mt_suite_mesh(void);
 Suite *mt_suite_parallel_gpt(void);
 Suite *mt_suite_tp(void);

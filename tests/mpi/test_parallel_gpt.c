@@ -169,7 +169,7 @@ static void run_layout(const layout *L, char *why, size_t n) {
     nb_ddp *ddp = NULL;
     nb_zero *z = NULL;
     nb_comm *dp = nb_mesh_group(mesh, "dp");
-    if (opt && (L->dp > 1 || L->zero)) {
+    if (opt && (L->dp > 1 || L->zero || L->sp)) { /* the reducer (sp: its partial sums) */
         if (L->zero) {
             nb_zero_opts zo = nb_zero_defaults();
             zo.stage = L->zero;
@@ -241,6 +241,21 @@ static const layout layouts[] = {
     {2, 2, 1, false, NB_PIPE_1F1B, 1, 2, 0},
     {1, 4, 1, false, NB_PIPE_1F1B, 1, 4, 0},
     {1, 4, 1, false, NB_PIPE_INTERLEAVED, 1, 4, 0},
+    /* sequence parallel */
+    {1, 1, 2, true, NB_PIPE_1F1B, 1, 1, 0},
+    {2, 1, 2, true, NB_PIPE_1F1B, 1, 1, 0},
+    {1, 1, 4, true, NB_PIPE_1F1B, 1, 1, 0},
+    {1, 2, 2, true, NB_PIPE_INTERLEAVED, 2, 4, 0},
+    /* ZeRO over dp, of plain, tensor- and pipeline-parallel runs */
+    {2, 1, 1, false, NB_PIPE_1F1B, 1, 1, 1},
+    {2, 1, 1, false, NB_PIPE_1F1B, 1, 1, 2},
+    {2, 1, 1, false, NB_PIPE_1F1B, 1, 1, 3},
+    {4, 1, 1, false, NB_PIPE_1F1B, 1, 1, 3},
+    {2, 1, 2, true, NB_PIPE_1F1B, 1, 1, 1},
+    {2, 1, 2, false, NB_PIPE_1F1B, 1, 1, 2},
+    {2, 2, 1, false, NB_PIPE_1F1B, 1, 2, 1},
+    {2, 2, 1, false, NB_PIPE_INTERLEAVED, 2, 2, 2},
+    {1, 1, 2, false, NB_PIPE_1F1B, 1, 1, 3},
 };
 
 START_TEST(test_gpt_layouts) {
@@ -274,6 +289,9 @@ START_TEST(test_gpt_rules_needed) {
     /* a replicated parameter counted on every tp rank inflates the norm */
     knock_out("count-once", &(layout){1, 1, 2, false, NB_PIPE_1F1B, 1, 1, 0});
     knock_out("count-once", &(layout){1, 1, 4, false, NB_PIPE_1F1B, 1, 1, 0});
+    /* the sequence-parallel partial gradients (layer norms, row-wise biases) need their sum */
+    knock_out("partial-sum", &(layout){1, 1, 2, true, NB_PIPE_1F1B, 1, 1, 0});
+    knock_out("partial-sum", &(layout){2, 1, 2, true, NB_PIPE_1F1B, 1, 1, 0});
     MT_END();
 }
 END_TEST

@@ -1,5 +1,5 @@
 /* test_zero_layouts.c - ZeRO over the data-parallel group of tensor-parallel and pipeline
- * GPT runs (nb_gpt_tp_train_step_ex, nb_gpt_pipe_set_zero, nb_zero_clip_grad_norm_ex,
+ * GPT runs (nb_gpt_tp_train_step_ex, nb_gpt_pipe_set_zero, ZeRO's skip-mask norm,
  * nb_zero_gather_optim_state / _scatter_optim_state), in nabla_mpi_tests (1, 2 and 4 ranks,
  * and alone). Each layout trains K steps with AdamW and clipping and must give the losses,
  * gradient norms and (gathered) weights of 1 process on the global batch to 1e-5 relative;
@@ -471,7 +471,7 @@ END_TEST
 
 /* Tensor-parallel pipeline stages under ZeRO-1 over dp: (dp, tp, pp) = (1, 2, 2) and
  * (2, 2, 1) on 4 ranks, (1, 2, 1) on 2. The norm sums the shards over dp, then over the
- * pipeline and then over tp (nb_zero_clip_opts.model_comm2), replicated tensors counted on tp
+ * pipeline and then over tp, replicated tensors counted on tp
  * rank 0 only: the losses, norms and weights (gathered over tp) of 1 process. */
 START_TEST(test_pipe_tp_zero_equivalence) {
     double rloss[K], rnorm[K];
