@@ -293,8 +293,16 @@ static void remove_dir(const char *dir) {
     rmdir(dir);
 }
 
-/* Rotation after the new member is durable: the newest keep stay. One that cannot be
- * removed stays too (the next save tries again). */
+void nb__checkpoint_remove_member(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return;
+    if (S_ISDIR(sb.st_mode)) remove_dir(path);
+    else if (S_ISREG(sb.st_mode)) unlink(path);
+}
+
+/* Rotation after the new member is durable: the newest keep stay. A folder without an index
+ * (a save that never finished) is not a checkpoint: it does not count, and goes. One that
+ * cannot be removed stays (the next save tries again). */
 void nb__checkpoint_rotate(const char *base, int keep, const char *path) {
     series s;
     member *m;
@@ -304,10 +312,21 @@ void nb__checkpoint_rotate(const char *base, int keep, const char *path) {
         nb_clear_error();
         return;
     }
-    for (int i = keep; i < count; i++) {
-        if (strcmp(m[i].path, path) == 0) continue;
+    int kept = 0;
+    for (int i = 0; i < count; i++) {
+        if (strcmp(m[i].path, path) == 0) {
+            kept++;
+            continue;
+        }
         struct stat sb;
-        if (stat(m[i].path, &sb) == 0 && S_ISDIR(sb.st_mode)) remove_dir(m[i].path);
+        int64_t k;
+        bool dir = stat(m[i].path, &sb) == 0 && S_ISDIR(sb.st_mode);
+        bool junk = dir && !dcp_is_folder(m[i].path) && !legacy_index(m[i].path, &k);
+        if (!junk && kept < keep) {
+            kept++;
+            continue;
+        }
+        if (dir) remove_dir(m[i].path);
         else unlink(m[i].path);
     }
     free(m);

@@ -399,6 +399,13 @@ nb_status dcp_job_begin(const char *path, const nb_checkpoint *c, dcp_job *j, co
                  : nb__checkpoint_target(path, c->step, c->keep, j->path, sizeof j->path, op);
     }
     if (st == NB_OK) st = dcp_agree(&p.w, ls);
+    if (st == NB_OK && c->keep > 0 && p.w.rank == 0) {
+        /* a member of the series at this step of the other kind (a folder where a file goes,
+         * or the reverse: the layout changed; a save that did not finish) is replaced */
+        struct stat sb;
+        const char *t = any ? j->dir : j->path;
+        if (stat(t, &sb) == 0 && S_ISDIR(sb.st_mode) != any) nb__checkpoint_remove_member(t);
+    }
     if (st == NB_OK) st = share_ids(&p.w, c, j);
     if (st == NB_OK && !any) {
         j->writes = p.w.rank == 0;

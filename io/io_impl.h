@@ -33,6 +33,8 @@ nb_status nb__safetensors_save_checked(const char *path, const char *const *name
 nb_status nb__checkpoint_target(const char *base, int64_t step, int keep, char *path, size_t n,
                                 const char *op);
 void nb__checkpoint_rotate(const char *base, int keep, const char *path);
+/* Remove one member of a series (a file or a folder of any kind). */
+void nb__checkpoint_remove_member(const char *path);
 
 /* Test hook (the asynchronous writer's thread sets it from NB_TEST_SLOW_WRITE_MS): the
  * safetensors writer of this thread sleeps this many milliseconds after writing the first

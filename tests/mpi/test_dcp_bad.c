@@ -1,7 +1,8 @@
 /* test_dcp_bad.c - bad checkpoints refused with nothing changed, in nabla_mpi_tests (1, 2 and
  * 4 ranks, and alone): the corruption matrix (a flipped byte, a file of another run, rank
  * files swapped, a missing or truncated file, an index without files, files without an index,
- * another program's checkpoint, overlapping or gappy pieces, a dtype or shape that disagrees,
+ * another program's checkpoint, overlapping or gappy pieces (also a piece moved onto another,
+ * which keeps the element count), a dtype or shape that disagrees,
  * an index whose checksum disagrees with its file) x every layout kind of dcp_layouts.h; each
  * is refused on every rank with the expected message, and every rank's state (parameters,
  * optimizer, schedule) is byte for byte what it was. With verification off
@@ -37,6 +38,7 @@ static const corruption corruptions[] = {
     {"noindex", "no index.json", NULL, true},
     {"program", "was written by", "was written by", false},
     {"overlap", "overlap", NULL, true},
+    {"moved", "overlap", NULL, true},
     {"gap", "a gap", NULL, true},
     {"dtype", "does not match", NULL, true},
     {"shape", "shape", NULL, true},
@@ -77,6 +79,13 @@ static const char script[] =
     "elif kind == 'noindex': os.remove(ip)\n"
     "elif kind == 'overlap':\n"
     "    t = ts[sorted(ts)[0]]; t['pieces'].append(dict(t['pieces'][0])); save()\n"
+    "elif kind == 'moved':\n"
+    "    vol = lambda p: p['flat'][1] if 'flat' in p else __import__('math').prod(p['size'])\n"
+    "    hit = [(t, i, j) for n, t in sorted(ts.items()) for i in range(len(t['pieces']))\n"
+    "           for j in range(i + 1, len(t['pieces'])) if vol(t['pieces'][i]) > 0 and\n"
+    "           vol(t['pieces'][i]) == vol(t['pieces'][j])]\n"
+    "    if not hit: sys.exit(3)\n"
+    "    t, i, j = hit[0]; t['pieces'][j] = dict(t['pieces'][i]); save()\n"
     "elif kind == 'gap':\n"
     "    many = [n for n in sorted(ts) if len(ts[n]['pieces']) > 1]\n"
     "    if not many: sys.exit(3)\n"
