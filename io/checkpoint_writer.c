@@ -116,15 +116,19 @@ static nb_status take_result(nb_checkpoint_writer *w) {
 }
 
 /* Finish the pending save (collective for a save over several ranks): wait for its write,
- * agree, write its index. NB_OK when none. */
-static nb_status finish(nb_checkpoint_writer *w, const char *op) {
+ * agree, build its index. defer: rank 0 keeps the index in *idx, to write on the thread
+ * before the next file (so a save's stall holds no file I/O of the previous one); else it
+ * is written now. NB_OK when none. */
+static nb_status finish(nb_checkpoint_writer *w, bool defer, dcp_index_job *idx,
+                        const char *op) {
+    if (idx) memset(idx, 0, sizeof *idx);
     pthread_mutex_lock(&w->mu);
     wait_idle(w);
     nb_status st = take_result(w);
     pthread_mutex_unlock(&w->mu);
     if (!w->pending) return st;
     w->pending = false;
-    st = dcp_job_finish(&w->j, st, op);
+    st = dcp_job_finish(&w->j, st, defer, idx, op);
     dcp_job_free(&w->j);
     return st;
 }
@@ -199,12 +203,22 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
         pthread_mutex_unlock(&w->mu);
         if (busy) return e;
     }
-    st = finish(w, op); /* also the write just waited for */
+    dcp_index_job idx;
+    st = finish(w, true, &idx, op); /* also the write just waited for */
     if (st != NB_OK) return st;
     /* No write in flight: the buffers are ours until the job is handed over. */
     int tok = NB__SPAN_BEGIN("checkpoint snapshot", NULL, NB__CAT_IO);
     dcp_job j;
     st = dcp_job_begin(base, c, &j, op);
+    if (st != NB_OK && idx.text) { /* no next file: the previous index now */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+        nb_status is = dcp_index_job_run(&idx, op);
+        if (is != NB_OK) fprintf(stderr, "nabla: %s\n", nb_last_error());
+        nb__error(st, "%s", msg);
+    }
+    if (st == NB_OK) j.before = idx; /* rank 0: the previous save's index goes first */
+    else dcp_index_job_free(&idx);
     for (int i = 0; st == NB_OK && i < j.n; i++) {
         nb_tensor *snap = NULL;
         st = snapshot_entry(w, i, j.names[i], j.tensors[i], &snap);
@@ -216,10 +230,16 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
     nb_optim_state_release(c->optim);
     nb_sched_state_release(c->sched);
     NB__SPAN_END(tok);
-    if (st != NB_OK) { /* every rank learns it: no file, no index */
-        st = j.w.comm ? dcp_job_finish(&j, st, op) : st;
+    if (st != NB_OK && !j.w.comm) { /* one process: the error now, nothing saved */
         dcp_job_free(&j);
         return st;
+    }
+    if (st != NB_OK) { /* several ranks: the job goes on, failed, so the next call on every
+                        * rank reports it (and the save gets no index) */
+        j.err = st;
+        snprintf(j.errmsg, sizeof j.errmsg, "%s", nb_last_error());
+        j.writes = false;
+        nb_clear_error();
     }
     for (int i = j.n; i < w->cap && w->snap[i]; i++) { /* entries the state no longer has */
         nb_tensor_free(w->snap[i]);
@@ -256,7 +276,7 @@ nb_status nb_checkpoint_writer_save(nb_checkpoint_writer *w, const char *base,
 
 nb_status nb_checkpoint_writer_wait(nb_checkpoint_writer *w) {
     if (!w) return nb__error(NB_ENULL, "checkpoint_writer_wait: the writer is NULL");
-    return finish(w, "checkpoint_writer_wait");
+    return finish(w, false, NULL, "checkpoint_writer_wait");
 }
 
 void nb_checkpoint_writer_get_stats(nb_checkpoint_writer *w, nb_checkpoint_writer_stats *out) {

@@ -203,10 +203,26 @@ char *dcp_index_json(const dcp_index_meta *m, char *const *rank_json, int nranks
 /* One save's work for this rank: the file it writes (names, tensors, metadata) and, for a
  * sharded save, what the index needs. The tensors are the live views (a synchronous save) or
  * the asynchronous writer's snapshot. */
+/* Rank 0's index of a sharded save, to write once every rank's file is durable: the text,
+ * then the older files of the folder go and the series is rotated. */
+typedef struct dcp_index_job {
+    char *text;         /* owned; NULL: nothing to write */
+    char dir[4400];
+    char base[4096];
+    char save_id[17];
+    char next_id[17];   /* a later save whose files are being written: kept too */
+    int keep;
+} dcp_index_job;
+void dcp_index_job_free(dcp_index_job *x);
+/* Write it (rank 0; local). */
+nb_status dcp_index_job_run(dcp_index_job *x, const char *op);
+
 typedef struct dcp_job {
     dcp_world w;
     bool sharded;       /* a folder (else one plain file, written by rank 0) */
     bool writes;        /* this rank writes a file */
+    nb_status err;      /* this rank could not prepare its file (reported by finish) */
+    char errmsg[1024];
     char path[4600];    /* the file this rank writes */
     char dir[4400];     /* sharded: the folder */
     char base[4096];    /* keep > 0: the series */
@@ -224,17 +240,24 @@ typedef struct dcp_job {
     char **keys, **vals;/* owned metadata */
     dcp_desc *desc;     /* sharded: per tensor of the file (sum set by the write) */
     uint64_t *sums;
+    /* an earlier save's index to write before this file (the asynchronous writer, rank 0) */
+    dcp_index_job before;
 } dcp_job;
 void dcp_job_free(dcp_job *j);
-/* Collective: plan c, agree on plain or sharded, pick the target path (keep > 0: base's
- * series), make the folder and the save id, and fill j with this rank's file. */
+/* Collective (two collectives): plan c, agree on plain or sharded, pick the target path (keep
+ * > 0: base's series), make the folder and the save id, and fill j with this rank's file. An
+ * error is the same on every rank; a rank that cannot prepare its file after the agreement
+ * records it in j->err (dcp_job_write returns it, dcp_job_finish reports it everywhere). */
 nb_status dcp_job_begin(const char *path, const nb_checkpoint *c, dcp_job *j, const char *op);
-/* Local: write this rank's file from j's tensors (checksums into j->sums; a plain save with
- * keep rotates the series). */
+/* Local: j->before's index first, then this rank's file from j's tensors (checksums into
+ * j->sums; a plain save with keep rotates the series). */
 nb_status dcp_job_write(dcp_job *j);
 /* Collective: agree on every rank's write (local: this rank's result), then for a sharded
- * save gather the pieces, write the index, remove older files, rotate. */
-nb_status dcp_job_finish(dcp_job *j, nb_status local, const char *op);
+ * save gather the pieces and build the index. defer: rank 0 leaves it in *idx (the caller
+ * writes it later, e.g. before its next file); else it is written here (older files removed,
+ * series rotated) and the ranks agree on that. */
+nb_status dcp_job_finish(dcp_job *j, nb_status local, bool defer, dcp_index_job *idx,
+                         const char *op);
 
 /* Remove the temporary files of killed writers from dir (any NAME.tmp-PID-N whose writer no
  * longer runs and that nobody locks), with one line on stderr. Best effort. */

@@ -147,13 +147,16 @@ bool dcp_is_folder(const char *path) {
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && access(ip, F_OK) == 0;
 }
 
-/* Rank 0 after the index: the files of other saves go (a killed save's too). */
-static void remove_other_saves(const char *dir, const char *save_id) {
-    char keep[64], path[4800];
+/* Rank 0 after the index: the files of other saves go (a killed save's too), but those of
+ * save_id and of next_id (a later save being written now, "" for none). */
+static void remove_other_saves(const char *dir, const char *save_id, const char *next_id) {
+    char keep[64], keep2[64], path[4800];
     snprintf(keep, sizeof keep, "shard-%s-", save_id);
+    snprintf(keep2, sizeof keep2, "shard-%s-", next_id);
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));) {
-        if (strncmp(e->d_name, "shard-", 6) != 0 || strncmp(e->d_name, keep, strlen(keep)) == 0)
+        if (strncmp(e->d_name, "shard-", 6) != 0 || strncmp(e->d_name, keep, strlen(keep)) == 0 ||
+            (*next_id && strncmp(e->d_name, keep2, strlen(keep2)) == 0))
             continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         unlink(path);
@@ -179,6 +182,7 @@ void dcp_job_free(dcp_job *j) {
     free(j->config_names);
     free(j->config_values);
     free(j->program);
+    dcp_index_job_free(&j->before);
     memset(j, 0, sizeof *j);
 }
 
@@ -208,33 +212,6 @@ static nb_status add_tensor(dcp_job *j, const char *name, nb_tensor *t, int cap)
     if (!(j->names[j->n] = strdup(name))) return nb__error(NB_ENOMEM, "checkpoint_save: out of memory");
     j->tensors[j->n++] = nb_tensor_retain(t);
     return NB_OK;
-}
-
-/* A 16-hex-digit id, fresh per save; rank 0's, sent to every rank with its run id. */
-static nb_status share_ids(const dcp_world *w, const nb_checkpoint *c, dcp_job *j) {
-    struct {
-        uint64_t id;
-        char run[33];
-    } v = {0};
-    if (w->rank == 0) {
-        if (getrandom(&v.id, sizeof v.id, 0) != (ssize_t)sizeof v.id) v.id = 0;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        v.id ^= (uint64_t)ts.tv_nsec << 20 ^ (uint64_t)ts.tv_sec ^ (uint64_t)getpid() << 40;
-        snprintf(v.run, sizeof v.run, "%s", nb_checkpoint_run_id(c));
-    }
-    nb_status st = NB_OK;
-    if (w->comm) {
-        nb_scope_begin();
-        nb_tensor *t = nb_from_buffer(&v, (int64_t[]){sizeof v}, 1, NB_U8);
-        st = t ? nb_broadcast(w->comm, t, 0) : nb_last_status();
-        if (st == NB_OK) memcpy(&v, nb_data(t), sizeof v);
-        nb_scope_end();
-    }
-    v.run[32] = '\0';
-    snprintf(j->save_id, sizeof j->save_id, "%016" PRIx64, v.id);
-    snprintf(j->run_id, sizeof j->run_id, "%s", v.run);
-    return st;
 }
 
 /* Whether this rank writes anything a plain file of rank 0 could not hold. On one rank every
@@ -360,18 +337,70 @@ static nb_status copy_identity(const nb_checkpoint *c, dcp_job *j) {
 
 /* The folder: made by rank 0 (a path that is not a directory is refused and left alone),
  * with the temporary files of killed writers removed. */
-static nb_status make_folder(const dcp_job *j, const char *op) {
-    if (j->w.rank != 0) return NB_OK;
+static nb_status make_folder(const char *dir, const char *op) {
     struct stat sb;
-    if (mkdir(j->dir, 0777) != 0) {
+    if (mkdir(dir, 0777) != 0) {
         if (errno != EEXIST)
-            return nb__error(NB_EIO, "%s: cannot create the directory %s: %s", op, j->dir,
+            return nb__error(NB_EIO, "%s: cannot create the directory %s: %s", op, dir,
                              errno_str(errno));
-        if (stat(j->dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
             return nb__error(NB_EIO, "%s: %s exists and is not a directory (a sharded "
-                             "checkpoint is a folder); refusing to replace it", op, j->dir);
+                             "checkpoint is a folder); refusing to replace it", op, dir);
     }
-    nb__remove_stale_temps_in(j->dir);
+    nb__remove_stale_temps_in(dir);
+    return NB_OK;
+}
+
+/* Collective: when any rank's st failed, every rank returns the lowest failing rank's error
+ * (as dcp_agree); with it, the largest of every rank's flag in *any. One allreduce. */
+static nb_status agree_any(const dcp_world *w, nb_status st, bool mine, bool *any) {
+    *any = mine;
+    if (!w->comm) return st;
+    nb_scope_begin();
+    int32_t v[2] = {st == NB_OK ? 0 : w->size - w->rank, mine};
+    nb_tensor *t = nb_from_buffer(v, (int64_t[]){2}, 1, NB_I32);
+    nb_status cs = t ? nb_allreduce(w->comm, t, NB_REDUCE_MAX) : nb_last_status();
+    if (cs == NB_OK) memcpy(v, nb_data(t), sizeof v);
+    nb_scope_end();
+    if (cs != NB_OK) return cs;
+    *any = v[1] != 0;
+    return v[0] == 0 ? NB_OK : dcp_agree(w, st); /* the message, from the failing rank */
+}
+
+/* Rank 0's decision, sent to every rank: its status (the folder made) with its message, a
+ * 16-hex-digit id fresh per save and the run id. One broadcast. */
+static nb_status share_rank0(const dcp_world *w, const nb_checkpoint *c, nb_status st0,
+                             dcp_job *j) {
+    struct {
+        int32_t code;
+        char msg[512];
+        uint64_t id;
+        char run[33];
+    } v = {0};
+    if (w->rank == 0) {
+        v.code = (int32_t)st0;
+        if (st0 != NB_OK) snprintf(v.msg, sizeof v.msg, "%s", nb_last_error());
+        if (getrandom(&v.id, sizeof v.id, 0) != (ssize_t)sizeof v.id) v.id = 0;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v.id ^= (uint64_t)ts.tv_nsec << 20 ^ (uint64_t)ts.tv_sec ^ (uint64_t)getpid() << 40;
+        snprintf(v.run, sizeof v.run, "%s", nb_checkpoint_run_id(c));
+    }
+    nb_status st = NB_OK;
+    if (w->comm) {
+        nb_scope_begin();
+        nb_tensor *t = nb_from_buffer(&v, (int64_t[]){sizeof v}, 1, NB_U8);
+        st = t ? nb_broadcast(w->comm, t, 0) : nb_last_status();
+        if (st == NB_OK) memcpy(&v, nb_data(t), sizeof v);
+        nb_scope_end();
+    }
+    if (st != NB_OK) return st;
+    v.msg[sizeof v.msg - 1] = v.run[32] = '\0';
+    if (v.code != NB_OK)
+        return w->rank == 0 ? (nb_status)v.code
+                            : nb__error((nb_status)v.code, "%s (on rank 0)", v.msg);
+    snprintf(j->save_id, sizeof j->save_id, "%016" PRIx64, v.id);
+    snprintf(j->run_id, sizeof j->run_id, "%s", v.run);
     return NB_OK;
 }
 
@@ -384,50 +413,73 @@ nb_status dcp_job_begin(const char *path, const nb_checkpoint *c, dcp_job *j, co
         dcp_plan_free(&p, c);
         return st;
     }
+    char target[4400];
+    if (st == NB_OK) st = copy_identity(c, j);
+    if (st == NB_OK && strlen(path) >= sizeof j->base)
+        st = nb__error(NB_EINVAL, "%s: path too long: %s", op, path);
+    if (st == NB_OK) st = nb__checkpoint_target(path, c->step, c->keep, target, sizeof target, op);
     bool any = false;
-    st = dcp_agree(&p.w, st);
-    if (st == NB_OK) st = dcp_any(&p.w, needs_folder(&p), &any);
+    st = agree_any(&p.w, st, st == NB_OK && needs_folder(&p), &any); /* collective 1 */
     j->sharded = any;
     j->keep = c->keep;
-    nb_status ls = NB_OK;
-    if (st == NB_OK) ls = copy_identity(c, j);
-    if (st == NB_OK && ls == NB_OK && c->keep > 0 && strlen(path) >= sizeof j->base)
-        ls = nb__error(NB_EINVAL, "%s: path too long: %s", op, path);
-    if (st == NB_OK && ls == NB_OK) {
-        snprintf(j->base, sizeof j->base, "%s", path);
-        ls = any ? nb__checkpoint_target(path, c->step, c->keep, j->dir, sizeof j->dir, op)
-                 : nb__checkpoint_target(path, c->step, c->keep, j->path, sizeof j->path, op);
-    }
-    if (st == NB_OK) st = dcp_agree(&p.w, ls);
-    if (st == NB_OK && c->keep > 0 && p.w.rank == 0) {
+    snprintf(j->base, sizeof j->base, "%s", path);
+    nb_status st0 = NB_OK;
+    if (st == NB_OK && p.w.rank == 0) {
+        struct stat sb;
         /* a member of the series at this step of the other kind (a folder where a file goes,
          * or the reverse: the layout changed; a save that did not finish) is replaced */
-        struct stat sb;
-        const char *t = any ? j->dir : j->path;
-        if (stat(t, &sb) == 0 && S_ISDIR(sb.st_mode) != any) nb__checkpoint_remove_member(t);
+        if (c->keep > 0 && stat(target, &sb) == 0 && S_ISDIR(sb.st_mode) != any)
+            nb__checkpoint_remove_member(target);
+        if (any) st0 = make_folder(target, op);
     }
-    if (st == NB_OK) st = share_ids(&p.w, c, j);
+    if (st == NB_OK) st = share_rank0(&p.w, c, st0, j); /* collective 2 */
     if (st == NB_OK && !any) {
+        snprintf(j->path, sizeof j->path, "%s", target);
         j->writes = p.w.rank == 0;
-        st = dcp_agree(&p.w, j->writes ? fill_plain(&p, c, j) : NB_OK);
+        j->err = j->writes ? fill_plain(&p, c, j) : NB_OK;
     } else if (st == NB_OK) {
-        st = dcp_agree(&p.w, make_folder(j, op));
-        char name[96];
-        snprintf(name, sizeof name, "shard-%s-%05d-of-%05d.safetensors", j->save_id, p.w.rank,
-                 p.w.size);
-        snprintf(j->path, sizeof j->path, "%s/%s", j->dir, name);
-        if (st == NB_OK) st = dcp_agree(&p.w, fill_sharded(&p, c, j));
+        snprintf(j->dir, sizeof j->dir, "%s", target);
+        snprintf(j->path, sizeof j->path, "%s/shard-%s-%05d-of-%05d.safetensors", j->dir,
+                 j->save_id, p.w.rank, p.w.size);
+        j->err = fill_sharded(&p, c, j);
+    }
+    if (st == NB_OK && j->err != NB_OK) { /* kept for finish, which tells every rank */
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", nb_last_error());
+        j->writes = false;
+        nb_clear_error();
     }
     dcp_plan_free(&p, c);
     return st;
 }
 
+void dcp_index_job_free(dcp_index_job *x) {
+    free(x->text);
+    memset(x, 0, sizeof *x);
+}
+
+nb_status dcp_index_job_run(dcp_index_job *x, const char *op) {
+    if (!x->text) return NB_OK;
+    char ip[4600];
+    snprintf(ip, sizeof ip, "%s/" DCP_INDEX, x->dir);
+    nb_status st = dcp_write_text(ip, x->text, op);
+    if (st == NB_OK) {
+        remove_other_saves(x->dir, x->save_id, x->next_id);
+        if (x->keep > 0) nb__checkpoint_rotate(x->base, x->keep, x->dir);
+    }
+    dcp_index_job_free(x);
+    return st;
+}
+
 nb_status dcp_job_write(dcp_job *j) {
+    if (j->sharded) snprintf(j->before.next_id, sizeof j->before.next_id, "%s", j->save_id);
+    nb_status st = dcp_index_job_run(&j->before, "checkpoint_save");
+    if (st != NB_OK) return st;
+    if (j->err != NB_OK) return nb__error(j->err, "%s", j->errmsg);
     if (!j->writes) return NB_OK;
     int tok = NB__SPAN_BEGIN("checkpoint write", NULL, NB__CAT_IO);
-    nb_status st = nb__safetensors_save_checked(j->path, (const char *const *)j->names, j->tensors,
-                                                j->n, (const char *const *)j->keys,
-                                                (const char *const *)j->vals, j->m, true, j->sums);
+    st = nb__safetensors_save_checked(j->path, (const char *const *)j->names, j->tensors, j->n,
+                                      (const char *const *)j->keys, (const char *const *)j->vals,
+                                      j->m, true, j->sums);
     NB__SPAN_END(tok);
     if (st != NB_OK && strncmp(nb_last_error(), "safetensors_save: ", 18) == 0) {
         char rest[1024];
@@ -439,25 +491,29 @@ nb_status dcp_job_write(dcp_job *j) {
     return st;
 }
 
-/* Every rank's descriptor text on every rank (lengths first, then the padded texts). */
-static nb_status gather_texts(const dcp_world *w, const char *mine, char ***out) {
+/* Every rank's text and status on every rank: the lengths and statuses first (one
+ * allgather), then the padded texts (another). A failed rank's text is its message. */
+static nb_status gather_texts(const dcp_world *w, const char *mine, nb_status local,
+                              char ***out, int32_t **codes) {
     *out = calloc((size_t)w->size, sizeof **out);
-    if (!*out) return nb__error(NB_ENOMEM, "checkpoint_save: out of memory");
+    *codes = calloc((size_t)w->size, sizeof **codes);
+    if (!*out || !*codes) return nb__error(NB_ENOMEM, "checkpoint_save: out of memory");
     nb_scope_begin();
-    int64_t len = (int64_t)strlen(mine) + 1;
-    nb_tensor *lt = nb_from_buffer(&len, (int64_t[]){1}, 1, NB_I64);
-    nb_tensor *all = nb_empty((int64_t[]){w->size}, 1, NB_I64);
+    int64_t lc[2] = {(int64_t)strlen(mine) + 1, (int64_t)local};
+    nb_tensor *lt = nb_from_buffer(lc, (int64_t[]){2}, 1, NB_I64);
+    nb_tensor *all = nb_empty((int64_t[]){2 * w->size}, 1, NB_I64);
     nb_status st = lt && all ? nb_allgather(w->comm, all, lt) : nb_last_status();
     int64_t max = 0;
     for (int r = 0; st == NB_OK && r < w->size; r++) {
-        int64_t l = ((const int64_t *)nb_data(all))[r];
-        if (l > max) max = l;
+        const int64_t *v = (const int64_t *)nb_data(all) + 2 * r;
+        if (v[0] > max) max = v[0];
+        (*codes)[r] = (int32_t)v[1];
     }
     nb_tensor *in = st == NB_OK ? nb_zeros((int64_t[]){max}, 1, NB_U8) : NULL;
     nb_tensor *outt = in ? nb_empty((int64_t[]){max * w->size}, 1, NB_U8) : NULL;
     if (st == NB_OK && (!in || !outt)) st = nb_last_status();
     if (st == NB_OK) {
-        memcpy(nb_data(in), mine, (size_t)len);
+        memcpy(nb_data(in), mine, (size_t)lc[0]);
         st = nb_allgather(w->comm, outt, in);
     }
     for (int r = 0; st == NB_OK && r < w->size; r++) {
@@ -469,39 +525,53 @@ static nb_status gather_texts(const dcp_world *w, const char *mine, char ***out)
     return st;
 }
 
-nb_status dcp_job_finish(dcp_job *j, nb_status local, const char *op) {
-    nb_status st = dcp_agree(&j->w, local);
-    if (st != NB_OK || !j->sharded) return st; /* no index: the checkpoint does not exist */
+nb_status dcp_job_finish(dcp_job *j, nb_status local, bool defer, dcp_index_job *idx,
+                         const char *op) {
+    if (idx) memset(idx, 0, sizeof *idx);
+    if (local == NB_OK && j->err != NB_OK) local = nb__error(j->err, "%s", j->errmsg);
+    if (!j->sharded || !j->w.comm) return dcp_agree(&j->w, local);
+    /* a sharded save: every rank's pieces (or its error) to every rank */
     const char *slash = strrchr(j->path, '/');
-    char *mine = dcp_desc_json(j->writes ? slash + 1 : NULL, j->w.rank, j->desc,
-                               j->writes ? j->n : 0);
+    char *mine = local == NB_OK ? dcp_desc_json(j->writes ? slash + 1 : NULL, j->w.rank, j->desc,
+                                                j->writes ? j->n : 0)
+                                : strdup(nb_last_error());
+    if (!mine) mine = strdup(""), local = local == NB_OK ? NB_ENOMEM : local;
     char **texts = NULL;
-    nb_status ls = mine ? NB_OK : nb__error(NB_ENOMEM, "%s: out of memory", op);
-    if (!j->w.comm) {
-        texts = calloc(1, sizeof *texts);
-        if (texts && mine) texts[0] = strdup(mine);
-    }
-    st = dcp_agree(&j->w, ls);
-    if (st == NB_OK && j->w.comm) st = gather_texts(&j->w, mine, &texts);
+    int32_t *codes = NULL;
+    nb_status st = mine ? gather_texts(&j->w, mine, local, &texts, &codes)
+                        : nb__error(NB_ENOMEM, "%s: out of memory", op);
     free(mine);
-    ls = NB_OK;
+    int who = -1;
+    for (int r = 0; st == NB_OK && r < j->w.size && who < 0; r++)
+        if (codes[r] != NB_OK) who = r;
+    if (st == NB_OK && who >= 0) /* no index: the checkpoint does not exist */
+        st = who == j->w.rank ? nb__error((nb_status)codes[who], "%s", texts[who])
+                              : nb__error((nb_status)codes[who], "%s (on rank %d)", texts[who], who);
+    nb_status ls = NB_OK;
+    dcp_index_job x = {0};
     if (st == NB_OK && j->w.rank == 0) {
         dcp_index_meta m = {.run_id = j->run_id, .save_id = j->save_id, .program = j->program,
                             .layout = j->w.layout, .world = j->w.size, .step = j->step,
                             .config_names = (const char *const *)j->config_names,
                             .config_values = (const char *const *)j->config_values,
                             .nconfig = j->nconfig};
-        char *idx = dcp_index_json(&m, texts, j->w.size, op);
-        char ip[4600];
-        snprintf(ip, sizeof ip, "%s/" DCP_INDEX, j->dir);
-        ls = idx ? dcp_write_text(ip, idx, op) : nb_last_status();
-        free(idx);
-        if (ls == NB_OK) {
-            remove_other_saves(j->dir, j->save_id);
-            if (j->keep > 0) nb__checkpoint_rotate(j->base, j->keep, j->dir);
-        }
+        x.text = dcp_index_json(&m, texts, j->w.size, op);
+        snprintf(x.dir, sizeof x.dir, "%s", j->dir);
+        snprintf(x.base, sizeof x.base, "%s", j->base);
+        snprintf(x.save_id, sizeof x.save_id, "%s", j->save_id);
+        x.keep = j->keep;
+        if (!x.text) ls = nb_last_status();
     }
-    for (int r = 0; texts && r < (j->w.comm ? j->w.size : 1); r++) free(texts[r]);
+    for (int r = 0; texts && r < j->w.size; r++) free(texts[r]);
     free(texts);
-    return st == NB_OK ? dcp_agree(&j->w, ls) : st;
+    free(codes);
+    if (st != NB_OK) return st;
+    if (defer && ls == NB_OK) { /* rank 0 writes it later; the others are done */
+        if (idx) *idx = x;
+        else dcp_index_job_free(&x);
+        return NB_OK;
+    }
+    if (ls == NB_OK) ls = dcp_index_job_run(&x, op);
+    dcp_index_job_free(&x);
+    return dcp_agree(&j->w, ls);
 }
