@@ -74,6 +74,12 @@ nb_status dcp_world_of(const nb_checkpoint *c, dcp_world *w, const char *op) {
         w->mesh = p.mesh;
     }
     nb_optim *inner = c->optim ? dcp_zero_inner(c->optim) : NULL;
+    const nb_params *hp = c->optim ? nb_optim_params(inner ? inner : c->optim) : NULL;
+    for (int i = 0; !w->mesh && hp && i < hp->count; i++) { /* pieces placed on a mesh */
+        nb_placement p;
+        if (nb_tensor_placement(hp->tensors[i], &p) == NB_OK && p.mesh) w->mesh = p.mesh;
+    }
+    nb_clear_error();
     if (inner) {
         /* ZeRO whose pieces carry no placement yet: the layout comes from nb_zero itself */
         const nb_params *ip = nb_optim_params(inner);

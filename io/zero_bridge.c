@@ -13,9 +13,15 @@ static nb_zero *zero_of(nb_optim *user) {
     return user && user->sharded && user->step_ctx ? (nb_zero *)user->step_ctx : NULL;
 }
 
+/* The shard optimizer holds the state, unless it was gathered into the user's optimizer
+ * (nb_zero_gather_optim_state, for the GPT's own tensor-parallel and pipeline checkpoints,
+ * which one rank per replica writes): then the user's is an ordinary, whole optimizer. */
 nb_optim *dcp_zero_inner(nb_optim *user) {
     nb_zero *z = zero_of(user);
-    return z && z->inner == user->sharded ? z->inner : NULL;
+    if (!z || z->inner != user->sharded) return NULL;
+    for (int i = 0; i < user->nparams; i++)
+        if (user->params[i].has_state) return NULL;
+    return z->inner;
 }
 
 nb_status dcp_zero_world(nb_optim *user, dcp_world *w) {
