@@ -120,8 +120,6 @@ nb_status dcp_zero_flat(nb_optim *user, nb_tensor *t, bool values, bool *flat, i
 /* Collective over w->comm: when any rank failed, every rank returns the error of the lowest
  * failing rank (its message, "(on rank r)" added on the others). Local without a comm. */
 nb_status dcp_agree(const dcp_world *w, nb_status local);
-/* Whether any rank says yes (collective). */
-nb_status dcp_any(const dcp_world *w, bool mine, bool *any);
 
 /* ---- the index (dcp_index.c) --------------------------------------------------------------- */
 typedef struct dcp_piece {
@@ -259,9 +257,6 @@ nb_status dcp_job_write(dcp_job *j);
 nb_status dcp_job_finish(dcp_job *j, nb_status local, bool defer, dcp_index_job *idx,
                          const char *op);
 
-/* Remove the temporary files of killed writers from dir (any NAME.tmp-PID-N whose writer no
- * longer runs and that nobody locks), with one line on stderr. Best effort. */
-void dcp_remove_stale_temps_in(const char *dir);
 /* Remove a checkpoint folder (the index first, then its files and the folder). */
 void dcp_remove_folder(const char *dir);
 /* Write text to path atomically (temporary file, fsync, rename, directory sync). */

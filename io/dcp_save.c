@@ -25,17 +25,6 @@
 #include "tensor/trace.h"
 
 /* ---- agreement ------------------------------------------------------------------------------ */
-nb_status dcp_any(const dcp_world *w, bool mine, bool *any) {
-    *any = mine;
-    if (!w->comm) return NB_OK;
-    nb_scope_begin();
-    nb_tensor *t = nb_scalar(mine ? 1 : 0, NB_I32);
-    nb_status st = t ? nb_allreduce(w->comm, t, NB_REDUCE_MAX) : nb_last_status();
-    if (st == NB_OK) *any = nb_item_i64(t) != 0;
-    nb_scope_end();
-    return st;
-}
-
 nb_status dcp_agree(const dcp_world *w, nb_status local) {
     if (!w->comm) return local;
     char msg[1024];
@@ -116,8 +105,6 @@ nb_status dcp_write_text(const char *path, const char *text, const char *op) {
     }
     return sync_dir(path, op);
 }
-
-void dcp_remove_stale_temps_in(const char *dir) { nb__remove_stale_temps_in(dir); }
 
 static bool is_ours(const char *name) {
     static const char *const prefixes[] = {"shard-", "index.json"};
