@@ -57,8 +57,8 @@ nb_status nb_checkpoint_save(const char *path, const nb_checkpoint *c) {
     if (st != NB_OK) return st;
     int tok = NB__SPAN_BEGIN("checkpoint save", NULL, NB__CAT_IO);
     dcp_job j;
-    st = dcp_job_begin(path, c, &j, op);
-    if (st == NB_OK) st = dcp_job_finish(&j, dcp_job_write(&j), false, NULL, op);
+    st = dcp_job_begin(path, c, &j, NULL, NB_OK, op);
+    if (st == NB_OK) st = dcp_job_finish(&j, dcp_job_write(&j), op);
     dcp_job_free(&j);
     /* the state views own small tensors: back to the cache, not held until the next save */
     nb_optim_state_release(c->optim);

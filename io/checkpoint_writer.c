@@ -116,19 +116,15 @@ static nb_status take_result(nb_checkpoint_writer *w) {
 }
 
 /* Finish the pending save (collective for a save over several ranks): wait for its write,
- * agree, build its index. defer: rank 0 keeps the index in *idx, to write on the thread
- * before the next file (so a save's stall holds no file I/O of the previous one); else it
- * is written now. NB_OK when none. */
-static nb_status finish(nb_checkpoint_writer *w, bool defer, dcp_index_job *idx,
-                        const char *op) {
-    if (idx) memset(idx, 0, sizeof *idx);
+ * agree, write its index. NB_OK when none. */
+static nb_status finish(nb_checkpoint_writer *w, const char *op) {
     pthread_mutex_lock(&w->mu);
     wait_idle(w);
     nb_status st = take_result(w);
     pthread_mutex_unlock(&w->mu);
     if (!w->pending) return st;
     w->pending = false;
-    st = dcp_job_finish(&w->j, st, defer, idx, op);
+    st = dcp_job_finish(&w->j, st, op);
     dcp_job_free(&w->j);
     return st;
 }
@@ -203,22 +199,27 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
         pthread_mutex_unlock(&w->mu);
         if (busy) return e;
     }
-    dcp_index_job idx;
-    st = finish(w, true, &idx, op); /* also the write just waited for */
-    if (st != NB_OK) return st;
-    /* No write in flight: the buffers are ours until the job is handed over. */
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w);
+    nb_status prev_local = take_result(w); /* the write just waited for */
+    pthread_mutex_unlock(&w->mu);
+    /* No write in flight: the buffers are ours until the job is handed over. The previous
+     * save is agreed on in this save's one collective; rank 0 writes its index on the
+     * thread, before this save's file. */
     int tok = NB__SPAN_BEGIN("checkpoint snapshot", NULL, NB__CAT_IO);
     dcp_job j;
-    st = dcp_job_begin(base, c, &j, op);
-    if (st != NB_OK && idx.text) { /* no next file: the previous index now */
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", nb_last_error());
-        nb_status is = dcp_index_job_run(&idx, op);
-        if (is != NB_OK) fprintf(stderr, "nabla: %s\n", nb_last_error());
-        nb__error(st, "%s", msg);
+    st = dcp_job_begin(base, c, &j, w->pending ? &w->j : NULL, prev_local, op);
+    if (w->pending) {
+        dcp_job_free(&w->j);
+        w->pending = false;
+    } else if (st == NB_OK && prev_local != NB_OK) {
+        st = prev_local; /* (a save that was not pending cannot have failed: defensive) */
     }
-    if (st == NB_OK) j.before = idx; /* rank 0: the previous save's index goes first */
-    else dcp_index_job_free(&idx);
+    if (st != NB_OK) {
+        NB__SPAN_END(tok);
+        dcp_job_free(&j);
+        return st;
+    }
     for (int i = 0; st == NB_OK && i < j.n; i++) {
         nb_tensor *snap = NULL;
         st = snapshot_entry(w, i, j.names[i], j.tensors[i], &snap);
@@ -276,7 +277,7 @@ nb_status nb_checkpoint_writer_save(nb_checkpoint_writer *w, const char *base,
 
 nb_status nb_checkpoint_writer_wait(nb_checkpoint_writer *w) {
     if (!w) return nb__error(NB_ENULL, "checkpoint_writer_wait: the writer is NULL");
-    return finish(w, false, NULL, "checkpoint_writer_wait");
+    return finish(w, "checkpoint_writer_wait");
 }
 
 void nb_checkpoint_writer_get_stats(nb_checkpoint_writer *w, nb_checkpoint_writer_stats *out) {

@@ -175,7 +175,8 @@ void dcp_box_str(const dcp_box *b, char *out, size_t n);
 const char *dcp_dtype_name(nb_dtype dt);
 int dcp_dtype_of_name(const char *s); /* -1 if unknown */
 
-/* One rank's contribution to an index, gathered by rank 0: its file and pieces. */
+/* A piece of one rank's file as the index lists it (rank 0 reads them from the files'
+ * metadata: piece.<key>, shape.<key>, checksum.<key>). */
 typedef struct dcp_desc {
     char *entry;       /* the tensor's name (owned) */
     char *key;         /* its key in the file (owned) */
@@ -201,18 +202,25 @@ char *dcp_index_json(const dcp_index_meta *m, char *const *rank_json, int nranks
 /* One save's work for this rank: the file it writes (names, tensors, metadata) and, for a
  * sharded save, what the index needs. The tensors are the live views (a synchronous save) or
  * the asynchronous writer's snapshot. */
-/* Rank 0's index of a sharded save, to write once every rank's file is durable: the text,
- * then the older files of the folder go and the series is rotated. */
+/* Rank 0's index of a sharded save, to build (from the save's rank files: their pieces'
+ * places, shapes and checksums) and write once every rank's file is durable; then the older
+ * files of the folder go and the series is rotated. It can run on the asynchronous writer's
+ * thread, off the training thread. */
 typedef struct dcp_index_job {
-    char *text;         /* owned; NULL: nothing to write */
+    bool pending;       /* something to write */
+    char run_id[33], save_id[17], layout[96];
+    char *program;      /* owned; NULL when none */
+    int nconfig;
+    char **config_names, **config_values; /* owned */
+    int world;
+    int64_t step;
     char dir[4400];
     char base[4096];
-    char save_id[17];
     char next_id[17];   /* a later save whose files are being written: kept too */
     int keep;
 } dcp_index_job;
 void dcp_index_job_free(dcp_index_job *x);
-/* Write it (rank 0; local). */
+/* Build and write it (rank 0; local); x is freed. */
 nb_status dcp_index_job_run(dcp_index_job *x, const char *op);
 
 typedef struct dcp_job {
@@ -236,26 +244,27 @@ typedef struct dcp_job {
     nb_tensor **tensors;/* references (owned) */
     int m;
     char **keys, **vals;/* owned metadata */
-    dcp_desc *desc;     /* sharded: per tensor of the file (sum set by the write) */
-    uint64_t *sums;
+    dcp_desc *desc;     /* sharded: per tensor of the file */
     /* an earlier save's index to write before this file (the asynchronous writer, rank 0) */
     dcp_index_job before;
 } dcp_job;
 void dcp_job_free(dcp_job *j);
-/* Collective (two collectives): plan c, agree on plain or sharded, pick the target path (keep
- * > 0: base's series), make the folder and the save id, and fill j with this rank's file. An
- * error is the same on every rank; a rank that cannot prepare its file after the agreement
+/* Collective (one allreduce): plan c, pick the target path (keep > 0: base's series), make
+ * the folder (rank 0), agree and take the save's ids, and fill j with this rank's file. With
+ * prev (the asynchronous writer's previous save of the same ranks, its write done here with
+ * result prev_local) the same allreduce agrees on that save: a failure on any rank is this
+ * call's error on every rank (no new save); else rank 0 gets its index in j->before, to
+ * write before its next file. A rank that cannot prepare its file after the agreement
  * records it in j->err (dcp_job_write returns it, dcp_job_finish reports it everywhere). */
-nb_status dcp_job_begin(const char *path, const nb_checkpoint *c, dcp_job *j, const char *op);
-/* Local: j->before's index first, then this rank's file from j's tensors (checksums into
- * j->sums; a plain save with keep rotates the series). */
+nb_status dcp_job_begin(const char *path, const nb_checkpoint *c, dcp_job *j, dcp_job *prev,
+                        nb_status prev_local, const char *op);
+/* Local: j->before's index first, then this rank's file from j's tensors (checksums into the
+ * file's metadata; a plain save with keep rotates the series). */
 nb_status dcp_job_write(dcp_job *j);
 /* Collective: agree on every rank's write (local: this rank's result), then for a sharded
- * save gather the pieces and build the index. defer: rank 0 leaves it in *idx (the caller
- * writes it later, e.g. before its next file); else it is written here (older files removed,
- * series rotated) and the ranks agree on that. */
-nb_status dcp_job_finish(dcp_job *j, nb_status local, bool defer, dcp_index_job *idx,
-                         const char *op);
+ * save rank 0 builds and writes the index (older files removed, series rotated) and the
+ * ranks agree on that. */
+nb_status dcp_job_finish(dcp_job *j, nb_status local, const char *op);
 
 /* Remove a checkpoint folder (the index first, then its files and the folder). */
 void dcp_remove_folder(const char *dir);

@@ -4,6 +4,7 @@
  * tensor tiling it exactly (no overlap, no gap), so a load that reads the pieces overlapping
  * its part always finds every element exactly once. The JSON goes through jansson. */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,42 +43,82 @@ void dcp_box_str(const dcp_box *b, char *out, size_t n) {
 }
 
 /* ---- writing ------------------------------------------------------------------------------- */
-static json_t *int_array(const int64_t *v, int n) {
-    json_t *a = json_array();
-    for (int i = 0; a && i < n; i++)
-        if (json_array_append_new(a, json_integer((json_int_t)v[i])) != 0) {
-            json_decref(a);
-            return NULL;
+/* A growable text buffer (the rank's piece list is written by hand: it is on the training
+ * thread's path of an asynchronous save, and jansson's object building costs milliseconds). */
+typedef struct tbuf {
+    char *s;
+    size_t n, cap;
+    bool bad;
+} tbuf;
+
+static void tput(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tput(tbuf *b, const char *fmt, ...) {
+    for (int tries = 0; !b->bad && tries < 2; tries++) {
+        va_list ap;
+        va_start(ap, fmt);
+        int w = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (w < 0) {
+            b->bad = true;
+            return;
         }
-    return a;
+        if (b->s && b->n + (size_t)w < b->cap) {
+            b->n += (size_t)w;
+            return;
+        }
+        size_t cap = (b->cap + (size_t)w + 1) * 2;
+        char *s = realloc(b->s, cap);
+        if (!s) {
+            b->bad = true;
+            return;
+        }
+        b->s = s, b->cap = cap;
+    }
 }
 
-static void sum_str(uint64_t sum, char out[32]) {
-    snprintf(out, 32, DCP_SUM_ALGO "%016" PRIx64, sum);
+/* s as a JSON string (quotes and escapes). */
+static void tstr(tbuf *b, const char *s) {
+    tput(b, "\"");
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') tput(b, "\\%c", *c);
+        else if (*c < 0x20) tput(b, "\\u%04x", *c);
+        else tput(b, "%c", *c);
+    }
+    tput(b, "\"");
+}
+
+static void tints(tbuf *b, const int64_t *v, int n) {
+    tput(b, "[");
+    for (int i = 0; i < n; i++) tput(b, "%s%" PRId64, i ? "," : "", v[i]);
+    tput(b, "]");
 }
 
 char *dcp_desc_json(const char *file, int rank, const dcp_desc *d, int n) {
-    json_t *root = json_object(), *pieces = json_array();
-    bool ok = root && pieces && json_object_set_new(root, "rank", json_integer(rank)) == 0 &&
-              json_object_set_new(root, "file", file ? json_string(file) : json_null()) == 0;
-    for (int i = 0; ok && i < n; i++) {
-        char sum[32];
-        sum_str(d[i].sum, sum);
-        json_t *p = json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:s}", "tensor", d[i].entry,
-                              "key", d[i].key, "dtype", dcp_dtype_name(d[i].dtype), "shape",
-                              int_array(d[i].shape, d[i].ndim), "offset",
-                              int_array(d[i].box.off, d[i].box.ndim), "size",
-                              int_array(d[i].box.len, d[i].box.ndim), "checksum", sum);
-        if (p && d[i].box.fn >= 0)
-            json_object_set_new(p, "flat", json_pack("[I, I]", (json_int_t)d[i].box.flo,
-                                                     (json_int_t)d[i].box.fn));
-        ok = p && json_array_append_new(pieces, p) == 0;
+    tbuf b = {0};
+    tput(&b, "{\"rank\":%d,\"file\":", rank);
+    if (file) tstr(&b, file);
+    else tput(&b, "null");
+    tput(&b, ",\"pieces\":[");
+    for (int i = 0; i < n; i++) {
+        tput(&b, "%s{\"tensor\":", i ? "," : "");
+        tstr(&b, d[i].entry);
+        tput(&b, ",\"key\":");
+        tstr(&b, d[i].key);
+        tput(&b, ",\"dtype\":\"%s\",\"shape\":", dcp_dtype_name(d[i].dtype));
+        tints(&b, d[i].shape, d[i].ndim);
+        tput(&b, ",\"offset\":");
+        tints(&b, d[i].box.off, d[i].box.ndim);
+        tput(&b, ",\"size\":");
+        tints(&b, d[i].box.len, d[i].box.ndim);
+        if (d[i].box.fn >= 0) tput(&b, ",\"flat\":[%" PRId64 ",%" PRId64 "]", d[i].box.flo, d[i].box.fn);
+        tput(&b, ",\"checksum\":\"" DCP_SUM_ALGO "%016" PRIx64 "\"}", d[i].sum);
     }
-    ok = ok && json_object_set_new(root, "pieces", pieces) == 0;
-    if (!ok && !root) json_decref(pieces);
-    char *s = ok ? json_dumps(root, JSON_COMPACT) : NULL;
-    json_decref(root);
-    return s;
+    tput(&b, "]}");
+    if (b.bad) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
 }
 
 char *dcp_index_json(const dcp_index_meta *m, char *const *rank_json, int nranks,

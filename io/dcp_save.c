@@ -161,7 +161,6 @@ void dcp_job_free(dcp_job *j) {
     free(j->names);
     free(j->tensors);
     free(j->desc);
-    free(j->sums);
     for (int i = 0; i < j->m; i++) free(j->keys[i]), free(j->vals[i]);
     free(j->keys);
     free(j->vals);
@@ -192,32 +191,12 @@ static nb_status add_tensor(dcp_job *j, const char *name, nb_tensor *t, int cap)
         j->names = calloc((size_t)cap + 1, sizeof *j->names);
         j->tensors = calloc((size_t)cap + 1, sizeof *j->tensors);
         j->desc = calloc((size_t)cap + 1, sizeof *j->desc);
-        j->sums = calloc((size_t)cap + 1, sizeof *j->sums);
-        if (!j->names || !j->tensors || !j->desc || !j->sums)
+        if (!j->names || !j->tensors || !j->desc)
             return nb__error(NB_ENOMEM, "checkpoint_save: out of memory");
     }
     if (!(j->names[j->n] = strdup(name))) return nb__error(NB_ENOMEM, "checkpoint_save: out of memory");
     j->tensors[j->n++] = nb_tensor_retain(t);
     return NB_OK;
-}
-
-/* Whether this rank writes anything a plain file of rank 0 could not hold. On one rank every
- * tensor is whole, whatever its parts. */
-static bool needs_folder(const dcp_plan *p) {
-    if (p->w.size == 1) return false;
-    for (int i = 0; i < p->n; i++) {
-        const dcp_lay *l = &p->e[i].lay;
-        if (!l->write || l->nparts == 0) continue;
-        if (p->w.rank != 0 || l->nparts != 1) return true;
-        const dcp_box *b = &l->parts[0].box;
-        int64_t v = 1;
-        for (int d = 0; d < b->ndim; d++) {
-            if (b->off[d] != 0 || b->len[d] != l->shape[d]) return true;
-            v *= b->len[d];
-        }
-        if (b->fn >= 0 && (b->flo != 0 || b->fn != v)) return true;
-    }
-    return false;
 }
 
 /* The plain file: every entry whole under its name, the metadata nb_checkpoint always had. */
@@ -282,6 +261,12 @@ static nb_status fill_sharded(const dcp_plan *p, const nb_checkpoint *c, dcp_job
                 else snprintf(v, len, "%s|%s", d->entry, where), free(j->vals[j->m - 1]),
                      j->vals[j->m - 1] = v;
             }
+            char shape[512] = "", sk[1100];
+            for (int q = 0, at = 0; q < d->ndim && at < (int)sizeof shape; q++)
+                at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%" PRId64, q ? "," : "",
+                               d->shape[q]);
+            snprintf(sk, sizeof sk, "shape.%s", d->key); /* the whole tensor's, for the index */
+            if (st == NB_OK) st = add_meta(j, sk, shape);
         }
     }
     if (st == NB_OK) st = add_meta(j, "nabla_dcp", "1");
@@ -322,6 +307,7 @@ static nb_status copy_identity(const nb_checkpoint *c, dcp_job *j) {
     return NB_OK;
 }
 
+
 /* The folder: made by rank 0 (a path that is not a directory is refused and left alone),
  * with the temporary files of killed writers removed. */
 static nb_status make_folder(const char *dir, const char *op) {
@@ -338,61 +324,104 @@ static nb_status make_folder(const char *dir, const char *op) {
     return NB_OK;
 }
 
-/* Collective: when any rank's st failed, every rank returns the lowest failing rank's error
- * (as dcp_agree); with it, the largest of every rank's flag in *any. One allreduce. */
-static nb_status agree_any(const dcp_world *w, nb_status st, bool mine, bool *any) {
-    *any = mine;
-    if (!w->comm) return st;
-    nb_scope_begin();
-    int32_t v[2] = {st == NB_OK ? 0 : w->size - w->rank, mine};
-    nb_tensor *t = nb_from_buffer(v, (int64_t[]){2}, 1, NB_I32);
-    nb_status cs = t ? nb_allreduce(w->comm, t, NB_REDUCE_MAX) : nb_last_status();
-    if (cs == NB_OK) memcpy(v, nb_data(t), sizeof v);
-    nb_scope_end();
-    if (cs != NB_OK) return cs;
-    *any = v[1] != 0;
-    return v[0] == 0 ? NB_OK : dcp_agree(w, st); /* the message, from the failing rank */
-}
-
-/* Rank 0's decision, sent to every rank: its status (the folder made) with its message, a
- * 16-hex-digit id fresh per save and the run id. One broadcast. */
-static nb_status share_rank0(const dcp_world *w, const nb_checkpoint *c, nb_status st0,
-                             dcp_job *j) {
+/* The message of rank `who`'s error (status code), on every rank. One broadcast. */
+static nb_status error_of(const dcp_world *w, int who, nb_status mine) {
     struct {
         int32_t code;
-        char msg[512];
-        uint64_t id;
-        char run[33];
-    } v = {0};
+        char msg[1024];
+    } v = {(int32_t)mine, ""};
+    if (w->rank == who) snprintf(v.msg, sizeof v.msg, "%s", nb_last_error());
+    nb_scope_begin();
+    nb_tensor *t = nb_from_buffer(&v, (int64_t[]){sizeof v}, 1, NB_U8);
+    nb_status st = t ? nb_broadcast(w->comm, t, who) : nb_last_status();
+    if (st == NB_OK) memcpy(&v, nb_data(t), sizeof v);
+    nb_scope_end();
+    if (st != NB_OK) return st;
+    v.msg[sizeof v.msg - 1] = '\0';
+    nb_status code = v.code != NB_OK ? (nb_status)v.code : NB_EIO;
+    return who == w->rank ? nb__error(code, "%s", v.msg)
+                          : nb__error(code, "%s (on rank %d)", v.msg, who);
+}
+
+/* Rank 0's index of save j (every rank's file durable), built later from the files. */
+static void index_job_of(dcp_job *j, dcp_index_job *x) {
+    memset(x, 0, sizeof *x);
+    if (!j->sharded || j->w.rank != 0) return;
+    x->pending = true;
+    snprintf(x->run_id, sizeof x->run_id, "%s", j->run_id);
+    snprintf(x->save_id, sizeof x->save_id, "%s", j->save_id);
+    snprintf(x->layout, sizeof x->layout, "%s", j->w.layout);
+    x->program = j->program, j->program = NULL;
+    x->nconfig = j->nconfig, j->nconfig = 0;
+    x->config_names = j->config_names, x->config_values = j->config_values;
+    j->config_names = j->config_values = NULL;
+    x->world = j->w.size, x->step = j->step;
+    snprintf(x->dir, sizeof x->dir, "%s", j->dir);
+    snprintf(x->base, sizeof x->base, "%s", j->base);
+    x->keep = j->keep;
+}
+
+/* The ranks agree, in one allreduce: on the previous save's writes (prev_local: this rank's
+ * result; prev NULL: none), on this save's preparation (st: this rank's; rank 0's includes
+ * its folder), and they take rank 0's save id and run id. Each field is the largest over the
+ * ranks: a failure is size - rank (so the lowest failing rank wins), rank 0's ids are its
+ * alone (the others send 0). */
+enum { F_PREV, F_PREP, F_ID, F_RUN = F_ID + 2, F_N = F_RUN + 9 };
+static nb_status agree_begin(const dcp_world *w, nb_status prev_local, const char *prev_msg,
+                             nb_status st, const nb_checkpoint *c, dcp_job *j, bool *prev_ok) {
+    int64_t v[F_N] = {0};
+    v[F_PREV] = prev_local == NB_OK ? 0 : w->size - w->rank;
+    v[F_PREP] = st == NB_OK ? 0 : w->size - w->rank;
+    char run[36] = "";
     if (w->rank == 0) {
-        v.code = (int32_t)st0;
-        if (st0 != NB_OK) snprintf(v.msg, sizeof v.msg, "%s", nb_last_error());
-        if (getrandom(&v.id, sizeof v.id, 0) != (ssize_t)sizeof v.id) v.id = 0;
+        uint64_t id = 0;
+        if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) id = 0;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        v.id ^= (uint64_t)ts.tv_nsec << 20 ^ (uint64_t)ts.tv_sec ^ (uint64_t)getpid() << 40;
-        snprintf(v.run, sizeof v.run, "%s", nb_checkpoint_run_id(c));
+        id ^= (uint64_t)ts.tv_nsec << 20 ^ (uint64_t)ts.tv_sec ^ (uint64_t)getpid() << 40;
+        v[F_ID] = (int64_t)(id >> 32), v[F_ID + 1] = (int64_t)(id & 0xffffffffu);
+        snprintf(run, 33, "%s", nb_checkpoint_run_id(c));
+        for (int k = 0; k < 9; k++) {
+            uint32_t x = 0;
+            memcpy(&x, run + 4 * k, 4);
+            v[F_RUN + k] = (int64_t)x;
+        }
     }
-    nb_status st = NB_OK;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", st != NB_OK ? nb_last_error() : "");
+    nb_status cs = NB_OK;
     if (w->comm) {
         nb_scope_begin();
-        nb_tensor *t = nb_from_buffer(&v, (int64_t[]){sizeof v}, 1, NB_U8);
-        st = t ? nb_broadcast(w->comm, t, 0) : nb_last_status();
-        if (st == NB_OK) memcpy(&v, nb_data(t), sizeof v);
+        nb_tensor *t = nb_from_buffer(v, (int64_t[]){F_N}, 1, NB_I64);
+        cs = t ? nb_allreduce(w->comm, t, NB_REDUCE_MAX) : nb_last_status();
+        if (cs == NB_OK) memcpy(v, nb_data(t), sizeof v);
         nb_scope_end();
     }
-    if (st != NB_OK) return st;
-    v.msg[sizeof v.msg - 1] = v.run[32] = '\0';
-    if (v.code != NB_OK)
-        return w->rank == 0 ? (nb_status)v.code
-                            : nb__error((nb_status)v.code, "%s (on rank 0)", v.msg);
-    snprintf(j->save_id, sizeof j->save_id, "%016" PRIx64, v.id);
-    snprintf(j->run_id, sizeof j->run_id, "%s", v.run);
+    *prev_ok = cs == NB_OK && v[F_PREV] == 0;
+    if (cs != NB_OK) return cs;
+    if (v[F_PREV] || v[F_PREP]) { /* the lowest failing rank's message, everywhere */
+        bool prev = v[F_PREV] != 0;
+        int who = w->size - (int)(prev ? v[F_PREV] : v[F_PREP]);
+        nb_status mine = prev ? prev_local : st;
+        if (who == w->rank) nb__error(mine, "%s", prev ? prev_msg : msg);
+        return w->comm ? error_of(w, who, mine) : nb__error(mine, "%s", prev ? prev_msg : msg);
+    }
+    uint64_t id = (uint64_t)v[F_ID] << 32 | (uint64_t)v[F_ID + 1];
+    for (int k = 0; k < 9; k++) {
+        uint32_t x = (uint32_t)v[F_RUN + k];
+        memcpy(run + 4 * k, &x, 4);
+    }
+    run[32] = '\0';
+    snprintf(j->save_id, sizeof j->save_id, "%016" PRIx64, id);
+    snprintf(j->run_id, sizeof j->run_id, "%s", run);
     return NB_OK;
 }
 
-nb_status dcp_job_begin(const char *path, const nb_checkpoint *c, dcp_job *j, const char *op) {
+nb_status dcp_job_begin(const char *path, const nb_checkpoint *c, dcp_job *j, dcp_job *prev,
+                        nb_status prev_local, const char *op) {
     memset(j, 0, sizeof *j);
+    char prev_msg[1024]; /* the previous write's error, before anything else sets one */
+    snprintf(prev_msg, sizeof prev_msg, "%s", prev_local != NB_OK ? nb_last_error() : "");
     dcp_plan p;
     nb_status st = dcp_plan_save(c, &p, op);
     j->w = p.w;
@@ -400,26 +429,50 @@ nb_status dcp_job_begin(const char *path, const nb_checkpoint *c, dcp_job *j, co
         dcp_plan_free(&p, c);
         return st;
     }
+    if (prev && prev->w.comm != p.w.comm) { /* another world: that save is finished first */
+        if (prev_local != NB_OK) nb__error(prev_local, "%s", prev_msg);
+        nb_status fs = dcp_job_finish(prev, prev_local, op);
+        dcp_job_free(prev);
+        prev = NULL, prev_local = NB_OK;
+        if (fs != NB_OK) {
+            dcp_plan_free(&p, c);
+            return fs;
+        }
+    }
+    /* a folder when the state is spread over several ranks by placements (or ZeRO), the
+     * same decision on every rank; one file (rank 0's) otherwise */
+    bool any = p.w.size > 1 && (p.w.mesh || p.w.zero);
+    j->sharded = any;
+    j->keep = c->keep;
     char target[4400];
     if (st == NB_OK) st = copy_identity(c, j);
     if (st == NB_OK && strlen(path) >= sizeof j->base)
         st = nb__error(NB_EINVAL, "%s: path too long: %s", op, path);
     if (st == NB_OK) st = nb__checkpoint_target(path, c->step, c->keep, target, sizeof target, op);
-    bool any = false;
-    st = agree_any(&p.w, st, st == NB_OK && needs_folder(&p), &any); /* collective 1 */
-    j->sharded = any;
-    j->keep = c->keep;
     snprintf(j->base, sizeof j->base, "%s", path);
-    nb_status st0 = NB_OK;
     if (st == NB_OK && p.w.rank == 0) {
         struct stat sb;
         /* a member of the series at this step of the other kind (a folder where a file goes,
          * or the reverse: the layout changed; a save that did not finish) is replaced */
         if (c->keep > 0 && stat(target, &sb) == 0 && S_ISDIR(sb.st_mode) != any)
             nb__checkpoint_remove_member(target);
-        if (any) st0 = make_folder(target, op);
+        if (any) st = make_folder(target, op);
     }
-    if (st == NB_OK) st = share_rank0(&p.w, c, st0, j); /* collective 2 */
+    /* one allreduce: the previous save agreed, this one prepared (rank 0's folder made
+     * before any rank writes into it), the save's ids */
+    bool prev_ok = false;
+    nb_status ag = agree_begin(&p.w, prev ? prev_local : NB_OK, prev_msg, st, c, j, &prev_ok);
+    if (prev && ag == NB_OK) index_job_of(prev, &j->before); /* rank 0: written first */
+    else if (prev && prev_ok && p.w.rank == 0) {
+        /* this save failed to start but the previous one is complete: its index now */
+        dcp_index_job x;
+        index_job_of(prev, &x);
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+        if (dcp_index_job_run(&x, op) != NB_OK) fprintf(stderr, "nabla: %s\n", nb_last_error());
+        nb__error(ag, "%s", msg);
+    }
+    st = ag;
     if (st == NB_OK && !any) {
         snprintf(j->path, sizeof j->path, "%s", target);
         j->writes = p.w.rank == 0;
@@ -440,19 +493,148 @@ nb_status dcp_job_begin(const char *path, const nb_checkpoint *c, dcp_job *j, co
 }
 
 void dcp_index_job_free(dcp_index_job *x) {
-    free(x->text);
+    free(x->program);
+    for (int i = 0; i < x->nconfig; i++) free(x->config_names[i]), free(x->config_values[i]);
+    free(x->config_names);
+    free(x->config_values);
     memset(x, 0, sizeof *x);
 }
 
+/* Parse "o+l,o+l[/flo+fn]" into a box of ndim dims. */
+static bool parse_box(const char *s, int ndim, dcp_box *b) {
+    memset(b, 0, sizeof *b);
+    b->ndim = ndim;
+    b->fn = -1;
+    char *end;
+    for (int d = 0; d < ndim; d++) {
+        if (d && *s++ != ',') return false;
+        b->off[d] = strtoll(s, &end, 10);
+        if (end == s || *end != '+') return false;
+        s = end + 1;
+        b->len[d] = strtoll(s, &end, 10);
+        if (end == s) return false;
+        s = end;
+    }
+    if (*s == '/') {
+        s++;
+        b->flo = strtoll(s, &end, 10);
+        if (end == s || *end != '+') return false;
+        s = end + 1;
+        b->fn = strtoll(s, &end, 10);
+        if (end == s) return false;
+        s = end;
+    }
+    return *s == '\0';
+}
+
+/* The piece list of one rank file (as dcp_desc_json writes it), from its header. */
+static nb_status file_desc(const char *dir, const char *name, const dcp_index_job *x,
+                           char **out, const char *op) {
+    char path[4800];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    nb_safetensors *f = nb_safetensors_open(path);
+    if (!f) return nb_last_status();
+    const char *sid = nb_safetensors_metadata(f, "save_id");
+    const char *rank = nb_safetensors_metadata(f, "rank");
+    nb_status st = sid && !strcmp(sid, x->save_id) && rank
+                       ? NB_OK
+                       : nb__error(NB_EFORMAT, "%s: %s is not a file of save %s", op, path,
+                                   x->save_id);
+    int n = nb_safetensors_count(f);
+    dcp_desc *d = calloc((size_t)n + 1, sizeof *d);
+    if (st == NB_OK && !d) st = nb__error(NB_ENOMEM, "%s: out of memory", op);
+    for (int i = 0; st == NB_OK && i < n; i++) {
+        nb_safetensors_info in;
+        nb_safetensors_info_at(f, i, &in);
+        char k1[1100], k2[1100], k3[1100];
+        snprintf(k1, sizeof k1, "piece.%s", in.name);
+        snprintf(k2, sizeof k2, "shape.%s", in.name);
+        snprintf(k3, sizeof k3, "checksum.%s", in.name);
+        const char *pv = nb_safetensors_metadata(f, k1), *sv = nb_safetensors_metadata(f, k2);
+        const char *cv = nb_safetensors_metadata(f, k3), *bar = pv ? strrchr(pv, '|') : NULL;
+        int nd = 0;
+        for (const char *q = sv; q && *q; q++) nd += *q == ',';
+        nd += sv && *sv ? 1 : 0;
+        char *end = NULL;
+        for (int q = 0, at = 0; sv && q < nd && q < NB_MAX_DIMS; q++) {
+            d[i].shape[q] = strtoll(sv + at, &end, 10);
+            at = (int)(end - sv) + 1;
+        }
+        d[i].ndim = nd;
+        d[i].dtype = in.dtype;
+        d[i].key = strdup(in.name);
+        d[i].entry = bar ? strndup(pv, (size_t)(bar - pv)) : NULL;
+        size_t l = strlen(DCP_SUM_ALGO);
+        if (!pv || !sv || !cv || !bar || nd > NB_MAX_DIMS || !parse_box(bar + 1, nd, &d[i].box) ||
+            strncmp(cv, DCP_SUM_ALGO, l) != 0 || !d[i].key || !d[i].entry)
+            st = nb__error(NB_EFORMAT, "%s: %s: piece \"%s\" has no valid place, shape or "
+                           "checksum in its metadata", op, path, in.name);
+        else d[i].sum = strtoull(cv + l, NULL, 16);
+    }
+    if (st == NB_OK && !(*out = dcp_desc_json(name, atoi(rank), d, n)))
+        st = nb__error(NB_ENOMEM, "%s: out of memory", op);
+    for (int i = 0; d && i < n; i++) free(d[i].entry), free(d[i].key);
+    free(d);
+    nb_safetensors_close(f);
+    return st;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 nb_status dcp_index_job_run(dcp_index_job *x, const char *op) {
-    if (!x->text) return NB_OK;
+    if (!x->pending) return NB_OK;
+    /* the save's files: every rank that wrote one */
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "shard-%s-", x->save_id);
+    int n = 0, cap = 0;
+    char **names = NULL, **texts = NULL;
+    nb_status st = NB_OK;
+    DIR *d = opendir(x->dir);
+    if (!d) st = nb__error(NB_EIO, "%s: cannot read %s: %s", op, x->dir, errno_str(errno));
+    for (struct dirent *e; st == NB_OK && (e = readdir(d));) {
+        size_t l = strlen(e->d_name), sl = strlen(".safetensors");
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || l < sl ||
+            strcmp(e->d_name + l - sl, ".safetensors") != 0)
+            continue;
+        if (n == cap) {
+            char **nn = realloc(names, sizeof *nn * (size_t)(cap = cap ? 2 * cap : 16));
+            if (!nn) st = nb__error(NB_ENOMEM, "%s: out of memory", op);
+            else names = nn;
+        }
+        if (st == NB_OK && !(names[n++] = strdup(e->d_name)))
+            st = nb__error(NB_ENOMEM, "%s: out of memory", op);
+    }
+    if (d) closedir(d);
+    if (st == NB_OK && n > 1) qsort(names, (size_t)n, sizeof *names, cmp_str);
+    if (st == NB_OK && !(texts = calloc((size_t)n + 1, sizeof *texts)))
+        st = nb__error(NB_ENOMEM, "%s: out of memory", op);
+    for (int i = 0; st == NB_OK && i < n; i++) st = file_desc(x->dir, names[i], x, &texts[i], op);
+    char *text = NULL;
+    if (st == NB_OK) {
+        dcp_index_meta m = {.run_id = x->run_id, .save_id = x->save_id, .program = x->program,
+                            .layout = x->layout, .world = x->world, .step = x->step,
+                            .config_names = (const char *const *)x->config_names,
+                            .config_values = (const char *const *)x->config_values,
+                            .nconfig = x->nconfig};
+        text = dcp_index_json(&m, texts, n, op);
+        if (!text) st = nb_last_status();
+    }
     char ip[4600];
     snprintf(ip, sizeof ip, "%s/" DCP_INDEX, x->dir);
-    nb_status st = dcp_write_text(ip, x->text, op);
+    if (st == NB_OK) st = dcp_write_text(ip, text, op);
     if (st == NB_OK) {
         remove_other_saves(x->dir, x->save_id, x->next_id);
         if (x->keep > 0) nb__checkpoint_rotate(x->base, x->keep, x->dir);
     }
+    free(text);
+    for (int i = 0; i < n; i++) {
+        free(names[i]);
+        if (texts) free(texts[i]);
+    }
+    free(names);
+    free(texts);
     dcp_index_job_free(x);
     return st;
 }
@@ -466,99 +648,23 @@ nb_status dcp_job_write(dcp_job *j) {
     int tok = NB__SPAN_BEGIN("checkpoint write", NULL, NB__CAT_IO);
     st = nb__safetensors_save_checked(j->path, (const char *const *)j->names, j->tensors, j->n,
                                       (const char *const *)j->keys, (const char *const *)j->vals,
-                                      j->m, true, j->sums);
+                                      j->m, true, NULL);
     NB__SPAN_END(tok);
     if (st != NB_OK && strncmp(nb_last_error(), "safetensors_save: ", 18) == 0) {
         char rest[1024];
         snprintf(rest, sizeof rest, "%s", nb_last_error() + 18);
         st = nb__error(st, "checkpoint_save: %s", rest);
     }
-    for (int i = 0; st == NB_OK && j->desc && i < j->n; i++) j->desc[i].sum = j->sums[i];
     if (st == NB_OK && !j->sharded && j->keep > 0) nb__checkpoint_rotate(j->base, j->keep, j->path);
     return st;
 }
 
-/* Every rank's text and status on every rank: the lengths and statuses first (one
- * allgather), then the padded texts (another). A failed rank's text is its message. */
-static nb_status gather_texts(const dcp_world *w, const char *mine, nb_status local,
-                              char ***out, int32_t **codes) {
-    *out = calloc((size_t)w->size, sizeof **out);
-    *codes = calloc((size_t)w->size, sizeof **codes);
-    if (!*out || !*codes) return nb__error(NB_ENOMEM, "checkpoint_save: out of memory");
-    nb_scope_begin();
-    int64_t lc[2] = {(int64_t)strlen(mine) + 1, (int64_t)local};
-    nb_tensor *lt = nb_from_buffer(lc, (int64_t[]){2}, 1, NB_I64);
-    nb_tensor *all = nb_empty((int64_t[]){2 * w->size}, 1, NB_I64);
-    nb_status st = lt && all ? nb_allgather(w->comm, all, lt) : nb_last_status();
-    int64_t max = 0;
-    for (int r = 0; st == NB_OK && r < w->size; r++) {
-        const int64_t *v = (const int64_t *)nb_data(all) + 2 * r;
-        if (v[0] > max) max = v[0];
-        (*codes)[r] = (int32_t)v[1];
-    }
-    nb_tensor *in = st == NB_OK ? nb_zeros((int64_t[]){max}, 1, NB_U8) : NULL;
-    nb_tensor *outt = in ? nb_empty((int64_t[]){max * w->size}, 1, NB_U8) : NULL;
-    if (st == NB_OK && (!in || !outt)) st = nb_last_status();
-    if (st == NB_OK) {
-        memcpy(nb_data(in), mine, (size_t)lc[0]);
-        st = nb_allgather(w->comm, outt, in);
-    }
-    for (int r = 0; st == NB_OK && r < w->size; r++) {
-        const char *src = (const char *)nb_data(outt) + r * max;
-        if (!((*out)[r] = strndup(src, (size_t)max)))
-            st = nb__error(NB_ENOMEM, "checkpoint_save: out of memory");
-    }
-    nb_scope_end();
-    return st;
-}
-
-nb_status dcp_job_finish(dcp_job *j, nb_status local, bool defer, dcp_index_job *idx,
-                         const char *op) {
-    if (idx) memset(idx, 0, sizeof *idx);
+nb_status dcp_job_finish(dcp_job *j, nb_status local, const char *op) {
     if (local == NB_OK && j->err != NB_OK) local = nb__error(j->err, "%s", j->errmsg);
-    if (!j->sharded || !j->w.comm) return dcp_agree(&j->w, local);
-    /* a sharded save: every rank's pieces (or its error) to every rank */
-    const char *slash = strrchr(j->path, '/');
-    char *mine = local == NB_OK ? dcp_desc_json(j->writes ? slash + 1 : NULL, j->w.rank, j->desc,
-                                                j->writes ? j->n : 0)
-                                : strdup(nb_last_error());
-    if (!mine) mine = strdup(""), local = local == NB_OK ? NB_ENOMEM : local;
-    char **texts = NULL;
-    int32_t *codes = NULL;
-    nb_status st = mine ? gather_texts(&j->w, mine, local, &texts, &codes)
-                        : nb__error(NB_ENOMEM, "%s: out of memory", op);
-    free(mine);
-    int who = -1;
-    for (int r = 0; st == NB_OK && r < j->w.size && who < 0; r++)
-        if (codes[r] != NB_OK) who = r;
-    if (st == NB_OK && who >= 0) /* no index: the checkpoint does not exist */
-        st = who == j->w.rank ? nb__error((nb_status)codes[who], "%s", texts[who])
-                              : nb__error((nb_status)codes[who], "%s (on rank %d)", texts[who], who);
-    nb_status ls = NB_OK;
-    dcp_index_job x = {0};
-    if (st == NB_OK && j->w.rank == 0) {
-        dcp_index_meta m = {.run_id = j->run_id, .save_id = j->save_id, .program = j->program,
-                            .layout = j->w.layout, .world = j->w.size, .step = j->step,
-                            .config_names = (const char *const *)j->config_names,
-                            .config_values = (const char *const *)j->config_values,
-                            .nconfig = j->nconfig};
-        x.text = dcp_index_json(&m, texts, j->w.size, op);
-        snprintf(x.dir, sizeof x.dir, "%s", j->dir);
-        snprintf(x.base, sizeof x.base, "%s", j->base);
-        snprintf(x.save_id, sizeof x.save_id, "%s", j->save_id);
-        x.keep = j->keep;
-        if (!x.text) ls = nb_last_status();
-    }
-    for (int r = 0; texts && r < j->w.size; r++) free(texts[r]);
-    free(texts);
-    free(codes);
-    if (st != NB_OK) return st;
-    if (defer && ls == NB_OK) { /* rank 0 writes it later; the others are done */
-        if (idx) *idx = x;
-        else dcp_index_job_free(&x);
-        return NB_OK;
-    }
-    if (ls == NB_OK) ls = dcp_index_job_run(&x, op);
-    dcp_index_job_free(&x);
+    nb_status st = dcp_agree(&j->w, local); /* every rank's file durable */
+    if (st != NB_OK || !j->sharded) return st;
+    dcp_index_job x;
+    index_job_of(j, &x);
+    nb_status ls = dcp_index_job_run(&x, op); /* rank 0: the index makes the checkpoint */
     return dcp_agree(&j->w, ls);
 }
