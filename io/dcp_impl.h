@@ -180,14 +180,13 @@ int dcp_dtype_of_name(const char *s); /* -1 if unknown */
 typedef struct dcp_desc {
     char *entry;       /* the tensor's name (owned) */
     char *key;         /* its key in the file (owned) */
+    int file;          /* index in the index's file list */
     nb_dtype dtype;
     int ndim;
     int64_t shape[NB_MAX_DIMS];
     dcp_box box;
     uint64_t sum;
 } dcp_desc;
-/* JSON text of this rank's descriptors (malloc'ed) and the index from every rank's text. */
-char *dcp_desc_json(const char *file, int rank, const dcp_desc *d, int n);
 typedef struct dcp_index_meta {
     const char *run_id, *save_id, *program, *layout;
     int world;
@@ -195,8 +194,10 @@ typedef struct dcp_index_meta {
     const char *const *config_names, *const *config_values;
     int nconfig;
 } dcp_index_meta;
-char *dcp_index_json(const dcp_index_meta *m, char *const *rank_json, int nranks,
-                     const char *op);
+/* The index text: files[i] written by ranks[i], the pieces d (sorted here, by tensor). NULL
+ * + NB_EFORMAT when two pieces of a tensor disagree on its dtype or shape. */
+char *dcp_index_text(const dcp_index_meta *m, char *const *files, const int *ranks, int nfiles,
+                     dcp_desc *d, int nd, const char *op);
 
 /* ---- saving (dcp_save.c) ------------------------------------------------------------------- */
 /* One save's work for this rank: the file it writes (names, tensors, metadata) and, for a

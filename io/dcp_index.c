@@ -2,7 +2,8 @@
  * rank 0 from every rank's pieces once their files are durable, and read back, validated
  * before anything is used: its fields, every piece inside its tensor, and the pieces of each
  * tensor tiling it exactly (no overlap, no gap), so a load that reads the pieces overlapping
- * its part always finds every element exactly once. The JSON goes through jansson. */
+ * its part always finds every element exactly once. It is read through jansson and written
+ * by hand (the writer is on a save's path, and building jansson objects costs milliseconds). */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -43,8 +44,7 @@ void dcp_box_str(const dcp_box *b, char *out, size_t n) {
 }
 
 /* ---- writing ------------------------------------------------------------------------------- */
-/* A growable text buffer (the rank's piece list is written by hand: it is on the training
- * thread's path of an asynchronous save, and jansson's object building costs milliseconds). */
+/* A growable text buffer. */
 typedef struct tbuf {
     char *s;
     size_t n, cap;
@@ -93,19 +93,69 @@ static void tints(tbuf *b, const int64_t *v, int n) {
     tput(b, "]");
 }
 
-char *dcp_desc_json(const char *file, int rank, const dcp_desc *d, int n) {
+static int cmp_desc(const void *a, const void *b) {
+    const dcp_desc *x = a, *y = b;
+    int c = strcmp(x->entry, y->entry);
+    if (c) return c;
+    if (x->file != y->file) return x->file < y->file ? -1 : 1;
+    return strcmp(x->key, y->key);
+}
+
+static bool same_shape(const dcp_desc *a, const dcp_desc *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+char *dcp_index_text(const dcp_index_meta *m, char *const *files, const int *ranks, int nfiles,
+                     dcp_desc *d, int nd, const char *op) {
+    qsort(d, (size_t)nd, sizeof *d, cmp_desc);
     tbuf b = {0};
-    tput(&b, "{\"rank\":%d,\"file\":", rank);
-    if (file) tstr(&b, file);
-    else tput(&b, "null");
-    tput(&b, ",\"pieces\":[");
-    for (int i = 0; i < n; i++) {
-        tput(&b, "%s{\"tensor\":", i ? "," : "");
-        tstr(&b, d[i].entry);
-        tput(&b, ",\"key\":");
+    tput(&b, "{\"config\":{");
+    for (int i = 0; i < m->nconfig; i++) {
+        tput(&b, "%s", i ? "," : "");
+        tstr(&b, m->config_names[i]);
+        tput(&b, ":");
+        tstr(&b, m->config_values[i]);
+    }
+    tput(&b, "},\"files\":[");
+    for (int i = 0; i < nfiles; i++) {
+        tput(&b, "%s{\"name\":", i ? "," : "");
+        tstr(&b, files[i]);
+        tput(&b, ",\"rank\":%d}", ranks[i]);
+    }
+    tput(&b, "],\"format\":\"" DCP_FORMAT "\",\"layout\":{\"mesh\":");
+    tstr(&b, m->layout);
+    tput(&b, ",\"world\":%d}", m->world);
+    if (m->program) {
+        tput(&b, ",\"program\":");
+        tstr(&b, m->program);
+    }
+    tput(&b, ",\"run_id\":");
+    tstr(&b, m->run_id);
+    tput(&b, ",\"save_id\":");
+    tstr(&b, m->save_id);
+    tput(&b, ",\"step\":%" PRId64 ",\"tensors\":{", m->step);
+    for (int i = 0; i < nd; i++) {
+        bool first = i == 0 || strcmp(d[i].entry, d[i - 1].entry) != 0;
+        if (!first && !same_shape(&d[i], &d[i - 1])) {
+            free(b.s);
+            nb__error(NB_EFORMAT, "%s: the ranks' files disagree on the dtype or shape of "
+                      "tensor \"%s\"", op, d[i].entry);
+            return NULL;
+        }
+        if (first) {
+            tput(&b, "%s\n", i ? "]}," : "");
+            tstr(&b, d[i].entry);
+            tput(&b, ":{\"dtype\":\"%s\",\"shape\":", dcp_dtype_name(d[i].dtype));
+            tints(&b, d[i].shape, d[i].ndim);
+            tput(&b, ",\"pieces\":[");
+        } else {
+            tput(&b, ",");
+        }
+        tput(&b, "{\"file\":%d,\"key\":", d[i].file);
         tstr(&b, d[i].key);
-        tput(&b, ",\"dtype\":\"%s\",\"shape\":", dcp_dtype_name(d[i].dtype));
-        tints(&b, d[i].shape, d[i].ndim);
         tput(&b, ",\"offset\":");
         tints(&b, d[i].box.off, d[i].box.ndim);
         tput(&b, ",\"size\":");
@@ -113,75 +163,13 @@ char *dcp_desc_json(const char *file, int rank, const dcp_desc *d, int n) {
         if (d[i].box.fn >= 0) tput(&b, ",\"flat\":[%" PRId64 ",%" PRId64 "]", d[i].box.flo, d[i].box.fn);
         tput(&b, ",\"checksum\":\"" DCP_SUM_ALGO "%016" PRIx64 "\"}", d[i].sum);
     }
-    tput(&b, "]}");
+    tput(&b, "%s},\"version\":1}\n", nd ? "]}" : "");
     if (b.bad) {
         free(b.s);
+        nb__error(NB_ENOMEM, "%s: out of memory building the index", op);
         return NULL;
     }
     return b.s;
-}
-
-char *dcp_index_json(const dcp_index_meta *m, char *const *rank_json, int nranks,
-                     const char *op) {
-    json_t *root = json_pack("{s:s, s:i, s:s, s:s, s:I, s:{s:i, s:s}}", "format", DCP_FORMAT,
-                             "version", 1, "run_id", m->run_id, "save_id", m->save_id, "step",
-                             (json_int_t)m->step, "layout", "world", m->world, "mesh", m->layout);
-    json_t *files = json_array(), *tensors = json_object(), *config = json_object();
-    bool ok = root && files && tensors && config;
-    if (ok && m->program) ok = json_object_set_new(root, "program", json_string(m->program)) == 0;
-    for (int i = 0; ok && i < m->nconfig; i++)
-        ok = json_object_set_new(config, m->config_names[i], json_string(m->config_values[i])) == 0;
-    const char *why = "out of memory";
-    for (int r = 0; ok && r < nranks; r++) {
-        json_error_t err;
-        json_t *rj = json_loads(rank_json[r], 0, &err);
-        json_t *file = rj ? json_object_get(rj, "file") : NULL;
-        ok = rj != NULL;
-        if (!ok) why = "a rank's piece list is not valid JSON";
-        int fidx = (int)json_array_size(files);
-        if (ok && json_is_string(file))
-            ok = json_array_append_new(files, json_pack("{s:O, s:O}", "name", file, "rank",
-                                                        json_object_get(rj, "rank"))) == 0;
-        size_t k;
-        json_t *p;
-        json_array_foreach(ok ? json_object_get(rj, "pieces") : NULL, k, p) {
-            const char *name = json_string_value(json_object_get(p, "tensor"));
-            json_t *t = json_object_get(tensors, name);
-            if (!t) {
-                t = json_pack("{s:O, s:O, s:[]}", "dtype", json_object_get(p, "dtype"), "shape",
-                              json_object_get(p, "shape"), "pieces");
-                ok = t && json_object_set_new(tensors, name, t) == 0;
-            } else if (!json_equal(json_object_get(t, "dtype"), json_object_get(p, "dtype")) ||
-                       !json_equal(json_object_get(t, "shape"), json_object_get(p, "shape"))) {
-                ok = false;
-                why = "the ranks disagree on a tensor's dtype or shape";
-            }
-            json_t *q = ok ? json_pack("{s:i, s:O, s:O, s:O, s:O}", "file", fidx, "key",
-                                       json_object_get(p, "key"), "offset",
-                                       json_object_get(p, "offset"), "size",
-                                       json_object_get(p, "size"), "checksum",
-                                       json_object_get(p, "checksum"))
-                           : NULL;
-            if (q && json_object_get(p, "flat"))
-                json_object_set(q, "flat", json_object_get(p, "flat"));
-            ok = ok && q && json_array_append_new(json_object_get(t, "pieces"), q) == 0;
-            if (!ok) break;
-        }
-        json_decref(rj);
-    }
-    ok = ok && json_object_set_new(root, "config", config) == 0;
-    config = NULL;
-    ok = ok && json_object_set_new(root, "files", files) == 0;
-    files = NULL;
-    ok = ok && json_object_set_new(root, "tensors", tensors) == 0;
-    tensors = NULL;
-    char *s = ok ? json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
-    json_decref(root);
-    json_decref(config);
-    json_decref(files);
-    json_decref(tensors);
-    if (!s) nb__error(NB_ENOMEM, "%s: cannot build the index: %s", op, why);
-    return s;
 }
 
 /* ---- reading -------------------------------------------------------------------------------- */

@@ -527,54 +527,79 @@ static bool parse_box(const char *s, int ndim, dcp_box *b) {
     return *s == '\0';
 }
 
-/* The piece list of one rank file (as dcp_desc_json writes it), from its header. */
-static nb_status file_desc(const char *dir, const char *name, const dcp_index_job *x,
-                           char **out, const char *op) {
+/* The metadata of a file, sorted by key for lookups (a rank file has a few entries per
+ * piece). */
+typedef struct kv {
+    const char *k, *v;
+} kv;
+static int cmp_kv(const void *a, const void *b) {
+    return strcmp(((const kv *)a)->k, ((const kv *)b)->k);
+}
+static const char *lookup(const kv *m, int n, const char *fmt, const char *name) {
+    char key[1100];
+    snprintf(key, sizeof key, fmt, name);
+    kv want = {key, NULL}, *hit = bsearch(&want, m, (size_t)n, sizeof *m, cmp_kv);
+    return hit ? hit->v : NULL;
+}
+
+/* Append the pieces of rank file `file` (index fi of the index's list) to *d, from its
+ * header: their places, whole shapes and checksums. Its rank into *rank. */
+static nb_status file_desc(const char *dir, const char *name, int fi, const dcp_index_job *x,
+                           dcp_desc **d, int *nd, int *cap, int *rank, const char *op) {
     char path[4800];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     nb_safetensors *f = nb_safetensors_open(path);
     if (!f) return nb_last_status();
-    const char *sid = nb_safetensors_metadata(f, "save_id");
-    const char *rank = nb_safetensors_metadata(f, "rank");
-    nb_status st = sid && !strcmp(sid, x->save_id) && rank
-                       ? NB_OK
-                       : nb__error(NB_EFORMAT, "%s: %s is not a file of save %s", op, path,
-                                   x->save_id);
-    int n = nb_safetensors_count(f);
-    dcp_desc *d = calloc((size_t)n + 1, sizeof *d);
-    if (st == NB_OK && !d) st = nb__error(NB_ENOMEM, "%s: out of memory", op);
+    int nm = nb_safetensors_metadata_count(f), n = nb_safetensors_count(f);
+    kv *m = calloc((size_t)nm + 1, sizeof *m);
+    for (int i = 0; m && i < nm; i++) {
+        m[i].k = nb_safetensors_metadata_key(f, i);
+        m[i].v = nb_safetensors_metadata(f, m[i].k);
+    }
+    if (m) qsort(m, (size_t)nm, sizeof *m, cmp_kv);
+    const char *sid = m ? lookup(m, nm, "%s", "save_id") : NULL;
+    const char *rk = m ? lookup(m, nm, "%s", "rank") : NULL;
+    nb_status st = !m ? nb__error(NB_ENOMEM, "%s: out of memory", op)
+                   : sid && !strcmp(sid, x->save_id) && rk ? NB_OK
+                   : nb__error(NB_EFORMAT, "%s: %s is not a file of save %s", op, path,
+                               x->save_id);
+    if (st == NB_OK) *rank = atoi(rk);
+    if (st == NB_OK && *nd + n > *cap) {
+        int c = (*nd + n) * 2;
+        dcp_desc *nd2 = realloc(*d, sizeof **d * (size_t)c);
+        if (!nd2) st = nb__error(NB_ENOMEM, "%s: out of memory", op);
+        else *d = nd2, *cap = c;
+    }
     for (int i = 0; st == NB_OK && i < n; i++) {
         nb_safetensors_info in;
         nb_safetensors_info_at(f, i, &in);
-        char k1[1100], k2[1100], k3[1100];
-        snprintf(k1, sizeof k1, "piece.%s", in.name);
-        snprintf(k2, sizeof k2, "shape.%s", in.name);
-        snprintf(k3, sizeof k3, "checksum.%s", in.name);
-        const char *pv = nb_safetensors_metadata(f, k1), *sv = nb_safetensors_metadata(f, k2);
-        const char *cv = nb_safetensors_metadata(f, k3), *bar = pv ? strrchr(pv, '|') : NULL;
-        int nd = 0;
-        for (const char *q = sv; q && *q; q++) nd += *q == ',';
-        nd += sv && *sv ? 1 : 0;
+        const char *pv = lookup(m, nm, "piece.%s", in.name);
+        const char *sv = lookup(m, nm, "shape.%s", in.name);
+        const char *cv = lookup(m, nm, "checksum.%s", in.name);
+        const char *bar = pv ? strrchr(pv, '|') : NULL;
+        dcp_desc *q = &(*d)[(*nd)++];
+        memset(q, 0, sizeof *q);
+        q->file = fi;
+        q->dtype = in.dtype;
+        int dims = 0;
+        for (const char *c = sv; c && *c; c++) dims += *c == ',';
+        dims += sv && *sv ? 1 : 0;
         char *end = NULL;
-        for (int q = 0, at = 0; sv && q < nd && q < NB_MAX_DIMS; q++) {
-            d[i].shape[q] = strtoll(sv + at, &end, 10);
+        for (int k = 0, at = 0; sv && k < dims && k < NB_MAX_DIMS; k++) {
+            q->shape[k] = strtoll(sv + at, &end, 10);
             at = (int)(end - sv) + 1;
         }
-        d[i].ndim = nd;
-        d[i].dtype = in.dtype;
-        d[i].key = strdup(in.name);
-        d[i].entry = bar ? strndup(pv, (size_t)(bar - pv)) : NULL;
+        q->ndim = dims;
+        q->key = strdup(in.name);
+        q->entry = bar ? strndup(pv, (size_t)(bar - pv)) : NULL;
         size_t l = strlen(DCP_SUM_ALGO);
-        if (!pv || !sv || !cv || !bar || nd > NB_MAX_DIMS || !parse_box(bar + 1, nd, &d[i].box) ||
-            strncmp(cv, DCP_SUM_ALGO, l) != 0 || !d[i].key || !d[i].entry)
+        if (!pv || !sv || !cv || !bar || dims > NB_MAX_DIMS || !parse_box(bar + 1, dims, &q->box) ||
+            strncmp(cv, DCP_SUM_ALGO, l) != 0 || !q->key || !q->entry)
             st = nb__error(NB_EFORMAT, "%s: %s: piece \"%s\" has no valid place, shape or "
                            "checksum in its metadata", op, path, in.name);
-        else d[i].sum = strtoull(cv + l, NULL, 16);
+        else q->sum = strtoull(cv + l, NULL, 16);
     }
-    if (st == NB_OK && !(*out = dcp_desc_json(name, atoi(rank), d, n)))
-        st = nb__error(NB_ENOMEM, "%s: out of memory", op);
-    for (int i = 0; d && i < n; i++) free(d[i].entry), free(d[i].key);
-    free(d);
+    free(m);
     nb_safetensors_close(f);
     return st;
 }
@@ -588,12 +613,14 @@ nb_status dcp_index_job_run(dcp_index_job *x, const char *op) {
     /* the save's files: every rank that wrote one */
     char prefix[64];
     snprintf(prefix, sizeof prefix, "shard-%s-", x->save_id);
-    int n = 0, cap = 0;
-    char **names = NULL, **texts = NULL;
+    int n = 0, cap = 0, nd = 0, dcap = 0;
+    char **names = NULL;
+    int *ranks = NULL;
+    dcp_desc *d = NULL;
     nb_status st = NB_OK;
-    DIR *d = opendir(x->dir);
-    if (!d) st = nb__error(NB_EIO, "%s: cannot read %s: %s", op, x->dir, errno_str(errno));
-    for (struct dirent *e; st == NB_OK && (e = readdir(d));) {
+    DIR *dh = opendir(x->dir);
+    if (!dh) st = nb__error(NB_EIO, "%s: cannot read %s: %s", op, x->dir, errno_str(errno));
+    for (struct dirent *e; st == NB_OK && (e = readdir(dh));) {
         size_t l = strlen(e->d_name), sl = strlen(".safetensors");
         if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || l < sl ||
             strcmp(e->d_name + l - sl, ".safetensors") != 0)
@@ -606,11 +633,12 @@ nb_status dcp_index_job_run(dcp_index_job *x, const char *op) {
         if (st == NB_OK && !(names[n++] = strdup(e->d_name)))
             st = nb__error(NB_ENOMEM, "%s: out of memory", op);
     }
-    if (d) closedir(d);
+    if (dh) closedir(dh);
     if (st == NB_OK && n > 1) qsort(names, (size_t)n, sizeof *names, cmp_str);
-    if (st == NB_OK && !(texts = calloc((size_t)n + 1, sizeof *texts)))
+    if (st == NB_OK && !(ranks = calloc((size_t)n + 1, sizeof *ranks)))
         st = nb__error(NB_ENOMEM, "%s: out of memory", op);
-    for (int i = 0; st == NB_OK && i < n; i++) st = file_desc(x->dir, names[i], x, &texts[i], op);
+    for (int i = 0; st == NB_OK && i < n; i++)
+        st = file_desc(x->dir, names[i], i, x, &d, &nd, &dcap, &ranks[i], op);
     char *text = NULL;
     if (st == NB_OK) {
         dcp_index_meta m = {.run_id = x->run_id, .save_id = x->save_id, .program = x->program,
@@ -618,7 +646,7 @@ nb_status dcp_index_job_run(dcp_index_job *x, const char *op) {
                             .config_names = (const char *const *)x->config_names,
                             .config_values = (const char *const *)x->config_values,
                             .nconfig = x->nconfig};
-        text = dcp_index_json(&m, texts, n, op);
+        text = dcp_index_text(&m, names, ranks, n, d, nd, op);
         if (!text) st = nb_last_status();
     }
     char ip[4600];
@@ -629,12 +657,11 @@ nb_status dcp_index_job_run(dcp_index_job *x, const char *op) {
         if (x->keep > 0) nb__checkpoint_rotate(x->base, x->keep, x->dir);
     }
     free(text);
-    for (int i = 0; i < n; i++) {
-        free(names[i]);
-        if (texts) free(texts[i]);
-    }
+    for (int i = 0; i < nd; i++) free(d[i].entry), free(d[i].key);
+    free(d);
+    for (int i = 0; i < n; i++) free(names[i]);
     free(names);
-    free(texts);
+    free(ranks);
     dcp_index_job_free(x);
     return st;
 }
