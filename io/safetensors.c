@@ -579,6 +579,7 @@ typedef struct w_item {
     const char *name;
     nb_tensor *t;
     int rank;
+    int index; /* in the caller's list */
 } w_item;
 
 static int cmp_write_order(const void *a, const void *b) {
@@ -820,28 +821,26 @@ static bool parse_temp_tail(const char *s, long *pid) {
     return true;
 }
 
-/* Remove the temporary files that writers of path killed during a save left behind
- * (path.tmp-PID-N, same directory, whose PID no longer runs), so that repeated kills do not
- * fill the disk, and say so in one line on stderr. A file is kept when its PID is ours
- * (another thread may be writing it) or still runs (a reused PID only keeps a stale file,
- * never removes a live one), and when someone holds a lock on it: writers lock their
- * temporary file, which protects a live writer whose PID means nothing here (another host,
- * or another PID namespace sharing the directory). Best effort: it never fails the save. */
-void nb__remove_stale_temps(const char *path) {
-    const char *slash = strrchr(path, '/');
-    const char *base = slash ? slash + 1 : path;
-    size_t blen = strlen(base);
-    if (blen == 0) return;
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    DIR *d = dir ? opendir(dir) : NULL;
+/* Remove the temporary files that writers killed during a save left behind (NAME.tmp-PID-N
+ * in dir whose PID no longer runs; with base, only those of dir/base), so that repeated kills
+ * do not fill the disk, and say so in one line on stderr (naming what). A file is kept when
+ * its PID is ours (another thread may be writing it) or still runs (a reused PID only keeps a
+ * stale file, never removes a live one), and when someone holds a lock on it: writers lock
+ * their temporary file, which protects a live writer whose PID means nothing here (another
+ * host, or another PID namespace sharing the directory). Best effort: it never fails. */
+static void remove_stale(const char *dir, const char *base, const char *what) {
+    size_t blen = base ? strlen(base) : 0;
+    DIR *d = opendir(dir);
     int removed = 0;
     unsigned long long bytes = 0;
     for (struct dirent *e; d && (e = readdir(d));) {
         long pid;
         struct stat st;
-        if (strncmp(e->d_name, base, blen) != 0 || strncmp(e->d_name + blen, ".tmp-", 5) != 0 ||
-            !parse_temp_tail(e->d_name + blen + 5, &pid))
-            continue;
+        const char *tail = base ? e->d_name + blen : strstr(e->d_name, ".tmp-");
+        if (base && strncmp(e->d_name, base, blen) != 0) continue;
+        if (!tail || strncmp(tail, ".tmp-", 5) != 0) continue;
+        while (!base && strstr(tail + 1, ".tmp-")) tail = strstr(tail + 1, ".tmp-");
+        if (!parse_temp_tail(tail + 5, &pid)) continue;
         if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
         /* Only regular files are opened (opening a device can do things); read-write, as
          * NFS emulates flock with POSIX locks, which need it for an exclusive lock. */
@@ -856,17 +855,27 @@ void nb__remove_stale_temps(const char *path) {
         close(fd);
     }
     if (d) closedir(d);
-    free(dir);
     if (removed)
-        fprintf(stderr, "nabla: removed %d stale temporary file%s (%.1f MB) left next to %s by "
+        fprintf(stderr, "nabla: removed %d stale temporary file%s (%.1f MB) left %s %s by "
                 "writers that no longer run\n", removed, removed == 1 ? "" : "s",
-                (double)bytes / 1e6, path);
+                (double)bytes / 1e6, base ? "next to" : "in", what);
 }
+
+void nb__remove_stale_temps(const char *path) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (!*base) return;
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (dir) remove_stale(dir, base, path);
+    free(dir);
+}
+
+void nb__remove_stale_temps_in(const char *dir) { remove_stale(dir, NULL, dir); }
 
 /* The checksum metadata of the n tensors (keys "checksum.<name>", values "xxh3-64:..."), after
  * the caller's nmeta entries in keys / vals (arrays of nmeta + n), the strings in text. */
 static nb_status add_checksums(const w_item *items, int n, const char **keys, const char **vals,
-                               int nmeta, char **text) {
+                               int nmeta, char **text, uint64_t *sums) {
     size_t need = 0;
     for (int i = 0; i < n; i++) need += sizeof SUM_PREFIX + strlen(items[i].name) + sizeof SUM_ALGO + 16;
     char *p = *text = malloc(need ? need : 1);
@@ -877,17 +886,20 @@ static nb_status add_checksums(const w_item *items, int n, const char **keys, co
         keys[nmeta + i] = p;
         p += sprintf(p, SUM_PREFIX "%s", items[i].name) + 1;
         vals[nmeta + i] = p;
+        uint64_t h = 0;
         if (nb__host_accessible(t) && nb_is_contiguous(t)) {
-            format_sum(nbytes ? nb__ptr(t) : "", nbytes, p);
+            h = XXH3_64bits(nbytes ? nb__ptr(t) : "", nbytes);
         } else { /* as write_contents does: a contiguous host copy */
             nb_scope_begin();
             bool prev = nb_set_grad_enabled(false);
             nb_tensor *c = nb__host_accessible(t) ? nb_contiguous(t) : nb_to_device(t, NB_CPU);
             nb_set_grad_enabled(prev);
-            if (c) format_sum(nb__ptr(c), nbytes, p);
+            if (c) h = XXH3_64bits(nb__ptr(c), nbytes);
             nb_scope_end();
             if (!c) return nb_last_status();
         }
+        snprintf(p, sizeof SUM_ALGO + 16, SUM_ALGO "%016llx", (unsigned long long)h);
+        if (sums) sums[items[i].index] = h;
         p += strlen(p) + 1;
     }
     return NB_OK;
@@ -897,21 +909,21 @@ nb_status nb_safetensors_save(const char *path, const char *const *names,
                               nb_tensor *const *tensors, int n, const char *const *meta_keys,
                               const char *const *meta_values, int nmeta) {
     return nb__safetensors_save_checked(path, names, tensors, n, meta_keys, meta_values, nmeta,
-                                        false);
+                                        false, NULL);
 }
 
 nb_status nb__safetensors_save_checked(const char *path, const char *const *names,
                                        nb_tensor *const *tensors, int n,
                                        const char *const *meta_keys,
                                        const char *const *meta_values, int nmeta,
-                                       bool checksums) {
+                                       bool checksums, uint64_t *sums) {
     nb_status st = check_save_args(path, names, tensors, n, meta_keys, meta_values, nmeta);
     if (st == NB_OK) st = check_replaceable(path);
     if (st != NB_OK) return st;
     w_item *items = malloc(sizeof(w_item) * (size_t)(n ? n : 1));
     if (!items) return nb__error(NB_ENOMEM, "safetensors_save: out of memory");
     for (int i = 0; i < n; i++)
-        items[i] = (w_item){names[i], tensors[i], write_rank(tensors[i]->dtype)};
+        items[i] = (w_item){names[i], tensors[i], write_rank(tensors[i]->dtype), i};
     qsort(items, (size_t)n, sizeof(w_item), cmp_write_order);
     char *json = NULL;
     if (checksums) {
@@ -921,7 +933,7 @@ nb_status nb__safetensors_save_checked(const char *path, const char *const *name
         st = keys && vals ? NB_OK : nb__error(NB_ENOMEM, "safetensors_save: out of memory");
         if (st == NB_OK) {
             for (int i = 0; i < nmeta; i++) keys[i] = meta_keys[i], vals[i] = meta_values[i];
-            st = add_checksums(items, n, keys, vals, nmeta, &text);
+            st = add_checksums(items, n, keys, vals, nmeta, &text, sums);
         }
         if (st == NB_OK) json = build_header(items, n, keys, vals, nmeta + n);
         free(keys);

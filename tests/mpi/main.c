@@ -204,8 +204,9 @@ int main(int argc, char **argv) {
         srunner_add_suite(sr, mt_suite_comm());
         srunner_add_suite(sr, mt_suite_ddp());
         srunner_add_suite(sr, mt_suite_zero());
-        srunner_add_suite(sr, mt_suite_zero_async());
         srunner_add_suite(sr, mt_suite_reducer());
+        srunner_add_suite(sr, mt_suite_dcp());
+        srunner_add_suite(sr, mt_suite_dcp_bad());
         srunner_add_suite(sr, mt_suite_mesh());
         srunner_add_suite(sr, mt_suite_parallel_gpt());
         srunner_add_suite(sr, mt_suite_tp());
