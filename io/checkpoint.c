@@ -107,10 +107,6 @@ nb_status nb_checkpoint_load_ex(const char *path, nb_checkpoint *c,
     return st;
 }
 
-nb_status nb_zero_checkpoint_load(nb_zero *z, const char *path, nb_checkpoint *c) {
-    (void)z; /* the layout comes from the model's and the optimizer's placements */
-    return nb_checkpoint_load(path, c);
-}
 
 nb_status nb_checkpoint_target(const char *base, int64_t step, int keep, char *out, size_t n) {
     if (!base || !out)

@@ -159,7 +159,7 @@ static int seq_dim(const nb_tensor *x) { return nb_ndim(x) >= 2 ? nb_ndim(x) - 2
 static nb_tensor *colwise_forward(nb_module *m, nb_tensor *x, void *ctx) {
     const style_ctx *s = ctx;
     if (!x) return NULL;
-    x = s->sp && s->T > 1 ? nb_all_gather_along(x, s->tp, seq_dim(x)) : nb_copy_to_region(x, s->tp);
+    x = s->sp && s->T > 1 ? nb_allgather_along(x, s->tp, seq_dim(x)) : nb_copy_to_region(x, s->tp);
     nb_tensor *y = nb_linear(x, nb_module_param(m, "weight"), nb_module_param_opt(m, "bias"));
     return s->gather_output ? nb_gather_along(y, s->tp, -1) : tag(s, y);
 }

@@ -289,21 +289,6 @@ int nb_zero_num_buckets(const nb_zero *z);
  * reduce-scatters (an all-to-all when compressed: (p-1)/p n e each), halved by reduce_dtype
  * NB_BF16 on f32 gradients; 0 on one rank. Stage 0: its nb_ddp's. */
 int64_t nb_zero_comm_bytes(const nb_zero *z);
-/* The whole optimizer state through the template optimizer (the opt given to nb_zero_new),
- * for savers that read nb_optim_state(opt) (nb_checkpoint_save, nb_gpt_tp_save_sharded,
- * nb_gpt_pipe_save) and loaders that fill opt (nb_gpt_tp_checkpoint_load, nb_gpt_pipe_load):
- *     nb_zero_gather_optim_state(z);   // collective: opt holds the whole state of a 1-rank run
- *     nb_gpt_pipe_save(pipe, opt, dir, step);
- *     nb_zero_scatter_optim_state(z);  // local: the shard takes its part, opt's copy is freed
- * and after a load into opt, nb_zero_scatter_optim_state(z) moves it into the shard. Files so
- * written are those of a DDP run: any layout (DDP, ZeRO of another world size, one process)
- * reads them. The whole state lives on every rank between the two calls (gather sums one
- * model-sized buffer per state slot over the ranks). Scatter replaces the shard's state by
- * the template's (none: no state) and then clears the template. Stage 0: no-ops (the
- * template holds the state). Stages 1 and 2 only: stage 3 and offload_optimizer give
- * NB_EINVAL (use nb_checkpoint_save). Errors: those of nb_optim_load_state. */
-nb_status nb_zero_gather_optim_state(nb_zero *z);
-nb_status nb_zero_scatter_optim_state(nb_zero *z);
 /* The optimizer that updates this rank's shard (owned by z), e.g. for its state. */
 nb_optim *nb_zero_optim(const nb_zero *z);
 /* Stage 3: make every parameter whole on every rank (e.g. to read, save or change the model
@@ -354,10 +339,7 @@ nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int
 /* A ZeRO run saves and loads with nb_checkpoint_save / nb_checkpoint_load (nabla/checkpoint.h)
  * like any other layout: every rank calls them with the model and the optimizer given to
  * nb_zero_new; each rank writes its shard of the state into one folder, and any layout (any
- * world size, any stage, one process without ZeRO) loads it. Transitional, for the GPT
- * program until it calls nb_checkpoint_load: nb_zero_checkpoint_load(z, path, c) is
- * nb_checkpoint_load(path, c) (z is not needed). */
-nb_status nb_zero_checkpoint_load(nb_zero *z, const char *path, nb_checkpoint *c);
+ * world size, any stage, one process without ZeRO) loads it. */
 
 #ifdef __cplusplus
 }

@@ -211,8 +211,6 @@ int main(int argc, char **argv) {
         srunner_add_suite(sr, mt_suite_parallel_gpt());
         srunner_add_suite(sr, mt_suite_tp());
         srunner_add_suite(sr, mt_suite_pipeline());
-        srunner_add_suite(sr, mt_suite_zero_layouts());
-        srunner_add_suite(sr, mt_suite_3d());
         srunner_add_suite(sr, mt_suite_nccl());
         srunner_add_suite(sr, mt_suite_failures()); /* last: it ends with a timeout */
     }

@@ -30,8 +30,6 @@ Suite *mt_suite_mesh(void);
 Suite *mt_suite_parallel_gpt(void);
 Suite *mt_suite_tp(void);
 Suite *mt_suite_pipeline(void);
-Suite *mt_suite_zero_layouts(void);
-Suite *mt_suite_3d(void);
 Suite *mt_suite_nccl(void);
 Suite *mt_suite_failures(void);
 Suite *mt_suite_dead_peer(void);
