@@ -39,6 +39,13 @@ typedef struct nbm_guard {
     int64_t in_row;      /* of which the last ones in a row */
 } nbm_guard;
 
+/* A flag given twice on the command line ("gpt --zero 1 --zero 2"): every program refuses
+ * it (exit status 2) rather than letting the last one win silently. Prints why; returns 2. */
+static inline int nbm_repeated(const char *prog, const char *flag) {
+    fprintf(stderr, "%s: %s is given more than once; give each flag once\n", prog, flag);
+    return 2;
+}
+
 /* Take --comm-timeout, --on-nonfinite and --max-skips with their values out of argv
  * (*argc shrinks; the rest keep their order), filling g (defaults first), so the program's
  * own parser never sees them. False after printing why to stderr (exit status 2): a bad
