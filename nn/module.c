@@ -626,9 +626,7 @@ nb_status nb_module_to(nb_module *m, nb_device dev) {
         while (k < nmoved && from[k] != s) k++;
         if (k < nmoved) continue;
         if (!(to[nmoved] = storage_to(l.ts[i], dev))) {
-            char why[256];
-            snprintf(why, sizeof why, "%s", nb_last_error());
-            st = nb__error(nb_last_status(), "module_to: %s", why);
+            st = nb_wrap_error(nb_last_status(), "module_to");
             break;
         }
         from[nmoved++] = s;

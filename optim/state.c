@@ -119,9 +119,7 @@ static nb_status unexpected(loadctx *c, const char *name, const char *why) {
 
 /* Why reading or moving entry `name` failed, with the load's context. */
 static nb_status entry_error(loadctx *c, const char *name, nb_status st) {
-    char why[256];
-    snprintf(why, sizeof why, "%s", nb_last_error());
-    return nb__error(st, "%s: '%s': %s", c->who, name, why);
+    return nb_wrap_error(st, "%s: '%s'", c->who, name);
 }
 
 static nb_status scalar_value(loadctx *c, const char *name, const nb_tensor *t, double *out) {

@@ -241,6 +241,18 @@ void nb__work_fail(nb_work *w, nb_status s, const char *fmt, ...) {
     atomic_store(&w->state, NB__WORK_FAILED);
 }
 
+void nb__work_fail_wrap(nb_work *w, nb_status s, const char *fmt, ...) {
+    char ctx[NB__COMM_MSG], inner[NB__COMM_MSG];
+    snprintf(inner, sizeof inner, "%s", nb_last_error()); /* before anything else sets it */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx, sizeof ctx, fmt, ap);
+    va_end(ap);
+    nb__wrap_msg(w->msg, sizeof w->msg, ctx, inner, s);
+    w->status = s;
+    atomic_store(&w->state, NB__WORK_FAILED);
+}
+
 /* A failed start: nothing is in flight; return the handle. */
 static nb_work *work_abort(nb_work *w) {
     w->finished = true;

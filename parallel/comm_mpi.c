@@ -398,8 +398,8 @@ static void run_op(nb__mpi_comm *m, nb_work *w) {
     }
     NB__SPAN_END_ARG(tok, "seq", w->seq);
     if (rc != MPI_SUCCESS) nb__mpi_fail(w, rc);
-    else if (oom) nb__work_fail(w, NB_ENOMEM, "%s on rank %d: %s", nb__coll_name(a->kind),
-                                w->comm->rank, nb_last_error());
+    else if (oom) nb__work_fail_wrap(w, NB_ENOMEM, "%s on rank %d", nb__coll_name(a->kind),
+                                     w->comm->rank);
     else nb__work_done(w);
 }
 

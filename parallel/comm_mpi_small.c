@@ -618,8 +618,8 @@ bool nb__mpi_small_issue(nb__mpi_comm *m, nb_work *w) {
     s->tag = (int)(w->seq % ((int64_t)m->tag_ub + 1));
     if (!setup(&c)) {
         free_staging(s);
-        nb__work_fail(w, NB_ENOMEM, "%s on rank %d: %s", nb__coll_name(w->a.kind),
-                      w->comm->rank, nb_last_error());
+        nb__work_fail_wrap(w, NB_ENOMEM, "%s on rank %d", nb__coll_name(w->a.kind),
+                           w->comm->rank);
         atomic_fetch_add(&w->comm->completed, 1);
         return false;
     }

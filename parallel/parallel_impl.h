@@ -200,6 +200,10 @@ void nb__work_release(nb_work *w);
 void nb__work_done(nb_work *w);
 void nb__work_fail(nb_work *w, nb_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Fail w with "<context>: <this thread's last error>" (the wrapping rules of nb_wrap_error,
+ * docs/errors.md); fmt gives the context. */
+void nb__work_fail_wrap(nb_work *w, nb_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* buf[i] *= factor for a float dtype (f32, f64, f16, bf16): the division of an average. */
 void nb__comm_scale(void *buf, int64_t n, nb_dtype dt, double factor);
 
