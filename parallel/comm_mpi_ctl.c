@@ -85,10 +85,20 @@ static nb_work *reap_zombies(void) {
     return ended;
 }
 
+/* Seconds between the thread's rounds: 2 ms; NB_TEST_CTL_POLL_US=N (a test hook, read when
+ * the thread starts) makes it N microseconds, so that the thread's MPI progress overlaps the
+ * other threads' MPI calls as often as possible (tools/run-tsan). */
+static double poll_interval(void) {
+    const char *s = getenv("NB_TEST_CTL_POLL_US");
+    long us = s && *s ? strtol(s, NULL, 10) : 0;
+    return us > 0 && us < 1000000 ? (double)us * 1e-6 : 0.002;
+}
+
 static void *ctl_main(void *arg) {
     /* Runs until the generation changes (nb__mpi_ctl_stop; a thread started later has the
      * next one), so a stopped thread never goes on next to its successor. */
     int gen = (int)(intptr_t)arg;
+    double interval = poll_interval();
     while (atomic_load(&nb__mpi.ctl_gen) == gen) {
         pthread_mutex_lock(&nb__mpi.mu);
         nb_work *small_ended = NULL;
@@ -123,7 +133,7 @@ static void *ctl_main(void *arg) {
             nb__work_release(w);
         }
         if (done) break;
-        nb__mpi_sleep(0.002);
+        nb__mpi_sleep(interval);
     }
     return NULL;
 }
