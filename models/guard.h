@@ -26,8 +26,8 @@
 #include <nabla/parallel.h>
 
 /* The programs' deadline for a collective (seconds) unless --comm-timeout or the
- * NB_COMM_TIMEOUT environment variable says otherwise. */
-#define NBM_COMM_TIMEOUT 60.0
+ * NB_COMM_TIMEOUT environment variable says otherwise: the library's own default. */
+#define NBM_COMM_TIMEOUT NB_COMM_TIMEOUT_DEFAULT
 
 typedef struct nbm_guard {
     double comm_timeout; /* --comm-timeout S; < 0: not given */

@@ -30,6 +30,7 @@ Suite *mt_suite_zero_layouts(void);
 Suite *mt_suite_3d(void);
 Suite *mt_suite_nccl(void);
 Suite *mt_suite_failures(void);
+Suite *mt_suite_mismatch(void);
 Suite *mt_suite_dead_peer(void);
 
 /* Record a failure on this rank (the first message is kept). */
