@@ -50,6 +50,7 @@ const nb_params *nb_optim_state(nb_optim *opt) {
         nb__error(NB_ENULL, "optim_state: opt is NULL");
         return NULL;
     }
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_state")) return NULL;
     nb__optim_state_clear(opt);
     const nb__optim_kind *k = opt->kind;
     int cap = opt->ngroups * popcount(k->hypers), nscalar = cap;
@@ -347,6 +348,7 @@ static void apply(loadctx *c, nb_tensor *const *ts) {
 nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor *const *ts,
                               int n) {
     if (!opt) return nb__error(NB_ENULL, "optim_load_state: opt is NULL");
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_load_state")) return nb_last_status();
     if (n < 0 || (n > 0 && (!names || !ts)))
         return nb__error(NB_ENULL, "optim_load_state: %d entries but %s is NULL", n,
                          !names ? "names" : "tensors");

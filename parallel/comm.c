@@ -122,7 +122,7 @@ double nb__comm_default_timeout(void) {
 }
 
 nb_comm *nb__comm_alloc(const nb__comm_backend *be, int rank, int size, void *impl) {
-    nb_comm *c = calloc(1, sizeof *c);
+    nb_comm *c = nb__obj_alloc(sizeof *c, NB__OBJ_COMM);
     if (!c) {
         nb__error(NB_ENOMEM, "comm: out of memory");
         return NULL;
@@ -152,23 +152,31 @@ void nb__comm_release(nb_comm *c) {
     }
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->sig_mu);
-    free(c);
+    nb__obj_free(c);
 }
 
-void nb_comm_free(nb_comm *c) { nb__comm_release(c); }
-int nb_comm_rank(const nb_comm *c) { return c ? c->rank : -1; }
-int nb_comm_size(const nb_comm *c) { return c ? c->size : 0; }
-const char *nb_comm_backend(const nb_comm *c) { return c ? c->be->name : "none"; }
+/* A live communicator, or quietly false for NULL (the error set for a freed one). */
+#define LIVE(c, op) ((c) && nb__obj_ok((c), NB__OBJ_COMM, (op)))
+void nb_comm_free(nb_comm *c) {
+    if (LIVE(c, "comm_free")) nb__comm_release(c);
+}
+int nb_comm_rank(const nb_comm *c) { return LIVE(c, "comm_rank") ? c->rank : -1; }
+int nb_comm_size(const nb_comm *c) { return LIVE(c, "comm_size") ? c->size : 0; }
+const char *nb_comm_backend(const nb_comm *c) {
+    return LIVE(c, "comm_backend") ? c->be->name : "none";
+}
 
 void nb_comm_set_timeout(nb_comm *c, double seconds) {
-    if (!c) return;
+    if (!LIVE(c, "comm_set_timeout")) return;
     if (!(seconds >= 0) || !isfinite(seconds)) {
         nb__error(NB_EINVAL, "comm_set_timeout: %g is not a number of seconds >= 0", seconds);
         return;
     }
     atomic_store(&c->timeout, seconds);
 }
-double nb_comm_timeout(const nb_comm *c) { return c ? atomic_load(&c->timeout) : 0; }
+double nb_comm_timeout(const nb_comm *c) {
+    return LIVE(c, "comm_timeout") ? atomic_load(&c->timeout) : 0;
+}
 
 /* NB_COMM_DEBUG=detail: the ranks agree on the collective before it starts (comm_check.c). */
 static bool agreed(nb_comm *c, nb__coll k, nb_dtype dt, nb_reduce_op op, int root, int64_t n,
@@ -183,6 +191,7 @@ nb_comm *nb_comm_split(nb_comm *c, int color, int key) {
         nb__error(NB_ENULL, "comm_split: comm is NULL");
         return NULL;
     }
+    if (!nb__obj_ok(c, NB__OBJ_COMM, "comm_split")) return NULL;
     if (color < 0) {
         nb__error(NB_EINVAL, "comm_split: color %d is negative; colors must be >= 0", color);
         return NULL;
@@ -202,6 +211,7 @@ nb_work *nb__work_new(nb_comm *c, nb__coll kind) {
     nb_work *w = c->free_works;
     if (w) {
         c->free_works = w->next;
+        if (!c->free_works) c->free_tail = NULL;
         c->free_count--;
     }
     pthread_mutex_unlock(&c->mu);
@@ -211,6 +221,7 @@ nb_work *nb__work_new(nb_comm *c, nb__coll kind) {
     }
     memset(w, 0, offsetof(nb_work, be));
     memset(w->be, 0, sizeof w->be);
+    nb__obj_init(&w->h, NB__OBJ_WORK, sizeof *w);
     w->next = NULL;
     w->comm = c;
     w->a.kind = kind;
@@ -234,10 +245,13 @@ void nb__work_release(nb_work *w) {
     if (atomic_fetch_sub(&w->refs, 1) != 1) return;
     nb_comm *c = w->comm;
     work_drop_holds(w);
+    w->h.magic = NB__OBJ_FREED; /* nb_work_wait etc. on this handle: an error */
     pthread_mutex_lock(&c->mu);
-    if (c->free_count < NB__WORK_CACHE) {
-        w->next = c->free_works;
-        c->free_works = w;
+    if (c->free_count < NB__WORK_CACHE) { /* to the end: reused last */
+        w->next = NULL;
+        if (c->free_tail) c->free_tail->next = w;
+        else c->free_works = w;
+        c->free_tail = w;
         c->free_count++;
         w = NULL;
     }
@@ -349,7 +363,7 @@ static nb_status copy_back(nb_tensor *dst, nb_tensor *staged) {
 }
 
 static bool check_comm(const nb_comm *c, const char *op) {
-    if (c) return true;
+    if (c) return nb__obj_ok(c, NB__OBJ_COMM, op);
     nb__error(NB_ENULL, "%s: comm is NULL", op);
     return false;
 }
@@ -695,6 +709,7 @@ nb_status nb_work_wait(nb_work *w) {
         if (nb_last_status() != NB_OK) return nb_last_status();
         return nb__error(NB_ENULL, "work_wait: work is NULL");
     }
+    if (!nb__obj_ok(w, NB__OBJ_WORK, "work_wait")) return nb_last_status();
     bool gave_up;
     nb_status st = nb__work_wait_keep(w, &gave_up);
     if (!gave_up) nb__work_release(w);
@@ -706,6 +721,7 @@ int nb_work_test(nb_work *w) {
         if (nb_last_status() != NB_OK) return nb_last_status();
         return nb__error(NB_ENULL, "work_test: work is NULL");
     }
+    if (!nb__obj_ok(w, NB__OBJ_WORK, "work_test")) return nb_last_status();
     if (w->test_failed) return w->test_failed;
     int r = atomic_load(&w->state);
     if (r == NB__WORK_PENDING) r = w->comm->be->test(w);
@@ -735,7 +751,7 @@ int nb_work_test(nb_work *w) {
 }
 
 void nb_work_free(nb_work *w) {
-    if (!w) return;
+    if (!w || !nb__obj_ok(w, NB__OBJ_WORK, "work_free")) return;
     if (atomic_load(&w->state) == NB__WORK_PENDING && w->comm->be->test(w) == 0) {
         work_abandon(w);
         return;

@@ -19,6 +19,7 @@
 
 #include "nabla/parallel.h"
 #include "nb_config.h"
+#include "tensor/handle.h"
 #include "tensor/tensor_impl.h"
 
 /* The operations a backend implements (the index of its start table). */
@@ -77,6 +78,7 @@ typedef struct nb__sig {
 #define NB__SIG_RING 64 /* signatures a communicator remembers */
 
 struct nb_work {
+    nb__obj h;         /* a checked handle (tensor/handle.h): released once refs reach 0 */
     nb_comm *comm;
     nb__args a;
     /* NB__WORK_*: written once by whoever completes the operation (a backend thread or
@@ -107,6 +109,8 @@ struct nb_work {
 typedef struct nb__comm_backend nb__comm_backend;
 
 struct nb_comm {
+    nb__obj h;               /* a checked handle (tensor/handle.h): released with its last
+                              * reference */
     const nb__comm_backend *be;
     int rank, size;
     /* Handles: nb_comm_world() hands out references to one object; each in-flight work
@@ -115,8 +119,9 @@ struct nb_comm {
     _Atomic double timeout;  /* seconds, 0: wait forever */
     atomic_llong issued;     /* collectives started on this communicator */
     atomic_llong completed;  /* collectives finished (by the backend) */
-    pthread_mutex_t mu;      /* the free list of works */
-    nb_work *free_works;
+    pthread_mutex_t mu;      /* the free list of works (first in, first out: a released
+                              * handle stays marked released for a while) */
+    nb_work *free_works, *free_tail;
     int free_count;
     bool is_world;
     void *impl;              /* the backend's private state */

@@ -38,7 +38,7 @@ extern "C" {
     X(ECOMM, -13, "communication failure")                                      \
     X(ETIMEOUT, -14, "timed out")                                               \
     X(EINTERNAL, -15, "internal error")                                         \
-    X(EFREED, -16, "tensor used after it was released")
+    X(EFREED, -16, "handle used after it was released")
 
 typedef enum nb_status {
 #define NB__STATUS_ENUM(name, value, text) NB_##name = value,
