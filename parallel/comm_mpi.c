@@ -686,7 +686,6 @@ static int mpi_wait(nb_work *w, double deadline) {
 static bool mpi_cancel(nb_work *w, const char *msg) {
     nb__mpi_ws *s = nb__mpi_ws_of(w);
     nb__mpi_comm *m = nb__mpi_of(w->comm);
-    nb__mpi_notify(w, msg);
     pthread_mutex_lock(&m->mu);
     if (atomic_load(&w->state) != NB__WORK_PENDING) {
         pthread_mutex_unlock(&m->mu);

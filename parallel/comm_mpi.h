@@ -165,10 +165,9 @@ void nb__mpi_ctl_stop(void);
 void nb__mpi_zombie_add(nb_work *w, bool counted);
 void nb__mpi_diagnose(nb_work *w, char *buf, size_t n);
 /* nb__comm_backend.check: ask the peers for their collective of w's number. */
+/* When it finds a difference, it tells the peers that cannot know yet (those whose collective
+ * is this rank's, or that did not answer) that the ranks are out of step, so that a rank
+ * whose peers already gave the collective up fails too. */
 int nb__mpi_check(nb_work *w, char *buf, size_t n);
-/* Tell every peer's control thread that the ranks of w's communicator are out of step (msg),
- * so that a rank that cannot find out by itself (its peers already gave the collective up)
- * fails too. */
-void nb__mpi_notify(nb_work *w, const char *msg);
 
 #endif

@@ -215,12 +215,14 @@ void nb__mpi_ctl_unregister(nb__mpi_comm *m) {
     if (!nb__mpi.finalized) {
         MPI_Cancel(&m->q_req);
         MPI_Wait(&m->q_req, MPI_STATUS_IGNORE);
+        /* A reply goes out at once (small: MPI's eager protocol) once MPI progresses it. */
         for (nb__mpi_reply *r = m->replies, *next; r; r = next) {
             next = r->next;
             int flag = 0;
-            MPI_Test(&r->req, &flag, MPI_STATUS_IGNORE);
+            for (double until = nb__now() + 0.05; !flag && nb__now() < until;)
+                if (MPI_Test(&r->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
             if (flag) free(r);
-            else MPI_Request_free(&r->req); /* its 48 bytes stay with MPI */
+            else MPI_Request_free(&r->req); /* it and its 48 bytes stay with MPI */
         }
     }
     m->replies = NULL;
@@ -317,7 +319,8 @@ static void ask(nb_work *w, const int *peer, int np, double grace, nb__mpi_answe
     free(rr);
 }
 
-void nb__mpi_notify(nb_work *w, const char *msg) {
+/* Tell the peers whose flag is set (their rank in to[]) that the ranks are out of step. */
+static void notify(nb_work *w, const bool *to, const char *msg) {
     nb_comm *c = w->comm;
     nb__mpi_comm *m = nb__mpi_of(c);
     int np = c->size - 1;
@@ -334,7 +337,7 @@ void nb__mpi_notify(nb_work *w, const char *msg) {
     snprintf(q->msg, sizeof q->msg, "%s", msg);
     int k = 0;
     for (int r = 0; r < c->size; r++)
-        if (r != c->rank &&
+        if (r != c->rank && to[r] &&
             MPI_Isend(q, (int)sizeof *q, MPI_BYTE, r, NB__MPI_TAG_QUERY, m->ctl, &rq[k]) ==
                 MPI_SUCCESS)
             k++;
@@ -370,6 +373,15 @@ int nb__mpi_check(nb_work *w, char *buf, size_t n) {
                 nb__sig_mismatch(&me, c->rank, &ans[i].sig, peer[i], buf, n);
                 found = 1;
             }
+        /* A peer whose collective differs learned it from the question (answer()); the
+         * others, whose collective is this rank's or who did not answer, are told. */
+        bool *to = found ? calloc((size_t)c->size, 1) : NULL;
+        bool any = false;
+        for (int i = 0; to && i < np; i++)
+            if (!got[i] || !ans[i].has_sig || nb__sig_same(&me, &ans[i].sig))
+                any = to[peer[i]] = true;
+        if (any) notify(w, to, buf);
+        free(to);
     }
     free(peer), free(ans), free(got);
     return found;

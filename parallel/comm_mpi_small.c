@@ -689,6 +689,26 @@ void nb__mpi_small_release(nb_work *done) {
     }
 }
 
+/* Receive and drop the messages of w's collective (by its number's bits in their tags) that
+ * the peers sent, whatever their signature; with m->sm_mu held. */
+static void drain(nb__mpi_comm *m, nb_work *w) {
+    unsigned long long mask = (1ull << m->seq_bits) - 1;
+    for (int r = 0; r < w->comm->size; r++) {
+        for (;;) {
+            int flag = 0, bytes = 0;
+            MPI_Status st;
+            if (MPI_Iprobe(r, MPI_ANY_TAG, m->sm, &flag, &st) != MPI_SUCCESS || !flag ||
+                ((unsigned long long)st.MPI_TAG & mask) != ((unsigned long long)w->seq & mask))
+                break; /* none, or the next collective's: stays */
+            MPI_Get_count(&st, MPI_BYTE, &bytes);
+            void *buf = malloc(bytes > 0 ? (size_t)bytes : 1);
+            if (!buf) break;
+            MPI_Recv(buf, bytes, MPI_BYTE, r, st.MPI_TAG, m->sm, MPI_STATUS_IGNORE);
+            free(buf);
+        }
+    }
+}
+
 void nb__mpi_small_cancel(nb__mpi_comm *m, nb_work *w, const char *msg) {
     pthread_mutex_lock(&m->sm_mu);
     nb_work *prev = NULL, *p = m->sm_head;
@@ -701,21 +721,32 @@ void nb__mpi_small_cancel(nb__mpi_comm *m, nb_work *w, const char *msg) {
     if (prev) nb__mpi_ws_of(prev)->sm_next = s->sm_next;
     else m->sm_head = s->sm_next;
     if (m->sm_tail == w) m->sm_tail = prev;
-    /* A receive that nothing matched can be cancelled; the wait ends at once either way. A
-     * send the other side never receives stays with MPI, with its buffer: the work keeps a
-     * reference forever then (its buffers and tensors are never released). */
-    bool kept = false;
-    for (int i = 0; i < s->nreq; i++) {
-        if (s->rq[i] == MPI_REQUEST_NULL) continue;
-        int flag = 0;
-        if (i < s->nrecv) {
+    /* A receive that nothing matched can be cancelled; the wait ends at once either way. The
+     * peers' messages of this collective (their tags: its number's bits, their signature's
+     * hash) are received and dropped, and they drop this rank's, so that sends too large to
+     * go out at once (a rendezvous) complete; a send still pending after a second stays with
+     * MPI, with its buffer: the work keeps a reference forever then (its buffers and tensors
+     * are never released). */
+    for (int i = 0; i < s->nrecv; i++)
+        if (s->rq[i] != MPI_REQUEST_NULL) {
             MPI_Cancel(&s->rq[i]);
             MPI_Wait(&s->rq[i], MPI_STATUS_IGNORE);
-        } else if (MPI_Test(&s->rq[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) {
+        }
+    int nsend = s->nreq - s->nrecv, done = nsend == 0;
+    for (double until = nb__now() + 1.0; !done;) {
+        drain(m, w);
+        if (MPI_Testall(nsend, s->rq + s->nrecv, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS ||
+            done || nb__now() > until)
+            break;
+        nb__mpi_sleep(0.001);
+    }
+    drain(m, w);
+    bool kept = false;
+    for (int i = s->nrecv; !done && i < s->nreq; i++)
+        if (s->rq[i] != MPI_REQUEST_NULL) {
             MPI_Request_free(&s->rq[i]);
             kept = true;
         }
-    }
     s->nreq = 0;
     if (kept) {
         s->fa = s->fb = NULL, s->tmp = NULL; /* MPI may still read them */
