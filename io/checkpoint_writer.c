@@ -3,7 +3,9 @@
  * tensors into reused host snapshot tensors; a background thread writes this rank's file
  * from them with the synchronous path's writer, so the bytes are the same. What needs the
  * other ranks (agreeing that every file is durable, the index, rotation of folders) happens
- * at the next call on the writer: _save, _wait. */
+ * at the next call on the writer: _save, _wait.
+ * A writer is a checked handle (tensor/handle.h): used after nb_checkpoint_writer_free it is an
+ * error value, and a save refuses a checkpoint whose objects were freed. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -14,10 +16,12 @@
 #include "io/dcp_impl.h"
 #include "io/io_impl.h"
 #include "nabla/autograd.h"
+#include "tensor/handle.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/trace.h"
 
 struct nb_checkpoint_writer {
+    nb__obj h; /* a checked handle (tensor/handle.h) */
     nb_checkpoint_writer_opts opts;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -81,7 +85,7 @@ nb_checkpoint_writer *nb_checkpoint_writer_new(const nb_checkpoint_writer_opts *
                   "NB_CKPT_SKIP)", (int)o.policy);
         return NULL;
     }
-    nb_checkpoint_writer *w = calloc(1, sizeof *w);
+    nb_checkpoint_writer *w = nb__obj_alloc(sizeof *w, NB__OBJ_CKPT_WRITER);
     if (!w) {
         nb__error(NB_ENOMEM, "checkpoint_writer_new: out of memory");
         return NULL;
@@ -95,7 +99,7 @@ nb_checkpoint_writer *nb_checkpoint_writer_new(const nb_checkpoint_writer_opts *
     if (e) {
         pthread_cond_destroy(&w->cv);
         pthread_mutex_destroy(&w->mu);
-        free(w);
+        nb__obj_free(w);
         nb__error(NB_ENOMEM, "checkpoint_writer_new: cannot start the writer thread: %s",
                   strerror(e));
         return NULL;
@@ -257,11 +261,27 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
     return NB_OK;
 }
 
+/* The objects a checkpoint borrows are alive (a save reads them all; NULL ones are not
+ * saved). */
+static nb_status ckpt_objects_ok(const nb_checkpoint *c, const char *op) {
+    bool ok = (!c->model || nb__obj_ok(c->model, NB__OBJ_MODULE, op)) &&
+              (!c->optim || nb__obj_ok(c->optim, NB__OBJ_OPTIM, op)) &&
+              (!c->sched || nb__obj_ok(c->sched, NB__OBJ_SCHED, op)) &&
+              (!c->loader || nb__obj_ok(c->loader, NB__OBJ_LOADER, op)) &&
+              (!c->scaler || nb__obj_ok(c->scaler, NB__OBJ_SCALER, op));
+    for (int i = 0; ok && i < c->ngens; i++)
+        ok = nb__obj_ok(c->gens[i], NB__OBJ_GENERATOR, op);
+    return ok ? NB_OK : nb_last_status();
+}
+
 nb_status nb_checkpoint_writer_save(nb_checkpoint_writer *w, const char *base,
                                     const nb_checkpoint *c) {
     if (!w || !base || !c || !c->model)
         return nb__error(NB_ENULL, "checkpoint_writer_save: %s is NULL",
                          !w ? "the writer" : !base ? "path" : !c ? "the checkpoint" : "the model");
+    if (!nb__obj_ok(w, NB__OBJ_CKPT_WRITER, "checkpoint_writer_save") ||
+        ckpt_objects_ok(c, "checkpoint_writer_save") != NB_OK)
+        return nb_last_status();
     if (c->keep < 0)
         return nb__error(NB_EINVAL, "checkpoint_writer_save: keep must be 0 (path itself) or at "
                          "least 1, got %d", c->keep);
@@ -277,12 +297,13 @@ nb_status nb_checkpoint_writer_save(nb_checkpoint_writer *w, const char *base,
 
 nb_status nb_checkpoint_writer_wait(nb_checkpoint_writer *w) {
     if (!w) return nb__error(NB_ENULL, "checkpoint_writer_wait: the writer is NULL");
+    if (!nb__obj_ok(w, NB__OBJ_CKPT_WRITER, "checkpoint_writer_wait")) return nb_last_status();
     return finish(w, "checkpoint_writer_wait");
 }
 
 void nb_checkpoint_writer_get_stats(nb_checkpoint_writer *w, nb_checkpoint_writer_stats *out) {
     if (!out) return;
-    if (!w) {
+    if (!w || !nb__obj_ok(w, NB__OBJ_CKPT_WRITER, "checkpoint_writer_get_stats")) {
         memset(out, 0, sizeof *out);
         return;
     }
@@ -293,6 +314,7 @@ void nb_checkpoint_writer_get_stats(nb_checkpoint_writer *w, nb_checkpoint_write
 
 nb_status nb_checkpoint_writer_free(nb_checkpoint_writer *w) {
     if (!w) return NB_OK;
+    if (!nb__obj_ok(w, NB__OBJ_CKPT_WRITER, "checkpoint_writer_free")) return nb_last_status();
     pthread_mutex_lock(&w->mu);
     wait_idle(w);
     w->quit = true;
@@ -311,6 +333,6 @@ nb_status nb_checkpoint_writer_free(nb_checkpoint_writer *w) {
     free(w->names);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
-    free(w);
+    nb__obj_free(w);
     return st;
 }

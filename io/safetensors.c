@@ -32,6 +32,7 @@
 #include "io/io_impl.h"
 #include "nabla/io.h"
 #include "tensor/backend.h"
+#include "tensor/handle.h"
 #include "tensor/tensor_impl.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -157,6 +158,7 @@ typedef struct st_entry {
 } st_entry;
 
 struct nb_safetensors {
+    nb__obj h; /* a checked handle (tensor/handle.h) */
     char *path;
     st_map *map;
     const unsigned char *data; /* the data buffer, after the header */
@@ -178,10 +180,14 @@ static void handle_free(nb_safetensors *f) {
     free(f->meta_keys);
     free(f->meta_values);
     free(f->path);
-    free(f);
+    nb__obj_free(f);
 }
 
-void nb_safetensors_close(nb_safetensors *f) { handle_free(f); }
+/* A live handle, or quietly false for NULL (the error set for a closed one). */
+#define LIVE(f, op) ((f) && nb__obj_ok((f), NB__OBJ_SAFETENSORS, (op)))
+void nb_safetensors_close(nb_safetensors *f) {
+    if (LIVE(f, "safetensors_close")) handle_free(f);
+}
 
 /* "[2,3]" for a shape, with "..." past NB_MAX_DIMS stored dims. */
 static const char *shape_str(const st_entry *e, char *buf) {
@@ -404,10 +410,10 @@ nb_safetensors *nb_safetensors_open(const char *path) {
         close(fd);
         return NULL;
     }
-    nb_safetensors *f = calloc(1, sizeof *f);
+    nb_safetensors *f = nb__obj_alloc(sizeof *f, NB__OBJ_SAFETENSORS);
     if (f) f->path = strdup(path);
     if (!f || !f->path) {
-        free(f);
+        nb__obj_free(f);
         close(fd);
         nb__error(NB_ENOMEM, "safetensors_open: out of memory");
         return NULL;
@@ -422,15 +428,19 @@ nb_safetensors *nb_safetensors_open(const char *path) {
 }
 
 /* ---- queries ------------------------------------------------------------------------------------- */
-const char *nb_safetensors_path(const nb_safetensors *f) { return f ? f->path : NULL; }
-int nb_safetensors_count(const nb_safetensors *f) { return f ? f->count : 0; }
+const char *nb_safetensors_path(const nb_safetensors *f) {
+    return LIVE(f, "safetensors_path") ? f->path : NULL;
+}
+int nb_safetensors_count(const nb_safetensors *f) {
+    return LIVE(f, "safetensors_count") ? f->count : 0;
+}
 
 const char *nb_safetensors_name(const nb_safetensors *f, int i) {
-    return f && i >= 0 && i < f->count ? f->entries[i].name : NULL;
+    return LIVE(f, "safetensors_name") && i >= 0 && i < f->count ? f->entries[i].name : NULL;
 }
 
 static const st_entry *find_entry(const nb_safetensors *f, const char *name) {
-    if (!f || !name) return NULL;
+    if (!LIVE(f, "safetensors_find") || !name) return NULL;
     st_entry key = {.name = name}, *kp = &key;
     st_entry **hit = bsearch(&kp, f->by_name, (size_t)f->count, sizeof(st_entry *), cmp_names);
     return hit ? *hit : NULL;
@@ -443,6 +453,7 @@ int nb_safetensors_find(const nb_safetensors *f, const char *name) {
 
 nb_status nb_safetensors_info_at(const nb_safetensors *f, int i, nb_safetensors_info *out) {
     if (!f || !out) return nb__error(NB_ENULL, "safetensors_info: %s is NULL", f ? "out" : "f");
+    if (!LIVE(f, "safetensors_info")) return nb_last_status();
     if (i < 0 || i >= f->count)
         return nb__error(NB_EINDEX, "safetensors_info: index %d is out of range for %s, which "
                          "holds %d tensors", i, f->path, f->count);
@@ -460,16 +471,19 @@ nb_status nb_safetensors_info_at(const nb_safetensors *f, int i, nb_safetensors_
 }
 
 const char *nb_safetensors_metadata(const nb_safetensors *f, const char *key) {
-    if (!f || !key) return NULL;
+    if (!LIVE(f, "safetensors_metadata") || !key) return NULL;
     for (int i = 0; i < f->nmeta; i++)
         if (strcmp(f->meta_keys[i], key) == 0) return f->meta_values[i];
     return NULL;
 }
 
-int nb_safetensors_metadata_count(const nb_safetensors *f) { return f ? f->nmeta : 0; }
+int nb_safetensors_metadata_count(const nb_safetensors *f) {
+    return LIVE(f, "safetensors_metadata_count") ? f->nmeta : 0;
+}
 
 const char *nb_safetensors_metadata_key(const nb_safetensors *f, int i) {
-    return f && i >= 0 && i < f->nmeta ? f->meta_keys[i] : NULL;
+    return LIVE(f, "safetensors_metadata_key") && i >= 0 && i < f->nmeta ? f->meta_keys[i]
+                                                                         : NULL;
 }
 
 /* ---- tensors ------------------------------------------------------------------------------------- */
@@ -478,6 +492,7 @@ static const st_entry *get_checked(nb_safetensors *f, const char *name, const ch
         nb__error(NB_ENULL, "%s: %s is NULL", op, f ? "name" : "f");
         return NULL;
     }
+    if (!LIVE(f, op)) return NULL;
     const st_entry *e = find_entry(f, name);
     if (!e) {
         nb__error(NB_EINVAL, "%s: %s has no tensor \"%s\"", op, f->path, name);
@@ -511,6 +526,7 @@ nb_status nb_safetensors_verify(nb_safetensors *f, int *checked) {
     const char *op = "safetensors_verify";
     if (checked) *checked = 0;
     if (!f) return nb__error(NB_ENULL, "%s: f is NULL", op);
+    if (!LIVE(f, op)) return nb_last_status();
     int n = 0;
     for (int i = 0; i < f->count; i++) {
         const st_entry *e = &f->entries[i];

@@ -99,6 +99,7 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
             usage(a, stdout);
             return 0;
         } else if (!strcmp(f, "--eval-only")) {
+            if (a->eval_only) return nbm_repeated(a->prog, f);
             a->eval_only = true;
             continue;
         } else if (strncmp(f, "-", 1)) { /* the programs take no file or other operand */
@@ -115,6 +116,7 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
             usage(a, stderr);
             return 2;
         }
+        if (given[k]) return nbm_repeated(a->prog, f);
         given[k] = true;
         i++; /* every other flag takes a value */
         if (!v) {

@@ -36,7 +36,10 @@
  * (outputs are copied back when the operation completes); contiguous ones are used in place
  * without copies. Collectives write tensor data directly: autograd does not record them.
  * Every rank must call the collectives of a communicator in the same order with the same
- * sizes; a mismatch shows up as a timeout or an NB_ECOMM error. See docs/distributed.md.
+ * sizes, dtypes, reduce ops and roots; ranks that disagree get NB_ECOMM naming both sides
+ * (within a fraction of a second when their data cannot meet; NB_COMM_DEBUG=detail compares
+ * every collective across the ranks before it runs), and the communicator refuses its later
+ * collectives. See docs/distributed.md, "Ranks that disagree".
  * Failures are values: an MPI error, or a peer that does not arrive within the timeout,
  * returns NB_ECOMM / NB_ETIMEOUT with a message naming the operation and the ranks that did
  * not arrive - a dead peer never hangs the job forever.
@@ -82,8 +85,13 @@ int nb_comm_local_rank(void);
 /* Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
  * Collective over c. */
 nb_comm *nb_comm_split(nb_comm *c, int color, int key);
+/* The deadline of every wait on a communicator, in seconds, unless the NB_COMM_TIMEOUT
+ * environment variable, nb_comm_set_timeout or a program's --comm-timeout says otherwise:
+ * one value for the library and the bundled programs (docs/distributed.md, "When a peer
+ * dies"). */
+#define NB_COMM_TIMEOUT_DEFAULT 300.0
 /* Timeout of blocking waits on this communicator, in seconds (default: NB_COMM_TIMEOUT
- * environment variable, else 300). 0 waits forever. */
+ * environment variable, else NB_COMM_TIMEOUT_DEFAULT). 0 waits forever. */
 void nb_comm_set_timeout(nb_comm *c, double seconds);
 double nb_comm_timeout(const nb_comm *c);
 

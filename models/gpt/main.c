@@ -184,10 +184,12 @@ static int parse_args(int argc, char **argv, args *a) {
             return 0;
         }
         if (!strcmp(f, "--sample")) {
+            if (a->sample) return nbm_repeated("gpt", f);
             a->sample = true;
             continue;
         }
         if (!strcmp(f, "--sequence-parallel")) {
+            if (a->sequence_parallel) return nbm_repeated("gpt", f);
             a->sequence_parallel = true;
             continue;
         }
@@ -204,6 +206,7 @@ static int parse_args(int argc, char **argv, args *a) {
             usage(a, stderr);
             return 2;
         }
+        if (given[k]) return nbm_repeated("gpt", f); /* not "the last one wins" */
         given[k] = true;
         if (i + 1 >= argc) {
             fprintf(stderr, "gpt: %s needs a value (see --help)\n", f);

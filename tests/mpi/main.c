@@ -212,6 +212,7 @@ int main(int argc, char **argv) {
         srunner_add_suite(sr, mt_suite_tp());
         srunner_add_suite(sr, mt_suite_pipeline());
         srunner_add_suite(sr, mt_suite_nccl());
+        srunner_add_suite(sr, mt_suite_mismatch());
         srunner_add_suite(sr, mt_suite_failures()); /* last: it ends with a timeout */
     }
     const char *only = getenv("NB_SUITE");

@@ -32,6 +32,7 @@ Suite *mt_suite_tp(void);
 Suite *mt_suite_pipeline(void);
 Suite *mt_suite_nccl(void);
 Suite *mt_suite_failures(void);
+Suite *mt_suite_mismatch(void);
 Suite *mt_suite_dead_peer(void);
 
 /* Record a failure on this rank (the first message is kept). */
