@@ -83,41 +83,6 @@ nb_status nb_checkpoint_consolidate(const char *path, const char *out, bool mode
     return dcp_consolidate(path, out, model_only, op);
 }
 
-/* ---- transitional: for zoo/gpt_tp.c and models/gpt until they use the calls above -------- */
-nb_checkpoint_load_opts nb_checkpoint_load_defaults(void) { return (nb_checkpoint_load_opts){0}; }
-
-nb_status nb_checkpoint_load_ex(const char *path, nb_checkpoint *c,
-                                const nb_checkpoint_load_opts *lo) {
-    nb_checkpoint_load_opts d = nb_checkpoint_load_defaults();
-    if (!lo) lo = &d;
-    if (!path || !c || (!c->model && !lo->skip_model))
-        return nb__error(NB_ENULL, "checkpoint_load: %s is NULL",
-                         !path ? "path" : !c ? "the checkpoint" : "the model");
-    if (lo->optim_n < 0 || (lo->optim_n > 0 && (!lo->optim_names || !lo->optim_tensors)))
-        return nb__error(NB_EINVAL, "checkpoint_load: optim_n is %d with %s", lo->optim_n,
-                         lo->optim_n < 0 ? "a negative count" : "no names or tensors");
-    nb_checkpoint c2 = *c;
-    if (lo->skip_model) c2.model = NULL;
-    if (lo->optim) c2.optim = NULL;
-    nb_status st = lo->optim ? nb_optim_load_state(lo->optim, lo->optim_names, lo->optim_tensors,
-                                                   lo->optim_n)
-                             : NB_OK;
-    if (st == NB_OK) st = dcp_load(path, &c2, "checkpoint_load");
-    if (st == NB_OK) c->step = c2.step, memcpy(c->run_id, c2.run_id, sizeof c->run_id);
-    return st;
-}
-
-
-nb_status nb_checkpoint_target(const char *base, int64_t step, int keep, char *out, size_t n) {
-    if (!base || !out)
-        return nb__error(NB_ENULL, "checkpoint_target: %s is NULL", !base ? "base" : "out");
-    return nb__checkpoint_target(base, step, keep, out, n, "checkpoint_save");
-}
-
-void nb_checkpoint_rotate(const char *base, int keep, const char *path) {
-    if (base && path && keep > 0) nb__checkpoint_rotate(base, keep, path);
-}
-
 /* ---- series of checkpoints: rotation and the newest valid one --------------------------------- */
 /* base names a series: a directory (existing, or ending in '/': members DIR/checkpoint-<step>.ckpt)
  * or a file path whose stem and extension frame the step (run.ckpt: run-<step>.ckpt). A
@@ -244,50 +209,8 @@ nb_status nb__checkpoint_target(const char *base, int64_t step, int keep, char *
     return NB_OK;
 }
 
-/* Pipeline checkpoints (zoo/gpt_pipe.c) and sharded tensor-parallel ones (zoo/gpt_tp.c) of
- * the GPT are folders of their own kind until the GPT writes these checkpoints:
- * index.safetensors with "format" = "nabla-pipe" or "nabla-tp" and the step, written last. */
-static bool legacy_index(const char *dir, int64_t *step) {
-    char path[4600];
-    snprintf(path, sizeof path, "%s/index.safetensors", dir);
-    if (access(path, F_OK) != 0) return false;
-    nb_safetensors *f = nb_safetensors_open(path);
-    if (!f) {
-        nb_clear_error();
-        return false;
-    }
-    const char *fmt = nb_safetensors_metadata(f, "format"), *k = nb_safetensors_metadata(f, "step");
-    char *end = NULL;
-    long long v = k ? strtoll(k, &end, 10) : -1;
-    bool ok = fmt && (strcmp(fmt, "nabla-pipe") == 0 || strcmp(fmt, "nabla-tp") == 0) && k &&
-              *k && end && !*end && v >= 0;
-    nb_safetensors_close(f);
-    if (ok) *step = v;
-    return ok;
-}
-
-/* Remove a member folder: ours (index first), or a GPT pipeline / tensor-parallel one (its
- * index first, then its stage-, tp- and consolidated model files). */
-static void remove_dir(const char *dir) {
-    int64_t k;
-    char path[4700];
-    if (!legacy_index(dir, &k)) {
-        dcp_remove_folder(dir);
-        return;
-    }
-    snprintf(path, sizeof path, "%s/index.safetensors", dir);
-    unlink(path);
-    DIR *d = opendir(dir);
-    for (struct dirent *e; d && (e = readdir(d));) {
-        if (strncmp(e->d_name, "stage-", 6) != 0 && strncmp(e->d_name, "tp-", 3) != 0 &&
-            strncmp(e->d_name, "model.safetensors", 17) != 0)
-            continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    if (d) closedir(d);
-    rmdir(dir);
-}
+/* Remove a member folder (its index first). */
+static void remove_dir(const char *dir) { dcp_remove_folder(dir); }
 
 void nb__checkpoint_remove_member(const char *path) {
     struct stat sb;
@@ -297,9 +220,10 @@ void nb__checkpoint_remove_member(const char *path) {
 }
 
 /* Rotation after the new member is durable: the newest keep stay. A folder without an index
- * (a save that never finished) is not a checkpoint: it does not count, and goes. One that
- * cannot be removed stays (the next save tries again). */
-void nb__checkpoint_rotate(const char *base, int keep, const char *path) {
+ * (a save that never finished) is not a checkpoint: it does not count, and goes, except busy
+ * (when not NULL: the folder a later save is writing into right now, whose index comes after
+ * this rotation). One that cannot be removed stays (the next save tries again). */
+void nb__checkpoint_rotate(const char *base, int keep, const char *path, const char *busy) {
     series s;
     member *m;
     int count;
@@ -314,10 +238,10 @@ void nb__checkpoint_rotate(const char *base, int keep, const char *path) {
             kept++;
             continue;
         }
+        if (busy && busy[0] && strcmp(m[i].path, busy) == 0) continue;
         struct stat sb;
-        int64_t k;
         bool dir = stat(m[i].path, &sb) == 0 && S_ISDIR(sb.st_mode);
-        bool junk = dir && !dcp_is_folder(m[i].path) && !legacy_index(m[i].path, &k);
+        bool junk = dir && !dcp_is_folder(m[i].path);
         if (!junk && kept < keep) {
             kept++;
             continue;
@@ -340,7 +264,6 @@ static nb_status check_candidate(const char *path, int64_t *step) {
     const char *op = "checkpoint_latest";
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && !dcp_is_folder(path)) {
-        if (legacy_index(path, step)) return NB_OK;
         return nb__error(NB_EIO, "%s has no %s, so it is not a complete checkpoint folder (its "
                          "save did not finish)", path, DCP_INDEX);
     }
@@ -386,11 +309,6 @@ nb_status nb_checkpoint_latest(const char *base, char *out, size_t n, int64_t *s
             fprintf(stderr, "nabla: checkpoint_latest: skipping %s: %s\n", base, why());
         }
         nb_clear_error();
-    }
-    int64_t k0; /* base itself, a GPT pipeline or tensor-parallel folder */
-    if (s.is_dir && legacy_index(base, &k0)) {
-        best = k0;
-        snprintf(best_path, sizeof best_path, "%s", base);
     }
     for (int i = 0; i < count && m[i].step > best; i++) {
         int64_t k;

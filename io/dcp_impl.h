@@ -74,8 +74,6 @@ typedef struct dcp_world {
     nb_comm *comm;  /* NULL: this process alone */
     int rank, size;
     const nb_mesh *mesh; /* of the placements, or NULL */
-    bool zero;           /* a ZeRO run whose layout comes from nb_zero (zero_bridge.c) */
-    nb_optim *zuser;     /* then: the user's optimizer nb_zero wraps */
     bool pp;             /* the model is one pipeline stage's part (pp > 1) */
     char layout[96];     /* "dp=2 tp=2", "zero-3 dp=4", "1 process" */
 } dcp_world;
@@ -104,17 +102,9 @@ nb_status dcp_lay_of(const dcp_world *w, nb_tensor *t, bool values, dcp_lay *l,
 /* The sub-tensor of local that part sel selects (a view, in the current scope). */
 nb_tensor *dcp_select(nb_tensor *local, const dcp_sel *s);
 
-/* ---- ZeRO without placements (zero_bridge.c; until nb_zero sets them) --------------------- */
-/* The shard optimizer of a template optimizer under nb_zero, or NULL. */
+/* ---- ZeRO (zero_bridge.c) ----------------------------------------------------------------- */
+/* The shard optimizer holding the state of user's (a ZeRO run's optimizer), or NULL. */
 nb_optim *dcp_zero_inner(nb_optim *user);
-/* The world of the nb_zero behind user (size, rank, communicator). */
-nb_status dcp_zero_world(nb_optim *user, dcp_world *w);
-/* Whether t is held as a flat range [*flo, *flo + *fn) of the row-major elements of a
- * tensor of shape[*ndim]: a piece of the shard optimizer (of its parameter; *src NULL: t
- * itself), or with values a stage-3 model parameter (*src: a new reference to this rank's
- * part of the shard, *fn 0 when it holds none). */
-nb_status dcp_zero_flat(nb_optim *user, nb_tensor *t, bool values, bool *flat, int64_t *flo,
-                        int64_t *fn, int *ndim, int64_t *shape, nb_tensor **src);
 
 /* ---- agreement ------------------------------------------------------------------------------ */
 /* Collective over w->comm: when any rank failed, every rank returns the error of the lowest
@@ -218,6 +208,7 @@ typedef struct dcp_index_job {
     char dir[4400];
     char base[4096];
     char next_id[17];   /* a later save whose files are being written: kept too */
+    char next_dir[4400];/* its folder (a member without an index yet): not rotated away */
     int keep;
 } dcp_index_job;
 void dcp_index_job_free(dcp_index_job *x);

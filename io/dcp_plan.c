@@ -80,29 +80,12 @@ nb_status dcp_world_of(const nb_checkpoint *c, dcp_world *w, const char *op) {
         if (nb_tensor_placement(hp->tensors[i], &p) == NB_OK && p.mesh) w->mesh = p.mesh;
     }
     nb_clear_error();
-    if (inner) {
-        /* ZeRO whose pieces carry no placement yet: the layout comes from nb_zero itself */
-        const nb_params *ip = nb_optim_params(inner);
-        nb_placement p = {0};
-        if (ip && ip->count > 0 && nb_tensor_placement(ip->tensors[0], &p) != NB_OK)
-            return nb_last_status();
-        bool placed = false;
-        for (int k = 0; k < p.n; k++)
-            placed |= p.places[k].kind == NB_PLACE_SHARD && p.places[k].dim == NB_PLACE_FLAT;
-        if (!placed) {
-            nb_status st = dcp_zero_world(c->optim, w);
-            if (st != NB_OK) return st;
-            if (w->mesh)
-                return nb__error(NB_EUNSUPPORTED, "%s: a model placed on a mesh under an nb_zero "
-                                 "whose shards carry no placements", op);
-        }
-    }
     if (w->mesh) {
         w->comm = nb_mesh_world(w->mesh);
         w->rank = nb_comm_rank(w->comm), w->size = nb_comm_size(w->comm);
         w->pp = nb_mesh_size(w->mesh, "pp") > 1;
         snprintf(w->layout, sizeof w->layout, "%s", nb_mesh_describe(w->mesh));
-    } else if (!w->zero && c->comm) {
+    } else if (c->comm) {
         w->comm = c->comm;
         w->rank = nb_comm_rank(c->comm), w->size = nb_comm_size(c->comm);
         snprintf(w->layout, sizeof w->layout, "dp=%d (replicated)", w->size);
@@ -125,7 +108,7 @@ static const nb_place *find_place(const nb_placement *p, const char *dim) {
 /* Whether this rank writes a tensor so placed (flat_dim: the mesh dimension a flat shard
  * splits it over, NULL for none): coordinate 0 of every dimension it is replicated along. */
 static bool writes(const dcp_world *w, const nb_placement *p, const char *flat_dim) {
-    if (!w->mesh) return w->rank == 0 || (w->zero && flat_dim);
+    if (!w->mesh) return w->rank == 0;
     for (int d = 0; d < NDIMS; d++) {
         if (nb_mesh_size(w->mesh, dim_names[d]) <= 1) continue;
         const nb_place *e = find_place(p, dim_names[d]);
@@ -239,19 +222,6 @@ nb_status dcp_lay_of(const dcp_world *w, nb_tensor *t, bool values, dcp_lay *l,
         src = pl->shard_value;
     }
     nb_tensor *owned = NULL;
-    if (fn < 0 && w->zero) { /* ZeRO without placements: nb_zero says */
-        bool flat = false;
-        int nd = 0;
-        int64_t shape[NB_MAX_DIMS];
-        st = dcp_zero_flat(w->zuser, t, values, &flat, &flo, &fn, &nd, shape, &owned);
-        if (st != NB_OK) return st;
-        if (flat && !p.mesh) { /* the whole tensor is the parameter the piece is of */
-            p.ndim = nd;
-            memcpy(p.shape, shape, sizeof p.shape);
-        }
-        if (flat) flat_dim = "dp";
-        if (owned) src = owned;
-    }
     rects r;
     st = rects_of(&p, &r, op);
     if (st == NB_OK) st = parts_of(&p, &r, flo, fn, l, op);

@@ -413,7 +413,7 @@ static nb_status agree_begin(const dcp_world *w, nb_status prev_local, const cha
     }
     run[32] = '\0';
     snprintf(j->save_id, sizeof j->save_id, "%016" PRIx64, id);
-    snprintf(j->run_id, sizeof j->run_id, "%s", run);
+    memcpy(j->run_id, run, sizeof j->run_id); /* 32 characters and the terminator */
     return NB_OK;
 }
 
@@ -439,9 +439,9 @@ nb_status dcp_job_begin(const char *path, const nb_checkpoint *c, dcp_job *j, dc
             return fs;
         }
     }
-    /* a folder when the state is spread over several ranks by placements (or ZeRO), the
+    /* a folder when the state is spread over several ranks by placements (ZeRO sets them too), the
      * same decision on every rank; one file (rank 0's) otherwise */
-    bool any = p.w.size > 1 && (p.w.mesh || p.w.zero);
+    bool any = p.w.size > 1 && p.w.mesh;
     j->sharded = any;
     j->keep = c->keep;
     char target[4400];
@@ -654,7 +654,7 @@ nb_status dcp_index_job_run(dcp_index_job *x, const char *op) {
     if (st == NB_OK) st = dcp_write_text(ip, text, op);
     if (st == NB_OK) {
         remove_other_saves(x->dir, x->save_id, x->next_id);
-        if (x->keep > 0) nb__checkpoint_rotate(x->base, x->keep, x->dir);
+        if (x->keep > 0) nb__checkpoint_rotate(x->base, x->keep, x->dir, x->next_dir);
     }
     free(text);
     for (int i = 0; i < nd; i++) free(d[i].entry), free(d[i].key);
@@ -667,7 +667,10 @@ nb_status dcp_index_job_run(dcp_index_job *x, const char *op) {
 }
 
 nb_status dcp_job_write(dcp_job *j) {
-    if (j->sharded) snprintf(j->before.next_id, sizeof j->before.next_id, "%s", j->save_id);
+    if (j->sharded) {
+        snprintf(j->before.next_id, sizeof j->before.next_id, "%s", j->save_id);
+        snprintf(j->before.next_dir, sizeof j->before.next_dir, "%s", j->dir);
+    }
     nb_status st = dcp_index_job_run(&j->before, "checkpoint_save");
     if (st != NB_OK) return st;
     if (j->err != NB_OK) return nb__error(j->err, "%s", j->errmsg);
@@ -682,7 +685,7 @@ nb_status dcp_job_write(dcp_job *j) {
         snprintf(rest, sizeof rest, "%s", nb_last_error() + 18);
         st = nb__error(st, "checkpoint_save: %s", rest);
     }
-    if (st == NB_OK && !j->sharded && j->keep > 0) nb__checkpoint_rotate(j->base, j->keep, j->path);
+    if (st == NB_OK && !j->sharded && j->keep > 0) nb__checkpoint_rotate(j->base, j->keep, j->path, NULL);
     return st;
 }
 

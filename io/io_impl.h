@@ -28,11 +28,12 @@ nb_status nb__safetensors_save_checked(const char *path, const char *const *name
 /* Series (nabla/checkpoint.h, io/checkpoint.c). nb__checkpoint_target: the path a save of
  * step writes: base itself (keep <= 0) or its step's member of base's series, whose
  * directory it creates. nb__checkpoint_rotate, after that save is complete: the series'
- * members beyond the newest keep are removed (files, checkpoint folders, the GPT's pipeline
- * and tensor-parallel folders), never path (best effort). */
+ * members beyond the newest keep are removed (files and checkpoint folders; folders without an
+ * index, saves that never finished, whatever their age), never path nor busy (a later save's
+ * folder being written; NULL for none) (best effort). */
 nb_status nb__checkpoint_target(const char *base, int64_t step, int keep, char *path, size_t n,
                                 const char *op);
-void nb__checkpoint_rotate(const char *base, int keep, const char *path);
+void nb__checkpoint_rotate(const char *base, int keep, const char *path, const char *busy);
 /* Remove one member of a series (a file or a folder of any kind). */
 void nb__checkpoint_remove_member(const char *path);
 

@@ -69,29 +69,16 @@ bool nbm_save_finish(const char *prog, bool wait) {
     return false;
 }
 
-bool nbm_save_end(const char *prog, nb_zero *z) {
-    return nbm_save_finish(prog, z != NULL || !collective);
-}
-
-static nb_status save(const char *path, int64_t keep, const nb_checkpoint *ck, bool all) {
+nb_status nbm_save(const char *path, int64_t keep, const nb_checkpoint *ck) {
     nb_checkpoint c = *ck;
     c.keep = keep <= 0 ? 0 : keep > 1000000 ? 1000000 : (int)keep;
-    collective = all || (ck->comm && nb_comm_size(ck->comm) > 1);
+    collective = ck->comm && nb_comm_size(ck->comm) > 1;
     if (!save_async) return nb_checkpoint_save(path, &c);
     if (!writer && !(writer = nb_checkpoint_writer_new(NULL))) return nb_last_status();
     nb_status st = nb_checkpoint_writer_save(writer, path, &c);
     /* one process about to exit: its file on disk now (several ranks: nbm_save_finish) */
     if (st == NB_OK && !collective && nb_stop_requested()) st = nb_checkpoint_writer_wait(writer);
     return st;
-}
-
-nb_status nbm_save(const char *path, int64_t keep, const nb_checkpoint *ck) {
-    return save(path, keep, ck, false);
-}
-
-nb_status nbm_save_sharded(nb_zero *z, const char *path, int64_t keep, const nb_checkpoint *ck) {
-    (void)z;
-    return save(path, keep, ck, true);
 }
 
 bool nbm_resume_path(const char *prog, bool main_rank, const char *resume, const char *save,

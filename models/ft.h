@@ -46,9 +46,7 @@ void nbm_model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model, d
  * folder, or DDP's one file written by rank 0); --resume auto (nbm_resume_path) finds either
  * kind, and gpt --pp's pipeline folders. */
 nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck);
-/* The same, for a run under ZeRO (every rank calls it; z is not needed any more). */
-nb_status nbm_save_sharded(nb_zero *z, const char *save, int64_t keep, const nb_checkpoint *ck);
-/* --async-save 1: from now on nbm_save and nbm_save_sharded snapshot the state and a
+/* --async-save 1: from now on nbm_save snapshots the state and a
  * background writer (nb_checkpoint_writer, one per process, made by the first save) writes
  * this rank's file while training goes on; a save that finds a write in flight waits for it,
  * and a save of one process after a stop signal waits for its own write (the process is about
@@ -61,8 +59,6 @@ void nbm_save_async(bool on);
  * and the previous checkpoint is the newest). False after printing "prog: <why>" when a write
  * failed: the run's last checkpoint is not on disk. */
 bool nbm_save_finish(const char *prog, bool wait);
-/* nbm_save_finish(prog, z != NULL || the last save was of this process alone), for gpt. */
-bool nbm_save_end(const char *prog, nb_zero *z);
 /* Resolve --resume: "auto" is the newest complete, intact checkpoint of --save's series
  * (corrupt ones skipped with a line each), *out = buf; or none yet: *out = NULL, after
  * printing "prog: --resume auto: no checkpoint in SAVE yet: starting from step 0" (main_rank

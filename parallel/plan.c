@@ -288,8 +288,13 @@ static bool linear_like(nb_module *m, const char *path, const char *style) {
 
 static bool divides(int64_t n, int64_t by, const char *path, const char *what, int T) {
     if (by > 0 && n % by == 0) return true;
-    nb_set_error(NB_EINVAL, "parallelize: '%s': %s %lld does not split into %d equal parts%s", path,
-                 what, (long long)n, T, by != T ? " of whole units" : "");
+    if (by == T || by <= 0 || n % (by / T))
+        nb_set_error(NB_EINVAL, "parallelize: '%s': %s %lld does not split into %d equal parts",
+                     path, what, (long long)n, T);
+    else
+        nb_set_error(NB_EINVAL, "parallelize: '%s': %s %lld is %lld units of %lld (the rule's "
+                     "unit), which do not split into %d equal parts", path, what, (long long)n,
+                     (long long)(n / (by / T)), (long long)(by / T), T);
     return false;
 }
 

@@ -520,45 +520,6 @@ START_TEST(test_writer_errors) {
 }
 END_TEST
 
-/* The public series pieces (nb_checkpoint_target / _rotate) and nb_checkpoint_load_ex's
- * argument checks. */
-START_TEST(test_series_api) {
-    char dir[] = "/tmp/nabla_series_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char base[64], path[4400], want[128];
-    snprintf(base, sizeof base, "%s/s/", dir);
-    ck_assert_int_eq(nb_checkpoint_target(base, 7, 2, path, sizeof path), NB_OK);
-    snprintf(want, sizeof want, "%s/s/checkpoint-00000007.ckpt", dir);
-    ck_assert_str_eq(path, want);
-    ck_assert_int_eq(nb_checkpoint_target(base, 7, 0, path, sizeof path), NB_OK);
-    ck_assert_str_eq(path, base); /* keep 0: base itself */
-    for (int step = 1; step <= 3; step++) { /* three members, rotated to the newest two */
-        ck_assert_int_eq(nb_checkpoint_target(base, step, 2, path, sizeof path), NB_OK);
-        FILE *f = fopen(path, "w");
-        ck_assert_ptr_nonnull(f);
-        fclose(f);
-        nb_checkpoint_rotate(base, 2, path);
-    }
-    snprintf(want, sizeof want, "%s/s/checkpoint-00000001.ckpt", dir);
-    ck_assert_int_ne(access(want, F_OK), 0);
-    snprintf(want, sizeof want, "%s/s/checkpoint-00000002.ckpt", dir);
-    ck_assert_int_eq(access(want, F_OK), 0);
-    ck_assert_int_eq(nb_checkpoint_target(NULL, 1, 1, path, sizeof path), NB_ENULL);
-    nb_clear_error();
-
-    nb_checkpoint c = {0};
-    ck_assert_int_eq(nb_checkpoint_load_ex(want, &c, NULL), NB_ENULL); /* no model */
-    nb_clear_error();
-    nb_checkpoint_load_opts o = nb_checkpoint_load_defaults();
-    o.skip_model = true, o.optim_n = -1;
-    ck_assert_int_eq(nb_checkpoint_load_ex(want, &c, &o), NB_EINVAL);
-    nb_clear_error();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-END_TEST
-
 Suite *nb_suite_checkpoint(void) {
     Suite *s = suite_create("checkpoint");
     TCase *tc = tcase_create("checkpoint");
@@ -566,7 +527,6 @@ Suite *nb_suite_checkpoint(void) {
     tcase_add_test(tc, test_bad_checkpoints);
     tcase_add_test(tc, test_checkpoint_identity);
     tcase_add_test(tc, test_save_failures);
-    tcase_add_test(tc, test_series_api);
     suite_add_tcase(s, tc);
     TCase *tw = tcase_create("writer");
     tcase_add_test(tw, test_writer_same_bytes);

@@ -213,26 +213,6 @@ void nb_checkpoint_writer_get_stats(nb_checkpoint_writer *w, nb_checkpoint_write
  * of a failed write not yet reported. Local (see above). */
 nb_status nb_checkpoint_writer_free(nb_checkpoint_writer *w);
 
-/* ---- transitional ---------------------------------------------------------------------------
- * For the GPT's own tensor-parallel and pipeline checkpoints (zoo/gpt_tp.c, zoo/gpt_pipe.c),
- * until the GPT is made parallel by placements and saves with nb_checkpoint_save; then these
- * go. nb_checkpoint_target: the path a save of step writes (base itself when keep <= 0);
- * nb_checkpoint_rotate: the series' members beyond the newest keep removed, never path.
- * nb_checkpoint_load_ex: nb_checkpoint_load without the model (skip_model) and with the
- * optimizer's state from named tensors instead of the checkpoint's. */
-nb_status nb_checkpoint_target(const char *base, int64_t step, int keep, char *out, size_t n);
-void nb_checkpoint_rotate(const char *base, int keep, const char *path);
-typedef struct nb_checkpoint_load_opts {
-    bool skip_model;                 /* false */
-    nb_optim *optim;                 /* NULL */
-    const char *const *optim_names;  /* optim's state as named tensors (borrowed) */
-    nb_tensor *const *optim_tensors;
-    int optim_n;
-} nb_checkpoint_load_opts;
-nb_checkpoint_load_opts nb_checkpoint_load_defaults(void);
-nb_status nb_checkpoint_load_ex(const char *path, nb_checkpoint *c,
-                                const nb_checkpoint_load_opts *o);
-
 #ifdef __cplusplus
 }
 #endif

@@ -267,11 +267,6 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --async-save needs --save\n");
         return 2;
     }
-    if (a->async_save && a->zero > 0 && a->keep) {
-        fprintf(stderr, "gpt: --async-save with --zero writes one sharded checkpoint "
-                        "directory; --keep does not apply to it yet\n");
-        return 2;
-    }
     if (strcmp(a->recompute, "none") && strcmp(a->recompute, "attn") &&
         strcmp(a->recompute, "full")) {
         fprintf(stderr, "gpt: --checkpoint-activations must be none, attn or full, got \"%s\"\n",
@@ -533,6 +528,7 @@ typedef struct run {
     nb_module *mine;   /* this rank's part of the model: the pipeline's module, or the model */
     nb_pipe_stats ps;  /* the last step's pipeline figures */
     double bubble_sum; /* over the steps run */
+    double exposed_sum, tp_sum; /* exposed and tensor-parallel communication, seconds */
     int64_t peak_live;
     nb_comm *dp;       /* the data-parallel group (borrowed from the mesh) */
     int dp_rank, dp_size;
@@ -845,9 +841,16 @@ static void print_header(const run *r) {
     fflush(stdout);
 }
 
+/* The pipeline schedule's name (1f1b when not given). */
+static const char *pp_schedule_name(const run *r) {
+    nb_pipe_schedule sch = NB_PIPE_1F1B;
+    if (r->a->pp_schedule) nb_pipe_schedule_parse(r->a->pp_schedule, &sch);
+    return nb_pipe_schedule_name(sch);
+}
+
 /* What one step measured, for the logs. */
 typedef struct step_result {
-    double loss, lr, grad_norm, seconds, comm_ms;
+    double loss, lr, grad_norm, seconds, comm_ms, tp_ms;
 } step_result;
 
 /* One optimizer step: draw the micro-batches, forward, backward (averaged over the ranks),
@@ -867,9 +870,25 @@ static bool train_step(run *r, step_result *o) {
     nb_gpt_step_opts so = nb_gpt_step_defaults();
     so.ddp = r->ddp, so.zero = r->zero, so.scaler = r->scaler, so.grad_clip = r->a->grad_clip;
     so.pipeline = r->pipe, so.pipe_stats = &r->ps;
+    /* --on-nonfinite's tests (NBM_TEST_NONFINITE): this rank's first parameter NaN for the
+     * step, which is then not applied; the value comes back after it */
+    const nb_params *mp = nb_parameters(r->mine);
+    nb_tensor *p0 = mp && mp->count ? mp->tensors[0] : NULL, *p0_saved = NULL;
+    if (p0 && isnan(nbm_guard_test_factor(r->step + 1, r->rank))) {
+        bool prev = nb_set_grad_enabled(false);
+        p0_saved = nb_clone(p0);
+        nb_fill_(p0, NAN);
+        nb_set_grad_enabled(prev);
+    }
     double loss = nb_gpt_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N, &so,
                                        &o->grad_norm);
     nbm_precision_end(r->a->precision);
+    if (p0_saved) {
+        bool prev = nb_set_grad_enabled(false);
+        nb_copy_(p0, p0_saved);
+        nb_set_grad_enabled(prev);
+        nb_tensor_free(p0_saved);
+    }
     if (r->pipe && !isnan(r->ps.bubble)) {
         r->bubble_sum += r->ps.bubble;
         if (r->ps.peak_live_micro > r->peak_live) r->peak_live = r->ps.peak_live_micro;
@@ -880,12 +899,17 @@ static bool train_step(run *r, step_result *o) {
         o->grad_norm = 0;
     if (isnan(loss) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
-    o->comm_ms = r->zero  ? nb_zero_exposed_comm_s(r->zero) * 1e3
-                 : r->ddp ? nb_ddp_exposed_comm_s(r->ddp) * 1e3
-                          : 0;
+    /* exposed communication: the reducer's (not overlapped with backward), with a pipeline its
+     * waits for activations and gradients and the communication after the passes */
+    o->comm_ms = r->pipe  ? (r->ps.wait_s + r->ps.comm_s) * 1e3
+                 : r->zero ? nb_zero_exposed_comm_s(r->zero) * 1e3
+                 : r->ddp  ? nb_ddp_exposed_comm_s(r->ddp) * 1e3
+                           : 0;
     nb_tp_comm_stats cs; /* tensor parallel: blocking collectives, all exposed */
     nb_tp_comm_stats_get(&cs);
-    o->comm_ms += cs.seconds * 1e3;
+    o->tp_ms = cs.seconds * 1e3;
+    o->comm_ms += o->tp_ms;
+    r->exposed_sum += o->comm_ms / 1e3, r->tp_sum += o->tp_ms / 1e3;
     if (isnan(loss = nbm_step_sync(r->world, loss, &r->stop)) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
     /* A NaN or infinite loss or gradient norm (whose step nb_gpt_train_step did not apply):
@@ -927,6 +951,19 @@ static void log_step(run *r, const step_result *o) {
     nb_jsonl_num(r->log, "step_ms", o->seconds * 1e3, 2);
     nb_jsonl_num(r->log, "tokens_per_s", nb_progress_rate(r->bar), 1);
     nb_jsonl_num(r->log, "exposed_comm_ms", o->comm_ms, 3);
+    if (r->size > 1) { /* the layout */
+        nb_jsonl_int(r->log, "dp", r->dp_size);
+        nb_jsonl_int(r->log, "tp", r->a->tp > 1 ? r->a->tp : 1);
+        nb_jsonl_int(r->log, "pp", r->pipe ? r->a->pp : 1);
+    }
+    if (r->a->tp > 1) nb_jsonl_num(r->log, "tp_comm_ms", o->tp_ms, 3);
+    if (r->pipe) {
+        nb_jsonl_str(r->log, "pp_schedule", pp_schedule_name(r));
+        nb_jsonl_int(r->log, "microbatches", r->N);
+        nb_jsonl_int(r->log, "virtual_stages", r->a->virtual_stages ? r->a->virtual_stages : 1);
+        nb_jsonl_num(r->log, "bubble", r->ps.bubble, 4);
+        nb_jsonl_num(r->log, "bubble_ideal", r->ps.bubble_theory, 4);
+    }
     if (guard.skip) nb_jsonl_int(r->log, "skipped_steps", guard.skipped); /* so far */
     nb_jsonl_end(r->log);
     tb_scalar(r, "train/loss", o->loss);
@@ -936,6 +973,7 @@ static void log_step(run *r, const step_result *o) {
     tb_scalar(r, "train/step_ms", o->seconds * 1e3);
     const bool comm_on = r->size > 1;
     if (comm_on) tb_scalar(r, "train/exposed_comm_ms", o->comm_ms);
+    if (r->pipe) tb_scalar(r, "train/bubble", r->ps.bubble);
     char comm[80] = "";
     if (comm_on) snprintf(comm, sizeof comm, "  comm %.1f ms", o->comm_ms);
     if (guard.skipped)
@@ -1062,6 +1100,7 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_int(out, "tp", r->a->tp > 1 ? r->a->tp : 1);
     nb_jsonl_int(out, "sequence_parallel", r->a->sequence_parallel);
     nb_jsonl_int(out, "microbatches", r->N);
+    if (r->a->tp > 1) nb_jsonl_num(out, "tp_comm_ms", ran ? r->tp_sum / (double)ran * 1e3 : NAN, 3);
     if (r->pipe) { /* the pipeline's figures */
         int S;
         nb_pipeline_boundaries(r->pipe, &S);
@@ -1069,11 +1108,12 @@ static void print_result(const run *r, double wall_s) {
         nb_pipe_schedule sch = NB_PIPE_1F1B;
         if (r->a->pp_schedule) nb_pipe_schedule_parse(r->a->pp_schedule, &sch);
         nb_jsonl_int(out, "pp", r->a->pp);
-        nb_jsonl_str(out, "pp_schedule", nb_pipe_schedule_name(sch));
+        nb_jsonl_str(out, "pp_schedule", pp_schedule_name(r));
         nb_jsonl_int(out, "virtual_stages", v);
         nb_jsonl_num(out, "bubble", ran ? r->bubble_sum / (double)ran : NAN, 4);
         nb_jsonl_num(out, "bubble_ideal", nb_pipe_bubble_theory(sch, (int)r->a->pp, (int)r->N, v), 4);
         nb_jsonl_int(out, "peak_live_microbatches", r->peak_live);
+        nb_jsonl_num(out, "exposed_comm_ms", ran ? r->exposed_sum / (double)ran * 1e3 : NAN, 3);
     } else {
         nb_jsonl_int(out, "pp", 1);
     }
@@ -1103,7 +1143,7 @@ static bool close_logs(run *r) {
 }
 
 static void teardown(run *r) {
-    nbm_save_end("gpt", NULL); /* after a failure: the write in flight ends first */
+    nbm_save_finish("gpt", false); /* after a failure: the write in flight ends first */
     nb_progress_free(r->bar);
     nb_jsonl_close(r->log); /* after an error: the warning, if any, is all */
     nb_summary_close(r->tb);
@@ -1168,7 +1208,7 @@ static int run_train(const args *a) {
              .val_loss = NAN, .val_step = -1, .steady_allocs = -1};
     int rc = 1;
     nbm_save_async(a->async_save != 0);
-    if (setup(&r) && train_loop(&r) && nbm_save_end("gpt", r.zero) && consolidate_end(&r)) {
+    if (setup(&r) && train_loop(&r) && nbm_save_finish("gpt", true) && consolidate_end(&r)) {
         print_result(&r, nb_time_s() - t_start);
         /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
          * so that a script never takes an incomplete record for a complete one. */

@@ -133,6 +133,20 @@ static int64_t loaded_step(const char *path) {
     return step;
 }
 
+static int count_entries(const char *dir, const char *prefix) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ls '%s' 2>/dev/null | grep -c '^%s' > '%s/.count'", dir, prefix,
+             dir);
+    if (system(cmd) < 0) return -1;
+    snprintf(cmd, sizeof cmd, "%s/.count", dir);
+    FILE *f = fopen(cmd, "r");
+    int n = -1;
+    if (f && fscanf(f, "%d", &n) != 1) n = -1;
+    if (f) fclose(f);
+    unlink(cmd);
+    return n;
+}
+
 START_TEST(test_dcp_async) {
     static const dcp_kind_t kinds[] = {L_Z3, L_TP, L_DDP};
     nb_scope_begin();
@@ -178,6 +192,27 @@ START_TEST(test_dcp_async) {
         nb_checkpoint_writer_get_stats(w, &st);
         MT_CHECK(st.saves == 2 && st.failed == 0, "%s: stats %lld saves, %lld failed", name,
                  (long long)st.saves, (long long)st.failed);
+        /* a series (keep 2): each save's index is written, and the series rotated, while the
+         * next save's folder (no index yet) is being written: that folder must stay */
+        char series[128], latest[4400];
+        snprintf(series, sizeof series, "%s/aseries%zu/", tmp, k);
+        nb_checkpoint cs = ck;
+        cs.keep = 2;
+        for (int s = 3; s <= 5 && w; s++) {
+            cs.step = s;
+            MT_OK(nb_checkpoint_writer_save(w, series, &cs));
+        }
+        MT_OK(nb_checkpoint_writer_wait(w));
+        int64_t last = -1;
+        MT_OK(nb_checkpoint_latest(series, latest, sizeof latest, &last));
+        MT_CHECK(last == 5, "%s: async series: latest step %lld (%s)", name, (long long)last,
+                 latest);
+        if (mt_rank == 0) {
+            snprintf(a, sizeof a, "%s/aseries%zu", tmp, k);
+            MT_CHECK(count_entries(a, "checkpoint-") == 2, "%s: async keep 2 left %d members",
+                     name, count_entries(a, "checkpoint-"));
+        }
+        barrier();
         MT_OK(nb_checkpoint_writer_free(w));
         MT_OK(nb_checkpoint_save(sync_dir, &ck)); /* the same state, synchronously */
         barrier();
@@ -198,20 +233,6 @@ START_TEST(test_dcp_async) {
 END_TEST
 
 /* ---- series of folders, stale temporary files ------------------------------------------------ */
-static int count_entries(const char *dir, const char *prefix) {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "ls '%s' 2>/dev/null | grep -c '^%s' > '%s/.count'", dir, prefix,
-             dir);
-    if (system(cmd) < 0) return -1;
-    snprintf(cmd, sizeof cmd, "%s/.count", dir);
-    FILE *f = fopen(cmd, "r");
-    int n = -1;
-    if (f && fscanf(f, "%d", &n) != 1) n = -1;
-    if (f) fclose(f);
-    unlink(cmd);
-    return n;
-}
-
 START_TEST(test_dcp_series) {
     nb_scope_begin();
     char tmp[64], base[128], path[4400], p4[4400], p3[4400];
