@@ -749,11 +749,9 @@ static bool setup_run(run *r) {
         if (nb_checkpoint_load(resume, &r->ck) != NB_OK)
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
         r->first = r->step = r->ck.step;
-        /* The checkpoint holds rank 0's dropout stream; the ranks draw the same amount per
-         * step, so each data-parallel rank continues its own stream at the same position. */
-        uint64_t pos = nb_generator_offset(r->drop_gen);
-        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK ||
-            nb_generator_set_offset(r->drop_gen, pos) != NB_OK)
+        /* The checkpoint holds rank 0's dropout stream; each data-parallel rank takes its own
+         * again (the position is the step's: train_step) */
+        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK)
             return fail(r, "%s", nb_last_error());
         if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
     }
@@ -862,6 +860,11 @@ static bool train_step(run *r, step_result *o) {
     if (nb_text_sample(r->train, r->batch_gen, r->xg, r->yg) != NB_OK)
         return fail(r, "%s", nb_last_error());
     o->lr = nb_optim_get_lr(r->opt, 0);
+    /* The dropout masks of a step start at a position that is the step's alone (2^32 Philox
+     * blocks a step): the stages of a pipeline draw different amounts, and a resumed run
+     * (any stage, any rank) continues exactly where the uninterrupted one would be. */
+    if (nb_generator_set_offset(r->drop_gen, (uint64_t)r->step << 32) != NB_OK)
+        return fail(r, "%s", nb_last_error());
     nb_clear_error(); /* a NaN below is an error only when one is set */
     nb_tp_comm_stats_reset();
     if (nbm_precision_begin(r->a->precision) != NB_OK) return fail(r, "%s", nb_last_error());
@@ -1119,6 +1122,7 @@ static void print_result(const run *r, double wall_s) {
     }
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
     if (guard.skip) nb_jsonl_int(out, "skipped_steps", guard.skipped);
+    nbm_save_fields(out);
     nbm_stop_fields(out, r->stop);
     nb_jsonl_end(out);
     nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */
