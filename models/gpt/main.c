@@ -824,7 +824,7 @@ static void print_header(const run *r) {
            (long long)nb_numel(r->train), (long long)nb_numel(r->val), (long long)r->B,
            (long long)r->N);
     if (r->a->tp > 1 || r->pipe)
-        printf("%d ranks as %s%s (%lld sequences per replica) x %d threads; ", r->size,
+        printf("%d ranks as %s%s (%lld sequences per replica) x %d threads", r->size,
                nb_mesh_describe(r->mesh), r->a->sequence_parallel ? " sequence parallel" : "",
                (long long)(r->B / r->dp_size), nb_get_num_threads());
     else if (r->size > 1)
