@@ -249,7 +249,9 @@ nb_status nb_grad_scaler_set_comm(nb_grad_scaler *s, nb_comm *c);
  * Checkpoints: nb_checkpoint_save / _load (nabla/checkpoint.h).
  * Ownership: model, opt and c are borrowed and must outlive the nb_zero. At stage 3,
  * nb_zero_free gathers the parameters (so the model is whole again, though no longer
- * flat): call it on every rank, after the last backward. */
+ * flat): call it on every rank, after the last backward. After a collective of c timed out
+ * or failed (and none completed since), it does not communicate: the model stays sharded
+ * and the process can exit without waiting on the missing peer again. */
 typedef struct nb_zero_opts {
     int stage;                 /* 0, 1, 2 or 3: 2 */
     double bucket_mb;          /* bucket size in MiB, as nb_ddp's: 25 */

@@ -542,6 +542,7 @@ typedef struct run {
     int64_t step, first, val_step, steady_allocs, n_last, tokens_per_step;
     int stop; /* the signal all ranks stop with (nabla/stop.h); 0: training goes on */
     bool usage; /* the failure is a usage error (a layout that cannot be): exit status 2 */
+    bool diverged_val; /* stopped by a validation loss that is not finite (final line kept) */
     double val_loss, last_losses[10], flops;
 } run;
 
@@ -998,9 +999,18 @@ static void log_step(run *r, const step_result *o) {
 /* The validation loss now; with train_loss (the last step's, NAN for none) reported. */
 static bool evaluate_and_log(run *r, double train_loss) {
     double te = nb_time_s();
+    nb_clear_error(); /* a NaN below is an error only when one is set */
     r->val_loss = evaluate(r->model, r->pipe, r->val, r->val_gen, r->a->eval_batches, r->vx,
-                           r->vy, r->world, r->dp, r->a->precision);
-    if (isnan(r->val_loss)) return fail(r, "evaluation: %s", nb_last_error());
+                           r->vy, r->world, r->dp, r->a->precision) *
+                  nbm_guard_test_eval_factor(r->step);
+    if (isnan(r->val_loss) && nb_last_status() != NB_OK)
+        return fail(r, "evaluation at step %lld: %s", (long long)r->step, nb_last_error());
+    if (!isfinite(r->val_loss)) { /* the model's outputs are not finite: the same on every rank */
+        r->diverged_val = true;
+        return fail(r, "step %lld: the validation loss is %s: the model diverged (its outputs are "
+                    "not finite; --on-nonfinite skips training steps only)", (long long)r->step,
+                    isnan(r->val_loss) ? "NaN" : r->val_loss > 0 ? "inf" : "-inf");
+    }
     r->val_step = r->step;
     if (isnan(train_loss)) return true; /* the evaluation of a run with nothing to train */
     if (r->main_rank) {
@@ -1123,6 +1133,7 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
     if (guard.skip) nb_jsonl_int(out, "skipped_steps", guard.skipped);
     nbm_save_fields(out);
+    if (r->diverged_val) nb_jsonl_str(out, "stopped", "nonfinite_val_loss");
     nbm_stop_fields(out, r->stop);
     nb_jsonl_end(out);
     nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */
@@ -1220,6 +1231,9 @@ static int run_train(const args *a) {
         if (r.main_rank && !nb_stdout_ok("gpt")) rc = 1;
     } else if (r.usage) {
         rc = 2; /* a layout that cannot be: a usage error, which a restart does not mend */
+    } else if (r.diverged_val) { /* the final line says why the run ended */
+        nbm_save_finish("gpt", false);
+        print_result(&r, nb_time_s() - t_start);
     }
     teardown(&r);
     return rc;
