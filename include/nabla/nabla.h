@@ -34,6 +34,7 @@
 #include "nabla/tp.h"
 #include "nabla/gpt.h"
 #include "nabla/gpt_tp.h"
+#include "nabla/llama.h"
 #include "nabla/pipeline.h"
 #include "nabla/run.h"
 #include "nabla/summary.h"

@@ -208,6 +208,7 @@ int main(int argc, char **argv) {
         srunner_add_suite(sr, mt_suite_reducer());
         srunner_add_suite(sr, mt_suite_mesh());
         srunner_add_suite(sr, mt_suite_parallel_gpt());
+        srunner_add_suite(sr, mt_suite_parallel_llama());
         srunner_add_suite(sr, mt_suite_tp());
         srunner_add_suite(sr, mt_suite_pipeline());
         srunner_add_suite(sr, mt_suite_zero_layouts());

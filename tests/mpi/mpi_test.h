@@ -27,6 +27,7 @@ Suite *mt_suite_zero_async(void);
 Suite *mt_suite_reducer(void);
 Suite *mt_suite_mesh(void);
 Suite *mt_suite_parallel_gpt(void);
+Suite *mt_suite_parallel_llama(void);
 Suite *mt_suite_tp(void);
 Suite *mt_suite_pipeline(void);
 Suite *mt_suite_zero_layouts(void);
