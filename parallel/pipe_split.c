@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "nabla/autocast.h"
 #include "nabla/autograd.h"
 #include "nabla/pipeline.h"
 #include "nn/nn_impl.h"
@@ -581,6 +582,10 @@ static double now_s(void) {
 static nb_tensor *stage_fn(void *ctx, int chunk, int micro, nb_tensor *input) {
     nb_pipeline *p = ctx;
     const int s = chunk * p->p + p->r;
+    /* Under autocast each micro-batch casts the weights itself: with the cast cache, the
+     * graphs of the micro-batches in flight (1F1B, GPipe) would share one cast node, which the
+     * first of their backward passes frees. */
+    if (nb_autocast_active() && nb_grad_enabled()) nb_autocast_clear_cache();
     nb_tensor *x = s == 0 ? p->mx[micro] : input;
     for (int i = p->bounds[s]; i < p->bounds[s + 1] && x; i++) {
         layer *l = &p->layers[i];

@@ -159,7 +159,7 @@ static int seq_dim(const nb_tensor *x) { return nb_ndim(x) >= 2 ? nb_ndim(x) - 2
 static nb_tensor *colwise_forward(nb_module *m, nb_tensor *x, void *ctx) {
     const style_ctx *s = ctx;
     if (!x) return NULL;
-    x = s->sp && s->T > 1 ? nb_all_gather_along(x, s->tp, seq_dim(x)) : nb_copy_to_region(x, s->tp);
+    x = s->sp && s->T > 1 ? nb_allgather_along(x, s->tp, seq_dim(x)) : nb_copy_to_region(x, s->tp);
     nb_tensor *y = nb_linear(x, nb_module_param(m, "weight"), nb_module_param_opt(m, "bias"));
     return s->gather_output ? nb_gather_along(y, s->tp, -1) : tag(s, y);
 }
@@ -288,8 +288,13 @@ static bool linear_like(nb_module *m, const char *path, const char *style) {
 
 static bool divides(int64_t n, int64_t by, const char *path, const char *what, int T) {
     if (by > 0 && n % by == 0) return true;
-    nb_set_error(NB_EINVAL, "parallelize: '%s': %s %lld does not split into %d equal parts%s", path,
-                 what, (long long)n, T, by != T ? " of whole units" : "");
+    if (by == T || by <= 0 || n % (by / T))
+        nb_set_error(NB_EINVAL, "parallelize: '%s': %s %lld does not split into %d equal parts",
+                     path, what, (long long)n, T);
+    else
+        nb_set_error(NB_EINVAL, "parallelize: '%s': %s %lld is %lld units of %lld (the rule's "
+                     "unit), which do not split into %d equal parts", path, what, (long long)n,
+                     (long long)(n / (by / T)), (long long)(by / T), T);
     return false;
 }
 

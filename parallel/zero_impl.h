@@ -87,18 +87,5 @@ struct nb_zero {
  * its group hyperparameters (ctx: the nb_zero). */
 void nb__zero_copy_groups(void *ctx);
 
-/* The norm of a ZeRO model that is itself split over other groups (zoo/gpt_tp.c and
- * zoo/gpt_pipe.c, whose parameters carry no tensor-parallel or pipeline placements yet):
- * each rank sums |g|^p over the pieces of its shard whose parameter it counts (skip false;
- * one flag per parameter of z's model, nb_parameters order), the sum goes over z's ranks and
- * then over model_comm (and model_comm2), and every piece is scaled by the one coefficient.
- * Stage 0: the whole (averaged) gradients. Returns the global norm (before clipping) or a
- * negative status; max_norm INFINITY only measures. Collective over z's communicator and the
- * model groups. A model placed on a mesh needs none of this: nb_clip_grad_norm. Arguments:
- * model_comm (NULL: the model is whole on each rank), model_comm2 (NULL, or a second group,
- * summed after model_comm), skip (NULL: every parameter counts). The zoo, which includes no
- * private header, declares it where it calls it. */
-double nb__zero_clip_grad_norm_ex(nb_zero *z, double max_norm, double norm_type,
-                                  nb_comm *model_comm, nb_comm *model_comm2, const bool *skip);
 
 #endif

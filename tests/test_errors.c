@@ -373,6 +373,8 @@ Suite *nb_suite_errors(void) {
     tcase_add_test(tc, test_double_free);
     tcase_add_test(tc, test_backward_on_released_loss);
     tcase_add_test(tc, test_quarantine_depth);
+    suite_add_tcase(s, nb_tcase_messages());
+    suite_add_tcase(s, nb_tcase_handles());
     suite_add_tcase(s, tc);
     return s;
 }

@@ -188,22 +188,6 @@ static bool resolve(const nb_gpt_config *in, nb_gpt_config *c) {
     return true;
 }
 
-/* ---- for the pipeline stages (zoo/gpt_impl.h, zoo/gpt_pipe.c) ---------------------------- */
-bool nb__gpt_resolve(const nb_gpt_config *in, nb_gpt_config *out) { return resolve(in, out); }
-
-nb_module *nb__gpt_block_new(const nb_gpt_config *c, nb_generator *gen) {
-    nb_module *b = nb_module_new(&block_vt, (void *)(uintptr_t)c);
-    if (b && !fill_block(b, c, gen)) {
-        nb_module_free(b);
-        return NULL;
-    }
-    return b;
-}
-
-nb_module *nb__gpt_add_layernorm(nb_module *parent, const char *name, const nb_gpt_config *c) {
-    return make_layernorm(parent, name, c);
-}
-
 nb_module *nb_gpt_new(const nb_gpt_config *cfg, nb_generator *init) {
     gpt_self *s = malloc(sizeof *s);
     if (!s) {

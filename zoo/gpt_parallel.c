@@ -12,6 +12,15 @@ nb_status nb_gpt_parallelize(nb_module *gpt, const nb_mesh *mesh, const nb_paral
     const nb_gpt_config *c = nb_gpt_get_config(gpt);
     if (!c) return nb_set_error(NB_EINVAL, "nb_gpt_parallelize: the module is not a GPT");
     const int64_t hd = c->n_embd / c->n_head; /* a rank holds whole heads */
+    const char *dim = o && o->tp_dim ? o->tp_dim : "tp";
+    const int T = mesh ? nb_mesh_size(mesh, dim) : 0;
+    if (T > 0 && c->n_head % T)
+        return nb_set_error(NB_EINVAL, "nb_gpt_parallelize: n_head %d does not divide by the %s "
+                            "size %d (a rank holds whole heads)", (int)c->n_head, dim, T);
+    if (T > 0 && o && o->sequence_parallel && c->block_size % T)
+        return nb_set_error(NB_EINVAL, "nb_gpt_parallelize: with sequence parallelism the context "
+                            "(block_size %d) must divide by the %s size %d (each rank holds an "
+                            "equal part of every sequence)", (int)c->block_size, dim, T);
     const nb_tp_rule plan[] = {
         {"transformer.wte", NB_TP_VOCAB},
         {"transformer.wpe", NB_TP_SEQUENCE},

@@ -33,7 +33,6 @@
 #include "nabla/mesh.h"
 #include "nabla/tp.h"
 #include "nabla/gpt.h"
-#include "nabla/gpt_tp.h"
 #include "nabla/llama.h"
 #include "nabla/pipeline.h"
 #include "nabla/run.h"

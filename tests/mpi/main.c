@@ -204,16 +204,16 @@ int main(int argc, char **argv) {
         srunner_add_suite(sr, mt_suite_comm());
         srunner_add_suite(sr, mt_suite_ddp());
         srunner_add_suite(sr, mt_suite_zero());
-        srunner_add_suite(sr, mt_suite_zero_async());
         srunner_add_suite(sr, mt_suite_reducer());
+        srunner_add_suite(sr, mt_suite_dcp());
+        srunner_add_suite(sr, mt_suite_dcp_bad());
         srunner_add_suite(sr, mt_suite_mesh());
         srunner_add_suite(sr, mt_suite_parallel_gpt());
         srunner_add_suite(sr, mt_suite_parallel_llama());
         srunner_add_suite(sr, mt_suite_tp());
         srunner_add_suite(sr, mt_suite_pipeline());
-        srunner_add_suite(sr, mt_suite_zero_layouts());
-        srunner_add_suite(sr, mt_suite_3d());
         srunner_add_suite(sr, mt_suite_nccl());
+        srunner_add_suite(sr, mt_suite_mismatch());
         srunner_add_suite(sr, mt_suite_failures()); /* last: it ends with a timeout */
     }
     const char *only = getenv("NB_SUITE");
