@@ -17,6 +17,11 @@ nb_status nb_llama_parallelize(nb_module *llama, const nb_mesh *mesh, const nb_p
                             "divide n_head (%lld) and n_kv_head (%lld): each rank holds whole "
                             "query heads and the key/value heads they read", tp,
                             (long long)c->n_head, (long long)c->n_kv_head);
+    if (o && o->sequence_parallel && c->block_size % tp)
+        return nb_set_error(NB_EINVAL, "nb_llama_parallelize: with sequence parallelism the "
+                            "context (block_size %lld) must divide by the tensor-parallel size %d "
+                            "(each rank holds an equal part of every sequence)",
+                            (long long)c->block_size, tp);
     const int64_t hd = c->n_embd / c->n_head; /* a rank holds whole heads */
     const nb_tp_rule plan[] = {
         {"model.embed_tokens", NB_TP_VOCAB},
