@@ -57,10 +57,12 @@ double nbm_arch_flops(const nbm_arch *a, int64_t B, int64_t T) {
                                 : nb_gpt_train_flops(&a->gpt, B, T);
 }
 
-/* Built on the meta device (shapes only, nothing allocated), so the count is the model's own
- * whatever its config; NAN with the error set for a config the model refuses. */
-double nbm_arch_params(const nbm_arch *a) {
+/* The model's own count: one layer and two built on the meta device (shapes only, nothing
+ * allocated), the rest the second layer's count again, so a config of 100000 layers is
+ * counted at once; NAN with the error set for a config the model refuses. */
+static double params_of(const nbm_arch *a, int64_t n_layer) {
     nbm_arch copy = *a;
+    copy.gpt.n_layer = copy.llama.n_layer = n_layer;
     nb_generator *g = nb_generator_new(0);
     nb_device prev = nb_set_default_device(NB_META);
     nb_module *m = g ? nbm_arch_new(&copy, g) : NULL;
@@ -69,6 +71,13 @@ double nbm_arch_params(const nbm_arch *a) {
     nb_module_free(m);
     nb_generator_free(g);
     return n;
+}
+
+double nbm_arch_params(const nbm_arch *a) {
+    const int64_t L = a->kind == NBM_LLAMA ? a->llama.n_layer : a->gpt.n_layer;
+    if (L < 1) return params_of(a, L); /* the model's own error (or its default) */
+    const double one = params_of(a, 1), two = isnan(one) ? NAN : params_of(a, 2);
+    return one + (double)(L - 1) * (two - one);
 }
 
 void nbm_arch_shape(const nbm_arch *a, int64_t *n_layer, int64_t *n_head, int64_t *n_kv_head,
