@@ -106,8 +106,11 @@ nb_status dcp_write_text(const char *path, const char *text, const char *op) {
     return sync_dir(path, op);
 }
 
+/* A checkpoint folder's files: the ranks' files, the index, and the consolidated model a
+ * program may keep beside them (nb_checkpoint_consolidate(dir, "dir/model.safetensors"), as
+ * the gpt program does), which goes with its folder; temporary files of each included. */
 static bool is_ours(const char *name) {
-    static const char *const prefixes[] = {"shard-", "index.json"};
+    static const char *const prefixes[] = {"shard-", "index.json", "model.safetensors"};
     for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
         if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0) return true;
     return false;

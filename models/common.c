@@ -670,6 +670,7 @@ static void print_result(const run *r, double wall_s) {
     nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
     if (guard.skip) nb_jsonl_int(out, "skipped_steps", guard.skipped);
+    nbm_save_fields(out);
     nbm_stop_fields(out, r->stop);
     nb_jsonl_end(out);
     nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */

@@ -59,10 +59,22 @@ static nb_checkpoint_writer *writer;
 
 void nbm_save_async(bool on) { save_async = on; }
 
+static bool have_stats;
+static nb_checkpoint_writer_stats last_stats;
+
+void nbm_save_fields(nb_jsonl *line) {
+    if (!have_stats) return;
+    nb_jsonl_int(line, "checkpoint_saves", last_stats.saves);
+    nb_jsonl_num(line, "checkpoint_stall_ms", (double)last_stats.stall_ns_total / 1e6, 3);
+}
+
 bool nbm_save_finish(const char *prog, bool wait) {
     nb_checkpoint_writer *w = writer;
     writer = NULL;
-    nb_status st = w && wait ? nb_checkpoint_writer_wait(w) : NB_OK;
+    if (!w) return true;
+    nb_status st = wait ? nb_checkpoint_writer_wait(w) : NB_OK;
+    nb_checkpoint_writer_get_stats(w, &last_stats); /* every save's, this one's included */
+    have_stats = true;
     if (st != NB_OK) fprintf(stderr, "%s: %s\n", prog, nb_last_error());
     if (nb_checkpoint_writer_free(w) == NB_OK) return st == NB_OK;
     if (st == NB_OK) fprintf(stderr, "%s: %s\n", prog, nb_last_error());

@@ -59,6 +59,10 @@ void nbm_save_async(bool on);
  * and the previous checkpoint is the newest). False after printing "prog: <why>" when a write
  * failed: the run's last checkpoint is not on disk. */
 bool nbm_save_finish(const char *prog, bool wait);
+/* After nbm_save_finish of a run with --async-save 1: "checkpoint_saves" and
+ * "checkpoint_stall_ms" (the training time the snapshots and waits took) in line; nothing
+ * for a run without background saves. */
+void nbm_save_fields(nb_jsonl *line);
 /* Resolve --resume: "auto" is the newest complete, intact checkpoint of --save's series
  * (corrupt ones skipped with a line each), *out = buf; or none yet: *out = NULL, after
  * printing "prog: --resume auto: no checkpoint in SAVE yet: starting from step 0" (main_rank

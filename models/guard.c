@@ -110,14 +110,23 @@ int nbm_guard_step(nbm_guard *g, int64_t step, double loss, double grad_norm, ch
     return 1;
 }
 
+static double test_factor(const char *s, int64_t step, int rank);
+
 double nbm_guard_test_factor(int64_t step, int rank) {
-    const char *s = getenv("NBM_TEST_NONFINITE");
+    return test_factor(getenv("NBM_TEST_NONFINITE"), step, rank);
+}
+
+double nbm_guard_test_eval_factor(int64_t step) {
+    return test_factor(getenv("NBM_TEST_NONFINITE_EVAL"), step, -1);
+}
+
+static double test_factor(const char *s, int64_t step, int rank) {
     while (s && *s) {
         char *end;
         long long st = strtoll(s, &end, 10), rk = -1;
         if (end == s) break;
         if (*end == '@') rk = strtoll(end + 1, &end, 10);
-        if (st == step && (rk < 0 || rk == rank)) return NAN;
+        if (st == step && (rk < 0 || rank < 0 || rk == rank)) return NAN;
         s = *end == ',' ? end + 1 : NULL;
     }
     return 1.0;

@@ -69,5 +69,8 @@ int nbm_guard_step(nbm_guard *g, int64_t step, double loss, double grad_norm, ch
  * from 1) for this rank - "3,4" (every rank), "3@1" (rank 1 only) - else 1. A program
  * multiplies its loss by it before the backward pass to fake a step that overflows. */
 double nbm_guard_test_factor(int64_t step, int rank);
+/* For tests only: NaN when NBM_TEST_NONFINITE_EVAL lists step (the same form, every rank), else
+ * 1: a program multiplies the validation loss of an evaluation after step by it. */
+double nbm_guard_test_eval_factor(int64_t step);
 
 #endif

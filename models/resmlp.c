@@ -6,9 +6,11 @@
  * first gradient norm with one process.
  *
  *     resmlp [--tp N] [--pp N] [--sp] [--zero S] [--schedule gpipe|1f1b|interleaved]
- *            [--virtual-stages V] [--micro M] [--steps K]
+ *            [--virtual-stages V] [--micro M] [--steps K] [--resume PATH] [--save PATH]
  * Under `mpirun -np W` the data-parallel size is W / (tp pp). The last line is one JSON object
- * with the losses and the first step's gradient norm. */
+ * with the losses (of the steps this run made: from the resumed step on) and the first
+ * step's gradient norm. --save and --resume: the model and Adam's state in the one
+ * checkpoint (nabla/checkpoint.h), which any layout loads. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,12 +68,14 @@ static nb_tensor *loss_fn(nb_tensor *logits, nb_tensor *y, void *ctx) { /* per t
 typedef struct opts {
     int tp, pp, zero, virtual_stages, micro, steps;
     bool sp;
+    const char *save, *resume;
     nb_pipe_schedule schedule;
 } opts;
 
 static int usage(const char *why) {
     fprintf(stderr, "resmlp: %s\nusage: resmlp [--tp N] [--pp N] [--sp] [--zero S] [--schedule "
-            "gpipe|1f1b|interleaved] [--virtual-stages V] [--micro M] [--steps K]\n", why);
+            "gpipe|1f1b|interleaved] [--virtual-stages V] [--micro M] [--steps K] [--resume "
+            "PATH] [--save PATH]\n", why);
     return 2;
 }
 
@@ -92,6 +96,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--virtual-stages")) o.virtual_stages = atoi(v);
         else if (!strcmp(f, "--micro")) o.micro = atoi(v);
         else if (!strcmp(f, "--steps")) o.steps = atoi(v);
+        else if (!strcmp(f, "--save")) o.save = v;
+        else if (!strcmp(f, "--resume")) o.resume = v;
         else if (!strcmp(f, "--schedule")) {
             if (nb_pipe_schedule_parse(v, &o.schedule) != NB_OK) return usage(nb_last_error());
         } else return usage("unknown flag");
@@ -129,8 +135,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "resmlp: %s\n", nb_last_error());
         goto done;
     }
+    /* the training state, saved and loaded by every rank together, whatever the layout */
+    nb_checkpoint ck = {.model = mine, .optim = opt, .program = "resmlp",
+                        .comm = nb_comm_size(world) > 1 ? world : NULL};
+    if (o.resume && nb_checkpoint_load(o.resume, &ck) != NB_OK) {
+        fprintf(stderr, "resmlp: --resume %s: %s\n", o.resume, nb_last_error());
+        goto done;
+    }
+    const int start = (int)ck.step;
     double losses[64], norm0 = NAN;
-    for (int s = 0; s < o.steps && s < 64; s++) {
+    for (int s = start; s < start + o.steps && s - start < 64; s++) {
         nb_scope_begin();
         nb_generator *g = nb_generator_new(100 + (uint64_t)s); /* the same global batch everywhere */
         nb_tensor *x = nb_narrow(nb_randn((int64_t[]){B, T, IN}, 3, NB_F32, g), 0, first, rows);
@@ -146,17 +160,23 @@ int main(int argc, char **argv) {
             loss = nb_mean_over_ranks(dp, loss);
         }
         double norm = nb_clip_grad_norm(nb_optim_params(opt), INFINITY, 2);
-        if (s == 0) norm0 = norm;
+        if (s == start) norm0 = norm;
         nb_status st = isnan(loss) || norm < 0 ? nb_last_status() : nb_step(opt);
         nb_scope_end();
         if (st != NB_OK) {
             fprintf(stderr, "resmlp: step %d: %s\n", s, nb_last_error());
             goto done;
         }
-        losses[s] = loss;
+        losses[s - start] = loss;
+    }
+    ck.step = start + o.steps;
+    if (o.save && nb_checkpoint_save(o.save, &ck) != NB_OK) {
+        fprintf(stderr, "resmlp: --save %s: %s\n", o.save, nb_last_error());
+        goto done;
     }
     if (nb_comm_rank(world) == 0) {
-        printf("{\"layout\": \"%s\", \"losses\": [", nb_mesh_describe(mesh));
+        printf("{\"layout\": \"%s\", \"first_step\": %d, \"losses\": [", nb_mesh_describe(mesh),
+               start);
         for (int s = 0; s < o.steps; s++) printf("%s%.9g", s ? ", " : "", losses[s]);
         printf("], \"grad_norm0\": %.9g}\n", norm0);
     }

@@ -603,14 +603,18 @@ static nb_status work_finish(nb_work *w) {
     if (NB__TRACE_ACTIVE())
         nb__trace_async(coll_names[w->a.kind], NB__CAT_COMM, w->seq ? w->seq : (int64_t)(intptr_t)w,
                         (int64_t)(w->t_start * 1e9), nb__trace_now_ns(), "bytes", work_bytes(w));
-    if (atomic_load(&w->state) == NB__WORK_FAILED) {
+    const bool failed = atomic_load(&w->state) == NB__WORK_FAILED;
+    if (failed) {
         st = nb__error(w->status, "%s", w->msg);
     } else if (w->user_out) {
         st = copy_back(w->user_out, w->stage);
     }
+    if (!nb__coll_is_p2p(w->a.kind)) atomic_store(&w->comm->stalled, failed);
     work_drop_holds(w);
     return st;
 }
+
+bool nb__comm_stalled(nb_comm *c) { return c && atomic_load(&c->stalled); }
 
 static void describe(const nb_work *w, char *buf, size_t n) {
     if (w->a.kind == NB__COLL_SEND)
@@ -697,6 +701,7 @@ nb_status nb__work_wait_keep(nb_work *w, bool *gave_up) {
         if (disagreed) return work_disagreed(w, msg, gave_up);
     }
     if (r == 0 && !timeout_error(w, nb__now() - t0)) {
+        if (!nb__coll_is_p2p(w->a.kind)) atomic_store(&c->stalled, true);
         work_abandon(w);
         *gave_up = true;
         return NB_ETIMEOUT;

@@ -117,6 +117,8 @@ struct nb_comm {
      * holds one too, so a communicator outlives operations that were abandoned. */
     atomic_int refs;
     _Atomic double timeout;  /* seconds, 0: wait forever */
+    atomic_bool stalled;     /* a collective timed out or failed, and none has completed
+                              * since (nb__comm_stalled) */
     atomic_llong issued;     /* collectives started on this communicator */
     atomic_llong completed;  /* collectives finished (by the backend) */
     pthread_mutex_t mu;      /* the free list of works (first in, first out: a released
@@ -251,6 +253,9 @@ void nb__sig_mismatch(const nb__sig *mine, int my_rank, const nb__sig *theirs, i
 void nb__comm_sig_record(nb_comm *c, const nb__sig *s);
 bool nb__comm_sig_lookup(nb_comm *c, int64_t seq, nb__sig *out);
 /* Mark c's ranks out of step (the first reason is kept); whether they are (why into msg). */
+/* Whether c's last collective to end timed out or failed (none has completed since): a
+ * teardown then does not communicate on it (nb_zero_free leaves a ZeRO-3 model sharded). */
+bool nb__comm_stalled(nb_comm *c);
 void nb__comm_put_out_of_step(nb_comm *c, const char *msg);
 bool nb__comm_out_of_step(nb_comm *c, char *msg, size_t n);
 /* NB_ECOMM naming op and the reason when c is out of step, else NB_OK. */

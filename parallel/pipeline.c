@@ -1,7 +1,7 @@
 /* pipeline.c - the pipeline schedule engine (nabla/pipeline.h): the order of forward and
  * backward passes of each rank for GPipe, 1F1B and interleaved 1F1B, run over a stage
  * function with asynchronous sends of activations and gradients between the stages. Generic:
- * zoo/gpt_pipe.c gives it the GPT's stages. */
+ * parallel/pipe_split.c (nb_pipeline) runs any model's stages on it, the GPT's among them. */
 #include "nabla/nabla.h"
 #include "nabla/pipeline.h"
 #include "parallel/pipeline_impl.h"
@@ -68,8 +68,8 @@ static void build_schedule(nb_pipe_schedule s, int p, int r, int m, int v, bool 
         return;
     }
     if (s == NB_PIPE_1F1B || v == 1) {
-        /* v == 1 here (nb_gpt_pipe_new refuses 1F1B with v > 1; interleaved with v == 1 is
-         * 1F1B). */
+        /* v == 1 here (nb_pipe_run and nb_pipeline_new refuse 1F1B with v > 1; interleaved
+         * with v == 1 is 1F1B). */
         int warm = p - r - 1 < m ? p - r - 1 : m;
         for (int i = 0; i < warm; i++) ops[n++] = (op){true, 0, i};
         for (int i = 0; i < m - warm; i++) {

@@ -42,6 +42,7 @@
 #include "nabla/parallel.h"
 #include "optim/optim_impl.h"
 #include "parallel/mesh_impl.h"
+#include "parallel/parallel_impl.h"
 #include "parallel/zero_impl.h"
 #include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
@@ -527,7 +528,9 @@ nb_zero_opts nb_zero_defaults(void) {
 void nb_zero_free(nb_zero *z) {
     if (!z) return;
     if (z->ddp) nb_ddp_free(z->ddp);
-    if (z->s3_ready) nb_zero_gather_params(z); /* leave the model whole */
+    /* leave the model whole, unless the communication failed: a teardown after a timeout
+     * must not wait on the missing peer again (the model then stays sharded) */
+    if (z->s3_ready && !nb__comm_stalled(z->c)) nb_zero_gather_params(z);
     if (z->root_pre >= 0) nb_module_remove_forward_hook(z->m, z->root_pre);
     if (z->root_post >= 0) nb_module_remove_forward_hook(z->m, z->root_post);
     layout_free(z);

@@ -125,7 +125,9 @@ const char *nb_checkpoint_run_id(const nb_checkpoint *c);
  * model_only, the model's parameters and buffers under their own names as nb_module_save
  * writes them (for nb_gpt: nanoGPT's names, which nb_gpt_load and PyTorch read). Every piece
  * read is verified. Written atomically; local (no communication, no model needed). The
- * bundled program zero-consolidate calls it. */
+ * bundled program zero-consolidate calls it. out may be "<folder>/model.safetensors" inside
+ * the folder itself: that file then belongs to the folder (rotation and replacement remove
+ * it with the folder's own files). */
 nb_status nb_checkpoint_consolidate(const char *path, const char *out, bool model_only);
 
 /* ---- series: rotation and resuming from the newest ---------------------------------------

@@ -335,7 +335,10 @@ nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor
  * norm before clipping (inf or nan when a gradient is), or a negative status on error.
  * max_norm = INFINITY just measures. Each gradient is read and scaled on its own device;
  * meta gradients have no values, so with one the norm is NAN (not an error) and nothing is
- * scaled. */
+ * scaled. Parallel models (parameters with placements, nabla/mesh.h: tensor-parallel slices,
+ * pipeline stages and tied copies, ZeRO shards): the norm is the whole model's, the same on
+ * every rank (each distinct part counted once, one allreduce over the placements' mesh), and
+ * every rank scales its own part; the call is then collective over that mesh. */
 double nb_clip_grad_norm(const nb_params *params, double max_norm, double norm_type);
 /* Clamp every gradient element to [-clip, clip] in place (clip >= 0). */
 nb_status nb_clip_grad_value(const nb_params *params, double clip);

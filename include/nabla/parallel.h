@@ -20,7 +20,8 @@
  * Communicators: nb_comm_world() wraps MPI_COMM_WORLD when nabla was built with MPI and the
  * program runs under mpirun/srun (MPI is initialized on first use, with
  * MPI_THREAD_MULTIPLE; a program started without a launcher is a size-1 world), and a
- * size-1 communicator otherwise. nb_comm_split makes subgroups (tensor/pipeline parallel).
+ * size-1 communicator otherwise. nb_comm_split makes subgroups; nb_mesh_new (nabla/mesh.h)
+ * makes the data, tensor and pipeline parallel groups from the world.
  * Each communicator has a backend (a table of functions: "self", "mpi") so callers never
  * depend on which one runs. On a communicator of several ranks, collectives of CUDA tensors
  * run on the GPU through NCCL when the CUDA plugin has it (made on the first such collective,
@@ -248,7 +249,9 @@ nb_status nb_grad_scaler_set_comm(nb_grad_scaler *s, nb_comm *c);
  * Checkpoints: nb_checkpoint_save / _load (nabla/checkpoint.h).
  * Ownership: model, opt and c are borrowed and must outlive the nb_zero. At stage 3,
  * nb_zero_free gathers the parameters (so the model is whole again, though no longer
- * flat): call it on every rank, after the last backward. */
+ * flat): call it on every rank, after the last backward. After a collective of c timed out
+ * or failed (and none completed since), it does not communicate: the model stays sharded
+ * and the process can exit without waiting on the missing peer again. */
 typedef struct nb_zero_opts {
     int stage;                 /* 0, 1, 2 or 3: 2 */
     double bucket_mb;          /* bucket size in MiB, as nb_ddp's: 25 */

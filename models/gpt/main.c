@@ -567,6 +567,7 @@ typedef struct run {
     int64_t step, first, val_step, steady_allocs, n_last, tokens_per_step;
     int stop; /* the signal all ranks stop with (nabla/stop.h); 0: training goes on */
     bool usage; /* the failure is a usage error (a layout that cannot be): exit status 2 */
+    bool diverged_val; /* stopped by a validation loss that is not finite (final line kept) */
     double val_loss, last_losses[10], flops;
 } run;
 
@@ -789,11 +790,9 @@ static bool setup_run(run *r) {
         if (nb_checkpoint_load(resume, &r->ck) != NB_OK)
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
         r->first = r->step = r->ck.step;
-        /* The checkpoint holds rank 0's dropout stream; the ranks draw the same amount per
-         * step, so each data-parallel rank continues its own stream at the same position. */
-        uint64_t pos = nb_generator_offset(r->drop_gen);
-        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK ||
-            nb_generator_set_offset(r->drop_gen, pos) != NB_OK)
+        /* The checkpoint holds rank 0's dropout stream; each data-parallel rank takes its own
+         * again (the position is the step's: train_step) */
+        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK)
             return fail(r, "%s", nb_last_error());
         if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
     }
@@ -870,7 +869,7 @@ static void print_header(const run *r) {
            (long long)nb_numel(r->train), (long long)nb_numel(r->val), (long long)r->B,
            (long long)r->N);
     if (r->a->tp > 1 || r->pipe)
-        printf("%d ranks as %s%s (%lld sequences per replica) x %d threads; ", r->size,
+        printf("%d ranks as %s%s (%lld sequences per replica) x %d threads", r->size,
                nb_mesh_describe(r->mesh), r->a->sequence_parallel ? " sequence parallel" : "",
                (long long)(r->B / r->dp_size), nb_get_num_threads());
     else if (r->size > 1)
@@ -906,6 +905,11 @@ static bool train_step(run *r, step_result *o) {
     if (nb_text_sample(r->train, r->batch_gen, r->xg, r->yg) != NB_OK)
         return fail(r, "%s", nb_last_error());
     o->lr = nb_optim_get_lr(r->opt, 0);
+    /* The dropout masks of a step start at a position that is the step's alone (2^32 Philox
+     * blocks a step): the stages of a pipeline draw different amounts, and a resumed run
+     * (any stage, any rank) continues exactly where the uninterrupted one would be. */
+    if (nb_generator_set_offset(r->drop_gen, (uint64_t)r->step << 32) != NB_OK)
+        return fail(r, "%s", nb_last_error());
     nb_clear_error(); /* a NaN below is an error only when one is set */
     nb_tp_comm_stats_reset();
     if (nbm_precision_begin(r->a->precision) != NB_OK) return fail(r, "%s", nb_last_error());
@@ -1039,9 +1043,18 @@ static void log_step(run *r, const step_result *o) {
 /* The validation loss now; with train_loss (the last step's, NAN for none) reported. */
 static bool evaluate_and_log(run *r, double train_loss) {
     double te = nb_time_s();
-    r->val_loss = evaluate(&r->arch, r->model, r->pipe, r->val, r->val_gen, r->a->eval_batches, r->vx,
-                           r->vy, r->world, r->dp, r->a->precision);
-    if (isnan(r->val_loss)) return fail(r, "evaluation: %s", nb_last_error());
+    nb_clear_error(); /* a NaN below is an error only when one is set */
+    r->val_loss = evaluate(&r->arch, r->model, r->pipe, r->val, r->val_gen, r->a->eval_batches,
+                           r->vx, r->vy, r->world, r->dp, r->a->precision) *
+                  nbm_guard_test_eval_factor(r->step);
+    if (isnan(r->val_loss) && nb_last_status() != NB_OK)
+        return fail(r, "evaluation at step %lld: %s", (long long)r->step, nb_last_error());
+    if (!isfinite(r->val_loss)) { /* the model's outputs are not finite: the same on every rank */
+        r->diverged_val = true;
+        return fail(r, "step %lld: the validation loss is %s: the model diverged (its outputs are "
+                    "not finite; --on-nonfinite skips training steps only)", (long long)r->step,
+                    isnan(r->val_loss) ? "NaN" : r->val_loss > 0 ? "inf" : "-inf");
+    }
     r->val_step = r->step;
     if (isnan(train_loss)) return true; /* the evaluation of a run with nothing to train */
     if (r->main_rank) {
@@ -1163,6 +1176,8 @@ static void print_result(const run *r, double wall_s) {
     }
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
     if (guard.skip) nb_jsonl_int(out, "skipped_steps", guard.skipped);
+    nbm_save_fields(out);
+    if (r->diverged_val) nb_jsonl_str(out, "stopped", "nonfinite_val_loss");
     nbm_stop_fields(out, r->stop);
     nb_jsonl_end(out);
     nb_jsonl_close(out); /* a failed write shows in nb_stdout_ok */
@@ -1260,6 +1275,9 @@ static int run_train(const args *a) {
         if (r.main_rank && !nb_stdout_ok("gpt")) rc = 1;
     } else if (r.usage) {
         rc = 2; /* a layout that cannot be: a usage error, which a restart does not mend */
+    } else if (r.diverged_val) { /* the final line says why the run ended */
+        nbm_save_finish("gpt", false);
+        print_result(&r, nb_time_s() - t_start);
     }
     teardown(&r);
     return rc;
