@@ -15,7 +15,9 @@
  * includes the scope that frees the output.
  *
  * Elementwise: GB/s (bytes read + written, 1 GB = 1e9 B) of ops on a 64 MiB f32 tensor, vs a
- * memcpy of the same size split across the threads (each copies one part, like gemm_peak).
+ * memcpy of the same size split across the threads (each copies one part, like gemm_peak);
+ * with the Llama family's row and pair kernels (RMSNorm over rows of 1024, rotary embeddings
+ * of (128, 128, 8, 128), the SwiGLU product), forward.
  *
  * W3 GEMMs (--only=w3, or with the others): the raw provider calls of one W3 training step's
  * linear layers, back to back, as a floor for the gpt program's GEMM time.
@@ -378,7 +380,8 @@ typedef struct {
     int which;
 } elem_ctx;
 
-enum { E_ADD, E_MUL_SCALAR, E_EXP, E_RELU, E_SUM, E_SUM_LAST, E_SOFTMAX };
+enum { E_ADD, E_MUL_SCALAR, E_EXP, E_RELU, E_SUM, E_SUM_LAST, E_SOFTMAX, E_RMS_NORM, E_ROTARY,
+       E_SWIGLU };
 
 static int run_elem(void *p) {
     elem_ctx *e = p;
@@ -392,6 +395,13 @@ static int run_elem(void *p) {
     case E_SUM: r = nb_sum(e->a, NULL, 0, false); break;
     case E_SUM_LAST: r = nb_sum(e->a, (int[]){-1}, 1, false); break;
     case E_SOFTMAX: r = nb_softmax(e->a, -1); break;
+    case E_RMS_NORM: /* rows of the last dim, the weight: the second tensor's first row */
+        r = nb_rms_norm(e->a, nb_select(e->b, 0, 0), 1e-5);
+        break;
+    case E_ROTARY: /* (B 128, T 128, H 8, D 128) */
+        r = nb_rotary_embedding(nb_view(e->a, (int64_t[]){128, 128, 8, 128}, 4), 0, 1e4);
+        break;
+    case E_SWIGLU: r = nb_swiglu(e->a, e->b); break;
     }
     nb_scope_end();
     return r ? 0 : -1;
@@ -440,9 +450,12 @@ static void bench_elem(int threads) {
         {"exp", 2 * fb, a, b, E_EXP},           {"relu", 2 * fb, a, b, E_RELU},
         {"sum_all", fb, a, b, E_SUM},           {"sum_lastdim", fb + fb / cols, a, b, E_SUM_LAST},
         {"softmax_lastdim", 2 * fb, a, b, E_SOFTMAX},
+        {"rms_norm_lastdim", 2 * fb, a, b, E_RMS_NORM}, {"rotary", 2 * fb, a, b, E_ROTARY},
+        {"swiglu", 3 * fb, a, b, E_SWIGLU},
     };
     const char *counted[] = {"2 in + 1 out", "1 in + 1 out", "1 in + 1 out", "1 in + 1 out",
-                             "1 in", "1 in + rows out", "1 in + 1 out"};
+                             "1 in", "1 in + rows out", "1 in + 1 out", "1 in + 1 out",
+                             "1 in + 1 out", "2 in + 1 out"};
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         nb_clear_error();
         /* Each op is timed round-robin with memcpy and compared round by round. */

@@ -43,6 +43,15 @@ static int nb__attn_threads(const nb__attn_geom *g) {
     return nt > BH ? (int)BH : nt;
 }
 
+/* Grouped-query attention (tensor/kernels/attention.h): the query heads per key/value head,
+ * and the key/value head query head h reads. */
+static inline int64_t nb__attn_group(const nb__attn_geom *g) {
+    return g->Hkv > 0 ? g->H / g->Hkv : 1;
+}
+static inline int64_t nb__attn_kv_head(const nb__attn_geom *g, int64_t h) {
+    return h / nb__attn_group(g);
+}
+
 /* keep[j] for elements base + j, j < n, of the virtual (B, H, T, T) mask (the draw is in
  * tensor/kernels/attention.h). */
 static void nb__attn_keep_row(const nb__attn_geom *g, int64_t base, int64_t n, uint8_t *keep) {
@@ -118,23 +127,27 @@ static void fwd_task_bf16(int64_t bh, void *p) {
     attn_bf16_job *j = p;
     const nb__attn_geom *g = j->g;
     const int64_t H = g->H, T = g->T, D = g->D, b = bh / H, h = bh % H, ld = D > 0 ? D : 1;
+    const int64_t hk = nb__attn_kv_head(g, h);
     char *mine = j->buf + j->per * (size_t)nb__task_slot();
     float *Sm = (float *)mine, *qf = (float *)(mine + j->mat), *kf = qf + j->vec / 4;
     float *vf = kf + j->vec / 4, *of = vf + j->vec / 4;
     uint8_t *keep = (uint8_t *)(of + j->vec / 4);
     slice_widen(j->q + b * g->sq[0] + h * g->sq[1], g->sq[2], T, D, qf);
-    slice_widen(j->k + b * g->sk[0] + h * g->sk[1], g->sk[2], T, D, kf);
-    slice_widen(j->v + b * g->sv[0] + h * g->sv[1], g->sv[2], T, D, vf);
+    slice_widen(j->k + b * g->sk[0] + hk * g->sk[1], g->sk[2], T, D, kf);
+    slice_widen(j->v + b * g->sv[0] + hk * g->sv[1], g->sv[2], T, D, vf);
     nb_status s = fwd_core_f32(g, bh, qf, ld, kf, ld, vf, ld, of, ld, j->lse_out + bh * T, Sm,
                                keep);
     if (s == NB_OK) slice_round(of, T, D, j->o + b * g->so[0] + h * g->so[1], g->so[2]);
     else attn_bf16_fail(j, s);
 }
 
-static void bwd_task_bf16(int64_t bh, void *p) {
+/* Task bkv: the query heads of key/value slice bkv = (b, hk) in order, their dk and dv
+ * summed in f32 and rounded once. */
+static void bwd_task_bf16(int64_t bkv, void *p) {
     attn_bf16_job *j = p;
     const nb__attn_geom *g = j->g;
-    const int64_t H = g->H, T = g->T, D = g->D, b = bh / H, h = bh % H, ld = D > 0 ? D : 1;
+    const int64_t H = g->H, T = g->T, D = g->D, ld = D > 0 ? D : 1;
+    const int64_t rep = nb__attn_group(g), b = bkv / (H / rep), hk = bkv % (H / rep);
     char *mine = j->buf + j->per * (size_t)nb__task_slot();
     float *P = (float *)mine, *dP = (float *)(mine + j->mat), *f = (float *)(mine + 2 * j->mat);
     const size_t v4 = j->vec / 4;
@@ -142,26 +155,30 @@ static void bwd_task_bf16(int64_t bh, void *p) {
     float *dqf = j->dq ? f + 4 * v4 : NULL, *dkf = j->dk ? f + 5 * v4 : NULL;
     float *dvf = j->dv ? f + 6 * v4 : NULL;
     uint8_t *keep = (uint8_t *)(f + 7 * v4);
-    slice_widen(j->q + b * g->sq[0] + h * g->sq[1], g->sq[2], T, D, qf);
-    slice_widen(j->k + b * g->sk[0] + h * g->sk[1], g->sk[2], T, D, kf);
-    slice_widen(j->v + b * g->sv[0] + h * g->sv[1], g->sv[2], T, D, vf);
-    slice_widen(j->dout + b * g->sdo[0] + h * g->sdo[1], g->sdo[2], T, D, dof);
+    slice_widen(j->k + b * g->sk[0] + hk * g->sk[1], g->sk[2], T, D, kf);
+    slice_widen(j->v + b * g->sv[0] + hk * g->sv[1], g->sv[2], T, D, vf);
     const int64_t lds[7] = {ld, ld, ld, ld, ld, ld, ld};
-    nb_status s = bwd_core_f32(g, bh, qf, kf, vf, j->lse + bh * T, dof, dqf, dkf, dvf, lds, P,
-                               dP, keep);
-    if (s != NB_OK) {
-        attn_bf16_fail(j, s);
-        return;
+    for (int64_t r = 0; r < rep; r++) {
+        const int64_t h = hk * rep + r, bh = b * H + h;
+        slice_widen(j->q + b * g->sq[0] + h * g->sq[1], g->sq[2], T, D, qf);
+        slice_widen(j->dout + b * g->sdo[0] + h * g->sdo[1], g->sdo[2], T, D, dof);
+        nb_status s = bwd_core_f32(g, bh, qf, kf, vf, j->lse + bh * T, dof, dqf, dkf, dvf, lds,
+                                   P, dP, keep, r > 0);
+        if (s != NB_OK) {
+            attn_bf16_fail(j, s);
+            return;
+        }
+        if (dqf) slice_round(dqf, T, D, j->dq + b * g->sdq[0] + h * g->sdq[1], g->sdq[2]);
     }
-    if (dqf) slice_round(dqf, T, D, j->dq + b * g->sdq[0] + h * g->sdq[1], g->sdq[2]);
-    if (dkf) slice_round(dkf, T, D, j->dk + b * g->sdk[0] + h * g->sdk[1], g->sdk[2]);
-    if (dvf) slice_round(dvf, T, D, j->dv + b * g->sdv[0] + h * g->sdv[1], g->sdv[2]);
+    if (dkf) slice_round(dkf, T, D, j->dk + b * g->sdk[0] + hk * g->sdk[1], g->sdk[2]);
+    if (dvf) slice_round(dvf, T, D, j->dv + b * g->sdv[0] + hk * g->sdv[1], g->sdv[2]);
 }
 
-/* Runs fn over the slices with `nmat` score matrices and `nvec` f32 (T, D) slices of
- * scratch per thread, or `bytes` of scratch per thread when not 0. */
-static nb_status attn_bf16_run(attn_bf16_job *j, void (*fn)(int64_t, void *), int nmat,
-                               int nvec, size_t bytes) {
+/* Runs fn over the slices (per_kv: over the key/value slices, as the backward does) with
+ * `nmat` score matrices and `nvec` f32 (T, D) slices of scratch per thread, or `bytes` of
+ * scratch per thread when not 0. */
+static nb_status attn_bf16_run(attn_bf16_job *j, void (*fn)(int64_t, void *), bool per_kv,
+                               int nmat, int nvec, size_t bytes) {
     const nb__attn_geom *g = j->g;
     const int64_t BH = g->B * g->H;
     if (BH == 0 || g->T == 0) return NB_OK;
@@ -174,7 +191,7 @@ static nb_status attn_bf16_run(attn_bf16_job *j, void (*fn)(int64_t, void *), in
     j->buf = nb_host_alloc(j->per * (size_t)nt);
     if (!j->buf) return nb__error(NB_ENOMEM, "causal_attention: out of memory for scratch");
     atomic_init(&j->status, NB_OK);
-    nb__run_tasks(BH, nt, fn, j);
+    nb__run_tasks(per_kv ? BH / nb__attn_group(g) : BH, nt, fn, j);
     nb_host_free(j->buf);
     nb_status st = (nb_status)atomic_load(&j->status);
     return st == NB_OK ? NB_OK : nb__error(st, "causal_attention: a GEMM failed (%s)",
@@ -490,9 +507,9 @@ static void fwd_task_native(int64_t bh, void *p) {
     attn_bf16_job *j = p;
     const nb__attn_geom *g = j->g;
     const int64_t H = g->H, T = g->T, D = g->D, b = bh / H, h = bh % H;
-    const int64_t D2 = (D + 1) / 2, BLK = NB__ATTN_BLOCK;
-    const uint16_t *qs = j->q + b * g->sq[0] + h * g->sq[1], *ks = j->k + b * g->sk[0] + h * g->sk[1];
-    const uint16_t *vs = j->v + b * g->sv[0] + h * g->sv[1];
+    const int64_t D2 = (D + 1) / 2, BLK = NB__ATTN_BLOCK, hk = nb__attn_kv_head(g, h);
+    const uint16_t *qs = j->q + b * g->sq[0] + h * g->sq[1], *ks = j->k + b * g->sk[0] + hk * g->sk[1];
+    const uint16_t *vs = j->v + b * g->sv[0] + hk * g->sv[1];
     uint16_t *os = j->o + b * g->so[0] + h * g->so[1];
     const int64_t ldq = g->sq[2], ldk = g->sk[2], ldv = g->sv[2], ldo = g->so[2];
     float *ls = j->lse_out + bh * T;
@@ -523,16 +540,17 @@ static void fwd_task_native(int64_t bh, void *p) {
     }
 }
 
-static void bwd_task_native(int64_t bh, void *p) {
+/* Task bkv: the query heads of key/value slice bkv = (b, hk) in order, adding to one dk^T
+ * and dv^T, rounded once at the end. */
+static void bwd_task_native(int64_t bkv, void *p) {
     attn_bf16_job *j = p;
     const nb__attn_geom *g = j->g;
-    const int64_t H = g->H, T = g->T, D = g->D, b = bh / H, h = bh % H;
+    const int64_t H = g->H, T = g->T, D = g->D, rep = nb__attn_group(g);
+    const int64_t b = bkv / (H / rep), hk = bkv % (H / rep);
     const int64_t D2 = (D + 1) / 2, BLK = NB__ATTN_BLOCK;
-    const uint16_t *qs = j->q + b * g->sq[0] + h * g->sq[1], *ks = j->k + b * g->sk[0] + h * g->sk[1];
-    const uint16_t *vs = j->v + b * g->sv[0] + h * g->sv[1];
-    const uint16_t *dos = j->dout + b * g->sdo[0] + h * g->sdo[1];
+    const uint16_t *ks = j->k + b * g->sk[0] + hk * g->sk[1];
+    const uint16_t *vs = j->v + b * g->sv[0] + hk * g->sv[1];
     const int64_t ldq = g->sq[2], ldk = g->sk[2], ldv = g->sv[2], lddo = g->sdo[2];
-    const float *ls = j->lse + bh * T;
     const bool want_dq = j->dq != NULL, want_dk = j->dk != NULL, want_dv = j->dv != NULL;
     const bool want_s = want_dq || want_dk;
     char *mine = j->buf + j->per * (size_t)nb__task_slot();
@@ -553,37 +571,44 @@ static void bwd_task_native(int64_t bh, void *p) {
     if (want_s) pack_bt_bf16(vs, ldv, T, D, Vt);
     if (want_dq) pack_b_bf16(ks, ldk, T, D, Kr);
     const int64_t nblk = (T + BLK - 1) / BLK;
-    for (int64_t ib = nblk - 1; ib >= 0; ib--) {
-        const int64_t i0 = ib * BLK, i1 = i0 + BLK < T ? i0 + BLK : T;
-        const int64_t m = i1 - i0, n = i1, m2 = (m + 1) / 2, n2 = (n + 1) / 2;
-        const bool acc = ib != nblk - 1; /* the last block sees every key: it initializes */
-        pack_a_bf16(qs + i0 * ldq, ldq, m, D, Qa);
-        bgemm(m, n, D2, (float)g->scale, Qa, D2, 1, Kt, T, false, P, ldS);
-        if (want_s) {
-            pack_a_bf16(dos + i0 * lddo, lddo, m, D, dOa);
-            bgemm(m, n, D2, 1.0f, dOa, D2, 1, Vt, T, false, dP, ldS);
-        }
-        bwd_rows_v(g, bh, i0, m, n, ls, P, dP, ldS, want_s, keep);
-        if (want_dv) { /* dv[0:n]^T += dO[i0:i1]^T P (Br as A: word (d, kk) at kk D + d) */
-            pack_b_bf16(dos + i0 * lddo, lddo, m, D, Br);
-            pack_b_f32(P, ldS, m, n, Bp);
-            bgemm(D, n, m2, 1.0f, Br, 1, D, Bp, n, acc, dVt, T);
-        }
-        if (want_dq) { /* dq[i0:i1] = dS k[0:n] */
-            pack_a_f32(dP, ldS, m, n, dSa);
-            bgemm(m, D, n2, 1.0f, dSa, n2, 1, Kr, D, false, dQ, D);
-            uint16_t *dqs = j->dq + b * g->sdq[0] + h * g->sdq[1];
-            for (int64_t r = 0; r < m; r++)
-                nb__f32_to_bf16_n(dQ + r * D, dqs + (i0 + r) * g->sdq[2], D);
-        }
-        if (want_dk) { /* dk[0:n]^T += q[i0:i1]^T dS */
-            pack_b_bf16(qs + i0 * ldq, ldq, m, D, Br);
-            pack_b_f32(dP, ldS, m, n, Bp);
-            bgemm(D, n, m2, 1.0f, Br, 1, D, Bp, n, acc, dKt, T);
+    for (int64_t hr = 0; hr < rep; hr++) {
+        const int64_t h = hk * rep + hr, bh = b * H + h;
+        const uint16_t *qs = j->q + b * g->sq[0] + h * g->sq[1];
+        const uint16_t *dos = j->dout + b * g->sdo[0] + h * g->sdo[1];
+        const float *ls = j->lse + bh * T;
+        for (int64_t ib = nblk - 1; ib >= 0; ib--) {
+            const int64_t i0 = ib * BLK, i1 = i0 + BLK < T ? i0 + BLK : T;
+            const int64_t m = i1 - i0, n = i1, m2 = (m + 1) / 2, n2 = (n + 1) / 2;
+            /* the last block sees every key: the first head's initializes dk^T and dv^T */
+            const bool acc = ib != nblk - 1 || hr > 0;
+            pack_a_bf16(qs + i0 * ldq, ldq, m, D, Qa);
+            bgemm(m, n, D2, (float)g->scale, Qa, D2, 1, Kt, T, false, P, ldS);
+            if (want_s) {
+                pack_a_bf16(dos + i0 * lddo, lddo, m, D, dOa);
+                bgemm(m, n, D2, 1.0f, dOa, D2, 1, Vt, T, false, dP, ldS);
+            }
+            bwd_rows_v(g, bh, i0, m, n, ls, P, dP, ldS, want_s, keep);
+            if (want_dv) { /* dv[0:n]^T += dO[i0:i1]^T P (Br as A: word (d, kk) at kk D + d) */
+                pack_b_bf16(dos + i0 * lddo, lddo, m, D, Br);
+                pack_b_f32(P, ldS, m, n, Bp);
+                bgemm(D, n, m2, 1.0f, Br, 1, D, Bp, n, acc, dVt, T);
+            }
+            if (want_dq) { /* dq[i0:i1] = dS k[0:n] */
+                pack_a_f32(dP, ldS, m, n, dSa);
+                bgemm(m, D, n2, 1.0f, dSa, n2, 1, Kr, D, false, dQ, D);
+                uint16_t *dqs = j->dq + b * g->sdq[0] + h * g->sdq[1];
+                for (int64_t r = 0; r < m; r++)
+                    nb__f32_to_bf16_n(dQ + r * D, dqs + (i0 + r) * g->sdq[2], D);
+            }
+            if (want_dk) { /* dk[0:n]^T += q[i0:i1]^T dS */
+                pack_b_bf16(qs + i0 * ldq, ldq, m, D, Br);
+                pack_b_f32(dP, ldS, m, n, Bp);
+                bgemm(D, n, m2, 1.0f, Br, 1, D, Bp, n, acc, dKt, T);
+            }
         }
     }
-    if (want_dk) round_t(dKt, T, T, D, j->dk + b * g->sdk[0] + h * g->sdk[1], g->sdk[2]);
-    if (want_dv) round_t(dVt, T, T, D, j->dv + b * g->sdv[0] + h * g->sdv[1], g->sdv[2]);
+    if (want_dk) round_t(dKt, T, T, D, j->dk + b * g->sdk[0] + hk * g->sdk[1], g->sdk[2]);
+    if (want_dv) round_t(dVt, T, T, D, j->dv + b * g->sdv[0] + hk * g->sdv[1], g->sdv[2]);
 }
 #endif
 
@@ -598,9 +623,9 @@ static nb_status cpu_attention(const nb__attention_args *a) {
                            .lse_out = a->lse};
 #ifdef NB__ATTN_BF16_NATIVE
         if (a->g.D > 0 && atomic_load(&g_native_bf16))
-            return attn_bf16_run(&j, fwd_task_native, 0, 0, native_scratch(&a->g));
+            return attn_bf16_run(&j, fwd_task_native, false, 0, 0, native_scratch(&a->g));
 #endif
-        return attn_bf16_run(&j, fwd_task_bf16, 1, 4, 0);
+        return attn_bf16_run(&j, fwd_task_bf16, false, 1, 4, 0);
     }
     if (a->dtype == NB_F64)
         return nb__cpu_attention_fwd_f64(&a->g, a->q, a->k, a->v, a->o, a->lse);
@@ -613,9 +638,9 @@ static nb_status cpu_attention_backward(const nb__attention_backward_args *a) {
                            .dout = a->dout, .dq = a->dq, .dk = a->dk, .dv = a->dv};
 #ifdef NB__ATTN_BF16_NATIVE
         if (a->g.D > 0 && atomic_load(&g_native_bf16))
-            return attn_bf16_run(&j, bwd_task_native, 0, 0, native_scratch(&a->g));
+            return attn_bf16_run(&j, bwd_task_native, true, 0, 0, native_scratch(&a->g));
 #endif
-        return attn_bf16_run(&j, bwd_task_bf16, 2, 7, 0);
+        return attn_bf16_run(&j, bwd_task_bf16, true, 2, 7, 0);
     }
     if (a->dtype == NB_F64)
         return nb__cpu_attention_bwd_f64(&a->g, a->q, a->k, a->v, a->lse, a->dout, a->dq, a->dk,

@@ -60,10 +60,10 @@ static nb_status F(fwd_core)(const nb__attn_geom *g, int64_t bh, const R *qs, in
 /* Forward of one (b, h) slice of the operands as the geometry lays them out. */
 static nb_status F(fwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, const R *k,
                               const R *v, R *o, R *lse, R *Sm, uint8_t *keep) {
-    const int64_t H = g->H, b = bh / H, h = bh % H;
+    const int64_t H = g->H, b = bh / H, h = bh % H, hk = nb__attn_kv_head(g, h);
     return F(fwd_core)(g, bh, q + b * g->sq[0] + h * g->sq[1], g->sq[2],
-                       k + b * g->sk[0] + h * g->sk[1], g->sk[2],
-                       v + b * g->sv[0] + h * g->sv[1], g->sv[2],
+                       k + b * g->sk[0] + hk * g->sk[1], g->sk[2],
+                       v + b * g->sv[0] + hk * g->sv[1], g->sv[2],
                        o + b * g->so[0] + h * g->so[1], g->so[2], lse + bh * g->T, Sm, keep);
 }
 
@@ -109,10 +109,11 @@ static void F(bwd_rows)(const nb__attn_geom *g, int64_t bh, int64_t i0, int64_t 
 
 /* Backward of slice bh given as (T, D) matrices (row strides in ld[]: q, k, v, do, dq, dk,
  * dv); P and dP are BLOCK x T scratch. Row blocks run last to first so the first one (which
- * sees every key) initializes dk and dv with beta = 0. */
+ * sees every key) initializes dk and dv with beta = 0, unless acc: then dk and dv already hold
+ * another query head's share (grouped-query attention) and every block adds to them. */
 static nb_status F(bwd_core)(const nb__attn_geom *g, int64_t bh, const R *qs, const R *ks,
                              const R *vs, const R *ls, const R *dos, R *dqs, R *dks, R *dvs,
-                             const int64_t ld[7], R *P, R *dP, uint8_t *keep) {
+                             const int64_t ld[7], R *P, R *dP, uint8_t *keep, bool acc) {
     const int64_t Tn = g->T, D = g->D;
     const int64_t ldq = ld[0], ldk = ld[1], ldv = ld[2], lddo = ld[3];
     const int64_t lddq = ld[4], lddk = ld[5], lddv = ld[6];
@@ -125,7 +126,7 @@ static nb_status F(bwd_core)(const nb__attn_geom *g, int64_t bh, const R *qs, co
         const int64_t i0 = ib * NB__ATTN_BLOCK;
         const int64_t i1 = i0 + NB__ATTN_BLOCK < Tn ? i0 + NB__ATTN_BLOCK : Tn;
         const int64_t m = i1 - i0, n = i1;
-        const R beta = ib == nblk - 1 ? 0 : 1;
+        const R beta = ib == nblk - 1 && !acc ? 0 : 1;
         st = GEMM(false, true, m, n, D, scale, qs + i0 * ldq, ldq, ks, ldk, 0, P, Tn);
         if (st == NB_OK && want_s)
             st = GEMM(false, true, m, n, D, 1, dos + i0 * lddo, lddo, vs, ldv, 0, dP, Tn);
@@ -141,19 +142,20 @@ static nb_status F(bwd_core)(const nb__attn_geom *g, int64_t bh, const R *qs, co
     return st;
 }
 
-/* Backward of one (b, h) slice of the operands as the geometry lays them out. */
+/* Backward of one (b, h) slice of the operands as the geometry lays them out (acc: its dk
+ * and dv add to what another query head of the same key/value head wrote). */
 static nb_status F(bwd_slice)(const nb__attn_geom *g, int64_t bh, const R *q, const R *k,
                               const R *v, const R *lse, const R *dout, R *dq, R *dk, R *dv,
-                              R *P, R *dP, uint8_t *keep) {
-    const int64_t H = g->H, b = bh / H, h = bh % H;
+                              R *P, R *dP, uint8_t *keep, bool acc) {
+    const int64_t H = g->H, b = bh / H, h = bh % H, hk = nb__attn_kv_head(g, h);
     const int64_t ld[7] = {g->sq[2], g->sk[2], g->sv[2], g->sdo[2], g->sdq[2], g->sdk[2],
                            g->sdv[2]};
-    return F(bwd_core)(g, bh, q + b * g->sq[0] + h * g->sq[1], k + b * g->sk[0] + h * g->sk[1],
-                       v + b * g->sv[0] + h * g->sv[1], lse + bh * g->T,
+    return F(bwd_core)(g, bh, q + b * g->sq[0] + h * g->sq[1], k + b * g->sk[0] + hk * g->sk[1],
+                       v + b * g->sv[0] + hk * g->sv[1], lse + bh * g->T,
                        dout + b * g->sdo[0] + h * g->sdo[1],
                        dq ? dq + b * g->sdq[0] + h * g->sdq[1] : NULL,
-                       dk ? dk + b * g->sdk[0] + h * g->sdk[1] : NULL,
-                       dv ? dv + b * g->sdv[0] + h * g->sdv[1] : NULL, ld, P, dP, keep);
+                       dk ? dk + b * g->sdk[0] + hk * g->sdk[1] : NULL,
+                       dv ? dv + b * g->sdv[0] + hk * g->sdv[1] : NULL, ld, P, dP, keep, acc);
 }
 
 /* The slices run as tasks on nabla's workers (cpu/workers.c); each thread has its own
@@ -179,13 +181,19 @@ static void F(fwd_task)(int64_t bh, void *p) {
     }
 }
 
-static void F(bwd_task)(int64_t bh, void *p) {
+/* Task bkv: the query heads of key/value slice bkv = (b, hk), in order (one head each
+ * without grouping), so the heads sharing dk and dv add to them on one thread. */
+static void F(bwd_task)(int64_t bkv, void *p) {
     F(attn_job) *j = p;
     char *mine = j->buf + j->per * (size_t)nb__task_slot();
     R *P = (R *)mine, *dP = (R *)(mine + j->mat);
     uint8_t *keep = (uint8_t *)(mine + 2 * j->mat);
-    nb_status s = F(bwd_slice)(j->g, bh, j->q, j->k, j->v, j->lse, j->dout, j->dq, j->dk,
-                               j->dv, P, dP, keep);
+    const int64_t rep = nb__attn_group(j->g), hkv = j->g->H / rep;
+    const int64_t bh0 = (bkv / hkv) * j->g->H + (bkv % hkv) * rep;
+    nb_status s = NB_OK;
+    for (int64_t r = 0; r < rep && s == NB_OK; r++)
+        s = F(bwd_slice)(j->g, bh0 + r, j->q, j->k, j->v, j->lse, j->dout, j->dq, j->dk, j->dv,
+                         P, dP, keep, r > 0);
     if (s != NB_OK) {
         int ok = NB_OK;
         atomic_compare_exchange_strong(&j->status, &ok, (int)s);
@@ -221,7 +229,7 @@ nb_status F(nb__cpu_attention_bwd)(const nb__attn_geom *g, const R *q, const R *
     if (!buf) return nb__error(NB_ENOMEM, "causal_attention: out of memory for scratch");
     F(attn_job) j = {.g = g, .q = q, .k = k, .v = v, .lse = lse, .dout = dout, .dq = dq,
                      .dk = dk, .dv = dv, .buf = buf, .per = per, .mat = mat, .status = NB_OK};
-    nb__run_tasks(BH, nt, F(bwd_task), &j);
+    nb__run_tasks(BH / nb__attn_group(g), nt, F(bwd_task), &j);
     nb_host_free(buf);
     nb_status st = (nb_status)atomic_load(&j.status);
     return st == NB_OK ? NB_OK : nb__error(st, "causal_attention: a GEMM failed (%s)",

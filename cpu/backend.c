@@ -46,6 +46,7 @@ static void cpu_init(void) {
     nb__cpu_register_loss(&g_cpu.k);
     nb__cpu_register_optim(&g_cpu.k);
     nb__cpu_register_random(&g_cpu.k);
+    nb__cpu_register_lm(&g_cpu.k);
 }
 
 const nb__backend *nb__cpu_backend(void) {

@@ -31,5 +31,6 @@ void nb__cpu_register_conv(nb__kernels *k);      /* cpu/conv.c, cpu/pool.c */
 void nb__cpu_register_loss(nb__kernels *k);      /* cpu/loss.c */
 void nb__cpu_register_optim(nb__kernels *k);     /* cpu/optim_kernels.c */
 void nb__cpu_register_random(nb__kernels *k);    /* cpu/random.c */
+void nb__cpu_register_lm(nb__kernels *k);        /* cpu/lm.c */
 
 #endif

@@ -106,6 +106,11 @@ NBA_HD bool visible(int64_t t, int64_t s, int64_t T) { return s <= t && t < T; }
 // Block y index -> row block, heaviest (last rows) first.
 NBA_HD int64_t row_block_of(int64_t y, int64_t nblocks) { return nblocks - 1 - y; }
 
+// Grouped-query attention (tensor/kernels/attention.h): the query heads per key/value head
+// (Hkv 0 means H), and the key/value head query head h reads.
+NBA_HD int64_t kv_group(const nb__attn_geom &g) { return g.Hkv > 0 ? g.H / g.Hkv : 1; }
+NBA_HD int64_t kv_head(const nb__attn_geom &g, int64_t h) { return h / kv_group(g); }
+
 // Element offset of row t of the (b, h) slice of an operand with strides st (B, H, T).
 NBA_HD int64_t row_off(const int64_t st[3], int64_t b, int64_t h, int64_t t) {
     return b * st[0] + h * st[1] + t * st[2];

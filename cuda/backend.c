@@ -80,6 +80,7 @@ static void register_kernels(void) {
     nb__cuda_reg_loss(&g_cuda);
     nb__cuda_reg_optim(&g_cuda);
     nb__cuda_reg_random(&g_cuda);
+    nb__cuda_reg_lm(&g_cuda);
 }
 
 static _Thread_local int t_kernel_device;

@@ -10,6 +10,7 @@
 // tests/cuda_host/attention.cu). UNVERIFIED ON A GPU: compiled only; nothing here has run on
 // a device yet.
 #include <cuda_bf16.h>
+#include <string.h>
 #include <mma.h>
 
 #include "cuda/attention.cuh"
@@ -29,9 +30,9 @@ __global__ void __launch_bounds__(Geo<A, DMAX>::THREADS)
     const int64_t T = g.T, D = g.D, bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
     const int64_t r0 = row_block_of(blockIdx.y, ntiles(T, ROWS)) * ROWS;
     const int tid = threadIdx.x, lane = tid % G;
-    const int64_t t = r0 + tid / G;
-    const S *qs = q + row_off(g.sq, b, h, 0), *ks = k + row_off(g.sk, b, h, 0);
-    const S *vs = v + row_off(g.sv, b, h, 0);
+    const int64_t t = r0 + tid / G, hk = kv_head(g, h);
+    const S *qs = q + row_off(g.sq, b, h, 0), *ks = k + row_off(g.sk, b, hk, 0);
+    const S *vs = v + row_off(g.sv, b, hk, 0);
     A qr[1][DT], acc[1][DT], m[1] = {neg_inf<A>()}, l[1] = {0};
     load_row<G, DT>(qr[0], qs, g.sq[2], t, T, D, lane);
 #pragma unroll
@@ -66,8 +67,8 @@ __global__ void __launch_bounds__(Geo<A, DMAX>::THREADS)
     const int64_t T = g.T, D = g.D, bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
     const int64_t r0 = row_block_of(blockIdx.y, ntiles(T, ROWS)) * ROWS;
     const int tid = threadIdx.x, lane = tid % G;
-    const int64_t t = r0 + tid / G;
-    const S *ks = k + row_off(g.sk, b, h, 0), *vs = v + row_off(g.sv, b, h, 0);
+    const int64_t t = r0 + tid / G, hk = kv_head(g, h);
+    const S *ks = k + row_off(g.sk, b, hk, 0), *vs = v + row_off(g.sv, b, hk, 0);
     A qr[1][DT], dor[1][DT], dl[1] = {0};
     load_row<G, DT>(qr[0], q + row_off(g.sq, b, h, 0), g.sq[2], t, T, D, lane);
     load_row<G, DT>(dor[0], dout + row_off(g.sdo, b, h, 0), g.sdo[2], t, T, D, lane);
@@ -99,8 +100,8 @@ __global__ void __launch_bounds__(Geo<A, DMAX>::THREADS)
     const int64_t T = g.T, D = g.D, bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
     const int64_t r0 = row_block_of(blockIdx.y, ntiles(T, ROWS)) * ROWS;
     const int tid = threadIdx.x, lane = tid % G;
-    const int64_t t = r0 + tid / G;
-    const S *ks = k + row_off(g.sk, b, h, 0), *vs = v + row_off(g.sv, b, h, 0);
+    const int64_t t = r0 + tid / G, hk = kv_head(g, h);
+    const S *ks = k + row_off(g.sk, b, hk, 0), *vs = v + row_off(g.sv, b, hk, 0);
     A qr[1][DT], dor[1][DT], acc[1][DT];
     load_row<G, DT>(qr[0], q + row_off(g.sq, b, h, 0), g.sq[2], t, T, D, lane);
     load_row<G, DT>(dor[0], dout + row_off(g.sdo, b, h, 0), g.sdo[2], t, T, D, lane);
@@ -124,11 +125,14 @@ __global__ void __launch_bounds__(Geo<A, DMAX>::THREADS)
 }
 
 // Backward, dk and dv of one block of key rows: the query tiles at and below the diagonal,
-// in order. dk or dv may be NULL (not wanted); delta NULL when dk is not wanted.
-template <typename S, typename A, int DMAX>
+// in order. dk or dv may be NULL (not wanted); delta NULL when dk is not wanted. With grouped
+// key/value heads (kv_group > 1) each query head's block reads its key/value head's rows and
+// writes that head's share to dk, dv at the query head's index (O = A: per-head f32/f64
+// scratch, which kv_sum then adds up per group); O = S otherwise.
+template <typename S, typename A, int DMAX, typename O>
 __global__ void __launch_bounds__(Geo<A, DMAX>::THREADS)
     attn_dkdv(nb__attn_geom g, const S *q, const S *k, const S *v, const A *lse, const S *dout,
-              const A *delta, S *dk, S *dv) {
+              const A *delta, O *dk, O *dv) {
     using Gm = Geo<A, DMAX>;
     constexpr int G = Gm::G, DT = Gm::DT, BC = Gm::BC, ROWS = Gm::ROWS;
     __shared__ A Qs[Gm::SMEM_TILE], dOs[Gm::SMEM_TILE], ls[BC], dls[BC];
@@ -138,8 +142,8 @@ __global__ void __launch_bounds__(Geo<A, DMAX>::THREADS)
     const int64_t s = s0 + tid / G;
     const S *qs = q + row_off(g.sq, b, h, 0), *dos = dout + row_off(g.sdo, b, h, 0);
     A kr[1][DT], vr[1][DT], dka[1][DT], dva[1][DT];
-    load_row<G, DT>(kr[0], k + row_off(g.sk, b, h, 0), g.sk[2], s, T, D, lane);
-    load_row<G, DT>(vr[0], v + row_off(g.sv, b, h, 0), g.sv[2], s, T, D, lane);
+    load_row<G, DT>(kr[0], k + row_off(g.sk, b, kv_head(g, h), 0), g.sk[2], s, T, D, lane);
+    load_row<G, DT>(vr[0], v + row_off(g.sv, b, kv_head(g, h), 0), g.sv[2], s, T, D, lane);
 #pragma unroll
     for (int i = 0; i < DT; i++) dka[0][i] = dva[0][i] = 0;
     const Drop dr = drop_of(&g);
@@ -164,6 +168,23 @@ __global__ void __launch_bounds__(Geo<A, DMAX>::THREADS)
     if (dv) store_row<G, DT>(dva[0], (A)1, dv + row_off(g.sdv, b, h, 0), g.sdv[2], s, T, D, lane);
 }
 
+// Grouped key/value heads: out (B, Hkv, T, D with strides so) = the sum over each group's query
+// heads, in head order, of part (B, H, T, D contiguous, one share per query head).
+template <typename O, typename A>
+__global__ void kv_sum(nb__attn_geom g, const A *part, O *out, int64_t so0, int64_t so1,
+                       int64_t so2) {
+    const int64_t rep = kv_group(g), hkv = g.H / rep, T = g.T, D = g.D;
+    const int64_t n = g.B * hkv * T * D;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t d = i % D, t = i / D % T, hk = i / (D * T) % hkv, b = i / (D * T * hkv);
+        const A *p = part + ((b * g.H + hk * rep) * T + t) * D + d;
+        A sum = p[0];
+        for (int64_t r = 1; r < rep; r++) sum = sum + p[r * T * D];
+        store(out + b * so0 + hk * so1 + t * so2 + d, sum);
+    }
+}
+
 
 // bf16 forward on tensor cores (cuda/attention.cuh, WGeo): one block of 64 query rows.
 template <int DMAX>
@@ -180,7 +201,8 @@ __global__ void __launch_bounds__(WGeo<DMAX>::THREADS)
     const int64_t T = g.T, D = g.D, bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
     const int64_t r0 = row_block_of(blockIdx.y, ntiles(T, BR)) * BR;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const uint16_t *ks = k + row_off(g.sk, b, h, 0), *vs = v + row_off(g.sv, b, h, 0);
+    const uint16_t *ks = k + row_off(g.sk, b, kv_head(g, h), 0);
+    const uint16_t *vs = v + row_off(g.sv, b, kv_head(g, h), 0);
     for (int e = tid; e < BR * DMAX; e += W::THREADS)
         tile_bits<DMAX, W::LDH>(Qs, q + row_off(g.sq, b, h, 0), g.sq[2], r0, T, D, e);
     for (int e = tid; e < BR * W::LDO; e += W::THREADS) Os[e] = 0;
@@ -272,7 +294,7 @@ void fwd_launch(const nb__attention_args *a, cudaStream_t st) {
 }
 
 template <typename S, typename A, int DMAX>
-void bwd_launch(const nb__attention_backward_args *a, A *delta, cudaStream_t st) {
+void bwd_launch(const nb__attention_backward_args *a, A *delta, A *kv_part, cudaStream_t st) {
     const dim3 grid = grid_of<A, DMAX>(a->g);
     constexpr int TH = Geo<A, DMAX>::THREADS;
     const S *q = (const S *)a->q, *k = (const S *)a->k, *v = (const S *)a->v;
@@ -281,10 +303,30 @@ void bwd_launch(const nb__attention_backward_args *a, A *delta, cudaStream_t st)
     if (delta) attn_delta<S, A, DMAX><<<grid, TH, 0, st>>>(a->g, q, k, v, lse, dout, delta);
     if (a->dq)
         attn_dq<S, A, DMAX><<<grid, TH, 0, st>>>(a->g, q, k, v, lse, dout, delta, (S *)a->dq);
-    if (a->dk || a->dv)
-        attn_dkdv<S, A, DMAX><<<grid, TH, 0, st>>>(a->g, q, k, v, lse, dout,
-                                                   a->dk ? delta : nullptr, (S *)a->dk,
-                                                   (S *)a->dv);
+    if (!a->dk && !a->dv) return;
+    if (kv_group(a->g) == 1) {
+        attn_dkdv<S, A, DMAX, S><<<grid, TH, 0, st>>>(a->g, q, k, v, lse, dout,
+                                                      a->dk ? delta : nullptr, (S *)a->dk,
+                                                      (S *)a->dv);
+        return;
+    }
+    // grouped key/value heads: each query head's share into kv_part (B, H, T, D contiguous,
+    // dk's then dv's), then each group's sum in head order
+    const nb__attn_geom &g = a->g;
+    const int64_t n = g.B * g.H * g.T * g.D;
+    nb__attn_geom gs = g;
+    const int64_t cs[3] = {g.H * g.T * g.D, g.T * g.D, g.D};
+    memcpy(gs.sdk, cs, sizeof cs), memcpy(gs.sdv, cs, sizeof cs);
+    A *pk = a->dk ? kv_part : nullptr, *pv = a->dv ? kv_part + n : nullptr;
+    attn_dkdv<S, A, DMAX, A><<<grid, TH, 0, st>>>(gs, q, k, v, lse, dout, a->dk ? delta : nullptr,
+                                                  pk, pv);
+    const int64_t nkv = n / kv_group(g);
+    if (pk)
+        kv_sum<S, A><<<nbk::nb_blocks(nkv), nbk::kThreads, 0, st>>>(g, pk, (S *)a->dk, g.sdk[0], g.sdk[1],
+                                                          g.sdk[2]);
+    if (pv)
+        kv_sum<S, A><<<nbk::nb_blocks(nkv), nbk::kThreads, 0, st>>>(g, pv, (S *)a->dv, g.sdv[0], g.sdv[1],
+                                                          g.sdv[2]);
 }
 
 #define NB_ATTN_DMAX_SWITCH(dm, F, ...)                                                    \
@@ -299,8 +341,9 @@ template <typename S, typename A> void fwd_dispatch(const nb__attention_args *a,
     NB_ATTN_DMAX_SWITCH(dmax_for(a->g.D), fwd_launch, a, st)
 }
 template <typename S, typename A>
-void bwd_dispatch(const nb__attention_backward_args *a, void *delta, cudaStream_t st) {
-    NB_ATTN_DMAX_SWITCH(dmax_for(a->g.D), bwd_launch, a, (A *)delta, st)
+void bwd_dispatch(const nb__attention_backward_args *a, void *delta, void *kv_part,
+                  cudaStream_t st) {
+    NB_ATTN_DMAX_SWITCH(dmax_for(a->g.D), bwd_launch, a, (A *)delta, (A *)kv_part, st)
 }
 
 // The tensor-core forward of bf16 operands, when the device can give the block its shared
@@ -372,19 +415,29 @@ nb_status cuda_attention_backward(const nb__attention_backward_args *a) {
                              "scratch", (size_t)(g.B * g.H * g.T) * es);
         }
     }
+    // grouped key/value heads: each query head's share of dk and dv, in the math type
+    void *kv_part = NULL;
+    const size_t kv_bytes = 2 * (size_t)(g.B * g.H * g.T * g.D) * es;
+    if (kv_group(g) > 1 && (a->dk || a->dv) && !(kv_part = nb__cuda_kscratch(&c, kv_bytes))) {
+        if (delta) nb__cuda_kfree(delta);
+        (void)nb__cuda_kend(&c, cudaSuccess);
+        return nb__error(NB_ENOMEM, "attention_backward: no device memory for %zu bytes of "
+                         "scratch", kv_bytes);
+    }
     if (a->bf16) {
-        bwd_dispatch<uint16_t, float>(a, delta, c.stream);
+        bwd_dispatch<uint16_t, float>(a, delta, kv_part, c.stream);
     } else if (a->dtype == NB_F64) {
-        bwd_dispatch<double, double>(a, delta, c.stream);
+        bwd_dispatch<double, double>(a, delta, kv_part, c.stream);
     } else {
-        bwd_dispatch<float, float>(a, delta, c.stream);
+        bwd_dispatch<float, float>(a, delta, kv_part, c.stream);
     }
     cudaError_t e = cudaGetLastError();
+    if (kv_part) nb__cuda_kfree(kv_part);
     if (delta) nb__cuda_kfree(delta); // stream-ordered: after the kernels above
     return nb__cuda_kend(&c, e);
 }
 
-static_assert(sizeof(nb__attn_geom) == 4 * 8 + 24 * 8 + 8 + 8 + 3 * 8,
+static_assert(sizeof(nb__attn_geom) == 5 * 8 + 24 * 8 + 8 + 8 + 3 * 8,
               "nb__attn_geom changed: review the kernels' use of it");
 
 } // namespace

@@ -58,6 +58,7 @@ void nb__cuda_reg_conv(nb__backend *be);      /* k_conv.cu (cuDNN or im2col + GE
 void nb__cuda_reg_loss(nb__backend *be);      /* k_loss.cu */
 void nb__cuda_reg_optim(nb__backend *be);     /* k_optim.cu (also clipping, amp_unscale) */
 void nb__cuda_reg_random(nb__backend *be);    /* k_random.cu */
+void nb__cuda_reg_lm(nb__backend *be);        /* k_lm.cu: RMSNorm, rotary, SwiGLU */
 
 /* The device the next kernel of this thread runs on: set by nb__cuda_backend (the core's
  * backend lookup for the operands' device, made right before each kernel call). */

@@ -5,6 +5,10 @@
  * whose node has the one input, so its backward writes the qkv gradient as one tensor instead
  * of three slices that a split's backward would pad and add.
  *
+ * Grouped-query attention: k and v may have fewer heads than q (Hkv dividing H); query head h
+ * reads key/value head h / (H / Hkv) inside the kernels (the geometry's Hkv), so k and v are
+ * never repeated in memory, and their gradients sum over the query heads of each group.
+ *
  * The node saves q, k, v and the per-row log-sum-exp of the scores (B * H * T values); the
  * backward recomputes the attention weights from them, so no (T, T) tensor outlives a call.
  * With dropout, the mask is a function of (generator seed, stream, an offset range reserved
@@ -88,11 +92,12 @@ static bool check_scalars(const char *op, double scale, double dropout_p) {
     return true;
 }
 
-/* The geometry of a (B, H, T, D) problem; with dropout, reserves the generator blocks of a
- * (B, H, T, T) draw, as nb_bernoulli would use them, and records where they start. */
-static nb__attn_geom make_geom(const int64_t *shape, double scale, bool drop, double p,
-                               nb_generator *gen) {
-    nb__attn_geom g = {.B = shape[0], .H = shape[1], .T = shape[2], .D = shape[3],
+/* The geometry of a (B, H, T, D) problem with Hkv key/value heads; with dropout, reserves
+ * the generator blocks of a (B, H, T, T) draw, as nb_bernoulli would use them, and records
+ * where they start. */
+static nb__attn_geom make_geom(const int64_t *shape, int64_t Hkv, double scale, bool drop,
+                               double p, nb_generator *gen) {
+    nb__attn_geom g = {.B = shape[0], .H = shape[1], .T = shape[2], .D = shape[3], .Hkv = Hkv,
                        .scale = scale, .p = drop ? p : 0};
     if (drop) {
         nb_generator *gg = gen ? gen : nb_default_generator();
@@ -161,19 +166,29 @@ nb_tensor *nb_causal_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, double 
                   nb_dtype_name(q->dtype), nb_dtype_name(k->dtype), nb_dtype_name(v->dtype));
         return NULL;
     }
+    /* grouped-query attention: k and v may have fewer heads, Hkv dividing H */
     for (int d = 0; d < 4; d++)
-        if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d]) {
-            nb__error(NB_ESHAPE, "%s: q, k and v must have the same shape (B, H, T, D), got "
-                      "q %s, k %s and v %s", OP, NB__SHAPE(q), NB__SHAPE(k), NB__SHAPE(v));
+        if (v->shape[d] != k->shape[d] || (d != 1 && k->shape[d] != q->shape[d])) {
+            nb__error(NB_ESHAPE, "%s: q (B, H, T, D), k and v (B, Hkv, T, D) must have the same "
+                      "shape but for the key/value heads Hkv, got q %s, k %s and v %s", OP,
+                      NB__SHAPE(q), NB__SHAPE(k), NB__SHAPE(v));
             return NULL;
         }
+    const int64_t Hkv = k->shape[1];
+    if (Hkv == 0 ? q->shape[1] != 0 : q->shape[1] % Hkv != 0) {
+        nb__error(NB_ESHAPE, "%s: k and v have %lld heads, which does not divide the %lld heads "
+                  "of q (grouped-query attention: each key/value head serves H / Hkv query "
+                  "heads), got q %s, k %s", OP, (long long)Hkv, (long long)q->shape[1],
+                  NB__SHAPE(q), NB__SHAPE(k));
+        return NULL;
+    }
     if (!check_scalars(OP, scale, dropout_p)) return NULL;
     const int64_t D = q->shape[3];
     if (scale == 0) scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
     const nb_dtype dt = q->dtype, cdt = dt == NB_F64 ? NB_F64 : NB_F32;
     const nb_dtype iodt = io_dtype(dt, cdt, dev);
     const bool drop = training && dropout_p > 0;
-    nb__attn_geom g = make_geom(q->shape, scale, drop, dropout_p, gen);
+    nb__attn_geom g = make_geom(q->shape, Hkv, scale, drop, dropout_p, gen);
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
@@ -234,7 +249,7 @@ nb_tensor *nb_causal_attention_qkv(nb_tensor *qkv, int64_t n_head, double scale,
     const nb_dtype dt = qkv->dtype, cdt = dt == NB_F64 ? NB_F64 : NB_F32;
     const nb_dtype iodt = io_dtype(dt, cdt, dev);
     const bool drop = training && dropout_p > 0;
-    nb__attn_geom g = make_geom((int64_t[]){B, H, T, D}, scale, drop, dropout_p, gen);
+    nb__attn_geom g = make_geom((int64_t[]){B, H, T, D}, H, scale, drop, dropout_p, gen);
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
@@ -261,9 +276,10 @@ nb_tensor *nb_causal_attention_qkv(nb_tensor *qkv, int64_t n_head, double scale,
     return out;
 }
 
-/* The geometry a node saved, for its (B, H, T, D) shape. */
-static nb__attn_geom saved_geom(const nb__node *n, const int64_t *shape) {
+/* The geometry a node saved, for its (B, H, T, D) shape and Hkv key/value heads. */
+static nb__attn_geom saved_geom(const nb__node *n, const int64_t *shape, int64_t Hkv) {
     return (nb__attn_geom){.B = shape[0], .H = shape[1], .T = shape[2], .D = shape[3],
+                           .Hkv = Hkv,
                            .scale = n->attrs.f[0], .p = n->attrs.f[1],
                            .seed = (uint64_t)n->attrs.i[0], .stream = (uint64_t)n->attrs.i[1],
                            .offset = (uint64_t)n->attrs.i[2]};
@@ -300,16 +316,17 @@ nb_status nb__bw_ATTENTION(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
     nb_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *lse = n->saved[3];
     const nb_device dev = nb__device_of(lse);
     const nb_dtype cdt = io_dtype(q->dtype, lse->dtype, dev); /* of the operands */
-    const int64_t *shape = q->shape;
-    nb__attn_geom g = saved_geom(n, shape);
+    nb__attn_geom g = saved_geom(n, q->shape, k->shape[1]);
     nb_tensor *d[3] = {NULL, NULL, NULL};
     /* a contiguous input gets a contiguous gradient (a leaf can then take it over as is);
      * views get the (B, T, H, D) layout their transpose back to a fused qkv makes dense */
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
+        const int64_t *shape = n->saved[i]->shape; /* k, v: (B, Hkv, T, D) */
         if (wants(n, i) &&
             !(d[i] = nb_is_contiguous(n->saved[i]) ? nb__empty(shape, 4, cdt, dev)
                                                    : bthd(shape, cdt, dev)))
             return nb_last_status();
+    }
     nb_status st = backward_core(&g, usable(q, cdt), usable(k, cdt), usable(v, cdt), lse,
                                  usable(gout, cdt), d, OP);
     if (st != NB_OK) return st;
@@ -321,7 +338,7 @@ nb_status nb__bw_ATTENTION_QKV(nb__node *n, nb_tensor *gout, nb_tensor **gin) {
     nb_tensor *qkv = n->saved[0], *lse = n->saved[1];
     const nb_dtype cdt = io_dtype(qkv->dtype, lse->dtype, nb__device_of(lse)); /* operands */
     const int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3, H = n->attrs.i[3];
-    nb__attn_geom g = saved_geom(n, (int64_t[]){B, H, T, C / H});
+    nb__attn_geom g = saved_geom(n, (int64_t[]){B, H, T, C / H}, H);
     nb_tensor *qc = dense(qkv, cdt), *gc = dense(gout, cdt);
     /* every element is written */
     nb_tensor *dqkv = nb__empty(qkv->shape, 3, cdt, nb__device_of(lse));

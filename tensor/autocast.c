@@ -40,6 +40,7 @@ static const struct {
     {"conv2d", NB_AUTOCAST_LOW},
     {"softmax", NB_AUTOCAST_F32},       {"log_softmax", NB_AUTOCAST_F32},
     {"layer_norm", NB_AUTOCAST_F32},    {"batch_norm", NB_AUTOCAST_F32},
+    {"rms_norm", NB_AUTOCAST_F32},
     {"cross_entropy", NB_AUTOCAST_F32}, {"nll_loss", NB_AUTOCAST_F32},
     {"mse_loss", NB_AUTOCAST_F32},      {"l1_loss", NB_AUTOCAST_F32},
     {"bce_with_logits", NB_AUTOCAST_F32},

@@ -64,6 +64,7 @@ typedef struct nb__view {
 #include "tensor/kernels/loss.h"
 #include "tensor/kernels/optim.h"
 #include "tensor/kernels/random.h"
+#include "tensor/kernels/lm.h"
 
 #define NB__KERNELS(X)                                                                     \
     NB__K_CORE(X)                                                                          \
@@ -75,6 +76,7 @@ typedef struct nb__view {
     NB__K_CONV(X)                                                                          \
     NB__K_LOSS(X)                                                                          \
     NB__K_OPTIM(X)                                                                         \
-    NB__K_RANDOM(X)
+    NB__K_RANDOM(X)                                                                        \
+    NB__K_LM(X)
 
 #endif

@@ -50,7 +50,9 @@
     /* activation checkpointing: a user function replayed in backward (autograd/recompute.c) */ \
     X(RECOMPUTE, "recompute", -1, 1)                                                         \
     /* autograd-aware collectives over a communicator (defined in parallel/tp_ops.c) */      \
-    X(COLLECTIVE, "collective", 1, 1)
+    X(COLLECTIVE, "collective", 1, 1)                                                        \
+    /* nn: the Llama family's fused ops (nn/rms_norm.c, nn/rotary.c, nn/swiglu.c) */         \
+    X(RMS_NORM, "rms_norm", 2, 1) X(ROTARY, "rotary_embedding", 1, 1) X(SWIGLU, "swiglu", 2, 1)
 
 typedef enum nb__op {
 #define NB__OP_ENUM(name, str, arity, grad) NB__OP_##name,
@@ -60,7 +62,7 @@ typedef enum nb__op {
 } nb__op;
 
 /* Number of ops the tables were written for; update together with NB__OPS. */
-#define NB__OP_COUNT_EXPECTED 79
+#define NB__OP_COUNT_EXPECTED 82
 
 #ifdef __cplusplus
 extern "C" {

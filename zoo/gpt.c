@@ -313,9 +313,11 @@ static nb_status pipeline_pass(const nb_gpt_step_opts *o, nb_tensor *const *x,
     return isnan(*loss_mean) && nb_last_status() != NB_OK ? nb_last_status() : NB_OK;
 }
 
-static double train_step(nb_module *m, nb_optim *opt, const nb_gpt_step_opts *o,
+/* The language models' training step (zoo/gpt_impl.h): the GPT's, and the Llama's with its
+ * own loss. */
+double nb__lm_train_step(nb_module *m, nb_optim *opt, const nb_gpt_step_opts *o,
                          nb_tensor *const *x, nb_tensor *const *y, int n_micro,
-                         double *grad_norm) {
+                         double *grad_norm, nb__lm_loss_fn loss_of) {
     nb_ddp *ddp = o->ddp;
     nb_zero *zero = o->zero;
     nb_grad_scaler *scaler = o->scaler;
@@ -344,7 +346,7 @@ static double train_step(nb_module *m, nb_optim *opt, const nb_gpt_step_opts *o,
         if (ddp) nb_ddp_set_sync_enabled(ddp, i == n_micro - 1); /* no_sync until the last */
         if (zero) nb_zero_set_sync_enabled(zero, i == n_micro - 1);
         nb_scope_begin();
-        nb_tensor *loss = nb_gpt_loss(m, x[i], y[i]);
+        nb_tensor *loss = loss_of(m, x[i], y[i]);
         /* Scaling the loss (not the gradients) by 1/n makes the accumulated gradient that
          * of the mean over all micro-batches, the loss of one n-times-larger batch. */
         nb_tensor *scaled = n_micro > 1 ? nb_mul_scalar(loss, 1.0 / n_micro) : loss;
@@ -402,20 +404,20 @@ double nb_gpt_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
                      "wrapped by one of them");
         return NAN;
     }
-    return train_step(m, opt, o, x, y, n_micro, grad_norm);
+    return nb__lm_train_step(m, opt, o, x, y, n_micro, grad_norm, nb_gpt_loss);
 }
 
 double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                       nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
     nb_gpt_step_opts o = {.ddp = ddp, .grad_clip = grad_clip};
-    return train_step(m, opt, &o, x, y, n_micro, grad_norm);
+    return nb__lm_train_step(m, opt, &o, x, y, n_micro, grad_norm, nb_gpt_loss);
 }
 
 double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_tensor *const *x,
                               nb_tensor *const *y, int n_micro, double grad_clip,
                               double *grad_norm) {
     nb_gpt_step_opts o = {.zero = zero, .grad_clip = grad_clip};
-    return train_step(m, opt, &o, x, y, n_micro, grad_norm);
+    return nb__lm_train_step(m, opt, &o, x, y, n_micro, grad_norm, nb_gpt_loss);
 }
 
 /* ---- sampling ------------------------------------------------------------------------------ */
@@ -424,8 +426,9 @@ static int cmp_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-/* Choose the next token from logits l[0..V) (modified in place). */
-static int64_t pick(double *l, int64_t V, const nb_gpt_sample_opts *o, double *scratch, double u) {
+/* Choose the next token from logits l[0..V) (modified in place; zoo/gpt_impl.h). */
+int64_t nb__lm_pick(double *l, int64_t V, const nb_gpt_sample_opts *o, double *scratch,
+                    double u) {
     int64_t best = 0;
     for (int64_t i = 1; i < V; i++)
         if (l[i] > l[best]) best = i;
@@ -487,7 +490,7 @@ nb_status nb_gpt_generate(nb_module *m, const int64_t *prompt, int64_t n_prompt,
             u = r ? nb_item_f64(r) : NAN;
         }
         st = !last || isnan(u) ? nb_last_status() : nb_read(last, l, V, NB_F64);
-        if (st == NB_OK) ctx[n] = pick(l, V, &opt, l + V, u);
+        if (st == NB_OK) ctx[n] = nb__lm_pick(l, V, &opt, l + V, u);
         nb_scope_end();
     }
     nb_set_grad_enabled(prev);

@@ -12,4 +12,14 @@ nb_tensor *nb__gpt_embed(nb_module *m, nb_tensor *idx, void *ctx);
 nb_tensor *nb__gpt_head(nb_module *m, nb_tensor *x, void *ctx);
 nb_tensor *nb__gpt_cross_entropy(nb_tensor *logits, nb_tensor *targets, void *ctx);
 
+/* What the language models share (zoo/gpt.c): the training step of nabla/gpt.h
+ * (nb_gpt_train_step_ex) with the model's loss of (idx, targets), and the choice of the next
+ * token from logits l[0..V) (modified in place; scratch holds V doubles; u uniform in [0, 1)
+ * when sampling) under the sampling options. */
+typedef nb_tensor *(*nb__lm_loss_fn)(nb_module *m, nb_tensor *idx, nb_tensor *targets);
+double nb__lm_train_step(nb_module *m, nb_optim *opt, const nb_gpt_step_opts *o,
+                         nb_tensor *const *x, nb_tensor *const *y, int n_micro,
+                         double *grad_norm, nb__lm_loss_fn loss_of);
+int64_t nb__lm_pick(double *l, int64_t V, const nb_gpt_sample_opts *o, double *scratch, double u);
+
 #endif

@@ -33,6 +33,7 @@
 #include "nabla/mesh.h"
 #include "nabla/tp.h"
 #include "nabla/gpt.h"
+#include "nabla/llama.h"
 #include "nabla/pipeline.h"
 #include "nabla/run.h"
 #include "nabla/summary.h"

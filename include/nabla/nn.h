@@ -209,6 +209,9 @@ nb_module *nb_batch_norm1d_new(int64_t features, const nb_norm_opts *o);
 nb_module *nb_batch_norm2d_new(int64_t channels, const nb_norm_opts *o);
 /* LayerNorm over the last dim of size `features`. */
 nb_module *nb_layer_norm_new(int64_t features, const nb_norm_opts *o);
+/* RMSNorm over the last dim of size `features` (Hugging Face's LlamaRMSNorm): parameter
+ * "weight" (features), ones. */
+nb_module *nb_rms_norm_new(int64_t features, double eps);
 nb_module *nb_embedding_new(int64_t num_embeddings, int64_t dim, nb_generator *gen);
 /* Dropout with probability p (Philox; gen NULL: default generator). */
 nb_module *nb_dropout_new(double p, nb_generator *gen);
@@ -240,8 +243,22 @@ nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps);
 nb_tensor *nb_batch_norm(nb_tensor *x, nb_tensor *running_mean, nb_tensor *running_var,
                          nb_tensor *w, nb_tensor *b, bool training, double momentum,
                          double eps);
+/* RMSNorm over the last dim: y = (x * rstd) * w, rstd = 1 / sqrt(mean(x^2) + eps) per row;
+ * w (features) or NULL. Computed in f32 for half inputs (f32 under autocast). */
+nb_tensor *nb_rms_norm(nb_tensor *x, nb_tensor *w, double eps);
+/* Rotary position embeddings, Llama's half-split layout: x (..., T, H, D) with D even (the
+ * heads of a projection before they are transposed), row t at position offset + t. For
+ * i < D/2, theta = position / base^(2i/D): y[i] = x[i] cos theta - x[i + D/2] sin theta,
+ * y[i + D/2] = x[i + D/2] cos theta + x[i] sin theta. base is the rope theta (10000 in
+ * Llama 2); offset the number of positions already in a key/value cache (0 otherwise). */
+nb_tensor *nb_rotary_embedding(nb_tensor *x, int64_t offset, double base);
+/* The SwiGLU product silu(a) * b, fused (forward and backward); a and b of one shape. */
+nb_tensor *nb_swiglu(nb_tensor *a, nb_tensor *b);
 /* Causal scaled dot-product attention, one fused op: q, k, v (B, H, T, D) -> (B, H, T, D),
  * out[t] = sum_{s <= t} softmax_s(q[t] . k[s] * scale) v[s]. scale 0 means 1/sqrt(D).
+ * Grouped-query attention: k and v may have Hkv heads, (B, Hkv, T, D) with Hkv dividing H;
+ * query head h then reads key/value head h / (H / Hkv) (the kernels index it: k and v are
+ * never repeated in memory), and k's and v's gradients have their shape.
  * dropout_p > 0 (training only) drops attention weights with a Philox mask from gen (NULL:
  * default generator). The backward recomputes the probabilities from the saved row
  * statistics instead of keeping a (T, T) tensor. */

@@ -1,14 +1,15 @@
-/* main.c - the `gpt` program: trains the byte-level GPT of nabla/gpt.h on a text file
- * (by default the King James Bible, as the PyTorch peer's W3 workload does) and samples
- * from a trained model. Training: AdamW with weight decay on 2-D weights only, a cosine
+/* main.c - the `gpt` program: trains the byte-level GPT of nabla/gpt.h (or, with --arch
+ * llama, the Llama of nabla/llama.h; arch.h) on a text file (by default the King James Bible,
+ * as the PyTorch peer's W3 workload does) and samples from a trained model. Training: AdamW with weight decay on 2-D weights only, a cosine
  * (or constant) learning-rate schedule with warmup, gradient clipping, gradient
  * accumulation, validation loss on fixed batches, checkpoints and exact resume, progress
  * with tokens/s, JSON-lines logs, and a last line that is one JSON object. docs/gpt.md.
  *
  * Under mpirun (or srun) the ranks form a device mesh dp x pp x tp (--pp, --tp; nabla/mesh.h):
- * the one GPT of nabla/gpt.h is made tensor parallel by its plan (nb_gpt_parallelize) and
- * split into pipeline stages (nb_gpt_pipeline_new), and nb_ddp or nb_zero (--zero) reduce the
- * gradients over dp; the same training loop and step (nb_gpt_train_step_ex) run every layout.
+ * the one GPT of nabla/gpt.h (or Llama) is made tensor parallel by its plan (nb_gpt_parallelize)
+ * and split into pipeline stages (nb_gpt_pipeline_new), and nb_ddp or nb_zero (--zero) reduce
+ * the gradients over dp; the same training loop and step (nb_gpt_train_step_ex) run every
+ * layout.
  * --batch is the global batch per step in every layout, cut into --microbatches (gradient
  * accumulation, or the pipeline's micro-batches). Every rank draws the same global batches
  * (one generator, same seed) and trains on its data-parallel rank's contiguous rows, so every
@@ -30,6 +31,7 @@
 #include <nabla/run.h>
 #include <nabla/summary.h>
 
+#include "arch.h"
 #include "ft.h"
 #include "device.h"
 #include "guard.h"
@@ -44,7 +46,9 @@ static nbm_device device;
 
 typedef struct args {
     /* model */
-    int64_t n_layer, n_head, n_embd, block_size;
+    nbm_arch_kind arch; /* --arch gpt|llama */
+    bool arch_given;
+    int64_t n_layer, n_head, n_kv_head, n_embd, block_size;
     double dropout;
     int64_t bias, gelu_tanh;
     const char *recompute; /* --checkpoint-activations */
@@ -74,10 +78,15 @@ static void usage(const args *a, FILE *out) {
             "usage: gpt [flags]                      train (defaults: the W3 recipe, cosine lr)\n"
             "       gpt --sample --load FILE [flags]  generate text\n"
             "model:\n"
-            "  --n-layer N --n-head N --n-embd N --block-size N   (default %lld %lld %lld %lld)\n"
-            "  --dropout P      dropout probability (default %g)\n"
-            "  --bias 0|1       biases in linear layers and layer norms (default %lld)\n"
-            "  --gelu-tanh 0|1  tanh-approximated GELU (default %lld: exact)\n"
+            "  --arch A         gpt (GPT-2's architecture) or llama (RMSNorm, rotary, SwiGLU,\n"
+            "                   grouped-query attention; docs/llama.md) (default gpt; with\n"
+            "                   --sample: what the --load file holds)\n"
+            "  --n-layer N --n-head N --n-embd N --block-size N   (default %lld %lld %lld %lld;\n"
+            "                   with --sample --block-size is the Llama's context)\n"
+            "  --n-kv-head N    llama: key/value heads (default n-head / 2)\n"
+            "  --dropout P      gpt: dropout probability (default %g)\n"
+            "  --bias 0|1       gpt: biases in linear layers and layer norms (default %lld)\n"
+            "  --gelu-tanh 0|1  gpt: tanh-approximated GELU (default %lld: exact)\n"
             "  --checkpoint-activations none|attn|full  recompute in backward instead of\n"
             "                   keeping: each block's attention core, or all but each\n"
             "                   block's input (default none; results are the same)\n"
@@ -159,7 +168,7 @@ static int parse_args(int argc, char **argv, args *a) {
         const char *name;
         int mode;
     } flags[] = {{"--n-layer", TRAIN},     {"--n-head", BOTH},       {"--n-embd", TRAIN},
-                 {"--block-size", TRAIN},  {"--dropout", TRAIN},     {"--bias", TRAIN},
+                 {"--arch", BOTH},         {"--n-kv-head", TRAIN},   {"--block-size", BOTH},  {"--dropout", TRAIN},     {"--bias", TRAIN},
                  {"--gelu-tanh", BOTH},    {"--data", TRAIN},        {"--steps", TRAIN},
                  {"--batch", TRAIN},       {"--grad-accum", TRAIN},  {"--lr", TRAIN},
                  {"--schedule", TRAIN},    {"--warmup", TRAIN},      {"--decay-steps", TRAIN},
@@ -227,6 +236,8 @@ static int parse_args(int argc, char **argv, args *a) {
         }
         I64("--n-layer", n_layer, 1, BIG); I64("--n-head", n_head, 1, BIG);
         I64("--n-embd", n_embd, 1, BIG); I64("--block-size", block_size, 1, BIG);
+        I64("--n-kv-head", n_kv_head, 1, BIG);
+        else if (!strcmp(f, "--arch")) a->arch_given = ok = nbm_arch_parse("gpt", v, &a->arch);
         F64("--dropout", dropout, 0, false, 1, true);
         I64("--bias", bias, 0, 1); I64("--gelu-tanh", gelu_tanh, 0, 1);
         STR("--data", data); I64("--steps", steps, 0, MAX_STEPS);
@@ -302,6 +313,15 @@ static int parse_args(int argc, char **argv, args *a) {
         }
         bool constant = !strcmp(a->schedule, "constant");
         const char *name = flags[k].name;
+        /* each architecture's own flags */
+        const bool gpt_only = !strcmp(name, "--dropout") || !strcmp(name, "--bias") ||
+                              !strcmp(name, "--gelu-tanh");
+        if ((gpt_only && a->arch == NBM_LLAMA) ||
+            (!strcmp(name, "--n-kv-head") && a->arch == NBM_GPT)) {
+            fprintf(stderr, "gpt: %s has no effect with --arch %s\n", name,
+                    nbm_arch_name(a->arch));
+            return 2;
+        }
         if (constant && (!strcmp(name, "--warmup") || !strcmp(name, "--min-lr") ||
                          !strcmp(name, "--decay-steps"))) {
             fprintf(stderr, "gpt: %s has no effect with --schedule constant\n", name);
@@ -377,15 +397,16 @@ static nb_tensor *read_kjv(void) {
 /* ---- sampling ------------------------------------------------------------------------------ */
 static int run_sample(const args *a) {
     int rc = 1;
-    nb_gpt_config cfg = {.n_head = a->n_head, .gelu_tanh = a->gelu_tanh != 0};
+    nbm_arch arch = {.kind = a->arch,
+                     .gpt = {.n_head = a->n_head, .gelu_tanh = a->gelu_tanh != 0},
+                     .llama = {.n_head = a->n_head, .block_size = a->block_size}};
     nb_set_num_threads((int)a->threads);
     nb_module *model = NULL;
     nb_generator *gen = nb_generator_new(a->seed);
     const char *prompt = a->prompt ? a->prompt : "\n";
     int64_t np = (int64_t)strlen(prompt), *toks = malloc(sizeof(int64_t) * (size_t)(np + a->tokens + 1));
     if (!toks || !gen || !nbm_device_use("gpt", &device)) goto done;
-    if (nb_gpt_config_from_file(a->load, &cfg) != NB_OK || !(model = nb_gpt_new(&cfg, NULL)) ||
-        nb_gpt_load(model, a->load) != NB_OK) {
+    if (!(model = nbm_arch_load(&arch, !a->arch_given, a->load))) {
         fprintf(stderr, "gpt: %s\n", nb_last_error());
         goto done;
     }
@@ -394,11 +415,15 @@ static int run_sample(const args *a) {
         np = 1;
     }
     for (int64_t i = 0; i < np; i++) toks[i] = (unsigned char)prompt[i];
-    fprintf(stderr, "gpt: %lld layers, %lld heads, width %lld, context %lld, %lld parameters\n",
-            (long long)cfg.n_layer, (long long)cfg.n_head, (long long)cfg.n_embd,
-            (long long)cfg.block_size, (long long)nb_num_parameters(model));
+    int64_t L, H, Hkv, C;
+    nbm_arch_shape(&arch, &L, &H, &Hkv, &C);
+    fprintf(stderr, "gpt: %s, %lld layers, %lld heads (%lld key/value), width %lld, context "
+            "%lld, %lld parameters\n", nbm_arch_name(arch.kind), (long long)L, (long long)H,
+            (long long)Hkv, (long long)C,
+            (long long)(arch.kind == NBM_LLAMA ? arch.llama.block_size : arch.gpt.block_size),
+            (long long)nb_num_parameters(model));
     nb_gpt_sample_opts so = {.temperature = a->temperature, .top_k = a->top_k, .gen = gen};
-    if (nb_gpt_generate(model, toks, np, a->tokens, &so, toks + np) != NB_OK) {
+    if (nbm_arch_generate(&arch, model, toks, np, a->tokens, &so, toks + np) != NB_OK) {
         fprintf(stderr, "gpt: %s\n", nb_last_error());
         goto done;
     }
@@ -419,7 +444,7 @@ done:
  * together. Every data-parallel rank runs the same number of forwards, ceil(n / dp): with fewer
  * batches than that a rank evaluates one again without counting it, because a forward may be
  * collective over dp (ZeRO-3 gathers the parameters). */
-static double evaluate(nb_module *m, nb_pipeline *pipe, nb_tensor *val, nb_generator *vgen,
+static double evaluate(const nbm_arch *arch, nb_module *m, nb_pipeline *pipe, nb_tensor *val, nb_generator *vgen,
                        int64_t n, nb_tensor *x, nb_tensor *y, nb_comm *world, nb_comm *dp,
                        nb_dtype prec) {
     const int rank = nb_comm_rank(dp), size = nb_comm_size(dp);
@@ -442,7 +467,7 @@ static double evaluate(nb_module *m, nb_pipeline *pipe, nb_tensor *val, nb_gener
             if (pipe) {
                 if (nb_pipeline_eval(pipe, xm, ym, &l, NULL) != NB_OK) l = NAN;
             } else {
-                nb_tensor *t = nb_gpt_loss(m, xm, ym);
+                nb_tensor *t = nbm_arch_loss(arch, m, xm, ym);
                 l = t ? nb_item_f64(t) : NAN;
             }
             nbm_precision_end(prec);
@@ -478,17 +503,17 @@ static void human(double bytes, char *buf, size_t n) {
 }
 
 /* Refuse a configuration this machine cannot train before allocating anything (a model of
- * 100000 layers used to allocate for minutes). The parameter count is exact arithmetic for
- * this architecture (gpt.h: 12 C^2 + 13 C a layer, V C + T C + 2 C outside; without biases
- * 12 C^2 + 2 C and V C + T C + C), the same number nb_num_parameters gives for the model
- * built on the meta device (tests/test_gpt.c checks it at 1.5B). Training needs 16 bytes a
+ * 100000 layers used to allocate for minutes). The parameter count is the model's own, built
+ * on the meta device (arch.c: shapes only, nothing allocated). Training needs 16 bytes a
  * parameter (f32 weights, gradients and AdamW's two moments) plus the activations the
  * backward keeps: about 20 f32 values per layer and token of width C, and the logits, for
  * B_local sequences of T tokens. NB_OK when it fits or the available memory is unknown. */
-static nb_status check_fits(const nb_gpt_config *cfg, int64_t B_local, int64_t T) {
-    double C = (double)cfg->n_embd, L = (double)cfg->n_layer, V = 256, Tb = (double)T;
-    double params = cfg->no_bias ? V * C + Tb * C + C + L * (12 * C * C + 2 * C)
-                                 : V * C + Tb * C + 2 * C + L * (12 * C * C + 13 * C);
+static nb_status check_fits(const nbm_arch *arch, int64_t B_local, int64_t T) {
+    int64_t n_layer, n_head, n_kv_head, n_embd;
+    nbm_arch_shape(arch, &n_layer, &n_head, &n_kv_head, &n_embd);
+    double C = (double)n_embd, L = (double)n_layer, V = 256, Tb = (double)T;
+    double params = nbm_arch_params(arch);
+    if (isnan(params)) return nb_last_status(); /* a config the model refuses */
     double acts = 4.0 * (double)B_local * Tb * (20.0 * C * L + 2.0 * V);
     double need = 16.0 * params + acts, have = available_bytes();
     if (have < 0 || need <= have) return NB_OK;
@@ -515,7 +540,7 @@ typedef struct run {
     nb_generator *gens[2]; /* in the checkpoint: the batch order and the dropout stream */
     /* xs, ys: the global micro-batches (B, T); xl, yl: this rank's rows of them */
     nb_tensor *text, *train, *val, *xg, *yg, **xs, **ys, **xl, **yl, *vx, *vy;
-    nb_gpt_config cfg;
+    nbm_arch arch; /* the model's architecture and (resolved) config */
     nb_module *model;
     nb_optim *opt;
     nb_sched *sched;
@@ -625,15 +650,21 @@ static nb_optim *make_adamw(const args *a, nb_module *m, nb_params *decay, nb_pa
  * over this rank's part, and the learning-rate schedule. */
 static bool setup_model(run *r) {
     const args *a = r->a;
-    r->cfg = (nb_gpt_config){.block_size = r->T, .n_layer = a->n_layer, .n_head = a->n_head,
-                             .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
-                             .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = r->drop_gen,
-                             .recompute = !strcmp(a->recompute, "full")   ? NB_GPT_RECOMPUTE_FULL
-                                          : !strcmp(a->recompute, "attn") ? NB_GPT_RECOMPUTE_ATTN
-                                                                          : NB_GPT_RECOMPUTE_NONE};
+    const nb_gpt_recompute rc = !strcmp(a->recompute, "full")   ? NB_GPT_RECOMPUTE_FULL
+                                : !strcmp(a->recompute, "attn") ? NB_GPT_RECOMPUTE_ATTN
+                                                                : NB_GPT_RECOMPUTE_NONE;
+    r->arch = (nbm_arch){.kind = a->arch};
+    r->arch.gpt = (nb_gpt_config){.block_size = r->T, .n_layer = a->n_layer, .n_head = a->n_head,
+                                  .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
+                                  .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = r->drop_gen,
+                                  .recompute = rc};
+    r->arch.llama = (nb_llama_config){.block_size = r->T, .n_layer = a->n_layer,
+                                      .n_head = a->n_head, .n_kv_head = a->n_kv_head,
+                                      .n_embd = a->n_embd, .recompute = rc};
     nb_share_threads(r->world, (int)a->threads);
-    if (check_fits(&r->cfg, r->B / r->dp_size, r->T) != NB_OK) return fail(r, "%s", nb_last_error());
-    if (!(r->model = nb_gpt_new(&r->cfg, r->init))) return fail(r, "%s", nb_last_error());
+    if (check_fits(&r->arch, r->B / r->dp_size, r->T) != NB_OK)
+        return fail(r, "%s", nb_last_error());
+    if (!(r->model = nbm_arch_new(&r->arch, r->init))) return fail(r, "%s", nb_last_error());
     if (a->precision == NB_F16) { /* fp16 gradients underflow without loss scaling */
         if (!(r->scaler = nb_grad_scaler_new(NULL)) ||
             (r->size > 1 && nb_grad_scaler_set_comm(r->scaler, r->world) != NB_OK))
@@ -643,7 +674,8 @@ static bool setup_model(run *r) {
      * errors, found the same way on every rank: exit status 2. */
     nb_parallelize_opts po = nb_parallelize_defaults();
     po.sequence_parallel = a->sequence_parallel;
-    if ((a->tp > 1 || a->sequence_parallel) && nb_gpt_parallelize(r->model, r->mesh, &po) != NB_OK)
+    if ((a->tp > 1 || a->sequence_parallel) &&
+        nbm_arch_parallelize(&r->arch, r->model, r->mesh, &po) != NB_OK)
         return r->usage = true, fail(r, "--tp %lld: %s", (long long)a->tp, nb_last_error());
     if (a->pp > 1) {
         nb_pipeline_opts pio = nb_pipeline_defaults();
@@ -652,7 +684,7 @@ static bool setup_model(run *r) {
         pio.scaler = r->scaler;
         if (a->pp_schedule && nb_pipe_schedule_parse(a->pp_schedule, &pio.schedule) != NB_OK)
             return r->usage = true, fail(r, "--pp-schedule: %s", nb_last_error());
-        if (!(r->pipe = nb_gpt_pipeline_new(r->model, r->mesh, &pio)))
+        if (!(r->pipe = nbm_arch_pipeline_new(&r->arch, r->model, r->mesh, &pio)))
             return r->usage = true, fail(r, "--pp %lld: %s", (long long)a->pp, nb_last_error());
     }
     r->mine = r->pipe ? nb_pipeline_module(r->pipe) : r->model;
@@ -681,6 +713,14 @@ static void config_settings(run *r) {
     const args *a = r->a;
     nb_run_config *c = &r->conf;
     const char *shape = "the model's shape is in the checkpoint";
+    /* first, so a resume with the other architecture says so (a checkpoint written before
+     * --arch has none: a GPT's) */
+    nb_run_config_str(c, "arch", nbm_arch_name(a->arch));
+    nb_run_config_fixed(c, shape);
+    if (a->arch == NBM_LLAMA) {
+        nb_run_config_int(c, "n-kv-head", r->arch.llama.n_kv_head);
+        nb_run_config_fixed(c, shape);
+    }
     nb_run_config_int(c, "n-layer", a->n_layer);
     nb_run_config_fixed(c, shape);
     nb_run_config_int(c, "n-head", a->n_head);
@@ -756,7 +796,7 @@ static bool setup_run(run *r) {
             return fail(r, "%s", nb_last_error());
         if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
     }
-    r->flops = nb_gpt_train_flops(&r->cfg, r->B * r->N, r->T);
+    r->flops = nbm_arch_flops(&r->arch, r->B * r->N, r->T);
     r->tokens_per_step = r->B * r->T * r->N;
     nb_progress_opts po = nb_progress_defaults();
     po.total = a->steps;
@@ -818,10 +858,14 @@ static int64_t whole_params(nb_module *m) {
 
 static void print_header(const run *r) {
     if (!r->main_rank) return;
-    printf("gpt: %lld parameters, %lld layers, %lld heads, width %lld, context %lld; "
-           "%lld train / %lld val bytes; batch %lld x %lld micro-batches; ",
-           (long long)whole_params(r->model), (long long)r->cfg.n_layer,
-           (long long)r->cfg.n_head, (long long)r->cfg.n_embd, (long long)r->T,
+    int64_t L, H, Hkv, C;
+    nbm_arch_shape(&r->arch, &L, &H, &Hkv, &C);
+    printf("gpt: %s%lld parameters, %lld layers, %lld heads",
+           r->arch.kind == NBM_LLAMA ? "llama, " : "", (long long)whole_params(r->model),
+           (long long)L, (long long)H);
+    if (r->arch.kind == NBM_LLAMA) printf(" (%lld key/value)", (long long)Hkv);
+    printf(", width %lld, context %lld; %lld train / %lld val bytes; batch %lld x %lld "
+           "micro-batches; ", (long long)C, (long long)r->T,
            (long long)nb_numel(r->train), (long long)nb_numel(r->val), (long long)r->B,
            (long long)r->N);
     if (r->a->tp > 1 || r->pipe)
@@ -884,8 +928,8 @@ static bool train_step(run *r, step_result *o) {
         nb_fill_(p0, NAN);
         nb_set_grad_enabled(prev);
     }
-    double loss = nb_gpt_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N, &so,
-                                       &o->grad_norm);
+    double loss = nbm_arch_train_step(&r->arch, r->model, r->opt, r->xl, r->yl, (int)r->N, &so,
+                                      &o->grad_norm);
     nbm_precision_end(r->a->precision);
     if (p0_saved) {
         bool prev = nb_set_grad_enabled(false);
@@ -1000,8 +1044,8 @@ static void log_step(run *r, const step_result *o) {
 static bool evaluate_and_log(run *r, double train_loss) {
     double te = nb_time_s();
     nb_clear_error(); /* a NaN below is an error only when one is set */
-    r->val_loss = evaluate(r->model, r->pipe, r->val, r->val_gen, r->a->eval_batches, r->vx,
-                           r->vy, r->world, r->dp, r->a->precision) *
+    r->val_loss = evaluate(&r->arch, r->model, r->pipe, r->val, r->val_gen, r->a->eval_batches,
+                           r->vx, r->vy, r->world, r->dp, r->a->precision) *
                   nbm_guard_test_eval_factor(r->step);
     if (isnan(r->val_loss) && nb_last_status() != NB_OK)
         return fail(r, "evaluation at step %lld: %s", (long long)r->step, nb_last_error());
@@ -1085,7 +1129,7 @@ static void print_result(const run *r, double wall_s) {
     if (!r->main_rank) return;
     nb_jsonl *out = nb_jsonl_stream("gpt", stdout, "standard output");
     nb_jsonl_begin(out);
-    nb_jsonl_str(out, "model", "gpt");
+    nb_jsonl_str(out, "model", nbm_arch_name(r->arch.kind));
     nb_jsonl_num(out, "val_loss", r->val_loss, 4);
     nb_jsonl_num(out, "train_loss", train_loss, 4);
     nb_jsonl_num(out, "tokens_per_s", ran > skip ? (double)r->tokens_per_step / median : 0.0, 1);

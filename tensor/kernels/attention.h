@@ -4,6 +4,9 @@
  *
  * Layout: q, k, v, the output o, the output gradient dout and the input gradients dq, dk,
  * dv are (B, H, T, D), each given by a device pointer and element strides for B, H and T;
+ * except that with grouped-query attention (Hkv < H) k, v, dk and dv are (B, Hkv, T, D):
+ * query head h reads key/value head h / (H / Hkv) (Hkv divides H), and dk, dv of a key/value
+ * head sum the contributions of its H / Hkv query heads (in head order);
  * the D stride is always 1 (the op makes an operand so when it is not), so every (b, h)
  * slice is a row-major (T, D) matrix with row stride = the T stride (views from splitting a
  * fused qkv projection need no copy). lse is (B, H, T) contiguous: the log-sum-exp of each
@@ -27,6 +30,7 @@ extern "C" {
 
 typedef struct nb__attn_geom {
     int64_t B, H, T, D;
+    int64_t Hkv; /* key/value heads, dividing H (grouped-query attention); 0 means H */
     /* element strides (B, H, T) of each operand; D stride 1 */
     int64_t sq[3], sk[3], sv[3], so[3], sdo[3], sdq[3], sdk[3], sdv[3];
     double scale; /* of the scores q k^T */

@@ -90,6 +90,9 @@ static const char *const op_kernels[NB__OP_COUNT][4] = {
     [NB__OP_ATTENTION_QKV] = {"attention", "attention_backward", NULL},
     /* the layout changes around the communication (parallel/tp_ops.c) */
     [NB__OP_COLLECTIVE] = {"copy", NULL},
+    [NB__OP_RMS_NORM] = {"rms_norm", "rms_norm_backward", NULL},
+    [NB__OP_ROTARY] = {"rotary", NULL},
+    [NB__OP_SWIGLU] = {"swiglu", "swiglu_backward", NULL},
 };
 
 const char *const *nb__op_kernels(const char *name) {

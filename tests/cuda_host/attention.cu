@@ -75,8 +75,8 @@ template <typename S, typename A, int DMAX> struct Emu {
                 const int64_t last = last_key_tile(r0, ROWS, T, BC);
                 for (int64_t kt = 0; kt <= last; kt++) {
                     const int64_t c0 = kt * BC;
-                    fill(Ks, k + row_off(g.sk, b, h, 0), g.sk[2], c0, g);
-                    fill(Vs, v + row_off(g.sv, b, h, 0), g.sv[2], c0, g);
+                    fill(Ks, k + row_off(g.sk, b, kv_head(g, h), 0), g.sk[2], c0, g);
+                    fill(Vs, v + row_off(g.sv, b, kv_head(g, h), 0), g.sv[2], c0, g);
                     for (int r = 0; r < ROWS; r++) {
                         const RowCtx rc = {bh, T, r0 + r, g.scale};
                         fwd_tile<A, DMAX, G>(rc, dr, 0, rows[r].x, rows[r].acc, rows[r].m,
@@ -122,8 +122,8 @@ template <typename S, typename A, int DMAX> struct Emu {
                     const int64_t last = last_key_tile(r0, ROWS, T, BC);
                     for (int64_t kt = 0; kt <= last; kt++) {
                         const int64_t c0 = kt * BC;
-                        fill(Ks, k + row_off(g.sk, b, h, 0), g.sk[2], c0, g);
-                        fill(Vs, v + row_off(g.sv, b, h, 0), g.sv[2], c0, g);
+                        fill(Ks, k + row_off(g.sk, b, kv_head(g, h), 0), g.sk[2], c0, g);
+                        fill(Vs, v + row_off(g.sv, b, kv_head(g, h), 0), g.sv[2], c0, g);
                         for (int r = 0; r < ROWS; r++) {
                             const int64_t t = r0 + r;
                             const RowCtx rc = {bh, T, t, g.scale};
@@ -153,16 +153,19 @@ template <typename S, typename A, int DMAX> struct Emu {
             }
         }
         if (!dk && !dv) return;
-        // dk/dv kernel: key blocks, query tiles from the diagonal down
+        // dk/dv kernel: key blocks, query tiles from the diagonal down, per query head; with
+        // grouped key/value heads each head's share into part (A), then kv_sum per group
+        const int64_t rep = kv_group(g), hkv = g.H / rep, n = BH * T * D;
+        std::vector<A> part(rep > 1 ? (size_t)(2 * n) : 0);
         for (int64_t bh = 0; bh < BH; bh++) {
-            const int64_t b = bh / g.H, h = bh % g.H;
+            const int64_t b = bh / g.H, h = bh % g.H, hk = kv_head(g, h);
             for (int64_t y = 0; y < nrb; y++) {
                 const int64_t s0 = y * ROWS;
                 for (int r = 0; r < ROWS; r++)
                     for (int ln = 0; ln < G; ln++) {
-                        load_row<G, DT>(rows[r].x[ln], k + row_off(g.sk, b, h, 0), g.sk[2],
+                        load_row<G, DT>(rows[r].x[ln], k + row_off(g.sk, b, hk, 0), g.sk[2],
                                         s0 + r, T, D, ln);
-                        load_row<G, DT>(rows[r].y[ln], v + row_off(g.sv, b, h, 0), g.sv[2],
+                        load_row<G, DT>(rows[r].y[ln], v + row_off(g.sv, b, hk, 0), g.sv[2],
                                         s0 + r, T, D, ln);
                         for (int i = 0; i < DT; i++) rows[r].acc[ln][i] = rows[r].acc2[ln][i] = 0;
                     }
@@ -182,8 +185,18 @@ template <typename S, typename A, int DMAX> struct Emu {
                                               dls.data(), t0);
                     }
                 }
+                const int64_t ps[3] = {g.H * T * D, T * D, D};
                 for (int r = 0; r < ROWS; r++)
                     for (int ln = 0; ln < G; ln++) {
+                        if (rep > 1) {
+                            store_row<G, DT>(rows[r].acc[ln], (A)1,
+                                             part.data() + row_off(ps, b, h, 0), D, s0 + r, T,
+                                             D, ln);
+                            store_row<G, DT>(rows[r].acc2[ln], (A)1,
+                                             part.data() + n + row_off(ps, b, h, 0), D, s0 + r,
+                                             T, D, ln);
+                            continue;
+                        }
                         if (dk)
                             store_row<G, DT>(rows[r].acc[ln], (A)1, dk + row_off(g.sdk, b, h, 0),
                                              g.sdk[2], s0 + r, T, D, ln);
@@ -194,6 +207,21 @@ template <typename S, typename A, int DMAX> struct Emu {
                     }
             }
         }
+        if (rep == 1) return;
+        // kv_sum: each group's shares in head order
+        for (int64_t b = 0; b < g.B; b++)
+            for (int64_t hk = 0; hk < hkv; hk++)
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t d = 0; d < D; d++) {
+                        const A *p = part.data() + ((b * g.H + hk * rep) * T + t) * D + d;
+                        A sk = p[0], sv = p[n];
+                        for (int64_t r = 1; r < rep; r++) {
+                            sk = sk + p[r * T * D];
+                            sv = sv + p[n + r * T * D];
+                        }
+                        if (dk) store(dk + row_off(g.sdk, b, hk, t) + d, sk);
+                        if (dv) store(dv + row_off(g.sdv, b, hk, t) + d, sv);
+                    }
     }
 };
 
@@ -223,10 +251,10 @@ void emu_fwd_wmma(const nb__attn_geom &g, const uint16_t *q, const uint16_t *k,
             for (int64_t kt = 0; kt <= last; kt++) {
                 const int64_t c0 = kt * BC;
                 for (int e = 0; e < BC * DMAX; e++) {
-                    tile_bits<DMAX, W::LDH>(Ks.data(), k + row_off(g.sk, b, h, 0), g.sk[2], c0,
-                                            T, D, e);
-                    tile_bits<DMAX, W::LDH>(Vs.data(), v + row_off(g.sv, b, h, 0), g.sv[2], c0,
-                                            T, D, e);
+                    tile_bits<DMAX, W::LDH>(Ks.data(), k + row_off(g.sk, b, kv_head(g, h), 0),
+                                            g.sk[2], c0, T, D, e);
+                    tile_bits<DMAX, W::LDH>(Vs.data(), v + row_off(g.sv, b, kv_head(g, h), 0),
+                                            g.sv[2], c0, T, D, e);
                 }
                 for (int r = 0; r < BR; r++)
                     for (int n = 0; n < BC; n++) {
@@ -326,35 +354,43 @@ struct Case {
     double p;       // dropout
     bool bthd;      // (B, T, H, D) layout (strided (B, H, T, D) views) instead of contiguous
     int want;       // bit 0 dq, 1 dk, 2 dv
+    int64_t Hkv;    // key/value heads (grouped-query attention); 0: H
 };
 
 template <typename S, typename A>
 void run_case(cuhost *t, const Case &cs, nb_dtype dtype, bool bf16, double rtol, double atol,
               double lse_tol) {
-    const int64_t B = cs.B, H = cs.H, T = cs.T, D = cs.D;
+    const int64_t B = cs.B, H = cs.H, T = cs.T, D = cs.D, Hk = cs.Hkv ? cs.Hkv : cs.H;
     nb__attn_geom g;
     memset(&g, 0, sizeof g);
-    g.B = B, g.H = H, g.T = T, g.D = D;
+    g.B = B, g.H = H, g.T = T, g.D = D, g.Hkv = cs.Hkv;
     g.scale = 1.0 / sqrt((double)(D > 0 ? D : 1));
     g.p = cs.p;
     g.seed = 0x123456789abcull, g.stream = 7, g.offset = 1000;
-    int64_t st[3];
+    int64_t st[3], sk[3]; // q-shaped operands; k, v, dk, dv (Hk heads)
     if (cs.bthd) st[0] = T * H * D, st[1] = D, st[2] = H * D;
     else st[0] = H * T * D, st[1] = T * D, st[2] = D;
+    if (cs.bthd) sk[0] = T * Hk * D, sk[1] = D, sk[2] = Hk * D;
+    else sk[0] = Hk * T * D, sk[1] = T * D, sk[2] = D;
     int64_t *all[8] = {g.sq, g.sk, g.sv, g.so, g.sdo, g.sdq, g.sdk, g.sdv};
-    for (int i = 0; i < 8; i++) memcpy(all[i], st, sizeof st);
-    const size_t n = (size_t)(B * H * T * D);
-    std::vector<int64_t> idx;
+    for (int i = 0; i < 8; i++) memcpy(all[i], i == 1 || i == 2 || i >= 6 ? sk : st, sizeof st);
+    const size_t n = (size_t)(B * H * T * D), nk = (size_t)(B * Hk * T * D);
+    std::vector<int64_t> idx, kidx;
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t tt = 0; tt < T; tt++)
-                for (int64_t d = 0; d < D; d++) idx.push_back(row_off(st, b, h, tt) + d);
-    std::vector<S> q(n), k(n), v(n), dout(n);
+                for (int64_t d = 0; d < D; d++) {
+                    idx.push_back(row_off(st, b, h, tt) + d);
+                    if (h < Hk) kidx.push_back(row_off(sk, b, h, tt) + d);
+                }
+    std::vector<S> q(n), k(nk), v(nk), dout(n);
     for (size_t i = 0; i < n; i++) {
-        put(&q[i], 2 * rnd()), put(&k[i], 2 * rnd()), put(&v[i], rnd()), put(&dout[i], rnd());
+        put(&q[i], 2 * rnd()); // the order of the draws of the cases without grouping
+        if (i < nk) put(&k[i], 2 * rnd()), put(&v[i], rnd());
+        put(&dout[i], rnd());
     }
     const size_t nl = (size_t)(B * H * T);
-    std::vector<S> o(n), o_ref(n), dq(n), dk(n), dv(n), dq_ref(n), dk_ref(n), dv_ref(n);
+    std::vector<S> o(n), o_ref(n), dq(n), dk(nk), dv(nk), dq_ref(n), dk_ref(nk), dv_ref(nk);
     std::vector<A> lse(nl), lse_ref(nl);
     // reference
     nb__attention_args fa;
@@ -380,8 +416,8 @@ void run_case(cuhost *t, const Case &cs, nb_dtype dtype, bool bf16, double rtol,
     for (size_t i = 0; i < nl; i++) lidx[i] = (int64_t)i;
     const double wo = worst(o, o_ref, idx, rtol, atol), wl = worst(lse, lse_ref, lidx, lse_tol, lse_tol);
     const double wdq = wq ? worst(dq, dq_ref, idx, rtol, atol) : 0;
-    const double wdk = wk ? worst(dk, dk_ref, idx, rtol, atol) : 0;
-    const double wdv = wv ? worst(dv, dv_ref, idx, rtol, atol) : 0;
+    const double wdk = wk ? worst(dk, dk_ref, kidx, rtol, atol) : 0;
+    const double wdv = wv ? worst(dv, dv_ref, kidx, rtol, atol) : 0;
     const char *dn = bf16 ? "bf16" : dtype == NB_F64 ? "f64" : "f32";
     double wow = 0, wowl = 0;
     if constexpr (sizeof(S) == 2) { // the tensor-core forward against the CPU's
@@ -391,9 +427,9 @@ void run_case(cuhost *t, const Case &cs, nb_dtype dtype, bool bf16, double rtol,
         wow = worst(ow, o_ref, idx, WMMA_RTOL, WMMA_ATOL);
         wowl = worst(lw, lse_ref, lidx, lse_tol, lse_tol);
     }
-#define CASE_FMT "%s B=%lld H=%lld T=%lld D=%lld p=%g %s want=%d"
-#define CASE_ARGS dn, (long long)B, (long long)H, (long long)T, (long long)D, cs.p,          \
-                  cs.bthd ? "bthd" : "bhtd", cs.want
+#define CASE_FMT "%s B=%lld H=%lld Hkv=%lld T=%lld D=%lld p=%g %s want=%d"
+#define CASE_ARGS dn, (long long)B, (long long)H, (long long)Hk, (long long)T, (long long)D,  \
+                  cs.p, cs.bthd ? "bthd" : "bhtd", cs.want
     CUHOST_CHECK(t, wo <= 1, CASE_FMT ": o off by %.3g tolerances", CASE_ARGS, wo);
     CUHOST_CHECK(t, wl <= 1, CASE_FMT ": lse off by %.3g tolerances", CASE_ARGS, wl);
     CUHOST_CHECK(t, wow <= 1, CASE_FMT ": tensor-core o off by %.3g tolerances", CASE_ARGS, wow);
@@ -465,18 +501,21 @@ void cuhost_attention(cuhost *t) {
     check_geometry(t);
     const bool native = nb__cpu_attention_native_bf16(false); // the widened-f32 reference
     const Case cases[] = {
-        {1, 1, 1, 16, 0, false, 7},  {2, 3, 7, 16, 0, true, 7},   {1, 2, 64, 64, 0, false, 7},
-        {2, 2, 100, 64, 0, true, 7}, {1, 1, 100, 16, 0, false, 7}, {1, 2, 7, 64, 0, false, 7},
-        {1, 1, 64, 16, 0, true, 7},  {1, 1, 1, 64, 0, true, 7},
+        {1, 1, 1, 16, 0, false, 7, 0}, {2, 3, 7, 16, 0, true, 7, 0}, {1, 2, 64, 64, 0, false, 7, 0},
+        {2, 2, 100, 64, 0, true, 7, 0}, {1, 1, 100, 16, 0, false, 7, 0}, {1, 2, 7, 64, 0, false, 7, 0},
+        {1, 1, 64, 16, 0, true, 7, 0}, {1, 1, 1, 64, 0, true, 7, 0},
         // head dims between the built sizes (zero padding), D = 0
-        {1, 2, 37, 40, 0, false, 7}, {1, 1, 33, 100, 0, true, 7}, {1, 1, 9, 0, 0, false, 7},
+        {1, 2, 37, 40, 0, false, 7, 0}, {1, 1, 33, 100, 0, true, 7, 0}, {1, 1, 9, 0, 0, false, 7, 0},
         // dropout
-        {2, 2, 100, 64, 0.1, true, 7}, {1, 1, 7, 16, 0.5, false, 7}, {1, 1, 64, 16, 1.0, false, 7},
+        {2, 2, 100, 64, 0.1, true, 7, 0}, {1, 1, 7, 16, 0.5, false, 7, 0}, {1, 1, 64, 16, 1.0, false, 7, 0},
         // several key tiles of every kernel (BC 16 to 64)
-        {1, 1, 200, 32, 0, false, 7}, {1, 1, 150, 128, 0.1, true, 7},
+        {1, 1, 200, 32, 0, false, 7, 0}, {1, 1, 150, 128, 0.1, true, 7, 0},
         // gradients not wanted
-        {1, 2, 50, 16, 0, false, 1}, {1, 2, 50, 16, 0.2, false, 2}, {1, 2, 50, 16, 0, false, 4},
-        {1, 2, 50, 16, 0.2, false, 6},
+        {1, 2, 50, 16, 0, false, 1, 0}, {1, 2, 50, 16, 0.2, false, 2, 0}, {1, 2, 50, 16, 0, false, 4, 0},
+        {1, 2, 50, 16, 0.2, false, 6, 0},
+        // grouped-query attention: 2 and 4 query heads per key/value head
+        {2, 4, 37, 16, 0, false, 7, 2}, {1, 4, 100, 64, 0.1, true, 7, 1},
+        {1, 6, 70, 32, 0, true, 6, 3},
     };
     for (const Case &cs : cases) {
         run_case<float, float>(t, cs, NB_F32, false, 1e-5, 1e-5, 1e-5);

@@ -49,7 +49,7 @@ extern const int cuhost_layout_c_n;
 
 #define CUHOST_FAMILIES(X)                                                                 \
     X(helpers) X(layout) X(core) X(reduce) X(index) X(matmul) X(norm) X(attention) X(conv) X(loss)  \
-    X(optim) X(random)
+    X(optim) X(random) X(lm)
 
 #ifdef __cplusplus
 #define CUHOST_DECL(f) void cuhost_##f(cuhost *t);

@@ -209,6 +209,7 @@ int main(int argc, char **argv) {
         srunner_add_suite(sr, mt_suite_dcp_bad());
         srunner_add_suite(sr, mt_suite_mesh());
         srunner_add_suite(sr, mt_suite_parallel_gpt());
+        srunner_add_suite(sr, mt_suite_parallel_llama());
         srunner_add_suite(sr, mt_suite_tp());
         srunner_add_suite(sr, mt_suite_pipeline());
         srunner_add_suite(sr, mt_suite_nccl());

@@ -28,6 +28,7 @@ Suite *mt_suite_dcp(void);
 Suite *mt_suite_dcp_bad(void);
 Suite *mt_suite_mesh(void);
 Suite *mt_suite_parallel_gpt(void);
+Suite *mt_suite_parallel_llama(void);
 Suite *mt_suite_tp(void);
 Suite *mt_suite_pipeline(void);
 Suite *mt_suite_nccl(void);
