@@ -22,9 +22,11 @@
 
 #include "nabla/status.h"
 
-/* False when this build has no kernel for the CPU it was compiled for (it needs AVX-512F,
- * i.e. a -march that has it): then cpu/gemm.c keeps the provider path. */
+/* False when this build has no kernel for the CPU it was compiled for (it needs AVX-512F, or
+ * AVX2 and FMA, in the build's -march): then cpu/gemm.c keeps the provider path. */
 bool nb__sgemm_packed_available(void);
+/* "AVX-512", "AVX2" (the micro-kernel this build has) or "none". */
+const char *nb__sgemm_packed_isa(void);
 
 nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                            float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,

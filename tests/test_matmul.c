@@ -493,8 +493,8 @@ END_TEST
 /* ---- nabla's packed sgemm (cpu/sgemm.c) --------------------------------------------------------------
  * Against a double loop over odd shapes: 1x1x1, K = 1, primes, K beyond one K block (512) and
  * not a multiple of it, rows and columns beyond one tile and not multiples of the micro-kernel
- * (8 x 48), every transpose, padded leading dimensions, beta 0 over NaN (C not read), beta
- * 0.3 and alpha 0.7. Columns past N must stay untouched. */
+ * (8 x 32 with AVX-512, 6 x 16 with AVX2), every transpose, padded leading dimensions,
+ * beta 0 over NaN (C not read), beta 0.3 and alpha 0.7. Columns past N must stay untouched. */
 static void check_packed(int64_t M, int64_t N, int64_t K, bool ta, bool tb, float alpha,
                          float beta, uint64_t seed) {
     int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
@@ -539,7 +539,7 @@ static void check_packed(int64_t M, int64_t N, int64_t K, bool ta, bool tb, floa
 }
 
 START_TEST(test_sgemm_packed_vs_loop) {
-    if (!nb__sgemm_packed_available()) return; /* built without AVX-512 */
+    if (!nb__sgemm_packed_available()) return; /* built without AVX2 + FMA or AVX-512 */
     static const int64_t shapes[][3] = { /* M, N, K */
         {1, 1, 1}, {1, 1, 2000}, {33, 65, 1}, {7, 5, 13}, {17, 53, 31}, {97, 89, 101},
         {8, 48, 512}, {9, 49, 513}, {5, 7, 1500}, {200, 150, 1100}, {1, 300, 70}, {301, 1, 70}};
