@@ -146,13 +146,13 @@ int main(int argc, char **argv) {
         A[i] = (float)((s >> 40) & 0xffff) / 65536.0f - 0.5f;
         B[i] = A[(i * 7919) % big];
     }
-    bool have[NPATHS];
-    for (int p = 0; p < NPATHS; p++) have[p] = path_set(p);
-    /* the default: what a fresh process picks (set back after the timings) */
+    /* the default: what a fresh process picks here (before the paths are switched) */
     printf("bench_gemm: %d threads, %s clock, %d rounds; packed kernel %s; default f32 path "
            "here: %s\n",
            threads, g_cpu ? "process CPU" : "wall", rounds, nb__sgemm_packed_isa(),
-           nb__sgemm_default_path());
+           nb__sgemm_path());
+    bool have[NPATHS];
+    for (int p = 0; p < NPATHS; p++) have[p] = path_set(p);
     for (int k = 0; k < nw; k++) {
         w = &ws[k];
         if (only && strcmp(only, w->name)) continue;

@@ -265,48 +265,31 @@ static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N,
  * Either the tiles of single-threaded provider calls above or nabla's own packed GEMM
  * (cpu/sgemm.c: op(B) packed once for all threads, an AVX-512 or AVX2 micro-kernel). Both
  * give the same bits at any thread count, but not the same bits as each other, so the choice
- * is made once per process, from this machine alone (never from a timing, which could differ
- * between two runs): NB_SGEMM=packed or NB_SGEMM=tiles, or else default_packed() below.
- * Products the tiles leave whole (under 2 tiles of work, such as attention's per-head
- * products) always stay one provider call: they gain nothing from shared packed operands. */
+ * is made once per process and never changes while it runs: NB_SGEMM=packed or
+ * NB_SGEMM=tiles, or else what cpu/sgemm_path.c decides for this machine (by the CPU's
+ * features, and where they do not tell, a calibration cached per CPU; NB_SGEMM=measure
+ * takes the calibration on any CPU). Products the tiles
+ * leave whole (under 2 tiles of work, such as attention's per-head products) always stay one
+ * provider call: they gain nothing from shared packed operands. */
 static atomic_int g_sgemm_packed = -1; /* -1: not decided yet */
+static pthread_once_t g_sgemm_once = PTHREAD_ONCE_INIT;
 
-/* The best vector instructions the provider's own kernels use here: 512 when they run
- * AVX-512 (oneDNN reports its effective ISA, which ONEDNN_MAX_CPU_ISA limits), else 256.
- * OpenBLAS's Haswell core (OPENBLAS_CORETYPE, as this project's environment sets it) is
- * AVX2. */
-static int provider_vector_bits(void) {
-#if NB_HAVE_DNNL
-    if (nb_gemm_provider_current() == NB_GEMM_DNNL) {
-        unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
-        unsigned avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
-        return (isa & avx512) == avx512 ? 512 : 256;
-    }
-#endif
-    return 256;
-}
-
-/* The default, by the CPU's features (measured: docs/threads.md, "Which f32 path"):
- * - no packed kernel in this build (no AVX2 + FMA in its -march): the tiles;
- * - the packed kernel is AVX2 (an AVX2 machine, or a portable x86-64-v3 build): packed,
- *   unless the provider runs AVX-512 kernels here, which then beat 256-bit ones;
- * - the packed kernel is AVX-512: the tiles of oneDNN calls, which were as fast or faster on
- *   the workloads of the AVX-512 machines measured; packed under the openblas provider, whose
- *   tiles run AVX2 kernels. */
-static bool default_packed(void) {
-    return nb__sgemm_packed_available() && provider_vector_bits() < 512;
+static void sgemm_decide(void) {
+    const char *env = getenv("NB_SGEMM");
+    int v;
+    if (env && !strcmp(env, "packed")) v = nb__sgemm_packed_available();
+    else if (env && !strcmp(env, "tiles")) v = 0;
+    else if (env && !strcmp(env, "measure")) v = nb__sgemm_measured_packed();
+    else v = nb__sgemm_choose_packed();
+    int expected = -1; /* nb__sgemm_set_packed may have decided meanwhile */
+    atomic_compare_exchange_strong(&g_sgemm_packed, &expected, v);
 }
 
 static bool sgemm_packed(void) {
-    int v = atomic_load_explicit(&g_sgemm_packed, memory_order_relaxed);
+    int v = atomic_load_explicit(&g_sgemm_packed, memory_order_acquire);
     if (v >= 0) return v;
-    const char *env = getenv("NB_SGEMM");
-    if (env && !strcmp(env, "packed")) v = nb__sgemm_packed_available();
-    else if (env && !strcmp(env, "tiles")) v = 0;
-    else v = default_packed();
-    int expected = -1;
-    if (!atomic_compare_exchange_strong(&g_sgemm_packed, &expected, v)) return expected;
-    return v;
+    pthread_once(&g_sgemm_once, sgemm_decide);
+    return atomic_load(&g_sgemm_packed);
 }
 
 bool nb__sgemm_set_packed(bool on) {
@@ -315,33 +298,15 @@ bool nb__sgemm_set_packed(bool on) {
     return was;
 }
 
-const char *nb__sgemm_default_path(void) {
-    if (!default_packed()) return nb_gemm_provider_name(nb_gemm_provider_current());
-    return !strcmp(nb__sgemm_packed_isa(), "AVX2") ? "nabla packed (AVX2)"
-                                                    : "nabla packed (AVX-512)";
-}
-
 /* The f32 path in use (the detail of the "sgemm" trace span). */
 const char *nb__sgemm_path(void) {
     if (sgemm_packed()) return "nabla packed";
     return nb_gemm_provider_name(nb_gemm_provider_current());
 }
 
-static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
-                         const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                         float *C, int64_t ldc) {
-    if (M <= 0 || N <= 0) return NB_OK;
-    if (K <= 0 || alpha == 0.0f) {
-        scale_c_float(M, N, beta, C, ldc);
-        return NB_OK;
-    }
-    if (sgemm_packed()) {
-        int64_t mb, nb;
-        tile_grid(M, N, K, &mb, &nb);
-        if (mb < M || nb < N)
-            return nb__sgemm_packed(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C,
-                                    ldc);
-    }
+nb_status nb__sgemm_tiles(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                          float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                          float beta, float *C, int64_t ldc) {
 #if NB_HAVE_DNNL
     if (nb_gemm_provider_current() == NB_GEMM_DNNL) {
         dnnl_status_t st = (dnnl_status_t)tiled(TILE_DNNL_F32, transA, transB, M, N, K, alpha,
@@ -363,6 +328,24 @@ static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_
                          (long long)K);
     tiled(TILE_BLAS_F32, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return NB_OK;
+}
+
+static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                         float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return NB_OK;
+    if (K <= 0 || alpha == 0.0f) {
+        scale_c_float(M, N, beta, C, ldc);
+        return NB_OK;
+    }
+    if (sgemm_packed()) {
+        int64_t mb, nb;
+        tile_grid(M, N, K, &mb, &nb);
+        if (mb < M || nb < N)
+            return nb__sgemm_packed(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                    ldc);
+    }
+    return nb__sgemm_tiles(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 static nb_status gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K,

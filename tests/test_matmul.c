@@ -8,6 +8,7 @@
  * operands on two devices, and the gemm kernel's batch/bias contract. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu/gemm.h"
 #include "cpu/sgemm.h"
@@ -603,6 +604,56 @@ START_TEST(test_sgemm_packed_thread_count_independent) {
 }
 END_TEST
 
+/* The calibration behind the default f32 path where the CPU's features do not decide
+ * (cpu/sgemm_path.c): it times both paths, and its answer is cached per CPU in
+ * $NB_CACHE_DIR/sgemm-path, one line, read back by later calls instead of measuring again
+ * (a line changed by hand to the other answer is what they then return). */
+START_TEST(test_sgemm_path_cache) {
+    if (!nb__sgemm_packed_available()) return;
+    double ts = -1, tp = -1;
+    bool fast = nb__sgemm_calibrate(&ts, &tp);
+    ck_assert(ts > 0 && tp > 0);
+    ck_assert(fast == (tp * 1.03 < ts));
+    char dir[] = "/tmp/nb_sgemm_cache_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char sub[128], file[160];
+    snprintf(sub, sizeof sub, "%s/a/b", dir); /* made by the cache */
+    snprintf(file, sizeof file, "%s/sgemm-path", sub);
+    const char *old = getenv("NB_CACHE_DIR");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("NB_CACHE_DIR", sub, 1);
+    bool first = nb__sgemm_measured_packed();
+    FILE *f = fopen(file, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[512], key[512], val[32];
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    ck_assert_ptr_null(fgets(line + 256, 256, f)); /* one line */
+    fclose(f);
+    ck_assert_int_eq(sscanf(line, "%511s %31s", key, val), 2);
+    ck_assert_str_eq(val, first ? "packed" : "tiles");
+    ck_assert(nb__sgemm_measured_packed() == first); /* from the cache: nothing written */
+    f = fopen(file, "r");
+    ck_assert_ptr_nonnull(f);
+    int lines = 0;
+    while (fgets(line, sizeof line, f)) lines++;
+    fclose(f);
+    ck_assert_int_eq(lines, 1);
+    f = fopen(file, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%s %s\n", key, first ? "tiles" : "packed");
+    fclose(f);
+    ck_assert(nb__sgemm_measured_packed() == !first); /* the last line for the key wins */
+    if (saved) setenv("NB_CACHE_DIR", saved, 1);
+    else unsetenv("NB_CACHE_DIR");
+    free(saved);
+    remove(file);
+    rmdir(sub);
+    snprintf(sub, sizeof sub, "%s/a", dir);
+    rmdir(sub);
+    rmdir(dir);
+}
+END_TEST
+
 /* ---- errors ---------------------------------------------------------------------------------------- */
 
 START_TEST(test_matmul_errors) {
@@ -951,6 +1002,7 @@ Suite *nb_suite_matmul(void) {
     tcase_add_test(tc, test_gemm_thread_count_independent);
     tcase_add_test(tc, test_sgemm_packed_vs_loop);
     tcase_add_test(tc, test_sgemm_packed_thread_count_independent);
+    tcase_add_test(tc, test_sgemm_path_cache);
     tcase_add_test(tc, test_matmul_errors);
     tcase_add_test(tc, test_matmul_no_leak);
     tcase_add_test(tc, test_matmul_devices);
