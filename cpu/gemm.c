@@ -564,6 +564,40 @@ static int64_t span_of(int64_t rows, int64_t cols, int64_t ld) {
     return rows <= 0 || cols <= 0 ? 0 : (rows - 1) * ld + cols;
 }
 
+/* The conversions of the fallback on nabla's workers (each element on its own: the same
+ * bits at any thread count): before, they ran on the calling thread alone, while the GEMM
+ * between them had every thread. */
+typedef struct cvt_job {
+    const uint16_t *h;
+    float *f;
+    const float *src;
+    uint16_t *dst;
+    int64_t ldc, N;
+} cvt_job;
+
+static void widen_range(int64_t lo, int64_t hi, void *p) {
+    const cvt_job *j = p;
+    nb__bf16_to_f32_n(j->h + lo, j->f + lo, hi - lo);
+}
+
+static void widen_bf16(const uint16_t *h, float *f, int64_t n) {
+    cvt_job j = {.h = h, .f = f};
+    nb__parallel_range(n, nb__threads_for(n, NB__GRAIN), widen_range, &j);
+}
+
+static void round_range(int64_t lo, int64_t hi, void *p) {
+    const cvt_job *j = p;
+    for (int64_t i = lo; i < hi; i++) nb__f32_to_bf16_n(j->src + i * j->N, j->dst + i * j->ldc, j->N);
+}
+
+static void fill_rows_float(float *c, int64_t ldc, const float *b, int64_t M, int64_t N);
+
+/* C (M x N bf16, row stride ldc) = tmp (M x N f32, dense) rounded. */
+static void round_rows_bf16(const float *tmp, uint16_t *C, int64_t ldc, int64_t M, int64_t N) {
+    cvt_job j = {.src = tmp, .dst = C, .ldc = ldc, .N = N};
+    nb__parallel_range(M, nb__threads_for(M * N, NB__GRAIN), round_range, &j);
+}
+
 static nb_status gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                            float alpha, const uint16_t *A, int64_t lda, const uint16_t *B,
                            int64_t ldb, float beta, float *C, int64_t ldc) {
@@ -597,8 +631,8 @@ static nb_status gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64
                                     "(%lld x %lld x %lld)",
                          (long long)M, (long long)K, (long long)N);
     }
-    nb__bf16_to_f32_n(A, a32, na);
-    nb__bf16_to_f32_n(B, b32, nbb);
+    widen_bf16(A, a32, na);
+    widen_bf16(B, b32, nbb);
     nb_status st = nb__gemm_f32(transA, transB, M, N, K, alpha, a32, lda, b32, ldb, beta, C, ldc);
     nb_host_free(b32);
     nb_host_free(a32);
@@ -630,12 +664,10 @@ static nb_status gemm_bf16_out(bool transA, bool transB, int64_t M, int64_t N, i
         return nb__error(NB_ENOMEM, "matmul: no memory for a bf16 matmul's f32 result "
                                     "(%lld x %lld)",
                          (long long)M, (long long)N);
-    if (bias)
-        for (int64_t i = 0; i < M; i++) memcpy(tmp + i * N, bias, sizeof(float) * (size_t)N);
+    if (bias) fill_rows_float(tmp, N, bias, M, N);
     nb_status st = gemm_bf16(transA, transB, M, N, K, 1.0f, A, lda, B, ldb, bias ? 1.0f : 0.0f,
                              tmp, N);
-    if (st == NB_OK)
-        for (int64_t i = 0; i < M; i++) nb__f32_to_bf16_n(tmp + i * N, C + i * ldc, N);
+    if (st == NB_OK) round_rows_bf16(tmp, C, ldc, M, N);
     nb_host_free(tmp);
     return st;
 }
