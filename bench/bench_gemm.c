@@ -5,7 +5,7 @@
  * drift on a shared machine hits them alike. Prints, per workload, the median time of the
  * step's GEMMs run back to back and their rate, and what the default path is on this machine.
  *
- *   bench_gemm [--threads N] [--cpu] [--rounds N] [--only=w1|w3|attn]
+ *   bench_gemm [--threads N] [--cpu] [--rounds N] [--only=w1|w3|w3b|attn]
  *
  * --cpu times with the process's CPU clock instead of the wall clock: at --threads 1 that
  * is the work itself, unaffected by other processes taking turns on the core (it still sees
@@ -101,13 +101,13 @@ int main(int argc, char **argv) {
         else if (!strncmp(argv[i], "--only=", 7)) only = argv[i] + 7;
         else {
             fprintf(stderr, "usage: bench_gemm [--threads N] [--cpu] [--rounds N] "
-                            "[--only=w1|w3|attn]\n");
+                            "[--only=w1|w3|w3b|attn]\n");
             return 2;
         }
     }
     if (rounds < 1 || rounds > 200) rounds = 9;
     nb_set_num_threads(threads);
-    static workload ws[3];
+    static workload ws[4];
     int nw = 0;
     /* W1: MLP 784-1024-1024-10, batch 256 (no input gradient for the first layer) */
     workload *w = &ws[nw++];
@@ -125,6 +125,16 @@ int main(int argc, char **argv) {
         add_linear(w, 2048, 1024, 256, true);
     }
     add_linear(w, 2048, 256, 256, true);
+    /* W3b: the same on 4 x 64 tokens */
+    w = &ws[nw++];
+    w->name = "w3b";
+    for (int l = 0; l < 4; l++) {
+        add_linear(w, 256, 256, 768, true);
+        add_linear(w, 256, 256, 256, true);
+        add_linear(w, 256, 256, 1024, true);
+        add_linear(w, 256, 1024, 256, true);
+    }
+    add_linear(w, 256, 256, 256, true);
     /* attention's per-head products (T 128, head size 64): scores, context and their
      * gradients, one head */
     w = &ws[nw++];
