@@ -449,16 +449,24 @@ START_TEST(test_gemm_provider_switch) {
 }
 END_TEST
 
-/* The same bits at 1, 2 and 3 threads, with every provider, for the shapes where a threaded
- * GEMM is tempted to split the inner dimension (small M and N, long K: a weight gradient)
- * and for a square one that gets tiled. */
+/* The same bits at 1, 2 and 3 threads, with every provider and on both f32 paths (the tiles
+ * of provider calls, and the packed GEMM where this build has it, whichever is this
+ * machine's default), for the shapes where a threaded GEMM is tempted to split the inner
+ * dimension (small M and N, long K: a weight gradient) and for a square one that gets
+ * tiled. */
 START_TEST(test_gemm_thread_count_independent) {
     static const int64_t shapes[][3] = {{64, 64, 8192}, {256, 768, 2048}, {300, 500, 700},
                                         {1, 1000, 4096}};
     nb_gemm_provider saved = nb_gemm_provider_current(), ps[2];
     int saved_threads = nb_get_num_threads(), np = providers(ps);
+    bool was_packed = nb__sgemm_set_packed(false);
+    nb__sgemm_set_packed(was_packed);
     nb_generator *g = nb_generator_new(7);
-    for (int p = 0; p < np; p++) {
+    for (int pp = 0; pp < 2 * np; pp++) {
+        int p = pp / 2;
+        bool packed = pp % 2;
+        if (packed && !nb__sgemm_packed_available()) continue;
+        nb__sgemm_set_packed(packed);
         ck_assert_int_eq(nb_set_gemm_provider(ps[p]), NB_OK);
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
             int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
@@ -476,9 +484,9 @@ START_TEST(test_gemm_thread_count_independent) {
                     ref = malloc(sizeof(float) * (size_t)(M * N));
                     memcpy(ref, d, sizeof(float) * (size_t)(M * N));
                 } else if (memcmp(ref, d, sizeof(float) * (size_t)(M * N)) != 0) {
-                    ck_abort_msg("%s: %lldx%lldx%lld differs between 1 and %d threads",
-                                 nb_gemm_provider_name(ps[p]), (long long)M, (long long)N,
-                                 (long long)K, t);
+                    ck_abort_msg("%s (%s): %lldx%lldx%lld differs between 1 and %d threads",
+                                 nb_gemm_provider_name(ps[p]), packed ? "packed" : "tiles",
+                                 (long long)M, (long long)N, (long long)K, t);
                 }
             }
             free(ref);
@@ -486,6 +494,7 @@ START_TEST(test_gemm_thread_count_independent) {
         }
     }
     nb_generator_free(g);
+    nb__sgemm_set_packed(was_packed);
     nb_set_num_threads(saved_threads);
     nb_set_gemm_provider(saved);
 }
