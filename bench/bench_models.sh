@@ -21,6 +21,10 @@
 #                ATEN_CPU_CAPABILITY, OPENBLAS_CORETYPE); LLMC_BIN should then be an llm.c
 #                built with -march=x86-64-v3. Default: the CPU's own best (ISA=native).
 #   WORKLOADS    any of "mlp cnn gpt gpt_b4 gpt_bf16" (default all).
+#   THREADS      threads of every program (default 2). On a machine other jobs keep busy, 1
+#                thread measures each program's own work (every one gets its share of a
+#                core), where 2-thread runs also measure how each threading runtime copes
+#                with the contention (OpenMP teams that spin or wait at barriers suffer most).
 set -uo pipefail
 build=${1:-build}
 reps=${2:-3}
@@ -30,6 +34,7 @@ isa=${ISA:-native}
 workloads=${WORKLOADS:-mlp cnn gpt gpt_b4 gpt_bf16}
 llmc=${LLMC_DIR:-}
 llmc_bin=${LLMC_BIN:-train_gpt2}
+th=${THREADS:-2}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -41,7 +46,7 @@ echo "bench_models: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's
      "$(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ') model" \
      "$(grep -m1 '^model' /proc/cpuinfo | cut -d: -f2 | tr -d ' ');" \
      "$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'no AVX-512');" \
-     "instruction sets measured: $isa; build $build; $reps rounds"
+     "instruction sets measured: $isa; build $build; $reps rounds; $th threads"
 uptime
 peer=0
 if [ -z "$peers" ] || [ ! -f "$peers/torch_ref.py" ]; then
@@ -73,12 +78,12 @@ print(statistics.median(t) if t else "nan")'
 run_nabla() { local key=$1; shift; nabla_ms "$("$@" 2>/dev/null | tail -1)" >>"$out/$key"; }
 run_torch() {
     local key=$1 w=$2; shift 2
-    torch_ms "$($py "$peers/torch_ref.py" "$w" "$@" 2>/dev/null | grep '^JSON ' | sed 's/^JSON //')" \
+    torch_ms "$($py "$peers/torch_ref.py" "$w" --threads "$th" "$@" 2>/dev/null | grep '^JSON ' | sed 's/^JSON //')" \
         >>"$out/$key"
 }
 run_llmc() {
     local key=$1 b=$2 t=$3
-    (cd "$llmc" && OMP_NUM_THREADS=2 LLMC_B=$b LLMC_T=$t "./$llmc_bin" 2>/dev/null) | llmc_ms \
+    (cd "$llmc" && OMP_NUM_THREADS=$th LLMC_B=$b LLMC_T=$t "./$llmc_bin" 2>/dev/null) | llmc_ms \
         >>"$out/$key"
 }
 
@@ -114,19 +119,19 @@ for w in $workloads; do
     case $w in
     mlp)
         for r in $(seq "$reps"); do
-            run_nabla mlp "$build/models/mlp" --epochs 1 --threads 2
+            run_nabla mlp "$build/models/mlp" --epochs 1 --threads "$th"
             [ $peer = 1 ] && run_torch mlp.torch w1
         done
         report "W1 mlp" 2.448 mlp PyTorch mlp.torch ;;
     cnn)
         for r in $(seq "$reps"); do
-            run_nabla cnn "$build/models/cnn" --epochs 1 --threads 2
+            run_nabla cnn "$build/models/cnn" --epochs 1 --threads "$th"
             [ $peer = 1 ] && run_torch cnn.torch w2
         done
         report "W2 cnn" 3.199 cnn PyTorch cnn.torch ;;
     gpt)
         for r in $(seq "$reps"); do
-            run_nabla gpt "$gpt" --steps 60 --schedule constant --eval-batches 1 --threads 2
+            run_nabla gpt "$gpt" --steps 60 --schedule constant --eval-batches 1 --threads "$th"
             [ $peer = 1 ] && run_torch gpt.torch w3 --w3-steps 60
             [ $have_llmc = 1 ] && run_llmc gpt.llmc 16 128
         done
@@ -134,15 +139,15 @@ for w in $workloads; do
     gpt_b4)
         for r in $(seq "$reps"); do
             run_nabla gpt_b4 "$gpt" --steps 200 --batch 4 --block-size 64 --schedule constant \
-                --eval-batches 1 --threads 2
+                --eval-batches 1 --threads "$th"
             [ $have_llmc = 1 ] && run_llmc gpt_b4.llmc 4 64
         done
         report "W3b gpt --batch 4 --block-size 64" 5.13 gpt_b4 llm.c gpt_b4.llmc ;;
     gpt_bf16)
         for r in $(seq "$reps"); do
-            run_nabla gpt_bf16 "$gpt" --steps 60 --schedule constant --eval-batches 1 --threads 2 \
+            run_nabla gpt_bf16 "$gpt" --steps 60 --schedule constant --eval-batches 1 --threads "$th" \
                 --precision bf16
-            run_nabla gpt_fp32 "$gpt" --steps 60 --schedule constant --eval-batches 1 --threads 2
+            run_nabla gpt_fp32 "$gpt" --steps 60 --schedule constant --eval-batches 1 --threads "$th"
         done
         report "W3 gpt bf16 autocast" 42.68 gpt_bf16 "nabla-fp32" gpt_fp32 ;;
     *) echo "bench_models: unknown workload $w" ;;

@@ -4,11 +4,14 @@
  * (tensor/kernels/matmul.h: the GEMMs of nb_matmul and the linear op, with the policy of
  * running small batched GEMMs in parallel over the batch).
  *
- * Why two providers: on the reference machine OpenBLAS is pinned to its AVX2 kernels by the
+ * Why two providers: on an AVX-512 machine OpenBLAS is pinned to its AVX2 kernels by the
  * environment, while oneDNN picks AVX-512 itself and is 1.7-2.2x faster (docs/architecture.md,
  * "Performance"). OpenBLAS is always built in (and is the only f64 GEMM), oneDNN when meson
- * found it. Every GEMM is cut into tiles that do not depend on the thread count, one
- * single-threaded provider call each, run on nabla's workers (see "tiles" below). */
+ * found it. Every provider GEMM is cut into tiles that do not depend on the thread count, one
+ * single-threaded provider call each, run on nabla's workers (see "tiles" below). An f32
+ * GEMM may instead take nabla's packed GEMM (cpu/sgemm.c), the default where the provider's
+ * kernels are not AVX-512 and on some AVX-512 CPUs (cpu/sgemm_path.c decides, see "the f32
+ * path" below). */
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
