@@ -49,7 +49,9 @@ test-asan: build-asan
 test:
 	@bash tools/run-tests $(BUILD) $(ASAN_BUILD)
 
-# Every fuzz target for FUZZ_SECONDS each (make test runs them 10 s each). docs/testing.md.
+# Every fuzz target for FUZZ_SECONDS each (make test runs them 10 s each). A longer run:
+# `make fuzz FUZZ_SECONDS=3600` (an hour per target; inputs with new coverage are kept in
+# build-fuzz/corpus/ for the next run, failures in build-fuzz/crashes/). docs/testing.md.
 fuzz: | deps
 	@bash tools/run-fuzz -t $(FUZZ_SECONDS)
 

@@ -96,25 +96,34 @@ typedef struct mem {
 
 /* Parameters and the step's activation peak (allocator peak over the live bytes before the
  * step, gradients and optimizer state excluded by a warm-up step first). */
-static mem measure(const nb_gpt_config *cfg, nb_comm *pp, nb_pipe_schedule s, int v, int m,
-                   int64_t B, nb_comm *tp, bool sp) {
+static mem measure(const nb_gpt_config *cfg, nb_comm *world, int pp, int tp, nb_pipe_schedule s,
+                   int v, int m, int64_t B, bool sp) {
     mem r = {NAN, NAN, NAN, NAN};
-    nb_gpt_pipe_opts po = nb_gpt_pipe_defaults();
-    po.schedule = s;
-    po.virtual_stages = v;
-    po.n_micro = m;
-    po.tp = tp;
-    po.sequence_parallel = sp;
+    nb_mesh *mesh = nb_mesh_new(world, "pp tp", (int[]){pp, tp});
     nb_generator *g = nb_generator_new(1);
-    nb_gpt_pipe *p = nb_gpt_pipe_new(cfg, g, pp, NULL, &po);
-    nb_sgd_opts so = nb_sgd_defaults();
-    so.lr = 1e-3;
-    nb_optim *opt = p ? nb_sgd_new(nb_parameters(nb_gpt_pipe_module(p)), &so) : NULL;
-    if (!opt) {
+    nb_module *model = mesh ? nb_gpt_new(cfg, g) : NULL;
+    nb_parallelize_opts tpo = nb_parallelize_defaults();
+    tpo.sequence_parallel = sp;
+    if (model && tp > 1 && nb_gpt_parallelize(model, mesh, &tpo) != NB_OK) {
         fprintf(stderr, "bench_pipeline: %s\n", nb_last_error());
         exit(1);
     }
-    r.params_mib = (double)nb_num_parameters(nb_gpt_pipe_module(p)) * 4 / (1 << 20);
+    nb_pipeline_opts po = nb_pipeline_defaults();
+    po.schedule = s;
+    po.virtual_stages = v;
+    po.n_micro = m;
+    nb_pipeline *p = model ? nb_gpt_pipeline_new(model, mesh, &po) : NULL;
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 1e-3;
+    nb_optim *opt = p ? nb_sgd_new(nb_parameters(nb_pipeline_module(p)), &so) : NULL;
+    /* with sequence parallelism the reducer sums the partial gradients (one dp rank) */
+    nb_ddp *ddp = opt && sp ? nb_ddp_new(nb_pipeline_module(p), nb_mesh_group(mesh, "dp"), NULL)
+                            : NULL;
+    if (!opt || (sp && !ddp)) {
+        fprintf(stderr, "bench_pipeline: %s\n", nb_last_error());
+        exit(1);
+    }
+    r.params_mib = (double)nb_num_parameters(nb_pipeline_module(p)) * 4 / (1 << 20);
     nb_tensor *x = nb_randint((int64_t[]){B, cfg->block_size}, 2, NB_I64, 0, cfg->vocab_size, g);
     double steps[5], bub[5];
     for (int i = 0; i < 6; i++) {
@@ -122,7 +131,8 @@ static mem measure(const nb_gpt_config *cfg, nb_comm *pp, nb_pipe_schedule s, in
         nb_alloc_get_stats(&a);
         nb_alloc_reset_peak();
         nb_pipe_stats st;
-        if (isnan(nb_gpt_pipe_train_step(p, opt, x, x, 0, NULL, &st))) {
+        nb_zero_grad(opt);
+        if (isnan(nb_pipeline_step(p, x, x, &st)) || nb_step(opt) != NB_OK) {
             fprintf(stderr, "bench_pipeline: %s\n", nb_last_error());
             exit(1);
         }
@@ -135,9 +145,12 @@ static mem measure(const nb_gpt_config *cfg, nb_comm *pp, nb_pipe_schedule s, in
     r.step_ms = nb_median(steps, 5);
     r.bubble = nb_median(bub, 5);
     nb_tensor_free(x);
+    nb_ddp_free(ddp);
     nb_optim_free(opt);
-    nb_gpt_pipe_free(p);
+    nb_pipeline_free(p);
+    nb_module_free(model);
     nb_generator_free(g);
+    nb_mesh_free(mesh);
     return r;
 }
 
@@ -151,7 +164,7 @@ static void bench_gpt(nb_comm *world) {
      * one after the other */
     mem one = {0};
     for (int r = 0; r < size; r++) {
-        if (r == rank) one = measure(&cfg, self, NB_PIPE_GPIPE, 1, 1, B, NULL, false); /* the whole batch at once */
+        if (r == rank) one = measure(&cfg, self, 1, 1, NB_PIPE_GPIPE, 1, 1, B, false); /* the whole batch at once */
         nb_barrier(world);
     }
     if (rank == 0)
@@ -163,7 +176,7 @@ static void bench_gpt(nb_comm *world) {
     const nb_pipe_schedule scheds[] = {NB_PIPE_GPIPE, NB_PIPE_1F1B, NB_PIPE_INTERLEAVED};
     for (int k = 0; k < 3; k++) {
         const int v = scheds[k] == NB_PIPE_INTERLEAVED ? 2 : 1;
-        mem r = measure(&cfg, world, scheds[k], v, m, B, NULL, false);
+        mem r = measure(&cfg, world, size, 1, scheds[k], v, m, B, false);
         double w[3] = {r.params_mib, r.act_mib, r.step_ms};
         nb_tensor *t = nb_from_buffer(w, (int64_t[]){3}, 1, NB_F64);
         nb_allreduce(world, t, NB_REDUCE_MAX); /* the largest stage */
@@ -175,15 +188,13 @@ static void bench_gpt(nb_comm *world) {
                    nb_pipe_bubble_theory(scheds[k], size, m, v), w[2]);
     }
     /* 3. tp 2 x pp 2 on 4 ranks (Megatron's order: the tp pairs adjacent) */
-    nb_topology *topo = size == 4 ? nb_topology_new(world, &(nb_topology_opts){.pp = 2, .tp = 2})
-                                  : NULL;
-    if (topo && rank == 0)
+    const bool four = size == 4;
+    if (four && rank == 0)
         printf("\n3. the same GPT as tp 2 x pp 2 (4 ranks, 1F1B, %d micro-batches) vs 1 rank\n"
                "%-22s %11s %11s %9s %9s %9s\n", m, "layout", "params/1rk", "act/1rk", "bubble",
                "ideal", "step ms");
-    for (int sp = 0; topo && sp <= 1; sp++) {
-        mem r = measure(&cfg, nb_topology_pp(topo), NB_PIPE_1F1B, 1, m, B, nb_topology_tp(topo),
-                        sp == 1);
+    for (int sp = 0; four && sp <= 1; sp++) {
+        mem r = measure(&cfg, world, 2, 2, NB_PIPE_1F1B, 1, m, B, sp == 1);
         double w[3] = {r.params_mib, r.act_mib, r.step_ms};
         nb_tensor *t = nb_from_buffer(w, (int64_t[]){3}, 1, NB_F64);
         nb_allreduce(world, t, NB_REDUCE_MAX); /* the largest rank */
@@ -194,7 +205,6 @@ static void bench_gpt(nb_comm *world) {
                    sp ? "tp2 x pp2, seq-parallel" : "tp2 x pp2", w[0] / one.params_mib,
                    w[1] / one.act_mib, r.bubble, nb_pipe_bubble_theory(NB_PIPE_1F1B, 2, m, 1), w[2]);
     }
-    nb_topology_free(topo);
     nb_comm_free(self);
 }
 

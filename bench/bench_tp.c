@@ -1,4 +1,4 @@
-/* bench_tp.c - the tensor-parallel GPT (nabla/gpt_tp.h) per layout: parameter memory and
+/* bench_tp.c - the GPT made tensor parallel by its plan (nb_gpt_parallelize) per layout: parameter memory and
  * activation memory per rank next to the 1-rank model's, communication bytes per step next
  * to Megatron's formula, step time and its exposed communication. Run it under mpirun
  * (-np 1, 2, 4); every dp x tp layout of the world (with and without sequence parallelism)
@@ -57,13 +57,19 @@ int main(int argc, char **argv) {
     for (int tp = 1; tp <= W; tp *= 2)
         for (int sp = 0; sp <= (tp > 1); sp++) {
             if (W % tp || B % (W / tp)) continue;
-            nb_topology *topo = nb_topology_new(world, &(nb_topology_opts){.pp = 1, .tp = tp});
+            nb_mesh *mesh = nb_mesh_new(world, "dp tp", (int[]){-1, tp});
             nb_generator *g = nb_generator_new(0);
-            nb_module *m = nb_gpt_tp_new(&cfg, g, nb_topology_tp(topo),
-                                         &(nb_gpt_tp_opts){.sequence_parallel = sp});
+            nb_module *m = nb_gpt_new(&cfg, g);
             nb_generator_free(g);
-            const int dp = nb_topology_dp_size(topo);
-            nb_ddp *ddp = dp > 1 ? nb_ddp_new(m, nb_topology_dp(topo), NULL) : NULL;
+            nb_parallelize_opts po = nb_parallelize_defaults();
+            po.sequence_parallel = sp;
+            if (tp > 1 && nb_gpt_parallelize(m, mesh, &po) != NB_OK) {
+                fprintf(stderr, "bench_tp: %s\n", nb_last_error());
+                return 1;
+            }
+            const int dp = nb_mesh_size(mesh, "dp");
+            /* the data-parallel reducer (also the sequence-parallel partial sums) */
+            nb_ddp *ddp = dp > 1 || sp ? nb_ddp_new(m, nb_mesh_group(mesh, "dp"), NULL) : NULL;
             nb_optim *opt = nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 1e-3});
             const int64_t Bl = B / dp;
             nb_tensor *x = nb_randint((int64_t[]){Bl, T}, 2, NB_I64, 0, 256, NULL);
@@ -77,7 +83,7 @@ int main(int argc, char **argv) {
                 nb_alloc_reset_peak();
                 nb_tp_comm_stats_reset();
                 double t0 = nb_time_s();
-                nb_gpt_tp_train_step(m, opt, ddp, &x, &y, 1, 0, NULL);
+                nb_gpt_train_step(m, opt, ddp, &x, &y, 1, 0, NULL);
                 double dt = nb_time_s() - t0;
                 nb_alloc_get_stats(&a1);
                 nb_tp_comm_stats_get(&cs);
@@ -105,7 +111,7 @@ int main(int argc, char **argv) {
             nb_optim_free(opt);
             nb_ddp_free(ddp);
             nb_module_free(m);
-            nb_topology_free(topo);
+            nb_mesh_free(mesh);
         }
     nb_comm_free(world);
     return 0;

@@ -90,9 +90,8 @@ const nb__backend *nb__cuda_backend(nb_device dev, const char *op) {
     int n = nb_cuda_device_count();
     if (n == 0) {
         (void)nb_cuda_set_device(0); /* sets the runtime's reason as the last error */
-        char why[256];
-        snprintf(why, sizeof why, "%s", nb_last_error());
-        nb__error(NB_EDEVICE, "%s: no usable GPU for cuda:%d (%s)", op, dev.index, why);
+        /* "<context>: <the reason>": wrapped by libnabla's rules (docs/errors.md) */
+        nb__error(NB_EDEVICE, "%s: cuda:%d is not available: %s", op, dev.index, nb_last_error());
         return NULL;
     }
     if (dev.index < 0 || dev.index >= n) {

@@ -102,6 +102,17 @@ void nb__cuda_on_thread_exit(nb__cuda_thread_exit_fn fn);
 cudaError_t nb__cuda_launch_fill_f32(float *dst, float value, int64_t n, cudaStream_t stream);
 cudaError_t nb__cuda_launch_add_f32(float *out, const float *a, const float *b, int64_t n,
                                     cudaStream_t stream);
+/* dst[i] = src[i] rounded to bf16 (nearest even, the CPU's rounding: nb__kh_bf16_from_f32),
+ * i < n: the bf16 copy of an f32 bias for a bf16 GEMM result (k_matmul.c). */
+cudaError_t nb__cuda_launch_bf16_from_f32(uint16_t *dst, const float *src, int64_t n,
+                                          cudaStream_t stream);
+
+/* ---- the optional libraries (cuda/dl.h): why one is not used ------------------------------ */
+/* "" when the plugin uses cuDNN (NCCL); else why not: built without it, or the library not
+ * found or refused at run time ("libcudnn.so.9 not found (looked in ...)"). Loads the
+ * library on first call. cudnn.c / cudnn_none.c and nccl.c / nccl_none.c. */
+const char *nb__cuda_cudnn_why(void);
+const char *nb__cuda_nccl_why(void);
 
 /* ---- nccl.c / nccl_none.c ------------------------------------------------------------------ */
 /* The NCCL entries of the plugin table (cuda/plugin.h has their contract): nccl.c when meson

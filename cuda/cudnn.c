@@ -1,7 +1,9 @@
 /* cudnn.c - cuDNN in the plugin (meson feature `cudnn`): its version, and the convolutions
  * of cuda/conv_cudnn.h (f32; bf16 forward and input gradient) that the conv kernels
  * (cuda/k_conv.cu) try before their im2col + GEMM fallback. Built only when meson found
- * cuDNN; cuda/cudnn_none.c answers otherwise. UNVERIFIED ON A GPU: no GPU was available
+ * cuDNN's headers; cuda/cudnn_none.c answers otherwise. The library itself is opened at run
+ * time (cuda/cudnn_dl.h), so a machine without it still loads the plugin, and convolves by
+ * im2col + GEMM. UNVERIFIED ON A GPU: no GPU was available
  * where this was written (the descriptors, cuda/cudnn_desc.c, are checked on the host by
  * tests/cuda_host/conv.cu).
  *
@@ -22,12 +24,16 @@
 #include "cuda/conv_cudnn.h"
 #include "cuda/cuda_impl.h"
 #include "cuda/cudnn_desc.h"
+#include "cuda/cudnn_dl.h"
 #include "tensor/error.h"
 
 #define CUDNN_MAX_WORKSPACE ((size_t)1 << 30)
 #define ALGO_CACHE 256
 
-long nb__cuda_cudnn_version(void) { return (long)cudnnGetVersion(); }
+/* 0 when the cuDNN library is missing at run time (cuda/cudnn_dl.h: nb__cudnn_why says why):
+ * then the convolutions below answer NB_EUNSUPPORTED and the conv kernels fall back. */
+long nb__cuda_cudnn_version(void) { return nb__cudnn_load() ? (long)cudnnGetVersion() : 0; }
+const char *nb__cuda_cudnn_why(void) { return nb__cudnn_why(); }
 
 /* ---- handles ------------------------------------------------------------------------------ */
 static nb_status handle_for(nb__cuda_kctx *c, cudnnHandle_t *out, const char *what) {
@@ -165,6 +171,7 @@ static nb_status choose(cudnnHandle_t h, const nb__cudnn_conv_desc *d, int dir, 
 static nb_status run(nb__cuda_kctx *c, const nb__conv2d_geom *g, int dir, nb_dtype dt,
                      const void *a, const void *b, void *out, const char *what) {
     if (dt != NB_F32 && !(dt == NB_BF16 && dir != DIR_BWD_FILTER)) return NB_EUNSUPPORTED;
+    if (!nb__cudnn_load()) return NB_EUNSUPPORTED; /* no cuDNN library: the fallback */
     int algo = -1;
     size_t ws = 0;
     bool cached = cache_get(c->device, dir, dt, g, &algo, &ws);

@@ -1,10 +1,14 @@
 /* cudnn_desc.c - cuDNN descriptors of a 2-D convolution (cuda/cudnn_desc.h). Creating and
  * setting descriptors needs no GPU and no handle: tests/cuda_host links this file to check
- * cuDNN's output size against the CPU's rule. Unverified on a GPU. */
+ * cuDNN's output size against the CPU's rule. cuDNN itself is opened at run time
+ * (cuda/cudnn_dl.h): without it both makers answer NB_EUNSUPPORTED with no error set, as
+ * for a size cuDNN cannot take, and the conv kernels run their fallback. Unverified on a
+ * GPU. */
 #include <limits.h>
 #include <string.h>
 
 #include "cuda/cudnn_desc.h"
+#include "cuda/cudnn_dl.h"
 #include "tensor/error.h"
 
 nb_status nb__cudnn_status(cudnnStatus_t s, const char *what) {
@@ -82,7 +86,7 @@ static nb_status out_dims(const nb__cudnn_conv_desc *d, int out[4], const char *
 
 nb_status nb__cudnn_out_dims(const nb__conv2d_geom *g, nb_dtype dt, int64_t out[4]) {
     const char *what = "conv2d: cuDNN descriptors";
-    if (!fits_int(g)) return NB_EUNSUPPORTED;
+    if (!fits_int(g) || !nb__cudnn_load()) return NB_EUNSUPPORTED;
     nb__cudnn_conv_desc d;
     nb_status st = make_xwc(&d, g, dt, what);
     if (st != NB_OK) return st;
@@ -96,7 +100,7 @@ nb_status nb__cudnn_out_dims(const nb__conv2d_geom *g, nb_dtype dt, int64_t out[
 nb_status nb__cudnn_desc_make(nb__cudnn_conv_desc *d, const nb__conv2d_geom *g, nb_dtype dt) {
     const char *what = "conv2d: cuDNN descriptors";
     memset(d, 0, sizeof *d);
-    if (!fits_int(g)) return NB_EUNSUPPORTED;
+    if (!fits_int(g) || !nb__cudnn_load()) return NB_EUNSUPPORTED;
     nb_status st = make_xwc(d, g, dt, what);
     if (st != NB_OK) return st;
     int o[4] = {0, 0, 0, 0};

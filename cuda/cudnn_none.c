@@ -5,6 +5,7 @@
 #include "cuda/cuda_impl.h"
 
 long nb__cuda_cudnn_version(void) { return 0; }
+const char *nb__cuda_cudnn_why(void) { return "the plugin was built without cuDNN"; }
 
 nb_status nb__cudnn_conv2d_fwd(nb__cuda_kctx *c, const nb__conv2d_geom *g, nb_dtype dt,
                                const void *x, const void *w, void *y) {

@@ -15,7 +15,12 @@
 // element; the sum in two passes (at most 1024 block partials, then one block). No atomics,
 // no host reads: the same bits every run. A target out of range gives a NaN loss there and
 // is recorded in the device error flag (cuda/kerr.c): the next synchronization (reading the
-// loss) fails with NB_EINDEX, where the CPU fails the op itself.
+// loss) fails with NB_EINDEX and the CPU's message ("cross_entropy: target 12 is out of range
+// for 10 classes"), where the CPU fails the op itself; with NB_CUDA_SYNC_INDEX_CHECKS=1 the
+// op waits and fails itself too.
+#include <cstdlib>
+#include <cstring>
+
 #include "cuda/k_loss.cuh"
 
 using namespace nbl;
@@ -121,6 +126,15 @@ nb_status cls_unsupported(const char *op, const nb__cls_operands *in) {
                      op, (int)in->xdt, (int)in->tdt);
 }
 
+// NB_CUDA_SYNC_INDEX_CHECKS=1 (read once), as for the index kernels (cuda/k_index.cu).
+bool sync_checks() {
+    static const bool on = [] {
+        const char *e = getenv("NB_CUDA_SYNC_INDEX_CHECKS");
+        return e && *e && strcmp(e, "0") != 0;
+    }();
+    return on;
+}
+
 nb_status cls_forward(const nb__cls_loss_args *a, bool ce) {
     const nb__cls_operands &in = a->in;
     const int64_t P = in.N * in.D;
@@ -153,7 +167,13 @@ nb_status cls_forward(const nb__cls_loss_args *a, bool ce) {
                                                               a->count);
     cudaError_t e = cudaGetLastError();
     nb__cuda_kfree(loss);
-    return nb__cuda_kend(&c, e);
+    // NB_CUDA_SYNC_INDEX_CHECKS=1: wait here and fail the op itself, as the CPU does
+    // (cuda/k_index.h: for debugging and the op tests on a GPU)
+    bool sync = P > 0 && sync_checks();
+    if (e == cudaSuccess && sync) e = cudaStreamSynchronize(c.stream);
+    int device = c.device;
+    st = nb__cuda_kend(&c, e);
+    return st == NB_OK && sync ? nb__cuda_kerr_check(device, a->op) : st;
 }
 
 template <typename T>

@@ -7,8 +7,10 @@
  * variable NB_CUDA_TF32=1 is set (read once per process), then CUBLAS_COMPUTE_32F_FAST_TF32
  * (f32 operands rounded to TF32 on the tensor cores: faster, about 3 decimal digits);
  * f64 with CUBLAS_COMPUTE_64F; bf16 a and b with f32 accumulation into an f32 C, or a bf16
- * C rounded once (c_bf16). A bias is cuBLASLt's bias epilogue (f32 bias for f32 and bf16,
- * f64 for f64); cuda/k_matmul.h has the mapping and the batch split. When cuBLASLt has
+ * C rounded once (c_bf16). A bias is cuBLASLt's bias epilogue with the bias in the output's
+ * type, as cuBLASLt documents it (f32 for an f32 C, f64 for f64, and for a bf16 C a bf16
+ * copy of the f32 bias made here, exact for nb_linear's biases); cuda/k_matmul.h has the
+ * mapping, the batch split and the bias rule. When cuBLASLt has
  * no algorithm for a problem (say an epilogue or a broadcast batch it does not take), the
  * bias is written by row copies and accumulated with beta 1, then the batch runs one GEMM
  * per call; the cache remembers the problems without an algorithm, so the fallback costs
@@ -184,10 +186,6 @@ static cudaError_t fill_rows(char *c, int64_t ldc, const void *bias, int64_t M, 
 /* K == 0 or alpha == 0: C = beta * C (or the bias rows), never reading a or b. What
  * cannot be done with copies and memsets is refused before anything is enqueued. */
 static nb_status degenerate_check(const nb__gemm_args *g) {
-    bool bias = g->bias && g->beta == 1.0;
-    if (bias && g->c_bf16)
-        return nb__error(NB_EUNSUPPORTED, "matmul: the cuda kernel does not handle K == 0 "
-                                          "with a bias and a bf16 result yet");
     if (g->beta != 0.0 && g->beta != 1.0)
         return nb__error(NB_EUNSUPPORTED,
                          "matmul: the cuda kernel does not handle K == 0 "
@@ -196,8 +194,9 @@ static nb_status degenerate_check(const nb__gemm_args *g) {
     return NB_OK;
 }
 
-/* beta 0 without a bias: every C_i zeroed; with a bias: its rows written into every C_i. */
-static cudaError_t set_c(const nb__gemm_args *g, bool bias, cudaStream_t stream) {
+/* beta 0 without a bias: every C_i zeroed; with a bias (in C's dtype: the bf16 copy for a
+ * bf16 C): its rows written into every C_i. */
+static cudaError_t set_c(const nb__gemm_args *g, const void *bias, cudaStream_t stream) {
     size_t es = g->dtype == NB_F64 ? 8 : g->dtype == NB_BF16 && g->c_bf16 ? 2 : 4;
     int64_t nbatch = 1;
     for (int d = 0; d < g->batch_ndim; d++) nbatch *= g->batch_shape[d];
@@ -210,7 +209,7 @@ static cudaError_t set_c(const nb__gemm_args *g, bool bias, cudaStream_t stream)
         }
         char *ci = (char *)g->c + oc * (int64_t)es;
         if (bias)
-            e = fill_rows(ci, g->ldc, g->bias, g->M, g->N, es, stream);
+            e = fill_rows(ci, g->ldc, bias, g->M, g->N, es, stream);
         else /* beta 0: zeros (all-zero bits in f32, f64 and bf16) */
             e = cudaMemset2DAsync(ci, (size_t)g->ldc * es, 0, (size_t)g->N * es, (size_t)g->M,
                                   stream);
@@ -218,14 +217,34 @@ static cudaError_t set_c(const nb__gemm_args *g, bool bias, cudaStream_t stream)
     return e;
 }
 
-static cudaError_t gemm_degenerate(const nb__gemm_args *g, cudaStream_t stream) {
-    bool bias = g->bias && g->beta == 1.0;
+static cudaError_t gemm_degenerate(const nb__gemm_args *g, const void *bias,
+                                   cudaStream_t stream) {
     if (g->beta == 1.0 && !bias) return cudaSuccess;
     return set_c(g, bias, stream);
 }
 
+/* The bias as cuBLASLt and the row copies take it: g's own, or for a bf16 C a bf16 copy in
+ * scratch memory (*scratch, freed by the caller after the calls are enqueued). */
+static nb_status bias_for(nb__cuda_kctx *c, const nb__gemm_args *g, const void **bias,
+                          void **scratch) {
+    *bias = g->bias && g->beta == 1.0 ? g->bias : NULL;
+    *scratch = NULL;
+    if (!*bias || !g->c_bf16) return NB_OK;
+    uint16_t *b16 = nb__cuda_kscratch(c, (size_t)g->N * sizeof(uint16_t));
+    if (!b16) return nb_last_status();
+    cudaError_t e = nb__cuda_launch_bf16_from_f32(b16, g->bias, g->N, c->stream);
+    if (e != cudaSuccess) {
+        nb__cuda_kfree(b16);
+        return nb__cuda_status(e, "matmul: bf16 bias");
+    }
+    *bias = b16;
+    *scratch = b16;
+    return NB_OK;
+}
+
 /* The cache entry for plan (with the alignments of this call's pointers). */
-static nb_status lookup(lt_state *s, const nb__gemm_args *g, const nb__lt_plan *p, lt_entry **out) {
+static nb_status lookup(lt_state *s, const nb__gemm_args *g, const nb__lt_plan *p,
+                        const void *bias, lt_entry **out) {
     /* the key: the plan less what only the calls use (scalars, the host loop) */
     lt_key key;
     memset(&key, 0, sizeof key);
@@ -249,8 +268,8 @@ static nb_status lookup(lt_state *s, const nb__gemm_args *g, const nb__lt_plan *
     key.align_a = align_of(xa);
     key.align_b = align_of(xb);
     key.align_c = align_of(xc);
-    key.align_bias = p->bias ? align_of((uintptr_t)g->bias) : 0;
-    return entry_for(s, &key, g->bias, out);
+    key.align_bias = p->bias ? align_of((uintptr_t)bias) : 0;
+    return entry_for(s, &key, bias, out);
 }
 
 static nb_status cuda_gemm(const nb__gemm_args *g) {
@@ -264,22 +283,32 @@ static nb_status cuda_gemm(const nb__gemm_args *g) {
     if (st != NB_OK) return st;
     nb__cuda_kctx c;
     if ((st = nb__cuda_kbegin(&c, "matmul")) != NB_OK) return st;
-    if (degenerate) return nb__cuda_kend(&c, gemm_degenerate(g, c.stream));
-    if (plan.ncalls == 0) return nb__cuda_kend(&c, cudaSuccess);
+    if (!degenerate && plan.ncalls == 0) return nb__cuda_kend(&c, cudaSuccess);
+    const void *bias = NULL;
+    void *bias_scratch = NULL;
+    if ((st = bias_for(&c, g, &bias, &bias_scratch)) != NB_OK) {
+        nb__cuda_kend(&c, cudaSuccess);
+        return st;
+    }
+    if (degenerate) {
+        cudaError_t ce = gemm_degenerate(g, bias, c.stream);
+        nb__cuda_kfree(bias_scratch);
+        return nb__cuda_kend(&c, ce);
+    }
 
     lt_state *s = NULL;
     lt_entry *e = NULL;
-    if ((st = state_for(c.device, &s)) == NB_OK) st = lookup(s, g, &plan, &e);
+    if ((st = state_for(c.device, &s)) == NB_OK) st = lookup(s, g, &plan, bias, &e);
     /* no algorithm: the bias by copies, then every GEMM of the batch on its own, then both */
     static const unsigned fallbacks[3] = {NB__LT_FILL_BIAS, NB__LT_NO_FOLD,
                                           NB__LT_FILL_BIAS | NB__LT_NO_FOLD};
     for (int f = 0; f < 3 && st == NB_OK && e->none; f++) {
-        if ((fallbacks[f] & NB__LT_FILL_BIAS) && (!plan.bias || g->c_bf16)) continue;
+        if ((fallbacks[f] & NB__LT_FILL_BIAS) && !plan.bias) continue;
         if ((fallbacks[f] & NB__LT_NO_FOLD) && plan.batch <= 1) continue;
         nb__lt_plan alt;
         if (nb__lt_plan_of(g, flags | fallbacks[f], &alt) != NB_OK) continue;
         lt_entry *ae = NULL;
-        if ((st = lookup(s, g, &alt, &ae)) == NB_OK && !ae->none) {
+        if ((st = lookup(s, g, &alt, bias, &ae)) == NB_OK && !ae->none) {
             plan = alt;
             e = ae;
         }
@@ -291,23 +320,28 @@ static nb_status cuda_gemm(const nb__gemm_args *g) {
                        (long long)g->M, (long long)g->K, (long long)g->N, (long long)g->lda,
                        (long long)g->ldb, (long long)g->ldc, (int)g->dtype);
     if (st != NB_OK) {
+        nb__cuda_kfree(bias_scratch);
         nb__cuda_kend(&c, cudaSuccess);
         return st;
     }
     const nb__lt_plan *p = &plan;
     if (p->fill_bias) {
-        cudaError_t ce = set_c(g, true, c.stream);
-        if (ce != cudaSuccess) return nb__cuda_kend(&c, ce);
+        cudaError_t ce = set_c(g, bias, c.stream);
+        if (ce != cudaSuccess) {
+            nb__cuda_kfree(bias_scratch);
+            return nb__cuda_kend(&c, ce);
+        }
     }
     cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
     if (p->bias)
-        cs = cublasLtMatmulDescSetAttribute(e->d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
-                                            sizeof g->bias);
+        cs = cublasLtMatmulDescSetAttribute(e->d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                            sizeof bias);
     void *ws = NULL;
     if (cs == CUBLAS_STATUS_SUCCESS && e->workspace) {
         ws = nb__cuda_kscratch(&c, e->workspace);
         if (!ws) {
             st = nb_last_status();
+            nb__cuda_kfree(bias_scratch);
             nb__cuda_kend(&c, cudaSuccess);
             return st;
         }
@@ -326,6 +360,7 @@ static nb_status cuda_gemm(const nb__gemm_args *g) {
                             e->d.c, &e->algo, ws, e->workspace, c.stream);
     }
     nb__cuda_kfree(ws);
+    nb__cuda_kfree(bias_scratch);
     if (cs != CUBLAS_STATUS_SUCCESS) {
         st = nb__lt_status(cs, "matmul");
         nb__cuda_kend(&c, cudaSuccess);

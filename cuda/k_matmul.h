@@ -26,10 +26,20 @@
  *     ... cublasLtMatmul(h, d.op, &alpha, p-ordered pointers, d.a, ..., d.c, ..., d.c ...)
  *     nb__lt_descs_free(&d);
  *
+ * The bias. cuBLASLt documents the bias vector's type as the output's (Dtype; the
+ * exceptions are integer and fp8 kernels, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE in
+ * cublasLt.h), so an f32 bias with a bf16 result is not a documented pairing. For a bf16
+ * C the kernel hands cuBLASLt a bf16 copy of the f32 bias instead (bias_bf16: rounded to
+ * nearest even, as the CPU rounds), and the epilogue adds it in f32 before the one rounding
+ * of the result. That is the CPU's result exactly when the bias values are bf16 numbers,
+ * which is what nb_linear passes (its bias is a bf16 tensor widened to f32, autocast
+ * included); any other f32 bias is rounded to bf16 first.
+ *
  * Fallbacks (flags of nb__lt_plan_of), for when cuBLASLt's heuristic finds no algorithm
  * for a plan (k_matmul.c tries them in turn): NB__LT_FILL_BIAS writes the bias into every
- * row of C first (copies) and accumulates onto it with beta 1 instead of the bias
- * epilogue (not for a bf16 C); NB__LT_NO_FOLD runs every GEMM of the batch as its own call.
+ * row of C first (copies; the bf16 copy for a bf16 C) and accumulates onto it with beta 1
+ * instead of the bias epilogue; NB__LT_NO_FOLD runs every GEMM of the batch as its own
+ * call.
  *
  * The descriptors belong to the nb__lt_descs that holds them (nb__lt_descs_free). */
 #ifndef NABLA_CUDA_K_MATMUL_H
@@ -76,6 +86,7 @@ typedef struct nb__lt_plan {
     size_t ab_size, c_size;              /* element bytes */
     bool bias;                           /* the bias epilogue (beta 0 then) */
     bool fill_bias;     /* the caller writes the bias rows into C first (beta 1 then) */
+    bool bias_bf16;     /* bias or fill_bias from a bf16 copy of the f32 bias (a bf16 C) */
     double alpha, beta; /* as cuBLASLt gets them */
 } nb__lt_plan;
 
@@ -103,7 +114,8 @@ static inline nb_status nb__lt_plan_of(const nb__gemm_args *g, unsigned flags, n
     case NB_BF16:
         p->ab_type = CUDA_R_16BF;
         p->c_type = g->c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-        p->bias_type = p->scale_type = CUDA_R_32F;
+        p->scale_type = CUDA_R_32F;
+        p->bias_type = p->c_type; /* the documented bias type: the output's */
         p->compute = CUBLAS_COMPUTE_32F;
         p->ab_size = 2;
         p->c_size = g->c_bf16 ? 2 : 4;
@@ -120,12 +132,11 @@ static inline nb_status nb__lt_plan_of(const nb__gemm_args *g, unsigned flags, n
     p->alpha = g->alpha;
     p->beta = g->beta;
     if (g->bias && g->beta == 1.0 && (flags & NB__LT_FILL_BIAS)) {
-        if (g->c_bf16)
-            return nb__error(NB_EUNSUPPORTED, "matmul: the cuda kernel cannot add an f32 bias "
-                                              "to a bf16 result without cuBLASLt's epilogue");
         p->fill_bias = true;
+        p->bias_bf16 = g->c_bf16;
     } else if (g->bias && g->beta == 1.0) {
         p->bias = true;
+        p->bias_bf16 = g->c_bf16;
         p->beta = 0.0;
     } else if (g->bias && g->beta != 0.0) {
         return nb__error(NB_EUNSUPPORTED,

@@ -64,6 +64,14 @@ nb_status nb__cuda_kerr_check(int device, const char *what) {
     if (!seen.set) return NB_OK;
     int nk = (int)(sizeof g_names / sizeof g_names[0]);
     const char *k = seen.kernel >= 0 && seen.kernel < nk ? g_names[seen.kernel] : "?";
+    /* A class target: the CPU's message for it (cpu/loss.c), so a test or a user sees the
+     * same words on both devices. */
+    if (seen.kernel == NB__CUDA_K_cross_entropy || seen.kernel == NB__CUDA_K_nll_loss)
+        return nb__error(NB_EINDEX,
+                         "%s: a CUDA kernel found a bad value: %s: target %lld is out of range "
+                         "for %lld classes (the kernel skipped it; reported at this "
+                         "synchronization, the first one after it ran)",
+                         what, k, (long long)seen.value, (long long)seen.bound);
     return nb__error(NB_EINDEX,
                      "%s: a CUDA kernel found a bad index: %s: index %lld is out of range for "
                      "dim %d of size %lld (the kernel skipped it; reported at this "

@@ -1,7 +1,9 @@
 /* nccl.c - NCCL in the plugin (meson feature `nccl`; cuda/nccl_none.c otherwise): the
  * communicator handles and the operations that libnabla's NCCL communicator backend
  * (parallel/comm_nccl.c) drives through the plugin table (cuda/plugin.h, docs/cuda.md
- * "NCCL"). Only the plugin links NCCL; libnabla never sees an NCCL header.
+ * "NCCL"). libnabla never sees an NCCL header, and the plugin does not link NCCL either: it
+ * opens the library at run time (cuda/nccl_dl.h), so a machine without NCCL still loads the
+ * plugin.
  *
  * UNVERIFIED ON A GPU: this file was compiled and linked on a machine without a GPU. What
  * ran there is ncclGetVersion and ncclGetUniqueId (they need no GPU) and the error paths
@@ -24,14 +26,9 @@
 #include <string.h>
 #include <time.h>
 
-/* nccl.h declares a few functions with () for (void) */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstrict-prototypes"
-#include <nccl.h>
-#pragma GCC diagnostic pop
-
 #include "cuda/cuda_impl.h"
 #include "cuda/khelp.h"
+#include "cuda/nccl_dl.h" /* <nccl.h>, and every NCCL call through the run-time table */
 #include "cuda/policy.h"
 #include "nabla/parallel.h" /* nb_reduce_op */
 #include "tensor/error.h"
@@ -79,13 +76,26 @@ static nb_status nccl_error(ncclResult_t r, ncclComm_t comm, const char *what) {
                      last && *last ? ")" : "");
 }
 
+/* 0 when the NCCL library is missing at run time (cuda/nccl_dl.h): then libnabla moves
+ * CUDA tensors through host memory, as with a plugin built without NCCL, and
+ * nb_cuda_libraries() says why. */
 long nb__cuda_nccl_version(void) {
     int v = 0;
-    return ncclGetVersion(&v) == ncclSuccess ? (long)v : 0;
+    return nb__nccl_load() && ncclGetVersion(&v) == ncclSuccess ? (long)v : 0;
+}
+
+const char *nb__cuda_nccl_why(void) { return nb__nccl_why(); }
+
+/* The two entries that start NCCL work; everything else takes a communicator they made. */
+static nb_status need_nccl(const char *what) {
+    if (nb__nccl_load()) return NB_OK;
+    return nb__error(NB_EUNSUPPORTED, "%s: the NCCL library could not be opened: %s", what,
+                     nb__nccl_why());
 }
 
 nb_status nb__cuda_nccl_unique_id(void *id) {
     if (!id) return nb__error(NB_ENULL, "nccl_unique_id: id is NULL");
+    if (need_nccl("nccl_unique_id") != NB_OK) return nb_last_status();
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
     if (r != ncclSuccess) return nccl_error(r, NULL, "nccl_unique_id: ncclGetUniqueId");
@@ -130,7 +140,7 @@ nb__nccl_comm *nb__cuda_nccl_comm_new(int device, int nranks, int rank, const vo
         nb__error(NB_EINVAL, "%s: rank %d of %d ranks", what, rank, nranks);
         return NULL;
     }
-    if (nb__cuda_resolve(device, &dev, what) != NB_OK) return NULL;
+    if (need_nccl(what) != NB_OK || nb__cuda_resolve(device, &dev, what) != NB_OK) return NULL;
     nb__nccl_comm *c = comm_alloc(dev, nranks, rank);
     if (!c) return NULL;
     if (nb__cuda_enter(dev, &prev, what) != NB_OK) {

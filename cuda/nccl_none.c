@@ -9,6 +9,7 @@
               "with -Dnccl=enabled where NCCL is installed)", what)
 
 long nb__cuda_nccl_version(void) { return 0; }
+const char *nb__cuda_nccl_why(void) { return "the plugin was built without NCCL"; }
 nb_status nb__cuda_nccl_unique_id(void *id) {
     (void)id;
     return NONE("nccl_unique_id");

@@ -39,7 +39,7 @@ _Noreturn void nb__assert_fail(const char *file, int line, const char *cond) {
 }
 
 /* ---- the table ---------------------------------------------------------------------------- */
-static char g_libraries[160];
+static char g_libraries[1400];
 
 static const nb__cuda_plugin g_plugin = {
     .abi = NB__CUDA_PLUGIN_ABI,
@@ -110,16 +110,24 @@ nb__cuda_plugin_init(const nb__cuda_host *host, const nb__cuda_plugin **out, cha
         return NB_EUNSUPPORTED;
     }
     g_host = host;
+    /* cuDNN and NCCL are opened here, at run time (cuda/dl.h): a missing one disables only
+     * what needs it, and this string says why. */
     long cudnn = nb__cuda_cudnn_version();
-    char dnn[48] = "no cuDNN";
+    char dnn[600] = "";
     if (cudnn > 0)
         snprintf(dnn, sizeof dnn, "cuDNN %ld.%ld.%ld", cudnn / 10000, cudnn / 100 % 100,
                  cudnn % 100);
+    else
+        snprintf(dnn, sizeof dnn, "no cuDNN (%.500s: convolutions by im2col + cuBLAS)",
+                 nb__cuda_cudnn_why());
     long nccl = nb__cuda_nccl_version();
-    char ccl[48] = "no NCCL";
+    char ccl[600] = "";
     if (nccl > 0) /* 2.28.9 is 22809 (NCCL_VERSION: major * 10000 + minor * 100 + patch) */
         snprintf(ccl, sizeof ccl, "NCCL %ld.%ld.%ld", nccl / 10000, nccl / 100 % 100,
                  nccl % 100);
+    else
+        snprintf(ccl, sizeof ccl, "no NCCL (%.500s: collectives of CUDA tensors through host "
+                 "memory)", nb__cuda_nccl_why());
     snprintf(g_libraries, sizeof g_libraries, "CUDA runtime %d.%d, cuBLAS %d.%d.%d, %s, %s",
              CUDART_VERSION / 1000, CUDART_VERSION / 10 % 100, CUBLAS_VER_MAJOR,
              CUBLAS_VER_MINOR, CUBLAS_VER_PATCH, dnn, ccl);

@@ -185,11 +185,7 @@ nb_dataset *nb__mem_dataset(const char *name, nb_tensor *x, nb_tensor *y,
 static nb_tensor *host_copy(nb_tensor *t, const char *op, const char *what) {
     if (nb__host_accessible(t)) return t;
     nb_tensor *h = nb_to_device(t, NB_CPU);
-    if (!h) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", nb_last_error());
-        nb__error(nb_last_status(), "%s: %s cannot be copied to the host: %s", op, what, why);
-    }
+    if (!h) nb_wrap_error(nb_last_status(), "%s: %s cannot be copied to the host", op, what);
     return h;
 }
 

@@ -29,6 +29,7 @@
 
 #include "data/data_impl.h"
 #include "tensor/backend.h"
+#include "tensor/handle.h"
 #include "tensor/trace.h"
 
 #define NB__LOADER_MAX_PREFETCH 64
@@ -48,6 +49,7 @@ typedef struct {
 } nb__slot;
 
 struct nb_loader {
+    nb__obj h; /* a checked handle (tensor/handle.h) */
     nb_dataset *ds;
     nb_loader_opts o;
     int64_t len, per_rank, num_batches, tail;
@@ -334,7 +336,7 @@ nb_loader *nb_loader_new(nb_dataset *ds, const nb_loader_opts *opts) {
         return NULL;
     }
 
-    nb_loader *l = calloc(1, sizeof *l);
+    nb_loader *l = nb__obj_alloc(sizeof *l, NB__OBJ_LOADER);
     if (!l) {
         nb__error(NB_ENOMEM, "%s: out of memory", op);
         return NULL;
@@ -369,7 +371,7 @@ nb_loader *nb_loader_new(nb_dataset *ds, const nb_loader_opts *opts) {
 }
 
 void nb_loader_free(nb_loader *l) {
-    if (!l) return;
+    if (!l || !nb__obj_ok(l, NB__OBJ_LOADER, "loader_free")) return;
     stop_thread(l);
     if (l->slots)
         for (int i = 0; i < l->nslots; i++) {
@@ -387,7 +389,7 @@ void nb_loader_free(nb_loader *l) {
     pthread_cond_destroy(&l->cv_free);
     pthread_cond_destroy(&l->cv_ready);
     pthread_mutex_destroy(&l->mu);
-    free(l);
+    nb__obj_free(l);
 }
 
 /* ---- consuming ------------------------------------------------------------------------------ */
@@ -436,6 +438,7 @@ static bool loader_next(nb_loader *l, nb_batch *b);
 /* A span per call ("loader next"), with the time spent waiting for the prefetch thread as a
  * span of its own inside ("loader wait"): data loading that was not hidden. */
 bool nb_loader_next(nb_loader *l, nb_batch *b) {
+    if (l && !nb__obj_ok(l, NB__OBJ_LOADER, "loader_next")) return false;
     int tok = NB__SPAN_BEGIN("loader next", NULL, NB__CAT_DATA);
     bool ok = loader_next(l, b);
     NB__SPAN_END(tok);
@@ -493,12 +496,16 @@ static bool loader_next(nb_loader *l, nb_batch *b) {
     return deliver(l, s, b);
 }
 
-nb_status nb_loader_error(const nb_loader *l) { return l ? l->err : NB_ENULL; }
+nb_status nb_loader_error(const nb_loader *l) {
+    return !l ? NB_ENULL : nb__obj_ok(l, NB__OBJ_LOADER, "loader_error") ? l->err : NB_EFREED;
+}
 
-int64_t nb_loader_num_batches(const nb_loader *l) { return l ? l->num_batches : -1; }
+int64_t nb_loader_num_batches(const nb_loader *l) {
+    return l && nb__obj_ok(l, NB__OBJ_LOADER, "loader_num_batches") ? l->num_batches : -1;
+}
 
 int64_t nb_loader_num_samples(const nb_loader *l) {
-    if (!l) return -1;
+    if (!l || !nb__obj_ok(l, NB__OBJ_LOADER, "loader_num_samples")) return -1;
     return l->o.drop_last ? l->num_batches * l->o.batch_size : l->per_rank;
 }
 
@@ -506,6 +513,7 @@ nb_status nb_loader_get_state(const nb_loader *l, nb_loader_state *out) {
     if (!l || !out)
         return nb__error(NB_ENULL, "loader_get_state: argument '%s' is NULL",
                          l ? "out" : "loader");
+    if (!nb__obj_ok(l, NB__OBJ_LOADER, "loader_get_state")) return nb_last_status();
     *out = (nb_loader_state){.epoch = l->ce, .batch = l->cb};
     return NB_OK;
 }
@@ -514,6 +522,7 @@ nb_status nb_loader_set_state(nb_loader *l, const nb_loader_state *st) {
     if (!l || !st)
         return nb__error(NB_ENULL, "loader_set_state: argument '%s' is NULL",
                          l ? "state" : "loader");
+    if (!nb__obj_ok(l, NB__OBJ_LOADER, "loader_set_state")) return nb_last_status();
     if (st->epoch < 0 || st->batch < 0 || st->batch > l->num_batches)
         return nb__error(NB_EINVAL, "loader_set_state: position (epoch %lld, batch %lld) is "
                          "outside [0, inf) x [0, %lld] for this loader",

@@ -1,6 +1,6 @@
 /* fuzz_safetensors.c - nb_safetensors_open on arbitrary bytes, then everything a handle
- * answers: names, lookups, header info, metadata, and each tensor both as a view of the
- * mapped file and as a copy, with their data read. */
+ * answers: names, lookups, header info, metadata, each tensor both as a view of the mapped
+ * file and as a copy with their data read, and the recorded checksums (verify). */
 #include <string.h>
 
 #include "fuzz.h"
@@ -48,6 +48,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (k) FUZZ_CHECK(nb_safetensors_metadata(f, k) != NULL);
         }
         FUZZ_CHECK(nb_safetensors_get(f, "no such tensor \x01") == NULL);
+        int checked = -1; /* the recorded checksums (nabla's files have them) */
+        if (nb_safetensors_verify(f, &checked) == NB_OK) FUZZ_CHECK(checked >= 0 && checked <= n);
         nb_safetensors_close(f);
     }
     if (keep) read_all(keep); /* the mapping outlives the handle */

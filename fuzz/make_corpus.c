@@ -8,6 +8,8 @@
 
 #include "ckpt_objects.h"
 #include "fuzz.h"
+#include "module_model.h"
+#include "nabla/gpt.h"
 #include "nabla/data.h"
 #include "nabla/io.h"
 #include "nabla/random.h"
@@ -131,6 +133,38 @@ static void checkpoint(void) {
     ckpt_objects_free(&o);
 }
 
+static void module(void) {
+    char path[512];
+    nb_module *m = fuzz_module_model(6), *other = fuzz_module_model(5);
+    if (!m || !other) fail("module");
+    nb_module_train(m, false); /* running statistics in the file too */
+    path_of(path, sizeof path, "module", "model.safetensors");
+    if (nb_module_save(m, path) != NB_OK) fail("module");
+    path_of(path, sizeof path, "module", "other-shapes.safetensors");
+    if (nb_module_save(other, path) != NB_OK) fail("module");
+    nb_module_free(m);
+    nb_module_free(other);
+    damaged_copies("module", "model.safetensors", 0.7, 40);
+}
+
+static void gpt(void) {
+    char path[512];
+    nb_gpt_config cfg = {.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 1,
+                         .n_embd = 8};
+    nb_generator *g = nb_generator_new(3);
+    nb_module *m = g ? nb_gpt_new(&cfg, g) : NULL;
+    if (!m) fail("gpt");
+    path_of(path, sizeof path, "gpt", "model.safetensors");
+    if (nb_module_save(m, path) != NB_OK) fail("gpt");
+    /* a checkpoint: the weights under "model." */
+    nb_checkpoint c = {.model = m, .step = 1};
+    path_of(path, sizeof path, "gpt", "model.ckpt");
+    if (nb_checkpoint_save(path, &c) != NB_OK) fail("gpt");
+    nb_module_free(m);
+    nb_generator_free(g);
+    damaged_copies("gpt", "model.safetensors", 0.6, 60);
+}
+
 static void idx(void) {
     char path[512];
     nb_tensor *img = nb_arange(0, 48, 1, NB_U8);
@@ -211,6 +245,8 @@ int main(int argc, char **argv) {
     mkdir(g_dir, 0755);
     safetensors();
     checkpoint();
+    module();
+    gpt();
     idx();
     text();
     shape();

@@ -1,6 +1,11 @@
 /* checkpoint_writer.c - asynchronous ("flash") checkpoints (nabla/checkpoint.h): the caller's
- * thread copies the state into reused host snapshot tensors, a background thread writes them
- * with the synchronous path's writer (io_impl.h), so the bytes are the same. */
+ * thread plans the save as nb_checkpoint_save does (dcp_save.c) and copies this rank's
+ * tensors into reused host snapshot tensors; a background thread writes this rank's file
+ * from them with the synchronous path's writer, so the bytes are the same. What needs the
+ * other ranks (agreeing that every file is durable, the index, rotation of folders) happens
+ * at the next call on the writer: _save, _wait.
+ * A writer is a checked handle (tensor/handle.h): used after nb_checkpoint_writer_free it is an
+ * error value, and a save refuses a checkpoint whose objects were freed. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -8,13 +13,15 @@
 #include <string.h>
 #include <time.h>
 
+#include "io/dcp_impl.h"
 #include "io/io_impl.h"
 #include "nabla/autograd.h"
-#include "nabla/checkpoint.h"
+#include "tensor/handle.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/trace.h"
 
 struct nb_checkpoint_writer {
+    nb__obj h; /* a checked handle (tensor/handle.h) */
     nb_checkpoint_writer_opts opts;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -23,23 +30,15 @@ struct nb_checkpoint_writer {
     bool busy; /* a snapshot is being or about to be written: the buffers are the thread's */
     bool quit;
     int slow_ms; /* NB_TEST_SLOW_WRITE_MS */
-    /* the snapshot: n entries, names and host tensors reused while they match */
-    int n, cap;
+    /* the snapshot: names and host tensors reused while they match */
+    int cap;
     char **names;
     nb_tensor **snap;
-    /* metadata: keys[i], vals[i] point into text */
-    int m, mcap;
-    const char **keys, **vals;
-    char *text;
-    size_t text_cap;
-    char base[4096];
-    char path[4400];
-    bool rotate; /* after the write: base's series, newest opts.keep kept */
-    nb__zero_pending zero; /* zero_ckpt.c's sharded save in flight */
-    int64_t step;
-    /* a failed write not yet reported */
-    nb_status err;
-    char err_msg[1024];
+    /* the save in flight or not yet finished (pending: its finish is still to run) */
+    dcp_job j;
+    bool pending;
+    nb_status wst; /* the thread's result for j, not yet reported */
+    char wmsg[1024];
     nb_checkpoint_writer_stats stats;
 };
 
@@ -59,18 +58,16 @@ static void *writer_main(void *arg) {
         w->job = false;
         pthread_mutex_unlock(&w->mu);
         int64_t t0 = now_ns();
-        nb_status st = nb__checkpoint_write(w->path, (const char *const *)w->names, w->snap, w->n,
-                                            w->keys, w->vals, w->m);
-        if (st == NB_OK && w->rotate) nb__checkpoint_rotate(w->base, w->opts.keep, w->path);
+        nb_status st = dcp_job_write(&w->j);
         int64_t dt = now_ns() - t0;
         pthread_mutex_lock(&w->mu);
+        w->wst = st;
         if (st != NB_OK) {
-            w->err = st;
-            snprintf(w->err_msg, sizeof w->err_msg, "%s", nb_last_error());
+            snprintf(w->wmsg, sizeof w->wmsg, "%s", nb_last_error());
             nb_clear_error();
             w->stats.failed++;
         } else {
-            w->stats.written++;
+            w->stats.written += w->j.writes;
         }
         w->stats.write_ns_last = dt;
         w->stats.write_ns_total += dt;
@@ -83,17 +80,12 @@ static void *writer_main(void *arg) {
 
 nb_checkpoint_writer *nb_checkpoint_writer_new(const nb_checkpoint_writer_opts *opts) {
     nb_checkpoint_writer_opts o = opts ? *opts : (nb_checkpoint_writer_opts){0};
-    if (o.keep < 0) {
-        nb__error(NB_EINVAL, "checkpoint_writer_new: keep must be 0 (one file) or at least 1, "
-                  "got %d", o.keep);
-        return NULL;
-    }
     if (o.policy != NB_CKPT_WAIT && o.policy != NB_CKPT_SKIP) {
         nb__error(NB_EINVAL, "checkpoint_writer_new: unknown policy %d (NB_CKPT_WAIT or "
                   "NB_CKPT_SKIP)", (int)o.policy);
         return NULL;
     }
-    nb_checkpoint_writer *w = calloc(1, sizeof *w);
+    nb_checkpoint_writer *w = nb__obj_alloc(sizeof *w, NB__OBJ_CKPT_WRITER);
     if (!w) {
         nb__error(NB_ENOMEM, "checkpoint_writer_new: out of memory");
         return NULL;
@@ -107,7 +99,7 @@ nb_checkpoint_writer *nb_checkpoint_writer_new(const nb_checkpoint_writer_opts *
     if (e) {
         pthread_cond_destroy(&w->cv);
         pthread_mutex_destroy(&w->mu);
-        free(w);
+        nb__obj_free(w);
         nb__error(NB_ENOMEM, "checkpoint_writer_new: cannot start the writer thread: %s",
                   strerror(e));
         return NULL;
@@ -120,12 +112,25 @@ static void wait_idle(nb_checkpoint_writer *w) {
     while (w->busy) pthread_cond_wait(&w->cv, &w->mu);
 }
 
-/* With w->mu held: the failed write's error, now reported (NB_OK if none). */
-static nb_status take_error(nb_checkpoint_writer *w) {
-    if (w->err == NB_OK) return NB_OK;
-    nb_status st = w->err;
-    w->err = NB_OK;
-    return nb__error(st, "%s", w->err_msg);
+/* The thread's result for the pending save, as this thread's error (NB_OK if none). */
+static nb_status take_result(nb_checkpoint_writer *w) {
+    nb_status st = w->wst;
+    w->wst = NB_OK;
+    return st == NB_OK ? NB_OK : nb__error(st, "%s", w->wmsg);
+}
+
+/* Finish the pending save (collective for a save over several ranks): wait for its write,
+ * agree, write its index. NB_OK when none. */
+static nb_status finish(nb_checkpoint_writer *w, const char *op) {
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w);
+    nb_status st = take_result(w);
+    pthread_mutex_unlock(&w->mu);
+    if (!w->pending) return st;
+    w->pending = false;
+    st = dcp_job_finish(&w->j, st, op);
+    dcp_job_free(&w->j);
+    return st;
 }
 
 static bool same_layout(const nb_tensor *a, const nb_tensor *b) {
@@ -135,9 +140,10 @@ static bool same_layout(const nb_tensor *a, const nb_tensor *b) {
     return true;
 }
 
-/* Entry i of the snapshot: name and a host tensor of src's shape and dtype holding a copy of
- * src's values (the buffers of the last save when they fit). */
-static nb_status snapshot_entry(nb_checkpoint_writer *w, int i, const char *name, nb_tensor *src) {
+/* Entry i of the snapshot: a host tensor of src's shape and dtype holding a copy of src's
+ * values (the buffer of the last save under that name when it fits). */
+static nb_status snapshot_entry(nb_checkpoint_writer *w, int i, const char *name, nb_tensor *src,
+                                nb_tensor **out) {
     if (i >= w->cap) {
         int cap = w->cap ? 2 * w->cap : 64;
         while (cap <= i) cap *= 2;
@@ -160,13 +166,11 @@ static nb_status snapshot_entry(nb_checkpoint_writer *w, int i, const char *name
         w->snap[i] = NULL;
     }
     if (!w->snap[i]) { /* a host tensor (pinned memory, for GPU state, once there is any) */
-        nb_device prev = nb_default_device();
-        nb_set_default_device(NB_CPU);
-        nb_tensor *t = nb_empty(src->shape, src->ndim, src->dtype);
-        nb_set_default_device(prev);
+        nb_tensor *t = nb_empty_on(NB_CPU, src->shape, src->ndim, src->dtype);
         if (!t) return nb_last_status();
         w->snap[i] = nb__scope_take(t);
     }
+    *out = w->snap[i];
     size_t nbytes = (size_t)nb_numel(src) * nb_dtype_size(src->dtype);
     if (nbytes == 0) return NB_OK;
     if (nb__host_accessible(src) && nb_is_contiguous(src)) {
@@ -182,82 +186,74 @@ static nb_status snapshot_entry(nb_checkpoint_writer *w, int i, const char *name
     return st;
 }
 
-/* The metadata pairs copied into the writer's text (the caller's strings may change while
- * the file is written). */
-static nb_status snapshot_meta(nb_checkpoint_writer *w, const char *const *keys,
-                               const char *const *vals, int m) {
-    size_t need = 1;
-    for (int i = 0; i < m; i++) need += strlen(keys[i]) + strlen(vals[i]) + 2;
-    if (m > w->mcap) {
-        const char **k = realloc(w->keys, sizeof(char *) * (size_t)m);
-        if (k) w->keys = k;
-        const char **v = k ? realloc(w->vals, sizeof(char *) * (size_t)m) : NULL;
-        if (!v) return nb__error(NB_ENOMEM, "checkpoint_writer_save: out of memory");
-        w->vals = v;
-        w->mcap = m;
-    }
-    if (need > w->text_cap) {
-        char *t = realloc(w->text, need);
-        if (!t) return nb__error(NB_ENOMEM, "checkpoint_writer_save: out of memory");
-        w->text = t;
-        w->text_cap = need;
-    }
-    char *p = w->text;
-    for (int i = 0; i < m; i++) {
-        size_t lk = strlen(keys[i]) + 1, lv = strlen(vals[i]) + 1;
-        w->keys[i] = memcpy(p, keys[i], lk), p += lk;
-        w->vals[i] = memcpy(p, vals[i], lv), p += lv;
-    }
-    w->m = m;
-    return NB_OK;
-}
-
-/* exact: base is the file to write (no series), with nx more metadata pairs. */
-static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb_checkpoint *c,
-                             bool exact, const char *const *xkeys, const char *const *xvals,
-                             int nx) {
+static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb_checkpoint *c) {
     const char *op = "checkpoint_writer_save";
-    pthread_mutex_lock(&w->mu);
-    if (w->busy && w->opts.policy == NB_CKPT_SKIP) { /* an earlier failure is still news */
-        nb_status st = take_error(w);
-        if (st == NB_OK) w->stats.skipped++;
+    dcp_world wd;
+    nb_status st = dcp_world_of(c, &wd, op);
+    if (st != NB_OK) return st;
+    if (wd.comm && w->opts.policy == NB_CKPT_SKIP)
+        return nb__error(NB_EINVAL, "%s: the writer's policy is NB_CKPT_SKIP, but this "
+                         "checkpoint is saved by %d ranks together (every rank must write every "
+                         "save): use NB_CKPT_WAIT", op, wd.size);
+    if (!wd.comm && w->opts.policy == NB_CKPT_SKIP) {
+        pthread_mutex_lock(&w->mu);
+        bool busy = w->busy;
+        nb_status e = busy ? take_result(w) : NB_OK; /* an earlier failure is still news */
+        if (busy && e == NB_OK) w->stats.skipped++;
         pthread_mutex_unlock(&w->mu);
+        if (busy) return e;
+    }
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w);
+    nb_status prev_local = take_result(w); /* the write just waited for */
+    pthread_mutex_unlock(&w->mu);
+    /* No write in flight: the buffers are ours until the job is handed over. The previous
+     * save is agreed on in this save's one collective; rank 0 writes its index on the
+     * thread, before this save's file. */
+    int tok = NB__SPAN_BEGIN("checkpoint snapshot", NULL, NB__CAT_IO);
+    dcp_job j;
+    st = dcp_job_begin(base, c, &j, w->pending ? &w->j : NULL, prev_local, op);
+    if (w->pending) {
+        dcp_job_free(&w->j);
+        w->pending = false;
+    } else if (st == NB_OK && prev_local != NB_OK) {
+        st = prev_local; /* (a save that was not pending cannot have failed: defensive) */
+    }
+    if (st != NB_OK) {
+        NB__SPAN_END(tok);
+        dcp_job_free(&j);
         return st;
     }
-    wait_idle(w);
-    nb_status st = take_error(w); /* also the write just waited for */
-    pthread_mutex_unlock(&w->mu);
-    if (st != NB_OK) return st;
-    /* No write in flight: the buffers are ours until the job is handed over. */
-    st = nb__checkpoint_target(base, c->step, exact ? 0 : w->opts.keep, w->path, sizeof w->path,
-                               op);
-    w->rotate = !exact && w->opts.keep > 0;
-    if (st == NB_OK && w->rotate) {
-        if (strlen(base) >= sizeof w->base)
-            st = nb__error(NB_EINVAL, "%s: path too long: %s", op, base);
-        else
-            snprintf(w->base, sizeof w->base, "%s", base);
-    }
-    if (st != NB_OK) return st;
-    int tok = NB__SPAN_BEGIN("checkpoint snapshot", NULL, NB__CAT_IO);
-    nb__ckpt_parts p;
-    st = nb__checkpoint_collect(c, xkeys, xvals, nx, &p);
-    for (int i = 0; st == NB_OK && i < p.list.count; i++)
-        st = snapshot_entry(w, i, p.list.names[i], p.list.tensors[i]);
-    if (st == NB_OK) st = snapshot_meta(w, p.keys, p.vals, p.m);
-    if (st == NB_OK) {
-        for (int i = p.list.count; i < w->n; i++) { /* entries the state no longer has */
-            nb_tensor_free(w->snap[i]);
-            free(w->names[i]);
-            w->snap[i] = NULL, w->names[i] = NULL;
+    for (int i = 0; st == NB_OK && i < j.n; i++) {
+        nb_tensor *snap = NULL;
+        st = snapshot_entry(w, i, j.names[i], j.tensors[i], &snap);
+        if (st == NB_OK) {
+            nb_tensor_free(j.tensors[i]);
+            j.tensors[i] = nb_tensor_retain(snap);
         }
-        w->n = p.list.count;
-        w->step = c->step;
     }
-    nb__checkpoint_parts_free(&p, c);
+    nb_optim_state_release(c->optim);
+    nb_sched_state_release(c->sched);
     NB__SPAN_END(tok);
-    if (st != NB_OK) return st;
+    if (st != NB_OK && !j.w.comm) { /* one process: the error now, nothing saved */
+        dcp_job_free(&j);
+        return st;
+    }
+    if (st != NB_OK) { /* several ranks: the job goes on, failed, so the next call on every
+                        * rank reports it (and the save gets no index) */
+        j.err = st;
+        snprintf(j.errmsg, sizeof j.errmsg, "%s", nb_last_error());
+        j.writes = false;
+        nb_clear_error();
+    }
+    for (int i = j.n; i < w->cap && w->snap[i]; i++) { /* entries the state no longer has */
+        nb_tensor_free(w->snap[i]);
+        free(w->names[i]);
+        w->snap[i] = NULL, w->names[i] = NULL;
+    }
     pthread_mutex_lock(&w->mu);
+    w->j = j;
+    w->pending = true;
     w->busy = w->job = true;
     w->stats.saves++;
     pthread_cond_broadcast(&w->cv);
@@ -265,13 +261,32 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
     return NB_OK;
 }
 
+/* The objects a checkpoint borrows are alive (a save reads them all; NULL ones are not
+ * saved). */
+static nb_status ckpt_objects_ok(const nb_checkpoint *c, const char *op) {
+    bool ok = (!c->model || nb__obj_ok(c->model, NB__OBJ_MODULE, op)) &&
+              (!c->optim || nb__obj_ok(c->optim, NB__OBJ_OPTIM, op)) &&
+              (!c->sched || nb__obj_ok(c->sched, NB__OBJ_SCHED, op)) &&
+              (!c->loader || nb__obj_ok(c->loader, NB__OBJ_LOADER, op)) &&
+              (!c->scaler || nb__obj_ok(c->scaler, NB__OBJ_SCALER, op));
+    for (int i = 0; ok && i < c->ngens; i++)
+        ok = nb__obj_ok(c->gens[i], NB__OBJ_GENERATOR, op);
+    return ok ? NB_OK : nb_last_status();
+}
+
 nb_status nb_checkpoint_writer_save(nb_checkpoint_writer *w, const char *base,
                                     const nb_checkpoint *c) {
     if (!w || !base || !c || !c->model)
         return nb__error(NB_ENULL, "checkpoint_writer_save: %s is NULL",
                          !w ? "the writer" : !base ? "path" : !c ? "the checkpoint" : "the model");
+    if (!nb__obj_ok(w, NB__OBJ_CKPT_WRITER, "checkpoint_writer_save") ||
+        ckpt_objects_ok(c, "checkpoint_writer_save") != NB_OK)
+        return nb_last_status();
+    if (c->keep < 0)
+        return nb__error(NB_EINVAL, "checkpoint_writer_save: keep must be 0 (path itself) or at "
+                         "least 1, got %d", c->keep);
     int64_t t0 = now_ns();
-    nb_status st = writer_save(w, base, c, false, NULL, NULL, 0);
+    nb_status st = writer_save(w, base, c);
     int64_t dt = now_ns() - t0;
     pthread_mutex_lock(&w->mu);
     w->stats.stall_ns_last = dt;
@@ -282,16 +297,13 @@ nb_status nb_checkpoint_writer_save(nb_checkpoint_writer *w, const char *base,
 
 nb_status nb_checkpoint_writer_wait(nb_checkpoint_writer *w) {
     if (!w) return nb__error(NB_ENULL, "checkpoint_writer_wait: the writer is NULL");
-    pthread_mutex_lock(&w->mu);
-    wait_idle(w);
-    nb_status st = take_error(w);
-    pthread_mutex_unlock(&w->mu);
-    return st;
+    if (!nb__obj_ok(w, NB__OBJ_CKPT_WRITER, "checkpoint_writer_wait")) return nb_last_status();
+    return finish(w, "checkpoint_writer_wait");
 }
 
 void nb_checkpoint_writer_get_stats(nb_checkpoint_writer *w, nb_checkpoint_writer_stats *out) {
     if (!out) return;
-    if (!w) {
+    if (!w || !nb__obj_ok(w, NB__OBJ_CKPT_WRITER, "checkpoint_writer_get_stats")) {
         memset(out, 0, sizeof *out);
         return;
     }
@@ -302,43 +314,25 @@ void nb_checkpoint_writer_get_stats(nb_checkpoint_writer *w, nb_checkpoint_write
 
 nb_status nb_checkpoint_writer_free(nb_checkpoint_writer *w) {
     if (!w) return NB_OK;
+    if (!nb__obj_ok(w, NB__OBJ_CKPT_WRITER, "checkpoint_writer_free")) return nb_last_status();
     pthread_mutex_lock(&w->mu);
     wait_idle(w);
     w->quit = true;
     pthread_cond_broadcast(&w->cv);
-    nb_status st = take_error(w);
+    nb_status st = take_result(w);
     pthread_mutex_unlock(&w->mu);
     pthread_join(w->thread, NULL);
+    /* a save of several ranks not finished with _wait gets no index: the previous one stays;
+     * a plain file is complete once written */
+    dcp_job_free(&w->j);
     for (int i = 0; i < w->cap; i++) {
         nb_tensor_free(w->snap[i]);
         free(w->names[i]);
     }
     free(w->snap);
     free(w->names);
-    free(w->keys);
-    free(w->vals);
-    free(w->text);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
-    free(w);
+    nb__obj_free(w);
     return st;
-}
-
-nb_status nb__checkpoint_writer_save_file(nb_checkpoint_writer *w, const char *path,
-                                         const nb_checkpoint *c, const char *const *xkeys,
-                                         const char *const *xvals, int nx) {
-    int64_t t0 = now_ns();
-    nb_status st = writer_save(w, path, c, true, xkeys, xvals, nx);
-    int64_t dt = now_ns() - t0;
-    pthread_mutex_lock(&w->mu);
-    w->stats.stall_ns_last = dt;
-    w->stats.stall_ns_total += dt;
-    pthread_mutex_unlock(&w->mu);
-    return st;
-}
-
-nb__zero_pending *nb__checkpoint_writer_zero(nb_checkpoint_writer *w) { return &w->zero; }
-
-bool nb__checkpoint_writer_skips(const nb_checkpoint_writer *w) {
-    return w->opts.policy == NB_CKPT_SKIP;
 }

@@ -32,6 +32,7 @@
 #include "io/io_impl.h"
 #include "nabla/io.h"
 #include "tensor/backend.h"
+#include "tensor/handle.h"
 #include "tensor/tensor_impl.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -157,6 +158,7 @@ typedef struct st_entry {
 } st_entry;
 
 struct nb_safetensors {
+    nb__obj h; /* a checked handle (tensor/handle.h) */
     char *path;
     st_map *map;
     const unsigned char *data; /* the data buffer, after the header */
@@ -178,10 +180,14 @@ static void handle_free(nb_safetensors *f) {
     free(f->meta_keys);
     free(f->meta_values);
     free(f->path);
-    free(f);
+    nb__obj_free(f);
 }
 
-void nb_safetensors_close(nb_safetensors *f) { handle_free(f); }
+/* A live handle, or quietly false for NULL (the error set for a closed one). */
+#define LIVE(f, op) ((f) && nb__obj_ok((f), NB__OBJ_SAFETENSORS, (op)))
+void nb_safetensors_close(nb_safetensors *f) {
+    if (LIVE(f, "safetensors_close")) handle_free(f);
+}
 
 /* "[2,3]" for a shape, with "..." past NB_MAX_DIMS stored dims. */
 static const char *shape_str(const st_entry *e, char *buf) {
@@ -404,10 +410,10 @@ nb_safetensors *nb_safetensors_open(const char *path) {
         close(fd);
         return NULL;
     }
-    nb_safetensors *f = calloc(1, sizeof *f);
+    nb_safetensors *f = nb__obj_alloc(sizeof *f, NB__OBJ_SAFETENSORS);
     if (f) f->path = strdup(path);
     if (!f || !f->path) {
-        free(f);
+        nb__obj_free(f);
         close(fd);
         nb__error(NB_ENOMEM, "safetensors_open: out of memory");
         return NULL;
@@ -422,15 +428,19 @@ nb_safetensors *nb_safetensors_open(const char *path) {
 }
 
 /* ---- queries ------------------------------------------------------------------------------------- */
-const char *nb_safetensors_path(const nb_safetensors *f) { return f ? f->path : NULL; }
-int nb_safetensors_count(const nb_safetensors *f) { return f ? f->count : 0; }
+const char *nb_safetensors_path(const nb_safetensors *f) {
+    return LIVE(f, "safetensors_path") ? f->path : NULL;
+}
+int nb_safetensors_count(const nb_safetensors *f) {
+    return LIVE(f, "safetensors_count") ? f->count : 0;
+}
 
 const char *nb_safetensors_name(const nb_safetensors *f, int i) {
-    return f && i >= 0 && i < f->count ? f->entries[i].name : NULL;
+    return LIVE(f, "safetensors_name") && i >= 0 && i < f->count ? f->entries[i].name : NULL;
 }
 
 static const st_entry *find_entry(const nb_safetensors *f, const char *name) {
-    if (!f || !name) return NULL;
+    if (!LIVE(f, "safetensors_find") || !name) return NULL;
     st_entry key = {.name = name}, *kp = &key;
     st_entry **hit = bsearch(&kp, f->by_name, (size_t)f->count, sizeof(st_entry *), cmp_names);
     return hit ? *hit : NULL;
@@ -443,6 +453,7 @@ int nb_safetensors_find(const nb_safetensors *f, const char *name) {
 
 nb_status nb_safetensors_info_at(const nb_safetensors *f, int i, nb_safetensors_info *out) {
     if (!f || !out) return nb__error(NB_ENULL, "safetensors_info: %s is NULL", f ? "out" : "f");
+    if (!LIVE(f, "safetensors_info")) return nb_last_status();
     if (i < 0 || i >= f->count)
         return nb__error(NB_EINDEX, "safetensors_info: index %d is out of range for %s, which "
                          "holds %d tensors", i, f->path, f->count);
@@ -460,16 +471,19 @@ nb_status nb_safetensors_info_at(const nb_safetensors *f, int i, nb_safetensors_
 }
 
 const char *nb_safetensors_metadata(const nb_safetensors *f, const char *key) {
-    if (!f || !key) return NULL;
+    if (!LIVE(f, "safetensors_metadata") || !key) return NULL;
     for (int i = 0; i < f->nmeta; i++)
         if (strcmp(f->meta_keys[i], key) == 0) return f->meta_values[i];
     return NULL;
 }
 
-int nb_safetensors_metadata_count(const nb_safetensors *f) { return f ? f->nmeta : 0; }
+int nb_safetensors_metadata_count(const nb_safetensors *f) {
+    return LIVE(f, "safetensors_metadata_count") ? f->nmeta : 0;
+}
 
 const char *nb_safetensors_metadata_key(const nb_safetensors *f, int i) {
-    return f && i >= 0 && i < f->nmeta ? f->meta_keys[i] : NULL;
+    return LIVE(f, "safetensors_metadata_key") && i >= 0 && i < f->nmeta ? f->meta_keys[i]
+                                                                         : NULL;
 }
 
 /* ---- tensors ------------------------------------------------------------------------------------- */
@@ -478,6 +492,7 @@ static const st_entry *get_checked(nb_safetensors *f, const char *name, const ch
         nb__error(NB_ENULL, "%s: %s is NULL", op, f ? "name" : "f");
         return NULL;
     }
+    if (!LIVE(f, op)) return NULL;
     const st_entry *e = find_entry(f, name);
     if (!e) {
         nb__error(NB_EINVAL, "%s: %s has no tensor \"%s\"", op, f->path, name);
@@ -511,6 +526,7 @@ nb_status nb_safetensors_verify(nb_safetensors *f, int *checked) {
     const char *op = "safetensors_verify";
     if (checked) *checked = 0;
     if (!f) return nb__error(NB_ENULL, "%s: f is NULL", op);
+    if (!LIVE(f, op)) return nb_last_status();
     int n = 0;
     for (int i = 0; i < f->count; i++) {
         const st_entry *e = &f->entries[i];
@@ -579,6 +595,7 @@ typedef struct w_item {
     const char *name;
     nb_tensor *t;
     int rank;
+    int index; /* in the caller's list */
 } w_item;
 
 static int cmp_write_order(const void *a, const void *b) {
@@ -820,28 +837,26 @@ static bool parse_temp_tail(const char *s, long *pid) {
     return true;
 }
 
-/* Remove the temporary files that writers of path killed during a save left behind
- * (path.tmp-PID-N, same directory, whose PID no longer runs), so that repeated kills do not
- * fill the disk, and say so in one line on stderr. A file is kept when its PID is ours
- * (another thread may be writing it) or still runs (a reused PID only keeps a stale file,
- * never removes a live one), and when someone holds a lock on it: writers lock their
- * temporary file, which protects a live writer whose PID means nothing here (another host,
- * or another PID namespace sharing the directory). Best effort: it never fails the save. */
-void nb__remove_stale_temps(const char *path) {
-    const char *slash = strrchr(path, '/');
-    const char *base = slash ? slash + 1 : path;
-    size_t blen = strlen(base);
-    if (blen == 0) return;
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    DIR *d = dir ? opendir(dir) : NULL;
+/* Remove the temporary files that writers killed during a save left behind (NAME.tmp-PID-N
+ * in dir whose PID no longer runs; with base, only those of dir/base), so that repeated kills
+ * do not fill the disk, and say so in one line on stderr (naming what). A file is kept when
+ * its PID is ours (another thread may be writing it) or still runs (a reused PID only keeps a
+ * stale file, never removes a live one), and when someone holds a lock on it: writers lock
+ * their temporary file, which protects a live writer whose PID means nothing here (another
+ * host, or another PID namespace sharing the directory). Best effort: it never fails. */
+static void remove_stale(const char *dir, const char *base, const char *what) {
+    size_t blen = base ? strlen(base) : 0;
+    DIR *d = opendir(dir);
     int removed = 0;
     unsigned long long bytes = 0;
     for (struct dirent *e; d && (e = readdir(d));) {
         long pid;
         struct stat st;
-        if (strncmp(e->d_name, base, blen) != 0 || strncmp(e->d_name + blen, ".tmp-", 5) != 0 ||
-            !parse_temp_tail(e->d_name + blen + 5, &pid))
-            continue;
+        const char *tail = base ? e->d_name + blen : strstr(e->d_name, ".tmp-");
+        if (base && strncmp(e->d_name, base, blen) != 0) continue;
+        if (!tail || strncmp(tail, ".tmp-", 5) != 0) continue;
+        while (!base && strstr(tail + 1, ".tmp-")) tail = strstr(tail + 1, ".tmp-");
+        if (!parse_temp_tail(tail + 5, &pid)) continue;
         if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
         /* Only regular files are opened (opening a device can do things); read-write, as
          * NFS emulates flock with POSIX locks, which need it for an exclusive lock. */
@@ -856,17 +871,27 @@ void nb__remove_stale_temps(const char *path) {
         close(fd);
     }
     if (d) closedir(d);
-    free(dir);
     if (removed)
-        fprintf(stderr, "nabla: removed %d stale temporary file%s (%.1f MB) left next to %s by "
+        fprintf(stderr, "nabla: removed %d stale temporary file%s (%.1f MB) left %s %s by "
                 "writers that no longer run\n", removed, removed == 1 ? "" : "s",
-                (double)bytes / 1e6, path);
+                (double)bytes / 1e6, base ? "next to" : "in", what);
 }
+
+void nb__remove_stale_temps(const char *path) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (!*base) return;
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (dir) remove_stale(dir, base, path);
+    free(dir);
+}
+
+void nb__remove_stale_temps_in(const char *dir) { remove_stale(dir, NULL, dir); }
 
 /* The checksum metadata of the n tensors (keys "checksum.<name>", values "xxh3-64:..."), after
  * the caller's nmeta entries in keys / vals (arrays of nmeta + n), the strings in text. */
 static nb_status add_checksums(const w_item *items, int n, const char **keys, const char **vals,
-                               int nmeta, char **text) {
+                               int nmeta, char **text, uint64_t *sums) {
     size_t need = 0;
     for (int i = 0; i < n; i++) need += sizeof SUM_PREFIX + strlen(items[i].name) + sizeof SUM_ALGO + 16;
     char *p = *text = malloc(need ? need : 1);
@@ -877,17 +902,20 @@ static nb_status add_checksums(const w_item *items, int n, const char **keys, co
         keys[nmeta + i] = p;
         p += sprintf(p, SUM_PREFIX "%s", items[i].name) + 1;
         vals[nmeta + i] = p;
+        uint64_t h = 0;
         if (nb__host_accessible(t) && nb_is_contiguous(t)) {
-            format_sum(nbytes ? nb__ptr(t) : "", nbytes, p);
+            h = XXH3_64bits(nbytes ? nb__ptr(t) : "", nbytes);
         } else { /* as write_contents does: a contiguous host copy */
             nb_scope_begin();
             bool prev = nb_set_grad_enabled(false);
             nb_tensor *c = nb__host_accessible(t) ? nb_contiguous(t) : nb_to_device(t, NB_CPU);
             nb_set_grad_enabled(prev);
-            if (c) format_sum(nb__ptr(c), nbytes, p);
+            if (c) h = XXH3_64bits(nb__ptr(c), nbytes);
             nb_scope_end();
             if (!c) return nb_last_status();
         }
+        snprintf(p, sizeof SUM_ALGO + 16, SUM_ALGO "%016llx", (unsigned long long)h);
+        if (sums) sums[items[i].index] = h;
         p += strlen(p) + 1;
     }
     return NB_OK;
@@ -897,21 +925,21 @@ nb_status nb_safetensors_save(const char *path, const char *const *names,
                               nb_tensor *const *tensors, int n, const char *const *meta_keys,
                               const char *const *meta_values, int nmeta) {
     return nb__safetensors_save_checked(path, names, tensors, n, meta_keys, meta_values, nmeta,
-                                        false);
+                                        false, NULL);
 }
 
 nb_status nb__safetensors_save_checked(const char *path, const char *const *names,
                                        nb_tensor *const *tensors, int n,
                                        const char *const *meta_keys,
                                        const char *const *meta_values, int nmeta,
-                                       bool checksums) {
+                                       bool checksums, uint64_t *sums) {
     nb_status st = check_save_args(path, names, tensors, n, meta_keys, meta_values, nmeta);
     if (st == NB_OK) st = check_replaceable(path);
     if (st != NB_OK) return st;
     w_item *items = malloc(sizeof(w_item) * (size_t)(n ? n : 1));
     if (!items) return nb__error(NB_ENOMEM, "safetensors_save: out of memory");
     for (int i = 0; i < n; i++)
-        items[i] = (w_item){names[i], tensors[i], write_rank(tensors[i]->dtype)};
+        items[i] = (w_item){names[i], tensors[i], write_rank(tensors[i]->dtype), i};
     qsort(items, (size_t)n, sizeof(w_item), cmp_write_order);
     char *json = NULL;
     if (checksums) {
@@ -921,7 +949,7 @@ nb_status nb__safetensors_save_checked(const char *path, const char *const *name
         st = keys && vals ? NB_OK : nb__error(NB_ENOMEM, "safetensors_save: out of memory");
         if (st == NB_OK) {
             for (int i = 0; i < nmeta; i++) keys[i] = meta_keys[i], vals[i] = meta_values[i];
-            st = add_checksums(items, n, keys, vals, nmeta, &text);
+            st = add_checksums(items, n, keys, vals, nmeta, &text, sums);
         }
         if (st == NB_OK) json = build_header(items, n, keys, vals, nmeta + n);
         free(keys);

@@ -9,7 +9,9 @@
  * trains with nb_ddp over all ranks. --batch stays the global batch: each rank takes
  * batch / world samples of it (the loader's shard of each global batch), gradients are
  * averaged, so the run follows the 1-process one. Evaluation is split over the ranks by
- * batch and the counts summed; only rank 0 prints, logs and writes checkpoints. */
+ * batch and the counts summed; only rank 0 prints and logs. Checkpoints are saved and loaded
+ * by every rank together (nabla/checkpoint.h): rank 0 writes DDP's one file, under ZeRO each
+ * rank its shard of a folder; --resume reads either into any number of ranks and stage. */
 #include "common.h"
 #include "ft.h"
 #include "guard.h"
@@ -97,6 +99,7 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
             usage(a, stdout);
             return 0;
         } else if (!strcmp(f, "--eval-only")) {
+            if (a->eval_only) return nbm_repeated(a->prog, f);
             a->eval_only = true;
             continue;
         } else if (strncmp(f, "-", 1)) { /* the programs take no file or other operand */
@@ -113,6 +116,7 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
             usage(a, stderr);
             return 2;
         }
+        if (given[k]) return nbm_repeated(a->prog, f);
         given[k] = true;
         i++; /* every other flag takes a value */
         if (!v) {
@@ -175,11 +179,6 @@ int nbm_parse_args(int argc, char **argv, nbm_args *a) {
     }
     if (a->async_save && !a->save) {
         fprintf(stderr, "%s: --async-save needs --save\n", a->prog);
-        return 2;
-    }
-    if (a->async_save && a->zero > 0 && a->keep) {
-        fprintf(stderr, "%s: --async-save with --zero writes one sharded checkpoint "
-                "directory; --keep does not apply to it yet\n", a->prog);
         return 2;
     }
     if (a->save_every && !a->save) {
@@ -297,12 +296,11 @@ __attribute__((format(printf, 2, 3))) static bool fail(const run *r, const char 
     return false;
 }
 
-/* Write --save: rank 0 a plain checkpoint (the weights are the same on every rank), or
- * under ZeRO every rank its shard (a collective; a directory that --resume reshards). */
+/* Write --save, on every rank (a collective): rank 0 writes the one file of a DDP run (the
+ * weights are the same on every rank), under ZeRO each rank its shard of a folder. */
 static nb_status save_checkpoint(run *r) {
     r->ck.step = r->step;
-    return r->zero ? nbm_save_sharded(r->zero, r->a->save, r->a->keep, &r->ck)
-                   : nbm_save(r->a->save, r->a->keep, &r->ck);
+    return nbm_save(r->a->save, r->a->keep, &r->ck);
 }
 
 /* One TensorBoard scalar at the current step; the first failed write warns (the run goes
@@ -352,7 +350,8 @@ static bool setup_model(run *r) {
         return fail(r, "%s", nb_last_error());
     if (r->main_rank && a->tensorboard && !(r->tb = nb_summary_open(a->tensorboard)))
         return fail(r, "--tensorboard: %s", nb_last_error());
-    r->ck = (nb_checkpoint){.model = r->model, .optim = r->opt, .loader = r->train_l};
+    r->ck = (nb_checkpoint){.model = r->model, .optim = r->opt, .loader = r->train_l,
+                            .comm = r->size > 1 ? r->world : NULL};
     if (a->precision == NB_F16) { /* fp16 gradients underflow without loss scaling */
         if (!(r->scaler = nb_grad_scaler_new(NULL)) ||
             (r->size > 1 && nb_grad_scaler_set_comm(r->scaler, r->world) != NB_OK))
@@ -381,8 +380,8 @@ static bool setup_model(run *r) {
     if (!r->zero && r->size > 1 && !(r->ddp = nb_ddp_new(r->model, r->world, &dopts)))
         return fail(r, "%s", nb_last_error());
     if (resume) { /* every rank loads it (optimizer state and loader position too); a
-                   * sharded checkpoint (a directory) reshards to this run's ranks */
-        if (nb_zero_checkpoint_load(r->zero, resume, &r->ck) != NB_OK)
+                   * checkpoint of any layout reshards to this run's ranks and stage */
+        if (nb_checkpoint_load(resume, &r->ck) != NB_OK)
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
         r->step = r->ck.step;
         if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
@@ -438,8 +437,8 @@ static bool train_step(run *r, const nb_batch *b, double *loss) {
      * all); a non-finite one is never applied, it would make every weight NaN */
     double norm = 0;
     if (s == NB_OK) {
-        norm = r->zero ? nb_zero_clip_grad_norm(r->zero, INFINITY, 2)
-                       : nb_clip_grad_norm(nb_optim_params(r->opt), INFINITY, 2);
+        /* under ZeRO the parameters' placements make it the norm over every shard */
+        norm = nb_clip_grad_norm(nb_optim_params(r->opt), INFINITY, 2);
         if (norm < 0) s = nb_last_status();
     }
     if (s == NB_OK && r->scaler) {
@@ -515,7 +514,7 @@ static bool train_epoch(run *r, int64_t epoch) {
         double dt = nb_time_s() - t0;
         r->step++;
         if (r->step == 10) nb_alloc_get_stats(&r->st0); /* steady state from here */
-        if ((r->main_rank || r->zero) && a->save_every &&
+        if (a->save_every &&
             (r->step % a->save_every == 0 || r->step == r->total_steps)) {
             r->ck.step = r->step; /* the loader resumes at the batch after b */
             if (save_checkpoint(r) != NB_OK) return fail(r, "%s", nb_last_error());
@@ -534,8 +533,7 @@ static bool train_epoch(run *r, int64_t epoch) {
         log_step(r, &b, epoch, loss, comm);
         if (r->stop) { /* a signal: save this step (unless just done) and end the run */
             r->ck.step = r->step;
-            if ((r->main_rank || r->zero) && a->save && r->saved_step != r->step &&
-                save_checkpoint(r) != NB_OK)
+            if (a->save && r->saved_step != r->step && save_checkpoint(r) != NB_OK)
                 return fail(r, "%s", nb_last_error());
             /* also the barrier that keeps the others alive until the file is there */
             r->train_loss = nb_mean_over_ranks(r->world, r->loss_sum / (double)r->n_loss);
@@ -626,8 +624,7 @@ static bool train(run *r) {
             return fail(r, "evaluation: %s",
                         *nb_last_error() ? nb_last_error() : "failed on another rank");
         log_epoch(r, pos.epoch, nb_time_s() - t_epoch, &st);
-        if ((r->main_rank || r->zero) && a->save && !a->save_every) { /* the same on every
-                                                             rank */
+        if (a->save && !a->save_every) { /* every rank: a collective */
             r->ck.step = r->step;
             if (save_checkpoint(r) != NB_OK) return fail(r, "%s", nb_last_error());
         }
@@ -697,7 +694,7 @@ static bool close_logs(run *r) {
 }
 
 static void teardown(run *r) {
-    nbm_save_end(r->a->prog, NULL); /* after a failure: the write in flight ends first */
+    nbm_save_finish(r->a->prog, false); /* after a failure: the write in flight ends first */
     free(r->step_times);
     nb_progress_free(r->bar);
     nb_jsonl_close(r->log); /* after an error: the warning, if any, is all */
@@ -724,7 +721,7 @@ int nbm_run_classifier(const nbm_model *spec, const nbm_args *a) {
     run r = {.spec = spec, .a = a, .size = 1, .acc = NAN, .test_loss = NAN, .train_loss = NAN,
              .steady_allocs = -1, .saved_step = -1, .init = nb_generator_new(a->seed)};
     nbm_save_async(a->async_save != 0);
-    bool ok = setup(&r) && (a->eval_only || (train(&r) && nbm_save_end(a->prog, r.zero)));
+    bool ok = setup(&r) && (a->eval_only || (train(&r) && nbm_save_finish(a->prog, true)));
     if (ok && isnan(r.acc) && !r.stop && evaluate(r.model, r.test_l, r.world, &r.acc, &r.test_loss, r.a->precision) != NB_OK)
         ok = fail(&r, "evaluation: %s",
                   *nb_last_error() ? nb_last_error() : "failed on another rank");

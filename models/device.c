@@ -14,6 +14,10 @@ bool nbm_device_args(const char *prog, int *argc, char **argv, nbm_device *d) {
             argv[out++] = argv[i];
             continue;
         }
+        if (d->flag) { /* the same rule as every flag (guard.h, nbm_repeated) */
+            fprintf(stderr, "%s: --device is given more than once; give each flag once\n", prog);
+            return false;
+        }
         const char *v = i + 1 < *argc ? argv[++i] : NULL;
         if (!v) {
             fprintf(stderr, "%s: --device needs a value (see --help)\n", prog);

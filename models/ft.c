@@ -54,40 +54,31 @@ void nbm_model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model, d
 int nbm_stop_status(int stop) { return stop ? 128 + stop : 0; }
 
 static bool save_async;
+static bool collective; /* the last save was of several ranks together */
 static nb_checkpoint_writer *writer;
 
 void nbm_save_async(bool on) { save_async = on; }
 
-bool nbm_save_end(const char *prog, nb_zero *z) {
+bool nbm_save_finish(const char *prog, bool wait) {
     nb_checkpoint_writer *w = writer;
     writer = NULL;
-    nb_status st = z && w ? nb_zero_checkpoint_wait(z, w) : NB_OK;
+    nb_status st = w && wait ? nb_checkpoint_writer_wait(w) : NB_OK;
     if (st != NB_OK) fprintf(stderr, "%s: %s\n", prog, nb_last_error());
     if (nb_checkpoint_writer_free(w) == NB_OK) return st == NB_OK;
-    fprintf(stderr, "%s: %s\n", prog, nb_last_error());
+    if (st == NB_OK) fprintf(stderr, "%s: %s\n", prog, nb_last_error());
     return false;
 }
 
-nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck) {
-    int k = keep <= 0 ? 0 : keep > 1000000 ? 1000000 : (int)keep;
-    if (save_async) {
-        if (!writer && !(writer = nb_checkpoint_writer_new(&(nb_checkpoint_writer_opts){.keep = k})))
-            return nb_last_status();
-        nb_status st = nb_checkpoint_writer_save(writer, save, ck);
-        if (st == NB_OK && nb_stop_requested()) st = nb_checkpoint_writer_wait(writer);
-        return st;
-    }
-    if (keep <= 0) return nb_checkpoint_save(save, ck);
-    return nb_checkpoint_save_keep(save, ck, keep > 1000000 ? 1000000 : (int)keep, NULL, 0);
-}
-
-nb_status nbm_save_sharded(nb_zero *z, const char *save, int64_t keep, const nb_checkpoint *ck) {
-    if (keep <= 0 && save_async) { /* --keep with --async-save under ZeRO is refused earlier */
-        if (!writer && !(writer = nb_checkpoint_writer_new(NULL))) return nb_last_status();
-        return nb_zero_checkpoint_save_async(z, writer, save, ck);
-    }
-    if (keep <= 0) return nb_zero_checkpoint_save(z, save, ck);
-    return nb_zero_checkpoint_save_keep(z, save, ck, keep > 1000000 ? 1000000 : (int)keep, NULL, 0);
+nb_status nbm_save(const char *path, int64_t keep, const nb_checkpoint *ck) {
+    nb_checkpoint c = *ck;
+    c.keep = keep <= 0 ? 0 : keep > 1000000 ? 1000000 : (int)keep;
+    collective = ck->comm && nb_comm_size(ck->comm) > 1;
+    if (!save_async) return nb_checkpoint_save(path, &c);
+    if (!writer && !(writer = nb_checkpoint_writer_new(NULL))) return nb_last_status();
+    nb_status st = nb_checkpoint_writer_save(writer, path, &c);
+    /* one process about to exit: its file on disk now (several ranks: nbm_save_finish) */
+    if (st == NB_OK && !collective && nb_stop_requested()) st = nb_checkpoint_writer_wait(writer);
+    return st;
 }
 
 bool nbm_resume_path(const char *prog, bool main_rank, const char *resume, const char *save,

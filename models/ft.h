@@ -39,26 +39,26 @@ int nbm_stop_status(int stop);
 void nbm_model_state_mib(const nb_zero *zero, nb_optim *opt, nb_module *model, double mib[4]);
 
 /* ---- --save DIR_OR_FILE --keep K, --resume auto ------------------------------------------- */
-/* Save ck to --save: the file itself (keep 0), or its step's file of the series (keep > 0,
- * nabla/checkpoint.h: run.ckpt -> run-<step>.ckpt, DIR/ -> DIR/checkpoint-<step>.ckpt) and
- * only the newest keep of them kept. */
+/* Save ck to --save (nb_checkpoint_save): the file or folder itself (keep 0), or its step's
+ * member of the series (keep > 0, nabla/checkpoint.h: run.ckpt -> run-<step>.ckpt, DIR/ ->
+ * DIR/checkpoint-<step>.ckpt) and only the newest keep of them kept. A checkpoint of several
+ * ranks (ck->comm, or a parallel model: ZeRO, a mesh) is saved by every rank together (a
+ * folder, or DDP's one file written by rank 0); --resume auto (nbm_resume_path) finds either
+ * kind, and gpt --pp's pipeline folders. */
 nb_status nbm_save(const char *save, int64_t keep, const nb_checkpoint *ck);
-/* The same under ZeRO (every rank calls it): a sharded checkpoint directory at --save, or at
- * its step's place in the series (keep > 0, nb_zero_checkpoint_save_keep). --resume auto
- * (nbm_resume_path) finds those too, and gpt --pp's pipeline checkpoint directories: a
- * directory counts once its index exists. */
-nb_status nbm_save_sharded(nb_zero *z, const char *save, int64_t keep, const nb_checkpoint *ck);
-/* --async-save 1: from now on nbm_save and nbm_save_sharded (without keep) snapshot the state and a background
- * writer (nb_checkpoint_writer, one per process, made by the first save) writes the file
- * while training goes on; a save that finds a write in flight waits for it, and a plain save
- * after a stop signal waits for its own write (the process is about to exit). A failed write
- * is the error of the next save or of nbm_save_end. */
+/* --async-save 1: from now on nbm_save snapshots the state and a
+ * background writer (nb_checkpoint_writer, one per process, made by the first save) writes
+ * this rank's file while training goes on; a save that finds a write in flight waits for it,
+ * and a save of one process after a stop signal waits for its own write (the process is about
+ * to exit; a save of several ranks is completed by nbm_save_finish). A failed write is the
+ * error of the next save or of nbm_save_finish. */
 void nbm_save_async(bool on);
-/* Wait for the write in flight (with z: complete the sharded checkpoint, a collective) and
- * free the writer (nothing without one). False after printing "prog: <why>" when a write
- * failed: the run's last checkpoint is not on disk. After a failure, call it with z NULL
- * (no collective; the unfinished sharded save stays without index and is ignored). */
-bool nbm_save_end(const char *prog, nb_zero *z);
+/* Complete the last save and free the writer (nothing without one). wait: complete it (for a
+ * save of several ranks a collective: every rank must call this with wait); false, after a
+ * failure elsewhere: only the write in flight ends (a save of several ranks then gets no index
+ * and the previous checkpoint is the newest). False after printing "prog: <why>" when a write
+ * failed: the run's last checkpoint is not on disk. */
+bool nbm_save_finish(const char *prog, bool wait);
 /* Resolve --resume: "auto" is the newest complete, intact checkpoint of --save's series
  * (corrupt ones skipped with a line each), *out = buf; or none yet: *out = NULL, after
  * printing "prog: --resume auto: no checkpoint in SAVE yet: starting from step 0" (main_rank

@@ -9,7 +9,7 @@
 
 bool nbm_guard_args(const char *prog, int *argc, char **argv, nbm_guard *g) {
     *g = (nbm_guard){.comm_timeout = -1, .max_skips = 10};
-    bool max_skips_given = false;
+    bool max_skips_given = false, seen[3] = {false, false, false};
     int out = 1;
     for (int i = 1; i < *argc; i++) {
         const char *f = argv[i];
@@ -19,6 +19,12 @@ bool nbm_guard_args(const char *prog, int *argc, char **argv, nbm_guard *g) {
             argv[out++] = argv[i];
             continue;
         }
+        int k = !strcmp(f, "--comm-timeout") ? 0 : !strcmp(f, "--on-nonfinite") ? 1 : 2;
+        if (seen[k]) {
+            nbm_repeated(prog, f);
+            return false;
+        }
+        seen[k] = true;
         if (strcmp(f, "--comm-timeout") && !g->train_flag) g->train_flag = f;
         const char *v = i + 1 < *argc ? argv[++i] : NULL;
         if (!v) {

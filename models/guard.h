@@ -26,8 +26,8 @@
 #include <nabla/parallel.h>
 
 /* The programs' deadline for a collective (seconds) unless --comm-timeout or the
- * NB_COMM_TIMEOUT environment variable says otherwise. */
-#define NBM_COMM_TIMEOUT 60.0
+ * NB_COMM_TIMEOUT environment variable says otherwise: the library's own default. */
+#define NBM_COMM_TIMEOUT NB_COMM_TIMEOUT_DEFAULT
 
 typedef struct nbm_guard {
     double comm_timeout; /* --comm-timeout S; < 0: not given */
@@ -38,6 +38,13 @@ typedef struct nbm_guard {
     int64_t skipped;     /* steps skipped so far (this process) */
     int64_t in_row;      /* of which the last ones in a row */
 } nbm_guard;
+
+/* A flag given twice on the command line ("gpt --zero 1 --zero 2"): every program refuses
+ * it (exit status 2) rather than letting the last one win silently. Prints why; returns 2. */
+static inline int nbm_repeated(const char *prog, const char *flag) {
+    fprintf(stderr, "%s: %s is given more than once; give each flag once\n", prog, flag);
+    return 2;
+}
 
 /* Take --comm-timeout, --on-nonfinite and --max-skips with their values out of argv
  * (*argc shrinks; the rest keep their order), filling g (defaults first), so the program's

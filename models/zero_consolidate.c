@@ -1,9 +1,9 @@
-/* zero-consolidate - write a sharded ZeRO checkpoint (the directory `--zero S --save DIR`
- * writes) as one plain file:
+/* zero-consolidate - write a checkpoint of any layout (the folder `--zero S --save DIR`, or any
+ * parallel run, writes; or a plain checkpoint file) as one plain file:
  *     zero-consolidate DIR OUT              a plain checkpoint (--resume reads it anywhere)
  *     zero-consolidate --model-only DIR OUT the model alone under its own names (for gpt:
  *                                           nanoGPT's, which `gpt --load` and PyTorch read)
- * Built on the public API only (nb_zero_checkpoint_consolidate). */
+ * Every piece it reads is verified. Built on the public API only (nb_checkpoint_consolidate). */
 #include <stdio.h>
 #include <string.h>
 
@@ -11,7 +11,8 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: zero-consolidate [--model-only] DIR OUT\n"
-               "  DIR  a sharded checkpoint (written with --zero S --save DIR)\n"
+               "  DIR  a checkpoint folder of any layout (written with --zero S --save DIR, or\n"
+               "       by any parallel run), or a checkpoint file\n"
                "  OUT  the plain checkpoint (or with --model-only the model's weights)\n");
 }
 
@@ -26,7 +27,7 @@ int main(int argc, char **argv) {
         usage(stderr); /* a usage error: stderr, exit 2 */
         return 2;
     }
-    if (nb_zero_checkpoint_consolidate(argv[first], argv[first + 1], model_only) != NB_OK) {
+    if (nb_checkpoint_consolidate(argv[first], argv[first + 1], model_only) != NB_OK) {
         fprintf(stderr, "zero-consolidate: %s\n", nb_last_error());
         return 1;
     }

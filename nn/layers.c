@@ -141,6 +141,9 @@ nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     lin_mat X, W;
     nb_tensor *xc = out ? operand(x, odt, &X) : NULL;
     nb_tensor *wc = xc ? operand(w, odt, &W) : NULL;
+    /* The bias goes to the GEMM in f32. With a bf16 result it is a bf16 tensor widened
+     * (x, w and b share one dtype), so its values are bf16 numbers: the CUDA GEMM passes
+     * cuBLASLt a bf16 copy (the bias type cuBLASLt documents for a bf16 output), exactly. */
     nb_tensor *bc = wc && b ? nb_contiguous(nb_to_dtype(b, cdt)) : NULL;
     nb_status st = wc && (bc || !b) ? NB_OK : nb_last_status();
     if (st == NB_OK && M > 0 && N > 0) {

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "tensor/place.h"
 #include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "tensor/backend.h"
@@ -182,6 +183,11 @@ done:
 
 nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *target,
                             const nb_cross_entropy_opts *o) {
+    /* logits split over the vocabulary (a column-parallel layer's output, tensor/place.h):
+     * the parallel form, which never forms the whole rows */
+    if (logits && nb__live(logits) && logits->place && logits->place->activation &&
+        logits->place->cross_entropy)
+        return logits->place->cross_entropy(logits, target, o, logits->place);
     return class_loss(logits, target, o, true);
 }
 

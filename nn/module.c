@@ -6,8 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nn/nn_impl.h"
 #include "tensor/tape.h"
 #include "tensor/backend.h"
+#include "tensor/handle.h"
 #include "tensor/trace.h"
 #include "nabla/nn.h"
 
@@ -18,6 +20,7 @@ typedef struct {
 } named_list;
 
 struct nb_module {
+    nb__obj h; /* a checked handle (tensor/handle.h) */
     const nb_module_vtable *vt;
     void *self;
     bool training;
@@ -32,6 +35,11 @@ struct nb_module {
     int running_hooks;      /* > 0 while this module's hooks run (removal then refused) */
     bool recompute;         /* nb_module_set_recompute */
     nb_generator *recompute_gen;
+    /* nb__module_override_forward: what runs instead of vt->forward */
+    nb__forward_fn override;
+    void *override_ctx;
+    void (*override_free)(void *);
+    bool borrows;           /* a view (nb__module_view_new): members are not freed */
 };
 
 struct fhook {
@@ -79,7 +87,7 @@ nb_module *nb_module_new(const nb_module_vtable *vt, void *self) {
         nb__error(NB_ENULL, "module_new: a vtable with a type_name is required");
         return NULL;
     }
-    nb_module *m = calloc(1, sizeof *m);
+    nb_module *m = nb__obj_alloc(sizeof *m, NB__OBJ_MODULE);
     if (!m) {
         nb__error(NB_ENOMEM, "module_new: out of memory");
         return NULL;
@@ -91,8 +99,8 @@ nb_module *nb_module_new(const nb_module_vtable *vt, void *self) {
 }
 
 void nb_module_free(nb_module *m) {
-    if (!m) return;
-    for (int i = 0; i < m->children.n; i++) nb_module_free(m->children.items[i]);
+    if (!m || !nb__obj_ok(m, NB__OBJ_MODULE, "module_free")) return;
+    for (int i = 0; i < m->children.n && !m->borrows; i++) nb_module_free(m->children.items[i]);
     for (int i = 0; i < m->params.n; i++) nb_tensor_free(m->params.items[i]);
     for (int i = 0; i < m->buffers.n; i++) nb_tensor_free(m->buffers.items[i]);
     named_list *ls[3] = {&m->params, &m->buffers, &m->children};
@@ -106,12 +114,16 @@ void nb_module_free(nb_module *m) {
     nb_tensor_free(m->flat_params);
     nb_tensor_free(m->flat_grads);
     free(m->hooks);
+    if (m->override_free) m->override_free(m->override_ctx);
     if (m->vt->free_self) m->vt->free_self(m->self);
-    free(m);
+    nb__obj_free(m);
 }
 
-void *nb_module_self(const nb_module *m) { return m ? m->self : NULL; }
-const char *nb_module_type(const nb_module *m) { return m ? m->vt->type_name : NULL; }
+#define LIVE(m, op) ((m) && nb__obj_ok((m), NB__OBJ_MODULE, (op))) /* NULL: quietly false */
+void *nb_module_self(const nb_module *m) { return LIVE(m, "module_self") ? m->self : NULL; }
+const char *nb_module_type(const nb_module *m) {
+    return LIVE(m, "module_type") ? m->vt->type_name : NULL;
+}
 
 static bool valid_name(const char *name, const char *op) {
     if (!name || !*name || strchr(name, '.')) {
@@ -136,6 +148,7 @@ static bool name_free(const nb_module *m, const char *name, const char *op) {
 static nb_tensor *adopt(nb_tensor *t) { return nb__scope_take(t); }
 
 nb_tensor *nb_module_add_parameter(nb_module *m, const char *name, nb_tensor *t) {
+    if (m && !nb__obj_ok(m, NB__OBJ_MODULE, "module_add_parameter")) m = NULL;
     if (!m || !t) {
         if (t) nb_tensor_free(adopt(t));
         nb__arg_ok(NULL, "module_add_parameter", m ? "t" : "m");
@@ -157,6 +170,7 @@ nb_tensor *nb_module_add_parameter(nb_module *m, const char *name, nb_tensor *t)
 }
 
 nb_tensor *nb_module_add_buffer(nb_module *m, const char *name, nb_tensor *t) {
+    if (m && !nb__obj_ok(m, NB__OBJ_MODULE, "module_add_buffer")) m = NULL;
     if (!m || !t) {
         if (t) nb_tensor_free(adopt(t));
         nb__arg_ok(NULL, "module_add_buffer", m ? "t" : "m");
@@ -176,6 +190,9 @@ nb_tensor *nb_module_add_buffer(nb_module *m, const char *name, nb_tensor *t) {
 }
 
 nb_module *nb_module_add_child(nb_module *m, const char *name, nb_module *child) {
+    if ((m && !nb__obj_ok(m, NB__OBJ_MODULE, "module_add_child")) ||
+        (child && !nb__obj_ok(child, NB__OBJ_MODULE, "module_add_child")))
+        return NULL;
     if (!m || !child) {
         nb__error(NB_ENULL, "module_add_child: %s is NULL", m ? "child" : "m");
         nb_module_free(child);
@@ -216,6 +233,7 @@ static void names_of(const named_list *l, char *buf, size_t cap) {
  * error (nb_module_param(nb_module_child(m, "typo"), ...) reports the typo). */
 static void *lookup(const nb_module *m, const named_list *l, const char *name, const char *op,
                     const char *which) {
+    if (m && !nb__obj_ok(m, NB__OBJ_MODULE, op ? op : "module_lookup")) return NULL;
     if (!m || !name) {
         if (op && nb_last_status() == NB_OK)
             nb__error(NB_ENULL, "%s: %s is NULL", op, m ? "name" : "module");
@@ -250,13 +268,16 @@ nb_tensor *nb_module_param_opt(const nb_module *m, const char *name) {
 nb_tensor *nb_module_buffer_opt(const nb_module *m, const char *name) {
     return lookup(m, m ? &m->buffers : NULL, name, NULL, NULL);
 }
-int nb_module_num_children(const nb_module *m) { return m ? m->children.n : 0; }
+int nb_module_num_children(const nb_module *m) {
+    return LIVE(m, "module_num_children") ? m->children.n : 0;
+}
 nb_module *nb_module_child_at(const nb_module *m, int i) {
-    return m && i >= 0 && i < m->children.n ? m->children.items[i] : NULL;
+    return LIVE(m, "module_child_at") && i >= 0 && i < m->children.n ? m->children.items[i] : NULL;
 }
 
 const char *nb_module_child_name(const nb_module *m, int i) {
-    return m && i >= 0 && i < m->children.n ? m->children.names[i] : NULL;
+    return LIVE(m, "module_child_name") && i >= 0 && i < m->children.n ? m->children.names[i]
+                                                                        : NULL;
 }
 
 /* nb_module_find at m, the module reached through dotted's first `at` characters; on a
@@ -289,6 +310,7 @@ static nb_tensor *find_in(const nb_module *m, const char *dotted, size_t at) {
 }
 
 nb_tensor *nb_module_find(const nb_module *m, const char *dotted) {
+    if (m && !nb__obj_ok(m, NB__OBJ_MODULE, "module_find")) return NULL;
     if (!m || !dotted) {
         if (nb_last_status() == NB_OK)
             nb__error(NB_ENULL, "module_find: %s is NULL", m ? "dotted_name" : "module");
@@ -297,11 +319,20 @@ nb_tensor *nb_module_find(const nb_module *m, const char *dotted) {
     return find_in(m, dotted, 0);
 }
 
-/* Depth first: own members first, then children in order (PyTorch's named_parameters). */
+/* Whether t is already in the listing (a tensor registered twice: tied weights). */
+static bool listed(const nb_params *out, const nb_tensor *t) {
+    for (int i = 0; i < out->count; i++)
+        if (out->tensors[i] == t) return true;
+    return false;
+}
+
+/* Depth first: own members first, then children in order (PyTorch's named_parameters). A
+ * tensor registered under several names (a tied weight) is listed once, under the first. */
 static bool collect(const nb_module *m, bool buffers, const char *prefix, nb_params *out,
                     int *cap) {
     const named_list *l = buffers ? &m->buffers : &m->params;
     for (int i = 0; i < l->n; i++) {
+        if (listed(out, l->items[i])) continue;
         if (out->count == *cap) {
             *cap = *cap ? 2 * *cap : 16;
             nb_tensor **t = realloc(out->tensors, sizeof(nb_tensor *) * (size_t)*cap);
@@ -334,6 +365,7 @@ static const nb_params *listing(nb_module *m, bool buffers) {
         nb__error(NB_ENULL, "parameters: module is NULL");
         return NULL;
     }
+    if (!nb__obj_ok(m, NB__OBJ_MODULE, buffers ? "buffers" : "parameters")) return NULL;
     nb_params *p = buffers ? &m->blist : &m->plist;
     bool *ok = buffers ? &m->blist_ok : &m->plist_ok;
     if (*ok) return p;
@@ -360,17 +392,21 @@ int64_t nb_num_parameters(nb_module *m) {
 
 nb_status nb_module_set_recompute(nb_module *m, bool on, nb_generator *gen) {
     if (!m) return nb__error(NB_ENULL, "module_set_recompute: module is NULL");
+    if (!nb__obj_ok(m, NB__OBJ_MODULE, "module_set_recompute")) return nb_last_status();
     m->recompute = on;
     m->recompute_gen = on ? gen : NULL;
     return NB_OK;
 }
 
-bool nb_module_recompute(const nb_module *m) { return m && m->recompute; }
+bool nb_module_recompute(const nb_module *m) { return LIVE(m, "module_recompute") && m->recompute; }
+
+static nb_tensor *run_forward(nb_module *m, nb_tensor *x) {
+    return m->override ? m->override(m, x, m->override_ctx) : m->vt->forward(m, x);
+}
 
 static nb_tensor *own_forward(nb_tensor *const *in, int n, void *ctx) {
     (void)n;
-    nb_module *m = ctx;
-    return m->vt->forward(m, in[0]);
+    return run_forward(ctx, in[0]);
 }
 
 /* The module's forward as a span of the trace and the profiler (its type name). */
@@ -378,7 +414,7 @@ static nb_tensor *traced_forward(nb_module *m, nb_tensor *x) {
     int tok = NB__SPAN_BEGIN(m->vt->type_name, NULL, NB__CAT_MODULE);
     nb_tensor *y = m->recompute ? nb_recompute(own_forward, &x, 1, m,
                                                &(nb_recompute_opts){.gen = m->recompute_gen})
-                                : m->vt->forward(m, x);
+                                : run_forward(m, x);
     NB__SPAN_END(tok);
     return y;
 }
@@ -388,7 +424,8 @@ nb_tensor *nb_forward(nb_module *m, nb_tensor *x) {
         nb__error(NB_ENULL, "forward: module is NULL");
         return NULL;
     }
-    if (!m->vt->forward) {
+    if (!nb__obj_ok(m, NB__OBJ_MODULE, "forward")) return NULL;
+    if (!m->vt->forward && !m->override) {
         nb__error(NB_EUNSUPPORTED, "forward: a %s has no forward of its own", m->vt->type_name);
         return NULL;
     }
@@ -416,6 +453,7 @@ nb_tensor *nb_forward(nb_module *m, nb_tensor *x) {
 static int add_hook(nb_module *m, nb_forward_pre_hook_fn pre, nb_forward_hook_fn post, void *ctx,
                     const char *op) {
     if (!m) return nb__error(NB_ENULL, "%s: module is NULL", op);
+    if (!nb__obj_ok(m, NB__OBJ_MODULE, op)) return nb_last_status();
     if (!pre && !post) return nb__error(NB_ENULL, "%s: the hook function is NULL", op);
     if (m->nhooks == m->cap_hooks) {
         int cap = m->cap_hooks ? 2 * m->cap_hooks : 4;
@@ -439,6 +477,7 @@ int nb_module_register_forward_hook(nb_module *m, nb_forward_hook_fn fn, void *c
 nb_status nb_module_remove_forward_hook(nb_module *m, int handle) {
     static const char op[] = "module_remove_forward_hook";
     if (!m) return nb__error(NB_ENULL, "%s: module is NULL", op);
+    if (!nb__obj_ok(m, NB__OBJ_MODULE, op)) return nb_last_status();
     if (m->running_hooks)
         return nb__error(NB_ESTATE, "%s: the %s's hooks are running (remove a hook after its "
                          "forward returns)", op, m->vt->type_name);
@@ -453,14 +492,15 @@ nb_status nb_module_remove_forward_hook(nb_module *m, int handle) {
 }
 
 void nb_module_train(nb_module *m, bool training) {
-    if (!m) return;
+    if (!LIVE(m, "module_train")) return;
     m->training = training;
     for (int i = 0; i < m->children.n; i++) nb_module_train(m->children.items[i], training);
 }
 
-bool nb_module_is_training(const nb_module *m) { return m && m->training; }
+bool nb_module_is_training(const nb_module *m) { return LIVE(m, "module_is_training") && m->training; }
 
 void nb_module_zero_grad(nb_module *m) {
+    if (m && !nb__obj_ok(m, NB__OBJ_MODULE, "module_zero_grad")) return;
     const nb_params *p = nb_parameters(m);
     if (m && m->flat_grads) { /* keep the flat views: zero them instead */
         nb_fill_(m->flat_grads, 0);
@@ -548,8 +588,12 @@ nb_status nb__module_drop_flat_params(nb_module *m) {
     return NB_OK;
 }
 
-nb_tensor *nb_module_flat_params(const nb_module *m) { return m ? m->flat_params : NULL; }
-nb_tensor *nb_module_flat_grads(const nb_module *m) { return m ? m->flat_grads : NULL; }
+nb_tensor *nb_module_flat_params(const nb_module *m) {
+    return LIVE(m, "module_flat_params") ? m->flat_params : NULL;
+}
+nb_tensor *nb_module_flat_grads(const nb_module *m) {
+    return LIVE(m, "module_flat_grads") ? m->flat_grads : NULL;
+}
 
 /* ---- devices ----------------------------------------------------------------------------------
  * nb_module_to moves storages, not tensors: every storage that a tensor of the module uses
@@ -607,6 +651,7 @@ static nb__storage *storage_to(nb_tensor *t, nb_device dev) {
 
 nb_status nb_module_to(nb_module *m, nb_device dev) {
     if (!m) return nb__error(NB_ENULL, "module_to: module is NULL");
+    if (!nb__obj_ok(m, NB__OBJ_MODULE, "module_to")) return nb_last_status();
     if (!nb__backend_of(dev, "module_to")) return nb_last_status();
     tensor_list l = {0};
     if (!gather(m, &l)) {
@@ -626,9 +671,7 @@ nb_status nb_module_to(nb_module *m, nb_device dev) {
         while (k < nmoved && from[k] != s) k++;
         if (k < nmoved) continue;
         if (!(to[nmoved] = storage_to(l.ts[i], dev))) {
-            char why[256];
-            snprintf(why, sizeof why, "%s", nb_last_error());
-            st = nb__error(nb_last_status(), "module_to: %s", why);
+            st = nb_wrap_error(nb_last_status(), "module_to");
             break;
         }
         from[nmoved++] = s;
@@ -711,6 +754,9 @@ nb_module *nb_module_list_new(nb_module *const *mods, int n) {
 }
 
 nb_status nb_module_list_append(nb_module *list, nb_module *m) {
+    if ((list && !nb__obj_ok(list, NB__OBJ_MODULE, "module_list_append")) ||
+        (m && !nb__obj_ok(m, NB__OBJ_MODULE, "module_list_append")))
+        return nb_last_status();
     if (!list) {
         nb_module_free(m);
         return nb__error(NB_ENULL, "module_list_append: list is NULL");
@@ -718,4 +764,53 @@ nb_status nb_module_list_append(nb_module *list, nb_module *m) {
     char name[16];
     snprintf(name, sizeof name, "%d", list->children.n);
     return nb_module_add_child(list, name, m) ? NB_OK : nb_last_status();
+}
+
+/* ---- for the parallel layer (nn/nn_impl.h) ----------------------------------------------- */
+nb_status nb__module_override_forward(nb_module *m, nb__forward_fn fn, void *ctx,
+                                      void (*ctx_free)(void *)) {
+    if (!m) {
+        if (ctx_free) ctx_free(ctx);
+        return nb__error(NB_ENULL, "module_override_forward: module is NULL");
+    }
+    if (m->override_free) m->override_free(m->override_ctx);
+    m->override = fn;
+    m->override_ctx = fn ? ctx : NULL;
+    m->override_free = fn ? ctx_free : NULL;
+    if (!fn && ctx_free) ctx_free(ctx);
+    return NB_OK;
+}
+
+void *nb__module_override_ctx(const nb_module *m) { return m && m->override ? m->override_ctx : NULL; }
+nb_module *nb__module_parent(const nb_module *m) { return m ? m->parent : NULL; }
+const nb_module_vtable *nb__module_vtable(const nb_module *m) { return m ? m->vt : NULL; }
+
+static const nb_module_vtable view_vt_default = {.type_name = "ModuleView"};
+
+nb_module *nb__module_view_new(void) {
+    nb_module *v = nb_module_new(&view_vt_default, NULL);
+    if (v) v->borrows = true;
+    return v;
+}
+
+nb_status nb__module_view_add_child(nb_module *v, const char *name, nb_module *child) {
+    if (!v || !child || !name) return nb__error(NB_ENULL, "module_view_add_child: NULL argument");
+    if (!v->borrows) return nb__error(NB_EINVAL, "module_view_add_child: not a view");
+    if (!name_free(v, name, "module_view_add_child")) return nb_last_status();
+    if (!list_add(&v->children, name, child))
+        return nb__error(NB_ENOMEM, "module_view_add_child: out of memory");
+    invalidate(v);
+    return NB_OK;
+}
+
+nb_status nb__module_view_add_param(nb_module *v, const char *name, nb_tensor *t) {
+    if (!v || !t || !name) return nb__error(NB_ENULL, "module_view_add_param: NULL argument");
+    if (!v->borrows) return nb__error(NB_EINVAL, "module_view_add_param: not a view");
+    if (!name_free(v, name, "module_view_add_param")) return nb_last_status();
+    if (!list_add(&v->params, name, nb_tensor_retain(t))) {
+        nb_tensor_free(t);
+        return nb__error(NB_ENOMEM, "module_view_add_param: out of memory");
+    }
+    invalidate(v);
+    return NB_OK;
 }

@@ -5,12 +5,20 @@
  * Each gradient is reduced and rescaled by the kernels of its own device (gradients may
  * live on different devices); the per-gradient partial norms come back to the host as
  * doubles through the kernels' result field. Meta gradients have no values: their part of
- * the norm is NaN, so the norm of a list with one is NaN, and nothing is rescaled. */
+ * the norm is NaN, so the norm of a list with one is NaN, and nothing is rescaled.
+ *
+ * Parallel models: a parameter's placement (nabla/mesh.h, tensor/place.h) makes the norm the
+ * whole model's. Each rank sums |g|^p over its parameters whose copy counts once
+ * (nb_placement_counts: a part of a sharded tensor always, a replicated one on one rank of
+ * each replicated dimension, a tied pipeline copy once), the placements' mesh adds the sums
+ * of every rank, and every rank scales its own gradients by the same factor. A ZeRO
+ * parameter's gradient is its reduced shard (the placement's shard_grad). */
 #include <math.h>
 #include <stdlib.h>
 
 #include "nabla/autograd.h"
 #include "optim/optim_impl.h"
+#include "tensor/place.h"
 
 /* The gradient of params->tensors[i] if it is one we can work on; NULL (no error) when the
  * parameter has no gradient; sets *st on a bad entry. */
@@ -20,7 +28,7 @@ static nb_tensor *grad_of(const nb_params *ps, int i, const char *who, nb_status
         *st = nb__error(NB_ENULL, "%s: parameter %d is NULL", who, i);
         return NULL;
     }
-    nb_tensor *g = t->grad;
+    nb_tensor *g = t->place && t->place->shard_grad ? t->place->shard_grad : t->grad;
     if (!g) return NULL;
     const char *name = ps->names && ps->names[i] ? ps->names[i] : "";
     if (!nb_dtype_is_float(g->dtype)) {
@@ -62,6 +70,18 @@ static double clip_norm(const nb_params *ps, double max_norm, double norm_type, 
     nb_status st = NB_OK;
     for (int i = 0; i < ps->count && st == NB_OK; i++) grad_of(ps, i, who, &st);
     if (st != NB_OK) return st;
+    /* Placements on a mesh: the sum over every rank of the mesh (one mesh for all). */
+    for (int i = 0; i < ps->count && !reduce; i++) {
+        const nb__place *pl = ps->tensors[i]->place;
+        if (pl && pl->reduce) reduce = pl->reduce, ctx = pl->reduce_ctx;
+    }
+    for (int i = 0; i < ps->count && reduce; i++) {
+        const nb__place *pl = ps->tensors[i]->place;
+        if (pl && pl->reduce && pl->reduce_ctx != ctx)
+            return nb__error(NB_EINVAL, "%s: the parameters are placed on two different device "
+                             "meshes (%s among them); a norm is over one model", who,
+                             ps->names && ps->names[i] ? ps->names[i] : "a parameter");
+    }
 
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
@@ -76,6 +96,8 @@ static double clip_norm(const nb_params *ps, double max_norm, double norm_type, 
     if (ps->count > 0 && !host) st = nb__error(NB_ENOMEM, "%s: out of memory", who);
     for (int i = 0; i <= ps->count && st == NB_OK; i++) {
         nb_tensor *g = i < ps->count ? grad_of(ps, i, who, &st) : NULL;
+        /* a copy another rank counts (replicated) adds nothing here; it is scaled below */
+        if (g && ps->tensors[i]->place && !ps->tensors[i]->place->counts) continue;
         if (i < ps->count && !g) continue;
         bool flush = parts && (!g || !nb_device_equal(nb__device_of(g), nb__device_of(parts)));
         if (flush) { /* combine the slots filled so far, in order */

@@ -72,7 +72,7 @@ void nb__optim_state_clear(nb_optim *opt) {
 }
 
 void nb_optim_state_release(nb_optim *opt) {
-    if (opt) nb__optim_state_clear(opt);
+    if (opt && nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_state_release")) nb__optim_state_clear(opt);
 }
 
 /* Append params as group g (already checked hyperparameters). All or nothing. */
@@ -141,9 +141,9 @@ static nb_status add_params(nb_optim *opt, const nb_params *ps, int g, const cha
 
 nb_optim *nb__optim_new(const nb__optim_kind *kind, const nb__hyper *h, const nb_params *params) {
     if (kind->check(h, kind->name) != NB_OK) return NULL;
-    nb_optim *opt = calloc(1, sizeof *opt);
+    nb_optim *opt = nb__obj_alloc(sizeof *opt, NB__OBJ_OPTIM);
     if (!opt || !grow((void **)&opt->groups, &opt->cap_groups, 1, sizeof(nb__hyper))) {
-        free(opt);
+        nb__obj_free(opt);
         nb__error(NB_ENOMEM, "%s: out of memory", kind->name);
         return NULL;
     }
@@ -159,7 +159,7 @@ nb_optim *nb__optim_new(const nb__optim_kind *kind, const nb__hyper *h, const nb
 }
 
 void nb_optim_free(nb_optim *opt) {
-    if (!opt) return;
+    if (!opt || !nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_free")) return;
     nb__optim_state_clear(opt);
     for (int i = 0; i < opt->nparams; i++) {
         nb__oparam_reset(&opt->params[i]);
@@ -171,14 +171,17 @@ void nb_optim_free(nb_optim *opt) {
     free(opt->work);
     free(opt->plist.tensors);
     free(opt->plist.names);
-    free(opt);
+    nb__obj_free(opt);
 }
 
-const char *nb_optim_name(const nb_optim *opt) { return opt ? opt->kind->name : "?"; }
+const char *nb_optim_name(const nb_optim *opt) {
+    return opt && nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_name") ? opt->kind->name : "?";
+}
 
 /* ---- groups ---------------------------------------------------------------------------------- */
 int nb_optim_add_group(nb_optim *opt, const nb_params *params, const nb_group_opts *o) {
     if (!opt) return nb__error(NB_ENULL, "optim_add_group: opt is NULL");
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_add_group")) return nb_last_status();
     nb_group_opts z = nb_group_defaults();
     if (!o) o = &z;
     const double given[NB__H_COUNT] = {
@@ -221,13 +224,16 @@ nb_group_opts nb_group_defaults(void) {
                            .initial_accumulator_value = NAN};
 }
 
-int nb_optim_num_groups(const nb_optim *opt) { return opt ? opt->ngroups : 0; }
+int nb_optim_num_groups(const nb_optim *opt) {
+    return opt && nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_num_groups") ? opt->ngroups : 0;
+}
 
 static bool group_ok(const nb_optim *opt, int g, const char *who) {
     if (!opt) {
         nb__error(NB_ENULL, "%s: opt is NULL", who);
         return false;
     }
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, who)) return false;
     if (g < 0 || g >= opt->ngroups) {
         nb__error(NB_EINDEX, "%s: group %d out of range (the optimizer has %d)", who, g,
                   opt->ngroups);
@@ -257,6 +263,7 @@ double nb_optim_get_lr(const nb_optim *opt, int g) {
 
 nb_status nb_optim_set_lr(nb_optim *opt, int g, double lr) {
     if (!opt) return nb__error(NB_ENULL, "optim_set_lr: opt is NULL");
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_set_lr")) return nb_last_status();
     if (g != -1 && !group_ok(opt, g, "optim_set_lr")) return nb_last_status();
     if (!(lr >= 0) || isinf(lr))
         return nb__error(NB_EINVAL, "optim_set_lr: lr must be a finite value >= 0, got %g", lr);
@@ -282,6 +289,7 @@ const nb_params *nb_optim_params(const nb_optim *opt) {
         nb__error(NB_ENULL, "optim_params: opt is NULL");
         return NULL;
     }
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_params")) return NULL;
     nb_optim *o = nb__unconst(opt); /* the list is a cache */
     if (!o->plist_ok) {
         size_t n = (size_t)(o->nparams ? o->nparams : 1);
@@ -353,6 +361,7 @@ nb_status nb_params_split_decay(const nb_params *ps, nb_params *decay, nb_params
 static nb_status zero_grad(nb_optim *opt);
 nb_status nb_zero_grad(nb_optim *opt) {
     if (!opt) return nb__error(NB_ENULL, "zero_grad: opt is NULL");
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "zero_grad")) return nb_last_status();
     int tok = NB__SPAN_BEGIN("zero_grad", NULL, NB__CAT_OPTIM);
     nb_status st = zero_grad(opt);
     NB__SPAN_END(tok);
@@ -455,6 +464,7 @@ static nb_status step(nb_optim *opt);
 /* One span per step, named by the optimizer ("adamw"; tensor/trace.h). */
 nb_status nb_step(nb_optim *opt) {
     if (!opt) return nb__error(NB_ENULL, "step: opt is NULL");
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "step")) return nb_last_status();
     if (opt->step_hook) return opt->step_hook(opt->step_ctx); /* sharded (nb_zero) */
     int tok = NB__SPAN_BEGIN(opt->kind->name, NULL, NB__CAT_OPTIM);
     nb_status st = step(opt);

@@ -7,6 +7,7 @@
 
 #include "nabla/optim.h"
 #include "tensor/backend.h"
+#include "tensor/handle.h"
 #include "tensor/tensor_impl.h"
 
 #define NB__OPT_SLOTS 3 /* most state tensors per parameter (Adam with amsgrad, RMSprop) */
@@ -81,6 +82,7 @@ typedef struct nb__optim_kind {
 } nb__optim_kind;
 
 struct nb_optim {
+    nb__obj h; /* a checked handle (tensor/handle.h) */
     const nb__optim_kind *kind;
     nb__hyper defaults;        /* what the constructor resolved */
     nb__hyper *groups;
@@ -105,6 +107,7 @@ struct nb_optim {
 
 /* The loss scaler (optim/scaler.c; nabla/optim.h). */
 struct nb_grad_scaler {
+    nb__obj h; /* a checked handle (tensor/handle.h) */
     nb_grad_scaler_opts o;
     double scale;
     int64_t tracker;           /* clean steps in a row since the last change of scale */

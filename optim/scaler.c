@@ -50,7 +50,7 @@ nb_grad_scaler *nb_grad_scaler_new(const nb_grad_scaler_opts *o) {
         nb__error(NB_EINVAL, "%s: min_scale must be finite and >= 0, got %g", who, o->min_scale);
         return NULL;
     }
-    nb_grad_scaler *s = calloc(1, sizeof *s);
+    nb_grad_scaler *s = nb__obj_alloc(sizeof *s, NB__OBJ_SCALER);
     if (!s) {
         nb__error(NB_ENOMEM, "%s: out of memory", who);
         return NULL;
@@ -81,13 +81,13 @@ static void restore(nb_grad_scaler *s) {
 }
 
 void nb_grad_scaler_free(nb_grad_scaler *s) {
-    if (!s) return;
+    if (!s || !nb__obj_ok(s, NB__OBJ_SCALER, "grad_scaler_free")) return;
     restore(s);
     for (int i = 0; i < s->nbuf; i++) nb_tensor_free(s->buf[i]);
     free(s->buf);
     free(s->orig);
     state_clear(s);
-    free(s);
+    nb__obj_free(s);
 }
 
 nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_tensor *loss) {
@@ -95,6 +95,7 @@ nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_tensor *loss) {
         nb__error(NB_ENULL, "grad_scaler_scale: scaler is NULL");
         return NULL;
     }
+    if (!nb__obj_ok(s, NB__OBJ_SCALER, "grad_scaler_scale")) return NULL;
     if (!loss) return NULL; /* keep the first error */
     if (!s->o.enabled) return nb__scope_add(nb_tensor_retain(loss)); /* a new reference */
     return nb_mul_scalar(loss, s->scale);
@@ -219,6 +220,8 @@ static nb_status unscale(nb_grad_scaler *s, nb_optim *user, const char *who) {
 nb_status nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
     const char *who = "grad_scaler_unscale";
     if (!s || !opt) return nb__error(NB_ENULL, "%s: %s is NULL", who, !s ? "scaler" : "opt");
+    if (!nb__obj_ok(s, NB__OBJ_SCALER, who) || !nb__obj_ok(opt, NB__OBJ_OPTIM, who))
+        return nb_last_status();
     if (!s->o.enabled) return NB_OK;
     if (s->unscaled)
         return nb__error(NB_ESTATE, "%s: already called since the last nb_grad_scaler_update "
@@ -229,6 +232,8 @@ nb_status nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
 nb_status nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt) {
     const char *who = "grad_scaler_step";
     if (!s || !opt) return nb__error(NB_ENULL, "%s: %s is NULL", who, !s ? "scaler" : "opt");
+    if (!nb__obj_ok(s, NB__OBJ_SCALER, who) || !nb__obj_ok(opt, NB__OBJ_OPTIM, who))
+        return nb_last_status();
     if (!s->o.enabled) {
         s->last_skipped = false;
         return nb_step(opt);
@@ -250,6 +255,7 @@ nb_status nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt) {
 
 nb_status nb_grad_scaler_update(nb_grad_scaler *s) {
     if (!s) return nb__error(NB_ENULL, "grad_scaler_update: scaler is NULL");
+    if (!nb__obj_ok(s, NB__OBJ_SCALER, "grad_scaler_update")) return nb_last_status();
     if (!s->o.enabled) {
         s->steps++;
         return NB_OK;
@@ -284,12 +290,19 @@ nb_status nb_grad_scaler_step_update(nb_grad_scaler *s, nb_optim *opt) {
     return st == NB_OK ? nb_grad_scaler_update(s) : st;
 }
 
+#define LIVE(s, op) ((s) && nb__obj_ok((s), NB__OBJ_SCALER, (op))) /* NULL: quietly false */
 double nb_grad_scaler_get_scale(const nb_grad_scaler *s) {
-    return s ? (s->o.enabled ? s->scale : 1.0) : NAN;
+    return LIVE(s, "grad_scaler_get_scale") ? (s->o.enabled ? s->scale : 1.0) : NAN;
 }
-bool nb_grad_scaler_skipped(const nb_grad_scaler *s) { return s && s->last_skipped; }
-int64_t nb_grad_scaler_num_steps(const nb_grad_scaler *s) { return s ? s->steps : 0; }
-int64_t nb_grad_scaler_num_skipped(const nb_grad_scaler *s) { return s ? s->skipped : 0; }
+bool nb_grad_scaler_skipped(const nb_grad_scaler *s) {
+    return LIVE(s, "grad_scaler_skipped") && s->last_skipped;
+}
+int64_t nb_grad_scaler_num_steps(const nb_grad_scaler *s) {
+    return LIVE(s, "grad_scaler_num_steps") ? s->steps : 0;
+}
+int64_t nb_grad_scaler_num_skipped(const nb_grad_scaler *s) {
+    return LIVE(s, "grad_scaler_num_skipped") ? s->skipped : 0;
+}
 
 /* ---- state ----------------------------------------------------------------------------------- */
 static const char *const state_names[4] = {"scale", "growth_tracker", "steps", "skipped"};
@@ -297,6 +310,9 @@ static const char *const state_names[4] = {"scale", "growth_tracker", "steps", "
 const nb_params *nb_grad_scaler_state(nb_grad_scaler *s) {
     if (!s) {
         nb__error(NB_ENULL, "grad_scaler_state: scaler is NULL");
+        return NULL;
+    }
+    if (!nb__obj_ok(s, NB__OBJ_SCALER, "grad_scaler_state")) {
         return NULL;
     }
     state_clear(s);
@@ -323,6 +339,7 @@ nb_status nb_grad_scaler_load_state(nb_grad_scaler *s, const char *const *names,
                                     nb_tensor *const *ts, int n) {
     const char *who = "grad_scaler_load_state";
     if (!s) return nb__error(NB_ENULL, "%s: scaler is NULL", who);
+    if (!nb__obj_ok(s, NB__OBJ_SCALER, who)) return nb_last_status();
     if (n < 0 || (n > 0 && (!names || !ts)))
         return nb__error(NB_ENULL, "%s: %d entries but %s is NULL", who, n,
                          !names ? "names" : "tensors");

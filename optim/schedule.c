@@ -10,7 +10,8 @@
 #include "optim/optim_impl.h"
 
 struct nb_sched {
-    nb_optim *opt;
+    nb__obj h;             /* a checked handle (tensor/handle.h) */
+    nb_optim *opt;         /* borrowed: a step refuses it once freed */
     nb_sched_opts o;       /* resolved; o.milestones points at our copy */
     int64_t *milestones;
     double *base_lrs;
@@ -207,15 +208,20 @@ static void state_clear(nb_sched *s) {
 
 void nb__sched_state_clear(nb_sched *s) { state_clear(s); }
 void nb_sched_state_release(nb_sched *s) {
-    if (s) state_clear(s);
+    if (s && nb__obj_ok(s, NB__OBJ_SCHED, "sched_state_release")) state_clear(s);
 }
 
 void nb_sched_free(nb_sched *s) {
-    if (!s) return;
+    if (!s || !nb__obj_ok(s, NB__OBJ_SCHED, "sched_free")) return;
     state_clear(s);
     free(s->milestones);
     free(s->base_lrs);
-    free(s);
+    nb__obj_free(s);
+}
+
+/* s and the optimizer it drives are alive. */
+static bool live(const nb_sched *s, const char *op) {
+    return nb__obj_ok(s, NB__OBJ_SCHED, op) && nb__obj_ok(s->opt, NB__OBJ_OPTIM, op);
 }
 
 nb_sched *nb_sched_new(nb_optim *opt, const nb_sched_opts *in) {
@@ -223,6 +229,7 @@ nb_sched *nb_sched_new(nb_optim *opt, const nb_sched_opts *in) {
         nb__error(NB_ENULL, "sched_new: opt is NULL");
         return NULL;
     }
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "sched_new")) return NULL;
     nb_sched_opts o;
     if (resolve(in, &o) != NB_OK) return NULL;
     if (o.kind == NB_SCHED_ONECYCLE && o.cycle_momentum && !nb__optim_has_momentum(opt)) {
@@ -230,7 +237,7 @@ nb_sched *nb_sched_new(nb_optim *opt, const nb_sched_opts *in) {
                   "or betas, and %s has neither", nb_optim_name(opt));
         return NULL;
     }
-    nb_sched *s = calloc(1, sizeof *s);
+    nb_sched *s = nb__obj_alloc(sizeof *s, NB__OBJ_SCHED);
     int ng = nb_optim_num_groups(opt);
     if (s) {
         s->base_lrs = malloc(sizeof(double) * (size_t)(ng ? ng : 1));
@@ -260,21 +267,26 @@ nb_sched *nb_sched_new(nb_optim *opt, const nb_sched_opts *in) {
 
 nb_status nb_sched_step(nb_sched *s) {
     if (!s) return nb__error(NB_ENULL, "sched_step: sched is NULL");
+    if (!live(s, "sched_step")) return nb_last_status();
     return apply(s, s->last_step + 1);
 }
 
 nb_status nb_sched_set_step(nb_sched *s, int64_t t) {
     if (!s) return nb__error(NB_ENULL, "sched_set_step: sched is NULL");
+    if (!live(s, "sched_set_step")) return nb_last_status();
     return apply(s, t);
 }
 
-int64_t nb_sched_last_step(const nb_sched *s) { return s ? s->last_step : -1; }
+int64_t nb_sched_last_step(const nb_sched *s) {
+    return s && nb__obj_ok(s, NB__OBJ_SCHED, "sched_last_step") ? s->last_step : -1;
+}
 
 const nb_params *nb_sched_state(nb_sched *s) {
     if (!s) {
         nb__error(NB_ENULL, "sched_state: sched is NULL");
         return NULL;
     }
+    if (!nb__obj_ok(s, NB__OBJ_SCHED, "sched_state")) return NULL;
     state_clear(s);
     int64_t n = s->ngroups;
     nb_tensor *a = nb_full_on(NB_CPU, NULL, 0, NB_I64, (double)s->last_step);
@@ -295,6 +307,7 @@ nb_status nb_sched_load_state(nb_sched *s, const char *const *names, nb_tensor *
                               int n) {
     const char *who = "sched_load_state";
     if (!s) return nb__error(NB_ENULL, "%s: sched is NULL", who);
+    if (!live(s, who)) return nb_last_status();
     if (n < 0 || (n > 0 && (!names || !ts)))
         return nb__error(NB_ENULL, "%s: %d entries but %s is NULL", who, n,
                          !names ? "names" : "tensors");

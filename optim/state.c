@@ -50,6 +50,7 @@ const nb_params *nb_optim_state(nb_optim *opt) {
         nb__error(NB_ENULL, "optim_state: opt is NULL");
         return NULL;
     }
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_state")) return NULL;
     nb__optim_state_clear(opt);
     const nb__optim_kind *k = opt->kind;
     int cap = opt->ngroups * popcount(k->hypers), nscalar = cap;
@@ -119,9 +120,7 @@ static nb_status unexpected(loadctx *c, const char *name, const char *why) {
 
 /* Why reading or moving entry `name` failed, with the load's context. */
 static nb_status entry_error(loadctx *c, const char *name, nb_status st) {
-    char why[256];
-    snprintf(why, sizeof why, "%s", nb_last_error());
-    return nb__error(st, "%s: '%s': %s", c->who, name, why);
+    return nb_wrap_error(st, "%s: '%s'", c->who, name);
 }
 
 static nb_status scalar_value(loadctx *c, const char *name, const nb_tensor *t, double *out) {
@@ -349,6 +348,7 @@ static void apply(loadctx *c, nb_tensor *const *ts) {
 nb_status nb_optim_load_state(nb_optim *opt, const char *const *names, nb_tensor *const *ts,
                               int n) {
     if (!opt) return nb__error(NB_ENULL, "optim_load_state: opt is NULL");
+    if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_load_state")) return nb_last_status();
     if (n < 0 || (n > 0 && (!names || !ts)))
         return nb__error(NB_ENULL, "optim_load_state: %d entries but %s is NULL", n,
                          !names ? "names" : "tensors");

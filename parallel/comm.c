@@ -33,6 +33,10 @@
 #include "tensor/trace.h"
 
 #define NB__WORK_CACHE 64 /* free works kept per communicator */
+/* A collective still pending this long asks the peers whether they called the same one
+ * (nb__comm_backend.check), then again at doubling intervals up to NB__CHECK_MAX. */
+#define NB__CHECK_FIRST 0.25
+#define NB__CHECK_MAX 4.0
 
 static const char *const coll_names[NB__COLL_COUNT] = {
     "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
@@ -111,13 +115,14 @@ double nb__comm_default_timeout(void) {
         char *end;
         double v = strtod(s, &end);
         if (end != s && v >= 0 && isfinite(v)) return v;
-        fprintf(stderr, "nabla: NB_COMM_TIMEOUT=\"%s\" is not a number of seconds; using 300\n", s);
+        fprintf(stderr, "nabla: NB_COMM_TIMEOUT=\"%s\" is not a number of seconds; using %g\n", s,
+                NB_COMM_TIMEOUT_DEFAULT);
     }
-    return 300.0;
+    return NB_COMM_TIMEOUT_DEFAULT;
 }
 
 nb_comm *nb__comm_alloc(const nb__comm_backend *be, int rank, int size, void *impl) {
-    nb_comm *c = calloc(1, sizeof *c);
+    nb_comm *c = nb__obj_alloc(sizeof *c, NB__OBJ_COMM);
     if (!c) {
         nb__error(NB_ENOMEM, "comm: out of memory");
         return NULL;
@@ -131,6 +136,7 @@ nb_comm *nb__comm_alloc(const nb__comm_backend *be, int rank, int size, void *im
     atomic_init(&c->issued, 0);
     atomic_init(&c->completed, 0);
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->sig_mu, NULL);
     return c;
 }
 
@@ -145,33 +151,52 @@ void nb__comm_release(nb_comm *c) {
         free(w);
     }
     pthread_mutex_destroy(&c->mu);
-    free(c);
+    pthread_mutex_destroy(&c->sig_mu);
+    nb__obj_free(c);
 }
 
-void nb_comm_free(nb_comm *c) { nb__comm_release(c); }
-int nb_comm_rank(const nb_comm *c) { return c ? c->rank : -1; }
-int nb_comm_size(const nb_comm *c) { return c ? c->size : 0; }
-const char *nb_comm_backend(const nb_comm *c) { return c ? c->be->name : "none"; }
+/* A live communicator, or quietly false for NULL (the error set for a freed one). */
+#define LIVE(c, op) ((c) && nb__obj_ok((c), NB__OBJ_COMM, (op)))
+void nb_comm_free(nb_comm *c) {
+    if (LIVE(c, "comm_free")) nb__comm_release(c);
+}
+int nb_comm_rank(const nb_comm *c) { return LIVE(c, "comm_rank") ? c->rank : -1; }
+int nb_comm_size(const nb_comm *c) { return LIVE(c, "comm_size") ? c->size : 0; }
+const char *nb_comm_backend(const nb_comm *c) {
+    return LIVE(c, "comm_backend") ? c->be->name : "none";
+}
 
 void nb_comm_set_timeout(nb_comm *c, double seconds) {
-    if (!c) return;
+    if (!LIVE(c, "comm_set_timeout")) return;
     if (!(seconds >= 0) || !isfinite(seconds)) {
         nb__error(NB_EINVAL, "comm_set_timeout: %g is not a number of seconds >= 0", seconds);
         return;
     }
     atomic_store(&c->timeout, seconds);
 }
-double nb_comm_timeout(const nb_comm *c) { return c ? atomic_load(&c->timeout) : 0; }
+double nb_comm_timeout(const nb_comm *c) {
+    return LIVE(c, "comm_timeout") ? atomic_load(&c->timeout) : 0;
+}
+
+/* NB_COMM_DEBUG=detail: the ranks agree on the collective before it starts (comm_check.c). */
+static bool agreed(nb_comm *c, nb__coll k, nb_dtype dt, nb_reduce_op op, int root, int64_t n,
+                   const char *name) {
+    if (!nb__comm_debug()) return true;
+    nb__sig s = nb__sig_of(k, dt, op, root, n);
+    return nb__comm_debug_check(c, &s, name) == NB_OK;
+}
 
 nb_comm *nb_comm_split(nb_comm *c, int color, int key) {
     if (!c) {
         nb__error(NB_ENULL, "comm_split: comm is NULL");
         return NULL;
     }
+    if (!nb__obj_ok(c, NB__OBJ_COMM, "comm_split")) return NULL;
     if (color < 0) {
         nb__error(NB_EINVAL, "comm_split: color %d is negative; colors must be >= 0", color);
         return NULL;
     }
+    if (!agreed(c, NB__COLL_SPLIT, NB_F32, NB_REDUCE_SUM, -1, 0, "comm_split")) return NULL;
     nb_comm *n = c->be->split(c, color, key);
     if (n) {
         atomic_store(&n->timeout, atomic_load(&c->timeout));
@@ -186,6 +211,7 @@ nb_work *nb__work_new(nb_comm *c, nb__coll kind) {
     nb_work *w = c->free_works;
     if (w) {
         c->free_works = w->next;
+        if (!c->free_works) c->free_tail = NULL;
         c->free_count--;
     }
     pthread_mutex_unlock(&c->mu);
@@ -195,6 +221,7 @@ nb_work *nb__work_new(nb_comm *c, nb__coll kind) {
     }
     memset(w, 0, offsetof(nb_work, be));
     memset(w->be, 0, sizeof w->be);
+    nb__obj_init(&w->h, NB__OBJ_WORK, sizeof *w);
     w->next = NULL;
     w->comm = c;
     w->a.kind = kind;
@@ -218,10 +245,13 @@ void nb__work_release(nb_work *w) {
     if (atomic_fetch_sub(&w->refs, 1) != 1) return;
     nb_comm *c = w->comm;
     work_drop_holds(w);
+    w->h.magic = NB__OBJ_FREED; /* nb_work_wait etc. on this handle: an error */
     pthread_mutex_lock(&c->mu);
-    if (c->free_count < NB__WORK_CACHE) {
-        w->next = c->free_works;
-        c->free_works = w;
+    if (c->free_count < NB__WORK_CACHE) { /* to the end: reused last */
+        w->next = NULL;
+        if (c->free_tail) c->free_tail->next = w;
+        else c->free_works = w;
+        c->free_tail = w;
         c->free_count++;
         w = NULL;
     }
@@ -237,6 +267,18 @@ void nb__work_fail(nb_work *w, nb_status s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(w->msg, sizeof w->msg, fmt, ap);
     va_end(ap);
+    w->status = s;
+    atomic_store(&w->state, NB__WORK_FAILED);
+}
+
+void nb__work_fail_wrap(nb_work *w, nb_status s, const char *fmt, ...) {
+    char ctx[NB__COMM_MSG], inner[NB__COMM_MSG];
+    snprintf(inner, sizeof inner, "%s", nb_last_error()); /* before anything else sets it */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx, sizeof ctx, fmt, ap);
+    va_end(ap);
+    nb__wrap_msg(w->msg, sizeof w->msg, ctx, inner, s);
     w->status = s;
     atomic_store(&w->state, NB__WORK_FAILED);
 }
@@ -321,7 +363,7 @@ static nb_status copy_back(nb_tensor *dst, nb_tensor *staged) {
 }
 
 static bool check_comm(const nb_comm *c, const char *op) {
-    if (c) return true;
+    if (c) return nb__obj_ok(c, NB__OBJ_COMM, op);
     nb__error(NB_ENULL, "%s: comm is NULL", op);
     return false;
 }
@@ -354,10 +396,18 @@ static bool check_same_dtype(const nb_tensor *out, const nb_tensor *in, const ch
     return false;
 }
 
-/* Number the operation, start it on the backend. */
+/* Number the operation (a collective: recording its signature for the peers' checks, or
+ * refusing it when the ranks are out of step), start it on the backend. */
 nb_work *nb__work_launch(nb_comm *c, nb_work *w) {
-    if (!nb__coll_is_p2p(w->a.kind)) w->seq = atomic_fetch_add(&c->issued, 1) + 1;
+    if (!nb__coll_is_p2p(w->a.kind)) {
+        if (nb__comm_refuse_out_of_step(c, nb__coll_name(w->a.kind)) != NB_OK)
+            return work_abort(w);
+        w->seq = atomic_fetch_add(&c->issued, 1) + 1;
+        nb__sig sig = nb__work_sig(w);
+        nb__comm_sig_record(c, &sig);
+    }
     w->t_start = nb__now();
+    w->next_check = w->t_start + NB__CHECK_FIRST;
     int tok = NB__SPAN_BEGIN(start_names[w->a.kind], NULL, NB__CAT_COMM);
     nb_status st = c->be->start[w->a.kind](c, w);
     NB__SPAN_END_ARG(tok, "bytes", work_bytes(w));
@@ -370,7 +420,9 @@ nb_work *nb_allreduce_async(nb_comm *c, nb_tensor *t, nb_reduce_op op) {
     if (!check_comm(c, "allreduce") || !check_tensor(t, "allreduce", "t") ||
         !check_op(op, t->dtype, "allreduce"))
         return NULL;
-    if (!(c = nb__comm_route(c, NB__COLL_ALLREDUCE, t, NULL, "allreduce"))) return NULL;
+    if (!agreed(c, NB__COLL_ALLREDUCE, t->dtype, op, -1, nb_numel(t), "allreduce") ||
+        !(c = nb__comm_route(c, NB__COLL_ALLREDUCE, t, NULL, "allreduce")))
+        return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_ALLREDUCE);
     if (!w) return NULL;
     w->a.dtype = t->dtype;
@@ -384,7 +436,9 @@ nb_work *nb_broadcast_async(nb_comm *c, nb_tensor *t, int root) {
     if (!check_comm(c, "broadcast") || !check_tensor(t, "broadcast", "t") ||
         !check_rank(c, root, "broadcast", "root"))
         return NULL;
-    if (!(c = nb__comm_route(c, NB__COLL_BROADCAST, t, NULL, "broadcast"))) return NULL;
+    if (!agreed(c, NB__COLL_BROADCAST, t->dtype, NB_REDUCE_SUM, root, nb_numel(t), "broadcast") ||
+        !(c = nb__comm_route(c, NB__COLL_BROADCAST, t, NULL, "broadcast")))
+        return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_BROADCAST);
     if (!w) return NULL;
     w->a.dtype = t->dtype;
@@ -398,7 +452,9 @@ nb_work *nb_reduce_async(nb_comm *c, nb_tensor *t, nb_reduce_op op, int root) {
     if (!check_comm(c, "reduce") || !check_tensor(t, "reduce", "t") ||
         !check_op(op, t->dtype, "reduce") || !check_rank(c, root, "reduce", "root"))
         return NULL;
-    if (!(c = nb__comm_route(c, NB__COLL_REDUCE, t, NULL, "reduce"))) return NULL;
+    if (!agreed(c, NB__COLL_REDUCE, t->dtype, op, root, nb_numel(t), "reduce") ||
+        !(c = nb__comm_route(c, NB__COLL_REDUCE, t, NULL, "reduce")))
+        return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_REDUCE);
     if (!w) return NULL;
     w->a.dtype = t->dtype;
@@ -428,7 +484,9 @@ nb_work *nb_allgather_async(nb_comm *c, nb_tensor *out, const nb_tensor *in) {
                   (long long)n_in, NB__SHAPE(in), (long long)(e - b));
         return NULL;
     }
-    if (!(c = nb__comm_route(c, NB__COLL_ALLGATHER, out, in, "allgather"))) return NULL;
+    if (!agreed(c, NB__COLL_ALLGATHER, in->dtype, NB_REDUCE_SUM, -1, n_out, "allgather") ||
+        !(c = nb__comm_route(c, NB__COLL_ALLGATHER, out, in, "allgather")))
+        return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_ALLGATHER);
     if (!w) return NULL;
     w->a.dtype = in->dtype;
@@ -456,7 +514,8 @@ nb_work *nb_reduce_scatter_async(nb_comm *c, nb_tensor *out, const nb_tensor *in
                   (long long)nb_numel(out), c->rank, (long long)n, c->size, (long long)(e - b));
         return NULL;
     }
-    if (!(c = nb__comm_route(c, NB__COLL_REDUCE_SCATTER, out, in, "reduce_scatter")))
+    if (!agreed(c, NB__COLL_REDUCE_SCATTER, in->dtype, op, -1, n, "reduce_scatter") ||
+        !(c = nb__comm_route(c, NB__COLL_REDUCE_SCATTER, out, in, "reduce_scatter")))
         return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_REDUCE_SCATTER);
     if (!w) return NULL;
@@ -481,7 +540,9 @@ nb_work *nb_all_to_all_async(nb_comm *c, nb_tensor *out, const nb_tensor *in) {
                   c->size);
         return NULL;
     }
-    if (!(c = nb__comm_route(c, NB__COLL_ALL_TO_ALL, out, in, "all_to_all"))) return NULL;
+    if (!agreed(c, NB__COLL_ALL_TO_ALL, in->dtype, NB_REDUCE_SUM, -1, n, "all_to_all") ||
+        !(c = nb__comm_route(c, NB__COLL_ALL_TO_ALL, out, in, "all_to_all")))
+        return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_ALL_TO_ALL);
     if (!w) return NULL;
     w->a.dtype = in->dtype;
@@ -492,7 +553,9 @@ nb_work *nb_all_to_all_async(nb_comm *c, nb_tensor *out, const nb_tensor *in) {
 }
 
 nb_work *nb_barrier_async(nb_comm *c) {
-    if (!check_comm(c, "barrier")) return NULL;
+    if (!check_comm(c, "barrier") ||
+        !agreed(c, NB__COLL_BARRIER, NB_F32, NB_REDUCE_SUM, -1, 0, "barrier"))
+        return NULL;
     nb_work *w = nb__work_new(c, NB__COLL_BARRIER);
     return w ? nb__work_launch(c, w) : NULL;
 }
@@ -580,17 +643,62 @@ static void work_abandon(nb_work *w) {
     nb__work_release(w);
 }
 
-nb_status nb__work_wait_keep(nb_work *w) {
+/* Whether the ranks disagree on w (a collective): its communicator is out of step, or the
+ * backend's check found a peer whose collective of the same number differs (the
+ * communicator is then out of step). The reason in msg. */
+static bool disagree(nb_work *w, char *msg, size_t n) {
+    if (nb__coll_is_p2p(w->a.kind)) return false;
+    char why[NB__COMM_MSG];
+    if (nb__comm_out_of_step(w->comm, why, sizeof why)) {
+        char ctx[128];
+        snprintf(ctx, sizeof ctx, "%s (collective #%lld on this communicator): the ranks are "
+                 "out of step", nb__coll_name(w->a.kind), (long long)w->seq);
+        nb__wrap_msg(msg, n, ctx, why, NB_ECOMM);
+        return true;
+    }
+    if (w->internal || !w->comm->be->check || w->comm->be->check(w, msg, n) != 1) return false;
+    nb__comm_put_out_of_step(w->comm, msg);
+    return true;
+}
+
+/* End w, on which the ranks disagree: withdrawn by the backend (w failed with msg, still the
+ * caller's), or given up. */
+static nb_status work_disagreed(nb_work *w, const char *msg, bool *gave_up) {
+    if (w->comm->be->cancel && w->comm->be->cancel(w, msg)) return work_finish(w);
+    nb__error(NB_ECOMM, "%s", msg);
+    work_abandon(w);
+    *gave_up = true;
+    return NB_ECOMM;
+}
+
+nb_status nb__work_wait_keep(nb_work *w, bool *gave_up) {
     nb_comm *c = w->comm;
-    double t0 = nb__now(), to = atomic_load(&c->timeout);
+    *gave_up = false;
+    double t0 = nb__now(), to = atomic_load(&c->timeout), deadline = to > 0 ? t0 + to : 0;
     int r = atomic_load(&w->state);
     if (r == NB__WORK_PENDING) {
+        int slot = nb__wait_begin(w); /* for the peers' "where are you?" */
         int tok = NB__SPAN_BEGIN(wait_names[w->a.kind], NULL, NB__CAT_COMM);
-        r = c->be->wait(w, to > 0 ? t0 + to : 0);
+        /* A collective is waited for in slices: after each, whether the ranks disagree. */
+        bool checks = !nb__coll_is_p2p(w->a.kind);
+        double gap = NB__CHECK_FIRST, next = w->t_start + gap;
+        char msg[NB__COMM_MSG];
+        bool disagreed = false;
+        for (;;) {
+            double until = checks && (deadline <= 0 || next < deadline) ? next : deadline;
+            r = c->be->wait(w, until);
+            if (r != 0 || !checks || (deadline > 0 && nb__now() >= deadline)) break;
+            if ((disagreed = disagree(w, msg, sizeof msg))) break;
+            gap = 2 * gap < NB__CHECK_MAX ? 2 * gap : NB__CHECK_MAX;
+            next = nb__now() + gap;
+        }
         NB__SPAN_END_ARG(tok, "seq", w->seq);
+        nb__wait_end(slot);
+        if (disagreed) return work_disagreed(w, msg, gave_up);
     }
     if (r == 0 && !timeout_error(w, nb__now() - t0)) {
         work_abandon(w);
+        *gave_up = true;
         return NB_ETIMEOUT;
     }
     return work_finish(w);
@@ -601,8 +709,10 @@ nb_status nb_work_wait(nb_work *w) {
         if (nb_last_status() != NB_OK) return nb_last_status();
         return nb__error(NB_ENULL, "work_wait: work is NULL");
     }
-    nb_status st = nb__work_wait_keep(w);
-    if (st != NB_ETIMEOUT) nb__work_release(w);
+    if (!nb__obj_ok(w, NB__OBJ_WORK, "work_wait")) return nb_last_status();
+    bool gave_up;
+    nb_status st = nb__work_wait_keep(w, &gave_up);
+    if (!gave_up) nb__work_release(w);
     return st;
 }
 
@@ -611,14 +721,28 @@ int nb_work_test(nb_work *w) {
         if (nb_last_status() != NB_OK) return nb_last_status();
         return nb__error(NB_ENULL, "work_test: work is NULL");
     }
-    if (w->timed_out) return NB_ETIMEOUT;
+    if (!nb__obj_ok(w, NB__OBJ_WORK, "work_test")) return nb_last_status();
+    if (w->test_failed) return w->test_failed;
     int r = atomic_load(&w->state);
     if (r == NB__WORK_PENDING) r = w->comm->be->test(w);
     if (r == 0) {
-        double to = atomic_load(&w->comm->timeout), waited = nb__now() - w->t_start;
+        double now = nb__now(), to = atomic_load(&w->comm->timeout), waited = now - w->t_start;
         if (to > 0 && waited > to && !timeout_error(w, waited)) {
-            w->timed_out = true;
+            w->test_failed = NB_ETIMEOUT;
             return NB_ETIMEOUT;
+        }
+        char msg[NB__COMM_MSG];
+        if (now >= w->next_check && !nb__coll_is_p2p(w->a.kind)) {
+            if (disagree(w, msg, sizeof msg)) {
+                if (w->comm->be->cancel && w->comm->be->cancel(w, msg)) {
+                    nb_status st = work_finish(w);
+                    return st == NB_OK ? 1 : st;
+                }
+                w->test_failed = nb__error(NB_ECOMM, "%s", msg); /* nb_work_free gives it up */
+                return NB_ECOMM;
+            }
+            double gap = now - w->t_start; /* doubling intervals, as nb_work_wait's */
+            w->next_check = now + (gap < NB__CHECK_MAX ? gap : NB__CHECK_MAX);
         }
         if (atomic_load(&w->state) == NB__WORK_PENDING) return 0;
     }
@@ -627,7 +751,7 @@ int nb_work_test(nb_work *w) {
 }
 
 void nb_work_free(nb_work *w) {
-    if (!w) return;
+    if (!w || !nb__obj_ok(w, NB__OBJ_WORK, "work_free")) return;
     if (atomic_load(&w->state) == NB__WORK_PENDING && w->comm->be->test(w) == 0) {
         work_abandon(w);
         return;

@@ -347,7 +347,17 @@ static int do_reduce_scatter(nb__mpi_comm *m, nb_work *w, bool *oom) {
     return rc;
 }
 
-static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl, MPI_Comm sm);
+static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl, MPI_Comm sm, uint64_t uid);
+
+/* A communicator's identity, the same on its ranks and different from the communicators
+ * before it (whose MPI context ids MPI may reuse): the parent's, mixed with the split's
+ * number there and the color. */
+static uint64_t child_uid(uint64_t parent, int64_t seq, int color) {
+    uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
+    h = (h ^ (uint64_t)seq) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (uint64_t)(uint32_t)color) * 0x94d049bb133111ebull;
+    return h ^ (h >> 31);
+}
 
 static void free_comms(MPI_Comm *c, int n) {
     for (int i = 0; i < n; i++)
@@ -363,11 +373,34 @@ static int do_split(nb__mpi_comm *m, nb_work *w, bool *oom) {
         free_comms(nc, 3);
         return rc;
     }
-    if (!(w->a.out = make_comm(nc[0], nc[1], nc[2]))) {
+    if (!(w->a.out = make_comm(nc[0], nc[1], nc[2], child_uid(m->uid, w->seq, w->a.peer)))) {
         free_comms(nc, 3);
         *oom = true;
     }
     return MPI_SUCCESS;
+}
+
+/* Without MPI_THREAD_MULTIPLE (collectives inline, blocking, without the control thread's
+ * checks): the ranks' signatures gathered before each collective; false (w failed, naming
+ * both sides) when they differ. */
+static bool inline_agree(nb__mpi_comm *m, nb_work *w) {
+    int size = w->comm->size;
+    if (size < 2) return true;
+    nb__sig me = nb__work_sig(w), *all = malloc(sizeof(nb__sig) * (size_t)size);
+    if (!all) return true; /* no check, rather than no collective */
+    int rc = MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, m->comm);
+    bool ok = rc == MPI_SUCCESS;
+    if (!ok) nb__mpi_fail(w, rc);
+    for (int r = 0; ok && r < size; r++)
+        if (!nb__sig_same(&me, &all[r]) || all[r].seq != me.seq) {
+            char msg[NB__COMM_MSG];
+            nb__sig_mismatch(&me, w->comm->rank, &all[r], r, msg, sizeof msg);
+            nb__comm_put_out_of_step(w->comm, msg);
+            nb__work_fail(w, NB_ECOMM, "%s", msg);
+            ok = false;
+        }
+    free(all);
+    return ok;
 }
 
 /* One collective with blocking MPI calls; marks w done or failed. */
@@ -375,6 +408,7 @@ static void run_op(nb__mpi_comm *m, nb_work *w) {
     nb__args *a = &w->a;
     bool oom = false;
     int rc = MPI_SUCCESS;
+    if (!g.threads && !inline_agree(m, w)) return;
     if (a->in_count > INT_MAX || a->out_count > INT_MAX) {
         nb__work_fail(w, NB_EUNSUPPORTED, "%s: more than %d elements per call are not supported",
                       nb__coll_name(a->kind), INT_MAX);
@@ -398,8 +432,8 @@ static void run_op(nb__mpi_comm *m, nb_work *w) {
     }
     NB__SPAN_END_ARG(tok, "seq", w->seq);
     if (rc != MPI_SUCCESS) nb__mpi_fail(w, rc);
-    else if (oom) nb__work_fail(w, NB_ENOMEM, "%s on rank %d: %s", nb__coll_name(a->kind),
-                                w->comm->rank, nb_last_error());
+    else if (oom) nb__work_fail_wrap(w, NB_ENOMEM, "%s on rank %d", nb__coll_name(a->kind),
+                                     w->comm->rank);
     else nb__work_done(w);
 }
 
@@ -407,6 +441,50 @@ static void destroy_impl(nb__mpi_comm *m);
 
 /* The communicator whose worker this thread is (NULL on other threads). */
 static _Thread_local nb__mpi_comm *worker_of;
+
+/* Before a large collective runs in MPI, the ranks agree on it: an empty schedule (a
+ * dissemination barrier) whose messages carry the hash of w's signature in their tag
+ * (comm_mpi_small.c), so it completes only among ranks calling the same collective. Ranks
+ * that disagree stall here, where MPI would run mismatched calls into an error, a hang or
+ * wrong results; the caller's check then finds the difference and withdraws w
+ * (mpi_cancel). Returns true to run w; false when w has ended (withdrawn, or an error). */
+static bool agree_first(nb__mpi_comm *m, nb_work *w) {
+    nb__mpi_ws *s = nb__mpi_ws_of(w);
+    nb_work *b = w->comm->size > 1 && !w->internal ? nb__work_new(w->comm, NB__COLL_BARRIER)
+                                                   : NULL;
+    bool issued = false;
+    if (b) {
+        nb__sig sig = nb__work_sig(w);
+        b->internal = true;
+        b->seq = w->seq;
+        nb__mpi_ws_of(b)->sig_hash = nb__sig_hash(&sig) | 1;
+        issued = nb__mpi_small_issue(m, b);
+        for (double t0 = nb__now(); issued && atomic_load(&b->state) == NB__WORK_PENDING;) {
+            if (atomic_load(&s->withdraw)) {
+                nb__mpi_small_cancel(m, b, "withdrawn");
+                break;
+            }
+            nb__mpi_small_release(nb__mpi_small_progress(m, false));
+            if (nb__now() - t0 > 0.01) nb__mpi_sleep(50e-6);
+            else sched_yield();
+        }
+    }
+    pthread_mutex_lock(&m->mu);
+    bool run = !atomic_load(&s->withdraw);
+    if (!run) { /* mpi_cancel wrote the message */
+        w->status = NB_ECOMM;
+        atomic_store(&w->state, NB__WORK_FAILED);
+    } else if (b && (!issued || atomic_load(&b->state) == NB__WORK_FAILED)) {
+        nb__work_fail(w, b->status, "%s", b->msg);
+        run = false;
+    } else {
+        s->in_op = true;
+        pthread_cond_broadcast(&m->cv_done); /* a waiting mpi_cancel: too late now */
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (b) nb__work_release(b);
+    return run;
+}
 
 static void *worker_main(void *arg) {
     nb__mpi_comm *m = arg;
@@ -428,7 +506,7 @@ static void *worker_main(void *arg) {
         if (small) {
             issued = nb__mpi_small_issue(m, w);
         } else {
-            run_op(m, w);
+            if (agree_first(m, w)) run_op(m, w);
             atomic_fetch_add(&w->comm->completed, 1);
         }
 
@@ -602,6 +680,51 @@ static int mpi_wait(nb_work *w, double deadline) {
     }
 }
 
+/* See nb__comm_backend.cancel: a queued collective leaves the queue, a large one the worker
+ * has not started in MPI yet is withdrawn, a small one in flight is withdrawn by its
+ * schedule's owner (comm_mpi_small.c); a large one already in MPI cannot be. */
+static bool mpi_cancel(nb_work *w, const char *msg) {
+    nb__mpi_ws *s = nb__mpi_ws_of(w);
+    nb__mpi_comm *m = nb__mpi_of(w->comm);
+    pthread_mutex_lock(&m->mu);
+    if (atomic_load(&w->state) != NB__WORK_PENDING) {
+        pthread_mutex_unlock(&m->mu);
+        return true; /* it ended meanwhile */
+    }
+    if (s->queued && !atomic_load(&s->has_req) && m->running != w) {
+        nb_work *prev = NULL, **p = &m->qhead;
+        while (*p && *p != w) prev = *p, p = &(*p)->next;
+        bool found = *p == w;
+        if (found) {
+            *p = w->next;
+            if (m->qtail == w) m->qtail = prev;
+            nb__work_fail(w, NB_ECOMM, "%s", msg);
+            atomic_fetch_add(&w->comm->completed, 1);
+        }
+        pthread_mutex_unlock(&m->mu);
+        if (found) nb__work_release(w); /* the worker's */
+        return found;
+    }
+    if (m->running == w && !nb__mpi_small_ok(w)) {
+        if (s->in_op) {
+            pthread_mutex_unlock(&m->mu);
+            return false;
+        }
+        snprintf(w->msg, sizeof w->msg, "%s", msg);
+        atomic_store(&s->withdraw, true);
+        while (atomic_load(&w->state) == NB__WORK_PENDING && !s->in_op)
+            pthread_cond_wait(&m->cv_done, &m->mu);
+        bool ended = atomic_load(&w->state) != NB__WORK_PENDING;
+        pthread_mutex_unlock(&m->mu);
+        return ended;
+    }
+    bool issued_small = atomic_load(&s->has_req) && s->sched;
+    pthread_mutex_unlock(&m->mu);
+    if (!issued_small) return false;
+    nb__mpi_small_cancel(m, w, msg);
+    return true;
+}
+
 static void mpi_abandon(nb_work *w) {
     nb__mpi_ws *s = nb__mpi_ws_of(w);
     nb__mpi_comm *m = nb__mpi_of(w->comm);
@@ -635,7 +758,9 @@ static void destroy_impl(nb__mpi_comm *m) {
     nb__mpi_ctl_unregister(m);
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin) {
+    /* Ranks that disagreed left messages nobody will receive: the MPI communicators stay (a
+     * new one could get their context ids, and those messages with them). */
+    if (!fin && !m->keep_mpi) {
         if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
         if (m->ctl != MPI_COMM_NULL) MPI_Comm_free(&m->ctl);
         if (m->sm != MPI_COMM_NULL) MPI_Comm_free(&m->sm);
@@ -655,6 +780,7 @@ static void mpi_destroy(nb_comm *c) {
     if (g.world == c) g.world = NULL;
     pthread_mutex_unlock(&g.mu);
     nb__mpi_ctl_unregister(m); /* before c goes: the control thread reads c's counters */
+    m->keep_mpi = nb__comm_out_of_step(c, NULL, 0);
     m->c = NULL;
     /* On the worker itself, when an abandoned collective finished last: the worker tears
      * down once it returns (counted, so that the exit handler waits before MPI_Finalize).
@@ -674,7 +800,7 @@ static void mpi_destroy(nb_comm *c) {
 }
 
 /* Takes over comm, ctl and sm, except when it fails (NULL): then they stay the caller's. */
-static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl, MPI_Comm sm) {
+static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl, MPI_Comm sm, uint64_t uid) {
     int rank = 0, size = 1;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
@@ -690,6 +816,7 @@ static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl, MPI_Comm sm) {
         return NULL;
     }
     m->displs = m->counts + size;
+    m->uid = uid;
     m->comm = comm;
     m->ctl = ctl;
     m->sm = sm;
@@ -705,8 +832,13 @@ static nb_comm *make_comm(MPI_Comm comm, MPI_Comm ctl, MPI_Comm sm) {
     MPI_Group_free(&gw);
     void *ub = NULL;
     int flag = 0;
-    MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag);
+    /* MPI_TAG_UB is an attribute of MPI_COMM_WORLD (other communicators need not carry it) */
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     m->tag_ub = flag && ub ? *(int *)ub : 32767;
+    int bits = 0; /* tags 0 .. 2^bits - 1 are valid */
+    while (bits < 31 && (1ll << (bits + 1)) - 1 <= (long long)m->tag_ub) bits++;
+    m->seq_bits = bits >= 24 ? 16 : bits;
+    m->hash_bits = bits - m->seq_bits;
     pthread_mutex_init(&m->mu, NULL);
     pthread_mutex_init(&m->sm_mu, NULL);
     pthread_condattr_t ca;
@@ -777,7 +909,8 @@ static nb_comm *world_locked(void) {
         atomic_store(&g.local_rank, lr);
         atomic_store(&g.local_size, ls);
     }
-    if (!(c = make_comm(nc[0], nc[1], nc[2]))) {
+    static uint64_t worlds; /* under world_mu: the same count on every rank */
+    if (!(c = make_comm(nc[0], nc[1], nc[2], child_uid(0, (int64_t)++worlds, -1)))) {
         free_comms(nc, 3);
         return NULL;
     }
@@ -811,8 +944,9 @@ static nb_comm *mpi_split(nb_comm *c, int color, int key) {
     w->a.peer = color;
     w->a.tag = key;
     if (!(w = nb__work_launch(c, w))) return NULL;
-    nb_status st = nb__work_wait_keep(w);
-    if (st == NB_ETIMEOUT) return NULL;
+    bool gave_up;
+    nb_status st = nb__work_wait_keep(w, &gave_up);
+    if (gave_up) return NULL;
     nb_comm *n = st == NB_OK ? w->a.out : NULL;
     nb__work_release(w);
     return n;
@@ -836,6 +970,8 @@ const nb__comm_backend nb__comm_mpi_backend = {
     .test = mpi_test,
     .wait = mpi_wait,
     .diagnose = nb__mpi_diagnose,
+    .check = nb__mpi_check,
+    .cancel = mpi_cancel,
     .abandon = mpi_abandon,
     .split = mpi_split,
     .destroy = mpi_destroy,

@@ -10,9 +10,28 @@
 
 #include "parallel/parallel_impl.h"
 
+/* A question to a peer's control thread (comm_mpi_ctl.c), about the asker's operation: for a
+ * collective, its signature (sig.seq its number; 0 for a send or recv). */
+typedef struct nb__mpi_query {
+    long long qid, tag; /* query id, the tag to answer with; tag -1: a notice (no answer) */
+    uint64_t uid;       /* the communicator's (a stale query for a freed one is not answered) */
+    nb__sig sig;
+    char msg[384];      /* a notice's: why the ranks are out of step */
+} nb__mpi_query;
+
+/* The answer: the peer's counts of collectives on the communicator, its world rank, its own
+ * collective of the asked number when it still remembers it (has_sig), and what it is
+ * waiting for (nb__comm_where). */
+typedef struct nb__mpi_answer {
+    long long qid, issued, completed, world_rank;
+    int has_sig, pad_;
+    nb__sig sig;
+    char where[192];
+} nb__mpi_answer;
+
 /* A reply of the control thread still being sent. */
 typedef struct nb__mpi_reply {
-    long long buf[4]; /* query id, collectives issued, completed, world rank */
+    nb__mpi_answer a;
     MPI_Request req;
     struct nb__mpi_reply *next;
 } nb__mpi_reply;
@@ -21,8 +40,13 @@ typedef struct nb__mpi_comm {
     nb_comm *c;           /* NULL once the nb_comm is gone */
     MPI_Comm comm, ctl;   /* data (MPI's collectives, the caller's send/recv), control (queries) */
     MPI_Comm sm;          /* the small collectives' messages (comm_mpi_small.c) */
+    uint64_t uid;         /* the same on every rank of this communicator only (comm_mpi.c) */
+    bool keep_mpi;        /* out of step: its MPI communicators are never freed */
     int *world_ranks;     /* rank here -> rank in MPI_COMM_WORLD */
     int tag_ub;
+    /* A small collective's tag: the low seq_bits of its number, above them hash_bits of its
+     * signature's hash (comm_mpi_small.c), so different collectives never exchange data. */
+    int seq_bits, hash_bits;
     int *counts, *displs; /* scratch for the v-collectives (worker thread only) */
     /* The worker: a FIFO of collectives it runs with blocking MPI calls. */
     pthread_t worker;
@@ -39,7 +63,7 @@ typedef struct nb__mpi_comm {
     /* Control thread side (under nb__mpi.mu): the posted query receive, replies in flight. */
     bool registered;
     MPI_Request q_req;
-    long long q_buf[2];   /* query id, reply tag */
+    nb__mpi_query q_buf;
     nb__mpi_reply *replies;
     struct nb__mpi_comm *next_reg;
 } nb__mpi_comm;
@@ -53,6 +77,12 @@ typedef struct nb__mpi_ws {
     bool abandoned;      /* given up while on the worker (under the comm's mu) */
     bool sched;          /* a small collective (comm_mpi_small.c), fields below */
     bool fin_done;       /* this round's local work is done (its receives were complete) */
+    /* A large collective on the worker (comm_mpi.c): in_op once its ranks agreed and it runs
+     * in MPI (it can no longer be withdrawn); withdraw: the caller asks the worker to give it
+     * up before that (the ranks disagree; the message is in the work's msg). */
+    bool in_op;
+    atomic_bool withdraw;
+    uint64_t sig_hash;   /* a small collective's signature hash for its tag (0: its own) */
     float *fa, *fb;      /* f32 staging of a half-precision reduction */
     MPI_Request *rq;     /* this round's receives and sends: rq_in, or allocated for more */
     MPI_Request rq_in[4];
@@ -116,6 +146,10 @@ bool nb__mpi_small_ok(const nb_work *w); /* a collective small enough for a sche
 /* Start w's schedule (posting its first messages) and put it on m's in-flight list. false:
  * it could not start (w failed, counted as completed). */
 bool nb__mpi_small_issue(nb__mpi_comm *m, nb_work *w);
+/* Withdraw w, a small collective whose ranks disagree (it can never complete): off the
+ * in-flight list, its receives cancelled, failed with NB_ECOMM and msg. Its buffers stay with
+ * MPI (and the work is kept) while one of its sends is still unmatched. */
+void nb__mpi_small_cancel(nb__mpi_comm *m, nb_work *w, const char *msg);
 /* Advance m's small collectives; returns those that ended, for nb__mpi_small_release once
  * no lock is held (a release may free the communicator). try_only: skip if m is busy. */
 nb_work *nb__mpi_small_progress(nb__mpi_comm *m, bool try_only);
@@ -130,5 +164,10 @@ void nb__mpi_ctl_stop(void);
  * with it. counted: the caller already took the reference and counted it in nb__mpi.stuck. */
 void nb__mpi_zombie_add(nb_work *w, bool counted);
 void nb__mpi_diagnose(nb_work *w, char *buf, size_t n);
+/* nb__comm_backend.check: ask the peers for their collective of w's number. */
+/* When it finds a difference, it tells the peers that cannot know yet (those whose collective
+ * is this rank's, or that did not answer) that the ranks are out of step, so that a rank
+ * whose peers already gave the collective up fails too. */
+int nb__mpi_check(nb_work *w, char *buf, size_t n);
 
 #endif

@@ -29,7 +29,11 @@
  * Messages go over the communicator's private duplicate `sm` (never the user's send/recv
  * tags), tagged with the collective's number, so collectives in flight at the same time
  * never take each other's messages; inside one collective, MPI's non-overtaking order
- * matches the rounds.
+ * matches the rounds. Above the number's low 16 bits the tag carries bits of a hash of the
+ * collective's signature (its operation, count, dtype, reduce op and root; comm_check.c)
+ * when MPI's tags are wide enough (MPI_TAG_UB of 2^24 or more), so that ranks whose
+ * collectives differ never exchange data: their collective stalls instead, and the check of
+ * a stalled collective (the peers' signatures, comm_mpi_ctl.c) names both sides.
  *
  * Progress. The communicator keeps its small collectives in flight in a list (holding a
  * reference to each work). Waiting on or testing any of them advances all of them, in
@@ -535,6 +539,11 @@ static void finalize(const ctx *c) {
 /* The end of w (done or failed): counters, and off the in-flight list by the caller. A
  * failure with messages still posted leaves the buffers to MPI (they leak: MPI may still
  * write into them). */
+static void count_end(nb__mpi_comm *m, nb_work *w) {
+    if (!w->internal) atomic_fetch_add(&w->comm->completed, 1); /* internal: not numbered */
+    atomic_fetch_sub(&m->inflight, 1);
+}
+
 static void ended(nb__mpi_comm *m, nb_work *w, int rc) {
     nb__mpi_ws *s = nb__mpi_ws_of(w);
     if (rc != MPI_SUCCESS) {
@@ -549,8 +558,7 @@ static void ended(nb__mpi_comm *m, nb_work *w, int rc) {
         nb__work_done(w);
     }
     free_staging(s);
-    atomic_fetch_add(&w->comm->completed, 1);
-    atomic_fetch_sub(&m->inflight, 1);
+    count_end(m, w);
 }
 
 /* Run w's rounds as far as its messages allow. Returns true when it ended. */
@@ -615,12 +623,18 @@ bool nb__mpi_small_issue(nb__mpi_comm *m, nb_work *w) {
     s->fin_done = false;
     s->nreq = s->nrecv = 0;
     s->round = 0;
-    s->tag = (int)(w->seq % ((int64_t)m->tag_ub + 1));
+    uint64_t h = s->sig_hash;
+    if (!h) {
+        nb__sig sig = nb__work_sig(w);
+        h = nb__sig_hash(&sig);
+    }
+    s->tag = (int)(((uint64_t)w->seq & ((1ull << m->seq_bits) - 1)) |
+                   ((h & ((1ull << m->hash_bits) - 1)) << m->seq_bits));
     if (!setup(&c)) {
         free_staging(s);
-        nb__work_fail(w, NB_ENOMEM, "%s on rank %d: %s", nb__coll_name(w->a.kind),
-                      w->comm->rank, nb_last_error());
-        atomic_fetch_add(&w->comm->completed, 1);
+        nb__work_fail_wrap(w, NB_ENOMEM, "%s on rank %d", nb__coll_name(w->a.kind),
+                           w->comm->rank);
+        if (!w->internal) atomic_fetch_add(&w->comm->completed, 1);
         return false;
     }
     atomic_fetch_add(&m->inflight, 1);
@@ -673,6 +687,76 @@ void nb__mpi_small_release(nb_work *done) {
         next = nb__mpi_ws_of(w)->sm_next;
         nb__work_release(w);
     }
+}
+
+/* Receive and drop the messages of w's collective (by its number's bits in their tags) that
+ * the peers sent, whatever their signature; with m->sm_mu held. */
+static void drain(nb__mpi_comm *m, nb_work *w) {
+    unsigned long long mask = (1ull << m->seq_bits) - 1;
+    for (int r = 0; r < w->comm->size; r++) {
+        for (;;) {
+            int flag = 0, bytes = 0;
+            MPI_Status st;
+            if (MPI_Iprobe(r, MPI_ANY_TAG, m->sm, &flag, &st) != MPI_SUCCESS || !flag ||
+                ((unsigned long long)st.MPI_TAG & mask) != ((unsigned long long)w->seq & mask))
+                break; /* none, or the next collective's: stays */
+            MPI_Get_count(&st, MPI_BYTE, &bytes);
+            void *buf = malloc(bytes > 0 ? (size_t)bytes : 1);
+            if (!buf) break;
+            MPI_Recv(buf, bytes, MPI_BYTE, r, st.MPI_TAG, m->sm, MPI_STATUS_IGNORE);
+            free(buf);
+        }
+    }
+}
+
+void nb__mpi_small_cancel(nb__mpi_comm *m, nb_work *w, const char *msg) {
+    pthread_mutex_lock(&m->sm_mu);
+    nb_work *prev = NULL, *p = m->sm_head;
+    while (p && p != w) prev = p, p = nb__mpi_ws_of(p)->sm_next;
+    if (!p) { /* ended meanwhile */
+        pthread_mutex_unlock(&m->sm_mu);
+        return;
+    }
+    nb__mpi_ws *s = nb__mpi_ws_of(w);
+    if (prev) nb__mpi_ws_of(prev)->sm_next = s->sm_next;
+    else m->sm_head = s->sm_next;
+    if (m->sm_tail == w) m->sm_tail = prev;
+    /* A receive that nothing matched can be cancelled; the wait ends at once either way. The
+     * peers' messages of this collective (their tags: its number's bits, their signature's
+     * hash) are received and dropped, and they drop this rank's, so that sends too large to
+     * go out at once (a rendezvous) complete; a send still pending after a second stays with
+     * MPI, with its buffer: the work keeps a reference forever then (its buffers and tensors
+     * are never released). */
+    for (int i = 0; i < s->nrecv; i++)
+        if (s->rq[i] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&s->rq[i]);
+            MPI_Wait(&s->rq[i], MPI_STATUS_IGNORE);
+        }
+    int nsend = s->nreq - s->nrecv, done = nsend == 0;
+    for (double until = nb__now() + 1.0; !done;) {
+        drain(m, w);
+        if (MPI_Testall(nsend, s->rq + s->nrecv, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS ||
+            done || nb__now() > until)
+            break;
+        nb__mpi_sleep(0.001);
+    }
+    drain(m, w);
+    bool kept = false;
+    for (int i = s->nrecv; !done && i < s->nreq; i++)
+        if (s->rq[i] != MPI_REQUEST_NULL) {
+            MPI_Request_free(&s->rq[i]);
+            kept = true;
+        }
+    s->nreq = 0;
+    if (kept) {
+        s->fa = s->fb = NULL, s->tmp = NULL; /* MPI may still read them */
+        atomic_fetch_add(&w->refs, 1);
+    }
+    free_staging(s);
+    nb__work_fail(w, NB_ECOMM, "%s", msg);
+    count_end(m, w);
+    pthread_mutex_unlock(&m->sm_mu);
+    nb__work_release(w); /* the list's reference */
 }
 
 int nb__mpi_small_poll(nb_work *w) {

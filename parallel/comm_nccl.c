@@ -152,14 +152,13 @@ static int nccl_test(nb_work *w) {
         nb_status st = m->p->nccl_op_finish(s->op); /* the compute stream waits for it */
         s->op = NULL;
         if (st == NB_OK) nb__work_done(w);
-        else nb__work_fail(w, st, "%s on rank %d (NCCL, cuda:%d): %s", nb__coll_name(w->a.kind),
-                           w->comm->rank, m->device, nb_last_error());
+        else nb__work_fail_wrap(w, st, "%s on rank %d (NCCL, cuda:%d)", nb__coll_name(w->a.kind),
+                                w->comm->rank, m->device);
     } else {
         /* An asynchronous NCCL error leaves the communicator unusable: abort it, so that
          * the peers are not left waiting for this rank beyond their own timeouts. */
-        nb__work_fail(w, (nb_status)r, "%s on rank %d of %d (NCCL, cuda:%d): %s",
-                      nb__coll_name(w->a.kind), w->comm->rank, w->comm->size, m->device,
-                      nb_last_error());
+        nb__work_fail_wrap(w, (nb_status)r, "%s on rank %d of %d (NCCL, cuda:%d)",
+                           nb__coll_name(w->a.kind), w->comm->rank, w->comm->size, m->device);
         m->p->nccl_op_free(s->op);
         s->op = NULL;
         mark_aborted(m, "an NCCL error");
@@ -463,8 +462,8 @@ void nb__comm_dev_split(nb_comm *parent, nb_comm *child, int color, int key) {
             d->nccl = nc;
         } else {
             d->st = s != NB_OK ? s : NB_ENOMEM;
-            snprintf(d->msg, sizeof d->msg, "ncclCommSplit: %s",
-                     s != NB_OK ? nb_last_error() : "out of memory");
+            nb__wrap_msg(d->msg, sizeof d->msg, "ncclCommSplit",
+                         s != NB_OK ? nb_last_error() : "out of memory", d->st);
             free(m);
             if (h) pm->p->nccl_comm_free(h, s == NB_OK ? 10.0 : 0);
             nb_clear_error(); /* the split itself succeeded: reported on first CUDA use */

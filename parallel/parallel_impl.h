@@ -19,6 +19,7 @@
 
 #include "nabla/parallel.h"
 #include "nb_config.h"
+#include "tensor/handle.h"
 #include "tensor/tensor_impl.h"
 
 /* The operations a backend implements (the index of its start table). */
@@ -66,7 +67,18 @@ enum { NB__WORK_PENDING = 0, NB__WORK_DONE = 1, NB__WORK_FAILED = 2 };
 
 #define NB__COMM_MSG 512
 
+/* A collective as every rank must call it (comm_check.c): what, how many elements (the count
+ * the ranks share: an allgather's output, a reduce_scatter's and an all_to_all's input),
+ * which dtype, reduce op (-1: not a reduction) and root (-1: none); and its number on its
+ * communicator. Two ranks' collectives #seq agree when all but seq are equal. */
+typedef struct nb__sig {
+    int64_t seq, count;
+    int32_t kind, dtype, op, root;
+} nb__sig;
+#define NB__SIG_RING 64 /* signatures a communicator remembers */
+
 struct nb_work {
+    nb__obj h;         /* a checked handle (tensor/handle.h): released once refs reach 0 */
     nb_comm *comm;
     nb__args a;
     /* NB__WORK_*: written once by whoever completes the operation (a backend thread or
@@ -79,21 +91,26 @@ struct nb_work {
     atomic_int refs;
     int64_t seq;       /* collective number on the communicator (1-based), 0 for p2p */
     double t_start;    /* nb__now() at start */
+    double next_check; /* nb__now() when nb_work_test next asks the peers (comm_check.c) */
+    bool internal;     /* the library's own (NB_COMM_DEBUG's agreement): no checks of its own */
     bool abandoned;    /* timed out: the caller gave it up, the backend still holds it */
     bool finished;     /* the caller's side is done: results copied back, holds released */
-    bool timed_out;    /* nb_work_test reported NB_ETIMEOUT */
+    nb_status test_failed; /* nb_work_test reported this (NB_ETIMEOUT, or NB_ECOMM: the
+                            * ranks disagree) and the work is still pending */
     /* Tensors kept alive while in flight (retained references), and staging: on success the
      * caller's thread copies `stage` back into `user_out` (a non-contiguous output). */
     nb_tensor *hold[3];
     nb_tensor *user_out, *stage;
     /* Backend state (requests, half-precision staging buffers); zeroed at start. */
-    _Alignas(16) unsigned char be[128];
+    _Alignas(16) unsigned char be[160];
     nb_work *next;     /* free list / backend queue link */
 };
 
 typedef struct nb__comm_backend nb__comm_backend;
 
 struct nb_comm {
+    nb__obj h;               /* a checked handle (tensor/handle.h): released with its last
+                              * reference */
     const nb__comm_backend *be;
     int rank, size;
     /* Handles: nb_comm_world() hands out references to one object; each in-flight work
@@ -102,14 +119,20 @@ struct nb_comm {
     _Atomic double timeout;  /* seconds, 0: wait forever */
     atomic_llong issued;     /* collectives started on this communicator */
     atomic_llong completed;  /* collectives finished (by the backend) */
-    pthread_mutex_t mu;      /* the free list of works */
-    nb_work *free_works;
+    pthread_mutex_t mu;      /* the free list of works (first in, first out: a released
+                              * handle stays marked released for a while) */
+    nb_work *free_works, *free_tail;
     int free_count;
     bool is_world;
     void *impl;              /* the backend's private state */
     /* The NCCL communicator over the same ranks that moves this one's CUDA tensors, made on
      * the first collective of a CUDA tensor (comm_nccl.c); NULL until then. */
     struct nb__comm_dev *dev;
+    /* Agreement (comm_check.c), under sig_mu: the signatures of the last NB__SIG_RING
+     * collectives (by number), and why the ranks are out of step ("" while they are not). */
+    pthread_mutex_t sig_mu;
+    nb__sig sigs[NB__SIG_RING];
+    char out_of_step[NB__COMM_MSG];
 };
 
 struct nb__comm_backend {
@@ -132,6 +155,14 @@ struct nb__comm_backend {
     /* After a missed deadline: describe in buf which ranks did not arrive (may take a
      * short grace period to ask the peers). */
     void (*diagnose)(nb_work *w, char *buf, size_t n);
+    /* A collective that is taking a while: ask the peers for their collective of the same
+     * number; 1 with the message in buf when one's signature differs (the ranks disagree),
+     * else 0. NULL: no such check. */
+    int (*check)(nb_work *w, char *buf, size_t n);
+    /* End a pending w that can never complete (the ranks disagree) with NB_ECOMM and msg,
+     * withdrawing what it posted; false when it cannot be withdrawn (then it is abandoned).
+     * NULL: never. */
+    bool (*cancel)(nb_work *w, const char *msg);
     /* The caller gives w up after a timeout: cancel what can be cancelled. The backend
      * keeps its reference until the operation has really ended (or forever). */
     void (*abandon)(nb_work *w);
@@ -191,15 +222,52 @@ void nb__comm_release(nb_comm *c);
 nb_work *nb__work_new(nb_comm *c, nb__coll kind);
 /* Number w (collectives) and start it; NULL + error (w released) if it did not start. */
 nb_work *nb__work_launch(nb_comm *c, nb_work *w);
-/* Wait for w with its communicator's timeout. On NB_ETIMEOUT the error is set and w was
- * given up (abandoned, released); otherwise w stays the caller's (nb__work_release). */
-nb_status nb__work_wait_keep(nb_work *w);
+/* Wait for w with its communicator's timeout. *gave_up: w was given up (abandoned and
+ * released: a timeout, or ranks that disagree on a collective that cannot be withdrawn),
+ * with the error set; otherwise w stays the caller's (nb__work_release). */
+nb_status nb__work_wait_keep(nb_work *w, bool *gave_up);
 /* Drop one reference to w (returning it to its communicator at zero). Thread safe. */
 void nb__work_release(nb_work *w);
 /* Mark w finished (from any thread). fail: status + printf-style message. */
 void nb__work_done(nb_work *w);
 void nb__work_fail(nb_work *w, nb_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Fail w with "<context>: <this thread's last error>" (the wrapping rules of nb_wrap_error,
+ * docs/errors.md); fmt gives the context. */
+void nb__work_fail_wrap(nb_work *w, nb_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* ---- agreement between ranks (comm_check.c) ------------------------------------------------ */
+nb__sig nb__sig_of(nb__coll kind, nb_dtype dt, nb_reduce_op op, int root, int64_t count);
+nb__sig nb__work_sig(const nb_work *w);
+bool nb__sig_same(const nb__sig *a, const nb__sig *b);
+uint64_t nb__sig_hash(const nb__sig *s); /* of all but seq */
+/* "allreduce of 10 f32 (sum)", "broadcast of 3 i64 from rank 0", "barrier" */
+void nb__sig_str(const nb__sig *s, char *buf, size_t n);
+/* "allreduce of 10 f32 (sum) on rank 0 met allreduce of 20 f32 (sum) on rank 1 (...)" */
+void nb__sig_mismatch(const nb__sig *mine, int my_rank, const nb__sig *theirs, int their_rank,
+                      char *buf, size_t n);
+/* c's record of its collectives (thread safe): the signature of collective s->seq, and the
+ * one of collective seq if it is still in the record. */
+void nb__comm_sig_record(nb_comm *c, const nb__sig *s);
+bool nb__comm_sig_lookup(nb_comm *c, int64_t seq, nb__sig *out);
+/* Mark c's ranks out of step (the first reason is kept); whether they are (why into msg). */
+void nb__comm_put_out_of_step(nb_comm *c, const char *msg);
+bool nb__comm_out_of_step(nb_comm *c, char *msg, size_t n);
+/* NB_ECOMM naming op and the reason when c is out of step, else NB_OK. */
+nb_status nb__comm_refuse_out_of_step(nb_comm *c, const char *op);
+/* This thread waits for w from begin to end (returns a slot for end, -1 if none was free);
+ * nb__comm_where describes this process's waits for a peer asking on c: "it is waiting in
+ * allreduce #5 on this communicator", "it is not waiting for any communication: ...". */
+int nb__wait_begin(const nb_work *w);
+void nb__wait_end(int slot);
+void nb__comm_where(const nb_comm *c, char *buf, size_t n);
+/* NB_COMM_DEBUG=detail (read once): every collective's signature is compared across the
+ * ranks first, by nb__comm_debug_check (collective over c): NB_OK, or NB_ECOMM naming both
+ * sides (c is then out of step). */
+bool nb__comm_debug(void);
+void nb__comm_debug_force(int on); /* tests: the mode whatever NB_COMM_DEBUG says */
+nb_status nb__comm_debug_check(nb_comm *c, const nb__sig *sig, const char *op);
+
 /* buf[i] *= factor for a float dtype (f32, f64, f16, bf16): the division of an average. */
 void nb__comm_scale(void *buf, int64_t n, nb_dtype dt, double factor);
 

@@ -4,6 +4,7 @@
  * zoo/gpt_pipe.c gives it the GPT's stages. */
 #include "nabla/nabla.h"
 #include "nabla/pipeline.h"
+#include "parallel/pipeline_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -110,8 +111,15 @@ typedef struct run {
     int n_ops, posted_at; /* posted_at: that operation's index, -1 none */
     nb_tensor *posted;
     nb_work *posted_w;
+    /* activations whose shape travels with them (o->act_shape NULL): the posted receive is
+     * the header, the data receive is posted once it arrived */
+    bool dynamic;
+    int64_t header[2 + NB_MAX_DIMS];
+    const nb__pipe_hooks *hooks;
+    int last_backward; /* index of this rank's last backward operation, -1 none */
 } run;
 
+/* kinds of message: 0 activation, 1 gradient, 2 an activation's header (dynamic shapes) */
 static int tag_of(const run *R, int kind, int s, int micro) {
     return (kind * R->S + s) * R->m + micro;
 }
@@ -139,6 +147,25 @@ static nb_status send_to(run *R, nb_tensor *t, int dst_stage, int kind, int micr
         R->sends = s;
         R->cap_sends = cap;
     }
+    if (R->dynamic && kind == 0) { /* the shape and dtype first: the receiver allocates */
+        int64_t h[2 + NB_MAX_DIMS] = {nb_ndim(t), nb_tensor_dtype(t)};
+        for (int i = 0; i < nb_ndim(t); i++) h[2 + i] = nb_size(t, i);
+        nb_scope_begin();
+        nb_tensor *ht = owned(nb_from_buffer(h, (int64_t[]){2 + NB_MAX_DIMS}, 1, NB_I64));
+        nb_scope_end();
+        nb_work *hw = ht ? nb_send_async(R->pp, ht, dst, tag_of(R, 2, dst_stage, micro)) : NULL;
+        if (!hw) {
+            nb_tensor_free(ht);
+            return nb_last_status();
+        }
+        R->sends[R->n_sends++] = (pending){hw, ht};
+        if (R->n_sends == R->cap_sends) {
+            pending *ns = realloc(R->sends, sizeof *ns * (size_t)(2 * R->cap_sends));
+            if (!ns) return nb_set_error(NB_ENOMEM, "pipeline: out of memory");
+            R->sends = ns;
+            R->cap_sends *= 2;
+        }
+    }
     nb_work *w = nb_send_async(R->pp, t, dst, tag);
     if (!w) return nb_last_status();
     R->sends[R->n_sends++] = (pending){w, nb_tensor_retain(t)};
@@ -162,7 +189,19 @@ static nb_status post_recv(run *R, int i) {
         src_stage % R->p == R->r)
         return NB_OK;
     nb_scope_begin();
-    nb_tensor *t = owned(nb_empty(R->o->act_shape, R->o->act_ndim, R->o->act_dtype));
+    nb_tensor *t;
+    if (!R->dynamic) { /* the shape every activation has */
+        t = owned(nb_empty(R->o->act_shape, R->o->act_ndim, R->o->act_dtype));
+    } else if (kind == 1) { /* a gradient has the shape of this stage's output */
+        nb_tensor *out = R->out[R->ops[i].chunk * R->m + R->ops[i].micro];
+        t = out ? owned(nb_empty_on(nb_tensor_device(out), nb_shape(out), nb_ndim(out),
+                                    nb_tensor_dtype(out)))
+                : NULL;
+        if (!out) nb_set_error(NB_ESTATE, "pipeline: a gradient for an output never computed");
+    } else { /* an activation: its header first */
+        t = owned(nb_from_buffer(R->header, (int64_t[]){2 + NB_MAX_DIMS}, 1, NB_I64));
+        kind = 2;
+    }
     nb_scope_end();
     nb_work *w = t ? nb_recv_async(R->pp, t, src_stage % R->p, tag_of(R, kind, s, R->ops[i].micro))
                    : NULL;
@@ -199,6 +238,27 @@ static nb_tensor *recv_for(run *R, int i) {
     if (st != NB_OK) {
         nb_tensor_free(t);
         return NULL;
+    }
+    if (R->dynamic && kind == 0) { /* t is the header: now the activation itself */
+        int64_t h[2 + NB_MAX_DIMS];
+        st = nb_read(t, h, 2 + NB_MAX_DIMS, NB_I64);
+        nb_tensor_free(t);
+        t = NULL;
+        if (st != NB_OK) return NULL;
+        if (h[0] < 0 || h[0] > NB_MAX_DIMS || h[1] < 0 || h[1] >= NB_DTYPE_COUNT) {
+            nb_set_error(NB_ECOMM, "pipeline: stage %d sent a malformed activation header", s - 1);
+            return NULL;
+        }
+        nb_scope_begin();
+        t = owned(nb_empty(h + 2, (int)h[0], (nb_dtype)h[1]));
+        nb_scope_end();
+        nb_work *w = t ? nb_recv_async(R->pp, t, src_stage % R->p, tag) : NULL;
+        st = w ? nb_work_wait(w) : nb_last_status();
+        R->wait_s += nb_time_s() - t0;
+        if (st != NB_OK) {
+            nb_tensor_free(t);
+            return NULL;
+        }
     }
     return t;
 }
@@ -264,6 +324,14 @@ static nb_status do_backward(run *R, int i) {
         grad = recv_for(R, i);
     }
     if (!grad) return nb_last_status();
+    if (R->hooks && R->hooks->before_backward) {
+        nb_status hs = R->hooks->before_backward(R->hooks->ctx, o.chunk, o.micro,
+                                                 i == R->last_backward);
+        if (hs != NB_OK) {
+            nb_tensor_free(grad);
+            return hs;
+        }
+    }
     nb_status pst = post_recv(R, i + 1);
     if (pst != NB_OK) {
         nb_tensor_free(grad);
@@ -295,6 +363,11 @@ nb_pipe_opts nb_pipe_defaults(void) {
 
 double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void *ctx,
                    nb_pipe_stats *stats) {
+    return nb__pipe_run(pp, o, fn, ctx, stats, NULL);
+}
+
+double nb__pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void *ctx,
+                    nb_pipe_stats *stats, const nb__pipe_hooks *hooks) {
     if (stats) *stats = (nb_pipe_stats){.bubble = NAN, .bubble_theory = NAN};
     if (!pp || !o || !fn) {
         nb_set_error(NB_ENULL, "nb_pipe_run: needs a communicator, options and a stage function");
@@ -309,18 +382,19 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
         return NAN;
     }
     run R = {.pp = pp, .o = o, .p = nb_comm_size(pp), .r = nb_comm_rank(pp), .m = o->n_micro,
-             .v = o->virtual_stages, .posted_at = -1};
+             .v = o->virtual_stages, .posted_at = -1, .hooks = hooks, .last_backward = -1};
     R.S = R.p * R.v;
+    R.dynamic = !o->act_shape;
     if (R.m < 1 || (o->schedule == NB_PIPE_1F1B && R.v > 1) ||
         (o->schedule == NB_PIPE_INTERLEAVED && R.v > 1 && R.m % R.p) ||
-        (R.S > 1 && (!o->act_shape || o->act_ndim < 1))) {
+        (o->act_shape && o->act_ndim < 1)) {
         nb_set_error(NB_EINVAL, "nb_pipe_run: bad options: %d micro-batches, %d virtual stages, "
                      "schedule %s over %d ranks (1f1b needs 1 virtual stage, interleaved a "
-                     "multiple of the ranks as micro-batches; an activation shape is needed)",
+                     "multiple of the ranks as micro-batches)",
                      R.m, R.v, nb_pipe_schedule_name(o->schedule), R.p);
         return NAN;
     }
-    if (2L * R.S * R.m > 32767L) {
+    if (3L * R.S * R.m > 32767L) {
         nb_set_error(NB_EINVAL, "nb_pipe_run: %d stages x %d micro-batches exceed the message "
                      "tags MPI guarantees", R.S, R.m);
         return NAN;
@@ -335,6 +409,8 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
                        ? NB_OK
                        : nb_set_error(NB_ENOMEM, "nb_pipe_run: out of memory");
     if (st == NB_OK) build_schedule(o->schedule, R.p, R.r, R.m, R.v, o->forward_only, ops);
+    for (int i = 0; st == NB_OK && i < n_ops; i++)
+        if (!ops[i].fwd) R.last_backward = i;
     R.ops = ops;
     R.n_ops = n_ops;
     const bool grad_was = o->forward_only ? nb_set_grad_enabled(false) : false;

@@ -1,152 +1,53 @@
-/* tp_layers.c - the tensor-parallel linear layers of nabla/tp.h and the gradient norm over
- * a tensor-parallel model. Weights are slices of a 1-rank nb_linear's (drawn whole from the
- * same generator on every rank), so the model is the same whatever the layout. */
+/* tp_layers.c - the public tensor-parallel linear layers of nabla/tp.h (a plan's column- and
+ * row-wise styles on one nb_linear: its weights are slices of the whole layer, drawn from the
+ * same generator on every rank, so the model is the same whatever the layout), and the
+ * vocab-parallel embedding and cross entropy. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "nabla/autograd.h"
 #include "nabla/memory.h"
 #include "nabla/tp.h"
+#include "parallel/mesh_impl.h"
 #include "tensor/error.h"
 
-typedef struct tp_linear {
-    nb_comm *c;  /* borrowed */
-    bool flag;   /* column: gather_output; row: input_is_parallel */
-} tp_linear;
-
-static nb_tensor *column_forward(nb_module *m, nb_tensor *x) {
-    const tp_linear *s = nb_module_self(m);
-    nb_tensor *y = nb_linear(nb_copy_to_region(x, s->c), nb_module_param(m, "weight"),
-                             nb_module_param_opt(m, "bias"));
-    return s->flag ? nb_gather_along(y, s->c, -1) : y;
+nb_tp_linear_opts nb_tp_linear_defaults(void) {
+    return (nb_tp_linear_opts){.gather_output = false, .input_is_parallel = true,
+                               .sequence_parallel = false, .tp_dim = "tp",
+                               .linear = nb_linear_defaults()};
 }
 
-static nb_tensor *row_forward(nb_module *m, nb_tensor *x) {
-    const tp_linear *s = nb_module_self(m);
-    if (!s->flag) x = nb_split_along(x, s->c, -1);
-    nb_tensor *y = nb_reduce_from_region(nb_linear(x, nb_module_param(m, "weight"), NULL), s->c);
-    nb_tensor *b = nb_module_param_opt(m, "bias");
-    return b ? nb_add(y, b) : y;
-}
-
-static const nb_module_vtable column_vt = {.type_name = "ColumnParallelLinear",
-                                           .forward = column_forward, .free_self = free};
-static const nb_module_vtable row_vt = {.type_name = "RowParallelLinear", .forward = row_forward,
-                                        .free_self = free};
-
-static nb_module *make(const nb_module_vtable *vt, nb_tensor *w, nb_tensor *b, nb_comm *c,
-                       bool flag, bool column) {
-    const char *op = column ? "column_parallel_linear" : "row_parallel_linear";
-    if (!w || !c) {
-        nb__error(NB_ENULL, "%s: %s is NULL", op, w ? "the communicator" : "the weight");
+/* The whole layer drawn, then the style of a plan on it (parallel/plan.c). */
+static nb_module *make(int64_t in, int64_t out, const nb_mesh *mesh, const nb_tp_linear_opts *o,
+                       nb_tp_style style) {
+    nb_tp_linear_opts d = nb_tp_linear_defaults();
+    if (!o) o = &d;
+    if (!mesh) {
+        nb__error(NB_ENULL, "%s_parallel_linear: the mesh is NULL",
+                  style == NB_TP_COLWISE ? "column" : "row");
         return NULL;
     }
-    if (nb_ndim(w) != 2 || (b && (nb_ndim(b) != 1 || nb_size(b, 0) != nb_size(w, 0)))) {
-        nb__error(NB_ESHAPE, "%s: expected a weight (out, in) and a bias (out)", op);
-        return NULL;
-    }
-    const int tp = nb_comm_size(c), r = nb_comm_rank(c);
-    const int64_t n = nb_size(w, column ? 0 : 1);
-    if (n % tp) {
-        nb__error(NB_EINVAL, "%s: %s_features %lld does not divide by the tensor-parallel size %d",
-                  op, column ? "out" : "in", (long long)n, tp);
-        return NULL;
-    }
-    tp_linear *s = malloc(sizeof *s);
-    if (!s) {
-        nb__error(NB_ENOMEM, "%s: out of memory", op);
-        return NULL;
-    }
-    *s = (tp_linear){c, flag};
-    nb_module *m = nb_module_new(vt, s);
-    if (!m) {
-        free(s);
-        return NULL;
-    }
-    nb_tensor *ws = nb_tp_slice(w, column ? 0 : 1, r, tp);
-    bool prev = nb_set_grad_enabled(false);
-    nb_tensor *bs = !b ? NULL : column ? nb_tp_slice(b, 0, r, tp) : nb_clone(b);
-    nb_set_grad_enabled(prev);
-    bool ok = ws && (!b || bs) && nb_module_add_parameter(m, "weight", ws) &&
-              (!bs || nb_module_add_parameter(m, "bias", bs));
-    if (!ok) {
+    nb_module *m = nb_linear_new(in, out, &o->linear);
+    nb_parallelize_opts po = nb_parallelize_defaults();
+    po.sequence_parallel = o->sequence_parallel;
+    po.tp_dim = o->tp_dim ? o->tp_dim : "tp";
+    const nb_tp_rule r = {.path = "", .style = style};
+    if (m && nb__tp_apply_one(m, mesh, &r, &po, style == NB_TP_COLWISE && o->gather_output,
+                              style == NB_TP_ROWWISE && !o->input_is_parallel) != NB_OK) {
         nb_module_free(m);
         return NULL;
     }
     return m;
 }
 
-nb_module *nb_column_parallel_linear_from(nb_tensor *weight, nb_tensor *bias, nb_comm *c,
-                                          bool gather_output) {
-    return make(&column_vt, weight, bias, c, gather_output, true);
+nb_module *nb_column_parallel_linear_new(int64_t in, int64_t out, const nb_mesh *mesh,
+                                         const nb_tp_linear_opts *o) {
+    return make(in, out, mesh, o, NB_TP_COLWISE);
 }
 
-nb_module *nb_row_parallel_linear_from(nb_tensor *weight, nb_tensor *bias, nb_comm *c,
-                                       bool input_is_parallel) {
-    return make(&row_vt, weight, bias, c, input_is_parallel, false);
-}
-
-/* Draw the 1-rank layer, then slice it. */
-static nb_module *from_full(int64_t in, int64_t out, nb_comm *c, bool flag, const nb_linear_opts *o,
-                            nb_generator *gen, bool column) {
-    nb_linear_opts lo = o ? *o : nb_linear_defaults();
-    if (gen) lo.gen = gen;
-    nb_module *full = nb_linear_new(in, out, &lo);
-    if (!full) return NULL;
-    nb_module *m = make(column ? &column_vt : &row_vt, nb_module_param(full, "weight"),
-                        nb_module_param_opt(full, "bias"), c, flag, column);
-    nb_module_free(full);
-    return m;
-}
-
-nb_module *nb_column_parallel_linear_new(int64_t in, int64_t out, nb_comm *c, bool gather_output,
-                                         const nb_linear_opts *o, nb_generator *gen) {
-    return from_full(in, out, c, gather_output, o, gen, true);
-}
-
-nb_module *nb_row_parallel_linear_new(int64_t in, int64_t out, nb_comm *c, bool input_is_parallel,
-                                      const nb_linear_opts *o, nb_generator *gen) {
-    return from_full(in, out, c, input_is_parallel, o, gen, false);
-}
-
-double nb_tp_clip_grad_norm(nb_tensor *const *params, const bool *sharded, int n, nb_comm *c,
-                            double max_norm) {
-    if ((n > 0 && (!params || !sharded)) || !c) {
-        nb__error(NB_ENULL, "tp_clip_grad_norm: params, sharded and the communicator are needed");
-        return NB_ENULL;
-    }
-    if (!(max_norm > 0)) {
-        nb__error(NB_EINVAL, "tp_clip_grad_norm: max_norm must be > 0, got %g", max_norm);
-        return NB_EINVAL;
-    }
-    /* [0]: the shards' square sums (summed over c), [1]: the replicated ones (counted once) */
-    double sq[2] = {0, 0};
-    bool prev = nb_set_grad_enabled(false);
-    nb_scope_begin();
-    for (int i = 0; i < n; i++) {
-        nb_tensor *g = params[i] ? nb_grad(params[i]) : NULL;
-        if (!g) continue;
-        nb_tensor *g64 = nb_to_dtype(g, NB_F64);
-        nb_tensor *s = nb_sum(nb_mul(g64, g64), NULL, 0, false);
-        sq[sharded[i] ? 0 : 1] += s ? nb_item_f64(s) : NAN;
-    }
-    nb_tensor *t = nb_from_buffer(sq, (int64_t[]){1}, 1, NB_F64);
-    nb_status st = t ? nb_allreduce(c, t, NB_REDUCE_SUM) : nb_last_status();
-    double norm = NAN;
-    if (st == NB_OK) norm = sqrt(nb_item_f64(t) + sq[1]);
-    nb_scope_end();
-    const double scale = max_norm / (norm + 1e-6); /* as nb_clip_grad_norm */
-    if (st == NB_OK && scale < 1) {
-        for (int i = 0; st == NB_OK && i < n; i++) {
-            nb_tensor *g = params[i] ? nb_grad(params[i]) : NULL;
-            if (!g) continue;
-            nb_scope_begin();
-            st = nb_copy_(g, nb_mul_scalar(g, scale));
-            nb_scope_end();
-        }
-    }
-    nb_set_grad_enabled(prev);
-    return st == NB_OK ? norm : (double)st;
+nb_module *nb_row_parallel_linear_new(int64_t in, int64_t out, const nb_mesh *mesh,
+                                      const nb_tp_linear_opts *o) {
+    return make(in, out, mesh, o, NB_TP_ROWWISE);
 }
 
 /* ---- vocab parallel ---------------------------------------------------------------------------- */

@@ -11,7 +11,7 @@
 
 typedef enum kind { K_COPY, K_REDUCE, K_GATHER, K_SPLIT, K_RS, K_AG } kind;
 static const char *const kind_names[] = {"copy_to_region", "reduce_from_region", "gather_along",
-                                         "split_along", "reduce_scatter_along", "all_gather_along"};
+                                         "split_along", "reduce_scatter_along", "allgather_along"};
 
 /* dims [d, 0, .., d-1, d+1, ..]: d first; inv puts it back. */
 static void perms(int nd, int d, int *fwd, int *inv) {
@@ -157,7 +157,7 @@ nb_tensor *nb_split_along(nb_tensor *x, nb_comm *c, int dim) { return collective
 nb_tensor *nb_reduce_scatter_along(nb_tensor *x, nb_comm *c, int dim) {
     return collective(K_RS, x, c, dim);
 }
-nb_tensor *nb_all_gather_along(nb_tensor *x, nb_comm *c, int dim) {
+nb_tensor *nb_allgather_along(nb_tensor *x, nb_comm *c, int dim) {
     return collective(K_AG, x, c, dim);
 }
 

@@ -63,10 +63,12 @@
 #include "nabla/random.h"
 #include "tensor/tape.h"
 #include "tensor/backend.h"
+#include "tensor/handle.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/philox.h"
 
 struct nb_generator {
+    nb__obj h; /* a checked handle (tensor/handle.h) */
     uint64_t seed;
     uint64_t stream;
     uint64_t offset;
@@ -77,7 +79,8 @@ struct nb_generator {
 
 /* Zero-initialized = seed 0, stream 0, offset 0: the documented default, so no lazy
  * set-up is needed and nothing is allocated (nothing to leak). */
-static _Thread_local nb_generator nb__tls_generator;
+static _Thread_local nb_generator nb__tls_generator = {
+    .h = {.magic = NB__OBJ_LIVE, .kind = NB__OBJ_GENERATOR, .size = sizeof(nb_generator)}};
 
 /* ---- Philox 4x32-10: nb__philox_block (tensor/philox.h) ---------------------------------- */
 void nb_philox4x32(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
@@ -87,7 +90,7 @@ void nb_philox4x32(const uint32_t counter[4], const uint32_t key[2], uint32_t ou
 
 /* ---- generators --------------------------------------------------------------------------- */
 nb_generator *nb_generator_new(uint64_t seed) {
-    nb_generator *g = calloc(1, sizeof *g);
+    nb_generator *g = nb__obj_alloc(sizeof *g, NB__OBJ_GENERATOR);
     if (!g) {
         nb__error(NB_ENOMEM, "generator_new: out of memory");
         return NULL;
@@ -98,27 +101,38 @@ nb_generator *nb_generator_new(uint64_t seed) {
 }
 
 void nb_generator_free(nb_generator *g) {
-    if (g && g->heap) free(g);
+    if (g && nb__obj_ok(g, NB__OBJ_GENERATOR, "generator_free") && g->heap) nb__obj_free(g);
 }
 
-static nb_generator *nb__gen(nb_generator *g) { return g ? g : &nb__tls_generator; }
-static const nb_generator *nb__cgen(const nb_generator *g) {
-    return g ? g : &nb__tls_generator;
+/* g, or the thread's default generator for NULL; NULL (error set) for a freed handle. */
+static nb_generator *nb__gen(nb_generator *g, const char *op) {
+    if (!g) return &nb__tls_generator;
+    return nb__obj_ok(g, NB__OBJ_GENERATOR, op) ? g : NULL;
+}
+static const nb_generator *nb__cgen(const nb_generator *g, const char *op) {
+    return nb__gen(nb__unconst(g), op);
 }
 
 nb_status nb_generator_set_stream(nb_generator *g, uint64_t stream) {
-    g = nb__gen(g);
+    if (!(g = nb__gen(g, "generator_set_stream"))) return nb_last_status();
     g->stream = stream;
     g->offset = 0;
     return NB_OK;
 }
 
-uint64_t nb_generator_seed(const nb_generator *g) { return nb__cgen(g)->seed; }
-uint64_t nb_generator_stream(const nb_generator *g) { return nb__cgen(g)->stream; }
-uint64_t nb_generator_offset(const nb_generator *g) { return nb__cgen(g)->offset; }
+uint64_t nb_generator_seed(const nb_generator *g) {
+    return (g = nb__cgen(g, "generator_seed")) ? g->seed : 0;
+}
+uint64_t nb_generator_stream(const nb_generator *g) {
+    return (g = nb__cgen(g, "generator_stream")) ? g->stream : 0;
+}
+uint64_t nb_generator_offset(const nb_generator *g) {
+    return (g = nb__cgen(g, "generator_offset")) ? g->offset : 0;
+}
 
 nb_status nb_generator_set_offset(nb_generator *g, uint64_t offset) {
-    nb__gen(g)->offset = offset;
+    if (!(g = nb__gen(g, "generator_set_offset"))) return nb_last_status();
+    g->offset = offset;
     return NB_OK;
 }
 
@@ -182,7 +196,7 @@ static double nb__float_max(nb_dtype dt) {
  * blocks used (also on the meta device, where the kernel does not run). */
 static nb_status nb__draw_into(nb_tensor *out, nb__random_args *a, nb_generator *g,
                                const char *op) {
-    g = nb__gen(g);
+    if (!(g = nb__gen(g, op))) return nb_last_status();
     nb__view_init(&a->out, out);
     a->seed = g->seed;
     a->stream = g->stream;
@@ -414,9 +428,9 @@ nb_tensor *nb_randperm_on(nb_device dev, int64_t n, nb_generator *g) {
         nb__error(NB_EINVAL, "randperm: n must be >= 0 (got %lld)", (long long)n);
         return NULL;
     }
+    if (!(g = nb__gen(g, op))) return NULL;
     nb_tensor *out = nb__empty((int64_t[]){n}, 1, NB_I64, dev);
     if (!out) return NULL;
-    g = nb__gen(g);
     nb__randperm_args a = {.out = (int64_t *)nb__ptr(out), .n = n, .seed = g->seed,
                            .stream = g->stream, .offset = g->offset};
     if (nb__run_randperm(dev, op, &a) != NB_OK) {

@@ -209,6 +209,7 @@ void nb_tensor_free(nb_tensor *t) {
     if (t->grad) nb_tensor_free(t->grad);
     if (t->grad_fn) nb__node_release(t->grad_fn);
     if (t->ag) nb__ag_meta_free(t->ag);
+    if (t->place) nb__place_release(t->place);
     nb__storage_release(t->storage);
     q_release(t, how);
 }
@@ -254,6 +255,22 @@ nb_tensor *nb__view_of(const nb_tensor *base, const int64_t *shape, const int64_
         memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
     }
     return nb__scope_add(t);
+}
+
+void nb__tensor_assume(nb_tensor *t, const nb_tensor *src) {
+    atomic_fetch_add(&src->storage->refcount, 1);
+    nb__storage *old = t->storage;
+    t->storage = src->storage;
+    t->offset = src->offset;
+    t->ndim = src->ndim;
+    t->dtype = src->dtype;
+    memcpy(t->shape, src->shape, sizeof t->shape);
+    memcpy(t->strides, src->strides, sizeof t->strides);
+    nb__storage_release(old);
+    if (t->grad) {
+        nb_tensor_free(t->grad);
+        t->grad = NULL;
+    }
 }
 
 /* ---- metadata ---------------------------------------------------------------------------- */

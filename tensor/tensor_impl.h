@@ -85,10 +85,14 @@ struct nb_tensor {
     nb_tensor *grad;
     struct nb__node *grad_fn;
     struct nb__ag_meta *ag; /* gradient hooks of a leaf, or NULL */
+    /* Where this tensor lives on a device mesh (a parameter's placement) or an activation
+     * tag (tensor/place.h), or NULL: a plain tensor. */
+    struct nb__place *place;
 };
 static inline bool nb__live(const nb_tensor *t) { return t->magic == NB__TENSOR_LIVE; }
 void nb__node_release(struct nb__node *n);
 void nb__ag_meta_free(struct nb__ag_meta *m);
+void nb__place_release(struct nb__place *pl);
 
 /* Record an in-place write into t's storage (see nb__storage.version). Every library
  * function that writes into an existing tensor calls it before writing. */
@@ -109,6 +113,11 @@ nb_tensor *nb__empty(const int64_t *shape, int ndim, nb_dtype dt, nb_device dev)
  * current scope). The caller guarantees the geometry stays inside the storage. */
 nb_tensor *nb__view_of(const nb_tensor *base, const int64_t *shape, const int64_t *strides,
                        int ndim, int64_t offset);
+/* Make t's header describe src's data instead of its own: t takes src's storage, offset,
+ * shape, strides and dtype (and drops its gradient), keeping its identity, name in modules,
+ * requires_grad and placement. For replacing a parameter by its part (nb_parallelize) without
+ * changing who holds it. */
+void nb__tensor_assume(nb_tensor *t, const nb_tensor *src);
 /* Register a fresh reference in the innermost scope (no-op outside scopes). */
 nb_tensor *nb__scope_add(nb_tensor *t);
 /* Remove t's reference from the innermost scope (if there) and give it to the caller, who

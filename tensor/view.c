@@ -3,6 +3,7 @@
  * autograd node; the backward rules (nb__bw_*) are at the end of this file. */
 #include <string.h>
 
+#include "tensor/place.h"
 #include "tensor/tape.h"
 
 /* Views that keep row-major element order (view, reshape, squeeze, unsqueeze, flatten)
@@ -94,6 +95,16 @@ static bool view_strides(const nb_tensor *t, const int64_t *shape, int ndim, int
     return vd == -1;
 }
 
+/* An activation tag (tensor/place.h: the last dim is this rank's chunk of a split tensor)
+ * stays on views that keep the last dim, as a flattening of (B, T, V/tp) logits to
+ * (B T, V/tp) does. */
+static nb_tensor *keep_tag(nb_tensor *t, nb_tensor *v) {
+    if (v && t->place && t->place->activation && v->ndim >= 1 && t->ndim >= 1 &&
+        v->shape[v->ndim - 1] == t->shape[t->ndim - 1])
+        nb__tensor_set_place(v, t->place);
+    return v;
+}
+
 nb_tensor *nb_view(nb_tensor *t, const int64_t *shape, int ndim) {
     NB__CHECK_ARG(t, "view", "t");
     int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
@@ -106,7 +117,7 @@ nb_tensor *nb_view(nb_tensor *t, const int64_t *shape, int ndim) {
                   nb__shape_str(sh, ndim, (char[NB__SHAPE_STR]){0}));
         return NULL;
     }
-    return rec(nb__view_of(t, sh, st, ndim, t->offset), NB__OP_VIEW, t);
+    return keep_tag(t, rec(nb__view_of(t, sh, st, ndim, t->offset), NB__OP_VIEW, t));
 }
 
 nb_tensor *nb_reshape(nb_tensor *t, const int64_t *shape, int ndim) {
@@ -114,12 +125,12 @@ nb_tensor *nb_reshape(nb_tensor *t, const int64_t *shape, int ndim) {
     int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
     if (!infer_shape(t, shape, ndim, sh, "reshape")) return NULL;
     if (view_strides(t, sh, ndim, st))
-        return rec(nb__view_of(t, sh, st, ndim, t->offset), NB__OP_VIEW, t);
+        return keep_tag(t, rec(nb__view_of(t, sh, st, ndim, t->offset), NB__OP_VIEW, t));
     nb_scope_begin();
     nb_tensor *c = nb_clone(t);
     nb_tensor *r = c ? nb_keep(nb_view(c, sh, ndim)) : NULL;
     nb_scope_end();
-    return r;
+    return keep_tag(t, r);
 }
 
 nb_tensor *nb_permute(nb_tensor *t, const int *dims, int ndim) {

@@ -5,8 +5,10 @@
  *   cuda_probe cuda   the same, then a tensor on cuda:0 (loads the CUDA plugin)
  *
  * Prints, one per line: "result: ok" or "result: <status name>", "error: <message>"
- * (empty when none), "cuda_libraries: <mapped CUDA libraries, or none>" (from
- * /proc/self/maps) and "peak_rss_kib: <VmHWM>". Exit status 0 unless the CPU work failed
+ * (empty when none), "libraries: <nb_cuda_libraries(): what the plugin uses, and why it
+ * does without cuDNN or NCCL>" (cuda only; "none" when the plugin did not load),
+ * "cuda_libraries: <mapped CUDA libraries, or none>" (from /proc/self/maps) and
+ * "peak_rss_kib: <VmHWM>". tools/gpu-check's probe and tools/check-cuda-plugin read it. Exit status 0 unless the CPU work failed
  * or the CUDA request crashed (an error value is a normal outcome). */
 #include <nabla/nabla.h>
 #include <stdio.h>
@@ -58,6 +60,11 @@ int main(int argc, char **argv) {
     }
     printf("result: %s\n", st == NB_OK ? "ok" : nb_status_name(st));
     printf("error: %s\n", st == NB_OK ? "" : nb_last_error());
+    if (cuda) {
+        const char *libs = nb_cuda_libraries(); /* NULL when the plugin did not load */
+        printf("libraries: %s\n", libs ? libs : "none");
+        nb_clear_error();
+    }
     nb_scope_end();
     print_mapped();
     print_peak_rss();

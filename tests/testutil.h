@@ -49,6 +49,8 @@ TCase *nb_tcase_optim_devices(void); /* optim: tests/test_optim_devices.c */
 TCase *nb_tcase_io_devices(void);    /* io: tests/test_io_devices.c */
 void nb_tcases_index_devices(Suite *s); /* index: tests/test_index_devices.c */
 TCase *nb_tcase_cuda_conv(void);      /* cuda: tests/test_cuda_conv.c (needs a GPU) */
+TCase *nb_tcase_messages(void);       /* errors: tests/test_messages.c */
+TCase *nb_tcase_handles(void);        /* errors: tests/test_handles.c */
 
 /* A tensor of dtype dt holding vals (converted), shape[ndim]; registered in the scope. */
 nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtype dt);

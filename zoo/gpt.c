@@ -12,14 +12,19 @@
 #include <string.h>
 
 /* ---- small modules with nanoGPT's names ------------------------------------------------------
- * Each module's `self` (except the top one's) borrows the model's config. */
+ * Each module's `self` (except the top one's) borrows the model's config. The forwards are
+ * written for whatever part of the model a rank holds: the attention takes its head count
+ * from the width of the q/k/v projection it gets, the positions come from the position
+ * embedding's forward, the loss views the logits by their own last dim. So a tensor-parallel
+ * plan (nb_gpt_plan) and a pipeline split (nb_gpt_pipeline_new) make this one model parallel
+ * without another copy of it (docs/gpt.md). */
 typedef struct gpt_self {
     nb_gpt_config cfg;
 } gpt_self;
 
 static const nb_gpt_config *cfg_of(const nb_module *m) { return nb_module_self(m); }
 
-static nb_tensor *dropout(nb_module *m, nb_tensor *x) {
+static nb_tensor *dropout_forward(nb_module *m, nb_tensor *x) {
     const nb_gpt_config *c = cfg_of(m);
     if (!(c->dropout > 0) || !nb_module_is_training(m)) return x;
     return nb_dropout(x, c->dropout, true, c->dropout_gen);
@@ -35,13 +40,20 @@ static nb_tensor *embedding_forward(nb_module *m, nb_tensor *x) {
     return nb_embedding(nb_module_param(m, "weight"), x);
 }
 
-/* x + dropout(c_proj(y)) is the residual form both branches end in. The attention reads q,
- * k and v in place from c_attn's (B, T, 3C) output and returns the heads merged (B, T, C). */
+/* The attention reads q, k and v in place from c_attn's (B, T, 3 C') output, C' = the width
+ * this rank computes (C, or a tensor-parallel rank's heads), and returns the heads merged. */
 static nb_tensor *attn_core(nb_tensor *const *qkv, int n, void *m) {
     (void)n;
     const nb_gpt_config *c = cfg_of(m);
     bool training = nb_module_is_training(m);
-    return nb_causal_attention_qkv(qkv[0], c->n_head, 0.0, training ? c->dropout : 0.0,
+    const int64_t hd = c->n_embd / c->n_head, w = qkv[0] ? nb_size(qkv[0], -1) : 0;
+    if (qkv[0] && w % (3 * hd)) {
+        nb_set_error(NB_ESHAPE, "gpt: the attention got q, k, v of width %lld, not a whole number "
+                     "of heads of size %lld (a tensor-parallel size must divide n_head)",
+                     (long long)w, (long long)hd);
+        return NULL;
+    }
+    return nb_causal_attention_qkv(qkv[0], w / (3 * hd), 0.0, training ? c->dropout : 0.0,
                                    training, c->dropout_gen);
 }
 
@@ -54,14 +66,15 @@ static nb_tensor *attn_forward(nb_module *m, nb_tensor *x) {
                        ? nb_recompute(attn_core, &qkv, 1, m,
                                       &(nb_recompute_opts){.gen = c->dropout_gen})
                        : attn_core(&qkv, 1, m);
-    return dropout(m, nb_forward(nb_module_child(m, "c_proj"), y));
+    return nb_forward(nb_module_child(m, "resid_dropout"),
+                      nb_forward(nb_module_child(m, "c_proj"), y));
 }
 
 static nb_tensor *mlp_forward(nb_module *m, nb_tensor *x) {
     const nb_gpt_config *c = cfg_of(m);
     nb_tensor *h = nb_forward(nb_module_child(m, "c_fc"), x);
     h = c->gelu_tanh ? nb_gelu_tanh(h) : nb_gelu(h);
-    return dropout(m, nb_forward(nb_module_child(m, "c_proj"), h));
+    return nb_forward(nb_module_child(m, "dropout"), nb_forward(nb_module_child(m, "c_proj"), h));
 }
 
 static nb_tensor *block_forward(nb_module *m, nb_tensor *x) {
@@ -78,6 +91,7 @@ static const nb_module_vtable layernorm_vt = {.type_name = "LayerNorm",
                                               .forward = layernorm_forward};
 static const nb_module_vtable embedding_vt = {.type_name = "Embedding",
                                               .forward = embedding_forward};
+static const nb_module_vtable dropout_vt = {.type_name = "Dropout", .forward = dropout_forward};
 static const nb_module_vtable attn_vt = {.type_name = "CausalSelfAttention",
                                          .forward = attn_forward};
 static const nb_module_vtable mlp_vt = {.type_name = "MLP", .forward = mlp_forward};
@@ -125,10 +139,13 @@ static nb_module *fill_block(nb_module *b, const nb_gpt_config *c, nb_generator 
     if (!make_layernorm(b, "ln_1", c) ||
         !(attn = child(b, "attn", nb_module_new(&attn_vt, (void *)(uintptr_t)c))) ||
         !make_linear(attn, "c_attn", C, 3 * C, 0.02, c, gen) ||
-        !make_linear(attn, "c_proj", C, C, proj_std, c, gen) || !make_layernorm(b, "ln_2", c) ||
+        !make_linear(attn, "c_proj", C, C, proj_std, c, gen) ||
+        !child(attn, "resid_dropout", nb_module_new(&dropout_vt, (void *)(uintptr_t)c)) ||
+        !make_layernorm(b, "ln_2", c) ||
         !(mlp = child(b, "mlp", nb_module_new(&mlp_vt, (void *)(uintptr_t)c))) ||
         !make_linear(mlp, "c_fc", C, 4 * C, 0.02, c, gen) ||
-        !make_linear(mlp, "c_proj", 4 * C, C, proj_std, c, gen))
+        !make_linear(mlp, "c_proj", 4 * C, C, proj_std, c, gen) ||
+        !child(mlp, "dropout", nb_module_new(&dropout_vt, (void *)(uintptr_t)c)))
         return NULL;
     return b;
 }
@@ -171,22 +188,6 @@ static bool resolve(const nb_gpt_config *in, nb_gpt_config *c) {
     return true;
 }
 
-/* ---- for the pipeline stages (zoo/gpt_impl.h, zoo/gpt_pipe.c) ---------------------------- */
-bool nb__gpt_resolve(const nb_gpt_config *in, nb_gpt_config *out) { return resolve(in, out); }
-
-nb_module *nb__gpt_block_new(const nb_gpt_config *c, nb_generator *gen) {
-    nb_module *b = nb_module_new(&block_vt, (void *)(uintptr_t)c);
-    if (b && !fill_block(b, c, gen)) {
-        nb_module_free(b);
-        return NULL;
-    }
-    return b;
-}
-
-nb_module *nb__gpt_add_layernorm(nb_module *parent, const char *name, const nb_gpt_config *c) {
-    return make_layernorm(parent, name, c);
-}
-
 nb_module *nb_gpt_new(const nb_gpt_config *cfg, nb_generator *init) {
     gpt_self *s = malloc(sizeof *s);
     if (!s) {
@@ -203,14 +204,20 @@ nb_module *nb_gpt_new(const nb_gpt_config *cfg, nb_generator *init) {
         return NULL;
     }
     const nb_gpt_config *c = &s->cfg;
-    nb_module *tr = child(m, "transformer", nb_module_new(&dict_vt, NULL)), *e, *h;
+    nb_module *tr = child(m, "transformer", nb_module_new(&dict_vt, NULL)), *e, *h, *head;
     bool ok = tr && (e = child(tr, "wte", nb_module_new(&embedding_vt, (void *)(uintptr_t)c))) &&
               add_param(e, "weight", (int64_t[]){c->vocab_size, c->n_embd}, 2, 0.02, init) &&
               (e = child(tr, "wpe", nb_module_new(&embedding_vt, (void *)(uintptr_t)c))) &&
               add_param(e, "weight", (int64_t[]){c->block_size, c->n_embd}, 2, 0.02, init) &&
+              child(tr, "drop", nb_module_new(&dropout_vt, (void *)(uintptr_t)c)) &&
               (h = child(tr, "h", nb_module_list_new(NULL, 0)));
     for (int64_t i = 0; ok && i < c->n_layer; i++) ok = make_block(h, c, init) != NULL;
-    if (!ok || !make_layernorm(tr, "ln_f", c)) {
+    /* the output head is tied to the token embedding (nanoGPT's lm_head): the same tensor,
+     * registered under both names and listed once, as transformer.wte.weight */
+    ok = ok && make_layernorm(tr, "ln_f", c) &&
+         (head = child(m, "lm_head", nb_module_new(&linear_vt, (void *)(uintptr_t)c))) &&
+         nb_module_add_parameter(head, "weight", nb_tensor_retain(nb_module_find(m, "transformer.wte.weight")));
+    if (!ok) {
         nb_module_free(m);
         return NULL;
     }
@@ -227,7 +234,11 @@ const nb_gpt_config *nb_gpt_get_config(const nb_module *m) {
 }
 
 /* ---- forward and loss -------------------------------------------------------------------- */
-static nb_tensor *gpt_forward(nb_module *m, nb_tensor *idx) {
+/* The layers of the forward, which the pipeline split also runs one by one (nb_gpt_layers):
+ * the embedding (token and position embeddings, dropout), the blocks, the head (ln_f and the
+ * tied output projection). */
+nb_tensor *nb__gpt_embed(nb_module *m, nb_tensor *idx, void *ctx) {
+    (void)ctx;
     const nb_gpt_config *c = nb_gpt_get_config(m);
     if (!idx) { /* keep the first error, as the library's ops do */
         if (nb_last_status() == NB_OK) nb_set_error(NB_ENULL, "gpt: argument 'idx' is NULL");
@@ -244,16 +255,38 @@ static nb_tensor *gpt_forward(nb_module *m, nb_tensor *idx) {
                   (long long)T, (long long)c->block_size);
         return NULL;
     }
-    nb_module *tr = nb_module_child(m, "transformer");
-    nb_module *h = nb_module_child(tr, "h");
-    nb_tensor *wte = nb_module_param(nb_module_child(tr, "wte"), "weight");
-    nb_tensor *wpe = nb_module_param(nb_module_child(tr, "wpe"), "weight");
-    /* Positions 0..T-1 are the first T rows of wpe: a view, broadcast over the batch. */
-    nb_tensor *x = nb_add(nb_embedding(wte, idx), nb_narrow(wpe, 0, 0, T)); /* (B, T, C) */
-    x = dropout(m, x);
-    for (int i = 0; i < nb_module_num_children(h); i++) x = nb_forward(nb_module_child_at(h, i), x);
-    x = nb_forward(nb_module_child(tr, "ln_f"), x);
-    return nb_linear(x, wte, NULL); /* tied head: x @ wte^T -> (B, T, V) */
+    nb_module *tr = nb_module_child(m, "transformer"), *wpe = nb_module_child(tr, "wpe");
+    nb_tensor *pos = nb_to_device(nb_arange(0, (double)T, 1, NB_I64),
+                                  nb_tensor_device(nb_module_param(wpe, "weight")));
+    /* (B, T, C) + (T, C), broadcast over the batch */
+    nb_tensor *x = nb_add(nb_forward(nb_module_child(tr, "wte"), idx), nb_forward(wpe, pos));
+    return nb_forward(nb_module_child(tr, "drop"), x);
+}
+
+nb_tensor *nb__gpt_head(nb_module *m, nb_tensor *x, void *ctx) {
+    (void)ctx;
+    x = nb_forward(nb_module_child(nb_module_child(m, "transformer"), "ln_f"), x);
+    return nb_forward(nb_module_child(m, "lm_head"), x); /* x @ wte^T -> (B, T, V) */
+}
+
+static nb_tensor *gpt_forward(nb_module *m, nb_tensor *idx) {
+    nb_tensor *x = nb__gpt_embed(m, idx, NULL);
+    nb_module *h = nb_module_child(nb_module_child(m, "transformer"), "h");
+    for (int i = 0; i < nb_module_num_children(h) && x; i++) x = nb_forward(nb_module_child_at(h, i), x);
+    return nb__gpt_head(m, x, NULL);
+}
+
+nb_tensor *nb__gpt_cross_entropy(nb_tensor *logits, nb_tensor *targets, void *ctx) {
+    (void)ctx;
+    if (!logits || !targets) return NULL;
+    if (nb_ndim(targets) != 2 || nb_numel(targets) * nb_size(logits, -1) != nb_numel(logits)) {
+        nb_set_error(NB_ESHAPE, "nb_gpt_loss: targets must have the shape of the input (B, T)");
+        return NULL;
+    }
+    /* by the logits' own last dim: V, or a tensor-parallel rank's part of the vocabulary (the
+     * cross entropy then runs vocab-parallel) */
+    return nb_cross_entropy(nb_view(logits, (int64_t[]){-1, nb_size(logits, -1)}, 2),
+                            nb_reshape(targets, (int64_t[]){-1}, 1), NULL);
 }
 
 nb_tensor *nb_gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
@@ -261,20 +294,32 @@ nb_tensor *nb_gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
         nb_set_error(NB_EINVAL, "nb_gpt_loss: the module is not a GPT made by nb_gpt_new");
         return NULL;
     }
-    nb_tensor *logits = nb_forward(m, idx);
-    if (!logits || !targets) return NULL;
-    const int64_t V = nb_gpt_get_config(m)->vocab_size;
-    if (nb_ndim(targets) != 2 || nb_numel(targets) != nb_numel(idx)) {
+    if (targets && idx && nb_numel(targets) != nb_numel(idx)) {
         nb_set_error(NB_ESHAPE, "nb_gpt_loss: targets must have the shape of the input (B, T)");
         return NULL;
     }
-    return nb_cross_entropy(nb_view(logits, (int64_t[]){-1, V}, 2),
-                            nb_reshape(targets, (int64_t[]){-1}, 1), NULL);
+    return nb__gpt_cross_entropy(nb_forward(m, idx), targets, NULL);
 }
 
-static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero,
-                         nb_grad_scaler *scaler, nb_tensor *const *x, nb_tensor *const *y,
-                         int n_micro, double grad_clip, double *grad_norm) {
+/* A pipeline's step: the micro-batches as one batch through its stages (it splits them again),
+ * their mean loss (over the data-parallel ranks too) in *loss_mean. */
+static nb_status pipeline_pass(const nb_gpt_step_opts *o, nb_tensor *const *x,
+                               nb_tensor *const *y, int n_micro, double *loss_mean) {
+    nb_scope_begin();
+    nb_tensor *xa = n_micro > 1 ? nb_cat(x, n_micro, 0) : x[0];
+    nb_tensor *ya = n_micro > 1 ? nb_cat(y, n_micro, 0) : y[0];
+    *loss_mean = xa && ya ? nb_pipeline_step(o->pipeline, xa, ya, o->pipe_stats) : NAN;
+    nb_scope_end();
+    return isnan(*loss_mean) && nb_last_status() != NB_OK ? nb_last_status() : NB_OK;
+}
+
+static double train_step(nb_module *m, nb_optim *opt, const nb_gpt_step_opts *o,
+                         nb_tensor *const *x, nb_tensor *const *y, int n_micro,
+                         double *grad_norm) {
+    nb_ddp *ddp = o->ddp;
+    nb_zero *zero = o->zero;
+    nb_grad_scaler *scaler = o->scaler;
+    const double grad_clip = o->grad_clip;
     if (grad_norm) *grad_norm = NAN;
     if (!m || !opt || !x || !y || n_micro < 1) {
         nb_set_error(NB_EINVAL, "nb_gpt_train_step: needs a model, an optimizer and n_micro >= 1 "
@@ -283,6 +328,13 @@ static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero
     }
     nb_status st = nb_zero_grad(opt);
     double loss_sum = 0;
+    if (o->pipeline) { /* the stages run the micro-batches; ddp / zero wrap its module */
+        double mean = NAN;
+        if (st == NB_OK) st = pipeline_pass(o, x, y, n_micro, &mean);
+        loss_sum = mean * n_micro;
+        ddp = NULL, zero = NULL; /* the pipeline synchronised them */
+        goto reduced;
+    }
     /* The micro-batches' losses are summed where they live (in f64, in order: the same
      * value as summing them on the host) and read once per step: on a GPU a read is a
      * synchronization, and one per micro-batch would stall the device that often. */
@@ -318,12 +370,13 @@ static double train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_zero *zero
         nb_zero_set_sync_enabled(zero, true);
         if (st == NB_OK) st = nb_zero_sync(zero); /* each rank holds its averaged shard */
     }
+reduced:
     if (st == NB_OK && scaler) st = nb_grad_scaler_unscale(scaler, opt); /* before the norm */
     if (st != NB_OK) return NAN;
     if (grad_clip > 0 || grad_norm) {
         double max = grad_clip > 0 ? grad_clip : INFINITY;
-        double norm = zero ? nb_zero_clip_grad_norm(zero, max, 2)
-                           : nb_clip_grad_norm(nb_optim_params(opt), max, 2);
+        /* under ZeRO the parameters' placements make it the norm over every shard */
+        double norm = nb_clip_grad_norm(nb_optim_params(opt), max, 2);
         if (norm < 0) return NAN;
         if (grad_norm) *grad_norm = norm;
         /* With a loss scaler, an overflow is its business: it skips the step, backs off */
@@ -349,18 +402,20 @@ double nb_gpt_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
                      "wrapped by one of them");
         return NAN;
     }
-    return train_step(m, opt, o->ddp, o->zero, o->scaler, x, y, n_micro, o->grad_clip, grad_norm);
+    return train_step(m, opt, o, x, y, n_micro, grad_norm);
 }
 
 double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                       nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
-    return train_step(m, opt, ddp, NULL, NULL, x, y, n_micro, grad_clip, grad_norm);
+    nb_gpt_step_opts o = {.ddp = ddp, .grad_clip = grad_clip};
+    return train_step(m, opt, &o, x, y, n_micro, grad_norm);
 }
 
 double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_tensor *const *x,
                               nb_tensor *const *y, int n_micro, double grad_clip,
                               double *grad_norm) {
-    return train_step(m, opt, NULL, zero, NULL, x, y, n_micro, grad_clip, grad_norm);
+    nb_gpt_step_opts o = {.zero = zero, .grad_clip = grad_clip};
+    return train_step(m, opt, &o, x, y, n_micro, grad_norm);
 }
 
 /* ---- sampling ------------------------------------------------------------------------------ */

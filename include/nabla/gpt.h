@@ -131,7 +131,7 @@ nb_tensor *nb_gpt_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets);
 double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                       nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm);
 /* The same under ZeRO (zero wraps m and opt, see nb_zero_new): no_sync until the last
- * micro-batch, then the global norm over the shards (nb_zero_clip_grad_norm). */
+ * micro-batch, then the global norm over the shards (nb_clip_grad_norm: the parameters' placements). */
 double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_tensor *const *x,
                               nb_tensor *const *y, int n_micro, double grad_clip,
                               double *grad_norm);
@@ -143,11 +143,18 @@ double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_ten
  * halved (not an error; the returned *grad_norm is then inf or NaN). ddp and zero are
  * exclusive. The scaler is borrowed; under several ranks give it the communicator
  * (nb_grad_scaler_set_comm) so every rank skips the same steps. */
+typedef struct nb_pipeline nb_pipeline;
+typedef struct nb_pipe_stats nb_pipe_stats;
 typedef struct nb_gpt_step_opts {
     nb_ddp *ddp;             /* NULL; as nb_gpt_train_step's ddp */
     nb_zero *zero;           /* NULL; as nb_gpt_train_step_zero's zero */
     nb_grad_scaler *scaler;  /* NULL: no loss scaling */
     double grad_clip;        /* 0: no clipping */
+    nb_pipeline *pipeline;   /* NULL; m split by nb_gpt_pipeline_new: the micro-batches run
+                              * through its stages (its nb_pipeline_opts.scaler must be this
+                              * scaler), ddp / zero wrap its module and are synchronised by it;
+                              * the loss is the mean over the data-parallel ranks */
+    nb_pipe_stats *pipe_stats; /* NULL; with pipeline: the step's figures */
 } nb_gpt_step_opts;
 nb_gpt_step_opts nb_gpt_step_defaults(void);  /* all zero/NULL */
 double nb_gpt_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
@@ -181,6 +188,25 @@ nb_status nb_gpt_config_from_file(const char *path, nb_gpt_config *cfg);
  * full T x T attention, the tied head counted once) for B sequences of T tokens: the count
  * the PyTorch peer benchmark uses (42.68 GFLOP for W3 at B 16, T 128). */
 double nb_gpt_train_flops(const nb_gpt_config *cfg, int64_t B, int64_t T);
+
+/* ---- the GPT made parallel (zoo/gpt_parallel.c) ------------------------------------------- */
+typedef struct nb_mesh nb_mesh;
+typedef struct nb_parallelize_opts nb_parallelize_opts;
+typedef struct nb_pipeline_opts nb_pipeline_opts;
+/* Make gpt (nb_gpt_new, the same seed on every rank) tensor parallel over mesh's tp dimension
+ * with the GPT's plan (nabla/tp.h, nb_parallelize): c_attn column-wise per head, c_fc
+ * column-wise, both c_proj row-wise, the vocabulary split in transformer.wte and the tied
+ * lm_head (whose logits go to the vocab-parallel cross entropy of nb_gpt_loss), and with
+ * o->sequence_parallel the layer norms, dropouts and positions on sequence shards. The tp size
+ * must divide n_head and vocab_size (and with sequence parallelism the sequence length).
+ * Collective over the mesh. The model's forward, loss and train step are used as they are. */
+nb_status nb_gpt_parallelize(nb_module *gpt, const nb_mesh *mesh, const nb_parallelize_opts *o);
+/* The GPT split into pipeline stages over mesh's pp dimension (nabla/pipeline.h,
+ * nb_pipeline_new): its layers are the embedding (wte, wpe, drop), each block, and the head
+ * (ln_f, lm_head, whose weight is the embedding's: kept on the first and the last stage, its
+ * gradients summed); the loss is the cross entropy against the targets. o's loss is replaced.
+ * Apply nb_gpt_parallelize first for tensor-parallel stages. */
+nb_pipeline *nb_gpt_pipeline_new(nb_module *gpt, const nb_mesh *mesh, const nb_pipeline_opts *o);
 
 #ifdef __cplusplus
 }

@@ -36,7 +36,10 @@
  * (outputs are copied back when the operation completes); contiguous ones are used in place
  * without copies. Collectives write tensor data directly: autograd does not record them.
  * Every rank must call the collectives of a communicator in the same order with the same
- * sizes; a mismatch shows up as a timeout or an NB_ECOMM error. See docs/distributed.md.
+ * sizes, dtypes, reduce ops and roots; ranks that disagree get NB_ECOMM naming both sides
+ * (within a fraction of a second when their data cannot meet; NB_COMM_DEBUG=detail compares
+ * every collective across the ranks before it runs), and the communicator refuses its later
+ * collectives. See docs/distributed.md, "Ranks that disagree".
  * Failures are values: an MPI error, or a peer that does not arrive within the timeout,
  * returns NB_ECOMM / NB_ETIMEOUT with a message naming the operation and the ranks that did
  * not arrive - a dead peer never hangs the job forever.
@@ -82,8 +85,13 @@ int nb_comm_local_rank(void);
 /* Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
  * Collective over c. */
 nb_comm *nb_comm_split(nb_comm *c, int color, int key);
+/* The deadline of every wait on a communicator, in seconds, unless the NB_COMM_TIMEOUT
+ * environment variable, nb_comm_set_timeout or a program's --comm-timeout says otherwise:
+ * one value for the library and the bundled programs (docs/distributed.md, "When a peer
+ * dies"). */
+#define NB_COMM_TIMEOUT_DEFAULT 300.0
 /* Timeout of blocking waits on this communicator, in seconds (default: NB_COMM_TIMEOUT
- * environment variable, else 300). 0 waits forever. */
+ * environment variable, else NB_COMM_TIMEOUT_DEFAULT). 0 waits forever. */
 void nb_comm_set_timeout(nb_comm *c, double seconds);
 double nb_comm_timeout(const nb_comm *c);
 
@@ -201,7 +209,7 @@ nb_status nb_grad_scaler_set_comm(nb_grad_scaler *s, nb_comm *c);
  *     for (...) {
  *         nb_zero_grad(opt);
  *         nb_backward(loss);                // per-bucket reduce-scatters run during backward
- *         nb_zero_clip_grad_norm(z, 1.0, 2); // optional: the global norm over every shard
+ *         nb_clip_grad_norm(nb_optim_params(opt), 1.0, 2); // optional: the global norm
  *         nb_step(opt);                     // steps this rank's shard, then all-gathers
  *     }
  *     nb_zero_free(z);                      // before the optimizer and the model
@@ -230,8 +238,14 @@ nb_status nb_grad_scaler_set_comm(nb_grad_scaler *s, nb_comm *c);
  * parameters. opt itself keeps no state; nb_zero_optim gives the shard's optimizer (its
  * nb_optim_state is this rank's part). Gradient accumulation: nb_zero_set_sync_enabled as
  * nb_ddp's (with sync disabled the gradients accumulate locally, at full size, as FSDP's
- * no_sync). nb_clip_grad_norm on opt's parameters would see only local gradients: use
- * nb_zero_clip_grad_norm. Checkpoints: nb_zero_checkpoint_save / _load (below).
+ * no_sync). Placements (nabla/mesh.h): each parameter records its flat shard over the mesh
+ * dimension "dp" (its piece of the reduced gradient stands for its gradient), and each piece
+ * of the shard optimizer is placed as its parameter plus that shard, so nb_clip_grad_norm
+ * over opt's (or the shard optimizer's) parameters is the global norm over every shard, the
+ * same on every rank, and clips the shards. A model without a mesh gets a 1-D mesh over c
+ * ("dp", owned by the nb_zero: the placements go with it); a model placed on a mesh
+ * (nb_parallelize) must be wrapped over nb_mesh_group(mesh, "dp") (NB_EINVAL otherwise).
+ * Checkpoints: nb_checkpoint_save / _load (nabla/checkpoint.h).
  * Ownership: model, opt and c are borrowed and must outlive the nb_zero. At stage 3,
  * nb_zero_free gathers the parameters (so the model is whole again, though no longer
  * flat): call it on every rank, after the last backward. */
@@ -283,46 +297,6 @@ int nb_zero_num_buckets(const nb_zero *z);
  * reduce-scatters (an all-to-all when compressed: (p-1)/p n e each), halved by reduce_dtype
  * NB_BF16 on f32 gradients; 0 on one rank. Stage 0: its nb_ddp's. */
 int64_t nb_zero_comm_bytes(const nb_zero *z);
-/* nb_clip_grad_norm over the whole (averaged) gradient of the model: each rank reduces its
- * shard, one allreduce combines them, and each rank scales its shard. Call it after
- * backward, before nb_step. Returns the global norm or a negative status. Collective. */
-double nb_zero_clip_grad_norm(nb_zero *z, double max_norm, double norm_type);
-/* nb_zero_clip_grad_norm for a model that is itself split over a second group: the tensor-
- * parallel ranks or the pipeline stages, each rank's nb_zero over its data-parallel group.
- * The sum of |g|^p goes over z's ranks and then over model_comm; a parameter held by several
- * ranks of model_comm (replicated over tensor-parallel ranks, a tied embedding on the first
- * and the last stage) must be counted by one of them only: skip (one flag per parameter of
- * z's model, nb_parameters order) marks those this rank leaves out of the norm; they are
- * scaled all the same. At stage 0 the whole gradients are used (z's ranks hold the same).
- * Returns the global norm (before clipping) or a negative status; max_norm INFINITY only
- * measures. Collective over z's communicator and model_comm. nb_gpt_tp_train_step_ex and
- * nb_gpt_pipe_train_step call it. */
-typedef struct nb_zero_clip_opts {
-    nb_comm *model_comm;       /* NULL: the model is whole on each rank (then this is
-                                * nb_zero_clip_grad_norm) */
-    nb_comm *model_comm2;      /* NULL, or a second group the model is split over, summed
-                                * after model_comm (a tensor-parallel pipeline stage: the
-                                * pipeline, then the tp group) */
-    const bool *skip;          /* NULL: every parameter counts */
-} nb_zero_clip_opts;
-nb_zero_clip_opts nb_zero_clip_defaults(void);
-double nb_zero_clip_grad_norm_ex(nb_zero *z, double max_norm, double norm_type,
-                                 const nb_zero_clip_opts *o);
-/* The whole optimizer state through the template optimizer (the opt given to nb_zero_new),
- * for savers that read nb_optim_state(opt) (nb_checkpoint_save, nb_gpt_tp_save_sharded,
- * nb_gpt_pipe_save) and loaders that fill opt (nb_gpt_tp_checkpoint_load, nb_gpt_pipe_load):
- *     nb_zero_gather_optim_state(z);   // collective: opt holds the whole state of a 1-rank run
- *     nb_gpt_pipe_save(pipe, opt, dir, step);
- *     nb_zero_scatter_optim_state(z);  // local: the shard takes its part, opt's copy is freed
- * and after a load into opt, nb_zero_scatter_optim_state(z) moves it into the shard. Files so
- * written are those of a DDP run: any layout (DDP, ZeRO of another world size, one process)
- * reads them. The whole state lives on every rank between the two calls (gather sums one
- * model-sized buffer per state slot over the ranks). Scatter replaces the shard's state by
- * the template's (none: no state) and then clears the template. Stage 0: no-ops (the
- * template holds the state). Stages 1 and 2 only: stage 3 and offload_optimizer give
- * NB_EINVAL (use nb_zero_checkpoint_save). Errors: those of nb_optim_load_state. */
-nb_status nb_zero_gather_optim_state(nb_zero *z);
-nb_status nb_zero_scatter_optim_state(nb_zero *z);
 /* The optimizer that updates this rank's shard (owned by z), e.g. for its state. */
 nb_optim *nb_zero_optim(const nb_zero *z);
 /* Stage 3: make every parameter whole on every rank (e.g. to read, save or change the model
@@ -369,51 +343,11 @@ nb_status nb_zero_memory(const nb_zero *z, nb_zero_memory_info *out);
 nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int world,
                               int stage, double bucket_mb, nb_zero_memory_info *out);
 
-/* ---- sharded checkpoints ---------------------------------------------------------------- */
-/* Save and resume an nb_zero run, each rank writing only its shard:
- *     nb_checkpoint ck = {.model = model, .optim = opt, .sched = sched, .step = step, ...};
- *     nb_zero_checkpoint_save(z, "run.ckpt", &ck);      // collective: every rank calls it
- *     // later, on any number of ranks, any stage (or z = NULL: one process without ZeRO):
- *     nb_zero_checkpoint_load(z, "run.ckpt", &ck);      // reshards
- * A sharded checkpoint is a directory: one safetensors file per rank ("zero-<id>-<r>-of-<W>
- * .safetensors": the optimizer state of that rank's shard, one 1-D piece per parameter it
- * overlaps, named as nb_optim_state names whole tensors, with the layout in the metadata:
- * checkpoint id, world size, rank, stage, buckets and each piece's range; rank 0's file also
- * holds the model, schedule, loader, generators, step, program and settings, as an
- * nb_checkpoint does) and "index.safetensors", written by rank 0 after every shard is on
- * disk: the checkpoint exists only when its index does. Each save has a fresh id; the
- * previous save's shards stay until the new index is written, then rank 0 removes them. c
- * names the objects as for nb_checkpoint_save (c->model and c->optim must be the model and
- * optimizer z wraps; the others are rank 0's). dir is created if missing; an existing path
- * that is not a directory is refused (NB_EIO) and left as it is.
- * nb_zero_checkpoint_load reads a sharded checkpoint directory or a plain nb_checkpoint file
- * into z (any world size and stage: every rank rebuilds each parameter's whole state tensors
- * from the pieces, then keeps the pieces of its own shard) or, with z NULL, into a plain
- * model and optimizer (then it is nb_checkpoint_load for a file). The program's name and
- * settings are checked as nb_checkpoint_load checks them. Errors, with nothing loaded: a
- * directory without index (NB_EIO: an unfinished save), a missing shard (NB_EIO, naming it),
- * a shard of another run or save or whose world size or rank disagrees with the index
- * (NB_EINVAL), pieces that do not tile a parameter's state (NB_EFORMAT), and those of
- * nb_checkpoint_load and nb_optim_load_state. Both are collective over z's communicator
- * (every rank gets an error if one fails). */
-nb_status nb_zero_checkpoint_save(nb_zero *z, const char *dir, const nb_checkpoint *c);
-/* Rotation, as nb_checkpoint_save_keep (nabla/checkpoint.h): save at the directory of
- * c->step in base's series (run.ckpt -> run-<step>.ckpt/, DIR/ -> DIR/checkpoint-<step>.ckpt/),
- * then rank 0 removes the series' older members beyond the newest keep (>= 1), files or
- * sharded directories. nb_checkpoint_latest(base, ...) finds the newest complete one (a
- * directory counts when its index exists) for nb_zero_checkpoint_load. path_out (may be
- * NULL) gets the directory written. Collective. */
-nb_status nb_zero_checkpoint_save_keep(nb_zero *z, const char *base, const nb_checkpoint *c,
-                                       int keep, char *path_out, size_t n);
-nb_status nb_zero_checkpoint_load(nb_zero *z, const char *path, nb_checkpoint *c);
-/* Write a sharded checkpoint directory as one plain file, without building the model: the
- * whole nb_checkpoint (model, whole optimizer state, schedule, loader, generators, step,
- * program and settings: nb_checkpoint_load reads it) or, with model_only, just the model's
- * parameters and buffers under their own names, as nb_module_save writes them (for nb_gpt:
- * nanoGPT's names, which nb_gpt_load and PyTorch read). Written atomically; the errors of
- * nb_zero_checkpoint_load for a bad directory, and NB_EIO for an unwritable out. Local (no
- * communication). The bundled program zero-consolidate calls it. */
-nb_status nb_zero_checkpoint_consolidate(const char *dir, const char *out, bool model_only);
+/* ---- checkpoints ------------------------------------------------------------------------ */
+/* A ZeRO run saves and loads with nb_checkpoint_save / nb_checkpoint_load (nabla/checkpoint.h)
+ * like any other layout: every rank calls them with the model and the optimizer given to
+ * nb_zero_new; each rank writes its shard of the state into one folder, and any layout (any
+ * world size, any stage, one process without ZeRO) loads it. */
 
 #ifdef __cplusplus
 }

@@ -38,7 +38,7 @@ extern "C" {
     X(ECOMM, -13, "communication failure")                                      \
     X(ETIMEOUT, -14, "timed out")                                               \
     X(EINTERNAL, -15, "internal error")                                         \
-    X(EFREED, -16, "tensor used after it was released")
+    X(EFREED, -16, "handle used after it was released")
 
 typedef enum nb_status {
 #define NB__STATUS_ENUM(name, value, text) NB_##name = value,
@@ -60,6 +60,15 @@ void nb_clear_error(void);
 /* Record an error of your own (custom modules, datasets, transforms) so that callers see
  * it through nb_last_error() like nabla's: printf-style message; returns s. */
 nb_status nb_set_error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Add context to the last error on this thread, after a call of yours failed: the message
+ * becomes "<context>: <the previous message>" (printf-style context, without a trailing
+ * ": "), written as one sentence: parts the context already says are not repeated, an empty
+ * previous message becomes s's description, and a message too long is cut at a word
+ * boundary with "...". s NB_OK keeps the previous status. Returns the status.
+ *     if (nb_module_load(m, path, true) != NB_OK)
+ *         return nb_wrap_error(NB_OK, "resume from %s", path);
+ *     // "resume from run.ckpt: module_load: run.ckpt has no tensor \"fc.bias\"" */
+nb_status nb_wrap_error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #ifdef __cplusplus
 }

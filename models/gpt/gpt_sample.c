@@ -42,9 +42,19 @@ int main(int argc, char **argv) {
     const char *load = NULL, *prompt_text = "0";
     long long n_head = 0, tokens = 16, top_k = 0, seed = 0;
     double temperature = 0;
+    static const char *const flags[] = {"--load", "--prompt", "--n-head", "--tokens", "--top-k",
+                                        "--seed", "--temperature"};
+    bool seen[sizeof flags / sizeof flags[0]] = {false};
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = val != NULL;
+        for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++)
+            if (strcmp(flag, flags[k]) == 0) {
+                char why[80];
+                snprintf(why, sizeof why, "%s is given more than once; give each flag once", flag);
+                if (seen[k]) return usage(why);
+                seen[k] = true;
+            }
         if (ok && strcmp(flag, "--load") == 0) load = val;
         else if (ok && strcmp(flag, "--prompt") == 0) prompt_text = val;
         else if (ok && strcmp(flag, "--n-head") == 0) ok = parse_i64(val, &n_head) && n_head > 0;

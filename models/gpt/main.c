@@ -5,11 +5,17 @@
  * accumulation, validation loss on fixed batches, checkpoints and exact resume, progress
  * with tokens/s, JSON-lines logs, and a last line that is one JSON object. docs/gpt.md.
  *
- * Under mpirun (or srun) it trains data parallel with nb_ddp: --batch stays the global
- * batch. Every rank draws the same global batches (one generator, same seed) and trains
- * on its contiguous slice of rows, so N ranks follow the 1-process run up to float
- * reassociation; dropout draws from a per-rank stream. Validation batches are shared out
- * by index and the sums reduced. Only rank 0 prints, logs and writes checkpoints. */
+ * Under mpirun (or srun) the ranks form a device mesh dp x pp x tp (--pp, --tp; nabla/mesh.h):
+ * the one GPT of nabla/gpt.h is made tensor parallel by its plan (nb_gpt_parallelize) and
+ * split into pipeline stages (nb_gpt_pipeline_new), and nb_ddp or nb_zero (--zero) reduce the
+ * gradients over dp; the same training loop and step (nb_gpt_train_step_ex) run every layout.
+ * --batch is the global batch per step in every layout, cut into --microbatches (gradient
+ * accumulation, or the pipeline's micro-batches). Every rank draws the same global batches
+ * (one generator, same seed) and trains on its data-parallel rank's contiguous rows, so every
+ * layout follows the 1-process run up to float reassociation; dropout draws from a stream
+ * per data-parallel rank. Validation batches are shared out by index and the sums reduced.
+ * Checkpoints are nabla/checkpoint.h's: one file, or a folder every rank writes its part of,
+ * which any layout resumes. Only rank 0 prints and logs. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -17,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nabla/nabla.h>
@@ -26,7 +33,6 @@
 #include "ft.h"
 #include "device.h"
 #include "guard.h"
-#include "pipe.h"
 #include "precision.h"
 
 /* --comm-timeout, --on-nonfinite, --max-skips (guard.h), and the skipped steps' count */
@@ -44,14 +50,14 @@ typedef struct args {
     const char *recompute; /* --checkpoint-activations */
     /* training */
     const char *data;
-    int64_t steps, decay_steps, batch, warmup, grad_accum, eval_every, eval_batches, save_every;
+    int64_t steps, decay_steps, batch, warmup, eval_every, eval_batches, save_every;
     int64_t keep, async_save;
     double lr, weight_decay, min_lr, grad_clip, beta1, beta2;
     const char *schedule;
     const char *save, *resume, *log, *override, *tensorboard;
     int64_t threads, zero, tp;
     bool sequence_parallel;
-    int64_t pp, microbatches, virtual_stages; /* --pp: pipeline parallel (models/gpt/pipe.c) */
+    int64_t pp, microbatches, virtual_stages; /* --pp: pipeline parallel; micro-batches */
     const char *pp_schedule;
     nb_dtype precision; /* --precision: NB_F32 (default), NB_BF16, NB_F16 */
     nb_dtype reduce_dtype; /* --reduce-dtype: gradients over the ranks (nb_ddp, nb_zero) */
@@ -78,8 +84,10 @@ static void usage(const args *a, FILE *out) {
             "training:\n"
             "  --data FILE      training text, bytes are tokens (default: `" KJV_COMMAND "`)\n"
             "  --steps N        optimizer steps (default %lld)\n"
-            "  --batch N        sequences per micro-batch (default %lld)\n"
-            "  --grad-accum N   micro-batches per step (default %lld)\n"
+            "  --batch N        sequences per optimizer step, over all ranks (default %lld)\n"
+            "  --microbatches K the step's batch in K micro-batches: gradient accumulation,\n"
+            "                   or with --pp the pipeline's micro-batches (default 1; 4 with\n"
+            "                   --pp); --grad-accum K is the same flag\n"
             "  --lr X           peak learning rate (default %g)\n"
             "  --schedule S     cosine (linear warmup, cosine decay to --min-lr) or constant\n"
             "                   (default %s; the W3 recipe is constant)\n"
@@ -108,21 +116,18 @@ static void usage(const args *a, FILE *out) {
             "                   (default fp32; docs/mixed-precision.md)\n"
             "  --zero S         ZeRO stage 0-3: 1 shards the optimizer state over the ranks,\n"
             "                   2 also the gradients, 3 also the parameters (default 0:\n"
-            "                   nb_ddp); --save then writes a sharded checkpoint (a\n"
-            "                   directory) that --resume reshards. With --tp or --pp: 1 or\n"
-            "                   2, over the data-parallel group; checkpoints as without it\n"
+            "                   nb_ddp), over the data-parallel group; with --pp 1 or 2\n"
             "  --reduce-dtype D fp32, bf16 or fp16: the dtype the gradients travel in between\n"
             "                   the data-parallel ranks (nb_ddp and --zero; summed in f32;\n"
             "                   default fp32; docs/distributed.md, \"Compressed communication\")\n"
-            "  --tp N           tensor parallel over N adjacent ranks (the ranks are dp x tp,\n"
-            "                   nb_ddp over dp; default 1); --save writes a sharded checkpoint\n"
-            "                   (a directory: each rank its slices; DIR/model.safetensors at\n"
-            "                   the end), which any layout resumes; with --pp M each\n"
-            "                   stage is tensor parallel (mpirun -np dp*N*M)\n"
+            "  --tp N           tensor parallel over N adjacent ranks (default 1); with --pp\n"
+            "                   each stage is tensor parallel (mpirun -np dp*pp*tp). Under\n"
+            "                   several ranks --save writes a checkpoint folder each rank\n"
+            "                   writes its part of (DIR/model.safetensors at the end), which\n"
+            "                   any layout (or one process) resumes\n"
             "  --sequence-parallel  with --tp: layer norms and dropout on sequence shards\n"
-            "  --pp M           pipeline parallel over M stages (mpirun -np dp*M); --batch is\n"
-            "                   then the global batch per step (models/gpt/pipe.c, docs/distributed.md)\n"
-            "  --microbatches K micro-batches per step with --pp (default 4)\n"
+            "  --pp M           pipeline parallel over M stages (mpirun -np dp*M*tp;\n"
+            "                   docs/distributed.md)\n"
             "  --pp-schedule S  gpipe, 1f1b or interleaved (default 1f1b)\n"
             "  --virtual-stages V  chunks per rank with --pp-schedule interleaved (default 1)\n"
             "  --seed N         initialization, batch order, dropout (default %llu)\n"
@@ -134,7 +139,7 @@ static void usage(const args *a, FILE *out) {
             "  --top-k K        sample from the K most likely bytes (default 0: all)\n",
             (long long)a->n_layer, (long long)a->n_head, (long long)a->n_embd,
             (long long)a->block_size, a->dropout, (long long)a->bias, (long long)a->gelu_tanh,
-            (long long)a->steps, (long long)a->batch, (long long)a->grad_accum, a->lr,
+            (long long)a->steps, (long long)a->batch, a->lr,
             a->schedule, a->weight_decay, a->beta1, a->beta2,
             a->grad_clip, (long long)a->eval_every, (long long)a->eval_batches,
             (unsigned long long)a->seed, (long long)a->tokens, a->temperature);
@@ -179,10 +184,12 @@ static int parse_args(int argc, char **argv, args *a) {
             return 0;
         }
         if (!strcmp(f, "--sample")) {
+            if (a->sample) return nbm_repeated("gpt", f);
             a->sample = true;
             continue;
         }
         if (!strcmp(f, "--sequence-parallel")) {
+            if (a->sequence_parallel) return nbm_repeated("gpt", f);
             a->sequence_parallel = true;
             continue;
         }
@@ -199,6 +206,7 @@ static int parse_args(int argc, char **argv, args *a) {
             usage(a, stderr);
             return 2;
         }
+        if (given[k]) return nbm_repeated("gpt", f); /* not "the last one wins" */
         given[k] = true;
         if (i + 1 >= argc) {
             fprintf(stderr, "gpt: %s needs a value (see --help)\n", f);
@@ -222,7 +230,8 @@ static int parse_args(int argc, char **argv, args *a) {
         F64("--dropout", dropout, 0, false, 1, true);
         I64("--bias", bias, 0, 1); I64("--gelu-tanh", gelu_tanh, 0, 1);
         STR("--data", data); I64("--steps", steps, 0, MAX_STEPS);
-        I64("--batch", batch, 1, NB_MAX_BATCH); I64("--grad-accum", grad_accum, 1, NB_MAX_BATCH);
+        I64("--batch", batch, 1, NB_MAX_BATCH);
+        I64("--grad-accum", microbatches, 1, NB_MAX_BATCH);
         F64("--lr", lr, 0, true, NB_MAX_LR, false);
         STR("--schedule", schedule);
         I64("--warmup", warmup, 0, BIG); I64("--decay-steps", decay_steps, 0, BIG);
@@ -258,11 +267,6 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --async-save needs --save\n");
         return 2;
     }
-    if (a->async_save && a->zero > 0 && a->keep) {
-        fprintf(stderr, "gpt: --async-save with --zero writes one sharded checkpoint "
-                        "directory; --keep does not apply to it yet\n");
-        return 2;
-    }
     if (strcmp(a->recompute, "none") && strcmp(a->recompute, "attn") &&
         strcmp(a->recompute, "full")) {
         fprintf(stderr, "gpt: --checkpoint-activations must be none, attn or full, got \"%s\"\n",
@@ -277,14 +281,10 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "gpt: --sequence-parallel needs training with --tp 2 or more\n");
         return 2;
     }
-    if ((a->tp > 1 || a->pp) && a->zero > 2) {
-        fprintf(stderr, "gpt: --%s takes --zero 1 or 2 (the data-parallel group's ZeRO); stage 3 "
-                        "does not combine with it yet\n", a->pp ? "pp" : "tp");
-        return 2;
-    }
-    if ((a->tp > 1 || a->pp) && a->zero > 0 && a->precision == NB_F16) {
-        fprintf(stderr, "gpt: --%s with --zero does not take --precision fp16 (loss scaling) yet; "
-                        "bf16 works\n", a->pp ? "pp" : "tp");
+    if (a->pp > 1 && a->zero > 2) {
+        fprintf(stderr, "gpt: --pp takes --zero 1 or 2 (the data-parallel group's ZeRO); stage 3 "
+                        "gathers each layer's parameters for its forward, which a pipeline stage "
+                        "already holds\n");
         return 2;
     }
     /* A flag the chosen mode ignores is a mistake (a typo'd mode, a forgotten --sample),
@@ -327,15 +327,23 @@ static int parse_args(int argc, char **argv, args *a) {
                 guard.train_flag);
         return 2;
     }
-    /* The pipeline's flags go together; what it does not do yet is refused, not ignored. */
-    const bool pipe_flags = a->microbatches || a->pp_schedule || a->virtual_stages;
-    if (!a->pp && pipe_flags) {
-        fprintf(stderr, "gpt: --microbatches, --pp-schedule and --virtual-stages need --pp\n");
+    /* The pipeline's flags go together; what it does not do is refused, not ignored. */
+    if (!a->pp && (a->pp_schedule || a->virtual_stages)) {
+        fprintf(stderr, "gpt: --pp-schedule and --virtual-stages need --pp\n");
         return 2;
     }
-    if (a->pp && (a->grad_accum != 1 || a->reduce_dtype != NB_F32)) {
-        fprintf(stderr, "gpt: --pp trains with --microbatches instead of --grad-accum, and does "
-                "not take --reduce-dtype yet\n");
+    for (int k = 0; k < NF; k++) /* --grad-accum and --microbatches are one setting */
+        if (given[k] && !strcmp(flags[k].name, "--grad-accum"))
+            for (int j = 0; j < NF; j++)
+                if (given[j] && !strcmp(flags[j].name, "--microbatches")) {
+                    fprintf(stderr, "gpt: --grad-accum and --microbatches are the same setting; "
+                            "give one\n");
+                    return 2;
+                }
+    if (!a->microbatches) a->microbatches = a->pp ? 4 : 1;
+    if (a->batch % a->microbatches) {
+        fprintf(stderr, "gpt: --batch %lld does not split into %lld micro-batches\n",
+                (long long)a->batch, (long long)a->microbatches);
         return 2;
     }
     if (a->sample && !a->load) {
@@ -405,33 +413,48 @@ done:
 }
 
 /* ---- training ------------------------------------------------------------------------------ */
-/* Mean loss over the fixed validation batches (the generator is rewound each time, so
- * every evaluation sees the same batches), in eval mode without gradients. */
-static double evaluate(nb_module *m, nb_tensor *val, nb_generator *vgen, int64_t n,
-                       nb_tensor *x, nb_tensor *y, nb_comm *world, nb_comm *dp, nb_dtype prec) {
-    /* the data-parallel ranks share the batches out; a tensor-parallel group works on each
-     * together (its ranks get the same sums) */
+/* Mean loss over the fixed validation batches (the generator is rewound each time, so every
+ * evaluation sees the same batches), in eval mode without gradients. The data-parallel ranks
+ * share the batches out; the ranks of one model (tensor-parallel, pipeline stages) work on each
+ * together. Every data-parallel rank runs the same number of forwards, ceil(n / dp): with fewer
+ * batches than that a rank evaluates one again without counting it, because a forward may be
+ * collective over dp (ZeRO-3 gathers the parameters). */
+static double evaluate(nb_module *m, nb_pipeline *pipe, nb_tensor *val, nb_generator *vgen,
+                       int64_t n, nb_tensor *x, nb_tensor *y, nb_comm *world, nb_comm *dp,
+                       nb_dtype prec) {
     const int rank = nb_comm_rank(dp), size = nb_comm_size(dp);
-    const bool tp = nb_gpt_tp_is_gpt_tp(m);
+    const int64_t rounds = (n + size - 1) / size;
     nb_generator_set_stream(vgen, 0);
     nb_module_train(m, false);
     bool prev = nb_set_grad_enabled(false);
     double sum = 0;
-    for (int64_t i = 0; i < n && !isnan(sum); i++) {
-        nb_scope_begin(); /* every rank draws every batch (same stream), evaluates its share */
-        nb_status st = nb_text_sample(val, vgen, x, y);
-        nb_tensor *l = NULL;
-        if (st == NB_OK && i % size == rank && nbm_precision_begin(prec) == NB_OK) {
-            l = tp ? nb_gpt_tp_loss(m, x, y) : nb_gpt_loss(m, x, y);
+    for (int64_t k = 0; k < rounds && !isnan(sum); k++) {
+        nb_scope_begin(); /* every rank draws every batch of the round (same stream) */
+        nb_status st = NB_OK;
+        nb_tensor *xm = NULL, *ym = NULL; /* this rank's: batch k size + rank, or a repeat */
+        for (int64_t j = 0; j < size && st == NB_OK; j++) {
+            if (k * size + j < n) st = nb_text_sample(val, vgen, x, y);
+            if (j == rank && st == NB_OK) xm = nb_clone(x), ym = nb_clone(y);
+        }
+        const bool counts = k * size + rank < n;
+        double l = NAN;
+        if (st == NB_OK && xm && ym && nbm_precision_begin(prec) == NB_OK) {
+            if (pipe) {
+                if (nb_pipeline_eval(pipe, xm, ym, &l, NULL) != NB_OK) l = NAN;
+            } else {
+                nb_tensor *t = nb_gpt_loss(m, xm, ym);
+                l = t ? nb_item_f64(t) : NAN;
+            }
             nbm_precision_end(prec);
         }
-        if (st != NB_OK || (i % size == rank && !l)) sum = NAN;
-        else if (l) sum += nb_item_f64(l);
+        if (isnan(l)) sum = NAN;
+        else if (counts) sum += l;
         nb_scope_end();
     }
     nb_set_grad_enabled(prev);
     nb_module_train(m, true);
-    /* Every rank takes part, even one that failed (its NaN spreads), so none waits forever. */
+    /* Every rank takes part, even one that failed (its NaN spreads), so none waits forever.
+     * The ranks of one model hold the same sum: the world's mean times dp is the dp sum. */
     return nb_mean_over_ranks(world, sum) * (double)size / (double)n;
 }
 
@@ -491,7 +514,7 @@ typedef struct run {
     nb_generator *init, *batch_gen, *drop_gen, *val_gen;
     nb_generator *gens[2]; /* in the checkpoint: the batch order and the dropout stream */
     /* xs, ys: the global micro-batches (B, T); xl, yl: this rank's rows of them */
-    nb_tensor *text, *train, *val, **xs, **ys, **xl, **yl;
+    nb_tensor *text, *train, *val, *xg, *yg, **xs, **ys, **xl, **yl, *vx, *vy;
     nb_gpt_config cfg;
     nb_module *model;
     nb_optim *opt;
@@ -500,12 +523,14 @@ typedef struct run {
     nb_ddp *ddp;
     nb_zero *zero; /* --zero 1|2|3 instead of ddp */
     nb_grad_scaler *scaler; /* --precision fp16: dynamic loss scaling; NULL otherwise */
-    nb_topology *topo; /* --tp > 1; NULL otherwise */
-    nb_module *full;   /* --tp resuming a consolidated file: the 1-rank model and optimizer */
-    nb_optim *full_opt;
-    nb_params fdecay, fno_decay;
-    nb_checkpoint_writer *tpw; /* --tp --async-save 1: this rank's writer of its slices */
-    nb_comm *dp;       /* the data-parallel group: the world without --tp (borrowed) */
+    nb_mesh *mesh;     /* dp x pp x tp over the world */
+    nb_pipeline *pipe; /* --pp > 1: the model split into stages; NULL otherwise */
+    nb_module *mine;   /* this rank's part of the model: the pipeline's module, or the model */
+    nb_pipe_stats ps;  /* the last step's pipeline figures */
+    double bubble_sum; /* over the steps run */
+    double exposed_sum, tp_sum; /* exposed and tensor-parallel communication, seconds */
+    int64_t peak_live;
+    nb_comm *dp;       /* the data-parallel group (borrowed from the mesh) */
     int dp_rank, dp_size;
     nb_checkpoint ck;
     nb_run_config conf; /* the settings in the checkpoints */
@@ -516,6 +541,7 @@ typedef struct run {
     double *times; /* per-step seconds */
     int64_t step, first, val_step, steady_allocs, n_last, tokens_per_step;
     int stop; /* the signal all ranks stop with (nabla/stop.h); 0: training goes on */
+    bool usage; /* the failure is a usage error (a layout that cannot be): exit status 2 */
     double val_loss, last_losses[10], flops;
 } run;
 
@@ -550,15 +576,24 @@ static bool setup_data(run *r) {
     }
     if (nb_text_split(r->text, 0.9, &r->train, &r->val) != NB_OK)
         return fail(r, "%s", nb_last_error());
+    /* the validation batches: (B, T) each, whichever layout evaluates them */
+    if (!(r->vx = nb_empty((int64_t[]){B, T}, 2, NB_I64)) ||
+        !(r->vy = nb_empty((int64_t[]){B, T}, 2, NB_I64)))
+        return fail(r, "%s", nb_last_error());
     if (nb_numel(r->val) <= T || nb_numel(r->train) <= T)
         return fail(r, "the text (%lld bytes) is too short for --block-size %lld: its last 10%% "
                     "(the validation part) must be longer than a block",
                     (long long)nb_numel(r->text), (long long)T);
+    /* the step's global batch, drawn at once (so the data do not depend on how it is cut), as
+     * N micro-batches; this data-parallel rank's rows of each */
+    if (!(r->xg = nb_empty((int64_t[]){B, T}, 2, NB_I64)) ||
+        !(r->yg = nb_empty((int64_t[]){B, T}, 2, NB_I64)))
+        return fail(r, "%s", nb_last_error());
     for (int64_t i = 0; i < r->N; i++) {
-        r->xs[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
-        r->ys[i] = nb_empty((int64_t[]){B, T}, 2, NB_I64);
+        r->xs[i] = nb_narrow(r->xg, 0, i * (B / r->N), B / r->N);
+        r->ys[i] = nb_narrow(r->yg, 0, i * (B / r->N), B / r->N);
         if (!r->xs[i] || !r->ys[i]) return fail(r, "%s", nb_last_error());
-        int64_t rows = B / r->dp_size, at = r->dp_rank * rows;
+        int64_t rows = B / r->N / r->dp_size, at = r->dp_rank * rows;
         r->xl[i] = r->dp_size > 1 ? nb_narrow(r->xs[i], 0, at, rows) : r->xs[i];
         r->yl[i] = r->dp_size > 1 ? nb_narrow(r->ys[i], 0, at, rows) : r->ys[i];
         if (!r->xl[i] || !r->yl[i]) return fail(r, "%s", nb_last_error());
@@ -585,7 +620,8 @@ static nb_optim *make_adamw(const args *a, nb_module *m, nb_params *decay, nb_pa
     return opt;
 }
 
-/* The model, AdamW with nanoGPT's grouping and the learning-rate schedule. */
+/* The model, made parallel by its plan and split over the mesh; AdamW with nanoGPT's grouping
+ * over this rank's part, and the learning-rate schedule. */
 static bool setup_model(run *r) {
     const args *a = r->a;
     r->cfg = (nb_gpt_config){.block_size = r->T, .n_layer = a->n_layer, .n_head = a->n_head,
@@ -596,22 +632,31 @@ static bool setup_model(run *r) {
                                                                           : NB_GPT_RECOMPUTE_NONE};
     nb_share_threads(r->world, (int)a->threads);
     if (check_fits(&r->cfg, r->B / r->dp_size, r->T) != NB_OK) return fail(r, "%s", nb_last_error());
-    nb_gpt_tp_opts to = {.sequence_parallel = a->sequence_parallel};
-    r->model = r->topo ? nb_gpt_tp_new(&r->cfg, r->init, nb_topology_tp(r->topo), &to)
-                       : nb_gpt_new(&r->cfg, r->init);
-    if (!r->model) return fail(r, "%s", nb_last_error());
-    if (!(r->opt = make_adamw(a, r->model, &r->decay, &r->no_decay)))
-        return fail(r, "%s", nb_last_error());
-    /* --tp saves sharded checkpoints (each rank its slices, nabla/gpt_tp.h), which any
-     * layout resumes; resuming a consolidated file (written before them, or by 1 process)
-     * loads into the 1-rank model and optimizer, then slices */
-    if (r->topo && a->resume) {
-        nb_generator *g = nb_generator_new(0); /* overwritten: the draws do not matter */
-        r->full = g ? nb_gpt_new(&r->cfg, g) : NULL;
-        nb_generator_free(g);
-        if (!r->full || !(r->full_opt = make_adamw(a, r->full, &r->fdecay, &r->fno_decay)))
+    if (!(r->model = nb_gpt_new(&r->cfg, r->init))) return fail(r, "%s", nb_last_error());
+    if (a->precision == NB_F16) { /* fp16 gradients underflow without loss scaling */
+        if (!(r->scaler = nb_grad_scaler_new(NULL)) ||
+            (r->size > 1 && nb_grad_scaler_set_comm(r->scaler, r->world) != NB_OK))
             return fail(r, "%s", nb_last_error());
     }
+    /* Layout mistakes (a tp that does not divide n_head, fewer layers than stages) are usage
+     * errors, found the same way on every rank: exit status 2. */
+    nb_parallelize_opts po = nb_parallelize_defaults();
+    po.sequence_parallel = a->sequence_parallel;
+    if ((a->tp > 1 || a->sequence_parallel) && nb_gpt_parallelize(r->model, r->mesh, &po) != NB_OK)
+        return r->usage = true, fail(r, "--tp %lld: %s", (long long)a->tp, nb_last_error());
+    if (a->pp > 1) {
+        nb_pipeline_opts pio = nb_pipeline_defaults();
+        pio.n_micro = (int)r->N;
+        pio.virtual_stages = a->virtual_stages ? (int)a->virtual_stages : 1;
+        pio.scaler = r->scaler;
+        if (a->pp_schedule && nb_pipe_schedule_parse(a->pp_schedule, &pio.schedule) != NB_OK)
+            return r->usage = true, fail(r, "--pp-schedule: %s", nb_last_error());
+        if (!(r->pipe = nb_gpt_pipeline_new(r->model, r->mesh, &pio)))
+            return r->usage = true, fail(r, "--pp %lld: %s", (long long)a->pp, nb_last_error());
+    }
+    r->mine = r->pipe ? nb_pipeline_module(r->pipe) : r->model;
+    if (!(r->opt = make_adamw(a, r->mine, &r->decay, &r->no_decay)))
+        return fail(r, "%s", nb_last_error());
     bool cosine = !strcmp(a->schedule, "cosine") && a->steps > 0; /* --steps 0: evaluate only */
     double min_lr = a->min_lr >= 0 ? a->min_lr : a->lr / 10;
     const int64_t decay_steps = a->decay_steps > 0 ? a->decay_steps : a->steps;
@@ -648,7 +693,8 @@ static void config_settings(run *r) {
     nb_run_config_fixed(c, shape);
     nb_run_config_int(c, "gelu-tanh", a->gelu_tanh);
     nb_run_config_int(c, "batch", a->batch);
-    nb_run_config_int(c, "grad-accum", a->grad_accum);
+    /* the micro-batches are not a setting: the step's batch is drawn whole, so how it is cut
+     * (like the layout) changes the results by float reassociation only */
     nb_run_config_num(c, "lr", a->lr);
     nb_run_config_str(c, "schedule", a->schedule);
     if (!strcmp(a->schedule, "cosine") && a->steps > 0) {
@@ -668,21 +714,18 @@ static void config_settings(run *r) {
     nb_run_config_fixed(c, "the checkpoint's batch and dropout streams continue from it");
 }
 
-/* The logs, the checkpoint (resumed when asked), DDP and the progress line. */
+/* The logs, the gradient reducer over dp (nb_ddp or nb_zero), the checkpoint (resumed when
+ * asked) and the progress line. */
 static bool setup_run(run *r) {
     const args *a = r->a;
     if (r->main_rank && a->log && !(r->log = nb_jsonl_open("gpt", a->log, a->resume ? "a" : "w")))
         return fail(r, "%s", nb_last_error());
     if (r->main_rank && a->tensorboard && !(r->tb = nb_summary_open(a->tensorboard)))
         return fail(r, "--tensorboard: %s", nb_last_error());
-    r->ck = (nb_checkpoint){.model = r->model, .optim = r->opt, .sched = r->sched,
-                            .gens = r->gens, .ngens = 2};
-    if (a->precision == NB_F16) { /* fp16 gradients underflow without loss scaling */
-        if (!(r->scaler = nb_grad_scaler_new(NULL)) ||
-            (r->size > 1 && nb_grad_scaler_set_comm(r->scaler, r->world) != NB_OK))
-            return fail(r, "%s", nb_last_error());
-        r->ck.scaler = r->scaler; /* its scale and counters resume with the run */
-    }
+    /* every rank saves and loads the checkpoint together, whatever the layout */
+    r->ck = (nb_checkpoint){.model = r->mine, .optim = r->opt, .sched = r->sched,
+                            .gens = r->gens, .ngens = 2, .scaler = r->scaler,
+                            .comm = r->size > 1 ? r->world : NULL};
     config_settings(r);
     if (!nb_run_config_apply(&r->conf, &r->ck, "gpt", a->override)) return false;
     const char *resume; /* --resume auto: the newest valid checkpoint of --save, if any */
@@ -690,38 +733,24 @@ static bool setup_run(run *r) {
     if (!nbm_resume_path("gpt", r->main_rank, a->resume, a->save, auto_path,
                          sizeof auto_path, &resume))
         return false;
+    /* The reducer: averages over dp, and sums the sequence-parallel partial gradients over tp
+     * (so with --sequence-parallel it runs on one data-parallel rank too). */
+    const bool reduce = r->size > 1;
     nb_zero_opts zo = nb_zero_defaults();
-    zo.stage = (int)r->a->zero;
-    zo.reduce_dtype = r->a->reduce_dtype;
-    if (r->a->zero > 0 && !(r->zero = nb_zero_new(r->model, r->opt, r->dp, &zo)))
+    zo.stage = (int)a->zero;
+    zo.reduce_dtype = a->reduce_dtype;
+    if (reduce && a->zero > 0 && !(r->zero = nb_zero_new(r->mine, r->opt, r->dp, &zo)))
         return fail(r, "%s", nb_last_error());
     nb_ddp_opts dopts = nb_ddp_defaults();
-    dopts.reduce_dtype = r->a->reduce_dtype;
-    if (!r->zero && r->dp_size > 1 && !(r->ddp = nb_ddp_new(r->model, r->dp, &dopts)))
+    dopts.reduce_dtype = a->reduce_dtype;
+    if (reduce && !r->zero && !(r->ddp = nb_ddp_new(r->mine, r->dp, &dopts)))
         return fail(r, "%s", nb_last_error());
-    if (resume && nb_gpt_tp_is_checkpoint(resume)) { /* sharded by --tp: any layout reads it */
-        /* under --zero the whole optimizer state goes into the template, then the shards */
-        if (nb_gpt_tp_checkpoint_load(resume, &r->ck) != NB_OK ||
-            (r->zero && nb_zero_scatter_optim_state(r->zero) != NB_OK))
+    if (resume) { /* any layout's checkpoint: a file, or a folder of parts */
+        if (nb_checkpoint_load(resume, &r->ck) != NB_OK)
             return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
         r->first = r->step = r->ck.step;
-        uint64_t pos = nb_generator_offset(r->drop_gen);
-        if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK ||
-            nb_generator_set_offset(r->drop_gen, pos) != NB_OK)
-            return fail(r, "%s", nb_last_error());
-        if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
-    } else if (resume) { /* every rank loads it; a sharded one (a directory) reshards */
-        /* with --tp: into the 1-rank objects (the rest - step, run id - into r->ck as
-         * always), then sliced */
-        if (r->topo) r->ck.model = r->full, r->ck.optim = r->full_opt;
-        nb_status ls = nb_zero_checkpoint_load(r->topo ? NULL : r->zero, resume, &r->ck);
-        r->ck.model = r->model, r->ck.optim = r->opt;
-        if (ls != NB_OK || (r->topo && nb_gpt_tp_load(r->model, r->opt, resume) != NB_OK) ||
-            (r->topo && r->zero && nb_zero_scatter_optim_state(r->zero) != NB_OK))
-            return fail(r, "%s%s", nb_last_error(), nb_run_config_hint(nb_last_error()));
-        r->first = r->step = r->ck.step;
-        /* The file holds rank 0's dropout stream; the ranks draw the same amount per step,
-         * so rank r continues its own stream at the same position. */
+        /* The checkpoint holds rank 0's dropout stream; the ranks draw the same amount per
+         * step, so each data-parallel rank continues its own stream at the same position. */
         uint64_t pos = nb_generator_offset(r->drop_gen);
         if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK ||
             nb_generator_set_offset(r->drop_gen, pos) != NB_OK)
@@ -748,14 +777,12 @@ static bool setup(run *r) {
     r->main_rank = r->rank == 0;
     nbm_guard_comm(&guard, r->world); /* a dead or hung peer: an error after this long */
     if (!nbm_device_use("gpt", &device)) return false; /* said why */
-    r->dp = r->world, r->dp_rank = r->rank, r->dp_size = r->size;
-    if (a->tp > 1) { /* the same error on every rank when the world is not dp x tp */
-        nb_topology_opts to = nb_topology_defaults();
-        to.tp = (int)a->tp;
-        if (!(r->topo = nb_topology_new(r->world, &to))) return fail(r, "--tp: %s", nb_last_error());
-        r->dp = nb_topology_dp(r->topo);
-        r->dp_rank = nb_topology_dp_rank(r->topo), r->dp_size = nb_topology_dp_size(r->topo);
-    }
+    /* the mesh: the same error on every rank when the world is not dp x pp x tp */
+    const int pp = a->pp > 1 ? (int)a->pp : 1, tp = a->tp > 1 ? (int)a->tp : 1;
+    if (!(r->mesh = nb_mesh_new(r->world, "dp pp tp", (int[]){-1, pp, tp})))
+        return r->usage = true, fail(r, "--tp %d --pp %d: %s", tp, pp, nb_last_error());
+    r->dp = nb_mesh_group(r->mesh, "dp");
+    r->dp_rank = nb_mesh_rank(r->mesh, "dp"), r->dp_size = nb_mesh_size(r->mesh, "dp");
     r->init = nb_generator_new(a->seed), r->batch_gen = nb_generator_new(a->seed + 1234);
     r->drop_gen = nb_generator_new(a->seed + 4321), r->val_gen = nb_generator_new(999);
     r->gens[0] = r->batch_gen, r->gens[1] = r->drop_gen;
@@ -765,26 +792,42 @@ static bool setup(run *r) {
     if (!r->init || !r->batch_gen || !r->drop_gen || !r->val_gen || !r->xs || !r->ys ||
         !r->xl || !r->yl || !r->times)
         return fail(r, "out of memory");
-    if (r->B % r->dp_size != 0)
-        return fail(r, "--batch %lld is the global batch and must divide by the %d "
-                    "data-parallel ranks", (long long)r->B, r->dp_size);
-    /* the ranks of a tensor-parallel group share a dropout stream */
+    if (r->B % (r->dp_size * N) != 0)
+        return r->usage = true,
+               fail(r, "--batch %lld is the global batch: it must divide by the %d data-parallel "
+                    "ranks x %lld micro-batches", (long long)r->B, r->dp_size, (long long)N);
+    /* the ranks of one model (tensor parallel, pipeline stages) share a dropout stream */
     if (nb_generator_set_stream(r->drop_gen, (uint64_t)r->dp_rank) != NB_OK)
         return fail(r, "%s", nb_last_error());
     return setup_data(r) && setup_model(r) && setup_run(r);
+}
+
+/* The whole model's parameter count, whatever part of it this rank holds (each parameter's
+ * whole shape from its placement; the pipeline's other stages keep their shapes). */
+static int64_t whole_params(nb_module *m) {
+    const nb_params *ps = nb_parameters(m);
+    int64_t n = 0;
+    for (int i = 0; ps && i < ps->count; i++) {
+        nb_placement pl;
+        if (nb_tensor_placement(ps->tensors[i], &pl) != NB_OK) continue;
+        int64_t k = 1;
+        for (int d = 0; d < pl.ndim; d++) k *= pl.shape[d];
+        n += k;
+    }
+    return n;
 }
 
 static void print_header(const run *r) {
     if (!r->main_rank) return;
     printf("gpt: %lld parameters, %lld layers, %lld heads, width %lld, context %lld; "
            "%lld train / %lld val bytes; batch %lld x %lld micro-batches; ",
-           (long long)nb_num_parameters(r->model), (long long)r->cfg.n_layer,
+           (long long)whole_params(r->model), (long long)r->cfg.n_layer,
            (long long)r->cfg.n_head, (long long)r->cfg.n_embd, (long long)r->T,
            (long long)nb_numel(r->train), (long long)nb_numel(r->val), (long long)r->B,
            (long long)r->N);
-    if (r->topo)
+    if (r->a->tp > 1 || r->pipe)
         printf("%d ranks as %s%s (%lld sequences per replica) x %d threads; ", r->size,
-               nb_topology_describe(r->topo), r->a->sequence_parallel ? " sequence parallel" : "",
+               nb_mesh_describe(r->mesh), r->a->sequence_parallel ? " sequence parallel" : "",
                (long long)(r->B / r->dp_size), nb_get_num_threads());
     else if (r->size > 1)
         printf("%d ranks (%lld sequences each) x %d threads, %d gradient buckets", r->size,
@@ -798,9 +841,16 @@ static void print_header(const run *r) {
     fflush(stdout);
 }
 
+/* The pipeline schedule's name (1f1b when not given). */
+static const char *pp_schedule_name(const run *r) {
+    nb_pipe_schedule sch = NB_PIPE_1F1B;
+    if (r->a->pp_schedule) nb_pipe_schedule_parse(r->a->pp_schedule, &sch);
+    return nb_pipe_schedule_name(sch);
+}
+
 /* What one step measured, for the logs. */
 typedef struct step_result {
-    double loss, lr, grad_norm, seconds, comm_ms;
+    double loss, lr, grad_norm, seconds, comm_ms, tp_ms;
 } step_result;
 
 /* One optimizer step: draw the micro-batches, forward, backward (averaged over the ranks),
@@ -809,37 +859,57 @@ static bool train_step(run *r, step_result *o) {
     double t0 = nb_time_s();
     nb_alloc_stats sa;
     nb_alloc_get_stats(&sa);
-    for (int64_t i = 0; i < r->N; i++)
-        if (nb_text_sample(r->train, r->batch_gen, r->xs[i], r->ys[i]) != NB_OK)
-            return fail(r, "%s", nb_last_error());
+    if (nb_text_sample(r->train, r->batch_gen, r->xg, r->yg) != NB_OK)
+        return fail(r, "%s", nb_last_error());
     o->lr = nb_optim_get_lr(r->opt, 0);
     nb_clear_error(); /* a NaN below is an error only when one is set */
     nb_tp_comm_stats_reset();
     if (nbm_precision_begin(r->a->precision) != NB_OK) return fail(r, "%s", nb_last_error());
-    double loss = r->topo ? nb_gpt_tp_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N,
-                                                    &(nb_gpt_tp_step_opts){.ddp = r->ddp,
-                                                                           .zero = r->zero,
-                                                                           .scaler = r->scaler,
-                                                                           .grad_clip = r->a->grad_clip},
-                                                    &o->grad_norm)
-                : nb_gpt_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N,
-                                       &(nb_gpt_step_opts){.ddp = r->ddp, .zero = r->zero,
-                                                           .scaler = r->scaler,
-                                                           .grad_clip = r->a->grad_clip},
+    /* one step for every layout: the pipeline (if any) runs the micro-batches through its
+     * stages, the reducer synchronises, the norm is the whole model's */
+    nb_gpt_step_opts so = nb_gpt_step_defaults();
+    so.ddp = r->ddp, so.zero = r->zero, so.scaler = r->scaler, so.grad_clip = r->a->grad_clip;
+    so.pipeline = r->pipe, so.pipe_stats = &r->ps;
+    /* --on-nonfinite's tests (NBM_TEST_NONFINITE): this rank's first parameter NaN for the
+     * step, which is then not applied; the value comes back after it */
+    const nb_params *mp = nb_parameters(r->mine);
+    nb_tensor *p0 = mp && mp->count ? mp->tensors[0] : NULL, *p0_saved = NULL;
+    if (p0 && isnan(nbm_guard_test_factor(r->step + 1, r->rank))) {
+        bool prev = nb_set_grad_enabled(false);
+        p0_saved = nb_clone(p0);
+        nb_fill_(p0, NAN);
+        nb_set_grad_enabled(prev);
+    }
+    double loss = nb_gpt_train_step_ex(r->model, r->opt, r->xl, r->yl, (int)r->N, &so,
                                        &o->grad_norm);
     nbm_precision_end(r->a->precision);
+    if (p0_saved) {
+        bool prev = nb_set_grad_enabled(false);
+        nb_copy_(p0, p0_saved);
+        nb_set_grad_enabled(prev);
+        nb_tensor_free(p0_saved);
+    }
+    if (r->pipe && !isnan(r->ps.bubble)) {
+        r->bubble_sum += r->ps.bubble;
+        if (r->ps.peak_live_micro > r->peak_live) r->peak_live = r->ps.peak_live_micro;
+    }
     /* fp16: an overflowed gradient is the loss scaler's to handle (step skipped, scale
      * halved), not a diverged run */
     if (r->scaler && !isfinite(o->grad_norm) && nb_grad_scaler_skipped(r->scaler))
         o->grad_norm = 0;
     if (isnan(loss) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
-    o->comm_ms = r->zero  ? nb_zero_exposed_comm_s(r->zero) * 1e3
-                 : r->ddp ? nb_ddp_exposed_comm_s(r->ddp) * 1e3
-                          : 0;
+    /* exposed communication: the reducer's (not overlapped with backward), with a pipeline its
+     * waits for activations and gradients and the communication after the passes */
+    o->comm_ms = r->pipe  ? (r->ps.wait_s + r->ps.comm_s) * 1e3
+                 : r->zero ? nb_zero_exposed_comm_s(r->zero) * 1e3
+                 : r->ddp  ? nb_ddp_exposed_comm_s(r->ddp) * 1e3
+                           : 0;
     nb_tp_comm_stats cs; /* tensor parallel: blocking collectives, all exposed */
     nb_tp_comm_stats_get(&cs);
-    o->comm_ms += cs.seconds * 1e3;
+    o->tp_ms = cs.seconds * 1e3;
+    o->comm_ms += o->tp_ms;
+    r->exposed_sum += o->comm_ms / 1e3, r->tp_sum += o->tp_ms / 1e3;
     if (isnan(loss = nbm_step_sync(r->world, loss, &r->stop)) && nb_last_status() != NB_OK)
         return fail(r, "step %lld: %s", (long long)r->step + 1, nb_last_error());
     /* A NaN or infinite loss or gradient norm (whose step nb_gpt_train_step did not apply):
@@ -881,6 +951,19 @@ static void log_step(run *r, const step_result *o) {
     nb_jsonl_num(r->log, "step_ms", o->seconds * 1e3, 2);
     nb_jsonl_num(r->log, "tokens_per_s", nb_progress_rate(r->bar), 1);
     nb_jsonl_num(r->log, "exposed_comm_ms", o->comm_ms, 3);
+    if (r->size > 1) { /* the layout */
+        nb_jsonl_int(r->log, "dp", r->dp_size);
+        nb_jsonl_int(r->log, "tp", r->a->tp > 1 ? r->a->tp : 1);
+        nb_jsonl_int(r->log, "pp", r->pipe ? r->a->pp : 1);
+    }
+    if (r->a->tp > 1) nb_jsonl_num(r->log, "tp_comm_ms", o->tp_ms, 3);
+    if (r->pipe) {
+        nb_jsonl_str(r->log, "pp_schedule", pp_schedule_name(r));
+        nb_jsonl_int(r->log, "microbatches", r->N);
+        nb_jsonl_int(r->log, "virtual_stages", r->a->virtual_stages ? r->a->virtual_stages : 1);
+        nb_jsonl_num(r->log, "bubble", r->ps.bubble, 4);
+        nb_jsonl_num(r->log, "bubble_ideal", r->ps.bubble_theory, 4);
+    }
     if (guard.skip) nb_jsonl_int(r->log, "skipped_steps", guard.skipped); /* so far */
     nb_jsonl_end(r->log);
     tb_scalar(r, "train/loss", o->loss);
@@ -888,15 +971,17 @@ static void log_step(run *r, const step_result *o) {
     tb_scalar(r, "train/grad_norm", o->grad_norm);
     tb_scalar(r, "train/tokens_per_s", nb_progress_recent_rate(r->bar));
     tb_scalar(r, "train/step_ms", o->seconds * 1e3);
-    if (r->ddp || r->zero || r->topo) tb_scalar(r, "train/exposed_comm_ms", o->comm_ms);
+    const bool comm_on = r->size > 1;
+    if (comm_on) tb_scalar(r, "train/exposed_comm_ms", o->comm_ms);
+    if (r->pipe) tb_scalar(r, "train/bubble", r->ps.bubble);
     char comm[80] = "";
-    if (r->ddp || r->zero || r->topo) snprintf(comm, sizeof comm, "  comm %.1f ms", o->comm_ms);
+    if (comm_on) snprintf(comm, sizeof comm, "  comm %.1f ms", o->comm_ms);
     if (guard.skipped)
         snprintf(comm + strlen(comm), sizeof comm - strlen(comm), "  skipped %lld",
                  (long long)guard.skipped);
     if (r->step - r->first == 1 && r->main_rank) { /* the state exists after the first step */
         double mib[4];
-        nbm_model_state_mib(r->zero, r->opt, r->model, mib);
+        nbm_model_state_mib(r->zero, r->opt, r->mine, mib);
         nb_progress_break(r->bar);
         printf("model state per rank: %.1f MiB (parameters %.1f, gradients %.1f, optimizer "
                "%.1f)\n", mib[0], mib[1], mib[2], mib[3]);
@@ -910,8 +995,8 @@ static void log_step(run *r, const step_result *o) {
 /* The validation loss now; with train_loss (the last step's, NAN for none) reported. */
 static bool evaluate_and_log(run *r, double train_loss) {
     double te = nb_time_s();
-    r->val_loss = evaluate(r->model, r->val, r->val_gen, r->a->eval_batches, r->xs[0],
-                           r->ys[0], r->world, r->dp, r->a->precision);
+    r->val_loss = evaluate(r->model, r->pipe, r->val, r->val_gen, r->a->eval_batches, r->vx,
+                           r->vy, r->world, r->dp, r->a->precision);
     if (isnan(r->val_loss)) return fail(r, "evaluation: %s", nb_last_error());
     r->val_step = r->step;
     if (isnan(train_loss)) return true; /* the evaluation of a run with nothing to train */
@@ -934,42 +1019,6 @@ static bool evaluate_and_log(run *r, double train_loss) {
     return true;
 }
 
-/* --tp: the sharded checkpoint of this step (collective); with --async-save 1 written in the
- * background, its index at the next save or at tp_save_end (at once after a stop signal). */
-static nb_status tp_save(run *r, const nb_checkpoint *ck) {
-    const args *a = r->a;
-    const int keep = a->keep <= 0 ? 0 : a->keep > 1000000 ? 1000000 : (int)a->keep;
-    /* --zero: the files of a DDP run (the whole optimizer state gathered for the save) */
-    nb_status st = r->zero ? nb_zero_gather_optim_state(r->zero) : NB_OK;
-    if (st == NB_OK && !a->async_save) st = nb_gpt_tp_save_sharded(ck, r->dp, a->save, keep);
-    if (st == NB_OK && a->async_save && !r->tpw && !(r->tpw = nb_checkpoint_writer_new(NULL)))
-        st = nb_last_status();
-    if (st == NB_OK && a->async_save) st = nb_gpt_tp_save_async(ck, r->dp, r->tpw, a->save, keep);
-    if (st == NB_OK && a->async_save && r->stop) st = nb_gpt_tp_save_wait(r->model, r->dp, r->tpw);
-    nb_status zs = r->zero ? nb_zero_scatter_optim_state(r->zero) : NB_OK; /* back to shards */
-    return st != NB_OK ? st : zs;
-}
-
-/* --tp --save at the end: with --async-save 1 the last save's index once every rank's file
- * is durable; then rank 0 consolidates that checkpoint into DIR/model.safetensors (the
- * nanoGPT-named model gpt --sample --load reads). */
-static bool tp_save_end(run *r) {
-    const args *a = r->a;
-    if (!r->topo || !a->save) return true;
-    nb_status st = r->tpw ? nb_gpt_tp_save_wait(r->model, r->dp, r->tpw) : NB_OK;
-    nb_status fs = nb_checkpoint_writer_free(r->tpw);
-    r->tpw = NULL;
-    if (st == NB_OK) st = fs;
-    char dir[4400], model[4500];
-    if (st == NB_OK && a->keep > 0) st = nb_checkpoint_path(a->save, r->step, dir, sizeof dir);
-    else snprintf(dir, sizeof dir, "%s", a->save);
-    snprintf(model, sizeof model, "%s/model.safetensors", dir);
-    if (st == NB_OK && r->main_rank && nb_gpt_tp_is_checkpoint(dir))
-        st = nb_gpt_tp_consolidate_dir(dir, model, NULL);
-    if (st == NB_OK) return true;
-    return fail(r, "--save %s: %s", a->save, nb_last_error());
-}
-
 /* The training loop: steps, evaluations every --eval-every and at the end, checkpoints. */
 static bool train_loop(run *r) {
     const args *a = r->a;
@@ -980,19 +1029,14 @@ static bool train_loop(run *r) {
         log_step(r, &o);
         bool eval_now = r->step == a->steps || (a->eval_every > 0 && r->step % a->eval_every == 0);
         if (eval_now && !evaluate_and_log(r, o.loss)) return false;
-        /* with --tp every rank takes part: each writes its slices (dp rank 0) */
-        bool save_now = (r->main_rank || r->zero || r->topo) && a->save &&
-                        (r->step == a->steps ||
-                         (a->save_every > 0 ? r->step % a->save_every == 0 : eval_now));
-        if (save_now || (r->stop && (r->main_rank || r->zero || r->topo) && a->save)) { /* a
-                                                                     signal: save this step */
+        /* every rank takes part: each writes its part of the checkpoint (or, when every
+         * rank holds it all, rank 0 writes it) */
+        bool save_now = a->save && (r->step == a->steps ||
+                                    (a->save_every > 0 ? r->step % a->save_every == 0 : eval_now));
+        if (save_now || (r->stop && a->save)) { /* a signal: save this step */
             r->ck.step = r->step;
             nb_checkpoint ck = r->ck;
-            nb_status ss = r->topo ? tp_save(r, &ck) : NB_OK;
-            if (ss == NB_OK && !r->topo && (r->main_rank || r->zero))
-                ss = r->zero ? nbm_save_sharded(r->zero, a->save, a->keep, &ck)
-                             : nbm_save(a->save, a->keep, &ck);
-            if (ss != NB_OK) return fail(r, "%s", nb_last_error());
+            if (nbm_save(a->save, a->keep, &ck) != NB_OK) return fail(r, "%s", nb_last_error());
         }
         nb_jsonl_flush(r->log);
         if (r->tb) nb_summary_flush(r->tb); /* a failure shows at the next write or the close */
@@ -1034,7 +1078,7 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_num(out, "tokens_per_s", ran > skip ? (double)r->tokens_per_step / median : 0.0, 1);
     nb_jsonl_num(out, "wall_s", wall_s, 2);
     nb_jsonl_int(out, "steps", r->step);
-    nb_jsonl_int(out, "params", nb_num_parameters(r->model));
+    nb_jsonl_int(out, "params", whole_params(r->model));
     nb_jsonl_num(out, "step_ms_median", ran > skip ? median * 1e3 : 0.0, 2);
     nb_jsonl_num(out, "gflop_per_step", r->flops / 1e9, 3);
     nb_jsonl_num(out, "gflops", ran > skip ? r->flops / 1e9 / median : 0.0, 1);
@@ -1047,14 +1091,32 @@ static void print_result(const run *r, double wall_s) {
     nb_jsonl_str(out, "precision", nbm_precision_name(r->a->precision));
     nb_jsonl_str(out, "precision_path", nbm_precision_path(r->a->precision));
     double state_mib[4];
-    nbm_model_state_mib(r->zero, r->opt, r->model, state_mib);
+    nbm_model_state_mib(r->zero, r->opt, r->mine, state_mib);
     nb_jsonl_int(out, "zero", r->a->zero);
     nb_jsonl_str(out, "reduce_dtype", nbm_precision_name(r->a->reduce_dtype));
     nb_jsonl_int(out, "grad_comm_bytes", r->zero ? nb_zero_comm_bytes(r->zero)
                                                  : nb_ddp_comm_bytes(r->ddp));
     nb_jsonl_int(out, "dp", r->dp_size);
-    nb_jsonl_int(out, "tp", r->topo ? nb_topology_tp_size(r->topo) : 1);
+    nb_jsonl_int(out, "tp", r->a->tp > 1 ? r->a->tp : 1);
     nb_jsonl_int(out, "sequence_parallel", r->a->sequence_parallel);
+    nb_jsonl_int(out, "microbatches", r->N);
+    if (r->a->tp > 1) nb_jsonl_num(out, "tp_comm_ms", ran ? r->tp_sum / (double)ran * 1e3 : NAN, 3);
+    if (r->pipe) { /* the pipeline's figures */
+        int S;
+        nb_pipeline_boundaries(r->pipe, &S);
+        const int v = r->a->virtual_stages ? (int)r->a->virtual_stages : 1;
+        nb_pipe_schedule sch = NB_PIPE_1F1B;
+        if (r->a->pp_schedule) nb_pipe_schedule_parse(r->a->pp_schedule, &sch);
+        nb_jsonl_int(out, "pp", r->a->pp);
+        nb_jsonl_str(out, "pp_schedule", pp_schedule_name(r));
+        nb_jsonl_int(out, "virtual_stages", v);
+        nb_jsonl_num(out, "bubble", ran ? r->bubble_sum / (double)ran : NAN, 4);
+        nb_jsonl_num(out, "bubble_ideal", nb_pipe_bubble_theory(sch, (int)r->a->pp, (int)r->N, v), 4);
+        nb_jsonl_int(out, "peak_live_microbatches", r->peak_live);
+        nb_jsonl_num(out, "exposed_comm_ms", ran ? r->exposed_sum / (double)ran * 1e3 : NAN, 3);
+    } else {
+        nb_jsonl_int(out, "pp", 1);
+    }
     nb_jsonl_num(out, "model_state_mib", state_mib[0], 2);
     if (guard.skip) nb_jsonl_int(out, "skipped_steps", guard.skipped);
     nbm_stop_fields(out, r->stop);
@@ -1081,8 +1143,7 @@ static bool close_logs(run *r) {
 }
 
 static void teardown(run *r) {
-    nbm_save_end("gpt", NULL); /* after a failure: the write in flight ends first */
-    nb_checkpoint_writer_free(r->tpw); /* the same (that save gets no index) */
+    nbm_save_finish("gpt", false); /* after a failure: the write in flight ends first */
     nb_progress_free(r->bar);
     nb_jsonl_close(r->log); /* after an error: the warning, if any, is all */
     nb_summary_close(r->tb);
@@ -1093,12 +1154,9 @@ static void teardown(run *r) {
     nb_optim_free(r->opt);
     nb_params_deinit(&r->decay);
     nb_params_deinit(&r->no_decay);
+    nb_pipeline_free(r->pipe); /* before the model it borrows */
     nb_module_free(r->model);
-    nb_optim_free(r->full_opt);
-    nb_params_deinit(&r->fdecay);
-    nb_params_deinit(&r->fno_decay);
-    nb_module_free(r->full);
-    nb_topology_free(r->topo); /* after the model, which borrows its tp group */
+    nb_mesh_free(r->mesh); /* after the model, whose parts borrow its groups */
     for (int64_t i = 0; r->xs && r->ys && r->xl && r->yl && i < r->N; i++) {
         if (r->xl[i] != r->xs[i]) nb_tensor_free(r->xl[i]);
         if (r->yl[i] != r->ys[i]) nb_tensor_free(r->yl[i]);
@@ -1110,6 +1168,10 @@ static void teardown(run *r) {
     free(r->xl);
     free(r->yl);
     free(r->times);
+    nb_tensor_free(r->vx);
+    nb_tensor_free(r->vy);
+    nb_tensor_free(r->xg);
+    nb_tensor_free(r->yg);
     nb_tensor_free(r->train);
     nb_tensor_free(r->val);
     nb_tensor_free(r->text);
@@ -1120,51 +1182,40 @@ static void teardown(run *r) {
     nb_comm_free(r->world);
 }
 
-/* --pp: the pipeline driver (models/gpt/pipe.c) with this program's flags. */
-static int run_pipe(const args *a) {
-    gpt_pipe_args p = {
-        .cfg = {.block_size = a->block_size, .n_layer = a->n_layer, .n_head = a->n_head,
-                .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
-                .gelu_tanh = a->gelu_tanh != 0,
-                .recompute = !strcmp(a->recompute, "full")   ? NB_GPT_RECOMPUTE_FULL
-                             : !strcmp(a->recompute, "attn") ? NB_GPT_RECOMPUTE_ATTN
-                                                             : NB_GPT_RECOMPUTE_NONE},
-        .steps = a->steps, .batch = a->batch, .pp = a->pp, .tp = a->tp,
-        .sequence_parallel = a->sequence_parallel,
-        .microbatches = a->microbatches ? a->microbatches : 4,
-        .virtual_stages = a->virtual_stages ? a->virtual_stages : 1,
-        .pp_schedule = a->pp_schedule ? a->pp_schedule : "1f1b", .lr = a->lr,
-        .weight_decay = a->weight_decay, .grad_clip = a->grad_clip, .beta1 = a->beta1,
-        .beta2 = a->beta2, .schedule = a->schedule, .warmup = a->warmup,
-        .decay_steps = a->decay_steps, .min_lr = a->min_lr, .save = a->save,
-        .resume = a->resume, .save_every = a->save_every, .keep = a->keep,
-        .async_save = a->async_save, .seed = a->seed, .threads = a->threads, .zero = a->zero,
-        .eval_every = a->eval_every, .eval_batches = a->eval_batches, .log = a->log,
-        .tensorboard = a->tensorboard, .precision = a->precision, .recompute = a->recompute,
-        .guard = &guard};
-    nb_tensor *text = a->data ? nb_read_bytes(a->data) : read_kjv();
-    int rc = gpt_pipe_train(&p, text);
-    nb_tensor_free(text);
-    return rc;
+/* --save of a parallel run: rank 0 writes the last checkpoint's model as one plain file,
+ * <checkpoint>/model.safetensors (nanoGPT's names; gpt --sample --load reads it). */
+static bool consolidate_end(run *r) {
+    const args *a = r->a;
+    if (!a->save || r->size == 1 || !r->main_rank || r->step == r->first) return true;
+    char path[4400], out[4500];
+    nb_status st = a->keep > 0 ? nb_checkpoint_path(a->save, r->step, path, sizeof path) : NB_OK;
+    if (a->keep <= 0) snprintf(path, sizeof path, "%s", a->save);
+    struct stat sb;
+    if (st == NB_OK && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(out, sizeof out, "%s/model.safetensors", path);
+        st = nb_checkpoint_consolidate(path, out, true);
+    }
+    return st == NB_OK || fail(r, "--save %s: %s", a->save, nb_last_error());
 }
 
 static int run_train(const args *a) {
-    if (a->pp) return run_pipe(a);
     const double t_start = nb_time_s();
     /* First, before MPI, the loader and the thread pools start threads: the stop signals are
      * then blocked in all of them and taken by nabla's signal thread (nabla/stop.h). A stop
      * acts at step boundaries. */
     nbm_stop_begin("gpt");
-    run r = {.a = a, .size = 1, .B = a->batch, .T = a->block_size, .N = a->grad_accum,
+    run r = {.a = a, .size = 1, .B = a->batch, .T = a->block_size, .N = a->microbatches,
              .val_loss = NAN, .val_step = -1, .steady_allocs = -1};
     int rc = 1;
     nbm_save_async(a->async_save != 0);
-    if (setup(&r) && train_loop(&r) && tp_save_end(&r) && nbm_save_end("gpt", r.zero)) {
+    if (setup(&r) && train_loop(&r) && nbm_save_finish("gpt", true) && consolidate_end(&r)) {
         print_result(&r, nb_time_s() - t_start);
         /* The run itself succeeded; a lost log or final line still makes the exit non-zero,
          * so that a script never takes an incomplete record for a complete one. */
         rc = close_logs(&r) ? nbm_stop_status(r.stop) : 1;
         if (r.main_rank && !nb_stdout_ok("gpt")) rc = 1;
+    } else if (r.usage) {
+        rc = 2; /* a layout that cannot be: a usage error, which a restart does not mend */
     }
     teardown(&r);
     return rc;
@@ -1172,7 +1223,7 @@ static int run_train(const args *a) {
 
 int main(int argc, char **argv) {
     args a = {.n_layer = 4, .n_head = 4, .n_embd = 256, .block_size = 128, .bias = 1,
-              .steps = 200, .batch = 16, .warmup = -1, .grad_accum = 1, .eval_every = 100,
+              .steps = 200, .batch = 16, .warmup = -1, .eval_every = 100,
               .eval_batches = 20, .lr = 3e-4, .weight_decay = 0.1, .min_lr = -1, .beta1 = 0.9,
               .beta2 = 0.999, .schedule = "cosine", .recompute = "none", .tokens = 500,
               .temperature = 0.8};

@@ -12,6 +12,9 @@
 //      with k_matmul.c's operand order (cuBLASLt's A = the args' b);
 //   3. the result must equal the CPU backend's gemm on the same args bit for bit (the
 //      operands are multiples of 1/8 in [-1, 1], so every sum is exact).
+// The bias pairing cuBLASLt documents (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: the bias in the
+// output's type) holds for every plan with a bias: a bf16 result takes k_matmul.c's bf16
+// copy of the f32 bias (bias_bf16), never the f32 bias itself.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -183,7 +186,7 @@ void run_case(cuhost *t, const gcase &cs) {
     // the plan k_matmul.c tries first, and its fallbacks where they apply
     const unsigned flag_sets[3] = {0, NB__LT_FILL_BIAS, NB__LT_NO_FOLD};
     for (unsigned flags : flag_sets) {
-        if (flags == NB__LT_FILL_BIAS && (!cs.bias || cs.beta != 1.0 || cs.c_bf16)) continue;
+        if (flags == NB__LT_FILL_BIAS && (!cs.bias || cs.beta != 1.0)) continue;
         if (flags == NB__LT_NO_FOLD && cs.nd == 0) continue;
         nb__lt_plan p;
         st = nb__lt_plan_of(&g, flags, &p);
@@ -206,6 +209,21 @@ void run_case(cuhost *t, const gcase &cs) {
                      "%s: compute type", cs.name);
         CUHOST_CHECK(t, read_layout(d.a).type == tab && read_layout(d.c).type == tc,
                      "%s: operand types", cs.name);
+        // the bias k_matmul.c hands cuBLASLt: g's, or for a bf16 C its bf16 copy (bias_for)
+        CUHOST_CHECK(t, p.bias_bf16 == (cs.bias && cs.beta == 1.0 && cs.c_bf16),
+                     "%s (flags %u): bias_bf16 %d", cs.name, flags, (int)p.bias_bf16);
+        std::vector<unsigned char> bias16(cs.N * 2);
+        for (int64_t j = 0; j < cs.N; j++)
+            st_el(bias16.data(), CUDA_R_16BF, j, ld_el(bias.data(), tbias, j)); // rounds
+        const void *lt_bias = p.bias_bf16 ? (const void *)bias16.data() : g.bias;
+        int32_t lt_tbias = p.bias_bf16 ? (int32_t)CUDA_R_16BF : tbias;
+        if (p.bias) // the documented pairing: the bias vector in the output's type
+            CUHOST_CHECK(t,
+                         attr_desc<int32_t>(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE) ==
+                             (int32_t)read_layout(d.c).type,
+                         "%s (flags %u): bias type %d, output type %d", cs.name, flags,
+                         attr_desc<int32_t>(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE),
+                         (int)read_layout(d.c).type);
         std::vector<unsigned char> Clt = C0;
         if (p.fill_bias) // k_matmul.c's set_c: the bias in every row of every C_i
             for (int64_t i = 0; i < p.ncalls; i++) {
@@ -215,7 +233,7 @@ void run_case(cuhost *t, const gcase &cs) {
                     for (int64_t r = 0; r < cs.M; r++)
                         for (int64_t j = 0; j < cs.N; j++)
                             st_el(Clt.data(), tc, oc + bi * p.stride_c + r * g.ldc + j,
-                                  ld_el(bias.data(), tbias, j));
+                                  ld_el(lt_bias, lt_tbias, j));
             }
         // k_matmul.c's loop: cuBLASLt's A is the args' b, its B the args' a
         bool ok = true;
@@ -223,7 +241,7 @@ void run_case(cuhost *t, const gcase &cs) {
             int64_t oa, ob, oc;
             nb__lt_call_offsets(&p, i, &oa, &ob, &oc);
             ok = emulate_lt(d, p.alpha, p.beta, B.data() + ob * esab, A.data() + oa * esab,
-                            Clt.data() + oc * esc, g.bias);
+                            Clt.data() + oc * esc, lt_bias);
         }
         CUHOST_CHECK(t, ok, "%s: inconsistent descriptors", cs.name);
         int64_t bad = -1;
@@ -290,9 +308,19 @@ void cuhost_matmul(cuhost *t) {
     CUHOST_CHECK(t, nb__lt_plan_of(&g, 0, &p) == NB_EDTYPE, "f16 refused");
     g.dtype = NB_BF16, g.c_bf16 = true, g.alpha = 2;
     CUHOST_CHECK(t, nb__lt_plan_of(&g, 0, &p) == NB_EINTERNAL, "bf16 C with alpha 2");
-    // a bf16 C takes its f32 bias through the epilogue only
+    // a bf16 C takes a bf16 copy of its f32 bias (cuBLASLt's documented bias type for a
+    // bf16 output), through the epilogue or by copies; an f32 C takes the f32 bias as it is
     g.alpha = 1, g.beta = 1, g.bias = &g;
-    CUHOST_CHECK(t, nb__lt_plan_of(&g, 0, &p) == NB_OK && p.bias, "bf16 C with a bias");
-    CUHOST_CHECK(t, nb__lt_plan_of(&g, NB__LT_FILL_BIAS, &p) == NB_EUNSUPPORTED,
-                 "bf16 C: no bias by copies");
+    CUHOST_CHECK(t,
+                 nb__lt_plan_of(&g, 0, &p) == NB_OK && p.bias && p.bias_bf16 &&
+                     p.bias_type == CUDA_R_16BF && p.c_type == CUDA_R_16BF,
+                 "bf16 C with a bias: a bf16 bias");
+    CUHOST_CHECK(t,
+                 nb__lt_plan_of(&g, NB__LT_FILL_BIAS, &p) == NB_OK && p.fill_bias && p.bias_bf16,
+                 "bf16 C: bias rows from the bf16 copy");
+    g.c_bf16 = false;
+    CUHOST_CHECK(t,
+                 nb__lt_plan_of(&g, 0, &p) == NB_OK && p.bias && !p.bias_bf16 &&
+                     p.bias_type == CUDA_R_32F && p.c_type == CUDA_R_32F,
+                 "bf16 operands, f32 C: the f32 bias");
 }

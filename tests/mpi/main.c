@@ -35,6 +35,7 @@ void mt_fail_at(const char *file, int line, const char *fmt, ...) {
     va_start(ap, fmt);
     if (k > 0 && k < MSG) vsnprintf(first_msg + k, MSG - (size_t)k, fmt, ap);
     va_end(ap);
+    if (getenv("NB_TEST_VERBOSE")) fprintf(stderr, "[rank %d] %s\n", mt_rank, first_msg);
 }
 
 bool mt_failed(void) { return failed; }
@@ -203,12 +204,15 @@ int main(int argc, char **argv) {
         srunner_add_suite(sr, mt_suite_comm());
         srunner_add_suite(sr, mt_suite_ddp());
         srunner_add_suite(sr, mt_suite_zero());
-        srunner_add_suite(sr, mt_suite_zero_async());
+        srunner_add_suite(sr, mt_suite_reducer());
+        srunner_add_suite(sr, mt_suite_dcp());
+        srunner_add_suite(sr, mt_suite_dcp_bad());
+        srunner_add_suite(sr, mt_suite_mesh());
+        srunner_add_suite(sr, mt_suite_parallel_gpt());
         srunner_add_suite(sr, mt_suite_tp());
         srunner_add_suite(sr, mt_suite_pipeline());
-        srunner_add_suite(sr, mt_suite_zero_layouts());
-        srunner_add_suite(sr, mt_suite_3d());
         srunner_add_suite(sr, mt_suite_nccl());
+        srunner_add_suite(sr, mt_suite_mismatch());
         srunner_add_suite(sr, mt_suite_failures()); /* last: it ends with a timeout */
     }
     const char *only = getenv("NB_SUITE");

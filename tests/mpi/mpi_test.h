@@ -23,13 +23,16 @@ Suite *mt_suite_collectives(void);
 Suite *mt_suite_comm(void);
 Suite *mt_suite_ddp(void);
 Suite *mt_suite_zero(void);
-Suite *mt_suite_zero_async(void);
+Suite *mt_suite_reducer(void);
+Suite *mt_suite_dcp(void);
+Suite *mt_suite_dcp_bad(void);
+Suite *mt_suite_mesh(void);
+Suite *mt_suite_parallel_gpt(void);
 Suite *mt_suite_tp(void);
 Suite *mt_suite_pipeline(void);
-Suite *mt_suite_zero_layouts(void);
-Suite *mt_suite_3d(void);
 Suite *mt_suite_nccl(void);
 Suite *mt_suite_failures(void);
+Suite *mt_suite_mismatch(void);
 Suite *mt_suite_dead_peer(void);
 
 /* Record a failure on this rank (the first message is kept). */

@@ -103,6 +103,27 @@ START_TEST(test_split) {
 }
 END_TEST
 
+/* Communicators made one after another (MPI_Comm_split and MPI_Comm_dup on the worker) while
+ * the control thread progresses MPI: tools/run-tsan runs this suite with the control thread
+ * polling every few microseconds (NB_TEST_CTL_POLL_US), where Open MPI completes the
+ * worker's communicator requests from the control thread (tools/tsan.supp). */
+START_TEST(test_split_repeated) {
+    for (int i = 0; i < 200 && !mt_failed(); i++) {
+        nb_comm *c = nb_comm_split(mt_world, 0, mt_rank);
+        MT_CHECK(c != NULL, "split %d: %s", i, nb_last_error());
+        if (!c) break;
+        nb_scope_begin();
+        nb_tensor *x = nb_ones((int64_t[]){4}, 1, NB_I32);
+        MT_OK(nb_allreduce(c, x, NB_REDUCE_SUM));
+        MT_CHECK(nb_item_i64(nb_select(x, 0, 3)) == mt_size, "split %d: sum %lld", i,
+                 (long long)nb_item_i64(nb_select(x, 0, 3)));
+        nb_scope_end();
+        nb_comm_free(c);
+    }
+    MT_END();
+}
+END_TEST
+
 START_TEST(test_async_out_of_order) {
     /* Small (point-to-point schedules) and large (worker) operations, started together,
      * waited in reverse order. */
@@ -302,6 +323,7 @@ Suite *mt_suite_comm(void) {
     tcase_add_test(tc, test_world_handles);
     tcase_add_test(tc, test_chunk_rule);
     tcase_add_test(tc, test_split);
+    tcase_add_test(tc, test_split_repeated);
     tcase_add_test(tc, test_async_out_of_order);
     tcase_add_test(tc, test_async_outlives_scope);
     tcase_add_test(tc, test_steady_state_no_alloc);
