@@ -20,6 +20,9 @@
 #                (ONEDNN_MAX_CPU_ISA, DNNL_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS,
 #                ATEN_CPU_CAPABILITY, OPENBLAS_CORETYPE); LLMC_BIN should then be an llm.c
 #                built with -march=x86-64-v3. Default: the CPU's own best (ISA=native).
+#   BASE         a second nabla build (e.g. the previous main, built the same way) run in the
+#                same rotation as BUILD and reported as a peer: base/nabla > 1 means BUILD is
+#                faster. With ISA=avx2 it should be an x86-64-v3 build too.
 #   WORKLOADS    any of "mlp cnn gpt gpt_b4 gpt_bf16" (default all).
 #   THREADS      threads of every program (default 2). On a machine other jobs keep busy, 1
 #                thread measures each program's own work (every one gets its share of a
@@ -35,6 +38,7 @@ workloads=${WORKLOADS:-mlp cnn gpt gpt_b4 gpt_bf16}
 llmc=${LLMC_DIR:-}
 llmc_bin=${LLMC_BIN:-train_gpt2}
 th=${THREADS:-2}
+base=${BASE:-}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -47,6 +51,7 @@ echo "bench_models: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's
      "$(grep -m1 '^model' /proc/cpuinfo | cut -d: -f2 | tr -d ' ');" \
      "$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'no AVX-512');" \
      "instruction sets measured: $isa; build $build; $reps rounds; $th threads"
+[ -n "$base" ] && echo "bench_models: base build $base"
 uptime
 peer=0
 if [ -z "$peers" ] || [ ! -f "$peers/torch_ref.py" ]; then
@@ -76,6 +81,11 @@ print(statistics.median(t) if t else "nan")'
 
 # one round of a contender: appends its median step (ms) to $out/<key>
 run_nabla() { local key=$1; shift; nabla_ms "$("$@" 2>/dev/null | tail -1)" >>"$out/$key"; }
+run_base() { # the same command line with BASE's program instead of BUILD's
+    [ -n "$base" ] || return 0
+    local key=$1 prog=$2; shift 2
+    run_nabla "$key" "$base/${prog#"$build"/}" "$@"
+}
 run_torch() {
     local key=$1 w=$2; shift 2
     torch_ms "$($py "$peers/torch_ref.py" "$w" --threads "$th" "$@" 2>/dev/null | grep '^JSON ' | sed 's/^JSON //')" \
@@ -116,33 +126,39 @@ PY
 
 gpt="$build/models/gpt/gpt"
 for w in $workloads; do
+    echo "$w: load$(uptime | sed 's/.*load average//')"
     case $w in
     mlp)
         for r in $(seq "$reps"); do
             run_nabla mlp "$build/models/mlp" --epochs 1 --threads "$th"
+            run_base mlp.base "$build/models/mlp" --epochs 1 --threads "$th"
             [ $peer = 1 ] && run_torch mlp.torch w1
         done
-        report "W1 mlp" 2.448 mlp PyTorch mlp.torch ;;
+        report "W1 mlp" 2.448 mlp base mlp.base PyTorch mlp.torch ;;
     cnn)
         for r in $(seq "$reps"); do
             run_nabla cnn "$build/models/cnn" --epochs 1 --threads "$th"
+            run_base cnn.base "$build/models/cnn" --epochs 1 --threads "$th"
             [ $peer = 1 ] && run_torch cnn.torch w2
         done
-        report "W2 cnn" 3.199 cnn PyTorch cnn.torch ;;
+        report "W2 cnn" 3.199 cnn base cnn.base PyTorch cnn.torch ;;
     gpt)
         for r in $(seq "$reps"); do
             run_nabla gpt "$gpt" --steps 60 --schedule constant --eval-batches 1 --threads "$th"
+            run_base gpt.base "$gpt" --steps 60 --schedule constant --eval-batches 1 --threads "$th"
             [ $peer = 1 ] && run_torch gpt.torch w3 --w3-steps 60
             [ $have_llmc = 1 ] && run_llmc gpt.llmc 16 128
         done
-        report "W3 gpt" 42.68 gpt PyTorch gpt.torch llm.c gpt.llmc ;;
+        report "W3 gpt" 42.68 gpt base gpt.base PyTorch gpt.torch llm.c gpt.llmc ;;
     gpt_b4)
         for r in $(seq "$reps"); do
             run_nabla gpt_b4 "$gpt" --steps 200 --batch 4 --block-size 64 --schedule constant \
                 --eval-batches 1 --threads "$th"
+            run_base gpt_b4.base "$gpt" --steps 200 --batch 4 --block-size 64 --schedule constant \
+                --eval-batches 1 --threads "$th"
             [ $have_llmc = 1 ] && run_llmc gpt_b4.llmc 4 64
         done
-        report "W3b gpt --batch 4 --block-size 64" 5.13 gpt_b4 llm.c gpt_b4.llmc ;;
+        report "W3b gpt --batch 4 --block-size 64" 5.13 gpt_b4 base gpt_b4.base llm.c gpt_b4.llmc ;;
     gpt_bf16)
         for r in $(seq "$reps"); do
             run_nabla gpt_bf16 "$gpt" --steps 60 --schedule constant --eval-batches 1 --threads "$th" \
