@@ -75,7 +75,7 @@ static inline float expf2_v(float hi, float lo) {
     int32_t k1 = k / 2, k2 = k - k1;
     float y = p * f32_from_bits((uint32_t)(k1 + 127) << 23) *
               f32_from_bits((uint32_t)(k2 + 127) << 23);
-    return s != s ? s : y;
+    return isnan(s) ? s : y;
 }
 
 /* tanh: below |x| = 0.625 the odd polynomial x + x^3 p(x^2) (fit error 2e-9 relative);

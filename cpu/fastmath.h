@@ -37,7 +37,7 @@ static inline float nb__fast_expf(float x) {
     union { uint32_t u; float f; } s1 = {.u = (uint32_t)(n1 + 127) << 23},
                                    s2 = {.u = (uint32_t)(n2 + 127) << 23};
     float y = p * s1.f * s2.f;
-    return x != x ? x : y;
+    return isnan(x) ? x : y;
 }
 
 #endif

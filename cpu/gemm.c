@@ -4,11 +4,14 @@
  * (tensor/kernels/matmul.h: the GEMMs of nb_matmul and the linear op, with the policy of
  * running small batched GEMMs in parallel over the batch).
  *
- * Why two providers: on the reference machine OpenBLAS is pinned to its AVX2 kernels by the
+ * Why two providers: on an AVX-512 machine OpenBLAS is pinned to its AVX2 kernels by the
  * environment, while oneDNN picks AVX-512 itself and is 1.7-2.2x faster (docs/architecture.md,
  * "Performance"). OpenBLAS is always built in (and is the only f64 GEMM), oneDNN when meson
- * found it. Every GEMM is cut into tiles that do not depend on the thread count, one
- * single-threaded provider call each, run on nabla's workers (see "tiles" below). */
+ * found it. Every provider GEMM is cut into tiles that do not depend on the thread count, one
+ * single-threaded provider call each, run on nabla's workers (see "tiles" below). An f32
+ * GEMM may instead take nabla's packed GEMM (cpu/sgemm.c), the default where the provider's
+ * kernels are not AVX-512 and on some AVX-512 CPUs (cpu/sgemm_path.c decides, see "the f32
+ * path" below). */
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -261,23 +264,35 @@ static int tiled(tile_kind kind, bool transA, bool transB, int64_t M, int64_t N,
                     NULL);
 }
 
-/* ---- the f32 path under the dnnl provider ---------------------------------------------------
- * Either the tiles of single-threaded dnnl_sgemm calls above (the default) or nabla's own
- * packed GEMM (cpu/sgemm.c: B packed once for all threads), with NB_SGEMM=packed (read
- * once; ignored where this build has no kernel for it, which needs AVX-512). Both give the
- * same bits at any thread count, but not the same bits as each other. The packed GEMM is not
- * the default: it measured about as fast, slower on the GPT (docs/threads.md). Under the
- * openblas provider f32 always goes to OpenBLAS. */
-static atomic_int g_sgemm_packed = -1; /* -1: NB_SGEMM not read yet */
+/* ---- the f32 path ---------------------------------------------------------------------------
+ * Either the tiles of single-threaded provider calls above or nabla's own packed GEMM
+ * (cpu/sgemm.c: op(B) packed once for all threads, an AVX-512 or AVX2 micro-kernel). Both
+ * give the same bits at any thread count, but not the same bits as each other, so the choice
+ * is made once per process and never changes while it runs: NB_SGEMM=packed or
+ * NB_SGEMM=tiles, or else what cpu/sgemm_path.c decides for this machine (by the CPU's
+ * features, and where they do not tell, a calibration cached per CPU; NB_SGEMM=measure
+ * takes the calibration on any CPU). Products the tiles
+ * leave whole (under 2 tiles of work, such as attention's per-head products) always stay one
+ * provider call: they gain nothing from shared packed operands. */
+static atomic_int g_sgemm_packed = -1; /* -1: not decided yet */
+static pthread_once_t g_sgemm_once = PTHREAD_ONCE_INIT;
+
+static void sgemm_decide(void) {
+    const char *env = getenv("NB_SGEMM");
+    int v;
+    if (env && !strcmp(env, "packed")) v = nb__sgemm_packed_available();
+    else if (env && !strcmp(env, "tiles")) v = 0;
+    else if (env && !strcmp(env, "measure")) v = nb__sgemm_measured_packed();
+    else v = nb__sgemm_choose_packed();
+    int expected = -1; /* nb__sgemm_set_packed may have decided meanwhile */
+    atomic_compare_exchange_strong(&g_sgemm_packed, &expected, v);
+}
 
 static bool sgemm_packed(void) {
-    int v = atomic_load_explicit(&g_sgemm_packed, memory_order_relaxed);
+    int v = atomic_load_explicit(&g_sgemm_packed, memory_order_acquire);
     if (v >= 0) return v;
-    const char *env = getenv("NB_SGEMM");
-    v = nb__sgemm_packed_available() && env && !strcmp(env, "packed");
-    int expected = -1;
-    if (!atomic_compare_exchange_strong(&g_sgemm_packed, &expected, v)) return expected;
-    return v;
+    pthread_once(&g_sgemm_once, sgemm_decide);
+    return atomic_load(&g_sgemm_packed);
 }
 
 bool nb__sgemm_set_packed(bool on) {
@@ -288,29 +303,14 @@ bool nb__sgemm_set_packed(bool on) {
 
 /* The f32 path in use (the detail of the "sgemm" trace span). */
 const char *nb__sgemm_path(void) {
-    if (nb_gemm_provider_current() == NB_GEMM_DNNL && sgemm_packed()) return "nabla packed";
+    if (sgemm_packed()) return "nabla packed";
     return nb_gemm_provider_name(nb_gemm_provider_current());
 }
 
-static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
-                         const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                         float *C, int64_t ldc) {
-    if (M <= 0 || N <= 0) return NB_OK;
-    if (K <= 0 || alpha == 0.0f) {
-        scale_c_float(M, N, beta, C, ldc);
-        return NB_OK;
-    }
+nb_status nb__sgemm_tiles(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                          float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                          float beta, float *C, int64_t ldc) {
 #if NB_HAVE_DNNL
-    if (nb_gemm_provider_current() == NB_GEMM_DNNL && sgemm_packed()) {
-        /* A product the tiles leave whole (under 2 tiles of work) stays one dnnl_sgemm
-         * call: it gains nothing from sharing packed operands, and packing costs more than
-         * oneDNN's small-product kernels (attention's per-head products). */
-        int64_t mb, nb;
-        tile_grid(M, N, K, &mb, &nb);
-        if (mb < M || nb < N)
-            return nb__sgemm_packed(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C,
-                                    ldc);
-    }
     if (nb_gemm_provider_current() == NB_GEMM_DNNL) {
         dnnl_status_t st = (dnnl_status_t)tiled(TILE_DNNL_F32, transA, transB, M, N, K, alpha,
                                                 A, lda, B, ldb, beta, C, ldc);
@@ -331,6 +331,24 @@ static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_
                          (long long)K);
     tiled(TILE_BLAS_F32, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return NB_OK;
+}
+
+static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                         float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return NB_OK;
+    if (K <= 0 || alpha == 0.0f) {
+        scale_c_float(M, N, beta, C, ldc);
+        return NB_OK;
+    }
+    if (sgemm_packed()) {
+        int64_t mb, nb;
+        tile_grid(M, N, K, &mb, &nb);
+        if (mb < M || nb < N)
+            return nb__sgemm_packed(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                    ldc);
+    }
+    return nb__sgemm_tiles(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 static nb_status gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
@@ -549,6 +567,40 @@ static int64_t span_of(int64_t rows, int64_t cols, int64_t ld) {
     return rows <= 0 || cols <= 0 ? 0 : (rows - 1) * ld + cols;
 }
 
+/* The conversions of the fallback on nabla's workers (each element on its own: the same
+ * bits at any thread count): before, they ran on the calling thread alone, while the GEMM
+ * between them had every thread. */
+typedef struct cvt_job {
+    const uint16_t *h;
+    float *f;
+    const float *src;
+    uint16_t *dst;
+    int64_t ldc, N;
+} cvt_job;
+
+static void widen_range(int64_t lo, int64_t hi, void *p) {
+    const cvt_job *j = p;
+    nb__bf16_to_f32_n(j->h + lo, j->f + lo, hi - lo);
+}
+
+static void widen_bf16(const uint16_t *h, float *f, int64_t n) {
+    cvt_job j = {.h = h, .f = f};
+    nb__parallel_range(n, nb__threads_for(n, NB__GRAIN), widen_range, &j);
+}
+
+static void round_range(int64_t lo, int64_t hi, void *p) {
+    const cvt_job *j = p;
+    for (int64_t i = lo; i < hi; i++) nb__f32_to_bf16_n(j->src + i * j->N, j->dst + i * j->ldc, j->N);
+}
+
+static void fill_rows_float(float *c, int64_t ldc, const float *b, int64_t M, int64_t N);
+
+/* C (M x N bf16, row stride ldc) = tmp (M x N f32, dense) rounded. */
+static void round_rows_bf16(const float *tmp, uint16_t *C, int64_t ldc, int64_t M, int64_t N) {
+    cvt_job j = {.src = tmp, .dst = C, .ldc = ldc, .N = N};
+    nb__parallel_range(M, nb__threads_for(M * N, NB__GRAIN), round_range, &j);
+}
+
 static nb_status gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                            float alpha, const uint16_t *A, int64_t lda, const uint16_t *B,
                            int64_t ldb, float beta, float *C, int64_t ldc) {
@@ -582,8 +634,8 @@ static nb_status gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64
                                     "(%lld x %lld x %lld)",
                          (long long)M, (long long)K, (long long)N);
     }
-    nb__bf16_to_f32_n(A, a32, na);
-    nb__bf16_to_f32_n(B, b32, nbb);
+    widen_bf16(A, a32, na);
+    widen_bf16(B, b32, nbb);
     nb_status st = nb__gemm_f32(transA, transB, M, N, K, alpha, a32, lda, b32, ldb, beta, C, ldc);
     nb_host_free(b32);
     nb_host_free(a32);
@@ -615,12 +667,10 @@ static nb_status gemm_bf16_out(bool transA, bool transB, int64_t M, int64_t N, i
         return nb__error(NB_ENOMEM, "matmul: no memory for a bf16 matmul's f32 result "
                                     "(%lld x %lld)",
                          (long long)M, (long long)N);
-    if (bias)
-        for (int64_t i = 0; i < M; i++) memcpy(tmp + i * N, bias, sizeof(float) * (size_t)N);
+    if (bias) fill_rows_float(tmp, N, bias, M, N);
     nb_status st = gemm_bf16(transA, transB, M, N, K, 1.0f, A, lda, B, ldb, bias ? 1.0f : 0.0f,
                              tmp, N);
-    if (st == NB_OK)
-        for (int64_t i = 0; i < M; i++) nb__f32_to_bf16_n(tmp + i * N, C + i * ldc, N);
+    if (st == NB_OK) round_rows_bf16(tmp, C, ldc, M, N);
     nb_host_free(tmp);
     return st;
 }

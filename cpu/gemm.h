@@ -37,12 +37,18 @@ nb_status nb__gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K
 nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
                         const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                         float beta, float *C, int64_t ldc);
-/* The f32 path under the dnnl provider: tiles of dnnl_sgemm calls (the default) or nabla's
- * packed GEMM (cpu/sgemm.c); NB_SGEMM=packed chooses the latter at start. For tests and
- * benchmarks: switches (on is ignored where the packed kernel is not built) and returns the
- * previous choice. Not while GEMMs run on other threads. */
+/* The f32 path: tiles of provider calls or nabla's packed GEMM (cpu/sgemm.c), chosen once
+ * per process (NB_SGEMM=packed or tiles, else cpu/sgemm_path.c; docs/threads.md). For tests
+ * and benchmarks: switches (on is ignored where the packed kernel is not built) and returns
+ * the previous choice. Not while GEMMs run on other threads. */
 bool nb__sgemm_set_packed(bool on);
-/* "nabla packed", "dnnl" or "openblas": what an f32 GEMM runs on now. */
+/* "nabla packed", "dnnl" or "openblas": what an f32 GEMM runs on now (decides it if not yet
+ * decided). */
 const char *nb__sgemm_path(void);
+/* The f32 GEMM as tiles of single-threaded calls of the current provider, whatever the path
+ * (same contract as nb__gemm_f32, degenerate sizes already handled by the caller). */
+nb_status nb__sgemm_tiles(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                          float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                          float beta, float *C, int64_t ldc);
 
 #endif

@@ -8,13 +8,23 @@
 
 /* Sums in double with 8 independent lanes: a fixed order (so deterministic) that the
  * compiler can still vectorize, since no lane's additions are reordered. GCC leaves the f32
- * versions scalar, so with AVX-512 they are written out: lane k of one 8-double register is
- * a[k], each element's f32 arithmetic the same operations in the same order (no FMA), so
- * the results are the same bits. */
+ * versions scalar, so they are written out: with AVX-512 lane k of one 8-double register is
+ * a[k]; with AVX2 lanes 0-3 are one 4-double register and lanes 4-7 another. Each element's
+ * f32 arithmetic is the same operations in the same order (no FMA), so the results are the
+ * same bits on every path. */
 #define LANES 8
 #define LANE_SUM(a) (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])))
 #if defined(NB__NORM_F32) && defined(__AVX512F__)
 #define NB__NORM_VEC 1
+#elif defined(NB__NORM_F32) && defined(__AVX2__)
+#define NB__NORM_VEC2 1
+/* the 8 floats of v widened to double, into two 4-lane sums */
+#define NB__ACC8(lo, hi, v)                                                                  \
+    do {                                                                                     \
+        __m256 v_ = (v);                                                                     \
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v_)));                 \
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v_, 1)));               \
+    } while (0)
 #endif
 
 static inline double F(rsum)(const T *x, int64_t n) {
@@ -24,6 +34,11 @@ static inline double F(rsum)(const T *x, int64_t n) {
     __m512d va = _mm512_setzero_pd();
     for (; j + LANES <= n; j += LANES) va = _mm512_add_pd(va, _mm512_cvtps_pd(_mm256_loadu_ps(x + j)));
     _mm512_storeu_pd(a, va);
+#elif defined(NB__NORM_VEC2)
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    for (; j + LANES <= n; j += LANES) NB__ACC8(lo, hi, _mm256_loadu_ps(x + j));
+    _mm256_storeu_pd(a, lo);
+    _mm256_storeu_pd(a + 4, hi);
 #endif
     for (; j + LANES <= n; j += LANES)
         for (int k = 0; k < LANES; k++) a[k] += (double)x[j + k];
@@ -42,6 +57,17 @@ static inline double F(rdev2)(const T *x, int64_t n, double m) {
         va = _mm512_add_pd(va, _mm512_mul_pd(d, d));
     }
     _mm512_storeu_pd(a, va);
+#elif defined(NB__NORM_VEC2)
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd(), vm = _mm256_set1_pd(m);
+    for (; j + LANES <= n; j += LANES) {
+        __m256 v = _mm256_loadu_ps(x + j);
+        __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), vm);
+        __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), vm);
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(d0, d0));
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(d1, d1));
+    }
+    _mm256_storeu_pd(a, lo);
+    _mm256_storeu_pd(a + 4, hi);
 #endif
     for (; j + LANES <= n; j += LANES)
         for (int k = 0; k < LANES; k++) {
@@ -82,6 +108,21 @@ static inline void F(ln_row_sums)(const T *g, const T *x, const T *w, T m, T r, 
     }
     _mm512_storeu_pd(a, va);
     _mm512_storeu_pd(c, vc);
+#elif defined(NB__NORM_VEC2)
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    __m256d c0 = _mm256_setzero_pd(), c1 = _mm256_setzero_pd();
+    const __m256 vm = _mm256_set1_ps(m), vr = _mm256_set1_ps(r);
+    for (; j + LANES <= n; j += LANES) {
+        __m256 gw = _mm256_loadu_ps(g + j);
+        if (w) gw = _mm256_mul_ps(gw, _mm256_loadu_ps(w + j));
+        __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm), vr);
+        NB__ACC8(a0, a1, gw);
+        NB__ACC8(c0, c1, _mm256_mul_ps(gw, xh));
+    }
+    _mm256_storeu_pd(a, a0);
+    _mm256_storeu_pd(a + 4, a1);
+    _mm256_storeu_pd(c, c0);
+    _mm256_storeu_pd(c + 4, c1);
 #endif
     for (; j + LANES <= n; j += LANES)
         for (int k = 0; k < LANES; k++) {
@@ -406,3 +447,5 @@ nb_status F(nb__cpu_batch_norm_bwd)(const T *g, const T *x, int64_t N, int64_t C
 #undef NB__CAT
 #undef NB__CAT_
 #undef NB__NORM_VEC
+#undef NB__NORM_VEC2
+#undef NB__ACC8

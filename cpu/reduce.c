@@ -186,6 +186,13 @@ static double f64_sumexp(const double *x, int64_t n, double shift) {
 typedef float nb__v16f __attribute__((vector_size(64)));
 typedef float nb__v8f __attribute__((vector_size(32)));
 typedef double nb__v8d __attribute__((vector_size(64)));
+/* Without AVX-512 (an x86-64-v3 build, a native build on an AVX2 CPU) GCC warns that
+ * passing and returning these 64-byte vectors changes the ABI (-Wpsabi, an error under
+ * -Dwerror=true). Every function that does is static to this file, so no call crosses an
+ * ABI boundary and the warning says nothing here. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 
 #define SB 256          /* elements of an f32 sub-block (a multiple of 64) */
 #define PF_DIST 4096    /* software prefetch distance in bytes (see pf_block) */

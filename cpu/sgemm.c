@@ -1,5 +1,6 @@
 /* cpu/sgemm.c - nabla's own packed f32 GEMM (cpu/sgemm.h): the BLIS scheme with an AVX-512
- * micro-kernel, run on nabla's workers.
+ * micro-kernel (8 x 32) or an AVX2 + FMA one (6 x 16), chosen when the build's -march has
+ * the instructions, run on nabla's workers.
  *
  * Why: a GEMM cut into tiles that are each one single-threaded provider call (cpu/gemm.c)
  * has the same bits at any thread count, but every tile's call packs its operands again (a
@@ -15,7 +16,9 @@
  * (edges use the same vector code with masks or a narrower kernel, and the zero rows and
  * columns that pad the panels never reach C), so the result depends on M, N, K and the
  * values only. (For K <= KC_MAX with alpha 1 and beta 0 this happens to be the very sum
- * dnnl_sgemm computes.)
+ * dnnl_sgemm computes.) The AVX2 and AVX-512 kernels take the same steps per element (the
+ * same K blocks, the same chain, the same final multiply-add), so they give the same bits
+ * too: only the shape of the micro-kernel and the tiles differ.
  *
  * Loops: pack op(B) into NR-column panels (and a transposed A into MR-row panels), each K
  * block of a panel contiguous (one job of tasks over panels); then, per tile of C (mb x nb,
@@ -30,31 +33,105 @@
 #include "cpu/cpu_impl.h"
 #include "cpu/sgemm.h"
 
+/* ---- the vector layer ---------------------------------------------------------------------
+ * The code below is written once against these few operations: vf, a vector of VL floats;
+ * vmask, which of a vector's lanes a partial load or store touches. */
 #if defined(__AVX512F__) && defined(__FMA__)
 #include <immintrin.h>
 #define HAVE_KERNEL 1
+#define ISA_NAME "AVX-512"
+#define VL 16
+typedef __m512 vf;
+typedef __mmask16 vmask;
+#define V_ZERO() _mm512_setzero_ps()
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_LOAD(p) _mm512_load_ps(p)
+#define V_STORE(p, v) _mm512_store_ps((p), (v))
+#define V_STOREU(p, v) _mm512_storeu_ps((p), (v))
+#define V_LOADU(p) _mm512_loadu_ps(p)
+#define V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define V_MUL(a, b) _mm512_mul_ps((a), (b))
+#define V_MLOAD(m, p) _mm512_maskz_loadu_ps((m), (p))
+#define V_MSTORE(p, m, v) _mm512_mask_storeu_ps((p), (m), (v))
+static inline vmask v_mask(int64_t left) { /* the first `left` lanes (all when >= VL) */
+    return (vmask)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
+}
+/* 8 floats, the first w (< 8 allowed) of them read, the rest zero */
+static inline __m256 load8_first(const float *p, int64_t w) {
+    return _mm256_maskz_loadu_ps((__mmask8)(w >= 8 ? 0xFF : (1u << w) - 1), p);
+}
+static inline void store8_first(float *p, __m256 v, int64_t w) {
+    _mm256_mask_storeu_ps(p, (__mmask8)(w >= 8 ? 0xFF : (1u << w) - 1), v);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_KERNEL 1
+#define ISA_NAME "AVX2"
+#define VL 8
+typedef __m256 vf;
+typedef __m256i vmask;
+#define V_ZERO() _mm256_setzero_ps()
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_LOAD(p) _mm256_load_ps(p)
+#define V_STORE(p, v) _mm256_store_ps((p), (v))
+#define V_STOREU(p, v) _mm256_storeu_ps((p), (v))
+#define V_LOADU(p) _mm256_loadu_ps(p)
+#define V_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define V_MUL(a, b) _mm256_mul_ps((a), (b))
+#define V_MLOAD(m, p) _mm256_maskload_ps((p), (m))
+#define V_MSTORE(p, m, v) _mm256_maskstore_ps((p), (m), (v))
+static inline vmask v_mask(int64_t left) {
+    int l = left >= 8 ? 8 : left <= 0 ? 0 : (int)left;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(l), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline __m256 load8_first(const float *p, int64_t w) {
+    return w >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, v_mask(w));
+}
+static inline void store8_first(float *p, __m256 v, int64_t w) {
+    if (w >= 8) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, v_mask(w), v);
+}
 #else
 #define HAVE_KERNEL 0
 #endif
 
 bool nb__sgemm_packed_available(void) { return HAVE_KERNEL; }
 
+const char *nb__sgemm_packed_isa(void) {
+#if HAVE_KERNEL
+    return ISA_NAME;
+#else
+    return "none";
+#endif
+}
+
 #if HAVE_KERNEL
 
-/* Sizes (tried on the reference machine, AMD Zen 5, against the tiles of dnnl_sgemm calls:
- * 8 x 48 kernels, K blocks of 256 and tiles of 96 or 288 columns did worse on the W3 shapes;
- * the rest was within the noise of a shared machine). KC_MAX decides where the sum over K
- * is cut, so it is part of the bits: never make it depend on anything but K. */
+/* Sizes (AVX-512: tried on an AMD Zen 5 against the tiles of dnnl_sgemm calls: 8 x 48
+ * kernels, K blocks of 256 and tiles of 96 or 288 columns did worse on the W3 shapes; the
+ * rest was within the noise of a shared machine. AVX2: the 6 x 16 kernel keeps its 12 sums,
+ * two vectors of B and the broadcast of A in 15 of the 16 ymm registers; 128-column tiles
+ * keep the tile's B block in a 512 KB L2). KC_MAX decides where the sum over K is cut, so it
+ * is part of the bits: never make it depend on anything but K (nor on the instruction set:
+ * both kernels give the same bits because it is the same). */
+#if VL == 16
 #define MR 8             /* rows of the micro-kernel ... */
-#define NVM 2            /* ... and its columns in AVX-512 vectors: 8 x 2 sums of 16 */
-#define NR (16 * NVM)    /* 32 columns */
-#define KC_MAX 512       /* longest K block */
-#define MC_MAX 192       /* rows of a tile at most */
 #define NC_MAX 256       /* columns of a tile at most (its B block: 512 KB of L2) */
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#else
+#define MR 6
+#define NC_MAX 128
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#endif
+#define NVM 2            /* ... and its columns in vectors: MR x 2 sums of VL */
+#define NR (VL * NVM)    /* 32 or 16 columns */
+#define KC_MAX 512       /* longest K block */
+#define MC_MAX 192       /* rows of a tile at most (a multiple of both MRs) */
 #define MIN_MB 32        /* tiles are split for more threads down to 32 rows ... */
 #define MIN_NB 64        /* ... and 64 columns */
 #define TASKS_PER_THREAD 4
 #define PF_B 8           /* the micro-kernel prefetches B this many k steps ahead */
+#define PACK_GROUP 8     /* panels of a transposed A packed together */
 #define KEEP_BYTES ((size_t)64 << 20) /* per-thread packing buffers up to this stay cached */
 
 /* ---- per-thread packing buffers ----------------------------------------------------------- */
@@ -112,10 +189,9 @@ static inline int64_t kb_len(const job *j, int64_t p) { return min64(j->kc, j->K
  * t (8 floats, one per row) to dst + t * dstride, for t < w. */
 static inline __attribute__((always_inline)) void tr8(const float *src, int64_t ld, int64_t rows, int64_t w, float *dst,
                        int64_t dstride) {
-    __mmask8 mw = (__mmask8)((1u << w) - 1);
     __m256 r[8];
     for (int i = 0; i < 8; i++)
-        r[i] = _mm256_maskz_loadu_ps(i < rows ? mw : 0, i < rows ? src + i * ld : src);
+        r[i] = i < rows ? load8_first(src + i * ld, w) : _mm256_setzero_ps();
     __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
     __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
     __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -139,14 +215,15 @@ static void pack_b_panel(const job *j, int64_t jp) {
         float *dst = j->bp + k0 * j->npan * NR + jp * kcb * NR;
         if (!j->tb) {
             const float *src = j->B + k0 * j->ldb + j0;
-            __mmask16 m[NVM];
-            for (int v = 0; v < NVM; v++) {
-                int64_t left = n - 16 * v;
-                m[v] = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
+            if (n == NR) {
+                for (int64_t k = 0; k < kcb; k++, src += j->ldb, dst += NR)
+                    for (int v = 0; v < NVM; v++) V_STORE(dst + VL * v, V_LOADU(src + VL * v));
+            } else {
+                vmask m[NVM];
+                for (int v = 0; v < NVM; v++) m[v] = v_mask(n - VL * v);
+                for (int64_t k = 0; k < kcb; k++, src += j->ldb, dst += NR)
+                    for (int v = 0; v < NVM; v++) V_STORE(dst + VL * v, V_MLOAD(m[v], src + VL * v));
             }
-            for (int64_t k = 0; k < kcb; k++, src += j->ldb, dst += NR)
-                for (int v = 0; v < NVM; v++)
-                    _mm512_store_ps(dst + 16 * v, _mm512_maskz_loadu_ps(m[v], src + 16 * v));
         } else {
             /* op(B)[k][j] = B[j * ldb + k]: read each row of B along k, write down a column */
             if (n < NR) memset(dst, 0, sizeof(float) * (size_t)(kcb * NR));
@@ -164,12 +241,26 @@ static void pack_at_panels(const job *j, int64_t ip0, int64_t ip1) {
     for (int64_t p = 0; p < j->nkb; p++) {
         int64_t k0 = p * j->kc, kcb = kb_len(j, p);
         float *dst0 = j->ap + k0 * j->mpan * MR;
-        for (int64_t k = 0; k < kcb; k++) {
-            const float *src = j->A + (k0 + k) * j->lda;
-            for (int64_t ip = ip0; ip < ip1; ip++) {
-                int64_t r0 = ip * MR, rows = min64(MR, j->M - r0);
-                __m256 v = _mm256_maskz_loadu_ps((__mmask8)((1u << rows) - 1), src + r0);
-                _mm256_store_ps(dst0 + ip * kcb * MR + k * MR, v);
+        /* PACK_GROUP panels at a time, so that many write streams (writing to every panel
+         * at once measured 1.5x slower: too many lines in flight) */
+        for (int64_t g0 = ip0; g0 < ip1; g0 += PACK_GROUP) {
+            int64_t g1 = min64(ip1, g0 + PACK_GROUP);
+            for (int64_t k = 0; k < kcb; k++) {
+                const float *src = j->A + (k0 + k) * j->lda;
+                for (int64_t ip = g0; ip < g1; ip++) {
+                    int64_t r0 = ip * MR, rows = min64(MR, j->M - r0);
+                    float *d = dst0 + ip * kcb * MR + k * MR;
+                    /* MR floats (8 or 6), the rows past M as zeros. With MR 6, whole
+                     * 8-float loads and stores where they stay inside A and the panel: the
+                     * 2 extra floats land at the start of step k + 1, which is written next
+                     * (partial loads and stores are slow on AMD's AVX2 cores). */
+                    bool whole = r0 + 8 <= j->M;
+                    if (MR == 8 || (whole && k + 1 < kcb))
+                        _mm256_storeu_ps(d, rows == MR && whole ? _mm256_loadu_ps(src + r0)
+                                                                : load8_first(src + r0, rows));
+                    else
+                        store8_first(d, load8_first(src + r0, rows), MR);
+                }
             }
         }
     }
@@ -188,22 +279,23 @@ static void pack_task(int64_t t, void *ctx) {
 }
 
 /* ---- the micro-kernel ---------------------------------------------------------------------- */
-#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 
 /* One row of the tile into C (nv vectors, masks m): mode 0 C = alpha s, 1 C = alpha s +
  * beta C, 2 C += alpha s. */
-static inline __attribute__((always_inline)) void store_row(float *c, const __m512 *s,
-                                                           const __mmask16 *m, int nv,
-                                                           __m512 va, __m512 vb, int mode) {
+static inline __attribute__((always_inline)) void store_row(float *c, const vf *s,
+                                                           const vmask *m, bool full, int nv,
+                                                           vf va, vf vb, int mode) {
     for (int v = 0; v < nv; v++) {
-        __m512 r;
+        vf r;
         if (mode == 2) {
-            r = _mm512_fmadd_ps(s[v], va, _mm512_maskz_loadu_ps(m[v], c + 16 * v));
+            r = V_FMA(s[v], va, full ? V_LOADU(c + VL * v) : V_MLOAD(m[v], c + VL * v));
         } else {
-            r = _mm512_mul_ps(s[v], va);
-            if (mode == 1) r = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m[v], c + 16 * v), vb, r);
+            r = V_MUL(s[v], va);
+            if (mode == 1)
+                r = V_FMA(full ? V_LOADU(c + VL * v) : V_MLOAD(m[v], c + VL * v), vb, r);
         }
-        _mm512_mask_storeu_ps(c + 16 * v, m[v], r);
+        if (full) V_STOREU(c + VL * v, r);
+        else V_MSTORE(c + VL * v, m[v], r);
     }
 }
 
@@ -215,42 +307,40 @@ static inline __attribute__((always_inline)) void store_row(float *c, const __m5
 static inline __attribute__((always_inline)) void
 micro_kernel(int nv, int64_t kc, const float *a, int64_t ars, int64_t aks,
              const float *restrict b, float *c, int64_t ldc, int64_t rows, int64_t cols,
-             __m512 va, __m512 vb, int mode) {
+             vf va, vf vb, int mode) {
     /* row i of the A panel; rows past `rows` (not stored) read row 0 again */
 #define DECL(i)                                                                            \
-    __m512 s##i[NVM];                                                                      \
-    for (int v = 0; v < NVM; v++) s##i[v] = _mm512_setzero_ps();                           \
+    vf s##i[NVM];                                                                          \
+    for (int v = 0; v < NVM; v++) s##i[v] = V_ZERO();                                      \
     const float *restrict a##i = a + (i < rows ? i : 0) * ars;
     ROWS(DECL)
 #undef DECL
     if (mode != 0) { /* C is read at the end: start bringing it in now */
 #define PREF(i)                                                                            \
-    for (int v = 0; v < nv; v++) _mm_prefetch((const char *)(c + i * ldc + 16 * v), _MM_HINT_T1);
+    for (int v = 0; v < nv; v++) _mm_prefetch((const char *)(c + i * ldc + VL * v), _MM_HINT_T1);
         ROWS(PREF)
 #undef PREF
     }
 #pragma GCC unroll 4
     for (int64_t k = 0, ka = 0; k < kc; k++, ka += aks, b += NR) {
-        __m512 bv[NVM];
+        vf bv[NVM];
         for (int v = 0; v < nv; v++) {
-            _mm_prefetch((const char *)(b + PF_B * NR + 16 * v), _MM_HINT_T0);
-            bv[v] = _mm512_load_ps(b + 16 * v);
+            _mm_prefetch((const char *)(b + PF_B * NR + VL * v), _MM_HINT_T0);
+            bv[v] = V_LOAD(b + VL * v);
         }
 #define FMA(i)                                                                             \
     {                                                                                      \
-        __m512 ai = _mm512_set1_ps(a##i[ka]);                                              \
-        for (int v = 0; v < nv; v++) s##i[v] = _mm512_fmadd_ps(ai, bv[v], s##i[v]);       \
+        vf ai = V_SET1(a##i[ka]);                                                          \
+        for (int v = 0; v < nv; v++) s##i[v] = V_FMA(ai, bv[v], s##i[v]);                  \
     }
         ROWS(FMA)
 #undef FMA
     }
-    __mmask16 m[NVM];
-    for (int v = 0; v < NVM; v++) {
-        int64_t left = cols - 16 * v;
-        m[v] = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
-    }
+    vmask m[NVM];
+    const bool full = cols == (int64_t)VL * nv;
+    for (int v = 0; v < NVM; v++) m[v] = v_mask(cols - VL * v);
 #define STORE(i)                                                                           \
-    if (i < rows) store_row(c + i * ldc, s##i, m, nv, va, vb, mode);
+    if (i < rows) store_row(c + i * ldc, s##i, m, full, nv, va, vb, mode);
     ROWS(STORE)
 #undef STORE
 }
@@ -258,7 +348,7 @@ micro_kernel(int nv, int64_t kc, const float *a, int64_t ars, int64_t aks,
 #define KERNEL_NV(nv)                                                                      \
     static void micro_kernel_##nv(int64_t kc, const float *a, int64_t ars, int64_t aks,    \
                                   const float *b, float *c, int64_t ldc, int64_t rows,     \
-                                  int64_t cols, __m512 va, __m512 vb, int mode) {          \
+                                  int64_t cols, vf va, vf vb, int mode) {                  \
         micro_kernel(nv, kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode);            \
     }
 KERNEL_NV(1)
@@ -281,8 +371,8 @@ KERNEL_NV(6)
 /* The micro-kernel for the 16 nv columns that cover cols. */
 static void micro_kernel_any(int64_t kc, const float *a, int64_t ars, int64_t aks,
                              const float *b, float *c, int64_t ldc, int64_t rows, int64_t cols,
-                             __m512 va, __m512 vb, int mode) {
-    switch ((cols + 15) / 16) {
+                             vf va, vf vb, int mode) {
+    switch ((cols + VL - 1) / VL) {
 #if NVM >= 6
     case 6: micro_kernel_6(kc, a, ars, aks, b, c, ldc, rows, cols, va, vb, mode); break;
 #endif
@@ -308,7 +398,7 @@ static void tile_task(int64_t t, void *ctx) {
     int64_t m0 = t / j->ncols * j->mb, n0 = t % j->ncols * j->nb;
     int64_t m = min64(j->mb, j->M - m0), n = min64(j->nb, j->N - n0);
     int64_t mpan = (m + MR - 1) / MR;
-    __m512 va = _mm512_set1_ps(j->alpha), vb = _mm512_set1_ps(j->beta);
+    vf va = V_SET1(j->alpha), vb = V_SET1(j->beta);
     for (int64_t p = 0; p < j->nkb; p++) {
         int64_t k0 = p * j->kc, kcb = kb_len(j, p);
         int mode = p > 0 ? 2 : j->beta != 0.0f ? 1 : 0;
@@ -382,15 +472,15 @@ nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64
     return NB_OK;
 }
 
-#else /* no AVX-512: cpu/gemm.c never calls this */
+#else /* neither AVX-512 nor AVX2 + FMA: cpu/gemm.c never calls this */
 
 nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                            float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                            float beta, float *C, int64_t ldc) {
     (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
     (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
-    return nb__error(NB_EUNSUPPORTED, "matmul: nabla's packed sgemm needs AVX-512 (this "
-                                      "build was compiled without it)");
+    return nb__error(NB_EUNSUPPORTED, "matmul: nabla's packed sgemm needs AVX2 and FMA, or "
+                                      "AVX-512 (this build was compiled without them)");
 }
 
 #endif

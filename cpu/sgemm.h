@@ -22,9 +22,22 @@
 
 #include "nabla/status.h"
 
-/* False when this build has no kernel for the CPU it was compiled for (it needs AVX-512F,
- * i.e. a -march that has it): then cpu/gemm.c keeps the provider path. */
+/* False when this build has no kernel for the CPU it was compiled for (it needs AVX-512F, or
+ * AVX2 and FMA, in the build's -march): then cpu/gemm.c keeps the provider path. */
 bool nb__sgemm_packed_available(void);
+/* "AVX-512", "AVX2" (the micro-kernel this build has) or "none". */
+const char *nb__sgemm_packed_isa(void);
+
+/* cpu/sgemm_path.c: whether this machine's f32 GEMMs default to the packed GEMM (true) or
+ * the tiles of provider calls, by the CPU's features or a calibration cached per CPU (see
+ * the file). Called once per process by cpu/gemm.c. */
+bool nb__sgemm_choose_packed(void);
+/* The cached calibration alone (NB_SGEMM=measure): the answer cached for this CPU and
+ * build, else nb__sgemm_calibrate's, then cached. */
+bool nb__sgemm_measured_packed(void);
+/* The calibration itself, uncached: one thread's best time of a few GEMMs on each path
+ * (either pointer may be NULL); true when packed was faster by more than 3 %. */
+bool nb__sgemm_calibrate(double *tiles_s, double *packed_s);
 
 nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                            float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,

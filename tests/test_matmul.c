@@ -8,6 +8,7 @@
  * operands on two devices, and the gemm kernel's batch/bias contract. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu/gemm.h"
 #include "cpu/sgemm.h"
@@ -448,16 +449,24 @@ START_TEST(test_gemm_provider_switch) {
 }
 END_TEST
 
-/* The same bits at 1, 2 and 3 threads, with every provider, for the shapes where a threaded
- * GEMM is tempted to split the inner dimension (small M and N, long K: a weight gradient)
- * and for a square one that gets tiled. */
+/* The same bits at 1, 2 and 3 threads, with every provider and on both f32 paths (the tiles
+ * of provider calls, and the packed GEMM where this build has it, whichever is this
+ * machine's default), for the shapes where a threaded GEMM is tempted to split the inner
+ * dimension (small M and N, long K: a weight gradient) and for a square one that gets
+ * tiled. */
 START_TEST(test_gemm_thread_count_independent) {
     static const int64_t shapes[][3] = {{64, 64, 8192}, {256, 768, 2048}, {300, 500, 700},
                                         {1, 1000, 4096}};
     nb_gemm_provider saved = nb_gemm_provider_current(), ps[2];
     int saved_threads = nb_get_num_threads(), np = providers(ps);
+    bool was_packed = nb__sgemm_set_packed(false);
+    nb__sgemm_set_packed(was_packed);
     nb_generator *g = nb_generator_new(7);
-    for (int p = 0; p < np; p++) {
+    for (int pp = 0; pp < 2 * np; pp++) {
+        int p = pp / 2;
+        bool packed = pp % 2;
+        if (packed && !nb__sgemm_packed_available()) continue;
+        nb__sgemm_set_packed(packed);
         ck_assert_int_eq(nb_set_gemm_provider(ps[p]), NB_OK);
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
             int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
@@ -475,9 +484,9 @@ START_TEST(test_gemm_thread_count_independent) {
                     ref = malloc(sizeof(float) * (size_t)(M * N));
                     memcpy(ref, d, sizeof(float) * (size_t)(M * N));
                 } else if (memcmp(ref, d, sizeof(float) * (size_t)(M * N)) != 0) {
-                    ck_abort_msg("%s: %lldx%lldx%lld differs between 1 and %d threads",
-                                 nb_gemm_provider_name(ps[p]), (long long)M, (long long)N,
-                                 (long long)K, t);
+                    ck_abort_msg("%s (%s): %lldx%lldx%lld differs between 1 and %d threads",
+                                 nb_gemm_provider_name(ps[p]), packed ? "packed" : "tiles",
+                                 (long long)M, (long long)N, (long long)K, t);
                 }
             }
             free(ref);
@@ -485,6 +494,7 @@ START_TEST(test_gemm_thread_count_independent) {
         }
     }
     nb_generator_free(g);
+    nb__sgemm_set_packed(was_packed);
     nb_set_num_threads(saved_threads);
     nb_set_gemm_provider(saved);
 }
@@ -493,8 +503,8 @@ END_TEST
 /* ---- nabla's packed sgemm (cpu/sgemm.c) --------------------------------------------------------------
  * Against a double loop over odd shapes: 1x1x1, K = 1, primes, K beyond one K block (512) and
  * not a multiple of it, rows and columns beyond one tile and not multiples of the micro-kernel
- * (8 x 48), every transpose, padded leading dimensions, beta 0 over NaN (C not read), beta
- * 0.3 and alpha 0.7. Columns past N must stay untouched. */
+ * (8 x 32 with AVX-512, 6 x 16 with AVX2), every transpose, padded leading dimensions,
+ * beta 0 over NaN (C not read), beta 0.3 and alpha 0.7. Columns past N must stay untouched. */
 static void check_packed(int64_t M, int64_t N, int64_t K, bool ta, bool tb, float alpha,
                          float beta, uint64_t seed) {
     int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
@@ -539,7 +549,7 @@ static void check_packed(int64_t M, int64_t N, int64_t K, bool ta, bool tb, floa
 }
 
 START_TEST(test_sgemm_packed_vs_loop) {
-    if (!nb__sgemm_packed_available()) return; /* built without AVX-512 */
+    if (!nb__sgemm_packed_available()) return; /* built without AVX2 + FMA or AVX-512 */
     static const int64_t shapes[][3] = { /* M, N, K */
         {1, 1, 1}, {1, 1, 2000}, {33, 65, 1}, {7, 5, 13}, {17, 53, 31}, {97, 89, 101},
         {8, 48, 512}, {9, 49, 513}, {5, 7, 1500}, {200, 150, 1100}, {1, 300, 70}, {301, 1, 70}};
@@ -600,6 +610,56 @@ START_TEST(test_sgemm_packed_thread_count_independent) {
     nb__sgemm_set_packed(was);
     nb_set_num_threads(saved_threads);
     nb_set_gemm_provider(saved);
+}
+END_TEST
+
+/* The calibration behind the default f32 path where the CPU's features do not decide
+ * (cpu/sgemm_path.c): it times both paths, and its answer is cached per CPU in
+ * $NB_CACHE_DIR/sgemm-path, one line, read back by later calls instead of measuring again
+ * (a line changed by hand to the other answer is what they then return). */
+START_TEST(test_sgemm_path_cache) {
+    if (!nb__sgemm_packed_available()) return;
+    double ts = -1, tp = -1;
+    bool fast = nb__sgemm_calibrate(&ts, &tp);
+    ck_assert(ts > 0 && tp > 0);
+    ck_assert(fast == (tp * 1.03 < ts));
+    char dir[] = "/tmp/nb_sgemm_cache_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char sub[128], file[160];
+    snprintf(sub, sizeof sub, "%s/a/b", dir); /* made by the cache */
+    snprintf(file, sizeof file, "%s/sgemm-path", sub);
+    const char *old = getenv("NB_CACHE_DIR");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("NB_CACHE_DIR", sub, 1);
+    bool first = nb__sgemm_measured_packed();
+    FILE *f = fopen(file, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[512], key[512], val[32];
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    ck_assert_ptr_null(fgets(line + 256, 256, f)); /* one line */
+    fclose(f);
+    ck_assert_int_eq(sscanf(line, "%511s %31s", key, val), 2);
+    ck_assert_str_eq(val, first ? "packed" : "tiles");
+    ck_assert(nb__sgemm_measured_packed() == first); /* from the cache: nothing written */
+    f = fopen(file, "r");
+    ck_assert_ptr_nonnull(f);
+    int lines = 0;
+    while (fgets(line, sizeof line, f)) lines++;
+    fclose(f);
+    ck_assert_int_eq(lines, 1);
+    f = fopen(file, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%s %s\n", key, first ? "tiles" : "packed");
+    fclose(f);
+    ck_assert(nb__sgemm_measured_packed() == !first); /* the last line for the key wins */
+    if (saved) setenv("NB_CACHE_DIR", saved, 1);
+    else unsetenv("NB_CACHE_DIR");
+    free(saved);
+    remove(file);
+    rmdir(sub);
+    snprintf(sub, sizeof sub, "%s/a", dir);
+    rmdir(sub);
+    rmdir(dir);
 }
 END_TEST
 
@@ -951,6 +1011,7 @@ Suite *nb_suite_matmul(void) {
     tcase_add_test(tc, test_gemm_thread_count_independent);
     tcase_add_test(tc, test_sgemm_packed_vs_loop);
     tcase_add_test(tc, test_sgemm_packed_thread_count_independent);
+    tcase_add_test(tc, test_sgemm_path_cache);
     tcase_add_test(tc, test_matmul_errors);
     tcase_add_test(tc, test_matmul_no_leak);
     tcase_add_test(tc, test_matmul_devices);
