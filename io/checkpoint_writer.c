@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "io/dcp_impl.h"
 #include "io/io_impl.h"
@@ -140,10 +141,59 @@ static bool same_layout(const nb_tensor *a, const nb_tensor *b) {
     return true;
 }
 
+/* A host copy the snapshot still owes (snapshot_copy does them together). */
+typedef struct copy_job {
+    char *dst;
+    const char *src;
+    size_t n;
+} copy_job;
+
+typedef struct copy_part {
+    const copy_job *jobs;
+    int njobs;
+    size_t from, to; /* bytes of the jobs laid end to end */
+} copy_part;
+
+static void *copy_range(void *arg) {
+    const copy_part *p = arg;
+    size_t at = 0;
+    for (int i = 0; i < p->njobs && at < p->to; i++) {
+        const copy_job *j = &p->jobs[i];
+        size_t lo = p->from > at ? p->from - at : 0, hi = p->to - at < j->n ? p->to - at : j->n;
+        if (lo < hi) memcpy(j->dst + lo, j->src + lo, hi - lo);
+        at += j->n;
+    }
+    return NULL;
+}
+
+/* The snapshot's host copies, cut into equal byte ranges over up to 4 threads: the training
+ * thread waits for them, and one core's memcpy bandwidth is well below the machine's. A
+ * thread that cannot start leaves its range to the caller. */
+static void snapshot_copy(const copy_job *jobs, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += jobs[i].n;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int k = total < ((size_t)8 << 20) || cores < 2 ? 1 : cores < 4 ? (int)cores : 4;
+    copy_part parts[4];
+    pthread_t th[4];
+    bool started[4] = {false};
+    for (int t = 0; t < k; t++)
+        parts[t] = (copy_part){jobs, n, total * (size_t)t / (size_t)k,
+                               total * (size_t)(t + 1) / (size_t)k};
+    for (int t = 1; t < k; t++) started[t] = pthread_create(&th[t], NULL, copy_range, &parts[t]) == 0;
+    copy_range(&parts[0]);
+    for (int t = 1; t < k; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        else copy_range(&parts[t]);
+    }
+}
+
 /* Entry i of the snapshot: a host tensor of src's shape and dtype holding a copy of src's
- * values (the buffer of the last save under that name when it fits). */
+ * values (the buffer of the last save under that name when it fits). A host copy is left in
+ * *cj for snapshot_copy (cj->n 0: done here). */
 static nb_status snapshot_entry(nb_checkpoint_writer *w, int i, const char *name, nb_tensor *src,
-                                nb_tensor **out) {
+                                nb_tensor **out, copy_job *cj) {
+    cj->n = 0;
     if (i >= w->cap) {
         int cap = w->cap ? 2 * w->cap : 64;
         while (cap <= i) cap *= 2;
@@ -174,7 +224,7 @@ static nb_status snapshot_entry(nb_checkpoint_writer *w, int i, const char *name
     size_t nbytes = (size_t)nb_numel(src) * nb_dtype_size(src->dtype);
     if (nbytes == 0) return NB_OK;
     if (nb__host_accessible(src) && nb_is_contiguous(src)) {
-        memcpy(nb__ptr(w->snap[i]), nb__ptr(src), nbytes);
+        *cj = (copy_job){(char *)nb__ptr(w->snap[i]), (const char *)nb__ptr(src), nbytes};
         return NB_OK;
     }
     nb_scope_begin();
@@ -224,14 +274,21 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
         dcp_job_free(&j);
         return st;
     }
+    copy_job *cj = calloc((size_t)j.n + 1, sizeof *cj);
+    nb_tensor **srcs = calloc((size_t)j.n + 1, sizeof *srcs); /* alive until copied */
+    if (!cj || !srcs) st = nb__error(NB_ENOMEM, "%s: out of memory", op);
     for (int i = 0; st == NB_OK && i < j.n; i++) {
         nb_tensor *snap = NULL;
-        st = snapshot_entry(w, i, j.names[i], j.tensors[i], &snap);
+        st = snapshot_entry(w, i, j.names[i], j.tensors[i], &snap, &cj[i]);
         if (st == NB_OK) {
-            nb_tensor_free(j.tensors[i]);
+            srcs[i] = j.tensors[i];
             j.tensors[i] = nb_tensor_retain(snap);
         }
     }
+    if (st == NB_OK) snapshot_copy(cj, j.n);
+    for (int i = 0; srcs && i < j.n; i++) nb_tensor_free(srcs[i]);
+    free(srcs);
+    free(cj);
     nb_optim_state_release(c->optim);
     nb_sched_state_release(c->sched);
     NB__SPAN_END(tok);
