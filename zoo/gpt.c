@@ -426,8 +426,8 @@ static int cmp_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-/* Choose the next token from logits l[0..V) (modified in place; zoo/gpt_impl.h). */
-int64_t nb__lm_pick(double *l, int64_t V, const nb_gpt_sample_opts *o, double *scratch,
+/* Choose the next token from logits l[0..V) (modified in place) with the uniform u. */
+static int64_t pick(double *l, int64_t V, const nb_gpt_sample_opts *o, double *scratch,
                     double u) {
     int64_t best = 0;
     for (int64_t i = 1; i < V; i++)
@@ -448,6 +448,18 @@ int64_t nb__lm_pick(double *l, int64_t V, const nb_gpt_sample_opts *o, double *s
         if (l[i] > 0 && acc > target) return i;
     }
     return best; /* only when rounding put u * sum at the very total */
+}
+
+nb_status nb__lm_next(nb_tensor *last, int64_t V, const nb_gpt_sample_opts *o, double *l,
+                      int64_t *tok) {
+    double u = 0;
+    if (last && o->temperature > 0) { /* one draw per token, only when sampling */
+        nb_tensor *r = nb_rand((int64_t[]){1}, 1, NB_F64, o->gen);
+        u = r ? nb_item_f64(r) : NAN;
+    }
+    nb_status st = !last || isnan(u) ? nb_last_status() : nb_read(last, l, V, NB_F64);
+    if (st == NB_OK) *tok = pick(l, V, o, l + V, u);
+    return st;
 }
 
 nb_status nb_gpt_generate(nb_module *m, const int64_t *prompt, int64_t n_prompt, int64_t n_new,
@@ -484,13 +496,7 @@ nb_status nb_gpt_generate(nb_module *m, const int64_t *prompt, int64_t n_prompt,
         const int64_t start = n > c->block_size ? n - c->block_size : 0, T = n - start;
         nb_tensor *idx = nb_from_buffer(ctx + start, (int64_t[]){1, T}, 2, NB_I64);
         nb_tensor *last = nb_select(nb_select(nb_forward(m, idx), 0, 0), 0, T - 1); /* (V) */
-        double u = 0;
-        if (last && opt.temperature > 0) {
-            nb_tensor *r = nb_rand((int64_t[]){1}, 1, NB_F64, opt.gen);
-            u = r ? nb_item_f64(r) : NAN;
-        }
-        st = !last || isnan(u) ? nb_last_status() : nb_read(last, l, V, NB_F64);
-        if (st == NB_OK) ctx[n] = nb__lm_pick(l, V, &opt, l + V, u);
+        st = nb__lm_next(last, V, &opt, l, &ctx[n]);
         nb_scope_end();
     }
     nb_set_grad_enabled(prev);

@@ -20,6 +20,10 @@ typedef nb_tensor *(*nb__lm_loss_fn)(nb_module *m, nb_tensor *idx, nb_tensor *ta
 double nb__lm_train_step(nb_module *m, nb_optim *opt, const nb_gpt_step_opts *o,
                          nb_tensor *const *x, nb_tensor *const *y, int n_micro,
                          double *grad_norm, nb__lm_loss_fn loss_of);
-int64_t nb__lm_pick(double *l, int64_t V, const nb_gpt_sample_opts *o, double *scratch, double u);
+/* The next token of a generation from the last position's logits (V values; NULL: the error
+ * set) into *tok: greedy, or with temperature and top-k from one uniform drawn from o->gen.
+ * l: 2 V doubles of scratch. Shared by nb_gpt_generate and nb_llama_generate. */
+nb_status nb__lm_next(nb_tensor *last, int64_t V, const nb_gpt_sample_opts *o, double *l,
+                      int64_t *tok);
 
 #endif

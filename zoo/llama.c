@@ -540,13 +540,7 @@ nb_status nb_llama_generate(nb_module *m, const int64_t *prompt, int64_t n_promp
             logits = nb_forward(m, nb_from_buffer(ctx + start, (int64_t[]){1, T}, 2, NB_I64));
         }
         nb_tensor *last = nb_select(nb_select(logits, 0, 0), 0, T - 1); /* (V) */
-        double u = 0;
-        if (last && opt.temperature > 0) {
-            nb_tensor *r = nb_rand((int64_t[]){1}, 1, NB_F64, opt.gen);
-            u = r ? nb_item_f64(r) : NAN;
-        }
-        st = !last || isnan(u) ? nb_last_status() : nb_read(last, l, V, NB_F64);
-        if (st == NB_OK) ctx[n] = nb__lm_pick(l, V, &opt, l + V, u);
+        st = nb__lm_next(last, V, &opt, l, &ctx[n]);
         nb_scope_end();
     }
     nb_set_grad_enabled(prev);
