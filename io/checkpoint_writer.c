@@ -1,13 +1,15 @@
 /* checkpoint_writer.c - asynchronous ("flash") checkpoints (nabla/checkpoint.h): the caller's
  * thread plans the save as nb_checkpoint_save does (dcp_save.c) and copies this rank's
- * tensors into reused host snapshot tensors; a background thread writes this rank's file
- * from them with the synchronous path's writer, so the bytes are the same. What needs the
+ * tensors into reused host snapshot tensors, helped by a background thread that then writes
+ * this rank's file from them with the synchronous path's writer, so the bytes are the same. What needs the
  * other ranks (agreeing that every file is durable, the index, rotation of folders) happens
  * at the next call on the writer: _save, _wait.
  * A writer is a checked handle (tensor/handle.h): used after nb_checkpoint_writer_free it is an
  * error value, and a save refuses a checkpoint whose objects were freed. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,16 @@ struct nb_checkpoint_writer {
     int cap;
     char **names;
     nb_tensor **snap;
+    /* the snapshot's host copies of the save being handed over, done in chunks by the
+     * caller's thread and this writer's thread together (snapshot_copy) */
+    struct copy_plan {
+        const struct copy_job *jobs;
+        int njobs;
+        size_t total, chunk;
+        int nchunks;
+        atomic_int next, done;
+    } cp;
+    bool copying; /* cp holds work for the thread (set by _save, read by the thread) */
     /* the save in flight or not yet finished (pending: its finish is still to run) */
     dcp_job j;
     bool pending;
@@ -49,6 +61,8 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+static void copy_chunks(struct copy_plan *cp, bool wait_all);
+
 static void *writer_main(void *arg) {
     nb_checkpoint_writer *w = arg;
     nb__slow_write_ms = w->slow_ms; /* this thread's writes only */
@@ -57,7 +71,10 @@ static void *writer_main(void *arg) {
         while (!w->job && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
         if (!w->job) break; /* quit, nothing left to write */
         w->job = false;
+        bool copying = w->copying;
+        w->copying = false;
         pthread_mutex_unlock(&w->mu);
+        if (copying) copy_chunks(&w->cp, true); /* the snapshot first, with the caller */
         int64_t t0 = now_ns();
         nb_status st = dcp_job_write(&w->j);
         int64_t dt = now_ns() - t0;
@@ -141,51 +158,70 @@ static bool same_layout(const nb_tensor *a, const nb_tensor *b) {
     return true;
 }
 
-/* A host copy the snapshot still owes (snapshot_copy does them together). */
+/* A host copy the snapshot still owes (copy_chunks does them). */
 typedef struct copy_job {
     char *dst;
     const char *src;
     size_t n;
 } copy_job;
 
-typedef struct copy_part {
-    const copy_job *jobs;
-    int njobs;
-    size_t from, to; /* bytes of the jobs laid end to end */
-} copy_part;
-
-static void *copy_range(void *arg) {
-    const copy_part *p = arg;
+/* Bytes [from, to) of the jobs laid end to end. */
+static void copy_range(const copy_job *jobs, int njobs, size_t from, size_t to) {
     size_t at = 0;
-    for (int i = 0; i < p->njobs && at < p->to; i++) {
-        const copy_job *j = &p->jobs[i];
-        size_t lo = p->from > at ? p->from - at : 0, hi = p->to - at < j->n ? p->to - at : j->n;
+    for (int i = 0; i < njobs && at < to; i++) {
+        const copy_job *j = &jobs[i];
+        size_t lo = from > at ? from - at : 0, hi = to - at < j->n ? to - at : j->n;
         if (lo < hi) memcpy(j->dst + lo, j->src + lo, hi - lo);
         at += j->n;
     }
+}
+
+/* Take chunks of the plan until none is left; with wait_all, then wait until every chunk
+ * taken by anyone is copied (at most one chunk's copy: a short wait that yields). */
+static void copy_chunks(struct copy_plan *cp, bool wait_all) {
+    for (;;) {
+        int c = atomic_fetch_add(&cp->next, 1);
+        if (c >= cp->nchunks) break;
+        size_t from = (size_t)c * cp->chunk, to = from + cp->chunk;
+        copy_range(cp->jobs, cp->njobs, from, to < cp->total ? to : cp->total);
+        atomic_fetch_add(&cp->done, 1);
+    }
+    while (wait_all && atomic_load(&cp->done) < cp->nchunks) sched_yield();
+}
+
+static void *copy_thread(void *arg) {
+    copy_chunks(arg, false);
     return NULL;
 }
 
-/* The snapshot's host copies, cut into equal byte ranges over up to 4 threads: the training
- * thread waits for them, and one core's memcpy bandwidth is well below the machine's. A
- * thread that cannot start leaves its range to the caller. */
-static void snapshot_copy(const copy_job *jobs, int n) {
+/* The plan of a snapshot's copies: chunks of at most 1 MiB, at least 32 of them, so that
+ * the threads taking them finish within a chunk of each other. */
+static void copy_plan_init(struct copy_plan *cp, const copy_job *jobs, int n) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += jobs[i].n;
+    size_t chunk = total / 32 > ((size_t)1 << 20) ? (size_t)1 << 20 : total / 32;
+    chunk = chunk < 4096 ? 4096 : (chunk + 63) & ~(size_t)63;
+    cp->jobs = jobs, cp->njobs = n, cp->total = total, cp->chunk = chunk;
+    cp->nchunks = total ? (int)((total + chunk - 1) / chunk) : 0;
+    atomic_store(&cp->next, 0);
+    atomic_store(&cp->done, 0);
+}
+
+/* The caller's part of the snapshot's copies, once the writer's thread has the plan: chunks
+ * taken in turn by this thread, the writer's thread (which goes on to write the file without
+ * being woken again: a wake-up at the end would let it take this thread's core inside the
+ * stall) and, with 3 or more cores and 8 MiB or more, up to 2 more threads (one core's memcpy
+ * bandwidth is well below the machine's). Returns when every byte is copied. */
+static void snapshot_copy(struct copy_plan *cp) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int k = total < ((size_t)8 << 20) || cores < 2 ? 1 : cores < 4 ? (int)cores : 4;
-    copy_part parts[4];
-    pthread_t th[4];
-    bool started[4] = {false};
-    for (int t = 0; t < k; t++)
-        parts[t] = (copy_part){jobs, n, total * (size_t)t / (size_t)k,
-                               total * (size_t)(t + 1) / (size_t)k};
-    for (int t = 1; t < k; t++) started[t] = pthread_create(&th[t], NULL, copy_range, &parts[t]) == 0;
-    copy_range(&parts[0]);
-    for (int t = 1; t < k; t++) {
+    int extra = cp->total < ((size_t)8 << 20) || cores < 3 ? 0 : cores < 4 ? 1 : 2;
+    pthread_t th[2];
+    bool started[2] = {false, false};
+    for (int t = 0; t < extra; t++) started[t] = pthread_create(&th[t], NULL, copy_thread, cp) == 0;
+    copy_chunks(cp, false);
+    for (int t = 0; t < extra; t++)
         if (started[t]) pthread_join(th[t], NULL);
-        else copy_range(&parts[t]);
-    }
+    copy_chunks(cp, true);
 }
 
 /* Entry i of the snapshot: a host tensor of src's shape and dtype holding a copy of src's
@@ -234,6 +270,16 @@ static nb_status snapshot_entry(nb_checkpoint_writer *w, int i, const char *name
     nb_set_grad_enabled(grad);
     nb_scope_end();
     return st;
+}
+
+/* The sources of a snapshot, once copied: the references taken on them and the state views
+ * the optimizer and schedule made for the save. */
+static void release_sources(const nb_checkpoint *c, nb_tensor **srcs, int n, copy_job *cj) {
+    for (int i = 0; srcs && i < n; i++) nb_tensor_free(srcs[i]);
+    free(srcs);
+    free(cj);
+    nb_optim_state_release(c->optim);
+    nb_sched_state_release(c->sched);
 }
 
 static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb_checkpoint *c) {
@@ -285,14 +331,9 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
             j.tensors[i] = nb_tensor_retain(snap);
         }
     }
-    if (st == NB_OK) snapshot_copy(cj, j.n);
-    for (int i = 0; srcs && i < j.n; i++) nb_tensor_free(srcs[i]);
-    free(srcs);
-    free(cj);
-    nb_optim_state_release(c->optim);
-    nb_sched_state_release(c->sched);
-    NB__SPAN_END(tok);
     if (st != NB_OK && !j.w.comm) { /* one process: the error now, nothing saved */
+        release_sources(c, srcs, j.n, cj);
+        NB__SPAN_END(tok);
         dcp_job_free(&j);
         return st;
     }
@@ -308,13 +349,20 @@ static nb_status writer_save(nb_checkpoint_writer *w, const char *base, const nb
         free(w->names[i]);
         w->snap[i] = NULL, w->names[i] = NULL;
     }
+    /* The job goes to the thread before the copies: it copies along, then writes. */
+    bool copy = st == NB_OK && j.n > 0;
+    if (copy) copy_plan_init(&w->cp, cj, j.n);
     pthread_mutex_lock(&w->mu);
     w->j = j;
     w->pending = true;
     w->busy = w->job = true;
+    w->copying = copy;
     w->stats.saves++;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    if (copy) snapshot_copy(&w->cp);
+    release_sources(c, srcs, j.n, cj);
+    NB__SPAN_END(tok);
     return NB_OK;
 }
 
