@@ -60,7 +60,8 @@ static void human(double bytes, char *buf, size_t n) {
  * on the meta device (arch.c: shapes only, nothing allocated). Training needs 16 bytes a
  * parameter (f32 weights, gradients and AdamW's two moments) plus the activations the
  * backward keeps: about 20 f32 values per layer and token of width C, and the logits, for
- * B_local sequences of T tokens. NB_OK when it fits or the available memory is unknown. */
+ * B_local sequences of T tokens (one micro-batch of this rank). NB_OK when it fits or the
+ * available memory is unknown. */
 static nb_status check_fits(const nbm_arch *arch, int64_t B_local, int64_t T) {
     int64_t n_layer, n_head, n_kv_head, n_embd;
     nbm_arch_shape(arch, &n_layer, &n_head, &n_kv_head, &n_embd);
@@ -75,7 +76,7 @@ static nb_status check_fits(const nbm_arch *arch, int64_t B_local, int64_t T) {
     return nb_set_error(NB_ENOMEM, "this configuration needs about %s to train (%.3g "
                         "parameters: %s for weights, gradients and AdamW state, plus "
                         "activations) but the machine has %s available; use a smaller "
-                        "--n-layer, --n-embd or --batch", n1, params, n2, n3);
+                        "--n-layer, --n-embd or --batch, or more --microbatches", n1, params, n2, n3);
 }
 
 __attribute__((format(printf, 2, 3))) bool fail(const run *r, const char *fmt, ...) {
@@ -160,7 +161,7 @@ static bool setup_model(run *r) {
                                       .n_head = a->n_head, .n_kv_head = a->n_kv_head,
                                       .n_embd = a->n_embd, .recompute = rc};
     nb_share_threads(r->world, (int)a->threads);
-    if (check_fits(&r->arch, r->B / r->dp_size, r->T) != NB_OK)
+    if (check_fits(&r->arch, r->B / r->dp_size / r->N, r->T) != NB_OK) /* a micro-batch */
         return fail(r, "%s", nb_last_error());
     if (!(r->model = nbm_arch_new(&r->arch, r->init))) return fail(r, "%s", nb_last_error());
     if (a->precision == NB_F16) { /* fp16 gradients underflow without loss scaling */
@@ -294,8 +295,8 @@ static bool setup_run(run *r) {
             return fail(r, "%s", nb_last_error());
         if (r->main_rank) printf("resumed from %s at step %lld\n", resume, (long long)r->step);
     }
-    r->flops = nbm_arch_flops(&r->arch, r->B * r->N, r->T);
-    r->tokens_per_step = r->B * r->T * r->N;
+    r->flops = nbm_arch_flops(&r->arch, r->B, r->T); /* B: the whole step's sequences */
+    r->tokens_per_step = r->B * r->T;
     nb_progress_opts po = nb_progress_defaults();
     po.total = a->steps;
     po.start = r->step;

@@ -93,7 +93,7 @@ static void print_header(const run *r) {
            r->arch.kind == NBM_LLAMA ? "llama, " : "", (long long)whole_params(r->model),
            (long long)L, (long long)H);
     if (r->arch.kind == NBM_LLAMA) printf(" (%lld key/value)", (long long)Hkv);
-    printf(", width %lld, context %lld; %lld train / %lld val bytes; batch %lld x %lld "
+    printf(", width %lld, context %lld; %lld train / %lld val bytes; batch %lld in %lld "
            "micro-batches; ", (long long)C, (long long)r->T,
            (long long)nb_numel(r->train), (long long)nb_numel(r->val), (long long)r->B,
            (long long)r->N);
