@@ -34,6 +34,9 @@ typedef struct args {
     const char *recompute; /* --checkpoint-activations */
     /* training */
     const char *data;
+    /* batch: sequences per optimizer step over every rank and micro-batch (--batch, the
+     * global batch in every layout); a micro-batch is batch / microbatches of them, of which
+     * each data-parallel rank trains batch / microbatches / dp rows */
     int64_t steps, decay_steps, batch, warmup, eval_every, eval_batches, save_every;
     int64_t keep, async_save;
     double lr, weight_decay, min_lr, grad_clip, beta1, beta2;
@@ -41,7 +44,9 @@ typedef struct args {
     const char *save, *resume, *log, *override, *tensorboard;
     int64_t threads, zero, tp;
     bool sequence_parallel;
-    int64_t pp, microbatches, virtual_stages; /* --pp: pipeline parallel; micro-batches */
+    /* --pp; --microbatches (= --grad-accum): micro-batches per step, gradient accumulation or
+     * the pipeline's; --virtual-stages */
+    int64_t pp, microbatches, virtual_stages;
     const char *pp_schedule;
     nb_dtype precision; /* --precision: NB_F32 (default), NB_BF16, NB_F16 */
     nb_dtype reduce_dtype; /* --reduce-dtype: gradients over the ranks (nb_ddp, nb_zero) */
