@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The W3 recipe of the PyTorch peer script torch_ref.py with the learning-rate schedule of the
 issue's long run: linear warmup, then cosine decay to lr/10 (the schedule `gpt` uses,
-optim/sched.c: lr(t) = peak*(t+1)/warmup during warmup, then
+optim/schedule.c: lr(t) = peak*(t+1)/warmup during warmup, then
 min + (peak-min)*(1+cos(pi*(t-warmup)/(steps-warmup)))/2).
 
 The model, data, batches and optimizer groups are torch_ref.py's own (imported, not

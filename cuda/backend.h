@@ -1,5 +1,6 @@
 /* cuda/backend.h - private: the CUDA backend as the registry (tensor/registry.c) sees it.
- * In a build without CUDA, cuda/cuda_stub.c answers with the error that says so. */
+ * In a build without CUDA (or where the plugin is not found), cuda/loader.c answers with the
+ * error that says so. */
 #ifndef NABLA_CUDA_BACKEND_H
 #define NABLA_CUDA_BACKEND_H
 

@@ -1,4 +1,4 @@
-/* demo.c - what `make train` runs until the bundled models land: fits a linear model
+/* demo.c - the smallest program on the tensor API (built, not installed): fits a linear model
  * y = X w to synthetic data by gradient descent with hand-written gradients, using only
  * the public tensor API (random data, matmul, broadcasting, reductions, scopes).
  * Prints the loss as it falls and a final JSON line. */

@@ -4,7 +4,7 @@
  * communicator (nb_comm.dev), made on the first collective of a CUDA tensor on that
  * communicator, and nb__comm_route (comm_registry.c) sends CUDA tensors to it. So DDP, ZeRO
  * and the tensor-parallel layers use NCCL for CUDA tensors without a change, and keep MPI
- * for host tensors (docs/parallel.md "Backends", docs/cuda.md "NCCL").
+ * for host tensors (docs/distributed.md "CUDA tensors (NCCL)", docs/cuda.md).
  *
  * UNVERIFIED ON A GPU: written and tested on a machine without a GPU. What ran there: the
  * bootstrap up to the GPU (the local rank, ncclGetUniqueId on rank 0, its broadcast over

@@ -1,6 +1,5 @@
-/* zero_impl.h - private: the nb_zero object (parallel/zero.c), shared with its sharded
- * checkpoints (io/zero_ckpt.c), and the tensor/pipeline GPT's clipping with skip masks. Not
- * installed. */
+/* zero_impl.h - private: the nb_zero object (parallel/zero.c), shared with the checkpoints'
+ * bridge (io/zero_bridge.c: which optimizer holds a ZeRO run's state). Not installed. */
 #ifndef NABLA_ZERO_IMPL_H
 #define NABLA_ZERO_IMPL_H
 
@@ -83,8 +82,8 @@ struct nb_zero {
     nb_mesh *own_mesh;
 };
 
-/* After the shard optimizer's state was loaded (io/zero_ckpt.c): the user's optimizer takes
- * its group hyperparameters (ctx: the nb_zero). */
+/* The user's optimizer takes the shard optimizer's group hyperparameters (ctx: the nb_zero).
+ * No caller at present (the checkpoints of io/dcp_*.c do not call it). */
 void nb__zero_copy_groups(void *ctx);
 
 

@@ -1,6 +1,6 @@
 /* tensor/philox.h - private: the Philox 4x32-10 block function (Salmon et al., SC'11), the
- * one definition the core (nb_philox4x32, tensor/random.c) and the random kernels (cpu/,
- * later cuda/) share, so every device draws the same bits. Plain C, also valid C++/CUDA. */
+ * one definition the core (nb_philox4x32, tensor/random.c) and the random kernels (cpu/ and
+ * cuda/) share, so every device draws the same bits. Plain C, also valid C++/CUDA. */
 #ifndef NABLA_TENSOR_PHILOX_H
 #define NABLA_TENSOR_PHILOX_H
 

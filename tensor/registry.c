@@ -1,4 +1,5 @@
-/* registry.c - the one place that names cpu/ and cuda/: which backend serves a device, the
+/* registry.c - the one place that names cpu/ and cuda/ (besides parallel/comm_nccl.c, for the
+ * CUDA plugin's NCCL entries): which backend serves a device, the
  * meta device (shapes and dtypes, no storage, no kernels), device names, and the checks
  * every op makes on its operands' devices. */
 #include <stdio.h>

@@ -791,6 +791,20 @@ static int cmp_rows(const void *a, const void *b) {
     return c ? c : strcmp(x->kind, y->kind);
 }
 
+/* A row's numeric cells of the profile table (cells 2-8; 0 and 1 are its name and kind). */
+enum { PCOLS = 9 };
+static void profile_cells(const mrow *r, int64_t wall, char cell[PCOLS][64]) {
+    snprintf(cell[2], 64, "%lld", (long long)r->calls);
+    snprintf(cell[3], 64, "%.3f", (double)r->total / 1e6);
+    snprintf(cell[4], 64, "%.3f", (double)r->self / 1e6);
+    snprintf(cell[5], 64, "%.2f", wall ? 100.0 * (double)r->self / (double)wall : 0.0);
+    snprintf(cell[6], 64, "%.2f", r->calls ? (double)r->total / 1e3 / (double)r->calls : 0.0);
+    snprintf(cell[7], 64, "-");
+    snprintf(cell[8], 64, "-");
+    if (r->flops && r->total) snprintf(cell[7], 64, "%.2f", (double)r->flops / (double)r->total);
+    if (r->bytes && r->total) snprintf(cell[8], 64, "%.2f", (double)r->bytes / (double)r->total);
+}
+
 nb_status nb_profile_print(FILE *f, nb_profile_sort sort) {
     if (!f) return nb__error(NB_ENULL, "profile_print: the FILE is NULL");
     if ((unsigned)sort > NB_PROFILE_SORT_CALLS)
@@ -810,17 +824,29 @@ nb_status nb_profile_print(FILE *f, nb_profile_sort sort) {
     double wall_ms = (double)wall / 1e6;
     fprintf(f, "nabla profile, rank %d of %d: %.3f ms of wall time, %d rows, sorted by %s\n",
             g.rank, g.size, wall_ms, n, sort_names[sort]);
-    fprintf(f, "%-30s %-20s %9s %12s %12s %7s %11s %9s %9s\n", "Name", "Kind", "Calls",
-            "Total ms", "Self ms", "Self %", "Avg us", "GFLOP/s", "GB/s");
-    for (int i = 0; i < n; i++) {
-        const mrow *r = &m[i];
-        char gf[32] = "-", gb[32] = "-";
-        if (r->flops && r->total) snprintf(gf, sizeof gf, "%.2f", (double)r->flops / (double)r->total);
-        if (r->bytes && r->total) snprintf(gb, sizeof gb, "%.2f", (double)r->bytes / (double)r->total);
-        fprintf(f, "%-30.30s %-20.20s %9lld %12.3f %12.3f %7.2f %11.2f %9s %9s\n", r->name,
-                r->kind, (long long)r->calls, (double)r->total / 1e6, (double)r->self / 1e6,
-                wall ? 100.0 * (double)r->self / (double)wall : 0.0,
-                r->calls ? (double)r->total / 1e3 / (double)r->calls : 0.0, gf, gb);
+    /* The columns as wide as their longest cell: the names and kinds whole, and the numbers
+     * right-aligned under their headings (two passes over the rows: measure, then print). */
+    static const char *const head[PCOLS] = {"Name",   "Kind",   "Calls",   "Total ms", "Self ms",
+                                            "Self %", "Avg us", "GFLOP/s", "GB/s"};
+    int w[PCOLS];
+    for (int c = 0; c < PCOLS; c++) w[c] = (int)strlen(head[c]);
+    char cell[PCOLS][64];
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            for (int c = 0; c < PCOLS; c++)
+                fprintf(f, c < 2 ? "%-*s%s" : "%*s%s", w[c], head[c], c + 1 < PCOLS ? " " : "\n");
+        }
+        for (int i = 0; i < n; i++) {
+            const mrow *r = &m[i];
+            profile_cells(r, wall, cell);
+            for (int c = 0; c < PCOLS; c++) {
+                const char *v = c == 0 ? r->name : c == 1 ? r->kind : cell[c];
+                int len = (int)strlen(v);
+                if (pass == 0 && len > w[c]) w[c] = len;
+                if (pass == 1)
+                    fprintf(f, c < 2 ? "%-*s%s" : "%*s%s", w[c], v, c + 1 < PCOLS ? " " : "\n");
+            }
+        }
     }
     fprintf(f, "wall %.3f ms; inside outermost spans %.3f ms (%.1f%%) on the busiest thread; "
             "untracked %.3f ms\n", wall_ms, (double)covered / 1e6,

@@ -4,8 +4,10 @@
  * written out when full; the profiler's self and total times, its agreement with the
  * measured wall time of training steps, its table; errors as values. Each test runs in its
  * own process (Check forks), so the trace's global state starts fresh. */
+#include <ctype.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -310,8 +312,19 @@ START_TEST(test_profile_self_time) {
 }
 END_TEST
 
-/* The table's column at byte offset col of a data row, as a number. */
-static double column(const char *line, int col) { return strtod(line + col, NULL); }
+/* The byte offset just past a heading of the table's heading line (numbers end there). */
+static int heading_end(const char *head, const char *name) {
+    const char *at = strstr(head, name);
+    ck_assert_ptr_nonnull(at);
+    return (int)(at - head + (ptrdiff_t)strlen(name));
+}
+
+/* The number of a data row that ends at byte offset end (a right-aligned column). */
+static double number_ending_at(const char *line, int end) {
+    int start = end;
+    while (start > 0 && line[start - 1] != ' ') start--;
+    return strtod(line + start, NULL);
+}
 
 /* The profiler accounts for the time of training steps: its wall time and the time inside
  * its outermost spans (module forwards, the loss, backward, the optimizer) both agree with
@@ -354,13 +367,22 @@ START_TEST(test_profile_agrees_with_step_time) {
                                                                     : "sorted by total"));
         ck_assert_ptr_nonnull(strstr(buf, "GFLOP/s"));
         ck_assert_ptr_nonnull(strstr(buf, "inside outermost spans"));
-        /* data rows: Name(30) Kind(20) Calls(9) Total(12) Self(12) ... */
-        char *line = strchr(strchr(buf, '\n') + 1, '\n') + 1;
+        /* data rows under the heading, each number right-aligned to its heading's end; every
+         * name and kind whole (the backward of the loss, cross_entropy_backward, is longer
+         * than a fixed 20-character column) */
+        char *head = strchr(buf, '\n') + 1, *line = strchr(head, '\n') + 1;
+        const char *sorted_by = s == NB_PROFILE_SORT_SELF ? "Self ms" : "Total ms";
+        const int key_end = heading_end(head, sorted_by), calls_end = heading_end(head, "Calls");
+        ck_assert_ptr_nonnull(strstr(buf, " cross_entropy_backward "));
         double prev = 1e300;
         int rows = 0;
         for (char *end; (end = strchr(line, '\n')) && strncmp(line, "wall ", 5) != 0;
              line = end + 1, rows++) {
-            double v = column(line, s == NB_PROFILE_SORT_SELF ? 31 + 21 + 10 + 13 : 31 + 21 + 10);
+            ck_assert_msg(end - line > calls_end && isdigit((unsigned char)line[calls_end - 1]) &&
+                              line[calls_end] == ' ',
+                          "row %d not aligned under its heading:\n%.*s%.*s", rows,
+                          (int)(line - head), head, (int)(end - line), line);
+            double v = number_ending_at(line, key_end);
             ck_assert_msg(v <= prev + 1e-9, "row %d out of order: %s", rows, line);
             prev = v;
         }

@@ -38,7 +38,7 @@
  * Training: nb_forward(model, idx) maps (B, T) token indices to (B, T, vocab) logits,
  * nb_gpt_loss gives the mean cross entropy, nb_gpt_train_step one optimizer step with
  * gradient accumulation (and data parallel under nb_ddp). docs/gpt.md has the details, and
- * models/gpt/main.c (the `gpt` program) uses every function here.
+ * models/gpt/ (the `gpt` program, through its arch.c) is a complete user of it.
  *
  * The module tree and parameter names are nanoGPT's (model.py), so a state dict moves
  * between the two with nb_module_save / nb_module_load and safetensors in PyTorch:

@@ -29,7 +29,8 @@
  * nb_trace_stop and at exit. pid is the rank (nb_trace_set_rank; the communicators call it,
  * and mpirun's or Slurm's rank variables are read at start), tid the thread. With more than
  * one rank each rank writes its own file: "%r" in the path is replaced by the rank, and a
- * path without it gets ".rank<r>" appended; tools/merge-traces joins the files.
+ * path without it gets ".rank<r>" appended; nabla-merge-traces (tools/merge-traces in the
+ * source tree) joins the files.
  *
  * The profiler: per (name, kind) the calls, the total time (the span from begin to end),
  * the self time (total minus the nested spans), their share of the wall time since

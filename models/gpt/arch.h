@@ -1,5 +1,5 @@
 /* arch.h - the language models the gpt program trains and samples (--arch gpt|llama): one
- * interface over nabla/gpt.h and nabla/llama.h, so that main.c's one loop, its layouts,
+ * interface over nabla/gpt.h and nabla/llama.h, so that train.c's one loop, its layouts,
  * checkpoints and logs run either model. Everything here is a thin dispatch; the models, their
  * plans and splits are the library's.
  *
