@@ -95,6 +95,7 @@ typedef struct nb_optim nb_optim;
  * which nb_sgd_new rejects). momentum, dampening and weight_decay default to 0. nesterov
  * needs momentum > 0 and dampening 0. */
 typedef struct nb_sgd_opts {
+    uint32_t _init; /* private: set by nb_sgd_defaults() only */
     double lr;
     double momentum;
     double dampening;
@@ -109,6 +110,7 @@ nb_sgd_opts nb_sgd_defaults(void);
  * p *= 1 - lr*wd), amsgrad and maximize off. amsgrad keeps the running maximum of the
  * second moment. */
 typedef struct nb_adam_opts {
+    uint32_t _init; /* private: set by nb_adam[w]_defaults() only */
     double lr;
     double betas[2];
     double eps;
@@ -123,6 +125,7 @@ nb_adamw_opts nb_adamw_defaults(void);   /* the same but weight_decay 1e-2 */
 /* RMSprop defaults: lr 1e-2, alpha 0.99, eps 1e-8, weight_decay 0, momentum 0; centered divides by
  * the estimated variance (square average minus squared gradient average). */
 typedef struct nb_rmsprop_opts {
+    uint32_t _init; /* private: set by nb_rmsprop_defaults() only */
     double lr;
     double alpha;
     double eps;
@@ -136,6 +139,7 @@ nb_rmsprop_opts nb_rmsprop_defaults(void);
 /* Adagrad defaults: lr 1e-2, lr_decay 0 (lr / (1 + (step - 1) * lr_decay)), weight_decay 0,
  * initial_accumulator_value 0, eps 1e-10. */
 typedef struct nb_adagrad_opts {
+    uint32_t _init; /* private: set by nb_adagrad_defaults() only */
     double lr;
     double lr_decay;
     double weight_decay;
@@ -168,6 +172,7 @@ const char *nb_optim_name(const nb_optim *opt);
  * ones the group changes. A field the optimizer does not have (betas for SGD) must be NAN
  * or 0. Flags (nesterov, amsgrad, centered, maximize) are per optimizer. */
 typedef struct nb_group_opts {
+    uint32_t _init; /* private: set by nb_group_defaults() only */
     double lr;
     double weight_decay;
     double momentum;                   /* sgd, rmsprop */
@@ -245,6 +250,7 @@ nb_status nb_step(nb_optim *opt);
  * unscale/step since the last update). Ownership: the caller frees the scaler; it borrows
  * the optimizer during a call only. */
 typedef struct nb_grad_scaler_opts {
+    uint32_t _init;           /* private: set by nb_grad_scaler_defaults() only */
     double init_scale;        /* 65536 (2^16) */
     double growth_factor;     /* 2 (> 1) */
     double backoff_factor;    /* 0.5 (in (0, 1)) */
@@ -375,6 +381,7 @@ typedef enum nb_sched_kind {
 /* Options; make them with nb_sched_defaults(kind), which gives the values after each field
  * ("required": left at 0, which is rejected, so set it). Every field is read as written. */
 typedef struct nb_sched_opts {
+    uint32_t _init; /* private: set by nb_sched_defaults(kind) only */
     nb_sched_kind kind;
     double gamma;               /* step, multistep: 0.1; exponential: required */
     int64_t step_size;          /* step: required */

@@ -397,9 +397,10 @@ static nb_tensor *read_kjv(void) {
 /* ---- sampling ------------------------------------------------------------------------------ */
 static int run_sample(const args *a) {
     int rc = 1;
-    nbm_arch arch = {.kind = a->arch,
-                     .gpt = {.n_head = a->n_head, .gelu_tanh = a->gelu_tanh != 0},
-                     .llama = {.n_head = a->n_head, .block_size = a->block_size}};
+    nbm_arch arch = {
+        .kind = a->arch, .gpt = nb_gpt_config_defaults(), .llama = nb_llama_config_defaults()};
+    arch.gpt.n_head = a->n_head, arch.gpt.gelu_tanh = a->gelu_tanh != 0;
+    arch.llama.n_head = a->n_head, arch.llama.block_size = a->block_size;
     nb_set_num_threads((int)a->threads);
     nb_module *model = NULL;
     nb_generator *gen = nb_generator_new(a->seed);
@@ -422,7 +423,8 @@ static int run_sample(const args *a) {
             (long long)Hkv, (long long)C,
             (long long)(arch.kind == NBM_LLAMA ? arch.llama.block_size : arch.gpt.block_size),
             (long long)nb_num_parameters(model));
-    nb_gpt_sample_opts so = {.temperature = a->temperature, .top_k = a->top_k, .gen = gen};
+    nb_gpt_sample_opts so = nb_gpt_sample_defaults();
+    so.temperature = a->temperature, so.top_k = a->top_k, so.gen = gen;
     if (nbm_arch_generate(&arch, model, toks, np, a->tokens, &so, toks + np) != NB_OK) {
         fprintf(stderr, "gpt: %s\n", nb_last_error());
         goto done;
@@ -653,14 +655,15 @@ static bool setup_model(run *r) {
     const nb_gpt_recompute rc = !strcmp(a->recompute, "full")   ? NB_GPT_RECOMPUTE_FULL
                                 : !strcmp(a->recompute, "attn") ? NB_GPT_RECOMPUTE_ATTN
                                                                 : NB_GPT_RECOMPUTE_NONE;
-    r->arch = (nbm_arch){.kind = a->arch};
-    r->arch.gpt = (nb_gpt_config){.block_size = r->T, .n_layer = a->n_layer, .n_head = a->n_head,
-                                  .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
-                                  .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = r->drop_gen,
-                                  .recompute = rc};
-    r->arch.llama = (nb_llama_config){.block_size = r->T, .n_layer = a->n_layer,
-                                      .n_head = a->n_head, .n_kv_head = a->n_kv_head,
-                                      .n_embd = a->n_embd, .recompute = rc};
+    r->arch = (nbm_arch){
+        .kind = a->arch, .gpt = nb_gpt_config_defaults(), .llama = nb_llama_config_defaults()};
+    nb_gpt_config *g = &r->arch.gpt;
+    g->block_size = r->T, g->n_layer = a->n_layer, g->n_head = a->n_head, g->n_embd = a->n_embd;
+    g->dropout = a->dropout, g->no_bias = !a->bias, g->gelu_tanh = a->gelu_tanh != 0;
+    g->dropout_gen = r->drop_gen, g->recompute = rc;
+    nb_llama_config *l = &r->arch.llama;
+    l->block_size = r->T, l->n_layer = a->n_layer, l->n_head = a->n_head;
+    l->n_kv_head = a->n_kv_head, l->n_embd = a->n_embd, l->recompute = rc;
     nb_share_threads(r->world, (int)a->threads);
     if (check_fits(&r->arch, r->B / r->dp_size, r->T) != NB_OK)
         return fail(r, "%s", nb_last_error());
