@@ -140,9 +140,9 @@ double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_ten
                               nb_tensor *const *y, int n_micro, double grad_clip,
                               double *grad_norm);
 
-/* The same step with every option in one struct (zero: none), and a loss scaler for fp16
- * (nabla/optim.h): each micro-batch's loss is scaled by it, the gradients unscaled (one
- * fused inf/NaN check) before the norm and the clipping, and the step goes through
+/* The same step with every option in one struct (nb_gpt_step_defaults(): none), and a loss
+ * scaler for fp16 (nabla/optim.h): each micro-batch's loss is scaled by it, the gradients
+ * unscaled (one fused inf/NaN check) before the norm and the clipping, and the step goes through
  * nb_grad_scaler_step_update: a step whose gradient overflowed is skipped and the scale
  * halved (not an error; the returned *grad_norm is then inf or NaN). ddp and zero are
  * exclusive. The scaler is borrowed; under several ranks give it the communicator

@@ -61,7 +61,9 @@
  *
  * Options (docs/conventions.md): each options struct has a constructor of its defaults
  * (nb_adam_defaults(), ...; PyTorch's values, listed with each struct) that you then edit;
- * NULL options mean those defaults. Every field is read as written: 0 is 0 (AdamW with
+ * NULL options mean those defaults; a struct that did not start from them (a compound literal
+ * such as &(nb_adam_opts){.lr = 1e-3}, a zeroed struct) is refused with NB_EINVAL and a
+ * message showing the idiom. Every field is read as written: 0 is 0 (AdamW with
  * .weight_decay = 0 has no weight decay, .betas = {0, 0.99} has beta1 = 0), and a value out
  * of range is an error, never replaced by a default.
  *
