@@ -470,10 +470,15 @@ static nb_status backward_graph(nb__node *root, nb_tensor *gout, bool retain, ui
 
 nb_status nb_backward(nb_tensor *output) { return nb_backward_ex(output, NULL); }
 
-nb_backward_opts nb_backward_defaults(void) { return (nb_backward_opts){0}; }
+nb_backward_opts nb_backward_defaults(void) {
+    return (nb_backward_opts){._init = NB__OPTS_MARK(nb_backward_opts)};
+}
 
 static nb_status backward_run(nb_tensor *out, const nb_backward_opts *opts) {
     if (!nb__arg_ok(out, "backward", "output")) return nb_last_status();
+    if (opts && NB__OPTS_CHECK(opts, nb_backward_opts, "backward", "nb_backward_defaults()",
+                               "o.grad_output = g") != NB_OK)
+        return nb_last_status();
     nb_backward_opts o = opts ? *opts : nb_backward_defaults();
     if (o.grad_output && !nb__live(o.grad_output))
         return nb__dead_handle(o.grad_output, "backward", ".grad_output"), NB_EFREED;

@@ -26,7 +26,8 @@ static double probe(nb_gradcheck_fn f, nb_tensor *const *xs, int n, void *ctx, n
 }
 
 nb_gradcheck_opts nb_gradcheck_defaults(void) {
-    return (nb_gradcheck_opts){.eps = 1e-6, .atol = 1e-5, .rtol = 1e-3};
+    return (nb_gradcheck_opts){
+        ._init = NB__OPTS_MARK(nb_gradcheck_opts), .eps = 1e-6, .atol = 1e-5, .rtol = 1e-3};
 }
 
 nb_status nb_gradcheck(nb_gradcheck_fn f, nb_tensor *const *inputs, int n, void *ctx,
@@ -34,6 +35,9 @@ nb_status nb_gradcheck(nb_gradcheck_fn f, nb_tensor *const *inputs, int n, void 
     if (!f) return nb__error(NB_ENULL, "gradcheck: f is NULL");
     if (n < 0 || n > 16 || (n && !inputs))
         return nb__error(NB_EINVAL, "gradcheck: between 0 and 16 inputs, got %d", n);
+    if (opts && NB__OPTS_CHECK(opts, nb_gradcheck_opts, "gradcheck", "nb_gradcheck_defaults()",
+                               "o.atol = 1e-4") != NB_OK)
+        return nb_last_status();
     nb_gradcheck_opts o = opts ? *opts : nb_gradcheck_defaults();
     double eps = o.eps, atol = o.atol, rtol = o.rtol;
     if (!(eps > 0) || !(atol >= 0) || !(rtol >= 0))

@@ -61,7 +61,9 @@ nb_status nb__recompute_check(const nb__node *n) {
     return NB_OK;
 }
 
-nb_recompute_opts nb_recompute_defaults(void) { return (nb_recompute_opts){0}; }
+nb_recompute_opts nb_recompute_defaults(void) {
+    return (nb_recompute_opts){._init = NB__OPTS_MARK(nb_recompute_opts)};
+}
 
 static gen_state state_of(nb_generator *g) {
     return (gen_state){g, nb_generator_seed(g), nb_generator_stream(g), nb_generator_offset(g)};
@@ -95,6 +97,9 @@ nb_tensor *nb_recompute(nb_recompute_fn fn, nb_tensor *const *inputs, int n, voi
     }
     for (int i = 0; i < n; i++)
         if (inputs[i] && !nb__arg_ok(inputs[i], "recompute", "inputs")) return NULL;
+    if (opts && NB__OPTS_CHECK(opts, nb_recompute_opts, "recompute", "nb_recompute_defaults()",
+                               "o.gen = gen") != NB_OK)
+        return NULL;
     if (!nb_grad_enabled()) return fn(inputs, n, ctx); /* nothing to record */
     nb_recompute_opts o = opts ? *opts : nb_recompute_defaults();
 

@@ -66,14 +66,15 @@ static int64_t dir_bytes(const char *dir, int rank) {
 static int sharded(nb_comm *world, const char *dir, int rounds, int stage) {
     int rank = nb_comm_rank(world), size = nb_comm_size(world);
     nb_generator *init = nb_generator_new(1), *data = nb_generator_new(2);
-    nb_module *model = nb_gpt_new(&(nb_gpt_config){0}, init);
+    nb_module *model = nb_gpt_new(NULL, init);
     nb_adamw_opts ao = nb_adamw_defaults();
     nb_optim *opt = model ? nb_adamw_new(nb_parameters(model), &ao) : NULL;
-    nb_zero *z = opt ? nb_zero_new(model, opt, world, &(nb_zero_opts){.stage = stage,
-                                                                     .bucket_mb = 25}) : NULL;
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage, zo.bucket_mb = 25;
+    nb_zero *z = opt ? nb_zero_new(model, opt, world, &zo) : NULL;
     if (!z) die("zero");
     /* rank 0's one-process copy, for the one-file save of the same state */
-    nb_module *solo = rank == 0 ? nb_gpt_new(&(nb_gpt_config){0}, init) : NULL;
+    nb_module *solo = rank == 0 ? nb_gpt_new(NULL, init) : NULL;
     nb_optim *solo_opt = solo ? nb_adamw_new(nb_parameters(solo), &ao) : NULL;
     const nb_gpt_config *cfg = nb_gpt_get_config(model);
     int64_t shape[2] = {2, cfg->block_size};
@@ -182,7 +183,7 @@ int main(int argc, char **argv) {
     }
     nb_comm_free(world);
     nb_generator *init = nb_generator_new(1), *data = nb_generator_new(2);
-    nb_module *model = nb_gpt_new(&(nb_gpt_config){0}, init); /* W3: 4 x 256, block 128 */
+    nb_module *model = nb_gpt_new(NULL, init); /* W3: 4 x 256, block 128 */
     if (!model) die("gpt");
     nb_adamw_opts ao = nb_adamw_defaults();
     nb_optim *opt = nb_adamw_new(nb_parameters(model), &ao);

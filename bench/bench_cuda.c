@@ -172,8 +172,9 @@ static int bench_gemm(void) {
 /* ---- gpt2 ----------------------------------------------------------------------------------- */
 static int bench_gpt2(int steps, int64_t B, double peak_tflops) {
     const int64_t T = 1024;
-    nb_gpt_config cfg = {.vocab_size = 50304, .block_size = T, .n_layer = 12, .n_head = 12,
-                         .n_embd = 768};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.vocab_size = 50304, cfg.block_size = T, cfg.n_layer = 12, cfg.n_head = 12;
+    cfg.n_embd = 768;
     nb_module *m = nb_gpt_new(&cfg, NULL);
     if (!m) return fail("gpt2: model");
     nb_params decay, no_decay;

@@ -74,7 +74,8 @@ typedef struct workload {
 
 static nb_module *mlp_build(void) {
     nb_generator *g = nb_generator_new(0);
-    nb_linear_opts o = {.gen = g};
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
     nb_module *m = nb_sequential_new(nb_linear_new(784, 1024, &o), nb_relu_new(),
                                  nb_linear_new(1024, 1024, &o), nb_relu_new(),
                                  nb_linear_new(1024, 10, &o), NULL);
@@ -82,7 +83,9 @@ static nb_module *mlp_build(void) {
     return m;
 }
 static nb_optim *mlp_optim(nb_module *m) {
-    return nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.05, .momentum = 0.9});
+    nb_sgd_opts o = nb_sgd_defaults();
+    o.lr = 0.05, o.momentum = 0.9;
+    return nb_sgd_new(nb_parameters(m), &o);
 }
 static void mlp_data(int64_t n, nb_tensor **x, nb_tensor **y) {
     nb_generator *g = nb_generator_new(1);
@@ -96,7 +99,7 @@ static nb_tensor *mlp_loss(nb_module *m, nb_tensor *x, nb_tensor *y) {
 
 static nb_module *gpt_build(void) {
     nb_generator *g = nb_generator_new(0);
-    nb_module *m = nb_gpt_new(&(nb_gpt_config){0}, g); /* the defaults are W3's */
+    nb_module *m = nb_gpt_new(NULL, g); /* the defaults are W3's */
     nb_generator_free(g);
     return m;
 }

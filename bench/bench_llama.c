@@ -40,7 +40,7 @@ int main(int argc, char **argv) {
     if (steps < 1 || warmup < 0) return 2;
     if (threads > 0) nb_set_num_threads(threads);
     const int64_t B = 16, T = 128;
-    nb_llama_config cfg = {0};
+    nb_llama_config cfg = nb_llama_config_defaults();
     nb_generator *init = nb_generator_new(0), *data = nb_generator_new(1);
     nb_module *m = nb_llama_new(&cfg, init);
     nb_adamw_opts ao = nb_adamw_defaults();

@@ -155,8 +155,8 @@ static mem measure(const nb_gpt_config *cfg, nb_comm *world, int pp, int tp, nb_
 }
 
 static void bench_gpt(nb_comm *world) {
-    const nb_gpt_config cfg = {.vocab_size = 256, .block_size = 64, .n_layer = 8, .n_head = 4,
-                               .n_embd = 128};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.vocab_size = 256, cfg.block_size = 64, cfg.n_layer = 8, cfg.n_head = 4, cfg.n_embd = 128;
     const int m = 8;
     const int64_t B = 16;
     nb_comm *self = nb_comm_self();

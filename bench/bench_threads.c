@@ -48,13 +48,16 @@ typedef struct model {
 
 static model model_new(const workload *w) {
     nb_generator *g = nb_generator_new(1);
-    nb_linear_opts o = {.gen = g};
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
     model r;
     r.m = nb_sequential_new(nb_linear_new(784, w->hidden, &o), nb_relu_new(),
                             nb_linear_new(w->hidden, w->hidden, &o), nb_relu_new(),
                             nb_linear_new(w->hidden, 10, &o), NULL);
     if (!r.m) FAIL("model");
-    r.opt = nb_sgd_new(nb_parameters(r.m), &(nb_sgd_opts){.lr = 0.01, .momentum = 0.9});
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.01, so.momentum = 0.9;
+    r.opt = nb_sgd_new(nb_parameters(r.m), &so);
     r.x = nb_randn((int64_t[]){w->batch, 784}, 2, NB_F32, g);
     r.y = nb_randint((int64_t[]){w->batch}, 1, NB_I64, 0, 10, g);
     if (!r.opt || !r.x || !r.y) FAIL("data");

@@ -43,7 +43,8 @@ int main(int argc, char **argv) {
     nb_set_num_threads(1);
     nb_comm *world = nb_comm_world();
     const int W = nb_comm_size(world), rank = nb_comm_rank(world);
-    nb_gpt_config cfg = {.vocab_size = 256, .block_size = T, .n_layer = L, .n_head = 4, .n_embd = C};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.vocab_size = 256, cfg.block_size = T, cfg.n_layer = L, cfg.n_head = 4, cfg.n_embd = C;
     nb_module *ref = nb_gpt_new(&cfg, NULL);
     const double full_mib = (double)nb_num_parameters(ref) * 4 / 1048576.0;
     nb_module_free(ref);
@@ -70,7 +71,9 @@ int main(int argc, char **argv) {
             const int dp = nb_mesh_size(mesh, "dp");
             /* the data-parallel reducer (also the sequence-parallel partial sums) */
             nb_ddp *ddp = dp > 1 || sp ? nb_ddp_new(m, nb_mesh_group(mesh, "dp"), NULL) : NULL;
-            nb_optim *opt = nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 1e-3});
+            nb_sgd_opts so = nb_sgd_defaults();
+            so.lr = 1e-3;
+            nb_optim *opt = nb_sgd_new(nb_parameters(m), &so);
             const int64_t Bl = B / dp;
             nb_tensor *x = nb_randint((int64_t[]){Bl, T}, 2, NB_I64, 0, 256, NULL);
             nb_tensor *y = nb_randint((int64_t[]){Bl, T}, 2, NB_I64, 0, 256, NULL);

@@ -87,8 +87,9 @@ int main(int argc, char **argv) {
     nb_set_num_threads(threads);
 
     nb_generator *g = nb_generator_new(0);
-    nb_gpt_config cfg = {.vocab_size = 256, .block_size = seq, .n_layer = layers,
-                         .n_head = width / 64, .n_embd = width};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.vocab_size = 256, cfg.block_size = seq, cfg.n_layer = layers;
+    cfg.n_head = width / 64, cfg.n_embd = width;
     nb_module *m = nb_gpt_new(&cfg, g);
     nb_generator_free(g);
     CHECK(m != NULL);
@@ -97,7 +98,9 @@ int main(int argc, char **argv) {
     ao.lr = 1e-4;
     nb_optim *o = nb_adamw_new(nb_parameters(m), &ao);
     CHECK(o != NULL);
-    nb_zero *z = nb_zero_new(m, o, world, &(nb_zero_opts){.stage = stage, .bucket_mb = 25});
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage, zo.bucket_mb = 25;
+    nb_zero *z = nb_zero_new(m, o, world, &zo);
     CHECK(z != NULL);
 
     nb_generator *dg = nb_generator_new(1 + (uint64_t)rank);

@@ -221,7 +221,9 @@ nb_dataset *nb_tensor_dataset_new(nb_tensor *x, nb_tensor *y) {
 }
 
 /* ---- IDX image/label datasets ------------------------------------------------------------ */
-nb_mnist_opts nb_mnist_defaults(void) { return (nb_mnist_opts){.limit = INT64_MAX}; }
+nb_mnist_opts nb_mnist_defaults(void) {
+    return (nb_mnist_opts){._init = NB__OPTS_MARK(nb_mnist_opts), .limit = INT64_MAX};
+}
 
 nb_dataset *nb_idx_dataset_new(const char *images_path, const char *labels_path,
                                const nb_mnist_opts *opts) {
@@ -231,6 +233,9 @@ nb_dataset *nb_idx_dataset_new(const char *images_path, const char *labels_path,
                   images_path ? "labels_path" : "images_path");
         return NULL;
     }
+    if (opts &&
+        NB__OPTS_CHECK(opts, nb_mnist_opts, op, "nb_mnist_defaults()", "o.limit = 1000") != NB_OK)
+        return NULL;
     nb_mnist_opts o = opts ? *opts : nb_mnist_defaults();
     if (o.limit < 0) {
         nb__error(NB_EINVAL, "%s: limit must be >= 0 (got %lld)", op, (long long)o.limit);

@@ -298,7 +298,8 @@ static bool spec_ok(const nb_sample_spec *s, const char *what, const char *name)
 }
 
 nb_loader_opts nb_loader_defaults(void) {
-    return (nb_loader_opts){.batch_size = 1, .world_size = 1};
+    return (nb_loader_opts){
+        ._init = NB__OPTS_MARK(nb_loader_opts), .batch_size = 1, .world_size = 1};
 }
 
 nb_loader *nb_loader_new(nb_dataset *ds, const nb_loader_opts *opts) {
@@ -308,6 +309,9 @@ nb_loader *nb_loader_new(nb_dataset *ds, const nb_loader_opts *opts) {
                   "get_batch are required)" : "argument 'dataset' is NULL");
         return NULL;
     }
+    if (opts && NB__OPTS_CHECK(opts, nb_loader_opts, op, "nb_loader_defaults()",
+                               "o.batch_size = 64") != NB_OK)
+        return NULL;
     nb_loader_opts o = opts ? *opts : nb_loader_defaults();
     if (o.batch_size <= 0) {
         nb__error(NB_EINVAL, "%s: batch_size must be > 0 (got %lld)", op,

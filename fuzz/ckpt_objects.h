@@ -36,7 +36,8 @@ static inline bool ckpt_objects_init(ckpt_objects *o) {
     *o = (ckpt_objects){0};
     o->init = nb_generator_new(11);
     o->drop = nb_generator_new(12);
-    nb_linear_opts lo = {.gen = o->init};
+    nb_linear_opts lo = nb_linear_defaults();
+    lo.gen = o->init;
     o->model = nb_sequential_new(nb_linear_new(4, 6, &lo), nb_dropout_new(0.2, o->drop),
                                  nb_layer_norm_new(6, NULL), nb_linear_new(6, 3, &lo), NULL);
     nb_adamw_opts ao = nb_adamw_defaults();

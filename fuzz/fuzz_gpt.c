@@ -9,7 +9,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[64];
     int fd = fuzz_file(data, size, path, sizeof path);
-    nb_gpt_config cfg = {0};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
     if (nb_gpt_config_from_file(path, &cfg) == NB_OK) {
         FUZZ_CHECK(cfg.n_layer > 0);
         /* one head: any n_embd divides; sizes a fuzzer can afford */
@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         nb_module *m = small ? nb_gpt_new(&cfg, NULL) : NULL;
         if (m && nb_gpt_load(m, path) == NB_OK) {
             int64_t prompt[2] = {0, cfg.vocab_size - 1}, out[3];
-            nb_gpt_sample_opts so = {.temperature = 0};
+            nb_gpt_sample_opts so = nb_gpt_sample_defaults(); /* greedy */
             FUZZ_CHECK(nb_gpt_generate(m, prompt, 2, 3, &so, out) == NB_OK);
             for (int i = 0; i < 3; i++) FUZZ_CHECK(out[i] >= 0 && out[i] < cfg.vocab_size);
         }

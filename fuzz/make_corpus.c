@@ -149,8 +149,8 @@ static void module(void) {
 
 static void gpt(void) {
     char path[512];
-    nb_gpt_config cfg = {.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 1,
-                         .n_embd = 8};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.vocab_size = 32, cfg.block_size = 8, cfg.n_layer = 1, cfg.n_head = 1, cfg.n_embd = 8;
     nb_generator *g = nb_generator_new(3);
     nb_module *m = g ? nb_gpt_new(&cfg, g) : NULL;
     if (!m) fail("gpt");

@@ -96,8 +96,17 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
+nb_checkpoint_writer_opts nb_checkpoint_writer_defaults(void) {
+    return (nb_checkpoint_writer_opts){._init = NB__OPTS_MARK(nb_checkpoint_writer_opts),
+                                       .policy = NB_CKPT_WAIT};
+}
+
 nb_checkpoint_writer *nb_checkpoint_writer_new(const nb_checkpoint_writer_opts *opts) {
-    nb_checkpoint_writer_opts o = opts ? *opts : (nb_checkpoint_writer_opts){0};
+    if (opts &&
+        NB__OPTS_CHECK(opts, nb_checkpoint_writer_opts, "checkpoint_writer_new",
+                       "nb_checkpoint_writer_defaults()", "o.policy = NB_CKPT_SKIP") != NB_OK)
+        return NULL;
+    nb_checkpoint_writer_opts o = opts ? *opts : nb_checkpoint_writer_defaults();
     if (o.policy != NB_CKPT_WAIT && o.policy != NB_CKPT_SKIP) {
         nb__error(NB_EINVAL, "checkpoint_writer_new: unknown policy %d (NB_CKPT_WAIT or "
                   "NB_CKPT_SKIP)", (int)o.policy);

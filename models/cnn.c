@@ -9,7 +9,8 @@ static nb_module *build(const nbm_args *a, nb_generator *g) {
     nb_conv2d_opts c = nb_conv2d_defaults();
     c.padding[0] = c.padding[1] = 1;
     c.gen = g;
-    nb_linear_opts l = {.gen = g};
+    nb_linear_opts l = nb_linear_defaults();
+    l.gen = g;
     return nb_sequential_new(nb_conv2d_new(1, 32, 3, 3, &c), nb_relu_new(),
                              nb_maxpool2d_new(2, 2, NULL), nb_conv2d_new(32, 64, 3, 3, &c),
                              nb_relu_new(), nb_maxpool2d_new(2, 2, NULL), nb_flatten_new(0, 0),

@@ -215,8 +215,9 @@ static nb_status evaluate(nb_module *m, nb_loader *l, nb_comm *world, double *ac
         nb_tensor *x = nbm_on_device(b.x), *y = nbm_on_device(b.y); /* --device */
         nb_tensor *logits = ac && x ? nb_forward(m, x) : NULL;
         nb_tensor *ok = nb_sum(nb_eq(nb_argmax(logits, 1, false), y), NULL, 0, false);
-        nb_tensor *ls = nb_cross_entropy(logits, y,
-                                         &(nb_cross_entropy_opts){.reduction = NB_REDUCTION_SUM});
+        nb_cross_entropy_opts ce = nb_cross_entropy_defaults();
+        ce.reduction = NB_REDUCTION_SUM;
+        nb_tensor *ls = nb_cross_entropy(logits, y, &ce);
         if (ac) nbm_precision_end(prec);
         if (ok && ls) {
             correct += nb_item_i64(ok);

@@ -5,14 +5,17 @@
 
 static nb_module *build(const nbm_args *a, nb_generator *g) {
     (void)a;
-    nb_linear_opts o = {.gen = g};
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
     return nb_sequential_new(nb_flatten_new(0, 0), nb_linear_new(784, 1024, &o), nb_relu_new(),
                          nb_linear_new(1024, 1024, &o), nb_relu_new(), nb_linear_new(1024, 10, &o),
                              NULL);
 }
 
 static nb_optim *optimizer(nb_module *m, const nbm_args *a) {
-    return nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = a->lr, .momentum = 0.9});
+    nb_sgd_opts o = nb_sgd_defaults();
+    o.lr = a->lr, o.momentum = 0.9;
+    return nb_sgd_new(nb_parameters(m), &o);
 }
 
 int main(int argc, char **argv) {

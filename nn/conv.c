@@ -217,11 +217,15 @@ static const nb_module_vtable conv2d_vt = {
     .type_name = "Conv2d", .forward = conv2d_forward, .free_self = free};
 
 nb_conv2d_opts nb_conv2d_defaults(void) {
-    return (nb_conv2d_opts){.stride = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    return (nb_conv2d_opts){
+        ._init = NB__OPTS_MARK(nb_conv2d_opts), .stride = {1, 1}, .dilation = {1, 1}, .groups = 1};
 }
 
 nb_module *nb_conv2d_new(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw,
                          const nb_conv2d_opts *o) {
+    if (o && NB__OPTS_CHECK(o, nb_conv2d_opts, "conv2d", "nb_conv2d_defaults()",
+                            "o.padding[0] = 1") != NB_OK)
+        return NULL;
     nb_conv2d_opts opt = o ? *o : nb_conv2d_defaults();
     conv2d_self cfg;
     for (int i = 0; i < 2; i++) {

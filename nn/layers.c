@@ -221,9 +221,14 @@ static nb_tensor *linear_forward(nb_module *m, nb_tensor *x) {
 }
 static const nb_module_vtable linear_vt = {.type_name = "Linear", .forward = linear_forward};
 
-nb_linear_opts nb_linear_defaults(void) { return (nb_linear_opts){.dtype = NB_F32}; }
+nb_linear_opts nb_linear_defaults(void) {
+    return (nb_linear_opts){._init = NB__OPTS_MARK(nb_linear_opts), .dtype = NB_F32};
+}
 
 nb_module *nb_linear_new(int64_t in_features, int64_t out_features, const nb_linear_opts *o) {
+    if (o && NB__OPTS_CHECK(o, nb_linear_opts, "linear", "nb_linear_defaults()",
+                            "o.no_bias = true") != NB_OK)
+        return NULL;
     nb_linear_opts opt = o ? *o : nb_linear_defaults();
     if (in_features < 0 || out_features < 0) {
         nb__error(NB_EINVAL, "linear: in_features and out_features must be >= 0, got %lld and "

@@ -122,7 +122,9 @@ static bool cls_check(nb_tensor *x, nb_tensor *t, const nb_cross_entropy_opts *o
 }
 
 nb_cross_entropy_opts nb_cross_entropy_defaults(void) {
-    return (nb_cross_entropy_opts){.reduction = NB_REDUCTION_MEAN, .ignore_index = -100};
+    return (nb_cross_entropy_opts){._init = NB__OPTS_MARK(nb_cross_entropy_opts),
+                                   .reduction = NB_REDUCTION_MEAN,
+                                   .ignore_index = -100};
 }
 
 static nb_tensor *class_loss(nb_tensor *x, nb_tensor *t, const nb_cross_entropy_opts *opts,
@@ -131,6 +133,9 @@ static nb_tensor *class_loss(nb_tensor *x, nb_tensor *t, const nb_cross_entropy_
     NB__CHECK_ARG(x, op, "input");
     NB__CHECK_ARG(t, op, "target");
     if (!(x = nb__autocast(x, NB_AUTOCAST_F32))) return NULL; /* nabla/autocast.h */
+    if (opts && NB__OPTS_CHECK(opts, nb_cross_entropy_opts, op, "nb_cross_entropy_defaults()",
+                               "o.reduction = NB_REDUCTION_SUM") != NB_OK)
+        return NULL;
     nb_cross_entropy_opts o = opts ? *opts : nb_cross_entropy_defaults();
     nb_device dev;
     if (!cls_check(x, t, &o, op, ce, &dev)) return NULL;

@@ -412,9 +412,9 @@ static nb_tensor *own_forward(nb_tensor *const *in, int n, void *ctx) {
 /* The module's forward as a span of the trace and the profiler (its type name). */
 static nb_tensor *traced_forward(nb_module *m, nb_tensor *x) {
     int tok = NB__SPAN_BEGIN(m->vt->type_name, NULL, NB__CAT_MODULE);
-    nb_tensor *y = m->recompute ? nb_recompute(own_forward, &x, 1, m,
-                                               &(nb_recompute_opts){.gen = m->recompute_gen})
-                                : run_forward(m, x);
+    nb_recompute_opts ro = nb_recompute_defaults();
+    ro.gen = m->recompute_gen;
+    nb_tensor *y = m->recompute ? nb_recompute(own_forward, &x, 1, m, &ro) : run_forward(m, x);
     NB__SPAN_END(tok);
     return y;
 }

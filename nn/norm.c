@@ -282,10 +282,14 @@ static nb_module *fail_module(nb_module *m) {
     return NULL;
 }
 
-nb_norm_opts nb_norm_defaults(void) { return (nb_norm_opts){.eps = 1e-5, .momentum = 0.1}; }
+nb_norm_opts nb_norm_defaults(void) {
+    return (nb_norm_opts){._init = NB__OPTS_MARK(nb_norm_opts), .eps = 1e-5, .momentum = 0.1};
+}
 
 static nb_module *norm_module(const nb_module_vtable *vt, int64_t features,
                               const nb_norm_opts *o, int spatial_dims, const char *op) {
+    if (o && NB__OPTS_CHECK(o, nb_norm_opts, op, "nb_norm_defaults()", "o.eps = 1e-6") != NB_OK)
+        return NULL;
     nb_norm_opts opt = o ? *o : nb_norm_defaults();
     if (features < 0) {
         nb__error(NB_EINVAL, "%s: the number of features must be >= 0, got %lld", op,

@@ -248,11 +248,14 @@ static const nb_module_vtable adaptive_vt = {
     .type_name = "AdaptiveAvgPool2d", .forward = adaptive_forward, .free_self = free};
 
 nb_pool2d_opts nb_pool2d_defaults(int64_t kh, int64_t kw) {
-    return (nb_pool2d_opts){.stride = {kh, kw}};
+    return (nb_pool2d_opts){._init = NB__OPTS_MARK(nb_pool2d_opts), .stride = {kh, kw}};
 }
 
 static nb_module *pool_module(const nb_module_vtable *vt, const char *op, int64_t kh, int64_t kw,
                               const nb_pool2d_opts *o, bool window) {
+    if (o && NB__OPTS_CHECK(o, nb_pool2d_opts, op, "nb_pool2d_defaults(kh, kw)",
+                            "o.padding[0] = 1") != NB_OK)
+        return NULL;
     nb_pool2d_opts opt = o ? *o : nb_pool2d_defaults(kh, kw);
     pool_self cfg = {.kernel = {kh, kw}, .count_include_pad = !opt.exclude_pad};
     for (int i = 0; i < 2; i++) {

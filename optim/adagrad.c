@@ -52,12 +52,15 @@ const nb__optim_kind nb__kind_adagrad = {
 };
 
 nb_adagrad_opts nb_adagrad_defaults(void) {
-    return (nb_adagrad_opts){.lr = 1e-2, .eps = 1e-10};
+    return (nb_adagrad_opts){._init = NB__OPTS_MARK(nb_adagrad_opts), .lr = 1e-2, .eps = 1e-10};
 }
 
 nb_optim *nb_adagrad_new(const nb_params *params, const nb_adagrad_opts *o) {
     nb_adagrad_opts d = nb_adagrad_defaults();
     if (!o) o = &d;
+    if (NB__OPTS_CHECK(o, nb_adagrad_opts, "adagrad", "nb_adagrad_defaults()", "o.lr = 0.1") !=
+        NB_OK)
+        return NULL;
     nb__hyper h = {.maximize = o->maximize};
     h.v[NB__H_LR] = o->lr;
     h.v[NB__H_LR_DECAY] = o->lr_decay;

@@ -74,7 +74,11 @@ const nb__optim_kind nb__kind_adamw = {
 };
 
 nb_adam_opts nb_adam_defaults(void) {
-    return (nb_adam_opts){.lr = 1e-3, .betas = {0.9, 0.999}, .eps = 1e-8, .weight_decay = 0};
+    return (nb_adam_opts){._init = NB__OPTS_MARK(nb_adam_opts),
+                          .lr = 1e-3,
+                          .betas = {0.9, 0.999},
+                          .eps = 1e-8,
+                          .weight_decay = 0};
 }
 
 nb_adamw_opts nb_adamw_defaults(void) {
@@ -86,6 +90,11 @@ nb_adamw_opts nb_adamw_defaults(void) {
 static nb_optim *make(const nb__optim_kind *kind, const nb_params *params,
                       const nb_adam_opts *o, nb_adam_opts defaults) {
     if (!o) o = &defaults;
+    const bool w = kind == &nb__kind_adamw;
+    if (nb__opts_check(o->_init, NB__OPTS_MARK(nb_adam_opts), kind->name,
+                       w ? "nb_adamw_opts" : "nb_adam_opts",
+                       w ? "nb_adamw_defaults()" : "nb_adam_defaults()", "o.lr = 1e-3") != NB_OK)
+        return NULL;
     nb__hyper h = {.amsgrad = o->amsgrad, .maximize = o->maximize,
                    .decoupled = kind == &nb__kind_adamw};
     h.v[NB__H_LR] = o->lr;

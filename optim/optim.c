@@ -184,6 +184,9 @@ int nb_optim_add_group(nb_optim *opt, const nb_params *params, const nb_group_op
     if (!nb__obj_ok(opt, NB__OBJ_OPTIM, "optim_add_group")) return nb_last_status();
     nb_group_opts z = nb_group_defaults();
     if (!o) o = &z;
+    if (NB__OPTS_CHECK(o, nb_group_opts, "optim_add_group", "nb_group_defaults()",
+                       "o.weight_decay = 0") != NB_OK)
+        return nb_last_status();
     const double given[NB__H_COUNT] = {
         [NB__H_LR] = o->lr,           [NB__H_WEIGHT_DECAY] = o->weight_decay,
         [NB__H_MOMENTUM] = o->momentum, [NB__H_DAMPENING] = o->dampening,
@@ -219,8 +222,15 @@ int nb_optim_add_group(nb_optim *opt, const nb_params *params, const nb_group_op
 }
 
 nb_group_opts nb_group_defaults(void) {
-    return (nb_group_opts){.lr = NAN, .weight_decay = NAN, .momentum = NAN, .dampening = NAN,
-                           .betas = {NAN, NAN}, .eps = NAN, .alpha = NAN, .lr_decay = NAN,
+    return (nb_group_opts){._init = NB__OPTS_MARK(nb_group_opts),
+                           .lr = NAN,
+                           .weight_decay = NAN,
+                           .momentum = NAN,
+                           .dampening = NAN,
+                           .betas = {NAN, NAN},
+                           .eps = NAN,
+                           .alpha = NAN,
+                           .lr_decay = NAN,
                            .initial_accumulator_value = NAN};
 }
 
@@ -249,10 +259,16 @@ nb_status nb_optim_group_opts(const nb_optim *opt, int g, nb_group_opts *out) {
     for (int k = 0; k < NB__H_COUNT; k++)
         v[k] = opt->kind->hypers & (1u << k) ? opt->groups[g].v[k] : NAN;
     *out = (nb_group_opts){
-        .lr = v[NB__H_LR], .weight_decay = v[NB__H_WEIGHT_DECAY],
-        .momentum = v[NB__H_MOMENTUM], .dampening = v[NB__H_DAMPENING],
-        .betas = {v[NB__H_BETA1], v[NB__H_BETA2]}, .eps = v[NB__H_EPS], .alpha = v[NB__H_ALPHA],
-        .lr_decay = v[NB__H_LR_DECAY], .initial_accumulator_value = v[NB__H_INIT_ACC],
+        ._init = NB__OPTS_MARK(nb_group_opts),
+        .lr = v[NB__H_LR],
+        .weight_decay = v[NB__H_WEIGHT_DECAY],
+        .momentum = v[NB__H_MOMENTUM],
+        .dampening = v[NB__H_DAMPENING],
+        .betas = {v[NB__H_BETA1], v[NB__H_BETA2]},
+        .eps = v[NB__H_EPS],
+        .alpha = v[NB__H_ALPHA],
+        .lr_decay = v[NB__H_LR_DECAY],
+        .initial_accumulator_value = v[NB__H_INIT_ACC],
     };
     return NB_OK;
 }

@@ -56,12 +56,16 @@ const nb__optim_kind nb__kind_rmsprop = {
 };
 
 nb_rmsprop_opts nb_rmsprop_defaults(void) {
-    return (nb_rmsprop_opts){.lr = 1e-2, .alpha = 0.99, .eps = 1e-8};
+    return (nb_rmsprop_opts){
+        ._init = NB__OPTS_MARK(nb_rmsprop_opts), .lr = 1e-2, .alpha = 0.99, .eps = 1e-8};
 }
 
 nb_optim *nb_rmsprop_new(const nb_params *params, const nb_rmsprop_opts *o) {
     nb_rmsprop_opts d = nb_rmsprop_defaults();
     if (!o) o = &d;
+    if (NB__OPTS_CHECK(o, nb_rmsprop_opts, "rmsprop", "nb_rmsprop_defaults()", "o.lr = 1e-3") !=
+        NB_OK)
+        return NULL;
     nb__hyper h = {.centered = o->centered, .maximize = o->maximize};
     h.v[NB__H_LR] = o->lr;
     h.v[NB__H_ALPHA] = o->alpha;

@@ -18,15 +18,22 @@
 #include "optim/optim_impl.h"
 
 nb_grad_scaler_opts nb_grad_scaler_defaults(void) {
-    return (nb_grad_scaler_opts){.init_scale = 65536.0, .growth_factor = 2.0,
-                                 .backoff_factor = 0.5, .growth_interval = 2000,
-                                 .min_scale = 1.0, .enabled = true};
+    return (nb_grad_scaler_opts){._init = NB__OPTS_MARK(nb_grad_scaler_opts),
+                                 .init_scale = 65536.0,
+                                 .growth_factor = 2.0,
+                                 .backoff_factor = 0.5,
+                                 .growth_interval = 2000,
+                                 .min_scale = 1.0,
+                                 .enabled = true};
 }
 
 nb_grad_scaler *nb_grad_scaler_new(const nb_grad_scaler_opts *o) {
     nb_grad_scaler_opts d = nb_grad_scaler_defaults();
     if (!o) o = &d;
     const char *who = "grad_scaler";
+    if (NB__OPTS_CHECK(o, nb_grad_scaler_opts, who, "nb_grad_scaler_defaults()",
+                       "o.init_scale = 1024") != NB_OK)
+        return NULL;
     if (!(o->init_scale > 0) || isinf(o->init_scale)) {
         nb__error(NB_EINVAL, "%s: init_scale must be finite and > 0, got %g", who, o->init_scale);
         return NULL;

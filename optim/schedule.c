@@ -32,6 +32,9 @@ static const char *kind_name(nb_sched_kind k) {
 static nb_status resolve(const nb_sched_opts *in, nb_sched_opts *o) {
     *o = (nb_sched_opts){0};
     if (!in) return nb__error(NB_ENULL, "sched: opts is NULL");
+    nb_status st = NB__OPTS_CHECK(in, nb_sched_opts, "sched", "nb_sched_defaults(NB_SCHED_COSINE)",
+                                  "o.total_steps = 5000");
+    if (st != NB_OK) return st;
     *o = *in;
     const char *who = kind_name(o->kind);
     switch (o->kind) {
@@ -96,10 +99,15 @@ static nb_status resolve(const nb_sched_opts *in, nb_sched_opts *o) {
 
 nb_sched_opts nb_sched_defaults(nb_sched_kind kind) {
     return (nb_sched_opts){
+        ._init = NB__OPTS_MARK(nb_sched_opts),
         .kind = kind,
         .gamma = kind == NB_SCHED_STEP || kind == NB_SCHED_MULTISTEP ? 0.1 : 0,
-        .max_lr = NAN, .pct_start = 0.3, .div_factor = 25, .final_div_factor = 1e4,
-        .base_momentum = 0.85, .max_momentum = 0.95,
+        .max_lr = NAN,
+        .pct_start = 0.3,
+        .div_factor = 25,
+        .final_div_factor = 1e4,
+        .base_momentum = 0.85,
+        .max_momentum = 0.95,
     };
 }
 

@@ -57,6 +57,8 @@ const nb__optim_kind nb__kind_sgd = {
 };
 
 nb_optim *nb_sgd_new(const nb_params *params, const nb_sgd_opts *o) {
+    if (o && NB__OPTS_CHECK(o, nb_sgd_opts, "sgd", "nb_sgd_defaults()", "o.lr = 0.05") != NB_OK)
+        return NULL;
     if (!o || !(o->lr > 0)) {
         nb__error(NB_EINVAL, "sgd: lr must be > 0%s (SGD has no default learning rate)",
                   o ? "" : ", and opts were NULL");
@@ -70,4 +72,4 @@ nb_optim *nb_sgd_new(const nb_params *params, const nb_sgd_opts *o) {
     return nb__optim_new(&nb__kind_sgd, &h, params);
 }
 
-nb_sgd_opts nb_sgd_defaults(void) { return (nb_sgd_opts){0}; }
+nb_sgd_opts nb_sgd_defaults(void) { return (nb_sgd_opts){._init = NB__OPTS_MARK(nb_sgd_opts)}; }

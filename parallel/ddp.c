@@ -17,7 +17,10 @@ struct nb_ddp {
     nb__reducer *r;
 };
 
-nb_ddp_opts nb_ddp_defaults(void) { return (nb_ddp_opts){.bucket_mb = 25, .reduce_dtype = NB_F32}; }
+nb_ddp_opts nb_ddp_defaults(void) {
+    return (nb_ddp_opts){
+        ._init = NB__OPTS_MARK(nb_ddp_opts), .bucket_mb = 25, .reduce_dtype = NB_F32};
+}
 
 void nb_ddp_free(nb_ddp *d) {
     if (!d) return;
@@ -28,6 +31,9 @@ void nb_ddp_free(nb_ddp *d) {
 nb_ddp *nb_ddp_new(nb_module *model, nb_comm *c, const nb_ddp_opts *o) {
     if (!model) return nb__error(NB_ENULL, "ddp_new: model is NULL"), NULL;
     if (!c) return nb__error(NB_ENULL, "ddp_new: communicator is NULL"), NULL;
+    if (o &&
+        NB__OPTS_CHECK(o, nb_ddp_opts, "ddp_new", "nb_ddp_defaults()", "o.bucket_mb = 50") != NB_OK)
+        return NULL;
     nb_ddp_opts opts = o ? *o : nb_ddp_defaults();
     if (!(opts.bucket_mb >= 0))
         return nb__error(NB_EINVAL, "ddp_new: bucket_mb must be >= 0, got %g", opts.bucket_mb),

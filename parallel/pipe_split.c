@@ -473,8 +473,12 @@ static nb_status keep_local(nb_pipeline *p) {
 
 /* ---- the public object ---------------------------------------------------------------------- */
 nb_pipeline_opts nb_pipeline_defaults(void) {
-    return (nb_pipeline_opts){.schedule = NB_PIPE_1F1B, .n_micro = 4, .virtual_stages = 1,
-                              .balance = NB_PIPE_BALANCE_LAYERS, .pp_dim = "pp"};
+    return (nb_pipeline_opts){._init = NB__OPTS_MARK(nb_pipeline_opts),
+                              .schedule = NB_PIPE_1F1B,
+                              .n_micro = 4,
+                              .virtual_stages = 1,
+                              .balance = NB_PIPE_BALANCE_LAYERS,
+                              .pp_dim = "pp"};
 }
 
 void nb_pipeline_free(nb_pipeline *p) {
@@ -523,6 +527,11 @@ nb_pipeline *nb_pipeline_new(nb_module *model, const nb_mesh *mesh, const nb_pip
     }
     p->model = model;
     p->mesh = mesh;
+    if (o && NB__OPTS_CHECK(o, nb_pipeline_opts, "pipeline", "nb_pipeline_defaults()",
+                            "o.n_micro = 8") != NB_OK) {
+        free(p);
+        return NULL;
+    }
     p->o = o ? *o : nb_pipeline_defaults();
     if (!p->o.pp_dim) p->o.pp_dim = "pp";
     p->o.boundaries = NULL; /* copied into bounds */

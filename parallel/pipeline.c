@@ -357,8 +357,12 @@ static nb_status do_backward(run *R, int i) {
 }
 
 nb_pipe_opts nb_pipe_defaults(void) {
-    return (nb_pipe_opts){.schedule = NB_PIPE_1F1B, .n_micro = 1, .virtual_stages = 1,
-                          .act_dtype = NB_F32, .loss_scale = 1.0};
+    return (nb_pipe_opts){._init = NB__OPTS_MARK(nb_pipe_opts),
+                          .schedule = NB_PIPE_1F1B,
+                          .n_micro = 1,
+                          .virtual_stages = 1,
+                          .act_dtype = NB_F32,
+                          .loss_scale = 1.0};
 }
 
 double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void *ctx,
@@ -373,6 +377,9 @@ double nb__pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, voi
         nb_set_error(NB_ENULL, "nb_pipe_run: needs a communicator, options and a stage function");
         return NAN;
     }
+    if (NB__OPTS_CHECK(o, nb_pipe_opts, "nb_pipe_run", "nb_pipe_defaults()", "o.n_micro = 8") !=
+        NB_OK)
+        return NAN;
     /* Read as written: a 0 here is a mistake (an options struct not started from
      * nb_pipe_defaults()), not a request for the default. */
     if (o->virtual_stages < 1 || !(o->loss_scale > 0) || isinf(o->loss_scale)) {

@@ -402,7 +402,8 @@ nb_status nb__tp_apply_one(nb_module *m, const nb_mesh *mesh, const nb_tp_rule *
 }
 
 nb_parallelize_opts nb_parallelize_defaults(void) {
-    return (nb_parallelize_opts){.sequence_parallel = false, .tp_dim = "tp"};
+    return (nb_parallelize_opts){
+        ._init = NB__OPTS_MARK(nb_parallelize_opts), .sequence_parallel = false, .tp_dim = "tp"};
 }
 
 /* Every rank's status combined (the worst), so a plan error is an error everywhere. */
@@ -427,6 +428,9 @@ static nb_status agree(const nb_mesh *mesh, nb_status st) {
 
 nb_status nb_parallelize(nb_module *model, const nb_mesh *mesh, const nb_tp_rule *plan,
                          const nb_parallelize_opts *o) {
+    if (o && NB__OPTS_CHECK(o, nb_parallelize_opts, "parallelize", "nb_parallelize_defaults()",
+                            "o.sequence_parallel = true") != NB_OK)
+        return nb_last_status();
     nb_parallelize_opts opts = o ? *o : nb_parallelize_defaults();
     if (!model || !mesh || !plan)
         return nb_set_error(NB_ENULL, "parallelize: %s is NULL", !model ? "the model"

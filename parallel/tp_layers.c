@@ -12,8 +12,11 @@
 #include "tensor/error.h"
 
 nb_tp_linear_opts nb_tp_linear_defaults(void) {
-    return (nb_tp_linear_opts){.gather_output = false, .input_is_parallel = true,
-                               .sequence_parallel = false, .tp_dim = "tp",
+    return (nb_tp_linear_opts){._init = NB__OPTS_MARK(nb_tp_linear_opts),
+                               .gather_output = false,
+                               .input_is_parallel = true,
+                               .sequence_parallel = false,
+                               .tp_dim = "tp",
                                .linear = nb_linear_defaults()};
 }
 
@@ -22,6 +25,12 @@ static nb_module *make(int64_t in, int64_t out, const nb_mesh *mesh, const nb_tp
                        nb_tp_style style) {
     nb_tp_linear_opts d = nb_tp_linear_defaults();
     if (!o) o = &d;
+    const char *who = style == NB_TP_COLWISE ? "column_parallel_linear" : "row_parallel_linear";
+    if (NB__OPTS_CHECK(o, nb_tp_linear_opts, who, "nb_tp_linear_defaults()",
+                       "o.gather_output = true") != NB_OK ||
+        NB__OPTS_CHECK(&o->linear, nb_linear_opts, who, "nb_linear_defaults()",
+                       "o.no_bias = true") != NB_OK)
+        return NULL;
     if (!mesh) {
         nb__error(NB_ENULL, "%s_parallel_linear: the mesh is NULL",
                   style == NB_TP_COLWISE ? "column" : "row");

@@ -522,7 +522,8 @@ static nb_status relayout(void *ctx) {
 
 /* ---- construction ---------------------------------------------------------------------------- */
 nb_zero_opts nb_zero_defaults(void) {
-    return (nb_zero_opts){.stage = 2, .bucket_mb = 25, .reduce_dtype = NB_F32};
+    return (nb_zero_opts){
+        ._init = NB__OPTS_MARK(nb_zero_opts), .stage = 2, .bucket_mb = 25, .reduce_dtype = NB_F32};
 }
 
 void nb_zero_free(nb_zero *z) {
@@ -643,6 +644,9 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     if (!model) return nb__error(NB_ENULL, "zero_new: model is NULL"), NULL;
     if (!opt) return nb__error(NB_ENULL, "zero_new: optimizer is NULL"), NULL;
     if (!c) return nb__error(NB_ENULL, "zero_new: communicator is NULL"), NULL;
+    if (o &&
+        NB__OPTS_CHECK(o, nb_zero_opts, "zero_new", "nb_zero_defaults()", "o.stage = 1") != NB_OK)
+        return NULL;
     nb_zero_opts opts = o ? *o : nb_zero_defaults();
     if (opts.stage < 0 || opts.stage > 3)
         return nb__error(NB_EINVAL, "zero_new: stage must be 0, 1, 2 or 3, got %d",
@@ -665,10 +669,10 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     z->size = nb_comm_size(c), z->rank = nb_comm_rank(c);
     z->root_pre = z->root_post = -1;
     if (opts.stage == 0) { /* plain data parallel: the optimizer is used as it is */
-        z->ddp = nb_ddp_new(model, c, &(nb_ddp_opts){.bucket_mb = opts.bucket_mb,
-                                                    .find_unused = opts.find_unused,
-                                                    .no_broadcast = opts.no_broadcast,
-                                                    .reduce_dtype = opts.reduce_dtype});
+        nb_ddp_opts dopts = nb_ddp_defaults();
+        dopts.bucket_mb = opts.bucket_mb, dopts.find_unused = opts.find_unused;
+        dopts.no_broadcast = opts.no_broadcast, dopts.reduce_dtype = opts.reduce_dtype;
+        z->ddp = nb_ddp_new(model, c, &dopts);
         if (!z->ddp) {
             free(z);
             return NULL;

@@ -18,11 +18,19 @@ struct nb_progress {
 };
 
 nb_progress_opts nb_progress_defaults(void) {
-    return (nb_progress_opts){.unit = "samples", .window = 20, .refresh_s = 0.2,
-                              .enabled = true, .live = -1, .out = NULL};
+    return (nb_progress_opts){._init = NB__OPTS_MARK(nb_progress_opts),
+                              .unit = "samples",
+                              .window = 20,
+                              .refresh_s = 0.2,
+                              .enabled = true,
+                              .live = -1,
+                              .out = NULL};
 }
 
 nb_progress *nb_progress_new(const nb_progress_opts *o) {
+    if (o && NB__OPTS_CHECK(o, nb_progress_opts, "progress_new", "nb_progress_defaults()",
+                            "o.total = steps") != NB_OK)
+        return NULL;
     nb_progress_opts d = o ? *o : nb_progress_defaults();
     if (d.window <= 0 || d.window > 1000000)
         return nb_set_error(NB_EINVAL, "progress_new: window must be in [1, 1000000] (got %d)",

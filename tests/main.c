@@ -39,6 +39,7 @@ int main(void) {
         SUITE(autocast),
         SUITE(lm_ops),
         SUITE(llama),
+        SUITE(options),
     };
     /* NB_TEST_DEVICE=guard runs the suites with guard tensors: every tensor the tests make
      * through the library (nb_zeros, nb_randn, nb_from_buffer, tu_tensor, ...) lives in

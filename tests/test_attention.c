@@ -25,7 +25,8 @@ static const nb_dtype k_float[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
 static void make_grad(nb_tensor *t) { ck_assert(nb_set_requires_grad(t, true) == NB_OK); }
 
 static void backward_with(nb_tensor *y, nb_tensor *g) {
-    nb_backward_opts o = {.grad_output = g};
+    nb_backward_opts o = nb_backward_defaults();
+    o.grad_output = g;
     ck_assert_msg(nb_backward_ex(y, &o) == NB_OK, "backward: %s", nb_last_error());
 }
 

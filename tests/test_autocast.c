@@ -271,8 +271,8 @@ START_TEST(test_gpt_bf16_tracks_f32) {
     for (int run = 0; run < 2; run++) {
         nb_scope_begin();
         nb_generator *init = nb_generator_new(11), *bg = nb_generator_new(12);
-        nb_gpt_config c = {.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2,
-                           .n_embd = 64};
+        nb_gpt_config c = nb_gpt_config_defaults();
+        c.vocab_size = 256, c.block_size = 32, c.n_layer = 2, c.n_head = 2, c.n_embd = 64;
         nb_module *m = nb_gpt_new(&c, init);
         nb_adamw_opts ao = nb_adamw_defaults();
         ao.lr = 3e-3;

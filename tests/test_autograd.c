@@ -24,7 +24,9 @@ START_TEST(test_views_and_copies) {
                                        (int64_t[]){6}, 1), NB_F32);
     ck_assert(y && nb_requires_grad(y) && !nb_is_leaf(y));
     nb_tensor *g = tu_tensor((double[]){1, 2, 3, 4, 5, 6}, (int64_t[]){6}, 1, NB_F32);
-    ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = g;
+    ck_assert(nb_backward_ex(y, &bo) == NB_OK);
     /* y[k] = x[k % 3][1 + k / 3] */
     double ref[12] = {0};
     for (int k = 0; k < 6; k++) ref[(k % 3) * 4 + 1 + k / 3] = k + 1;
@@ -40,7 +42,9 @@ START_TEST(test_accumulation_and_expand) {
     /* two uses of x (select and expand) accumulate; expand sums back over the new dim */
     nb_tensor *e = nb_expand(nb_unsqueeze(x, 0), (int64_t[]){2, 3}, 2);
     nb_tensor *g = tu_tensor((double[]){1, 1, 1, 10, 10, 10}, (int64_t[]){2, 3}, 2, NB_F64);
-    ck_assert(nb_backward_ex(e, &(nb_backward_opts){.grad_output = g}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = g;
+    ck_assert(nb_backward_ex(e, &bo) == NB_OK);
     tu_assert_close(nb_grad(x), ((double[]){11, 11, 11}), ((int64_t[]){3}), 1, 0);
     /* a second backward accumulates into .grad */
     nb_tensor *s = nb_select(x, 0, 2);
@@ -49,7 +53,9 @@ START_TEST(test_accumulation_and_expand) {
     nb_clear_grad(x);
     ck_assert(nb_grad(x) == NULL);
     nb_tensor *s2 = nb_slice(x, 0, 0, 3, 2);
-    ck_assert(nb_backward_ex(s2, &(nb_backward_opts){.grad_output = nb_ones((int64_t[]){2}, 1, NB_F64)}) == NB_OK);
+    nb_backward_opts bo2 = nb_backward_defaults();
+    bo2.grad_output = nb_ones((int64_t[]){2}, 1, NB_F64);
+    ck_assert(nb_backward_ex(s2, &bo2) == NB_OK);
     tu_assert_close(nb_grad(x), ((double[]){1, 0, 1}), ((int64_t[]){3}), 1, 0);
     nb_scope_end();
 }
@@ -81,7 +87,9 @@ START_TEST(test_hooks) {
     nb_tensor *ua = nb_unsqueeze(a, 0), *ub = nb_unsqueeze(b, 0);
     nb_tensor *both = nb_cat((nb_tensor *[]){nb_clone(ua), nb_clone(ub)}, 2, 0);
     if (nb_requires_grad(both)) { /* cat's rule comes with the ops' rules */
-        ck_assert(nb_backward_ex(both, &(nb_backward_opts){.grad_output = nb_ones_like(both)}) == NB_OK);
+        nb_backward_opts bo2 = nb_backward_defaults();
+        bo2.grad_output = nb_ones_like(both);
+        ck_assert(nb_backward_ex(both, &bo2) == NB_OK);
         ck_assert_int_eq(log.n, 2);
         ck_assert_int_eq(log.order[0], 1);
         ck_assert_int_eq(log.order[1], 0);
@@ -89,7 +97,9 @@ START_TEST(test_hooks) {
     /* a leaf used twice: its hook runs once, after both contributions */
     log.n = 0;
     nb_tensor *ea = nb_expand(nb_unsqueeze(a, 0), (int64_t[]){3, 2}, 2);
-    ck_assert(nb_backward_ex(ea, &(nb_backward_opts){.grad_output = nb_ones((int64_t[]){3, 2}, 2, NB_F64)}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = nb_ones((int64_t[]){3, 2}, 2, NB_F64);
+    ck_assert(nb_backward_ex(ea, &bo) == NB_OK);
     ck_assert_int_eq(log.n, 1);
     ck_assert(nb_remove_grad_hook(b, hb) == NB_OK);
     ck_assert(nb_remove_grad_hook(b, hb) == NB_EINVAL);
@@ -104,7 +114,9 @@ START_TEST(test_retain_graph) {
     nb_scope_begin();
     nb_tensor *x = leaf((double[]){1, 2, 3}, (int64_t[]){3}, 1);
     nb_tensor *y = nb_select(nb_clone(x), 0, 1);
-    ck_assert(nb_backward_ex(y, &(nb_backward_opts){.retain_graph = true}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.retain_graph = true;
+    ck_assert(nb_backward_ex(y, &bo) == NB_OK);
     ck_assert(nb_backward(y) == NB_OK); /* second time works, then frees */
     tu_assert_close(nb_grad(x), ((double[]){0, 2, 0}), ((int64_t[]){3}), 1, 0);
     ck_assert_int_eq(nb_backward(y), NB_ESTATE);
@@ -141,7 +153,9 @@ START_TEST(test_grad_mode_and_guards) {
     ck_assert_int_eq(nb_backward(nb_clone(x)), NB_EINVAL); /* 2 elements, no grad_output */
     ck_assert(strstr(nb_last_error(), "grad_output") != NULL);
     nb_clear_error();
-    ck_assert_int_eq(nb_backward_ex(nb_clone(x), &(nb_backward_opts){.grad_output = nb_ones((int64_t[]){3}, 1, NB_F64)}), NB_ESHAPE);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = nb_ones((int64_t[]){3}, 1, NB_F64);
+    ck_assert_int_eq(nb_backward_ex(nb_clone(x), &bo), NB_ESHAPE);
     nb_clear_error();
     ck_assert_int_eq(nb_set_requires_grad(nb_arange(0, 3, 1, NB_I64), true), NB_EDTYPE);
     nb_clear_error();
@@ -163,7 +177,9 @@ START_TEST(test_set_grad_flat) {
     nb_tensor *x = leaf((double[]){1, 2, 3}, (int64_t[]){3}, 1);
     nb_tensor *gv = nb_narrow(flat, 0, 2, 3);
     ck_assert(nb_set_grad(x, gv) == NB_OK);
-    ck_assert(nb_backward_ex(nb_clone(x), &(nb_backward_opts){.grad_output = nb_full((int64_t[]){3}, 1, NB_F64, 2)}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = nb_full((int64_t[]){3}, 1, NB_F64, 2);
+    ck_assert(nb_backward_ex(nb_clone(x), &bo) == NB_OK);
     ck_assert(nb_grad(x) == gv);
     tu_assert_close(flat, ((double[]){0, 0, 2, 2, 2, 0, 0, 0}), ((int64_t[]){8}), 1, 0);
     ck_assert_int_eq(nb_set_grad(x, nb_zeros((int64_t[]){2}, 1, NB_F64)), NB_ESHAPE);
@@ -180,7 +196,9 @@ START_TEST(test_graph_freed) {
         if (step == 10) nb_alloc_get_stats(&a);
         nb_scope_begin();
         nb_tensor *y = nb_select(nb_transpose(nb_clone(x), 0, 1), 0, 1);
-        ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = nb_ones((int64_t[]){2}, 1, NB_F64)}) == NB_OK);
+        nb_backward_opts bo = nb_backward_defaults();
+        bo.grad_output = nb_ones((int64_t[]){2}, 1, NB_F64);
+        ck_assert(nb_backward_ex(y, &bo) == NB_OK);
         nb_scope_end();
     }
     nb_alloc_get_stats(&b);
@@ -250,8 +268,9 @@ START_TEST(test_saved_versions_training) {
     nb_scope_begin();
     nb_tensor *w = leaf((double[]){1, 2}, (int64_t[]){2}, 1);
     nb_tensor *x = tu_tensor((double[]){3, 4}, (int64_t[]){2}, 1, NB_F64);
-    nb_optim *opt = nb_sgd_new(&(nb_params){.count = 1, .tensors = &w},
-                               &(nb_sgd_opts){.lr = 0.1});
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1;
+    nb_optim *opt = nb_sgd_new(&(nb_params){.count = 1, .tensors = &w}, &so);
     ck_assert(opt != NULL);
     for (int it = 0; it < 3; it++) {
         nb_scope_begin();
@@ -263,7 +282,9 @@ START_TEST(test_saved_versions_training) {
     }
     nb_scope_begin();
     nb_tensor *l = nb_sum(nb_mul(nb_mul(w, w), x), NULL, 0, false);
-    ASSERT_OK(nb_backward_ex(l, &(nb_backward_opts){.retain_graph = true}));
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.retain_graph = true;
+    ASSERT_OK(nb_backward_ex(l, &bo));
     ASSERT_OK(nb_step(opt)); /* w changes under the graph that saved it */
     ASSERT_ST(nb_backward(l), NB_EINVAL, "a tensor saved by mul was modified in place");
     nb_clear_error();
@@ -293,13 +314,16 @@ START_TEST(test_gradcheck_opts) {
     ck_assert(d.eps == 1e-6 && d.atol == 1e-5 && d.rtol == 1e-3 && d.seed == 0);
     nb_tensor *x = tu_random((int64_t[]){4}, 1, NB_F64, 0.5, 1, 9);
     ck_assert(nb_set_requires_grad(x, true) == NB_OK);
-    nb_gradcheck_opts loose = {.eps = 1e-2, .atol = 1e-5, .rtol = 1e-3};
+    nb_gradcheck_opts loose = nb_gradcheck_defaults();
+    loose.eps = 1e-2, loose.atol = 1e-5, loose.rtol = 1e-3;
     ck_assert_msg(nb_gradcheck(f_cube, &x, 1, NULL, &loose) == NB_OK, "%s", nb_last_error());
-    nb_gradcheck_opts exact = {.eps = 1e-2, .atol = 0, .rtol = 0};
+    nb_gradcheck_opts exact = nb_gradcheck_defaults();
+    exact.eps = 1e-2, exact.atol = 0, exact.rtol = 0;
     ck_assert_int_eq(nb_gradcheck(f_cube, &x, 1, NULL, &exact), NB_EINVAL);
     ck_assert_ptr_nonnull(strstr(nb_last_error(), "numeric"));
-    ck_assert_int_eq(nb_gradcheck(f_cube, &x, 1, NULL, &(nb_gradcheck_opts){.atol = 1}),
-                     NB_EINVAL); /* eps 0 */
+    nb_gradcheck_opts gco = nb_gradcheck_defaults();
+    gco.atol = 1, gco.eps = 0, gco.rtol = 0;
+    ck_assert_int_eq(nb_gradcheck(f_cube, &x, 1, NULL, &gco), NB_EINVAL); /* eps 0 */
     ck_assert_ptr_nonnull(strstr(nb_last_error(), "eps must be > 0"));
     nb_clear_error();
     nb_scope_end();
@@ -379,9 +403,10 @@ START_TEST(test_pre_backward_hooks) {
     ASSERT_OK(nb__register_pre_backward_hook(y, pre_hook, &l));
     ASSERT_ST(nb__register_pre_backward_hook(w, pre_hook, &l), NB_EINVAL, "not produced");
     ASSERT_ST(nb__register_pre_backward_hook(y, NULL, &l), NB_ENULL, "fn is NULL");
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.retain_graph = true;
     /* it runs once per backward, before the rule (no gradient of w yet) */
-    ASSERT_OK(nb_backward_ex(nb_sum(nb_exp(y), NULL, 0, false),
-                             &(nb_backward_opts){.retain_graph = true}));
+    ASSERT_OK(nb_backward_ex(nb_sum(nb_exp(y), NULL, 0, false), &bo));
     ck_assert_int_eq(l.calls, 1);
     ck_assert_int_eq(l.grads_seen, 0);
     ck_assert_ptr_nonnull(nb_grad(w));
@@ -435,7 +460,9 @@ START_TEST(test_backward_end_callbacks) {
     ASSERT_OK(nb__set_grad_guard(w, guard_fn, &refuse));
     ASSERT_ST(nb__set_grad_guard(w, guard_fn, &l), NB_ESTATE, "already guarded");
     ASSERT_OK(nb_backward(nb_sum(w, NULL, 0, false)));
-    nb_optim *o = nb_sgd_new(&(nb_params){.count = 1, .tensors = &w}, &(nb_sgd_opts){.lr = 1});
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 1;
+    nb_optim *o = nb_sgd_new(&(nb_params){.count = 1, .tensors = &w}, &so);
     ck_assert_ptr_nonnull(o);
     double *before = tu_values(w);
     ASSERT_ST(nb_step(o), NB_ESTATE, "step: guarded");

@@ -220,7 +220,8 @@ START_TEST(test_gpt_step_host_reads) {
     nb_device prev = nb_set_default_device(GUARD);
     nb_scope_begin();
     nb_generator *g = nb_generator_new(5);
-    nb_gpt_config cfg = {.block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 16};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.block_size = 8, cfg.n_layer = 1, cfg.n_head = 2, cfg.n_embd = 16;
     nb_module *m = nb_gpt_new(&cfg, g);
     nb_adamw_opts wo = nb_adamw_defaults();
     nb_optim *opt = m ? nb_adamw_new(nb_parameters(m), &wo) : NULL;
@@ -287,10 +288,13 @@ START_TEST(test_cuda_covers_the_models) {
     /* the MLP and the CNN, as models/mlp.c and models/cnn.c build them */
     nb_tensor *img = nb_randn((int64_t[]){4, 1, 28, 28}, 4, NB_F32, g);
     nb_tensor *lab = nb_randint((int64_t[]){4}, 1, NB_I64, 0, 10, g);
-    nb_linear_opts lo = {.gen = g};
+    nb_linear_opts lo = nb_linear_defaults();
+    lo.gen = g;
     nb_module *mlp = nb_sequential_new(nb_flatten_new(0, 0), nb_linear_new(784, 32, &lo),
                                        nb_relu_new(), nb_linear_new(32, 10, &lo), NULL);
-    nb_optim *sgd = nb_sgd_new(nb_parameters(mlp), &(nb_sgd_opts){.lr = 0.05, .momentum = 0.9});
+    nb_sgd_opts so2 = nb_sgd_defaults();
+    so2.lr = 0.05, so2.momentum = 0.9;
+    nb_optim *sgd = nb_sgd_new(nb_parameters(mlp), &so2);
     ck_assert_msg(mlp && sgd, "%s", nb_last_error());
     cover_classifier(mlp, sgd, img, lab);
     nb_conv2d_opts c = nb_conv2d_defaults();
@@ -304,8 +308,8 @@ START_TEST(test_cuda_covers_the_models) {
     ck_assert_msg(cnn && adam, "%s", nb_last_error());
     cover_classifier(cnn, adam, img, lab);
     /* the GPT: f32, bf16 autocast, fp16 with the scaler, then sampling */
-    nb_gpt_config cfg = {.block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 16,
-                         .dropout = 0.1};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.block_size = 8, cfg.n_layer = 1, cfg.n_head = 2, cfg.n_embd = 16, cfg.dropout = 0.1;
     nb_module *gpt = nb_gpt_new(&cfg, g);
     nb_adamw_opts wo = nb_adamw_defaults();
     nb_optim *adamw = gpt ? nb_adamw_new(nb_parameters(gpt), &wo) : NULL;
@@ -323,7 +327,8 @@ START_TEST(test_cuda_covers_the_models) {
         ck_assert_msg(isfinite(loss), "precision %d: %s", prec, nb_last_error());
     }
     int64_t prompt[] = {'a', 'b'}, out[4];
-    nb_gpt_sample_opts sp = {.temperature = 0.8, .top_k = 5, .gen = g};
+    nb_gpt_sample_opts sp = nb_gpt_sample_defaults();
+    sp.temperature = 0.8, sp.top_k = 5, sp.gen = g;
     ck_assert_int_eq(nb_gpt_generate(gpt, prompt, 2, 4, &sp, out), NB_OK);
     nb_grad_scaler_free(scaler);
     nb_optim_free(sgd), nb_optim_free(adam), nb_optim_free(adamw);

@@ -29,7 +29,8 @@ typedef struct {
 static void run_init(run *r, nb_tensor *x, nb_tensor *y) {
     r->init = nb_generator_new(11);
     r->drop = nb_generator_new(12);
-    nb_linear_opts lo = {.gen = r->init};
+    nb_linear_opts lo = nb_linear_defaults();
+    lo.gen = r->init;
     r->model = nb_sequential_new(nb_linear_new(6, 16, &lo), nb_gelu_new(false),
                              nb_dropout_new(0.2, r->drop), nb_layer_norm_new(16, NULL),
                              nb_linear_new(16, 3, &lo), NULL);
@@ -438,8 +439,9 @@ START_TEST(test_writer_policy) {
     for (int skip = 0; skip < 2; skip++) {
         char *dir = tu_make_dir();
         setenv("NB_TEST_SLOW_WRITE_MS", "300", 1);
-        nb_checkpoint_writer *w = nb_checkpoint_writer_new(&(nb_checkpoint_writer_opts){
-            .policy = skip ? NB_CKPT_SKIP : NB_CKPT_WAIT});
+        nb_checkpoint_writer_opts wo = nb_checkpoint_writer_defaults();
+        wo.policy = skip ? NB_CKPT_SKIP : NB_CKPT_WAIT;
+        nb_checkpoint_writer *w = nb_checkpoint_writer_new(&wo);
         unsetenv("NB_TEST_SLOW_WRITE_MS");
         ck_assert_msg(w, "%s", nb_last_error());
         nb_checkpoint c1 = ck_of(&r, 1), c2 = ck_of(&r, 2);
@@ -478,8 +480,9 @@ START_TEST(test_writer_errors) {
     run_init(&r, x, y);
     nb_checkpoint c = ck_of(&r, 1);
     ASSERT_ST(nb_checkpoint_writer_save(NULL, good, &c), NB_ENULL, "the writer is NULL");
-    tu_assert_error(nb_checkpoint_writer_new(&(nb_checkpoint_writer_opts){.policy = 7}),
-                    NB_EINVAL, "unknown policy 7");
+    nb_checkpoint_writer_opts wo = nb_checkpoint_writer_defaults();
+    wo.policy = 7;
+    tu_assert_error(nb_checkpoint_writer_new(&wo), NB_EINVAL, "unknown policy 7");
     nb_checkpoint_writer *w = nb_checkpoint_writer_new(NULL);
     ck_assert_msg(w, "%s", nb_last_error());
     ASSERT_ST(nb_checkpoint_writer_save(w, good, &(nb_checkpoint){0}), NB_ENULL,

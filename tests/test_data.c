@@ -389,8 +389,10 @@ START_TEST(test_idx_dataset) {
     ck_assert_int_eq(yl[0], lu[6]);
     ck_assert_int_eq(yl[1], lu[1]);
     nb_dataset_free(ds);
+    nb_mnist_opts mo2 = nb_mnist_defaults();
+    mo2.limit = 3, mo2.raw_u8 = true;
     /* limit and raw_u8. */
-    ds = nb_idx_dataset_new(ip, lp, &(nb_mnist_opts){.limit = 3, .raw_u8 = true});
+    ds = nb_idx_dataset_new(ip, lp, &mo2);
     ck_assert(ds && nb_dataset_len(ds) == 3 && ds->x.dtype == NB_U8);
     nb_tensor *bu = host_empty((int64_t[]){1, 1, 4, 5}, 4, NB_U8);
     ck_assert(nb_dataset_get_batch(ds, (int64_t[]){2}, 1, bu, nb_narrow(by, 0, 0, 1)) == NB_OK);
@@ -407,9 +409,13 @@ START_TEST(test_idx_dataset) {
     ck_assert(nb_idx_write(tmp_path(p, "f.idx"), nb_zeros((int64_t[]){7}, 1, NB_F32)) == NB_OK);
     tu_assert_error(nb_idx_dataset_new(ip, p, NULL), NB_EFORMAT, "expected integer labels");
     tu_assert_error(nb_fashion_mnist_new(g_dir, false, NULL), NB_EIO, "t10k-images-idx3-ubyte");
-    tu_assert_error(nb_idx_dataset_new(ip, lp, &(nb_mnist_opts){.limit = -1}), NB_EINVAL, "limit");
+    nb_mnist_opts mo3 = nb_mnist_defaults();
+    mo3.limit = -1;
+    tu_assert_error(nb_idx_dataset_new(ip, lp, &mo3), NB_EINVAL, "limit");
+    nb_mnist_opts mo4 = nb_mnist_defaults();
+    mo4.limit = 0;
     /* options are read as written (issue 17 item 4): limit 0 is no samples, not all of them */
-    ds = nb_idx_dataset_new(ip, lp, &(nb_mnist_opts){.limit = 0});
+    ds = nb_idx_dataset_new(ip, lp, &mo4);
     ck_assert_msg(ds != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(ds), 0);
     nb_dataset_free(ds);
@@ -438,10 +444,14 @@ START_TEST(test_fashion_mnist_real) {
         return;
     }
     nb_scope_begin();
-    nb_dataset *tr = nb_fashion_mnist_new(NULL, true, &(nb_mnist_opts){.limit = INT64_MAX, .raw_u8 = true});
+    nb_mnist_opts mo = nb_mnist_defaults();
+    mo.limit = INT64_MAX, mo.raw_u8 = true;
+    nb_dataset *tr = nb_fashion_mnist_new(NULL, true, &mo);
     ck_assert_msg(tr != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(tr), 60000);
-    nb_loader *l = nb_loader_new(tr, &(nb_loader_opts){.batch_size = 20000, .world_size = 1});
+    nb_loader_opts lo = nb_loader_defaults();
+    lo.batch_size = 20000, lo.world_size = 1;
+    nb_loader *l = nb_loader_new(tr, &lo);
     ck_assert(l != NULL);
     uint64_t pix = 0, labs = 0;
     int64_t first[10];
@@ -524,9 +534,9 @@ START_TEST(test_loader_epoch) {
     nb_dataset *ds = index_dataset(103);
     int64_t got[256], nbat;
     for (int pf = 0; pf < 2; pf++) {
-        nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 10, .shuffle = true,
-                                                            .seed = 7, .prefetch = pf,
-                                                                    .world_size = 1});
+        nb_loader_opts lo = nb_loader_defaults();
+        lo.batch_size = 10, lo.shuffle = true, lo.seed = 7, lo.prefetch = pf, lo.world_size = 1;
+        nb_loader *l = nb_loader_new(ds, &lo);
         ck_assert_int_eq(nb_loader_num_batches(l), 11);
         ck_assert_int_eq(run_epoch(l, got, &nbat), 103);
         ck_assert_int_eq(nbat, 11);
@@ -548,10 +558,11 @@ START_TEST(test_loader_epoch) {
         nb_loader_get_state(l, &st);
         ck_assert(st.epoch == 2 && st.batch == 0);
         nb_loader_free(l);
+        nb_loader_opts lo2 = nb_loader_defaults();
+        lo2.batch_size = 10, lo2.shuffle = true, lo2.seed = 7, lo2.drop_last = true;
+        lo2.prefetch = pf, lo2.world_size = 1;
         /* drop_last: 10 full batches of distinct indices. */
-        l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 10, .shuffle = true, .seed = 7,
-                                                 .drop_last = true, .prefetch = pf,
-                                                         .world_size = 1});
+        l = nb_loader_new(ds, &lo2);
         ck_assert_int_eq(nb_loader_num_batches(l), 10);
         ck_assert_int_eq(run_epoch(l, got, &nbat), 100);
         ck_assert_int_eq(nbat, 10);
@@ -559,14 +570,16 @@ START_TEST(test_loader_epoch) {
         for (int i = 0; i < 100; i++) ck_assert_int_eq(seen2[got[i]]++, 0);
         nb_loader_free(l);
         /* No shuffle: dataset order; batch larger than the dataset. */
-        l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 500, .prefetch = pf,
-                .world_size = 1});
+        nb_loader_opts big = nb_loader_defaults();
+        big.batch_size = 500, big.prefetch = pf;
+        l = nb_loader_new(ds, &big);
         ck_assert_int_eq(nb_loader_num_batches(l), 1);
         ck_assert_int_eq(run_epoch(l, got, NULL), 103);
         for (int i = 0; i < 103; i++) ck_assert_int_eq(got[i], i);
         nb_loader_free(l);
-        l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 500, .drop_last = true,
-                                                 .prefetch = pf, .world_size = 1});
+        nb_loader_opts lo3 = nb_loader_defaults();
+        lo3.batch_size = 500, lo3.drop_last = true, lo3.prefetch = pf, lo3.world_size = 1;
+        l = nb_loader_new(ds, &lo3);
         ck_assert_int_eq(nb_loader_num_batches(l), 0);
         ck_assert_int_eq(run_epoch(l, got, NULL), 0);
         ck_assert_int_eq(run_epoch(l, got, NULL), 0);
@@ -585,13 +598,15 @@ START_TEST(test_loader_determinism) {
     nb_scope_begin();
     nb_dataset *ds = index_dataset(64);
     int64_t a[3][64], b[3][64], c[64];
-    nb_loader *la = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 8, .shuffle = true,
-                                                         .seed = 99, .world_size = 1});
-    nb_loader *lb = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 5, .shuffle = true,
-                                                         .seed = 99, .prefetch = 2,
-                                                                 .world_size = 1});
-    nb_loader *lc = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 8, .shuffle = true,
-                                                         .seed = 100, .world_size = 1});
+    nb_loader_opts lo = nb_loader_defaults();
+    lo.batch_size = 8, lo.shuffle = true, lo.seed = 99, lo.world_size = 1;
+    nb_loader *la = nb_loader_new(ds, &lo);
+    nb_loader_opts lo2 = nb_loader_defaults();
+    lo2.batch_size = 5, lo2.shuffle = true, lo2.seed = 99, lo2.prefetch = 2, lo2.world_size = 1;
+    nb_loader *lb = nb_loader_new(ds, &lo2);
+    nb_loader_opts lo3 = nb_loader_defaults();
+    lo3.batch_size = 8, lo3.shuffle = true, lo3.seed = 100, lo3.world_size = 1;
+    nb_loader *lc = nb_loader_new(ds, &lo3);
     for (int e = 0; e < 3; e++) {
         run_epoch(la, a[e], NULL);
         run_epoch(lb, b[e], NULL); /* another batch size and prefetch: the same order */
@@ -617,9 +632,10 @@ START_TEST(test_loader_shard) {
             nb_dataset *ds = index_dataset(N);
             int64_t got[3][64], cnt[3];
             for (int r = 0; r < W; r++) {
-                nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){
-                    .batch_size = 4, .shuffle = true, .seed = 5, .drop_last = drop,
-                    .rank = r, .world_size = W, .prefetch = r % 2});
+                nb_loader_opts lo2 = nb_loader_defaults();
+                lo2.batch_size = 4, lo2.shuffle = true, lo2.seed = 5, lo2.drop_last = drop;
+                lo2.rank = r, lo2.world_size = W, lo2.prefetch = r % 2;
+                nb_loader *l = nb_loader_new(ds, &lo2);
                 ck_assert_msg(l != NULL, "%s", nb_last_error());
                 cnt[r] = run_epoch(l, got[r], NULL);
                 ck_assert_int_eq(cnt[r], nb_loader_num_samples(l));
@@ -649,23 +665,26 @@ START_TEST(test_loader_shard) {
         }
     /* Bad shard options. */
     nb_dataset *ds = index_dataset(4);
-    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.rank = 3, .world_size = 3,
-            .batch_size = 1}),
-                    NB_EINVAL, "rank 3");
-    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.rank = 1, .world_size = 1,
-            .batch_size = 1}), NB_EINVAL, "rank 1");
-    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.batch_size = -2, .world_size = 1}),
-            NB_EINVAL,
-                    "batch_size");
-    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.prefetch = 1000, .world_size = 1,
-                                                         .batch_size = 1}),
-                    NB_EINVAL, "prefetch");
+    nb_loader_opts lo3 = nb_loader_defaults();
+    lo3.rank = 3, lo3.world_size = 3, lo3.batch_size = 1;
+    tu_assert_error(nb_loader_new(ds, &lo3), NB_EINVAL, "rank 3");
+    nb_loader_opts lo4 = nb_loader_defaults();
+    lo4.rank = 1, lo4.world_size = 1, lo4.batch_size = 1;
+    tu_assert_error(nb_loader_new(ds, &lo4), NB_EINVAL, "rank 1");
+    nb_loader_opts lo5 = nb_loader_defaults();
+    lo5.batch_size = -2, lo5.world_size = 1;
+    tu_assert_error(nb_loader_new(ds, &lo5), NB_EINVAL, "batch_size");
+    nb_loader_opts lo6 = nb_loader_defaults();
+    lo6.prefetch = 1000, lo6.world_size = 1, lo6.batch_size = 1;
+    tu_assert_error(nb_loader_new(ds, &lo6), NB_EINVAL, "prefetch");
     /* options are read as written (issue 17 item 4): batch_size or world_size 0 is an error,
      * not 1; the constructor gives 1 and 1 */
-    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.world_size = 1}), NB_EINVAL,
-                    "batch_size must be > 0 (got 0)");
-    tu_assert_error(nb_loader_new(ds, &(nb_loader_opts){.batch_size = 4}), NB_EINVAL,
-                    "world_size 0 must be >= 1");
+    nb_loader_opts lo0 = nb_loader_defaults();
+    lo0.batch_size = 0;
+    tu_assert_error(nb_loader_new(ds, &lo0), NB_EINVAL, "batch_size must be > 0 (got 0)");
+    nb_loader_opts lo7 = nb_loader_defaults();
+    lo7.batch_size = 4, lo7.world_size = 0;
+    tu_assert_error(nb_loader_new(ds, &lo7), NB_EINVAL, "world_size 0 must be >= 1");
     nb_loader_opts lo = nb_loader_defaults();
     ck_assert(lo.batch_size == 1 && lo.world_size == 1 && lo.rank == 0 && lo.prefetch == 0 &&
               !lo.shuffle && !lo.drop_last && !lo.transform);
@@ -698,8 +717,8 @@ START_TEST(test_loader_state) {
     nb_scope_begin();
     nb_dataset *ds = index_dataset(23);
     for (int pf = 0; pf < 3; pf++) {
-        nb_loader_opts o = {.batch_size = 4, .shuffle = true, .seed = 11, .prefetch = pf,
-                .world_size = 1};
+        nb_loader_opts o = nb_loader_defaults();
+        o.batch_size = 4, o.shuffle = true, o.seed = 11, o.prefetch = pf, o.world_size = 1;
         nb_loader *a = nb_loader_new(ds, &o);
         nb_batch b;
         /* 1.5 epochs in: epoch 0 (6 batches + end), then 3 batches of epoch 1. */
@@ -748,8 +767,9 @@ START_TEST(test_loader_prefetch) {
     nb_dataset *ds = image_dataset(50);
     nb_image_aug aug = {.crop_padding = 2, .hflip_p = 0.5, .channels = 2, .mean = {10, 20},
                         .std = {2, 4}};
-    nb_loader_opts o = {.batch_size = 7, .shuffle = true, .seed = 3, .transform =
-                        nb_image_aug_transform, .transform_ctx = &aug, .world_size = 1};
+    nb_loader_opts o = nb_loader_defaults();
+    o.batch_size = 7, o.shuffle = true, o.seed = 3, o.transform = nb_image_aug_transform;
+    o.transform_ctx = &aug, o.world_size = 1;
     nb_loader *sync = nb_loader_new(ds, &o);
     o.prefetch = 1;
     nb_loader *p1 = nb_loader_new(ds, &o);
@@ -799,8 +819,9 @@ START_TEST(test_loader_device) {
     nb_dataset *ds = image_dataset(50);
     nb_image_aug aug = {.crop_padding = 2, .hflip_p = 0.5, .channels = 2, .mean = {10, 20},
                         .std = {2, 4}};
-    nb_loader_opts o = {.batch_size = 7, .shuffle = true, .seed = 3, .transform =
-                        nb_image_aug_transform, .transform_ctx = &aug, .world_size = 1};
+    nb_loader_opts o = nb_loader_defaults();
+    o.batch_size = 7, o.shuffle = true, o.seed = 3, o.transform = nb_image_aug_transform;
+    o.transform_ctx = &aug, o.world_size = 1;
     nb_loader *ref = nb_loader_new(ds, &o);
     o.device = GUARD;
     nb_loader *d0 = nb_loader_new(ds, &o);
@@ -839,9 +860,10 @@ START_TEST(test_loader_no_alloc) {
     nb_image_aug aug = {.crop_padding = 1, .hflip_p = 0.5, .channels = 1, .mean = {1},
                         .std = {3}};
     for (int pf = 0; pf < 3; pf += 2) {
-        nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){
-            .batch_size = 10, .shuffle = true, .seed = 1, .prefetch = pf,
-            .transform = nb_image_aug_transform, .transform_ctx = &aug, .world_size = 1});
+        nb_loader_opts lo = nb_loader_defaults();
+        lo.batch_size = 10, lo.shuffle = true, lo.seed = 1, lo.prefetch = pf;
+        lo.transform = nb_image_aug_transform, lo.transform_ctx = &aug, lo.world_size = 1;
+        nb_loader *l = nb_loader_new(ds, &lo);
         nb_batch b;
         while (nb_loader_next(l, &b)) {} /* warm-up epoch */
         nb_alloc_stats s0, s1;
@@ -896,9 +918,9 @@ START_TEST(test_loader_errors) {
         fd->base = (nb_dataset){.vt = &flaky_vt, .x = {.dtype = NB_F32, .ndim = 0}};
         fd->n = 20;
         fd->bad = 13;
-        nb_loader *l = nb_loader_new(&fd->base, &(nb_loader_opts){.batch_size = 4,
-                                                                   .prefetch = pf,
-                                                                           .world_size = 1});
+        nb_loader_opts lo = nb_loader_defaults();
+        lo.batch_size = 4, lo.prefetch = pf, lo.world_size = 1;
+        nb_loader *l = nb_loader_new(&fd->base, &lo);
         nb_batch b;
         int ok = 0;
         while (nb_loader_next(l, &b)) {
@@ -918,9 +940,10 @@ START_TEST(test_loader_errors) {
         nb_loader_free(l);
         /* A failing transform. */
         int cursed = 1;
-        l = nb_loader_new(&fd->base, &(nb_loader_opts){.batch_size = 4, .prefetch = pf,
-                                                        .transform = failing_transform,
-                                                        .transform_ctx = &cursed, .world_size = 1});
+        nb_loader_opts lo2 = nb_loader_defaults();
+        lo2.batch_size = 4, lo2.prefetch = pf, lo2.transform = failing_transform;
+        lo2.transform_ctx = &cursed, lo2.world_size = 1;
+        l = nb_loader_new(&fd->base, &lo2);
         ck_assert(nb_loader_next(l, &b));
         ck_assert(!nb_loader_next(l, &b));
         ck_assert_int_eq(nb_loader_error(l), NB_EINVAL);
@@ -928,8 +951,9 @@ START_TEST(test_loader_errors) {
         nb_loader_free(l);
         /* A dataset failing without a message still gets a useful one. */
         fd->silent = true;
-        l = nb_loader_new(&fd->base, &(nb_loader_opts){.batch_size = 4, .prefetch = pf,
-                .world_size = 1});
+        nb_loader_opts lo3 = nb_loader_defaults();
+        lo3.batch_size = 4, lo3.prefetch = pf, lo3.world_size = 1;
+        l = nb_loader_new(&fd->base, &lo3);
         nb_clear_error();
         while (nb_loader_next(l, &b)) {}
         ck_assert_int_eq(nb_loader_error(l), NB_EIO);
@@ -1139,8 +1163,9 @@ START_TEST(test_text) {
     nb_dataset *ds = nb_text_dataset_new(tr, 8);
     ck_assert_msg(ds != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_dataset_len(ds), 892);
-    nb_loader *l = nb_loader_new(ds, &(nb_loader_opts){.batch_size = 64, .shuffle = true,
-                                                        .seed = 1, .prefetch = 1, .world_size = 1});
+    nb_loader_opts lo = nb_loader_defaults();
+    lo.batch_size = 64, lo.shuffle = true, lo.seed = 1, lo.prefetch = 1, lo.world_size = 1;
+    nb_loader *l = nb_loader_new(ds, &lo);
     int64_t seen = 0;
     for (nb_batch b; nb_loader_next(l, &b); ) {
         ck_assert(nb_ndim(b.x) == 2 && nb_shape(b.x)[1] == 8 && nb_tensor_dtype(b.y) == NB_I64);

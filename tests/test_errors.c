@@ -315,8 +315,9 @@ START_TEST(test_backward_on_released_loss) {
     nb_scope_begin();
     nb_tensor *g = nb_ones((int64_t[]){4}, 1, NB_F32);
     nb_scope_end();
-    ASSERT_ST(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}), NB_EFREED,
-              ".grad_output");
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = g;
+    ASSERT_ST(nb_backward_ex(y, &bo), NB_EFREED, ".grad_output");
     nb_scope_end();
     nb_tensor_free(w);
 }

@@ -87,7 +87,8 @@ typedef struct {
 
 static void small_init(small_run *r, uint64_t seed) {
     r->gen = nb_generator_new(seed);
-    nb_linear_opts lo = {.gen = r->gen};
+    nb_linear_opts lo = nb_linear_defaults();
+    lo.gen = r->gen;
     r->model = nb_sequential_new(nb_linear_new(4, 8, &lo), nb_gelu_new(false),
                                  nb_linear_new(8, 3, &lo), NULL);
     nb_adamw_opts ao = nb_adamw_defaults();

@@ -16,11 +16,19 @@
 #endif
 #define FIXTURES NB_SOURCE_DIR "/tests/fixtures/gpt/"
 
-static const nb_gpt_config tiny_cfg = {.vocab_size = 64, .block_size = 16, .n_layer = 2,
-                                    .n_head = 2, .n_embd = 16};
-static const nb_gpt_config nobias_cfg = {.vocab_size = 64, .block_size = 8, .n_layer = 1,
-                                      .n_head = 4, .n_embd = 16, .no_bias = true,
-                                      .gelu_tanh = true};
+static const nb_gpt_config *tiny_cfg(void) {
+    static nb_gpt_config c;
+    c = nb_gpt_config_defaults();
+    c.vocab_size = 64, c.block_size = 16, c.n_layer = 2, c.n_head = 2, c.n_embd = 16;
+    return &c;
+}
+static const nb_gpt_config *nobias_cfg(void) {
+    static nb_gpt_config c;
+    c = nb_gpt_config_defaults();
+    c.vocab_size = 64, c.block_size = 8, c.n_layer = 1, c.n_head = 4, c.n_embd = 16;
+    c.no_bias = true, c.gelu_tanh = true;
+    return &c;
+}
 
 /* max |a - r| over the elements, and max |r|. */
 static void max_diff(const nb_tensor *a, const nb_tensor *r, double *diff, double *scale) {
@@ -66,7 +74,7 @@ static nb_safetensors *fixture_io(const char *name) {
 /* (a) logits, loss and all gradients equal PyTorch's nanoGPT (f64 reference, f32 here). */
 START_TEST(test_nanogpt_fixture) {
     nb_scope_begin();
-    nb_module *m = fixture_model("tiny", &tiny_cfg);
+    nb_module *m = fixture_model("tiny", tiny_cfg());
     nb_safetensors *io = fixture_io("tiny");
     /* the fixture's tensors are CPU tensors: the inputs go to the model's (default) device */
     nb_tensor *idx = nb_to_device(nb_safetensors_get(io, "idx"), nb_default_device());
@@ -99,7 +107,7 @@ END_TEST
 
 START_TEST(test_nanogpt_fixture_nobias) {
     nb_scope_begin();
-    nb_module *m = fixture_model("nobias", &nobias_cfg);
+    nb_module *m = fixture_model("nobias", nobias_cfg());
     ck_assert_ptr_null(nb_module_find(m, "transformer.h.0.attn.c_attn.bias"));
     ck_assert_ptr_null(nb_module_find(m, "transformer.ln_f.bias"));
     nb_safetensors *io = fixture_io("nobias");
@@ -122,7 +130,8 @@ END_TEST
 START_TEST(test_init) {
     nb_scope_begin();
     nb_generator *g = nb_generator_new(7);
-    nb_gpt_config c = {.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64};
+    nb_gpt_config c = nb_gpt_config_defaults();
+    c.vocab_size = 256, c.block_size = 32, c.n_layer = 2, c.n_head = 2, c.n_embd = 64;
     nb_module *m = nb_gpt_new(&c, g);
     ck_assert_ptr_nonnull(m);
     const nb_gpt_config *rc = nb_gpt_get_config(m);
@@ -178,7 +187,7 @@ static nb_optim *make_adamw(nb_module *m, double lr) {
 /* (c) N micro-batches with accumulation give the step of one N-times-larger batch. */
 START_TEST(test_grad_accum) {
     nb_scope_begin();
-    nb_gpt_config c = tiny_cfg;
+    nb_gpt_config c = *tiny_cfg();
     nb_generator *g1 = nb_generator_new(3), *g2 = nb_generator_new(3);
     nb_module *a = nb_gpt_new(&c, g1), *b = nb_gpt_new(&c, g2);
     nb_optim *oa = make_adamw(a, 1e-3), *ob = make_adamw(b, 1e-3);
@@ -213,7 +222,7 @@ END_TEST
  * NaN (a NaN in one weight), every other weight and the optimizer state are as they were. */
 START_TEST(test_nonfinite_not_applied) {
     nb_scope_begin();
-    nb_gpt_config c = tiny_cfg;
+    nb_gpt_config c = *tiny_cfg();
     nb_generator *g = nb_generator_new(3);
     nb_module *m = nb_gpt_new(&c, g);
     nb_optim *o = make_adamw(m, 1e-3);
@@ -258,7 +267,7 @@ END_TEST
  * error) and halves the scale. */
 START_TEST(test_train_step_scaler) {
     nb_scope_begin();
-    nb_gpt_config c = tiny_cfg;
+    nb_gpt_config c = *tiny_cfg();
     nb_generator *g1 = nb_generator_new(3), *g2 = nb_generator_new(3);
     nb_module *a = nb_gpt_new(&c, g1), *b = nb_gpt_new(&c, g2);
     nb_optim *oa = make_adamw(a, 1e-3), *ob = make_adamw(b, 1e-3);
@@ -319,8 +328,9 @@ START_TEST(test_training_learns) {
     nb_tensor *tok = nb_to_device(
         nb_from_buffer(text, (int64_t[]){(int64_t)strlen(text)}, 1, NB_U8), NB_CPU);
     nb_generator *init = nb_generator_new(11), *bg = nb_generator_new(12), *dg = nb_generator_new(13);
-    nb_gpt_config c = {.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 32,
-                    .dropout = 0.05, .dropout_gen = dg};
+    nb_gpt_config c = nb_gpt_config_defaults();
+    c.vocab_size = 256, c.block_size = 32, c.n_layer = 2, c.n_head = 2, c.n_embd = 32;
+    c.dropout = 0.05, c.dropout_gen = dg;
     nb_module *m = nb_gpt_new(&c, init);
     nb_optim *o = make_adamw(m, 3e-3);
     /* x and y on the default device: nb_text_sample fills them through the host */
@@ -355,11 +365,13 @@ START_TEST(test_save_load_sample) {
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     snprintf(ck, sizeof ck, "%s/run.ckpt", dir);
     nb_generator *g1 = nb_generator_new(1), *g2 = nb_generator_new(2);
-    nb_gpt_config c = {.vocab_size = 256, .block_size = 12, .n_layer = 2, .n_head = 4, .n_embd = 16};
+    nb_gpt_config c = nb_gpt_config_defaults();
+    c.vocab_size = 256, c.block_size = 12, c.n_layer = 2, c.n_head = 4, c.n_embd = 16;
     nb_module *a = nb_gpt_new(&c, g1), *b = nb_gpt_new(&c, g2), *d = nb_gpt_new(&c, g2);
     ck_assert_int_eq(nb_module_save(a, path), NB_OK);
     ck_assert_int_eq(nb_checkpoint_save(ck, &(nb_checkpoint){.model = a, .step = 5}), NB_OK);
-    nb_gpt_config fc = {.n_head = 4};
+    nb_gpt_config fc = nb_gpt_config_defaults();
+    fc.n_head = 4;
     ck_assert_int_eq(nb_gpt_config_from_file(ck, &fc), NB_OK);
     ck_assert_int_eq(fc.vocab_size, 256);
     ck_assert_int_eq(fc.block_size, 12);
@@ -376,15 +388,22 @@ START_TEST(test_save_load_sample) {
     const int64_t prompt[3] = {'a', 'b', 'c'};
     int64_t o1[20], o2[20], o3[20], o4[20];
     ck_assert_int_eq(nb_gpt_generate(a, prompt, 3, 20, NULL, o1), NB_OK); /* greedy */
-    ck_assert_int_eq(nb_gpt_generate(b, prompt, 3, 20, &(nb_gpt_sample_opts){0}, o2), NB_OK);
+    nb_gpt_sample_opts sp4 = nb_gpt_sample_defaults();
+    ck_assert_int_eq(nb_gpt_generate(b, prompt, 3, 20, &sp4, o2), NB_OK);
     ck_assert_mem_eq(o1, o2, sizeof o1);
+    nb_gpt_sample_opts sp = nb_gpt_sample_defaults();
+    sp.temperature = 2, sp.top_k = 1;
     /* top_k 1 at any temperature is greedy too */
-    ck_assert_int_eq(nb_gpt_generate(a, prompt, 3, 20, &(nb_gpt_sample_opts){.temperature = 2, .top_k = 1}, o3), NB_OK);
+    ck_assert_int_eq(nb_gpt_generate(a, prompt, 3, 20, &sp, o3), NB_OK);
     ck_assert_mem_eq(o1, o3, sizeof o1);
     /* sampling repeats with the same generator state, and stays in the vocabulary */
     nb_generator *s1 = nb_generator_new(9), *s2 = nb_generator_new(9);
-    ck_assert_int_eq(nb_gpt_generate(a, prompt, 3, 20, &(nb_gpt_sample_opts){.temperature = 1, .gen = s1}, o3), NB_OK);
-    ck_assert_int_eq(nb_gpt_generate(b, prompt, 3, 20, &(nb_gpt_sample_opts){.temperature = 1, .gen = s2}, o4), NB_OK);
+    nb_gpt_sample_opts sp2 = nb_gpt_sample_defaults();
+    sp2.temperature = 1, sp2.gen = s1;
+    ck_assert_int_eq(nb_gpt_generate(a, prompt, 3, 20, &sp2, o3), NB_OK);
+    nb_gpt_sample_opts sp3 = nb_gpt_sample_defaults();
+    sp3.temperature = 1, sp3.gen = s2;
+    ck_assert_int_eq(nb_gpt_generate(b, prompt, 3, 20, &sp3, o4), NB_OK);
     ck_assert_mem_eq(o3, o4, sizeof o3);
     bool differs = false;
     for (int i = 0; i < 20; i++) {
@@ -423,7 +442,8 @@ END_TEST
 /* Contexts longer than block_size are cropped to the last block_size tokens. */
 START_TEST(test_generate_long) {
     nb_scope_begin();
-    nb_gpt_config c = {.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 8};
+    nb_gpt_config c = nb_gpt_config_defaults();
+    c.vocab_size = 16, c.block_size = 4, c.n_layer = 1, c.n_head = 1, c.n_embd = 8;
     nb_module *m = nb_gpt_new(&c, NULL);
     int64_t prompt[6] = {1, 2, 3, 4, 5, 6}, out[10], ref;
     ck_assert_int_eq(nb_gpt_generate(m, prompt, 6, 10, NULL, out), NB_OK);
@@ -440,8 +460,9 @@ END_TEST
 START_TEST(test_dropout) {
     nb_scope_begin();
     nb_generator *dg = nb_generator_new(5);
-    nb_gpt_config c = {.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8,
-                    .dropout = 0.3, .dropout_gen = dg};
+    nb_gpt_config c = nb_gpt_config_defaults();
+    c.vocab_size = 32, c.block_size = 8, c.n_layer = 1, c.n_head = 2, c.n_embd = 8, c.dropout = 0.3;
+    c.dropout_gen = dg;
     nb_module *m = nb_gpt_new(&c, NULL);
     nb_tensor *idx = tu_random((int64_t[]){2, 8}, 2, NB_I64, 0, 31.4, 3);
     nb_tensor *t1 = nb_forward(m, idx);
@@ -465,10 +486,17 @@ END_TEST
 
 START_TEST(test_errors) {
     nb_scope_begin();
-    tu_assert_error(nb_gpt_new(&(nb_gpt_config){.n_embd = 10, .n_head = 3}, NULL), NB_EINVAL, "divide");
-    tu_assert_error(nb_gpt_new(&(nb_gpt_config){.dropout = 1.0}, NULL), NB_EINVAL, "dropout");
-    tu_assert_error(nb_gpt_new(&(nb_gpt_config){.n_layer = -1}, NULL), NB_EINVAL, "positive");
-    nb_gpt_config c = {.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 8};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.n_embd = 10, cfg.n_head = 3;
+    tu_assert_error(nb_gpt_new(&cfg, NULL), NB_EINVAL, "divide");
+    nb_gpt_config cfg2 = nb_gpt_config_defaults();
+    cfg2.dropout = 1.0;
+    tu_assert_error(nb_gpt_new(&cfg2, NULL), NB_EINVAL, "dropout");
+    nb_gpt_config cfg3 = nb_gpt_config_defaults();
+    cfg3.n_layer = -1;
+    tu_assert_error(nb_gpt_new(&cfg3, NULL), NB_EINVAL, "positive");
+    nb_gpt_config c = nb_gpt_config_defaults();
+    c.vocab_size = 16, c.block_size = 4, c.n_layer = 1, c.n_head = 1, c.n_embd = 8;
     nb_module *m = nb_gpt_new(&c, NULL);
     tu_assert_error(nb_forward(m, nb_zeros((int64_t[]){1, 5}, 2, NB_I64)), NB_ESHAPE, "block_size");
     tu_assert_error(nb_forward(m, nb_zeros((int64_t[]){1, 4}, 2, NB_F32)), NB_EINVAL, "dtype");
@@ -485,7 +513,9 @@ START_TEST(test_errors) {
     int64_t p[2] = {3, 16}, out[2];
     ck_assert_int_eq(nb_gpt_generate(m, p, 2, 2, NULL, out), NB_EINDEX);
     ck_assert_int_eq(nb_gpt_generate(m, p, 0, 2, NULL, out), NB_EINVAL);
-    ck_assert_int_eq(nb_gpt_generate(m, p, 1, 2, &(nb_gpt_sample_opts){.temperature = -1}, out), NB_EINVAL);
+    nb_gpt_sample_opts sp = nb_gpt_sample_defaults();
+    sp.temperature = -1;
+    ck_assert_int_eq(nb_gpt_generate(m, p, 1, 2, &sp, out), NB_EINVAL);
     ck_assert_int_eq(nb_gpt_load(m, "/nonexistent/model.safetensors"), NB_EIO);
     ck_assert(isnan(nb_gpt_train_step(m, NULL, NULL, NULL, NULL, 1, 0, NULL)));
     nb_module_free(lin);
@@ -559,8 +589,8 @@ END_TEST
  * and a full forward and backward of one 1024-token sequence run shape inference only. */
 START_TEST(test_meta_1p5b) {
     nb_scope_begin();
-    nb_gpt_config c = {.vocab_size = 50257, .block_size = 1024, .n_layer = 48, .n_head = 25,
-                    .n_embd = 1600};
+    nb_gpt_config c = nb_gpt_config_defaults();
+    c.vocab_size = 50257, c.block_size = 1024, c.n_layer = 48, c.n_head = 25, c.n_embd = 1600;
     nb_alloc_stats before, after;
     nb_alloc_get_stats(&before);
     double t0 = seconds_now();

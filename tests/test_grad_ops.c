@@ -42,7 +42,9 @@ static void make_vals(double *v, int64_t n, double lo, double hi, const double *
 /* Backward of y with grad_output g; returns nothing, gradients land in the leaves. */
 static void backward_with(nb_tensor *y, nb_tensor *g) {
     ck_assert_msg(y != NULL, "%s", nb_last_error());
-    nb_status st = nb_backward_ex(y, &(nb_backward_opts){.grad_output = g});
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = g;
+    nb_status st = nb_backward_ex(y, &bo);
     ck_assert_msg(st == NB_OK, "%s", nb_last_error());
 }
 

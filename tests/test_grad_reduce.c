@@ -131,8 +131,9 @@ START_TEST(test_ties) {
     nb_tensor *x = leaf(tu_tensor((double[]){1, 3, 3, 2, 5, 5, 5, 0}, (int64_t[]){2, 4}, 2,
                                   NB_F64));
     nb_tensor *g = tu_tensor((double[]){6, 12}, (int64_t[]){2}, 1, NB_F64);
-    ck_assert(nb_backward_ex(nb_amax(x, (int[]){1}, 1, false),
-                             &(nb_backward_opts){.grad_output = g}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = g;
+    ck_assert(nb_backward_ex(nb_amax(x, (int[]){1}, 1, false), &bo) == NB_OK);
     tu_assert_close(nb_grad(x), ((double[]){0, 3, 3, 0, 4, 4, 4, 0}), ((int64_t[]){2, 4}), 2, 0);
     nb_clear_grad(x);
     /* amax over everything: the 3 fives share 1 */
@@ -140,21 +141,24 @@ START_TEST(test_ties) {
     tu_assert_close(nb_grad(x), ((double[]){0, 0, 0, 0, 1. / 3, 1. / 3, 1. / 3, 0}),
                     ((int64_t[]){2, 4}), 2, 1e-15);
     nb_clear_grad(x);
-    ck_assert(nb_backward_ex(nb_max_dim(x, -1, true, NULL),
-                             &(nb_backward_opts){.grad_output = nb_reshape(g, (int64_t[]){2, 1}, 2)}) == NB_OK);
+    nb_backward_opts bo2 = nb_backward_defaults();
+    bo2.grad_output = nb_reshape(g, (int64_t[]){2, 1}, 2);
+    ck_assert(nb_backward_ex(nb_max_dim(x, -1, true, NULL), &bo2) == NB_OK);
     tu_assert_close(nb_grad(x), ((double[]){0, 6, 0, 0, 12, 0, 0, 0}), ((int64_t[]){2, 4}), 2, 0);
     nb_clear_grad(x);
     /* amin and min over dim 0: columns (1, 1) and (0, 0) tie, (3, 5) and (2, 0) do not */
     nb_tensor *y = leaf(tu_tensor((double[]){1, 3, 0, 2, 1, 5, 0, 0}, (int64_t[]){2, 4}, 2,
                                   NB_F64));
     nb_tensor *g4 = tu_tensor((double[]){2, 4, 6, 8}, (int64_t[]){4}, 1, NB_F64);
-    ck_assert(nb_backward_ex(nb_amin(y, (int[]){0}, 1, false),
-                             &(nb_backward_opts){.grad_output = g4}) == NB_OK);
+    nb_backward_opts bo3 = nb_backward_defaults();
+    bo3.grad_output = g4;
+    ck_assert(nb_backward_ex(nb_amin(y, (int[]){0}, 1, false), &bo3) == NB_OK);
     tu_assert_close(nb_grad(y), ((double[]){1, 4, 3, 0, 1, 0, 3, 8}), ((int64_t[]){2, 4}), 2, 0);
     nb_clear_grad(y);
     nb_tensor *idx = NULL;
-    ck_assert(nb_backward_ex(nb_min_dim(y, 0, false, &idx),
-                             &(nb_backward_opts){.grad_output = g4}) == NB_OK);
+    nb_backward_opts bo4 = nb_backward_defaults();
+    bo4.grad_output = g4;
+    ck_assert(nb_backward_ex(nb_min_dim(y, 0, false, &idx), &bo4) == NB_OK);
     tu_assert_close(nb_grad(y), ((double[]){2, 4, 6, 0, 0, 0, 0, 8}), ((int64_t[]){2, 4}), 2, 0);
     tu_assert_close(idx, ((double[]){0, 0, 0, 1}), ((int64_t[]){4}), 1, 0);
     nb_scope_end();
@@ -202,7 +206,9 @@ START_TEST(test_softmax_kernels) {
                 nb_tensor *x = leaf(tu_random(sh, 3, dts[t], -3, 3, 31 + c));
                 nb_tensor *g = tu_random(sh, 3, dts[t], -1, 1, 41 + c);
                 nb_tensor *y = lg ? nb_log_softmax(x, dim) : nb_softmax(x, dim);
-                ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}) == NB_OK);
+                nb_backward_opts bo = nb_backward_defaults();
+                bo.grad_output = g;
+                ck_assert(nb_backward_ex(y, &bo) == NB_OK);
                 double *xv = tu_values(x), *gv = tu_values(g), *ref = malloc(sizeof(double) * (size_t)numel);
                 ref_softmax_bw(xv, gv, ref, O, L, D, lg);
                 /* half: |error| relative to the largest gradient of a row is what matters */
@@ -221,7 +227,9 @@ START_TEST(test_softmax_kernels) {
     /* a grad_output of another dtype than the output is converted */
     nb_tensor *x = leaf(tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 5));
     nb_tensor *y = nb_softmax(x, 1);
-    ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = nb_ones((int64_t[]){2, 3}, 2, NB_F64)}) == NB_OK);
+    nb_backward_opts bo2 = nb_backward_defaults();
+    bo2.grad_output = nb_ones((int64_t[]){2, 3}, 2, NB_F64);
+    ck_assert(nb_backward_ex(y, &bo2) == NB_OK);
     tu_assert_close(nb_grad(x), ((double[]){0, 0, 0, 0, 0, 0}), ((int64_t[]){2, 3}), 2, 1e-6);
     nb_scope_end();
 }
@@ -280,7 +288,9 @@ START_TEST(test_matmul) {
     nb_tensor *e0 = leaf(nb_zeros((int64_t[]){2, 0}, 2, NB_F64));
     nb_tensor *e1 = leaf(nb_zeros((int64_t[]){0, 3}, 2, NB_F64));
     nb_tensor *z = nb_matmul(e0, e1);
-    ck_assert(nb_backward_ex(z, &(nb_backward_opts){.grad_output = nb_ones((int64_t[]){2, 3}, 2, NB_F64)}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = nb_ones((int64_t[]){2, 3}, 2, NB_F64);
+    ck_assert(nb_backward_ex(z, &bo) == NB_OK);
     ck_assert_int_eq(nb_numel(nb_grad(e0)), 0);
     ck_assert_int_eq(nb_size(nb_grad(e1), 1), 3);
     nb_scope_end();
@@ -370,14 +380,18 @@ START_TEST(test_index_exact) {
     nb_tensor *w = leaf(nb_zeros((int64_t[]){4, 2}, 2, NB_F32));
     nb_tensor *ei = idx_tensor((double[]){3, 1, 3, 3}, (int64_t[]){2, 2}, 2, NB_I32);
     nb_tensor *g = tu_tensor((double[]){1, 2, 3, 4, 5, 6, 7, 8}, (int64_t[]){2, 2, 2}, 3, NB_F32);
-    ck_assert(nb_backward_ex(nb_embedding(w, ei), &(nb_backward_opts){.grad_output = g}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = g;
+    ck_assert(nb_backward_ex(nb_embedding(w, ei), &bo) == NB_OK);
     tu_assert_close(nb_grad(w), ((double[]){0, 0, 3, 4, 0, 0, 13, 16}), ((int64_t[]){4, 2}), 2, 0);
     ck_assert_int_eq(nb_tensor_dtype(nb_grad(w)), NB_F32);
     /* index_select of a bf16 input: the gradient comes back in bf16 */
     nb_tensor *xb = leaf(nb_zeros((int64_t[]){3}, 1, NB_BF16));
     nb_tensor *ii = idx_tensor((double[]){2, 2, 0, 2}, (int64_t[]){4}, 1, NB_I64);
     nb_tensor *gb = tu_tensor((double[]){1, 2, 4, 8}, (int64_t[]){4}, 1, NB_BF16);
-    ck_assert(nb_backward_ex(nb_index_select(xb, 0, ii), &(nb_backward_opts){.grad_output = gb}) == NB_OK);
+    nb_backward_opts bo2 = nb_backward_defaults();
+    bo2.grad_output = gb;
+    ck_assert(nb_backward_ex(nb_index_select(xb, 0, ii), &bo2) == NB_OK);
     tu_assert_close(nb_grad(xb), ((double[]){4, 0, 11}), ((int64_t[]){3}), 1, 0);
     ck_assert_int_eq(nb_tensor_dtype(nb_grad(xb)), NB_BF16);
     /* a wide embedding (D split over threads when there are several) */
@@ -387,7 +401,9 @@ START_TEST(test_index_exact) {
     for (int i = 0; i < N; i++) iv[i] = (i * 5) % V;
     nb_tensor *id = idx_tensor(iv, (int64_t[]){N}, 1, NB_I64);
     nb_tensor *gd = tu_random((int64_t[]){N, D}, 2, NB_F64, -1, 1, 9);
-    ck_assert(nb_backward_ex(nb_embedding(wd, id), &(nb_backward_opts){.grad_output = gd}) == NB_OK);
+    nb_backward_opts bo3 = nb_backward_defaults();
+    bo3.grad_output = gd;
+    ck_assert(nb_backward_ex(nb_embedding(wd, id), &bo3) == NB_OK);
     double *gv = tu_values(gd), *ref = calloc((size_t)(V * D), sizeof(double));
     for (int i = 0; i < N; i++)
         for (int j = 0; j < D; j++) ref[(int64_t)iv[i] * D + j] += gv[i * D + j];
@@ -437,7 +453,9 @@ START_TEST(test_join) {
     nb_tensor *emp = leaf(nb_zeros((int64_t[]){0}, 1, NB_F32));
     nb_tensor *cat = nb_cat((nb_tensor *[]){m32, emp, m64}, 3, 0);
     ck_assert_int_eq(nb_tensor_dtype(cat), NB_F64);
-    ck_assert(nb_backward_ex(cat, &(nb_backward_opts){.grad_output = tu_tensor((double[]){1, 2, 3, 4, 5, 6}, (int64_t[]){3, 2}, 2, NB_F64)}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = tu_tensor((double[]){1, 2, 3, 4, 5, 6}, (int64_t[]){3, 2}, 2, NB_F64);
+    ck_assert(nb_backward_ex(cat, &bo) == NB_OK);
     tu_assert_close(nb_grad(m32), ((double[]){1, 2, 3, 4}), ((int64_t[]){2, 2}), 2, 0);
     tu_assert_close(nb_grad(m64), ((double[]){5, 6}), ((int64_t[]){1, 2}), 2, 0);
     ck_assert_int_eq(nb_tensor_dtype(nb_grad(m32)), NB_F32);
@@ -514,7 +532,9 @@ START_TEST(test_one_node) {
     nb_tensor *y = nb_matmul(a, b);
     assert_leaf_edge(y, NB__OP_MATMUL, 0, a);
     assert_leaf_edge(y, NB__OP_MATMUL, 1, b);
-    ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = nb_ones_like(y)}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = nb_ones_like(y);
+    ck_assert(nb_backward_ex(y, &bo) == NB_OK);
     ck_assert_int_eq(nb_tensor_dtype(nb_grad(a)), NB_F16);
     /* a layout the GEMM cannot read is copied internally: the edge is still the slice */
     nb_tensor *big = leaf(tu_random((int64_t[]){4, 6}, 2, NB_F32, -1, 1, 3));
@@ -533,7 +553,9 @@ START_TEST(test_one_node) {
         assert_leaf_edge(z, NB__OP_SCATTER_ADD, 2, src);
         tu_assert_close(z, ((double[]){1, 0, 3}), ((int64_t[]){3}), 1, 0);
         nb_tensor *g = tu_tensor((double[]){1, 2, 3}, (int64_t[]){3}, 1, dt);
-        ck_assert(nb_backward_ex(z, &(nb_backward_opts){.grad_output = g}) == NB_OK);
+        nb_backward_opts bo2 = nb_backward_defaults();
+        bo2.grad_output = g;
+        ck_assert(nb_backward_ex(z, &bo2) == NB_OK);
         tu_assert_close(nb_grad(x), ((double[]){1, 2, 3}), ((int64_t[]){3}), 1, 0);
         tu_assert_close(nb_grad(src), ((double[]){3, 1, 3, 3}), ((int64_t[]){4}), 1, 0);
     }
@@ -601,7 +623,9 @@ static double *grad_with_threads(int nt, int which, nb_tensor *x0, nb_tensor *au
     default: y = nb_index_select(x, 1, aux); break;        /* index_add over outer slices */
     }
     nb_tensor *g = tu_random(nb_shape(y), nb_ndim(y), NB_F32, -1, 1, 77);
-    ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = g;
+    ck_assert(nb_backward_ex(y, &bo) == NB_OK);
     double *v = tu_values(nb_grad(x));
     nb_scope_end();
     return v;
@@ -671,8 +695,9 @@ START_TEST(test_meta_backward) {
             ck_assert_msg(y != NULL, "%s: %s", what, nb_last_error());
             ck_assert_msg(nb_requires_grad(y), "%s: no node", what);
             nb_tensor *g = nb_ones_on(NB_META, y->shape, y->ndim, y->dtype);
-            ck_assert_msg(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}) == NB_OK,
-                          "%s: %s", what, nb_last_error());
+            nb_backward_opts bo = nb_backward_defaults();
+            bo.grad_output = g;
+            ck_assert_msg(nb_backward_ex(y, &bo) == NB_OK, "%s: %s", what, nb_last_error());
             nb_tensor *gx = nb_grad(x);
             ck_assert_msg(gx != NULL, "%s: no grad", what);
             ck_assert(nb_tensor_device(gx).type == NB_DEVICE_META);
@@ -706,9 +731,12 @@ START_TEST(test_guard_backward) {
             nb_tensor *g = nb_to_device(tu_random(y->shape, y->ndim, y->dtype, -1, 1, 7),
                                         NB_CPU);
             nb_tensor *gg = nb_to_device(g, GUARD_DEV);
-            ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}) == NB_OK);
-            ck_assert_msg(nb_backward_ex(yg, &(nb_backward_opts){.grad_output = gg}) == NB_OK,
-                          "%s: %s", what, nb_last_error());
+            nb_backward_opts bo = nb_backward_defaults();
+            bo.grad_output = g;
+            ck_assert(nb_backward_ex(y, &bo) == NB_OK);
+            nb_backward_opts bo2 = nb_backward_defaults();
+            bo2.grad_output = gg;
+            ck_assert_msg(nb_backward_ex(yg, &bo2) == NB_OK, "%s: %s", what, nb_last_error());
             ck_assert(nb_tensor_device(nb_grad(xg)).type == NB_DEVICE_GUARD);
             nb_tensor *a = nb_to_device(nb_grad(xg), NB_CPU);
             ck_assert_msg(a != NULL, "%s: %s", what, nb_last_error());
@@ -739,7 +767,9 @@ START_TEST(test_backward_errors) {
         nb_tensor *y = f_red(&x, 1, &c);
         ck_assert(y != NULL);
         nb_tensor *g = nb_ones(y->shape, y->ndim, y->dtype); /* on the default device */
-        nb_status st = nb_backward_ex(y, &(nb_backward_opts){.grad_output = g});
+        nb_backward_opts bo = nb_backward_defaults();
+        bo.grad_output = g;
+        nb_status st = nb_backward_ex(y, &bo);
         ck_assert_msg(st == NB_EDEVICE, "%s: status %d (%s)", rname[ops[i]], (int)st,
                       nb_last_error());
         ck_assert_msg(strstr(nb_last_error(), dev) && strstr(nb_last_error(), "meta"), "%s: %s",

@@ -48,8 +48,10 @@ START_TEST(test_checkpoint_writer_after_free) {
     FREED("checkpoint writer used after");
     ck_assert_int_eq(nb_checkpoint_writer_free(w), NB_EFREED); /* freed twice */
     FREED("checkpoint_writer_free: checkpoint writer used after nb_checkpoint_writer_free");
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1;
     /* a save of a checkpoint whose model or optimizer was freed is refused */
-    nb_optim *opt = nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1});
+    nb_optim *opt = nb_sgd_new(nb_parameters(m), &so);
     ck_assert_ptr_nonnull(opt);
     w = nb_checkpoint_writer_new(NULL);
     ck.optim = opt;

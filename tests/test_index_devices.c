@@ -116,7 +116,8 @@ static nb_tensor *dev_run(int c, nb_tensor *const *cpu_in, nb_device dev, nb_ten
     ck_assert_msg(y != NULL, "%s on %d: %s", k->name, (int)dev.type, nb_last_error());
     ck_assert(nb_device_equal(nb_tensor_device(y), dev));
     if (any_grad(k)) {
-        nb_backward_opts o = {.grad_output = nb_to_device(g, dev)};
+        nb_backward_opts o = nb_backward_defaults();
+        o.grad_output = nb_to_device(g, dev);
         ck_assert_msg(nb_backward_ex(y, &o) == NB_OK, "%s backward: %s", k->name,
                       nb_last_error());
     }
@@ -195,7 +196,8 @@ START_TEST(test_index_meta) {
         nb_clear_error();
         if (any_grad(k)) {
             nb_tensor *g = nb_empty_on(NB_META, k->out_shape, k->out_nd, k->out_dt);
-            nb_backward_opts o = {.grad_output = g};
+            nb_backward_opts o = nb_backward_defaults();
+            o.grad_output = g;
             ck_assert_msg(nb_backward_ex(y, &o) == NB_OK, "%s backward on meta: %s", k->name,
                           nb_last_error());
         }

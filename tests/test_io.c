@@ -829,7 +829,8 @@ END_TEST
 /* ---- modules --------------------------------------------------------------------------------------- */
 static nb_module *make_mlp(uint64_t seed, int64_t out, bool extra) {
     nb_generator *g = nb_generator_new(seed);
-    nb_linear_opts o = {.gen = g};
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
     nb_module *m = nb_sequential_new(nb_linear_new(4, 8, &o), nb_relu_new(),
                                      nb_batch_norm1d_new(8, NULL), nb_linear_new(8, out, &o),
                                      extra ? nb_linear_new(out, 2, &o) : NULL, NULL);
@@ -942,8 +943,10 @@ START_TEST(test_module_load_errors) {
     assert_identical(nb_module_find(more, "4.bias"), list_get(&before, "4.bias"), "4.bias");
     nb_state_list_deinit(&before);
 
+    nb_linear_opts lin = nb_linear_defaults();
+    lin.no_bias = true;
     /* the exact message for one missing tensor */
-    nb_module *nobias = nb_linear_new(4, 8, &(nb_linear_opts){.no_bias = true});
+    nb_module *nobias = nb_linear_new(4, 8, &lin);
     nb_module *bias = nb_linear_new(4, 8, NULL);
     char *p2 = tu_path_in(dir, "nobias.safetensors");
     ASSERT_OK(nb_module_save(nobias, p2));

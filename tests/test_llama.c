@@ -18,9 +18,13 @@
 #define FIXTURES NB_SOURCE_DIR "/tests/fixtures/"
 
 /* The fixtures' config (tools/make_llama_fixture.py). */
-static const nb_llama_config tiny = {.vocab_size = 64, .block_size = 32, .n_layer = 2,
-                                     .n_head = 4, .n_kv_head = 2, .n_embd = 32, .n_inner = 48,
-                                     .rope_theta = 500, .norm_eps = 1e-5};
+static const nb_llama_config *tiny(void) {
+    static nb_llama_config c;
+    c = nb_llama_config_defaults();
+    c.vocab_size = 64, c.block_size = 32, c.n_layer = 2, c.n_head = 4, c.n_kv_head = 2;
+    c.n_embd = 32, c.n_inner = 48, c.rope_theta = 500, c.norm_eps = 1e-5;
+    return &c;
+}
 
 static nb_module *make(const nb_llama_config *c, uint64_t seed) {
     nb_generator *g = nb_generator_new(seed);
@@ -53,7 +57,7 @@ static void assert_rel(const nb_tensor *a, const nb_tensor *r, double rel, const
 
 /* ---- the module tree ------------------------------------------------------------------------- */
 START_TEST(test_names_shapes) {
-    nb_module *m = make(&tiny, 1);
+    nb_module *m = make(tiny(), 1);
     const nb_params *ps = nb_parameters(m);
     /* Hugging Face's state dict of this config, in its order */
     static const char *const per_layer[] = {
@@ -93,7 +97,7 @@ START_TEST(test_names_shapes) {
 END_TEST
 
 START_TEST(test_forward_backward) {
-    nb_module *m = make(&tiny, 3);
+    nb_module *m = make(tiny(), 3);
     nb_scope_begin();
     nb_tensor *x = tokens(3, 20, 64, 4), *y = tokens(3, 20, 64, 5);
     nb_tensor *logits = nb_forward(m, x);
@@ -130,7 +134,7 @@ END_TEST
 /* The whole training step on the meta device: every op on the path is device-free. */
 START_TEST(test_meta) {
     nb_device prev = nb_set_default_device(NB_META);
-    nb_module *m = nb_llama_new(&tiny, NULL);
+    nb_module *m = nb_llama_new(tiny(), NULL);
     nb_set_default_device(prev);
     ck_assert_msg(m, "%s", nb_last_error());
     nb_scope_begin();
@@ -147,11 +151,12 @@ END_TEST
 
 /* ---- files ----------------------------------------------------------------------------------- */
 START_TEST(test_save_load) {
-    nb_module *a = make(&tiny, 6), *b = make(&tiny, 7);
+    nb_module *a = make(tiny(), 6), *b = make(tiny(), 7);
     char *dir = tu_make_dir(), *path = tu_path_in(dir, "llama.safetensors");
     ck_assert(nb_module_save(a, path) == NB_OK);
     ASSERT_OK(nb_llama_load(b, path));
-    nb_llama_config c = {.n_head = 4};
+    nb_llama_config c = nb_llama_config_defaults();
+    c.n_head = 4;
     ASSERT_OK(nb_llama_config_from_file(path, &c));
     ck_assert(c.vocab_size == 64 && c.n_embd == 32 && c.n_layer == 2 && c.n_inner == 48 &&
               c.n_kv_head == 2);
@@ -161,7 +166,7 @@ START_TEST(test_save_load) {
     assert_rel(lb, la, 0, "logits after a round trip");
     nb_scope_end();
     /* a model of another shape: a clear error */
-    nb_llama_config three = tiny;
+    nb_llama_config three = *tiny();
     three.n_layer = 3;
     nb_module *t = make(&three, 1);
     ASSERT_ST(nb_llama_load(t, path), NB_EINVAL, "has no tensor \"model.layers.2.");
@@ -174,17 +179,18 @@ START_TEST(test_save_load) {
 END_TEST
 
 START_TEST(test_other_architecture) {
-    nb_module *m = make(&tiny, 1);
+    nb_module *m = make(tiny(), 1);
     /* nanoGPT's names (Hugging Face's GPT-2 names) */
     ASSERT_ST(nb_llama_load(m, FIXTURES "gpt/tiny.safetensors"), NB_EFORMAT,
               "holds no Llama (no model.embed_tokens.weight; it holds a GPT");
-    nb_llama_config c = {0};
+    nb_llama_config c = nb_llama_config_defaults();
     ASSERT_ST(nb_llama_config_from_file(FIXTURES "gpt/tiny.safetensors", &c), NB_EFORMAT,
               "holds no Llama");
     ASSERT_ST(nb_llama_load(m, FIXTURES "llama/ops.safetensors"), NB_EFORMAT,
               "its first tensor is");
     ASSERT_ST(nb_llama_load(NULL, FIXTURES "llama/hf_tiny.safetensors"), NB_EINVAL, "not a Llama");
-    nb_gpt_config gc = {.vocab_size = 64, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16};
+    nb_gpt_config gc = nb_gpt_config_defaults();
+    gc.vocab_size = 64, gc.block_size = 16, gc.n_layer = 2, gc.n_head = 2, gc.n_embd = 16;
     nb_module *gpt = nb_gpt_new(&gc, NULL);
     ASSERT_ST(nb_gpt_load(gpt, FIXTURES "llama/hf_tiny.safetensors"), NB_EINVAL, "no tensor");
     nb_module_free(gpt);
@@ -193,23 +199,23 @@ START_TEST(test_other_architecture) {
 END_TEST
 
 START_TEST(test_bad_config) {
-    nb_llama_config c = tiny;
+    nb_llama_config c = *tiny();
     c.n_kv_head = 3;
     tu_assert_error(nb_llama_new(&c, NULL), NB_EINVAL, "n_kv_head (3) must divide n_head (4)");
-    c = tiny;
+    c = *tiny();
     c.n_head = 32; /* head size 1 */
     c.n_kv_head = 32;
     tu_assert_error(nb_llama_new(&c, NULL), NB_EINVAL, "head size n_embd / n_head = 1 is odd");
-    c = tiny;
+    c = *tiny();
     c.n_head = 5;
     tu_assert_error(nb_llama_new(&c, NULL), NB_EINVAL, "must divide n_embd");
-    c = tiny;
+    c = *tiny();
     c.rope_theta = -1;
     tu_assert_error(nb_llama_new(&c, NULL), NB_EINVAL, "rope_theta");
-    c = tiny;
+    c = *tiny();
     c.n_layer = -2;
     tu_assert_error(nb_llama_new(&c, NULL), NB_EINVAL, "must be positive");
-    nb_module *m = make(&tiny, 1);
+    nb_module *m = make(tiny(), 1);
     nb_scope_begin();
     tu_assert_error(nb_forward(m, tokens(1, 33, 64, 1)), NB_ESHAPE, "outside 1..block_size (32)");
     tu_assert_error(nb_llama_loss(m, tokens(1, 4, 64, 1), tokens(1, 5, 64, 1)), NB_ESHAPE,
@@ -224,7 +230,7 @@ END_TEST
 
 /* ---- the key/value cache and generation -------------------------------------------------------- */
 START_TEST(test_cache_logits) {
-    nb_llama_config c = tiny;
+    nb_llama_config c = *tiny();
     for (int kv = 1; kv <= 4; kv *= 2) {
         c.n_kv_head = kv;
         nb_module *m = make(&c, 10 + (uint64_t)kv);
@@ -258,14 +264,14 @@ START_TEST(test_cache_logits) {
 END_TEST
 
 START_TEST(test_generate) {
-    nb_module *m = make(&tiny, 20);
+    nb_module *m = make(tiny(), 20);
     const int64_t prompt[5] = {3, 14, 15, 9, 26};
     int64_t a[40], b[40];
     /* greedy, and sampled with the same draws; past block_size (32) too */
     for (int mode = 0; mode < 3; mode++) {
         nb_generator *g1 = nb_generator_new(5), *g2 = nb_generator_new(5);
-        nb_gpt_sample_opts o1 = {.temperature = mode ? 0.9 : 0, .top_k = mode == 2 ? 5 : 0,
-                                 .gen = g1};
+        nb_gpt_sample_opts o1 = nb_gpt_sample_defaults();
+        o1.temperature = mode ? 0.9 : 0, o1.top_k = mode == 2 ? 5 : 0, o1.gen = g1;
         nb_gpt_sample_opts o2 = o1;
         o2.gen = g2;
         ASSERT_OK(nb_llama_generate(m, prompt, 5, 40, &o1, true, a));
@@ -291,7 +297,7 @@ START_TEST(test_recompute) {
     double norm[3];
     nb_tensor *grads[3];
     for (int r = 0; r < 3; r++) {
-        nb_llama_config c = tiny;
+        nb_llama_config c = *tiny();
         c.recompute = (nb_gpt_recompute)r;
         nb_module *m = make(&c, 30);
         nb_scope_begin();
@@ -313,7 +319,7 @@ END_TEST
 
 /* ---- mixed precision ---------------------------------------------------------------------------- */
 START_TEST(test_autocast) {
-    nb_module *m = make(&tiny, 40);
+    nb_module *m = make(tiny(), 40);
     nb_scope_begin();
     nb_tensor *x = tokens(2, 16, 64, 41), *y = tokens(2, 16, 64, 42);
     const double l32 = nb_item_f64(nb_llama_loss(m, x, y));
@@ -338,7 +344,8 @@ END_TEST
 
 /* ---- against transformers ---------------------------------------------------------------------- */
 START_TEST(test_hf_to_nabla) {
-    nb_llama_config c = {.block_size = 32, .n_head = 4, .rope_theta = 500, .norm_eps = 1e-5};
+    nb_llama_config c = nb_llama_config_defaults();
+    c.block_size = 32, c.n_head = 4, c.rope_theta = 500, c.norm_eps = 1e-5;
     ASSERT_OK(nb_llama_config_from_file(FIXTURES "llama/hf_tiny.safetensors", &c));
     ck_assert(c.vocab_size == 64 && c.n_embd == 32 && c.n_layer == 2 && c.n_inner == 48 &&
               c.n_kv_head == 2);
@@ -366,7 +373,7 @@ END_TEST
 /* The model of the nabla -> transformers direction: nb_llama_new's from seed 1234, its weights
  * then drawn wider (N(0, 0.3), the norms N(1, 0.2)) so that every weight matters. */
 static nb_module *export_model(void) {
-    nb_module *m = make(&tiny, 1234);
+    nb_module *m = make(tiny(), 1234);
     nb_generator *g = nb_generator_new(1235);
     const nb_params *ps = nb_parameters(m);
     for (int i = 0; i < ps->count; i++) {

@@ -25,7 +25,8 @@ static void make_grad(nb_tensor *t) { ck_assert(nb_set_requires_grad(t, true) ==
 
 static void backward_with(nb_tensor *y, nb_tensor *g) {
     ck_assert_msg(y && g, "%s", nb_last_error());
-    nb_backward_opts o = {.grad_output = g};
+    nb_backward_opts o = nb_backward_defaults();
+    o.grad_output = g;
     ck_assert_msg(nb_backward_ex(y, &o) == NB_OK, "backward: %s", nb_last_error());
 }
 

@@ -169,8 +169,9 @@ static void check_cls(bool ce, const int64_t *xs, int xnd, nb_dtype dt, nb_dtype
             gout = tu_random(ts, tnd, dt, 0.5, 1.5, seed + 7);
             gv = tu_values(gout);
         }
-        ck_assert_msg(nb_backward_ex(y, &(nb_backward_opts){.grad_output = gout}) == NB_OK,
-                      "%s", nb_last_error());
+        nb_backward_opts bo = nb_backward_defaults();
+        bo.grad_output = gout;
+        ck_assert_msg(nb_backward_ex(y, &bo) == NB_OK, "%s", nb_last_error());
         ref_weights(o.reduction, P, cnt, gv, w);
         ref_cls_grad(xv, tv, g, &o, ce, w, gref);
         nb_tensor *gx = nb_grad(x);
@@ -197,15 +198,11 @@ static const layout cls_layouts[] = {
 };
 
 static nb_cross_entropy_opts cls_opts(int i) {
-    switch (i) {
-    case 0: return (nb_cross_entropy_opts){0};
-    case 1: return (nb_cross_entropy_opts){.has_ignore_index = true, .ignore_index = -100};
-    case 2: return (nb_cross_entropy_opts){.has_ignore_index = true, .ignore_index = 1};
-    case 3: return (nb_cross_entropy_opts){.label_smoothing = 0.1};
-    case 4: return (nb_cross_entropy_opts){.label_smoothing = 0.1, .has_ignore_index = true,
-                                           .ignore_index = -100};
-    default: return (nb_cross_entropy_opts){.label_smoothing = 1.0};
-    }
+    nb_cross_entropy_opts o = nb_cross_entropy_defaults(); /* mean, ignore_index -100 off */
+    o.has_ignore_index = i == 1 || i == 2 || i == 4;
+    if (i == 2) o.ignore_index = 1;
+    o.label_smoothing = i == 3 || i == 4 ? 0.1 : i > 4 ? 1.0 : 0;
+    return o;
 }
 
 START_TEST(test_cross_entropy) {
@@ -236,8 +233,8 @@ START_TEST(test_cls_all_ignored) {
             nb_tensor *x = tu_random((int64_t[]){3, 4}, 2, float_dtypes[di], -2, 2, 5);
             ck_assert(nb_set_requires_grad(x, true) == NB_OK);
             nb_tensor *t = nb_full((int64_t[]){3}, 1, NB_I64, -100);
-            nb_cross_entropy_opts o = {.has_ignore_index = true, .ignore_index = -100,
-                                       .label_smoothing = ce ? 0.1 : 0};
+            nb_cross_entropy_opts o = nb_cross_entropy_defaults();
+            o.has_ignore_index = true, o.ignore_index = -100, o.label_smoothing = ce ? 0.1 : 0;
             const double zeros[12] = {0};
             for (int ri = 0; ri < 3; ri++) {
                 o.reduction = reductions[ri];
@@ -245,10 +242,11 @@ START_TEST(test_cls_all_ignored) {
                 ck_assert_msg(y != NULL, "%s", nb_last_error());
                 if (o.reduction == NB_REDUCTION_MEAN) ck_assert(isnan(nb_item_f64(y)));
                 else tu_assert_close(y, zeros, (int64_t[]){3}, o.reduction == NB_REDUCTION_NONE ? 1 : 0, 0);
-                nb_backward_ex(y, &(nb_backward_opts){
-                                      .grad_output = o.reduction == NB_REDUCTION_NONE
-                                                         ? nb_ones((int64_t[]){3}, 1, float_dtypes[di])
-                                                         : NULL});
+                nb_backward_opts bo = nb_backward_defaults();
+                bo.grad_output = o.reduction == NB_REDUCTION_NONE
+                                     ? nb_ones((int64_t[]){3}, 1, float_dtypes[di])
+                                     : NULL;
+                nb_backward_ex(y, &bo);
                 tu_assert_close(nb_grad(x), zeros, ((int64_t[]){3, 4}), 2, 0);
                 nb_clear_grad(x);
             }
@@ -268,10 +266,10 @@ START_TEST(test_cls_large_logits) {
             nb_tensor *x = tu_tensor(xv, (int64_t[]){3, 4}, 2, float_dtypes[di]);
             check_cls(true, (int64_t[]){3, 4}, 2, float_dtypes[di], NB_I64, cls_opts(oi), x, tv,
                       1);
-            nb_tensor *y = nb_cross_entropy(x, tu_tensor((double[]){1, 2, 0}, (int64_t[]){3},
-                                                         1, NB_I64),
-                                            &(nb_cross_entropy_opts){.reduction =
-                                                                         NB_REDUCTION_NONE});
+            nb_cross_entropy_opts ceo = nb_cross_entropy_defaults();
+            ceo.reduction = NB_REDUCTION_NONE;
+            nb_tensor *y = nb_cross_entropy(
+                x, tu_tensor((double[]){1, 2, 0}, (int64_t[]){3}, 1, NB_I64), &ceo);
             double *v = tu_values(y);
             /* 2000: lse 1000 minus -1000; log(4); log(2) */
             ck_assert(fabs(v[0] - 2000) < 1e-3 && fabs(v[1] - log(4)) < 1e-5 &&
@@ -325,9 +323,9 @@ START_TEST(test_gradcheck_cls) {
         gradcheck_cls(true, (int64_t[]){3, 4}, 2, o, false, 1);
         gradcheck_cls(true, (int64_t[]){3, 4}, 2, cls_opts(0), true, 2); /* non-contiguous */
         gradcheck_cls(true, (int64_t[]){2, 3, 2}, 3, o, false, 3);
-        gradcheck_cls(false, (int64_t[]){3, 4}, 2, (nb_cross_entropy_opts){.reduction =
-                                                                           reductions[ri]},
-                      false, 4);
+        nb_cross_entropy_opts plain = cls_opts(0);
+        plain.reduction = reductions[ri];
+        gradcheck_cls(false, (int64_t[]){3, 4}, 2, plain, false, 4);
         gradcheck_cls(false, (int64_t[]){2, 3, 2}, 3, cls_opts(1), false, 5);
     }
 }
@@ -430,7 +428,9 @@ static void check_pointwise(bool l1, const int64_t *s, int nd, nb_dtype dt, uint
         else tu_assert_close(y, &red, NULL, 0, tu_tol(dt) * 4);
         nb_tensor *gout = r == NB_REDUCTION_NONE ? tu_random(s, nd, dt, 0.5, 1.5, seed + 2) : NULL;
         double *gv = gout ? tu_values(gout) : NULL;
-        nb_status st = nb_backward_ex(y, &(nb_backward_opts){.grad_output = gout});
+        nb_backward_opts bo = nb_backward_defaults();
+        bo.grad_output = gout;
+        nb_status st = nb_backward_ex(y, &bo);
         ck_assert_msg(st == NB_OK, "%s", nb_last_error());
         for (int64_t i = 0; i < n; i++) {
             double w = gv ? gv[i] : r == NB_REDUCTION_SUM ? 1 : 1.0 / (double)n;
@@ -545,8 +545,9 @@ static void check_bce(const int64_t *s, int nd, const int64_t *ps, int pnd, nb_d
         else tu_assert_close(out, &red, NULL, 0, tol);
         nb_tensor *gout = r == NB_REDUCTION_NONE ? tu_random(s, nd, dt, 0.5, 1.5, seed + 3) : NULL;
         double *gv = gout ? tu_values(gout) : NULL;
-        ck_assert_msg(nb_backward_ex(out, &(nb_backward_opts){.grad_output = gout}) == NB_OK,
-                      "%s", nb_last_error());
+        nb_backward_opts bo = nb_backward_defaults();
+        bo.grad_output = gout;
+        ck_assert_msg(nb_backward_ex(out, &bo) == NB_OK, "%s", nb_last_error());
         memset(gp, 0, sizeof(double) * (size_t)pn);
         for (int64_t i = 0; i < n; i++) {
             double G = gv ? gv[i] : r == NB_REDUCTION_SUM ? 1 : 1.0 / (double)n;
@@ -646,10 +647,9 @@ START_TEST(test_loss_errors) {
                           "cross_entropy: target -1 is out of range for 10 classes");
     tu_assert_index_error(nb_cross_entropy(x, t100, NULL), NB_EINDEX,
                           "target -100 is out of range");
-    tu_assert_index_error(nb_cross_entropy(x, t100,
-                                           &(nb_cross_entropy_opts){.has_ignore_index = true,
-                                                                    .ignore_index = -1}),
-                          NB_EINDEX, "target -100");
+    nb_cross_entropy_opts ceo = nb_cross_entropy_defaults();
+    ceo.has_ignore_index = true, ceo.ignore_index = -1;
+    tu_assert_index_error(nb_cross_entropy(x, t100, &ceo), NB_EINDEX, "target -100");
     tu_assert_index_error(nb_nll_loss(x, t12, NULL), NB_EINDEX,
                           "nll_loss: target 12 is out of range for 10 classes");
     /* dtypes */
@@ -661,17 +661,22 @@ START_TEST(test_loss_errors) {
                     NB_EDTYPE, "floating point");
     tu_assert_error(nb_nll_loss(x, nb_zeros((int64_t[]){4}, 1, NB_BOOL), NULL), NB_EDTYPE,
                     "nll_loss: target");
+    nb_cross_entropy_opts ceo2 = nb_cross_entropy_defaults();
+    ceo2.label_smoothing = -0.1;
     /* options */
-    tu_assert_error(nb_cross_entropy(x, t, &(nb_cross_entropy_opts){.label_smoothing = -0.1}),
-                    NB_EINVAL, "label_smoothing must be in [0, 1]");
-    tu_assert_error(nb_cross_entropy(x, t, &(nb_cross_entropy_opts){.label_smoothing = 1.5}),
-                    NB_EINVAL, "label_smoothing");
-    tu_assert_error(nb_cross_entropy(x, t, &(nb_cross_entropy_opts){.label_smoothing = NAN}),
-                    NB_EINVAL, "label_smoothing");
-    tu_assert_error(nb_nll_loss(x, t, &(nb_cross_entropy_opts){.label_smoothing = 0.1}),
-                    NB_EINVAL, "label_smoothing is not supported");
-    tu_assert_error(nb_cross_entropy(x, t, &(nb_cross_entropy_opts){.reduction = 7}), NB_EINVAL,
-                    "unknown reduction 7");
+    tu_assert_error(nb_cross_entropy(x, t, &ceo2), NB_EINVAL, "label_smoothing must be in [0, 1]");
+    nb_cross_entropy_opts ceo3 = nb_cross_entropy_defaults();
+    ceo3.label_smoothing = 1.5;
+    tu_assert_error(nb_cross_entropy(x, t, &ceo3), NB_EINVAL, "label_smoothing");
+    nb_cross_entropy_opts ceo4 = nb_cross_entropy_defaults();
+    ceo4.label_smoothing = NAN;
+    tu_assert_error(nb_cross_entropy(x, t, &ceo4), NB_EINVAL, "label_smoothing");
+    nb_cross_entropy_opts ceo5 = nb_cross_entropy_defaults();
+    ceo5.label_smoothing = 0.1;
+    tu_assert_error(nb_nll_loss(x, t, &ceo5), NB_EINVAL, "label_smoothing is not supported");
+    nb_cross_entropy_opts ceo6 = nb_cross_entropy_defaults();
+    ceo6.reduction = 7;
+    tu_assert_error(nb_cross_entropy(x, t, &ceo6), NB_EINVAL, "unknown reduction 7");
     /* mse / l1 */
     nb_tensor *p3 = nb_zeros((int64_t[]){3}, 1, NB_F32), *p31 = nb_zeros((int64_t[]){3, 1}, 2, NB_F32);
     tu_assert_error(nb_mse_loss(p3, p31, NB_REDUCTION_MEAN), NB_ESHAPE,
@@ -714,7 +719,7 @@ typedef struct dev_loss {
     nb_dtype dt, tdt;
     int64_t xs[4];
     int nd;
-    nb_cross_entropy_opts o; /* o.reduction for every op */
+    nb_cross_entropy_opts o; /* o.reduction for every op; the fields only (dl_opts) */
     bool pw;                 /* bce: a pos_weight over the last dim */
 } dev_loss;
 
@@ -747,11 +752,20 @@ static bool dl_cls(const dev_loss *c) { return c->op <= 1; }
 static int dl_ninputs(const dev_loss *c) { return c->op == 2 && c->pw ? 3 : 2; }
 static int dl_ngrad(const dev_loss *c) { return dl_cls(c) ? 1 : dl_ninputs(c); }
 
+/* The options of c's row, from the defaults. */
+static nb_cross_entropy_opts dl_opts(const dev_loss *c) {
+    nb_cross_entropy_opts o = nb_cross_entropy_defaults();
+    o.reduction = c->o.reduction, o.has_ignore_index = c->o.has_ignore_index;
+    o.ignore_index = c->o.ignore_index, o.label_smoothing = c->o.label_smoothing;
+    return o;
+}
+
 static nb_tensor *dl_run(const dev_loss *c, nb_tensor *const *in) {
     nb_reduction r = c->o.reduction;
+    nb_cross_entropy_opts o = dl_opts(c);
     switch (c->op) {
-    case 0: return nb_cross_entropy(in[0], in[1], &c->o);
-    case 1: return nb_nll_loss(in[0], in[1], &c->o);
+    case 0: return nb_cross_entropy(in[0], in[1], &o);
+    case 1: return nb_nll_loss(in[0], in[1], &o);
     case 2: return nb_bce_with_logits(in[0], in[1], c->pw ? in[2] : NULL, r);
     case 3: return nb_mse_loss(in[0], in[1], r);
     default: return nb_l1_loss(in[0], in[1], r);
@@ -785,7 +799,9 @@ static nb_tensor *dl_forward_backward(const dev_loss *c, nb_device dev, nb_tenso
     ck_assert_msg(y != NULL, "%s: %s", c->what, nb_last_error());
     ck_assert(nb_device_equal(nb_tensor_device(y), dev));
     nb_tensor *g = tu_random(nb_shape(y), nb_ndim(y), nb_tensor_dtype(y), -1, 1, 24);
-    nb_status st = nb_backward_ex(y, &(nb_backward_opts){.grad_output = nb_to_device(g, dev)});
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = nb_to_device(g, dev);
+    nb_status st = nb_backward_ex(y, &bo);
     ck_assert_msg(st == NB_OK, "%s: %s", c->what, nb_last_error());
     for (int i = 0; i < dl_ngrad(c); i++) {
         ck_assert(nb_device_equal(nb_tensor_device(nb_grad(xs[i])), dev));
@@ -821,12 +837,14 @@ START_TEST(test_loss_guard) {
                                           GUARD));
     ck_assert(nb_set_requires_grad(x, true) == NB_OK);
     nb_tensor *t = nb_full_on(GUARD, (int64_t[]){3}, 1, NB_I64, -100);
-    nb_cross_entropy_opts o = {.has_ignore_index = true, .ignore_index = -100};
+    nb_cross_entropy_opts o = nb_cross_entropy_defaults();
+    o.has_ignore_index = true, o.ignore_index = -100;
     nb_tensor *y = nb_cross_entropy(x, t, &o);
     ck_assert(y != NULL);
     ck_assert(isnan(nb_item_f64(nb_to_device(y, NB_CPU))));
-    ck_assert(nb_backward_ex(y, &(nb_backward_opts){.grad_output = nb_ones_on(GUARD, NULL, 0,
-                                                                              NB_F32)}) == NB_OK);
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = nb_ones_on(GUARD, NULL, 0, NB_F32);
+    ck_assert(nb_backward_ex(y, &bo) == NB_OK);
     const double zeros[12] = {0};
     tu_assert_close(nb_to_device(nb_grad(x), NB_CPU), zeros, ((int64_t[]){3, 4}), 2, 0);
     /* An out-of-range target is found by the kernel, with the same message. */
@@ -861,7 +879,9 @@ START_TEST(test_loss_meta) {
         ck_assert_int_eq(nb_ndim(y), nb_ndim(ref));
         for (int d = 0; d < nb_ndim(y); d++) ck_assert_int_eq(nb_shape(y)[d], nb_shape(ref)[d]);
         nb_tensor *g = nb_ones_on(NB_META, nb_shape(y), nb_ndim(y), nb_tensor_dtype(y));
-        nb_status st = nb_backward_ex(y, &(nb_backward_opts){.grad_output = g});
+        nb_backward_opts bo = nb_backward_defaults();
+        bo.grad_output = g;
+        nb_status st = nb_backward_ex(y, &bo);
         ck_assert_msg(st == NB_OK, "%s: %s", c->what, nb_last_error());
         for (int k = 0; k < dl_ngrad(c); k++) {
             nb_tensor *gk = nb_grad(xs[k]);

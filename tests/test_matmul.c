@@ -827,7 +827,8 @@ static void check_devices(dev_op f, const dev_case *c, nb_dtype dt, const char *
         if (!any_grad) continue;
         nb_tensor *go = tu_random(nb_shape(out[0]), nb_ndim(out[0]), dt, -1, 1, 77);
         go = nb_to_device(go, devs[d]);
-        nb_backward_opts o = {.grad_output = go};
+        nb_backward_opts o = nb_backward_defaults();
+        o.grad_output = go;
         ck_assert_msg(nb_backward_ex(out[d], &o) == NB_OK, "%s backward on device %d: %s", what,
                       d, nb_last_error());
     }
@@ -916,7 +917,8 @@ START_TEST(test_matmul_meta_large) {
     nb_tensor *z = nb_matmul(x, nb_transpose(w, 0, 1));
     ck_assert_msg(z != NULL, "%s", nb_last_error());
     ck_assert_int_eq(nb_shape(z)[2], 50257);
-    nb_backward_opts o = {.grad_output = nb_empty_on(NB_META, nb_shape(y), 3, NB_F32)};
+    nb_backward_opts o = nb_backward_defaults();
+    o.grad_output = nb_empty_on(NB_META, nb_shape(y), 3, NB_F32);
     ck_assert_int_eq(nb_backward_ex(y, &o), NB_OK);
     ck_assert_int_eq(nb_shape(nb_grad(w))[0], 50257);
     ck_assert_int_eq(nb_tensor_device(nb_grad(x)).type, NB_DEVICE_META);

@@ -94,7 +94,9 @@ static double *ref_conv(const conv_cfg *c, const double *x, const double *w, con
 
 /* Backpropagate gradient g from y (the gradient of sum(y * g)). */
 static nb_status backward_with(nb_tensor *y, nb_tensor *g) {
-    return nb_backward_ex(y, &(nb_backward_opts){.grad_output = g});
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = g;
+    return nb_backward_ex(y, &bo);
 }
 
 static nb_tensor *run_conv(const conv_cfg *c, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
@@ -575,9 +577,10 @@ END_TEST
 START_TEST(test_conv2d_module) {
     nb_scope_begin();
     nb_generator *gen = nb_generator_new(42);
-    nb_module *m = nb_conv2d_new(8, 16, 3, 5,
-                                 &(nb_conv2d_opts){.stride = {1, 1}, .dilation = {1, 1},
-                                                   .groups = 2, .padding = {1, 2}, .gen = gen});
+    nb_conv2d_opts cvo = nb_conv2d_defaults();
+    cvo.stride[0] = 1, cvo.stride[1] = 1, cvo.dilation[0] = 1, cvo.dilation[1] = 1, cvo.groups = 2;
+    cvo.padding[0] = 1, cvo.padding[1] = 2, cvo.gen = gen;
+    nb_module *m = nb_conv2d_new(8, 16, 3, 5, &cvo);
     ck_assert_msg(m != NULL, "%s", nb_last_error());
     ck_assert_str_eq(nb_module_type(m), "Conv2d");
     nb_tensor *w = nb_module_param(m, "weight"), *b = nb_module_param(m, "bias");
@@ -608,9 +611,10 @@ START_TEST(test_conv2d_module) {
     free(v);
     /* The same seed gives the same weights. */
     nb_generator *gen2 = nb_generator_new(42);
-    nb_module *m2 = nb_conv2d_new(8, 16, 3, 5,
-                                  &(nb_conv2d_opts){.stride = {1, 1}, .dilation = {1, 1},
-                                                    .groups = 2, .padding = {1, 2}, .gen = gen2});
+    nb_conv2d_opts cvo2 = nb_conv2d_defaults();
+    cvo2.stride[0] = 1, cvo2.stride[1] = 1, cvo2.dilation[0] = 1, cvo2.dilation[1] = 1;
+    cvo2.groups = 2, cvo2.padding[0] = 1, cvo2.padding[1] = 2, cvo2.gen = gen2;
+    nb_module *m2 = nb_conv2d_new(8, 16, 3, 5, &cvo2);
     double *v1 = tu_values(w);
     tu_assert_close(nb_module_param(m2, "weight"), v1, wshape, 4, 0);
     free(v1);
@@ -683,9 +687,12 @@ START_TEST(test_conv2d_errors) {
     co = nb_conv2d_defaults();
     co.padding[0] = -1;
     tu_assert_error(nb_conv2d_new(4, 4, 3, 3, &co), NB_EINVAL, "padding");
+    nb_conv2d_opts cvo = nb_conv2d_defaults();
+    cvo.padding[0] = 1, cvo.padding[1] = 1, cvo.stride[0] = cvo.stride[1] = 0;
+    cvo.dilation[0] = cvo.dilation[1] = 0, cvo.groups = 0;
     /* options are read as written (issue 17 item 4): stride, dilation or groups 0 is an
      * error, not 1 */
-    tu_assert_error(nb_conv2d_new(4, 4, 3, 3, &(nb_conv2d_opts){.padding = {1, 1}}), NB_EINVAL,
+    tu_assert_error(nb_conv2d_new(4, 4, 3, 3, &cvo), NB_EINVAL,
                     "stride and dilation must be positive");
     co = nb_conv2d_defaults();
     ck_assert(co.stride[0] == 1 && co.stride[1] == 1 && co.padding[0] == 0 &&
@@ -982,12 +989,14 @@ START_TEST(test_pool2d_errors) {
                                           1, 1),
                     NB_ESHAPE, "empty spatial");
     tu_assert_error(nb_maxpool2d_new(0, 2, NULL), NB_EINVAL, "kernel size");
-    tu_assert_error(nb_avgpool2d_new(2, 2, &(nb_pool2d_opts){.stride = {2, 2}, .padding = {2, 0}}),
-                    NB_EINVAL, "padding");
+    nb_pool2d_opts po = nb_pool2d_defaults(2, 2);
+    po.stride[0] = 2, po.stride[1] = 2, po.padding[0] = 2, po.padding[1] = 0;
+    tu_assert_error(nb_avgpool2d_new(2, 2, &po), NB_EINVAL, "padding");
     /* options are read as written (issue 17 item 4): stride 0 is an error, not the kernel
      * size, which nb_pool2d_defaults(kh, kw) gives */
-    tu_assert_error(nb_maxpool2d_new(2, 2, &(nb_pool2d_opts){.padding = {1, 1}}), NB_EINVAL,
-                    "stride [0,0] must be positive");
+    nb_pool2d_opts po2 = nb_pool2d_defaults(2, 2);
+    po2.stride[0] = po2.stride[1] = 0, po2.padding[0] = 1, po2.padding[1] = 1;
+    tu_assert_error(nb_maxpool2d_new(2, 2, &po2), NB_EINVAL, "stride [0,0] must be positive");
     tu_assert_error(nb_maxpool2d(tu_random((int64_t[]){1, 1, 4, 4}, 4, NB_F32, -1, 1, 1),
                                  (int64_t[]){2, 2}, (int64_t[]){0, 2}, NULL),
                     NB_EINVAL, "stride");

@@ -12,8 +12,9 @@
  * output gradient; mark a leaf. */
 #define CLOSE(t, ref, tol) tu_assert_close((t), (ref), nb_shape(t), nb_ndim(t), (tol))
 static void backward_with(nb_tensor *y, nb_tensor *g) {
-    ck_assert_msg(nb_backward_ex(y, &(nb_backward_opts){.grad_output = g}) == NB_OK,
-                  "backward: %s", nb_last_error());
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = g;
+    ck_assert_msg(nb_backward_ex(y, &bo) == NB_OK, "backward: %s", nb_last_error());
 }
 static void make_grad(nb_tensor *t) { ck_assert(nb_set_requires_grad(t, true) == NB_OK); }
 

@@ -21,7 +21,8 @@ static const nb_dtype k_float[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
 
 /* Backward from y with the given output gradient (no sum/mul rules needed). */
 static void backward_with(nb_tensor *y, nb_tensor *g) {
-    nb_backward_opts o = {.grad_output = g};
+    nb_backward_opts o = nb_backward_defaults();
+    o.grad_output = g;
     ck_assert_msg(nb_backward_ex(y, &o) == NB_OK, "backward: %s", nb_last_error());
 }
 
@@ -649,8 +650,10 @@ static void expect_params(nb_module *m, const char *const *names, const int64_t 
 START_TEST(test_modules) {
     nb_scope_begin();
     nb_generator *gen = nb_generator_new(5);
+    nb_linear_opts lin3 = nb_linear_defaults();
+    lin3.gen = gen;
     /* Linear: names, shapes, PyTorch's init bounds, forward = nb_linear */
-    nb_module *lin = nb_linear_new(16, 3, &(nb_linear_opts){.gen = gen});
+    nb_module *lin = nb_linear_new(16, 3, &lin3);
     ck_assert_str_eq(nb_module_type(lin), "Linear");
     expect_params(lin, (const char *[]){"weight", "bias"}, (const int64_t[][4]){{3, 16}, {3}},
                   (int[]){2, 1}, 2);
@@ -666,7 +669,9 @@ START_TEST(test_modules) {
     CLOSE(nb_forward(lin, x), want, 0);
     free(want);
     nb_module_free(lin);
-    nb_module *lin2 = nb_linear_new(4, 2, &(nb_linear_opts){.no_bias = true, .dtype = NB_F64});
+    nb_linear_opts lin4 = nb_linear_defaults();
+    lin4.no_bias = true, lin4.dtype = NB_F64;
+    nb_module *lin2 = nb_linear_new(4, 2, &lin4);
     ck_assert_int_eq(nb_parameters(lin2)->count, 1);
     ck_assert_int_eq(nb_tensor_dtype(nb_module_param(lin2, "weight")), NB_F64);
     ck_assert_ptr_null(nb_module_param(lin2, "bias"));
@@ -731,10 +736,10 @@ START_TEST(test_modules) {
     tu_assert_error(nb_forward(bn, tu_random((int64_t[]){2, 4, 2, 2}, 4, NB_F32, 0, 1, 1)),
                     NB_ESHAPE, "3 channels");
     nb_module_free(bn);
+    nb_norm_opts nmo = nb_norm_defaults();
+    nmo.eps = 1e-5, nmo.momentum = 0.1, nmo.no_running_stats = true, nmo.no_affine = true;
     /* without running stats: batch statistics in eval too */
-    nb_module *bn1 =
-        nb_batch_norm1d_new(3, &(nb_norm_opts){.eps = 1e-5, .momentum = 0.1,
-                                                .no_running_stats = true, .no_affine = true});
+    nb_module *bn1 = nb_batch_norm1d_new(3, &nmo);
     ck_assert_int_eq(nb_buffers(bn1)->count, 0);
     ck_assert_int_eq(nb_parameters(bn1)->count, 0);
     nb_module_train(bn1, false);
@@ -747,12 +752,16 @@ START_TEST(test_modules) {
      * stats, layer norm eps 0 is 0; the constructor gives 1e-5 and 0.1 */
     nb_norm_opts nd = nb_norm_defaults();
     ck_assert(nd.eps == 1e-5 && nd.momentum == 0.1 && !nd.no_affine && !nd.no_running_stats);
-    nb_module *bn0 = nb_batch_norm1d_new(3, &(nb_norm_opts){.eps = 1e-5, .momentum = 0});
+    nb_norm_opts nmo2 = nb_norm_defaults();
+    nmo2.eps = 1e-5, nmo2.momentum = 0;
+    nb_module *bn0 = nb_batch_norm1d_new(3, &nmo2);
     ck_assert_ptr_nonnull(nb_forward(bn0, x1));
     ck_assert_double_eq(nb_get_f64(nb_module_buffer(bn0, "running_mean"), (int64_t[]){0}), 0);
     ck_assert_double_eq(nb_get_f64(nb_module_buffer(bn0, "running_var"), (int64_t[]){1}), 1);
     nb_module_free(bn0);
-    nb_module *ln0 = nb_layer_norm_new(2, &(nb_norm_opts){.eps = 0});
+    nb_norm_opts nmo3 = nb_norm_defaults();
+    nmo3.eps = 0, nmo3.momentum = 0;
+    nb_module *ln0 = nb_layer_norm_new(2, &nmo3);
     nb_tensor *y0 = nb_forward(ln0, tu_tensor((double[]){3, 1}, (int64_t[]){1, 2}, 2, NB_F32));
     ck_assert_double_eq(nb_get_f64(y0, (int64_t[]){0, 0}), 1); /* (3 - 2) / sqrt(1 + eps) */
     nb_module_free(ln0);
@@ -884,9 +893,10 @@ END_TEST
  * that surfaces later as "mul: argument 'b' is NULL". */
 START_TEST(test_module_lookup_errors) {
     nb_scope_begin();
+    nb_linear_opts lin2 = nb_linear_defaults();
+    lin2.no_bias = true;
     nb_module *seq = nb_sequential_new(nb_linear_new(4, 8, NULL), nb_relu_new(),
-                                       nb_linear_new(8, 3, &(nb_linear_opts){.no_bias = true}),
-                                       NULL);
+                                       nb_linear_new(8, 3, &lin2), NULL);
     ck_assert_ptr_nonnull(seq);
     nb_module *lin = nb_module_child(seq, "0"), *nobias = nb_module_child(seq, "2");
     ck_assert(lin && nobias);
@@ -919,8 +929,9 @@ START_TEST(test_module_lookup_errors) {
     ck_assert_ptr_null(nb_module_buffer_opt(lin, "running_mean"));
     ck_assert_ptr_nonnull(nb_module_find(seq, "2.weight"));
     ck_assert_ptr_nonnull(nb_forward(seq, x)); /* a Linear without bias */
-    nb_module *bn = nb_batch_norm1d_new(4, &(nb_norm_opts){.no_affine = true,
-                                                            .no_running_stats = true});
+    nb_norm_opts nmo = nb_norm_defaults();
+    nmo.no_affine = true, nmo.no_running_stats = true, nmo.eps = 0, nmo.momentum = 0;
+    nb_module *bn = nb_batch_norm1d_new(4, &nmo);
     ck_assert_ptr_nonnull(nb_forward(bn, x));
     nb_module_free(bn);
     ck_assert_int_eq(nb_last_status(), NB_OK);
@@ -958,7 +969,9 @@ START_TEST(test_layer_errors) {
     tu_assert_error(nb_linear(NULL, w, b), NB_ENULL, NULL);
     tu_assert_error(nb_linear(x4, NULL, b), NB_ENULL, NULL);
     tu_assert_error(nb_linear_new(-1, 3, NULL), NB_EINVAL, ">= 0");
-    tu_assert_error(nb_linear_new(2, 3, &(nb_linear_opts){.dtype = NB_I64}), NB_EDTYPE, "float");
+    nb_linear_opts lin = nb_linear_defaults();
+    lin.dtype = NB_I64;
+    tu_assert_error(nb_linear_new(2, 3, &lin), NB_EDTYPE, "float");
 
     tu_assert_error(nb_layer_norm(x, b, NULL, 1e-5), NB_ESHAPE, "weight must have shape [5]");
     tu_assert_error(
@@ -1036,7 +1049,8 @@ static nb_status log_post(nb_module *m, nb_tensor *x, nb_tensor *out, void *ctx)
 START_TEST(test_forward_hooks) {
     nb_scope_begin();
     nb_generator *g = nb_generator_new(1);
-    nb_linear_opts o = {.gen = g};
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
     nb_module *lin = nb_linear_new(3, 2, &o);
     nb_module *m = nb_sequential_new(lin, nb_relu_new(), NULL);
     nb_generator_free(g);

@@ -493,7 +493,9 @@ START_TEST(test_groups) {
     nb_optim_free(opt);
     /* parameters without names are named by their index */
     nb_params anon = {2, (nb_tensor *[]){w, b}, NULL};
-    opt = nb_sgd_new(&anon, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1, so.momentum = 0.9;
+    opt = nb_sgd_new(&anon, &so);
     nb_set_grad(b, nb_ones_like(b));
     ASSERT_OK(nb_step(opt));
     ck_assert_str_eq(nb_optim_state(opt)->names[0], "momentum_buffer.1");
@@ -510,7 +512,9 @@ START_TEST(test_zero_grad) {
     nb_set_requires_grad(a, true);
     nb_set_requires_grad(b, true);
     nb_params ps = {2, (nb_tensor *[]){a, b}, (const char *[]){"a", "b"}};
-    nb_optim *opt = nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1});
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1;
+    nb_optim *opt = nb_sgd_new(&ps, &so);
     /* a: an ordinary gradient from backward; b: a view into a flat gradient buffer */
     ASSERT_OK(nb_backward(nb_sum(nb_mul(a, a), NULL, 0, false)));
     nb_tensor *flat = nb_full((int64_t[]){8}, 1, NB_F32, 3.0);
@@ -544,7 +548,9 @@ START_TEST(test_flat_model) {
                                      nb_linear_new(8, 3, NULL), NULL);
     ck_assert(model);
     ASSERT_OK(nb_module_flatten_parameters(model, 0));
-    nb_optim *opt = nb_sgd_new(nb_parameters(model), &(nb_sgd_opts){.lr = 0.05f, .momentum = 0.9f});
+    nb_sgd_opts so2 = nb_sgd_defaults();
+    so2.lr = 0.05f, so2.momentum = 0.9f;
+    nb_optim *opt = nb_sgd_new(nb_parameters(model), &so2);
     ck_assert(opt);
     nb_tensor *fp = nb_module_flat_params(model), *fg = nb_module_flat_grads(model);
     double first = 0, last = 0;
@@ -620,10 +626,9 @@ START_TEST(test_empty_and_steady) {
     ao.amsgrad = true;
     nb_rmsprop_opts ro = nb_rmsprop_defaults();
     ro.centered = true, ro.momentum = 0.5;
-    nb_optim *opts[3] = {
-        nb_adam_new(&ps, &ao),
-        nb_rmsprop_new(&ps, &ro),
-        nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .nesterov = true})};
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1, so.momentum = 0.9, so.nesterov = true;
+    nb_optim *opts[3] = {nb_adam_new(&ps, &ao), nb_rmsprop_new(&ps, &ro), nb_sgd_new(&ps, &so)};
     nb_set_grad(e, nb_zeros((int64_t[]){2, 0}, 2, NB_F32));
     nb_set_grad(w, tu_random((int64_t[]){300}, 1, NB_F32, -1, 1, 2));
     for (int k = 0; k < 3; k++) {
@@ -655,8 +660,9 @@ START_TEST(test_zero_is_zero) {
     nb_tensor *p = tu_random(&n, 1, NB_F64, -1, 1, 3);
     double *want = tu_values(p), v[5] = {0};
     nb_params ps = {1, (nb_tensor *[]){p}, (const char *[]){"p"}};
-    nb_optim *opt = nb_adamw_new(&ps, &(nb_adamw_opts){.lr = 0.1, .betas = {0, 0.99},
-                                                       .eps = 1e-8, .weight_decay = 0});
+    nb_adamw_opts ao = nb_adamw_defaults();
+    ao.lr = 0.1, ao.betas[0] = 0, ao.betas[1] = 0.99, ao.eps = 1e-8, ao.weight_decay = 0;
+    nb_optim *opt = nb_adamw_new(&ps, &ao);
     for (int s = 1; s <= 2; s++) {
         nb_set_grad(p, tu_tensor(gs[s - 1], &n, 1, NB_F64));
         ASSERT_OK(nb_step(opt));
@@ -673,14 +679,15 @@ START_TEST(test_zero_is_zero) {
     ck_assert_double_eq(go.betas[0], 0);
     /* a group's weight_decay 0 is 0, not the optimizer's 0.5 */
     nb_optim_free(opt);
-    opt = nb_adamw_new(&ps, &(nb_adamw_opts){.lr = 0.1, .betas = {0.9, 0.999}, .eps = 1e-8,
-                                             .weight_decay = 0.5});
+    nb_adamw_opts ao2 = nb_adamw_defaults();
+    ao2.lr = 0.1, ao2.betas[0] = 0.9, ao2.betas[1] = 0.999, ao2.eps = 1e-8, ao2.weight_decay = 0.5;
+    opt = nb_adamw_new(&ps, &ao2);
     nb_tensor *q = tu_random(&n, 1, NB_F64, -1, 1, 4);
-    ck_assert_int_eq(nb_optim_add_group(opt, &(nb_params){1, (nb_tensor *[]){q},
-                                                          (const char *[]){"q"}},
-                                        &(nb_group_opts){.lr = 0.1, .weight_decay = 0,
-                                                         .betas = {0.9, 0.999}, .eps = 1e-8}),
-                     1);
+    nb_group_opts gq = nb_group_defaults();
+    gq.lr = 0.1, gq.weight_decay = 0, gq.betas[0] = 0.9, gq.betas[1] = 0.999, gq.eps = 1e-8;
+    ck_assert_int_eq(
+        nb_optim_add_group(opt, &(nb_params){1, (nb_tensor *[]){q}, (const char *[]){"q"}}, &gq),
+        1);
     ASSERT_OK(nb_optim_group_opts(opt, 1, &go));
     ck_assert_double_eq(go.weight_decay, 0);
     nb_optim_free(opt);
@@ -689,7 +696,9 @@ START_TEST(test_zero_is_zero) {
     p = tu_random(&n, 1, NB_F64, -1, 1, 5);
     want = tu_values(p);
     ps.tensors[0] = p;
-    opt = nb_rmsprop_new(&ps, &(nb_rmsprop_opts){.lr = 0.01, .alpha = 0, .eps = 1e-8});
+    nb_rmsprop_opts rmo = nb_rmsprop_defaults();
+    rmo.lr = 0.01, rmo.alpha = 0, rmo.eps = 1e-8;
+    opt = nb_rmsprop_new(&ps, &rmo);
     nb_set_grad(p, tu_tensor(g1, &n, 1, NB_F64));
     ASSERT_OK(nb_step(opt));
     for (int i = 0; i < n; i++) want[i] -= 0.01 * g1[i] / (fabs(g1[i]) + 1e-8);
@@ -700,7 +709,9 @@ START_TEST(test_zero_is_zero) {
     p = tu_random(&n, 1, NB_F64, -1, 1, 6);
     want = tu_values(p);
     ps.tensors[0] = p;
-    opt = nb_adagrad_new(&ps, &(nb_adagrad_opts){.lr = 0.1, .eps = 0});
+    nb_adagrad_opts ago = nb_adagrad_defaults();
+    ago.lr = 0.1, ago.eps = 0;
+    opt = nb_adagrad_new(&ps, &ago);
     nb_set_grad(p, tu_tensor(g1, &n, 1, NB_F64));
     ASSERT_OK(nb_step(opt));
     for (int i = 0; i < n; i++) want[i] -= 0.1 * (g1[i] > 0 ? 1 : -1);
@@ -708,12 +719,14 @@ START_TEST(test_zero_is_zero) {
     nb_optim_free(opt);
     free(want);
     /* schedules: gamma 0 is 0; a one-cycle base_momentum 0 is 0 */
-    nb_sched_opts so = {.kind = NB_SCHED_STEP, .step_size = 2, .gamma = 0};
+    nb_sched_opts so = nb_sched_defaults(NB_SCHED_STEP);
+    so.step_size = 2, so.gamma = 0;
     ck_assert_double_eq(nb_sched_lr_at(&so, 1.0, 1), 1.0);
     ck_assert_double_eq(nb_sched_lr_at(&so, 1.0, 2), 0);
-    so = (nb_sched_opts){.kind = NB_SCHED_ONECYCLE, .total_steps = 10, .max_lr = 1,
-                         .pct_start = 0.3, .div_factor = 25, .final_div_factor = 1e4,
-                         .cycle_momentum = true, .base_momentum = 0, .max_momentum = 0.95};
+    so = nb_sched_defaults(NB_SCHED_ONECYCLE);
+    so.total_steps = 10, so.max_lr = 1, so.pct_start = 0.3, so.div_factor = 25;
+    so.final_div_factor = 1e4, so.cycle_momentum = true, so.base_momentum = 0;
+    so.max_momentum = 0.95;
     ck_assert_double_eq_tol(nb_sched_momentum_at(&so, 2), 0, 1e-15); /* the peak of lr */
     /* clip: norm_type 0 is an error, not the 2-norm */
     nb_set_grad(p, tu_tensor(g1, &n, 1, NB_F64));
@@ -742,7 +755,8 @@ START_TEST(test_pipe_opts_as_written) {
     nb_comm *self = nb_comm_self();
     nb_tensor *w = nb_full((int64_t[]){3}, 1, NB_F32, 2.0);
     nb_set_requires_grad(w, true);
-    nb_pipe_opts z = {.schedule = NB_PIPE_1F1B, .n_micro = 1}; /* virtual_stages 0 */
+    nb_pipe_opts z = nb_pipe_defaults(); /* virtual_stages 0 */
+    z.schedule = NB_PIPE_1F1B, z.n_micro = 1, z.virtual_stages = 0, z.loss_scale = 0;
     ck_assert(isnan(nb_pipe_run(self, &z, pipe_stage, w, NULL)));
     ck_assert_int_eq(nb_last_status(), NB_EINVAL);
     ck_assert_ptr_nonnull(strstr(nb_last_error(), "got 0 and 0 (start from nb_pipe_defaults()"));
@@ -821,28 +835,46 @@ START_TEST(test_errors) {
     nb_scope_begin();
     nb_tensor *w = tu_random((int64_t[]){2, 3}, 2, NB_F32, -1, 1, 1);
     nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
-    tu_assert_error(nb_sgd_new(&ps, &(nb_sgd_opts){0}), NB_EINVAL, "sgd: lr must be > 0");
+    nb_sgd_opts so = nb_sgd_defaults();
+    tu_assert_error(nb_sgd_new(&ps, &so), NB_EINVAL, "sgd: lr must be > 0");
     tu_assert_error(nb_sgd_new(&ps, NULL), NB_EINVAL, "sgd: lr must be > 0");
-    tu_assert_error(nb_sgd_new(&ps, &(nb_sgd_opts){.lr = -0.1}), NB_EINVAL, "lr must be > 0");
-    tu_assert_error(nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1, .nesterov = true}), NB_EINVAL,
+    nb_sgd_opts so2 = nb_sgd_defaults();
+    so2.lr = -0.1;
+    tu_assert_error(nb_sgd_new(&ps, &so2), NB_EINVAL, "lr must be > 0");
+    nb_sgd_opts so3 = nb_sgd_defaults();
+    so3.lr = 0.1, so3.nesterov = true;
+    tu_assert_error(nb_sgd_new(&ps, &so3), NB_EINVAL,
                     "nesterov momentum requires a momentum > 0 and zero dampening");
-    tu_assert_error(nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .dampening = 0.1,
-                                               .nesterov = true}), NB_EINVAL, "nesterov");
-    tu_assert_error(nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1, .momentum = -1}), NB_EINVAL,
-                    "momentum must be >= 0");
-    tu_assert_error(nb_adam_new(&ps, &(nb_adam_opts){.betas = {0.9, 1.0}}), NB_EINVAL,
-                    "adam: betas[1] must be in [0, 1), got 1");
-    tu_assert_error(nb_adamw_new(&ps, &(nb_adam_opts){.betas = {-0.5, 0}}), NB_EINVAL, "betas[0]");
-    tu_assert_error(nb_adam_new(&ps, &(nb_adam_opts){.lr = -1}), NB_EINVAL,
-                    "adam: lr must be >= 0");
-    tu_assert_error(nb_adam_new(&ps, &(nb_adam_opts){.eps = -1}), NB_EINVAL, "eps must be >= 0");
-    tu_assert_error(nb_adamw_new(&ps, &(nb_adam_opts){.weight_decay = -1}), NB_EINVAL,
-                    "weight_decay");
-    tu_assert_error(nb_rmsprop_new(&ps, &(nb_rmsprop_opts){.alpha = -1}), NB_EINVAL,
-                    "rmsprop: alpha");
-    tu_assert_error(nb_adagrad_new(&ps, &(nb_adagrad_opts){.lr_decay = -1}), NB_EINVAL, "lr_decay");
-    tu_assert_error(nb_adagrad_new(&ps, &(nb_adagrad_opts){.initial_accumulator_value = NAN}),
-                    NB_EINVAL, "initial_accumulator_value");
+    nb_sgd_opts so4 = nb_sgd_defaults();
+    so4.lr = 0.1, so4.momentum = 0.9, so4.dampening = 0.1, so4.nesterov = true;
+    tu_assert_error(nb_sgd_new(&ps, &so4), NB_EINVAL, "nesterov");
+    nb_sgd_opts so5 = nb_sgd_defaults();
+    so5.lr = 0.1, so5.momentum = -1;
+    tu_assert_error(nb_sgd_new(&ps, &so5), NB_EINVAL, "momentum must be >= 0");
+    nb_adam_opts ao = nb_adam_defaults();
+    ao.betas[0] = 0.9, ao.betas[1] = 1.0, ao.lr = 0, ao.eps = 0;
+    tu_assert_error(nb_adam_new(&ps, &ao), NB_EINVAL, "adam: betas[1] must be in [0, 1), got 1");
+    nb_adam_opts ao2 = nb_adam_defaults();
+    ao2.betas[0] = -0.5, ao2.betas[1] = 0, ao2.lr = 0, ao2.eps = 0;
+    tu_assert_error(nb_adamw_new(&ps, &ao2), NB_EINVAL, "betas[0]");
+    nb_adam_opts ao3 = nb_adam_defaults();
+    ao3.lr = -1, ao3.betas[0] = ao3.betas[1] = 0, ao3.eps = 0;
+    tu_assert_error(nb_adam_new(&ps, &ao3), NB_EINVAL, "adam: lr must be >= 0");
+    nb_adam_opts ao4 = nb_adam_defaults();
+    ao4.eps = -1, ao4.lr = 0, ao4.betas[0] = ao4.betas[1] = 0;
+    tu_assert_error(nb_adam_new(&ps, &ao4), NB_EINVAL, "eps must be >= 0");
+    nb_adam_opts ao5 = nb_adam_defaults();
+    ao5.weight_decay = -1, ao5.lr = 0, ao5.betas[0] = ao5.betas[1] = 0, ao5.eps = 0;
+    tu_assert_error(nb_adamw_new(&ps, &ao5), NB_EINVAL, "weight_decay");
+    nb_rmsprop_opts rmo = nb_rmsprop_defaults();
+    rmo.alpha = -1, rmo.lr = 0, rmo.eps = 0;
+    tu_assert_error(nb_rmsprop_new(&ps, &rmo), NB_EINVAL, "rmsprop: alpha");
+    nb_adagrad_opts ago = nb_adagrad_defaults();
+    ago.lr_decay = -1, ago.lr = 0, ago.eps = 0;
+    tu_assert_error(nb_adagrad_new(&ps, &ago), NB_EINVAL, "lr_decay");
+    nb_adagrad_opts ago2 = nb_adagrad_defaults();
+    ago2.initial_accumulator_value = NAN, ago2.lr = 0, ago2.eps = 0;
+    tu_assert_error(nb_adagrad_new(&ps, &ago2), NB_EINVAL, "initial_accumulator_value");
     tu_assert_error(nb_adam_new(NULL, NULL), NB_ENULL, "params is NULL");
     /* (f16/bf16 parameters get f32 master weights: tests/test_scaler.c) */
     nb_tensor *h = nb_zeros((int64_t[]){2}, 1, NB_I32);
@@ -1044,7 +1076,9 @@ START_TEST(test_sched_vs_pytorch) {
     nb_scope_begin();
     nb_tensor *w = nb_zeros((int64_t[]){2}, 1, NB_F32);
     nb_params ps = {1, (nb_tensor *[]){w}, (const char *[]){"w"}};
-    nb_optim *opt = nb_sgd_new(&ps, &(nb_sgd_opts){.lr = base, .momentum = 0.9});
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = base, so.momentum = 0.9;
+    nb_optim *opt = nb_sgd_new(&ps, &so);
     nb_sched *s = nb_sched_new(opt, &o);
     ck_assert_msg(s, "%s", nb_last_error());
     int t = 0;
@@ -1135,22 +1169,24 @@ START_TEST(test_sched) {
               "unexpected entry 'foo'");
     ASSERT_ST(nb_sched_load_state(s, st->names, bad, 1), NB_EINVAL, "missing 'base_lrs'");
     nb_sched_free(s);
+    nb_sched_opts sco = nb_sched_defaults(NB_SCHED_STEP);
+    sco.gamma = 0;
     /* option errors */
-    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_STEP}), NB_EINVAL,
-                    "step_size must be > 0");
-    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_COSINE}), NB_EINVAL,
-                    "total_steps must be > 0");
-    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_LINEAR, .total_steps = 5,
-                                                       .warmup_steps = 6}),
-                    NB_EINVAL, "warmup_steps");
-    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_EXPONENTIAL}), NB_EINVAL,
-                    "gamma is required");
-    tu_assert_error(nb_sched_new(opt, &(nb_sched_opts){.kind = NB_SCHED_MULTISTEP,
-                                                       .milestones = (int64_t[]){5, 2},
-                                                       .num_milestones = 2}),
-                    NB_EINVAL, "non-decreasing");
-    tu_assert_error(nb_sched_new(NULL, &(nb_sched_opts){0}), NB_ENULL, NULL);
-    ck_assert(isnan(nb_sched_lr_at(&(nb_sched_opts){.kind = NB_SCHED_CONSTANT}, 0.1, -1)));
+    tu_assert_error(nb_sched_new(opt, &sco), NB_EINVAL, "step_size must be > 0");
+    nb_sched_opts sco2 = nb_sched_defaults(NB_SCHED_COSINE);
+    tu_assert_error(nb_sched_new(opt, &sco2), NB_EINVAL, "total_steps must be > 0");
+    nb_sched_opts sco3 = nb_sched_defaults(NB_SCHED_LINEAR);
+    sco3.total_steps = 5, sco3.warmup_steps = 6;
+    tu_assert_error(nb_sched_new(opt, &sco3), NB_EINVAL, "warmup_steps");
+    nb_sched_opts sco4 = nb_sched_defaults(NB_SCHED_EXPONENTIAL);
+    tu_assert_error(nb_sched_new(opt, &sco4), NB_EINVAL, "gamma is required");
+    nb_sched_opts sco5 = nb_sched_defaults(NB_SCHED_MULTISTEP);
+    sco5.milestones = (int64_t[]){5, 2}, sco5.num_milestones = 2, sco5.gamma = 0;
+    tu_assert_error(nb_sched_new(opt, &sco5), NB_EINVAL, "non-decreasing");
+    nb_sched_opts sco6 = nb_sched_defaults(NB_SCHED_CONSTANT);
+    tu_assert_error(nb_sched_new(NULL, &sco6), NB_ENULL, NULL);
+    nb_sched_opts sco7 = nb_sched_defaults(NB_SCHED_CONSTANT);
+    ck_assert(isnan(nb_sched_lr_at(&sco7, 0.1, -1)));
     nb_clear_error();
     nb_optim_free(opt);
     nb_tensor *x = nb_zeros((int64_t[]){2}, 1, NB_F32);

@@ -15,10 +15,16 @@
 #define NKINDS 7
 static nb_optim *make_kind(int k, const nb_params *ps) {
     switch (k) {
-    case 0:
-        return nb_sgd_new(ps, &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9, .nesterov = true,
-                                             .weight_decay = 0.01});
-    case 1: return nb_sgd_new(ps, &(nb_sgd_opts){.lr = 0.1, .maximize = true});
+    case 0: {
+        nb_sgd_opts o = nb_sgd_defaults();
+        o.lr = 0.1, o.momentum = 0.9, o.nesterov = true, o.weight_decay = 0.01;
+        return nb_sgd_new(ps, &o);
+    }
+    case 1: {
+        nb_sgd_opts o = nb_sgd_defaults();
+        o.lr = 0.1, o.maximize = true;
+        return nb_sgd_new(ps, &o);
+    }
     case 2: {
         nb_adam_opts o = nb_adam_defaults();
         o.lr = 0.01, o.amsgrad = true, o.weight_decay = 0.1;
@@ -182,7 +188,9 @@ static void meta_backward(nb_module *m, const int64_t *shape) {
     ck_assert_msg(y, "%s", nb_last_error());
     ck_assert(on(y, NB_DEVICE_META));
     nb_tensor *gy = nb_ones_on(NB_META, shape, 2, NB_F32);
-    ASSERT_OK(nb_backward_ex(y, &(nb_backward_opts){.grad_output = gy}));
+    nb_backward_opts bo = nb_backward_defaults();
+    bo.grad_output = gy;
+    ASSERT_OK(nb_backward_ex(y, &bo));
 }
 
 /* An optimizer step on the meta device: state is created (on meta, with the parameters'
@@ -296,8 +304,10 @@ START_TEST(test_device_errors) {
     nb_module_free(c);
     nb_module_free(m);
 
+    nb_sgd_opts so2 = nb_sgd_defaults();
+    so2.lr = 0.1;
     /* schedule state read from the guard device */
-    o = nb_sgd_new(&ps, &(nb_sgd_opts){.lr = 0.1});
+    o = nb_sgd_new(&ps, &so2);
     nb_sched_opts so = nb_sched_defaults(NB_SCHED_COSINE);
     so.total_steps = 10;
     nb_sched *s = nb_sched_new(o, &so);

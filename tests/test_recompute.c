@@ -162,7 +162,8 @@ START_TEST(test_function_nested) {
         ck_assert_ptr_nonnull(y);
         ck_assert(nb_requires_grad(y));
         nb_tensor *loss = nb_sum(y, NULL, 0, false);
-        nb_backward_opts o = {.retain_graph = true};
+        nb_backward_opts o = nb_backward_defaults();
+        o.retain_graph = true;
         ck_assert_int_eq(nb_backward_ex(loss, &o), NB_OK);
         ck_assert_int_eq(nb_backward(loss), NB_OK); /* twice: gradients double */
         nb_scope_end();
@@ -248,7 +249,8 @@ START_TEST(test_errors) {
     tu_assert_error(nb_recompute(NULL, &x, 1, NULL, NULL), NB_ENULL, "fn is NULL");
     tu_assert_error(nb_recompute(inner_fn, NULL, 1, x, NULL), NB_EINVAL, "inputs NULL");
     ASSERT_ST(nb_module_set_recompute(NULL, true, NULL), NB_ENULL, "module is NULL");
-    nb_gpt_config bad = {.recompute = (nb_gpt_recompute)7};
+    nb_gpt_config bad = nb_gpt_config_defaults();
+    bad.recompute = (nb_gpt_recompute)7;
     tu_assert_error(nb_gpt_new(&bad, NULL), NB_EINVAL, "recompute");
 
     nb_tensor_free(x);
@@ -303,8 +305,9 @@ static void free_gpt(gpt_out *o) {
 }
 
 START_TEST(test_gpt_bit_identical) {
-    const nb_gpt_config cfg = {.vocab_size = 64, .block_size = 16, .n_layer = 3, .n_head = 2,
-                               .n_embd = 32, .dropout = 0.2};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.vocab_size = 64, cfg.block_size = 16, cfg.n_layer = 3, cfg.n_head = 2, cfg.n_embd = 32;
+    cfg.dropout = 0.2;
     gpt_out ref, o;
     run_gpt(&cfg, NB_GPT_RECOMPUTE_NONE, 3, &ref);
     for (int r = NB_GPT_RECOMPUTE_ATTN; r <= NB_GPT_RECOMPUTE_FULL; r++) {
@@ -325,8 +328,9 @@ END_TEST
  * input and its parameters' gradients, plus one block's worth (the replay's activations):
  * "1/L of the activations plus one block's". */
 START_TEST(test_gpt_memory) {
-    nb_gpt_config cfg = {.vocab_size = 64, .block_size = 64, .n_layer = 1, .n_head = 4,
-                         .n_embd = 64, .dropout = 0.1};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.vocab_size = 64, cfg.block_size = 64, cfg.n_layer = 1, cfg.n_head = 4, cfg.n_embd = 64;
+    cfg.dropout = 0.1;
     const int64_t B = 4, L = 6;
     gpt_out one, none, attn, full;
     run_gpt(&cfg, NB_GPT_RECOMPUTE_NONE, B, &one);

@@ -36,8 +36,12 @@ typedef struct net {
 static net net_new(int in, int hid, int out, int batch) {
     net n;
     n.g = nb_generator_new(3);
-    n.m = nb_sequential_new(nb_linear_new(in, hid, &(nb_linear_opts){.gen = n.g}), nb_relu_new(),
-                            nb_linear_new(hid, out, &(nb_linear_opts){.gen = n.g}), NULL);
+    nb_linear_opts lin = nb_linear_defaults();
+    lin.gen = n.g;
+    nb_linear_opts lin2 = nb_linear_defaults();
+    lin2.gen = n.g;
+    n.m = nb_sequential_new(nb_linear_new(in, hid, &lin), nb_relu_new(),
+                            nb_linear_new(hid, out, &lin2), NULL);
     nb_sgd_opts so = nb_sgd_defaults();
     so.lr = 0.01;
     n.opt = nb_sgd_new(nb_parameters(n.m), &so);

@@ -41,9 +41,12 @@ START_TEST(test_xor) {
     nb_generator *g = nb_generator_new(1);
     nb_tensor *x = tu_tensor((double[]){0, 0, 0, 1, 1, 0, 1, 1}, (int64_t[]){4, 2}, 2, NB_F32);
     nb_tensor *y = tu_tensor((double[]){0, 1, 1, 0}, (int64_t[]){4}, 1, NB_I64);
-    nb_module *model = nb_sequential_new(nb_linear_new(2, 8, &(nb_linear_opts){.gen = g}),
-                                     nb_tanh_new(),
-                                     nb_linear_new(8, 2, &(nb_linear_opts){.gen = g}), NULL);
+    nb_linear_opts lin = nb_linear_defaults();
+    lin.gen = g;
+    nb_linear_opts lin2 = nb_linear_defaults();
+    lin2.gen = g;
+    nb_module *model = nb_sequential_new(nb_linear_new(2, 8, &lin), nb_tanh_new(),
+                                         nb_linear_new(8, 2, &lin2), NULL);
     nb_adam_opts ao = nb_adam_defaults();
     ao.lr = 0.05;
     nb_optim *opt = nb_adam_new(nb_parameters(model), &ao);
@@ -71,7 +74,8 @@ START_TEST(test_two_spirals) {
     nb_generator *g = nb_generator_new(2);
     nb_tensor *x = tu_tensor(xs, (int64_t[]){2 * P, 2}, 2, NB_F32);
     nb_tensor *y = tu_tensor(ys, (int64_t[]){2 * P}, 1, NB_I64);
-    nb_linear_opts lo = {.gen = g};
+    nb_linear_opts lo = nb_linear_defaults();
+    lo.gen = g;
     nb_module *model = nb_sequential_new(nb_linear_new(2, 64, &lo), nb_tanh_new(),
                                      nb_linear_new(64, 64, &lo), nb_tanh_new(),
                                      nb_linear_new(64, 2, &lo), NULL);
@@ -96,7 +100,9 @@ START_TEST(test_step_no_alloc) {
     nb_module *model = nb_sequential_new(nb_linear_new(20, 16, NULL), nb_relu_new(),
                                      nb_layer_norm_new(16, NULL), nb_dropout_new(0.1, g),
                                      nb_linear_new(16, 5, NULL), NULL);
-    nb_optim *opt = nb_sgd_new(nb_parameters(model), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1, so.momentum = 0.9;
+    nb_optim *opt = nb_sgd_new(nb_parameters(model), &so);
     ck_assert(model && opt);
     nb_alloc_stats a, b;
     for (int step = 0; step < 40; step++) {

@@ -44,6 +44,7 @@ Suite *nb_suite_scaler(void);
 Suite *nb_suite_autocast(void);
 Suite *nb_suite_lm_ops(void);
 Suite *nb_suite_llama(void);
+Suite *nb_suite_options(void);
 /* Test cases kept in their own files, added to the suite named first. */
 TCase *nb_tcase_norm_devices(void); /* nn_layers: tests/test_nn_devices.c */
 TCase *nb_tcase_module_to(void);    /* nn_layers: tests/test_nn_devices.c */

@@ -62,10 +62,10 @@ static nb_tensor *attn_core(nb_tensor *const *qkv, int n, void *m) {
 static nb_tensor *attn_forward(nb_module *m, nb_tensor *x) {
     const nb_gpt_config *c = cfg_of(m);
     nb_tensor *qkv = nb_forward(nb_module_child(m, "c_attn"), x); /* (B, T, 3C) */
-    nb_tensor *y = c->recompute == NB_GPT_RECOMPUTE_ATTN
-                       ? nb_recompute(attn_core, &qkv, 1, m,
-                                      &(nb_recompute_opts){.gen = c->dropout_gen})
-                       : attn_core(&qkv, 1, m);
+    nb_recompute_opts ro = nb_recompute_defaults();
+    ro.gen = c->dropout_gen;
+    nb_tensor *y = c->recompute == NB_GPT_RECOMPUTE_ATTN ? nb_recompute(attn_core, &qkv, 1, m, &ro)
+                                                         : attn_core(&qkv, 1, m);
     return nb_forward(nb_module_child(m, "resid_dropout"),
                       nb_forward(nb_module_child(m, "c_proj"), y));
 }
@@ -156,13 +156,24 @@ static nb_module *make_block(nb_module *list, const nb_gpt_config *c, nb_generat
     return fill_block(b, c, gen);
 }
 
+nb_gpt_config nb_gpt_config_defaults(void) {
+    return (nb_gpt_config){._init = NB__OPTS_MARK(nb_gpt_config),
+                           .vocab_size = 256,
+                           .block_size = 128,
+                           .n_layer = 4,
+                           .n_head = 4,
+                           .n_embd = 256};
+}
+
+nb_gpt_sample_opts nb_gpt_sample_defaults(void) {
+    return (nb_gpt_sample_opts){._init = NB__OPTS_MARK(nb_gpt_sample_opts)};
+}
+
 static bool resolve(const nb_gpt_config *in, nb_gpt_config *c) {
-    *c = in ? *in : (nb_gpt_config){0};
-    if (!c->vocab_size) c->vocab_size = 256;
-    if (!c->block_size) c->block_size = 128;
-    if (!c->n_layer) c->n_layer = 4;
-    if (!c->n_head) c->n_head = 4;
-    if (!c->n_embd) c->n_embd = 256;
+    if (in && NB__OPTS_CHECK(in, nb_gpt_config, "nb_gpt_new", "nb_gpt_config_defaults()",
+                             "o.n_layer = 2") != NB_OK)
+        return false;
+    *c = in ? *in : nb_gpt_config_defaults();
     if (c->vocab_size < 1 || c->block_size < 1 || c->n_layer < 1 || c->n_head < 1 ||
         c->n_embd < 1) {
         nb_set_error(NB_EINVAL, "nb_gpt_new: vocab_size, block_size, n_layer, n_head and n_embd must "
@@ -391,13 +402,20 @@ reduced:
     return loss_sum / n_micro;
 }
 
-nb_gpt_step_opts nb_gpt_step_defaults(void) { return (nb_gpt_step_opts){0}; }
+nb_gpt_step_opts nb_gpt_step_defaults(void) {
+    return (nb_gpt_step_opts){._init = NB__OPTS_MARK(nb_gpt_step_opts)};
+}
 
 double nb_gpt_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
                             nb_tensor *const *y, int n_micro, const nb_gpt_step_opts *o,
                             double *grad_norm) {
-    nb_gpt_step_opts d = {0};
+    nb_gpt_step_opts d = nb_gpt_step_defaults();
     if (!o) o = &d;
+    if (NB__OPTS_CHECK(o, nb_gpt_step_opts, "nb_gpt_train_step_ex", "nb_gpt_step_defaults()",
+                       "o.grad_clip = 1") != NB_OK) {
+        if (grad_norm) *grad_norm = NAN;
+        return NAN;
+    }
     if (o->ddp && o->zero) {
         if (grad_norm) *grad_norm = NAN;
         nb_set_error(NB_EINVAL, "nb_gpt_train_step_ex: ddp and zero both given; a model is "
@@ -409,14 +427,16 @@ double nb_gpt_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
 
 double nb_gpt_train_step(nb_module *m, nb_optim *opt, nb_ddp *ddp, nb_tensor *const *x,
                       nb_tensor *const *y, int n_micro, double grad_clip, double *grad_norm) {
-    nb_gpt_step_opts o = {.ddp = ddp, .grad_clip = grad_clip};
+    nb_gpt_step_opts o = nb_gpt_step_defaults();
+    o.ddp = ddp, o.grad_clip = grad_clip;
     return nb__lm_train_step(m, opt, &o, x, y, n_micro, grad_norm, nb_gpt_loss);
 }
 
 double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_tensor *const *x,
                               nb_tensor *const *y, int n_micro, double grad_clip,
                               double *grad_norm) {
-    nb_gpt_step_opts o = {.zero = zero, .grad_clip = grad_clip};
+    nb_gpt_step_opts o = nb_gpt_step_defaults();
+    o.zero = zero, o.grad_clip = grad_clip;
     return nb__lm_train_step(m, opt, &o, x, y, n_micro, grad_norm, nb_gpt_loss);
 }
 
@@ -465,7 +485,10 @@ nb_status nb__lm_next(nb_tensor *last, int64_t V, const nb_gpt_sample_opts *o, d
 nb_status nb_gpt_generate(nb_module *m, const int64_t *prompt, int64_t n_prompt, int64_t n_new,
                        const nb_gpt_sample_opts *o, int64_t *out) {
     const nb_gpt_config *c = nb_gpt_get_config(m);
-    nb_gpt_sample_opts opt = o ? *o : (nb_gpt_sample_opts){0};
+    if (o && NB__OPTS_CHECK(o, nb_gpt_sample_opts, "nb_gpt_generate", "nb_gpt_sample_defaults()",
+                            "o.temperature = 0.8") != NB_OK)
+        return nb_last_status();
+    nb_gpt_sample_opts opt = o ? *o : nb_gpt_sample_defaults();
     if (!c) return nb_set_error(NB_EINVAL, "nb_gpt_generate: the module is not a GPT made by nb_gpt_new");
     if (!prompt || n_prompt < 1 || n_new < 0 || (n_new > 0 && !out))
         return nb_set_error(NB_EINVAL, "nb_gpt_generate: needs a prompt of at least one token and an "

@@ -11,6 +11,9 @@
 nb_status nb_gpt_parallelize(nb_module *gpt, const nb_mesh *mesh, const nb_parallelize_opts *o) {
     const nb_gpt_config *c = nb_gpt_get_config(gpt);
     if (!c) return nb_set_error(NB_EINVAL, "nb_gpt_parallelize: the module is not a GPT");
+    if (o && NB__OPTS_CHECK(o, nb_parallelize_opts, "nb_gpt_parallelize",
+                            "nb_parallelize_defaults()", "o.sequence_parallel = true") != NB_OK)
+        return nb_last_status();
     const int64_t hd = c->n_embd / c->n_head; /* a rank holds whole heads */
     const char *dim = o && o->tp_dim ? o->tp_dim : "tp";
     const int T = mesh ? nb_mesh_size(mesh, dim) : 0;
@@ -48,6 +51,9 @@ nb_pipeline *nb_gpt_pipeline_new(nb_module *gpt, const nb_mesh *mesh, const nb_p
         {"transformer.wte transformer.wpe transformer.drop", nb__gpt_embed, NULL, true},
         {"transformer.h.*", NULL, NULL, false},
         {"transformer.ln_f lm_head", nb__gpt_head, NULL, true}};
+    if (o && NB__OPTS_CHECK(o, nb_pipeline_opts, "nb_gpt_pipeline_new", "nb_pipeline_defaults()",
+                            "o.n_micro = 8") != NB_OK)
+        return NULL;
     nb_pipeline_opts po = o ? *o : nb_pipeline_defaults();
     po.loss = nb__gpt_cross_entropy;
     po.loss_ctx = NULL;

@@ -180,17 +180,25 @@ static bool fill_layer(nb_module *b, const nb_llama_config *c, nb_generator *gen
            rmsnorm(b, "post_attention_layernorm", c);
 }
 
+nb_llama_config nb_llama_config_defaults(void) {
+    return (nb_llama_config){._init = NB__OPTS_MARK(nb_llama_config),
+                             .vocab_size = 256,
+                             .block_size = 128,
+                             .n_layer = 4,
+                             .n_head = 4,
+                             .n_embd = 256,
+                             .rope_theta = 10000.0,
+                             .norm_eps = 1e-5};
+}
+
 static bool resolve(const nb_llama_config *in, nb_llama_config *c) {
-    *c = in ? *in : (nb_llama_config){0};
-    if (!c->vocab_size) c->vocab_size = 256;
-    if (!c->block_size) c->block_size = 128;
-    if (!c->n_layer) c->n_layer = 4;
-    if (!c->n_head) c->n_head = 4;
+    if (in && NB__OPTS_CHECK(in, nb_llama_config, "nb_llama_new", "nb_llama_config_defaults()",
+                             "o.n_layer = 2") != NB_OK)
+        return false;
+    *c = in ? *in : nb_llama_config_defaults();
+    /* the two derived sizes: 0 (their default) follows n_head and n_embd as set */
     if (!c->n_kv_head) c->n_kv_head = c->n_head % 2 == 0 ? c->n_head / 2 : c->n_head;
-    if (!c->n_embd) c->n_embd = 256;
     if (!c->n_inner) c->n_inner = (8 * c->n_embd / 3 + 63) / 64 * 64;
-    if (c->rope_theta == 0) c->rope_theta = 10000.0;
-    if (c->norm_eps == 0) c->norm_eps = 1e-5;
     if (c->vocab_size < 1 || c->block_size < 1 || c->n_layer < 1 || c->n_head < 1 ||
         c->n_kv_head < 1 || c->n_embd < 1 || c->n_inner < 1) {
         nb_set_error(NB_EINVAL, "nb_llama_new: vocab_size, block_size, n_layer, n_head, n_kv_head, "
@@ -337,8 +345,13 @@ nb_tensor *nb_llama_loss(nb_module *m, nb_tensor *idx, nb_tensor *targets) {
 double nb_llama_train_step(nb_module *m, nb_optim *opt, nb_tensor *const *x,
                            nb_tensor *const *y, int n_micro, const nb_gpt_step_opts *o,
                            double *grad_norm) {
-    const nb_gpt_step_opts none = {0};
+    const nb_gpt_step_opts none = nb_gpt_step_defaults();
     if (!o) o = &none;
+    if (NB__OPTS_CHECK(o, nb_gpt_step_opts, "nb_llama_train_step", "nb_gpt_step_defaults()",
+                       "o.grad_clip = 1") != NB_OK) {
+        if (grad_norm) *grad_norm = NAN;
+        return NAN;
+    }
     if (o->ddp && o->zero) {
         if (grad_norm) *grad_norm = NAN;
         nb_set_error(NB_EINVAL, "nb_llama_train_step: ddp and zero both given; a model is wrapped "
@@ -496,7 +509,10 @@ nb_tensor *nb_llama_forward_cached(nb_module *m, nb_tensor *idx, nb_llama_cache 
 nb_status nb_llama_generate(nb_module *m, const int64_t *prompt, int64_t n_prompt, int64_t n_new,
                             const nb_gpt_sample_opts *o, bool use_cache, int64_t *out) {
     const nb_llama_config *c = nb_llama_get_config(m);
-    nb_gpt_sample_opts opt = o ? *o : (nb_gpt_sample_opts){0};
+    if (o && NB__OPTS_CHECK(o, nb_gpt_sample_opts, "nb_llama_generate", "nb_gpt_sample_defaults()",
+                            "o.temperature = 0.8") != NB_OK)
+        return nb_last_status();
+    nb_gpt_sample_opts opt = o ? *o : nb_gpt_sample_defaults();
     if (!c) return nb_set_error(NB_EINVAL, "nb_llama_generate: the module is not a Llama");
     if (!prompt || n_prompt < 1 || n_new < 0 || (n_new > 0 && !out))
         return nb_set_error(NB_EINVAL, "nb_llama_generate: needs a prompt of at least one token and "

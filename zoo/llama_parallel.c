@@ -10,6 +10,9 @@
 nb_status nb_llama_parallelize(nb_module *llama, const nb_mesh *mesh, const nb_parallelize_opts *o) {
     const nb_llama_config *c = nb_llama_get_config(llama);
     if (!c) return nb_set_error(NB_EINVAL, "nb_llama_parallelize: the module is not a Llama");
+    if (o && NB__OPTS_CHECK(o, nb_parallelize_opts, "nb_llama_parallelize",
+                            "nb_parallelize_defaults()", "o.sequence_parallel = true") != NB_OK)
+        return nb_last_status();
     const int tp = nb_mesh_size(mesh, o && o->tp_dim ? o->tp_dim : "tp");
     if (tp < 1) return nb_last_status();
     if (c->n_head % tp || c->n_kv_head % tp)
@@ -50,6 +53,9 @@ nb_pipeline *nb_llama_pipeline_new(nb_module *llama, const nb_mesh *mesh,
     const nb_pipe_layer layers[] = {{"model.embed_tokens", nb__llama_embed, NULL, true},
                                     {"model.layers.*", NULL, NULL, false},
                                     {"model.norm lm_head", nb__llama_head, NULL, true}};
+    if (o && NB__OPTS_CHECK(o, nb_pipeline_opts, "nb_llama_pipeline_new", "nb_pipeline_defaults()",
+                            "o.n_micro = 8") != NB_OK)
+        return NULL;
     nb_pipeline_opts po = o ? *o : nb_pipeline_defaults();
     po.loss = nb__llama_cross_entropy;
     po.loss_ctx = NULL;

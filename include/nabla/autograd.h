@@ -68,6 +68,7 @@ nb_status nb_set_grad(nb_tensor *t, nb_tensor *g);
 /* Options (docs/conventions.md): nb_<name>_defaults() gives the values after each field;
  * NULL means those; every field is read as written. */
 typedef struct nb_backward_opts {
+    uint32_t _init;          /* private: set by nb_backward_defaults() only */
     nb_tensor *grad_output;  /* NULL (ones, allowed only for one element); d(loss)/d(output) */
     bool retain_graph;       /* false; keep saved tensors so backward can run again */
 } nb_backward_opts;
@@ -116,6 +117,7 @@ nb_status nb_remove_grad_hook(nb_tensor *leaf, int handle);
  * just fn(inputs, n, ctx). nb_module_set_recompute (nabla/nn.h) does this for a module. */
 typedef nb_tensor *(*nb_recompute_fn)(nb_tensor *const *inputs, int n, void *ctx);
 typedef struct nb_recompute_opts {
+    uint32_t _init;    /* private: set by nb_recompute_defaults() only */
     nb_generator *gen; /* NULL; a generator fn draws from besides the thread's default one */
 } nb_recompute_opts;
 nb_recompute_opts nb_recompute_defaults(void);
@@ -127,6 +129,7 @@ nb_tensor *nb_recompute(nb_recompute_fn fn, nb_tensor *const *inputs, int n, voi
 typedef nb_tensor *(*nb_gradcheck_fn)(nb_tensor *const *inputs, int n, void *ctx);
 
 typedef struct nb_gradcheck_opts {
+    uint32_t _init; /* private: set by nb_gradcheck_defaults() only */
     double eps;   /* central-difference step: 1e-6 (> 0) */
     double atol;  /* 1e-5 (>= 0) */
     double rtol;  /* 1e-3 (>= 0) */

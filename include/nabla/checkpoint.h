@@ -186,8 +186,11 @@ typedef enum nb_checkpoint_policy {
 } nb_checkpoint_policy;
 
 typedef struct nb_checkpoint_writer_opts {
+    uint32_t _init; /* private: set by nb_checkpoint_writer_defaults() only */
     nb_checkpoint_policy policy;
 } nb_checkpoint_writer_opts;
+/* policy NB_CKPT_WAIT; NULL options mean these. */
+nb_checkpoint_writer_opts nb_checkpoint_writer_defaults(void);
 
 typedef struct nb_checkpoint_writer_stats {
     int64_t saves;           /* snapshots taken */

@@ -126,6 +126,7 @@ nb_status nb_idx_write(const char *path, const nb_tensor *t);
 /* Options of the IDX image/label datasets: nb_mnist_defaults() gives the values after each
  * field; NULL means those; every field is read as written (docs/conventions.md). */
 typedef struct nb_mnist_opts {
+    uint32_t _init;  /* private: set by nb_mnist_defaults() only */
     int64_t limit;   /* INT64_MAX (all); use only the first `limit` samples (>= 0) */
     bool raw_u8;     /* false; x as U8 in 0..255 instead of F32 scaled to [0, 1] */
 } nb_mnist_opts;
@@ -188,6 +189,7 @@ typedef nb_status (*nb_transform_fn)(nb_batch *b, void *ctx);
  * Every field is read as written (docs/conventions.md): batch_size or world_size 0 is an
  * error, not 1. */
 typedef struct nb_loader_opts {
+    uint32_t _init;          /* private: set by nb_loader_defaults() only */
     int64_t batch_size;      /* 1; samples per batch (>= 1) */
     bool shuffle;            /* false; a new permutation every epoch (else dataset order) */
     uint64_t seed;           /* 0; keys the shuffle and the augmentation */

@@ -5,7 +5,7 @@
  *     #include <nabla/gpt.h>
  *     #include <stdio.h>
  *     int main(int argc, char **argv) {
- *         nb_gpt_config cfg = {.n_head = 4};              // zeros: the defaults below
+ *         nb_gpt_config cfg = nb_gpt_config_defaults();   // W3: 4 layers, 4 heads, 256
  *         nb_module *model = NULL;
  *         if (argc > 1) {                                 // trained weights: the shapes
  *             if (nb_gpt_config_from_file(argv[1], &cfg) == NB_OK)   // give the size
@@ -15,7 +15,7 @@
  *                 model = NULL;
  *             }
  *         } else {
- *             cfg = (nb_gpt_config){.block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
+ *             cfg.block_size = 16, cfg.n_layer = 1, cfg.n_head = 2, cfg.n_embd = 32;
  *             nb_generator *init = nb_generator_new(0);
  *             model = nb_gpt_new(&cfg, init);             // N(0, 0.02) init as nanoGPT
  *             nb_generator_free(init);
@@ -26,7 +26,8 @@
  *         }
  *         nb_generator *g = nb_generator_new(42);
  *         int64_t prompt[] = {'A', 'n', 'd'}, out[20];
- *         nb_gpt_sample_opts so = {.temperature = 0.8, .top_k = 40, .gen = g};
+ *         nb_gpt_sample_opts so = nb_gpt_sample_defaults();  // greedy
+ *         so.temperature = 0.8, so.top_k = 40, so.gen = g;
  *         nb_status st = nb_gpt_generate(model, prompt, 3, 20, &so, out);
  *         for (int i = 0; st == NB_OK && i < 20; i++) printf("%lld ", (long long)out[i]);
  *         printf("\n");
@@ -81,16 +82,18 @@ typedef enum nb_gpt_recompute {
     NB_GPT_RECOMPUTE_FULL
 } nb_gpt_recompute;
 
-/* Model hyperparameters; zero means the default (the W3 workload: a byte-level model with
- * 4 layers, 4 heads, width 256, context 128). */
+/* Model hyperparameters: nb_gpt_config_defaults() gives the values after each field (the W3
+ * workload: a byte-level model with 4 layers, 4 heads, width 256, context 128); every field is
+ * read as written (a size of 0 is an error), NULL means the defaults. */
 typedef struct nb_gpt_config {
-    int64_t vocab_size;        /* 0 -> 256 (bytes) */
-    int64_t block_size;        /* context length, 0 -> 128 */
-    int64_t n_layer;           /* 0 -> 4 */
-    int64_t n_head;            /* 0 -> 4; must divide n_embd */
-    int64_t n_embd;            /* 0 -> 256 */
-    double dropout;            /* on the embeddings, attention weights and residual branches
-                                  (training mode only); 0 -> none */
+    uint32_t _init;            /* private: set by nb_gpt_config_defaults() only */
+    int64_t vocab_size;        /* 256 (bytes) */
+    int64_t block_size;        /* context length, 128 */
+    int64_t n_layer;           /* 4 */
+    int64_t n_head;            /* 4; must divide n_embd */
+    int64_t n_embd;            /* 256 */
+    double dropout;            /* 0 (none); on the embeddings, attention weights and residual
+                                  branches (training mode only) */
     bool no_bias;              /* drop the biases of the linear layers and layer norms */
     bool gelu_tanh;            /* GPT-2's tanh approximation instead of the exact erf GELU */
     nb_generator *dropout_gen; /* borrowed; NULL: the thread's default generator */
@@ -98,6 +101,7 @@ typedef struct nb_gpt_config {
                                    (each block's attention core, as Megatron's selective
                                    recompute), FULL (each block keeps only its input) */
 } nb_gpt_config;
+nb_gpt_config nb_gpt_config_defaults(void);
 
 /* Build the model and initialize it as nanoGPT does: every linear weight and both
  * embeddings from N(0, 0.02), the residual projections (attn.c_proj, mlp.c_proj) from
@@ -136,9 +140,9 @@ double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_ten
                               nb_tensor *const *y, int n_micro, double grad_clip,
                               double *grad_norm);
 
-/* The same step with every option in one struct (zero: none), and a loss scaler for fp16
- * (nabla/optim.h): each micro-batch's loss is scaled by it, the gradients unscaled (one
- * fused inf/NaN check) before the norm and the clipping, and the step goes through
+/* The same step with every option in one struct (nb_gpt_step_defaults(): none), and a loss
+ * scaler for fp16 (nabla/optim.h): each micro-batch's loss is scaled by it, the gradients
+ * unscaled (one fused inf/NaN check) before the norm and the clipping, and the step goes through
  * nb_grad_scaler_step_update: a step whose gradient overflowed is skipped and the scale
  * halved (not an error; the returned *grad_norm is then inf or NaN). ddp and zero are
  * exclusive. The scaler is borrowed; under several ranks give it the communicator
@@ -146,6 +150,7 @@ double nb_gpt_train_step_zero(nb_module *m, nb_optim *opt, nb_zero *zero, nb_ten
 typedef struct nb_pipeline nb_pipeline;
 typedef struct nb_pipe_stats nb_pipe_stats;
 typedef struct nb_gpt_step_opts {
+    uint32_t _init;          /* private: set by nb_gpt_step_defaults() only */
     nb_ddp *ddp;             /* NULL; as nb_gpt_train_step's ddp */
     nb_zero *zero;           /* NULL; as nb_gpt_train_step_zero's zero */
     nb_grad_scaler *scaler;  /* NULL: no loss scaling */
@@ -156,17 +161,20 @@ typedef struct nb_gpt_step_opts {
                               * the loss is the mean over the data-parallel ranks */
     nb_pipe_stats *pipe_stats; /* NULL; with pipeline: the step's figures */
 } nb_gpt_step_opts;
-nb_gpt_step_opts nb_gpt_step_defaults(void);  /* all zero/NULL */
+nb_gpt_step_opts nb_gpt_step_defaults(void); /* every field zero/NULL (the mark set) */
 double nb_gpt_train_step_ex(nb_module *m, nb_optim *opt, nb_tensor *const *x,
                             nb_tensor *const *y, int n_micro, const nb_gpt_step_opts *o,
                             double *grad_norm);
 
-/* Sampling options; zero means: temperature 0 (greedy, argmax), no top-k. */
+/* Sampling options: nb_gpt_sample_defaults() gives temperature 0 (greedy, argmax), no top-k,
+ * the default generator; NULL means those. */
 typedef struct nb_gpt_sample_opts {
+    uint32_t _init;        /* private: set by nb_gpt_sample_defaults() only */
     double temperature;    /* 0: greedy; else logits / temperature before the softmax */
     int64_t top_k;         /* keep the k largest logits (0: all) */
     nb_generator *gen;     /* draws; NULL: the default generator */
 } nb_gpt_sample_opts;
+nb_gpt_sample_opts nb_gpt_sample_defaults(void);
 
 /* Generate n_new tokens after the prompt (n_prompt >= 1 tokens in [0, vocab)), feeding the
  * last block_size tokens back each time, in eval mode without gradients (the module's

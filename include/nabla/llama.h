@@ -7,8 +7,9 @@
  *     #include <nabla/llama.h>
  *     #include <stdio.h>
  *     int main(void) {
- *         nb_llama_config cfg = {.block_size = 32, .n_layer = 2, .n_head = 4, .n_kv_head = 2,
- *                                .n_embd = 64};               // zeros: the defaults below
+ *         nb_llama_config cfg = nb_llama_config_defaults();  // the values below
+ *         cfg.block_size = 32, cfg.n_layer = 2, cfg.n_head = 4, cfg.n_kv_head = 2;
+ *         cfg.n_embd = 64;
  *         nb_generator *init = nb_generator_new(0);
  *         nb_module *model = nb_llama_new(&cfg, init);         // N(0, 0.02), norms 1
  *         nb_generator_free(init);
@@ -22,7 +23,8 @@
  *         double loss = nb_llama_train_step(model, opt, &x, &y, 1, NULL, NULL);
  *         nb_generator *g = nb_generator_new(42);
  *         int64_t prompt[] = {'A', 'n', 'd'}, out[20];
- *         nb_gpt_sample_opts so = {.temperature = 0.8, .top_k = 40, .gen = g};
+ *         nb_gpt_sample_opts so = nb_gpt_sample_defaults();  // greedy
+ *         so.temperature = 0.8, so.top_k = 40, so.gen = g;
  *         nb_status st = nb_llama_generate(model, prompt, 3, 20, &so, true, out);
  *         printf("loss %.3f, %s\n", loss, st == NB_OK ? "sampled" : nb_last_error());
  *         nb_tensor_free(x);
@@ -78,24 +80,29 @@
 extern "C" {
 #endif
 
-/* Model hyperparameters; zero means the default (a byte-level model of about the W3 GPT's
- * size: 4 layers, 4 heads on 2 key/value heads, width 256, context 128). */
+/* Model hyperparameters: nb_llama_config_defaults() gives the values after each field (a
+ * byte-level model of about the W3 GPT's size: 4 layers, 4 heads on 2 key/value heads, width
+ * 256, context 128); NULL means those. Every field is read as written (a size of 0 is an error,
+ * norm_eps 0 is no eps), except the two sizes derived from others, whose default 0 means
+ * "derived from n_head / n_embd as set", as listed. */
 typedef struct nb_llama_config {
-    int64_t vocab_size;   /* 0 -> 256 (bytes) */
-    int64_t block_size;   /* context length (max_position_embeddings), 0 -> 128 */
-    int64_t n_layer;      /* 0 -> 4 */
-    int64_t n_head;       /* 0 -> 4; must divide n_embd, with an even head size */
-    int64_t n_kv_head;    /* 0 -> n_head / 2 when n_head is even, else n_head; must divide
+    uint32_t _init;             /* private: set by nb_llama_config_defaults() only */
+    int64_t vocab_size;         /* 256 (bytes) */
+    int64_t block_size;         /* context length (max_position_embeddings), 128 */
+    int64_t n_layer;            /* 4 */
+    int64_t n_head;             /* 4; must divide n_embd, with an even head size */
+    int64_t n_kv_head;          /* 0: n_head / 2 when n_head is even, else n_head; must divide
                              n_head (grouped-query attention) */
-    int64_t n_embd;       /* 0 -> 256 */
-    int64_t n_inner;      /* the MLP's width (intermediate_size); 0 -> 8 n_embd / 3 rounded up
+    int64_t n_embd;             /* 256 */
+    int64_t n_inner;            /* the MLP's width (intermediate_size); 0: 8 n_embd / 3 rounded up
                              to a multiple of 64 (704 for 256) */
-    double rope_theta;    /* the rotary base; 0 -> 10000 */
-    double norm_eps;      /* RMSNorm's eps (rms_norm_eps); 0 -> 1e-5 */
+    double rope_theta;          /* the rotary base; 10000 */
+    double norm_eps;            /* RMSNorm's eps (rms_norm_eps); 1e-5 */
     nb_gpt_recompute recompute; /* activation checkpointing, as the GPT's: NONE, ATTN (each
                                    layer's rotary + attention core), FULL (each layer keeps
                                    only its input) */
 } nb_llama_config;
+nb_llama_config nb_llama_config_defaults(void);
 
 /* Build the model and initialize it as Hugging Face's LlamaForCausalLM does: every linear
  * weight and the embedding from N(0, 0.02), the norms' weights 1. Draws from init (NULL: the

@@ -169,6 +169,7 @@ nb_status nb_module_list_append(nb_module *list, nb_module *m);
  *     co.padding[0] = co.padding[1] = 1;
  *     nb_module *conv = nb_conv2d_new(3, 16, 3, 3, &co); */
 typedef struct nb_linear_opts {
+    uint32_t _init;          /* private: set by nb_linear_defaults() only */
     bool no_bias;            /* false */
     nb_dtype dtype;          /* NB_F32 */
     nb_generator *gen;       /* initialization; NULL: default generator */
@@ -177,6 +178,7 @@ nb_linear_opts nb_linear_defaults(void);
 nb_module *nb_linear_new(int64_t in_features, int64_t out_features, const nb_linear_opts *o);
 
 typedef struct nb_conv2d_opts {
+    uint32_t _init;                             /* private: set by nb_conv2d_defaults() only */
     int64_t stride[2], padding[2], dilation[2]; /* {1, 1}, {0, 0}, {1, 1} */
     int64_t groups;                             /* 1 */
     bool no_bias;                               /* false */
@@ -187,6 +189,7 @@ nb_module *nb_conv2d_new(int64_t in_channels, int64_t out_channels, int64_t kh, 
                          const nb_conv2d_opts *o);
 
 typedef struct nb_pool2d_opts {
+    uint32_t _init;         /* private: set by nb_pool2d_defaults(kh, kw) only */
     int64_t stride[2];      /* {kh, kw}: the kernel size, as PyTorch's stride=None */
     int64_t padding[2];     /* {0, 0} */
     bool exclude_pad;       /* false; avg pool: divide by the unpadded count (PyTorch's
@@ -199,6 +202,7 @@ nb_module *nb_avgpool2d_new(int64_t kh, int64_t kw, const nb_pool2d_opts *o);
 nb_module *nb_adaptive_avgpool2d_new(int64_t out_h, int64_t out_w);
 
 typedef struct nb_norm_opts {
+    uint32_t _init;          /* private: set by nb_norm_defaults() only */
     double eps;              /* 1e-5 (>= 0) */
     double momentum;         /* 0.1 (batch norm; in [0, 1], 0 keeps the running stats) */
     bool no_affine;          /* false; true: no weight/bias */
@@ -300,6 +304,7 @@ typedef enum nb_reduction { NB_REDUCTION_MEAN = 0, NB_REDUCTION_SUM, NB_REDUCTIO
 
 /* nb_cross_entropy_defaults(): the values after each field (NULL options: the same). */
 typedef struct nb_cross_entropy_opts {
+    uint32_t _init;          /* private: set by nb_cross_entropy_defaults() only */
     nb_reduction reduction;  /* NB_REDUCTION_MEAN */
     int64_t ignore_index;    /* -100, used when has_ignore_index */
     bool has_ignore_index;   /* false */

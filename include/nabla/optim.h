@@ -61,7 +61,9 @@
  *
  * Options (docs/conventions.md): each options struct has a constructor of its defaults
  * (nb_adam_defaults(), ...; PyTorch's values, listed with each struct) that you then edit;
- * NULL options mean those defaults. Every field is read as written: 0 is 0 (AdamW with
+ * NULL options mean those defaults; a struct that did not start from them (a compound literal
+ * such as &(nb_adam_opts){.lr = 1e-3}, a zeroed struct) is refused with NB_EINVAL and a
+ * message showing the idiom. Every field is read as written: 0 is 0 (AdamW with
  * .weight_decay = 0 has no weight decay, .betas = {0, 0.99} has beta1 = 0), and a value out
  * of range is an error, never replaced by a default.
  *
@@ -95,6 +97,7 @@ typedef struct nb_optim nb_optim;
  * which nb_sgd_new rejects). momentum, dampening and weight_decay default to 0. nesterov
  * needs momentum > 0 and dampening 0. */
 typedef struct nb_sgd_opts {
+    uint32_t _init; /* private: set by nb_sgd_defaults() only */
     double lr;
     double momentum;
     double dampening;
@@ -109,6 +112,7 @@ nb_sgd_opts nb_sgd_defaults(void);
  * p *= 1 - lr*wd), amsgrad and maximize off. amsgrad keeps the running maximum of the
  * second moment. */
 typedef struct nb_adam_opts {
+    uint32_t _init; /* private: set by nb_adam[w]_defaults() only */
     double lr;
     double betas[2];
     double eps;
@@ -123,6 +127,7 @@ nb_adamw_opts nb_adamw_defaults(void);   /* the same but weight_decay 1e-2 */
 /* RMSprop defaults: lr 1e-2, alpha 0.99, eps 1e-8, weight_decay 0, momentum 0; centered divides by
  * the estimated variance (square average minus squared gradient average). */
 typedef struct nb_rmsprop_opts {
+    uint32_t _init; /* private: set by nb_rmsprop_defaults() only */
     double lr;
     double alpha;
     double eps;
@@ -136,6 +141,7 @@ nb_rmsprop_opts nb_rmsprop_defaults(void);
 /* Adagrad defaults: lr 1e-2, lr_decay 0 (lr / (1 + (step - 1) * lr_decay)), weight_decay 0,
  * initial_accumulator_value 0, eps 1e-10. */
 typedef struct nb_adagrad_opts {
+    uint32_t _init; /* private: set by nb_adagrad_defaults() only */
     double lr;
     double lr_decay;
     double weight_decay;
@@ -168,6 +174,7 @@ const char *nb_optim_name(const nb_optim *opt);
  * ones the group changes. A field the optimizer does not have (betas for SGD) must be NAN
  * or 0. Flags (nesterov, amsgrad, centered, maximize) are per optimizer. */
 typedef struct nb_group_opts {
+    uint32_t _init; /* private: set by nb_group_defaults() only */
     double lr;
     double weight_decay;
     double momentum;                   /* sgd, rmsprop */
@@ -245,6 +252,7 @@ nb_status nb_step(nb_optim *opt);
  * unscale/step since the last update). Ownership: the caller frees the scaler; it borrows
  * the optimizer during a call only. */
 typedef struct nb_grad_scaler_opts {
+    uint32_t _init;           /* private: set by nb_grad_scaler_defaults() only */
     double init_scale;        /* 65536 (2^16) */
     double growth_factor;     /* 2 (> 1) */
     double backoff_factor;    /* 0.5 (in (0, 1)) */
@@ -375,6 +383,7 @@ typedef enum nb_sched_kind {
 /* Options; make them with nb_sched_defaults(kind), which gives the values after each field
  * ("required": left at 0, which is rejected, so set it). Every field is read as written. */
 typedef struct nb_sched_opts {
+    uint32_t _init; /* private: set by nb_sched_defaults(kind) only */
     nb_sched_kind kind;
     double gamma;               /* step, multistep: 0.1; exponential: required */
     int64_t step_size;          /* step: required */

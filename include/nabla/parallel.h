@@ -145,6 +145,7 @@ void nb_work_free(nb_work *w);
 /* Options: nb_ddp_defaults() gives the values after each field; NULL means those. Every
  * field is read as written (docs/conventions.md). */
 typedef struct nb_ddp_opts {
+    uint32_t _init;            /* private: set by nb_ddp_defaults() only */
     double bucket_mb;          /* bucket size in MiB: 25 (0: one parameter per bucket) */
     bool find_unused;          /* false; allow parameters that get no gradient in a step (they
                                 * are reduced as zeros); otherwise that is an error */
@@ -253,6 +254,7 @@ nb_status nb_grad_scaler_set_comm(nb_grad_scaler *s, nb_comm *c);
  * or failed (and none completed since), it does not communicate: the model stays sharded
  * and the process can exit without waiting on the missing peer again. */
 typedef struct nb_zero_opts {
+    uint32_t _init;            /* private: set by nb_zero_defaults() only */
     int stage;                 /* 0, 1, 2 or 3: 2 */
     double bucket_mb;          /* bucket size in MiB, as nb_ddp's: 25 */
     bool find_unused;          /* false; as nb_ddp's */

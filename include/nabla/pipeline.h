@@ -119,6 +119,7 @@ typedef nb_tensor *(*nb_pipe_stage_fn)(void *ctx, int chunk, int micro, nb_tenso
  * field, and set act_shape; every field is read as written (a virtual_stages or loss_scale
  * of 0 is refused, not taken for the default). */
 typedef struct nb_pipe_opts {
+    uint32_t _init;            /* private: set by nb_pipe_defaults() only */
     nb_pipe_schedule schedule; /* NB_PIPE_1F1B */
     int n_micro;               /* micro-batches per step (>= 1): 1 */
     int virtual_stages;        /* chunks per rank (> 1 only with NB_PIPE_INTERLEAVED): 1 */
@@ -196,6 +197,7 @@ typedef enum nb_pipe_balance { NB_PIPE_BALANCE_LAYERS = 0, NB_PIPE_BALANCE_PARAM
 
 /* Options: start from nb_pipeline_defaults(), whose values follow each field. */
 typedef struct nb_pipeline_opts {
+    uint32_t _init;            /* private: set by nb_pipeline_defaults() only */
     nb_pipe_schedule schedule; /* NB_PIPE_1F1B */
     int n_micro;               /* micro-batches per step: 4 (must divide the batch) */
     int virtual_stages;        /* stages per rank: 1 (> 1 with NB_PIPE_INTERLEAVED) */

@@ -180,6 +180,7 @@ bool nb_stdout_ok(const char *prog);
  * any output under mpirun or srun, whose pseudo-terminals would put \r into logs) a new
  * line is printed when the caller asks for one. */
 typedef struct nb_progress_opts {
+    uint32_t _init;    /* private: set by nb_progress_defaults() only */
     int64_t total;     /* steps of the run, for the ETA (0: no ETA) */
     int64_t start;     /* steps already done (a resumed run) (default 0) */
     const char *unit;  /* what a step's count counts: "samples", "tokens" (default "samples"; kept) */

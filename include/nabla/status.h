@@ -16,6 +16,8 @@
 #ifndef NABLA_STATUS_H
 #define NABLA_STATUS_H
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -69,6 +71,43 @@ nb_status nb_set_error(nb_status s, const char *fmt, ...) __attribute__((format(
  *         return nb_wrap_error(NB_OK, "resume from %s", path);
  *     // "resume from run.ckpt: module_load: run.ckpt has no tensor \"fc.bias\"" */
 nb_status nb_wrap_error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- options structs (docs/conventions.md, "Options") ------------------------------------
+ * Private to the library: every public options struct's first member, `uint32_t _init`, is
+ * set by its nb_X_defaults() (and nothing else) to NB__OPTS_MARK(its type), a magic number in
+ * the high 16 bits and the struct's size in the low 16. A copy of a defaulted struct keeps the
+ * mark; a compound literal, a zero-filled struct or one compiled against headers of another
+ * layout does not have it, and the functions that read the struct refuse it (NB_EINVAL, the
+ * message showing `nb_X_opts o = nb_X_defaults(); o.field = ...;`). NULL options, where a
+ * function allows them, still mean the defaults. */
+#define NB__OPTS_MAGIC 0x6E620000u /* "nb" */
+#define NB__OPTS_MARK(T) (NB__OPTS_MAGIC | (uint32_t)(sizeof(T) & 0xFFFFu))
+
+/* NB_OK when init is mark; else NB_EINVAL with a message showing the idiom, e.g.
+ * "adam_new: the options did not start from nb_adam_defaults() (a compound literal or a zeroed
+ * struct leaves every other field 0): write `nb_adam_opts o = nb_adam_defaults(); o.lr = 1e-3;`
+ * and pass &o". who is the caller's message prefix; type the struct's name; defaults the call
+ * that makes them (with its arguments); example an assignment of one of its fields. */
+static inline nb_status nb__opts_check(uint32_t init, uint32_t mark, const char *who,
+                                       const char *type, const char *defaults,
+                                       const char *example) {
+    if (init == mark) return NB_OK;
+    if ((init & 0xFFFF0000u) == NB__OPTS_MAGIC)
+        return nb_set_error(NB_EINVAL,
+                            "%s: the %s was made with nabla headers of another version (%u "
+                            "bytes; this library's is %u): rebuild the program against the "
+                            "installed headers",
+                            who, type, (unsigned)(init & 0xFFFFu), (unsigned)(mark & 0xFFFFu));
+    return nb_set_error(NB_EINVAL,
+                        "%s: the options did not start from %s (a compound literal or a zeroed "
+                        "struct leaves every other field 0): write `%s o = %s; %s;` and pass &o",
+                        who, defaults, type, defaults, example);
+}
+
+/* NB__OPTS_CHECK(o, nb_adam_opts, "adam_new", "nb_adam_defaults()", "o.lr = 1e-3"): o is a
+ * non-NULL pointer to the options. */
+#define NB__OPTS_CHECK(o, T, who, defaults, example)                                               \
+    nb__opts_check((o)->_init, NB__OPTS_MARK(T), who, #T, defaults, example)
 
 #ifdef __cplusplus
 }

@@ -117,6 +117,7 @@ typedef struct nb_tp_rule {
 
 /* Options: nb_parallelize_defaults() gives the values after each field. */
 typedef struct nb_parallelize_opts {
+    uint32_t _init;          /* private: set by nb_parallelize_defaults() only */
     bool sequence_parallel;  /* false; true: activations between the parallel regions split along
                               * the sequence (dim -2, which must divide by the tp size) */
     const char *tp_dim;      /* "tp": the mesh dimension to split over */
@@ -153,6 +154,7 @@ nb_status nb_parallelize(nb_module *model, const nb_mesh *mesh, const nb_tp_rule
  * the mesh's dp group (which sums it). NB_EINVAL when tp does not divide out (column) or in
  * (row). */
 typedef struct nb_tp_linear_opts {
+    uint32_t _init;          /* private: set by nb_tp_linear_defaults() only */
     bool gather_output;      /* column-parallel: false (the output is this rank's columns) */
     bool input_is_parallel;  /* row-parallel: true (the input is a column-parallel output) */
     bool sequence_parallel;  /* false; true: the activations outside are sequence shards */

@@ -3,7 +3,8 @@
  * checkpoints and logs run either model. Everything here is a thin dispatch; the models, their
  * plans and splits are the library's.
  *
- *     nbm_arch a = {.kind = NBM_LLAMA, .llama = {.n_layer = 4, ...}};
+ *     nbm_arch a = {.kind = NBM_LLAMA, .llama = nb_llama_config_defaults()};
+ *     a.llama.n_layer = 4;                            // ...
  *     nb_module *m = nbm_arch_new(&a, init);          // a's config is resolved in place
  *     nbm_arch_parallelize(&a, m, mesh, &po);         // its tensor-parallel plan
  *     nb_pipeline *p = nbm_arch_pipeline_new(&a, m, mesh, &pio);

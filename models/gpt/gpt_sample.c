@@ -82,7 +82,8 @@ int main(int argc, char **argv) {
     if (n_prompt == 0) return usage("--prompt is empty");
 
     /* The model: its config from the file's shapes, or a small one drawn from the seed. */
-    nb_gpt_config cfg = {.n_head = n_head};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.n_head = n_head;
     nb_module *model = NULL;
     if (load) {
         if (nb_gpt_config_from_file(load, &cfg) == NB_OK && (model = nb_gpt_new(&cfg, NULL)) &&
@@ -91,8 +92,8 @@ int main(int argc, char **argv) {
             model = NULL;
         }
     } else {
-        cfg = (nb_gpt_config){.vocab_size = 64, .block_size = 16, .n_layer = 2, .n_head = 2,
-                              .n_embd = 32};
+        cfg.vocab_size = 64, cfg.block_size = 16, cfg.n_layer = 2, cfg.n_head = 2;
+        cfg.n_embd = 32;
         nb_generator *init = nb_generator_new((uint64_t)seed);
         if (init) model = nb_gpt_new(&cfg, init);
         nb_generator_free(init);
@@ -105,7 +106,8 @@ int main(int argc, char **argv) {
     /* Sampling draws from its own generator, so the same seed gives the same tokens. */
     nb_generator *gen = nb_generator_new((uint64_t)seed);
     int64_t *out = malloc(sizeof(int64_t) * (size_t)(tokens > 0 ? tokens : 1));
-    nb_gpt_sample_opts so = {.temperature = temperature, .top_k = top_k, .gen = gen};
+    nb_gpt_sample_opts so = nb_gpt_sample_defaults();
+    so.temperature = temperature, so.top_k = top_k, so.gen = gen;
     nb_status st = !gen || !out ? NB_ENOMEM
                                 : nb_gpt_generate(model, prompt, n_prompt, tokens, &so, out);
     if (st == NB_OK) {

@@ -38,9 +38,10 @@ nbm_device device;
 /* ---- sampling ------------------------------------------------------------------------------ */
 static int run_sample(const args *a) {
     int rc = 1;
-    nbm_arch arch = {.kind = a->arch,
-                     .gpt = {.n_head = a->n_head, .gelu_tanh = a->gelu_tanh != 0},
-                     .llama = {.n_head = a->n_head, .block_size = a->block_size}};
+    nbm_arch arch = {
+        .kind = a->arch, .gpt = nb_gpt_config_defaults(), .llama = nb_llama_config_defaults()};
+    arch.gpt.n_head = a->n_head, arch.gpt.gelu_tanh = a->gelu_tanh != 0;
+    arch.llama.n_head = a->n_head, arch.llama.block_size = a->block_size;
     nb_set_num_threads((int)a->threads);
     nb_module *model = NULL;
     nb_generator *gen = nb_generator_new(a->seed);
@@ -63,7 +64,8 @@ static int run_sample(const args *a) {
             (long long)Hkv, (long long)C,
             (long long)(arch.kind == NBM_LLAMA ? arch.llama.block_size : arch.gpt.block_size),
             (long long)nb_num_parameters(model));
-    nb_gpt_sample_opts so = {.temperature = a->temperature, .top_k = a->top_k, .gen = gen};
+    nb_gpt_sample_opts so = nb_gpt_sample_defaults();
+    so.temperature = a->temperature, so.top_k = a->top_k, so.gen = gen;
     if (nbm_arch_generate(&arch, model, toks, np, a->tokens, &so, toks + np) != NB_OK) {
         fprintf(stderr, "gpt: %s\n", nb_last_error());
         goto done;

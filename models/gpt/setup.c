@@ -152,14 +152,15 @@ static bool setup_model(run *r) {
     const nb_gpt_recompute rc = !strcmp(a->recompute, "full")   ? NB_GPT_RECOMPUTE_FULL
                                 : !strcmp(a->recompute, "attn") ? NB_GPT_RECOMPUTE_ATTN
                                                                 : NB_GPT_RECOMPUTE_NONE;
-    r->arch = (nbm_arch){.kind = a->arch};
-    r->arch.gpt = (nb_gpt_config){.block_size = r->T, .n_layer = a->n_layer, .n_head = a->n_head,
-                                  .n_embd = a->n_embd, .dropout = a->dropout, .no_bias = !a->bias,
-                                  .gelu_tanh = a->gelu_tanh != 0, .dropout_gen = r->drop_gen,
-                                  .recompute = rc};
-    r->arch.llama = (nb_llama_config){.block_size = r->T, .n_layer = a->n_layer,
-                                      .n_head = a->n_head, .n_kv_head = a->n_kv_head,
-                                      .n_embd = a->n_embd, .recompute = rc};
+    r->arch = (nbm_arch){
+        .kind = a->arch, .gpt = nb_gpt_config_defaults(), .llama = nb_llama_config_defaults()};
+    nb_gpt_config *g = &r->arch.gpt;
+    g->block_size = r->T, g->n_layer = a->n_layer, g->n_head = a->n_head, g->n_embd = a->n_embd;
+    g->dropout = a->dropout, g->no_bias = !a->bias, g->gelu_tanh = a->gelu_tanh != 0;
+    g->dropout_gen = r->drop_gen, g->recompute = rc;
+    nb_llama_config *l = &r->arch.llama;
+    l->block_size = r->T, l->n_layer = a->n_layer, l->n_head = a->n_head;
+    l->n_kv_head = a->n_kv_head, l->n_embd = a->n_embd, l->recompute = rc;
     nb_share_threads(r->world, (int)a->threads);
     if (check_fits(&r->arch, r->B / r->dp_size / r->N, r->T) != NB_OK) /* a micro-batch */
         return fail(r, "%s", nb_last_error());

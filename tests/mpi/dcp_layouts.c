@@ -19,7 +19,8 @@ bool dcp_layout_trains(dcp_kind_t k) { return k != L_TPB && k != L_FLAT && k != 
 
 static nb_module *build_mlp(uint64_t seed) {
     nb_generator *g = nb_generator_new(seed);
-    nb_linear_opts o = {.gen = g};
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
     nb_module *m = nb_sequential_new(nb_linear_new(IN, HID, &o), nb_gelu_new(false),
                                      nb_linear_new(HID, HID, &o), nb_linear_new(HID, OUT, &o),
                                      NULL);
@@ -157,8 +158,9 @@ void dcp_layout_build(dcp_layout *l, dcp_kind_t k, uint64_t seed) {
     }
     if (k == L_Z1 || k == L_Z2 || k == L_Z3 || k == L_Z3H) {
         int stage = k == L_Z1 ? 1 : k == L_Z2 ? 2 : 3;
-        l->z = nb_zero_new(l->m, l->o, l->comm, &(nb_zero_opts){.stage = stage,
-                                                               .bucket_mb = 200e-6});
+        nb_zero_opts zo = nb_zero_defaults();
+        zo.stage = stage, zo.bucket_mb = 200e-6;
+        l->z = nb_zero_new(l->m, l->o, l->comm, &zo);
         MT_CHECK(l->z != NULL, "zero: %s", nb_last_error());
         if (l->z) l->inner = nb_zero_optim(l->z);
     }

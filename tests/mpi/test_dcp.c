@@ -122,7 +122,8 @@ END_TEST
 /* The step a checkpoint loads at in one process (-1: it does not load). */
 static int64_t loaded_step(const char *path) {
     nb_generator *g = nb_generator_new(3);
-    nb_linear_opts o = {.gen = g};
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
     nb_module *m = nb_sequential_new(nb_linear_new(8, 16, &o), nb_gelu_new(false),
                                      nb_linear_new(16, 16, &o), nb_linear_new(16, 4, &o), NULL);
     nb_generator_free(g);
@@ -162,9 +163,10 @@ START_TEST(test_dcp_async) {
         nb_checkpoint_writer *w = nb_checkpoint_writer_new(NULL);
         unsetenv("NB_TEST_SLOW_WRITE_MS");
         MT_CHECK(w != NULL, "writer: %s", nb_last_error());
+        nb_checkpoint_writer_opts wo = nb_checkpoint_writer_defaults();
+        wo.policy = NB_CKPT_SKIP;
         /* a writer of NB_CKPT_SKIP cannot serve a save of several ranks */
-        nb_checkpoint_writer *ws = nb_checkpoint_writer_new(
-            &(nb_checkpoint_writer_opts){.policy = NB_CKPT_SKIP});
+        nb_checkpoint_writer *ws = nb_checkpoint_writer_new(&wo);
         nb_checkpoint ck = dcp_layout_ck(&l, 1);
         if (mt_size > 1) {
             nb_status st = nb_checkpoint_writer_save(ws, dir, &ck);
@@ -319,7 +321,8 @@ END_TEST
 /* ---- precision ----------------------------------------------------------------------------- */
 static nb_module *mlp_of(uint64_t seed, nb_dtype dt) {
     nb_generator *g = nb_generator_new(seed);
-    nb_linear_opts lo = {.gen = g, .dtype = dt};
+    nb_linear_opts lo = nb_linear_defaults();
+    lo.gen = g, lo.dtype = dt;
     nb_module *m = nb_sequential_new(nb_linear_new(8, 16, &lo), nb_gelu_new(false),
                                      nb_linear_new(16, 16, &lo), nb_linear_new(16, 4, &lo), NULL);
     nb_generator_free(g);
@@ -346,7 +349,9 @@ START_TEST(test_dcp_precision) {
     snprintf(cons, sizeof cons, "%s/cons.ckpt", tmp);
     nb_module *hm = mlp_of(7, NB_BF16);
     nb_optim *ho = plain_adamw(hm);
-    nb_zero *z = nb_zero_new(hm, ho, mt_world, &(nb_zero_opts){.stage = 1, .bucket_mb = 200e-6});
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = 1, zo.bucket_mb = 200e-6;
+    nb_zero *z = nb_zero_new(hm, ho, mt_world, &zo);
     MT_CHECK(ho && z, "bf16 zero: %s", nb_last_error());
     for (int s = 0; s < 2 && z; s++) {
         nb_scope_begin();

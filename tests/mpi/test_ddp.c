@@ -49,13 +49,16 @@ static nb_module *build(model_kind kind, uint64_t seed) {
     nb_generator *g = nb_generator_new(seed);
     nb_module *m;
     if (kind == MLP) {
-        nb_linear_opts o = {.gen = g};
+        nb_linear_opts o = nb_linear_defaults();
+        o.gen = g;
         m = nb_sequential_new(nb_linear_new(IN, HID, &o), nb_relu_new(),
                               nb_linear_new(HID, HID, &o), nb_tanh_new(),
                               nb_linear_new(HID, OUT, &o), NULL);
     } else { /* a miniature language model: embedding, layer norm, linear head */
+        nb_linear_opts lin = nb_linear_defaults();
+        lin.gen = g;
         m = nb_sequential_new(nb_embedding_new(V, D, g), nb_layer_norm_new(D, NULL),
-                          nb_linear_new(D, V, &(nb_linear_opts){.gen = g}), NULL);
+                              nb_linear_new(D, V, &lin), NULL);
     }
     nb_generator_free(g);
     MT_CHECK(m != NULL, "building the model: %s", nb_last_error());
@@ -93,9 +96,10 @@ static nb_tensor *loss_of(nb_module *m, model_kind kind, nb_tensor *x, nb_tensor
 static nb_optim *make_opt(nb_module *m, model_kind kind) {
     nb_adam_opts ao = nb_adam_defaults();
     ao.lr = 1e-2;
-    nb_optim *o = kind == MLP
-                      ? nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9})
-                      : nb_adam_new(nb_parameters(m), &ao);
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1, so.momentum = 0.9;
+    nb_optim *o =
+        kind == MLP ? nb_sgd_new(nb_parameters(m), &so) : nb_adam_new(nb_parameters(m), &ao);
     MT_CHECK(o != NULL, "optimizer: %s", nb_last_error());
     return o;
 }
@@ -139,7 +143,9 @@ static void check_equivalence(model_kind kind, double bucket_mb) {
     int rank = mt_rank, size = mt_size;
     nb_module *ref = build(kind, 7), *m = build(kind, 7 + (uint64_t)rank); /* broadcast fixes m */
     nb_optim *ro = make_opt(ref, kind);
-    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = bucket_mb});
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = bucket_mb;
+    nb_ddp *d = nb_ddp_new(m, mt_world, &ddo);
     MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
     nb_optim *o = make_opt(m, kind); /* made after the wrap: sees the flat views */
     int64_t local = GB / size;
@@ -186,8 +192,8 @@ static void ddp_equivalence_gpt(nb_gpt_recompute recompute) {
     enum { K = 3, MICRO = 2, GBT = 8, TT = 8 }; /* global batch 8: divisible by 1, 2, 4 */
     nb_scope_begin();
     int rank = mt_rank, size = mt_size;
-    nb_gpt_config cfg = {.vocab_size = 64, .block_size = TT, .n_layer = 2, .n_head = 2,
-                      .n_embd = 16};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.vocab_size = 64, cfg.block_size = TT, cfg.n_layer = 2, cfg.n_head = 2, cfg.n_embd = 16;
     nb_generator *g0 = nb_generator_new(3), *g1 = nb_generator_new(3 + (uint64_t)rank);
     nb_module *ref = nb_gpt_new(&cfg, g0);
     cfg.recompute = recompute;
@@ -198,10 +204,13 @@ static void ddp_equivalence_gpt(nb_gpt_recompute recompute) {
     /* SGD, not the recipe's AdamW: the key bias of attention has an exactly zero gradient
      * (softmax ignores a constant added to every score), so its computed gradient is pure
      * rounding noise, which Adam's normalization would blow up to steps of size lr. */
-    nb_sgd_opts so = {.lr = 0.5, .momentum = 0.9, .weight_decay = 0.1};
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.5, so.momentum = 0.9, so.weight_decay = 0.1;
     nb_optim *ro = ref ? nb_sgd_new(nb_parameters(ref), &so) : NULL;
     nb_optim *o = m ? nb_sgd_new(nb_parameters(m), &so) : NULL; /* made before the wrap */
-    nb_ddp *d = m ? nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 4e-3}) : NULL;
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = 4e-3;
+    nb_ddp *d = m ? nb_ddp_new(m, mt_world, &ddo) : NULL;
     MT_CHECK(ro && o && d, "setup: %s", nb_last_error());
     int64_t local = GBT / size;
     for (int step = 0; step < K && d && ro && o; step++) {
@@ -252,7 +261,9 @@ START_TEST(test_ddp_grad_accumulation) {
     int rank = mt_rank, size = mt_size;
     nb_module *ref = build(MLP, 3), *m = build(MLP, 3);
     nb_optim *ro = make_opt(ref, MLP);
-    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 200e-6});
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = 200e-6;
+    nb_ddp *d = nb_ddp_new(m, mt_world, &ddo);
     MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
     nb_optim *o = make_opt(m, MLP);
     int64_t local = GB / size, half = local / 2;
@@ -304,8 +315,10 @@ START_TEST(test_ddp_overlap) {
     nb_scope_begin();
     int rank = mt_rank, size = mt_size;
     nb_module *m = build(MLP, 5);
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = 200e-6;
     /* 50 floats per bucket: smaller than most parameters, so several buckets. */
-    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 200e-6});
+    nb_ddp *d = nb_ddp_new(m, mt_world, &ddo);
     MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
     const nb_params *ps = nb_parameters(m);
     int nbk = nb_ddp_num_buckets(d);
@@ -346,8 +359,9 @@ static void unused_case(bool find_unused) {
     nb_scope_begin();
     int rank = mt_rank, size = mt_size;
     nb_module *m = build(MLP, 9), *ref = build(MLP, 9);
-    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.find_unused = find_unused,
-                                                       .bucket_mb = 200e-6});
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.find_unused = find_unused, ddo.bucket_mb = 200e-6;
+    nb_ddp *d = nb_ddp_new(m, mt_world, &ddo);
     MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
     nb_optim *o = make_opt(m, MLP);
     nb_tensor *x, *y;
@@ -422,9 +436,12 @@ END_TEST
 /* ---- broadcast at wrap time --------------------------------------------------------------------- */
 static nb_module *build_bn(uint64_t seed) { /* with buffers: batch norm running statistics */
     nb_generator *g = nb_generator_new(seed);
-    nb_module *m = nb_sequential_new(nb_linear_new(IN, HID, &(nb_linear_opts){.gen = g}),
-                                 nb_batch_norm1d_new(HID, NULL),
-                                 nb_linear_new(HID, OUT, &(nb_linear_opts){.gen = g}), NULL);
+    nb_linear_opts lin = nb_linear_defaults();
+    lin.gen = g;
+    nb_linear_opts lin2 = nb_linear_defaults();
+    lin2.gen = g;
+    nb_module *m = nb_sequential_new(nb_linear_new(IN, HID, &lin), nb_batch_norm1d_new(HID, NULL),
+                                     nb_linear_new(HID, OUT, &lin2), NULL);
     nb_generator_free(g);
     MT_CHECK(m != NULL, "building the model: %s", nb_last_error());
     return m;
@@ -471,7 +488,9 @@ START_TEST(test_ddp_self_is_plain) {
     MT_CHECK(self && nb_comm_size(self) == 1, "comm_self: %s", nb_last_error());
     nb_module *ref = build(EMB, 4), *m = build(EMB, 4);
     nb_optim *ro = make_opt(ref, EMB);
-    nb_ddp *d = nb_ddp_new(m, self, &(nb_ddp_opts){.bucket_mb = 1e-9});
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = 1e-9;
+    nb_ddp *d = nb_ddp_new(m, self, &ddo);
     nb_optim *o = make_opt(m, EMB);
     MT_CHECK(d && o, "%s", nb_last_error());
     for (int step = 0; step < 3 && d; step++) {
@@ -508,9 +527,12 @@ static void compressed_case(nb_dtype wire) {
     nb_scope_begin();
     int rank = mt_rank, size = mt_size;
     nb_module *mf = build(MLP, 21), *mc = build(MLP, 21);
-    nb_ddp *df = nb_ddp_new(mf, mt_world, &(nb_ddp_opts){.bucket_mb = 2e-3});
-    nb_ddp *dc = nb_ddp_new(mc, mt_world,
-                            &(nb_ddp_opts){.bucket_mb = 2e-3, .reduce_dtype = wire});
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = 2e-3;
+    nb_ddp *df = nb_ddp_new(mf, mt_world, &ddo);
+    nb_ddp_opts ddo2 = nb_ddp_defaults();
+    ddo2.bucket_mb = 2e-3, ddo2.reduce_dtype = wire;
+    nb_ddp *dc = nb_ddp_new(mc, mt_world, &ddo2);
     MT_CHECK(df && dc, "ddp_new: %s", nb_last_error());
     nb_optim *of = make_opt(mf, MLP), *oc = make_opt(mc, MLP);
     int64_t local = GB / size;
@@ -588,9 +610,10 @@ START_TEST(test_ddp_compressed) {
     /* anything but f32, f16 or bf16 is refused, naming the option */
     nb_scope_begin();
     nb_module *m = build(MLP, 3);
-    EXPECT_ERROR(nb_ddp_new(m, mt_world, &(nb_ddp_opts){.reduce_dtype = NB_F64}) ? NB_OK
-                                                                                  : nb_last_status(),
-                 NB_EINVAL, "reduce_dtype must be f32");
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.reduce_dtype = NB_F64, ddo.bucket_mb = 0;
+    EXPECT_ERROR(nb_ddp_new(m, mt_world, &ddo) ? NB_OK : nb_last_status(), NB_EINVAL,
+                 "reduce_dtype must be f32");
     nb_module_free(m);
     nb_scope_end();
     MT_END();
@@ -607,7 +630,9 @@ START_TEST(test_grad_scaler_global_flag) {
         nb_tensor *p = nb_ones((int64_t[]){3}, 1, NB_F32);
         MT_OK(nb_set_requires_grad(p, true));
         nb_params lp = {.tensors = &p, .count = 1};
-        nb_optim *o = nb_sgd_new(&lp, &(nb_sgd_opts){.lr = 0.1});
+        nb_sgd_opts so = nb_sgd_defaults();
+        so.lr = 0.1;
+        nb_optim *o = nb_sgd_new(&lp, &so);
         nb_grad_scaler *gs = nb_grad_scaler_new(NULL);
         MT_CHECK(o && gs, "%s", nb_last_error());
         if (global) MT_OK(nb_grad_scaler_set_comm(gs, mt_world));
@@ -661,7 +686,8 @@ START_TEST(test_ddp_auto_sync) {
     nb_scope_begin();
     int rank = mt_rank, size = mt_size;
     nb_module *a = build(MLP, 11 + (uint64_t)rank), *b = build(MLP, 11 + (uint64_t)rank);
-    nb_ddp_opts dopts = {.bucket_mb = 200e-6}; /* several buckets */
+    nb_ddp_opts dopts = nb_ddp_defaults(); /* several buckets */
+    dopts.bucket_mb = 200e-6;
     nb_ddp *da = nb_ddp_new(a, mt_world, &dopts), *db = nb_ddp_new(b, mt_world, &dopts);
     MT_CHECK(da && db, "ddp_new: %s", nb_last_error());
     nb_optim *oa = make_opt(a, MLP), *ob = make_opt(b, MLP);
@@ -710,7 +736,9 @@ START_TEST(test_ddp_step_refuses_unsynced) {
     nb_scope_begin();
     int rank = mt_rank, size = mt_size;
     nb_module *m = build(MLP, 13), *ref = build(MLP, 13);
-    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 200e-6});
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = 200e-6;
+    nb_ddp *d = nb_ddp_new(m, mt_world, &ddo);
     MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
     nb_optim *o = make_opt(m, MLP), *ro = make_opt(ref, MLP);
     nb_tensor *x, *y;
@@ -758,7 +786,9 @@ START_TEST(test_ddp_backward_failure) {
     nb_scope_begin();
     int rank = mt_rank, size = mt_size;
     nb_module *m = build(MLP, 15);
-    nb_ddp *d = nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 200e-6});
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = 200e-6;
+    nb_ddp *d = nb_ddp_new(m, mt_world, &ddo);
     MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
     nb_optim *o = make_opt(m, MLP);
     nb_tensor *x, *y;
@@ -805,14 +835,18 @@ START_TEST(test_ddp_errors) {
     EXPECT_ERROR(nb_last_status(), NB_ENULL, "ddp_new: model is NULL");
     MT_CHECK(!nb_ddp_new(m, NULL, NULL), "NULL communicator accepted");
     EXPECT_ERROR(nb_last_status(), NB_ENULL, "ddp_new: communicator is NULL");
-    MT_CHECK(!nb_ddp_new(m, self, &(nb_ddp_opts){.bucket_mb = -1}), "negative bucket accepted");
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = -1;
+    MT_CHECK(!nb_ddp_new(m, self, &ddo), "negative bucket accepted");
     EXPECT_ERROR(nb_last_status(), NB_EINVAL, "bucket_mb must be >= 0");
     /* options are read as written (issue 17 item 4): bucket_mb 0 is the smallest buckets (one
      * parameter each), not 25 MiB; the constructor gives 25 */
     MT_CHECK(nb_ddp_defaults().bucket_mb == 25 && !nb_ddp_defaults().find_unused &&
              !nb_ddp_defaults().no_broadcast, "nb_ddp_defaults");
     nb_module *m0 = build(MLP, 1);
-    nb_ddp *d0 = nb_ddp_new(m0, self, &(nb_ddp_opts){.bucket_mb = 0});
+    nb_ddp_opts ddo2 = nb_ddp_defaults();
+    ddo2.bucket_mb = 0;
+    nb_ddp *d0 = nb_ddp_new(m0, self, &ddo2);
     MT_CHECK(d0 && nb_ddp_num_buckets(d0) == nb_parameters(m0)->count,
              "bucket_mb 0: %d buckets for %d parameters", d0 ? nb_ddp_num_buckets(d0) : -1,
              nb_parameters(m0)->count);

@@ -224,9 +224,11 @@ START_TEST(test_dead_peer) {
         if (mt_rank == 0 && k == 0) printf("dead peer: %s\n", nb_last_error());
         nb_clear_error();
     }
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1;
     /* A DDP step: the synchronisation at the end of backward fails within the timeout,
      * naming rank 1, and the optimizer refuses the gradients that were never averaged. */
-    nb_optim *opt = nb_sgd_new(nb_parameters(model), &(nb_sgd_opts){.lr = 0.1});
+    nb_optim *opt = nb_sgd_new(nb_parameters(model), &so);
     ck_assert_msg(opt != NULL, "%s", nb_last_error());
     nb_tensor *x = nb_full((int64_t[]){2, 8}, 2, NB_F32, 1);
     double t0 = now();

@@ -21,8 +21,9 @@
 enum { K = 3, B = 8, T = 16 };
 
 static nb_gpt_config config(void) {
-    return (nb_gpt_config){.vocab_size = 64, .block_size = T, .n_layer = 4, .n_head = 4,
-                           .n_embd = 32};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.vocab_size = 64, cfg.block_size = T, cfg.n_layer = 4, cfg.n_head = 4, cfg.n_embd = 32;
+    return cfg;
 }
 
 static nb_optim *adamw(nb_module *m) {

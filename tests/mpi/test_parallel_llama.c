@@ -22,8 +22,10 @@
 enum { K = 3, B = 8, T = 16 };
 
 static nb_llama_config config(void) {
-    return (nb_llama_config){.vocab_size = 64, .block_size = T, .n_layer = 4, .n_head = 8,
-                             .n_kv_head = 4, .n_embd = 64, .n_inner = 96};
+    nb_llama_config lc = nb_llama_config_defaults();
+    lc.vocab_size = 64, lc.block_size = T, lc.n_layer = 4, lc.n_head = 8, lc.n_kv_head = 4;
+    lc.n_embd = 64, lc.n_inner = 96;
+    return lc;
 }
 
 static nb_optim *adamw(nb_module *m) {

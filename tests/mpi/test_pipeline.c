@@ -17,8 +17,12 @@
 #define SEQ 8
 #define STEPS 3
 
-static const nb_gpt_config cfg = {.vocab_size = 32, .block_size = SEQ, .n_layer = 8,
-                                  .n_head = 2, .n_embd = 16};
+static const nb_gpt_config *base_cfg(void) {
+    static nb_gpt_config c;
+    c = nb_gpt_config_defaults();
+    c.vocab_size = 32, c.block_size = SEQ, c.n_layer = 8, c.n_head = 2, c.n_embd = 16;
+    return &c;
+}
 
 static double rel_diff(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-12); }
 
@@ -49,13 +53,14 @@ static void gpt_pipe_free(nb_pipeline *p, nb_mesh *mesh, nb_module *model) {
 static void check_schedule(nb_pipe_schedule s, int v) {
     nb_mesh *mesh;
     nb_module *model;
-    nb_pipeline *p = gpt_pipe(&cfg, 11, s, v, NB_PIPE_BALANCE_LAYERS, &mesh, &model);
+    nb_pipeline *p = gpt_pipe(base_cfg(), 11, s, v, NB_PIPE_BALANCE_LAYERS, &mesh, &model);
     nb_optim *opt = p ? nb_sgd_new(nb_parameters(nb_pipeline_module(p)), NULL) : NULL;
     nb_generator *data = nb_generator_new(5);
     const int pr = nb_mesh_rank(mesh, "pp"), P = nb_mesh_size(mesh, "pp");
     for (int step = 0; opt && step < 2; step++) {
         nb_scope_begin();
-        nb_tensor *X = nb_randint((int64_t[]){MICRO * MB, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_tensor *X =
+            nb_randint((int64_t[]){MICRO * MB, SEQ}, 2, NB_I64, 0, base_cfg()->vocab_size, data);
         nb_pipe_stats st;
         nb_zero_grad(opt);
         double loss = nb_pipeline_step(p, X, X, &st);
@@ -94,7 +99,7 @@ END_TEST
  * three: the largest stage has 11600 parameters instead of 14880 split evenly. The layers are
  * the embedding, the 8 blocks and the head. */
 START_TEST(test_pipe_balance) {
-    nb_gpt_config big = cfg;
+    nb_gpt_config big = *base_cfg();
     big.vocab_size = 512;
     nb_mesh *mesh;
     nb_module *model;
@@ -191,7 +196,7 @@ END_TEST
  * model's nb_gpt_loss on the batch; the dropout stream does not move, the module stays in
  * training mode; under bf16 autocast within 2% of f32. */
 static void check_eval(nb_pipe_schedule s, int v) {
-    nb_gpt_config c1 = cfg, c2 = cfg;
+    nb_gpt_config c1 = *base_cfg(), c2 = *base_cfg();
     nb_generator *d1 = nb_generator_new(3), *data = nb_generator_new(7);
     c1.dropout = c2.dropout = 0.1;
     c1.dropout_gen = d1;
@@ -203,8 +208,8 @@ static void check_eval(nb_pipe_schedule s, int v) {
     nb_generator_free(g2);
     nb_scope_begin();
     const int64_t B = MICRO * MB;
-    nb_tensor *X = nb_randint((int64_t[]){B, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
-    nb_tensor *Y = nb_randint((int64_t[]){B, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+    nb_tensor *X = nb_randint((int64_t[]){B, SEQ}, 2, NB_I64, 0, base_cfg()->vocab_size, data);
+    nb_tensor *Y = nb_randint((int64_t[]){B, SEQ}, 2, NB_I64, 0, base_cfg()->vocab_size, data);
     nb_module_train(ref, false);
     bool prev = nb_set_grad_enabled(false);
     nb_tensor *l = nb_gpt_loss(ref, X, Y);
@@ -253,7 +258,7 @@ END_TEST
  * with the pipeline. */
 static double pipe_train(nb_gpt_recompute rc, nb_dtype prec, double *w_sum, int64_t *skipped,
                          double *scale) {
-    nb_gpt_config c = cfg;
+    nb_gpt_config c = *base_cfg();
     c.recompute = rc;
     nb_grad_scaler_opts sco = nb_grad_scaler_defaults();
     sco.init_scale = 524288.0;
@@ -271,8 +276,10 @@ static double pipe_train(nb_gpt_recompute rc, nb_dtype prec, double *w_sum, int6
     double loss = NAN;
     for (int step = 0; step < 2 * STEPS && opt; step++) {
         nb_scope_begin();
-        nb_tensor *X = nb_randint((int64_t[]){MICRO * MB, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
-        nb_tensor *Y = nb_randint((int64_t[]){MICRO * MB, SEQ}, 2, NB_I64, 0, cfg.vocab_size, data);
+        nb_tensor *X =
+            nb_randint((int64_t[]){MICRO * MB, SEQ}, 2, NB_I64, 0, base_cfg()->vocab_size, data);
+        nb_tensor *Y =
+            nb_randint((int64_t[]){MICRO * MB, SEQ}, 2, NB_I64, 0, base_cfg()->vocab_size, data);
         nb_gpt_step_opts so = nb_gpt_step_defaults();
         so.grad_clip = 1.0, so.scaler = sc, so.pipeline = p;
         if (prec != NB_F32) MT_OK(nb_autocast_begin(prec));

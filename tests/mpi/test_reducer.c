@@ -37,7 +37,8 @@ static void expect_error_at(nb_status s, nb_status status, const char *needle, c
 /* Linear(IN, HID), relu, Linear(HID, HID), tanh, Linear(HID, OUT): three units at stage 3. */
 static nb_module *mlp(uint64_t seed) {
     nb_generator *g = nb_generator_new(seed);
-    nb_linear_opts o = {.gen = g};
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
     nb_module *m = nb_sequential_new(nb_linear_new(IN, HID, &o), nb_relu_new(),
                                      nb_linear_new(HID, HID, &o), nb_tanh_new(),
                                      nb_linear_new(HID, OUT, &o), NULL);
@@ -47,7 +48,9 @@ static nb_module *mlp(uint64_t seed) {
 }
 
 static nb_optim *sgd(nb_module *m) {
-    nb_optim *o = nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1});
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1;
+    nb_optim *o = nb_sgd_new(nb_parameters(m), &so);
     MT_CHECK(o != NULL, "optimizer: %s", nb_last_error());
     return o;
 }
@@ -105,7 +108,9 @@ static void clip_case(int stage) {
     nb_scope_begin();
     nb_module *ref = mlp(7), *m = mlp(7);
     nb_optim *ro = sgd(ref), *o = sgd(m);
-    nb_zero *z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage, .bucket_mb = 200e-6});
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage, zo.bucket_mb = 200e-6;
+    nb_zero *z = nb_zero_new(m, o, mt_world, &zo);
     MT_CHECK(z != NULL, "zero_new (stage %d): %s", stage, nb_last_error());
     const int64_t local = GB / mt_size;
     for (int step = 0; step < K && z; step++) {
@@ -193,15 +198,18 @@ START_TEST(test_reducer_mesh_group) {
     }
     nb_optim *o = sgd(m);
     if (mt_size > 1) {
-        nb_zero *bad = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 2});
+        nb_zero_opts zo = nb_zero_defaults();
+        zo.stage = 2, zo.bucket_mb = 0;
+        nb_zero *bad = nb_zero_new(m, o, mt_world, &zo);
         MT_CHECK(!bad, "a communicator other than the mesh's dp group accepted");
         EXPECT_ERROR(nb_last_status(), NB_EINVAL, "pass nb_mesh_group(mesh, \"dp\")");
         nb_ddp *dbad = nb_ddp_new(m, mt_world, NULL);
         MT_CHECK(!dbad, "ddp: a communicator other than the mesh's dp group accepted");
         EXPECT_ERROR(nb_last_status(), NB_EINVAL, "pass nb_mesh_group(mesh, \"dp\")");
     }
-    nb_zero *z = mesh ? nb_zero_new(m, o, nb_mesh_group(mesh, "dp"), &(nb_zero_opts){.stage = 2})
-                      : NULL;
+    nb_zero_opts zo2 = nb_zero_defaults();
+    zo2.stage = 2, zo2.bucket_mb = 0;
+    nb_zero *z = mesh ? nb_zero_new(m, o, nb_mesh_group(mesh, "dp"), &zo2) : NULL;
     MT_CHECK(z != NULL, "zero_new over the dp group: %s", nb_last_error());
     /* the shards are recorded on the parameters' own mesh, which stays theirs after the free */
     MT_CHECK(!z || (ps->tensors[0]->place->p.mesh == mesh && ps->tensors[0]->place->shard_grad),
@@ -250,10 +258,12 @@ static void partial_case(int wrapper) {
     mark_partial(m, mesh);
     nb_optim *ro = sgd(ref), *o = sgd(m);
     nb_comm *dp = nb_mesh_group(mesh, "dp");
-    nb_ddp *d = wrapper == 0 ? nb_ddp_new(m, dp, &(nb_ddp_opts){.bucket_mb = 200e-6}) : NULL;
-    nb_zero *z = wrapper > 0 ? nb_zero_new(m, o, dp, &(nb_zero_opts){.stage = wrapper,
-                                                                      .bucket_mb = 200e-6})
-                             : NULL;
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = 200e-6;
+    nb_ddp *d = wrapper == 0 ? nb_ddp_new(m, dp, &ddo) : NULL;
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = wrapper, zo.bucket_mb = 200e-6;
+    nb_zero *z = wrapper > 0 ? nb_zero_new(m, o, dp, &zo) : NULL;
     MT_CHECK(wrapper < 0 || d || z, "wrap %d: %s", wrapper, nb_last_error());
     for (int step = 0; step < K; step++) {
         nb_scope_begin();
@@ -315,7 +325,9 @@ START_TEST(test_reducer_self_is_plain) {
     for (int stage = 0; stage <= 3; stage++) {
         nb_module *ref = mlp(5), *m = mlp(5);
         nb_optim *ro = sgd(ref), *o = sgd(m);
-        nb_zero *z = nb_zero_new(m, o, self, &(nb_zero_opts){.stage = stage, .bucket_mb = 200e-6});
+        nb_zero_opts zo = nb_zero_defaults();
+        zo.stage = stage, zo.bucket_mb = 200e-6;
+        nb_zero *z = nb_zero_new(m, o, self, &zo);
         MT_CHECK(z != NULL, "zero_new on self: %s", nb_last_error());
         nb_scope_begin();
         nb_tensor *x, *y;
@@ -357,7 +369,8 @@ END_TEST
  * so A's gradient comes only from the backward with sync disabled. */
 static nb_module *two_paths(uint64_t seed) {
     nb_generator *g = nb_generator_new(seed);
-    nb_linear_opts o = {.gen = g};
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
     nb_module *m = nb_sequential_new(nb_linear_new(IN, HID, &o), nb_linear_new(IN, HID, &o),
                                      nb_linear_new(HID, OUT, &o), NULL);
     nb_generator_free(g);
@@ -379,10 +392,12 @@ static void accumulation_case(int wrapper) {
     nb_scope_begin();
     nb_module *ref = two_paths(13), *m = two_paths(13);
     nb_optim *ro = sgd(ref), *o = sgd(m);
-    nb_ddp *d = wrapper == 0 ? nb_ddp_new(m, mt_world, &(nb_ddp_opts){.bucket_mb = 200e-6}) : NULL;
-    nb_zero *z = wrapper > 0 ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = wrapper,
-                                                                            .bucket_mb = 200e-6})
-                             : NULL;
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = 200e-6;
+    nb_ddp *d = wrapper == 0 ? nb_ddp_new(m, mt_world, &ddo) : NULL;
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = wrapper, zo.bucket_mb = 200e-6;
+    nb_zero *z = wrapper > 0 ? nb_zero_new(m, o, mt_world, &zo) : NULL;
     MT_CHECK(d || z, "wrap %d: %s", wrapper, nb_last_error());
     nb__reducer *r = nb__reducer_of(m);
     MT_CHECK(r != NULL, "no reducer found for the wrapped model");

@@ -37,7 +37,8 @@ static double *values(const nb_tensor *t) {
 
 static nb_module *build_mlp(uint64_t seed, int64_t in, int64_t hid, int64_t out) {
     nb_generator *g = nb_generator_new(seed);
-    nb_linear_opts o = {.gen = g};
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
     nb_module *m = nb_sequential_new(nb_linear_new(in, hid, &o), nb_relu_new(),
                                      nb_linear_new(hid, hid, &o), nb_tanh_new(),
                                      nb_linear_new(hid, out, &o), NULL);
@@ -75,8 +76,11 @@ static const char *const opt_names[] = {"sgd", "adamw+groups", "adam amsgrad",
 /* The optimizer (and for ADAMW_GROUPS its cosine schedule in *sched). */
 static nb_optim *make_opt(nb_module *m, opt_kind k, nb_sched **sched) {
     *sched = NULL;
-    if (k == SGD_MOMENTUM)
-        return nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    if (k == SGD_MOMENTUM) {
+        nb_sgd_opts so = nb_sgd_defaults();
+        so.lr = 0.1, so.momentum = 0.9;
+        return nb_sgd_new(nb_parameters(m), &so);
+    }
     if (k == ADAM_AMSGRAD) {
         nb_adam_opts ao = nb_adam_defaults();
         ao.lr = 1e-2, ao.amsgrad = true, ao.weight_decay = 1e-3;
@@ -141,11 +145,13 @@ static void check_mlp(int stage, opt_kind k, double bucket_mb, double clip) {
     nb_module *dm = build_mlp(7 + (uint64_t)rank, IN, HID, OUT);
     nb_sched *rs, *zs, *ds;
     nb_optim *ro = make_opt(ref, k, &rs), *o = make_opt(m, k, &zs);
-    nb_ddp *d = nb_ddp_new(dm, mt_world, &(nb_ddp_opts){.bucket_mb = bucket_mb});
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = bucket_mb;
+    nb_ddp *d = nb_ddp_new(dm, mt_world, &ddo);
     nb_optim *dop = make_opt(dm, k, &ds);
-    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage,
-                                                                  .bucket_mb = bucket_mb})
-                   : NULL;
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage, zo.bucket_mb = bucket_mb;
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &zo) : NULL;
     MT_CHECK(ro && o && dop && d && z, "setup (stage %d): %s", stage, nb_last_error());
     MT_CHECK(nb_zero_stage(z) == stage, "stage %d reported as %d", stage, nb_zero_stage(z));
     int64_t local = GB / size;
@@ -228,11 +234,12 @@ static void check_compressed(int stage, nb_dtype wire) {
     nb_module *m0 = build_mlp(21, IN, HID, OUT); /* the initial weights */
     nb_sched *sf, *sc;
     nb_optim *of = make_opt(mf, SGD_MOMENTUM, &sf), *oc = make_opt(mc, SGD_MOMENTUM, &sc);
-    nb_zero *zf = nb_zero_new(mf, of, mt_world, &(nb_zero_opts){.stage = stage,
-                                                               .bucket_mb = 200e-6});
-    nb_zero *zc = nb_zero_new(mc, oc, mt_world, &(nb_zero_opts){.stage = stage,
-                                                               .bucket_mb = 200e-6,
-                                                               .reduce_dtype = wire});
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage, zo.bucket_mb = 200e-6;
+    nb_zero *zf = nb_zero_new(mf, of, mt_world, &zo);
+    nb_zero_opts zo2 = nb_zero_defaults();
+    zo2.stage = stage, zo2.bucket_mb = 200e-6, zo2.reduce_dtype = wire;
+    nb_zero *zc = nb_zero_new(mc, oc, mt_world, &zo2);
     MT_CHECK(zf && zc, "zero_new (stage %d, %s): %s", stage, nb_dtype_name(wire),
              nb_last_error());
     int64_t local = GB / size;
@@ -309,11 +316,12 @@ START_TEST(test_zero_compressed) {
     nb_module *m = build_mlp(3, IN, HID, OUT);
     nb_sched *s;
     nb_optim *o = make_opt(m, SGD_MOMENTUM, &s);
-    for (int stage = 0; stage <= 2; stage += 2)
-        EXPECT_ERROR(nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage,
-                                                                 .reduce_dtype = NB_F64})
-                         ? NB_OK : nb_last_status(),
-                     NB_EINVAL, "reduce_dtype must be f32");
+    for (int stage = 0; stage <= 2; stage += 2) {
+        nb_zero_opts zo = nb_zero_defaults();
+        zo.stage = stage, zo.bucket_mb = 0, zo.reduce_dtype = NB_F64;
+        EXPECT_ERROR(nb_zero_new(m, o, mt_world, &zo) ? NB_OK : nb_last_status(), NB_EINVAL,
+                     "reduce_dtype must be f32");
+    }
     nb_optim_free(o);
     nb_module_free(m);
     nb_scope_end();
@@ -326,8 +334,8 @@ static void check_gpt(int stage) {
     enum { K = 3, MICRO = 2, GBT = 8, TT = 8 };
     nb_scope_begin();
     int rank = mt_rank, size = mt_size;
-    nb_gpt_config cfg = {.vocab_size = 64, .block_size = TT, .n_layer = 2, .n_head = 2,
-                         .n_embd = 16};
+    nb_gpt_config cfg = nb_gpt_config_defaults();
+    cfg.vocab_size = 64, cfg.block_size = TT, cfg.n_layer = 2, cfg.n_head = 2, cfg.n_embd = 16;
     nb_generator *g0 = nb_generator_new(3), *g1 = nb_generator_new(3 + (uint64_t)rank);
     nb_generator *g2 = nb_generator_new(3 + (uint64_t)rank);
     nb_module *ref = nb_gpt_new(&cfg, g0), *m = nb_gpt_new(&cfg, g1), *dm = nb_gpt_new(&cfg, g2);
@@ -337,14 +345,17 @@ static void check_gpt(int stage) {
     MT_CHECK(ref && m && dm, "nb_gpt_new: %s", nb_last_error());
     /* SGD, as test_ddp_equivalence_gpt: the key bias of attention has an exactly zero true
      * gradient, whose rounding noise Adam would blow up to steps of size lr. */
-    nb_sgd_opts so = {.lr = 0.5, .momentum = 0.9, .weight_decay = 0.1};
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.5, so.momentum = 0.9, so.weight_decay = 0.1;
     nb_optim *ro = ref ? nb_sgd_new(nb_parameters(ref), &so) : NULL;
     nb_optim *o = m ? nb_sgd_new(nb_parameters(m), &so) : NULL;
     nb_optim *dop = dm ? nb_sgd_new(nb_parameters(dm), &so) : NULL;
-    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage,
-                                                                  .bucket_mb = 4e-3})
-                   : NULL;
-    nb_ddp *d = dm ? nb_ddp_new(dm, mt_world, &(nb_ddp_opts){.bucket_mb = 4e-3}) : NULL;
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage, zo.bucket_mb = 4e-3;
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &zo) : NULL;
+    nb_ddp_opts ddo = nb_ddp_defaults();
+    ddo.bucket_mb = 4e-3;
+    nb_ddp *d = dm ? nb_ddp_new(dm, mt_world, &ddo) : NULL;
     MT_CHECK(ro && o && z && d && dop, "setup: %s", nb_last_error());
     int64_t local = GBT / size;
     for (int step = 0; step < K && z && d && ro && o; step++) {
@@ -397,9 +408,12 @@ START_TEST(test_zero_stage3_frozen_eval) {
         MT_OK(nb_set_requires_grad(nb_module_param(first, "weight"), false));
         MT_OK(nb_set_requires_grad(nb_module_param(first, "bias"), false));
     }
-    nb_sgd_opts so = {.lr = 0.1, .momentum = 0.9};
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1, so.momentum = 0.9;
     nb_optim *ro = nb_sgd_new(nb_parameters(ref), &so), *o = nb_sgd_new(nb_parameters(m), &so);
-    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 3}) : NULL;
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = 3, zo.bucket_mb = 0;
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &zo) : NULL;
     MT_CHECK(ro && z, "setup: %s", nb_last_error());
     int64_t local = GB / mt_size;
     for (int step = 0; step < 4 && z; step++) {
@@ -464,9 +478,9 @@ static void check_memory(int stage) {
     nb_alloc_get_stats(&before);
     nb_module *m = build_mlp(11, MIN, MHID, MOUT);
     nb_optim *o = m ? nb_adam_new(nb_parameters(m), NULL) : NULL;
-    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage,
-                                                                  .bucket_mb = 0.1})
-                   : NULL;
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage, zo.bucket_mb = 0.1;
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &zo) : NULL;
     MT_CHECK(z != NULL, "setup: %s", nb_last_error());
     nb_scope_begin();
     nb_generator *g = nb_generator_new(5);
@@ -637,21 +651,31 @@ END_TEST
 START_TEST(test_zero_errors) {
     nb_scope_begin();
     nb_module *m = build_mlp(1, IN, HID, OUT), *other = build_mlp(2, IN, HID, OUT);
-    nb_optim *o = nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
-    nb_zero *z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 5});
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1, so.momentum = 0.9;
+    nb_optim *o = nb_sgd_new(nb_parameters(m), &so);
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = 5, zo.bucket_mb = 0;
+    nb_zero *z = nb_zero_new(m, o, mt_world, &zo);
     MT_CHECK(!z, "stage 5 accepted");
     EXPECT_ERROR(nb_last_status(), NB_EINVAL, "stage must be 0, 1, 2 or 3, got 5");
-    z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = -1});
+    nb_zero_opts zo2 = nb_zero_defaults();
+    zo2.stage = -1, zo2.bucket_mb = 0;
+    z = nb_zero_new(m, o, mt_world, &zo2);
     EXPECT_ERROR(nb_last_status(), NB_EINVAL, "got -1");
     z = nb_zero_new(m, NULL, mt_world, NULL);
     EXPECT_ERROR(nb_last_status(), NB_ENULL, "optimizer is NULL");
+    nb_sgd_opts so2 = nb_sgd_defaults();
+    so2.lr = 0.1;
     /* an optimizer over tensors that are not the model's parameters cannot be sharded */
-    nb_optim *oo = nb_sgd_new(nb_parameters(other), &(nb_sgd_opts){.lr = 0.1});
+    nb_optim *oo = nb_sgd_new(nb_parameters(other), &so2);
     z = nb_zero_new(m, oo, mt_world, NULL);
     MT_CHECK(!z, "foreign optimizer accepted");
     EXPECT_ERROR(nb_last_status(), NB_EINVAL, "is not a parameter of the model");
+    nb_sgd_opts so3 = nb_sgd_defaults();
+    so3.lr = 0.1, so3.momentum = 0.9;
     /* an optimizer that has state already */
-    nb_optim *os = nb_sgd_new(nb_parameters(other), &(nb_sgd_opts){.lr = 0.1, .momentum = 0.9});
+    nb_optim *os = nb_sgd_new(nb_parameters(other), &so3);
     nb_scope_begin();
     nb_tensor *x = nb_ones((int64_t[]){2, IN}, 2, NB_F32);
     nb_tensor *y = nb_zeros((int64_t[]){2}, 1, NB_I64);
@@ -663,7 +687,9 @@ START_TEST(test_zero_errors) {
     EXPECT_ERROR(nb_last_status(), NB_ESTATE, "already has state");
 
     /* a working one: a second wrap is refused; a step on local gradients is refused */
-    z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = 2, .bucket_mb = 200e-6});
+    nb_zero_opts zo3 = nb_zero_defaults();
+    zo3.stage = 2, zo3.bucket_mb = 200e-6;
+    z = nb_zero_new(m, o, mt_world, &zo3);
     MT_CHECK(z != NULL, "zero_new: %s", nb_last_error());
     nb_zero *z2 = nb_zero_new(m, o, mt_world, NULL);
     MT_CHECK(!z2, "second wrap accepted");
@@ -765,7 +791,8 @@ START_TEST(test_zero_offload) {
             nb_module *ref = build_mlp(7, IN, HID, OUT), *gm = build_mlp(7, IN, HID, OUT);
             MT_OK(nb_module_to(gm, GUARD));
             nb_optim *ro = make_opt(ref, kinds[ki], &rs), *go = make_opt(gm, kinds[ki], &gs);
-            nb_zero_opts zo = {.stage = stage, .bucket_mb = 0.0005, .offload_optimizer = true};
+            nb_zero_opts zo = nb_zero_defaults();
+            zo.stage = stage, zo.bucket_mb = 0.0005, zo.offload_optimizer = true;
             nb_zero *zr = nb_zero_new(ref, ro, mt_world, &zo); /* CPU: offload does nothing */
             nb_zero *zg = nb_zero_new(gm, go, mt_world, &zo);
             MT_CHECK(zr && zg, "%s: setup: %s", what, nb_last_error());
@@ -823,8 +850,12 @@ START_TEST(test_zero_offload) {
         }
     /* stage 0 has no shard optimizer to offload */
     nb_module *m = build_mlp(1, IN, HID, OUT);
-    nb_optim *o = nb_sgd_new(nb_parameters(m), &(nb_sgd_opts){.lr = 0.1});
-    nb_zero *z = nb_zero_new(m, o, mt_world, &(nb_zero_opts){.offload_optimizer = true});
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1;
+    nb_optim *o = nb_sgd_new(nb_parameters(m), &so);
+    nb_zero_opts zo2 = nb_zero_defaults();
+    zo2.offload_optimizer = true, zo2.stage = 0, zo2.bucket_mb = 0;
+    nb_zero *z = nb_zero_new(m, o, mt_world, &zo2);
     MT_CHECK(!z, "offload at stage 0 accepted");
     EXPECT_ERROR(nb_last_status(), NB_EINVAL, "offload_optimizer needs stage 1, 2 or 3");
     nb_optim_free(o);
@@ -851,7 +882,8 @@ START_TEST(test_zero_offload_resume) {
         MT_OK(nb_module_to(m2, GUARD));
         nb_optim *o1 = make_opt(m1, ADAMW_GROUPS, &s1), *o2 = make_opt(m2, ADAMW_GROUPS, &s2);
         nb_optim *o3 = make_opt(ref, ADAMW_GROUPS, &s3);
-        nb_zero_opts zo = {.stage = stage, .bucket_mb = 0.0005, .offload_optimizer = true};
+        nb_zero_opts zo = nb_zero_defaults();
+        zo.stage = stage, zo.bucket_mb = 0.0005, zo.offload_optimizer = true;
         nb_zero *z1 = nb_zero_new(m1, o1, mt_world, &zo), *z2 = nb_zero_new(m2, o2, mt_world, &zo);
         zo.offload_optimizer = false;
         nb_zero *z3 = nb_zero_new(ref, o3, mt_world, &zo);
@@ -940,9 +972,9 @@ static void check_memory_half(int stage, bool offload) {
     nb_device dev = offload ? GUARD : NB_CPU;
     nb_module *m = build_bf16_mlp(dev);
     nb_optim *o = m ? nb_adam_new(nb_parameters(m), NULL) : NULL;
-    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &(nb_zero_opts){.stage = stage, .bucket_mb = 0.1,
-                                                                  .offload_optimizer = offload})
-                   : NULL;
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage, zo.bucket_mb = 0.1, zo.offload_optimizer = offload;
+    nb_zero *z = o ? nb_zero_new(m, o, mt_world, &zo) : NULL;
     MT_CHECK(z != NULL, "setup: %s", nb_last_error());
     if (z) bf16_step(m, o, dev, 0);
     nb_zero_memory_info mi = {0}, plan = {0};
@@ -998,7 +1030,8 @@ static void check_offload_half(int stage) {
     nb_module *gm = build_bf16_mlp(GUARD), *ref = build_bf16_mlp(NB_CPU);
     nb_optim *go = gm ? nb_adam_new(nb_parameters(gm), NULL) : NULL;
     nb_optim *ro = ref ? nb_adam_new(nb_parameters(ref), NULL) : NULL;
-    nb_zero_opts zo = {.stage = stage, .bucket_mb = 0.1, .offload_optimizer = true};
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = stage, zo.bucket_mb = 0.1, zo.offload_optimizer = true;
     nb_zero *zg = go ? nb_zero_new(gm, go, mt_world, &zo) : NULL;
     zo.offload_optimizer = false;
     nb_zero *zr = ro ? nb_zero_new(ref, ro, mt_world, &zo) : NULL;
