@@ -59,6 +59,7 @@ void nb_tests_nn_pool(TCase *tc);         /* nn_conv: tests/test_nn_pool.c */
 void nb_tests_optim_clip(TCase *tc);      /* optim: tests/test_optim_clip.c */
 void nb_tests_nn_modules(Suite *s);       /* nn_layers: tests/test_nn_modules.c */
 void nb_tests_io_state(TCase *tc);        /* io: tests/test_io_state.c */
+void nb_tests_sgemm(TCase *tc);           /* matmul: tests/test_sgemm.c */
 
 /* A tensor of dtype dt holding vals (converted), shape[ndim]; registered in the scope. */
 nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtype dt);
