@@ -2,7 +2,9 @@
  * files, the in-memory and IDX datasets (and the real Fashion-MNIST files when installed),
  * the loader (coverage, drop_last, determinism, sharding, resume, prefetch, freeing
  * mid-epoch, no allocation per batch, errors from its thread), the image transforms and
- * the byte-level text helpers. Files are written to a fresh temporary directory. */
+ * the byte-level text helpers. Files are written to a fresh temporary directory. The
+ * transforms, text and other-device tests are in test_data_transforms.c, the helpers both
+ * files use in test_data.h. */
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>

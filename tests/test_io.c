@@ -1,7 +1,8 @@
 /* test_io.c - the "io" suite: safetensors reading and writing (every dtype, metadata, the
  * reference writer's exact layout, a file written by PyTorch's safetensors, a corpus of
  * corrupt and truncated files, atomic replacement) and module state save/load. The PyTorch
- * fixtures in tests/fixtures/io/ come from tools/make_io_fixtures.py. */
+ * fixtures in tests/fixtures/io/ come from tools/make_io_fixtures.py. The module state tests
+ * are in test_io_state.c. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -5,7 +5,8 @@
  * GEMM can read directly are not copied (allocator block counts), the GEMM layer's alpha/beta
  * contract, the provider switch, and every user error. nb_matmul and nb_linear on the
  * guard device (same values as the CPU, forward and backward) and on meta (shapes only),
- * operands on two devices, and the gemm kernel's batch/bias contract. */
+ * operands on two devices, and the gemm kernel's batch/bias contract. The packed-sgemm tests
+ * are in test_sgemm.c. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>

@@ -7,7 +7,8 @@
  * independence (1 vs 2 threads bit for bit, forward and backward); the bf16 kernels (bf16
  * x, w, gy with f32 sums: against direct loops at the kernel and the op level, under
  * autocast through the casts, 1 vs 2 vs 3 threads bit for bit); the modules'
- * initialization and forward; and every class of user error. */
+ * initialization and forward; and every class of user error. The pooling tests are in
+ * test_nn_pool.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

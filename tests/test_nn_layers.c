@@ -6,7 +6,8 @@
  * against central differences with nb_gradcheck. Also: running-statistics updates, dropout
  * statistics and determinism (generator state, thread count), init distributions and
  * PyTorch's fan/gain formulas, module parameter names and shapes, flat parameters,
- * train/eval switching, and the user errors. */
+ * train/eval switching, and the user errors. The init, module, error and hook tests are in
+ * test_nn_modules.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

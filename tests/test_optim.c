@@ -2,7 +2,8 @@
  * load, gradient clipping and learning-rate schedules. Reference values come from PyTorch
  * 1.13 through the committed files in tests/fixtures/optim/ (written by
  * tools/make_optim_fixtures.py, whose docstring describes the format), so the suite does not
- * need PyTorch. */
+ * need PyTorch. The clipping and schedule tests are in test_optim_clip.c, the fixture reader
+ * in test_optim.h. */
 #include <float.h>
 #include <stdarg.h>
 #include <stdlib.h>
