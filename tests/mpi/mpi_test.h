@@ -6,7 +6,11 @@
  * leave this rank out of step with the others. Tests therefore record failures with
  * MT_CHECK (no jump) and end with MT_END(), a collective that combines every rank's verdict:
  * each rank then fails or passes the test alike, and rank 0's message names the failing
- * ranks and their first failure. Only rank 0 prints Check's output. */
+ * ranks and their first failure. Only rank 0 prints Check's output.
+ *
+ * main.c defines the world, the failure agreement and the data helpers; mpi_test_util.c the
+ * helpers the test files share (numbers, parameter comparisons, expected errors, temporary
+ * directories, the one-model-every-layout harness). */
 #ifndef NABLA_MPI_TEST_H
 #define NABLA_MPI_TEST_H
 
