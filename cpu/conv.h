@@ -31,9 +31,10 @@
 /* Which implementation runs f32 convolutions. NB__CONV_DNNL: oneDNN's primitives for the
  * forward and the input gradient wherever oneDNN has a kernel; NB__CONV_IM2COL: im2col +
  * GEMM for everything; NB__CONV_AUTO (the default): oneDNN where it measured faster (see
- * dn_wanted in conv.c), when it was built in. The weight and bias gradients, and all of f64,
- * always use im2col + GEMM. The environment variable NB_CONV (= im2col | dnnl) sets the
- * initial choice. Process wide; for tests and benchmarks. */
+ * nb__conv_dnnl_wanted in conv_dnnl.c), when it was built in. The weight and bias gradients,
+ * and all of f64, always use im2col + GEMM. The environment variable NB_CONV (= im2col |
+ * dnnl) sets the initial choice. Process wide; for tests and benchmarks (both in
+ * cpu/conv_dnnl.c). */
 typedef enum nb__conv_impl { NB__CONV_AUTO = 0, NB__CONV_IM2COL, NB__CONV_DNNL } nb__conv_impl;
 void nb__conv2d_set_impl(nb__conv_impl impl);
 nb__conv_impl nb__conv2d_impl(void);

@@ -3,7 +3,8 @@
  * fused softmax / log_softmax. Kernels do arithmetic only: they see pointers and geometry
  * (tensor/kernels/reduce.h); the op definitions check the arguments, pick output shapes and
  * dtypes and allocate the outputs. cpu/reduce.c registers them all
- * (nb__cpu_register_reduce), with the backward kernels of cpu/reduce_back.c. */
+ * (nb__cpu_register_reduce): its reductions, the softmax of cpu/softmax.c and the backward
+ * kernels of cpu/reduce_back.c. */
 #ifndef NABLA_CPU_REDUCE_H
 #define NABLA_CPU_REDUCE_H
 

@@ -34,7 +34,10 @@
  *
  * Trace and profiler (tensor/trace.h): "<who> bucket launch" (inside backward's hooks) and
  * "<who> bucket wait" carry the bucket number; "<who> exposed comm" is the part of the step
- * that waited for communication after backward (who: ddp or zero). */
+ * that waited for communication after backward (who: ddp or zero).
+ *
+ * The construction (placements, the bucket layout, the hooks attached) is in
+ * parallel/reducer_setup.c; the state both files share in parallel/reducer_impl.h. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,86 +48,9 @@
 #include "nabla/autograd.h"
 #include "parallel/mesh_impl.h"
 #include "parallel/reducer.h"
+#include "parallel/reducer_impl.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/trace.h"
-
-typedef struct rparam {
-    struct nb__reducer *r;
-    int index;          /* in nb_parameters order */
-    int bucket;
-    nb_tensor *t;       /* the parameter (borrowed from the module) */
-    int64_t off, n;     /* its element range in the flat buffer (relative to its start) */
-    nb_tensor *gview;   /* allreduce / scatter: its view of the flat gradient buffer (owned) */
-    int handle;         /* grad hook handle, -1 if none */
-    unsigned partial;   /* mesh dimensions (bits) over which its gradient is a partial sum */
-    bool expected;      /* requires grad: a gradient is expected every synced step */
-    bool guarded;       /* our guard is set */
-    bool ready;         /* its gradient completed in this step */
-    bool accumulated;   /* a backward with sync disabled gave it a gradient since the last sync */
-    bool deferred;
-} rparam;
-
-typedef struct rbucket {
-    int64_t begin, end; /* element range of the flat buffer */
-    int64_t cb, ce;     /* this rank's chunk (scatter policies; else the whole range) */
-    int64_t soff;       /* where the chunk starts in the shard */
-    nb_tensor *gin;     /* allreduce / scatter: the bucket's view of the flat gradient buffer */
-    nb_tensor *gout;    /* the reduced chunk (allreduce: gin; scatter: of gin; staged: of the
-                         * shard gradient buffer) */
-    /* compressed: the bucket in the wire dtype padded to size * k elements (cin), what the
-     * other ranks sent of this rank's chunk (cout), and (allreduce) the reduced chunk in the
-     * wire dtype (cmine); views of the two exchange slots under the scatter policies */
-    nb_tensor *cin, *cout, *cmine;
-    int expected, ready;
-    bool deferred;
-    bool cpending;      /* an all-to-all into cout awaits its sum */
-    nb_work *work;      /* in-flight collective, NULL when none */
-} rbucket;
-
-struct nb__reducer {
-    nb__reducer_cfg cfg;
-    char who[8];
-    nb_module *m;
-    nb_comm *c;
-    int size, rank;
-    const nb_mesh *mesh;      /* the parameters' mesh (partial sums), or NULL */
-    nb_tensor *flat_g;        /* allreduce / scatter: borrowed from the module */
-    nb_dtype dtype;
-    nb_device dev;
-    int64_t total, cap;       /* elements of the flat buffer; bucket capacity */
-    int np, nbk;
-    rparam *p;
-    rbucket *b;
-    int64_t max_bucket, nshard;
-    nb_tensor *shard_g;       /* staged (owned) */
-    nb_tensor *staging[2];    /* staged (owned) */
-    int staged_by[2];         /* bucket whose reduce-scatter reads staging[i], -1 none */
-    bool compress;
-    nb_tensor *cslot_in[2], *cslot_out[2]; /* scatter policies, compressed (owned) */
-    int cslot_by[2];
-    int next_launch;          /* buckets before it are launched (or deferred) in this step */
-    int nlaunched;            /* buckets launched in this step */
-    int last_launched;        /* buckets launched by the last finished step (for tests) */
-    int ndeferred;            /* deferred buckets */
-    unsigned partial_dims;    /* mesh dimensions some parameter is partial over */
-    bool sync_enabled;
-    bool active;              /* a synced backward's hooks ran; its end has not been processed */
-    bool twice;               /* a parameter completed twice before the end of the step */
-    bool stepped;             /* a backward reached the model (the layout is fixed) */
-    nb_status hook_err;       /* first failure inside a hook (reported at the end of the step) */
-    char hook_msg[512];
-    /* What nb_step must refuse: local gradients (a backward with sync disabled) that no
-     * synchronisation has reduced yet, a synchronisation that failed (fail_msg), deferred
-     * buckets not synchronised yet. */
-    bool local, failed, deferred_pending;
-    char fail_msg[512];
-    nb_status last_st;        /* outcome of the last synchronisation, as nb_*_sync reports it */
-    char last_msg[512];
-    double exposed_s;
-    int64_t wire_bytes, last_wire_bytes; /* gradient bytes this rank sent, this / last step */
-    nb_status (*relayout)(void *ctx);
-    struct nb__reducer *next_live;
-};
 
 static double now_s(void) {
     struct timespec ts;
@@ -132,7 +58,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static bool is_ddp(const nb__reducer *r) { return r->cfg.policy == NB__RED_ALLREDUCE; }
 /* "averaged" (nb_ddp) or "reduced" (nb_zero), and the collective's name, for messages */
 static const char *verb(const nb__reducer *r) { return is_ddp(r) ? "averaged" : "reduced"; }
 static const char *coll(const nb__reducer *r) {
@@ -161,35 +86,6 @@ static int64_t coll_bytes(int64_t n, int p, int64_t es, int phases) {
 /* halves are summed in f32 and travel as f32 (parallel/comm_mpi.c) */
 static int64_t wire_size(nb_dtype dt) {
     return dt == NB_F16 || dt == NB_BF16 ? 4 : (int64_t)nb_dtype_size(dt);
-}
-
-/* ---- the live reducers (nb__reducer_of) --------------------------------------------------------- */
-static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
-static nb__reducer *live;
-
-static void live_add(nb__reducer *r) {
-    pthread_mutex_lock(&live_mu);
-    r->next_live = live;
-    live = r;
-    pthread_mutex_unlock(&live_mu);
-}
-
-static void live_remove(nb__reducer *r) {
-    pthread_mutex_lock(&live_mu);
-    for (nb__reducer **q = &live; *q; q = &(*q)->next_live)
-        if (*q == r) {
-            *q = r->next_live;
-            break;
-        }
-    pthread_mutex_unlock(&live_mu);
-}
-
-nb__reducer *nb__reducer_of(const nb_module *m) {
-    pthread_mutex_lock(&live_mu);
-    nb__reducer *r = live;
-    while (r && r->m != m) r = r->next_live;
-    pthread_mutex_unlock(&live_mu);
-    return r;
 }
 
 /* ---- launching and waiting ---------------------------------------------------------------------- */
@@ -359,7 +255,7 @@ static nb_status wait_all(nb__reducer *r) {
  * user replaced or cleared it (nb_clear_grad, nb_set_grad): then copy it back in (or zero
  * the slot) and point the parameter at its view again, so the bucket reduces what backward
  * computed. */
-static nb_status reattach(rparam *p) {
+nb_status nb__reducer_reattach(rparam *p) {
     if (!p->gview) return NB_OK;
     nb_tensor *g = nb_grad(p->t);
     if (g == p->gview) return NB_OK;
@@ -483,7 +379,7 @@ static nb_status finish_step(nb__reducer *r, bool all) {
         rparam *p = &r->p[i];
         if (!p->expected || p->ready) continue;
         if (!all && !p->accumulated && missing++ == 0) first_missing = i;
-        nb_status s = reattach(p);
+        nb_status s = nb__reducer_reattach(p);
         if (s != NB_OK) hook_fail(r, s);
         p->ready = true;
         r->b[p->bucket].ready++;
@@ -544,7 +440,7 @@ static nb_status backward_end(void *ctx, nb_status backward_status) {
     return backward_status;
 }
 
-static void grad_hook(nb_tensor *leaf, void *ctx) {
+void nb__reducer_grad_hook(nb_tensor *leaf, void *ctx) {
     rparam *p = ctx;
     nb__reducer *r = p->r;
     (void)leaf;
@@ -571,7 +467,7 @@ static void grad_hook(nb_tensor *leaf, void *ctx) {
         r->twice = true;
         return;
     }
-    nb_status s = reattach(p);
+    nb_status s = nb__reducer_reattach(p);
     if (s != NB_OK) hook_fail(r, s);
     p->ready = true;
     r->b[p->bucket].ready++;
@@ -602,7 +498,7 @@ nb_status nb__reducer_check(const nb__reducer *r, const char *who, int param) {
 }
 
 /* nb_step asks before using a parameter's gradient. */
-static nb_status grad_guard(const nb_tensor *leaf, void *ctx, const char *who) {
+nb_status nb__reducer_grad_guard(const nb_tensor *leaf, void *ctx, const char *who) {
     const rparam *p = ctx;
     (void)leaf;
     return nb__reducer_check(p->r, who, p->index);
@@ -625,272 +521,6 @@ nb_status nb__partial_guard(const nb_tensor *leaf, void *ctx, const char *who) {
 
 nb_status nb__partial_guard_set(nb_tensor *t) {
     return nb__set_grad_guard(t, nb__partial_guard, &nb__partial_guard_ctx);
-}
-
-/* ---- the layout -------------------------------------------------------------------------------- */
-static nb_tensor *take(nb_tensor *t, nb_status *s) {
-    if (!t && *s == NB_OK) *s = nb_last_status();
-    return t ? nb__scope_take(t) : NULL;
-}
-
-static void layout_free(nb__reducer *r) {
-    for (int k = 0; k < r->nbk; k++) { /* the views must outlive in-flight collectives */
-        rbucket *bk = &r->b[k];
-        if (bk->work) nb_work_wait(bk->work);
-        nb_tensor_free(bk->gin);
-        nb_tensor_free(bk->gout);
-        nb_tensor_free(bk->cin);
-        nb_tensor_free(bk->cout);
-        nb_tensor_free(bk->cmine);
-    }
-    free(r->b);
-    r->b = NULL;
-    r->nbk = r->ndeferred = 0;
-    r->max_bucket = r->nshard = 0;
-    for (int i = 0; i < 2; i++) {
-        nb_tensor_free(r->staging[i]);
-        nb_tensor_free(r->cslot_in[i]);
-        nb_tensor_free(r->cslot_out[i]);
-        r->staging[i] = r->cslot_in[i] = r->cslot_out[i] = NULL;
-        r->staged_by[i] = r->cslot_by[i] = -1;
-    }
-    nb_tensor_free(r->shard_g);
-    r->shard_g = NULL;
-}
-
-/* Cut the flat buffer into buckets from its end: walk the parameters in reverse
- * registration order and close a bucket once it holds >= cap elements (with owners: where
- * the owner changes); a deferred parameter is a bucket of its own. A parameter is never
- * split; bucket ranges tile [0, total) exactly. Then each bucket's chunk and views. */
-static nb_status layout_build(nb__reducer *r) {
-    r->b = calloc((size_t)(r->np > 0 ? r->np : 1), sizeof *r->b); /* <= one per parameter */
-    if (!r->b) return nb__error(NB_ENOMEM, "%s: out of memory", r->who);
-    int k = -1;
-    int64_t end = r->total; /* lower boundary of what is assigned so far */
-    for (int i = r->np - 1; i >= 0; i--) {
-        rparam *p = &r->p[i];
-        bool cut = k < 0;
-        if (!cut && r->cfg.owners) cut = r->cfg.owners[i] != r->cfg.owners[i + 1];
-        else if (!cut) cut = r->b[k].end - end >= r->cap;
-        if (!cut) cut = p->deferred || r->p[i + 1].deferred;
-        if (cut) { /* close bucket k, open k + 1 */
-            if (k >= 0) r->b[k].begin = end;
-            k++;
-            r->b[k].end = end;
-        }
-        end = p->off;
-        p->bucket = k;
-        if (p->expected) r->b[k].expected++;
-        if (p->deferred) r->b[k].deferred = true;
-    }
-    if (k < 0) return nb__error(NB_EINVAL, "%s: the model has no parameters", r->who);
-    r->b[k].begin = 0; /* the last bucket also covers any leading padding */
-    r->nbk = k + 1;
-    const bool scatter = r->cfg.policy != NB__RED_ALLREDUCE;
-    int64_t soff = 0;
-    for (k = 0; k < r->nbk; k++) {
-        rbucket *bk = &r->b[k];
-        int64_t len = bk->end - bk->begin, b = 0, e = len;
-        if (len > r->max_bucket) r->max_bucket = len;
-        if (scatter) nb_comm_chunk(len, r->size, r->rank, &b, &e);
-        bk->cb = bk->begin + b, bk->ce = bk->begin + e;
-        bk->soff = soff;
-        soff += e - b;
-        if (bk->deferred) r->ndeferred++;
-    }
-    r->nshard = scatter ? soff : 0;
-    nb_status s = NB_OK;
-    if (r->cfg.policy == NB__RED_STAGED) {
-        r->shard_g = take(nb_zeros_on(r->dev, &r->nshard, 1, r->dtype), &s);
-        for (int i = 0; i < 2 && s == NB_OK; i++)
-            r->staging[i] = take(nb_zeros_on(r->dev, &r->max_bucket, 1, r->dtype), &s);
-    }
-    if (r->compress && scatter) { /* two exchange slots of the largest padded bucket */
-        int64_t slot = r->size * ((r->max_bucket + r->size - 1) / r->size);
-        for (int i = 0; i < 2 && s == NB_OK; i++) {
-            r->cslot_in[i] = take(nb_zeros_on(r->dev, &slot, 1, r->cfg.reduce_dtype), &s);
-            if (s == NB_OK) r->cslot_out[i] = take(nb_zeros_on(r->dev, &slot, 1, r->cfg.reduce_dtype), &s);
-        }
-    }
-    for (k = 0; k < r->nbk && s == NB_OK; k++) {
-        rbucket *bk = &r->b[k];
-        int64_t len = bk->end - bk->begin, kk = (len + r->size - 1) / r->size, all = kk * r->size;
-        if (r->flat_g) bk->gin = take(nb_narrow(r->flat_g, 0, bk->begin, len), &s);
-        if (s == NB_OK)
-            bk->gout = r->cfg.policy == NB__RED_ALLREDUCE ? take(nb_narrow(bk->gin, 0, 0, len), &s)
-                       : r->cfg.policy == NB__RED_SCATTER
-                           ? take(nb_narrow(r->flat_g, 0, bk->cb, bk->ce - bk->cb), &s)
-                           : take(nb_narrow(r->shard_g, 0, bk->soff, bk->ce - bk->cb), &s);
-        if (s != NB_OK || !r->compress) continue;
-        if (scatter) {
-            bk->cin = take(nb_narrow(r->cslot_in[k % 2], 0, 0, all), &s);
-            if (s == NB_OK) bk->cout = take(nb_narrow(r->cslot_out[k % 2], 0, 0, all), &s);
-        } else { /* one exchange buffer per bucket, zero padded, and its reduced chunk */
-            bk->cin = take(nb_zeros_on(r->dev, &all, 1, r->cfg.reduce_dtype), &s);
-            if (s == NB_OK) bk->cout = take(nb_zeros_on(r->dev, &all, 1, r->cfg.reduce_dtype), &s);
-            if (s == NB_OK) bk->cmine = take(nb_zeros_on(r->dev, &kk, 1, r->cfg.reduce_dtype), &s);
-        }
-    }
-    return s;
-}
-
-/* ---- construction ------------------------------------------------------------------------------- */
-void nb__reducer_free(nb__reducer *r) {
-    if (!r) return;
-    live_remove(r);
-    layout_free(r);
-    for (int i = 0; r->p && i < r->np; i++) {
-        rparam *p = &r->p[i];
-        if (p->handle >= 0) nb_remove_grad_hook(p->t, p->handle);
-        if (p->guarded) {
-            nb__set_grad_guard(p->t, NULL, p);
-            if (p->partial) nb__partial_guard_set(p->t); /* unwrapped: partial again */
-        }
-        nb_tensor_free(p->gview);
-    }
-    free(r->p);
-    free(r);
-}
-
-/* The mesh the parameters are placed on (NULL: none), checked: one mesh, whose "dp" group is
- * c; each parameter's partial dimensions and whether it is a tied pipeline copy. */
-static nb_status read_placements(nb__reducer *r, const nb_params *ps, const char *op) {
-    for (int i = 0; i < r->np; i++) {
-        const nb__place *pl = ps->tensors[i]->place;
-        if (!pl || pl->activation || !pl->p.mesh) continue;
-        if (r->mesh && pl->p.mesh != r->mesh)
-            return nb__error(NB_EINVAL, "%s: the parameters are placed on two different device "
-                             "meshes (%s among them); one model lives on one mesh", op,
-                             ps->names[i]);
-        r->mesh = pl->p.mesh;
-        for (int k = 0; k < pl->p.n; k++) {
-            const nb_place *e = &pl->p.places[k];
-            int d = nb__mesh_dim_index(e->mesh_dim, strnlen(e->mesh_dim, sizeof e->mesh_dim));
-            if (e->kind == NB_PLACE_PARTIAL && d >= 0) r->p[i].partial |= 1u << d;
-            if (e->kind == NB_PLACE_REPLICATE && d == NB__DIM_PP && e->length > 1)
-                r->p[i].deferred = true;
-        }
-        r->partial_dims |= r->p[i].partial;
-    }
-    if (!r->mesh) return NB_OK;
-    nb_comm *dp = nb_mesh_group(r->mesh, "dp");
-    if (dp != r->c && !(nb_comm_size(dp) == 1 && r->size == 1))
-        return nb__error(NB_EINVAL, "%s: the parameters are placed on the mesh \"%s\", whose "
-                         "data-parallel group has %d ranks, but the communicator given is not "
-                         "that group (%d ranks); pass nb_mesh_group(mesh, \"dp\")", op,
-                         nb_mesh_describe(r->mesh), nb_comm_size(dp), r->size);
-    return NB_OK;
-}
-
-nb__reducer *nb__reducer_new(nb_module *model, nb_comm *c, const nb__reducer_cfg *cfg) {
-    const char *who = cfg->who ? cfg->who : "ddp";
-    char op[16];
-    snprintf(op, sizeof op, "%s_new", who);
-    if (nb_module_flatten_parameters(model, 0) != NB_OK) return NULL;
-    const nb_params *ps = nb_parameters(model);
-    if (!ps) return NULL;
-    for (int i = 0; i < ps->count; i++)
-        for (int j = 0; j < i; j++)
-            if (ps->tensors[i] == ps->tensors[j])
-                return nb__error(NB_EINVAL, "%s: %s and %s are the same tensor; register a "
-                                 "shared parameter once", op, ps->names[j], ps->names[i]), NULL;
-    nb__reducer *r = calloc(1, sizeof *r);
-    if (!r) return nb__error(NB_ENOMEM, "%s: out of memory", op), NULL;
-    r->cfg = *cfg;
-    snprintf(r->who, sizeof r->who, "%s", who);
-    r->m = model, r->c = c, r->size = nb_comm_size(c), r->rank = nb_comm_rank(c);
-    r->sync_enabled = true;
-    r->staged_by[0] = r->staged_by[1] = r->cslot_by[0] = r->cslot_by[1] = -1;
-    nb_tensor *flat_p = nb_module_flat_params(model);
-    r->flat_g = cfg->policy == NB__RED_STAGED ? NULL : nb_module_flat_grads(model);
-    r->dtype = flat_p->dtype;
-    r->dev = nb__device_of(flat_p);
-    r->total = nb_numel(flat_p);
-    r->cap = (int64_t)(cfg->bucket_mb * 1048576.0 / (double)nb_dtype_size(r->dtype));
-    if (r->cap < 1) r->cap = 1;
-    /* Compression only where there is something to compress: several ranks, and a gradient
-     * dtype wider than the wire's (f32 or f64 gradients), or f16/bf16 gradients that would
-     * otherwise travel as f32 (reduce_dtype their own dtype). */
-    r->compress = r->size > 1 && cfg->reduce_dtype != NB_F32 && nb_dtype_is_float(r->dtype);
-    nb_status s = NB_OK;
-    if (cfg->policy != NB__RED_STAGED && !r->flat_g)
-        s = nb__error(NB_EINTERNAL, "%s: the model has no flat gradient buffer", op);
-    r->p = calloc((size_t)(ps->count > 0 ? ps->count : 1), sizeof *r->p);
-    if (!r->p && s == NB_OK) s = nb__error(NB_ENOMEM, "%s: out of memory", op);
-    if (r->p) r->np = ps->count;
-    for (int i = 0; i < r->np && s == NB_OK; i++) {
-        nb_tensor *t = ps->tensors[i];
-        rparam *p = &r->p[i];
-        *p = (rparam){.r = r, .index = i, .t = t, .handle = -1, .off = t->offset - flat_p->offset,
-                      .n = nb_numel(t), .expected = nb_requires_grad(t)};
-        if (!r->flat_g) continue;
-        int64_t strides[NB_MAX_DIMS];
-        nb__contiguous_strides(t->shape, t->ndim, strides);
-        p->gview = take(nb__view_of(r->flat_g, t->shape, strides, t->ndim,
-                                    r->flat_g->offset + p->off), &s);
-    }
-    if (s == NB_OK) s = read_placements(r, ps, op);
-    if (s == NB_OK) s = layout_build(r);
-    for (int i = 0; i < r->np && s == NB_OK; i++) {
-        rparam *p = &r->p[i];
-        if (!p->expected) continue;
-        if ((s = reattach(p)) != NB_OK) break;
-        int h = nb_register_grad_hook(p->t, grad_hook, p);
-        if (h < 0) {
-            s = (nb_status)h;
-            break;
-        }
-        p->handle = h;
-        if (p->partial) nb__set_grad_guard(p->t, NULL, &nb__partial_guard_ctx); /* ours sums */
-        s = nb__set_grad_guard(p->t, grad_guard, p);
-        if (s == NB_ESTATE)
-            nb__error(s, "%s: parameter %s is already wrapped by another nb_%s or nb_%s; free "
-                      "that one first", op, ps->names[i], who, is_ddp(r) ? "zero" : "ddp");
-        p->guarded = s == NB_OK;
-    }
-    if (s != NB_OK) {
-        nb__reducer_free(r);
-        return NULL;
-    }
-    live_add(r);
-    return r;
-}
-
-nb_status nb__reducer_check_same(nb__reducer *r, const int64_t *extra, const char *const *what,
-                                 int n) {
-    if (r->size == 1) return NB_OK;
-    enum { MAXV = 8 };
-    int64_t v[MAXV] = {r->np, r->total};
-    for (int i = 0; i < n && i + 2 < MAXV; i++) v[2 + i] = extra[i];
-    const int nv = 2 + (n < MAXV - 2 ? n : MAXV - 2);
-    nb_tensor *lo = nb__scope_take(nb_from_buffer(v, (int64_t[]){nv}, 1, NB_I64));
-    nb_tensor *hi = nb__scope_take(nb_from_buffer(v, (int64_t[]){nv}, 1, NB_I64));
-    nb_status s = lo && hi ? NB_OK : nb_last_status();
-    if (s == NB_OK) s = nb_allreduce(r->c, lo, NB_REDUCE_MIN);
-    if (s == NB_OK) s = nb_allreduce(r->c, hi, NB_REDUCE_MAX);
-    if (s == NB_OK) {
-        const int64_t *l = nb_data(lo), *h = nb_data(hi);
-        if (memcmp(l, h, sizeof(int64_t) * (size_t)nv) != 0) {
-            char mine[256], range[256];
-            int a = snprintf(mine, sizeof mine, "%lld parameters, %lld elements", (long long)v[0],
-                             (long long)v[1]);
-            int b = snprintf(range, sizeof range, "%lld..%lld parameters, %lld..%lld elements",
-                             (long long)l[0], (long long)h[0], (long long)l[1], (long long)h[1]);
-            for (int i = 2; i < nv; i++) {
-                if (a > 0 && (size_t)a < sizeof mine)
-                    a += snprintf(mine + a, sizeof mine - (size_t)a, ", %s %lld", what[i - 2],
-                                  (long long)v[i]);
-                if (b > 0 && (size_t)b < sizeof range)
-                    b += snprintf(range + b, sizeof range - (size_t)b, ", %s %lld..%lld",
-                                  what[i - 2], (long long)l[i], (long long)h[i]);
-            }
-            s = nb__error(NB_EINVAL, "%s: the ranks wrap different models%s (this rank: %s; "
-                          "across ranks: %s)", r->who, n ? " or settings" : "", mine, range);
-        }
-    }
-    nb_tensor_free(lo);
-    nb_tensor_free(hi);
-    return s;
 }
 
 /* ---- the rest --------------------------------------------------------------------------------- */
@@ -968,8 +598,8 @@ nb_status nb__reducer_defer(nb__reducer *r, nb_tensor *const *params, int n) {
         for (int i = 0; i < r->np; i++)
             if (r->p[i].t == params[j] && !r->p[i].deferred) r->p[i].deferred = changed = true;
     if (!changed) return NB_OK;
-    layout_free(r);
-    nb_status s = layout_build(r);
+    nb__reducer_layout_free(r);
+    nb_status s = nb__reducer_layout_build(r);
     if (s == NB_OK && r->relayout) s = r->relayout(r->cfg.ctx);
     return s;
 }
@@ -985,7 +615,7 @@ nb_status nb__reducer_sync_deferred(nb__reducer *r) {
         if (!r->b[k].deferred) continue;
         for (int i = 0; i < r->np; i++) /* the caller may have replaced the gradient */
             if (r->p[i].bucket == k && r->p[i].expected) {
-                nb_status a = reattach(&r->p[i]);
+                nb_status a = nb__reducer_reattach(&r->p[i]);
                 if (a != NB_OK) hook_fail(r, a);
             }
         if (r->hook_err == NB_OK) launch(r, k);

@@ -1,7 +1,8 @@
 /* test_io.c - the "io" suite: safetensors reading and writing (every dtype, metadata, the
  * reference writer's exact layout, a file written by PyTorch's safetensors, a corpus of
  * corrupt and truncated files, atomic replacement) and module state save/load. The PyTorch
- * fixtures in tests/fixtures/io/ come from tools/make_io_fixtures.py. */
+ * fixtures in tests/fixtures/io/ come from tools/make_io_fixtures.py. The module state tests
+ * are in test_io_state.c. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "test_io.h"
 #include "testutil.h"
 
 #ifndef NB_SOURCE_DIR
@@ -27,37 +29,6 @@ static const nb_dtype all_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16,
 #define NDT ((int)(sizeof all_dtypes / sizeof all_dtypes[0]))
 
 /* ---- helpers (files: tu_make_dir, tu_path_in, ... in testutil) ------------------------------ */
-/* The raw bytes of t in row-major order (same dtype); caller frees. */
-static unsigned char *raw_bytes(const nb_tensor *t, size_t *n) {
-    *n = (size_t)nb_numel(t) * nb_dtype_size(nb_tensor_dtype(t));
-    unsigned char *b = malloc(*n + 1);
-    ck_assert(nb_read(t, b, nb_numel(t), nb_tensor_dtype(t)) == NB_OK);
-    return b;
-}
-
-/* a and b: same dtype, same shape, the same bytes. */
-static void assert_identical(const nb_tensor *a, const nb_tensor *b, const char *what) {
-    ck_assert_msg(a && b, "%s: missing tensor (%s)", what, nb_last_error());
-    ck_assert_msg(nb_tensor_dtype(a) == nb_tensor_dtype(b), "%s: dtype %s vs %s", what,
-                  nb_dtype_name(nb_tensor_dtype(a)), nb_dtype_name(nb_tensor_dtype(b)));
-    ck_assert_int_eq(nb_ndim(a), nb_ndim(b));
-    for (int d = 0; d < nb_ndim(a); d++) ck_assert_int_eq(nb_shape(a)[d], nb_shape(b)[d]);
-    size_t na, nb;
-    unsigned char *ba = raw_bytes(a, &na), *bb = raw_bytes(b, &nb);
-    ck_assert(na == nb);
-    ck_assert_msg(memcmp(ba, bb, na) == 0, "%s: values differ", what);
-    free(ba);
-    free(bb);
-}
-
-/* Random values that suit dt (booleans both ways, u8 over its range). */
-static nb_tensor *rand_of(const int64_t *shape, int ndim, nb_dtype dt, uint64_t seed) {
-    double lo = -100, hi = 100;
-    if (dt == NB_U8) lo = 0, hi = 255;
-    if (dt == NB_BOOL) lo = 0, hi = 2;
-    return tu_random(shape, ndim, dt, lo, hi, seed);
-}
-
 /* A header + data file from a JSON string (header length = strlen(json)) and data_size
  * bytes of 0x11. */
 static void write_st(const char *path, const char *json, size_t data_size) {
@@ -826,240 +797,6 @@ START_TEST(test_mapping_lifetime) {
 }
 END_TEST
 
-/* ---- modules --------------------------------------------------------------------------------------- */
-static nb_module *make_mlp(uint64_t seed, int64_t out, bool extra) {
-    nb_generator *g = nb_generator_new(seed);
-    nb_linear_opts o = nb_linear_defaults();
-    o.gen = g;
-    nb_module *m = nb_sequential_new(nb_linear_new(4, 8, &o), nb_relu_new(),
-                                     nb_batch_norm1d_new(8, NULL), nb_linear_new(8, out, &o),
-                                     extra ? nb_linear_new(out, 2, &o) : NULL, NULL);
-    nb_generator_free(g);
-    ck_assert_msg(m, "%s", nb_last_error());
-    return m;
-}
-
-/* Snapshot of every parameter and buffer value (bytes), to compare later. */
-static nb_state_list snapshot(nb_module *m) {
-    nb_state_list l = {0}, c = {0};
-    ASSERT_OK(nb_state_list_add_module(&l, NULL, m));
-    for (int i = 0; i < l.count; i++) {
-        nb_scope_begin();
-        ASSERT_OK(nb_state_list_add(&c, NULL, l.names[i], nb_clone(l.tensors[i])));
-        nb_scope_end();
-    }
-    nb_state_list_deinit(&l);
-    return c;
-}
-
-static nb_tensor *list_get(const nb_state_list *l, const char *name) {
-    for (int i = 0; i < l->count; i++)
-        if (strcmp(l->names[i], name) == 0) return l->tensors[i];
-    ck_abort_msg("no %s in the list", name);
-    return NULL;
-}
-
-static void assert_module_equals(nb_module *m, const nb_state_list *want) {
-    nb_state_list l = {0};
-    ASSERT_OK(nb_state_list_add_module(&l, NULL, m));
-    ck_assert_int_eq(l.count, want->count);
-    for (int i = 0; i < l.count; i++) {
-        ck_assert_str_eq(l.names[i], want->names[i]);
-        assert_identical(l.tensors[i], want->tensors[i], l.names[i]);
-    }
-    nb_state_list_deinit(&l);
-}
-
-START_TEST(test_module_roundtrip) {
-    nb_scope_begin();
-    char *dir = tu_make_dir(), *path = tu_path_in(dir, "model.safetensors");
-    nb_module *a = make_mlp(1, 3, false);
-    /* buffers with non-default values */
-    ASSERT_OK(nb_copy_(nb_module_find(a, "2.running_mean"), rand_of((int64_t[]){8}, 1, NB_F32, 3)));
-    ASSERT_OK(nb_fill_(nb_module_find(a, "2.num_batches_tracked"), 17));
-    ASSERT_OK(nb_module_save(a, path));
-    nb_state_list want = snapshot(a);
-
-    nb_safetensors *f = nb_safetensors_open(path);
-    ck_assert(f);
-    ck_assert_str_eq(nb_safetensors_metadata(f, "format"), "pt");
-    ck_assert_int_eq(nb_safetensors_count(f), want.count);
-    for (int i = 0; i < want.count; i++) ck_assert_int_ge(nb_safetensors_find(f, want.names[i]), 0);
-    ck_assert_int_ge(nb_safetensors_find(f, "0.weight"), 0);
-    ck_assert_int_ge(nb_safetensors_find(f, "2.running_var"), 0);
-    nb_safetensors_close(f);
-
-    nb_module *b = make_mlp(2, 3, false);
-    ck_assert(!nb_shares_storage(nb_module_find(a, "0.weight"), nb_module_find(b, "0.weight")));
-    ASSERT_OK(nb_module_load(b, path, true));
-    assert_module_equals(b, &want);
-    /* Into flattened parameters (views of one buffer) as well. */
-    nb_module *c = make_mlp(3, 3, false);
-    ASSERT_OK(nb_module_flatten_parameters(c, 0));
-    ASSERT_OK(nb_module_load(c, path, true));
-    assert_module_equals(c, &want);
-    ck_assert(nb_shares_storage(nb_module_find(c, "0.weight"), nb_module_flat_params(c)));
-    /* Loaded parameters are still trainable leaves. */
-    nb_tensor *y = nb_sum(nb_forward(b, nb_ones((int64_t[]){2, 4}, 2, NB_F32)), NULL, 0, false);
-    ck_assert_msg(y, "%s", nb_last_error());
-    ASSERT_OK(nb_backward(y));
-    ck_assert(nb_grad(nb_module_find(b, "3.weight")) != NULL);
-    nb_state_list_deinit(&want);
-    nb_module_free(a);
-    nb_module_free(b);
-    nb_module_free(c);
-    free(path);
-    tu_rm_dir(dir);
-    nb_scope_end();
-}
-END_TEST
-
-START_TEST(test_module_load_errors) {
-    nb_scope_begin();
-    char *dir = tu_make_dir(), *path = tu_path_in(dir, "model.safetensors");
-    nb_module *src = make_mlp(1, 3, false);
-    ASSERT_OK(nb_module_save(src, path));
-
-    /* a mis-shaped tensor, strict or not: both shapes named, nothing changed */
-    nb_module *wrong = make_mlp(2, 5, false);
-    nb_state_list before = snapshot(wrong);
-    for (int strict = 0; strict < 2; strict++) {
-        ck_assert_int_eq(nb_module_load(wrong, path, strict), NB_ESHAPE);
-        ck_assert_msg(strstr(nb_last_error(), "module_load: tensor \"3.weight\"") &&
-                          strstr(nb_last_error(), "[3,8]") && strstr(nb_last_error(), "[5,8]") &&
-                          strstr(nb_last_error(), path), "%s", nb_last_error());
-        assert_module_equals(wrong, &before);
-    }
-    nb_state_list_deinit(&before);
-
-    /* missing tensors: strict fails naming the first, non-strict loads the rest */
-    nb_module *more = make_mlp(2, 3, true);
-    before = snapshot(more);
-    ASSERT_ST(nb_module_load(more, path, true), NB_EINVAL,
-              "has no tensor \"4.weight\" (and 1 more");
-    assert_module_equals(more, &before);
-    ASSERT_OK(nb_module_load(more, path, false));
-    assert_identical(nb_module_find(more, "3.weight"), nb_module_find(src, "3.weight"), "3.weight");
-    assert_identical(nb_module_find(more, "4.bias"), list_get(&before, "4.bias"), "4.bias");
-    nb_state_list_deinit(&before);
-
-    nb_linear_opts lin = nb_linear_defaults();
-    lin.no_bias = true;
-    /* the exact message for one missing tensor */
-    nb_module *nobias = nb_linear_new(4, 8, &lin);
-    nb_module *bias = nb_linear_new(4, 8, NULL);
-    char *p2 = tu_path_in(dir, "nobias.safetensors");
-    ASSERT_OK(nb_module_save(nobias, p2));
-    ck_assert_int_ne(nb_module_load(bias, p2, true), NB_OK);
-    char want[600];
-    snprintf(want, sizeof want, "module_load: %s has no tensor \"bias\"", p2);
-    ck_assert_str_eq(nb_last_error(), want);
-
-    /* unexpected tensors: strict fails, non-strict ignores them */
-    char *p3 = tu_path_in(dir, "bias.safetensors");
-    ASSERT_OK(nb_module_save(bias, p3));
-    ASSERT_ST(nb_module_load(nobias, p3, true), NB_EINVAL,
-              "has tensor \"bias\", which the module does not have");
-    ASSERT_OK(nb_module_load(nobias, p3, false));
-    free(p3);
-    nb_module *fewer = nb_sequential_new(nb_linear_new(4, 8, NULL), NULL);
-    ASSERT_ST(nb_module_load(fewer, path, true), NB_EINVAL, "more that the module does not have");
-    ASSERT_OK(nb_module_load(fewer, path, false));
-    assert_identical(nb_module_find(fewer, "0.bias"), nb_module_find(src, "0.bias"), "0.bias");
-
-    /* a bf16 file loads into f32 parameters, converted */
-    nb_tensor *w16 = nb_to_dtype(rand_of((int64_t[]){8, 4}, 2, NB_F32, 4), NB_BF16);
-    nb_tensor *b16 = nb_to_dtype(rand_of((int64_t[]){8}, 1, NB_F32, 5), NB_BF16);
-    const char *nm[] = {"weight", "bias"};
-    nb_tensor *ts[] = {w16, b16};
-    ASSERT_OK(nb_safetensors_save(p2, nm, ts, 2, NULL, NULL, 0));
-    ASSERT_OK(nb_module_load(bias, p2, true));
-    assert_identical(nb_module_param(bias, "weight"), nb_to_dtype(w16, NB_F32), "bf16 weight");
-    assert_identical(nb_module_param(bias, "bias"), nb_to_dtype(b16, NB_F32), "bf16 bias");
-
-    /* bad arguments and bad files */
-    ASSERT_ST(nb_module_load(NULL, path, true), NB_ENULL, "module");
-    ASSERT_ST(nb_module_load(src, NULL, true), NB_ENULL, "path");
-    ASSERT_ST(nb_module_save(NULL, path), NB_ENULL, "module");
-    ASSERT_ST(nb_module_save(src, NULL), NB_ENULL, "path");
-    char *nofile = tu_path_in(dir, "none.safetensors");
-    ASSERT_ST(nb_module_load(src, nofile, false), NB_EIO, "none.safetensors");
-    tu_write_file(nofile, "\x04\0\0\0\0\0\0\0[]  ", 12);
-    ASSERT_ST(nb_module_load(src, nofile, false), NB_EFORMAT, "not a JSON object");
-    free(nofile);
-
-    nb_module_free(src);
-    nb_module_free(wrong);
-    nb_module_free(more);
-    nb_module_free(nobias);
-    nb_module_free(bias);
-    nb_module_free(fewer);
-    free(p2);
-    free(path);
-    tu_rm_dir(dir);
-    nb_scope_end();
-}
-END_TEST
-
-/* Several objects in one file under prefixes, as a checkpoint stores them. */
-START_TEST(test_state_lists_and_prefixes) {
-    nb_scope_begin();
-    char *dir = tu_make_dir(), *path = tu_path_in(dir, "ckpt.safetensors");
-    nb_module *m = make_mlp(1, 3, false);
-    nb_state_list l;
-    nb_state_list_init(&l);
-    ASSERT_OK(nb_state_list_add_module(&l, "model.", m));
-    ASSERT_OK(nb_state_list_add(&l, "optim.", "step", nb_scalar(42, NB_I64)));
-    ASSERT_OK(
-        nb_state_list_add(&l, "optim.", "exp_avg.0.weight", nb_ones((int64_t[]){8, 4}, 2, NB_F32)));
-    ck_assert_str_eq(l.names[0], "model.0.weight");
-    nb_clear_error();
-    ASSERT_ST(nb_state_list_add(&l, NULL, "x", NULL), NB_ENULL, "\"x\" is NULL");
-    ASSERT_OK(nb_safetensors_save(path, l.names, l.tensors, l.count, NULL, NULL, 0));
-    nb_state_list_deinit(&l);
-    ck_assert_int_eq(l.count, 0);
-
-    nb_safetensors *f = nb_safetensors_open(path);
-    ck_assert(f);
-    nb_module *m2 = make_mlp(2, 3, false);
-    ASSERT_OK(nb_module_load_from(m2, f, "model.", true)); /* "optim.*" lies outside the prefix */
-    nb_state_list want = snapshot(m);
-    assert_module_equals(m2, &want);
-    nb_state_list_deinit(&want);
-
-    nb_state_list o = {0};
-    ASSERT_OK(nb_state_list_add_file(&o, f, "optim."));
-    ck_assert_int_eq(o.count, 2);
-    int step = strcmp(o.names[0], "step") == 0 ? 0 : 1;
-    ck_assert_str_eq(o.names[step], "step");
-    ck_assert_str_eq(o.names[1 - step], "exp_avg.0.weight");
-    ck_assert_int_eq(nb_item_i64(o.tensors[step]), 42);
-    nb_state_list_deinit(&o);
-    ASSERT_OK(nb_state_list_add_file(&o, f, NULL));
-    ck_assert_int_eq(o.count, nb_safetensors_count(f));
-    nb_state_list_deinit(&o);
-
-    /* nb_state_load on an explicit list; strict sees unexpected names under the prefix only */
-    nb_tensor *dst = nb_zeros(NULL, 0, NB_F64);
-    const char *nm[] = {"step"};
-    ASSERT_ST(nb_state_load(f, "optim.", nm, &dst, 1, true), NB_EINVAL, "optim.exp_avg.0.weight");
-    ck_assert(nb_item_f64(dst) == 0);
-    ASSERT_OK(nb_state_load(f, "optim.", nm, &dst, 1, false));
-    ck_assert(nb_item_f64(dst) == 42); /* i64 -> f64 */
-    nb_tensor *wrong = nb_zeros((int64_t[]){1}, 1, NB_I64);
-    ASSERT_ST(nb_state_load(f, "optim.", nm, &wrong, 1, false), NB_ESHAPE,
-              "the destination expects [1]");
-    ASSERT_ST(nb_state_load(NULL, NULL, nm, &dst, 1, false), NB_ENULL, "NULL");
-    ASSERT_ST(nb_state_load(f, NULL, NULL, &dst, 1, false), NB_ENULL, "names");
-    nb_safetensors_close(f);
-    nb_module_free(m);
-    nb_module_free(m2);
-    free(path);
-    tu_rm_dir(dir);
-    nb_scope_end();
-}
-END_TEST
-
 Suite *nb_suite_io(void) {
     Suite *s = suite_create("io");
     TCase *tc = tcase_create("safetensors");
@@ -1079,9 +816,7 @@ Suite *nb_suite_io(void) {
     tcase_add_test(tc, test_mapping_lifetime);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("state");
-    tcase_add_test(tm, test_module_roundtrip);
-    tcase_add_test(tm, test_module_load_errors);
-    tcase_add_test(tm, test_state_lists_and_prefixes);
+    nb_tests_io_state(tm); /* test_io_state.c */
     suite_add_tcase(s, tm);
     suite_add_tcase(s, nb_tcase_io_devices()); /* tests/test_io_devices.c */
     return s;

@@ -5,7 +5,8 @@
  * GEMM can read directly are not copied (allocator block counts), the GEMM layer's alpha/beta
  * contract, the provider switch, and every user error. nb_matmul and nb_linear on the
  * guard device (same values as the CPU, forward and backward) and on meta (shapes only),
- * operands on two devices, and the gemm kernel's batch/bias contract. */
+ * operands on two devices, and the gemm kernel's batch/bias contract. The packed-sgemm tests
+ * are in test_sgemm.c. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -500,169 +501,6 @@ START_TEST(test_gemm_thread_count_independent) {
 }
 END_TEST
 
-/* ---- nabla's packed sgemm (cpu/sgemm.c) --------------------------------------------------------------
- * Against a double loop over odd shapes: 1x1x1, K = 1, primes, K beyond one K block (512) and
- * not a multiple of it, rows and columns beyond one tile and not multiples of the micro-kernel
- * (8 x 32 with AVX-512, 6 x 16 with AVX2), every transpose, padded leading dimensions,
- * beta 0 over NaN (C not read), beta 0.3 and alpha 0.7. Columns past N must stay untouched. */
-static void check_packed(int64_t M, int64_t N, int64_t K, bool ta, bool tb, float alpha,
-                         float beta, uint64_t seed) {
-    int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
-    int64_t lda = ca + 3, ldb = cb + 1, ldc = N + 2;
-    double *va = malloc(sizeof(double) * (size_t)(ra * lda));
-    double *vb = malloc(sizeof(double) * (size_t)(rb * ldb));
-    double *vc = malloc(sizeof(double) * (size_t)(M * ldc));
-    float *fa = malloc(sizeof(float) * (size_t)(ra * lda));
-    float *fb = malloc(sizeof(float) * (size_t)(rb * ldb));
-    float *fc = malloc(sizeof(float) * (size_t)(M * ldc));
-    tu_fill_uniform(va, ra * lda, -1, 1, seed);
-    tu_fill_uniform(vb, rb * ldb, -1, 1, seed + 1);
-    tu_fill_uniform(vc, M * ldc, -1, 1, seed + 2);
-    for (int64_t i = 0; i < ra * lda; i++) fa[i] = (float)va[i], va[i] = fa[i];
-    for (int64_t i = 0; i < rb * ldb; i++) fb[i] = (float)vb[i], vb[i] = fb[i];
-    for (int64_t i = 0; i < M * ldc; i++) {
-        fc[i] = (float)vc[i], vc[i] = fc[i];
-        if (beta == 0.0f && i % ldc < N) fc[i] = NAN; /* beta 0: C must not be read */
-    }
-    ck_assert_int_eq(nb__sgemm_packed(ta, tb, M, N, K, alpha, fa, lda, fb, ldb, beta, fc, ldc),
-                     NB_OK);
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < ldc; j++) {
-            double ref = vc[i * ldc + j], mag = 0;
-            if (j < N) {
-                double acc = 0;
-                for (int64_t k = 0; k < K; k++) {
-                    double x = (ta ? va[k * lda + i] : va[i * lda + k]) *
-                               (tb ? vb[j * ldb + k] : vb[k * ldb + j]);
-                    acc += x, mag += fabs(x);
-                }
-                ref = alpha * acc + (beta == 0.0f ? 0.0 : beta * ref);
-                mag = fabs(alpha) * mag + fabs(beta * vc[i * ldc + j]);
-            }
-            ck_assert_msg(fabs(fc[i * ldc + j] - ref) <= 1e-6 * (1 + mag),
-                          "packed %lldx%lldx%lld ta=%d tb=%d alpha=%g beta=%g (%lld,%lld): %.9g "
-                          "vs %.9g",
-                          (long long)M, (long long)N, (long long)K, ta, tb, alpha, beta,
-                          (long long)i, (long long)j, fc[i * ldc + j], ref);
-        }
-    free(va), free(vb), free(vc), free(fa), free(fb), free(fc);
-}
-
-START_TEST(test_sgemm_packed_vs_loop) {
-    if (!nb__sgemm_packed_available()) return; /* built without AVX2 + FMA or AVX-512 */
-    static const int64_t shapes[][3] = { /* M, N, K */
-        {1, 1, 1}, {1, 1, 2000}, {33, 65, 1}, {7, 5, 13}, {17, 53, 31}, {97, 89, 101},
-        {8, 48, 512}, {9, 49, 513}, {5, 7, 1500}, {200, 150, 1100}, {1, 300, 70}, {301, 1, 70}};
-    int saved = nb_get_num_threads();
-    nb_set_num_threads(2);
-    uint64_t seed = 11;
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (int t = 0; t < 4; t++) {
-            seed += 3;
-            check_packed(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t & 2, 1.0f, 0.0f, seed);
-        }
-    check_packed(37, 101, 700, false, true, 0.7f, 0.3f, 99);
-    check_packed(37, 101, 700, true, false, -1.5f, 0.0f, 98);
-    check_packed(64, 96, 600, true, true, 1.0f, 1.0f, 97);
-    nb_set_num_threads(saved);
-}
-END_TEST
-
-/* The same bits at 1, 2 and 3 threads (which cut C into different tiles), under nb_matmul
- * with the packed path switched on; and the path is the one in use. */
-START_TEST(test_sgemm_packed_thread_count_independent) {
-    if (!nb__sgemm_packed_available() || !nb_gemm_provider_available(NB_GEMM_DNNL)) return;
-    static const int64_t shapes[][3] = {{64, 64, 8192}, {300, 500, 700}, {1, 1000, 4096},
-                                        {517, 263, 1031}};
-    nb_gemm_provider saved = nb_gemm_provider_current();
-    int saved_threads = nb_get_num_threads();
-    ck_assert_int_eq(nb_set_gemm_provider(NB_GEMM_DNNL), NB_OK);
-    bool was = nb__sgemm_set_packed(true);
-    ck_assert_str_eq(nb__sgemm_path(), "nabla packed");
-    nb_generator *g = nb_generator_new(8);
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-        int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
-        nb_scope_begin();
-        nb_tensor *a = nb_randn_on(NB_CPU, (int64_t[]){K, M}, 2, NB_F32, g);
-        nb_tensor *b = nb_randn_on(NB_CPU, (int64_t[]){N, K}, 2, NB_F32, g);
-        float *ref = NULL;
-        for (int t = 1; t <= 3; t++) {
-            nb_set_num_threads(t);
-            /* A^T B^T: both operands packed from their transposed layouts */
-            nb_tensor *c = nb_matmul(nb_transpose(a, 0, 1), nb_transpose(b, 0, 1));
-            ck_assert_ptr_nonnull(c);
-            const float *d = nb_data(c);
-            if (!ref) {
-                ref = malloc(sizeof(float) * (size_t)(M * N));
-                memcpy(ref, d, sizeof(float) * (size_t)(M * N));
-            } else {
-                ck_assert_msg(memcmp(ref, d, sizeof(float) * (size_t)(M * N)) == 0,
-                              "packed: %lldx%lldx%lld differs between 1 and %d threads",
-                              (long long)M, (long long)N, (long long)K, t);
-            }
-        }
-        free(ref);
-        nb_scope_end();
-    }
-    nb_generator_free(g);
-    nb__sgemm_set_packed(false);
-    ck_assert_str_eq(nb__sgemm_path(), "dnnl");
-    nb__sgemm_set_packed(was);
-    nb_set_num_threads(saved_threads);
-    nb_set_gemm_provider(saved);
-}
-END_TEST
-
-/* The calibration behind the default f32 path where the CPU's features do not decide
- * (cpu/sgemm_path.c): it times both paths, and its answer is cached per CPU in
- * $NB_CACHE_DIR/sgemm-path, one line, read back by later calls instead of measuring again
- * (a line changed by hand to the other answer is what they then return). */
-START_TEST(test_sgemm_path_cache) {
-    if (!nb__sgemm_packed_available()) return;
-    double ts = -1, tp = -1;
-    bool fast = nb__sgemm_calibrate(&ts, &tp);
-    ck_assert(ts > 0 && tp > 0);
-    ck_assert(fast == (tp * 1.03 < ts));
-    char dir[] = "/tmp/nb_sgemm_cache_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char sub[128], file[160];
-    snprintf(sub, sizeof sub, "%s/a/b", dir); /* made by the cache */
-    snprintf(file, sizeof file, "%s/sgemm-path", sub);
-    const char *old = getenv("NB_CACHE_DIR");
-    char *saved = old ? strdup(old) : NULL;
-    setenv("NB_CACHE_DIR", sub, 1);
-    bool first = nb__sgemm_measured_packed();
-    FILE *f = fopen(file, "r");
-    ck_assert_ptr_nonnull(f);
-    char line[512], key[512], val[32];
-    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
-    ck_assert_ptr_null(fgets(line + 256, 256, f)); /* one line */
-    fclose(f);
-    ck_assert_int_eq(sscanf(line, "%511s %31s", key, val), 2);
-    ck_assert_str_eq(val, first ? "packed" : "tiles");
-    ck_assert(nb__sgemm_measured_packed() == first); /* from the cache: nothing written */
-    f = fopen(file, "r");
-    ck_assert_ptr_nonnull(f);
-    int lines = 0;
-    while (fgets(line, sizeof line, f)) lines++;
-    fclose(f);
-    ck_assert_int_eq(lines, 1);
-    f = fopen(file, "a");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "%s %s\n", key, first ? "tiles" : "packed");
-    fclose(f);
-    ck_assert(nb__sgemm_measured_packed() == !first); /* the last line for the key wins */
-    if (saved) setenv("NB_CACHE_DIR", saved, 1);
-    else unsetenv("NB_CACHE_DIR");
-    free(saved);
-    remove(file);
-    rmdir(sub);
-    snprintf(sub, sizeof sub, "%s/a", dir);
-    rmdir(sub);
-    rmdir(dir);
-}
-END_TEST
-
 /* ---- errors ---------------------------------------------------------------------------------------- */
 
 START_TEST(test_matmul_errors) {
@@ -1011,9 +849,7 @@ Suite *nb_suite_matmul(void) {
     tcase_add_test(tc, test_gemm_layer);
     tcase_add_test(tc, test_gemm_provider_switch);
     tcase_add_test(tc, test_gemm_thread_count_independent);
-    tcase_add_test(tc, test_sgemm_packed_vs_loop);
-    tcase_add_test(tc, test_sgemm_packed_thread_count_independent);
-    tcase_add_test(tc, test_sgemm_path_cache);
+    nb_tests_sgemm(tc); /* test_sgemm.c */
     tcase_add_test(tc, test_matmul_errors);
     tcase_add_test(tc, test_matmul_no_leak);
     tcase_add_test(tc, test_matmul_devices);

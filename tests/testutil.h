@@ -54,6 +54,13 @@ void nb_tcases_index_devices(Suite *s); /* index: tests/test_index_devices.c */
 TCase *nb_tcase_cuda_conv(void);      /* cuda: tests/test_cuda_conv.c (needs a GPU) */
 TCase *nb_tcase_messages(void);       /* errors: tests/test_messages.c */
 TCase *nb_tcase_handles(void);        /* errors: tests/test_handles.c */
+/* Tests moved out of a long file, added to the TCase their suite gives. */
+void nb_tests_data_transforms(TCase *tc); /* data: tests/test_data_transforms.c */
+void nb_tests_nn_pool(TCase *tc);         /* nn_conv: tests/test_nn_pool.c */
+void nb_tests_optim_clip(TCase *tc);      /* optim: tests/test_optim_clip.c */
+void nb_tests_nn_modules(Suite *s);       /* nn_layers: tests/test_nn_modules.c */
+void nb_tests_io_state(TCase *tc);        /* io: tests/test_io_state.c */
+void nb_tests_sgemm(TCase *tc);           /* matmul: tests/test_sgemm.c */
 
 /* A tensor of dtype dt holding vals (converted), shape[ndim]; registered in the scope. */
 nb_tensor *tu_tensor(const double *vals, const int64_t *shape, int ndim, nb_dtype dt);

@@ -237,27 +237,6 @@ unsigned char *dcp_layout_bytes(dcp_layout *l, size_t *n) {
 }
 
 /* ---- files -------------------------------------------------------------------------------- */
-void dcp_tmpdir(char out[64]) {
-    memset(out, 0, 64);
-    if (mt_rank == 0) {
-        static const char tmpl[] = "/tmp/nb-dcp-XXXXXX";
-        memcpy(out, tmpl, sizeof tmpl);
-        MT_CHECK(mkdtemp(out) != NULL, "mkdtemp failed");
-    }
-    nb_scope_begin();
-    nb_tensor *t = nb_from_buffer(out, (int64_t[]){64}, 1, NB_U8);
-    MT_OK(nb_broadcast(mt_world, t, 0));
-    memcpy(out, nb_data(t), 64);
-    out[63] = 0;
-    nb_scope_end();
-}
-
-void dcp_rmtree(const char *dir) {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-}
-
 bool dcp_same_tensors(const char *a, const char *b, char *why, size_t n) {
     nb_safetensors *fa = nb_safetensors_open(a), *fb = nb_safetensors_open(b);
     bool same = fa && fb && nb_safetensors_count(fa) == nb_safetensors_count(fb);
@@ -284,23 +263,5 @@ bool dcp_same_tensors(const char *a, const char *b, char *why, size_t n) {
 }
 
 void dcp_expect_close(nb_module *a, nb_module *b, double rtol, const char *what) {
-    const nb_params *pa = nb_parameters(a), *pb = nb_parameters(b);
-    if (!pa || !pb || pa->count != pb->count) {
-        MT_CHECK(false, "%s: parameter lists differ", what);
-        return;
-    }
-    for (int i = 0; i < pa->count; i++) {
-        int64_t n = nb_numel(pa->tensors[i]);
-        double *va = malloc(sizeof(double) * (size_t)n), *vb = malloc(sizeof(double) * (size_t)n);
-        MT_OK(nb_read(pa->tensors[i], va, n, NB_F64));
-        MT_OK(nb_read(pb->tensors[i], vb, n, NB_F64));
-        for (int64_t j = 0; j < n; j++)
-            if (!(fabs(va[j] - vb[j]) <= rtol * (fabs(vb[j]) + 1e-2))) {
-                MT_CHECK(false, "%s: %s[%lld] = %.9g, reference %.9g", what, pa->names[i],
-                         (long long)j, va[j], vb[j]);
-                break;
-            }
-        free(va);
-        free(vb);
-    }
+    mt_expect_params_close(a, b, rtol, 1e-2, what);
 }

@@ -55,9 +55,6 @@ void dcp_layout_train(dcp_layout *l, int step);
  * the schedule's), malloc'ed, *n bytes: compared before and after a failed load. */
 unsigned char *dcp_layout_bytes(dcp_layout *l, size_t *n);
 
-/* A fresh directory name, the same on every rank (rank 0 makes it). */
-void dcp_tmpdir(char out[64]);
-void dcp_rmtree(const char *dir);
 /* Whether two plain checkpoint files hold the same tensors byte for byte (rank 0 reads). */
 bool dcp_same_tensors(const char *a, const char *b, char *why, size_t n);
 /* Every parameter of a within rtol of b's (both plain modules): |a - b| <= rtol (|b| + lr),

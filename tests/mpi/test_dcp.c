@@ -19,8 +19,6 @@
 
 #include "dcp_layouts.h"
 
-static void barrier(void) { MT_OK(nb_barrier(mt_world)); }
-
 /* The reference: one process trained `steps` steps from seed 7, saved (plain) at path by
  * rank 0; *out keeps it when given (rank 0). */
 static void reference(const char *path, int steps, dcp_layout *out) {
@@ -42,7 +40,7 @@ START_TEST(test_dcp_exact_chain) {
     enum { N = sizeof chain / sizeof *chain, STEPS = 3 };
     nb_scope_begin();
     char tmp[64], first[128], prev[128], path[128], cons[128], why[256];
-    dcp_tmpdir(tmp);
+    mt_tmpdir(tmp, "nb-dcp");
     snprintf(first, sizeof first, "%s/p0.ckpt", tmp);
     reference(first, STEPS, NULL);
     snprintf(prev, sizeof prev, "%s", first);
@@ -58,7 +56,7 @@ START_TEST(test_dcp_exact_chain) {
             MT_OK(nb_checkpoint_save(path, &ck));
         }
         dcp_layout_free(&l);
-        barrier();
+        mt_barrier();
         /* what each layout wrote is the same state */
         snprintf(cons, sizeof cons, "%s/c%d.ckpt", tmp, i);
         if (mt_rank == 0) {
@@ -69,8 +67,8 @@ START_TEST(test_dcp_exact_chain) {
         snprintf(prev, sizeof prev, "%s", path);
     }
     if (mt_rank == 0) MT_CHECK(dcp_same_tensors(first, prev, why, sizeof why), "end: %s", why);
-    barrier();
-    if (mt_rank == 0) dcp_rmtree(tmp);
+    mt_barrier();
+    if (mt_rank == 0) mt_rmtree(tmp);
     nb_scope_end();
     MT_END();
 }
@@ -82,7 +80,7 @@ START_TEST(test_dcp_training_chain) {
     enum { N = sizeof chain / sizeof *chain, K = 2 };
     nb_scope_begin();
     char tmp[64], prev[128] = "", path[128];
-    dcp_tmpdir(tmp);
+    mt_tmpdir(tmp, "nb-dcp");
     int step = 0;
     for (int i = 0; i < N; i++) {
         dcp_layout l;
@@ -107,12 +105,12 @@ START_TEST(test_dcp_training_chain) {
             dcp_layout_free(&ref);
         }
         dcp_layout_free(&l);
-        barrier();
+        mt_barrier();
         step += K;
         snprintf(prev, sizeof prev, "%s", path);
     }
-    barrier();
-    if (mt_rank == 0) dcp_rmtree(tmp);
+    mt_barrier();
+    if (mt_rank == 0) mt_rmtree(tmp);
     nb_scope_end();
     MT_END();
 }
@@ -152,7 +150,7 @@ START_TEST(test_dcp_async) {
     static const dcp_kind_t kinds[] = {L_Z3, L_TP, L_DDP};
     nb_scope_begin();
     char tmp[64], dir[128], sync_dir[128], a[128], b[128], why[256];
-    dcp_tmpdir(tmp);
+    mt_tmpdir(tmp, "nb-dcp");
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
         const char *name = dcp_layout_names[kinds[k]];
         snprintf(dir, sizeof dir, "%s/async%zu.ckpt", tmp, k);
@@ -180,12 +178,12 @@ START_TEST(test_dcp_async) {
             dcp_layout_train(&l, s);
             ck.step = s;
             MT_OK(nb_checkpoint_writer_save(w, dir, &ck));
-            barrier();
+            mt_barrier();
             /* the index of this save is not there yet: an earlier one (or none) loads */
             if (mt_rank == 0 && folder)
                 MT_CHECK(loaded_step(dir) < s, "%s: before the save completes, %s loads at "
                          "step %lld", name, dir, (long long)loaded_step(dir));
-            barrier();
+            mt_barrier();
         }
         MT_OK(nb_checkpoint_writer_wait(w)); /* collective: the last index */
         MT_CHECK(mt_rank != 0 || loaded_step(dir) == 2, "%s: after the wait: step %lld", name,
@@ -214,10 +212,10 @@ START_TEST(test_dcp_async) {
             MT_CHECK(count_entries(a, "checkpoint-") == 2, "%s: async keep 2 left %d members",
                      name, count_entries(a, "checkpoint-"));
         }
-        barrier();
+        mt_barrier();
         MT_OK(nb_checkpoint_writer_free(w));
         MT_OK(nb_checkpoint_save(sync_dir, &ck)); /* the same state, synchronously */
-        barrier();
+        mt_barrier();
         snprintf(a, sizeof a, "%s/a%zu.ckpt", tmp, k);
         snprintf(b, sizeof b, "%s/b%zu.ckpt", tmp, k);
         if (mt_rank == 0) {
@@ -226,9 +224,9 @@ START_TEST(test_dcp_async) {
             MT_CHECK(dcp_same_tensors(a, b, why, sizeof why), "%s: async vs sync: %s", name, why);
         }
         dcp_layout_free(&l);
-        barrier();
+        mt_barrier();
     }
-    if (mt_rank == 0) dcp_rmtree(tmp);
+    if (mt_rank == 0) mt_rmtree(tmp);
     nb_scope_end();
     MT_END();
 }
@@ -238,7 +236,7 @@ END_TEST
 START_TEST(test_dcp_series) {
     nb_scope_begin();
     char tmp[64], base[128], path[4400], p4[4400], p3[4400];
-    dcp_tmpdir(tmp);
+    mt_tmpdir(tmp, "nb-dcp");
     snprintf(base, sizeof base, "%s/series/", tmp);
     dcp_layout l;
     dcp_layout_build(&l, L_Z2, 7);
@@ -248,7 +246,7 @@ START_TEST(test_dcp_series) {
         ck.keep = 2;
         MT_OK(nb_checkpoint_save(base, &ck));
     }
-    barrier();
+    mt_barrier();
     int64_t step = -1;
     MT_OK(nb_checkpoint_latest(base, path, sizeof path, &step));
     MT_CHECK(step == 3, "latest step %lld (%s)", (long long)step, path);
@@ -267,12 +265,12 @@ START_TEST(test_dcp_series) {
                  "b[-5]^=1; open(p,\"wb\").write(b)' \"$f\"", p3, mt_size > 1 ? "" : p3);
         MT_CHECK(system(cmd) == 0, "flipping a byte failed");
     }
-    barrier();
+    mt_barrier();
     MT_OK(nb_checkpoint_latest(base, path, sizeof path, &step));
     MT_CHECK(step == 2, "latest with an unfinished 4 and a damaged 3: step %lld (%s)",
              (long long)step, path);
     /* stale temporary files of a killed writer: the next save and a load remove them */
-    barrier();
+    mt_barrier();
     char stale[4600];
     pid_t dead = 0;
     if (mt_rank == 0) {
@@ -290,20 +288,20 @@ START_TEST(test_dcp_series) {
         if (f) fputs("half a file", f), fclose(f);
         MT_CHECK(f != NULL, "planting %s", stale);
     }
-    barrier();
+    mt_barrier();
     nb_checkpoint ck = dcp_layout_ck(&l, 0);
     MT_OK(nb_checkpoint_load(path, &ck));
     MT_CHECK(ck.step == 2, "loaded step %lld", (long long)ck.step);
-    barrier();
+    mt_barrier();
     if (mt_rank == 0) MT_CHECK(access(stale, F_OK) != 0, "a load left %s", stale);
     if (mt_rank == 0) { /* again, for the save */
         FILE *f = fopen(stale, "w");
         if (f) fclose(f);
     }
-    barrier();
+    mt_barrier();
     ck.keep = 0;
     MT_OK(nb_checkpoint_save(path, &ck)); /* into the same folder: the old files go */
-    barrier();
+    mt_barrier();
     if (mt_rank == 0) {
         MT_CHECK(access(stale, F_OK) != 0, "a save left %s", stale);
         int files = mt_size > 1 ? count_entries(path, "shard-") : 1;
@@ -311,8 +309,8 @@ START_TEST(test_dcp_series) {
                  "folder, %d ranks", files, mt_size);
     }
     dcp_layout_free(&l);
-    barrier();
-    if (mt_rank == 0) dcp_rmtree(tmp);
+    mt_barrier();
+    if (mt_rank == 0) mt_rmtree(tmp);
     nb_scope_end();
     MT_END();
 }
@@ -343,7 +341,7 @@ static nb_optim *plain_adamw(nb_module *m) {
 START_TEST(test_dcp_precision) {
     nb_scope_begin();
     char tmp[64], dir[128], plain[128], cons[160];
-    dcp_tmpdir(tmp);
+    mt_tmpdir(tmp, "nb-dcp");
     snprintf(dir, sizeof dir, "%s/bf16.ckpt", tmp);
     snprintf(plain, sizeof plain, "%s/f32.ckpt", tmp);
     snprintf(cons, sizeof cons, "%s/cons.ckpt", tmp);
@@ -369,7 +367,7 @@ START_TEST(test_dcp_precision) {
     }
     nb_checkpoint ck = {.model = hm, .optim = ho, .step = 2};
     if (z) MT_OK(nb_checkpoint_save(dir, &ck));
-    barrier();
+    mt_barrier();
     if (mt_rank == 0) {
         MT_OK(nb_checkpoint_consolidate(dir, cons, false));
         nb_safetensors *f = nb_safetensors_open(cons);
@@ -418,8 +416,8 @@ START_TEST(test_dcp_precision) {
     nb_zero_free(z);
     nb_optim_free(ho);
     nb_module_free(hm);
-    barrier();
-    if (mt_rank == 0) dcp_rmtree(tmp);
+    mt_barrier();
+    if (mt_rank == 0) mt_rmtree(tmp);
     nb_scope_end();
     MT_END();
 }

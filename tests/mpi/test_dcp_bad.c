@@ -18,8 +18,6 @@
 
 #include "dcp_layouts.h"
 
-static void barrier(void) { MT_OK(nb_barrier(mt_world)); }
-
 /* The corruptions, done by a small Python script on rank 0 (the index is JSON). */
 typedef struct corruption {
     const char *name;
@@ -124,7 +122,7 @@ START_TEST(test_dcp_corruption_matrix) {
     enum { NK = sizeof kinds / sizeof *kinds };
     nb_scope_begin();
     char tmp[64], ref[128], good[128], other[128];
-    dcp_tmpdir(tmp);
+    mt_tmpdir(tmp, "nb-dcp");
     if (mt_rank == 0) {
         char p[128];
         snprintf(p, sizeof p, "%s/c.py", tmp);
@@ -159,7 +157,7 @@ START_TEST(test_dcp_corruption_matrix) {
             snprintf(ok.run_id, sizeof ok.run_id, "%s", "ffffffffffffffffffffffffffffffff");
             MT_OK(nb_checkpoint_save(other, &ok));
         }
-        barrier();
+        mt_barrier();
         struct stat sb;
         folder = stat(good, &sb) == 0 && S_ISDIR(sb.st_mode); /* one rank: always a file */
         if (mt_rank == 0) {
@@ -209,7 +207,7 @@ START_TEST(test_dcp_corruption_matrix) {
             MT_OK(nb_checkpoint_load(good, &lc));
         }
         dcp_layout_free(&l);
-        barrier();
+        mt_barrier();
     }
     if (mt_rank == 0 && mt_size == 4) { /* the matrix, for the record */
         printf("corruption matrix (%d ranks): refused/tried\n%-30s", mt_size, "");
@@ -222,8 +220,8 @@ START_TEST(test_dcp_corruption_matrix) {
             printf("\n");
         }
     }
-    barrier();
-    if (mt_rank == 0) dcp_rmtree(tmp);
+    mt_barrier();
+    if (mt_rank == 0) mt_rmtree(tmp);
     nb_scope_end();
     MT_END();
 }
@@ -235,7 +233,7 @@ END_TEST
 START_TEST(test_dcp_all_or_nothing) {
     nb_scope_begin();
     char tmp[64], path[128];
-    dcp_tmpdir(tmp);
+    mt_tmpdir(tmp, "nb-dcp");
     snprintf(path, sizeof path, "%s/ddp.ckpt", tmp);
     dcp_layout a;
     dcp_layout_build(&a, L_DDP, 7);
@@ -269,8 +267,8 @@ START_TEST(test_dcp_all_or_nothing) {
     free(after);
     dcp_layout_free(&a);
     dcp_layout_free(&b);
-    barrier();
-    if (mt_rank == 0) dcp_rmtree(tmp);
+    mt_barrier();
+    if (mt_rank == 0) mt_rmtree(tmp);
     nb_scope_end();
     MT_END();
 }

@@ -24,24 +24,6 @@ int nb__ddp_buckets_launched(const nb_ddp *d);
 enum { IN = 8, HID = 16, OUT = 4, GB = 16 /* global batch: divisible by 1, 2, 4, 8 */ };
 enum { V = 11, D = 8, T = 3 }; /* the embedding + layernorm model */
 
-/* A call that returned status s failed with `status` and a message containing needle. */
-static void expect_error_at(nb_status s, nb_status status, const char *needle, const char *file,
-                            int line) {
-    if (s != status || !strstr(nb_last_error(), needle))
-        mt_fail_at(file, line, "got %s \"%s\", expected %s with \"%s\"", nb_status_name(s),
-                   nb_last_error(), nb_status_name(status), needle);
-    nb_clear_error();
-}
-#define EXPECT_ERROR(s, status, needle) expect_error_at((s), (status), (needle), __FILE__, __LINE__)
-
-/* The elements of t as doubles (caller frees). */
-static double *values(const nb_tensor *t) {
-    int64_t n = nb_numel(t);
-    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-    if (nb_read(t, v, n, NB_F64) != NB_OK) memset(v, 0, sizeof(double) * (size_t)n);
-    return v;
-}
-
 /* ---- models and data ------------------------------------------------------------------------ */
 typedef enum { MLP, EMB } model_kind;
 
@@ -115,27 +97,6 @@ static void plain_step(nb_module *m, nb_optim *o, model_kind kind, nb_tensor *x,
     nb_scope_end();
 }
 
-/* Every parameter of a equals b's within rtol (|x - r| <= rtol * (|r| + 1e-3)). */
-static void expect_same_params(nb_module *a, nb_module *b, double rtol, const char *what) {
-    const nb_params *pa = nb_parameters(a), *pb = nb_parameters(b);
-    if (!pa || !pb || pa->count != pb->count) {
-        MT_CHECK(false, "%s: parameter lists differ", what);
-        return;
-    }
-    for (int i = 0; i < pa->count; i++) {
-        double *va = values(pa->tensors[i]), *vb = values(pb->tensors[i]);
-        int64_t n = nb_numel(pa->tensors[i]);
-        for (int64_t j = 0; j < n; j++)
-            if (!(fabs(va[j] - vb[j]) <= rtol * (fabs(vb[j]) + 1e-3))) {
-                MT_CHECK(false, "%s: %s[%lld] = %.9g, reference %.9g", what, pa->names[i],
-                         (long long)j, va[j], vb[j]);
-                break;
-            }
-        free(va);
-        free(vb);
-    }
-}
-
 /* ---- equivalence: DDP on W ranks == 1 process on the global batch ----------------------------- */
 static void check_equivalence(model_kind kind, double bucket_mb) {
     enum { K = 5 };
@@ -162,7 +123,7 @@ static void check_equivalence(model_kind kind, double bucket_mb) {
         MT_OK(nb_step(o));
         nb_scope_end();
     }
-    expect_same_params(m, ref, 1e-5, kind == MLP ? "mlp" : "embedding/layernorm");
+    mt_expect_same_params(m, ref, 1e-5, kind == MLP ? "mlp" : "embedding/layernorm");
     nb_ddp_free(d);
     nb_optim_free(o);
     nb_optim_free(ro);
@@ -234,7 +195,7 @@ static void ddp_equivalence_gpt(nb_gpt_recompute recompute) {
                  dn, rn);
         nb_scope_end();
     }
-    if (d) expect_same_params(m, ref, 1e-5, "gpt");
+    if (d) mt_expect_same_params(m, ref, 1e-5, "gpt");
     nb_ddp_free(d);
     nb_optim_free(o);
     nb_optim_free(ro);
@@ -286,7 +247,7 @@ START_TEST(test_ddp_grad_accumulation) {
         MT_OK(nb_step(o)); /* no nb_ddp_sync: backward averaged the accumulated gradients */
         nb_scope_end();
     }
-    expect_same_params(m, ref, 1e-5, "accumulated");
+    mt_expect_same_params(m, ref, 1e-5, "accumulated");
     nb_ddp_free(d);
     nb_optim_free(o);
     nb_optim_free(ro);
@@ -383,7 +344,7 @@ static void unused_case(bool find_unused) {
                 MT_CHECK(sk == NB_OK, "%s with find_unused: %s", k ? "sync" : "backward",
                          nb_last_error());
             else
-                EXPECT_ERROR(sk, NB_EINVAL, "ddp: parameter 2.bias got no gradient in this step "
+                MT_EXPECT_ERROR(sk, NB_EINVAL, "ddp: parameter 2.bias got no gradient in this step "
                              "(nor did 2 other parameters); pass .find_unused = true if that is "
                              "intended");
         }
@@ -393,7 +354,7 @@ static void unused_case(bool find_unused) {
     }
     if (find_unused && d) { /* the unused gradients are reduced as zeros; the used ones averaged */
         nb_scope_begin();
-        double *g = values(nb_grad(nb_module_find(m, "4.weight")));
+        double *g = mt_values(nb_grad(nb_module_find(m, "4.weight")));
         for (int64_t j = 0; j < HID * OUT; j++)
             if (g[j] != 0) {
                 MT_CHECK(false, "4.weight's gradient [%lld] = %g, not 0", (long long)j, g[j]);
@@ -405,8 +366,8 @@ static void unused_case(bool find_unused) {
         MT_OK(nb_backward(nb_mean(nb_matmul(h, nb_module_find(ref, "2.weight")), NULL, 0, false)));
         const char *names[] = {"0.weight", "0.bias", "2.weight"};
         for (int i = 0; i < 3; i++) {
-            double *a = values(nb_grad(nb_module_find(m, names[i])));
-            double *r = values(nb_grad(nb_module_find(ref, names[i])));
+            double *a = mt_values(nb_grad(nb_module_find(m, names[i])));
+            double *r = mt_values(nb_grad(nb_module_find(ref, names[i])));
             int64_t n = nb_numel(nb_module_find(m, names[i]));
             for (int64_t j = 0; j < n; j++)
                 if (!(fabs(a[j] - r[j]) <= 1e-5 * (fabs(r[j]) + 1e-3))) {
@@ -460,13 +421,13 @@ START_TEST(test_ddp_broadcast) {
     MT_CHECK(d && dn, "ddp_new: %s", nb_last_error());
     MT_CHECK(nb_ddp_num_buckets(d) == 1, "%d buckets; 25 MiB holds the whole model",
              nb_ddp_num_buckets(d));
-    expect_same_params(m, ref, 0, "broadcast weights");
-    double *rm = values(nb_module_find(m, "1.running_mean"));
+    mt_expect_same_params(m, ref, 0, "broadcast weights");
+    double *rm = mt_values(nb_module_find(m, "1.running_mean"));
     MT_CHECK(rm[0] == 0 && rm[HID - 1] == 0, "running_mean %g is not rank 0's", rm[0]);
     free(rm);
     /* no_broadcast keeps each rank's own weights */
-    double *mine = values(nb_module_find(mn, "0.weight"));
-    double *r0 = values(nb_module_find(ref, "0.weight"));
+    double *mine = mt_values(nb_module_find(mn, "0.weight"));
+    double *r0 = mt_values(nb_module_find(ref, "0.weight"));
     MT_CHECK((rank == 0) == (memcmp(mine, r0, sizeof(double) * IN * HID) == 0),
              "no_broadcast: rank %d has %s rank 0's weights", rank, rank ? "" : "not");
     free(mine);
@@ -504,7 +465,7 @@ START_TEST(test_ddp_self_is_plain) {
         MT_OK(nb_step(o));
         nb_scope_end();
     }
-    expect_same_params(m, ref, 0, "size-1 ddp"); /* bit for bit */
+    mt_expect_same_params(m, ref, 0, "size-1 ddp"); /* bit for bit */
     nb_ddp_free(d);
     nb_optim_free(o);
     nb_optim_free(ro);
@@ -556,7 +517,7 @@ static void compressed_case(nb_dtype wire) {
             /* same weights so far: the compressed gradients are the f32 ones, rounded */
             const nb_params *pf = nb_parameters(mf), *pc = nb_parameters(mc);
             for (int i = 0; i < pf->count; i++) {
-                double *gf = values(nb_grad(pf->tensors[i])), *gc = values(nb_grad(pc->tensors[i]));
+                double *gf = mt_values(nb_grad(pf->tensors[i])), *gc = mt_values(nb_grad(pc->tensors[i]));
                 int64_t n = nb_numel(pf->tensors[i]);
                 double scale = 0;
                 for (int64_t j = 0; j < n; j++) scale = fmax(scale, fabs(gf[j]));
@@ -612,7 +573,7 @@ START_TEST(test_ddp_compressed) {
     nb_module *m = build(MLP, 3);
     nb_ddp_opts ddo = nb_ddp_defaults();
     ddo.reduce_dtype = NB_F64, ddo.bucket_mb = 0;
-    EXPECT_ERROR(nb_ddp_new(m, mt_world, &ddo) ? NB_OK : nb_last_status(), NB_EINVAL,
+    MT_EXPECT_ERROR(nb_ddp_new(m, mt_world, &ddo) ? NB_OK : nb_last_status(), NB_EINVAL,
                  "reduce_dtype must be f32");
     nb_module_free(m);
     nb_scope_end();
@@ -750,17 +711,17 @@ START_TEST(test_ddp_step_refuses_unsynced) {
         MT_OK(nb_backward(loss_of(m, MLP, x, y, rank * local, half, 0.5)));
         MT_OK(nb_backward(loss_of(m, MLP, x, y, rank * local + half, local - half, 0.5)));
         nb_tensor *before = nb_clone(nb_module_flat_params(m));
-        EXPECT_ERROR(nb_step(o), NB_ESTATE, "step: the gradient of '0.weight' (an nb_ddp model) "
+        MT_EXPECT_ERROR(nb_step(o), NB_ESTATE, "step: the gradient of '0.weight' (an nb_ddp model) "
                      "comes from a backward with sync disabled and was never averaged over the "
                      "ranks; enable sync");
         MT_CHECK(same_bits(before, nb_module_flat_params(m)), "a refused step changed weights");
         MT_OK(nb_ddp_sync(d)); /* sync disabled: nothing to do, still refused */
-        EXPECT_ERROR(nb_step(o), NB_ESTATE, "never averaged");
+        MT_EXPECT_ERROR(nb_step(o), NB_ESTATE, "never averaged");
         nb_ddp_set_sync_enabled(d, true);
         MT_OK(nb_ddp_sync(d)); /* averages what was accumulated */
         MT_OK(nb_step(o));
         plain_step(ref, ro, MLP, x, y, 0, GB);
-        expect_same_params(m, ref, 1e-5, "synchronised by nb_ddp_sync");
+        mt_expect_same_params(m, ref, 1e-5, "synchronised by nb_ddp_sync");
         expect_same_on_ranks(nb_module_flat_params(m), "the parameters", 0);
     }
     nb_ddp_free(d);
@@ -800,14 +761,14 @@ START_TEST(test_ddp_backward_failure) {
     int h = d ? nb_register_grad_hook(b4, spoil_hook, xs) : -1;
     if (d && h >= 0) {
         MT_OK(nb_zero_grad(o));
-        EXPECT_ERROR(nb_backward(loss_of(m, MLP, xs, ys, 0, local, 1)), NB_EINVAL,
+        MT_EXPECT_ERROR(nb_backward(loss_of(m, MLP, xs, ys, 0, local, 1)), NB_EINVAL,
                      "modified in place after it was saved");
         int started = nb__ddp_buckets_launched(d);
         MT_CHECK(started > 0 && started < nb_ddp_num_buckets(d),
                  "%d of %d buckets started before the failure", started, nb_ddp_num_buckets(d));
-        EXPECT_ERROR(nb_ddp_sync(d), NB_EINVAL, "ddp: the gradients were not synchronised: "
+        MT_EXPECT_ERROR(nb_ddp_sync(d), NB_EINVAL, "ddp: the gradients were not synchronised: "
                      "backward failed (backward: a tensor saved by");
-        EXPECT_ERROR(nb_step(o), NB_ESTATE, "step: the gradient of '0.weight' (an nb_ddp model) "
+        MT_EXPECT_ERROR(nb_step(o), NB_ESTATE, "step: the gradient of '0.weight' (an nb_ddp model) "
                      "was not averaged over the ranks, so the ranks would drift apart: backward "
                      "failed before they were");
         MT_OK(nb_remove_grad_hook(b4, h));
@@ -832,13 +793,13 @@ START_TEST(test_ddp_errors) {
     nb_comm *self = nb_comm_self();
     nb_module *m = build(MLP, 1);
     MT_CHECK(!nb_ddp_new(NULL, self, NULL), "NULL model accepted");
-    EXPECT_ERROR(nb_last_status(), NB_ENULL, "ddp_new: model is NULL");
+    MT_EXPECT_ERROR(nb_last_status(), NB_ENULL, "ddp_new: model is NULL");
     MT_CHECK(!nb_ddp_new(m, NULL, NULL), "NULL communicator accepted");
-    EXPECT_ERROR(nb_last_status(), NB_ENULL, "ddp_new: communicator is NULL");
+    MT_EXPECT_ERROR(nb_last_status(), NB_ENULL, "ddp_new: communicator is NULL");
     nb_ddp_opts ddo = nb_ddp_defaults();
     ddo.bucket_mb = -1;
     MT_CHECK(!nb_ddp_new(m, self, &ddo), "negative bucket accepted");
-    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "bucket_mb must be >= 0");
+    MT_EXPECT_ERROR(nb_last_status(), NB_EINVAL, "bucket_mb must be >= 0");
     /* options are read as written (issue 17 item 4): bucket_mb 0 is the smallest buckets (one
      * parameter each), not 25 MiB; the constructor gives 25 */
     MT_CHECK(nb_ddp_defaults().bucket_mb == 25 && !nb_ddp_defaults().find_unused &&
@@ -852,19 +813,19 @@ START_TEST(test_ddp_errors) {
              nb_parameters(m0)->count);
     nb_ddp_free(d0);
     nb_module_free(m0);
-    EXPECT_ERROR(nb_ddp_sync(NULL), NB_ENULL, "ddp_sync: ddp is NULL");
+    MT_EXPECT_ERROR(nb_ddp_sync(NULL), NB_ENULL, "ddp_sync: ddp is NULL");
     MT_CHECK(nb_ddp_num_buckets(NULL) == 0 && nb_ddp_exposed_comm_s(NULL) == 0, "NULL ddp");
     nb_ddp_free(NULL);
     nb_module *act = nb_relu_new();
     MT_CHECK(!nb_ddp_new(act, self, NULL), "a module without parameters accepted");
-    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "no parameters");
+    MT_EXPECT_ERROR(nb_last_status(), NB_EINVAL, "no parameters");
     nb_module_free(act);
 
     nb_ddp *d = nb_ddp_new(m, self, NULL);
     MT_CHECK(d != NULL, "ddp_new: %s", nb_last_error());
     if (d) {
         MT_CHECK(!nb_ddp_new(m, self, NULL), "a model wrapped twice");
-        EXPECT_ERROR(nb_last_status(), NB_ESTATE, "is already wrapped by another nb_ddp");
+        MT_EXPECT_ERROR(nb_last_status(), NB_ESTATE, "is already wrapped by another nb_ddp");
         nb_tensor *x, *y;
         global_batch(MLP, 600, &x, &y);
         /* two backward passes in a row: each synchronises at its end; sync is a no-op */

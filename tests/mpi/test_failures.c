@@ -14,12 +14,6 @@
 
 #include "mpi_test.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* st is `want` and the message contains needle. */
 static void expect_error(nb_status st, nb_status want, const char *needle, const char *what) {
     MT_CHECK(st == want && strstr(nb_last_error(), needle), "%s: %s \"%s\", expected %s with \"%s\"",
@@ -77,9 +71,9 @@ START_TEST(test_p2p_timeout) {
     nb_comm_set_timeout(mt_world, 0.3);
     nb_scope_begin();
     nb_tensor *t = nb_zeros((int64_t[]){100}, 1, NB_F32);
-    double t0 = now();
+    double t0 = mt_now();
     nb_status st = nb_recv(mt_world, t, mt_rank, 999);
-    double el = now() - t0;
+    double el = mt_now() - t0;
     MT_CHECK(st == NB_ETIMEOUT && strstr(nb_last_error(), "recv from rank") &&
                  strstr(nb_last_error(), "tag 999") && strstr(nb_last_error(), "itself"),
              "recv from itself: %s (%s)", nb_status_name(st), nb_last_error());
@@ -117,7 +111,7 @@ static void late_rank_case(int64_t n, bool poll) {
     nb_scope_begin();
     nb_tensor *x = nb_full(&n, 1, NB_F32, mt_rank + 1);
     if (mt_rank != late) {
-        double t0 = now();
+        double t0 = mt_now();
         nb_status st;
         if (poll) {
             nb_work *w = nb_allreduce_async(c, x, NB_REDUCE_SUM);
@@ -128,7 +122,7 @@ static void late_rank_case(int64_t n, bool poll) {
         } else {
             st = nb_allreduce(c, x, NB_REDUCE_SUM);
         }
-        double el = now() - t0;
+        double el = mt_now() - t0;
         char want[128];
         snprintf(want, sizeof want, "rank %d is alive but did not join collective #1 (it is "
                  "waiting in barrier #", late); /* the late rank waits in the world's barrier */
@@ -212,9 +206,9 @@ START_TEST(test_dead_peer) {
     nb_tensor *ts[3] = {small, mid, large};
     const char *names[3] = {"small", "mid-size", "large"};
     for (int k = 0; k < 3; k++) {
-        double t0 = now();
+        double t0 = mt_now();
         nb_status st = nb_allreduce(mt_world, ts[k], NB_REDUCE_SUM);
-        double el = now() - t0;
+        double el = mt_now() - t0;
         ck_assert_msg(st == NB_ETIMEOUT || st == NB_ECOMM, "%s allreduce after rank 1 died: %s",
                       names[k], nb_status_name(st));
         ck_assert_msg(strstr(nb_last_error(), "rank 1 did not answer") ||
@@ -231,9 +225,9 @@ START_TEST(test_dead_peer) {
     nb_optim *opt = nb_sgd_new(nb_parameters(model), &so);
     ck_assert_msg(opt != NULL, "%s", nb_last_error());
     nb_tensor *x = nb_full((int64_t[]){2, 8}, 2, NB_F32, 1);
-    double t0 = now();
+    double t0 = mt_now();
     nb_status st = nb_backward(nb_sum(nb_forward(model, x), NULL, 0, false));
-    double el = now() - t0;
+    double el = mt_now() - t0;
     ck_assert_msg(st == NB_ETIMEOUT || st == NB_ECOMM, "backward after rank 1 died: %s (%s)",
                   nb_status_name(st), nb_last_error());
     ck_assert_msg(strstr(nb_last_error(), "ddp: gradient allreduce failed") &&

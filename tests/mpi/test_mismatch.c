@@ -14,12 +14,6 @@
 #include "mpi_test.h"
 #include "parallel/parallel_impl.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static nb_comm *fresh(void) {
     nb_comm *c = nb_comm_split(mt_world, 0, mt_rank);
     MT_CHECK(c != NULL, "split: %s", nb_last_error());
@@ -65,7 +59,7 @@ static void allreduce_case(int64_t n0, nb_dtype d0, nb_reduce_op op0, int64_t n1
     bool zero = mt_rank == 0;
     int64_t n = zero ? n0 : n1;
     nb_tensor *x = nb_full(&n, 1, zero ? d0 : d1, 1);
-    double t0 = now();
+    double t0 = mt_now();
     nb_status st;
     if (poll) {
         nb_work *w = nb_allreduce_async(c, x, zero ? op0 : op1);
@@ -78,7 +72,7 @@ static void allreduce_case(int64_t n0, nb_dtype d0, nb_reduce_op op0, int64_t n1
     }
     char what[96];
     snprintf(what, sizeof what, "%s against %s", s0, s1);
-    expect_met(st, now() - t0, zero ? s0 : s1, zero ? s1 : s0, what);
+    expect_met(st, mt_now() - t0, zero ? s0 : s1, zero ? s1 : s0, what);
     nb_scope_end();
     expect_out_of_step(c, " met ", what);
     nb_comm_free(c);
@@ -131,14 +125,14 @@ START_TEST(test_broadcast_against_allreduce) {
     if (c) {
         nb_scope_begin();
         nb_tensor *x = nb_full((int64_t[]){10}, 1, NB_F32, mt_rank + 1);
-        double t0 = now();
+        double t0 = mt_now();
         if (mt_rank == 0) {
             nb_status st = nb_broadcast(c, x, 0);
             MT_CHECK(st == NB_OK || st == NB_ECOMM, "the root: %s", nb_last_error());
             nb_clear_error();
         } else {
             nb_status st = nb_allreduce(c, x, NB_REDUCE_SUM);
-            expect_met(st, now() - t0, "allreduce of 10 f32 (sum)", "broadcast of 10 f32 from rank 0",
+            expect_met(st, mt_now() - t0, "allreduce of 10 f32 (sum)", "broadcast of 10 f32 from rank 0",
                        "allreduce against broadcast");
         }
         nb_scope_end();
@@ -161,10 +155,10 @@ START_TEST(test_roots_and_kinds_differ) {
         nb_scope_begin();
         nb_tensor *x = nb_full((int64_t[]){7}, 1, NB_F64, 1);
         int root = mt_rank == 0 ? 0 : 1;
-        double t0 = now();
+        double t0 = mt_now();
         nb_status st = nb_reduce(c, x, NB_REDUCE_SUM, root);
         if (mt_rank == 0 || mt_rank == 1) /* rank 1 is the other root: it waits */
-            expect_met(st, now() - t0, mt_rank == 0 ? "to rank 0" : "to rank 1",
+            expect_met(st, mt_now() - t0, mt_rank == 0 ? "to rank 0" : "to rank 1",
                        mt_rank == 0 ? "to rank 1" : "to rank 0", "reduce roots");
         nb_clear_error();
         nb_scope_end();
@@ -174,7 +168,7 @@ START_TEST(test_roots_and_kinds_differ) {
     c = fresh();
     if (c) {
         nb_scope_begin();
-        double t0 = now();
+        double t0 = mt_now();
         nb_status st;
         if (mt_rank == 0) {
             st = nb_barrier(c);
@@ -184,7 +178,7 @@ START_TEST(test_roots_and_kinds_differ) {
         }
         char gather[64];
         snprintf(gather, sizeof gather, "allgather of %d i32", 2 * mt_size);
-        expect_met(st, now() - t0, mt_rank == 0 ? "barrier" : gather,
+        expect_met(st, mt_now() - t0, mt_rank == 0 ? "barrier" : gather,
                    mt_rank == 0 ? gather : "barrier on rank 0", "barrier against allgather");
         nb_scope_end();
         nb_comm_free(c);
@@ -228,9 +222,9 @@ START_TEST(test_debug_detail) {
         nb_scope_begin();
         nb_tensor *x = nb_full((int64_t[]){10}, 1, NB_F32, 1);
         MT_OK(nb_allreduce(c, x, NB_REDUCE_SUM)); /* agreeing ranks pass */
-        double t0 = now();
+        double t0 = mt_now();
         nb_status st = mt_rank == 0 ? nb_broadcast(c, x, 0) : nb_allreduce(c, x, NB_REDUCE_SUM);
-        expect_met(st, now() - t0,
+        expect_met(st, mt_now() - t0,
                    mt_rank == 0 ? "broadcast of 10 f32 from rank 0" : "allreduce of 10 f32 (sum)",
                    mt_rank == 0 ? "allreduce of 10 f32 (sum)" : "broadcast of 10 f32 from rank 0",
                    "NB_COMM_DEBUG=detail");

@@ -24,8 +24,6 @@ static const nb_gpt_config *base_cfg(void) {
     return &c;
 }
 
-static double rel_diff(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-12); }
-
 /* A GPT of c split over the whole world (a mesh "pp" = world), or NULL with a failure. */
 static nb_pipeline *gpt_pipe(const nb_gpt_config *c, uint64_t seed, nb_pipe_schedule s, int v,
                              nb_pipe_balance bal, nb_mesh **mesh, nb_module **model) {
@@ -220,7 +218,7 @@ static void check_eval(nb_pipe_schedule s, int v) {
         const uint64_t at = nb_generator_offset(d1);
         nb_pipe_stats st;
         MT_OK(nb_pipeline_eval(p, X, Y, &got, &st));
-        MT_CHECK(rel_diff(got, want) <= 1e-5, "%s v %d: eval loss %.9g, 1 process %.9g",
+        MT_CHECK(mt_rel_diff(got, want) <= 1e-5, "%s v %d: eval loss %.9g, 1 process %.9g",
                  nb_pipe_schedule_name(s), v, got, want);
         MT_CHECK(st.peak_live_micro == 1, "eval held %lld micro-batches at once",
                  (long long)st.peak_live_micro);
@@ -229,7 +227,7 @@ static void check_eval(nb_pipe_schedule s, int v) {
         MT_OK(nb_autocast_begin(NB_BF16));
         MT_OK(nb_pipeline_eval(p, X, Y, &got16, NULL));
         MT_OK(nb_autocast_end());
-        MT_CHECK(rel_diff(got16, got) <= 0.02 && got16 != got, "bf16 eval %.6g vs f32 %.6g",
+        MT_CHECK(mt_rel_diff(got16, got) <= 0.02 && got16 != got, "bf16 eval %.6g vs f32 %.6g",
                  got16, got);
         double bad = 0;
         MT_CHECK(nb_pipeline_eval(p, nb_narrow(X, 0, 0, B - 1), nb_narrow(Y, 0, 0, B - 1), &bad,
@@ -319,8 +317,8 @@ START_TEST(test_pipe_recompute_precision) {
              l1, l0, w1, w0);
     MT_CHECK(l2 == l0 && w2 == w0, "recompute attn: loss %.17g vs %.17g, weights %.17g vs %.17g",
              l2, l0, w2, w0);
-    MT_CHECK(rel_diff(l3, l0) <= 0.02 && l3 != l0, "bf16 loss %.6g vs f32 %.6g", l3, l0);
-    MT_CHECK(rel_diff(l4, l0) <= 0.02, "fp16 loss %.6g vs f32 %.6g", l4, l0);
+    MT_CHECK(mt_rel_diff(l3, l0) <= 0.02 && l3 != l0, "bf16 loss %.6g vs f32 %.6g", l3, l0);
+    MT_CHECK(mt_rel_diff(l4, l0) <= 0.02, "fp16 loss %.6g vs f32 %.6g", l4, l0);
     MT_CHECK(sk >= 1 && sk < 2 * STEPS && sc < 524288.0, "fp16: %lld steps skipped, scale %g "
              "(2^19 at first)", (long long)sk, sc);
     nb_scope_begin(); /* every rank skipped the same steps and holds the same scale */

@@ -25,15 +25,6 @@
 
 enum { IN = 6, HID = 12, OUT = 4, GB = 16 /* divisible by 1, 2, 4 and 8 */ };
 
-static void expect_error_at(nb_status s, nb_status status, const char *needle, const char *file,
-                            int line) {
-    if (s != status || !strstr(nb_last_error(), needle))
-        mt_fail_at(file, line, "got %s \"%s\", expected %s with \"%s\"", nb_status_name(s),
-                   nb_last_error(), nb_status_name(status), needle);
-    nb_clear_error();
-}
-#define EXPECT_ERROR(s, status, needle) expect_error_at((s), (status), (needle), __FILE__, __LINE__)
-
 /* Linear(IN, HID), relu, Linear(HID, HID), tanh, Linear(HID, OUT): three units at stage 3. */
 static nb_module *mlp(uint64_t seed) {
     nb_generator *g = nb_generator_new(seed);
@@ -71,25 +62,6 @@ static nb_tensor *loss_of(nb_module *m, nb_tensor *x, nb_tensor *y, int64_t star
     if (l && scale != 1) l = nb_mul_scalar(l, scale);
     MT_CHECK(l != NULL, "loss: %s", nb_last_error());
     return l;
-}
-
-/* Every parameter of a equals b's within rtol (|x - r| <= rtol * (|r| + 1e-3)). */
-static void expect_same_params(nb_module *a, nb_module *b, double rtol, const char *what) {
-    const nb_params *pa = nb_parameters(a), *pb = nb_parameters(b);
-    for (int i = 0; i < pa->count && i < pb->count; i++) {
-        int64_t n = nb_numel(pa->tensors[i]);
-        double *va = malloc(sizeof(double) * (size_t)n), *vb = malloc(sizeof(double) * (size_t)n);
-        MT_OK(nb_read(pa->tensors[i], va, n, NB_F64));
-        MT_OK(nb_read(pb->tensors[i], vb, n, NB_F64));
-        for (int64_t j = 0; j < n; j++)
-            if (!(fabs(va[j] - vb[j]) <= rtol * (fabs(vb[j]) + 1e-3))) {
-                MT_CHECK(false, "%s: %s[%lld] = %.9g, reference %.9g", what, pa->names[i],
-                         (long long)j, va[j], vb[j]);
-                break;
-            }
-        free(va);
-        free(vb);
-    }
 }
 
 static double sum_over_world(double v) {
@@ -165,7 +137,7 @@ static void clip_case(int stage) {
     if (z) MT_OK(nb_zero_gather_params(z));
     char what[64];
     snprintf(what, sizeof what, "clipped steps, stage %d", stage);
-    expect_same_params(m, ref, 1e-5, what);
+    mt_expect_same_params(m, ref, 1e-5, what);
     nb_zero_free(z);
     /* ZeRO's own mesh went with it, and the placements with the mesh */
     nb_placement pl;
@@ -202,10 +174,10 @@ START_TEST(test_reducer_mesh_group) {
         zo.stage = 2, zo.bucket_mb = 0;
         nb_zero *bad = nb_zero_new(m, o, mt_world, &zo);
         MT_CHECK(!bad, "a communicator other than the mesh's dp group accepted");
-        EXPECT_ERROR(nb_last_status(), NB_EINVAL, "pass nb_mesh_group(mesh, \"dp\")");
+        MT_EXPECT_ERROR(nb_last_status(), NB_EINVAL, "pass nb_mesh_group(mesh, \"dp\")");
         nb_ddp *dbad = nb_ddp_new(m, mt_world, NULL);
         MT_CHECK(!dbad, "ddp: a communicator other than the mesh's dp group accepted");
-        EXPECT_ERROR(nb_last_status(), NB_EINVAL, "pass nb_mesh_group(mesh, \"dp\")");
+        MT_EXPECT_ERROR(nb_last_status(), NB_EINVAL, "pass nb_mesh_group(mesh, \"dp\")");
     }
     nb_zero_opts zo2 = nb_zero_defaults();
     zo2.stage = 2, zo2.bucket_mb = 0;
@@ -276,7 +248,7 @@ static void partial_case(int wrapper) {
         MT_OK(nb_zero_grad(o));
         MT_OK(nb_backward(partial_loss(m, mesh, x, y)));
         if (wrapper < 0) {
-            EXPECT_ERROR(nb_step(o), NB_ESTATE, "is a partial sum over tp (sequence parallelism)");
+            MT_EXPECT_ERROR(nb_step(o), NB_ESTATE, "is a partial sum over tp (sequence parallelism)");
             nb_scope_end();
             break;
         }
@@ -291,7 +263,7 @@ static void partial_case(int wrapper) {
         char what[64];
         snprintf(what, sizeof what, "partial over tp, %s %d", wrapper ? "zero stage" : "ddp",
                  wrapper);
-        expect_same_params(m, ref, 1e-5, what);
+        mt_expect_same_params(m, ref, 1e-5, what);
     }
     nb_zero_free(z);
     nb_ddp_free(d);
@@ -301,7 +273,7 @@ static void partial_case(int wrapper) {
         batch(20, &x, &y);
         MT_OK(nb_zero_grad(o));
         MT_OK(nb_backward(partial_loss(m, mesh, x, y)));
-        EXPECT_ERROR(nb_step(o), NB_ESTATE, "wrap the model with nb_ddp_new");
+        MT_EXPECT_ERROR(nb_step(o), NB_ESTATE, "wrap the model with nb_ddp_new");
         nb_scope_end();
     }
     nb_optim_free(o);
@@ -425,7 +397,7 @@ static void accumulation_case(int wrapper) {
     if (z) MT_OK(nb_zero_gather_params(z));
     char what[64];
     snprintf(what, sizeof what, "accumulated, wrapper %d", wrapper);
-    expect_same_params(m, ref, 1e-5, what);
+    mt_expect_same_params(m, ref, 1e-5, what);
     nb_zero_free(z);
     nb_ddp_free(d);
     MT_CHECK(nb__reducer_of(m) == NULL, "the reducer outlived its wrapper");
@@ -497,7 +469,7 @@ static void deferred_case(int how, int wrapper) {
         MT_OK(nb_backward(loss_of(m, x, y, mt_rank * local, local, 1)));
         MT_CHECK(nb__reducer_launched(r) == nb__reducer_num_buckets(r) - 1,
                  "%d buckets launched in backward", nb__reducer_launched(r));
-        EXPECT_ERROR(nb_step(o), NB_ESTATE, "deferred");
+        MT_EXPECT_ERROR(nb_step(o), NB_ESTATE, "deferred");
         nb_tensor *g = nb_grad(w); /* the local gradient, as the pipeline would sum it */
         MT_CHECK(g != NULL, "the deferred parameter's local gradient is gone");
         if (g) MT_OK(nb_copy_(g, nb_mul_scalar(g, 2)));
@@ -507,7 +479,7 @@ static void deferred_case(int how, int wrapper) {
     }
     char what[64];
     snprintf(what, sizeof what, "deferred (%d), wrapper %d", how, wrapper);
-    expect_same_params(m, ref, 1e-5, what);
+    mt_expect_same_params(m, ref, 1e-5, what);
     nb_zero_free(z);
     nb_ddp_free(d);
     nb_optim_free(o);

@@ -42,19 +42,9 @@ static nb_tensor *make3(int salt, const int64_t *shape) {
 /* full-size tensors of rank salt (A0, A1, A2) */
 static nb_tensor *full(int salt) { return make3(salt, (int64_t[]){A0, A1, A2}); }
 
-/* Max relative difference of a and b (same shape), scaled by max |b|. */
-static double rel_diff(nb_tensor *a, nb_tensor *b) {
-    if (!a || !b || nb_numel(a) != nb_numel(b)) return INFINITY;
-    nb_scope_begin();
-    double d = nb_item_f64(nb_amax(nb_abs(nb_sub(nb_to_dtype(a, NB_F64), nb_to_dtype(b, NB_F64))),
-                                   NULL, 0, false));
-    double m = nb_item_f64(nb_amax(nb_abs(nb_to_dtype(b, NB_F64)), NULL, 0, false));
-    nb_scope_end();
-    return d / (m > 0 ? m : 1);
-}
 #define EXPECT_CLOSE(a, b, tol, what)                                                      \
     do {                                                                                   \
-        double d_ = rel_diff((a), (b));                                                    \
+        double d_ = mt_tensor_rel_diff((a), (b));                                                    \
         MT_CHECK(d_ <= (tol), "%s: relative difference %g > %g", (what), d_, (double)(tol)); \
     } while (0)
 

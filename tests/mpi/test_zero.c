@@ -19,22 +19,6 @@
 
 enum { IN = 8, HID = 16, OUT = 4, GB = 16 };
 
-static void expect_error_at(nb_status s, nb_status status, const char *needle, const char *file,
-                            int line) {
-    if (s != status || !strstr(nb_last_error(), needle))
-        mt_fail_at(file, line, "got %s \"%s\", expected %s with \"%s\"", nb_status_name(s),
-                   nb_last_error(), nb_status_name(status), needle);
-    nb_clear_error();
-}
-#define EXPECT_ERROR(s, status, needle) expect_error_at((s), (status), (needle), __FILE__, __LINE__)
-
-static double *values(const nb_tensor *t) {
-    int64_t n = nb_numel(t);
-    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-    if (nb_read(t, v, n, NB_F64) != NB_OK) memset(v, 0, sizeof(double) * (size_t)n);
-    return v;
-}
-
 static nb_module *build_mlp(uint64_t seed, int64_t in, int64_t hid, int64_t out) {
     nb_generator *g = nb_generator_new(seed);
     nb_linear_opts o = nb_linear_defaults();
@@ -45,27 +29,6 @@ static nb_module *build_mlp(uint64_t seed, int64_t in, int64_t hid, int64_t out)
     nb_generator_free(g);
     MT_CHECK(m != NULL, "building the model: %s", nb_last_error());
     return m;
-}
-
-/* Every parameter of a equals b's within rtol (|x - r| <= rtol * (|r| + 1e-3)). */
-static void expect_same_params(nb_module *a, nb_module *b, double rtol, const char *what) {
-    const nb_params *pa = nb_parameters(a), *pb = nb_parameters(b);
-    if (!pa || !pb || pa->count != pb->count) {
-        MT_CHECK(false, "%s: parameter lists differ", what);
-        return;
-    }
-    for (int i = 0; i < pa->count; i++) {
-        double *va = values(pa->tensors[i]), *vb = values(pb->tensors[i]);
-        int64_t n = nb_numel(pa->tensors[i]);
-        for (int64_t j = 0; j < n; j++)
-            if (!(fabs(va[j] - vb[j]) <= rtol * (fabs(vb[j]) + 1e-3))) {
-                MT_CHECK(false, "%s: %s[%lld] = %.9g, reference %.9g", what, pa->names[i],
-                         (long long)j, va[j], vb[j]);
-                break;
-            }
-        free(va);
-        free(vb);
-    }
 }
 
 /* ---- equivalence on the MLP ------------------------------------------------------------------ */
@@ -171,8 +134,8 @@ static void check_mlp(int stage, opt_kind k, double bucket_mb, double clip) {
     snprintf(what, sizeof what, "mlp, stage %d, %s, bucket_mb %g, clip %g", stage, opt_names[k],
              bucket_mb, clip);
     if (z) MT_OK(nb_zero_gather_params(z)); /* stage 3: whole parameters to compare */
-    if (z) expect_same_params(m, ref, 1e-5, what);
-    if (z) expect_same_params(m, dm, 1e-5, what);
+    if (z) mt_expect_same_params(m, ref, 1e-5, what);
+    if (z) mt_expect_same_params(m, dm, 1e-5, what);
     nb_zero_free(z);
     nb_sched_free(zs);
     nb_sched_free(rs);
@@ -211,8 +174,8 @@ END_TEST
 static void expect_step_close(nb_module *c, nb_module *f, nb_module *m0, double tol, int stage) {
     const nb_params *pc = nb_parameters(c), *pf = nb_parameters(f), *p0 = nb_parameters(m0);
     for (int i = 0; i < pf->count; i++) {
-        double *vc = values(pc->tensors[i]), *vf = values(pf->tensors[i]);
-        double *v0 = values(p0->tensors[i]);
+        double *vc = mt_values(pc->tensors[i]), *vf = mt_values(pf->tensors[i]);
+        double *v0 = mt_values(p0->tensors[i]);
         int64_t n = nb_numel(pf->tensors[i]);
         double scale = 0;
         for (int64_t j = 0; j < n; j++) scale = fmax(scale, fabs(vf[j] - v0[j]));
@@ -319,7 +282,7 @@ START_TEST(test_zero_compressed) {
     for (int stage = 0; stage <= 2; stage += 2) {
         nb_zero_opts zo = nb_zero_defaults();
         zo.stage = stage, zo.bucket_mb = 0, zo.reduce_dtype = NB_F64;
-        EXPECT_ERROR(nb_zero_new(m, o, mt_world, &zo) ? NB_OK : nb_last_status(), NB_EINVAL,
+        MT_EXPECT_ERROR(nb_zero_new(m, o, mt_world, &zo) ? NB_OK : nb_last_status(), NB_EINVAL,
                      "reduce_dtype must be f32");
     }
     nb_optim_free(o);
@@ -384,8 +347,8 @@ static void check_gpt(int stage) {
     char what[32];
     snprintf(what, sizeof what, "gpt, stage %d", stage);
     if (z) MT_OK(nb_zero_gather_params(z));
-    if (z) expect_same_params(m, ref, 1e-5, what);
-    if (z && d) expect_same_params(m, dm, 1e-5, what);
+    if (z) mt_expect_same_params(m, ref, 1e-5, what);
+    if (z && d) mt_expect_same_params(m, dm, 1e-5, what);
     nb_zero_free(z);
     nb_ddp_free(d);
     nb_optim_free(o);
@@ -429,7 +392,7 @@ START_TEST(test_zero_stage3_frozen_eval) {
         nb_set_grad_enabled(prev);
         MT_CHECK(ey && ry, "eval forward: %s", nb_last_error());
         if (ey && ry) {
-            double *a = values(ey), *b = values(ry);
+            double *a = mt_values(ey), *b = mt_values(ry);
             for (int64_t i = 0; i < nb_numel(ey); i++)
                 if (!(fabs(a[i] - b[i]) <= 1e-5 * (fabs(b[i]) + 1e-3))) {
                     MT_CHECK(false, "step %d eval output %lld: %.9g vs %.9g", step, (long long)i,
@@ -447,7 +410,7 @@ START_TEST(test_zero_stage3_frozen_eval) {
         nb_scope_end();
     }
     if (z) MT_OK(nb_zero_gather_params(z));
-    if (z) expect_same_params(m, ref, 1e-5, "stage 3, frozen first layer");
+    if (z) mt_expect_same_params(m, ref, 1e-5, "stage 3, frozen first layer");
     nb_zero_free(z);
     nb_optim_free(o);
     nb_optim_free(ro);
@@ -576,7 +539,7 @@ START_TEST(test_zero_master_weights) {
         nb_tensor *l0 = nb_sum(nb_to_dtype(nb_forward(m, x), NB_F32), NULL, 0, false);
         MT_OK(nb_zero_grad(o));
         MT_OK(nb_backward(nb_grad_scaler_scale(gs, l0)));
-        EXPECT_ERROR(nb_grad_scaler_step(gs, o), NB_ESTATE, "nb_grad_scaler_set_comm");
+        MT_EXPECT_ERROR(nb_grad_scaler_step(gs, o), NB_ESTATE, "nb_grad_scaler_set_comm");
         nb_scope_end();
     }
     MT_OK(nb_grad_scaler_set_comm(gs, mt_world));
@@ -629,7 +592,7 @@ START_TEST(test_zero_master_weights) {
         for (int i = 0; i < mp->count; i++) {
             nb_tensor *a = nb_to_dtype(mp->tensors[i], NB_F64), *b = nb_clone(a);
             MT_OK(nb_allreduce(mt_world, b, NB_REDUCE_MAX));
-            double *va = values(a), *vb = values(b);
+            double *va = mt_values(a), *vb = mt_values(b);
             for (int64_t j = 0; j < nb_numel(a); j++)
                 if (va[j] != vb[j]) {
                     MT_CHECK(false, "%s differs between ranks", mp->names[i]);
@@ -658,20 +621,20 @@ START_TEST(test_zero_errors) {
     zo.stage = 5, zo.bucket_mb = 0;
     nb_zero *z = nb_zero_new(m, o, mt_world, &zo);
     MT_CHECK(!z, "stage 5 accepted");
-    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "stage must be 0, 1, 2 or 3, got 5");
+    MT_EXPECT_ERROR(nb_last_status(), NB_EINVAL, "stage must be 0, 1, 2 or 3, got 5");
     nb_zero_opts zo2 = nb_zero_defaults();
     zo2.stage = -1, zo2.bucket_mb = 0;
     z = nb_zero_new(m, o, mt_world, &zo2);
-    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "got -1");
+    MT_EXPECT_ERROR(nb_last_status(), NB_EINVAL, "got -1");
     z = nb_zero_new(m, NULL, mt_world, NULL);
-    EXPECT_ERROR(nb_last_status(), NB_ENULL, "optimizer is NULL");
+    MT_EXPECT_ERROR(nb_last_status(), NB_ENULL, "optimizer is NULL");
     nb_sgd_opts so2 = nb_sgd_defaults();
     so2.lr = 0.1;
     /* an optimizer over tensors that are not the model's parameters cannot be sharded */
     nb_optim *oo = nb_sgd_new(nb_parameters(other), &so2);
     z = nb_zero_new(m, oo, mt_world, NULL);
     MT_CHECK(!z, "foreign optimizer accepted");
-    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "is not a parameter of the model");
+    MT_EXPECT_ERROR(nb_last_status(), NB_EINVAL, "is not a parameter of the model");
     nb_sgd_opts so3 = nb_sgd_defaults();
     so3.lr = 0.1, so3.momentum = 0.9;
     /* an optimizer that has state already */
@@ -684,7 +647,7 @@ START_TEST(test_zero_errors) {
     nb_scope_end();
     z = nb_zero_new(other, os, mt_world, NULL);
     MT_CHECK(!z, "optimizer with state accepted");
-    EXPECT_ERROR(nb_last_status(), NB_ESTATE, "already has state");
+    MT_EXPECT_ERROR(nb_last_status(), NB_ESTATE, "already has state");
 
     /* a working one: a second wrap is refused; a step on local gradients is refused */
     nb_zero_opts zo3 = nb_zero_defaults();
@@ -693,7 +656,7 @@ START_TEST(test_zero_errors) {
     MT_CHECK(z != NULL, "zero_new: %s", nb_last_error());
     nb_zero *z2 = nb_zero_new(m, o, mt_world, NULL);
     MT_CHECK(!z2, "second wrap accepted");
-    EXPECT_ERROR(nb_last_status(), NB_ESTATE, "another nb_zero");
+    MT_EXPECT_ERROR(nb_last_status(), NB_ESTATE, "another nb_zero");
     nb_zero_set_sync_enabled(z, false);
     nb_scope_begin();
     x = nb_ones((int64_t[]){2, IN}, 2, NB_F32);
@@ -701,7 +664,7 @@ START_TEST(test_zero_errors) {
     MT_OK(nb_zero_grad(o));
     MT_OK(nb_backward(nb_cross_entropy(nb_forward(m, x), y, NULL)));
     nb_scope_end();
-    EXPECT_ERROR(nb_step(o), NB_ESTATE, "sync disabled");
+    MT_EXPECT_ERROR(nb_step(o), NB_ESTATE, "sync disabled");
     nb_zero_set_sync_enabled(z, true);
     MT_OK(nb_zero_sync(z)); /* reduces the accumulated gradients now */
     MT_OK(nb_step(o));
@@ -718,28 +681,6 @@ END_TEST
 
 
 /* ---- checkpoints (the sharded and resharding tests: test_dcp.c) ------------------------------ */
-/* A fresh temporary directory, the same name on every rank (rank 0 makes it). */
-static void ck_tmpdir(char out[64]) {
-    memset(out, 0, 64);
-    if (mt_rank == 0) {
-        static const char tmpl[] = "/tmp/nb-zero-ckpt-XXXXXX";
-        memcpy(out, tmpl, sizeof tmpl);
-        MT_CHECK(mkdtemp(out) != NULL, "mkdtemp failed");
-    }
-    nb_scope_begin();
-    nb_tensor *t = nb_from_buffer(out, (int64_t[]){64}, 1, NB_U8);
-    MT_OK(nb_broadcast(mt_world, t, 0));
-    memcpy(out, nb_data(t), 64);
-    out[63] = 0;
-    nb_scope_end();
-}
-
-static void ck_rmtree(const char *dir) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-}
-
 /* ---- optimizer offload ------------------------------------------------------------------------ */
 #define GUARD ((nb_device){NB_DEVICE_GUARD, 0})
 
@@ -857,7 +798,7 @@ START_TEST(test_zero_offload) {
     zo2.offload_optimizer = true, zo2.stage = 0, zo2.bucket_mb = 0;
     nb_zero *z = nb_zero_new(m, o, mt_world, &zo2);
     MT_CHECK(!z, "offload at stage 0 accepted");
-    EXPECT_ERROR(nb_last_status(), NB_EINVAL, "offload_optimizer needs stage 1, 2 or 3");
+    MT_EXPECT_ERROR(nb_last_status(), NB_EINVAL, "offload_optimizer needs stage 1, 2 or 3");
     nb_optim_free(o);
     nb_module_free(m);
     MT_END();
@@ -872,7 +813,7 @@ START_TEST(test_zero_offload_resume) {
     for (int stage = 1; stage <= 3; stage++) {
         nb_scope_begin();
         char tmp[64], dir[96], what[64];
-        ck_tmpdir(tmp);
+        mt_tmpdir(tmp, "nb-zero-ckpt");
         snprintf(dir, sizeof dir, "%s/o.ckpt", tmp);
         snprintf(what, sizeof what, "offload resume, stage %d", stage);
         nb_sched *s1, *s2, *s3;
@@ -922,7 +863,7 @@ START_TEST(test_zero_offload_resume) {
         nb_module_free(m2);
         nb_module_free(ref);
         MT_OK(nb_barrier(mt_world));
-        if (mt_rank == 0) ck_rmtree(tmp);
+        if (mt_rank == 0) mt_rmtree(tmp);
         nb_scope_end();
     }
     MT_END();
