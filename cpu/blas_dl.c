@@ -22,7 +22,7 @@
 #endif
 
 #include "cpu/blas_dl.h"
-#include "nb_blas_path.h"
+#include "nb_cuda_paths.h"
 #include "tensor/error.h"
 
 static nb__blas_fns g_fns;
