@@ -19,11 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
-
 #include "nabla/memory.h"
 
 #include "cpu/backend.h"
+#include "cpu/blas_dl.h"
 #include "cpu/cpu_impl.h"
 #include "cpu/gemm.h"
 #include "cpu/sgemm.h"
@@ -119,6 +118,7 @@ static bool blas_fits(int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
     return K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX;
 }
 
+/* (fn: nb__blas's, loaded before any tile runs: gemm_f64, nb__sgemm_tiles) */
 #define NB__BLAS_SLABS(T, fn)                                                              \
     static void blas_##T(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha,       \
                          const T *A, int64_t lda, const T *B, int64_t ldb, T beta, T *C,   \
@@ -130,14 +130,14 @@ static bool blas_fits(int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
             for (int64_t j0 = 0; j0 < N; j0 += slab) {                                     \
                 int64_t n = N - j0 < slab ? N - j0 : slab;                                 \
                 const T *b = tb ? B + j0 * ldb : B + j0; /* columns of op(B) */            \
-                fn(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,                          \
+                nb__blas_loaded()->fn(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,       \
                    tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)K, alpha, a,       \
                    (int)lda, b, (int)ldb, beta, C + i0 * ldc + j0, (int)ldc);              \
             }                                                                              \
         }                                                                                  \
     }
-NB__BLAS_SLABS(float, cblas_sgemm)
-NB__BLAS_SLABS(double, cblas_dgemm)
+NB__BLAS_SLABS(float, sgemm)
+NB__BLAS_SLABS(double, dgemm)
 
 /* ---- tiles ------------------------------------------------------------------------------------
  * A threaded provider call changes its sums with the thread count: oneDNN splits the inner
@@ -329,6 +329,7 @@ nb_status nb__sgemm_tiles(bool transA, bool transB, int64_t M, int64_t N, int64_
                          "matmul: inner dimension %lld (or a row stride) exceeds OpenBLAS's "
                          "32-bit limit; use the dnnl provider",
                          (long long)K);
+    if (!nb__blas("matmul")) return nb_last_status();
     tiled(TILE_BLAS_F32, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return NB_OK;
 }
@@ -364,6 +365,7 @@ static nb_status gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_
                          "matmul: inner dimension %lld (or a row stride) exceeds OpenBLAS's "
                          "32-bit limit for f64",
                          (long long)K);
+    if (!nb__blas("matmul")) return nb_last_status();
     tiled(TILE_BLAS_F64, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return NB_OK;
 }

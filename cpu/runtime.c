@@ -5,11 +5,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include <cblas.h>
-
 #include "nb_config.h"
 #include "nabla/runtime.h"
 #include "tensor/error.h"
+#include "cpu/blas_dl.h"
 #include "cpu/cpu_impl.h"
 
 const char *nb_version(void) { return NB_VERSION_STRING; }
@@ -26,8 +25,10 @@ void nb_set_num_threads(int n) {
     if (n <= 0) n = 1;
 #endif
     /* Debian's OpenMP build of OpenBLAS runs on the same libgomp pool; this keeps its own
-     * idea of the count in step (a pthread build would otherwise start its own threads). */
-    openblas_set_num_threads(n);
+     * idea of the count in step (a pthread build would otherwise start its own threads).
+     * Not loaded yet: cpu/blas_dl.c hands it the count when it loads it. */
+    const nb__blas_fns *b = nb__blas_loaded();
+    if (b && b->set_num_threads) b->set_num_threads(n);
 }
 
 int nb_get_num_threads(void) {

@@ -78,20 +78,11 @@ void nb__mpi_fail(nb_work *w, int rc) {
 }
 
 /* ---- launcher detection, initialization, finalization ------------------------------------ */
-bool nb__comm_mpi_wanted(void) {
-    const char *force = getenv("NB_COMM_MPI");
-    if (force && *force) return strcmp(force, "0") != 0;
+bool nb__comm_mpi_initialized(void) {
     int inited = 0, fin = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
-    if (inited || fin) return true; /* finalized: nb__comm_mpi_world says so */
-    /* Open MPI's mpirun, PMIx (srun --mpi=pmix, prterun), PMI-1/2 (srun --mpi=pmi2, MPICH's
-     * hydra). A plain srun without an MPI plugin starts independent singletons anyway. */
-    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-                                 "PMI_FD", "MPI_LOCALNRANKS"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-        if (getenv(vars[i])) return true;
-    return false;
+    return inited || fin; /* finalized: nb__comm_mpi_world says so */
 }
 
 static void stop_worker(nb__mpi_comm *m);

@@ -1,8 +1,9 @@
 /* comm_registry.c - the one place that names the communicator backends (comm_self.c,
- * comm_mpi*.c, comm_nccl.c): which one serves the world communicator, and which one moves
- * a collective's tensors (nb__comm_route). Like tensor/registry.c for the kernel backends,
- * it keeps the dependency graph acyclic: the backends use comm.c's communicator and work
- * objects, and comm.c never calls a backend by name. */
+ * comm_mpi*.c or their plugin through comm_mpi_load.c, comm_nccl.c): which one serves the
+ * world communicator, and which one moves a collective's tensors (nb__comm_route). Like
+ * tensor/registry.c for the kernel backends, it keeps the dependency graph acyclic: the
+ * backends use comm.c's communicator and work objects, and comm.c never calls a backend by
+ * name. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +16,27 @@ nb_comm *nb_comm_self(void) {
     return nb__comm_alloc(&nb__comm_self_backend, 0, 1, NULL);
 }
 
+#if NB_HAVE_MPI
+/* Whether nb_comm_world should use MPI: NB_COMM_MPI=1 (0: never), MPI already initialized
+ * (by the program), or a launcher's environment. Only then is the MPI plugin loaded (a shared
+ * libnabla: parallel/mpi_plugin.h). */
+static bool mpi_wanted(void) {
+    const char *force = getenv("NB_COMM_MPI");
+    if (force && *force) return strcmp(force, "0") != 0;
+    /* Open MPI's mpirun, PMIx (srun --mpi=pmix, prterun), PMI-1/2 (srun --mpi=pmi2, MPICH's
+     * hydra). A plain srun without an MPI plugin starts independent singletons anyway. */
+    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                                 "PMI_FD", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return true;
+    return nb__comm_mpi_initialized();
+}
+#endif
+
 /* The world's rank names this process in traces and profiles (pid, file names). */
 static nb_comm *world(void) {
 #if NB_HAVE_MPI
-    if (nb__comm_mpi_wanted()) return nb__comm_mpi_world();
+    if (mpi_wanted()) return nb__comm_mpi_world();
 #endif
     nb_comm *c = nb_comm_self();
     if (c) c->is_world = true;

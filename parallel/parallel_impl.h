@@ -176,12 +176,16 @@ struct nb__comm_backend {
 
 extern const nb__comm_backend nb__comm_self_backend;
 #if NB_HAVE_MPI
+/* The MPI backend: in libnabla.a, and in libnabla-mpi.so behind comm_mpi_load.c's
+ * forwarding functions of the same names in libnabla.so (parallel/mpi_plugin.h). */
 extern const nb__comm_backend nb__comm_mpi_backend;
 /* MPI_COMM_WORLD as an nb_comm (initializing MPI if needed), or NULL + error. */
 nb_comm *nb__comm_mpi_world(void);
-/* Whether nb_comm_world should use MPI: MPI already initialized, or a launcher's
- * environment (mpirun, srun, hydra), or NB_COMM_MPI=1. */
-bool nb__comm_mpi_wanted(void);
+/* Whether MPI was initialized (or finalized) in this process, by nabla or the program.
+ * Through the plugin (parallel/mpi_plugin.h) this loads no MPI: before the plugin is
+ * loaded it asks only an MPI the program itself linked. comm_registry.c decides from it and
+ * the launcher's environment whether nb_comm_world uses MPI. */
+bool nb__comm_mpi_initialized(void);
 /* This process's rank among the processes of MPI_COMM_WORLD on its node
  * (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), computed when the world communicator was made)
  * and their number; 0 and 1 before that. */

@@ -20,8 +20,11 @@
  * Communicators: nb_comm_world() wraps MPI_COMM_WORLD when nabla was built with MPI and the
  * program runs under mpirun/srun (MPI is initialized on first use, with
  * MPI_THREAD_MULTIPLE; a program started without a launcher is a size-1 world), and a
- * size-1 communicator otherwise. nb_comm_split makes subgroups; nb_mesh_new (nabla/mesh.h)
- * makes the data, tensor and pipeline parallel groups from the world.
+ * size-1 communicator otherwise. With the shared libnabla, the first nb_comm_world() that
+ * wants MPI opens the MPI plugin, libnabla-mpi.so (next to libnabla.so; docs/embedding.md);
+ * without it nb_comm_world() is NULL with NB_EUNSUPPORTED and the reason. nb_comm_split
+ * makes subgroups; nb_mesh_new (nabla/mesh.h) makes the data, tensor and pipeline parallel
+ * groups from the world.
  * Each communicator has a backend (a table of functions: "self", "mpi") so callers never
  * depend on which one runs. On a communicator of several ranks, collectives of CUDA tensors
  * run on the GPU through NCCL when the CUDA plugin has it (made on the first such collective,

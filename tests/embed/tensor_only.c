@@ -1,0 +1,48 @@
+/* tensor_only.c - the smallest program an embedder writes: a few tensor operations (an
+ * elementwise op, a reduction, a small matrix product), linked to the shared libnabla as
+ * `pkg-config --cflags --libs nabla` links it, no communicator, no file. Public API only.
+ * tools/embed-figures measures it (shared libraries mapped, peak RSS, start-up time) for
+ * docs/embedding.md, and tools/check-embed checks it maps no MPI, hwloc or libevent.
+ *
+ *   tensor_only           does the work; exit status 0 when the results are right
+ *   tensor_only --maps    then prints, one per line, each shared library mapped
+ *                         (/proc/self/maps, after the work: whatever was opened on first
+ *                         use is there)
+ *   tensor_only --load    returns at once, before any work: what loading libnabla and
+ *                         what it links costs */
+#include <nabla/nabla.h>
+#include <stdio.h>
+#include <string.h>
+
+static void print_maps(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[4096], seen[64][256];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *path = strchr(line, '/');
+        if (!path || !strstr(path, ".so")) continue;
+        char name[256];
+        snprintf(name, sizeof name, "%s", path);
+        name[strcspn(name, "\n")] = '\0';
+        int dup = 0;
+        for (int i = 0; i < n && !dup; i++) dup = strcmp(seen[i], name) == 0;
+        if (dup || n == 64) continue;
+        snprintf(seen[n++], sizeof seen[0], "%s", name);
+        puts(name);
+    }
+    if (f) fclose(f);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--load") == 0) return 0;
+    nb_scope_begin();
+    nb_tensor *a = nb_view(nb_arange(0, 6, 1, NB_F32), (int64_t[]){2, 3}, 2);
+    nb_tensor *b = nb_view(nb_arange(0, 6, 1, NB_F32), (int64_t[]){3, 2}, 2);
+    nb_tensor *c = nb_matmul(nb_mul_scalar(a, 2.0), b); /* [[20, 26], [56, 80]] */
+    nb_tensor *s = nb_sum(c, NULL, 0, false);
+    int ok = s && nb_item_f64(s) == 182.0;
+    if (!ok) fprintf(stderr, "tensor_only: %s\n", s ? "wrong result" : nb_last_error());
+    nb_scope_end();
+    if (argc > 1 && strcmp(argv[1], "--maps") == 0) print_maps();
+    return ok ? 0 : 1;
+}
