@@ -864,9 +864,3 @@ nb_status nb_zero_memory_plan(int64_t numel, int elem_size, int state_slots, int
     out->device_bytes = out->total;
     return NB_OK;
 }
-
-void nb__zero_copy_groups(void *ctx) {
-    nb_zero *z = ctx;
-    if (z && z->user && z->inner && z->user->ngroups == z->inner->ngroups)
-        memcpy(z->user->groups, z->inner->groups, sizeof(nb__hyper) * (size_t)z->inner->ngroups);
-}

@@ -82,9 +82,5 @@ struct nb_zero {
     nb_mesh *own_mesh;
 };
 
-/* The user's optimizer takes the shard optimizer's group hyperparameters (ctx: the nb_zero).
- * No caller at present (the checkpoints of io/dcp_*.c do not call it). */
-void nb__zero_copy_groups(void *ctx);
-
 
 #endif
