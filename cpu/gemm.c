@@ -31,6 +31,8 @@
 
 #if NB_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
+
+#include "cpu/dnnl_dl.h" /* oneDNN, opened on first use */
 #endif
 
 /* ---- provider selection ---------------------------------------------------------------------
@@ -312,6 +314,7 @@ nb_status nb__sgemm_tiles(bool transA, bool transB, int64_t M, int64_t N, int64_
                           float beta, float *C, int64_t ldc) {
 #if NB_HAVE_DNNL
     if (nb_gemm_provider_current() == NB_GEMM_DNNL) {
+        if (!nb__dnnl("matmul")) return nb_last_status();
         dnnl_status_t st = (dnnl_status_t)tiled(TILE_DNNL_F32, transA, transB, M, N, K, alpha,
                                                 A, lda, B, ldb, beta, C, ldc);
         if (st == dnnl_success) return NB_OK;
@@ -546,6 +549,7 @@ static int dnnl_bf16_tile(bool ta, bool tb, int64_t m, int64_t n, int64_t K, flo
 bool nb_gemm_bf16_native(void) {
 #if NB_HAVE_DNNL
     if (nb_gemm_provider_current() != NB_GEMM_DNNL) return false;
+    if (!nb__dnnl_ok()) return false; /* the f32 path then says why */
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) !=
         (unsigned)dnnl_cpu_isa_avx512_core_bf16)
