@@ -303,6 +303,26 @@ bool nb__sgemm_set_packed(bool on) {
     return was;
 }
 
+/* Tiny products (2 M N K below NB__SGEMM_TINY_FLOPS, e.g. 16 x 16 x 32) always run on the
+ * packed GEMM where the build has its kernel, whatever the path and the provider, unless
+ * NB_SGEMM=tiles: a provider's first call costs far more than the product (oneDNN's first
+ * dnnl_sgemm generates its kernels, ~30 ms of CPU and 3.5 MiB, and maps libdnnl with the four
+ * libraries it links; OpenBLAS's maps it too), and a program whose only products are tiny
+ * then maps neither (docs/embedding.md). The rule depends on the shape alone, so every
+ * product still gets the same bits at any thread count (docs/threads.md). */
+static atomic_int g_tiny_ok = -1; /* -1: not decided yet */
+
+static bool sgemm_tiny(int64_t M, int64_t N, int64_t K) {
+    if (2.0 * (double)M * (double)N * (double)K >= (double)NB__SGEMM_TINY_FLOPS) return false;
+    int v = atomic_load_explicit(&g_tiny_ok, memory_order_relaxed);
+    if (v < 0) {
+        const char *env = getenv("NB_SGEMM");
+        v = nb__sgemm_packed_available() && !(env && !strcmp(env, "tiles"));
+        atomic_store_explicit(&g_tiny_ok, v, memory_order_relaxed);
+    }
+    return v;
+}
+
 /* The f32 path in use (the detail of the "sgemm" trace span). */
 const char *nb__sgemm_path(void) {
     if (sgemm_packed()) return "nabla packed";
@@ -345,6 +365,8 @@ static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_
         scale_c_float(M, N, beta, C, ldc);
         return NB_OK;
     }
+    if (sgemm_tiny(M, N, K))
+        return nb__sgemm_packed(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (sgemm_packed()) {
         int64_t mb, nb;
         tile_grid(M, N, K, &mb, &nb);
