@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
-#include <xxhash.h>
+#include "io/xxh.h"
 
 #include "nabla/autograd.h"
 #include "io/io_impl.h"
