@@ -9,7 +9,11 @@
  *                         (/proc/self/maps, after the work: whatever was opened on first
  *                         use is there)
  *   tensor_only --load    returns at once, before any work: what loading libnabla and
- *                         what it links costs */
+ *                         what it links costs
+ *   tensor_only --idx FILE --maps
+ *                         also writes the result to the IDX file FILE and reads it back
+ *                         (zlib is opened by the first IDX read or write: tools/check-embed
+ *                         checks it is mapped only then) */
 #include <nabla/nabla.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,7 +46,15 @@ int main(int argc, char **argv) {
     nb_tensor *s = nb_sum(c, NULL, 0, false);
     int ok = s && nb_item_f64(s) == 182.0;
     if (!ok) fprintf(stderr, "tensor_only: %s\n", s ? "wrong result" : nb_last_error());
+    int arg = 1;
+    if (ok && argc > 2 && strcmp(argv[1], "--idx") == 0) {
+        arg = 3;
+        nb_tensor *r = nb_idx_write(argv[2], c) == NB_OK ? nb_idx_read(argv[2]) : NULL;
+        nb_tensor *rs = r ? nb_sum(r, NULL, 0, false) : NULL;
+        ok = rs && nb_item_f64(rs) == 182.0;
+        if (!ok) fprintf(stderr, "tensor_only: %s\n", rs ? "wrong IDX round trip" : nb_last_error());
+    }
     nb_scope_end();
-    if (argc > 1 && strcmp(argv[1], "--maps") == 0) print_maps();
+    if (argc > arg && strcmp(argv[arg], "--maps") == 0) print_maps();
     return ok ? 0 : 1;
 }
