@@ -306,10 +306,11 @@ bool nb__sgemm_set_packed(bool on) {
 /* Tiny products (2 M N K below NB__SGEMM_TINY_FLOPS, e.g. 16 x 16 x 32) always run on the
  * packed GEMM where the build has its kernel, whatever the path and the provider, unless
  * NB_SGEMM=tiles: a provider's first call costs far more than the product (oneDNN's first
- * dnnl_sgemm generates its kernels, ~30 ms of CPU and 3.5 MiB, and maps libdnnl with the four
- * libraries it links; OpenBLAS's maps it too), and a program whose only products are tiny
- * then maps neither (docs/embedding.md). The rule depends on the shape alone, so every
- * product still gets the same bits at any thread count (docs/threads.md). */
+ * dnnl_sgemm generates its kernels, ~30 ms of CPU and 10 MiB with the library, which maps
+ * with the three libraries it links; OpenBLAS maps with two), and a program whose only
+ * products are tiny maps neither (docs/embedding.md). The packed GEMM is also the faster
+ * one there (bench/bench_tiny_gemm). The rule depends on the shape alone, so every product
+ * still gets the same bits at any thread count (docs/threads.md). */
 static atomic_int g_tiny_ok = -1; /* -1: not decided yet */
 
 static bool sgemm_tiny(int64_t M, int64_t N, int64_t K) {
@@ -323,7 +324,7 @@ static bool sgemm_tiny(int64_t M, int64_t N, int64_t K) {
     return v;
 }
 
-/* The f32 path in use (the detail of the "sgemm" trace span). */
+/* The f32 path in use (the detail of the "sgemm" trace span: sgemm_detail). */
 const char *nb__sgemm_path(void) {
     if (sgemm_packed()) return "nabla packed";
     return nb_gemm_provider_name(nb_gemm_provider_current());
@@ -718,6 +719,10 @@ nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t 
 
 /* Each GEMM (all its tiles) is a span of the trace and the profiler ("sgemm", "dgemm"; the
  * provider as its detail), with 2 M N K flops and the three matrices as its bytes. */
+static const char *sgemm_detail(int64_t M, int64_t N, int64_t K) {
+    return M > 0 && N > 0 && K > 0 && sgemm_tiny(M, N, K) ? "nabla packed" : nb__sgemm_path();
+}
+
 #define NB__GEMM_TRACED(T, tname, impl)                                                    \
     nb_status nb__gemm_##tname(bool transA, bool transB, int64_t M, int64_t N, int64_t K,  \
                                T alpha, const T *A, int64_t lda, const T *B, int64_t ldb,   \
@@ -726,7 +731,7 @@ nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t 
             return impl(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);     \
         int tok = nb__span_begin(sizeof(T) == 4 ? "sgemm" : "dgemm",                       \
                                  sizeof(T) == 4                                            \
-                                     ? nb__sgemm_path()                                    \
+                                     ? sgemm_detail(M, N, K)                               \
                                      : nb_gemm_provider_name(nb_gemm_provider_current()),  \
                                  NB__CAT_GEMM);                                            \
         nb_status st = impl(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); \
