@@ -514,6 +514,7 @@ static nb_status cpu_conv2d(const nb__conv2d_args *a) {
     bool f64 = a->dtype == NB_F64;
 #if NB_HAVE_DNNL
     if (!f64 && nb__conv_dnnl_wanted(g)) {
+        if (!nb__dnnl("conv2d")) return nb_last_status();
         nb_status st = nb__conv_dnnl_forward(g, dnnl_f32, a->x, a->w, a->b, a->y);
         if (st != NB_EUNSUPPORTED) return st;
     }
@@ -541,6 +542,7 @@ static nb_status conv_bwd(const nb__conv2d_geom *g, const conv_plan *p, bool f64
     }
 #if NB_HAVE_DNNL
     if (gx && !f64 && nb__conv_dnnl_wanted(g)) {
+        if (!nb__dnnl("conv2d backward")) return nb_last_status();
         nb_status st = nb__conv_dnnl_backward_data(g, dnnl_f32, w, gy, gx);
         if (st == NB_OK) c.gx = NULL; /* done */
         else if (st != NB_EUNSUPPORTED) return st;
@@ -599,6 +601,7 @@ static nb_status cpu_conv2d_backward(const nb__conv2d_backward_args *a) {
 bool nb_conv_bf16_native(void) {
 #if NB_HAVE_DNNL
     if (nb__conv2d_impl() == NB__CONV_IM2COL) return false;
+    if (!nb__dnnl_ok()) return false; /* the f32 path then says why */
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) !=
         (unsigned)dnnl_cpu_isa_avx512_core_bf16)

@@ -9,6 +9,8 @@
 #if NB_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
 
+#include "cpu/dnnl_dl.h" /* oneDNN, opened on first use */
+
 /* Whether oneDNN's CPU engine could be created (once). */
 bool nb__conv_dnnl_engine_ok(void);
 /* Whether oneDNN runs this f32/bf16 convolution (nb__conv2d_impl; NB__CONV_AUTO: where it

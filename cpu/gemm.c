@@ -31,6 +31,8 @@
 
 #if NB_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
+
+#include "cpu/dnnl_dl.h" /* oneDNN, opened on first use */
 #endif
 
 /* ---- provider selection ---------------------------------------------------------------------
@@ -301,7 +303,28 @@ bool nb__sgemm_set_packed(bool on) {
     return was;
 }
 
-/* The f32 path in use (the detail of the "sgemm" trace span). */
+/* Tiny products (2 M N K below NB__SGEMM_TINY_FLOPS, e.g. 16 x 16 x 32) always run on the
+ * packed GEMM where the build has its kernel, whatever the path and the provider, unless
+ * NB_SGEMM=tiles: a provider's first call costs far more than the product (oneDNN's first
+ * dnnl_sgemm generates its kernels, ~30 ms of CPU and 10 MiB with the library, which maps
+ * with the three libraries it links; OpenBLAS maps with two), and a program whose only
+ * products are tiny maps neither (docs/embedding.md). The packed GEMM is also the faster
+ * one there (bench/bench_tiny_gemm). The rule depends on the shape alone, so every product
+ * still gets the same bits at any thread count (docs/threads.md). */
+static atomic_int g_tiny_ok = -1; /* -1: not decided yet */
+
+static bool sgemm_tiny(int64_t M, int64_t N, int64_t K) {
+    if (2.0 * (double)M * (double)N * (double)K >= (double)NB__SGEMM_TINY_FLOPS) return false;
+    int v = atomic_load_explicit(&g_tiny_ok, memory_order_relaxed);
+    if (v < 0) {
+        const char *env = getenv("NB_SGEMM");
+        v = nb__sgemm_packed_available() && !(env && !strcmp(env, "tiles"));
+        atomic_store_explicit(&g_tiny_ok, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+/* The f32 path in use (the detail of the "sgemm" trace span: sgemm_detail). */
 const char *nb__sgemm_path(void) {
     if (sgemm_packed()) return "nabla packed";
     return nb_gemm_provider_name(nb_gemm_provider_current());
@@ -312,6 +335,7 @@ nb_status nb__sgemm_tiles(bool transA, bool transB, int64_t M, int64_t N, int64_
                           float beta, float *C, int64_t ldc) {
 #if NB_HAVE_DNNL
     if (nb_gemm_provider_current() == NB_GEMM_DNNL) {
+        if (!nb__dnnl("matmul")) return nb_last_status();
         dnnl_status_t st = (dnnl_status_t)tiled(TILE_DNNL_F32, transA, transB, M, N, K, alpha,
                                                 A, lda, B, ldb, beta, C, ldc);
         if (st == dnnl_success) return NB_OK;
@@ -342,6 +366,8 @@ static nb_status gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_
         scale_c_float(M, N, beta, C, ldc);
         return NB_OK;
     }
+    if (sgemm_tiny(M, N, K))
+        return nb__sgemm_packed(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (sgemm_packed()) {
         int64_t mb, nb;
         tile_grid(M, N, K, &mb, &nb);
@@ -546,6 +572,7 @@ static int dnnl_bf16_tile(bool ta, bool tb, int64_t m, int64_t n, int64_t K, flo
 bool nb_gemm_bf16_native(void) {
 #if NB_HAVE_DNNL
     if (nb_gemm_provider_current() != NB_GEMM_DNNL) return false;
+    if (!nb__dnnl_ok()) return false; /* the f32 path then says why */
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) !=
         (unsigned)dnnl_cpu_isa_avx512_core_bf16)
@@ -692,6 +719,10 @@ nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t 
 
 /* Each GEMM (all its tiles) is a span of the trace and the profiler ("sgemm", "dgemm"; the
  * provider as its detail), with 2 M N K flops and the three matrices as its bytes. */
+static const char *sgemm_detail(int64_t M, int64_t N, int64_t K) {
+    return M > 0 && N > 0 && K > 0 && sgemm_tiny(M, N, K) ? "nabla packed" : nb__sgemm_path();
+}
+
 #define NB__GEMM_TRACED(T, tname, impl)                                                    \
     nb_status nb__gemm_##tname(bool transA, bool transB, int64_t M, int64_t N, int64_t K,  \
                                T alpha, const T *A, int64_t lda, const T *B, int64_t ldb,   \
@@ -700,7 +731,7 @@ nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t 
             return impl(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);     \
         int tok = nb__span_begin(sizeof(T) == 4 ? "sgemm" : "dgemm",                       \
                                  sizeof(T) == 4                                            \
-                                     ? nb__sgemm_path()                                    \
+                                     ? sgemm_detail(M, N, K)                               \
                                      : nb_gemm_provider_name(nb_gemm_provider_current()),  \
                                  NB__CAT_GEMM);                                            \
         nb_status st = impl(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); \

@@ -39,6 +39,10 @@ bool nb__sgemm_measured_packed(void);
  * (either pointer may be NULL); true when packed was faster by more than 3 %. */
 bool nb__sgemm_calibrate(double *tiles_s, double *packed_s);
 
+/* cpu/gemm.c: an f32 product with 2 M N K below this runs on the packed GEMM whatever the
+ * path (unless NB_SGEMM=tiles), so that a tiny product never loads a provider. */
+#define NB__SGEMM_TINY_FLOPS (1 << 15)
+
 nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                            float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                            float beta, float *C, int64_t ldc);

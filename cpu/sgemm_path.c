@@ -44,6 +44,8 @@
 
 #if NB_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
+
+#include "cpu/dnnl_dl.h" /* oneDNN, opened on first use */
 #endif
 
 typedef struct {
@@ -73,7 +75,7 @@ static cpu_id identify(void) {
  * Haswell core this project's environment pins it to). */
 static int provider_vector_bits(void) {
 #if NB_HAVE_DNNL
-    if (nb_gemm_provider_current() == NB_GEMM_DNNL) {
+    if (nb_gemm_provider_current() == NB_GEMM_DNNL && nb__dnnl_ok()) {
         unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
         unsigned avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
         return (isa & avx512) == avx512 ? 512 : 256;

@@ -1,5 +1,6 @@
 /* idx.c - IDX files (the MNIST / Fashion-MNIST array format) and whole-file byte reads,
- * through zlib so that gzip-compressed and plain files are read by the same code.
+ * through zlib so that gzip-compressed and plain files are read by the same code (zlib is
+ * opened by the first of them: libnabla links no zlib).
  *
  * A bad file is a user mistake, never a crash: every read checks the header (magic,
  * type code, dims, size), that the data is all there (truncation) and that nothing
@@ -14,6 +15,26 @@
 #include <zlib.h>
 
 #include "data/data_impl.h"
+#include "nb_cuda_paths.h"
+#include "tensor/dl_lib.h"
+
+/* zlib, opened by the first IDX read or write (tensor/dl_lib.h): libnabla links no zlib. */
+static struct {
+    __typeof__(gzopen) *open;
+    __typeof__(gzread) *read;
+    __typeof__(gzwrite) *write;
+    __typeof__(gzclose) *close;
+    __typeof__(gzerror) *error;
+    __typeof__(gzdirect) *direct;
+    __typeof__(gzbuffer) *buffer;
+} zl;
+#define NB__STR2(x) #x
+#define NB__STR(x) NB__STR2(x)
+static const char *const zl_names[] = {NB__STR(gzopen) /* gzopen64 with 64-bit offsets */,
+                                       "gzread", "gzwrite", "gzclose", "gzerror", "gzdirect",
+                                       "gzbuffer"};
+_Static_assert(sizeof zl == sizeof zl_names, "one function pointer per name");
+static nb__dl_lib g_zlib = NB__DL_LIB("zlib", zl_names, &zl, NB_ZLIB_PATH, NB_ZLIB_SONAME);
 
 /* Read up to n bytes (any size; gzread takes an unsigned int). Returns the count read
  * (< n at the end of the data) or -1 on a read or decompression error. */
@@ -22,7 +43,7 @@ static int64_t gz_read_all(gzFile f, void *buf, int64_t n) {
     while (got < n) {
         int64_t want = n - got;
         if (want > (1 << 30)) want = 1 << 30;
-        int r = gzread(f, (char *)buf + got, (unsigned)want);
+        int r = zl.read(f, (char *)buf + got, (unsigned)want);
         if (r < 0) return -1;
         if (r == 0) break;
         got += r;
@@ -33,7 +54,7 @@ static int64_t gz_read_all(gzFile f, void *buf, int64_t n) {
 /* Sets an error describing why f failed (errno, or zlib's message), for file path. */
 static nb_status gz_fail(gzFile f, const char *what, const char *path, const char *doing) {
     int zerr = Z_OK;
-    const char *msg = f ? gzerror(f, &zerr) : NULL;
+    const char *msg = f ? zl.error(f, &zerr) : NULL;
     if (zerr == Z_ERRNO || !f || !msg || !*msg)
         return nb__error(NB_EIO, "%s: %s: %s: %s", what, path, doing,
                          errno ? strerror(errno) : "read error");
@@ -49,7 +70,7 @@ static nb_status gz_fail(gzFile f, const char *what, const char *path, const cha
  * short read is the stream's fault and the gzip message is the useful one. */
 static bool gz_damaged(gzFile f) {
     int zerr = Z_OK;
-    gzerror(f, &zerr);
+    zl.error(f, &zerr);
     return zerr != Z_OK;
 }
 
@@ -64,14 +85,15 @@ static gzFile gz_open_read(const char *what, const char *path, int64_t *fsize) {
         nb__error(NB_EIO, "%s: %s: cannot read: is a directory", what, path);
         return NULL;
     }
+    if (!nb__dl_lib_load(&g_zlib, what)) return NULL;
     errno = 0;
-    gzFile f = gzopen(path, "rb");
+    gzFile f = zl.open(path, "rb");
     if (!f) {
         nb__error(NB_EIO, "%s: %s: cannot open: %s", what, path,
                   errno ? strerror(errno) : "out of memory");
         return NULL;
     }
-    gzbuffer(f, 1 << 18); /* larger reads: the 47 MB training images decompress faster */
+    zl.buffer(f, 1 << 18); /* larger reads: the 47 MB training images decompress faster */
     *fsize = S_ISREG(sb.st_mode) ? (int64_t)sb.st_size : -1; /* -1: size unknown (a pipe) */
     return f;
 }
@@ -192,14 +214,14 @@ static nb_tensor *idx_read(gzFile f, const char *path, int64_t fsize) {
      * or hostile file). A plain file holds exactly its size; deflate expands at most
      * 1032:1, which bounds a gzip file. */
     int64_t hdr_bytes = 4 + 4 * (int64_t)ndim;
-    if (fsize >= 0 && gzdirect(f) && fsize - hdr_bytes < nbytes) {
+    if (fsize >= 0 && zl.direct(f) && fsize - hdr_bytes < nbytes) {
         nb__error(NB_EFORMAT, "%s: %s: truncated: expected %lld bytes of data for %s %s, got "
                   "%lld", w, path, (long long)nbytes, t->name,
                   nb__shape_str(shape, ndim, (char[NB__SHAPE_STR]){0}),
                   (long long)(fsize - hdr_bytes));
         return NULL;
     }
-    if (fsize >= 0 && !gzdirect(f) && nbytes / 1032 > fsize + 1024) {
+    if (fsize >= 0 && !zl.direct(f) && nbytes / 1032 > fsize + 1024) {
         nb__error(NB_EFORMAT, "%s: %s: truncated: expected %lld bytes of data for %s %s, more "
                   "than a gzip file of %lld bytes can hold", w, path, (long long)nbytes,
                   t->name, nb__shape_str(shape, ndim, (char[NB__SHAPE_STR]){0}),
@@ -257,7 +279,7 @@ nb_tensor *nb_idx_read(const char *path) {
     gzFile f = gz_open_read("idx", path, &fsize);
     if (!f) return NULL;
     nb_tensor *t = idx_read(f, path, fsize);
-    gzclose(f);
+    zl.close(f);
     return t;
 }
 
@@ -302,9 +324,13 @@ nb_status nb_idx_write(const char *path, const nb_tensor *t) {
         p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16);
         p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
     }
+    if (!nb__dl_lib_load(&g_zlib, w)) {
+        nb_tensor_free(c);
+        return nb_last_status();
+    }
     /* "T": a plain (transparent) file through the same gz interface. */
     errno = 0;
-    gzFile f = gzopen(path, ends_with(path, ".gz") ? "wb6" : "wbT");
+    gzFile f = zl.open(path, ends_with(path, ".gz") ? "wb6" : "wbT");
     if (!f) {
         nb_tensor_free(c);
         return nb__error(NB_EIO, "%s: %s: cannot create: %s", w, path,
@@ -316,7 +342,7 @@ nb_status nb_idx_write(const char *path, const nb_tensor *t) {
     /* Elements in order, big-endian, through a small buffer. */
     enum { CHUNK = 8192 };
     unsigned char buf[CHUNK * 8];
-    if (gzwrite(f, hdr, (unsigned)(4 + 4 * t->ndim)) != 4 + 4 * t->ndim) goto io;
+    if (zl.write(f, hdr, (unsigned)(4 + 4 * t->ndim)) != 4 + 4 * t->ndim) goto io;
     const unsigned char *src = (const unsigned char *)nb__ptr(c);
     for (int64_t i = 0; i < numel; i += CHUNK) {
         int64_t n = numel - i < CHUNK ? numel - i : CHUNK;
@@ -332,17 +358,17 @@ nb_status nb_idx_write(const char *path, const nb_tensor *t) {
             for (size_t b = 0; b < es; b++)
                 buf[(size_t)k * es + b] = (unsigned char)(v >> (8 * (es - 1 - b)));
         }
-        if (gzwrite(f, buf, (unsigned)((size_t)n * es)) != (int)((size_t)n * es)) goto io;
+        if (zl.write(f, buf, (unsigned)((size_t)n * es)) != (int)((size_t)n * es)) goto io;
     }
     nb_tensor_free(c);
-    if (gzclose(f) != Z_OK) return nb__error(NB_EIO, "%s: %s: write failed: %s", w, path,
+    if (zl.close(f) != Z_OK) return nb__error(NB_EIO, "%s: %s: write failed: %s", w, path,
                                              errno ? strerror(errno) : "zlib error");
     return NB_OK;
 io:
     nb_tensor_free(c);
     st = nb__error(NB_EIO, "%s: %s: write failed: %s", w, path,
                    errno ? strerror(errno) : "zlib error");
-    gzclose(f);
+    zl.close(f);
     return st;
 }
 
@@ -371,7 +397,7 @@ nb_tensor *nb_read_bytes(const char *path) {
         if (got < 0) {
             gz_fail(f, w, path, "reading");
             free(buf);
-            gzclose(f);
+            zl.close(f);
             return NULL;
         }
         len += got;
@@ -384,16 +410,16 @@ nb_tensor *nb_read_bytes(const char *path) {
     if (gz_damaged(f)) { /* e.g. a .gz cut short: its data would be silently incomplete */
         gz_fail(f, w, path, "reading the end of the file");
         free(buf);
-        gzclose(f);
+        zl.close(f);
         return NULL;
     }
-    gzclose(f);
+    zl.close(f);
     nb_tensor *t = nb_wrap_buffer(buf, (int64_t[]){len}, 1, NB_U8, free_buffer, NULL);
     if (!t) free(buf);
     return t;
 nomem:
     free(buf);
-    gzclose(f);
+    zl.close(f);
     nb__error(NB_ENOMEM, "%s: %s: out of memory", w, path);
     return NULL;
 }

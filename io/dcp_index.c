@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <jansson.h>
+#include "io/jansson_dl.h" /* jansson, opened on first use */
 
 #include "io/dcp_impl.h"
 #include "tensor/tensor_impl.h"
@@ -392,6 +392,7 @@ static nb_status parse_tensor(const char *name, json_t *v, const dcp_source *s, 
 nb_status dcp_index_parse(const char *text, size_t n, const char *path, dcp_source *s) {
     memset(s, 0, sizeof *s);
     s->folder = true;
+    if (!nb__jansson("checkpoint")) return nb_last_status();
     json_error_t err;
     json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &err);
     nb_status st = NB_OK;

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <xxhash.h>
+#include "io/xxh.h"
 
 #include "io/dcp_impl.h"
 #include "io/io_impl.h"

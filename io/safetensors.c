@@ -26,8 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <jansson.h>
-#include <xxhash.h>
+#include "io/jansson_dl.h" /* jansson, opened on first use */
+#include "io/xxh.h"
 
 #include "nabla/autograd.h"
 #include "io/io_impl.h"
@@ -293,6 +293,7 @@ static nb_status check_tiling(nb_safetensors *f) {
 }
 
 static nb_status parse_header(nb_safetensors *f) {
+    if (!nb__jansson("safetensors_open")) return nb_last_status();
     const unsigned char *base = f->map->base;
     uint64_t size = f->map->size, n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | base[i];

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <xxhash.h>
+#include "io/xxh.h"
 
 #include "nabla/tensor.h"
 

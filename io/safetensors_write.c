@@ -18,8 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <jansson.h>
-#include <xxhash.h>
+#include "io/jansson_dl.h" /* jansson, opened on first use */
+#include "io/xxh.h"
 
 #include "nabla/autograd.h"
 #include "io/io_impl.h"
@@ -132,6 +132,7 @@ static nb_status check_save_args(const char *path, const char *const *names,
 static char *build_header(const w_item *items, int n, const char *const *meta_keys,
                           const char *const *meta_values, int nmeta) {
     const char *op = "safetensors_save";
+    if (!nb__jansson(op)) return NULL;
     json_t *root = json_object();
     bool ok = root != NULL;
     if (ok && nmeta > 0) {

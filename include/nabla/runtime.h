@@ -15,7 +15,9 @@
  *
  * GEMM provider: at build time meson finds oneDNN (feature `dnnl`) and OpenBLAS (required).
  * NB_GEMM_AUTO picks oneDNN when it was built in; the environment variable NB_GEMM
- * (= "dnnl" | "openblas") sets the initial choice. The provider is process wide. */
+ * (= "dnnl" | "openblas") sets the initial choice. The provider is process wide. libnabla.so
+ * opens either library on the first GEMM that runs on it, and f32 products with 2*M*N*K
+ * under 2^15 run on nabla's own packed GEMM whatever the provider (docs/embedding.md). */
 #ifndef NABLA_RUNTIME_H
 #define NABLA_RUNTIME_H
 

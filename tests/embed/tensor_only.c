@@ -9,7 +9,12 @@
  *                         (/proc/self/maps, after the work: whatever was opened on first
  *                         use is there)
  *   tensor_only --load    returns at once, before any work: what loading libnabla and
- *                         what it links costs */
+ *                         what it links costs
+ *   tensor_only --idx FILE --maps, tensor_only --safetensors FILE --maps
+ *                         also writes the result to the IDX or safetensors file FILE and
+ *                         reads it back (zlib is opened by the first IDX read or write,
+ *                         jansson by the first safetensors header: tools/check-embed checks
+ *                         each is mapped only then) */
 #include <nabla/nabla.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,7 +47,26 @@ int main(int argc, char **argv) {
     nb_tensor *s = nb_sum(c, NULL, 0, false);
     int ok = s && nb_item_f64(s) == 182.0;
     if (!ok) fprintf(stderr, "tensor_only: %s\n", s ? "wrong result" : nb_last_error());
+    int arg = 1;
+    bool idx = argc > 2 && strcmp(argv[1], "--idx") == 0;
+    if (ok && (idx || (argc > 2 && strcmp(argv[1], "--safetensors") == 0))) {
+        arg = 3;
+        nb_tensor *r = NULL;
+        if (idx) {
+            r = nb_idx_write(argv[2], c) == NB_OK ? nb_idx_read(argv[2]) : NULL;
+        } else {
+            const char *names[] = {"c"};
+            nb_safetensors *f = nb_safetensors_save(argv[2], names, &c, 1, NULL, NULL, 0) == NB_OK
+                                    ? nb_safetensors_open(argv[2])
+                                    : NULL;
+            r = f ? nb_safetensors_get_copy(f, "c") : NULL;
+            nb_safetensors_close(f);
+        }
+        nb_tensor *rs = r ? nb_sum(r, NULL, 0, false) : NULL;
+        ok = rs && nb_item_f64(rs) == 182.0;
+        if (!ok) fprintf(stderr, "tensor_only: %s\n", rs ? "wrong round trip" : nb_last_error());
+    }
     nb_scope_end();
-    if (argc > 1 && strcmp(argv[1], "--maps") == 0) print_maps();
+    if (argc > arg && strcmp(argv[arg], "--maps") == 0) print_maps();
     return ok ? 0 : 1;
 }
