@@ -74,13 +74,13 @@ void mt_barrier(void) { MT_OK(nb_barrier(mt_world)); }
 
 /* ---- files ------------------------------------------------------------------------------------ */
 void mt_tmpdir(char out[64], const char *prefix) {
-    memset(out, 0, 64);
+    char path[64] = ""; /* made here, then broadcast into out (rank 0's name everywhere) */
     if (mt_rank == 0) {
-        snprintf(out, 64, "/tmp/%s-XXXXXX", prefix);
-        MT_CHECK(mkdtemp(out) != NULL, "mkdtemp failed");
+        snprintf(path, sizeof path, "/tmp/%s-XXXXXX", prefix);
+        MT_CHECK(mkdtemp(path) != NULL, "mkdtemp failed");
     }
     nb_scope_begin();
-    nb_tensor *t = nb_from_buffer(out, (int64_t[]){64}, 1, NB_U8);
+    nb_tensor *t = nb_from_buffer(path, (int64_t[]){64}, 1, NB_U8);
     MT_OK(nb_broadcast(mt_world, t, 0));
     memcpy(out, nb_data(t), 64);
     out[63] = 0;
