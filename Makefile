@@ -1,5 +1,6 @@
-# nabla quick start:  `make train` trains the default model, `make test` runs every test.
-# Both install missing Debian packages (tools/install-deps), configure and build first; `make
+# nabla quick start:  `make train` trains the default model, `make test` runs every test,
+# `make test-quick` the edit-test loop's few minutes of it (docs/testing.md).
+# They install missing Debian packages (tools/install-deps), configure and build first; `make
 # train` and `make install` build only what they need (the library, the programs).
 #   build/       release build (oneDNN GEMM provider when found). The CUDA plugin is built
 #                where it can run (nvcc and a GPU driver found); `make cuda` builds it anyway
@@ -16,7 +17,7 @@ CUDA       ?=
 NINJA      ?= ninja
 PREFIX     ?=
 
-.PHONY: all deps build build-asan cuda train test test-release test-asan test-tsan fuzz bench install clean
+.PHONY: all deps build build-asan cuda train test test-quick test-release test-asan test-tsan fuzz bench install clean
 
 all: build
 
@@ -60,6 +61,11 @@ test-asan: build-asan
 
 test:
 	@bash tools/run-tests $(BUILD) $(ASAN_BUILD)
+
+# The edit-test loop (a few minutes): the release build, the unit suites, one 2-rank MPI run
+# and the cheap static checks; no sanitizers, fuzzing or program checks. docs/testing.md.
+test-quick:
+	@bash tools/run-tests --quick $(BUILD)
 
 # Every fuzz target for FUZZ_SECONDS each (make test runs them 10 s each). A longer run:
 # `make fuzz FUZZ_SECONDS=3600` (an hour per target; inputs with new coverage are kept in
