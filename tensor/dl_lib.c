@@ -42,7 +42,7 @@ static bool load(nb__dl_lib *l) {
     return false;
 }
 
-bool nb__dl_lib_load(nb__dl_lib *l, const char *op) {
+bool nb__dl_lib_ok(nb__dl_lib *l) {
     int s = atomic_load_explicit(&l->state, memory_order_acquire);
     if (s == 0) {
         pthread_mutex_lock(&l->lock);
@@ -52,7 +52,11 @@ bool nb__dl_lib_load(nb__dl_lib *l, const char *op) {
         }
         pthread_mutex_unlock(&l->lock);
     }
-    if (s == 1) return true;
+    return s == 1;
+}
+
+bool nb__dl_lib_load(nb__dl_lib *l, const char *op) {
+    if (nb__dl_lib_ok(l)) return true;
     nb__error(NB_EUNSUPPORTED, "%s: %s", op, l->reason);
     return false;
 }

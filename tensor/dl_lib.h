@@ -37,5 +37,7 @@ typedef struct nb__dl_lib {
 /* true when loaded (loading it on the first call); else false with the error set
  * ("<op>: <what> could not be loaded: ...", NB_EUNSUPPORTED). */
 bool nb__dl_lib_load(nb__dl_lib *l, const char *op);
+/* The same without setting an error (for questions such as "is bf16 native here?"). */
+bool nb__dl_lib_ok(nb__dl_lib *l);
 
 #endif
