@@ -429,6 +429,15 @@ nb_tensor *nb_forward(nb_module *m, nb_tensor *x) {
         nb__error(NB_EUNSUPPORTED, "forward: a %s has no forward of its own", m->vt->type_name);
         return NULL;
     }
+    /* A NULL input propagates the failure that made it (or is NB_ENULL): neither the
+     * forward nor a hook runs (ZeRO-3's would start a parameter gather for every later
+     * unit of a forward that already failed - one communicator timeout each when a peer
+     * is gone). */
+    if (!x) {
+        if (nb_last_status() == NB_OK)
+            nb__error(NB_ENULL, "forward: the input of a %s is NULL", m->vt->type_name);
+        return NULL;
+    }
     if (!m->nhooks) return traced_forward(m, x);
     /* Hooks registered by a hook run from the next call on: iterate over a snapshot count. */
     int n = m->nhooks;

@@ -15,8 +15,9 @@
  * (DDP's flat gradient buckets) allocates nothing here except the work handles, which are
  * recycled per communicator.
  *
- * Timeouts: nb_work_wait gives up after the communicator's timeout (counted from the call)
- * and asks the backend which ranks did not arrive; nb_work_test reports NB_ETIMEOUT once an
+ * Timeouts: nb_work_wait gives up after the communicator's timeout (counted from the call;
+ * after a collective timed out, those already in flight count from their start and share
+ * its diagnosis) and asks the backend which ranks did not arrive; nb_work_test reports NB_ETIMEOUT once an
  * operation has been pending longer than the timeout since it started. A timed-out
  * operation cannot be cancelled (MPI has no way to cancel a collective): it stays in flight,
  * with the tensors it uses kept alive, until its peers arrive or the process ends. */
@@ -135,6 +136,7 @@ nb_comm *nb__comm_alloc(const nb__comm_backend *be, int rank, int size, void *im
     atomic_init(&c->timeout, nb__comm_default_timeout());
     atomic_init(&c->issued, 0);
     atomic_init(&c->completed, 0);
+    atomic_init(&c->stall_seq, 0);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->sig_mu, NULL);
     return c;
@@ -609,7 +611,17 @@ static nb_status work_finish(nb_work *w) {
     } else if (w->user_out) {
         st = copy_back(w->user_out, w->stage);
     }
-    if (!nb__coll_is_p2p(w->a.kind)) atomic_store(&w->comm->stalled, failed);
+    if (!nb__coll_is_p2p(w->a.kind)) {
+        /* A collective that had completed before an earlier one timed out, and is only
+         * waited for now, says nothing about the communicator moving again. */
+        long long ss = atomic_load(&w->comm->stall_seq);
+        if (failed) {
+            atomic_store(&w->comm->stalled, true);
+        } else if (ss == 0 || w->seq > ss) {
+            atomic_store(&w->comm->stall_seq, 0);
+            atomic_store(&w->comm->stalled, false);
+        }
+    }
     work_drop_holds(w);
     return st;
 }
@@ -627,15 +639,33 @@ static void describe(const nb_work *w, char *buf, size_t n) {
 }
 
 /* Set the NB_ETIMEOUT error for w (after asking the backend who is missing). Returns true
- * if w completed meanwhile after all. */
-static bool timeout_error(nb_work *w, double waited) {
+ * if w completed meanwhile after all. `earlier`: the collective that timed out before w
+ * on its communicator (nb__work_wait_keep): its peers' answers stand for w's. */
+static bool timeout_error(nb_work *w, double waited, long long earlier) {
+    nb_comm *c = w->comm;
     char diag[NB__COMM_MSG], what[128];
     diag[0] = 0;
-    w->comm->be->diagnose(w, diag, sizeof diag);
-    if (w->comm->be->test(w) != 0) return true;
+    if (earlier > 0) {
+        char why[NB__COMM_MSG];
+        pthread_mutex_lock(&c->mu);
+        snprintf(why, sizeof why, "%s", c->stall_why);
+        pthread_mutex_unlock(&c->mu);
+        snprintf(diag, sizeof diag, "not waited for again after collective #%lld timed out on "
+                 "this communicator: %.400s", earlier, why);
+    } else {
+        c->be->diagnose(w, diag, sizeof diag);
+    }
+    if (c->be->test(w) != 0) return true;
     describe(w, what, sizeof what);
     nb__error(NB_ETIMEOUT, "%s timed out after %.3g s on rank %d of %d: %s", what, waited,
-              w->comm->rank, w->comm->size, diag[0] ? diag : "rank(s) unknown");
+              c->rank, c->size, diag[0] ? diag : "rank(s) unknown");
+    if (earlier == 0 && !nb__coll_is_p2p(w->a.kind)) { /* the peers' answers, for the next */
+        pthread_mutex_lock(&c->mu);
+        snprintf(c->stall_why, sizeof c->stall_why, "%s", diag[0] ? diag : "rank(s) unknown");
+        c->stall_at = nb__now();
+        pthread_mutex_unlock(&c->mu);
+        atomic_store(&c->stall_seq, w->seq);
+    }
     return false;
 }
 
@@ -679,6 +709,21 @@ nb_status nb__work_wait_keep(nb_work *w, bool *gave_up) {
     nb_comm *c = w->comm;
     *gave_up = false;
     double t0 = nb__now(), to = atomic_load(&c->timeout), deadline = to > 0 ? t0 + to : 0;
+    /* The timeout counts from the call (the caller may compute long between start and wait)
+     * - unless a collective of this communicator timed out and none has completed since: a
+     * collective started before then waits only what is left of a timeout since its start
+     * (nothing if it is older), and the earlier one's diagnosis stands for it. A rank that
+     * finds a dead peer in one of several collectives in flight (a backward's buckets) then
+     * fails them all within about one timeout, not one timeout each. */
+    long long earlier = 0;
+    if (to > 0 && !nb__coll_is_p2p(w->a.kind) && atomic_load(&c->stalled) &&
+        (earlier = atomic_load(&c->stall_seq)) > 0) {
+        pthread_mutex_lock(&c->mu);
+        bool before = w->t_start < c->stall_at;
+        pthread_mutex_unlock(&c->mu);
+        if (!before) earlier = 0; /* started after the timeout: waited for as usual */
+        else if (w->t_start + to < deadline) deadline = w->t_start + to;
+    }
     int r = atomic_load(&w->state);
     if (r == NB__WORK_PENDING) {
         int slot = nb__wait_begin(w); /* for the peers' "where are you?" */
@@ -700,7 +745,7 @@ nb_status nb__work_wait_keep(nb_work *w, bool *gave_up) {
         nb__wait_end(slot);
         if (disagreed) return work_disagreed(w, msg, gave_up);
     }
-    if (r == 0 && !timeout_error(w, nb__now() - t0)) {
+    if (r == 0 && !timeout_error(w, nb__now() - (earlier ? w->t_start : t0), earlier)) {
         if (!nb__coll_is_p2p(w->a.kind)) atomic_store(&c->stalled, true);
         work_abandon(w);
         *gave_up = true;
@@ -732,7 +777,7 @@ int nb_work_test(nb_work *w) {
     if (r == NB__WORK_PENDING) r = w->comm->be->test(w);
     if (r == 0) {
         double now = nb__now(), to = atomic_load(&w->comm->timeout), waited = now - w->t_start;
-        if (to > 0 && waited > to && !timeout_error(w, waited)) {
+        if (to > 0 && waited > to && !timeout_error(w, waited, 0)) {
             w->test_failed = NB_ETIMEOUT;
             return NB_ETIMEOUT;
         }

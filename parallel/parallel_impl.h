@@ -118,7 +118,14 @@ struct nb_comm {
     atomic_int refs;
     _Atomic double timeout;  /* seconds, 0: wait forever */
     atomic_bool stalled;     /* a collective timed out or failed, and none has completed
-                              * since (nb__comm_stalled) */
+                              * since (nb__comm_stalled; after a timeout, none issued
+                              * after the one that timed out) */
+    /* While stalled by a timeout (0 otherwise): the number of the collective that timed out,
+     * when (nb__now()) and what its peers answered (under mu). A collective started
+     * before then is waited for only until a timeout after its start (nb__work_wait_keep). */
+    atomic_llong stall_seq;
+    double stall_at;
+    char stall_why[NB__COMM_MSG];
     atomic_llong issued;     /* collectives started on this communicator */
     atomic_llong completed;  /* collectives finished (by the backend) */
     pthread_mutex_t mu;      /* the free list of works (first in, first out: a released

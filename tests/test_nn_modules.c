@@ -560,6 +560,19 @@ START_TEST(test_forward_hooks) {
     ck_assert_int_lt(nb_module_register_forward_hook(m, NULL, &l), 0);
     ck_assert_int_eq(nb_last_status(), NB_ENULL);
     ck_assert_int_lt(nb_module_register_forward_pre_hook(NULL, log_pre, &l), 0);
+    /* a NULL input after a failure propagates it: no hook runs, the first error stays */
+    l.seq[0] = 0;
+    ck_assert_ptr_null(nb_forward(m, nb_reshape(x, (int64_t[]){5, 5}, 2)));
+    ck_assert_int_eq(nb_last_status(), NB_ESHAPE);
+    ck_assert_ptr_null(nb_forward(m, NULL));
+    ck_assert_int_eq(nb_last_status(), NB_ESHAPE);
+    ck_assert_str_eq(l.seq, "");
+    /* without an earlier failure, a NULL input is NB_ENULL */
+    nb_clear_error();
+    ck_assert_ptr_null(nb_forward(m, NULL));
+    ck_assert_int_eq(nb_last_status(), NB_ENULL);
+    ck_assert_str_eq(nb_last_error(), "forward: the input of a Sequential is NULL");
+    ck_assert_str_eq(l.seq, "");
     nb_clear_error();
     nb_module_free(m);
     nb_scope_end();

@@ -91,7 +91,8 @@ const nb_params *nb_parameters(nb_module *m);
 const nb_params *nb_buffers(nb_module *m);
 int64_t nb_num_parameters(nb_module *m);   /* total element count */
 
-/* Run the module's forward (and its forward hooks, below). New reference. */
+/* Run the module's forward (and its forward hooks, below). New reference. A NULL x (an
+ * earlier call failed) returns NULL at once, keeping that error (NB_ENULL if none). */
 nb_tensor *nb_forward(nb_module *m, nb_tensor *x);
 
 /* Forward hooks (PyTorch's register_forward_pre_hook / register_forward_hook): functions
