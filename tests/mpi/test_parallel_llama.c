@@ -11,13 +11,19 @@
  * repeated with each batch split into 2 and into 4 accumulated micro-batches (the same
  * arithmetic in another order), the largest difference any parameter shows is the drift, and
  * a layout's parameters may differ at most 8 times as far, as float reassociation of the
- * gradient sums is all that differs between layouts. */
+ * gradient sums is all that differs between layouts.
+ *
+ * Fewer key/value heads than tensor-parallel ranks (4 query heads on 1 or 2 key/value heads,
+ * at tp 2 and 4): each key/value head is held by the ranks of its query heads (a shard with
+ * copies), its projections' gradients summed over those copies by the reducer; every layout
+ * with tp > 1 equals one process, and does not once that sum is switched off. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mpi_test.h"
+#include "parallel/mesh_impl.h"
 
 static nb_llama_config config(void) {
     nb_llama_config lc = nb_llama_config_defaults();
@@ -46,18 +52,96 @@ START_TEST(test_llama_layouts) {
 }
 END_TEST
 
-/* A tensor-parallel size that does not divide the key/value heads: the same clear error on
- * every rank, the model unchanged. */
+/* 4 query heads of size 8 on n_kv key/value heads (seed 7). */
+static nb_module *make_gqa(int64_t n_kv) {
+    nb_llama_config c = config();
+    c.n_head = 4, c.n_kv_head = n_kv, c.n_embd = 32;
+    nb_generator *init = nb_generator_new(7);
+    nb_module *m = nb_llama_new(&c, init);
+    nb_generator_free(init);
+    return m;
+}
+static nb_module *make_kv1(void) { return make_gqa(1); }
+static nb_module *make_kv2(void) { return make_gqa(2); }
+static mt_model kv1 = {.make = make_kv1,
+                       .step = nb_llama_train_step,
+                       .parallelize = nb_llama_parallelize,
+                       .pipeline_new = nb_llama_pipeline_new};
+static mt_model kv2 = {.make = make_kv2,
+                       .step = nb_llama_train_step,
+                       .parallelize = nb_llama_parallelize,
+                       .pipeline_new = nb_llama_pipeline_new};
+
+/* Whether any rank found a difference (collective over the world). */
+static bool any_rank(bool mine) {
+    nb_scope_begin();
+    nb_tensor *t = nb_full((int64_t[]){1}, 1, NB_I32, mine ? 1 : 0);
+    bool any = nb_allreduce(mt_world, t, NB_REDUCE_MAX) == NB_OK ? nb_item_i64(t) != 0 : true;
+    nb_scope_end();
+    return any;
+}
+
+/* Key/value heads held by several ranks: at tp 4 one head on 4 ranks (n_kv 1) or each of 2
+ * heads on 2 (n_kv 2); at tp 2 one head on 2 ranks. The k/v projections' placements say so. */
+START_TEST(test_llama_kv_replicated) {
+    if (mt_size > 1) {
+        nb_mesh *mesh = nb_mesh_new(mt_world, "tp", (int[]){mt_size});
+        nb_module *m = make_kv1();
+        MT_OK(nb_llama_parallelize(m, mesh, NULL));
+        nb_placement pl;
+        MT_OK(nb_tensor_placement(nb_module_find(m, "model.layers.0.self_attn.k_proj.weight"),
+                                  &pl));
+        MT_CHECK(pl.n == 1 && pl.places[0].kind == NB_PLACE_SHARD && pl.places[0].copies ==
+                     mt_size && pl.places[0].offset == 0 && pl.places[0].length == 8,
+                 "tp %d, one key/value head: k_proj placed as %s", mt_size,
+                 nb_placement_describe(&pl, (char[160]){0}, 160));
+        MT_CHECK(nb_placement_counts(&pl) == (mt_rank == 0), "k_proj counts on rank 0 only");
+        MT_OK(nb_tensor_placement(nb_module_find(m, "model.layers.0.self_attn.q_proj.weight"),
+                                  &pl));
+        MT_CHECK(pl.places[0].copies <= 1 && pl.places[0].length == 32 / mt_size,
+                 "q_proj: %s", nb_placement_describe(&pl, (char[160]){0}, 160));
+        nb_module_free(m);
+        nb_mesh_free(mesh);
+    }
+    mt_check_layouts_tp(&kv1, 2);
+    mt_check_layouts_tp(&kv2, 2);
+    MT_END();
+}
+END_TEST
+
+/* The copies' gradients need their sum: without it a replicated layout drifts from one
+ * process. */
+START_TEST(test_llama_kv_sum_needed) {
+    const mt_layout layouts[] = {{1, 1, 4, false, NB_PIPE_1F1B, 1, 1, 0},
+                                 {2, 1, 2, true, NB_PIPE_1F1B, 1, 1, 1},
+                                 {1, 1, 2, false, NB_PIPE_1F1B, 1, 1, 0}};
+    for (int i = 0; i < 3; i++) {
+        const mt_layout *L = &layouts[i];
+        if (L->dp * L->pp * L->tp != mt_size) continue;
+        char why[512], name[128];
+        nb__test_knockout("copies-sum");
+        mt_run_layout(&kv1, L, why, sizeof why);
+        nb__test_knockout(NULL);
+        mt_describe_layout(L, name, sizeof name);
+        MT_CHECK(any_rank(why[0] != 0), "%s: with the copies' sum switched off it still equals "
+                 "one process", name);
+    }
+    MT_END();
+}
+END_TEST
+
+/* A tensor-parallel size that divides n_head but neither divides n_kv_head nor is a multiple
+ * of it: the same clear error on every rank, the model unchanged. */
 START_TEST(test_llama_plan_errors) {
     if (mt_size > 1) {
         nb_mesh *mesh = nb_mesh_new(mt_world, "tp", (int[]){mt_size});
         nb_llama_config c = config();
-        c.n_kv_head = 1; /* 8 query heads on one key/value head */
+        c.n_head = 12, c.n_kv_head = 3, c.n_embd = 96; /* 12 query heads on 3 key/value heads */
         nb_module *m = nb_llama_new(&c, NULL);
         const nb_status st = nb_llama_parallelize(m, mesh, NULL);
-        MT_CHECK(st == NB_EINVAL && strstr(nb_last_error(), "must divide n_head (8) and "
-                                                            "n_kv_head (1)"),
-                 "tp %d, one key/value head: %s", mt_size, nb_last_error());
+        MT_CHECK(st == NB_EINVAL && strstr(nb_last_error(), "must divide n_head (12), and divide "
+                                                            "n_kv_head (3) or be a multiple"),
+                 "tp %d, 3 key/value heads: %s", mt_size, nb_last_error());
         nb_placement pl;
         MT_CHECK(nb_tensor_placement(nb_module_find(m, "model.layers.0.self_attn.q_proj.weight"),
                                      &pl) == NB_OK && pl.mesh == NULL,
@@ -76,6 +160,8 @@ Suite *mt_suite_parallel_llama(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_llama_layouts);
     tcase_add_test(tc, test_llama_plan_errors);
+    tcase_add_test(tc, test_llama_kv_replicated);
+    tcase_add_test(tc, test_llama_kv_sum_needed);
     suite_add_tcase(s, tc);
     return s;
 }
