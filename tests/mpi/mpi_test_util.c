@@ -301,6 +301,7 @@ static const mt_layout layouts[] = {
     {4, 1, 1, false, NB_PIPE_1F1B, 1, 1, 3},
     {2, 1, 2, true, NB_PIPE_1F1B, 1, 1, 1},
     {2, 1, 2, false, NB_PIPE_1F1B, 1, 1, 2},
+    {2, 1, 2, false, NB_PIPE_1F1B, 1, 1, 3},
     {2, 2, 1, false, NB_PIPE_1F1B, 1, 2, 1},
     {2, 2, 1, false, NB_PIPE_INTERLEAVED, 2, 2, 2},
     {1, 1, 2, false, NB_PIPE_1F1B, 1, 1, 3},
