@@ -18,6 +18,7 @@ typedef struct rparam {
     nb_tensor *gview;   /* allreduce / scatter: its view of the flat gradient buffer (owned) */
     int handle;         /* grad hook handle, -1 if none */
     unsigned partial;   /* the sum groups (bits: r->sums) its gradient is a partial sum over */
+    bool partial_place; /* its placement says partial, or copies (the plan's guard: ours now) */
     bool expected;      /* requires grad: a gradient is expected every synced step */
     bool guarded;       /* our guard is set */
     bool ready;         /* its gradient completed in this step */

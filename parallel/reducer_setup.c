@@ -163,7 +163,7 @@ void nb__reducer_free(nb__reducer *r) {
         if (p->handle >= 0) nb_remove_grad_hook(p->t, p->handle);
         if (p->guarded) {
             nb__set_grad_guard(p->t, NULL, p);
-            if (p->partial) nb__partial_guard_set(p->t); /* unwrapped: partial again */
+            if (p->partial_place) nb__partial_guard_set(p->t); /* unwrapped: partial again */
         }
         nb_tensor_free(p->gview);
     }
@@ -229,6 +229,8 @@ static nb_status read_placements(nb__reducer *r, const nb_params *ps, const char
             else if (d >= 0 && nb__place_copies(e) > 1) j = sum_group(r, d, e->copies, op);
             if (j == -2) return nb_last_status();
             if (j >= 0) r->p[i].partial |= 1u << j;
+            if (e->kind == NB_PLACE_PARTIAL || nb__place_copies(e) > 1)
+                r->p[i].partial_place = true;
             if (e->kind == NB_PLACE_REPLICATE && d == NB__DIM_PP && e->length > 1)
                 r->p[i].deferred = true;
         }
@@ -295,7 +297,8 @@ nb__reducer *nb__reducer_new(nb_module *model, nb_comm *c, const nb__reducer_cfg
             break;
         }
         p->handle = h;
-        if (p->partial) nb__set_grad_guard(p->t, NULL, &nb__partial_guard_ctx); /* ours sums */
+        if (p->partial_place) /* ours sums */
+            nb__set_grad_guard(p->t, NULL, &nb__partial_guard_ctx);
         s = nb__set_grad_guard(p->t, nb__reducer_grad_guard, p);
         if (s == NB_ESTATE)
             nb__error(s, "%s: parameter %s is already wrapped by another nb_%s or nb_%s; free "
