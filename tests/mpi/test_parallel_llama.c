@@ -103,6 +103,19 @@ START_TEST(test_llama_kv_replicated) {
                                   &pl));
         MT_CHECK(pl.places[0].copies <= 1 && pl.places[0].length == 32 / mt_size,
                  "q_proj: %s", nb_placement_describe(&pl, (char[160]){0}, 160));
+        /* the copies' gradients are partial: without a reducer to sum them the step refuses */
+        nb_optim *o = nb_adamw_new(nb_parameters(m), NULL);
+        nb_scope_begin();
+        nb_tensor *x = nb_zeros((int64_t[]){2, MT_T}, 2, NB_I64);
+        double loss = nb_llama_train_step(m, o, &x, &x, 1, NULL, NULL);
+        char want[64];
+        snprintf(want, sizeof want, "(a piece %d ranks hold", mt_size);
+        MT_CHECK(isnan(loss) && strstr(nb_last_error(), want) &&
+                     strstr(nb_last_error(), "wrap the model with nb_ddp_new"),
+                 "a step without a reducer: loss %g, %s", loss, nb_last_error());
+        nb_clear_error();
+        nb_scope_end();
+        nb_optim_free(o);
         nb_module_free(m);
         nb_mesh_free(mesh);
     }
