@@ -3,8 +3,10 @@
  * its whole shape, the parts this rank holds (rectangles of the whole tensor, one per block,
  * each optionally a flat range: ZeRO) and whether this rank writes them. Replicated data is
  * written once: by coordinate 0 of every mesh dimension it is replicated along, by copy 0 of
- * pipeline copies; the scalars of a parameter (an optimizer's step count) by the holder of
- * its element 0. Nothing here looks at a parameter's name to decide its layout. */
+ * pipeline copies, by the first of the ranks holding a shard with copies (coordinate %
+ * copies == 0; every copy reads it on load); the scalars of a parameter (an optimizer's step
+ * count) by the holder of its element 0. Nothing here looks at a parameter's name to decide
+ * its layout. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,7 +118,11 @@ static bool writes(const dcp_world *w, const nb_placement *p, const char *flat_d
             if (e && e->kind == NB_PLACE_REPLICATE && e->offset != 0) return false;
             continue;
         }
-        if (e && e->kind == NB_PLACE_SHARD) continue;
+        if (e && e->kind == NB_PLACE_SHARD) { /* a piece of its own; of copies, the first */
+            if (e->copies > 1 && nb_mesh_rank(w->mesh, dim_names[d]) % e->copies != 0)
+                return false;
+            continue;
+        }
         if (flat_dim && strcmp(flat_dim, dim_names[d]) == 0) continue;
         if (nb_mesh_rank(w->mesh, dim_names[d]) != 0) return false;
     }

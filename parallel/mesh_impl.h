@@ -45,7 +45,9 @@ nb_status nb__tp_apply_one(nb_module *m, const nb_mesh *mesh, const struct nb_tp
 /* Test switches (parallel/placement.c): the tests switch off one rule of the parallel layer
  * at a time to show it is needed (the equality with one process must then fail).
  * "tie-sum": the pipeline does not sum tied copies; "count-once": norms count every copy;
- * "partial-sum": the reducer does not sum partial gradients. NULL switches all back on. */
+ * "partial-sum": the reducer does not sum partial gradients; "copies-sum": it does not sum
+ * the gradients of pieces several ranks hold (shards with copies) over their copies. NULL
+ * switches all back on. */
 void nb__test_knockout(const char *what);
 bool nb__knocked_out(const char *what);
 
@@ -67,5 +69,8 @@ nb_status nb__placement_set_flat_shard(nb_tensor *t, const nb_mesh *mesh, const 
                                        nb_tensor *value);
 /* The entry of p along mesh dimension d, or NULL. */
 const nb_place *nb__placement_find(const nb_placement *p, int d);
+/* The number of ranks holding the same piece along e's mesh dimension: e->copies for a
+ * SHARD with copies > 1, else 1. */
+int nb__place_copies(const nb_place *e);
 
 #endif

@@ -1,6 +1,7 @@
 /* placement.c - placements (nabla/mesh.h): setting and reading where a tensor lives on a
  * device mesh, the checks that keep a placement consistent with the tensor, and the rule that
- * decides which copy of a replicated tensor counts in a sum over the mesh (norms). */
+ * decides which copy of a replicated tensor (or of a piece several ranks hold) counts in a sum
+ * over the mesh (norms). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +20,10 @@ const nb_place *nb__placement_find(const nb_placement *p, int d) {
     return NULL;
 }
 
+int nb__place_copies(const nb_place *e) {
+    return e && e->kind == NB_PLACE_SHARD && e->copies > 1 ? e->copies : 1;
+}
+
 /* nb_placement_counts, with mesh dimension flat (>= 0) treated as sharded: a ZeRO shard. */
 static bool counts_with(const nb_placement *p, int flat) {
     if (!p || !p->mesh || nb__knocked_out("count-once")) return true;
@@ -28,7 +33,11 @@ static bool counts_with(const nb_placement *p, int flat) {
             if (e && e->kind == NB_PLACE_REPLICATE && e->offset != 0) return false;
             continue;
         }
-        if ((e && e->kind == NB_PLACE_SHARD) || d == flat) continue; /* a distinct part */
+        if (e && e->kind == NB_PLACE_SHARD) { /* a distinct part; of copies, the first */
+            if (nb__mesh_coord(p->mesh, d) % nb__place_copies(e) != 0) return false;
+            continue;
+        }
+        if (d == flat) continue; /* a distinct part */
         if (nb__mesh_coord(p->mesh, d) != 0) return false; /* a copy: coordinate 0 counts */
     }
     return true;
@@ -91,6 +100,14 @@ static nb_status check(const nb_tensor *t, const nb_placement *p, const char *wh
                              (long long)e->offset, (long long)e->length);
         if (e->kind == NB_PLACE_PARTIAL && d == NB__DIM_PP)
             return nb__error(NB_EINVAL, "%s: partial over pp (use replicate for tied copies)", who);
+        if (e->copies < 0 || (e->copies > 1 && (e->kind != NB_PLACE_SHARD ||
+                                                e->dim == NB_PLACE_FLAT)))
+            return nb__error(NB_EINVAL, "%s: %d copies over %s; copies (> 1) are for the shard "
+                             "of a tensor dimension (0 or 1: none)", who, e->copies, e->mesh_dim);
+        if (e->copies > 1 && nb__mesh_dim_size(p->mesh, d) % e->copies)
+            return nb__error(NB_EINVAL, "%s: a piece held by %d copies over %s, whose %d ranks "
+                             "do not split into groups of %d", who, e->copies, e->mesh_dim,
+                             nb__mesh_dim_size(p->mesh, d), e->copies);
         if (e->kind != NB_PLACE_SHARD) continue;
         if (e->offset < 0 || e->length < 0 || e->blocks < 1)
             return nb__error(NB_EINVAL, "%s: shard over %s at %lld of length %lld in %d blocks",
@@ -239,6 +256,13 @@ const char *nb_placement_describe(const nb_placement *p, char *buf, size_t n) {
             if (e->dim == NB_PLACE_FLAT)
                 at += (size_t)snprintf(buf + at, n - at, "%sshard(flat over %.8s: %lld at %lld)",
                                        sep, e->mesh_dim, (long long)e->length, (long long)e->offset);
+            else if (e->copies > 1)
+                at += (size_t)snprintf(buf + at, n - at, "%sshard(dim %d over %.8s: %lld of %lld at "
+                                       "%lld%s, held by %d ranks)", sep, e->dim, e->mesh_dim,
+                                       (long long)e->length,
+                                       (long long)(p->shape[e->dim] / e->blocks),
+                                       (long long)e->offset, e->blocks > 1 ? ", per block" : "",
+                                       e->copies);
             else
                 at += (size_t)snprintf(buf + at, n - at, "%sshard(dim %d over %.8s: %lld of %lld at "
                                        "%lld%s)", sep, e->dim, e->mesh_dim, (long long)e->length,

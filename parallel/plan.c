@@ -9,6 +9,11 @@
  *                `blocks` blocks. forward: the input enters the region (copy_to_region, or
  *                with sp an all-gather of the sequence), x W_r^T + b_r, the output stays this
  *                rank's columns, tagged as such (cross entropy on it runs vocab-parallel).
+ *                With a unit and U = out/unit units (per block) fewer than T, T dividing by
+ *                U: each unit is held by c = T/U consecutive ranks (rank r holds unit r/c:
+ *                a key/value head replicated over the ranks of its query heads), the
+ *                placement says so (copies c), and the weight's and bias's gradients, each
+ *                copy's partial sum, are summed over the copies by the gradient reducer.
  *   row-wise     weight columns [r in/T, (r+1) in/T), the bias whole. forward: x_r W_r^T
  *                (x split here when it arrives whole), summed over the group (allreduce, or
  *                with sp a reduce-scatter of the sequence), then + b.
@@ -112,14 +117,17 @@ typedef struct style_ctx {
     char tp_dim[8];
     bool gather_output; /* column-wise (the public layer's option): the output all-gathered */
     bool split_input;   /* row-wise (the public layer's option): the input always arrives whole */
+    int copies;         /* column-wise: ranks holding each unit (1: the units are split) */
 } style_ctx;
 
 static nb_tensor *vocab_ce(nb_tensor *logits, nb_tensor *target, const nb_cross_entropy_opts *o,
                            const nb__place *pl);
 
-/* The output of a column-parallel layer: its last dim is this rank's chunk over tp. */
+/* The output of a column-parallel layer: its last dim is this rank's chunk over tp (a layer
+ * whose units are held by several ranks: its unit, which is no rank-ordered chunk, so the
+ * output is not tagged and a cross entropy on it is an ordinary one). */
 static nb_tensor *tag(const style_ctx *s, nb_tensor *y) {
-    if (!y || s->T == 1) return y;
+    if (!y || s->T == 1 || s->copies > 1) return y;
     nb__place *pl = nb__place_new();
     if (!pl) return NULL;
     pl->activation = true;
@@ -209,28 +217,32 @@ static nb_tensor *sequence_forward(nb_module *m, nb_tensor *x, void *ctx) {
 }
 
 /* ---- slicing --------------------------------------------------------------------------------- */
-/* This rank's part of w along dim (blocks equal blocks, each split T ways), as a new tensor. */
-static nb_tensor *part_of(nb_tensor *w, int dim, int blocks, int T, int r) {
-    const int64_t B = nb_size(w, dim) / blocks, n = B / T;
+/* This rank's part of w along dim: [off, off + n) of each of `blocks` equal blocks, as a new
+ * tensor. */
+static nb_tensor *part_of(nb_tensor *w, int dim, int blocks, int64_t off, int64_t n) {
+    const int64_t B = nb_size(w, dim) / blocks;
     nb_tensor *parts[64];
-    for (int k = 0; k < blocks; k++) parts[k] = nb_narrow(w, dim, k * B + r * n, n);
+    for (int k = 0; k < blocks; k++) parts[k] = nb_narrow(w, dim, k * B + off, n);
     return nb_contiguous(blocks == 1 ? parts[0] : nb_cat(parts, blocks, dim));
 }
 
 /* Replace parameter t by its part along dim and record the placement; a tensor another rule
- * already split the same way (a tied weight) is left as it is. */
+ * already split the same way (a tied weight) is left as it is. With s->copies > 1 (column-wise
+ * units held by several ranks) rank r holds the (r / copies)-th of T / copies parts. */
 static nb_status shard_param(const style_ctx *s, nb_tensor *t, const char *name, int dim,
                              int blocks) {
     nb_placement now;
     nb_tensor_placement(t, &now);
-    const int64_t n = now.shape[dim] / blocks / s->T;
-    nb_place e = {.kind = NB_PLACE_SHARD, .dim = dim, .blocks = blocks, .offset = n * s->r,
-                  .length = n};
+    const int c = s->copies > 1 ? s->copies : 1;
+    const int64_t n = now.shape[dim] / blocks / (s->T / c);
+    nb_place e = {.kind = NB_PLACE_SHARD, .dim = dim, .blocks = blocks, .offset = n * (s->r / c),
+                  .length = n, .copies = c > 1 ? c : 0};
     memcpy(e.mesh_dim, s->tp_dim, sizeof e.mesh_dim);
     const nb_place *had = now.mesh ? nb__placement_find(&now, NB__DIM_TP) : NULL;
     if (had) {
         if (had->kind == e.kind && had->dim == e.dim && had->blocks == e.blocks &&
-            had->offset == e.offset && had->length == e.length)
+            had->offset == e.offset && had->length == e.length &&
+            nb__place_copies(had) == nb__place_copies(&e))
             return NB_OK; /* shared with a module split the same way */
         return nb_set_error(NB_EINVAL, "parallelize: %s is shared with a module that another rule "
                             "already split differently", name);
@@ -240,7 +252,7 @@ static nb_status shard_param(const style_ctx *s, nb_tensor *t, const char *name,
     nb_status st = NB_OK;
     bool prev = nb_set_grad_enabled(false);
     nb_scope_begin();
-    nb_tensor *p = part_of(t, dim, blocks, s->T, s->r);
+    nb_tensor *p = part_of(t, dim, blocks, e.offset, n);
     if (!p) st = nb_last_status();
     nb_placement np = now;
     np.mesh = s->mesh;
@@ -251,7 +263,9 @@ static nb_status shard_param(const style_ctx *s, nb_tensor *t, const char *name,
     }
     nb_scope_end();
     nb_set_grad_enabled(prev);
-    return st;
+    /* the copies' gradients are partial sums: until a reducer wraps the model (and sums them
+     * over the copies), nb_step refuses them */
+    return st == NB_OK && c > 1 ? nb__partial_guard_set(t) : st;
 }
 
 static nb_status partial_param(const style_ctx *s, nb_tensor *t, const char *name) {
@@ -298,6 +312,19 @@ static bool divides(int64_t n, int64_t by, const char *path, const char *what, i
     return false;
 }
 
+/* The ranks holding each of a column-wise rule's units on T ranks: 1 when its units (per
+ * block) split into T equal parts, T / U when a rule with a unit has U units and T divides by
+ * U (each unit replicated over T / U consecutive ranks), 0 otherwise. */
+static int colwise_copies(nb_module *m, const nb_tp_rule *r, int T) {
+    const int blocks = r->blocks > 1 ? r->blocks : 1;
+    const int64_t unit = r->unit > 0 ? r->unit : 1;
+    const int64_t out = nb_size(nb_module_param(m, "weight"), 0);
+    if (out % blocks || (out / blocks) % unit) return 0;
+    const int64_t units = out / blocks / unit;
+    if (units % T == 0) return 1;
+    return r->unit > 0 && units > 0 && T % units == 0 ? (int)(T / units) : 0;
+}
+
 static bool check_rule(nb_module *m, const char *path, const nb_tp_rule *r, int T) {
     const int blocks = r->blocks > 1 ? r->blocks : 1;
     const int64_t unit = r->unit > 0 ? r->unit : 1;
@@ -310,8 +337,17 @@ static bool check_rule(nb_module *m, const char *path, const nb_tp_rule *r, int 
                          path, (long long)out, blocks);
             return false;
         }
-        return divides(out / blocks, (int64_t)T * unit, path,
-                       blocks > 1 ? "each block's out_features" : "out_features", T);
+        if (colwise_copies(m, r, T) > 0) return true;
+        const char *what = blocks > 1 ? "each block's out_features" : "out_features";
+        const int64_t ob = out / blocks;
+        if (r->unit > 0 && ob % unit == 0 && ob > 0) {
+            nb_set_error(NB_EINVAL, "parallelize: '%s': %s %lld is %lld units of %lld (the rule's "
+                         "unit), which neither split into %d equal parts nor divide %d (then "
+                         "each unit would be held by %d / units ranks)", path, what,
+                         (long long)ob, (long long)(ob / unit), (long long)unit, T, T, T);
+            return false;
+        }
+        return divides(ob, (int64_t)T * unit, path, what, T);
     }
     case NB_TP_ROWWISE:
         return linear_like(m, path, style_name(r->style)) &&
@@ -343,6 +379,9 @@ static nb_status apply(const style_ctx *s, nb_module *m, const char *path, const
     char name[512];
     nb__forward_fn fn = NULL;
     nb_status st = NB_OK;
+    style_ctx sc = *s; /* column-wise: the ranks holding each unit */
+    sc.copies = r->style == NB_TP_COLWISE ? colwise_copies(m, r, s->T) : 1;
+    s = &sc;
     switch (r->style) {
     case NB_TP_COLWISE:
     case NB_TP_ROWWISE:

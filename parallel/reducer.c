@@ -295,16 +295,15 @@ nb_tensor *nb__reducer_piece_grad(const nb__reducer *r, int i, int64_t *lo) {
     return v ? nb__scope_take(v) : NULL;
 }
 
-/* Partial gradients (sequence parallelism): summed over each mesh dimension they are
- * partial over, this rank's part of each packed into one buffer per dimension. */
+/* Partial gradients (sequence parallelism; the copies of a piece several ranks hold): summed
+ * over each group they are partial over (a mesh dimension, or a piece's copies), this rank's
+ * part of each packed into one buffer per group, the groups in the order setup met them. */
 static nb_status partial_sums(nb__reducer *r) {
     nb_status s = NB_OK;
     if (nb__knocked_out("partial-sum")) return NB_OK; /* a test switch (mesh_impl.h) */
-    for (int d = 0; d < NB__MESH_DIMS && s == NB_OK; d++) {
-        if (!(r->partial_dims & (1u << d))) continue;
-        nb_comm *g = nb_mesh_group(r->mesh, nb__mesh_dim_name(d));
-        if (!g) return nb_last_status();
-        if (nb_comm_size(g) == 1) continue;
+    for (int d = 0; d < r->nsums && s == NB_OK; d++) {
+        nb_comm *g = r->sums[d].c;
+        if (r->sums[d].copies > 1 && nb__knocked_out("copies-sum")) continue;
         bool prev = nb_set_grad_enabled(false);
         nb_scope_begin();
         int64_t total = 0;
@@ -332,9 +331,13 @@ static nb_status partial_sums(nb__reducer *r) {
                 at += n;
             }
         }
-        if (s != NB_OK)
+        if (s != NB_OK && r->sums[d].copies > 1)
+            s = nb__error(s, "%s: summing the partial gradients of pieces held by %d ranks of "
+                          "%s failed: %s", r->who, r->sums[d].copies,
+                          nb__mesh_dim_name(r->sums[d].dim), nb_last_error());
+        else if (s != NB_OK)
             s = nb__error(s, "%s: summing the partial gradients over %s failed: %s", r->who,
-                          nb__mesh_dim_name(d), nb_last_error());
+                          nb__mesh_dim_name(r->sums[d].dim), nb_last_error());
         nb_scope_end();
         nb_set_grad_enabled(prev);
     }
@@ -509,14 +512,22 @@ char nb__partial_guard_ctx;
 nb_status nb__partial_guard(const nb_tensor *leaf, void *ctx, const char *who) {
     (void)ctx;
     const char *dim = "tp";
+    char why[96] = "sequence parallelism";
     const nb__place *pl = leaf && leaf->place && !leaf->place->activation ? leaf->place : NULL;
-    for (int k = 0; pl && k < pl->p.n; k++)
-        if (pl->p.places[k].kind == NB_PLACE_PARTIAL) dim = pl->p.places[k].mesh_dim;
+    for (int k = 0; pl && k < pl->p.n; k++) {
+        const nb_place *e = &pl->p.places[k];
+        if (e->kind == NB_PLACE_PARTIAL) dim = e->mesh_dim;
+        if (nb__place_copies(e) > 1) {
+            dim = e->mesh_dim;
+            snprintf(why, sizeof why, "a piece %d ranks hold, each with its own part of the "
+                     "gradient", e->copies);
+        }
+    }
     return nb__error(NB_ESTATE, "%s: the gradient of a parameter of shape %s is a partial sum "
-                     "over %.8s (sequence parallelism) that nothing summed: wrap the model with "
+                     "over %.8s (%s) that nothing summed: wrap the model with "
                      "nb_ddp_new(model, nb_mesh_group(mesh, \"dp\"), NULL) (or nb_zero_new), "
                      "which sums these after the data-parallel reduction (on one data-parallel "
-                     "rank it only sums these)", who, leaf ? NB__SHAPE(leaf) : "?", dim);
+                     "rank it only sums these)", who, leaf ? NB__SHAPE(leaf) : "?", dim, why);
 }
 
 nb_status nb__partial_guard_set(nb_tensor *t) {

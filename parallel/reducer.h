@@ -23,9 +23,12 @@
  *
  * After the data-parallel reduction of a step completes, a parameter whose placement has an
  * NB_PLACE_PARTIAL entry (sequence parallelism) gets its gradient summed over that mesh
- * dimension's group (Megatron's finalize order): the whole gradient under ALLREDUCE, this
- * rank's piece of it under the scatter policies (the flat layout is the same on the ranks of
- * that group, so the pieces match). On a size-1 communicator that is all a reducer does.
+ * dimension's group (Megatron's finalize order), and one whose placement has a shard held by
+ * several ranks (copies > 1: a replicated key/value head) over the ranks holding the same
+ * piece (a split of that dimension's group, made once by nb__reducer_new): the whole
+ * gradient under ALLREDUCE, this rank's piece of it under the scatter policies (the flat
+ * layout is the same on the ranks of those groups, so the pieces match). On a size-1
+ * communicator that is all a reducer does.
  *
  * Accumulation: a parameter whose gradient was accumulated by backward passes with sync
  * disabled counts as ready in the synced backward even when its hook does not fire there (a
@@ -78,8 +81,10 @@ typedef struct nb__reducer_cfg {
  * parameters) and c. Under NB__RED_STAGED the module's flat gradient buffer must be gone
  * (ZeRO drops it first). Errors: parameters placed on a mesh whose "dp" group is not c, or on
  * two meshes; a parameter registered twice; one already wrapped (NB_ESTATE, "already
- * wrapped by another nb_ddp or nb_zero"); NB_ENOMEM. Local (no communication): the caller
- * checks that the ranks wrap the same model (nb__reducer_check_same). */
+ * wrapped by another nb_ddp or nb_zero"); NB_ENOMEM. It communicates only to make the groups
+ * of pieces held by several ranks (a split of their mesh dimension's group, collective over
+ * it, when some parameter has copies); the caller checks that the ranks wrap the same model
+ * (nb__reducer_check_same). */
 nb__reducer *nb__reducer_new(nb_module *model, nb_comm *c, const nb__reducer_cfg *cfg);
 void nb__reducer_free(nb__reducer *r);
 /* Collective: every rank wraps the same number of parameters and elements and the same
@@ -145,7 +150,8 @@ bool nb__reducer_param_deferred(const nb__reducer *r, int i);
 nb_status nb__reducer_sync_deferred(nb__reducer *r);
 
 /* ---- partial gradients without a reducer ------------------------------------------------------
- * nb_parallelize marks each parameter it places NB_PLACE_PARTIAL with this guard (on
+ * nb_parallelize marks each parameter it places NB_PLACE_PARTIAL, or as a shard held by
+ * several ranks (copies > 1), with this guard (on
  * nb__partial_guard_ctx): nb_step then refuses its gradient, a partial sum nobody summed, and
  * says how to wrap the model. A reducer wrapping the parameter replaces it by its own guard
  * (which sums the parts) and puts it back when freed. */

@@ -7,6 +7,8 @@
 #include "parallel/reducer.h"
 #include "tensor/tensor_impl.h"
 
+#define NB__RED_SUMS 8 /* sum groups of partial gradients a reducer keeps */
+
 typedef struct rparam {
     struct nb__reducer *r;
     int index;          /* in nb_parameters order */
@@ -15,7 +17,8 @@ typedef struct rparam {
     int64_t off, n;     /* its element range in the flat buffer (relative to its start) */
     nb_tensor *gview;   /* allreduce / scatter: its view of the flat gradient buffer (owned) */
     int handle;         /* grad hook handle, -1 if none */
-    unsigned partial;   /* mesh dimensions (bits) over which its gradient is a partial sum */
+    unsigned partial;   /* the sum groups (bits: r->sums) its gradient is a partial sum over */
+    bool partial_place; /* its placement says partial, or copies (the plan's guard: ours now) */
     bool expected;      /* requires grad: a gradient is expected every synced step */
     bool guarded;       /* our guard is set */
     bool ready;         /* its gradient completed in this step */
@@ -65,7 +68,16 @@ struct nb__reducer {
     int nlaunched;            /* buckets launched in this step */
     int last_launched;        /* buckets launched by the last finished step (for tests) */
     int ndeferred;            /* deferred buckets */
-    unsigned partial_dims;    /* mesh dimensions some parameter is partial over */
+    /* The groups partial gradients are summed over, in the order they were met (the same on
+     * every rank): a whole mesh dimension (NB_PLACE_PARTIAL: its group, borrowed from the
+     * mesh), or the ranks of one dimension holding the same piece (a shard with copies: a
+     * split of that dimension's group, owned). */
+    struct {
+        int dim, copies;      /* copies 0: the whole dimension */
+        nb_comm *c;
+        bool owned;
+    } sums[NB__RED_SUMS];
+    int nsums;
     bool sync_enabled;
     bool active;              /* a synced backward's hooks ran; its end has not been processed */
     bool twice;               /* a parameter completed twice before the end of the step */

@@ -163,16 +163,44 @@ void nb__reducer_free(nb__reducer *r) {
         if (p->handle >= 0) nb_remove_grad_hook(p->t, p->handle);
         if (p->guarded) {
             nb__set_grad_guard(p->t, NULL, p);
-            if (p->partial) nb__partial_guard_set(p->t); /* unwrapped: partial again */
+            if (p->partial_place) nb__partial_guard_set(p->t); /* unwrapped: partial again */
         }
         nb_tensor_free(p->gview);
     }
+    for (int j = 0; j < r->nsums; j++)
+        if (r->sums[j].owned) nb_comm_free(r->sums[j].c);
     free(r->p);
     free(r);
 }
 
+/* The index of the sum group over mesh dimension d (copies 0: all of it; else the ranks
+ * holding the same piece as this one, copies of them), made when first met: a split of d's
+ * group (collective over it: every rank of the group wraps the same model, so meets the same
+ * groups in the same order). Groups of one rank are -1: nothing to sum. -2 on failure. */
+static int sum_group(nb__reducer *r, int d, int copies, const char *op) {
+    for (int j = 0; j < r->nsums; j++)
+        if (r->sums[j].dim == d && r->sums[j].copies == copies) return j;
+    nb_comm *g = nb_mesh_group(r->mesh, nb__mesh_dim_name(d));
+    if (!g) return -2;
+    if (nb_comm_size(g) == 1 || copies == 1) return -1;
+    if (r->nsums == NB__RED_SUMS) {
+        nb__error(NB_EUNSUPPORTED, "%s: the parameters' gradients are partial sums over more "
+                  "than %d groups of ranks", op, NB__RED_SUMS);
+        return -2;
+    }
+    bool owned = copies > 1;
+    if (owned) { /* ranks c*k .. c*k + c - 1 of the dimension: color k */
+        const int at = nb_comm_rank(g);
+        if (!(g = nb_comm_split(g, at / copies, at % copies))) return -2;
+    }
+    r->sums[r->nsums].dim = d, r->sums[r->nsums].copies = copies;
+    r->sums[r->nsums].c = g, r->sums[r->nsums].owned = owned;
+    return r->nsums++;
+}
+
 /* The mesh the parameters are placed on (NULL: none), checked: one mesh, whose "dp" group is
- * c; each parameter's partial dimensions and whether it is a tied pipeline copy. */
+ * c; each parameter's partial sum groups (a partial dimension, the copies of a shard) and
+ * whether it is a tied pipeline copy. */
 static nb_status read_placements(nb__reducer *r, const nb_params *ps, const char *op) {
     for (int i = 0; i < r->np; i++) {
         const nb__place *pl = ps->tensors[i]->place;
@@ -182,14 +210,6 @@ static nb_status read_placements(nb__reducer *r, const nb_params *ps, const char
                              "meshes (%s among them); one model lives on one mesh", op,
                              ps->names[i]);
         r->mesh = pl->p.mesh;
-        for (int k = 0; k < pl->p.n; k++) {
-            const nb_place *e = &pl->p.places[k];
-            int d = nb__mesh_dim_index(e->mesh_dim, strnlen(e->mesh_dim, sizeof e->mesh_dim));
-            if (e->kind == NB_PLACE_PARTIAL && d >= 0) r->p[i].partial |= 1u << d;
-            if (e->kind == NB_PLACE_REPLICATE && d == NB__DIM_PP && e->length > 1)
-                r->p[i].deferred = true;
-        }
-        r->partial_dims |= r->p[i].partial;
     }
     if (!r->mesh) return NB_OK;
     nb_comm *dp = nb_mesh_group(r->mesh, "dp");
@@ -198,6 +218,23 @@ static nb_status read_placements(nb__reducer *r, const nb_params *ps, const char
                          "data-parallel group has %d ranks, but the communicator given is not "
                          "that group (%d ranks); pass nb_mesh_group(mesh, \"dp\")", op,
                          nb_mesh_describe(r->mesh), nb_comm_size(dp), r->size);
+    for (int i = 0; i < r->np; i++) {
+        const nb__place *pl = ps->tensors[i]->place;
+        if (!pl || pl->activation || !pl->p.mesh) continue;
+        for (int k = 0; k < pl->p.n; k++) {
+            const nb_place *e = &pl->p.places[k];
+            int d = nb__mesh_dim_index(e->mesh_dim, strnlen(e->mesh_dim, sizeof e->mesh_dim));
+            int j = -1;
+            if (d >= 0 && e->kind == NB_PLACE_PARTIAL) j = sum_group(r, d, 0, op);
+            else if (d >= 0 && nb__place_copies(e) > 1) j = sum_group(r, d, e->copies, op);
+            if (j == -2) return nb_last_status();
+            if (j >= 0) r->p[i].partial |= 1u << j;
+            if (e->kind == NB_PLACE_PARTIAL || nb__place_copies(e) > 1)
+                r->p[i].partial_place = true;
+            if (e->kind == NB_PLACE_REPLICATE && d == NB__DIM_PP && e->length > 1)
+                r->p[i].deferred = true;
+        }
+    }
     return NB_OK;
 }
 
@@ -260,7 +297,8 @@ nb__reducer *nb__reducer_new(nb_module *model, nb_comm *c, const nb__reducer_cfg
             break;
         }
         p->handle = h;
-        if (p->partial) nb__set_grad_guard(p->t, NULL, &nb__partial_guard_ctx); /* ours sums */
+        if (p->partial_place) /* ours sums */
+            nb__set_grad_guard(p->t, NULL, &nb__partial_guard_ctx);
         s = nb__set_grad_guard(p->t, nb__reducer_grad_guard, p);
         if (s == NB_ESTATE)
             nb__error(s, "%s: parameter %s is already wrapped by another nb_%s or nb_%s; free "

@@ -62,7 +62,7 @@ static bool heads_of(const nb_llama_config *c, nb_tensor *q, nb_tensor *k, heads
     if (wq % h->hd || wk % h->hd || h->Hk == 0 || h->Hq % h->Hk) {
         nb_set_error(NB_ESHAPE, "llama: the attention got q of width %lld and k, v of width %lld: "
                      "not whole heads of size %lld with the key/value heads dividing the query "
-                     "heads (a tensor-parallel size must divide n_head and n_kv_head)",
+                     "heads (a tensor-parallel size must divide n_head)",
                      (long long)wq, (long long)wk, (long long)h->hd);
         return false;
     }

@@ -4,9 +4,10 @@
 #include "nabla/nabla.h"
 #include "zoo/llama_impl.h"
 
-/* q, k, v, gate and up column-wise (whole heads), o and down row-wise, the vocabulary split in
- * the embedding and the head (whose output feeds the vocab-parallel cross entropy), and with
- * sequence parallelism the RMSNorms on sequence shards. */
+/* q, k, v, gate and up column-wise (whole heads; with fewer key/value heads than ranks each
+ * k/v head is held by the tp / n_kv_head ranks of its query heads), o and down row-wise, the
+ * vocabulary split in the embedding and the head (whose output feeds the vocab-parallel cross
+ * entropy), and with sequence parallelism the RMSNorms on sequence shards. */
 nb_status nb_llama_parallelize(nb_module *llama, const nb_mesh *mesh, const nb_parallelize_opts *o) {
     const nb_llama_config *c = nb_llama_get_config(llama);
     if (!c) return nb_set_error(NB_EINVAL, "nb_llama_parallelize: the module is not a Llama");
@@ -15,11 +16,12 @@ nb_status nb_llama_parallelize(nb_module *llama, const nb_mesh *mesh, const nb_p
         return nb_last_status();
     const int tp = nb_mesh_size(mesh, o && o->tp_dim ? o->tp_dim : "tp");
     if (tp < 1) return nb_last_status();
-    if (c->n_head % tp || c->n_kv_head % tp)
+    if (c->n_head % tp || (c->n_kv_head % tp && tp % c->n_kv_head))
         return nb_set_error(NB_EINVAL, "nb_llama_parallelize: the tensor-parallel size %d must "
-                            "divide n_head (%lld) and n_kv_head (%lld): each rank holds whole "
-                            "query heads and the key/value heads they read", tp,
-                            (long long)c->n_head, (long long)c->n_kv_head);
+                            "divide n_head (%lld), and divide n_kv_head (%lld) or be a multiple "
+                            "of it: each rank holds whole query heads and the key/value heads "
+                            "they read (split over the ranks, or each held by tp / n_kv_head "
+                            "ranks)", tp, (long long)c->n_head, (long long)c->n_kv_head);
     if (o && o->sequence_parallel && c->block_size % tp)
         return nb_set_error(NB_EINVAL, "nb_llama_parallelize: with sequence parallelism the "
                             "context (block_size %lld) must divide by the tensor-parallel size %d "

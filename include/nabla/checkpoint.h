@@ -24,8 +24,8 @@
  * by every rank of the placements' mesh together (collective, every rank gets the same
  * status): each rank that holds data no other rank writes writes one file of its pieces
  * ("shard-<save id>-<rank>-of-<world>.safetensors"; replicated data is written once, by
- * coordinate 0 of every mesh dimension it is replicated along, so a dp x tp x pp run writes
- * each byte once) and rank 0 writes "index.json" last, once every file is durable: the
+ * coordinate 0 of every mesh dimension it is replicated along, a piece several ranks hold by
+ * its first copy, so a dp x tp x pp run writes each byte once) and rank 0 writes "index.json" last, once every file is durable: the
  * checkpoint exists only when its index does, and a save into an existing folder leaves the
  * previous checkpoint whole until its index is replaced (docs/checkpoints.md has the format).
  * Loading reads either kind into any layout: each rank reads only the stored pieces that

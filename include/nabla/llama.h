@@ -177,9 +177,11 @@ typedef struct nb_pipeline_opts nb_pipeline_opts;
  * column-wise (whole heads), o_proj and down_proj row-wise, the vocabulary split in
  * model.embed_tokens and lm_head (whose logits go to the vocab-parallel cross entropy of
  * nb_llama_loss), and with o->sequence_parallel the RMSNorms on sequence shards. The tp size
- * must divide n_head, n_kv_head, n_inner and vocab_size (and with sequence parallelism the
- * sequence length); NB_EINVAL naming the one that does not (key/value heads replicated over a
- * tp larger than n_kv_head are not offered: docs/llama.md). Collective over the mesh. */
+ * must divide n_head, n_inner and vocab_size (and with sequence parallelism the sequence
+ * length), and either divide n_kv_head (the key/value heads split) or be a multiple of it
+ * (each key/value head held by the tp / n_kv_head ranks of its query heads, whose partial
+ * gradients the reducer sums: wrap the model with nb_ddp or nb_zero, even on one data-parallel
+ * rank; docs/llama.md); NB_EINVAL naming what does not fit. Collective over the mesh. */
 nb_status nb_llama_parallelize(nb_module *llama, const nb_mesh *mesh,
                                const nb_parallelize_opts *o);
 /* The Llama split into pipeline stages over mesh's pp dimension (nabla/pipeline.h,

@@ -43,6 +43,13 @@
  *                     equal blocks of the dim, side by side, as a fused q/k/v projection is
  *                     split per head); dim NB_PLACE_FLAT: a range of the row-major flattened
  *                     tensor (ZeRO's shards). Lengths may differ between ranks (uneven shards).
+ *                     With copies > 1 the piece is held by `copies` consecutive ranks of the
+ *                     mesh dimension (ranks c*k .. c*k + copies - 1 hold the same piece: a
+ *                     key/value head replicated over the tensor-parallel ranks of its query
+ *                     heads); backward leaves each copy a partial sum of the piece's gradient,
+ *                     which the gradient reducer sums over the copies; norms count copy 0
+ *                     (coordinate % copies == 0), checkpoints write it once (copy 0) and every
+ *                     copy reads it. 0 (a zero-initialised entry) means 1: no copies.
  *   NB_PLACE_PARTIAL  the values are replicated along the mesh dimension, but backward leaves
  *                     each rank a partial sum of the gradient (a layer norm on a sequence
  *                     shard); the gradient reducer sums it over the dimension.
@@ -115,6 +122,8 @@ typedef struct nb_place {
     int blocks;        /* SHARD: >= 1; > 1: the dim holds `blocks` equal blocks, each split */
     int64_t offset;    /* SHARD: first index held (in each block); REPLICATE on pp: copy index */
     int64_t length;    /* SHARD: number held (in each block); REPLICATE on pp: copies */
+    int copies;        /* SHARD of a dim: ranks holding the same piece (consecutive along the
+                        * mesh dimension, whose size it divides); 0 or 1: this rank alone */
 } nb_place;
 
 typedef struct nb_placement {
@@ -131,15 +140,19 @@ nb_status nb_tensor_placement(const nb_tensor *t, nb_placement *out);
 /* Set t's placement (copied; p NULL or p->mesh NULL removes it). Checked against t: t's shape
  * must be the whole shape with each SHARD dim of length * blocks (a FLAT shard: t 1-D of
  * length elements, offset + length within the whole tensor's elements), at most one SHARD per
- * tensor dim and one entry per mesh dim, REPLICATE only on "pp". NB_EINVAL / NB_ESHAPE with a
- * message naming what is wrong; t unchanged then. */
+ * tensor dim and one entry per mesh dim, REPLICATE only on "pp", copies >= 0, and copies > 1
+ * only on the SHARD of a tensor dim (not FLAT) with the mesh dimension's size dividing by
+ * copies. NB_EINVAL / NB_ESHAPE with a message naming what is wrong; t unchanged then. */
 nb_status nb_tensor_set_placement(nb_tensor *t, const nb_placement *p);
-/* "shard(dim 0 over tp: 128 of 256 at 256) partial(tp)" into buf[n] (NUL-terminated); "whole"
- * for a placement without a mesh. Returns buf. */
+/* "shard(dim 0 over tp: 128 of 256 at 256) partial(tp)" into buf[n] (NUL-terminated); a
+ * piece with copies "shard(dim 0 over tp: 8 of 16 at 8, held by 2 ranks)"; "whole" for a
+ * placement without a mesh. Returns buf. */
 const char *nb_placement_describe(const nb_placement *p, char *buf, size_t n);
 /* Whether this rank's copy of a tensor so placed counts once in a sum over the whole mesh (a
  * norm): false along a replicated or partial dimension where this rank's coordinate is not 0,
- * and for pipeline copies other than copy 0. true for a placement without a mesh. */
+ * along a shard with copies where this rank is not the piece's first copy (coordinate %
+ * copies != 0), and for pipeline copies other than copy 0. true for a placement without a
+ * mesh. */
 bool nb_placement_counts(const nb_placement *p);
 
 #ifdef __cplusplus

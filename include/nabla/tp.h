@@ -105,7 +105,11 @@ typedef enum nb_tp_style {
  * one name ("transformer.h.*.ln_*"). blocks (COLWISE): a fused projection holding `blocks`
  * equal blocks (q, k and v: 3) is split per block, so each rank holds its heads of each; 0 or
  * 1: one block. unit (COLWISE, ROWWISE): each rank's part must be a whole number of units (a
- * head's size, so no head is cut); 0: 1. */
+ * head's size, so no head is cut); 0: 1. COLWISE with a unit on U units (per block) fewer than
+ * the T ranks, T a multiple of U: each unit is held by T / U consecutive ranks (rank r holds
+ * unit r / (T / U): key/value heads replicated over the ranks of their query heads), the
+ * placement's shard has copies T / U, and the gradients are partial sums over the copies that
+ * the gradient reducer (nb_ddp / nb_zero) completes; when neither divides, NB_EINVAL. */
 typedef struct nb_tp_rule {
     const char *path;
     nb_tp_style style;
@@ -133,7 +137,8 @@ nb_parallelize_opts nb_parallelize_defaults(void);
  * the same way. Errors, on every rank alike and before anything changes (collective over the
  * mesh): a rule that names no module, a module two rules give different styles, a module that
  * is not what its style needs (a linear layer, an embedding), sizes that do not divide by the
- * tp size (or into whole units), a flattened model. Ownership: the model keeps its modules
+ * tp size (or into whole units, or, column-wise with a unit, into units the tp size is a
+ * multiple of), a flattened model. Ownership: the model keeps its modules
  * and parameters; the mesh is borrowed and must outlive the model. */
 nb_status nb_parallelize(nb_module *model, const nb_mesh *mesh, const nb_tp_rule *plan,
                          const nb_parallelize_opts *o);

@@ -137,5 +137,7 @@ void mt_run_layout(mt_model *M, const mt_layout *L, char *why, size_t n);
 /* mt_run_layout for every layout of the table whose dp x pp x tp is the world size; a
  * difference is a failure. */
 void mt_check_layouts(mt_model *M);
+/* The same for the layouts whose tp is at least min_tp. */
+void mt_check_layouts_tp(mt_model *M, int min_tp);
 
 #endif

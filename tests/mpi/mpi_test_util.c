@@ -178,6 +178,21 @@ void mt_describe_layout(const mt_layout *L, char *buf, size_t n) {
              L->zero);
 }
 
+/* Whether some parameter's gradient is a partial sum the reducer completes: partial over a
+ * mesh dimension (sequence parallelism), or a piece several ranks hold (copies). */
+static bool has_partial_grads(nb_module *m) {
+    const nb_params *ps = nb_parameters(m);
+    for (int i = 0; ps && i < ps->count; i++) {
+        nb_placement pl;
+        if (nb_tensor_placement(ps->tensors[i], &pl) != NB_OK) continue;
+        for (int k = 0; k < pl.n; k++)
+            if (pl.places[k].kind == NB_PLACE_PARTIAL ||
+                (pl.places[k].kind == NB_PLACE_SHARD && pl.places[k].copies > 1))
+                return true;
+    }
+    return false;
+}
+
 void mt_run_layout(mt_model *M, const mt_layout *L, char *why, size_t n) {
     get_ref(M);
     char what[128];
@@ -210,7 +225,8 @@ void mt_run_layout(mt_model *M, const mt_layout *L, char *why, size_t n) {
     nb_ddp *ddp = NULL;
     nb_zero *z = NULL;
     nb_comm *dp = nb_mesh_group(mesh, "dp");
-    if (opt && (L->dp > 1 || L->zero || L->sp)) { /* the reducer (sp: its partial sums) */
+    /* the reducer (sp, key/value heads held by several ranks: its partial sums) */
+    if (opt && (L->dp > 1 || L->zero || L->sp || has_partial_grads(mod))) {
         if (L->zero) {
             nb_zero_opts zo = nb_zero_defaults();
             zo.stage = L->zero;
@@ -285,15 +301,18 @@ static const mt_layout layouts[] = {
     {4, 1, 1, false, NB_PIPE_1F1B, 1, 1, 3},
     {2, 1, 2, true, NB_PIPE_1F1B, 1, 1, 1},
     {2, 1, 2, false, NB_PIPE_1F1B, 1, 1, 2},
+    {2, 1, 2, false, NB_PIPE_1F1B, 1, 1, 3},
     {2, 2, 1, false, NB_PIPE_1F1B, 1, 2, 1},
     {2, 2, 1, false, NB_PIPE_INTERLEAVED, 2, 2, 2},
     {1, 1, 2, false, NB_PIPE_1F1B, 1, 1, 3},
 };
 
-void mt_check_layouts(mt_model *M) {
+void mt_check_layouts(mt_model *M) { mt_check_layouts_tp(M, 1); }
+
+void mt_check_layouts_tp(mt_model *M, int min_tp) {
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         const mt_layout *L = &layouts[i];
-        if (L->dp * L->pp * L->tp != mt_size) continue;
+        if (L->dp * L->pp * L->tp != mt_size || L->tp < min_tp) continue;
         char why[512];
         mt_run_layout(M, L, why, sizeof why);
         MT_CHECK(!why[0], "%s", why);

@@ -3,10 +3,12 @@
  *
  * The mesh: sizes, coordinates in Megatron's order, the groups, and a layout that the ranks
  * disagree on refused on every rank. Placements: set, read, checked against the tensor, and
- * the rule that counts each distinct part once. Plans: a small model of linear layers made
+ * the rule that counts each distinct part once (of a piece several ranks hold, its first
+ * copy). Plans: a small model of linear layers made
  * tensor parallel by a plan equals the 1-rank model built from the same seed (outputs, loss,
- * gradients gathered back, and the global gradient norm read from the placements), and plan
- * errors are the same error on every rank. */
+ * gradients gathered back, and the global gradient norm read from the placements), a
+ * column-wise rule on fewer units than ranks replicates each unit, and plan errors are the
+ * same error on every rank. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +151,64 @@ START_TEST(test_placement_rules) {
 }
 END_TEST
 
+/* A piece held by several ranks (copies): set, read, described, counted once (on its first
+ * copy), and the wrong uses refused. tp = the world (2 or 4 ranks) in pairs of copies; alone
+ * (tp 1) only what a size-1 dimension allows. */
+START_TEST(test_placement_copies) {
+    const int tp = mt_size % 2 == 0 ? mt_size : 1;
+    nb_mesh *m = nb_mesh_new(mt_world, "dp tp", (int[]){-1, tp});
+    const int r = nb_mesh_rank(m, "tp"), c = tp > 1 ? 2 : 1, pieces = tp / c;
+    const int64_t len = 8 / pieces;
+    nb_tensor *t = nb_zeros((int64_t[]){len, 3}, 2, NB_F32);
+    nb_placement p = {.mesh = m, .ndim = 2, .shape = {8, 3}, .n = 1,
+                      .places = {{.kind = NB_PLACE_SHARD, .mesh_dim = "tp", .dim = 0, .blocks = 1,
+                                  .offset = len * (r / c), .length = len, .copies = c}}};
+    MT_OK(nb_tensor_set_placement(t, &p));
+    nb_placement q;
+    MT_OK(nb_tensor_placement(t, &q));
+    MT_CHECK(q.n == 1 && q.places[0].copies == c && q.places[0].offset == len * (r / c),
+             "read back: copies %d offset %lld", q.places[0].copies, (long long)q.places[0].offset);
+    /* the first copy of each piece counts, once per dp replica */
+    MT_CHECK(nb_placement_counts(&q) == (r % c == 0 && nb_mesh_rank(m, "dp") == 0),
+             "tp rank %d of %d, %d copies: counts %d", r, tp, c, nb_placement_counts(&q));
+    char buf[160];
+    nb_placement_describe(&q, buf, sizeof buf);
+    if (c > 1) {
+        char want[96];
+        snprintf(want, sizeof want, "shard(dim 0 over tp: %lld of 8 at %lld, held by 2 ranks)",
+                 (long long)len, (long long)(len * (r / c)));
+        MT_CHECK(!strcmp(buf, want), "describe: \"%s\", expected \"%s\"", buf, want);
+    }
+    /* 0 (a zero-initialised entry) and 1 are one rank: no copies in the description */
+    nb_placement one = q;
+    one.places[0].copies = 0, one.places[0].offset = 0, one.places[0].length = 8;
+    nb_placement_describe(&one, buf, sizeof buf);
+    MT_CHECK(!strcmp(buf, "shard(dim 0 over tp: 8 of 8 at 0)"), "describe: %s", buf);
+    /* wrong uses, refused with the tensor unchanged */
+    p.places[0].copies = -1;
+    EXPECT_STATUS(nb_tensor_set_placement(t, &p), NB_EINVAL, "-1 copies over tp");
+    p.places[0].copies = 3;
+    EXPECT_STATUS(nb_tensor_set_placement(t, &p), NB_EINVAL, "do not split into groups of 3");
+    p.places[0].copies = 2 * tp;
+    EXPECT_STATUS(nb_tensor_set_placement(t, &p), NB_EINVAL, "do not split into groups");
+    nb_placement part = {.mesh = m, .ndim = 2, .shape = {len, 3}, .n = 1,
+                         .places = {{.kind = NB_PLACE_PARTIAL, .mesh_dim = "tp", .copies = 2}}};
+    EXPECT_STATUS(nb_tensor_set_placement(t, &part), NB_EINVAL, "copies (> 1) are for the shard");
+    nb_tensor *f = nb_zeros((int64_t[]){4}, 1, NB_F32);
+    nb_placement flat = {.mesh = m, .ndim = 2, .shape = {len, 3}, .n = 1,
+                         .places = {{.kind = NB_PLACE_SHARD, .mesh_dim = "tp",
+                                     .dim = NB_PLACE_FLAT, .blocks = 1, .offset = 0, .length = 4,
+                                     .copies = 2}}};
+    EXPECT_STATUS(nb_tensor_set_placement(f, &flat), NB_EINVAL, "copies (> 1) are for the shard");
+    MT_OK(nb_tensor_placement(t, &q));
+    MT_CHECK(q.places[0].copies == c, "unchanged after a refusal");
+    nb_tensor_free(f);
+    nb_tensor_free(t);
+    nb_mesh_free(m);
+    MT_END();
+}
+END_TEST
+
 /* ---- plans ----------------------------------------------------------------------------------- */
 /* A two-layer MLP and a classifier head: (B, 16) -> 32 -> 16 -> logits (B, 8). */
 static nb_module *mlp(uint64_t seed) {
@@ -226,6 +286,55 @@ START_TEST(test_plan_equals_one_rank) {
 }
 END_TEST
 
+/* A column-wise rule with a unit on fewer units than ranks: each unit is held by tp / units
+ * consecutive ranks (2 units of 4 rows on tp = the world), the weight and bias are the 1-rank
+ * slices, the placement says which, and the rank's output is its unit's columns. Split evenly
+ * (units a multiple of tp) when they divide. */
+START_TEST(test_plan_copies) {
+    const int tp = mt_size % 2 == 0 ? mt_size : 1;
+    nb_mesh *mesh = nb_mesh_new(mt_world, "dp tp", (int[]){-1, tp});
+    nb_generator *g = nb_generator_new(4);
+    nb_linear_opts o = nb_linear_defaults();
+    o.gen = g;
+    nb_module *ref = nb_sequential_new(nb_linear_new(16, 8, &o), NULL);
+    nb_generator_free(g);
+    g = nb_generator_new(4);
+    o.gen = g;
+    nb_module *m = nb_sequential_new(nb_linear_new(16, 8, &o), NULL);
+    nb_generator_free(g);
+    MT_OK(nb_parallelize(m, mesh, (nb_tp_rule[]){{"0", NB_TP_COLWISE, 1, 4}, {0}}, NULL));
+    const int r = nb_mesh_rank(mesh, "tp"), c = tp > 2 ? tp / 2 : 1;
+    const int64_t len = tp > 2 ? 4 : 8 / tp, off = tp > 2 ? 4 * (r / c) : len * r;
+    const char *names[2] = {"0.weight", "0.bias"};
+    for (int i = 0; i < 2; i++) {
+        nb_placement pl;
+        MT_OK(nb_tensor_placement(nb_module_find(m, names[i]), &pl));
+        MT_CHECK(tp == 1 || (pl.n == 1 && pl.places[0].offset == off &&
+                             pl.places[0].length == len &&
+                             (pl.places[0].copies > 1 ? pl.places[0].copies : 1) == c),
+                 "%s at tp %d: %s", names[i], tp, nb_placement_describe(&pl, (char[160]){0}, 160));
+        nb_scope_begin();
+        nb_tensor *d = nb_amax(nb_abs(nb_sub(nb_narrow(nb_module_find(ref, names[i]), 0, off, len),
+                                             nb_module_find(m, names[i]))), NULL, 0, false);
+        MT_CHECK(d && nb_item_f64(d) == 0, "%s: not the 1-rank slice", names[i]);
+        nb_scope_end();
+    }
+    nb_scope_begin();
+    nb_generator *xg = nb_generator_new(9);
+    nb_tensor *x = nb_randn((int64_t[]){3, 16}, 2, NB_F32, xg);
+    nb_generator_free(xg);
+    nb_tensor *d = nb_amax(nb_abs(nb_sub(nb_narrow(nb_forward(ref, x), 1, off, len),
+                                         nb_forward(m, x))), NULL, 0, false);
+    MT_CHECK(d && nb_item_f64(d) <= 1e-6, "the output is not the unit's columns: %s",
+             nb_last_error());
+    nb_scope_end();
+    nb_module_free(ref);
+    nb_module_free(m);
+    nb_mesh_free(mesh);
+    MT_END();
+}
+END_TEST
+
 START_TEST(test_plan_errors) {
     const int tp = mt_size % 2 == 0 ? 2 : 1;
     nb_mesh *mesh = nb_mesh_new(mt_world, "dp tp", (int[]){-1, tp});
@@ -242,6 +351,14 @@ START_TEST(test_plan_errors) {
         EXPECT_STATUS(nb_parallelize(m, mesh, (nb_tp_rule[]){{"3", NB_TP_COLWISE, 1, 3}, {0}},
                                      NULL),
                       NB_EINVAL, "does not split into");
+    if (tp > 1) { /* 3 units of 8 on 2 ranks: neither splits nor replicates */
+        nb_module *w = nb_sequential_new(nb_linear_new(16, 24, NULL), NULL);
+        EXPECT_STATUS(nb_parallelize(w, mesh, (nb_tp_rule[]){{"0", NB_TP_COLWISE, 1, 8}, {0}},
+                                     NULL),
+                      NB_EINVAL, "'0': out_features 24 is 3 units of 8 (the rule's unit), which "
+                                 "neither split into 2 equal parts nor divide 2");
+        nb_module_free(w);
+    }
     /* nothing changed: the model still equals the 1-rank one */
     nb_module *ref = mlp(3);
     const nb_params *a = nb_parameters(m), *b = nb_parameters(ref);
@@ -261,6 +378,8 @@ Suite *mt_suite_mesh(void) {
     tcase_add_test(tc, test_mesh_layout);
     tcase_add_test(tc, test_mesh_errors);
     tcase_add_test(tc, test_placement_rules);
+    tcase_add_test(tc, test_placement_copies);
+    tcase_add_test(tc, test_plan_copies);
     tcase_add_test(tc, test_plan_equals_one_rank);
     tcase_add_test(tc, test_plan_errors);
     suite_add_tcase(s, tc);
