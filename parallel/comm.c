@@ -16,8 +16,9 @@
  * recycled per communicator.
  *
  * Timeouts: nb_work_wait gives up after the communicator's timeout (counted from the call;
- * after a collective timed out, those already in flight count from their start and share
- * its diagnosis) and asks the backend which ranks did not arrive; nb_work_test reports NB_ETIMEOUT once an
+ * after an operation timed out, those already in flight count from their start and share
+ * its diagnosis where it covers their peers) and asks the backend which ranks did not
+ * arrive; nb_work_test reports NB_ETIMEOUT once an
  * operation has been pending longer than the timeout since it started. A timed-out
  * operation cannot be cancelled (MPI has no way to cancel a collective): it stays in flight,
  * with the tensors it uses kept alive, until its peers arrive or the process ends. */
@@ -137,6 +138,7 @@ nb_comm *nb__comm_alloc(const nb__comm_backend *be, int rank, int size, void *im
     atomic_init(&c->issued, 0);
     atomic_init(&c->completed, 0);
     atomic_init(&c->stall_seq, 0);
+    atomic_init(&c->p2p_stalled, false);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->sig_mu, NULL);
     return c;
@@ -621,6 +623,11 @@ static nb_status work_finish(nb_work *w) {
             atomic_store(&w->comm->stall_seq, 0);
             atomic_store(&w->comm->stalled, false);
         }
+    } else if (!failed && atomic_load(&w->comm->p2p_stalled)) {
+        nb_comm *c = w->comm; /* a send or recv started after the timeout got through */
+        pthread_mutex_lock(&c->mu);
+        if (w->t_start > c->p2p_stall_at) atomic_store(&c->p2p_stalled, false);
+        pthread_mutex_unlock(&c->mu);
     }
     work_drop_holds(w);
     return st;
@@ -640,18 +647,23 @@ static void describe(const nb_work *w, char *buf, size_t n) {
 
 /* Set the NB_ETIMEOUT error for w (after asking the backend who is missing). Returns true
  * if w completed meanwhile after all. `earlier`: the collective that timed out before w
- * on its communicator (nb__work_wait_keep): its peers' answers stand for w's. */
-static bool timeout_error(nb_work *w, double waited, long long earlier) {
+ * on its communicator (nb__work_wait_keep), whose peers' answers stand for w's; `same_peer`:
+ * a send or recv to w's peer timed out before, its answer stands for w's. */
+static bool timeout_error(nb_work *w, double waited, long long earlier, bool same_peer) {
     nb_comm *c = w->comm;
     char diag[NB__COMM_MSG], what[128];
     diag[0] = 0;
-    if (earlier > 0) {
+    if (earlier > 0 || same_peer) {
         char why[NB__COMM_MSG];
         pthread_mutex_lock(&c->mu);
-        snprintf(why, sizeof why, "%s", c->stall_why);
+        snprintf(why, sizeof why, "%s", earlier > 0 ? c->stall_why : c->p2p_stall_why);
         pthread_mutex_unlock(&c->mu);
-        snprintf(diag, sizeof diag, "not waited for again after collective #%lld timed out on "
-                 "this communicator: %.400s", earlier, why);
+        if (earlier > 0)
+            snprintf(diag, sizeof diag, "not waited for again after collective #%lld timed out "
+                     "on this communicator: %.400s", earlier, why);
+        else
+            snprintf(diag, sizeof diag, "not waited for again after an earlier send or recv "
+                     "with rank %d timed out on this communicator: %.400s", w->a.peer, why);
     } else {
         c->be->diagnose(w, diag, sizeof diag);
     }
@@ -659,12 +671,16 @@ static bool timeout_error(nb_work *w, double waited, long long earlier) {
     describe(w, what, sizeof what);
     nb__error(NB_ETIMEOUT, "%s timed out after %.3g s on rank %d of %d: %s", what, waited,
               c->rank, c->size, diag[0] ? diag : "rank(s) unknown");
-    if (earlier == 0 && !nb__coll_is_p2p(w->a.kind)) { /* the peers' answers, for the next */
+    if (earlier == 0 && !same_peer) { /* the peers' answers, for the next */
+        bool p2p = nb__coll_is_p2p(w->a.kind);
         pthread_mutex_lock(&c->mu);
-        snprintf(c->stall_why, sizeof c->stall_why, "%s", diag[0] ? diag : "rank(s) unknown");
-        c->stall_at = nb__now();
+        snprintf(p2p ? c->p2p_stall_why : c->stall_why, NB__COMM_MSG, "%s",
+                 diag[0] ? diag : "rank(s) unknown");
+        if (p2p) c->p2p_stall_at = nb__now(), c->p2p_stall_peer = w->a.peer;
+        else c->stall_at = nb__now();
         pthread_mutex_unlock(&c->mu);
-        atomic_store(&c->stall_seq, w->seq);
+        if (p2p) atomic_store(&c->p2p_stalled, true);
+        else atomic_store(&c->stall_seq, w->seq);
     }
     return false;
 }
@@ -710,19 +726,33 @@ nb_status nb__work_wait_keep(nb_work *w, bool *gave_up) {
     *gave_up = false;
     double t0 = nb__now(), to = atomic_load(&c->timeout), deadline = to > 0 ? t0 + to : 0;
     /* The timeout counts from the call (the caller may compute long between start and wait)
-     * - unless a collective of this communicator timed out and none has completed since: a
-     * collective started before then waits only what is left of a timeout since its start
-     * (nothing if it is older), and the earlier one's diagnosis stands for it. A rank that
-     * finds a dead peer in one of several collectives in flight (a backward's buckets) then
-     * fails them all within about one timeout, not one timeout each. */
+     * - unless an operation of this communicator timed out since w started (a collective,
+     * with none issued after it completed since; a send or recv, with none started after it
+     * completed since): then w waits only what is left of a timeout since its start (nothing
+     * if it is older), and the earlier diagnosis stands for w's when it covers w's peers (a
+     * collective's for a collective, a send or recv's for one with the same peer). A rank
+     * that finds a dead peer in one of several operations in flight (a backward's buckets, a
+     * pipeline's sends and receives) then fails them all within about one timeout, not one
+     * timeout each. */
+    const bool p2p = nb__coll_is_p2p(w->a.kind);
     long long earlier = 0;
-    if (to > 0 && !nb__coll_is_p2p(w->a.kind) && atomic_load(&c->stalled) &&
-        (earlier = atomic_load(&c->stall_seq)) > 0) {
-        pthread_mutex_lock(&c->mu);
-        bool before = w->t_start < c->stall_at;
-        pthread_mutex_unlock(&c->mu);
-        if (!before) earlier = 0; /* started after the timeout: waited for as usual */
-        else if (w->t_start + to < deadline) deadline = w->t_start + to;
+    bool same_peer = false, since = false;
+    if (to > 0) {
+        long long ss = atomic_load(&c->stalled) ? atomic_load(&c->stall_seq) : 0;
+        bool ps = atomic_load(&c->p2p_stalled);
+        if (ss > 0 || ps) {
+            pthread_mutex_lock(&c->mu);
+            if (ss > 0 && w->t_start < c->stall_at) {
+                since = true;
+                if (!p2p) earlier = ss;
+            }
+            if (ps && w->t_start < c->p2p_stall_at) {
+                since = true;
+                same_peer = p2p && w->a.peer == c->p2p_stall_peer && earlier == 0;
+            }
+            pthread_mutex_unlock(&c->mu);
+        }
+        if (since && w->t_start + to < deadline) deadline = w->t_start + to;
     }
     int r = atomic_load(&w->state);
     if (r == NB__WORK_PENDING) {
@@ -745,7 +775,7 @@ nb_status nb__work_wait_keep(nb_work *w, bool *gave_up) {
         nb__wait_end(slot);
         if (disagreed) return work_disagreed(w, msg, gave_up);
     }
-    if (r == 0 && !timeout_error(w, nb__now() - (earlier ? w->t_start : t0), earlier)) {
+    if (r == 0 && !timeout_error(w, nb__now() - (since ? w->t_start : t0), earlier, same_peer)) {
         if (!nb__coll_is_p2p(w->a.kind)) atomic_store(&c->stalled, true);
         work_abandon(w);
         *gave_up = true;
@@ -777,7 +807,7 @@ int nb_work_test(nb_work *w) {
     if (r == NB__WORK_PENDING) r = w->comm->be->test(w);
     if (r == 0) {
         double now = nb__now(), to = atomic_load(&w->comm->timeout), waited = now - w->t_start;
-        if (to > 0 && waited > to && !timeout_error(w, waited, 0)) {
+        if (to > 0 && waited > to && !timeout_error(w, waited, 0, false)) {
             w->test_failed = NB_ETIMEOUT;
             return NB_ETIMEOUT;
         }

@@ -126,6 +126,14 @@ struct nb_comm {
     atomic_llong stall_seq;
     double stall_at;
     char stall_why[NB__COMM_MSG];
+    /* The same for a send or recv that timed out (p2p_stalled; under mu: when, its peer and
+     * the diagnosis), until a send or recv started after it completes: a send or recv to
+     * that peer started before then shares its diagnosis, and every operation started
+     * before then waits only until a timeout after its start. */
+    atomic_bool p2p_stalled;
+    double p2p_stall_at;
+    int p2p_stall_peer;
+    char p2p_stall_why[NB__COMM_MSG];
     atomic_llong issued;     /* collectives started on this communicator */
     atomic_llong completed;  /* collectives finished (by the backend) */
     pthread_mutex_t mu;      /* the free list of works (first in, first out: a released

@@ -133,8 +133,8 @@ nb_work *nb_barrier_async(nb_comm *c);
 nb_work *nb_send_async(nb_comm *c, const nb_tensor *t, int dst, int tag);
 nb_work *nb_recv_async(nb_comm *c, nb_tensor *t, int src, int tag);
 /* Wait (up to the communicator's timeout, counted from this call - or from the operation's
- * start if another collective of the communicator timed out after it started, and none
- * issued since has completed) and free the handle. On
+ * start if another operation of the communicator timed out after it started and the
+ * communicator has not moved since) and free the handle. On
  * NB_ETIMEOUT the message names the ranks that did not arrive; the operation cannot be
  * cancelled and stays in flight (its tensors kept alive, possibly still written) until the
  * late ranks arrive or the process ends. */

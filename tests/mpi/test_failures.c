@@ -242,6 +242,27 @@ START_TEST(test_dead_peer) {
     double el = mt_now() - t0;
     ck_assert_msg(el < 3 + 2 + 1, "%d collectives in flight took %.2f s to fail (timeout 3 s)",
                   NFLIGHT, el);
+    /* The same for receives in flight from the dead rank (a pipeline's micro-batches). */
+    nb_tensor *rbuf[NFLIGHT];
+    t0 = mt_now();
+    for (int k = 0; k < NFLIGHT; k++) {
+        rbuf[k] = nb_zeros((int64_t[]){64}, 1, NB_F32);
+        flight[k] = nb_recv_async(mt_world, rbuf[k], 1, 40 + k);
+        ck_assert_msg(flight[k] != NULL, "recv_async %d: %s", k, nb_last_error());
+    }
+    for (int k = 0; k < NFLIGHT; k++) {
+        nb_status st = nb_work_wait(flight[k]);
+        ck_assert_msg(st == NB_ETIMEOUT, "recv %d of %d in flight after rank 1 died: %s (%s)",
+                      k + 1, NFLIGHT, nb_status_name(st), nb_last_error());
+        ck_assert_msg(strstr(nb_last_error(), "rank 1 did not answer"),
+                      "recv %d of %d in flight: the message does not name rank 1: %s", k + 1,
+                      NFLIGHT, nb_last_error());
+        if (mt_rank == 0 && k == 1) printf("dead peer, recv in flight: %s\n", nb_last_error());
+        nb_clear_error();
+    }
+    el = mt_now() - t0;
+    ck_assert_msg(el < 3 + 2 + 1, "%d receives in flight took %.2f s to fail (timeout 3 s)",
+                  NFLIGHT, el);
     nb_sgd_opts so = nb_sgd_defaults();
     so.lr = 0.1;
     /* A DDP step: the synchronisation at the end of backward fails within the timeout,
