@@ -98,6 +98,9 @@ void mt_expect_error_at(nb_status s, nb_status status, const char *needle, const
 double mt_now(void);
 /* A barrier over the world that must succeed. */
 void mt_barrier(void);
+/* Whether mine is true on any rank (collective over the world; true if the ranks cannot
+ * agree). */
+bool mt_any_rank(bool mine);
 /* A fresh directory /tmp/PREFIX-XXXXXX, the same name on every rank (rank 0 makes it, a
  * collective); mt_rmtree removes it with everything in it. */
 void mt_tmpdir(char out[64], const char *prefix);

@@ -64,6 +64,14 @@ void mt_expect_error_at(nb_status s, nb_status status, const char *needle, const
     nb_clear_error();
 }
 
+bool mt_any_rank(bool mine) {
+    nb_scope_begin();
+    nb_tensor *t = nb_full((int64_t[]){1}, 1, NB_I32, mine ? 1 : 0);
+    bool any = nb_allreduce(mt_world, t, NB_REDUCE_MAX) == NB_OK ? nb_item_i64(t) != 0 : true;
+    nb_scope_end();
+    return any;
+}
+
 double mt_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

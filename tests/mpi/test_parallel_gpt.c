@@ -33,15 +33,6 @@ static mt_model gpt = {.make = make_gpt,
                        .parallelize = nb_gpt_parallelize,
                        .pipeline_new = nb_gpt_pipeline_new};
 
-/* Whether any rank found a difference (collective over the world). */
-static bool any_rank(bool mine) {
-    nb_scope_begin();
-    nb_tensor *t = nb_full((int64_t[]){1}, 1, NB_I32, mine ? 1 : 0);
-    bool any = nb_allreduce(mt_world, t, NB_REDUCE_MAX) == NB_OK ? nb_item_i64(t) != 0 : true;
-    nb_scope_end();
-    return any;
-}
-
 START_TEST(test_gpt_layouts) {
     mt_check_layouts(&gpt);
     MT_END();
@@ -57,7 +48,7 @@ static void knock_out(const char *what, const mt_layout *L) {
     mt_run_layout(&gpt, L, why, sizeof why);
     nb__test_knockout(NULL);
     mt_describe_layout(L, name, sizeof name);
-    MT_CHECK(any_rank(why[0] != 0), "%s: with \"%s\" switched off it still equals one process",
+    MT_CHECK(mt_any_rank(why[0] != 0), "%s: with \"%s\" switched off it still equals one process",
              name, what);
 }
 

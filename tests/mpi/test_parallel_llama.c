@@ -75,15 +75,6 @@ static mt_model kv2 = {.make = make_kv2,
                        .parallelize = nb_llama_parallelize,
                        .pipeline_new = nb_llama_pipeline_new};
 
-/* Whether any rank found a difference (collective over the world). */
-static bool any_rank(bool mine) {
-    nb_scope_begin();
-    nb_tensor *t = nb_full((int64_t[]){1}, 1, NB_I32, mine ? 1 : 0);
-    bool any = nb_allreduce(mt_world, t, NB_REDUCE_MAX) == NB_OK ? nb_item_i64(t) != 0 : true;
-    nb_scope_end();
-    return any;
-}
-
 /* Key/value heads held by several ranks: at tp 4 one head on 4 ranks (n_kv 1) or each of 2
  * heads on 2 (n_kv 2); at tp 2 one head on 2 ranks. The k/v projections' placements say so. */
 START_TEST(test_llama_kv_replicated) {
@@ -139,7 +130,7 @@ START_TEST(test_llama_kv_sum_needed) {
         mt_run_layout(&kv1, L, why, sizeof why);
         nb__test_knockout(NULL);
         mt_describe_layout(L, name, sizeof name);
-        MT_CHECK(any_rank(why[0] != 0), "%s: with the copies' sum switched off it still equals "
+        MT_CHECK(mt_any_rank(why[0] != 0), "%s: with the copies' sum switched off it still equals "
                  "one process", name);
     }
     MT_END();
