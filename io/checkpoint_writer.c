@@ -187,8 +187,9 @@ typedef struct copy_job {
 
 /* n bytes from src to dst with non-temporal stores on x86 (SSE2, every x86-64): a snapshot
  * is written once and read later by the writer's thread, so the stores need not bring the
- * destination's lines into the cache first (a cold 19.5 MB copy on a Zen 4: 1.3 ms against
- * memcpy's 2.0-2.3 ms). The fence makes the stores visible before the chunk is counted done. */
+ * destination's lines into the cache first (docs/checkpoints.md has the stall this and the
+ * writer's scheduling gave). The fence makes the stores visible before the chunk is counted
+ * done. */
 static void stream_copy(char *dst, const char *src, size_t n) {
 #if defined(__SSE2__)
     size_t head = (size_t)(-(uintptr_t)dst & 15);
