@@ -13,6 +13,7 @@
  * mesh (a stage's own parameters live on that stage only), so norms and checkpoints need no
  * other record of the split. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +58,40 @@ struct nb_pipeline {
     /* the step in progress */
     nb_tensor **mx, **my;
     bool training;
+    struct nb_pipeline *next_live; /* the live pipelines (nb__is_pipeline_module) */
 };
+
+/* ---- the live pipelines (nb__is_pipeline_module) ------------------------------------------- */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static nb_pipeline *live;
+
+static void live_add(nb_pipeline *p) {
+    pthread_mutex_lock(&live_mu);
+    p->next_live = live;
+    live = p;
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void live_remove(nb_pipeline *p) {
+    pthread_mutex_lock(&live_mu);
+    for (nb_pipeline **q = &live; *q; q = &(*q)->next_live)
+        if (*q == p) {
+            *q = p->next_live;
+            break;
+        }
+    pthread_mutex_unlock(&live_mu);
+}
+
+bool nb__is_pipeline_module(const nb_module *m) {
+    bool found = false;
+    pthread_mutex_lock(&live_mu);
+    for (const nb_pipeline *p = live; p && !found; p = p->next_live) {
+        found = p->module == m;
+        for (int c = 0; !found && p->chunks && c < p->v; c++) found = p->chunks[c] == m;
+    }
+    pthread_mutex_unlock(&live_mu);
+    return found;
+}
 
 /* ---- building the layer list ------------------------------------------------------------- */
 typedef struct found {
@@ -483,6 +517,7 @@ nb_pipeline_opts nb_pipeline_defaults(void) {
 
 void nb_pipeline_free(nb_pipeline *p) {
     if (!p) return;
+    live_remove(p);
     for (int c = 0; p->chunks && c < p->v; c++) nb_module_free(p->chunks[c]);
     free(p->chunks);
     nb_module_free(p->module);
@@ -569,6 +604,7 @@ nb_pipeline *nb_pipeline_new(nb_module *model, const nb_mesh *mesh, const nb_pip
         nb_pipeline_free(p);
         return NULL;
     }
+    live_add(p);
     return p;
 }
 

@@ -43,6 +43,7 @@
 #include "optim/optim_impl.h"
 #include "parallel/mesh_impl.h"
 #include "parallel/parallel_impl.h"
+#include "parallel/pipeline_impl.h"
 #include "parallel/zero_impl.h"
 #include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
@@ -651,6 +652,10 @@ nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_
     if (opts.stage < 0 || opts.stage > 3)
         return nb__error(NB_EINVAL, "zero_new: stage must be 0, 1, 2 or 3, got %d",
                          opts.stage), NULL;
+    if (opts.stage == 3 && nb__is_pipeline_module(model))
+        return nb__error(NB_EUNSUPPORTED, "zero_new: stage 3 over a pipeline's module is not "
+                         "supported (it gathers each module's parameters for its forward, which "
+                         "a pipeline stage already holds); wrap it with stage 1 or 2"), NULL;
     if (opts.offload_optimizer && opts.stage == 0)
         return nb__error(NB_EINVAL, "zero_new: offload_optimizer needs stage 1, 2 or 3 (stage 0 "
                          "is plain data parallel, whose optimizer is the caller's)"), NULL;

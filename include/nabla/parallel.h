@@ -292,9 +292,10 @@ nb_zero_opts nb_zero_defaults(void);
 
 typedef struct nb_zero nb_zero;
 
-/* Wrap model (whose parameters opt updates) over c. Errors: a stage outside 0-3, an optimizer with state already (wrap before the
- * first step) or over tensors that are not the model's parameters, a model already wrapped
- * (NB_ESTATE), and those of nb_ddp_new. Collective over c. */
+/* Wrap model (whose parameters opt updates) over c. Errors: a stage outside 0-3, stage 3 over
+ * a pipeline's module (NB_EUNSUPPORTED: stages 0-2 work there), an optimizer with state
+ * already (wrap before the first step) or over tensors that are not the model's parameters, a
+ * model already wrapped (NB_ESTATE), and those of nb_ddp_new. Collective over c. */
 nb_zero *nb_zero_new(nb_module *model, nb_optim *opt, nb_comm *c, const nb_zero_opts *o);
 void nb_zero_free(nb_zero *z);
 int nb_zero_stage(const nb_zero *z);

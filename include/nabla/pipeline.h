@@ -177,7 +177,7 @@ double nb_pipe_run(nb_comm *pp, const nb_pipe_opts *o, nb_pipe_stage_fn fn, void
  * (placement: NB_PLACE_REPLICATE over pp), and after the passes its gradients are summed over
  * the copies, before the data-parallel reduction. With nb_ddp or nb_zero (stage 0-2) wrapping
  * the pipeline's module, the gradients are reduced over dp during each rank's last backward of
- * the step (overlapped), not after it. Errors, the same on every rank before anything changes
+ * the step (overlapped), not after it (nb_zero_new refuses stage 3 there). Errors, the same on every rank before anything changes
  * (collective over the mesh's world): fewer layers than stages, bad boundaries, a layer naming
  * no module, a module in two layers, a parameter in no layer, options not from the defaults.
  * Ownership: model and mesh are borrowed and must outlive the pipeline (free it first); the

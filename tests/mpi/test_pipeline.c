@@ -41,6 +41,15 @@ static nb_pipeline *gpt_pipe(const nb_gpt_config *c, uint64_t seed, nb_pipe_sche
     return p;
 }
 
+/* Plain SGD over the pipeline's module (NULL with a failure). */
+static nb_optim *pipe_sgd(nb_pipeline *p) {
+    nb_sgd_opts so = nb_sgd_defaults();
+    so.lr = 0.1;
+    nb_optim *opt = p ? nb_sgd_new(nb_parameters(nb_pipeline_module(p)), &so) : NULL;
+    MT_CHECK(opt, "sgd: %s", nb_last_error());
+    return opt;
+}
+
 static void gpt_pipe_free(nb_pipeline *p, nb_mesh *mesh, nb_module *model) {
     nb_pipeline_free(p);
     nb_module_free(model);
@@ -52,7 +61,7 @@ static void check_schedule(nb_pipe_schedule s, int v) {
     nb_mesh *mesh;
     nb_module *model;
     nb_pipeline *p = gpt_pipe(base_cfg(), 11, s, v, NB_PIPE_BALANCE_LAYERS, &mesh, &model);
-    nb_optim *opt = p ? nb_sgd_new(nb_parameters(nb_pipeline_module(p)), NULL) : NULL;
+    nb_optim *opt = pipe_sgd(p);
     nb_generator *data = nb_generator_new(5);
     const int pr = nb_mesh_rank(mesh, "pp"), P = nb_mesh_size(mesh, "pp");
     for (int step = 0; opt && step < 2; step++) {
@@ -176,6 +185,16 @@ START_TEST(test_pipe_bad_splits) {
     po.n_micro = 3;
     p = nb_pipeline_new(m, mesh, NULL, 0, &po);
     MT_CHECK(p != NULL, "build: %s", nb_last_error());
+    /* ZeRO stage 3 over the pipeline's module is refused (stages 0-2 work: test_parallel_gpt) */
+    nb_optim *opt = pipe_sgd(p);
+    nb_zero_opts zo = nb_zero_defaults();
+    zo.stage = 3;
+    nb_zero *z = opt ? nb_zero_new(nb_pipeline_module(p), opt, nb_mesh_group(mesh, "dp"), &zo)
+                     : NULL;
+    MT_CHECK(opt && !z && nb_last_status() == NB_EUNSUPPORTED && strstr(nb_last_error(), "stage 3"),
+             "ZeRO-3 over a pipeline: %s", z ? "accepted" : nb_last_error());
+    nb_zero_free(z);
+    nb_optim_free(opt);
     nb_scope_begin();
     nb_tensor *x = nb_zeros((int64_t[]){8, 6}, 2, NB_F32);
     double loss = p ? nb_pipeline_step(p, x, x, NULL) : 0;
