@@ -134,8 +134,9 @@ typedef struct mt_model {
 } mt_model;
 void mt_describe_layout(const mt_layout *L, char *buf, size_t n);
 /* Train layout L and compare with one process; the first difference goes into why (empty:
- * everything matched). Every rank runs every step whatever it finds, so the collectives stay
- * paired. */
+ * everything matched). A setup step that fails (mesh, plan, pipeline, optimizer, wrapper) is
+ * also recorded as a failure of the test, so a test that expects a difference cannot pass on
+ * it. Every rank runs every step whatever it finds, so the collectives stay paired. */
 void mt_run_layout(mt_model *M, const mt_layout *L, char *why, size_t n);
 /* mt_run_layout for every layout of the table whose dp x pp x tp is the world size; a
  * difference is a failure. */

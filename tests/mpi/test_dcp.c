@@ -371,6 +371,7 @@ START_TEST(test_dcp_precision) {
     if (mt_rank == 0) {
         MT_OK(nb_checkpoint_consolidate(dir, cons, false));
         nb_safetensors *f = nb_safetensors_open(cons);
+        MT_CHECK(f != NULL, "open %s: %s", cons, nb_last_error());
         nb_module *m1 = mlp_of(3, NB_F32);
         nb_optim *o1 = plain_adamw(m1);
         nb_checkpoint c1 = {.model = m1, .optim = o1};
