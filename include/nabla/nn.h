@@ -155,7 +155,9 @@ nb_tensor *nb_module_flat_grads(const nb_module *m);
 nb_status nb_module_to(nb_module *m, nb_device dev);
 
 /* ---- containers ------------------------------------------------------------------------------ */
-/* NULL-terminated list of modules, named "0", "1", ...; takes them over. */
+/* NULL-terminated list of modules, named "0", "1", ...; takes them over. Its forward runs
+ * them in turn, except that a ReLU followed by a MaxPool2d, neither with forward hooks or
+ * recompute set, runs as one nb_relu_maxpool2d (the same bits, docs/nn.md). */
 nb_module *nb_sequential_new(nb_module *first, ...);
 nb_module *nb_sequential_new_n(nb_module *const *mods, int n);
 /* A list of modules without a forward of its own (forward is an error). */
