@@ -54,8 +54,14 @@ static inline __m256i vmask(int n) {
 }
 static inline vf vload_n(const float *p, int n) { return _mm256_maskload_ps(p, vmask(n)); }
 static inline void vstore_n(float *p, vf v, int n) {
-    if (n == V) _mm256_storeu_ps(p, v);
-    else _mm256_maskstore_ps(p, vmask(n), v);
+    /* not a masked store: AMD microcodes those, a copy is far cheaper */
+    if (n == V) {
+        _mm256_storeu_ps(p, v);
+    } else {
+        float t[V];
+        _mm256_storeu_ps(t, v);
+        memcpy(p, t, sizeof(float) * (size_t)n);
+    }
 }
 static inline float vsum(vf v) {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

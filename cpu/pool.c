@@ -81,51 +81,61 @@ static bool max2x2_row_avx512(const float *r0, const float *r1, float *yr, int32
     max2x2_row_avx512(r0, r1, yr, ir, OW, base, w, relu)
 #elif defined(__AVX2__)
 #include <immintrin.h>
-/* The same with AVX2: 8 outputs per step, the last step's loads and stores masked. */
-static inline __m256i lanes_below(int n) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-static bool max2x2_row_avx2(const float *r0, const float *r1, float *yr, int32_t *ir,
-                            int64_t OW, int32_t base, int32_t w, bool relu) {
+/* The same with AVX2: 8 outputs per step. A short last step goes through small zero-padded
+ * copies (AMD's masked AVX2 loads and stores are microcoded: far slower than the copies). */
+static void max2x2_8_avx2(const float *p0, const float *p1, float *yr, int32_t *ir,
+                          int32_t first, int32_t w, bool relu) {
     const __m256 zero = _mm256_setzero_ps();
     const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-    for (int64_t ow = 0; ow < OW; ow += 8) {
-        int n = OW - ow < 8 ? (int)(OW - ow) : 8;
-        __m256i mlo = lanes_below(2 * n), mhi = lanes_below(2 * n - 8), mo = lanes_below(n);
-        const float *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
-        __m256 l0 = _mm256_maskload_ps(p0, mlo), h0 = _mm256_maskload_ps(p0 + 8, mhi);
-        __m256 l1 = _mm256_maskload_ps(p1, mlo), h1 = _mm256_maskload_ps(p1 + 8, mhi);
-        /* even / odd elements of 16, in order */
+    __m256 l0 = _mm256_loadu_ps(p0), h0 = _mm256_loadu_ps(p0 + 8);
+    __m256 l1 = _mm256_loadu_ps(p1), h1 = _mm256_loadu_ps(p1 + 8);
+    /* even / odd elements of 16, in order */
 #define NB__DEINT(lo, hi, sel) \
     _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, sel)), 0xD8))
-        __m256 a = NB__DEINT(l0, h0, 0x88), b = NB__DEINT(l0, h0, 0xDD);
-        __m256 c = NB__DEINT(l1, h1, 0x88), d = NB__DEINT(l1, h1, 0xDD);
+    __m256 a = NB__DEINT(l0, h0, 0x88), b = NB__DEINT(l0, h0, 0xDD);
+    __m256 c = NB__DEINT(l1, h1, 0x88), d = NB__DEINT(l1, h1, 0xDD);
 #undef NB__DEINT
-        if (relu) {
-            /* max(0, v) returns v for NaN and -0, as v < 0 ? 0 : v does */
-            a = _mm256_max_ps(zero, a), b = _mm256_max_ps(zero, b);
-            c = _mm256_max_ps(zero, c), d = _mm256_max_ps(zero, d);
-        }
-        __m256 m = a;
-        __m256i k = _mm256_setzero_si256();
-        __m256 s = _mm256_or_ps(_mm256_cmp_ps(b, m, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
-        m = _mm256_blendv_ps(m, b, s);
-        k = _mm256_blendv_epi8(k, _mm256_set1_epi32(1), _mm256_castps_si256(s));
-        s = _mm256_or_ps(_mm256_cmp_ps(c, m, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
-        m = _mm256_blendv_ps(m, c, s);
-        k = _mm256_blendv_epi8(k, _mm256_set1_epi32(w), _mm256_castps_si256(s));
-        s = _mm256_or_ps(_mm256_cmp_ps(d, m, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
-        m = _mm256_blendv_ps(m, d, s);
-        k = _mm256_blendv_epi8(k, _mm256_set1_epi32(w + 1), _mm256_castps_si256(s));
-        _mm256_maskstore_ps(yr + ow, mo, m);
-        if (ir) {
-            __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(base + 2 * (int32_t)ow),
-                                           _mm256_add_epi32(lane2, k));
-            if (relu)
-                idx = _mm256_blendv_epi8(idx, _mm256_set1_epi32(-1),
-                                         _mm256_castps_si256(_mm256_cmp_ps(m, zero, _CMP_LE_OQ)));
-            _mm256_maskstore_epi32(ir + ow, mo, idx);
-        }
+    if (relu) {
+        /* max(0, v) returns v for NaN and -0, as v < 0 ? 0 : v does */
+        a = _mm256_max_ps(zero, a), b = _mm256_max_ps(zero, b);
+        c = _mm256_max_ps(zero, c), d = _mm256_max_ps(zero, d);
+    }
+    __m256 m = a;
+    __m256i k = _mm256_setzero_si256();
+    __m256 s = _mm256_or_ps(_mm256_cmp_ps(b, m, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+    m = _mm256_blendv_ps(m, b, s);
+    k = _mm256_blendv_epi8(k, _mm256_set1_epi32(1), _mm256_castps_si256(s));
+    s = _mm256_or_ps(_mm256_cmp_ps(c, m, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+    m = _mm256_blendv_ps(m, c, s);
+    k = _mm256_blendv_epi8(k, _mm256_set1_epi32(w), _mm256_castps_si256(s));
+    s = _mm256_or_ps(_mm256_cmp_ps(d, m, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+    m = _mm256_blendv_ps(m, d, s);
+    k = _mm256_blendv_epi8(k, _mm256_set1_epi32(w + 1), _mm256_castps_si256(s));
+    _mm256_storeu_ps(yr, m);
+    if (ir) {
+        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_add_epi32(lane2, k));
+        if (relu)
+            idx = _mm256_blendv_epi8(idx, _mm256_set1_epi32(-1),
+                                     _mm256_castps_si256(_mm256_cmp_ps(m, zero, _CMP_LE_OQ)));
+        _mm256_storeu_si256((__m256i *)(void *)ir, idx);
+    }
+}
+
+static bool max2x2_row_avx2(const float *r0, const float *r1, float *yr, int32_t *ir,
+                            int64_t OW, int32_t base, int32_t w, bool relu) {
+    int64_t ow = 0;
+    for (; ow + 8 <= OW; ow += 8)
+        max2x2_8_avx2(r0 + 2 * ow, r1 + 2 * ow, yr + ow, ir ? ir + ow : NULL,
+                      base + 2 * (int32_t)ow, w, relu);
+    if (ow < OW) {
+        size_t n = (size_t)(OW - ow);
+        float t0[16] = {0}, t1[16] = {0}, ty[8];
+        int32_t ti[8];
+        memcpy(t0, r0 + 2 * ow, 2 * n * sizeof(float));
+        memcpy(t1, r1 + 2 * ow, 2 * n * sizeof(float));
+        max2x2_8_avx2(t0, t1, ty, ir ? ti : NULL, base + 2 * (int32_t)ow, w, relu);
+        memcpy(yr + ow, ty, n * sizeof(float));
+        if (ir) memcpy(ir + ow, ti, n * sizeof(int32_t));
     }
     return true;
 }
