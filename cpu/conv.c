@@ -49,6 +49,7 @@ typedef struct conv_plan {
     int nthreads;
     int nparts;            /* backward: images are summed into this many partial dW's */
     bool pointwise;        /* 1x1, stride 1, no padding: no column matrix at all */
+    bool direct;           /* f32 forward and weight gradient on cpu/conv_direct.c */
     bool fused_bias;       /* the bias gradient is summed during the weight gradient's pass */
     size_t col_bytes, parts_offset, bias_offset;
     size_t scratch_bytes;  /* allocate this many bytes (64-byte aligned) */
@@ -100,8 +101,14 @@ static conv_plan plan_make(const nb__conv2d_geom *g, size_t es, bool backward, b
     int nt = nb__threads_for(g->N * macs * (nprod > 0 ? nprod : 1), CONV_GRAIN);
     if (nt > units) nt = units > 0 ? (int)units : 1;
     p.nthreads = nt;
-    bool need_col = !p.pointwise && (!backward || need_gx || need_gw);
+    p.direct = es == sizeof(float) && nb__conv_direct_ok(g);
+    bool need_col = !p.pointwise && (p.direct ? backward && need_gx
+                                              : !backward || need_gx || need_gw);
     p.col_bytes = need_col ? col_bytes(g, es) : 0;
+    if (p.direct && (!backward || need_gw)) {
+        size_t db = align64(nb__conv_direct_scratch(g));
+        if (db > p.col_bytes) p.col_bytes = db;
+    }
     p.parts_offset = (size_t)nt * p.col_bytes;
     p.bias_offset = p.parts_offset;
     if (backward && need_gw) {
@@ -366,6 +373,11 @@ static nb_status fwd_image(const conv_ctx *c, int64_t n, int slot) {
     const nb__conv2d_geom *g = c->g;
     const char *xn = c->x + (size_t)(n * g->C * g->H * g->W) * c->es;
     char *yn = c->y + (size_t)(n * g->O * c->L) * c->es;
+    if (c->p->direct) {
+        nb__conv_direct_forward(g, (const float *)xn, (const float *)c->w, (const float *)c->b,
+                                (float *)yn, (float *)col_buffer(c, slot));
+        return NB_OK;
+    }
     const char *B = xn;
     if (!c->p->pointwise) {
         char *col = col_buffer(c, slot);
@@ -396,7 +408,11 @@ static nb_status bwd_images(const conv_ctx *c, int64_t n0, int64_t n1, char *gwp
     nb_status st;
     for (int64_t n = n0; n < n1; n++) {
         const char *gyn = c->gy + (size_t)(n * g->O * c->L) * es;
-        if (gwp) {
+        if (gwp && c->p->direct) {
+            nb__conv_direct_wgrad(g, (const float *)(c->x + (size_t)(n * g->C * g->H * g->W) * es),
+                                  (const float *)gyn, (float *)gwp, n > n0,
+                                  (float *)col_buffer(c, slot));
+        } else if (gwp) {
             const char *xn = c->x + (size_t)(n * g->C * g->H * g->W) * es;
             const char *B = xn;
             if (!c->p->pointwise) {

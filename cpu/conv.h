@@ -39,4 +39,20 @@ typedef enum nb__conv_impl { NB__CONV_AUTO = 0, NB__CONV_IM2COL, NB__CONV_DNNL }
 void nb__conv2d_set_impl(nb__conv_impl impl);
 nb__conv_impl nb__conv2d_impl(void);
 
+/* The direct f32 kernels (cpu/conv_direct.c) for convolutions with at most
+ * NB__CONV_DIRECT_TAPS taps per output (C * KH * KW), stride 1, dilation 1 and one group
+ * (nb__conv_direct_ok), where im2col's GEMMs would have a tiny inner dimension: the forward
+ * and the weight gradient of one image, after copying it into xp, a buffer of
+ * nb__conv_direct_scratch(g) bytes. cpu/conv.c runs them in place of im2col + GEMM for
+ * those two (not the input gradient), whichever f32 implementation is chosen. */
+#define NB__CONV_DIRECT_TAPS 16
+bool nb__conv_direct_ok(const nb__conv2d_geom *g);
+size_t nb__conv_direct_scratch(const nb__conv2d_geom *g);
+/* y (O, OH, OW) = conv(x (C, H, W), w) + b (b may be NULL). */
+void nb__conv_direct_forward(const nb__conv2d_geom *g, const float *x, const float *w,
+                             const float *b, float *y, float *xp);
+/* gw (O, C*KH*KW) = (acc: gw +) the weight gradient of one image from gy (O, OH, OW). */
+void nb__conv_direct_wgrad(const nb__conv2d_geom *g, const float *x, const float *gy,
+                           float *gw, bool acc, float *xp);
+
 #endif

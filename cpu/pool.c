@@ -24,7 +24,7 @@ typedef struct pool_job {
     void *y, *gx;
     int32_t *idx;
     const int32_t *cidx;
-    bool cip;
+    bool cip, relu;
 } pool_job;
 
 #if defined(__AVX512F__)
@@ -34,7 +34,8 @@ typedef struct pool_job {
  * branches measured twice as slow on random data. Same choices: NaN wins, ties keep the
  * first. */
 static bool max2x2_row_avx512(const float *r0, const float *r1, float *yr, int32_t *ir,
-                              int64_t OW, int32_t base, int32_t w) {
+                              int64_t OW, int32_t base, int32_t w, bool relu) {
+    const __m512 zero = _mm512_setzero_ps();
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
                                            28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
@@ -50,6 +51,11 @@ static bool max2x2_row_avx512(const float *r0, const float *r1, float *yr, int32
         __m512 l1 = _mm512_maskz_loadu_ps(mlo, p1), h1 = _mm512_maskz_loadu_ps(mhi, p1 + 16);
         __m512 a = _mm512_permutex2var_ps(l0, even, h0), b = _mm512_permutex2var_ps(l0, odd, h0);
         __m512 c = _mm512_permutex2var_ps(l1, even, h1), d = _mm512_permutex2var_ps(l1, odd, h1);
+        if (relu) {
+            /* max(0, v) returns v for NaN and -0, as v < 0 ? 0 : v does */
+            a = _mm512_max_ps(zero, a), b = _mm512_max_ps(zero, b);
+            c = _mm512_max_ps(zero, c), d = _mm512_max_ps(zero, d);
+        }
         __m512 m = a;
         __m512i k = _mm512_setzero_si512();
         __mmask16 s = _mm512_cmp_ps_mask(b, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
@@ -63,16 +69,82 @@ static bool max2x2_row_avx512(const float *r0, const float *r1, float *yr, int32
         if (ir) {
             __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * (int32_t)ow),
                                            _mm512_add_epi32(lane2, k));
+            if (relu)
+                idx = _mm512_mask_mov_epi32(idx, _mm512_cmp_ps_mask(m, zero, _CMP_LE_OQ),
+                                            _mm512_set1_epi32(-1));
             _mm512_mask_storeu_epi32(ir + ow, mo, idx);
         }
     }
     return true;
 }
-#define NB__MAX2X2_FAST_f32(r0, r1, yr, ir, OW, base, w) max2x2_row_avx512(r0, r1, yr, ir, OW, base, w)
+#define NB__MAX2X2_FAST_f32(r0, r1, yr, ir, OW, base, w, relu) \
+    max2x2_row_avx512(r0, r1, yr, ir, OW, base, w, relu)
+#elif defined(__AVX2__)
+#include <immintrin.h>
+/* The same with AVX2: 8 outputs per step. A short last step goes through small zero-padded
+ * copies (AMD's masked AVX2 loads and stores are microcoded: far slower than the copies). */
+static void max2x2_8_avx2(const float *p0, const float *p1, float *yr, int32_t *ir,
+                          int32_t first, int32_t w, bool relu) {
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    __m256 l0 = _mm256_loadu_ps(p0), h0 = _mm256_loadu_ps(p0 + 8);
+    __m256 l1 = _mm256_loadu_ps(p1), h1 = _mm256_loadu_ps(p1 + 8);
+    /* even / odd elements of 16, in order */
+#define NB__DEINT(lo, hi, sel) \
+    _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, sel)), 0xD8))
+    __m256 a = NB__DEINT(l0, h0, 0x88), b = NB__DEINT(l0, h0, 0xDD);
+    __m256 c = NB__DEINT(l1, h1, 0x88), d = NB__DEINT(l1, h1, 0xDD);
+#undef NB__DEINT
+    if (relu) {
+        /* max(0, v) returns v for NaN and -0, as v < 0 ? 0 : v does */
+        a = _mm256_max_ps(zero, a), b = _mm256_max_ps(zero, b);
+        c = _mm256_max_ps(zero, c), d = _mm256_max_ps(zero, d);
+    }
+    __m256 m = a;
+    __m256i k = _mm256_setzero_si256();
+    __m256 s = _mm256_or_ps(_mm256_cmp_ps(b, m, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+    m = _mm256_blendv_ps(m, b, s);
+    k = _mm256_blendv_epi8(k, _mm256_set1_epi32(1), _mm256_castps_si256(s));
+    s = _mm256_or_ps(_mm256_cmp_ps(c, m, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+    m = _mm256_blendv_ps(m, c, s);
+    k = _mm256_blendv_epi8(k, _mm256_set1_epi32(w), _mm256_castps_si256(s));
+    s = _mm256_or_ps(_mm256_cmp_ps(d, m, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+    m = _mm256_blendv_ps(m, d, s);
+    k = _mm256_blendv_epi8(k, _mm256_set1_epi32(w + 1), _mm256_castps_si256(s));
+    _mm256_storeu_ps(yr, m);
+    if (ir) {
+        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_add_epi32(lane2, k));
+        if (relu)
+            idx = _mm256_blendv_epi8(idx, _mm256_set1_epi32(-1),
+                                     _mm256_castps_si256(_mm256_cmp_ps(m, zero, _CMP_LE_OQ)));
+        _mm256_storeu_si256((__m256i *)(void *)ir, idx);
+    }
+}
+
+static bool max2x2_row_avx2(const float *r0, const float *r1, float *yr, int32_t *ir,
+                            int64_t OW, int32_t base, int32_t w, bool relu) {
+    int64_t ow = 0;
+    for (; ow + 8 <= OW; ow += 8)
+        max2x2_8_avx2(r0 + 2 * ow, r1 + 2 * ow, yr + ow, ir ? ir + ow : NULL,
+                      base + 2 * (int32_t)ow, w, relu);
+    if (ow < OW) {
+        size_t n = (size_t)(OW - ow);
+        float t0[16] = {0}, t1[16] = {0}, ty[8];
+        int32_t ti[8];
+        memcpy(t0, r0 + 2 * ow, 2 * n * sizeof(float));
+        memcpy(t1, r1 + 2 * ow, 2 * n * sizeof(float));
+        max2x2_8_avx2(t0, t1, ty, ir ? ti : NULL, base + 2 * (int32_t)ow, w, relu);
+        memcpy(yr + ow, ty, n * sizeof(float));
+        if (ir) memcpy(ir + ow, ti, n * sizeof(int32_t));
+    }
+    return true;
+}
+#define NB__MAX2X2_FAST_f32(r0, r1, yr, ir, OW, base, w, relu) \
+    max2x2_row_avx2(r0, r1, yr, ir, OW, base, w, relu)
 #else
-#define NB__MAX2X2_FAST_f32(r0, r1, yr, ir, OW, base, w) false
+#define NB__MAX2X2_FAST_f32(r0, r1, yr, ir, OW, base, w, relu) false
 #endif
-#define NB__MAX2X2_FAST_f64(r0, r1, yr, ir, OW, base, w) false
+#define NB__MAX2X2_FAST_f64(r0, r1, yr, ir, OW, base, w, relu) false
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -84,12 +156,32 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
 }
 
 #define NB__POOL_TYPED(T, S)                                                                \
+    /* relu(v) as the elementwise kernel computes it (NaN and -0 pass). */                 \
+    static inline T relu_##S(T v) { return v < 0 ? 0 : v; }                                \
+                                                                                           \
     /* One output row of a 2x2/2 max pool from input rows r0, r1 (indices: base + offset  \
      * in the plane). Branch-free (v != v is isnan) with the same choices as the general   \
-     * loop: NaN wins, ties keep the first. */                                             \
+     * loop: NaN wins, ties keep the first. relu: of relu(x), index -1 where max <= 0. */  \
     static void max2x2_row_##S(const T *restrict r0, const T *restrict r1, T *restrict yr,  \
-                               int32_t *restrict ir, int64_t OW, int32_t base, int32_t w) { \
-        if (NB__MAX2X2_FAST_##S(r0, r1, yr, ir, OW, base, w)) return;                      \
+                               int32_t *restrict ir, int64_t OW, int32_t base, int32_t w,  \
+                               bool relu) {                                                \
+        if (NB__MAX2X2_FAST_##S(r0, r1, yr, ir, OW, base, w, relu)) return;                \
+        if (relu) {                                                                        \
+            for (int64_t ow = 0; ow < OW; ow++) {                                          \
+                T a = relu_##S(r0[2 * ow]), b = relu_##S(r0[2 * ow + 1]);                  \
+                T c = relu_##S(r1[2 * ow]), d = relu_##S(r1[2 * ow + 1]), m = a;           \
+                int32_t k = 0;                                                             \
+                bool sel = (b > m) | (b != b);                                             \
+                m = sel ? b : m, k = sel ? 1 : k;                                          \
+                sel = (c > m) | (c != c);                                                  \
+                m = sel ? c : m, k = sel ? w : k;                                          \
+                sel = (d > m) | (d != d);                                                  \
+                m = sel ? d : m, k = sel ? w + 1 : k;                                      \
+                yr[ow] = m;                                                                \
+                if (ir) ir[ow] = m <= 0 ? -1 : base + 2 * (int32_t)ow + k;                 \
+            }                                                                              \
+            return;                                                                        \
+        }                                                                                  \
         if (!ir) {                                                                         \
             for (int64_t ow = 0; ow < OW; ow++) {                                          \
                 T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];  \
@@ -132,7 +224,7 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
                 for (int64_t oh = 0; oh < OH; oh++)                                        \
                     max2x2_row_##S(xp + 2 * oh * W, xp + (2 * oh + 1) * W, yp + oh * OW,   \
                                    ip ? ip + oh * OW : NULL, OW, (int32_t)(2 * oh * W),    \
-                                   (int32_t)W);                                            \
+                                   (int32_t)W, jb->relu);                                  \
                 continue;                                                                  \
             }                                                                              \
             for (int64_t oh = 0; oh < OH; oh++) {                                          \
@@ -145,18 +237,21 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
                     int64_t mi = hs * W + ws;                                              \
                     for (int64_t h = hs; h < he; h++) {                                    \
                         const T *r = xp + h * W;                                           \
-                        for (int64_t w = ws; w < we; w++)                                  \
-                            if (r[w] > m || isnan(r[w])) m = r[w], mi = h * W + w;         \
+                        for (int64_t w = ws; w < we; w++) {                                \
+                            T v = jb->relu ? relu_##S(r[w]) : r[w];                        \
+                            if (v > m || isnan(v)) m = v, mi = h * W + w;                  \
+                        }                                                                  \
                     }                                                                      \
                     yp[oh * OW + ow] = m;                                                  \
-                    if (ip) ip[oh * OW + ow] = (int32_t)mi;                                \
+                    if (ip) ip[oh * OW + ow] = jb->relu && m <= 0 ? -1 : (int32_t)mi;      \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
     }                                                                                      \
                                                                                            \
-    static void maxpool_fwd_##S(const nb__pool2d_geom *g, const T *x, T *y, int32_t *idx) { \
-        pool_job jb = {.g = g, .x = x, .y = y, .idx = idx};                                \
+    static void maxpool_fwd_##S(const nb__pool2d_geom *g, const T *x, T *y, int32_t *idx,  \
+                                bool relu) {                                               \
+        pool_job jb = {.g = g, .x = x, .y = y, .idx = idx, .relu = relu};                  \
         nb__parallel_range(g->planes, plane_threads(g), maxpool_fwd_planes_##S, &jb);      \
     }                                                                                      \
                                                                                            \
@@ -172,7 +267,8 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
             const T *gyp = gy + p * L;                                                     \
             const int32_t *ip = idx + p * L;                                               \
             memset(gp, 0, sizeof(T) * (size_t)HW);                                         \
-            for (int64_t j = 0; j < L; j++) gp[ip[j]] += gyp[j];                           \
+            for (int64_t j = 0; j < L; j++)                                                \
+                if (ip[j] >= 0) gp[ip[j]] += gyp[j];                                       \
         }                                                                                  \
     }                                                                                      \
                                                                                            \
@@ -308,8 +404,8 @@ NB__POOL_TYPED(double, f64)
 
 /* ---- the kernels: dispatch on the compute dtype ---------------------------------------------- */
 static nb_status cpu_maxpool2d(const nb__pool2d_args *a) {
-    if (a->dtype == NB_F64) maxpool_fwd_f64(&a->g, a->x, a->y, a->idx);
-    else maxpool_fwd_f32(&a->g, a->x, a->y, a->idx);
+    if (a->dtype == NB_F64) maxpool_fwd_f64(&a->g, a->x, a->y, a->idx, a->relu);
+    else maxpool_fwd_f32(&a->g, a->x, a->y, a->idx, a->relu);
     return NB_OK;
 }
 

@@ -18,6 +18,7 @@
 #include "nabla/nn.h"
 #include "tensor/backend.h"
 #include "tensor/autocast.h"
+#include "nn/nn_impl.h"
 
 /* ---- matrices as the GEMM sees them ---------------------------------------------------------- */
 /* A (rows x cols) matrix: element (i, j) at p[i * ld + j] (trans false) or p[j * ld + i]
@@ -323,6 +324,7 @@ NB__ACTIVATION(sigmoid, "Sigmoid", nb_sigmoid)
 #undef NB__ACTIVATION
 
 nb_module *nb_relu_new(void) { return nb_module_new(&relu_vt, NULL); }
+bool nb__relu_module(const nb_module *m) { return nb__module_vtable(m) == &relu_vt; }
 nb_module *nb_gelu_new(bool tanh_approx) {
     return nb_module_new(tanh_approx ? &gelu_tanh_vt : &gelu_vt, NULL);
 }

@@ -704,9 +704,32 @@ nb_status nb_module_to(nb_module *m, nb_device dev) {
 }
 
 /* ---- containers ------------------------------------------------------------------------------ */
+/* A module whose forward is its own, with nothing around it (hooks, recompute, an
+ * override): one that nb_sequential may fuse with its neighbour. */
+static bool plain_module(const nb_module *m) {
+    return !m->nhooks && !m->recompute && !m->override;
+}
+
+/* Whether children i and i + 1 are a plain ReLU followed by a plain MaxPool2d, which
+ * sequential_forward runs as one nb_relu_maxpool2d (nabla/nn.h: the same values and
+ * gradients, bit for bit), traced as the pool. */
+static bool relu_pool_pair(const nb_module *m, int i) {
+    if (i + 1 >= m->children.n) return false;
+    const nb_module *r = m->children.items[i], *p = m->children.items[i + 1];
+    return nb__relu_module(r) && nb__maxpool_module(p) && plain_module(r) && plain_module(p);
+}
+
 static nb_tensor *sequential_forward(nb_module *m, nb_tensor *x) {
     nb_scope_begin();
-    for (int i = 0; i < m->children.n && x; i++) x = nb_forward(m->children.items[i], x);
+    for (int i = 0; i < m->children.n && x; i++) {
+        if (relu_pool_pair(m, i)) {
+            int tok = NB__SPAN_BEGIN("MaxPool2d", "relu fused", NB__CAT_MODULE);
+            x = nb__maxpool_module_relu_forward(m->children.items[++i], x);
+            NB__SPAN_END(tok);
+            continue;
+        }
+        x = nb_forward(m->children.items[i], x);
+    }
     nb_tensor *r = nb_keep(x);
     nb_scope_end();
     return r;

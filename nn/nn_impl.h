@@ -32,4 +32,11 @@ nb_module *nb__module_view_new(void);
 nb_status nb__module_view_add_child(nb_module *view, const char *name, nb_module *child);
 nb_status nb__module_view_add_param(nb_module *view, const char *name, nb_tensor *t);
 
+/* nb_sequential's fusion of a ReLU followed by a MaxPool2d (nn/module.c): whether m is a
+ * ReLU module (nn/layers.c) or a MaxPool2d (nn/pool.c), and a MaxPool2d's pool of relu(x),
+ * as nb_relu_maxpool2d with its window. */
+bool nb__relu_module(const nb_module *m);
+bool nb__maxpool_module(const nb_module *m);
+nb_tensor *nb__maxpool_module_relu_forward(const nb_module *m, nb_tensor *x);
+
 #endif

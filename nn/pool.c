@@ -10,6 +10,7 @@
 #include "tensor/tape.h"
 #include "nabla/nn.h"
 #include "tensor/backend.h"
+#include "nn/nn_impl.h"
 
 /* The input's planes and spatial size; false (error set) on a user mistake. */
 static bool pool_input(const nb_tensor *x, const char *op, nb__pool2d_geom *g) {
@@ -103,7 +104,7 @@ static const char *const pool_names[] = {"maxpool2d", "avgpool2d", "adaptive_avg
 
 /* Forward of every pool: convert, run the kernel, convert back, record. */
 static nb_tensor *pool_forward(nb_tensor *x, pool_kind kind, const nb__pool2d_geom *g,
-                               bool cip) {
+                               bool cip, bool relu) {
     nb_dtype dt = x->dtype, cdt = compute_dtype(dt);
     int64_t oshape[4];
     out_shape(x, g->OH, g->OW, oshape);
@@ -115,7 +116,8 @@ static nb_tensor *pool_forward(nb_tensor *x, pool_kind kind, const nb__pool2d_ge
     nb_tensor *out = xc ? nb__empty(oshape, x->ndim, cdt, dev) : NULL;
     nb_tensor *idx = out && want_idx ? nb__empty(oshape, x->ndim, NB_I32, dev) : NULL;
     if (out && (!want_idx || idx)) {
-        nb__pool2d_args a = {.g = *g, .dtype = cdt, .count_include_pad = cip, .x = nb__ptr(xc),
+        nb__pool2d_args a = {.g = *g, .dtype = cdt, .count_include_pad = cip, .relu = relu,
+                             .x = nb__ptr(xc),
                              .y = nb__ptr(out), .idx = idx ? (int32_t *)nb__ptr(idx) : NULL};
         nb_status st = kind == POOL_MAX   ? nb__run_maxpool2d(dev, pool_names[kind], &a)
                        : kind == POOL_AVG ? nb__run_avgpool2d(dev, pool_names[kind], &a)
@@ -151,7 +153,25 @@ nb_tensor *nb_maxpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t str
                   "not supported", NB__SHAPE(x));
         return NULL;
     }
-    return pool_forward(x, POOL_MAX, &g, false);
+    return pool_forward(x, POOL_MAX, &g, false, false);
+}
+
+nb_tensor *nb_relu_maxpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                             const int64_t padding[2]) {
+    NB__CHECK_ARG(x, "relu_maxpool2d", "x");
+    nb__pool2d_geom g;
+    if (!pool_input(x, "relu_maxpool2d", &g) ||
+        !pool_window(x, "relu_maxpool2d", kernel, stride, padding, &g))
+        return NULL;
+    /* The fused kernel is the CPU backend's; elsewhere the two ops, which are its
+     * definition. */
+    if (nb__device_of(x).type != NB_DEVICE_CPU || g.H * g.W > INT32_MAX) {
+        nb_scope_begin();
+        nb_tensor *y = nb_keep(nb_maxpool2d(nb_relu(x), kernel, stride, padding));
+        nb_scope_end();
+        return y;
+    }
+    return pool_forward(x, POOL_MAX, &g, false, true);
 }
 
 nb_tensor *nb_avgpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
@@ -161,7 +181,7 @@ nb_tensor *nb_avgpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t str
     if (!pool_input(x, "avgpool2d", &g) || !pool_window(x, "avgpool2d", kernel, stride,
                                                         padding, &g))
         return NULL;
-    return pool_forward(x, POOL_AVG, &g, count_include_pad);
+    return pool_forward(x, POOL_AVG, &g, count_include_pad, false);
 }
 
 nb_tensor *nb_adaptive_avgpool2d(nb_tensor *x, int64_t out_h, int64_t out_w) {
@@ -175,7 +195,7 @@ nb_tensor *nb_adaptive_avgpool2d(nb_tensor *x, int64_t out_h, int64_t out_w) {
     }
     g.OH = out_h, g.OW = out_w;
     g.kh = g.kw = g.sh = g.sw = 1, g.ph = g.pw = 0;
-    return pool_forward(x, POOL_ADAPTIVE, &g, false);
+    return pool_forward(x, POOL_ADAPTIVE, &g, false, false);
 }
 
 /* Backward of every pool: gx in the compute dtype (the engine converts it). */
@@ -224,11 +244,12 @@ nb_status nb__bw_ADAPTIVE_AVGPOOL2D(nb__node *n, nb_tensor *gout, nb_tensor **gi
 /* ---- modules ----------------------------------------------------------------------------- */
 typedef struct pool_self {
     int64_t kernel[2], stride[2], padding[2];
-    bool count_include_pad;
+    bool count_include_pad, relu;
 } pool_self;
 
 static nb_tensor *maxpool_forward(nb_module *m, nb_tensor *x) {
     const pool_self *s = nb_module_self(m);
+    if (s->relu) return nb_relu_maxpool2d(x, s->kernel, s->stride, s->padding);
     return nb_maxpool2d(x, s->kernel, s->stride, s->padding);
 }
 static nb_tensor *avgpool_forward(nb_module *m, nb_tensor *x) {
@@ -257,7 +278,12 @@ static nb_module *pool_module(const nb_module_vtable *vt, const char *op, int64_
                             "o.padding[0] = 1") != NB_OK)
         return NULL;
     nb_pool2d_opts opt = o ? *o : nb_pool2d_defaults(kh, kw);
-    pool_self cfg = {.kernel = {kh, kw}, .count_include_pad = !opt.exclude_pad};
+    pool_self cfg = {.kernel = {kh, kw}, .count_include_pad = !opt.exclude_pad,
+                     .relu = opt.relu};
+    if (opt.relu && vt != &maxpool_vt) {
+        nb__error(NB_EINVAL, "%s: the relu option applies to max pooling only", op);
+        return NULL;
+    }
     for (int i = 0; i < 2; i++) {
         cfg.stride[i] = opt.stride[i];
         cfg.padding[i] = opt.padding[i];
@@ -285,6 +311,13 @@ static nb_module *pool_module(const nb_module_vtable *vt, const char *op, int64_
     nb_module *m = nb_module_new(vt, self);
     if (!m) free(self);
     return m;
+}
+
+bool nb__maxpool_module(const nb_module *m) { return nb__module_vtable(m) == &maxpool_vt; }
+
+nb_tensor *nb__maxpool_module_relu_forward(const nb_module *m, nb_tensor *x) {
+    const pool_self *s = nb_module_self((nb_module *)(uintptr_t)m);
+    return nb_relu_maxpool2d(x, s->kernel, s->stride, s->padding);
 }
 
 nb_module *nb_maxpool2d_new(int64_t kh, int64_t kw, const nb_pool2d_opts *o) {

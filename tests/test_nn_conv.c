@@ -52,6 +52,10 @@ static const conv_cfg k_convs[] = {
     {0, 2, 4, 4, 3, 3, 3, 1, 1, 0, 0, 1, 1, 1, true, false},    /* empty batch */
     {6, 16, 12, 12, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, false}, /* big enough for threads */
     {37, 2, 5, 4, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, true},     /* > 1 image per dW chunk */
+    /* few taps (the direct kernels, cpu/conv_direct.c): a CNN's first layer, rows of 28
+     * (a full and a masked vector block), and of 41 (several blocks, a short tail) */
+    {5, 1, 28, 28, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, false},
+    {3, 1, 6, 41, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1, true, true},
 };
 #define N_CONVS ((int)(sizeof k_convs / sizeof k_convs[0]))
 
@@ -362,11 +366,12 @@ START_TEST(test_conv2d_thread_independent) {
         {5, 8, 14, 14, 8, 1, 1, 1, 1, 0, 0, 1, 1, 2, true, false},   /* 1x1 grouped */
         {17, 8, 16, 16, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, true, false}, /* 17 images, 16 parts */
         {4, 16, 12, 12, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16, true, false}, /* depthwise */
+        {19, 1, 28, 28, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, false},   /* direct kernels */
     };
     nb__conv_impl impls[3] = {NB__CONV_AUTO};
     int nimpl = 1 + conv_impls(impls + 1);
     for (int ii = 0; ii < nimpl; ii++)
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < (int)(sizeof cfgs / sizeof cfgs[0]); i++) {
         nb__conv2d_set_impl(impls[ii]);
         float *a[4], *b[4];
         int64_t na[4], nb[4];

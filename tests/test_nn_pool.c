@@ -316,7 +316,129 @@ START_TEST(test_pool2d_errors) {
 }
 END_TEST
 
+/* ---- ReLU fused into max pooling ------------------------------------------------------------ */
+/* x of shape xs with values from {-2, -1, -0, 0, 1, 2} (ties, zeros of both signs, windows
+ * whose maximum is <= 0) and, with nan, a NaN; the same values in every dtype. */
+static nb_tensor *relu_pool_input(const int64_t *xs, int nd, nb_dtype dt, unsigned seed,
+                                  bool nan) {
+    static const double vals[6] = {-2, -1, -0.0, 0, 1, 2};
+    int64_t n = tu_numel(xs, nd);
+    double *u = malloc(sizeof(double) * (size_t)n);
+    tu_fill_uniform(u, n, 0, 6, seed);
+    for (int64_t i = 0; i < n; i++) u[i] = vals[(int)u[i] % 6];
+    if (nan && n > 3) u[3] = NAN;
+    nb_tensor *x = tu_tensor(u, xs, nd, dt);
+    free(u);
+    return x;
+}
+
+/* pool(x) as nb_relu_maxpool2d (fused 1), the two ops (0) or a Sequential of ReLU and
+ * MaxPool2d (2); its gradient for the upstream gradient r. */
+static nb_tensor *relu_pool_run(const pool_cfg *c, int how, nb_tensor *x, nb_tensor *r,
+                                nb_tensor **gx) {
+    int64_t k[2] = {c->kh, c->kw}, p[2] = {c->ph, c->pw};
+    int64_t s[2] = {c->sh ? c->sh : c->kh, c->sw ? c->sw : c->kw};
+    nb_tensor *xg = nb_detach(x);
+    ck_assert(nb_set_requires_grad(xg, true) == NB_OK);
+    nb_tensor *y = NULL;
+    if (how == 0) y = nb_maxpool2d(nb_relu(xg), k, s, p);
+    if (how == 1) y = nb_relu_maxpool2d(xg, k, s, p);
+    nb_module *m = NULL;
+    if (how == 2) {
+        nb_pool2d_opts po = nb_pool2d_defaults(c->kh, c->kw);
+        po.stride[0] = s[0], po.stride[1] = s[1], po.padding[0] = p[0], po.padding[1] = p[1];
+        m = nb_sequential_new(nb_relu_new(), nb_maxpool2d_new(c->kh, c->kw, &po), NULL);
+        y = nb_forward(m, xg);
+    }
+    ck_assert_msg(y != NULL, "%s", nb_last_error());
+    ck_assert(backward_with(y, r) == NB_OK);
+    *gx = nb_grad(xg);
+    nb_module_free(m);
+    return y;
+}
+
+START_TEST(test_relu_maxpool2d_same_bits) {
+    /* Fused (the op, the module option, nb_sequential's fusion) against ReLU then the pool,
+     * bit for bit, values and gradients, f32 and f64, every configuration (the 2x2/2 fast
+     * path, padding, overlapping windows). */
+    for (int di = 0; di < 2; di++) {
+        nb_dtype dt = di ? NB_F64 : NB_F32;
+        for (int i = 0; i < N_POOLS; i++) {
+            for (int nan = 0; nan < 2; nan++) {
+                nb_scope_begin();
+                const pool_cfg *c = &k_pools[i];
+                int64_t xs[4], ys[4], P, OH, OW;
+                int nd = pool_shapes(c, xs, ys, &P, &OH, &OW);
+                nb_tensor *x = relu_pool_input(xs, nd, dt, 60 + (unsigned)i, nan);
+                if (c->noncontig) x = tu_noncontig(x);
+                nb_tensor *r = tu_random(ys, nd, dt, -1, 1, 70 + (unsigned)i);
+                nb_tensor *g0, *g;
+                nb_tensor *y0 = relu_pool_run(c, 0, x, r, &g0);
+                for (int how = 1; how < 3; how++) {
+                    nb_tensor *y = relu_pool_run(c, how, x, r, &g);
+                    tu_assert_same_bytes(y, y0);
+                    tu_assert_same_bytes(g, g0);
+                }
+                nb_scope_end();
+            }
+        }
+    }
+}
+END_TEST
+
+static nb_tensor *relu_pool_f(nb_tensor *const *in, int n, void *ctx) {
+    (void)n;
+    const pool_cfg *c = ctx;
+    return nb_relu_maxpool2d(in[0], (int64_t[]){c->kh, c->kw}, (int64_t[]){c->sh, c->sw},
+                             (int64_t[]){c->ph, c->pw});
+}
+
+START_TEST(test_relu_maxpool2d_gradcheck) {
+    static const pool_cfg cfgs[] = {
+        {1, 2, 4, 6, 2, 2, 2, 2, 0, 0, false},  /* the 2x2/2 fast path */
+        {1, 1, 5, 4, 3, 2, 1, 2, 1, 1, false},  /* overlapping windows with padding */
+    };
+    for (int i = 0; i < 2; i++) {
+        nb_scope_begin();
+        int64_t xs[4], ys[4], P, OH, OW;
+        int nd = pool_shapes(&cfgs[i], xs, ys, &P, &OH, &OW);
+        nb_tensor *x = tu_random(xs, nd, NB_F64, -1, 1, 85 + (unsigned)i);
+        ck_assert(nb_set_requires_grad(x, true) == NB_OK);
+        nb_status st = nb_gradcheck(relu_pool_f, &x, 1, (void *)(uintptr_t)&cfgs[i], NULL);
+        ck_assert_msg(st == NB_OK, "config %d: %s", i, nb_last_error());
+        nb_scope_end();
+    }
+}
+END_TEST
+
+START_TEST(test_relu_maxpool2d_options) {
+    nb_scope_begin();
+    /* the module option runs the fused op; average pooling has no relu option */
+    nb_tensor *x = tu_random((int64_t[]){2, 3, 6, 6}, 4, NB_F32, -1, 1, 4);
+    nb_pool2d_opts po = nb_pool2d_defaults(2, 2);
+    po.relu = true;
+    nb_module *m = nb_maxpool2d_new(2, 2, &po);
+    ck_assert(m != NULL);
+    nb_tensor *y = nb_forward(m, x);
+    nb_tensor *r = nb_maxpool2d(nb_relu(x), (int64_t[]){2, 2}, NULL, NULL);
+    ck_assert(y && r);
+    tu_assert_same_bytes(y, r);
+    nb_module_free(m);
+    tu_assert_error(nb_avgpool2d_new(2, 2, &po), NB_EINVAL, "max pooling only");
+    tu_assert_error(nb_relu_maxpool2d(x, (int64_t[]){7, 7}, NULL, NULL), NB_ESHAPE,
+                    "larger than the padded input");
+    /* the Sequential keeps its modules and their names */
+    nb_module *s = nb_sequential_new(nb_relu_new(), nb_maxpool2d_new(2, 2, NULL), NULL);
+    ck_assert_int_eq(nb_module_num_children(s), 2);
+    nb_module_free(s);
+    nb_scope_end();
+}
+END_TEST
+
 void nb_tests_nn_pool(TCase *tc) {
+    tcase_add_test(tc, test_relu_maxpool2d_same_bits);
+    tcase_add_test(tc, test_relu_maxpool2d_gradcheck);
+    tcase_add_test(tc, test_relu_maxpool2d_options);
     tcase_add_test(tc, test_pool2d_forward);
     tcase_add_test(tc, test_maxpool2d_special_values);
     tcase_add_test(tc, test_adaptive_avgpool2d_forward);

@@ -155,7 +155,9 @@ nb_tensor *nb_module_flat_grads(const nb_module *m);
 nb_status nb_module_to(nb_module *m, nb_device dev);
 
 /* ---- containers ------------------------------------------------------------------------------ */
-/* NULL-terminated list of modules, named "0", "1", ...; takes them over. */
+/* NULL-terminated list of modules, named "0", "1", ...; takes them over. Its forward runs
+ * them in turn, except that a ReLU followed by a MaxPool2d, neither with forward hooks or
+ * recompute set, runs as one nb_relu_maxpool2d (the same bits, docs/nn.md). */
 nb_module *nb_sequential_new(nb_module *first, ...);
 nb_module *nb_sequential_new_n(nb_module *const *mods, int n);
 /* A list of modules without a forward of its own (forward is an error). */
@@ -195,6 +197,8 @@ typedef struct nb_pool2d_opts {
     int64_t padding[2];     /* {0, 0} */
     bool exclude_pad;       /* false; avg pool: divide by the unpadded count (PyTorch's
                                count_include_pad=False) */
+    bool relu;              /* false; max pool only: pool relu(x), a ReLU before the pool
+                               fused into it (nb_relu_maxpool2d) */
 } nb_pool2d_opts;
 /* The defaults for a kh x kw window (the stride depends on it, as in libtorch). */
 nb_pool2d_opts nb_pool2d_defaults(int64_t kh, int64_t kw);
@@ -238,6 +242,12 @@ nb_tensor *nb_conv2d(nb_tensor *x, nb_tensor *w, nb_tensor *b, const int64_t str
 /* stride NULL: the kernel size; padding NULL: {0, 0}. */
 nb_tensor *nb_maxpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
                         const int64_t padding[2]);
+/* nb_maxpool2d(nb_relu(x), ...) in one pass, equal to it bit for bit, values and gradients
+ * (max is monotone: the pool of relu(x) is relu of the pool; a window whose maximum is <= 0
+ * gets gradient 0), without the ReLU's output and its own backward pass. nb_sequential runs
+ * a ReLU followed by a MaxPool2d as this op (see nb_sequential_new). */
+nb_tensor *nb_relu_maxpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                             const int64_t padding[2]);
 nb_tensor *nb_avgpool2d(nb_tensor *x, const int64_t kernel[2], const int64_t stride[2],
                         const int64_t padding[2], bool count_include_pad);
 nb_tensor *nb_adaptive_avgpool2d(nb_tensor *x, int64_t out_h, int64_t out_w);

@@ -61,13 +61,18 @@ typedef struct nb__pool2d_args {
     nb__pool2d_geom g;
     nb_dtype dtype;
     bool count_include_pad; /* avgpool2d only */
+    /* maxpool2d only, CPU backend only (nn/pool.c composes ReLU and the pool elsewhere):
+     * pool relu(x) = (x < 0 ? 0 : x) instead of x, with the same choices, and write idx -1
+     * where the window's maximum is <= 0 (its gradient is 0: ReLU's at a value <= 0). */
+    bool relu;
     const void *x;
     void *y;
     int32_t *idx; /* maxpool2d only */
 } nb__pool2d_args;
 
 /* Backward of the pools: gx (planes, H, W), fully written, from gy (planes, OH, OW), both of
- * dtype `dtype`. maxpool2d_backward scatter-adds gy at idx (as written by the forward). */
+ * dtype `dtype`. maxpool2d_backward scatter-adds gy at idx (as written by the forward),
+ * skipping idx -1. */
 typedef struct nb__pool2d_backward_args {
     nb__pool2d_geom g;
     nb_dtype dtype;
