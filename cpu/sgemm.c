@@ -32,6 +32,7 @@
 
 #include "cpu/cpu_impl.h"
 #include "cpu/sgemm.h"
+#include "tensor/error.h"
 
 /* ---- the vector layer ---------------------------------------------------------------------
  * The code below is written once against these few operations: vf, a vector of VL floats;
@@ -63,6 +64,11 @@ static inline __m256 load8_first(const float *p, int64_t w) {
 static inline void store8_first(float *p, __m256 v, int64_t w) {
     _mm256_mask_storeu_ps(p, (__mmask8)(w >= 8 ? 0xFF : (1u << w) - 1), v);
 }
+/* VL bf16 at p widened to f32 (exact: the 16 bits become the high half) */
+static inline vf v_widen(const uint16_t *p) {
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define HAVE_KERNEL 1
@@ -90,6 +96,10 @@ static inline __m256 load8_first(const float *p, int64_t w) {
 static inline void store8_first(float *p, __m256 v, int64_t w) {
     if (w >= 8) _mm256_storeu_ps(p, v);
     else _mm256_maskstore_ps(p, v_mask(w), v);
+}
+static inline vf v_widen(const uint16_t *p) {
+    __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
 }
 #else
 #define HAVE_KERNEL 0
@@ -177,6 +187,14 @@ typedef struct {
     int64_t a_task, b_task; /* panels per packing task */
     int64_t a_tasks;        /* the packing tasks of A come first */
     int64_t mb, nb, ncols;  /* tile height, width (multiples of MR, NR), tiles per row */
+    /* bf16 operands (A / B NULL then): widened to f32 as they are packed, or, for A in
+     * place, MR rows at a time into the thread's scratch; the same f32 values reach the
+     * micro-kernel, so the same bits as widening first */
+    const uint16_t *Ah, *Bh;
+    uint16_t *Ch;           /* bf16 C: each tile summed in the thread's f32 scratch tile, */
+    const float *bias;      /* which starts as bias in every row (beta 1), then rounded once */
+    float *scratch;         /* per thread slot (nb__task_slot): A rows widened, the C tile */
+    int64_t slot_floats, nslots;
 } job;
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -185,6 +203,20 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t kb_len(const job *j, int64_t p) { return min64(j->kc, j->K - p * j->kc); }
 
 /* ---- packing ---------------------------------------------------------------------------------- */
+static inline float widen1(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* n bf16 to n f32 */
+static void widen_n(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) V_STOREU(dst + i, v_widen(src + i));
+    for (; i < n; i++) dst[i] = widen1(src[i]);
+}
+
 /* The 8 x w block at src (rows `rows` < 8 read as zero, w <= 8 columns) transposed: column
  * t (8 floats, one per row) to dst + t * dstride, for t < w. */
 static inline __attribute__((always_inline)) void tr8(const float *src, int64_t ld, int64_t rows, int64_t w, float *dst,
@@ -213,7 +245,28 @@ static void pack_b_panel(const job *j, int64_t jp) {
     for (int64_t p = 0; p < j->nkb; p++) {
         int64_t k0 = p * j->kc, kcb = kb_len(j, p);
         float *dst = j->bp + k0 * j->npan * NR + jp * kcb * NR;
-        if (!j->tb) {
+        if (j->Bh && !j->tb) {
+            const uint16_t *src = j->Bh + k0 * j->ldb + j0;
+            for (int64_t k = 0; k < kcb; k++, src += j->ldb, dst += NR) {
+                if (n == NR) {
+                    for (int v = 0; v < NVM; v++) V_STORE(dst + VL * v, v_widen(src + VL * v));
+                } else {
+                    widen_n(src, dst, n);
+                    memset(dst + n, 0, sizeof(float) * (size_t)(NR - n));
+                }
+            }
+        } else if (j->Bh) {
+            /* rows of B widened 8 at a time into a strip, then transposed as in f32 */
+            float strip[8 * KC_MAX];
+            if (n < NR) memset(dst, 0, sizeof(float) * (size_t)(kcb * NR));
+            for (int64_t c = 0; c < n; c += 8) {
+                int64_t rows = min64(8, n - c);
+                for (int64_t r = 0; r < rows; r++)
+                    widen_n(j->Bh + (j0 + c + r) * j->ldb + k0, strip + r * kcb, kcb);
+                for (int64_t k = 0; k < kcb; k += 8)
+                    tr8(strip + k, kcb, rows, min64(8, kcb - k), dst + k * NR + c, NR);
+            }
+        } else if (!j->tb) {
             const float *src = j->B + k0 * j->ldb + j0;
             if (n == NR) {
                 for (int64_t k = 0; k < kcb; k++, src += j->ldb, dst += NR)
@@ -235,6 +288,25 @@ static void pack_b_panel(const job *j, int64_t jp) {
     }
 }
 
+/* Panels g0 .. g1 (at most PACK_GROUP) of a transposed bf16 A, K block at k0 (length kcb,
+ * packed at dst0): row k's part widened into seg, zeros past M, then MR floats per panel. */
+static void pack_at_group_bf16(const job *j, int64_t g0, int64_t g1, int64_t kcb, int64_t k0,
+                               float *dst0) {
+    float seg[PACK_GROUP * MR + 8];
+    int64_t s0 = g0 * MR, cnt = min64(g1 * MR, j->M) - s0;
+    memset(seg + cnt, 0, sizeof(float) * (size_t)(PACK_GROUP * MR + 8 - cnt));
+    for (int64_t k = 0; k < kcb; k++) {
+        widen_n(j->Ah + (k0 + k) * j->lda + s0, seg, cnt);
+        for (int64_t ip = g0; ip < g1; ip++) {
+            float *d = dst0 + ip * kcb * MR + k * MR;
+            __m256 v = _mm256_loadu_ps(seg + (ip - g0) * MR); /* seg has 8 past any panel */
+            /* with MR 6 the 2 extra floats land at step k + 1, written next */
+            if (MR == 8 || k + 1 < kcb) _mm256_storeu_ps(d, v);
+            else store8_first(d, v, MR);
+        }
+    }
+}
+
 /* Panels ip0 .. ip1 of a transposed A (op(A)[i][k] = A[k * lda + i]) together: row k of A
  * holds MR consecutive floats of each panel, so walking the rows once reads A in order. */
 static void pack_at_panels(const job *j, int64_t ip0, int64_t ip1) {
@@ -245,6 +317,10 @@ static void pack_at_panels(const job *j, int64_t ip0, int64_t ip1) {
          * at once measured 1.5x slower: too many lines in flight) */
         for (int64_t g0 = ip0; g0 < ip1; g0 += PACK_GROUP) {
             int64_t g1 = min64(ip1, g0 + PACK_GROUP);
+            if (j->Ah) { /* bf16: the group's part of each row widened first */
+                pack_at_group_bf16(j, g0, g1, kcb, k0, dst0);
+                continue;
+            }
             for (int64_t k = 0; k < kcb; k++) {
                 const float *src = j->A + (k0 + k) * j->lda;
                 for (int64_t ip = g0; ip < g1; ip++) {
@@ -399,25 +475,48 @@ static void tile_task(int64_t t, void *ctx) {
     int64_t m = min64(j->mb, j->M - m0), n = min64(j->nb, j->N - n0);
     int64_t mpan = (m + MR - 1) / MR;
     vf va = V_SET1(j->alpha), vb = V_SET1(j->beta);
+    float *abuf = NULL, *ctile = NULL;
+    if (j->scratch) {
+        int slot = nb__task_slot();
+        NB__ASSERT(slot >= 0 && slot < j->nslots);
+        float *sp = j->scratch + slot * j->slot_floats;
+        if (j->Ah && !j->ta) abuf = sp, sp += (MR * j->kc + 15) & ~(int64_t)15;
+        if (j->Ch) ctile = sp;
+    }
+    /* C itself, or (bf16 C) the f32 tile, row stride nb, that starts as the bias */
+    float *cbase = ctile ? ctile : j->C + m0 * j->ldc + n0;
+    int64_t ldc = ctile ? j->nb : j->ldc;
+    if (ctile && j->bias)
+        for (int64_t r = 0; r < m; r++)
+            memcpy(ctile + r * ldc, j->bias + n0, sizeof(float) * (size_t)n);
     for (int64_t p = 0; p < j->nkb; p++) {
         int64_t k0 = p * j->kc, kcb = kb_len(j, p);
         int mode = p > 0 ? 2 : j->beta != 0.0f ? 1 : 0;
         const float *bblk = j->bp + k0 * j->npan * NR + n0 / NR * kcb * NR;
-        /* A: packed (transposed A), or read in place (row i at stride lda, k at stride 1) */
+        /* A: packed (transposed A), read in place (row i at stride lda, k at stride 1), or
+         * (bf16 A in place) MR rows widened into abuf (row stride kcb) */
         const float *ablk = j->ta ? j->ap + k0 * j->mpan * MR + m0 / MR * kcb * MR
-                                  : j->A + m0 * j->lda + k0;
-        int64_t ars = j->ta ? 1 : j->lda, aks = j->ta ? MR : 1, astep = j->ta ? kcb * MR : MR * j->lda;
-        for (int64_t ip = 0; ip < mpan; ip++)
+                                  : j->A ? j->A + m0 * j->lda + k0 : abuf;
+        int64_t ars = j->ta ? 1 : abuf ? kcb : j->lda, aks = j->ta ? MR : 1;
+        int64_t astep = j->ta ? kcb * MR : abuf ? 0 : MR * j->lda;
+        for (int64_t ip = 0; ip < mpan; ip++) {
+            int64_t rows = min64(MR, m - ip * MR);
+            if (abuf)
+                for (int64_t r = 0; r < rows; r++)
+                    widen_n(j->Ah + (m0 + ip * MR + r) * j->lda + k0, abuf + r * kcb, kcb);
+            const float *ab = ablk + ip * astep;
+            float *c = cbase + ip * MR * ldc;
             for (int64_t jn = 0; jn < n; jn += NR) {
-                int64_t rows = min64(MR, m - ip * MR);
-                const float *ab = ablk + ip * astep;
-                float *c = j->C + (m0 + ip * MR) * j->ldc + n0;
                 int64_t cols = min64(NR, n - jn);
                 const float *bpan = bblk + jn * kcb;
-                micro_kernel_any(kcb, ab, ars, aks, bpan, c + jn, j->ldc, rows, cols, va, vb,
+                micro_kernel_any(kcb, ab, ars, aks, bpan, c + jn, ldc, rows, cols, va, vb,
                                  mode);
             }
+        }
     }
+    if (ctile) /* rounded once, as nb__f32_to_bf16_n rounds a widened-path result */
+        for (int64_t r = 0; r < m; r++)
+            nb__f32_to_bf16_n(ctile + r * ldc, j->Ch + (m0 + r) * j->ldc + n0, n);
 }
 
 /* Tile sizes: at most MC_MAX x NC_MAX; with several threads, halved (the longer side first,
@@ -439,37 +538,67 @@ static void tile_grid(job *j, int nthreads) {
     j->ncols = (j->N + nb - 1) / nb;
 }
 
+/* Packs, then runs the tiles; j holds the operands, sizes, alpha and beta. */
+static nb_status run_job(job *j) {
+    int64_t M = j->M, N = j->N, K = j->K;
+    j->nkb = (K + KC_MAX - 1) / KC_MAX;
+    j->kc = (K + j->nkb - 1) / j->nkb; /* blocks of equal length, the last one shorter, */
+    j->nkb = (K + j->kc - 1) / j->kc;  /* and none empty */
+    j->npan = (N + NR - 1) / NR;
+    j->mpan = (M + MR - 1) / MR;
+    int nthreads = nb_get_num_threads();
+    tile_grid(j, nthreads);
+    /* A is packed only when transposed (in place, a row of A is the k run the kernel wants);
+     * every part starts at a multiple of 16 floats (64 bytes) */
+    size_t nbp = (size_t)(j->npan * NR * K), nap = j->ta ? (size_t)(j->mpan * MR * K) : 0;
+    nbp = (nbp + 15) & ~(size_t)15, nap = (nap + 15) & ~(size_t)15;
+    j->nslots = nthreads < 1 ? 1 : nthreads;
+    j->slot_floats = (j->Ah && !j->ta ? (MR * j->kc + 15) & ~(int64_t)15 : 0) +
+                     (j->Ch ? (j->mb * j->nb + 15) & ~(int64_t)15 : 0);
+    size_t nsc = (size_t)(j->slot_floats * j->nslots);
+    j->bp = tbuf_get(&t_pack, nbp + nap + nsc);
+    if (!j->bp)
+        return nb__error(NB_ENOMEM, "matmul: no memory to pack the operands (%lld floats)",
+                         (long long)(nbp + nap + nsc));
+    j->ap = j->bp + nbp;
+    j->scratch = nsc ? j->bp + nbp + nap : NULL;
+    /* packing tasks of at least 64K floats, some per thread */
+    int64_t want = (int64_t)TASKS_PER_THREAD * nthreads;
+    int64_t per_b = (65536 + NR * K - 1) / (NR * K), per_a = (65536 + MR * K - 1) / (MR * K);
+    j->b_task = (j->npan + want - 1) / want;
+    if (j->b_task < per_b) j->b_task = per_b;
+    j->a_task = (j->mpan + want - 1) / want;
+    if (j->a_task < per_a) j->a_task = per_a;
+    j->a_tasks = j->ta ? (j->mpan + j->a_task - 1) / j->a_task : 0;
+    nb__run_tasks(j->a_tasks + (j->npan + j->b_task - 1) / j->b_task, nthreads, pack_task, j);
+    nb__run_tasks((M + j->mb - 1) / j->mb * j->ncols, nthreads, tile_task, j);
+    tbuf_trim(&t_pack);
+    return NB_OK;
+}
+
 nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                            float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                            float beta, float *C, int64_t ldc) {
     job j = {.ta = transA, .tb = transB, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
              .A = A, .B = B, .C = C, .lda = lda, .ldb = ldb, .ldc = ldc};
-    j.nkb = (K + KC_MAX - 1) / KC_MAX;
-    j.kc = (K + j.nkb - 1) / j.nkb; /* blocks of equal length, the last one shorter, */
-    j.nkb = (K + j.kc - 1) / j.kc;  /* and none empty */
-    j.npan = (N + NR - 1) / NR;
-    j.mpan = (M + MR - 1) / MR;
-    /* A is packed only when transposed (in place, a row of A is the k run the kernel wants) */
-    size_t nbp = (size_t)(j.npan * NR * K), nap = transA ? (size_t)(j.mpan * MR * K) : 0;
-    j.bp = tbuf_get(&t_pack, nbp + nap);
-    if (!j.bp)
-        return nb__error(NB_ENOMEM, "matmul: no memory to pack the operands (%lld floats)",
-                         (long long)(nbp + nap));
-    j.ap = j.bp + nbp;
-    int nthreads = nb_get_num_threads();
-    /* packing tasks of at least 64K floats, some per thread */
-    int64_t want = (int64_t)TASKS_PER_THREAD * nthreads;
-    int64_t per_b = (65536 + NR * K - 1) / (NR * K), per_a = (65536 + MR * K - 1) / (MR * K);
-    j.b_task = (j.npan + want - 1) / want;
-    if (j.b_task < per_b) j.b_task = per_b;
-    j.a_task = (j.mpan + want - 1) / want;
-    if (j.a_task < per_a) j.a_task = per_a;
-    j.a_tasks = transA ? (j.mpan + j.a_task - 1) / j.a_task : 0;
-    nb__run_tasks(j.a_tasks + (j.npan + j.b_task - 1) / j.b_task, nthreads, pack_task, &j);
-    tile_grid(&j, nthreads);
-    nb__run_tasks((M + j.mb - 1) / j.mb * j.ncols, nthreads, tile_task, &j);
-    tbuf_trim(&t_pack);
-    return NB_OK;
+    return run_job(&j);
+}
+
+nb_status nb__sgemm_packed_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                float alpha, const uint16_t *A, int64_t lda, const uint16_t *B,
+                                int64_t ldb, float beta, float *C, int64_t ldc) {
+    job j = {.ta = transA, .tb = transB, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
+             .Ah = A, .Bh = B, .C = C, .lda = lda, .ldb = ldb, .ldc = ldc};
+    return run_job(&j);
+}
+
+nb_status nb__sgemm_packed_bf16_out(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                    const uint16_t *A, int64_t lda, const uint16_t *B,
+                                    int64_t ldb, const float *bias, uint16_t *C, int64_t ldc) {
+    job j = {.ta = transA, .tb = transB, .M = M, .N = N, .K = K, .alpha = 1.0f,
+             .beta = bias ? 1.0f : 0.0f, .Ah = A, .Bh = B, .Ch = C, .bias = bias, .lda = lda,
+             .ldb = ldb, .ldc = ldc};
+    return run_job(&j);
 }
 
 #else /* neither AVX-512 nor AVX2 + FMA: cpu/gemm.c never calls this */
@@ -479,6 +608,24 @@ nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64
                            float beta, float *C, int64_t ldc) {
     (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
     (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+    return nb__error(NB_EUNSUPPORTED, "matmul: nabla's packed sgemm needs AVX2 and FMA, or "
+                                      "AVX-512 (this build was compiled without them)");
+}
+
+nb_status nb__sgemm_packed_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                float alpha, const uint16_t *A, int64_t lda, const uint16_t *B,
+                                int64_t ldb, float beta, float *C, int64_t ldc) {
+    (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
+    (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+    return nb__error(NB_EUNSUPPORTED, "matmul: nabla's packed sgemm needs AVX2 and FMA, or "
+                                      "AVX-512 (this build was compiled without them)");
+}
+
+nb_status nb__sgemm_packed_bf16_out(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                    const uint16_t *A, int64_t lda, const uint16_t *B,
+                                    int64_t ldb, const float *bias, uint16_t *C, int64_t ldc) {
+    (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B;
+    (void)ldb, (void)bias, (void)C, (void)ldc;
     return nb__error(NB_EUNSUPPORTED, "matmul: nabla's packed sgemm needs AVX2 and FMA, or "
                                       "AVX-512 (this build was compiled without them)");
 }
