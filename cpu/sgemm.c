@@ -217,13 +217,24 @@ static void widen_n(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = widen1(src[i]);
 }
 
-/* The 8 x w block at src (rows `rows` < 8 read as zero, w <= 8 columns) transposed: column
- * t (8 floats, one per row) to dst + t * dstride, for t < w. */
-static inline __attribute__((always_inline)) void tr8(const float *src, int64_t ld, int64_t rows, int64_t w, float *dst,
-                       int64_t dstride) {
-    __m256 r[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = i < rows ? load8_first(src + i * ld, w) : _mm256_setzero_ps();
+/* 8 floats from 8 bf16 at p, the first w (< 8 allowed) of them read, the rest zero */
+static inline __m256 widen8_first(const uint16_t *p, int64_t w) {
+    __m128i h;
+    if (w >= 8) {
+        h = _mm_loadu_si128((const __m128i *)p);
+    } else {
+        uint16_t t[8] = {0};
+        memcpy(t, p, sizeof(uint16_t) * (size_t)(w > 0 ? w : 0));
+        h = _mm_loadu_si128((const __m128i *)t);
+    }
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* The 8 x 8 block r (one register per row) transposed: column t (8 floats, one per row) to
+ * dst + t * dstride, for t < w; the last of them (t = w - 1) only its first lastn floats. */
+static inline __attribute__((always_inline)) void tr8_regs(const __m256 *r, int64_t w,
+                                                          float *dst, int64_t dstride,
+                                                          int64_t lastn) {
     __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
     __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
     __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -236,7 +247,28 @@ static inline __attribute__((always_inline)) void tr8(const float *src, int64_t 
                    _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
                    _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
                    _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
-    for (int t = 0; t < w; t++) _mm256_storeu_ps(dst + t * dstride, o[t]);
+    for (int t = 0; t + 1 < w; t++) _mm256_storeu_ps(dst + t * dstride, o[t]);
+    if (w > 0) store8_first(dst + (w - 1) * dstride, o[w - 1], lastn);
+}
+
+/* The 8 x w block at src (rows `rows` < 8 read as zero, w <= 8 columns) transposed: column
+ * t (8 floats, one per row) to dst + t * dstride, for t < w. */
+static inline __attribute__((always_inline)) void tr8(const float *src, int64_t ld, int64_t rows, int64_t w, float *dst,
+                       int64_t dstride) {
+    __m256 r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = i < rows ? load8_first(src + i * ld, w) : _mm256_setzero_ps();
+    tr8_regs(r, w, dst, dstride, 8);
+}
+
+/* The same from bf16 rows, widened on the way. */
+static inline __attribute__((always_inline)) void tr8_bf16(const uint16_t *src, int64_t ld,
+                                                          int64_t rows, int64_t w, float *dst,
+                                                          int64_t dstride, int64_t lastn) {
+    __m256 r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = i < rows ? widen8_first(src + i * ld, w) : _mm256_setzero_ps();
+    tr8_regs(r, w, dst, dstride, lastn);
 }
 
 /* Panel jp of op(B) for every K block: kcb rows of NR floats, zero past column N. */
@@ -255,17 +287,12 @@ static void pack_b_panel(const job *j, int64_t jp) {
                     memset(dst + n, 0, sizeof(float) * (size_t)(NR - n));
                 }
             }
-        } else if (j->Bh) {
-            /* rows of B widened 8 at a time into a strip, then transposed as in f32 */
-            float strip[8 * KC_MAX];
+        } else if (j->Bh) { /* as the f32 code below, each 8 x 8 block widened on the way */
             if (n < NR) memset(dst, 0, sizeof(float) * (size_t)(kcb * NR));
-            for (int64_t c = 0; c < n; c += 8) {
-                int64_t rows = min64(8, n - c);
-                for (int64_t r = 0; r < rows; r++)
-                    widen_n(j->Bh + (j0 + c + r) * j->ldb + k0, strip + r * kcb, kcb);
+            for (int64_t c = 0; c < n; c += 8)
                 for (int64_t k = 0; k < kcb; k += 8)
-                    tr8(strip + k, kcb, rows, min64(8, kcb - k), dst + k * NR + c, NR);
-            }
+                    tr8_bf16(j->Bh + (j0 + c) * j->ldb + k0 + k, j->ldb, min64(8, n - c),
+                             min64(8, kcb - k), dst + k * NR + c, NR, 8);
         } else if (!j->tb) {
             const float *src = j->B + k0 * j->ldb + j0;
             if (n == NR) {
@@ -289,20 +316,35 @@ static void pack_b_panel(const job *j, int64_t jp) {
 }
 
 /* Panels g0 .. g1 (at most PACK_GROUP) of a transposed bf16 A, K block at k0 (length kcb,
- * packed at dst0): row k's part widened into seg, zeros past M, then MR floats per panel. */
+ * packed at dst0): as the f32 code below, 8 bf16 widened at a time. */
 static void pack_at_group_bf16(const job *j, int64_t g0, int64_t g1, int64_t kcb, int64_t k0,
                                float *dst0) {
-    float seg[PACK_GROUP * MR + 8];
-    int64_t s0 = g0 * MR, cnt = min64(g1 * MR, j->M) - s0;
-    memset(seg + cnt, 0, sizeof(float) * (size_t)(PACK_GROUP * MR + 8 - cnt));
     for (int64_t k = 0; k < kcb; k++) {
-        widen_n(j->Ah + (k0 + k) * j->lda + s0, seg, cnt);
+        const uint16_t *src = j->Ah + (k0 + k) * j->lda;
         for (int64_t ip = g0; ip < g1; ip++) {
+            int64_t r0 = ip * MR;
             float *d = dst0 + ip * kcb * MR + k * MR;
-            __m256 v = _mm256_loadu_ps(seg + (ip - g0) * MR); /* seg has 8 past any panel */
-            /* with MR 6 the 2 extra floats land at step k + 1, written next */
+            /* the rows past M as zeros; with MR 6 the 2 extra floats land at step k + 1 */
+            __m256 v = widen8_first(src + r0, min64(8, j->M - r0));
             if (MR == 8 || k + 1 < kcb) _mm256_storeu_ps(d, v);
             else store8_first(d, v, MR);
+        }
+    }
+}
+
+/* Panel ip of a bf16 A read in place (row i at A + i * lda), widened into the layout of a
+ * transposed A's panels (kcb x MR per K block), 8 x 8 blocks at a time. */
+static void pack_a_panel_bf16(const job *j, int64_t ip) {
+    int64_t r0 = ip * MR, rows = min64(MR, j->M - r0);
+    for (int64_t p = 0; p < j->nkb; p++) {
+        int64_t k0 = p * j->kc, kcb = kb_len(j, p);
+        float *d = j->ap + k0 * j->mpan * MR + ip * kcb * MR;
+        for (int64_t k = 0; k < kcb; k += 8) {
+            int64_t w = min64(8, kcb - k);
+            /* column k + t to d + (k + t) MR: 8 floats, whose 2 past MR (6) land on the next
+             * column, written next; the block's last column gets MR */
+            tr8_bf16(j->Ah + r0 * j->lda + k0 + k, j->lda, rows, w, d + k * MR, MR,
+                     k + w == kcb ? MR : 8);
         }
     }
 }
@@ -344,9 +386,11 @@ static void pack_at_panels(const job *j, int64_t ip0, int64_t ip1) {
 
 static void pack_task(int64_t t, void *ctx) {
     const job *j = ctx;
-    if (t < j->a_tasks) {
+    if (t < j->a_tasks) { /* A is packed when transposed or bf16 */
         int64_t p1 = min64(j->mpan, (t + 1) * j->a_task);
-        pack_at_panels(j, t * j->a_task, p1); /* only a transposed A is packed */
+        if (j->ta) pack_at_panels(j, t * j->a_task, p1);
+        else
+            for (int64_t ip = t * j->a_task; ip < p1; ip++) pack_a_panel_bf16(j, ip);
     } else {
         t -= j->a_tasks;
         int64_t p1 = min64(j->npan, (t + 1) * j->b_task);
@@ -475,13 +519,11 @@ static void tile_task(int64_t t, void *ctx) {
     int64_t m = min64(j->mb, j->M - m0), n = min64(j->nb, j->N - n0);
     int64_t mpan = (m + MR - 1) / MR;
     vf va = V_SET1(j->alpha), vb = V_SET1(j->beta);
-    float *abuf = NULL, *ctile = NULL;
+    float *ctile = NULL;
     if (j->scratch) {
         int slot = nb__task_slot();
         NB__ASSERT(slot >= 0 && slot < j->nslots);
-        float *sp = j->scratch + slot * j->slot_floats;
-        if (j->Ah && !j->ta) abuf = sp, sp += (MR * j->kc + 15) & ~(int64_t)15;
-        if (j->Ch) ctile = sp;
+        ctile = j->scratch + slot * j->slot_floats;
     }
     /* C itself, or (bf16 C) the f32 tile, row stride nb, that starts as the bias */
     float *cbase = ctile ? ctile : j->C + m0 * j->ldc + n0;
@@ -493,17 +535,14 @@ static void tile_task(int64_t t, void *ctx) {
         int64_t k0 = p * j->kc, kcb = kb_len(j, p);
         int mode = p > 0 ? 2 : j->beta != 0.0f ? 1 : 0;
         const float *bblk = j->bp + k0 * j->npan * NR + n0 / NR * kcb * NR;
-        /* A: packed (transposed A), read in place (row i at stride lda, k at stride 1), or
-         * (bf16 A in place) MR rows widened into abuf (row stride kcb) */
-        const float *ablk = j->ta ? j->ap + k0 * j->mpan * MR + m0 / MR * kcb * MR
-                                  : j->A ? j->A + m0 * j->lda + k0 : abuf;
-        int64_t ars = j->ta ? 1 : abuf ? kcb : j->lda, aks = j->ta ? MR : 1;
-        int64_t astep = j->ta ? kcb * MR : abuf ? 0 : MR * j->lda;
+        /* A: packed (transposed or bf16), or read in place (row i at stride lda, k at
+         * stride 1) */
+        bool apk = j->ta || j->Ah;
+        const float *ablk = apk ? j->ap + k0 * j->mpan * MR + m0 / MR * kcb * MR
+                                : j->A + m0 * j->lda + k0;
+        int64_t ars = apk ? 1 : j->lda, aks = apk ? MR : 1, astep = apk ? kcb * MR : MR * j->lda;
         for (int64_t ip = 0; ip < mpan; ip++) {
             int64_t rows = min64(MR, m - ip * MR);
-            if (abuf)
-                for (int64_t r = 0; r < rows; r++)
-                    widen_n(j->Ah + (m0 + ip * MR + r) * j->lda + k0, abuf + r * kcb, kcb);
             const float *ab = ablk + ip * astep;
             float *c = cbase + ip * MR * ldc;
             for (int64_t jn = 0; jn < n; jn += NR) {
@@ -550,11 +589,11 @@ static nb_status run_job(job *j) {
     tile_grid(j, nthreads);
     /* A is packed only when transposed (in place, a row of A is the k run the kernel wants);
      * every part starts at a multiple of 16 floats (64 bytes) */
-    size_t nbp = (size_t)(j->npan * NR * K), nap = j->ta ? (size_t)(j->mpan * MR * K) : 0;
+    bool apk = j->ta || j->Ah;
+    size_t nbp = (size_t)(j->npan * NR * K), nap = apk ? (size_t)(j->mpan * MR * K) : 0;
     nbp = (nbp + 15) & ~(size_t)15, nap = (nap + 15) & ~(size_t)15;
     j->nslots = nthreads < 1 ? 1 : nthreads;
-    j->slot_floats = (j->Ah && !j->ta ? (MR * j->kc + 15) & ~(int64_t)15 : 0) +
-                     (j->Ch ? (j->mb * j->nb + 15) & ~(int64_t)15 : 0);
+    j->slot_floats = j->Ch ? (j->mb * j->nb + 15) & ~(int64_t)15 : 0;
     size_t nsc = (size_t)(j->slot_floats * j->nslots);
     j->bp = tbuf_get(&t_pack, nbp + nap + nsc);
     if (!j->bp)
@@ -569,7 +608,7 @@ static nb_status run_job(job *j) {
     if (j->b_task < per_b) j->b_task = per_b;
     j->a_task = (j->mpan + want - 1) / want;
     if (j->a_task < per_a) j->a_task = per_a;
-    j->a_tasks = j->ta ? (j->mpan + j->a_task - 1) / j->a_task : 0;
+    j->a_tasks = apk ? (j->mpan + j->a_task - 1) / j->a_task : 0;
     nb__run_tasks(j->a_tasks + (j->npan + j->b_task - 1) / j->b_task, nthreads, pack_task, j);
     nb__run_tasks((M + j->mb - 1) / j->mb * j->ncols, nthreads, tile_task, j);
     tbuf_trim(&t_pack);
