@@ -247,6 +247,10 @@ static inline __attribute__((always_inline)) void tr8_regs(const __m256 *r, int6
                    _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
                    _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
                    _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+    if (w == 8 && lastn == 8) { /* the common case, unrolled */
+        for (int t = 0; t < 8; t++) _mm256_storeu_ps(dst + t * dstride, o[t]);
+        return;
+    }
     for (int t = 0; t + 1 < w; t++) _mm256_storeu_ps(dst + t * dstride, o[t]);
     if (w > 0) store8_first(dst + (w - 1) * dstride, o[w - 1], lastn);
 }
@@ -266,8 +270,16 @@ static inline __attribute__((always_inline)) void tr8_bf16(const uint16_t *src, 
                                                           int64_t rows, int64_t w, float *dst,
                                                           int64_t dstride, int64_t lastn) {
     __m256 r[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = i < rows ? widen8_first(src + i * ld, w) : _mm256_setzero_ps();
+    if (w == 8) /* whole loads */
+        for (int i = 0; i < 8; i++)
+            r[i] = i < rows ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                                  _mm256_cvtepu16_epi32(
+                                      _mm_loadu_si128((const __m128i *)(src + i * ld))),
+                                  16))
+                            : _mm256_setzero_ps();
+    else
+        for (int i = 0; i < 8; i++)
+            r[i] = i < rows ? widen8_first(src + i * ld, w) : _mm256_setzero_ps();
     tr8_regs(r, w, dst, dstride, lastn);
 }
 
