@@ -402,8 +402,11 @@ static nb_status gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_
  * and an f32 destination, whose AVX512-BF16 kernels (vdpbf16ps) run several times the f32
  * rate; it runs on the same shape-only tiles as sgemm, each tile one single-threaded
  * primitive, so the bits do not depend on the thread count. Otherwise (the OpenBLAS
- * provider, which has no bf16 GEMM, or a CPU without AVX512-BF16) the operands are widened
- * to f32 and go through sgemm: the same products, at the f32 rate plus the conversion.
+ * provider, which has no bf16 GEMM, or a CPU without AVX512-BF16) the products are f32:
+ * where the f32 path is nabla's packed GEMM (bf16_packed below) it reads the bf16 operands
+ * and widens them as it packs (a bf16 C rounded per tile), with no widened copies; else
+ * the operands are widened to f32 and go through the provider's tiles. The same products,
+ * at the f32 rate.
  *
  * oneDNN's C API has no bf16 gemm function, hence the primitive. Creating one costs far more
  * than running a tile, so they are cached here by tile geometry (a model has a handful of

@@ -7,7 +7,11 @@
  * tile of rows packs all of B). Here op(B) is packed once, by all threads, into panels that
  * every worker reads (and op(A) too when it is transposed; otherwise the micro-kernel reads
  * the rows of A in place); then C is cut into tiles that run the micro-kernel.
- * Status: opt-in (NB_SGEMM=packed); see docs/threads.md for what it measured.
+ * Status: the f32 path where cpu/sgemm_path.c chooses it (NB_SGEMM overrides); see
+ * docs/threads.md for what it measured.
+ * bf16 operands (nb__sgemm_packed_bf16, for CPUs without AVX512-BF16) are widened as they
+ * are packed (a bf16 A read in place is then packed too, like a transposed one), and a bf16
+ * C is summed in a per-thread f32 tile that is rounded once at the end of the tile.
  *
  * Bits: the sum over K runs in blocks of at most KC_MAX whose edges depend on K alone; within
  * a block each element of C is one chain of fused multiply-adds in k order started from 0,
