@@ -402,8 +402,11 @@ static nb_status gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_
  * and an f32 destination, whose AVX512-BF16 kernels (vdpbf16ps) run several times the f32
  * rate; it runs on the same shape-only tiles as sgemm, each tile one single-threaded
  * primitive, so the bits do not depend on the thread count. Otherwise (the OpenBLAS
- * provider, which has no bf16 GEMM, or a CPU without AVX512-BF16) the operands are widened
- * to f32 and go through sgemm: the same products, at the f32 rate plus the conversion.
+ * provider, which has no bf16 GEMM, or a CPU without AVX512-BF16) the products are f32:
+ * where the f32 path is nabla's packed GEMM (bf16_packed below) it reads the bf16 operands
+ * and widens them as it packs (a bf16 C rounded per tile), with no widened copies; else
+ * the operands are widened to f32 and go through the provider's tiles. The same products,
+ * at the f32 rate.
  *
  * oneDNN's C API has no bf16 gemm function, hence the primitive. Creating one costs far more
  * than running a tile, so they are cached here by tile geometry (a model has a handful of
@@ -569,6 +572,15 @@ static int dnnl_bf16_tile(bool ta, bool tb, int64_t m, int64_t n, int64_t K, flo
 }
 #endif
 
+/* Without the native GEMM: bf16 products go to the packed GEMM's bf16 entry points
+ * wherever an f32 product of the shape would run on the packed GEMM (the packed path, or a
+ * tiny product), except that a product the packed path would give to one provider call
+ * (a single tile) stays on the packed GEMM too, since the provider would need widened
+ * copies. The rule depends on the shape alone (the bits at any thread count). */
+static bool bf16_packed(int64_t M, int64_t N, int64_t K) {
+    return nb__sgemm_packed_available() && (sgemm_packed() || sgemm_tiny(M, N, K));
+}
+
 bool nb_gemm_bf16_native(void) {
 #if NB_HAVE_DNNL
     if (nb_gemm_provider_current() != NB_GEMM_DNNL) return false;
@@ -586,6 +598,13 @@ bool nb_gemm_bf16_native(void) {
 
 const char *nb_gemm_bf16_path(void) {
     if (nb_gemm_bf16_native()) return "dnnl matmul bf16 (AVX512-BF16)";
+    if (nb__sgemm_packed_available() && sgemm_packed()) {
+        if (nb_gemm_provider_current() != NB_GEMM_DNNL)
+            return "nabla packed f32 sgemm reading bf16 (the openblas provider has no bf16 "
+                   "GEMM)";
+        return "nabla packed f32 sgemm reading bf16 (this CPU or oneDNN build has no "
+               "AVX512-BF16)";
+    }
     if (nb_gemm_provider_current() != NB_GEMM_DNNL)
         return "f32 sgemm after conversion (the openblas provider has no bf16 GEMM)";
     return "f32 sgemm after conversion (this CPU or oneDNN build has no AVX512-BF16)";
@@ -652,7 +671,12 @@ static nb_status gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64
                                        "(%lld x %lld x %lld)",
                          st, (long long)M, (long long)K, (long long)N);
     }
-    /* The fallback: both operands widened to f32 (their whole stored extent), then sgemm. */
+    /* The fallback, where the f32 path is nabla's packed GEMM: it reads the bf16 operands
+     * and widens them as it packs them (no widened copies). */
+    if (bf16_packed(M, N, K))
+        return nb__sgemm_packed_bf16(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                     ldc);
+    /* Else both operands widened to f32 (their whole stored extent), then sgemm. */
     int64_t na = transA ? span_of(K, M, lda) : span_of(M, K, lda);
     int64_t nbb = transB ? span_of(N, K, ldb) : span_of(K, N, ldb);
     float *a32 = nb_host_alloc(sizeof(float) * (size_t)(na > 0 ? na : 1));
@@ -690,6 +714,16 @@ static nb_status gemm_bf16_out(bool transA, bool transB, int64_t M, int64_t N, i
                          "(%lld x %lld x %lld)",
                          st, (long long)M, (long long)K, (long long)N);
     }
+    if (K > 0 && bf16_packed(M, N, K)) { /* f32 sums per tile, rounded as each tile ends */
+        if (!NB__TRACE_ACTIVE())
+            return nb__sgemm_packed_bf16_out(transA, transB, M, N, K, A, lda, B, ldb, bias, C,
+                                             ldc);
+        int tok = nb__span_begin("bf16gemm", "nabla packed", NB__CAT_GEMM);
+        nb_status st =
+            nb__sgemm_packed_bf16_out(transA, transB, M, N, K, A, lda, B, ldb, bias, C, ldc);
+        NB__SPAN_END_WORK(tok, 2 * M * N * K, 2 * (M * K + K * N + M * N));
+        return st;
+    }
     /* f32 products into a scratch matrix, then rounded into C row by row. */
     float *tmp = nb_host_alloc(sizeof(float) * (size_t)(M * N));
     if (!tmp)
@@ -709,7 +743,10 @@ nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t 
                         float beta, float *C, int64_t ldc) {
     if (!NB__TRACE_ACTIVE())
         return gemm_bf16(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    int tok = nb__span_begin("bf16gemm", nb_gemm_bf16_native() ? "dnnl" : "f32 fallback",
+    int tok = nb__span_begin("bf16gemm",
+                             nb_gemm_bf16_native()        ? "dnnl"
+                             : bf16_packed(M, N, K)       ? "nabla packed"
+                                                          : "f32 fallback",
                              NB__CAT_GEMM);
     nb_status st = gemm_bf16(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     NB__SPAN_END_WORK(tok, M > 0 && N > 0 ? 2 * M * N * K : 0,

@@ -32,8 +32,10 @@ nb_status nb__gemm_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K
                        double alpha, const double *A, int64_t lda, const double *B,
                        int64_t ldb, double beta, double *C, int64_t ldc);
 /* bf16 A and B, f32 C: products and sums in f32. oneDNN's bf16 matmul primitive where
- * nb_gemm_bf16_native() (nabla/runtime.h), else both operands widened to f32 for sgemm.
- * Same tiles, same thread-count independence. */
+ * nb_gemm_bf16_native() (nabla/runtime.h), else the f32 path: nabla's packed GEMM reading
+ * the bf16 operands (nb__sgemm_packed_bf16, cpu/sgemm.h) where the f32 path is the packed
+ * one or the product is tiny, else both operands widened to f32 for the provider's tiles.
+ * Either way the bits depend on the shape only, not on the thread count. */
 nb_status nb__gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
                         const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                         float beta, float *C, int64_t ldc);

@@ -7,7 +7,11 @@
  * tile of rows packs all of B). Here op(B) is packed once, by all threads, into panels that
  * every worker reads (and op(A) too when it is transposed; otherwise the micro-kernel reads
  * the rows of A in place); then C is cut into tiles that run the micro-kernel.
- * Status: opt-in (NB_SGEMM=packed); see docs/threads.md for what it measured.
+ * Status: the f32 path where cpu/sgemm_path.c chooses it (NB_SGEMM overrides); see
+ * docs/threads.md for what it measured.
+ * bf16 operands (nb__sgemm_packed_bf16, for CPUs without AVX512-BF16) are widened as they
+ * are packed (a bf16 A read in place is then packed too, like a transposed one), and a bf16
+ * C is summed in a per-thread f32 tile that is rounded once at the end of the tile.
  *
  * Bits: the sum over K runs in blocks of at most KC_MAX whose edges depend on K alone; within
  * a block each element of C is one chain of fused multiply-adds in k order started from 0,
@@ -32,6 +36,7 @@
 
 #include "cpu/cpu_impl.h"
 #include "cpu/sgemm.h"
+#include "tensor/error.h"
 
 /* ---- the vector layer ---------------------------------------------------------------------
  * The code below is written once against these few operations: vf, a vector of VL floats;
@@ -63,6 +68,11 @@ static inline __m256 load8_first(const float *p, int64_t w) {
 static inline void store8_first(float *p, __m256 v, int64_t w) {
     _mm256_mask_storeu_ps(p, (__mmask8)(w >= 8 ? 0xFF : (1u << w) - 1), v);
 }
+/* VL bf16 at p widened to f32 (exact: the 16 bits become the high half) */
+static inline vf v_widen(const uint16_t *p) {
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define HAVE_KERNEL 1
@@ -90,6 +100,10 @@ static inline __m256 load8_first(const float *p, int64_t w) {
 static inline void store8_first(float *p, __m256 v, int64_t w) {
     if (w >= 8) _mm256_storeu_ps(p, v);
     else _mm256_maskstore_ps(p, v_mask(w), v);
+}
+static inline vf v_widen(const uint16_t *p) {
+    __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
 }
 #else
 #define HAVE_KERNEL 0
@@ -177,6 +191,14 @@ typedef struct {
     int64_t a_task, b_task; /* panels per packing task */
     int64_t a_tasks;        /* the packing tasks of A come first */
     int64_t mb, nb, ncols;  /* tile height, width (multiples of MR, NR), tiles per row */
+    /* bf16 operands (A / B NULL then): widened to f32 as they are packed, or, for A in
+     * place, MR rows at a time into the thread's scratch; the same f32 values reach the
+     * micro-kernel, so the same bits as widening first */
+    const uint16_t *Ah, *Bh;
+    uint16_t *Ch;           /* bf16 C: each tile summed in the thread's f32 scratch tile, */
+    const float *bias;      /* which starts as bias in every row (beta 1), then rounded once */
+    float *scratch;         /* per thread slot (nb__task_slot): A rows widened, the C tile */
+    int64_t slot_floats, nslots;
 } job;
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -185,13 +207,38 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t kb_len(const job *j, int64_t p) { return min64(j->kc, j->K - p * j->kc); }
 
 /* ---- packing ---------------------------------------------------------------------------------- */
-/* The 8 x w block at src (rows `rows` < 8 read as zero, w <= 8 columns) transposed: column
- * t (8 floats, one per row) to dst + t * dstride, for t < w. */
-static inline __attribute__((always_inline)) void tr8(const float *src, int64_t ld, int64_t rows, int64_t w, float *dst,
-                       int64_t dstride) {
-    __m256 r[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = i < rows ? load8_first(src + i * ld, w) : _mm256_setzero_ps();
+static inline float widen1(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* n bf16 to n f32 */
+static void widen_n(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) V_STOREU(dst + i, v_widen(src + i));
+    for (; i < n; i++) dst[i] = widen1(src[i]);
+}
+
+/* 8 floats from 8 bf16 at p, the first w (< 8 allowed) of them read, the rest zero */
+static inline __m256 widen8_first(const uint16_t *p, int64_t w) {
+    __m128i h;
+    if (w >= 8) {
+        h = _mm_loadu_si128((const __m128i *)p);
+    } else {
+        uint16_t t[8] = {0};
+        memcpy(t, p, sizeof(uint16_t) * (size_t)(w > 0 ? w : 0));
+        h = _mm_loadu_si128((const __m128i *)t);
+    }
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* The 8 x 8 block r (one register per row) transposed: column t (8 floats, one per row) to
+ * dst + t * dstride, for t < w; the last of them (t = w - 1) only its first lastn floats. */
+static inline __attribute__((always_inline)) void tr8_regs(const __m256 *r, int64_t w,
+                                                          float *dst, int64_t dstride,
+                                                          int64_t lastn) {
     __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
     __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
     __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -204,7 +251,40 @@ static inline __attribute__((always_inline)) void tr8(const float *src, int64_t 
                    _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
                    _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
                    _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
-    for (int t = 0; t < w; t++) _mm256_storeu_ps(dst + t * dstride, o[t]);
+    if (w == 8 && lastn == 8) { /* the common case, unrolled */
+        for (int t = 0; t < 8; t++) _mm256_storeu_ps(dst + t * dstride, o[t]);
+        return;
+    }
+    for (int t = 0; t + 1 < w; t++) _mm256_storeu_ps(dst + t * dstride, o[t]);
+    if (w > 0) store8_first(dst + (w - 1) * dstride, o[w - 1], lastn);
+}
+
+/* The 8 x w block at src (rows `rows` < 8 read as zero, w <= 8 columns) transposed: column
+ * t (8 floats, one per row) to dst + t * dstride, for t < w. */
+static inline __attribute__((always_inline)) void tr8(const float *src, int64_t ld, int64_t rows, int64_t w, float *dst,
+                       int64_t dstride) {
+    __m256 r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = i < rows ? load8_first(src + i * ld, w) : _mm256_setzero_ps();
+    tr8_regs(r, w, dst, dstride, 8);
+}
+
+/* The same from bf16 rows, widened on the way. */
+static inline __attribute__((always_inline)) void tr8_bf16(const uint16_t *src, int64_t ld,
+                                                          int64_t rows, int64_t w, float *dst,
+                                                          int64_t dstride, int64_t lastn) {
+    __m256 r[8];
+    if (w == 8) /* whole loads */
+        for (int i = 0; i < 8; i++)
+            r[i] = i < rows ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                                  _mm256_cvtepu16_epi32(
+                                      _mm_loadu_si128((const __m128i *)(src + i * ld))),
+                                  16))
+                            : _mm256_setzero_ps();
+    else
+        for (int i = 0; i < 8; i++)
+            r[i] = i < rows ? widen8_first(src + i * ld, w) : _mm256_setzero_ps();
+    tr8_regs(r, w, dst, dstride, lastn);
 }
 
 /* Panel jp of op(B) for every K block: kcb rows of NR floats, zero past column N. */
@@ -213,7 +293,23 @@ static void pack_b_panel(const job *j, int64_t jp) {
     for (int64_t p = 0; p < j->nkb; p++) {
         int64_t k0 = p * j->kc, kcb = kb_len(j, p);
         float *dst = j->bp + k0 * j->npan * NR + jp * kcb * NR;
-        if (!j->tb) {
+        if (j->Bh && !j->tb) {
+            const uint16_t *src = j->Bh + k0 * j->ldb + j0;
+            for (int64_t k = 0; k < kcb; k++, src += j->ldb, dst += NR) {
+                if (n == NR) {
+                    for (int v = 0; v < NVM; v++) V_STORE(dst + VL * v, v_widen(src + VL * v));
+                } else {
+                    widen_n(src, dst, n);
+                    memset(dst + n, 0, sizeof(float) * (size_t)(NR - n));
+                }
+            }
+        } else if (j->Bh) { /* as the f32 code below, each 8 x 8 block widened on the way */
+            if (n < NR) memset(dst, 0, sizeof(float) * (size_t)(kcb * NR));
+            for (int64_t c = 0; c < n; c += 8)
+                for (int64_t k = 0; k < kcb; k += 8)
+                    tr8_bf16(j->Bh + (j0 + c) * j->ldb + k0 + k, j->ldb, min64(8, n - c),
+                             min64(8, kcb - k), dst + k * NR + c, NR, 8);
+        } else if (!j->tb) {
             const float *src = j->B + k0 * j->ldb + j0;
             if (n == NR) {
                 for (int64_t k = 0; k < kcb; k++, src += j->ldb, dst += NR)
@@ -235,6 +331,40 @@ static void pack_b_panel(const job *j, int64_t jp) {
     }
 }
 
+/* Panels g0 .. g1 (at most PACK_GROUP) of a transposed bf16 A, K block at k0 (length kcb,
+ * packed at dst0): as the f32 code below, 8 bf16 widened at a time. */
+static void pack_at_group_bf16(const job *j, int64_t g0, int64_t g1, int64_t kcb, int64_t k0,
+                               float *dst0) {
+    for (int64_t k = 0; k < kcb; k++) {
+        const uint16_t *src = j->Ah + (k0 + k) * j->lda;
+        for (int64_t ip = g0; ip < g1; ip++) {
+            int64_t r0 = ip * MR;
+            float *d = dst0 + ip * kcb * MR + k * MR;
+            /* the rows past M as zeros; with MR 6 the 2 extra floats land at step k + 1 */
+            __m256 v = widen8_first(src + r0, min64(8, j->M - r0));
+            if (MR == 8 || k + 1 < kcb) _mm256_storeu_ps(d, v);
+            else store8_first(d, v, MR);
+        }
+    }
+}
+
+/* Panel ip of a bf16 A read in place (row i at A + i * lda), widened into the layout of a
+ * transposed A's panels (kcb x MR per K block), 8 x 8 blocks at a time. */
+static void pack_a_panel_bf16(const job *j, int64_t ip) {
+    int64_t r0 = ip * MR, rows = min64(MR, j->M - r0);
+    for (int64_t p = 0; p < j->nkb; p++) {
+        int64_t k0 = p * j->kc, kcb = kb_len(j, p);
+        float *d = j->ap + k0 * j->mpan * MR + ip * kcb * MR;
+        for (int64_t k = 0; k < kcb; k += 8) {
+            int64_t w = min64(8, kcb - k);
+            /* column k + t to d + (k + t) MR: 8 floats, whose 2 past MR (6) land on the next
+             * column, written next; the block's last column gets MR */
+            tr8_bf16(j->Ah + r0 * j->lda + k0 + k, j->lda, rows, w, d + k * MR, MR,
+                     k + w == kcb ? MR : 8);
+        }
+    }
+}
+
 /* Panels ip0 .. ip1 of a transposed A (op(A)[i][k] = A[k * lda + i]) together: row k of A
  * holds MR consecutive floats of each panel, so walking the rows once reads A in order. */
 static void pack_at_panels(const job *j, int64_t ip0, int64_t ip1) {
@@ -245,6 +375,10 @@ static void pack_at_panels(const job *j, int64_t ip0, int64_t ip1) {
          * at once measured 1.5x slower: too many lines in flight) */
         for (int64_t g0 = ip0; g0 < ip1; g0 += PACK_GROUP) {
             int64_t g1 = min64(ip1, g0 + PACK_GROUP);
+            if (j->Ah) { /* bf16: the group's part of each row widened first */
+                pack_at_group_bf16(j, g0, g1, kcb, k0, dst0);
+                continue;
+            }
             for (int64_t k = 0; k < kcb; k++) {
                 const float *src = j->A + (k0 + k) * j->lda;
                 for (int64_t ip = g0; ip < g1; ip++) {
@@ -268,9 +402,11 @@ static void pack_at_panels(const job *j, int64_t ip0, int64_t ip1) {
 
 static void pack_task(int64_t t, void *ctx) {
     const job *j = ctx;
-    if (t < j->a_tasks) {
+    if (t < j->a_tasks) { /* A is packed when transposed or bf16 */
         int64_t p1 = min64(j->mpan, (t + 1) * j->a_task);
-        pack_at_panels(j, t * j->a_task, p1); /* only a transposed A is packed */
+        if (j->ta) pack_at_panels(j, t * j->a_task, p1);
+        else
+            for (int64_t ip = t * j->a_task; ip < p1; ip++) pack_a_panel_bf16(j, ip);
     } else {
         t -= j->a_tasks;
         int64_t p1 = min64(j->npan, (t + 1) * j->b_task);
@@ -399,25 +535,43 @@ static void tile_task(int64_t t, void *ctx) {
     int64_t m = min64(j->mb, j->M - m0), n = min64(j->nb, j->N - n0);
     int64_t mpan = (m + MR - 1) / MR;
     vf va = V_SET1(j->alpha), vb = V_SET1(j->beta);
+    float *ctile = NULL;
+    if (j->scratch) {
+        int slot = nb__task_slot();
+        NB__ASSERT(slot >= 0 && slot < j->nslots);
+        ctile = j->scratch + slot * j->slot_floats;
+    }
+    /* C itself, or (bf16 C) the f32 tile, row stride nb, that starts as the bias */
+    float *cbase = ctile ? ctile : j->C + m0 * j->ldc + n0;
+    int64_t ldc = ctile ? j->nb : j->ldc;
+    if (ctile && j->bias)
+        for (int64_t r = 0; r < m; r++)
+            memcpy(ctile + r * ldc, j->bias + n0, sizeof(float) * (size_t)n);
     for (int64_t p = 0; p < j->nkb; p++) {
         int64_t k0 = p * j->kc, kcb = kb_len(j, p);
         int mode = p > 0 ? 2 : j->beta != 0.0f ? 1 : 0;
         const float *bblk = j->bp + k0 * j->npan * NR + n0 / NR * kcb * NR;
-        /* A: packed (transposed A), or read in place (row i at stride lda, k at stride 1) */
-        const float *ablk = j->ta ? j->ap + k0 * j->mpan * MR + m0 / MR * kcb * MR
-                                  : j->A + m0 * j->lda + k0;
-        int64_t ars = j->ta ? 1 : j->lda, aks = j->ta ? MR : 1, astep = j->ta ? kcb * MR : MR * j->lda;
-        for (int64_t ip = 0; ip < mpan; ip++)
+        /* A: packed (transposed or bf16), or read in place (row i at stride lda, k at
+         * stride 1) */
+        bool apk = j->ta || j->Ah;
+        const float *ablk = apk ? j->ap + k0 * j->mpan * MR + m0 / MR * kcb * MR
+                                : j->A + m0 * j->lda + k0;
+        int64_t ars = apk ? 1 : j->lda, aks = apk ? MR : 1, astep = apk ? kcb * MR : MR * j->lda;
+        for (int64_t ip = 0; ip < mpan; ip++) {
+            int64_t rows = min64(MR, m - ip * MR);
+            const float *ab = ablk + ip * astep;
+            float *c = cbase + ip * MR * ldc;
             for (int64_t jn = 0; jn < n; jn += NR) {
-                int64_t rows = min64(MR, m - ip * MR);
-                const float *ab = ablk + ip * astep;
-                float *c = j->C + (m0 + ip * MR) * j->ldc + n0;
                 int64_t cols = min64(NR, n - jn);
                 const float *bpan = bblk + jn * kcb;
-                micro_kernel_any(kcb, ab, ars, aks, bpan, c + jn, j->ldc, rows, cols, va, vb,
+                micro_kernel_any(kcb, ab, ars, aks, bpan, c + jn, ldc, rows, cols, va, vb,
                                  mode);
             }
+        }
     }
+    if (ctile) /* rounded once, as nb__f32_to_bf16_n rounds a widened-path result */
+        for (int64_t r = 0; r < m; r++)
+            nb__f32_to_bf16_n(ctile + r * ldc, j->Ch + (m0 + r) * j->ldc + n0, n);
 }
 
 /* Tile sizes: at most MC_MAX x NC_MAX; with several threads, halved (the longer side first,
@@ -439,37 +593,67 @@ static void tile_grid(job *j, int nthreads) {
     j->ncols = (j->N + nb - 1) / nb;
 }
 
+/* Packs, then runs the tiles; j holds the operands, sizes, alpha and beta. */
+static nb_status run_job(job *j) {
+    int64_t M = j->M, N = j->N, K = j->K;
+    j->nkb = (K + KC_MAX - 1) / KC_MAX;
+    j->kc = (K + j->nkb - 1) / j->nkb; /* blocks of equal length, the last one shorter, */
+    j->nkb = (K + j->kc - 1) / j->kc;  /* and none empty */
+    j->npan = (N + NR - 1) / NR;
+    j->mpan = (M + MR - 1) / MR;
+    int nthreads = nb_get_num_threads();
+    tile_grid(j, nthreads);
+    /* A is packed only when transposed (in place, a row of A is the k run the kernel wants);
+     * every part starts at a multiple of 16 floats (64 bytes) */
+    bool apk = j->ta || j->Ah;
+    size_t nbp = (size_t)(j->npan * NR * K), nap = apk ? (size_t)(j->mpan * MR * K) : 0;
+    nbp = (nbp + 15) & ~(size_t)15, nap = (nap + 15) & ~(size_t)15;
+    j->nslots = nthreads < 1 ? 1 : nthreads;
+    j->slot_floats = j->Ch ? (j->mb * j->nb + 15) & ~(int64_t)15 : 0;
+    size_t nsc = (size_t)(j->slot_floats * j->nslots);
+    j->bp = tbuf_get(&t_pack, nbp + nap + nsc);
+    if (!j->bp)
+        return nb__error(NB_ENOMEM, "matmul: no memory to pack the operands (%lld floats)",
+                         (long long)(nbp + nap + nsc));
+    j->ap = j->bp + nbp;
+    j->scratch = nsc ? j->bp + nbp + nap : NULL;
+    /* packing tasks of at least 64K floats, some per thread */
+    int64_t want = (int64_t)TASKS_PER_THREAD * nthreads;
+    int64_t per_b = (65536 + NR * K - 1) / (NR * K), per_a = (65536 + MR * K - 1) / (MR * K);
+    j->b_task = (j->npan + want - 1) / want;
+    if (j->b_task < per_b) j->b_task = per_b;
+    j->a_task = (j->mpan + want - 1) / want;
+    if (j->a_task < per_a) j->a_task = per_a;
+    j->a_tasks = apk ? (j->mpan + j->a_task - 1) / j->a_task : 0;
+    nb__run_tasks(j->a_tasks + (j->npan + j->b_task - 1) / j->b_task, nthreads, pack_task, j);
+    nb__run_tasks((M + j->mb - 1) / j->mb * j->ncols, nthreads, tile_task, j);
+    tbuf_trim(&t_pack);
+    return NB_OK;
+}
+
 nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                            float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                            float beta, float *C, int64_t ldc) {
     job j = {.ta = transA, .tb = transB, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
              .A = A, .B = B, .C = C, .lda = lda, .ldb = ldb, .ldc = ldc};
-    j.nkb = (K + KC_MAX - 1) / KC_MAX;
-    j.kc = (K + j.nkb - 1) / j.nkb; /* blocks of equal length, the last one shorter, */
-    j.nkb = (K + j.kc - 1) / j.kc;  /* and none empty */
-    j.npan = (N + NR - 1) / NR;
-    j.mpan = (M + MR - 1) / MR;
-    /* A is packed only when transposed (in place, a row of A is the k run the kernel wants) */
-    size_t nbp = (size_t)(j.npan * NR * K), nap = transA ? (size_t)(j.mpan * MR * K) : 0;
-    j.bp = tbuf_get(&t_pack, nbp + nap);
-    if (!j.bp)
-        return nb__error(NB_ENOMEM, "matmul: no memory to pack the operands (%lld floats)",
-                         (long long)(nbp + nap));
-    j.ap = j.bp + nbp;
-    int nthreads = nb_get_num_threads();
-    /* packing tasks of at least 64K floats, some per thread */
-    int64_t want = (int64_t)TASKS_PER_THREAD * nthreads;
-    int64_t per_b = (65536 + NR * K - 1) / (NR * K), per_a = (65536 + MR * K - 1) / (MR * K);
-    j.b_task = (j.npan + want - 1) / want;
-    if (j.b_task < per_b) j.b_task = per_b;
-    j.a_task = (j.mpan + want - 1) / want;
-    if (j.a_task < per_a) j.a_task = per_a;
-    j.a_tasks = transA ? (j.mpan + j.a_task - 1) / j.a_task : 0;
-    nb__run_tasks(j.a_tasks + (j.npan + j.b_task - 1) / j.b_task, nthreads, pack_task, &j);
-    tile_grid(&j, nthreads);
-    nb__run_tasks((M + j.mb - 1) / j.mb * j.ncols, nthreads, tile_task, &j);
-    tbuf_trim(&t_pack);
-    return NB_OK;
+    return run_job(&j);
+}
+
+nb_status nb__sgemm_packed_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                float alpha, const uint16_t *A, int64_t lda, const uint16_t *B,
+                                int64_t ldb, float beta, float *C, int64_t ldc) {
+    job j = {.ta = transA, .tb = transB, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
+             .Ah = A, .Bh = B, .C = C, .lda = lda, .ldb = ldb, .ldc = ldc};
+    return run_job(&j);
+}
+
+nb_status nb__sgemm_packed_bf16_out(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                    const uint16_t *A, int64_t lda, const uint16_t *B,
+                                    int64_t ldb, const float *bias, uint16_t *C, int64_t ldc) {
+    job j = {.ta = transA, .tb = transB, .M = M, .N = N, .K = K, .alpha = 1.0f,
+             .beta = bias ? 1.0f : 0.0f, .Ah = A, .Bh = B, .Ch = C, .bias = bias, .lda = lda,
+             .ldb = ldb, .ldc = ldc};
+    return run_job(&j);
 }
 
 #else /* neither AVX-512 nor AVX2 + FMA: cpu/gemm.c never calls this */
@@ -479,6 +663,24 @@ nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64
                            float beta, float *C, int64_t ldc) {
     (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
     (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+    return nb__error(NB_EUNSUPPORTED, "matmul: nabla's packed sgemm needs AVX2 and FMA, or "
+                                      "AVX-512 (this build was compiled without them)");
+}
+
+nb_status nb__sgemm_packed_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                float alpha, const uint16_t *A, int64_t lda, const uint16_t *B,
+                                int64_t ldb, float beta, float *C, int64_t ldc) {
+    (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
+    (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+    return nb__error(NB_EUNSUPPORTED, "matmul: nabla's packed sgemm needs AVX2 and FMA, or "
+                                      "AVX-512 (this build was compiled without them)");
+}
+
+nb_status nb__sgemm_packed_bf16_out(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                    const uint16_t *A, int64_t lda, const uint16_t *B,
+                                    int64_t ldb, const float *bias, uint16_t *C, int64_t ldc) {
+    (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B;
+    (void)ldb, (void)bias, (void)C, (void)ldc;
     return nb__error(NB_EUNSUPPORTED, "matmul: nabla's packed sgemm needs AVX2 and FMA, or "
                                       "AVX-512 (this build was compiled without them)");
 }

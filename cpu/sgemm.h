@@ -47,4 +47,19 @@ nb_status nb__sgemm_packed(bool transA, bool transB, int64_t M, int64_t N, int64
                            float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                            float beta, float *C, int64_t ldc);
 
+/* bf16 A and B (the f32 GEMM of a CPU without AVX512-BF16, cpu/gemm.c): the operands are
+ * widened to f32 while they are packed (a row of A in place: MR rows at a time, into the
+ * thread's scratch), so no widened copy of them is made; the f32 products and sums are the
+ * ones above, so C gets the same bits as nb__sgemm_packed of the widened operands. */
+nb_status nb__sgemm_packed_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                float alpha, const uint16_t *A, int64_t lda, const uint16_t *B,
+                                int64_t ldb, float beta, float *C, int64_t ldc);
+/* bf16 A, B and C: C = op(A) op(B) (+ bias, N floats, in every row), each tile summed in an
+ * f32 scratch tile and rounded once (nb__f32_to_bf16_n): the same bits as filling an f32 C
+ * with the bias rows, nb__sgemm_packed(alpha 1, beta bias ? 1 : 0) of the widened operands,
+ * and rounding C. */
+nb_status nb__sgemm_packed_bf16_out(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                    const uint16_t *A, int64_t lda, const uint16_t *B,
+                                    int64_t ldb, const float *bias, uint16_t *C, int64_t ldc);
+
 #endif

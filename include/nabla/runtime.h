@@ -55,8 +55,9 @@ const char *nb_gemm_provider_name(nb_gemm_provider p);
 bool nb_gemm_provider_available(nb_gemm_provider p);
 /* Whether bf16 matmuls run natively: the dnnl provider on a CPU with AVX512-BF16 (oneDNN's
  * bf16 matmul, f32 accumulation). When false (the openblas provider, which has no bf16
- * GEMM, or an older CPU) bf16 operands are widened to f32 and multiplied by sgemm: the
- * same result, no speed gained. nb_gemm_bf16_path() says which, in words (static string). */
+ * GEMM, or an older CPU) the products run in f32: nabla's packed sgemm reading the bf16
+ * operands (widening them as it packs them) where the f32 path is the packed one, else
+ * sgemm of widened copies; the same result either way, at the f32 rate. nb_gemm_bf16_path() says which, in words (static string). */
 bool nb_gemm_bf16_native(void);
 const char *nb_gemm_bf16_path(void);
 /* Whether bf16 convolutions (nb_conv2d, autocast) run natively: oneDNN's bf16 convolution
