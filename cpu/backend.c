@@ -28,6 +28,7 @@ static nb__backend g_cpu = {
     .conv_bf16 = true,
     .attention_bf16 = true,
     .ew_half_in_f32 = true,
+    .pool_relu = true,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .to_host = cpu_copy_bytes,

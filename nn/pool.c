@@ -163,9 +163,9 @@ nb_tensor *nb_relu_maxpool2d(nb_tensor *x, const int64_t kernel[2], const int64_
     if (!pool_input(x, "relu_maxpool2d", &g) ||
         !pool_window(x, "relu_maxpool2d", kernel, stride, padding, &g))
         return NULL;
-    /* The fused kernel is the CPU backend's; elsewhere the two ops, which are its
-     * definition. */
-    if (nb__device_of(x).type != NB_DEVICE_CPU || g.H * g.W > INT32_MAX) {
+    /* The fused kernel where the backend has one (the CPU's); elsewhere the two ops, which
+     * are its definition. */
+    if (!nb__pool_takes_relu(nb__device_of(x)) || g.H * g.W > INT32_MAX) {
         nb_scope_begin();
         nb_tensor *y = nb_keep(nb_maxpool2d(nb_relu(x), kernel, stride, padding));
         nb_scope_end();

@@ -124,6 +124,13 @@ static inline bool nb__ew_takes_half_in_f32(nb_device dev) {
     return be && be->ew_half_in_f32;
 }
 
+/* Whether dev's maxpool2d kernel fuses the ReLU before it (nb__pool2d_args.relu; else the op
+ * composes nb_relu and the pool). */
+static inline bool nb__pool_takes_relu(nb_device dev) {
+    const nb__backend *be = nb__backend_of(dev, "maxpool2d");
+    return be && be->pool_relu;
+}
+
 /* Whether dev's backend has a kernel `kernel` (by its NB__KERNELS name). */
 bool nb__backend_has_kernel(nb_device dev, const char *kernel);
 

@@ -39,6 +39,7 @@ typedef struct nb__backend {
     bool attention_bf16;   /* its attention kernels take bf16 operands (kernels/attention.h) */
     bool ew_half_in_f32;   /* its ew kernel takes f16/bf16 inputs of an f32 op as they are,
                             * widened as it reads them (kernels/core.h) */
+    bool pool_relu;        /* its maxpool2d kernel takes nb__pool2d_args.relu (kernels/conv.h) */
     /* nbytes of device memory (NULL + error when out of memory or no device). nbytes 0
      * still returns a unique non-NULL pointer. */
     void *(*alloc)(nb_device dev, size_t nbytes);

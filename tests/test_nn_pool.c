@@ -430,6 +430,20 @@ START_TEST(test_relu_maxpool2d_options) {
     /* the Sequential keeps its modules and their names */
     nb_module *s = nb_sequential_new(nb_relu_new(), nb_maxpool2d_new(2, 2, NULL), NULL);
     ck_assert_int_eq(nb_module_num_children(s), 2);
+    /* on the CPU (a backend with pool_relu) the op and the Sequential run the fused kernel:
+     * no ReLU pass of its own; the two ops, the control, do run one */
+    nb_profile_row row;
+    for (int how = 0; how < 3; how++) {
+        ck_assert_int_eq(nb_profile_start(), NB_OK);
+        nb_tensor *o = how == 0 ? nb_maxpool2d(nb_relu(x), (int64_t[]){2, 2}, NULL, NULL)
+                     : how == 1 ? nb_relu_maxpool2d(x, (int64_t[]){2, 2}, NULL, NULL)
+                                : nb_forward(s, x);
+        nb_profile_stop();
+        ck_assert_msg(o != NULL, "%s", nb_last_error());
+        int64_t relu_calls = nb_profile_row_get("relu", NULL, &row) ? row.calls : 0;
+        ck_assert_msg(how == 0 ? relu_calls > 0 : relu_calls == 0,
+                      "way %d ran %lld ReLU kernels", how, (long long)relu_calls);
+    }
     nb_module_free(s);
     nb_scope_end();
 }

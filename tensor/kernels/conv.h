@@ -61,7 +61,8 @@ typedef struct nb__pool2d_args {
     nb__pool2d_geom g;
     nb_dtype dtype;
     bool count_include_pad; /* avgpool2d only */
-    /* maxpool2d only, CPU backend only (nn/pool.c composes ReLU and the pool elsewhere):
+    /* maxpool2d only, on a backend with pool_relu (tensor/backend.h; nn/pool.c composes
+     * ReLU and the pool elsewhere):
      * pool relu(x) = (x < 0 ? 0 : x) instead of x, with the same choices, and write idx -1
      * where the window's maximum is <= 0 (its gradient is 0: ReLU's at a value <= 0). */
     bool relu;

@@ -76,7 +76,7 @@ template <typename T> void check_maxpool(cuhost *t, const nb__pool2d_geom &g) {
     std::vector<T> x((size_t)(g.planes * HW)), y((size_t)(g.planes * L)), ye(y.size());
     std::vector<int32_t> idx(y.size()), idxe(y.size());
     fill(x, true);
-    nb__pool2d_args a = {g, dtype_of<T>(), false, x.data(), y.data(), idx.data()};
+    nb__pool2d_args a = {g, dtype_of<T>(), false, false, x.data(), y.data(), idx.data()};
     CUHOST_CHECK(t, cpu->maxpool2d(&a) == NB_OK, "cpu maxpool2d");
     for (int64_t i = 0; i < g.planes * L; i++) { // maxpool_fwd_k
         int64_t p = i / L, l = i - p * L, oh = l / g.OW, ow = l - oh * g.OW;
@@ -106,7 +106,7 @@ template <typename T> void check_avgpool(cuhost *t, const nb__pool2d_geom &g, bo
     int64_t HW = g.H * g.W, L = g.OH * g.OW;
     std::vector<T> x((size_t)(g.planes * HW)), y((size_t)(g.planes * L)), ye(y.size());
     fill(x, false);
-    nb__pool2d_args a = {g, dtype_of<T>(), cip, x.data(), y.data(), NULL};
+    nb__pool2d_args a = {g, dtype_of<T>(), cip, false, x.data(), y.data(), NULL};
     CUHOST_CHECK(t, cpu->avgpool2d(&a) == NB_OK, "cpu avgpool2d");
     for (int64_t i = 0; i < g.planes * L; i++) { // avgpool_fwd_k
         int64_t p = i / L, l = i - p * L, oh = l / g.OW, ow = l - oh * g.OW;
@@ -134,7 +134,7 @@ template <typename T> void check_adaptive(cuhost *t, const nb__pool2d_geom &g) {
     int64_t HW = g.H * g.W, L = g.OH * g.OW;
     std::vector<T> x((size_t)(g.planes * HW)), y((size_t)(g.planes * L)), ye(y.size());
     fill(x, false);
-    nb__pool2d_args a = {g, dtype_of<T>(), false, x.data(), y.data(), NULL};
+    nb__pool2d_args a = {g, dtype_of<T>(), false, false, x.data(), y.data(), NULL};
     CUHOST_CHECK(t, cpu->adaptive_avgpool2d(&a) == NB_OK, "cpu adaptive_avgpool2d");
     for (int64_t i = 0; i < g.planes * L; i++) { // adaptive_fwd_k
         int64_t p = i / L, l = i - p * L, oh = l / g.OW, ow = l - oh * g.OW;
