@@ -222,6 +222,7 @@ static nb__backend g_guard = {
     .conv_bf16 = true,
     .attention_bf16 = true,
     .ew_half_in_f32 = true,
+    .pool_relu = true,
     .alloc = guard_alloc,
     .free = guard_free,
     .to_host = guard_to_host,

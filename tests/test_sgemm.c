@@ -257,6 +257,8 @@ static void check_bf16_route(void) {
 
 START_TEST(test_bf16_gemm_packed_route) {
     if (!nb__sgemm_packed_available()) return;
+    /* the CPU's GEMM route, read on the host: CPU tensors whatever device the suite runs on */
+    nb_device dev = nb_set_default_device(NB_CPU);
     nb_gemm_provider saved = nb_gemm_provider_current();
     if (!nb_gemm_bf16_native() && !strcmp(nb__sgemm_packed_isa(), "AVX2")) {
         ck_assert_str_eq(nb__sgemm_path(), "nabla packed"); /* an AVX2 build's default */
@@ -270,6 +272,7 @@ START_TEST(test_bf16_gemm_packed_route) {
         nb__sgemm_set_packed(was);
         nb_set_gemm_provider(saved);
     }
+    nb_set_default_device(dev);
 }
 END_TEST
 
