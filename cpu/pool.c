@@ -166,23 +166,7 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
                                int32_t *restrict ir, int64_t OW, int32_t base, int32_t w,  \
                                bool relu) {                                                \
         if (NB__MAX2X2_FAST_##S(r0, r1, yr, ir, OW, base, w, relu)) return;                \
-        if (relu) {                                                                        \
-            for (int64_t ow = 0; ow < OW; ow++) {                                          \
-                T a = relu_##S(r0[2 * ow]), b = relu_##S(r0[2 * ow + 1]);                  \
-                T c = relu_##S(r1[2 * ow]), d = relu_##S(r1[2 * ow + 1]), m = a;           \
-                int32_t k = 0;                                                             \
-                bool sel = (b > m) | (b != b);                                             \
-                m = sel ? b : m, k = sel ? 1 : k;                                          \
-                sel = (c > m) | (c != c);                                                  \
-                m = sel ? c : m, k = sel ? w : k;                                          \
-                sel = (d > m) | (d != d);                                                  \
-                m = sel ? d : m, k = sel ? w + 1 : k;                                      \
-                yr[ow] = m;                                                                \
-                if (ir) ir[ow] = m <= 0 ? -1 : base + 2 * (int32_t)ow + k;                 \
-            }                                                                              \
-            return;                                                                        \
-        }                                                                                  \
-        if (!ir) {                                                                         \
+        if (!ir && !relu) {                                                                \
             for (int64_t ow = 0; ow < OW; ow++) {                                          \
                 T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];  \
                 T m = a;                                                                   \
@@ -193,8 +177,10 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
             }                                                                              \
             return;                                                                        \
         }                                                                                  \
-        for (int64_t ow = 0; ow < OW; ow++) {                                              \
-            T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1], m = a; \
+        for (int64_t ow = 0; ow < OW; ow++) { /* relu: the values as nb_relu gives them */  \
+            T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];      \
+            if (relu) a = relu_##S(a), b = relu_##S(b), c = relu_##S(c), d = relu_##S(d);  \
+            T m = a;                                                                       \
             int32_t k = 0;                                                                 \
             bool sel = (b > m) | (b != b);                                                 \
             m = sel ? b : m, k = sel ? 1 : k;                                              \
@@ -203,7 +189,7 @@ static inline int64_t ad_end(int64_t i, int64_t in, int64_t out) {
             sel = (d > m) | (d != d);                                                      \
             m = sel ? d : m, k = sel ? w + 1 : k;                                          \
             yr[ow] = m;                                                                    \
-            ir[ow] = base + 2 * (int32_t)ow + k;                                           \
+            if (ir) ir[ow] = relu && m <= 0 ? -1 : base + 2 * (int32_t)ow + k;             \
         }                                                                                  \
     }                                                                                      \
                                                                                            \
